@@ -1,0 +1,2 @@
+//! `cuquota`: the node-agent tool.
+fn main() {}

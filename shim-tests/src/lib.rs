@@ -1,0 +1,1 @@
+//! Integration-test harness for cuquota.
