@@ -1,0 +1,286 @@
+//! The GPU-time token bucket of one container on one device, kept in the usage region's `throttle[8]` words
+//! so that every process of the container draws from the same bucket.
+//!
+//! Representation (GCRA, "generic cell rate algorithm"): one word holds `zero_at`, the wall time (CLOCK_MONOTONIC
+//! ns) at which the bucket holds exactly zero tokens. At time `t` and rate `r` (GPU ns earned per wall ns) the
+//! bucket holds `r × (t − zero_at)` GPU-ns, capped at `r × WINDOW_NS`. Spending `c` GPU-ns moves `zero_at` forward
+//! by `c / r`. So a take is one CAS on one word, with no lock and no second word to keep consistent, and nothing a
+//! dead process could hold. A launch may go when `zero_at ≤ now` (tokens ≥ 0); it then may leave the bucket in
+//! debt by at most its own cost, which makes the caller after it wait `debt / r`.
+//!
+//! Why the cap is in wall time: the burst the bucket allows is `r × WINDOW_NS` GPU-ns plus one kernel's debt.
+//! With `WINDOW_NS` = 10 ms, a container at L % can exceed L × 1 s by at most 0.1·L ms + one kernel in any 1 s
+//! window (≤ 2 points for kernels up to 11 ms at L = 90). And a rate change (burst controller, live limit) does
+//! not need to rewrite the word: the pending wait stays as committed, only future earning changes.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Largest burst, in wall time at the current rate.
+pub const WINDOW_NS: u64 = 10_000_000;
+/// Longest single charge (guards against a nonsense estimate blocking a program for ever).
+pub const MAX_COST_NS: u64 = 10_000_000_000;
+/// Rates are in per-mille of the device: 1000 = the whole device.
+pub const FULL_RATE: u64 = 1000;
+
+/// Word indexes inside `throttle[8]`. Owned by `src/throttle`; `cuquota status` may read `CONFIG`.
+pub mod slot {
+    /// Wall time (ns) at which the bucket is empty; 0 = never used (full bucket).
+    pub const ZERO_AT: usize = 0;
+    /// Effective rate in per-mille set by the burst controller (0 = not set: use the configured limit).
+    pub const EFF_RATE: usize = 1;
+    /// Wall time of the last burst-controller sample (CAS elects the one process that samples).
+    pub const SAMPLE_AT: usize = 2;
+    /// The container's busy ns on this device at the last sample.
+    pub const SAMPLE_OWN: usize = 3;
+    /// The device's busy ns (all containers) at the last sample.
+    pub const SAMPLE_DEV: usize = 4;
+    /// Informational: configured limit (percent, bits 0..8), policy (bits 8..16), weight (bits 16..32).
+    pub const CONFIG: usize = 5;
+    /// Burst controller state: bit 0 = others were active at the last sample.
+    pub const BURST_STATE: usize = 6;
+    /// Wall time of the last launch charged by any process of the container (status: "active").
+    pub const LAST_LAUNCH: usize = 7;
+}
+
+/// Result of trying to take tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Take {
+    /// Charged; the launch may go.
+    Granted,
+    /// Bucket empty (in debt); try again at this wall time.
+    WaitUntil(u64),
+}
+
+/// Wall-time span that `cost` GPU-ns represents at `rate` per-mille.
+#[inline]
+pub fn span_ns(cost: u64, rate_pm: u64) -> u64 {
+    let rate = rate_pm.clamp(1, FULL_RATE);
+    // u128: cost up to 10 s × 1000 does not overflow u64 either, but be safe for any caller.
+    ((cost.min(MAX_COST_NS) as u128 * FULL_RATE as u128 + rate as u128 / 2) / rate as u128) as u64
+}
+
+/// A view of one container's bucket for one device.
+#[derive(Clone, Copy, Debug)]
+pub struct Bucket<'a> {
+    words: &'a [AtomicU64; 8],
+}
+
+impl<'a> Bucket<'a> {
+    /// Wrap the region's `throttle[8]` words of one device entry.
+    pub fn new(words: &'a [AtomicU64; 8]) -> Self {
+        Bucket { words }
+    }
+
+    /// The raw words (for the burst controller and status).
+    pub fn words(&self) -> &'a [AtomicU64; 8] {
+        self.words
+    }
+
+    /// Take `cost` GPU-ns at `rate_pm` if the bucket is not in debt. One CAS in the common case.
+    #[inline]
+    pub fn try_take(&self, now: u64, cost: u64, rate_pm: u64) -> Take {
+        let w = &self.words[slot::ZERO_AT];
+        let mut z = w.load(Ordering::Acquire);
+        loop {
+            if z > now {
+                return Take::WaitUntil(z);
+            }
+            let floor = now.saturating_sub(WINDOW_NS);
+            let new = z.max(floor) + span_ns(cost, rate_pm);
+            match w.compare_exchange_weak(z, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Take::Granted,
+                Err(cur) => z = cur,
+            }
+        }
+    }
+
+    /// Charge without waiting (work that already went to the device, or burst mode with the device to
+    /// ourselves). `forgive` keeps the bucket from going into debt (tokens clamp at zero).
+    pub fn charge(&self, now: u64, cost: u64, rate_pm: u64, forgive: bool) {
+        let w = &self.words[slot::ZERO_AT];
+        let mut z = w.load(Ordering::Acquire);
+        loop {
+            let floor = now.saturating_sub(WINDOW_NS);
+            let mut new = z.max(floor) + span_ns(cost, rate_pm);
+            if forgive {
+                new = new.min(now);
+            }
+            match w.compare_exchange_weak(z, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(cur) => z = cur,
+            }
+        }
+    }
+
+    /// Reconcile a charge: `delta` GPU-ns more (positive) or fewer (negative) than was charged.
+    pub fn adjust(&self, delta: i64, rate_pm: u64) {
+        if delta == 0 {
+            return;
+        }
+        let span = span_ns(delta.unsigned_abs(), rate_pm);
+        let w = &self.words[slot::ZERO_AT];
+        if delta > 0 {
+            w.fetch_add(span, Ordering::AcqRel);
+        } else {
+            // Never below 0 (the "never used" marker means full): saturate.
+            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |z| {
+                Some(z.saturating_sub(span).max(1))
+            });
+        }
+    }
+
+    /// Tokens (GPU-ns, negative = debt) at `now` and `rate_pm`.
+    pub fn tokens(&self, now: u64, rate_pm: u64) -> i64 {
+        let z = self.words[slot::ZERO_AT].load(Ordering::Acquire);
+        let z = z.max(now.saturating_sub(WINDOW_NS));
+        let dt = now as i128 - z as i128;
+        (dt * rate_pm.clamp(1, FULL_RATE) as i128 / FULL_RATE as i128) as i64
+    }
+
+    /// Clear any debt (limit removed or raised to "unlimited").
+    pub fn forgive(&self, now: u64) {
+        let _ = self.words[slot::ZERO_AT].fetch_min(now.max(1), Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words() -> [AtomicU64; 8] {
+        Default::default()
+    }
+
+    const MS: u64 = 1_000_000;
+    const T0: u64 = 1_000_000 * MS;
+
+    #[test]
+    fn fresh_bucket_is_full_and_grants() {
+        let w = words();
+        let b = Bucket::new(&w);
+        assert_eq!(b.tokens(T0, 300), (WINDOW_NS * 300 / 1000) as i64);
+        assert_eq!(b.try_take(T0, 5 * MS, 300), Take::Granted);
+    }
+
+    #[test]
+    fn debt_makes_the_next_launch_wait_cost_over_rate() {
+        let w = words();
+        let b = Bucket::new(&w);
+        // Drain the 3 ms (10 ms × 30 %) burst and go 7 ms into debt with one 10 ms kernel.
+        assert_eq!(b.try_take(T0, 10 * MS, 300), Take::Granted);
+        // Debt 7 ms GPU at 30 % = 23.33 ms of wall time.
+        match b.try_take(T0, 1, 300) {
+            Take::WaitUntil(t) => assert_eq!(t - T0, 23_333_333),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(b.try_take(T0 + 23_333_333, 10 * MS, 300), Take::Granted);
+    }
+
+    #[test]
+    fn long_run_rate_equals_limit_for_any_kernel_length() {
+        for &(kernel, rate) in &[
+            (50_000u64, 100u64),
+            (50_000, 900),
+            (10 * MS, 250),
+            (10 * MS, 750),
+            (3_000, 500),
+        ] {
+            let w = words();
+            let b = Bucket::new(&w);
+            let mut now = T0;
+            let mut spent = 0u64;
+            let end = T0 + 10_000 * MS;
+            while now < end {
+                match b.try_take(now, kernel, rate) {
+                    Take::Granted => spent += kernel,
+                    // Oversleep by 57 µs like a real timer slack: must not lose tokens.
+                    Take::WaitUntil(t) => now = t + 57_000,
+                }
+            }
+            let share = spent as f64 / (end - T0) as f64 * 1000.0;
+            assert!(
+                (share - rate as f64).abs() < 3.0,
+                "kernel {kernel} rate {rate}: {share}"
+            );
+        }
+    }
+
+    #[test]
+    fn no_one_second_window_exceeds_limit_by_two_points() {
+        // Idle for a long time (full bucket), then saturate: the first second is the worst window.
+        for &(kernel, rate) in &[(50_000u64, 900u64), (10 * MS, 900), (10 * MS, 100), (MS, 500)] {
+            let w = words();
+            let b = Bucket::new(&w);
+            let _ = b.try_take(T0, 1, rate);
+            let start = T0 + 5_000 * MS;
+            let mut now = start;
+            let mut spent = 0u64;
+            while now < start + 1_000 * MS {
+                match b.try_take(now, kernel, rate) {
+                    Take::Granted => spent += kernel,
+                    Take::WaitUntil(t) => now = t,
+                }
+            }
+            let over = spent as f64 / 1e9 * 1000.0 - rate as f64;
+            assert!(over <= 20.0, "kernel {kernel} rate {rate}: {over} per-mille over");
+        }
+    }
+
+    #[test]
+    fn adjust_credits_and_debits_at_the_rate() {
+        let w = words();
+        let b = Bucket::new(&w);
+        let _ = b.try_take(T0, 10 * MS, 500); // 5 ms full → −5 ms GPU → wait 10 ms
+        b.adjust(-4 * MS as i64, 500); // it was really 6 ms
+        assert_eq!(b.try_take(T0, 1, 500), Take::WaitUntil(T0 + 2 * MS));
+        b.adjust(2 * MS as i64, 500);
+        assert_eq!(b.try_take(T0, 1, 500), Take::WaitUntil(T0 + 6 * MS));
+    }
+
+    #[test]
+    fn credit_cannot_overfill() {
+        let w = words();
+        let b = Bucket::new(&w);
+        let _ = b.try_take(T0, 1, 500);
+        b.adjust(-1_000 * MS as i64, 500);
+        assert_eq!(b.tokens(T0, 500), (WINDOW_NS / 2) as i64);
+    }
+
+    #[test]
+    fn forgiving_charge_never_leaves_debt() {
+        let w = words();
+        let b = Bucket::new(&w);
+        for _ in 0..100 {
+            b.charge(T0, 10 * MS, 300, true);
+        }
+        assert_eq!(b.try_take(T0, 1, 300), Take::Granted);
+    }
+
+    #[test]
+    fn concurrent_takers_never_overspend() {
+        use std::sync::Arc;
+        let w = Arc::new(words());
+        let now = T0;
+        let granted = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (w, granted) = (w.clone(), granted.clone());
+                std::thread::spawn(move || {
+                    let b = Bucket::new(&w);
+                    for _ in 0..1000 {
+                        if b.try_take(now, 100_000, 500) == Take::Granted {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        // 5 ms of tokens, 0.1 ms each: exactly 50 grants (the 50th reaches zero, then the bucket is at 0 → one
+        // more may go into debt).
+        let g = granted.load(Ordering::Relaxed);
+        assert!((50..=51).contains(&g), "{g}");
+    }
+}

@@ -1,0 +1,619 @@
+//! The per-process side of the throttle: admission of one launch (estimate → take tokens or sleep), sampled
+//! measurement of launches on the device (probes), reconciliation, and the burst controller's sampling.
+//!
+//! Everything that touches the driver goes through [`Gpu`], implemented by `src/hooks/launch.rs` with CUDA
+//! events and NVML, and by a fake in the tests below. Everything shared between the container's processes lives
+//! in the region words handed in as [`Shared`].
+//!
+//! Measurement: at most one probe is outstanding per device per process; a launch becomes a probe when none is
+//! outstanding and either `PROBE_INTERVAL_NS` has passed or its key was never measured. A probe is a start event
+//! recorded on the launching stream before the launch and an end event after it; its duration is
+//! `elapsed(start, end)`, i.e. the time the device spent on that launch, not the time it waited behind earlier
+//! work on the stream (the start event completes only when that earlier work is done). Launches that are not
+//! probes are charged their key's estimate; the estimate follows the probes. So the hot path records no event.
+
+use super::bucket::{self, slot, Bucket, Take};
+use super::burst;
+use super::clock::Clock;
+use super::estimate::Estimator;
+use super::{Limit, Policy};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Minimum time between two probes of one device in one process (keeps the median launch free of events).
+pub const PROBE_INTERVAL_NS: u64 = 2_000_000;
+/// How often an outstanding probe is polled from the launch path.
+pub const POLL_INTERVAL_NS: u64 = 100_000;
+/// Longest single sleep; after it the limit is re-read (a raised or removed limit takes effect within this).
+pub const MAX_SLEEP_NS: u64 = 20_000_000;
+/// Longest wait for an outstanding probe before charging an unknown launch the fallback estimate.
+pub const UNKNOWN_WAIT_NS: u64 = 200_000_000;
+/// Devices per process (matches the usage region's device entries).
+pub const MAX_DEVICES: usize = 16;
+
+/// What a completed probe reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// Still running.
+    Pending,
+    /// Done: device time of the probed launch in ns.
+    Done(u64),
+    /// The events failed (context destroyed, …): drop the probe.
+    Failed,
+}
+
+/// Driver access the engine needs. Implementations must be cheap to call from the launch path.
+pub trait Gpu {
+    /// Record the start event of a probe on `stream`; returns a probe handle (0 = could not).
+    fn probe_begin(&self, dev: usize, stream: usize) -> u64;
+    /// Record the end event of probe `p` on `stream`; false if that failed.
+    fn probe_end(&self, p: u64, stream: usize) -> bool;
+    /// Has probe `p` completed?
+    fn probe_poll(&self, p: u64) -> Poll;
+    /// Give the probe's events back to the pool.
+    fn probe_release(&self, p: u64);
+    /// Device busy fraction (per-mille) over roughly the last `burst::SAMPLE_NS`, all processes; None = unknown.
+    fn device_busy_pm(&self, dev: usize) -> Option<u64>;
+}
+
+/// Region words of one device for this container (and this process's slot counter).
+#[derive(Clone, Copy, Debug)]
+pub struct Shared<'a> {
+    /// The device entry's `throttle[8]`.
+    pub words: &'a [AtomicU64; 8],
+    /// The device entry's `busy_ns` (container's GPU time on the device, cumulative).
+    pub busy_ns: &'a AtomicU64,
+    /// This process's slot `gpu_ns[d]`, if it has a slot.
+    pub gpu_ns: Option<&'a AtomicU64>,
+}
+
+/// An admitted launch: what was charged, so it can be refunded or reconciled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// Usage device index.
+    pub dev: usize,
+    /// Estimate key.
+    pub key: u64,
+    /// GPU ns charged.
+    pub charged: u64,
+    /// Rate (per-mille) the charge was made at.
+    pub rate: u64,
+    /// This launch should be measured (the caller owns the probe claim until `probe_issued`/`probe_abandon`).
+    pub probe: bool,
+}
+
+#[derive(Debug, Default)]
+struct Outstanding {
+    handle: u64,
+    key: u64,
+    charged: u64,
+    rate: u64,
+}
+
+#[derive(Debug)]
+struct Dev {
+    probe_claimed: AtomicBool,
+    next_probe_at: AtomicU64,
+    next_poll_at: AtomicU64,
+    outstanding: Mutex<Option<Outstanding>>,
+}
+
+impl Dev {
+    const fn new() -> Self {
+        Dev {
+            probe_claimed: AtomicBool::new(false),
+            next_probe_at: AtomicU64::new(0),
+            next_poll_at: AtomicU64::new(0),
+            outstanding: Mutex::new(None),
+        }
+    }
+}
+
+/// Per-process throttle state: estimates and probe bookkeeping per device.
+#[derive(Debug)]
+pub struct Engine {
+    est: Estimator,
+    devs: [Dev; MAX_DEVICES],
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The effective rate (per-mille) for a limit, reading the burst controller's decision for burst.
+#[inline]
+pub fn effective_rate(lim: Limit, words: &[AtomicU64; 8]) -> u64 {
+    let base = lim.rate_pm();
+    if lim.policy == Policy::Burst {
+        let s = burst::unpack(words[slot::BURST_STATE].load(Ordering::Relaxed));
+        if s.eff >= base {
+            return s.eff.min(bucket::FULL_RATE);
+        }
+    }
+    base
+}
+
+impl Engine {
+    /// Empty state (const: lives in a `static`).
+    pub const fn new() -> Self {
+        #[allow(clippy::declare_interior_mutable_const)]
+        const D: Dev = Dev::new();
+        Engine {
+            est: Estimator::new(),
+            devs: [D; MAX_DEVICES],
+        }
+    }
+
+    /// The estimate table (tests, benchmarks).
+    pub fn estimator(&self) -> &Estimator {
+        &self.est
+    }
+
+    /// Admit one launch of `key` on device `dev` under the limit `limit()` (re-read after every sleep, so a
+    /// live change applies to a waiting launch). Returns `None` when the limit turned off while waiting (the
+    /// caller launches unthrottled). May sleep; never spins.
+    pub fn admit<C: Clock, G: Gpu>(
+        &self,
+        dev: usize,
+        sh: &Shared<'_>,
+        mut limit: impl FnMut() -> Limit,
+        key: u64,
+        clock: &C,
+        gpu: &G,
+    ) -> Option<Ticket> {
+        let d = &self.devs[dev % MAX_DEVICES];
+        let b = Bucket::new(sh.words);
+        let mut known = self.est.get(key);
+        let mut lim = limit();
+        if known.is_none() && lim.active() && d.probe_claimed.load(Ordering::Relaxed) {
+            // A launch whose cost is unknown while a probe is out (typically the first launch of this very key):
+            // wait for that measurement rather than let a loop queue many launches at a guessed cost. Bounded,
+            // and sleeping.
+            let deadline = clock.now_ns() + UNKNOWN_WAIT_NS;
+            while d.probe_claimed.load(Ordering::Relaxed) {
+                let now = clock.now_ns();
+                if now >= deadline {
+                    break;
+                }
+                self.poll(dev, sh, now, gpu);
+                if !d.probe_claimed.load(Ordering::Relaxed) {
+                    break;
+                }
+                clock.sleep_until(now + POLL_INTERVAL_NS);
+            }
+            known = self.est.get(key);
+        }
+        let cost = known.unwrap_or_else(|| self.est.fallback());
+        loop {
+            if !lim.active() {
+                return None;
+            }
+            let now = clock.now_ns();
+            if d.probe_claimed.load(Ordering::Relaxed) && now >= d.next_poll_at.load(Ordering::Relaxed) {
+                self.poll(dev, sh, now, gpu);
+            }
+            if lim.policy == Policy::Burst
+                && now >= sh.words[slot::SAMPLE_AT].load(Ordering::Relaxed) + burst::SAMPLE_NS
+            {
+                self.burst_sample(dev, sh, lim, now, gpu);
+            }
+            let rate = effective_rate(lim, sh.words);
+            match b.try_take(now, cost, rate) {
+                Take::Granted => {
+                    sh.busy_ns.fetch_add(cost, Ordering::Relaxed);
+                    if let Some(g) = sh.gpu_ns {
+                        g.fetch_add(cost, Ordering::Relaxed);
+                    }
+                    sh.words[slot::LAST_LAUNCH].store(now, Ordering::Relaxed);
+                    let probe = !d.probe_claimed.load(Ordering::Relaxed)
+                        && (known.is_none() || now >= d.next_probe_at.load(Ordering::Relaxed))
+                        && d.probe_claimed
+                            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                            .is_ok();
+                    return Some(Ticket {
+                        dev,
+                        key,
+                        charged: cost,
+                        rate,
+                        probe,
+                    });
+                }
+                Take::WaitUntil(t) => {
+                    // Before sleeping, a completed probe may credit the bucket.
+                    if d.probe_claimed.load(Ordering::Relaxed) {
+                        self.poll(dev, sh, now, gpu);
+                    }
+                    let t = t.min(now + MAX_SLEEP_NS);
+                    clock.sleep_until(t);
+                    lim = limit();
+                }
+            }
+        }
+    }
+
+    /// The launch failed: give back what was charged (and the probe claim).
+    pub fn refund(&self, sh: &Shared<'_>, t: &Ticket) {
+        Bucket::new(sh.words).adjust(-(t.charged as i64), t.rate);
+        sh.busy_ns.fetch_sub(
+            t.charged.min(sh.busy_ns.load(Ordering::Relaxed)),
+            Ordering::Relaxed,
+        );
+        if let Some(g) = sh.gpu_ns {
+            g.fetch_sub(t.charged.min(g.load(Ordering::Relaxed)), Ordering::Relaxed);
+        }
+        if t.probe {
+            self.probe_abandon(t.dev);
+        }
+    }
+
+    /// The probe of ticket `t` could not be started: release the claim.
+    pub fn probe_abandon(&self, dev: usize) {
+        self.devs[dev % MAX_DEVICES]
+            .probe_claimed
+            .store(false, Ordering::Release);
+    }
+
+    /// The probe of ticket `t` is recorded (handle from `Gpu::probe_begin`, end recorded).
+    pub fn probe_issued(&self, t: &Ticket, handle: u64, now: u64) {
+        let d = &self.devs[t.dev % MAX_DEVICES];
+        if let Ok(mut o) = d.outstanding.lock() {
+            *o = Some(Outstanding {
+                handle,
+                key: t.key,
+                charged: t.charged,
+                rate: t.rate,
+            });
+        }
+        d.next_poll_at
+            .store(now + POLL_INTERVAL_NS.min(t.charged), Ordering::Relaxed);
+    }
+
+    /// Poll the outstanding probe of `dev`; reconcile it if complete. Never blocks (try_lock).
+    pub fn poll<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, gpu: &G) {
+        let d = &self.devs[dev % MAX_DEVICES];
+        let Ok(mut guard) = d.outstanding.try_lock() else {
+            return;
+        };
+        let Some(o) = guard.as_ref() else { return };
+        match gpu.probe_poll(o.handle) {
+            Poll::Pending => {
+                d.next_poll_at.store(now + POLL_INTERVAL_NS, Ordering::Relaxed);
+            }
+            Poll::Done(ns) => {
+                let o = guard.take().unwrap_or_default();
+                drop(guard);
+                gpu.probe_release(o.handle);
+                self.reconcile(sh, o.key, o.charged, o.rate, ns);
+                d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
+                d.probe_claimed.store(false, Ordering::Release);
+            }
+            Poll::Failed => {
+                let o = guard.take().unwrap_or_default();
+                drop(guard);
+                gpu.probe_release(o.handle);
+                d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
+                d.probe_claimed.store(false, Ordering::Release);
+            }
+        }
+    }
+
+    /// A measured launch: correct the bucket and the counters by (measured − charged), refine the estimate.
+    pub fn reconcile(&self, sh: &Shared<'_>, key: u64, charged: u64, rate: u64, measured: u64) {
+        self.est.record(key, measured);
+        let delta = measured as i64 - charged as i64;
+        Bucket::new(sh.words).adjust(delta, rate);
+        add_signed(sh.busy_ns, delta);
+        if let Some(g) = sh.gpu_ns {
+            add_signed(g, delta);
+        }
+    }
+
+    /// Charge work the engine cannot admit ahead of time (none today; kept for graph nodes discovered late).
+    pub fn burst_sample<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, lim: Limit, now: u64, gpu: &G) {
+        let w = sh.words;
+        let last = w[slot::SAMPLE_AT].load(Ordering::Acquire);
+        if now < last + burst::SAMPLE_NS
+            || w[slot::SAMPLE_AT]
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return; // another process or thread took this sample
+        }
+        let own_now = sh.busy_ns.load(Ordering::Relaxed);
+        let own_before = w[slot::SAMPLE_OWN].swap(own_now, Ordering::Relaxed);
+        if last == 0 {
+            return; // first sample: only a baseline
+        }
+        let dt = (now - last).max(1);
+        let own_pm = (own_now.saturating_sub(own_before) as u128 * 1000 / dt as u128).min(1000) as u64;
+        let prev = burst::unpack(w[slot::BURST_STATE].load(Ordering::Relaxed));
+        let next = burst::step(
+            prev,
+            lim.rate_pm(),
+            lim.weight as u64,
+            own_pm,
+            gpu.device_busy_pm(dev),
+        );
+        w[slot::BURST_STATE].store(burst::pack(next), Ordering::Relaxed);
+        w[slot::EFF_RATE].store(next.eff, Ordering::Relaxed);
+        if next.others_active && !prev.others_active {
+            // Someone arrived: do not let the credit earned at 100 % run ahead of them.
+            Bucket::new(w).forgive(now);
+        }
+    }
+}
+
+fn add_signed(a: &AtomicU64, delta: i64) {
+    if delta >= 0 {
+        a.fetch_add(delta as u64, Ordering::Relaxed);
+    } else {
+        let _ = a.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(delta.unsigned_abs()))
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::clock::fake::FakeClock;
+    use super::*;
+    use std::cell::RefCell;
+    use std::collections::VecDeque;
+
+    const MS: u64 = 1_000_000;
+
+    /// A one-device timeline: kernels run back to back in launch order; probes complete when their kernel does.
+    struct FakeGpu<'c> {
+        clock: &'c FakeClock,
+        tail: RefCell<u64>,
+        busy: RefCell<u64>,
+        kernel_ns: RefCell<u64>,
+        probes: RefCell<VecDeque<(u64, u64, u64)>>, // handle, start, end
+        next_handle: RefCell<u64>,
+        pending_start: RefCell<u64>,
+        util: RefCell<Option<u64>>,
+    }
+
+    impl<'c> FakeGpu<'c> {
+        fn new(clock: &'c FakeClock, kernel_ns: u64) -> Self {
+            FakeGpu {
+                clock,
+                tail: RefCell::new(0),
+                busy: RefCell::new(0),
+                kernel_ns: RefCell::new(kernel_ns),
+                probes: RefCell::new(VecDeque::new()),
+                next_handle: RefCell::new(1),
+                pending_start: RefCell::new(0),
+                util: RefCell::new(None),
+            }
+        }
+        fn launch(&self) {
+            let now = self.clock.now_ns();
+            let start = (*self.tail.borrow()).max(now);
+            *self.pending_start.borrow_mut() = start;
+            let k = *self.kernel_ns.borrow();
+            *self.tail.borrow_mut() = start + k;
+            *self.busy.borrow_mut() += k;
+        }
+    }
+
+    impl Gpu for FakeGpu<'_> {
+        fn probe_begin(&self, _dev: usize, _stream: usize) -> u64 {
+            let h = *self.next_handle.borrow();
+            *self.next_handle.borrow_mut() += 1;
+            h
+        }
+        fn probe_end(&self, p: u64, _stream: usize) -> bool {
+            let s = *self.pending_start.borrow();
+            self.probes.borrow_mut().push_back((p, s, *self.tail.borrow()));
+            true
+        }
+        fn probe_poll(&self, p: u64) -> Poll {
+            let now = self.clock.now_ns();
+            match self.probes.borrow().iter().find(|x| x.0 == p) {
+                Some(&(_, s, e)) if e <= now => Poll::Done(e - s),
+                Some(_) => Poll::Pending,
+                None => Poll::Failed,
+            }
+        }
+        fn probe_release(&self, p: u64) {
+            self.probes.borrow_mut().retain(|x| x.0 != p);
+        }
+        fn device_busy_pm(&self, _dev: usize) -> Option<u64> {
+            *self.util.borrow()
+        }
+    }
+
+    /// Saturating loop: admit, launch, for `secs`; returns the device share (per-mille) actually used.
+    fn run(limit: Limit, kernel_ns: u64, secs: u64) -> f64 {
+        let clock = FakeClock::new(1_000_000 * MS);
+        let gpu = FakeGpu::new(&clock, kernel_ns);
+        let eng = Engine::new();
+        let words: [AtomicU64; 8] = Default::default();
+        let busy = AtomicU64::new(0);
+        let sh = Shared {
+            words: &words,
+            busy_ns: &busy,
+            gpu_ns: None,
+        };
+        let start = clock.now_ns();
+        while clock.now_ns() < start + secs * 1000 * MS {
+            let t = eng.admit(0, &sh, || limit, 42, &clock, &gpu).expect("limited");
+            let h = if t.probe { gpu.probe_begin(0, 0) } else { 0 };
+            gpu.launch();
+            if t.probe {
+                gpu.probe_end(h, 0);
+                eng.probe_issued(&t, h, clock.now_ns());
+            }
+            // The program's own launch cost; and a 1024-deep queue makes the launch block.
+            clock.advance(2_000);
+            let tail = *gpu.tail.borrow();
+            let now = clock.now_ns();
+            if tail > now + 1024 * kernel_ns {
+                clock.sleep_until(tail - 1024 * kernel_ns);
+            }
+        }
+        let end = clock.now_ns();
+        // Count only work that ran inside the window.
+        let tail = *gpu.tail.borrow();
+        let ran = *gpu.busy.borrow() - tail.saturating_sub(end);
+        ran as f64 * 1000.0 / (end - start) as f64
+    }
+
+    #[test]
+    fn hard_limit_holds_for_short_and_long_kernels() {
+        for pct in [10u32, 25, 50, 75, 90] {
+            for kernel in [50_000u64, 10 * MS] {
+                let share = run(
+                    Limit {
+                        pct,
+                        policy: Policy::Hard,
+                        weight: 100,
+                    },
+                    kernel,
+                    10,
+                );
+                let want = pct as f64 * 10.0;
+                assert!((share - want).abs() < 5.0, "L={pct} kernel={kernel}: {share}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_kernel_is_probed_and_estimate_converges() {
+        let clock = FakeClock::new(1_000_000 * MS);
+        let gpu = FakeGpu::new(&clock, 300_000);
+        let eng = Engine::new();
+        let words: [AtomicU64; 8] = Default::default();
+        let busy = AtomicU64::new(0);
+        let sh = Shared {
+            words: &words,
+            busy_ns: &busy,
+            gpu_ns: None,
+        };
+        let lim = Limit {
+            pct: 50,
+            policy: Policy::Hard,
+            weight: 100,
+        };
+        let t = eng.admit(0, &sh, || lim, 7, &clock, &gpu).unwrap();
+        assert!(t.probe, "first launch of a key is measured");
+        let h = gpu.probe_begin(0, 0);
+        gpu.launch();
+        gpu.probe_end(h, 0);
+        eng.probe_issued(&t, h, clock.now_ns());
+        clock.advance(MS);
+        eng.poll(0, &sh, clock.now_ns(), &gpu);
+        assert_eq!(eng.estimator().get(7), Some(300_000));
+        // busy_ns reconciled to the measured time
+        assert_eq!(busy.load(Ordering::Relaxed), 300_000);
+    }
+
+    #[test]
+    fn failed_launch_is_refunded() {
+        let clock = FakeClock::new(1_000_000 * MS);
+        let gpu = FakeGpu::new(&clock, 1);
+        let eng = Engine::new();
+        let words: [AtomicU64; 8] = Default::default();
+        let busy = AtomicU64::new(0);
+        let sh = Shared {
+            words: &words,
+            busy_ns: &busy,
+            gpu_ns: None,
+        };
+        let lim = Limit {
+            pct: 50,
+            policy: Policy::Hard,
+            weight: 100,
+        };
+        let before = Bucket::new(&words).tokens(clock.now_ns(), 500);
+        let t = eng.admit(0, &sh, || lim, 9, &clock, &gpu).unwrap();
+        eng.refund(&sh, &t);
+        assert_eq!(Bucket::new(&words).tokens(clock.now_ns(), 500), before);
+        assert_eq!(busy.load(Ordering::Relaxed), 0);
+        assert!(!eng.devs[0].probe_claimed.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn limit_removed_while_waiting_releases_the_launch() {
+        let clock = FakeClock::new(1_000_000 * MS);
+        let gpu = FakeGpu::new(&clock, 1);
+        let eng = Engine::new();
+        let words: [AtomicU64; 8] = Default::default();
+        let busy = AtomicU64::new(0);
+        let sh = Shared {
+            words: &words,
+            busy_ns: &busy,
+            gpu_ns: None,
+        };
+        eng.estimator().record(5, 10_000 * MS); // a 10 s kernel at 10 %: 100 s of debt
+        let lim = Limit {
+            pct: 10,
+            policy: Policy::Hard,
+            weight: 100,
+        };
+        let _ = eng.admit(0, &sh, || lim, 5, &clock, &gpu).unwrap();
+        let t0 = clock.now_ns();
+        let mut calls = 0;
+        let r = eng.admit(
+            0,
+            &sh,
+            || {
+                calls += 1;
+                if calls > 5 {
+                    Limit::NONE
+                } else {
+                    lim
+                }
+            },
+            5,
+            &clock,
+            &gpu,
+        );
+        assert!(r.is_none());
+        assert!(clock.now_ns() - t0 <= 5 * MAX_SLEEP_NS, "{}", clock.now_ns() - t0);
+    }
+
+    #[test]
+    fn burst_alone_uses_the_whole_device() {
+        let clock = FakeClock::new(1_000_000 * MS);
+        let gpu = FakeGpu::new(&clock, 50_000);
+        *gpu.util.borrow_mut() = Some(0); // filled in below per sample
+        let eng = Engine::new();
+        let words: [AtomicU64; 8] = Default::default();
+        let busy = AtomicU64::new(0);
+        let sh = Shared {
+            words: &words,
+            busy_ns: &busy,
+            gpu_ns: None,
+        };
+        let lim = Limit {
+            pct: 30,
+            policy: Policy::Burst,
+            weight: 100,
+        };
+        let start = clock.now_ns();
+        let mut last_sample = (start, 0u64);
+        while clock.now_ns() < start + 2_000 * MS {
+            // NVML: device busy over the last interval equals own busy (alone)
+            let now = clock.now_ns();
+            if now - last_sample.0 >= burst::SAMPLE_NS {
+                let b = *gpu.busy.borrow();
+                *gpu.util.borrow_mut() = Some(((b - last_sample.1) * 1000 / (now - last_sample.0)).min(1000));
+                last_sample = (now, b);
+            }
+            let t = eng.admit(0, &sh, || lim, 1, &clock, &gpu).unwrap();
+            let h = if t.probe { gpu.probe_begin(0, 0) } else { 0 };
+            gpu.launch();
+            if t.probe {
+                gpu.probe_end(h, 0);
+                eng.probe_issued(&t, h, clock.now_ns());
+            }
+            clock.advance(2_000);
+        }
+        let share = *gpu.busy.borrow() as f64 / (clock.now_ns() - start) as f64;
+        assert!(share >= 0.95, "{share}");
+    }
+}

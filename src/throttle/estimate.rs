@@ -1,0 +1,158 @@
+//! Per-process estimates of how long a launch occupies the device, keyed by (function, grid, block).
+//!
+//! Why estimates: a launch must be charged when it is made (the bucket is what makes it wait), but its real
+//! duration is known only when it completes, possibly much later behind a deep queue. So a launch pre-charges the
+//! estimate of its key, a sample of launches is measured on the device (see `probe`), and each measurement both
+//! reconciles its own launch (charged − measured goes back to the bucket) and refines the estimate.
+//!
+//! The table is a fixed array of atomics (no allocation, no lock on the hot path): a key hashes to a home slot
+//! and up to `PROBE` neighbours; a full neighbourhood evicts the home slot. A lost update between two threads is
+//! harmless (the next measurement corrects it).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+const SLOTS: usize = 1024;
+const PROBE: usize = 4;
+
+/// Fallback estimate before anything has been measured in this process: 1 ms. Conservative for short kernels
+/// (they are measured and corrected within a few launches) and small enough that a first long kernel does not
+/// make the program wait long.
+pub const DEFAULT_EST_NS: u64 = 1_000_000;
+
+/// Lock-free estimate table.
+#[derive(Debug)]
+pub struct Estimator {
+    keys: [AtomicU64; SLOTS],
+    vals: [AtomicU64; SLOTS],
+    /// Process-wide moving average of measured launches (for keys never measured).
+    mean: AtomicU64,
+}
+
+/// Hash the identity of a launch into a non-zero key.
+#[inline]
+pub fn launch_key(func: usize, grid: u64, block: u64) -> u64 {
+    let mut h = (func as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^= grid.wrapping_mul(0xC2B2_AE3D_27D4_EB4F).rotate_left(17);
+    h ^= block.wrapping_mul(0x1656_67B1_9E37_79F9).rotate_left(41);
+    h ^= h >> 29;
+    h | 1
+}
+
+impl Default for Estimator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Estimator {
+    /// An empty table (const so it can live in a `static`).
+    pub const fn new() -> Self {
+        #[allow(clippy::declare_interior_mutable_const)]
+        const Z: AtomicU64 = AtomicU64::new(0);
+        Estimator {
+            keys: [Z; SLOTS],
+            vals: [Z; SLOTS],
+            mean: AtomicU64::new(0),
+        }
+    }
+
+    #[inline]
+    fn home(key: u64) -> usize {
+        (key >> 7) as usize % SLOTS
+    }
+
+    /// The estimate for `key`, if this key was measured.
+    #[inline]
+    pub fn get(&self, key: u64) -> Option<u64> {
+        let h = Self::home(key);
+        for i in 0..PROBE {
+            let s = (h + i) % SLOTS;
+            let k = self.keys[s].load(Ordering::Acquire);
+            if k == key {
+                return Some(self.vals[s].load(Ordering::Relaxed));
+            }
+            if k == 0 {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Estimate for a key never measured: the process's average, or `DEFAULT_EST_NS`.
+    #[inline]
+    pub fn fallback(&self) -> u64 {
+        match self.mean.load(Ordering::Relaxed) {
+            0 => DEFAULT_EST_NS,
+            m => m,
+        }
+    }
+
+    /// Record a measurement. The first sample of a key is taken as is; later ones move the estimate by 1/4 of
+    /// the difference (smooths jitter, follows a real change within a few samples).
+    pub fn record(&self, key: u64, measured: u64) {
+        let measured = measured.max(1);
+        let m = self.mean.load(Ordering::Relaxed);
+        let nm = if m == 0 { measured } else { (m * 7 + measured) / 8 };
+        self.mean.store(nm.max(1), Ordering::Relaxed);
+
+        let h = Self::home(key);
+        for i in 0..PROBE {
+            let s = (h + i) % SLOTS;
+            let k = self.keys[s].load(Ordering::Acquire);
+            if k == key {
+                let old = self.vals[s].load(Ordering::Relaxed);
+                let new = (old as i128 + (measured as i128 - old as i128) / 4) as u64;
+                self.vals[s].store(new.max(1), Ordering::Relaxed);
+                return;
+            }
+            if k == 0 {
+                self.vals[s].store(measured, Ordering::Relaxed);
+                if self.keys[s]
+                    .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    return;
+                }
+            }
+        }
+        // Neighbourhood full: evict the home slot.
+        self.keys[h].store(0, Ordering::Release);
+        self.vals[h].store(measured, Ordering::Relaxed);
+        self.keys[h].store(key, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_then_measured_then_smoothed() {
+        let e = Estimator::new();
+        let k = launch_key(0x1000, 64, 256);
+        assert_eq!(e.get(k), None);
+        assert_eq!(e.fallback(), DEFAULT_EST_NS);
+        e.record(k, 40_000);
+        assert_eq!(e.get(k), Some(40_000));
+        e.record(k, 80_000);
+        assert_eq!(e.get(k), Some(50_000));
+        assert_eq!(e.fallback(), 45_000);
+    }
+
+    #[test]
+    fn keys_differ_by_grid_and_function_and_survive_collisions() {
+        let e = Estimator::new();
+        for i in 0..5000u64 {
+            e.record(launch_key(0x1000 + i as usize * 64, i, 128), 1000 + i);
+        }
+        // The most recent ones are still there.
+        for i in 4990..5000u64 {
+            assert_eq!(
+                e.get(launch_key(0x1000 + i as usize * 64, i, 128)),
+                Some(1000 + i)
+            );
+        }
+        assert_ne!(launch_key(1, 2, 3), launch_key(1, 3, 3));
+        assert_ne!(launch_key(1, 2, 3), launch_key(2, 2, 3));
+    }
+}
