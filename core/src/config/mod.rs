@@ -1,0 +1,203 @@
+//! Configuration: environment variables (HAMi-core's names and ours) plus an optional TOML file, validated
+//! into a [`Config`].
+//!
+//! Why this is strict: a limit that fails to parse must not silently become "no limit". Every bad value,
+//! every HAMi/cuquota pair that disagrees and every unknown `CUQUOTA_*` name (a typo such as
+//! `CUQUOTA_MEMORY_LIMT`) is a [`ConfigError`] that names the variable and its value; the shim then fails
+//! closed. See `docs/configuration.md` for the user-facing reference.
+//!
+//! Precedence for a device's limit, most specific source first: env `_<i>` → env global → file `[[device]]` →
+//! file global. The agent's limits file (see [`crate::region`]) is applied on top by the shim as a minimum.
+
+mod env;
+mod error;
+mod file;
+mod layer;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+pub use env::{KNOWN_VARIABLES, RESERVED_PREFIX};
+pub use error::ConfigError;
+
+use crate::visible_devices::VisibleDevices;
+
+/// Default path of the shared usage region.
+pub const DEFAULT_USAGE_PATH: &str = "/tmp/cuquota.usage";
+/// Default path of the agent-written limits region (used only if it exists).
+pub const DEFAULT_LIMITS_PATH: &str = "/etc/cuquota/limits";
+/// Highest CUDA ordinal accepted in a `_<i>` variable or `[[device]] index` (exclusive).
+pub const MAX_ORDINAL: u32 = 1024;
+/// Weight range for burst mode.
+pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
+
+/// How the SM-time limit behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// Never exceed the SM share, even on an idle GPU (`CUQUOTA_POLICY=hard`, HAMi `FORCE`).
+    Hard,
+    /// May use spare GPU time beyond the share, split by weight (`CUQUOTA_POLICY=burst`).
+    Burst,
+}
+
+impl Policy {
+    /// The stricter of two policies (`Hard` beats `Burst`): a process may make itself stricter, never looser.
+    pub fn stricter(a: Option<Policy>, b: Option<Policy>) -> Option<Policy> {
+        match (a, b) {
+            (Some(Policy::Hard), _) | (_, Some(Policy::Hard)) => Some(Policy::Hard),
+            (Some(Policy::Burst), _) | (_, Some(Policy::Burst)) => Some(Policy::Burst),
+            (None, None) => None,
+        }
+    }
+
+    /// Lower-case name as accepted by `CUQUOTA_POLICY`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Hard => "hard",
+            Policy::Burst => "burst",
+        }
+    }
+}
+
+/// Verbosity of the shim's stderr log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LogLevel {
+    /// Errors only (`LIBCUDA_LOG_LEVEL=0`).
+    Error,
+    /// Errors and warnings (`1`, the default).
+    Warn,
+    /// Plus informational messages (`2`).
+    Info,
+    /// Plus debugging detail (`3`).
+    Debug,
+    /// Everything (`4` and above).
+    Trace,
+}
+
+impl LogLevel {
+    /// Lower-case name as accepted by `CUQUOTA_LOG`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+/// Limits of one device (or the default for all devices). `None` means no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct DeviceLimits {
+    /// Device-memory cap in bytes.
+    pub memory: Option<u64>,
+    /// SM-time share in percent, 1–99.
+    pub sm: Option<u32>,
+}
+
+/// Validated configuration of one process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Limits per CUDA ordinal, fully resolved (a `None` here means "no limit for this ordinal", not "use the
+    /// default"). Ordinals not present use [`Config::default_limits`].
+    pub devices: BTreeMap<u32, DeviceLimits>,
+    /// Limits of ordinals not in [`Config::devices`].
+    pub default_limits: DeviceLimits,
+    /// SM policy, or `None` for cuquota's default.
+    pub policy: Option<Policy>,
+    /// SM limiting switched off (`GPU_CORE_UTILIZATION_POLICY=DISABLE`, `CUQUOTA_POLICY=disabled`).
+    pub sm_disabled: bool,
+    /// Share of spare time in burst mode, 1–1000; `None` = default.
+    pub weight: Option<u32>,
+    /// Shared usage region (`CUQUOTA_USAGE_FILE` / `CUDA_DEVICE_MEMORY_SHARED_CACHE`).
+    pub usage_path: PathBuf,
+    /// Agent-written limits regions to apply, all of them (the effective limit is the minimum over env and
+    /// every file): [`DEFAULT_LIMITS_PATH`] when it exists, plus `CUQUOTA_LIMITS_FILE` (or the TOML
+    /// `limits_file`) when set. The default file is never replaced by the variable, so a process cannot escape
+    /// the agent's limits by pointing the variable elsewhere. Every listed file must open and validate, else
+    /// the shim fails closed. Empty = no agent limits.
+    pub limits_paths: Vec<PathBuf>,
+    /// Log verbosity.
+    pub log_level: LogLevel,
+    /// Opt-out requested (`CUDA_DISABLE_CONTROL=true` / `CUQUOTA_DISABLE=1`): pure pass-through, unless the
+    /// agent's limits file forbids opting out.
+    pub disabled: bool,
+    /// Path of the real `libcuda.so.1` (`CUQUOTA_LIBCUDA`).
+    pub libcuda_path: Option<PathBuf>,
+    /// Path of the real `libnvidia-ml.so.1` (`CUQUOTA_LIBNVML`).
+    pub libnvml_path: Option<PathBuf>,
+    /// Parsed `CUDA_VISIBLE_DEVICES` (`None` when unset).
+    pub visible_devices: Option<VisibleDevices>,
+    /// The TOML file that was read, if any (`CUQUOTA_CONFIG`).
+    pub config_file: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            devices: BTreeMap::new(),
+            default_limits: DeviceLimits::default(),
+            policy: None,
+            sm_disabled: false,
+            weight: None,
+            usage_path: PathBuf::from(DEFAULT_USAGE_PATH),
+            limits_paths: Vec::new(),
+            log_level: LogLevel::Warn,
+            disabled: false,
+            libcuda_path: None,
+            libnvml_path: None,
+            visible_devices: None,
+            config_file: None,
+        }
+    }
+}
+
+impl Config {
+    /// Reads the process environment (and the TOML file it names). Non-UTF-8 values of variables we read are
+    /// errors.
+    pub fn from_env() -> Result<Config, ConfigError> {
+        env::from_vars_os(std::env::vars_os(), &|p| p.exists())
+    }
+
+    /// Builds a configuration from an explicit list of variables — the full check, including unknown
+    /// `CUQUOTA_*` names. `path_exists` answers whether the default limits file exists (injectable for tests).
+    pub fn from_vars<I, K, V>(
+        vars: I,
+        path_exists: &dyn Fn(&std::path::Path) -> bool,
+    ) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        env::from_vars(vars.into_iter().map(|(k, v)| (k.into(), v.into())), path_exists)
+    }
+
+    /// Builds a configuration from a lookup function (`|name| std::env::var(name).ok()`-like). It probes the
+    /// known names and the `_<i>` forms for ordinals below [`env::PROBED_ORDINALS`]; unlike
+    /// [`Config::from_vars`] it cannot detect misspelt `CUQUOTA_*` names, since it cannot enumerate.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        env::from_lookup(&lookup, &|p| p.exists())
+    }
+
+    /// Memory cap of CUDA ordinal `ordinal` from env/config, `None` = no limit.
+    pub fn memory_limit(&self, ordinal: u32) -> Option<u64> {
+        self.devices.get(&ordinal).unwrap_or(&self.default_limits).memory
+    }
+
+    /// SM share (percent, 1–99) of CUDA ordinal `ordinal` from env/config; `None` when unlimited or when SM
+    /// limiting is disabled.
+    pub fn sm_limit(&self, ordinal: u32) -> Option<u32> {
+        if self.sm_disabled {
+            return None;
+        }
+        self.devices.get(&ordinal).unwrap_or(&self.default_limits).sm
+    }
+
+    /// Whether any memory or SM limit is configured for any ordinal (the agent file may add more).
+    pub fn has_limits(&self) -> bool {
+        let any = |d: &DeviceLimits| d.memory.is_some() || (d.sm.is_some() && !self.sm_disabled);
+        any(&self.default_limits) || self.devices.values().any(any)
+    }
+}

@@ -1,0 +1,284 @@
+//! The byte layout of both region files: `repr(C)` structs of atomics only, mirrored field for field by
+//! `include/cuquota.h` (checked by `tests/header.rs`).
+//!
+//! Every field is an atomic because another process may write it at any moment; Rust code only ever holds
+//! shared references to these structs (atomics are `UnsafeCell`s, so that is sound for memory others mutate).
+//! Padding is explicit (`_reserved*`) so the C and Rust layouts cannot drift through compiler choices.
+
+use std::sync::atomic::{AtomicU32, AtomicU64};
+
+/// `magic` of the limits file: the bytes `CUQLIMIT` read as a little-endian u64.
+pub const LIMITS_MAGIC: u64 = u64::from_le_bytes(*b"CUQLIMIT");
+/// `magic` of the usage file: the bytes `CUQUSAGE` read as a little-endian u64.
+pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
+/// Layout version of both files. Any change of size or meaning bumps it.
+pub const ABI_VERSION: u32 = 1;
+/// Device entries per file.
+pub const MAX_DEVICES: usize = 16;
+/// Process slots in the usage file.
+pub const MAX_PROCS: usize = 1024;
+/// Words of throttle state per usage device entry (owned by the shim's throttle).
+pub const THROTTLE_WORDS: usize = 8;
+
+/// Limits entry `flags` bit: the entry is in use.
+pub const LIMITS_ENTRY_VALID: u32 = 1;
+/// Limits entry `cuda_index` value (with an all-zero uuid) that applies to every device without a more
+/// specific entry.
+pub const LIMITS_INDEX_ALL: u32 = u32::MAX;
+/// Limits header `flags` bit: processes may not opt out (`CUDA_DISABLE_CONTROL` / `CUQUOTA_DISABLE` are ignored).
+pub const LIMITS_FLAG_NO_OPT_OUT: u32 = 1;
+
+/// Limits entry `policy`: default.
+pub const POLICY_DEFAULT: u32 = 0;
+/// Limits entry `policy`: hard.
+pub const POLICY_HARD: u32 = 1;
+/// Limits entry `policy`: burst.
+pub const POLICY_BURST: u32 = 2;
+/// Limits entry `policy`: SM limiting disabled.
+pub const POLICY_DISABLED: u32 = 3;
+
+/// Owner-word state: free.
+pub const STATE_FREE: u32 = 0;
+/// Owner-word state: being claimed by the pid in the word.
+pub const STATE_CLAIMING: u32 = 1;
+/// Owner-word state: live (slot) / ready (device entry).
+pub const STATE_LIVE: u32 = 2;
+/// Owner-word state: being reclaimed by the pid in the word (slots only).
+pub const STATE_RECLAIMING: u32 = 3;
+
+/// Packs an owner word: bits 0–31 pid, 32–39 state, 40–63 a generation bumped on every transition (so that a
+/// compare-and-swap on the whole word cannot suffer ABA).
+pub const fn owner_word(pid: u32, state: u32, generation: u32) -> u64 {
+    (pid as u64) | (((state & 0xff) as u64) << 32) | (((generation & 0xff_ffff) as u64) << 40)
+}
+/// Pid of an owner word.
+pub const fn owner_pid(word: u64) -> u32 {
+    word as u32
+}
+/// State of an owner word.
+pub const fn owner_state(word: u64) -> u32 {
+    ((word >> 32) & 0xff) as u32
+}
+/// Generation of an owner word.
+pub const fn owner_generation(word: u64) -> u32 {
+    (word >> 40) as u32
+}
+
+/// Header of the limits file (64 bytes).
+#[repr(C)]
+pub struct LimitsHeader {
+    /// [`LIMITS_MAGIC`]; written last (release) by the initialiser.
+    pub magic: AtomicU64,
+    /// [`ABI_VERSION`].
+    pub abi_version: AtomicU32,
+    /// `size_of::<LimitsHeader>()`.
+    pub header_size: AtomicU32,
+    /// `size_of::<LimitsFile>()`.
+    pub total_size: AtomicU64,
+    /// [`MAX_DEVICES`].
+    pub max_devices: AtomicU32,
+    /// Seqlock-protected flags ([`LIMITS_FLAG_NO_OPT_OUT`]).
+    pub flags: AtomicU32,
+    /// Seqlock: odd while a write is in progress; +2 per committed write.
+    pub seq: AtomicU64,
+    /// Number of committed writes (seqlock-protected; informational).
+    pub generation: AtomicU64,
+    /// Pid of the writer holding the seqlock (0 when none), so a writer that died mid-write can be taken over.
+    pub writer_pid: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// Zero.
+    pub _reserved: [AtomicU64; 1],
+}
+
+/// One device's limits in the limits file (64 bytes). All fields seqlock-protected.
+#[repr(C)]
+pub struct LimitsEntry {
+    /// Device UUID, its 16 raw bytes in order (word `i` = native-endian load of bytes `8i..8i+8`). All zero =
+    /// match by `cuda_index` instead.
+    pub uuid: [AtomicU64; 2],
+    /// [`LIMITS_ENTRY_VALID`].
+    pub flags: AtomicU32,
+    /// CUDA ordinal this entry applies to when `uuid` is zero; [`LIMITS_INDEX_ALL`] = every device.
+    pub cuda_index: AtomicU32,
+    /// Memory cap in bytes, 0 = none.
+    pub memory_limit: AtomicU64,
+    /// SM share in percent, 0 = none.
+    pub sm_limit: AtomicU32,
+    /// `POLICY_*`.
+    pub policy: AtomicU32,
+    /// Burst weight, 0 = default.
+    pub weight: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// Zero.
+    pub _reserved: [AtomicU64; 2],
+}
+
+/// The whole limits file.
+#[repr(C)]
+pub struct LimitsFile {
+    /// Header.
+    pub header: LimitsHeader,
+    /// Entries.
+    pub devices: [LimitsEntry; MAX_DEVICES],
+}
+
+/// Header of the usage file (64 bytes).
+#[repr(C)]
+pub struct UsageHeader {
+    /// [`USAGE_MAGIC`]; written last (release) by the initialiser.
+    pub magic: AtomicU64,
+    /// [`ABI_VERSION`].
+    pub abi_version: AtomicU32,
+    /// `size_of::<UsageHeader>()`.
+    pub header_size: AtomicU32,
+    /// `size_of::<UsageFile>()`.
+    pub total_size: AtomicU64,
+    /// [`MAX_DEVICES`].
+    pub max_devices: AtomicU32,
+    /// [`MAX_PROCS`].
+    pub max_procs: AtomicU32,
+    /// One past the highest slot index ever claimed; sums stop here.
+    pub proc_high_water: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// Zero.
+    pub _reserved: [AtomicU64; 3],
+}
+
+/// A physical device in the usage file (128 bytes). Claimed once by UUID, never freed.
+#[repr(C)]
+pub struct UsageDevice {
+    /// Device UUID (same encoding as [`LimitsEntry::uuid`]); valid once `owner` says live.
+    pub uuid: [AtomicU64; 2],
+    /// Owner word ([`owner_word`]): free → claiming (claimer pid) → live (ready).
+    pub owner: AtomicU64,
+    /// Effective memory limit last reported by a process (bytes, 0 = none; informational).
+    pub memory_limit: AtomicU64,
+    /// Effective SM limit last reported (percent, 0 = none; informational).
+    pub sm_limit: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// Throttle state, owned by the shim's throttle.
+    pub throttle: [AtomicU64; THROTTLE_WORDS],
+    /// Cumulative GPU busy time achieved by the container on this device, ns.
+    pub busy_ns: AtomicU64,
+    /// Zero.
+    pub _reserved: [AtomicU64; 2],
+}
+
+/// One process in the usage file (320 bytes).
+#[repr(C)]
+pub struct UsageSlot {
+    /// Owner word ([`owner_word`]): free → claiming → live → reclaiming → free.
+    pub owner: AtomicU64,
+    /// Start time of the owner (`/proc/<pid>/stat` field 22, clock ticks since boot), to detect pid reuse.
+    pub start_time: AtomicU64,
+    /// The owner's pid as NVML reports it (host pid namespace), 0 if unknown.
+    pub host_pid: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// Bytes charged per usage device entry.
+    pub mem_used: [AtomicU64; MAX_DEVICES],
+    /// GPU time used per usage device entry, ns (owned by the throttle).
+    pub gpu_ns: [AtomicU64; MAX_DEVICES],
+    /// Zero.
+    pub _reserved: [AtomicU64; 5],
+}
+
+/// The whole usage file.
+#[repr(C)]
+pub struct UsageFile {
+    /// Header.
+    pub header: UsageHeader,
+    /// Device entries.
+    pub devices: [UsageDevice; MAX_DEVICES],
+    /// Process slots.
+    pub slots: [UsageSlot; MAX_PROCS],
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<LimitsHeader>() == 64);
+    assert!(std::mem::size_of::<LimitsEntry>() == 64);
+    assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES);
+    assert!(std::mem::size_of::<UsageHeader>() == 64);
+    assert!(std::mem::size_of::<UsageDevice>() == 128);
+    assert!(std::mem::size_of::<UsageSlot>() == 320);
+    assert!(std::mem::size_of::<UsageFile>() == 64 + 128 * MAX_DEVICES + 320 * MAX_PROCS);
+};
+
+/// UUID bytes → the two words stored in the files.
+pub fn uuid_to_words(uuid: &[u8; 16]) -> [u64; 2] {
+    let mut a = [0u8; 8];
+    let mut b = [0u8; 8];
+    a.copy_from_slice(&uuid[..8]);
+    b.copy_from_slice(&uuid[8..]);
+    [u64::from_ne_bytes(a), u64::from_ne_bytes(b)]
+}
+
+/// The two stored words → UUID bytes.
+pub fn words_to_uuid(words: [u64; 2]) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&words[0].to_ne_bytes());
+    out[8..].copy_from_slice(&words[1].to_ne_bytes());
+    out
+}
+
+/// Formats UUID bytes as NVIDIA does: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn format_uuid(uuid: &[u8; 16]) -> String {
+    let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Parses `GPU-xxxxxxxx-…` (or `MIG-…`, or the bare 32 hex digits with or without dashes) into UUID bytes.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let s = s.trim();
+    let body = s
+        .strip_prefix("GPU-")
+        .or_else(|| s.strip_prefix("gpu-"))
+        .or_else(|| s.strip_prefix("MIG-"))
+        .or_else(|| s.strip_prefix("mig-"))
+        .unwrap_or(s);
+    let hex: String = body.chars().filter(|&c| c != '-').collect();
+    if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_word_round_trips() {
+        let w = owner_word(4_000_000, STATE_RECLAIMING, 0xab_cdef);
+        assert_eq!(owner_pid(w), 4_000_000);
+        assert_eq!(owner_state(w), STATE_RECLAIMING);
+        assert_eq!(owner_generation(w), 0xab_cdef);
+        // generation wraps at 24 bits
+        assert_eq!(owner_generation(owner_word(1, 1, 0x100_0001)), 1);
+    }
+
+    #[test]
+    fn uuid_round_trips() {
+        let s = "GPU-0f3a9c1e-1111-2222-3333-444455556666";
+        let u = parse_uuid(s).unwrap();
+        assert_eq!(format_uuid(&u), s);
+        assert_eq!(words_to_uuid(uuid_to_words(&u)), u);
+        assert!(parse_uuid("GPU-123").is_none());
+        assert!(parse_uuid("GPU-0f3a9c1e-1111-2222-3333-44445555666z").is_none());
+    }
+}

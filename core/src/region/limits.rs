@@ -1,0 +1,725 @@
+//! The limits file: the node agent's word on what each device may use, read by the shim without ever waiting.
+//!
+//! Seqlock protocol (also in `include/cuquota.h` for agents written in C):
+//! - **writer**: CAS `seq` from even `s` to `s+1` (a writer that finds `seq` odd and `writer_pid` dead takes the
+//!   write over instead), store `writer_pid`, release fence, write the fields, bump `generation`, clear
+//!   `writer_pid`, store `seq = s+2` (release).
+//! - **reader**: load `seq` (acquire); if odd, retry; copy the fields (relaxed atomics); acquire fence; reload
+//!   `seq`; equal → the copy is consistent. After a bounded number of tries the reader gives up and keeps its
+//!   last good snapshot ([`LimitsReader`]): a writer that died mid-write can never hang a reader.
+//! - the hot path only compares `seq` with the last one seen: one atomic load ([`LimitsReader::needs_refresh`]).
+
+use std::path::Path;
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use super::layout::*;
+use super::liveness::{current_pid, is_alive};
+use super::map::{Access, Mapping};
+use super::RegionError;
+use crate::config::{Config, Policy};
+use crate::min_limit;
+
+/// Reader attempts before a read reports [`ReadError::Busy`].
+const READ_TRIES: u32 = 256;
+/// How long [`LimitsReader::new`] and writers wait for a busy seqlock.
+const BUSY_WAIT: Duration = Duration::from_secs(2);
+/// How long a writer waits on an odd `seq` whose writer has not published its pid yet before taking over.
+const UNPUBLISHED_WRITER_GRACE: Duration = Duration::from_millis(500);
+
+/// One entry of the limits file, copied out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitsEntryData {
+    /// Device UUID bytes; all zero = match by `cuda_index`.
+    pub uuid: [u8; 16],
+    /// [`LIMITS_ENTRY_VALID`] when in use.
+    pub flags: u32,
+    /// CUDA ordinal (when `uuid` is zero); [`LIMITS_INDEX_ALL`] = every device.
+    pub cuda_index: u32,
+    /// Bytes, 0 = none.
+    pub memory_limit: u64,
+    /// Percent, 0 = none.
+    pub sm_limit: u32,
+    /// `POLICY_*`.
+    pub policy: u32,
+    /// 0 = default.
+    pub weight: u32,
+}
+
+impl LimitsEntryData {
+    /// Whether the entry is in use.
+    pub fn is_valid(&self) -> bool {
+        self.flags & LIMITS_ENTRY_VALID != 0
+    }
+
+    /// Which devices this entry applies to.
+    pub fn selector(&self) -> DeviceSelector {
+        if self.uuid != [0; 16] {
+            DeviceSelector::Uuid(self.uuid)
+        } else if self.cuda_index == LIMITS_INDEX_ALL {
+            DeviceSelector::All
+        } else {
+            DeviceSelector::Index(self.cuda_index)
+        }
+    }
+
+    /// The entry's limits in typed form.
+    pub fn limits(&self) -> FileLimits {
+        FileLimits {
+            memory: (self.memory_limit != 0).then_some(self.memory_limit),
+            sm: (1..100).contains(&self.sm_limit).then_some(self.sm_limit),
+            policy: match self.policy {
+                POLICY_HARD => Some(Policy::Hard),
+                POLICY_BURST => Some(Policy::Burst),
+                _ => None,
+            },
+            sm_disabled: self.policy == POLICY_DISABLED,
+            weight: (self.weight != 0).then_some(self.weight),
+        }
+    }
+}
+
+/// Which device(s) a limits entry targets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSelector {
+    /// A physical device by UUID (most specific).
+    Uuid([u8; 16]),
+    /// A CUDA ordinal.
+    Index(u32),
+    /// Every device without a more specific entry.
+    All,
+}
+
+impl DeviceSelector {
+    /// Parses `all`, a decimal CUDA ordinal, or a `GPU-…` UUID.
+    pub fn parse(s: &str) -> Option<DeviceSelector> {
+        if s.eq_ignore_ascii_case("all") {
+            Some(DeviceSelector::All)
+        } else if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            s.parse()
+                .ok()
+                .filter(|&i| i != LIMITS_INDEX_ALL)
+                .map(DeviceSelector::Index)
+        } else {
+            parse_uuid(s).filter(|u| *u != [0; 16]).map(DeviceSelector::Uuid)
+        }
+    }
+}
+
+impl std::fmt::Display for DeviceSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSelector::Uuid(u) => f.write_str(&format_uuid(u)),
+            DeviceSelector::Index(i) => write!(f, "{i}"),
+            DeviceSelector::All => f.write_str("all"),
+        }
+    }
+}
+
+/// What the limits file says about one device. `None` = no limit from the file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FileLimits {
+    /// Memory cap, bytes.
+    pub memory: Option<u64>,
+    /// SM share, percent 1–99.
+    pub sm: Option<u32>,
+    /// SM policy.
+    pub policy: Option<Policy>,
+    /// The agent switched SM limiting off for this device (does not stop a process limiting itself).
+    pub sm_disabled: bool,
+    /// Burst weight.
+    pub weight: Option<u32>,
+}
+
+/// Limits that apply to one device after combining env/config with every limits file: each limit is the
+/// minimum, the policy the stricter one. Nothing a process sets for itself can loosen what the agent wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EffectiveLimits {
+    /// Memory cap, bytes.
+    pub memory: Option<u64>,
+    /// SM share, percent 1–99.
+    pub sm: Option<u32>,
+    /// SM policy (`None` = cuquota's default).
+    pub policy: Option<Policy>,
+    /// Burst weight (`None` = default).
+    pub weight: Option<u32>,
+}
+
+impl EffectiveLimits {
+    /// What env/config alone say for CUDA ordinal `ordinal`.
+    pub fn from_config(config: &Config, ordinal: u32) -> EffectiveLimits {
+        EffectiveLimits {
+            memory: config.memory_limit(ordinal),
+            sm: config.sm_limit(ordinal),
+            policy: config.policy,
+            weight: config.weight,
+        }
+    }
+
+    /// Tightens these limits with a limits file's.
+    pub fn restrict(self, file: &FileLimits) -> EffectiveLimits {
+        EffectiveLimits {
+            memory: min_limit(self.memory, file.memory),
+            sm: min_limit(self.sm, file.sm),
+            policy: Policy::stricter(self.policy, file.policy),
+            weight: min_limit(self.weight, file.weight),
+        }
+    }
+}
+
+/// The contents of a limits file (what a writer edits).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitsTable {
+    /// Header flags ([`LIMITS_FLAG_NO_OPT_OUT`]).
+    pub flags: u32,
+    /// The entries, valid or not.
+    pub entries: [LimitsEntryData; MAX_DEVICES],
+}
+
+/// All [`MAX_DEVICES`] entries are in use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TableFull;
+
+impl std::fmt::Display for TableFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "all {MAX_DEVICES} limits entries are in use; remove one first")
+    }
+}
+
+impl std::error::Error for TableFull {}
+
+impl LimitsTable {
+    /// The valid entry for exactly this selector.
+    pub fn get(&self, sel: DeviceSelector) -> Option<&LimitsEntryData> {
+        self.entries.iter().find(|e| e.is_valid() && e.selector() == sel)
+    }
+
+    /// The valid entry for exactly this selector, created (all limits 0) in a free entry if missing.
+    pub fn entry_mut(&mut self, sel: DeviceSelector) -> Result<&mut LimitsEntryData, TableFull> {
+        let idx = match self
+            .entries
+            .iter()
+            .position(|e| e.is_valid() && e.selector() == sel)
+        {
+            Some(i) => i,
+            None => {
+                let i = self.entries.iter().position(|e| !e.is_valid()).ok_or(TableFull)?;
+                let (uuid, cuda_index) = match sel {
+                    DeviceSelector::Uuid(u) => (u, 0),
+                    DeviceSelector::Index(i) => ([0; 16], i),
+                    DeviceSelector::All => ([0; 16], LIMITS_INDEX_ALL),
+                };
+                self.entries[i] = LimitsEntryData {
+                    uuid,
+                    cuda_index,
+                    flags: LIMITS_ENTRY_VALID,
+                    ..Default::default()
+                };
+                i
+            }
+        };
+        Ok(&mut self.entries[idx])
+    }
+
+    /// Removes the entry for this selector; returns whether there was one.
+    pub fn remove(&mut self, sel: DeviceSelector) -> bool {
+        match self
+            .entries
+            .iter()
+            .position(|e| e.is_valid() && e.selector() == sel)
+        {
+            Some(i) => {
+                self.entries[i] = LimitsEntryData::default();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Limits for a device known by UUID and/or CUDA ordinal: the UUID entry if any, else the ordinal's entry,
+    /// else the `all` entry, else none.
+    pub fn for_device(&self, uuid: Option<&[u8; 16]>, cuda_index: Option<u32>) -> FileLimits {
+        let by_uuid = uuid.and_then(|u| self.get(DeviceSelector::Uuid(*u)));
+        let by_index = cuda_index.and_then(|i| self.get(DeviceSelector::Index(i)));
+        by_uuid
+            .or(by_index)
+            .or_else(|| self.get(DeviceSelector::All))
+            .map(|e| e.limits())
+            .unwrap_or_default()
+    }
+
+    /// Whether processes may opt out (`CUDA_DISABLE_CONTROL`, `CUQUOTA_DISABLE`).
+    pub fn opt_out_allowed(&self) -> bool {
+        self.flags & LIMITS_FLAG_NO_OPT_OUT == 0
+    }
+}
+
+/// A consistent copy of the limits file.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LimitsSnapshot {
+    /// The (even) `seq` it was read at.
+    pub seq: u64,
+    /// Committed writes so far.
+    pub generation: u64,
+    /// The contents.
+    pub table: LimitsTable,
+}
+
+impl std::ops::Deref for LimitsSnapshot {
+    type Target = LimitsTable;
+    fn deref(&self) -> &LimitsTable {
+        &self.table
+    }
+}
+
+/// A read found no consistent state within its bounded tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadError {
+    /// A write was in progress (odd `seq`) or kept changing the file; `seq` is the last value seen and
+    /// `writer_pid` the writer then registered (0 = unknown).
+    Busy {
+        /// Last `seq` observed.
+        seq: u64,
+        /// Writer pid, 0 = unknown.
+        writer_pid: u32,
+    },
+}
+
+fn limits_file(map: &Mapping) -> &LimitsFile {
+    // SAFETY: the mapping is exactly size_of::<LimitsFile>() bytes (checked at open), page-aligned, and
+    // LimitsFile consists only of atomics, so a shared reference is valid for any content other processes
+    // write; the reference lives no longer than the mapping (tied to `map`).
+    unsafe { &*map.ptr().cast::<LimitsFile>() }
+}
+
+fn validate(map: &Mapping, writable: bool) -> Result<(), RegionError> {
+    let h = &limits_file(map).header;
+    let path = map.path();
+    let magic = h.magic.load(Ordering::Acquire);
+    if magic == 0 {
+        if !writable {
+            return Err(RegionError::NotInitialized {
+                path: path.to_path_buf(),
+            });
+        }
+        h.abi_version.store(ABI_VERSION, Ordering::Relaxed);
+        h.header_size
+            .store(std::mem::size_of::<LimitsHeader>() as u32, Ordering::Relaxed);
+        h.total_size
+            .store(std::mem::size_of::<LimitsFile>() as u64, Ordering::Relaxed);
+        h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
+        // Racing initialisers store the same values; a CAS makes the publication a single event.
+        let _ = h
+            .magic
+            .compare_exchange(0, LIMITS_MAGIC, Ordering::Release, Ordering::Relaxed);
+    } else if magic != LIMITS_MAGIC {
+        return Err(RegionError::BadMagic {
+            path: path.to_path_buf(),
+            found: magic,
+            expected: LIMITS_MAGIC,
+        });
+    }
+    let found = h.abi_version.load(Ordering::Relaxed);
+    if found != ABI_VERSION {
+        return Err(RegionError::VersionMismatch {
+            path: path.to_path_buf(),
+            found,
+            expected: ABI_VERSION,
+        });
+    }
+    check_field(
+        path,
+        "header_size",
+        h.header_size.load(Ordering::Relaxed).into(),
+        std::mem::size_of::<LimitsHeader>(),
+    )?;
+    check_field(
+        path,
+        "total_size",
+        h.total_size.load(Ordering::Relaxed),
+        std::mem::size_of::<LimitsFile>(),
+    )?;
+    check_field(
+        path,
+        "max_devices",
+        h.max_devices.load(Ordering::Relaxed).into(),
+        MAX_DEVICES,
+    )
+}
+
+pub(super) fn check_field(
+    path: &Path,
+    field: &'static str,
+    found: u64,
+    expected: usize,
+) -> Result<(), RegionError> {
+    if found == expected as u64 {
+        Ok(())
+    } else {
+        Err(RegionError::LayoutMismatch {
+            path: path.to_path_buf(),
+            field,
+            found,
+            expected: expected as u64,
+        })
+    }
+}
+
+/// One seqlock read attempt loop.
+fn try_read(file: &LimitsFile) -> Result<LimitsSnapshot, ReadError> {
+    let h = &file.header;
+    let mut last = 0;
+    for i in 0..READ_TRIES {
+        let s1 = h.seq.load(Ordering::Acquire);
+        last = s1;
+        if s1 & 1 == 1 {
+            backoff(i);
+            continue;
+        }
+        let mut snap = LimitsSnapshot {
+            seq: s1,
+            ..Default::default()
+        };
+        snap.generation = h.generation.load(Ordering::Relaxed);
+        snap.table.flags = h.flags.load(Ordering::Relaxed);
+        for (out, e) in snap.table.entries.iter_mut().zip(file.devices.iter()) {
+            *out = LimitsEntryData {
+                uuid: words_to_uuid([
+                    e.uuid[0].load(Ordering::Relaxed),
+                    e.uuid[1].load(Ordering::Relaxed),
+                ]),
+                flags: e.flags.load(Ordering::Relaxed),
+                cuda_index: e.cuda_index.load(Ordering::Relaxed),
+                memory_limit: e.memory_limit.load(Ordering::Relaxed),
+                sm_limit: e.sm_limit.load(Ordering::Relaxed),
+                policy: e.policy.load(Ordering::Relaxed),
+                weight: e.weight.load(Ordering::Relaxed),
+            };
+        }
+        fence(Ordering::Acquire);
+        if h.seq.load(Ordering::Relaxed) == s1 {
+            return Ok(snap);
+        }
+        backoff(i);
+    }
+    Err(ReadError::Busy {
+        seq: last,
+        writer_pid: h.writer_pid.load(Ordering::Relaxed),
+    })
+}
+
+fn backoff(i: u32) {
+    if i < 64 {
+        std::hint::spin_loop();
+    } else {
+        // Past the spin budget a writer is slow or gone: let it run. (Only reached on a contended slow path.)
+        std::thread::yield_now();
+    }
+}
+
+/// The limits file mapped read-only (the shim's view).
+pub struct LimitsRegion {
+    map: Mapping,
+}
+
+impl LimitsRegion {
+    /// Maps `path` read-only and validates its header. A file nobody initialised is
+    /// [`RegionError::NotInitialized`].
+    pub fn open(path: &Path) -> Result<LimitsRegion, RegionError> {
+        let map = Mapping::open(path, Access::ReadOnly, std::mem::size_of::<LimitsFile>())?;
+        validate(&map, false)?;
+        Ok(LimitsRegion { map })
+    }
+
+    /// The mapped file.
+    pub fn path(&self) -> &Path {
+        self.map.path()
+    }
+
+    /// Current `seq`: one atomic load, for the hot path.
+    #[inline]
+    pub fn seq(&self) -> u64 {
+        limits_file(&self.map).header.seq.load(Ordering::Acquire)
+    }
+
+    /// Whether `seq` differs from `seen` (one atomic load).
+    #[inline]
+    pub fn changed_since(&self, seen: u64) -> bool {
+        self.seq() != seen
+    }
+
+    /// One bounded seqlock read. Never blocks for long; `Busy` when a write is in progress or stuck.
+    pub fn try_read(&self) -> Result<LimitsSnapshot, ReadError> {
+        try_read(limits_file(&self.map))
+    }
+}
+
+/// A [`LimitsRegion`] plus the last good snapshot: what the shim keeps. Not `Sync` by design of use: wrap it
+/// in the shim's own lock or keep one per thread; [`LimitsReader::needs_refresh`] is the only hot-path call.
+pub struct LimitsReader {
+    region: LimitsRegion,
+    snapshot: LimitsSnapshot,
+    seen_seq: u64,
+    stale: bool,
+}
+
+impl LimitsReader {
+    /// Takes the first snapshot, waiting up to ~2 s for a write in progress. With no consistent state at all
+    /// (a writer died before the first write completed) it fails closed with [`RegionError::LimitsBusy`].
+    pub fn new(region: LimitsRegion) -> Result<LimitsReader, RegionError> {
+        let deadline = Instant::now() + BUSY_WAIT;
+        loop {
+            match region.try_read() {
+                Ok(snapshot) => {
+                    return Ok(LimitsReader {
+                        region,
+                        seen_seq: snapshot.seq,
+                        snapshot,
+                        stale: false,
+                    })
+                }
+                Err(ReadError::Busy { writer_pid, .. }) => {
+                    if Instant::now() >= deadline {
+                        return Err(RegionError::LimitsBusy {
+                            path: region.path().to_path_buf(),
+                            writer_pid,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+    }
+
+    /// Opens `path` and takes the first snapshot.
+    pub fn open(path: &Path) -> Result<LimitsReader, RegionError> {
+        LimitsReader::new(LimitsRegion::open(path)?)
+    }
+
+    /// Whether the file changed since the last [`LimitsReader::refresh`]: one atomic load, no syscall.
+    #[inline]
+    pub fn needs_refresh(&self) -> bool {
+        self.region.changed_since(self.seen_seq)
+    }
+
+    /// Re-reads the file. On success the snapshot is replaced; when the writer is busy or stuck the last good
+    /// snapshot stays and [`LimitsReader::is_stale`] turns true; the `seq` seen is remembered either way, so a
+    /// stuck writer costs one bounded read, not one per call. Returns whether the snapshot's contents changed.
+    pub fn refresh(&mut self) -> bool {
+        match self.region.try_read() {
+            Ok(s) => {
+                let changed = s.table != self.snapshot.table;
+                self.seen_seq = s.seq;
+                self.snapshot = s;
+                self.stale = false;
+                changed
+            }
+            Err(ReadError::Busy { seq, .. }) => {
+                self.seen_seq = seq;
+                self.stale = true;
+                false
+            }
+        }
+    }
+
+    /// The last good snapshot.
+    pub fn snapshot(&self) -> &LimitsSnapshot {
+        &self.snapshot
+    }
+
+    /// True when the last refresh could not read a consistent state (the snapshot is older than the file).
+    pub fn is_stale(&self) -> bool {
+        self.stale
+    }
+
+    /// The underlying region.
+    pub fn region(&self) -> &LimitsRegion {
+        &self.region
+    }
+}
+
+/// The limits file mapped read-write: the agent's (and `cuquota limits`') handle.
+pub struct LimitsWriter {
+    map: Mapping,
+}
+
+/// Releases the seqlock (as a no-op commit) if the update closure panics.
+struct WriteGuard<'a> {
+    file: &'a LimitsFile,
+    odd_seq: u64,
+    armed: bool,
+}
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            let h = &self.file.header;
+            h.writer_pid.store(0, Ordering::Relaxed);
+            h.seq.store(self.odd_seq + 1, Ordering::Release);
+        }
+    }
+}
+
+impl LimitsWriter {
+    /// Opens `path`, creating it (mode 0644, empty table) if missing.
+    pub fn create(path: &Path) -> Result<LimitsWriter, RegionError> {
+        let map = Mapping::open(path, Access::Create(0o644), std::mem::size_of::<LimitsFile>())?;
+        validate(&map, true)?;
+        Ok(LimitsWriter { map })
+    }
+
+    /// Opens an existing, initialised limits file for writing.
+    pub fn open(path: &Path) -> Result<LimitsWriter, RegionError> {
+        let map = Mapping::open(path, Access::ReadWrite, std::mem::size_of::<LimitsFile>())?;
+        validate(&map, false)?;
+        Ok(LimitsWriter { map })
+    }
+
+    /// The mapped file.
+    pub fn path(&self) -> &Path {
+        self.map.path()
+    }
+
+    /// A consistent snapshot (waits up to ~2 s for a live writer).
+    pub fn read(&self) -> Result<LimitsSnapshot, RegionError> {
+        let deadline = Instant::now() + BUSY_WAIT;
+        loop {
+            match try_read(limits_file(&self.map)) {
+                Ok(s) => return Ok(s),
+                Err(ReadError::Busy { writer_pid, .. }) => {
+                    if Instant::now() >= deadline {
+                        return Err(RegionError::LimitsBusy {
+                            path: self.path().to_path_buf(),
+                            writer_pid,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+    }
+
+    /// Takes the write side of the seqlock; returns the odd `seq` now held.
+    fn acquire(&self) -> Result<u64, RegionError> {
+        let h = &limits_file(&self.map).header;
+        let me = current_pid();
+        let deadline = Instant::now() + BUSY_WAIT;
+        let mut unpublished_since: Option<(u64, Instant)> = None;
+        loop {
+            let s = h.seq.load(Ordering::Acquire);
+            if s & 1 == 0 {
+                if h.seq
+                    .compare_exchange(s, s + 1, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    h.writer_pid.store(me, Ordering::Release);
+                    return Ok(s + 1);
+                }
+                continue;
+            }
+            // A write is in progress. Take it over if its writer is dead, or never published its pid.
+            let w = h.writer_pid.load(Ordering::Acquire);
+            let abandoned = if w != 0 {
+                !is_alive(w, None)
+            } else {
+                match unpublished_since {
+                    Some((seq, since)) if seq == s => since.elapsed() >= UNPUBLISHED_WRITER_GRACE,
+                    _ => {
+                        unpublished_since = Some((s, Instant::now()));
+                        false
+                    }
+                }
+            };
+            if abandoned
+                && h.writer_pid
+                    .compare_exchange(w, me, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                && h.seq.load(Ordering::Acquire) == s
+            {
+                return Ok(s);
+            }
+            if Instant::now() >= deadline {
+                return Err(RegionError::LimitsBusy {
+                    path: self.path().to_path_buf(),
+                    writer_pid: w,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Edits the table under the seqlock: `edit` gets the current contents (a writer that died mid-write may
+    /// have left some fields half-updated; they are the fields it was changing) and whatever it leaves is
+    /// published atomically for readers. Returns the new snapshot, or `edit`'s error (then nothing changes).
+    pub fn update<E>(
+        &self,
+        edit: impl FnOnce(&mut LimitsTable) -> Result<(), E>,
+    ) -> Result<Result<LimitsSnapshot, E>, RegionError> {
+        let file = limits_file(&self.map);
+        let odd = self.acquire()?;
+        let mut guard = WriteGuard {
+            file,
+            odd_seq: odd,
+            armed: true,
+        };
+        fence(Ordering::Release);
+        let h = &file.header;
+        // Current contents: we hold the write side, so plain relaxed loads are consistent except for what a
+        // dead predecessor half-wrote.
+        let mut table = LimitsTable {
+            flags: h.flags.load(Ordering::Relaxed),
+            ..Default::default()
+        };
+        for (out, e) in table.entries.iter_mut().zip(file.devices.iter()) {
+            *out = LimitsEntryData {
+                uuid: words_to_uuid([
+                    e.uuid[0].load(Ordering::Relaxed),
+                    e.uuid[1].load(Ordering::Relaxed),
+                ]),
+                flags: e.flags.load(Ordering::Relaxed),
+                cuda_index: e.cuda_index.load(Ordering::Relaxed),
+                memory_limit: e.memory_limit.load(Ordering::Relaxed),
+                sm_limit: e.sm_limit.load(Ordering::Relaxed),
+                policy: e.policy.load(Ordering::Relaxed),
+                weight: e.weight.load(Ordering::Relaxed),
+            };
+        }
+        if let Err(e) = edit(&mut table) {
+            return Ok(Err(e)); // guard releases with the contents untouched
+        }
+        h.flags.store(table.flags, Ordering::Relaxed);
+        for (d, e) in table.entries.iter().zip(file.devices.iter()) {
+            let w = uuid_to_words(&d.uuid);
+            e.uuid[0].store(w[0], Ordering::Relaxed);
+            e.uuid[1].store(w[1], Ordering::Relaxed);
+            e.flags.store(d.flags, Ordering::Relaxed);
+            e.cuda_index.store(d.cuda_index, Ordering::Relaxed);
+            e.memory_limit.store(d.memory_limit, Ordering::Relaxed);
+            e.sm_limit.store(d.sm_limit, Ordering::Relaxed);
+            e.policy.store(d.policy, Ordering::Relaxed);
+            e.weight.store(d.weight, Ordering::Relaxed);
+        }
+        let generation = h.generation.load(Ordering::Relaxed) + 1;
+        h.generation.store(generation, Ordering::Relaxed);
+        guard.armed = false;
+        h.writer_pid.store(0, Ordering::Relaxed);
+        h.seq.store(odd + 1, Ordering::Release);
+        Ok(Ok(LimitsSnapshot {
+            seq: odd + 1,
+            generation,
+            table,
+        }))
+    }
+
+    /// Test hook: takes the write side, scribbles into the first entry's `memory_limit`, and calls `stop`
+    /// (which is expected never to return, e.g. it kills the process) — a writer dying mid-write.
+    #[doc(hidden)]
+    pub fn begin_write_and_stop(&self, stop: impl FnOnce()) -> Result<(), RegionError> {
+        let file = limits_file(&self.map);
+        let _odd = self.acquire()?;
+        fence(Ordering::Release);
+        file.devices[0].memory_limit.store(0xdead_beef, Ordering::Relaxed);
+        stop();
+        Ok(())
+    }
+}

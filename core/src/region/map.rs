@@ -1,0 +1,169 @@
+//! Opening, creating and mapping region files. The only `mmap` in cuquota.
+//!
+//! Creation is lock-free and idempotent: whoever finds the file missing creates it (`O_EXCL`, so exactly one
+//! creator sets the mode), whoever finds it empty extends it to the layout size (`ftruncate` to the same size
+//! is idempotent), and whoever finds the magic zero writes the constant header (all racers write the same
+//! values) and publishes the magic last. The mapping is made only after the size was checked, so a short file
+//! can never make a later access fault.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+use super::RegionError;
+
+/// How a file is mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// `PROT_READ`, file opened `O_RDONLY` (the shim's view of the limits file).
+    ReadOnly,
+    /// `PROT_READ | PROT_WRITE`, the file must exist.
+    ReadWrite,
+    /// `PROT_READ | PROT_WRITE`, created with the given mode if missing.
+    Create(u32),
+}
+
+/// A `MAP_SHARED` mapping of a whole region file. Unmapped on drop.
+pub(crate) struct Mapping {
+    ptr: NonNull<u8>,
+    len: usize,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is plain shared memory; all access to it goes through atomics (see layout.rs), which are
+// safe to use from any thread.
+unsafe impl Send for Mapping {}
+// SAFETY: as above: `&Mapping` only hands out `&` to atomic-only structs.
+unsafe impl Sync for Mapping {}
+
+fn io_err(path: &Path, op: &'static str) -> RegionError {
+    RegionError::Io {
+        path: path.to_path_buf(),
+        op,
+        error: std::io::Error::last_os_error().to_string(),
+    }
+}
+
+/// Closes a descriptor on every exit path.
+struct Fd(libc::c_int);
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: we own this descriptor and close it once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+impl Mapping {
+    /// Opens (or creates) `path`, makes sure it is `size` bytes (extending an empty file when writable) and maps
+    /// it. The header is validated by the caller.
+    pub(crate) fn open(path: &Path, access: Access, size: usize) -> Result<Mapping, RegionError> {
+        let cpath = CString::new(path.as_os_str().as_bytes()).map_err(|_| RegionError::Io {
+            path: path.to_path_buf(),
+            op: "open",
+            error: "path contains a NUL byte".into(),
+        })?;
+        let flags = match access {
+            Access::ReadOnly => libc::O_RDONLY,
+            _ => libc::O_RDWR,
+        } | libc::O_CLOEXEC;
+        let fd = match access {
+            Access::Create(mode) => {
+                // SAFETY: cpath is a valid NUL-terminated string; the mode is passed as the variadic argument.
+                let fd = unsafe { libc::open(cpath.as_ptr(), flags | libc::O_CREAT | libc::O_EXCL, mode) };
+                if fd >= 0 {
+                    // We created it: set the mode exactly, whatever the umask (other users of the container
+                    // must be able to open a shared usage file).
+                    // SAFETY: fd is a descriptor we just opened.
+                    unsafe { libc::fchmod(fd, mode as libc::mode_t) };
+                    fd
+                } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
+                    // SAFETY: as above.
+                    unsafe { libc::open(cpath.as_ptr(), flags) }
+                } else {
+                    -1
+                }
+            }
+            // SAFETY: cpath is a valid NUL-terminated string.
+            _ => unsafe { libc::open(cpath.as_ptr(), flags) },
+        };
+        if fd < 0 {
+            return Err(io_err(path, "open"));
+        }
+        let fd = Fd(fd);
+
+        let file_size = fstat_size(&fd, path)?;
+        let file_size = if file_size == 0 && access != Access::ReadOnly {
+            // A fresh (or concurrently created) file: every racer extends it to the same size.
+            // SAFETY: fd is open for writing.
+            if unsafe { libc::ftruncate(fd.0, size as libc::off_t) } != 0 {
+                return Err(io_err(path, "ftruncate"));
+            }
+            fstat_size(&fd, path)?
+        } else {
+            file_size
+        };
+        if file_size == 0 && access == Access::ReadOnly {
+            return Err(RegionError::NotInitialized {
+                path: path.to_path_buf(),
+            });
+        }
+        if file_size != size as u64 {
+            return Err(RegionError::BadSize {
+                path: path.to_path_buf(),
+                size: file_size,
+                expected: size as u64,
+            });
+        }
+
+        let prot = match access {
+            Access::ReadOnly => libc::PROT_READ,
+            _ => libc::PROT_READ | libc::PROT_WRITE,
+        };
+        // SAFETY: a fresh shared mapping of a file descriptor we hold, of exactly the file's size; the kernel
+        // picks the address.
+        let ptr = unsafe { libc::mmap(std::ptr::null_mut(), size, prot, libc::MAP_SHARED, fd.0, 0) };
+        if ptr == libc::MAP_FAILED {
+            return Err(io_err(path, "mmap"));
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io_err(path, "mmap"))?;
+        Ok(Mapping {
+            ptr,
+            len: size,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Start of the mapping (page-aligned).
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// The mapped file.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn fstat_size(fd: &Fd, path: &Path) -> Result<u64, RegionError> {
+    // SAFETY: stat is plain data; all-zero is a valid value.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open; st is a valid out-pointer.
+    if unsafe { libc::fstat(fd.0, &mut st) } != 0 {
+        return Err(io_err(path, "fstat"));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(RegionError::NotRegularFile {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(st.st_size as u64)
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: ptr/len are exactly what mmap returned; nothing borrows the mapping past its owner's life
+        // (all references handed out are tied to `&self` of the region that owns this Mapping).
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}

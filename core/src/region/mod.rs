@@ -1,0 +1,28 @@
+//! The shared region: two fixed-size files mapped into every process of a container.
+//!
+//! - **limits** ([`LimitsRegion`], [`LimitsReader`], [`LimitsWriter`]): written by the node agent, mapped
+//!   read-only by the shim (mount it read-only into the container). A seqlock lets readers take consistent
+//!   snapshots without ever waiting on a writer; a writer that dies mid-write leaves readers on their last good
+//!   snapshot and is taken over by the next writer.
+//! - **usage** ([`UsageRegion`]): shared read-write by the container's processes: one slot per process
+//!   (memory charged per device, GPU time), one entry per physical device (claimed by UUID; throttle state).
+//!   Admission is reserve-then-sum, exact under races, with no lock at all: nothing a dead process could hold.
+//!
+//! Why no locks: HAMi-core's cross-process semaphores hang or take tens of seconds when a holder dies or
+//! hundreds of processes start at once. Here every shared word is an atomic, every transition is a single
+//! compare-and-swap, and a dead process's state is recognised (pid + start time) and reclaimed by whoever
+//! notices. See `docs/region.md` for the protocols and `include/cuquota.h` for the C layout.
+
+mod error;
+pub mod layout;
+mod limits;
+pub mod liveness;
+mod map;
+mod usage;
+
+pub use error::RegionError;
+pub use limits::{
+    DeviceSelector, EffectiveLimits, FileLimits, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot,
+    LimitsTable, LimitsWriter, ReadError, TableFull,
+};
+pub use usage::{DeviceId, DeviceInfo, OverLimit, ProcessInfo, SlotId, SlotState, UsageRegion};
