@@ -11,7 +11,7 @@
  *            that long on this device's SM count)
  * START_AT_NS  CLOCK_MONOTONIC time to start at (lets several processes run the same window)
  *
- * Output (one line): path=.. kernels=N kernel_ns=D busy_ns=B wall_ns=W share=S  — S = B / W in percent, where W
+ * Output (one key=value a line): path, style, kernels=N, kernel_ns=D, busy_ns=B, wall_ns=W, share=S  — S = B / W in percent, where W
  * runs from the start to the moment every launched kernel has completed (cuCtxSynchronize).
  *
  * Overhead mode:  throttle_paths overhead STYLE N  — times N launches of a 0-ns kernel through the function
@@ -232,7 +232,7 @@ static int overhead(const char *style, long n) {
     qsort(th, (size_t)batches, sizeof(uint64_t), cmp_u64);
     qsort(tr, (size_t)batches, sizeof(uint64_t), cmp_u64);
     double mh = (double)th[batches / 2] / BATCH, mr = (double)tr[batches / 2] / BATCH;
-    printf("hook_ns=%.1f direct_ns=%.1f added_ns=%.1f launches=%ld\n", mh, mr, mh - mr, batches * BATCH);
+    printf("hook_ns=%.1f\ndirect_ns=%.1f\nadded_ns=%.1f\nlaunches=%ld\n", mh, mr, mh - mr, batches * BATCH);
     return 0;
 }
 
@@ -340,7 +340,7 @@ int main(int argc, char **argv) {
     CK(d.CtxSynchronize());
     uint64_t wall = now_ns() - t0;
     uint64_t busy = launches * per_launch * one;
-    printf("path=%s style=%s kernels=%llu kernel_ns=%llu busy_ns=%llu wall_ns=%llu share=%.2f\n", path, style,
+    printf("path=%s\nstyle=%s\nkernels=%llu\nkernel_ns=%llu\nbusy_ns=%llu\nwall_ns=%llu\nshare=%.2f\n", path, style,
            (unsigned long long)(launches * per_launch), (unsigned long long)one, (unsigned long long)busy,
            (unsigned long long)wall, 100.0 * (double)busy / (double)wall);
     return 0;

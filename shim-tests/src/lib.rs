@@ -1,1 +1,953 @@
 //! Integration-test harness for cuquota.
+//!
+//! - finds the workspace's build outputs (`libcuquota.so`, `libcudasim.so`, the `cuquota` CLI), which
+//!   `./test.sh` builds before `cargo test`;
+//! - compiles the C programs in `shim-tests/c/` against NVIDIA's headers in `.deps/` (once, cached under
+//!   `target/shim-tests-c/`, rebuilt when a source is newer);
+//! - [`Sim`] makes a fresh simulated GPU per test: a temp dir with the simulator state file, the container's
+//!   usage file and a `lib/` dir of `libcuda.so.1` / `libnvidia-ml.so.1` symlinks to the simulator;
+//! - [`Cmd`] runs a program there (with `LD_PRELOAD=libcuquota.so` unless told otherwise) under a timeout, and
+//!   [`Output`] parses the `key=value` lines the programs print.
+//!
+//! The C programs are documented at the top of each file; `probe` interprets driver operations given on its
+//! command line, `nvml_probe` does the same for NVML.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+/// 1 KiB.
+pub const KIB: u64 = 1 << 10;
+/// 1 MiB.
+pub const MIB: u64 = 1 << 20;
+/// 1 GiB.
+pub const GIB: u64 = 1 << 30;
+
+/// Default time a test program may run before it is killed.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The workspace root (the directory holding `DESIGN.md`).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("shim-tests has a parent")
+        .to_path_buf()
+}
+
+/// The cargo target dir: `$CARGO_TARGET_DIR`, else the one the running test binary lives in, else
+/// `<workspace>/target`.
+pub fn target_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
+        let d = PathBuf::from(d);
+        return if d.is_absolute() {
+            d
+        } else {
+            workspace_root().join(d)
+        };
+    }
+    // <target>/<profile>/deps/<test binary>
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(t) = exe.parent().and_then(Path::parent).and_then(Path::parent) {
+            if t.join("CACHEDIR.TAG").exists() {
+                return t.to_path_buf();
+            }
+        }
+    }
+    workspace_root().join("target")
+}
+
+/// The directory of the build profile the tests use (`target/debug`, or `$CUQUOTA_TEST_PROFILE`).
+pub fn profile_dir() -> PathBuf {
+    let profile = std::env::var("CUQUOTA_TEST_PROFILE").unwrap_or_else(|_| "debug".into());
+    target_dir().join(profile)
+}
+
+fn built(name: &str, what: &str) -> PathBuf {
+    let p = profile_dir().join(name);
+    assert!(
+        p.exists(),
+        "{} not found at {}: build the workspace first (run ./test.sh, or `cargo build --workspace`)",
+        what,
+        p.display()
+    );
+    p
+}
+
+/// `libcuquota.so`, the preload library under test.
+pub fn shim_lib() -> PathBuf {
+    built("libcuquota.so", "libcuquota.so (the shim)")
+}
+
+/// `libcudasim.so`, the simulated driver.
+pub fn sim_lib() -> PathBuf {
+    built(
+        "libcudasim.so",
+        "libcudasim.so (the simulator, crate cuquota-sim)",
+    )
+}
+
+/// The `cuquota` CLI binary.
+pub fn cli_bin() -> PathBuf {
+    built("cuquota", "the cuquota CLI (crate cuquota-cli)")
+}
+
+/// NVIDIA's headers installed by `./test.sh` (pip wheels nvidia-cuda-runtime, nvidia-nvml-dev).
+pub fn include_dir() -> PathBuf {
+    let p = workspace_root().join(".deps/nvidia/cu13/include");
+    assert!(
+        p.join("cuda.h").exists() && p.join("nvml.h").exists(),
+        "NVIDIA headers not found in {}: run ./test.sh (it pip-installs them into .deps/)",
+        p.display()
+    );
+    p
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// C programs
+// ---------------------------------------------------------------------------------------------------------
+
+/// The test programs, one per link variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Prog {
+    /// `probe.c` linked with `-ldl` only: reaches the driver with dlopen + dlsym or cuGetProcAddress, as the
+    /// CUDA runtime does (style chosen with `--style`, default `dlsym`).
+    Probe,
+    /// `probe.c` linked with `-lcuda`: calls the versioned symbols directly.
+    ProbeDirect,
+    /// `probe.c` linked with `-lcuda` and built with `CUDA_API_PER_THREAD_DEFAULT_STREAM` (`_ptsz` symbols).
+    ProbeDirectPtds,
+    /// `nvml_probe.c` linked with `-lnvidia-ml`.
+    NvmlProbe,
+    /// `alloc_probe.c` linked with `-lcuda`: the README demo.
+    AllocProbe,
+}
+
+impl Prog {
+    fn spec(self) -> (&'static str, &'static str, &'static [&'static str]) {
+        // (output name, source, extra flags after the source)
+        match self {
+            Prog::Probe => ("probe_dl", "probe.c", &["-ldl", "-lpthread"]),
+            Prog::ProbeDirect => (
+                "probe_direct",
+                "probe.c",
+                &["-DCQ_DIRECT", "-lcuda", "-ldl", "-lpthread"],
+            ),
+            Prog::ProbeDirectPtds => (
+                "probe_direct_ptds",
+                "probe.c",
+                &[
+                    "-DCQ_DIRECT",
+                    "-DCUDA_API_PER_THREAD_DEFAULT_STREAM",
+                    "-lcuda",
+                    "-ldl",
+                    "-lpthread",
+                ],
+            ),
+            Prog::NvmlProbe => ("nvml_probe", "nvml_probe.c", &["-lnvidia-ml"]),
+            Prog::AllocProbe => ("alloc_probe", "alloc_probe.c", &["-lcuda"]),
+        }
+    }
+}
+
+fn c_dir() -> PathBuf {
+    workspace_root().join("shim-tests/c")
+}
+
+fn newest_source_mtime() -> SystemTime {
+    std::fs::read_dir(c_dir())
+        .expect("shim-tests/c")
+        .filter_map(|e| e.ok()?.metadata().ok()?.modified().ok())
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+fn cc() -> String {
+    std::env::var("CC").unwrap_or_else(|_| "cc".into())
+}
+
+fn run_cc(args: &[&std::ffi::OsStr]) {
+    let out = Command::new(cc())
+        .args(args)
+        .output()
+        .expect("run the C compiler (cc)");
+    assert!(
+        out.status.success(),
+        "C compile failed: {} {:?}\n{}",
+        cc(),
+        args,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn up_to_date(out: &Path, newest: SystemTime) -> bool {
+    out.metadata()
+        .and_then(|m| m.modified())
+        .map(|m| m >= newest)
+        .unwrap_or(false)
+}
+
+/// Builds `out` with `build(tmp)` unless it is newer than every source; the temp-then-rename keeps
+/// concurrent test binaries from seeing half-written files.
+fn build_once(out: &Path, build: impl FnOnce(&Path)) {
+    if up_to_date(out, newest_source_mtime()) {
+        return;
+    }
+    static N: AtomicU64 = AtomicU64::new(0);
+    let tmp = out.with_extension(format!(
+        "tmp{}.{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    build(&tmp);
+    std::fs::rename(&tmp, out).expect("rename compiled program");
+}
+
+/// Directory of link-time stubs `libcuda.so` / `libnvidia-ml.so` (sonames `libcuda.so.1`,
+/// `libnvidia-ml.so.1`), so that programs linked against them need the real sonames.
+fn link_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = target_dir().join("shim-tests-c/link");
+        std::fs::create_dir_all(&dir).expect("create link dir");
+        for (stub, lib, soname) in [
+            ("cuda_stub.c", "libcuda.so", "libcuda.so.1"),
+            ("nvml_stub.c", "libnvidia-ml.so", "libnvidia-ml.so.1"),
+        ] {
+            let src = c_dir().join(stub);
+            let soname_arg = format!("-Wl,-soname,{soname}");
+            build_once(&dir.join(lib), |tmp| {
+                run_cc(&[
+                    "-shared".as_ref(),
+                    "-fPIC".as_ref(),
+                    soname_arg.as_ref(),
+                    src.as_os_str(),
+                    "-o".as_ref(),
+                    tmp.as_os_str(),
+                ])
+            });
+        }
+        dir
+    })
+    .clone()
+}
+
+/// Path of a compiled test program (compiled on first use in this test binary).
+pub fn program(p: Prog) -> PathBuf {
+    static BUILT: OnceLock<Mutex<BTreeMap<Prog, PathBuf>>> = OnceLock::new();
+    let map = BUILT.get_or_init(|| Mutex::new(BTreeMap::new()));
+    let mut map = map.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(path) = map.get(&p) {
+        return path.clone();
+    }
+    let (name, src, flags) = p.spec();
+    let dir = target_dir().join("shim-tests-c");
+    std::fs::create_dir_all(&dir).expect("create shim-tests-c dir");
+    let out = dir.join(name);
+    let inc = format!("-I{}", include_dir().display());
+    let cdir = format!("-I{}", c_dir().display());
+    let libdir = format!("-L{}", link_dir().display());
+    let src = c_dir().join(src);
+    build_once(&out, |tmp| {
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "-O1".as_ref(),
+            "-g".as_ref(),
+            "-Wall".as_ref(),
+            inc.as_ref(),
+            cdir.as_ref(),
+            src.as_os_str(),
+            "-o".as_ref(),
+            tmp.as_os_str(),
+            libdir.as_ref(),
+        ];
+        args.extend(flags.iter().map(|f| f.as_ref() as &std::ffi::OsStr));
+        run_cc(&args)
+    });
+    map.insert(p, out.clone());
+    out
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The simulated GPU
+// ---------------------------------------------------------------------------------------------------------
+
+/// Builder of a [`Sim`]; every field maps to one `CUDASIM_*` variable (DESIGN.md, simulator env table).
+#[derive(Clone, Debug)]
+pub struct SimBuilder {
+    devices: u32,
+    memory: String,
+    sms: Option<String>,
+    ctx_overhead: String,
+    module_overhead: Option<String>,
+    uuids: Option<String>,
+    extra: Vec<(String, String)>,
+}
+
+impl SimBuilder {
+    /// Number of devices (`CUDASIM_DEVICES`).
+    pub fn devices(mut self, n: u32) -> Self {
+        self.devices = n;
+        self
+    }
+    /// Memory per device, e.g. `"16g"` or `"8g,16g"` (`CUDASIM_MEMORY`).
+    pub fn memory(mut self, m: &str) -> Self {
+        self.memory = m.into();
+        self
+    }
+    /// SM count (`CUDASIM_SMS`).
+    pub fn sms(mut self, s: &str) -> Self {
+        self.sms = Some(s.into());
+        self
+    }
+    /// Memory charged per context (`CUDASIM_CTX_OVERHEAD`). The harness default is `0`, so tests that do not
+    /// care about overhead see exact numbers; tests about overhead set it.
+    pub fn ctx_overhead(mut self, o: &str) -> Self {
+        self.ctx_overhead = o.into();
+        self
+    }
+    /// Memory charged per module (`CUDASIM_MODULE_OVERHEAD`).
+    pub fn module_overhead(mut self, o: &str) -> Self {
+        self.module_overhead = Some(o.into());
+        self
+    }
+    /// Comma list of `GPU-…` UUIDs (`CUDASIM_UUIDS`).
+    pub fn uuids(mut self, u: &str) -> Self {
+        self.uuids = Some(u.into());
+        self
+    }
+    /// Any other simulator variable.
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.extra.push((k.into(), v.into()));
+        self
+    }
+
+    /// Creates the temp dir, the symlink dir and the env.
+    pub fn build(self) -> Sim {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = std::env::temp_dir().join(format!(
+            "cuquota-test-{}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed),
+            nanos % 1_000_000_000
+        ));
+        let lib = dir.join("lib");
+        std::fs::create_dir_all(&lib).expect("create sim temp dir");
+        let sim = sim_lib();
+        for name in [
+            "libcuda.so.1",
+            "libcuda.so",
+            "libnvidia-ml.so.1",
+            "libnvidia-ml.so",
+        ] {
+            std::os::unix::fs::symlink(&sim, lib.join(name)).expect("symlink simulator");
+        }
+        let mut env = vec![
+            (
+                "CUDASIM_STATE".to_string(),
+                dir.join("sim.state").display().to_string(),
+            ),
+            ("CUDASIM_DEVICES".to_string(), self.devices.to_string()),
+            ("CUDASIM_MEMORY".to_string(), self.memory.clone()),
+            ("CUDASIM_CTX_OVERHEAD".to_string(), self.ctx_overhead.clone()),
+        ];
+        if let Some(s) = &self.sms {
+            env.push(("CUDASIM_SMS".into(), s.clone()));
+        }
+        if let Some(s) = &self.module_overhead {
+            env.push(("CUDASIM_MODULE_OVERHEAD".into(), s.clone()));
+        }
+        if let Some(s) = &self.uuids {
+            env.push(("CUDASIM_UUIDS".into(), s.clone()));
+        }
+        env.extend(self.extra);
+        Sim { dir, lib, env }
+    }
+}
+
+/// One simulated machine: a GPU state file shared by every process run through it, and (by default) one
+/// container's usage file.
+pub struct Sim {
+    dir: PathBuf,
+    lib: PathBuf,
+    env: Vec<(String, String)>,
+}
+
+impl Sim {
+    /// A builder with 1 device of 16 GiB and no context overhead.
+    #[allow(clippy::new_ret_no_self)]
+    pub fn new() -> SimBuilder {
+        SimBuilder {
+            devices: 1,
+            memory: "16g".into(),
+            sms: None,
+            ctx_overhead: "0".into(),
+            module_overhead: None,
+            uuids: None,
+            extra: Vec::new(),
+        }
+    }
+
+    /// The test's temp dir.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The directory holding the `libcuda.so.1` / `libnvidia-ml.so.1` symlinks.
+    pub fn lib_dir(&self) -> &Path {
+        &self.lib
+    }
+
+    /// The default container's usage file (`CUQUOTA_USAGE_FILE`).
+    pub fn usage_file(&self) -> PathBuf {
+        self.container_usage_file("default")
+    }
+
+    /// The usage file of another container `name` on the same GPU.
+    pub fn container_usage_file(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("usage.{name}"))
+    }
+
+    /// Where an agent-written limits file goes for this test (`CUQUOTA_LIMITS_FILE`, set on commands only
+    /// when the file exists).
+    pub fn limits_file(&self) -> PathBuf {
+        self.dir.join("limits")
+    }
+
+    /// A command running `prog` on this GPU under libcuquota.so.
+    pub fn cmd(&self, prog: Prog) -> Cmd<'_> {
+        self.cmd_path(program(prog))
+    }
+
+    /// A command running an arbitrary executable on this GPU under libcuquota.so.
+    pub fn cmd_path(&self, path: PathBuf) -> Cmd<'_> {
+        Cmd {
+            sim: self,
+            path,
+            args: Vec::new(),
+            env: Vec::new(),
+            remove: Vec::new(),
+            preload: true,
+            timeout: DEFAULT_TIMEOUT,
+            usage: self.usage_file(),
+            pre_exec_uid: None,
+        }
+    }
+
+    /// The node agent sets the memory limit of CUDA ordinal `index` in this sim's limits file (creating the
+    /// file if needed), with the `cuquota` CLI. Panics if the CLI fails.
+    pub fn agent_memory_limit(&self, index: u32, limit: &str) {
+        let file = self.limits_file();
+        let file = file.to_str().expect("utf-8 temp path");
+        let idx = index.to_string();
+        let out = self.cli(&[
+            "limits", "set", "--file", file, "--index", &idx, "--memory", limit,
+        ]);
+        assert!(out.success(), "cuquota limits set failed:{out:?}");
+    }
+
+    /// Runs the `cuquota` CLI with `args` (env: this sim's usage and limits files).
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let mut c = self.cmd_path(cli_bin()).no_preload();
+        c.args = args.iter().map(|s| s.to_string()).collect();
+        c.run()
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        if std::env::var_os("CUQUOTA_TEST_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Running programs
+// ---------------------------------------------------------------------------------------------------------
+
+/// A program to run on a [`Sim`].
+pub struct Cmd<'a> {
+    sim: &'a Sim,
+    path: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    remove: Vec<String>,
+    preload: bool,
+    timeout: Duration,
+    usage: PathBuf,
+    pre_exec_uid: Option<u32>,
+}
+
+impl Cmd<'_> {
+    /// Appends arguments, split on whitespace (`"init alloc:mem:1g"`).
+    pub fn args(mut self, line: &str) -> Self {
+        self.args.extend(line.split_whitespace().map(String::from));
+        self
+    }
+    /// Appends one argument verbatim.
+    pub fn arg(mut self, a: &str) -> Self {
+        self.args.push(a.into());
+        self
+    }
+    /// `probe --style S`.
+    pub fn style(mut self, s: &str) -> Self {
+        self.args.insert(0, s.into());
+        self.args.insert(0, "--style".into());
+        self
+    }
+    /// Sets an env variable (the memory limit, …).
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.into(), v.into()));
+        self
+    }
+    /// `CUDA_DEVICE_MEMORY_LIMIT=v`.
+    pub fn mem_limit(self, v: &str) -> Self {
+        self.env("CUDA_DEVICE_MEMORY_LIMIT", v)
+    }
+    /// Removes a variable the harness would set (e.g. `CUQUOTA_USAGE_FILE`).
+    pub fn env_remove(mut self, k: &str) -> Self {
+        self.remove.push(k.into());
+        self
+    }
+    /// Runs without LD_PRELOAD (the simulator alone).
+    pub fn no_preload(mut self) -> Self {
+        self.preload = false;
+        self
+    }
+    /// Kill the program after `t`.
+    pub fn timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+    /// Runs as a process of container `name` (its own usage file) on the same GPU.
+    pub fn container(mut self, name: &str) -> Self {
+        self.usage = self.sim.container_usage_file(name);
+        self
+    }
+    /// Drop privileges to `uid` (and gid) before exec. Only possible when the tests run as root.
+    pub fn as_uid(mut self, uid: u32) -> Self {
+        self.pre_exec_uid = Some(uid);
+        self
+    }
+
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.path);
+        c.args(&self.args);
+        c.env_clear();
+        for k in ["PATH", "HOME", "TMPDIR", "LANG"] {
+            if let Some(v) = std::env::var_os(k) {
+                c.env(k, v);
+            }
+        }
+        let mut env: BTreeMap<String, String> = self.sim.env.iter().cloned().collect();
+        env.insert("LD_LIBRARY_PATH".into(), self.sim.lib.display().to_string());
+        env.insert(
+            "CQ_SIM_LIB".into(),
+            self.sim.lib.join("libnvidia-ml.so.1").display().to_string(),
+        );
+        env.insert("CUQUOTA_USAGE_FILE".into(), self.usage.display().to_string());
+        let limits = self.sim.limits_file();
+        if limits.exists() {
+            env.insert("CUQUOTA_LIMITS_FILE".into(), limits.display().to_string());
+        }
+        if self.preload {
+            env.insert("LD_PRELOAD".into(), shim_lib().display().to_string());
+        }
+        for (k, v) in &self.env {
+            env.insert(k.clone(), v.clone());
+        }
+        for k in &self.remove {
+            env.remove(k);
+        }
+        c.envs(env);
+        if let Some(uid) = self.pre_exec_uid {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid) between fork and exec.
+            unsafe {
+                c.pre_exec(move || {
+                    if libc::setgroups(0, std::ptr::null()) != 0
+                        || libc::setgid(uid) != 0
+                        || libc::setuid(uid) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        c
+    }
+
+    /// A one-line description for failure messages.
+    pub fn describe(&self) -> String {
+        let env: Vec<String> = self.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        format!(
+            "{}{} {} {}",
+            env.join(" "),
+            if self.preload {
+                " LD_PRELOAD=libcuquota.so"
+            } else {
+                ""
+            },
+            self.path
+                .file_name()
+                .map(|s| s.to_string_lossy())
+                .unwrap_or_default(),
+            self.args.join(" ")
+        )
+    }
+
+    /// Runs to completion (or the timeout) and collects the output.
+    pub fn run(self) -> Output {
+        self.spawn().finish()
+    }
+
+    /// Starts the program with a piped stdin, for programs that `wait`.
+    pub fn spawn(self) -> Proc {
+        let mut c = self.command();
+        c.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.path.display()));
+        let stdin = child.stdin.take();
+        let lines = Arc::new((Mutex::new(Lines::default()), Condvar::new()));
+        let mut stdout = child.stdout.take().expect("stdout");
+        let mut stderr = child.stderr.take().expect("stderr");
+        let l2 = lines.clone();
+        let out_thread = std::thread::spawn(move || {
+            let mut r = BufReader::new(&mut stdout);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match r.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let (m, cv) = &*l2;
+                        m.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .lines
+                            .push(line.trim_end().to_string());
+                        cv.notify_all();
+                    }
+                }
+            }
+            let (m, cv) = &*l2;
+            m.lock().unwrap_or_else(|e| e.into_inner()).eof = true;
+            cv.notify_all();
+        });
+        let err_thread = std::thread::spawn(move || {
+            let mut s = Vec::new();
+            let _ = stderr.read_to_end(&mut s);
+            String::from_utf8_lossy(&s).into_owned()
+        });
+        Proc {
+            describe: self.describe(),
+            child,
+            stdin,
+            lines,
+            out_thread: Some(out_thread),
+            err_thread: Some(err_thread),
+            deadline: Instant::now() + self.timeout,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Lines {
+    lines: Vec<String>,
+    eof: bool,
+}
+
+/// A running program.
+pub struct Proc {
+    describe: String,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Arc<(Mutex<Lines>, Condvar)>,
+    out_thread: Option<std::thread::JoinHandle<()>>,
+    err_thread: Option<std::thread::JoinHandle<String>>,
+    deadline: Instant,
+}
+
+impl Proc {
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until the program printed `key=…` (at least `n` times) and returns the last such value; panics
+    /// on timeout or if the program ends first (with everything it printed).
+    pub fn wait_for_nth(&mut self, key: &str, n: usize) -> String {
+        let prefix = format!("{key}=");
+        let (m, cv) = &*self.lines;
+        let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let found: Vec<&String> = g.lines.iter().filter(|l| l.starts_with(&prefix)).collect();
+            if found.len() >= n {
+                return found[n - 1][prefix.len()..].to_string();
+            }
+            let now = Instant::now();
+            if g.eof || now >= self.deadline {
+                let printed = g.lines.join("\n");
+                drop(g);
+                let _ = self.child.kill();
+                panic!(
+                    "{}: waiting for `{key}` (#{n}): {}\nstdout so far:\n{printed}",
+                    self.describe,
+                    if now >= self.deadline {
+                        "timed out"
+                    } else {
+                        "program ended"
+                    }
+                );
+            }
+            g = cv
+                .wait_timeout(g, self.deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Waits for the first `key=…` line.
+    pub fn wait_for(&mut self, key: &str) -> String {
+        self.wait_for_nth(key, 1)
+    }
+
+    /// Waits until the program reached `wait` (n-th time) and printed `ready=1`.
+    pub fn wait_ready(&mut self, n: usize) {
+        self.wait_for_nth("ready", n);
+    }
+
+    /// Lets a program blocked in `wait` go on.
+    pub fn release(&mut self) {
+        if let Some(s) = self.stdin.as_mut() {
+            let _ = s.write_all(b"\n");
+            let _ = s.flush();
+        }
+    }
+
+    /// SIGKILLs the program (by its pid) and reaps it.
+    pub fn kill(mut self) -> Output {
+        let _ = self.child.kill();
+        self.finish()
+    }
+
+    /// Closes stdin (so any `wait` returns), waits for the end (killing it at the deadline) and collects.
+    pub fn finish(mut self) -> Output {
+        self.stdin.take();
+        let mut timed_out = false;
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(s)) => break s,
+                Ok(None) if Instant::now() >= self.deadline => {
+                    timed_out = true;
+                    let _ = self.child.kill();
+                    break self.child.wait().expect("wait child");
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+                Err(e) => panic!("wait: {e}"),
+            }
+        };
+        if let Some(t) = self.out_thread.take() {
+            let _ = t.join();
+        }
+        let stderr = self
+            .err_thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default();
+        let lines = std::mem::take(&mut self.lines.0.lock().unwrap_or_else(|e| e.into_inner()).lines);
+        Output::new(self.describe.clone(), status, timed_out, lines, stderr)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// What a program did: its exit, stdout as `key=value` pairs (in order), and stderr.
+pub struct Output {
+    /// The command, for messages.
+    pub describe: String,
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Killed by the harness at its deadline.
+    pub timed_out: bool,
+    /// Raw stdout lines.
+    pub lines: Vec<String>,
+    /// Raw stderr.
+    pub stderr: String,
+}
+
+impl fmt::Debug for Output {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "\n--- {} ---\nstatus: {:?}{}\nstdout:\n{}\nstderr:\n{}\n---",
+            self.describe,
+            self.status,
+            if self.timed_out {
+                " (TIMED OUT, killed)"
+            } else {
+                ""
+            },
+            self.lines.join("\n"),
+            self.stderr
+        )
+    }
+}
+
+impl Output {
+    fn new(
+        describe: String,
+        status: ExitStatus,
+        timed_out: bool,
+        lines: Vec<String>,
+        stderr: String,
+    ) -> Self {
+        Output {
+            describe,
+            status,
+            timed_out,
+            lines,
+            stderr,
+        }
+    }
+
+    /// The last value printed for `key`, if any.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        let prefix = format!("{key}=");
+        self.lines
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+    }
+
+    /// Every value printed for `key`, in order.
+    pub fn all(&self, key: &str) -> Vec<&str> {
+        let prefix = format!("{key}=");
+        self.lines
+            .iter()
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .collect()
+    }
+
+    /// The `n`-th (from 0) value printed for `key`, as a number; panics if absent.
+    pub fn nth_num(&self, key: &str, n: usize) -> u64 {
+        let all = self.all(key);
+        let v = all
+            .get(n)
+            .unwrap_or_else(|| panic!("key `{key}` #{n} missing from the output:{self:?}"));
+        v.parse()
+            .unwrap_or_else(|_| panic!("key `{key}` #{n}: `{v}` is not a number:{self:?}"))
+    }
+
+    /// The last value printed for `key`; panics (showing the whole output) if absent.
+    pub fn val(&self, key: &str) -> &str {
+        match self.get(key) {
+            Some(v) => v,
+            None => panic!("key `{key}` missing from the output:{self:?}"),
+        }
+    }
+
+    /// `val(key)` as a number.
+    pub fn num(&self, key: &str) -> u64 {
+        let v = self.val(key);
+        v.parse()
+            .unwrap_or_else(|_| panic!("key `{key}`: `{v}` is not a number:{self:?}"))
+    }
+
+    /// Asserts `key` printed `expected`.
+    #[track_caller]
+    pub fn expect(&self, key: &str, expected: &str) -> &Self {
+        assert_eq!(self.val(key), expected, "`{key}`:{self:?}");
+        self
+    }
+
+    /// Asserts a clean exit that reached the end of its command list.
+    #[track_caller]
+    pub fn ok(&self) -> &Self {
+        assert!(
+            self.status.success() && !self.timed_out,
+            "program failed:{self:?}"
+        );
+        assert_eq!(
+            self.get("done"),
+            Some("1"),
+            "program did not finish its commands:{self:?}"
+        );
+        self
+    }
+
+    /// Whether the process ended normally with status 0.
+    pub fn success(&self) -> bool {
+        self.status.success() && !self.timed_out
+    }
+}
+
+/// Parses the `pid:bytes,pid:bytes` lists nvml_probe prints.
+pub fn parse_proc_list(s: &str) -> Vec<(u32, u64)> {
+    s.split(',')
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (p, b) = e
+                .split_once(':')
+                .unwrap_or_else(|| panic!("bad process entry `{e}`"));
+            (p.parse().expect("pid"), b.parse().expect("bytes"))
+        })
+        .collect()
+}
+
+/// Whether the tests run as root (needed to drop to an unprivileged uid).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The unprivileged uid the privilege tests drop to.
+pub const NOBODY: u32 = 65534;
+
+/// The MIG instance UUID the simulator gives the GPU with UUID `gpu` (`GPU-…`): its rule is byte 0 ^ 0x5a and
+/// byte 15 ^ 0xa5 (shim-tests/sim/src/config.rs, `mig_uuid`).
+pub fn mig_uuid_of(gpu: &str) -> String {
+    let hex: String = gpu
+        .trim_start_matches("GPU-")
+        .chars()
+        .filter(|c| *c != '-')
+        .collect();
+    assert_eq!(hex.len(), 32, "bad uuid {gpu}");
+    let mut b: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect();
+    b[0] ^= 0x5a;
+    b[15] ^= 0xa5;
+    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "MIG-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// Convenience: 1 process `probe` with `line`, run to the end under `limit`.
+pub fn probe(sim: &Sim, limit: &str, line: &str) -> Output {
+    sim.cmd(Prog::Probe).mem_limit(limit).args(line).run()
+}

@@ -1,0 +1,141 @@
+//! Bad configuration fails closed: cuInit fails, stderr names the variable and its value, and no allocation
+//! reaches the driver. Valid spellings (HAMi's syntax) are accepted.
+
+use shim_tests::{Prog, Sim, GIB, MIB};
+
+fn fails_closed(env: &[(&str, &str)], must_name: &[&str]) {
+    let sim = Sim::new().build();
+    let mut cmd = sim.cmd(Prog::Probe);
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    let out = cmd.args("simused init dev:0 alloc:mem:64m simused").run();
+    assert!(out.success(), "the program must not crash:{out:?}");
+    assert_ne!(
+        out.val("init"),
+        "CUDA_SUCCESS",
+        "cuInit must fail with {env:?}:{out:?}"
+    );
+    assert_ne!(
+        out.val("dev.0"),
+        "CUDA_SUCCESS",
+        "contexts must be refused with {env:?}:{out:?}"
+    );
+    assert_ne!(
+        out.val("alloc.0"),
+        "CUDA_SUCCESS",
+        "allocation must be refused with {env:?}:{out:?}"
+    );
+    assert_eq!(
+        out.nth_num("sim.used.0", 0),
+        out.nth_num("sim.used.0", 1),
+        "the driver was reached:{out:?}"
+    );
+    for s in must_name {
+        assert!(out.stderr.contains(s), "stderr must name `{s}`:{out:?}");
+    }
+}
+
+#[test]
+fn memory_limit_with_unknown_suffix() {
+    fails_closed(
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "12x")],
+        &["CUDA_DEVICE_MEMORY_LIMIT", "12x"],
+    );
+}
+
+#[test]
+fn negative_memory_limit() {
+    fails_closed(
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "-1")],
+        &["CUDA_DEVICE_MEMORY_LIMIT", "-1"],
+    );
+}
+
+#[test]
+fn per_device_memory_limit_garbage() {
+    fails_closed(
+        &[("CUDA_DEVICE_MEMORY_LIMIT_0", "lots")],
+        &["CUDA_DEVICE_MEMORY_LIMIT_0", "lots"],
+    );
+}
+
+#[test]
+fn sm_limit_not_a_number() {
+    fails_closed(
+        &[("CUDA_DEVICE_SM_LIMIT", "abc")],
+        &["CUDA_DEVICE_SM_LIMIT", "abc"],
+    );
+}
+
+#[test]
+fn conflicting_hami_and_cuquota_names() {
+    fails_closed(
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("CUQUOTA_MEMORY_LIMIT", "2g")],
+        &["CUDA_DEVICE_MEMORY_LIMIT", "CUQUOTA_MEMORY_LIMIT"],
+    );
+}
+
+#[test]
+fn unknown_policy() {
+    fails_closed(&[("CUQUOTA_POLICY", "fastest")], &["CUQUOTA_POLICY", "fastest"]);
+}
+
+/// Positive controls: the same variables with valid values work and set the cap they say.
+#[test]
+fn valid_spellings_are_accepted() {
+    let cases: &[(&[(&str, &str)], u64)] = &[
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "1g")], GIB),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "3000m")], 3000 * MIB),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "0x40000000")], GIB),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "2GiB")], 2 * GIB),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "1073741824")], GIB),
+        (
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+                ("CUDA_DEVICE_MEMORY_LIMIT_0", "512m"),
+            ],
+            512 * MIB,
+        ),
+        (
+            &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), ("CUQUOTA_MEMORY_LIMIT", "1g")],
+            GIB,
+        ),
+        (&[("CUQUOTA_MEMORY_LIMIT", "768m")], 768 * MIB),
+        (
+            &[
+                ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+                ("CUDA_DEVICE_SM_LIMIT", "150"),
+            ],
+            GIB,
+        ),
+        (&[("CUDA_DEVICE_MEMORY_LIMIT", "0")], 16 * GIB),
+    ];
+    let sim = Sim::new().memory("16g").build();
+    for (env, cap) in cases {
+        let mut cmd = sim.cmd(Prog::Probe);
+        for (k, v) in env.iter() {
+            cmd = cmd.env(k, v);
+        }
+        let out = cmd.args("init totalmem").run();
+        out.ok().expect("init", "CUDA_SUCCESS");
+        assert_eq!(out.num("totalmem"), *cap, "{env:?}:{out:?}");
+    }
+}
+
+/// CUDA_DISABLE_CONTROL=true / CUQUOTA_DISABLE=1: pure pass-through, even with a limit set.
+#[test]
+fn opt_out_passes_through() {
+    let sim = Sim::new().memory("8g").build();
+    for (k, v) in [("CUDA_DISABLE_CONTROL", "true"), ("CUQUOTA_DISABLE", "1")] {
+        let out = sim
+            .cmd(Prog::Probe)
+            .mem_limit("1g")
+            .env(k, v)
+            .args("init totalmem alloc:mem:2g")
+            .run();
+        out.ok();
+        assert_eq!(out.num("totalmem"), 8 * GIB, "{k}={v}:{out:?}");
+        out.expect("alloc.0", "CUDA_SUCCESS");
+    }
+}

@@ -1,0 +1,123 @@
+//! NVML under the shim: memory info shows the cap and the container's usage (bare and _v2 agree), and the
+//! process lists (bare, _v2, _v3) show only the container's own processes.
+
+use shim_tests::{parse_proc_list, Prog, Sim, GIB, MIB};
+
+#[test]
+fn memory_info_shows_cap_and_container_usage() {
+    let sim = Sim::new().memory("16g").build();
+    let mut holder = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:256m wait")
+        .spawn();
+    holder.wait_ready(1);
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args("count mem:0").run();
+    out.ok();
+    assert_eq!(
+        out.num("mem.0.total"),
+        GIB,
+        "nvmlDeviceGetMemoryInfo total must be the cap:{out:?}"
+    );
+    assert_eq!(out.num("mem.0.used"), 256 * MIB, "{out:?}");
+    assert_eq!(out.num("mem.0.free"), GIB - 256 * MIB, "{out:?}");
+    assert_eq!(out.val("mem.0.v2.rc"), "0", "{out:?}");
+    assert_eq!(
+        out.num("mem.0.v2.total"),
+        out.num("mem.0.total"),
+        "v1 and v2 disagree:{out:?}"
+    );
+    assert_eq!(
+        out.num("mem.0.v2.used") + out.num("mem.0.v2.reserved"),
+        out.num("mem.0.used"),
+        "v2 used+reserved must equal v1 used:{out:?}"
+    );
+    assert_eq!(
+        out.num("mem.0.v2.free"),
+        out.num("mem.0.free"),
+        "v1 and v2 disagree:{out:?}"
+    );
+    holder.finish().ok();
+}
+
+/// Two containers on one GPU: each sees only its own processes, through every version of the call.
+#[test]
+fn running_processes_hide_other_containers() {
+    let sim = Sim::new().build();
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+
+    // sanity: the simulator itself lists both
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args("procs:0").run();
+    bare.ok();
+    let all = parse_proc_list(bare.val("procs.0.v3"));
+    assert!(
+        all.iter().any(|p| p.0 == my_pid) && all.iter().any(|p| p.0 == their_pid),
+        "the simulator should list both processes:{bare:?}"
+    );
+
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args("procs:0").run();
+    out.ok();
+    for v in ["v1", "v2", "v3"] {
+        assert_eq!(out.val(&format!("procs.0.{v}.rc")), "0", "{v}:{out:?}");
+        let list = parse_proc_list(out.val(&format!("procs.0.{v}")));
+        assert!(
+            !list.iter().any(|p| p.0 == their_pid),
+            "{v} shows another container's process:{out:?}"
+        );
+        let me = list.iter().find(|p| p.0 == my_pid);
+        assert!(
+            me.is_some(),
+            "{v} does not show the container's own process {my_pid}:{out:?}"
+        );
+        assert!(me.unwrap().1 >= 128 * MIB, "{v}: usedGpuMemory too small:{out:?}");
+        assert_eq!(
+            out.num(&format!("procs.0.{v}.count")),
+            list.len() as u64,
+            "{v}:{out:?}"
+        );
+    }
+    assert_eq!(
+        out.num("procs.0.query.count"),
+        1,
+        "a size query must count only the container's:{out:?}"
+    );
+
+    // and the other container sees only its own
+    let out = sim
+        .cmd(Prog::NvmlProbe)
+        .container("other")
+        .mem_limit("1g")
+        .args("procs:0")
+        .run();
+    out.ok();
+    let list = parse_proc_list(out.val("procs.0.v3"));
+    assert_eq!(
+        list.iter().map(|p| p.0).collect::<Vec<_>>(),
+        vec![their_pid],
+        "{out:?}"
+    );
+    mine.finish().ok();
+    theirs.finish().ok();
+}
+
+#[test]
+fn nvml_without_limit_passes_through() {
+    let sim = Sim::new().memory("8g").build();
+    let out = sim.cmd(Prog::NvmlProbe).args("count mem:0").run();
+    out.ok();
+    assert_eq!(out.num("count"), 1, "{out:?}");
+    assert_eq!(out.num("mem.0.total"), 8 * GIB, "{out:?}");
+}

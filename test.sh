@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The test command: installs NVIDIA's headers (pinned pip wheels) into .deps/, builds the workspace, runs every
+# test. Needs cargo (rustup), a C compiler (cc) and python3 with pip. See docs/testing.md.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+CUDA_RT_VERSION=13.0.96
+NVML_DEV_VERSION=13.0.87
+DEPS=.deps
+
+have_wheel() { # name version
+    [ -f "$DEPS/$1-$2.dist-info/METADATA" ]
+}
+
+if have_wheel nvidia_cuda_runtime "$CUDA_RT_VERSION" && have_wheel nvidia_nvml_dev "$NVML_DEV_VERSION" \
+    && [ -f "$DEPS/nvidia/cu13/include/cuda.h" ] && [ -f "$DEPS/nvidia/cu13/include/nvml.h" ]; then
+    :
+else
+    echo "test.sh: installing NVIDIA headers into $DEPS/ (nvidia-cuda-runtime==$CUDA_RT_VERSION, nvidia-nvml-dev==$NVML_DEV_VERSION)"
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target "$DEPS" \
+        "nvidia-cuda-runtime==$CUDA_RT_VERSION" "nvidia-nvml-dev==$NVML_DEV_VERSION"
+fi
+
+export CARGO_TERM_QUIET=true
+cargo build --workspace
+cargo test --workspace
