@@ -1,0 +1,56 @@
+// compute_loop: a compute-bound kernel launched back to back for a fixed wall time, for SM-limit checks.
+// Prints the achieved kernels/s and the GPU time the kernels took (events), so validate.sh can compare the rate
+// under a limit with the unlimited rate.
+//
+//   compute_loop [seconds=2] [blocks=SMs*64] [iterations=4096]
+#include "common.h"
+
+__global__ void burn(float *out, int iters) {
+    float a = threadIdx.x * 1e-3f, b = 1.0001f;
+    for (int i = 0; i < iters; i++) a = a * b + 1e-7f;
+    if (a == -1.0f) out[blockIdx.x] = a;  // never true; keeps the loop alive
+}
+
+int main(int argc, char **argv) {
+    print_header("compute_loop");
+    double seconds = argc > 1 ? atof(argv[1]) : 2.0;
+    int sms = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    int blocks = argc > 2 ? atoi(argv[2]) : sms * 64;
+    int iters = argc > 3 ? atoi(argv[3]) : 4096;
+    float *out;
+    CUDA_TRY(cudaMalloc(&out, blocks * sizeof(float)));
+    cudaStream_t s;
+    CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+
+    // Warm-up: one kernel, timed by events, gives the kernel's own GPU time.
+    cudaEvent_t a, b;
+    CUDA_TRY(cudaEventCreate(&a));
+    CUDA_TRY(cudaEventCreate(&b));
+    CUDA_TRY(cudaEventRecord(a, s));
+    burn<<<blocks, 256, 0, s>>>(out, iters);
+    CUDA_TRY(cudaEventRecord(b, s));
+    CUDA_TRY(cudaEventSynchronize(b));
+    float one_ms = 0;
+    CUDA_TRY(cudaEventElapsedTime(&one_ms, a, b));
+
+    double t0 = now_s(), t;
+    long launched = 0;
+    do {
+        for (int k = 0; k < 8; k++) burn<<<blocks, 256, 0, s>>>(out, iters);
+        launched += 8;
+        // Keep the queue short so the wall time measures execution, not queueing.
+        CUDA_TRY(cudaStreamSynchronize(s));
+        t = now_s() - t0;
+    } while (t < seconds);
+    check_err("launches", cudaSuccess, cudaGetLastError());
+    double rate = launched / t, busy = launched * one_ms / 1e3 / t;
+    printf("metric kernel_ms=%.4f\nmetric kernels=%ld\nmetric wall_s=%.3f\nmetric kernels_per_s=%.1f\n"
+           "metric busy_fraction=%.3f\n",
+           one_ms, launched, t, rate, busy);
+    char obs[64];
+    snprintf(obs, sizeof obs, "%.4f ms", one_ms);
+    check_bool("kernel_takes_time", ">0 ms", one_ms > 0, obs);
+    CUDA_TRY(cudaFree(out));
+    return finish("compute_loop");
+}
