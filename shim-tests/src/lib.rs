@@ -245,29 +245,51 @@ pub fn program(p: Prog) -> PathBuf {
         return path.clone();
     }
     let (name, src, flags) = p.spec();
+    let out = compile_c(name, &c_dir().join(src), &[], flags);
+    map.insert(p, out.clone());
+    out
+}
+
+/// Compiles the C program `src` into `target/shim-tests-c/<name>` (unless up to date) with NVIDIA's headers
+/// and `shim-tests/c` on the include path and the link stubs (`-lcuda`, `-lnvidia-ml`) on the library path;
+/// `extra_sources` are also watched for changes. Returns the executable's path.
+pub fn compile_c(name: &str, src: &Path, extra_sources: &[&Path], flags: &[&str]) -> PathBuf {
     let dir = target_dir().join("shim-tests-c");
     std::fs::create_dir_all(&dir).expect("create shim-tests-c dir");
     let out = dir.join(name);
     let inc = format!("-I{}", include_dir().display());
     let cdir = format!("-I{}", c_dir().display());
     let libdir = format!("-L{}", link_dir().display());
-    let src = c_dir().join(src);
-    build_once(&out, |tmp| {
-        let mut args: Vec<&std::ffi::OsStr> = vec![
-            "-O1".as_ref(),
-            "-g".as_ref(),
-            "-Wall".as_ref(),
-            inc.as_ref(),
-            cdir.as_ref(),
-            src.as_os_str(),
-            "-o".as_ref(),
-            tmp.as_os_str(),
-            libdir.as_ref(),
-        ];
-        args.extend(flags.iter().map(|f| f.as_ref() as &std::ffi::OsStr));
-        run_cc(&args)
-    });
-    map.insert(p, out.clone());
+    let newest = extra_sources
+        .iter()
+        .chain(std::iter::once(&src))
+        .filter_map(|p| p.metadata().ok()?.modified().ok())
+        .chain(std::iter::once(newest_source_mtime()))
+        .max()
+        .unwrap_or(SystemTime::UNIX_EPOCH);
+    if up_to_date(&out, newest) {
+        return out;
+    }
+    static N: AtomicU64 = AtomicU64::new(0);
+    let tmp = out.with_extension(format!(
+        "tmp{}.{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut args: Vec<&std::ffi::OsStr> = vec![
+        "-O2".as_ref(),
+        "-g".as_ref(),
+        "-Wall".as_ref(),
+        inc.as_ref(),
+        cdir.as_ref(),
+        src.as_os_str(),
+        "-o".as_ref(),
+        tmp.as_os_str(),
+        libdir.as_ref(),
+    ];
+    args.extend(flags.iter().map(|f| f.as_ref() as &std::ffi::OsStr));
+    run_cc(&args);
+    std::fs::rename(&tmp, &out).expect("rename compiled program");
     out
 }
 
@@ -441,16 +463,18 @@ impl Sim {
         }
     }
 
-    /// The node agent sets the memory limit of CUDA ordinal `index` in this sim's limits file (creating the
-    /// file if needed), with the `cuquota` CLI. Panics if the CLI fails.
+    /// The node agent sets the memory limit (`"768m"`, `"0"` = none) of CUDA ordinal `index` in this sim's
+    /// limits file, creating the file if needed, with core's `LimitsWriter` (what `cuquota limits set` uses).
     pub fn agent_memory_limit(&self, index: u32, limit: &str) {
-        let file = self.limits_file();
-        let file = file.to_str().expect("utf-8 temp path");
-        let idx = index.to_string();
-        let out = self.cli(&[
-            "limits", "set", "--file", file, "--index", &idx, "--memory", limit,
-        ]);
-        assert!(out.success(), "cuquota limits set failed:{out:?}");
+        use cuquota_core::region::{DeviceSelector, LimitsWriter};
+        let bytes = cuquota_core::units::parse_size(limit).unwrap_or_else(|e| panic!("limit {limit}: {e:?}"));
+        let w = LimitsWriter::create(&self.limits_file()).expect("create the limits file");
+        w.update(|t| {
+            t.entry_mut(DeviceSelector::Index(index))?.memory_limit = bytes;
+            Ok::<_, cuquota_core::region::TableFull>(())
+        })
+        .expect("limits file busy")
+        .expect("limits table full");
     }
 
     /// Runs the `cuquota` CLI with `args` (env: this sim's usage and limits files).

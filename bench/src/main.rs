@@ -1,0 +1,77 @@
+//! `cargo run --release -p cuquota-bench [-- --reps N --iters N]`: the added cost of libcuquota.so on a
+//! cuMemAlloc_v2 + cuMemFree_v2 pair and on cuMemGetInfo_v2, against the simulator called directly, in the
+//! same run, on 1 and 8 threads, with a memory cap set. Prints a table of medians; writes nothing.
+//!
+//! Needs the debug build of the workspace (`cargo build --workspace`) for libcuquota.so and libcudasim.so, or
+//! `CUQUOTA_TEST_PROFILE=release` after `cargo build --release --workspace`.
+
+use shim_tests::{compile_c, workspace_root, Sim};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn arg(name: &str, default: u32) -> u32 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} needs a number")))
+        .unwrap_or(default)
+}
+
+fn main() {
+    let reps = arg("--reps", 7);
+    let iters = arg("--iters", 20000);
+    let src = workspace_root().join("bench/alloc_bench.c");
+    let bin = compile_c("alloc_bench", &src, &[], &["-lcuda", "-lpthread"]);
+    let sim = Sim::new().memory("80g").build();
+    println!("cuquota bench: {reps} repetitions × {iters} ops per thread, medians; cap CUDA_DEVICE_MEMORY_LIMIT=64g");
+    println!(
+        "{:<28} {:>7} {:>14} {:>14} {:>12} {:>8} {:>14}",
+        "operation", "threads", "sim ns/op", "shim ns/op", "added ns", "ratio", "shim wall ns"
+    );
+    for (mode, label) in [("pair", "cuMemAlloc+cuMemFree pair"), ("info", "cuMemGetInfo")] {
+        for threads in [1u32, 8] {
+            let (mut base, mut shim, mut wall) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..reps {
+                // interleave so drift hits both alike
+                for preload in [false, true] {
+                    let mut cmd = sim.cmd_path(bin.clone()).mem_limit("64g");
+                    if !preload {
+                        cmd = cmd.no_preload();
+                    }
+                    let out = cmd
+                        .arg(mode)
+                        .arg(&threads.to_string())
+                        .arg(&iters.to_string())
+                        .timeout(std::time::Duration::from_secs(120))
+                        .run();
+                    assert!(
+                        out.success() && out.get("failed") == Some("0"),
+                        "bench run failed:{out:?}"
+                    );
+                    let cpu: f64 = out.val("cpu_ns_per_op").parse().expect("number");
+                    if preload {
+                        shim.push(cpu);
+                        wall.push(out.val("wall_ns_per_op").parse().expect("number"));
+                    } else {
+                        base.push(cpu);
+                    }
+                }
+            }
+            let (b, s) = (median(base), median(shim));
+            println!(
+                "{:<28} {:>7} {:>14.0} {:>14.0} {:>12.0} {:>8.2} {:>14.0}",
+                label,
+                threads,
+                b,
+                s,
+                s - b,
+                s / b,
+                median(wall)
+            );
+        }
+    }
+}
