@@ -44,8 +44,8 @@ impl std::error::Error for SizeError {}
 fn parse_prefix_number(s: &str) -> Result<(u64, &str), SizeError> {
     let (radix, digits) = if let Some(rest) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         (16, rest)
-    } else if s.len() > 1 && s.starts_with('0') && s.as_bytes()[1].is_ascii_digit() {
-        (8, &s[1..])
+    } else if s.starts_with('0') {
+        (8, s) // the leading 0 is itself an octal digit; "0" alone is zero
     } else {
         (10, s)
     };
@@ -98,21 +98,20 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     value.checked_mul(1u64 << shift).ok_or(SizeError::Overflow)
 }
 
-/// Formats a byte count for people: exact binary units when they divide evenly (`4 GiB`, `3000 MiB`), else two
-/// decimals of the largest unit that fits (`1.50 GiB`).
+/// Formats a byte count for people: the largest binary unit that divides it exactly (`4 GiB`, `3000 MiB`),
+/// else two decimals of the largest unit that fits (`1.00 GiB` for 1 GiB + 1 byte).
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
-    for (name, shift) in UNITS {
-        let unit = 1u64 << shift;
-        if bytes >= unit {
-            return if bytes % unit == 0 {
-                format!("{} {name}", bytes >> shift)
-            } else {
-                format!("{:.2} {name}", bytes as f64 / unit as f64)
-            };
-        }
+    if let Some((name, shift)) = UNITS
+        .iter()
+        .find(|(_, s)| bytes >= 1 << s && bytes % (1 << s) == 0)
+    {
+        return format!("{} {name}", bytes >> shift);
     }
-    format!("{bytes} B")
+    match UNITS.iter().find(|(_, s)| bytes >= 1 << s) {
+        Some((name, shift)) => format!("{:.2} {name}", bytes as f64 / (1u64 << shift) as f64),
+        None => format!("{bytes} B"),
+    }
 }
 
 #[cfg(test)]
@@ -183,6 +182,7 @@ mod tests {
         assert_eq!(format_size(0), "0 B");
         assert_eq!(format_size(4 << 30), "4 GiB");
         assert_eq!(format_size(3000 << 20), "3000 MiB");
-        assert_eq!(format_size(3 << 29), "1.50 GiB");
+        assert_eq!(format_size(3 << 29), "1536 MiB");
+        assert_eq!(format_size((1 << 30) + 1), "1.00 GiB");
     }
 }

@@ -201,3 +201,6 @@ impl Config {
         any(&self.default_limits) || self.devices.values().any(any)
     }
 }
+
+#[cfg(test)]
+mod tests;

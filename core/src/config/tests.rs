@@ -1,0 +1,353 @@
+//! Configuration tests: HAMi compatibility, conflicts, typos, the TOML file, precedence.
+
+use std::io::Write;
+use std::path::Path;
+
+use super::*;
+
+fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
+    Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())), &|_| {
+        false
+    })
+}
+
+const G: u64 = 1 << 30;
+const M: u64 = 1 << 20;
+
+#[test]
+fn empty_environment_means_no_limits() {
+    let c = cfg(&[]).unwrap();
+    assert_eq!(c.memory_limit(0), None);
+    assert_eq!(c.sm_limit(0), None);
+    assert!(!c.has_limits());
+    assert!(!c.disabled);
+    assert_eq!(c.usage_path, Path::new(DEFAULT_USAGE_PATH));
+    assert!(c.limits_paths.is_empty());
+    assert_eq!(c.log_level, LogLevel::Warn);
+}
+
+#[test]
+fn hami_memory_limits_with_per_device_override_and_fallback() {
+    let c = cfg(&[
+        ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "3000m"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_2", "0"), // HAMi: 0 per device = fall back to the global value
+    ])
+    .unwrap();
+    assert_eq!(c.memory_limit(0), Some(4 * G));
+    assert_eq!(c.memory_limit(1), Some(3000 * M));
+    assert_eq!(c.memory_limit(2), Some(4 * G));
+    assert_eq!(c.memory_limit(7), Some(4 * G));
+    let c = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "0x10m")]).unwrap();
+    assert_eq!(c.memory_limit(0), None);
+    assert_eq!(c.memory_limit(1), Some(16 * M));
+}
+
+#[test]
+fn bad_size_names_variable_value_and_expectation() {
+    let e = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "12x")]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "CUDA_DEVICE_MEMORY_LIMIT_1=\"12x\": expected a byte size such as 3000m or 4g (0 = no limit)"
+    );
+    for bad in ["", "-1", "4 g", "1.5g", "99999999999999999999", "16777216t"] {
+        assert!(
+            matches!(
+                cfg(&[("CUQUOTA_MEMORY_LIMIT", bad)]),
+                Err(ConfigError::InvalidValue { .. })
+            ),
+            "{bad:?} accepted"
+        );
+    }
+}
+
+#[test]
+fn sm_limits() {
+    let c = cfg(&[
+        ("CUDA_DEVICE_SM_LIMIT", "30"),
+        ("CUDA_DEVICE_SM_LIMIT_1", "100"),
+        ("CUQUOTA_SM_LIMIT_2", "0"),
+    ])
+    .unwrap();
+    assert_eq!(c.sm_limit(0), Some(30));
+    assert_eq!(c.sm_limit(1), None, "100 = unlimited");
+    assert_eq!(
+        c.sm_limit(2),
+        Some(30),
+        "0 per device falls back to the global value"
+    );
+    assert_eq!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "250")]).unwrap().sm_limit(0), None);
+    assert_eq!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "0")]).unwrap().sm_limit(0), None);
+    assert!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "30%")]).is_err());
+    assert!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "-5")]).is_err());
+    let c = cfg(&[
+        ("CUDA_DEVICE_SM_LIMIT", "30"),
+        ("GPU_CORE_UTILIZATION_POLICY", "DISABLE"),
+    ])
+    .unwrap();
+    assert!(c.sm_disabled);
+    assert_eq!(c.sm_limit(0), None);
+    assert_eq!(c.default_limits.sm, Some(30));
+}
+
+#[test]
+fn ours_and_hami_agree_or_conflict() {
+    let c = cfg(&[
+        ("CUDA_DEVICE_MEMORY_LIMIT", "4096m"),
+        ("CUQUOTA_MEMORY_LIMIT", "4g"),
+    ])
+    .unwrap();
+    assert_eq!(c.memory_limit(0), Some(4 * G));
+    let e = cfg(&[
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "4g"),
+        ("CUQUOTA_MEMORY_LIMIT_0", "2g"),
+    ])
+    .unwrap_err();
+    assert!(matches!(e, ConfigError::Conflict { .. }), "{e}");
+    assert!(e.to_string().contains("CUDA_DEVICE_MEMORY_LIMIT_0=\"4g\""), "{e}");
+    assert!(cfg(&[
+        ("GPU_CORE_UTILIZATION_POLICY", "FORCE"),
+        ("CUQUOTA_POLICY", "burst")
+    ])
+    .is_err());
+    assert_eq!(
+        cfg(&[
+            ("GPU_CORE_UTILIZATION_POLICY", "force"),
+            ("CUQUOTA_POLICY", "hard")
+        ])
+        .unwrap()
+        .policy,
+        Some(Policy::Hard)
+    );
+    assert!(cfg(&[
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/a"),
+        ("CUQUOTA_USAGE_FILE", "/b")
+    ])
+    .is_err());
+    assert!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_SM_LIMIT", "40")]).is_err());
+}
+
+#[test]
+fn unknown_cuquota_names_fail_closed() {
+    let e = cfg(&[("CUQUOTA_MEMORY_LIMT", "4g")]).unwrap_err();
+    assert_eq!(
+        e,
+        ConfigError::UnknownVariable {
+            var: "CUQUOTA_MEMORY_LIMT".into(),
+            suggestion: Some("CUQUOTA_MEMORY_LIMIT")
+        }
+    );
+    assert!(e.to_string().contains("did you mean CUQUOTA_MEMORY_LIMIT"));
+    assert!(
+        cfg(&[("CUQUOTA_MEMORY_LIMIT_01", "4g")]).is_err(),
+        "non-canonical ordinal"
+    );
+    assert!(cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_x", "4g")]).is_err());
+    assert!(
+        cfg(&[("CUQUOTA_SM_LIMIT_5000", "4")]).is_err(),
+        "ordinal too large"
+    );
+    // reserved namespace and unrelated CUDA_DEVICE_* names are fine
+    assert!(cfg(&[
+        ("CUQUOTA_X_THROTTLE_DEBUG", "1"),
+        ("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    ])
+    .is_ok());
+}
+
+#[test]
+fn policy_weight_log_disable() {
+    let c = cfg(&[
+        ("CUQUOTA_POLICY", "burst"),
+        ("CUQUOTA_WEIGHT", "250"),
+        ("LIBCUDA_LOG_LEVEL", "3"),
+    ])
+    .unwrap();
+    assert_eq!(c.policy, Some(Policy::Burst));
+    assert_eq!(c.weight, Some(250));
+    assert_eq!(c.log_level, LogLevel::Debug);
+    assert_eq!(
+        cfg(&[("GPU_CORE_UTILIZATION_POLICY", "DEFAULT")]).unwrap().policy,
+        None
+    );
+    assert!(cfg(&[("CUQUOTA_POLICY", "soft")]).is_err());
+    assert!(cfg(&[("CUQUOTA_WEIGHT", "0")]).is_err());
+    assert!(cfg(&[("CUQUOTA_WEIGHT", "1001")]).is_err());
+    assert_eq!(
+        cfg(&[("LIBCUDA_LOG_LEVEL", "9")]).unwrap().log_level,
+        LogLevel::Trace
+    );
+    assert_eq!(
+        cfg(&[("LIBCUDA_LOG_LEVEL", "0"), ("CUQUOTA_LOG", "info")])
+            .unwrap()
+            .log_level,
+        LogLevel::Info,
+        "ours wins"
+    );
+    assert!(cfg(&[("CUQUOTA_LOG", "loud")]).is_err());
+    assert!(cfg(&[("CUDA_DISABLE_CONTROL", "true")]).unwrap().disabled);
+    assert!(cfg(&[("CUQUOTA_DISABLE", "1")]).unwrap().disabled);
+    assert!(!cfg(&[("CUQUOTA_DISABLE", "0")]).unwrap().disabled);
+    assert!(cfg(&[("CUQUOTA_DISABLE", "maybe")]).is_err());
+}
+
+#[test]
+fn paths_and_default_limits_file() {
+    let c = cfg(&[
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/x.cache"),
+        ("CUQUOTA_LIBCUDA", "/sim/libcuda.so.1"),
+    ])
+    .unwrap();
+    assert_eq!(c.usage_path, Path::new("/tmp/x.cache"));
+    assert_eq!(c.libcuda_path.as_deref(), Some(Path::new("/sim/libcuda.so.1")));
+    // The default limits file applies whenever it exists, even when the variable names another one.
+    let exists = |p: &Path| p == Path::new(DEFAULT_LIMITS_PATH);
+    let c = Config::from_vars([("CUQUOTA_LIMITS_FILE", "/run/l")], &exists).unwrap();
+    assert_eq!(
+        c.limits_paths,
+        vec![PathBuf::from(DEFAULT_LIMITS_PATH), PathBuf::from("/run/l")]
+    );
+    let c = Config::from_vars(Vec::<(String, String)>::new(), &exists).unwrap();
+    assert_eq!(c.limits_paths, vec![PathBuf::from(DEFAULT_LIMITS_PATH)]);
+    assert!(cfg(&[("CUQUOTA_USAGE_FILE", "")]).is_err());
+}
+
+#[test]
+fn lookup_probes_known_names() {
+    let c = Config::from_lookup(|n| match n {
+        "CUDA_DEVICE_MEMORY_LIMIT_3" => Some("1g".into()),
+        "CUQUOTA_SM_LIMIT" => Some("20".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(c.memory_limit(3), Some(G));
+    assert_eq!(c.memory_limit(0), None);
+    assert_eq!(c.sm_limit(9), Some(20));
+}
+
+#[test]
+fn visible_devices_parsed() {
+    let c = cfg(&[("CUDA_VISIBLE_DEVICES", "1,0")]).unwrap();
+    assert_eq!(c.visible_devices.unwrap().ordinal_of(0, "GPU-x", &[]), Some(1));
+}
+
+fn write_toml(text: &str) -> tempfile_path::TempPath {
+    tempfile_path::TempPath::with_contents(text)
+}
+
+/// A minimal temp file helper (no extra dependency).
+mod tempfile_path {
+    use std::path::{Path, PathBuf};
+
+    pub struct TempPath(PathBuf);
+
+    impl TempPath {
+        pub fn with_contents(text: &str) -> TempPath {
+            use std::sync::atomic::{AtomicU32, Ordering};
+            static N: AtomicU32 = AtomicU32::new(0);
+            let p = std::env::temp_dir().join(format!(
+                "cuquota-cfg-{}-{}.toml",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let mut f = std::fs::File::create(&p).unwrap();
+            super::Write::write_all(&mut f, text.as_bytes()).unwrap();
+            TempPath(p)
+        }
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[test]
+fn toml_file_and_precedence() {
+    let f = write_toml(
+        r#"
+memory_limit = "8g"
+sm_limit = 40
+policy = "burst"
+weight = 10
+usage_file = "/tmp/from-file"
+
+[[device]]
+index = 1
+memory_limit = 1073741824
+sm_limit = "20"
+
+[[device]]
+index = 2
+memory_limit = "2g"
+"#,
+    );
+    let p = f.path().to_str().unwrap();
+    let c = cfg(&[("CUQUOTA_CONFIG", p)]).unwrap();
+    assert_eq!(c.memory_limit(0), Some(8 * G));
+    assert_eq!(c.memory_limit(1), Some(G));
+    assert_eq!(c.sm_limit(1), Some(20));
+    assert_eq!(c.sm_limit(2), Some(40));
+    assert_eq!(c.policy, Some(Policy::Burst));
+    assert_eq!(c.weight, Some(10));
+    assert_eq!(c.usage_path, Path::new("/tmp/from-file"));
+    assert_eq!(c.config_file.as_deref(), Some(f.path()));
+
+    // env wins: env per-device > env global > file per-device > file global
+    let c = cfg(&[
+        ("CUQUOTA_CONFIG", p),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+        ("CUQUOTA_MEMORY_LIMIT_2", "3g"),
+    ])
+    .unwrap();
+    assert_eq!(c.memory_limit(0), Some(4 * G));
+    assert_eq!(c.memory_limit(1), Some(4 * G));
+    assert_eq!(c.memory_limit(2), Some(3 * G));
+    assert_eq!(c.sm_limit(1), Some(20));
+}
+
+#[test]
+fn toml_errors_are_typed() {
+    let f = write_toml("memory_limt = \"4g\"\n");
+    let e = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).unwrap_err();
+    assert!(matches!(e, ConfigError::FileParse { .. }), "{e}");
+    assert!(e.to_string().contains("memory_limt"), "{e}");
+
+    let f = write_toml("[[device]]\nindex = 0\nmemory_limit = \"12x\"\n");
+    let e = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::FileValue { key, .. } if key == "device[0].memory_limit"),
+        "{e}"
+    );
+
+    let f = write_toml("[[device]]\nindex = 0\n[[device]]\nindex = 0\n");
+    assert!(
+        cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).is_err(),
+        "duplicate index"
+    );
+
+    let e = cfg(&[("CUQUOTA_CONFIG", "/nonexistent/cuquota.toml")]).unwrap_err();
+    assert!(matches!(e, ConfigError::FileRead { .. }), "{e}");
+}
+
+#[test]
+fn non_utf8_value_is_an_error_only_when_read() {
+    use std::os::unix::ffi::OsStringExt;
+    let bad = std::ffi::OsString::from_vec(vec![0xff, 0xfe]);
+    let e = env::from_vars_os(
+        [("CUQUOTA_MEMORY_LIMIT".into(), bad.clone())].into_iter(),
+        &|_| false,
+    )
+    .unwrap_err();
+    assert_eq!(
+        e,
+        ConfigError::NotUnicode {
+            var: "CUQUOTA_MEMORY_LIMIT".into()
+        }
+    );
+    assert!(env::from_vars_os([("SOMETHING_ELSE".into(), bad)].into_iter(), &|_| false).is_ok());
+}
