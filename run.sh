@@ -37,7 +37,8 @@ log() { echo "run.sh: $*" >&2; }
 ensure_headers() {
     if [ ! -f "$ROOT/.deps/nvidia/cu13/include/cuda.h" ]; then
         log "installing NVIDIA headers into .deps/"
-        python3 -m pip install --quiet --disable-pip-version-check --no-deps --target "$ROOT/.deps" \
+        PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+            --target "$ROOT/.deps" \
             nvidia-cuda-runtime==13.0.96 nvidia-nvml-dev==13.0.87
     fi
 }
@@ -81,7 +82,9 @@ ENV=(LD_PRELOAD="$SHIM")
 [ -z "$SM" ] || ENV+=(CUDA_DEVICE_SM_LIMIT="$SM")
 
 if [ "$REAL_DRIVER" = 1 ]; then
-    exec env "${ENV[@]}" "$PROG" "$@"
+    set +e
+    env "${ENV[@]}" "$PROG" "$@"
+    exit $?
 fi
 
 mkdir -p "$WORK/lib"
@@ -95,5 +98,4 @@ echo "run.sh: no NVIDIA driver found: running on the simulated GPU (libcudasim.s
     "with memory limit ${MEMORY:-none}, SM limit ${SM:-none}" >&2
 set +e
 env "${ENV[@]}" "$PROG" "$@"
-rc=$?
-exit $rc
+exit $?

@@ -17,7 +17,8 @@ if have_wheel nvidia_cuda_runtime "$CUDA_RT_VERSION" && have_wheel nvidia_nvml_d
     :
 else
     echo "test.sh: installing NVIDIA headers into $DEPS/ (nvidia-cuda-runtime==$CUDA_RT_VERSION, nvidia-nvml-dev==$NVML_DEV_VERSION)"
-    python3 -m pip install --quiet --disable-pip-version-check --no-deps --upgrade --target "$DEPS" \
+    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
+        --target "$DEPS" \
         "nvidia-cuda-runtime==$CUDA_RT_VERSION" "nvidia-nvml-dev==$NVML_DEV_VERSION"
 fi
 
