@@ -53,6 +53,7 @@ typedef struct {
     CUresult (*MemPoolDestroy)(CUmemoryPool);
     CUresult (*MemPoolTrimTo)(CUmemoryPool, size_t);
     CUresult (*MemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+    CUresult (*MemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
     CUresult (*MemRelease)(CUmemGenericAllocationHandle);
@@ -102,6 +103,7 @@ static const cq_fn cq_fns[] = {
     CQ_FN(MemPoolDestroy, "cuMemPoolDestroy", "cuMemPoolDestroy", NULL),
     CQ_FN(MemPoolTrimTo, "cuMemPoolTrimTo", "cuMemPoolTrimTo", NULL),
     CQ_FN(MemPoolGetAttribute, "cuMemPoolGetAttribute", "cuMemPoolGetAttribute", NULL),
+    CQ_FN(MemPoolSetAttribute, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute", NULL),
     CQ_FN(StreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz"),
     CQ_FNP(MemCreate, "cuMemCreate", "cuMemCreate", NULL),
     CQ_FNP(MemRelease, "cuMemRelease", "cuMemRelease", NULL),
@@ -147,6 +149,7 @@ static int cq_load_direct(cq_driver *d) {
     d->MemPoolDestroy = cuMemPoolDestroy;
     d->MemPoolTrimTo = cuMemPoolTrimTo;
     d->MemPoolGetAttribute = cuMemPoolGetAttribute;
+    d->MemPoolSetAttribute = cuMemPoolSetAttribute;
     d->StreamSynchronize = cuStreamSynchronize;
     d->MemCreate = cuMemCreate;
     d->MemRelease = cuMemRelease;

@@ -6,6 +6,9 @@
  *   init                 cuInit(0), retain + make current the primary context of ordinal 0   init=, ctx=
  *   dev:N                retain + make current the primary context of ordinal N              dev.N=
  *   alloc:KIND:SIZE      KIND: mem pitch managed async pool vmm array array3d mipmap       alloc.I=<result>
+ *                        (async: the device's default pool, release threshold 0, so memory returns at the
+ *                        stream sync; pool: the probe's own pool with release threshold UINT64_MAX, so freed
+ *                        memory stays reserved until `trim`)
  *                        (I = index of this allocation, counted from 0 in order; the result is printed even
  *                        when it fails, so indices stay predictable)
  *   free:I               free/destroy/release allocation I with the matching call              free.I=
@@ -88,7 +91,12 @@ static CUresult ensure_pool(void) {
     props.handleTypes = CU_MEM_HANDLE_TYPE_NONE;
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     props.location.id = g_dev;
-    return D.MemPoolCreate(&g_pool, &props);
+    CUresult r = D.MemPoolCreate(&g_pool, &props);
+    if (r) return r;
+    /* keep freed memory reserved until trimmed, as frameworks do: the reservation must stay charged */
+    cuuint64_t keep = ~0ull;
+    NEED(MemPoolSetAttribute);
+    return D.MemPoolSetAttribute(g_pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
 }
 
 static void vmm_prop(CUmemAllocationProp *prop) {
