@@ -104,7 +104,7 @@ pub fn format_size(bytes: u64) -> String {
     const UNITS: [(&str, u32); 4] = [("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
     if let Some((name, shift)) = UNITS
         .iter()
-        .find(|(_, s)| bytes >= 1 << s && bytes % (1 << s) == 0)
+        .find(|(_, s)| bytes >= 1 << s && bytes & ((1 << s) - 1) == 0)
     {
         return format!("{} {name}", bytes >> shift);
     }

@@ -137,7 +137,7 @@ mod tests {
     #[test]
     fn mig_entries() {
         let mig = "MIG-11112222-3333-4444-5555-666677778888";
-        let v = VisibleDevices::parse(&format!("{}", mig.to_lowercase()));
+        let v = VisibleDevices::parse(&mig.to_lowercase());
         assert_eq!(v.ordinal_of(0, A, &[mig]), Some(0));
         assert_eq!(v.ordinal_of(0, mig, &[]), Some(0));
         assert_eq!(v.ordinal_of(1, B, &[]), None);

@@ -472,7 +472,7 @@ fn concurrent_charging_never_exceeds_the_cap_and_totals_are_exact() {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
-                    if x % 3 == 0 && !held.is_empty() {
+                    if matches!(x % 3, 0) && !held.is_empty() {
                         let b = held.swap_remove((x as usize / 3) % held.len());
                         admitted.fetch_sub(b, Ordering::SeqCst);
                         assert_eq!(r.uncharge(slot, dev, b), b);

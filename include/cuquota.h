@@ -1,0 +1,165 @@
+/*
+ * cuquota.h — layout of cuquota's two shared region files, for node agents and tools written in C.
+ *
+ * Mirrors core/src/region/layout.rs field for field; core/tests/header.rs compiles this header and checks every
+ * size and offset against the Rust definitions. Bump CUQUOTA_ABI_VERSION on any change.
+ *
+ * Every field is accessed atomically (C11 <stdatomic.h> on these fixed-width fields, or __atomic builtins):
+ * other processes read and write them concurrently. All integers are native-endian. UUIDs are the 16 raw
+ * bytes in order (memcpy them in; `uuid[i]` as a u64 is the native-endian load of bytes 8i..8i+8).
+ *
+ * ---------------------------------------------------------------------------------------------------------
+ * LIMITS FILE (default /etc/cuquota/limits; the agent writes it, containers mount it read-only)
+ *
+ *   Size: sizeof(struct cuquota_limits_file). Create it zero-filled at that size, then initialise the header:
+ *   abi_version, header_size, total_size, max_devices, and the magic LAST (release store). Or run
+ *   `cuquota limits init <file>`.
+ *
+ *   Write protocol (seqlock; one writer at a time):
+ *     1. s = load_acquire(seq). If s is even: CAS seq s -> s+1; on failure start over.
+ *        If s is odd a write is in progress: if writer_pid is non-zero and kill(writer_pid, 0) fails with
+ *        ESRCH, the writer died — CAS writer_pid from it to your pid and continue with the odd s (take over);
+ *        if writer_pid is 0 and seq stays the same for 500 ms, take over the same way. Otherwise wait.
+ *     2. store writer_pid = getpid(); atomic_thread_fence(release).
+ *     3. write the fields (relaxed atomic stores): header flags, entries.
+ *     4. generation += 1; writer_pid = 0; store_release(seq, s_odd + 1).
+ *   Readers never wait on a writer: they retry a bounded number of times and keep their last good copy.
+ *
+ *   Read protocol: s1 = load_acquire(seq); if odd, retry; copy fields (relaxed); atomic_thread_fence(acquire);
+ *   s2 = load_relaxed(seq); s1 == s2 -> consistent.
+ *
+ *   Entry matching for a device: a valid entry with its UUID; else a valid entry with an all-zero uuid and
+ *   cuda_index == the device's CUDA ordinal; else a valid entry with all-zero uuid and cuda_index ==
+ *   CUQUOTA_INDEX_ALL. The shim applies min(its own env/config limit, the entry's limit).
+ *
+ * ---------------------------------------------------------------------------------------------------------
+ * USAGE FILE (default /tmp/cuquota.usage; shared read-write by one container's processes)
+ *
+ *   Created by whichever process finds it missing (O_EXCL, mode 0666), extended to its size by whoever finds
+ *   it empty, header initialised by whoever finds magic == 0 (all write the same values; magic last).
+ *
+ *   Owner words (slots and device entries): CUQUOTA_OWNER(pid, state, generation); every transition is one CAS
+ *   on the whole word with generation + 1.
+ *   Slot:   FREE -> CLAIMING(pid) -> [write start_time, zero counters, raise proc_high_water] -> LIVE(pid).
+ *           Dead owner (kill ESRCH, zombie, or /proc/<pid>/stat field 22 != start_time) -> anyone CASes
+ *           LIVE -> RECLAIMING(own pid), zeroes the counters, then CASes RECLAIMING -> FREE.
+ *   Device: FREE -> CLAIMING(pid) -> [write uuid] -> LIVE. Never freed. Scanners wait for a CLAIMING entry (or
+ *           take it over if its claimer is dead) so a UUID never gets two entries.
+ *   Admission of n bytes on device d: fetch_add(slot.mem_used[d], n); sum mem_used[d] over slots
+ *   [0, proc_high_water); if sum > limit: fetch_sub(n) and refuse. Sequentially consistent atomics.
+ *   Tools that only read (status) may read any field with relaxed loads.
+ */
+#ifndef CUQUOTA_H
+#define CUQUOTA_H
+
+#include <stdint.h>
+
+#define CUQUOTA_LIMITS_MAGIC 0x54494d494c515543ULL /* "CUQLIMIT" as little-endian bytes */
+#define CUQUOTA_USAGE_MAGIC 0x4547415355515543ULL  /* "CUQUSAGE" as little-endian bytes */
+#define CUQUOTA_ABI_VERSION 1u
+#define CUQUOTA_MAX_DEVICES 16
+#define CUQUOTA_MAX_PROCS 1024
+#define CUQUOTA_THROTTLE_WORDS 8
+
+/* Limits entry flags / cuda_index / header flags / policy. */
+#define CUQUOTA_ENTRY_VALID 1u
+#define CUQUOTA_INDEX_ALL 0xffffffffu
+#define CUQUOTA_FLAG_NO_OPT_OUT 1u
+#define CUQUOTA_POLICY_DEFAULT 0u
+#define CUQUOTA_POLICY_HARD 1u
+#define CUQUOTA_POLICY_BURST 2u
+#define CUQUOTA_POLICY_DISABLED 3u
+
+/* Owner-word states and packing: bits 0-31 pid, 32-39 state, 40-63 generation. */
+#define CUQUOTA_STATE_FREE 0u
+#define CUQUOTA_STATE_CLAIMING 1u
+#define CUQUOTA_STATE_LIVE 2u
+#define CUQUOTA_STATE_RECLAIMING 3u
+#define CUQUOTA_OWNER(pid, state, gen)                                                                      \
+    ((uint64_t)(uint32_t)(pid) | ((uint64_t)((state) & 0xffu) << 32) | ((uint64_t)((gen) & 0xffffffu) << 40))
+#define CUQUOTA_OWNER_PID(w) ((uint32_t)(w))
+#define CUQUOTA_OWNER_STATE(w) ((uint32_t)(((w) >> 32) & 0xffu))
+#define CUQUOTA_OWNER_GEN(w) ((uint32_t)((w) >> 40))
+
+struct cuquota_limits_header {
+    uint64_t magic;       /* CUQUOTA_LIMITS_MAGIC, stored last */
+    uint32_t abi_version; /* CUQUOTA_ABI_VERSION */
+    uint32_t header_size; /* sizeof(struct cuquota_limits_header) */
+    uint64_t total_size;  /* sizeof(struct cuquota_limits_file) */
+    uint32_t max_devices; /* CUQUOTA_MAX_DEVICES */
+    uint32_t flags;       /* CUQUOTA_FLAG_*; seqlock-protected */
+    uint64_t seq;         /* seqlock: odd while a write is in progress */
+    uint64_t generation;  /* committed writes; seqlock-protected */
+    uint32_t writer_pid;  /* pid holding the write side, 0 = none */
+    uint32_t _reserved0;
+    uint64_t _reserved[1];
+};
+
+struct cuquota_limits_entry {
+    uint64_t uuid[2];      /* raw UUID bytes; all zero = match by cuda_index */
+    uint32_t flags;        /* CUQUOTA_ENTRY_VALID */
+    uint32_t cuda_index;   /* CUDA ordinal, or CUQUOTA_INDEX_ALL */
+    uint64_t memory_limit; /* bytes, 0 = none */
+    uint32_t sm_limit;     /* percent, 0 = none */
+    uint32_t policy;       /* CUQUOTA_POLICY_* */
+    uint32_t weight;       /* burst weight 1-1000, 0 = default */
+    uint32_t _reserved0;
+    uint64_t _reserved[2];
+};
+
+struct cuquota_limits_file {
+    struct cuquota_limits_header header;
+    struct cuquota_limits_entry devices[CUQUOTA_MAX_DEVICES];
+};
+
+struct cuquota_usage_header {
+    uint64_t magic;           /* CUQUOTA_USAGE_MAGIC, stored last */
+    uint32_t abi_version;     /* CUQUOTA_ABI_VERSION */
+    uint32_t header_size;     /* sizeof(struct cuquota_usage_header) */
+    uint64_t total_size;      /* sizeof(struct cuquota_usage_file) */
+    uint32_t max_devices;     /* CUQUOTA_MAX_DEVICES */
+    uint32_t max_procs;       /* CUQUOTA_MAX_PROCS */
+    uint32_t proc_high_water; /* one past the highest slot ever claimed */
+    uint32_t _reserved0;
+    uint64_t _reserved[3];
+};
+
+struct cuquota_usage_device {
+    uint64_t uuid[2];      /* valid once owner's state is LIVE */
+    uint64_t owner;        /* CUQUOTA_OWNER(claimer pid, state, gen) */
+    uint64_t memory_limit; /* effective limit last reported, bytes, 0 = none (informational) */
+    uint32_t sm_limit;     /* effective SM limit last reported, 0 = none (informational) */
+    uint32_t _reserved0;
+    uint64_t throttle[CUQUOTA_THROTTLE_WORDS]; /* the shim's throttle state */
+    uint64_t busy_ns;                          /* cumulative GPU busy time of the container, ns */
+    uint64_t _reserved[2];
+};
+
+struct cuquota_usage_slot {
+    uint64_t owner;      /* CUQUOTA_OWNER(pid, state, gen) */
+    uint64_t start_time; /* /proc/<pid>/stat field 22 */
+    uint32_t host_pid;   /* pid as NVML reports it, 0 = unknown */
+    uint32_t _reserved0;
+    uint64_t mem_used[CUQUOTA_MAX_DEVICES]; /* bytes, indexed by device entry */
+    uint64_t gpu_ns[CUQUOTA_MAX_DEVICES];   /* GPU time, ns, indexed by device entry */
+    uint64_t _reserved[5];
+};
+
+struct cuquota_usage_file {
+    struct cuquota_usage_header header;
+    struct cuquota_usage_device devices[CUQUOTA_MAX_DEVICES];
+    struct cuquota_usage_slot slots[CUQUOTA_MAX_PROCS];
+};
+
+#if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size");
+_Static_assert(sizeof(struct cuquota_limits_entry) == 64, "limits entry size");
+_Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES, "limits file size");
+_Static_assert(sizeof(struct cuquota_usage_header) == 64, "usage header size");
+_Static_assert(sizeof(struct cuquota_usage_device) == 128, "usage device size");
+_Static_assert(sizeof(struct cuquota_usage_slot) == 320, "usage slot size");
+_Static_assert(sizeof(struct cuquota_usage_file) == 64 + 128 * CUQUOTA_MAX_DEVICES + 320 * CUQUOTA_MAX_PROCS,
+               "usage file size");
+#endif
+
+#endif /* CUQUOTA_H */
