@@ -24,4 +24,4 @@ fi
 
 export CARGO_TERM_QUIET=true
 cargo build --workspace
-cargo test --workspace
+cargo test --workspace --no-fail-fast
