@@ -1,5 +1,14 @@
 //! libcuquota.so: caps device memory and GPU time for the processes of one container.
 //!
 //! Layout of one call: `abi` (exported C symbols) → `hooks` (decisions) → policy (`memory`, `throttle`)
-//! → `driver` (the real libcuda / libnvidia-ml). See DESIGN.md.
+//! → `driver` (the real libcuda / libnvidia-ml). See DESIGN.md and docs/interception.md.
 #![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod abi;
+pub mod driver;
+pub mod ffi;
+pub mod hooks;
+pub mod log;
+pub mod memory;
+pub mod state;
+pub mod throttle;

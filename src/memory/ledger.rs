@@ -1,0 +1,150 @@
+//! The per-process ledger: what this process holds on the GPU, so a free knows what to uncharge.
+//!
+//! Keys live in separate namespaces (a VMM handle value may equal a device address). Sharded by key hash over
+//! `parking_lot` mutexes with pre-sized maps: two threads contend only when their keys hash to the same shard,
+//! and a shard lock is held for one map operation, never across a driver call.
+
+use cuquota_core::DeviceId;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+
+/// What kind of object a key names.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Space {
+    /// A device address (`cuMemAlloc*`, `cuMemAllocManaged`, stream-ordered allocations).
+    Pointer,
+    /// A `CUmemGenericAllocationHandle` (`cuMemCreate`).
+    Vmm,
+    /// A `CUarray`.
+    Array,
+    /// A `CUmipmappedArray`.
+    Mipmapped,
+}
+
+/// How a record's bytes are accounted.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    /// Charged with its own `bytes`.
+    Direct,
+    /// A stream-ordered allocation: the pool (by handle) carries the charge, the pointer carries none.
+    Pool(usize),
+}
+
+/// One live allocation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Record {
+    /// Usage-region device entry it is charged to.
+    pub entry: DeviceId,
+    /// Bytes charged (0 for `Kind::Pool`).
+    pub bytes: u64,
+    /// Accounting kind.
+    pub kind: Kind,
+}
+
+const SHARDS: usize = 16;
+
+/// Sharded map `(Space, key) → Record`.
+pub struct Ledger {
+    shards: [Mutex<HashMap<(Space, u64), Record>>; SHARDS],
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Ledger {
+    /// An empty ledger with room for a few thousand records before any rehash.
+    pub fn new() -> Self {
+        Ledger {
+            shards: std::array::from_fn(|_| Mutex::new(HashMap::with_capacity(256))),
+        }
+    }
+
+    fn shard(&self, key: u64) -> &Mutex<HashMap<(Space, u64), Record>> {
+        // Device addresses are aligned (low bits zero): mix before taking the top bits.
+        let h = (key ^ (key >> 21)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.shards[(h >> 60) as usize % SHARDS]
+    }
+
+    /// Records a new allocation (replacing any stale record with the same key).
+    pub fn insert(&self, space: Space, key: u64, rec: Record) {
+        self.shard(key).lock().insert((space, key), rec);
+    }
+
+    /// Removes and returns the record for `key`, if this process recorded one.
+    pub fn remove(&self, space: Space, key: u64) -> Option<Record> {
+        self.shard(key).lock().remove(&(space, key))
+    }
+
+    /// The record for `key`, if any.
+    pub fn get(&self, space: Space, key: u64) -> Option<Record> {
+        self.shard(key).lock().get(&(space, key)).copied()
+    }
+
+    /// Drops every record (a forked child owns none of its parent's allocations).
+    pub fn clear(&self) {
+        for s in &self.shards {
+            s.lock().clear();
+        }
+    }
+
+    /// Locks every shard (fork `prepare`): the child then inherits no lock held by a vanished thread.
+    pub fn lock_all(&self) {
+        for s in &self.shards {
+            std::mem::forget(s.lock());
+        }
+    }
+
+    /// Undoes [`Ledger::lock_all`] (fork `parent`/`child`).
+    ///
+    /// # Safety
+    /// Only after `lock_all` on this thread (or in the single-threaded child of the thread that called it).
+    pub unsafe fn unlock_all(&self) {
+        for s in &self.shards {
+            // SAFETY: locked by `lock_all` whose guards were forgotten.
+            unsafe { s.force_unlock() };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces_do_not_collide() {
+        let (_region, dev) = crate::memory::tests::device_id();
+        let l = Ledger::new();
+        let r = Record {
+            entry: dev,
+            bytes: 2 << 20,
+            kind: Kind::Direct,
+        };
+        l.insert(Space::Pointer, 0x7f00_0000_0000, r);
+        assert_eq!(l.get(Space::Vmm, 0x7f00_0000_0000), None);
+        assert_eq!(l.remove(Space::Pointer, 0x7f00_0000_0000), Some(r));
+        assert_eq!(l.remove(Space::Pointer, 0x7f00_0000_0000), None);
+    }
+
+    #[test]
+    fn fork_lock_cycle() {
+        let (_region, dev) = crate::memory::tests::device_id();
+        let l = Ledger::new();
+        l.lock_all();
+        // SAFETY: locked just above on this thread.
+        unsafe { l.unlock_all() };
+        l.insert(
+            Space::Array,
+            1,
+            Record {
+                entry: dev,
+                bytes: 1,
+                kind: Kind::Direct,
+            },
+        );
+        l.clear();
+        assert_eq!(l.get(Space::Array, 1), None);
+    }
+}

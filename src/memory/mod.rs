@@ -1,0 +1,556 @@
+//! Memory accounting: the per-process ledger, the CUDA-ordinal → usage-device map, the effective limits, and
+//! admission against the container's budget in the shared usage region (`cuquota_core::UsageRegion`).
+//!
+//! Hot path of an allocation: one `cuCtxGetDevice`, one atomic load per limits file (did it change?), the
+//! region's lock-free reserve-then-sum, one ledger shard lock. No syscall, no allocation beyond the ledger's
+//! pre-sized map. Slow paths (first use of a device, a limits-file change, a refused admission) may read files.
+
+pub mod ledger;
+
+use crate::driver::cuda::CudaTable;
+use crate::ffi::cuda::*;
+use crate::log::{log, Level};
+use cuquota_core::region::{EffectiveLimits, LimitsReader, LimitsRegion};
+use cuquota_core::{Config, DeviceId, UsageRegion};
+use ledger::Ledger;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// CUDA ordinals tracked (ordinals at or above this pass through unaccounted).
+pub const MAX_ORDINALS: usize = 64;
+/// Fallback allocation granularity when the driver cannot tell (2 MiB).
+pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
+const NO_LIMIT: u64 = u64::MAX;
+
+/// A device as the accounting sees it: its CUDA ordinal and its usage-region entry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Dev {
+    /// CUDA ordinal (= `CUdevice` value).
+    pub ordinal: CUdevice,
+    /// Usage-region entry (claimed by UUID).
+    pub id: DeviceId,
+}
+
+/// Per-ordinal facts, learned once.
+struct DevInfo {
+    id: DeviceId,
+    uuid: [u8; 16],
+    granularity: u64,
+    /// Effective memory limit, `NO_LIMIT` = none; recomputed when a limits file changes.
+    limit: AtomicU64,
+}
+
+/// An admission refused: the container would exceed its cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverCap;
+
+/// Agent limits files: a lock-free change check per file, readers behind a lock for the (rare) refresh.
+struct AgentLimits {
+    /// One bare mapping per file, for `seq()` checks without a lock.
+    watch: Vec<LimitsRegion>,
+    /// The `seq` each file had when we last recomputed.
+    seen: Vec<AtomicU64>,
+    readers: Mutex<Vec<LimitsReader>>,
+}
+
+/// A stream-ordered pool we account.
+struct PoolState {
+    /// `None` for host pools (not device memory).
+    dev: Option<Dev>,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` as last charged.
+    charged: u64,
+}
+
+/// Everything memory accounting keeps for the process.
+pub struct Memory {
+    /// Live allocations of this process.
+    pub ledger: Ledger,
+    /// The shared usage region.
+    pub usage: UsageRegion,
+    cfg: Config,
+    agent: AgentLimits,
+    devices: [OnceLock<DevInfo>; MAX_ORDINALS],
+    pools: Mutex<HashMap<usize, PoolState>>,
+    /// Bytes this process has charged for allocations (not overhead), per device entry.
+    alloc_bytes: [AtomicU64; cuquota_core::region::layout::MAX_DEVICES],
+    /// Context/module overhead this process has charged, per device entry.
+    overhead: [AtomicU64; cuquota_core::region::layout::MAX_DEVICES],
+    /// Serialises overhead re-measurements (slow path only).
+    overhead_lock: Mutex<()>,
+    last_reclaim_ns: AtomicU64,
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer (vDSO call, no syscall on Linux).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Memory {
+    /// Accounting over `usage`, with `limits` the agent files already opened (readers + a watch mapping each).
+    pub fn new(cfg: Config, usage: UsageRegion, limits: Vec<(LimitsReader, LimitsRegion)>) -> Memory {
+        let mut readers = Vec::new();
+        let mut watch = Vec::new();
+        let mut seen = Vec::new();
+        for (r, w) in limits {
+            seen.push(AtomicU64::new(r.snapshot().seq));
+            readers.push(r);
+            watch.push(w);
+        }
+        Memory {
+            ledger: Ledger::new(),
+            usage,
+            cfg,
+            agent: AgentLimits {
+                watch,
+                seen,
+                readers: Mutex::new(readers),
+            },
+            devices: std::array::from_fn(|_| OnceLock::new()),
+            pools: Mutex::new(HashMap::new()),
+            alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
+            overhead: std::array::from_fn(|_| AtomicU64::new(0)),
+            overhead_lock: Mutex::new(()),
+            last_reclaim_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    // ---- devices -------------------------------------------------------------------------------------------
+
+    /// The device of the calling thread's current context, if any and trackable.
+    pub fn current_device(&self, cuda: &CudaTable) -> Option<Dev> {
+        let mut d: CUdevice = 0;
+        // SAFETY: valid out-pointer.
+        if !unsafe { cuda.cuCtxGetDevice(&mut d) }.ok() {
+            return None;
+        }
+        self.device(cuda, d)
+    }
+
+    /// The accounting identity of CUDA device `ordinal`; learned on first use (UUID → usage entry, granularity,
+    /// limit). `None` when the driver cannot say (not initialised, bad ordinal) or the region has no room.
+    pub fn device(&self, cuda: &CudaTable, ordinal: CUdevice) -> Option<Dev> {
+        let info = self.info(cuda, ordinal)?;
+        Some(Dev { ordinal, id: info.id })
+    }
+
+    fn info(&self, cuda: &CudaTable, ordinal: CUdevice) -> Option<&DevInfo> {
+        let slot = self.devices.get(usize::try_from(ordinal).ok()?)?;
+        if let Some(i) = slot.get() {
+            return Some(i);
+        }
+        let mut uuid = CUuuid::default();
+        // SAFETY: valid out-pointer.
+        let mut r = unsafe { cuda.cuDeviceGetUuid_v2(&mut uuid, ordinal) };
+        if !r.ok() {
+            // SAFETY: as above.
+            r = unsafe { cuda.cuDeviceGetUuid(&mut uuid, ordinal) };
+        }
+        if !r.ok() {
+            return None;
+        }
+        let id = match self.usage.device(&uuid.bytes) {
+            Ok(id) => id,
+            Err(e) => {
+                log!(Level::Error, "device {ordinal} is not accounted: {e}");
+                return None;
+            }
+        };
+        let prop = CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: 0,
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal,
+            },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: Default::default(),
+        };
+        let mut g: usize = 0;
+        // SAFETY: valid pointers.
+        let granularity =
+            if unsafe { cuda.cuMemGetAllocationGranularity(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) }
+                .ok()
+                && g.is_power_of_two()
+            {
+                g as u64
+            } else {
+                DEFAULT_GRANULARITY
+            };
+        let limit = self.compute_limit(ordinal, &uuid.bytes);
+        self.usage.set_reported_limits(id, limit, None);
+        log!(
+            Level::Info,
+            "device {ordinal}: entry {}, granularity {granularity}, memory limit {}",
+            id.index(),
+            limit.map_or("none".to_string(), |l| l.to_string())
+        );
+        let _ = slot.set(DevInfo {
+            id,
+            uuid: uuid.bytes,
+            granularity,
+            limit: AtomicU64::new(limit.unwrap_or(NO_LIMIT)),
+        });
+        slot.get()
+    }
+
+    /// The UUID of a known ordinal.
+    pub fn uuid_of(&self, ordinal: CUdevice) -> Option<[u8; 16]> {
+        self.devices
+            .get(usize::try_from(ordinal).ok()?)?
+            .get()
+            .map(|i| i.uuid)
+    }
+
+    /// Ordinals learned so far, with their entries.
+    pub fn known_devices(&self) -> impl Iterator<Item = (Dev, [u8; 16])> + '_ {
+        self.devices.iter().enumerate().filter_map(|(o, s)| {
+            s.get().map(|i| {
+                (
+                    Dev {
+                        ordinal: o as CUdevice,
+                        id: i.id,
+                    },
+                    i.uuid,
+                )
+            })
+        })
+    }
+
+    /// `bytes` rounded up to the device's allocation granularity.
+    pub fn round(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> u64 {
+        let g = self
+            .info(cuda, dev.ordinal)
+            .map_or(DEFAULT_GRANULARITY, |i| i.granularity);
+        bytes.div_ceil(g).saturating_mul(g)
+    }
+
+    // ---- limits --------------------------------------------------------------------------------------------
+
+    /// Effective limit of an ordinal: env/config, tightened by every agent file (by UUID, else ordinal).
+    fn compute_limit(&self, ordinal: CUdevice, uuid: &[u8; 16]) -> Option<u64> {
+        self.limit_for(u32::try_from(ordinal).ok(), uuid)
+    }
+
+    /// Effective memory limit of a device known by UUID and maybe a CUDA ordinal (NVML-only processes:
+    /// without an ordinal only the agent files' UUID entries apply).
+    pub fn limit_for(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Option<u64> {
+        self.refresh_limits_if_changed();
+        let mut eff = ordinal
+            .map(|o| EffectiveLimits::from_config(&self.cfg, o))
+            .unwrap_or_default();
+        for r in self.agent.readers.lock().iter() {
+            eff = eff.restrict(&r.snapshot().for_device(Some(uuid), ordinal));
+        }
+        eff.memory
+    }
+
+    /// Re-reads changed limits files and recomputes every known device's limit. Called on the hot path only
+    /// when a file's `seq` moved (one atomic load per file otherwise).
+    fn refresh_limits_if_changed(&self) {
+        let changed = self
+            .agent
+            .watch
+            .iter()
+            .zip(&self.agent.seen)
+            .any(|(w, seen)| w.seq() != seen.load(Ordering::Relaxed));
+        if !changed {
+            return;
+        }
+        {
+            let mut readers = self.agent.readers.lock();
+            for ((r, w), seen) in readers.iter_mut().zip(&self.agent.watch).zip(&self.agent.seen) {
+                if w.seq() != seen.load(Ordering::Relaxed) {
+                    r.refresh();
+                    seen.store(w.seq(), Ordering::Relaxed);
+                }
+            }
+        }
+        for (o, slot) in self.devices.iter().enumerate() {
+            if let Some(i) = slot.get() {
+                let l = self.compute_limit(o as CUdevice, &i.uuid);
+                i.limit.store(l.unwrap_or(NO_LIMIT), Ordering::Relaxed);
+                self.usage.set_reported_limits(i.id, l, None);
+                log!(Level::Info, "device {o}: memory limit now {l:?}");
+            }
+        }
+    }
+
+    /// Current effective memory limit of a device (`None` = no limit).
+    pub fn limit(&self, dev: Dev) -> Option<u64> {
+        self.refresh_limits_if_changed();
+        let l = self
+            .devices
+            .get(dev.ordinal as usize)?
+            .get()?
+            .limit
+            .load(Ordering::Relaxed);
+        (l != NO_LIMIT).then_some(l)
+    }
+
+    /// Bytes the whole container has charged on a device.
+    pub fn container_used(&self, dev: Dev) -> u64 {
+        self.usage.container_used(dev.id)
+    }
+
+    /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries).
+    pub fn maybe_reclaim(&self) {
+        let now = monotonic_ns();
+        let last = self.last_reclaim_ns.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 100_000_000
+            && self
+                .last_reclaim_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.usage.reclaim_dead();
+        }
+    }
+
+    // ---- admission -----------------------------------------------------------------------------------------
+
+    /// Reserves `bytes` for an allocation on `dev` against the effective limit (dead processes are reclaimed
+    /// once before giving up). `Err` = over the cap: nothing charged.
+    pub fn admit(&self, dev: Dev, bytes: u64) -> Result<(), OverCap> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let limit = self.limit(dev);
+        let slot = match self.usage.process_slot() {
+            Ok(s) => s,
+            Err(e) => {
+                log!(Level::Error, "no process slot in the usage region: {e}");
+                // Fail closed when a limit applies; without one, allocating unaccounted harms no one.
+                return if limit.is_some() { Err(OverCap) } else { Ok(()) };
+            }
+        };
+        match self.usage.charge(slot, dev.id, bytes, limit) {
+            Ok(()) => {
+                self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                log!(
+                    Level::Debug,
+                    "refused {bytes} bytes on device {}: {e}",
+                    dev.ordinal
+                );
+                Err(OverCap)
+            }
+        }
+    }
+
+    /// Charges `bytes` whatever the limit (the driver already handed the memory out).
+    pub fn force(&self, dev: Dev, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        if let Ok(slot) = self.usage.process_slot() {
+            let _ = self.usage.try_charge(slot, dev.id, bytes, None);
+            self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives back `bytes` charged on `dev`.
+    pub fn release(&self, dev: Dev, bytes: u64) {
+        self.release_entry(dev.id, bytes);
+    }
+
+    /// Gives back `bytes` charged on device entry `id`.
+    pub fn release_entry(&self, id: DeviceId, bytes: u64) {
+        if bytes == 0 {
+            return;
+        }
+        if let Some(slot) = self.usage.cached_slot() {
+            self.usage.uncharge(slot, id, bytes);
+        }
+        let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(bytes))
+        });
+    }
+
+    /// Corrects an admitted `estimate` to the `exact` charge.
+    pub fn settle(&self, dev: Dev, estimate: u64, exact: u64) {
+        if exact > estimate {
+            self.force(dev, exact - estimate);
+        } else {
+            self.release(dev, estimate - exact);
+        }
+    }
+
+    /// Bytes of allocations this process has charged on `dev` (overhead excluded).
+    pub fn allocated(&self, dev: Dev) -> u64 {
+        self.alloc_bytes[dev.id.index()].load(Ordering::Relaxed)
+    }
+
+    // ---- context/module overhead ---------------------------------------------------------------------------
+
+    /// Overhead this process has charged on `dev`.
+    pub fn overhead(&self, dev: Dev) -> u64 {
+        self.overhead[dev.id.index()].load(Ordering::Relaxed)
+    }
+
+    /// Moves this process's overhead charge on `dev` to `target` bytes. Growth is admitted against the cap
+    /// when `admit` is true (creation paths); `Err` = refused, nothing changed. Shrinking always succeeds.
+    pub fn set_overhead(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
+        let _g = self.overhead_lock.lock();
+        let cur = self.overhead(dev);
+        if target > cur {
+            let delta = target - cur;
+            let slot = self.usage.process_slot().map_err(|_| OverCap)?;
+            let limit = if admit { self.limit(dev) } else { None };
+            self.usage
+                .charge(slot, dev.id, delta, limit)
+                .map_err(|_| OverCap)?;
+        } else if target < cur {
+            if let Some(slot) = self.usage.cached_slot() {
+                self.usage.uncharge(slot, dev.id, cur - target);
+            }
+        }
+        self.overhead[dev.id.index()].store(target, Ordering::Relaxed);
+        Ok(())
+    }
+
+    // ---- stream-ordered pools ------------------------------------------------------------------------------
+
+    /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
+    pub fn track_pool(&self, pool: usize, dev: Option<Dev>) {
+        self.pools
+            .lock()
+            .entry(pool)
+            .or_insert(PoolState { dev, charged: 0 });
+    }
+
+    /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
+    pub fn pool_device(&self, pool: usize) -> Option<Option<Dev>> {
+        self.pools.lock().get(&pool).map(|p| p.dev)
+    }
+
+    /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
+    pub fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get_mut(&pool) {
+            self.refresh_locked(cuda, pool, p);
+        }
+    }
+
+    fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
+        let Some(dev) = p.dev else { return };
+        let mut reserved: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
+        let r = unsafe {
+            cuda.cuMemPoolGetAttribute(
+                pool as CUmemoryPool,
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut reserved as *mut u64).cast(),
+            )
+        };
+        if !r.ok() {
+            return;
+        }
+        if reserved > p.charged {
+            self.force(dev, reserved - p.charged);
+        } else {
+            self.release(dev, p.charged - reserved);
+        }
+        p.charged = reserved;
+    }
+
+    /// Refreshes every pool on a device entry (before refusing a pool allocation).
+    pub fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
+        let mut pools = self.pools.lock();
+        for (&pool, p) in pools.iter_mut() {
+            if p.dev.is_some_and(|d| d.id == id) {
+                self.refresh_locked(cuda, pool, p);
+            }
+        }
+    }
+
+    /// A destroyed pool: its charge goes back.
+    pub fn forget_pool(&self, pool: usize) {
+        if let Some(p) = self.pools.lock().remove(&pool) {
+            if let Some(dev) = p.dev {
+                self.release(dev, p.charged);
+            }
+        }
+    }
+
+    /// Drops per-process accounting after `fork` in the child (the parent keeps its charges; the child claims
+    /// its own slot on first use). Call only in the single-threaded child, after the ledger locks were released.
+    pub fn reset_in_child(&self) {
+        self.usage.forget_slot_in_child();
+        self.ledger.clear();
+        self.pools.lock().clear();
+        for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
+            a.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Locks taken around `fork` so the child never inherits one held by a vanished thread.
+    pub fn fork_prepare(&self) {
+        self.ledger.lock_all();
+        std::mem::forget(self.pools.lock());
+        std::mem::forget(self.overhead_lock.lock());
+    }
+
+    /// Undoes [`Memory::fork_prepare`] (parent and child).
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread.
+    pub unsafe fn fork_release(&self) {
+        // SAFETY: all locked by fork_prepare, guards forgotten.
+        unsafe {
+            self.ledger.unlock_all();
+            self.pools.force_unlock();
+            self.overhead_lock.force_unlock();
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use cuquota_core::{DeviceId, UsageRegion};
+
+    /// A fresh usage file under the temp dir (removed on drop of the returned guard).
+    pub struct TempRegion {
+        pub path: std::path::PathBuf,
+    }
+    impl Drop for TempRegion {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+
+    /// A unique temp path for a region file.
+    pub fn temp_path(tag: &str) -> TempRegion {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "cuquota-unit-{}-{}-{}",
+            std::process::id(),
+            tag,
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_file(&path);
+        TempRegion { path }
+    }
+
+    /// A device entry in a throwaway region.
+    pub fn device_id() -> (TempRegion, DeviceId) {
+        let t = temp_path("dev");
+        let r = UsageRegion::open(&t.path).expect("usage region");
+        let id = r.device(&[7; 16]).expect("device entry");
+        (t, id)
+    }
+}
