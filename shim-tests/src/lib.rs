@@ -477,6 +477,16 @@ impl Sim {
         .expect("limits table full");
     }
 
+    /// Same as [`Sim::agent_memory_limit`], through the node agent's tool:
+    /// `cuquota limits set <file> --device <index> --memory <limit>`.
+    pub fn cli_memory_limit(&self, index: u32, limit: &str) {
+        let file = self.limits_file();
+        let file = file.to_str().expect("utf-8 temp path");
+        let idx = index.to_string();
+        let out = self.cli(&["limits", "set", file, "--device", &idx, "--memory", limit]);
+        assert!(out.success(), "cuquota limits set failed:{out:?}");
+    }
+
     /// Runs the `cuquota` CLI with `args` (env: this sim's usage and limits files).
     pub fn cli(&self, args: &[&str]) -> Output {
         let mut c = self.cmd_path(cli_bin()).no_preload();

@@ -14,8 +14,8 @@ fn live_limit_change_applies_to_the_next_allocation() {
     p.wait_ready(1);
     assert_eq!(p.wait_for("alloc.0"), "CUDA_SUCCESS");
     assert_eq!(p.wait_for("totalmem"), (2 * GIB).to_string());
-    // lower it under the process's feet: 512m held + 512m > 768m
-    sim.agent_memory_limit(0, "768m");
+    // lower it under the process's feet (with the agent's CLI): 512m held + 512m > 768m
+    sim.cli_memory_limit(0, "768m");
     p.release();
     p.wait_ready(2);
     assert_eq!(
@@ -23,7 +23,7 @@ fn live_limit_change_applies_to_the_next_allocation() {
         "CUDA_ERROR_OUT_OF_MEMORY",
         "the lowered limit was not obeyed"
     );
-    // raise it again
+    // raise it again (with core's LimitsWriter)
     sim.agent_memory_limit(0, "1g");
     p.release();
     let out = p.finish();
