@@ -23,9 +23,9 @@
 //! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks | slot 2 writes 0, slot 3 returns 0 |
 //! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | integrity check | slot 1: HMAC-MD2 over what runtime and driver both know |
 //!
-//! Contract with the rest of the simulator: `cuGetExportTable` calls [`lookup`] (or [`get`]); whatever destroys a
-//! context (primary-context reset, `cuCtxDestroy`) calls [`context_destroyed`] without holding simulator locks,
-//! because the runtime's destructors call back into the driver.
+//! Contract with the rest of the simulator: `cuGetExportTable` calls [`get`] (or [`lookup`]); the first lookup
+//! registers [`context_destroyed`] with `context::register_destroy_hook`, which the simulator runs (without its
+//! locks held: the runtime's destructors call back into the driver) whenever a context is torn down.
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_uint, c_void};
@@ -161,7 +161,11 @@ const fn uuid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
 
 /// What `cuGetExportTable` should answer for `id`: the table's address, or the error to return (with a NULL
 /// table pointer).
-pub fn lookup(id: &[u8; 16]) -> Result<*const c_void, CUresult> {
+pub(crate) fn lookup(id: &[u8; 16]) -> Result<*const c_void, CUresult> {
+    // The runtime asks for its tables before it creates any context: from then on, context teardown runs the
+    // context-local-storage destructors.
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| crate::context::register_destroy_hook(|h| context_destroyed(h as usize as *mut c_void)));
     let found: Option<*const c_void> = match *id {
         UUID_CUDART_INTERFACE => Some(cudart_interface()),
         UUID_CALLBACK_HOOKS => Some(CALLBACK_HOOKS.0.as_ptr().cast()),
@@ -182,7 +186,7 @@ pub fn lookup(id: &[u8; 16]) -> Result<*const c_void, CUresult> {
 }
 
 /// [`lookup`] without the error code (`None` = `CUDA_ERROR_NOT_FOUND`).
-pub fn get(id: &[u8; 16]) -> Option<*const c_void> {
+pub(crate) fn get(id: &[u8; 16]) -> Option<*const c_void> {
     lookup(id).ok()
 }
 
@@ -468,7 +472,7 @@ static CONTEXT_LOCAL_STORAGE: Table<4> =
 
 /// A context is going away (primary-context reset, `cuCtxDestroy`): forget its storage and run the runtime's
 /// destructors. Call without holding simulator locks: the destructors may call back into the driver.
-pub fn context_destroyed(ctx: *mut c_void) {
+pub(crate) fn context_destroyed(ctx: *mut c_void) {
     let ctx = ctx as usize;
     let gone: Vec<ClsEntry> = {
         let mut cls = CLS.lock();
