@@ -1,1 +1,382 @@
+//! Hooks against a fake driver table: no real library, one fake GPU per test thread.
 
+use crate::driver::cuda::CudaTable;
+use crate::ffi::cuda::*;
+use crate::hooks;
+use crate::memory::tests::{temp_path, TempRegion};
+use crate::memory::Memory;
+use crate::state::Shim;
+use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsRegion, LimitsWriter};
+use cuquota_core::{Config, DeviceLimits, UsageRegion};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+const MIB: u64 = 1 << 20;
+const REAL_TOTAL: u64 = 16 << 30;
+
+/// The fake GPU of the current test thread.
+#[derive(Default)]
+struct Fake {
+    next: u64,
+    live: HashMap<u64, u64>,
+    alloc_calls: u32,
+    free_calls: u32,
+}
+
+thread_local! {
+    static FAKE: RefCell<Fake> = RefCell::new(Fake { next: 0x7f00_0000_0000, ..Default::default() });
+}
+
+fn fake<R>(f: impl FnOnce(&mut Fake) -> R) -> R {
+    FAKE.with(|x| f(&mut x.borrow_mut()))
+}
+
+unsafe extern "C" fn f_ctx_get_device(d: *mut CUdevice) -> CUresult {
+    // SAFETY: test-owned out-pointer.
+    unsafe { *d = 0 };
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
+    // SAFETY: test-owned out-pointer.
+    unsafe { (*u).bytes = [dev as u8 + 1; 16] };
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_gran(g: *mut usize, _p: *const CUmemAllocationProp, _o: c_int) -> CUresult {
+    // SAFETY: test-owned out-pointer.
+    unsafe { *g = 2 << 20 };
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_alloc(dptr: *mut CUdeviceptr, size: usize) -> CUresult {
+    fake(|f| {
+        f.alloc_calls += 1;
+        if size == 0 {
+            return CUresult::ERROR_INVALID_VALUE;
+        }
+        let p = f.next;
+        f.next += (size as u64).div_ceil(2 * MIB) * 2 * MIB;
+        f.live.insert(p, size as u64);
+        // SAFETY: test-owned out-pointer.
+        unsafe { *dptr = p };
+        CUresult::SUCCESS
+    })
+}
+unsafe extern "C" fn f_free(dptr: CUdeviceptr) -> CUresult {
+    fake(|f| {
+        f.free_calls += 1;
+        if f.live.remove(&dptr).is_some() {
+            CUresult::SUCCESS
+        } else {
+            CUresult::ERROR_INVALID_VALUE
+        }
+    })
+}
+unsafe extern "C" fn f_pitch(
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    w: usize,
+    h: usize,
+    _e: u32,
+) -> CUresult {
+    let p = w.div_ceil(256) * 256;
+    // SAFETY: test-owned out-pointers.
+    let r = unsafe { f_alloc(dptr, p * h) };
+    // SAFETY: as above.
+    unsafe { *pitch = p };
+    r
+}
+unsafe extern "C" fn f_info(free: *mut usize, total: *mut usize) -> CUresult {
+    if free.is_null() || total.is_null() {
+        return CUresult::ERROR_INVALID_VALUE;
+    }
+    let used: u64 = fake(|f| f.live.values().sum());
+    // SAFETY: checked non-NULL above.
+    unsafe {
+        *free = (REAL_TOTAL - used) as usize;
+        *total = REAL_TOTAL as usize;
+    }
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_get_proc(
+    sym: *const c_char,
+    pfn: *mut *mut c_void,
+    _v: c_int,
+    _fl: u64,
+    status: *mut CUdriverProcAddressQueryResult,
+) -> CUresult {
+    // SAFETY: test-provided NUL-terminated name.
+    let name = unsafe { CStr::from_ptr(sym) }.to_bytes();
+    let p: *mut c_void = match name {
+        b"cuMemAlloc" => f_alloc as *mut c_void,
+        b"cuMemFree" => f_free as *mut c_void,
+        b"cuMemcpy" => 0x1234 as *mut c_void,
+        _ => std::ptr::null_mut(),
+    };
+    // SAFETY: test-owned out-pointers.
+    unsafe {
+        *pfn = p;
+        *status = if p.is_null() { 1 } else { 0 };
+    }
+    if p.is_null() {
+        CUresult::ERROR_NOT_FOUND
+    } else {
+        CUresult::SUCCESS
+    }
+}
+
+fn table() -> CudaTable {
+    let mut t = CudaTable::empty(true);
+    t.cuCtxGetDevice = Some(f_ctx_get_device);
+    t.cuDeviceGetUuid_v2 = Some(f_uuid);
+    t.cuMemGetAllocationGranularity = Some(f_gran);
+    t.cuMemAlloc_v2 = Some(f_alloc);
+    t.cuMemFree_v2 = Some(f_free);
+    t.cuMemAllocPitch_v2 = Some(f_pitch);
+    t.cuMemGetInfo_v2 = Some(f_info);
+    t.cuGetProcAddress_v2 = Some(f_get_proc);
+    t
+}
+
+struct Env {
+    shim: Shim,
+    _usage: TempRegion,
+    _limits: Option<(TempRegion, LimitsWriter)>,
+}
+
+fn env(cap: Option<u64>) -> Env {
+    let usage = temp_path("usage");
+    let cfg = Config {
+        default_limits: DeviceLimits {
+            memory: cap,
+            sm: None,
+        },
+        ..Default::default()
+    };
+    let region = UsageRegion::open(&usage.path).unwrap();
+    let mem = Memory::new(cfg, region, Vec::new());
+    Env {
+        shim: Shim::new(table(), None, mem),
+        _usage: usage,
+        _limits: None,
+    }
+}
+
+fn alloc(s: &Shim, n: u64) -> (CUresult, CUdeviceptr) {
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: valid out-pointer.
+    let r = unsafe { hooks::cuMemAlloc_v2(s, &mut p, n as usize) };
+    (r, p)
+}
+
+fn used(s: &Shim) -> u64 {
+    let dev = s.mem.current_device(&s.cuda).unwrap();
+    s.mem.container_used(dev)
+}
+
+#[test]
+fn admission_refuses_over_cap_without_calling_the_driver() {
+    let e = env(Some(64 * MIB));
+    let s = &e.shim;
+    let (r, a) = alloc(s, 32 * MIB);
+    assert_eq!(r, CUresult::SUCCESS);
+    let calls = fake(|f| f.alloc_calls);
+    let (r, _) = alloc(s, 40 * MIB);
+    assert_eq!(r, CUresult::ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        fake(|f| f.alloc_calls),
+        calls,
+        "driver must not be called over the cap"
+    );
+    assert_eq!(used(s), 32 * MIB);
+    // SAFETY: plain value.
+    assert_eq!(unsafe { hooks::cuMemFree_v2(s, a) }, CUresult::SUCCESS);
+    assert_eq!(used(s), 0);
+    assert_eq!(alloc(s, 40 * MIB).0, CUresult::SUCCESS);
+}
+
+#[test]
+fn driver_failure_after_admission_leaks_nothing() {
+    let e = env(Some(64 * MIB));
+    let (r, _) = alloc(&e.shim, 0);
+    assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
+    assert_eq!(used(&e.shim), 0);
+}
+
+#[test]
+fn sizes_are_rounded_to_granularity() {
+    let e = env(Some(64 * MIB));
+    let s = &e.shim;
+    assert_eq!(alloc(s, 1).0, CUresult::SUCCESS);
+    assert_eq!(used(s), 2 * MIB);
+    assert_eq!(alloc(s, 2 * MIB + 1).0, CUresult::SUCCESS);
+    assert_eq!(used(s), 6 * MIB);
+}
+
+#[test]
+fn pitch_charges_pitch_times_height() {
+    let e = env(Some(64 * MIB));
+    let s = &e.shim;
+    let (mut p, mut pitch) = (0u64, 0usize);
+    // SAFETY: valid out-pointers.
+    let r = unsafe { hooks::cuMemAllocPitch_v2(s, &mut p, &mut pitch, 1000, 5000, 4) };
+    assert_eq!(r, CUresult::SUCCESS);
+    assert_eq!(pitch, 1024);
+    assert_eq!(used(s), (1024u64 * 5000).div_ceil(2 * MIB) * 2 * MIB);
+    // SAFETY: plain value.
+    assert_eq!(unsafe { hooks::cuMemFree_v2(s, p) }, CUresult::SUCCESS);
+    assert_eq!(used(s), 0);
+}
+
+#[test]
+fn untracked_free_goes_to_the_driver_unchanged() {
+    let e = env(Some(64 * MIB));
+    let before = fake(|f| f.free_calls);
+    // SAFETY: plain value.
+    let r = unsafe { hooks::cuMemFree_v2(&e.shim, 0xdead_0000) };
+    assert_eq!(r, CUresult::ERROR_INVALID_VALUE, "the driver's own answer");
+    assert_eq!(fake(|f| f.free_calls), before + 1);
+}
+
+#[test]
+fn proc_address_maps_hooked_pointers_and_passes_others() {
+    let e = env(None);
+    let s = &e.shim;
+    let get = |name: &CStr| {
+        let mut p: *mut c_void = std::ptr::null_mut();
+        let mut st: CUdriverProcAddressQueryResult = -1;
+        // SAFETY: valid pointers.
+        let r = unsafe { hooks::cuGetProcAddress_v2(s, name.as_ptr(), &mut p, 13000, 0, &mut st) };
+        (r, p as usize, st)
+    };
+    let (r, p, st) = get(c"cuMemAlloc");
+    assert_eq!((r, st), (CUresult::SUCCESS, 0));
+    assert_eq!(p, crate::abi::cuda::cuMemAlloc_v2 as *const () as usize);
+    let (_, p, _) = get(c"cuMemFree");
+    assert_eq!(p, crate::abi::cuda::cuMemFree_v2 as *const () as usize);
+    let (r, p, _) = get(c"cuMemcpy");
+    assert_eq!((r, p), (CUresult::SUCCESS, 0x1234));
+    let (r, p, st) = get(c"cuNoSuchThing");
+    assert_eq!((r, p, st), (CUresult::ERROR_NOT_FOUND, 0, 1));
+}
+
+#[test]
+fn mem_get_info_tolerates_null_out_pointers() {
+    let e = env(Some(64 * MIB));
+    let s = &e.shim;
+    alloc(s, 10 * MIB);
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid or NULL pointers.
+    unsafe {
+        assert_eq!(
+            hooks::cuMemGetInfo_v2(s, std::ptr::null_mut(), &mut total),
+            CUresult::SUCCESS
+        );
+        assert_eq!(
+            hooks::cuMemGetInfo_v2(s, &mut free, std::ptr::null_mut()),
+            CUresult::SUCCESS
+        );
+        // both NULL: whatever the driver says for that
+        assert_eq!(
+            hooks::cuMemGetInfo_v2(s, std::ptr::null_mut(), std::ptr::null_mut()),
+            CUresult::ERROR_INVALID_VALUE
+        );
+    }
+    assert_eq!(total as u64, 64 * MIB);
+    assert_eq!(free as u64, 54 * MIB);
+}
+
+#[test]
+fn no_limit_means_pass_through_info() {
+    let e = env(None);
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid pointers.
+    unsafe { hooks::cuMemGetInfo_v2(&e.shim, &mut free, &mut total) };
+    assert_eq!(total as u64, REAL_TOTAL);
+    // but usage is still recorded for the container
+    alloc(&e.shim, 4 * MIB);
+    assert_eq!(used(&e.shim), 4 * MIB);
+}
+
+#[test]
+fn limits_file_change_is_picked_up() {
+    let usage = temp_path("usage");
+    let lim = temp_path("limits");
+    let writer = LimitsWriter::create(&lim.path).unwrap();
+    let uuid = [1u8; 16]; // f_uuid gives ordinal 0 this UUID
+    writer
+        .update(|t| {
+            t.entry_mut(DeviceSelector::Uuid(uuid)).unwrap().memory_limit = 64 * MIB;
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    let readers = vec![(
+        LimitsReader::open(&lim.path).unwrap(),
+        LimitsRegion::open(&lim.path).unwrap(),
+    )];
+    // env says 1 GiB: the agent's 64 MiB wins (the lower)
+    let cfg = Config {
+        default_limits: DeviceLimits {
+            memory: Some(1 << 30),
+            sm: None,
+        },
+        ..Default::default()
+    };
+    let mem = Memory::new(cfg, UsageRegion::open(&usage.path).unwrap(), readers);
+    let s = Shim::new(table(), None, mem);
+    assert_eq!(alloc(&s, 40 * MIB).0, CUresult::SUCCESS);
+    assert_eq!(alloc(&s, 40 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
+    writer
+        .update(|t| {
+            t.entry_mut(DeviceSelector::Uuid(uuid)).unwrap().memory_limit = 128 * MIB;
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        alloc(&s, 40 * MIB).0,
+        CUresult::SUCCESS,
+        "raised limit seen on the next call"
+    );
+    writer
+        .update(|t| {
+            t.entry_mut(DeviceSelector::Uuid(uuid)).unwrap().memory_limit = 32 * MIB;
+            Ok::<(), ()>(())
+        })
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        alloc(&s, 2 * MIB).0,
+        CUresult::ERROR_OUT_OF_MEMORY,
+        "lowered limit seen"
+    );
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid pointers.
+    unsafe { hooks::cuMemGetInfo_v2(&s, &mut free, &mut total) };
+    assert_eq!((free as u64, total as u64), (0, 32 * MIB));
+}
+
+#[test]
+fn missing_driver_symbol_is_not_found_and_missing_library_not_initialized() {
+    let t = CudaTable::empty(true);
+    // SAFETY: the table has no function: no pointer is used.
+    assert_eq!(
+        unsafe { t.cuMemAlloc_v2(std::ptr::null_mut(), 1) },
+        CUresult::ERROR_NOT_FOUND
+    );
+    let t = CudaTable::empty(false);
+    // SAFETY: as above.
+    assert_eq!(unsafe { t.cuInit(0) }, CUresult::ERROR_NOT_INITIALIZED);
+}
+
+#[test]
+fn array_estimates() {
+    use hooks::memory::array_estimate;
+    // 1024×1024 float4
+    assert_eq!(array_estimate(1024, 1024, 1, 0x20, 4, 0, 1), 16 * MIB);
+    // full mip chain of a 1024² RGBA8 ≈ 4/3
+    let m = array_estimate(1024, 1024, 1, 0x01, 4, 0, 11);
+    assert!(m > 4 * MIB && m < 4 * MIB * 4 / 3 + 4096, "{m}");
+    // deferred-mapping arrays take no memory at creation
+    assert_eq!(array_estimate(1024, 1024, 1, 0x20, 4, 0x80, 1), 0);
+}

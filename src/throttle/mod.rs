@@ -20,6 +20,7 @@ pub mod burst;
 pub mod clock;
 pub mod engine;
 pub mod estimate;
+pub mod probe;
 
 /// How a limit is enforced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
