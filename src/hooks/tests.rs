@@ -360,10 +360,8 @@ fn limits_file_change_is_picked_up() {
 fn missing_driver_symbol_is_not_found_and_missing_library_not_initialized() {
     let t = CudaTable::empty(true);
     // SAFETY: the table has no function: no pointer is used.
-    assert_eq!(
-        unsafe { t.cuMemAlloc_v2(std::ptr::null_mut(), 1) },
-        CUresult::ERROR_NOT_FOUND
-    );
+    let r = unsafe { t.cuMemAlloc_v2(std::ptr::null_mut(), 1) };
+    assert_eq!(r, CUresult::ERROR_NOT_FOUND);
     let t = CudaTable::empty(false);
     // SAFETY: as above.
     assert_eq!(unsafe { t.cuInit(0) }, CUresult::ERROR_NOT_INITIALIZED);
