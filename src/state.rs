@@ -203,20 +203,27 @@ fn init() -> Process {
 extern "C" fn fork_prepare() {
     if let Some(Process::Active(s)) = process_if_ready() {
         s.mem.fork_prepare();
+        s.holdings.fork_prepare();
     }
 }
 
 extern "C" fn fork_parent() {
     if let Some(Process::Active(s)) = process_if_ready() {
         // SAFETY: fork_prepare ran on this thread.
-        unsafe { s.mem.fork_release() };
+        unsafe {
+            s.mem.fork_release();
+            s.holdings.fork_release(false);
+        }
     }
 }
 
 extern "C" fn fork_child() {
     if let Some(Process::Active(s)) = process_if_ready() {
         // SAFETY: fork_prepare ran in the parent thread this child is a copy of.
-        unsafe { s.mem.fork_release() };
+        unsafe {
+            s.mem.fork_release();
+            s.holdings.fork_release(true);
+        }
         s.mem.reset_in_child();
     }
 }

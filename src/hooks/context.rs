@@ -48,6 +48,27 @@ impl Default for Holdings {
 }
 
 impl Holdings {
+    /// Locks the owner map around `fork` (see `Memory::fork_prepare`).
+    pub fn fork_prepare(&self) {
+        std::mem::forget(self.owners.lock());
+    }
+
+    /// Undoes [`Holdings::fork_prepare`]; in the child also forgets the parent's contexts and modules.
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub unsafe fn fork_release(&self, child: bool) {
+        // SAFETY: locked by fork_prepare, guard forgotten.
+        unsafe { self.owners.force_unlock() };
+        if child {
+            self.owners.lock().clear();
+            for c in self.ctxs.iter().chain(self.primary.iter()) {
+                c.store(0, Ordering::Relaxed);
+            }
+            self.modules.store(0, Ordering::Relaxed);
+        }
+    }
+
     fn live_contexts(&self, ordinal: CUdevice) -> i64 {
         let o = ordinal as usize;
         self.ctxs.get(o).map_or(0, |c| c.load(Ordering::Relaxed))
