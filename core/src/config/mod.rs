@@ -17,7 +17,7 @@ mod layer;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-pub use env::{KNOWN_VARIABLES, RESERVED_PREFIX};
+pub use env::{KNOWN_VARIABLES, PROBED_ORDINALS, RESERVED_PREFIX};
 pub use error::ConfigError;
 
 use crate::visible_devices::VisibleDevices;
@@ -175,7 +175,7 @@ impl Config {
     }
 
     /// Builds a configuration from a lookup function (`|name| std::env::var(name).ok()`-like). It probes the
-    /// known names and the `_<i>` forms for ordinals below [`env::PROBED_ORDINALS`]; unlike
+    /// known names and the `_<i>` forms for ordinals below [`PROBED_ORDINALS`]; unlike
     /// [`Config::from_vars`] it cannot detect misspelt `CUQUOTA_*` names, since it cannot enumerate.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         env::from_lookup(&lookup, &|p| p.exists())

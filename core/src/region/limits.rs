@@ -454,8 +454,9 @@ impl LimitsRegion {
     }
 }
 
-/// A [`LimitsRegion`] plus the last good snapshot: what the shim keeps. Not `Sync` by design of use: wrap it
-/// in the shim's own lock or keep one per thread; [`LimitsReader::needs_refresh`] is the only hot-path call.
+/// A [`LimitsRegion`] plus the last good snapshot: what the shim keeps. `refresh` takes `&mut self`: keep the
+/// reader behind the shim's own (in-process) lock, or one per thread; [`LimitsReader::needs_refresh`] (`&self`,
+/// one atomic load) is the only hot-path call.
 pub struct LimitsReader {
     region: LimitsRegion,
     snapshot: LimitsSnapshot,
