@@ -7,7 +7,7 @@
 //!   too small for the *filtered* list gets `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
-//!   for the UUID.
+//!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
 //! - `nvmlInit*`: forwarded; hooking them makes a bad configuration fail closed for NVML users too.
 
 #![allow(non_snake_case)]
@@ -82,12 +82,18 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
     } else {
         None
     };
-    let cap = s.mem.limit_for(ordinal, &uuid)?;
-    let used = s
-        .mem
-        .usage
-        .find_device(&uuid)
-        .map_or(0, |id| s.mem.usage.container_used(id));
+    let entry = s.mem.usage.find_device(&uuid);
+    // No limit of our own: the effective limit a CUDA process of the container last reported for this device.
+    let cap = s.mem.limit_for(ordinal, &uuid).or_else(|| {
+        let id = entry?;
+        s.mem
+            .usage
+            .devices()
+            .into_iter()
+            .find(|d| d.id == id)?
+            .memory_limit
+    })?;
+    let used = entry.map_or(0, |id| s.mem.usage.container_used(id));
     Some((cap, used))
 }
 

@@ -188,8 +188,9 @@ impl Memory {
             } else {
                 DEFAULT_GRANULARITY
             };
-        let limit = self.compute_limit(ordinal, &uuid.bytes);
-        self.usage.set_reported_limits(id, limit, None);
+        let eff = self.effective(u32::try_from(ordinal).ok(), &uuid.bytes);
+        let limit = eff.memory;
+        self.usage.set_reported_limits(id, eff.memory, eff.sm);
         log!(
             Level::Info,
             "device {ordinal}: entry {}, granularity {granularity}, memory limit {}",
@@ -238,14 +239,10 @@ impl Memory {
 
     // ---- limits --------------------------------------------------------------------------------------------
 
-    /// Effective limit of an ordinal: env/config, tightened by every agent file (by UUID, else ordinal).
-    fn compute_limit(&self, ordinal: CUdevice, uuid: &[u8; 16]) -> Option<u64> {
-        self.limit_for(u32::try_from(ordinal).ok(), uuid)
-    }
-
-    /// Effective memory limit of a device known by UUID and maybe a CUDA ordinal (NVML-only processes:
-    /// without an ordinal only the agent files' UUID entries apply).
-    pub fn limit_for(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Option<u64> {
+    /// Effective limits of a device known by UUID and maybe a CUDA ordinal: env/config for the ordinal,
+    /// tightened by every agent file (by UUID, else ordinal, else `all`). NVML-only processes without an
+    /// ordinal get only the agent files' entries.
+    pub fn effective(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> EffectiveLimits {
         self.refresh_limits_if_changed();
         let mut eff = ordinal
             .map(|o| EffectiveLimits::from_config(&self.cfg, o))
@@ -253,7 +250,12 @@ impl Memory {
         for r in self.agent.readers.lock().iter() {
             eff = eff.restrict(&r.snapshot().for_device(Some(uuid), ordinal));
         }
-        eff.memory
+        eff
+    }
+
+    /// Effective memory limit (see [`Memory::effective`]).
+    pub fn limit_for(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Option<u64> {
+        self.effective(ordinal, uuid).memory
     }
 
     /// Re-reads changed limits files and recomputes every known device's limit. Called on the hot path only
@@ -279,9 +281,10 @@ impl Memory {
         }
         for (o, slot) in self.devices.iter().enumerate() {
             if let Some(i) = slot.get() {
-                let l = self.compute_limit(o as CUdevice, &i.uuid);
+                let eff = self.effective(Some(o as u32), &i.uuid);
+                let l = eff.memory;
                 i.limit.store(l.unwrap_or(NO_LIMIT), Ordering::Relaxed);
-                self.usage.set_reported_limits(i.id, l, None);
+                self.usage.set_reported_limits(i.id, eff.memory, eff.sm);
                 log!(Level::Info, "device {o}: memory limit now {l:?}");
             }
         }

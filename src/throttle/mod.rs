@@ -21,6 +21,7 @@ pub mod clock;
 pub mod engine;
 pub mod estimate;
 pub mod probe;
+pub mod shim;
 
 /// How a limit is enforced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
