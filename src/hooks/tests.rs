@@ -378,3 +378,63 @@ fn array_estimates() {
     // deferred-mapping arrays take no memory at creation
     assert_eq!(array_estimate(1024, 1024, 1, 0x20, 4, 0x80, 1), 0);
 }
+
+// ---- NVML ---------------------------------------------------------------------------------------------------
+
+use crate::driver::nvml::NvmlTable;
+use crate::ffi::nvml::*;
+
+unsafe extern "C" fn n_procs(
+    _d: nvmlDevice_t,
+    count: *mut u32,
+    infos: *mut nvmlProcessInfo_v2_t,
+) -> nvmlReturn_t {
+    let me = std::process::id();
+    let all = [me, 1, 999_999];
+    // SAFETY: test-owned pointers, NVML's size protocol.
+    unsafe {
+        let room = *count as usize;
+        *count = all.len() as u32;
+        if room < all.len() || infos.is_null() {
+            return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+        }
+        for (i, pid) in all.iter().enumerate() {
+            *infos.add(i) = nvmlProcessInfo_v2_t {
+                pid: *pid,
+                usedGpuMemory: 100 << 20,
+                ..Default::default()
+            };
+        }
+    }
+    nvmlReturn_t::SUCCESS
+}
+
+#[test]
+fn nvml_process_list_shows_only_the_container_with_size_protocol() {
+    let usage = temp_path("usage");
+    let mem = Memory::new(
+        Config::default(),
+        UsageRegion::open(&usage.path).unwrap(),
+        Vec::new(),
+    );
+    let mut n = NvmlTable::empty(true);
+    n.nvmlDeviceGetComputeRunningProcesses_v3 = Some(n_procs);
+    let s = Shim::new(table(), Some(n), mem);
+    s.mem.usage.process_slot().unwrap(); // this process is a member of the container
+    let dev = 0x1 as nvmlDevice_t;
+    // size query: NULL buffer, 0 room → INSUFFICIENT_SIZE with the *filtered* count
+    let mut count = 0u32;
+    // SAFETY: valid pointers (NULL buffer allowed by the protocol).
+    let r = unsafe {
+        hooks::nvml::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, std::ptr::null_mut())
+    };
+    assert_eq!((r, count), (nvmlReturn_t::ERROR_INSUFFICIENT_SIZE, 1));
+    let mut buf = [nvmlProcessInfo_v2_t::default(); 4];
+    count = 4;
+    // SAFETY: buffer of `count` records.
+    let r = unsafe {
+        hooks::nvml::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, buf.as_mut_ptr())
+    };
+    assert_eq!((r, count), (nvmlReturn_t::SUCCESS, 1));
+    assert_eq!(buf[0].pid, std::process::id());
+}
