@@ -1,0 +1,189 @@
+//! Measuring launches on the device with CUDA events: the [`Gpu`](super::engine::Gpu) implementation used by the
+//! launch hooks.
+//!
+//! One probe slot per usage device (the engine keeps at most one probe outstanding per device per process), each
+//! with a start and an end event created once in the context of the stream they are recorded on and reused; a
+//! slot whose context changes re-creates its events there. So the hot path creates nothing, and a probe costs two
+//! `cuEventRecord`s plus, later, one `cuEventQuery` and one `cuEventElapsedTime`.
+//!
+//! Function pointers come in as an [`EventApi`] (filled from the driver table), so this file has no view of how
+//! the real library was loaded.
+
+use super::engine::{Gpu, Poll, MAX_DEVICES};
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::Mutex;
+
+type CuResult = c_int;
+const CUDA_SUCCESS: CuResult = 0;
+const CUDA_ERROR_NOT_READY: CuResult = 600;
+/// `CU_STREAM_LEGACY`.
+pub const STREAM_LEGACY: usize = 0x1;
+/// `CU_STREAM_PER_THREAD`.
+pub const STREAM_PER_THREAD: usize = 0x2;
+
+/// The driver functions a probe needs.
+#[allow(non_snake_case, missing_docs)]
+#[derive(Clone, Copy, Debug)]
+pub struct EventApi {
+    pub cuEventCreate: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult,
+    pub cuEventDestroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub cuEventRecord: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
+    pub cuEventQuery: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub cuEventElapsedTime: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> CuResult,
+    pub cuStreamGetCtx: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult,
+    pub cuCtxGetCurrent: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
+    pub cuCtxPushCurrent: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    pub cuCtxPopCurrent: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
+}
+
+/// Device utilisation source for the burst controller: usage device index → per-mille busy, or None.
+pub type UtilFn = dyn Fn(usize) -> Option<u64> + Send + Sync;
+
+#[derive(Debug)]
+struct Slot {
+    ctx: usize,
+    start: usize,
+    end: usize,
+}
+
+/// Event-based probes, one slot per device.
+pub struct EventProbes {
+    api: EventApi,
+    slots: [Mutex<Option<Slot>>; MAX_DEVICES],
+    util: Box<UtilFn>,
+}
+
+impl std::fmt::Debug for EventProbes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventProbes").finish_non_exhaustive()
+    }
+}
+
+impl EventProbes {
+    /// Probes over `api`; `util` answers the burst controller's device-utilisation question.
+    pub fn new(api: EventApi, util: Box<UtilFn>) -> Self {
+        EventProbes {
+            api,
+            slots: std::array::from_fn(|_| Mutex::new(None)),
+            util,
+        }
+    }
+
+    /// The driver functions in use.
+    pub fn api(&self) -> &EventApi {
+        &self.api
+    }
+
+    fn stream_ctx(&self, stream: usize) -> Option<usize> {
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        let r = if stream == 0 || stream == STREAM_LEGACY || stream == STREAM_PER_THREAD {
+            // SAFETY: valid out-pointer.
+            unsafe { (self.api.cuCtxGetCurrent)(&mut ctx) }
+        } else {
+            // SAFETY: the stream handle is the one the program passed to the launch; valid out-pointer.
+            unsafe { (self.api.cuStreamGetCtx)(stream as *mut c_void, &mut ctx) }
+        };
+        (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
+    }
+
+    /// Create a start/end pair in `ctx` (made current for the call if it is not).
+    fn create_pair(&self, ctx: usize) -> Option<Slot> {
+        let mut cur: *mut c_void = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        unsafe { (self.api.cuCtxGetCurrent)(&mut cur) };
+        let push = cur as usize != ctx;
+        // SAFETY: `ctx` is a live context (the launching stream's).
+        if push && unsafe { (self.api.cuCtxPushCurrent)(ctx as *mut c_void) } != CUDA_SUCCESS {
+            return None;
+        }
+        let (mut a, mut b): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers; flags 0 = default events (timing enabled).
+        let ok = unsafe { (self.api.cuEventCreate)(&mut a, 0) } == CUDA_SUCCESS
+            // SAFETY: as above.
+            && unsafe { (self.api.cuEventCreate)(&mut b, 0) } == CUDA_SUCCESS;
+        if push {
+            let mut popped: *mut c_void = std::ptr::null_mut();
+            // SAFETY: undoes our push.
+            unsafe { (self.api.cuCtxPopCurrent)(&mut popped) };
+        }
+        if !ok {
+            for e in [a, b] {
+                if !e.is_null() {
+                    // SAFETY: an event we created.
+                    unsafe { (self.api.cuEventDestroy)(e) };
+                }
+            }
+            return None;
+        }
+        Some(Slot {
+            ctx,
+            start: a as usize,
+            end: b as usize,
+        })
+    }
+}
+
+impl Gpu for EventProbes {
+    fn probe_begin(&self, dev: usize, stream: usize) -> u64 {
+        let Some(ctx) = self.stream_ctx(stream) else {
+            return 0;
+        };
+        let Ok(mut g) = self.slots[dev % MAX_DEVICES].lock() else {
+            return 0;
+        };
+        if g.as_ref().is_none_or(|s| s.ctx != ctx) {
+            // Old events belong to another (maybe destroyed) context: dropping them leaks at most two events
+            // per context switch of a device, never touches a dead context.
+            *g = self.create_pair(ctx);
+        }
+        let Some(s) = g.as_ref() else { return 0 };
+        // SAFETY: our event, recorded on the program's stream (same context).
+        if unsafe { (self.api.cuEventRecord)(s.start as *mut c_void, stream as *mut c_void) } != CUDA_SUCCESS
+        {
+            return 0;
+        }
+        (dev % MAX_DEVICES) as u64 + 1
+    }
+
+    fn probe_end(&self, p: u64, stream: usize) -> bool {
+        let Some(i) = (p as usize).checked_sub(1) else {
+            return false;
+        };
+        let Ok(g) = self.slots[i % MAX_DEVICES].lock() else {
+            return false;
+        };
+        let Some(s) = g.as_ref() else { return false };
+        // SAFETY: our event on the program's stream.
+        unsafe { (self.api.cuEventRecord)(s.end as *mut c_void, stream as *mut c_void) == CUDA_SUCCESS }
+    }
+
+    fn probe_poll(&self, p: u64) -> Poll {
+        let Some(i) = (p as usize).checked_sub(1) else {
+            return Poll::Failed;
+        };
+        let Ok(g) = self.slots[i % MAX_DEVICES].try_lock() else {
+            return Poll::Pending;
+        };
+        let Some(s) = g.as_ref() else { return Poll::Failed };
+        // SAFETY: our event.
+        match unsafe { (self.api.cuEventQuery)(s.end as *mut c_void) } {
+            CUDA_SUCCESS => {}
+            CUDA_ERROR_NOT_READY => return Poll::Pending,
+            _ => return Poll::Failed,
+        }
+        let mut ms = 0f32;
+        // SAFETY: both our events, both recorded and complete.
+        let r =
+            unsafe { (self.api.cuEventElapsedTime)(&mut ms, s.start as *mut c_void, s.end as *mut c_void) };
+        if r != CUDA_SUCCESS || !ms.is_finite() || ms < 0.0 {
+            return Poll::Failed;
+        }
+        Poll::Done((ms as f64 * 1e6) as u64)
+    }
+
+    fn probe_release(&self, _p: u64) {}
+
+    fn device_busy_pm(&self, dev: usize) -> Option<u64> {
+        (self.util)(dev)
+    }
+}

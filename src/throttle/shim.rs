@@ -1,0 +1,553 @@
+//! The throttle inside the preload library: per-process state (engine, probes, SM limits per CUDA ordinal), the
+//! fast "is anything limited?" check, and the one function every launch hook goes through.
+//!
+//! Why a `static` of its own rather than a field of `Shim`: the launch hooks are the only users, and keeping the
+//! state here leaves `state.rs` untouched. It is built on the first launch from the `Shim` (configuration, usage
+//! region, libraries).
+//!
+//! Cost when no SM limit applies (0, 100, unset, DISABLE): one `OnceLock` load, one atomic load per agent limits
+//! file (did its `seq` move?), one flag — then the real call. With a limit: `cuCtxGetDevice`, the limit word, a
+//! clock read, an estimate lookup, one CAS on the bucket and three counter adds.
+
+use super::bucket::{slot, FULL_RATE};
+use super::clock::{monotonic_ns, Monotonic};
+use super::engine::{Engine, Gpu, Shared, Ticket};
+use super::estimate::launch_key;
+use super::probe::{EventApi, EventProbes, STREAM_LEGACY, STREAM_PER_THREAD};
+use super::{Limit, Policy};
+use crate::driver::Library;
+use crate::ffi::cuda::{CUdevice, CUresult};
+use crate::log::{log, Level};
+use crate::state::Shim;
+use cuquota_core::region::{EffectiveLimits, LimitsReader, LimitsRegion};
+use cuquota_core::{Config, DeviceId};
+use std::ffi::{c_char, c_uint, c_void, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// CUDA ordinals with their own limit word (higher ordinals share the last one's lookup path, uncached).
+const ORDINALS: usize = 64;
+/// Limit word: 0 = not computed yet; else `1 | pct << 8 | policy << 16 | weight << 24` (pct 0 = none).
+const UNKNOWN: u64 = 0;
+
+fn pack(l: Limit) -> u64 {
+    let p = match l.policy {
+        Policy::Hard => 1u64,
+        Policy::Burst => 2,
+        Policy::Disabled => 3,
+    };
+    1 | ((l.pct.min(255) as u64) << 8) | (p << 16) | ((l.weight.min(0xffff) as u64) << 24)
+}
+
+fn unpack(w: u64) -> Limit {
+    let policy = match (w >> 16) & 0xff {
+        1 => Policy::Hard,
+        3 => Policy::Disabled,
+        _ => Policy::Burst,
+    };
+    Limit {
+        pct: ((w >> 8) & 0xff) as u32,
+        policy,
+        weight: ((w >> 24) & 0xffff) as u32,
+    }
+}
+
+/// The SM limit of ordinal `o` from env/config and the agent files (lower limit, stricter policy wins).
+fn effective(cfg: &Config, readers: &[LimitsReader], o: u32, uuid: Option<&[u8; 16]>) -> Limit {
+    let mut eff = EffectiveLimits::from_config(cfg, o);
+    for r in readers {
+        eff = eff.restrict(&r.snapshot().for_device(uuid, Some(o)));
+    }
+    let policy = match eff.policy {
+        Some(cuquota_core::Policy::Hard) => Policy::Hard,
+        Some(cuquota_core::Policy::Burst) => Policy::Burst,
+        None => Policy::default(),
+    };
+    match eff.sm {
+        Some(pct) if !cfg.sm_disabled => Limit {
+            pct,
+            policy,
+            weight: eff.weight.unwrap_or(100),
+        },
+        _ => Limit::NONE,
+    }
+}
+
+type UtilRatesFn = unsafe extern "C" fn(*mut c_void, *mut [c_uint; 2]) -> c_int;
+type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
+use std::ffi::c_int;
+
+/// NVML device utilisation for the burst controller, per usage device entry.
+struct Util {
+    rates: Option<UtilRatesFn>,
+    by_uuid: Option<HandleByUuidFn>,
+    /// Usage entry → NVML handle (0 = unknown yet, 1 = unavailable).
+    handles: [AtomicUsize; 16],
+    /// Usage entry → UUID string, filled when the ordinal is first seen.
+    uuids: Mutex<[Option<CString>; 16]>,
+}
+
+impl Util {
+    fn busy_pm(&self, dev: usize) -> Option<u64> {
+        let rates = self.rates?;
+        let mut h = self.handles[dev % 16].load(Ordering::Relaxed);
+        if h == 0 {
+            let uuid = self.uuids.lock().ok()?[dev % 16].clone();
+            let mut p: *mut c_void = std::ptr::null_mut();
+            h = match (uuid, self.by_uuid) {
+                // SAFETY: NUL-terminated UUID string, valid out-pointer; NVML was initialised by the shim.
+                (Some(u), Some(f)) if unsafe { f(u.as_ptr(), &mut p) } == 0 && !p.is_null() => p as usize,
+                _ => 1,
+            };
+            self.handles[dev % 16].store(h, Ordering::Relaxed);
+        }
+        if h == 1 {
+            return None;
+        }
+        let mut u = [0 as c_uint; 2];
+        // SAFETY: a handle NVML gave us, valid out-pointer to nvmlUtilization_t {gpu, memory}.
+        (unsafe { rates(h as *mut c_void, &mut u) } == 0).then(|| (u[0] as u64 * 10).min(FULL_RATE))
+    }
+}
+
+/// Per-process throttle state.
+pub struct SmThrottle {
+    engine: Engine,
+    probes: Option<EventProbes>,
+    util: &'static Util,
+    /// Some limit can apply at all (env/config has an SM limit, or an agent limits file exists).
+    possible: bool,
+    /// Env/config set an SM limit for some ordinal.
+    config_limited: bool,
+    /// Some ordinal seen so far is limited (recomputed on a limits-file change).
+    any_active: AtomicBool,
+    watch: Vec<LimitsRegion>,
+    seen: Vec<AtomicU64>,
+    readers: Mutex<Vec<LimitsReader>>,
+    limits: [AtomicU64; ORDINALS],
+    /// Usage entry of each ordinal + 1 (0 = unknown).
+    entry: [AtomicU64; ORDINALS],
+}
+
+static THROTTLE: OnceLock<SmThrottle> = OnceLock::new();
+
+/// The process's throttle, built on first use.
+#[inline]
+pub fn get(s: &Shim) -> &'static SmThrottle {
+    THROTTLE.get_or_init(|| SmThrottle::new(s))
+}
+
+fn lib(path: Option<&std::path::Path>, soname: &str) -> Option<Library> {
+    let c = match path {
+        Some(p) => CString::new(p.as_os_str().as_bytes()).ok()?,
+        None => CString::new(soname).ok()?,
+    };
+    Library::open(&c).ok()
+}
+
+fn sym<T: Copy>(l: &Library, name: &std::ffi::CStr) -> Option<T> {
+    let p = l.symbol(name);
+    if p.is_null() {
+        return None;
+    }
+    debug_assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: `T` is the function-pointer type of the C function `name` (transcribed from NVIDIA's headers),
+    // the same size as a pointer; `p` is non-NULL.
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
+impl SmThrottle {
+    fn new(s: &Shim) -> SmThrottle {
+        let cfg = s.mem.config();
+        let mut watch = Vec::new();
+        let mut readers = Vec::new();
+        for p in &cfg.limits_paths {
+            if let (Ok(r), Ok(w)) = (LimitsReader::open(p), LimitsRegion::open(p)) {
+                readers.push(r);
+                watch.push(w);
+            }
+        }
+        let seen = readers.iter().map(|r| AtomicU64::new(r.snapshot().seq)).collect();
+        let config_limited = !cfg.sm_disabled
+            && (cfg.default_limits.sm.is_some() || cfg.devices.values().any(|d| d.sm.is_some()));
+        let possible = config_limited || !watch.is_empty();
+        let cuda = lib(cfg.libcuda_path.as_deref(), "libcuda.so.1");
+        let probes = cuda.as_ref().and_then(|l| {
+            Some(EventApi {
+                cuEventCreate: sym(l, c"cuEventCreate")?,
+                cuEventDestroy: sym(l, c"cuEventDestroy_v2").or_else(|| sym(l, c"cuEventDestroy"))?,
+                cuEventRecord: sym(l, c"cuEventRecord")?,
+                cuEventQuery: sym(l, c"cuEventQuery")?,
+                cuEventElapsedTime: sym(l, c"cuEventElapsedTime")?,
+                cuStreamGetCtx: sym(l, c"cuStreamGetCtx")?,
+                cuCtxGetCurrent: sym(l, c"cuCtxGetCurrent")?,
+                cuCtxPushCurrent: sym(l, c"cuCtxPushCurrent_v2")?,
+                cuCtxPopCurrent: sym(l, c"cuCtxPopCurrent_v2")?,
+            })
+        });
+        let nvml = s
+            .nvml()
+            .and(lib(cfg.libnvml_path.as_deref(), "libnvidia-ml.so.1"));
+        let util: &'static Util = Box::leak(Box::new(Util {
+            rates: nvml
+                .as_ref()
+                .and_then(|l| sym(l, c"nvmlDeviceGetUtilizationRates")),
+            by_uuid: nvml.as_ref().and_then(|l| sym(l, c"nvmlDeviceGetHandleByUUID")),
+            handles: Default::default(),
+            uuids: Mutex::new(Default::default()),
+        }));
+        let probes = probes.map(|api| EventProbes::new(api, Box::new(move |d| util.busy_pm(d))));
+        if probes.is_none() && possible {
+            log!(
+                Level::Warn,
+                "CUDA events unavailable: SM limits charge estimates only"
+            );
+        }
+        SmThrottle {
+            engine: Engine::new(),
+            probes,
+            util,
+            possible,
+            config_limited,
+            any_active: AtomicBool::new(config_limited),
+            watch,
+            seen,
+            readers: Mutex::new(readers),
+            limits: std::array::from_fn(|_| AtomicU64::new(UNKNOWN)),
+            entry: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Could any launch be throttled right now? (The no-limit fast path.)
+    #[inline]
+    pub fn active(&self) -> bool {
+        if !self.possible {
+            return false;
+        }
+        self.refresh_if_changed();
+        self.any_active.load(Ordering::Relaxed)
+    }
+
+    #[inline]
+    fn refresh_if_changed(&self) {
+        let changed = self
+            .watch
+            .iter()
+            .zip(&self.seen)
+            .any(|(w, s)| w.seq() != s.load(Ordering::Relaxed));
+        if changed {
+            self.refresh();
+        }
+    }
+
+    #[cold]
+    fn refresh(&self) {
+        let Ok(mut readers) = self.readers.lock() else {
+            return;
+        };
+        for ((r, w), s) in readers.iter_mut().zip(&self.watch).zip(&self.seen) {
+            if w.seq() != s.load(Ordering::Relaxed) {
+                r.refresh();
+                s.store(w.seq(), Ordering::Relaxed);
+            }
+        }
+        // Every cached limit is recomputed on next use; "any" turns on if a file names an SM limit anywhere.
+        for l in &self.limits {
+            l.store(UNKNOWN, Ordering::Relaxed);
+        }
+        let file_any = readers.iter().any(|r| {
+            r.snapshot()
+                .entries
+                .iter()
+                .any(|e| e.is_valid() && e.limits().sm.is_some())
+        });
+        self.any_active
+            .store(file_any || self.config_limited, Ordering::Relaxed);
+        log!(Level::Info, "SM limits: limits file changed, recomputing");
+    }
+
+    /// Limit and usage entry for CUDA ordinal `o` (cached; recomputed after a limits-file change).
+    fn limit_of(&self, s: &Shim, o: CUdevice) -> Option<(Limit, DeviceId)> {
+        let i = usize::try_from(o).ok().filter(|&i| i < ORDINALS)?;
+        let dev = s.mem.device(&s.cuda, o)?;
+        let w = self.limits[i].load(Ordering::Relaxed);
+        let lim = if w == UNKNOWN {
+            let uuid = s.mem.uuid_of(o);
+            let lim = match self.readers.lock() {
+                Ok(r) => effective(s.mem.config(), &r, o as u32, uuid.as_ref()),
+                Err(_) => Limit::NONE,
+            };
+            self.limits[i].store(pack(lim), Ordering::Relaxed);
+            if self.entry[i].swap(dev.id.index() as u64 + 1, Ordering::Relaxed) == 0 {
+                if let (Some(u), Ok(mut names)) = (uuid, self.util.uuids.lock()) {
+                    names[dev.id.index() % 16] = CString::new(format_gpu_uuid(&u)).ok();
+                }
+            }
+            s.mem.usage.throttle(dev.id)[slot::CONFIG].store(lim.pack(), Ordering::Relaxed);
+            if lim.active() {
+                self.any_active.store(true, Ordering::Relaxed);
+                log!(
+                    Level::Info,
+                    "device {o}: SM limit {}% ({:?}, weight {})",
+                    lim.pct,
+                    lim.policy,
+                    lim.weight
+                );
+            }
+            lim
+        } else {
+            unpack(w)
+        };
+        Some((lim, dev.id))
+    }
+
+    /// Throttle one launch on the current context's device: admit (maybe sleeping), measure a sample, call.
+    ///
+    /// `streams`: the streams the launch uses (for probes); `launch` does the real call.
+    pub fn launch(&self, s: &Shim, key: u64, stream: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
+        let mut ord: CUdevice = 0;
+        // SAFETY: valid out-pointer.
+        if !unsafe { s.cuda.cuCtxGetDevice(&mut ord) }.ok() {
+            return launch();
+        }
+        self.launch_on(s, ord, key, stream, launch)
+    }
+
+    /// As [`launch`](Self::launch) for a known CUDA ordinal.
+    pub fn launch_on(
+        &self,
+        s: &Shim,
+        ord: CUdevice,
+        key: u64,
+        stream: usize,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let Some((lim, id)) = self.limit_of(s, ord) else {
+            return launch();
+        };
+        if !lim.active() {
+            return launch();
+        }
+        let sh = self.shared(s, id);
+        let i = ord as usize;
+        let ticket = match &self.probes {
+            Some(p) => self.engine.admit(
+                id.index(),
+                &sh,
+                || self.relimit(s, ord, i, lim),
+                key,
+                &Monotonic,
+                p,
+            ),
+            None => self.engine.admit(
+                id.index(),
+                &sh,
+                || self.relimit(s, ord, i, lim),
+                key,
+                &Monotonic,
+                &NoGpu,
+            ),
+        };
+        let Some(t) = ticket else { return launch() };
+        self.run(s, &sh, t, stream, launch)
+    }
+
+    fn relimit(&self, s: &Shim, ord: CUdevice, i: usize, fallback: Limit) -> Limit {
+        self.refresh_if_changed();
+        let w = self.limits[i].load(Ordering::Relaxed);
+        if w == UNKNOWN {
+            return self.limit_of(s, ord).map_or(fallback, |(l, _)| l);
+        }
+        unpack(w)
+    }
+
+    fn shared<'a>(&self, s: &'a Shim, id: DeviceId) -> Shared<'a> {
+        let usage = &s.mem.usage;
+        let slot = usage.cached_slot().or_else(|| usage.process_slot().ok());
+        Shared {
+            words: usage.throttle(id),
+            busy_ns: usage.busy_ns(id),
+            gpu_ns: slot.map(|sl| usage.gpu_ns(sl, id)),
+        }
+    }
+
+    fn run(
+        &self,
+        _s: &Shim,
+        sh: &Shared<'_>,
+        t: Ticket,
+        stream: usize,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let handle = match (&self.probes, t.probe) {
+            (Some(p), true) => p.probe_begin(t.dev, stream),
+            _ => 0,
+        };
+        if t.probe && handle == 0 {
+            self.engine.probe_abandon(t.dev);
+        }
+        let r = launch();
+        if !r.ok() {
+            if handle != 0 {
+                self.engine.probe_abandon(t.dev);
+            }
+            self.engine.refund(sh, &Ticket { probe: false, ..t });
+            return r;
+        }
+        if handle != 0 {
+            if let Some(p) = &self.probes {
+                if p.probe_end(handle, stream) {
+                    self.engine.probe_issued(&t, handle, monotonic_ns());
+                } else {
+                    self.engine.probe_abandon(t.dev);
+                }
+            }
+        }
+        r
+    }
+
+    /// The CUDA ordinal a stream's work runs on (its context's device); falls back to the current context.
+    pub fn stream_device(&self, s: &Shim, stream: usize) -> Option<CUdevice> {
+        let stream = stream as *mut c_void;
+        let mut ord: CUdevice = -1;
+        let special =
+            stream.is_null() || stream as usize == STREAM_LEGACY || stream as usize == STREAM_PER_THREAD;
+        if let (Some(api), false) = (self.probes.as_ref().map(|p| *p.api()), special) {
+            let mut ctx: *mut c_void = std::ptr::null_mut();
+            let mut cur: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the program's stream handle and valid out-pointers.
+            if unsafe { (api.cuStreamGetCtx)(stream, &mut ctx) } == 0
+                && !ctx.is_null()
+                // SAFETY: valid out-pointer.
+                && unsafe { (api.cuCtxGetCurrent)(&mut cur) } == 0
+            {
+                // SAFETY: `ctx` is the live context of the program's stream; popped right after.
+                let pushed = cur != ctx && unsafe { (api.cuCtxPushCurrent)(ctx) } == 0;
+                if cur == ctx || pushed {
+                    // SAFETY: valid out-pointer.
+                    let ok = unsafe { s.cuda.cuCtxGetDevice(&mut ord) }.ok();
+                    if pushed {
+                        let mut p: *mut c_void = std::ptr::null_mut();
+                        // SAFETY: undoes our push.
+                        unsafe { (api.cuCtxPopCurrent)(&mut p) };
+                    }
+                    if ok {
+                        return Some(ord);
+                    }
+                }
+            }
+        }
+        // SAFETY: valid out-pointer.
+        unsafe { s.cuda.cuCtxGetDevice(&mut ord) }.ok().then_some(ord)
+    }
+
+    /// Multi-device launch: admit on every device first (in order), then launch once.
+    pub fn launch_multi(
+        &self,
+        s: &Shim,
+        parts: &[(CUdevice, u64, usize)],
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let mut admitted: Vec<(Shared<'_>, Ticket, usize)> = Vec::with_capacity(parts.len());
+        for &(ord, key, stream) in parts {
+            let Some((lim, id)) = self.limit_of(s, ord) else {
+                continue;
+            };
+            if !lim.active() {
+                continue;
+            }
+            let sh = self.shared(s, id);
+            let i = ord as usize;
+            let t = match &self.probes {
+                Some(p) => self.engine.admit(
+                    id.index(),
+                    &sh,
+                    || self.relimit(s, ord, i, lim),
+                    key,
+                    &Monotonic,
+                    p,
+                ),
+                None => self.engine.admit(
+                    id.index(),
+                    &sh,
+                    || self.relimit(s, ord, i, lim),
+                    key,
+                    &Monotonic,
+                    &NoGpu,
+                ),
+            };
+            if let Some(t) = t {
+                admitted.push((sh, t, stream));
+            }
+        }
+        let handles: Vec<u64> = admitted
+            .iter()
+            .map(|(_, t, st)| match (&self.probes, t.probe) {
+                (Some(p), true) => {
+                    let h = p.probe_begin(t.dev, *st);
+                    if h == 0 {
+                        self.engine.probe_abandon(t.dev);
+                    }
+                    h
+                }
+                _ => 0,
+            })
+            .collect();
+        let r = launch();
+        for ((sh, t, st), h) in admitted.iter().zip(handles) {
+            if !r.ok() {
+                if h != 0 {
+                    self.engine.probe_abandon(t.dev);
+                }
+                self.engine.refund(sh, &Ticket { probe: false, ..*t });
+            } else if h != 0 {
+                match &self.probes {
+                    Some(p) if p.probe_end(h, *st) => self.engine.probe_issued(t, h, monotonic_ns()),
+                    _ => self.engine.probe_abandon(t.dev),
+                }
+            }
+        }
+        r
+    }
+}
+
+/// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (NVML's UUID spelling).
+fn format_gpu_uuid(u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// No events available: nothing is measured, estimates stay at their fallback.
+struct NoGpu;
+
+impl Gpu for NoGpu {
+    fn probe_begin(&self, _dev: usize, _stream: usize) -> u64 {
+        0
+    }
+    fn probe_end(&self, _p: u64, _stream: usize) -> bool {
+        false
+    }
+    fn probe_poll(&self, _p: u64) -> super::engine::Poll {
+        super::engine::Poll::Failed
+    }
+    fn probe_release(&self, _p: u64) {}
+    fn device_busy_pm(&self, _dev: usize) -> Option<u64> {
+        None
+    }
+}
+
+/// Key of a kernel launch (function, grid, block).
+#[inline]
+pub fn kernel_key(f: *mut c_void, grid: [u32; 3], block: [u32; 3]) -> u64 {
+    let g = grid.iter().map(|&x| x as u64).product::<u64>();
+    let b = block.iter().map(|&x| x as u64).product::<u64>();
+    launch_key(f as usize, g, b)
+}
