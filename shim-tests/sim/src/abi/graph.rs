@@ -1,0 +1,180 @@
+//! CUDA graphs (cuGraph*): kernel and empty nodes, instantiate, launch.
+
+use std::ffi::c_char;
+
+use super::{alias, cuda_fn, h, hp, out, read};
+use crate::graph::{self, KernelLaunch, NodeKind};
+use crate::objects::with;
+use crate::sim::cuda;
+use crate::types::*;
+
+/// The dependency list of an add-node call.
+///
+/// # Safety
+/// `deps` must hold `n` handles when `n > 0`.
+unsafe fn deps(deps: *const Handle, n: usize) -> CuResult<Vec<u64>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if deps.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: n handles per the contract.
+    Ok(unsafe { std::slice::from_raw_parts(deps, n) }
+        .iter()
+        .map(|&d| h(d))
+        .collect())
+}
+
+fn add_kernel(node: *mut Handle, g: Handle, d: Vec<u64>, p: KernelNodeParams, v2: bool) -> CuResult<()> {
+    cuda()?;
+    if node.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let func = if p.func.is_null() && v2 { p.kern } else { p.func };
+    if func.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    crate::launch::validate_dims(p.grid, p.block)?;
+    let k = KernelLaunch {
+        func: h(func),
+        grid: p.grid,
+        block: p.block,
+    };
+    let n = with(|o| -> CuResult<u64> {
+        if !o.functions.contains_key(&k.func) && !o.kernels.contains_key(&k.func) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        graph::add_node(o, h(g), &d, NodeKind::Kernel(k))
+    })?;
+    // SAFETY: checked non-NULL.
+    unsafe { out(node, hp(n)) }
+}
+
+fn instantiate(pexec: *mut Handle, g: Handle) -> CuResult<()> {
+    let sim = cuda()?;
+    if pexec.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let e = with(|o| graph::instantiate(o, sim, h(g)))?;
+    // SAFETY: checked non-NULL.
+    unsafe { out(pexec, hp(e)) }
+}
+
+cuda_fn! {
+    fn cuGraphCreate(pg: *mut Handle, flags: u32) {
+        cuda()?;
+        if pg.is_null() || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out(pg, hp(with(graph::create)))
+    }
+
+    fn cuGraphDestroy(g: Handle) {
+        cuda()?;
+        with(|o| graph::destroy(o, h(g)))
+    }
+
+    fn cuGraphAddKernelNode_v2(
+        node: *mut Handle,
+        g: Handle,
+        dependencies: *const Handle,
+        n: usize,
+        params: *const KernelNodeParams,
+    ) {
+        add_kernel(node, g, deps(dependencies, n)?, read(params)?, true)
+    }
+
+    fn cuGraphAddKernelNode(
+        node: *mut Handle,
+        g: Handle,
+        dependencies: *const Handle,
+        n: usize,
+        params: *const KernelNodeParams,
+    ) {
+        // The v1 struct is the v2 struct without its last two fields: read only the prefix.
+        if params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let mut p: KernelNodeParams = std::mem::zeroed();
+        std::ptr::copy_nonoverlapping(params as *const u8, &mut p as *mut _ as *mut u8, 56);
+        add_kernel(node, g, deps(dependencies, n)?, p, false)
+    }
+
+    fn cuGraphAddEmptyNode(node: *mut Handle, g: Handle, dependencies: *const Handle, n: usize) {
+        cuda()?;
+        let d = deps(dependencies, n)?;
+        out(node, hp(with(|o| graph::add_node(o, h(g), &d, NodeKind::Empty))?))
+    }
+
+    fn cuGraphGetNodes(g: Handle, nodes: *mut Handle, num: *mut usize) {
+        cuda()?;
+        if num.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let list = with(|o| o.graphs.get(&h(g)).map(|g| g.nodes.clone())).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if !nodes.is_null() {
+            for (i, n) in list.iter().take(*num).enumerate() {
+                *nodes.add(i) = hp(*n);
+            }
+        }
+        *num = list.len();
+        Ok(())
+    }
+
+    fn cuGraphNodeGetType(node: Handle, ty: *mut u32) {
+        cuda()?;
+        let k = with(|o| o.nodes.get(&h(node)).map(|n| n.kind)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        out(ty, match k {
+            NodeKind::Kernel(_) => CU_GRAPH_NODE_TYPE_KERNEL,
+            NodeKind::Empty => CU_GRAPH_NODE_TYPE_EMPTY,
+        })
+    }
+
+    fn cuGraphInstantiateWithFlags(pexec: *mut Handle, g: Handle, flags: u64) {
+        instantiate(pexec, g)
+    }
+
+    fn cuGraphInstantiate(pexec: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize) {
+        instantiate(pexec, g)
+    }
+
+    fn cuGraphInstantiate_v2(pexec: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize) {
+        instantiate(pexec, g)
+    }
+
+    fn cuGraphInstantiateWithParams(pexec: *mut Handle, g: Handle, params: *mut GraphInstantiateParams) {
+        if params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let r = instantiate(pexec, g);
+        (*params).result_out = if r.is_ok() { 0 } else { 1 };
+        r
+    }
+
+    fn cuGraphUpload(exec: Handle, s: Handle) {
+        cuda()?;
+        with(|o| o.execs.contains_key(&h(exec))).then_some(()).ok_or(CUDA_ERROR_INVALID_VALUE)
+    }
+
+    fn cuGraphLaunch(exec: Handle, s: Handle) {
+        let sim = cuda()?;
+        let kernels = with(|o| o.execs.get(&h(exec)).map(|e| e.kernels.clone())).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if kernels.is_empty() {
+            return with(|o| crate::stream::resolve(o, sim, h(s)).map(|_| ()));
+        }
+        crate::launch::launch(sim, h(s), &kernels, false)
+    }
+
+    fn cuGraphExecDestroy(exec: Handle) {
+        cuda()?;
+        with(|o| o.execs.remove(&h(exec)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE))
+    }
+}
+
+alias! {
+    cuGraphInstantiateWithParams_ptsz => cuGraphInstantiateWithParams(
+        pexec: *mut Handle, g: Handle, params: *mut GraphInstantiateParams);
+    cuGraphUpload_ptsz => cuGraphUpload(exec: Handle, s: Handle);
+    cuGraphLaunch_ptsz => cuGraphLaunch(exec: Handle, s: Handle);
+}

@@ -1,0 +1,329 @@
+//! NVML exports (libnvidia-ml.so.1 is a symlink to this library).
+
+use std::ffi::{c_char, c_void};
+
+use super::{cstr, nout, nvml_fn, write_cstr};
+use crate::config::format_uuid;
+use crate::device;
+use crate::nvml::{self, handle, phys_of, sim};
+use crate::types::*;
+
+type Device = *mut c_void;
+
+/// Copies a string answer; NVML_ERROR_INSUFFICIENT_SIZE when it does not fit with its NUL.
+///
+/// # Safety
+/// A non-NULL `buf` must be valid for `len` bytes.
+unsafe fn nstr(buf: *mut c_char, len: u32, s: &str) -> Result<(), NvmlReturn> {
+    if buf.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    if (len as usize) < s.len() + 1 {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    // SAFETY: forwarded contract; the string fits.
+    unsafe { write_cstr(buf, len as usize, s) }.map_err(|_| NVML_ERROR_INVALID_ARGUMENT)
+}
+
+fn memory(dev: Device) -> Result<(u64, u64, u64), NvmlReturn> {
+    let sim = sim()?;
+    let p = phys_of(sim, dev)?;
+    let (free, total) = sim.mem_info(p);
+    Ok((total, free, total - free))
+}
+
+/// The process list into a caller array of `T`.
+///
+/// # Safety
+/// `count` must be valid; `infos` must hold `*count` entries when non-NULL.
+unsafe fn running<T>(
+    dev: Device,
+    count: *mut u32,
+    infos: *mut T,
+    make: impl Fn(u32, u64) -> T,
+) -> Result<(), NvmlReturn> {
+    let sim = sim()?;
+    let p = phys_of(sim, dev)?;
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let procs = nvml::processes(sim, p);
+    // SAFETY: count is valid; infos holds *count entries (contract).
+    unsafe {
+        let cap = *count as usize;
+        *count = procs.len() as u32;
+        if procs.len() > cap || (infos.is_null() && !procs.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, mem)) in procs.iter().enumerate() {
+            infos.add(i).write_unaligned(make(*pid, *mem));
+        }
+    }
+    Ok(())
+}
+
+fn pci_info(dev: Device) -> Result<NvmlPciInfo, NvmlReturn> {
+    let sim = sim()?;
+    let p = phys_of(sim, dev)?;
+    let (domain, bus, devn) = device::pci_ids(p);
+    let mut info = NvmlPciInfo {
+        domain,
+        bus,
+        device: devn,
+        pci_device_id: device::PCI_DEVICE_ID,
+        pci_sub_system_id: device::PCI_SUBSYSTEM_ID,
+        ..Default::default()
+    };
+    let id = device::nvml_pci_bus_id(p);
+    info.bus_id[..id.len()].copy_from_slice(id.as_bytes());
+    let legacy = format!("{domain:04X}:{bus:02X}:{devn:02X}.0");
+    info.bus_id_legacy[..legacy.len()].copy_from_slice(legacy.as_bytes());
+    Ok(info)
+}
+
+fn by_index(index: u32, dev: *mut Device) -> Result<(), NvmlReturn> {
+    let sim = sim()?;
+    if index as usize >= sim.cfg.devices.len() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: the caller's out-pointer (NULL-checked).
+    unsafe { nout(dev, handle(index as usize)) }
+}
+
+/// nvmlErrorString (returns a string, not a code).
+#[no_mangle]
+pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+    crate::errors::c_static(crate::errors::nvml_error_string(result))
+}
+
+nvml_fn! {
+    fn nvmlInit() {
+        nvml::init()
+    }
+
+    fn nvmlInit_v2() {
+        nvml::init()
+    }
+
+    fn nvmlInitWithFlags(flags: u32) {
+        nvml::init()
+    }
+
+    fn nvmlShutdown() {
+        nvml::shutdown()
+    }
+
+    fn nvmlSystemGetDriverVersion(version: *mut c_char, length: u32) {
+        let sim = sim()?;
+        nstr(version, length, nvml::driver_string(sim.cfg.driver_version))
+    }
+
+    fn nvmlSystemGetNVMLVersion(version: *mut c_char, length: u32) {
+        let sim = sim()?;
+        let v = format!("{}.{}", sim.cfg.driver_version / 1000, nvml::driver_string(sim.cfg.driver_version));
+        nstr(version, length, &v)
+    }
+
+    fn nvmlSystemGetCudaDriverVersion(v: *mut i32) {
+        nout(v, sim()?.cfg.driver_version as i32)
+    }
+
+    fn nvmlSystemGetCudaDriverVersion_v2(v: *mut i32) {
+        nout(v, sim()?.cfg.driver_version as i32)
+    }
+
+    fn nvmlDeviceGetCount(count: *mut u32) {
+        nout(count, sim()?.cfg.devices.len() as u32)
+    }
+
+    fn nvmlDeviceGetCount_v2(count: *mut u32) {
+        nout(count, sim()?.cfg.devices.len() as u32)
+    }
+
+    fn nvmlDeviceGetHandleByIndex(index: u32, dev: *mut Device) {
+        by_index(index, dev)
+    }
+
+    fn nvmlDeviceGetHandleByIndex_v2(index: u32, dev: *mut Device) {
+        by_index(index, dev)
+    }
+
+    fn nvmlDeviceGetHandleByUUID(uuid: *const c_char, dev: *mut Device) {
+        let sim = sim()?;
+        let want = cstr(uuid).map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?.to_ascii_lowercase();
+        let i = sim
+            .cfg
+            .devices
+            .iter()
+            .position(|d| format_uuid("gpu", &d.uuid) == want)
+            .ok_or(NVML_ERROR_NOT_FOUND)?;
+        nout(dev, handle(i))
+    }
+
+    fn nvmlDeviceGetHandleByPciBusId_v2(bus_id: *const c_char, dev: *mut Device) {
+        let sim = sim()?;
+        let want = cstr(bus_id).map_err(|_| NVML_ERROR_INVALID_ARGUMENT)?.to_ascii_uppercase();
+        let i = (0..sim.cfg.devices.len())
+            .find(|&p| {
+                let id = device::nvml_pci_bus_id(p);
+                id == want || id.trim_start_matches('0') == want.trim_start_matches('0')
+            })
+            .ok_or(NVML_ERROR_NOT_FOUND)?;
+        nout(dev, handle(i))
+    }
+
+    fn nvmlDeviceGetIndex(dev: Device, index: *mut u32) {
+        let sim = sim()?;
+        nout(index, phys_of(sim, dev)? as u32)
+    }
+
+    fn nvmlDeviceGetMinorNumber(dev: Device, minor: *mut u32) {
+        let sim = sim()?;
+        nout(minor, phys_of(sim, dev)? as u32)
+    }
+
+    fn nvmlDeviceGetUUID(dev: Device, uuid: *mut c_char, length: u32) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        nstr(uuid, length, &format_uuid("GPU", &sim.cfg.devices[p].uuid))
+    }
+
+    fn nvmlDeviceGetName(dev: Device, name: *mut c_char, length: u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nstr(name, length, device::DEVICE_NAME)
+    }
+
+    fn nvmlDeviceGetCudaComputeCapability(dev: Device, major: *mut i32, minor: *mut i32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nout(major, 9)?;
+        nout(minor, 0)
+    }
+
+    fn nvmlDeviceGetMultiGpuBoard(dev: Device, multi: *mut u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nout(multi, 0)
+    }
+
+    fn nvmlDeviceGetMigMode(dev: Device, current: *mut u32, pending: *mut u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nout(current, 0)?;
+        nout(pending, 0)
+    }
+
+    fn nvmlDeviceGetMemoryInfo(dev: Device, mem: *mut NvmlMemory) {
+        let (total, free, used) = memory(dev)?;
+        nout(mem, NvmlMemory { total, free, used })
+    }
+
+    fn nvmlDeviceGetMemoryInfo_v2(dev: Device, mem: *mut NvmlMemoryV2) {
+        if mem.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if (*mem).version != NVML_MEMORY_V2 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (total, free, used) = memory(dev)?;
+        nout(mem, NvmlMemoryV2 { version: NVML_MEMORY_V2, total, reserved: 0, free, used })
+    }
+
+    fn nvmlDeviceGetComputeRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
+        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV1 { pid, used_gpu_memory })
+    }
+
+    fn nvmlDeviceGetComputeRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV2 {
+            pid,
+            used_gpu_memory,
+            gpu_instance_id: u32::MAX,
+            compute_instance_id: u32::MAX,
+        })
+    }
+
+    fn nvmlDeviceGetComputeRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV2 {
+            pid,
+            used_gpu_memory,
+            gpu_instance_id: u32::MAX,
+            compute_instance_id: u32::MAX,
+        })
+    }
+
+    fn nvmlDeviceGetGraphicsRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nout(count, 0)
+    }
+
+    fn nvmlDeviceGetGraphicsRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nout(count, 0)
+    }
+
+    fn nvmlDeviceGetGraphicsRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nout(count, 0)
+    }
+
+    fn nvmlDeviceGetUtilizationRates(dev: Device, util: *mut NvmlUtilization) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        nout(util, NvmlUtilization { gpu: nvml::utilization(sim, p), memory: 0 })
+    }
+
+    fn nvmlDeviceGetProcessUtilization(
+        dev: Device,
+        samples: *mut NvmlProcessUtilizationSample,
+        count: *mut u32,
+        last_seen: u64,
+    ) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if count.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if samples.is_null() {
+            // Size query: how many samples a buffer must hold.
+            *count = crate::state::MAX_PROCS as u32;
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        let (ts, list) = nvml::process_samples(sim, p, last_seen);
+        if list.is_empty() {
+            *count = 0;
+            return Err(NVML_ERROR_NOT_FOUND);
+        }
+        if list.len() > *count as usize {
+            *count = list.len() as u32;
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, sm)) in list.iter().enumerate() {
+            samples.add(i).write_unaligned(NvmlProcessUtilizationSample {
+                pid: *pid,
+                time_stamp: ts,
+                sm_util: *sm,
+                mem_util: 0,
+                enc_util: 0,
+                dec_util: 0,
+            });
+        }
+        *count = list.len() as u32;
+        Ok(())
+    }
+
+    fn nvmlDeviceGetPciInfo(dev: Device, pci: *mut NvmlPciInfo) {
+        nout(pci, pci_info(dev)?)
+    }
+
+    fn nvmlDeviceGetPciInfo_v2(dev: Device, pci: *mut NvmlPciInfo) {
+        nout(pci, pci_info(dev)?)
+    }
+
+    fn nvmlDeviceGetPciInfo_v3(dev: Device, pci: *mut NvmlPciInfo) {
+        nout(pci, pci_info(dev)?)
+    }
+}

@@ -1,0 +1,307 @@
+//! The simulator's configuration, parsed from the `CUDASIM_*` environment (DESIGN.md's simulator table).
+//!
+//! Pure parsing: `from_env` takes a lookup function so tests can feed it any environment. A bad value is an
+//! error naming the variable and the value; cuInit / nvmlInit then fail. Only the process that creates the
+//! shared state file uses its own configuration; later processes read it back from the file (`state.rs`).
+
+/// Most devices one state file describes.
+pub(crate) const MAX_DEVICES: usize = 16;
+
+/// One simulated GPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct DeviceConfig {
+    /// Device memory in bytes.
+    pub memory: u64,
+    /// Streaming multiprocessor count.
+    pub sms: u32,
+    /// GPU UUID (the `GPU-…` name).
+    pub uuid: [u8; 16],
+}
+
+/// The whole simulated machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SimConfig {
+    pub devices: Vec<DeviceConfig>,
+    /// Bytes charged per context.
+    pub ctx_overhead: u64,
+    /// Bytes charged per loaded module or library.
+    pub module_overhead: u64,
+    /// Allocation granularity in bytes (a power of two).
+    pub granularity: u64,
+    /// Kernel time per wave when the module does not declare one.
+    pub wave_ns: u64,
+    /// What cuDriverGetVersion reports (e.g. 13000).
+    pub driver_version: u32,
+}
+
+/// Parses a size: decimal digits with an optional `k`/`m`/`g`/`t` suffix (any case, optional trailing `b` or
+/// `ib`), meaning ×1024ⁿ; no suffix = bytes.
+pub(crate) fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix("ib").or_else(|| t.strip_suffix('b')).unwrap_or(&t);
+    let (digits, shift) = match t.chars().last()? {
+        'k' => (&t[..t.len() - 1], 10),
+        'm' => (&t[..t.len() - 1], 20),
+        'g' => (&t[..t.len() - 1], 30),
+        't' => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+/// Parses a UUID written as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (the prefix and dashes are optional).
+pub(crate) fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let s = s.trim();
+    let s = s
+        .strip_prefix("GPU-")
+        .or_else(|| s.strip_prefix("MIG-"))
+        .unwrap_or(s);
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Formats `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (or with another prefix).
+pub(crate) fn format_uuid(prefix: &str, u: &[u8; 16]) -> String {
+    let h: Vec<String> = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{prefix}-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// The UUID a device gets when CUDASIM_UUIDS does not name one (stable, distinct per index and `salt`).
+pub(crate) fn derived_uuid(index: usize, salt: u8) -> [u8; 16] {
+    let mut u = [0u8; 16];
+    let mut x: u64 = 0xcbf2_9ce4_8422_2325 ^ (index as u64) ^ ((salt as u64) << 32);
+    for b in u.iter_mut() {
+        x ^= x >> 33;
+        x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        x ^= x >> 29;
+        *b = x as u8;
+    }
+    // RFC 4122 version 4 / variant bits, so tools that validate UUIDs accept them.
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}
+
+/// The MIG instance UUID of a device (each simulated GPU has one MIG instance).
+pub(crate) fn mig_uuid(gpu: &[u8; 16]) -> [u8; 16] {
+    let mut u = *gpu;
+    u[0] ^= 0x5a;
+    u[15] ^= 0xa5;
+    u
+}
+
+fn err(var: &str, value: &str, why: &str) -> String {
+    format!("cudasim: invalid {var}={value:?}: {why}")
+}
+
+/// A value or comma list with one entry per device (one value applies to all).
+fn per_device<T: Copy>(
+    var: &str,
+    raw: Option<String>,
+    n: usize,
+    default: T,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Vec<T>, String> {
+    let Some(raw) = raw else {
+        return Ok(vec![default; n]);
+    };
+    let items: Vec<&str> = raw.split(',').collect();
+    let vals = items
+        .iter()
+        .map(|s| parse(s).ok_or_else(|| err(var, &raw, &format!("{:?} is not a valid value", s.trim()))))
+        .collect::<Result<Vec<T>, String>>()?;
+    match vals.len() {
+        1 => Ok(vec![vals[0]; n]),
+        l if l == n => Ok(vals),
+        l => Err(err(var, &raw, &format!("{l} values for {n} devices"))),
+    }
+}
+
+/// Reads the configuration through `get` (normally `std::env::var`).
+pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig, String> {
+    let size = |var: &str, default: u64| -> Result<u64, String> {
+        match get(var) {
+            None => Ok(default),
+            Some(v) => parse_size(&v).ok_or_else(|| err(var, &v, "expected a size like 16g, 256m or 4096")),
+        }
+    };
+    let n = match get("CUDASIM_DEVICES") {
+        None => 1,
+        Some(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n <= MAX_DEVICES => n,
+            _ => return Err(err("CUDASIM_DEVICES", &v, &format!("expected 0..={MAX_DEVICES}"))),
+        },
+    };
+    let memory = per_device("CUDASIM_MEMORY", get("CUDASIM_MEMORY"), n, 16u64 << 30, |s| {
+        parse_size(s).filter(|m| *m > 0)
+    })?;
+    let sms = per_device("CUDASIM_SMS", get("CUDASIM_SMS"), n, 132u32, |s| {
+        s.trim().parse::<u32>().ok().filter(|v| (1..=65536).contains(v))
+    })?;
+    let uuids = match get("CUDASIM_UUIDS") {
+        None => (0..n).map(|i| derived_uuid(i, 0)).collect(),
+        Some(raw) => {
+            let list: Vec<&str> = raw.split(',').collect();
+            if list.len() != n {
+                return Err(err(
+                    "CUDASIM_UUIDS",
+                    &raw,
+                    &format!("{} UUIDs for {n} devices", list.len()),
+                ));
+            }
+            let parsed = list
+                .iter()
+                .map(|s| parse_uuid(s).ok_or_else(|| err("CUDASIM_UUIDS", &raw, &format!("bad UUID {s:?}"))))
+                .collect::<Result<Vec<_>, String>>()?;
+            for (i, u) in parsed.iter().enumerate() {
+                if parsed[..i].contains(u) {
+                    return Err(err("CUDASIM_UUIDS", &raw, "duplicate UUID"));
+                }
+            }
+            parsed
+        }
+    };
+    let granularity = size("CUDASIM_GRANULARITY", 2 << 20)?;
+    if !granularity.is_power_of_two() || granularity < 4096 {
+        return Err(err(
+            "CUDASIM_GRANULARITY",
+            &get("CUDASIM_GRANULARITY").unwrap_or_default(),
+            "expected a power of two ≥ 4k",
+        ));
+    }
+    let wave_ns = match get("CUDASIM_WAVE_NS") {
+        None => 20_000,
+        Some(v) => v
+            .trim()
+            .parse::<u64>()
+            .map_err(|_| err("CUDASIM_WAVE_NS", &v, "expected nanoseconds"))?,
+    };
+    let driver_version = match get("CUDASIM_DRIVER_VERSION") {
+        None => 13000,
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(d) if (1000..1_000_000).contains(&d) => d,
+            _ => return Err(err("CUDASIM_DRIVER_VERSION", &v, "expected a version like 13000")),
+        },
+    };
+    Ok(SimConfig {
+        devices: (0..n)
+            .map(|i| DeviceConfig {
+                memory: memory[i],
+                sms: sms[i],
+                uuid: uuids[i],
+            })
+            .collect(),
+        ctx_overhead: size("CUDASIM_CTX_OVERHEAD", 256 << 20)?,
+        module_overhead: size("CUDASIM_MODULE_OVERHEAD", 2 << 20)?,
+        granularity,
+        wave_ns,
+        driver_version,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("16g"), Some(16 << 30));
+        assert_eq!(parse_size("256M"), Some(256 << 20));
+        assert_eq!(parse_size("2mib"), Some(2 << 20));
+        assert_eq!(parse_size("4kb"), Some(4096));
+        assert_eq!(parse_size("123"), Some(123));
+        assert_eq!(parse_size("1t"), Some(1 << 40));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_size("-1"), None);
+        assert_eq!(parse_size("g"), None);
+        assert_eq!(parse_size("1.5g"), None);
+        assert_eq!(parse_size("99999999999999999999g"), None);
+    }
+
+    #[test]
+    fn defaults() {
+        let c = from_env(env(&[])).unwrap();
+        assert_eq!(c.devices.len(), 1);
+        assert_eq!(c.devices[0].memory, 16 << 30);
+        assert_eq!(c.devices[0].sms, 132);
+        assert_eq!(c.ctx_overhead, 256 << 20);
+        assert_eq!(c.module_overhead, 2 << 20);
+        assert_eq!(c.granularity, 2 << 20);
+        assert_eq!(c.wave_ns, 20_000);
+        assert_eq!(c.driver_version, 13000);
+    }
+
+    #[test]
+    fn lists_and_uuids() {
+        let c = from_env(env(&[
+            ("CUDASIM_DEVICES", "2"),
+            ("CUDASIM_MEMORY", "1g,2g"),
+            ("CUDASIM_SMS", "10"),
+            (
+                "CUDASIM_UUIDS",
+                "GPU-00112233-4455-6677-8899-aabbccddeeff,GPU-ffeeddcc-bbaa-9988-7766-554433221100",
+            ),
+        ]))
+        .unwrap();
+        assert_eq!(c.devices[1].memory, 2 << 30);
+        assert_eq!(c.devices[1].sms, 10);
+        assert_eq!(
+            format_uuid("GPU", &c.devices[0].uuid),
+            "GPU-00112233-4455-6677-8899-aabbccddeeff"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        for (k, v) in [
+            ("CUDASIM_MEMORY", "lots"),
+            ("CUDASIM_DEVICES", "x"),
+            ("CUDASIM_DEVICES", "17"),
+            ("CUDASIM_SMS", "0"),
+            ("CUDASIM_UUIDS", "GPU-nope"),
+            ("CUDASIM_CTX_OVERHEAD", "1q"),
+            ("CUDASIM_GRANULARITY", "3m"),
+            ("CUDASIM_WAVE_NS", "fast"),
+            ("CUDASIM_DRIVER_VERSION", "13.0"),
+        ] {
+            let e = from_env(env(&[(k, v)])).unwrap_err();
+            assert!(e.contains(k), "{e}");
+        }
+        let e = from_env(env(&[("CUDASIM_DEVICES", "2"), ("CUDASIM_MEMORY", "1g,2g,3g")])).unwrap_err();
+        assert!(e.contains("CUDASIM_MEMORY"));
+    }
+
+    #[test]
+    fn derived_uuids_are_distinct() {
+        let a = derived_uuid(0, 0);
+        assert_ne!(a, derived_uuid(1, 0));
+        assert_ne!(a, mig_uuid(&a));
+        assert_eq!(parse_uuid(&format_uuid("GPU", &a)), Some(a));
+    }
+}

@@ -1,0 +1,117 @@
+//! CUDA graphs: kernel nodes added explicitly or captured from a stream, instantiated and launched as their
+//! kernels in order on one stream (each one a kernel on the device timeline, exactly as if launched alone).
+
+use crate::objects::{new_handle, Kind, Objects};
+use crate::sim::Sim;
+use crate::types::*;
+
+/// A kernel launch as a graph stores it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KernelLaunch {
+    /// A CUfunction or CUkernel handle.
+    pub func: u64,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+}
+
+/// What a node does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum NodeKind {
+    Kernel(KernelLaunch),
+    Empty,
+}
+
+/// A node.
+pub(crate) struct GraphNode {
+    pub graph: u64,
+    pub kind: NodeKind,
+}
+
+/// A graph: its nodes in insertion order (a valid topological order, since dependencies must exist first).
+#[derive(Default)]
+pub(crate) struct Graph {
+    pub nodes: Vec<u64>,
+}
+
+/// An executable graph.
+pub(crate) struct GraphExec {
+    pub ctx: u64,
+    pub kernels: Vec<KernelLaunch>,
+}
+
+/// cuGraphCreate.
+pub(crate) fn create(o: &mut Objects) -> u64 {
+    let h = new_handle(Kind::Graph);
+    o.graphs.insert(h, Graph::default());
+    h
+}
+
+/// Adds a node; dependencies must be nodes of the same graph.
+pub(crate) fn add_node(o: &mut Objects, graph: u64, deps: &[u64], kind: NodeKind) -> CuResult<u64> {
+    if !o.graphs.contains_key(&graph) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if deps
+        .iter()
+        .any(|d| o.nodes.get(d).map_or(true, |n| n.graph != graph))
+    {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let h = new_handle(Kind::GraphNode);
+    o.nodes.insert(h, GraphNode { graph, kind });
+    o.graphs
+        .get_mut(&graph)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?
+        .nodes
+        .push(h);
+    Ok(h)
+}
+
+/// cuGraphDestroy.
+pub(crate) fn destroy(o: &mut Objects, graph: u64) -> CuResult<()> {
+    let g = o.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    for n in g.nodes {
+        o.nodes.remove(&n);
+    }
+    Ok(())
+}
+
+/// cuGraphInstantiate: snapshots the kernel nodes for the current context.
+pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u64> {
+    let ctx = crate::context::current(o, sim)?;
+    let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let kernels = g
+        .nodes
+        .iter()
+        .filter_map(|n| match o.nodes.get(n)?.kind {
+            NodeKind::Kernel(k) => Some(k),
+            NodeKind::Empty => None,
+        })
+        .collect();
+    let h = new_handle(Kind::GraphExec);
+    o.execs.insert(h, GraphExec { ctx, kernels });
+    Ok(h)
+}
+
+/// Drops the executable graphs of a context being torn down.
+pub(crate) fn destroy_for_context(o: &mut Objects, ctx: u64) {
+    o.execs.retain(|_, e| e.ctx != ctx);
+}
+
+/// Appends a kernel launched on a capturing stream to the capture graph.
+pub(crate) fn capture_kernel(o: &mut Objects, stream: u64, k: KernelLaunch) -> CuResult<()> {
+    let (graph, last) = {
+        let c = o
+            .streams
+            .get(&stream)
+            .and_then(|s| s.capture.as_ref())
+            .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        (c.graph, c.last_node)
+    };
+    let deps: Vec<u64> = last.into_iter().collect();
+    let n = add_node(o, graph, &deps, NodeKind::Kernel(k))?;
+    if let Some(c) = o.streams.get_mut(&stream).and_then(|s| s.capture.as_mut()) {
+        c.last_node = Some(n);
+    }
+    Ok(())
+}

@@ -1,0 +1,372 @@
+//! Modules, libraries, functions and kernels, and the module image format that gives kernels a speed.
+//!
+//! A text image starting with `CUDASIM-MODULE 1` declares its kernels (`kernel <name> <ns_per_wave>`) and
+//! optionally globals (`global <name> <bytes>`); asking for any other name is CUDA_ERROR_NOT_FOUND. Any other
+//! image (cubin, fatbin, PTX, the runtime's fatbin wrapper) loads as an opaque module whose every kernel name
+//! exists and runs at CUDASIM_WAVE_NS. Each module (and each context a library is loaded into) costs
+//! CUDASIM_MODULE_OVERHEAD bytes of device memory. Libraries (cuLibrary*) are context-independent: they load
+//! into a context when one is current at load time, or when first used in one.
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::Arc;
+
+use crate::memory::AllocKind;
+use crate::objects::{new_handle, Kind, Objects};
+use crate::sim::Sim;
+use crate::types::*;
+
+/// What a module image declares.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Image {
+    /// Kernel name → ns per wave.
+    pub kernels: Vec<(String, u64)>,
+    /// Global name → bytes.
+    pub globals: Vec<(String, u64)>,
+    /// Not a CUDASIM-MODULE text image: every kernel name exists.
+    pub opaque: bool,
+}
+
+const TEXT_MAGIC: &[u8] = b"CUDASIM-MODULE 1";
+
+/// Parses a CUDASIM-MODULE text image. Errors name the bad line.
+pub(crate) fn parse_text(text: &str) -> Result<Image, String> {
+    let mut img = Image::default();
+    let mut lines = text.lines();
+    if lines.next().map(str::trim) != Some("CUDASIM-MODULE 1") {
+        return Err("first line must be `CUDASIM-MODULE 1`".into());
+    }
+    for (n, line) in lines.enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let num = |s: &str| {
+            s.parse::<u64>()
+                .map_err(|_| format!("line {}: bad number {s:?}", n + 2))
+        };
+        match f.as_slice() {
+            ["kernel", name, ns] => img.kernels.push((name.to_string(), num(ns)?)),
+            ["global", name, bytes] => img.globals.push((name.to_string(), num(bytes)?)),
+            _ => {
+                return Err(format!(
+                    "line {}: expected `kernel <name> <ns_per_wave>`: {line:?}",
+                    n + 2
+                ))
+            }
+        }
+    }
+    Ok(img)
+}
+
+/// Reads an image from memory: a NUL-terminated CUDASIM-MODULE text, or anything else (opaque).
+///
+/// # Safety
+/// `p` must point to a module image as cuModuleLoadData requires (readable at least up to the first byte
+/// that differs from the text magic, or to a NUL-terminated string when it is text).
+pub(crate) unsafe fn read_image(p: *const c_void) -> CuResult<Image> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let b = p as *const u8;
+    for (i, &m) in TEXT_MAGIC.iter().enumerate() {
+        // SAFETY: reading stops at the first byte that differs from the magic (per the contract above).
+        if unsafe { *b.add(i) } != m {
+            return Ok(Image {
+                opaque: true,
+                ..Image::default()
+            });
+        }
+    }
+    // SAFETY: a text image is NUL-terminated.
+    let text = unsafe { CStr::from_ptr(p as *const libc::c_char) }.to_string_lossy();
+    parse_text(&text).map_err(|e| {
+        eprintln!("cudasim: invalid CUDASIM-MODULE image: {e}");
+        CUDA_ERROR_INVALID_IMAGE
+    })
+}
+
+/// Reads an image file (cuModuleLoad, cuLibraryLoadFromFile).
+pub(crate) fn read_image_file(path: &str) -> CuResult<Image> {
+    let data = std::fs::read(path).map_err(|_| CUDA_ERROR_FILE_NOT_FOUND)?;
+    if data.starts_with(TEXT_MAGIC) {
+        parse_text(&String::from_utf8_lossy(&data)).map_err(|_| CUDA_ERROR_INVALID_IMAGE)
+    } else {
+        Ok(Image {
+            opaque: true,
+            ..Image::default()
+        })
+    }
+}
+
+/// A module loaded in a context.
+pub(crate) struct Module {
+    pub ctx: u64,
+    pub phys: usize,
+    pub image: Arc<Image>,
+    /// Name → function handle (one handle per name, as on a real driver).
+    pub functions: HashMap<String, u64>,
+    /// Name → (device pointer, bytes).
+    pub globals: HashMap<String, (u64, u64)>,
+    /// Owned by a library (unloaded with it, not by cuModuleUnload).
+    pub library: Option<u64>,
+}
+
+/// A function (CUfunction).
+pub(crate) struct Function {
+    pub module: u64,
+    pub name: String,
+    pub ns_per_wave: u64,
+    /// cuFuncSetBlockShape / cuFuncSetSharedSize state for the legacy cuLaunch* calls.
+    pub block: [u32; 3],
+    pub shared: u32,
+    pub max_dynamic_shared: i32,
+}
+
+/// A library (CUlibrary).
+pub(crate) struct Library {
+    pub image: Arc<Image>,
+    /// Context → module the library is loaded as there.
+    pub modules: HashMap<u64, u64>,
+    /// Name → kernel handle.
+    pub kernels: HashMap<String, u64>,
+}
+
+/// A kernel (CUkernel): a name in a library, independent of contexts.
+pub(crate) struct Kernel {
+    pub library: u64,
+    pub name: String,
+}
+
+/// Loads `image` into context `ctx`: charges the overhead and allocates the globals.
+pub(crate) fn load(
+    o: &mut Objects,
+    sim: &Sim,
+    ctx: u64,
+    image: Arc<Image>,
+    library: Option<u64>,
+) -> CuResult<u64> {
+    let (_, phys) = crate::context::device_of(o, ctx)?;
+    sim.charge(phys, sim.cfg.module_overhead)?;
+    let h = new_handle(Kind::Module);
+    let mut globals = HashMap::new();
+    for (name, bytes) in &image.globals {
+        match crate::memory::alloc(o, sim, ctx, (*bytes).max(1), AllocKind::ModuleGlobal, false) {
+            Ok(p) => {
+                globals.insert(name.clone(), (p, *bytes));
+            }
+            Err(e) => {
+                free_globals(o, sim, globals.values().map(|g| g.0));
+                sim.uncharge(phys, sim.cfg.module_overhead);
+                return Err(e);
+            }
+        }
+    }
+    o.modules.insert(
+        h,
+        Module {
+            ctx,
+            phys,
+            image,
+            functions: HashMap::new(),
+            globals,
+            library,
+        },
+    );
+    Ok(h)
+}
+
+fn free_globals(o: &mut Objects, sim: &Sim, ptrs: impl Iterator<Item = u64>) {
+    let ptrs: Vec<u64> = ptrs.collect();
+    for p in ptrs {
+        if let Some(a) = o.mem.allocs.remove(&p) {
+            o.mem.give_range(a.phys, p, a.len);
+            sim.uncharge(a.phys, a.len);
+        }
+    }
+}
+
+/// Unloads a module: its functions, globals and overhead.
+pub(crate) fn unload(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()> {
+    let m = o.modules.remove(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    for f in m.functions.values() {
+        o.functions.remove(f);
+    }
+    free_globals(o, sim, m.globals.values().map(|g| g.0));
+    sim.uncharge(m.phys, sim.cfg.module_overhead);
+    if let Some(lib) = m.library.and_then(|l| o.libraries.get_mut(&l)) {
+        lib.modules.retain(|_, &mut mh| mh != h);
+    }
+    Ok(())
+}
+
+/// Unloads the modules of a context being torn down.
+pub(crate) fn destroy_for_context(o: &mut Objects, sim: &Sim, ctx: u64) {
+    let mine: Vec<u64> = o
+        .modules
+        .iter()
+        .filter(|(_, m)| m.ctx == ctx)
+        .map(|(&h, _)| h)
+        .collect();
+    for h in mine {
+        let _ = unload(o, sim, h);
+    }
+}
+
+/// cuModuleGetFunction.
+pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) -> CuResult<u64> {
+    let m = o.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if let Some(&f) = m.functions.get(name) {
+        return Ok(f);
+    }
+    let ns = match m.image.kernels.iter().find(|k| k.0 == name) {
+        Some(k) => k.1,
+        None if m.image.opaque => sim.cfg.wave_ns,
+        None => return Err(CUDA_ERROR_NOT_FOUND),
+    };
+    let f = new_handle(Kind::Function);
+    o.functions.insert(
+        f,
+        Function {
+            module,
+            name: name.to_string(),
+            ns_per_wave: ns,
+            block: [1, 1, 1],
+            shared: 0,
+            max_dynamic_shared: 0,
+        },
+    );
+    o.modules
+        .get_mut(&module)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+        .functions
+        .insert(name.to_string(), f);
+    Ok(f)
+}
+
+/// cuModuleGetGlobal.
+pub(crate) fn get_global(o: &Objects, module: u64, name: &str) -> CuResult<(u64, u64)> {
+    let m = o.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    m.globals.get(name).copied().ok_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// cuLibraryLoadData: loads eagerly into the current context if there is one.
+pub(crate) fn library_load(o: &mut Objects, sim: &Sim, image: Image) -> CuResult<u64> {
+    let h = new_handle(Kind::Library);
+    o.libraries.insert(
+        h,
+        Library {
+            image: Arc::new(image),
+            modules: HashMap::new(),
+            kernels: HashMap::new(),
+        },
+    );
+    if crate::context::current_handle() != 0 {
+        if let Ok(ctx) = crate::context::current(o, sim) {
+            if let Err(e) = library_module(o, sim, h, ctx) {
+                o.libraries.remove(&h);
+                return Err(e);
+            }
+        }
+    }
+    Ok(h)
+}
+
+/// The module library `lib` is in context `ctx` (loading it there on first use).
+pub(crate) fn library_module(o: &mut Objects, sim: &Sim, lib: u64, ctx: u64) -> CuResult<u64> {
+    let l = o.libraries.get(&lib).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if let Some(&m) = l.modules.get(&ctx) {
+        return Ok(m);
+    }
+    let image = l.image.clone();
+    let m = load(o, sim, ctx, image, Some(lib))?;
+    o.libraries
+        .get_mut(&lib)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+        .modules
+        .insert(ctx, m);
+    Ok(m)
+}
+
+/// cuLibraryUnload: unloads it from every context.
+pub(crate) fn library_unload(o: &mut Objects, sim: &Sim, lib: u64) -> CuResult<()> {
+    let l = o.libraries.remove(&lib).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    for m in l.modules.values() {
+        let _ = unload(o, sim, *m);
+    }
+    for k in l.kernels.values() {
+        o.kernels.remove(k);
+    }
+    Ok(())
+}
+
+/// cuLibraryGetKernel.
+pub(crate) fn library_get_kernel(o: &mut Objects, lib: u64, name: &str) -> CuResult<u64> {
+    let l = o.libraries.get(&lib).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if let Some(&k) = l.kernels.get(name) {
+        return Ok(k);
+    }
+    if !l.image.opaque && !l.image.kernels.iter().any(|k| k.0 == name) {
+        return Err(CUDA_ERROR_NOT_FOUND);
+    }
+    let k = new_handle(Kind::Kernel);
+    o.kernels.insert(
+        k,
+        Kernel {
+            library: lib,
+            name: name.to_string(),
+        },
+    );
+    o.libraries
+        .get_mut(&lib)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+        .kernels
+        .insert(name.to_string(), k);
+    Ok(k)
+}
+
+/// The function a launch handle means in context `ctx`: a CUfunction, or a CUkernel (which static cudart 12+
+/// passes to cuLaunchKernel) resolved in that context. Returns (function handle, ns per wave).
+pub(crate) fn function_for(o: &mut Objects, sim: &Sim, f: u64, ctx: u64) -> CuResult<(u64, u64)> {
+    if let Some(func) = o.functions.get(&f) {
+        return Ok((f, func.ns_per_wave));
+    }
+    let k = o.kernels.get(&f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let (lib, name) = (k.library, k.name.clone());
+    let m = library_module(o, sim, lib, ctx)?;
+    let func = get_function(o, sim, m, &name)?;
+    Ok((func, o.functions[&func].ns_per_wave))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_images() {
+        let img = parse_text("CUDASIM-MODULE 1\nkernel spin 1000\n# comment\n\nkernel fast 0\nglobal g 64\n")
+            .unwrap();
+        assert_eq!(img.kernels, vec![("spin".into(), 1000), ("fast".into(), 0)]);
+        assert_eq!(img.globals, vec![("g".into(), 64)]);
+        assert!(!img.opaque);
+        assert!(parse_text("CUDASIM-MODULE 2\n").is_err());
+        assert!(parse_text("CUDASIM-MODULE 1\nkernel x\n").is_err());
+        assert!(parse_text("CUDASIM-MODULE 1\nkernel x fast\n").is_err());
+    }
+
+    #[test]
+    fn image_from_memory() {
+        let text = b"CUDASIM-MODULE 1\nkernel k 5\n\0";
+        // SAFETY: a NUL-terminated text image.
+        let img = unsafe { read_image(text.as_ptr() as *const c_void) }.unwrap();
+        assert_eq!(img.kernels, vec![("k".into(), 5)]);
+        let fatbin: [u8; 16] = [0xb1, 0x43, 0x62, 0x46, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        // SAFETY: 16 readable bytes that differ from the magic at byte 0.
+        assert!(
+            unsafe { read_image(fatbin.as_ptr() as *const c_void) }
+                .unwrap()
+                .opaque
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! NVML's view of the simulated GPUs: every physical device (CUDA_VISIBLE_DEVICES does not apply), memory as
+//! the sum over live processes, the processes with a context or memory on a device, and utilisation from the
+//! device timeline's recent kernel intervals.
+
+use std::sync::atomic::{AtomicU32, Ordering::*};
+
+use crate::sim::Sim;
+use crate::timeline::{self, now_ns, realtime_us};
+use crate::types::*;
+
+static INIT_COUNT: AtomicU32 = AtomicU32::new(0);
+
+/// nvmlInit: loads the simulator (printing a configuration error) and counts the init.
+pub(crate) fn init() -> Result<(), NvmlReturn> {
+    crate::sim::get().map_err(|_| NVML_ERROR_UNKNOWN)?;
+    INIT_COUNT.fetch_add(1, AcqRel);
+    Ok(())
+}
+
+/// nvmlShutdown.
+pub(crate) fn shutdown() -> Result<(), NvmlReturn> {
+    INIT_COUNT
+        .fetch_update(AcqRel, Acquire, |c| c.checked_sub(1))
+        .map(|_| ())
+        .map_err(|_| NVML_ERROR_UNINITIALIZED)
+}
+
+/// The simulator for an NVML call: NVML_ERROR_UNINITIALIZED before nvmlInit.
+pub(crate) fn sim() -> Result<&'static Sim, NvmlReturn> {
+    if INIT_COUNT.load(Acquire) == 0 {
+        return Err(NVML_ERROR_UNINITIALIZED);
+    }
+    crate::sim::get().map_err(|_| NVML_ERROR_UNINITIALIZED)
+}
+
+/// The driver branch string matching a CUDA driver version (e.g. 13000 → "580.82.07").
+pub(crate) fn driver_string(cuda: u32) -> &'static str {
+    match cuda {
+        13000.. => "580.82.07",
+        12090.. => "575.57.08",
+        12080.. => "570.133.20",
+        12040.. => "550.54.15",
+        _ => "535.161.08",
+    }
+}
+
+/// Device handles are addresses of these bytes (stable, distinct, recognisable).
+static HANDLES: [u8; crate::config::MAX_DEVICES] = [0; crate::config::MAX_DEVICES];
+
+pub(crate) fn handle(phys: usize) -> *mut std::ffi::c_void {
+    &HANDLES[phys] as *const u8 as *mut std::ffi::c_void
+}
+
+/// The physical index of a device handle.
+pub(crate) fn phys_of(sim: &Sim, dev: *mut std::ffi::c_void) -> Result<usize, NvmlReturn> {
+    let base = HANDLES.as_ptr() as usize;
+    let i = (dev as usize).wrapping_sub(base);
+    if dev.is_null() || i >= sim.cfg.devices.len() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    Ok(i)
+}
+
+/// Processes using device `phys`: (pid, bytes).
+pub(crate) fn processes(sim: &Sim, phys: usize) -> Vec<(u32, u64)> {
+    sim.shared.reclaim_dead();
+    sim.shared
+        .live_slots()
+        .filter_map(|(pid, s)| {
+            let mem = s.mem_used[phys].load(SeqCst);
+            (s.contexts[phys].load(SeqCst) > 0 || mem > 0).then_some((pid, mem))
+        })
+        .collect()
+}
+
+/// GPU busy percentage over the last second.
+pub(crate) fn utilization(sim: &Sim, phys: usize) -> u32 {
+    let now = now_ns();
+    let from = now.saturating_sub(1_000_000_000);
+    let busy = timeline::busy_in(&sim.shared.devices[phys], from, now, None);
+    ((busy * 100 + 500_000_000) / 1_000_000_000).min(100) as u32
+}
+
+/// Per-process samples since `last_seen_us` (CLOCK_REALTIME µs; at most the last second): (pid, smUtil %).
+/// The samples' timestamp is now.
+pub(crate) fn process_samples(sim: &Sim, phys: usize, last_seen_us: u64) -> (u64, Vec<(u32, u32)>) {
+    let now = now_ns();
+    let now_us = realtime_us();
+    let since_ns = now_us
+        .saturating_sub(last_seen_us)
+        .saturating_mul(1000)
+        .min(1_000_000_000);
+    let from = now - since_ns.min(now);
+    let window = now - from;
+    if window == 0 {
+        return (now_us, Vec::new());
+    }
+    let mut per_pid: Vec<(u32, u64)> = Vec::new();
+    for (pid, s, e) in timeline::intervals(&sim.shared.devices[phys], from, now) {
+        match per_pid.iter_mut().find(|x| x.0 == pid) {
+            Some(x) => x.1 += e - s,
+            None => per_pid.push((pid, e - s)),
+        }
+    }
+    let samples = per_pid
+        .into_iter()
+        .map(|(pid, busy)| (pid, ((busy * 100 + window / 2) / window).min(100) as u32))
+        .collect();
+    (now_us, samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_strings() {
+        assert_eq!(driver_string(13000), "580.82.07");
+        assert_eq!(driver_string(12080), "570.133.20");
+        assert_eq!(driver_string(11000), "535.161.08");
+    }
+}

@@ -1,0 +1,83 @@
+//! The process-local object tables (contexts, streams, events, modules, graphs, pools, arrays, memory) behind
+//! one mutex, and the handle values the C API hands out.
+//!
+//! One lock keeps every multi-object operation (destroying a context frees its streams, memory, modules…)
+//! atomic and thread-safe. Nothing sleeps while holding it: waits compute a deadline, drop the guard and
+//! sleep (see `timeline::sleep_until`). Handles are opaque numbers that encode their kind, so a stream passed
+//! where an event is expected is an invalid handle, and a destroyed object's handle is never reused.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+
+use crate::array::{Array, Mipmap};
+use crate::context::{Context, Primary};
+use crate::graph::{Graph, GraphExec, GraphNode};
+use crate::memory::Memory;
+use crate::module::{Function, Kernel, Library, Module};
+use crate::pool::Pool;
+use crate::stream::{Event, Stream};
+use crate::vmm::Vmm;
+
+/// What a handle names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u64)]
+pub(crate) enum Kind {
+    Context = 1,
+    Stream,
+    Event,
+    Module,
+    Function,
+    Library,
+    Kernel,
+    Graph,
+    GraphNode,
+    GraphExec,
+    Pool,
+    Array,
+    Mipmap,
+    VmmHandle,
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh handle value of `kind` (never 0, 1 or 2, which mean default streams).
+pub(crate) fn new_handle(kind: Kind) -> u64 {
+    0x5100_0000_0000 | ((kind as u64) << 36) | (NEXT_ID.fetch_add(1, Relaxed) << 4)
+}
+
+/// Every live object of this process.
+#[derive(Default)]
+pub(crate) struct Objects {
+    pub contexts: HashMap<u64, Context>,
+    /// Primary context per CUDA ordinal.
+    pub primaries: Vec<Primary>,
+    pub streams: HashMap<u64, Stream>,
+    pub events: HashMap<u64, Event>,
+    pub modules: HashMap<u64, Module>,
+    pub functions: HashMap<u64, Function>,
+    pub libraries: HashMap<u64, Library>,
+    pub kernels: HashMap<u64, Kernel>,
+    pub graphs: HashMap<u64, Graph>,
+    pub nodes: HashMap<u64, GraphNode>,
+    pub execs: HashMap<u64, GraphExec>,
+    pub pools: HashMap<u64, Pool>,
+    /// (default pool, current pool) per CUDA ordinal; 0 = not created yet.
+    pub device_pools: Vec<(u64, u64)>,
+    pub arrays: HashMap<u64, Array>,
+    pub mipmaps: HashMap<u64, Mipmap>,
+    pub mem: Memory,
+    pub vmm: Vmm,
+    /// Per (physical device): the last ring interval this process wrote (index, end), to extend it when
+    /// the next kernel follows on directly.
+    pub last_interval: BTreeMap<usize, (u64, u64)>,
+}
+
+static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
+
+/// Runs `f` with the object tables locked.
+pub(crate) fn with<T>(f: impl FnOnce(&mut Objects) -> T) -> T {
+    let mut g = OBJECTS.lock();
+    f(g.get_or_insert_with(Objects::default))
+}

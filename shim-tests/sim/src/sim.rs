@@ -1,0 +1,139 @@
+//! The process-wide simulator: configuration, the mapped shared state, the visible devices and this
+//! process's slot. Loaded once by cuInit or nvmlInit (whichever comes first); both libraries' names resolve
+//! to this one object, so they share it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::OnceLock;
+
+use crate::config::{self, SimConfig};
+use crate::device::resolve_visible;
+use crate::state::{self, SharedState};
+use crate::types::*;
+
+/// Everything fixed after initialisation.
+pub(crate) struct Sim {
+    /// The configuration in force (the state file creator's).
+    pub cfg: SimConfig,
+    pub shared: &'static SharedState,
+    /// Physical device index of each CUDA ordinal.
+    pub visible: Vec<usize>,
+}
+
+static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
+static CUDA_INITIALISED: AtomicBool = AtomicBool::new(false);
+/// `pid << 32 | (slot + 1)` of the slot this process claimed (0 = none); re-claimed after fork.
+static SLOT: AtomicU64 = AtomicU64::new(0);
+
+fn load() -> Result<Sim, String> {
+    let own = config::from_env(|k| std::env::var(k).ok())?;
+    let shared = state::open(&state::state_path(), &own)?;
+    let cfg = shared.config();
+    let uuids: Vec<[u8; 16]> = cfg.devices.iter().map(|d| d.uuid).collect();
+    let visible = resolve_visible(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(), &uuids);
+    Ok(Sim { cfg, shared, visible })
+}
+
+/// Loads the simulator (once). A configuration error is printed once and returned on every call.
+pub(crate) fn get() -> Result<&'static Sim, &'static str> {
+    SIM.get_or_init(|| {
+        let r = load();
+        if let Err(e) = &r {
+            eprintln!("{e}");
+        }
+        r
+    })
+    .as_ref()
+    .map_err(|e| e.as_str())
+}
+
+/// cuInit: loads the simulator and marks the driver API initialised.
+pub(crate) fn cuda_init() -> CuResult<()> {
+    let sim = get().map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    CUDA_INITIALISED.store(true, Release);
+    if sim.visible.is_empty() {
+        return Err(CUDA_ERROR_NO_DEVICE);
+    }
+    Ok(())
+}
+
+/// Whether cuInit has succeeded in this process.
+pub(crate) fn cuda_initialised() -> bool {
+    CUDA_INITIALISED.load(Acquire)
+}
+
+/// The simulator for a driver API call: CUDA_ERROR_NOT_INITIALIZED before cuInit.
+pub(crate) fn cuda() -> CuResult<&'static Sim> {
+    if !cuda_initialised() {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
+    get().map_err(|_| CUDA_ERROR_NOT_INITIALIZED)
+}
+
+impl Sim {
+    /// Physical index of CUDA ordinal `dev`.
+    pub(crate) fn phys(&self, dev: CUdevice) -> CuResult<usize> {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|d| self.visible.get(d).copied())
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    /// This process's slot in the shared state (claimed on first use, and again in a forked child).
+    pub(crate) fn slot(&self) -> CuResult<usize> {
+        let pid = std::process::id();
+        let cur = SLOT.load(Acquire);
+        if cur >> 32 == pid as u64 && cur & 0xffff_ffff != 0 {
+            return Ok((cur & 0xffff_ffff) as usize - 1);
+        }
+        let start = state::proc_start_time(pid).map(|s| s.0).unwrap_or(0);
+        let slot = self
+            .shared
+            .claim_slot(pid, start)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        SLOT.store(((pid as u64) << 32) | (slot as u64 + 1), Release);
+        Ok(slot)
+    }
+
+    /// Charges `bytes` on physical device `phys` to this process; CUDA_ERROR_OUT_OF_MEMORY when it does not fit.
+    pub(crate) fn charge(&self, phys: usize, bytes: u64) -> CuResult<()> {
+        let slot = self.slot()?;
+        if self.shared.charge(slot, phys, bytes) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_OUT_OF_MEMORY)
+        }
+    }
+
+    /// Returns `bytes` on physical device `phys`.
+    pub(crate) fn uncharge(&self, phys: usize, bytes: u64) {
+        if let Ok(slot) = self.slot() {
+            self.shared.uncharge(slot, phys, bytes);
+        }
+    }
+
+    /// Counts a context on `phys` (+1 / -1) for NVML's process list.
+    pub(crate) fn count_context(&self, phys: usize, delta: i64) {
+        if let Ok(slot) = self.slot() {
+            let c = &self.shared.procs[slot].contexts[phys];
+            let _ = c.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_add_signed(delta)));
+        }
+    }
+
+    /// (free, total) of physical device `phys`, after releasing dead processes' memory.
+    pub(crate) fn mem_info(&self, phys: usize) -> (u64, u64) {
+        self.shared.reclaim_dead();
+        let total = self.cfg.devices[phys].memory;
+        (total.saturating_sub(self.shared.used(phys)), total)
+    }
+
+    /// Rounds `bytes` up to the allocation granularity.
+    pub(crate) fn round(&self, bytes: u64) -> u64 {
+        let g = self.cfg.granularity;
+        bytes.div_ceil(g).saturating_mul(g)
+    }
+}
+
+/// The driver version cuDriverGetVersion reports (for the runtime helper's export tables).
+pub(crate) fn driver_version() -> u32 {
+    get().map(|s| s.cfg.driver_version).unwrap_or(13000)
+}

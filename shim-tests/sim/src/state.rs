@@ -1,0 +1,415 @@
+//! The shared state file (`CUDASIM_STATE`): what every process using the same simulated GPU sees.
+//!
+//! Fixed size, `repr(C)`, every field an atomic: processes only ever hold `&Atomic*` into the mapping, never a
+//! reference to plain data someone else writes. Nothing here is a lock: creation is a CAS on `init_owner` (a
+//! dead initialiser is taken over), process slots are claimed by CAS and reclaimed when their owner is dead
+//! (pid + start time from `/proc/<pid>/stat`), and memory admission is exact under races (`fetch_add`, sum
+//! all live slots, undo if over). A dead process's memory therefore returns to the pool, as with a real driver.
+
+use std::ffi::CString;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+
+use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
+
+/// Bumped whenever the layout below changes; a file with another version is refused.
+const LAYOUT_VERSION: u64 = 1;
+const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
+/// Most processes that can use one state file at a time.
+pub(crate) const MAX_PROCS: usize = 1024;
+/// Kernel intervals remembered per device (for NVML utilisation).
+pub(crate) const RING: usize = 16384;
+const INIT_READY: u32 = u32::MAX;
+
+/// File header: the configuration the creator wrote.
+#[repr(C)]
+pub(crate) struct Header {
+    magic: AtomicU64,
+    layout: AtomicU64,
+    size: AtomicU64,
+    /// 0 = nobody, a pid = that process is writing the configuration, INIT_READY = done.
+    init_owner: AtomicU32,
+    device_count: AtomicU32,
+    driver_version: AtomicU32,
+    /// Highest process slot index ever claimed + 1 (scans stop there).
+    proc_high_water: AtomicU32,
+    ctx_overhead: AtomicU64,
+    module_overhead: AtomicU64,
+    granularity: AtomicU64,
+    wave_ns: AtomicU64,
+}
+
+/// One kernel interval on a device's timeline. `seq` is odd while the writer fills it in.
+#[repr(C)]
+pub(crate) struct Interval {
+    pub seq: AtomicU64,
+    pub pid: AtomicU64,
+    pub start: AtomicU64,
+    pub end: AtomicU64,
+}
+
+/// Per-device state.
+#[repr(C)]
+pub(crate) struct DeviceState {
+    pub memory: AtomicU64,
+    pub sms: AtomicU64,
+    pub uuid: [AtomicU64; 2],
+    /// CLOCK_MONOTONIC ns at which the last scheduled kernel ends.
+    pub busy_until: AtomicU64,
+    /// Total kernel time ever scheduled.
+    pub busy_ns: AtomicU64,
+    /// Next ring index to claim (monotonic; slot = ring_next % RING).
+    pub ring_next: AtomicU64,
+    pub ring: [Interval; RING],
+}
+
+/// Per-process slot.
+#[repr(C)]
+pub(crate) struct ProcSlot {
+    /// 0 free, 1 being claimed, 2 live, 3 being reclaimed.
+    pub state: AtomicU32,
+    pub pid: AtomicU32,
+    pub start_time: AtomicU64,
+    /// Bytes charged per device (allocations rounded, context and module overhead, pools, arrays).
+    pub mem_used: [AtomicU64; MAX_DEVICES],
+    /// Kernel ns scheduled per device.
+    pub busy_ns: [AtomicU64; MAX_DEVICES],
+    /// Contexts per device (NVML lists a process on a device where it has one).
+    pub contexts: [AtomicU64; MAX_DEVICES],
+}
+
+/// The whole file.
+#[repr(C)]
+pub(crate) struct SharedState {
+    pub header: Header,
+    pub devices: [DeviceState; MAX_DEVICES],
+    pub procs: [ProcSlot; MAX_PROCS],
+}
+
+const SLOT_FREE: u32 = 0;
+const SLOT_CLAIMING: u32 = 1;
+const SLOT_LIVE: u32 = 2;
+const SLOT_RECLAIMING: u32 = 3;
+
+/// Where the state file lives.
+pub(crate) fn state_path() -> String {
+    std::env::var("CUDASIM_STATE").unwrap_or_else(|_| "/tmp/cudasim.state".into())
+}
+
+/// Maps (creating if needed) the state file and makes sure its configuration is written: ours if we are
+/// first, the creator's otherwise.
+pub(crate) fn open(path: &str, cfg: &SimConfig) -> Result<&'static SharedState, String> {
+    let size = std::mem::size_of::<SharedState>();
+    let cpath = CString::new(path).map_err(|_| format!("cudasim: CUDASIM_STATE={path:?} contains NUL"))?;
+    // SAFETY: plain libc calls on a valid C string; the fd is closed after mmap (the mapping keeps the file).
+    let map = unsafe {
+        let fd = libc::open(
+            cpath.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_CLOEXEC,
+            0o666,
+        );
+        if fd < 0 {
+            return Err(format!(
+                "cudasim: cannot open CUDASIM_STATE={path}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        // Racing creators all extend to the same size; extending never clobbers what another wrote.
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st);
+        if (st.st_size as usize) < size && libc::ftruncate(fd, size as libc::off_t) != 0 {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            return Err(format!("cudasim: cannot size CUDASIM_STATE={path}: {e}"));
+        }
+        libc::fstat(fd, &mut st);
+        if st.st_size as usize != size {
+            libc::close(fd);
+            return Err(format!(
+                "cudasim: CUDASIM_STATE={path} has size {} but this simulator needs {size} (a file from another \
+                 build? remove it)",
+                st.st_size
+            ));
+        }
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        libc::close(fd);
+        if p == libc::MAP_FAILED {
+            return Err(format!(
+                "cudasim: cannot map CUDASIM_STATE={path}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        p
+    };
+    // SAFETY: the mapping is `size` bytes, page aligned, shared and never unmapped; every field of
+    // SharedState is an atomic, for which an all-zero (fresh file) or any previously written pattern is valid.
+    let s: &'static SharedState = unsafe { &*(map as *const SharedState) };
+    s.initialise(cfg, path)?;
+    Ok(s)
+}
+
+impl SharedState {
+    fn initialise(&self, cfg: &SimConfig, path: &str) -> Result<(), String> {
+        let h = &self.header;
+        let me = std::process::id();
+        loop {
+            match h.init_owner.load(Acquire) {
+                INIT_READY => break,
+                0 => {
+                    if h.init_owner.compare_exchange(0, me, AcqRel, Acquire).is_ok() {
+                        self.write_config(cfg);
+                    }
+                }
+                owner if owner == me => self.write_config(cfg),
+                owner => {
+                    if !pid_alive(owner, None) {
+                        // The creator died half-way: take over (nobody waits on a dead process).
+                        let _ = h.init_owner.compare_exchange(owner, me, AcqRel, Acquire);
+                    } else {
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                }
+            }
+        }
+        if h.magic.load(Acquire) != MAGIC
+            || h.layout.load(Acquire) != LAYOUT_VERSION
+            || h.size.load(Acquire) != std::mem::size_of::<SharedState>() as u64
+        {
+            return Err(format!(
+                "cudasim: CUDASIM_STATE={path} was written by another simulator version; remove it"
+            ));
+        }
+        Ok(())
+    }
+
+    fn write_config(&self, cfg: &SimConfig) {
+        let h = &self.header;
+        h.device_count.store(cfg.devices.len() as u32, Relaxed);
+        h.driver_version.store(cfg.driver_version, Relaxed);
+        h.ctx_overhead.store(cfg.ctx_overhead, Relaxed);
+        h.module_overhead.store(cfg.module_overhead, Relaxed);
+        h.granularity.store(cfg.granularity, Relaxed);
+        h.wave_ns.store(cfg.wave_ns, Relaxed);
+        for (d, dc) in self.devices.iter().zip(&cfg.devices) {
+            d.memory.store(dc.memory, Relaxed);
+            d.sms.store(dc.sms as u64, Relaxed);
+            d.uuid[0].store(
+                u64::from_le_bytes(dc.uuid[..8].try_into().unwrap_or_default()),
+                Relaxed,
+            );
+            d.uuid[1].store(
+                u64::from_le_bytes(dc.uuid[8..].try_into().unwrap_or_default()),
+                Relaxed,
+            );
+        }
+        h.layout.store(LAYOUT_VERSION, Relaxed);
+        h.size.store(std::mem::size_of::<SharedState>() as u64, Relaxed);
+        h.magic.store(MAGIC, Release);
+        h.init_owner.store(INIT_READY, Release);
+    }
+
+    /// The configuration as the creator wrote it.
+    pub(crate) fn config(&self) -> SimConfig {
+        let h = &self.header;
+        let n = (h.device_count.load(Acquire) as usize).min(MAX_DEVICES);
+        SimConfig {
+            devices: self.devices[..n]
+                .iter()
+                .map(|d| {
+                    let mut uuid = [0u8; 16];
+                    uuid[..8].copy_from_slice(&d.uuid[0].load(Relaxed).to_le_bytes());
+                    uuid[8..].copy_from_slice(&d.uuid[1].load(Relaxed).to_le_bytes());
+                    DeviceConfig {
+                        memory: d.memory.load(Relaxed),
+                        sms: d.sms.load(Relaxed) as u32,
+                        uuid,
+                    }
+                })
+                .collect(),
+            ctx_overhead: h.ctx_overhead.load(Relaxed),
+            module_overhead: h.module_overhead.load(Relaxed),
+            granularity: h.granularity.load(Relaxed),
+            wave_ns: h.wave_ns.load(Relaxed),
+            driver_version: h.driver_version.load(Relaxed),
+        }
+    }
+
+    fn high_water(&self) -> usize {
+        (self.header.proc_high_water.load(Acquire) as usize).min(MAX_PROCS)
+    }
+
+    /// Claims a free slot for process `pid` (started at `start_time`). Reclaims dead slots when all are taken.
+    pub(crate) fn claim_slot(&self, pid: u32, start_time: u64) -> Option<usize> {
+        for pass in 0..2 {
+            for (i, slot) in self.procs.iter().enumerate() {
+                if slot
+                    .state
+                    .compare_exchange(SLOT_FREE, SLOT_CLAIMING, AcqRel, Acquire)
+                    .is_ok()
+                {
+                    for d in 0..MAX_DEVICES {
+                        slot.mem_used[d].store(0, Relaxed);
+                        slot.busy_ns[d].store(0, Relaxed);
+                        slot.contexts[d].store(0, Relaxed);
+                    }
+                    slot.pid.store(pid, Relaxed);
+                    slot.start_time.store(start_time, Relaxed);
+                    slot.state.store(SLOT_LIVE, Release);
+                    self.header.proc_high_water.fetch_max(i as u32 + 1, AcqRel);
+                    return Some(i);
+                }
+            }
+            if pass == 0 {
+                self.reclaim_dead();
+            }
+        }
+        None
+    }
+
+    /// Frees the slots of processes that are gone, releasing their memory.
+    pub(crate) fn reclaim_dead(&self) {
+        for slot in &self.procs[..self.high_water()] {
+            if slot.state.load(Acquire) != SLOT_LIVE {
+                continue;
+            }
+            let pid = slot.pid.load(Relaxed);
+            if pid_alive(pid, Some(slot.start_time.load(Relaxed))) {
+                continue;
+            }
+            if slot
+                .state
+                .compare_exchange(SLOT_LIVE, SLOT_RECLAIMING, AcqRel, Acquire)
+                .is_ok()
+            {
+                for d in 0..MAX_DEVICES {
+                    slot.mem_used[d].store(0, Relaxed);
+                    slot.contexts[d].store(0, Relaxed);
+                }
+                slot.state.store(SLOT_FREE, Release);
+            }
+        }
+    }
+
+    /// Bytes used on device `dev` by all live processes (no liveness check: call `reclaim_dead` first when
+    /// the answer matters).
+    pub(crate) fn used(&self, dev: usize) -> u64 {
+        self.procs[..self.high_water()]
+            .iter()
+            .filter(|s| s.state.load(Acquire) == SLOT_LIVE)
+            .map(|s| s.mem_used[dev].load(SeqCst))
+            .sum()
+    }
+
+    /// Charges `bytes` on `dev` to `slot`, exactly: fails (changing nothing) when the device would be over
+    /// capacity, after one round of reclaiming dead processes.
+    pub(crate) fn charge(&self, slot: usize, dev: usize, bytes: u64) -> bool {
+        if bytes == 0 {
+            return true;
+        }
+        let total = self.devices[dev].memory.load(Relaxed);
+        let mine = &self.procs[slot].mem_used[dev];
+        mine.fetch_add(bytes, SeqCst);
+        for attempt in 0..2 {
+            if self.used(dev) <= total {
+                return true;
+            }
+            if attempt == 0 {
+                self.reclaim_dead();
+            }
+        }
+        mine.fetch_sub(bytes, SeqCst);
+        false
+    }
+
+    /// Returns `bytes` on `dev` (never below zero).
+    pub(crate) fn uncharge(&self, slot: usize, dev: usize, bytes: u64) {
+        let _ =
+            self.procs[slot].mem_used[dev].fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+    }
+
+    /// Live slots as (pid, slot), for NVML.
+    pub(crate) fn live_slots(&self) -> impl Iterator<Item = (u32, &ProcSlot)> {
+        self.procs[..self.high_water()]
+            .iter()
+            .filter(|s| s.state.load(Acquire) == SLOT_LIVE)
+            .map(|s| (s.pid.load(Relaxed), s))
+    }
+}
+
+/// Start time of `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot) and whether it is a zombie.
+pub(crate) fn proc_start_time(pid: u32) -> Option<(u64, bool)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is parenthesised and may contain spaces: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state); field 22 is index 19.
+    let zombie = matches!(fields.first(), Some(&"Z") | Some(&"X"));
+    Some((fields.get(19)?.parse().ok()?, zombie))
+}
+
+/// Whether `pid` is alive (and, when given, still the process that started at `start_time`).
+pub(crate) fn pid_alive(pid: u32, start_time: Option<u64>) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    match proc_start_time(pid) {
+        Some((st, zombie)) => !zombie && start_time.map_or(true, |t| t == st),
+        None => {
+            // /proc unreadable (hidepid, other namespace): fall back to kill(pid, 0).
+            // SAFETY: signal 0 only checks for existence.
+            let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+            r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_state(name: &str) -> String {
+        let p = std::env::temp_dir().join(format!("cudasim-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn creator_config_wins_and_charges_are_exact() {
+        let path = temp_state("state");
+        let mut cfg = crate::config::from_env(|_| None).unwrap();
+        cfg.devices[0].memory = 10 << 20;
+        let s = open(&path, &cfg).unwrap();
+        let mut other = cfg.clone();
+        other.devices[0].memory = 99 << 20;
+        let s2 = open(&path, &other).unwrap();
+        assert_eq!(s2.config(), cfg);
+        let me = std::process::id();
+        let slot = s.claim_slot(me, proc_start_time(me).unwrap().0).unwrap();
+        assert!(s.charge(slot, 0, 6 << 20));
+        assert!(!s.charge(slot, 0, 6 << 20));
+        assert_eq!(s.used(0), 6 << 20);
+        s.uncharge(slot, 0, 6 << 20);
+        assert_eq!(s.used(0), 0);
+        // A slot of a dead process is reclaimed when memory runs short.
+        let dead = s.claim_slot(0x7fff_fff0, 1).unwrap();
+        assert!(s.charge(dead, 0, 8 << 20));
+        assert!(s.charge(slot, 0, 8 << 20));
+        assert_eq!(s.used(0), 8 << 20);
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn own_process_is_alive() {
+        let me = std::process::id();
+        let (st, zombie) = proc_start_time(me).unwrap();
+        assert!(!zombie);
+        assert!(pid_alive(me, Some(st)));
+        assert!(!pid_alive(me, Some(st + 1)));
+    }
+}

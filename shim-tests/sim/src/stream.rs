@@ -1,0 +1,235 @@
+//! Streams and events on top of the device timeline.
+//!
+//! A stream is a tail time (when its last queued kernel ends) plus the end times of its pending kernels
+//! (at most 1024: a full queue makes the launching thread sleep until the oldest completes, like a real
+//! driver's pushbuffer). The NULL / legacy stream of a context also orders with every blocking stream of
+//! that context. Events capture their stream's tail; querying compares with now, synchronising sleeps.
+
+use std::collections::VecDeque;
+
+use crate::objects::{new_handle, Kind, Objects};
+use crate::sim::Sim;
+use crate::timeline::{self, now_ns};
+use crate::types::*;
+
+/// Most kernels a stream holds before a launch blocks.
+pub(crate) const MAX_PENDING: usize = 1024;
+
+/// A graph being captured from a stream.
+pub(crate) struct Capture {
+    pub graph: u64,
+    /// The node new work depends on.
+    pub last_node: Option<u64>,
+    pub id: u64,
+}
+
+/// One stream.
+pub(crate) struct Stream {
+    pub ctx: u64,
+    pub flags: u32,
+    pub priority: i32,
+    /// When the last work queued on this stream ends (CLOCK_MONOTONIC ns).
+    pub tail: u64,
+    /// End times of kernels that may not have completed yet, oldest first.
+    pub pending: VecDeque<u64>,
+    pub capture: Option<Capture>,
+    /// Whether this is the context's NULL stream.
+    pub is_null: bool,
+}
+
+/// One event.
+pub(crate) struct Event {
+    pub ctx: u64,
+    pub flags: u32,
+    /// When the recorded work completes; `None` until recorded.
+    pub time: Option<u64>,
+}
+
+/// Creates a stream in `ctx` (the first one a context gets is its NULL stream).
+pub(crate) fn create(o: &mut Objects, ctx: u64, flags: u32, priority: i32) -> u64 {
+    let h = new_handle(Kind::Stream);
+    let is_null = o.contexts.get(&ctx).is_some_and(|c| c.null_stream == 0);
+    o.streams.insert(
+        h,
+        Stream {
+            ctx,
+            flags,
+            priority,
+            tail: 0,
+            pending: VecDeque::new(),
+            capture: None,
+            is_null,
+        },
+    );
+    h
+}
+
+/// The stream a handle means: 0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the current context's
+/// default stream (the per-thread stream is modelled by the same one: kernels serialise per device anyway).
+pub(crate) fn resolve(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<u64> {
+    if h == 0 || h == CU_STREAM_LEGACY as u64 || h == CU_STREAM_PER_THREAD as u64 {
+        let ctx = crate::context::current(o, sim)?;
+        return Ok(o.contexts[&ctx].null_stream);
+    }
+    let ctx = o.streams.get(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?.ctx;
+    crate::context::resolve(o, sim, ctx)?;
+    Ok(h)
+}
+
+/// cuStreamDestroy. The NULL stream cannot be destroyed.
+pub(crate) fn destroy(o: &mut Objects, h: u64) -> CuResult<()> {
+    match o.streams.get(&h) {
+        Some(s) if !s.is_null => {
+            o.streams.remove(&h);
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_HANDLE),
+    }
+}
+
+/// Drops the streams and events of a context being torn down.
+pub(crate) fn destroy_for_context(o: &mut Objects, ctx: u64) {
+    o.streams.retain(|_, s| s.ctx != ctx);
+    o.events.retain(|_, e| e.ctx != ctx);
+}
+
+/// When everything queued so far on stream `s` is done: its tail, and for the NULL stream also the tails
+/// of the context's blocking streams (legacy default-stream semantics).
+pub(crate) fn done_time(o: &Objects, s: u64) -> u64 {
+    let Some(st) = o.streams.get(&s) else { return 0 };
+    if !st.is_null {
+        return st.tail;
+    }
+    o.streams
+        .values()
+        .filter(|x| x.ctx == st.ctx && (x.is_null || x.flags & CU_STREAM_NON_BLOCKING == 0))
+        .map(|x| x.tail)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The earliest new work on `s` may start: after the stream's own work, and for a blocking stream after
+/// the NULL stream's work (and the NULL stream after all blocking streams').
+fn earliest(o: &Objects, s: u64) -> u64 {
+    let st = &o.streams[&s];
+    if st.is_null {
+        return done_time(o, s);
+    }
+    let mut t = st.tail;
+    if st.flags & CU_STREAM_NON_BLOCKING == 0 {
+        if let Some(c) = o.contexts.get(&st.ctx) {
+            t = t.max(o.streams.get(&c.null_stream).map_or(0, |n| n.tail));
+        }
+    }
+    t
+}
+
+/// When everything in context `ctx` is done.
+pub(crate) fn ctx_done_time(o: &Objects, ctx: u64) -> u64 {
+    o.streams
+        .values()
+        .filter(|s| s.ctx == ctx)
+        .map(|s| s.tail)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Queues kernels of the given durations on stream `s` (device `phys`). Returns `Some(t)` without queueing
+/// anything when the stream's queue is full: the caller drops the lock, sleeps until `t` and retries.
+pub(crate) fn enqueue(
+    o: &mut Objects,
+    sim: &Sim,
+    s: u64,
+    phys: usize,
+    durations: &[u64],
+) -> CuResult<Option<u64>> {
+    let now = now_ns();
+    {
+        let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        while st.pending.front().is_some_and(|&e| e <= now) {
+            st.pending.pop_front();
+        }
+        if st.pending.len() + durations.len().min(MAX_PENDING) > MAX_PENDING {
+            return Ok(st.pending.front().copied());
+        }
+    }
+    let slot = sim.slot()?;
+    let mut earliest = earliest(o, s).max(now);
+    let mut last = o.last_interval.get(&phys).copied();
+    let mut ends = Vec::with_capacity(durations.len());
+    for &dur in durations {
+        let (_, end) = timeline::schedule(sim.shared, phys, slot, earliest, dur, &mut last);
+        earliest = end;
+        ends.push(end);
+    }
+    if let Some(l) = last {
+        o.last_interval.insert(phys, l);
+    }
+    let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    for end in ends {
+        st.tail = st.tail.max(end);
+        st.pending.push_back(end);
+    }
+    Ok(None)
+}
+
+/// cuStreamWaitEvent: later work on `s` starts after the event's work.
+pub(crate) fn wait_event(o: &mut Objects, s: u64, ev: u64) -> CuResult<()> {
+    let t = o
+        .events
+        .get(&ev)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+        .time
+        .unwrap_or(0);
+    let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    st.tail = st.tail.max(t);
+    Ok(())
+}
+
+/// cuEventCreate.
+pub(crate) fn event_create(o: &mut Objects, ctx: u64, flags: u32) -> u64 {
+    let h = new_handle(Kind::Event);
+    o.events.insert(
+        h,
+        Event {
+            ctx,
+            flags,
+            time: None,
+        },
+    );
+    h
+}
+
+/// cuEventRecord: the event completes when the work queued on `s` so far does (or now, if idle).
+pub(crate) fn event_record(o: &mut Objects, ev: u64, s: u64) -> CuResult<()> {
+    let t = done_time(o, s).max(now_ns());
+    o.events.get_mut(&ev).ok_or(CUDA_ERROR_INVALID_HANDLE)?.time = Some(t);
+    Ok(())
+}
+
+/// cuEventElapsedTime in ms.
+pub(crate) fn elapsed_ms(o: &Objects, start: u64, end: u64) -> CuResult<f32> {
+    let a = o.events.get(&start).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let b = o.events.get(&end).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if (a.flags | b.flags) & CU_EVENT_DISABLE_TIMING != 0 {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    let (Some(ta), Some(tb)) = (a.time, b.time) else {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    };
+    if ta.max(tb) > now_ns() {
+        return Err(CUDA_ERROR_NOT_READY);
+    }
+    Ok((tb as f64 - ta as f64) as f32 / 1e6)
+}
+
+/// Fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when `s` is capturing (synchronising it is illegal),
+/// invalidating the capture like a real driver.
+pub(crate) fn check_not_capturing(o: &mut Objects, s: u64) -> CuResult<()> {
+    if let Some(st) = o.streams.get_mut(&s) {
+        if st.capture.is_some() {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,415 @@
+//! The C types, enum values and struct layouts of NVIDIA's cuda.h / nvml.h (13.0) that the simulator uses.
+//!
+//! Every value here was copied from the headers, never guessed; the C smoke test compiles programs against the
+//! real headers and exercises them, and `tests::layouts` pins the struct sizes the headers imply.
+#![allow(non_camel_case_types, dead_code, missing_docs)]
+
+use std::ffi::c_void;
+
+pub type CUresult = u32;
+pub type CuResult<T> = Result<T, CUresult>;
+pub type CUdevice = i32;
+pub type CUdeviceptr = u64;
+pub type Handle = *mut c_void;
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
+pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
+pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
+pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
+pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+
+// CUdevice_attribute
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: i32 = 16;
+pub const CU_DEVICE_ATTRIBUTE_MAX: i32 = 148;
+
+// cuGetProcAddress
+pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+pub const CU_GET_PROC_ADDRESS_SUCCESS: u32 = 0;
+pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: u32 = 1;
+pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: u32 = 2;
+
+// Streams and events
+pub const CU_STREAM_LEGACY: usize = 1;
+pub const CU_STREAM_PER_THREAD: usize = 2;
+pub const CU_STREAM_NON_BLOCKING: u32 = 1;
+pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
+pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
+
+// CUmemPool_attribute
+pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: u32 = 1;
+pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: u32 = 2;
+pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: u32 = 3;
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: u32 = 4;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: u32 = 5;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: u32 = 6;
+pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
+pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: u32 = 8;
+
+// CUpointer_attribute
+pub const CU_POINTER_ATTRIBUTE_CONTEXT: u32 = 1;
+pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: u32 = 2;
+pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: u32 = 3;
+pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: u32 = 4;
+pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: u32 = 6;
+pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: u32 = 7;
+pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: u32 = 8;
+pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: u32 = 9;
+pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: u32 = 11;
+pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: u32 = 12;
+pub const CU_POINTER_ATTRIBUTE_MAPPED: u32 = 13;
+pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: u32 = 17;
+
+// CUmemorytype
+pub const CU_MEMORYTYPE_HOST: u32 = 1;
+pub const CU_MEMORYTYPE_DEVICE: u32 = 2;
+pub const CU_MEMORYTYPE_ARRAY: u32 = 3;
+pub const CU_MEMORYTYPE_UNIFIED: u32 = 4;
+
+// VMM
+pub const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
+pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: u32 = 1;
+
+// Arrays
+pub const CUDA_ARRAY3D_LAYERED: u32 = 0x01;
+pub const CUDA_ARRAY3D_CUBEMAP: u32 = 0x04;
+
+// CUfunction_attribute
+pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: i32 = 0;
+pub const CU_FUNC_ATTRIBUTE_NUM_REGS: i32 = 4;
+pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: i32 = 5;
+pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: i32 = 6;
+pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: i32 = 9;
+pub const CU_FUNC_ATTRIBUTE_MAX: i32 = 16;
+
+// Launch
+pub const CU_LAUNCH_PARAM_END: usize = 0;
+pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+
+// Graph node types
+pub const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
+pub const CU_GRAPH_NODE_TYPE_EMPTY: u32 = 5;
+
+/// CUuuid
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+/// CUDA_ARRAY_DESCRIPTOR_v2
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ArrayDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub format: u32,
+    pub num_channels: u32,
+}
+
+/// CUDA_ARRAY_DESCRIPTOR_v1 (the pre-3.2 ABI: 32-bit sizes)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ArrayDescriptorV1 {
+    pub width: u32,
+    pub height: u32,
+    pub format: u32,
+    pub num_channels: u32,
+}
+
+/// CUDA_ARRAY3D_DESCRIPTOR_v2
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Array3DDescriptor {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: u32,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+/// CUDA_ARRAY3D_DESCRIPTOR_v1
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Array3DDescriptorV1 {
+    pub width: u32,
+    pub height: u32,
+    pub depth: u32,
+    pub format: u32,
+    pub num_channels: u32,
+    pub flags: u32,
+}
+
+/// CUDA_ARRAY_MEMORY_REQUIREMENTS_v1
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ArrayMemoryRequirements {
+    pub size: usize,
+    pub alignment: usize,
+    pub reserved: [u32; 4],
+}
+
+/// CUmemLocation
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemLocation {
+    pub type_: u32,
+    pub id: i32,
+}
+
+/// CUmemPoolProps_v1
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemPoolProps {
+    pub alloc_type: u32,
+    pub handle_types: u32,
+    pub location: MemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// CUmemAllocationProp_v1
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocationProp {
+    pub type_: u32,
+    pub requested_handle_types: u32,
+    pub location: MemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    pub compression_type: u8,
+    pub gpu_direct_rdma_capable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+/// CUmemAccessDesc_v1
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemAccessDesc {
+    pub location: MemLocation,
+    pub flags: u32,
+}
+
+/// CUlaunchAttribute (id, pad, 64-byte value union)
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchAttribute {
+    pub id: u32,
+    pub pad: [u8; 4],
+    pub value: [u8; 64],
+}
+
+/// CUlaunchConfig
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub stream: Handle,
+    pub attrs: *mut LaunchAttribute,
+    pub num_attrs: u32,
+}
+
+/// CUDA_LAUNCH_PARAMS_v1
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct LaunchParams {
+    pub function: Handle,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub stream: Handle,
+    pub kernel_params: *mut *mut c_void,
+}
+
+/// CUDA_KERNEL_NODE_PARAMS_v2 (v1 is its prefix, without `kern` and `ctx`)
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct KernelNodeParams {
+    pub func: Handle,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_mem_bytes: u32,
+    pub kernel_params: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: Handle,
+    pub ctx: Handle,
+}
+
+/// CUDA_GRAPH_INSTANTIATE_PARAMS
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GraphInstantiateParams {
+    pub flags: u64,
+    pub upload_stream: Handle,
+    pub err_node_out: Handle,
+    pub result_out: u32,
+}
+
+/// CUctxCreateParams
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CtxCreateParams {
+    pub exec_affinity_params: *mut c_void,
+    pub num_exec_affinity_params: i32,
+    pub cig_params: *mut c_void,
+}
+
+/// CUDA_MEMCPY2D_v2
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Memcpy2D {
+    pub src_x_in_bytes: usize,
+    pub src_y: usize,
+    pub src_memory_type: u32,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: Handle,
+    pub src_pitch: usize,
+    pub dst_x_in_bytes: usize,
+    pub dst_y: usize,
+    pub dst_memory_type: u32,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: Handle,
+    pub dst_pitch: usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+}
+
+// ---- NVML ----
+
+pub type NvmlReturn = u32;
+pub const NVML_SUCCESS: NvmlReturn = 0;
+pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+
+/// nvmlMemory_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlMemory {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// nvmlMemory_v2_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlMemoryV2 {
+    pub version: u32,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+/// `nvmlMemory_v2` = NVML_STRUCT_VERSION(Memory, 2) = sizeof(nvmlMemory_v2_t) | 2 << 24
+pub const NVML_MEMORY_V2: u32 = std::mem::size_of::<NvmlMemoryV2>() as u32 | (2 << 24);
+
+/// nvmlProcessInfo_v1_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessInfoV1 {
+    pub pid: u32,
+    pub used_gpu_memory: u64,
+}
+
+/// nvmlProcessInfo_v2_t (= nvmlProcessInfo_t, used by _v2 and _v3)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessInfoV2 {
+    pub pid: u32,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+/// nvmlProcessUtilizationSample_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessUtilizationSample {
+    pub pid: u32,
+    pub time_stamp: u64,
+    pub sm_util: u32,
+    pub mem_util: u32,
+    pub enc_util: u32,
+    pub dec_util: u32,
+}
+
+/// nvmlUtilization_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlUtilization {
+    pub gpu: u32,
+    pub memory: u32,
+}
+
+/// nvmlPciInfo_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlPciInfo {
+    pub bus_id_legacy: [u8; 16],
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub pci_device_id: u32,
+    pub pci_sub_system_id: u32,
+    pub bus_id: [u8; 32],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    #[test]
+    fn layouts() {
+        assert_eq!(size_of::<Array3DDescriptor>(), 40);
+        assert_eq!(size_of::<ArrayDescriptor>(), 24);
+        assert_eq!(size_of::<ArrayMemoryRequirements>(), 32);
+        assert_eq!(size_of::<MemPoolProps>(), 88);
+        assert_eq!(size_of::<MemAllocationProp>(), 32);
+        assert_eq!(size_of::<LaunchAttribute>(), 72);
+        assert_eq!(size_of::<LaunchConfig>(), 56);
+        assert_eq!(size_of::<KernelNodeParams>(), 72);
+        assert_eq!(size_of::<Memcpy2D>(), 128);
+        assert_eq!(size_of::<NvmlMemoryV2>(), 40);
+        assert_eq!(size_of::<NvmlProcessInfoV1>(), 16);
+        assert_eq!(size_of::<NvmlProcessInfoV2>(), 24);
+        assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
+        assert_eq!(size_of::<NvmlPciInfo>(), 68);
+        assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
+    }
+}

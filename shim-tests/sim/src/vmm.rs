@@ -1,0 +1,277 @@
+//! Virtual memory management (cuMemCreate / cuMemAddressReserve / cuMemMap / cuMemSetAccess / cuMemUnmap /
+//! cuMemRelease / cuMemAddressFree), as PyTorch's expandable segments, NCCL and JAX use it.
+//!
+//! A physical allocation is a memfd of its size, charged to its device from cuMemCreate until it is both
+//! released and unmapped (the real driver's lifetime rule). An address reservation is a `PROT_NONE` range;
+//! cuMemMap maps the memfd there (`MAP_SHARED | MAP_FIXED`, so two mappings of one allocation share bytes),
+//! cuMemSetAccess makes it accessible, cuMemUnmap puts the reservation back.
+
+use std::collections::BTreeMap;
+
+use crate::objects::{new_handle, Kind, Objects};
+use crate::sim::Sim;
+use crate::types::*;
+
+/// A physical allocation (CUmemGenericAllocationHandle).
+pub(crate) struct PhysAlloc {
+    pub ordinal: usize,
+    pub phys: usize,
+    pub size: u64,
+    fd: i32,
+    maps: u32,
+    released: bool,
+}
+
+/// One mapping inside a reservation.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Mapping {
+    pub size: u64,
+    pub handle: u64,
+    pub accessible: bool,
+}
+
+/// The process's VMM objects.
+#[derive(Default)]
+pub(crate) struct Vmm {
+    pub handles: BTreeMap<u64, PhysAlloc>,
+    /// Reservation start → size.
+    pub reservations: BTreeMap<u64, u64>,
+    /// Mapping start → mapping.
+    pub mappings: BTreeMap<u64, Mapping>,
+}
+
+impl Vmm {
+    /// Whether [p, p+len) lies in accessible mappings (contiguous).
+    pub(crate) fn accessible(&self, p: u64, len: u64) -> bool {
+        let end = p.saturating_add(len);
+        let mut at = p;
+        while at < end {
+            match self.mappings.range(..=at).next_back() {
+                Some((&s, m)) if at < s + m.size && m.accessible => at = s + m.size,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// The mapping containing `p`: (start, mapping).
+    pub(crate) fn mapping_at(&self, p: u64) -> Option<(u64, Mapping)> {
+        let (&s, m) = self.mappings.range(..=p).next_back()?;
+        (p < s + m.size).then_some((s, *m))
+    }
+
+    fn reservation_of(&self, p: u64, len: u64) -> Option<u64> {
+        let (&s, &l) = self.reservations.range(..=p).next_back()?;
+        (p + len <= s + l).then_some(s)
+    }
+}
+
+fn check_granular(sim: &Sim, v: u64) -> CuResult<()> {
+    if v == 0 || v % sim.cfg.granularity != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
+/// cuMemCreate.
+pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocationProp) -> CuResult<u64> {
+    check_granular(sim, size)?;
+    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ordinal = usize::try_from(prop.location.id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+    let phys = *sim.visible.get(ordinal).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    sim.charge(phys, size)?;
+    // SAFETY: memfd_create with a static NUL-terminated name; ftruncate on the fd we own.
+    let fd = unsafe {
+        let fd = libc::memfd_create(c"cudasim-vmm".as_ptr(), libc::MFD_CLOEXEC);
+        if fd >= 0 && libc::ftruncate(fd, size as libc::off_t) != 0 {
+            libc::close(fd);
+            -1
+        } else {
+            fd
+        }
+    };
+    if fd < 0 {
+        sim.uncharge(phys, size);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let h = new_handle(Kind::VmmHandle);
+    o.vmm.handles.insert(
+        h,
+        PhysAlloc {
+            ordinal,
+            phys,
+            size,
+            fd,
+            maps: 0,
+            released: false,
+        },
+    );
+    Ok(h)
+}
+
+fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
+    let done = o.vmm.handles.get(&h).is_some_and(|a| a.released && a.maps == 0);
+    if done {
+        if let Some(a) = o.vmm.handles.remove(&h) {
+            // SAFETY: closing the memfd this module opened; no mapping uses it any more.
+            unsafe { libc::close(a.fd) };
+            sim.uncharge(a.phys, a.size);
+        }
+    }
+}
+
+/// cuMemRelease: the memory goes back once it is also unmapped everywhere.
+pub(crate) fn release(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()> {
+    let a = o
+        .vmm
+        .handles
+        .get_mut(&h)
+        .filter(|a| !a.released)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    a.released = true;
+    drop_if_unused(o, sim, h);
+    Ok(())
+}
+
+/// cuMemAddressReserve: `size` bytes aligned to `align` (0 = granularity), at `addr` if given and free.
+pub(crate) fn reserve(o: &mut Objects, sim: &Sim, size: u64, align: u64, addr: u64) -> CuResult<u64> {
+    check_granular(sim, size)?;
+    let align = if align == 0 { sim.cfg.granularity } else { align };
+    if !align.is_power_of_two() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let raw = crate::memory::reserve_va(size + align, addr).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    let start = if addr != 0 && raw == addr && addr % align == 0 {
+        addr
+    } else {
+        raw.div_ceil(align) * align
+    };
+    // SAFETY: trimming the parts of our own fresh PROT_NONE mapping outside [start, start+size).
+    unsafe {
+        if start > raw {
+            libc::munmap(raw as *mut libc::c_void, (start - raw) as usize);
+        }
+        let tail = raw + size + align - (start + size);
+        if tail > 0 {
+            libc::munmap((start + size) as *mut libc::c_void, tail as usize);
+        }
+    }
+    o.vmm.reservations.insert(start, size);
+    Ok(start)
+}
+
+/// cuMemAddressFree: the whole reservation, with nothing mapped in it.
+pub(crate) fn address_free(o: &mut Objects, p: u64, size: u64) -> CuResult<()> {
+    if o.vmm.reservations.get(&p) != Some(&size) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if o.vmm.mappings.range(p..p + size).next().is_some() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    o.vmm.reservations.remove(&p);
+    // SAFETY: unmapping a reservation this module made, with no mappings left inside.
+    unsafe { libc::munmap(p as *mut libc::c_void, size as usize) };
+    Ok(())
+}
+
+/// cuMemMap.
+pub(crate) fn map(o: &mut Objects, sim: &Sim, p: u64, size: u64, offset: u64, h: u64) -> CuResult<()> {
+    check_granular(sim, size)?;
+    if offset % sim.cfg.granularity != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let a = o
+        .vmm
+        .handles
+        .get(&h)
+        .filter(|a| !a.released)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if offset + size > a.size {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    o.vmm.reservation_of(p, size).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let overlaps = o
+        .vmm
+        .mappings
+        .range(..p + size)
+        .next_back()
+        .is_some_and(|(&s, m)| s + m.size > p);
+    if overlaps {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: [p, p+size) is inside one of our reservations and not mapped; MAP_FIXED replaces only it.
+    let r = unsafe {
+        libc::mmap(
+            p as *mut libc::c_void,
+            size as usize,
+            libc::PROT_NONE,
+            libc::MAP_SHARED | libc::MAP_FIXED,
+            a.fd,
+            offset as libc::off_t,
+        )
+    };
+    if r == libc::MAP_FAILED {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    o.vmm.handles.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?.maps += 1;
+    o.vmm.mappings.insert(
+        p,
+        Mapping {
+            size,
+            handle: h,
+            accessible: false,
+        },
+    );
+    Ok(())
+}
+
+/// cuMemUnmap: every mapping in [p, p+size), which must be covered exactly.
+pub(crate) fn unmap(o: &mut Objects, sim: &Sim, p: u64, size: u64) -> CuResult<()> {
+    let inside: Vec<(u64, Mapping)> = o.vmm.mappings.range(p..p + size).map(|(&s, m)| (s, *m)).collect();
+    if inside.is_empty() || inside.iter().any(|(s, m)| s + m.size > p + size) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for (s, m) in inside {
+        // SAFETY: putting our PROT_NONE reservation back over a mapping this module made.
+        unsafe {
+            libc::mmap(
+                s as *mut libc::c_void,
+                m.size as usize,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+        }
+        o.vmm.mappings.remove(&s);
+        if let Some(a) = o.vmm.handles.get_mut(&m.handle) {
+            a.maps -= 1;
+        }
+        drop_if_unused(o, sim, m.handle);
+    }
+    Ok(())
+}
+
+/// cuMemSetAccess: flags 0 = none, 1 = read, 3 = read-write for every mapping in [p, p+size).
+pub(crate) fn set_access(o: &mut Objects, p: u64, size: u64, flags: u32) -> CuResult<()> {
+    let inside: Vec<u64> = o.vmm.mappings.range(p..p + size).map(|(&s, _)| s).collect();
+    if inside.is_empty() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let prot = match flags {
+        0 => libc::PROT_NONE,
+        1 => libc::PROT_READ,
+        3 => libc::PROT_READ | libc::PROT_WRITE,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    for s in inside {
+        if let Some(m) = o.vmm.mappings.get_mut(&s) {
+            // SAFETY: changing protection of a mapping this module made.
+            unsafe { libc::mprotect(s as *mut libc::c_void, m.size as usize, prot) };
+            m.accessible = flags == 3;
+        }
+    }
+    Ok(())
+}
