@@ -11,6 +11,8 @@
  *            that long on this device's SM count)
  * START_AT_NS  CLOCK_MONOTONIC time to start at (lets several processes run the same window)
  *
+ * THR_TICK_MS=n additionally prints tick=<ms since start>:<kernels launched so far> every n ms.
+ *
  * Output (one key=value a line): path, style, kernels=N, kernel_ns=D, busy_ns=B, wall_ns=W, share=S  — S = B / W in percent, where W
  * runs from the start to the moment every launched kernel has completed (cuCtxSynchronize).
  *
@@ -297,7 +299,18 @@ int main(int argc, char **argv) {
     }
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)(seconds * 1e9);
     uint64_t launches = 0;
-    while (now_ns() < until) {
+    /* THR_TICK_MS=n: print `tick=<ms since start>:<kernels launched>` every n ms (for time-resolved shares). */
+    uint64_t tick_ns = getenv("THR_TICK_MS") ? strtoull(getenv("THR_TICK_MS"), NULL, 10) * 1000000ull : 0;
+    uint64_t next_tick = t0 + tick_ns;
+    for (;;) {
+        uint64_t n = now_ns();
+        if (n >= until) break;
+        if (tick_ns && n >= next_tick) {
+            printf("tick=%llu:%llu\n", (unsigned long long)((n - t0) / 1000000ull),
+                   (unsigned long long)(launches * per_launch));
+            fflush(stdout);
+            next_tick += tick_ns;
+        }
         CUresult r;
         if (strcmp(path, "kernel") == 0) {
             r = d.LaunchKernel(f, blocks, 1, 1, 32, 1, 1, 0, s, NULL, NULL);
