@@ -80,8 +80,10 @@ int main() {
     CUDA_TRY(cudaFree(dc));
     size_t free2 = 0;
     CUDA_TRY(cudaMemGetInfo(&free2, &total));
+    // Lazily loaded modules (CUDA_MODULE_LOADING=LAZY, the default) may be charged by the first launch, after
+    // free1 was taken: allow 16 MiB for them.
     snprintf(obs, sizeof obs, "%zd", (ssize_t)(free2 - free1));
-    check_bool("mem_free_recovers_after_free", ">=50331648", free2 >= free1 + 3 * bytes, obs);
+    check_bool("mem_free_recovers_after_free", ">=50331648-16MiB", free2 + (16 << 20) >= free1 + 3 * bytes, obs);
     printf("metric mem_free_end=%zu\n", free2);
     free(ha), free(hb), free(hc), free(back);
     return finish("vector_add");

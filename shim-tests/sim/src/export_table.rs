@@ -50,8 +50,12 @@ const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
-/// The driver functions the tables need, reached through the simulator's own exported C API so that this file
-/// depends on no simulator internals.
+/// What the tables need from the simulator.
+///
+/// The primary context and the current context come from the simulator's internals, not its exported C API:
+/// a real driver serves the runtime's slot 2 internally, so a preloaded interposer (cuquota) must not see a
+/// `cuDevicePrimaryCtxRetain` here that it would not see on a GPU. The integrity hash's inputs are read through
+/// the exported API, the same way the runtime reads them.
 mod sim {
     use super::{CUcontext, CUdevice, CUmodule, CUresult};
     use std::ffi::{c_int, c_void};
@@ -65,9 +69,21 @@ mod sim {
         pub fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
         pub fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult;
         pub fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
-        pub fn cuDevicePrimaryCtxRetain(ctx: *mut CUcontext, dev: CUdevice) -> CUresult;
-        pub fn cuCtxGetCurrent(ctx: *mut CUcontext) -> CUresult;
         pub fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult;
+    }
+
+    /// Retains and returns device `dev`'s primary context (as cuDevicePrimaryCtxRetain, internally).
+    pub fn primary_context(dev: CUdevice) -> Result<CUcontext, CUresult> {
+        let sim = crate::sim::cuda()?;
+        sim.phys(dev)?;
+        let ordinal = usize::try_from(dev).map_err(|_| super::CUDA_ERROR_INVALID_VALUE)?;
+        let h = crate::objects::with(|o| crate::context::primary_retain(o, sim, ordinal))?;
+        Ok(h as usize as CUcontext)
+    }
+
+    /// The calling thread's current context (NULL if none).
+    pub fn current_context() -> CUcontext {
+        crate::context::current_handle() as usize as CUcontext
     }
 }
 
@@ -314,11 +330,16 @@ unsafe extern "C" fn cudart_primary_context(pctx: *mut CUcontext, dev: CUdevice)
         if pctx.is_null() {
             return CUDA_ERROR_INVALID_VALUE;
         }
-        // SAFETY: pctx was checked non-NULL; the runtime passes a CUcontext slot.
-        let r = unsafe { sim::cuDevicePrimaryCtxRetain(pctx, dev) };
-        // SAFETY: as above, pctx is valid for reading.
-        trace(format_args!("CUDART_INTERFACE[2](dev={dev}) -> {r}, ctx={:p}", unsafe { *pctx }));
-        r
+        let r = sim::primary_context(dev);
+        trace(format_args!("CUDART_INTERFACE[2](dev={dev}) -> {r:?}"));
+        match r {
+            Ok(ctx) => {
+                // SAFETY: pctx was checked non-NULL; the runtime passes a CUcontext slot.
+                unsafe { *pctx = ctx };
+                CUDA_SUCCESS
+            }
+            Err(e) => e,
+        }
     })
 }
 
@@ -401,12 +422,7 @@ fn resolve_ctx(ctx: CUcontext) -> Result<usize, CUresult> {
     if !ctx.is_null() {
         return Ok(ctx as usize);
     }
-    let mut cur: CUcontext = std::ptr::null_mut();
-    // SAFETY: `cur` is a valid out-pointer.
-    let r = unsafe { sim::cuCtxGetCurrent(&mut cur) };
-    if r != CUDA_SUCCESS {
-        return Err(r);
-    }
+    let cur = sim::current_context();
     if cur.is_null() {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
