@@ -1,0 +1,129 @@
+//! Builds `tests/c/*.c` against NVIDIA's real headers and runs them on the simulator, loaded the way programs
+//! load a driver: through `libcuda.so.1` and `libnvidia-ml.so.1` symlinks to `libcudasim.so`.
+//!
+//! Headers: `$CUQUOTA_CUDA_INCLUDE`, else `<workspace>/.deps/nvidia/cu13/include` (where `./test.sh` installs
+//! the pinned wheels). A missing header directory fails the test with the command that provides it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+}
+
+fn include_dir() -> PathBuf {
+    let dir = std::env::var_os("CUQUOTA_CUDA_INCLUDE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join(".deps/nvidia/cu13/include"));
+    assert!(
+        dir.join("cuda.h").exists() && dir.join("nvml.h").exists(),
+        "NVIDIA headers not found in {}: run `pip install --target .deps nvidia-cuda-runtime==13.0.96 \
+         nvidia-nvml-dev==13.0.87` in the workspace (./test.sh does), or set CUQUOTA_CUDA_INCLUDE",
+        dir.display()
+    );
+    dir
+}
+
+/// The cdylib cargo built for this test run (target/<profile>/libcudasim.so, next to deps/).
+fn library() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let lib = profile_dir.join("libcudasim.so");
+    assert!(lib.exists(), "{} not built (cargo build -p cuquota-sim)", lib.display());
+    lib
+}
+
+/// A scratch directory with the driver symlinks, the compiled program and a state file.
+struct Setup {
+    dir: PathBuf,
+    exe: PathBuf,
+}
+
+fn setup(name: &str, tag: &str) -> Setup {
+    let dir = std::env::temp_dir().join(format!("cudasim-{name}-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let lib = library();
+    for link in ["libcuda.so.1", "libnvidia-ml.so.1"] {
+        std::os::unix::fs::symlink(&lib, dir.join(link)).unwrap();
+    }
+    let exe = dir.join(name);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .arg("-std=c11")
+        .arg("-D_GNU_SOURCE")
+        .arg("-Wall")
+        .arg("-Werror")
+        .arg("-Wno-deprecated-declarations")
+        .arg("-I")
+        .arg(include_dir())
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(&dir)
+        .arg("-l:libcuda.so.1")
+        .arg("-l:libnvidia-ml.so.1")
+        .arg("-ldl")
+        .output()
+        .expect("run the C compiler");
+    assert!(out.status.success(), "compiling {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+    Setup { dir, exe }
+}
+
+fn run(s: &Setup, args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut cmd = Command::new(&s.exe);
+    cmd.args(args)
+        .env("LD_LIBRARY_PATH", &s.dir)
+        .env("CUDASIM_STATE", s.dir.join("state"))
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("CUDASIM_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the C program");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed ({}):\n{stdout}\n{}",
+        s.exe.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+const CONFIG: &[(&str, &str)] = &[
+    ("CUDASIM_DEVICES", "2"),
+    ("CUDASIM_MEMORY", "1g,2g"),
+    ("CUDASIM_SMS", "4"),
+    ("CUDASIM_CTX_OVERHEAD", "64m"),
+];
+
+#[test]
+fn c_program_runs_on_the_simulator() {
+    let s = setup("smoke", "run");
+    assert_eq!(run(&s, &["all"], CONFIG).trim(), "OK");
+    // A second process on the same state file: the first process's memory went back with it.
+    assert_eq!(run(&s, &["all"], CONFIG).trim(), "OK");
+    let mut env = CONFIG.to_vec();
+    env.push(("CUDA_VISIBLE_DEVICES", "1"));
+    assert_eq!(run(&s, &["visible"], &env).trim(), "OK");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[test]
+fn bad_configuration_fails_cuinit_naming_the_variable() {
+    let s = setup("smoke", "badcfg");
+    let mut cmd = Command::new(&s.exe);
+    let out = cmd
+        .arg("all")
+        .env("LD_LIBRARY_PATH", &s.dir)
+        .env("CUDASIM_STATE", s.dir.join("state"))
+        .env("CUDASIM_MEMORY", "lots")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CUDASIM_MEMORY"));
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
