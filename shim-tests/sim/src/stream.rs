@@ -207,6 +207,23 @@ pub(crate) fn event_record(o: &mut Objects, ev: u64, s: u64) -> CuResult<()> {
     Ok(())
 }
 
+/// Time-slicing: an event recorded on a stream is executed when the device reaches it in its one-at-a-time
+/// queue, i.e. not before the work other processes queued on the device before it (a real GPU runs the event
+/// in the context's time slice, right before that context's next kernel). So a start event recorded just
+/// before a launch stamps when that kernel really starts, and elapsed(start, end) is the kernel's own device
+/// time even when other processes' kernels are queued ahead of it. With one process on the device
+/// `busy_until` is its own tail: nothing changes.
+pub(crate) fn event_at_device_position(o: &mut Objects, sim: &crate::sim::Sim, ev: u64, s: u64) {
+    let Some(ctx) = o.streams.get(&s).map(|st| st.ctx) else { return };
+    let Ok((_, phys)) = crate::context::device_of(o, ctx) else { return };
+    let busy = sim.shared.devices[phys].busy_until.load(std::sync::atomic::Ordering::Acquire);
+    if let Some(e) = o.events.get_mut(&ev) {
+        if let Some(t) = e.time.as_mut() {
+            *t = (*t).max(busy);
+        }
+    }
+}
+
 /// cuEventElapsedTime in ms.
 pub(crate) fn elapsed_ms(o: &Objects, start: u64, end: u64) -> CuResult<f32> {
     let a = o.events.get(&start).ok_or(CUDA_ERROR_INVALID_HANDLE)?;

@@ -53,7 +53,9 @@ fn record(e: Handle, s: Handle) -> CuResult<()> {
     let sim = cuda()?;
     with(|o| {
         let st = stream::resolve(o, sim, h(s))?;
-        stream::event_record(o, h(e), st)
+        stream::event_record(o, h(e), st)?;
+        stream::event_at_device_position(o, sim, h(e), st);
+        Ok(())
     })
 }
 
