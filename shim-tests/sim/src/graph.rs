@@ -14,10 +14,22 @@ pub(crate) struct KernelLaunch {
     pub block: [u32; 3],
 }
 
+/// A copy captured from a stream: the bytes move each time the graph runs (which sides must be live device
+/// memory was decided at capture; it is checked again at launch).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CopyNode {
+    pub dst: u64,
+    pub src: u64,
+    pub len: u64,
+    pub dst_device: bool,
+    pub src_device: bool,
+}
+
 /// What a node does.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum NodeKind {
     Kernel(KernelLaunch),
+    Memcpy(CopyNode),
     Empty,
 }
 
@@ -37,6 +49,9 @@ pub(crate) struct Graph {
 pub(crate) struct GraphExec {
     pub ctx: u64,
     pub kernels: Vec<KernelLaunch>,
+    /// Captured copies, in capture order; run at launch before the kernels (kernels compute nothing, so the
+    /// order between the two is not observable).
+    pub copies: Vec<CopyNode>,
 }
 
 /// cuGraphCreate.
@@ -85,11 +100,19 @@ pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u6
         .iter()
         .filter_map(|n| match o.nodes.get(n)?.kind {
             NodeKind::Kernel(k) => Some(k),
-            NodeKind::Empty => None,
+            NodeKind::Memcpy(_) | NodeKind::Empty => None,
+        })
+        .collect();
+    let copies = g
+        .nodes
+        .iter()
+        .filter_map(|n| match o.nodes.get(n)?.kind {
+            NodeKind::Memcpy(c) => Some(c),
+            NodeKind::Kernel(_) | NodeKind::Empty => None,
         })
         .collect();
     let h = new_handle(Kind::GraphExec);
-    o.execs.insert(h, GraphExec { ctx, kernels });
+    o.execs.insert(h, GraphExec { ctx, kernels, copies });
     Ok(h)
 }
 
@@ -100,6 +123,11 @@ pub(crate) fn destroy_for_context(o: &mut Objects, ctx: u64) {
 
 /// Appends a kernel launched on a capturing stream to the capture graph.
 pub(crate) fn capture_kernel(o: &mut Objects, stream: u64, k: KernelLaunch) -> CuResult<()> {
+    capture(o, stream, NodeKind::Kernel(k))
+}
+
+/// Appends work queued on a capturing stream to the capture graph, after the stream's last node.
+pub(crate) fn capture(o: &mut Objects, stream: u64, kind: NodeKind) -> CuResult<()> {
     let (graph, last) = {
         let c = o
             .streams
@@ -109,7 +137,7 @@ pub(crate) fn capture_kernel(o: &mut Objects, stream: u64, k: KernelLaunch) -> C
         (c.graph, c.last_node)
     };
     let deps: Vec<u64> = last.into_iter().collect();
-    let n = add_node(o, graph, &deps, NodeKind::Kernel(k))?;
+    let n = add_node(o, graph, &deps, kind)?;
     if let Some(c) = o.streams.get_mut(&stream).and_then(|s| s.capture.as_mut()) {
         c.last_node = Some(n);
     }

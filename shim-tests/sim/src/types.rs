@@ -110,6 +110,7 @@ pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
 
 // Graph node types
 pub const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
+pub const CU_GRAPH_NODE_TYPE_MEMCPY: u32 = 1;
 pub const CU_GRAPH_NODE_TYPE_EMPTY: u32 = 5;
 
 /// CUuuid

@@ -127,6 +127,7 @@ cuda_fn! {
         let k = with(|o| o.nodes.get(&h(node)).map(|n| n.kind)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         out(ty, match k {
             NodeKind::Kernel(_) => CU_GRAPH_NODE_TYPE_KERNEL,
+            NodeKind::Memcpy(_) => CU_GRAPH_NODE_TYPE_MEMCPY,
             NodeKind::Empty => CU_GRAPH_NODE_TYPE_EMPTY,
         })
     }
@@ -159,7 +160,10 @@ cuda_fn! {
 
     fn cuGraphLaunch(exec: Handle, s: Handle) {
         let sim = cuda()?;
-        let kernels = with(|o| o.execs.get(&h(exec)).map(|e| e.kernels.clone())).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (kernels, copies) = with(|o| o.execs.get(&h(exec)).map(|e| (e.kernels.clone(), e.copies.clone())))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        with(|o| crate::stream::resolve(o, sim, h(s)).map(|_| ()))?;
+        super::memory::run_graph_copies(&copies)?;
         if kernels.is_empty() {
             return with(|o| crate::stream::resolve(o, sim, h(s)).map(|_| ()));
         }

@@ -49,13 +49,18 @@ enum Dir {
     Any,
 }
 
-fn validate_copy(o: &Objects, dst: u64, src: u64, len: u64, dir: Dir) -> CuResult<()> {
-    let (d, s) = match dir {
+/// Whether (dst, src) must be device memory.
+fn sides(o: &Objects, dst: u64, src: u64, dir: Dir) -> (bool, bool) {
+    match dir {
         Dir::HtoD => (true, false),
         Dir::DtoH => (false, true),
         Dir::DtoD => (true, true),
         Dir::Any => (memory::is_device_memory(o, dst), memory::is_device_memory(o, src)),
-    };
+    }
+}
+
+fn validate_copy(o: &Objects, dst: u64, src: u64, len: u64, dir: Dir) -> CuResult<()> {
+    let (d, s) = sides(o, dst, src, dir);
     if (d || s) && len > 0 && (dst == 0 || src == 0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -80,13 +85,37 @@ fn copy_sync(dst: u64, src: u64, len: u64, dir: Dir) -> CuResult<()> {
     })
 }
 
-/// An asynchronous copy on `s`: the bytes move now (kernels compute nothing, so no ordering is observable).
+/// An asynchronous copy on `s`: the bytes move now (kernels compute nothing, so no ordering is observable),
+/// or, while `s` is capturing, when the captured graph runs.
 fn copy_async(dst: u64, src: u64, len: u64, dir: Dir, s: Handle) -> CuResult<()> {
     let sim = cuda()?;
     with(|o| {
-        stream::resolve(o, sim, h(s))?;
+        let st = stream::resolve(o, sim, h(s))?;
         validate_copy(o, dst, src, len, dir)?;
+        if o.streams.get(&st).is_some_and(|x| x.capture.is_some()) {
+            let (dst_device, src_device) = sides(o, dst, src, dir);
+            let node = crate::graph::CopyNode { dst, src, len, dst_device, src_device };
+            return crate::graph::capture(o, st, crate::graph::NodeKind::Memcpy(node));
+        }
         memory::copy(dst, src, len);
+        Ok(())
+    })
+}
+
+/// Runs the copies of a graph being launched (device ranges checked again: they may have been freed).
+pub(crate) fn run_graph_copies(copies: &[crate::graph::CopyNode]) -> CuResult<()> {
+    with(|o| {
+        for c in copies {
+            if c.dst_device {
+                memory::check_device_range(o, c.dst, c.len)?;
+            }
+            if c.src_device {
+                memory::check_device_range(o, c.src, c.len)?;
+            }
+        }
+        for c in copies {
+            memory::copy(c.dst, c.src, c.len);
+        }
         Ok(())
     })
 }
