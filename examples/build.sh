@@ -45,8 +45,16 @@ NVML_INC="$T13/include"   # nvml.h (nvidia-nvml-dev), installed next to the 13.0
 if [[ ${#SAMPLES[@]} -eq 0 ]]; then
     for f in "$EX"/*.cu "$EX"/*.c; do b="$(basename "$f")"; SAMPLES+=("${b%.*}"); done
 fi
+# A sample is rebuilt when its source, common.h or this script is newer than the binary.
+up_to_date() { # out src
+    [[ -x "$1" && "$1" -nt "$2" && "$1" -nt "$EX/common.h" && "$1" -nt "$EX/build.sh" ]]
+}
 fail=0
 for s in "${SAMPLES[@]}"; do
+    src="$EX/$s.cu"; [[ -f "$src" ]] || src="$EX/$s.c"
+    if [[ -f "$src" ]] && up_to_date "$OUT/$s" "$src"; then
+        echo "up to date $OUT/$s"; continue
+    fi
     if [[ -f "$EX/$s.cu" ]]; then
         cmd=("$NVCC" -O2 -std=c++17 "${GENCODE[@]}" "${RT_INC[@]}" -I"$EX" -o "$OUT/$s" "$EX/$s.cu" "${RT_LIB[@]}")
     elif [[ -f "$EX/$s.c" ]]; then

@@ -7,7 +7,7 @@
 // It exits 1 if any check failed, 2 if a CUDA call it cannot do without failed.
 //
 // Kernels do not compute on the simulator (they only take simulated time), so results of kernels are checked only
-// on a real GPU: `results_checked()` is false when CUQUOTA_EXAMPLES_SIMULATED=1 (validate.sh sets it) or when the
+// on a real GPU: `results_checked()` is false when CQ_SAMPLES_SIMULATED=1 (validate.sh sets it) or when the
 // device name says "Simulated".
 #pragma once
 
@@ -53,7 +53,7 @@ static inline double now_s(void) {
 }
 
 static inline bool results_checked(void) {
-    const char *sim = getenv("CUQUOTA_EXAMPLES_SIMULATED");
+    const char *sim = getenv("CQ_SAMPLES_SIMULATED");
     if (sim && *sim && strcmp(sim, "0") != 0) return false;
     cudaDeviceProp p;
     if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return false;
