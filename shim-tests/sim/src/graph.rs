@@ -68,7 +68,7 @@ pub(crate) fn add_node(o: &mut Objects, graph: u64, deps: &[u64], kind: NodeKind
     }
     if deps
         .iter()
-        .any(|d| o.nodes.get(d).map_or(true, |n| n.graph != graph))
+        .any(|d| o.nodes.get(d).is_none_or(|n| n.graph != graph))
     {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }

@@ -146,7 +146,7 @@ pub(crate) fn decommit(p: u64, len: u64) {
 
 impl Memory {
     fn heap(&mut self, sim: &Sim, phys: usize) -> CuResult<&mut Heap> {
-        if !self.heaps.contains_key(&phys) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.heaps.entry(phys) {
             // Four times the device memory: pools and fragmentation never run out of addresses first.
             let size = sim.cfg.devices[phys].memory.saturating_mul(4).max(1 << 30);
             let size = sim.round(size);
@@ -154,7 +154,7 @@ impl Memory {
             let g = sim.cfg.granularity;
             let raw = reserve_va(size + g, 0).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
             let base = raw.div_ceil(g) * g;
-            self.heaps.insert(phys, Heap::new(base, size));
+            slot.insert(Heap::new(base, size));
         }
         Ok(self.heaps.get_mut(&phys).expect("inserted above"))
     }

@@ -363,10 +363,7 @@ mod tests {
         assert_eq!(img.kernels, vec![("k".into(), 5)]);
         let fatbin: [u8; 16] = [0xb1, 0x43, 0x62, 0x46, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         // SAFETY: 16 readable bytes that differ from the magic at byte 0.
-        assert!(
-            unsafe { read_image(fatbin.as_ptr() as *const c_void) }
-                .unwrap()
-                .opaque
-        );
+        let img = unsafe { read_image(fatbin.as_ptr() as *const c_void) }.unwrap();
+        assert!(img.opaque);
     }
 }

@@ -85,6 +85,13 @@ impl Sim {
         if cur >> 32 == pid as u64 && cur & 0xffff_ffff != 0 {
             return Ok((cur & 0xffff_ffff) as usize - 1);
         }
+        // One claimer at a time in this process, so racing first calls from several threads share a slot.
+        static CLAIM: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+        let _claiming = CLAIM.lock();
+        let cur = SLOT.load(Acquire);
+        if cur >> 32 == pid as u64 && cur & 0xffff_ffff != 0 {
+            return Ok((cur & 0xffff_ffff) as usize - 1);
+        }
         let start = state::proc_start_time(pid).map(|s| s.0).unwrap_or(0);
         let slot = self
             .shared

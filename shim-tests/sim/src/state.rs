@@ -279,7 +279,7 @@ impl SharedState {
                 continue;
             }
             let pid = slot.pid.load(Relaxed);
-            if pid_alive(pid, Some(slot.start_time.load(Relaxed))) {
+            if slot_owner_alive(pid, slot.start_time.load(Relaxed)) {
                 continue;
             }
             if slot
@@ -342,6 +342,41 @@ impl SharedState {
     }
 }
 
+/// Liveness of a slot's owner, cheap enough to run on every cuMemGetInfo / NVML query with many processes:
+/// `kill(pid, 0)` answers exactly for exited-and-reaped processes (the common case); the full check through
+/// /proc (zombie, pid reused by another process) runs at most every 20 ms per owner.
+fn slot_owner_alive(pid: u32, start_time: u64) -> bool {
+    use std::collections::HashMap;
+    static VERIFIED: parking_lot::Mutex<Option<HashMap<(u32, u64), u64>>> = parking_lot::Mutex::new(None);
+    // SAFETY: signal 0 only checks for existence.
+    if pid == 0 || unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && errno() == libc::ESRCH {
+        return false;
+    }
+    let now = crate::timeline::now_ns();
+    let mut cache = VERIFIED.lock();
+    let cache = cache.get_or_insert_with(HashMap::new);
+    if cache
+        .get(&(pid, start_time))
+        .is_some_and(|&t| now.saturating_sub(t) < 20_000_000)
+    {
+        return true;
+    }
+    let alive = pid_alive(pid, Some(start_time));
+    if alive {
+        if cache.len() > 4 * MAX_PROCS {
+            cache.clear();
+        }
+        cache.insert((pid, start_time), now);
+    } else {
+        cache.remove(&(pid, start_time));
+    }
+    alive
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
 /// Start time of `pid` (field 22 of /proc/<pid>/stat, clock ticks since boot) and whether it is a zombie.
 pub(crate) fn proc_start_time(pid: u32) -> Option<(u64, bool)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -359,7 +394,7 @@ pub(crate) fn pid_alive(pid: u32, start_time: Option<u64>) -> bool {
         return false;
     }
     match proc_start_time(pid) {
-        Some((st, zombie)) => !zombie && start_time.map_or(true, |t| t == st),
+        Some((st, zombie)) => !zombie && start_time.is_none_or(|t| t == st),
         None => {
             // /proc unreadable (hidepid, other namespace): fall back to kill(pid, 0).
             // SAFETY: signal 0 only checks for existence.

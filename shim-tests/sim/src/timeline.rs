@@ -138,7 +138,7 @@ pub(crate) fn intervals(dev: &DeviceState, from: u64, to: u64) -> Vec<(u32, u64,
 pub(crate) fn busy_in(dev: &DeviceState, from: u64, to: u64, pid: Option<u32>) -> u64 {
     intervals(dev, from, to)
         .iter()
-        .filter(|(p, _, _)| pid.map_or(true, |x| x == *p))
+        .filter(|(p, _, _)| pid.is_none_or(|x| x == *p))
         .map(|(_, s, e)| e - s)
         .sum()
 }

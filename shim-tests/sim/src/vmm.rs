@@ -67,7 +67,7 @@ impl Vmm {
 }
 
 fn check_granular(sim: &Sim, v: u64) -> CuResult<()> {
-    if v == 0 || v % sim.cfg.granularity != 0 {
+    if v == 0 || !v.is_multiple_of(sim.cfg.granularity) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     Ok(())
@@ -143,7 +143,7 @@ pub(crate) fn reserve(o: &mut Objects, sim: &Sim, size: u64, align: u64, addr: u
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let raw = crate::memory::reserve_va(size + align, addr).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
-    let start = if addr != 0 && raw == addr && addr % align == 0 {
+    let start = if addr != 0 && raw == addr && addr.is_multiple_of(align) {
         addr
     } else {
         raw.div_ceil(align) * align
@@ -179,7 +179,7 @@ pub(crate) fn address_free(o: &mut Objects, p: u64, size: u64) -> CuResult<()> {
 /// cuMemMap.
 pub(crate) fn map(o: &mut Objects, sim: &Sim, p: u64, size: u64, offset: u64, h: u64) -> CuResult<()> {
     check_granular(sim, size)?;
-    if offset % sim.cfg.granularity != 0 {
+    if !offset.is_multiple_of(sim.cfg.granularity) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let a = o

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("workspace root")
 }
 
 fn include_dir() -> PathBuf {
@@ -29,7 +32,11 @@ fn library() -> PathBuf {
     let exe = std::env::current_exe().expect("test binary path");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
     let lib = profile_dir.join("libcudasim.so");
-    assert!(lib.exists(), "{} not built (cargo build -p cuquota-sim)", lib.display());
+    assert!(
+        lib.exists(),
+        "{} not built (cargo build -p cuquota-sim)",
+        lib.display()
+    );
     lib
 }
 
@@ -65,9 +72,15 @@ fn setup(name: &str, tag: &str) -> Setup {
         .arg("-l:libcuda.so.1")
         .arg("-l:libnvidia-ml.so.1")
         .arg("-ldl")
+        .arg("-lpthread")
         .output()
         .expect("run the C compiler");
-    assert!(out.status.success(), "compiling {}:\n{}", src.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "compiling {}:\n{}",
+        src.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     Setup { dir, exe }
 }
 
@@ -125,5 +138,61 @@ fn bad_configuration_fails_cuinit_naming_the_variable() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("CUDASIM_MEMORY"));
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[test]
+fn many_processes_and_threads_share_one_state_file() {
+    let s = setup("stress", "herd");
+    let state = s.dir.join("state");
+    // 24 processes start at once on a fresh state file, each with a different SM count in its environment:
+    // exactly one configuration must win, and every process must see it.
+    let handles: Vec<_> = (0..24)
+        .map(|i| {
+            let exe = s.exe.clone();
+            let dir = s.dir.clone();
+            let state = state.clone();
+            std::thread::spawn(move || {
+                Command::new(exe)
+                    .arg("stress")
+                    .env("LD_LIBRARY_PATH", &dir)
+                    .env("CUDASIM_STATE", &state)
+                    .env("CUDASIM_MEMORY", "512m")
+                    .env("CUDASIM_CTX_OVERHEAD", "4m")
+                    .env("CUDASIM_SMS", (10 + i).to_string())
+                    .env_remove("CUDA_VISIBLE_DEVICES")
+                    .output()
+                    .expect("spawn")
+            })
+        })
+        .collect();
+    let mut sms = Vec::new();
+    let mut ooms = 0;
+    for h in handles {
+        let out = h.join().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let f: Vec<&str> = text.split_whitespace().collect();
+        sms.push(f[1].parse::<u32>().unwrap());
+        ooms += f[3].parse::<u32>().unwrap();
+    }
+    assert!(
+        sms.iter().all(|&x| x == sms[0]),
+        "configurations disagree: {sms:?}"
+    );
+    assert!(ooms > 0, "512 MiB shared by 24 processes must run out sometimes");
+    assert_eq!(
+        run(
+            &s,
+            &["check"],
+            &[("CUDASIM_MEMORY", "512m"), ("CUDASIM_CTX_OVERHEAD", "4m")]
+        )
+        .trim(),
+        "OK"
+    );
     let _ = std::fs::remove_dir_all(&s.dir);
 }

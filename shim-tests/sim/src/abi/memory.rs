@@ -132,7 +132,7 @@ fn set(dst: u64, value: u32, width: u64, count: u64, s: Option<Handle>) -> CuRes
         } else {
             context::current(o, sim)?;
         }
-        if dst % width != 0 {
+        if !dst.is_multiple_of(width) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         memory::check_device_range(o, dst, width * count)?;
