@@ -2,8 +2,8 @@
 //! policy is `burst`. Pure arithmetic on samples, so it is tested without a device.
 //!
 //! Inputs per interval: the container's own GPU time (what its processes charged, from the region) and the
-//! device's busy fraction (NVML utilisation; on the simulator it follows the timeline). Others' use = device −
-//! own. Rules, in order:
+//! other containers' use of the device over the same interval (NVML per-process utilisation of the processes
+//! that are not in this container's usage region; on the simulator it follows the timeline). Rules, in order:
 //! - nobody else uses the device (others < `OTHERS_IDLE`): run at the full device (the bucket still paces launches
 //!   at 100 %, which keeps the queue ≤ ~10 ms deep, so a newcomer is served within one sample);
 //! - others just appeared: fall back to the configured limit at once;
@@ -31,19 +31,20 @@ pub struct BurstState {
     pub others_active: bool,
 }
 
-/// One sample: own and device busy in per-mille of the interval, previous state → new state.
-pub fn step(prev: BurstState, limit_pm: u64, weight: u64, own_pm: u64, dev_pm: Option<u64>) -> BurstState {
+/// One sample: own and others' busy in per-mille of the interval, previous state → new state.
+pub fn step(prev: BurstState, limit_pm: u64, weight: u64, own_pm: u64, others_pm: Option<u64>) -> BurstState {
     let full = super::bucket::FULL_RATE;
     let limit = limit_pm.clamp(1, full);
-    let Some(dev) = dev_pm else {
-        // No device-wide signal: cannot tell spare time from others' time; behave as hard.
+    let Some(others) = others_pm else {
+        // No signal about the others: cannot tell spare time from their time; behave as hard.
         return BurstState {
             eff: limit,
             others_active: true,
         };
     };
-    let dev = dev.min(full).max(own_pm.min(full));
-    let others = dev - own_pm.min(full);
+    let own = own_pm.min(full);
+    let others = others.min(full);
+    let dev = (own + others).min(full);
     if others < OTHERS_IDLE {
         return BurstState {
             eff: full,
@@ -60,7 +61,7 @@ pub fn step(prev: BurstState, limit_pm: u64, weight: u64, own_pm: u64, dev_pm: O
     let eff = if idle >= IDLE_MIN {
         let w = weight.clamp(1, 1000);
         let grow = idle * w / (w + DEFAULT_WEIGHT);
-        (prev.eff.max(own_pm).max(limit) + grow).min(full)
+        (prev.eff.max(own).max(limit) + grow).min(full)
     } else {
         let e = prev.eff.max(limit);
         limit + (e - limit) / 2
@@ -90,7 +91,7 @@ mod tests {
 
     #[test]
     fn alone_runs_at_full_device() {
-        let s = step(BurstState::default(), 300, 100, 300, Some(305));
+        let s = step(BurstState::default(), 300, 100, 300, Some(5));
         assert_eq!(
             s,
             BurstState {
@@ -106,7 +107,7 @@ mod tests {
             eff: 1000,
             others_active: false,
         };
-        let s = step(s, 300, 100, 900, Some(1000));
+        let s = step(s, 300, 100, 900, Some(100));
         assert_eq!(s.eff, 300);
     }
 
@@ -118,14 +119,13 @@ mod tests {
         };
         // The other container uses 400 and wants no more: we converge to fill the rest.
         for _ in 0..20 {
-            let own = s.eff;
-            let dev = (own + 400).min(1000);
-            s = step(s, 300, 100, own, Some(dev));
+            let own = s.eff.min(600);
+            s = step(s, 300, 100, own, Some(400));
         }
         assert!(s.eff >= 560, "{s:?}");
         // Now the other wants 700 (its own limit) and the device saturates: back to 300 within a few samples.
         for _ in 0..6 {
-            s = step(s, 300, 100, s.eff.min(300), Some(1000));
+            s = step(s, 300, 100, s.eff.min(300), Some(700));
         }
         assert!(s.eff <= 310, "{s:?}");
     }

@@ -52,8 +52,9 @@ pub trait Gpu {
     fn probe_poll(&self, p: u64) -> Poll;
     /// Give the probe's events back to the pool.
     fn probe_release(&self, p: u64);
-    /// Device busy fraction (per-mille) over roughly the last `burst::SAMPLE_NS`, all processes; None = unknown.
-    fn device_busy_pm(&self, dev: usize) -> Option<u64>;
+    /// Other containers' use of the device (per-mille) since the previous call for this device (about
+    /// `burst::SAMPLE_NS`); None = unknown.
+    fn others_busy_pm(&self, dev: usize) -> Option<u64>;
 }
 
 /// Region words of one device for this container (and this process's slot counter).
@@ -334,7 +335,7 @@ impl Engine {
             lim.rate_pm(),
             lim.weight as u64,
             own_pm,
-            gpu.device_busy_pm(dev),
+            gpu.others_busy_pm(dev),
         );
         w[slot::BURST_STATE].store(burst::pack(next), Ordering::Relaxed);
         w[slot::EFF_RATE].store(next.eff, Ordering::Relaxed);
@@ -421,7 +422,7 @@ mod tests {
         fn probe_release(&self, p: u64) {
             self.probes.borrow_mut().retain(|x| x.0 != p);
         }
-        fn device_busy_pm(&self, _dev: usize) -> Option<u64> {
+        fn others_busy_pm(&self, _dev: usize) -> Option<u64> {
             *self.util.borrow()
         }
     }
@@ -580,7 +581,7 @@ mod tests {
     fn burst_alone_uses_the_whole_device() {
         let clock = FakeClock::new(1_000_000 * MS);
         let gpu = FakeGpu::new(&clock, 50_000);
-        *gpu.util.borrow_mut() = Some(0); // filled in below per sample
+        *gpu.util.borrow_mut() = Some(0); // alone: nobody else uses the device
         let eng = Engine::new();
         let words: [AtomicU64; 8] = Default::default();
         let busy = AtomicU64::new(0);
@@ -595,15 +596,7 @@ mod tests {
             weight: 100,
         };
         let start = clock.now_ns();
-        let mut last_sample = (start, 0u64);
         while clock.now_ns() < start + 2_000 * MS {
-            // NVML: device busy over the last interval equals own busy (alone)
-            let now = clock.now_ns();
-            if now - last_sample.0 >= burst::SAMPLE_NS {
-                let b = *gpu.busy.borrow();
-                *gpu.util.borrow_mut() = Some(((b - last_sample.1) * 1000 / (now - last_sample.0)).min(1000));
-                last_sample = (now, b);
-            }
             let t = eng.admit(0, &sh, || lim, 1, &clock, &gpu).unwrap();
             let h = if t.probe { gpu.probe_begin(0, 0) } else { 0 };
             gpu.launch();

@@ -36,7 +36,7 @@ pub struct EventApi {
     pub cuCtxPopCurrent: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
 }
 
-/// Device utilisation source for the burst controller: usage device index → per-mille busy, or None.
+/// Others' use of a device for the burst controller: usage device index → per-mille, or None.
 pub type UtilFn = dyn Fn(usize) -> Option<u64> + Send + Sync;
 
 #[derive(Debug)]
@@ -183,7 +183,7 @@ impl Gpu for EventProbes {
 
     fn probe_release(&self, _p: u64) {}
 
-    fn device_busy_pm(&self, dev: usize) -> Option<u64> {
+    fn others_busy_pm(&self, dev: usize) -> Option<u64> {
         (self.util)(dev)
     }
 }

@@ -10,6 +10,7 @@
 //! clock read, an estimate lookup, one CAS on the bucket and three counter adds.
 
 use super::bucket::{slot, FULL_RATE};
+use super::burst;
 use super::clock::{monotonic_ns, Monotonic};
 use super::engine::{Engine, Gpu, Shared, Ticket};
 use super::estimate::launch_key;
@@ -74,23 +75,49 @@ fn effective(cfg: &Config, readers: &[LimitsReader], o: u32, uuid: Option<&[u8; 
     }
 }
 
-type UtilRatesFn = unsafe extern "C" fn(*mut c_void, *mut [c_uint; 2]) -> c_int;
+/// `nvmlProcessUtilizationSample_t` (nvml.h).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct ProcSample {
+    pid: c_uint,
+    time_stamp: u64,
+    sm_util: c_uint,
+    mem_util: c_uint,
+    enc_util: c_uint,
+    dec_util: c_uint,
+}
+
+type ProcUtilFn = unsafe extern "C" fn(*mut c_void, *mut ProcSample, *mut c_uint, u64) -> c_int;
 type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
 use std::ffi::c_int;
 
-/// NVML device utilisation for the burst controller, per usage device entry.
+/// Other containers' use of a device, for the burst controller: NVML's per-process utilisation since the last
+/// sample, summed over the processes that are not members of this container's usage region.
 struct Util {
-    rates: Option<UtilRatesFn>,
+    proc_util: Option<ProcUtilFn>,
     by_uuid: Option<HandleByUuidFn>,
+    /// This container's usage region (its own mapping), for membership.
+    usage: Option<cuquota_core::UsageRegion>,
     /// Usage entry → NVML handle (0 = unknown yet, 1 = unavailable).
     handles: [AtomicUsize; 16],
+    /// Usage entry → CLOCK_REALTIME µs of the previous sample.
+    last_seen: [AtomicU64; 16],
     /// Usage entry → UUID string, filled when the ordinal is first seen.
     uuids: Mutex<[Option<CString>; 16]>,
 }
 
+fn realtime_us() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
+}
+
 impl Util {
-    fn busy_pm(&self, dev: usize) -> Option<u64> {
-        let rates = self.rates?;
+    fn handle(&self, dev: usize) -> Option<*mut c_void> {
         let mut h = self.handles[dev % 16].load(Ordering::Relaxed);
         if h == 0 {
             let uuid = self.uuids.lock().ok()?[dev % 16].clone();
@@ -102,12 +129,47 @@ impl Util {
             };
             self.handles[dev % 16].store(h, Ordering::Relaxed);
         }
-        if h == 1 {
+        (h != 1).then_some(h as *mut c_void)
+    }
+
+    fn others_pm(&self, dev: usize) -> Option<u64> {
+        let (f, usage) = (self.proc_util?, self.usage.as_ref()?);
+        let h = self.handle(dev)?;
+        let now = realtime_us();
+        let last = self.last_seen[dev % 16].swap(now, Ordering::Relaxed);
+        let since = if last == 0 {
+            now.saturating_sub(burst::SAMPLE_NS / 1000)
+        } else {
+            last
+        };
+        let mut buf = [ProcSample::default(); 128];
+        let mut n = buf.len() as c_uint;
+        // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
+        let r = unsafe { f(h, buf.as_mut_ptr(), &mut n, since) };
+        const NOT_FOUND: c_int = 6; // NVML_ERROR_NOT_FOUND: no samples since `since` = nobody ran
+        if r == NOT_FOUND {
+            return Some(0);
+        }
+        if r != 0 {
             return None;
         }
-        let mut u = [0 as c_uint; 2];
-        // SAFETY: a handle NVML gave us, valid out-pointer to nvmlUtilization_t {gpu, memory}.
-        (unsafe { rates(h as *mut c_void, &mut u) } == 0).then(|| (u[0] as u64 * 10).min(FULL_RATE))
+        // Average each pid's samples, sum over the pids outside this container.
+        let mut per: Vec<(u32, u64, u64)> = Vec::new();
+        for smp in &buf[..(n as usize).min(buf.len())] {
+            match per.iter_mut().find(|x| x.0 == smp.pid) {
+                Some(x) => {
+                    x.1 += smp.sm_util as u64;
+                    x.2 += 1;
+                }
+                None => per.push((smp.pid, smp.sm_util as u64, 1)),
+            }
+        }
+        let others: u64 = per
+            .iter()
+            .filter(|(pid, _, _)| !usage.is_member(*pid))
+            .map(|(_, sum, k)| sum * 10 / k)
+            .sum();
+        Some(others.min(FULL_RATE))
     }
 }
 
@@ -190,14 +252,16 @@ impl SmThrottle {
             .nvml()
             .and(lib(cfg.libnvml_path.as_deref(), "libnvidia-ml.so.1"));
         let util: &'static Util = Box::leak(Box::new(Util {
-            rates: nvml
+            proc_util: nvml
                 .as_ref()
-                .and_then(|l| sym(l, c"nvmlDeviceGetUtilizationRates")),
+                .and_then(|l| sym(l, c"nvmlDeviceGetProcessUtilization")),
             by_uuid: nvml.as_ref().and_then(|l| sym(l, c"nvmlDeviceGetHandleByUUID")),
+            usage: cuquota_core::UsageRegion::open_existing(&cfg.usage_path).ok(),
             handles: Default::default(),
+            last_seen: Default::default(),
             uuids: Mutex::new(Default::default()),
         }));
-        let probes = probes.map(|api| EventProbes::new(api, Box::new(move |d| util.busy_pm(d))));
+        let probes = probes.map(|api| EventProbes::new(api, Box::new(move |d| util.others_pm(d))));
         if probes.is_none() && possible {
             log!(
                 Level::Warn,
@@ -539,7 +603,7 @@ impl Gpu for NoGpu {
         super::engine::Poll::Failed
     }
     fn probe_release(&self, _p: u64) {}
-    fn device_busy_pm(&self, _dev: usize) -> Option<u64> {
+    fn others_busy_pm(&self, _dev: usize) -> Option<u64> {
         None
     }
 }
