@@ -250,7 +250,8 @@ fn stream_device(s: &Shim, stream: CUstream, ptsz: bool) -> Option<Dev> {
     }
 }
 
-/// A pool allocation: admitted with the request, charged by the pool's reserved-size delta.
+/// A pool allocation: admitted with the part of the request the pool's unused reserve cannot serve (the
+/// reserve is already charged), then charged by the pool's reserved-size growth.
 fn pool_alloc(
     s: &Shim,
     dev: Dev,
@@ -259,10 +260,18 @@ fn pool_alloc(
     call: impl FnOnce() -> CUresult,
     out: impl FnOnce() -> u64,
 ) -> CUresult {
-    let est = s.mem.round(&s.cuda, dev, bytes);
+    // What the pool already holds reserved (and is charged for) but has not handed out serves the request first.
+    let mut est = s
+        .mem
+        .round(&s.cuda, dev, bytes)
+        .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize));
     if s.mem.admit(dev, est).is_err() {
         // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
         s.mem.refresh_pools_of(&s.cuda, dev.id);
+        est = s
+            .mem
+            .round(&s.cuda, dev, bytes)
+            .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize));
         if s.mem.admit(dev, est).is_err() {
             return CUresult::ERROR_OUT_OF_MEMORY;
         }

@@ -470,6 +470,29 @@ impl Memory {
         p.charged = reserved;
     }
 
+    /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be
+    /// served from without the pool growing. 0 for untracked pools or when the driver cannot tell.
+    pub fn pool_slack(&self, cuda: &CudaTable, pool: usize) -> u64 {
+        if self.pool_device(pool).is_none() {
+            return 0; // not charged by us yet: its reserve is not ours to spend
+        }
+        let get = |attr| {
+            let mut v: u64 = 0;
+            // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
+            let r = unsafe {
+                cuda.cuMemPoolGetAttribute(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast())
+            };
+            r.ok().then_some(v)
+        };
+        match (
+            get(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            get(CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        ) {
+            (Some(reserved), Some(used)) => reserved.saturating_sub(used),
+            _ => 0,
+        }
+    }
+
     /// Refreshes every pool on a device entry (before refusing a pool allocation).
     pub fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
         let mut pools = self.pools.lock();
