@@ -248,7 +248,7 @@ echo "cuquota validation: CUDA $CUDA samples on the $where; cuquota = $(basename
     END {
         for (r = 1; r <= n; r++) {
             line = ""
-            for (i = 1; i <= 6; i++) line = line sprintf("%-" w[i] "s", cell[r, i]) (i < 6 ? " | " : "")
+            for (i = 1; i <= 6; i++) line = line (i < 6 ? sprintf("%-" w[i] "s | ", cell[r, i]) : cell[r, i])
             print line
             if (r == 1) { sep = ""; for (i = 1; i <= 6; i++) { s = ""; for (k = 0; k < w[i]; k++) s = s "-"; sep = sep s (i < 6 ? "-|-" : "") } print sep }
         }
