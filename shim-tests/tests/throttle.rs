@@ -106,29 +106,34 @@ fn run(
 
 const HARD30: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_POLICY", "hard")];
 
-/// Runs `cases` concurrently (each on its own simulated GPU) and checks every share is 30 ± 5.
+/// Runs `cases` (4 at a time, each on its own simulated GPU) at a hard 30 % limit. A path that escapes the
+/// throttle runs at ~100 %; a held one at 30 (the bound below leaves room for a loaded CI machine, where a
+/// late-woken process can only fall short, never exceed).
 fn check_paths(b: Build, cases: &[(&str, &str)]) {
-    let results: Vec<(String, f64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = cases
-            .iter()
-            .map(|&(path, style)| {
-                s.spawn(move || {
-                    let sim = Sim::new().build();
-                    let r = run(&sim, b, "a", HARD30, path, style, 1.0, 50_000, 0);
-                    (format!("{b:?} {style} {path}"), r.share)
+    let mut results: Vec<(String, f64)> = Vec::new();
+    for chunk in cases.chunks(4) {
+        results.extend(std::thread::scope(|s| {
+            let hs: Vec<_> = chunk
+                .iter()
+                .map(|&(path, style)| {
+                    s.spawn(move || {
+                        let sim = Sim::new().build();
+                        let r = run(&sim, b, "a", HARD30, path, style, 1.0, 50_000, 0);
+                        (format!("{b:?} {style} {path}"), r.share)
+                    })
                 })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().expect("run")).collect()
-    });
+                .collect();
+            hs.into_iter().map(|h| h.join().expect("run")).collect::<Vec<_>>()
+        }));
+    }
     let bad: Vec<String> = results
         .iter()
-        .filter(|(_, s)| (s - 30.0).abs() > 5.0)
+        .filter(|(_, s)| !(20.0..=35.0).contains(s))
         .map(|(n, s)| format!("{n}: {s:.1}%"))
         .collect();
     assert!(
         bad.is_empty(),
-        "launch paths not held at 30 % (±5): {bad:?}\nall: {results:?}"
+        "launch paths not held at 30 %: {bad:?}\nall: {results:?}"
     );
 }
 
@@ -266,11 +271,26 @@ fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
         });
         let b = s.spawn(|| {
             let env = [("CUDA_DEVICE_SM_LIMIT", "70"), ("CUQUOTA_POLICY", "hard")];
-            run(&sim, Build::Dl, "b", &env, "kernel", "dlsym", 2.0, 50_000, start).share
+            run(
+                &sim,
+                Build::Dl,
+                "b",
+                &env,
+                "kernel",
+                "dlsym",
+                2.0,
+                1_000_000,
+                start,
+            )
+            .share
         });
         (a.join().expect("a"), b.join().expect("b"))
     });
-    assert!(b >= 63.0, "the hard 70 % neighbour got {b:.1} (burst one {a:.1})");
+    // 1 ms kernels: few launches, so a loaded CI machine does not starve either program of CPU.
+    assert!(
+        b >= 63.0 && a <= 36.0,
+        "burst 30 % next to a busy hard 70 %: got {a:.1} / {b:.1}"
+    );
 }
 
 #[test]

@@ -230,6 +230,12 @@ impl SmThrottle {
                 watch.push(w);
             }
         }
+        let file_any = readers.iter().any(|r| {
+            r.snapshot()
+                .entries
+                .iter()
+                .any(|e| e.is_valid() && e.limits().sm.is_some())
+        });
         let seen = readers.iter().map(|r| AtomicU64::new(r.snapshot().seq)).collect();
         let config_limited = !cfg.sm_disabled
             && (cfg.default_limits.sm.is_some() || cfg.devices.values().any(|d| d.sm.is_some()));
@@ -274,7 +280,7 @@ impl SmThrottle {
             util,
             possible,
             config_limited,
-            any_active: AtomicBool::new(config_limited),
+            any_active: AtomicBool::new(config_limited || file_any),
             watch,
             seen,
             readers: Mutex::new(readers),
