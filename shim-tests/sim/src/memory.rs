@@ -104,6 +104,8 @@ pub(crate) struct Memory {
     pub allocs: BTreeMap<u64, Alloc>,
     /// Pinned host allocations: address → size.
     pub host: BTreeMap<u64, u64>,
+    /// Host ranges registered with cuMemHostRegister: address → size.
+    pub registered: BTreeMap<u64, u64>,
     next_buffer_id: u64,
 }
 
@@ -212,10 +214,12 @@ impl Memory {
         (p < s + a.size.max(1)).then_some((s, a))
     }
 
-    /// The pinned host allocation containing `p`: (start, size).
+    /// The pinned (allocated or registered) host range containing `p`: (start, size).
     pub(crate) fn find_host(&self, p: u64) -> Option<(u64, u64)> {
-        let (&s, &l) = self.host.range(..=p).next_back()?;
-        (p < s + l.max(1)).then_some((s, l))
+        [&self.host, &self.registered].into_iter().find_map(|m| {
+            let (&s, &l) = m.range(..=p).next_back()?;
+            (p < s + l.max(1)).then_some((s, l))
+        })
     }
 }
 

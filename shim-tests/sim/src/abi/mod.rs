@@ -21,6 +21,7 @@ mod exec;
 mod graph;
 mod init;
 mod memory;
+mod misc;
 mod nvml;
 mod stream;
 
@@ -32,6 +33,7 @@ pub(crate) mod exports {
     pub(crate) use super::graph::*;
     pub(crate) use super::init::*;
     pub(crate) use super::memory::*;
+    pub(crate) use super::misc::*;
     pub(crate) use super::stream::*;
     pub(crate) use crate::stubs::*;
 }
