@@ -335,6 +335,28 @@ int main(int argc, char **argv) {
         CHECK(cur == ctx);
     }
 
+    /* A stream holds at most 1024 pending kernels: the 1025th launch sleeps until the oldest completes. */
+    {
+        const char *image = "CUDASIM-MODULE 1\nkernel ms 1000000\n";
+        CUmodule mod;
+        CUfunction f;
+        CUstream s;
+        double t0, t1;
+        CU(cuModuleLoadData(&mod, image));
+        CU(cuModuleGetFunction(&f, mod, "ms"));
+        CU(cuStreamCreate(&s, 0));
+        t0 = now_ms();
+        for (int i = 0; i < 1100; i++) CU(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL));
+        t1 = now_ms();
+        /* ~76 launches had to wait about 1 ms each (fewer if launching itself took a while). */
+        CHECK(t1 - t0 >= 30);
+        CHECK(cuStreamQuery(s) == CUDA_ERROR_NOT_READY);
+        CU(cuStreamSynchronize(s));
+        CHECK(now_ms() - t0 >= 1099);
+        CU(cuStreamDestroy(s));
+        CU(cuModuleUnload(mod));
+    }
+
     CU(cuDevicePrimaryCtxRelease(0));
     if (failures == 0) printf("OK\n");
     return failures != 0;
