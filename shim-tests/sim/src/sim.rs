@@ -21,6 +21,8 @@ pub(crate) struct Sim {
 
 static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
 static CUDA_INITIALISED: AtomicBool = AtomicBool::new(false);
+/// The process that ran cuInit: a child forked after it inherits a driver it cannot use (as on a real GPU).
+static CUDA_INIT_PID: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 /// `pid << 32 | (slot + 1)` of the slot this process claimed (0 = none); re-claimed after fork.
 static SLOT: AtomicU64 = AtomicU64::new(0);
 
@@ -48,7 +50,12 @@ pub(crate) fn get() -> Result<&'static Sim, &'static str> {
 
 /// cuInit: loads the simulator and marks the driver API initialised.
 pub(crate) fn cuda_init() -> CuResult<()> {
+    let me = std::process::id();
+    if CUDA_INITIALISED.load(Acquire) && CUDA_INIT_PID.load(Acquire) != me {
+        return Err(CUDA_ERROR_NOT_INITIALIZED);
+    }
     let sim = get().map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    CUDA_INIT_PID.store(me, Release);
     CUDA_INITIALISED.store(true, Release);
     if sim.visible.is_empty() {
         return Err(CUDA_ERROR_NO_DEVICE);
@@ -56,9 +63,9 @@ pub(crate) fn cuda_init() -> CuResult<()> {
     Ok(())
 }
 
-/// Whether cuInit has succeeded in this process.
+/// Whether cuInit has succeeded in this process (not in a parent it was forked from).
 pub(crate) fn cuda_initialised() -> bool {
-    CUDA_INITIALISED.load(Acquire)
+    CUDA_INITIALISED.load(Acquire) && CUDA_INIT_PID.load(Acquire) == std::process::id()
 }
 
 /// The simulator for a driver API call: CUDA_ERROR_NOT_INITIALIZED before cuInit.

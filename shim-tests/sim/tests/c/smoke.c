@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static int failures = 0;
@@ -67,6 +68,17 @@ int main(int argc, char **argv) {
     CHECK(cuDeviceGetCount(&n) == CUDA_ERROR_NOT_INITIALIZED);
     CHECK(cuInit(1) == CUDA_ERROR_INVALID_VALUE);
     CU(cuInit(0));
+
+    /* A child forked after cuInit cannot use the parent's driver state (as on a real GPU). */
+    {
+        pid_t child = fork();
+        if (child == 0) {
+            int c = 0;
+            _exit(cuDeviceGetCount(&c) == CUDA_ERROR_NOT_INITIALIZED && cuInit(0) == CUDA_ERROR_NOT_INITIALIZED ? 0 : 1);
+        }
+        int status = -1;
+        CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
 
     /* Devices. */
     CU(cuDeviceGetCount(&n));
