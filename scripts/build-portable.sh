@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the deployable libcuquota.so against glibc 2.17 (loads in CUDA images based on old distributions:
+# CentOS 7, Ubuntu 18.04+), strips it, and checks that no newer glibc symbol version slipped in.
+# Output: dist/libcuquota.so. Tools (pinned, from PyPI) go to .deps/zig.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ZIGBUILD=0.24.0
+ZIG=0.17.0
+if ! [ -x .deps/zig/bin/cargo-zigbuild ] || ! grep -qs "^Version: $ZIG$" .deps/zig/ziglang-*.dist-info/METADATA; then
+  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --upgrade \
+    --target .deps/zig "cargo-zigbuild==$ZIGBUILD" "ziglang==$ZIG"
+fi
+export PATH="$PWD/.deps/zig/bin:$PATH" PYTHONPATH="$PWD/.deps/zig${PYTHONPATH:+:$PYTHONPATH}"
+cargo zigbuild --release -q -p cuquota --target x86_64-unknown-linux-gnu.2.17
+mkdir -p dist
+objcopy --strip-debug target/x86_64-unknown-linux-gnu/release/libcuquota.so dist/libcuquota.so
+newest=$(objdump -T dist/libcuquota.so | grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -1)
+case "$newest" in
+  GLIBC_2.1[0-7]|GLIBC_2.[0-9]|GLIBC_2.[0-9].*) ;;
+  *) echo "build-portable: dist/libcuquota.so needs $newest (> GLIBC_2.17)" >&2; exit 1 ;;
+esac
+echo "dist/libcuquota.so: $(du -h dist/libcuquota.so | cut -f1), needs glibc >= ${newest#GLIBC_}"
