@@ -9,8 +9,8 @@
 //!
 //! Usage: `cargo run --release -p bench-throttle -- [--seconds S] [--quick] [--jobs J] [--only accuracy|multi|burst|overhead]`
 //! (the recorded table uses the default 10 s windows; `--quick` = 2 s windows and fewer cells).
-//! Build first: `cargo build --release -p cuquota -p cuquota-sim` (the harness runs the libraries of the
-//! profile it was built with).
+//! Build first: `cargo build --release -p cuquota -p cuquota-sim -p bench-throttle`; the bench runs the release
+//! libraries (set `CUQUOTA_TEST_PROFILE=debug` to measure the debug ones).
 
 use shim_tests::{include_dir, Sim};
 use std::path::PathBuf;
@@ -96,21 +96,36 @@ fn parallel<T: Send>(jobs: usize, tasks: Vec<Box<dyn FnOnce() -> T + Send + '_>>
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1) {
             s.spawn(|| loop {
-                let Some((i, t)) = queue.lock().expect("q").pop() else { break };
+                let Some((i, t)) = queue.lock().expect("q").pop() else {
+                    break;
+                };
                 let r = t();
                 results.lock().expect("r")[i] = Some(r);
             });
         }
     });
-    results.into_inner().expect("r").into_iter().map(|r| r.expect("ran")).collect()
+    results
+        .into_inner()
+        .expect("r")
+        .into_iter()
+        .map(|r| r.expect("ran"))
+        .collect()
 }
 
 fn hard(l: u32) -> Vec<(&'static str, String)> {
-    vec![("CUDA_DEVICE_SM_LIMIT", l.to_string()), ("CUQUOTA_POLICY", "hard".into())]
+    vec![
+        ("CUDA_DEVICE_SM_LIMIT", l.to_string()),
+        ("CUQUOTA_POLICY", "hard".into()),
+    ]
 }
 
 fn main() {
-    let mut o = Opts { seconds: 10.0, quick: false, jobs: 3, only: None };
+    let mut o = Opts {
+        seconds: 10.0,
+        quick: false,
+        jobs: 3,
+        only: None,
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -135,12 +150,36 @@ fn main() {
         }
         i += 1;
     }
+    // Measure the optimised libraries (the harness defaults to the debug profile).
+    if std::env::var_os("CUQUOTA_TEST_PROFILE").is_none() {
+        std::env::set_var("CUQUOTA_TEST_PROFILE", "release");
+    }
     let want = |s: &str| o.only.as_deref().is_none_or(|x| x == s);
     let secs = o.seconds;
     let probe_sim = Sim::new().build();
     let prog = compile_prog(&probe_sim);
-    let date = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    println!("# cuquota SM-limit benchmark (simulator), window {secs} s, unix time {date}\n");
+    let date = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let _ = date;
+    let sh = |c: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(c)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default()
+    };
+    println!("# cuquota SM-limit benchmark (simulator), {secs} s windows\n");
+    println!(
+        "Date: {}. Machine: {} CPUs ({}), load average at start {}. Profile: {}.\n",
+        sh("date -u '+%Y-%m-%d %H:%M UTC'"),
+        sh("nproc"),
+        sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
+        sh("cut -d' ' -f1-3 /proc/loadavg"),
+        std::env::var("CUQUOTA_TEST_PROFILE").unwrap_or_default()
+    );
 
     if want("accuracy") {
         let sms_list: &[u32] = if o.quick { &[16, 188] } else { &[16, 132, 188] };
@@ -158,7 +197,10 @@ fn main() {
         println!();
         for &sms in sms_list {
             for &(kname, kns) in &[("50 µs", 50_000u64), ("10 ms", 10_000_000)] {
-                let sims: Vec<Sim> = limits.iter().map(|_| Sim::new().sms(&sms.to_string()).build()).collect();
+                let sims: Vec<Sim> = limits
+                    .iter()
+                    .map(|_| Sim::new().sms(&sms.to_string()).build())
+                    .collect();
                 let tasks: Vec<Box<dyn FnOnce() -> f64 + Send + '_>> = limits
                     .iter()
                     .zip(sims.iter())
@@ -205,7 +247,9 @@ fn main() {
                     let got: Vec<String> = shares
                         .iter()
                         .zip(split)
-                        .map(|(s, &l)| format!("{s:.2}{}", if (s - l as f64).abs() <= 3.0 { "" } else { " ✗" }))
+                        .map(|(s, &l)| {
+                            format!("{s:.2}{}", if (s - l as f64).abs() <= 3.0 { "" } else { " ✗" })
+                        })
                         .collect();
                     println!("| {sms} | {kname} | {} | {} |", lim.join("/"), got.join(" / "));
                 }
@@ -220,9 +264,15 @@ fn main() {
         println!("|---|---|---|");
         for &(kname, kns) in &[("50 µs", 50_000u64), ("10 ms", 10_000_000)] {
             let sim = Sim::new().build();
-            let env = vec![("CUDA_DEVICE_SM_LIMIT", "30".to_string()), ("CUQUOTA_POLICY", "burst".into())];
+            let env = vec![
+                ("CUDA_DEVICE_SM_LIMIT", "30".to_string()),
+                ("CUQUOTA_POLICY", "burst".into()),
+            ];
             let s = run_one(&sim, &prog, "a", &env, secs, kns, 256, 0);
-            println!("| L=30 burst, alone (target ≥ 95) | {kname} | {s:.2}{} |", if s >= 95.0 { "" } else { " ✗" });
+            println!(
+                "| L=30 burst, alone (target ≥ 95) | {kname} | {s:.2}{} |",
+                if s >= 95.0 { "" } else { " ✗" }
+            );
             let sim = Sim::new().build();
             let start = mono_ns() + 300_000_000;
             let tasks: Vec<Box<dyn FnOnce() -> f64 + Send + '_>> = vec![
@@ -230,7 +280,10 @@ fn main() {
                 Box::new(|| run_one(&sim, &prog, "h", &hard(70), secs, kns, 256, start)),
             ];
             let r = parallel(2, tasks);
-            println!("| L=30 burst + L=70 hard, both busy (target 30/70) | {kname} | {:.2} / {:.2} |", r[0], r[1]);
+            println!(
+                "| L=30 burst + L=70 hard, both busy (target 30/70) | {kname} | {:.2} / {:.2} |",
+                r[0], r[1]
+            );
         }
         println!();
     }
@@ -242,10 +295,19 @@ fn main() {
         let n = if o.quick { "200000" } else { "1000000" };
         for (name, env, target) in [
             ("no limit", vec![], "≤ 50"),
-            ("limit 50 %, tokens available", vec![("CUDA_DEVICE_SM_LIMIT", "50".to_string())], "≤ 150"),
+            (
+                "limit 50 %, tokens available",
+                vec![("CUDA_DEVICE_SM_LIMIT", "50".to_string())],
+                "≤ 150",
+            ),
         ] {
             let sim = Sim::new().build();
-            let mut c = sim.cmd_path(prog.clone()).container("o").arg("overhead").arg("dlsym").arg(n);
+            let mut c = sim
+                .cmd_path(prog.clone())
+                .container("o")
+                .arg("overhead")
+                .arg("dlsym")
+                .arg(n);
             for (k, v) in &env {
                 c = c.env(k, v);
             }

@@ -190,6 +190,8 @@ pub struct SmThrottle {
     limits: [AtomicU64; ORDINALS],
     /// Usage entry of each ordinal + 1 (0 = unknown).
     entry: [AtomicU64; ORDINALS],
+    /// The process sees exactly one device: every launch is on ordinal 0 (saves a `cuCtxGetDevice`).
+    single_device: bool,
 }
 
 static THROTTLE: OnceLock<SmThrottle> = OnceLock::new();
@@ -274,7 +276,11 @@ impl SmThrottle {
                 "CUDA events unavailable: SM limits charge estimates only"
             );
         }
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer; the driver is initialised (a launch is being made).
+        let single_device = unsafe { s.cuda.cuDeviceGetCount(&mut n) }.ok() && n == 1;
         SmThrottle {
+            single_device,
             engine: Engine::new(),
             probes,
             util,
@@ -378,7 +384,7 @@ impl SmThrottle {
     pub fn launch(&self, s: &Shim, key: u64, stream: usize, launch: impl FnOnce() -> CUresult) -> CUresult {
         let mut ord: CUdevice = 0;
         // SAFETY: valid out-pointer.
-        if !unsafe { s.cuda.cuCtxGetDevice(&mut ord) }.ok() {
+        if !self.single_device && !unsafe { s.cuda.cuCtxGetDevice(&mut ord) }.ok() {
             return launch();
         }
         self.launch_on(s, ord, key, stream, launch)
