@@ -57,7 +57,9 @@ fn validate(d: &Array3DDescriptor) -> CuResult<()> {
     if d.depth > 0 && d.height == 0 && d.flags & CUDA_ARRAY3D_LAYERED == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if d.flags & CUDA_ARRAY3D_CUBEMAP != 0 && (d.width != d.height || d.depth == 0 || !d.depth.is_multiple_of(6)) {
+    if d.flags & CUDA_ARRAY3D_CUBEMAP != 0
+        && (d.width != d.height || d.depth == 0 || !d.depth.is_multiple_of(6))
+    {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     Ok(())

@@ -225,10 +225,7 @@ mod tests {
         u[2] = crate::config::parse_uuid("GPU-abcd0000-0000-4000-8000-000000000002").unwrap();
         let full = format_uuid("GPU", &u[2]);
         assert_eq!(resolve_visible(Some(&full), &u), vec![2]);
-        assert_eq!(
-            resolve_visible(Some(&full.to_uppercase()), &u),
-            vec![2]
-        );
+        assert_eq!(resolve_visible(Some(&full.to_uppercase()), &u), vec![2]);
         // Unique prefix works, ambiguous prefix ends the list.
         assert_eq!(
             resolve_visible(Some("0,GPU-abcd0000-0000-4000-8000-0000000000"), &u),

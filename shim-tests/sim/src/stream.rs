@@ -214,9 +214,15 @@ pub(crate) fn event_record(o: &mut Objects, ev: u64, s: u64) -> CuResult<()> {
 /// time even when other processes' kernels are queued ahead of it. With one process on the device
 /// `busy_until` is its own tail: nothing changes.
 pub(crate) fn event_at_device_position(o: &mut Objects, sim: &crate::sim::Sim, ev: u64, s: u64) {
-    let Some(ctx) = o.streams.get(&s).map(|st| st.ctx) else { return };
-    let Ok((_, phys)) = crate::context::device_of(o, ctx) else { return };
-    let busy = sim.shared.devices[phys].busy_until.load(std::sync::atomic::Ordering::Acquire);
+    let Some(ctx) = o.streams.get(&s).map(|st| st.ctx) else {
+        return;
+    };
+    let Ok((_, phys)) = crate::context::device_of(o, ctx) else {
+        return;
+    };
+    let busy = sim.shared.devices[phys]
+        .busy_until
+        .load(std::sync::atomic::Ordering::Acquire);
     if let Some(e) = o.events.get_mut(&ev) {
         if let Some(t) = e.time.as_mut() {
             *t = (*t).max(busy);

@@ -94,7 +94,13 @@ fn copy_async(dst: u64, src: u64, len: u64, dir: Dir, s: Handle) -> CuResult<()>
         validate_copy(o, dst, src, len, dir)?;
         if o.streams.get(&st).is_some_and(|x| x.capture.is_some()) {
             let (dst_device, src_device) = sides(o, dst, src, dir);
-            let node = crate::graph::CopyNode { dst, src, len, dst_device, src_device };
+            let node = crate::graph::CopyNode {
+                dst,
+                src,
+                len,
+                dst_device,
+                src_device,
+            };
             return crate::graph::capture(o, st, crate::graph::NodeKind::Memcpy(node));
         }
         memory::copy(dst, src, len);
