@@ -13,7 +13,7 @@
 //! libraries (set `CUQUOTA_TEST_PROFILE=debug` to measure the debug ones).
 
 use shim_tests::{include_dir, Sim};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -63,7 +63,7 @@ struct Opts {
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     sim: &Sim,
-    prog: &PathBuf,
+    prog: &Path,
     container: &str,
     env: &[(&str, String)],
     secs: f64,
@@ -72,7 +72,7 @@ fn run_one(
     start_at: u64,
 ) -> f64 {
     let mut c = sim
-        .cmd_path(prog.clone())
+        .cmd_path(prog.to_path_buf())
         .container(container)
         .timeout(Duration::from_secs_f64(secs * 3.0 + 60.0))
         .arg("kernel")
