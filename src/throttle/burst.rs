@@ -131,6 +131,25 @@ mod tests {
     }
 
     #[test]
+    fn a_heavier_weight_takes_spare_time_faster() {
+        let grow = |w| {
+            let s = BurstState {
+                eff: 300,
+                others_active: true,
+            };
+            step(s, 300, w, 300, Some(200)).eff // 50 % of the device idle
+        };
+        assert_eq!(grow(100), 300 + 250);
+        assert!(
+            grow(1000) > grow(100) && grow(100) > grow(10),
+            "{} {} {}",
+            grow(1000),
+            grow(100),
+            grow(10)
+        );
+    }
+
+    #[test]
     fn no_device_signal_means_hard() {
         assert_eq!(step(BurstState::default(), 250, 100, 0, None).eff, 250);
     }
