@@ -371,3 +371,21 @@ fn usage_region_shows_the_achieved_share() {
         h.join().expect("run");
     });
 }
+
+#[test]
+fn the_environment_cannot_lift_the_agents_limit() {
+    let sim = Sim::new().build();
+    let lfs = sim.limits_file().display().to_string();
+    assert!(sim.cli(&["limits", "init", &lfs]).status.success());
+    let o = sim.cli(&[
+        "limits", "set", &lfs, "--device", "all", "--sm", "30", "--policy", "hard",
+    ]);
+    assert!(o.status.success(), "{o:?}");
+    for env in [
+        &[("GPU_CORE_UTILIZATION_POLICY", "DISABLE")][..],
+        &[("CUDA_DEVICE_SM_LIMIT", "90"), ("CUQUOTA_POLICY", "burst")][..],
+    ] {
+        let r = run(&sim, Build::Dl, "a", env, "kernel", "dlsym", 1.0, 50_000, 0);
+        assert!(r.share <= 35.0, "{env:?} lifted the agent's 30 %: {}", r.share);
+    }
+}

@@ -55,6 +55,8 @@ fn unpack(w: u64) -> Limit {
 }
 
 /// The SM limit of ordinal `o` from env/config and the agent files (lower limit, stricter policy wins).
+/// `GPU_CORE_UTILIZATION_POLICY=DISABLE` only drops the process's own limits (`Config::sm_limit` is then
+/// `None`): nothing in a process's environment lifts what the agent wrote.
 fn effective(cfg: &Config, readers: &[LimitsReader], o: u32, uuid: Option<&[u8; 16]>) -> Limit {
     let mut eff = EffectiveLimits::from_config(cfg, o);
     for r in readers {
@@ -66,7 +68,7 @@ fn effective(cfg: &Config, readers: &[LimitsReader], o: u32, uuid: Option<&[u8; 
         None => Policy::default(),
     };
     match eff.sm {
-        Some(pct) if !cfg.sm_disabled => Limit {
+        Some(pct) => Limit {
             pct,
             policy,
             weight: eff.weight.unwrap_or(100),
