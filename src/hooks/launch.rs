@@ -49,28 +49,6 @@ fn probe_stream(stream: CUstream, ptsz: bool) -> usize {
     }
 }
 
-thread_local! {
-    /// Set while this thread is inside a throttled launch: a driver that implements one launch entry point by
-    /// calling another exported one (through the PLT, so into our export again) must not be charged twice.
-    static IN_LAUNCH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Runs `f` marked as "inside a launch"; `None` if this thread already is (re-entry: pass through).
-#[inline]
-fn outermost<R>(f: impl FnOnce() -> R) -> Option<R> {
-    if IN_LAUNCH.with(|c| c.replace(true)) {
-        return None;
-    }
-    struct Reset;
-    impl Drop for Reset {
-        fn drop(&mut self) {
-            IN_LAUNCH.with(|c| c.set(false));
-        }
-    }
-    let _reset = Reset;
-    Some(f())
-}
-
 #[inline]
 fn kernel(
     s: &Shim,
@@ -85,14 +63,7 @@ fn kernel(
     if !t.active() {
         return call();
     }
-    let mut call = Some(call);
-    let key = kernel_key(f, grid, block);
-    outermost(|| {
-        t.launch(s, key, probe_stream(stream, ptsz), || {
-            (call.take().expect("once"))()
-        })
-    })
-    .unwrap_or_else(|| (call.take().expect("once"))())
+    t.launch(s, kernel_key(f, grid, block), probe_stream(stream, ptsz), call)
 }
 
 /// Hook of `cuLaunchKernel`.
@@ -285,9 +256,7 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
             ));
         }
     }
-    let mut call = Some(call);
-    outermost(|| t.launch_multi(s, &parts, || (call.take().expect("once"))()))
-        .unwrap_or_else(|| (call.take().expect("once"))())
+    t.launch_multi(s, &parts, call)
 }
 
 #[inline]
@@ -303,14 +272,8 @@ fn graph(
         return call();
     }
     // A graph is charged as one unit: its estimate is what its launches measured (all of its nodes).
-    let mut call = Some(call);
     let key = launch_key(exec as usize, u64::MAX, 0x0067_7261_7068);
-    outermost(|| {
-        t.launch(s, key, probe_stream(stream, ptsz), || {
-            (call.take().expect("once"))()
-        })
-    })
-    .unwrap_or_else(|| (call.take().expect("once"))())
+    t.launch(s, key, probe_stream(stream, ptsz), call)
 }
 
 /// Hook of `cuGraphLaunch`.
