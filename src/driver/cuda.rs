@@ -128,6 +128,15 @@ macro_rules! cuda_table {
                 cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
                 cuCtxGetDevice(device: *mut CUdevice);
                 cuCtxGetCurrent(pctx: *mut CUcontext);
+                cuCtxPushCurrent_v2(ctx: CUcontext);
+                cuCtxPopCurrent_v2(pctx: *mut CUcontext);
+                cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext);
+                cuEventCreate(phEvent: *mut CUevent, Flags: c_uint);
+                cuEventDestroy_v2(hEvent: CUevent);
+                cuEventRecord(hEvent: CUevent, hStream: CUstream);
+                cuEventQuery(hEvent: CUevent);
+                cuEventElapsedTime(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
+                cuEventElapsedTime_v2(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
                 cuStreamGetDevice(hStream: CUstream, device: *mut CUdevice);
                 cuStreamGetDevice_ptsz(hStream: CUstream, device: *mut CUdevice);
                 cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp,

@@ -41,6 +41,8 @@ macro_rules! nvml_table {
                 nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t);
                 nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
                 nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint);
+                nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t,
+                    processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64);
             ]
         }
     };

@@ -41,6 +41,7 @@ pub type CUmodule = *mut c_void;
 pub type CUlibrary = *mut c_void;
 pub type CUfunction = *mut c_void;
 pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
 pub type CUarray = *mut c_void;
 pub type CUmipmappedArray = *mut c_void;
 pub type CUmemoryPool = *mut c_void;

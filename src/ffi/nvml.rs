@@ -69,6 +69,19 @@ pub struct nvmlProcessInfo_v2_t {
     pub computeInstanceId: c_uint,
 }
 
+/// `nvmlProcessUtilizationSample_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct nvmlProcessUtilizationSample_t {
+    pub pid: c_uint,
+    /// CPU timestamp, µs.
+    pub timeStamp: u64,
+    pub smUtil: c_uint,
+    pub memUtil: c_uint,
+    pub encUtil: c_uint,
+    pub decUtil: c_uint,
+}
+
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
 pub const NVML_DEVICE_UUID_BUFFER_SIZE: usize = 96;
 

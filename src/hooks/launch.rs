@@ -60,7 +60,7 @@ fn kernel(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let t = thr::get(s);
-    if !t.active() {
+    if !t.active(s) {
         return call();
     }
     t.launch(s, kernel_key(f, grid, block), probe_stream(stream, ptsz), call)
@@ -240,7 +240,7 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
             .cuLaunchCooperativeKernelMultiDevice(list, num_devices, flags)
     };
     let t = thr::get(s);
-    if !t.active() || list.is_null() || num_devices == 0 || num_devices > 64 {
+    if !t.active(s) || list.is_null() || num_devices == 0 || num_devices > 64 {
         return call();
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
@@ -268,7 +268,7 @@ fn graph(
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
     let t = thr::get(s);
-    if !t.active() {
+    if !t.active(s) {
         return call();
     }
     // A graph is charged as one unit: its estimate is what its launches measured (all of its nodes).

@@ -53,6 +53,8 @@ struct AgentLimits {
     /// The `seq` each file had when we last recomputed.
     seen: Vec<AtomicU64>,
     readers: Mutex<Vec<LimitsReader>>,
+    /// Bumped after every re-read, so other caches of derived limits (the throttle's) know to recompute.
+    generation: AtomicU64,
 }
 
 /// A stream-ordered pool we account.
@@ -111,6 +113,7 @@ impl Memory {
                 watch,
                 seen,
                 readers: Mutex::new(readers),
+                generation: AtomicU64::new(0),
             },
             devices: std::array::from_fn(|_| OnceLock::new()),
             pools: Mutex::new(HashMap::new()),
@@ -258,6 +261,28 @@ impl Memory {
         self.effective(ordinal, uuid).memory
     }
 
+    /// Re-reads the agent files if one changed; returns the limits generation (changes after every re-read).
+    /// One atomic load per file when nothing changed.
+    pub fn poll_limits(&self) -> u64 {
+        self.refresh_limits_if_changed();
+        self.agent.generation.load(Ordering::Acquire)
+    }
+
+    /// True when at least one agent limits file is in force.
+    pub fn has_agent_files(&self) -> bool {
+        !self.agent.watch.is_empty()
+    }
+
+    /// True when an agent file sets an SM limit for some device.
+    pub fn agent_sets_sm_limit(&self) -> bool {
+        self.agent.readers.lock().iter().any(|r| {
+            r.snapshot()
+                .entries
+                .iter()
+                .any(|e| e.is_valid() && e.limits().sm.is_some())
+        })
+    }
+
     /// Re-reads changed limits files and recomputes every known device's limit. Called on the hot path only
     /// when a file's `seq` moved (one atomic load per file otherwise).
     fn refresh_limits_if_changed(&self) {
@@ -279,6 +304,7 @@ impl Memory {
                 }
             }
         }
+        self.agent.generation.fetch_add(1, Ordering::AcqRel);
         for (o, slot) in self.devices.iter().enumerate() {
             if let Some(i) = slot.get() {
                 let eff = self.effective(Some(o as u32), &i.uuid);

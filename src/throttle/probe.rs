@@ -10,12 +10,13 @@
 //! the real library was loaded.
 
 use super::engine::{Gpu, Poll, MAX_DEVICES};
-use std::ffi::{c_int, c_uint, c_void};
+use crate::ffi::cuda::{CUcontext, CUevent, CUresult, CUstream};
+use std::ffi::{c_uint, c_void};
 use std::sync::Mutex;
 
-type CuResult = c_int;
-const CUDA_SUCCESS: CuResult = 0;
-const CUDA_ERROR_NOT_READY: CuResult = 600;
+type CuResult = CUresult;
+const CUDA_SUCCESS: CuResult = CUresult::SUCCESS;
+const CUDA_ERROR_NOT_READY: CuResult = CUresult(600);
 /// `CU_STREAM_LEGACY`.
 pub const STREAM_LEGACY: usize = 0x1;
 /// `CU_STREAM_PER_THREAD`.
@@ -25,15 +26,15 @@ pub const STREAM_PER_THREAD: usize = 0x2;
 #[allow(non_snake_case, missing_docs)]
 #[derive(Clone, Copy, Debug)]
 pub struct EventApi {
-    pub cuEventCreate: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult,
-    pub cuEventDestroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
-    pub cuEventRecord: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
-    pub cuEventQuery: unsafe extern "C" fn(*mut c_void) -> CuResult,
-    pub cuEventElapsedTime: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> CuResult,
-    pub cuStreamGetCtx: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult,
-    pub cuCtxGetCurrent: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
-    pub cuCtxPushCurrent: unsafe extern "C" fn(*mut c_void) -> CuResult,
-    pub cuCtxPopCurrent: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
+    pub cuEventCreate: unsafe extern "C" fn(*mut CUevent, c_uint) -> CuResult,
+    pub cuEventDestroy: unsafe extern "C" fn(CUevent) -> CuResult,
+    pub cuEventRecord: unsafe extern "C" fn(CUevent, CUstream) -> CuResult,
+    pub cuEventQuery: unsafe extern "C" fn(CUevent) -> CuResult,
+    pub cuEventElapsedTime: unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CuResult,
+    pub cuStreamGetCtx: unsafe extern "C" fn(CUstream, *mut CUcontext) -> CuResult,
+    pub cuCtxGetCurrent: unsafe extern "C" fn(*mut CUcontext) -> CuResult,
+    pub cuCtxPushCurrent: unsafe extern "C" fn(CUcontext) -> CuResult,
+    pub cuCtxPopCurrent: unsafe extern "C" fn(*mut CUcontext) -> CuResult,
 }
 
 /// Others' use of a device for the burst controller: usage device index → per-mille, or None.

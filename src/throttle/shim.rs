@@ -16,14 +16,13 @@ use super::engine::{Engine, Gpu, Shared, Ticket};
 use super::estimate::launch_key;
 use super::probe::{EventApi, EventProbes, STREAM_LEGACY, STREAM_PER_THREAD};
 use super::{Limit, Policy};
-use crate::driver::Library;
 use crate::ffi::cuda::{CUdevice, CUresult};
+use crate::ffi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t, nvmlReturn_t};
 use crate::log::{log, Level};
 use crate::state::Shim;
-use cuquota_core::region::{EffectiveLimits, LimitsReader, LimitsRegion};
-use cuquota_core::{Config, DeviceId};
-use std::ffi::{c_char, c_uint, c_void, CString};
-use std::os::unix::ffi::OsStrExt;
+use cuquota_core::region::EffectiveLimits;
+use cuquota_core::DeviceId;
+use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -54,14 +53,14 @@ fn unpack(w: u64) -> Limit {
     }
 }
 
-/// The SM limit of ordinal `o` from env/config and the agent files (lower limit, stricter policy wins).
-/// `GPU_CORE_UTILIZATION_POLICY=DISABLE` only drops the process's own limits (`Config::sm_limit` is then
-/// `None`): nothing in a process's environment lifts what the agent wrote.
-fn effective(cfg: &Config, readers: &[LimitsReader], o: u32, uuid: Option<&[u8; 16]>) -> Limit {
-    let mut eff = EffectiveLimits::from_config(cfg, o);
-    for r in readers {
-        eff = eff.restrict(&r.snapshot().for_device(uuid, Some(o)));
-    }
+/// The SM limit of ordinal `o` from env/config and the agent files (lower limit, stricter policy wins; see
+/// `Memory::effective`). `GPU_CORE_UTILIZATION_POLICY=DISABLE` only drops the process's own limits
+/// (`Config::sm_limit` is then `None`): nothing in a process's environment lifts what the agent wrote.
+fn effective(s: &Shim, o: u32, uuid: Option<&[u8; 16]>) -> Limit {
+    let eff = match uuid {
+        Some(u) => s.mem.effective(Some(o), u),
+        None => EffectiveLimits::from_config(s.mem.config(), o),
+    };
     let policy = match eff.policy {
         Some(cuquota_core::Policy::Hard) => Policy::Hard,
         Some(cuquota_core::Policy::Burst) => Policy::Burst,
@@ -77,21 +76,9 @@ fn effective(cfg: &Config, readers: &[LimitsReader], o: u32, uuid: Option<&[u8; 
     }
 }
 
-/// `nvmlProcessUtilizationSample_t` (nvml.h).
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct ProcSample {
-    pid: c_uint,
-    time_stamp: u64,
-    sm_util: c_uint,
-    mem_util: c_uint,
-    enc_util: c_uint,
-    dec_util: c_uint,
-}
-
-type ProcUtilFn = unsafe extern "C" fn(*mut c_void, *mut ProcSample, *mut c_uint, u64) -> c_int;
-type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut *mut c_void) -> c_int;
-use std::ffi::c_int;
+type ProcSample = nvmlProcessUtilizationSample_t;
+type ProcUtilFn = unsafe extern "C" fn(nvmlDevice_t, *mut ProcSample, *mut c_uint, u64) -> nvmlReturn_t;
+type HandleByUuidFn = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
 
 /// Other containers' use of a device, for the burst controller: NVML's per-process utilisation since the last
 /// sample, summed over the processes that are not members of this container's usage region.
@@ -126,7 +113,7 @@ impl Util {
             let mut p: *mut c_void = std::ptr::null_mut();
             h = match (uuid, self.by_uuid) {
                 // SAFETY: NUL-terminated UUID string, valid out-pointer; NVML was initialised by the shim.
-                (Some(u), Some(f)) if unsafe { f(u.as_ptr(), &mut p) } == 0 && !p.is_null() => p as usize,
+                (Some(u), Some(f)) if unsafe { f(u.as_ptr(), &mut p) }.ok() && !p.is_null() => p as usize,
                 _ => 1,
             };
             self.handles[dev % 16].store(h, Ordering::Relaxed);
@@ -148,11 +135,11 @@ impl Util {
         let mut n = buf.len() as c_uint;
         // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
         let r = unsafe { f(h, buf.as_mut_ptr(), &mut n, since) };
-        const NOT_FOUND: c_int = 6; // NVML_ERROR_NOT_FOUND: no samples since `since` = nobody ran
-        if r == NOT_FOUND {
+        // NVML_ERROR_NOT_FOUND: no samples since `since` = nobody ran.
+        if r == nvmlReturn_t::ERROR_NOT_FOUND {
             return Some(0);
         }
-        if r != 0 {
+        if !r.ok() {
             return None;
         }
         // Average each pid's samples, sum over the pids outside this container.
@@ -160,10 +147,10 @@ impl Util {
         for smp in &buf[..(n as usize).min(buf.len())] {
             match per.iter_mut().find(|x| x.0 == smp.pid) {
                 Some(x) => {
-                    x.1 += smp.sm_util as u64;
+                    x.1 += smp.smUtil as u64;
                     x.2 += 1;
                 }
-                None => per.push((smp.pid, smp.sm_util as u64, 1)),
+                None => per.push((smp.pid, smp.smUtil as u64, 1)),
             }
         }
         let others: u64 = per
@@ -186,9 +173,8 @@ pub struct SmThrottle {
     config_limited: bool,
     /// Some ordinal seen so far is limited (recomputed on a limits-file change).
     any_active: AtomicBool,
-    watch: Vec<LimitsRegion>,
-    seen: Vec<AtomicU64>,
-    readers: Mutex<Vec<LimitsReader>>,
+    /// `Memory::poll_limits` generation the cached limits were computed at.
+    limits_generation: AtomicU64,
     limits: [AtomicU64; ORDINALS],
     /// Usage entry of each ordinal + 1 (0 = unknown).
     entry: [AtomicU64; ORDINALS],
@@ -204,68 +190,30 @@ pub fn get(s: &Shim) -> &'static SmThrottle {
     THROTTLE.get_or_init(|| SmThrottle::new(s))
 }
 
-fn lib(path: Option<&std::path::Path>, soname: &str) -> Option<Library> {
-    let c = match path {
-        Some(p) => CString::new(p.as_os_str().as_bytes()).ok()?,
-        None => CString::new(soname).ok()?,
-    };
-    Library::open(&c).ok()
-}
-
-fn sym<T: Copy>(l: &Library, name: &std::ffi::CStr) -> Option<T> {
-    let p = l.symbol(name);
-    if p.is_null() {
-        return None;
-    }
-    debug_assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
-    // SAFETY: `T` is the function-pointer type of the C function `name` (transcribed from NVIDIA's headers),
-    // the same size as a pointer; `p` is non-NULL.
-    Some(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
-}
-
 impl SmThrottle {
     fn new(s: &Shim) -> SmThrottle {
         let cfg = s.mem.config();
-        let mut watch = Vec::new();
-        let mut readers = Vec::new();
-        for p in &cfg.limits_paths {
-            if let (Ok(r), Ok(w)) = (LimitsReader::open(p), LimitsRegion::open(p)) {
-                readers.push(r);
-                watch.push(w);
-            }
-        }
-        let file_any = readers.iter().any(|r| {
-            r.snapshot()
-                .entries
-                .iter()
-                .any(|e| e.is_valid() && e.limits().sm.is_some())
-        });
-        let seen = readers.iter().map(|r| AtomicU64::new(r.snapshot().seq)).collect();
         let config_limited = !cfg.sm_disabled
             && (cfg.default_limits.sm.is_some() || cfg.devices.values().any(|d| d.sm.is_some()));
-        let possible = config_limited || !watch.is_empty();
-        let cuda = lib(cfg.libcuda_path.as_deref(), "libcuda.so.1");
-        let probes = cuda.as_ref().and_then(|l| {
+        let possible = config_limited || s.mem.has_agent_files();
+        let c = &s.cuda;
+        let probes = (|| {
             Some(EventApi {
-                cuEventCreate: sym(l, c"cuEventCreate")?,
-                cuEventDestroy: sym(l, c"cuEventDestroy_v2").or_else(|| sym(l, c"cuEventDestroy"))?,
-                cuEventRecord: sym(l, c"cuEventRecord")?,
-                cuEventQuery: sym(l, c"cuEventQuery")?,
-                cuEventElapsedTime: sym(l, c"cuEventElapsedTime")?,
-                cuStreamGetCtx: sym(l, c"cuStreamGetCtx")?,
-                cuCtxGetCurrent: sym(l, c"cuCtxGetCurrent")?,
-                cuCtxPushCurrent: sym(l, c"cuCtxPushCurrent_v2")?,
-                cuCtxPopCurrent: sym(l, c"cuCtxPopCurrent_v2")?,
+                cuEventCreate: c.cuEventCreate?,
+                cuEventDestroy: c.cuEventDestroy_v2?,
+                cuEventRecord: c.cuEventRecord?,
+                cuEventQuery: c.cuEventQuery?,
+                cuEventElapsedTime: c.cuEventElapsedTime_v2.or(c.cuEventElapsedTime)?,
+                cuStreamGetCtx: c.cuStreamGetCtx?,
+                cuCtxGetCurrent: c.cuCtxGetCurrent?,
+                cuCtxPushCurrent: c.cuCtxPushCurrent_v2?,
+                cuCtxPopCurrent: c.cuCtxPopCurrent_v2?,
             })
-        });
-        let nvml = s
-            .nvml()
-            .and(lib(cfg.libnvml_path.as_deref(), "libnvidia-ml.so.1"));
+        })();
+        let nvml = s.nvml();
         let util: &'static Util = Box::leak(Box::new(Util {
-            proc_util: nvml
-                .as_ref()
-                .and_then(|l| sym(l, c"nvmlDeviceGetProcessUtilization")),
-            by_uuid: nvml.as_ref().and_then(|l| sym(l, c"nvmlDeviceGetHandleByUUID")),
+            proc_util: nvml.and_then(|n| n.nvmlDeviceGetProcessUtilization),
+            by_uuid: nvml.and_then(|n| n.nvmlDeviceGetHandleByUUID),
             usage: cuquota_core::UsageRegion::open_existing(&cfg.usage_path).ok(),
             handles: Default::default(),
             last_seen: Default::default(),
@@ -288,10 +236,8 @@ impl SmThrottle {
             util,
             possible,
             config_limited,
-            any_active: AtomicBool::new(config_limited || file_any),
-            watch,
-            seen,
-            readers: Mutex::new(readers),
+            any_active: AtomicBool::new(config_limited || s.mem.agent_sets_sm_limit()),
+            limits_generation: AtomicU64::new(s.mem.poll_limits()),
             limits: std::array::from_fn(|_| AtomicU64::new(UNKNOWN)),
             entry: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -299,49 +245,34 @@ impl SmThrottle {
 
     /// Could any launch be throttled right now? (The no-limit fast path.)
     #[inline]
-    pub fn active(&self) -> bool {
+    pub fn active(&self, s: &Shim) -> bool {
         if !self.possible {
             return false;
         }
-        self.refresh_if_changed();
+        self.refresh_if_changed(s);
         self.any_active.load(Ordering::Relaxed)
     }
 
+    /// Picks up an agent limits-file change (`Memory` watches the files; one atomic load per file).
     #[inline]
-    fn refresh_if_changed(&self) {
-        let changed = self
-            .watch
-            .iter()
-            .zip(&self.seen)
-            .any(|(w, s)| w.seq() != s.load(Ordering::Relaxed));
-        if changed {
-            self.refresh();
+    fn refresh_if_changed(&self, s: &Shim) {
+        let g = s.mem.poll_limits();
+        if g != self.limits_generation.load(Ordering::Relaxed) {
+            self.limits_generation.store(g, Ordering::Relaxed);
+            self.refresh(s);
         }
     }
 
     #[cold]
-    fn refresh(&self) {
-        let Ok(mut readers) = self.readers.lock() else {
-            return;
-        };
-        for ((r, w), s) in readers.iter_mut().zip(&self.watch).zip(&self.seen) {
-            if w.seq() != s.load(Ordering::Relaxed) {
-                r.refresh();
-                s.store(w.seq(), Ordering::Relaxed);
-            }
-        }
+    fn refresh(&self, s: &Shim) {
         // Every cached limit is recomputed on next use; "any" turns on if a file names an SM limit anywhere.
         for l in &self.limits {
             l.store(UNKNOWN, Ordering::Relaxed);
         }
-        let file_any = readers.iter().any(|r| {
-            r.snapshot()
-                .entries
-                .iter()
-                .any(|e| e.is_valid() && e.limits().sm.is_some())
-        });
-        self.any_active
-            .store(file_any || self.config_limited, Ordering::Relaxed);
+        self.any_active.store(
+            s.mem.agent_sets_sm_limit() || self.config_limited,
+            Ordering::Relaxed,
+        );
         log!(Level::Info, "SM limits: limits file changed, recomputing");
     }
 
@@ -352,10 +283,7 @@ impl SmThrottle {
         let w = self.limits[i].load(Ordering::Relaxed);
         let lim = if w == UNKNOWN {
             let uuid = s.mem.uuid_of(o);
-            let lim = match self.readers.lock() {
-                Ok(r) => effective(s.mem.config(), &r, o as u32, uuid.as_ref()),
-                Err(_) => Limit::NONE,
-            };
+            let lim = effective(s, o as u32, uuid.as_ref());
             self.limits[i].store(pack(lim), Ordering::Relaxed);
             if self.entry[i].swap(dev.id.index() as u64 + 1, Ordering::Relaxed) == 0 {
                 if let (Some(u), Ok(mut names)) = (uuid, self.util.uuids.lock()) {
@@ -432,7 +360,7 @@ impl SmThrottle {
     }
 
     fn relimit(&self, s: &Shim, ord: CUdevice, i: usize, fallback: Limit) -> Limit {
-        self.refresh_if_changed();
+        self.refresh_if_changed(s);
         let w = self.limits[i].load(Ordering::Relaxed);
         if w == UNKNOWN {
             return self.limit_of(s, ord).map_or(fallback, |(l, _)| l);
@@ -495,13 +423,13 @@ impl SmThrottle {
             let mut ctx: *mut c_void = std::ptr::null_mut();
             let mut cur: *mut c_void = std::ptr::null_mut();
             // SAFETY: the program's stream handle and valid out-pointers.
-            if unsafe { (api.cuStreamGetCtx)(stream, &mut ctx) } == 0
+            if unsafe { (api.cuStreamGetCtx)(stream, &mut ctx) }.ok()
                 && !ctx.is_null()
                 // SAFETY: valid out-pointer.
-                && unsafe { (api.cuCtxGetCurrent)(&mut cur) } == 0
+                && unsafe { (api.cuCtxGetCurrent)(&mut cur) }.ok()
             {
                 // SAFETY: `ctx` is the live context of the program's stream; popped right after.
-                let pushed = cur != ctx && unsafe { (api.cuCtxPushCurrent)(ctx) } == 0;
+                let pushed = cur != ctx && unsafe { (api.cuCtxPushCurrent)(ctx) }.ok();
                 if cur == ctx || pushed {
                     // SAFETY: valid out-pointer.
                     let ok = unsafe { s.cuda.cuCtxGetDevice(&mut ord) }.ok();
