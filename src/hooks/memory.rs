@@ -77,10 +77,21 @@ fn tracked_free(s: &Shim, space: Space, key: u64, call: impl FnOnce() -> CUresul
     r
 }
 
+/// An allocation whose device has no accounting identity. Without a context (or with a bad ordinal) the driver
+/// gives its own error; a real device that found no room in the usage region is refused while memory limits
+/// apply, so it can never become a way around the cap.
+fn untracked(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
+    if s.mem.refuse_unplaced() {
+        CUresult::ERROR_OUT_OF_MEMORY
+    } else {
+        call()
+    }
+}
+
 /// A linear allocation of `bytes` on the current context's device.
 fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
     let Some(dev) = s.mem.current_device(&s.cuda) else {
-        return call(); // no context / untracked device: the driver answers
+        return untracked(s, call);
     };
     let est = s.mem.round(&s.cuda, dev, bytes);
     charged_call(s, dev, est, call, || Some((Space::Pointer, out(), None)))
@@ -141,7 +152,7 @@ fn pitched(
     out: impl FnOnce() -> (u64, u64),
 ) -> CUresult {
     let Some(dev) = s.mem.current_device(&s.cuda) else {
-        return call();
+        return untracked(s, call);
     };
     let bound = width
         .div_ceil(PITCH_ALIGN)
@@ -307,7 +318,7 @@ fn alloc_async(s: &Shim, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstre
         }
     };
     let Some(dev) = stream_device(s, stream, ptsz) else {
-        return call();
+        return untracked(s, call);
     };
     let mut pool: CUmemoryPool = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
@@ -499,13 +510,11 @@ pub unsafe fn cuMemCreate(
     }
     // SAFETY: non-NULL, points to the caller's properties.
     let loc = unsafe { (*prop).location };
-    let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-        s.mem.device(&s.cuda, loc.id)
-    } else {
-        None
-    };
-    let Some(dev) = dev else {
-        return call();
+    if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        return call(); // host memory: not ours to count
+    }
+    let Some(dev) = s.mem.device(&s.cuda, loc.id) else {
+        return untracked(s, call);
     };
     let est = s.mem.round(&s.cuda, dev, size as u64);
     // SAFETY: written by the driver on success.
@@ -550,7 +559,7 @@ pub fn array_estimate(
 
 fn array_create(s: &Shim, estimate: u64, handle: *mut CUarray, call: impl FnOnce() -> CUresult) -> CUresult {
     let Some(dev) = s.mem.current_device(&s.cuda) else {
-        return call();
+        return untracked(s, call);
     };
     let est = s.mem.round(&s.cuda, dev, estimate);
     charged_call(s, dev, est, call, || {
@@ -677,7 +686,7 @@ pub unsafe fn cuMipmappedArrayCreate(
         return call();
     }
     let Some(dev) = s.mem.current_device(&s.cuda) else {
-        return call();
+        return untracked(s, call);
     };
     // SAFETY: non-NULL caller descriptor.
     let d = unsafe { *desc };

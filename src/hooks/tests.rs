@@ -438,3 +438,32 @@ fn nvml_process_list_shows_only_the_container_with_size_protocol() {
     assert_eq!((r, count), (nvmlReturn_t::SUCCESS, 1));
     assert_eq!(buf[0].pid, std::process::id());
 }
+
+/// Fills every device entry of the usage region with other GPUs, so device 0 finds no room.
+fn fill_device_entries(s: &Shim) {
+    for i in 0..cuquota_core::region::layout::MAX_DEVICES as u8 {
+        s.mem.usage.device(&[200 + i; 16]).expect("claim");
+    }
+}
+
+#[test]
+fn a_device_without_room_in_the_region_is_refused_when_limited() {
+    let e = env(Some(64 * MIB));
+    let s = &e.shim;
+    fill_device_entries(s);
+    let calls = fake(|f| f.alloc_calls);
+    assert_eq!(alloc(s, 2 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        fake(|f| f.alloc_calls),
+        calls,
+        "an unaccounted allocation reached the driver"
+    );
+}
+
+#[test]
+fn a_device_without_room_passes_through_when_nothing_is_limited() {
+    let e = env(None);
+    let s = &e.shim;
+    fill_device_entries(s);
+    assert_eq!(alloc(s, 2 * MIB).0, CUresult::SUCCESS);
+}

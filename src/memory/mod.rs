@@ -15,7 +15,7 @@ use cuquota_core::{Config, DeviceId, UsageRegion};
 use ledger::Ledger;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// CUDA ordinals tracked (ordinals at or above this pass through unaccounted).
@@ -82,6 +82,8 @@ pub struct Memory {
     /// Serialises overhead re-measurements (slow path only).
     overhead_lock: Mutex<()>,
     last_reclaim_ns: AtomicU64,
+    /// A device the program can use found no room in the usage region (more physical GPUs than it has entries).
+    unplaced: AtomicBool,
 }
 
 fn monotonic_ns() -> u64 {
@@ -121,6 +123,7 @@ impl Memory {
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead_lock: Mutex::new(()),
             last_reclaim_ns: AtomicU64::new(0),
+            unplaced: AtomicBool::new(false),
         }
     }
 
@@ -166,7 +169,11 @@ impl Memory {
         let id = match self.usage.device(&uuid.bytes) {
             Ok(id) => id,
             Err(e) => {
-                log!(Level::Error, "device {ordinal} is not accounted: {e}");
+                log!(
+                    Level::Error,
+                    "device {ordinal} cannot be accounted, its allocations are refused: {e}"
+                );
+                self.unplaced.store(true, Ordering::Relaxed);
                 return None;
             }
         };
@@ -266,6 +273,12 @@ impl Memory {
     pub fn poll_limits(&self) -> u64 {
         self.refresh_limits_if_changed();
         self.agent.generation.load(Ordering::Acquire)
+    }
+
+    /// True when a device could not be given a usage entry while memory limits apply: its allocations must be
+    /// refused (fail closed) rather than go uncounted.
+    pub fn refuse_unplaced(&self) -> bool {
+        self.unplaced.load(Ordering::Relaxed) && (self.cfg.has_limits() || self.has_agent_files())
     }
 
     /// True when at least one agent limits file is in force.
