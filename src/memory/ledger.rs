@@ -7,6 +7,34 @@
 use cuquota_core::DeviceId;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Keys are driver handles and device addresses, not attacker-chosen strings: a multiply-xorshift mix is
+/// enough and costs a few ns where std's SipHash costs tens on every allocation and free.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+    fn write_isize(&mut self, x: isize) {
+        self.write_u64(x as u64);
+    }
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 29)
+    }
+}
+
+type Map = HashMap<(Space, u64), Record, BuildHasherDefault<KeyHasher>>;
 
 /// What kind of object a key names.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -45,7 +73,7 @@ const SHARDS: usize = 16;
 
 /// Sharded map `(Space, key) → Record`.
 pub struct Ledger {
-    shards: [Mutex<HashMap<(Space, u64), Record>>; SHARDS],
+    shards: [Mutex<Map>; SHARDS],
 }
 
 impl Default for Ledger {
@@ -58,11 +86,13 @@ impl Ledger {
     /// An empty ledger with room for a few thousand records before any rehash.
     pub fn new() -> Self {
         Ledger {
-            shards: std::array::from_fn(|_| Mutex::new(HashMap::with_capacity(256))),
+            shards: std::array::from_fn(|_| {
+                Mutex::new(Map::with_capacity_and_hasher(256, Default::default()))
+            }),
         }
     }
 
-    fn shard(&self, key: u64) -> &Mutex<HashMap<(Space, u64), Record>> {
+    fn shard(&self, key: u64) -> &Mutex<Map> {
         // Device addresses are aligned (low bits zero): mix before taking the top bits.
         let h = (key ^ (key >> 21)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         &self.shards[(h >> 60) as usize % SHARDS]

@@ -15,6 +15,7 @@ use cuquota_core::{Config, DeviceId, UsageRegion};
 use ledger::Ledger;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
@@ -84,6 +85,8 @@ pub struct Memory {
     last_reclaim_ns: AtomicU64,
     /// A device the program can use found no room in the usage region (more physical GPUs than it has entries).
     unplaced: AtomicBool,
+    /// The driver shows this process exactly one device.
+    single: OnceLock<bool>,
 }
 
 fn monotonic_ns() -> u64 {
@@ -124,6 +127,7 @@ impl Memory {
             overhead_lock: Mutex::new(()),
             last_reclaim_ns: AtomicU64::new(0),
             unplaced: AtomicBool::new(false),
+            single: OnceLock::new(),
         }
     }
 
@@ -135,13 +139,32 @@ impl Memory {
     // ---- devices -------------------------------------------------------------------------------------------
 
     /// The device of the calling thread's current context, if any and trackable.
+    ///
+    /// A process that sees one device (the common container) skips asking the driver: every allocation is on
+    /// ordinal 0, and one made without a current context fails in the driver, which undoes its charge.
     pub fn current_device(&self, cuda: &CudaTable) -> Option<Dev> {
+        if self.single_device(cuda) {
+            return self.device(cuda, 0);
+        }
         let mut d: CUdevice = 0;
         // SAFETY: valid out-pointer.
         if !unsafe { cuda.cuCtxGetDevice(&mut d) }.ok() {
             return None;
         }
         self.device(cuda, d)
+    }
+
+    /// True when the driver reports exactly one device (asked once, after a successful answer).
+    fn single_device(&self, cuda: &CudaTable) -> bool {
+        if let Some(&one) = self.single.get() {
+            return one;
+        }
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer; before cuInit the driver answers an error and nothing is cached.
+        if !unsafe { cuda.cuDeviceGetCount(&mut n) }.ok() {
+            return false;
+        }
+        *self.single.get_or_init(|| n == 1)
     }
 
     /// The accounting identity of CUDA device `ordinal`; learned on first use (UUID → usage entry, granularity,
