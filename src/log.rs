@@ -58,6 +58,15 @@ impl std::fmt::Write for StackBuf {
 
 /// Writes `cuquota: <message>\n` with a single `write(2)` to fd 2. Never fails, never allocates.
 pub fn write_line(args: std::fmt::Arguments<'_>) {
+    let b = render(args);
+    // SAFETY: writing an initialised buffer of `len` bytes to fd 2.
+    unsafe {
+        libc::write(2, b.buf.as_ptr().cast(), b.len);
+    }
+}
+
+/// `cuquota: <message>\n`, truncated with "…" to the buffer.
+fn render(args: std::fmt::Arguments<'_>) -> StackBuf {
     let mut b = StackBuf {
         buf: [0; 512],
         len: 0,
@@ -72,10 +81,7 @@ pub fn write_line(args: std::fmt::Arguments<'_>) {
     }
     b.buf[b.len] = b'\n';
     b.len += 1;
-    // SAFETY: writing an initialised buffer of `len` bytes to fd 2.
-    unsafe {
-        libc::write(2, b.buf.as_ptr().cast(), b.len);
-    }
+    b
 }
 
 /// `log!(Level::Warn, "format", args…)`.
@@ -93,8 +99,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_lines_are_truncated_not_panicking() {
+    fn long_lines_are_truncated_to_the_buffer() {
         let long = "x".repeat(2000);
-        write_line(format_args!("{long}"));
+        let b = render(format_args!("{long}"));
+        let line = std::str::from_utf8(&b.buf[..b.len]).expect("valid UTF-8");
+        assert!(line.starts_with("cuquota: xxx"));
+        assert!(line.ends_with("x…\n"), "{line:?}");
+        assert!(b.len <= b.buf.len());
+    }
+
+    #[test]
+    fn short_lines_are_whole() {
+        let b = render(format_args!("device {} ok", 3));
+        assert_eq!(&b.buf[..b.len], b"cuquota: device 3 ok\n");
     }
 }

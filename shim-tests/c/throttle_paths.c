@@ -91,7 +91,7 @@ static int gpa_flags;
 static int use_gpa;
 
 /* Resolve `base` (name for cuGetProcAddress) / `sym` (versioned symbol) / `ptsz` (per-thread symbol or NULL). */
-static void *resolve(const char *base, const char *sym, const char *ptsz, int want_ptsz) {
+__attribute__((unused)) static void *resolve(const char *base, const char *sym, const char *ptsz, int want_ptsz) {
     void *p = NULL;
     if (use_gpa) {
         CUdriverProcAddressQueryResult st;

@@ -336,27 +336,29 @@ impl SmThrottle {
             return launch();
         }
         let sh = self.shared(s, id);
-        let i = ord as usize;
-        let ticket = match &self.probes {
-            Some(p) => self.engine.admit(
-                id.index(),
-                &sh,
-                || self.relimit(s, ord, i, lim),
-                key,
-                &Monotonic,
-                p,
-            ),
-            None => self.engine.admit(
-                id.index(),
-                &sh,
-                || self.relimit(s, ord, i, lim),
-                key,
-                &Monotonic,
-                &NoGpu,
-            ),
+        let Some(t) = self.admit(s, ord, id, lim, key, &sh) else {
+            return launch();
         };
-        let Some(t) = ticket else { return launch() };
         self.run(s, &sh, t, stream, launch)
+    }
+
+    /// Takes the launch's tokens on `ord` (maybe sleeping), measuring with events when the driver has them.
+    fn admit(
+        &self,
+        s: &Shim,
+        ord: CUdevice,
+        id: DeviceId,
+        lim: Limit,
+        key: u64,
+        sh: &Shared<'_>,
+    ) -> Option<Ticket> {
+        let relimit = || self.relimit(s, ord, ord as usize, lim);
+        match &self.probes {
+            Some(p) => self.engine.admit(id.index(), sh, relimit, key, &Monotonic, p),
+            None => self
+                .engine
+                .admit(id.index(), sh, relimit, key, &Monotonic, &NoGpu),
+        }
     }
 
     fn relimit(&self, s: &Shim, ord: CUdevice, i: usize, fallback: Limit) -> Limit {
@@ -464,25 +466,7 @@ impl SmThrottle {
                 continue;
             }
             let sh = self.shared(s, id);
-            let i = ord as usize;
-            let t = match &self.probes {
-                Some(p) => self.engine.admit(
-                    id.index(),
-                    &sh,
-                    || self.relimit(s, ord, i, lim),
-                    key,
-                    &Monotonic,
-                    p,
-                ),
-                None => self.engine.admit(
-                    id.index(),
-                    &sh,
-                    || self.relimit(s, ord, i, lim),
-                    key,
-                    &Monotonic,
-                    &NoGpu,
-                ),
-            };
+            let t = self.admit(s, ord, id, lim, key, &sh);
             if let Some(t) = t {
                 admitted.push((sh, t, stream));
             }
