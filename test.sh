@@ -25,3 +25,8 @@ fi
 export CARGO_TERM_QUIET=true
 cargo build --workspace
 cargo test --workspace --no-fail-fast
+
+# The deployable library (glibc 2.17, built with zig) must build, load and enforce the same limits.
+./scripts/build-portable.sh
+CUQUOTA_TEST_SHIM="$PWD/dist/libcuquota.so" cargo test -p shim-tests \
+    --test memory_apis --test loading_styles --test multiprocess --test throttle

@@ -11,9 +11,10 @@ if ! [ -x .deps/zig/bin/cargo-zigbuild ] || ! grep -qs "^Version: $ZIG$" .deps/z
     --target .deps/zig "cargo-zigbuild==$ZIGBUILD" "ziglang==$ZIG"
 fi
 export PATH="$PWD/.deps/zig/bin:$PATH" PYTHONPATH="$PWD/.deps/zig${PYTHONPATH:+:$PYTHONPATH}"
-cargo zigbuild --release -q -p cuquota --target x86_64-unknown-linux-gnu.2.17
+target="$(uname -m)-unknown-linux-gnu"
+cargo zigbuild --release -q -p cuquota --target "$target.2.17"
 mkdir -p dist
-objcopy --strip-debug target/x86_64-unknown-linux-gnu/release/libcuquota.so dist/libcuquota.so
+objcopy --strip-debug "target/$target/release/libcuquota.so" dist/libcuquota.so
 newest=$(objdump -T dist/libcuquota.so | grep -oE 'GLIBC_[0-9.]+' | sort -uV | tail -1)
 case "$newest" in
   GLIBC_2.1[0-7]|GLIBC_2.[0-9]|GLIBC_2.[0-9].*) ;;

@@ -78,9 +78,17 @@ fn built(name: &str, what: &str) -> PathBuf {
     p
 }
 
-/// `libcuquota.so`, the preload library under test.
+/// `libcuquota.so`, the preload library under test: `$CUQUOTA_TEST_SHIM` when set (test.sh points it at the
+/// portable build in dist/), else the profile's build.
 pub fn shim_lib() -> PathBuf {
-    built("libcuquota.so", "libcuquota.so (the shim)")
+    match std::env::var_os("CUQUOTA_TEST_SHIM") {
+        Some(p) => {
+            let p = PathBuf::from(p);
+            assert!(p.exists(), "CUQUOTA_TEST_SHIM={} does not exist", p.display());
+            p
+        }
+        None => built("libcuquota.so", "libcuquota.so (the shim)"),
+    }
 }
 
 /// `libcudasim.so`, the simulated driver.
