@@ -327,3 +327,32 @@ nvml_fn! {
         nout(pci, pci_info(dev)?)
     }
 }
+
+/// Simulator-only (no NVML or CUDA counterpart; for benchmarks' ground truth): the device time, in ns, that
+/// process `pid` (0: every process) occupied physical device `index` during [`from_ns`, `to_ns`) of
+/// CLOCK_MONOTONIC — exactly, from the kernel-interval ring NVML's utilisation is computed from (NVML itself
+/// only gives whole percentages). Kernels still queued count only once their time has come; the ring keeps
+/// the last 16384 intervals, so ask about recent windows. Needs no nvmlInit. Returns an NVML status.
+///
+/// # Safety
+/// `busy_ns` must be NULL or valid for one write.
+#[no_mangle]
+pub unsafe extern "C" fn cudasimDeviceBusyNs(
+    index: u32,
+    pid: u32,
+    from_ns: u64,
+    to_ns: u64,
+    busy_ns: *mut u64,
+) -> NvmlReturn {
+    let Ok(sim) = crate::sim::get() else {
+        return NVML_ERROR_UNKNOWN;
+    };
+    if busy_ns.is_null() || index as usize >= sim.cfg.devices.len() || to_ns < from_ns {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let dev = &sim.shared.devices[index as usize];
+    let busy = crate::timeline::busy_in(dev, from_ns, to_ns, (pid != 0).then_some(pid));
+    // SAFETY: non-NULL and valid for one write (contract).
+    unsafe { busy_ns.write_unaligned(busy) };
+    NVML_SUCCESS
+}
