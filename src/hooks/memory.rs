@@ -383,7 +383,7 @@ fn alloc_from_pool(
         Some(None) => return call(), // a host pool: not device memory
         None => match stream_device(s, stream, ptsz) {
             Some(dev) => dev,
-            None => return call(),
+            None => return untracked(s, call),
         },
     };
     // SAFETY: as above.
@@ -454,12 +454,13 @@ pub unsafe fn cuMemPoolCreate(
     if r.ok() && !pool.is_null() && !poolProps.is_null() {
         // SAFETY: both valid (the driver just used them).
         let (p, loc) = unsafe { (*pool, (*poolProps).location) };
-        let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
-            s.mem.device(&s.cuda, loc.id)
-        } else {
-            None
-        };
-        s.mem.track_pool(p as usize, dev);
+        if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+            s.mem.track_pool(p as usize, None); // a host pool
+        } else if let Some(dev) = s.mem.device(&s.cuda, loc.id) {
+            s.mem.track_pool(p as usize, Some(dev));
+        }
+        // A device pool whose device has no accounting identity stays unknown: its allocations then go through
+        // `untracked` (refused while limits apply), never through the host-pool pass-through.
     }
     r
 }

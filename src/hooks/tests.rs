@@ -467,3 +467,76 @@ fn a_device_without_room_passes_through_when_nothing_is_limited() {
     fill_device_entries(s);
     assert_eq!(alloc(s, 2 * MIB).0, CUresult::SUCCESS);
 }
+
+unsafe extern "C" fn f_ctx_get_device_64(d: *mut CUdevice) -> CUresult {
+    // SAFETY: test-owned out-pointer.
+    unsafe { *d = crate::memory::MAX_ORDINALS as CUdevice };
+    CUresult::SUCCESS
+}
+
+#[test]
+fn a_device_beyond_the_tracked_ordinals_is_refused_when_limited() {
+    let mut e = env(Some(64 * MIB));
+    e.shim.cuda.cuCtxGetDevice = Some(f_ctx_get_device_64);
+    let s = &e.shim;
+    let calls = fake(|f| f.alloc_calls);
+    assert_eq!(alloc(s, 2 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        fake(|f| f.alloc_calls),
+        calls,
+        "an allocation on an untracked ordinal reached the driver"
+    );
+}
+
+unsafe extern "C" fn f_pool_create(pool: *mut CUmemoryPool, _props: *const CUmemPoolProps) -> CUresult {
+    // SAFETY: test-owned out-pointer.
+    unsafe { *pool = 0x5000 as CUmemoryPool };
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_alloc_from_pool(
+    dptr: *mut CUdeviceptr,
+    size: usize,
+    _pool: CUmemoryPool,
+    _stream: CUstream,
+) -> CUresult {
+    // SAFETY: forwarded test-owned out-pointer.
+    unsafe { f_alloc(dptr, size) }
+}
+
+#[test]
+fn a_device_pool_without_room_in_the_region_is_not_a_host_pool() {
+    let mut e = env(Some(64 * MIB));
+    e.shim.cuda.cuMemPoolCreate = Some(f_pool_create);
+    e.shim.cuda.cuMemAllocFromPoolAsync = Some(f_alloc_from_pool);
+    let s = &e.shim;
+    fill_device_entries(s);
+    let props = CUmemPoolProps {
+        allocType: CU_MEM_ALLOCATION_TYPE_PINNED,
+        handleTypes: 0,
+        location: CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: 0,
+        },
+        win32SecurityAttributes: std::ptr::null_mut(),
+        maxSize: 0,
+        usage: 0,
+        reserved: [0; 54],
+    };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    assert_eq!(
+        // SAFETY: valid pointers.
+        unsafe { hooks::cuMemPoolCreate(s, &mut pool, &props) },
+        CUresult::SUCCESS
+    );
+    let calls = fake(|f| f.alloc_calls);
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the fake ignores the stream.
+    let r =
+        unsafe { hooks::cuMemAllocFromPoolAsync(s, &mut p, (2 * MIB) as usize, pool, std::ptr::null_mut()) };
+    assert_eq!(r, CUresult::ERROR_OUT_OF_MEMORY);
+    assert_eq!(
+        fake(|f| f.alloc_calls),
+        calls,
+        "an unaccounted pool allocation reached the driver"
+    );
+}

@@ -19,7 +19,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
-/// CUDA ordinals tracked (ordinals at or above this pass through unaccounted).
+/// CUDA ordinals tracked (a device at or above this is unplaced: refused while memory limits apply).
 pub const MAX_ORDINALS: usize = 64;
 /// Fallback allocation granularity when the driver cannot tell (2 MiB).
 pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
@@ -175,8 +175,8 @@ impl Memory {
     }
 
     fn info(&self, cuda: &CudaTable, ordinal: CUdevice) -> Option<&DevInfo> {
-        let slot = self.devices.get(usize::try_from(ordinal).ok()?)?;
-        if let Some(i) = slot.get() {
+        let index = usize::try_from(ordinal).ok()?;
+        if let Some(i) = self.devices.get(index).and_then(|s| s.get()) {
             return Some(i);
         }
         let mut uuid = CUuuid::default();
@@ -189,6 +189,17 @@ impl Memory {
         if !r.ok() {
             return None;
         }
+        let Some(slot) = self.devices.get(index) else {
+            // A real device (it has a UUID) beyond the ordinals we track: it must not become a way around the
+            // cap, so it counts as unplaced (refused while limits apply).
+            log!(
+                Level::Error,
+                "device {ordinal} cannot be accounted (ordinals from {MAX_ORDINALS} on are not tracked), its \
+                 allocations are refused while memory limits apply"
+            );
+            self.unplaced.store(true, Ordering::Relaxed);
+            return None;
+        };
         let id = match self.usage.device(&uuid.bytes) {
             Ok(id) => id,
             Err(e) => {
