@@ -63,10 +63,16 @@ impl Mapping {
             op: "open",
             error: "path contains a NUL byte".into(),
         })?;
+        // O_NONBLOCK: a FIFO planted at the path must not block `open` (it is then refused as not a regular
+        // file); it changes nothing for regular files. O_NOFOLLOW for writable opens: a symlink planted at a
+        // shared path (the default usage file lives in /tmp, mode 0666) must not make us extend or write to
+        // the file it points at. Read-only opens (the agent's limits file, possibly mounted through a
+        // symlink) may follow links.
         let flags = match access {
             Access::ReadOnly => libc::O_RDONLY,
-            _ => libc::O_RDWR,
-        } | libc::O_CLOEXEC;
+            _ => libc::O_RDWR | libc::O_NOFOLLOW,
+        } | libc::O_CLOEXEC
+            | libc::O_NONBLOCK;
         let fd = match access {
             Access::Create(mode) => {
                 // SAFETY: cpath is a valid NUL-terminated string; the mode is passed as the variadic argument.
@@ -165,5 +171,51 @@ impl Drop for Mapping {
         // SAFETY: ptr/len are exactly what mmap returned; nothing borrows the mapping past its owner's life
         // (all references handed out are tied to `&self` of the region that owns this Mapping).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn temp(tag: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("cuquota-map-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let path = temp("fifo");
+        let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+        // SAFETY: NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let p = path.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(Mapping::open(&p, Access::ReadOnly, 4096).err());
+        });
+        let r = rx.recv_timeout(Duration::from_secs(5));
+        let _ = std::fs::remove_file(&path);
+        match r {
+            Ok(Some(RegionError::NotRegularFile { .. })) => {}
+            Ok(other) => panic!("expected NotRegularFile, got {other:?}"),
+            Err(_) => panic!("opening a FIFO blocked"),
+        }
+    }
+
+    #[test]
+    fn a_writable_open_does_not_follow_a_symlink() {
+        let target = temp("victim");
+        let link = temp("link");
+        std::fs::write(&target, b"").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let r = Mapping::open(&link, Access::Create(0o666), 4096);
+        let len = std::fs::metadata(&target).unwrap().len();
+        let _ = std::fs::remove_file(&link);
+        let _ = std::fs::remove_file(&target);
+        assert!(r.is_err(), "a symlinked region file was opened for writing");
+        assert_eq!(len, 0, "the symlink's target was extended");
     }
 }
