@@ -67,8 +67,8 @@ if [[ "$PROG" == *.c ]]; then
     if [ "$REAL_DRIVER" = 1 ]; then
         LINK=(-lcuda -lnvidia-ml -ldl -lpthread)
     else
-        # link against stubs carrying the real sonames; at run time the simulator answers to them
-        cc -shared -fPIC -Wl,-soname,libcuda.so.1 "$ROOT/shim-tests/c/cuda_stub.c" -o "$WORK/link/libcuda.so"
+        # link against the simulator (soname libcuda.so.1) and an NVML stub carrying libnvidia-ml.so.1
+        ln -s "$SIM" "$WORK/link/libcuda.so"   # soname libcuda.so.1
         cc -shared -fPIC -Wl,-soname,libnvidia-ml.so.1 "$ROOT/shim-tests/c/nvml_stub.c" -o "$WORK/link/libnvidia-ml.so"
         LINK=(-L"$WORK/link" -Wl,--as-needed -lcuda -lnvidia-ml -ldl -lpthread)
     fi

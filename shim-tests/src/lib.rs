@@ -215,30 +215,30 @@ fn build_once(out: &Path, build: impl FnOnce(&Path)) {
     std::fs::rename(&tmp, out).expect("rename compiled program");
 }
 
-/// Directory of link-time stubs `libcuda.so` / `libnvidia-ml.so` (sonames `libcuda.so.1`,
-/// `libnvidia-ml.so.1`), so that programs linked against them need the real sonames.
+/// Directory of the link-time `libcuda.so` / `libnvidia-ml.so`, so that programs linked against them need the real
+/// sonames: `libcuda.so` is the simulator itself (soname `libcuda.so.1`, exporting the whole driver API);
+/// `libnvidia-ml.so` is a stub with soname `libnvidia-ml.so.1` (the simulator's soname is libcuda's).
 fn link_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = target_dir().join("shim-tests-c/link");
         std::fs::create_dir_all(&dir).expect("create link dir");
-        for (stub, lib, soname) in [
-            ("cuda_stub.c", "libcuda.so", "libcuda.so.1"),
-            ("nvml_stub.c", "libnvidia-ml.so", "libnvidia-ml.so.1"),
-        ] {
-            let src = c_dir().join(stub);
-            let soname_arg = format!("-Wl,-soname,{soname}");
-            build_once(&dir.join(lib), |tmp| {
-                run_cc(&[
-                    "-shared".as_ref(),
-                    "-fPIC".as_ref(),
-                    soname_arg.as_ref(),
-                    src.as_os_str(),
-                    "-o".as_ref(),
-                    tmp.as_os_str(),
-                ])
-            });
-        }
+        // Replace atomically: test binaries running in parallel may do this at the same moment.
+        let tmp = dir.join(format!("libcuda.so.tmp{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(sim_lib(), &tmp).expect("symlink libcuda.so");
+        std::fs::rename(&tmp, dir.join("libcuda.so")).expect("rename libcuda.so");
+        let src = c_dir().join("nvml_stub.c");
+        build_once(&dir.join("libnvidia-ml.so"), |tmp| {
+            run_cc(&[
+                "-shared".as_ref(),
+                "-fPIC".as_ref(),
+                "-Wl,-soname,libnvidia-ml.so.1".as_ref(),
+                src.as_os_str(),
+                "-o".as_ref(),
+                tmp.as_os_str(),
+            ])
+        });
         dir
     })
     .clone()

@@ -6,10 +6,8 @@
 //! kernels took (kernels × kernel time / wall time until they all finished). Without throttling that share is
 //! ~100 %, so a path that escapes fails its check.
 
-use shim_tests::{include_dir, target_dir, workspace_root, Sim};
+use shim_tests::{compile_c, workspace_root, Sim};
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// Which binary: dlopen-based, or linked with -lcuda (direct symbols), optionally per-thread default stream.
@@ -20,15 +18,14 @@ enum Build {
     DirectPtds,
 }
 
+/// Every test here measures shares of wall time: they run one at a time so they do not compete for the CPU
+/// (CI has 2 cores) and skew each other's shares.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn prog(b: Build) -> PathBuf {
-    static BUILT: OnceLock<Mutex<Vec<(Build, PathBuf)>>> = OnceLock::new();
-    let m = BUILT.get_or_init(|| Mutex::new(Vec::new()));
-    let mut g = m.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, p)) = g.iter().find(|(x, _)| *x == b) {
-        return p.clone();
-    }
-    let dir = target_dir().join("shim-tests-c");
-    std::fs::create_dir_all(&dir).expect("mkdir");
     let (name, flags): (&str, &[&str]) = match b {
         Build::Dl => ("throttle_paths_dl", &["-ldl"]),
         Build::Direct => ("throttle_paths_direct", &["-DTHR_DIRECT", "-lcuda", "-ldl"]),
@@ -42,22 +39,12 @@ fn prog(b: Build) -> PathBuf {
             ],
         ),
     };
-    // Link against the simulator's soname (libcuda.so.1) through a throwaway sim's symlink dir.
-    let link = Sim::new().build();
-    let out = dir.join(format!("{name}.{}", std::process::id()));
-    let st = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-O1", "-Wall"])
-        .arg(format!("-I{}", include_dir().display()))
-        .arg(workspace_root().join("shim-tests/c/throttle_paths.c"))
-        .arg("-o")
-        .arg(&out)
-        .arg(format!("-L{}", link.lib_dir().display()))
-        .args(flags)
-        .status()
-        .expect("run cc");
-    assert!(st.success(), "compile throttle_paths.c ({b:?})");
-    g.push((b, out.clone()));
-    out
+    compile_c(
+        name,
+        &workspace_root().join("shim-tests/c/throttle_paths.c"),
+        &[],
+        flags,
+    )
 }
 
 struct Run {
@@ -151,6 +138,7 @@ const PTSZ: &[&str] = &["kernel", "kernel_ex", "coop", "graph"];
 
 #[test]
 fn every_path_is_throttled_via_dlsym() {
+    let _serial = serial();
     let mut cases: Vec<(&str, &str)> = ALL.iter().map(|p| (*p, "dlsym")).collect();
     cases.extend(PTSZ.iter().map(|p| (*p, "dlsym_ptsz")));
     check_paths(Build::Dl, &cases);
@@ -158,6 +146,7 @@ fn every_path_is_throttled_via_dlsym() {
 
 #[test]
 fn every_path_is_throttled_via_cu_get_proc_address() {
+    let _serial = serial();
     let mut cases: Vec<(&str, &str)> = ALL.iter().map(|p| (*p, "gpa")).collect();
     cases.extend(PTSZ.iter().map(|p| (*p, "gpa_ptsz")));
     check_paths(Build::Dl, &cases);
@@ -165,6 +154,7 @@ fn every_path_is_throttled_via_cu_get_proc_address() {
 
 #[test]
 fn every_path_is_throttled_via_direct_symbols() {
+    let _serial = serial();
     let cases: Vec<(&str, &str)> = ALL.iter().map(|p| (*p, "direct")).collect();
     check_paths(Build::Direct, &cases);
     let cases: Vec<(&str, &str)> = PTSZ.iter().map(|p| (*p, "direct")).collect();
@@ -173,6 +163,7 @@ fn every_path_is_throttled_via_direct_symbols() {
 
 #[test]
 fn unlimited_means_untouched_and_the_check_can_fail() {
+    let _serial = serial();
     for env in [
         &[][..],
         &[("CUDA_DEVICE_SM_LIMIT", "0")][..],
@@ -190,6 +181,7 @@ fn unlimited_means_untouched_and_the_check_can_fail() {
 
 #[test]
 fn long_kernels_hold_the_limit() {
+    let _serial = serial();
     let sim = Sim::new().build();
     let r = run(
         &sim,
@@ -217,6 +209,7 @@ fn mono_ns() -> u64 {
 
 #[test]
 fn two_containers_split_30_70() {
+    let _serial = serial();
     let sim = Sim::new().build();
     let start = mono_ns() + 200_000_000;
     let (a, b) = std::thread::scope(|s| {
@@ -248,6 +241,7 @@ fn two_containers_split_30_70() {
 
 #[test]
 fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
+    let _serial = serial();
     let burst = [("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_POLICY", "burst")];
     let sim = Sim::new().build();
     let alone = run(&sim, Build::Dl, "a", &burst, "kernel", "dlsym", 1.5, 50_000, 0).share;
@@ -295,6 +289,7 @@ fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
 
 #[test]
 fn live_limit_change_applies_within_200ms() {
+    let _serial = serial();
     let sim = Sim::new().build();
     let lf = sim.limits_file();
     let lfs = lf.display().to_string();
@@ -345,6 +340,7 @@ fn live_limit_change_applies_within_200ms() {
 
 #[test]
 fn usage_region_shows_the_achieved_share() {
+    let _serial = serial();
     let sim = Sim::new().build();
     let usage = sim.container_usage_file("a").display().to_string();
     std::thread::scope(|s| {
@@ -374,6 +370,7 @@ fn usage_region_shows_the_achieved_share() {
 
 #[test]
 fn the_environment_cannot_lift_the_agents_limit() {
+    let _serial = serial();
     let sim = Sim::new().build();
     let lfs = sim.limits_file().display().to_string();
     assert!(sim.cli(&["limits", "init", &lfs]).status.success());
