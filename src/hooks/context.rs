@@ -274,6 +274,7 @@ fn ctx_destroyed(s: &Shim, ctx: CUcontext, call: impl FnOnce() -> CUresult) -> C
                 c.fetch_sub(1, Ordering::Relaxed);
             }
             if let Some(d) = s.mem.device(&s.cuda, dev) {
+                contexts_gone(s, d);
                 let _ = measure(s, d, false);
             }
         }
@@ -344,10 +345,20 @@ unsafe fn primary_released(
             }
         }
         if let Some(d) = s.mem.device(&s.cuda, dev) {
+            contexts_gone(s, d);
             let _ = measure(s, d, false);
         }
     }
     r
+}
+
+/// After a context went away: if it was this process's last one on `d`, its allocations went with it. (With
+/// other contexts still live on the device the records cannot tell whose allocations died: they are kept,
+/// which over-counts until the process frees them or exits, never under-counts.)
+fn contexts_gone(s: &Shim, d: Dev) {
+    if s.holdings.live_contexts(d.ordinal) == 0 {
+        s.mem.forget_context_allocations(&s.cuda, d);
+    }
 }
 
 /// Hook of `cuDevicePrimaryCtxRelease` (bare).

@@ -540,3 +540,39 @@ fn a_device_pool_without_room_in_the_region_is_not_a_host_pool() {
         "an unaccounted pool allocation reached the driver"
     );
 }
+
+unsafe extern "C" fn f_ctx_create(pctx: *mut CUcontext, _flags: u32, _dev: CUdevice) -> CUresult {
+    // SAFETY: test-owned out-pointer.
+    unsafe { *pctx = 0xc0de as CUcontext };
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_ctx_destroy(_ctx: CUcontext) -> CUresult {
+    // The driver frees every allocation made in the context.
+    fake(|f| f.live.clear());
+    CUresult::SUCCESS
+}
+
+#[test]
+fn destroying_the_last_context_releases_its_allocations() {
+    let mut e = env(Some(1 << 30));
+    e.shim.cuda.cuCtxCreate_v2 = Some(f_ctx_create);
+    e.shim.cuda.cuCtxDestroy_v2 = Some(f_ctx_destroy);
+    let s = &e.shim;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer.
+    let r = unsafe { hooks::cuCtxCreate_v2(s, &mut ctx, 0, 0) };
+    assert_eq!(r, CUresult::SUCCESS);
+    let (r, a) = alloc(s, 512 * MIB);
+    assert_eq!(r, CUresult::SUCCESS);
+    // SAFETY: the context the fake handed out.
+    assert_eq!(unsafe { hooks::cuCtxDestroy_v2(s, ctx) }, CUresult::SUCCESS);
+    assert_eq!(used(s), 0, "the destroyed context's memory is still charged");
+    // A stale free of the dead allocation goes to the driver (which refuses it) and changes nothing.
+    // SAFETY: plain value.
+    let r = unsafe { hooks::cuMemFree_v2(s, a) };
+    assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
+    // SAFETY: valid out-pointer.
+    let r = unsafe { hooks::cuCtxCreate_v2(s, &mut ctx, 0, 0) };
+    assert_eq!(r, CUresult::SUCCESS);
+    assert_eq!(alloc(s, 512 * MIB).0, CUresult::SUCCESS, "a false out-of-memory");
+}

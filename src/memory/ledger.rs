@@ -113,6 +113,21 @@ impl Ledger {
         self.shard(key).lock().get(&(space, key)).copied()
     }
 
+    /// Removes and returns every record for which `pred(space, record)` holds (slow path: scans all shards).
+    pub fn remove_where(&self, pred: impl Fn(Space, &Record) -> bool) -> Vec<Record> {
+        let mut out = Vec::new();
+        for s in &self.shards {
+            s.lock().retain(|&(space, _), rec| {
+                let drop = pred(space, rec);
+                if drop {
+                    out.push(*rec);
+                }
+                !drop
+            });
+        }
+        out
+    }
+
     /// Drops every record (a forked child owns none of its parent's allocations).
     pub fn clear(&self) {
         for s in &self.shards {

@@ -576,6 +576,21 @@ impl Memory {
         }
     }
 
+    /// The last context this process had on `dev` is gone (destroyed, reset or released for the last time):
+    /// the driver freed every allocation made in it, so their records and charges go too. VMM handles
+    /// (`cuMemCreate`) are not tied to a context and stay; pools are re-read.
+    pub fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
+        let gone = self
+            .ledger
+            .remove_where(|space, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
+        for rec in gone {
+            if rec.kind == ledger::Kind::Direct {
+                self.release(dev, rec.bytes);
+            }
+        }
+        self.refresh_pools_of(cuda, dev.id);
+    }
+
     /// A destroyed pool: its charge goes back.
     pub fn forget_pool(&self, pool: usize) {
         if let Some(p) = self.pools.lock().remove(&pool) {
