@@ -63,7 +63,8 @@ impl Pool {
             .map(|(i, _)| i)
     }
 
-    /// Free segments to release (largest first) until at most `keep` bytes stay reserved.
+    /// Free segments to release (largest first) while at least `keep` bytes stay reserved: cuMemPoolTrimTo
+    /// guarantees the pool keeps at least minBytesToKeep (and the release threshold is the same floor).
     pub(crate) fn trim_plan(&self, keep: u64) -> Vec<usize> {
         let mut free: Vec<usize> = (0..self.segments.len())
             .filter(|&i| !self.segments[i].in_use)
@@ -72,11 +73,11 @@ impl Pool {
         let mut reserved = self.reserved();
         let mut out = Vec::new();
         for i in free {
-            if reserved <= keep {
-                break;
+            let size = self.segments[i].size;
+            if reserved - size >= keep {
+                reserved -= size;
+                out.push(i);
             }
-            reserved -= self.segments[i].size;
-            out.push(i);
         }
         out
     }
@@ -252,9 +253,13 @@ mod tests {
         assert_eq!(p.best_fit(3), Some(1));
         assert_eq!(p.best_fit(5), Some(2));
         assert_eq!(p.best_fit(9), None);
-        // Trim releases the largest free segments first, only as far as needed.
-        assert_eq!(p.trim_plan(15), vec![2]);
+        // Trim releases the largest free segments first, never below `keep`.
+        assert_eq!(p.trim_plan(15), vec![1]);
+        assert_eq!(p.trim_plan(12), vec![2]);
+        assert_eq!(p.trim_plan(8), vec![2, 1]);
+        assert_eq!(p.trim_plan(9), vec![2]);
         assert_eq!(p.trim_plan(0), vec![2, 1]);
+        assert_eq!(p.trim_plan(17), Vec::<usize>::new());
         assert_eq!(p.trim_plan(20), Vec::<usize>::new());
     }
 }
