@@ -160,11 +160,19 @@ fn deactivate(o: &mut Objects, sim: &Sim, h: u64) {
 /// A usable context: `h`, or the current one when `h` is 0. A primary context that was reset while still
 /// retained comes back to life on use (as on a real driver).
 pub(crate) fn resolve(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<u64> {
-    let h = if h == 0 { current_handle() } else { h };
+    let implicit = h == 0;
+    let h = if implicit { current_handle() } else { h };
     if h == 0 {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
-    let c = o.contexts.get(&h).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    let Some(c) = o.contexts.get(&h) else {
+        // cuCtxDestroy leaves the context current to other threads, whose calls then fail this way.
+        return Err(if implicit && o.destroyed.contains(&h) {
+            CUDA_ERROR_CONTEXT_IS_DESTROYED
+        } else {
+            CUDA_ERROR_INVALID_CONTEXT
+        });
+    };
     if !c.active {
         let retained = c.primary && o.primaries.get(c.ordinal).is_some_and(|p| p.refcount > 0);
         if !retained {
@@ -260,6 +268,7 @@ pub(crate) fn destroy(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()> {
     }
     deactivate(o, sim, h);
     o.contexts.remove(&h);
+    o.destroyed.insert(h);
     forget_in_this_thread(h);
     Ok(())
 }

@@ -6,7 +6,7 @@
 //! sleep (see `timeline::sleep_until`). Handles are opaque numbers that encode their kind, so a stream passed
 //! where an event is expected is an invalid handle, and a destroyed object's handle is never reused.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
@@ -51,6 +51,9 @@ pub(crate) fn new_handle(kind: Kind) -> u64 {
 #[derive(Default)]
 pub(crate) struct Objects {
     pub contexts: HashMap<u64, Context>,
+    /// Contexts destroyed by cuCtxDestroy (handles are never reused): a thread they are still current to
+    /// gets CUDA_ERROR_CONTEXT_IS_DESTROYED.
+    pub destroyed: HashSet<u64>,
     /// Primary context per CUDA ordinal.
     pub primaries: Vec<Primary>,
     pub streams: HashMap<u64, Stream>,

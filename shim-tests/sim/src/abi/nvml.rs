@@ -51,8 +51,12 @@ unsafe fn running<T>(
     // SAFETY: count is valid; infos holds *count entries (contract).
     unsafe {
         let cap = *count as usize;
+        // infos may be NULL only for the size query (*infoCount == 0).
+        if infos.is_null() && cap != 0 {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
         *count = procs.len() as u32;
-        if procs.len() > cap || (infos.is_null() && !procs.is_empty()) {
+        if procs.len() > cap {
             return Err(NVML_ERROR_INSUFFICIENT_SIZE);
         }
         for (i, (pid, mem)) in procs.iter().enumerate() {
