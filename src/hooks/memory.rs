@@ -45,7 +45,7 @@ fn charged_call(
         Some((space, key, bytes)) => {
             let bytes = bytes.unwrap_or(estimate);
             s.mem.settle(dev, estimate, bytes);
-            s.mem.ledger.insert(
+            let stale = s.mem.ledger.insert(
                 space,
                 key,
                 Record {
@@ -54,10 +54,24 @@ fn charged_call(
                     kind: Kind::Direct,
                 },
             );
+            release_stale(s, stale);
         }
         None => s.mem.release(dev, estimate),
     }
     r
+}
+
+/// A key the driver handed out again still had a record: its old object was freed behind our back (a path we
+/// do not hook, or a context that died while others lived), so its charge goes back instead of leaking.
+fn release_stale(s: &Shim, stale: Option<Record>) {
+    if let Some(Record {
+        entry,
+        bytes,
+        kind: Kind::Direct,
+    }) = stale
+    {
+        s.mem.release_entry(entry, bytes);
+    }
 }
 
 /// Frees `key` through `call`, uncharging what the ledger holds for it; untracked → `call` alone.
@@ -289,7 +303,7 @@ fn pool_alloc(
     }
     let r = call();
     if r.ok() {
-        s.mem.ledger.insert(
+        let stale = s.mem.ledger.insert(
             Space::Pointer,
             out(),
             Record {
@@ -298,6 +312,7 @@ fn pool_alloc(
                 kind: Kind::Pool(pool as usize),
             },
         );
+        release_stale(s, stale);
         s.mem.track_pool(pool as usize, Some(dev));
         // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
         s.mem.refresh_pool(&s.cuda, pool as usize);

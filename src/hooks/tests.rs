@@ -576,3 +576,24 @@ fn destroying_the_last_context_releases_its_allocations() {
     assert_eq!(r, CUresult::SUCCESS);
     assert_eq!(alloc(s, 512 * MIB).0, CUresult::SUCCESS, "a false out-of-memory");
 }
+
+#[test]
+fn a_reused_address_releases_the_stale_record_charge() {
+    let e = env(Some(64 * MIB));
+    let s = &e.shim;
+    let dev = s.mem.current_device(&s.cuda).unwrap();
+    // An allocation freed behind the shim's back: record and charge remain, the address is free again.
+    let next = fake(|f| f.next);
+    s.mem.admit(dev, 32 * MIB).unwrap();
+    let stale = crate::memory::ledger::Record {
+        entry: dev.id,
+        bytes: 32 * MIB,
+        kind: crate::memory::ledger::Kind::Direct,
+    };
+    s.mem
+        .ledger
+        .insert(crate::memory::ledger::Space::Pointer, next, stale);
+    let (r, p) = alloc(s, 2 * MIB);
+    assert_eq!((r, p), (CUresult::SUCCESS, next));
+    assert_eq!(used(s), 2 * MIB, "the stale record's charge leaked");
+}

@@ -98,9 +98,10 @@ impl Ledger {
         &self.shards[(h >> 60) as usize % SHARDS]
     }
 
-    /// Records a new allocation (replacing any stale record with the same key).
-    pub fn insert(&self, space: Space, key: u64, rec: Record) {
-        self.shard(key).lock().insert((space, key), rec);
+    /// Records a new allocation, returning any stale record the key had (the driver just handed the key out
+    /// again, so whatever it named before is gone: its charge must be released by the caller).
+    pub fn insert(&self, space: Space, key: u64, rec: Record) -> Option<Record> {
+        self.shard(key).lock().insert((space, key), rec)
     }
 
     /// Removes and returns the record for `key`, if this process recorded one.
