@@ -578,7 +578,10 @@ fn sigkilled_child_usage_is_reclaimed() {
 fn many_processes_create_and_join_at_once() {
     let f = TempFile::new("herd");
     // 300 processes starting at once (HAMi-core takes ~60 s for this); CQ_TEST_HERD overrides.
-    let n: usize = std::env::var("CQ_TEST_HERD").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
+    let n: usize = std::env::var("CQ_TEST_HERD")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
     let mut children: Vec<Child> = (0..n)
         .map(|_| spawn_child("open-claim-charge", f.path()))
         .collect();
