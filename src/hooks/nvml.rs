@@ -161,7 +161,9 @@ unsafe fn filtered<T: ProcessInfo>(
     infos: *mut T,
     call: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
 ) -> nvmlReturn_t {
-    if count.is_null() {
+    // Malformed calls (no count; a NULL buffer claiming room) get the real library's own error.
+    // SAFETY: `count` is checked non-NULL before it is read.
+    if count.is_null() || (infos.is_null() && unsafe { *count } > 0) {
         return call(count, infos);
     }
     // Fetch the whole real list into our own buffer.

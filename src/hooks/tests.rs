@@ -394,6 +394,9 @@ unsafe extern "C" fn n_procs(
     // SAFETY: test-owned pointers, NVML's size protocol.
     unsafe {
         let room = *count as usize;
+        if infos.is_null() && room > 0 {
+            return nvmlReturn_t::ERROR_INVALID_ARGUMENT; // as the real NVML
+        }
         *count = all.len() as u32;
         if room < all.len() || infos.is_null() {
             return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
@@ -429,6 +432,13 @@ fn nvml_process_list_shows_only_the_container_with_size_protocol() {
         hooks::nvml::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, std::ptr::null_mut())
     };
     assert_eq!((r, count), (nvmlReturn_t::ERROR_INSUFFICIENT_SIZE, 1));
+    // NULL buffer with room claimed: the real library's own answer (INVALID_ARGUMENT), not a size query
+    count = 4;
+    // SAFETY: valid count pointer; the NULL buffer is the case under test.
+    let r = unsafe {
+        hooks::nvml::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, std::ptr::null_mut())
+    };
+    assert_eq!(r, nvmlReturn_t::ERROR_INVALID_ARGUMENT);
     let mut buf = [nvmlProcessInfo_v2_t::default(); 4];
     count = 4;
     // SAFETY: buffer of `count` records.
