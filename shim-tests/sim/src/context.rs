@@ -176,7 +176,12 @@ pub(crate) fn resolve(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<u64> {
     if !c.active {
         let retained = c.primary && o.primaries.get(c.ordinal).is_some_and(|p| p.refcount > 0);
         if !retained {
-            return Err(CUDA_ERROR_INVALID_CONTEXT);
+            // A thread whose current context is a released (uninitialised) primary context.
+            return Err(if implicit {
+                CUDA_ERROR_CONTEXT_IS_DESTROYED
+            } else {
+                CUDA_ERROR_INVALID_CONTEXT
+            });
         }
         activate(o, sim, h)?;
     }

@@ -71,6 +71,28 @@ static void destroyed_context(void) {
     CHECK(cur == NULL);
 }
 
+/* cuDevicePrimaryCtxRelease "does not pop the context from stack in any circumstances": after the last
+ * release the thread's current context is an uninitialised primary context, and using it is
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED ("... or is a primary context which has not yet been initialized"). */
+static void released_primary_still_current(void) {
+    CUcontext ctx, cur = NULL;
+    CUdeviceptr p = 0;
+    CU(cuDevicePrimaryCtxRetain(&ctx, 0));
+    CU(cuCtxSetCurrent(ctx));
+    CU(cuDevicePrimaryCtxRelease(0));
+    CU(cuCtxGetCurrent(&cur));
+    CHECK(cur == ctx);
+    CHECK(cuMemAlloc(&p, 4096) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+    CHECK(cuDevicePrimaryCtxRelease(0) == CUDA_ERROR_INVALID_CONTEXT);
+    /* Retained again, the same handle works again. */
+    CU(cuDevicePrimaryCtxRetain(&cur, 0));
+    CHECK(cur == ctx);
+    CU(cuMemAlloc(&p, 4096));
+    CU(cuMemFree(p));
+    CU(cuCtxSetCurrent(NULL));
+    CU(cuDevicePrimaryCtxRelease(0));
+}
+
 /* nvmlDeviceGetComputeRunningProcesses: "call this function with *infoCount = 0 ... For this call infos is
  * allowed to be NULL"; otherwise INVALID_ARGUMENT "if ... either of infoCount or infos is NULL". */
 static void nvml_process_count(void) {
@@ -136,6 +158,7 @@ static void pool_trim_keeps_at_least(void) {
 int main(void) {
     CU(cuInit(0));
     destroyed_context();
+    released_primary_still_current();
     nvml_process_count();
     pool_trim_keeps_at_least();
     if (failures == 0) printf("OK\n");
