@@ -203,3 +203,61 @@ fn many_processes_and_threads_share_one_state_file() {
     );
     let _ = std::fs::remove_dir_all(&s.dir);
 }
+
+/// Every row of the cuGetProcAddress table names a symbol whose cuda.h prototype has exactly the type of the
+/// `PFN_<name>_v<version>[_ptsz|_ptds]` typedef of cudaTypedefs.h for that (name, version, variant): the
+/// version thresholds and per-thread variants are then NVIDIA's, checked by the C compiler.
+#[test]
+fn proc_table_rows_match_cudatypedefs_pfn_types() {
+    let table =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/proc_table.rs")).unwrap();
+    let typedefs = std::fs::read_to_string(include_dir().join("cudaTypedefs.h")).unwrap();
+    let mut c = String::from("#include <cuda.h>\n#include <cudaTypedefs.h>\n");
+    let mut rows = 0;
+    for line in table.lines() {
+        let Some(row) = line.trim().strip_prefix('(').and_then(|l| l.strip_suffix("),")) else {
+            continue;
+        };
+        let f: Vec<&str> = row.split(", ").collect();
+        let [name, ver, variant, sym] = f[..] else {
+            panic!("row {line}")
+        };
+        // cuda.h 12.0 renamed cuGraphInstantiate to cuGraphInstantiateWithFlags: no PFN_ of that version.
+        if name == "cuGraphInstantiate" && sym == "cuGraphInstantiateWithFlags" {
+            continue;
+        }
+        let pfn = ["", "_ptsz", "_ptds"]
+            .iter()
+            .filter(|s| (variant == "PerThread") != s.is_empty())
+            .map(|s| format!("PFN_{name}_v{ver}{s}"))
+            .find(|p| typedefs.contains(&format!("{p})")))
+            .unwrap_or_else(|| panic!("no PFN typedef for {line}"));
+        c.push_str(&format!(
+            "_Static_assert(__builtin_types_compatible_p({pfn}, __typeof__(&{sym})), \"{pfn} -> {sym}\");\n"
+        ));
+        rows += 1;
+    }
+    assert!(rows > 600);
+    let dir = std::env::temp_dir().join(format!("cudasim-pfn-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("pfn.c");
+    std::fs::write(&src, c).unwrap();
+    let out = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args([
+            "-std=c11",
+            "-fsyntax-only",
+            "-Wno-deprecated-declarations",
+            "-D__CUDA_API_VERSION_INTERNAL",
+        ])
+        .arg("-I")
+        .arg(include_dir())
+        .arg(&src)
+        .output()
+        .expect("run the C compiler");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "proc table vs cudaTypedefs.h:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
