@@ -110,12 +110,21 @@ const T_TLS: usize = 2;
 const T_CLS: usize = 3;
 const T_CHECKS: usize = 4;
 const T_INTEGRITY: usize = 5;
-const TABLE_NAMES: [&str; 6] =
-    ["CUDART_INTERFACE", "RUNTIME_CALLBACK_HOOKS", "TOOLS_TLS", "CONTEXT_LOCAL_STORAGE", "CONTEXT_CHECKS", "INTEGRITY_CHECK"];
+const TABLE_NAMES: [&str; 6] = [
+    "CUDART_INTERFACE",
+    "RUNTIME_CALLBACK_HOOKS",
+    "TOOLS_TLS",
+    "CONTEXT_LOCAL_STORAGE",
+    "CONTEXT_CHECKS",
+    "INTEGRITY_CHECK",
+];
 
 /// A slot whose meaning nobody has documented: fail cleanly instead of crashing.
 extern "C" fn unknown<const TABLE: usize, const SLOT: usize>() -> CUresult {
-    trace(format_args!("{}[{}] called: unknown slot, CUDA_ERROR_NOT_SUPPORTED", TABLE_NAMES[TABLE], SLOT));
+    trace(format_args!(
+        "{}[{}] called: unknown slot, CUDA_ERROR_NOT_SUPPORTED",
+        TABLE_NAMES[TABLE], SLOT
+    ));
     CUDA_ERROR_NOT_SUPPORTED
 }
 
@@ -157,22 +166,57 @@ fn guard(f: impl FnOnce() -> CUresult) -> CUresult {
 // Lookup
 // ---------------------------------------------------------------------------------------------------------
 
-const UUID_BEFORE_INIT: [u8; 16] = uuid(0xf8cff951, 0x2146, 0x8b4e, [0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9]);
-const UUID_CUDART_INTERFACE: [u8; 16] =
-    uuid(0x6bd5fb6c, 0x5bf4, 0xe74a, [0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9]);
-const UUID_CALLBACK_HOOKS: [u8; 16] = uuid(0xa094798c, 0x2e74, 0x2e74, [0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66]);
-const UUID_TOOLS_TLS: [u8; 16] = uuid(0x42d85a81, 0x23f6, 0xcb47, [0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc]);
-const UUID_CONTEXT_LOCAL_STORAGE: [u8; 16] =
-    uuid(0xc693336e, 0x1121, 0xdf11, [0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93]);
-const UUID_CONTEXT_CHECKS: [u8; 16] = uuid(0x263e8860, 0x7cd2, 0x6143, [0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e]);
-const UUID_INTEGRITY_CHECK: [u8; 16] = uuid(0xd4082055, 0xbde6, 0x704b, [0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2]);
+const UUID_BEFORE_INIT: [u8; 16] = uuid(
+    0xf8cff951,
+    0x2146,
+    0x8b4e,
+    [0xb9, 0xe2, 0xfb, 0x46, 0x9e, 0x7c, 0x0d, 0xd9],
+);
+const UUID_CUDART_INTERFACE: [u8; 16] = uuid(
+    0x6bd5fb6c,
+    0x5bf4,
+    0xe74a,
+    [0x89, 0x87, 0xd9, 0x39, 0x12, 0xfd, 0x9d, 0xf9],
+);
+const UUID_CALLBACK_HOOKS: [u8; 16] = uuid(
+    0xa094798c,
+    0x2e74,
+    0x2e74,
+    [0x93, 0xf2, 0x08, 0x00, 0x20, 0x0c, 0x0a, 0x66],
+);
+const UUID_TOOLS_TLS: [u8; 16] = uuid(
+    0x42d85a81,
+    0x23f6,
+    0xcb47,
+    [0x82, 0x98, 0xf6, 0xe7, 0x8a, 0x3a, 0xec, 0xdc],
+);
+const UUID_CONTEXT_LOCAL_STORAGE: [u8; 16] = uuid(
+    0xc693336e,
+    0x1121,
+    0xdf11,
+    [0xa8, 0xc3, 0x68, 0xf3, 0x55, 0xd8, 0x95, 0x93],
+);
+const UUID_CONTEXT_CHECKS: [u8; 16] = uuid(
+    0x263e8860,
+    0x7cd2,
+    0x6143,
+    [0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e],
+);
+const UUID_INTEGRITY_CHECK: [u8; 16] = uuid(
+    0xd4082055,
+    0xbde6,
+    0x704b,
+    [0x8d, 0x34, 0xba, 0x12, 0x3c, 0x66, 0xe1, 0xf2],
+);
 
 /// The byte order the runtime uses: the UUID's text read left to right.
 const fn uuid(a: u32, b: u16, c: u16, d: [u8; 8]) -> [u8; 16] {
     let a = a.to_be_bytes();
     let b = b.to_be_bytes();
     let c = c.to_be_bytes();
-    [a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], c[0], c[1], d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7],
+    ]
 }
 
 /// What `cuGetExportTable` should answer for `id`: the table's address, or the error to return (with a NULL
@@ -181,7 +225,9 @@ pub(crate) fn lookup(id: &[u8; 16]) -> Result<*const c_void, CUresult> {
     // The runtime asks for its tables before it creates any context: from then on, context teardown runs the
     // context-local-storage destructors.
     static HOOK: std::sync::Once = std::sync::Once::new();
-    HOOK.call_once(|| crate::context::register_destroy_hook(|h| context_destroyed(h as usize as *mut c_void)));
+    HOOK.call_once(|| {
+        crate::context::register_destroy_hook(|h| context_destroyed(h as usize as *mut c_void))
+    });
     let found: Option<*const c_void> = match *id {
         UUID_CUDART_INTERFACE => Some(cudart_interface()),
         UUID_CALLBACK_HOOKS => Some(CALLBACK_HOOKS.0.as_ptr().cast()),
@@ -194,7 +240,11 @@ pub(crate) fn lookup(id: &[u8; 16]) -> Result<*const c_void, CUresult> {
     trace(format_args!(
         "cuGetExportTable({}) -> {}",
         id.iter().map(|b| format!("{b:02x}")).collect::<String>(),
-        if found.is_some() { "table" } else { "CUDA_ERROR_NOT_FOUND" }
+        if found.is_some() {
+            "table"
+        } else {
+            "CUDA_ERROR_NOT_FOUND"
+        }
     ));
     // UUID_BEFORE_INIT (and anything else) is answered as a driver that does not have it.
     let _ = UUID_BEFORE_INIT;
@@ -398,7 +448,12 @@ static CALLBACK_HOOKS: Table<7> = Table([
     hooks_buffer_b as *const c_void,
 ]);
 
-static TOOLS_TLS: Table<4> = Table([size_word(4), unk::<T_TLS, 1>(), unk::<T_TLS, 2>(), unk::<T_TLS, 3>()]);
+static TOOLS_TLS: Table<4> = Table([
+    size_word(4),
+    unk::<T_TLS, 1>(),
+    unk::<T_TLS, 2>(),
+    unk::<T_TLS, 3>(),
+]);
 
 // ---------------------------------------------------------------------------------------------------------
 // Context-local storage
@@ -429,13 +484,20 @@ fn resolve_ctx(ctx: CUcontext) -> Result<usize, CUresult> {
     Ok(cur as usize)
 }
 
-unsafe extern "C" fn cls_put(ctx: CUcontext, key: *mut c_void, value: *mut c_void, dtor: ClsDestructor) -> CUresult {
+unsafe extern "C" fn cls_put(
+    ctx: CUcontext,
+    key: *mut c_void,
+    value: *mut c_void,
+    dtor: ClsDestructor,
+) -> CUresult {
     guard(|| {
         let ctx = match resolve_ctx(ctx) {
             Ok(c) => c,
             Err(e) => return e,
         };
-        trace(format_args!("CONTEXT_LOCAL_STORAGE put(ctx=0x{ctx:x}, key={key:p}, value={value:p})"));
+        trace(format_args!(
+            "CONTEXT_LOCAL_STORAGE put(ctx=0x{ctx:x}, key={key:p}, value={value:p})"
+        ));
         let mut cls = CLS.lock();
         let (key, value) = (key as usize, value as usize);
         match cls.iter_mut().find(|e| e.ctx == ctx && e.key == key) {
@@ -443,7 +505,12 @@ unsafe extern "C" fn cls_put(ctx: CUcontext, key: *mut c_void, value: *mut c_voi
                 e.value = value;
                 e.dtor = dtor;
             }
-            None => cls.push(ClsEntry { ctx, key, value, dtor }),
+            None => cls.push(ClsEntry {
+                ctx,
+                key,
+                value,
+                dtor,
+            }),
         }
         CUDA_SUCCESS
     })
@@ -455,7 +522,9 @@ unsafe extern "C" fn cls_delete(ctx: CUcontext, key: *mut c_void) -> CUresult {
             Ok(c) => c,
             Err(e) => return e,
         };
-        trace(format_args!("CONTEXT_LOCAL_STORAGE delete(ctx=0x{ctx:x}, key={key:p})"));
+        trace(format_args!(
+            "CONTEXT_LOCAL_STORAGE delete(ctx=0x{ctx:x}, key={key:p})"
+        ));
         CLS.lock().retain(|e| !(e.ctx == ctx && e.key == key as usize));
         CUDA_SUCCESS
     })
@@ -470,8 +539,14 @@ unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUcontext, key: *mut 
             Ok(c) => c,
             Err(e) => return e,
         };
-        let found = CLS.lock().iter().find(|e| e.ctx == ctx && e.key == key as usize).map(|e| e.value);
-        trace(format_args!("CONTEXT_LOCAL_STORAGE get(ctx=0x{ctx:x}, key={key:p}) -> {found:x?}"));
+        let found = CLS
+            .lock()
+            .iter()
+            .find(|e| e.ctx == ctx && e.key == key as usize)
+            .map(|e| e.value);
+        trace(format_args!(
+            "CONTEXT_LOCAL_STORAGE get(ctx=0x{ctx:x}, key={key:p}) -> {found:x?}"
+        ));
         match found {
             Some(v) => {
                 // SAFETY: checked non-NULL; the runtime passes a pointer slot.
@@ -483,8 +558,12 @@ unsafe extern "C" fn cls_get(value: *mut *mut c_void, ctx: CUcontext, key: *mut 
     })
 }
 
-static CONTEXT_LOCAL_STORAGE: Table<4> =
-    Table([cls_put as *const c_void, cls_delete as *const c_void, cls_get as *const c_void, unk::<T_CLS, 3>()]);
+static CONTEXT_LOCAL_STORAGE: Table<4> = Table([
+    cls_put as *const c_void,
+    cls_delete as *const c_void,
+    cls_get as *const c_void,
+    unk::<T_CLS, 3>(),
+]);
 
 /// A context is going away (primary-context reset, `cuCtxDestroy`): forget its storage and run the runtime's
 /// destructors. Call without holding simulator locks: the destructors may call back into the driver.
@@ -504,10 +583,15 @@ pub(crate) fn context_destroyed(ctx: *mut c_void) {
         gone
     };
     for e in gone {
-        trace(format_args!("CONTEXT_LOCAL_STORAGE destructor(ctx=0x{:x}, key=0x{:x})", e.ctx, e.key));
+        trace(format_args!(
+            "CONTEXT_LOCAL_STORAGE destructor(ctx=0x{:x}, key=0x{:x})",
+            e.ctx, e.key
+        ));
         if let Some(dtor) = e.dtor {
             // SAFETY: the runtime registered this destructor for exactly these arguments.
-            let _ = catch_unwind(|| unsafe { dtor(e.ctx as CUcontext, e.key as *mut c_void, e.value as *mut c_void) });
+            let _ = catch_unwind(|| unsafe {
+                dtor(e.ctx as CUcontext, e.key as *mut c_void, e.value as *mut c_void)
+            });
         }
     }
 }
@@ -541,12 +625,16 @@ static CONTEXT_CHECKS: Table<4> = Table([
 // Integrity check
 // ---------------------------------------------------------------------------------------------------------
 
-static INTEGRITY_CHECK: Table<3> =
-    Table([size_word(3), integrity_check as *const c_void, unk::<T_INTEGRITY, 2>()]);
+static INTEGRITY_CHECK: Table<3> = Table([
+    size_word(3),
+    integrity_check as *const c_void,
+    unk::<T_INTEGRITY, 2>(),
+]);
 
 /// The fixed 16-byte HMAC key (the result of a first pass over no input, as documented by ZLUDA).
-const INTEGRITY_KEY: [u8; 16] =
-    [0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52, 0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F];
+const INTEGRITY_KEY: [u8; 16] = [
+    0x14, 0x6A, 0xDD, 0xAE, 0x53, 0xA9, 0xA7, 0x52, 0xAA, 0x08, 0x41, 0x36, 0x0B, 0xF5, 0x5A, 0x9F,
+];
 
 /// The runtime calls slot 1 three times with `version` = its own version × 10 + 0, 1, 2. The first two answers
 /// are constants; the third is the keyed hash.
@@ -615,14 +703,22 @@ fn integrity_hash(
     for w in [driver_version, version, pid, tid] {
         header.extend_from_slice(&w.to_ne_bytes());
     }
-    for p in [cudart_table as u64, integrity_table as u64, fn_address as u64, unix_seconds] {
+    for p in [
+        cudart_table as u64,
+        integrity_table as u64,
+        fn_address as u64,
+        unix_seconds,
+    ] {
         header.extend_from_slice(&p.to_ne_bytes());
     }
     let mut parts: Vec<&[u8]> = vec![&header];
     parts.extend(devices.iter().map(|d| &d[..]));
     let digest = md2::hmac_md2(&INTEGRITY_KEY, &parts);
     let (lo, hi) = digest.split_at(8);
-    [u64::from_ne_bytes(lo.try_into().unwrap_or([0; 8])), u64::from_ne_bytes(hi.try_into().unwrap_or([0; 8]))]
+    [
+        u64::from_ne_bytes(lo.try_into().unwrap_or([0; 8])),
+        u64::from_ne_bytes(hi.try_into().unwrap_or([0; 8])),
+    ]
 }
 
 unsafe extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *mut [u64; 2]) -> CUresult {
@@ -653,7 +749,9 @@ unsafe extern "C" fn integrity_check(version: c_uint, unix_seconds: u64, out: *m
                 )
             }
         };
-        trace(format_args!("INTEGRITY_CHECK[1](version={version}, time={unix_seconds}) -> {result:x?}"));
+        trace(format_args!(
+            "INTEGRITY_CHECK[1](version={version}, time={unix_seconds}) -> {result:x?}"
+        ));
         // SAFETY: checked non-NULL; the runtime passes a 16-byte slot.
         unsafe { *out = result };
         CUDA_SUCCESS

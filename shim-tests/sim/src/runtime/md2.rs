@@ -38,7 +38,12 @@ pub struct Md2 {
 impl Md2 {
     /// A fresh digest.
     pub const fn new() -> Self {
-        Self { x: [0; 48], checksum: [0; 16], block: [0; 16], filled: 0 }
+        Self {
+            x: [0; 48],
+            checksum: [0; 16],
+            block: [0; 16],
+            filled: 0,
+        }
     }
 
     /// Feeds bytes.
@@ -120,7 +125,10 @@ mod tests {
         assert_eq!(md2("a"), "32ec01ec4a6dac72c0ab96fb34c0b5d1");
         assert_eq!(md2("abc"), "da853b0d3f88d99b30283a69e6ded6bb");
         assert_eq!(md2("message digest"), "ab4f496bfb2a530b219ff33031fe06b0");
-        assert_eq!(md2("abcdefghijklmnopqrstuvwxyz"), "4e8ddff3650292ab5a4108c3aa47940b");
+        assert_eq!(
+            md2("abcdefghijklmnopqrstuvwxyz"),
+            "4e8ddff3650292ab5a4108c3aa47940b"
+        );
     }
 
     #[test]
