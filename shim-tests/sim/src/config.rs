@@ -216,6 +216,22 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
     })
 }
 
+/// Largest `CUDASIM_HOST_PID_OFFSET` (pid + offset must stay a positive `i32`-sized pid).
+pub(crate) const MAX_HOST_PID_OFFSET: u32 = 1 << 30;
+
+/// This process's `CUDASIM_HOST_PID_OFFSET` (default 0): it models a pid namespace, NVML reporting
+/// pid + offset for the process (its "host pid"). Per process, unlike the rest of the configuration.
+pub(crate) fn host_pid_offset(get: impl Fn(&str) -> Option<String>) -> Result<u32, String> {
+    const VAR: &str = "CUDASIM_HOST_PID_OFFSET";
+    match get(VAR) {
+        None => Ok(0),
+        Some(v) => match v.trim().parse::<u32>() {
+            Ok(o) if o <= MAX_HOST_PID_OFFSET => Ok(o),
+            _ => Err(err(VAR, &v, &format!("expected 0..={MAX_HOST_PID_OFFSET}"))),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -295,6 +311,19 @@ mod tests {
         }
         let e = from_env(env(&[("CUDASIM_DEVICES", "2"), ("CUDASIM_MEMORY", "1g,2g,3g")])).unwrap_err();
         assert!(e.contains("CUDASIM_MEMORY"));
+    }
+
+    #[test]
+    fn host_pid_offsets() {
+        assert_eq!(host_pid_offset(env(&[])), Ok(0));
+        assert_eq!(
+            host_pid_offset(env(&[("CUDASIM_HOST_PID_OFFSET", "100000")])),
+            Ok(100_000)
+        );
+        for v in ["-1", "x", "", "1073741825", "1e5"] {
+            let e = host_pid_offset(env(&[("CUDASIM_HOST_PID_OFFSET", v)])).unwrap_err();
+            assert!(e.contains("CUDASIM_HOST_PID_OFFSET"), "{e}");
+        }
     }
 
     #[test]

@@ -61,14 +61,14 @@ pub(crate) fn phys_of(sim: &Sim, dev: *mut std::ffi::c_void) -> Result<usize, Nv
     Ok(i)
 }
 
-/// Processes using device `phys`: (pid, bytes).
+/// Processes using device `phys`: (host pid, bytes).
 pub(crate) fn processes(sim: &Sim, phys: usize) -> Vec<(u32, u64)> {
     sim.shared.reclaim_dead();
     sim.shared
         .live_slots()
-        .filter_map(|(pid, s)| {
+        .filter_map(|(_, s)| {
             let mem = s.mem_used[phys].load(SeqCst);
-            (s.contexts[phys].load(SeqCst) > 0 || mem > 0).then_some((pid, mem))
+            (s.contexts[phys].load(SeqCst) > 0 || mem > 0).then_some((s.host_pid.load(Relaxed), mem))
         })
         .collect()
 }
@@ -81,7 +81,7 @@ pub(crate) fn utilization(sim: &Sim, phys: usize) -> u32 {
     ((busy * 100 + 500_000_000) / 1_000_000_000).min(100) as u32
 }
 
-/// Per-process samples since `last_seen_us` (CLOCK_REALTIME µs; at most the last second): (pid, smUtil %).
+/// Per-process samples since `last_seen_us` (CLOCK_REALTIME µs; at most the last second): (host pid, smUtil %).
 /// The samples' timestamp is now.
 pub(crate) fn process_samples(sim: &Sim, phys: usize, last_seen_us: u64) -> (u64, Vec<(u32, u32)>) {
     let now = now_ns();

@@ -17,6 +17,8 @@ pub(crate) struct Sim {
     pub shared: &'static SharedState,
     /// Physical device index of each CUDA ordinal.
     pub visible: Vec<usize>,
+    /// This process's `CUDASIM_HOST_PID_OFFSET` (its own, not the creator's): NVML reports pid + offset.
+    pub host_pid_offset: u32,
 }
 
 static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
@@ -28,11 +30,17 @@ static SLOT: AtomicU64 = AtomicU64::new(0);
 
 fn load() -> Result<Sim, String> {
     let own = config::from_env(|k| std::env::var(k).ok())?;
+    let host_pid_offset = config::host_pid_offset(|k| std::env::var(k).ok())?;
     let shared = state::open(&state::state_path(), &own)?;
     let cfg = shared.config();
     let uuids: Vec<[u8; 16]> = cfg.devices.iter().map(|d| d.uuid).collect();
     let visible = resolve_visible(std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(), &uuids);
-    Ok(Sim { cfg, shared, visible })
+    Ok(Sim {
+        cfg,
+        shared,
+        visible,
+        host_pid_offset,
+    })
 }
 
 /// Loads the simulator (once). A configuration error is printed once and returned on every call.
@@ -102,7 +110,7 @@ impl Sim {
         let start = state::proc_start_time(pid).map(|s| s.0).unwrap_or(0);
         let slot = self
             .shared
-            .claim_slot(pid, start)
+            .claim_slot(pid, pid + self.host_pid_offset, start)
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         SLOT.store(((pid as u64) << 32) | (slot as u64 + 1), Release);
         Ok(slot)

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
 use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused.
-const LAYOUT_VERSION: u64 = 1;
+const LAYOUT_VERSION: u64 = 2;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -68,6 +68,9 @@ pub(crate) struct ProcSlot {
     /// 0 free, 1 being claimed, 2 live, 3 being reclaimed.
     pub state: AtomicU32,
     pub pid: AtomicU32,
+    /// The pid NVML reports for this process: `pid + CUDASIM_HOST_PID_OFFSET` of the process (its pid in the
+    /// host's pid namespace when it runs in a container's).
+    pub host_pid: AtomicU32,
     pub start_time: AtomicU64,
     /// Bytes charged per device (allocations rounded, context and module overhead, pools, arrays).
     pub mem_used: [AtomicU64; MAX_DEVICES],
@@ -244,8 +247,9 @@ impl SharedState {
         (self.header.proc_high_water.load(Acquire) as usize).min(MAX_PROCS)
     }
 
-    /// Claims a free slot for process `pid` (started at `start_time`). Reclaims dead slots when all are taken.
-    pub(crate) fn claim_slot(&self, pid: u32, start_time: u64) -> Option<usize> {
+    /// Claims a free slot for process `pid` (started at `start_time`, known to NVML as `host_pid`). Reclaims
+    /// dead slots when all are taken.
+    pub(crate) fn claim_slot(&self, pid: u32, host_pid: u32, start_time: u64) -> Option<usize> {
         for pass in 0..2 {
             for (i, slot) in self.procs.iter().enumerate() {
                 if slot
@@ -259,6 +263,7 @@ impl SharedState {
                         slot.contexts[d].store(0, Relaxed);
                     }
                     slot.pid.store(pid, Relaxed);
+                    slot.host_pid.store(host_pid, Relaxed);
                     slot.start_time.store(start_time, Relaxed);
                     slot.state.store(SLOT_LIVE, Release);
                     self.header.proc_high_water.fetch_max(i as u32 + 1, AcqRel);
@@ -333,7 +338,7 @@ impl SharedState {
             self.procs[slot].mem_used[dev].fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
     }
 
-    /// Live slots as (pid, slot), for NVML.
+    /// Live slots as (pid in the owner's namespace, slot); NVML reports `slot.host_pid`.
     pub(crate) fn live_slots(&self) -> impl Iterator<Item = (u32, &ProcSlot)> {
         self.procs[..self.high_water()]
             .iter()
@@ -425,14 +430,17 @@ mod tests {
         let s2 = open(&path, &other).unwrap();
         assert_eq!(s2.config(), cfg);
         let me = std::process::id();
-        let slot = s.claim_slot(me, proc_start_time(me).unwrap().0).unwrap();
+        let slot = s
+            .claim_slot(me, me + 100_000, proc_start_time(me).unwrap().0)
+            .unwrap();
+        assert_eq!(s.procs[slot].host_pid.load(Relaxed), me + 100_000);
         assert!(s.charge(slot, 0, 6 << 20));
         assert!(!s.charge(slot, 0, 6 << 20));
         assert_eq!(s.used(0), 6 << 20);
         s.uncharge(slot, 0, 6 << 20);
         assert_eq!(s.used(0), 0);
         // A slot of a dead process is reclaimed when memory runs short.
-        let dead = s.claim_slot(0x7fff_fff0, 1).unwrap();
+        let dead = s.claim_slot(0x7fff_fff0, 0x7fff_fff0, 1).unwrap();
         assert!(s.charge(dead, 0, 8 << 20));
         assert!(s.charge(slot, 0, 8 << 20));
         assert_eq!(s.used(0), 8 << 20);

@@ -109,7 +109,8 @@ pub(crate) fn schedule(
 ) -> (u64, u64) {
     let dev = &shared.devices[phys];
     let (start, end) = reserve(dev, earliest, dur);
-    record(dev, std::process::id(), start, end, last);
+    // Intervals carry the pid NVML reports (the host pid), as do its per-process samples.
+    record(dev, shared.procs[slot].host_pid.load(Relaxed), start, end, last);
     dev.busy_ns.fetch_add(dur, Relaxed);
     shared.procs[slot].busy_ns[phys].fetch_add(dur, Relaxed);
     (start, end)

@@ -135,16 +135,17 @@ fn documented_driver_and_nvml_behaviour() {
 #[test]
 fn bad_configuration_fails_cuinit_naming_the_variable() {
     let s = setup("smoke", "badcfg");
-    let mut cmd = Command::new(&s.exe);
-    let out = cmd
-        .arg("all")
-        .env("LD_LIBRARY_PATH", &s.dir)
-        .env("CUDASIM_STATE", s.dir.join("state"))
-        .env("CUDASIM_MEMORY", "lots")
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("CUDASIM_MEMORY"));
+    for (var, value) in [("CUDASIM_MEMORY", "lots"), ("CUDASIM_HOST_PID_OFFSET", "-5")] {
+        let out = Command::new(&s.exe)
+            .arg("all")
+            .env("LD_LIBRARY_PATH", &s.dir)
+            .env("CUDASIM_STATE", s.dir.join("state"))
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        assert!(String::from_utf8_lossy(&out.stderr).contains(var));
+    }
     let _ = std::fs::remove_dir_all(&s.dir);
 }
 

@@ -333,7 +333,8 @@ nvml_fn! {
 }
 
 /// Simulator-only (no NVML or CUDA counterpart; for benchmarks' ground truth): the device time, in ns, that
-/// process `pid` (0: every process) occupied physical device `index` during [`from_ns`, `to_ns`) of
+/// process `pid` (its host pid, as NVML reports it: pid + that process's `CUDASIM_HOST_PID_OFFSET`; 0: every
+/// process) occupied physical device `index` during [`from_ns`, `to_ns`) of
 /// CLOCK_MONOTONIC — exactly, from the kernel-interval ring NVML's utilisation is computed from (NVML itself
 /// only gives whole percentages). Kernels still queued count only once their time has come; the ring keeps
 /// the last 16384 intervals, so ask about recent windows. Needs no nvmlInit. Returns an NVML status.
