@@ -60,7 +60,7 @@ pub(super) fn from_vars_os(
                 let v = v
                     .into_string()
                     .map_err(|_| ConfigError::NotUnicode { var: k.clone() });
-                map.insert(k, v);
+                insert_once(&mut map, k, v);
             }
             Err(k) => {
                 let lossy = k.to_string_lossy().into_owned();
@@ -81,7 +81,42 @@ pub(super) fn from_vars(
     vars: impl Iterator<Item = (String, String)>,
     path_exists: &dyn Fn(&Path) -> bool,
 ) -> Result<Config, ConfigError> {
-    from_map(vars.map(|(k, v)| (k, Ok(v))).collect(), path_exists)
+    let mut map = HashMap::new();
+    for (k, v) in vars {
+        insert_once(&mut map, k, Ok(v));
+    }
+    from_map(map, path_exists)
+}
+
+/// Adds one environment entry. A name seen before with a different value becomes a [`ConfigError::Duplicate`],
+/// reported only if cuquota reads that variable (`getenv` would take the first, a map the last).
+fn insert_once(
+    map: &mut HashMap<String, Result<String, ConfigError>>,
+    k: String,
+    v: Result<String, ConfigError>,
+) {
+    use std::collections::hash_map::Entry;
+    match map.entry(k) {
+        Entry::Vacant(e) => {
+            e.insert(v);
+        }
+        Entry::Occupied(mut e) => {
+            if *e.get() != v {
+                let show = |x: &Result<String, ConfigError>| match x {
+                    Ok(s) => s.clone(),
+                    Err(_) => "(not UTF-8)".to_string(),
+                };
+                let dup = ConfigError::Duplicate {
+                    var: e.key().clone(),
+                    first: show(e.get()),
+                    second: show(&v),
+                };
+                if !matches!(e.get(), Err(ConfigError::Duplicate { .. })) {
+                    e.insert(Err(dup));
+                }
+            }
+        }
+    }
 }
 
 fn from_map(

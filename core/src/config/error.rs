@@ -34,6 +34,16 @@ pub enum ConfigError {
         /// The closest known name, if one is close.
         suggestion: Option<&'static str>,
     },
+    /// A variable cuquota reads appears twice in the environment with different values (possible with
+    /// `execve`): `getenv` (the driver, HAMi) would use the first, so neither value can be trusted.
+    Duplicate {
+        /// Variable name.
+        var: String,
+        /// The first value.
+        first: String,
+        /// A later, different value.
+        second: String,
+    },
     /// A variable cuquota reads holds bytes that are not UTF-8.
     NotUnicode {
         /// Variable name.
@@ -81,6 +91,10 @@ impl fmt::Display for ConfigError {
             ConfigError::UnknownVariable { var, suggestion: None } => write!(
                 f,
                 "{var}: unknown cuquota variable (see docs/configuration.md for the list; unset it to continue)"
+            ),
+            ConfigError::Duplicate { var, first, second } => write!(
+                f,
+                "{var} is set twice, to {first:?} and to {second:?}: remove one from the environment"
             ),
             ConfigError::NotUnicode { var } => write!(f, "{var}: value is not valid UTF-8"),
             ConfigError::FileRead { path, error } => {

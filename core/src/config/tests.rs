@@ -351,3 +351,41 @@ fn non_utf8_value_is_an_error_only_when_read() {
     );
     assert!(env::from_vars_os([("SOMETHING_ELSE".into(), bad)].into_iter(), &|_| false).is_ok());
 }
+
+#[test]
+fn a_variable_set_twice_with_different_values_is_an_error() {
+    // execve can pass the same name twice; getenv (the driver, HAMi) reads the first, a map keeps the last.
+    // Neither choice is safe for a limit, so two different values are an error when the variable is read.
+    let e = cfg(&[
+        ("CUDA_DEVICE_MEMORY_LIMIT", "0"),
+        ("CUDA_DEVICE_MEMORY_LIMIT", "4g"),
+    ])
+    .unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::Duplicate { var, .. } if var == "CUDA_DEVICE_MEMORY_LIMIT"),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("\"0\"") && e.to_string().contains("\"4g\""),
+        "{e}"
+    );
+    let e = env::from_vars_os(
+        [
+            ("CUDA_VISIBLE_DEVICES".into(), "0".into()),
+            ("CUDA_VISIBLE_DEVICES".into(), "1".into()),
+        ]
+        .into_iter(),
+        &|_| false,
+    )
+    .unwrap_err();
+    assert!(matches!(e, ConfigError::Duplicate { .. }), "{e}");
+    // The same value twice is harmless; so are duplicates of variables cuquota does not read.
+    let c = cfg(&[
+        ("CUQUOTA_SM_LIMIT", "30"),
+        ("CUQUOTA_SM_LIMIT", "30"),
+        ("PATH", "/a"),
+        ("PATH", "/b"),
+    ])
+    .unwrap();
+    assert_eq!(c.sm_limit(0), Some(30));
+}
