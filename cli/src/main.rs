@@ -58,8 +58,19 @@ fn run(argv: Vec<String>) -> Result<(), CliError> {
     }
 }
 
+/// The arguments after the program name; one that is not UTF-8 is an error (`std::env::args` would panic).
+fn argv() -> Result<Vec<String>, CliError> {
+    std::env::args_os()
+        .skip(1)
+        .map(|a| {
+            a.into_string()
+                .map_err(|a| CliError(format!("argument {:?} is not valid UTF-8", a.to_string_lossy())))
+        })
+        .collect()
+}
+
 fn main() -> ExitCode {
-    match run(std::env::args().skip(1).collect()) {
+    match argv().and_then(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(CliError(msg)) => {
             eprintln!("cuquota: {}", msg.trim_end());

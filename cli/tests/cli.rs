@@ -159,3 +159,19 @@ fn status_shows_usage_processes_and_share() {
     assert!(s.contains("\"used\":1610612736"), "{s}");
     let _ = std::fs::remove_file(&f);
 }
+
+#[test]
+fn non_utf8_argument_is_an_error_not_a_panic() {
+    use std::os::unix::ffi::OsStrExt;
+    let o = Command::new(env!("CARGO_BIN_EXE_cuquota"))
+        .args([
+            "limits".as_ref(),
+            "show".as_ref(),
+            std::ffi::OsStr::from_bytes(b"/tmp/\xff"),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.starts_with("cuquota: ") && err.contains("UTF-8"), "{err}");
+}
