@@ -24,6 +24,17 @@ pub const MAX_COST_NS: u64 = 10_000_000_000;
 /// Rates are in per-mille of the device: 1000 = the whole device.
 pub const FULL_RATE: u64 = 1000;
 
+/// How far ahead of `now` a sound word can be at `rate_pm`: one charge of at most `MAX_COST_NS` taken while the
+/// bucket was not in debt, plus one correction of at most `MAX_COST_NS`, plus the window. A word farther ahead was
+/// not written by this algorithm at this rate: a dead or buggy process scribbled on it, the usage file outlived a
+/// reboot (CLOCK_MONOTONIC restarts near 0, so every word of the previous boot lies in the future), or the limit was
+/// raised since a huge debt was committed at the old rate. Such a word is reset to `now` (empty bucket, no debt)
+/// rather than make every launch of the container wait for it — possibly for ever.
+#[inline]
+pub fn max_ahead_ns(rate_pm: u64) -> u64 {
+    2 * span_ns(MAX_COST_NS, rate_pm) + window_ns(rate_pm)
+}
+
 /// Word indexes inside `throttle[8]`. Owned by `src/throttle`; `cuquota status` may read `CONFIG`.
 pub mod slot {
     /// Wall time (ns) at which the bucket is empty; 0 = never used (full bucket).
@@ -91,10 +102,18 @@ impl<'a> Bucket<'a> {
         let mut z = w.load(Ordering::Acquire);
         loop {
             if z > now {
-                return Take::WaitUntil(z);
+                if z - now <= max_ahead_ns(rate_pm) {
+                    return Take::WaitUntil(z);
+                }
+                // Not a debt this algorithm can have left (see `max_ahead_ns`): start over from an empty bucket.
+                match w.compare_exchange(z, now, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => z = now,
+                    Err(cur) => z = cur,
+                }
+                continue;
             }
             let floor = now.saturating_sub(window_ns(rate_pm));
-            let new = z.max(floor) + span_ns(cost, rate_pm);
+            let new = z.max(floor).saturating_add(span_ns(cost, rate_pm));
             match w.compare_exchange_weak(z, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Take::Granted,
                 Err(cur) => z = cur,
@@ -109,7 +128,7 @@ impl<'a> Bucket<'a> {
         let mut z = w.load(Ordering::Acquire);
         loop {
             let floor = now.saturating_sub(window_ns(rate_pm));
-            let mut new = z.max(floor) + span_ns(cost, rate_pm);
+            let mut new = z.max(floor).saturating_add(span_ns(cost, rate_pm));
             if forgive {
                 new = new.min(now);
             }
@@ -128,7 +147,10 @@ impl<'a> Bucket<'a> {
         let span = span_ns(delta.unsigned_abs(), rate_pm);
         let w = &self.words[slot::ZERO_AT];
         if delta > 0 {
-            w.fetch_add(span, Ordering::AcqRel);
+            // Saturating: a corrupted word must not wrap round to "full".
+            let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |z| {
+                Some(z.saturating_add(span))
+            });
         } else {
             // Never below 0 (the "never used" marker means full): saturate.
             let _ = w.fetch_update(Ordering::AcqRel, Ordering::Acquire, |z| {
@@ -262,6 +284,44 @@ mod tests {
             b.charge(T0, 10 * MS, 300, true);
         }
         assert_eq!(b.try_take(T0, 1, 300), Take::Granted);
+    }
+
+    #[test]
+    fn corrupted_or_stale_word_cannot_block_for_ever() {
+        // A dead process scribbled on the word, or the usage file outlived a reboot (its words lie days ahead of
+        // the new boot's CLOCK_MONOTONIC): the next take must not be told to wait until then.
+        for bad in [u64::MAX, u64::MAX - 1, T0 + 3 * 86_400_000 * MS] {
+            for rate in [10u64, 300, 1000] {
+                let w = words();
+                w[slot::ZERO_AT].store(bad, Ordering::Relaxed);
+                let b = Bucket::new(&w);
+                match b.try_take(T0, MS, rate) {
+                    Take::Granted => {}
+                    Take::WaitUntil(t) => {
+                        panic!("rate {rate} word {bad}: told to wait {} s", (t - T0) / 1000 / MS)
+                    }
+                }
+                // And the bucket works normally afterwards (1 ms was charged at `rate`).
+                let tokens = b.tokens(T0, rate);
+                assert!((tokens + MS as i64).abs() <= 1_000, "rate {rate}: {tokens}");
+                b.charge(T0, MS, rate, false); // no overflow
+                b.adjust(5 * MS as i64, rate);
+            }
+        }
+    }
+
+    #[test]
+    fn a_sound_debt_is_kept() {
+        // The largest debt the algorithm can make at 1 %: a 10 s charge plus a 10 s correction = 2000 s of wall
+        // time. It must still be honoured.
+        let w = words();
+        let b = Bucket::new(&w);
+        assert_eq!(b.try_take(T0, MAX_COST_NS, 10), Take::Granted);
+        b.adjust(MAX_COST_NS as i64, 10);
+        match b.try_take(T0, 1, 10) {
+            Take::WaitUntil(t) => assert!(t - T0 >= 1_990_000 * MS, "{}", t - T0),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
