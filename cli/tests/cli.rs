@@ -175,3 +175,240 @@ fn non_utf8_argument_is_an_error_not_a_panic() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.starts_with("cuquota: ") && err.contains("UTF-8"), "{err}");
 }
+
+/// A strict JSON syntax check (RFC 8259), enough to prove `--json` output parses.
+fn assert_json(s: &str) {
+    fn ws(b: &[u8], i: &mut usize) {
+        while *i < b.len() && matches!(b[*i], b' ' | b'\t' | b'\n' | b'\r') {
+            *i += 1;
+        }
+    }
+    fn value(b: &[u8], i: &mut usize) -> Result<(), usize> {
+        ws(b, i);
+        match b.get(*i).ok_or(*i)? {
+            b'{' => {
+                *i += 1;
+                ws(b, i);
+                if b.get(*i) == Some(&b'}') {
+                    *i += 1;
+                    return Ok(());
+                }
+                loop {
+                    ws(b, i);
+                    string(b, i)?;
+                    ws(b, i);
+                    (b.get(*i) == Some(&b':')).then_some(()).ok_or(*i)?;
+                    *i += 1;
+                    value(b, i)?;
+                    ws(b, i);
+                    match b.get(*i) {
+                        Some(b',') => *i += 1,
+                        Some(b'}') => {
+                            *i += 1;
+                            return Ok(());
+                        }
+                        _ => return Err(*i),
+                    }
+                }
+            }
+            b'[' => {
+                *i += 1;
+                ws(b, i);
+                if b.get(*i) == Some(&b']') {
+                    *i += 1;
+                    return Ok(());
+                }
+                loop {
+                    value(b, i)?;
+                    ws(b, i);
+                    match b.get(*i) {
+                        Some(b',') => *i += 1,
+                        Some(b']') => {
+                            *i += 1;
+                            return Ok(());
+                        }
+                        _ => return Err(*i),
+                    }
+                }
+            }
+            b'"' => string(b, i),
+            b't' | b'f' | b'n' => {
+                for lit in ["true", "false", "null"] {
+                    if b[*i..].starts_with(lit.as_bytes()) {
+                        *i += lit.len();
+                        return Ok(());
+                    }
+                }
+                Err(*i)
+            }
+            _ => number(b, i),
+        }
+    }
+    fn string(b: &[u8], i: &mut usize) -> Result<(), usize> {
+        (b.get(*i) == Some(&b'"')).then_some(()).ok_or(*i)?;
+        *i += 1;
+        loop {
+            match *b.get(*i).ok_or(*i)? {
+                b'"' => {
+                    *i += 1;
+                    return Ok(());
+                }
+                b'\\' => {
+                    *i += 1;
+                    match *b.get(*i).ok_or(*i)? {
+                        b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => *i += 1,
+                        b'u' if b.len() >= *i + 5 && b[*i + 1..*i + 5].iter().all(u8::is_ascii_hexdigit) => {
+                            *i += 5
+                        }
+                        _ => return Err(*i),
+                    }
+                }
+                c if c < 0x20 => return Err(*i),
+                _ => *i += 1,
+            }
+        }
+    }
+    fn number(b: &[u8], i: &mut usize) -> Result<(), usize> {
+        let start = *i;
+        if b.get(*i) == Some(&b'-') {
+            *i += 1;
+        }
+        let digits = |i: &mut usize| {
+            let s = *i;
+            while b.get(*i).is_some_and(u8::is_ascii_digit) {
+                *i += 1;
+            }
+            *i - s
+        };
+        let int_start = *i;
+        let n = digits(i);
+        if n == 0 || (n > 1 && b[int_start] == b'0') {
+            return Err(start);
+        }
+        if b.get(*i) == Some(&b'.') {
+            *i += 1;
+            if digits(i) == 0 {
+                return Err(start);
+            }
+        }
+        if matches!(b.get(*i), Some(b'e' | b'E')) {
+            *i += 1;
+            if matches!(b.get(*i), Some(b'+' | b'-')) {
+                *i += 1;
+            }
+            if digits(i) == 0 {
+                return Err(start);
+            }
+        }
+        Ok(())
+    }
+    let b = s.as_bytes();
+    let mut i = 0;
+    let r = value(b, &mut i).and_then(|()| {
+        ws(b, &mut i);
+        (i == b.len()).then_some(()).ok_or(i)
+    });
+    if let Err(at) = r {
+        panic!("invalid JSON at byte {at}: {s}");
+    }
+}
+
+#[test]
+fn json_output_is_valid_json() {
+    for bad in ["{\"a\":}", "[1,]", "{\"a\":01}", "\"\t\"", "{} x"] {
+        assert!(std::panic::catch_unwind(|| assert_json(bad)).is_err(), "{bad} accepted");
+    }
+    // A path with characters JSON must escape.
+    let f = tmp("json \"q\"\\\t");
+    let fs = f.to_str().unwrap();
+    assert!(cuquota(&["limits", "init", fs]).status.success());
+    let o = cuquota(&["limits", "show", fs, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_json(&String::from_utf8(o.stdout).unwrap());
+    for dev in ["all", "3", "GPU-0f3a9c1e-1111-2222-3333-444455556666"] {
+        let o = cuquota(&[
+            "limits", "set", fs, "--device", dev, "--memory", "3000m", "--sm", "30",
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = cuquota(&["limits", "show", fs, "--json"]);
+    let s = String::from_utf8(o.stdout).unwrap();
+    assert_json(&s);
+    assert!(
+        s.contains("\"device\":\"GPU-0f3a9c1e-1111-2222-3333-444455556666\""),
+        "{s}"
+    );
+    let _ = std::fs::remove_file(&f);
+
+    let u = tmp("json-usage");
+    let r = UsageRegion::open(&u).unwrap();
+    let slot = r.process_slot().unwrap();
+    let dev = r.device(&[9; 16]).unwrap();
+    r.set_reported_limits(dev, Some(1 << 30), None);
+    r.try_charge(slot, dev, 1 << 20, Some(1 << 30)).unwrap();
+    for interval in ["0", "50"] {
+        let o = cuquota(&[
+            "status",
+            "--usage",
+            u.to_str().unwrap(),
+            "--json",
+            "--interval",
+            interval,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        assert_json(&String::from_utf8(o.stdout).unwrap());
+    }
+    let _ = std::fs::remove_file(&u);
+}
+
+#[test]
+fn concurrent_limits_set_from_many_processes_loses_no_update() {
+    let f = tmp("concurrent");
+    let fs = f.to_str().unwrap().to_string();
+    assert!(cuquota(&["limits", "init", &fs]).status.success());
+    // 12 processes, each its own device, plus pairs editing different fields of one shared entry.
+    let mut children = Vec::new();
+    for i in 0..12u32 {
+        children.push(
+            Command::new(env!("CARGO_BIN_EXE_cuquota"))
+                .args([
+                    "limits",
+                    "set",
+                    &fs,
+                    "--device",
+                    &i.to_string(),
+                    "--memory",
+                    &format!("{}m", i + 1),
+                ])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let field: [&str; 2] = match i % 3 {
+            0 => ["--sm", "40"],
+            1 => ["--weight", "9"],
+            _ => ["--policy", "hard"],
+        };
+        children.push(
+            Command::new(env!("CARGO_BIN_EXE_cuquota"))
+                .args(["limits", "set", &fs, "--device", "all", field[0], field[1]])
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+    }
+    for mut c in children {
+        assert!(c.wait().unwrap().success());
+    }
+    let reader = LimitsReader::open(&f).unwrap();
+    let snap = reader.snapshot();
+    for i in 0..12u32 {
+        let e = snap.get(DeviceSelector::Index(i)).expect("entry written");
+        assert_eq!(e.memory_limit, u64::from(i + 1) << 20, "device {i}");
+    }
+    let all = snap.get(DeviceSelector::All).unwrap();
+    assert_eq!((all.sm_limit, all.weight), (40, 9));
+    assert_eq!(all.policy, cuquota_core::region::layout::POLICY_HARD);
+    assert_eq!(snap.generation, 24, "one generation per update, none lost");
+    let _ = std::fs::remove_file(&f);
+}
