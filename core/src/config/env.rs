@@ -112,7 +112,7 @@ fn insert_once(
                     second: show(&v),
                 };
                 if !matches!(e.get(), Err(ConfigError::Duplicate { .. })) {
-                    e.insert(Err(dup));
+                    *e.get_mut() = Err(dup);
                 }
             }
         }
