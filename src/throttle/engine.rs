@@ -28,6 +28,10 @@ pub const POLL_INTERVAL_NS: u64 = 100_000;
 pub const MAX_SLEEP_NS: u64 = 20_000_000;
 /// Longest wait for an outstanding probe before charging an unknown launch the fallback estimate.
 pub const UNKNOWN_WAIT_NS: u64 = 200_000_000;
+/// A probe still pending this long after it was issued (plus twice what it was charged) is given up: its
+/// launch is stuck behind work that may never finish (a stream waiting on a value never written, a probe
+/// inherited across `fork`), and while it is out no other launch of the device is measured.
+pub const PROBE_TIMEOUT_NS: u64 = 5_000_000_000;
 /// Devices per process (matches the usage region's device entries).
 pub const MAX_DEVICES: usize = 16;
 
@@ -89,6 +93,7 @@ struct Outstanding {
     key: u64,
     charged: u64,
     rate: u64,
+    issued_at: u64,
 }
 
 #[derive(Debug)]
@@ -196,7 +201,7 @@ impl Engine {
                 self.poll(dev, sh, now, gpu);
             }
             if lim.policy == Policy::Burst
-                && now >= sh.words[slot::SAMPLE_AT].load(Ordering::Relaxed) + burst::SAMPLE_NS
+                && sample_due(sh.words[slot::SAMPLE_AT].load(Ordering::Relaxed), now)
             {
                 self.burst_sample(dev, sh, lim, now, gpu);
             }
@@ -257,15 +262,26 @@ impl Engine {
     }
 
     /// The probe of ticket `t` is recorded (handle from `Gpu::probe_begin`, end recorded).
+    ///
+    /// Never blocks: the only other holder of `outstanding` is a `poll` that found it empty (the claim is ours)
+    /// and lets go at once — or, in a forked child, a parent thread that no longer exists. If it is held, the
+    /// probe is given up rather than wait (and its claim released, so measurement goes on).
     pub fn probe_issued(&self, t: &Ticket, handle: u64, now: u64) {
         let d = &self.devs[t.dev % MAX_DEVICES];
-        if let Ok(mut o) = d.outstanding.lock() {
-            *o = Some(Outstanding {
-                handle,
-                key: t.key,
-                charged: t.charged,
-                rate: t.rate,
-            });
+        match d.outstanding.try_lock() {
+            Ok(mut o) => {
+                *o = Some(Outstanding {
+                    handle,
+                    key: t.key,
+                    charged: t.charged,
+                    rate: t.rate,
+                    issued_at: now,
+                })
+            }
+            Err(_) => {
+                d.probe_claimed.store(false, Ordering::Release);
+                return;
+            }
         }
         d.next_poll_at
             .store(now + POLL_INTERVAL_NS.min(t.charged), Ordering::Relaxed);
@@ -278,9 +294,18 @@ impl Engine {
             return;
         };
         let Some(o) = guard.as_ref() else { return };
+        let timeout = PROBE_TIMEOUT_NS.saturating_add(o.charged.saturating_mul(2));
         match gpu.probe_poll(o.handle) {
-            Poll::Pending => {
+            Poll::Pending if now.saturating_sub(o.issued_at) <= timeout => {
                 d.next_poll_at.store(now + POLL_INTERVAL_NS, Ordering::Relaxed);
+            }
+            Poll::Pending => {
+                // Given up (see `PROBE_TIMEOUT_NS`): the launch keeps the estimate it was charged.
+                let o = guard.take().unwrap_or_default();
+                drop(guard);
+                gpu.probe_release(o.handle);
+                d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
+                d.probe_claimed.store(false, Ordering::Release);
             }
             Poll::Done(ns) => {
                 let o = guard.take().unwrap_or_default();
@@ -302,6 +327,10 @@ impl Engine {
 
     /// A measured launch: correct the bucket and the counters by (measured − charged), refine the estimate.
     pub fn reconcile(&self, sh: &Shared<'_>, key: u64, charged: u64, rate: u64, measured: u64) {
+        // Clamped like any charge: a nonsense measurement (≥ 2^63 would even turn into a credit below) costs at
+        // most the longest single charge.
+        let measured = measured.min(bucket::MAX_COST_NS);
+        let charged = charged.min(bucket::MAX_COST_NS);
         self.est.record(key, measured);
         let delta = measured as i64 - charged as i64;
         Bucket::new(sh.words).adjust(delta, rate);
@@ -311,11 +340,12 @@ impl Engine {
         }
     }
 
-    /// Charge work the engine cannot admit ahead of time (none today; kept for graph nodes discovered late).
+    /// Burst controller: the process and thread that wins the CAS on `SAMPLE_AT` takes this interval's sample and
+    /// sets the container's effective rate on the device.
     pub fn burst_sample<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, lim: Limit, now: u64, gpu: &G) {
         let w = sh.words;
         let last = w[slot::SAMPLE_AT].load(Ordering::Acquire);
-        if now < last + burst::SAMPLE_NS
+        if !sample_due(last, now)
             || w[slot::SAMPLE_AT]
                 .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
@@ -324,8 +354,8 @@ impl Engine {
         }
         let own_now = sh.busy_ns.load(Ordering::Relaxed);
         let own_before = w[slot::SAMPLE_OWN].swap(own_now, Ordering::Relaxed);
-        if last == 0 {
-            return; // first sample: only a baseline
+        if last == 0 || last > now {
+            return; // first sample (or the previous one is garbage from the future): only a baseline
         }
         let dt = (now - last).max(1);
         let own_pm = (own_now.saturating_sub(own_before) as u128 * 1000 / dt as u128).min(1000) as u64;
@@ -344,6 +374,14 @@ impl Engine {
             Bucket::new(w).forgive(now);
         }
     }
+}
+
+/// Is a burst sample due, the last one having been taken at `last`? Also when `last` lies in the future beyond
+/// one interval — a corrupted word, or a usage file kept across a reboot — or sampling would stop for ever and
+/// the container keep whatever rate the stale state says (possibly the whole device).
+#[inline]
+fn sample_due(last: u64, now: u64) -> bool {
+    now >= last.saturating_add(burst::SAMPLE_NS) || last > now.saturating_add(burst::SAMPLE_NS)
 }
 
 fn add_signed(a: &AtomicU64, delta: i64) {
@@ -608,5 +646,126 @@ mod tests {
         }
         let share = *gpu.busy.borrow() as f64 / (clock.now_ns() - start) as f64;
         assert!(share >= 0.95, "{share}");
+    }
+
+    fn shared<'a>(words: &'a [AtomicU64; 8], busy: &'a AtomicU64) -> Shared<'a> {
+        Shared {
+            words,
+            busy_ns: busy,
+            gpu_ns: None,
+        }
+    }
+
+    const HARD50: Limit = Limit {
+        pct: 50,
+        policy: Policy::Hard,
+        weight: 100,
+    };
+
+    #[test]
+    fn a_nonsense_measurement_is_a_bounded_debt_not_a_credit() {
+        let clock = FakeClock::new(1_000_000 * MS);
+        let gpu = FakeGpu::new(&clock, 1);
+        let eng = Engine::new();
+        let words: [AtomicU64; 8] = Default::default();
+        let busy = AtomicU64::new(0);
+        let sh = shared(&words, &busy);
+        let t = eng.admit(0, &sh, || HARD50, 3, &clock, &gpu).unwrap();
+        // A broken event pair: f32 ms → u64 saturates. As i64 that was −1, i.e. a huge credit; and the second
+        // record overflowed the estimator's average.
+        eng.reconcile(&sh, t.key, t.charged, t.rate, u64::MAX);
+        eng.reconcile(&sh, t.key, t.charged, t.rate, u64::MAX);
+        let now = clock.now_ns();
+        match Bucket::new(&words).try_take(now, 1, t.rate) {
+            Take::WaitUntil(w) => {
+                assert!(w - now <= bucket::max_ahead_ns(t.rate), "{}", w - now)
+            }
+            Take::Granted => panic!("a huge measurement credited the bucket"),
+        }
+        assert!(eng.estimator().get(3).unwrap() <= bucket::MAX_COST_NS);
+    }
+
+    #[test]
+    fn a_probe_that_never_completes_is_given_up() {
+        let clock = FakeClock::new(1_000_000 * MS);
+        let gpu = FakeGpu::new(&clock, 50_000);
+        let eng = Engine::new();
+        let words: [AtomicU64; 8] = Default::default();
+        let busy = AtomicU64::new(0);
+        let sh = shared(&words, &busy);
+        eng.estimator().record(4, 50_000);
+        let t = eng.admit(0, &sh, || HARD50, 4, &clock, &gpu).unwrap();
+        assert!(t.probe);
+        // Its end event never completes (a stream waiting for a value nobody writes, a probe from the parent).
+        let h = gpu.probe_begin(0, 0);
+        gpu.probes.borrow_mut().push_back((h, 0, u64::MAX));
+        eng.probe_issued(&t, h, clock.now_ns());
+        let mut probed_again = false;
+        for _ in 0..200 {
+            clock.advance(50 * MS);
+            let t = eng.admit(0, &sh, || HARD50, 4, &clock, &gpu).unwrap();
+            if t.probe {
+                probed_again = true;
+                break;
+            }
+        }
+        assert!(probed_again, "no launch measured again after a stuck probe");
+    }
+
+    #[test]
+    fn issuing_a_probe_never_blocks_on_the_outstanding_lock() {
+        // In a forked child the lock may be held by a parent thread that does not exist there.
+        static ENG: Engine = Engine::new();
+        let held = ENG.devs[0].outstanding.lock().unwrap();
+        ENG.devs[0].probe_claimed.store(true, Ordering::Relaxed);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let t = Ticket {
+                dev: 0,
+                key: 1,
+                charged: 1,
+                rate: 500,
+                probe: true,
+            };
+            ENG.probe_issued(&t, 1, 1);
+            let _ = tx.send(());
+        });
+        assert!(
+            rx.recv_timeout(std::time::Duration::from_secs(5)).is_ok(),
+            "probe_issued blocked"
+        );
+        assert!(!ENG.devs[0].probe_claimed.load(Ordering::Relaxed));
+        drop(held);
+    }
+
+    #[test]
+    fn burst_state_from_the_future_does_not_stop_sampling() {
+        for stale in [u64::MAX, 1_000_000 * MS + 86_400_000 * MS] {
+            let clock = FakeClock::new(1_000_000 * MS);
+            let gpu = FakeGpu::new(&clock, 50_000);
+            *gpu.util.borrow_mut() = Some(1000); // a neighbour saturating the device
+            let eng = Engine::new();
+            let words: [AtomicU64; 8] = Default::default();
+            let busy = AtomicU64::new(0);
+            let sh = shared(&words, &busy);
+            // Left by a previous boot (or garbage): sampled "in the future", at the whole device, alone.
+            words[slot::SAMPLE_AT].store(stale, Ordering::Relaxed);
+            let full = burst::BurstState {
+                eff: 1000,
+                others_active: false,
+            };
+            words[slot::BURST_STATE].store(burst::pack(full), Ordering::Relaxed);
+            let lim = Limit {
+                pct: 30,
+                policy: Policy::Burst,
+                weight: 100,
+            };
+            eng.estimator().record(1, 50_000);
+            for _ in 0..5 {
+                let _ = eng.admit(0, &sh, || lim, 1, &clock, &gpu);
+                clock.advance(60 * MS);
+            }
+            assert_eq!(effective_rate(lim, &words), 300, "stale {stale}");
+        }
     }
 }

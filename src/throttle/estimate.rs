@@ -90,7 +90,9 @@ impl Estimator {
     /// Record a measurement. The first sample of a key is taken as is; later ones move the estimate by 1/4 of
     /// the difference (smooths jitter, follows a real change within a few samples).
     pub fn record(&self, key: u64, measured: u64) {
-        let measured = measured.max(1);
+        // Clamped: a nonsense measurement (a broken event pair) must neither overflow the averages below nor
+        // charge later launches more than the longest single charge.
+        let measured = measured.clamp(1, super::bucket::MAX_COST_NS);
         let m = self.mean.load(Ordering::Relaxed);
         let nm = if m == 0 { measured } else { (m * 7 + measured) / 8 };
         self.mean.store(nm.max(1), Ordering::Relaxed);
@@ -137,6 +139,17 @@ mod tests {
         e.record(k, 80_000);
         assert_eq!(e.get(k), Some(50_000));
         assert_eq!(e.fallback(), 45_000);
+    }
+
+    #[test]
+    fn a_nonsense_measurement_is_clamped_and_does_not_overflow() {
+        let e = Estimator::new();
+        let k = launch_key(0x1000, 64, 256);
+        e.record(k, u64::MAX);
+        e.record(k, u64::MAX);
+        e.record(launch_key(0x2000, 1, 1), u64::MAX);
+        assert_eq!(e.get(k), Some(super::super::bucket::MAX_COST_NS));
+        assert!(e.fallback() <= super::super::bucket::MAX_COST_NS);
     }
 
     #[test]
