@@ -87,6 +87,14 @@ impl EventProbes {
         (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
     }
 
+    /// Destroy a pair this process just created in a live context.
+    fn destroy(&self, s: Option<Slot>) {
+        for e in s.iter().flat_map(|s| [s.start, s.end]) {
+            // SAFETY: an event we created in a context that is alive (we just used it).
+            unsafe { (self.api.cuEventDestroy)(e as *mut c_void) };
+        }
+    }
+
     /// Create a start/end pair in `ctx` (made current for the call if it is not).
     fn create_pair(&self, ctx: usize) -> Option<Slot> {
         let mut cur: *mut c_void = std::ptr::null_mut();
@@ -129,28 +137,50 @@ impl Gpu for EventProbes {
         let Some(ctx) = self.stream_ctx(stream) else {
             return 0;
         };
-        let Ok(mut g) = self.slots[dev % MAX_DEVICES].lock() else {
+        // try_lock: only the holder of the device's probe claim gets here, so the lock is free — unless this is
+        // a forked child and a parent thread held it at the fork. Never wait for it.
+        let Ok(mut g) = self.slots[dev % MAX_DEVICES].try_lock() else {
             return 0;
         };
-        if g.as_ref().is_none_or(|s| s.ctx != ctx) {
+        let fresh = g.as_ref().is_none_or(|s| s.ctx != ctx);
+        if fresh {
             // Old events belong to another (maybe destroyed) context: dropping them leaks at most two events
             // per context switch of a device, never touches a dead context.
             *g = self.create_pair(ctx);
         }
-        let Some(s) = g.as_ref() else { return 0 };
-        // SAFETY: our event, recorded on the program's stream (same context).
-        if unsafe { (self.api.cuEventRecord)(s.start as *mut c_void, stream as *mut c_void) } != CUDA_SUCCESS
-        {
+        let record = |s: &Slot| {
+            // SAFETY: our event, recorded on the program's stream (same context).
+            let r = unsafe { (self.api.cuEventRecord)(s.start as *mut c_void, stream as *mut c_void) };
+            r == CUDA_SUCCESS
+        };
+        match g.as_ref() {
+            None => return 0,
+            Some(s) if record(s) => return (dev % MAX_DEVICES) as u64 + 1,
+            Some(_) => {}
+        }
+        if fresh {
+            // New events of a live context that cannot be recorded on this stream: give them back.
+            self.destroy(g.take());
             return 0;
         }
-        (dev % MAX_DEVICES) as u64 + 1
+        // Reused events that no longer work: their context was destroyed and the stream's context got the same
+        // handle. Forget them (never touch a dead context) and start over once with a new pair — otherwise no
+        // launch of this device would ever be measured again.
+        *g = self.create_pair(ctx);
+        match g.as_ref() {
+            Some(s) if record(s) => (dev % MAX_DEVICES) as u64 + 1,
+            _ => {
+                self.destroy(g.take());
+                0
+            }
+        }
     }
 
     fn probe_end(&self, p: u64, stream: usize) -> bool {
         let Some(i) = (p as usize).checked_sub(1) else {
             return false;
         };
-        let Ok(g) = self.slots[i % MAX_DEVICES].lock() else {
+        let Ok(g) = self.slots[i % MAX_DEVICES].try_lock() else {
             return false;
         };
         let Some(s) = g.as_ref() else { return false };
@@ -186,5 +216,97 @@ impl Gpu for EventProbes {
 
     fn others_busy_pm(&self, dev: usize) -> Option<u64> {
         (self.util)(dev)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! A fake driver in which context handle 0x1000 is destroyed and re-created (same handle, new
+    //! generation); events remember the generation they were created in and fail in any other.
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static GEN: AtomicUsize = AtomicUsize::new(1);
+    static NEXT: AtomicUsize = AtomicUsize::new(1);
+    static LIVE_EVENTS: AtomicUsize = AtomicUsize::new(0);
+    const CTX: usize = 0x1000;
+
+    fn live(e: CUevent) -> bool {
+        (e as usize >> 20) == GEN.load(Ordering::SeqCst)
+    }
+    unsafe extern "C" fn create(e: *mut CUevent, _f: c_uint) -> CuResult {
+        let h = (GEN.load(Ordering::SeqCst) << 20) | NEXT.fetch_add(1, Ordering::SeqCst);
+        LIVE_EVENTS.fetch_add(1, Ordering::SeqCst);
+        // SAFETY: out-pointer from the code under test.
+        unsafe { *e = h as CUevent };
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn destroy(_e: CUevent) -> CuResult {
+        LIVE_EVENTS.fetch_sub(1, Ordering::SeqCst);
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn record(e: CUevent, _s: CUstream) -> CuResult {
+        if live(e) {
+            CUDA_SUCCESS
+        } else {
+            CUresult(400)
+        }
+    }
+    unsafe extern "C" fn query(e: CUevent) -> CuResult {
+        if live(e) {
+            CUDA_SUCCESS
+        } else {
+            CUresult(400)
+        }
+    }
+    unsafe extern "C" fn elapsed(ms: *mut f32, _a: CUevent, _b: CUevent) -> CuResult {
+        // SAFETY: out-pointer from the code under test.
+        unsafe { *ms = 0.05 };
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn stream_ctx(_s: CUstream, c: *mut CUcontext) -> CuResult {
+        // SAFETY: out-pointer from the code under test.
+        unsafe { *c = CTX as CUcontext };
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn ctx_current(c: *mut CUcontext) -> CuResult {
+        // SAFETY: out-pointer from the code under test.
+        unsafe { *c = CTX as CUcontext };
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn push(_c: CUcontext) -> CuResult {
+        CUDA_SUCCESS
+    }
+    unsafe extern "C" fn pop(_c: *mut CUcontext) -> CuResult {
+        CUDA_SUCCESS
+    }
+
+    #[test]
+    fn events_of_a_destroyed_context_whose_handle_was_reused_are_replaced() {
+        let p = EventProbes::new(
+            EventApi {
+                cuEventCreate: create,
+                cuEventDestroy: destroy,
+                cuEventRecord: record,
+                cuEventQuery: query,
+                cuEventElapsedTime: elapsed,
+                cuStreamGetCtx: stream_ctx,
+                cuCtxGetCurrent: ctx_current,
+                cuCtxPushCurrent: push,
+                cuCtxPopCurrent: pop,
+            },
+            Box::new(|_| None),
+        );
+        let stream = 0x5000;
+        let h = p.probe_begin(3, stream);
+        assert_ne!(h, 0);
+        assert!(p.probe_end(h, stream));
+        assert_eq!(p.probe_poll(h), Poll::Done(50_000));
+        // The program destroys its context and creates a new one; the driver hands out the same handle.
+        GEN.store(2, Ordering::SeqCst);
+        let h = p.probe_begin(3, stream);
+        assert_ne!(h, 0, "a probe slot with dead events never measures again");
+        assert!(p.probe_end(h, stream));
+        assert_eq!(p.probe_poll(h), Poll::Done(50_000));
     }
 }
