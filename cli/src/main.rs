@@ -20,6 +20,8 @@ usage:
   cuquota status [--usage <file>] [--interval MS] [--json]
 
   SIZE: bytes in HAMi's syntax (3000m, 4g, 0x100000; 0 = no limit). PERCENT: 1-99 (0 = no limit).
+  An INDEX entry follows the process's CUDA ordinals, which it picks with CUDA_VISIBLE_DEVICES: use GPU UUIDs
+  (or all) for limits a process must not be able to move between devices.
   The usage file defaults to $CUQUOTA_USAGE_FILE, $CUDA_DEVICE_MEMORY_SHARED_CACHE, then /tmp/cuquota.usage.
 ";
 
