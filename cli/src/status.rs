@@ -12,11 +12,20 @@ use cuquota_core::units::format_size;
 use crate::args::Args;
 use crate::{json, CliError};
 
-fn usage_path(arg: Option<String>) -> PathBuf {
-    arg.or_else(|| std::env::var("CUQUOTA_USAGE_FILE").ok())
-        .or_else(|| std::env::var("CUDA_DEVICE_MEMORY_SHARED_CACHE").ok())
-        .filter(|p| !p.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_USAGE_PATH), PathBuf::from)
+/// `--usage`, else the file the shim would use: `CUQUOTA_USAGE_FILE` / `CUDA_DEVICE_MEMORY_SHARED_CACHE` (an
+/// empty one counts as unset; two different ones are an error, as in the shim), else the default.
+fn usage_path(arg: Option<String>) -> Result<PathBuf, CliError> {
+    if let Some(p) = arg {
+        return Ok(PathBuf::from(p));
+    }
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    match (var("CUQUOTA_USAGE_FILE"), var("CUDA_DEVICE_MEMORY_SHARED_CACHE")) {
+        (Some(a), Some(b)) if a != b => Err(CliError(format!(
+            "CUQUOTA_USAGE_FILE={a:?} and CUDA_DEVICE_MEMORY_SHARED_CACHE={b:?} disagree: pass --usage"
+        ))),
+        (Some(p), _) | (None, Some(p)) => Ok(PathBuf::from(p)),
+        (None, None) => Ok(PathBuf::from(DEFAULT_USAGE_PATH)),
+    }
 }
 
 /// Share of `interval` that a cumulative ns counter advanced by, in percent.
@@ -32,7 +41,7 @@ fn pct(v: Option<f64>) -> String {
 /// `status [--usage <file>] [--interval MS] [--json]`
 pub fn run(mut a: Args) -> Result<(), CliError> {
     let as_json = a.flag("json");
-    let path = usage_path(a.value("usage")?);
+    let path = usage_path(a.value("usage")?)?;
     let interval_ms = match a.value("interval")? {
         None => 500,
         Some(v) => v

@@ -316,7 +316,10 @@ fn assert_json(s: &str) {
 #[test]
 fn json_output_is_valid_json() {
     for bad in ["{\"a\":}", "[1,]", "{\"a\":01}", "\"\t\"", "{} x"] {
-        assert!(std::panic::catch_unwind(|| assert_json(bad)).is_err(), "{bad} accepted");
+        assert!(
+            std::panic::catch_unwind(|| assert_json(bad)).is_err(),
+            "{bad} accepted"
+        );
     }
     // A path with characters JSON must escape.
     let f = tmp("json \"q\"\\\t");
@@ -411,4 +414,44 @@ fn concurrent_limits_set_from_many_processes_loses_no_update() {
     assert_eq!(all.policy, cuquota_core::region::layout::POLICY_HARD);
     assert_eq!(snap.generation, 24, "one generation per update, none lost");
     let _ = std::fs::remove_file(&f);
+}
+
+#[test]
+fn status_usage_file_from_the_environment_like_the_shim() {
+    let u = tmp("env-usage");
+    UsageRegion::open(&u).unwrap();
+    let us = u.to_str().unwrap();
+    let status = |vars: &[(&str, &str)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cuquota"));
+        c.args(["status", "--json", "--interval", "0"])
+            .env_remove("CUQUOTA_USAGE_FILE")
+            .env_remove("CUDA_DEVICE_MEMORY_SHARED_CACHE");
+        for (k, v) in vars {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    // HAMi's name alone, and with an empty cuquota twin (empty = unset, not "use the default").
+    for vars in [
+        vec![("CUDA_DEVICE_MEMORY_SHARED_CACHE", us)],
+        vec![
+            ("CUQUOTA_USAGE_FILE", ""),
+            ("CUDA_DEVICE_MEMORY_SHARED_CACHE", us),
+        ],
+    ] {
+        let o = status(&vars);
+        assert!(o.status.success(), "{vars:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains(us),
+            "{vars:?}: {}",
+            text(&o)
+        );
+    }
+    // Two different files named: the shim refuses this, so status must not guess.
+    let o = status(&[
+        ("CUQUOTA_USAGE_FILE", "/tmp/other"),
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", us),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let _ = std::fs::remove_file(&u);
 }
