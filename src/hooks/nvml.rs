@@ -3,8 +3,9 @@
 //! - `nvmlDeviceGetMemoryInfo` / `_v2`: total = cap, used = the container's usage, free = total − used, each
 //!   clamped by the real values; `_v2`'s `version` is the caller's and `reserved` the driver's.
 //! - `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): only processes owning a live slot in the usage
-//!   region (by pid, or by the NVML pid a slot recorded). The size protocol is kept after filtering: a buffer
-//!   too small for the *filtered* list gets `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
+//!   region (by pid, or by the NVML pid a slot recorded — in a pid namespace the host pid `hooks::context`
+//!   learns). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
+//!   `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
