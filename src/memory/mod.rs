@@ -84,7 +84,9 @@ pub struct Memory {
     overhead_lock: Mutex<()>,
     last_reclaim_ns: AtomicU64,
     /// A device the program can use found no room in the usage region (more physical GPUs than it has entries).
-    unplaced: AtomicBool,
+    unplaced: AtomicU64,
+    /// A device at an ordinal from `MAX_ORDINALS` on was seen (also unplaced; logged once).
+    beyond: AtomicBool,
     /// The driver shows this process exactly one device.
     single: OnceLock<bool>,
 }
@@ -126,7 +128,8 @@ impl Memory {
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead_lock: Mutex::new(()),
             last_reclaim_ns: AtomicU64::new(0),
-            unplaced: AtomicBool::new(false),
+            unplaced: AtomicU64::new(0),
+            beyond: AtomicBool::new(false),
             single: OnceLock::new(),
         }
     }
@@ -179,6 +182,10 @@ impl Memory {
         if let Some(i) = self.devices.get(index).and_then(|s| s.get()) {
             return Some(i);
         }
+        // Entries are never freed: a device that found no room never will (no lookup, no log again).
+        if index < MAX_ORDINALS && self.unplaced.load(Ordering::Relaxed) & (1 << index) != 0 {
+            return None;
+        }
         let mut uuid = CUuuid::default();
         // SAFETY: valid out-pointer.
         let mut r = unsafe { cuda.cuDeviceGetUuid_v2(&mut uuid, ordinal) };
@@ -192,12 +199,13 @@ impl Memory {
         let Some(slot) = self.devices.get(index) else {
             // A real device (it has a UUID) beyond the ordinals we track: it must not become a way around the
             // cap, so it counts as unplaced (refused while limits apply).
-            log!(
-                Level::Error,
-                "device {ordinal} cannot be accounted (ordinals from {MAX_ORDINALS} on are not tracked), its \
-                 allocations are refused while memory limits apply"
-            );
-            self.unplaced.store(true, Ordering::Relaxed);
+            if !self.beyond.swap(true, Ordering::Relaxed) {
+                log!(
+                    Level::Error,
+                    "device {ordinal} cannot be accounted (ordinals from {MAX_ORDINALS} on are not tracked), its \
+                     allocations are refused while memory limits apply"
+                );
+            }
             return None;
         };
         let id = match self.usage.device(&uuid.bytes) {
@@ -207,7 +215,7 @@ impl Memory {
                     Level::Error,
                     "device {ordinal} cannot be accounted, its allocations are refused: {e}"
                 );
-                self.unplaced.store(true, Ordering::Relaxed);
+                self.unplaced.fetch_or(1 << index, Ordering::Relaxed);
                 return None;
             }
         };
@@ -312,7 +320,8 @@ impl Memory {
     /// True when a device could not be given a usage entry while memory limits apply: its allocations must be
     /// refused (fail closed) rather than go uncounted.
     pub fn refuse_unplaced(&self) -> bool {
-        self.unplaced.load(Ordering::Relaxed) && (self.cfg.has_limits() || self.has_agent_files())
+        (self.unplaced.load(Ordering::Relaxed) != 0 || self.beyond.load(Ordering::Relaxed))
+            && (self.cfg.has_limits() || self.has_agent_files())
     }
 
     /// True when at least one agent limits file is in force.
