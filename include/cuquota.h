@@ -15,14 +15,14 @@
  *   abi_version, header_size, total_size, max_devices, and the magic LAST (release store). Or run
  *   `cuquota limits init <file>`.
  *
- *   Write protocol (seqlock; one writer at a time):
- *     1. s = load_acquire(seq). If s is even: CAS seq s -> s+1; on failure start over.
- *        If s is odd a write is in progress: if writer_pid is non-zero and kill(writer_pid, 0) fails with
- *        ESRCH, the writer died — CAS writer_pid from it to your pid and continue with the odd s (take over);
- *        if writer_pid is 0 and seq stays the same for 500 ms, take over the same way. Otherwise wait.
- *     2. store writer_pid = getpid(); atomic_thread_fence(release).
+ *   Write protocol (seqlock; writer_pid is the writers' lock, so one writer at a time):
+ *     1. w = load_acquire(writer_pid). If w is 0, or kill(w, 0) fails with ESRCH (its writer died): CAS
+ *        writer_pid w -> getpid(); on failure, or if w is a live process, wait and start over.
+ *     2. s = load_acquire(seq). If s is even: store_release(seq, s+1) and s_odd = s+1. If s is odd, a writer
+ *        died mid-write: s_odd = s (finish its write). atomic_thread_fence(release).
  *     3. write the fields (relaxed atomic stores): header flags, entries.
- *     4. generation += 1; writer_pid = 0; store_release(seq, s_odd + 1).
+ *     4. generation += 1; store_release(seq, s_odd + 1); store_release(writer_pid, 0).
+ *   The pid is recorded before anything changes, so a live writer is never taken over and a dead one always is.
  *   Readers never wait on a writer: they retry a bounded number of times and keep their last good copy.
  *
  *   Read protocol: s1 = load_acquire(seq); if odd, retry; copy fields (relaxed); atomic_thread_fence(acquire);

@@ -275,6 +275,41 @@ fn reader_keeps_last_good_snapshot_while_writer_is_stuck() {
 }
 
 #[test]
+fn an_open_write_with_no_writer_recorded_is_adopted_at_once() {
+    // An agent written against an older protocol died after making `seq` odd but before recording its pid.
+    use std::os::unix::fs::FileExt;
+    let f = TempFile::new("limits-unrecorded");
+    let w = LimitsWriter::create(f.path()).unwrap();
+    set_memory(&w, DeviceSelector::All, 3 * G);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(f.path())
+        .unwrap();
+    let off = std::mem::offset_of!(layout::LimitsHeader, seq) as u64;
+    let mut b = [0u8; 8];
+    file.read_exact_at(&mut b, off).unwrap();
+    let seq = u64::from_ne_bytes(b);
+    assert_eq!(seq % 2, 0);
+    file.write_all_at(&(seq + 1).to_ne_bytes(), off).unwrap();
+    let pid_off = std::mem::offset_of!(layout::LimitsHeader, writer_pid) as u64;
+    let mut p = [0u8; 4];
+    file.read_exact_at(&mut p, pid_off).unwrap();
+    assert_eq!(u32::from_ne_bytes(p), 0, "no writer recorded");
+
+    let t0 = std::time::Instant::now();
+    set_memory(&w, DeviceSelector::All, 5 * G);
+    assert!(
+        t0.elapsed() < Duration::from_millis(300),
+        "adopted without a grace period: {:?}",
+        t0.elapsed()
+    );
+    let r = LimitsReader::open(f.path()).unwrap();
+    assert_eq!(r.snapshot().for_device(None, Some(0)).memory, Some(5 * G));
+    assert_eq!(r.region().seq() % 2, 0);
+}
+
+#[test]
 fn limits_header_validation() {
     let f = TempFile::new("limits-hdr");
     // Read-only open of a file nobody initialised.

@@ -1,9 +1,10 @@
 //! The limits file: the node agent's word on what each device may use, read by the shim without ever waiting.
 //!
 //! Seqlock protocol (also in `include/cuquota.h` for agents written in C):
-//! - **writer**: CAS `seq` from even `s` to `s+1` (a writer that finds `seq` odd and `writer_pid` dead takes the
-//!   write over instead), store `writer_pid`, release fence, write the fields, bump `generation`, clear
-//!   `writer_pid`, store `seq = s+2` (release).
+//! - **writer**: claim `writer_pid` by CAS (from 0, or from a dead pid), then make `seq` odd (or, when a dead
+//!   writer left it odd, finish that write), release fence, write the fields, bump `generation`, store
+//!   `seq` even (release), clear `writer_pid` (release). The pid is recorded before anything changes, so a
+//!   live writer is never taken over and a dead one always is.
 //! - **reader**: load `seq` (acquire); if odd, retry; copy the fields (relaxed atomics); acquire fence; reload
 //!   `seq`; equal → the copy is consistent. After a bounded number of tries the reader gives up and keeps its
 //!   last good snapshot ([`LimitsReader`]): a writer that died mid-write can never hang a reader.
@@ -24,8 +25,6 @@ use crate::min_limit;
 const READ_TRIES: u32 = 256;
 /// How long [`LimitsReader::new`] and writers wait for a busy seqlock.
 const BUSY_WAIT: Duration = Duration::from_secs(2);
-/// How long a writer waits on an odd `seq` whose writer has not published its pid yet before taking over.
-const UNPUBLISHED_WRITER_GRACE: Duration = Duration::from_millis(500);
 
 /// One entry of the limits file, copied out.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -555,8 +554,8 @@ impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
         if self.armed {
             let h = &self.file.header;
-            h.writer_pid.store(0, Ordering::Relaxed);
             h.seq.store(self.odd_seq + 1, Ordering::Release);
+            h.writer_pid.store(0, Ordering::Release);
         }
     }
 }
@@ -601,43 +600,28 @@ impl LimitsWriter {
     }
 
     /// Takes the write side of the seqlock; returns the odd `seq` now held.
+    ///
+    /// `writer_pid` is the writers' lock: claimed by CAS (free, or held by a dead process) *before* `seq` goes
+    /// odd and released after it is even again. So a live writer is never taken over, however long it stalls,
+    /// and a writer that died at any point is: its pid is recorded before it could change anything.
     fn acquire(&self) -> Result<u64, RegionError> {
         let h = &limits_file(&self.map).header;
         let me = current_pid();
         let deadline = Instant::now() + BUSY_WAIT;
-        let mut unpublished_since: Option<(u64, Instant)> = None;
         loop {
-            let s = h.seq.load(Ordering::Acquire);
-            if s & 1 == 0 {
-                if h.seq
-                    .compare_exchange(s, s + 1, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-                {
-                    h.writer_pid.store(me, Ordering::Release);
-                    return Ok(s + 1);
-                }
-                continue;
-            }
-            // A write is in progress. Take it over if its writer is dead, or never published its pid.
             let w = h.writer_pid.load(Ordering::Acquire);
-            let abandoned = if w != 0 {
-                !is_alive(w, None)
-            } else {
-                match unpublished_since {
-                    Some((seq, since)) if seq == s => since.elapsed() >= UNPUBLISHED_WRITER_GRACE,
-                    _ => {
-                        unpublished_since = Some((s, Instant::now()));
-                        false
-                    }
-                }
-            };
-            if abandoned
+            let free = w == 0 || !is_alive(w, None);
+            if free
                 && h.writer_pid
                     .compare_exchange(w, me, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
-                && h.seq.load(Ordering::Acquire) == s
             {
-                return Ok(s);
+                let s = h.seq.load(Ordering::Acquire);
+                if s & 1 == 1 {
+                    return Ok(s); // a dead writer's unfinished write: ours to finish
+                }
+                h.seq.store(s + 1, Ordering::Release);
+                return Ok(s + 1);
             }
             if Instant::now() >= deadline {
                 return Err(RegionError::LimitsBusy {
@@ -703,8 +687,8 @@ impl LimitsWriter {
         let generation = h.generation.load(Ordering::Relaxed) + 1;
         h.generation.store(generation, Ordering::Relaxed);
         guard.armed = false;
-        h.writer_pid.store(0, Ordering::Relaxed);
         h.seq.store(odd + 1, Ordering::Release);
+        h.writer_pid.store(0, Ordering::Release);
         Ok(Ok(LimitsSnapshot {
             seq: odd + 1,
             generation,
