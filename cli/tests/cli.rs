@@ -161,6 +161,30 @@ fn status_shows_usage_processes_and_share() {
 }
 
 #[test]
+fn read_only_commands_do_not_change_an_empty_file() {
+    let f = tmp("empty");
+    std::fs::write(&f, b"").unwrap();
+    for args in [
+        &["status", "--usage", f.to_str().unwrap()][..],
+        &["limits", "show", f.to_str().unwrap()][..],
+    ] {
+        let o = cuquota(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("not initialised") || text(&o).contains("not initialized"),
+            "{}",
+            text(&o)
+        );
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().len(),
+            0,
+            "{args:?} changed the file"
+        );
+    }
+    let _ = std::fs::remove_file(&f);
+}
+
+#[test]
 fn non_utf8_argument_is_an_error_not_a_panic() {
     use std::os::unix::ffi::OsStrExt;
     let o = Command::new(env!("CARGO_BIN_EXE_cuquota"))

@@ -99,7 +99,7 @@ impl Mapping {
         let fd = Fd(fd);
 
         let file_size = fstat_size(&fd, path)?;
-        let file_size = if file_size == 0 && access != Access::ReadOnly {
+        let file_size = if file_size == 0 && matches!(access, Access::Create(_)) {
             // A fresh (or concurrently created) file: every racer extends it to the same size.
             // SAFETY: fd is open for writing.
             if unsafe { libc::ftruncate(fd.0, size as libc::off_t) } != 0 {
@@ -109,7 +109,8 @@ impl Mapping {
         } else {
             file_size
         };
-        if file_size == 0 && access == Access::ReadOnly {
+        // Opening an existing file (a reader, `cuquota status`, `limits set`) never changes it.
+        if file_size == 0 {
             return Err(RegionError::NotInitialized {
                 path: path.to_path_buf(),
             });
