@@ -144,7 +144,7 @@ fn deactivate(o: &mut Objects, sim: &Sim, h: u64) {
         return;
     }
     let phys = c.phys;
-    crate::graph::destroy_for_context(o, h);
+    crate::graph::destroy_for_context(o, sim, h);
     crate::stream::destroy_for_context(o, h);
     crate::module::destroy_for_context(o, sim, h);
     crate::array::destroy_for_context(o, sim, h);

@@ -26,11 +26,20 @@ pub(crate) struct CopyNode {
 }
 
 /// What a node does.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub(crate) enum NodeKind {
     Kernel(KernelLaunch),
     Memcpy(CopyNode),
     Empty,
+    /// A graph allocation: its address range (see `graph_mem`), the size asked for and the pool properties.
+    MemAlloc {
+        ptr: u64,
+        bytes: u64,
+        /// The CUmemPoolProps given, as bytes (they hold a pointer, which is not Send).
+        props: [u8; 88],
+    },
+    /// Frees a graph allocation.
+    MemFree(u64),
 }
 
 /// A node.
@@ -52,6 +61,11 @@ pub(crate) struct GraphExec {
     /// Captured copies, in capture order; run at launch before the kernels (kernels compute nothing, so the
     /// order between the two is not observable).
     pub copies: Vec<CopyNode>,
+    /// Addresses of the alloc nodes and of the free nodes (graph memory; see `graph_mem`).
+    pub mem_allocs: Vec<u64>,
+    pub mem_frees: Vec<u64>,
+    /// Per CUDA ordinal, graph memory this exec's launches reserved.
+    pub grown: Vec<(usize, u64)>,
 }
 
 /// cuGraphCreate.
@@ -82,12 +96,25 @@ pub(crate) fn add_node(o: &mut Objects, graph: u64, deps: &[u64], kind: NodeKind
     Ok(h)
 }
 
-/// cuGraphDestroy.
+/// cuGraphDestroy. An alloc node's address range lives on while an exec holds it.
 pub(crate) fn destroy(o: &mut Objects, graph: u64) -> CuResult<()> {
     let g = o.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     for n in g.nodes {
-        o.nodes.remove(&n);
+        if let Some(GraphNode {
+            kind: NodeKind::MemAlloc { ptr, .. },
+            ..
+        }) = o.nodes.remove(&n)
+        {
+            crate::graph_mem::release_va(o, ptr);
+        }
     }
+    Ok(())
+}
+
+/// cuGraphExecDestroy.
+pub(crate) fn exec_destroy(o: &mut Objects, sim: &Sim, exec: u64) -> CuResult<()> {
+    let e = o.execs.remove(&exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    crate::graph_mem::exec_destroyed(o, sim, &e);
     Ok(())
 }
 
@@ -100,7 +127,7 @@ pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u6
         .iter()
         .filter_map(|n| match o.nodes.get(n)?.kind {
             NodeKind::Kernel(k) => Some(k),
-            NodeKind::Memcpy(_) | NodeKind::Empty => None,
+            _ => None,
         })
         .collect();
     let copies = g
@@ -108,17 +135,54 @@ pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u6
         .iter()
         .filter_map(|n| match o.nodes.get(n)?.kind {
             NodeKind::Memcpy(c) => Some(c),
-            NodeKind::Kernel(_) | NodeKind::Empty => None,
+            _ => None,
         })
         .collect();
+    let mem_allocs: Vec<u64> = g
+        .nodes
+        .iter()
+        .filter_map(|n| match o.nodes.get(n)?.kind {
+            NodeKind::MemAlloc { ptr, .. } => Some(ptr),
+            _ => None,
+        })
+        .collect();
+    let mem_frees = g
+        .nodes
+        .iter()
+        .filter_map(|n| match o.nodes.get(n)?.kind {
+            NodeKind::MemFree(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    for &p in &mem_allocs {
+        crate::graph_mem::retain_va(o, p);
+    }
     let h = new_handle(Kind::GraphExec);
-    o.execs.insert(h, GraphExec { ctx, kernels, copies });
+    o.execs.insert(
+        h,
+        GraphExec {
+            ctx,
+            kernels,
+            copies,
+            mem_allocs,
+            mem_frees,
+            grown: Vec::new(),
+        },
+    );
     Ok(h)
 }
 
 /// Drops the executable graphs of a context being torn down.
-pub(crate) fn destroy_for_context(o: &mut Objects, ctx: u64) {
-    o.execs.retain(|_, e| e.ctx != ctx);
+pub(crate) fn destroy_for_context(o: &mut Objects, sim: &Sim, ctx: u64) {
+    let mine: Vec<u64> = o
+        .execs
+        .iter()
+        .filter(|(_, e)| e.ctx == ctx)
+        .map(|(&h, _)| h)
+        .collect();
+    for h in mine {
+        let _ = exec_destroy(o, sim, h);
+    }
 }
 
 /// Appends a kernel launched on a capturing stream to the capture graph.

@@ -20,6 +20,7 @@ mod device;
 mod errors;
 mod export_table;
 mod graph;
+mod graph_mem;
 mod launch;
 mod memory;
 mod module;

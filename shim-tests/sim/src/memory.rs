@@ -79,6 +79,8 @@ pub(crate) enum AllocKind {
     Pool(u64),
     /// A module global (freed with its module).
     ModuleGlobal,
+    /// The address range of a graph alloc node (memory comes from the device's graph pool when launched).
+    Graph,
 }
 
 /// One live device allocation.
@@ -267,6 +269,7 @@ pub(crate) fn free(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<()> {
     match a.kind {
         AllocKind::Pool(pool) => crate::pool::free(o, sim, pool, p),
         AllocKind::ModuleGlobal => Err(CUDA_ERROR_INVALID_VALUE),
+        AllocKind::Graph => crate::graph_mem::free(o, p),
         AllocKind::Device | AllocKind::Managed => {
             o.mem.allocs.remove(&p);
             o.mem.give_range(a.phys, p, a.len);

@@ -71,6 +71,10 @@ pub(crate) struct Objects {
     pub arrays: HashMap<u64, Array>,
     pub mipmaps: HashMap<u64, Mipmap>,
     pub mem: Memory,
+    /// Graph memory pool per CUDA ordinal.
+    pub graph_pools: HashMap<usize, crate::graph_mem::GraphPool>,
+    /// Alloc node address ranges → references (the node, and each exec holding it).
+    pub graph_vas: HashMap<u64, u32>,
     pub vmm: Vmm,
     /// Per (physical device): the last ring interval this process wrote (index, end), to extend it when
     /// the next kernel follows on directly.

@@ -114,6 +114,12 @@ pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
 pub const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
 pub const CU_GRAPH_NODE_TYPE_MEMCPY: u32 = 1;
 pub const CU_GRAPH_NODE_TYPE_EMPTY: u32 = 5;
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: u32 = 10;
+pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: u32 = 0;
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: u32 = 1;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: u32 = 2;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: u32 = 3;
 
 /// CUuuid
 #[repr(C)]
@@ -194,6 +200,17 @@ pub struct MemPoolProps {
     pub max_size: usize,
     pub usage: u16,
     pub reserved: [u8; 54],
+}
+
+/// CUDA_MEM_ALLOC_NODE_PARAMS (v1; v2 has the same layout)
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MemAllocNodeParams {
+    pub pool_props: MemPoolProps,
+    pub access_descs: *const MemAccessDesc,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: u64,
 }
 
 /// CUmemAllocationProp_v1
@@ -403,6 +420,7 @@ mod tests {
         assert_eq!(size_of::<ArrayDescriptor>(), 24);
         assert_eq!(size_of::<ArrayMemoryRequirements>(), 32);
         assert_eq!(size_of::<MemPoolProps>(), 88);
+        assert_eq!(size_of::<MemAllocNodeParams>(), 120);
         assert_eq!(size_of::<MemAllocationProp>(), 32);
         assert_eq!(size_of::<LaunchAttribute>(), 72);
         assert_eq!(size_of::<LaunchConfig>(), 56);

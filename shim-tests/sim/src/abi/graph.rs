@@ -1,6 +1,6 @@
 //! CUDA graphs (cuGraph*): kernel and empty nodes, instantiate, launch.
 
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 
 use super::{alias, cuda_fn, h, hp, out, read};
 use crate::graph::{self, KernelLaunch, NodeKind};
@@ -129,6 +129,8 @@ cuda_fn! {
             NodeKind::Kernel(_) => CU_GRAPH_NODE_TYPE_KERNEL,
             NodeKind::Memcpy(_) => CU_GRAPH_NODE_TYPE_MEMCPY,
             NodeKind::Empty => CU_GRAPH_NODE_TYPE_EMPTY,
+            NodeKind::MemAlloc { .. } => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+            NodeKind::MemFree(_) => CU_GRAPH_NODE_TYPE_MEM_FREE,
         })
     }
 
@@ -154,15 +156,21 @@ cuda_fn! {
     }
 
     fn cuGraphUpload(exec: Handle, s: Handle) {
-        cuda()?;
-        with(|o| o.execs.contains_key(&h(exec))).then_some(()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        let sim = cuda()?;
+        with(|o| {
+            crate::stream::resolve(o, sim, h(s))?;
+            crate::graph_mem::upload(o, sim, h(exec))
+        })
     }
 
     fn cuGraphLaunch(exec: Handle, s: Handle) {
         let sim = cuda()?;
         let (kernels, copies) = with(|o| o.execs.get(&h(exec)).map(|e| (e.kernels.clone(), e.copies.clone())))
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        with(|o| crate::stream::resolve(o, sim, h(s)).map(|_| ()))?;
+        with(|o| {
+            crate::stream::resolve(o, sim, h(s))?;
+            crate::graph_mem::launch(o, sim, h(exec))
+        })?;
         super::memory::run_graph_copies(&copies)?;
         if kernels.is_empty() {
             return with(|o| crate::stream::resolve(o, sim, h(s)).map(|_| ()));
@@ -171,8 +179,122 @@ cuda_fn! {
     }
 
     fn cuGraphExecDestroy(exec: Handle) {
+        let sim = cuda()?;
+        with(|o| graph::exec_destroy(o, sim, h(exec)))
+    }
+
+    fn cuGraphAddMemAllocNode(
+        node: *mut Handle,
+        g: Handle,
+        dependencies: *const Handle,
+        n: usize,
+        params: *mut MemAllocNodeParams,
+    ) {
+        let sim = cuda()?;
+        let d = deps(dependencies, n)?;
+        if node.is_null() || params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = std::ptr::read(params);
+        let loc = p.pool_props.location;
+        if p.pool_props.alloc_type != CU_MEM_ALLOCATION_TYPE_PINNED
+            || loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE
+            || p.pool_props.handle_types != 0
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let ordinal = usize::try_from(loc.id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+        let (n, ptr) = with(|o| -> CuResult<(u64, u64)> {
+            if !o.graphs.contains_key(&h(g)) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let ctx = crate::context::current(o, sim)?;
+            let ptr = crate::graph_mem::node_alloc(o, sim, ordinal, p.bytesize as u64, ctx)?;
+            let kind = NodeKind::MemAlloc {
+                ptr,
+                bytes: p.bytesize as u64,
+                props: std::mem::transmute::<MemPoolProps, [u8; 88]>(p.pool_props),
+            };
+            match graph::add_node(o, h(g), &d, kind) {
+                Ok(n) => Ok((n, ptr)),
+                Err(e) => {
+                    crate::graph_mem::release_va(o, ptr);
+                    Err(e)
+                }
+            }
+        })?;
+        (*params).dptr = ptr;
+        out(node, hp(n))
+    }
+
+    fn cuGraphMemAllocNodeGetParams(node: Handle, params: *mut MemAllocNodeParams) {
         cuda()?;
-        with(|o| o.execs.remove(&h(exec)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE))
+        if params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let k = with(|o| o.nodes.get(&h(node)).map(|n| n.kind)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let NodeKind::MemAlloc { ptr, bytes, props } = k else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        std::ptr::write(
+            params,
+            MemAllocNodeParams {
+                pool_props: std::mem::transmute::<[u8; 88], MemPoolProps>(props),
+                access_descs: std::ptr::null(),
+                access_desc_count: 0,
+                bytesize: bytes as usize,
+                dptr: ptr,
+            },
+        );
+        Ok(())
+    }
+
+    fn cuGraphAddMemFreeNode(node: *mut Handle, g: Handle, dependencies: *const Handle, n: usize, dptr: u64) {
+        cuda()?;
+        let d = deps(dependencies, n)?;
+        if node.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let n = with(|o| -> CuResult<u64> {
+            let a = o.mem.allocs.get(&dptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            if a.kind != crate::memory::AllocKind::Graph {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            graph::add_node(o, h(g), &d, NodeKind::MemFree(dptr))
+        })?;
+        out(node, hp(n))
+    }
+
+    fn cuGraphMemFreeNodeGetParams(node: Handle, dptr: *mut u64) {
+        cuda()?;
+        let k = with(|o| o.nodes.get(&h(node)).map(|n| n.kind)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let NodeKind::MemFree(p) = k else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        out(dptr, p)
+    }
+
+    fn cuDeviceGraphMemTrim(dev: CUdevice) {
+        let sim = cuda()?;
+        let d = usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+        with(|o| crate::graph_mem::trim(o, sim, d))
+    }
+
+    fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut c_void) {
+        let sim = cuda()?;
+        let d = usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+        if value.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let v = with(|o| crate::graph_mem::attribute(o, sim, d, attr))?;
+        out(value as *mut u64, v)
+    }
+
+    fn cuDeviceSetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut c_void) {
+        let sim = cuda()?;
+        let d = usize::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+        let v = read(value as *const u64)?;
+        with(|o| crate::graph_mem::set_attribute(o, sim, d, attr, v))
     }
 }
 

@@ -264,6 +264,29 @@ fn pool_alloc(dptr: *mut u64, bytes: u64, pool: Option<u64>, s: Handle) -> CuRes
     let p = with(|o| -> CuResult<u64> {
         let st = stream::resolve(o, sim, h(s))?;
         let ctx = o.streams[&st].ctx;
+        if o.streams[&st].capture.is_some() {
+            // Captured: becomes an alloc node of the capture graph (memory at graph launch).
+            let ordinal = match pool {
+                Some(p) => o.pools.get(&p).ok_or(CUDA_ERROR_INVALID_VALUE)?.ordinal,
+                None => context::device_of(o, ctx)?.0,
+            };
+            let ptr = crate::graph_mem::node_alloc(o, sim, ordinal, bytes, ctx)?;
+            // SAFETY: all-zero is a valid CUmemPoolProps (plain integers and a NULL pointer).
+            let mut props: MemPoolProps = unsafe { std::mem::zeroed() };
+            props.alloc_type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.location = MemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal as i32,
+            };
+            // SAFETY: plain data of the same size.
+            let props = unsafe { std::mem::transmute::<MemPoolProps, [u8; 88]>(props) };
+            let kind = crate::graph::NodeKind::MemAlloc { ptr, bytes, props };
+            if let Err(e) = crate::graph::capture(o, st, kind) {
+                crate::graph_mem::release_va(o, ptr);
+                return Err(e);
+            }
+            return Ok(ptr);
+        }
         let pool = match pool {
             Some(p) => p,
             None => {
@@ -280,7 +303,15 @@ fn pool_alloc(dptr: *mut u64, bytes: u64, pool: Option<u64>, s: Handle) -> CuRes
 fn free_async(p: u64, s: Handle) -> CuResult<()> {
     let sim = cuda()?;
     with(|o| {
-        stream::resolve(o, sim, h(s))?;
+        let st = stream::resolve(o, sim, h(s))?;
+        let graph_ptr = o
+            .mem
+            .allocs
+            .get(&p)
+            .is_some_and(|a| a.kind == memory::AllocKind::Graph);
+        if graph_ptr && o.streams[&st].capture.is_some() {
+            return crate::graph::capture(o, st, crate::graph::NodeKind::MemFree(p));
+        }
         memory::free(o, sim, p)
     })
 }
