@@ -104,6 +104,19 @@ macro_rules! cuda_hooked {
                 flags: c_uint);
             cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);
             cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
+            cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void, flags: u64);
+            cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void, phErrorNode: *mut *mut c_void,
+                logBuffer: *mut c_char, bufferSize: usize);
+            cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void, phErrorNode: *mut *mut c_void,
+                logBuffer: *mut c_char, bufferSize: usize);
+            cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void,
+                instantiateParams: *mut c_void);
+            cuGraphInstantiateWithParams_ptsz(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void,
+                instantiateParams: *mut c_void);
+            cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream);
+            cuGraphUpload_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
+            cuGraphExecDestroy(hGraphExec: CUgraphExec);
+            cuDeviceGraphMemTrim(device: CUdevice);
             cuLaunch(f: CUfunction);
             cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int);
             cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, hStream: CUstream);
@@ -143,6 +156,10 @@ macro_rules! cuda_table {
                     option: CUmemAllocationGranularity_flags);
                 cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
                 cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
+                cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void);
+                cuGraphGetNodes(hGraph: *mut c_void, nodes: *mut *mut c_void, numNodes: *mut usize);
+                cuGraphNodeGetType(hNode: *mut c_void, typ: *mut c_int);
+                cuGraphMemAllocNodeGetParams(hNode: *mut c_void, params_out: *mut c_void);
                 cuArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray,
                     device: CUdevice);
                 cuMipmappedArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,

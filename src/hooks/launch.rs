@@ -267,6 +267,23 @@ fn graph(
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
+    // Graph memory nodes (one lock-free probe for graphs without them): admitted around the whole launch.
+    if s.mem.graph.has_memory(exec as usize) {
+        return super::graph_memory::with_graph_memory(s, exec, || {
+            graph_throttled(s, exec, stream, ptsz, call)
+        });
+    }
+    graph_throttled(s, exec, stream, ptsz, call)
+}
+
+#[inline]
+fn graph_throttled(
+    s: &Shim,
+    exec: CUgraphExec,
+    stream: CUstream,
+    ptsz: bool,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let t = thr::get(s);
     if !t.active(s) {
         return call();

@@ -3,6 +3,7 @@
 //! driver through `Shim::cuda` / `Shim::nvml`, so each is unit-testable with a fake driver table.
 
 pub mod context;
+pub mod graph_memory;
 pub mod info;
 pub mod launch;
 pub mod memory;
@@ -10,6 +11,7 @@ pub mod nvml;
 pub mod proc_address;
 
 pub use context::*;
+pub use graph_memory::*;
 pub use info::*;
 pub use launch::*;
 pub use memory::*;

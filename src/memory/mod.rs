@@ -66,8 +66,114 @@ struct PoolState {
     charged: u64,
 }
 
+/// `CUgraphMem_attribute` values (cuda.h).
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+
+/// Slots of the lock-free set of graph execs with memory alloc nodes.
+const EXEC_SLOTS: usize = 4096;
+const EXEC_EMPTY: usize = 0;
+const EXEC_GONE: usize = 1;
+
+/// CUDA graph memory: per device, the graph pool's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` as charged, and the
+/// graph execs that have alloc nodes with their footprint (bytes per device their launches may need).
+///
+/// Launch hot path: [`GraphMem::has_memory`] probes a fixed open-addressed table of atomics (no lock, no
+/// allocation); only execs found there take the footprint lock.
+pub struct GraphMem {
+    charged: Mutex<HashMap<CUdevice, (Dev, u64)>>,
+    execs: Box<[std::sync::atomic::AtomicUsize]>,
+    /// The table was full once: lookups fall back to `footprints`.
+    overflow: AtomicBool,
+    footprints: Mutex<HashMap<usize, Vec<(Dev, u64)>>>,
+}
+
+fn exec_slot(exec: usize, i: usize) -> usize {
+    let h = (exec as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52;
+    (h as usize + i) % EXEC_SLOTS
+}
+
+impl GraphMem {
+    fn new() -> GraphMem {
+        GraphMem {
+            charged: Mutex::new(HashMap::new()),
+            execs: (0..EXEC_SLOTS)
+                .map(|_| std::sync::atomic::AtomicUsize::new(EXEC_EMPTY))
+                .collect(),
+            overflow: AtomicBool::new(false),
+            footprints: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
+    #[inline]
+    pub fn has_memory(&self, exec: usize) -> bool {
+        if exec > EXEC_GONE {
+            for i in 0..EXEC_SLOTS {
+                match self.execs[exec_slot(exec, i)].load(Ordering::Acquire) {
+                    EXEC_EMPTY => break,
+                    v if v == exec => return true,
+                    _ => {}
+                }
+            }
+        }
+        self.overflow.load(Ordering::Relaxed) && self.footprints.lock().contains_key(&exec)
+    }
+
+    fn unmark(&self, exec: usize) {
+        for i in 0..EXEC_SLOTS {
+            let slot = &self.execs[exec_slot(exec, i)];
+            match slot.load(Ordering::Acquire) {
+                EXEC_EMPTY => return,
+                v if v == exec => {
+                    slot.store(EXEC_GONE, Ordering::Release);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Records a freshly instantiated exec's footprint (empty: it has no alloc nodes; a reused handle value
+    /// is forgotten).
+    pub fn set_exec(&self, exec: usize, footprint: Vec<(Dev, u64)>) {
+        self.forget_exec(exec);
+        if footprint.is_empty() || exec <= EXEC_GONE {
+            return;
+        }
+        self.footprints.lock().insert(exec, footprint);
+        for i in 0..EXEC_SLOTS {
+            let slot = &self.execs[exec_slot(exec, i)];
+            let cur = slot.load(Ordering::Acquire);
+            if (cur == EXEC_EMPTY || cur == EXEC_GONE)
+                && slot
+                    .compare_exchange(cur, exec, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return;
+            }
+        }
+        self.overflow.store(true, Ordering::Relaxed);
+    }
+
+    /// Forgets an exec (destroyed).
+    pub fn forget_exec(&self, exec: usize) {
+        if exec > EXEC_GONE {
+            self.unmark(exec);
+        }
+        self.footprints.lock().remove(&exec);
+    }
+
+    /// The footprint of an exec with alloc nodes.
+    pub fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
+        self.footprints.lock().get(&exec).cloned()
+    }
+}
+
 /// Everything memory accounting keeps for the process.
 pub struct Memory {
+    /// CUDA graph memory pools and execs with alloc nodes.
+    pub graph: GraphMem,
     /// Live allocations of this process.
     pub ledger: Ledger,
     /// The shared usage region.
@@ -124,6 +230,7 @@ impl Memory {
             },
             devices: std::array::from_fn(|_| OnceLock::new()),
             pools: Mutex::new(HashMap::new()),
+            graph: GraphMem::new(),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead_lock: Mutex::new(()),
@@ -598,6 +705,57 @@ impl Memory {
             }
         }
         self.refresh_pools_of(cuda, dev.id);
+        if self.graph.charged.lock().contains_key(&dev.ordinal) {
+            self.refresh_graph(cuda, dev);
+        }
+    }
+
+    // ---- graph memory (memory nodes) -------------------------------------------------------------------------
+
+    fn graph_attr(cuda: &CudaTable, ordinal: CUdevice, attr: c_int) -> Option<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
+        let r = unsafe { cuda.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };
+        r.ok().then_some(v)
+    }
+
+    /// Re-reads a device's reserved graph memory and charges (unconditionally) or releases the difference.
+    pub fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
+        let mut charged = self.graph.charged.lock();
+        let Some(reserved) = Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+        else {
+            return;
+        };
+        let e = charged.entry(dev.ordinal).or_insert((dev, 0));
+        if reserved > e.1 {
+            self.force(dev, reserved - e.1);
+        } else {
+            self.release(dev, e.1 - reserved);
+        }
+        e.1 = reserved;
+    }
+
+    /// Re-reads every device whose graph memory we charge.
+    pub fn refresh_graph_all(&self, cuda: &CudaTable) {
+        let devs: Vec<Dev> = self.graph.charged.lock().values().map(|e| e.0).collect();
+        for d in devs {
+            self.refresh_graph(cuda, d);
+        }
+    }
+
+    /// Graph memory reserved on `dev` but not in use, as far as we charged it: what a launch can reuse.
+    pub fn graph_slack(&self, cuda: &CudaTable, dev: Dev) -> u64 {
+        let charged = self.graph.charged.lock().get(&dev.ordinal).map_or(0, |e| e.1);
+        if charged == 0 {
+            return 0;
+        }
+        match (
+            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+        ) {
+            (Some(r), Some(u)) => r.saturating_sub(u).min(charged),
+            _ => 0,
+        }
     }
 
     /// A destroyed pool: its charge goes back.
@@ -615,6 +773,7 @@ impl Memory {
         self.usage.forget_slot_in_child();
         self.ledger.clear();
         self.pools.lock().clear();
+        self.graph.charged.lock().clear();
         for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
             a.store(0, Ordering::Relaxed);
         }
@@ -624,6 +783,8 @@ impl Memory {
     pub fn fork_prepare(&self) {
         self.ledger.lock_all();
         std::mem::forget(self.pools.lock());
+        std::mem::forget(self.graph.charged.lock());
+        std::mem::forget(self.graph.footprints.lock());
         std::mem::forget(self.overhead_lock.lock());
     }
 
@@ -636,6 +797,8 @@ impl Memory {
         unsafe {
             self.ledger.unlock_all();
             self.pools.force_unlock();
+            self.graph.charged.force_unlock();
+            self.graph.footprints.force_unlock();
             self.overhead_lock.force_unlock();
         }
     }

@@ -1,0 +1,253 @@
+//! CUDA graph memory nodes: charged like pools, by the device's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
+//!
+//! Alloc nodes (`cuGraphAddMemAllocNode`, or `cuMemAllocAsync` captured from a stream) take memory from the
+//! device's graph pool when a graph exec is uploaded or launched; the pool keeps it reserved for later launches
+//! until `cuDeviceGraphMemTrim` or the exec's destruction. At instantiation we walk the graph once
+//! (`cuGraphGetNodes` / `cuGraphNodeGetType` / `cuGraphMemAllocNodeGetParams`) and record, for an exec with
+//! alloc nodes, its footprint per device (the sizes summed, granularity-rounded). Uploading or launching such
+//! an exec admits `footprint − (reserved − used)` first (refused → `CUDA_ERROR_OUT_OF_MEMORY`, driver not
+//! called), then charges the real change of the reserved size and drops the provisional charge. Trim and exec
+//! destruction re-read the reserved size. An exec without alloc nodes costs one lock-free probe per launch.
+
+#![allow(non_snake_case)]
+
+use crate::ffi::cuda::*;
+use crate::memory::Dev;
+use crate::state::Shim;
+use std::ffi::{c_char, c_int, c_void};
+
+const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 share the layout).
+#[repr(C)]
+struct MemAllocNodeParams {
+    pool_props: CUmemPoolProps,
+    access_descs: *const c_void,
+    access_desc_count: usize,
+    bytesize: usize,
+    dptr: CUdeviceptr,
+}
+
+/// Per device, what the alloc nodes of `graph` add up to (granularity-rounded); empty without alloc nodes or
+/// when the driver cannot list them.
+fn footprint(s: &Shim, graph: *mut c_void) -> Vec<(Dev, u64)> {
+    let mut out: Vec<(Dev, u64)> = Vec::new();
+    let mut n: usize = 0;
+    // SAFETY: valid out-pointer; NULL node array asks for the count.
+    if !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() || n == 0 {
+        return out;
+    }
+    let mut nodes = vec![std::ptr::null_mut::<c_void>(); n];
+    // SAFETY: `nodes` holds `n` entries.
+    if !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
+        return out;
+    }
+    for &node in nodes.iter().take(n) {
+        let mut ty: c_int = -1;
+        // SAFETY: valid out-pointer.
+        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() || ty != CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+            continue;
+        }
+        // SAFETY: zeroed is a valid value of this plain C struct.
+        let mut p: MemAllocNodeParams = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer of the parameter struct.
+        if !unsafe {
+            s.cuda
+                .cuGraphMemAllocNodeGetParams(node, (&mut p as *mut MemAllocNodeParams).cast())
+        }
+        .ok()
+        {
+            continue;
+        }
+        let loc = p.pool_props.location;
+        if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+            continue;
+        }
+        let Some(dev) = s.mem.device(&s.cuda, loc.id) else {
+            continue;
+        };
+        let bytes = s.mem.round(&s.cuda, dev, p.bytesize as u64);
+        match out.iter_mut().find(|e| e.0 == dev) {
+            Some(e) => e.1 += bytes,
+            None => out.push((dev, bytes)),
+        }
+    }
+    out
+}
+
+fn instantiated(s: &Shim, r: CUresult, pexec: *mut CUgraphExec, graph: *mut c_void) -> CUresult {
+    if r.ok() && !pexec.is_null() {
+        // SAFETY: written by the driver on success.
+        let exec = unsafe { *pexec } as usize;
+        s.mem.graph.set_exec(exec, footprint(s, graph));
+    }
+    r
+}
+
+/// Upload or launch of an exec with alloc nodes: admit what its footprint may add, call, settle to the truth.
+pub(crate) fn with_graph_memory(s: &Shim, exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(fp) = s.mem.graph.footprint(exec as usize) else {
+        return call();
+    };
+    let mut admitted: Vec<(Dev, u64)> = Vec::with_capacity(fp.len());
+    for &(dev, bytes) in &fp {
+        let mut est = bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
+        if s.mem.admit(dev, est).is_err() {
+            // Memory may have been released behind our back (a context's teardown): re-read, retry once.
+            s.mem.refresh_graph(&s.cuda, dev);
+            est = bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
+            if s.mem.admit(dev, est).is_err() {
+                for &(d, e) in &admitted {
+                    s.mem.release(d, e);
+                }
+                return CUresult::ERROR_OUT_OF_MEMORY;
+            }
+        }
+        admitted.push((dev, est));
+    }
+    let r = call();
+    for &(dev, est) in &admitted {
+        // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
+        s.mem.refresh_graph(&s.cuda, dev);
+        s.mem.release(dev, est);
+    }
+    r
+}
+
+/// Hook of `cuGraphInstantiateWithFlags`.
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphInstantiateWithFlags(
+    s: &Shim,
+    pexec: *mut CUgraphExec,
+    graph: *mut c_void,
+    flags: u64,
+) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { s.cuda.cuGraphInstantiateWithFlags(pexec, graph, flags) };
+    instantiated(s, r, pexec, graph)
+}
+
+/// Hook of `cuGraphInstantiate` (the CUDA 11 five-argument symbol).
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphInstantiate(
+    s: &Shim,
+    pexec: *mut CUgraphExec,
+    graph: *mut c_void,
+    err_node: *mut *mut c_void,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { s.cuda.cuGraphInstantiate(pexec, graph, err_node, log, log_size) };
+    instantiated(s, r, pexec, graph)
+}
+
+/// Hook of `cuGraphInstantiate_v2`.
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphInstantiate_v2(
+    s: &Shim,
+    pexec: *mut CUgraphExec,
+    graph: *mut c_void,
+    err_node: *mut *mut c_void,
+    log: *mut c_char,
+    log_size: usize,
+) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe {
+        s.cuda
+            .cuGraphInstantiate_v2(pexec, graph, err_node, log, log_size)
+    };
+    instantiated(s, r, pexec, graph)
+}
+
+/// Hook of `cuGraphInstantiateWithParams`.
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphInstantiateWithParams(
+    s: &Shim,
+    pexec: *mut CUgraphExec,
+    graph: *mut c_void,
+    params: *mut c_void,
+) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { s.cuda.cuGraphInstantiateWithParams(pexec, graph, params) };
+    instantiated(s, r, pexec, graph)
+}
+
+/// Hook of `cuGraphInstantiateWithParams_ptsz`.
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphInstantiateWithParams_ptsz(
+    s: &Shim,
+    pexec: *mut CUgraphExec,
+    graph: *mut c_void,
+    params: *mut c_void,
+) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { s.cuda.cuGraphInstantiateWithParams_ptsz(pexec, graph, params) };
+    instantiated(s, r, pexec, graph)
+}
+
+/// Hook of `cuGraphUpload` (uploading may reserve the exec's graph memory).
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphUpload(s: &Shim, exec: CUgraphExec, stream: CUstream) -> CUresult {
+    if !s.mem.graph.has_memory(exec as usize) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { s.cuda.cuGraphUpload(exec, stream) };
+    }
+    // SAFETY: forwarded unchanged.
+    with_graph_memory(s, exec, || unsafe { s.cuda.cuGraphUpload(exec, stream) })
+}
+
+/// Hook of `cuGraphUpload_ptsz`.
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphUpload_ptsz(s: &Shim, exec: CUgraphExec, stream: CUstream) -> CUresult {
+    if !s.mem.graph.has_memory(exec as usize) {
+        // SAFETY: forwarded unchanged.
+        return unsafe { s.cuda.cuGraphUpload_ptsz(exec, stream) };
+    }
+    // SAFETY: forwarded unchanged.
+    with_graph_memory(s, exec, || unsafe { s.cuda.cuGraphUpload_ptsz(exec, stream) })
+}
+
+/// Hook of `cuGraphExecDestroy`: the pool may release what the exec held.
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuGraphExecDestroy(s: &Shim, exec: CUgraphExec) -> CUresult {
+    let had = s.mem.graph.has_memory(exec as usize);
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { s.cuda.cuGraphExecDestroy(exec) };
+    if r.ok() && had {
+        s.mem.graph.forget_exec(exec as usize);
+        s.mem.refresh_graph_all(&s.cuda);
+    }
+    r
+}
+
+/// Hook of `cuDeviceGraphMemTrim`.
+///
+/// # Safety
+/// Driver contract.
+pub unsafe fn cuDeviceGraphMemTrim(s: &Shim, device: CUdevice) -> CUresult {
+    // SAFETY: forwarded unchanged.
+    let r = unsafe { s.cuda.cuDeviceGraphMemTrim(device) };
+    if r.ok() {
+        if let Some(dev) = s.mem.device(&s.cuda, device) {
+            s.mem.refresh_graph(&s.cuda, dev);
+        }
+    }
+    r
+}
