@@ -51,6 +51,9 @@ fn process_list_shows_own_host_pids_only() {
         .mem_limit("1g")
         .args("init alloc:mem:128m wait")
         .spawn();
+    // One at a time: two first contexts created at the same instant are ambiguous to the pid diff (that case
+    // is `simultaneous_first_contexts_never_misattribute`); this test is about the list filter.
+    mine.wait_ready(1);
     let mut theirs = sim
         .cmd(Prog::Probe)
         .container("other")
@@ -58,7 +61,6 @@ fn process_list_shows_own_host_pids_only() {
         .mem_limit("1g")
         .args("init alloc:mem:64m wait")
         .spawn();
-    mine.wait_ready(1);
     theirs.wait_ready(1);
     let my_host = mine.pid() + OFFSET;
     let their_host = theirs.pid() + OTHER_OFFSET;
