@@ -3,7 +3,7 @@
 //! runtime, and run through `validate.sh`, without and with libcuquota.so, under memory caps and SM limits.
 //! The test passes when every row of the validation table is OK; the table is printed either way.
 //!
-//! `CUQUOTA_SKIP_CUDA_SAMPLES=1` skips these tests (for machines that cannot reach PyPI).
+//! `CUQUOTA_X_SKIP_CUDA_SAMPLES=1` skips these tests (for machines that cannot reach PyPI).
 
 use std::path::Path;
 use std::process::Command;
@@ -15,7 +15,7 @@ use shim_tests::{profile_dir, shim_lib, sim_lib, target_dir, workspace_root};
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn skipped() -> bool {
-    std::env::var("CUQUOTA_SKIP_CUDA_SAMPLES").is_ok_and(|v| v == "1")
+    std::env::var("CUQUOTA_X_SKIP_CUDA_SAMPLES").is_ok_and(|v| v == "1")
 }
 
 fn validate(args: &[&str]) {
@@ -27,7 +27,7 @@ fn validate(args: &[&str]) {
         .expect("run examples/setup-toolchain.sh");
     assert!(
         setup.success(),
-        "installing the pinned nvcc wheels from PyPI failed (set CUQUOTA_SKIP_CUDA_SAMPLES=1 to skip)"
+        "installing the pinned nvcc wheels from PyPI failed (set CUQUOTA_X_SKIP_CUDA_SAMPLES=1 to skip)"
     );
     let out = Command::new(root.join("validate.sh"))
         .args(args)
