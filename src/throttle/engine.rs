@@ -401,6 +401,20 @@ mod tests {
     use std::cell::RefCell;
     use std::collections::VecDeque;
 
+    const HARD50: Limit = Limit {
+        pct: 50,
+        policy: Policy::Hard,
+        weight: 100,
+    };
+
+    fn shared<'a>(words: &'a [AtomicU64; 8], busy: &'a AtomicU64) -> Shared<'a> {
+        Shared {
+            words,
+            busy_ns: busy,
+            gpu_ns: None,
+        }
+    }
+
     const MS: u64 = 1_000_000;
 
     /// A one-device timeline: kernels run back to back in launch order; probes complete when their kernel does.
@@ -472,11 +486,7 @@ mod tests {
         let eng = Engine::new();
         let words: [AtomicU64; 8] = Default::default();
         let busy = AtomicU64::new(0);
-        let sh = Shared {
-            words: &words,
-            busy_ns: &busy,
-            gpu_ns: None,
-        };
+        let sh = shared(&words, &busy);
         let start = clock.now_ns();
         while clock.now_ns() < start + secs * 1000 * MS {
             let t = eng.admit(0, &sh, || limit, 42, &clock, &gpu).expect("limited");
@@ -527,16 +537,8 @@ mod tests {
         let eng = Engine::new();
         let words: [AtomicU64; 8] = Default::default();
         let busy = AtomicU64::new(0);
-        let sh = Shared {
-            words: &words,
-            busy_ns: &busy,
-            gpu_ns: None,
-        };
-        let lim = Limit {
-            pct: 50,
-            policy: Policy::Hard,
-            weight: 100,
-        };
+        let sh = shared(&words, &busy);
+        let lim = HARD50;
         let t = eng.admit(0, &sh, || lim, 7, &clock, &gpu).unwrap();
         assert!(t.probe, "first launch of a key is measured");
         let h = gpu.probe_begin(0, 0);
@@ -557,16 +559,8 @@ mod tests {
         let eng = Engine::new();
         let words: [AtomicU64; 8] = Default::default();
         let busy = AtomicU64::new(0);
-        let sh = Shared {
-            words: &words,
-            busy_ns: &busy,
-            gpu_ns: None,
-        };
-        let lim = Limit {
-            pct: 50,
-            policy: Policy::Hard,
-            weight: 100,
-        };
+        let sh = shared(&words, &busy);
+        let lim = HARD50;
         let before = Bucket::new(&words).tokens(clock.now_ns(), 500);
         let t = eng.admit(0, &sh, || lim, 9, &clock, &gpu).unwrap();
         eng.refund(&sh, &t);
@@ -582,11 +576,7 @@ mod tests {
         let eng = Engine::new();
         let words: [AtomicU64; 8] = Default::default();
         let busy = AtomicU64::new(0);
-        let sh = Shared {
-            words: &words,
-            busy_ns: &busy,
-            gpu_ns: None,
-        };
+        let sh = shared(&words, &busy);
         eng.estimator().record(5, 10_000 * MS); // a 10 s kernel at 10 %: 100 s of debt
         let lim = Limit {
             pct: 10,
@@ -623,11 +613,7 @@ mod tests {
         let eng = Engine::new();
         let words: [AtomicU64; 8] = Default::default();
         let busy = AtomicU64::new(0);
-        let sh = Shared {
-            words: &words,
-            busy_ns: &busy,
-            gpu_ns: None,
-        };
+        let sh = shared(&words, &busy);
         let lim = Limit {
             pct: 30,
             policy: Policy::Burst,
@@ -647,20 +633,6 @@ mod tests {
         let share = *gpu.busy.borrow() as f64 / (clock.now_ns() - start) as f64;
         assert!(share >= 0.95, "{share}");
     }
-
-    fn shared<'a>(words: &'a [AtomicU64; 8], busy: &'a AtomicU64) -> Shared<'a> {
-        Shared {
-            words,
-            busy_ns: busy,
-            gpu_ns: None,
-        }
-    }
-
-    const HARD50: Limit = Limit {
-        pct: 50,
-        policy: Policy::Hard,
-        weight: 100,
-    };
 
     #[test]
     fn a_nonsense_measurement_is_a_bounded_debt_not_a_credit() {
