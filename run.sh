@@ -34,13 +34,8 @@ done
 
 log() { echo "run.sh: $*" >&2; }
 
-ensure_headers() {
-    if [ ! -f "$ROOT/.deps/nvidia/cu13/include/cuda.h" ]; then
-        log "installing NVIDIA headers into .deps/"
-        PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-deps \
-            --target "$ROOT/.deps" \
-            nvidia-cuda-runtime==13.0.96 nvidia-nvml-dev==13.0.87
-    fi
+ensure_headers() { # NVIDIA's headers: the setup step's cu13 group (installs once, then a no-op)
+    "$ROOT/scripts/setup.sh" cu13
 }
 
 REAL_DRIVER=0
@@ -73,7 +68,7 @@ if [[ "$PROG" == *.c ]]; then
         LINK=(-L"$WORK/link" -Wl,--as-needed -lcuda -lnvidia-ml -ldl -lpthread)
     fi
     BIN="$WORK/$(basename "${PROG%.c}")"
-    cc -O1 -I"$ROOT/.deps/nvidia/cu13/include" -I"$ROOT/shim-tests/c" "$PROG" -o "$BIN" "${LINK[@]}"
+    cc -O1 -I"$ROOT/.deps/cu13/nvidia/cu13/include" -I"$ROOT/shim-tests/c" "$PROG" -o "$BIN" "${LINK[@]}"
     PROG="$BIN"
 fi
 

@@ -23,7 +23,8 @@ done
 [[ "$CUDA" == 13 || "$CUDA" == 12 ]] || { echo "build.sh: --cuda must be 13 or 12" >&2; exit 2; }
 OUT="${OUT:-$ROOT/target/examples/cu$CUDA}"
 mkdir -p "$OUT"
-"$EX/setup-toolchain.sh" "$CUDA"
+if [[ "$CUDA" == 13 ]]; then groups=(cu13); else groups=(cu13 cu12); fi
+"$ROOT/scripts/setup.sh" --check "${groups[@]}" || exit 2
 
 T13="$ROOT/.deps/cu13/nvidia/cu13"
 NVCC="$T13/bin/nvcc"

@@ -1,15 +1,10 @@
 #!/usr/bin/env bash
 # Builds the deployable libcuquota.so against glibc 2.17 (loads in CUDA images based on old distributions:
 # CentOS 7, Ubuntu 18.04+), strips it, and checks that no newer glibc symbol version slipped in.
-# Output: dist/libcuquota.so. Tools (pinned, from PyPI) go to .deps/zig.
+# Output: dist/libcuquota.so. Tools: cargo-zigbuild and zig, pinned, installed by scripts/setup.sh into .deps/zig.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ZIGBUILD=0.24.0
-ZIG=0.17.0
-if ! [ -x .deps/zig/bin/cargo-zigbuild ] || ! grep -qs "^Version: $ZIG$" .deps/zig/ziglang-*.dist-info/METADATA; then
-  python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --upgrade \
-    --target .deps/zig "cargo-zigbuild==$ZIGBUILD" "ziglang==$ZIG"
-fi
+scripts/setup.sh --check zig
 export PATH="$PWD/.deps/zig/bin:$PATH" PYTHONPATH="$PWD/.deps/zig${PYTHONPATH:+:$PYTHONPATH}"
 target="$(uname -m)-unknown-linux-gnu"
 cargo zigbuild --release -q -p cuquota --target "$target.2.17"

@@ -104,12 +104,12 @@ pub fn cli_bin() -> PathBuf {
     built("cuquota", "the cuquota CLI (crate cuquota-cli)")
 }
 
-/// NVIDIA's headers installed by `./test.sh` (pip wheels nvidia-cuda-runtime, nvidia-nvml-dev).
+/// NVIDIA's headers (pinned wheels nvidia-cuda-runtime, nvidia-nvml-dev), installed by `scripts/setup.sh`.
 pub fn include_dir() -> PathBuf {
-    let p = workspace_root().join(".deps/nvidia/cu13/include");
+    let p = workspace_root().join(".deps/cu13/nvidia/cu13/include");
     assert!(
         p.join("cuda.h").exists() && p.join("nvml.h").exists(),
-        "NVIDIA headers not found in {}: run ./test.sh (it pip-installs them into .deps/)",
+        "NVIDIA headers not found in {}: run scripts/setup.sh (./test.sh runs it first)",
         p.display()
     );
     p
@@ -133,6 +133,8 @@ pub enum Prog {
     NvmlProbe,
     /// `alloc_probe.c` linked with `-lcuda`: the README demo.
     AllocProbe,
+    /// `sim_observer.c` linked with `-lcuda` (the simulator): reads the device timeline. Run it without preload.
+    SimObserver,
 }
 
 impl Prog {
@@ -158,6 +160,7 @@ impl Prog {
             ),
             Prog::NvmlProbe => ("nvml_probe", "nvml_probe.c", &["-lnvidia-ml"]),
             Prog::AllocProbe => ("alloc_probe", "alloc_probe.c", &["-lcuda"]),
+            Prog::SimObserver => ("sim_observer", "sim_observer.c", &["-lcuda"]),
         }
     }
 }
@@ -485,6 +488,24 @@ impl Sim {
         .expect("limits table full");
     }
 
+    /// The node agent sets a hard SM limit of `pct` percent on every device in this sim's limits file (creating
+    /// it if needed). Returns CLOCK_MONOTONIC ns right after the write committed: from then on the new limit is
+    /// observable in the region, so a test of how fast it applies measures from here.
+    pub fn agent_sm_limit_hard(&self, pct: u32) -> u64 {
+        use cuquota_core::region::layout::POLICY_HARD;
+        use cuquota_core::region::{DeviceSelector, LimitsWriter};
+        let w = LimitsWriter::create(&self.limits_file()).expect("create the limits file");
+        w.update(|t| {
+            let e = t.entry_mut(DeviceSelector::All)?;
+            e.sm_limit = pct;
+            e.policy = POLICY_HARD;
+            Ok::<_, cuquota_core::region::TableFull>(())
+        })
+        .expect("limits file busy")
+        .expect("limits table full");
+        mono_ns()
+    }
+
     /// Same as [`Sim::agent_memory_limit`], through the node agent's tool:
     /// `cuquota limits set <file> --device <index> --memory <limit>`.
     pub fn cli_memory_limit(&self, index: u32, limit: &str) {
@@ -493,6 +514,48 @@ impl Sim {
         let idx = index.to_string();
         let out = self.cli(&["limits", "set", file, "--device", &idx, "--memory", limit]);
         assert!(out.success(), "cuquota limits set failed:{out:?}");
+    }
+
+    /// Device time (ns) that process `pid` (as NVML knows it; 0 = every process) occupied device `dev` during
+    /// `[from, to)` of CLOCK_MONOTONIC: exact, from the simulator's kernel-interval ring (the ground truth the
+    /// timing tests judge by, never the programs' own clocks). The ring holds the last 16384 intervals.
+    pub fn busy_ns(&self, dev: u32, pid: u32, from: u64, to: u64) -> u64 {
+        self.observe(dev, pid, from, to, None).0
+    }
+
+    /// `pid`'s busy ns on `dev` in consecutive `bin`-ns windows from `from` to `to`.
+    pub fn busy_bins(&self, dev: u32, pid: u32, from: u64, to: u64, bin: u64) -> Vec<u64> {
+        self.observe(dev, pid, from, to, Some(bin)).1
+    }
+
+    /// `pid`'s share of device `dev` during `[from, to)`, in percent.
+    pub fn share_pct(&self, dev: u32, pid: u32, from: u64, to: u64) -> f64 {
+        assert!(to > from, "empty window {from}..{to}");
+        self.busy_ns(dev, pid, from, to) as f64 * 100.0 / (to - from) as f64
+    }
+
+    fn observe(&self, dev: u32, pid: u32, from: u64, to: u64, bin: Option<u64>) -> (u64, Vec<u64>) {
+        let mut c = self
+            .cmd(Prog::SimObserver)
+            .no_preload()
+            .arg(&dev.to_string())
+            .arg(&pid.to_string())
+            .arg(&from.to_string())
+            .arg(&to.to_string());
+        if let Some(b) = bin {
+            c = c.arg(&b.to_string());
+        }
+        let out = c.run();
+        assert!(out.success(), "the timeline observer failed:{out:?}");
+        let bins = match bin {
+            Some(_) => out
+                .val("bins")
+                .split(',')
+                .map(|v| v.parse().expect("bin"))
+                .collect(),
+            None => Vec::new(),
+        };
+        (out.num("busy"), bins)
     }
 
     /// Runs the `cuquota` CLI with `args` (env: this sim's usage and limits files).
@@ -953,6 +1016,78 @@ pub fn parse_proc_list(s: &str) -> Vec<(u32, u64)> {
             (p.parse().expect("pid"), b.parse().expect("bytes"))
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Timing
+// ---------------------------------------------------------------------------------------------------------
+
+/// CLOCK_MONOTONIC now, in ns: the clock of the simulator's device timeline.
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// How many CPU-heavy simulated processes may run at once: half the machine's cores, at least one.
+pub fn heavy_slots() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
+/// A place among the [`heavy_slots`]; released on drop.
+pub struct HeavyGuard(());
+
+impl Drop for HeavyGuard {
+    fn drop(&mut self) {
+        let (m, cv) = heavy_state();
+        *m.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+        cv.notify_one();
+    }
+}
+
+fn heavy_state() -> &'static (Mutex<usize>, Condvar) {
+    static S: OnceLock<(Mutex<usize>, Condvar)> = OnceLock::new();
+    S.get_or_init(|| (Mutex::new(0), Condvar::new()))
+}
+
+/// Waits for a place to run one CPU-heavy simulated process (a program that launches short kernels flat out,
+/// whose share of the device depends on getting a CPU): tests that time such programs hold one guard per
+/// process, so that no more run at once than half the cores (test binaries run one after another). Programs
+/// whose kernels are long (≥ 1 ms: few launches, mostly asleep) need no guard.
+pub fn heavy() -> HeavyGuard {
+    let (m, cv) = heavy_state();
+    let mut n = m.lock().unwrap_or_else(|e| e.into_inner());
+    while *n >= heavy_slots() {
+        n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+    }
+    *n += 1;
+    HeavyGuard(())
+}
+
+/// The launch window a timing program printed (`pid`, `t0_ns`, `end_ns`: it launched from t0 until end).
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    /// The program's pid (the simulator's NVML reports this pid when no namespace offset is set).
+    pub pid: u32,
+    /// CLOCK_MONOTONIC ns when it started launching.
+    pub t0: u64,
+    /// CLOCK_MONOTONIC ns when it stopped launching.
+    pub end: u64,
+}
+
+impl Output {
+    /// The launch window the program printed.
+    pub fn window(&self) -> Window {
+        Window {
+            pid: self.num("pid") as u32,
+            t0: self.num("t0_ns"),
+            end: self.num("end_ns"),
+        }
+    }
 }
 
 /// Whether the tests run as root (needed to drop to an unprivileged uid).

@@ -1,8 +1,8 @@
 //! Builds `tests/c/*.c` against NVIDIA's real headers and runs them on the simulator, loaded the way programs
 //! load a driver: through `libcuda.so.1` and `libnvidia-ml.so.1` symlinks to `libcudasim.so`.
 //!
-//! Headers: `$CUQUOTA_CUDA_INCLUDE`, else `<workspace>/.deps/nvidia/cu13/include` (where `./test.sh` installs
-//! the pinned wheels). A missing header directory fails the test with the command that provides it.
+//! Headers: `$CUQUOTA_CUDA_INCLUDE`, else `<workspace>/.deps/cu13/nvidia/cu13/include` (where
+//! `scripts/setup.sh` installs the pinned wheels). A missing header directory fails the test with the command that provides it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,11 +17,11 @@ fn workspace() -> PathBuf {
 fn include_dir() -> PathBuf {
     let dir = std::env::var_os("CUQUOTA_CUDA_INCLUDE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| workspace().join(".deps/nvidia/cu13/include"));
+        .unwrap_or_else(|| workspace().join(".deps/cu13/nvidia/cu13/include"));
     assert!(
         dir.join("cuda.h").exists() && dir.join("nvml.h").exists(),
-        "NVIDIA headers not found in {}: run `pip install --target .deps nvidia-cuda-runtime==13.0.96 \
-         nvidia-nvml-dev==13.0.87` in the workspace (./test.sh does), or set CUQUOTA_CUDA_INCLUDE",
+        "NVIDIA headers not found in {}: run scripts/setup.sh in the workspace (./test.sh does), or set \
+         CUQUOTA_CUDA_INCLUDE",
         dir.display()
     );
     dir

@@ -3,7 +3,7 @@
 
 Dev-time tool; its output is committed. Run from shim-tests/sim after implementing or removing an export:
 
-    python3 tools/gen_proc_table.py ../../.deps/nvidia/cu13/include
+    python3 tools/gen_proc_table.py ../../.deps/cu13/nvidia/cu13/include
 
 - proc_table.rs: every (api name, ABI version, stream variant) that cudaTypedefs.h declares a `PFN_<name>_v<ver>[_ptsz|_ptds]`
   typedef for, mapped to the exported symbol that implements it (the symbol follows cuda.h's `#define`s: the newest
