@@ -61,6 +61,10 @@ if [ "$REAL" = 0 ]; then
     mkdir -p "$WORK/lib"
     ln -s "$SIM" "$WORK/lib/libcuda.so.1"
     ln -s "$SIM" "$WORK/lib/libnvidia-ml.so.1"
+    # Reads the simulated device's timeline: the ground truth for GPU-time shares.
+    OBSERVER="$WORK/sim_observer"
+    cc -O2 "$ROOT/shim-tests/c/sim_observer.c" -o "$OBSERVER" -L"$WORK/lib" -l:libcuda.so.1 \
+        || { log "cannot compile shim-tests/c/sim_observer.c"; exit 2; }
 fi
 
 bytes() { # 1g -> bytes
@@ -100,6 +104,18 @@ run() {
 }
 
 metric() { sed -n "s/^metric $1=//p" "$2" | tail -1; }
+# rate_of OUTPUT: how fast the sample's kernels ran. On the simulated GPU: its share of the device over its launch
+# window, read from the simulator's timeline (exact device time, not the sample's own clock, so a busy CPU
+# cannot skew it); on a GPU: the sample's kernels/s. Either way rows compare it with the unlimited run's.
+rate_of() {
+    if [ "$REAL" = 1 ]; then metric kernels_per_s "$1"; return; fi
+    local pid t0 t1 busy
+    pid=$(metric pid "$1"); t0=$(metric t0_mono_ns "$1"); t1=$(metric t1_mono_ns "$1")
+    [ -n "$pid" ] && [ -n "$t0" ] && [ -n "$t1" ] || return 0
+    busy=$(env LD_LIBRARY_PATH="$WORK/lib" CUDASIM_STATE="$WORK/state.$RUN_N" "$OBSERVER" 0 "$pid" "$t0" "$t1" \
+        | sed -n 's/^busy=//p')
+    awk -v b="${busy:-0}" -v t0="$t0" -v t1="$t1" 'BEGIN { if (t1 > t0) printf "%.4f", b / (t1 - t0) }'
+}
 checks() { # summary of a sample's own checks
     local ok fail first
     ok=$(grep -c '^check .* OK$' "$1")
@@ -182,8 +198,9 @@ fi
 # --- SM limits --------------------------------------------------------------------------------------------
 if want compute_loop && [ "$QUICK" = 0 ]; then
     run compute_loop - - "$SECONDS_LOOP"
-    base=$(metric kernels_per_s "$OUTF")
-    row compute_loop - - "runs, kernels take time" "$(checks "$OUTF"); $(printf '%.0f' "${base:-0}") kernels/s" \
+    base=$(rate_of "$OUTF")
+    unit="kernels/s"; [ "$REAL" = 1 ] || unit="of the device"
+    row compute_loop - - "runs, kernels take time" "$(checks "$OUTF"); $(printf '%.3g' "${base:-0}") $unit" \
         "$(verdict [ "$RC" = 0 ])"
     # Policy "hard" (GPU_CORE_UTILIZATION_POLICY=FORCE): the share is a ceiling. The default policy is work-conserving:
     # alone on the device the program may use idle time beyond its share, but never gets less than it.
@@ -191,7 +208,7 @@ if want compute_loop && [ "$QUICK" = 0 ]; then
         for pol in hard default; do
             [ "$sm" -lt 100 ] || [ "$pol" = hard ] || continue
             run compute_loop - "$sm/$pol" "$SECONDS_LOOP"
-            rate=$(metric kernels_per_s "$OUTF")
+            rate=$(rate_of "$OUTF")
             share=$(awk -v r="${rate:-0}" -v b="${base:-0}" 'BEGIN { if (b > 0) printf "%.2f", r / b; else print "" }')
             if [ "$sm" -ge 100 ]; then lo=0.85 hi=1.15
             else
@@ -202,7 +219,7 @@ if want compute_loop && [ "$QUICK" = 0 ]; then
             ok=FAIL
             if [ "$RC" = 0 ] && in_range "$share" "$lo" "$hi"; then ok=OK; fi
             row compute_loop - "$sm/$pol" "rate/unlimited in [$lo, $hi]" \
-                "${share:-?} ($(printf '%.0f' "${rate:-0}") kernels/s)" "$ok"
+                "${share:-?} ($(printf '%.3g' "${rate:-0}") $unit)" "$ok"
         done
     done
 fi

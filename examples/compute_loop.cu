@@ -1,9 +1,18 @@
 // compute_loop: a compute-bound kernel launched back to back for a fixed wall time, for SM-limit checks.
 // Prints the achieved kernels/s and the GPU time the kernels took (events), so validate.sh can compare the rate
-// under a limit with the unlimited rate.
+// under a limit with the unlimited rate, and its pid and launch window (CLOCK_MONOTONIC), so that on the
+// simulated GPU validate.sh reads the share from the device timeline instead.
 //
 //   compute_loop [seconds=2] [blocks=SMs*64] [iterations=4096]
 #include "common.h"
+#include <time.h>
+#include <unistd.h>
+
+static unsigned long long mono_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
 
 __global__ void burn(float *out, int iters) {
     float a = threadIdx.x * 1e-3f, b = 1.0001f;
@@ -34,15 +43,27 @@ int main(int argc, char **argv) {
     float one_ms = 0;
     CUDA_TRY(cudaEventElapsedTime(&one_ms, a, b));
 
+    // Batches of 8, two in flight: the queue stays short (the wall time measures execution, not queueing), and
+    // the device never idles while this process waits for a CPU to launch the next batch.
+    cudaEvent_t done[2];
+    CUDA_TRY(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming));
+    CUDA_TRY(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
+    unsigned long long m0 = mono_ns();
     double t0 = now_s(), t;
     long launched = 0;
+    int batch = 0;
     do {
         for (int k = 0; k < 8; k++) burn<<<blocks, 256, 0, s>>>(out, iters);
         launched += 8;
-        // Keep the queue short so the wall time measures execution, not queueing.
-        CUDA_TRY(cudaStreamSynchronize(s));
+        CUDA_TRY(cudaEventRecord(done[batch & 1], s));
+        if (batch > 0) CUDA_TRY(cudaEventSynchronize(done[(batch - 1) & 1]));
+        batch++;
         t = now_s() - t0;
     } while (t < seconds);
+    unsigned long long m1 = mono_ns();
+    CUDA_TRY(cudaStreamSynchronize(s));
+    t = now_s() - t0;
+    printf("metric pid=%d\nmetric t0_mono_ns=%llu\nmetric t1_mono_ns=%llu\n", (int)getpid(), m0, m1);
     check_err("launches", cudaSuccess, cudaGetLastError());
     double rate = launched / t, busy = launched * one_ms / 1e3 / t;
     printf("metric kernel_ms=%.4f\nmetric kernels=%ld\nmetric wall_s=%.3f\nmetric kernels_per_s=%.1f\n"

@@ -11,10 +11,10 @@
  *            that long on this device's SM count)
  * START_AT_NS  CLOCK_MONOTONIC time to start at (lets several processes run the same window)
  *
- * THR_TICK_MS=n additionally prints tick=<ms since start>:<kernels launched so far> every n ms.
- *
- * Output (one key=value a line): path, style, kernels=N, kernel_ns=D, busy_ns=B, wall_ns=W, share=S  — S = B / W in percent, where W
- * runs from the start to the moment every launched kernel has completed (cuCtxSynchronize).
+ * Output (one key=value a line): pid, t0_ns and end_ns (CLOCK_MONOTONIC: the launch loop ran from t0 until end,
+ * so tests read the achieved share from the simulator's timeline over that window), then path, style, kernels=N,
+ * kernel_ns=D, busy_ns=B, wall_ns=W, share=S — the program's own count: S = B / W in percent, where W runs from
+ * the start to the moment every launched kernel has completed (cuCtxSynchronize).
  *
  * Overhead mode:  throttle_paths overhead STYLE N  — times N launches of a 0-ns kernel through the function
  * pointer the program resolves (hooked when libcuquota.so is preloaded) and through the simulator's own
@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef CUresult (*pfn_LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                      unsigned, CUstream, void **, void **);
@@ -299,18 +300,10 @@ int main(int argc, char **argv) {
     }
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)(seconds * 1e9);
     uint64_t launches = 0;
-    /* THR_TICK_MS=n: print `tick=<ms since start>:<kernels launched>` every n ms (for time-resolved shares). */
-    uint64_t tick_ns = getenv("THR_TICK_MS") ? strtoull(getenv("THR_TICK_MS"), NULL, 10) * 1000000ull : 0;
-    uint64_t next_tick = t0 + tick_ns;
+    printf("pid=%d\nt0_ns=%llu\nend_ns=%llu\n", (int)getpid(), (unsigned long long)t0, (unsigned long long)until);
+    fflush(stdout);
     for (;;) {
-        uint64_t n = now_ns();
-        if (n >= until) break;
-        if (tick_ns && n >= next_tick) {
-            printf("tick=%llu:%llu\n", (unsigned long long)((n - t0) / 1000000ull),
-                   (unsigned long long)(launches * per_launch));
-            fflush(stdout);
-            next_tick += tick_ns;
-        }
+        if (now_ns() >= until) break;
         CUresult r;
         if (strcmp(path, "kernel") == 0) {
             r = d.LaunchKernel(f, blocks, 1, 1, 32, 1, 1, 0, s, NULL, NULL);
