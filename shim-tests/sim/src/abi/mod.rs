@@ -144,12 +144,15 @@ macro_rules! not_supported {
 pub(crate) use not_supported;
 
 /// Same body under two (or more) exported names, e.g. a function and its `_ptsz` twin: the extra names
-/// forward to the first.
+/// forward to the first. Each forwarder logs its own name, which also keeps it a function of its own: a real
+/// driver's entry points have distinct addresses, and an optimising build would otherwise fold a forwarder
+/// into its target (interposers map entry points by address).
 macro_rules! alias {
     ($($alias:ident => $target:ident ( $($arg:ident : $ty:ty),* $(,)? );)*) => {$(
         #[no_mangle]
         #[allow(non_snake_case, clippy::missing_safety_doc)]
         pub unsafe extern "C" fn $alias($($arg: $ty),*) -> $crate::types::CUresult {
+            $crate::abi::log(|| concat!(stringify!($alias), " => ", stringify!($target)).to_string());
             // SAFETY: same contract as the target: the arguments are passed through unchanged.
             unsafe { $target($($arg),*) }
         }
