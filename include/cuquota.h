@@ -56,12 +56,12 @@
 
 #define CUQUOTA_LIMITS_MAGIC 0x54494d494c515543ULL /* "CUQLIMIT" as little-endian bytes */
 #define CUQUOTA_USAGE_MAGIC 0x4547415355515543ULL  /* "CUQUSAGE" as little-endian bytes */
-#define CUQUOTA_ABI_VERSION 1u
+#define CUQUOTA_ABI_VERSION 2u
 #define CUQUOTA_MAX_DEVICES 16
 #define CUQUOTA_MAX_PROCS 1024
 #define CUQUOTA_THROTTLE_WORDS 8
 
-/* Limits entry flags / cuda_index / header flags / policy. */
+/* Limits entry flags / cuda_index / header flags / policy / priority. */
 #define CUQUOTA_ENTRY_VALID 1u
 #define CUQUOTA_INDEX_ALL 0xffffffffu
 #define CUQUOTA_FLAG_NO_OPT_OUT 1u
@@ -69,6 +69,9 @@
 #define CUQUOTA_POLICY_HARD 1u
 #define CUQUOTA_POLICY_BURST 2u
 #define CUQUOTA_POLICY_DISABLED 3u
+#define CUQUOTA_PRIORITY_NONE 0u
+#define CUQUOTA_PRIORITY_HIGH 1u /* HAMi CUDA_TASK_PRIORITY=0 */
+#define CUQUOTA_PRIORITY_LOW 2u  /* HAMi CUDA_TASK_PRIORITY=1 (best effort) */
 
 /* Owner-word states and packing: bits 0-31 pid, 32-39 state, 40-63 generation. */
 #define CUQUOTA_STATE_FREE 0u
@@ -95,16 +98,22 @@ struct cuquota_limits_header {
     uint64_t _reserved[1];
 };
 
+/* A device's limits: in limits entries (the agent's word) and usage device entries (what a process enforces). */
+struct cuquota_policy {
+    uint64_t memory_limit;    /* bytes, 0 = none */
+    uint64_t reserved_memory; /* bytes kept free for high-priority tenants, 0 = none */
+    uint32_t sm_limit;        /* percent, 0 (or >= 100) = none */
+    uint32_t policy;          /* CUQUOTA_POLICY_* */
+    uint32_t weight;          /* burst weight 1-1000, 0 = default */
+    uint32_t priority;        /* CUQUOTA_PRIORITY_* */
+};
+
 struct cuquota_limits_entry {
-    uint64_t uuid[2];      /* raw UUID bytes; all zero = match by cuda_index */
-    uint32_t flags;        /* CUQUOTA_ENTRY_VALID */
-    uint32_t cuda_index;   /* CUDA ordinal, or CUQUOTA_INDEX_ALL */
-    uint64_t memory_limit; /* bytes, 0 = none */
-    uint32_t sm_limit;     /* percent, 0 = none */
-    uint32_t policy;       /* CUQUOTA_POLICY_* */
-    uint32_t weight;       /* burst weight 1-1000, 0 = default */
-    uint32_t _reserved0;
-    uint64_t _reserved[2];
+    uint64_t uuid[2];             /* raw UUID bytes; all zero = match by cuda_index */
+    uint32_t flags;               /* CUQUOTA_ENTRY_VALID */
+    uint32_t cuda_index;          /* CUDA ordinal, or CUQUOTA_INDEX_ALL */
+    struct cuquota_policy limits; /* the limits */
+    uint64_t _reserved[1];
 };
 
 struct cuquota_limits_file {
@@ -125,14 +134,11 @@ struct cuquota_usage_header {
 };
 
 struct cuquota_usage_device {
-    uint64_t uuid[2];      /* valid once owner's state is LIVE */
-    uint64_t owner;        /* CUQUOTA_OWNER(claimer pid, state, gen) */
-    uint64_t memory_limit; /* effective limit last reported, bytes, 0 = none (informational) */
-    uint32_t sm_limit;     /* effective SM limit last reported, 0 = none (informational) */
-    uint32_t _reserved0;
+    uint64_t uuid[2];                          /* valid once owner's state is LIVE */
+    uint64_t owner;                            /* CUQUOTA_OWNER(claimer pid, state, gen) */
+    struct cuquota_policy limits;              /* effective limits last reported (informational) */
     uint64_t throttle[CUQUOTA_THROTTLE_WORDS]; /* the shim's throttle state */
     uint64_t busy_ns;                          /* cumulative GPU busy time of the container, ns */
-    uint64_t _reserved[2];
 };
 
 struct cuquota_usage_slot {
@@ -152,6 +158,7 @@ struct cuquota_usage_file {
 };
 
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
+_Static_assert(sizeof(struct cuquota_policy) == 32, "policy size");
 _Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size");
 _Static_assert(sizeof(struct cuquota_limits_entry) == 64, "limits entry size");
 _Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES, "limits file size");

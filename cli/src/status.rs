@@ -95,8 +95,8 @@ pub fn run(mut a: Args) -> Result<(), CliError> {
                 json::object(&[
                     ("entry", i.to_string()),
                     ("uuid", json::string(&format_uuid(&d.uuid))),
-                    ("memory_limit", json::opt(d.memory_limit)),
-                    ("sm_limit", json::opt(d.sm_limit)),
+                    ("memory_limit", json::opt(d.limits.memory)),
+                    ("sm_limit", json::opt(d.limits.sm_share())),
                     ("used", d.used.to_string()),
                     ("busy_ns", d.busy_ns.to_string()),
                     (
@@ -142,9 +142,11 @@ pub fn run(mut a: Args) -> Result<(), CliError> {
         rows.push([
             format!("{i}"),
             format_uuid(&d.uuid),
-            d.memory_limit.map_or_else(|| "-".into(), format_size),
+            d.limits.memory.map_or_else(|| "-".into(), format_size),
             format_size(d.used),
-            d.sm_limit.map_or_else(|| "-".into(), |s| format!("{s}%")),
+            d.limits
+                .sm_share()
+                .map_or_else(|| "-".into(), |s| format!("{s}%")),
             pct(dev_share(d)),
         ]);
         for p in live.iter().filter(|p| p.mem_used[i] != 0 || p.gpu_ns[i] != 0) {

@@ -43,7 +43,7 @@ fn limits_init_set_show_clear() {
     let l = reader.snapshot().for_device(None, Some(1));
     assert_eq!(l.memory, Some(3000 << 20));
     assert_eq!(l.sm, Some(30));
-    assert_eq!(l.policy, Some(cuquota_core::Policy::Hard));
+    assert_eq!(l.kind, cuquota_core::PolicyKind::Hard);
 
     // unspecified fields keep their values
     assert!(cuquota(&["limits", "set", fs, "--device=1", "--weight", "7"])
@@ -101,7 +101,14 @@ fn status_shows_usage_processes_and_share() {
     let r = UsageRegion::open(&f).unwrap();
     let slot = r.process_slot().unwrap();
     let dev = r.device(&[7; 16]).unwrap();
-    r.set_reported_limits(dev, Some(4 << 30), Some(30));
+    r.report_limits(
+        dev,
+        &cuquota_core::Policy {
+            memory: Some(4 << 30),
+            sm: Some(30),
+            ..cuquota_core::Policy::NONE
+        },
+    );
     r.try_charge(slot, dev, 3 << 29, Some(4 << 30)).unwrap();
     // A dead process's slot, to be reclaimed by status.
     let ghost = r.claim_slot_as(i32::MAX as u32 - 3, 1).unwrap();
@@ -373,7 +380,13 @@ fn json_output_is_valid_json() {
     let r = UsageRegion::open(&u).unwrap();
     let slot = r.process_slot().unwrap();
     let dev = r.device(&[9; 16]).unwrap();
-    r.set_reported_limits(dev, Some(1 << 30), None);
+    r.report_limits(
+        dev,
+        &cuquota_core::Policy {
+            memory: Some(1 << 30),
+            ..cuquota_core::Policy::NONE
+        },
+    );
     r.try_charge(slot, dev, 1 << 20, Some(1 << 30)).unwrap();
     for interval in ["0", "50"] {
         let o = cuquota(&[

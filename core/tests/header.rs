@@ -45,19 +45,15 @@ fn rust_layout() -> BTreeMap<String, u64> {
     );
     fields!(
         m,
+        PolicyWords,
+        "cuquota_policy",
+        [memory_limit, reserved_memory, sm_limit, policy, weight, priority]
+    );
+    fields!(
+        m,
         LimitsEntry,
         "cuquota_limits_entry",
-        [
-            uuid,
-            flags,
-            cuda_index,
-            memory_limit,
-            sm_limit,
-            policy,
-            weight,
-            _reserved0,
-            _reserved,
-        ]
+        [uuid, flags, cuda_index, limits, _reserved]
     );
     fields!(m, LimitsFile, "cuquota_limits_file", [header, devices]);
     fields!(
@@ -80,16 +76,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         m,
         UsageDevice,
         "cuquota_usage_device",
-        [
-            uuid,
-            owner,
-            memory_limit,
-            sm_limit,
-            _reserved0,
-            throttle,
-            busy_ns,
-            _reserved,
-        ]
+        [uuid, owner, limits, throttle, busy_ns]
     );
     fields!(
         m,
@@ -98,7 +85,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         [owner, start_time, host_pid, _reserved0, mem_used, gpu_ns, _reserved,]
     );
     fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
-    let consts: [(&str, u64); 19] = [
+    let consts: [(&str, u64); 22] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -112,6 +99,9 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_POLICY_HARD", POLICY_HARD.into()),
         ("CUQUOTA_POLICY_BURST", POLICY_BURST.into()),
         ("CUQUOTA_POLICY_DISABLED", POLICY_DISABLED.into()),
+        ("CUQUOTA_PRIORITY_NONE", PRIORITY_NONE.into()),
+        ("CUQUOTA_PRIORITY_HIGH", PRIORITY_HIGH.into()),
+        ("CUQUOTA_PRIORITY_LOW", PRIORITY_LOW.into()),
         ("CUQUOTA_STATE_FREE", STATE_FREE.into()),
         ("CUQUOTA_STATE_CLAIMING", STATE_CLAIMING.into()),
         ("CUQUOTA_STATE_LIVE", STATE_LIVE.into()),
@@ -236,5 +226,5 @@ fn every_header_struct_field_is_checked() {
             }
         }
     }
-    assert_eq!(structs, 7, "structs found in the header");
+    assert_eq!(structs, 8, "structs found in the header");
 }

@@ -230,8 +230,11 @@ fn layout_entry(i: u32, k: u64) -> cuquota_core::region::LimitsEntryData {
     cuquota_core::region::LimitsEntryData {
         flags: layout::LIMITS_ENTRY_VALID,
         cuda_index: i,
-        memory_limit: k,
-        sm_limit: (k % 97) as u32,
+        raw: cuquota_core::PolicyRaw {
+            memory_limit: k,
+            sm_limit: (k % 97) as u32,
+            ..Default::default()
+        },
         ..Default::default()
     }
 }
@@ -375,11 +378,12 @@ fn usage_header_validation() {
     drop(UsageRegion::open(f.path()).unwrap());
     let mut bytes = std::fs::read(f.path()).unwrap();
     assert_eq!(&bytes[0..8], b"CUQUSAGE");
-    bytes[8..12].copy_from_slice(&2u32.to_ne_bytes());
+    let next = layout::ABI_VERSION + 1;
+    bytes[8..12].copy_from_slice(&next.to_ne_bytes());
     std::fs::write(f.path(), &bytes).unwrap();
     assert!(matches!(
         UsageRegion::open(f.path()),
-        Err(RegionError::VersionMismatch { found: 2, .. })
+        Err(RegionError::VersionMismatch { found, .. }) if found == next
     ));
     bytes[0..8].copy_from_slice(b"CUQLIMIT");
     std::fs::write(f.path(), &bytes).unwrap();

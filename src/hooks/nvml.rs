@@ -92,7 +92,8 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
             .devices()
             .into_iter()
             .find(|d| d.id == id)?
-            .memory_limit
+            .limits
+            .memory
     })?;
     let used = entry.map_or(0, |id| s.mem.usage.container_used(id));
     Some((cap, used))

@@ -7,7 +7,7 @@ use crate::memory::tests::{temp_path, TempRegion};
 use crate::memory::Memory;
 use crate::state::Shim;
 use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsRegion, LimitsWriter};
-use cuquota_core::{Config, DeviceLimits, UsageRegion};
+use cuquota_core::{Config, Policy, UsageRegion};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
@@ -146,9 +146,9 @@ struct Env {
 fn env(cap: Option<u64>) -> Env {
     let usage = temp_path("usage");
     let cfg = Config {
-        default_limits: DeviceLimits {
+        default_limits: Policy {
             memory: cap,
-            sm: None,
+            ..Policy::NONE
         },
         ..Default::default()
     };
@@ -316,9 +316,9 @@ fn limits_file_change_is_picked_up() {
     )];
     // env says 1 GiB: the agent's 64 MiB wins (the lower)
     let cfg = Config {
-        default_limits: DeviceLimits {
+        default_limits: Policy {
             memory: Some(1 << 30),
-            sm: None,
+            ..Policy::NONE
         },
         ..Default::default()
     };

@@ -10,8 +10,8 @@ pub mod ledger;
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
-use cuquota_core::region::{EffectiveLimits, LimitsReader, LimitsRegion};
-use cuquota_core::{Config, DeviceId, UsageRegion};
+use cuquota_core::region::{LimitsReader, LimitsRegion};
+use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
 use ledger::Ledger;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -349,7 +349,7 @@ impl Memory {
             };
         let eff = self.effective(u32::try_from(ordinal).ok(), &uuid.bytes);
         let limit = eff.memory;
-        self.usage.set_reported_limits(id, eff.memory, eff.sm);
+        self.usage.report_limits(id, &eff);
         log!(
             Level::Info,
             "device {ordinal}: entry {}, granularity {granularity}, memory limit {}",
@@ -401,11 +401,9 @@ impl Memory {
     /// Effective limits of a device known by UUID and maybe a CUDA ordinal: env/config for the ordinal,
     /// tightened by every agent file (by UUID, else ordinal, else `all`). NVML-only processes without an
     /// ordinal get only the agent files' entries.
-    pub fn effective(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> EffectiveLimits {
+    pub fn effective(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Policy {
         self.refresh_limits_if_changed();
-        let mut eff = ordinal
-            .map(|o| EffectiveLimits::from_config(&self.cfg, o))
-            .unwrap_or_default();
+        let mut eff = ordinal.map_or(Policy::NONE, |o| self.cfg.policy(o));
         for r in self.agent.readers.lock().iter() {
             eff = eff.restrict(&r.snapshot().for_device(Some(uuid), ordinal));
         }
@@ -442,7 +440,7 @@ impl Memory {
             r.snapshot()
                 .entries
                 .iter()
-                .any(|e| e.is_valid() && e.limits().sm.is_some())
+                .any(|e| e.is_valid() && e.limits().throttles())
         })
     }
 
@@ -473,7 +471,7 @@ impl Memory {
                 let eff = self.effective(Some(o as u32), &i.uuid);
                 let l = eff.memory;
                 i.limit.store(l.unwrap_or(NO_LIMIT), Ordering::Relaxed);
-                self.usage.set_reported_limits(i.id, eff.memory, eff.sm);
+                self.usage.report_limits(i.id, &eff);
                 log!(Level::Info, "device {o}: memory limit now {l:?}");
             }
         }

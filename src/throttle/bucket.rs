@@ -35,7 +35,8 @@ pub fn max_ahead_ns(rate_pm: u64) -> u64 {
     2 * span_ns(MAX_COST_NS, rate_pm) + window_ns(rate_pm)
 }
 
-/// Word indexes inside `throttle[8]`. Owned by `src/throttle`; `cuquota status` may read `CONFIG`.
+/// Word indexes inside `throttle[8]`. Owned by `src/throttle`. (Word 5 is unused: the limits a process enforces
+/// are the device entry's `limits`.)
 pub mod slot {
     /// Wall time (ns) at which the bucket is empty; 0 = never used (full bucket).
     pub const ZERO_AT: usize = 0;
@@ -47,8 +48,6 @@ pub mod slot {
     pub const SAMPLE_OWN: usize = 3;
     /// The device's busy ns (all containers) at the last sample.
     pub const SAMPLE_DEV: usize = 4;
-    /// Informational: configured limit (percent, bits 0..8), policy (bits 8..16), weight (bits 16..32).
-    pub const CONFIG: usize = 5;
     /// Burst controller state: bit 0 = others were active at the last sample.
     pub const BURST_STATE: usize = 6;
     /// Wall time of the last launch charged by any process of the container (status: "active").

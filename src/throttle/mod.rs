@@ -65,16 +65,6 @@ impl Limit {
     pub fn rate_pm(&self) -> u64 {
         (self.pct.min(100) as u64) * 10
     }
-
-    /// Pack for the `CONFIG` word (informational, read by `cuquota status`).
-    pub fn pack(&self) -> u64 {
-        let p = match self.policy {
-            Policy::Hard => 1u64,
-            Policy::Burst => 2,
-            Policy::Disabled => 3,
-        };
-        (self.pct.min(255) as u64) | (p << 8) | ((self.weight.min(0xffff) as u64) << 16)
-    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! file (did its `seq` move?), one flag — then the real call. With a limit: `cuCtxGetDevice`, the limit word, a
 //! clock read, an estimate lookup, one CAS on the bucket and three counter adds.
 
-use super::bucket::{slot, FULL_RATE};
+use super::bucket::FULL_RATE;
 use super::burst;
 use super::clock::{monotonic_ns, Monotonic};
 use super::engine::{Engine, Gpu, Shared, Ticket};
@@ -20,7 +20,6 @@ use crate::ffi::cuda::{CUdevice, CUresult};
 use crate::ffi::nvml::{nvmlDevice_t, nvmlProcessUtilizationSample_t, nvmlReturn_t};
 use crate::log::{log, Level};
 use crate::state::Shim;
-use cuquota_core::region::EffectiveLimits;
 use cuquota_core::DeviceId;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -59,18 +58,17 @@ fn unpack(w: u64) -> Limit {
 fn effective(s: &Shim, o: u32, uuid: Option<&[u8; 16]>) -> Limit {
     let eff = match uuid {
         Some(u) => s.mem.effective(Some(o), u),
-        None => EffectiveLimits::from_config(s.mem.config(), o),
+        None => s.mem.config().policy(o),
     };
-    let policy = match eff.policy {
-        Some(cuquota_core::Policy::Hard) => Policy::Hard,
-        Some(cuquota_core::Policy::Burst) => Policy::Burst,
-        None => Policy::default(),
-    };
-    match eff.sm {
+    match eff.sm_share() {
         Some(pct) => Limit {
             pct,
-            policy,
-            weight: eff.weight.unwrap_or(100),
+            policy: if eff.is_burst() {
+                Policy::Burst
+            } else {
+                Policy::Hard
+            },
+            weight: eff.weight_or_default(),
         },
         _ => Limit::NONE,
     }
@@ -193,8 +191,7 @@ pub fn get(s: &Shim) -> &'static SmThrottle {
 impl SmThrottle {
     fn new(s: &Shim) -> SmThrottle {
         let cfg = s.mem.config();
-        let config_limited = !cfg.sm_disabled
-            && (cfg.default_limits.sm.is_some() || cfg.devices.values().any(|d| d.sm.is_some()));
+        let config_limited = cfg.has_sm_limits();
         let possible = config_limited || s.mem.has_agent_files();
         let c = &s.cuda;
         let probes = (|| {
@@ -290,7 +287,6 @@ impl SmThrottle {
                     names[dev.id.index() % 16] = CString::new(format_gpu_uuid(&u)).ok();
                 }
             }
-            s.mem.usage.throttle(dev.id)[slot::CONFIG].store(lim.pack(), Ordering::Relaxed);
             if lim.active() {
                 self.any_active.store(true, Ordering::Relaxed);
                 log!(

@@ -4,8 +4,9 @@ use std::collections::{BTreeSet, HashMap};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-use super::layer::{resolve, Layer, PolicySetting};
+use super::layer::{resolve, Layer};
 use super::{file, Config, ConfigError, LogLevel, MAX_ORDINAL, WEIGHT_RANGE};
+use crate::policy::{PolicyKind, Priority};
 use crate::units::{parse_size, parse_unsigned};
 use crate::visible_devices::VisibleDevices;
 
@@ -16,6 +17,7 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "CUQUOTA_SM_LIMIT",
     "CUQUOTA_POLICY",
     "CUQUOTA_WEIGHT",
+    "CUQUOTA_PRIORITY",
     "CUQUOTA_CONFIG",
     "CUQUOTA_LIMITS_FILE",
     "CUQUOTA_USAGE_FILE",
@@ -253,13 +255,9 @@ pub(super) fn parse_sm(var: &str, v: &str) -> Result<u32, ConfigError> {
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-pub(super) fn parse_policy(var: &str, v: &str) -> Result<PolicySetting, ConfigError> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "hard" | "force" => Ok(PolicySetting::Hard),
-        "burst" => Ok(PolicySetting::Burst),
-        "disable" | "disabled" => Ok(PolicySetting::Disabled),
-        "default" => Ok(PolicySetting::Default),
-        _ => Err(invalid(
+pub(super) fn parse_policy(var: &str, v: &str) -> Result<PolicyKind, ConfigError> {
+    PolicyKind::parse(v).ok_or_else(|| {
+        invalid(
             var,
             v,
             if var.starts_with("GPU_") {
@@ -267,8 +265,23 @@ pub(super) fn parse_policy(var: &str, v: &str) -> Result<PolicySetting, ConfigEr
             } else {
                 "hard, burst or disabled"
             },
-        )),
-    }
+        )
+    })
+}
+
+/// HAMi's `CUDA_TASK_PRIORITY` is a number (0 high, 1 low); ours a name (either is accepted in both).
+pub(super) fn parse_priority(var: &str, v: &str) -> Result<Priority, ConfigError> {
+    Priority::parse(v).ok_or_else(|| {
+        invalid(
+            var,
+            v,
+            if var.starts_with("CUDA_") {
+                "0 (high) or 1 (low)"
+            } else {
+                "high or low"
+            },
+        )
+    })
 }
 
 pub(super) fn parse_weight(var: &str, v: &str) -> Result<u32, ConfigError> {
@@ -346,22 +359,13 @@ fn build(src: &Source<'_>, path_exists: &dyn Fn(&Path) -> bool) -> Result<Config
     .filter(|&m| m != 0);
     env.sm = paired(src, "CUDA_DEVICE_SM_LIMIT", "CUQUOTA_SM_LIMIT", &parse_sm)?.filter(|&p| p != 0);
     for &i in &src.ordinals {
-        let m = paired(
-            src,
-            &format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"),
-            &format!("CUQUOTA_MEMORY_LIMIT_{i}"),
-            &parse_memory,
-        )?;
-        if let Some(m) = m.filter(|&m| m != 0) {
+        let indexed = |hami: &str, ours: &str| (format!("{hami}_{i}"), format!("{ours}_{i}"));
+        let (hami, ours) = indexed("CUDA_DEVICE_MEMORY_LIMIT", "CUQUOTA_MEMORY_LIMIT");
+        if let Some(m) = paired(src, &hami, &ours, &parse_memory)?.filter(|&m| m != 0) {
             env.device_memory.insert(i, m);
         }
-        let s = paired(
-            src,
-            &format!("CUDA_DEVICE_SM_LIMIT_{i}"),
-            &format!("CUQUOTA_SM_LIMIT_{i}"),
-            &parse_sm,
-        )?;
-        if let Some(s) = s.filter(|&s| s != 0) {
+        let (hami, ours) = indexed("CUDA_DEVICE_SM_LIMIT", "CUQUOTA_SM_LIMIT");
+        if let Some(s) = paired(src, &hami, &ours, &parse_sm)?.filter(|&s| s != 0) {
             env.device_sm.insert(i, s);
         }
     }
@@ -372,6 +376,7 @@ fn build(src: &Source<'_>, path_exists: &dyn Fn(&Path) -> bool) -> Result<Config
         &parse_policy,
     )?;
     env.weight = single(src, "CUQUOTA_WEIGHT", parse_weight)?;
+    env.priority = paired(src, "CUDA_TASK_PRIORITY", "CUQUOTA_PRIORITY", &parse_priority)?;
     env.usage_path = paired(
         src,
         "CUDA_DEVICE_MEMORY_SHARED_CACHE",

@@ -5,6 +5,7 @@
 //! sm_limit = 30              # percent
 //! policy = "hard"            # hard | burst | disabled
 //! weight = 100               # 1–1000
+//! priority = "high"          # high | low (or 0 | 1)
 //! usage_file = "/tmp/cuquota.usage"
 //! limits_file = "/run/cuquota/limits"
 //! log = "warn"
@@ -24,7 +25,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::env::{parse_log_name, parse_memory, parse_policy, parse_sm, parse_weight};
+use super::env::{parse_log_name, parse_memory, parse_policy, parse_priority, parse_sm, parse_weight};
 use super::layer::Layer;
 use super::{ConfigError, MAX_ORDINAL};
 
@@ -44,6 +45,15 @@ enum Int {
     Text(String),
 }
 
+impl Int {
+    fn text(&self) -> String {
+        match self {
+            Int::Number(n) => n.to_string(),
+            Int::Text(t) => t.clone(),
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DeviceSection {
@@ -59,6 +69,7 @@ struct FileConfig {
     sm_limit: Option<Int>,
     policy: Option<String>,
     weight: Option<Int>,
+    priority: Option<Int>,
     usage_file: Option<String>,
     limits_file: Option<String>,
     log: Option<String>,
@@ -140,16 +151,16 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             .as_deref()
             .map(|p| parse_policy("policy", p).map_err(relabel("policy".into())))
             .transpose()?,
-        weight: match &raw.weight {
-            None => None,
-            Some(w) => {
-                let text = match w {
-                    Int::Number(n) => n.to_string(),
-                    Int::Text(t) => t.clone(),
-                };
-                Some(parse_weight("weight", &text).map_err(relabel("weight".into()))?)
-            }
-        },
+        weight: raw
+            .weight
+            .as_ref()
+            .map(|w| parse_weight("weight", &w.text()).map_err(relabel("weight".into())))
+            .transpose()?,
+        priority: raw
+            .priority
+            .as_ref()
+            .map(|p| parse_priority("priority", &p.text()).map_err(relabel("priority".into())))
+            .transpose()?,
         usage_path: raw
             .usage_file
             .as_deref()

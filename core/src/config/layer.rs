@@ -3,17 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{Config, DeviceLimits, LogLevel, Policy, DEFAULT_LIMITS_PATH, DEFAULT_USAGE_PATH};
+use super::{Config, LogLevel, DEFAULT_LIMITS_PATH, DEFAULT_USAGE_PATH};
+use crate::policy::{Policy, PolicyKind, Priority};
 use crate::visible_devices::VisibleDevices;
-
-/// The SM policy as a source states it; `Default` is an explicit "cuquota's default".
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PolicySetting {
-    Default,
-    Hard,
-    Burst,
-    Disabled,
-}
 
 /// Settings from one source. Limits of `0` were already dropped (0 = "not set here", HAMi's fallback rule).
 #[derive(Debug, Default, Clone)]
@@ -22,8 +14,10 @@ pub(crate) struct Layer {
     pub sm: Option<u32>,
     pub device_memory: BTreeMap<u32, u64>,
     pub device_sm: BTreeMap<u32, u32>,
-    pub policy: Option<PolicySetting>,
+    /// `Some(PolicyKind::Default)` is an explicit "cuquota's default".
+    pub policy: Option<PolicyKind>,
     pub weight: Option<u32>,
+    pub priority: Option<Priority>,
     pub usage_path: Option<PathBuf>,
     pub limits_path: Option<PathBuf>,
     pub log_level: Option<LogLevel>,
@@ -32,8 +26,14 @@ pub(crate) struct Layer {
     pub disabled: Option<bool>,
 }
 
-fn sm_value(raw: Option<u32>) -> Option<u32> {
-    raw.filter(|p| (1..100).contains(p))
+/// The most specific setting of the strongest source: env `_<i>`, env global, file `[[device]]`, file global.
+fn pick<T: Copy>(
+    i: Option<u32>,
+    env: (&BTreeMap<u32, T>, Option<T>),
+    file: (&BTreeMap<u32, T>, Option<T>),
+) -> Option<T> {
+    let dev = |m: &BTreeMap<u32, T>| i.and_then(|i| m.get(&i).copied());
+    dev(env.0).or(env.1).or(dev(file.0)).or(file.1)
 }
 
 /// Merges the environment layer over the file layer into a [`Config`].
@@ -52,37 +52,20 @@ pub(crate) fn resolve(
         .chain(file.device_sm.keys())
         .copied()
         .collect();
-    let default_limits = DeviceLimits {
-        memory: env.memory.or(file.memory),
-        sm: sm_value(env.sm.or(file.sm)),
+    let policy = |i: Option<u32>| Policy {
+        memory: pick(
+            i,
+            (&env.device_memory, env.memory),
+            (&file.device_memory, file.memory),
+        ),
+        sm: pick(i, (&env.device_sm, env.sm), (&file.device_sm, file.sm)).filter(|p| (1..100).contains(p)),
+        kind: env.policy.or(file.policy).unwrap_or_default(),
+        weight: env.weight.or(file.weight),
+        priority: env.priority.or(file.priority),
+        reserved_memory: None,
     };
-    let devices = ordinals
-        .into_iter()
-        .map(|i| {
-            let memory = env
-                .device_memory
-                .get(&i)
-                .copied()
-                .or(env.memory)
-                .or(file.device_memory.get(&i).copied())
-                .or(file.memory);
-            let sm = env
-                .device_sm
-                .get(&i)
-                .copied()
-                .or(env.sm)
-                .or(file.device_sm.get(&i).copied())
-                .or(file.sm);
-            (
-                i,
-                DeviceLimits {
-                    memory,
-                    sm: sm_value(sm),
-                },
-            )
-        })
-        .collect();
-    let policy = env.policy.or(file.policy);
+    let default_limits = policy(None);
+    let devices = ordinals.into_iter().map(|i| (i, policy(Some(i)))).collect();
     let mut limits_paths = Vec::new();
     let default_limits_path = Path::new(DEFAULT_LIMITS_PATH);
     if path_exists(default_limits_path) {
@@ -96,13 +79,6 @@ pub(crate) fn resolve(
     Config {
         devices,
         default_limits,
-        policy: match policy {
-            Some(PolicySetting::Hard) => Some(Policy::Hard),
-            Some(PolicySetting::Burst) => Some(Policy::Burst),
-            _ => None,
-        },
-        sm_disabled: policy == Some(PolicySetting::Disabled),
-        weight: env.weight.or(file.weight),
         usage_path: env
             .usage_path
             .or(file.usage_path)

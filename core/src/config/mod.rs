@@ -20,6 +20,7 @@ use std::path::PathBuf;
 pub use env::{KNOWN_VARIABLES, PROBED_ORDINALS, RESERVED_PREFIX};
 pub use error::ConfigError;
 
+use crate::policy::Policy;
 use crate::visible_devices::VisibleDevices;
 
 /// Default path of the shared usage region.
@@ -30,34 +31,6 @@ pub const DEFAULT_LIMITS_PATH: &str = "/etc/cuquota/limits";
 pub const MAX_ORDINAL: u32 = 1024;
 /// Weight range for burst mode.
 pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
-
-/// How the SM-time limit behaves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Policy {
-    /// Never exceed the SM share, even on an idle GPU (`CUQUOTA_POLICY=hard`, HAMi `FORCE`).
-    Hard,
-    /// May use spare GPU time beyond the share, split by weight (`CUQUOTA_POLICY=burst`).
-    Burst,
-}
-
-impl Policy {
-    /// The stricter of two policies (`Hard` beats `Burst`): a process may make itself stricter, never looser.
-    pub fn stricter(a: Option<Policy>, b: Option<Policy>) -> Option<Policy> {
-        match (a, b) {
-            (Some(Policy::Hard), _) | (_, Some(Policy::Hard)) => Some(Policy::Hard),
-            (Some(Policy::Burst), _) | (_, Some(Policy::Burst)) => Some(Policy::Burst),
-            (None, None) => None,
-        }
-    }
-
-    /// Lower-case name as accepted by `CUQUOTA_POLICY`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Policy::Hard => "hard",
-            Policy::Burst => "burst",
-        }
-    }
-}
 
 /// Verbosity of the shim's stderr log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -87,29 +60,16 @@ impl LogLevel {
     }
 }
 
-/// Limits of one device (or the default for all devices). `None` means no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct DeviceLimits {
-    /// Device-memory cap in bytes.
-    pub memory: Option<u64>,
-    /// SM-time share in percent, 1–99.
-    pub sm: Option<u32>,
-}
-
 /// Validated configuration of one process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// Limits per CUDA ordinal, fully resolved (a `None` here means "no limit for this ordinal", not "use the
-    /// default"). Ordinals not present use [`Config::default_limits`].
-    pub devices: BTreeMap<u32, DeviceLimits>,
+    /// The process's own limits per CUDA ordinal, fully resolved (a `None` limit here means "no limit for this
+    /// ordinal", not "use the default"). Ordinals not present use [`Config::default_limits`]. The policy kind,
+    /// weight and priority are the same for every ordinal; `GPU_CORE_UTILIZATION_POLICY=DISABLE` is
+    /// [`PolicyKind::Disabled`](crate::PolicyKind::Disabled), which drops these SM shares.
+    pub devices: BTreeMap<u32, Policy>,
     /// Limits of ordinals not in [`Config::devices`].
-    pub default_limits: DeviceLimits,
-    /// SM policy, or `None` for cuquota's default.
-    pub policy: Option<Policy>,
-    /// SM limiting switched off (`GPU_CORE_UTILIZATION_POLICY=DISABLE`, `CUQUOTA_POLICY=disabled`).
-    pub sm_disabled: bool,
-    /// Share of spare time in burst mode, 1–1000; `None` = default.
-    pub weight: Option<u32>,
+    pub default_limits: Policy,
     /// Shared usage region (`CUQUOTA_USAGE_FILE` / `CUDA_DEVICE_MEMORY_SHARED_CACHE`).
     pub usage_path: PathBuf,
     /// Agent-written limits regions to apply, all of them (the effective limit is the minimum over env and
@@ -137,10 +97,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             devices: BTreeMap::new(),
-            default_limits: DeviceLimits::default(),
-            policy: None,
-            sm_disabled: false,
-            weight: None,
+            default_limits: Policy::NONE,
             usage_path: PathBuf::from(DEFAULT_USAGE_PATH),
             limits_paths: Vec::new(),
             log_level: LogLevel::Warn,
@@ -181,24 +138,34 @@ impl Config {
         env::from_lookup(&lookup, &|p| p.exists())
     }
 
+    /// The process's own limits for CUDA ordinal `ordinal` (env/config; the agent's files tighten them).
+    pub fn policy(&self, ordinal: u32) -> Policy {
+        *self.devices.get(&ordinal).unwrap_or(&self.default_limits)
+    }
+
     /// Memory cap of CUDA ordinal `ordinal` from env/config, `None` = no limit.
     pub fn memory_limit(&self, ordinal: u32) -> Option<u64> {
-        self.devices.get(&ordinal).unwrap_or(&self.default_limits).memory
+        self.policy(ordinal).memory
     }
 
     /// SM share (percent, 1–99) of CUDA ordinal `ordinal` from env/config; `None` when unlimited or when SM
     /// limiting is disabled.
     pub fn sm_limit(&self, ordinal: u32) -> Option<u32> {
-        if self.sm_disabled {
-            return None;
-        }
-        self.devices.get(&ordinal).unwrap_or(&self.default_limits).sm
+        self.policy(ordinal).sm_share()
+    }
+
+    fn policies(&self) -> impl Iterator<Item = &Policy> {
+        std::iter::once(&self.default_limits).chain(self.devices.values())
     }
 
     /// Whether any memory or SM limit is configured for any ordinal (the agent file may add more).
     pub fn has_limits(&self) -> bool {
-        let any = |d: &DeviceLimits| d.memory.is_some() || (d.sm.is_some() && !self.sm_disabled);
-        any(&self.default_limits) || self.devices.values().any(any)
+        self.policies().any(|p| p.memory.is_some() || p.throttles())
+    }
+
+    /// Whether an SM limit is configured for any ordinal.
+    pub fn has_sm_limits(&self) -> bool {
+        self.policies().any(Policy::throttles)
     }
 }
 

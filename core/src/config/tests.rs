@@ -4,6 +4,7 @@ use std::io::Write;
 use std::path::Path;
 
 use super::*;
+use crate::policy::PolicyKind;
 
 fn cfg(vars: &[(&str, &str)]) -> Result<Config, ConfigError> {
     Config::from_vars(vars.iter().map(|(k, v)| (k.to_string(), v.to_string())), &|_| {
@@ -85,7 +86,7 @@ fn sm_limits() {
         ("GPU_CORE_UTILIZATION_POLICY", "DISABLE"),
     ])
     .unwrap();
-    assert!(c.sm_disabled);
+    assert_eq!(c.default_limits.kind, PolicyKind::Disabled);
     assert_eq!(c.sm_limit(0), None);
     assert_eq!(c.default_limits.sm, Some(30));
 }
@@ -116,8 +117,9 @@ fn ours_and_hami_agree_or_conflict() {
             ("CUQUOTA_POLICY", "hard")
         ])
         .unwrap()
-        .policy,
-        Some(Policy::Hard)
+        .default_limits
+        .kind,
+        PolicyKind::Hard
     );
     assert!(cfg(&[
         ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/a"),
@@ -163,12 +165,15 @@ fn policy_weight_log_disable() {
         ("LIBCUDA_LOG_LEVEL", "3"),
     ])
     .unwrap();
-    assert_eq!(c.policy, Some(Policy::Burst));
-    assert_eq!(c.weight, Some(250));
+    assert_eq!(c.default_limits.kind, PolicyKind::Burst);
+    assert_eq!(c.default_limits.weight, Some(250));
     assert_eq!(c.log_level, LogLevel::Debug);
     assert_eq!(
-        cfg(&[("GPU_CORE_UTILIZATION_POLICY", "DEFAULT")]).unwrap().policy,
-        None
+        cfg(&[("GPU_CORE_UTILIZATION_POLICY", "DEFAULT")])
+            .unwrap()
+            .default_limits
+            .kind,
+        PolicyKind::Default
     );
     assert!(cfg(&[("CUQUOTA_POLICY", "soft")]).is_err());
     assert!(cfg(&[("CUQUOTA_WEIGHT", "0")]).is_err());
@@ -292,8 +297,8 @@ memory_limit = "2g"
     assert_eq!(c.memory_limit(1), Some(G));
     assert_eq!(c.sm_limit(1), Some(20));
     assert_eq!(c.sm_limit(2), Some(40));
-    assert_eq!(c.policy, Some(Policy::Burst));
-    assert_eq!(c.weight, Some(10));
+    assert_eq!(c.default_limits.kind, PolicyKind::Burst);
+    assert_eq!(c.default_limits.weight, Some(10));
     assert_eq!(c.usage_path, Path::new("/tmp/from-file"));
     assert_eq!(c.config_file.as_deref(), Some(f.path()));
 
@@ -388,4 +393,43 @@ fn a_variable_set_twice_with_different_values_is_an_error() {
     ])
     .unwrap();
     assert_eq!(c.sm_limit(0), Some(30));
+}
+
+#[test]
+fn priority_from_hami_ours_and_the_file() {
+    use crate::policy::Priority;
+    let prio = |vars: &[(&str, &str)]| cfg(vars).map(|c| c.policy(3).priority);
+    assert_eq!(prio(&[]).unwrap(), None);
+    assert_eq!(
+        prio(&[("CUDA_TASK_PRIORITY", "0")]).unwrap(),
+        Some(Priority::High)
+    );
+    assert_eq!(prio(&[("CUDA_TASK_PRIORITY", "1")]).unwrap(), Some(Priority::Low));
+    assert_eq!(
+        prio(&[("CUQUOTA_PRIORITY", "High")]).unwrap(),
+        Some(Priority::High)
+    );
+    assert_eq!(
+        prio(&[("CUDA_TASK_PRIORITY", "1"), ("CUQUOTA_PRIORITY", "low")]).unwrap(),
+        Some(Priority::Low),
+        "both names, same meaning"
+    );
+    let e = cfg(&[("CUDA_TASK_PRIORITY", "0"), ("CUQUOTA_PRIORITY", "low")]).unwrap_err();
+    assert!(matches!(e, ConfigError::Conflict { .. }), "{e}");
+    let e = cfg(&[("CUDA_TASK_PRIORITY", "2")]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "CUDA_TASK_PRIORITY=\"2\": expected 0 (high) or 1 (low)"
+    );
+    assert!(cfg(&[("CUQUOTA_PRIORITY", "urgent")]).is_err());
+
+    let f = write_toml("priority = \"low\"\n");
+    let c = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).unwrap();
+    assert_eq!(c.default_limits.priority, Some(Priority::Low));
+    let f = write_toml("priority = 7\n");
+    let e = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).unwrap_err();
+    assert!(
+        matches!(&e, ConfigError::FileValue { key, .. } if key == "priority"),
+        "{e}"
+    );
 }

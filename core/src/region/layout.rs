@@ -5,14 +5,17 @@
 //! shared references to these structs (atomics are `UnsafeCell`s, so that is sound for memory others mutate).
 //! Padding is explicit (`_reserved*`) so the C and Rust layouts cannot drift through compiler choices.
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::policy::PolicyRaw;
 
 /// `magic` of the limits file: the bytes `CUQLIMIT` read as a little-endian u64.
 pub const LIMITS_MAGIC: u64 = u64::from_le_bytes(*b"CUQLIMIT");
 /// `magic` of the usage file: the bytes `CUQUSAGE` read as a little-endian u64.
 pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
-/// Layout version of both files. Any change of size or meaning bumps it.
-pub const ABI_VERSION: u32 = 1;
+/// Layout version of both files. Any change of size or meaning bumps it. 2: a device's limits are one
+/// [`PolicyWords`] (with priority and reserved memory) in limits entries and usage device entries alike.
+pub const ABI_VERSION: u32 = 2;
 /// Device entries per file.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in the usage file.
@@ -36,6 +39,13 @@ pub const POLICY_HARD: u32 = 1;
 pub const POLICY_BURST: u32 = 2;
 /// Limits entry `policy`: SM limiting disabled.
 pub const POLICY_DISABLED: u32 = 3;
+
+/// Policy `priority`: not set.
+pub const PRIORITY_NONE: u32 = 0;
+/// Policy `priority`: high (HAMi `CUDA_TASK_PRIORITY=0`).
+pub const PRIORITY_HIGH: u32 = 1;
+/// Policy `priority`: low, best effort (HAMi `CUDA_TASK_PRIORITY=1`).
+pub const PRIORITY_LOW: u32 = 2;
 
 /// Owner-word state: free.
 pub const STATE_FREE: u32 = 0;
@@ -91,6 +101,66 @@ pub struct LimitsHeader {
     pub _reserved: [AtomicU64; 1],
 }
 
+/// A device's limits as words (32 bytes): the one packing of a [`crate::Policy`] (see [`crate::PolicyRaw`]), in
+/// limits entries (the agent's word) and usage device entries (what a process enforces).
+#[repr(C)]
+pub struct PolicyWords {
+    /// Memory cap in bytes, 0 = none.
+    pub memory_limit: AtomicU64,
+    /// Memory kept free for high-priority tenants, bytes, 0 = none.
+    pub reserved_memory: AtomicU64,
+    /// SM share in percent, 0 (or ≥ 100) = none.
+    pub sm_limit: AtomicU32,
+    /// `POLICY_*`.
+    pub policy: AtomicU32,
+    /// Burst weight, 0 = default.
+    pub weight: AtomicU32,
+    /// `PRIORITY_*`.
+    pub priority: AtomicU32,
+}
+
+impl PolicyWords {
+    /// Copies the words out (relaxed loads: callers that need consistency use the limits file's seqlock).
+    pub fn load(&self) -> PolicyRaw {
+        PolicyRaw {
+            memory_limit: self.memory_limit.load(Ordering::Relaxed),
+            reserved_memory: self.reserved_memory.load(Ordering::Relaxed),
+            sm_limit: self.sm_limit.load(Ordering::Relaxed),
+            policy: self.policy.load(Ordering::Relaxed),
+            weight: self.weight.load(Ordering::Relaxed),
+            priority: self.priority.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Stores the words (relaxed).
+    pub fn store(&self, raw: &PolicyRaw) {
+        self.memory_limit.store(raw.memory_limit, Ordering::Relaxed);
+        self.reserved_memory.store(raw.reserved_memory, Ordering::Relaxed);
+        self.sm_limit.store(raw.sm_limit, Ordering::Relaxed);
+        self.policy.store(raw.policy, Ordering::Relaxed);
+        self.weight.store(raw.weight, Ordering::Relaxed);
+        self.priority.store(raw.priority, Ordering::Relaxed);
+    }
+
+    /// Zeroed words (no limits), for in-process copies.
+    pub fn new() -> PolicyWords {
+        PolicyWords {
+            memory_limit: AtomicU64::new(0),
+            reserved_memory: AtomicU64::new(0),
+            sm_limit: AtomicU32::new(0),
+            policy: AtomicU32::new(0),
+            weight: AtomicU32::new(0),
+            priority: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Default for PolicyWords {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// One device's limits in the limits file (64 bytes). All fields seqlock-protected.
 #[repr(C)]
 pub struct LimitsEntry {
@@ -101,18 +171,10 @@ pub struct LimitsEntry {
     pub flags: AtomicU32,
     /// CUDA ordinal this entry applies to when `uuid` is zero; [`LIMITS_INDEX_ALL`] = every device.
     pub cuda_index: AtomicU32,
-    /// Memory cap in bytes, 0 = none.
-    pub memory_limit: AtomicU64,
-    /// SM share in percent, 0 = none.
-    pub sm_limit: AtomicU32,
-    /// `POLICY_*`.
-    pub policy: AtomicU32,
-    /// Burst weight, 0 = default.
-    pub weight: AtomicU32,
+    /// The limits.
+    pub limits: PolicyWords,
     /// Zero.
-    pub _reserved0: AtomicU32,
-    /// Zero.
-    pub _reserved: [AtomicU64; 2],
+    pub _reserved: [AtomicU64; 1],
 }
 
 /// The whole limits file.
@@ -154,18 +216,12 @@ pub struct UsageDevice {
     pub uuid: [AtomicU64; 2],
     /// Owner word ([`owner_word`]): free → claiming (claimer pid) → live (ready).
     pub owner: AtomicU64,
-    /// Effective memory limit last reported by a process (bytes, 0 = none; informational).
-    pub memory_limit: AtomicU64,
-    /// Effective SM limit last reported (percent, 0 = none; informational).
-    pub sm_limit: AtomicU32,
-    /// Zero.
-    pub _reserved0: AtomicU32,
+    /// The effective limits a process last reported enforcing (informational, shown by `cuquota status`).
+    pub limits: PolicyWords,
     /// Throttle state, owned by the shim's throttle.
     pub throttle: [AtomicU64; THROTTLE_WORDS],
     /// Cumulative GPU busy time achieved by the container on this device, ns.
     pub busy_ns: AtomicU64,
-    /// Zero.
-    pub _reserved: [AtomicU64; 2],
 }
 
 /// One process in the usage file (320 bytes).
@@ -199,6 +255,7 @@ pub struct UsageFile {
 }
 
 const _: () = {
+    assert!(std::mem::size_of::<PolicyWords>() == 32);
     assert!(std::mem::size_of::<LimitsHeader>() == 64);
     assert!(std::mem::size_of::<LimitsEntry>() == 64);
     assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES);

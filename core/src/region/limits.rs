@@ -14,19 +14,21 @@ use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
+use super::header::{self, Header, Word};
 use super::layout::*;
 use super::liveness::{current_pid, is_alive};
 use super::map::{Access, Mapping};
 use super::RegionError;
-use crate::config::{Config, Policy};
-use crate::min_limit;
+use crate::policy::{Policy, PolicyRaw};
 
 /// Reader attempts before a read reports [`ReadError::Busy`].
 const READ_TRIES: u32 = 256;
 /// How long [`LimitsReader::new`] and writers wait for a busy seqlock.
 const BUSY_WAIT: Duration = Duration::from_secs(2);
 
-/// One entry of the limits file, copied out.
+/// One entry of the limits file, copied out: which device(s) it targets, and its limits as the raw words
+/// (a writer's edit keeps words it does not touch exactly as they were). The words read as fields
+/// (`entry.memory_limit`, through `Deref`); [`LimitsEntryData::limits`] says what they mean.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LimitsEntryData {
     /// Device UUID bytes; all zero = match by `cuda_index`.
@@ -35,14 +37,21 @@ pub struct LimitsEntryData {
     pub flags: u32,
     /// CUDA ordinal (when `uuid` is zero); [`LIMITS_INDEX_ALL`] = every device.
     pub cuda_index: u32,
-    /// Bytes, 0 = none.
-    pub memory_limit: u64,
-    /// Percent, 0 = none.
-    pub sm_limit: u32,
-    /// `POLICY_*`.
-    pub policy: u32,
-    /// 0 = default.
-    pub weight: u32,
+    /// The limits' words.
+    pub raw: PolicyRaw,
+}
+
+impl std::ops::Deref for LimitsEntryData {
+    type Target = PolicyRaw;
+    fn deref(&self) -> &PolicyRaw {
+        &self.raw
+    }
+}
+
+impl std::ops::DerefMut for LimitsEntryData {
+    fn deref_mut(&mut self) -> &mut PolicyRaw {
+        &mut self.raw
+    }
 }
 
 impl LimitsEntryData {
@@ -62,19 +71,30 @@ impl LimitsEntryData {
         }
     }
 
-    /// The entry's limits in typed form.
-    pub fn limits(&self) -> FileLimits {
-        FileLimits {
-            memory: (self.memory_limit != 0).then_some(self.memory_limit),
-            sm: (1..100).contains(&self.sm_limit).then_some(self.sm_limit),
-            policy: match self.policy {
-                POLICY_HARD => Some(Policy::Hard),
-                POLICY_BURST => Some(Policy::Burst),
-                _ => None,
-            },
-            sm_disabled: self.policy == POLICY_DISABLED,
-            weight: (self.weight != 0).then_some(self.weight),
+    /// The entry's limits.
+    pub fn limits(&self) -> Policy {
+        self.raw.decode()
+    }
+
+    fn load(e: &LimitsEntry) -> LimitsEntryData {
+        LimitsEntryData {
+            uuid: words_to_uuid([
+                e.uuid[0].load(Ordering::Relaxed),
+                e.uuid[1].load(Ordering::Relaxed),
+            ]),
+            flags: e.flags.load(Ordering::Relaxed),
+            cuda_index: e.cuda_index.load(Ordering::Relaxed),
+            raw: e.limits.load(),
         }
+    }
+
+    fn store(&self, e: &LimitsEntry) {
+        let w = uuid_to_words(&self.uuid);
+        e.uuid[0].store(w[0], Ordering::Relaxed);
+        e.uuid[1].store(w[1], Ordering::Relaxed);
+        e.flags.store(self.flags, Ordering::Relaxed);
+        e.cuda_index.store(self.cuda_index, Ordering::Relaxed);
+        e.limits.store(&self.raw);
     }
 }
 
@@ -111,57 +131,6 @@ impl std::fmt::Display for DeviceSelector {
             DeviceSelector::Uuid(u) => f.write_str(&format_uuid(u)),
             DeviceSelector::Index(i) => write!(f, "{i}"),
             DeviceSelector::All => f.write_str("all"),
-        }
-    }
-}
-
-/// What the limits file says about one device. `None` = no limit from the file.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FileLimits {
-    /// Memory cap, bytes.
-    pub memory: Option<u64>,
-    /// SM share, percent 1–99.
-    pub sm: Option<u32>,
-    /// SM policy.
-    pub policy: Option<Policy>,
-    /// The agent switched SM limiting off for this device (does not stop a process limiting itself).
-    pub sm_disabled: bool,
-    /// Burst weight.
-    pub weight: Option<u32>,
-}
-
-/// Limits that apply to one device after combining env/config with every limits file: each limit is the
-/// minimum, the policy the stricter one. Nothing a process sets for itself can loosen what the agent wrote.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EffectiveLimits {
-    /// Memory cap, bytes.
-    pub memory: Option<u64>,
-    /// SM share, percent 1–99.
-    pub sm: Option<u32>,
-    /// SM policy (`None` = cuquota's default).
-    pub policy: Option<Policy>,
-    /// Burst weight (`None` = default).
-    pub weight: Option<u32>,
-}
-
-impl EffectiveLimits {
-    /// What env/config alone say for CUDA ordinal `ordinal`.
-    pub fn from_config(config: &Config, ordinal: u32) -> EffectiveLimits {
-        EffectiveLimits {
-            memory: config.memory_limit(ordinal),
-            sm: config.sm_limit(ordinal),
-            policy: config.policy,
-            weight: config.weight,
-        }
-    }
-
-    /// Tightens these limits with a limits file's.
-    pub fn restrict(self, file: &FileLimits) -> EffectiveLimits {
-        EffectiveLimits {
-            memory: min_limit(self.memory, file.memory),
-            sm: min_limit(self.sm, file.sm),
-            policy: Policy::stricter(self.policy, file.policy),
-            weight: min_limit(self.weight, file.weight),
         }
     }
 }
@@ -237,7 +206,7 @@ impl LimitsTable {
 
     /// Limits for a device known by UUID and/or CUDA ordinal: the UUID entry if any, else the ordinal's entry,
     /// else the `all` entry, else none.
-    pub fn for_device(&self, uuid: Option<&[u8; 16]>, cuda_index: Option<u32>) -> FileLimits {
+    pub fn for_device(&self, uuid: Option<&[u8; 16]>, cuda_index: Option<u32>) -> Policy {
         let by_uuid = uuid.and_then(|u| self.get(DeviceSelector::Uuid(*u)));
         let by_index = cuda_index.and_then(|i| self.get(DeviceSelector::Index(i)));
         by_uuid
@@ -293,75 +262,37 @@ fn limits_file(map: &Mapping) -> &LimitsFile {
 
 fn validate(map: &Mapping, writable: bool) -> Result<(), RegionError> {
     let h = &limits_file(map).header;
-    let path = map.path();
-    let magic = h.magic.load(Ordering::Acquire);
-    if magic == 0 {
-        if !writable {
-            return Err(RegionError::NotInitialized {
-                path: path.to_path_buf(),
-            });
-        }
-        h.abi_version.store(ABI_VERSION, Ordering::Relaxed);
-        h.header_size
-            .store(std::mem::size_of::<LimitsHeader>() as u32, Ordering::Relaxed);
-        h.total_size
-            .store(std::mem::size_of::<LimitsFile>() as u64, Ordering::Relaxed);
-        h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
-        // Racing initialisers store the same values; a CAS makes the publication a single event.
-        let _ = h
-            .magic
-            .compare_exchange(0, LIMITS_MAGIC, Ordering::Release, Ordering::Relaxed);
-    } else if magic != LIMITS_MAGIC {
-        return Err(RegionError::BadMagic {
-            path: path.to_path_buf(),
-            found: magic,
-            expected: LIMITS_MAGIC,
-        });
-    }
-    let found = h.abi_version.load(Ordering::Relaxed);
-    if found != ABI_VERSION {
-        return Err(RegionError::VersionMismatch {
-            path: path.to_path_buf(),
-            found,
-            expected: ABI_VERSION,
-        });
-    }
-    check_field(
-        path,
-        "header_size",
-        h.header_size.load(Ordering::Relaxed).into(),
-        std::mem::size_of::<LimitsHeader>(),
-    )?;
-    check_field(
-        path,
-        "total_size",
-        h.total_size.load(Ordering::Relaxed),
-        std::mem::size_of::<LimitsFile>(),
-    )?;
-    check_field(
-        path,
-        "max_devices",
-        h.max_devices.load(Ordering::Relaxed).into(),
-        MAX_DEVICES,
-    )
+    let fields = [
+        (
+            "header_size",
+            Word::U32(&h.header_size),
+            std::mem::size_of::<LimitsHeader>() as u64,
+        ),
+        (
+            "total_size",
+            Word::U64(&h.total_size),
+            std::mem::size_of::<LimitsFile>() as u64,
+        ),
+        ("max_devices", Word::U32(&h.max_devices), MAX_DEVICES as u64),
+    ];
+    let header = Header {
+        magic: (&h.magic, LIMITS_MAGIC),
+        abi_version: &h.abi_version,
+        fields: &fields,
+    };
+    header::validate(map.path(), &header, writable)
 }
 
-pub(super) fn check_field(
-    path: &Path,
-    field: &'static str,
-    found: u64,
-    expected: usize,
-) -> Result<(), RegionError> {
-    if found == expected as u64 {
-        Ok(())
-    } else {
-        Err(RegionError::LayoutMismatch {
-            path: path.to_path_buf(),
-            field,
-            found,
-            expected: expected as u64,
-        })
+/// Copies the header flags and every entry out (relaxed loads; the caller makes them consistent).
+fn load_table(file: &LimitsFile) -> LimitsTable {
+    let mut table = LimitsTable {
+        flags: file.header.flags.load(Ordering::Relaxed),
+        ..Default::default()
+    };
+    for (out, e) in table.entries.iter_mut().zip(file.devices.iter()) {
+        *out = LimitsEntryData::load(e);
     }
+    table
 }
 
 /// One seqlock read attempt loop.
@@ -375,26 +306,11 @@ fn try_read(file: &LimitsFile) -> Result<LimitsSnapshot, ReadError> {
             backoff(i);
             continue;
         }
-        let mut snap = LimitsSnapshot {
+        let snap = LimitsSnapshot {
             seq: s1,
-            ..Default::default()
+            generation: h.generation.load(Ordering::Relaxed),
+            table: load_table(file),
         };
-        snap.generation = h.generation.load(Ordering::Relaxed);
-        snap.table.flags = h.flags.load(Ordering::Relaxed);
-        for (out, e) in snap.table.entries.iter_mut().zip(file.devices.iter()) {
-            *out = LimitsEntryData {
-                uuid: words_to_uuid([
-                    e.uuid[0].load(Ordering::Relaxed),
-                    e.uuid[1].load(Ordering::Relaxed),
-                ]),
-                flags: e.flags.load(Ordering::Relaxed),
-                cuda_index: e.cuda_index.load(Ordering::Relaxed),
-                memory_limit: e.memory_limit.load(Ordering::Relaxed),
-                sm_limit: e.sm_limit.load(Ordering::Relaxed),
-                policy: e.policy.load(Ordering::Relaxed),
-                weight: e.weight.load(Ordering::Relaxed),
-            };
-        }
         fence(Ordering::Acquire);
         if h.seq.load(Ordering::Relaxed) == s1 {
             return Ok(snap);
@@ -651,38 +567,13 @@ impl LimitsWriter {
         let h = &file.header;
         // Current contents: we hold the write side, so plain relaxed loads are consistent except for what a
         // dead predecessor half-wrote.
-        let mut table = LimitsTable {
-            flags: h.flags.load(Ordering::Relaxed),
-            ..Default::default()
-        };
-        for (out, e) in table.entries.iter_mut().zip(file.devices.iter()) {
-            *out = LimitsEntryData {
-                uuid: words_to_uuid([
-                    e.uuid[0].load(Ordering::Relaxed),
-                    e.uuid[1].load(Ordering::Relaxed),
-                ]),
-                flags: e.flags.load(Ordering::Relaxed),
-                cuda_index: e.cuda_index.load(Ordering::Relaxed),
-                memory_limit: e.memory_limit.load(Ordering::Relaxed),
-                sm_limit: e.sm_limit.load(Ordering::Relaxed),
-                policy: e.policy.load(Ordering::Relaxed),
-                weight: e.weight.load(Ordering::Relaxed),
-            };
-        }
+        let mut table = load_table(file);
         if let Err(e) = edit(&mut table) {
             return Ok(Err(e)); // guard releases with the contents untouched
         }
         h.flags.store(table.flags, Ordering::Relaxed);
         for (d, e) in table.entries.iter().zip(file.devices.iter()) {
-            let w = uuid_to_words(&d.uuid);
-            e.uuid[0].store(w[0], Ordering::Relaxed);
-            e.uuid[1].store(w[1], Ordering::Relaxed);
-            e.flags.store(d.flags, Ordering::Relaxed);
-            e.cuda_index.store(d.cuda_index, Ordering::Relaxed);
-            e.memory_limit.store(d.memory_limit, Ordering::Relaxed);
-            e.sm_limit.store(d.sm_limit, Ordering::Relaxed);
-            e.policy.store(d.policy, Ordering::Relaxed);
-            e.weight.store(d.weight, Ordering::Relaxed);
+            d.store(e);
         }
         let generation = h.generation.load(Ordering::Relaxed) + 1;
         h.generation.store(generation, Ordering::Relaxed);
@@ -703,7 +594,10 @@ impl LimitsWriter {
         let file = limits_file(&self.map);
         let _odd = self.acquire()?;
         fence(Ordering::Release);
-        file.devices[0].memory_limit.store(0xdead_beef, Ordering::Relaxed);
+        file.devices[0]
+            .limits
+            .memory_limit
+            .store(0xdead_beef, Ordering::Relaxed);
         stop();
         Ok(())
     }

@@ -14,6 +14,7 @@
 //! notices. See `docs/region.md` for the protocols and `include/cuquota.h` for the C layout.
 
 mod error;
+mod header;
 pub mod layout;
 mod limits;
 pub mod liveness;
@@ -22,7 +23,7 @@ mod usage;
 
 pub use error::RegionError;
 pub use limits::{
-    DeviceSelector, EffectiveLimits, FileLimits, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot,
-    LimitsTable, LimitsWriter, ReadError, TableFull,
+    DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
+    ReadError, TableFull,
 };
 pub use usage::{DeviceId, DeviceInfo, OverLimit, ProcessInfo, SlotId, SlotState, UsageRegion};

@@ -18,11 +18,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::header::{self, Header, Word};
 use super::layout::*;
-use super::limits::check_field;
 use super::liveness::{current_pid, current_start_time, is_alive};
 use super::map::{Access, Mapping};
 use super::RegionError;
+use crate::policy::Policy;
 
 const NO_SLOT: u32 = u32::MAX;
 /// How long a device lookup waits for a live claimer to finish its claim.
@@ -125,10 +126,8 @@ pub struct DeviceInfo {
     pub id: DeviceId,
     /// Device UUID.
     pub uuid: [u8; 16],
-    /// Effective memory limit last reported by a process (informational).
-    pub memory_limit: Option<u64>,
-    /// Effective SM limit last reported (informational).
-    pub sm_limit: Option<u32>,
+    /// The effective limits a process last reported enforcing (informational).
+    pub limits: Policy,
     /// Bytes the container has charged.
     pub used: u64,
     /// Cumulative GPU busy ns.
@@ -177,65 +176,27 @@ impl UsageRegion {
 
     fn validate(&self, init: bool) -> Result<(), RegionError> {
         let h = &self.file().header;
-        let path = self.map.path();
-        let magic = h.magic.load(Ordering::Acquire);
-        if magic == 0 {
-            if !init {
-                return Err(RegionError::NotInitialized {
-                    path: path.to_path_buf(),
-                });
-            }
-            // Deterministic values: racing initialisers agree. A zero body is a valid empty state.
-            h.abi_version.store(ABI_VERSION, Ordering::Relaxed);
-            h.header_size
-                .store(std::mem::size_of::<UsageHeader>() as u32, Ordering::Relaxed);
-            h.total_size
-                .store(std::mem::size_of::<UsageFile>() as u64, Ordering::Relaxed);
-            h.max_devices.store(MAX_DEVICES as u32, Ordering::Relaxed);
-            h.max_procs.store(MAX_PROCS as u32, Ordering::Relaxed);
-            let _ = h
-                .magic
-                .compare_exchange(0, USAGE_MAGIC, Ordering::Release, Ordering::Acquire);
-        } else if magic != USAGE_MAGIC {
-            return Err(RegionError::BadMagic {
-                path: path.to_path_buf(),
-                found: magic,
-                expected: USAGE_MAGIC,
-            });
-        }
-        let found = h.abi_version.load(Ordering::Acquire);
-        if found != ABI_VERSION {
-            return Err(RegionError::VersionMismatch {
-                path: path.to_path_buf(),
-                found,
-                expected: ABI_VERSION,
-            });
-        }
-        let size = std::mem::size_of::<UsageHeader>();
-        check_field(
-            path,
-            "header_size",
-            h.header_size.load(Ordering::Relaxed).into(),
-            size,
-        )?;
-        check_field(
-            path,
-            "total_size",
-            h.total_size.load(Ordering::Relaxed),
-            std::mem::size_of::<UsageFile>(),
-        )?;
-        check_field(
-            path,
-            "max_devices",
-            h.max_devices.load(Ordering::Relaxed).into(),
-            MAX_DEVICES,
-        )?;
-        check_field(
-            path,
-            "max_procs",
-            h.max_procs.load(Ordering::Relaxed).into(),
-            MAX_PROCS,
-        )
+        let fields = [
+            (
+                "header_size",
+                Word::U32(&h.header_size),
+                std::mem::size_of::<UsageHeader>() as u64,
+            ),
+            (
+                "total_size",
+                Word::U64(&h.total_size),
+                std::mem::size_of::<UsageFile>() as u64,
+            ),
+            ("max_devices", Word::U32(&h.max_devices), MAX_DEVICES as u64),
+            ("max_procs", Word::U32(&h.max_procs), MAX_PROCS as u64),
+        ];
+        let header = Header {
+            magic: (&h.magic, USAGE_MAGIC),
+            abi_version: &h.abi_version,
+            fields: &fields,
+        };
+        // A zero body is a valid empty state.
+        header::validate(self.map.path(), &header, init)
     }
 
     /// The mapped file.
@@ -542,16 +503,13 @@ impl UsageRegion {
                 continue;
             }
             let id = DeviceId(i as u32);
-            let mem = d.memory_limit.load(Ordering::Relaxed);
-            let sm = d.sm_limit.load(Ordering::Relaxed);
             out.push(DeviceInfo {
                 id,
                 uuid: words_to_uuid([
                     d.uuid[0].load(Ordering::Relaxed),
                     d.uuid[1].load(Ordering::Relaxed),
                 ]),
-                memory_limit: (mem != 0).then_some(mem),
-                sm_limit: (sm != 0).then_some(sm),
+                limits: d.limits.load().decode(),
                 used: self.container_used(id),
                 busy_ns: d.busy_ns.load(Ordering::Relaxed),
             });
@@ -559,11 +517,9 @@ impl UsageRegion {
         out
     }
 
-    /// Records the effective limits a process applies to `dev` (informational, shown by `cuquota status`).
-    pub fn set_reported_limits(&self, dev: DeviceId, memory: Option<u64>, sm: Option<u32>) {
-        let d = &self.file().devices[dev.index()];
-        d.memory_limit.store(memory.unwrap_or(0), Ordering::Relaxed);
-        d.sm_limit.store(sm.unwrap_or(0), Ordering::Relaxed);
+    /// Records the effective limits a process enforces on `dev` (informational, shown by `cuquota status`).
+    pub fn report_limits(&self, dev: DeviceId, limits: &Policy) {
+        self.file().devices[dev.index()].limits.store(&limits.raw());
     }
 
     // ---- accounting: the hot path (no allocation, no lock, no syscall) -------------------------------------

@@ -1,0 +1,356 @@
+//! [`Policy`]: the one description of what a device may use — memory cap, SM share, how the share is enforced,
+//! burst weight, priority and memory reserved for high-priority tenants.
+//!
+//! Every source produces one: the environment and the TOML file (`crate::config`, per CUDA ordinal), a limits
+//! file entry (`crate::region`, decoded from its [`PolicyRaw`] words). They combine with [`Policy::restrict`],
+//! and the result is used unchanged by the shim's memory accounting, its SM throttle and `cuquota status`.
+//! [`PolicyRaw`] is the only way a policy is packed into words (limits entries, usage device entries, the
+//! shim's per-device cache): adding a field means adding it here, to its words and to `include/cuquota.h`.
+
+use crate::region::layout::{
+    POLICY_BURST, POLICY_DEFAULT, POLICY_DISABLED, POLICY_HARD, PRIORITY_HIGH, PRIORITY_LOW, PRIORITY_NONE,
+};
+
+/// Burst weight used when none is set.
+pub const DEFAULT_WEIGHT: u32 = 100;
+
+/// How the SM share is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PolicyKind {
+    /// Not stated: cuquota's default, which behaves as [`PolicyKind::Burst`].
+    #[default]
+    Default,
+    /// Never above the share, even on an idle GPU (`CUQUOTA_POLICY=hard`, HAMi `FORCE`).
+    Hard,
+    /// Work-conserving: beyond the share while no one else wants the time, split by weight.
+    Burst,
+    /// The SM share of this source is switched off (`GPU_CORE_UTILIZATION_POLICY=DISABLE`). Another source's
+    /// share (the agent's) still applies.
+    Disabled,
+}
+
+impl PolicyKind {
+    /// Parses a policy name, any case: `hard` (or HAMi's `force`), `burst`, `disabled` (or `disable`), `default`.
+    pub fn parse(s: &str) -> Option<PolicyKind> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "hard" | "force" => Some(PolicyKind::Hard),
+            "burst" => Some(PolicyKind::Burst),
+            "disable" | "disabled" => Some(PolicyKind::Disabled),
+            "default" => Some(PolicyKind::Default),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name, as [`PolicyKind::parse`] accepts it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyKind::Default => "default",
+            PolicyKind::Hard => "hard",
+            PolicyKind::Burst => "burst",
+            PolicyKind::Disabled => "disabled",
+        }
+    }
+
+    /// The stricter of two: hard over burst over default; a disabled source has no say on enforcement.
+    pub fn stricter(a: PolicyKind, b: PolicyKind) -> PolicyKind {
+        let rank = |k: PolicyKind| match k {
+            PolicyKind::Disabled => 0,
+            PolicyKind::Default => 1,
+            PolicyKind::Burst => 2,
+            PolicyKind::Hard => 3,
+        };
+        if rank(a) >= rank(b) {
+            a
+        } else {
+            b
+        }
+    }
+}
+
+/// Scheduling priority of a tenant (HAMi's `CUDA_TASK_PRIORITY`: 0 = high, 1 = low).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Priority {
+    /// Latency-critical: best-effort tenants make room for it.
+    High,
+    /// Best effort: uses what high-priority tenants leave.
+    Low,
+}
+
+impl Priority {
+    /// Parses `high` / `low` (any case) or HAMi's numbers `0` (high) / `1` (low).
+    pub fn parse(s: &str) -> Option<Priority> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "high" | "0" => Some(Priority::High),
+            "low" | "1" => Some(Priority::Low),
+            _ => None,
+        }
+    }
+
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::High => "high",
+            Priority::Low => "low",
+        }
+    }
+}
+
+/// A device's limits from one source, or combined. `None` = not limited (not set) by this source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Policy {
+    /// Device-memory cap, bytes.
+    pub memory: Option<u64>,
+    /// SM-time share, percent 1–99 (see [`Policy::sm_share`] for whether it applies).
+    pub sm: Option<u32>,
+    /// How the SM share is enforced.
+    pub kind: PolicyKind,
+    /// Share of spare time in burst mode, 1–1000 (`None` = [`DEFAULT_WEIGHT`]).
+    pub weight: Option<u32>,
+    /// Scheduling priority.
+    pub priority: Option<Priority>,
+    /// Device memory kept free for high-priority tenants, bytes.
+    pub reserved_memory: Option<u64>,
+}
+
+impl Policy {
+    /// No limits at all.
+    pub const NONE: Policy = Policy {
+        memory: None,
+        sm: None,
+        kind: PolicyKind::Default,
+        weight: None,
+        priority: None,
+        reserved_memory: None,
+    };
+
+    /// The SM share that applies: the percentage unless this policy disables SM limiting (0 and ≥ 100 are never
+    /// stored: they mean "no limit").
+    #[inline]
+    pub fn sm_share(&self) -> Option<u32> {
+        match self.kind {
+            PolicyKind::Disabled => None,
+            _ => self.sm.filter(|p| (1..100).contains(p)),
+        }
+    }
+
+    /// Whether launches are throttled at all.
+    #[inline]
+    pub fn throttles(&self) -> bool {
+        self.sm_share().is_some()
+    }
+
+    /// The SM share in per-mille of the device (1000 = the whole device when unlimited).
+    #[inline]
+    pub fn rate_pm(&self) -> u64 {
+        self.sm_share().map_or(1000, |p| p as u64 * 10)
+    }
+
+    /// Work-conserving enforcement (burst, which is also the default).
+    #[inline]
+    pub fn is_burst(&self) -> bool {
+        matches!(self.kind, PolicyKind::Burst | PolicyKind::Default)
+    }
+
+    /// The burst weight in force.
+    #[inline]
+    pub fn weight_or_default(&self) -> u32 {
+        self.weight.unwrap_or(DEFAULT_WEIGHT)
+    }
+
+    /// This policy tightened by `other` (an agent's): the lower memory cap, the lower SM share, the stricter
+    /// enforcement, the lower weight, the lower priority, the larger reservation. So nothing a process states
+    /// for itself can loosen what the agent wrote.
+    pub fn restrict(self, other: &Policy) -> Policy {
+        Policy {
+            memory: min_limit(self.memory, other.memory),
+            sm: min_limit(self.sm_share(), other.sm_share()),
+            kind: PolicyKind::stricter(self.kind, other.kind),
+            weight: min_limit(self.weight, other.weight),
+            priority: match (self.priority, other.priority) {
+                (Some(Priority::Low), _) | (_, Some(Priority::Low)) => Some(Priority::Low),
+                (a, b) => a.or(b),
+            },
+            reserved_memory: self.reserved_memory.max(other.reserved_memory),
+        }
+    }
+
+    /// The words this policy is stored as.
+    pub fn raw(&self) -> PolicyRaw {
+        PolicyRaw {
+            memory_limit: self.memory.unwrap_or(0),
+            reserved_memory: self.reserved_memory.unwrap_or(0),
+            sm_limit: self.sm.unwrap_or(0),
+            policy: match self.kind {
+                PolicyKind::Default => POLICY_DEFAULT,
+                PolicyKind::Hard => POLICY_HARD,
+                PolicyKind::Burst => POLICY_BURST,
+                PolicyKind::Disabled => POLICY_DISABLED,
+            },
+            weight: self.weight.unwrap_or(0),
+            priority: match self.priority {
+                None => PRIORITY_NONE,
+                Some(Priority::High) => PRIORITY_HIGH,
+                Some(Priority::Low) => PRIORITY_LOW,
+            },
+        }
+    }
+}
+
+/// The lower of two optional limits, `None` meaning "no limit" (∞).
+pub fn min_limit<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// A [`Policy`] as stored in the region (`struct cuquota_policy`): plain integers, 0 = not set. Copied out of
+/// and into the atomic words by `region::layout::PolicyWords`; decoded by [`PolicyRaw::decode`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct PolicyRaw {
+    /// Bytes, 0 = none.
+    pub memory_limit: u64,
+    /// Bytes kept for high-priority tenants, 0 = none.
+    pub reserved_memory: u64,
+    /// Percent; 0 and ≥ 100 = none.
+    pub sm_limit: u32,
+    /// `POLICY_*`; an unknown value reads as default.
+    pub policy: u32,
+    /// Burst weight, 0 = default.
+    pub weight: u32,
+    /// `PRIORITY_*`; an unknown value reads as none.
+    pub priority: u32,
+}
+
+impl PolicyRaw {
+    /// What the words mean.
+    pub fn decode(&self) -> Policy {
+        Policy {
+            memory: (self.memory_limit != 0).then_some(self.memory_limit),
+            sm: (1..100).contains(&self.sm_limit).then_some(self.sm_limit),
+            kind: match self.policy {
+                POLICY_HARD => PolicyKind::Hard,
+                POLICY_BURST => PolicyKind::Burst,
+                POLICY_DISABLED => PolicyKind::Disabled,
+                _ => PolicyKind::Default,
+            },
+            weight: (self.weight != 0).then_some(self.weight),
+            priority: match self.priority {
+                PRIORITY_HIGH => Some(Priority::High),
+                PRIORITY_LOW => Some(Priority::Low),
+                _ => None,
+            },
+            reserved_memory: (self.reserved_memory != 0).then_some(self.reserved_memory),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HARD30: Policy = Policy {
+        memory: Some(4 << 30),
+        sm: Some(30),
+        kind: PolicyKind::Hard,
+        weight: Some(7),
+        priority: Some(Priority::High),
+        reserved_memory: Some(1 << 30),
+    };
+
+    #[test]
+    fn words_round_trip() {
+        for p in [
+            Policy::NONE,
+            HARD30,
+            Policy {
+                kind: PolicyKind::Disabled,
+                priority: Some(Priority::Low),
+                ..HARD30
+            },
+        ] {
+            assert_eq!(p.raw().decode(), p);
+        }
+        // 0 and ≥ 100 are "no limit"; unknown codes read as not set
+        let raw = PolicyRaw {
+            sm_limit: 100,
+            policy: 9,
+            priority: 9,
+            ..Default::default()
+        };
+        assert_eq!(raw.decode(), Policy::NONE);
+    }
+
+    #[test]
+    fn restrict_takes_the_stricter_of_everything() {
+        let env = Policy {
+            memory: Some(8 << 30),
+            sm: Some(50),
+            kind: PolicyKind::Burst,
+            weight: Some(300),
+            priority: Some(Priority::High),
+            reserved_memory: None,
+        };
+        assert_eq!(
+            env.restrict(&HARD30),
+            Policy {
+                weight: Some(7),
+                ..HARD30
+            }
+        );
+        assert_eq!(HARD30.restrict(&Policy::NONE), HARD30);
+        assert_eq!(Policy::NONE.restrict(&HARD30), HARD30);
+        let low = Policy {
+            priority: Some(Priority::Low),
+            ..Policy::NONE
+        };
+        assert_eq!(HARD30.restrict(&low).priority, Some(Priority::Low));
+    }
+
+    #[test]
+    fn disabled_drops_only_its_own_share() {
+        let off = Policy {
+            sm: Some(30),
+            kind: PolicyKind::Disabled,
+            ..Policy::NONE
+        };
+        assert_eq!(off.sm_share(), None);
+        assert!(!off.throttles());
+        let agent = Policy {
+            sm: Some(40),
+            kind: PolicyKind::Hard,
+            ..Policy::NONE
+        };
+        let eff = off.restrict(&agent);
+        assert_eq!((eff.sm_share(), eff.kind), (Some(40), PolicyKind::Hard));
+        assert_eq!(agent.restrict(&off).sm_share(), Some(40));
+        assert_eq!(off.restrict(&off).sm_share(), None);
+    }
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(PolicyKind::parse(" FORCE "), Some(PolicyKind::Hard));
+        assert_eq!(PolicyKind::parse("Disable"), Some(PolicyKind::Disabled));
+        assert_eq!(PolicyKind::parse("soft"), None);
+        for k in [
+            PolicyKind::Default,
+            PolicyKind::Hard,
+            PolicyKind::Burst,
+            PolicyKind::Disabled,
+        ] {
+            assert_eq!(PolicyKind::parse(k.as_str()), Some(k));
+        }
+        assert_eq!(Priority::parse("0"), Some(Priority::High));
+        assert_eq!(Priority::parse("LOW"), Some(Priority::Low));
+        assert_eq!(Priority::parse("2"), None);
+    }
+
+    #[test]
+    fn min_limit_treats_none_as_infinity() {
+        assert_eq!(min_limit(Some(3u64), None), Some(3));
+        assert_eq!(min_limit(None, Some(4u64)), Some(4));
+        assert_eq!(min_limit(Some(5u64), Some(2)), Some(2));
+        assert_eq!(min_limit::<u64>(None, None), None);
+    }
+}
