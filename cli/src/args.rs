@@ -4,7 +4,9 @@
 use crate::CliError;
 
 /// Options that take a value (`--device 0`); every other `--x` is a flag.
-const VALUE_OPTIONS: &[&str] = &["device", "memory", "sm", "policy", "weight", "usage", "interval"];
+const VALUE_OPTIONS: &[&str] = &[
+    "device", "memory", "sm", "policy", "weight", "priority", "usage", "interval",
+];
 
 enum Item {
     Positional(String),

@@ -3,11 +3,10 @@
 
 use std::path::PathBuf;
 
-use cuquota_core::region::layout::{
-    LIMITS_FLAG_NO_OPT_OUT, POLICY_BURST, POLICY_DEFAULT, POLICY_DISABLED, POLICY_HARD,
-};
+use cuquota_core::region::layout::LIMITS_FLAG_NO_OPT_OUT;
 use cuquota_core::region::{DeviceSelector, LimitsSnapshot, LimitsWriter};
 use cuquota_core::units::{format_size, parse_size, parse_unsigned};
+use cuquota_core::{Policy, PolicyKind, Priority};
 
 use crate::args::Args;
 use crate::{json, CliError};
@@ -28,25 +27,22 @@ pub fn init(mut a: Args) -> Result<(), CliError> {
     Ok(())
 }
 
-fn parse_policy(s: &str) -> Result<u32, CliError> {
-    match s.to_ascii_lowercase().as_str() {
-        "default" => Ok(POLICY_DEFAULT),
-        "hard" => Ok(POLICY_HARD),
-        "burst" => Ok(POLICY_BURST),
-        "disabled" | "disable" => Ok(POLICY_DISABLED),
-        _ => Err(CliError(format!(
+fn parse_policy(s: &str) -> Result<PolicyKind, CliError> {
+    PolicyKind::parse(s).ok_or_else(|| {
+        CliError(format!(
             "--policy {s:?}: expected default, hard, burst or disabled"
-        ))),
-    }
+        ))
+    })
 }
 
-fn policy_name(p: u32) -> &'static str {
-    match p {
-        POLICY_HARD => "hard",
-        POLICY_BURST => "burst",
-        POLICY_DISABLED => "disabled",
-        _ => "default",
+/// `--priority`: `high`, `low` (HAMi's `0`, `1`), or `none` to clear it.
+fn parse_priority(s: &str) -> Result<Option<Priority>, CliError> {
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(None);
     }
+    Priority::parse(s)
+        .map(Some)
+        .ok_or_else(|| CliError(format!("--priority {s:?}: expected high, low or none")))
 }
 
 fn device_arg(a: &mut Args) -> Result<DeviceSelector, CliError> {
@@ -60,7 +56,8 @@ fn device_arg(a: &mut Args) -> Result<DeviceSelector, CliError> {
     })
 }
 
-/// `limits set <file> --device D [--memory S] [--sm P] [--policy X] [--weight N] [--no-opt-out|--allow-opt-out]`
+/// `limits set <file> --device D [--memory S] [--sm P] [--policy X] [--weight N] [--priority high|low|none]
+/// [--no-opt-out|--allow-opt-out]`
 pub fn set(mut a: Args) -> Result<(), CliError> {
     let sel = device_arg(&mut a)?;
     let memory = a
@@ -88,6 +85,7 @@ pub fn set(mut a: Args) -> Result<(), CliError> {
             ))),
         })
         .transpose()?;
+    let priority = a.value("priority")?.map(|p| parse_priority(&p)).transpose()?;
     let no_opt_out = a.flag("no-opt-out");
     let allow_opt_out = a.flag("allow-opt-out");
     let path = PathBuf::from(a.positional("limits file")?);
@@ -101,28 +99,35 @@ pub fn set(mut a: Args) -> Result<(), CliError> {
         && sm.is_none()
         && policy.is_none()
         && weight.is_none()
+        && priority.is_none()
         && !no_opt_out
         && !allow_opt_out
     {
         return Err(CliError(
-            "nothing to set: give --memory, --sm, --policy or --weight".into(),
+            "nothing to set: give --memory, --sm, --policy, --weight or --priority".into(),
         ));
     }
     let w = LimitsWriter::open(&path)?;
     let snap = w.update(|t| -> Result<(), CliError> {
         let e = t.entry_mut(sel)?;
+        // 0 = no limit / the default, as in the file.
+        let mut p: Policy = e.limits();
         if let Some(m) = memory {
-            e.memory_limit = m;
+            p.memory = (m != 0).then_some(m);
         }
         if let Some(s) = sm {
-            e.sm_limit = s;
+            p.sm = (s != 0).then_some(s);
         }
-        if let Some(p) = policy {
-            e.policy = p;
+        if let Some(k) = policy {
+            p.kind = k;
         }
         if let Some(wt) = weight {
-            e.weight = wt;
+            p.weight = (wt != 0).then_some(wt);
         }
+        if let Some(pr) = priority {
+            p.priority = pr;
+        }
+        e.raw = p.raw();
         if no_opt_out {
             t.flags |= LIMITS_FLAG_NO_OPT_OUT;
         }
@@ -181,29 +186,20 @@ fn print_table(path: &std::path::Path, snap: &LimitsSnapshot) {
             "forbidden"
         }
     );
-    let rows: Vec<[String; 5]> = snap
+    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let rows: Vec<[String; 6]> = snap
         .entries
         .iter()
         .filter(|e| e.is_valid())
         .map(|e| {
+            let p = e.limits();
             [
                 e.selector().to_string(),
-                if e.memory_limit == 0 {
-                    "-".into()
-                } else {
-                    format_size(e.memory_limit)
-                },
-                if e.sm_limit == 0 {
-                    "-".into()
-                } else {
-                    format!("{}%", e.sm_limit)
-                },
-                policy_name(e.policy).into(),
-                if e.weight == 0 {
-                    "-".into()
-                } else {
-                    e.weight.to_string()
-                },
+                dash(p.memory.map(format_size)),
+                dash(p.sm.map(|s| format!("{s}%"))),
+                p.kind.as_str().into(),
+                dash(p.weight.map(|w| w.to_string())),
+                dash(p.priority.map(|pr| pr.as_str().into())),
             ]
         })
         .collect();
@@ -211,7 +207,7 @@ fn print_table(path: &std::path::Path, snap: &LimitsSnapshot) {
         println!("(no entries: no limits from this file)");
         return;
     }
-    crate::status::print_rows(&["DEVICE", "MEMORY", "SM", "POLICY", "WEIGHT"], &rows);
+    crate::status::print_rows(&["DEVICE", "MEMORY", "SM", "POLICY", "WEIGHT", "PRIORITY"], &rows);
 }
 
 fn to_json(path: &std::path::Path, snap: &LimitsSnapshot) -> String {
@@ -220,15 +216,18 @@ fn to_json(path: &std::path::Path, snap: &LimitsSnapshot) -> String {
         .iter()
         .filter(|e| e.is_valid())
         .map(|e| {
+            let p = e.limits();
             json::object(&[
                 ("device", json::string(&e.selector().to_string())),
+                ("memory_limit", json::opt(p.memory)),
+                ("sm_limit", json::opt(p.sm)),
+                ("policy", json::string(p.kind.as_str())),
+                ("weight", json::opt(p.weight)),
                 (
-                    "memory_limit",
-                    json::opt((e.memory_limit != 0).then_some(e.memory_limit)),
+                    "priority",
+                    p.priority
+                        .map_or_else(|| "null".into(), |pr| json::string(pr.as_str())),
                 ),
-                ("sm_limit", json::opt((e.sm_limit != 0).then_some(e.sm_limit))),
-                ("policy", json::string(policy_name(e.policy))),
-                ("weight", json::opt((e.weight != 0).then_some(e.weight))),
             ])
         })
         .collect();

@@ -14,7 +14,8 @@ const USAGE: &str = "\
 usage:
   cuquota limits init <file> [--no-opt-out]
   cuquota limits set <file> --device <all|INDEX|GPU-UUID> [--memory SIZE] [--sm PERCENT]
-                     [--policy default|hard|burst|disabled] [--weight N] [--no-opt-out|--allow-opt-out]
+                     [--policy default|hard|burst|disabled] [--weight N] [--priority high|low|none]
+                     [--no-opt-out|--allow-opt-out]
   cuquota limits clear <file> --device <all|INDEX|GPU-UUID>
   cuquota limits show <file> [--json]
   cuquota status [--usage <file>] [--interval MS] [--json]

@@ -97,6 +97,13 @@ pub fn run(mut a: Args) -> Result<(), CliError> {
                     ("uuid", json::string(&format_uuid(&d.uuid))),
                     ("memory_limit", json::opt(d.limits.memory)),
                     ("sm_limit", json::opt(d.limits.sm_share())),
+                    ("policy", json::string(d.limits.kind.as_str())),
+                    (
+                        "priority",
+                        d.limits
+                            .priority
+                            .map_or_else(|| "null".into(), |p| json::string(p.as_str())),
+                    ),
                     ("used", d.used.to_string()),
                     ("busy_ns", d.busy_ns.to_string()),
                     (
@@ -146,7 +153,7 @@ pub fn run(mut a: Args) -> Result<(), CliError> {
             format_size(d.used),
             d.limits
                 .sm_share()
-                .map_or_else(|| "-".into(), |s| format!("{s}%")),
+                .map_or_else(|| "-".into(), |s| format!("{s}% {}", d.limits.kind.as_str())),
             pct(dev_share(d)),
         ]);
         for p in live.iter().filter(|p| p.mem_used[i] != 0 || p.gpu_ns[i] != 0) {

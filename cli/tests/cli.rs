@@ -494,3 +494,42 @@ fn status_usage_file_from_the_environment_like_the_shim() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let _ = std::fs::remove_file(&u);
 }
+
+#[test]
+fn limits_set_priority_and_show_it() {
+    let f = tmp("priority");
+    let fs = f.to_str().unwrap();
+    assert!(cuquota(&["limits", "init", fs]).status.success());
+    let o = cuquota(&[
+        "limits",
+        "set",
+        fs,
+        "--device",
+        "all",
+        "--priority",
+        "low",
+        "--sm",
+        "20",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("low"), "{}", text(&o));
+    let reader = LimitsReader::open(&f).unwrap();
+    let p = reader.snapshot().for_device(None, Some(0));
+    assert_eq!(p.priority, Some(cuquota_core::Priority::Low));
+    assert_eq!(p.sm, Some(20));
+    let o = cuquota(&["limits", "show", fs, "--json"]);
+    assert!(text(&o).contains("\"priority\":\"low\""), "{}", text(&o));
+    // cleared again; other fields kept
+    assert!(
+        cuquota(&["limits", "set", fs, "--device", "all", "--priority", "none"])
+            .status
+            .success()
+    );
+    let reader = LimitsReader::open(&f).unwrap();
+    let p = reader.snapshot().for_device(None, Some(0));
+    assert_eq!((p.priority, p.sm), (None, Some(20)));
+    let o = cuquota(&["limits", "set", fs, "--device", "all", "--priority", "urgent"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("--priority \"urgent\""), "{}", text(&o));
+    let _ = std::fs::remove_file(&f);
+}
