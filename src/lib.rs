@@ -5,6 +5,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod abi;
+pub mod devices;
 pub mod driver;
 pub mod ffi;
 pub mod hooks;
@@ -12,3 +13,4 @@ pub mod log;
 pub mod memory;
 pub mod state;
 pub mod throttle;
+pub mod time;

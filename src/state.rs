@@ -1,4 +1,5 @@
-//! Process-global state, initialised once on the first intercepted CUDA or NVML call (never inside `dlsym`).
+//! Process-global state, initialised once on the first intercepted CUDA or NVML call (never inside `dlsym`),
+//! and the `fork` handlers that keep it consistent in a child.
 //!
 //! Three outcomes, decided once:
 //! - **Active**: configuration valid, usage region attached → hooks enforce.
@@ -7,69 +8,59 @@
 //! - **Failed**: bad configuration or an unusable region file → the reason is printed once
 //!   (`cuquota: <message>; refusing to initialise CUDA`) and every CUDA export returns
 //!   `CUDA_ERROR_NOT_INITIALIZED`, every NVML export `NVML_ERROR_UNINITIALIZED`: fail closed.
+//!
+//! This module owns the state; the policies in it (`devices`, `memory`, `throttle`) own their pieces. It knows
+//! nothing of the exports (`abi`) or the hooks: the exports hand it their address lookup at initialisation.
 
-use crate::abi::{CudaEntry, NvmlEntry};
+use crate::devices::Devices;
 use crate::driver::cuda::CudaTable;
-use crate::driver::nvml::NvmlTable;
+use crate::driver::nvml::{Nvml, NvmlTable};
+use crate::driver::proc_map::ProcMap;
 use crate::driver::Library;
 use crate::ffi::cuda::CUresult;
 use crate::ffi::nvml::nvmlReturn_t;
-use crate::hooks::proc_address::ProcMap;
 use crate::log::{self, log, Level};
 use crate::memory::Memory;
+use crate::throttle::SmThrottle;
 use cuquota_core::region::{LimitsReader, LimitsRegion};
 use cuquota_core::{Config, LogLevel, UsageRegion};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+
+/// Our export's address for a name, if we export it (`abi::cuda::export_address`).
+pub type Exports = fn(&[u8]) -> Option<usize>;
 
 /// The state of an active (enforcing) process.
 pub struct Shim {
     /// The real CUDA driver.
     pub cuda: CudaTable,
     /// The real NVML, when it could be loaded.
-    pub nvml: Option<NvmlTable>,
+    pub nvml: Nvml,
+    /// Devices, their effective limits, the usage region.
+    pub devices: Arc<Devices>,
     /// Memory accounting.
     pub mem: Memory,
+    /// The SM-time throttle.
+    pub throttle: SmThrottle,
     /// `cuGetProcAddress` reverse map.
     pub proc_map: ProcMap,
-    /// Contexts and modules this process holds (overhead estimate, owner devices).
-    pub holdings: crate::hooks::context::Holdings,
-    /// Our own `nvmlInit_v2` (for overhead measurement and NVML filtering), done once on demand.
-    pub(crate) nvml_ready: OnceLock<bool>,
 }
 
 impl Shim {
-    /// Assembles an active state from parts (production init and unit tests with fake tables).
-    pub fn new(cuda: CudaTable, nvml: Option<NvmlTable>, mem: Memory) -> Shim {
-        let proc_map = ProcMap::build(cuda.resolved(), crate::abi::cuda::export_address);
+    /// Assembles an active state (production init, and unit tests with fake tables). `exports` gives the
+    /// address of our export of a name, for the `cuGetProcAddress` reverse map.
+    pub fn new(cuda: CudaTable, nvml: Option<NvmlTable>, devices: Devices, exports: Exports) -> Shim {
+        let devices = Arc::new(devices);
         Shim {
+            proc_map: ProcMap::build(cuda.resolved(), exports),
+            mem: Memory::new(devices.clone()),
+            throttle: SmThrottle::new(devices.clone(), &cuda),
+            nvml: Nvml::new(nvml),
+            devices,
             cuda,
-            nvml,
-            mem,
-            proc_map,
-            holdings: Default::default(),
-            nvml_ready: OnceLock::new(),
         }
-    }
-
-    /// NVML, initialised by us (refcounted by NVML, never shut down), if available.
-    pub fn nvml(&self) -> Option<&NvmlTable> {
-        let nvml = self.nvml.as_ref()?;
-        let ready = *self.nvml_ready.get_or_init(|| {
-            // SAFETY: plain NVML call.
-            let r = unsafe { nvml.nvmlInit_v2() };
-            if !r.ok() {
-                log!(
-                    Level::Info,
-                    "NVML unavailable (error {}): overhead is estimated",
-                    r.0
-                );
-            }
-            r.ok()
-        });
-        ready.then_some(nvml)
     }
 }
 
@@ -89,11 +80,19 @@ pub enum Process {
     Failed,
 }
 
+/// What an export does with a call: enforce through the hooks, or forward to the real library.
+pub enum Entry<T: 'static> {
+    /// Enforce: call the hook.
+    Active(&'static Shim),
+    /// Disabled by configuration: forward to the real library.
+    PassThrough(&'static T),
+}
+
 static PROCESS: OnceLock<Process> = OnceLock::new();
 
 /// The process state, initialising it on first call.
-pub fn process() -> &'static Process {
-    PROCESS.get_or_init(init)
+pub fn process(exports: Exports) -> &'static Process {
+    PROCESS.get_or_init(|| init(exports))
 }
 
 /// The process state if already initialised (for fork handlers: never initialises).
@@ -102,23 +101,25 @@ pub fn process_if_ready() -> Option<&'static Process> {
 }
 
 /// How a CUDA export proceeds.
-pub fn cuda_entry() -> Result<CudaEntry, CUresult> {
-    match process() {
-        Process::Active(s) if s.cuda.loaded => Ok(CudaEntry::Active(s)),
+#[inline]
+pub fn cuda_entry(exports: Exports) -> Result<Entry<CudaTable>, CUresult> {
+    match process(exports) {
+        Process::Active(s) if s.cuda.loaded => Ok(Entry::Active(s)),
         Process::Active(_) => Err(CUresult::ERROR_NOT_INITIALIZED),
-        Process::Disabled { cuda, .. } => Ok(CudaEntry::PassThrough(cuda)),
+        Process::Disabled { cuda, .. } => Ok(Entry::PassThrough(cuda)),
         Process::Failed => Err(CUresult::ERROR_NOT_INITIALIZED),
     }
 }
 
 /// How an NVML export proceeds.
-pub fn nvml_entry() -> Result<NvmlEntry, nvmlReturn_t> {
-    match process() {
-        Process::Active(s) => match &s.nvml {
-            Some(_) => Ok(NvmlEntry::Active(s)),
+#[inline]
+pub fn nvml_entry(exports: Exports) -> Result<Entry<NvmlTable>, nvmlReturn_t> {
+    match process(exports) {
+        Process::Active(s) => match s.nvml.table() {
+            Some(_) => Ok(Entry::Active(s)),
             None => Err(nvmlReturn_t::ERROR_LIBRARY_NOT_FOUND),
         },
-        Process::Disabled { nvml, .. } => Ok(NvmlEntry::PassThrough(nvml)),
+        Process::Disabled { nvml, .. } => Ok(Entry::PassThrough(nvml)),
         Process::Failed => Err(nvmlReturn_t::ERROR_UNINITIALIZED),
     }
 }
@@ -152,7 +153,7 @@ fn load(path: Option<&Path>, soname: &str) -> Option<Library> {
     }
 }
 
-fn init() -> Process {
+fn init(exports: Exports) -> Process {
     let cfg = match Config::from_env() {
         Ok(c) => c,
         Err(e) => return fail(format_args!("{e}")),
@@ -195,35 +196,60 @@ fn init() -> Process {
         Err(e) => return fail(format_args!("{e}")),
     };
     let nvml = nvml_lib.map(|l| NvmlTable::load(&l));
-    let mem = Memory::new(cfg, usage, limits);
+    let devices = Devices::new(cfg, usage, limits);
     register_fork_handlers();
-    Process::Active(Box::new(Shim::new(cuda, nvml, mem)))
+    Process::Active(Box::new(Shim::new(cuda, nvml, devices, exports)))
 }
+
+// ---- fork --------------------------------------------------------------------------------------------------
+//
+// A forked child has one thread: a lock another thread of the parent held at the fork would stay held in the
+// child for ever. So `fork_prepare` takes every lock the hooks take, and the parent and child handlers release
+// them. One order, always (a hook never holds a lock of a later group while it waits for one of an earlier
+// group, so taking them in this order cannot deadlock against a running hook):
+//
+//   1. memory: the ledger's shards (in index order), the pools, the graph pools' charges, the graph execs'
+//      footprints, the overhead lock, the context/module owners, the host-pid candidates;
+//   2. devices: the agent limits readers (taken under the overhead lock by a limit re-read);
+//   3. throttle: the engine's outstanding probe per device, then the event probe slot per device (a poll holds
+//      the first while it tries the second).
+//
+// They are released in the reverse order. In the child, memory then forgets the parent's allocations, slot,
+// contexts and host pid. What is not a lock needs nothing: the NVML init flag and the throttle's NVML handles
+// are atomics; `OnceLock`s are only initialised with values computed before the call.
 
 extern "C" fn fork_prepare() {
     if let Some(Process::Active(s)) = process_if_ready() {
         s.mem.fork_prepare();
-        s.holdings.fork_prepare();
+        s.devices.fork_prepare();
+        s.throttle.fork_prepare();
+    }
+}
+
+/// Releases what [`fork_prepare`] took, in reverse order.
+///
+/// # Safety
+/// `fork_prepare` ran on this thread (or in the parent thread this child is a copy of).
+unsafe fn fork_release(s: &Shim) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        s.throttle.fork_release();
+        s.devices.fork_release();
+        s.mem.fork_release();
     }
 }
 
 extern "C" fn fork_parent() {
     if let Some(Process::Active(s)) = process_if_ready() {
         // SAFETY: fork_prepare ran on this thread.
-        unsafe {
-            s.mem.fork_release();
-            s.holdings.fork_release(false);
-        }
+        unsafe { fork_release(s) };
     }
 }
 
 extern "C" fn fork_child() {
     if let Some(Process::Active(s)) = process_if_ready() {
         // SAFETY: fork_prepare ran in the parent thread this child is a copy of.
-        unsafe {
-            s.mem.fork_release();
-            s.holdings.fork_release(true);
-        }
+        unsafe { fork_release(s) };
         s.mem.reset_in_child();
     }
 }

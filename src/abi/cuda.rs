@@ -6,7 +6,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 macro_rules! cuda_exports {
     ( [ $($list:tt)* ] ) => {
-        crate::abi::exports!(cuda_guard, CudaEntry, CUresult, crate::hooks, [ $($list)* ]);
+        crate::abi::exports!(cuda_guard, CUresult, crate::hooks, [ $($list)* ]);
     };
 }
 crate::driver::cuda::cuda_hooked!(cuda_exports);

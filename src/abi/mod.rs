@@ -12,35 +12,19 @@ pub mod cuda;
 pub mod dlsym;
 pub mod nvml;
 
-use crate::driver::cuda::CudaTable;
-use crate::driver::nvml::NvmlTable;
 use crate::ffi::cuda::CUresult;
 use crate::ffi::nvml::nvmlReturn_t;
-use crate::state::{self, Shim};
+use crate::state::{self, Entry};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-
-/// What a CUDA export does with a call.
-pub enum CudaEntry {
-    /// Enforce: call the hook.
-    Active(&'static Shim),
-    /// Disabled by configuration: forward to the real driver.
-    PassThrough(&'static CudaTable),
-}
-
-/// What an NVML export does with a call.
-pub enum NvmlEntry {
-    /// Enforce: call the hook.
-    Active(&'static Shim),
-    /// Disabled by configuration: forward to the real NVML.
-    PassThrough(&'static NvmlTable),
-}
 
 /// Runs one CUDA export: never unwinds, never returns without a code.
 #[inline]
-pub fn cuda_guard(f: impl FnOnce(CudaEntry) -> CUresult) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(|| match state::cuda_entry() {
-        Ok(entry) => f(entry),
-        Err(code) => code,
+pub fn cuda_guard(f: impl FnOnce(Entry<crate::driver::cuda::CudaTable>) -> CUresult) -> CUresult {
+    match catch_unwind(AssertUnwindSafe(|| {
+        match state::cuda_entry(cuda::export_address) {
+            Ok(entry) => f(entry),
+            Err(code) => code,
+        }
     })) {
         Ok(code) => code,
         Err(_) => CUresult::ERROR_UNKNOWN,
@@ -49,10 +33,12 @@ pub fn cuda_guard(f: impl FnOnce(CudaEntry) -> CUresult) -> CUresult {
 
 /// Runs one NVML export: never unwinds, never returns without a code.
 #[inline]
-pub fn nvml_guard(f: impl FnOnce(NvmlEntry) -> nvmlReturn_t) -> nvmlReturn_t {
-    match catch_unwind(AssertUnwindSafe(|| match state::nvml_entry() {
-        Ok(entry) => f(entry),
-        Err(code) => code,
+pub fn nvml_guard(f: impl FnOnce(Entry<crate::driver::nvml::NvmlTable>) -> nvmlReturn_t) -> nvmlReturn_t {
+    match catch_unwind(AssertUnwindSafe(|| {
+        match state::nvml_entry(cuda::export_address) {
+            Ok(entry) => f(entry),
+            Err(code) => code,
+        }
     })) {
         Ok(code) => code,
         Err(_) => nvmlReturn_t::ERROR_UNKNOWN,
@@ -62,7 +48,7 @@ pub fn nvml_guard(f: impl FnOnce(NvmlEntry) -> nvmlReturn_t) -> nvmlReturn_t {
 /// Generates, from a driver list, the exports plus `export_address(name)` (the address of our export of that
 /// name, used by `dlsym` and the `cuGetProcAddress` reverse map) and `EXPORT_NAMES`.
 macro_rules! exports {
-    ($guard:ident, $entry:ident, $ret:ty, $hooks:path,
+    ($guard:ident, $ret:ty, $hooks:path,
         [ $( $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ); )* ]) => {
         $(
             #[doc = concat!("Export of `", stringify!($name), "` (see `crate::hooks`).")]
@@ -74,9 +60,9 @@ macro_rules! exports {
             pub unsafe extern "C" fn $name($( $arg: $ty ),*) -> $ret {
                 $crate::abi::$guard(|e| match e {
                     // SAFETY: the caller's contract is the hook's contract.
-                    $crate::abi::$entry::Active(s) => unsafe { { use $hooks as h; h::$name(s, $($arg),*) } },
+                    $crate::state::Entry::Active(s) => unsafe { { use $hooks as h; h::$name(s, $($arg),*) } },
                     // SAFETY: forwarded unchanged under the caller's contract.
-                    $crate::abi::$entry::PassThrough(t) => unsafe { t.$name($($arg),*) },
+                    $crate::state::Entry::PassThrough(t) => unsafe { t.$name($($arg),*) },
                 })
             }
         )*

@@ -11,6 +11,7 @@
 
 pub mod cuda;
 pub mod nvml;
+pub mod proc_map;
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -166,6 +166,9 @@ pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags = 0
 pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute = 5;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
 pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
+/// `CUgraphMem_attribute` values.
+pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
 
 /// Bytes per element of a `CUarray_format` (per channel), for the admission estimate of arrays. Formats whose
 /// element size the header does not make obvious (block-compressed, planar video) return a conservative 16.

@@ -11,8 +11,8 @@
 
 #![allow(non_snake_case)]
 
+use crate::devices::Dev;
 use crate::ffi::cuda::*;
-use crate::memory::Dev;
 use crate::state::Shim;
 use std::ffi::{c_char, c_int, c_void};
 
@@ -63,10 +63,10 @@ fn footprint(s: &Shim, graph: *mut c_void) -> Vec<(Dev, u64)> {
         if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
             continue;
         }
-        let Some(dev) = s.mem.device(&s.cuda, loc.id) else {
+        let Some(dev) = s.devices.device(&s.cuda, loc.id) else {
             continue;
         };
-        let bytes = s.mem.round(&s.cuda, dev, p.bytesize as u64);
+        let bytes = s.devices.round(&s.cuda, dev, p.bytesize as u64);
         match out.iter_mut().find(|e| e.0 == dev) {
             Some(e) => e.1 += bytes,
             None => out.push((dev, bytes)),
@@ -245,7 +245,7 @@ pub unsafe fn cuDeviceGraphMemTrim(s: &Shim, device: CUdevice) -> CUresult {
     // SAFETY: forwarded unchanged.
     let r = unsafe { s.cuda.cuDeviceGraphMemTrim(device) };
     if r.ok() {
-        if let Some(dev) = s.mem.device(&s.cuda, device) {
+        if let Some(dev) = s.devices.device(&s.cuda, device) {
             s.mem.refresh_graph(&s.cuda, dev);
         }
     }

@@ -47,7 +47,7 @@ fn mem_get_info<T: Width>(
     if free.is_null() && total.is_null() {
         return call(free, total);
     }
-    let Some(dev) = s.mem.current_device(&s.cuda) else {
+    let Some(dev) = s.devices.current(&s.cuda) else {
         return call(free, total);
     };
     let Some(cap) = s.mem.limit(dev) else {
@@ -96,7 +96,7 @@ fn total_mem<T: Width>(s: &Shim, bytes: *mut T, dev: CUdevice, call: impl FnOnce
     if !r.ok() || bytes.is_null() {
         return r;
     }
-    if let Some(cap) = s.mem.device(&s.cuda, dev).and_then(|d| s.mem.limit(d)) {
+    if let Some(cap) = s.devices.device(&s.cuda, dev).and_then(|d| s.mem.limit(d)) {
         // SAFETY: written by the driver just now; ours to adjust.
         unsafe { *bytes = T::from_u64(cap.min((*bytes).to_u64())) };
     }

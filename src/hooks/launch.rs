@@ -15,8 +15,8 @@
 use crate::ffi::cuda::*;
 use crate::state::Shim;
 use crate::throttle::estimate::launch_key;
+use crate::throttle::kernel_key;
 use crate::throttle::probe::{STREAM_LEGACY, STREAM_PER_THREAD};
-use crate::throttle::shim::{self as thr, kernel_key};
 use std::ffi::{c_int, c_uint, c_void};
 
 /// The first fields of `CUlaunchConfig` (cuda.h): grid, block, shared memory, stream.
@@ -59,11 +59,12 @@ fn kernel(
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let t = thr::get(s);
-    if !t.active(s) {
+    if !s.throttle.active() {
         return call();
     }
-    t.launch(s, kernel_key(f, grid, block), probe_stream(stream, ptsz), call)
+    let key = kernel_key(f, grid, block);
+    s.throttle
+        .launch(&s.cuda, &s.nvml, key, probe_stream(stream, ptsz), call)
 }
 
 /// Hook of `cuLaunchKernel`.
@@ -239,8 +240,8 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
         s.cuda
             .cuLaunchCooperativeKernelMultiDevice(list, num_devices, flags)
     };
-    let t = thr::get(s);
-    if !t.active(s) || list.is_null() || num_devices == 0 || num_devices > 64 {
+    let t = &s.throttle;
+    if !t.active() || list.is_null() || num_devices == 0 || num_devices > 64 {
         return call();
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
@@ -248,7 +249,7 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
     let mut parts = Vec::with_capacity(entries.len());
     for e in entries {
         // Each entry's stream lives in its device's context.
-        if let Some(ord) = t.stream_device(s, e.stream as usize) {
+        if let Some(ord) = t.stream_device(&s.cuda, e.stream as usize) {
             parts.push((
                 ord,
                 kernel_key(e.function, e.grid, e.block),
@@ -256,7 +257,7 @@ pub unsafe fn cuLaunchCooperativeKernelMultiDevice(
             ));
         }
     }
-    t.launch_multi(s, &parts, call)
+    t.launch_multi(&s.cuda, &s.nvml, &parts, call)
 }
 
 #[inline]
@@ -284,13 +285,13 @@ fn graph_throttled(
     ptsz: bool,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let t = thr::get(s);
-    if !t.active(s) {
+    if !s.throttle.active() {
         return call();
     }
     // A graph is charged as one unit: its estimate is what its launches measured (all of its nodes).
     let key = launch_key(exec as usize, u64::MAX, 0x0067_7261_7068);
-    t.launch(s, key, probe_stream(stream, ptsz), call)
+    s.throttle
+        .launch(&s.cuda, &s.nvml, key, probe_stream(stream, ptsz), call)
 }
 
 /// Hook of `cuGraphLaunch`.

@@ -13,9 +13,9 @@
 
 #![allow(non_snake_case)]
 
+use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::memory::ledger::{Kind, Record, Space};
-use crate::memory::Dev;
 use crate::state::Shim;
 use std::ffi::c_uint;
 
@@ -95,7 +95,7 @@ fn tracked_free(s: &Shim, space: Space, key: u64, call: impl FnOnce() -> CUresul
 /// gives its own error; a real device that found no room in the usage region is refused while memory limits
 /// apply, so it can never become a way around the cap.
 fn untracked(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
-    if s.mem.refuse_unplaced() {
+    if s.devices.refuse_unplaced() {
         CUresult::ERROR_OUT_OF_MEMORY
     } else {
         call()
@@ -104,10 +104,10 @@ fn untracked(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
 
 /// A linear allocation of `bytes` on the current context's device.
 fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
-    let Some(dev) = s.mem.current_device(&s.cuda) else {
+    let Some(dev) = s.devices.current(&s.cuda) else {
         return untracked(s, call);
     };
-    let est = s.mem.round(&s.cuda, dev, bytes);
+    let est = s.devices.round(&s.cuda, dev, bytes);
     charged_call(s, dev, est, call, || Some((Space::Pointer, out(), None)))
 }
 
@@ -165,20 +165,20 @@ fn pitched(
     call: impl FnOnce() -> CUresult,
     out: impl FnOnce() -> (u64, u64),
 ) -> CUresult {
-    let Some(dev) = s.mem.current_device(&s.cuda) else {
+    let Some(dev) = s.devices.current(&s.cuda) else {
         return untracked(s, call);
     };
     let bound = width
         .div_ceil(PITCH_ALIGN)
         .saturating_mul(PITCH_ALIGN)
         .saturating_mul(height);
-    let est = s.mem.round(&s.cuda, dev, bound);
+    let est = s.devices.round(&s.cuda, dev, bound);
     charged_call(s, dev, est, call, || {
         let (ptr, pitch) = out();
         Some((
             Space::Pointer,
             ptr,
-            Some(s.mem.round(&s.cuda, dev, pitch.saturating_mul(height))),
+            Some(s.devices.round(&s.cuda, dev, pitch.saturating_mul(height))),
         ))
     })
 }
@@ -269,9 +269,9 @@ fn stream_device(s: &Shim, stream: CUstream, ptsz: bool) -> Option<Dev> {
         }
     };
     if r.ok() {
-        s.mem.device(&s.cuda, d)
+        s.devices.device(&s.cuda, d)
     } else {
-        s.mem.current_device(&s.cuda)
+        s.devices.current(&s.cuda)
     }
 }
 
@@ -287,14 +287,14 @@ fn pool_alloc(
 ) -> CUresult {
     // What the pool already holds reserved (and is charged for) but has not handed out serves the request first.
     let mut est = s
-        .mem
+        .devices
         .round(&s.cuda, dev, bytes)
         .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize));
     if s.mem.admit(dev, est).is_err() {
         // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
         s.mem.refresh_pools_of(&s.cuda, dev.id);
         est = s
-            .mem
+            .devices
             .round(&s.cuda, dev, bytes)
             .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize));
         if s.mem.admit(dev, est).is_err() {
@@ -339,7 +339,7 @@ fn alloc_async(s: &Shim, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstre
     // SAFETY: valid out-pointer.
     if !unsafe { s.cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
         // Cannot see the pool: account it as a plain allocation instead.
-        let est = s.mem.round(&s.cuda, dev, bytesize as u64);
+        let est = s.devices.round(&s.cuda, dev, bytesize as u64);
         return charged_call(s, dev, est, call, || {
             // SAFETY: written by the driver on success.
             Some((Space::Pointer, unsafe { *dptr }, None))
@@ -471,7 +471,7 @@ pub unsafe fn cuMemPoolCreate(
         let (p, loc) = unsafe { (*pool, (*poolProps).location) };
         if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
             s.mem.track_pool(p as usize, None); // a host pool
-        } else if let Some(dev) = s.mem.device(&s.cuda, loc.id) {
+        } else if let Some(dev) = s.devices.device(&s.cuda, loc.id) {
             s.mem.track_pool(p as usize, Some(dev));
         }
         // A device pool whose device has no accounting identity stays unknown: its allocations then go through
@@ -529,10 +529,10 @@ pub unsafe fn cuMemCreate(
     if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
         return call(); // host memory: not ours to count
     }
-    let Some(dev) = s.mem.device(&s.cuda, loc.id) else {
+    let Some(dev) = s.devices.device(&s.cuda, loc.id) else {
         return untracked(s, call);
     };
-    let est = s.mem.round(&s.cuda, dev, size as u64);
+    let est = s.devices.round(&s.cuda, dev, size as u64);
     // SAFETY: written by the driver on success.
     charged_call(s, dev, est, call, || Some((Space::Vmm, unsafe { *handle }, None)))
 }
@@ -574,10 +574,10 @@ pub fn array_estimate(
 }
 
 fn array_create(s: &Shim, estimate: u64, handle: *mut CUarray, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(dev) = s.mem.current_device(&s.cuda) else {
+    let Some(dev) = s.devices.current(&s.cuda) else {
         return untracked(s, call);
     };
-    let est = s.mem.round(&s.cuda, dev, estimate);
+    let est = s.devices.round(&s.cuda, dev, estimate);
     charged_call(s, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let arr = unsafe { *handle };
@@ -585,7 +585,7 @@ fn array_create(s: &Shim, estimate: u64, handle: *mut CUarray, call: impl FnOnce
         // SAFETY: valid out-pointer, a live array.
         let exact = unsafe { s.cuda.cuArrayGetMemoryRequirements(&mut req, arr, dev.ordinal) }
             .ok()
-            .then(|| s.mem.round(&s.cuda, dev, req.size as u64));
+            .then(|| s.devices.round(&s.cuda, dev, req.size as u64));
         Some((Space::Array, arr as u64, exact))
     })
 }
@@ -701,7 +701,7 @@ pub unsafe fn cuMipmappedArrayCreate(
     if desc.is_null() || pHandle.is_null() {
         return call();
     }
-    let Some(dev) = s.mem.current_device(&s.cuda) else {
+    let Some(dev) = s.devices.current(&s.cuda) else {
         return untracked(s, call);
     };
     // SAFETY: non-NULL caller descriptor.
@@ -715,7 +715,7 @@ pub unsafe fn cuMipmappedArrayCreate(
         d.Flags,
         numMipmapLevels,
     );
-    let est = s.mem.round(&s.cuda, dev, est);
+    let est = s.devices.round(&s.cuda, dev, est);
     charged_call(s, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let m = unsafe { *pHandle };
@@ -726,7 +726,7 @@ pub unsafe fn cuMipmappedArrayCreate(
                 .cuMipmappedArrayGetMemoryRequirements(&mut req, m, dev.ordinal)
         }
         .ok()
-        .then(|| s.mem.round(&s.cuda, dev, req.size as u64));
+        .then(|| s.devices.round(&s.cuda, dev, req.size as u64));
         Some((Space::Mipmapped, m as u64, exact))
     })
 }

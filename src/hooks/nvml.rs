@@ -45,10 +45,11 @@ pub unsafe fn nvmlInitWithFlags(s: &Shim, flags: c_uint) -> nvmlReturn_t {
     unsafe { table(s).nvmlInitWithFlags(flags) }
 }
 
+/// The real NVML (an active process's NVML exports only run when it loaded).
 fn table(s: &Shim) -> &crate::driver::nvml::NvmlTable {
     static EMPTY: std::sync::OnceLock<crate::driver::nvml::NvmlTable> = std::sync::OnceLock::new();
     s.nvml
-        .as_ref()
+        .table()
         .unwrap_or_else(|| EMPTY.get_or_init(|| crate::driver::nvml::NvmlTable::empty(false)))
 }
 
@@ -66,7 +67,7 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
         .into_owned();
     let uuid = parse_uuid(&text)?;
     // A device this process already uses through CUDA: its ordinal is known.
-    if let Some((dev, _)) = s.mem.known_devices().find(|(_, u)| *u == uuid) {
+    if let Some((dev, _)) = s.devices.known().find(|(_, u)| *u == uuid) {
         let cap = s.mem.limit(dev)?;
         return Some((cap, s.mem.container_used(dev)));
     }
@@ -75,7 +76,7 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
     // SAFETY: valid out-pointer.
     let ordinal = if unsafe { nvml.nvmlDeviceGetIndex(device, &mut index) }.ok() {
         cuquota_core::visible_devices::cuda_ordinal(
-            s.mem.config().visible_devices.as_ref(),
+            s.devices.config().visible_devices.as_ref(),
             index,
             &text,
             &[],
@@ -83,19 +84,19 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
     } else {
         None
     };
-    let entry = s.mem.usage.find_device(&uuid);
+    let entry = s.devices.usage().find_device(&uuid);
     // No limit of our own: the effective limit a CUDA process of the container last reported for this device.
-    let cap = s.mem.limit_for(ordinal, &uuid).or_else(|| {
+    let cap = s.devices.effective(ordinal, &uuid).memory.or_else(|| {
         let id = entry?;
-        s.mem
-            .usage
+        s.devices
+            .usage()
             .devices()
             .into_iter()
             .find(|d| d.id == id)?
             .limits
             .memory
     })?;
-    let used = entry.map_or(0, |id| s.mem.usage.container_used(id));
+    let used = entry.map_or(0, |id| s.devices.usage().container_used(id));
     Some((cap, used))
 }
 
@@ -169,24 +170,14 @@ unsafe fn filtered<T: ProcessInfo>(
         return call(count, infos);
     }
     // Fetch the whole real list into our own buffer.
-    let mut cap: c_uint = 64;
-    let list = loop {
-        let mut buf = vec![T::default(); cap as usize];
-        let mut n = cap;
-        let r = call(&mut n, buf.as_mut_ptr());
-        if r.ok() {
-            buf.truncate(n as usize);
-            break buf;
-        }
-        if r != nvmlReturn_t::ERROR_INSUFFICIENT_SIZE || cap >= 1 << 16 {
-            return r;
-        }
-        cap = n.max(cap) + 32;
+    let list = match crate::driver::nvml::list(64, 1 << 16, call) {
+        Ok(l) => l,
+        Err(r) => return r,
     };
     s.mem.maybe_reclaim();
     let mine: Vec<T> = list
         .into_iter()
-        .filter(|p| s.mem.usage.is_member(p.pid()))
+        .filter(|p| s.devices.usage().is_member(p.pid()))
         .collect();
     // SAFETY: `count` non-NULL, the caller's in/out parameter.
     let room = unsafe { *count } as usize;

@@ -1,10 +1,10 @@
 //! Hooks against a fake driver table: no real library, one fake GPU per test thread.
 
+use crate::devices::Devices;
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
 use crate::hooks;
 use crate::memory::tests::{temp_path, TempRegion};
-use crate::memory::Memory;
 use crate::state::Shim;
 use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsRegion, LimitsWriter};
 use cuquota_core::{Config, Policy, UsageRegion};
@@ -153,9 +153,9 @@ fn env(cap: Option<u64>) -> Env {
         ..Default::default()
     };
     let region = UsageRegion::open(&usage.path).unwrap();
-    let mem = Memory::new(cfg, region, Vec::new());
+    let devices = Devices::new(cfg, region, Vec::new());
     Env {
-        shim: Shim::new(table(), None, mem),
+        shim: Shim::new(table(), None, devices, crate::abi::cuda::export_address),
         _usage: usage,
         _limits: None,
     }
@@ -169,7 +169,7 @@ fn alloc(s: &Shim, n: u64) -> (CUresult, CUdeviceptr) {
 }
 
 fn used(s: &Shim) -> u64 {
-    let dev = s.mem.current_device(&s.cuda).unwrap();
+    let dev = s.devices.current(&s.cuda).unwrap();
     s.mem.container_used(dev)
 }
 
@@ -322,8 +322,8 @@ fn limits_file_change_is_picked_up() {
         },
         ..Default::default()
     };
-    let mem = Memory::new(cfg, UsageRegion::open(&usage.path).unwrap(), readers);
-    let s = Shim::new(table(), None, mem);
+    let devices = Devices::new(cfg, UsageRegion::open(&usage.path).unwrap(), readers);
+    let s = Shim::new(table(), None, devices, crate::abi::cuda::export_address);
     assert_eq!(alloc(&s, 40 * MIB).0, CUresult::SUCCESS);
     assert_eq!(alloc(&s, 40 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
     writer
@@ -415,15 +415,15 @@ unsafe extern "C" fn n_procs(
 #[test]
 fn nvml_process_list_shows_only_the_container_with_size_protocol() {
     let usage = temp_path("usage");
-    let mem = Memory::new(
+    let devices = Devices::new(
         Config::default(),
         UsageRegion::open(&usage.path).unwrap(),
         Vec::new(),
     );
     let mut n = NvmlTable::empty(true);
     n.nvmlDeviceGetComputeRunningProcesses_v3 = Some(n_procs);
-    let s = Shim::new(table(), Some(n), mem);
-    s.mem.usage.process_slot().unwrap(); // this process is a member of the container
+    let s = Shim::new(table(), Some(n), devices, crate::abi::cuda::export_address);
+    s.devices.usage().process_slot().unwrap(); // this process is a member of the container
     let dev = 0x1 as nvmlDevice_t;
     // size query: NULL buffer, 0 room → INSUFFICIENT_SIZE with the *filtered* count
     let mut count = 0u32;
@@ -452,7 +452,7 @@ fn nvml_process_list_shows_only_the_container_with_size_protocol() {
 /// Fills every device entry of the usage region with other GPUs, so device 0 finds no room.
 fn fill_device_entries(s: &Shim) {
     for i in 0..cuquota_core::region::layout::MAX_DEVICES as u8 {
-        s.mem.usage.device(&[200 + i; 16]).expect("claim");
+        s.devices.usage().device(&[200 + i; 16]).expect("claim");
     }
 }
 
@@ -480,7 +480,7 @@ fn a_device_without_room_passes_through_when_nothing_is_limited() {
 
 unsafe extern "C" fn f_ctx_get_device_64(d: *mut CUdevice) -> CUresult {
     // SAFETY: test-owned out-pointer.
-    unsafe { *d = crate::memory::MAX_ORDINALS as CUdevice };
+    unsafe { *d = crate::devices::MAX_ORDINALS as CUdevice };
     CUresult::SUCCESS
 }
 
@@ -591,7 +591,7 @@ fn destroying_the_last_context_releases_its_allocations() {
 fn a_reused_address_releases_the_stale_record_charge() {
     let e = env(Some(64 * MIB));
     let s = &e.shim;
-    let dev = s.mem.current_device(&s.cuda).unwrap();
+    let dev = s.devices.current(&s.cuda).unwrap();
     // An allocation freed behind the shim's back: record and charge remain, the address is free again.
     let next = fake(|f| f.next);
     s.mem.admit(dev, 32 * MIB).unwrap();

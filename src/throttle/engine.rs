@@ -16,9 +16,10 @@ use super::bucket::{self, slot, Bucket, Take};
 use super::burst;
 use super::clock::Clock;
 use super::estimate::Estimator;
-use super::{Limit, Policy};
+use cuquota_core::region::layout::MAX_DEVICES;
+use cuquota_core::Policy;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// Minimum time between two probes of one device in one process (keeps the median launch free of events).
 pub const PROBE_INTERVAL_NS: u64 = 2_000_000;
@@ -32,8 +33,6 @@ pub const UNKNOWN_WAIT_NS: u64 = 200_000_000;
 /// launch is stuck behind work that may never finish (a stream waiting on a value never written, a probe
 /// inherited across `fork`), and while it is out no other launch of the device is measured.
 pub const PROBE_TIMEOUT_NS: u64 = 5_000_000_000;
-/// Devices per process (matches the usage region's device entries).
-pub const MAX_DEVICES: usize = 16;
 
 /// What a completed probe reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,9 +129,9 @@ impl Default for Engine {
 
 /// The effective rate (per-mille) for a limit, reading the burst controller's decision for burst.
 #[inline]
-pub fn effective_rate(lim: Limit, words: &[AtomicU64; 8]) -> u64 {
+pub fn effective_rate(lim: Policy, words: &[AtomicU64; 8]) -> u64 {
     let base = lim.rate_pm();
-    if lim.policy == Policy::Burst {
+    if lim.is_burst() {
         let s = burst::unpack(words[slot::BURST_STATE].load(Ordering::Relaxed));
         if s.eff >= base {
             return s.eff.min(bucket::FULL_RATE);
@@ -164,16 +163,16 @@ impl Engine {
         &self,
         dev: usize,
         sh: &Shared<'_>,
-        mut limit: impl FnMut() -> Limit,
+        mut limit: impl FnMut() -> Policy,
         key: u64,
         clock: &C,
         gpu: &G,
     ) -> Option<Ticket> {
-        let d = &self.devs[dev % MAX_DEVICES];
+        let d = &self.devs[dev];
         let b = Bucket::new(sh.words);
         let mut known = self.est.get(key);
         let mut lim = limit();
-        if known.is_none() && lim.active() && d.probe_claimed.load(Ordering::Relaxed) {
+        if known.is_none() && lim.throttles() && d.probe_claimed.load(Ordering::Relaxed) {
             // A launch whose cost is unknown while a probe is out (typically the first launch of this very key):
             // wait for that measurement rather than let a loop queue many launches at a guessed cost. Bounded,
             // and sleeping.
@@ -193,16 +192,14 @@ impl Engine {
         }
         let cost = known.unwrap_or_else(|| self.est.fallback());
         loop {
-            if !lim.active() {
+            if !lim.throttles() {
                 return None;
             }
             let now = clock.now_ns();
             if d.probe_claimed.load(Ordering::Relaxed) && now >= d.next_poll_at.load(Ordering::Relaxed) {
                 self.poll(dev, sh, now, gpu);
             }
-            if lim.policy == Policy::Burst
-                && sample_due(sh.words[slot::SAMPLE_AT].load(Ordering::Relaxed), now)
-            {
+            if lim.is_burst() && sample_due(sh.words[slot::SAMPLE_AT].load(Ordering::Relaxed), now) {
                 self.burst_sample(dev, sh, lim, now, gpu);
             }
             let rate = effective_rate(lim, sh.words);
@@ -239,6 +236,24 @@ impl Engine {
         }
     }
 
+    /// Takes every device's outstanding-probe lock (fork `prepare`; see `state`).
+    pub fn fork_prepare(&self) {
+        for d in &self.devs {
+            std::mem::forget(d.outstanding.lock());
+        }
+    }
+
+    /// Undoes [`Engine::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub unsafe fn fork_release(&self) {
+        for d in &self.devs {
+            // SAFETY: locked by fork_prepare, guard forgotten.
+            unsafe { d.outstanding.force_unlock() };
+        }
+    }
+
     /// The launch failed: give back what was charged (and the probe claim).
     pub fn refund(&self, sh: &Shared<'_>, t: &Ticket) {
         Bucket::new(sh.words).adjust(-(t.charged as i64), t.rate);
@@ -256,9 +271,7 @@ impl Engine {
 
     /// The probe of ticket `t` could not be started: release the claim.
     pub fn probe_abandon(&self, dev: usize) {
-        self.devs[dev % MAX_DEVICES]
-            .probe_claimed
-            .store(false, Ordering::Release);
+        self.devs[dev].probe_claimed.store(false, Ordering::Release);
     }
 
     /// The probe of ticket `t` is recorded (handle from `Gpu::probe_begin`, end recorded).
@@ -267,9 +280,9 @@ impl Engine {
     /// and lets go at once — or, in a forked child, a parent thread that no longer exists. If it is held, the
     /// probe is given up rather than wait (and its claim released, so measurement goes on).
     pub fn probe_issued(&self, t: &Ticket, handle: u64, now: u64) {
-        let d = &self.devs[t.dev % MAX_DEVICES];
+        let d = &self.devs[t.dev];
         match d.outstanding.try_lock() {
-            Ok(mut o) => {
+            Some(mut o) => {
                 *o = Some(Outstanding {
                     handle,
                     key: t.key,
@@ -278,7 +291,7 @@ impl Engine {
                     issued_at: now,
                 })
             }
-            Err(_) => {
+            None => {
                 d.probe_claimed.store(false, Ordering::Release);
                 return;
             }
@@ -289,8 +302,8 @@ impl Engine {
 
     /// Poll the outstanding probe of `dev`; reconcile it if complete. Never blocks (try_lock).
     pub fn poll<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, gpu: &G) {
-        let d = &self.devs[dev % MAX_DEVICES];
-        let Ok(mut guard) = d.outstanding.try_lock() else {
+        let d = &self.devs[dev];
+        let Some(mut guard) = d.outstanding.try_lock() else {
             return;
         };
         let Some(o) = guard.as_ref() else { return };
@@ -342,7 +355,7 @@ impl Engine {
 
     /// Burst controller: the process and thread that wins the CAS on `SAMPLE_AT` takes this interval's sample and
     /// sets the container's effective rate on the device.
-    pub fn burst_sample<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, lim: Limit, now: u64, gpu: &G) {
+    pub fn burst_sample<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, lim: Policy, now: u64, gpu: &G) {
         let w = sh.words;
         let last = w[slot::SAMPLE_AT].load(Ordering::Acquire);
         if !sample_due(last, now)
@@ -363,7 +376,7 @@ impl Engine {
         let next = burst::step(
             prev,
             lim.rate_pm(),
-            lim.weight as u64,
+            lim.weight_or_default() as u64,
             own_pm,
             gpu.others_busy_pm(dev),
         );
@@ -398,14 +411,21 @@ fn add_signed(a: &AtomicU64, delta: i64) {
 mod tests {
     use super::super::clock::fake::FakeClock;
     use super::*;
+    use cuquota_core::PolicyKind;
     use std::cell::RefCell;
     use std::collections::VecDeque;
 
-    const HARD50: Limit = Limit {
-        pct: 50,
-        policy: Policy::Hard,
-        weight: 100,
-    };
+    /// An SM limit of `pct` percent enforced as `kind`, weight 100.
+    const fn lim(pct: u32, kind: PolicyKind) -> Policy {
+        Policy {
+            sm: Some(pct),
+            kind,
+            weight: Some(100),
+            ..Policy::NONE
+        }
+    }
+
+    const HARD50: Policy = lim(50, PolicyKind::Hard);
 
     fn shared<'a>(words: &'a [AtomicU64; 8], busy: &'a AtomicU64) -> Shared<'a> {
         Shared {
@@ -480,7 +500,7 @@ mod tests {
     }
 
     /// Saturating loop: admit, launch, for `secs`; returns the device share (per-mille) actually used.
-    fn run(limit: Limit, kernel_ns: u64, secs: u64) -> f64 {
+    fn run(limit: Policy, kernel_ns: u64, secs: u64) -> f64 {
         let clock = FakeClock::new(1_000_000 * MS);
         let gpu = FakeGpu::new(&clock, kernel_ns);
         let eng = Engine::new();
@@ -515,15 +535,7 @@ mod tests {
     fn hard_limit_holds_for_short_and_long_kernels() {
         for pct in [10u32, 25, 50, 75, 90] {
             for kernel in [50_000u64, 10 * MS] {
-                let share = run(
-                    Limit {
-                        pct,
-                        policy: Policy::Hard,
-                        weight: 100,
-                    },
-                    kernel,
-                    10,
-                );
+                let share = run(lim(pct, PolicyKind::Hard), kernel, 10);
                 let want = pct as f64 * 10.0;
                 assert!((share - want).abs() < 5.0, "L={pct} kernel={kernel}: {share}");
             }
@@ -578,11 +590,7 @@ mod tests {
         let busy = AtomicU64::new(0);
         let sh = shared(&words, &busy);
         eng.estimator().record(5, 10_000 * MS); // a 10 s kernel at 10 %: 100 s of debt
-        let lim = Limit {
-            pct: 10,
-            policy: Policy::Hard,
-            weight: 100,
-        };
+        let lim = lim(10, PolicyKind::Hard);
         let _ = eng.admit(0, &sh, || lim, 5, &clock, &gpu).unwrap();
         let t0 = clock.now_ns();
         let mut calls = 0;
@@ -592,7 +600,7 @@ mod tests {
             || {
                 calls += 1;
                 if calls > 5 {
-                    Limit::NONE
+                    Policy::NONE
                 } else {
                     lim
                 }
@@ -614,11 +622,7 @@ mod tests {
         let words: [AtomicU64; 8] = Default::default();
         let busy = AtomicU64::new(0);
         let sh = shared(&words, &busy);
-        let lim = Limit {
-            pct: 30,
-            policy: Policy::Burst,
-            weight: 100,
-        };
+        let lim = lim(30, PolicyKind::Burst);
         let start = clock.now_ns();
         while clock.now_ns() < start + 2_000 * MS {
             let t = eng.admit(0, &sh, || lim, 1, &clock, &gpu).unwrap();
@@ -688,7 +692,7 @@ mod tests {
     fn issuing_a_probe_never_blocks_on_the_outstanding_lock() {
         // In a forked child the lock may be held by a parent thread that does not exist there.
         static ENG: Engine = Engine::new();
-        let held = ENG.devs[0].outstanding.lock().unwrap();
+        let held = ENG.devs[0].outstanding.lock();
         ENG.devs[0].probe_claimed.store(true, Ordering::Relaxed);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -727,11 +731,7 @@ mod tests {
                 others_active: false,
             };
             words[slot::BURST_STATE].store(burst::pack(full), Ordering::Relaxed);
-            let lim = Limit {
-                pct: 30,
-                policy: Policy::Burst,
-                weight: 100,
-            };
+            let lim = lim(30, PolicyKind::Burst);
             eng.estimator().record(1, 50_000);
             for _ in 0..5 {
                 let _ = eng.admit(0, &sh, || lim, 1, &clock, &gpu);

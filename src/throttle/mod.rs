@@ -5,15 +5,21 @@
 //! time-slicing shares, so it is the one unit in which "30 %" means the same thing on every device.
 //!
 //! Pieces:
+//! - [`SmThrottle`] (here): the process's throttle state, part of the shim's state like the memory ledger; the
+//!   one function every launch hook goes through. Limits come from `crate::devices` (the device's effective
+//!   `Policy`, the same the memory accounting uses).
 //! - [`bucket`]: the container's token bucket per device, one atomic word in the shared usage region
 //!   (`throttle[8]`), earned at `limit × wall time`, burst bounded to 10 ms of wall time at the limit's rate;
 //! - [`estimate`]: per-process duration estimates per (function, grid, block), refined by measurements;
 //! - [`engine`]: admission of one launch (charge the estimate, sleep while the bucket is in debt), sampled
 //!   measurement with CUDA events (probes) and reconciliation (measured − charged back to the bucket);
+//! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation of other containers;
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
 //! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests.
 //!
-//! The hook side (which launch paths, how a launch maps to a device, the event pool) is `src/hooks/launch.rs`.
+//! Cost when no SM limit applies (0, 100, unset, DISABLE): one atomic load per agent limits file (did its `seq`
+//! move?) and one flag, then the real call. With a limit: `cuCtxGetDevice` (none with one visible device), the
+//! device's policy words, a clock read, an estimate lookup, one CAS on the bucket and three counter adds.
 
 pub mod bucket;
 pub mod burst;
@@ -21,55 +27,290 @@ pub mod clock;
 pub mod engine;
 pub mod estimate;
 pub mod probe;
-pub mod shim;
+pub mod util;
 
-/// How a limit is enforced.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Policy {
-    /// Never above the limit.
-    Hard,
-    /// Work-conserving: above the limit while no one else on the device wants the time (the default).
-    #[default]
-    Burst,
-    /// No SM limit at all (`GPU_CORE_UTILIZATION_POLICY=DISABLE`).
-    Disabled,
+use crate::devices::{Dev, Devices};
+use crate::driver::cuda::CudaTable;
+use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::{CUdevice, CUresult};
+use crate::log::{log, Level};
+use crate::time::monotonic_ns;
+use clock::Monotonic;
+use cuquota_core::{DeviceId, Policy};
+use engine::{Engine, Gpu, Poll, Shared, Ticket};
+use estimate::launch_key;
+use probe::{EventApi, EventProbes, STREAM_LEGACY, STREAM_PER_THREAD};
+use std::ffi::c_void;
+use std::sync::Arc;
+use util::Util;
+
+/// The process's throttle: estimates and probe bookkeeping per device, CUDA event probes, NVML utilisation.
+pub struct SmThrottle {
+    devices: Arc<Devices>,
+    engine: Engine,
+    probes: Option<EventProbes>,
+    util: Util,
 }
 
-/// The SM limit of one device for this container, as configured (env, config file, limits file).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limit {
-    /// Percent of the device; 0 or ≥ 100 = unlimited.
-    pub pct: u32,
-    /// Enforcement policy.
-    pub policy: Policy,
-    /// Share of spare time in burst mode, 1–1000 (default 100).
-    pub weight: u32,
+/// The driver as the engine sees it during one launch: event probes and other containers' utilisation.
+struct Driver<'a> {
+    probes: Option<&'a EventProbes>,
+    util: &'a Util,
+    nvml: &'a Nvml,
+    devices: &'a Devices,
 }
 
-impl Limit {
-    /// No limit.
-    pub const NONE: Limit = Limit {
-        pct: 0,
-        policy: Policy::Burst,
-        weight: 100,
-    };
+impl Gpu for Driver<'_> {
+    fn probe_begin(&self, dev: usize, stream: usize) -> u64 {
+        self.probes.map_or(0, |p| p.probe_begin(dev, stream))
+    }
+    fn probe_end(&self, p: u64, stream: usize) -> bool {
+        self.probes.is_some_and(|pr| pr.probe_end(p, stream))
+    }
+    fn probe_poll(&self, p: u64) -> Poll {
+        self.probes.map_or(Poll::Failed, |pr| pr.probe_poll(p))
+    }
+    fn probe_release(&self, _p: u64) {}
+    fn others_busy_pm(&self, dev: usize) -> Option<u64> {
+        self.util.others_pm(self.nvml, self.devices, dev)
+    }
+}
 
-    /// Does this limit throttle anything?
+impl SmThrottle {
+    /// The throttle of the devices in `devices`, measuring with `cuda`'s events when it has them.
+    pub fn new(devices: Arc<Devices>, cuda: &CudaTable) -> SmThrottle {
+        let c = cuda;
+        let probes = (|| {
+            Some(EventApi {
+                cuEventCreate: c.cuEventCreate?,
+                cuEventDestroy: c.cuEventDestroy_v2?,
+                cuEventRecord: c.cuEventRecord?,
+                cuEventQuery: c.cuEventQuery?,
+                cuEventElapsedTime: c.cuEventElapsedTime_v2.or(c.cuEventElapsedTime)?,
+                cuStreamGetCtx: c.cuStreamGetCtx?,
+                cuCtxGetCurrent: c.cuCtxGetCurrent?,
+                cuCtxPushCurrent: c.cuCtxPushCurrent_v2?,
+                cuCtxPopCurrent: c.cuCtxPopCurrent_v2?,
+            })
+        })()
+        .map(EventProbes::new);
+        if probes.is_none() && c.loaded && devices.sm_limited() {
+            log!(
+                Level::Warn,
+                "CUDA events unavailable: SM limits charge estimates only"
+            );
+        }
+        SmThrottle {
+            devices,
+            engine: Engine::new(),
+            probes,
+            util: Util::default(),
+        }
+    }
+
+    /// Could any launch be throttled right now? (The no-limit fast path.)
     #[inline]
     pub fn active(&self) -> bool {
-        self.pct > 0 && self.pct < 100 && self.policy != Policy::Disabled
+        self.devices.sm_limited()
     }
 
-    /// The configured rate in per-mille of the device.
-    #[inline]
-    pub fn rate_pm(&self) -> u64 {
-        (self.pct.min(100) as u64) * 10
+    fn driver<'a>(&'a self, nvml: &'a Nvml) -> Driver<'a> {
+        Driver {
+            probes: self.probes.as_ref(),
+            util: &self.util,
+            nvml,
+            devices: &self.devices,
+        }
     }
+
+    /// Throttles one launch on the current context's device: admit (maybe sleeping), measure a sample, call.
+    /// `stream`: the stream the launch uses (for probes); `launch` makes the real call.
+    pub fn launch(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        key: u64,
+        stream: usize,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let Some(dev) = self.devices.current(cuda) else {
+            return launch();
+        };
+        let lim = self.devices.policy(dev);
+        if !lim.throttles() {
+            return launch();
+        }
+        let gpu = self.driver(nvml);
+        let sh = self.shared(dev.id);
+        let Some(t) = self.admit(&gpu, dev, lim, key, &sh) else {
+            return launch();
+        };
+        self.run(&gpu, &sh, t, stream, launch)
+    }
+
+    /// Takes the launch's tokens on `dev` (maybe sleeping; the limit is re-read after every sleep).
+    fn admit(&self, gpu: &Driver<'_>, dev: Dev, lim: Policy, key: u64, sh: &Shared<'_>) -> Option<Ticket> {
+        let mut first = Some(lim);
+        let limit = || first.take().unwrap_or_else(|| self.devices.policy(dev));
+        self.engine.admit(dev.id.index(), sh, limit, key, &Monotonic, gpu)
+    }
+
+    fn shared(&self, id: DeviceId) -> Shared<'_> {
+        let usage = self.devices.usage();
+        let slot = usage.cached_slot().or_else(|| usage.process_slot().ok());
+        Shared {
+            words: usage.throttle(id),
+            busy_ns: usage.busy_ns(id),
+            gpu_ns: slot.map(|sl| usage.gpu_ns(sl, id)),
+        }
+    }
+
+    /// Starts the probe a ticket asked for (0 = none): a failed start gives the claim back.
+    fn begin(&self, gpu: &Driver<'_>, t: &Ticket, stream: usize) -> u64 {
+        if !t.probe {
+            return 0;
+        }
+        let h = gpu.probe_begin(t.dev, stream);
+        if h == 0 {
+            self.engine.probe_abandon(t.dev);
+        }
+        h
+    }
+
+    /// After the launch: a failed one is refunded, a probed one's end event recorded.
+    fn finish(&self, gpu: &Driver<'_>, sh: &Shared<'_>, t: &Ticket, h: u64, stream: usize, ok: bool) {
+        if !ok {
+            if h != 0 {
+                self.engine.probe_abandon(t.dev);
+            }
+            self.engine.refund(sh, &Ticket { probe: false, ..*t });
+        } else if h != 0 {
+            if gpu.probe_end(h, stream) {
+                self.engine.probe_issued(t, h, monotonic_ns());
+            } else {
+                self.engine.probe_abandon(t.dev);
+            }
+        }
+    }
+
+    fn run(
+        &self,
+        gpu: &Driver<'_>,
+        sh: &Shared<'_>,
+        t: Ticket,
+        stream: usize,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let h = self.begin(gpu, &t, stream);
+        let r = launch();
+        self.finish(gpu, sh, &t, h, stream, r.ok());
+        r
+    }
+
+    /// The CUDA ordinal a stream's work runs on (its context's device); falls back to the current context.
+    pub fn stream_device(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
+        let stream = stream as *mut c_void;
+        let mut ord: CUdevice = -1;
+        let special =
+            stream.is_null() || stream as usize == STREAM_LEGACY || stream as usize == STREAM_PER_THREAD;
+        if let (Some(api), false) = (self.probes.as_ref().map(|p| *p.api()), special) {
+            let mut ctx: *mut c_void = std::ptr::null_mut();
+            let mut cur: *mut c_void = std::ptr::null_mut();
+            // SAFETY: the program's stream handle and valid out-pointers.
+            if unsafe { (api.cuStreamGetCtx)(stream, &mut ctx) }.ok()
+                && !ctx.is_null()
+                // SAFETY: valid out-pointer.
+                && unsafe { (api.cuCtxGetCurrent)(&mut cur) }.ok()
+            {
+                // SAFETY: `ctx` is the live context of the program's stream; popped right after.
+                let pushed = cur != ctx && unsafe { (api.cuCtxPushCurrent)(ctx) }.ok();
+                if cur == ctx || pushed {
+                    // SAFETY: valid out-pointer.
+                    let ok = unsafe { cuda.cuCtxGetDevice(&mut ord) }.ok();
+                    if pushed {
+                        let mut p: *mut c_void = std::ptr::null_mut();
+                        // SAFETY: undoes our push.
+                        unsafe { (api.cuCtxPopCurrent)(&mut p) };
+                    }
+                    if ok {
+                        return Some(ord);
+                    }
+                }
+            }
+        }
+        // SAFETY: valid out-pointer.
+        unsafe { cuda.cuCtxGetDevice(&mut ord) }.ok().then_some(ord)
+    }
+
+    /// Multi-device launch: admit on every device first (in order), then launch once. `parts`: (ordinal, key,
+    /// probe stream) per device.
+    pub fn launch_multi(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        parts: &[(CUdevice, u64, usize)],
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let gpu = self.driver(nvml);
+        let mut admitted: Vec<(Shared<'_>, Ticket, usize, u64)> = Vec::with_capacity(parts.len());
+        for &(ord, key, stream) in parts {
+            let Some(dev) = self.devices.device(cuda, ord) else {
+                continue;
+            };
+            let lim = self.devices.policy(dev);
+            if !lim.throttles() {
+                continue;
+            }
+            let sh = self.shared(dev.id);
+            if let Some(t) = self.admit(&gpu, dev, lim, key, &sh) {
+                admitted.push((sh, t, stream, 0));
+            }
+        }
+        for (_, t, stream, h) in admitted.iter_mut() {
+            *h = self.begin(&gpu, t, *stream);
+        }
+        let r = launch();
+        for (sh, t, stream, h) in &admitted {
+            self.finish(&gpu, sh, t, *h, *stream, r.ok());
+        }
+        r
+    }
+
+    /// Takes the engine's outstanding-probe locks, then the probe slots' (see `state`'s fork handlers for the
+    /// order).
+    pub fn fork_prepare(&self) {
+        self.engine.fork_prepare();
+        if let Some(p) = &self.probes {
+            p.fork_prepare();
+        }
+    }
+
+    /// Undoes [`SmThrottle::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub unsafe fn fork_release(&self) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if let Some(p) = &self.probes {
+                p.fork_release();
+            }
+            self.engine.fork_release();
+        }
+    }
+}
+
+/// Key of a kernel launch (function, grid, block).
+#[inline]
+pub fn kernel_key(f: *mut c_void, grid: [u32; 3], block: [u32; 3]) -> u64 {
+    let g = grid.iter().map(|&x| x as u64).product::<u64>();
+    let b = block.iter().map(|&x| x as u64).product::<u64>();
+    launch_key(f as usize, g, b)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use cuquota_core::{Policy, PolicyKind};
 
     #[test]
     fn active_only_between_1_and_99() {
@@ -82,21 +323,23 @@ mod tests {
             (250, false),
         ] {
             assert_eq!(
-                Limit {
-                    pct,
-                    policy: Policy::Hard,
-                    weight: 100
+                Policy {
+                    sm: Some(pct),
+                    kind: PolicyKind::Hard,
+                    weight: Some(100),
+                    ..Policy::NONE
                 }
-                .active(),
+                .throttles(),
                 want,
                 "{pct}"
             );
         }
-        assert!(!Limit {
-            pct: 50,
-            policy: Policy::Disabled,
-            weight: 100
+        assert!(!Policy {
+            sm: Some(50),
+            kind: PolicyKind::Disabled,
+            weight: Some(100),
+            ..Policy::NONE
         }
-        .active());
+        .throttles());
     }
 }

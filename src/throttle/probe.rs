@@ -1,5 +1,5 @@
-//! Measuring launches on the device with CUDA events: the [`Gpu`](super::engine::Gpu) implementation used by the
-//! launch hooks.
+//! Measuring launches on the device with CUDA events: what the throttle's [`Gpu`](super::engine::Gpu) uses on
+//! the launch path.
 //!
 //! One probe slot per usage device (the engine keeps at most one probe outstanding per device per process), each
 //! with a start and an end event created once in the context of the stream they are recorded on and reused; a
@@ -9,10 +9,11 @@
 //! Function pointers come in as an [`EventApi`] (filled from the driver table), so this file has no view of how
 //! the real library was loaded.
 
-use super::engine::{Gpu, Poll, MAX_DEVICES};
+use super::engine::Poll;
 use crate::ffi::cuda::{CUcontext, CUevent, CUresult, CUstream};
+use cuquota_core::region::layout::MAX_DEVICES;
+use parking_lot::Mutex;
 use std::ffi::{c_uint, c_void};
-use std::sync::Mutex;
 
 type CuResult = CUresult;
 const CUDA_SUCCESS: CuResult = CUresult::SUCCESS;
@@ -37,9 +38,6 @@ pub struct EventApi {
     pub cuCtxPopCurrent: unsafe extern "C" fn(*mut CUcontext) -> CuResult,
 }
 
-/// Others' use of a device for the burst controller: usage device index → per-mille, or None.
-pub type UtilFn = dyn Fn(usize) -> Option<u64> + Send + Sync;
-
 #[derive(Debug)]
 struct Slot {
     ctx: usize,
@@ -51,7 +49,6 @@ struct Slot {
 pub struct EventProbes {
     api: EventApi,
     slots: [Mutex<Option<Slot>>; MAX_DEVICES],
-    util: Box<UtilFn>,
 }
 
 impl std::fmt::Debug for EventProbes {
@@ -61,12 +58,11 @@ impl std::fmt::Debug for EventProbes {
 }
 
 impl EventProbes {
-    /// Probes over `api`; `util` answers the burst controller's device-utilisation question.
-    pub fn new(api: EventApi, util: Box<UtilFn>) -> Self {
+    /// Probes over `api`.
+    pub fn new(api: EventApi) -> Self {
         EventProbes {
             api,
             slots: std::array::from_fn(|_| Mutex::new(None)),
-            util,
         }
     }
 
@@ -132,14 +128,15 @@ impl EventProbes {
     }
 }
 
-impl Gpu for EventProbes {
-    fn probe_begin(&self, dev: usize, stream: usize) -> u64 {
+impl EventProbes {
+    /// Records the start event of a probe on `stream` (see `engine::Gpu`); 0 = could not.
+    pub fn probe_begin(&self, dev: usize, stream: usize) -> u64 {
         let Some(ctx) = self.stream_ctx(stream) else {
             return 0;
         };
         // try_lock: only the holder of the device's probe claim gets here, so the lock is free — unless this is
         // a forked child and a parent thread held it at the fork. Never wait for it.
-        let Ok(mut g) = self.slots[dev % MAX_DEVICES].try_lock() else {
+        let Some(mut g) = self.slots.get(dev).and_then(|s| s.try_lock()) else {
             return 0;
         };
         let fresh = g.as_ref().is_none_or(|s| s.ctx != ctx);
@@ -155,7 +152,7 @@ impl Gpu for EventProbes {
         };
         match g.as_ref() {
             None => return 0,
-            Some(s) if record(s) => return (dev % MAX_DEVICES) as u64 + 1,
+            Some(s) if record(s) => return dev as u64 + 1,
             Some(_) => {}
         }
         if fresh {
@@ -168,7 +165,7 @@ impl Gpu for EventProbes {
         // launch of this device would ever be measured again.
         *g = self.create_pair(ctx);
         match g.as_ref() {
-            Some(s) if record(s) => (dev % MAX_DEVICES) as u64 + 1,
+            Some(s) if record(s) => dev as u64 + 1,
             _ => {
                 self.destroy(g.take());
                 0
@@ -176,11 +173,9 @@ impl Gpu for EventProbes {
         }
     }
 
-    fn probe_end(&self, p: u64, stream: usize) -> bool {
-        let Some(i) = (p as usize).checked_sub(1) else {
-            return false;
-        };
-        let Ok(g) = self.slots[i % MAX_DEVICES].try_lock() else {
+    /// Records the end event of probe `p` on `stream`; false if that failed.
+    pub fn probe_end(&self, p: u64, stream: usize) -> bool {
+        let Some(g) = self.slot(p).and_then(|s| s.try_lock()) else {
             return false;
         };
         let Some(s) = g.as_ref() else { return false };
@@ -188,11 +183,12 @@ impl Gpu for EventProbes {
         unsafe { (self.api.cuEventRecord)(s.end as *mut c_void, stream as *mut c_void) == CUDA_SUCCESS }
     }
 
-    fn probe_poll(&self, p: u64) -> Poll {
-        let Some(i) = (p as usize).checked_sub(1) else {
+    /// Has probe `p` completed?
+    pub fn probe_poll(&self, p: u64) -> Poll {
+        let Some(slot) = self.slot(p) else {
             return Poll::Failed;
         };
-        let Ok(g) = self.slots[i % MAX_DEVICES].try_lock() else {
+        let Some(g) = slot.try_lock() else {
             return Poll::Pending;
         };
         let Some(s) = g.as_ref() else { return Poll::Failed };
@@ -212,10 +208,26 @@ impl Gpu for EventProbes {
         Poll::Done((ms as f64 * 1e6) as u64)
     }
 
-    fn probe_release(&self, _p: u64) {}
+    fn slot(&self, p: u64) -> Option<&Mutex<Option<Slot>>> {
+        self.slots.get((p as usize).checked_sub(1)?)
+    }
 
-    fn others_busy_pm(&self, dev: usize) -> Option<u64> {
-        (self.util)(dev)
+    /// Takes every slot's lock (fork `prepare`; see `state`).
+    pub fn fork_prepare(&self) {
+        for s in &self.slots {
+            std::mem::forget(s.lock());
+        }
+    }
+
+    /// Undoes [`EventProbes::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub unsafe fn fork_release(&self) {
+        for s in &self.slots {
+            // SAFETY: locked by fork_prepare, guard forgotten.
+            unsafe { s.force_unlock() };
+        }
     }
 }
 
@@ -283,20 +295,17 @@ mod tests {
 
     #[test]
     fn events_of_a_destroyed_context_whose_handle_was_reused_are_replaced() {
-        let p = EventProbes::new(
-            EventApi {
-                cuEventCreate: create,
-                cuEventDestroy: destroy,
-                cuEventRecord: record,
-                cuEventQuery: query,
-                cuEventElapsedTime: elapsed,
-                cuStreamGetCtx: stream_ctx,
-                cuCtxGetCurrent: ctx_current,
-                cuCtxPushCurrent: push,
-                cuCtxPopCurrent: pop,
-            },
-            Box::new(|_| None),
-        );
+        let p = EventProbes::new(EventApi {
+            cuEventCreate: create,
+            cuEventDestroy: destroy,
+            cuEventRecord: record,
+            cuEventQuery: query,
+            cuEventElapsedTime: elapsed,
+            cuStreamGetCtx: stream_ctx,
+            cuCtxGetCurrent: ctx_current,
+            cuCtxPushCurrent: push,
+            cuCtxPopCurrent: pop,
+        });
         let stream = 0x5000;
         let h = p.probe_begin(3, stream);
         assert_ne!(h, 0);

@@ -1,0 +1,372 @@
+//! The devices this process uses and what each may use: the ground both policies (`memory`, `throttle`) stand
+//! on.
+//!
+//! Owns: the configuration, the container's usage region, the agent's limits files, and per CUDA ordinal the
+//! device's identity (UUID → usage-region entry), allocation granularity and **effective [`Policy`]** — the
+//! process's own (env/config) tightened by every agent limits file. The policy is cached as
+//! [`PolicyWords`] (the region's one packing) and recomputed for every known device when a limits file changes,
+//! so the memory accounting and the throttle read the same limits from one place.
+//!
+//! Hot path: [`Devices::refresh_if_changed`] is one atomic load per limits file; [`Devices::policy`] a few
+//! relaxed loads. Learning a device (once per ordinal) and re-reading a changed file are slow paths.
+
+use crate::driver::cuda::CudaTable;
+use crate::ffi::cuda::*;
+use crate::log::{log, Level};
+use cuquota_core::region::layout::PolicyWords;
+use cuquota_core::region::{LimitsReader, LimitsRegion};
+use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
+use parking_lot::Mutex;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
+
+/// CUDA ordinals tracked (a device at or above this is unplaced: refused while memory limits apply).
+pub const MAX_ORDINALS: usize = 64;
+/// Fallback allocation granularity when the driver cannot tell (2 MiB).
+pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
+
+/// A device as the policies see it: its CUDA ordinal and its usage-region entry.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Dev {
+    /// CUDA ordinal (= `CUdevice` value).
+    pub ordinal: CUdevice,
+    /// Usage-region entry (claimed by UUID).
+    pub id: DeviceId,
+}
+
+/// Per-ordinal facts, learned once; the policy is recomputed when a limits file changes.
+struct DevInfo {
+    id: DeviceId,
+    uuid: [u8; 16],
+    granularity: u64,
+    policy: PolicyWords,
+}
+
+/// Agent limits files: a lock-free change check per file, readers behind a lock for the (rare) refresh.
+struct AgentLimits {
+    /// One bare mapping per file, for `seq()` checks without a lock.
+    watch: Vec<LimitsRegion>,
+    /// The `seq` each file had when we last recomputed.
+    seen: Vec<AtomicU64>,
+    readers: Mutex<Vec<LimitsReader>>,
+}
+
+/// Every device of the process, its limits, and the region they are accounted in.
+pub struct Devices {
+    cfg: Config,
+    usage: UsageRegion,
+    agent: AgentLimits,
+    table: [OnceLock<DevInfo>; MAX_ORDINALS],
+    /// A device the program can use found no room in the usage region (more physical GPUs than it has entries).
+    unplaced: AtomicU64,
+    /// A device at an ordinal from `MAX_ORDINALS` on was seen (also unplaced; logged once).
+    beyond: AtomicBool,
+    /// The driver shows this process exactly one device.
+    single: OnceLock<bool>,
+    /// Some SM share applies somewhere (env/config, or an agent file): the throttle's fast "no" when false.
+    sm_limited: AtomicBool,
+}
+
+impl Devices {
+    /// Devices accounted in `usage`, limited by `cfg` and the agent files `limits` (already opened: a reader and
+    /// a watch mapping each).
+    pub fn new(cfg: Config, usage: UsageRegion, limits: Vec<(LimitsReader, LimitsRegion)>) -> Devices {
+        let mut readers = Vec::new();
+        let mut watch = Vec::new();
+        let mut seen = Vec::new();
+        for (r, w) in limits {
+            seen.push(AtomicU64::new(r.snapshot().seq));
+            readers.push(r);
+            watch.push(w);
+        }
+        let d = Devices {
+            usage,
+            agent: AgentLimits {
+                watch,
+                seen,
+                readers: Mutex::new(readers),
+            },
+            table: std::array::from_fn(|_| OnceLock::new()),
+            unplaced: AtomicU64::new(0),
+            beyond: AtomicBool::new(false),
+            single: OnceLock::new(),
+            sm_limited: AtomicBool::new(false),
+            cfg,
+        };
+        d.sm_limited.store(d.compute_sm_limited(), Ordering::Relaxed);
+        d
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The container's usage region.
+    pub fn usage(&self) -> &UsageRegion {
+        &self.usage
+    }
+
+    // ---- which device ----------------------------------------------------------------------------------------
+
+    /// The device of the calling thread's current context, if any and accounted.
+    ///
+    /// A process that sees one device (the common container) skips asking the driver: every call is on
+    /// ordinal 0, and one made without a current context fails in the driver, which undoes what it charged.
+    #[inline]
+    pub fn current(&self, cuda: &CudaTable) -> Option<Dev> {
+        if self.single_device(cuda) {
+            return self.device(cuda, 0);
+        }
+        let mut d: CUdevice = 0;
+        // SAFETY: valid out-pointer.
+        if !unsafe { cuda.cuCtxGetDevice(&mut d) }.ok() {
+            return None;
+        }
+        self.device(cuda, d)
+    }
+
+    /// True when the driver reports exactly one device (asked once, after a successful answer).
+    fn single_device(&self, cuda: &CudaTable) -> bool {
+        if let Some(&one) = self.single.get() {
+            return one;
+        }
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer; before cuInit the driver answers an error and nothing is cached.
+        if !unsafe { cuda.cuDeviceGetCount(&mut n) }.ok() {
+            return false;
+        }
+        *self.single.get_or_init(|| n == 1)
+    }
+
+    /// The accounting identity of CUDA device `ordinal`; learned on first use (UUID → usage entry, granularity,
+    /// limits). `None` when the driver cannot say (not initialised, bad ordinal) or the region has no room.
+    #[inline]
+    pub fn device(&self, cuda: &CudaTable, ordinal: CUdevice) -> Option<Dev> {
+        let info = self.info(cuda, ordinal)?;
+        Some(Dev { ordinal, id: info.id })
+    }
+
+    fn info(&self, cuda: &CudaTable, ordinal: CUdevice) -> Option<&DevInfo> {
+        let index = usize::try_from(ordinal).ok()?;
+        if let Some(i) = self.table.get(index).and_then(|s| s.get()) {
+            return Some(i);
+        }
+        self.learn(cuda, ordinal, index)
+    }
+
+    #[cold]
+    fn learn(&self, cuda: &CudaTable, ordinal: CUdevice, index: usize) -> Option<&DevInfo> {
+        // Entries are never freed: a device that found no room never will (no lookup, no log again).
+        if index < MAX_ORDINALS && self.unplaced.load(Ordering::Relaxed) & (1 << index) != 0 {
+            return None;
+        }
+        let mut uuid = CUuuid::default();
+        // SAFETY: valid out-pointer.
+        let mut r = unsafe { cuda.cuDeviceGetUuid_v2(&mut uuid, ordinal) };
+        if !r.ok() {
+            // SAFETY: as above.
+            r = unsafe { cuda.cuDeviceGetUuid(&mut uuid, ordinal) };
+        }
+        if !r.ok() {
+            return None;
+        }
+        let Some(slot) = self.table.get(index) else {
+            // A real device (it has a UUID) beyond the ordinals we track: it must not become a way around the
+            // cap, so it counts as unplaced (refused while limits apply).
+            if !self.beyond.swap(true, Ordering::Relaxed) {
+                log!(
+                    Level::Error,
+                    "device {ordinal} cannot be accounted (ordinals from {MAX_ORDINALS} on are not tracked), its \
+                     allocations are refused while memory limits apply"
+                );
+            }
+            return None;
+        };
+        let id = match self.usage.device(&uuid.bytes) {
+            Ok(id) => id,
+            Err(e) => {
+                log!(
+                    Level::Error,
+                    "device {ordinal} cannot be accounted, its allocations are refused: {e}"
+                );
+                self.unplaced.fetch_or(1 << index, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let granularity = granularity(cuda, ordinal);
+        let policy = self.effective(u32::try_from(ordinal).ok(), &uuid.bytes);
+        self.usage.report_limits(id, &policy);
+        log!(
+            Level::Info,
+            "device {ordinal}: entry {}, granularity {granularity}, limits {policy:?}",
+            id.index()
+        );
+        let info = DevInfo {
+            id,
+            uuid: uuid.bytes,
+            granularity,
+            policy: PolicyWords::new(),
+        };
+        info.policy.store(&policy.raw());
+        let _ = slot.set(info);
+        slot.get()
+    }
+
+    /// The UUID of a known ordinal.
+    pub fn uuid_of(&self, ordinal: CUdevice) -> Option<[u8; 16]> {
+        self.table
+            .get(usize::try_from(ordinal).ok()?)?
+            .get()
+            .map(|i| i.uuid)
+    }
+
+    /// Ordinals learned so far, with their UUIDs.
+    pub fn known(&self) -> impl Iterator<Item = (Dev, [u8; 16])> + '_ {
+        self.table.iter().enumerate().filter_map(|(o, s)| {
+            s.get().map(|i| {
+                (
+                    Dev {
+                        ordinal: o as CUdevice,
+                        id: i.id,
+                    },
+                    i.uuid,
+                )
+            })
+        })
+    }
+
+    /// `bytes` rounded up to the device's allocation granularity.
+    pub fn round(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> u64 {
+        let g = self
+            .info(cuda, dev.ordinal)
+            .map_or(DEFAULT_GRANULARITY, |i| i.granularity);
+        bytes.div_ceil(g).saturating_mul(g)
+    }
+
+    /// True when a device could not be given a usage entry while memory limits apply: its allocations must be
+    /// refused (fail closed) rather than go uncounted.
+    pub fn refuse_unplaced(&self) -> bool {
+        (self.unplaced.load(Ordering::Relaxed) != 0 || self.beyond.load(Ordering::Relaxed))
+            && (self.cfg.has_limits() || !self.agent.watch.is_empty())
+    }
+
+    // ---- limits --------------------------------------------------------------------------------------------
+
+    /// The effective limits of a known device (after picking up a changed limits file).
+    #[inline]
+    pub fn policy(&self, dev: Dev) -> Policy {
+        self.refresh_if_changed();
+        self.table
+            .get(dev.ordinal as usize)
+            .and_then(|s| s.get())
+            .map_or(Policy::NONE, |i| i.policy.load().decode())
+    }
+
+    /// Effective limits of a device known by UUID and maybe a CUDA ordinal: env/config for the ordinal,
+    /// tightened by every agent file (by UUID, else ordinal, else `all`). NVML-only processes without an
+    /// ordinal get only the agent files' entries.
+    pub fn effective(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Policy {
+        self.refresh_if_changed();
+        let mut eff = ordinal.map_or(Policy::NONE, |o| self.cfg.policy(o));
+        for r in self.agent.readers.lock().iter() {
+            eff = eff.restrict(&r.snapshot().for_device(Some(uuid), ordinal));
+        }
+        eff
+    }
+
+    /// Whether an SM share may apply to some device (env/config, or any agent file's entry): false means no
+    /// launch needs the throttle. One atomic load per limits file plus one flag.
+    #[inline]
+    pub fn sm_limited(&self) -> bool {
+        self.refresh_if_changed();
+        self.sm_limited.load(Ordering::Relaxed)
+    }
+
+    fn compute_sm_limited(&self) -> bool {
+        self.cfg.has_sm_limits()
+            || self.agent.readers.lock().iter().any(|r| {
+                r.snapshot()
+                    .entries
+                    .iter()
+                    .any(|e| e.is_valid() && e.limits().throttles())
+            })
+    }
+
+    /// Re-reads changed limits files and recomputes every known device's limits. One atomic load per file when
+    /// nothing changed.
+    #[inline]
+    pub fn refresh_if_changed(&self) {
+        let changed = self
+            .agent
+            .watch
+            .iter()
+            .zip(&self.agent.seen)
+            .any(|(w, seen)| w.seq() != seen.load(Ordering::Relaxed));
+        if changed {
+            self.refresh();
+        }
+    }
+
+    #[cold]
+    fn refresh(&self) {
+        {
+            let mut readers = self.agent.readers.lock();
+            for ((r, w), seen) in readers.iter_mut().zip(&self.agent.watch).zip(&self.agent.seen) {
+                if w.seq() != seen.load(Ordering::Relaxed) {
+                    r.refresh();
+                    seen.store(w.seq(), Ordering::Relaxed);
+                }
+            }
+        }
+        self.sm_limited
+            .store(self.compute_sm_limited(), Ordering::Relaxed);
+        for (o, slot) in self.table.iter().enumerate() {
+            if let Some(i) = slot.get() {
+                let policy = self.effective(Some(o as u32), &i.uuid);
+                i.policy.store(&policy.raw());
+                self.usage.report_limits(i.id, &policy);
+                log!(Level::Info, "device {o}: limits now {policy:?}");
+            }
+        }
+    }
+
+    // ---- fork ----------------------------------------------------------------------------------------------
+
+    /// Takes the lock of the agent readers (see `state`'s fork handlers for the order).
+    pub fn fork_prepare(&self) {
+        std::mem::forget(self.agent.readers.lock());
+    }
+
+    /// Undoes [`Devices::fork_prepare`] (parent and child).
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub unsafe fn fork_release(&self) {
+        // SAFETY: locked by fork_prepare, guard forgotten.
+        unsafe { self.agent.readers.force_unlock() };
+    }
+}
+
+/// The device's minimum allocation granularity (`cuMemGetAllocationGranularity`), or the 2 MiB default.
+fn granularity(cuda: &CudaTable, ordinal: CUdevice) -> u64 {
+    let prop = CUmemAllocationProp {
+        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: 0,
+        location: CUmemLocation {
+            type_: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal,
+        },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: Default::default(),
+    };
+    let mut g: usize = 0;
+    // SAFETY: valid pointers.
+    let r = unsafe { cuda.cuMemGetAllocationGranularity(&mut g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) };
+    if r.ok() && g.is_power_of_two() {
+        g as u64
+    } else {
+        DEFAULT_GRANULARITY
+    }
+}

@@ -1,0 +1,262 @@
+//! The pid NVML knows this process by.
+//!
+//! In a separate pid namespace (a Kubernetes pod) NVML lists host pids, not ours. When our own pid is not in
+//! its list, the host pid is learned by diffing NVML's process list around this process's first context
+//! creation on a device: we are the one new pid that is not already a member of the container. It is then
+//! what overhead measurement looks for in NVML's lists, and it is recorded in our usage slot so the NVML filter
+//! and the burst controller recognise us. An ambiguous diff (several processes creating contexts at the same
+//! moment) is narrowed at later context creations and module loads.
+
+use super::Memory;
+use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::{CUdevice, CUresult};
+use crate::log::{log, Level};
+use cuquota_core::region::SlotState;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Touched only on context creation and module load, and only while the pid is unknown.
+#[derive(Default)]
+pub struct HostPid {
+    /// The learned host pid (0 = unknown).
+    pid: AtomicU32,
+    /// Bit per ordinal (< 64): a context creation on that device has started in this process. Only the first
+    /// one may diff: before it, NVML cannot list us on that device, so we are among the pids it adds.
+    touched: AtomicU64,
+    /// One learner at a time in this process (a concurrent context creation by another thread of ours only
+    /// adds our own pid, which is harmless).
+    busy: AtomicBool,
+    /// After an ambiguous diff: (ordinal, the new pids, us among them), narrowed at later attempts as the
+    /// others become known members of the container or leave.
+    candidates: Mutex<Option<(CUdevice, Vec<u32>)>>,
+}
+
+impl HostPid {
+    /// The learned host pid, if any (one atomic load).
+    pub fn get(&self) -> Option<u32> {
+        match self.pid.load(Ordering::Acquire) {
+            0 => None,
+            p => Some(p),
+        }
+    }
+
+    fn try_begin(&self) -> bool {
+        self.busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    fn end(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+
+    /// A forked child is another process: NVML knows it by another pid, to be learned again.
+    pub(super) fn reset(&self) {
+        self.pid.store(0, Ordering::Relaxed);
+        self.touched.store(0, Ordering::Relaxed);
+        self.busy.store(false, Ordering::Relaxed);
+        *self.candidates.lock() = None;
+    }
+
+    pub(super) fn fork_prepare(&self) {
+        std::mem::forget(self.candidates.lock());
+    }
+
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release(&self) {
+        // SAFETY: locked by fork_prepare, guard forgotten.
+        unsafe { self.candidates.force_unlock() };
+    }
+}
+
+/// The one pid among `after` that is new since `before` and not already a member of the container (a host
+/// pid another process of ours recorded). `Err` with the new non-member pids when there is not exactly one
+/// (none, or several processes started contexts at the same moment).
+pub fn new_host_pid(before: &[u32], after: &[u32], members: &[u32]) -> Result<u32, Vec<u32>> {
+    let mut new: Vec<u32> = after
+        .iter()
+        .copied()
+        .filter(|p| *p != 0 && !before.contains(p) && !members.contains(p))
+        .collect();
+    new.sort_unstable();
+    new.dedup();
+    match new[..] {
+        [p] => Ok(p),
+        _ => Err(new),
+    }
+}
+
+impl Memory {
+    /// The pids NVML lists on the device of `ordinal`.
+    fn nvml_pids(&self, nvml: &Nvml, ordinal: CUdevice) -> Option<Vec<u32>> {
+        let uuid = self.devices.uuid_of(ordinal)?;
+        let list = nvml.processes(&uuid)?;
+        Some(list.iter().map(|p| p.pid).collect())
+    }
+
+    /// Host pids other live processes of the container recorded in their usage slots.
+    fn member_host_pids(&self) -> Vec<u32> {
+        self.usage()
+            .processes()
+            .into_iter()
+            .filter(|p| p.state == SlotState::Live && p.host_pid != 0)
+            .map(|p| p.host_pid)
+            .collect()
+    }
+
+    /// Records our host pid: in the process state and in our usage slot (claimed if needed).
+    fn learned(&self, pid: u32) {
+        self.host.pid.store(pid, Ordering::Release);
+        *self.host.candidates.lock() = None;
+        match self.usage().process_slot() {
+            Ok(slot) => self.usage().set_host_pid(slot, pid),
+            Err(e) => log!(Level::Warn, "host pid {pid} not recorded: no usage slot ({e})"),
+        }
+    }
+
+    /// NVML listed us as `pid` (found by our own pid, or by the host pid learned earlier).
+    pub(super) fn listed_as(&self, pid: u32) {
+        if pid == std::process::id() && self.host.get().is_none() {
+            self.learned(pid);
+        } else if let Some(slot) = self.usage().cached_slot() {
+            self.usage().set_host_pid(slot, pid);
+        }
+    }
+
+    /// Runs a context-creating driver call on `ordinal`, learning our host pid around it when needed.
+    pub fn creating_context(
+        &self,
+        nvml: &Nvml,
+        ordinal: CUdevice,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let before = self.host_pid_before(nvml, ordinal);
+        let r = call();
+        self.host_pid_after(nvml, ordinal, before, r.ok());
+        r
+    }
+
+    /// Before a context creation on `dev`: when our host pid is unknown and this is our first context creation
+    /// on the device, NVML's pids on it (the diff's "before"). Otherwise retries an earlier ambiguous diff.
+    fn host_pid_before(&self, nvml: &Nvml, dev: CUdevice) -> Option<Vec<u32>> {
+        let host = &self.host;
+        if host.get().is_some() {
+            return None;
+        }
+        let bit = 1u64.checked_shl(u32::try_from(dev).ok()?)?;
+        if host.touched.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            self.retry_host_pid(nvml);
+            return None;
+        }
+        if !host.try_begin() {
+            return None;
+        }
+        match self.nvml_pids(nvml, dev) {
+            Some(b) if !b.contains(&std::process::id()) => Some(b),
+            _ => {
+                host.end();
+                None
+            }
+        }
+    }
+
+    /// After the context creation that [`Memory::host_pid_before`] prepared (`before` is `Some`): diffs NVML's
+    /// list.
+    fn host_pid_after(&self, nvml: &Nvml, dev: CUdevice, before: Option<Vec<u32>>, created: bool) {
+        let Some(before) = before else {
+            return;
+        };
+        if created {
+            if let Some(after) = self.nvml_pids(nvml, dev) {
+                if after.contains(&std::process::id()) {
+                    self.learned(std::process::id());
+                } else {
+                    match new_host_pid(&before, &after, &self.member_host_pids()) {
+                        Ok(p) => {
+                            log!(Level::Debug, "device {dev}: NVML knows this process as pid {p}");
+                            self.learned(p);
+                        }
+                        Err(new) => {
+                            log!(
+                                Level::Debug,
+                                "device {dev}: host pid ambiguous (new NVML pids {new:?}); retried later"
+                            );
+                            if new.len() >= 2 {
+                                *self.host.candidates.lock() = Some((dev, new));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.host.end();
+    }
+
+    /// Retries an ambiguous diff: of its new pids, those NVML still lists on that device and that no other
+    /// process of the container has recorded; exactly one left → that is us. Needs a live context of ours on
+    /// the device (so that we are still listed there).
+    pub(super) fn retry_host_pid(&self, nvml: &Nvml) {
+        let host = &self.host;
+        if host.get().is_some() || !host.try_begin() {
+            return;
+        }
+        let pending = host.candidates.lock().clone();
+        if let Some((dev, cands)) = pending {
+            if self.holdings.live_contexts(dev) > 0 {
+                if let Some(now) = self.nvml_pids(nvml, dev) {
+                    let still: Vec<u32> = cands.into_iter().filter(|p| now.contains(p)).collect();
+                    match new_host_pid(&[], &still, &self.member_host_pids()) {
+                        Ok(p) => {
+                            log!(
+                                Level::Debug,
+                                "device {dev}: NVML knows this process as pid {p} (retry)"
+                            );
+                            self.learned(p);
+                        }
+                        Err(left) => {
+                            log!(Level::Debug, "device {dev}: host pid still ambiguous ({left:?})");
+                            *host.candidates.lock() = (left.len() >= 2).then_some((dev, left));
+                        }
+                    }
+                }
+            }
+        }
+        host.end();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_host_pid;
+
+    #[test]
+    fn exactly_one_new_pid_is_us() {
+        assert_eq!(new_host_pid(&[], &[100_007], &[]), Ok(100_007));
+        assert_eq!(
+            new_host_pid(&[200_001, 200_002], &[200_001, 100_007, 200_002], &[]),
+            Ok(100_007)
+        );
+        // listed twice (NVML lists a process once per context on some drivers): still one pid
+        assert_eq!(new_host_pid(&[5], &[5, 9, 9], &[]), Ok(9));
+    }
+
+    #[test]
+    fn pids_known_to_the_container_are_not_candidates() {
+        // a sibling started its context at the same moment but has already recorded its host pid
+        assert_eq!(new_host_pid(&[], &[100_007, 100_008], &[100_008]), Ok(100_007));
+        assert_eq!(new_host_pid(&[1], &[1, 100_008], &[100_008]), Err(vec![]));
+    }
+
+    #[test]
+    fn ambiguous_or_empty_diffs_learn_nothing() {
+        assert_eq!(new_host_pid(&[], &[], &[]), Err(vec![]));
+        assert_eq!(new_host_pid(&[3, 4], &[3, 4], &[]), Err(vec![]));
+        assert_eq!(
+            new_host_pid(&[3], &[3, 100_009, 100_007], &[]),
+            Err(vec![100_007, 100_009])
+        );
+        // pid 0 (NVML's "unknown") is never us
+        assert_eq!(new_host_pid(&[], &[0], &[]), Err(vec![]));
+    }
+}

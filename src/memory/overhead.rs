@@ -1,0 +1,261 @@
+//! What the driver charges a process beyond its allocations: contexts and loaded modules.
+//!
+//! A context costs hundreds of MiB of device memory (more on large GPUs) and every loaded module some more; none
+//! of it goes through an allocation call. After each context creation / primary-context retain / module or
+//! library load (and after each destroy / release / reset / unload) we ask NVML for this process's
+//! `usedGpuMemory` on that device (`nvmlDeviceGetComputeRunningProcesses_v3`, device found by UUID) and charge
+//! `used − bytes our ledger holds` as this process's overhead there. Growth on a creation path is admitted
+//! against the cap: a context that alone would exceed it is refused (the hook undoes it and returns
+//! `CUDA_ERROR_OUT_OF_MEMORY`).
+//!
+//! In a pid namespace NVML lists host pids, not ours: we are found by the host pid `host_pid` learns.
+//! Without NVML (library missing, or our pid not in its list and the host pid not learned) the overhead is
+//! estimated: [`CTX_ESTIMATE`] per live context and [`MODULE_ESTIMATE`] per loaded module/library.
+
+use super::{Memory, OverCap};
+use crate::devices::{Dev, MAX_ORDINALS};
+use crate::driver::cuda::CudaTable;
+use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::CUdevice;
+use crate::log::{log, Level};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// Estimated device memory of one context when NVML cannot measure it.
+pub const CTX_ESTIMATE: u64 = 256 << 20;
+/// Estimated device memory of one loaded module or library when NVML cannot measure it.
+pub const MODULE_ESTIMATE: u64 = 2 << 20;
+
+/// What this process holds per ordinal, for the estimate and to find the device of a destroyed object.
+pub struct Holdings {
+    ctxs: [AtomicI64; MAX_ORDINALS],
+    primary: [AtomicI64; MAX_ORDINALS],
+    modules: AtomicI64,
+    /// context handle → ordinal (cuCtxCreate*), module handle → ordinal.
+    owners: Mutex<HashMap<usize, CUdevice>>,
+}
+
+impl Default for Holdings {
+    fn default() -> Self {
+        Holdings {
+            ctxs: std::array::from_fn(|_| AtomicI64::new(0)),
+            primary: std::array::from_fn(|_| AtomicI64::new(0)),
+            modules: AtomicI64::new(0),
+            owners: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// `c -= 1`, never below 0.
+fn decrement(c: &AtomicI64) {
+    let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some((v - 1).max(0)));
+}
+
+impl Holdings {
+    /// Live contexts of this process on `ordinal` (a retained primary context counts once).
+    pub fn live_contexts(&self, ordinal: CUdevice) -> i64 {
+        let o = ordinal as usize;
+        self.ctxs.get(o).map_or(0, |c| c.load(Ordering::Relaxed))
+            + self
+                .primary
+                .get(o)
+                .map_or(0, |c| (c.load(Ordering::Relaxed) > 0) as i64)
+    }
+
+    fn estimate(&self, ordinal: CUdevice) -> u64 {
+        let ctxs = self.live_contexts(ordinal).max(0) as u64;
+        if ctxs == 0 {
+            return 0;
+        }
+        ctxs * CTX_ESTIMATE + self.modules.load(Ordering::Relaxed).max(0) as u64 * MODULE_ESTIMATE
+    }
+
+    /// Forgets the parent's contexts and modules in a forked child.
+    pub(super) fn reset(&self) {
+        self.owners.lock().clear();
+        for c in self.ctxs.iter().chain(self.primary.iter()) {
+            c.store(0, Ordering::Relaxed);
+        }
+        self.modules.store(0, Ordering::Relaxed);
+    }
+
+    pub(super) fn fork_prepare(&self) {
+        std::mem::forget(self.owners.lock());
+    }
+
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release(&self) {
+        // SAFETY: locked by fork_prepare, guard forgotten.
+        unsafe { self.owners.force_unlock() };
+    }
+}
+
+impl Memory {
+    /// This process's `usedGpuMemory` on `dev` per NVML: `Some(0)` when NVML lists us nowhere and we hold no
+    /// context there, `None` when NVML cannot tell. We are the entry with our pid, else with our learned host pid.
+    fn nvml_used(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
+        let uuid = self.devices.uuid_of(dev.ordinal)?;
+        let list = nvml.processes(&uuid)?;
+        let me = std::process::id();
+        let found = list.iter().find(|p| p.pid == me).or_else(|| {
+            let host = self.host.get()?;
+            list.iter().find(|p| p.pid == host)
+        });
+        if let Some(p) = found {
+            self.listed_as(p.pid);
+            return Some(p.usedGpuMemory);
+        }
+        (self.holdings.live_contexts(dev.ordinal) == 0).then_some(0)
+    }
+
+    /// Re-measures this process's overhead on `dev`. `admit`: growth must fit under the cap.
+    fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
+        let target = match self.nvml_used(nvml, dev) {
+            Some(used) => used.saturating_sub(self.allocated(dev)),
+            None => self.holdings.estimate(dev.ordinal),
+        };
+        let r = self.set_overhead(dev, target, admit);
+        log!(
+            Level::Debug,
+            "device {}: overhead {} bytes ({})",
+            dev.ordinal,
+            target,
+            if r.is_ok() { "charged" } else { "over the cap" }
+        );
+        r
+    }
+
+    /// Re-measures every device we know (library loads are context-independent).
+    fn measure_all(&self, nvml: &Nvml, admit: bool) -> Result<(), OverCap> {
+        let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
+        let mut res = Ok(());
+        for d in devs {
+            if self.holdings.live_contexts(d.ordinal) > 0 || self.overhead(d) > 0 {
+                if let Err(e) = self.measure(nvml, d, admit) {
+                    res = Err(e);
+                }
+            }
+        }
+        res
+    }
+
+    /// After a context went away: if it was this process's last one on `d`, its allocations went with it. (With
+    /// other contexts still live on the device the records cannot tell whose allocations died: they are kept,
+    /// which over-counts until the process frees them or exits, never under-counts.)
+    fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
+        if self.holdings.live_contexts(d.ordinal) == 0 {
+            self.forget_context_allocations(cuda, d);
+        }
+        let _ = self.measure(nvml, d, false);
+    }
+
+    /// Context `ctx` was created on `ordinal`: count it and charge what it costs. `Err`: over the cap (the
+    /// caller destroys it, which undoes all this).
+    pub fn context_created(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        ctx: usize,
+        ordinal: CUdevice,
+    ) -> Result<(), OverCap> {
+        let Some(d) = self.devices.device(cuda, ordinal) else {
+            return Ok(());
+        };
+        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.holdings.owners.lock().insert(ctx, ordinal);
+        self.measure(nvml, d, true)
+    }
+
+    /// Context `ctx` is about to be destroyed: its device, for [`Memory::context_destroyed`].
+    pub fn context_destroying(&self, ctx: usize) -> Option<CUdevice> {
+        self.holdings.owners.lock().remove(&ctx)
+    }
+
+    /// The destroy of `ctx` (owned by `owner`) returned: on success uncount it and re-measure; on failure it
+    /// still lives.
+    pub fn context_destroyed(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        ctx: usize,
+        owner: Option<CUdevice>,
+        ok: bool,
+    ) {
+        let Some(ordinal) = owner else { return };
+        if !ok {
+            self.holdings.owners.lock().insert(ctx, ordinal);
+            return;
+        }
+        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(d) = self.devices.device(cuda, ordinal) {
+            self.contexts_gone(cuda, nvml, d);
+        }
+    }
+
+    /// The primary context of `ordinal` was retained: count it, charge it. `Err`: over the cap (the caller
+    /// releases it again).
+    pub fn primary_retained(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice) -> Result<(), OverCap> {
+        let Some(d) = self.devices.device(cuda, ordinal) else {
+            return Ok(());
+        };
+        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.measure(nvml, d, true)
+    }
+
+    /// The primary context of `ordinal` was released (`reset`: reset, our count drops to zero).
+    pub fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
+        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+            if reset {
+                c.store(0, Ordering::Relaxed);
+            } else {
+                decrement(c);
+            }
+        }
+        if let Some(d) = self.devices.device(cuda, ordinal) {
+            self.contexts_gone(cuda, nvml, d);
+        }
+    }
+
+    /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
+    /// cap (the caller unloads it).
+    pub fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
+        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.retry_host_pid(nvml);
+        let Some(d) = self.devices.current(cuda) else {
+            return Ok(());
+        };
+        self.holdings.owners.lock().insert(module, d.ordinal);
+        self.measure(nvml, d, true)
+    }
+
+    /// Module `module` was unloaded.
+    pub fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
+        decrement(&self.holdings.modules);
+        let owner = self.holdings.owners.lock().remove(&module);
+        if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
+            let _ = self.measure(nvml, d, false);
+        }
+    }
+
+    /// A library was loaded (context-independent: every device is re-measured). `Err`: over the cap (the
+    /// caller unloads it).
+    pub fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
+        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.retry_host_pid(nvml);
+        self.measure_all(nvml, true)
+    }
+
+    /// A library was unloaded.
+    pub fn library_unloaded(&self, nvml: &Nvml) {
+        decrement(&self.holdings.modules);
+        let _ = self.measure_all(nvml, false);
+    }
+}

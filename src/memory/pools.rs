@@ -1,0 +1,273 @@
+//! Memory that pools hold: stream-ordered pools (charged by `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`) and the
+//! devices' graph pools behind CUDA graph memory nodes (charged by `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`),
+//! plus the set of graph execs that have memory nodes.
+
+use super::{ledger, Memory};
+use crate::devices::Dev;
+use crate::driver::cuda::CudaTable;
+use crate::ffi::cuda::*;
+use cuquota_core::DeviceId;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A stream-ordered pool we account.
+pub(super) struct PoolState {
+    /// `None` for host pools (not device memory).
+    dev: Option<Dev>,
+    /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` as last charged.
+    charged: u64,
+}
+
+/// Slots of the lock-free set of graph execs with memory alloc nodes.
+const EXEC_SLOTS: usize = 4096;
+const EXEC_EMPTY: usize = 0;
+const EXEC_GONE: usize = 1;
+
+/// CUDA graph memory: per device, the graph pool's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` as charged, and the
+/// graph execs that have alloc nodes with their footprint (bytes per device their launches may need).
+///
+/// Launch hot path: [`GraphMem::has_memory`] probes a fixed open-addressed table of atomics (no lock, no
+/// allocation); only execs found there take the footprint lock.
+pub struct GraphMem {
+    pub(super) charged: Mutex<HashMap<CUdevice, (Dev, u64)>>,
+    execs: Box<[std::sync::atomic::AtomicUsize]>,
+    /// The table was full once: lookups fall back to `footprints`.
+    overflow: AtomicBool,
+    pub(super) footprints: Mutex<HashMap<usize, Vec<(Dev, u64)>>>,
+}
+
+fn exec_slot(exec: usize, i: usize) -> usize {
+    let h = (exec as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52;
+    (h as usize + i) % EXEC_SLOTS
+}
+
+impl GraphMem {
+    pub(super) fn new() -> GraphMem {
+        GraphMem {
+            charged: Mutex::new(HashMap::new()),
+            execs: (0..EXEC_SLOTS)
+                .map(|_| std::sync::atomic::AtomicUsize::new(EXEC_EMPTY))
+                .collect(),
+            overflow: AtomicBool::new(false),
+            footprints: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
+    #[inline]
+    pub fn has_memory(&self, exec: usize) -> bool {
+        if exec > EXEC_GONE {
+            for i in 0..EXEC_SLOTS {
+                match self.execs[exec_slot(exec, i)].load(Ordering::Acquire) {
+                    EXEC_EMPTY => break,
+                    v if v == exec => return true,
+                    _ => {}
+                }
+            }
+        }
+        self.overflow.load(Ordering::Relaxed) && self.footprints.lock().contains_key(&exec)
+    }
+
+    fn unmark(&self, exec: usize) {
+        for i in 0..EXEC_SLOTS {
+            let slot = &self.execs[exec_slot(exec, i)];
+            match slot.load(Ordering::Acquire) {
+                EXEC_EMPTY => return,
+                v if v == exec => {
+                    slot.store(EXEC_GONE, Ordering::Release);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Records a freshly instantiated exec's footprint (empty: it has no alloc nodes; a reused handle value
+    /// is forgotten).
+    pub fn set_exec(&self, exec: usize, footprint: Vec<(Dev, u64)>) {
+        self.forget_exec(exec);
+        if footprint.is_empty() || exec <= EXEC_GONE {
+            return;
+        }
+        self.footprints.lock().insert(exec, footprint);
+        for i in 0..EXEC_SLOTS {
+            let slot = &self.execs[exec_slot(exec, i)];
+            let cur = slot.load(Ordering::Acquire);
+            if (cur == EXEC_EMPTY || cur == EXEC_GONE)
+                && slot
+                    .compare_exchange(cur, exec, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+            {
+                return;
+            }
+        }
+        self.overflow.store(true, Ordering::Relaxed);
+    }
+
+    /// Forgets an exec (destroyed).
+    pub fn forget_exec(&self, exec: usize) {
+        if exec > EXEC_GONE {
+            self.unmark(exec);
+        }
+        self.footprints.lock().remove(&exec);
+    }
+
+    /// The footprint of an exec with alloc nodes.
+    pub fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
+        self.footprints.lock().get(&exec).cloned()
+    }
+}
+
+impl Memory {
+    /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
+    pub fn track_pool(&self, pool: usize, dev: Option<Dev>) {
+        self.pools
+            .lock()
+            .entry(pool)
+            .or_insert(PoolState { dev, charged: 0 });
+    }
+
+    /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
+    pub fn pool_device(&self, pool: usize) -> Option<Option<Dev>> {
+        self.pools.lock().get(&pool).map(|p| p.dev)
+    }
+
+    /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
+    pub fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get_mut(&pool) {
+            self.refresh_locked(cuda, pool, p);
+        }
+    }
+
+    fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
+        let Some(dev) = p.dev else { return };
+        let mut reserved: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
+        let r = unsafe {
+            cuda.cuMemPoolGetAttribute(
+                pool as CUmemoryPool,
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&mut reserved as *mut u64).cast(),
+            )
+        };
+        if !r.ok() {
+            return;
+        }
+        if reserved > p.charged {
+            self.force(dev, reserved - p.charged);
+        } else {
+            self.release(dev, p.charged - reserved);
+        }
+        p.charged = reserved;
+    }
+
+    /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be
+    /// served from without the pool growing. 0 for untracked pools or when the driver cannot tell.
+    pub fn pool_slack(&self, cuda: &CudaTable, pool: usize) -> u64 {
+        if self.pool_device(pool).is_none() {
+            return 0; // not charged by us yet: its reserve is not ours to spend
+        }
+        let get = |attr| {
+            let mut v: u64 = 0;
+            // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
+            let r = unsafe {
+                cuda.cuMemPoolGetAttribute(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast())
+            };
+            r.ok().then_some(v)
+        };
+        match (
+            get(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            get(CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        ) {
+            (Some(reserved), Some(used)) => reserved.saturating_sub(used),
+            _ => 0,
+        }
+    }
+
+    /// Refreshes every pool on a device entry (before refusing a pool allocation).
+    pub fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
+        let mut pools = self.pools.lock();
+        for (&pool, p) in pools.iter_mut() {
+            if p.dev.is_some_and(|d| d.id == id) {
+                self.refresh_locked(cuda, pool, p);
+            }
+        }
+    }
+
+    /// The last context this process had on `dev` is gone (destroyed, reset or released for the last time):
+    /// the driver freed every allocation made in it, so their records and charges go too. VMM handles
+    /// (`cuMemCreate`) are not tied to a context and stay; pools are re-read.
+    pub fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
+        let gone = self
+            .ledger
+            .remove_where(|space, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
+        for rec in gone {
+            if rec.kind == ledger::Kind::Direct {
+                self.release(dev, rec.bytes);
+            }
+        }
+        self.refresh_pools_of(cuda, dev.id);
+        if self.graph.charged.lock().contains_key(&dev.ordinal) {
+            self.refresh_graph(cuda, dev);
+        }
+    }
+
+    // ---- graph memory (memory nodes) -------------------------------------------------------------------------
+
+    fn graph_attr(cuda: &CudaTable, ordinal: CUdevice, attr: c_int) -> Option<u64> {
+        let mut v: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
+        let r = unsafe { cuda.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };
+        r.ok().then_some(v)
+    }
+
+    /// Re-reads a device's reserved graph memory and charges (unconditionally) or releases the difference.
+    pub fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
+        let mut charged = self.graph.charged.lock();
+        let Some(reserved) = Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
+        else {
+            return;
+        };
+        let e = charged.entry(dev.ordinal).or_insert((dev, 0));
+        if reserved > e.1 {
+            self.force(dev, reserved - e.1);
+        } else {
+            self.release(dev, e.1 - reserved);
+        }
+        e.1 = reserved;
+    }
+
+    /// Re-reads every device whose graph memory we charge.
+    pub fn refresh_graph_all(&self, cuda: &CudaTable) {
+        let devs: Vec<Dev> = self.graph.charged.lock().values().map(|e| e.0).collect();
+        for d in devs {
+            self.refresh_graph(cuda, d);
+        }
+    }
+
+    /// Graph memory reserved on `dev` but not in use, as far as we charged it: what a launch can reuse.
+    pub fn graph_slack(&self, cuda: &CudaTable, dev: Dev) -> u64 {
+        let charged = self.graph.charged.lock().get(&dev.ordinal).map_or(0, |e| e.1);
+        if charged == 0 {
+            return 0;
+        }
+        match (
+            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+        ) {
+            (Some(r), Some(u)) => r.saturating_sub(u).min(charged),
+            _ => 0,
+        }
+    }
+
+    /// A destroyed pool: its charge goes back.
+    pub fn forget_pool(&self, pool: usize) {
+        if let Some(p) = self.pools.lock().remove(&pool) {
+            if let Some(dev) = p.dev {
+                self.release(dev, p.charged);
+            }
+        }
+    }
+}

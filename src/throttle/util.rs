@@ -1,0 +1,88 @@
+//! Other containers' use of a device, for the burst controller: NVML's per-process utilisation since the last
+//! sample, summed over the processes that are not members of this container's usage region.
+
+use super::bucket::FULL_RATE;
+use super::burst;
+use crate::devices::Devices;
+use crate::driver::nvml::Nvml;
+use crate::ffi::nvml::{nvmlProcessUtilizationSample_t, nvmlReturn_t};
+use crate::time::realtime_us;
+use cuquota_core::region::layout::MAX_DEVICES;
+use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+/// Per usage-device entry: NVML's handle and the time of the previous sample. Atomics only, no lock.
+pub struct Util {
+    /// NVML handle (0 = not looked up yet, 1 = unavailable).
+    handles: [AtomicUsize; MAX_DEVICES],
+    /// CLOCK_REALTIME µs of the previous sample.
+    last_seen: [AtomicU64; MAX_DEVICES],
+}
+
+impl Default for Util {
+    fn default() -> Self {
+        Util {
+            handles: std::array::from_fn(|_| AtomicUsize::new(0)),
+            last_seen: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Util {
+    fn handle(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<*mut c_void> {
+        let cached = self.handles.get(entry)?;
+        let mut h = cached.load(Ordering::Relaxed);
+        if h == 0 {
+            h = devices
+                .known()
+                .find(|(d, _)| d.id.index() == entry)
+                .and_then(|(_, uuid)| nvml.handle_by_uuid(&uuid))
+                .map_or(1, |p| p as usize);
+            cached.store(h, Ordering::Relaxed);
+        }
+        (h != 1).then_some(h as *mut c_void)
+    }
+
+    /// Per-mille of usage entry `entry`'s device that processes outside this container used since the previous
+    /// call for it (about `burst::SAMPLE_NS`); `None` when NVML cannot tell.
+    pub fn others_pm(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+        let t = nvml.ready()?;
+        let h = self.handle(nvml, devices, entry)?;
+        let now = realtime_us();
+        let last = self.last_seen.get(entry)?.swap(now, Ordering::Relaxed);
+        let since = if last == 0 {
+            now.saturating_sub(burst::SAMPLE_NS / 1000)
+        } else {
+            last
+        };
+        let mut buf = [nvmlProcessUtilizationSample_t::default(); 128];
+        let mut n = buf.len() as c_uint;
+        // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
+        let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
+        // NVML_ERROR_NOT_FOUND: no samples since `since` = nobody ran.
+        if r == nvmlReturn_t::ERROR_NOT_FOUND {
+            return Some(0);
+        }
+        if !r.ok() {
+            return None;
+        }
+        // Average each pid's samples, sum over the pids outside this container.
+        let mut per: Vec<(u32, u64, u64)> = Vec::new();
+        for smp in &buf[..(n as usize).min(buf.len())] {
+            match per.iter_mut().find(|x| x.0 == smp.pid) {
+                Some(x) => {
+                    x.1 += smp.smUtil as u64;
+                    x.2 += 1;
+                }
+                None => per.push((smp.pid, smp.smUtil as u64, 1)),
+            }
+        }
+        let usage = devices.usage();
+        let others: u64 = per
+            .iter()
+            .filter(|(pid, _, _)| !usage.is_member(*pid))
+            .map(|(_, sum, k)| sum * 10 / k)
+            .sum();
+        Some(others.min(FULL_RATE))
+    }
+}
