@@ -2,8 +2,8 @@
 //! `driver::{cuda,nvml}` so that the export, its real counterpart and its hook cannot drift apart.
 //!
 //! Every export is one line: [`cuda_guard`] / [`nvml_guard`] catch panics (→ `CUDA_ERROR_UNKNOWN` /
-//! `NVML_ERROR_UNKNOWN`), get the process state (initialising it on first use) and call either the hook of the
-//! same name in `crate::hooks` (active) or the real function (disabled: pure pass-through). A configuration
+//! `NVML_ERROR_UNKNOWN`), get the process state (initialising it on first use) and call either the hook its
+//! line in the driver list names (active) or the real function (disabled: pure pass-through). A configuration
 //! error makes every CUDA export return `CUDA_ERROR_NOT_INITIALIZED` and every NVML export an NVML error.
 //!
 //! Exports carry `#[cfg_attr(not(test), no_mangle)]` so the unit-test binary does not interpose itself.
@@ -45,13 +45,41 @@ pub fn nvml_guard(f: impl FnOnce(Entry<crate::driver::nvml::NvmlTable>) -> nvmlR
     }
 }
 
-/// Generates, from a driver list, the exports plus `export_address(name)` (the address of our export of that
-/// name, used by `dlsym` and the `cuGetProcAddress` reverse map) and `EXPORT_NAMES`.
+/// Generates, from a driver list (`driver::cuda::cuda_functions!` / `driver::nvml::nvml_functions!`), for each
+/// hooked function: its dispatch `body::<name>(shim, args…)` (binds `call` / `real` to the real function and
+/// calls the line's hook), the export (guard, then the body or, disabled, the real function), plus
+/// `export_address(name)` (the address of our export of that name, used by `dlsym` and the `cuGetProcAddress`
+/// reverse map) and `EXPORT_NAMES`.
 macro_rules! exports {
-    ($guard:ident, $ret:ty, $hooks:path,
-        [ $( $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ); )* ]) => {
+    ($guard:ident, $ret:ty, $table:ident, ($call:ident, $real:ident)
+        hooked [ $( $name:ident $(@ $ver:literal)? ( $( $arg:ident : $ty:ty ),* $(,)? )
+            => $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ) ; )* ]
+        helpers [ $($helpers:tt)* ]) => {
+        /// What each export does in an active process, as plain Rust (unit tests call these).
+        #[allow(non_snake_case, unused_variables, unused_unsafe, clippy::too_many_arguments)]
+        pub mod body {
+            use super::*;
+            use $crate::state::Shim;
+            $(
+                #[doc = concat!("`", stringify!($name), "`: the real call bound as `call` / `real`, then the hook.")]
+                #[doc = ""]
+                #[doc = "# Safety"]
+                #[doc = "The C function's contract."]
+                #[inline]
+                pub unsafe fn $name(s: &Shim, $( $arg: $ty ),*) -> $ret {
+                    let t = super::$table(s);
+                    // SAFETY: the real function with the caller's arguments, under the caller's contract.
+                    let $call = move || unsafe { t.$name($($arg),*) };
+                    // SAFETY: the real function with arguments the hook supplies under the same contract.
+                    let $real = move |$($arg: $ty),*| unsafe { t.$name($($arg),*) };
+                    // SAFETY: the caller's contract is the hook's.
+                    unsafe { $crate::hooks::$hm::$hf(s, $($e),*) }
+                }
+            )*
+        }
+
         $(
-            #[doc = concat!("Export of `", stringify!($name), "` (see `crate::hooks`).")]
+            #[doc = concat!("Export of `", stringify!($name), "` (see `body`).")]
             #[doc = ""]
             #[doc = "# Safety"]
             #[doc = "Called by C code under the CUDA/NVML contract of the function of the same name."]
@@ -59,8 +87,8 @@ macro_rules! exports {
             #[allow(non_snake_case, clippy::too_many_arguments)]
             pub unsafe extern "C" fn $name($( $arg: $ty ),*) -> $ret {
                 $crate::abi::$guard(|e| match e {
-                    // SAFETY: the caller's contract is the hook's contract.
-                    $crate::state::Entry::Active(s) => unsafe { { use $hooks as h; h::$name(s, $($arg),*) } },
+                    // SAFETY: the caller's contract.
+                    $crate::state::Entry::Active(s) => unsafe { body::$name(s, $($arg),*) },
                     // SAFETY: forwarded unchanged under the caller's contract.
                     $crate::state::Entry::PassThrough(t) => unsafe { t.$name($($arg),*) },
                 })

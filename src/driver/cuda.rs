@@ -1,171 +1,148 @@
-//! The CUDA driver functions the shim touches, in two lists: the hooked ones (exported by `abi::cuda` under the
-//! same names, each with a real counterpart here) and helpers the shim only calls. Signatures are transcribed from
-//! `cuda.h` (CUDA 13.0); the legacy bare names use the old 32-bit ABI declared in its
-//! `__CUDA_API_VERSION_INTERNAL` section. `cuLaunch`, `cuLaunchGrid` and `cuLaunchGridAsync` are no longer declared
-//! by the 13.0 header; their signatures are CUDA 12's.
+//! Every CUDA driver function the shim touches, one line each, in one list ([`cuda_functions!`]) from which the
+//! real-function table (here), the exports and their dispatch (`abi::cuda`) and the check against NVIDIA's
+//! headers (`driver::header_check`) are generated.
+//!
+//! A line: `name @version (args) => module::hook(exprs);`. `version` is the CUDA version of that ABI, as in
+//! `cudaTypedefs.h`'s `PFN_<name>_v<version>[_ptsz]` (the test checks the signature against that typedef).
+//! The hook is `crate::hooks::<module>::<hook>(shim, exprs…)`: the expressions may use the arguments, `call`
+//! (the real function with the caller's arguments) and `real` (the real function, taking arguments). So the
+//! `_v2`, `_v3`, `_ptsz` and legacy forms of a call are lines naming the same hook: adding an entry point of a
+//! new CUDA version is one line. `helpers` are functions the shim calls but does not export.
+//!
+//! The legacy bare names use the old 32-bit ABI that `cuda.h` declares under `__CUDA_API_VERSION_INTERNAL`.
 
 #![allow(non_snake_case)]
 
 use crate::ffi::cuda::*;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-/// Invokes `$cb! { [ hooked list ] }` with every exported (hooked) CUDA function.
-macro_rules! cuda_hooked {
+/// Invokes `$cb! { (call, real) hooked [ … ] helpers [ … ] }` with every CUDA function the shim touches.
+macro_rules! cuda_functions {
     ($cb:ident) => {
-        $cb! { [
+        $cb! { (call, real) hooked [
             // initialisation and symbol lookup
-            cuInit(Flags: c_uint);
-            cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: cuuint64_t);
-            cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: cuuint64_t,
-                symbolStatus: *mut CUdriverProcAddressQueryResult);
+            cuInit @2000 (Flags: c_uint) => context::init(call);
+            cuGetProcAddress @11030 (symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: cuuint64_t) => proc_address::get_proc_address(call, pfn);
+            cuGetProcAddress_v2 @12000 (symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: c_int, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult) => proc_address::get_proc_address(call, pfn);
             // linear allocations
-            cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize);
-            cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: c_uint);
-            cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize,
-                ElementSizeBytes: c_uint);
-            cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pPitch: *mut c_uint, WidthInBytes: c_uint, Height: c_uint,
-                ElementSizeBytes: c_uint);
-            cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint);
-            cuMemFree_v2(dptr: CUdeviceptr);
-            cuMemFree(dptr: CUdeviceptr_v1);
+            cuMemAlloc_v2 @3020 (dptr: *mut CUdeviceptr, bytesize: usize) => memory::alloc(call, dptr, bytesize);
+            cuMemAlloc @2000 (dptr: *mut CUdeviceptr_v1, bytesize: c_uint) => memory::alloc(call, dptr, bytesize);
+            cuMemAllocManaged @6000 (dptr: *mut CUdeviceptr, bytesize: usize, flags: c_uint) => memory::alloc(call, dptr, bytesize);
+            cuMemAllocPitch_v2 @3020 (dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: c_uint) => memory::alloc_pitch(call, dptr, pPitch, WidthInBytes, Height);
+            cuMemAllocPitch @2000 (dptr: *mut CUdeviceptr_v1, pPitch: *mut c_uint, WidthInBytes: c_uint, Height: c_uint, ElementSizeBytes: c_uint) => memory::alloc_pitch(call, dptr, pPitch, WidthInBytes, Height);
+            cuMemFree_v2 @3020 (dptr: CUdeviceptr) => memory::free(call, dptr);
+            cuMemFree @2000 (dptr: CUdeviceptr_v1) => memory::free(call, dptr);
             // stream-ordered allocator
-            cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream);
-            cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream);
-            cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream);
-            cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream);
-            cuMemFreeAsync(dptr: CUdeviceptr, hStream: CUstream);
-            cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream);
-            cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps);
-            cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize);
-            cuMemPoolDestroy(pool: CUmemoryPool);
+            cuMemAllocAsync @11020 (dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) => memory::alloc_async(call, dptr, bytesize, None, hStream, DefaultStream::Legacy);
+            cuMemAllocAsync_ptsz @11020 (dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) => memory::alloc_async(call, dptr, bytesize, None, hStream, DefaultStream::PerThread);
+            cuMemAllocFromPoolAsync @11020 (dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) => memory::alloc_async(call, dptr, bytesize, Some(pool), hStream, DefaultStream::Legacy);
+            cuMemAllocFromPoolAsync_ptsz @11020 (dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) => memory::alloc_async(call, dptr, bytesize, Some(pool), hStream, DefaultStream::PerThread);
+            cuMemFreeAsync @11020 (dptr: CUdeviceptr, hStream: CUstream) => memory::free(call, dptr);
+            cuMemFreeAsync_ptsz @11020 (dptr: CUdeviceptr, hStream: CUstream) => memory::free(call, dptr);
+            cuMemPoolCreate @11020 (pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) => memory::pool_create(call, pool, poolProps);
+            cuMemPoolTrimTo @11020 (pool: CUmemoryPool, minBytesToKeep: usize) => memory::pool_trim(call, pool);
+            cuMemPoolDestroy @11020 (pool: CUmemoryPool) => memory::pool_destroy(call, pool);
             // virtual memory management
-            cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp,
-                flags: u64);
-            cuMemRelease(handle: CUmemGenericAllocationHandle);
+            cuMemCreate @10020 (handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::vmm_create(call, handle, size, prop);
+            cuMemRelease @10020 (handle: CUmemGenericAllocationHandle) => memory::vmm_release(call, handle);
             // arrays
-            cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR);
-            cuArrayCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR_v1);
-            cuArray3DCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR);
-            cuArray3DCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR_v1);
-            cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR,
-                numMipmapLevels: c_uint);
-            cuArrayDestroy(hArray: CUarray);
-            cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray);
+            cuArrayCreate_v2 @3020 (pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) => memory::array_create(call, pHandle, pAllocateArray);
+            cuArrayCreate @2000 (pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR_v1) => memory::array_create(call, pHandle, pAllocateArray);
+            cuArray3DCreate_v2 @3020 (pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR) => memory::array_create(call, pHandle, pAllocateArray);
+            cuArray3DCreate @2000 (pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR_v1) => memory::array_create(call, pHandle, pAllocateArray);
+            cuMipmappedArrayCreate @5000 (pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: c_uint) => memory::mipmapped_create(call, pHandle, pMipmappedArrayDesc, numMipmapLevels);
+            cuArrayDestroy @2000 (hArray: CUarray) => memory::array_destroy(call, hArray);
+            cuMipmappedArrayDestroy @5000 (hMipmappedArray: CUmipmappedArray) => memory::mipmapped_destroy(call, hMipmappedArray);
             // what the program is told about memory
-            cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
-            cuMemGetInfo(free: *mut c_uint, total: *mut c_uint);
-            cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice);
-            cuDeviceTotalMem(bytes: *mut c_uint, dev: CUdevice);
+            cuMemGetInfo_v2 @3020 (free: *mut usize, total: *mut usize) => info::mem_get_info(real, free, total);
+            cuMemGetInfo @2000 (free: *mut c_uint, total: *mut c_uint) => info::mem_get_info(real, free, total);
+            cuDeviceTotalMem_v2 @3020 (bytes: *mut usize, dev: CUdevice) => info::device_total_mem(call, bytes, dev);
+            cuDeviceTotalMem @2000 (bytes: *mut c_uint, dev: CUdevice) => info::device_total_mem(call, bytes, dev);
             // contexts and modules (overhead measurement)
-            cuCtxCreate(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
-            cuCtxCreate_v2(pctx: *mut CUcontext, flags: c_uint, dev: CUdevice);
-            cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut CUexecAffinityParam, numParams: c_int,
-                flags: c_uint, dev: CUdevice);
-            cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: c_uint,
-                dev: CUdevice);
-            cuCtxDestroy(ctx: CUcontext);
-            cuCtxDestroy_v2(ctx: CUcontext);
-            cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice);
-            cuDevicePrimaryCtxRelease(dev: CUdevice);
-            cuDevicePrimaryCtxRelease_v2(dev: CUdevice);
-            cuDevicePrimaryCtxReset(dev: CUdevice);
-            cuDevicePrimaryCtxReset_v2(dev: CUdevice);
-            cuModuleLoad(module: *mut CUmodule, fname: *const c_char);
-            cuModuleLoadData(module: *mut CUmodule, image: *const c_void);
-            cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, numOptions: c_uint,
-                options: *mut CUjit_option, optionValues: *mut *mut c_void);
-            cuModuleLoadFatBinary(module: *mut CUmodule, fatCubin: *const c_void);
-            cuModuleUnload(hmod: CUmodule);
-            cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jitOptions: *mut CUjit_option,
-                jitOptionsValues: *mut *mut c_void, numJitOptions: c_uint, libraryOptions: *mut CUlibraryOption,
-                libraryOptionValues: *mut *mut c_void, numLibraryOptions: c_uint);
-            cuLibraryLoadFromFile(library: *mut CUlibrary, fileName: *const c_char, jitOptions: *mut CUjit_option,
-                jitOptionsValues: *mut *mut c_void, numJitOptions: c_uint, libraryOptions: *mut CUlibraryOption,
-                libraryOptionValues: *mut *mut c_void, numLibraryOptions: c_uint);
-            cuLibraryUnload(library: CUlibrary);
-            // every path that puts work on the GPU (hooks/launch.rs, owned by the throttle)
-            cuLaunchKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint,
-                blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream,
-                kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
-            cuLaunchKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint,
-                blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream,
-                kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
-            cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void,
-                extra: *mut *mut c_void);
-            cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void,
-                extra: *mut *mut c_void);
-            cuLaunchCooperativeKernel(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint,
-                blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream,
-                kernelParams: *mut *mut c_void);
-            cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint,
-                blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream,
-                kernelParams: *mut *mut c_void);
-            cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut CUDA_LAUNCH_PARAMS, numDevices: c_uint,
-                flags: c_uint);
-            cuGraphLaunch(hGraphExec: CUgraphExec, hStream: CUstream);
-            cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
-            cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void, flags: u64);
-            cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void, phErrorNode: *mut *mut c_void,
-                logBuffer: *mut c_char, bufferSize: usize);
-            cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void, phErrorNode: *mut *mut c_void,
-                logBuffer: *mut c_char, bufferSize: usize);
-            cuGraphInstantiateWithParams(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void,
-                instantiateParams: *mut c_void);
-            cuGraphInstantiateWithParams_ptsz(phGraphExec: *mut CUgraphExec, hGraph: *mut c_void,
-                instantiateParams: *mut c_void);
-            cuGraphUpload(hGraphExec: CUgraphExec, hStream: CUstream);
-            cuGraphUpload_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
-            cuGraphExecDestroy(hGraphExec: CUgraphExec);
-            cuDeviceGraphMemTrim(device: CUdevice);
-            cuLaunch(f: CUfunction);
-            cuLaunchGrid(f: CUfunction, grid_width: c_int, grid_height: c_int);
-            cuLaunchGridAsync(f: CUfunction, grid_width: c_int, grid_height: c_int, hStream: CUstream);
+            cuCtxCreate @2000 (pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::ctx_create(call, pctx, dev);
+            cuCtxCreate_v2 @3020 (pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => context::ctx_create(call, pctx, dev);
+            cuCtxCreate_v3 @11040 (pctx: *mut CUcontext, paramsArray: *mut CUexecAffinityParam, numParams: c_int, flags: c_uint, dev: CUdevice) => context::ctx_create(call, pctx, dev);
+            cuCtxCreate_v4 @12050 (pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) => context::ctx_create(call, pctx, dev);
+            cuCtxDestroy @2000 (ctx: CUcontext) => context::ctx_destroy(call, ctx);
+            cuCtxDestroy_v2 @4000 (ctx: CUcontext) => context::ctx_destroy(call, ctx);
+            cuDevicePrimaryCtxRetain @7000 (pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain(call, dev);
+            cuDevicePrimaryCtxRelease @7000 (dev: CUdevice) => context::primary_release(call, dev, false);
+            cuDevicePrimaryCtxRelease_v2 @11000 (dev: CUdevice) => context::primary_release(call, dev, false);
+            cuDevicePrimaryCtxReset @7000 (dev: CUdevice) => context::primary_release(call, dev, true);
+            cuDevicePrimaryCtxReset_v2 @11000 (dev: CUdevice) => context::primary_release(call, dev, true);
+            cuModuleLoad @2000 (module: *mut CUmodule, fname: *const c_char) => context::module_load(call, module);
+            cuModuleLoadData @2000 (module: *mut CUmodule, image: *const c_void) => context::module_load(call, module);
+            cuModuleLoadDataEx @2010 (module: *mut CUmodule, image: *const c_void, numOptions: c_uint, options: *mut CUjit_option, optionValues: *mut *mut c_void) => context::module_load(call, module);
+            cuModuleLoadFatBinary @2000 (module: *mut CUmodule, fatCubin: *const c_void) => context::module_load(call, module);
+            cuModuleUnload @2000 (hmod: CUmodule) => context::module_unload(call, hmod);
+            cuLibraryLoadData @12000 (library: *mut CUlibrary, code: *const c_void, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut c_void, numJitOptions: c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut c_void, numLibraryOptions: c_uint) => context::library_load(call, library);
+            cuLibraryLoadFromFile @12000 (library: *mut CUlibrary, fileName: *const c_char, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut c_void, numJitOptions: c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut c_void, numLibraryOptions: c_uint) => context::library_load(call, library);
+            cuLibraryUnload @12000 (library: CUlibrary) => context::library_unload(call);
+            // every path that puts work on the GPU (the throttle)
+            cuLaunchKernel @4000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
+            cuLaunchKernel_ptsz @7000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
+            cuLaunchKernelEx @11060 (config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex(call, config, f, DefaultStream::Legacy);
+            cuLaunchKernelEx_ptsz @11060 (config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel_ex(call, config, f, DefaultStream::PerThread);
+            cuLaunchCooperativeKernel @9000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
+            cuLaunchCooperativeKernel_ptsz @9000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
+            cuLaunchCooperativeKernelMultiDevice @9000 (launchParamsList: *mut CUDA_LAUNCH_PARAMS, numDevices: c_uint, flags: c_uint) => launch::multi_device(call, launchParamsList, numDevices);
+            cuGraphLaunch @10000 (hGraphExec: CUgraphExec, hStream: CUstream) => launch::graph(call, hGraphExec, hStream, DefaultStream::Legacy);
+            cuGraphLaunch_ptsz @10000 (hGraphExec: CUgraphExec, hStream: CUstream) => launch::graph(call, hGraphExec, hStream, DefaultStream::PerThread);
+            cuLaunch @2000 (f: CUfunction) => launch::kernel(call, f, [1, 1, 1], [0, 0, 0], std::ptr::null_mut(), DefaultStream::Legacy);
+            cuLaunchGrid @2000 (f: CUfunction, grid_width: c_int, grid_height: c_int) => launch::grid(call, f, grid_width, grid_height, std::ptr::null_mut());
+            cuLaunchGridAsync @2000 (f: CUfunction, grid_width: c_int, grid_height: c_int, hStream: CUstream) => launch::grid(call, f, grid_width, grid_height, hStream);
+            // CUDA graphs with memory nodes
+            cuGraphInstantiateWithFlags @11040 (phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64) => graph_memory::instantiate(call, phGraphExec, hGraph);
+            cuGraphInstantiate @10000 (phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize) => graph_memory::instantiate(call, phGraphExec, hGraph);
+            cuGraphInstantiate_v2 @11000 (phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize) => graph_memory::instantiate(call, phGraphExec, hGraph);
+            cuGraphInstantiateWithParams @12000 (phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) => graph_memory::instantiate(call, phGraphExec, hGraph);
+            cuGraphInstantiateWithParams_ptsz @12000 (phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS) => graph_memory::instantiate(call, phGraphExec, hGraph);
+            cuGraphUpload @11010 (hGraphExec: CUgraphExec, hStream: CUstream) => graph_memory::upload(call, hGraphExec);
+            cuGraphUpload_ptsz @11010 (hGraphExec: CUgraphExec, hStream: CUstream) => graph_memory::upload(call, hGraphExec);
+            cuGraphExecDestroy @10000 (hGraphExec: CUgraphExec) => graph_memory::exec_destroy(call, hGraphExec);
+            cuDeviceGraphMemTrim @11040 (device: CUdevice) => graph_memory::trim(call, device);
+        ] helpers [
+            cuDriverGetVersion @2020 (driverVersion: *mut c_int);
+            cuDeviceGetCount @2000 (count: *mut c_int);
+            cuDeviceGet @2000 (device: *mut CUdevice, ordinal: c_int);
+            cuDeviceGetUuid @9020 (uuid: *mut CUuuid, dev: CUdevice);
+            cuDeviceGetUuid_v2 @11040 (uuid: *mut CUuuid, dev: CUdevice);
+            cuCtxGetDevice @2000 (device: *mut CUdevice);
+            cuCtxGetCurrent @4000 (pctx: *mut CUcontext);
+            cuCtxPushCurrent_v2 @4000 (ctx: CUcontext);
+            cuCtxPopCurrent_v2 @4000 (pctx: *mut CUcontext);
+            cuStreamGetCtx @9020 (hStream: CUstream, pctx: *mut CUcontext);
+            cuStreamGetDevice @12080 (hStream: CUstream, device: *mut CUdevice);
+            cuStreamGetDevice_ptsz @12080 (hStream: CUstream, device: *mut CUdevice);
+            cuEventCreate @2000 (phEvent: *mut CUevent, Flags: c_uint);
+            cuEventDestroy_v2 @4000 (hEvent: CUevent);
+            cuEventRecord @2000 (hEvent: CUevent, hStream: CUstream);
+            cuEventQuery @2000 (hEvent: CUevent);
+            cuEventElapsedTime @2000 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
+            cuEventElapsedTime_v2 @12080 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
+            cuMemGetAllocationGranularity @10020 (granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags);
+            cuMemPoolGetAttribute @11020 (pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
+            cuDeviceGetMemPool @11020 (pool: *mut CUmemoryPool, dev: CUdevice);
+            cuDeviceGetGraphMemAttribute @11040 (device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
+            cuGraphGetNodes @10000 (hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize);
+            cuGraphNodeGetType @10000 (hNode: CUgraphNode, typ: *mut CUgraphNodeType);
+            cuGraphMemAllocNodeGetParams @11040 (hNode: CUgraphNode, params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+            cuArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice);
+            cuMipmappedArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice);
         ] }
     };
 }
-pub(crate) use cuda_hooked;
+pub(crate) use cuda_functions;
 
-/// Builds the table from the hooked list plus the helpers the shim calls but does not export.
+/// The real-function table from both lists.
 macro_rules! cuda_table {
-    ( [ $( $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ); )* ] ) => {
+    ( $call:tt hooked [ $($hooked:tt)* ] helpers [ $($helpers:tt)* ] ) => {
         crate::driver::function_table! {
             /// Real CUDA driver entry points.
             CudaTable -> CUresult;
             missing_library = CUresult::ERROR_NOT_INITIALIZED, missing_symbol = CUresult::ERROR_NOT_FOUND;
-            [
-                $( $name ( $( $arg : $ty ),* ); )*
-                cuDriverGetVersion(driverVersion: *mut c_int);
-                cuDeviceGetCount(count: *mut c_int);
-                cuDeviceGet(device: *mut CUdevice, ordinal: c_int);
-                cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
-                cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
-                cuCtxGetDevice(device: *mut CUdevice);
-                cuCtxGetCurrent(pctx: *mut CUcontext);
-                cuCtxPushCurrent_v2(ctx: CUcontext);
-                cuCtxPopCurrent_v2(pctx: *mut CUcontext);
-                cuStreamGetCtx(hStream: CUstream, pctx: *mut CUcontext);
-                cuEventCreate(phEvent: *mut CUevent, Flags: c_uint);
-                cuEventDestroy_v2(hEvent: CUevent);
-                cuEventRecord(hEvent: CUevent, hStream: CUstream);
-                cuEventQuery(hEvent: CUevent);
-                cuEventElapsedTime(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
-                cuEventElapsedTime_v2(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
-                cuStreamGetDevice(hStream: CUstream, device: *mut CUdevice);
-                cuStreamGetDevice_ptsz(hStream: CUstream, device: *mut CUdevice);
-                cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp,
-                    option: CUmemAllocationGranularity_flags);
-                cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
-                cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
-                cuDeviceGetGraphMemAttribute(device: CUdevice, attr: c_int, value: *mut c_void);
-                cuGraphGetNodes(hGraph: *mut c_void, nodes: *mut *mut c_void, numNodes: *mut usize);
-                cuGraphNodeGetType(hNode: *mut c_void, typ: *mut c_int);
-                cuGraphMemAllocNodeGetParams(hNode: *mut c_void, params_out: *mut c_void);
-                cuArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray,
-                    device: CUdevice);
-                cuMipmappedArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
-                    mipmap: CUmipmappedArray, device: CUdevice);
-            ]
+            [ $($hooked)* $($helpers)* ]
         }
     };
 }
-cuda_hooked!(cuda_table);
+cuda_functions!(cuda_table);

@@ -13,6 +13,9 @@ pub mod cuda;
 pub mod nvml;
 pub mod proc_map;
 
+#[cfg(test)]
+mod header_check;
+
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -114,14 +117,16 @@ impl Library {
     }
 }
 
-/// Generates a table of optional function pointers from a list of C signatures, one method per entry that calls
-/// the real function or returns the table's "missing" code, and `load`/`empty` constructors.
+/// Generates a table of optional function pointers from a list of C signatures (the lines of
+/// `cuda_functions!` / `nvml_functions!`; versions and hooks are not its business), one method per entry that
+/// calls the real function or returns the table's "missing" code, and `load`/`empty` constructors.
 macro_rules! function_table {
     (
         $(#[$meta:meta])*
         $table:ident -> $ret:ty;
         missing_library = $nolib:expr, missing_symbol = $nosym:expr;
-        [ $( $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ); )* ]
+        [ $( $name:ident $(@ $ver:literal)? ( $( $arg:ident : $ty:ty ),* $(,)? )
+             $(=> $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ))? ; )* ]
     ) => {
         $(#[$meta])*
         #[allow(non_snake_case)]

@@ -1,6 +1,8 @@
-//! The NVML functions the shim touches: the hooked ones (exported by `abi::nvml`) and helpers. Signatures from
-//! `nvml.h` (CUDA 13.0); the bare `nvmlDeviceGetComputeRunningProcesses` and `_v2` are declared in its
-//! `NVML_NO_UNVERSIONED_FUNC_DEFS` section.
+//! Every NVML function the shim touches, one line each, in one list ([`nvml_functions!`]) from which the
+//! real-function table (here), the exports and their dispatch (`abi::nvml`) and the check against `nvml.h`
+//! (`driver::header_check`) are generated; the line format is `driver::cuda`'s, without versions (NVML
+//! versions its names: `_v2`, `_v3`). The bare `nvmlDeviceGetComputeRunningProcesses` and `_v2` are declared in
+//! `nvml.h`'s `NVML_NO_UNVERSIONED_FUNC_DEFS` section.
 
 #![allow(non_snake_case)]
 
@@ -9,47 +11,44 @@ use crate::log::{log, Level};
 use std::ffi::{c_char, c_uint};
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Invokes `$cb! { [ hooked list ] }` with every exported (hooked) NVML function.
-macro_rules! nvml_hooked {
+/// Invokes `$cb! { (call, real) hooked [ … ] helpers [ … ] }` with every NVML function the shim touches.
+macro_rules! nvml_functions {
     ($cb:ident) => {
-        $cb! { [
-            nvmlInit();
-            nvmlInit_v2();
-            nvmlInitWithFlags(flags: c_uint);
-            nvmlDeviceGetMemoryInfo(device: nvmlDevice_t, memory: *mut nvmlMemory_t);
-            nvmlDeviceGetMemoryInfo_v2(device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t);
-            nvmlDeviceGetComputeRunningProcesses(device: nvmlDevice_t, infoCount: *mut c_uint,
-                infos: *mut nvmlProcessInfo_v1_t);
-            nvmlDeviceGetComputeRunningProcesses_v2(device: nvmlDevice_t, infoCount: *mut c_uint,
-                infos: *mut nvmlProcessInfo_v2_t);
-            nvmlDeviceGetComputeRunningProcesses_v3(device: nvmlDevice_t, infoCount: *mut c_uint,
-                infos: *mut nvmlProcessInfo_v2_t);
+        $cb! { (call, real) hooked [
+            // exported so that a bad configuration fails closed for NVML users too
+            nvmlInit () => nvml::forward(call);
+            nvmlInit_v2 () => nvml::forward(call);
+            nvmlInitWithFlags (flags: c_uint) => nvml::forward(call);
+            nvmlDeviceGetMemoryInfo (device: nvmlDevice_t, memory: *mut nvmlMemory_t) => nvml::memory_info(call, device, memory);
+            nvmlDeviceGetMemoryInfo_v2 (device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) => nvml::memory_info(call, device, memory);
+            nvmlDeviceGetComputeRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetComputeRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
+        ] helpers [
+            nvmlDeviceGetCount_v2 (deviceCount: *mut c_uint);
+            nvmlDeviceGetHandleByIndex_v2 (index: c_uint, device: *mut nvmlDevice_t);
+            nvmlDeviceGetHandleByUUID (uuid: *const c_char, device: *mut nvmlDevice_t);
+            nvmlDeviceGetUUID (device: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
+            nvmlDeviceGetIndex (device: nvmlDevice_t, index: *mut c_uint);
+            nvmlDeviceGetProcessUtilization (device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t, processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64);
         ] }
     };
 }
-pub(crate) use nvml_hooked;
+pub(crate) use nvml_functions;
 
+/// The real-function table from both lists.
 macro_rules! nvml_table {
-    ( [ $( $name:ident ( $( $arg:ident : $ty:ty ),* $(,)? ); )* ] ) => {
+    ( $call:tt hooked [ $($hooked:tt)* ] helpers [ $($helpers:tt)* ] ) => {
         crate::driver::function_table! {
             /// Real NVML entry points.
             NvmlTable -> nvmlReturn_t;
             missing_library = nvmlReturn_t::ERROR_LIBRARY_NOT_FOUND,
             missing_symbol = nvmlReturn_t::ERROR_FUNCTION_NOT_FOUND;
-            [
-                $( $name ( $( $arg : $ty ),* ); )*
-                nvmlDeviceGetCount_v2(deviceCount: *mut c_uint);
-                nvmlDeviceGetHandleByIndex_v2(index: c_uint, device: *mut nvmlDevice_t);
-                nvmlDeviceGetHandleByUUID(uuid: *const c_char, device: *mut nvmlDevice_t);
-                nvmlDeviceGetUUID(device: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
-                nvmlDeviceGetIndex(device: nvmlDevice_t, index: *mut c_uint);
-                nvmlDeviceGetProcessUtilization(device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t,
-                    processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64);
-            ]
+            [ $($hooked)* $($helpers)* ]
         }
     };
 }
-nvml_hooked!(nvml_table);
+nvml_functions!(nvml_table);
 
 /// NVML as the shim uses it: the real library (if it loaded) and our own `nvmlInit_v2`, done on first use.
 pub struct Nvml {
@@ -72,6 +71,15 @@ impl Nvml {
     /// The real functions, whether or not we initialised NVML (for forwarding the program's own calls).
     pub fn table(&self) -> Option<&NvmlTable> {
         self.table.as_ref()
+    }
+
+    /// The real functions (a table without any when the library did not load: calls then return
+    /// `NVML_ERROR_LIBRARY_NOT_FOUND`).
+    pub fn real(&self) -> &NvmlTable {
+        static EMPTY: std::sync::OnceLock<NvmlTable> = std::sync::OnceLock::new();
+        self.table
+            .as_ref()
+            .unwrap_or_else(|| EMPTY.get_or_init(|| NvmlTable::empty(false)))
     }
 
     /// The real functions after our own `nvmlInit_v2`, if NVML is available.

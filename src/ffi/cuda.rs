@@ -1,6 +1,7 @@
-//! CUDA driver API types (`cuda.h`, CUDA 13.0).
+//! CUDA driver API types (`cuda.h`, CUDA 13.0), each checked against the header by `driver::header_check`.
 #![allow(non_camel_case_types, non_snake_case, missing_docs)]
 
+use super::{c_aliases, c_codes, c_consts, c_structs};
 use std::ffi::{c_int, c_uint, c_void};
 
 /// `CUresult`: an `enum` in C, passed as a 32-bit integer. Kept as a transparent newtype so that any value the
@@ -9,175 +10,272 @@ use std::ffi::{c_int, c_uint, c_void};
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
 pub struct CUresult(pub c_uint);
 
-impl CUresult {
-    pub const SUCCESS: Self = Self(0);
-    pub const ERROR_INVALID_VALUE: Self = Self(1);
-    pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
-    pub const ERROR_NOT_INITIALIZED: Self = Self(3);
-    pub const ERROR_DEINITIALIZED: Self = Self(4);
-    pub const ERROR_INVALID_DEVICE: Self = Self(101);
-    pub const ERROR_INVALID_CONTEXT: Self = Self(201);
-    pub const ERROR_INVALID_HANDLE: Self = Self(400);
-    pub const ERROR_NOT_FOUND: Self = Self(500);
-    pub const ERROR_NOT_SUPPORTED: Self = Self(801);
-    pub const ERROR_UNKNOWN: Self = Self(999);
+c_codes! { CUresult, checked_results;
+    SUCCESS = 0 => "CUDA_SUCCESS";
+    ERROR_INVALID_VALUE = 1 => "CUDA_ERROR_INVALID_VALUE";
+    ERROR_OUT_OF_MEMORY = 2 => "CUDA_ERROR_OUT_OF_MEMORY";
+    ERROR_NOT_INITIALIZED = 3 => "CUDA_ERROR_NOT_INITIALIZED";
+    ERROR_DEINITIALIZED = 4 => "CUDA_ERROR_DEINITIALIZED";
+    ERROR_INVALID_DEVICE = 101 => "CUDA_ERROR_INVALID_DEVICE";
+    ERROR_INVALID_CONTEXT = 201 => "CUDA_ERROR_INVALID_CONTEXT";
+    ERROR_INVALID_HANDLE = 400 => "CUDA_ERROR_INVALID_HANDLE";
+    ERROR_NOT_FOUND = 500 => "CUDA_ERROR_NOT_FOUND";
+    ERROR_NOT_READY = 600 => "CUDA_ERROR_NOT_READY";
+    ERROR_NOT_SUPPORTED = 801 => "CUDA_ERROR_NOT_SUPPORTED";
+    ERROR_UNKNOWN = 999 => "CUDA_ERROR_UNKNOWN";
+}
 
+impl CUresult {
     /// True for `CUDA_SUCCESS`.
     pub fn ok(self) -> bool {
         self == Self::SUCCESS
     }
 }
 
-pub type CUdevice = c_int;
-/// `CUdeviceptr` (v2): a 64-bit device address.
-pub type CUdeviceptr = u64;
-/// `CUdeviceptr_v1`: the 32-bit device address of the pre-3.2 ABI (bare `cuMemAlloc` etc.).
-pub type CUdeviceptr_v1 = c_uint;
-pub type CUmemGenericAllocationHandle = u64;
-pub type cuuint64_t = u64;
-
-pub type CUcontext = *mut c_void;
-pub type CUmodule = *mut c_void;
-pub type CUlibrary = *mut c_void;
-pub type CUfunction = *mut c_void;
-pub type CUstream = *mut c_void;
-pub type CUevent = *mut c_void;
-pub type CUarray = *mut c_void;
-pub type CUmipmappedArray = *mut c_void;
-pub type CUmemoryPool = *mut c_void;
-pub type CUgraphExec = *mut c_void;
-/// Opaque struct pointers the shim only forwards.
-pub type CUexecAffinityParam = c_void;
-pub type CUctxCreateParams = c_void;
-pub type CUlaunchConfig = c_void;
-pub type CUDA_LAUNCH_PARAMS = c_void;
-pub type CUjit_option = c_int;
-pub type CUlibraryOption = c_int;
-pub type CUarray_format = c_uint;
-pub type CUmemPool_attribute = c_int;
-pub type CUmemAllocationGranularity_flags = c_int;
-pub type CUdriverProcAddressQueryResult = c_int;
-
-/// `CUuuid`.
-#[repr(C)]
-#[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
-pub struct CUuuid {
-    pub bytes: [u8; 16],
+c_aliases! { checked_aliases;
+    pub type CUdevice = c_int;
+    /// `CUdeviceptr` (v2): a 64-bit device address.
+    pub type CUdeviceptr = u64;
+    /// `CUdeviceptr_v1`: the 32-bit device address of the pre-3.2 ABI (bare `cuMemAlloc` etc.).
+    pub type CUdeviceptr_v1 = c_uint;
+    pub type CUmemGenericAllocationHandle = u64;
+    pub type cuuint64_t = u64;
+    pub type CUcontext = *mut c_void;
+    pub type CUmodule = *mut c_void;
+    pub type CUlibrary = *mut c_void;
+    pub type CUfunction = *mut c_void;
+    pub type CUstream = *mut c_void;
+    pub type CUevent = *mut c_void;
+    pub type CUarray = *mut c_void;
+    pub type CUmipmappedArray = *mut c_void;
+    pub type CUmemoryPool = *mut c_void;
+    pub type CUgraph = *mut c_void;
+    pub type CUgraphNode = *mut c_void;
+    pub type CUgraphExec = *mut c_void;
+    /// Opaque structs the shim only forwards pointers to.
+    pub type CUexecAffinityParam = c_void;
+    pub type CUctxCreateParams = c_void;
+    pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
+    /// C enums (none has a negative value, so the ABI's type is `unsigned int`).
+    pub type CUjit_option = c_uint;
+    pub type CUlibraryOption = c_uint;
+    pub type CUarray_format = c_uint;
+    pub type CUmemPool_attribute = c_uint;
+    pub type CUmemAllocationGranularity_flags = c_uint;
+    pub type CUdriverProcAddressQueryResult = c_uint;
+    pub type CUgraphMem_attribute = c_uint;
+    pub type CUgraphNodeType = c_uint;
 }
 
-/// `CUDA_ARRAY_DESCRIPTOR` (v2).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CUDA_ARRAY_DESCRIPTOR {
-    pub Width: usize,
-    pub Height: usize,
-    pub Format: CUarray_format,
-    pub NumChannels: c_uint,
+c_structs! { checked_structs;
+    /// `CUuuid`.
+    #[derive(Clone, Copy, Default, PartialEq, Eq, Debug)]
+    pub struct CUuuid {
+        pub bytes: [u8; 16],
+    }
+
+    /// `CUDA_ARRAY_DESCRIPTOR` (v2).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_ARRAY_DESCRIPTOR {
+        pub Width: usize,
+        pub Height: usize,
+        pub Format: CUarray_format,
+        pub NumChannels: c_uint,
+    }
+
+    /// `CUDA_ARRAY_DESCRIPTOR_v1` (the old ABI of bare `cuArrayCreate`).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
+        pub Width: c_uint,
+        pub Height: c_uint,
+        pub Format: CUarray_format,
+        pub NumChannels: c_uint,
+    }
+
+    /// `CUDA_ARRAY3D_DESCRIPTOR` (v2).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_ARRAY3D_DESCRIPTOR {
+        pub Width: usize,
+        pub Height: usize,
+        pub Depth: usize,
+        pub Format: CUarray_format,
+        pub NumChannels: c_uint,
+        pub Flags: c_uint,
+    }
+
+    /// `CUDA_ARRAY3D_DESCRIPTOR_v1` (the old ABI of bare `cuArray3DCreate`).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
+        pub Width: c_uint,
+        pub Height: c_uint,
+        pub Depth: c_uint,
+        pub Format: CUarray_format,
+        pub NumChannels: c_uint,
+        pub Flags: c_uint,
+    }
+
+    /// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS {
+        pub size: usize,
+        pub alignment: usize,
+        pub reserved: [c_uint; 4],
+    }
+
+    /// `CUmemLocation`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct CUmemLocation {
+        pub type_ as "type": c_int,
+        pub id: c_int,
+    }
+
+    /// `CUmemAllocationProp.allocFlags` (an anonymous struct in C).
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct CUmemAllocFlags as "__typeof__(((CUmemAllocationProp *)0)->allocFlags)" {
+        pub compressionType: u8,
+        pub gpuDirectRDMACapable: u8,
+        pub usage: u16,
+        pub reserved: [u8; 4],
+    }
+
+    /// `CUmemAllocationProp`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUmemAllocationProp {
+        pub type_ as "type": c_int,
+        pub requestedHandleTypes: c_int,
+        pub location: CUmemLocation,
+        pub win32HandleMetaData: *mut c_void,
+        pub allocFlags: CUmemAllocFlags,
+    }
+
+    /// `CUmemPoolProps`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUmemPoolProps {
+        pub allocType: c_int,
+        pub handleTypes: c_int,
+        pub location: CUmemLocation,
+        pub win32SecurityAttributes: *mut c_void,
+        pub maxSize: usize,
+        pub usage: u16,
+        pub reserved: [u8; 54],
+    }
+
+    /// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+        pub poolProps: CUmemPoolProps,
+        pub accessDescs: *const c_void,
+        pub accessDescCount: usize,
+        pub bytesize: usize,
+        pub dptr: CUdeviceptr,
+    }
+
+    /// `CUlaunchConfig` (`cuLaunchKernelEx`).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUlaunchConfig {
+        pub gridDimX: c_uint,
+        pub gridDimY: c_uint,
+        pub gridDimZ: c_uint,
+        pub blockDimX: c_uint,
+        pub blockDimY: c_uint,
+        pub blockDimZ: c_uint,
+        pub sharedMemBytes: c_uint,
+        pub hStream: CUstream,
+        pub attrs: *mut c_void,
+        pub numAttrs: c_uint,
+    }
+
+    /// `CUDA_LAUNCH_PARAMS` (`cuLaunchCooperativeKernelMultiDevice`).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_LAUNCH_PARAMS {
+        pub function: CUfunction,
+        pub gridDimX: c_uint,
+        pub gridDimY: c_uint,
+        pub gridDimZ: c_uint,
+        pub blockDimX: c_uint,
+        pub blockDimY: c_uint,
+        pub blockDimZ: c_uint,
+        pub sharedMemBytes: c_uint,
+        pub hStream: CUstream,
+        pub kernelParams: *mut *mut c_void,
+    }
 }
 
-/// `CUDA_ARRAY_DESCRIPTOR_v1` (the old ABI of bare `cuArrayCreate`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CUDA_ARRAY_DESCRIPTOR_v1 {
-    pub Width: c_uint,
-    pub Height: c_uint,
-    pub Format: CUarray_format,
-    pub NumChannels: c_uint,
+c_consts! { checked_consts;
+    CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+    CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+    CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags = 0;
+    CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute = 5;
+    CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute = 0;
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
+    CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
+    /// `CU_STREAM_LEGACY`: the legacy default stream's handle.
+    CU_STREAM_LEGACY: usize = 0x1;
+    /// `CU_STREAM_PER_THREAD`: the per-thread default stream's handle.
+    CU_STREAM_PER_THREAD: usize = 0x2;
+    /// Array flags: memory comes later through VMM mappings (charged at `cuMemCreate`).
+    CUDA_ARRAY3D_SPARSE: c_uint = 0x40;
+    CUDA_ARRAY3D_DEFERRED_MAPPING: c_uint = 0x80;
+    CU_AD_FORMAT_UNSIGNED_INT8: CUarray_format = 0x01;
+    CU_AD_FORMAT_UNSIGNED_INT16: CUarray_format = 0x02;
+    CU_AD_FORMAT_UNSIGNED_INT32: CUarray_format = 0x03;
+    CU_AD_FORMAT_SIGNED_INT8: CUarray_format = 0x08;
+    CU_AD_FORMAT_SIGNED_INT16: CUarray_format = 0x09;
+    CU_AD_FORMAT_SIGNED_INT32: CUarray_format = 0x0a;
+    CU_AD_FORMAT_HALF: CUarray_format = 0x10;
+    CU_AD_FORMAT_FLOAT: CUarray_format = 0x20;
+    CU_AD_FORMAT_UNORM_INT_101010_2: CUarray_format = 0x50;
+    CU_AD_FORMAT_UNORM_INT8X1: CUarray_format = 0xc0;
+    CU_AD_FORMAT_UNORM_INT8X2: CUarray_format = 0xc1;
+    CU_AD_FORMAT_UNORM_INT8X4: CUarray_format = 0xc2;
+    CU_AD_FORMAT_UNORM_INT16X1: CUarray_format = 0xc3;
+    CU_AD_FORMAT_UNORM_INT16X2: CUarray_format = 0xc4;
+    CU_AD_FORMAT_UNORM_INT16X4: CUarray_format = 0xc5;
+    CU_AD_FORMAT_SNORM_INT8X1: CUarray_format = 0xc6;
+    CU_AD_FORMAT_SNORM_INT8X2: CUarray_format = 0xc7;
+    CU_AD_FORMAT_SNORM_INT8X4: CUarray_format = 0xc8;
+    CU_AD_FORMAT_SNORM_INT16X1: CUarray_format = 0xc9;
+    CU_AD_FORMAT_SNORM_INT16X2: CUarray_format = 0xca;
+    CU_AD_FORMAT_SNORM_INT16X4: CUarray_format = 0xcb;
 }
 
-/// `CUDA_ARRAY3D_DESCRIPTOR` (v2).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CUDA_ARRAY3D_DESCRIPTOR {
-    pub Width: usize,
-    pub Height: usize,
-    pub Depth: usize,
-    pub Format: CUarray_format,
-    pub NumChannels: c_uint,
-    pub Flags: c_uint,
+/// Which stream a NULL stream handle means: the legacy default stream, or (in a `_ptsz` entry point) the
+/// calling thread's default stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DefaultStream {
+    /// `CU_STREAM_LEGACY`.
+    Legacy,
+    /// `CU_STREAM_PER_THREAD`.
+    PerThread,
 }
 
-/// `CUDA_ARRAY3D_DESCRIPTOR_v1` (the old ABI of bare `cuArray3DCreate`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CUDA_ARRAY3D_DESCRIPTOR_v1 {
-    pub Width: c_uint,
-    pub Height: c_uint,
-    pub Depth: c_uint,
-    pub Format: CUarray_format,
-    pub NumChannels: c_uint,
-    pub Flags: c_uint,
-}
-
-/// `CUDA_ARRAY_MEMORY_REQUIREMENTS`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS {
-    pub size: usize,
-    pub alignment: usize,
-    pub reserved: [c_uint; 4],
-}
-
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CUmemLocation {
-    pub type_: c_int,
-    pub id: c_int,
-}
-
-/// `CUmemAllocationProp.allocFlags`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct CUmemAllocFlags {
-    pub compressionType: u8,
-    pub gpuDirectRDMACapable: u8,
-    pub usage: u16,
-    pub reserved: [u8; 4],
-}
-
-/// `CUmemAllocationProp`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CUmemAllocationProp {
-    pub type_: c_int,
-    pub requestedHandleTypes: c_int,
-    pub location: CUmemLocation,
-    pub win32HandleMetaData: *mut c_void,
-    pub allocFlags: CUmemAllocFlags,
-}
-
-/// `CUmemPoolProps`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct CUmemPoolProps {
-    pub allocType: c_int,
-    pub handleTypes: c_int,
-    pub location: CUmemLocation,
-    pub win32SecurityAttributes: *mut c_void,
-    pub maxSize: usize,
-    pub usage: u16,
-    pub reserved: [u8; 54],
-}
-
-pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
-pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
-pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags = 0;
-pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute = 5;
-pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
-pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
-/// `CUgraphMem_attribute` values.
-pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_int = 0;
-pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
-
-/// Bytes per element of a `CUarray_format` (per channel), for the admission estimate of arrays. Formats whose
-/// element size the header does not make obvious (block-compressed, planar video) return a conservative 16.
+/// Bytes per element of a `CUarray_format` (all channels of the format, per declared channel), for the
+/// admission estimate of arrays. Formats whose element size the header does not make obvious (block-compressed,
+/// planar video) return a conservative 16.
 pub fn array_format_bytes(format: CUarray_format) -> u64 {
     match format {
-        0x01 | 0x08 | 0xc0 | 0xc6 => 1,
-        0x02 | 0x09 | 0x10 | 0xc3 | 0xc9 | 0xc1 | 0xc7 => 2,
-        0x03 | 0x0a | 0x20 | 0xc2 | 0xc8 | 0xc4 | 0xca | 0x50 => 4,
-        0xc5 | 0xcb => 8,
+        CU_AD_FORMAT_UNSIGNED_INT8
+        | CU_AD_FORMAT_SIGNED_INT8
+        | CU_AD_FORMAT_UNORM_INT8X1
+        | CU_AD_FORMAT_SNORM_INT8X1 => 1,
+        CU_AD_FORMAT_UNSIGNED_INT16
+        | CU_AD_FORMAT_SIGNED_INT16
+        | CU_AD_FORMAT_HALF
+        | CU_AD_FORMAT_UNORM_INT16X1
+        | CU_AD_FORMAT_SNORM_INT16X1
+        | CU_AD_FORMAT_UNORM_INT8X2
+        | CU_AD_FORMAT_SNORM_INT8X2 => 2,
+        CU_AD_FORMAT_UNSIGNED_INT32
+        | CU_AD_FORMAT_SIGNED_INT32
+        | CU_AD_FORMAT_FLOAT
+        | CU_AD_FORMAT_UNORM_INT8X4
+        | CU_AD_FORMAT_SNORM_INT8X4
+        | CU_AD_FORMAT_UNORM_INT16X2
+        | CU_AD_FORMAT_SNORM_INT16X2
+        | CU_AD_FORMAT_UNORM_INT_101010_2 => 4,
+        CU_AD_FORMAT_UNORM_INT16X4 | CU_AD_FORMAT_SNORM_INT16X4 => 8,
         _ => 16,
     }
 }

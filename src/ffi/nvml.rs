@@ -1,6 +1,7 @@
-//! NVML types (`nvml.h`, CUDA 13.0).
+//! NVML types (`nvml.h`, CUDA 13.0), each checked against the header by `driver::header_check`.
 #![allow(non_camel_case_types, non_snake_case, missing_docs)]
 
+use super::{c_aliases, c_codes, c_consts, c_structs};
 use std::ffi::{c_uint, c_void};
 
 /// `nvmlReturn_t`, a transparent newtype so unknown values pass through.
@@ -8,82 +9,87 @@ use std::ffi::{c_uint, c_void};
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct nvmlReturn_t(pub c_uint);
 
-impl nvmlReturn_t {
-    pub const SUCCESS: Self = Self(0);
-    pub const ERROR_UNINITIALIZED: Self = Self(1);
-    pub const ERROR_INVALID_ARGUMENT: Self = Self(2);
-    pub const ERROR_NOT_SUPPORTED: Self = Self(3);
-    pub const ERROR_NOT_FOUND: Self = Self(6);
-    pub const ERROR_INSUFFICIENT_SIZE: Self = Self(7);
-    pub const ERROR_LIBRARY_NOT_FOUND: Self = Self(12);
-    pub const ERROR_FUNCTION_NOT_FOUND: Self = Self(13);
-    pub const ERROR_ARGUMENT_VERSION_MISMATCH: Self = Self(25);
-    pub const ERROR_UNKNOWN: Self = Self(999);
+c_codes! { nvmlReturn_t, checked_results;
+    SUCCESS = 0 => "NVML_SUCCESS";
+    ERROR_UNINITIALIZED = 1 => "NVML_ERROR_UNINITIALIZED";
+    ERROR_INVALID_ARGUMENT = 2 => "NVML_ERROR_INVALID_ARGUMENT";
+    ERROR_NOT_SUPPORTED = 3 => "NVML_ERROR_NOT_SUPPORTED";
+    ERROR_NOT_FOUND = 6 => "NVML_ERROR_NOT_FOUND";
+    ERROR_INSUFFICIENT_SIZE = 7 => "NVML_ERROR_INSUFFICIENT_SIZE";
+    ERROR_LIBRARY_NOT_FOUND = 12 => "NVML_ERROR_LIBRARY_NOT_FOUND";
+    ERROR_FUNCTION_NOT_FOUND = 13 => "NVML_ERROR_FUNCTION_NOT_FOUND";
+    ERROR_ARGUMENT_VERSION_MISMATCH = 25 => "NVML_ERROR_ARGUMENT_VERSION_MISMATCH";
+    ERROR_UNKNOWN = 999 => "NVML_ERROR_UNKNOWN";
+}
 
+impl nvmlReturn_t {
     /// True for `NVML_SUCCESS`.
     pub fn ok(self) -> bool {
         self == Self::SUCCESS
     }
 }
 
-pub type nvmlDevice_t = *mut c_void;
-
-/// `nvmlMemory_t` (v1).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlMemory_t {
-    pub total: u64,
-    pub free: u64,
-    pub used: u64,
+c_aliases! { checked_aliases;
+    pub type nvmlDevice_t = *mut c_void;
 }
 
-/// `nvmlMemory_v2_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlMemory_v2_t {
-    pub version: c_uint,
-    pub total: u64,
-    pub reserved: u64,
-    pub free: u64,
-    pub used: u64,
+/// `nvmlProcessInfo_t` is `nvmlProcessInfo_v2_t` (`_v2` and `_v3` lists).
+pub type nvmlProcessInfo_t = nvmlProcessInfo_v2_t;
+
+c_structs! { checked_structs;
+    /// `nvmlMemory_t` (v1).
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlMemory_t {
+        pub total: u64,
+        pub free: u64,
+        pub used: u64,
+    }
+
+    /// `nvmlMemory_v2_t`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlMemory_v2_t {
+        pub version: c_uint,
+        pub total: u64,
+        pub reserved: u64,
+        pub free: u64,
+        pub used: u64,
+    }
+
+    /// `nvmlProcessInfo_v1_t` (bare `nvmlDeviceGetComputeRunningProcesses`).
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlProcessInfo_v1_t {
+        pub pid: c_uint,
+        pub usedGpuMemory: u64,
+    }
+
+    /// `nvmlProcessInfo_v2_t` = `nvmlProcessInfo_t` (`_v2` and `_v3`).
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlProcessInfo_v2_t {
+        pub pid: c_uint,
+        pub usedGpuMemory: u64,
+        pub gpuInstanceId: c_uint,
+        pub computeInstanceId: c_uint,
+    }
+
+    /// `nvmlProcessUtilizationSample_t`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlProcessUtilizationSample_t {
+        pub pid: c_uint,
+        /// CPU timestamp, µs.
+        pub timeStamp: u64,
+        pub smUtil: c_uint,
+        pub memUtil: c_uint,
+        pub encUtil: c_uint,
+        pub decUtil: c_uint,
+    }
 }
 
-/// `nvmlMemory_v2` = `NVML_STRUCT_VERSION(Memory, 2)` = sizeof | 2 << 24.
-pub const NVML_MEMORY_V2: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24);
-
-/// `nvmlProcessInfo_v1_t` (bare `nvmlDeviceGetComputeRunningProcesses`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlProcessInfo_v1_t {
-    pub pid: c_uint,
-    pub usedGpuMemory: u64,
+c_consts! { checked_consts;
+    /// `nvmlMemory_v2` = `NVML_STRUCT_VERSION(Memory, 2)` = sizeof | 2 << 24.
+    NVML_MEMORY_V2: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24) => "nvmlMemory_v2";
+    /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
+    NVML_DEVICE_UUID_BUFFER_SIZE: usize = 96 => "NVML_DEVICE_UUID_V2_BUFFER_SIZE";
 }
-
-/// `nvmlProcessInfo_v2_t` = `nvmlProcessInfo_t` (`_v2` and `_v3`).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlProcessInfo_v2_t {
-    pub pid: c_uint,
-    pub usedGpuMemory: u64,
-    pub gpuInstanceId: c_uint,
-    pub computeInstanceId: c_uint,
-}
-
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct nvmlProcessUtilizationSample_t {
-    pub pid: c_uint,
-    /// CPU timestamp, µs.
-    pub timeStamp: u64,
-    pub smUtil: c_uint,
-    pub memUtil: c_uint,
-    pub encUtil: c_uint,
-    pub decUtil: c_uint,
-}
-
-/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
-pub const NVML_DEVICE_UUID_BUFFER_SIZE: usize = 96;
 
 /// Process-info records share `pid` and `usedGpuMemory`; the list filter is generic over the record version.
 pub trait ProcessInfo: Copy + Default {
@@ -104,6 +110,22 @@ impl ProcessInfo for nvmlProcessInfo_v2_t {
     }
     fn used(&self) -> u64 {
         self.usedGpuMemory
+    }
+}
+
+/// Memory-info records (v1, v2) share `total`, `used`, `free`; the hook is generic over the version.
+pub trait MemoryInfo {
+    /// `(total, used, free)`, to rewrite in place.
+    fn fields(&mut self) -> (&mut u64, &mut u64, &mut u64);
+}
+impl MemoryInfo for nvmlMemory_t {
+    fn fields(&mut self) -> (&mut u64, &mut u64, &mut u64) {
+        (&mut self.total, &mut self.used, &mut self.free)
+    }
+}
+impl MemoryInfo for nvmlMemory_v2_t {
+    fn fields(&mut self) -> (&mut u64, &mut u64, &mut u64) {
+        (&mut self.total, &mut self.used, &mut self.free)
     }
 }
 

@@ -3,12 +3,10 @@
 //! Growth is admitted against the cap: a context or module that alone would exceed it is undone and the call
 //! returns `CUDA_ERROR_OUT_OF_MEMORY`.
 
-#![allow(non_snake_case)]
-
 use crate::devices::MAX_ORDINALS;
 use crate::ffi::cuda::*;
 use crate::state::Shim;
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::c_int;
 
 /// `cuInit`: after the real one succeeds, learn every device (UUID → usage entry, limits).
 pub fn init(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
@@ -69,26 +67,23 @@ pub fn primary_retain(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) 
     let r = s.mem.creating_context(&s.nvml, dev, call);
     if r.ok() && s.mem.primary_retained(&s.cuda, &s.nvml, dev).is_err() {
         // SAFETY: undoing our own retain.
-        primary_release(s, || unsafe { s.cuda.cuDevicePrimaryCtxRelease_v2(dev) }, dev);
+        primary_release(
+            s,
+            || unsafe { s.cuda.cuDevicePrimaryCtxRelease_v2(dev) },
+            dev,
+            false,
+        );
         return CUresult::ERROR_OUT_OF_MEMORY;
     }
     r
 }
 
-/// `cuDevicePrimaryCtxRelease` (bare, `_v2`).
-pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) -> CUresult {
+/// `cuDevicePrimaryCtxRelease` and, with `reset` (our count drops to zero), `cuDevicePrimaryCtxReset` (each
+/// bare and `_v2`).
+pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice, reset: bool) -> CUresult {
     let r = call();
     if r.ok() {
-        s.mem.primary_released(&s.cuda, &s.nvml, dev, false);
-    }
-    r
-}
-
-/// `cuDevicePrimaryCtxReset` (bare, `_v2`): our count of the primary context drops to zero.
-pub fn primary_reset(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) -> CUresult {
-    let r = call();
-    if r.ok() {
-        s.mem.primary_released(&s.cuda, &s.nvml, dev, true);
+        s.mem.primary_released(&s.cuda, &s.nvml, dev, reset);
     }
     r
 }
@@ -147,285 +142,4 @@ pub fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
         s.mem.library_unloaded(&s.nvml);
     }
     r
-}
-
-// ---- the exports' entry points (one line each) ---------------------------------------------------------------
-
-/// Hook of `cuInit`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuInit(s: &Shim, Flags: c_uint) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    init(s, || unsafe { s.cuda.cuInit(Flags) })
-}
-
-/// Hook of `cuCtxCreate` (bare, same ABI as `_v2`).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuCtxCreate(s: &Shim, pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe { ctx_create(s, || s.cuda.cuCtxCreate(pctx, flags, dev), pctx, dev) }
-}
-
-/// Hook of `cuCtxCreate_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuCtxCreate_v2(s: &Shim, pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe { ctx_create(s, || s.cuda.cuCtxCreate_v2(pctx, flags, dev), pctx, dev) }
-}
-
-/// Hook of `cuCtxCreate_v3`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuCtxCreate_v3(
-    s: &Shim,
-    pctx: *mut CUcontext,
-    paramsArray: *mut CUexecAffinityParam,
-    numParams: c_int,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        ctx_create(
-            s,
-            || s.cuda.cuCtxCreate_v3(pctx, paramsArray, numParams, flags, dev),
-            pctx,
-            dev,
-        )
-    }
-}
-
-/// Hook of `cuCtxCreate_v4`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuCtxCreate_v4(
-    s: &Shim,
-    pctx: *mut CUcontext,
-    ctxCreateParams: *mut CUctxCreateParams,
-    flags: c_uint,
-    dev: CUdevice,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        ctx_create(
-            s,
-            || s.cuda.cuCtxCreate_v4(pctx, ctxCreateParams, flags, dev),
-            pctx,
-            dev,
-        )
-    }
-}
-
-/// Hook of `cuCtxDestroy`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuCtxDestroy(s: &Shim, ctx: CUcontext) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe { ctx_destroy(s, || s.cuda.cuCtxDestroy(ctx), ctx) }
-}
-
-/// Hook of `cuCtxDestroy_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuCtxDestroy_v2(s: &Shim, ctx: CUcontext) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe { ctx_destroy(s, || s.cuda.cuCtxDestroy_v2(ctx), ctx) }
-}
-
-/// Hook of `cuDevicePrimaryCtxRetain`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDevicePrimaryCtxRetain(s: &Shim, pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    primary_retain(s, || unsafe { s.cuda.cuDevicePrimaryCtxRetain(pctx, dev) }, dev)
-}
-
-/// Hook of `cuDevicePrimaryCtxRelease`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDevicePrimaryCtxRelease(s: &Shim, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    primary_release(s, || unsafe { s.cuda.cuDevicePrimaryCtxRelease(dev) }, dev)
-}
-
-/// Hook of `cuDevicePrimaryCtxRelease_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDevicePrimaryCtxRelease_v2(s: &Shim, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    primary_release(s, || unsafe { s.cuda.cuDevicePrimaryCtxRelease_v2(dev) }, dev)
-}
-
-/// Hook of `cuDevicePrimaryCtxReset`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDevicePrimaryCtxReset(s: &Shim, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    primary_reset(s, || unsafe { s.cuda.cuDevicePrimaryCtxReset(dev) }, dev)
-}
-
-/// Hook of `cuDevicePrimaryCtxReset_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDevicePrimaryCtxReset_v2(s: &Shim, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    primary_reset(s, || unsafe { s.cuda.cuDevicePrimaryCtxReset_v2(dev) }, dev)
-}
-
-/// Hook of `cuModuleLoad`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuModuleLoad(s: &Shim, module: *mut CUmodule, fname: *const c_char) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe { module_load(s, || s.cuda.cuModuleLoad(module, fname), module) }
-}
-
-/// Hook of `cuModuleLoadData`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuModuleLoadData(s: &Shim, module: *mut CUmodule, image: *const c_void) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe { module_load(s, || s.cuda.cuModuleLoadData(module, image), module) }
-}
-
-/// Hook of `cuModuleLoadDataEx`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuModuleLoadDataEx(
-    s: &Shim,
-    module: *mut CUmodule,
-    image: *const c_void,
-    numOptions: c_uint,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        module_load(
-            s,
-            || {
-                s.cuda
-                    .cuModuleLoadDataEx(module, image, numOptions, options, optionValues)
-            },
-            module,
-        )
-    }
-}
-
-/// Hook of `cuModuleLoadFatBinary`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuModuleLoadFatBinary(s: &Shim, module: *mut CUmodule, fatCubin: *const c_void) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe { module_load(s, || s.cuda.cuModuleLoadFatBinary(module, fatCubin), module) }
-}
-
-/// Hook of `cuModuleUnload`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuModuleUnload(s: &Shim, hmod: CUmodule) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    module_unload(s, || unsafe { s.cuda.cuModuleUnload(hmod) }, hmod)
-}
-
-/// Hook of `cuLibraryLoadData`.
-///
-/// # Safety
-/// Driver contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLibraryLoadData(
-    s: &Shim,
-    library: *mut CUlibrary,
-    code: *const c_void,
-    jitOptions: *mut CUjit_option,
-    jitOptionsValues: *mut *mut c_void,
-    numJitOptions: c_uint,
-    libraryOptions: *mut CUlibraryOption,
-    libraryOptionValues: *mut *mut c_void,
-    numLibraryOptions: c_uint,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        library_load(
-            s,
-            || {
-                s.cuda.cuLibraryLoadData(
-                    library,
-                    code,
-                    jitOptions,
-                    jitOptionsValues,
-                    numJitOptions,
-                    libraryOptions,
-                    libraryOptionValues,
-                    numLibraryOptions,
-                )
-            },
-            library,
-        )
-    }
-}
-
-/// Hook of `cuLibraryLoadFromFile`.
-///
-/// # Safety
-/// Driver contract.
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn cuLibraryLoadFromFile(
-    s: &Shim,
-    library: *mut CUlibrary,
-    fileName: *const c_char,
-    jitOptions: *mut CUjit_option,
-    jitOptionsValues: *mut *mut c_void,
-    numJitOptions: c_uint,
-    libraryOptions: *mut CUlibraryOption,
-    libraryOptionValues: *mut *mut c_void,
-    numLibraryOptions: c_uint,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    unsafe {
-        library_load(
-            s,
-            || {
-                s.cuda.cuLibraryLoadFromFile(
-                    library,
-                    fileName,
-                    jitOptions,
-                    jitOptionsValues,
-                    numJitOptions,
-                    libraryOptions,
-                    libraryOptionValues,
-                    numLibraryOptions,
-                )
-            },
-            library,
-        )
-    }
-}
-
-/// Hook of `cuLibraryUnload`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuLibraryUnload(s: &Shim, library: CUlibrary) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    library_unload(s, || unsafe { s.cuda.cuLibraryUnload(library) })
 }

@@ -9,57 +9,37 @@
 //! called), then charges the real change of the reserved size and drops the provisional charge. Trim and exec
 //! destruction re-read the reserved size. An exec without alloc nodes costs one lock-free probe per launch.
 
-#![allow(non_snake_case)]
-
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::state::Shim;
-use std::ffi::{c_char, c_int, c_void};
-
-const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
-
-/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 share the layout).
-#[repr(C)]
-struct MemAllocNodeParams {
-    pool_props: CUmemPoolProps,
-    access_descs: *const c_void,
-    access_desc_count: usize,
-    bytesize: usize,
-    dptr: CUdeviceptr,
-}
 
 /// Per device, what the alloc nodes of `graph` add up to (granularity-rounded); empty without alloc nodes or
 /// when the driver cannot list them.
-fn footprint(s: &Shim, graph: *mut c_void) -> Vec<(Dev, u64)> {
+fn footprint(s: &Shim, graph: CUgraph) -> Vec<(Dev, u64)> {
     let mut out: Vec<(Dev, u64)> = Vec::new();
     let mut n: usize = 0;
     // SAFETY: valid out-pointer; NULL node array asks for the count.
     if !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() || n == 0 {
         return out;
     }
-    let mut nodes = vec![std::ptr::null_mut::<c_void>(); n];
+    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
     // SAFETY: `nodes` holds `n` entries.
     if !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
         return out;
     }
     for &node in nodes.iter().take(n) {
-        let mut ty: c_int = -1;
+        let mut ty = CUgraphNodeType::MAX;
         // SAFETY: valid out-pointer.
         if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() || ty != CU_GRAPH_NODE_TYPE_MEM_ALLOC {
             continue;
         }
         // SAFETY: zeroed is a valid value of this plain C struct.
-        let mut p: MemAllocNodeParams = unsafe { std::mem::zeroed() };
+        let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
         // SAFETY: valid out-pointer of the parameter struct.
-        if !unsafe {
-            s.cuda
-                .cuGraphMemAllocNodeGetParams(node, (&mut p as *mut MemAllocNodeParams).cast())
-        }
-        .ok()
-        {
+        if !unsafe { s.cuda.cuGraphMemAllocNodeGetParams(node, &mut p) }.ok() {
             continue;
         }
-        let loc = p.pool_props.location;
+        let loc = p.poolProps.location;
         if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
             continue;
         }
@@ -75,7 +55,18 @@ fn footprint(s: &Shim, graph: *mut c_void) -> Vec<(Dev, u64)> {
     out
 }
 
-fn instantiated(s: &Shim, r: CUresult, pexec: *mut CUgraphExec, graph: *mut c_void) -> CUresult {
+/// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
+/// records the exec's graph-memory footprint.
+///
+/// # Safety
+/// `pexec` as the driver's contract says (written on success).
+pub unsafe fn instantiate(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    pexec: *mut CUgraphExec,
+    graph: CUgraph,
+) -> CUresult {
+    let r = call();
     if r.ok() && !pexec.is_null() {
         // SAFETY: written by the driver on success.
         let exec = unsafe { *pexec } as usize;
@@ -114,122 +105,18 @@ pub(crate) fn with_graph_memory(s: &Shim, exec: CUgraphExec, call: impl FnOnce()
     r
 }
 
-/// Hook of `cuGraphInstantiateWithFlags`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphInstantiateWithFlags(
-    s: &Shim,
-    pexec: *mut CUgraphExec,
-    graph: *mut c_void,
-    flags: u64,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuGraphInstantiateWithFlags(pexec, graph, flags) };
-    instantiated(s, r, pexec, graph)
-}
-
-/// Hook of `cuGraphInstantiate` (the CUDA 11 five-argument symbol).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphInstantiate(
-    s: &Shim,
-    pexec: *mut CUgraphExec,
-    graph: *mut c_void,
-    err_node: *mut *mut c_void,
-    log: *mut c_char,
-    log_size: usize,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuGraphInstantiate(pexec, graph, err_node, log, log_size) };
-    instantiated(s, r, pexec, graph)
-}
-
-/// Hook of `cuGraphInstantiate_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphInstantiate_v2(
-    s: &Shim,
-    pexec: *mut CUgraphExec,
-    graph: *mut c_void,
-    err_node: *mut *mut c_void,
-    log: *mut c_char,
-    log_size: usize,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe {
-        s.cuda
-            .cuGraphInstantiate_v2(pexec, graph, err_node, log, log_size)
-    };
-    instantiated(s, r, pexec, graph)
-}
-
-/// Hook of `cuGraphInstantiateWithParams`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphInstantiateWithParams(
-    s: &Shim,
-    pexec: *mut CUgraphExec,
-    graph: *mut c_void,
-    params: *mut c_void,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuGraphInstantiateWithParams(pexec, graph, params) };
-    instantiated(s, r, pexec, graph)
-}
-
-/// Hook of `cuGraphInstantiateWithParams_ptsz`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphInstantiateWithParams_ptsz(
-    s: &Shim,
-    pexec: *mut CUgraphExec,
-    graph: *mut c_void,
-    params: *mut c_void,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuGraphInstantiateWithParams_ptsz(pexec, graph, params) };
-    instantiated(s, r, pexec, graph)
-}
-
-/// Hook of `cuGraphUpload` (uploading may reserve the exec's graph memory).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphUpload(s: &Shim, exec: CUgraphExec, stream: CUstream) -> CUresult {
+/// `cuGraphUpload` (+ `_ptsz`): uploading may reserve the exec's graph memory.
+pub fn upload(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
     if !s.mem.graph.has_memory(exec as usize) {
-        // SAFETY: forwarded unchanged.
-        return unsafe { s.cuda.cuGraphUpload(exec, stream) };
+        return call();
     }
-    // SAFETY: forwarded unchanged.
-    with_graph_memory(s, exec, || unsafe { s.cuda.cuGraphUpload(exec, stream) })
+    with_graph_memory(s, exec, call)
 }
 
-/// Hook of `cuGraphUpload_ptsz`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphUpload_ptsz(s: &Shim, exec: CUgraphExec, stream: CUstream) -> CUresult {
-    if !s.mem.graph.has_memory(exec as usize) {
-        // SAFETY: forwarded unchanged.
-        return unsafe { s.cuda.cuGraphUpload_ptsz(exec, stream) };
-    }
-    // SAFETY: forwarded unchanged.
-    with_graph_memory(s, exec, || unsafe { s.cuda.cuGraphUpload_ptsz(exec, stream) })
-}
-
-/// Hook of `cuGraphExecDestroy`: the pool may release what the exec held.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGraphExecDestroy(s: &Shim, exec: CUgraphExec) -> CUresult {
+/// `cuGraphExecDestroy`: the pool may release what the exec held.
+pub fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
     let had = s.mem.graph.has_memory(exec as usize);
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuGraphExecDestroy(exec) };
+    let r = call();
     if r.ok() && had {
         s.mem.graph.forget_exec(exec as usize);
         s.mem.refresh_graph_all(&s.cuda);
@@ -237,13 +124,9 @@ pub unsafe fn cuGraphExecDestroy(s: &Shim, exec: CUgraphExec) -> CUresult {
     r
 }
 
-/// Hook of `cuDeviceGraphMemTrim`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDeviceGraphMemTrim(s: &Shim, device: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuDeviceGraphMemTrim(device) };
+/// `cuDeviceGraphMemTrim`.
+pub fn trim(s: &Shim, call: impl FnOnce() -> CUresult, device: CUdevice) -> CUresult {
+    let r = call();
     if r.ok() {
         if let Some(dev) = s.devices.device(&s.cuda, device) {
             s.mem.refresh_graph(&s.cuda, dev);

@@ -7,54 +7,36 @@
 
 #![allow(non_snake_case)]
 
+use super::Width;
 use crate::ffi::cuda::*;
 use crate::state::Shim;
-use std::ffi::c_uint;
-
-/// A value to write back in the caller's width (saturating for the legacy 32-bit ABI).
-trait Width: Copy + Default {
-    fn from_u64(v: u64) -> Self;
-    fn to_u64(self) -> u64;
-}
-impl Width for usize {
-    fn from_u64(v: u64) -> Self {
-        usize::try_from(v).unwrap_or(usize::MAX)
-    }
-    fn to_u64(self) -> u64 {
-        self as u64
-    }
-}
-impl Width for c_uint {
-    fn from_u64(v: u64) -> Self {
-        c_uint::try_from(v).unwrap_or(c_uint::MAX)
-    }
-    fn to_u64(self) -> u64 {
-        self as u64
-    }
-}
 
 /// The (free, total) a capped device reports, given the real values.
 pub fn capped_info(cap: u64, used: u64, real_free: u64, real_total: u64) -> (u64, u64) {
     (cap.saturating_sub(used).min(real_free), cap.min(real_total))
 }
 
-fn mem_get_info<T: Width>(
+/// `cuMemGetInfo_v2`, legacy `cuMemGetInfo` (32-bit).
+///
+/// # Safety
+/// `free`, `total` NULL or valid (NULL is tolerated).
+pub unsafe fn mem_get_info<T: Width>(
     s: &Shim,
+    real: impl Fn(*mut T, *mut T) -> CUresult,
     free: *mut T,
     total: *mut T,
-    call: impl Fn(*mut T, *mut T) -> CUresult,
 ) -> CUresult {
     if free.is_null() && total.is_null() {
-        return call(free, total);
+        return real(free, total);
     }
     let Some(dev) = s.devices.current(&s.cuda) else {
-        return call(free, total);
+        return real(free, total);
     };
     let Some(cap) = s.mem.limit(dev) else {
-        return call(free, total);
+        return real(free, total);
     };
     let (mut rf, mut rt) = (T::default(), T::default());
-    let r = call(&mut rf, &mut rt);
+    let r = real(&mut rf, &mut rt);
     if !r.ok() {
         return r;
     }
@@ -73,25 +55,16 @@ fn mem_get_info<T: Width>(
     r
 }
 
-/// Hook of `cuMemGetInfo_v2`.
+/// `cuDeviceTotalMem_v2`, legacy `cuDeviceTotalMem`: the cap (never more than the real size).
 ///
 /// # Safety
-/// Driver contract (NULL out-pointers tolerated).
-pub unsafe fn cuMemGetInfo_v2(s: &Shim, free: *mut usize, total: *mut usize) -> CUresult {
-    // SAFETY: forwarded with the caller's or our own valid pointers.
-    mem_get_info(s, free, total, |f, t| unsafe { s.cuda.cuMemGetInfo_v2(f, t) })
-}
-
-/// Hook of legacy `cuMemGetInfo` (32-bit).
-///
-/// # Safety
-/// Driver contract (NULL out-pointers tolerated).
-pub unsafe fn cuMemGetInfo(s: &Shim, free: *mut c_uint, total: *mut c_uint) -> CUresult {
-    // SAFETY: as above.
-    mem_get_info(s, free, total, |f, t| unsafe { s.cuda.cuMemGetInfo(f, t) })
-}
-
-fn total_mem<T: Width>(s: &Shim, bytes: *mut T, dev: CUdevice, call: impl FnOnce() -> CUresult) -> CUresult {
+/// `bytes` as the driver's contract says (written on success).
+pub unsafe fn device_total_mem<T: Width>(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    bytes: *mut T,
+    dev: CUdevice,
+) -> CUresult {
     let r = call();
     if !r.ok() || bytes.is_null() {
         return r;
@@ -101,26 +74,6 @@ fn total_mem<T: Width>(s: &Shim, bytes: *mut T, dev: CUdevice, call: impl FnOnce
         unsafe { *bytes = T::from_u64(cap.min((*bytes).to_u64())) };
     }
     r
-}
-
-/// Hook of `cuDeviceTotalMem_v2`: the cap (never more than the real size).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDeviceTotalMem_v2(s: &Shim, bytes: *mut usize, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    total_mem(s, bytes, dev, || unsafe {
-        s.cuda.cuDeviceTotalMem_v2(bytes, dev)
-    })
-}
-
-/// Hook of legacy `cuDeviceTotalMem` (32-bit).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuDeviceTotalMem(s: &Shim, bytes: *mut c_uint, dev: CUdevice) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    total_mem(s, bytes, dev, || unsafe { s.cuda.cuDeviceTotalMem(bytes, dev) })
 }
 
 #[cfg(test)]

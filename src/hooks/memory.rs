@@ -13,11 +13,12 @@
 
 #![allow(non_snake_case)]
 
+use super::Width;
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::memory::ledger::{Kind, Record, Space};
 use crate::state::Shim;
-use std::ffi::c_uint;
+use std::ffi::{c_uint, c_void};
 
 /// Upper bound the driver's pitch never exceeds (texture pitch alignment).
 const PITCH_ALIGN: u64 = 512;
@@ -111,161 +112,67 @@ fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnc
     charged_call(s, dev, est, call, || Some((Space::Pointer, out(), None)))
 }
 
-/// Hook of `cuMemAlloc_v2`.
+/// `cuMemAlloc_v2`, legacy `cuMemAlloc` (32-bit size and address), `cuMemAllocManaged` (charged to the current
+/// device, like HAMi): a linear allocation on the current context's device.
 ///
 /// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAlloc_v2(s: &Shim, dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
-    // SAFETY: forwarded; `dptr` is read only after the driver succeeded (it wrote it).
-    linear(
-        s,
-        bytesize as u64,
-        || unsafe { s.cuda.cuMemAlloc_v2(dptr, bytesize) },
-        || unsafe { *dptr },
-    )
-}
-
-/// Hook of legacy `cuMemAlloc` (32-bit sizes and addresses).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAlloc(s: &Shim, dptr: *mut CUdeviceptr_v1, bytesize: c_uint) -> CUresult {
-    // SAFETY: as for `cuMemAlloc_v2`.
-    linear(
-        s,
-        bytesize as u64,
-        || unsafe { s.cuda.cuMemAlloc(dptr, bytesize) },
-        || unsafe { *dptr } as u64,
-    )
-}
-
-/// Hook of `cuMemAllocManaged` (charged to the current device, like HAMi).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAllocManaged(
+/// `dptr` as the driver's contract says (written on success).
+pub unsafe fn alloc<P: Width, N: Width>(
     s: &Shim,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    flags: c_uint,
-) -> CUresult {
-    // SAFETY: as for `cuMemAlloc_v2`.
-    linear(
-        s,
-        bytesize as u64,
-        || unsafe { s.cuda.cuMemAllocManaged(dptr, bytesize, flags) },
-        || unsafe { *dptr },
-    )
-}
-
-fn pitched(
-    s: &Shim,
-    width: u64,
-    height: u64,
     call: impl FnOnce() -> CUresult,
-    out: impl FnOnce() -> (u64, u64),
+    dptr: *mut P,
+    bytesize: N,
+) -> CUresult {
+    // SAFETY: `dptr` is read only after the driver succeeded (it wrote it).
+    linear(s, bytesize.to_u64(), call, || unsafe { *dptr }.to_u64())
+}
+
+/// `cuMemAllocPitch_v2`, legacy `cuMemAllocPitch`: charges pitch × height as returned.
+///
+/// # Safety
+/// `dptr`, `pPitch` as the driver's contract says (written on success).
+pub unsafe fn alloc_pitch<P: Width, N: Width>(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    dptr: *mut P,
+    pPitch: *mut N,
+    width: N,
+    height: N,
 ) -> CUresult {
     let Some(dev) = s.devices.current(&s.cuda) else {
         return untracked(s, call);
     };
+    let height = height.to_u64();
     let bound = width
+        .to_u64()
         .div_ceil(PITCH_ALIGN)
         .saturating_mul(PITCH_ALIGN)
         .saturating_mul(height);
     let est = s.devices.round(&s.cuda, dev, bound);
     charged_call(s, dev, est, call, || {
-        let (ptr, pitch) = out();
-        Some((
-            Space::Pointer,
-            ptr,
-            Some(s.devices.round(&s.cuda, dev, pitch.saturating_mul(height))),
-        ))
+        // SAFETY: written by the driver on success.
+        let (ptr, pitch) = unsafe { ((*dptr).to_u64(), (*pPitch).to_u64()) };
+        let exact = s.devices.round(&s.cuda, dev, pitch.saturating_mul(height));
+        Some((Space::Pointer, ptr, Some(exact)))
     })
 }
 
-/// Hook of `cuMemAllocPitch_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAllocPitch_v2(
-    s: &Shim,
-    dptr: *mut CUdeviceptr,
-    pPitch: *mut usize,
-    WidthInBytes: usize,
-    Height: usize,
-    ElementSizeBytes: c_uint,
-) -> CUresult {
-    pitched(
-        s,
-        WidthInBytes as u64,
-        Height as u64,
-        // SAFETY: forwarded unchanged.
-        || unsafe {
-            s.cuda
-                .cuMemAllocPitch_v2(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes)
-        },
-        // SAFETY: written by the driver on success.
-        || unsafe { (*dptr, *pPitch as u64) },
-    )
-}
-
-/// Hook of legacy `cuMemAllocPitch` (32-bit).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAllocPitch(
-    s: &Shim,
-    dptr: *mut CUdeviceptr_v1,
-    pPitch: *mut c_uint,
-    WidthInBytes: c_uint,
-    Height: c_uint,
-    ElementSizeBytes: c_uint,
-) -> CUresult {
-    pitched(
-        s,
-        WidthInBytes as u64,
-        Height as u64,
-        // SAFETY: forwarded unchanged.
-        || unsafe {
-            s.cuda
-                .cuMemAllocPitch(dptr, pPitch, WidthInBytes, Height, ElementSizeBytes)
-        },
-        // SAFETY: written by the driver on success.
-        || unsafe { (*dptr as u64, *pPitch as u64) },
-    )
-}
-
-/// Hook of `cuMemFree_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemFree_v2(s: &Shim, dptr: CUdeviceptr) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    tracked_free(s, Space::Pointer, dptr, || unsafe { s.cuda.cuMemFree_v2(dptr) })
-}
-
-/// Hook of legacy `cuMemFree` (32-bit address).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemFree(s: &Shim, dptr: CUdeviceptr_v1) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    tracked_free(s, Space::Pointer, dptr as u64, || unsafe {
-        s.cuda.cuMemFree(dptr)
-    })
+/// `cuMemFree_v2`, legacy `cuMemFree`, `cuMemFreeAsync` (+ `_ptsz`).
+pub fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
+    tracked_free(s, Space::Pointer, dptr.to_u64(), call)
 }
 
 // ---- stream-ordered allocator -------------------------------------------------------------------------------
 
-/// Which device a stream belongs to: `cuStreamGetDevice` (CUDA 12.8+), else the current context's device.
-fn stream_device(s: &Shim, stream: CUstream, ptsz: bool) -> Option<Dev> {
+/// Which device a stream belongs to: `cuStreamGetDevice` (CUDA 12.8+; its `_ptsz` form when the NULL stream
+/// means the per-thread one), else the current context's device.
+fn stream_device(s: &Shim, stream: CUstream, ds: DefaultStream) -> Option<Dev> {
     let mut d: CUdevice = 0;
     // SAFETY: valid out-pointer; stream handle forwarded.
     let r = unsafe {
-        if ptsz {
-            s.cuda.cuStreamGetDevice_ptsz(stream, &mut d)
-        } else {
-            s.cuda.cuStreamGetDevice(stream, &mut d)
+        match ds {
+            DefaultStream::PerThread => s.cuda.cuStreamGetDevice_ptsz(stream, &mut d),
+            DefaultStream::Legacy => s.cuda.cuStreamGetDevice(stream, &mut d),
         }
     };
     if r.ok() {
@@ -286,17 +193,16 @@ fn pool_alloc(
     out: impl FnOnce() -> u64,
 ) -> CUresult {
     // What the pool already holds reserved (and is charged for) but has not handed out serves the request first.
-    let mut est = s
-        .devices
-        .round(&s.cuda, dev, bytes)
-        .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize));
+    let estimate = || {
+        s.devices
+            .round(&s.cuda, dev, bytes)
+            .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize))
+    };
+    let mut est = estimate();
     if s.mem.admit(dev, est).is_err() {
         // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
         s.mem.refresh_pools_of(&s.cuda, dev.id);
-        est = s
-            .devices
-            .round(&s.cuda, dev, bytes)
-            .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize));
+        est = estimate();
         if s.mem.admit(dev, est).is_err() {
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
@@ -321,151 +227,59 @@ fn pool_alloc(
     r
 }
 
-fn alloc_async(s: &Shim, dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream, ptsz: bool) -> CUresult {
-    let call = || {
-        // SAFETY: forwarded unchanged.
-        unsafe {
-            if ptsz {
-                s.cuda.cuMemAllocAsync_ptsz(dptr, bytesize, stream)
-            } else {
-                s.cuda.cuMemAllocAsync(dptr, bytesize, stream)
-            }
-        }
-    };
-    let Some(dev) = stream_device(s, stream, ptsz) else {
-        return untracked(s, call);
-    };
-    let mut pool: CUmemoryPool = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    if !unsafe { s.cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
-        // Cannot see the pool: account it as a plain allocation instead.
-        let est = s.devices.round(&s.cuda, dev, bytesize as u64);
-        return charged_call(s, dev, est, call, || {
-            // SAFETY: written by the driver on success.
-            Some((Space::Pointer, unsafe { *dptr }, None))
-        });
-    }
-    // SAFETY: as above.
-    pool_alloc(s, dev, pool, bytesize as u64, call, || unsafe { *dptr })
-}
-
-/// Hook of `cuMemAllocAsync`.
+/// `cuMemAllocAsync` (`pool` = `None`: the device's current pool) and `cuMemAllocFromPoolAsync`, each also
+/// `_ptsz`.
 ///
 /// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAllocAsync(
+/// `dptr` as the driver's contract says (written on success).
+pub unsafe fn alloc_async(
     s: &Shim,
+    call: impl FnOnce() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    hStream: CUstream,
-) -> CUresult {
-    alloc_async(s, dptr, bytesize, hStream, false)
-}
-
-/// Hook of `cuMemAllocAsync_ptsz`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAllocAsync_ptsz(
-    s: &Shim,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    hStream: CUstream,
-) -> CUresult {
-    alloc_async(s, dptr, bytesize, hStream, true)
-}
-
-fn alloc_from_pool(
-    s: &Shim,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
+    pool: Option<CUmemoryPool>,
     stream: CUstream,
-    ptsz: bool,
+    ds: DefaultStream,
 ) -> CUresult {
-    let call = || {
-        // SAFETY: forwarded unchanged.
-        unsafe {
-            if ptsz {
-                s.cuda.cuMemAllocFromPoolAsync_ptsz(dptr, bytesize, pool, stream)
-            } else {
-                s.cuda.cuMemAllocFromPoolAsync(dptr, bytesize, pool, stream)
+    // SAFETY: written by the driver on success.
+    let out = || unsafe { *dptr };
+    let (dev, pool) = match pool {
+        Some(pool) => match s.mem.pool_device(pool as usize) {
+            Some(Some(dev)) => (dev, pool),
+            Some(None) => return call(), // a host pool: not device memory
+            None => match stream_device(s, stream, ds) {
+                Some(dev) => (dev, pool),
+                None => return untracked(s, call),
+            },
+        },
+        None => {
+            let Some(dev) = stream_device(s, stream, ds) else {
+                return untracked(s, call);
+            };
+            let mut pool: CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            if !unsafe { s.cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
+                // Cannot see the pool: account it as a plain allocation instead.
+                let est = s.devices.round(&s.cuda, dev, bytesize as u64);
+                return charged_call(s, dev, est, call, || Some((Space::Pointer, out(), None)));
             }
+            (dev, pool)
         }
     };
-    let dev = match s.mem.pool_device(pool as usize) {
-        Some(Some(dev)) => dev,
-        Some(None) => return call(), // a host pool: not device memory
-        None => match stream_device(s, stream, ptsz) {
-            Some(dev) => dev,
-            None => return untracked(s, call),
-        },
-    };
-    // SAFETY: as above.
-    pool_alloc(s, dev, pool, bytesize as u64, call, || unsafe { *dptr })
+    pool_alloc(s, dev, pool, bytesize as u64, call, out)
 }
 
-/// Hook of `cuMemAllocFromPoolAsync`.
+/// `cuMemPoolCreate`: remembers the pool's device (or that it is a host pool).
 ///
 /// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAllocFromPoolAsync(
+/// `pool`, `poolProps` as the driver's contract says.
+pub unsafe fn pool_create(
     s: &Shim,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    hStream: CUstream,
-) -> CUresult {
-    alloc_from_pool(s, dptr, bytesize, pool, hStream, false)
-}
-
-/// Hook of `cuMemAllocFromPoolAsync_ptsz`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemAllocFromPoolAsync_ptsz(
-    s: &Shim,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    hStream: CUstream,
-) -> CUresult {
-    alloc_from_pool(s, dptr, bytesize, pool, hStream, true)
-}
-
-/// Hook of `cuMemFreeAsync`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemFreeAsync(s: &Shim, dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    tracked_free(s, Space::Pointer, dptr, || unsafe {
-        s.cuda.cuMemFreeAsync(dptr, hStream)
-    })
-}
-
-/// Hook of `cuMemFreeAsync_ptsz`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemFreeAsync_ptsz(s: &Shim, dptr: CUdeviceptr, hStream: CUstream) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    tracked_free(s, Space::Pointer, dptr, || unsafe {
-        s.cuda.cuMemFreeAsync_ptsz(dptr, hStream)
-    })
-}
-
-/// Hook of `cuMemPoolCreate`: remembers the pool's device (or that it is a host pool).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemPoolCreate(
-    s: &Shim,
+    call: impl FnOnce() -> CUresult,
     pool: *mut CUmemoryPool,
     poolProps: *const CUmemPoolProps,
 ) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuMemPoolCreate(pool, poolProps) };
+    let r = call();
     if r.ok() && !pool.is_null() && !poolProps.is_null() {
         // SAFETY: both valid (the driver just used them).
         let (p, loc) = unsafe { (*pool, (*poolProps).location) };
@@ -480,26 +294,18 @@ pub unsafe fn cuMemPoolCreate(
     r
 }
 
-/// Hook of `cuMemPoolTrimTo`: re-reads the pool's reserved size afterwards.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemPoolTrimTo(s: &Shim, pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuMemPoolTrimTo(pool, minBytesToKeep) };
+/// `cuMemPoolTrimTo`: re-reads the pool's reserved size afterwards.
+pub fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
+    let r = call();
     if r.ok() {
         s.mem.refresh_pool(&s.cuda, pool as usize);
     }
     r
 }
 
-/// Hook of `cuMemPoolDestroy`: gives the pool's whole charge back.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemPoolDestroy(s: &Shim, pool: CUmemoryPool) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuMemPoolDestroy(pool) };
+/// `cuMemPoolDestroy`: gives the pool's whole charge back.
+pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
+    let r = call();
     if r.ok() {
         s.mem.forget_pool(pool as usize);
     }
@@ -508,19 +314,17 @@ pub unsafe fn cuMemPoolDestroy(s: &Shim, pool: CUmemoryPool) -> CUresult {
 
 // ---- virtual memory management ------------------------------------------------------------------------------
 
-/// Hook of `cuMemCreate`: charges `size` (granularity-aligned by contract) to `prop.location`.
+/// `cuMemCreate`: charges `size` (granularity-aligned by contract) to `prop.location`.
 ///
 /// # Safety
-/// Driver contract.
-pub unsafe fn cuMemCreate(
+/// `handle`, `prop` as the driver's contract says.
+pub unsafe fn vmm_create(
     s: &Shim,
+    call: impl FnOnce() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
     size: usize,
     prop: *const CUmemAllocationProp,
-    flags: u64,
 ) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { s.cuda.cuMemCreate(handle, size, prop, flags) };
     if prop.is_null() {
         return call();
     }
@@ -537,16 +341,74 @@ pub unsafe fn cuMemCreate(
     charged_call(s, dev, est, call, || Some((Space::Vmm, unsafe { *handle }, None)))
 }
 
-/// Hook of `cuMemRelease`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMemRelease(s: &Shim, handle: CUmemGenericAllocationHandle) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    tracked_free(s, Space::Vmm, handle, || unsafe { s.cuda.cuMemRelease(handle) })
+/// `cuMemRelease`.
+pub fn vmm_release(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    tracked_free(s, Space::Vmm, handle, call)
 }
 
 // ---- arrays -------------------------------------------------------------------------------------------------
+
+/// What an array descriptor (1D/2D or 3D, current or legacy ABI) says about its size.
+pub trait ArrayDesc: Copy {
+    /// `(width, height, depth, format, channels, flags)`.
+    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32);
+}
+
+impl ArrayDesc for CUDA_ARRAY_DESCRIPTOR {
+    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
+        (
+            self.Width as u64,
+            self.Height as u64,
+            1,
+            self.Format,
+            self.NumChannels,
+            0,
+        )
+    }
+}
+
+impl ArrayDesc for CUDA_ARRAY_DESCRIPTOR_v1 {
+    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
+        (
+            self.Width as u64,
+            self.Height as u64,
+            1,
+            self.Format,
+            self.NumChannels,
+            0,
+        )
+    }
+}
+
+impl ArrayDesc for CUDA_ARRAY3D_DESCRIPTOR {
+    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
+        (
+            self.Width as u64,
+            self.Height as u64,
+            self.Depth as u64,
+            self.Format,
+            self.NumChannels,
+            self.Flags,
+        )
+    }
+}
+
+impl ArrayDesc for CUDA_ARRAY3D_DESCRIPTOR_v1 {
+    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
+        (
+            self.Width as u64,
+            self.Height as u64,
+            self.Depth as u64,
+            self.Format,
+            self.NumChannels,
+            self.Flags,
+        )
+    }
+}
 
 /// Estimated bytes of an array (all mip levels when `levels > 1`); 0 for sparse / deferred-mapping arrays,
 /// which get their memory later through `cuMemMapArrayAsync` of VMM handles (charged at `cuMemCreate`).
@@ -559,9 +421,7 @@ pub fn array_estimate(
     flags: u32,
     levels: u32,
 ) -> u64 {
-    const SPARSE: u32 = 0x40;
-    const DEFERRED: u32 = 0x80;
-    if flags & (SPARSE | DEFERRED) != 0 {
+    if flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0 {
         return 0;
     }
     let elem = array_format_bytes(format).saturating_mul(channels.max(1) as u64);
@@ -573,131 +433,17 @@ pub fn array_estimate(
     total
 }
 
-fn array_create(s: &Shim, estimate: u64, handle: *mut CUarray, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(dev) = s.devices.current(&s.cuda) else {
-        return untracked(s, call);
-    };
-    let est = s.devices.round(&s.cuda, dev, estimate);
-    charged_call(s, dev, est, call, || {
-        // SAFETY: written by the driver on success.
-        let arr = unsafe { *handle };
-        let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();
-        // SAFETY: valid out-pointer, a live array.
-        let exact = unsafe { s.cuda.cuArrayGetMemoryRequirements(&mut req, arr, dev.ordinal) }
-            .ok()
-            .then(|| s.devices.round(&s.cuda, dev, req.size as u64));
-        Some((Space::Array, arr as u64, exact))
-    })
-}
-
-/// Hook of `cuArrayCreate_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuArrayCreate_v2(
+/// An array or mipmapped array of `levels` levels described by `desc`, in ledger space `space`; `exact(handle,
+/// ordinal)` asks the driver for its real size.
+fn array_alloc<D: ArrayDesc>(
     s: &Shim,
-    pHandle: *mut CUarray,
-    desc: *const CUDA_ARRAY_DESCRIPTOR,
+    call: impl FnOnce() -> CUresult,
+    pHandle: *mut *mut c_void,
+    desc: *const D,
+    levels: c_uint,
+    space: Space,
+    exact: impl FnOnce(*mut c_void, CUdevice, &mut CUDA_ARRAY_MEMORY_REQUIREMENTS) -> CUresult,
 ) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { s.cuda.cuArrayCreate_v2(pHandle, desc) };
-    if desc.is_null() || pHandle.is_null() {
-        return call();
-    }
-    // SAFETY: non-NULL caller descriptor.
-    let d = unsafe { *desc };
-    let est = array_estimate(d.Width as u64, d.Height as u64, 1, d.Format, d.NumChannels, 0, 1);
-    array_create(s, est, pHandle, call)
-}
-
-/// Hook of legacy `cuArrayCreate` (32-bit descriptor).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuArrayCreate(
-    s: &Shim,
-    pHandle: *mut CUarray,
-    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { s.cuda.cuArrayCreate(pHandle, desc) };
-    if desc.is_null() || pHandle.is_null() {
-        return call();
-    }
-    // SAFETY: non-NULL caller descriptor.
-    let d = unsafe { *desc };
-    let est = array_estimate(d.Width as u64, d.Height as u64, 1, d.Format, d.NumChannels, 0, 1);
-    array_create(s, est, pHandle, call)
-}
-
-/// Hook of `cuArray3DCreate_v2`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuArray3DCreate_v2(
-    s: &Shim,
-    pHandle: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { s.cuda.cuArray3DCreate_v2(pHandle, desc) };
-    if desc.is_null() || pHandle.is_null() {
-        return call();
-    }
-    // SAFETY: non-NULL caller descriptor.
-    let d = unsafe { *desc };
-    let est = array_estimate(
-        d.Width as u64,
-        d.Height as u64,
-        d.Depth as u64,
-        d.Format,
-        d.NumChannels,
-        d.Flags,
-        1,
-    );
-    array_create(s, est, pHandle, call)
-}
-
-/// Hook of legacy `cuArray3DCreate` (32-bit descriptor).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuArray3DCreate(
-    s: &Shim,
-    pHandle: *mut CUarray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { s.cuda.cuArray3DCreate(pHandle, desc) };
-    if desc.is_null() || pHandle.is_null() {
-        return call();
-    }
-    // SAFETY: non-NULL caller descriptor.
-    let d = unsafe { *desc };
-    let est = array_estimate(
-        d.Width as u64,
-        d.Height as u64,
-        d.Depth as u64,
-        d.Format,
-        d.NumChannels,
-        d.Flags,
-        1,
-    );
-    array_create(s, est, pHandle, call)
-}
-
-/// Hook of `cuMipmappedArrayCreate`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMipmappedArrayCreate(
-    s: &Shim,
-    pHandle: *mut CUmipmappedArray,
-    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
-    numMipmapLevels: c_uint,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let call = || unsafe { s.cuda.cuMipmappedArrayCreate(pHandle, desc, numMipmapLevels) };
     if desc.is_null() || pHandle.is_null() {
         return call();
     }
@@ -705,50 +451,59 @@ pub unsafe fn cuMipmappedArrayCreate(
         return untracked(s, call);
     };
     // SAFETY: non-NULL caller descriptor.
-    let d = unsafe { *desc };
-    let est = array_estimate(
-        d.Width as u64,
-        d.Height as u64,
-        d.Depth as u64,
-        d.Format,
-        d.NumChannels,
-        d.Flags,
-        numMipmapLevels,
-    );
+    let (w, h, d, format, channels, flags) = unsafe { *desc }.dims();
+    let est = array_estimate(w, h, d, format, channels, flags, levels);
     let est = s.devices.round(&s.cuda, dev, est);
     charged_call(s, dev, est, call, || {
         // SAFETY: written by the driver on success.
-        let m = unsafe { *pHandle };
+        let handle = unsafe { *pHandle };
         let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();
+        let exact = exact(handle, dev.ordinal, &mut req)
+            .ok()
+            .then(|| s.devices.round(&s.cuda, dev, req.size as u64));
+        Some((space, handle as u64, exact))
+    })
+}
+
+/// `cuArrayCreate_v2`, `cuArray3DCreate_v2` and their legacy forms.
+///
+/// # Safety
+/// `pHandle`, `desc` as the driver's contract says.
+pub unsafe fn array_create<D: ArrayDesc>(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    pHandle: *mut CUarray,
+    desc: *const D,
+) -> CUresult {
+    array_alloc(s, call, pHandle, desc, 1, Space::Array, |a, o, req| {
+        // SAFETY: valid out-pointer, a live array.
+        unsafe { s.cuda.cuArrayGetMemoryRequirements(req, a, o) }
+    })
+}
+
+/// `cuMipmappedArrayCreate`.
+///
+/// # Safety
+/// `pHandle`, `desc` as the driver's contract says.
+pub unsafe fn mipmapped_create(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    pHandle: *mut CUmipmappedArray,
+    desc: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: c_uint,
+) -> CUresult {
+    array_alloc(s, call, pHandle, desc, levels, Space::Mipmapped, |m, o, req| {
         // SAFETY: valid out-pointer, a live mipmapped array.
-        let exact = unsafe {
-            s.cuda
-                .cuMipmappedArrayGetMemoryRequirements(&mut req, m, dev.ordinal)
-        }
-        .ok()
-        .then(|| s.devices.round(&s.cuda, dev, req.size as u64));
-        Some((Space::Mipmapped, m as u64, exact))
+        unsafe { s.cuda.cuMipmappedArrayGetMemoryRequirements(req, m, o) }
     })
 }
 
-/// Hook of `cuArrayDestroy`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuArrayDestroy(s: &Shim, hArray: CUarray) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    tracked_free(s, Space::Array, hArray as u64, || unsafe {
-        s.cuda.cuArrayDestroy(hArray)
-    })
+/// `cuArrayDestroy`.
+pub fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
+    tracked_free(s, Space::Array, h as u64, call)
 }
 
-/// Hook of `cuMipmappedArrayDestroy`.
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuMipmappedArrayDestroy(s: &Shim, h: CUmipmappedArray) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    tracked_free(s, Space::Mipmapped, h as u64, || unsafe {
-        s.cuda.cuMipmappedArrayDestroy(h)
-    })
+/// `cuMipmappedArrayDestroy`.
+pub fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
+    tracked_free(s, Space::Mipmapped, h as u64, call)
 }

@@ -1,6 +1,8 @@
-//! Hooks: plain Rust functions, one per export, named like the export they serve (the `abi` macros call
-//! `crate::hooks::<name>(shim, args…)`). Each decides (allow, refuse, rewrite the answer) and calls the real
-//! driver through `Shim::cuda` / `Shim::nvml`, so each is unit-testable with a fake driver table.
+//! Hooks: plain Rust functions that decide (allow, refuse, rewrite the answer) and call the real driver. Each
+//! line of the driver lists (`driver::cuda::cuda_functions!`, `driver::nvml::nvml_functions!`) names the hook
+//! its export runs, `hooks::<module>::<hook>(shim, …)`, with `call` (the real function with the caller's
+//! arguments) or `real` (the real function) among the arguments. So one hook serves every form of a call
+//! (`_v2`, legacy 32-bit, `_ptsz`), and each is unit-testable with a fake driver table.
 
 pub mod context;
 pub mod graph_memory;
@@ -10,12 +12,43 @@ pub mod memory;
 pub mod nvml;
 pub mod proc_address;
 
-pub use context::*;
-pub use graph_memory::*;
-pub use info::*;
-pub use launch::*;
-pub use memory::*;
-pub use proc_address::*;
-
 #[cfg(test)]
 mod tests;
+
+use std::ffi::c_uint;
+
+/// An integer in the caller's C width: the legacy 32-bit ABI's sizes and addresses (`c_uint`,
+/// `CUdeviceptr_v1`) and the current 64-bit ones. Writing back saturates.
+pub trait Width: Copy + Default {
+    /// `v`, saturated to this width.
+    fn from_u64(v: u64) -> Self;
+    /// The value as 64 bits.
+    fn to_u64(self) -> u64;
+}
+
+impl Width for usize {
+    fn from_u64(v: u64) -> Self {
+        usize::try_from(v).unwrap_or(usize::MAX)
+    }
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+}
+
+impl Width for c_uint {
+    fn from_u64(v: u64) -> Self {
+        c_uint::try_from(v).unwrap_or(c_uint::MAX)
+    }
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+}
+
+impl Width for u64 {
+    fn from_u64(v: u64) -> Self {
+        v
+    }
+    fn to_u64(self) -> u64 {
+        self
+    }
+}

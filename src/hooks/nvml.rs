@@ -11,51 +11,19 @@
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
 //! - `nvmlInit*`: forwarded; hooking them makes a bad configuration fail closed for NVML users too.
 
-#![allow(non_snake_case)]
-
 use crate::ffi::nvml::*;
 use crate::state::Shim;
 use cuquota_core::region::layout::parse_uuid;
 use std::ffi::{c_char, c_uint, CStr};
 
-/// Hook of `nvmlInit`.
-///
-/// # Safety
-/// NVML contract.
-pub unsafe fn nvmlInit(s: &Shim) -> nvmlReturn_t {
-    // SAFETY: the guard only yields Active with NVML loaded.
-    unsafe { table(s).nvmlInit() }
-}
-
-/// Hook of `nvmlInit_v2`.
-///
-/// # Safety
-/// NVML contract.
-pub unsafe fn nvmlInit_v2(s: &Shim) -> nvmlReturn_t {
-    // SAFETY: forwarded.
-    unsafe { table(s).nvmlInit_v2() }
-}
-
-/// Hook of `nvmlInitWithFlags`.
-///
-/// # Safety
-/// NVML contract.
-pub unsafe fn nvmlInitWithFlags(s: &Shim, flags: c_uint) -> nvmlReturn_t {
-    // SAFETY: forwarded.
-    unsafe { table(s).nvmlInitWithFlags(flags) }
-}
-
-/// The real NVML (an active process's NVML exports only run when it loaded).
-fn table(s: &Shim) -> &crate::driver::nvml::NvmlTable {
-    static EMPTY: std::sync::OnceLock<crate::driver::nvml::NvmlTable> = std::sync::OnceLock::new();
-    s.nvml
-        .table()
-        .unwrap_or_else(|| EMPTY.get_or_init(|| crate::driver::nvml::NvmlTable::empty(false)))
+/// `nvmlInit*`: forwarded (exported so that a bad configuration fails closed for NVML users too).
+pub fn forward(_s: &Shim, call: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
+    call()
 }
 
 /// (cap, container usage) for an NVML device, or `None` when no limit applies (→ pass-through).
 fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
-    let nvml = table(s);
+    let nvml = s.nvml.real();
     let mut buf = [0 as c_char; NVML_DEVICE_UUID_BUFFER_SIZE];
     // SAFETY: buffer of the stated length.
     if !unsafe { nvml.nvmlDeviceGetUUID(device, buf.as_mut_ptr(), buf.len() as c_uint) }.ok() {
@@ -107,63 +75,42 @@ pub fn capped_memory(cap: u64, used: u64, real_total: u64, real_free: u64) -> (u
     (total, used, (total - used).min(real_free))
 }
 
-/// Hook of `nvmlDeviceGetMemoryInfo`.
+/// `nvmlDeviceGetMemoryInfo` and `_v2` (whose `version` is the caller's and `reserved` the driver's).
 ///
 /// # Safety
-/// NVML contract.
-pub unsafe fn nvmlDeviceGetMemoryInfo(
+/// `memory` as NVML's contract says.
+pub unsafe fn memory_info<T: MemoryInfo>(
     s: &Shim,
+    call: impl FnOnce() -> nvmlReturn_t,
     device: nvmlDevice_t,
-    memory: *mut nvmlMemory_t,
+    memory: *mut T,
 ) -> nvmlReturn_t {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { table(s).nvmlDeviceGetMemoryInfo(device, memory) };
+    let r = call();
     if !r.ok() || memory.is_null() {
         return r;
     }
     s.mem.maybe_reclaim();
     if let Some((cap, used)) = budget(s, device) {
         // SAFETY: the caller's struct, just filled by NVML.
-        let m = unsafe { &mut *memory };
-        (m.total, m.used, m.free) = capped_memory(cap, used, m.total, m.free);
+        let (total, u, free) = unsafe { &mut *memory }.fields();
+        (*total, *u, *free) = capped_memory(cap, used, *total, *free);
     }
     r
 }
 
-/// Hook of `nvmlDeviceGetMemoryInfo_v2`.
-///
-/// # Safety
-/// NVML contract.
-pub unsafe fn nvmlDeviceGetMemoryInfo_v2(
-    s: &Shim,
-    device: nvmlDevice_t,
-    memory: *mut nvmlMemory_v2_t,
-) -> nvmlReturn_t {
-    // SAFETY: forwarded unchanged (NVML checks `version`).
-    let r = unsafe { table(s).nvmlDeviceGetMemoryInfo_v2(device, memory) };
-    if !r.ok() || memory.is_null() {
-        return r;
-    }
-    s.mem.maybe_reclaim();
-    if let Some((cap, used)) = budget(s, device) {
-        // SAFETY: the caller's struct, just filled by NVML.
-        let m = unsafe { &mut *memory };
-        // `reserved` is the driver's and stays; what the container sees is its cap.
-        (m.total, m.used, m.free) = capped_memory(cap, used, m.total, m.free);
-    }
-    r
-}
-
-/// Real list → the container's processes, written back with NVML's size protocol.
+/// `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): the real list → the container's processes,
+/// written back with NVML's size protocol.
 ///
 /// # Safety
 /// `count`/`infos` as the NVML function requires.
-unsafe fn filtered<T: ProcessInfo>(
+pub unsafe fn running_processes<T: ProcessInfo>(
     s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
+    device: nvmlDevice_t,
     count: *mut c_uint,
     infos: *mut T,
-    call: impl Fn(*mut c_uint, *mut T) -> nvmlReturn_t,
 ) -> nvmlReturn_t {
+    let call = |c, i| real(device, c, i);
     // Malformed calls (no count; a NULL buffer claiming room) get the real library's own error.
     // SAFETY: `count` is checked non-NULL before it is read.
     if count.is_null() || (infos.is_null() && unsafe { *count } > 0) {
@@ -192,60 +139,6 @@ unsafe fn filtered<T: ProcessInfo>(
     // SAFETY: the caller's buffer holds `room` ≥ len records.
     unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), infos, mine.len()) };
     nvmlReturn_t::SUCCESS
-}
-
-/// Hook of `nvmlDeviceGetComputeRunningProcesses` (v1 records).
-///
-/// # Safety
-/// NVML contract.
-pub unsafe fn nvmlDeviceGetComputeRunningProcesses(
-    s: &Shim,
-    device: nvmlDevice_t,
-    infoCount: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v1_t,
-) -> nvmlReturn_t {
-    // SAFETY: forwarded with the caller's or our own buffers.
-    unsafe {
-        filtered(s, infoCount, infos, |c, i| {
-            table(s).nvmlDeviceGetComputeRunningProcesses(device, c, i)
-        })
-    }
-}
-
-/// Hook of `nvmlDeviceGetComputeRunningProcesses_v2`.
-///
-/// # Safety
-/// NVML contract.
-pub unsafe fn nvmlDeviceGetComputeRunningProcesses_v2(
-    s: &Shim,
-    device: nvmlDevice_t,
-    infoCount: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v2_t,
-) -> nvmlReturn_t {
-    // SAFETY: as above.
-    unsafe {
-        filtered(s, infoCount, infos, |c, i| {
-            table(s).nvmlDeviceGetComputeRunningProcesses_v2(device, c, i)
-        })
-    }
-}
-
-/// Hook of `nvmlDeviceGetComputeRunningProcesses_v3`.
-///
-/// # Safety
-/// NVML contract.
-pub unsafe fn nvmlDeviceGetComputeRunningProcesses_v3(
-    s: &Shim,
-    device: nvmlDevice_t,
-    infoCount: *mut c_uint,
-    infos: *mut nvmlProcessInfo_v2_t,
-) -> nvmlReturn_t {
-    // SAFETY: as above.
-    unsafe {
-        filtered(s, infoCount, infos, |c, i| {
-            table(s).nvmlDeviceGetComputeRunningProcesses_v3(device, c, i)
-        })
-    }
 }
 
 #[cfg(test)]

@@ -5,11 +5,9 @@
 //! {real address of each name we export → our export of that name}, built once from the driver table: a pointer
 //! we hook becomes ours, anything else passes through unchanged. No name parsing, no version tables to drift.
 
-#![allow(non_snake_case)]
-
-use crate::ffi::cuda::*;
+use crate::ffi::cuda::CUresult;
 use crate::state::Shim;
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::c_void;
 
 /// Replaces `*pfn` with our hook when the driver returned a function we hook.
 ///
@@ -27,43 +25,12 @@ unsafe fn redirect(s: &Shim, pfn: *mut *mut c_void) {
     }
 }
 
-/// Hook of `cuGetProcAddress` (CUDA 11.3–11.8 signature).
+/// `cuGetProcAddress` (CUDA 11.3–11.8) and `cuGetProcAddress_v2` (12.0+, with `symbolStatus`).
 ///
 /// # Safety
-/// Driver contract.
-pub unsafe fn cuGetProcAddress(
-    s: &Shim,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cudaVersion: c_int,
-    flags: cuuint64_t,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe { s.cuda.cuGetProcAddress(symbol, pfn, cudaVersion, flags) };
-    if r.ok() {
-        // SAFETY: the driver wrote *pfn.
-        unsafe { redirect(s, pfn) };
-    }
-    r
-}
-
-/// Hook of `cuGetProcAddress_v2` (CUDA 12.0+, with `symbolStatus`).
-///
-/// # Safety
-/// Driver contract.
-pub unsafe fn cuGetProcAddress_v2(
-    s: &Shim,
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cudaVersion: c_int,
-    flags: cuuint64_t,
-    symbolStatus: *mut CUdriverProcAddressQueryResult,
-) -> CUresult {
-    // SAFETY: forwarded unchanged.
-    let r = unsafe {
-        s.cuda
-            .cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus)
-    };
+/// `pfn` as the driver's contract says (written on success).
+pub unsafe fn get_proc_address(s: &Shim, call: impl FnOnce() -> CUresult, pfn: *mut *mut c_void) -> CUresult {
+    let r = call();
     if r.ok() {
         // SAFETY: the driver wrote *pfn.
         unsafe { redirect(s, pfn) };

@@ -1,9 +1,9 @@
 //! Hooks against a fake driver table: no real library, one fake GPU per test thread.
 
+use crate::abi::cuda::body as hooks;
 use crate::devices::Devices;
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
-use crate::hooks;
 use crate::memory::tests::{temp_path, TempRegion};
 use crate::state::Shim;
 use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsRegion, LimitsWriter};
@@ -42,7 +42,11 @@ unsafe extern "C" fn f_uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
     unsafe { (*u).bytes = [dev as u8 + 1; 16] };
     CUresult::SUCCESS
 }
-unsafe extern "C" fn f_gran(g: *mut usize, _p: *const CUmemAllocationProp, _o: c_int) -> CUresult {
+unsafe extern "C" fn f_gran(
+    g: *mut usize,
+    _p: *const CUmemAllocationProp,
+    _o: CUmemAllocationGranularity_flags,
+) -> CUresult {
     // SAFETY: test-owned out-pointer.
     unsafe { *g = 2 << 20 };
     CUresult::SUCCESS
@@ -243,7 +247,7 @@ fn proc_address_maps_hooked_pointers_and_passes_others() {
     let s = &e.shim;
     let get = |name: &CStr| {
         let mut p: *mut c_void = std::ptr::null_mut();
-        let mut st: CUdriverProcAddressQueryResult = -1;
+        let mut st = CUdriverProcAddressQueryResult::MAX;
         // SAFETY: valid pointers.
         let r = unsafe { hooks::cuGetProcAddress_v2(s, name.as_ptr(), &mut p, 13000, 0, &mut st) };
         (r, p as usize, st)
@@ -369,7 +373,7 @@ fn missing_driver_symbol_is_not_found_and_missing_library_not_initialized() {
 
 #[test]
 fn array_estimates() {
-    use hooks::memory::array_estimate;
+    use crate::hooks::memory::array_estimate;
     // 1024×1024 float4
     assert_eq!(array_estimate(1024, 1024, 1, 0x20, 4, 0, 1), 16 * MIB);
     // full mip chain of a 1024² RGBA8 ≈ 4/3
@@ -429,21 +433,31 @@ fn nvml_process_list_shows_only_the_container_with_size_protocol() {
     let mut count = 0u32;
     // SAFETY: valid pointers (NULL buffer allowed by the protocol).
     let r = unsafe {
-        hooks::nvml::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, std::ptr::null_mut())
+        crate::abi::nvml::body::nvmlDeviceGetComputeRunningProcesses_v3(
+            &s,
+            dev,
+            &mut count,
+            std::ptr::null_mut(),
+        )
     };
     assert_eq!((r, count), (nvmlReturn_t::ERROR_INSUFFICIENT_SIZE, 1));
     // NULL buffer with room claimed: the real library's own answer (INVALID_ARGUMENT), not a size query
     count = 4;
     // SAFETY: valid count pointer; the NULL buffer is the case under test.
     let r = unsafe {
-        hooks::nvml::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, std::ptr::null_mut())
+        crate::abi::nvml::body::nvmlDeviceGetComputeRunningProcesses_v3(
+            &s,
+            dev,
+            &mut count,
+            std::ptr::null_mut(),
+        )
     };
     assert_eq!(r, nvmlReturn_t::ERROR_INVALID_ARGUMENT);
     let mut buf = [nvmlProcessInfo_v2_t::default(); 4];
     count = 4;
     // SAFETY: buffer of `count` records.
     let r = unsafe {
-        hooks::nvml::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, buf.as_mut_ptr())
+        crate::abi::nvml::body::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, &mut count, buf.as_mut_ptr())
     };
     assert_eq!((r, count), (nvmlReturn_t::SUCCESS, 1));
     assert_eq!(buf[0].pid, std::process::id());

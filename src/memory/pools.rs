@@ -9,7 +9,6 @@ use crate::ffi::cuda::*;
 use cuquota_core::DeviceId;
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// A stream-ordered pool we account.
@@ -216,7 +215,7 @@ impl Memory {
 
     // ---- graph memory (memory nodes) -------------------------------------------------------------------------
 
-    fn graph_attr(cuda: &CudaTable, ordinal: CUdevice, attr: c_int) -> Option<u64> {
+    fn graph_attr(cuda: &CudaTable, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
         let mut v: u64 = 0;
         // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
         let r = unsafe { cuda.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };

@@ -32,14 +32,14 @@ pub mod util;
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
-use crate::ffi::cuda::{CUdevice, CUresult};
+use crate::ffi::cuda::{CUdevice, CUresult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use clock::Monotonic;
 use cuquota_core::{DeviceId, Policy};
 use engine::{Engine, Gpu, Poll, Shared, Ticket};
 use estimate::launch_key;
-use probe::{EventApi, EventProbes, STREAM_LEGACY, STREAM_PER_THREAD};
+use probe::{EventApi, EventProbes};
 use std::ffi::c_void;
 use std::sync::Arc;
 use util::Util;
@@ -211,8 +211,9 @@ impl SmThrottle {
     pub fn stream_device(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
         let stream = stream as *mut c_void;
         let mut ord: CUdevice = -1;
-        let special =
-            stream.is_null() || stream as usize == STREAM_LEGACY || stream as usize == STREAM_PER_THREAD;
+        let special = stream.is_null()
+            || stream as usize == CU_STREAM_LEGACY
+            || stream as usize == CU_STREAM_PER_THREAD;
         if let (Some(api), false) = (self.probes.as_ref().map(|p| *p.api()), special) {
             let mut ctx: *mut c_void = std::ptr::null_mut();
             let mut cur: *mut c_void = std::ptr::null_mut();

@@ -10,18 +10,14 @@
 //! the real library was loaded.
 
 use super::engine::Poll;
-use crate::ffi::cuda::{CUcontext, CUevent, CUresult, CUstream};
+use crate::ffi::cuda::{CUcontext, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use cuquota_core::region::layout::MAX_DEVICES;
 use parking_lot::Mutex;
 use std::ffi::{c_uint, c_void};
 
 type CuResult = CUresult;
 const CUDA_SUCCESS: CuResult = CUresult::SUCCESS;
-const CUDA_ERROR_NOT_READY: CuResult = CUresult(600);
-/// `CU_STREAM_LEGACY`.
-pub const STREAM_LEGACY: usize = 0x1;
-/// `CU_STREAM_PER_THREAD`.
-pub const STREAM_PER_THREAD: usize = 0x2;
+const CUDA_ERROR_NOT_READY: CuResult = CUresult::ERROR_NOT_READY;
 
 /// The driver functions a probe needs.
 #[allow(non_snake_case, missing_docs)]
@@ -73,7 +69,7 @@ impl EventProbes {
 
     fn stream_ctx(&self, stream: usize) -> Option<usize> {
         let mut ctx: *mut c_void = std::ptr::null_mut();
-        let r = if stream == 0 || stream == STREAM_LEGACY || stream == STREAM_PER_THREAD {
+        let r = if stream == 0 || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD {
             // SAFETY: valid out-pointer.
             unsafe { (self.api.cuCtxGetCurrent)(&mut ctx) }
         } else {
