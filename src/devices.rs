@@ -336,7 +336,7 @@ impl Devices {
 
     /// Takes the lock of the agent readers (see `state`'s fork handlers for the order).
     pub fn fork_prepare(&self) {
-        std::mem::forget(self.agent.readers.lock());
+        crate::locks::lock_all([&self.agent.readers]);
     }
 
     /// Undoes [`Devices::fork_prepare`] (parent and child).
@@ -344,8 +344,8 @@ impl Devices {
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
     pub unsafe fn fork_release(&self) {
-        // SAFETY: locked by fork_prepare, guard forgotten.
-        unsafe { self.agent.readers.force_unlock() };
+        // SAFETY: the caller's contract.
+        unsafe { crate::locks::unlock_all([&self.agent.readers]) };
     }
 }
 

@@ -9,6 +9,7 @@ pub mod devices;
 pub mod driver;
 pub mod ffi;
 pub mod hooks;
+pub mod locks;
 pub mod log;
 pub mod memory;
 pub mod state;

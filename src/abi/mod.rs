@@ -17,32 +17,30 @@ use crate::ffi::nvml::nvmlReturn_t;
 use crate::state::{self, Entry};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// Runs one CUDA export: never unwinds, never returns without a code.
+/// Runs one export: how the process proceeds (`entry`, which initialises it on first use), then `f`; never
+/// unwinds (a panic is `unknown`), never returns without a code.
 #[inline]
-pub fn cuda_guard(f: impl FnOnce(Entry<crate::driver::cuda::CudaTable>) -> CUresult) -> CUresult {
-    match catch_unwind(AssertUnwindSafe(|| {
-        match state::cuda_entry(cuda::export_address) {
-            Ok(entry) => f(entry),
-            Err(code) => code,
-        }
-    })) {
-        Ok(code) => code,
-        Err(_) => CUresult::ERROR_UNKNOWN,
-    }
+fn guard<T: 'static, R>(
+    entry: fn(state::Exports) -> Result<Entry<T>, R>,
+    unknown: R,
+    f: impl FnOnce(Entry<T>) -> R,
+) -> R {
+    catch_unwind(AssertUnwindSafe(|| {
+        entry(cuda::export_address).map_or_else(|code| code, f)
+    }))
+    .unwrap_or(unknown)
 }
 
-/// Runs one NVML export: never unwinds, never returns without a code.
+/// Runs one CUDA export (see [`guard`]).
+#[inline]
+pub fn cuda_guard(f: impl FnOnce(Entry<crate::driver::cuda::CudaTable>) -> CUresult) -> CUresult {
+    guard(state::cuda_entry, CUresult::ERROR_UNKNOWN, f)
+}
+
+/// Runs one NVML export (see [`guard`]).
 #[inline]
 pub fn nvml_guard(f: impl FnOnce(Entry<crate::driver::nvml::NvmlTable>) -> nvmlReturn_t) -> nvmlReturn_t {
-    match catch_unwind(AssertUnwindSafe(|| {
-        match state::nvml_entry(cuda::export_address) {
-            Ok(entry) => f(entry),
-            Err(code) => code,
-        }
-    })) {
-        Ok(code) => code,
-        Err(_) => nvmlReturn_t::ERROR_UNKNOWN,
-    }
+    guard(state::nvml_entry, nvmlReturn_t::ERROR_UNKNOWN, f)
 }
 
 /// Generates, from a driver list (`driver::cuda::cuda_functions!` / `driver::nvml::nvml_functions!`), for each

@@ -358,57 +358,30 @@ pub trait ArrayDesc: Copy {
     fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32);
 }
 
-impl ArrayDesc for CUDA_ARRAY_DESCRIPTOR {
-    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
-        (
-            self.Width as u64,
-            self.Height as u64,
-            1,
-            self.Format,
-            self.NumChannels,
-            0,
-        )
-    }
+/// A 1D/2D descriptor: depth 1, no flags.
+macro_rules! array_2d_desc {
+    ($($t:ty),*) => {$(
+        impl ArrayDesc for $t {
+            fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
+                (self.Width as u64, self.Height as u64, 1, self.Format, self.NumChannels, 0)
+            }
+        }
+    )*};
 }
+array_2d_desc!(CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY_DESCRIPTOR_v1);
 
-impl ArrayDesc for CUDA_ARRAY_DESCRIPTOR_v1 {
-    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
-        (
-            self.Width as u64,
-            self.Height as u64,
-            1,
-            self.Format,
-            self.NumChannels,
-            0,
-        )
-    }
+/// A 3D descriptor.
+macro_rules! array_3d_desc {
+    ($($t:ty),*) => {$(
+        impl ArrayDesc for $t {
+            fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
+                let d = self;
+                (d.Width as u64, d.Height as u64, d.Depth as u64, d.Format, d.NumChannels, d.Flags)
+            }
+        }
+    )*};
 }
-
-impl ArrayDesc for CUDA_ARRAY3D_DESCRIPTOR {
-    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
-        (
-            self.Width as u64,
-            self.Height as u64,
-            self.Depth as u64,
-            self.Format,
-            self.NumChannels,
-            self.Flags,
-        )
-    }
-}
-
-impl ArrayDesc for CUDA_ARRAY3D_DESCRIPTOR_v1 {
-    fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32) {
-        (
-            self.Width as u64,
-            self.Height as u64,
-            self.Depth as u64,
-            self.Format,
-            self.NumChannels,
-            self.Flags,
-        )
-    }
-}
+array_3d_desc!(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR_v1);
 
 /// Estimated bytes of an array (all mip levels when `levels > 1`); 0 for sparse / deferred-mapping arrays,
 /// which get their memory later through `cuMemMapArrayAsync` of VMM handles (charged at `cuMemCreate`).

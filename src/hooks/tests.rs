@@ -307,13 +307,16 @@ fn limits_file_change_is_picked_up() {
     let lim = temp_path("limits");
     let writer = LimitsWriter::create(&lim.path).unwrap();
     let uuid = [1u8; 16]; // f_uuid gives ordinal 0 this UUID
-    writer
-        .update(|t| {
-            t.entry_mut(DeviceSelector::Uuid(uuid)).unwrap().memory_limit = 64 * MIB;
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
+    let set = |bytes| {
+        writer
+            .update(|t| {
+                t.entry_mut(DeviceSelector::Uuid(uuid)).unwrap().memory_limit = bytes;
+                Ok::<(), ()>(())
+            })
+            .unwrap()
+            .unwrap()
+    };
+    set(64 * MIB);
     let readers = vec![(
         LimitsReader::open(&lim.path).unwrap(),
         LimitsRegion::open(&lim.path).unwrap(),
@@ -330,25 +333,13 @@ fn limits_file_change_is_picked_up() {
     let s = Shim::new(table(), None, devices, crate::abi::cuda::export_address);
     assert_eq!(alloc(&s, 40 * MIB).0, CUresult::SUCCESS);
     assert_eq!(alloc(&s, 40 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
-    writer
-        .update(|t| {
-            t.entry_mut(DeviceSelector::Uuid(uuid)).unwrap().memory_limit = 128 * MIB;
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
+    set(128 * MIB);
     assert_eq!(
         alloc(&s, 40 * MIB).0,
         CUresult::SUCCESS,
         "raised limit seen on the next call"
     );
-    writer
-        .update(|t| {
-            t.entry_mut(DeviceSelector::Uuid(uuid)).unwrap().memory_limit = 32 * MIB;
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
+    set(32 * MIB);
     assert_eq!(
         alloc(&s, 2 * MIB).0,
         CUresult::ERROR_OUT_OF_MEMORY,
@@ -429,29 +420,17 @@ fn nvml_process_list_shows_only_the_container_with_size_protocol() {
     let s = Shim::new(table(), Some(n), devices, crate::abi::cuda::export_address);
     s.devices.usage().process_slot().unwrap(); // this process is a member of the container
     let dev = 0x1 as nvmlDevice_t;
+    let list = |count: &mut u32, buf: *mut nvmlProcessInfo_v2_t| {
+        // SAFETY: the pointers the protocol case under test hands in.
+        unsafe { crate::abi::nvml::body::nvmlDeviceGetComputeRunningProcesses_v3(&s, dev, count, buf) }
+    };
     // size query: NULL buffer, 0 room → INSUFFICIENT_SIZE with the *filtered* count
     let mut count = 0u32;
-    // SAFETY: valid pointers (NULL buffer allowed by the protocol).
-    let r = unsafe {
-        crate::abi::nvml::body::nvmlDeviceGetComputeRunningProcesses_v3(
-            &s,
-            dev,
-            &mut count,
-            std::ptr::null_mut(),
-        )
-    };
+    let r = list(&mut count, std::ptr::null_mut());
     assert_eq!((r, count), (nvmlReturn_t::ERROR_INSUFFICIENT_SIZE, 1));
     // NULL buffer with room claimed: the real library's own answer (INVALID_ARGUMENT), not a size query
     count = 4;
-    // SAFETY: valid count pointer; the NULL buffer is the case under test.
-    let r = unsafe {
-        crate::abi::nvml::body::nvmlDeviceGetComputeRunningProcesses_v3(
-            &s,
-            dev,
-            &mut count,
-            std::ptr::null_mut(),
-        )
-    };
+    let r = list(&mut count, std::ptr::null_mut());
     assert_eq!(r, nvmlReturn_t::ERROR_INVALID_ARGUMENT);
     let mut buf = [nvmlProcessInfo_v2_t::default(); 4];
     count = 4;

@@ -28,7 +28,7 @@ pub struct HostPid {
     busy: AtomicBool,
     /// After an ambiguous diff: (ordinal, the new pids, us among them), narrowed at later attempts as the
     /// others become known members of the container or leave.
-    candidates: Mutex<Option<(CUdevice, Vec<u32>)>>,
+    pub(super) candidates: Mutex<Option<(CUdevice, Vec<u32>)>>,
 }
 
 impl HostPid {
@@ -56,17 +56,6 @@ impl HostPid {
         self.touched.store(0, Ordering::Relaxed);
         self.busy.store(false, Ordering::Relaxed);
         *self.candidates.lock() = None;
-    }
-
-    pub(super) fn fork_prepare(&self) {
-        std::mem::forget(self.candidates.lock());
-    }
-
-    /// # Safety
-    /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub(super) unsafe fn fork_release(&self) {
-        // SAFETY: locked by fork_prepare, guard forgotten.
-        unsafe { self.candidates.force_unlock() };
     }
 }
 

@@ -138,9 +138,7 @@ impl Ledger {
 
     /// Locks every shard (fork `prepare`): the child then inherits no lock held by a vanished thread.
     pub fn lock_all(&self) {
-        for s in &self.shards {
-            std::mem::forget(s.lock());
-        }
+        crate::locks::lock_all(&self.shards);
     }
 
     /// Undoes [`Ledger::lock_all`] (fork `parent`/`child`).
@@ -148,10 +146,8 @@ impl Ledger {
     /// # Safety
     /// Only after `lock_all` on this thread (or in the single-threaded child of the thread that called it).
     pub unsafe fn unlock_all(&self) {
-        for s in &self.shards {
-            // SAFETY: locked by `lock_all` whose guards were forgotten.
-            unsafe { s.force_unlock() };
-        }
+        // SAFETY: the caller's contract.
+        unsafe { crate::locks::unlock_all(&self.shards) };
     }
 }
 

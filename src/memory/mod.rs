@@ -13,6 +13,7 @@ pub mod overhead;
 pub mod pools;
 
 use crate::devices::{Dev, Devices};
+use crate::locks::{lock_all, unlock_all};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
@@ -219,12 +220,12 @@ impl Memory {
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub fn fork_prepare(&self) {
         self.ledger.lock_all();
-        std::mem::forget(self.pools.lock());
-        std::mem::forget(self.graph.charged.lock());
-        std::mem::forget(self.graph.footprints.lock());
-        std::mem::forget(self.overhead_lock.lock());
-        self.holdings.fork_prepare();
-        self.host.fork_prepare();
+        lock_all([&self.pools]);
+        lock_all([&self.graph.charged]);
+        lock_all([&self.graph.footprints]);
+        lock_all([&self.overhead_lock]);
+        lock_all([&self.holdings.owners]);
+        lock_all([&self.host.candidates]);
     }
 
     /// Undoes [`Memory::fork_prepare`] (parent and child).
@@ -232,14 +233,14 @@ impl Memory {
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
     pub unsafe fn fork_release(&self) {
-        // SAFETY: all locked by fork_prepare, guards forgotten.
+        // SAFETY: all locked by fork_prepare (the caller's contract).
         unsafe {
-            self.host.fork_release();
-            self.holdings.fork_release();
-            self.overhead_lock.force_unlock();
-            self.graph.footprints.force_unlock();
-            self.graph.charged.force_unlock();
-            self.pools.force_unlock();
+            unlock_all([&self.host.candidates]);
+            unlock_all([&self.holdings.owners]);
+            unlock_all([&self.overhead_lock]);
+            unlock_all([&self.graph.footprints]);
+            unlock_all([&self.graph.charged]);
+            unlock_all([&self.pools]);
             self.ledger.unlock_all();
         }
     }

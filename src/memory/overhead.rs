@@ -33,7 +33,7 @@ pub struct Holdings {
     primary: [AtomicI64; MAX_ORDINALS],
     modules: AtomicI64,
     /// context handle → ordinal (cuCtxCreate*), module handle → ordinal.
-    owners: Mutex<HashMap<usize, CUdevice>>,
+    pub(super) owners: Mutex<HashMap<usize, CUdevice>>,
 }
 
 impl Default for Holdings {
@@ -78,17 +78,6 @@ impl Holdings {
             c.store(0, Ordering::Relaxed);
         }
         self.modules.store(0, Ordering::Relaxed);
-    }
-
-    pub(super) fn fork_prepare(&self) {
-        std::mem::forget(self.owners.lock());
-    }
-
-    /// # Safety
-    /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub(super) unsafe fn fork_release(&self) {
-        // SAFETY: locked by fork_prepare, guard forgotten.
-        unsafe { self.owners.force_unlock() };
     }
 }
 

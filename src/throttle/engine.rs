@@ -238,9 +238,7 @@ impl Engine {
 
     /// Takes every device's outstanding-probe lock (fork `prepare`; see `state`).
     pub fn fork_prepare(&self) {
-        for d in &self.devs {
-            std::mem::forget(d.outstanding.lock());
-        }
+        crate::locks::lock_all(self.devs.iter().map(|d| &d.outstanding));
     }
 
     /// Undoes [`Engine::fork_prepare`].
@@ -248,10 +246,8 @@ impl Engine {
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
     pub unsafe fn fork_release(&self) {
-        for d in &self.devs {
-            // SAFETY: locked by fork_prepare, guard forgotten.
-            unsafe { d.outstanding.force_unlock() };
-        }
+        // SAFETY: the caller's contract.
+        unsafe { crate::locks::unlock_all(self.devs.iter().map(|d| &d.outstanding)) };
     }
 
     /// The launch failed: give back what was charged (and the probe claim).
@@ -308,34 +304,23 @@ impl Engine {
         };
         let Some(o) = guard.as_ref() else { return };
         let timeout = PROBE_TIMEOUT_NS.saturating_add(o.charged.saturating_mul(2));
-        match gpu.probe_poll(o.handle) {
+        let measured = match gpu.probe_poll(o.handle) {
             Poll::Pending if now.saturating_sub(o.issued_at) <= timeout => {
                 d.next_poll_at.store(now + POLL_INTERVAL_NS, Ordering::Relaxed);
+                return;
             }
-            Poll::Pending => {
-                // Given up (see `PROBE_TIMEOUT_NS`): the launch keeps the estimate it was charged.
-                let o = guard.take().unwrap_or_default();
-                drop(guard);
-                gpu.probe_release(o.handle);
-                d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
-                d.probe_claimed.store(false, Ordering::Release);
-            }
-            Poll::Done(ns) => {
-                let o = guard.take().unwrap_or_default();
-                drop(guard);
-                gpu.probe_release(o.handle);
-                self.reconcile(sh, o.key, o.charged, o.rate, ns);
-                d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
-                d.probe_claimed.store(false, Ordering::Release);
-            }
-            Poll::Failed => {
-                let o = guard.take().unwrap_or_default();
-                drop(guard);
-                gpu.probe_release(o.handle);
-                d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
-                d.probe_claimed.store(false, Ordering::Release);
-            }
+            // Given up (see `PROBE_TIMEOUT_NS`): the launch keeps the estimate it was charged.
+            Poll::Pending | Poll::Failed => None,
+            Poll::Done(ns) => Some(ns),
+        };
+        let o = guard.take().unwrap_or_default();
+        drop(guard);
+        gpu.probe_release(o.handle);
+        if let Some(ns) = measured {
+            self.reconcile(sh, o.key, o.charged, o.rate, ns);
         }
+        d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
+        d.probe_claimed.store(false, Ordering::Release);
     }
 
     /// A measured launch: correct the bucket and the counters by (measured − charged), refine the estimate.
@@ -427,15 +412,53 @@ mod tests {
 
     const HARD50: Policy = lim(50, PolicyKind::Hard);
 
-    fn shared<'a>(words: &'a [AtomicU64; 8], busy: &'a AtomicU64) -> Shared<'a> {
-        Shared {
-            words,
-            busy_ns: busy,
-            gpu_ns: None,
-        }
+    const MS: u64 = 1_000_000;
+
+    /// One process's engine on one device: a fake clock and the device entry's shared words.
+    struct Rig {
+        clock: FakeClock,
+        eng: Engine,
+        words: [AtomicU64; 8],
+        busy: AtomicU64,
     }
 
-    const MS: u64 = 1_000_000;
+    impl Rig {
+        fn new() -> Rig {
+            Rig {
+                clock: FakeClock::new(1_000_000 * MS),
+                eng: Engine::new(),
+                words: Default::default(),
+                busy: AtomicU64::new(0),
+            }
+        }
+
+        fn sh(&self) -> Shared<'_> {
+            Shared {
+                words: &self.words,
+                busy_ns: &self.busy,
+                gpu_ns: None,
+            }
+        }
+
+        fn gpu(&self, kernel_ns: u64) -> FakeGpu<'_> {
+            FakeGpu::new(&self.clock, kernel_ns)
+        }
+
+        /// Admits one launch of `key`, makes it on `gpu`, measured when the ticket asks.
+        fn launch(&self, gpu: &FakeGpu<'_>, lim: Policy, key: u64) -> Ticket {
+            let t = self
+                .eng
+                .admit(0, &self.sh(), || lim, key, &self.clock, gpu)
+                .expect("limited");
+            let h = if t.probe { gpu.probe_begin(0, 0) } else { 0 };
+            gpu.launch();
+            if t.probe {
+                gpu.probe_end(h, 0);
+                self.eng.probe_issued(&t, h, self.clock.now_ns());
+            }
+            t
+        }
+    }
 
     /// A one-device timeline: kernels run back to back in launch order; probes complete when their kernel does.
     struct FakeGpu<'c> {
@@ -501,21 +524,12 @@ mod tests {
 
     /// Saturating loop: admit, launch, for `secs`; returns the device share (per-mille) actually used.
     fn run(limit: Policy, kernel_ns: u64, secs: u64) -> f64 {
-        let clock = FakeClock::new(1_000_000 * MS);
-        let gpu = FakeGpu::new(&clock, kernel_ns);
-        let eng = Engine::new();
-        let words: [AtomicU64; 8] = Default::default();
-        let busy = AtomicU64::new(0);
-        let sh = shared(&words, &busy);
+        let r = Rig::new();
+        let gpu = r.gpu(kernel_ns);
+        let clock = &r.clock;
         let start = clock.now_ns();
         while clock.now_ns() < start + secs * 1000 * MS {
-            let t = eng.admit(0, &sh, || limit, 42, &clock, &gpu).expect("limited");
-            let h = if t.probe { gpu.probe_begin(0, 0) } else { 0 };
-            gpu.launch();
-            if t.probe {
-                gpu.probe_end(h, 0);
-                eng.probe_issued(&t, h, clock.now_ns());
-            }
+            r.launch(&gpu, limit, 42);
             // The program's own launch cost; and a 1024-deep queue makes the launch block.
             clock.advance(2_000);
             let tail = *gpu.tail.borrow();
@@ -544,14 +558,11 @@ mod tests {
 
     #[test]
     fn unknown_kernel_is_probed_and_estimate_converges() {
-        let clock = FakeClock::new(1_000_000 * MS);
-        let gpu = FakeGpu::new(&clock, 300_000);
-        let eng = Engine::new();
-        let words: [AtomicU64; 8] = Default::default();
-        let busy = AtomicU64::new(0);
-        let sh = shared(&words, &busy);
+        let r = Rig::new();
+        let gpu = r.gpu(300_000);
+        let (sh, clock, eng, busy) = (r.sh(), &r.clock, &r.eng, &r.busy);
         let lim = HARD50;
-        let t = eng.admit(0, &sh, || lim, 7, &clock, &gpu).unwrap();
+        let t = eng.admit(0, &sh, || lim, 7, clock, &gpu).unwrap();
         assert!(t.probe, "first launch of a key is measured");
         let h = gpu.probe_begin(0, 0);
         gpu.launch();
@@ -566,32 +577,26 @@ mod tests {
 
     #[test]
     fn failed_launch_is_refunded() {
-        let clock = FakeClock::new(1_000_000 * MS);
-        let gpu = FakeGpu::new(&clock, 1);
-        let eng = Engine::new();
-        let words: [AtomicU64; 8] = Default::default();
-        let busy = AtomicU64::new(0);
-        let sh = shared(&words, &busy);
+        let r = Rig::new();
+        let gpu = r.gpu(1);
+        let (sh, clock, eng, words, busy) = (r.sh(), &r.clock, &r.eng, &r.words, &r.busy);
         let lim = HARD50;
-        let before = Bucket::new(&words).tokens(clock.now_ns(), 500);
-        let t = eng.admit(0, &sh, || lim, 9, &clock, &gpu).unwrap();
+        let before = Bucket::new(words).tokens(clock.now_ns(), 500);
+        let t = eng.admit(0, &sh, || lim, 9, clock, &gpu).unwrap();
         eng.refund(&sh, &t);
-        assert_eq!(Bucket::new(&words).tokens(clock.now_ns(), 500), before);
+        assert_eq!(Bucket::new(words).tokens(clock.now_ns(), 500), before);
         assert_eq!(busy.load(Ordering::Relaxed), 0);
         assert!(!eng.devs[0].probe_claimed.load(Ordering::Relaxed));
     }
 
     #[test]
     fn limit_removed_while_waiting_releases_the_launch() {
-        let clock = FakeClock::new(1_000_000 * MS);
-        let gpu = FakeGpu::new(&clock, 1);
-        let eng = Engine::new();
-        let words: [AtomicU64; 8] = Default::default();
-        let busy = AtomicU64::new(0);
-        let sh = shared(&words, &busy);
+        let r = Rig::new();
+        let gpu = r.gpu(1);
+        let (sh, clock, eng) = (r.sh(), &r.clock, &r.eng);
         eng.estimator().record(5, 10_000 * MS); // a 10 s kernel at 10 %: 100 s of debt
         let lim = lim(10, PolicyKind::Hard);
-        let _ = eng.admit(0, &sh, || lim, 5, &clock, &gpu).unwrap();
+        let _ = eng.admit(0, &sh, || lim, 5, clock, &gpu).unwrap();
         let t0 = clock.now_ns();
         let mut calls = 0;
         let r = eng.admit(
@@ -606,7 +611,7 @@ mod tests {
                 }
             },
             5,
-            &clock,
+            clock,
             &gpu,
         );
         assert!(r.is_none());
@@ -615,23 +620,14 @@ mod tests {
 
     #[test]
     fn burst_alone_uses_the_whole_device() {
-        let clock = FakeClock::new(1_000_000 * MS);
-        let gpu = FakeGpu::new(&clock, 50_000);
+        let r = Rig::new();
+        let gpu = r.gpu(50_000);
         *gpu.util.borrow_mut() = Some(0); // alone: nobody else uses the device
-        let eng = Engine::new();
-        let words: [AtomicU64; 8] = Default::default();
-        let busy = AtomicU64::new(0);
-        let sh = shared(&words, &busy);
+        let clock = &r.clock;
         let lim = lim(30, PolicyKind::Burst);
         let start = clock.now_ns();
         while clock.now_ns() < start + 2_000 * MS {
-            let t = eng.admit(0, &sh, || lim, 1, &clock, &gpu).unwrap();
-            let h = if t.probe { gpu.probe_begin(0, 0) } else { 0 };
-            gpu.launch();
-            if t.probe {
-                gpu.probe_end(h, 0);
-                eng.probe_issued(&t, h, clock.now_ns());
-            }
+            r.launch(&gpu, lim, 1);
             clock.advance(2_000);
         }
         let share = *gpu.busy.borrow() as f64 / (clock.now_ns() - start) as f64;
@@ -640,19 +636,16 @@ mod tests {
 
     #[test]
     fn a_nonsense_measurement_is_a_bounded_debt_not_a_credit() {
-        let clock = FakeClock::new(1_000_000 * MS);
-        let gpu = FakeGpu::new(&clock, 1);
-        let eng = Engine::new();
-        let words: [AtomicU64; 8] = Default::default();
-        let busy = AtomicU64::new(0);
-        let sh = shared(&words, &busy);
-        let t = eng.admit(0, &sh, || HARD50, 3, &clock, &gpu).unwrap();
+        let r = Rig::new();
+        let gpu = r.gpu(1);
+        let (sh, clock, eng, words) = (r.sh(), &r.clock, &r.eng, &r.words);
+        let t = eng.admit(0, &sh, || HARD50, 3, clock, &gpu).unwrap();
         // A broken event pair: f32 ms → u64 saturates. As i64 that was −1, i.e. a huge credit; and the second
         // record overflowed the estimator's average.
         eng.reconcile(&sh, t.key, t.charged, t.rate, u64::MAX);
         eng.reconcile(&sh, t.key, t.charged, t.rate, u64::MAX);
         let now = clock.now_ns();
-        match Bucket::new(&words).try_take(now, 1, t.rate) {
+        match Bucket::new(words).try_take(now, 1, t.rate) {
             Take::WaitUntil(w) => {
                 assert!(w - now <= bucket::max_ahead_ns(t.rate), "{}", w - now)
             }
@@ -663,14 +656,11 @@ mod tests {
 
     #[test]
     fn a_probe_that_never_completes_is_given_up() {
-        let clock = FakeClock::new(1_000_000 * MS);
-        let gpu = FakeGpu::new(&clock, 50_000);
-        let eng = Engine::new();
-        let words: [AtomicU64; 8] = Default::default();
-        let busy = AtomicU64::new(0);
-        let sh = shared(&words, &busy);
+        let r = Rig::new();
+        let gpu = r.gpu(50_000);
+        let (sh, clock, eng) = (r.sh(), &r.clock, &r.eng);
         eng.estimator().record(4, 50_000);
-        let t = eng.admit(0, &sh, || HARD50, 4, &clock, &gpu).unwrap();
+        let t = eng.admit(0, &sh, || HARD50, 4, clock, &gpu).unwrap();
         assert!(t.probe);
         // Its end event never completes (a stream waiting for a value nobody writes, a probe from the parent).
         let h = gpu.probe_begin(0, 0);
@@ -679,7 +669,7 @@ mod tests {
         let mut probed_again = false;
         for _ in 0..200 {
             clock.advance(50 * MS);
-            let t = eng.admit(0, &sh, || HARD50, 4, &clock, &gpu).unwrap();
+            let t = eng.admit(0, &sh, || HARD50, 4, clock, &gpu).unwrap();
             if t.probe {
                 probed_again = true;
                 break;
@@ -717,13 +707,10 @@ mod tests {
     #[test]
     fn burst_state_from_the_future_does_not_stop_sampling() {
         for stale in [u64::MAX, 1_000_000 * MS + 86_400_000 * MS] {
-            let clock = FakeClock::new(1_000_000 * MS);
-            let gpu = FakeGpu::new(&clock, 50_000);
+            let r = Rig::new();
+            let gpu = r.gpu(50_000);
             *gpu.util.borrow_mut() = Some(1000); // a neighbour saturating the device
-            let eng = Engine::new();
-            let words: [AtomicU64; 8] = Default::default();
-            let busy = AtomicU64::new(0);
-            let sh = shared(&words, &busy);
+            let (sh, clock, eng, words) = (r.sh(), &r.clock, &r.eng, &r.words);
             // Left by a previous boot (or garbage): sampled "in the future", at the whole device, alone.
             words[slot::SAMPLE_AT].store(stale, Ordering::Relaxed);
             let full = burst::BurstState {
@@ -734,10 +721,10 @@ mod tests {
             let lim = lim(30, PolicyKind::Burst);
             eng.estimator().record(1, 50_000);
             for _ in 0..5 {
-                let _ = eng.admit(0, &sh, || lim, 1, &clock, &gpu);
+                let _ = eng.admit(0, &sh, || lim, 1, clock, &gpu);
                 clock.advance(60 * MS);
             }
-            assert_eq!(effective_rate(lim, &words), 300, "stale {stale}");
+            assert_eq!(effective_rate(lim, words), 300, "stale {stale}");
         }
     }
 }

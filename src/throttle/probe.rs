@@ -210,9 +210,7 @@ impl EventProbes {
 
     /// Takes every slot's lock (fork `prepare`; see `state`).
     pub fn fork_prepare(&self) {
-        for s in &self.slots {
-            std::mem::forget(s.lock());
-        }
+        crate::locks::lock_all(&self.slots);
     }
 
     /// Undoes [`EventProbes::fork_prepare`].
@@ -220,10 +218,8 @@ impl EventProbes {
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
     pub unsafe fn fork_release(&self) {
-        for s in &self.slots {
-            // SAFETY: locked by fork_prepare, guard forgotten.
-            unsafe { s.force_unlock() };
-        }
+        // SAFETY: the caller's contract.
+        unsafe { crate::locks::unlock_all(&self.slots) };
     }
 }
 

@@ -255,33 +255,36 @@ pub(super) fn parse_sm(var: &str, v: &str) -> Result<u32, ConfigError> {
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
+/// A name from `parse`, or an error saying what the HAMi variable or ours (or the file key) accepts.
+fn named<T>(
+    var: &str,
+    v: &str,
+    parse: fn(&str) -> Option<T>,
+    hami: (&str, &'static str),
+    ours: &'static str,
+) -> Result<T, ConfigError> {
+    parse(v).ok_or_else(|| invalid(var, v, if var.starts_with(hami.0) { hami.1 } else { ours }))
+}
+
 pub(super) fn parse_policy(var: &str, v: &str) -> Result<PolicyKind, ConfigError> {
-    PolicyKind::parse(v).ok_or_else(|| {
-        invalid(
-            var,
-            v,
-            if var.starts_with("GPU_") {
-                "FORCE, DISABLE or DEFAULT"
-            } else {
-                "hard, burst or disabled"
-            },
-        )
-    })
+    named(
+        var,
+        v,
+        PolicyKind::parse,
+        ("GPU_", "FORCE, DISABLE or DEFAULT"),
+        "hard, burst or disabled",
+    )
 }
 
 /// HAMi's `CUDA_TASK_PRIORITY` is a number (0 high, 1 low); ours a name (either is accepted in both).
 pub(super) fn parse_priority(var: &str, v: &str) -> Result<Priority, ConfigError> {
-    Priority::parse(v).ok_or_else(|| {
-        invalid(
-            var,
-            v,
-            if var.starts_with("CUDA_") {
-                "0 (high) or 1 (low)"
-            } else {
-                "high or low"
-            },
-        )
-    })
+    named(
+        var,
+        v,
+        Priority::parse,
+        ("CUDA_", "0 (high) or 1 (low)"),
+        "high or low",
+    )
 }
 
 pub(super) fn parse_weight(var: &str, v: &str) -> Result<u32, ConfigError> {

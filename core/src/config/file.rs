@@ -25,7 +25,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::env::{parse_log_name, parse_memory, parse_policy, parse_priority, parse_sm, parse_weight};
+use super::env::{
+    parse_log_name, parse_memory, parse_path, parse_policy, parse_priority, parse_sm, parse_weight,
+};
 use super::layer::Layer;
 use super::{ConfigError, MAX_ORDINAL};
 
@@ -89,6 +91,34 @@ pub(super) fn load(path: &Path) -> Result<Layer, ConfigError> {
     parse(path, &text)
 }
 
+/// An environment parser's error, re-labelled with the file and key.
+fn relabel(path: &Path, key: &str, e: ConfigError) -> ConfigError {
+    match e {
+        ConfigError::InvalidValue { value, expected, .. } => ConfigError::FileValue {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            value: if value.is_empty() {
+                "\"\"".to_string()
+            } else {
+                value
+            },
+            expected,
+        },
+        other => other,
+    }
+}
+
+/// An optional text value (a key of the file) through the environment's parser for the same setting.
+fn keyed<T>(
+    path: &Path,
+    key: &str,
+    v: Option<String>,
+    parse: fn(&str, &str) -> Result<T, ConfigError>,
+) -> Result<Option<T>, ConfigError> {
+    v.map(|v| parse(key, &v).map_err(|e| relabel(path, key, e)))
+        .transpose()
+}
+
 /// Parses file contents (separate from [`load`] for tests).
 pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
     let raw: FileConfig = toml::from_str(text).map_err(|e| ConfigError::FileParse {
@@ -96,40 +126,16 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         message: e.to_string(),
     })?;
 
-    // Reuse the env parsers, then re-label their errors with the file and key.
-    let relabel = |key: String| {
-        move |e: ConfigError| match e {
-            ConfigError::InvalidValue { value, expected, .. } => ConfigError::FileValue {
-                path: path.to_path_buf(),
-                key,
-                value,
-                expected,
-            },
-            other => other,
-        }
-    };
     let size = |key: String, s: &Size| -> Result<u64, ConfigError> {
         match s {
             Size::Bytes(b) => Ok(*b),
-            Size::Text(t) => parse_memory(&key, t).map_err(relabel(key.clone())),
+            Size::Text(t) => parse_memory(&key, t).map_err(|e| relabel(path, &key, e)),
         }
     };
     let sm = |key: String, s: &Int| -> Result<u32, ConfigError> {
         match s {
             Int::Number(n) => Ok(u32::try_from(*n).unwrap_or(u32::MAX)),
-            Int::Text(t) => parse_sm(&key, t).map_err(relabel(key.clone())),
-        }
-    };
-    let path_value = |key: &str, s: &str| {
-        if s.is_empty() {
-            Err(ConfigError::FileValue {
-                path: path.to_path_buf(),
-                key: key.to_string(),
-                value: "\"\"".to_string(),
-                expected: "a file path",
-            })
-        } else {
-            Ok(std::path::PathBuf::from(s))
+            Int::Text(t) => parse_sm(&key, t).map_err(|e| relabel(path, &key, e)),
         }
     };
 
@@ -146,46 +152,19 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             .map(|s| sm("sm_limit".into(), s))
             .transpose()?
             .filter(|&p| p != 0),
-        policy: raw
-            .policy
-            .as_deref()
-            .map(|p| parse_policy("policy", p).map_err(relabel("policy".into())))
-            .transpose()?,
-        weight: raw
-            .weight
-            .as_ref()
-            .map(|w| parse_weight("weight", &w.text()).map_err(relabel("weight".into())))
-            .transpose()?,
-        priority: raw
-            .priority
-            .as_ref()
-            .map(|p| parse_priority("priority", &p.text()).map_err(relabel("priority".into())))
-            .transpose()?,
-        usage_path: raw
-            .usage_file
-            .as_deref()
-            .map(|s| path_value("usage_file", s))
-            .transpose()?,
-        limits_path: raw
-            .limits_file
-            .as_deref()
-            .map(|s| path_value("limits_file", s))
-            .transpose()?,
-        log_level: raw
-            .log
-            .as_deref()
-            .map(|l| parse_log_name("log", l).map_err(relabel("log".into())))
-            .transpose()?,
-        libcuda: raw
-            .libcuda
-            .as_deref()
-            .map(|s| path_value("libcuda", s))
-            .transpose()?,
-        libnvml: raw
-            .libnvml
-            .as_deref()
-            .map(|s| path_value("libnvml", s))
-            .transpose()?,
+        policy: keyed(path, "policy", raw.policy, parse_policy)?,
+        weight: keyed(path, "weight", raw.weight.as_ref().map(Int::text), parse_weight)?,
+        priority: keyed(
+            path,
+            "priority",
+            raw.priority.as_ref().map(Int::text),
+            parse_priority,
+        )?,
+        usage_path: keyed(path, "usage_file", raw.usage_file, parse_path)?,
+        limits_path: keyed(path, "limits_file", raw.limits_file, parse_path)?,
+        log_level: keyed(path, "log", raw.log, parse_log_name)?,
+        libcuda: keyed(path, "libcuda", raw.libcuda, parse_path)?,
+        libnvml: keyed(path, "libnvml", raw.libnvml, parse_path)?,
         disabled: raw.disable,
         ..Layer::default()
     };
