@@ -1,5 +1,5 @@
 //! Every CUDA and NVML signature, type, struct layout and constant the shim declares, checked against NVIDIA's
-//! headers (`.deps/nvidia/cu13/include`, the pinned wheels `./test.sh` installs): a C file generated from the same
+//! headers (`.deps/cu13/nvidia/cu13/include`, the pinned wheels `scripts/setup.sh` installs): a C file generated from the same
 //! lists that generate the exports and the driver tables is compiled with `-Werror`; it
 //! - declares each function with our signature (Rust types spelled in C) and `_Static_assert`s that its type
 //!   is the header's: `PFN_<name>_v<version>[_ptsz]` from `cudaTypedefs.h`, the `nvml.h` prototype;
@@ -192,10 +192,11 @@ fn c_source() -> String {
 }
 
 fn include_dir() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".deps/nvidia/cu13/include");
+    // Where scripts/setup.sh puts the pinned cu13 wheels (as shim-tests' `include_dir`).
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".deps/cu13/nvidia/cu13/include");
     assert!(
         p.join("cuda.h").exists() && p.join("cudaTypedefs.h").exists() && p.join("nvml.h").exists(),
-        "NVIDIA headers not found in {}: run ./test.sh (it pip-installs them into .deps/)",
+        "NVIDIA headers not found in {}: run scripts/setup.sh (./test.sh runs it first)",
         p.display()
     );
     p
