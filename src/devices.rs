@@ -12,11 +12,11 @@
 
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
+use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::PolicyWords;
 use cuquota_core::region::{LimitsReader, LimitsRegion};
 use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
-use parking_lot::Mutex;
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -49,7 +49,7 @@ struct AgentLimits {
     watch: Vec<LimitsRegion>,
     /// The `seq` each file had when we last recomputed.
     seen: Vec<AtomicU64>,
-    readers: Mutex<Vec<LimitsReader>>,
+    readers: Lock<Vec<LimitsReader>>,
 }
 
 /// Every device of the process, its limits, and the region they are accounted in.
@@ -85,7 +85,7 @@ impl Devices {
             agent: AgentLimits {
                 watch,
                 seen,
-                readers: Mutex::new(readers),
+                readers: Lock::new(readers),
             },
             table: std::array::from_fn(|_| OnceLock::new()),
             unplaced: AtomicU64::new(0),
@@ -336,16 +336,16 @@ impl Devices {
 
     /// Takes the lock of the agent readers (see `state`'s fork handlers for the order).
     pub fn fork_prepare(&self) {
-        crate::locks::lock_all([&self.agent.readers]);
+        crate::locks::hold_all([&self.agent.readers]);
     }
 
     /// Undoes [`Devices::fork_prepare`] (parent and child).
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self) {
+    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
-        unsafe { crate::locks::unlock_all([&self.agent.readers]) };
+        unsafe { crate::locks::release_all([&self.agent.readers], side) };
     }
 }
 

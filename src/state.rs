@@ -19,6 +19,7 @@ use crate::driver::proc_map::ProcMap;
 use crate::driver::Library;
 use crate::ffi::cuda::CUresult;
 use crate::ffi::nvml::nvmlReturn_t;
+use crate::locks::Side;
 use crate::log::{self, log, Level};
 use crate::memory::Memory;
 use crate::throttle::SmThrottle;
@@ -214,7 +215,9 @@ fn init(exports: Exports) -> Process {
 //   3. throttle: the engine's outstanding probe per device, then the event probe slot per device (a poll holds
 //      the first while it tries the second).
 //
-// They are released in the reverse order. In the child, memory then forgets the parent's allocations, slot,
+// They are released in the reverse order: unlocked in the parent, reset to unlocked in the child (unlocking
+// there would hand a lock to a parent thread parked on it, which the child does not have). In the child, memory
+// then forgets the parent's allocations, slot,
 // contexts and host pid. What is not a lock needs nothing: the NVML init flag and the throttle's NVML handles
 // are atomics; `OnceLock`s are only initialised with values computed before the call.
 
@@ -230,26 +233,26 @@ extern "C" fn fork_prepare() {
 ///
 /// # Safety
 /// `fork_prepare` ran on this thread (or in the parent thread this child is a copy of).
-unsafe fn fork_release(s: &Shim) {
+unsafe fn fork_release(s: &Shim, side: Side) {
     // SAFETY: the caller's contract.
     unsafe {
-        s.throttle.fork_release();
-        s.devices.fork_release();
-        s.mem.fork_release();
+        s.throttle.fork_release(side);
+        s.devices.fork_release(side);
+        s.mem.fork_release(side);
     }
 }
 
 extern "C" fn fork_parent() {
     if let Some(Process::Active(s)) = process_if_ready() {
         // SAFETY: fork_prepare ran on this thread.
-        unsafe { fork_release(s) };
+        unsafe { fork_release(s, Side::Parent) };
     }
 }
 
 extern "C" fn fork_child() {
     if let Some(Process::Active(s)) = process_if_ready() {
         // SAFETY: fork_prepare ran in the parent thread this child is a copy of.
-        unsafe { fork_release(s) };
+        unsafe { fork_release(s, Side::Child) };
         s.mem.reset_in_child();
     }
 }

@@ -25,6 +25,10 @@
  *   simused              the simulator's own used bytes of each NVML device    sim.count= sim.used.N=
  *   threads:N:ITERS:SIZE N threads each doing ITERS cuMemAlloc+cuMemFree of SIZE
  *                                                     threads.ok= threads.oom= threads.err= threads.maxheld=
+ *   forks:T:N:SIZE       T threads allocate and free SIZE in a loop while the main thread forks N times; each
+ *                        child calls cuMemAlloc, cuMemFree (64 addresses), cuMemGetInfo and exits (killed after
+ *                        10 s and counted as stuck: a child waiting for a lock its parent's threads held)
+ *                                                                                forks.ok= forks.stuck=
  *   wait                 print ready=1 and block until a line (or EOF) arrives on stdin
  *   sleep:MS             sleep
  *   pid                  pid=
@@ -33,6 +37,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -277,6 +282,65 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* ---- forks ---- */
+static atomic_int f_stop;
+
+static void *churner(void *arg) {
+    (void)arg;
+    if (D.CtxSetCurrent(g_ctx) != CUDA_SUCCESS) return NULL;
+    while (!atomic_load(&f_stop)) {
+        CUdeviceptr p = 0;
+        if (D.MemAlloc(&p, t_size) == CUDA_SUCCESS) D.MemFree(p);
+    }
+    return NULL;
+}
+
+/* The child's part. CUDA itself does not work in a forked child (the driver answers an error), but every call
+ * still goes through the shim's hooks and locks: an allocation, frees of 64 addresses (every ledger shard),
+ * cuMemGetInfo. Exit 0 when all returned. */
+static void fork_child(void) {
+    CUdeviceptr p = 0;
+    size_t free_b = 0, total_b = 0;
+    D.CtxSetCurrent(g_ctx);
+    D.MemAlloc(&p, t_size);
+    for (int i = 0; i < 64; i++) D.MemFree((CUdeviceptr)0x7f0000000000ULL + ((CUdeviceptr)i << 21));
+    D.MemGetInfo(&free_b, &total_b);
+    _exit(0);
+}
+
+/* Waits up to 10 s for `pid`; a child still running then is stuck (killed, and counted as such). */
+static int child_done(pid_t pid) {
+    for (int i = 0; i < 1000; i++) {
+        int st = 0;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (r < 0) return 0;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return 0;
+}
+
+static void forks(int threads, int n) {
+    int ok = 0, stuck = 0;
+    pthread_t th[64];
+    atomic_store(&f_stop, 0);
+    for (int i = 0; i < threads; i++) pthread_create(&th[i], NULL, churner, NULL);
+    for (int i = 0; i < n; i++) {
+        pid_t pid = fork();
+        if (pid == 0) fork_child();
+        if (pid > 0 && child_done(pid)) {
+            ok++;
+        } else {
+            stuck++;
+        }
+    }
+    atomic_store(&f_stop, 1);
+    for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
+    printf("forks.ok=%d\nforks.stuck=%d\n", ok, stuck);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
 #ifdef CQ_DIRECT
@@ -439,6 +503,18 @@ int main(int argc, char **argv) {
             for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
             printf("threads.ok=%ld\nthreads.oom=%ld\nthreads.err=%ld\nthreads.maxheld=%ld\n", atomic_load(&t_ok),
                    atomic_load(&t_oom), atomic_load(&t_err), atomic_load(&t_maxheld));
+        } else if (strncmp(c, "forks:", 6) == 0) {
+            int t = 0, n = 0;
+            char sz[64] = "";
+            if (sscanf(c + 6, "%d:%d:%63s", &t, &n, sz) != 3 || t <= 0 || t > 64 || n <= 0) {
+                fprintf(stderr, "bad command %s\n", c);
+                return 2;
+            }
+            NEED(MemAlloc);
+            NEED(MemFree);
+            NEED(MemGetInfo);
+            t_size = cq_size(sz);
+            forks(t, n);
         } else if (strcmp(c, "wait") == 0) {
             printf("ready=1\n");
             fflush(stdout);

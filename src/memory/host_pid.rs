@@ -10,9 +10,9 @@
 use super::Memory;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::{CUdevice, CUresult};
+use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::SlotState;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Touched only on context creation and module load, and only while the pid is unknown.
@@ -28,7 +28,7 @@ pub struct HostPid {
     busy: AtomicBool,
     /// After an ambiguous diff: (ordinal, the new pids, us among them), narrowed at later attempts as the
     /// others become known members of the container or leave.
-    pub(super) candidates: Mutex<Option<(CUdevice, Vec<u32>)>>,
+    pub(super) candidates: Lock<Option<(CUdevice, Vec<u32>)>>,
 }
 
 impl HostPid {

@@ -4,8 +4,8 @@
 //! `parking_lot` mutexes with pre-sized maps: two threads contend only when their keys hash to the same shard,
 //! and a shard lock is held for one map operation, never across a driver call.
 
+use crate::locks::Lock;
 use cuquota_core::DeviceId;
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -73,7 +73,7 @@ const SHARDS: usize = 16;
 
 /// Sharded map `(Space, key) → Record`.
 pub struct Ledger {
-    shards: [Mutex<Map>; SHARDS],
+    shards: [Lock<Map>; SHARDS],
 }
 
 impl Default for Ledger {
@@ -87,12 +87,12 @@ impl Ledger {
     pub fn new() -> Self {
         Ledger {
             shards: std::array::from_fn(|_| {
-                Mutex::new(Map::with_capacity_and_hasher(256, Default::default()))
+                Lock::new(Map::with_capacity_and_hasher(256, Default::default()))
             }),
         }
     }
 
-    fn shard(&self, key: u64) -> &Mutex<Map> {
+    fn shard(&self, key: u64) -> &Lock<Map> {
         // Device addresses are aligned (low bits zero): mix before taking the top bits.
         let h = (key ^ (key >> 21)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         &self.shards[(h >> 60) as usize % SHARDS]
@@ -138,16 +138,16 @@ impl Ledger {
 
     /// Locks every shard (fork `prepare`): the child then inherits no lock held by a vanished thread.
     pub fn lock_all(&self) {
-        crate::locks::lock_all(&self.shards);
+        crate::locks::hold_all(&self.shards);
     }
 
     /// Undoes [`Ledger::lock_all`] (fork `parent`/`child`).
     ///
     /// # Safety
     /// Only after `lock_all` on this thread (or in the single-threaded child of the thread that called it).
-    pub unsafe fn unlock_all(&self) {
+    pub unsafe fn unlock_all(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
-        unsafe { crate::locks::unlock_all(&self.shards) };
+        unsafe { crate::locks::release_all(&self.shards, side) };
     }
 }
 
@@ -176,7 +176,7 @@ mod tests {
         let l = Ledger::new();
         l.lock_all();
         // SAFETY: locked just above on this thread.
-        unsafe { l.unlock_all() };
+        unsafe { l.unlock_all(crate::locks::Side::Parent) };
         l.insert(
             Space::Array,
             1,

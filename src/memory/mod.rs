@@ -13,7 +13,8 @@ pub mod overhead;
 pub mod pools;
 
 use crate::devices::{Dev, Devices};
-use crate::locks::{lock_all, unlock_all};
+use crate::locks::Lock;
+use crate::locks::{hold_all, release_all, Side};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
@@ -21,7 +22,6 @@ use cuquota_core::{DeviceId, UsageRegion};
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
-use parking_lot::Mutex;
 use pools::{GraphMem, PoolState};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,13 +38,13 @@ pub struct Memory {
     pub ledger: Ledger,
     /// CUDA graph memory pools and execs with alloc nodes.
     pub graph: GraphMem,
-    pools: Mutex<HashMap<usize, PoolState>>,
+    pools: Lock<HashMap<usize, PoolState>>,
     /// Bytes this process has charged for allocations (not overhead), per device entry.
     alloc_bytes: [AtomicU64; MAX_DEVICES],
     /// Context/module overhead this process has charged, per device entry.
     overhead: [AtomicU64; MAX_DEVICES],
     /// Serialises overhead re-measurements (slow path only).
-    overhead_lock: Mutex<()>,
+    overhead_lock: Lock<()>,
     /// Contexts and modules this process holds (overhead estimate, owner devices).
     pub holdings: Holdings,
     /// The pid NVML knows this process by.
@@ -59,10 +59,10 @@ impl Memory {
             devices,
             ledger: Ledger::new(),
             graph: GraphMem::new(),
-            pools: Mutex::new(HashMap::new()),
+            pools: Lock::new(HashMap::new()),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
-            overhead_lock: Mutex::new(()),
+            overhead_lock: Lock::new(()),
             holdings: Holdings::default(),
             host: HostPid::default(),
             last_reclaim_ns: AtomicU64::new(0),
@@ -220,28 +220,28 @@ impl Memory {
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub fn fork_prepare(&self) {
         self.ledger.lock_all();
-        lock_all([&self.pools]);
-        lock_all([&self.graph.charged]);
-        lock_all([&self.graph.footprints]);
-        lock_all([&self.overhead_lock]);
-        lock_all([&self.holdings.owners]);
-        lock_all([&self.host.candidates]);
+        hold_all([&self.pools]);
+        hold_all([&self.graph.charged]);
+        hold_all([&self.graph.footprints]);
+        hold_all([&self.overhead_lock]);
+        hold_all([&self.holdings.owners]);
+        hold_all([&self.host.candidates]);
     }
 
     /// Undoes [`Memory::fork_prepare`] (parent and child).
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self) {
+    pub unsafe fn fork_release(&self, side: Side) {
         // SAFETY: all locked by fork_prepare (the caller's contract).
         unsafe {
-            unlock_all([&self.host.candidates]);
-            unlock_all([&self.holdings.owners]);
-            unlock_all([&self.overhead_lock]);
-            unlock_all([&self.graph.footprints]);
-            unlock_all([&self.graph.charged]);
-            unlock_all([&self.pools]);
-            self.ledger.unlock_all();
+            release_all([&self.host.candidates], side);
+            release_all([&self.holdings.owners], side);
+            release_all([&self.overhead_lock], side);
+            release_all([&self.graph.footprints], side);
+            release_all([&self.graph.charged], side);
+            release_all([&self.pools], side);
+            self.ledger.unlock_all(side);
         }
     }
 }

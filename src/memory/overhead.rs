@@ -17,8 +17,8 @@ use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::CUdevice;
+use crate::locks::Lock;
 use crate::log::{log, Level};
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -33,7 +33,7 @@ pub struct Holdings {
     primary: [AtomicI64; MAX_ORDINALS],
     modules: AtomicI64,
     /// context handle → ordinal (cuCtxCreate*), module handle → ordinal.
-    pub(super) owners: Mutex<HashMap<usize, CUdevice>>,
+    pub(super) owners: Lock<HashMap<usize, CUdevice>>,
 }
 
 impl Default for Holdings {
@@ -42,7 +42,7 @@ impl Default for Holdings {
             ctxs: std::array::from_fn(|_| AtomicI64::new(0)),
             primary: std::array::from_fn(|_| AtomicI64::new(0)),
             modules: AtomicI64::new(0),
-            owners: Mutex::new(HashMap::new()),
+            owners: Lock::new(HashMap::new()),
         }
     }
 }

@@ -6,8 +6,8 @@ use super::{ledger, Memory};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
+use crate::locks::Lock;
 use cuquota_core::DeviceId;
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -30,11 +30,11 @@ const EXEC_GONE: usize = 1;
 /// Launch hot path: [`GraphMem::has_memory`] probes a fixed open-addressed table of atomics (no lock, no
 /// allocation); only execs found there take the footprint lock.
 pub struct GraphMem {
-    pub(super) charged: Mutex<HashMap<CUdevice, (Dev, u64)>>,
+    pub(super) charged: Lock<HashMap<CUdevice, (Dev, u64)>>,
     execs: Box<[std::sync::atomic::AtomicUsize]>,
     /// The table was full once: lookups fall back to `footprints`.
     overflow: AtomicBool,
-    pub(super) footprints: Mutex<HashMap<usize, Vec<(Dev, u64)>>>,
+    pub(super) footprints: Lock<HashMap<usize, Vec<(Dev, u64)>>>,
 }
 
 fn exec_slot(exec: usize, i: usize) -> usize {
@@ -45,12 +45,12 @@ fn exec_slot(exec: usize, i: usize) -> usize {
 impl GraphMem {
     pub(super) fn new() -> GraphMem {
         GraphMem {
-            charged: Mutex::new(HashMap::new()),
+            charged: Lock::new(HashMap::new()),
             execs: (0..EXEC_SLOTS)
                 .map(|_| std::sync::atomic::AtomicUsize::new(EXEC_EMPTY))
                 .collect(),
             overflow: AtomicBool::new(false),
-            footprints: Mutex::new(HashMap::new()),
+            footprints: Lock::new(HashMap::new()),
         }
     }
 

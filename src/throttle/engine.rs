@@ -16,9 +16,9 @@ use super::bucket::{self, slot, Bucket, Take};
 use super::burst;
 use super::clock::Clock;
 use super::estimate::Estimator;
+use crate::locks::Lock;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::Policy;
-use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Minimum time between two probes of one device in one process (keeps the median launch free of events).
@@ -100,7 +100,7 @@ struct Dev {
     probe_claimed: AtomicBool,
     next_probe_at: AtomicU64,
     next_poll_at: AtomicU64,
-    outstanding: Mutex<Option<Outstanding>>,
+    outstanding: Lock<Option<Outstanding>>,
 }
 
 impl Dev {
@@ -109,7 +109,7 @@ impl Dev {
             probe_claimed: AtomicBool::new(false),
             next_probe_at: AtomicU64::new(0),
             next_poll_at: AtomicU64::new(0),
-            outstanding: Mutex::new(None),
+            outstanding: Lock::new(None),
         }
     }
 }
@@ -238,16 +238,16 @@ impl Engine {
 
     /// Takes every device's outstanding-probe lock (fork `prepare`; see `state`).
     pub fn fork_prepare(&self) {
-        crate::locks::lock_all(self.devs.iter().map(|d| &d.outstanding));
+        crate::locks::hold_all(self.devs.iter().map(|d| &d.outstanding));
     }
 
     /// Undoes [`Engine::fork_prepare`].
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self) {
+    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
-        unsafe { crate::locks::unlock_all(self.devs.iter().map(|d| &d.outstanding)) };
+        unsafe { crate::locks::release_all(self.devs.iter().map(|d| &d.outstanding), side) };
     }
 
     /// The launch failed: give back what was charged (and the probe claim).

@@ -290,13 +290,13 @@ impl SmThrottle {
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self) {
+    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
         unsafe {
             if let Some(p) = &self.probes {
-                p.fork_release();
+                p.fork_release(side);
             }
-            self.engine.fork_release();
+            self.engine.fork_release(side);
         }
     }
 }

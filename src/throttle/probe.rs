@@ -11,8 +11,8 @@
 
 use super::engine::Poll;
 use crate::ffi::cuda::{CUcontext, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+use crate::locks::Lock;
 use cuquota_core::region::layout::MAX_DEVICES;
-use parking_lot::Mutex;
 use std::ffi::{c_uint, c_void};
 
 type CuResult = CUresult;
@@ -44,7 +44,7 @@ struct Slot {
 /// Event-based probes, one slot per device.
 pub struct EventProbes {
     api: EventApi,
-    slots: [Mutex<Option<Slot>>; MAX_DEVICES],
+    slots: [Lock<Option<Slot>>; MAX_DEVICES],
 }
 
 impl std::fmt::Debug for EventProbes {
@@ -58,7 +58,7 @@ impl EventProbes {
     pub fn new(api: EventApi) -> Self {
         EventProbes {
             api,
-            slots: std::array::from_fn(|_| Mutex::new(None)),
+            slots: std::array::from_fn(|_| Lock::new(None)),
         }
     }
 
@@ -204,22 +204,22 @@ impl EventProbes {
         Poll::Done((ms as f64 * 1e6) as u64)
     }
 
-    fn slot(&self, p: u64) -> Option<&Mutex<Option<Slot>>> {
+    fn slot(&self, p: u64) -> Option<&Lock<Option<Slot>>> {
         self.slots.get((p as usize).checked_sub(1)?)
     }
 
     /// Takes every slot's lock (fork `prepare`; see `state`).
     pub fn fork_prepare(&self) {
-        crate::locks::lock_all(&self.slots);
+        crate::locks::hold_all(&self.slots);
     }
 
     /// Undoes [`EventProbes::fork_prepare`].
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self) {
+    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
-        unsafe { crate::locks::unlock_all(&self.slots) };
+        unsafe { crate::locks::release_all(&self.slots, side) };
     }
 }
 
