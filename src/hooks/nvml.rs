@@ -3,7 +3,7 @@
 //! - `nvmlDeviceGetMemoryInfo` / `_v2`: total = cap, used = the container's usage, free = total − used, each
 //!   clamped by the real values; `_v2`'s `version` is the caller's and `reserved` the driver's.
 //! - `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): only processes owning a live slot in the usage
-//!   region (by pid, or by the NVML pid a slot recorded — in a pid namespace the host pid `hooks::context`
+//!   region (by pid, or by the NVML pid a slot recorded — in a pid namespace the host pid `memory::host_pid`
 //!   learns). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
 //!   `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
