@@ -22,7 +22,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("time", 7),
 ];
 
-/// Source text without comments, string literals and test modules (a `#[cfg(test)]` item that is a `mod`, and
+/// Source text without comments, string literals and test modules (an inline `#[cfg(test)] mod … { }` and
 /// everything after it: test modules sit at the end of their file).
 fn code(text: &str) -> String {
     let b = text.as_bytes();
@@ -35,7 +35,9 @@ fn code(text: &str) -> String {
                 .strip_prefix("pub(crate) ")
                 .or(rest.strip_prefix("pub "))
                 .unwrap_or(rest);
-            if rest.starts_with("mod ") {
+            // An inline test module (`mod tests { … }`); a `mod tests;` declaration is only a line.
+            let inline = rest.find(['{', ';']).is_some_and(|j| rest.as_bytes()[j] == b'{');
+            if rest.starts_with("mod ") && inline {
                 break;
             }
         }
