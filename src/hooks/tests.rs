@@ -449,18 +449,19 @@ fn fill_device_entries(s: &Shim) {
     }
 }
 
+/// An allocation is refused without the driver being asked.
+fn refused_before_the_driver(s: &Shim, what: &str) {
+    let calls = fake(|f| f.alloc_calls);
+    assert_eq!(alloc(s, 2 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
+    assert_eq!(fake(|f| f.alloc_calls), calls, "{what} reached the driver");
+}
+
 #[test]
 fn a_device_without_room_in_the_region_is_refused_when_limited() {
     let e = env(Some(64 * MIB));
     let s = &e.shim;
     fill_device_entries(s);
-    let calls = fake(|f| f.alloc_calls);
-    assert_eq!(alloc(s, 2 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
-    assert_eq!(
-        fake(|f| f.alloc_calls),
-        calls,
-        "an unaccounted allocation reached the driver"
-    );
+    refused_before_the_driver(s, "an unaccounted allocation");
 }
 
 #[test]
@@ -481,14 +482,7 @@ unsafe extern "C" fn f_ctx_get_device_64(d: *mut CUdevice) -> CUresult {
 fn a_device_beyond_the_tracked_ordinals_is_refused_when_limited() {
     let mut e = env(Some(64 * MIB));
     e.shim.cuda.cuCtxGetDevice = Some(f_ctx_get_device_64);
-    let s = &e.shim;
-    let calls = fake(|f| f.alloc_calls);
-    assert_eq!(alloc(s, 2 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
-    assert_eq!(
-        fake(|f| f.alloc_calls),
-        calls,
-        "an allocation on an untracked ordinal reached the driver"
-    );
+    refused_before_the_driver(&e.shim, "an allocation on an untracked ordinal");
 }
 
 unsafe extern "C" fn f_pool_create(pool: *mut CUmemoryPool, _props: *const CUmemPoolProps) -> CUresult {

@@ -12,7 +12,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// Keys are driver handles and device addresses, not attacker-chosen strings: a multiply-xorshift mix is
 /// enough and costs a few ns where std's SipHash costs tens on every allocation and free.
 #[derive(Default)]
-struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl Hasher for KeyHasher {
     fn write(&mut self, bytes: &[u8]) {
@@ -34,7 +34,7 @@ impl Hasher for KeyHasher {
     }
 }
 
-type Map = HashMap<(Space, u64), Record, BuildHasherDefault<KeyHasher>>;
+pub(crate) type Map = HashMap<(Space, u64), Record, BuildHasherDefault<KeyHasher>>;
 
 /// What kind of object a key names.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -136,18 +136,9 @@ impl Ledger {
         }
     }
 
-    /// Locks every shard (fork `prepare`): the child then inherits no lock held by a vanished thread.
-    pub fn lock_all(&self) {
-        crate::locks::hold_all(&self.shards);
-    }
-
-    /// Undoes [`Ledger::lock_all`] (fork `parent`/`child`).
-    ///
-    /// # Safety
-    /// Only after `lock_all` on this thread (or in the single-threaded child of the thread that called it).
-    pub unsafe fn unlock_all(&self, side: crate::locks::Side) {
-        // SAFETY: the caller's contract.
-        unsafe { crate::locks::release_all(&self.shards, side) };
+    /// The shards' locks, in index order (for the fork handlers).
+    pub(crate) fn locks(&self) -> &[Lock<Map>] {
+        &self.shards
     }
 }
 
@@ -174,9 +165,9 @@ mod tests {
     fn fork_lock_cycle() {
         let (_region, dev) = crate::memory::tests::device_id();
         let l = Ledger::new();
-        l.lock_all();
+        crate::locks::hold_all(l.locks());
         // SAFETY: locked just above on this thread.
-        unsafe { l.unlock_all(crate::locks::Side::Parent) };
+        unsafe { crate::locks::release_all(l.locks(), crate::locks::Side::Parent) };
         l.insert(
             Space::Array,
             1,

@@ -219,7 +219,7 @@ impl Memory {
 
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub fn fork_prepare(&self) {
-        self.ledger.lock_all();
+        hold_all(self.ledger.locks());
         hold_all([&self.pools]);
         hold_all([&self.graph.charged]);
         hold_all([&self.graph.footprints]);
@@ -241,7 +241,7 @@ impl Memory {
             release_all([&self.graph.footprints], side);
             release_all([&self.graph.charged], side);
             release_all([&self.pools], side);
-            self.ledger.unlock_all(side);
+            release_all(self.ledger.locks(), side);
         }
     }
 }

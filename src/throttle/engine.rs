@@ -87,7 +87,7 @@ pub struct Ticket {
 }
 
 #[derive(Debug, Default)]
-struct Outstanding {
+pub(crate) struct Outstanding {
     handle: u64,
     key: u64,
     charged: u64,
@@ -236,18 +236,9 @@ impl Engine {
         }
     }
 
-    /// Takes every device's outstanding-probe lock (fork `prepare`; see `state`).
-    pub fn fork_prepare(&self) {
-        crate::locks::hold_all(self.devs.iter().map(|d| &d.outstanding));
-    }
-
-    /// Undoes [`Engine::fork_prepare`].
-    ///
-    /// # Safety
-    /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
-        // SAFETY: the caller's contract.
-        unsafe { crate::locks::release_all(self.devs.iter().map(|d| &d.outstanding), side) };
+    /// The outstanding-probe locks, per device (for the fork handlers).
+    pub(crate) fn locks(&self) -> impl Iterator<Item = &Lock<Option<Outstanding>>> {
+        self.devs.iter().map(|d| &d.outstanding)
     }
 
     /// The launch failed: give back what was charged (and the probe claim).

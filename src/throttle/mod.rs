@@ -33,6 +33,7 @@ use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::{CUdevice, CUresult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+use crate::locks::{hold_all, release_all};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use clock::Monotonic;
@@ -280,10 +281,8 @@ impl SmThrottle {
     /// Takes the engine's outstanding-probe locks, then the probe slots' (see `state`'s fork handlers for the
     /// order).
     pub fn fork_prepare(&self) {
-        self.engine.fork_prepare();
-        if let Some(p) = &self.probes {
-            p.fork_prepare();
-        }
+        hold_all(self.engine.locks());
+        hold_all(self.probes.iter().flat_map(|p| p.locks()));
     }
 
     /// Undoes [`SmThrottle::fork_prepare`].
@@ -293,10 +292,8 @@ impl SmThrottle {
     pub unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
         unsafe {
-            if let Some(p) = &self.probes {
-                p.fork_release(side);
-            }
-            self.engine.fork_release(side);
+            release_all(self.probes.iter().flat_map(|p| p.locks()), side);
+            release_all(self.engine.locks(), side);
         }
     }
 }

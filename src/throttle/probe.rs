@@ -35,7 +35,7 @@ pub struct EventApi {
 }
 
 #[derive(Debug)]
-struct Slot {
+pub(crate) struct Slot {
     ctx: usize,
     start: usize,
     end: usize,
@@ -208,18 +208,9 @@ impl EventProbes {
         self.slots.get((p as usize).checked_sub(1)?)
     }
 
-    /// Takes every slot's lock (fork `prepare`; see `state`).
-    pub fn fork_prepare(&self) {
-        crate::locks::hold_all(&self.slots);
-    }
-
-    /// Undoes [`EventProbes::fork_prepare`].
-    ///
-    /// # Safety
-    /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
-        // SAFETY: the caller's contract.
-        unsafe { crate::locks::release_all(&self.slots, side) };
+    /// The slots' locks, per device (for the fork handlers).
+    pub(crate) fn locks(&self) -> &[Lock<Option<Slot>>] {
+        &self.slots
     }
 }
 
