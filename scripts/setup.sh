@@ -43,8 +43,11 @@ done
 CACHE="${CUQUOTA_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cuquota-deps}"
 mkdir -p "$ROOT/.deps"
 
-# A group is ready when .deps/<group> holds a .stamp equal to its pins.
-ready() { [ -f "$ROOT/.deps/$1/.stamp" ] && [ "$(cat "$ROOT/.deps/$1/.stamp")" = "$(pins "$1")" ]; }
+# A folder holds a group when its .stamp lists the group's pins (compared word by word: older stamps put them on
+# one line).
+words() { tr -s ' \n' '\n\n' | sed '/^$/d'; }
+holds() { [ -f "$1/.stamp" ] && [ "$(words <"$1/.stamp")" = "$(pins "$2" | words)" ]; }
+ready() { holds "$ROOT/.deps/$1" "$1"; }
 
 install() { # group
     local g="$1" want hash dir
@@ -52,18 +55,23 @@ install() { # group
     hash="$(printf '%s' "$want" | sha256sum | cut -c1-12)"
     dir="$CACHE/$g-$hash"
     if ! mkdir -p "$CACHE" 2>/dev/null; then dir="$ROOT/.deps/$g.d"; fi
-    if ! { [ -f "$dir/.stamp" ] && [ "$(cat "$dir/.stamp")" = "$want" ]; }; then
+    if ! holds "$dir" "$g"; then
         echo "setup.sh: installing $g: $(echo "$want" | tr '\n' ' ')" >&2
         rm -rf "$dir.tmp.$$"
         # shellcheck disable=SC2086
         PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --disable-pip-version-check --no-deps \
             --no-warn-script-location --target "$dir.tmp.$$" $want >&2
         echo "$want" >"$dir.tmp.$$/.stamp"
-        rm -rf "$dir"
-        mv "$dir.tmp.$$" "$dir"
+        # Other checkouts may be using a stale or partial folder: move it aside (rename is atomic) rather than
+        # delete it under them; a racing installer of the same pins may have finished first.
+        if [ -e "$dir" ] && ! holds "$dir" "$g"; then mv "$dir" "$dir.stale.$$"; fi
+        mv -T "$dir.tmp.$$" "$dir" 2>/dev/null || rm -rf "$dir.tmp.$$"
     fi
+    # Replace whatever .deps/<group> was (an older layout's folder, or a link) by a link to the cache.
+    rm -rf "$ROOT/.deps/$g.new.$$"
+    ln -s "$dir" "$ROOT/.deps/$g.new.$$"
     rm -rf "$ROOT/.deps/$g"
-    ln -s "$dir" "$ROOT/.deps/$g"
+    mv -T "$ROOT/.deps/$g.new.$$" "$ROOT/.deps/$g"
 }
 
 missing=()
