@@ -673,6 +673,11 @@ impl Cmd<'_> {
             env.remove(k);
         }
         c.envs(env);
+        // Its own process group, so that a timeout also ends whatever it forked (and nothing else).
+        {
+            use std::os::unix::process::CommandExt;
+            c.process_group(0);
+        }
         if let Some(uid) = self.pre_exec_uid {
             use std::os::unix::process::CommandExt;
             // SAFETY: only async-signal-safe calls (setgroups, setgid, setuid) between fork and exec.
@@ -750,10 +755,11 @@ impl Cmd<'_> {
             m.lock().unwrap_or_else(|e| e.into_inner()).eof = true;
             cv.notify_all();
         });
-        let err_thread = std::thread::spawn(move || {
+        let (err_tx, err_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
             let mut s = Vec::new();
             let _ = stderr.read_to_end(&mut s);
-            String::from_utf8_lossy(&s).into_owned()
+            let _ = err_tx.send(String::from_utf8_lossy(&s).into_owned());
         });
         Proc {
             describe: self.describe(),
@@ -761,7 +767,7 @@ impl Cmd<'_> {
             stdin,
             lines,
             out_thread: Some(out_thread),
-            err_thread: Some(err_thread),
+            stderr: err_rx,
             deadline: Instant::now() + self.timeout,
         }
     }
@@ -780,9 +786,13 @@ pub struct Proc {
     stdin: Option<ChildStdin>,
     lines: Arc<(Mutex<Lines>, Condvar)>,
     out_thread: Option<std::thread::JoinHandle<()>>,
-    err_thread: Option<std::thread::JoinHandle<String>>,
+    stderr: std::sync::mpsc::Receiver<String>,
     deadline: Instant,
 }
+
+/// How long output may still arrive after the program exited (from processes it left behind) before the
+/// harness ends its process group.
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
 impl Proc {
     /// The process id.
@@ -841,6 +851,23 @@ impl Proc {
         }
     }
 
+    /// SIGKILLs every process left in the program's process group (the program and what it forked).
+    fn kill_group(&self) {
+        // SAFETY: a negative pid names the process group the harness created for this child (`process_group(0)`
+        // makes its pgid the child's pid); nothing outside it is signalled.
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+    }
+
+    /// True once the program's stdout reached end of file, waiting up to `t`.
+    fn stdout_closed_within(&self, t: Duration) -> bool {
+        let (m, cv) = &*self.lines;
+        let g = m.lock().unwrap_or_else(|e| e.into_inner());
+        cv.wait_timeout_while(g, t, |l| !l.eof)
+            .unwrap_or_else(|e| e.into_inner())
+            .0
+            .eof
+    }
+
     /// SIGKILLs the program (by its pid) and reaps it.
     pub fn kill(mut self) -> Output {
         let _ = self.child.kill();
@@ -856,21 +883,24 @@ impl Proc {
                 Ok(Some(s)) => break s,
                 Ok(None) if Instant::now() >= self.deadline => {
                     timed_out = true;
-                    let _ = self.child.kill();
+                    self.kill_group();
                     break self.child.wait().expect("wait child");
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(2)),
                 Err(e) => panic!("wait: {e}"),
             }
         };
-        if let Some(t) = self.out_thread.take() {
-            let _ = t.join();
+        // A process the program left behind may hold its stdout/stderr open: end the group after a grace, and
+        // never wait for it for ever.
+        if !self.stdout_closed_within(OUTPUT_GRACE) {
+            self.kill_group();
         }
-        let stderr = self
-            .err_thread
-            .take()
-            .and_then(|t| t.join().ok())
-            .unwrap_or_default();
+        if self.stdout_closed_within(OUTPUT_GRACE) {
+            if let Some(t) = self.out_thread.take() {
+                let _ = t.join();
+            }
+        }
+        let stderr = self.stderr.recv_timeout(OUTPUT_GRACE).unwrap_or_default();
         let lines = std::mem::take(&mut self.lines.0.lock().unwrap_or_else(|e| e.into_inner()).lines);
         Output::new(self.describe.clone(), status, timed_out, lines, stderr)
     }
@@ -879,7 +909,7 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
+            self.kill_group();
             let _ = self.child.wait();
         }
     }
