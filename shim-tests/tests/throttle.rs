@@ -7,7 +7,9 @@
 //! process), never from the program's or the test's clocks. A busy CPU can only make a throttled program launch
 //! less, so upper bounds are the throttle's guarantee and stay tight; lower bounds are wide. Bands follow one rule:
 //! a limit L holds when the share stays within [L − 15, L + 15] (narrower where the test says why) — only a real
-//! regression (a path that escapes runs at ~100 %) leaves them.
+//! regression (a path that escapes runs at ~100 %) leaves them. Where a lower bound is the point of a test (a
+//! limit raised live, two tenants splitting the device), the programs use 1 ms kernels: a few hundred launches a
+//! second, so even a CPU shared by many more runnable processes than cores keeps up.
 //!
 //! At most one CPU-heavy program (short kernels, launched flat out) runs at a time (`heavy()`); tests of several
 //! tenants at once use kernels of ≥ 1 ms, so that each program makes at most a few hundred launches a second.
@@ -125,7 +127,10 @@ const HARD30: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_POLI
 const SHORT_NS: u64 = 200_000;
 
 /// Runs every case, one after another, at a hard 30 % limit on a fresh simulated GPU each. A path that escapes
-/// the throttle runs at ~100 %; a held one at 30.
+/// the throttle runs at ~100 %; a held one at 30. Short kernels make these programs CPU-heavy (1500 launches a
+/// second, most after a short sleep), so on a machine with far more runnable processes than cores a late wake-up
+/// costs share: the floor (5 %) only asks that the path works; holding a limit from below is tested with light
+/// programs further down.
 fn check_paths(b: Build, cases: &[(&str, &str)]) {
     let mut results: Vec<(String, f64)> = Vec::new();
     for &(path, style) in cases {
@@ -143,12 +148,12 @@ fn check_paths(b: Build, cases: &[(&str, &str)]) {
     println!("{b:?} at hard 30 %: {results:?}");
     let bad: Vec<String> = results
         .iter()
-        .filter(|(_, s)| !(15.0..=45.0).contains(s))
+        .filter(|(_, s)| !(5.0..=45.0).contains(s))
         .map(|(n, s)| format!("{n}: {s:.1}%"))
         .collect();
     assert!(
         bad.is_empty(),
-        "launch paths not held at 30 % (band [15, 45]): {bad:?}\nall: {results:?}"
+        "launch paths not held at 30 % (band [5, 45]): {bad:?}\nall: {results:?}"
     );
 }
 
@@ -303,10 +308,9 @@ fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
 #[test]
 fn live_limit_change_applies_within_200ms() {
     let _serial = serial();
-    let _h = heavy();
     let sim = Sim::new().build();
     sim.agent_sm_limit_hard(20);
-    let mut p = Launcher::new(&[], 2.5, SHORT_NS).spawn(&sim);
+    let mut p = Launcher::new(&[], 2.5, 1_000_000).spawn(&sim);
     let t0: u64 = p.wait_for("t0_ns").parse().expect("t0_ns");
     std::thread::sleep(Duration::from_nanos(
         (t0 + 1_000_000_000).saturating_sub(mono_ns()),
@@ -326,10 +330,9 @@ fn live_limit_change_applies_within_200ms() {
 #[test]
 fn usage_region_shows_the_achieved_share() {
     let _serial = serial();
-    let _h = heavy();
     let sim = Sim::new().build();
     let usage = sim.container_usage_file("a").display().to_string();
-    let mut p = Launcher::new(HARD30, 2.5, SHORT_NS).spawn(&sim);
+    let mut p = Launcher::new(HARD30, 2.5, 1_000_000).spawn(&sim);
     let t0: u64 = p.wait_for("t0_ns").parse().expect("t0_ns");
     std::thread::sleep(Duration::from_nanos((t0 + 500_000_000).saturating_sub(mono_ns())));
     let o = sim.cli(&["status", "--usage", &usage, "--interval", "800", "--json"]);
@@ -367,10 +370,11 @@ fn the_environment_cannot_lift_the_agents_limit() {
     ] {
         let _h = heavy();
         let w = Launcher::new(env, 0.8, SHORT_NS).run(&sim);
+        // The upper bound is the point: the environment must not lift the agent's limit.
         assert_band(
             &format!("{env:?} under the agent's hard 30 %"),
             share(&sim, w),
-            10.0,
+            5.0,
             45.0,
         );
     }
