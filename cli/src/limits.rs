@@ -107,6 +107,11 @@ impl PolicyArg {
             PolicyArg::Disabled => POLICY_DISABLED,
         }
     }
+
+    /// The name `CUQUOTA_POLICY` takes.
+    pub fn name(self) -> &'static str {
+        policy_name(self.code())
+    }
 }
 
 fn parse_selector(s: &str) -> Result<DeviceSelector, String> {

@@ -2,9 +2,11 @@
 //! usage, serve Prometheus metrics, and run the node agent. See docs/cli.md.
 
 mod limits;
+mod locate;
 #[allow(dead_code)] // the sampling half is used by the agent (next commits)
 mod nvml;
 mod output;
+mod run;
 mod status;
 
 use std::process::ExitCode;
@@ -36,6 +38,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a program with libcuquota.so preloaded and limits set (on the simulated GPU when there is no NVIDIA
+    /// driver)
+    Run(run::RunArgs),
     /// Create, change and show an agent limits file (running programs see changes live)
     Limits {
         #[command(subcommand)]
@@ -86,7 +91,17 @@ fn one_line(e: &clap::Error) -> String {
         .split("\n\n")
         .map(str::trim)
         .filter(|p| !p.is_empty() && !p.starts_with("Usage:") && !p.starts_with("For more information"))
-        .map(|p| p.split_whitespace().collect::<Vec<_>>().join(" "));
+        .map(|p| {
+            // Continuation lines join with a space; each "tip:" line is its own item.
+            let mut out = String::new();
+            for l in p.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                if !out.is_empty() {
+                    out.push_str(if l.starts_with("tip:") { "; " } else { " " });
+                }
+                out.push_str(&l.split_whitespace().collect::<Vec<_>>().join(" "));
+            }
+            out
+        });
     let first = parts.next().unwrap_or_default();
     let first = first.strip_prefix("error: ").unwrap_or(&first).to_string();
     let tips: Vec<String> = parts.collect();
@@ -99,6 +114,7 @@ fn one_line(e: &clap::Error) -> String {
 
 fn dispatch(cli: Cli) -> CmdResult {
     match cli.command {
+        Command::Run(a) => run::run(a),
         Command::Limits { command } => limits::run(command),
         Command::Status(a) => status::run(a),
         Command::Completions { shell } => {
