@@ -264,40 +264,41 @@ impl Machine {
 
 /// Lowers every limit variable of one kind in `env` to at most `limit`, and sets the global HAMi name to it:
 /// `names` are the HAMi and cuquota names (`CUDA_DEVICE_MEMORY_LIMIT`, `CUQUOTA_MEMORY_LIMIT`), each also with
-/// `_<i>`. `parse` reads an existing value (`None` or 0 = no limit). Unparsable values are left alone: the
-/// shim refuses them (fail closed).
+/// `_<i>`. `parse` reads an existing value's number; `unlimited` says whether it means "no limit". A
+/// per-device 0 falls back to the global value (HAMi), which is lowered too. Unparsable values are left alone:
+/// the shim refuses them (fail closed).
 fn tighten(
     env: &mut BTreeMap<OsString, OsString>,
     names: [&str; 2],
     limit: u64,
     parse: impl Fn(&str) -> Option<u64>,
+    unlimited: impl Fn(u64) -> bool,
 ) {
-    let is_ours = |k: &[u8]| {
+    let is_global = |k: &[u8]| names.iter().any(|n| k == n.as_bytes());
+    let is_device = |k: &[u8]| {
         names.iter().any(|n| {
-            k == n.as_bytes()
-                || k.strip_prefix(n.as_bytes())
-                    .and_then(|r| r.strip_prefix(b"_"))
-                    .is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
+            k.strip_prefix(n.as_bytes())
+                .and_then(|r| r.strip_prefix(b"_"))
+                .is_some_and(|d| !d.is_empty() && d.iter().all(u8::is_ascii_digit))
         })
     };
     for (k, v) in env.iter_mut() {
-        if !is_ours(k.as_bytes()) {
+        let (global, device) = (is_global(k.as_bytes()), is_device(k.as_bytes()));
+        if !global && !device {
             continue;
         }
         let Some(cur) = v.to_str().and_then(&parse) else {
             continue;
         };
-        // A per-device 0 falls back to the global value (HAMi), which is lowered below.
-        if cur == 0 && k.as_bytes() != names[0].as_bytes() && k.as_bytes() != names[1].as_bytes() {
+        if device && cur == 0 {
             continue;
         }
-        if cur == 0 || cur > limit {
+        if unlimited(cur) || cur > limit {
             *v = limit.to_string().into();
         }
     }
     let global = OsString::from(names[0]);
-    let ours = env.get(OsStr::new(names[1])).cloned();
-    match ours {
+    match env.get(OsStr::new(names[1])).cloned() {
         // Both names must agree (the shim refuses a disagreement): the cuquota name, already lowered, wins.
         Some(v) => {
             env.insert(global, v);
@@ -328,15 +329,16 @@ impl Limits {
                 ["CUDA_DEVICE_MEMORY_LIMIT", "CUQUOTA_MEMORY_LIMIT"],
                 m,
                 |s| parse_size(s).ok(),
+                |v| v == 0,
             );
         }
         if let Some(s) = self.sm.filter(|s| *s != 0) {
-            let pct = |v: &str| parse_unsigned(v).ok().map(|n| if n >= 100 { 0 } else { n });
             tighten(
                 env,
                 ["CUDA_DEVICE_SM_LIMIT", "CUQUOTA_SM_LIMIT"],
                 u64::from(s),
-                pct,
+                |v| parse_unsigned(v).ok(),
+                |v| v == 0 || v >= 100,
             );
         }
         if let Some(p) = self.policy {
