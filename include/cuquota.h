@@ -132,7 +132,8 @@ struct cuquota_usage_device {
     uint32_t _reserved0;
     uint64_t throttle[CUQUOTA_THROTTLE_WORDS]; /* the shim's throttle state */
     uint64_t busy_ns;                          /* cumulative GPU busy time of the container, ns */
-    uint64_t _reserved[2];
+    uint64_t throttled_ns;                     /* cumulative time launches waited for the SM limit, ns */
+    uint64_t refusals;                         /* allocations refused at the memory cap, cumulative */
 };
 
 struct cuquota_usage_slot {

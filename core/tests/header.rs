@@ -88,7 +88,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
             _reserved0,
             throttle,
             busy_ns,
-            _reserved,
+            throttled_ns,
+            refusals,
         ]
     );
     fields!(

@@ -164,8 +164,10 @@ pub struct UsageDevice {
     pub throttle: [AtomicU64; THROTTLE_WORDS],
     /// Cumulative GPU busy time achieved by the container on this device, ns.
     pub busy_ns: AtomicU64,
-    /// Zero.
-    pub _reserved: [AtomicU64; 2],
+    /// Cumulative time launches of the container's processes waited for the SM limit, ns (informational).
+    pub throttled_ns: AtomicU64,
+    /// Allocations refused at the memory cap on this device, cumulative (informational).
+    pub refusals: AtomicU64,
 }
 
 /// One process in the usage file (320 bytes).
