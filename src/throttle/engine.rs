@@ -70,6 +70,8 @@ pub struct Shared<'a> {
     pub busy_ns: &'a AtomicU64,
     /// This process's slot `gpu_ns[d]`, if it has a slot.
     pub gpu_ns: Option<&'a AtomicU64>,
+    /// The device entry's `throttled_ns`: time launches waited for the limit (informational).
+    pub throttled_ns: &'a AtomicU64,
 }
 
 /// An admitted launch: what was charged, so it can be refunded or reconciled.
@@ -233,6 +235,8 @@ impl Engine {
                     }
                     let t = t.min(now + MAX_SLEEP_NS);
                     clock.sleep_until(t);
+                    sh.throttled_ns
+                        .fetch_add(clock.now_ns().saturating_sub(now), Ordering::Relaxed);
                     lim = limit();
                 }
             }
@@ -412,6 +416,7 @@ mod tests {
             words,
             busy_ns: busy,
             gpu_ns: None,
+            throttled_ns: Box::leak(Box::new(AtomicU64::new(0))),
         }
     }
 
