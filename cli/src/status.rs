@@ -79,6 +79,10 @@ pub struct StatusDevice {
     pub gpu_busy_ns: u64,
     /// Share of the device achieved over the interval, percent.
     pub share_percent: Option<f64>,
+    /// Time launches waited for the SM limit, cumulative.
+    pub throttled_ns: u64,
+    /// Allocations refused at the cap, cumulative.
+    pub allocation_refusals: u64,
     /// Live processes with memory or GPU time on this device.
     pub processes: Vec<StatusProcess>,
 }
@@ -157,12 +161,17 @@ impl StatusReport {
                 let uuid = format_uuid(&d.uuid);
                 StatusDevice {
                     entry: i as u32,
-                    index: indexes.iter().find(|(u, _)| *u == uuid).map(|(_, x)| *x),
+                    index: indexes
+                        .iter()
+                        .find(|(u, _)| u.eq_ignore_ascii_case(&uuid))
+                        .map(|(_, x)| *x),
                     memory_limit_bytes: d.memory_limit,
                     sm_limit_percent: d.sm_limit,
                     memory_used_bytes: d.used,
                     gpu_busy_ns: d.busy_ns,
                     share_percent: dev_share(d),
+                    throttled_ns: d.throttled_ns,
+                    allocation_refusals: d.refusals,
                     processes: live
                         .iter()
                         .filter(|p| p.mem_used[i] != 0 || p.gpu_ns[i] != 0)
