@@ -3,6 +3,7 @@
 
 mod limits;
 mod locate;
+mod metrics;
 #[allow(dead_code)] // the sampling half is used by the agent (next commits)
 mod nvml;
 mod output;
@@ -48,6 +49,8 @@ enum Command {
     },
     /// A container's usage per device: limits, memory used, processes, GPU share achieved
     Status(status::StatusArgs),
+    /// Serve a container's usage as Prometheus metrics (HAMi's metric names and cuquota's own)
+    Metrics(metrics::MetricsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout
     Completions {
         /// The shell
@@ -117,6 +120,7 @@ fn dispatch(cli: Cli) -> CmdResult {
         Command::Run(a) => run::run(a),
         Command::Limits { command } => limits::run(command),
         Command::Status(a) => status::run(a),
+        Command::Metrics(a) => metrics::run(a),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "cuquota", &mut std::io::stdout());
             Ok(0)

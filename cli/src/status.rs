@@ -57,7 +57,8 @@ pub struct StatusReport {
     live_processes: usize,
     /// How long the share was sampled (0 = not sampled).
     interval_ms: u64,
-    devices: Vec<StatusDevice>,
+    /// The devices the container has used.
+    pub devices: Vec<StatusDevice>,
 }
 
 /// One device the container has used.

@@ -404,6 +404,8 @@ fn help_and_version_everywhere() {
         &["limits", "clear"],
         &["limits", "show"],
         &["status"],
+        &["run"],
+        &["metrics"],
         &["completions"],
     ];
     for cmd in commands {
