@@ -1,10 +1,10 @@
 //! `cuquota`: run programs under cuquota, show the demo, manage the agent's limits files, show a container's
 //! usage, serve Prometheus metrics, and run the node agent. See docs/cli.md.
 
+mod agent;
 mod limits;
 mod locate;
 mod metrics;
-#[allow(dead_code)] // the sampling half is used by the agent (next commits)
 mod nvml;
 mod output;
 mod run;
@@ -51,6 +51,8 @@ enum Command {
     Status(status::StatusArgs),
     /// Serve a container's usage as Prometheus metrics (HAMi's metric names and cuquota's own)
     Metrics(metrics::MetricsArgs),
+    /// The node agent: watch every container's processes on the GPU through NVML, report, serve metrics
+    Agent(agent::AgentArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout
     Completions {
         /// The shell
@@ -121,6 +123,7 @@ fn dispatch(cli: Cli) -> CmdResult {
         Command::Limits { command } => limits::run(command),
         Command::Status(a) => status::run(a),
         Command::Metrics(a) => metrics::run(a),
+        Command::Agent(a) => agent::run(a),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "cuquota", &mut std::io::stdout());
             Ok(0)

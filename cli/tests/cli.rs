@@ -406,6 +406,7 @@ fn help_and_version_everywhere() {
         &["status"],
         &["run"],
         &["metrics"],
+        &["agent"],
         &["completions"],
     ];
     for cmd in commands {
