@@ -298,3 +298,22 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
     })??;
     Ok(snap)
 }
+
+/// Writes `memory` / `sm` / `policy` for `all` devices into `file` (created if missing): what `cuquota run`
+/// and the demo do for a tenant.
+pub fn write_all(
+    file: &Path,
+    memory: Option<u64>,
+    sm: Option<u32>,
+    policy: Option<PolicyArg>,
+) -> Result<(), CliError> {
+    let w = LimitsWriter::create(file)?;
+    w.update(|t| -> Result<(), CliError> {
+        let e = t.entry_mut(DeviceSelector::All)?;
+        e.memory_limit = memory.unwrap_or(0);
+        e.sm_limit = sm.unwrap_or(0);
+        e.policy = policy.map_or(POLICY_DEFAULT, PolicyArg::code);
+        Ok(())
+    })??;
+    Ok(())
+}

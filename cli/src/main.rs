@@ -2,6 +2,7 @@
 //! usage, serve Prometheus metrics, and run the node agent. See docs/cli.md.
 
 mod agent;
+mod demo;
 mod limits;
 mod locate;
 mod metrics;
@@ -42,6 +43,8 @@ enum Command {
     /// Run a program with libcuquota.so preloaded and limits set (on the simulated GPU when there is no NVIDIA
     /// driver)
     Run(run::RunArgs),
+    /// Three tenants share one GPU under different caps and SM limits; a limit changes live halfway
+    Demo(demo::DemoArgs),
     /// Create, change and show an agent limits file (running programs see changes live)
     Limits {
         #[command(subcommand)]
@@ -120,6 +123,7 @@ fn one_line(e: &clap::Error) -> String {
 fn dispatch(cli: Cli) -> CmdResult {
     match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Demo(a) => demo::run(a),
         Command::Limits { command } => limits::run(command),
         Command::Status(a) => status::run(a),
         Command::Metrics(a) => metrics::run(a),

@@ -113,6 +113,12 @@ impl Nvml {
             .filter(|p| !p.is_empty())
             .map(|p| p.to_string_lossy().into_owned())
             .unwrap_or_else(|| "libnvidia-ml.so.1".into());
+        Nvml::load_path(&path)
+    }
+
+    /// Loads the NVML library `path` (a soname or a file) and calls `nvmlInit_v2`.
+    pub fn load_path(path: &str) -> Result<Nvml, String> {
+        let path = path.to_string();
         let c = CString::new(path.clone()).map_err(|_| format!("bad NVML path {path:?}"))?;
         // SAFETY: a NUL-terminated path; the handle is never closed (NVML keeps threads and state).
         let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };

@@ -129,6 +129,8 @@ pub struct Machine {
     pub shim: PathBuf,
     /// The backend.
     pub backend: Backend,
+    /// libcudasim.so, when cuquota set the simulator up.
+    simulator: Option<PathBuf>,
     env: Vec<(OsString, OsString)>,
     dir: TempDir,
 }
@@ -161,6 +163,7 @@ impl Machine {
                     return Ok(Machine {
                         shim,
                         backend: Backend::Driver,
+                        simulator: None,
                         env: Vec::new(),
                         dir,
                     })
@@ -169,6 +172,7 @@ impl Machine {
                     return Ok(Machine {
                         shim,
                         backend: Backend::SimulatorOnPath,
+                        simulator: None,
                         env: Vec::new(),
                         dir,
                     })
@@ -206,6 +210,7 @@ impl Machine {
         Ok(Machine {
             shim,
             backend: Backend::Simulator { devices, memory },
+            simulator: Some(sim),
             env,
             dir,
         })
@@ -234,6 +239,23 @@ impl Machine {
             Backend::SimulatorOnPath => {
                 "the simulated GPU (libcuda.so.1 on the library path is cuquota's simulator)".into()
             }
+        }
+    }
+
+    /// NVML of this machine, in this process: the simulator's (after giving this process the simulator's
+    /// variables, so it sees the same GPU as the programs) or the driver's.
+    pub fn nvml(&self) -> Result<crate::nvml::Nvml, String> {
+        match &self.simulator {
+            Some(sim) => {
+                for (k, v) in &self.env {
+                    if k.as_bytes().starts_with(b"CUDASIM_") {
+                        // Single-threaded at this point: no other thread reads the environment.
+                        std::env::set_var(k, v);
+                    }
+                }
+                crate::nvml::Nvml::load_path(&sim.to_string_lossy())
+            }
+            None => crate::nvml::Nvml::load(),
         }
     }
 

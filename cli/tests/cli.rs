@@ -405,6 +405,7 @@ fn help_and_version_everywhere() {
         &["limits", "show"],
         &["status"],
         &["run"],
+        &["demo"],
         &["metrics"],
         &["agent"],
         &["completions"],
