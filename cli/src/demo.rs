@@ -565,7 +565,16 @@ pub fn run(a: DemoArgs) -> CmdResult {
             let short: Vec<String> = TENANTS
                 .iter()
                 .zip(&seen)
-                .map(|(tn, s)| format!("{} {:.1}%", tn.name, s.util))
+                .zip(&procs)
+                .map(|((tn, s), p)| match (tn.job, &p.printed) {
+                    (Job::Memory, Some((out, _))) => {
+                        let (_, refused) = memory_results(&work, out);
+                        let at = refused.values().max().copied().unwrap_or(0);
+                        format!("{} refused at {}", tn.name, format_size(at))
+                    }
+                    (Job::Memory, None) => format!("{} allocating", tn.name),
+                    _ => format!("{} {:.1}%", tn.name, s.util),
+                })
                 .collect();
             let _ = writeln!(display, "{:5.1}s  {}", t.as_secs_f64(), short.join("  ·  "));
         }

@@ -42,6 +42,11 @@ fn tenant<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
 #[test]
 fn demo_with_the_cuda_samples() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let readme = std::fs::read_to_string(shim_tests::workspace_root().join("README.md")).unwrap();
+    assert!(
+        readme.contains("cargo run --release -p cuquota-cli -- demo"),
+        "the README leads with the demo"
+    );
     let sim = Sim::new().build();
     let t0 = Instant::now();
     let out = demo(&sim, &["--workload", "samples", "--json"]);

@@ -208,3 +208,42 @@ fn orphans_stay_in_the_subtree_of_cuquota_run() {
         "an orphan is re-parented to cuquota run, not init:{out:?}"
     );
 }
+
+/// The README's command, on a machine as fresh as a test can make it (no simulator on the library path, no
+/// simulator or usage variables): the program is told the cap and refused above it.
+#[test]
+fn the_readme_example_runs_as_written() {
+    let readme = std::fs::read_to_string(shim_tests::workspace_root().join("README.md")).unwrap();
+    let line = "cargo run --release -p cuquota-cli -- run --memory 1g -- python3 examples/cuda_alloc.py";
+    assert!(readme.contains(line), "the README shows `{line}`");
+    let sim = Sim::new().build();
+    let mut c = sim
+        .cmd_path(cli_bin())
+        .no_preload()
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("CUQUOTA_USAGE_FILE");
+    for k in [
+        "CUDASIM_STATE",
+        "CUDASIM_DEVICES",
+        "CUDASIM_MEMORY",
+        "CUDASIM_CTX_OVERHEAD",
+    ] {
+        c = c.env_remove(k);
+    }
+    let script = shim_tests::workspace_root().join("examples/cuda_alloc.py");
+    let out = c
+        .args("run --memory 1g -- python3")
+        .arg(script.to_str().unwrap())
+        .run();
+    assert!(out.success(), "{out:?}");
+    let text = out.lines.join("\n");
+    assert!(text.contains("cuDeviceTotalMem: 1024 MiB"), "{text}");
+    assert!(
+        text.contains("cuMemGetInfo: 768 MiB free of 1024 MiB"),
+        "the 256 MiB context is charged:\n{text}"
+    );
+    assert!(
+        text.contains("allocated 3 x 256 MiB = 768 MiB, then CUDA_ERROR_OUT_OF_MEMORY"),
+        "{text}"
+    );
+}
