@@ -27,7 +27,11 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let ppid = fields.next()?.parse().ok()?;
     // fields after the name: state is field 3, ppid 4, so field 22 is the 18th after ppid.
     let start_time = fields.nth(17)?.parse().ok()?;
-    Some(ProcStat { state, ppid, start_time })
+    Some(ProcStat {
+        state,
+        ppid,
+        start_time,
+    })
 }
 
 /// Reads `/proc/<pid>/stat`; `None` if the process is gone or `/proc` is unavailable.
