@@ -109,13 +109,12 @@ fn share(before: u64, after: u64, interval: Duration) -> Option<f64> {
     (ns > 0.0).then(|| round2(after.saturating_sub(before) as f64 / ns * 100.0))
 }
 
-/// NVML index of each UUID, when NVML loads (best effort: status works without it).
-fn nvml_indexes() -> Vec<(String, u32)> {
-    match crate::nvml::Nvml::load().and_then(|n| n.gpus()) {
-        Ok(g) => g
-            .into_iter()
-            .map(|g| (g.uuid.to_ascii_lowercase(), g.index))
-            .collect(),
+/// NVML index of each UUID, when NVML loads (best effort: status works without it). Asked once per process
+/// (`cuquota metrics` samples every interval; devices do not renumber while it runs).
+fn nvml_indexes() -> &'static [(String, u32)] {
+    static INDEXES: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
+    INDEXES.get_or_init(|| match crate::nvml::Nvml::load().and_then(|n| n.gpus()) {
+        Ok(g) => g.into_iter().map(|g| (g.uuid, g.index)).collect(),
         Err(e) => {
             cuquota_core::log!(
                 cuquota_core::log::Level::Debug,
@@ -123,7 +122,7 @@ fn nvml_indexes() -> Vec<(String, u32)> {
             );
             Vec::new()
         }
-    }
+    })
 }
 
 impl StatusReport {
@@ -137,11 +136,7 @@ impl StatusReport {
         }
         let (devs, procs, elapsed) = (region.devices(), region.processes(), t0.elapsed());
         let sampled = !interval.is_zero();
-        let indexes = if devs.is_empty() {
-            Vec::new()
-        } else {
-            nvml_indexes()
-        };
+        let indexes: &[(String, u32)] = if devs.is_empty() { &[] } else { nvml_indexes() };
 
         let dev_share = |d: &DeviceInfo| {
             let before = dev0.iter().find(|x| x.id == d.id).map(|x| x.busy_ns)?;
