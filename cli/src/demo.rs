@@ -163,8 +163,8 @@ fn run_quiet(c: &mut Command) -> Result<(), String> {
     }
 }
 
-/// The samples: given, or built in the checkout (examples/build.sh installs nvcc from PyPI when missing,
-/// unless `offline`).
+/// The samples: given, or built in the checkout with examples/build.sh (the setup step's cu13 group installed
+/// first when missing, unless `offline`).
 fn samples(a: &DemoArgs, say: &mut dyn FnMut(&str)) -> Result<Workload, String> {
     let (dir, ws) = match (&a.samples, locate::source_checkout()) {
         (Some(d), _) => (d.clone(), None),
@@ -172,15 +172,18 @@ fn samples(a: &DemoArgs, say: &mut dyn FnMut(&str)) -> Result<Workload, String> 
         (None, None) => return Err("no source checkout to build the samples in: pass --samples DIR".into()),
     };
     if let Some(ws) = ws {
-        let nvcc = ws.join(".deps/cu13/nvidia/cu13/bin/nvcc");
-        if a.offline && !nvcc.is_file() {
-            return Err(format!(
-                "nvcc is not installed ({} missing) and --offline was given",
-                nvcc.display()
-            ));
-        }
-        if !nvcc.is_file() {
-            say("installing nvcc 13.0 from PyPI into .deps/ (first run only)…");
+        // The toolchain is the cu13 group of the setup step (nvcc 13.0 from PyPI, pinned).
+        let ready = Command::new(ws.join("scripts/setup.sh"))
+            .args(["--check", "cu13"])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ready {
+            if a.offline {
+                return Err("nvcc is not installed (scripts/setup.sh cu13) and --offline was given".into());
+            }
+            say("installing nvcc 13.0 from PyPI into .deps/ with scripts/setup.sh cu13 (first run only)…");
+            run_quiet(Command::new(ws.join("scripts/setup.sh")).arg("cu13"))?;
         }
         run_quiet(Command::new(ws.join("examples/build.sh")).args(["compute_loop", "oom_probe"]))?;
     }
