@@ -169,10 +169,13 @@ fn environment_limits_only_go_down_and_devices_are_chosen() {
 #[test]
 fn signals_are_forwarded_to_the_program() {
     let sim = Sim::new().build();
-    let script = "trap 'echo got=USR1' USR1; trap 'echo got=HUP' HUP; trap 'echo got=TERM; exit 3' TERM; \
-                  echo ready=1; while :; do sleep 0.05; done";
+    // `wait` returns as soon as a trapped signal arrives (POSIX), so each trap runs at once, and the shell forks
+    // one `sleep` per signal rather than 20 a second (a loaded machine runs this slowly enough as it is).
+    let script = "trap 'echo got=USR1; kill $!' USR1; trap 'echo got=HUP; kill $!' HUP; \
+                  trap 'echo got=TERM; kill $!; exit 3' TERM; \
+                  echo ready=1; while :; do sleep 30 >/dev/null 2>&1 & wait $!; done";
     let mut p = run(&sim, &["-q", "--", "sh", "-c", script])
-        .timeout(Duration::from_secs(20))
+        .timeout(Duration::from_secs(90))
         .spawn();
     p.wait_for("ready");
     let pid = p.pid() as i32;
