@@ -139,6 +139,8 @@ struct cuquota_usage_device {
     struct cuquota_policy limits;              /* effective limits last reported (informational) */
     uint64_t throttle[CUQUOTA_THROTTLE_WORDS]; /* the shim's throttle state */
     uint64_t busy_ns;                          /* cumulative GPU busy time of the container, ns */
+    uint64_t throttled_ns;                     /* cumulative time launches waited for the SM limit, ns */
+    uint64_t refusals;                         /* allocations refused at the memory cap, cumulative */
 };
 
 struct cuquota_usage_slot {
@@ -163,9 +165,9 @@ _Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size")
 _Static_assert(sizeof(struct cuquota_limits_entry) == 64, "limits entry size");
 _Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES, "limits file size");
 _Static_assert(sizeof(struct cuquota_usage_header) == 64, "usage header size");
-_Static_assert(sizeof(struct cuquota_usage_device) == 128, "usage device size");
+_Static_assert(sizeof(struct cuquota_usage_device) == 144, "usage device size");
 _Static_assert(sizeof(struct cuquota_usage_slot) == 320, "usage slot size");
-_Static_assert(sizeof(struct cuquota_usage_file) == 64 + 128 * CUQUOTA_MAX_DEVICES + 320 * CUQUOTA_MAX_PROCS,
+_Static_assert(sizeof(struct cuquota_usage_file) == 64 + 144 * CUQUOTA_MAX_DEVICES + 320 * CUQUOTA_MAX_PROCS,
                "usage file size");
 #endif
 

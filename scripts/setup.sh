@@ -2,7 +2,7 @@
 # The setup step: installs every pinned dependency the build, the tests and the samples need, once, from PyPI.
 # test.sh runs it first; nothing is installed anywhere else (no test installs or downloads anything).
 #
-#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig (default: all)
+#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s (default: all)
 #
 # Each group goes to its own folder, keyed by a hash of its pins, under the cache
 # ${CUQUOTA_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cuquota-deps}, and .deps/<group> links to it: a fresh
@@ -14,6 +14,8 @@
 #   cu12  the CUDA 12.9 runtime (static) for the CUDA 12 samples (compiled by the 13.0 nvcc: PyPI's cu12 nvcc
 #         wheels lack cicc)
 #   zig   cargo-zigbuild and zig, for the portable glibc-2.17 build (scripts/build-portable.sh)
+#   k8s   kubernetes-validate (the Kubernetes schemas bundled) and its dependencies, for the examples/kubernetes
+#         test
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -24,17 +26,20 @@ pins() { # group -> its pinned requirements, one per line
             nvidia-cuda-runtime==13.0.96 nvidia-nvml-dev==13.0.87 ;;
         cu12) printf '%s\n' nvidia-cuda-runtime-cu12==12.9.79 ;;
         zig) printf '%s\n' cargo-zigbuild==0.24.0 ziglang==0.17.0 ;;
-        *) echo "setup.sh: unknown group '$1' (groups: cu13 cu12 zig)" >&2; exit 2 ;;
+        k8s) printf '%s\n' kubernetes-validate==1.37.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
+            referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0 pyyaml==6.0.3 packaging==26.3 \
+            importlib-resources==7.1.0 typing-extensions==4.16.0 ;;
+        *) echo "setup.sh: unknown group '$1' (groups: cu13 cu12 zig k8s)" >&2; exit 2 ;;
     esac
 }
-ALL=(cu13 cu12 zig)
+ALL=(cu13 cu12 zig k8s)
 
 CHECK=0
 GROUPS_WANTED=()
 for a in "$@"; do
     case "$a" in
         --check) CHECK=1 ;;
-        -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) pins "$a" >/dev/null; GROUPS_WANTED+=("$a") ;;
     esac
 done

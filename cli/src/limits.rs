@@ -1,241 +1,349 @@
 //! `cuquota limits …`: create, edit and show the agent's limits file. Edits go through the seqlock, so running
 //! processes pick them up at their next check without restarting.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use cuquota_core::region::layout::LIMITS_FLAG_NO_OPT_OUT;
-use cuquota_core::region::{DeviceSelector, LimitsSnapshot, LimitsWriter};
-use cuquota_core::units::{format_size, parse_size, parse_unsigned};
+use clap::{Args, Subcommand, ValueEnum};
+use cuquota_core::region::layout::{format_uuid, LIMITS_FLAG_NO_OPT_OUT};
+use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsSnapshot, LimitsWriter};
 use cuquota_core::{Policy, PolicyKind, Priority};
+use serde::Serialize;
 
-use crate::args::Args;
-use crate::{json, CliError};
+use crate::output::{self, parse_size_arg, parse_sm_arg};
+use crate::{CliError, CmdResult};
 
-/// `limits init <file> [--no-opt-out]`
-pub fn init(mut a: Args) -> Result<(), CliError> {
-    let no_opt_out = a.flag("no-opt-out");
-    let path = PathBuf::from(a.positional("limits file")?);
-    a.finish()?;
-    let w = LimitsWriter::create(&path)?;
-    if no_opt_out {
-        w.update(|t| -> Result<(), CliError> {
-            t.flags |= LIMITS_FLAG_NO_OPT_OUT;
-            Ok(())
-        })??;
+/// Schema of `limits … --json` (docs/schemas/limits.v1.json).
+pub const SCHEMA: &str = "cuquota.limits/v1";
+
+#[derive(Subcommand)]
+pub enum LimitsCommand {
+    /// Create a limits file with no entries (no limits), or check an existing one
+    Init {
+        /// The limits file
+        file: PathBuf,
+        /// Forbid processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
+        #[arg(long)]
+        no_opt_out: bool,
+    },
+    /// Set limits of a device (fields not given keep their values); running programs see the change live
+    Set(SetArgs),
+    /// Remove a device's entry
+    Clear {
+        /// The limits file
+        file: PathBuf,
+        /// Which entry: all, a CUDA ordinal, or a GPU-… UUID
+        #[arg(long, value_parser = parse_selector)]
+        device: DeviceSelector,
+        /// Print the file as JSON afterwards (schema cuquota.limits/v1)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the file's entries
+    Show {
+        /// The limits file
+        file: PathBuf,
+        /// JSON on stdout (schema cuquota.limits/v1)
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// `limits set`.
+#[derive(Args)]
+#[command(after_help = "\
+An ordinal entry follows the process's CUDA ordinals, which it picks with CUDA_VISIBLE_DEVICES: use GPU UUIDs \
+(or all) for limits a process must not be able to move between devices.")]
+pub struct SetArgs {
+    /// The limits file
+    file: PathBuf,
+    /// Which entry: all, a CUDA ordinal, or a GPU-… UUID
+    #[arg(long, value_parser = parse_selector)]
+    device: DeviceSelector,
+    /// Memory cap in HAMi's syntax: 4g, 3000m, 0x100000 (0 = no limit)
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    memory: Option<u64>,
+    /// SM-time share in percent, 1-99 (0 or 100 = no limit)
+    #[arg(long, value_name = "PERCENT", value_parser = parse_sm_arg)]
+    sm: Option<u32>,
+    /// SM policy
+    #[arg(long)]
+    policy: Option<PolicyArg>,
+    /// Share of spare GPU time in burst mode, 1-1000 (0 = default)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    weight: Option<u32>,
+    /// Priority on the device (HAMi's CUDA_TASK_PRIORITY 0 / 1); none clears it
+    #[arg(long)]
+    priority: Option<PriorityArg>,
+    /// Forbid processes to opt out
+    #[arg(long, conflicts_with = "allow_opt_out")]
+    no_opt_out: bool,
+    /// Allow processes to opt out again
+    #[arg(long)]
+    allow_opt_out: bool,
+    /// Print the file as JSON afterwards (schema cuquota.limits/v1)
+    #[arg(long)]
+    json: bool,
+}
+
+/// An SM policy on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PolicyArg {
+    /// cuquota's default (burst)
+    Default,
+    /// Never above the limit, even on an idle GPU
+    Hard,
+    /// Work-conserving: use time nobody else wants
+    Burst,
+    /// No SM limiting
+    #[value(alias = "disable")]
+    Disabled,
+}
+
+impl PolicyArg {
+    /// The core policy kind.
+    pub fn kind(self) -> PolicyKind {
+        match self {
+            PolicyArg::Default => PolicyKind::Default,
+            PolicyArg::Hard => PolicyKind::Hard,
+            PolicyArg::Burst => PolicyKind::Burst,
+            PolicyArg::Disabled => PolicyKind::Disabled,
+        }
     }
-    println!("{}: limits file ready", path.display());
-    Ok(())
-}
 
-fn parse_policy(s: &str) -> Result<PolicyKind, CliError> {
-    PolicyKind::parse(s).ok_or_else(|| {
-        CliError(format!(
-            "--policy {s:?}: expected default, hard, burst or disabled"
-        ))
-    })
-}
-
-/// `--priority`: `high`, `low` (HAMi's `0`, `1`), or `none` to clear it.
-fn parse_priority(s: &str) -> Result<Option<Priority>, CliError> {
-    if s.eq_ignore_ascii_case("none") {
-        return Ok(None);
+    /// The name `CUQUOTA_POLICY` takes.
+    pub fn name(self) -> &'static str {
+        self.kind().as_str()
     }
-    Priority::parse(s)
-        .map(Some)
-        .ok_or_else(|| CliError(format!("--priority {s:?}: expected high, low or none")))
 }
 
-fn device_arg(a: &mut Args) -> Result<DeviceSelector, CliError> {
-    let d = a
-        .value("device")?
-        .ok_or_else(|| CliError("--device is required (all, an index or a GPU UUID)".into()))?;
-    DeviceSelector::parse(&d).ok_or_else(|| {
-        CliError(format!(
-            "--device {d:?}: expected all, a CUDA ordinal or a GPU-… UUID"
-        ))
-    })
+/// A priority on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PriorityArg {
+    /// Latency-critical (CUDA_TASK_PRIORITY=0)
+    High,
+    /// Best effort (CUDA_TASK_PRIORITY=1)
+    Low,
+    /// No priority
+    None,
 }
 
-/// `limits set <file> --device D [--memory S] [--sm P] [--policy X] [--weight N] [--priority high|low|none]
-/// [--no-opt-out|--allow-opt-out]`
-pub fn set(mut a: Args) -> Result<(), CliError> {
-    let sel = device_arg(&mut a)?;
-    let memory = a
-        .value("memory")?
-        .map(|m| {
-            parse_size(&m).map_err(|e| CliError(format!("--memory {m:?}: {e}; expected e.g. 4g or 3000m")))
-        })
-        .transpose()?;
-    let sm = a
-        .value("sm")?
-        .map(|s| match parse_unsigned(&s) {
-            Ok(n) if n <= 100 => Ok(if n == 100 { 0 } else { n as u32 }),
-            _ => Err(CliError(format!(
-                "--sm {s:?}: expected a percentage from 0 to 100 (0/100 = no limit)"
-            ))),
-        })
-        .transpose()?;
-    let policy = a.value("policy")?.map(|p| parse_policy(&p)).transpose()?;
-    let weight = a
-        .value("weight")?
-        .map(|w| match parse_unsigned(&w) {
-            Ok(n) if n <= 1000 => Ok(n as u32),
-            _ => Err(CliError(format!(
-                "--weight {w:?}: expected 1 to 1000 (0 = default)"
-            ))),
-        })
-        .transpose()?;
-    let priority = a.value("priority")?.map(|p| parse_priority(&p)).transpose()?;
-    let no_opt_out = a.flag("no-opt-out");
-    let allow_opt_out = a.flag("allow-opt-out");
-    let path = PathBuf::from(a.positional("limits file")?);
-    a.finish()?;
-    if no_opt_out && allow_opt_out {
-        return Err(CliError(
-            "--no-opt-out and --allow-opt-out contradict each other".into(),
-        ));
+impl PriorityArg {
+    fn priority(self) -> Option<Priority> {
+        match self {
+            PriorityArg::High => Some(Priority::High),
+            PriorityArg::Low => Some(Priority::Low),
+            PriorityArg::None => None,
+        }
     }
-    if memory.is_none()
-        && sm.is_none()
-        && policy.is_none()
-        && weight.is_none()
-        && priority.is_none()
-        && !no_opt_out
-        && !allow_opt_out
+}
+
+fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
+    DeviceSelector::parse(s).ok_or_else(|| "expected all, a CUDA ordinal or a GPU-… UUID".to_string())
+}
+
+/// The limits file as `limits show --json` prints it.
+#[derive(Serialize)]
+pub struct LimitsReport {
+    schema: &'static str,
+    limits_file: String,
+    seq: u64,
+    generation: u64,
+    opt_out_allowed: bool,
+    entries: Vec<LimitsEntry>,
+}
+
+/// One entry.
+#[derive(Serialize)]
+pub struct LimitsEntry {
+    /// `all`, the ordinal or the UUID, as `--device` takes it.
+    device: String,
+    /// The CUDA ordinal of an ordinal entry.
+    index: Option<u32>,
+    /// The UUID of a UUID entry.
+    uuid: Option<String>,
+    memory_limit_bytes: Option<u64>,
+    sm_limit_percent: Option<u32>,
+    policy: &'static str,
+    weight: Option<u32>,
+    /// `high`, `low`, or none.
+    priority: Option<&'static str>,
+}
+
+impl LimitsReport {
+    fn new(path: &Path, snap: &LimitsSnapshot) -> LimitsReport {
+        LimitsReport {
+            schema: SCHEMA,
+            limits_file: path.display().to_string(),
+            seq: snap.seq,
+            generation: snap.generation,
+            opt_out_allowed: snap.opt_out_allowed(),
+            entries: snap
+                .entries
+                .iter()
+                .filter(|e| e.is_valid())
+                .map(|e| {
+                    let sel = e.selector();
+                    let p = e.limits();
+                    LimitsEntry {
+                        device: sel.to_string(),
+                        index: match sel {
+                            DeviceSelector::Index(i) => Some(i),
+                            _ => None,
+                        },
+                        uuid: match sel {
+                            DeviceSelector::Uuid(u) => Some(format_uuid(&u)),
+                            _ => None,
+                        },
+                        memory_limit_bytes: p.memory,
+                        sm_limit_percent: p.sm,
+                        policy: p.kind.as_str(),
+                        weight: p.weight,
+                        priority: p.priority.map(Priority::as_str),
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    fn print(&self, json: bool) -> Result<(), CliError> {
+        if json {
+            return output::print_json(self);
+        }
+        println!(
+            "{}: seq {}, generation {}, opt-out {}",
+            self.limits_file,
+            self.seq,
+            self.generation,
+            if self.opt_out_allowed {
+                "allowed"
+            } else {
+                "forbidden"
+            }
+        );
+        if self.entries.is_empty() {
+            println!("(no entries: no limits from this file)");
+            return Ok(());
+        }
+        let rows: Vec<[String; 6]> = self
+            .entries
+            .iter()
+            .map(|e| {
+                [
+                    e.device.clone(),
+                    output::size_or_dash(e.memory_limit_bytes),
+                    output::pct_or_dash(e.sm_limit_percent),
+                    e.policy.into(),
+                    e.weight.map_or_else(|| "-".into(), |w| w.to_string()),
+                    e.priority.unwrap_or("-").into(),
+                ]
+            })
+            .collect();
+        output::print_table(&["DEVICE", "MEMORY", "SM", "POLICY", "WEIGHT", "PRIORITY"], &rows);
+        Ok(())
+    }
+}
+
+/// `cuquota limits …`.
+pub fn run(cmd: LimitsCommand) -> CmdResult {
+    match cmd {
+        LimitsCommand::Init { file, no_opt_out } => {
+            let w = LimitsWriter::create(&file)?;
+            if no_opt_out {
+                w.update(|t| -> Result<(), CliError> {
+                    t.flags |= LIMITS_FLAG_NO_OPT_OUT;
+                    Ok(())
+                })??;
+            }
+            println!("{}: limits file ready", file.display());
+        }
+        LimitsCommand::Set(a) => {
+            let snap = set(&a)?;
+            LimitsReport::new(&a.file, &snap).print(a.json)?;
+        }
+        LimitsCommand::Clear { file, device, json } => {
+            let w = LimitsWriter::open(&file)?;
+            let snap = w.update(|t| {
+                if t.remove(device) {
+                    Ok(())
+                } else {
+                    Err(CliError::new(format!("no entry for device {device}")))
+                }
+            })??;
+            LimitsReport::new(&file, &snap).print(json)?;
+        }
+        LimitsCommand::Show { file, json } => {
+            // The read-only path, so `show` works on a read-only mount.
+            let region = LimitsReader::open(&file)?;
+            LimitsReport::new(&file, region.snapshot()).print(json)?;
+        }
+    }
+    Ok(0)
+}
+
+fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
+    if a.memory.is_none()
+        && a.sm.is_none()
+        && a.policy.is_none()
+        && a.weight.is_none()
+        && a.priority.is_none()
+        && !a.no_opt_out
+        && !a.allow_opt_out
     {
-        return Err(CliError(
-            "nothing to set: give --memory, --sm, --policy, --weight or --priority".into(),
+        return Err(CliError::new(
+            "nothing to set: give --memory, --sm, --policy, --weight, --priority or --no-opt-out/--allow-opt-out",
         ));
     }
-    let w = LimitsWriter::open(&path)?;
+    let w = LimitsWriter::open(&a.file)?;
     let snap = w.update(|t| -> Result<(), CliError> {
-        let e = t.entry_mut(sel)?;
-        // 0 = no limit / the default, as in the file.
+        let e = t.entry_mut(a.device)?;
+        // Edited through the one Policy type; 0 means "no limit" / "the default", as in the file.
         let mut p: Policy = e.limits();
-        if let Some(m) = memory {
+        if let Some(m) = a.memory {
             p.memory = (m != 0).then_some(m);
         }
-        if let Some(s) = sm {
+        if let Some(s) = a.sm {
             p.sm = (s != 0).then_some(s);
         }
-        if let Some(k) = policy {
-            p.kind = k;
+        if let Some(k) = a.policy {
+            p.kind = k.kind();
         }
-        if let Some(wt) = weight {
+        if let Some(wt) = a.weight {
             p.weight = (wt != 0).then_some(wt);
         }
-        if let Some(pr) = priority {
-            p.priority = pr;
+        if let Some(pr) = a.priority {
+            p.priority = pr.priority();
         }
         e.raw = p.raw();
-        if no_opt_out {
+        if a.no_opt_out {
             t.flags |= LIMITS_FLAG_NO_OPT_OUT;
         }
-        if allow_opt_out {
+        if a.allow_opt_out {
             t.flags &= !LIMITS_FLAG_NO_OPT_OUT;
         }
         Ok(())
     })??;
-    print_table(&path, &snap);
-    Ok(())
+    Ok(snap)
 }
 
-/// `limits clear <file> --device D`
-pub fn clear(mut a: Args) -> Result<(), CliError> {
-    let sel = device_arg(&mut a)?;
-    let path = PathBuf::from(a.positional("limits file")?);
-    a.finish()?;
-    let w = LimitsWriter::open(&path)?;
-    let snap = w.update(|t| {
-        if t.remove(sel) {
-            Ok(())
-        } else {
-            Err(CliError(format!("no entry for device {sel}")))
-        }
+/// Writes `memory` / `sm` / `policy` for `all` devices into `file` (created if missing): what `cuquota run`
+/// and the demo do for a tenant.
+pub fn write_all(
+    file: &Path,
+    memory: Option<u64>,
+    sm: Option<u32>,
+    policy: Option<PolicyArg>,
+) -> Result<(), CliError> {
+    let w = LimitsWriter::create(file)?;
+    w.update(|t| -> Result<(), CliError> {
+        let e = t.entry_mut(DeviceSelector::All)?;
+        let p = Policy {
+            memory: memory.filter(|m| *m != 0),
+            sm: sm.filter(|s| *s != 0),
+            kind: policy.map_or(PolicyKind::Default, PolicyArg::kind),
+            ..e.limits()
+        };
+        e.raw = p.raw();
+        Ok(())
     })??;
-    print_table(&path, &snap);
     Ok(())
-}
-
-/// `limits show <file> [--json]`
-pub fn show(mut a: Args) -> Result<(), CliError> {
-    let as_json = a.flag("json");
-    let path = PathBuf::from(a.positional("limits file")?);
-    a.finish()?;
-    // Read-write open is not needed to read, but the writer's read waits for a live writer; a reader mapping
-    // would do too. Prefer the read-only path so `show` works on a read-only mount.
-    let region = cuquota_core::region::LimitsReader::open(&path)?;
-    let snap = *region.snapshot();
-    if as_json {
-        println!("{}", to_json(&path, &snap));
-    } else {
-        print_table(&path, &snap);
-    }
-    Ok(())
-}
-
-fn print_table(path: &std::path::Path, snap: &LimitsSnapshot) {
-    println!(
-        "{}: seq {}, generation {}, opt-out {}",
-        path.display(),
-        snap.seq,
-        snap.generation,
-        if snap.opt_out_allowed() {
-            "allowed"
-        } else {
-            "forbidden"
-        }
-    );
-    let dash = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let rows: Vec<[String; 6]> = snap
-        .entries
-        .iter()
-        .filter(|e| e.is_valid())
-        .map(|e| {
-            let p = e.limits();
-            [
-                e.selector().to_string(),
-                dash(p.memory.map(format_size)),
-                dash(p.sm.map(|s| format!("{s}%"))),
-                p.kind.as_str().into(),
-                dash(p.weight.map(|w| w.to_string())),
-                dash(p.priority.map(|pr| pr.as_str().into())),
-            ]
-        })
-        .collect();
-    if rows.is_empty() {
-        println!("(no entries: no limits from this file)");
-        return;
-    }
-    crate::status::print_rows(&["DEVICE", "MEMORY", "SM", "POLICY", "WEIGHT", "PRIORITY"], &rows);
-}
-
-fn to_json(path: &std::path::Path, snap: &LimitsSnapshot) -> String {
-    let entries: Vec<String> = snap
-        .entries
-        .iter()
-        .filter(|e| e.is_valid())
-        .map(|e| {
-            let p = e.limits();
-            json::object(&[
-                ("device", json::string(&e.selector().to_string())),
-                ("memory_limit", json::opt(p.memory)),
-                ("sm_limit", json::opt(p.sm)),
-                ("policy", json::string(p.kind.as_str())),
-                ("weight", json::opt(p.weight)),
-                (
-                    "priority",
-                    p.priority
-                        .map_or_else(|| "null".into(), |pr| json::string(pr.as_str())),
-                ),
-            ])
-        })
-        .collect();
-    json::object(&[
-        ("file", json::string(&path.display().to_string())),
-        ("seq", snap.seq.to_string()),
-        ("generation", snap.generation.to_string()),
-        ("opt_out_allowed", snap.opt_out_allowed().to_string()),
-        ("entries", json::array(&entries)),
-    ])
 }

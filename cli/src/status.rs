@@ -1,26 +1,46 @@
-//! `cuquota status`: per device, the limit processes report, what the container uses, each live process, and
-//! the GPU share achieved over a short sampling interval (two readings of the cumulative busy counters).
+//! `cuquota status`: per device, the limits the container's processes report, what the container uses, each
+//! live process, and the GPU share achieved over a short sampling interval (two readings of the cumulative
+//! busy counters). Read from the container's usage file (the shim's own accounting).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use clap::Args;
 use cuquota_core::config::DEFAULT_USAGE_PATH;
 use cuquota_core::region::layout::format_uuid;
 use cuquota_core::region::{DeviceInfo, ProcessInfo, SlotState, UsageRegion};
-use cuquota_core::units::format_size;
+use serde::Serialize;
 
-use crate::args::Args;
-use crate::{json, CliError};
+use crate::output::{self, parse_duration_arg, round2};
+use crate::{CliError, CmdResult};
+
+/// Schema of `status --json` (docs/schemas/status.v1.json).
+pub const SCHEMA: &str = "cuquota.status/v1";
+
+/// `cuquota status`.
+#[derive(Args)]
+pub struct StatusArgs {
+    /// The container's usage file [default: $CUQUOTA_USAGE_FILE, $CUDA_DEVICE_MEMORY_SHARED_CACHE, then
+    /// /tmp/cuquota.usage]
+    #[arg(long, value_name = "FILE")]
+    usage: Option<PathBuf>,
+    /// How long to sample the achieved GPU share (0 = do not sample)
+    #[arg(long, default_value = "500ms", value_parser = parse_duration_arg)]
+    interval: Duration,
+    /// JSON on stdout (schema cuquota.status/v1)
+    #[arg(long)]
+    json: bool,
+}
 
 /// `--usage`, else the file the shim would use: `CUQUOTA_USAGE_FILE` / `CUDA_DEVICE_MEMORY_SHARED_CACHE` (an
 /// empty one counts as unset; two different ones are an error, as in the shim), else the default.
-fn usage_path(arg: Option<String>) -> Result<PathBuf, CliError> {
+pub fn usage_path(arg: Option<PathBuf>) -> Result<PathBuf, CliError> {
     if let Some(p) = arg {
-        return Ok(PathBuf::from(p));
+        return Ok(p);
     }
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     match (var("CUQUOTA_USAGE_FILE"), var("CUDA_DEVICE_MEMORY_SHARED_CACHE")) {
-        (Some(a), Some(b)) if a != b => Err(CliError(format!(
+        (Some(a), Some(b)) if a != b => Err(CliError::new(format!(
             "CUQUOTA_USAGE_FILE={a:?} and CUDA_DEVICE_MEMORY_SHARED_CACHE={b:?} disagree: pass --usage"
         ))),
         (Some(p), _) | (None, Some(p)) => Ok(PathBuf::from(p)),
@@ -28,184 +48,222 @@ fn usage_path(arg: Option<String>) -> Result<PathBuf, CliError> {
     }
 }
 
+/// `status --json`.
+#[derive(Serialize)]
+pub struct StatusReport {
+    schema: &'static str,
+    usage_file: String,
+    reclaimed_slots: usize,
+    live_processes: usize,
+    /// How long the share was sampled (0 = not sampled).
+    interval_ms: u64,
+    /// The devices the container has used.
+    pub devices: Vec<StatusDevice>,
+}
+
+/// One device the container has used.
+#[derive(Serialize)]
+pub struct StatusDevice {
+    /// The device's entry in the usage file (order of first use; HAMi's `vdevice_index`).
+    pub entry: u32,
+    /// NVML index, when NVML is available to map the UUID.
+    pub index: Option<u32>,
+    /// `GPU-…`.
+    pub uuid: String,
+    /// The effective cap the container's processes last reported.
+    pub memory_limit_bytes: Option<u64>,
+    /// The SM limit they last reported.
+    pub sm_limit_percent: Option<u32>,
+    /// How that SM limit is enforced: `default`, `hard`, `burst` or `disabled`.
+    pub policy: &'static str,
+    /// `high`, `low`, or none.
+    pub priority: Option<&'static str>,
+    /// Charged to the container (allocations plus context and module overhead).
+    pub memory_used_bytes: u64,
+    /// GPU time the SM limiter has accounted, cumulative (counted only while an SM limit applies).
+    pub gpu_busy_ns: u64,
+    /// Share of the device achieved over the interval, percent.
+    pub share_percent: Option<f64>,
+    /// Time launches waited for the SM limit, cumulative.
+    pub throttled_ns: u64,
+    /// Allocations refused at the cap, cumulative.
+    pub allocation_refusals: u64,
+    /// Live processes with memory or GPU time on this device.
+    pub processes: Vec<StatusProcess>,
+}
+
+/// One process on one device.
+#[derive(Serialize)]
+pub struct StatusProcess {
+    /// Pid in the container's pid namespace.
+    pub pid: u32,
+    /// Pid as NVML (the host) knows it, when learned.
+    pub host_pid: Option<u32>,
+    /// Bytes charged on this device.
+    pub memory_used_bytes: u64,
+    /// GPU time accounted on this device.
+    pub gpu_busy_ns: u64,
+    /// Share of the device over the interval, percent.
+    pub share_percent: Option<f64>,
+}
+
 /// Share of `interval` that a cumulative ns counter advanced by, in percent.
 fn share(before: u64, after: u64, interval: Duration) -> Option<f64> {
     let ns = interval.as_nanos() as f64;
-    (ns > 0.0).then(|| after.saturating_sub(before) as f64 / ns * 100.0)
+    (ns > 0.0).then(|| round2(after.saturating_sub(before) as f64 / ns * 100.0))
 }
 
-fn pct(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |v| format!("{v:.1}%"))
+/// NVML index of each UUID, when NVML loads (best effort: status works without it). Asked once per process
+/// (`cuquota metrics` samples every interval; devices do not renumber while it runs).
+fn nvml_indexes() -> &'static [(String, u32)] {
+    static INDEXES: std::sync::OnceLock<Vec<(String, u32)>> = std::sync::OnceLock::new();
+    INDEXES.get_or_init(|| match crate::nvml::Nvml::load().and_then(|n| n.gpus()) {
+        Ok(g) => g.into_iter().map(|g| (g.uuid, g.index)).collect(),
+        Err(e) => {
+            cuquota_core::log!(
+                cuquota_core::log::Level::Debug,
+                "status: no NVML ({e}): device indexes unknown"
+            );
+            Vec::new()
+        }
+    })
 }
 
-/// `status [--usage <file>] [--interval MS] [--json]`
-pub fn run(mut a: Args) -> Result<(), CliError> {
-    let as_json = a.flag("json");
-    let path = usage_path(a.value("usage")?)?;
-    let interval_ms = match a.value("interval")? {
-        None => 500,
-        Some(v) => v
-            .parse::<u64>()
-            .map_err(|_| CliError(format!("--interval {v:?}: expected milliseconds")))?,
-    };
-    a.finish()?;
+impl StatusReport {
+    /// Samples the usage file for `interval`.
+    pub fn sample(path: PathBuf, interval: Duration) -> Result<StatusReport, CliError> {
+        let region = UsageRegion::open_existing(&path)?;
+        let reclaimed = region.reclaim_dead();
+        let (dev0, procs0, t0) = (region.devices(), region.processes(), Instant::now());
+        if !interval.is_zero() {
+            std::thread::sleep(interval);
+        }
+        let (devs, procs, elapsed) = (region.devices(), region.processes(), t0.elapsed());
+        let sampled = !interval.is_zero();
+        let indexes: &[(String, u32)] = if devs.is_empty() { &[] } else { nvml_indexes() };
 
-    let region = UsageRegion::open_existing(&path)?;
-    let reclaimed = region.reclaim_dead();
-    let (dev0, procs0, t0) = (region.devices(), region.processes(), Instant::now());
-    if interval_ms > 0 {
-        std::thread::sleep(Duration::from_millis(interval_ms));
-    }
-    let (devs, procs, elapsed) = (region.devices(), region.processes(), t0.elapsed());
-    let sampled = interval_ms > 0;
-
-    let dev_share = |d: &DeviceInfo| {
-        let before = dev0.iter().find(|x| x.id == d.id).map(|x| x.busy_ns)?;
-        sampled.then(|| share(before, d.busy_ns, elapsed)).flatten()
-    };
-    let proc_share = |p: &ProcessInfo, dev: usize| {
-        let before = procs0
-            .iter()
-            .find(|x| x.slot == p.slot && x.pid == p.pid)
-            .map(|x| x.gpu_ns[dev])?;
-        sampled.then(|| share(before, p.gpu_ns[dev], elapsed)).flatten()
-    };
-    let live: Vec<&ProcessInfo> = procs.iter().filter(|p| p.state == SlotState::Live).collect();
-
-    if as_json {
-        let devices: Vec<String> = devs
+        let dev_share = |d: &DeviceInfo| {
+            let before = dev0.iter().find(|x| x.id == d.id).map(|x| x.busy_ns)?;
+            sampled.then(|| share(before, d.busy_ns, elapsed)).flatten()
+        };
+        let proc_share = |p: &ProcessInfo, dev: usize| {
+            let before = procs0
+                .iter()
+                .find(|x| x.slot == p.slot && x.pid == p.pid)
+                .map(|x| x.gpu_ns[dev])?;
+            sampled.then(|| share(before, p.gpu_ns[dev], elapsed)).flatten()
+        };
+        let live: Vec<&ProcessInfo> = procs.iter().filter(|p| p.state == SlotState::Live).collect();
+        let devices = devs
             .iter()
             .map(|d| {
                 let i = d.id.index();
-                let ps: Vec<String> = live
-                    .iter()
-                    .map(|p| {
-                        json::object(&[
-                            ("pid", p.pid.to_string()),
-                            ("host_pid", json::opt((p.host_pid != 0).then_some(p.host_pid))),
-                            ("used", p.mem_used[i].to_string()),
-                            ("gpu_ns", p.gpu_ns[i].to_string()),
-                            (
-                                "share_percent",
-                                json::opt(proc_share(p, i).map(|s| format!("{s:.2}"))),
-                            ),
-                        ])
-                    })
-                    .collect();
-                json::object(&[
-                    ("entry", i.to_string()),
-                    ("uuid", json::string(&format_uuid(&d.uuid))),
-                    ("memory_limit", json::opt(d.limits.memory)),
-                    ("sm_limit", json::opt(d.limits.sm_share())),
-                    ("policy", json::string(d.limits.kind.as_str())),
-                    (
-                        "priority",
-                        d.limits
-                            .priority
-                            .map_or_else(|| "null".into(), |p| json::string(p.as_str())),
-                    ),
-                    ("used", d.used.to_string()),
-                    ("busy_ns", d.busy_ns.to_string()),
-                    (
-                        "share_percent",
-                        json::opt(dev_share(d).map(|s| format!("{s:.2}"))),
-                    ),
-                    ("processes", json::array(&ps)),
-                ])
+                let uuid = format_uuid(&d.uuid);
+                StatusDevice {
+                    entry: i as u32,
+                    index: indexes
+                        .iter()
+                        .find(|(u, _)| u.eq_ignore_ascii_case(&uuid))
+                        .map(|(_, x)| *x),
+                    memory_limit_bytes: d.limits.memory,
+                    sm_limit_percent: d.limits.sm_share(),
+                    policy: d.limits.kind.as_str(),
+                    priority: d.limits.priority.map(|p| p.as_str()),
+                    memory_used_bytes: d.used,
+                    gpu_busy_ns: d.busy_ns,
+                    share_percent: dev_share(d),
+                    throttled_ns: d.throttled_ns,
+                    allocation_refusals: d.refusals,
+                    processes: live
+                        .iter()
+                        .filter(|p| p.mem_used[i] != 0 || p.gpu_ns[i] != 0)
+                        .map(|p| StatusProcess {
+                            pid: p.pid,
+                            host_pid: (p.host_pid != 0).then_some(p.host_pid),
+                            memory_used_bytes: p.mem_used[i],
+                            gpu_busy_ns: p.gpu_ns[i],
+                            share_percent: proc_share(p, i),
+                        })
+                        .collect(),
+                    uuid,
+                }
             })
             .collect();
-        println!(
-            "{}",
-            json::object(&[
-                ("usage_file", json::string(&path.display().to_string())),
-                ("reclaimed", reclaimed.to_string()),
-                ("live_processes", live.len().to_string()),
-                ("interval_ms", interval_ms.to_string()),
-                ("devices", json::array(&devices)),
-            ])
-        );
-        return Ok(());
+        Ok(StatusReport {
+            schema: SCHEMA,
+            usage_file: path.display().to_string(),
+            reclaimed_slots: reclaimed,
+            live_processes: live.len(),
+            interval_ms: if sampled { elapsed.as_millis() as u64 } else { 0 },
+            devices,
+        })
     }
 
-    println!(
-        "{}: {} device(s), {} live process(es), {} dead slot(s) reclaimed{}",
-        path.display(),
-        devs.len(),
-        live.len(),
-        reclaimed,
-        if sampled {
-            format!(", share over {} ms", elapsed.as_millis())
-        } else {
-            String::new()
-        }
-    );
-    if devs.is_empty() {
-        println!("(no device used yet)");
-        return Ok(());
-    }
-    let mut rows = Vec::new();
-    for d in &devs {
-        let i = d.id.index();
-        rows.push([
-            format!("{i}"),
-            format_uuid(&d.uuid),
-            d.limits.memory.map_or_else(|| "-".into(), format_size),
-            format_size(d.used),
-            d.limits
-                .sm_share()
-                .map_or_else(|| "-".into(), |s| format!("{s}% {}", d.limits.kind.as_str())),
-            pct(dev_share(d)),
-        ]);
-        for p in live.iter().filter(|p| p.mem_used[i] != 0 || p.gpu_ns[i] != 0) {
-            let host = if p.host_pid != 0 {
-                format!(" (host {})", p.host_pid)
+    fn print_table(&self) {
+        println!(
+            "{}: {} device(s), {} live process(es), {} dead slot(s) reclaimed{}",
+            self.usage_file,
+            self.devices.len(),
+            self.live_processes,
+            self.reclaimed_slots,
+            if self.interval_ms > 0 {
+                format!(", share over {} ms", self.interval_ms)
             } else {
                 String::new()
-            };
-            rows.push([
-                String::new(),
-                format!("  pid {}{host}", p.pid),
-                String::new(),
-                format_size(p.mem_used[i]),
-                String::new(),
-                pct(proc_share(p, i)),
-            ]);
+            }
+        );
+        if self.devices.is_empty() {
+            println!("(no device used yet)");
+            return;
         }
+        let mut rows = Vec::new();
+        for d in &self.devices {
+            rows.push([
+                d.entry.to_string(),
+                d.index.map_or_else(|| "-".into(), |i| i.to_string()),
+                d.uuid.clone(),
+                output::size_or_dash(d.memory_limit_bytes),
+                output::size_or_dash(Some(d.memory_used_bytes)),
+                output::pct_or_dash(d.sm_limit_percent),
+                output::share_or_dash(d.share_percent),
+            ]);
+            for p in &d.processes {
+                let host = p.host_pid.map_or_else(String::new, |h| format!(" (host {h})"));
+                rows.push([
+                    String::new(),
+                    String::new(),
+                    format!("  pid {}{host}", p.pid),
+                    String::new(),
+                    output::size_or_dash(Some(p.memory_used_bytes)),
+                    String::new(),
+                    output::share_or_dash(p.share_percent),
+                ]);
+            }
+        }
+        output::print_table(
+            &[
+                "ENTRY",
+                "INDEX",
+                "DEVICE / PROCESS",
+                "MEM LIMIT",
+                "USED",
+                "SM LIMIT",
+                "GPU SHARE",
+            ],
+            &rows,
+        );
     }
-    print_rows(
-        &[
-            "ENTRY",
-            "DEVICE / PROCESS",
-            "MEM LIMIT",
-            "USED",
-            "SM LIMIT",
-            "GPU SHARE",
-        ],
-        &rows,
-    );
-    Ok(())
 }
 
-/// Prints a left-aligned table with columns sized to their widest cell.
-pub fn print_rows<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
-    let mut widths = header.map(|h| h.chars().count());
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r.iter()) {
-            *w = (*w).max(c.chars().count());
-        }
+/// `cuquota status`.
+pub fn run(a: StatusArgs) -> CmdResult {
+    let report = StatusReport::sample(usage_path(a.usage)?, a.interval)?;
+    if a.json {
+        output::print_json(&report)?;
+    } else {
+        report.print_table();
     }
-    let line = |cells: Vec<&str>| {
-        let s: Vec<String> = cells
-            .iter()
-            .zip(widths.iter())
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        println!("{}", s.join("  ").trim_end());
-    };
-    line(header.to_vec());
-    for r in rows {
-        line(r.iter().map(String::as_str).collect());
-    }
+    Ok(0)
 }
 
 #[cfg(test)]

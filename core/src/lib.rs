@@ -4,6 +4,7 @@
 //! - [`policy`]: [`Policy`], a device's limits, and its one packing into region words.
 //! - [`config`]: environment variables (HAMi's names and ours) plus an optional TOML file → a validated
 //!   [`config::Config`], or a typed [`config::ConfigError`] naming the offending variable and value.
+//! - [`log`]: the one stderr logging path (shim and CLI): `cuquota[<pid>]: <level>: …`, allocation-free.
 //! - [`units`]: HAMi's byte-size syntax (`3000m`, `0x10g`, `4GiB`).
 //! - [`visible_devices`]: `CUDA_VISIBLE_DEVICES` parsing and NVML device → CUDA ordinal mapping.
 //! - [`region`]: the two shared files (limits, usage). The only code that maps shared memory.
@@ -11,6 +12,7 @@
 //! The C mirror of the region layout is `include/cuquota.h`; `tests/header.rs` checks they agree.
 
 pub mod config;
+pub mod log;
 pub mod policy;
 pub mod region;
 pub mod units;

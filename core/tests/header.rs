@@ -76,7 +76,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         m,
         UsageDevice,
         "cuquota_usage_device",
-        [uuid, owner, limits, throttle, busy_ns]
+        [uuid, owner, limits, throttle, busy_ns, throttled_ns, refusals]
     );
     fields!(
         m,

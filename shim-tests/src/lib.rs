@@ -1158,3 +1158,32 @@ pub fn mig_uuid_of(gpu: &str) -> String {
 pub fn probe(sim: &Sim, limit: &str, line: &str) -> Output {
     sim.cmd(Prog::Probe).mem_limit(limit).args(line).run()
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// JSON output against the documented schemas
+// ---------------------------------------------------------------------------------------------------------
+
+/// Parses `json` (one `--json` report) and validates it against `docs/schemas/<schema_file>`; panics naming
+/// every violation. Returns the parsed value for further checks.
+#[track_caller]
+pub fn check_schema(schema_file: &str, json: &str) -> serde_json::Value {
+    let path = workspace_root().join("docs/schemas").join(schema_file);
+    let schema: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    let validator = jsonschema::validator_for(&schema)
+        .unwrap_or_else(|e| panic!("{} is not a valid JSON Schema: {e}", path.display()));
+    let value: serde_json::Value =
+        serde_json::from_str(json.trim()).unwrap_or_else(|e| panic!("output is not JSON ({e}): {json}"));
+    let errors: Vec<String> = validator
+        .iter_errors(&value)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "output does not match {schema_file}:\n  {}\n{json}",
+        errors.join("\n  ")
+    );
+    value
+}

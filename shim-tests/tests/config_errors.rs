@@ -139,3 +139,38 @@ fn opt_out_passes_through() {
         out.expect("alloc.0", "CUDA_SUCCESS");
     }
 }
+
+/// Every log line names the process that wrote it, at the level set by CUQUOTA_LOG or HAMi's LIBCUDA_LOG_LEVEL.
+#[test]
+fn log_lines_carry_the_pid_and_level() {
+    let sim = Sim::new().build();
+    let p = sim
+        .cmd(Prog::Probe)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "12x")
+        .args("pid init")
+        .run();
+    let pid = p.val("pid");
+    assert!(
+        p.stderr.contains(&format!("cuquota[{pid}]: error: ")),
+        "the error line must carry the pid:{p:?}"
+    );
+    // Info lines appear at LIBCUDA_LOG_LEVEL=2 (HAMi's name) and CUQUOTA_LOG=info, not at the default.
+    for (var, val, shown) in [
+        ("LIBCUDA_LOG_LEVEL", "2", true),
+        ("CUQUOTA_LOG", "info", true),
+        ("CUQUOTA_LOG", "warn", false),
+    ] {
+        let p = sim
+            .cmd(Prog::Probe)
+            .env(var, val)
+            .env("CUQUOTA_DISABLE", "1")
+            .args("pid init")
+            .run();
+        let pid = p.val("pid");
+        assert_eq!(
+            p.stderr.contains(&format!("cuquota[{pid}]: info: ")),
+            shown,
+            "{var}={val}:{p:?}"
+        );
+    }
+}

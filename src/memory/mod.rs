@@ -126,6 +126,7 @@ impl Memory {
                     "refused {bytes} bytes on device {}: {e}",
                     dev.ordinal
                 );
+                self.usage().count_refusal(dev.id);
                 Err(OverCap)
             }
         }

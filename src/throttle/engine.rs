@@ -69,6 +69,8 @@ pub struct Shared<'a> {
     pub busy_ns: &'a AtomicU64,
     /// This process's slot `gpu_ns[d]`, if it has a slot.
     pub gpu_ns: Option<&'a AtomicU64>,
+    /// The device entry's `throttled_ns`: time launches waited for the limit (informational).
+    pub throttled_ns: &'a AtomicU64,
 }
 
 /// An admitted launch: what was charged, so it can be refunded or reconciled.
@@ -230,6 +232,8 @@ impl Engine {
                     }
                     let t = t.min(now + MAX_SLEEP_NS);
                     clock.sleep_until(t);
+                    sh.throttled_ns
+                        .fetch_add(clock.now_ns().saturating_sub(now), Ordering::Relaxed);
                     lim = limit();
                 }
             }
@@ -411,6 +415,7 @@ mod tests {
         eng: Engine,
         words: [AtomicU64; 8],
         busy: AtomicU64,
+        throttled: AtomicU64,
     }
 
     impl Rig {
@@ -420,6 +425,7 @@ mod tests {
                 eng: Engine::new(),
                 words: Default::default(),
                 busy: AtomicU64::new(0),
+                throttled: AtomicU64::new(0),
             }
         }
 
@@ -428,6 +434,7 @@ mod tests {
                 words: &self.words,
                 busy_ns: &self.busy,
                 gpu_ns: None,
+                throttled_ns: &self.throttled,
             }
         }
 

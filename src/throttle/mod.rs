@@ -163,6 +163,7 @@ impl SmThrottle {
             words: usage.throttle(id),
             busy_ns: usage.busy_ns(id),
             gpu_ns: slot.map(|sl| usage.gpu_ns(sl, id)),
+            throttled_ns: usage.throttled_ns(id),
         }
     }
 

@@ -315,6 +315,16 @@ pub(super) fn parse_log_name(var: &str, v: &str) -> Result<LogLevel, ConfigError
     }
 }
 
+/// `CUQUOTA_LOG`, else `LIBCUDA_LOG_LEVEL` (ours wins when both are set: a disagreement here is harmless).
+pub(super) fn log_level(get: &dyn Fn(&str) -> Option<String>) -> Result<Option<LogLevel>, ConfigError> {
+    match get("CUQUOTA_LOG") {
+        Some(v) => parse_log_name("CUQUOTA_LOG", &v).map(Some),
+        None => get("LIBCUDA_LOG_LEVEL")
+            .map(|v| parse_log_number("LIBCUDA_LOG_LEVEL", &v))
+            .transpose(),
+    }
+}
+
 fn parse_log_number(var: &str, v: &str) -> Result<LogLevel, ConfigError> {
     let n = parse_unsigned(v).map_err(|_| invalid(var, v, "a log level from 0 to 4"))?;
     Ok(match n {

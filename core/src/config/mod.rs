@@ -110,6 +110,12 @@ impl Default for Config {
     }
 }
 
+/// The log level `CUQUOTA_LOG` (else HAMi's `LIBCUDA_LOG_LEVEL`) names, as `lookup` sees the environment;
+/// `None` when neither is set. The same rule the full [`Config`] applies, for programs that need only this.
+pub fn log_level_from(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Option<LogLevel>, ConfigError> {
+    env::log_level(lookup)
+}
+
 impl Config {
     /// Reads the process environment (and the TOML file it names). Non-UTF-8 values of variables we read are
     /// errors.

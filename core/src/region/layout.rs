@@ -209,7 +209,7 @@ pub struct UsageHeader {
     pub _reserved: [AtomicU64; 3],
 }
 
-/// A physical device in the usage file (128 bytes). Claimed once by UUID, never freed.
+/// A physical device in the usage file (144 bytes). Claimed once by UUID, never freed.
 #[repr(C)]
 pub struct UsageDevice {
     /// Device UUID (same encoding as [`LimitsEntry::uuid`]); valid once `owner` says live.
@@ -222,6 +222,10 @@ pub struct UsageDevice {
     pub throttle: [AtomicU64; THROTTLE_WORDS],
     /// Cumulative GPU busy time achieved by the container on this device, ns.
     pub busy_ns: AtomicU64,
+    /// Cumulative time launches of the container's processes waited for the SM limit, ns (informational).
+    pub throttled_ns: AtomicU64,
+    /// Allocations refused at the memory cap on this device, cumulative (informational).
+    pub refusals: AtomicU64,
 }
 
 /// One process in the usage file (320 bytes).
@@ -260,9 +264,9 @@ const _: () = {
     assert!(std::mem::size_of::<LimitsEntry>() == 64);
     assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES);
     assert!(std::mem::size_of::<UsageHeader>() == 64);
-    assert!(std::mem::size_of::<UsageDevice>() == 128);
+    assert!(std::mem::size_of::<UsageDevice>() == 144);
     assert!(std::mem::size_of::<UsageSlot>() == 320);
-    assert!(std::mem::size_of::<UsageFile>() == 64 + 128 * MAX_DEVICES + 320 * MAX_PROCS);
+    assert!(std::mem::size_of::<UsageFile>() == 64 + 144 * MAX_DEVICES + 320 * MAX_PROCS);
 };
 
 /// UUID bytes → the two words stored in the files.

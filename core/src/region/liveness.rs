@@ -12,6 +12,8 @@ use std::io::Read;
 pub struct ProcStat {
     /// Field 3: R, S, D, Z, T, X, …
     pub state: u8,
+    /// Field 4: the parent's pid.
+    pub ppid: u32,
     /// Field 22: start time in clock ticks after boot.
     pub start_time: u64,
 }
@@ -22,9 +24,14 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let rest = &text[text.rfind(')')? + 1..];
     let mut fields = rest.split_ascii_whitespace();
     let state = *fields.next()?.as_bytes().first()?;
-    // fields after the name: state is field 3, so field 22 is the 19th after state.
-    let start_time = fields.nth(18)?.parse().ok()?;
-    Some(ProcStat { state, start_time })
+    let ppid = fields.next()?.parse().ok()?;
+    // fields after the name: state is field 3, ppid 4, so field 22 is the 18th after ppid.
+    let start_time = fields.nth(17)?.parse().ok()?;
+    Some(ProcStat {
+        state,
+        ppid,
+        start_time,
+    })
 }
 
 /// Reads `/proc/<pid>/stat`; `None` if the process is gone or `/proc` is unavailable.
@@ -91,6 +98,7 @@ mod tests {
         let text = "1234 (a b) c)) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 200";
         let st = parse_stat(text).unwrap();
         assert_eq!(st.state, b'S');
+        assert_eq!(st.ppid, 1);
         assert_eq!(st.start_time, 987654);
     }
 

@@ -132,6 +132,10 @@ pub struct DeviceInfo {
     pub used: u64,
     /// Cumulative GPU busy ns.
     pub busy_ns: u64,
+    /// Cumulative ns launches waited for the SM limit.
+    pub throttled_ns: u64,
+    /// Allocations refused at the cap, cumulative.
+    pub refusals: u64,
 }
 
 /// The usage file, mapped read-write.
@@ -512,6 +516,8 @@ impl UsageRegion {
                 limits: d.limits.load().decode(),
                 used: self.container_used(id),
                 busy_ns: d.busy_ns.load(Ordering::Relaxed),
+                throttled_ns: d.throttled_ns.load(Ordering::Relaxed),
+                refusals: d.refusals.load(Ordering::Relaxed),
             });
         }
         out
@@ -614,6 +620,18 @@ impl UsageRegion {
     /// The device entry's cumulative busy time (ns).
     pub fn busy_ns(&self, dev: DeviceId) -> &AtomicU64 {
         &self.file().devices[dev.index()].busy_ns
+    }
+
+    /// Time the container's launches on `dev` waited for the SM limit (ns), cumulative.
+    pub fn throttled_ns(&self, dev: DeviceId) -> &AtomicU64 {
+        &self.file().devices[dev.index()].throttled_ns
+    }
+
+    /// Counts one allocation refused at the cap on `dev`.
+    pub fn count_refusal(&self, dev: DeviceId) {
+        self.file().devices[dev.index()]
+            .refusals
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// The slot's GPU time on `dev` (ns).

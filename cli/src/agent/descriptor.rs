@@ -1,0 +1,241 @@
+//! Container descriptors: `DIR/<name>.toml`, one per container, re-read every pass (containers come and go).
+//!
+//! ```toml
+//! name = "web-0"                         # optional; must equal the file's stem when given
+//! namespace = "default"                  # optional metric labels (blank when absent)
+//! pod = "web-0"
+//! container = "server"
+//! limits = "/var/lib/cuquota/web-0/limits"   # required: the agent-owned limits file
+//! usage = "/var/lib/cuquota/web-0/usage"     # optional: the container's usage file
+//! [members]                              # exactly one of:
+//! cgroup = "/sys/fs/cgroup/kubepods/…"   #   every process in this cgroup directory and its sub-cgroups
+//! # pidns = "/proc/1234/ns/pid"          #   every process in this pid namespace (or one nested in it)
+//! # subtree = 1234                       #   this process and every descendant (a child subreaper)
+//! [enforce]                              # optional
+//! memory = "report"                      # or "kill" (issue 11)
+//! sm = "report"                          # or "throttle" (issue 11)
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::enforce;
+use super::members::MemberSource;
+
+/// What to do when a container uses more memory than its cap.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MemoryPolicy {
+    /// Report only.
+    #[default]
+    Report,
+    /// SIGKILL the container's largest GPU-memory processes while it is over the cap.
+    Kill,
+}
+
+/// What to do when a container uses more SM time than its limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmPolicy {
+    /// Report only.
+    #[default]
+    Report,
+    /// Freeze and thaw the container's processes to bring its share back to the limit.
+    Throttle,
+}
+
+/// `[enforce]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Enforce {
+    /// Memory over the cap.
+    #[serde(default)]
+    pub memory: MemoryPolicy,
+    /// SM share over the limit.
+    #[serde(default)]
+    pub sm: SmPolicy,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMembers {
+    cgroup: Option<PathBuf>,
+    pidns: Option<PathBuf>,
+    subtree: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    name: Option<String>,
+    namespace: Option<String>,
+    pod: Option<String>,
+    container: Option<String>,
+    limits: PathBuf,
+    usage: Option<PathBuf>,
+    members: RawMembers,
+    #[serde(default)]
+    enforce: Enforce,
+}
+
+/// A validated descriptor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Descriptor {
+    /// The container's id (the file's stem).
+    pub name: String,
+    /// Kubernetes namespace (metric label).
+    pub namespace: String,
+    /// Pod (metric label).
+    pub pod: String,
+    /// Container (metric label).
+    pub container: String,
+    /// The agent-owned limits file.
+    pub limits: PathBuf,
+    /// The container's usage file, if the agent may read it.
+    pub usage: Option<PathBuf>,
+    /// How its processes are known.
+    pub members: MemberSource,
+    /// What to do over the limits.
+    pub enforce: Enforce,
+}
+
+/// Parses one descriptor; `stem` is the file's name without `.toml`.
+pub fn parse(stem: &str, text: &str) -> Result<Descriptor, String> {
+    let raw: Raw = toml::from_str(text).map_err(|e| e.message().to_string())?;
+    if let Some(n) = &raw.name {
+        if n != stem {
+            return Err(format!("name = {n:?} differs from the file name {stem:?}.toml"));
+        }
+    }
+    let m = raw.members;
+    let members = match (m.cgroup, m.pidns, m.subtree) {
+        (Some(c), None, None) => MemberSource::Cgroup(c),
+        (None, Some(p), None) => MemberSource::PidNs(p),
+        (None, None, Some(0)) => return Err("[members] subtree = 0 is not a process".into()),
+        (None, None, Some(s)) => MemberSource::Subtree(s),
+        _ => return Err("[members] needs exactly one of cgroup, pidns, subtree".into()),
+    };
+    for (what, p) in [("limits", Some(&raw.limits)), ("usage", raw.usage.as_ref())] {
+        if let Some(p) = p {
+            if !p.is_absolute() {
+                return Err(format!(
+                    "{what} = {:?} must be an absolute path",
+                    p.display().to_string()
+                ));
+            }
+        }
+    }
+    enforce::check_supported(&raw.enforce)?;
+    Ok(Descriptor {
+        name: stem.to_string(),
+        namespace: raw.namespace.unwrap_or_default(),
+        pod: raw.pod.unwrap_or_default(),
+        container: raw.container.unwrap_or_default(),
+        limits: raw.limits,
+        usage: raw.usage,
+        members,
+        enforce: raw.enforce,
+    })
+}
+
+/// One file of the directory: (stem, path, the descriptor or why not).
+pub type Found = (String, PathBuf, Result<Descriptor, String>);
+
+/// Every `*.toml` in `dir`, sorted by name.
+pub fn scan(dir: &Path) -> Result<Vec<Found>, String> {
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let path = e.path();
+        if path.extension().and_then(|x| x.to_str()) != Some("toml") {
+            continue;
+        }
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else {
+            continue;
+        };
+        if stem.starts_with('.') {
+            continue; // an editor's or a writer's temporary file
+        }
+        let d = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|t| parse(&stem, &t));
+        out.push((stem, path, d));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OK: &str = r#"
+        namespace = "default"
+        pod = "web-0"
+        container = "server"
+        limits = "/var/lib/cuquota/web-0/limits"
+        usage = "/var/lib/cuquota/web-0/usage"
+        [members]
+        subtree = 1234
+        [enforce]
+        memory = "report"
+    "#;
+
+    #[test]
+    fn a_full_descriptor() {
+        let d = parse("web-0", OK).unwrap();
+        assert_eq!(d.name, "web-0");
+        assert_eq!(
+            (d.namespace.as_str(), d.pod.as_str(), d.container.as_str()),
+            ("default", "web-0", "server")
+        );
+        assert_eq!(d.members, MemberSource::Subtree(1234));
+        assert_eq!(d.enforce, Enforce::default());
+        assert_eq!(
+            d.usage.as_deref(),
+            Some(Path::new("/var/lib/cuquota/web-0/usage"))
+        );
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let cases = [
+            (
+                OK.replace("subtree = 1234", "subtree = 1234\ncgroup = \"/x\""),
+                "exactly one",
+            ),
+            (OK.replace("subtree = 1234", ""), "exactly one"),
+            (OK.replace("subtree = 1234", "subtree = 0"), "not a process"),
+            (OK.replace("pod = ", "pdo = "), "pdo"),
+            (OK.replace("memory = \"report\"", "memory = \"shout\""), "shout"),
+            (
+                OK.replace("/var/lib/cuquota/web-0/limits", "limits.bin"),
+                "absolute",
+            ),
+            (
+                OK.replace("limits = \"/var/lib/cuquota/web-0/limits\"", ""),
+                "limits",
+            ),
+            (format!("name = \"other\"\n{OK}"), "differs"),
+            (OK.replace("memory = \"report\"", "memory = \"kill\""), "kill"),
+            (OK.replace("memory = \"report\"", "sm = \"throttle\""), "throttle"),
+        ];
+        for (text, word) in cases {
+            let e = parse("web-0", &text).expect_err(&text);
+            assert!(e.contains(word), "{word}: {e}");
+        }
+    }
+
+    #[test]
+    fn other_member_sources() {
+        let d = parse("a", &OK.replace("subtree = 1234", "pidns = \"/proc/1/ns/pid\"")).unwrap();
+        assert_eq!(d.members, MemberSource::PidNs("/proc/1/ns/pid".into()));
+        let d = parse(
+            "a",
+            &OK.replace("subtree = 1234", "cgroup = \"/sys/fs/cgroup/k\""),
+        )
+        .unwrap();
+        assert_eq!(d.members, MemberSource::Cgroup("/sys/fs/cgroup/k".into()));
+    }
+}

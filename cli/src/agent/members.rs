@@ -1,0 +1,302 @@
+//! Which host processes belong to a container, from facts the tenant cannot rewrite:
+//! - `cgroup`: the pids in the cgroup directory's `cgroup.procs` and in every sub-cgroup's (v1 or v2);
+//! - `pidns`: every process whose pid namespace is that one, or nested in it (NS_GET_PARENT);
+//! - `subtree`: the process and all its descendants (by parent pid). Meant for a child subreaper such as
+//!   `cuquota run`, whose orphaned descendants are re-parented to it and so never leave the tree. The root's
+//!   start time is remembered: if the pid is reused by another process, the container's members are unknown
+//!   (an error), never the new process's tree.
+//!
+//! The agent reads `/proc` once per pass ([`ProcTable`]) and shares it among containers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+/// How a container's processes are found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MemberSource {
+    /// A cgroup directory (and its sub-cgroups).
+    Cgroup(PathBuf),
+    /// A pid namespace, named by a path such as `/proc/<pid>/ns/pid` or a bind mount of one.
+    PidNs(PathBuf),
+    /// A process and its descendants.
+    Subtree(u32),
+}
+
+/// How the report names a member source.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SourceReport {
+    /// `cgroup`, `pidns` or `subtree`.
+    pub kind: &'static str,
+    /// The directory, the namespace path, or the root pid.
+    pub value: String,
+}
+
+impl MemberSource {
+    /// For the report.
+    pub fn report(&self) -> SourceReport {
+        let (kind, value) = match self {
+            MemberSource::Cgroup(p) => ("cgroup", p.display().to_string()),
+            MemberSource::PidNs(p) => ("pidns", p.display().to_string()),
+            MemberSource::Subtree(p) => ("subtree", p.to_string()),
+        };
+        SourceReport { kind, value }
+    }
+}
+
+/// One process seen in `/proc`.
+#[derive(Clone, Copy, Debug)]
+pub struct ProcEntry {
+    /// Parent pid.
+    pub ppid: u32,
+    /// Start time (clock ticks after boot): tells a reused pid from the original.
+    pub start_time: u64,
+}
+
+/// A snapshot of the host's processes.
+#[derive(Default)]
+pub struct ProcTable {
+    /// pid → entry.
+    pub procs: BTreeMap<u32, ProcEntry>,
+    children: BTreeMap<u32, Vec<u32>>,
+}
+
+impl ProcTable {
+    /// Reads `/proc`.
+    pub fn read() -> ProcTable {
+        let mut t = ProcTable::default();
+        let Ok(rd) = std::fs::read_dir("/proc") else {
+            return t;
+        };
+        for e in rd.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            if let Some(st) = cuquota_core::region::liveness::read_stat(pid) {
+                t.insert(
+                    pid,
+                    ProcEntry {
+                        ppid: st.ppid,
+                        start_time: st.start_time,
+                    },
+                );
+            }
+        }
+        t
+    }
+
+    /// Adds a process (tests build tables by hand).
+    pub fn insert(&mut self, pid: u32, e: ProcEntry) {
+        self.procs.insert(pid, e);
+        self.children.entry(e.ppid).or_default().push(pid);
+    }
+
+    /// `root` and all its descendants present in the table.
+    pub fn subtree(&self, root: u32) -> BTreeSet<u32> {
+        let mut out = BTreeSet::new();
+        let mut todo = vec![root];
+        while let Some(p) = todo.pop() {
+            if out.insert(p) {
+                todo.extend(self.children.get(&p).into_iter().flatten().copied());
+            }
+        }
+        out
+    }
+}
+
+/// What the agent remembers between passes for member discovery: the start time of each subtree root.
+#[derive(Default)]
+pub struct MemberState {
+    roots: BTreeMap<u32, u64>,
+}
+
+/// The pids in `dir/cgroup.procs` and in every sub-cgroup's.
+pub fn cgroup_pids(dir: &Path) -> Result<BTreeSet<u32>, String> {
+    let procs = dir.join("cgroup.procs");
+    let text = std::fs::read_to_string(&procs).map_err(|e| format!("{}: {e}", procs.display()))?;
+    let mut out: BTreeSet<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for e in rd.flatten() {
+        let Ok(ft) = e.file_type() else { continue };
+        if ft.is_dir() {
+            // A sub-cgroup that vanished meanwhile has no processes left: not an error.
+            match cgroup_pids(&e.path()) {
+                Ok(sub) => out.extend(sub),
+                Err(_) if !e.path().exists() => {}
+                Err(err) => return Err(err),
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `NS_GET_PARENT` (linux/nsfs.h: `_IO(0xb7, 0x2)`).
+const NS_GET_PARENT: libc::c_ulong = 0xb702;
+
+/// Whether the namespace open as `fd` is `target` (device, inode) or nested in it; consumes `fd`.
+fn ns_within(fd: std::fs::File, target: (u64, u64)) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let mut cur = fd;
+    for _ in 0..33 {
+        let Ok(m) = cur.metadata() else { return false };
+        if (m.dev(), m.ino()) == target {
+            return true;
+        }
+        // SAFETY: an ioctl on an open nsfs descriptor; on success it returns a new descriptor we own.
+        let parent = unsafe { libc::ioctl(cur.as_raw_fd(), NS_GET_PARENT as _) };
+        if parent < 0 {
+            return false; // the initial namespace, or one outside ours (EPERM)
+        }
+        // SAFETY: `parent` is a fresh descriptor owned by nobody else.
+        cur = unsafe { std::fs::File::from_raw_fd(parent) };
+    }
+    false
+}
+
+/// Every process in `table` whose pid namespace is `ns` (a path to a pid-namespace file) or nested in it.
+pub fn pidns_pids(ns: &Path, table: &ProcTable) -> Result<BTreeSet<u32>, String> {
+    let m = std::fs::metadata(ns).map_err(|e| format!("{}: {e}", ns.display()))?;
+    let target = (m.dev(), m.ino());
+    let mut out = BTreeSet::new();
+    for &pid in table.procs.keys() {
+        if let Ok(f) = std::fs::File::open(format!("/proc/{pid}/ns/pid")) {
+            if ns_within(f, target) {
+                out.insert(pid);
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl MemberSource {
+    /// The container's host pids now. `key` identifies the container for what is remembered between passes.
+    pub fn discover(&self, table: &ProcTable, state: &mut MemberState) -> Result<BTreeSet<u32>, String> {
+        match self {
+            MemberSource::Cgroup(dir) => cgroup_pids(dir),
+            MemberSource::PidNs(ns) => pidns_pids(ns, table),
+            MemberSource::Subtree(root) => {
+                let Some(e) = table.procs.get(root) else {
+                    state.roots.remove(root);
+                    return Err(format!("subtree root {root} is not running"));
+                };
+                match state.roots.get(root) {
+                    Some(&t) if t != e.start_time => Err(format!(
+                        "subtree root {root} was replaced by another process (start time {} → {}): members unknown",
+                        t, e.start_time
+                    )),
+                    _ => {
+                        state.roots.insert(*root, e.start_time);
+                        Ok(table.subtree(*root))
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(edges: &[(u32, u32, u64)]) -> ProcTable {
+        let mut t = ProcTable::default();
+        for &(pid, ppid, start_time) in edges {
+            t.insert(pid, ProcEntry { ppid, start_time });
+        }
+        t
+    }
+
+    #[test]
+    fn subtree_is_the_root_and_its_descendants() {
+        let t = table(&[
+            (1, 0, 1),
+            (10, 1, 5),
+            (11, 10, 6),
+            (12, 11, 7),
+            (20, 1, 8),
+            (13, 10, 9),
+        ]);
+        let mut st = MemberState::default();
+        let got = MemberSource::Subtree(10).discover(&t, &mut st).unwrap();
+        assert_eq!(got, [10, 11, 12, 13].into_iter().collect());
+        // The root's pid reused by another process: not its tree.
+        let t2 = table(&[(1, 0, 1), (10, 1, 99), (14, 10, 100)]);
+        let e = MemberSource::Subtree(10).discover(&t2, &mut st).unwrap_err();
+        assert!(e.contains("replaced"), "{e}");
+        let e = MemberSource::Subtree(77).discover(&t, &mut st).unwrap_err();
+        assert!(e.contains("not running"), "{e}");
+    }
+
+    #[test]
+    fn the_live_process_table_has_us_and_our_parent() {
+        let t = ProcTable::read();
+        let me = std::process::id();
+        let e = t.procs.get(&me).expect("this process");
+        assert!(t.subtree(e.ppid).contains(&me));
+    }
+
+    #[test]
+    fn cgroup_members_include_sub_cgroups() {
+        let dir = std::env::temp_dir().join(format!("cuquota-cgroup-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::create_dir_all(dir.join("c")).unwrap();
+        std::fs::write(dir.join("cgroup.procs"), "5\n6\n").unwrap();
+        std::fs::write(dir.join("a/cgroup.procs"), "").unwrap();
+        std::fs::write(dir.join("a/b/cgroup.procs"), "7\n").unwrap();
+        std::fs::write(dir.join("c/cgroup.procs"), "8\n").unwrap();
+        assert_eq!(cgroup_pids(&dir).unwrap(), [5, 6, 7, 8].into_iter().collect());
+        assert_eq!(cgroup_pids(&dir.join("a")).unwrap(), [7].into_iter().collect());
+        assert!(cgroup_pids(&dir.join("missing")).unwrap_err().contains("missing"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// This process's own cgroup (from /proc/self/cgroup) lists it.
+    #[test]
+    fn our_own_cgroup_lists_us() {
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let me = std::process::id();
+        let mut tried = Vec::new();
+        for line in text.lines() {
+            let mut parts = line.splitn(3, ':');
+            let (_, ctrl, path) = (
+                parts.next(),
+                parts.next().unwrap_or(""),
+                parts.next().unwrap_or(""),
+            );
+            let rel = path.trim_start_matches('/');
+            let dirs: Vec<PathBuf> = if ctrl.is_empty() {
+                vec![
+                    Path::new("/sys/fs/cgroup").join(rel),
+                    Path::new("/sys/fs/cgroup/unified").join(rel),
+                ]
+            } else {
+                let c = ctrl.trim_start_matches("name=");
+                vec![Path::new("/sys/fs/cgroup").join(c).join(rel)]
+            };
+            for d in dirs.into_iter().filter(|d| d.join("cgroup.procs").is_file()) {
+                tried.push(d.clone());
+                let pids = cgroup_pids(&d).unwrap();
+                assert!(pids.contains(&me), "{} does not list {me}", d.display());
+            }
+        }
+        assert!(
+            !tried.is_empty(),
+            "no cgroup directory of this process found under /sys/fs/cgroup:\n{text}"
+        );
+    }
+
+    #[test]
+    fn our_pid_namespace_holds_us_and_our_children() {
+        let mut child = std::process::Command::new("sleep").arg("5").spawn().unwrap();
+        let t = ProcTable::read();
+        let pids = pidns_pids(Path::new("/proc/self/ns/pid"), &t).unwrap();
+        assert!(pids.contains(&std::process::id()));
+        assert!(pids.contains(&child.id()));
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(pidns_pids(Path::new("/proc/999999999/ns/pid"), &t).is_err());
+    }
+}

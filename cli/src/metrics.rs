@@ -1,0 +1,509 @@
+//! Prometheus metrics: the series (HAMi's names, so existing dashboards work, and cuquota's own), rendered with
+//! `prometheus-client` from the same report structs `status` and the agent print; a small HTTP endpoint; and
+//! `cuquota metrics`, which serves one container's usage file.
+//!
+//! | metric | type | meaning |
+//! | --- | --- | --- |
+//! | `hami_vgpu_memory_used_bytes` | gauge | device memory the container uses |
+//! | `hami_vgpu_memory_limit_bytes` | gauge | its cap (absent when none) |
+//! | `hami_container_device_utilization_ratio` | gauge | its share of the device over the last interval, percent 0–100 (HAMi's unit) |
+//! | `hami_container_last_kernel_elapsed_seconds` | gauge | seconds since it last used the device (absent until it has) |
+//! | `cuquota_sm_limit_percent` | gauge | its SM limit (absent when none) |
+//! | `cuquota_achieved_share_ratio` | gauge | the share as a ratio 0–1 |
+//! | `cuquota_gpu_seconds_total` | counter | GPU time it used (rate = achieved share) |
+//! | `cuquota_throttled_seconds_total` | counter | time its launches waited for the SM limit |
+//! | `cuquota_processes` | gauge | its processes on the device |
+//! | `cuquota_allocation_refusals_total` | counter | allocations refused at its cap |
+//! | `cuquota_agent_actions_total` | counter | agent actions on it, by `action` (agent only) |
+//!
+//! Labels: `namespace`, `pod`, `container`, `vdevice_index`, `device_uuid` (HAMi's; blank where unknown) and
+//! `name`, the container's id for cuquota (descriptor name), which keeps series of containers without
+//! Kubernetes labels apart.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::output::parse_duration_arg;
+use crate::status::StatusReport;
+use crate::{CliError, CmdResult};
+
+/// The labels of a container's per-device series.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// The device's index in the container's view (usage-file entry), blank when unknown.
+    pub vdevice_index: String,
+    /// `GPU-…`.
+    pub device_uuid: String,
+    /// cuquota's id of the container.
+    pub name: String,
+}
+
+/// Labels of an agent action counter.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// cuquota's id of the container.
+    pub name: String,
+    /// The action kind.
+    pub action: String,
+}
+
+/// One container on one device, as the metrics see it.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceSample {
+    /// Its labels.
+    pub labels: DeviceLabels,
+    /// Device memory used, bytes.
+    pub memory_used_bytes: u64,
+    /// Cap, bytes.
+    pub memory_limit_bytes: Option<u64>,
+    /// SM limit, percent.
+    pub sm_limit_percent: Option<u32>,
+    /// Share of the device over the last interval, percent.
+    pub utilization_percent: Option<f64>,
+    /// Seconds since the container last used the device.
+    pub last_kernel_age_seconds: Option<f64>,
+    /// GPU time used, cumulative seconds.
+    pub gpu_seconds_total: Option<f64>,
+    /// Time launches waited for the SM limit, cumulative seconds.
+    pub throttled_seconds_total: Option<f64>,
+    /// Allocations refused at the cap, cumulative.
+    pub allocation_refusals_total: Option<u64>,
+    /// Processes on the device.
+    pub processes: u64,
+}
+
+/// Everything one scrape shows.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Per container and device.
+    pub devices: Vec<DeviceSample>,
+    /// Agent action counters (every kind, 0 until something happened); empty outside the agent.
+    pub actions: Vec<(ActionLabels, u64)>,
+    /// Agent passes so far (None outside the agent).
+    pub agent_passes: Option<u64>,
+}
+
+type GaugeF = Gauge<f64, std::sync::atomic::AtomicU64>;
+type CounterF = Counter<f64, std::sync::atomic::AtomicU64>;
+
+/// The OpenMetrics text of `snap`.
+pub fn render(snap: &Snapshot) -> String {
+    let mut reg = Registry::default();
+    let gauge = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<DeviceLabels, GaugeF>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let counter = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<DeviceLabels, CounterF>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let used = gauge(
+        &mut reg,
+        "hami_vgpu_memory_used_bytes",
+        "Device memory used by the container, bytes",
+    );
+    let limit = gauge(
+        &mut reg,
+        "hami_vgpu_memory_limit_bytes",
+        "Device memory cap of the container, bytes",
+    );
+    let util = gauge(
+        &mut reg,
+        "hami_container_device_utilization_ratio",
+        "Share of the device the container used over the last interval, percent (0-100)",
+    );
+    let last = gauge(
+        &mut reg,
+        "hami_container_last_kernel_elapsed_seconds",
+        "Seconds since the container last ran a kernel on the device",
+    );
+    let sm = gauge(
+        &mut reg,
+        "cuquota_sm_limit_percent",
+        "SM-time limit of the container, percent",
+    );
+    let share = gauge(
+        &mut reg,
+        "cuquota_achieved_share_ratio",
+        "Share of the device the container used over the last interval (0-1)",
+    );
+    let gpu = counter(
+        &mut reg,
+        "cuquota_gpu_seconds",
+        "GPU time the container used, seconds",
+    );
+    let thr = counter(
+        &mut reg,
+        "cuquota_throttled_seconds",
+        "Time the container's launches waited for its SM limit, seconds",
+    );
+    let procs = gauge(
+        &mut reg,
+        "cuquota_processes",
+        "Processes of the container on the device",
+    );
+    let refused = counter(
+        &mut reg,
+        "cuquota_allocation_refusals",
+        "Allocations refused at the container's memory cap",
+    );
+    for d in &snap.devices {
+        let l = &d.labels;
+        used.get_or_create(l).set(d.memory_used_bytes as f64);
+        if let Some(v) = d.memory_limit_bytes {
+            limit.get_or_create(l).set(v as f64);
+        }
+        if let Some(v) = d.utilization_percent {
+            util.get_or_create(l).set(v);
+            share.get_or_create(l).set(v / 100.0);
+        }
+        if let Some(v) = d.last_kernel_age_seconds {
+            last.get_or_create(l).set(v);
+        }
+        if let Some(v) = d.sm_limit_percent {
+            sm.get_or_create(l).set(f64::from(v));
+        }
+        if let Some(v) = d.gpu_seconds_total {
+            gpu.get_or_create(l).inc_by(v);
+        }
+        if let Some(v) = d.throttled_seconds_total {
+            thr.get_or_create(l).inc_by(v);
+        }
+        if let Some(v) = d.allocation_refusals_total {
+            refused.get_or_create(l).inc_by(v as f64);
+        }
+        procs.get_or_create(l).set(d.processes as f64);
+    }
+    if snap.agent_passes.is_some() || !snap.actions.is_empty() {
+        let actions = Family::<ActionLabels, Counter>::default();
+        reg.register(
+            "cuquota_agent_actions",
+            "Actions the agent took on the container's processes, by kind",
+            actions.clone(),
+        );
+        for (l, n) in &snap.actions {
+            actions.get_or_create(l).inc_by(*n);
+        }
+        let passes = Counter::<u64>::default();
+        reg.register(
+            "cuquota_agent_passes",
+            "Sampling passes the agent completed",
+            passes.clone(),
+        );
+        passes.inc_by(snap.agent_passes.unwrap_or(0));
+    }
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+    out
+}
+
+/// The latest rendering, shared with the HTTP threads.
+#[derive(Clone, Default)]
+pub struct Published(Arc<Mutex<Option<String>>>);
+
+impl Published {
+    /// Replaces what scrapes see.
+    pub fn set(&self, text: String) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+    }
+
+    fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// `HOST:PORT`, `[::1]:PORT`, or `:PORT` (every interface).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.to_socket_addrs()
+        .map_err(|e| format!("{e}; expected HOST:PORT such as 127.0.0.1:9400 or :9400"))?
+        .next()
+        .ok_or_else(|| "resolves to no address".to_string())
+}
+
+/// Serves `GET /metrics` on `addr` from a background thread; returns the bound address.
+pub fn serve(addr: SocketAddr, published: Published) -> Result<SocketAddr, CliError> {
+    let listener =
+        TcpListener::bind(addr).map_err(|e| CliError::new(format!("cannot listen on {addr}: {e}")))?;
+    let bound = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let p = published.clone();
+                let _ = std::thread::Builder::new()
+                    .name("metrics-conn".into())
+                    .spawn(move || answer(conn, &p));
+            }
+        })?;
+    Ok(bound)
+}
+
+fn answer(mut conn: TcpStream, published: &Published) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut line = String::new();
+    let mut r = BufReader::new(match conn.try_clone() {
+        Ok(c) => c,
+        Err(_) => return,
+    });
+    if r.read_line(&mut line).is_err() {
+        return;
+    }
+    // Drain the headers (up to the blank line) so the client sees a clean close.
+    let mut h = String::new();
+    while r.read_line(&mut h).map(|n| n > 2).unwrap_or(false) && h.len() < 65536 {}
+    let mut parts = line.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let path = path.split('?').next().unwrap_or("");
+    let (status, ctype, body) = match (method, path) {
+        ("GET", "/metrics") => match published.get() {
+            Some(t) => (
+                "200 OK",
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                t,
+            ),
+            None => (
+                "503 Service Unavailable",
+                "text/plain",
+                "no sample yet\n".to_string(),
+            ),
+        },
+        ("GET", "/") => (
+            "200 OK",
+            "text/plain",
+            "cuquota metrics: GET /metrics\n".to_string(),
+        ),
+        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
+    };
+    let _ = write!(
+        conn,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// `cuquota metrics`.
+#[derive(Args)]
+pub struct MetricsArgs {
+    /// Address to serve GET /metrics on (HOST:PORT, or :PORT for every interface)
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen, required_unless_present = "once")]
+    listen: Option<SocketAddr>,
+    /// The container's usage file [default: $CUQUOTA_USAGE_FILE, $CUDA_DEVICE_MEMORY_SHARED_CACHE, then
+    /// /tmp/cuquota.usage]
+    #[arg(long, value_name = "FILE")]
+    usage: Option<PathBuf>,
+    /// Sampling interval (the share is measured over it)
+    #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
+    interval: Duration,
+    /// Print one sample's metrics on stdout and exit
+    #[arg(long)]
+    once: bool,
+    /// The `name` label [default: the usage file's name]
+    #[arg(long)]
+    name: Option<String>,
+    /// The `namespace` label
+    #[arg(long, default_value = "")]
+    namespace: String,
+    /// The `pod` label
+    #[arg(long, default_value = "")]
+    pod: String,
+    /// The `container` label
+    #[arg(long, default_value = "")]
+    container: String,
+}
+
+/// Turns successive `status` reports of one usage file into metric samples (it remembers when each device's
+/// GPU time last grew, for the last-kernel age).
+pub struct UsageSampler {
+    base: DeviceLabels,
+    last_active: Vec<(String, Instant)>,
+}
+
+impl UsageSampler {
+    /// A sampler labelling its series with `base` (vdevice_index and device_uuid filled per device).
+    pub fn new(base: DeviceLabels) -> UsageSampler {
+        UsageSampler {
+            base,
+            last_active: Vec::new(),
+        }
+    }
+
+    /// The samples of one report.
+    pub fn samples(&mut self, r: &StatusReport) -> Vec<DeviceSample> {
+        let now = Instant::now();
+        r.devices
+            .iter()
+            .map(|d| {
+                if d.share_percent.is_some_and(|s| s > 0.0) {
+                    self.last_active.retain(|(u, _)| *u != d.uuid);
+                    self.last_active.push((d.uuid.clone(), now));
+                }
+                let age = self
+                    .last_active
+                    .iter()
+                    .find(|(u, _)| *u == d.uuid)
+                    .map(|(_, t)| now.duration_since(*t).as_secs_f64());
+                DeviceSample {
+                    labels: DeviceLabels {
+                        vdevice_index: d.entry.to_string(),
+                        device_uuid: d.uuid.clone(),
+                        ..self.base.clone()
+                    },
+                    memory_used_bytes: d.memory_used_bytes,
+                    memory_limit_bytes: d.memory_limit_bytes,
+                    sm_limit_percent: d.sm_limit_percent,
+                    utilization_percent: d.share_percent,
+                    last_kernel_age_seconds: age,
+                    gpu_seconds_total: Some(d.gpu_busy_ns as f64 / 1e9),
+                    throttled_seconds_total: Some(d.throttled_ns as f64 / 1e9),
+                    allocation_refusals_total: Some(d.allocation_refusals),
+                    processes: d.processes.len() as u64,
+                }
+            })
+            .collect()
+    }
+}
+
+/// `cuquota metrics`: samples the usage file every interval and serves the latest sample.
+pub fn run(a: MetricsArgs) -> CmdResult {
+    let path = crate::status::usage_path(a.usage)?;
+    let name = a.name.unwrap_or_else(|| {
+        path.file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
+    });
+    let mut sampler = UsageSampler::new(DeviceLabels {
+        namespace: a.namespace,
+        pod: a.pod,
+        container: a.container,
+        name,
+        ..Default::default()
+    });
+    let published = Published::default();
+    if let Some(addr) = a.listen {
+        let bound = serve(addr, published.clone())?;
+        eprintln!(
+            "cuquota metrics: serving http://{bound}/metrics from {}",
+            path.display()
+        );
+    }
+    loop {
+        let report = StatusReport::sample(path.clone(), a.interval)?;
+        let snap = Snapshot {
+            devices: sampler.samples(&report),
+            ..Default::default()
+        };
+        let text = render(&snap);
+        if a.once {
+            print!("{text}");
+            return Ok(0);
+        }
+        published.set(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_names_labels_and_units() {
+        let snap = Snapshot {
+            devices: vec![DeviceSample {
+                labels: DeviceLabels {
+                    namespace: "ns".into(),
+                    pod: "p".into(),
+                    container: "c".into(),
+                    vdevice_index: "0".into(),
+                    device_uuid: "GPU-1".into(),
+                    name: "web".into(),
+                },
+                memory_used_bytes: 1 << 30,
+                memory_limit_bytes: Some(2 << 30),
+                sm_limit_percent: Some(30),
+                utilization_percent: Some(29.5),
+                last_kernel_age_seconds: Some(0.5),
+                gpu_seconds_total: Some(12.25),
+                throttled_seconds_total: Some(3.0),
+                allocation_refusals_total: Some(4),
+                processes: 2,
+            }],
+            actions: vec![(
+                ActionLabels {
+                    name: "web".into(),
+                    action: "kill".into(),
+                    ..Default::default()
+                },
+                0,
+            )],
+            agent_passes: Some(7),
+        };
+        let t = render(&snap);
+        let labels =
+            r#"namespace="ns",pod="p",container="c",vdevice_index="0",device_uuid="GPU-1",name="web""#;
+        for line in [
+            format!("hami_vgpu_memory_used_bytes{{{labels}}} 1073741824.0"),
+            format!("hami_vgpu_memory_limit_bytes{{{labels}}} 2147483648.0"),
+            format!("hami_container_device_utilization_ratio{{{labels}}} 29.5"),
+            format!("hami_container_last_kernel_elapsed_seconds{{{labels}}} 0.5"),
+            format!("cuquota_sm_limit_percent{{{labels}}} 30.0"),
+            format!("cuquota_achieved_share_ratio{{{labels}}} 0.295"),
+            format!("cuquota_gpu_seconds_total{{{labels}}} 12.25"),
+            format!("cuquota_throttled_seconds_total{{{labels}}} 3.0"),
+            format!("cuquota_processes{{{labels}}} 2.0"),
+            format!("cuquota_allocation_refusals_total{{{labels}}} 4.0"),
+            r#"cuquota_agent_actions_total{namespace="",pod="",container="",name="web",action="kill"} 0"#
+                .into(),
+            "cuquota_agent_passes_total 7".into(),
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");
+        }
+        assert!(t.ends_with("# EOF\n"));
+        // No limit, no kernel yet: those series are absent rather than 0.
+        let mut s = snap.clone();
+        s.devices[0].memory_limit_bytes = None;
+        s.devices[0].last_kernel_age_seconds = None;
+        let t = render(&s);
+        assert!(
+            !t.contains("hami_vgpu_memory_limit_bytes{") && !t.contains("last_kernel_elapsed_seconds{"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen("127.0.0.1:9400").unwrap().port(), 9400);
+        assert!(parse_listen(":9400").unwrap().ip().is_unspecified());
+        assert!(parse_listen("9400").is_err());
+    }
+}

@@ -1,0 +1,122 @@
+//! Output shared by the commands: JSON reports (serde; every report names its schema, documented in
+//! docs/schemas/), left-aligned tables, and the argument parsers for sizes and percentages.
+
+use cuquota_core::units::{format_size, parse_size, parse_unsigned};
+use serde::Serialize;
+
+/// Prints a report as one line of JSON on stdout.
+pub fn print_json<T: Serialize>(report: &T) -> Result<(), crate::CliError> {
+    let s = serde_json::to_string(report)?;
+    println!("{s}");
+    Ok(())
+}
+
+/// Prints a left-aligned table with columns sized to their widest cell.
+pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
+    for line in table_lines(header, rows) {
+        println!("{line}");
+    }
+}
+
+/// The lines of [`print_table`].
+pub fn table_lines<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> Vec<String> {
+    let mut widths = header.map(|h| h.chars().count());
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r.iter()) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let s: Vec<String> = cells
+            .iter()
+            .zip(widths.iter())
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        s.join("  ").trim_end().to_string()
+    };
+    let mut out = vec![line(header.to_vec())];
+    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
+    out
+}
+
+/// `4 GiB`, or `-` for none.
+pub fn size_or_dash(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), format_size)
+}
+
+/// `30%`, or `-` for none.
+pub fn pct_or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v}%"))
+}
+
+/// `12.3%`, or `-` for none.
+pub fn share_or_dash(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.1}%"))
+}
+
+/// Rounds a percentage to 2 decimals for reports.
+pub fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// clap parser for a byte size in HAMi's syntax (`4g`, `3000m`, `0x100000`).
+pub fn parse_size_arg(s: &str) -> Result<u64, String> {
+    parse_size(s).map_err(|e| format!("{e}; expected a byte size such as 4g or 3000m"))
+}
+
+/// clap parser for an SM percentage: 0–100, where 0 and 100 mean no limit (stored as 0).
+pub fn parse_sm_arg(s: &str) -> Result<u32, String> {
+    match parse_unsigned(s) {
+        Ok(n) if n <= 100 => Ok(if n == 100 { 0 } else { n as u32 }),
+        _ => Err("expected a percentage from 0 to 100 (0 or 100 = no limit)".into()),
+    }
+}
+
+/// clap parser for a duration: `500ms`, `1s`, `1.5s`, `2m`, or a plain number of milliseconds.
+pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+    let t = s.trim();
+    let (num, unit_ms) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = t.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = t.strip_suffix('m') {
+        (n, 60_000.0)
+    } else {
+        (t, 1.0)
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 && v * unit_ms < 1e12 => {
+            Ok(std::time::Duration::from_secs_f64(v * unit_ms / 1000.0))
+        }
+        _ => Err("expected a duration such as 500ms, 1s or 2m (a plain number is milliseconds)".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_columns_align() {
+        let l = table_lines(
+            &["A", "BB"],
+            &[["xyz".into(), "1".into()], ["".into(), "22".into()]],
+        );
+        assert_eq!(l, vec!["A    BB", "xyz  1", "     22"]);
+    }
+
+    #[test]
+    fn argument_parsers() {
+        assert_eq!(parse_size_arg("3000m"), Ok(3000 << 20));
+        assert!(parse_size_arg("12x").unwrap_err().contains("4g"));
+        assert_eq!(parse_sm_arg("30"), Ok(30));
+        assert_eq!(parse_sm_arg("100"), Ok(0));
+        assert!(parse_sm_arg("150").is_err());
+        let ms = |s| parse_duration_arg(s).map(|d| d.as_millis());
+        assert_eq!(ms("400"), Ok(400));
+        assert_eq!(ms("1.5s"), Ok(1500));
+        assert_eq!(ms("250ms"), Ok(250));
+        assert_eq!(ms("2m"), Ok(120_000));
+        assert!(ms("-1s").is_err() && ms("soon").is_err());
+    }
+}
