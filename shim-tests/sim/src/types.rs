@@ -335,6 +335,31 @@ pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
+/// nvmlGpuFabricInfo_v3_t (v2 is its first 36 bytes)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlGpuFabricInfoV3 {
+    pub version: u32,
+    pub cluster_uuid: [u8; 16],
+    pub status: NvmlReturn,
+    pub clique_id: u32,
+    pub state: u8,
+    pub health_mask: u32,
+    pub health_summary: u8,
+}
+
+/// NVML_STRUCT_VERSION(GpuFabricInfo, 2 / 3)
+pub const NVML_GPU_FABRIC_INFO_V2: u32 = 36 | (2 << 24);
+pub const NVML_GPU_FABRIC_INFO_V3: u32 = 40 | (3 << 24);
+pub const NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: u8 = 0;
+
+/// nvmlGpuP2PCapsIndex_t / nvmlGpuP2PStatus_t
+pub const NVML_P2P_CAPS_INDEX_READ: u32 = 0;
+pub const NVML_P2P_CAPS_INDEX_WRITE: u32 = 1;
+pub const NVML_P2P_CAPS_INDEX_PCI: u32 = 4;
+pub const NVML_P2P_STATUS_OK: u32 = 0;
+pub const NVML_P2P_STATUS_NOT_SUPPORTED: u32 = 5;
+
 /// nvmlMemory_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -432,5 +457,10 @@ mod tests {
         assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
         assert_eq!(size_of::<NvmlPciInfo>(), 68);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
+        assert_eq!(size_of::<NvmlGpuFabricInfoV3>(), 40);
+        assert_eq!(std::mem::offset_of!(NvmlGpuFabricInfoV3, state), 28);
+        assert_eq!(std::mem::offset_of!(NvmlGpuFabricInfoV3, health_summary), 36);
+        assert_eq!(NVML_GPU_FABRIC_INFO_V2, 0x0200_0024);
+        assert_eq!(NVML_GPU_FABRIC_INFO_V3, 0x0300_0028);
     }
 }
