@@ -239,6 +239,7 @@ crate::abi::not_supported! {
     cuOccupancyMaxPotentialClusterSize,
     cuParamSetTexRef,
     cuPointerSetAttribute,
+    cuProfilerInitialize,
     cuSignalExternalSemaphoresAsync,
     cuSignalExternalSemaphoresAsync_ptsz,
     cuStreamAttachMemAsync,

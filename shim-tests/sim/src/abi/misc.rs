@@ -66,6 +66,18 @@ fn occupancy_block(min_grid: *mut i32, block: *mut i32, f: Handle, limit: i32) -
 }
 
 cuda_fn! {
+    // No profiling tool is attached to the simulator: start / stop only check there is a current context
+    // (CUDA_ERROR_INVALID_CONTEXT otherwise, as cudaProfiler.h documents) and otherwise have no effect.
+    fn cuProfilerStart() {
+        let sim = cuda()?;
+        with(|o| context::current(o, sim)).map(|_| ())
+    }
+
+    fn cuProfilerStop() {
+        let sim = cuda()?;
+        with(|o| context::current(o, sim)).map(|_| ())
+    }
+
     fn cuLaunchHostFunc(s: Handle, f: Option<HostFn>, user: *mut c_void) {
         let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let user = user as usize;
