@@ -37,6 +37,7 @@ pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 // CUdevice_attribute
@@ -109,6 +110,7 @@ pub const CU_FUNC_ATTRIBUTE_MAX: i32 = 16;
 // Launch
 pub const CU_LAUNCH_PARAM_END: usize = 0;
 pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 
 // Graph node types
 pub const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
