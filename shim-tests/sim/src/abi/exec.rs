@@ -17,6 +17,8 @@ fn load_module(pm: *mut Handle, image: CuResult<Image>) -> CuResult<()> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let image = image?;
+    // Modules load eagerly: code for another GPU fails here (libraries fail at their first lookup).
+    image.runs_here()?;
     let m = with(|o| -> CuResult<u64> {
         let c = context::current(o, sim)?;
         module::load(o, sim, c, std::sync::Arc::new(image), None)
@@ -26,11 +28,13 @@ fn load_module(pm: *mut Handle, image: CuResult<Image>) -> CuResult<()> {
 }
 
 fn get_global(dptr: *mut u64, bytes: *mut usize, m: Handle, name: *const c_char) -> CuResult<()> {
-    cuda()?;
     // SAFETY: the caller's arguments per cuModuleGetGlobal; out-pointers are optional.
     unsafe {
         let name = cstr(name)?;
-        let (p, n) = with(|o| module::get_global(o, h(m), &name))?;
+        let sim = cuda()?;
+        let found = with(|o| module::get_global(o, sim, h(m), &name));
+        super::log(|| format!("global {name:?} -> {found:x?}"));
+        let (p, n) = found?;
         if !dptr.is_null() {
             *dptr = p;
         }

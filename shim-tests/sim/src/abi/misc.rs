@@ -227,14 +227,14 @@ cuda_fn! {
 
     fn cuModuleGetFunctionCount(count: *mut u32, m: Handle) {
         cuda()?;
-        let n = with(|o| o.modules.get(&h(m)).map(|m| m.image.kernels.len() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let n = with(|o| o.modules.get(&h(m)).map(|m| m.image.kernel_count() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         out(count, n)
     }
 
     fn cuLibraryGetKernelCount(count: *mut u32, l: Handle) {
         cuda()?;
         let n =
-            with(|o| o.libraries.get(&h(l)).map(|l| l.image.kernels.len() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            with(|o| o.libraries.get(&h(l)).map(|l| l.image.kernel_count() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         out(count, n)
     }
 
