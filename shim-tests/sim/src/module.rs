@@ -368,7 +368,12 @@ pub(crate) fn library_get_kernel(o: &mut Objects, lib: u64, name: &str) -> CuRes
     if let Some(&k) = l.kernels.get(name) {
         return Ok(k);
     }
-    if l.image.kernel(name, 0)?.is_none() {
+    // Compiled code is read only when a kernel is used in a context (cuKernelGetFunction, a launch): the CUDA
+    // runtime asks for a handle to every kernel of every fat binary it registers, and reading them all
+    // would cost a framework seconds at start-up.
+    if l.image.code.is_some() {
+        l.image.runs_here()?;
+    } else if l.image.kernel(name, 0)?.is_none() {
         return Err(CUDA_ERROR_NOT_FOUND);
     }
     let k = new_handle(Kind::Kernel);

@@ -255,7 +255,10 @@ fn proc_table_rows_match_cudatypedefs_pfn_types() {
         rows += 1;
     }
     assert!(rows > 600);
-    assert_eq!(profiler_rows, 3, "cuProfilerInitialize, cuProfilerStart, cuProfilerStop");
+    assert_eq!(
+        profiler_rows, 3,
+        "cuProfilerInitialize, cuProfilerStart, cuProfilerStop"
+    );
     let dir = std::env::temp_dir().join(format!("cudasim-pfn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("pfn.c");
