@@ -6,8 +6,8 @@
 //! for the device defines; its kernels run at CUDASIM_WAVE_NS, its globals are allocated (with their initial
 //! bytes) at their first lookup. Any other image loads as an opaque module whose every kernel name exists.
 //! Each module (and each context a library is loaded into) costs CUDASIM_MODULE_OVERHEAD bytes of device
-//! memory. Libraries (cuLibrary*) are context-independent: they load
-//! into a context when one is current at load time, or when first used in one.
+//! memory. Libraries (cuLibrary*) are context-independent: they load into a context when first used in it
+//! (lazy loading, CUDA's default), or with CUDA_MODULE_LOADING=EAGER into the one current at load time.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
@@ -312,7 +312,17 @@ pub(crate) fn get_global(o: &mut Objects, sim: &Sim, module: u64, name: &str) ->
     Ok((p, g.size))
 }
 
-/// cuLibraryLoadData: loads eagerly into the current context if there is one.
+/// Whether libraries load into the current context at cuLibraryLoad* (`CUDA_MODULE_LOADING=EAGER`) rather than
+/// into each context at their first use there (lazy loading, CUDA's default since 12.2). Read per process,
+/// as the driver does.
+fn eager_loading() -> bool {
+    static EAGER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EAGER.get_or_init(|| std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER")))
+}
+
+/// cuLibraryLoadData: with eager loading, loads into the current context if there is one; lazily, into each
+/// context at its first use there (cuBLAS loads ~1000 fat binaries and uses a few: charging each its module
+/// overhead at load would take gigabytes no real GPU spends).
 pub(crate) fn library_load(o: &mut Objects, sim: &Sim, image: Image) -> CuResult<u64> {
     let h = new_handle(Kind::Library);
     o.libraries.insert(
@@ -323,7 +333,7 @@ pub(crate) fn library_load(o: &mut Objects, sim: &Sim, image: Image) -> CuResult
             kernels: HashMap::new(),
         },
     );
-    if crate::context::current_handle() != 0 {
+    if eager_loading() && crate::context::current_handle() != 0 {
         if let Ok(ctx) = crate::context::current(o, sim) {
             if let Err(e) = library_module(o, sim, h, ctx) {
                 o.libraries.remove(&h);
