@@ -3,13 +3,14 @@
 A memory scenario is one worker running `info`, `oom:<chunk MiB>`, `free`, `copy`, `procs`, `profiler` in
 one mode (bare, shim, cap); its `Run` carries, for each checkpoint, what the observer saw at that moment.
 On the simulator the expected numbers are exact; on a real GPU, where the driver's and NVML's accounting of
-its own reservations differ, the no-cuquota comparisons get a 512 MiB band (the cap's are still exact: cuquota
+its own reservations differ, the no-cuquota comparisons get a 1 GiB band (the cap's are still exact: cuquota
 computes them).
 """
 import harness as h
 from harness import CAP, MiB, REAL, SIM_CTX, SIM_MEMORY, SIM_MODULE
 
-REAL_BAND = 512 * MiB
+# cudaMemGetInfo and NVML account for the driver's own reservation differently (hundreds of MiB on an H100).
+REAL_BAND = 1024 * MiB
 CHUNK_MIB = 64
 STEPS = ["info", f"oom:{CHUNK_MIB}", "free", "copy", "procs", "profiler"]
 

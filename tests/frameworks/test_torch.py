@@ -62,6 +62,14 @@ LOOPS = {
     "conv2d": ("conv:2500", "conv"),  # cuDNN
     "matmul": ("matmul:2500", "matmul"),  # cuBLAS
 }
+if h.REAL:
+    # A real GPU runs these shapes in a few µs, faster than Python launches them: the loops would measure the
+    # CPU. Shapes of ~0.1-1 ms on an H100 keep the device the bottleneck (to be confirmed on the first GPU run).
+    LOOPS = {
+        "elementwise": ("loop:2000:67108864", "loop"),
+        "conv2d": ("conv:1000:32:64:128", "conv"),
+        "matmul": ("matmul:1000:2048", "matmul"),
+    }
 MATMUL_XFAIL = (
     "cuBLAS GEMM needs private driver interfaces nobody has documented (TOOLS_TLS 42d85a81-… slot 2 and "
     "table 21318c60-… slot 4, see shim-tests/sim/README.md): cublasGemmEx returns NOT_SUPPORTED on the simulator"

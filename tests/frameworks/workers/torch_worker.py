@@ -122,15 +122,16 @@ def loop(n, elems):
     timed("loop", int(n), lambda: x.add_(1.0))
 
 
-def conv(n):
-    x = torch.ones(8, 3, 64, 64, device="cuda")
-    w = torch.ones(16, 3, 3, 3, device="cuda")
+def conv(n, batch="8", channels="3", size="64"):
+    b, c, s = int(batch), int(channels), int(size)
+    x = torch.ones(b, c, s, s, device="cuda")
+    w = torch.ones(16 if c == 3 else c, c, 3, 3, device="cuda")
     timed("conv", int(n), lambda: torch.nn.functional.conv2d(x, w))
 
 
-def matmul(n):
-    a = torch.ones(256, 256, device="cuda")
-    b = torch.ones(256, 256, device="cuda")
+def matmul(n, size="256"):
+    a = torch.ones(int(size), int(size), device="cuda")
+    b = torch.ones(int(size), int(size), device="cuda")
     timed("matmul", int(n), lambda: a @ b)
 
 
