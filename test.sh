@@ -38,7 +38,6 @@ CUQUOTA_TEST_SHIM="$PWD/dist/libcuquota.so" cargo test -p shim-tests \
     --test memory_apis --test loading_styles --test multiprocess --test throttle
 
 step "framework suite (tests/frameworks: PyTorch, CuPy, cuda-python, pynvml under cuquota)"
-scripts/setup-frameworks.sh
 tests/frameworks/run.sh
 
 step "all passed"

@@ -9,7 +9,7 @@
 # Anywhere else they run on the simulated GPU (libcudasim.so answering as libcuda.so.1 / libnvidia-ml.so.1), with a
 # fresh CUDASIM_STATE and CUQUOTA_USAGE_FILE per run. --quick runs only the functional samples, once without and
 # once with cuquota. --frameworks also runs the framework suite (PyTorch, CuPy, cuda-python, pynvml; needs
-# scripts/setup-frameworks.sh once) on the same device, with its no-cuquota baseline. See docs/examples.md.
+# `scripts/setup.sh frameworks` once) on the same device, with its no-cuquota baseline. See docs/examples.md.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")" && pwd)"
 

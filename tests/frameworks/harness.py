@@ -32,7 +32,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
-SETUP = "scripts/setup-frameworks.sh"
+SETUP = "scripts/setup.sh frameworks"
 MARK = "@@cuquota-fw "
 
 MiB = 1 << 20

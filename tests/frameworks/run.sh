@@ -3,8 +3,8 @@
 #
 #   tests/frameworks/run.sh [--no-build] [PYTEST ARGS...]      e.g.  tests/frameworks/run.sh -k cupy
 #
-# Builds the release shim, simulator and CLI (unless --no-build), then runs pytest from .deps/venv (installed by
-# scripts/setup-frameworks.sh; this script never installs). On a machine with an NVIDIA driver the suite uses
+# Builds the release shim, simulator and CLI (unless --no-build), then runs pytest from .deps/frameworks (the
+# pinned wheels, installed by `scripts/setup.sh frameworks`; this script never installs). On a machine with an NVIDIA driver the suite uses
 # the real GPU, with its no-cuquota baseline in the same run. The log, headed by date, device and commit, is
 # written to target/frameworks-results.txt.
 set -euo pipefail
@@ -13,7 +13,7 @@ cd "$ROOT"
 BUILD=1
 if [ "${1:-}" = --no-build ]; then BUILD=0; shift; fi
 
-scripts/setup-frameworks.sh --check
+scripts/setup.sh --check frameworks
 if [ "$BUILD" = 1 ]; then
     cargo build --quiet --release -p cuquota -p cuquota-sim -p cuquota-cli
 fi
@@ -32,7 +32,7 @@ fi
 } | tee "$OUT"
 start=$(date +%s)
 set +e
-.deps/venv/bin/python -m pytest tests/frameworks -v -s -p no:cacheprovider "$@" 2>&1 | tee -a "$OUT"
+.deps/frameworks/bin/python -m pytest tests/frameworks -v -s -p no:cacheprovider "$@" 2>&1 | tee -a "$OUT"
 rc=${PIPESTATUS[0]}
 set -e
 echo "framework suite: $(($(date +%s) - start)) s, exit $rc" | tee -a "$OUT"
