@@ -13,7 +13,8 @@ At each checkpoint of a worker the test process observes, from outside: the driv
 NVML in a process that is not under cuquota (workers/observe.py), the container's usage region
 (`cuquota status --json`), and on the simulator the device time a process got (its timeline).
 
-Paths: $CUQUOTA_TEST_SHIM, else target/$CUQUOTA_TEST_PROFILE/libcuquota.so (profile default: release), and
+Paths: $CUQUOTA_TEST_SHIM, else target/$CUQUOTA_TEST_PROFILE/libcuquota.so (profile default: debug, where
+Cargo.toml builds the shim and the simulator with opt-level 3), and
 the simulator and CLI from the same profile. $CUQUOTA_FW_DEVICE=sim|gpu overrides the detection.
 """
 import json
@@ -67,7 +68,7 @@ DEVICE = "real GPU" if REAL else "simulated GPU (libcudasim.so)"
 
 _target = Path(os.environ.get("CARGO_TARGET_DIR", "target"))
 TARGET = _target if _target.is_absolute() else ROOT / _target
-PROFILE = os.environ.get("CUQUOTA_TEST_PROFILE", "release")
+PROFILE = os.environ.get("CUQUOTA_TEST_PROFILE", "debug")  # the shim and simulator are optimised there too
 SHIM = Path(os.environ.get("CUQUOTA_TEST_SHIM") or TARGET / PROFILE / "libcuquota.so").resolve()
 SIM = TARGET / PROFILE / "libcudasim.so"
 CLI = TARGET / PROFILE / "cuquota"
@@ -87,7 +88,7 @@ def require_builds():
     if missing:
         pytest.fail(
             f"not built: {', '.join(map(str, missing))} — run tests/frameworks/run.sh "
-            f"(or cargo build --release -p cuquota -p cuquota-sim -p cuquota-cli)",
+            f"(or cargo build -p cuquota -p cuquota-sim -p cuquota-cli)",
             pytrace=False,
         )
 

@@ -3,7 +3,8 @@
 #
 #   tests/frameworks/run.sh [--no-build] [PYTEST ARGS...]      e.g.  tests/frameworks/run.sh -k cupy
 #
-# Builds the release shim, simulator and CLI (unless --no-build), then runs pytest from .deps/frameworks (the
+# Builds the shim, simulator and CLI in $CUQUOTA_TEST_PROFILE (default debug, where the shim and the simulator are
+# optimised; unless --no-build), then runs pytest from .deps/frameworks (the
 # pinned wheels, installed by `scripts/setup.sh frameworks`; this script never installs). On a machine with an NVIDIA driver the suite uses
 # the real GPU, with its no-cuquota baseline in the same run. The log, headed by date, device and commit, is
 # written to target/frameworks-results.txt.
@@ -15,7 +16,8 @@ if [ "${1:-}" = --no-build ]; then BUILD=0; shift; fi
 
 scripts/setup.sh --check frameworks
 if [ "$BUILD" = 1 ]; then
-    cargo build --quiet --release -p cuquota -p cuquota-sim -p cuquota-cli
+    profile=(); [ "${CUQUOTA_TEST_PROFILE:-debug}" = debug ] || profile=(--profile "$CUQUOTA_TEST_PROFILE")
+    cargo build --quiet "${profile[@]}" -p cuquota -p cuquota-sim -p cuquota-cli
 fi
 
 TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
