@@ -37,4 +37,7 @@ step "portable build (scripts/build-portable.sh) and its tests"
 CUQUOTA_TEST_SHIM="$PWD/dist/libcuquota.so" cargo test -p shim-tests \
     --test memory_apis --test loading_styles --test multiprocess --test throttle
 
+step "framework suite (tests/frameworks: PyTorch, CuPy, cuda-python, pynvml under cuquota)"
+tests/frameworks/run.sh
+
 step "all passed"

@@ -3,16 +3,17 @@
 # of memory caps and SM limits, then prints one table row per expectation. Exits non-zero on any FAIL.
 #
 #   ./validate.sh [--cuda 13|12] [--caps "1g 4g"] [--sms "30 100"] [--quick] [--only "vector_add oom_probe"]
-#                 [--profile release|debug] [--no-cargo] [--shim PATH] [--sim PATH] [--seconds 2]
+#                 [--profile release|debug] [--no-cargo] [--shim PATH] [--sim PATH] [--seconds 2] [--frameworks]
 #
 # On a machine with an NVIDIA driver (libcuda.so.1 in ldconfig, or /dev/nvidiactl) the samples run on the GPU.
 # Anywhere else they run on the simulated GPU (libcudasim.so answering as libcuda.so.1 / libnvidia-ml.so.1), with a
 # fresh CUDASIM_STATE and CUQUOTA_USAGE_FILE per run. --quick runs only the functional samples, once without and
-# once with cuquota. See docs/examples.md.
+# once with cuquota. --frameworks also runs the framework suite (PyTorch, CuPy, cuda-python, pynvml; needs
+# `scripts/setup.sh frameworks` once) on the same device, with its no-cuquota baseline. See docs/examples.md.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")" && pwd)"
 
-CUDA=13 CAPS="1g 4g" SMS="30 100" QUICK=0 ONLY="" PROFILE=release BUILD=1 SHIM="" SIM="" SECONDS_LOOP=2
+CUDA=13 CAPS="1g 4g" SMS="30 100" QUICK=0 ONLY="" PROFILE=release BUILD=1 SHIM="" SIM="" SECONDS_LOOP=2 FRAMEWORKS=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --cuda) CUDA="$2"; shift 2 ;;
@@ -25,7 +26,8 @@ while [ $# -gt 0 ]; do
         --shim) SHIM="$2"; shift 2 ;;
         --sim) SIM="$2"; shift 2 ;;
         --seconds) SECONDS_LOOP="$2"; shift 2 ;;
-        -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --frameworks) FRAMEWORKS=1; shift ;;
+        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "validate.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -251,6 +253,20 @@ if want mini_smi; then
             row mini_smi "$cap" - "NVML total = $(human "$exp")" "$(human "$total")" "$(verdict [ "$total" = "$exp" ])"
         fi
     done
+fi
+
+# --- frameworks -------------------------------------------------------------------------------------------
+if [ "$FRAMEWORKS" = 1 ]; then
+    RUN_N=$((RUN_N + 1))
+    OUTF="$WORK/out.$RUN_N.frameworks"
+    flags=(--no-build)
+    [ "$BUILD" = 1 ] && flags=()
+    env CUQUOTA_TEST_PROFILE="$PROFILE" CUQUOTA_TEST_SHIM="$SHIM" "$ROOT/tests/frameworks/run.sh" "${flags[@]}" \
+        >"$OUTF" 2>&1
+    RC=$?
+    summary=$(grep -E '^=+ .*(passed|failed|error).* =+$' "$OUTF" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//')
+    row frameworks - - "pytest: all pass (xfail allowed)" "${summary:-exit $RC}" "$(verdict [ "$RC" = 0 ])"
+    log "framework suite log: target/frameworks-results.txt"
 fi
 
 # --- report -----------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 # The setup step: installs every pinned dependency the build, the tests and the samples need, once, from PyPI.
 # test.sh runs it first; nothing is installed anywhere else (no test installs or downloads anything).
 #
-#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s (default: all)
+#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s frameworks (default: all)
 #
 # Each group goes to its own folder, keyed by a hash of its pins, under the cache
 # ${CUQUOTA_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cuquota-deps}, and .deps/<group> links to it: a fresh
@@ -16,6 +16,9 @@
 #   zig   cargo-zigbuild and zig, for the portable glibc-2.17 build (scripts/build-portable.sh)
 #   k8s   kubernetes-validate (the Kubernetes schemas bundled) and its dependencies, for the examples/kubernetes
 #         test
+#   frameworks  the framework suite's wheels (tests/frameworks/requirements.txt, every one with its sha256:
+#         PyTorch 2.15 for CUDA 13.2 and its nvidia-* libraries, CuPy, cuda-python, nvidia-ml-py, pytest) in a
+#         Python 3.11 virtual environment; ~3 GB to download once, 4.7 GB on disk
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -29,17 +32,18 @@ pins() { # group -> its pinned requirements, one per line
         k8s) printf '%s\n' kubernetes-validate==1.37.0 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 \
             referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0 pyyaml==6.0.3 packaging==26.3 \
             importlib-resources==7.1.0 typing-extensions==4.16.0 ;;
-        *) echo "setup.sh: unknown group '$1' (groups: cu13 cu12 zig k8s)" >&2; exit 2 ;;
+        frameworks) cat "$ROOT/tests/frameworks/requirements.txt" ;;
+        *) echo "setup.sh: unknown group '$1' (groups: cu13 cu12 zig k8s frameworks)" >&2; exit 2 ;;
     esac
 }
-ALL=(cu13 cu12 zig k8s)
+ALL=(cu13 cu12 zig k8s frameworks)
 
 CHECK=0
 GROUPS_WANTED=()
 for a in "$@"; do
     case "$a" in
         --check) CHECK=1 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) pins "$a" >/dev/null; GROUPS_WANTED+=("$a") ;;
     esac
 done
@@ -54,6 +58,18 @@ words() { tr -s ' \n' '\n\n' | sed '/^$/d'; }
 holds() { [ -f "$1/.stamp" ] && [ "$(words <"$1/.stamp")" = "$(pins "$2" | words)" ]; }
 ready() { holds "$ROOT/.deps/$1" "$1"; }
 
+install_frameworks() { # dir
+    local dir="$1" py="${CUQUOTA_FW_PYTHON:-python3.11}"
+    command -v "$py" >/dev/null || py="$PY"
+    if [ "$("$py" -c 'import sys; print(sys.version_info[:2] == (3, 11))' 2>/dev/null)" != True ]; then
+        echo "setup.sh: frameworks: the pinned wheels are for Python 3.11 and $py is not one (set CUQUOTA_FW_PYTHON)" >&2
+        exit 1
+    fi
+    "$py" -m venv --without-pip "$dir"
+    PIP_ROOT_USER_ACTION=ignore "$py" -m pip --python "$dir/bin/python" install --quiet --disable-pip-version-check \
+        --no-cache-dir --no-deps --require-hashes --only-binary :all: -r "$ROOT/tests/frameworks/requirements.txt" >&2
+}
+
 install() { # group
     local g="$1" want hash dir
     want="$(pins "$g")"
@@ -61,11 +77,16 @@ install() { # group
     dir="$CACHE/$g-$hash"
     if ! mkdir -p "$CACHE" 2>/dev/null; then dir="$ROOT/.deps/$g.d"; fi
     if ! holds "$dir" "$g"; then
-        echo "setup.sh: installing $g: $(echo "$want" | tr '\n' ' ')" >&2
         rm -rf "$dir.tmp.$$"
-        # shellcheck disable=SC2086
-        PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --disable-pip-version-check --no-deps \
-            --no-warn-script-location --target "$dir.tmp.$$" $want >&2
+        if [ "$g" = frameworks ]; then
+            echo "setup.sh: installing frameworks: the $(grep -c '==' <<<"$want") wheels of tests/frameworks/requirements.txt (~3 GB)" >&2
+            install_frameworks "$dir.tmp.$$"
+        else
+            echo "setup.sh: installing $g: $(echo "$want" | tr '\n' ' ')" >&2
+            # shellcheck disable=SC2086
+            PIP_ROOT_USER_ACTION=ignore "$PY" -m pip install --quiet --disable-pip-version-check --no-deps \
+                --no-warn-script-location --target "$dir.tmp.$$" $want >&2
+        fi
         echo "$want" >"$dir.tmp.$$/.stamp"
         # Other checkouts may be using a stale or partial folder: move it aside (rename is atomic) rather than
         # delete it under them; a racing installer of the same pins may have finished first.

@@ -22,6 +22,7 @@
 //! | `c693336e-1121-df11-a8c3-68f355d89593` | context-local storage | put / delete / get; destructors on context destruction |
 //! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks | slot 2 writes 0, slot 3 returns 0 |
 //! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | integrity check | slot 1: HMAC-MD2 over what runtime and driver both know |
+//! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | (purpose unknown) | size word + 4 unknown slots: a 13.4 runtime (cuDNN 9.26's) fails to start without it |
 //!
 //! Contract with the rest of the simulator: `cuGetExportTable` calls [`get`] (or [`lookup`]); the first lookup
 //! registers [`context_destroyed`] with `context::register_destroy_hook`, which the simulator runs (without its
@@ -110,13 +111,15 @@ const T_TLS: usize = 2;
 const T_CLS: usize = 3;
 const T_CHECKS: usize = 4;
 const T_INTEGRITY: usize = 5;
-const TABLE_NAMES: [&str; 6] = [
+const T_RUNTIME_13_4: usize = 6;
+const TABLE_NAMES: [&str; 7] = [
     "CUDART_INTERFACE",
     "RUNTIME_CALLBACK_HOOKS",
     "TOOLS_TLS",
     "CONTEXT_LOCAL_STORAGE",
     "CONTEXT_CHECKS",
     "INTEGRITY_CHECK",
+    "RUNTIME_13_4 (21318c60)",
 ];
 
 /// A slot whose meaning nobody has documented: fail cleanly instead of crashing.
@@ -202,6 +205,15 @@ const UUID_CONTEXT_CHECKS: [u8; 16] = uuid(
     0x6143,
     [0x92, 0xf6, 0xbb, 0xd5, 0x00, 0x6d, 0xfa, 0x7e],
 );
+/// Asked for by CUDA 13.4 runtimes during their initialisation (the 13.0 and 13.2 runtimes do not ask);
+/// without it the runtime fails to start (cuDNN: CUDNN_STATUS_NOT_INITIALIZED). cuBLAS 13.4 calls its slot 4
+/// with tables of its own, on a path that first needs TOOLS_TLS slot 2 (see the simulator's README).
+const UUID_RUNTIME_13_4: [u8; 16] = uuid(
+    0x21318c60,
+    0x9714,
+    0x3248,
+    [0x8c, 0xa6, 0x41, 0xff, 0x73, 0x24, 0xc8, 0xf2],
+);
 const UUID_INTEGRITY_CHECK: [u8; 16] = uuid(
     0xd4082055,
     0xbde6,
@@ -235,6 +247,7 @@ pub(crate) fn lookup(id: &[u8; 16]) -> Result<*const c_void, CUresult> {
         UUID_CONTEXT_LOCAL_STORAGE => Some(CONTEXT_LOCAL_STORAGE.0.as_ptr().cast()),
         UUID_CONTEXT_CHECKS => Some(CONTEXT_CHECKS.0.as_ptr().cast()),
         UUID_INTEGRITY_CHECK => Some(INTEGRITY_CHECK.0.as_ptr().cast()),
+        UUID_RUNTIME_13_4 => Some(RUNTIME_13_4.0.as_ptr().cast()),
         _ => None,
     };
     trace(format_args!(
@@ -453,6 +466,16 @@ static TOOLS_TLS: Table<4> = Table([
     unk::<T_TLS, 1>(),
     unk::<T_TLS, 2>(),
     unk::<T_TLS, 3>(),
+]);
+
+/// Only its presence is needed to start a 13.4 runtime; no slot's meaning is known (slot 4 is the highest
+/// seen called).
+static RUNTIME_13_4: Table<5> = Table([
+    size_word(5),
+    unk::<T_RUNTIME_13_4, 1>(),
+    unk::<T_RUNTIME_13_4, 2>(),
+    unk::<T_RUNTIME_13_4, 3>(),
+    unk::<T_RUNTIME_13_4, 4>(),
 ]);
 
 // ---------------------------------------------------------------------------------------------------------

@@ -8,12 +8,13 @@
 //!
 //! Layout: `abi/` holds every export (thin, panic-safe wrappers); the other modules are plain Rust, one job
 //! each: `config` (env), `state` (the shared file), `sim` (process-wide state), `device` (visibility and
-//! attributes), `context`, `memory`, `pool`, `vmm`, `array`, `module`, `stream`, `timeline`, `launch`,
+//! attributes), `context`, `memory`, `pool`, `vmm`, `array`, `code` (compiled images), `module`, `stream`, `timeline`, `launch`,
 //! `graph`, `nvml`, `proc_address` (+ the generated `proc_table` and `stubs`), `export_table` (the runtime's
 //! private tables), `errors`, `types` (header values and layouts).
 
 mod abi;
 mod array;
+mod code;
 mod config;
 mod context;
 mod device;

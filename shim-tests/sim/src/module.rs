@@ -1,16 +1,19 @@
 //! Modules, libraries, functions and kernels, and the module image format that gives kernels a speed.
 //!
 //! A text image starting with `CUDASIM-MODULE 1` declares its kernels (`kernel <name> <ns_per_wave>`) and
-//! optionally globals (`global <name> <bytes>`); asking for any other name is CUDA_ERROR_NOT_FOUND. Any other
-//! image (cubin, fatbin, PTX, the runtime's fatbin wrapper) loads as an opaque module whose every kernel name
-//! exists and runs at CUDASIM_WAVE_NS. Each module (and each context a library is loaded into) costs
-//! CUDASIM_MODULE_OVERHEAD bytes of device memory. Libraries (cuLibrary*) are context-independent: they load
-//! into a context when one is current at load time, or when first used in one.
+//! optionally globals (`global <name> <bytes>`); asking for any other name is CUDA_ERROR_NOT_FOUND. A
+//! compiled image (fat binary or its wrapper, cubin, PTX: see `code`) defines the kernels and globals its code
+//! for the device defines; its kernels run at CUDASIM_WAVE_NS, its globals are allocated (with their initial
+//! bytes) at their first lookup. Any other image loads as an opaque module whose every kernel name exists.
+//! Each module (and each context a library is loaded into) costs CUDASIM_MODULE_OVERHEAD bytes of device
+//! memory. Libraries (cuLibrary*) are context-independent: they load into a context when first used in it
+//! (lazy loading, CUDA's default), or with CUDA_MODULE_LOADING=EAGER into the one current at load time.
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
 use std::sync::Arc;
 
+use crate::code::Code;
 use crate::memory::AllocKind;
 use crate::objects::{new_handle, Kind, Objects};
 use crate::sim::Sim;
@@ -23,8 +26,41 @@ pub(crate) struct Image {
     pub kernels: Vec<(String, u64)>,
     /// Global name → bytes.
     pub globals: Vec<(String, u64)>,
-    /// Not a CUDASIM-MODULE text image: every kernel name exists.
+    /// Neither a CUDASIM-MODULE text image nor compiled code: every kernel name exists.
     pub opaque: bool,
+    /// Compiled code: names come from it (unreadable code behaves as opaque).
+    pub code: Option<Code>,
+}
+
+impl Image {
+    /// CUDA_ERROR_NO_BINARY_FOR_GPU for compiled code without code for this GPU.
+    pub(crate) fn runs_here(&self) -> CuResult<()> {
+        self.code.as_ref().map_or(Ok(()), Code::runs_here)
+    }
+
+    /// Whether kernel `name` exists (Ok(None): not found), and its ns per wave.
+    fn kernel(&self, name: &str, wave_ns: u64) -> CuResult<Option<u64>> {
+        self.runs_here()?;
+        Ok(self.kernel_in_code(name, wave_ns))
+    }
+
+    fn kernel_in_code(&self, name: &str, wave_ns: u64) -> Option<u64> {
+        if let Some(k) = self.kernels.iter().find(|k| k.0 == name) {
+            return Some(k.1);
+        }
+        match self.code.as_ref().and_then(Code::symbols) {
+            Some(s) => s.kernels.contains(name).then_some(wave_ns),
+            None => (self.opaque || self.code.is_some()).then_some(wave_ns),
+        }
+    }
+
+    /// How many kernels the image defines (0 for an opaque one).
+    pub(crate) fn kernel_count(&self) -> usize {
+        match self.code.as_ref().and_then(Code::symbols) {
+            Some(s) => s.kernels.len(),
+            None => self.kernels.len(),
+        }
+    }
 }
 
 const TEXT_MAGIC: &[u8] = b"CUDASIM-MODULE 1";
@@ -60,11 +96,22 @@ pub(crate) fn parse_text(text: &str) -> Result<Image, String> {
     Ok(img)
 }
 
-/// Reads an image from memory: a NUL-terminated CUDASIM-MODULE text, or anything else (opaque).
+/// An image of compiled code, or an opaque one.
+fn compiled(code: Option<Code>) -> Image {
+    Image {
+        opaque: code.is_none(),
+        code,
+        ..Image::default()
+    }
+}
+
+/// Reads an image from memory: a NUL-terminated CUDASIM-MODULE text, compiled code, or anything else
+/// (opaque).
 ///
 /// # Safety
 /// `p` must point to a module image as cuModuleLoadData requires (readable at least up to the first byte
-/// that differs from the text magic, or to a NUL-terminated string when it is text).
+/// that differs from the text magic, or to a NUL-terminated string when it is text; a compiled image
+/// complete in memory).
 pub(crate) unsafe fn read_image(p: *const c_void) -> CuResult<Image> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -73,10 +120,8 @@ pub(crate) unsafe fn read_image(p: *const c_void) -> CuResult<Image> {
     for (i, &m) in TEXT_MAGIC.iter().enumerate() {
         // SAFETY: reading stops at the first byte that differs from the magic (per the contract above).
         if unsafe { *b.add(i) } != m {
-            return Ok(Image {
-                opaque: true,
-                ..Image::default()
-            });
+            // SAFETY: forwarded contract: a compiled image is complete in memory.
+            return Ok(compiled(unsafe { crate::code::read(b) }?));
         }
     }
     // SAFETY: a text image is NUL-terminated.
@@ -93,10 +138,7 @@ pub(crate) fn read_image_file(path: &str) -> CuResult<Image> {
     if data.starts_with(TEXT_MAGIC) {
         parse_text(&String::from_utf8_lossy(&data)).map_err(|_| CUDA_ERROR_INVALID_IMAGE)
     } else {
-        Ok(Image {
-            opaque: true,
-            ..Image::default()
-        })
+        crate::code::read_bytes(&data).map(compiled)
     }
 }
 
@@ -220,11 +262,10 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
     if let Some(&f) = m.functions.get(name) {
         return Ok(f);
     }
-    let ns = match m.image.kernels.iter().find(|k| k.0 == name) {
-        Some(k) => k.1,
-        None if m.image.opaque => sim.cfg.wave_ns,
-        None => return Err(CUDA_ERROR_NOT_FOUND),
-    };
+    let ns = m
+        .image
+        .kernel(name, sim.cfg.wave_ns)?
+        .ok_or(CUDA_ERROR_NOT_FOUND)?;
     let f = new_handle(Kind::Function);
     o.functions.insert(
         f,
@@ -245,13 +286,43 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
     Ok(f)
 }
 
-/// cuModuleGetGlobal.
-pub(crate) fn get_global(o: &Objects, module: u64, name: &str) -> CuResult<(u64, u64)> {
+/// cuModuleGetGlobal: a declared global of a text image, or a global of compiled code (allocated in the
+/// module's context at its first lookup, holding the image's initial bytes).
+pub(crate) fn get_global(o: &mut Objects, sim: &Sim, module: u64, name: &str) -> CuResult<(u64, u64)> {
     let m = o.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    m.globals.get(name).copied().ok_or(CUDA_ERROR_NOT_FOUND)
+    if let Some(&g) = m.globals.get(name) {
+        return Ok(g);
+    }
+    let (ctx, image) = (m.ctx, m.image.clone());
+    image.runs_here()?;
+    let g = image
+        .code
+        .as_ref()
+        .and_then(Code::symbols)
+        .and_then(|s| s.globals.get(name))
+        .ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let p = crate::memory::alloc(o, sim, ctx, g.size.max(1), AllocKind::ModuleGlobal, false)?;
+    // SAFETY: `p` is a fresh allocation of at least `size` ≥ init.len() bytes, backed by host memory.
+    unsafe { std::ptr::copy_nonoverlapping(g.init.as_ptr(), p as *mut u8, g.init.len()) };
+    o.modules
+        .get_mut(&module)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+        .globals
+        .insert(name.to_string(), (p, g.size));
+    Ok((p, g.size))
 }
 
-/// cuLibraryLoadData: loads eagerly into the current context if there is one.
+/// Whether libraries load into the current context at cuLibraryLoad* (`CUDA_MODULE_LOADING=EAGER`) rather than
+/// into each context at their first use there (lazy loading, CUDA's default since 12.2). Read per process,
+/// as the driver does.
+fn eager_loading() -> bool {
+    static EAGER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *EAGER.get_or_init(|| std::env::var("CUDA_MODULE_LOADING").is_ok_and(|v| v.eq_ignore_ascii_case("EAGER")))
+}
+
+/// cuLibraryLoadData: with eager loading, loads into the current context if there is one; lazily, into each
+/// context at its first use there (cuBLAS loads ~1000 fat binaries and uses a few: charging each its module
+/// overhead at load would take gigabytes no real GPU spends).
 pub(crate) fn library_load(o: &mut Objects, sim: &Sim, image: Image) -> CuResult<u64> {
     let h = new_handle(Kind::Library);
     o.libraries.insert(
@@ -262,7 +333,7 @@ pub(crate) fn library_load(o: &mut Objects, sim: &Sim, image: Image) -> CuResult
             kernels: HashMap::new(),
         },
     );
-    if crate::context::current_handle() != 0 {
+    if eager_loading() && crate::context::current_handle() != 0 {
         if let Ok(ctx) = crate::context::current(o, sim) {
             if let Err(e) = library_module(o, sim, h, ctx) {
                 o.libraries.remove(&h);
@@ -307,7 +378,12 @@ pub(crate) fn library_get_kernel(o: &mut Objects, lib: u64, name: &str) -> CuRes
     if let Some(&k) = l.kernels.get(name) {
         return Ok(k);
     }
-    if !l.image.opaque && !l.image.kernels.iter().any(|k| k.0 == name) {
+    // Compiled code is read only when a kernel is used in a context (cuKernelGetFunction, a launch): the CUDA
+    // runtime asks for a handle to every kernel of every fat binary it registers, and reading them all
+    // would cost a framework seconds at start-up.
+    if l.image.code.is_some() {
+        l.image.runs_here()?;
+    } else if l.image.kernel(name, 0)?.is_none() {
         return Err(CUDA_ERROR_NOT_FOUND);
     }
     let k = new_handle(Kind::Kernel);
@@ -361,9 +437,19 @@ mod tests {
         // SAFETY: a NUL-terminated text image.
         let img = unsafe { read_image(text.as_ptr() as *const c_void) }.unwrap();
         assert_eq!(img.kernels, vec![("k".into(), 5)]);
-        let fatbin: [u8; 16] = [0xb1, 0x43, 0x62, 0x46, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        // SAFETY: 16 readable bytes that differ from the magic at byte 0.
-        let img = unsafe { read_image(fatbin.as_ptr() as *const c_void) }.unwrap();
+        // A fat-binary wrapper without code for this GPU: the driver's error.
+        let wrapper: [u8; 24] = [
+            0xb1, 0x43, 0x62, 0x46, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        // SAFETY: a complete (empty) wrapper.
+        let img = unsafe { read_image(wrapper.as_ptr() as *const c_void) }.unwrap();
+        assert_eq!(img.runs_here(), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
+        assert_eq!(img.kernel("k", 7), Err(CUDA_ERROR_NO_BINARY_FOR_GPU));
+        // An unknown format: opaque, every kernel name exists.
+        let other: [u8; 16] = [0x01, 0x02, 0x03, 0x04, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        // SAFETY: 16 readable bytes that differ from every magic and are not text.
+        let img = unsafe { read_image(other.as_ptr() as *const c_void) }.unwrap();
         assert!(img.opaque);
+        assert_eq!(img.kernel("anything", 7), Ok(Some(7)));
     }
 }

@@ -20,6 +20,7 @@ pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
 pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
@@ -37,6 +38,7 @@ pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 // CUdevice_attribute
@@ -109,6 +111,7 @@ pub const CU_FUNC_ATTRIBUTE_MAX: i32 = 16;
 // Launch
 pub const CU_LAUNCH_PARAM_END: usize = 0;
 pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 
 // Graph node types
 pub const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
@@ -335,6 +338,31 @@ pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
+/// nvmlGpuFabricInfo_v3_t (v2 is its first 36 bytes)
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlGpuFabricInfoV3 {
+    pub version: u32,
+    pub cluster_uuid: [u8; 16],
+    pub status: NvmlReturn,
+    pub clique_id: u32,
+    pub state: u8,
+    pub health_mask: u32,
+    pub health_summary: u8,
+}
+
+/// NVML_STRUCT_VERSION(GpuFabricInfo, 2 / 3)
+pub const NVML_GPU_FABRIC_INFO_V2: u32 = 36 | (2 << 24);
+pub const NVML_GPU_FABRIC_INFO_V3: u32 = 40 | (3 << 24);
+pub const NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: u8 = 0;
+
+/// nvmlGpuP2PCapsIndex_t / nvmlGpuP2PStatus_t
+pub const NVML_P2P_CAPS_INDEX_READ: u32 = 0;
+pub const NVML_P2P_CAPS_INDEX_WRITE: u32 = 1;
+pub const NVML_P2P_CAPS_INDEX_PCI: u32 = 4;
+pub const NVML_P2P_STATUS_OK: u32 = 0;
+pub const NVML_P2P_STATUS_NOT_SUPPORTED: u32 = 5;
+
 /// nvmlMemory_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -432,5 +460,10 @@ mod tests {
         assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
         assert_eq!(size_of::<NvmlPciInfo>(), 68);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
+        assert_eq!(size_of::<NvmlGpuFabricInfoV3>(), 40);
+        assert_eq!(std::mem::offset_of!(NvmlGpuFabricInfoV3, state), 28);
+        assert_eq!(std::mem::offset_of!(NvmlGpuFabricInfoV3, health_summary), 36);
+        assert_eq!(NVML_GPU_FABRIC_INFO_V2, 0x0200_0024);
+        assert_eq!(NVML_GPU_FABRIC_INFO_V3, 0x0300_0028);
     }
 }

@@ -220,8 +220,9 @@ fn proc_table_rows_match_cudatypedefs_pfn_types() {
     let table =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/proc_table.rs")).unwrap();
     let typedefs = std::fs::read_to_string(include_dir().join("cudaTypedefs.h")).unwrap();
+    let profiler = std::fs::read_to_string(include_dir().join("cudaProfilerTypedefs.h")).unwrap();
     let mut c = String::from("#include <cuda.h>\n#include <cudaTypedefs.h>\n");
-    let mut rows = 0;
+    let (mut rows, mut profiler_rows) = (0, 0);
     for line in table.lines() {
         let Some(row) = line.trim().strip_prefix('(').and_then(|l| l.strip_suffix("),")) else {
             continue;
@@ -232,6 +233,14 @@ fn proc_table_rows_match_cudatypedefs_pfn_types() {
         };
         // cuda.h 12.0 renamed cuGraphInstantiate to cuGraphInstantiateWithFlags: no PFN_ of that version.
         if name == "cuGraphInstantiate" && sym == "cuGraphInstantiateWithFlags" {
+            continue;
+        }
+        // cudaProfiler.h (the prototypes) is not in the runtime wheel, so cudaProfilerTypedefs.h does not
+        // compile: its rows are checked by name against the typedefs' text.
+        if name.starts_with("cuProfiler") {
+            let typedef = format!("PFN_{name}_v{ver})");
+            assert!(profiler.contains(&typedef) && sym == name, "{line}: no {typedef}");
+            profiler_rows += 1;
             continue;
         }
         let pfn = ["", "_ptsz", "_ptds"]
@@ -246,6 +255,10 @@ fn proc_table_rows_match_cudatypedefs_pfn_types() {
         rows += 1;
     }
     assert!(rows > 600);
+    assert_eq!(
+        profiler_rows, 3,
+        "cuProfilerInitialize, cuProfilerStart, cuProfilerStop"
+    );
     let dir = std::env::temp_dir().join(format!("cudasim-pfn-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let src = dir.join("pfn.c");

@@ -17,6 +17,8 @@ fn load_module(pm: *mut Handle, image: CuResult<Image>) -> CuResult<()> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let image = image?;
+    // Modules load eagerly: code for another GPU fails here (libraries fail at their first lookup).
+    image.runs_here()?;
     let m = with(|o| -> CuResult<u64> {
         let c = context::current(o, sim)?;
         module::load(o, sim, c, std::sync::Arc::new(image), None)
@@ -26,11 +28,13 @@ fn load_module(pm: *mut Handle, image: CuResult<Image>) -> CuResult<()> {
 }
 
 fn get_global(dptr: *mut u64, bytes: *mut usize, m: Handle, name: *const c_char) -> CuResult<()> {
-    cuda()?;
     // SAFETY: the caller's arguments per cuModuleGetGlobal; out-pointers are optional.
     unsafe {
         let name = cstr(name)?;
-        let (p, n) = with(|o| module::get_global(o, h(m), &name))?;
+        let sim = cuda()?;
+        let found = with(|o| module::get_global(o, sim, h(m), &name));
+        super::log(|| format!("global {name:?} -> {found:x?}"));
+        let (p, n) = found?;
         if !dptr.is_null() {
             *dptr = p;
         }
@@ -93,6 +97,33 @@ fn launch_ex(config: *const LaunchConfig, f: Handle) -> CuResult<()> {
         (c, coop)
     };
     launch(sim, h(c.stream), &[kernel(f, c.grid, c.block)], coop)
+}
+
+/// The cluster size (blocks) a launch configuration asks for with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (None:
+/// not given), and its block count per SM at full occupancy.
+fn cluster_config(config: *const LaunchConfig) -> CuResult<(Option<u32>, u32)> {
+    // SAFETY: the caller's CUlaunchConfig; attrs points to numAttrs entries.
+    unsafe {
+        let c = read(config)?;
+        if c.num_attrs > 0 && c.attrs.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let threads = c.block.iter().try_fold(1u32, |a, &d| a.checked_mul(d));
+        let threads = threads
+            .filter(|t| (1..=1024).contains(t))
+            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let mut size = None;
+        for i in 0..c.num_attrs as usize {
+            let a = read(c.attrs.add(i))?;
+            if a.id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
+                let d = |k: usize| {
+                    u32::from_ne_bytes([a.value[k], a.value[k + 1], a.value[k + 2], a.value[k + 3]])
+                };
+                size = Some(d(0).saturating_mul(d(4)).saturating_mul(d(8)));
+            }
+        }
+        Ok((size, (2048 / threads).clamp(1, 32)))
+    }
 }
 
 fn legacy_launch(f: Handle, gw: i32, gh: i32, s: Handle) -> CuResult<()> {
@@ -408,6 +439,52 @@ cuda_fn! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         out(n, (2048 / block).clamp(1, 32))
+    }
+
+    /// H100-like: 228 KiB of shared memory per SM, 1 KiB of it reserved per block, at most 227 KiB per block;
+    /// 0 when `blocks` blocks of `block` threads cannot be resident on one SM at all. Simulated kernels use no
+    /// static shared memory.
+    fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: Handle, blocks: i32, block: i32) {
+        cuda()?;
+        if blocks <= 0 || !(1..=1024).contains(&block) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        with(|o| o.functions.contains_key(&h(f)) || o.kernels.contains_key(&h(f)))
+            .then_some(())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let resident = (2048 / block).clamp(1, 32);
+        let bytes = if blocks > resident {
+            0
+        } else {
+            (228 * 1024 / blocks as usize).saturating_sub(1024).min(227 * 1024)
+        };
+        out(size, bytes)
+    }
+
+    /// Clusters are up to 8 blocks (portable) or 16 (H100's non-portable limit); the device holds as many as
+    /// its SMs' resident blocks allow (no GPC boundaries are modelled).
+    fn cuOccupancyMaxActiveClusters(n: *mut i32, f: Handle, config: *const LaunchConfig) {
+        let sim = cuda()?;
+        let (size, per_sm) = cluster_config(config)?;
+        let size = size.filter(|s| (1..=16).contains(s)).ok_or(CUDA_ERROR_INVALID_CLUSTER_SIZE)?;
+        let sms = with(|o| -> CuResult<u32> {
+            if !o.functions.contains_key(&h(f)) && !o.kernels.contains_key(&h(f)) {
+                return Err(CUDA_ERROR_INVALID_HANDLE);
+            }
+            let c = context::current(o, sim)?;
+            Ok(sim.cfg.devices[context::device_of(o, c)?.1].sms)
+        })?;
+        out(n, (sms * per_sm / size) as i32)
+    }
+
+    /// The largest portable cluster (8 blocks), as on an H100.
+    fn cuOccupancyMaxPotentialClusterSize(n: *mut i32, f: Handle, config: *const LaunchConfig) {
+        cuda()?;
+        cluster_config(config)?;
+        with(|o| o.functions.contains_key(&h(f)) || o.kernels.contains_key(&h(f)))
+            .then_some(())
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        out(n, 8)
     }
 
     fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(

@@ -66,6 +66,18 @@ fn occupancy_block(min_grid: *mut i32, block: *mut i32, f: Handle, limit: i32) -
 }
 
 cuda_fn! {
+    // No profiling tool is attached to the simulator: start / stop only check there is a current context
+    // (CUDA_ERROR_INVALID_CONTEXT otherwise, as cudaProfiler.h documents) and otherwise have no effect.
+    fn cuProfilerStart() {
+        let sim = cuda()?;
+        with(|o| context::current(o, sim)).map(|_| ())
+    }
+
+    fn cuProfilerStop() {
+        let sim = cuda()?;
+        with(|o| context::current(o, sim)).map(|_| ())
+    }
+
     fn cuLaunchHostFunc(s: Handle, f: Option<HostFn>, user: *mut c_void) {
         let f = f.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let user = user as usize;
@@ -215,14 +227,14 @@ cuda_fn! {
 
     fn cuModuleGetFunctionCount(count: *mut u32, m: Handle) {
         cuda()?;
-        let n = with(|o| o.modules.get(&h(m)).map(|m| m.image.kernels.len() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let n = with(|o| o.modules.get(&h(m)).map(|m| m.image.kernel_count() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         out(count, n)
     }
 
     fn cuLibraryGetKernelCount(count: *mut u32, l: Handle) {
         cuda()?;
         let n =
-            with(|o| o.libraries.get(&h(l)).map(|l| l.image.kernels.len() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            with(|o| o.libraries.get(&h(l)).map(|l| l.image.kernel_count() as u32)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         out(count, n)
     }
 

@@ -319,6 +319,72 @@ nvml_fn! {
         Ok(())
     }
 
+    // The simulated GPUs have no NVLink (as PCIe cards): the link queries PyTorch resolves at start-up answer
+    // NOT_SUPPORTED after checking their arguments, as nvml.h documents for such devices.
+    fn nvmlDeviceGetNvLinkRemoteDeviceType(dev: Device, link: u32, kind: *mut u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        if kind.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    }
+
+    fn nvmlDeviceGetNvLinkRemotePciInfo_v2(dev: Device, link: u32, pci: *mut NvmlPciInfo) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        if pci.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    }
+
+    fn nvmlDeviceGetNvLinkState(dev: Device, link: u32, active: *mut u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        if active.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    }
+
+    /// A Hopper GPU outside an NVSwitch fabric: success, with the probe state "not supported".
+    fn nvmlDeviceGetGpuFabricInfoV(dev: Device, info: *mut NvmlGpuFabricInfoV3) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        if info.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let version = (*info).version;
+        let len = match version {
+            NVML_GPU_FABRIC_INFO_V2 => NVML_GPU_FABRIC_INFO_V2 & 0xff_ffff,
+            NVML_GPU_FABRIC_INFO_V3 => NVML_GPU_FABRIC_INFO_V3 & 0xff_ffff,
+            _ => return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH),
+        };
+        let answer = NvmlGpuFabricInfoV3 { version, state: NVML_GPU_FABRIC_STATE_NOT_SUPPORTED, ..Default::default() };
+        // SAFETY: the caller's struct is at least `len` bytes: the size its version word names.
+        std::ptr::copy_nonoverlapping(
+            (&answer as *const NvmlGpuFabricInfoV3).cast::<u8>(),
+            info.cast::<u8>(),
+            len as usize,
+        );
+        Ok(())
+    }
+
+    /// Peers reach each other over PCIe (cuDeviceCanAccessPeer agrees): read, write and PCI are OK between two
+    /// different devices; NVLink and atomics are not supported; a device is not its own peer.
+    fn nvmlDeviceGetP2PStatus(dev1: Device, dev2: Device, caps: u32, status: *mut u32) {
+        let sim = sim()?;
+        let a = phys_of(sim, dev1)?;
+        let b = phys_of(sim, dev2)?;
+        if caps > NVML_P2P_CAPS_INDEX_PCI {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let ok = a != b
+            && matches!(caps, NVML_P2P_CAPS_INDEX_READ | NVML_P2P_CAPS_INDEX_WRITE | NVML_P2P_CAPS_INDEX_PCI);
+        nout(status, if ok { NVML_P2P_STATUS_OK } else { NVML_P2P_STATUS_NOT_SUPPORTED })
+    }
+
     fn nvmlDeviceGetPciInfo(dev: Device, pci: *mut NvmlPciInfo) {
         nout(pci, pci_info(dev)?)
     }
