@@ -43,11 +43,11 @@ int main(int argc, char **argv) {
     float one_ms = 0;
     CUDA_TRY(cudaEventElapsedTime(&one_ms, a, b));
 
-    // Batches of 8, two in flight: the queue stays short (the wall time measures execution, not queueing), and
-    // the device never idles while this process waits for a CPU to launch the next batch.
-    cudaEvent_t done[2];
-    CUDA_TRY(cudaEventCreateWithFlags(&done[0], cudaEventDisableTiming));
-    CUDA_TRY(cudaEventCreateWithFlags(&done[1], cudaEventDisableTiming));
+    // Batches of 8, four in flight: the queue stays short (the wall time measures execution, not queueing), and
+    // the device does not idle while this process waits a while for a CPU to launch the next batch.
+    enum { IN_FLIGHT = 4 };
+    cudaEvent_t done[IN_FLIGHT];
+    for (int i = 0; i < IN_FLIGHT; i++) CUDA_TRY(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
     unsigned long long m0 = mono_ns();
     double t0 = now_s(), t;
     long launched = 0;
@@ -55,8 +55,8 @@ int main(int argc, char **argv) {
     do {
         for (int k = 0; k < 8; k++) burn<<<blocks, 256, 0, s>>>(out, iters);
         launched += 8;
-        CUDA_TRY(cudaEventRecord(done[batch & 1], s));
-        if (batch > 0) CUDA_TRY(cudaEventSynchronize(done[(batch - 1) & 1]));
+        CUDA_TRY(cudaEventRecord(done[batch % IN_FLIGHT], s));
+        if (batch >= IN_FLIGHT - 1) CUDA_TRY(cudaEventSynchronize(done[(batch + 1) % IN_FLIGHT]));
         batch++;
         t = now_s() - t0;
     } while (t < seconds);

@@ -93,7 +93,7 @@ fn agent_reports_each_container_from_nvml() {
     a.wait_ready(1);
     let a_pid: u32 = a.wait_for("pid").parse().unwrap();
     let tp = throttle_paths().display().to_string();
-    let b = run_container(
+    let mut b = run_container(
         &sim,
         &use_b,
         &[
@@ -103,7 +103,7 @@ fn agent_reports_each_container_from_nvml() {
             &tp,
             "kernel",
             "direct",
-            "4",
+            "8",
             "1000000",
         ],
     );
@@ -132,7 +132,9 @@ fn agent_reports_each_container_from_nvml() {
         &format!("limits = {:?}\n[members]\nsubtree = {}\n", lim_b, b.pid()),
     );
     descriptor(&dir, "broken", "limits = \"/x\"\n");
-    std::thread::sleep(Duration::from_millis(1500)); // b's launcher runs for a whole sampling interval
+    // b's launcher has been launching for more than a sampling interval (start-up may take long on a busy machine).
+    b.wait_for("t0_ns");
+    std::thread::sleep(Duration::from_millis(1500));
 
     let out = cli(
         &sim,
