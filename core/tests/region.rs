@@ -256,9 +256,12 @@ fn reader_keeps_last_good_snapshot_while_writer_is_stuck() {
     assert!(r.needs_refresh());
     let t0 = std::time::Instant::now();
     assert!(!r.refresh());
+    // The read gives up after a fixed number of tries (the last ones yield the CPU, which on a loaded machine may
+    // take a time slice each): bounded, but not by a wall-clock figure a busy CPU could break. A hang never returns.
     assert!(
-        t0.elapsed() < Duration::from_secs(1),
-        "bounded read, never a hang"
+        t0.elapsed() < Duration::from_secs(20),
+        "bounded read, never a hang: took {:?}",
+        t0.elapsed()
     );
     assert!(r.is_stale());
     assert_eq!(
@@ -310,7 +313,8 @@ fn an_open_write_with_no_writer_recorded_is_adopted_at_once() {
     let t0 = std::time::Instant::now();
     set_memory(&w, DeviceSelector::All, 5 * G);
     assert!(
-        t0.elapsed() < Duration::from_millis(300),
+        // Waiting for the writer would take the whole 2 s busy wait; a loaded CPU alone never comes near that.
+        t0.elapsed() < Duration::from_millis(1500),
         "adopted without a grace period: {:?}",
         t0.elapsed()
     );
