@@ -40,9 +40,13 @@
  *
  *   Owner words (slots and device entries): CUQUOTA_OWNER(pid, state, generation); every transition is one CAS
  *   on the whole word with generation + 1.
- *   Slot:   FREE -> CLAIMING(pid) -> [write start_time, zero counters, raise proc_high_water] -> LIVE(pid).
- *           Dead owner (kill ESRCH, zombie, or /proc/<pid>/stat field 22 != start_time) -> anyone CASes
- *           LIVE -> RECLAIMING(own pid), zeroes the counters, then CASes RECLAIMING -> FREE.
+ *   Slot:   [lock byte CUQUOTA_SLOT_LOCK_OFFSET(i) with F_OFD_SETLK on a descriptor of its own; busy = a live
+ *           process holds the slot] FREE -> CLAIMING(pid) -> [write start_time, zero counters, flags =
+ *           CUQUOTA_SLOT_LOCKED, raise proc_high_water] -> LIVE(pid). Keep the lock while the slot is yours.
+ *           Dead owner: if flags has CUQUOTA_SLOT_LOCKED, the lock byte is free (F_OFD_GETLK from another open
+ *           file description says F_UNLCK) — valid across pid namespaces; else (no lock) kill(pid, 0) ESRCH,
+ *           zombie, or /proc/<pid>/stat field 22 != start_time. Anyone then CASes LIVE -> RECLAIMING(own
+ *           pid), zeroes the counters, then CASes RECLAIMING -> FREE. A clean exit does the same for its own.
  *   Device: FREE -> CLAIMING(pid) -> [write uuid] -> LIVE. Never freed. Scanners wait for a CLAIMING entry (or
  *           take it over if its claimer is dead) so a UUID never gets two entries.
  *   Admission of n bytes on device d: fetch_add(slot.mem_used[d], n); sum mem_used[d] over slots
@@ -80,6 +84,10 @@
 #define CUQUOTA_STATE_CLAIMING 1u
 #define CUQUOTA_STATE_LIVE 2u
 #define CUQUOTA_STATE_RECLAIMING 3u
+/* Slot flags: the owner holds an open-file-description lock (F_OFD_SETLK, F_WRLCK, 1 byte) on the usage file at
+ * offset CUQUOTA_SLOT_LOCK_OFFSET(slot); the kernel drops it when the owner dies. */
+#define CUQUOTA_SLOT_LOCKED 1u
+#define CUQUOTA_SLOT_LOCK_OFFSET(slot) ((uint64_t)sizeof(struct cuquota_usage_file) + (uint64_t)(slot))
 #define CUQUOTA_OWNER(pid, state, gen)                                                                      \
     ((uint64_t)(uint32_t)(pid) | ((uint64_t)((state) & 0xffu) << 32) | ((uint64_t)((gen) & 0xffffffu) << 40))
 #define CUQUOTA_OWNER_PID(w) ((uint32_t)(w))
@@ -159,7 +167,7 @@ struct cuquota_usage_slot {
     uint64_t owner;      /* CUQUOTA_OWNER(pid, state, gen) */
     uint64_t start_time; /* /proc/<pid>/stat field 22 */
     uint32_t host_pid;   /* pid as NVML reports it, 0 = unknown */
-    uint32_t _reserved0;
+    uint32_t flags;      /* CUQUOTA_SLOT_LOCKED */
     uint64_t mem_used[CUQUOTA_MAX_DEVICES]; /* bytes, indexed by device entry */
     uint64_t gpu_ns[CUQUOTA_MAX_DEVICES];   /* GPU time, ns, indexed by device entry */
     uint64_t _reserved[5];

@@ -257,6 +257,22 @@ extern "C" fn fork_child() {
     }
 }
 
+// ---- exit ----------------------------------------------------------------------------------------------------
+
+/// Runs at a normal exit (and at `dlclose`), after the program's own destructors: gives the process's usage slot
+/// back, so its charges leave the container's total at once rather than when someone notices the process died.
+/// A thread still allocating afterwards claims a new slot, which its liveness lock releases when the process is
+/// gone.
+extern "C" fn release_at_exit() {
+    if let Some(Process::Active(s)) = process_if_ready() {
+        s.devices.usage().release_process_slot();
+    }
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static RELEASE_AT_EXIT: extern "C" fn() = release_at_exit;
+
 fn register_fork_handlers() {
     // SAFETY: registering plain extern "C" handlers that never unwind.
     let r = unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };

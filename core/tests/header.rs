@@ -88,10 +88,10 @@ fn rust_layout() -> BTreeMap<String, u64> {
         m,
         UsageSlot,
         "cuquota_usage_slot",
-        [owner, start_time, host_pid, _reserved0, mem_used, gpu_ns, _reserved,]
+        [owner, start_time, host_pid, flags, mem_used, gpu_ns, _reserved,]
     );
     fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
-    let consts: [(&str, u64); 24] = [
+    let consts: [(&str, u64); 26] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -114,6 +114,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_STATE_CLAIMING", STATE_CLAIMING.into()),
         ("CUQUOTA_STATE_LIVE", STATE_LIVE.into()),
         ("CUQUOTA_STATE_RECLAIMING", STATE_RECLAIMING.into()),
+        ("CUQUOTA_SLOT_LOCKED", SLOT_FLAG_LOCKED.into()),
+        ("CUQUOTA_SLOT_LOCK_OFFSET(7)", slot_lock_offset(7)),
         (
             "CUQUOTA_OWNER(123456, 3, 0xabcdef)",
             owner_word(123456, 3, 0xab_cdef),

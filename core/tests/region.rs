@@ -708,6 +708,71 @@ fn sigkilled_child_usage_is_reclaimed() {
     assert_eq!(r.processes().len(), 1);
 }
 
+/// Seen from another pid namespace, a slot's pid names nobody (or someone else): the owner's liveness lock,
+/// not its pid, keeps its slot. Modelled by rewriting the child's recorded pid to one that does not exist here.
+#[test]
+fn a_live_owner_is_kept_by_its_lock_whatever_its_pid_says() {
+    use std::os::unix::fs::FileExt;
+    let f = TempFile::new("nspid");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let mut child = spawn_child("charge-and-wait", f.path());
+    wait_ready(&mut child);
+    let dev = r.find_device(&UUID_A).unwrap();
+    let slot = r.processes()[0].slot;
+    let owner_off = (64 + 144 * layout::MAX_DEVICES + 320 * slot.index()) as u64;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(f.path())
+        .unwrap();
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, owner_off).unwrap();
+    let w = u64::from_ne_bytes(word);
+    assert_eq!(layout::owner_pid(w), child.id());
+    let elsewhere = layout::owner_word(
+        i32::MAX as u32 - 7,
+        layout::owner_state(w),
+        layout::owner_generation(w),
+    );
+    file.write_all_at(&elsewhere.to_ne_bytes(), owner_off).unwrap();
+
+    assert!(r.slot_alive(slot), "the lock is held: alive");
+    assert_eq!(
+        r.reclaim_dead(),
+        0,
+        "a live owner with a foreign pid was reclaimed"
+    );
+    assert_eq!(r.container_used(dev), G);
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !r.slot_alive(slot),
+        "the kernel dropped the lock with the process"
+    );
+    assert_eq!(r.reclaim_dead(), 1);
+    assert_eq!(r.container_used(dev), 0);
+}
+
+#[test]
+fn a_released_slot_drops_its_lock_and_a_forked_child_keeps_none() {
+    let f = TempFile::new("unlock");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let watcher = UsageRegion::open(f.path()).unwrap();
+    let slot = r.process_slot().unwrap();
+    assert!(watcher.slot_alive(slot));
+    r.release_process_slot();
+    assert!(!watcher.slot_alive(slot), "freed");
+    // Claimed again, then the child-side fork handler runs here (as in a forked child): the process forgets
+    // the slot and its lock descriptor; with no other descriptor left, the lock goes (in a real fork the
+    // parent's descriptor keeps it).
+    let slot = r.process_slot().unwrap();
+    assert!(watcher.slot_alive(slot));
+    r.forget_slot_in_child();
+    assert!(!watcher.slot_alive(slot));
+    assert_eq!(watcher.reclaim_dead(), 1);
+}
+
 #[test]
 fn many_processes_create_and_join_at_once() {
     let f = TempFile::new("herd");

@@ -53,6 +53,17 @@ pub const PRIORITY_HIGH: u32 = 1;
 /// Policy `priority`: low, best effort (HAMi `CUDA_TASK_PRIORITY=1`).
 pub const PRIORITY_LOW: u32 = 2;
 
+/// Usage slot `flags` bit: the owner holds the slot's liveness lock, an open-file-description lock on byte
+/// [`slot_lock_offset`] of the usage file; the kernel drops it when the owner dies, whatever pid namespace it
+/// or the observer lives in, so an unlocked byte means the owner is gone.
+pub const SLOT_FLAG_LOCKED: u32 = 1;
+
+/// The byte of the usage file whose lock says slot `slot` is owned by a live process: past the end of the
+/// file (a lock needs no data there), one byte per slot.
+pub const fn slot_lock_offset(slot: usize) -> u64 {
+    std::mem::size_of::<UsageFile>() as u64 + slot as u64
+}
+
 /// Owner-word state: free.
 pub const STATE_FREE: u32 = 0;
 /// Owner-word state: being claimed by the pid in the word.
@@ -258,8 +269,8 @@ pub struct UsageSlot {
     pub start_time: AtomicU64,
     /// The owner's pid as NVML reports it (host pid namespace), 0 if unknown.
     pub host_pid: AtomicU32,
-    /// Zero.
-    pub _reserved0: AtomicU32,
+    /// [`SLOT_FLAG_LOCKED`]: the owner holds the slot's liveness lock (ABI 3; zero before).
+    pub flags: AtomicU32,
     /// Bytes charged per usage device entry.
     pub mem_used: [AtomicU64; MAX_DEVICES],
     /// GPU time used per usage device entry, ns (owned by the throttle).
