@@ -154,8 +154,32 @@ fn load(path: Option<&Path>, soname: &str) -> Option<Library> {
     }
 }
 
+// ---- the environment at load --------------------------------------------------------------------------------
+//
+// Limits and switches in the environment are the ones the process was started with: a constructor copies the
+// environment when the library is loaded (before `main` under LD_PRELOAD or /etc/ld.so.preload), and `init`
+// reads that copy, so a program that `setenv`s CUDA_DEVICE_MEMORY_LIMIT, CUDA_DISABLE_CONTROL or
+// CUQUOTA_USAGE_FILE before its first CUDA call changes nothing. (A program that dlopens the shim itself runs
+// the constructor at that dlopen: it has opted in, and its own environment is its to choose.)
+
+static ENV_AT_LOAD: OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> = OnceLock::new();
+
+extern "C" fn copy_env_at_load() {
+    // Never panics (vars_os yields non-UTF-8 pairs as they are), so nothing can unwind out of this extern fn.
+    let _ = ENV_AT_LOAD.set(std::env::vars_os().collect());
+}
+
+#[used]
+#[link_section = ".init_array"]
+static COPY_ENV_AT_LOAD: extern "C" fn() = copy_env_at_load;
+
 fn init(exports: Exports) -> Process {
-    let cfg = match Config::from_env() {
+    // The copy the constructor took; the live environment only if it never ran (unit tests of this crate).
+    let vars = ENV_AT_LOAD
+        .get()
+        .cloned()
+        .unwrap_or_else(|| std::env::vars_os().collect());
+    let cfg = match Config::from_vars_os(vars) {
         Ok(c) => c,
         Err(e) => return fail(format_args!("{e}")),
     };

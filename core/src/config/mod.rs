@@ -123,6 +123,14 @@ impl Config {
         env::from_vars_os(std::env::vars_os(), &|p| p.exists())
     }
 
+    /// [`Config::from_env`] over a copy of the environment taken earlier (the shim takes one when it is
+    /// loaded, so a program's later `setenv` cannot change its limits).
+    pub fn from_vars_os(
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<Config, ConfigError> {
+        env::from_vars_os(vars.into_iter(), &|p| p.exists())
+    }
+
     /// Builds a configuration from an explicit list of variables — the full check, including unknown
     /// `CUQUOTA_*` names. `path_exists` answers whether the default limits file exists (injectable for tests).
     pub fn from_vars<I, K, V>(
