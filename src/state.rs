@@ -198,6 +198,14 @@ fn init(exports: Exports) -> Process {
         };
         limits.push((reader, watch));
     }
+    if cfg.limits_required && limits.is_empty() {
+        return fail(format_args!(
+            "an agent limits file is required (CUQUOTA_LIMITS_REQUIRED=1 or {} exists) but there is no agent \
+             limits file to read (none at {}, CUQUOTA_LIMITS_FILE not set)",
+            cuquota_core::config::LIMITS_REQUIRED_MARKER,
+            cuquota_core::config::DEFAULT_LIMITS_PATH
+        ));
+    }
     let opt_out_allowed = limits.iter().all(|(r, _)| r.snapshot().opt_out_allowed());
     if cfg.disabled && !opt_out_allowed {
         log!(

@@ -174,3 +174,36 @@ fn log_lines_carry_the_pid_and_level() {
         );
     }
 }
+
+/// Class 6 of issue 11: a deployment that declares the agent's limits file required
+/// (`CUQUOTA_LIMITS_REQUIRED=1`, or the marker `/etc/cuquota/required`) gets every CUDA call refused, with a
+/// clear error, when no limits file can be read — opting out included — and runs normally when one is there.
+#[test]
+fn a_required_limits_file_that_is_missing_fails_closed() {
+    fails_closed(
+        &[
+            ("CUQUOTA_LIMITS_REQUIRED", "1"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ],
+        &["no agent limits file", "CUQUOTA_LIMITS_REQUIRED"],
+    );
+    fails_closed(
+        &[("CUQUOTA_LIMITS_REQUIRED", "1"), ("CUDA_DISABLE_CONTROL", "true")],
+        &["no agent limits file"],
+    );
+}
+
+#[test]
+fn a_required_limits_file_that_is_there_is_used() {
+    let sim = Sim::new().build();
+    sim.agent_memory_limit(0, "1g");
+    let out = sim
+        .cmd(Prog::Probe)
+        .env("CUQUOTA_LIMITS_REQUIRED", "1")
+        .args("init alloc:mem:512m alloc:mem:768m")
+        .run();
+    out.ok();
+    out.expect("init", "CUDA_SUCCESS");
+    out.expect("alloc.0", "CUDA_SUCCESS");
+    out.expect("alloc.1", "CUDA_ERROR_OUT_OF_MEMORY");
+}
