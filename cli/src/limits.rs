@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
-use cuquota_core::region::layout::{format_uuid, LIMITS_FLAG_NO_OPT_OUT};
+use cuquota_core::region::layout::{format_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
 use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsSnapshot, LimitsWriter};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::Serialize;
@@ -21,9 +21,12 @@ pub enum LimitsCommand {
     Init {
         /// The limits file
         file: PathBuf,
-        /// Forbid processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
-        #[arg(long)]
+        /// Forbid processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE): the default
+        #[arg(long, conflicts_with = "allow_opt_out")]
         no_opt_out: bool,
+        /// Allow processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
+        #[arg(long)]
+        allow_opt_out: bool,
     },
     /// Set limits of a device (fields not given keep their values); running programs see the change live
     Set(SetArgs),
@@ -93,10 +96,10 @@ pub struct SetArgs {
     /// Priority on the device (HAMi's CUDA_TASK_PRIORITY 0 / 1); none clears it
     #[arg(long)]
     priority: Option<PriorityArg>,
-    /// Forbid processes to opt out
+    /// Forbid processes to opt out (the default of a new file)
     #[arg(long, conflicts_with = "allow_opt_out")]
     no_opt_out: bool,
-    /// Allow processes to opt out again
+    /// Allow processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
     #[arg(long)]
     allow_opt_out: bool,
     /// Print the file as JSON afterwards (schema cuquota.limits/v1)
@@ -296,11 +299,15 @@ impl LimitsReport {
 /// `cuquota limits …`.
 pub fn run(cmd: LimitsCommand) -> CmdResult {
     match cmd {
-        LimitsCommand::Init { file, no_opt_out } => {
+        LimitsCommand::Init {
+            file,
+            no_opt_out,
+            allow_opt_out,
+        } => {
             let w = LimitsWriter::create(&file)?;
-            if no_opt_out {
+            if no_opt_out || allow_opt_out {
                 w.update(|t| -> Result<(), CliError> {
-                    t.flags |= LIMITS_FLAG_NO_OPT_OUT;
+                    set_opt_out(&mut t.flags, allow_opt_out);
                     Ok(())
                 })??;
             }
@@ -348,6 +355,15 @@ pub fn run(cmd: LimitsCommand) -> CmdResult {
     Ok(0)
 }
 
+/// Allows (`true`) or forbids opting out in a limits header's flags.
+fn set_opt_out(flags: &mut u32, allowed: bool) {
+    if allowed {
+        *flags = (*flags | LIMITS_FLAG_OPT_OUT_ALLOWED) & !LIMITS_FLAG_NO_OPT_OUT;
+    } else {
+        *flags = (*flags | LIMITS_FLAG_NO_OPT_OUT) & !LIMITS_FLAG_OPT_OUT_ALLOWED;
+    }
+}
+
 fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
     if a.memory.is_none()
         && a.sm.is_none()
@@ -382,11 +398,8 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
             p.priority = pr.priority();
         }
         e.raw = p.raw();
-        if a.no_opt_out {
-            t.flags |= LIMITS_FLAG_NO_OPT_OUT;
-        }
-        if a.allow_opt_out {
-            t.flags &= !LIMITS_FLAG_NO_OPT_OUT;
+        if a.no_opt_out || a.allow_opt_out {
+            set_opt_out(&mut t.flags, a.allow_opt_out);
         }
         Ok(())
     })??;

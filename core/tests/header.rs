@@ -91,7 +91,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         [owner, start_time, host_pid, flags, mem_used, gpu_ns, _reserved,]
     );
     fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
-    let consts: [(&str, u64); 26] = [
+    let consts: [(&str, u64); 27] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -102,6 +102,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_INDEX_ALL", LIMITS_INDEX_ALL.into()),
         ("CUQUOTA_FLAG_NO_OPT_OUT", LIMITS_FLAG_NO_OPT_OUT.into()),
         ("CUQUOTA_FLAG_MEMBERS", LIMITS_FLAG_MEMBERS.into()),
+        ("CUQUOTA_FLAG_OPT_OUT_ALLOWED", LIMITS_FLAG_OPT_OUT_ALLOWED.into()),
         ("CUQUOTA_MAX_MEMBERS", LIMITS_MAX_MEMBERS as u64),
         ("CUQUOTA_POLICY_DEFAULT", POLICY_DEFAULT.into()),
         ("CUQUOTA_POLICY_HARD", POLICY_HARD.into()),

@@ -207,3 +207,47 @@ fn a_required_limits_file_that_is_there_is_used() {
     out.expect("alloc.0", "CUDA_SUCCESS");
     out.expect("alloc.1", "CUDA_ERROR_OUT_OF_MEMORY");
 }
+
+/// Class 6 of issue 11: under an agent limits file, opting out is off unless the file allows it
+/// (`cuquota limits set … --allow-opt-out`); without any agent file the environment is the only source of limits
+/// and the switches work as HAMi's do (`opt_out_passes_through`).
+#[test]
+fn opting_out_under_an_agent_limits_file_needs_its_permission() {
+    let sim = Sim::new().memory("8g").build();
+    sim.agent_memory_limit(0, "1g");
+    let try_opt_out = || {
+        let out = sim
+            .cmd(Prog::Probe)
+            .env("CUDA_DISABLE_CONTROL", "true")
+            .args("init alloc:mem:2g")
+            .run();
+        out.ok();
+        out.val("alloc.0").to_string()
+    };
+    assert_eq!(
+        try_opt_out(),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDA_DISABLE_CONTROL=true escaped an agent limits file that does not allow opting out"
+    );
+    let file = sim.limits_file();
+    let out = sim.cli(&[
+        "limits",
+        "set",
+        file.to_str().unwrap(),
+        "--device",
+        "0",
+        "--allow-opt-out",
+    ]);
+    assert!(out.success(), "{out:?}");
+    assert_eq!(try_opt_out(), "CUDA_SUCCESS", "the file allows opting out");
+    let out = sim.cli(&[
+        "limits",
+        "set",
+        file.to_str().unwrap(),
+        "--device",
+        "0",
+        "--no-opt-out",
+    ]);
+    assert!(out.success(), "{out:?}");
+    assert_eq!(try_opt_out(), "CUDA_ERROR_OUT_OF_MEMORY", "forbidden again");
+}

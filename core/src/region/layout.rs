@@ -32,7 +32,11 @@ pub const LIMITS_ENTRY_VALID: u32 = 1;
 /// specific entry.
 pub const LIMITS_INDEX_ALL: u32 = u32::MAX;
 /// Limits header `flags` bit: processes may not opt out (`CUDA_DISABLE_CONTROL` / `CUQUOTA_DISABLE` are ignored).
+/// Wins over [`LIMITS_FLAG_OPT_OUT_ALLOWED`].
 pub const LIMITS_FLAG_NO_OPT_OUT: u32 = 1;
+/// Limits header `flags` bit: processes may opt out. Clear (the default of a new file) = they may not: opting
+/// out of the agent's limits needs the agent's permission.
+pub const LIMITS_FLAG_OPT_OUT_ALLOWED: u32 = 4;
 /// Limits header `flags` bit: the agent publishes the container's members ([`LimitsMembers`]); clear = no
 /// agent membership (the shim falls back to the cooperative usage-file list).
 pub const LIMITS_FLAG_MEMBERS: u32 = 2;

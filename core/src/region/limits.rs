@@ -231,9 +231,10 @@ impl LimitsTable {
             .unwrap_or_default()
     }
 
-    /// Whether processes may opt out (`CUDA_DISABLE_CONTROL`, `CUQUOTA_DISABLE`).
+    /// Whether processes may opt out (`CUDA_DISABLE_CONTROL`, `CUQUOTA_DISABLE`): only when the agent allowed
+    /// it ([`LIMITS_FLAG_OPT_OUT_ALLOWED`] set, [`LIMITS_FLAG_NO_OPT_OUT`] clear).
     pub fn opt_out_allowed(&self) -> bool {
-        self.flags & LIMITS_FLAG_NO_OPT_OUT == 0
+        self.flags & (LIMITS_FLAG_OPT_OUT_ALLOWED | LIMITS_FLAG_NO_OPT_OUT) == LIMITS_FLAG_OPT_OUT_ALLOWED
     }
 
     /// The container's member host pids as the agent published them: `None` when the agent publishes no
