@@ -65,6 +65,7 @@
 #define CUQUOTA_MAX_PROCS 1024
 #define CUQUOTA_THROTTLE_WORDS 8
 #define CUQUOTA_MAX_MEMBERS 1024
+#define CUQUOTA_USAGE_PATH_MAX 504
 
 /* Limits entry flags / cuda_index / header flags / policy / priority. */
 #define CUQUOTA_ENTRY_VALID 1u
@@ -136,10 +137,19 @@ struct cuquota_limits_members {
     uint32_t pids[CUQUOTA_MAX_MEMBERS];
 };
 
+/* The container's usage file as its processes see it; processes under the limits file use it whatever their
+ * environment says. len 0 = not bound. */
+struct cuquota_limits_usage {
+    uint32_t len; /* bytes of path in use, <= CUQUOTA_USAGE_PATH_MAX */
+    uint32_t _reserved0;
+    char path[CUQUOTA_USAGE_PATH_MAX]; /* absolute path, zero-padded, not NUL-terminated when full */
+};
+
 struct cuquota_limits_file {
     struct cuquota_limits_header header;
     struct cuquota_limits_entry devices[CUQUOTA_MAX_DEVICES];
     struct cuquota_limits_members members; /* ABI 3 */
+    struct cuquota_limits_usage usage;     /* ABI 3 */
 };
 
 struct cuquota_usage_header {
@@ -185,7 +195,9 @@ _Static_assert(sizeof(struct cuquota_policy) == 32, "policy size");
 _Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size");
 _Static_assert(sizeof(struct cuquota_limits_entry) == 64, "limits entry size");
 _Static_assert(sizeof(struct cuquota_limits_members) == 8 + 4 * CUQUOTA_MAX_MEMBERS, "limits members size");
-_Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES + 8 + 4 * CUQUOTA_MAX_MEMBERS,
+_Static_assert(sizeof(struct cuquota_limits_usage) == 8 + CUQUOTA_USAGE_PATH_MAX, "limits usage size");
+_Static_assert(sizeof(struct cuquota_limits_file) ==
+                   64 + 64 * CUQUOTA_MAX_DEVICES + 8 + 4 * CUQUOTA_MAX_MEMBERS + 8 + CUQUOTA_USAGE_PATH_MAX,
                "limits file size");
 _Static_assert(sizeof(struct cuquota_usage_header) == 64, "usage header size");
 _Static_assert(sizeof(struct cuquota_usage_device) == 144, "usage device size");

@@ -27,7 +27,7 @@ use cuquota_core::region::{LimitsReader, LimitsRegion};
 use cuquota_core::{Config, LogLevel, UsageRegion};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// Our export's address for a name, if we export it (`abi::cuda::export_address`).
@@ -173,13 +173,34 @@ extern "C" fn copy_env_at_load() {
 #[link_section = ".init_array"]
 static COPY_ENV_AT_LOAD: extern "C" fn() = copy_env_at_load;
 
+/// The usage file the agent's limits files bind the container to, if any; `Err` when two files name
+/// different ones.
+fn bound_usage_path(limits: &[(LimitsReader, LimitsRegion)]) -> Result<Option<PathBuf>, String> {
+    let mut bound: Option<PathBuf> = None;
+    for (r, _) in limits {
+        if let Some(p) = r.snapshot().usage_path() {
+            match &bound {
+                Some(b) if b != p => {
+                    return Err(format!(
+                        "the agent's limits files bind different usage files ({} and {})",
+                        b.display(),
+                        p.display()
+                    ))
+                }
+                _ => bound = Some(p.to_path_buf()),
+            }
+        }
+    }
+    Ok(bound)
+}
+
 fn init(exports: Exports) -> Process {
     // The copy the constructor took; the live environment only if it never ran (unit tests of this crate).
     let vars = ENV_AT_LOAD
         .get()
         .cloned()
         .unwrap_or_else(|| std::env::vars_os().collect());
-    let cfg = match Config::from_vars_os(vars) {
+    let mut cfg = match Config::from_vars_os(vars) {
         Ok(c) => c,
         Err(e) => return fail(format_args!("{e}")),
     };
@@ -205,6 +226,22 @@ fn init(exports: Exports) -> Process {
             cuquota_core::config::LIMITS_REQUIRED_MARKER,
             cuquota_core::config::DEFAULT_LIMITS_PATH
         ));
+    }
+    // The agent's binding wins over CUQUOTA_USAGE_FILE: a private usage file would be a private cap.
+    match bound_usage_path(&limits) {
+        Ok(Some(p)) => {
+            if p != cfg.usage_path {
+                log!(
+                    Level::Info,
+                    "usage file {} (bound by the agent's limits file; not {})",
+                    p.display(),
+                    cfg.usage_path.display()
+                );
+            }
+            cfg.usage_path = p;
+        }
+        Ok(None) => {}
+        Err(e) => return fail(format_args!("{e}")),
     }
     let opt_out_allowed = limits.iter().all(|(r, _)| r.snapshot().opt_out_allowed());
     if cfg.disabled && !opt_out_allowed {

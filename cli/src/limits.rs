@@ -102,6 +102,10 @@ pub struct SetArgs {
     /// Allow processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
     #[arg(long)]
     allow_opt_out: bool,
+    /// Bind the container's usage file: its absolute path as the container's processes see it, which they
+    /// then use whatever CUQUOTA_USAGE_FILE says; `none` unbinds
+    #[arg(long, value_name = "PATH")]
+    usage: Option<PathBuf>,
     /// Print the file as JSON afterwards (schema cuquota.limits/v1)
     #[arg(long)]
     json: bool,
@@ -190,6 +194,8 @@ pub struct LimitsReport {
     opt_out_allowed: bool,
     /// The agent's member host pids; `None` = no agent membership.
     members: Option<Vec<u32>>,
+    /// The usage file the container is bound to; `None` = not bound.
+    usage_file: Option<String>,
     entries: Vec<LimitsEntry>,
 }
 
@@ -219,6 +225,7 @@ impl LimitsReport {
             generation: snap.generation,
             opt_out_allowed: snap.opt_out_allowed(),
             members: snap.members().map(<[u32]>::to_vec),
+            usage_file: snap.usage_path().map(|p| p.display().to_string()),
             entries: snap
                 .entries
                 .iter()
@@ -272,6 +279,9 @@ impl LimitsReport {
                 m.len(),
                 m.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
             ),
+        }
+        if let Some(u) = &self.usage_file {
+            println!("usage file: {u} (bound: processes use it whatever their environment says)");
         }
         if self.entries.is_empty() {
             println!("(no entries: no limits from this file)");
@@ -372,9 +382,10 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         && a.priority.is_none()
         && !a.no_opt_out
         && !a.allow_opt_out
+        && a.usage.is_none()
     {
         return Err(CliError::new(
-            "nothing to set: give --memory, --sm, --policy, --weight, --priority or --no-opt-out/--allow-opt-out",
+            "nothing to set: give --memory, --sm, --policy, --weight, --priority, --no-opt-out/--allow-opt-out or --usage",
         ));
     }
     let w = LimitsWriter::open(&a.file)?;
@@ -400,6 +411,10 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         e.raw = p.raw();
         if a.no_opt_out || a.allow_opt_out {
             set_opt_out(&mut t.flags, a.allow_opt_out);
+        }
+        if let Some(u) = &a.usage {
+            let bound = (u.as_os_str() != "none").then_some(u.as_path());
+            t.set_usage_path(bound).map_err(CliError::new)?;
         }
         Ok(())
     })??;

@@ -61,7 +61,13 @@ fn rust_layout() -> BTreeMap<String, u64> {
         "cuquota_limits_members",
         [count, _reserved0, pids]
     );
-    fields!(m, LimitsFile, "cuquota_limits_file", [header, devices, members]);
+    fields!(m, LimitsUsage, "cuquota_limits_usage", [len, _reserved0, path]);
+    fields!(
+        m,
+        LimitsFile,
+        "cuquota_limits_file",
+        [header, devices, members, usage]
+    );
     fields!(
         m,
         UsageHeader,
@@ -91,7 +97,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         [owner, start_time, host_pid, flags, mem_used, gpu_ns, _reserved,]
     );
     fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
-    let consts: [(&str, u64); 27] = [
+    let consts: [(&str, u64); 28] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -104,6 +110,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_FLAG_MEMBERS", LIMITS_FLAG_MEMBERS.into()),
         ("CUQUOTA_FLAG_OPT_OUT_ALLOWED", LIMITS_FLAG_OPT_OUT_ALLOWED.into()),
         ("CUQUOTA_MAX_MEMBERS", LIMITS_MAX_MEMBERS as u64),
+        ("CUQUOTA_USAGE_PATH_MAX", LIMITS_USAGE_PATH_MAX as u64),
         ("CUQUOTA_POLICY_DEFAULT", POLICY_DEFAULT.into()),
         ("CUQUOTA_POLICY_HARD", POLICY_HARD.into()),
         ("CUQUOTA_POLICY_BURST", POLICY_BURST.into()),
@@ -237,5 +244,5 @@ fn every_header_struct_field_is_checked() {
             }
         }
     }
-    assert_eq!(structs, 9, "structs found in the header");
+    assert_eq!(structs, 10, "structs found in the header");
 }

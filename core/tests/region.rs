@@ -183,6 +183,40 @@ fn limits_write_read_and_match() {
 }
 
 #[test]
+fn usage_binding_set_read_and_refused_when_malformed() {
+    use std::path::Path;
+    let f = TempFile::new("usagebind");
+    let w = LimitsWriter::create(f.path()).unwrap();
+    let mut r = LimitsReader::open(f.path()).unwrap();
+    assert_eq!(r.snapshot().usage_path(), None, "not bound in a fresh file");
+    let long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX - 1));
+    for p in ["/run/cuquota/usage", long.as_str()] {
+        w.update(|t| t.set_usage_path(Some(Path::new(p))))
+            .unwrap()
+            .unwrap();
+        r.refresh();
+        assert_eq!(r.snapshot().usage_path(), Some(Path::new(p)));
+    }
+    let too_long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX));
+    for bad in ["relative/usage", too_long.as_str()] {
+        let e = w
+            .update(|t| t.set_usage_path(Some(Path::new(bad))))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("must be absolute"), "{e}");
+    }
+    r.refresh();
+    assert_eq!(
+        r.snapshot().usage_path(),
+        Some(Path::new(long.as_str())),
+        "unchanged by refusals"
+    );
+    w.update(|t| t.set_usage_path(None)).unwrap().unwrap();
+    r.refresh();
+    assert_eq!(r.snapshot().usage_path(), None);
+}
+
+#[test]
 fn members_set_clear_and_read() {
     let f = TempFile::new("members");
     let w = LimitsWriter::create(f.path()).unwrap();

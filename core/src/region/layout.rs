@@ -15,7 +15,8 @@ pub const LIMITS_MAGIC: u64 = u64::from_le_bytes(*b"CUQLIMIT");
 pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
 /// Layout version of both files. Any change of size or meaning bumps it. 2: a device's limits are one
 /// [`PolicyWords`] (with priority and reserved memory) in limits entries and usage device entries alike.
-/// 3: the limits file carries the container's members as the agent sees them ([`LimitsMembers`]).
+/// 3: the limits file carries the container's members as the agent sees them ([`LimitsMembers`]) and the
+/// container's usage file ([`LimitsUsage`]).
 pub const ABI_VERSION: u32 = 3;
 /// Device entries per file.
 pub const MAX_DEVICES: usize = 16;
@@ -23,6 +24,8 @@ pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 /// Member host pids the limits file can hold ([`LimitsMembers`]).
 pub const LIMITS_MAX_MEMBERS: usize = 1024;
+/// Bytes of the usage-file path the limits file can hold ([`LimitsUsage`]).
+pub const LIMITS_USAGE_PATH_MAX: usize = 504;
 /// Words of throttle state per usage device entry (owned by the shim's throttle).
 pub const THROTTLE_WORDS: usize = 8;
 
@@ -211,6 +214,19 @@ pub struct LimitsMembers {
     pub pids: [AtomicU32; LIMITS_MAX_MEMBERS],
 }
 
+/// The container's usage file as its processes see it (512 bytes), named by the agent: processes under this
+/// limits file account in it whatever their environment says, so a private usage file is no private cap.
+/// Seqlock-protected; `len` 0 = not bound (the environment decides).
+#[repr(C)]
+pub struct LimitsUsage {
+    /// Bytes of `path` in use (at most [`LIMITS_USAGE_PATH_MAX`]), 0 = not bound.
+    pub len: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// The absolute path's bytes in memory order (a `char[504]` in C), zero after `len`.
+    pub path: [AtomicU64; LIMITS_USAGE_PATH_MAX / 8],
+}
+
 /// The whole limits file.
 #[repr(C)]
 pub struct LimitsFile {
@@ -220,6 +236,8 @@ pub struct LimitsFile {
     pub devices: [LimitsEntry; MAX_DEVICES],
     /// The container's member host pids (ABI 3).
     pub members: LimitsMembers,
+    /// The container's usage file (ABI 3).
+    pub usage: LimitsUsage,
 }
 
 /// Header of the usage file (64 bytes).
@@ -299,7 +317,11 @@ const _: () = {
     assert!(std::mem::size_of::<LimitsHeader>() == 64);
     assert!(std::mem::size_of::<LimitsEntry>() == 64);
     assert!(std::mem::size_of::<LimitsMembers>() == 8 + 4 * LIMITS_MAX_MEMBERS);
-    assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES + 8 + 4 * LIMITS_MAX_MEMBERS);
+    assert!(std::mem::size_of::<LimitsUsage>() == 8 + LIMITS_USAGE_PATH_MAX);
+    assert!(
+        std::mem::size_of::<LimitsFile>()
+            == 64 + 64 * MAX_DEVICES + 8 + 4 * LIMITS_MAX_MEMBERS + 8 + LIMITS_USAGE_PATH_MAX
+    );
     assert!(std::mem::size_of::<UsageHeader>() == 64);
     assert!(std::mem::size_of::<UsageDevice>() == 144);
     assert!(std::mem::size_of::<UsageSlot>() == 320);

@@ -146,6 +146,10 @@ pub struct LimitsTable {
     pub member_count: u32,
     /// Member host pids (sorted, unique) in `[..member_count]`, zero after.
     pub members: [u32; LIMITS_MAX_MEMBERS],
+    /// Bytes of `usage_path` in use, 0 = no usage file bound.
+    pub usage_path_len: u32,
+    /// The bound usage file's path bytes, zero after `usage_path_len`.
+    pub usage_path: [u8; LIMITS_USAGE_PATH_MAX],
 }
 
 impl Default for LimitsTable {
@@ -155,6 +159,8 @@ impl Default for LimitsTable {
             entries: Default::default(),
             member_count: 0,
             members: [0; LIMITS_MAX_MEMBERS],
+            usage_path_len: 0,
+            usage_path: [0; LIMITS_USAGE_PATH_MAX],
         }
     }
 }
@@ -243,6 +249,32 @@ impl LimitsTable {
     pub fn members(&self) -> Option<&[u32]> {
         (self.flags & LIMITS_FLAG_MEMBERS != 0)
             .then(|| &self.members[..(self.member_count as usize).min(LIMITS_MAX_MEMBERS)])
+    }
+
+    /// The usage file the agent bound the container to (as its processes see it), if any.
+    pub fn usage_path(&self) -> Option<&std::path::Path> {
+        use std::os::unix::ffi::OsStrExt;
+        let n = (self.usage_path_len as usize).min(LIMITS_USAGE_PATH_MAX);
+        (n > 0).then(|| std::path::Path::new(std::ffi::OsStr::from_bytes(&self.usage_path[..n])))
+    }
+
+    /// Binds the container's usage file (`None` unbinds). The path must be absolute, without NUL bytes, and
+    /// at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong (nothing changed).
+    pub fn set_usage_path(&mut self, path: Option<&std::path::Path>) -> Result<(), String> {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = path.map_or(&[][..], |p| p.as_os_str().as_bytes());
+        if let Some(p) = path {
+            if !p.is_absolute() || bytes.contains(&0) || bytes.len() > LIMITS_USAGE_PATH_MAX {
+                return Err(format!(
+                    "usage file path {}: must be absolute, without NUL bytes, at most {LIMITS_USAGE_PATH_MAX} bytes",
+                    p.display()
+                ));
+            }
+        }
+        self.usage_path = [0; LIMITS_USAGE_PATH_MAX];
+        self.usage_path[..bytes.len()].copy_from_slice(bytes);
+        self.usage_path_len = bytes.len() as u32;
+        Ok(())
     }
 
     /// Whether `host_pid` is a member the agent published (false without agent membership). Binary search:
@@ -374,6 +406,14 @@ fn load_table(file: &LimitsFile) -> LimitsTable {
     for (out, p) in table.members[..n].iter_mut().zip(file.members.pids.iter()) {
         *out = p.load(Ordering::Relaxed);
     }
+    for (out, w) in table.usage_path.chunks_exact_mut(8).zip(file.usage.path.iter()) {
+        out.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+    }
+    table.usage_path_len = file
+        .usage
+        .len
+        .load(Ordering::Relaxed)
+        .min(LIMITS_USAGE_PATH_MAX as u32);
     table
 }
 
@@ -388,6 +428,13 @@ fn store_table(file: &LimitsFile, table: &LimitsTable) {
     for (i, p) in file.members.pids.iter().enumerate() {
         p.store(if i < n { table.members[i] } else { 0 }, Ordering::Relaxed);
     }
+    for (w, b) in file.usage.path.iter().zip(table.usage_path.chunks_exact(8)) {
+        w.store(
+            u64::from_ne_bytes(b.try_into().expect("8 bytes")),
+            Ordering::Relaxed,
+        );
+    }
+    file.usage.len.store(table.usage_path_len, Ordering::Relaxed);
 }
 
 /// One seqlock read attempt loop.
