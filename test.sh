@@ -27,9 +27,10 @@ step "tests"
 cargo test --workspace --no-fail-fast
 if [ "$(id -u)" = 0 ]; then
     step "tests that need root"
-    cargo test -p shim-tests --test privileges -- --ignored
+    cargo test -p shim-tests --test privileges --test liveness -- --ignored
 else
-    echo "test.sh: not root: the tests that drop privileges stay ignored (shim-tests/tests/privileges.rs)"
+    echo "test.sh: not root: the tests that drop privileges or unshare pid namespaces stay ignored" \
+        "(shim-tests/tests/privileges.rs, liveness.rs)"
 fi
 
 step "portable build (scripts/build-portable.sh) and its tests"

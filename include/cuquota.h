@@ -20,7 +20,7 @@
  *        writer_pid w -> getpid(); on failure, or if w is a live process, wait and start over.
  *     2. s = load_acquire(seq). If s is even: store_release(seq, s+1) and s_odd = s+1. If s is odd, a writer
  *        died mid-write: s_odd = s (finish its write). atomic_thread_fence(release).
- *     3. write the fields (relaxed atomic stores): header flags, entries.
+ *     3. write the fields (relaxed atomic stores): header flags, entries, members.
  *     4. generation += 1; store_release(seq, s_odd + 1); store_release(writer_pid, 0).
  *   The pid is recorded before anything changes, so a live writer is never taken over and a dead one always is.
  *   Readers never wait on a writer: they retry a bounded number of times and keep their last good copy.
@@ -40,9 +40,13 @@
  *
  *   Owner words (slots and device entries): CUQUOTA_OWNER(pid, state, generation); every transition is one CAS
  *   on the whole word with generation + 1.
- *   Slot:   FREE -> CLAIMING(pid) -> [write start_time, zero counters, raise proc_high_water] -> LIVE(pid).
- *           Dead owner (kill ESRCH, zombie, or /proc/<pid>/stat field 22 != start_time) -> anyone CASes
- *           LIVE -> RECLAIMING(own pid), zeroes the counters, then CASes RECLAIMING -> FREE.
+ *   Slot:   [lock byte CUQUOTA_SLOT_LOCK_OFFSET(i) with F_OFD_SETLK on a descriptor of its own; busy = a live
+ *           process holds the slot] FREE -> CLAIMING(pid) -> [write start_time, zero counters, flags =
+ *           CUQUOTA_SLOT_LOCKED, raise proc_high_water] -> LIVE(pid). Keep the lock while the slot is yours.
+ *           Dead owner: if flags has CUQUOTA_SLOT_LOCKED, the lock byte is free (F_OFD_GETLK from another open
+ *           file description says F_UNLCK) — valid across pid namespaces; else (no lock) kill(pid, 0) ESRCH,
+ *           zombie, or /proc/<pid>/stat field 22 != start_time. Anyone then CASes LIVE -> RECLAIMING(own
+ *           pid), zeroes the counters, then CASes RECLAIMING -> FREE. A clean exit does the same for its own.
  *   Device: FREE -> CLAIMING(pid) -> [write uuid] -> LIVE. Never freed. Scanners wait for a CLAIMING entry (or
  *           take it over if its claimer is dead) so a UUID never gets two entries.
  *   Admission of n bytes on device d: fetch_add(slot.mem_used[d], n); sum mem_used[d] over slots
@@ -56,15 +60,19 @@
 
 #define CUQUOTA_LIMITS_MAGIC 0x54494d494c515543ULL /* "CUQLIMIT" as little-endian bytes */
 #define CUQUOTA_USAGE_MAGIC 0x4547415355515543ULL  /* "CUQUSAGE" as little-endian bytes */
-#define CUQUOTA_ABI_VERSION 2u
+#define CUQUOTA_ABI_VERSION 3u
 #define CUQUOTA_MAX_DEVICES 16
 #define CUQUOTA_MAX_PROCS 1024
 #define CUQUOTA_THROTTLE_WORDS 8
+#define CUQUOTA_MAX_MEMBERS 1024
+#define CUQUOTA_USAGE_PATH_MAX 504
 
 /* Limits entry flags / cuda_index / header flags / policy / priority. */
 #define CUQUOTA_ENTRY_VALID 1u
 #define CUQUOTA_INDEX_ALL 0xffffffffu
 #define CUQUOTA_FLAG_NO_OPT_OUT 1u
+#define CUQUOTA_FLAG_MEMBERS 2u /* the agent publishes members (struct cuquota_limits_members) */
+#define CUQUOTA_FLAG_OPT_OUT_ALLOWED 4u /* processes may opt out; clear (default) or NO_OPT_OUT set = they may not */
 #define CUQUOTA_POLICY_DEFAULT 0u
 #define CUQUOTA_POLICY_HARD 1u
 #define CUQUOTA_POLICY_BURST 2u
@@ -78,6 +86,10 @@
 #define CUQUOTA_STATE_CLAIMING 1u
 #define CUQUOTA_STATE_LIVE 2u
 #define CUQUOTA_STATE_RECLAIMING 3u
+/* Slot flags: the owner holds an open-file-description lock (F_OFD_SETLK, F_WRLCK, 1 byte) on the usage file at
+ * offset CUQUOTA_SLOT_LOCK_OFFSET(slot); the kernel drops it when the owner dies. */
+#define CUQUOTA_SLOT_LOCKED 1u
+#define CUQUOTA_SLOT_LOCK_OFFSET(slot) ((uint64_t)sizeof(struct cuquota_usage_file) + (uint64_t)(slot))
 #define CUQUOTA_OWNER(pid, state, gen)                                                                      \
     ((uint64_t)(uint32_t)(pid) | ((uint64_t)((state) & 0xffu) << 32) | ((uint64_t)((gen) & 0xffffffu) << 40))
 #define CUQUOTA_OWNER_PID(w) ((uint32_t)(w))
@@ -116,9 +128,28 @@ struct cuquota_limits_entry {
     uint64_t _reserved[1];
 };
 
+/* The container's processes as the agent sees them: host pids (as NVML reports them), sorted ascending, no
+ * duplicates, pids[count..] zero. Seqlock-protected; meaningful only while header.flags has
+ * CUQUOTA_FLAG_MEMBERS (clear: no agent membership, the shim falls back to the usage file's list). */
+struct cuquota_limits_members {
+    uint32_t count; /* valid entries of pids, <= CUQUOTA_MAX_MEMBERS */
+    uint32_t _reserved0;
+    uint32_t pids[CUQUOTA_MAX_MEMBERS];
+};
+
+/* The container's usage file as its processes see it; processes under the limits file use it whatever their
+ * environment says. len 0 = not bound. */
+struct cuquota_limits_usage {
+    uint32_t len; /* bytes of path in use, <= CUQUOTA_USAGE_PATH_MAX */
+    uint32_t _reserved0;
+    char path[CUQUOTA_USAGE_PATH_MAX]; /* absolute path, zero-padded, not NUL-terminated when full */
+};
+
 struct cuquota_limits_file {
     struct cuquota_limits_header header;
     struct cuquota_limits_entry devices[CUQUOTA_MAX_DEVICES];
+    struct cuquota_limits_members members; /* ABI 3 */
+    struct cuquota_limits_usage usage;     /* ABI 3 */
 };
 
 struct cuquota_usage_header {
@@ -147,7 +178,7 @@ struct cuquota_usage_slot {
     uint64_t owner;      /* CUQUOTA_OWNER(pid, state, gen) */
     uint64_t start_time; /* /proc/<pid>/stat field 22 */
     uint32_t host_pid;   /* pid as NVML reports it, 0 = unknown */
-    uint32_t _reserved0;
+    uint32_t flags;      /* CUQUOTA_SLOT_LOCKED */
     uint64_t mem_used[CUQUOTA_MAX_DEVICES]; /* bytes, indexed by device entry */
     uint64_t gpu_ns[CUQUOTA_MAX_DEVICES];   /* GPU time, ns, indexed by device entry */
     uint64_t _reserved[5];
@@ -163,7 +194,11 @@ struct cuquota_usage_file {
 _Static_assert(sizeof(struct cuquota_policy) == 32, "policy size");
 _Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size");
 _Static_assert(sizeof(struct cuquota_limits_entry) == 64, "limits entry size");
-_Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES, "limits file size");
+_Static_assert(sizeof(struct cuquota_limits_members) == 8 + 4 * CUQUOTA_MAX_MEMBERS, "limits members size");
+_Static_assert(sizeof(struct cuquota_limits_usage) == 8 + CUQUOTA_USAGE_PATH_MAX, "limits usage size");
+_Static_assert(sizeof(struct cuquota_limits_file) ==
+                   64 + 64 * CUQUOTA_MAX_DEVICES + 8 + 4 * CUQUOTA_MAX_MEMBERS + 8 + CUQUOTA_USAGE_PATH_MAX,
+               "limits file size");
 _Static_assert(sizeof(struct cuquota_usage_header) == 64, "usage header size");
 _Static_assert(sizeof(struct cuquota_usage_device) == 144, "usage device size");
 _Static_assert(sizeof(struct cuquota_usage_slot) == 320, "usage slot size");

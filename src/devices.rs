@@ -276,6 +276,28 @@ impl Devices {
         eff
     }
 
+    /// Whether NVML pid `pid` is one of the container's processes. When an agent limits file publishes the
+    /// container's members (host pids from facts the tenant cannot rewrite), a pid belongs only if every such
+    /// file lists it; otherwise the usage file's live slots decide, which is cooperative: any process of the
+    /// container can write any pid there. The process's own pids (`own`: its pid and learned host pid) always
+    /// belong. Slow path (NVML process queries): a lock and a scan.
+    pub fn is_member(&self, pid: u32, own: &[u32]) -> bool {
+        if pid == 0 {
+            return false;
+        }
+        if own.contains(&pid) {
+            return true;
+        }
+        self.refresh_if_changed();
+        let mut agent_says = None;
+        for r in self.agent.readers.lock().iter() {
+            if r.snapshot().members().is_some() {
+                agent_says = Some(agent_says.unwrap_or(true) && r.snapshot().is_member(pid));
+            }
+        }
+        agent_says.unwrap_or_else(|| self.usage.is_member(pid))
+    }
+
     /// Whether an SM share may apply to some device (env/config, or any agent file's entry): false means no
     /// launch needs the throttle. One atomic load per limits file plus one flag.
     #[inline]

@@ -27,7 +27,7 @@ use cuquota_core::region::{LimitsReader, LimitsRegion};
 use cuquota_core::{Config, LogLevel, UsageRegion};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// Our export's address for a name, if we export it (`abi::cuda::export_address`).
@@ -154,8 +154,53 @@ fn load(path: Option<&Path>, soname: &str) -> Option<Library> {
     }
 }
 
+// ---- the environment at load --------------------------------------------------------------------------------
+//
+// Limits and switches in the environment are the ones the process was started with: a constructor copies the
+// environment when the library is loaded (before `main` under LD_PRELOAD or /etc/ld.so.preload), and `init`
+// reads that copy, so a program that `setenv`s CUDA_DEVICE_MEMORY_LIMIT, CUDA_DISABLE_CONTROL or
+// CUQUOTA_USAGE_FILE before its first CUDA call changes nothing. (A program that dlopens the shim itself runs
+// the constructor at that dlopen: it has opted in, and its own environment is its to choose.)
+
+static ENV_AT_LOAD: OnceLock<Vec<(std::ffi::OsString, std::ffi::OsString)>> = OnceLock::new();
+
+extern "C" fn copy_env_at_load() {
+    // Never panics (vars_os yields non-UTF-8 pairs as they are), so nothing can unwind out of this extern fn.
+    let _ = ENV_AT_LOAD.set(std::env::vars_os().collect());
+}
+
+#[used]
+#[link_section = ".init_array"]
+static COPY_ENV_AT_LOAD: extern "C" fn() = copy_env_at_load;
+
+/// The usage file the agent's limits files bind the container to, if any; `Err` when two files name
+/// different ones.
+fn bound_usage_path(limits: &[(LimitsReader, LimitsRegion)]) -> Result<Option<PathBuf>, String> {
+    let mut bound: Option<PathBuf> = None;
+    for (r, _) in limits {
+        if let Some(p) = r.snapshot().usage_path() {
+            match &bound {
+                Some(b) if b != p => {
+                    return Err(format!(
+                        "the agent's limits files bind different usage files ({} and {})",
+                        b.display(),
+                        p.display()
+                    ))
+                }
+                _ => bound = Some(p.to_path_buf()),
+            }
+        }
+    }
+    Ok(bound)
+}
+
 fn init(exports: Exports) -> Process {
-    let cfg = match Config::from_env() {
+    // The copy the constructor took; the live environment only if it never ran (unit tests of this crate).
+    let vars = ENV_AT_LOAD
+        .get()
+        .cloned()
+        .unwrap_or_else(|| std::env::vars_os().collect());
+    let mut cfg = match Config::from_vars_os(vars) {
         Ok(c) => c,
         Err(e) => return fail(format_args!("{e}")),
     };
@@ -173,6 +218,30 @@ fn init(exports: Exports) -> Process {
             Err(e) => return fail(format_args!("{e}")),
         };
         limits.push((reader, watch));
+    }
+    if cfg.limits_required && limits.is_empty() {
+        return fail(format_args!(
+            "an agent limits file is required (CUQUOTA_LIMITS_REQUIRED=1 or {} exists) but there is no agent \
+             limits file to read (none at {}, CUQUOTA_LIMITS_FILE not set)",
+            cuquota_core::config::LIMITS_REQUIRED_MARKER,
+            cuquota_core::config::DEFAULT_LIMITS_PATH
+        ));
+    }
+    // The agent's binding wins over CUQUOTA_USAGE_FILE: a private usage file would be a private cap.
+    match bound_usage_path(&limits) {
+        Ok(Some(p)) => {
+            if p != cfg.usage_path {
+                log!(
+                    Level::Info,
+                    "usage file {} (bound by the agent's limits file; not {})",
+                    p.display(),
+                    cfg.usage_path.display()
+                );
+            }
+            cfg.usage_path = p;
+        }
+        Ok(None) => {}
+        Err(e) => return fail(format_args!("{e}")),
     }
     let opt_out_allowed = limits.iter().all(|(r, _)| r.snapshot().opt_out_allowed());
     if cfg.disabled && !opt_out_allowed {
@@ -256,6 +325,22 @@ extern "C" fn fork_child() {
         s.mem.reset_in_child();
     }
 }
+
+// ---- exit ----------------------------------------------------------------------------------------------------
+
+/// Runs at a normal exit (and at `dlclose`), after the program's own destructors: gives the process's usage slot
+/// back, so its charges leave the container's total at once rather than when someone notices the process died.
+/// A thread still allocating afterwards claims a new slot, which its liveness lock releases when the process is
+/// gone.
+extern "C" fn release_at_exit() {
+    if let Some(Process::Active(s)) = process_if_ready() {
+        s.devices.usage().release_process_slot();
+    }
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static RELEASE_AT_EXIT: extern "C" fn() = release_at_exit;
 
 fn register_fork_handlers() {
     // SAFETY: registering plain extern "C" handlers that never unwind.

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
-use cuquota_core::region::layout::{format_uuid, LIMITS_FLAG_NO_OPT_OUT};
+use cuquota_core::region::layout::{format_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
 use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsSnapshot, LimitsWriter};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::Serialize;
@@ -21,9 +21,12 @@ pub enum LimitsCommand {
     Init {
         /// The limits file
         file: PathBuf,
-        /// Forbid processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
-        #[arg(long)]
+        /// Forbid processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE): the default
+        #[arg(long, conflicts_with = "allow_opt_out")]
         no_opt_out: bool,
+        /// Allow processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
+        #[arg(long)]
+        allow_opt_out: bool,
     },
     /// Set limits of a device (fields not given keep their values); running programs see the change live
     Set(SetArgs),
@@ -34,6 +37,25 @@ pub enum LimitsCommand {
         /// Which entry: all, a CUDA ordinal, or a GPU-… UUID
         #[arg(long, value_parser = parse_selector)]
         device: DeviceSelector,
+        /// Print the file as JSON afterwards (schema cuquota.limits/v1)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show, publish or withdraw the container's member host pids (the agent does this every pass; the shim
+    /// shows a process only these in NVML's per-process queries)
+    #[command(after_help = "\
+Without --set or --clear the list is shown. Members are host pids (as NVML reports them). With no agent \
+membership (--clear, or never set) the shim falls back to the container's usage file, which its processes \
+can write: not tenant-proof.")]
+    Members {
+        /// The limits file
+        file: PathBuf,
+        /// Publish exactly these host pids (comma-separated; an empty value publishes an empty list)
+        #[arg(long, value_name = "PID,PID,…", value_parser = parse_pid_list, conflicts_with = "clear")]
+        set: Option<PidList>,
+        /// Withdraw the agent's membership
+        #[arg(long)]
+        clear: bool,
         /// Print the file as JSON afterwards (schema cuquota.limits/v1)
         #[arg(long)]
         json: bool,
@@ -74,12 +96,16 @@ pub struct SetArgs {
     /// Priority on the device (HAMi's CUDA_TASK_PRIORITY 0 / 1); none clears it
     #[arg(long)]
     priority: Option<PriorityArg>,
-    /// Forbid processes to opt out
+    /// Forbid processes to opt out (the default of a new file)
     #[arg(long, conflicts_with = "allow_opt_out")]
     no_opt_out: bool,
-    /// Allow processes to opt out again
+    /// Allow processes to opt out (CUDA_DISABLE_CONTROL, CUQUOTA_DISABLE)
     #[arg(long)]
     allow_opt_out: bool,
+    /// Bind the container's usage file: its absolute path as the container's processes see it, which they
+    /// then use whatever CUQUOTA_USAGE_FILE says; `none` unbinds
+    #[arg(long, value_name = "PATH")]
+    usage: Option<PathBuf>,
     /// Print the file as JSON afterwards (schema cuquota.limits/v1)
     #[arg(long)]
     json: bool,
@@ -137,6 +163,23 @@ impl PriorityArg {
     }
 }
 
+/// A `--set` member list.
+#[derive(Clone, Debug)]
+pub struct PidList(Vec<u32>);
+
+fn parse_pid_list(s: &str) -> Result<PidList, String> {
+    if s.trim().is_empty() {
+        return Ok(PidList(Vec::new()));
+    }
+    s.split(',')
+        .map(|p| match p.trim().parse::<u32>() {
+            Ok(0) | Err(_) => Err(format!("{p:?} is not a pid (a positive integer)")),
+            Ok(v) => Ok(v),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(PidList)
+}
+
 fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
     DeviceSelector::parse(s).ok_or_else(|| "expected all, a CUDA ordinal or a GPU-… UUID".to_string())
 }
@@ -149,6 +192,10 @@ pub struct LimitsReport {
     seq: u64,
     generation: u64,
     opt_out_allowed: bool,
+    /// The agent's member host pids; `None` = no agent membership.
+    members: Option<Vec<u32>>,
+    /// The usage file the container is bound to; `None` = not bound.
+    usage_file: Option<String>,
     entries: Vec<LimitsEntry>,
 }
 
@@ -177,6 +224,8 @@ impl LimitsReport {
             seq: snap.seq,
             generation: snap.generation,
             opt_out_allowed: snap.opt_out_allowed(),
+            members: snap.members().map(<[u32]>::to_vec),
+            usage_file: snap.usage_path().map(|p| p.display().to_string()),
             entries: snap
                 .entries
                 .iter()
@@ -220,6 +269,20 @@ impl LimitsReport {
                 "forbidden"
             }
         );
+        match &self.members {
+            None => {
+                println!("members: not published by the agent (NVML filtering falls back to the usage file)")
+            }
+            Some(m) if m.is_empty() => println!("members: published, none"),
+            Some(m) => println!(
+                "members: {} ({})",
+                m.len(),
+                m.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        }
+        if let Some(u) = &self.usage_file {
+            println!("usage file: {u} (bound: processes use it whatever their environment says)");
+        }
         if self.entries.is_empty() {
             println!("(no entries: no limits from this file)");
             return Ok(());
@@ -246,11 +309,15 @@ impl LimitsReport {
 /// `cuquota limits …`.
 pub fn run(cmd: LimitsCommand) -> CmdResult {
     match cmd {
-        LimitsCommand::Init { file, no_opt_out } => {
+        LimitsCommand::Init {
+            file,
+            no_opt_out,
+            allow_opt_out,
+        } => {
             let w = LimitsWriter::create(&file)?;
-            if no_opt_out {
+            if no_opt_out || allow_opt_out {
                 w.update(|t| -> Result<(), CliError> {
-                    t.flags |= LIMITS_FLAG_NO_OPT_OUT;
+                    set_opt_out(&mut t.flags, allow_opt_out);
                     Ok(())
                 })??;
             }
@@ -271,6 +338,24 @@ pub fn run(cmd: LimitsCommand) -> CmdResult {
             })??;
             LimitsReport::new(&file, &snap).print(json)?;
         }
+        LimitsCommand::Members {
+            file,
+            set,
+            clear,
+            json,
+        } => {
+            if set.is_some() || clear {
+                let w = LimitsWriter::open(&file)?;
+                match set {
+                    Some(PidList(pids)) => w.set_members(&pids)?,
+                    None => w.clear_members()?,
+                }
+                LimitsReport::new(&file, &w.read()?).print(json)?;
+            } else {
+                let region = LimitsReader::open(&file)?;
+                LimitsReport::new(&file, region.snapshot()).print(json)?;
+            }
+        }
         LimitsCommand::Show { file, json } => {
             // The read-only path, so `show` works on a read-only mount.
             let region = LimitsReader::open(&file)?;
@@ -278,6 +363,15 @@ pub fn run(cmd: LimitsCommand) -> CmdResult {
         }
     }
     Ok(0)
+}
+
+/// Allows (`true`) or forbids opting out in a limits header's flags.
+fn set_opt_out(flags: &mut u32, allowed: bool) {
+    if allowed {
+        *flags = (*flags | LIMITS_FLAG_OPT_OUT_ALLOWED) & !LIMITS_FLAG_NO_OPT_OUT;
+    } else {
+        *flags = (*flags | LIMITS_FLAG_NO_OPT_OUT) & !LIMITS_FLAG_OPT_OUT_ALLOWED;
+    }
 }
 
 fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
@@ -288,9 +382,10 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         && a.priority.is_none()
         && !a.no_opt_out
         && !a.allow_opt_out
+        && a.usage.is_none()
     {
         return Err(CliError::new(
-            "nothing to set: give --memory, --sm, --policy, --weight, --priority or --no-opt-out/--allow-opt-out",
+            "nothing to set: give --memory, --sm, --policy, --weight, --priority, --no-opt-out/--allow-opt-out or --usage",
         ));
     }
     let w = LimitsWriter::open(&a.file)?;
@@ -314,11 +409,12 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
             p.priority = pr.priority();
         }
         e.raw = p.raw();
-        if a.no_opt_out {
-            t.flags |= LIMITS_FLAG_NO_OPT_OUT;
+        if a.no_opt_out || a.allow_opt_out {
+            set_opt_out(&mut t.flags, a.allow_opt_out);
         }
-        if a.allow_opt_out {
-            t.flags &= !LIMITS_FLAG_NO_OPT_OUT;
+        if let Some(u) = &a.usage {
+            let bound = (u.as_os_str() != "none").then_some(u.as_path());
+            t.set_usage_path(bound).map_err(CliError::new)?;
         }
         Ok(())
     })??;

@@ -55,7 +55,19 @@ fn rust_layout() -> BTreeMap<String, u64> {
         "cuquota_limits_entry",
         [uuid, flags, cuda_index, limits, _reserved]
     );
-    fields!(m, LimitsFile, "cuquota_limits_file", [header, devices]);
+    fields!(
+        m,
+        LimitsMembers,
+        "cuquota_limits_members",
+        [count, _reserved0, pids]
+    );
+    fields!(m, LimitsUsage, "cuquota_limits_usage", [len, _reserved0, path]);
+    fields!(
+        m,
+        LimitsFile,
+        "cuquota_limits_file",
+        [header, devices, members, usage]
+    );
     fields!(
         m,
         UsageHeader,
@@ -82,10 +94,10 @@ fn rust_layout() -> BTreeMap<String, u64> {
         m,
         UsageSlot,
         "cuquota_usage_slot",
-        [owner, start_time, host_pid, _reserved0, mem_used, gpu_ns, _reserved,]
+        [owner, start_time, host_pid, flags, mem_used, gpu_ns, _reserved,]
     );
     fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
-    let consts: [(&str, u64); 22] = [
+    let consts: [(&str, u64); 28] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -95,6 +107,10 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_ENTRY_VALID", LIMITS_ENTRY_VALID.into()),
         ("CUQUOTA_INDEX_ALL", LIMITS_INDEX_ALL.into()),
         ("CUQUOTA_FLAG_NO_OPT_OUT", LIMITS_FLAG_NO_OPT_OUT.into()),
+        ("CUQUOTA_FLAG_MEMBERS", LIMITS_FLAG_MEMBERS.into()),
+        ("CUQUOTA_FLAG_OPT_OUT_ALLOWED", LIMITS_FLAG_OPT_OUT_ALLOWED.into()),
+        ("CUQUOTA_MAX_MEMBERS", LIMITS_MAX_MEMBERS as u64),
+        ("CUQUOTA_USAGE_PATH_MAX", LIMITS_USAGE_PATH_MAX as u64),
         ("CUQUOTA_POLICY_DEFAULT", POLICY_DEFAULT.into()),
         ("CUQUOTA_POLICY_HARD", POLICY_HARD.into()),
         ("CUQUOTA_POLICY_BURST", POLICY_BURST.into()),
@@ -106,6 +122,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_STATE_CLAIMING", STATE_CLAIMING.into()),
         ("CUQUOTA_STATE_LIVE", STATE_LIVE.into()),
         ("CUQUOTA_STATE_RECLAIMING", STATE_RECLAIMING.into()),
+        ("CUQUOTA_SLOT_LOCKED", SLOT_FLAG_LOCKED.into()),
+        ("CUQUOTA_SLOT_LOCK_OFFSET(7)", slot_lock_offset(7)),
         (
             "CUQUOTA_OWNER(123456, 3, 0xabcdef)",
             owner_word(123456, 3, 0xab_cdef),
@@ -226,5 +244,5 @@ fn every_header_struct_field_is_checked() {
             }
         }
     }
-    assert_eq!(structs, 8, "structs found in the header");
+    assert_eq!(structs, 10, "structs found in the header");
 }

@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use cuquota_core::region::layout::{self, LIMITS_FLAG_NO_OPT_OUT, MAX_PROCS};
+use cuquota_core::region::layout::{
+    self, LIMITS_FLAG_MEMBERS, LIMITS_FLAG_NO_OPT_OUT, LIMITS_MAX_MEMBERS, MAX_PROCS,
+};
 use cuquota_core::region::liveness::{current_pid, current_start_time};
 use cuquota_core::region::{
     DeviceSelector, LimitsReader, LimitsRegion, LimitsWriter, RegionError, UsageRegion,
@@ -178,6 +180,115 @@ fn limits_write_read_and_match() {
     assert_eq!(w.read().unwrap().for_device(None, Some(5)).memory, Some(G));
     assert_ne!(r.region().seq(), before - 1);
     assert!(!r.refresh(), "contents unchanged");
+}
+
+#[test]
+fn usage_binding_set_read_and_refused_when_malformed() {
+    use std::path::Path;
+    let f = TempFile::new("usagebind");
+    let w = LimitsWriter::create(f.path()).unwrap();
+    let mut r = LimitsReader::open(f.path()).unwrap();
+    assert_eq!(r.snapshot().usage_path(), None, "not bound in a fresh file");
+    let long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX - 1));
+    for p in ["/run/cuquota/usage", long.as_str()] {
+        w.update(|t| t.set_usage_path(Some(Path::new(p))))
+            .unwrap()
+            .unwrap();
+        r.refresh();
+        assert_eq!(r.snapshot().usage_path(), Some(Path::new(p)));
+    }
+    let too_long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX));
+    for bad in ["relative/usage", too_long.as_str()] {
+        let e = w
+            .update(|t| t.set_usage_path(Some(Path::new(bad))))
+            .unwrap()
+            .unwrap_err();
+        assert!(e.contains("must be absolute"), "{e}");
+    }
+    r.refresh();
+    assert_eq!(
+        r.snapshot().usage_path(),
+        Some(Path::new(long.as_str())),
+        "unchanged by refusals"
+    );
+    w.update(|t| t.set_usage_path(None)).unwrap().unwrap();
+    r.refresh();
+    assert_eq!(r.snapshot().usage_path(), None);
+}
+
+#[test]
+fn members_set_clear_and_read() {
+    let f = TempFile::new("members");
+    let w = LimitsWriter::create(f.path()).unwrap();
+    set_memory(&w, DeviceSelector::All, G);
+    let mut r = LimitsReader::open(f.path()).unwrap();
+    assert_eq!(
+        r.snapshot().members(),
+        None,
+        "no agent membership in a fresh file"
+    );
+    assert!(!r.snapshot().is_member(42));
+
+    w.set_members(&[30, 10, 20, 10]).unwrap();
+    assert!(r.needs_refresh());
+    assert!(r.refresh());
+    assert_eq!(
+        r.snapshot().members(),
+        Some(&[10, 20, 30][..]),
+        "sorted, deduplicated"
+    );
+    assert!(r.snapshot().flags & LIMITS_FLAG_MEMBERS != 0);
+    assert!(r.snapshot().is_member(20) && !r.snapshot().is_member(25));
+    // the entries are untouched by a member write
+    assert_eq!(r.snapshot().for_device(None, Some(0)).memory, Some(G));
+
+    // the same list again writes nothing: running processes do not re-read every agent pass
+    let seq = r.region().seq();
+    w.set_members(&[20, 30, 10]).unwrap();
+    assert_eq!(r.region().seq(), seq);
+    assert!(!r.needs_refresh());
+
+    // an empty list is agent membership with no member (not "no membership")
+    w.set_members(&[]).unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members(), Some(&[][..]));
+
+    // a full list, then one too many: a typed error naming the count, nothing changed
+    let full: Vec<u32> = (1..=LIMITS_MAX_MEMBERS as u32).collect();
+    w.set_members(&full).unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members().unwrap().len(), LIMITS_MAX_MEMBERS);
+    let seq = r.region().seq();
+    let over: Vec<u32> = (1..=LIMITS_MAX_MEMBERS as u32 + 1).collect();
+    let e = w.set_members(&over).unwrap_err();
+    assert_eq!(
+        e,
+        RegionError::TooManyMembers {
+            path: f.path().to_path_buf(),
+            count: LIMITS_MAX_MEMBERS + 1,
+            max: LIMITS_MAX_MEMBERS
+        }
+    );
+    assert!(e.to_string().contains("1025 member pids"), "{e}");
+    assert!(matches!(
+        w.set_members(&[5, 0]),
+        Err(RegionError::InvalidMember { pid: 0, .. })
+    ));
+    assert_eq!(r.region().seq(), seq, "a refused list writes nothing");
+
+    // a shorter list leaves no stale pids behind
+    w.set_members(&[7]).unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members(), Some(&[7][..]));
+    assert!(!r.snapshot().is_member(8));
+
+    w.clear_members().unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members(), None);
+    assert_eq!(r.snapshot().flags & LIMITS_FLAG_MEMBERS, 0);
+    let seq = r.region().seq();
+    w.clear_members().unwrap();
+    assert_eq!(r.region().seq(), seq, "clearing twice writes once");
 }
 
 #[test]
@@ -355,6 +466,17 @@ fn limits_header_validation() {
         LimitsRegion::open(f.path()),
         Err(RegionError::BadMagic { .. })
     ));
+
+    // A file of another ABI version (another size) is named as such, not just as a bad size.
+    let mut old = bytes[..64 + 64 * layout::MAX_DEVICES].to_vec();
+    old[0..8].copy_from_slice(b"CUQLIMIT");
+    old[8..12].copy_from_slice(&2u32.to_ne_bytes());
+    std::fs::write(f.path(), &old).unwrap();
+    let e = LimitsRegion::open(f.path()).err().unwrap();
+    assert!(
+        matches!(e, RegionError::VersionMismatch { found: 2, .. }),
+        "{e:?}"
+    );
 
     std::fs::write(f.path(), b"short").unwrap();
     assert!(matches!(
@@ -622,6 +744,71 @@ fn sigkilled_child_usage_is_reclaimed() {
     assert_eq!(r.container_used(dev), 3 * G / 2);
     assert!(!r.is_member(child.id()));
     assert_eq!(r.processes().len(), 1);
+}
+
+/// Seen from another pid namespace, a slot's pid names nobody (or someone else): the owner's liveness lock,
+/// not its pid, keeps its slot. Modelled by rewriting the child's recorded pid to one that does not exist here.
+#[test]
+fn a_live_owner_is_kept_by_its_lock_whatever_its_pid_says() {
+    use std::os::unix::fs::FileExt;
+    let f = TempFile::new("nspid");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let mut child = spawn_child("charge-and-wait", f.path());
+    wait_ready(&mut child);
+    let dev = r.find_device(&UUID_A).unwrap();
+    let slot = r.processes()[0].slot;
+    let owner_off = (64 + 144 * layout::MAX_DEVICES + 320 * slot.index()) as u64;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(f.path())
+        .unwrap();
+    let mut word = [0u8; 8];
+    file.read_exact_at(&mut word, owner_off).unwrap();
+    let w = u64::from_ne_bytes(word);
+    assert_eq!(layout::owner_pid(w), child.id());
+    let elsewhere = layout::owner_word(
+        i32::MAX as u32 - 7,
+        layout::owner_state(w),
+        layout::owner_generation(w),
+    );
+    file.write_all_at(&elsewhere.to_ne_bytes(), owner_off).unwrap();
+
+    assert!(r.slot_alive(slot), "the lock is held: alive");
+    assert_eq!(
+        r.reclaim_dead(),
+        0,
+        "a live owner with a foreign pid was reclaimed"
+    );
+    assert_eq!(r.container_used(dev), G);
+
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        !r.slot_alive(slot),
+        "the kernel dropped the lock with the process"
+    );
+    assert_eq!(r.reclaim_dead(), 1);
+    assert_eq!(r.container_used(dev), 0);
+}
+
+#[test]
+fn a_released_slot_drops_its_lock_and_a_forked_child_keeps_none() {
+    let f = TempFile::new("unlock");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let watcher = UsageRegion::open(f.path()).unwrap();
+    let slot = r.process_slot().unwrap();
+    assert!(watcher.slot_alive(slot));
+    r.release_process_slot();
+    assert!(!watcher.slot_alive(slot), "freed");
+    // Claimed again, then the child-side fork handler runs here (as in a forked child): the process forgets
+    // the slot and its lock descriptor; with no other descriptor left, the lock goes (in a real fork the
+    // parent's descriptor keeps it).
+    let slot = r.process_slot().unwrap();
+    assert!(watcher.slot_alive(slot));
+    r.forget_slot_in_child();
+    assert!(!watcher.slot_alive(slot));
+    assert_eq!(watcher.reclaim_dead(), 1);
 }
 
 #[test]

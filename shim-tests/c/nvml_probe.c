@@ -6,6 +6,9 @@
  *                                                                   mem.I.v2.rc= .v2.total= .v2.used= .v2.free=
  *   procs:I         compute processes of device I through the bare, _v2 and _v3 entry points:
  *                   procs.I.vN.rc= procs.I.vN.count= procs.I.vN=<pid>:<bytes>,...
+ *   putil:I         nvmlDeviceGetProcessUtilization of device I over the last second (size query, then a
+ *                   buffer of 256): putil.I.query.rc= .query.count= putil.I.rc= putil.I.count=
+ *                   putil.I=<pid>:<smUtil>,...
  *   uuid:I          uuid.I=
  *   wait            print ready=1, block until a line (or EOF) on stdin
  */
@@ -85,6 +88,24 @@ int main(int argc, char **argv) {
             n = 0;
             r = nvmlDeviceGetComputeRunningProcesses_v3(d, &n, NULL);
             printf("procs.%u.query.rc=%d\nprocs.%u.query.count=%u\n", i, (int)r, i, n);
+        } else if (strncmp(c, "putil:", 6) == 0) {
+            unsigned int i = (unsigned int)atoi(c + 6);
+            nvmlDevice_t d;
+            r = nvmlDeviceGetHandleByIndex_v2(i, &d);
+            if (r) {
+                printf("putil.%u.rc=%d\n", i, (int)r);
+                continue;
+            }
+            static nvmlProcessUtilizationSample_t u[MAXP];
+            unsigned int n = 0;
+            r = nvmlDeviceGetProcessUtilization(d, NULL, &n, 0);
+            printf("putil.%u.query.rc=%d\nputil.%u.query.count=%u\n", i, (int)r, i, n);
+            n = MAXP;
+            r = nvmlDeviceGetProcessUtilization(d, u, &n, 0);
+            printf("putil.%u.rc=%d\nputil.%u.count=%u\nputil.%u=", i, (int)r, i, n, i);
+            for (unsigned int k = 0; r == NVML_SUCCESS && k < n; k++)
+                printf("%s%u:%u", k ? "," : "", u[k].pid, u[k].smUtil);
+            printf("\n");
         } else if (strncmp(c, "uuid:", 5) == 0) {
             unsigned int i = (unsigned int)atoi(c + 5);
             nvmlDevice_t d;

@@ -32,6 +32,7 @@
  *   wait                 print ready=1 and block until a line (or EOF) arrives on stdin
  *   sleep:MS             sleep
  *   pid                  pid=
+ *   setenv:NAME=VALUE    setenv(NAME, VALUE, 1), as a program may before cuInit                 setenv=
  */
 #include "cq_driver.h"
 #include <pthread.h>
@@ -523,6 +524,16 @@ int main(int argc, char **argv) {
             }
         } else if (strncmp(c, "sleep:", 6) == 0) {
             usleep((useconds_t)atoi(c + 6) * 1000);
+        } else if (strncmp(c, "setenv:", 7) == 0) { /* setenv:NAME=VALUE, as a program may before cuInit */
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s", c + 7);
+            char *eq = strchr(buf, '=');
+            if (!eq) {
+                fprintf(stderr, "bad command %s\n", c);
+                return 2;
+            }
+            *eq = 0;
+            printf("setenv=%d\n", setenv(buf, eq + 1, 1));
         } else if (strcmp(c, "pid") == 0) {
             printf("pid=%d\n", (int)getpid());
         } else {

@@ -174,3 +174,80 @@ fn log_lines_carry_the_pid_and_level() {
         );
     }
 }
+
+/// Class 6 of issue 11: a deployment that declares the agent's limits file required
+/// (`CUQUOTA_LIMITS_REQUIRED=1`, or the marker `/etc/cuquota/required`) gets every CUDA call refused, with a
+/// clear error, when no limits file can be read — opting out included — and runs normally when one is there.
+#[test]
+fn a_required_limits_file_that_is_missing_fails_closed() {
+    fails_closed(
+        &[
+            ("CUQUOTA_LIMITS_REQUIRED", "1"),
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+        ],
+        &["no agent limits file", "CUQUOTA_LIMITS_REQUIRED"],
+    );
+    fails_closed(
+        &[("CUQUOTA_LIMITS_REQUIRED", "1"), ("CUDA_DISABLE_CONTROL", "true")],
+        &["no agent limits file"],
+    );
+}
+
+#[test]
+fn a_required_limits_file_that_is_there_is_used() {
+    let sim = Sim::new().build();
+    sim.agent_memory_limit(0, "1g");
+    let out = sim
+        .cmd(Prog::Probe)
+        .env("CUQUOTA_LIMITS_REQUIRED", "1")
+        .args("init alloc:mem:512m alloc:mem:768m")
+        .run();
+    out.ok();
+    out.expect("init", "CUDA_SUCCESS");
+    out.expect("alloc.0", "CUDA_SUCCESS");
+    out.expect("alloc.1", "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+/// Class 6 of issue 11: under an agent limits file, opting out is off unless the file allows it
+/// (`cuquota limits set … --allow-opt-out`); without any agent file the environment is the only source of limits
+/// and the switches work as HAMi's do (`opt_out_passes_through`).
+#[test]
+fn opting_out_under_an_agent_limits_file_needs_its_permission() {
+    let sim = Sim::new().memory("8g").build();
+    sim.agent_memory_limit(0, "1g");
+    let try_opt_out = || {
+        let out = sim
+            .cmd(Prog::Probe)
+            .env("CUDA_DISABLE_CONTROL", "true")
+            .args("init alloc:mem:2g")
+            .run();
+        out.ok();
+        out.val("alloc.0").to_string()
+    };
+    assert_eq!(
+        try_opt_out(),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "CUDA_DISABLE_CONTROL=true escaped an agent limits file that does not allow opting out"
+    );
+    let file = sim.limits_file();
+    let out = sim.cli(&[
+        "limits",
+        "set",
+        file.to_str().unwrap(),
+        "--device",
+        "0",
+        "--allow-opt-out",
+    ]);
+    assert!(out.success(), "{out:?}");
+    assert_eq!(try_opt_out(), "CUDA_SUCCESS", "the file allows opting out");
+    let out = sim.cli(&[
+        "limits",
+        "set",
+        file.to_str().unwrap(),
+        "--device",
+        "0",
+        "--no-opt-out",
+    ]);
+    assert!(out.success(), "{out:?}");
+    assert_eq!(try_opt_out(), "CUDA_ERROR_OUT_OF_MEMORY", "forbidden again");
+}

@@ -1,6 +1,7 @@
 //! NVML under the shim: memory info shows the cap and the container's usage (bare and _v2 agree), and the
 //! process lists (bare, _v2, _v3) show only the container's own processes.
 
+use cuquota_core::UsageRegion;
 use shim_tests::{parse_proc_list, Prog, Sim, GIB, MIB};
 
 #[test]
@@ -120,4 +121,126 @@ fn nvml_without_limit_passes_through() {
     out.ok();
     assert_eq!(out.num("count"), 1, "{out:?}");
     assert_eq!(out.num("mem.0.total"), 8 * GIB, "{out:?}");
+}
+
+/// Class 5 of issue 11: a tenant that writes another container's pid into its own (writable) usage file sees
+/// that process in NVML's lists under the cooperative fallback; once the agent publishes the container's
+/// members in its read-only limits file, the usage file's pids no longer count.
+#[test]
+fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
+    use cuquota_core::region::LimitsWriter;
+    let sim = Sim::new().build();
+    let agent = LimitsWriter::create(&sim.limits_file()).expect("limits file");
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+
+    // The forgery: a live process of this container (this test) records the other container's pid as its
+    // NVML pid in the container's usage file.
+    let usage = UsageRegion::open(&sim.usage_file()).expect("usage file");
+    let slot = usage.process_slot().expect("a slot");
+    usage.set_host_pid(slot, their_pid);
+
+    let pids = |out: &shim_tests::Output| -> Vec<u32> {
+        parse_proc_list(out.val("procs.0.v3"))
+            .iter()
+            .map(|p| p.0)
+            .collect()
+    };
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args("procs:0").run();
+    out.ok();
+    assert!(
+        pids(&out).contains(&their_pid),
+        "the cooperative fallback was expected to be fooled by the forged pid (else this test attacks nothing):{out:?}"
+    );
+
+    agent.set_members(&[my_pid]).expect("publish members");
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args("procs:0").run();
+    out.ok();
+    let list = pids(&out);
+    assert!(
+        !list.contains(&their_pid),
+        "with agent membership, a pid forged into the usage file still shows another container's process:{out:?}"
+    );
+    assert!(list.contains(&my_pid), "the member {my_pid} is missing:{out:?}");
+    for v in ["v1", "v2"] {
+        let l: Vec<u32> = parse_proc_list(out.val(&format!("procs.0.{v}")))
+            .iter()
+            .map(|p| p.0)
+            .collect();
+        assert_eq!(l, list, "{v} differs from v3:{out:?}");
+    }
+
+    usage.release_process_slot();
+    mine.finish().ok();
+    theirs.finish().ok();
+}
+
+/// Class 5 of issue 11: per-process utilisation (`nvmlDeviceGetProcessUtilization`) shows only the
+/// container's processes. Two containers launch 5 ms kernels on one GPU (not CPU-heavy); each sees its own.
+#[test]
+fn process_utilization_hides_other_containers() {
+    use shim_tests::{compile_c, workspace_root};
+    let launcher = compile_c(
+        "throttle_paths_dl",
+        &workspace_root().join("shim-tests/c/throttle_paths.c"),
+        &[],
+        &["-ldl"],
+    );
+    let sim = Sim::new().build();
+    let launch = |container: &str| {
+        sim.cmd_path(launcher.clone())
+            .container(container)
+            .mem_limit("1g")
+            .timeout(std::time::Duration::from_secs(60))
+            .args("kernel dlsym 4 5000000 1 0")
+            .spawn()
+    };
+    let mine = launch("default");
+    let theirs = launch("other");
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let busy = |out: &shim_tests::Output| -> Vec<u32> {
+        parse_proc_list(out.val("putil.0")).iter().map(|p| p.0).collect()
+    };
+    // Both have launched within the last second once the simulator's own NVML lists both (bounded wait).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let bare = sim.cmd(Prog::NvmlProbe).no_preload().args("putil:0").run();
+        bare.ok();
+        let all = busy(&bare);
+        if all.contains(&my_pid) && all.contains(&their_pid) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the simulator never showed both launchers busy:{bare:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args("putil:0").run();
+    out.ok();
+    assert_eq!(out.val("putil.0.rc"), "0", "{out:?}");
+    let list = busy(&out);
+    assert!(
+        !list.contains(&their_pid),
+        "process utilisation shows another container's process:{out:?}"
+    );
+    assert!(
+        list.contains(&my_pid),
+        "the container's own process {my_pid} is missing:{out:?}"
+    );
+    assert_eq!(out.num("putil.0.count"), list.len() as u64, "{out:?}");
+    assert!(mine.finish().success());
+    assert!(theirs.finish().success());
 }

@@ -2,10 +2,12 @@
 //!
 //! - `nvmlDeviceGetMemoryInfo` / `_v2`: total = cap, used = the container's usage, free = total − used, each
 //!   clamped by the real values; `_v2`'s `version` is the caller's and `reserved` the driver's.
-//! - `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): only processes owning a live slot in the usage
-//!   region (by pid, or by the NVML pid a slot recorded — in a pid namespace the host pid `memory::host_pid`
-//!   learns). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
+//! - `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): only the container's processes
+//!   (`Devices::is_member`): the members the agent publishes in its limits file when it does (tenant-proof),
+//!   else processes owning a live slot in the usage region (by pid, or by the NVML pid a slot recorded — in a
+//!   pid namespace the host pid `memory::host_pid` learns; cooperative: a tenant can write any pid there). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
 //!   `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
+//! - `nvmlDeviceGetProcessUtilization`: the same filter over the samples.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
@@ -98,6 +100,11 @@ pub unsafe fn memory_info<T: MemoryInfo>(
     r
 }
 
+/// This process's pids as NVML may list it: its own and, in a pid namespace, the host pid it learned.
+fn own_pids(s: &Shim) -> [u32; 2] {
+    [std::process::id(), s.mem.host.get().unwrap_or(0)]
+}
+
 /// `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): the real list → the container's processes,
 /// written back with NVML's size protocol.
 ///
@@ -122,9 +129,10 @@ pub unsafe fn running_processes<T: ProcessInfo>(
         Err(r) => return r,
     };
     s.mem.maybe_reclaim();
+    let own = own_pids(s);
     let mine: Vec<T> = list
         .into_iter()
-        .filter(|p| s.devices.usage().is_member(p.pid()))
+        .filter(|p| s.devices.is_member(p.pid(), &own))
         .collect();
     // SAFETY: `count` non-NULL, the caller's in/out parameter.
     let room = unsafe { *count } as usize;
@@ -138,6 +146,54 @@ pub unsafe fn running_processes<T: ProcessInfo>(
     }
     // SAFETY: the caller's buffer holds `room` ≥ len records.
     unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), infos, mine.len()) };
+    nvmlReturn_t::SUCCESS
+}
+
+/// `nvmlDeviceGetProcessUtilization`: the real samples → the container's processes, written back with the
+/// call's size protocol (a buffer too small for the *filtered* samples gets `NVML_ERROR_INSUFFICIENT_SIZE` and
+/// the filtered count; none left is `NVML_ERROR_NOT_FOUND`, as for no samples at all). A size query (NULL
+/// buffer) gets the real answer, an upper bound.
+///
+/// # Safety
+/// `samples`/`count` as the NVML function requires.
+pub unsafe fn process_utilization(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut nvmlProcessUtilizationSample_t, *mut c_uint, u64) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    samples: *mut nvmlProcessUtilizationSample_t,
+    count: *mut c_uint,
+    last_seen: u64,
+) -> nvmlReturn_t {
+    if count.is_null() || samples.is_null() {
+        return real(device, samples, count, last_seen);
+    }
+    let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, buf, n, last_seen)) {
+        Ok(l) => l,
+        Err(r) => {
+            if r == nvmlReturn_t::ERROR_NOT_FOUND {
+                // SAFETY: `count` non-NULL, the caller's in/out parameter.
+                unsafe { *count = 0 };
+            }
+            return r;
+        }
+    };
+    let own = own_pids(s);
+    let mine: Vec<_> = list
+        .into_iter()
+        .filter(|p| s.devices.is_member(p.pid, &own))
+        .collect();
+    // SAFETY: `count` non-NULL, the caller's in/out parameter.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = mine.len() as c_uint };
+    if mine.is_empty() {
+        return nvmlReturn_t::ERROR_NOT_FOUND;
+    }
+    if room < mine.len() {
+        return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller's buffer holds `room` ≥ len samples.
+    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), samples, mine.len()) };
     nvmlReturn_t::SUCCESS
 }
 

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{Config, LogLevel, DEFAULT_LIMITS_PATH, DEFAULT_USAGE_PATH};
+use super::{Config, LogLevel, DEFAULT_LIMITS_PATH, DEFAULT_USAGE_PATH, LIMITS_REQUIRED_MARKER};
 use crate::policy::{Policy, PolicyKind, Priority};
 use crate::visible_devices::VisibleDevices;
 
@@ -20,6 +20,8 @@ pub(crate) struct Layer {
     pub priority: Option<Priority>,
     pub usage_path: Option<PathBuf>,
     pub limits_path: Option<PathBuf>,
+    /// `CUQUOTA_LIMITS_REQUIRED` (env only: the TOML file is the tenant's to write).
+    pub limits_required: Option<bool>,
     pub log_level: Option<LogLevel>,
     pub libcuda: Option<PathBuf>,
     pub libnvml: Option<PathBuf>,
@@ -84,6 +86,8 @@ pub(crate) fn resolve(
             .or(file.usage_path)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_USAGE_PATH)),
         limits_paths,
+        limits_required: env.limits_required.unwrap_or(false)
+            || path_exists(Path::new(LIMITS_REQUIRED_MARKER)),
         log_level: env.log_level.or(file.log_level).unwrap_or(LogLevel::Warn),
         disabled: env.disabled.or(file.disabled).unwrap_or(false),
         libcuda_path: env.libcuda.or(file.libcuda),

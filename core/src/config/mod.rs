@@ -27,6 +27,10 @@ use crate::visible_devices::VisibleDevices;
 pub const DEFAULT_USAGE_PATH: &str = "/tmp/cuquota.usage";
 /// Default path of the agent-written limits region (used only if it exists).
 pub const DEFAULT_LIMITS_PATH: &str = "/etc/cuquota/limits";
+
+/// Its existence declares an agent limits file required (a deployment mounts it read-only next to the limits
+/// file, so a tenant cannot remove it): with no limits file to read, the shim refuses every CUDA call.
+pub const LIMITS_REQUIRED_MARKER: &str = "/etc/cuquota/required";
 /// Highest CUDA ordinal accepted in a `_<i>` variable or `[[device]] index` (exclusive).
 pub const MAX_ORDINAL: u32 = 1024;
 /// Weight range for burst mode.
@@ -78,6 +82,9 @@ pub struct Config {
     /// the agent's limits by pointing the variable elsewhere. Every listed file must open and validate, else
     /// the shim fails closed. Empty = no agent limits.
     pub limits_paths: Vec<PathBuf>,
+    /// An agent limits file is required (`CUQUOTA_LIMITS_REQUIRED=1`, or [`LIMITS_REQUIRED_MARKER`] exists): with
+    /// [`Config::limits_paths`] empty the shim fails closed, opt-out or not.
+    pub limits_required: bool,
     /// Log verbosity.
     pub log_level: LogLevel,
     /// Opt-out requested (`CUDA_DISABLE_CONTROL=true` / `CUQUOTA_DISABLE=1`): pure pass-through, unless the
@@ -100,6 +107,7 @@ impl Default for Config {
             default_limits: Policy::NONE,
             usage_path: PathBuf::from(DEFAULT_USAGE_PATH),
             limits_paths: Vec::new(),
+            limits_required: false,
             log_level: LogLevel::Warn,
             disabled: false,
             libcuda_path: None,
@@ -121,6 +129,14 @@ impl Config {
     /// errors.
     pub fn from_env() -> Result<Config, ConfigError> {
         env::from_vars_os(std::env::vars_os(), &|p| p.exists())
+    }
+
+    /// [`Config::from_env`] over a copy of the environment taken earlier (the shim takes one when it is
+    /// loaded, so a program's later `setenv` cannot change its limits).
+    pub fn from_vars_os(
+        vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+    ) -> Result<Config, ConfigError> {
+        env::from_vars_os(vars.into_iter(), &|p| p.exists())
     }
 
     /// Builds a configuration from an explicit list of variables — the full check, including unknown

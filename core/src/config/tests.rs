@@ -433,3 +433,20 @@ fn priority_from_hami_ours_and_the_file() {
         "{e}"
     );
 }
+
+#[test]
+fn limits_required_by_env_or_by_the_marker_the_env_cannot_undo() {
+    let none = |_: &Path| false;
+    let marker = |p: &Path| p == Path::new(LIMITS_REQUIRED_MARKER);
+    let c = Config::from_vars(Vec::<(String, String)>::new(), &none).unwrap();
+    assert!(!c.limits_required);
+    let c = Config::from_vars([("CUQUOTA_LIMITS_REQUIRED", "1")], &none).unwrap();
+    assert!(c.limits_required);
+    let c = Config::from_vars([("CUQUOTA_LIMITS_REQUIRED", "0")], &marker).unwrap();
+    assert!(
+        c.limits_required,
+        "the marker holds whatever the environment says"
+    );
+    let e = Config::from_vars([("CUQUOTA_LIMITS_REQUIRED", "perhaps")], &none).unwrap_err();
+    assert!(e.to_string().contains("CUQUOTA_LIMITS_REQUIRED"), "{e}");
+}

@@ -15,11 +15,17 @@ pub const LIMITS_MAGIC: u64 = u64::from_le_bytes(*b"CUQLIMIT");
 pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
 /// Layout version of both files. Any change of size or meaning bumps it. 2: a device's limits are one
 /// [`PolicyWords`] (with priority and reserved memory) in limits entries and usage device entries alike.
-pub const ABI_VERSION: u32 = 2;
+/// 3: the limits file carries the container's members as the agent sees them ([`LimitsMembers`]) and the
+/// container's usage file ([`LimitsUsage`]).
+pub const ABI_VERSION: u32 = 3;
 /// Device entries per file.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in the usage file.
 pub const MAX_PROCS: usize = 1024;
+/// Member host pids the limits file can hold ([`LimitsMembers`]).
+pub const LIMITS_MAX_MEMBERS: usize = 1024;
+/// Bytes of the usage-file path the limits file can hold ([`LimitsUsage`]).
+pub const LIMITS_USAGE_PATH_MAX: usize = 504;
 /// Words of throttle state per usage device entry (owned by the shim's throttle).
 pub const THROTTLE_WORDS: usize = 8;
 
@@ -29,7 +35,14 @@ pub const LIMITS_ENTRY_VALID: u32 = 1;
 /// specific entry.
 pub const LIMITS_INDEX_ALL: u32 = u32::MAX;
 /// Limits header `flags` bit: processes may not opt out (`CUDA_DISABLE_CONTROL` / `CUQUOTA_DISABLE` are ignored).
+/// Wins over [`LIMITS_FLAG_OPT_OUT_ALLOWED`].
 pub const LIMITS_FLAG_NO_OPT_OUT: u32 = 1;
+/// Limits header `flags` bit: processes may opt out. Clear (the default of a new file) = they may not: opting
+/// out of the agent's limits needs the agent's permission.
+pub const LIMITS_FLAG_OPT_OUT_ALLOWED: u32 = 4;
+/// Limits header `flags` bit: the agent publishes the container's members ([`LimitsMembers`]); clear = no
+/// agent membership (the shim falls back to the cooperative usage-file list).
+pub const LIMITS_FLAG_MEMBERS: u32 = 2;
 
 /// Limits entry `policy`: default.
 pub const POLICY_DEFAULT: u32 = 0;
@@ -46,6 +59,17 @@ pub const PRIORITY_NONE: u32 = 0;
 pub const PRIORITY_HIGH: u32 = 1;
 /// Policy `priority`: low, best effort (HAMi `CUDA_TASK_PRIORITY=1`).
 pub const PRIORITY_LOW: u32 = 2;
+
+/// Usage slot `flags` bit: the owner holds the slot's liveness lock, an open-file-description lock on byte
+/// [`slot_lock_offset`] of the usage file; the kernel drops it when the owner dies, whatever pid namespace it
+/// or the observer lives in, so an unlocked byte means the owner is gone.
+pub const SLOT_FLAG_LOCKED: u32 = 1;
+
+/// The byte of the usage file whose lock says slot `slot` is owned by a live process: past the end of the
+/// file (a lock needs no data there), one byte per slot.
+pub const fn slot_lock_offset(slot: usize) -> u64 {
+    std::mem::size_of::<UsageFile>() as u64 + slot as u64
+}
 
 /// Owner-word state: free.
 pub const STATE_FREE: u32 = 0;
@@ -177,6 +201,32 @@ pub struct LimitsEntry {
     pub _reserved: [AtomicU64; 1],
 }
 
+/// The container's processes as the node agent sees them (4104 bytes): host pids (the pids NVML reports),
+/// from facts the tenant cannot rewrite (cgroup, pid namespace, process tree). Seqlock-protected like the rest
+/// of the file; meaningful only while the header has [`LIMITS_FLAG_MEMBERS`].
+#[repr(C)]
+pub struct LimitsMembers {
+    /// Number of valid entries of `pids` (at most [`LIMITS_MAX_MEMBERS`]).
+    pub count: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// Host pids, sorted ascending, no duplicates; entries from `count` on are zero.
+    pub pids: [AtomicU32; LIMITS_MAX_MEMBERS],
+}
+
+/// The container's usage file as its processes see it (512 bytes), named by the agent: processes under this
+/// limits file account in it whatever their environment says, so a private usage file is no private cap.
+/// Seqlock-protected; `len` 0 = not bound (the environment decides).
+#[repr(C)]
+pub struct LimitsUsage {
+    /// Bytes of `path` in use (at most [`LIMITS_USAGE_PATH_MAX`]), 0 = not bound.
+    pub len: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// The absolute path's bytes in memory order (a `char[504]` in C), zero after `len`.
+    pub path: [AtomicU64; LIMITS_USAGE_PATH_MAX / 8],
+}
+
 /// The whole limits file.
 #[repr(C)]
 pub struct LimitsFile {
@@ -184,6 +234,10 @@ pub struct LimitsFile {
     pub header: LimitsHeader,
     /// Entries.
     pub devices: [LimitsEntry; MAX_DEVICES],
+    /// The container's member host pids (ABI 3).
+    pub members: LimitsMembers,
+    /// The container's usage file (ABI 3).
+    pub usage: LimitsUsage,
 }
 
 /// Header of the usage file (64 bytes).
@@ -237,8 +291,8 @@ pub struct UsageSlot {
     pub start_time: AtomicU64,
     /// The owner's pid as NVML reports it (host pid namespace), 0 if unknown.
     pub host_pid: AtomicU32,
-    /// Zero.
-    pub _reserved0: AtomicU32,
+    /// [`SLOT_FLAG_LOCKED`]: the owner holds the slot's liveness lock (ABI 3; zero before).
+    pub flags: AtomicU32,
     /// Bytes charged per usage device entry.
     pub mem_used: [AtomicU64; MAX_DEVICES],
     /// GPU time used per usage device entry, ns (owned by the throttle).
@@ -262,7 +316,12 @@ const _: () = {
     assert!(std::mem::size_of::<PolicyWords>() == 32);
     assert!(std::mem::size_of::<LimitsHeader>() == 64);
     assert!(std::mem::size_of::<LimitsEntry>() == 64);
-    assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES);
+    assert!(std::mem::size_of::<LimitsMembers>() == 8 + 4 * LIMITS_MAX_MEMBERS);
+    assert!(std::mem::size_of::<LimitsUsage>() == 8 + LIMITS_USAGE_PATH_MAX);
+    assert!(
+        std::mem::size_of::<LimitsFile>()
+            == 64 + 64 * MAX_DEVICES + 8 + 4 * LIMITS_MAX_MEMBERS + 8 + LIMITS_USAGE_PATH_MAX
+    );
     assert!(std::mem::size_of::<UsageHeader>() == 64);
     assert!(std::mem::size_of::<UsageDevice>() == 144);
     assert!(std::mem::size_of::<UsageSlot>() == 320);

@@ -29,6 +29,8 @@ pub(crate) struct Mapping {
     ptr: NonNull<u8>,
     len: usize,
     path: PathBuf,
+    /// The descriptor it was mapped from, when the caller asked to keep it (usage regions: liveness locks).
+    fd: Option<std::os::fd::OwnedFd>,
 }
 
 // SAFETY: the mapping is plain shared memory; all access to it goes through atomics (see layout.rs), which are
@@ -58,6 +60,15 @@ impl Mapping {
     /// Opens (or creates) `path`, makes sure it is `size` bytes (extending an empty file when writable) and maps
     /// it. The header is validated by the caller.
     pub(crate) fn open(path: &Path, access: Access, size: usize) -> Result<Mapping, RegionError> {
+        Self::open_with(path, access, size, false)
+    }
+
+    /// [`Mapping::open`], keeping the descriptor open ([`Mapping::fd`]).
+    pub(crate) fn open_keeping_fd(path: &Path, access: Access, size: usize) -> Result<Mapping, RegionError> {
+        Self::open_with(path, access, size, true)
+    }
+
+    fn open_with(path: &Path, access: Access, size: usize, keep_fd: bool) -> Result<Mapping, RegionError> {
         let cpath = CString::new(path.as_os_str().as_bytes()).map_err(|_| RegionError::Io {
             path: path.to_path_buf(),
             op: "open",
@@ -116,6 +127,14 @@ impl Mapping {
             });
         }
         if file_size != size as u64 {
+            // A region of another ABI version has another size: say which version wrote it.
+            if let Some(found) = foreign_version(&fd) {
+                return Err(RegionError::VersionMismatch {
+                    path: path.to_path_buf(),
+                    found,
+                    expected: super::layout::ABI_VERSION,
+                });
+            }
             return Err(RegionError::BadSize {
                 path: path.to_path_buf(),
                 size: file_size,
@@ -134,11 +153,23 @@ impl Mapping {
             return Err(io_err(path, "mmap"));
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| io_err(path, "mmap"))?;
+        let fd = keep_fd.then(|| {
+            let raw = fd.0;
+            std::mem::forget(fd);
+            // SAFETY: we own `raw` (opened above, not closed: its closing guard was forgotten).
+            unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) }
+        });
         Ok(Mapping {
             ptr,
             len: size,
             path: path.to_path_buf(),
+            fd,
         })
+    }
+
+    /// The descriptor kept by [`Mapping::open_keeping_fd`].
+    pub(crate) fn fd(&self) -> Option<std::os::fd::RawFd> {
+        self.fd.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)
     }
 
     /// Start of the mapping (page-aligned).
@@ -150,6 +181,20 @@ impl Mapping {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// The `abi_version` of a file that starts with one of our magics and another version, if it is one.
+fn foreign_version(fd: &Fd) -> Option<u32> {
+    let mut head = [0u8; 12];
+    // SAFETY: reading into a local buffer of that size from a descriptor we hold.
+    let n = unsafe { libc::pread(fd.0, head.as_mut_ptr().cast(), head.len(), 0) };
+    if n != head.len() as isize {
+        return None;
+    }
+    let magic = u64::from_ne_bytes(head[..8].try_into().ok()?);
+    let version = u32::from_ne_bytes(head[8..].try_into().ok()?);
+    use super::layout::{ABI_VERSION, LIMITS_MAGIC, USAGE_MAGIC};
+    ((magic == LIMITS_MAGIC || magic == USAGE_MAGIC) && version != ABI_VERSION).then_some(version)
 }
 
 fn fstat_size(fd: &Fd, path: &Path) -> Result<u64, RegionError> {

@@ -15,7 +15,7 @@
 //!   least one sees the other, so the cap is never exceeded.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::header::{self, Header, Word};
@@ -140,9 +140,68 @@ pub struct DeviceInfo {
 
 /// The usage file, mapped read-write.
 pub struct UsageRegion {
+    /// The mapping; its descriptor is kept open to ask whether slots' liveness locks are held (an open file
+    /// description that never holds a lock itself, so every lock shows up as a conflict on it).
     map: Mapping,
     /// This process's slot (cached by [`UsageRegion::process_slot`]), `NO_SLOT` when none.
     own_slot: AtomicU32,
+    /// Per slot, the descriptor (its own open file description) holding this process's liveness lock on it;
+    /// -1 = none.
+    lock_fds: Box<[AtomicI32]>,
+}
+
+/// What trying to take a slot's liveness lock found.
+enum LockTry {
+    /// Taken: the descriptor holding it.
+    Locked(i32),
+    /// Held by another open file description: a live process owns or is claiming the slot.
+    Busy,
+    /// Locks are unavailable here (no /proc, a file system without OFD locks): liveness by pid only.
+    Unsupported,
+}
+
+fn close_fd(fd: i32) {
+    if fd >= 0 {
+        // SAFETY: a descriptor this region opened and still owns; closed once (callers swap it out first).
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// One `fcntl` OFD-lock call on slot `slot`'s lock byte.
+fn ofd_lock(fd: i32, cmd: libc::c_int, typ: libc::c_short, slot: usize) -> std::io::Result<libc::flock> {
+    // SAFETY: flock is plain data; all-zero is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = slot_lock_offset(slot) as libc::off_t;
+    fl.l_len = 1;
+    // SAFETY: an OFD lock command (l_pid zero, as they require) with a valid flock pointer.
+    if unsafe { libc::fcntl(fd, cmd, &mut fl) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fl)
+}
+
+fn same_file(a: i32, b: i32) -> bool {
+    // SAFETY: stat is plain data; fstat on descriptors we hold.
+    unsafe {
+        let mut x: libc::stat = std::mem::zeroed();
+        let mut y: libc::stat = std::mem::zeroed();
+        libc::fstat(a, &mut x) == 0
+            && libc::fstat(b, &mut y) == 0
+            && x.st_dev == y.st_dev
+            && x.st_ino == y.st_ino
+    }
+}
+
+impl Drop for UsageRegion {
+    /// Closes the liveness-lock descriptors: whatever slots this mapping held are then seen as abandoned (and
+    /// reclaimed by whoever needs the room), as if their process had exited.
+    fn drop(&mut self) {
+        for fd in self.lock_fds.iter() {
+            close_fd(fd.swap(-1, Ordering::AcqRel));
+        }
+    }
 }
 
 fn next_gen(word: u64) -> u32 {
@@ -162,10 +221,11 @@ impl UsageRegion {
     }
 
     fn open_with(path: &Path, access: Access) -> Result<UsageRegion, RegionError> {
-        let map = Mapping::open(path, access, std::mem::size_of::<UsageFile>())?;
+        let map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>())?;
         let region = UsageRegion {
             map,
             own_slot: AtomicU32::new(NO_SLOT),
+            lock_fds: (0..MAX_PROCS).map(|_| AtomicI32::new(-1)).collect(),
         };
         region.validate(matches!(access, Access::Create(_)))?;
         Ok(region)
@@ -212,6 +272,95 @@ impl UsageRegion {
         (self.file().header.proc_high_water.load(Ordering::SeqCst) as usize).min(MAX_PROCS)
     }
 
+    // ---- liveness locks --------------------------------------------------------------------------------------
+    //
+    // A slot's owner holds a write lock on one byte of the file (`slot_lock_offset`) through an open file
+    // description of its own. The kernel drops it when the last descriptor of that description closes: when the
+    // process dies (or execs: the descriptor is close-on-exec), whatever pid namespace it or an observer lives
+    // in. An observer asks with F_OFD_GETLK through the mapping's descriptor, which never holds a lock. So a
+    // slot is alive exactly while its byte is locked, and no pid is compared.
+
+    /// A fresh open file description of the usage file (its own, so its lock is released by closing it and by
+    /// nothing else), or `None` when there is no way to get one.
+    fn open_lock_fd(&self) -> Option<i32> {
+        let probe = self.map.fd()?;
+        let via_proc = std::ffi::CString::new(format!("/proc/self/fd/{probe}")).ok()?;
+        // SAFETY: NUL-terminated path; the flags are plain.
+        let mut fd = unsafe { libc::open(via_proc.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            use std::os::unix::ffi::OsStrExt;
+            let path = std::ffi::CString::new(self.path().as_os_str().as_bytes()).ok()?;
+            // SAFETY: as above.
+            fd = unsafe {
+                libc::open(
+                    path.as_ptr(),
+                    libc::O_RDWR | libc::O_CLOEXEC | libc::O_NOFOLLOW | libc::O_NONBLOCK,
+                )
+            };
+        }
+        if fd < 0 {
+            return None;
+        }
+        if !same_file(fd, probe) {
+            close_fd(fd); // the path now names another file: no lock rather than a lock on the wrong one
+            return None;
+        }
+        Some(fd)
+    }
+
+    fn try_lock(&self, slot: usize) -> LockTry {
+        let Some(fd) = self.open_lock_fd() else {
+            return LockTry::Unsupported;
+        };
+        match ofd_lock(fd, libc::F_OFD_SETLK, libc::F_WRLCK as libc::c_short, slot) {
+            Ok(_) => LockTry::Locked(fd),
+            Err(e) => {
+                close_fd(fd);
+                match e.raw_os_error() {
+                    Some(libc::EAGAIN) | Some(libc::EACCES) => LockTry::Busy,
+                    _ => LockTry::Unsupported,
+                }
+            }
+        }
+    }
+
+    /// Whether some process holds slot `slot`'s liveness lock; `None` when that cannot be asked.
+    fn lock_held(&self, slot: usize) -> Option<bool> {
+        let fd = self.map.fd()?;
+        let fl = ofd_lock(fd, libc::F_OFD_GETLK, libc::F_WRLCK as libc::c_short, slot).ok()?;
+        Some(fl.l_type != libc::F_UNLCK as libc::c_short)
+    }
+
+    /// Whether the process a slot's owner word `w` names is alive: by its liveness lock when it holds one (or
+    /// when the lock is held at all: a claimer takes it before it claims), else by pid (and, for a live slot,
+    /// start time) — which is only meaningful within one pid namespace.
+    fn owner_alive(&self, slot: usize, s: &UsageSlot, w: u64) -> bool {
+        match self.lock_held(slot) {
+            Some(true) => return true,
+            Some(false) if s.flags.load(Ordering::Acquire) & SLOT_FLAG_LOCKED != 0 => return false,
+            _ => {}
+        }
+        if owner_state(w) == STATE_LIVE {
+            is_alive(owner_pid(w), Some(s.start_time.load(Ordering::Relaxed)))
+        } else {
+            // A transient state: only a vanished pid means its process died mid-transition.
+            is_alive(owner_pid(w), None)
+        }
+    }
+
+    /// Whether slot `slot` is owned by a live process (its lock, else its pid): what `cuquota status` and
+    /// reclaim judge by. Slow path.
+    pub fn slot_alive(&self, slot: SlotId) -> bool {
+        let s = &self.file().slots[slot.index()];
+        let w = s.owner.load(Ordering::Acquire);
+        owner_state(w) != STATE_FREE && self.owner_alive(slot.index(), s, w)
+    }
+
+    /// Drops this process's liveness lock on `slot`, if it holds one.
+    fn unlock(&self, slot: usize) {
+        close_fd(self.lock_fds[slot].swap(-1, Ordering::AcqRel));
+    }
+
     // ---- process slots -------------------------------------------------------------------------------------
 
     /// Claims a slot for the calling process (pid + start time). Slow path: reads `/proc/self/stat`. If every
@@ -220,23 +369,40 @@ impl UsageRegion {
         self.claim_slot_as(current_pid(), current_start_time())
     }
 
-    /// Claims a slot recording `pid` and `start_time` (tests use a fake start time to simulate pid reuse).
+    /// Claims a slot recording `pid` and `start_time` (tests use a fake start time to simulate pid reuse). The
+    /// calling process's own claims take the slot's liveness lock; a claim for another pid (tests simulating
+    /// other processes) takes none and is judged by that pid.
     pub fn claim_slot_as(&self, pid: u32, start_time: u64) -> Result<SlotId, RegionError> {
         let f = self.file();
+        let own = pid == current_pid() && start_time == current_start_time();
         for pass in 0..2 {
             for (i, slot) in f.slots.iter().enumerate() {
                 let w = slot.owner.load(Ordering::Acquire);
                 if owner_state(w) != STATE_FREE {
                     continue;
                 }
+                // The lock first: while it is held, everyone sees the slot as alive, claiming included.
+                let lock = if own {
+                    self.try_lock(i)
+                } else {
+                    LockTry::Unsupported
+                };
+                let fd = match lock {
+                    LockTry::Busy => continue,
+                    LockTry::Locked(fd) => fd,
+                    LockTry::Unsupported => -1,
+                };
                 let claiming = owner_word(pid, STATE_CLAIMING, next_gen(w));
                 if slot
                     .owner
                     .compare_exchange(w, claiming, Ordering::AcqRel, Ordering::Relaxed)
                     .is_err()
                 {
+                    close_fd(fd);
                     continue;
                 }
+                slot.flags
+                    .store(if fd >= 0 { SLOT_FLAG_LOCKED } else { 0 }, Ordering::Release);
                 slot.start_time.store(start_time, Ordering::Relaxed);
                 slot.host_pid.store(0, Ordering::Relaxed);
                 // Free slots are zero already (reclaim zeroes before freeing); make sure anyway: it is ours.
@@ -251,9 +417,12 @@ impl UsageRegion {
                     .compare_exchange(claiming, live, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok()
                 {
+                    close_fd(self.lock_fds[i].swap(fd, Ordering::AcqRel));
                     return Ok(SlotId(i as u32));
                 }
-                // Someone judged us dead (only possible with a fake pid): look for another slot.
+                // Someone judged us dead (a fake pid, or a claim without a lock seen from another pid
+                // namespace): look for another slot.
+                close_fd(fd);
             }
             if pass == 0 {
                 self.reclaim_dead();
@@ -279,6 +448,7 @@ impl UsageRegion {
         {
             Self::zero_and_free(s, reclaiming);
         }
+        self.unlock(slot.index());
     }
 
     fn zero_and_free(s: &UsageSlot, reclaiming: u64) {
@@ -287,6 +457,7 @@ impl UsageRegion {
         }
         s.start_time.store(0, Ordering::Relaxed);
         s.host_pid.store(0, Ordering::Relaxed);
+        s.flags.store(0, Ordering::Relaxed);
         let _ = s.owner.compare_exchange(
             reclaiming,
             owner_word(0, STATE_FREE, next_gen(reclaiming)),
@@ -322,11 +493,16 @@ impl UsageRegion {
         (s != NO_SLOT).then_some(SlotId(s))
     }
 
-    /// Forgets the cached slot without touching shared memory. Async-signal-safe (one atomic store): call it
-    /// from a `pthread_atfork` child handler, so the child claims its own slot instead of charging (or freeing
-    /// from) its parent's. The parent's slot is unaffected.
+    /// Forgets the cached slot without touching shared memory, and closes the child's copies of the parent's
+    /// lock descriptors (the parent's locks stay: its own descriptors still refer to them). Async-signal-safe
+    /// (atomics and `close`): call it from a `pthread_atfork` child handler, so the child claims its own slot
+    /// instead of charging (or freeing from) its parent's, and does not keep its parent's slot alive after the
+    /// parent died. The parent's slot is unaffected.
     pub fn forget_slot_in_child(&self) {
         self.own_slot.store(NO_SLOT, Ordering::Release);
+        for fd in self.lock_fds.iter() {
+            close_fd(fd.swap(-1, Ordering::AcqRel));
+        }
     }
 
     /// Frees this process's cached slot, if any (clean exit).
@@ -344,19 +520,15 @@ impl UsageRegion {
             .store(host_pid, Ordering::Release);
     }
 
-    /// Reclaims the slots of dead processes (pid gone, zombie, or pid reused: start time differs). Returns how
-    /// many were reclaimed. Slow path: reads `/proc`.
+    /// Reclaims the slots of dead processes: liveness lock released (or, for slots without one, pid gone,
+    /// zombie, or pid reused: start time differs). Returns how many were reclaimed. Slow path: one `fcntl` per
+    /// slot, `/proc` for slots without a lock.
     pub fn reclaim_dead(&self) -> usize {
         let me = current_pid();
         let mut n = 0;
-        for s in &self.file().slots[..self.high_water()] {
+        for (i, s) in self.file().slots[..self.high_water()].iter().enumerate() {
             let w = s.owner.load(Ordering::Acquire);
-            let dead = match owner_state(w) {
-                STATE_FREE => false,
-                STATE_LIVE => !is_alive(owner_pid(w), Some(s.start_time.load(Ordering::Relaxed))),
-                // A transient state: only a vanished pid means its process died mid-transition.
-                _ => !is_alive(owner_pid(w), None),
-            };
+            let dead = owner_state(w) != STATE_FREE && !self.owner_alive(i, s, w);
             if !dead {
                 continue;
             }

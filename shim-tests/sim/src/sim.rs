@@ -108,9 +108,11 @@ impl Sim {
             return Ok((cur & 0xffff_ffff) as usize - 1);
         }
         let start = state::proc_start_time(pid).map(|s| s.0).unwrap_or(0);
+        // NVML reports the pid the host knows: /proc/self's, when /proc is an outer namespace's.
+        let host = state::pid_in_proc_namespace().unwrap_or(pid);
         let slot = self
             .shared
-            .claim_slot(pid, pid + self.host_pid_offset, start)
+            .claim_slot(pid, host + self.host_pid_offset, start)
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         SLOT.store(((pid as u64) << 32) | (slot as u64 + 1), Release);
         Ok(slot)

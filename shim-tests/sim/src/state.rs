@@ -7,12 +7,12 @@
 //! all live slots, undo if over). A dead process's memory therefore returns to the pool, as with a real driver.
 
 use std::ffi::CString;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
 use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
-/// Bumped whenever the layout below changes; a file with another version is refused.
-const LAYOUT_VERSION: u64 = 2;
+/// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks.
+const LAYOUT_VERSION: u64 = 3;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -71,6 +71,8 @@ pub(crate) struct ProcSlot {
     /// The pid NVML reports for this process: `pid + CUDASIM_HOST_PID_OFFSET` of the process (its pid in the
     /// host's pid namespace when it runs in a container's).
     pub host_pid: AtomicU32,
+    /// `SLOT_LOCKED`: the owner holds the slot's liveness lock (see `slot_lock`).
+    pub flags: AtomicU32,
     pub start_time: AtomicU64,
     /// Bytes charged per device (allocations rounded, context and module overhead, pools, arrays).
     pub mem_used: [AtomicU64; MAX_DEVICES],
@@ -92,6 +94,79 @@ const SLOT_FREE: u32 = 0;
 const SLOT_CLAIMING: u32 = 1;
 const SLOT_LIVE: u32 = 2;
 const SLOT_RECLAIMING: u32 = 3;
+const SLOT_LOCKED: u32 = 1;
+
+// Liveness of a slot's owner is a lock, as a driver knows its clients by their open device files, not by pids
+// (which mean other processes in other pid namespaces): the owner holds an open-file-description write lock on
+// one byte of the state file past its end (one per slot) through a descriptor of its own, which the kernel
+// drops when the process dies or execs. Others ask with F_OFD_GETLK through the mapping's descriptor, which
+// never holds a lock.
+
+/// The mapping's descriptor (kept open for F_OFD_GETLK), -1 before `open`.
+static PROBE_FD: AtomicI32 = AtomicI32::new(-1);
+/// This process's lock descriptor, -1 = none; closed in a forked child (which must not keep its parent's slot
+/// alive).
+static LOCK_FD: AtomicI32 = AtomicI32::new(-1);
+
+fn lock_offset(slot: usize) -> i64 {
+    (std::mem::size_of::<SharedState>() + slot) as i64
+}
+
+fn ofd(fd: i32, cmd: libc::c_int, slot: usize) -> Option<libc::flock> {
+    // SAFETY: flock is plain data; fcntl with an OFD lock command and a valid pointer.
+    unsafe {
+        let mut fl: libc::flock = std::mem::zeroed();
+        fl.l_type = libc::F_WRLCK as libc::c_short;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = lock_offset(slot);
+        fl.l_len = 1;
+        (libc::fcntl(fd, cmd, &mut fl) == 0).then_some(fl)
+    }
+}
+
+/// Takes slot `slot`'s lock on a fresh descriptor: `Some(fd)`, `None` when held by another process or when
+/// locks are unavailable (then `held` says which).
+fn take_lock(slot: usize) -> Option<i32> {
+    let probe = PROBE_FD.load(Acquire);
+    if probe < 0 {
+        return None;
+    }
+    let path = CString::new(format!("/proc/self/fd/{probe}")).ok()?;
+    // SAFETY: NUL-terminated path.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    if ofd(fd, libc::F_OFD_SETLK, slot).is_none() {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd) };
+        return None;
+    }
+    Some(fd)
+}
+
+/// Whether slot `slot`'s lock is held: `None` when that cannot be asked.
+fn lock_held(slot: usize) -> Option<bool> {
+    let probe = PROBE_FD.load(Acquire);
+    if probe < 0 {
+        return None;
+    }
+    ofd(probe, libc::F_OFD_GETLK, slot).map(|fl| fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
+extern "C" fn forget_lock_in_child() {
+    let fd = LOCK_FD.swap(-1, AcqRel);
+    if fd >= 0 {
+        // SAFETY: the child's copy of the parent's lock descriptor (the parent keeps its own).
+        unsafe { libc::close(fd) };
+    }
+}
+
+/// This process's pid as the mounted /proc sees it (`/proc/self`): its pid in the host's namespace when the
+/// process runs in a pid namespace of its own without its own /proc, which is what a driver reports.
+pub(crate) fn pid_in_proc_namespace() -> Option<u32> {
+    std::fs::read_link("/proc/self").ok()?.to_str()?.parse().ok()
+}
 
 /// Where the state file lives.
 pub(crate) fn state_path() -> String {
@@ -141,7 +216,11 @@ pub(crate) fn open(path: &str, cfg: &SimConfig) -> Result<&'static SharedState, 
             fd,
             0,
         );
-        libc::close(fd);
+        if p == libc::MAP_FAILED || PROBE_FD.compare_exchange(-1, fd, AcqRel, Acquire).is_err() {
+            libc::close(fd); // kept only for the first mapping (the liveness locks' probe)
+        } else {
+            libc::pthread_atfork(None, None, Some(forget_lock_in_child));
+        }
         if p == libc::MAP_FAILED {
             return Err(format!(
                 "cudasim: cannot map CUDASIM_STATE={path}: {}",
@@ -252,11 +331,39 @@ impl SharedState {
     pub(crate) fn claim_slot(&self, pid: u32, host_pid: u32, start_time: u64) -> Option<usize> {
         for pass in 0..2 {
             for (i, slot) in self.procs.iter().enumerate() {
+                if slot.state.load(Acquire) != SLOT_FREE {
+                    continue;
+                }
+                // The lock first (a held lock means a live claimer or owner); without lock support, none.
+                let lock = if pid == std::process::id() {
+                    take_lock(i)
+                } else {
+                    None
+                };
+                if lock.is_none() && lock_held(i) == Some(true) {
+                    continue;
+                }
+                let release = |fd: Option<i32>| {
+                    if let Some(fd) = fd {
+                        // SAFETY: our own fresh descriptor.
+                        unsafe { libc::close(fd) };
+                    }
+                };
                 if slot
                     .state
                     .compare_exchange(SLOT_FREE, SLOT_CLAIMING, AcqRel, Acquire)
-                    .is_ok()
+                    .is_err()
                 {
+                    release(lock);
+                    continue;
+                }
+                {
+                    slot.flags
+                        .store(if lock.is_some() { SLOT_LOCKED } else { 0 }, Relaxed);
+                    if let Some(fd) = lock {
+                        let old = LOCK_FD.swap(fd, AcqRel);
+                        release((old >= 0).then_some(old));
+                    }
                     for d in 0..MAX_DEVICES {
                         slot.mem_used[d].store(0, Relaxed);
                         slot.busy_ns[d].store(0, Relaxed);
@@ -279,13 +386,19 @@ impl SharedState {
 
     /// Frees the slots of processes that are gone, releasing their memory.
     pub(crate) fn reclaim_dead(&self) {
-        for slot in &self.procs[..self.high_water()] {
+        for (i, slot) in self.procs[..self.high_water()].iter().enumerate() {
             if slot.state.load(Acquire) != SLOT_LIVE {
                 continue;
             }
-            let pid = slot.pid.load(Relaxed);
-            if slot_owner_alive(pid, slot.start_time.load(Relaxed)) {
-                continue;
+            match lock_held(i) {
+                Some(true) => continue,
+                Some(false) if slot.flags.load(Relaxed) & SLOT_LOCKED != 0 => {}
+                _ => {
+                    let pid = slot.pid.load(Relaxed);
+                    if slot_owner_alive(pid, slot.start_time.load(Relaxed)) {
+                        continue;
+                    }
+                }
             }
             if slot
                 .state
@@ -296,6 +409,7 @@ impl SharedState {
                     slot.mem_used[d].store(0, Relaxed);
                     slot.contexts[d].store(0, Relaxed);
                 }
+                slot.flags.store(0, Relaxed);
                 slot.state.store(SLOT_FREE, Release);
             }
         }
