@@ -107,10 +107,14 @@ impl Sim {
         if cur >> 32 == pid as u64 && cur & 0xffff_ffff != 0 {
             return Ok((cur & 0xffff_ffff) as usize - 1);
         }
-        let start = state::proc_start_time(pid).map(|s| s.0).unwrap_or(0);
+        // The slot names the process as /proc knows it: in a child pid namespace that still sees the host's
+        // /proc (`unshare --pid --fork`), that is its host pid — what a real driver reports, and what other
+        // processes' liveness checks can find.
+        let proc_pid = state::proc_self_pid().unwrap_or(pid);
+        let start = state::proc_start_time(proc_pid).map(|s| s.0).unwrap_or(0);
         let slot = self
             .shared
-            .claim_slot(pid, pid + self.host_pid_offset, start)
+            .claim_slot(proc_pid, proc_pid + self.host_pid_offset, start)
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         SLOT.store(((pid as u64) << 32) | (slot as u64 + 1), Release);
         Ok(slot)
