@@ -53,6 +53,8 @@ pub struct ProcEntry {
     pub ppid: u32,
     /// Start time (clock ticks after boot): tells a reused pid from the original.
     pub start_time: u64,
+    /// State letter (`/proc/<pid>/stat` field 3: R, S, D, T, Z, …).
+    pub state: u8,
 }
 
 /// A snapshot of the host's processes.
@@ -80,6 +82,7 @@ impl ProcTable {
                     ProcEntry {
                         ppid: st.ppid,
                         start_time: st.start_time,
+                        state: st.state,
                     },
                 );
             }
@@ -203,7 +206,14 @@ mod tests {
     fn table(edges: &[(u32, u32, u64)]) -> ProcTable {
         let mut t = ProcTable::default();
         for &(pid, ppid, start_time) in edges {
-            t.insert(pid, ProcEntry { ppid, start_time });
+            t.insert(
+                pid,
+                ProcEntry {
+                    ppid,
+                    start_time,
+                    state: b'S',
+                },
+            );
         }
         t
     }

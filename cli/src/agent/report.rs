@@ -368,6 +368,20 @@ impl AgentReport {
             ],
             &rows,
         );
+        for c in &self.containers {
+            for a in &c.actions {
+                println!(
+                    "{}: {} {:?}{}: {}",
+                    c.name,
+                    a.action,
+                    a.pids,
+                    a.error
+                        .as_ref()
+                        .map_or_else(String::new, |e| format!(" FAILED ({e})")),
+                    a.detail.as_deref().unwrap_or("")
+                );
+            }
+        }
         for g in self.gpus.iter().filter(|g| !g.unattributed_pids.is_empty()) {
             println!(
                 "GPU {}: processes of no described container: {:?}",

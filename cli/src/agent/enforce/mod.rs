@@ -1,46 +1,65 @@
-//! What the agent does about a container over its limits. Today every container is `report`: the agent
-//! samples, compares and reports. Enforcement (issue 11) slots in here:
-//! - a descriptor's `[enforce]` names a policy per resource ([`MemoryPolicy`], [`SmPolicy`]); a policy this
-//!   build cannot carry out is refused when the descriptor is read ([`check_supported`]), so no container
-//!   is ever believed to be enforced when it is not;
-//! - [`plan`] turns one container's report into [`Action`]s;
-//! - [`execute`] checks that every pid an action names is a member of that container in this pass, then hands
-//!   the action to an [`Actuator`], and returns what happened for the report, the log and the
-//!   `cuquota_agent_actions_total{action}` counter.
+//! What the agent does about a container over its limits, per the descriptor's `[enforce]`:
+//! - `memory = "kill"` ([`memory`]): a container whose member processes hold more device memory on a GPU than
+//!   its cap (NVML's figure) for [`memory::GRACE`] consecutive passes loses its largest processes on that GPU
+//!   (SIGKILL) until the rest fit;
+//! - `sm = "throttle"` ([`throttle`]): a container whose measured share of a GPU runs over its SM limit is
+//!   frozen for a fraction of every interval (cgroup freezer, else SIGSTOP/SIGCONT), the fraction set by a
+//!   controller from the measured share;
+//! - `report`: the same judgement, logged and counted as `report`, and nothing done.
+//!
+//! Planners turn a container's report into [`Action`]s; [`execute`] checks that every process an action names
+//! is a member of that container (else the whole action is refused: the agent never touches a process of
+//! another container or of nobody's), then hands it to an [`Actuator`] ([`actuator::System`] in the agent),
+//! and returns what happened for the report, the log and `cuquota_agent_actions_total{action}`.
+
+pub mod actuator;
+pub mod memory;
+pub mod throttle;
 
 use std::collections::BTreeSet;
+use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::descriptor::{Enforce, MemoryPolicy, SmPolicy};
-use super::report::ContainerReport;
+/// A process as the agent saw it in `/proc`: its pid and start time, so that an action never reaches another
+/// process that reused the pid meanwhile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Target {
+    /// Host pid.
+    pub pid: u32,
+    /// `/proc/<pid>/stat` field 22.
+    pub start_time: u64,
+}
 
 /// An action on some of one container's processes.
-// Built by the enforcement policies of issue 11; today only the tests of `execute` build them.
-#[cfg_attr(not(test), allow(dead_code))]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// SIGKILL these processes (the container is over its memory cap on `device`).
     Kill {
-        /// Host pids.
-        pids: Vec<u32>,
+        /// The processes.
+        targets: Vec<Target>,
         /// `GPU-…`.
         device: String,
     },
-    /// Stop these processes (cgroup freezer, else SIGSTOP) to bring the SM share down.
+    /// Stop the container: its cgroup's freezer when `cgroup` is given, else SIGSTOP to each target.
     Freeze {
-        /// Host pids.
-        pids: Vec<u32>,
+        /// The container's processes.
+        targets: Vec<Target>,
+        /// The container's cgroup directory (the member source), when it is one.
+        cgroup: Option<PathBuf>,
     },
-    /// Let frozen processes run again.
+    /// Undo a [`Action::Freeze`] (the same targets and cgroup).
     Thaw {
-        /// Host pids.
-        pids: Vec<u32>,
+        /// The processes the freeze stopped.
+        targets: Vec<Target>,
+        /// The cgroup the freeze froze.
+        cgroup: Option<PathBuf>,
     },
 }
 
-/// Every kind of action, for the counters (each exported from the first pass, at 0).
-pub const KINDS: [&str; 3] = ["kill", "freeze", "thaw"];
+/// Every kind of action, for the counters (each exported from the first pass, at 0). `report`: a container
+/// under a `report` policy was over a limit (what would have been done is in the record's `detail`).
+pub const KINDS: [&str; 4] = ["kill", "freeze", "thaw", "report"];
 
 impl Action {
     /// The counter label.
@@ -53,75 +72,79 @@ impl Action {
     }
 
     /// The processes it touches.
-    pub fn pids(&self) -> &[u32] {
+    pub fn targets(&self) -> &[Target] {
         match self {
-            Action::Kill { pids, .. } | Action::Freeze { pids } | Action::Thaw { pids } => pids,
+            Action::Kill { targets, .. } | Action::Freeze { targets, .. } | Action::Thaw { targets, .. } => {
+                targets
+            }
         }
     }
 }
 
+/// What a pass decided for one container.
+#[derive(Default)]
+pub struct Decision {
+    /// Actions to carry out, with the reason.
+    pub actions: Vec<(Action, String)>,
+    /// `report` records.
+    pub reports: Vec<ActionReport>,
+}
+
 /// Carries out actions on processes.
 pub trait Actuator {
-    /// Does `action`; an error names what failed.
-    fn apply(&mut self, action: &Action) -> Result<(), String>;
+    /// Does `action`; an error names what failed. Returns how it was done (e.g. `cgroup v2 freezer`).
+    fn apply(&mut self, action: &Action) -> Result<&'static str, String>;
 }
 
 /// One action as the report shows it.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct ActionReport {
-    /// `kill`, `freeze`, `thaw`.
+    /// `kill`, `freeze`, `thaw`, `report`.
     pub action: &'static str,
-    /// The processes.
+    /// The processes (host pids).
     pub pids: Vec<u32>,
-    /// The device, for a kill.
+    /// The device, for a kill or a memory report.
     pub device: Option<String>,
-    /// Whether it was carried out.
+    /// Whether it was carried out (a `report` record: always).
     pub ok: bool,
     /// Why not.
     pub error: Option<String>,
+    /// Why it was done, and how.
+    pub detail: Option<String>,
 }
 
-/// Refuses a policy this build cannot carry out (issue 11 adds `kill` and `throttle`).
-pub fn check_supported(e: &Enforce) -> Result<(), String> {
-    if e.memory == MemoryPolicy::Kill {
-        return Err(
-            "[enforce] memory = \"kill\" is not available in this version of the agent (only \"report\")"
-                .into(),
-        );
+impl ActionReport {
+    /// A `report`-policy record: what the agent found and would have done.
+    pub fn report(pids: Vec<u32>, device: Option<String>, detail: String) -> ActionReport {
+        ActionReport {
+            action: "report",
+            pids,
+            device,
+            ok: true,
+            error: None,
+            detail: Some(detail),
+        }
     }
-    if e.sm == SmPolicy::Throttle {
-        return Err(
-            "[enforce] sm = \"throttle\" is not available in this version of the agent (only \"report\")"
-                .into(),
-        );
-    }
-    Ok(())
 }
 
-/// The actions one container's report calls for under its policy. Every policy this build accepts is
-/// `report` ([`check_supported`] refuses the others when the descriptor is read): nothing to do.
-pub fn plan(enforce: &Enforce, _report: &ContainerReport) -> Vec<Action> {
-    debug_assert!(check_supported(enforce).is_ok());
-    Vec::new()
-}
-
-/// Carries out `actions` on a container whose members are `members`: an action naming any other process is
-/// refused as a whole (the agent never touches a process of another container or of nobody's).
+/// Carries out `actions` on a container whose members are `members` (host pids), each with the reason the
+/// planner gave: an action naming any other process is refused as a whole (the agent never touches a
+/// process of another container or of nobody's).
 pub fn execute(
-    actions: Vec<Action>,
+    actions: Vec<(Action, String)>,
     members: &BTreeSet<u32>,
     actuator: &mut dyn Actuator,
 ) -> Vec<ActionReport> {
     actions
         .into_iter()
-        .map(|a| {
+        .map(|(a, why)| {
             let strangers: Vec<u32> = a
-                .pids()
+                .targets()
                 .iter()
-                .copied()
+                .map(|t| t.pid)
                 .filter(|p| !members.contains(p))
                 .collect();
-            let result = if a.pids().is_empty() {
+            let result = if a.targets().is_empty() {
                 Err("no process named".to_string())
             } else if !strangers.is_empty() {
                 Err(format!(
@@ -130,85 +153,83 @@ pub fn execute(
             } else {
                 actuator.apply(&a)
             };
+            let (ok, error, how) = match result {
+                Ok(how) => (true, None, how),
+                Err(e) => (false, Some(e), ""),
+            };
             ActionReport {
                 action: a.kind(),
-                pids: a.pids().to_vec(),
+                pids: a.targets().iter().map(|t| t.pid).collect(),
                 device: match &a {
                     Action::Kill { device, .. } => Some(device.clone()),
                     _ => None,
                 },
-                ok: result.is_ok(),
-                error: result.err(),
+                ok,
+                error,
+                detail: Some(if how.is_empty() {
+                    why
+                } else {
+                    format!("{why} ({how})")
+                }),
             }
         })
         .collect()
 }
 
-/// The actuator of this build: it has nothing to carry out (every policy is `report`), and says so if asked.
-pub struct NoActuator;
-
-impl Actuator for NoActuator {
-    fn apply(&mut self, action: &Action) -> Result<(), String> {
-        Err(format!(
-            "{}: not available in this version of the agent",
-            action.kind()
-        ))
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    struct Recorder(Vec<Action>);
+    /// Records what it is asked to do.
+    #[derive(Default)]
+    pub(crate) struct Recorder(pub Vec<Action>);
 
     impl Actuator for Recorder {
-        fn apply(&mut self, a: &Action) -> Result<(), String> {
+        fn apply(&mut self, a: &Action) -> Result<&'static str, String> {
             self.0.push(a.clone());
-            Ok(())
+            Ok("recorded")
         }
+    }
+
+    pub(crate) fn t(pid: u32) -> Target {
+        Target { pid, start_time: 1 }
     }
 
     #[test]
     fn actions_on_non_members_are_refused_whole() {
         let members: BTreeSet<u32> = [10, 11].into_iter().collect();
-        let mut r = Recorder(Vec::new());
+        let mut r = Recorder::default();
+        let freeze = Action::Freeze {
+            targets: vec![t(10), t(11)],
+            cgroup: None,
+        };
         let out = execute(
             vec![
-                Action::Freeze { pids: vec![10, 11] },
-                Action::Kill {
-                    pids: vec![11, 99],
-                    device: "GPU-x".into(),
-                },
-                Action::Thaw { pids: vec![] },
+                (freeze.clone(), "over".into()),
+                (
+                    Action::Kill {
+                        targets: vec![t(11), t(99)],
+                        device: "GPU-x".into(),
+                    },
+                    "over".into(),
+                ),
+                (
+                    Action::Thaw {
+                        targets: vec![],
+                        cgroup: None,
+                    },
+                    "".into(),
+                ),
             ],
             &members,
             &mut r,
         );
-        assert_eq!(
-            r.0,
-            vec![Action::Freeze { pids: vec![10, 11] }],
-            "only the members' action ran"
-        );
+        assert_eq!(r.0, vec![freeze], "only the members' action ran");
         assert!(out[0].ok && !out[1].ok && !out[2].ok);
+        assert_eq!(out[0].detail.as_deref(), Some("over (recorded)"));
         assert!(out[1].error.as_deref().unwrap().contains("99"));
         assert_eq!(out[1].device.as_deref(), Some("GPU-x"));
         assert_eq!(out[1].action, "kill");
-    }
-
-    #[test]
-    fn report_only_plans_nothing_and_the_rest_is_refused_up_front() {
-        assert!(check_supported(&Enforce::default()).is_ok());
-        assert!(check_supported(&Enforce {
-            memory: MemoryPolicy::Kill,
-            ..Default::default()
-        })
-        .is_err());
-        assert!(check_supported(&Enforce {
-            sm: SmPolicy::Throttle,
-            ..Default::default()
-        })
-        .is_err());
-        assert!(NoActuator.apply(&Action::Thaw { pids: vec![1] }).is_err());
+        assert_eq!(out[1].pids, vec![11, 99]);
     }
 }
