@@ -20,7 +20,7 @@
  *        writer_pid w -> getpid(); on failure, or if w is a live process, wait and start over.
  *     2. s = load_acquire(seq). If s is even: store_release(seq, s+1) and s_odd = s+1. If s is odd, a writer
  *        died mid-write: s_odd = s (finish its write). atomic_thread_fence(release).
- *     3. write the fields (relaxed atomic stores): header flags, entries.
+ *     3. write the fields (relaxed atomic stores): header flags, entries, members.
  *     4. generation += 1; store_release(seq, s_odd + 1); store_release(writer_pid, 0).
  *   The pid is recorded before anything changes, so a live writer is never taken over and a dead one always is.
  *   Readers never wait on a writer: they retry a bounded number of times and keep their last good copy.
@@ -56,15 +56,17 @@
 
 #define CUQUOTA_LIMITS_MAGIC 0x54494d494c515543ULL /* "CUQLIMIT" as little-endian bytes */
 #define CUQUOTA_USAGE_MAGIC 0x4547415355515543ULL  /* "CUQUSAGE" as little-endian bytes */
-#define CUQUOTA_ABI_VERSION 2u
+#define CUQUOTA_ABI_VERSION 3u
 #define CUQUOTA_MAX_DEVICES 16
 #define CUQUOTA_MAX_PROCS 1024
 #define CUQUOTA_THROTTLE_WORDS 8
+#define CUQUOTA_MAX_MEMBERS 1024
 
 /* Limits entry flags / cuda_index / header flags / policy / priority. */
 #define CUQUOTA_ENTRY_VALID 1u
 #define CUQUOTA_INDEX_ALL 0xffffffffu
 #define CUQUOTA_FLAG_NO_OPT_OUT 1u
+#define CUQUOTA_FLAG_MEMBERS 2u /* the agent publishes members (struct cuquota_limits_members) */
 #define CUQUOTA_POLICY_DEFAULT 0u
 #define CUQUOTA_POLICY_HARD 1u
 #define CUQUOTA_POLICY_BURST 2u
@@ -116,9 +118,19 @@ struct cuquota_limits_entry {
     uint64_t _reserved[1];
 };
 
+/* The container's processes as the agent sees them: host pids (as NVML reports them), sorted ascending, no
+ * duplicates, pids[count..] zero. Seqlock-protected; meaningful only while header.flags has
+ * CUQUOTA_FLAG_MEMBERS (clear: no agent membership, the shim falls back to the usage file's list). */
+struct cuquota_limits_members {
+    uint32_t count; /* valid entries of pids, <= CUQUOTA_MAX_MEMBERS */
+    uint32_t _reserved0;
+    uint32_t pids[CUQUOTA_MAX_MEMBERS];
+};
+
 struct cuquota_limits_file {
     struct cuquota_limits_header header;
     struct cuquota_limits_entry devices[CUQUOTA_MAX_DEVICES];
+    struct cuquota_limits_members members; /* ABI 3 */
 };
 
 struct cuquota_usage_header {
@@ -163,7 +175,9 @@ struct cuquota_usage_file {
 _Static_assert(sizeof(struct cuquota_policy) == 32, "policy size");
 _Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size");
 _Static_assert(sizeof(struct cuquota_limits_entry) == 64, "limits entry size");
-_Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES, "limits file size");
+_Static_assert(sizeof(struct cuquota_limits_members) == 8 + 4 * CUQUOTA_MAX_MEMBERS, "limits members size");
+_Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES + 8 + 4 * CUQUOTA_MAX_MEMBERS,
+               "limits file size");
 _Static_assert(sizeof(struct cuquota_usage_header) == 64, "usage header size");
 _Static_assert(sizeof(struct cuquota_usage_device) == 144, "usage device size");
 _Static_assert(sizeof(struct cuquota_usage_slot) == 320, "usage slot size");

@@ -38,6 +38,25 @@ pub enum LimitsCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show, publish or withdraw the container's member host pids (the agent does this every pass; the shim
+    /// shows a process only these in NVML's per-process queries)
+    #[command(after_help = "\
+Without --set or --clear the list is shown. Members are host pids (as NVML reports them). With no agent \
+membership (--clear, or never set) the shim falls back to the container's usage file, which its processes \
+can write: not tenant-proof.")]
+    Members {
+        /// The limits file
+        file: PathBuf,
+        /// Publish exactly these host pids (comma-separated; an empty value publishes an empty list)
+        #[arg(long, value_name = "PID,PID,…", value_parser = parse_pid_list, conflicts_with = "clear")]
+        set: Option<PidList>,
+        /// Withdraw the agent's membership
+        #[arg(long)]
+        clear: bool,
+        /// Print the file as JSON afterwards (schema cuquota.limits/v1)
+        #[arg(long)]
+        json: bool,
+    },
     /// Show the file's entries
     Show {
         /// The limits file
@@ -137,6 +156,23 @@ impl PriorityArg {
     }
 }
 
+/// A `--set` member list.
+#[derive(Clone, Debug)]
+pub struct PidList(Vec<u32>);
+
+fn parse_pid_list(s: &str) -> Result<PidList, String> {
+    if s.trim().is_empty() {
+        return Ok(PidList(Vec::new()));
+    }
+    s.split(',')
+        .map(|p| match p.trim().parse::<u32>() {
+            Ok(0) | Err(_) => Err(format!("{p:?} is not a pid (a positive integer)")),
+            Ok(v) => Ok(v),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(PidList)
+}
+
 fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
     DeviceSelector::parse(s).ok_or_else(|| "expected all, a CUDA ordinal or a GPU-… UUID".to_string())
 }
@@ -149,6 +185,8 @@ pub struct LimitsReport {
     seq: u64,
     generation: u64,
     opt_out_allowed: bool,
+    /// The agent's member host pids; `None` = no agent membership.
+    members: Option<Vec<u32>>,
     entries: Vec<LimitsEntry>,
 }
 
@@ -177,6 +215,7 @@ impl LimitsReport {
             seq: snap.seq,
             generation: snap.generation,
             opt_out_allowed: snap.opt_out_allowed(),
+            members: snap.members().map(<[u32]>::to_vec),
             entries: snap
                 .entries
                 .iter()
@@ -220,6 +259,17 @@ impl LimitsReport {
                 "forbidden"
             }
         );
+        match &self.members {
+            None => {
+                println!("members: not published by the agent (NVML filtering falls back to the usage file)")
+            }
+            Some(m) if m.is_empty() => println!("members: published, none"),
+            Some(m) => println!(
+                "members: {} ({})",
+                m.len(),
+                m.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+            ),
+        }
         if self.entries.is_empty() {
             println!("(no entries: no limits from this file)");
             return Ok(());
@@ -270,6 +320,24 @@ pub fn run(cmd: LimitsCommand) -> CmdResult {
                 }
             })??;
             LimitsReport::new(&file, &snap).print(json)?;
+        }
+        LimitsCommand::Members {
+            file,
+            set,
+            clear,
+            json,
+        } => {
+            if set.is_some() || clear {
+                let w = LimitsWriter::open(&file)?;
+                match set {
+                    Some(PidList(pids)) => w.set_members(&pids)?,
+                    None => w.clear_members()?,
+                }
+                LimitsReport::new(&file, &w.read()?).print(json)?;
+            } else {
+                let region = LimitsReader::open(&file)?;
+                LimitsReport::new(&file, region.snapshot()).print(json)?;
+            }
         }
         LimitsCommand::Show { file, json } => {
             // The read-only path, so `show` works on a read-only mount.

@@ -76,6 +76,47 @@ fn limits_init_set_show_clear() {
 }
 
 #[test]
+fn limits_members_publish_show_clear() {
+    let f = tmp("members");
+    let fs = f.to_str().unwrap();
+    assert!(cuquota(&["limits", "init", fs]).status.success());
+    let o = cuquota(&["limits", "members", fs, "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = check_schema("limits.v1.json", &String::from_utf8(o.stdout).unwrap());
+    assert!(v["members"].is_null(), "no agent membership yet: {v}");
+
+    let o = cuquota(&["limits", "members", fs, "--set", "300,100,200,100", "--json"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = check_schema("limits.v1.json", &String::from_utf8(o.stdout).unwrap());
+    assert_eq!(v["members"], serde_json::json!([100, 200, 300]), "{v}");
+    let r = LimitsReader::open(&f).unwrap();
+    assert_eq!(r.snapshot().members(), Some(&[100, 200, 300][..]));
+    let o = cuquota(&["limits", "show", fs]);
+    assert!(text(&o).contains("members: 3 (100, 200, 300)"), "{}", text(&o));
+
+    let o = cuquota(&["limits", "members", fs, "--set", ""]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("members: published, none"), "{}", text(&o));
+
+    for bad in ["12,x", "0", "1,-2"] {
+        let o = cuquota(&["limits", "members", fs, "--set", bad]);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", text(&o));
+        assert!(text(&o).contains("is not a pid"), "{bad}: {}", text(&o));
+    }
+    let many: Vec<String> = (1..=1025).map(|p| p.to_string()).collect();
+    let o = cuquota(&["limits", "members", fs, "--set", &many.join(",")]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(text(&o).contains("1025 member pids"), "{}", text(&o));
+
+    let o = cuquota(&["limits", "members", fs, "--clear"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("not published by the agent"), "{}", text(&o));
+    let o = cuquota(&["limits", "members", fs, "--set", "1", "--clear"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let _ = std::fs::remove_file(&f);
+}
+
+#[test]
 fn errors_exit_2_with_a_message() {
     let f = tmp("errors");
     let fs = f.to_str().unwrap();

@@ -55,7 +55,13 @@ fn rust_layout() -> BTreeMap<String, u64> {
         "cuquota_limits_entry",
         [uuid, flags, cuda_index, limits, _reserved]
     );
-    fields!(m, LimitsFile, "cuquota_limits_file", [header, devices]);
+    fields!(
+        m,
+        LimitsMembers,
+        "cuquota_limits_members",
+        [count, _reserved0, pids]
+    );
+    fields!(m, LimitsFile, "cuquota_limits_file", [header, devices, members]);
     fields!(
         m,
         UsageHeader,
@@ -85,7 +91,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         [owner, start_time, host_pid, _reserved0, mem_used, gpu_ns, _reserved,]
     );
     fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
-    let consts: [(&str, u64); 22] = [
+    let consts: [(&str, u64); 24] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -95,6 +101,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_ENTRY_VALID", LIMITS_ENTRY_VALID.into()),
         ("CUQUOTA_INDEX_ALL", LIMITS_INDEX_ALL.into()),
         ("CUQUOTA_FLAG_NO_OPT_OUT", LIMITS_FLAG_NO_OPT_OUT.into()),
+        ("CUQUOTA_FLAG_MEMBERS", LIMITS_FLAG_MEMBERS.into()),
+        ("CUQUOTA_MAX_MEMBERS", LIMITS_MAX_MEMBERS as u64),
         ("CUQUOTA_POLICY_DEFAULT", POLICY_DEFAULT.into()),
         ("CUQUOTA_POLICY_HARD", POLICY_HARD.into()),
         ("CUQUOTA_POLICY_BURST", POLICY_BURST.into()),
@@ -226,5 +234,5 @@ fn every_header_struct_field_is_checked() {
             }
         }
     }
-    assert_eq!(structs, 8, "structs found in the header");
+    assert_eq!(structs, 9, "structs found in the header");
 }

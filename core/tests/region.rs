@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use cuquota_core::region::layout::{self, LIMITS_FLAG_NO_OPT_OUT, MAX_PROCS};
+use cuquota_core::region::layout::{
+    self, LIMITS_FLAG_MEMBERS, LIMITS_FLAG_NO_OPT_OUT, LIMITS_MAX_MEMBERS, MAX_PROCS,
+};
 use cuquota_core::region::liveness::{current_pid, current_start_time};
 use cuquota_core::region::{
     DeviceSelector, LimitsReader, LimitsRegion, LimitsWriter, RegionError, UsageRegion,
@@ -178,6 +180,81 @@ fn limits_write_read_and_match() {
     assert_eq!(w.read().unwrap().for_device(None, Some(5)).memory, Some(G));
     assert_ne!(r.region().seq(), before - 1);
     assert!(!r.refresh(), "contents unchanged");
+}
+
+#[test]
+fn members_set_clear_and_read() {
+    let f = TempFile::new("members");
+    let w = LimitsWriter::create(f.path()).unwrap();
+    set_memory(&w, DeviceSelector::All, G);
+    let mut r = LimitsReader::open(f.path()).unwrap();
+    assert_eq!(
+        r.snapshot().members(),
+        None,
+        "no agent membership in a fresh file"
+    );
+    assert!(!r.snapshot().is_member(42));
+
+    w.set_members(&[30, 10, 20, 10]).unwrap();
+    assert!(r.needs_refresh());
+    assert!(r.refresh());
+    assert_eq!(
+        r.snapshot().members(),
+        Some(&[10, 20, 30][..]),
+        "sorted, deduplicated"
+    );
+    assert!(r.snapshot().flags & LIMITS_FLAG_MEMBERS != 0);
+    assert!(r.snapshot().is_member(20) && !r.snapshot().is_member(25));
+    // the entries are untouched by a member write
+    assert_eq!(r.snapshot().for_device(None, Some(0)).memory, Some(G));
+
+    // the same list again writes nothing: running processes do not re-read every agent pass
+    let seq = r.region().seq();
+    w.set_members(&[20, 30, 10]).unwrap();
+    assert_eq!(r.region().seq(), seq);
+    assert!(!r.needs_refresh());
+
+    // an empty list is agent membership with no member (not "no membership")
+    w.set_members(&[]).unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members(), Some(&[][..]));
+
+    // a full list, then one too many: a typed error naming the count, nothing changed
+    let full: Vec<u32> = (1..=LIMITS_MAX_MEMBERS as u32).collect();
+    w.set_members(&full).unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members().unwrap().len(), LIMITS_MAX_MEMBERS);
+    let seq = r.region().seq();
+    let over: Vec<u32> = (1..=LIMITS_MAX_MEMBERS as u32 + 1).collect();
+    let e = w.set_members(&over).unwrap_err();
+    assert_eq!(
+        e,
+        RegionError::TooManyMembers {
+            path: f.path().to_path_buf(),
+            count: LIMITS_MAX_MEMBERS + 1,
+            max: LIMITS_MAX_MEMBERS
+        }
+    );
+    assert!(e.to_string().contains("1025 member pids"), "{e}");
+    assert!(matches!(
+        w.set_members(&[5, 0]),
+        Err(RegionError::InvalidMember { pid: 0, .. })
+    ));
+    assert_eq!(r.region().seq(), seq, "a refused list writes nothing");
+
+    // a shorter list leaves no stale pids behind
+    w.set_members(&[7]).unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members(), Some(&[7][..]));
+    assert!(!r.snapshot().is_member(8));
+
+    w.clear_members().unwrap();
+    assert!(r.refresh());
+    assert_eq!(r.snapshot().members(), None);
+    assert_eq!(r.snapshot().flags & LIMITS_FLAG_MEMBERS, 0);
+    let seq = r.region().seq();
+    w.clear_members().unwrap();
+    assert_eq!(r.region().seq(), seq, "clearing twice writes once");
 }
 
 #[test]
@@ -351,6 +428,17 @@ fn limits_header_validation() {
         LimitsRegion::open(f.path()),
         Err(RegionError::BadMagic { .. })
     ));
+
+    // A file of another ABI version (another size) is named as such, not just as a bad size.
+    let mut old = bytes[..64 + 64 * layout::MAX_DEVICES].to_vec();
+    old[0..8].copy_from_slice(b"CUQLIMIT");
+    old[8..12].copy_from_slice(&2u32.to_ne_bytes());
+    std::fs::write(f.path(), &old).unwrap();
+    let e = LimitsRegion::open(f.path()).err().unwrap();
+    assert!(
+        matches!(e, RegionError::VersionMismatch { found: 2, .. }),
+        "{e:?}"
+    );
 
     std::fs::write(f.path(), b"short").unwrap();
     assert!(matches!(

@@ -84,6 +84,22 @@ pub enum RegionError {
         /// The claimer.
         pid: u32,
     },
+    /// A member list longer than the limits file holds.
+    TooManyMembers {
+        /// The file.
+        path: PathBuf,
+        /// Distinct pids given.
+        count: usize,
+        /// What the file holds.
+        max: usize,
+    },
+    /// A member pid that names no process (0).
+    InvalidMember {
+        /// The file.
+        path: PathBuf,
+        /// The pid.
+        pid: u32,
+    },
     /// The limits file has a write in progress (and never had a consistent state we could read), or a live
     /// writer holds it for too long.
     LimitsBusy {
@@ -135,6 +151,14 @@ impl fmt::Display for RegionError {
                 "{}: a device entry has been half-claimed by live pid {pid} for too long (is it stopped?)",
                 path.display()
             ),
+            RegionError::TooManyMembers { path, count, max } => write!(
+                f,
+                "{}: {count} member pids given, the limits file holds at most {max}",
+                path.display()
+            ),
+            RegionError::InvalidMember { path, pid } => {
+                write!(f, "{}: member pid {pid} names no process", path.display())
+            }
             RegionError::LimitsBusy { path, writer_pid } => write!(
                 f,
                 "{}: limits are being written (writer pid {writer_pid}) and no consistent copy could be read; \

@@ -15,11 +15,14 @@ pub const LIMITS_MAGIC: u64 = u64::from_le_bytes(*b"CUQLIMIT");
 pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
 /// Layout version of both files. Any change of size or meaning bumps it. 2: a device's limits are one
 /// [`PolicyWords`] (with priority and reserved memory) in limits entries and usage device entries alike.
-pub const ABI_VERSION: u32 = 2;
+/// 3: the limits file carries the container's members as the agent sees them ([`LimitsMembers`]).
+pub const ABI_VERSION: u32 = 3;
 /// Device entries per file.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in the usage file.
 pub const MAX_PROCS: usize = 1024;
+/// Member host pids the limits file can hold ([`LimitsMembers`]).
+pub const LIMITS_MAX_MEMBERS: usize = 1024;
 /// Words of throttle state per usage device entry (owned by the shim's throttle).
 pub const THROTTLE_WORDS: usize = 8;
 
@@ -30,6 +33,9 @@ pub const LIMITS_ENTRY_VALID: u32 = 1;
 pub const LIMITS_INDEX_ALL: u32 = u32::MAX;
 /// Limits header `flags` bit: processes may not opt out (`CUDA_DISABLE_CONTROL` / `CUQUOTA_DISABLE` are ignored).
 pub const LIMITS_FLAG_NO_OPT_OUT: u32 = 1;
+/// Limits header `flags` bit: the agent publishes the container's members ([`LimitsMembers`]); clear = no
+/// agent membership (the shim falls back to the cooperative usage-file list).
+pub const LIMITS_FLAG_MEMBERS: u32 = 2;
 
 /// Limits entry `policy`: default.
 pub const POLICY_DEFAULT: u32 = 0;
@@ -177,6 +183,19 @@ pub struct LimitsEntry {
     pub _reserved: [AtomicU64; 1],
 }
 
+/// The container's processes as the node agent sees them (4104 bytes): host pids (the pids NVML reports),
+/// from facts the tenant cannot rewrite (cgroup, pid namespace, process tree). Seqlock-protected like the rest
+/// of the file; meaningful only while the header has [`LIMITS_FLAG_MEMBERS`].
+#[repr(C)]
+pub struct LimitsMembers {
+    /// Number of valid entries of `pids` (at most [`LIMITS_MAX_MEMBERS`]).
+    pub count: AtomicU32,
+    /// Zero.
+    pub _reserved0: AtomicU32,
+    /// Host pids, sorted ascending, no duplicates; entries from `count` on are zero.
+    pub pids: [AtomicU32; LIMITS_MAX_MEMBERS],
+}
+
 /// The whole limits file.
 #[repr(C)]
 pub struct LimitsFile {
@@ -184,6 +203,8 @@ pub struct LimitsFile {
     pub header: LimitsHeader,
     /// Entries.
     pub devices: [LimitsEntry; MAX_DEVICES],
+    /// The container's member host pids (ABI 3).
+    pub members: LimitsMembers,
 }
 
 /// Header of the usage file (64 bytes).
@@ -262,7 +283,8 @@ const _: () = {
     assert!(std::mem::size_of::<PolicyWords>() == 32);
     assert!(std::mem::size_of::<LimitsHeader>() == 64);
     assert!(std::mem::size_of::<LimitsEntry>() == 64);
-    assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES);
+    assert!(std::mem::size_of::<LimitsMembers>() == 8 + 4 * LIMITS_MAX_MEMBERS);
+    assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES + 8 + 4 * LIMITS_MAX_MEMBERS);
     assert!(std::mem::size_of::<UsageHeader>() == 64);
     assert!(std::mem::size_of::<UsageDevice>() == 144);
     assert!(std::mem::size_of::<UsageSlot>() == 320);

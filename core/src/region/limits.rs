@@ -136,12 +136,27 @@ impl std::fmt::Display for DeviceSelector {
 }
 
 /// The contents of a limits file (what a writer edits).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LimitsTable {
-    /// Header flags ([`LIMITS_FLAG_NO_OPT_OUT`]).
+    /// Header flags ([`LIMITS_FLAG_NO_OPT_OUT`], [`LIMITS_FLAG_MEMBERS`]).
     pub flags: u32,
     /// The entries, valid or not.
     pub entries: [LimitsEntryData; MAX_DEVICES],
+    /// Valid entries of `members`.
+    pub member_count: u32,
+    /// Member host pids (sorted, unique) in `[..member_count]`, zero after.
+    pub members: [u32; LIMITS_MAX_MEMBERS],
+}
+
+impl Default for LimitsTable {
+    fn default() -> Self {
+        LimitsTable {
+            flags: 0,
+            entries: Default::default(),
+            member_count: 0,
+            members: [0; LIMITS_MAX_MEMBERS],
+        }
+    }
 }
 
 /// All [`MAX_DEVICES`] entries are in use.
@@ -220,6 +235,58 @@ impl LimitsTable {
     pub fn opt_out_allowed(&self) -> bool {
         self.flags & LIMITS_FLAG_NO_OPT_OUT == 0
     }
+
+    /// The container's member host pids as the agent published them: `None` when the agent publishes no
+    /// membership ([`LIMITS_FLAG_MEMBERS`] clear; the shim then falls back to the cooperative usage-file list),
+    /// else the list (possibly empty: then a process sees only itself).
+    pub fn members(&self) -> Option<&[u32]> {
+        (self.flags & LIMITS_FLAG_MEMBERS != 0)
+            .then(|| &self.members[..(self.member_count as usize).min(LIMITS_MAX_MEMBERS)])
+    }
+
+    /// Whether `host_pid` is a member the agent published (false without agent membership). Binary search:
+    /// the list is sorted.
+    pub fn is_member(&self, host_pid: u32) -> bool {
+        self.members().is_some_and(|m| m.binary_search(&host_pid).is_ok())
+    }
+
+    /// Replaces the member list with `host_pids` (sorted and deduplicated here) and sets
+    /// [`LIMITS_FLAG_MEMBERS`]; `Err` (nothing changed) for a pid 0 or more than [`LIMITS_MAX_MEMBERS`] pids.
+    pub fn set_members(&mut self, host_pids: &[u32]) -> Result<(), MembersError> {
+        let mut v = host_pids.to_vec();
+        v.sort_unstable();
+        v.dedup();
+        if v.first() == Some(&0) {
+            return Err(MembersError::ZeroPid);
+        }
+        if v.len() > LIMITS_MAX_MEMBERS {
+            return Err(MembersError::TooMany { count: v.len() });
+        }
+        self.members = [0; LIMITS_MAX_MEMBERS];
+        self.members[..v.len()].copy_from_slice(&v);
+        self.member_count = v.len() as u32;
+        self.flags |= LIMITS_FLAG_MEMBERS;
+        Ok(())
+    }
+
+    /// Empties the member list and clears [`LIMITS_FLAG_MEMBERS`].
+    pub fn clear_members(&mut self) {
+        self.members = [0; LIMITS_MAX_MEMBERS];
+        self.member_count = 0;
+        self.flags &= !LIMITS_FLAG_MEMBERS;
+    }
+}
+
+/// A member list that cannot be stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MembersError {
+    /// More distinct pids than [`LIMITS_MAX_MEMBERS`].
+    TooMany {
+        /// Distinct pids given.
+        count: usize,
+    },
+    /// Pid 0 is no process.
+    ZeroPid,
 }
 
 /// A consistent copy of the limits file.
@@ -231,6 +298,14 @@ pub struct LimitsSnapshot {
     pub generation: u64,
     /// The contents.
     pub table: LimitsTable,
+}
+
+impl LimitsSnapshot {
+    /// The agent's member host pids: `None` without agent membership, else the (sorted) list. See
+    /// [`LimitsTable::members`].
+    pub fn members(&self) -> Option<&[u32]> {
+        self.table.members()
+    }
 }
 
 impl std::ops::Deref for LimitsSnapshot {
@@ -283,7 +358,7 @@ fn validate(map: &Mapping, writable: bool) -> Result<(), RegionError> {
     header::validate(map.path(), &header, writable)
 }
 
-/// Copies the header flags and every entry out (relaxed loads; the caller makes them consistent).
+/// Copies the header flags, every entry and the members out (relaxed loads; the caller makes them consistent).
 fn load_table(file: &LimitsFile) -> LimitsTable {
     let mut table = LimitsTable {
         flags: file.header.flags.load(Ordering::Relaxed),
@@ -292,7 +367,26 @@ fn load_table(file: &LimitsFile) -> LimitsTable {
     for (out, e) in table.entries.iter_mut().zip(file.devices.iter()) {
         *out = LimitsEntryData::load(e);
     }
+    // A count past the table (a torn read, or a foreign writer) is clamped: the seqlock check decides.
+    let n = (file.members.count.load(Ordering::Relaxed) as usize).min(LIMITS_MAX_MEMBERS);
+    table.member_count = n as u32;
+    for (out, p) in table.members[..n].iter_mut().zip(file.members.pids.iter()) {
+        *out = p.load(Ordering::Relaxed);
+    }
     table
+}
+
+/// Stores a table (relaxed; the caller holds the write side of the seqlock).
+fn store_table(file: &LimitsFile, table: &LimitsTable) {
+    file.header.flags.store(table.flags, Ordering::Relaxed);
+    for (d, e) in table.entries.iter().zip(file.devices.iter()) {
+        d.store(e);
+    }
+    let n = (table.member_count as usize).min(LIMITS_MAX_MEMBERS);
+    file.members.count.store(n as u32, Ordering::Relaxed);
+    for (i, p) in file.members.pids.iter().enumerate() {
+        p.store(if i < n { table.members[i] } else { 0 }, Ordering::Relaxed);
+    }
 }
 
 /// One seqlock read attempt loop.
@@ -571,10 +665,7 @@ impl LimitsWriter {
         if let Err(e) = edit(&mut table) {
             return Ok(Err(e)); // guard releases with the contents untouched
         }
-        h.flags.store(table.flags, Ordering::Relaxed);
-        for (d, e) in table.entries.iter().zip(file.devices.iter()) {
-            d.store(e);
-        }
+        store_table(file, &table);
         let generation = h.generation.load(Ordering::Relaxed) + 1;
         h.generation.store(generation, Ordering::Relaxed);
         guard.armed = false;
@@ -585,6 +676,48 @@ impl LimitsWriter {
             generation,
             table,
         }))
+    }
+
+    /// Publishes the container's member host pids (the agent, every pass): replaces the whole list in one
+    /// seqlock write, sorted and deduplicated, and sets [`LIMITS_FLAG_MEMBERS`]. More than
+    /// [`LIMITS_MAX_MEMBERS`] distinct pids is [`RegionError::TooManyMembers`], a pid 0
+    /// [`RegionError::InvalidMember`]; nothing changes then. A call that would change nothing writes nothing,
+    /// so running processes do not re-read the file every pass.
+    pub fn set_members(&self, host_pids: &[u32]) -> Result<(), RegionError> {
+        let mut want = LimitsTable::default();
+        want.set_members(host_pids).map_err(|e| self.members_error(e))?;
+        if self.read()?.members() == want.members() {
+            return Ok(());
+        }
+        self.update(|t| t.set_members(host_pids))?
+            .map(|_| ())
+            .map_err(|e| self.members_error(e))
+    }
+
+    /// Withdraws the agent's membership: empties the list and clears [`LIMITS_FLAG_MEMBERS`] (the shim falls
+    /// back to the usage file's cooperative list). No write when it is already clear.
+    pub fn clear_members(&self) -> Result<(), RegionError> {
+        if self.read()?.members().is_none() {
+            return Ok(());
+        }
+        self.update(|t| -> Result<(), std::convert::Infallible> {
+            t.clear_members();
+            Ok(())
+        })?
+        .map(|_| ())
+        .map_err(|e| match e {})
+    }
+
+    fn members_error(&self, e: MembersError) -> RegionError {
+        let path = self.path().to_path_buf();
+        match e {
+            MembersError::TooMany { count } => RegionError::TooManyMembers {
+                path,
+                count,
+                max: LIMITS_MAX_MEMBERS,
+            },
+            MembersError::ZeroPid => RegionError::InvalidMember { path, pid: 0 },
+        }
     }
 
     /// Test hook: takes the write side, scribbles into the first entry's `memory_limit`, and calls `stop`

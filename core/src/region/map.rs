@@ -116,6 +116,14 @@ impl Mapping {
             });
         }
         if file_size != size as u64 {
+            // A region of another ABI version has another size: say which version wrote it.
+            if let Some(found) = foreign_version(&fd) {
+                return Err(RegionError::VersionMismatch {
+                    path: path.to_path_buf(),
+                    found,
+                    expected: super::layout::ABI_VERSION,
+                });
+            }
             return Err(RegionError::BadSize {
                 path: path.to_path_buf(),
                 size: file_size,
@@ -150,6 +158,20 @@ impl Mapping {
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// The `abi_version` of a file that starts with one of our magics and another version, if it is one.
+fn foreign_version(fd: &Fd) -> Option<u32> {
+    let mut head = [0u8; 12];
+    // SAFETY: reading into a local buffer of that size from a descriptor we hold.
+    let n = unsafe { libc::pread(fd.0, head.as_mut_ptr().cast(), head.len(), 0) };
+    if n != head.len() as isize {
+        return None;
+    }
+    let magic = u64::from_ne_bytes(head[..8].try_into().ok()?);
+    let version = u32::from_ne_bytes(head[8..].try_into().ok()?);
+    use super::layout::{ABI_VERSION, LIMITS_MAGIC, USAGE_MAGIC};
+    ((magic == LIMITS_MAGIC || magic == USAGE_MAGIC) && version != ABI_VERSION).then_some(version)
 }
 
 fn fstat_size(fd: &Fd, path: &Path) -> Result<u64, RegionError> {

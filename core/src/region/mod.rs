@@ -24,6 +24,6 @@ mod usage;
 pub use error::RegionError;
 pub use limits::{
     DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
-    ReadError, TableFull,
+    MembersError, ReadError, TableFull,
 };
 pub use usage::{DeviceId, DeviceInfo, OverLimit, ProcessInfo, SlotId, SlotState, UsageRegion};
