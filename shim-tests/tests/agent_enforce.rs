@@ -286,6 +286,26 @@ fn memory_kill_reaches_only_the_tenant_over_its_cap() {
     ] {
         assert!(alive(p), "{what} was touched");
     }
+    // Every pass publishes each container's members into its limits file (for the shim's NVML filter); a
+    // container whose members are unknown (a's root has exited) gets none, never a stale list.
+    let published = |l: &Path| {
+        cuquota_core::region::LimitsReader::open(l)
+            .unwrap()
+            .snapshot()
+            .members()
+            .map(<[u32]>::to_vec)
+    };
+    let mut b_members = vec![b.pid(), b_pid];
+    b_members.sort_unstable();
+    assert_eq!(published(&lim_b), Some(b_members));
+    assert_eq!(
+        published(&lim_c),
+        Some(vec![c.pid(), c_pid]).map(|mut v| {
+            v.sort_unstable();
+            v
+        })
+    );
+    assert_eq!(published(&lim_a), Some(vec![]), "a's root exited: no members");
     let m = agent.metrics();
     let count = |name: &str, action: &str| {
         metric(

@@ -180,7 +180,8 @@ impl MemberSource {
             MemberSource::Cgroup(dir) => cgroup_pids(dir),
             MemberSource::PidNs(ns) => pidns_pids(ns, table),
             MemberSource::Subtree(root) => {
-                let Some(e) = table.procs.get(root) else {
+                // A zombie root has exited (its parent has not reaped it yet).
+                let Some(e) = table.procs.get(root).filter(|e| e.state != b'Z') else {
                     state.roots.remove(root);
                     return Err(format!("subtree root {root} is not running"));
                 };
@@ -237,6 +238,10 @@ mod tests {
         assert!(e.contains("replaced"), "{e}");
         let e = MemberSource::Subtree(77).discover(&t, &mut st).unwrap_err();
         assert!(e.contains("not running"), "{e}");
+        let mut t3 = table(&[(1, 0, 1), (10, 1, 5)]);
+        t3.procs.get_mut(&10).unwrap().state = b'Z';
+        let e = MemberSource::Subtree(10).discover(&t3, &mut st).unwrap_err();
+        assert!(e.contains("not running"), "a zombie root has exited: {e}");
     }
 
     #[test]

@@ -14,13 +14,13 @@ pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::log::Level;
-use cuquota_core::region::{LimitsReader, UsageRegion};
+use cuquota_core::region::{LimitsReader, LimitsWriter, UsageRegion};
 
 use crate::metrics::{self, ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
 use crate::nvml::{self, Nvml};
@@ -60,6 +60,8 @@ struct ContainerState {
     throttle: ThrottleState,
     /// Actions done between passes (thaws), for the next pass's report.
     carried: Vec<ActionReport>,
+    /// Its limits file, where its members were published.
+    limits: Option<PathBuf>,
     /// Action kinds the last pass recorded: a kind that repeats pass after pass is logged at `info` after
     /// its first `warn` (a throttled container is frozen every interval).
     last_kinds: BTreeSet<&'static str>,
@@ -86,6 +88,8 @@ struct Agent {
     actions: BTreeMap<(String, &'static str), u64>,
     /// The last error logged per container (logged again only when it changes).
     errors: BTreeMap<String, String>,
+    /// The last error publishing a container's members (logged again only when it changes).
+    publish_errors: BTreeMap<String, String>,
 }
 
 impl Agent {
@@ -128,6 +132,30 @@ impl Agent {
         if self.errors.get(name).map(String::as_str) != Some(e) {
             cuquota_core::log!(Level::Warn, "agent: container {name}: {e}");
             self.errors.insert(name.to_string(), e.to_string());
+        }
+    }
+
+    /// Publishes container `name`'s member host pids into its limits file (agent-owned, mounted read-only into
+    /// the container), where the shim's NVML filter reads them: a process sees only its container's processes,
+    /// by a list the tenant cannot write. Written only when it changed. Returns whether the file holds them.
+    fn publish(&mut self, name: &str, limits: &Path, members: &BTreeSet<u32>) -> bool {
+        let pids: Vec<u32> = members.iter().copied().collect();
+        let r = LimitsWriter::open(limits).and_then(|w| w.set_members(&pids));
+        match r {
+            Ok(()) => {
+                if self.publish_errors.remove(name).is_some() {
+                    cuquota_core::log!(Level::Warn, "agent: container {name}: members published again");
+                }
+                true
+            }
+            Err(e) => {
+                let e = format!("cannot publish the members into {}: {e}", limits.display());
+                if self.publish_errors.get(name) != Some(&e) {
+                    cuquota_core::log!(Level::Error, "agent: container {name}: {e}");
+                    self.publish_errors.insert(name.to_string(), e);
+                }
+                false
+            }
         }
     }
 
@@ -215,6 +243,10 @@ impl Agent {
         if let Some(st) = self.state.get_mut(name) {
             c.actions.splice(0..0, std::mem::take(&mut st.carried));
         }
+        // A descriptor that no longer parses: its last limits file gets an empty member list.
+        if let (None, Some(l)) = (d, self.state.get(name).and_then(|s| s.limits.clone())) {
+            self.publish(name, &l, &BTreeSet::new());
+        }
         c
     }
 
@@ -234,7 +266,11 @@ impl Agent {
             .collect();
         for name in gone {
             self.thaw(&name, now, "descriptor removed");
-            self.state.remove(&name);
+            // Its members are withdrawn (an empty list, never a stale one whose pids may be reused).
+            if let Some(l) = self.state.remove(&name).and_then(|s| s.limits) {
+                let _ = LimitsWriter::open(&l).and_then(|w| w.set_members(&[]));
+            }
+            self.publish_errors.remove(&name);
         }
         let mut containers = Vec::new();
         let mut attributed: BTreeSet<u32> = BTreeSet::new();
@@ -250,6 +286,9 @@ impl Agent {
             let members = match d.members.discover(&table, &mut self.members) {
                 Ok(m) => m,
                 Err(e) => {
+                    // Members unknown: publish none (each process then sees only itself), never a stale
+                    // list whose pids may belong to others by now.
+                    self.publish(&name, &d.limits, &BTreeSet::new());
                     containers.push(self.failed(&name, &file, Some(&d), e));
                     continue;
                 }
@@ -273,6 +312,8 @@ impl Agent {
                         None
                     }
                 });
+            let published = self.publish(&name, &d.limits, &members);
+            self.state.entry(name.clone()).or_default().limits = Some(d.limits.clone());
             let mut c = ContainerReport::build(
                 &d,
                 &file,
@@ -282,6 +323,9 @@ impl Agent {
                 &limits,
                 usage.as_deref(),
             );
+            if let Some(m) = c.members.as_mut() {
+                m.published = published;
+            }
             c.actions = self.enforce(&name, &d, &c, &gpus, &members, &table, now);
             self.errors.remove(&name);
             containers.push(c);
@@ -506,6 +550,7 @@ pub fn run(a: AgentArgs) -> CmdResult {
         last_active: BTreeMap::new(),
         actions: BTreeMap::new(),
         errors: BTreeMap::new(),
+        publish_errors: BTreeMap::new(),
     };
     let start = Instant::now();
     for n in 1u32.. {

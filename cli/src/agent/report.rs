@@ -93,6 +93,8 @@ pub struct MembersReport {
     pub source: SourceReport,
     /// Host pids, sorted.
     pub pids: Vec<u32>,
+    /// Whether they are published in the limits file (for the shim's NVML filter).
+    pub published: bool,
 }
 
 /// One container on one GPU.
@@ -283,6 +285,7 @@ impl ContainerReport {
             members: Some(MembersReport {
                 source,
                 pids: members.iter().copied().collect(),
+                published: false,
             }),
             enforce: Some(d.enforce),
             error: None,
