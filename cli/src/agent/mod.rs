@@ -252,6 +252,21 @@ impl Agent {
 
     /// One pass.
     fn pass(&mut self) -> Result<AgentReport, CliError> {
+        // A freeze still on (this pass came before its thaw: a late pass, or a freeze of nearly the whole
+        // interval) ends first, before /proc is read: members still stopped by the agent would look stopped by
+        // someone else (state T) and be left out of the next freeze, and the container would run unthrottled
+        // for a whole interval.
+        let late: Vec<String> = self
+            .state
+            .iter()
+            .filter(|(_, s)| s.throttle.frozen.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in late {
+            if let Some(r) = self.thaw(&name, Instant::now(), "before the next pass") {
+                self.state.get_mut(&name).expect("thawed above").carried.push(r);
+            }
+        }
         let gpus = self.sample_gpus()?;
         let table = ProcTable::read();
         let now = Instant::now();
@@ -375,14 +390,8 @@ impl Agent {
         table: &ProcTable,
         now: Instant,
     ) -> Vec<ActionReport> {
-        // A freeze still on (a pass came before its thaw: a slow pass) ends before the next is planned.
-        let mut early = Vec::new();
-        if self.state.get(name).is_some_and(|s| s.throttle.frozen.is_some()) {
-            early.extend(self.thaw(name, now, "before the next pass"));
-        }
         let st = self.state.entry(name.to_string()).or_default();
         let mut out = std::mem::take(&mut st.carried);
-        out.extend(early);
         let cgroup = match &d.members {
             MemberSource::Cgroup(dir) if enforce::actuator::has_freezer(dir) => Some(dir.as_path()),
             _ => None,
