@@ -30,10 +30,10 @@ if [ "$(id -u)" = 0 ]; then
     cargo test -p shim-tests --test privileges -- --ignored
     # The agent's cgroup (v2 and, where mounted, v1 freezer) and pid-namespace membership.
     if [ -e /sys/fs/cgroup/freezer/tasks ]; then
-        cargo test -p shim-tests --test agent_enforce -- --ignored
+        cargo test -p shim-tests --test agent_enforce -- --ignored --skip bench_
     else
         echo "test.sh: no cgroup v1 freezer at /sys/fs/cgroup/freezer: cgroup_v1_membership_kill_and_freezer_throttle stays ignored"
-        cargo test -p shim-tests --test agent_enforce -- --ignored --skip cgroup_v1_
+        cargo test -p shim-tests --test agent_enforce -- --ignored --skip cgroup_v1_ --skip bench_
     fi
 else
     echo "test.sh: not root: the tests that drop privileges, make cgroups or pid namespaces stay ignored" \

@@ -98,6 +98,10 @@ struct Agent {
 
 impl Agent {
     fn start(sim: &Sim, dir: &Path) -> Agent {
+        Agent::start_every(sim, dir, INTERVAL_MS)
+    }
+
+    fn start_every(sim: &Sim, dir: &Path, interval_ms: u64) -> Agent {
         let port = free_port();
         let proc = sim
             .cmd_path(cli_bin())
@@ -106,7 +110,7 @@ impl Agent {
             .env("CUQUOTA_LOG", "info")
             .arg("agent")
             .arg("--interval")
-            .arg(&format!("{INTERVAL_MS}ms"))
+            .arg(&format!("{interval_ms}ms"))
             .arg("--json")
             .arg("--containers")
             .arg(dir.to_str().unwrap())
@@ -707,4 +711,110 @@ fn pidns_membership_kill() {
     assert_eq!(pids_of(&acts[0].1), vec![host_pid]);
     stranger.release();
     assert!(stranger.finish().success());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Benchmark (prints figures; run by hand): docs/agent.md records its output
+// ---------------------------------------------------------------------------------------------------------
+
+/// How fast and how close: the kill delay (allocation → death) and the throttle's share (mean over the
+/// measured window, worst `interval`-long window, first interval at most L + 5), per interval and limit.
+///   cargo test -p shim-tests --test agent_enforce -- --ignored bench_ --nocapture
+#[test]
+#[ignore = "benchmark: prints figures (about 2 minutes); docs/agent.md"]
+fn bench_agent_backstop() {
+    let probe = program(Prog::Probe).display().to_string();
+    let tp = throttle_paths().display().to_string();
+    println!("kill delay (allocation past the cap → process gone), 5 runs each:");
+    println!("| interval | min | median | max |\n| --- | --- | --- | --- |");
+    for interval in [200u64, 1000] {
+        let mut delays = Vec::new();
+        for _ in 0..5 {
+            let sim = Sim::new().build();
+            let dir = sim.dir().join("containers");
+            std::fs::create_dir(&dir).unwrap();
+            let lim = sim.dir().join("limits");
+            limits(&sim, &lim, &["--memory", "512m"]);
+            let mut a = bypassing_container(
+                &sim,
+                &sim.dir().join("usage"),
+                &[&probe, "init", "pid", "wait", "alloc:mem:800m", "wait"],
+            );
+            a.wait_ready(1);
+            let pid: u32 = a.wait_for("pid").parse().unwrap();
+            descriptor(
+                &dir,
+                "a",
+                &lim,
+                &format!("subtree = {}", a.pid()),
+                "memory = \"kill\"",
+            );
+            let agent = Agent::start_every(&sim, &dir, interval);
+            agent.wait_passes(1);
+            // Allocate at a random phase of the interval.
+            std::thread::sleep(Duration::from_millis(mono_ns() % interval));
+            let t = Instant::now();
+            a.release();
+            while alive(pid) {
+                assert!(t.elapsed() < Duration::from_secs(30), "never killed");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            delays.push(t.elapsed().as_millis() as u64);
+            let _ = a.finish();
+            agent.stop();
+        }
+        delays.sort_unstable();
+        println!(
+            "| {interval} ms | {} ms | {} ms | {} ms |",
+            delays[0], delays[2], delays[4]
+        );
+    }
+    let _cpu = heavy();
+    println!("\nthrottle of a flat-out tenant (20 µs kernels, hard limit), share from the device timeline:");
+    println!("| interval | limit | share (mean) | worst window of one interval | first interval ≤ L + 5 |");
+    println!("| --- | --- | --- | --- | --- |");
+    for interval in [200u64, 1000] {
+        for limit in [10u32, 30, 50, 70] {
+            let sim = Sim::new().build();
+            let dir = sim.dir().join("containers");
+            std::fs::create_dir(&dir).unwrap();
+            let lim = sim.dir().join("limits");
+            limits(&sim, &lim, &["--sm", &limit.to_string(), "--policy", "hard"]);
+            let agent = Agent::start_every(&sim, &dir, interval);
+            agent.wait_passes(1);
+            let settle = 5 * interval;
+            let run_s = ((settle + 10 * interval) / 1000 + 2).to_string();
+            let t = bypassing_container(
+                &sim,
+                &sim.dir().join("usage"),
+                &[&tp, "kernel", "direct", &run_s, "20000"],
+            );
+            descriptor(
+                &dir,
+                "t",
+                &lim,
+                &format!("subtree = {}", t.pid()),
+                "sm = \"throttle\"",
+            );
+            let out = t.finish();
+            agent.stop();
+            assert!(out.success(), "{out:?}");
+            let w = out.window();
+            let from = w.t0 + settle * 1_000_000;
+            let to = w.end - 500_000_000;
+            let mean = sim.share_pct(0, w.pid, from, to);
+            let bin = interval * 1_000_000;
+            let worst = sim
+                .busy_bins(0, w.pid, from, to, bin)
+                .iter()
+                .map(|&b| b as f64 * 100.0 / bin as f64)
+                .fold(0.0, f64::max);
+            let first = sim
+                .busy_bins(0, w.pid, w.t0, to, bin)
+                .iter()
+                .position(|&b| (b as f64 * 100.0 / bin as f64) <= f64::from(limit) + 5.0)
+                .map_or("never".to_string(), |k| format!("{} ms", k as u64 * interval));
+            println!("| {interval} ms | {limit} % | {mean:.1} % | {worst:.1} % | {first} |");
+        }
+    }
 }
