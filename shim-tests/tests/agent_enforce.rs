@@ -8,7 +8,8 @@
 //!   holding memory, are untouched; a container under memory = "report" is only recorded;
 //! - sm = "throttle": a tenant launching flat out under a hard 30 % limit is frozen and thawed so that its
 //!   share, read from the simulator's device timeline after the agent's settling time, is within [15, 45];
-//!   the agent thaws it when stopped (SIGTERM);
+//!   the agent thaws it when stopped (SIGTERM); near its floor (10 %, nearly the whole interval frozen) no whole
+//!   interval gets through;
 //! - cgroup (v2 and v1 freezer) and pid-namespace membership, as root (`#[ignore]`d otherwise; ./test.sh runs
 //!   them as root).
 
@@ -444,6 +445,57 @@ fn sm_throttle_holds_a_flat_out_tenant_near_its_limit() {
         assert!(pids_of(a).iter().all(|&p| p == w.pid || p == root), "{a}");
     }
     assert!(stderr.contains("freeze"), "{stderr}");
+}
+
+/// Near its floor (a hard 10 % limit: the agent freezes the tenant for nearly the whole 200 ms interval, so a
+/// pass often comes while the freeze is still on) the throttle lets no whole interval through: no 100 ms
+/// window after the settling time is over 70 % busy, save one (a stall of the agent on a loaded machine).
+/// Before the fix in 5eada3d, a pass that found the tenant still stopped left it out of the next freeze, and
+/// one interval in every 4–6 ran flat out.
+#[test]
+fn sm_throttle_near_its_floor_lets_no_whole_interval_through() {
+    let _cpu = heavy();
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.t");
+    limits(&sim, &lim, &["--sm", "10", "--policy", "hard"]);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(1);
+    let t = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.t"),
+        &[&tp, "kernel", "direct", "5", "20000"],
+    );
+    descriptor(
+        &dir,
+        "t",
+        &lim,
+        &format!("subtree = {}", t.pid()),
+        "sm = \"throttle\"",
+    );
+    let out = t.finish();
+    let (_, stderr) = agent.stop();
+    assert!(out.success(), "{out:?}");
+    let w = out.window();
+    let from = w.t0 + 5 * INTERVAL_MS * 1_000_000;
+    let to = w.end - 300_000_000;
+    let bin = 100_000_000;
+    let pct: Vec<u64> = sim
+        .busy_bins(0, w.pid, from, to, bin)
+        .iter()
+        .map(|&b| b * 100 / bin)
+        .collect();
+    let share = sim.share_pct(0, w.pid, from, to);
+    eprintln!("sm throttle at 10 %: share {share:.1} %, 100 ms windows {pct:?}");
+    assert!(pct.len() >= 20, "{pct:?}");
+    let flat_out = pct.iter().filter(|&&p| p > 70).count();
+    assert!(
+        flat_out <= 1,
+        "{flat_out} windows of 100 ms over 70 % under a 10 % limit: {pct:?}:{stderr}"
+    );
+    assert!(share <= 30.0, "a 10 % limit held at {share:.1} %:{stderr}");
 }
 
 // ---------------------------------------------------------------------------------------------------------

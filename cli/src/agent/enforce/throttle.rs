@@ -21,8 +21,10 @@
 //! container is only held to its limit while another process used the same GPU in the interval. When NVML
 //! has no utilisation for the GPU (e.g. MIG), `p` stays as it is.
 //!
-//! **Delay.** A container that starts running flat out at time t is seen by the first pass after t and frozen
-//! at once; the interval after that pass is at about the limit: back at the limit within 2 intervals.
+//! **Delay.** A container that starts running flat out at time t is frozen by the first pass after t whose
+//! interval shows it over the limit by more than the margin (the first, or the second when the first saw only
+//! the tail of an interval of work); the interval after that freeze is at about the limit: back at the limit
+//! within 3 intervals of t (docs/agent.md has the measured figures).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
