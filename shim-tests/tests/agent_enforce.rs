@@ -9,7 +9,7 @@
 //! - sm = "throttle": a tenant launching flat out under a hard 30 % limit is frozen and thawed so that its
 //!   share, read from the simulator's device timeline after the agent's settling time, is within [15, 45];
 //!   the agent thaws it when stopped (SIGTERM); near its floor (10 %, nearly the whole interval frozen) no whole
-//!   interval gets through;
+//!   interval gets through; under sm = "report" it is recorded every pass and never stopped;
 //! - cgroup (v2 and v1 freezer) and pid-namespace membership, as root (`#[ignore]`d otherwise; ./test.sh runs
 //!   them as root).
 
@@ -496,6 +496,61 @@ fn sm_throttle_near_its_floor_lets_no_whole_interval_through() {
         "{flat_out} windows of 100 ms over 70 % under a 10 % limit: {pct:?}:{stderr}"
     );
     assert!(share <= 30.0, "a 10 % limit held at {share:.1} %:{stderr}");
+}
+
+/// sm = "report": a flat-out tenant over its 30 % limit is recorded every pass (what a throttle would freeze)
+/// and never frozen: its share on the device timeline stays near 100 %, and no process is ever stopped.
+#[test]
+fn sm_report_records_and_never_freezes() {
+    let _cpu = heavy();
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.t");
+    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(1);
+    let t = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.t"),
+        &[&tp, "kernel", "direct", "3", "20000"],
+    );
+    descriptor(
+        &dir,
+        "t",
+        &lim,
+        &format!("subtree = {}", t.pid()),
+        "sm = \"report\"",
+    );
+    let root = t.pid();
+    let mut stopped = false;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(root) && Instant::now() < deadline {
+        stopped |= proc_state(root) == Some(b'T');
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = t.finish();
+    let (passes, stderr) = agent.stop();
+    assert!(out.success(), "{out:?}");
+    assert!(!stopped, "a report-only container was stopped:{stderr}");
+    let w = out.window();
+    let share = sim.share_pct(0, w.pid, w.t0 + 5 * INTERVAL_MS * 1_000_000, w.end);
+    assert!(
+        share >= 80.0,
+        "report-only: the tenant runs flat out, {share:.1} %:{stderr}"
+    );
+    let acts = actions(&passes, "t");
+    assert!(
+        acts.iter().all(|(_, a)| a["action"] == "report"),
+        "report-only: {acts:?}"
+    );
+    let would: Vec<_> = acts
+        .iter()
+        .filter(|(_, a)| a["detail"].as_str().is_some_and(|d| d.contains("would freeze")))
+        .collect();
+    assert!(would.len() >= 3, "recorded every pass over the limit: {acts:?}");
+    assert!(pids_of(&would[0].1).contains(&w.pid), "{:?}", would[0]);
 }
 
 // ---------------------------------------------------------------------------------------------------------
