@@ -28,9 +28,16 @@ cargo test --workspace --no-fail-fast
 if [ "$(id -u)" = 0 ]; then
     step "tests that need root"
     cargo test -p shim-tests --test privileges --test liveness -- --ignored
+    # The agent's cgroup (v2 and, where mounted, v1 freezer) and pid-namespace membership.
+    if [ -e /sys/fs/cgroup/freezer/tasks ]; then
+        cargo test -p shim-tests --test agent_enforce -- --ignored --skip bench_
+    else
+        echo "test.sh: no cgroup v1 freezer at /sys/fs/cgroup/freezer: cgroup_v1_membership_kill_and_freezer_throttle stays ignored"
+        cargo test -p shim-tests --test agent_enforce -- --ignored --skip cgroup_v1_ --skip bench_
+    fi
 else
-    echo "test.sh: not root: the tests that drop privileges or unshare pid namespaces stay ignored" \
-        "(shim-tests/tests/privileges.rs, liveness.rs)"
+    echo "test.sh: not root: the tests that drop privileges, unshare pid namespaces or make cgroups stay ignored" \
+        "(shim-tests/tests/privileges.rs, liveness.rs, agent_enforce.rs)"
 fi
 
 step "portable build (scripts/build-portable.sh) and its tests"

@@ -130,9 +130,12 @@ fn manifests_say_what_cuquota_needs() {
     ] {
         assert!(agent.contains(s), "agent.yaml lacks `{s}`");
     }
+    for s in ["mountPath: /sys/fs/cgroup", "\"KILL\""] {
+        assert!(agent.contains(s), "agent.yaml lacks `{s}` (enforcement)");
+    }
     assert!(
-        mounted_read_only(&agent, "/sys/fs/cgroup"),
-        "the agent reads the cgroup tree read-only"
+        !mounted_read_only(&agent, "/sys/fs/cgroup"),
+        "sm = \"throttle\" writes the cgroup freezer: the agent's cgroup mount must be writable"
     );
 
     let pod = read("examples/kubernetes/pod.yaml");

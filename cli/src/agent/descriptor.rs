@@ -12,15 +12,14 @@
 //! # pidns = "/proc/1234/ns/pid"          #   every process in this pid namespace (or one nested in it)
 //! # subtree = 1234                       #   this process and every descendant (a child subreaper)
 //! [enforce]                              # optional
-//! memory = "report"                      # or "kill" (issue 11)
-//! sm = "report"                          # or "throttle" (issue 11)
+//! memory = "report"                      # or "kill": SIGKILL the largest processes while over the cap
+//! sm = "report"                          # or "throttle": freeze/thaw to hold the share at the limit
 //! ```
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::enforce;
 use super::members::MemberSource;
 
 /// What to do when a container uses more memory than its cap.
@@ -126,7 +125,6 @@ pub fn parse(stem: &str, text: &str) -> Result<Descriptor, String> {
             }
         }
     }
-    enforce::check_supported(&raw.enforce)?;
     Ok(Descriptor {
         name: stem.to_string(),
         namespace: raw.namespace.unwrap_or_default(),
@@ -218,13 +216,28 @@ mod tests {
                 "limits",
             ),
             (format!("name = \"other\"\n{OK}"), "differs"),
-            (OK.replace("memory = \"report\"", "memory = \"kill\""), "kill"),
-            (OK.replace("memory = \"report\"", "sm = \"throttle\""), "throttle"),
+            (OK.replace("memory = \"report\"", "sm = \"freeze\""), "freeze"),
         ];
         for (text, word) in cases {
             let e = parse("web-0", &text).expect_err(&text);
             assert!(e.contains(word), "{word}: {e}");
         }
+    }
+
+    #[test]
+    fn enforcement_policies() {
+        let d = parse(
+            "a",
+            &OK.replace("memory = \"report\"", "memory = \"kill\"\nsm = \"throttle\""),
+        )
+        .unwrap();
+        assert_eq!(
+            d.enforce,
+            Enforce {
+                memory: MemoryPolicy::Kill,
+                sm: SmPolicy::Throttle
+            }
+        );
     }
 
     #[test]

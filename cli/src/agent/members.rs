@@ -53,6 +53,8 @@ pub struct ProcEntry {
     pub ppid: u32,
     /// Start time (clock ticks after boot): tells a reused pid from the original.
     pub start_time: u64,
+    /// State letter (`/proc/<pid>/stat` field 3: R, S, D, T, Z, …).
+    pub state: u8,
 }
 
 /// A snapshot of the host's processes.
@@ -80,6 +82,7 @@ impl ProcTable {
                     ProcEntry {
                         ppid: st.ppid,
                         start_time: st.start_time,
+                        state: st.state,
                     },
                 );
             }
@@ -177,7 +180,8 @@ impl MemberSource {
             MemberSource::Cgroup(dir) => cgroup_pids(dir),
             MemberSource::PidNs(ns) => pidns_pids(ns, table),
             MemberSource::Subtree(root) => {
-                let Some(e) = table.procs.get(root) else {
+                // A zombie root has exited (its parent has not reaped it yet).
+                let Some(e) = table.procs.get(root).filter(|e| e.state != b'Z') else {
                     state.roots.remove(root);
                     return Err(format!("subtree root {root} is not running"));
                 };
@@ -203,7 +207,14 @@ mod tests {
     fn table(edges: &[(u32, u32, u64)]) -> ProcTable {
         let mut t = ProcTable::default();
         for &(pid, ppid, start_time) in edges {
-            t.insert(pid, ProcEntry { ppid, start_time });
+            t.insert(
+                pid,
+                ProcEntry {
+                    ppid,
+                    start_time,
+                    state: b'S',
+                },
+            );
         }
         t
     }
@@ -227,6 +238,10 @@ mod tests {
         assert!(e.contains("replaced"), "{e}");
         let e = MemberSource::Subtree(77).discover(&t, &mut st).unwrap_err();
         assert!(e.contains("not running"), "{e}");
+        let mut t3 = table(&[(1, 0, 1), (10, 1, 5)]);
+        t3.procs.get_mut(&10).unwrap().state = b'Z';
+        let e = MemberSource::Subtree(10).discover(&t3, &mut st).unwrap_err();
+        assert!(e.contains("not running"), "a zombie root has exited: {e}");
     }
 
     #[test]

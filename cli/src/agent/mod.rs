@@ -2,7 +2,8 @@
 //! under the shim. Every interval it re-reads the container descriptors in `--containers DIR`, finds each
 //! container's processes (cgroup, pid namespace or subtree), reads per-process device memory and SM
 //! utilisation from NVML, sums them per container and GPU, compares them with the container's limits file,
-//! acts per its `[enforce]` policy (report only in this version), and serves the metrics on `--listen`.
+//! acts per its `[enforce]` policy (kill over the memory cap, freeze/thaw over the SM limit, or report), and
+//! serves the metrics on `--listen`.
 //! `--once` does one pass and prints the report (`--json`: schema cuquota.agent/v1). The shape is documented
 //! in docs/agent.md.
 
@@ -13,19 +14,23 @@ pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::log::Level;
-use cuquota_core::region::{LimitsReader, UsageRegion};
+use cuquota_core::region::{LimitsReader, LimitsWriter, UsageRegion};
 
 use crate::metrics::{self, ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
 use crate::nvml::{self, Nvml};
 use crate::output::{self, parse_duration_arg};
 use crate::{CliError, CmdResult};
-use enforce::{Actuator, NoActuator};
-use members::{MemberState, ProcTable};
+use descriptor::{Descriptor, SmPolicy};
+use enforce::memory::MemoryState;
+use enforce::throttle::ThrottleState;
+use enforce::{ActionReport, Actuator};
+use members::{MemberSource, MemberState, ProcTable};
 use report::{AgentReport, ContainerReport, GpuReport, GpuSample};
 
 /// `cuquota agent`.
@@ -48,6 +53,20 @@ pub struct AgentArgs {
     json: bool,
 }
 
+/// What the agent keeps about one container between passes.
+#[derive(Default)]
+struct ContainerState {
+    memory: MemoryState,
+    throttle: ThrottleState,
+    /// Actions done between passes (thaws), for the next pass's report.
+    carried: Vec<ActionReport>,
+    /// Its limits file, where its members were published.
+    limits: Option<PathBuf>,
+    /// Action kinds the last pass recorded: a kind that repeats pass after pass is logged at `info` after
+    /// its first `warn` (a throttled container is frozen every interval).
+    last_kinds: BTreeSet<&'static str>,
+}
+
 /// What the agent keeps between passes.
 struct Agent {
     dir: PathBuf,
@@ -55,6 +74,10 @@ struct Agent {
     nvml: Option<Nvml>,
     members: MemberState,
     actuator: Box<dyn Actuator>,
+    /// Per container (by name).
+    state: BTreeMap<String, ContainerState>,
+    /// CLOCK_REALTIME µs of the last NVML sample: utilisation is read from there on.
+    last_sample_us: Option<u64>,
     passes: u64,
     last_pass: Option<Instant>,
     /// (container, GPU uuid) → GPU seconds used, integrated from NVML utilisation.
@@ -65,6 +88,8 @@ struct Agent {
     actions: BTreeMap<(String, &'static str), u64>,
     /// The last error logged per container (logged again only when it changes).
     errors: BTreeMap<String, String>,
+    /// The last error publishing a container's members (logged again only when it changes).
+    publish_errors: BTreeMap<String, String>,
 }
 
 impl Agent {
@@ -76,7 +101,13 @@ impl Agent {
     }
 
     fn sample_gpus(&mut self) -> Result<Vec<GpuSample>, CliError> {
-        let since = nvml::realtime_us().saturating_sub(self.interval.as_micros() as u64);
+        // Utilisation since the previous sample (the interval the throttle's duty cycle ran), at most 10 s.
+        let now_us = nvml::realtime_us();
+        let since = self
+            .last_sample_us
+            .filter(|&t| t < now_us && now_us - t <= 10_000_000)
+            .unwrap_or_else(|| now_us.saturating_sub(self.interval.as_micros() as u64));
+        self.last_sample_us = Some(now_us);
         let nv = self.nvml()?;
         let mut out = Vec::new();
         for gpu in nv.gpus().map_err(CliError::new)? {
@@ -104,12 +135,158 @@ impl Agent {
         }
     }
 
+    /// Publishes container `name`'s member host pids into its limits file (agent-owned, mounted read-only into
+    /// the container), where the shim's NVML filter reads them: a process sees only its container's processes,
+    /// by a list the tenant cannot write. Written only when it changed. Returns whether the file holds them.
+    fn publish(&mut self, name: &str, limits: &Path, members: &BTreeSet<u32>) -> bool {
+        let pids: Vec<u32> = members.iter().copied().collect();
+        let r = LimitsWriter::open(limits).and_then(|w| w.set_members(&pids));
+        match r {
+            Ok(()) => {
+                if self.publish_errors.remove(name).is_some() {
+                    cuquota_core::log!(Level::Warn, "agent: container {name}: members published again");
+                }
+                true
+            }
+            Err(e) => {
+                let e = format!("cannot publish the members into {}: {e}", limits.display());
+                if self.publish_errors.get(name) != Some(&e) {
+                    cuquota_core::log!(Level::Error, "agent: container {name}: {e}");
+                    self.publish_errors.insert(name.to_string(), e);
+                }
+                false
+            }
+        }
+    }
+
+    /// Logs and counts what was done for container `name`. A kind repeated from the last pass is logged at
+    /// `info` (a throttle freezes every interval); a first one, a kill and a failure at `warn` / `error`.
+    fn record(&mut self, name: &str, reports: &[ActionReport], repeat_ok: &BTreeSet<&'static str>) {
+        for a in reports {
+            *self.actions.entry((name.to_string(), a.action)).or_default() += 1;
+            let detail = a.detail.as_deref().unwrap_or("");
+            if !a.ok {
+                cuquota_core::log!(
+                    Level::Error,
+                    "agent: container {name}: {} {:?} failed: {} ({detail})",
+                    a.action,
+                    a.pids,
+                    a.error.as_deref().unwrap_or("")
+                );
+                continue;
+            }
+            let level = if a.action == "thaw" || repeat_ok.contains(a.action) {
+                Level::Info
+            } else {
+                Level::Warn
+            };
+            if cuquota_core::log::enabled(level) {
+                cuquota_core::log!(
+                    level,
+                    "agent: container {name}: {} {:?}: {detail}",
+                    a.action,
+                    a.pids
+                );
+            }
+        }
+    }
+
+    /// Thaws container `name` now if it is frozen (its thaw is due, it is going away, or it can no longer be
+    /// judged). The thaw may touch exactly the processes the freeze named. Returns the record.
+    fn thaw(&mut self, name: &str, now: Instant, why: &str) -> Option<ActionReport> {
+        let st = self.state.get_mut(name)?;
+        let (action, why, allowed) = st.throttle.thaw(now, why)?;
+        let r = enforce::execute(vec![(action, why)], &allowed, self.actuator.as_mut())
+            .pop()
+            .expect("one action, one report");
+        let repeat: BTreeSet<&'static str> = BTreeSet::new();
+        self.record(name, std::slice::from_ref(&r), &repeat);
+        Some(r)
+    }
+
+    /// Thaws every container whose freeze is due by `now`; the records go into its next report.
+    fn thaw_due(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .state
+            .iter()
+            .filter(|(_, s)| s.throttle.thaw_due().is_some_and(|t| t <= now))
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            if let Some(r) = self.thaw(&name, now, "duty cycle") {
+                self.state.get_mut(&name).expect("thawed above").carried.push(r);
+            }
+        }
+    }
+
+    /// The earliest thaw due.
+    fn next_thaw(&self) -> Option<Instant> {
+        self.state.values().filter_map(|s| s.throttle.thaw_due()).min()
+    }
+
+    /// Thaws every frozen container (the agent is stopping).
+    fn thaw_all(&mut self, why: &str) {
+        let names: Vec<String> = self.state.keys().cloned().collect();
+        for name in names {
+            self.thaw(&name, Instant::now(), why);
+        }
+    }
+
+    /// A container that cannot be judged this pass: thawed if frozen (nothing the agent cannot see stays
+    /// frozen), reported with its error.
+    fn failed(&mut self, name: &str, file: &str, d: Option<&Descriptor>, e: String) -> ContainerReport {
+        self.note_error(name, &e);
+        let mut c = ContainerReport::failed(name, file, d, e);
+        if let Some(r) = self.thaw(name, Instant::now(), "container cannot be judged") {
+            c.actions.push(r);
+        }
+        if let Some(st) = self.state.get_mut(name) {
+            c.actions.splice(0..0, std::mem::take(&mut st.carried));
+        }
+        // A descriptor that no longer parses: its last limits file gets an empty member list.
+        if let (None, Some(l)) = (d, self.state.get(name).and_then(|s| s.limits.clone())) {
+            self.publish(name, &l, &BTreeSet::new());
+        }
+        c
+    }
+
     /// One pass.
     fn pass(&mut self) -> Result<AgentReport, CliError> {
+        // A freeze still on (this pass came before its thaw: a late pass, or a freeze of nearly the whole
+        // interval) ends first, before /proc is read: members still stopped by the agent would look stopped by
+        // someone else (state T) and be left out of the next freeze, and the container would run unthrottled
+        // for a whole interval.
+        let late: Vec<String> = self
+            .state
+            .iter()
+            .filter(|(_, s)| s.throttle.frozen.is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in late {
+            if let Some(r) = self.thaw(&name, Instant::now(), "before the next pass") {
+                self.state.get_mut(&name).expect("thawed above").carried.push(r);
+            }
+        }
         let gpus = self.sample_gpus()?;
         let table = ProcTable::read();
+        let now = Instant::now();
         let found =
             descriptor::scan(&self.dir).map_err(|e| CliError::new(format!("agent: --containers {e}")))?;
+        // Containers whose descriptor is gone: thawed, forgotten.
+        let gone: Vec<String> = self
+            .state
+            .keys()
+            .filter(|n| !found.iter().any(|f| &f.0 == *n))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.thaw(&name, now, "descriptor removed");
+            // Its members are withdrawn (an empty list, never a stale one whose pids may be reused).
+            if let Some(l) = self.state.remove(&name).and_then(|s| s.limits) {
+                let _ = LimitsWriter::open(&l).and_then(|w| w.set_members(&[]));
+            }
+            self.publish_errors.remove(&name);
+        }
         let mut containers = Vec::new();
         let mut attributed: BTreeSet<u32> = BTreeSet::new();
         for (name, file, d) in found {
@@ -117,16 +294,17 @@ impl Agent {
             let d = match d {
                 Ok(d) => d,
                 Err(e) => {
-                    self.note_error(&name, &e);
-                    containers.push(ContainerReport::failed(&name, &file, None, e));
+                    containers.push(self.failed(&name, &file, None, e));
                     continue;
                 }
             };
             let members = match d.members.discover(&table, &mut self.members) {
                 Ok(m) => m,
                 Err(e) => {
-                    self.note_error(&name, &e);
-                    containers.push(ContainerReport::failed(&name, &file, Some(&d), e));
+                    // Members unknown: publish none (each process then sees only itself), never a stale
+                    // list whose pids may belong to others by now.
+                    self.publish(&name, &d.limits, &BTreeSet::new());
+                    containers.push(self.failed(&name, &file, Some(&d), e));
                     continue;
                 }
             };
@@ -134,9 +312,7 @@ impl Agent {
             let limits = match LimitsReader::open(&d.limits) {
                 Ok(r) => *r.snapshot(),
                 Err(e) => {
-                    let e = format!("limits {e}");
-                    self.note_error(&name, &e);
-                    containers.push(ContainerReport::failed(&name, &file, Some(&d), e));
+                    containers.push(self.failed(&name, &file, Some(&d), format!("limits {e}")));
                     continue;
                 }
             };
@@ -151,6 +327,8 @@ impl Agent {
                         None
                     }
                 });
+            let published = self.publish(&name, &d.limits, &members);
+            self.state.entry(name.clone()).or_default().limits = Some(d.limits.clone());
             let mut c = ContainerReport::build(
                 &d,
                 &file,
@@ -160,22 +338,10 @@ impl Agent {
                 &limits,
                 usage.as_deref(),
             );
-            let planned = enforce::plan(&d.enforce, &c);
-            c.actions = enforce::execute(planned, &members, self.actuator.as_mut());
-            for a in &c.actions {
-                *self.actions.entry((name.clone(), a.action)).or_default() += 1;
-                if a.ok {
-                    cuquota_core::log!(Level::Warn, "agent: container {name}: {} {:?}", a.action, a.pids);
-                } else {
-                    cuquota_core::log!(
-                        Level::Error,
-                        "agent: container {name}: {} {:?} failed: {}",
-                        a.action,
-                        a.pids,
-                        a.error.as_deref().unwrap_or("")
-                    );
-                }
+            if let Some(m) = c.members.as_mut() {
+                m.published = published;
             }
+            c.actions = self.enforce(&name, &d, &c, &gpus, &members, &table, now);
             self.errors.remove(&name);
             containers.push(c);
         }
@@ -209,6 +375,54 @@ impl Agent {
             gpus,
             containers,
         })
+    }
+
+    /// Carries out container `name`'s `[enforce]` policy on its report `c`; returns every action recorded for
+    /// it since the last pass (thaws between passes included).
+    #[allow(clippy::too_many_arguments)]
+    fn enforce(
+        &mut self,
+        name: &str,
+        d: &Descriptor,
+        c: &ContainerReport,
+        gpus: &[GpuSample],
+        members: &BTreeSet<u32>,
+        table: &ProcTable,
+        now: Instant,
+    ) -> Vec<ActionReport> {
+        let st = self.state.entry(name.to_string()).or_default();
+        let mut out = std::mem::take(&mut st.carried);
+        let cgroup = match &d.members {
+            MemberSource::Cgroup(dir) if enforce::actuator::has_freezer(dir) => Some(dir.as_path()),
+            _ => None,
+        };
+        let mut actions = Vec::new();
+        let mut fresh = Vec::new();
+        if d.enforce.sm == SmPolicy::Throttle {
+            actions.extend(st.throttle.recover(members, table, cgroup));
+        }
+        let mem = st.memory.plan(d.enforce.memory, c, table);
+        actions.extend(mem.actions);
+        fresh.extend(mem.reports);
+        let was_engaged = st.throttle.engaged;
+        let sm = st
+            .throttle
+            .plan(d.enforce.sm, c, gpus, members, table, cgroup, self.interval, now);
+        if was_engaged && !st.throttle.engaged {
+            cuquota_core::log!(
+                Level::Warn,
+                "agent: container {name}: back under its SM limit: throttle released"
+            );
+        }
+        actions.extend(sm.actions);
+        fresh.extend(sm.reports);
+        let mut done = enforce::execute(actions, members, self.actuator.as_mut());
+        done.extend(fresh);
+        let repeat = std::mem::take(&mut self.state.get_mut(name).expect("entry above").last_kinds);
+        self.record(name, &done, &repeat);
+        self.state.get_mut(name).expect("entry above").last_kinds = done.iter().map(|a| a.action).collect();
+        out.extend(done);
+        out
     }
 
     /// The metrics of a pass (state integrated over passes: GPU seconds, last activity, action counts).
@@ -277,6 +491,43 @@ impl Agent {
     }
 }
 
+/// Set by SIGTERM / SIGINT: the agent thaws what it froze and exits.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// Installs [`on_stop`] for SIGTERM and SIGINT (no SA_RESTART: a sleep returns early).
+fn catch_stop_signals() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction with a handler that only stores an atomic (async-signal-safe).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop as *const () as libc::sighandler_t;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Sleeps until `t`, in slices, returning early when a stop signal arrived.
+fn sleep_until(t: Instant) {
+    while !STOP.load(Ordering::SeqCst) {
+        let Some(left) = t.checked_duration_since(Instant::now()) else {
+            return;
+        };
+        std::thread::sleep(left.min(Duration::from_millis(20)));
+    }
+}
+
+impl Drop for Agent {
+    /// Nothing the agent froze stays frozen when it stops (signal, error, panic).
+    fn drop(&mut self) {
+        self.thaw_all("the agent is stopping");
+    }
+}
+
 /// `cuquota agent`.
 pub fn run(a: AgentArgs) -> CmdResult {
     if a.interval < Duration::from_millis(10) {
@@ -293,23 +544,42 @@ pub fn run(a: AgentArgs) -> CmdResult {
         let bound = metrics::serve(addr, published.clone())?;
         eprintln!("cuquota agent: serving http://{bound}/metrics");
     }
+    catch_stop_signals();
     let mut agent = Agent {
         dir: a.containers,
         interval: a.interval,
         nvml: None,
         members: MemberState::default(),
-        actuator: Box::new(NoActuator),
+        actuator: Box::new(enforce::actuator::System),
+        state: BTreeMap::new(),
+        last_sample_us: None,
         passes: 0,
         last_pass: None,
         gpu_seconds: BTreeMap::new(),
         last_active: BTreeMap::new(),
         actions: BTreeMap::new(),
         errors: BTreeMap::new(),
+        publish_errors: BTreeMap::new(),
     };
     let start = Instant::now();
     for n in 1u32.. {
+        if STOP.load(Ordering::SeqCst) {
+            break;
+        }
         match agent.pass() {
-            Ok(r) => {
+            Ok(mut r) => {
+                if a.once {
+                    // One pass is one whole duty cycle: thaw what it froze before reporting.
+                    while let Some(t) = agent.next_thaw() {
+                        sleep_until(t);
+                        agent.thaw_due(Instant::now().max(t));
+                    }
+                    for c in &mut r.containers {
+                        if let Some(st) = agent.state.get_mut(&c.name) {
+                            c.actions.append(&mut st.carried);
+                        }
+                    }
+                }
                 let snap = agent.snapshot(&r);
                 published.set(metrics::render(&snap));
                 if a.json {
@@ -324,11 +594,17 @@ pub fn run(a: AgentArgs) -> CmdResult {
         if a.once {
             return Ok(0);
         }
-        // Fixed ticks: a slow pass shortens the next wait rather than drifting.
+        // Fixed ticks: a slow pass shortens the next wait rather than drifting. Thaws fall in between.
         let next = start + a.interval * n;
-        if let Some(wait) = next.checked_duration_since(Instant::now()) {
-            std::thread::sleep(wait);
+        while let Some(t) = agent.next_thaw().filter(|&t| t < next) {
+            sleep_until(t);
+            if STOP.load(Ordering::SeqCst) {
+                break;
+            }
+            agent.thaw_due(Instant::now().max(t));
         }
+        sleep_until(next);
     }
+    agent.thaw_all("the agent was asked to stop");
     Ok(0)
 }

@@ -93,6 +93,8 @@ pub struct MembersReport {
     pub source: SourceReport,
     /// Host pids, sorted.
     pub pids: Vec<u32>,
+    /// Whether they are published in the limits file (for the shim's NVML filter).
+    pub published: bool,
 }
 
 /// One container on one GPU.
@@ -283,6 +285,7 @@ impl ContainerReport {
             members: Some(MembersReport {
                 source,
                 pids: members.iter().copied().collect(),
+                published: false,
             }),
             enforce: Some(d.enforce),
             error: None,
@@ -368,6 +371,20 @@ impl AgentReport {
             ],
             &rows,
         );
+        for c in &self.containers {
+            for a in &c.actions {
+                println!(
+                    "{}: {} {:?}{}: {}",
+                    c.name,
+                    a.action,
+                    a.pids,
+                    a.error
+                        .as_ref()
+                        .map_or_else(String::new, |e| format!(" FAILED ({e})")),
+                    a.detail.as_deref().unwrap_or("")
+                );
+            }
+        }
         for g in self.gpus.iter().filter(|g| !g.unattributed_pids.is_empty()) {
             println!(
                 "GPU {}: processes of no described container: {:?}",

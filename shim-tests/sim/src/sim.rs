@@ -107,9 +107,10 @@ impl Sim {
         if cur >> 32 == pid as u64 && cur & 0xffff_ffff != 0 {
             return Ok((cur & 0xffff_ffff) as usize - 1);
         }
-        let start = state::proc_start_time(pid).map(|s| s.0).unwrap_or(0);
-        // NVML reports the pid the host knows: /proc/self's, when /proc is an outer namespace's.
+        // NVML reports the pid the host knows: /proc/self's, when /proc is an outer namespace's (and /proc's
+        // start time is that pid's).
         let host = state::pid_in_proc_namespace().unwrap_or(pid);
+        let start = state::proc_start_time(host).map(|s| s.0).unwrap_or(0);
         let slot = self
             .shared
             .claim_slot(pid, host + self.host_pid_offset, start)

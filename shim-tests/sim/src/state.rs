@@ -462,13 +462,16 @@ impl SharedState {
 }
 
 /// Liveness of a slot's owner, cheap enough to run on every cuMemGetInfo / NVML query with many processes:
-/// `kill(pid, 0)` answers exactly for exited-and-reaped processes (the common case); the full check through
-/// /proc (zombie, pid reused by another process) runs at most every 20 ms per owner.
+/// `kill(pid, 0)` and /proc both not finding the pid answers exactly for exited-and-reaped processes (the
+/// common case; both, because a process in a child pid namespace with the host's /proc finds other slots'
+/// host pids only in /proc); the full check through /proc (zombie, pid reused by another process) runs at
+/// most every 20 ms per owner.
 fn slot_owner_alive(pid: u32, start_time: u64) -> bool {
     use std::collections::HashMap;
     static VERIFIED: parking_lot::Mutex<Option<HashMap<(u32, u64), u64>>> = parking_lot::Mutex::new(None);
     // SAFETY: signal 0 only checks for existence.
-    if pid == 0 || unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && errno() == libc::ESRCH {
+    let gone = pid == 0 || unsafe { libc::kill(pid as libc::pid_t, 0) } != 0 && errno() == libc::ESRCH;
+    if gone && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return false;
     }
     let now = crate::timeline::now_ns();

@@ -1,0 +1,287 @@
+//! [`System`]: carries actions out on the host.
+//!
+//! - Signals go through a pidfd (`pidfd_open` + `pidfd_send_signal`, Linux 5.3+), opened and then checked
+//!   against the start time the pass saw in `/proc`: a pid reused by another process since the pass is
+//!   refused, never signalled. Without pidfds (older kernels) the start time is checked just before `kill(2)`.
+//!   A target that has already exited is not an error.
+//! - Freezing a cgroup: `cgroup.freeze` (v2) or `freezer.state` (v1: in the directory itself, or in the
+//!   freezer hierarchy's directory of the same path, `/sys/fs/cgroup/freezer/<path>`), which stops the whole
+//!   cgroup at once, processes that start meanwhile included. Without a freezer: SIGSTOP / SIGCONT to each
+//!   target.
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use super::{Action, Actuator, Target};
+
+/// The actuator of the agent.
+pub struct System;
+
+/// The v1 freezer file for cgroup directory `dir`: its own `freezer.state`, or the freezer hierarchy's
+/// directory of the same path under `/sys/fs/cgroup/<controller>/…`.
+pub fn v1_freezer(dir: &Path) -> Option<PathBuf> {
+    let own = dir.join("freezer.state");
+    if own.is_file() {
+        return Some(own);
+    }
+    let rel = dir.strip_prefix("/sys/fs/cgroup").ok()?;
+    let mut parts = rel.components();
+    parts.next()?; // the controller's mount (memory, cpu,cpuacct, …)
+    let f = Path::new("/sys/fs/cgroup/freezer")
+        .join(parts.as_path())
+        .join("freezer.state");
+    f.is_file().then_some(f)
+}
+
+/// Whether the cgroup directory `dir` can be frozen as a whole.
+pub fn has_freezer(dir: &Path) -> bool {
+    dir.join("cgroup.freeze").is_file() || v1_freezer(dir).is_some()
+}
+
+/// Freezes (`true`) or thaws the cgroup `dir`; `None` when it has no freezer.
+fn set_cgroup_frozen(dir: &Path, frozen: bool) -> Option<Result<&'static str, String>> {
+    let v2 = dir.join("cgroup.freeze");
+    let (file, value, how) = if v2.is_file() {
+        (v2, if frozen { "1" } else { "0" }, "cgroup v2 freezer")
+    } else {
+        (
+            v1_freezer(dir)?,
+            if frozen { "FROZEN" } else { "THAWED" },
+            "cgroup v1 freezer",
+        )
+    };
+    Some(
+        std::fs::write(&file, value)
+            .map(|_| how)
+            .map_err(|e| format!("{}: {e}", file.display())),
+    )
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// Whether `t` is still the process the pass saw (same start time); `None` when it is gone.
+fn same_process(t: &Target) -> Option<bool> {
+    let st = cuquota_core::region::liveness::read_stat(t.pid)?;
+    Some(st.start_time == t.start_time && st.state != b'Z')
+}
+
+/// Sends `sig` to `t`, if it is still the process the pass saw. `Ok(false)`: it is gone (nothing to do).
+pub fn signal(t: &Target, sig: libc::c_int) -> Result<bool, String> {
+    // SAFETY: pidfd_open(pid, flags) has no memory arguments; a non-negative result is a new descriptor.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, t.pid as libc::c_long, 0 as libc::c_long) };
+    if fd < 0 {
+        return match errno() {
+            libc::ESRCH => Ok(false),
+            libc::ENOSYS => {
+                // No pidfds: check, then kill (a pid reused between the two cannot be excluded here).
+                match same_process(t) {
+                    None | Some(false) => Ok(false),
+                    // SAFETY: kill(2) with a pid and a signal number.
+                    Some(true) => match unsafe { libc::kill(t.pid as libc::pid_t, sig) } {
+                        0 => Ok(true),
+                        _ if errno() == libc::ESRCH => Ok(false),
+                        _ => Err(format!("pid {}: {}", t.pid, std::io::Error::last_os_error())),
+                    },
+                }
+            }
+            _ => Err(format!(
+                "pidfd_open({}): {}",
+                t.pid,
+                std::io::Error::last_os_error()
+            )),
+        };
+    }
+    // SAFETY: a fresh descriptor returned to us; closed when `fd` drops.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // The descriptor pins the process that held the pid when it was opened; if that is still the one the
+    // pass saw, the signal reaches it and nothing else.
+    match same_process(t) {
+        None => return Ok(false),
+        Some(false) => {
+            return Err(format!(
+                "pid {} is no longer the process the agent saw (exited, pid reused): not signalled",
+                t.pid
+            ))
+        }
+        Some(true) => {}
+    }
+    // SAFETY: pidfd_send_signal(fd, sig, NULL info, 0 flags) on a descriptor we own.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd() as libc::c_long,
+            sig as libc::c_long,
+            std::ptr::null::<libc::siginfo_t>(),
+            0 as libc::c_long,
+        )
+    };
+    match r {
+        0 => Ok(true),
+        _ if errno() == libc::ESRCH => Ok(false),
+        _ => Err(format!("pid {}: {}", t.pid, std::io::Error::last_os_error())),
+    }
+}
+
+/// Signals every target; the errors of those that failed, joined.
+fn signal_all(targets: &[Target], sig: libc::c_int, how: &'static str) -> Result<&'static str, String> {
+    let errors: Vec<String> = targets.iter().filter_map(|t| signal(t, sig).err()).collect();
+    if errors.is_empty() {
+        Ok(how)
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+impl Actuator for System {
+    fn apply(&mut self, action: &Action) -> Result<&'static str, String> {
+        match action {
+            Action::Kill { targets, .. } => signal_all(targets, libc::SIGKILL, "SIGKILL"),
+            Action::Freeze { targets, cgroup } => {
+                match cgroup.as_deref().and_then(|d| set_cgroup_frozen(d, true)) {
+                    Some(r) => r,
+                    None => signal_all(targets, libc::SIGSTOP, "SIGSTOP"),
+                }
+            }
+            Action::Thaw { targets, cgroup } => {
+                match cgroup.as_deref().and_then(|d| set_cgroup_frozen(d, false)) {
+                    Some(r) => r,
+                    None => signal_all(targets, libc::SIGCONT, "SIGCONT"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::process::{Child, Command};
+
+    use super::super::execute;
+    use super::*;
+
+    fn spawn_sleep() -> (Child, Target) {
+        let c = Command::new("sleep").arg("30").spawn().unwrap();
+        let st = cuquota_core::region::liveness::read_stat(c.id()).unwrap();
+        let t = Target {
+            pid: c.id(),
+            start_time: st.start_time,
+        };
+        (c, t)
+    }
+
+    fn state(pid: u32) -> u8 {
+        cuquota_core::region::liveness::read_stat(pid).unwrap().state
+    }
+
+    fn wait_state(pid: u32, want: u8) -> bool {
+        for _ in 0..500 {
+            if state(pid) == want {
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        false
+    }
+
+    /// The real actuator, asked through the seam to kill a process that is not a member: refused, and the
+    /// process lives; asked for a member, it dies.
+    #[test]
+    fn a_non_member_survives_an_attempt_and_a_member_does_not() {
+        let (mut stranger, ts) = spawn_sleep();
+        let (mut member, tm) = spawn_sleep();
+        let members: BTreeSet<u32> = [tm.pid].into_iter().collect();
+        let out = execute(
+            vec![(
+                Action::Kill {
+                    targets: vec![tm, ts],
+                    device: "GPU-x".into(),
+                },
+                "test".into(),
+            )],
+            &members,
+            &mut System,
+        );
+        assert!(!out[0].ok, "{out:?}");
+        assert!(stranger.try_wait().unwrap().is_none(), "the stranger was killed");
+        assert!(
+            member.try_wait().unwrap().is_none(),
+            "a refused action touches nobody"
+        );
+        let out = execute(
+            vec![(
+                Action::Kill {
+                    targets: vec![tm],
+                    device: "GPU-x".into(),
+                },
+                "test".into(),
+            )],
+            &members,
+            &mut System,
+        );
+        assert!(out[0].ok, "{out:?}");
+        let st = member.wait().unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(st.signal(), Some(libc::SIGKILL));
+        assert!(stranger.try_wait().unwrap().is_none());
+        let _ = stranger.kill();
+        let _ = stranger.wait();
+    }
+
+    #[test]
+    fn a_reused_pid_is_not_signalled_and_a_gone_one_is_no_error() {
+        let (mut c, t) = spawn_sleep();
+        let wrong = Target {
+            start_time: t.start_time + 1,
+            ..t
+        };
+        let e = signal(&wrong, libc::SIGKILL).unwrap_err();
+        assert!(e.contains("no longer"), "{e}");
+        assert!(c.try_wait().unwrap().is_none());
+        assert_eq!(signal(&t, libc::SIGKILL), Ok(true));
+        c.wait().unwrap();
+        assert_eq!(signal(&t, libc::SIGKILL), Ok(false), "gone: nothing to do");
+    }
+
+    #[test]
+    fn freeze_and_thaw_by_signals() {
+        let (mut c, t) = spawn_sleep();
+        let mut sys = System;
+        assert_eq!(
+            sys.apply(&Action::Freeze {
+                targets: vec![t],
+                cgroup: None
+            }),
+            Ok("SIGSTOP")
+        );
+        assert!(wait_state(t.pid, b'T'), "stopped");
+        assert_eq!(
+            sys.apply(&Action::Thaw {
+                targets: vec![t],
+                cgroup: None
+            }),
+            Ok("SIGCONT")
+        );
+        assert!(wait_state(t.pid, b'S'), "running again");
+        // A cgroup directory without a freezer falls back to signals.
+        let dir = std::env::temp_dir();
+        assert_eq!(
+            sys.apply(&Action::Freeze {
+                targets: vec![t],
+                cgroup: Some(dir.clone())
+            }),
+            Ok("SIGSTOP")
+        );
+        assert_eq!(
+            sys.apply(&Action::Thaw {
+                targets: vec![t],
+                cgroup: Some(dir)
+            }),
+            Ok("SIGCONT")
+        );
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
