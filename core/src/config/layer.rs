@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{Config, LogLevel, DEFAULT_LIMITS_PATH, DEFAULT_USAGE_PATH};
+use super::{Config, LogLevel, DEFAULT_LIMITS_PATH, DEFAULT_PRIORITY_PATH, DEFAULT_USAGE_PATH};
 use crate::policy::{Policy, PolicyKind, Priority};
 use crate::visible_devices::VisibleDevices;
 
@@ -20,6 +20,7 @@ pub(crate) struct Layer {
     pub priority: Option<Priority>,
     pub usage_path: Option<PathBuf>,
     pub limits_path: Option<PathBuf>,
+    pub priority_path: Option<PathBuf>,
     pub log_level: Option<LogLevel>,
     pub libcuda: Option<PathBuf>,
     pub libnvml: Option<PathBuf>,
@@ -76,6 +77,14 @@ pub(crate) fn resolve(
             limits_paths.push(p);
         }
     }
+    // Like the limits file, the agent's default cannot be redirected: a best-effort process pointing the
+    // variable at a file of its own would stop seeing the high-priority tenants it must yield to.
+    let default_priority_path = Path::new(DEFAULT_PRIORITY_PATH);
+    let priority_path = if path_exists(default_priority_path) {
+        Some(default_priority_path.to_path_buf())
+    } else {
+        env.priority_path.or(file.priority_path)
+    };
     Config {
         devices,
         default_limits,
@@ -84,6 +93,7 @@ pub(crate) fn resolve(
             .or(file.usage_path)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_USAGE_PATH)),
         limits_paths,
+        priority_path,
         log_level: env.log_level.or(file.log_level).unwrap_or(LogLevel::Warn),
         disabled: env.disabled.or(file.disabled).unwrap_or(false),
         libcuda_path: env.libcuda.or(file.libcuda),

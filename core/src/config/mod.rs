@@ -27,6 +27,8 @@ use crate::visible_devices::VisibleDevices;
 pub const DEFAULT_USAGE_PATH: &str = "/tmp/cuquota.usage";
 /// Default path of the agent-written limits region (used only if it exists).
 pub const DEFAULT_LIMITS_PATH: &str = "/etc/cuquota/limits";
+/// Default path of the node's priority region (used when it exists; see [`Config::priority_path`]).
+pub const DEFAULT_PRIORITY_PATH: &str = "/etc/cuquota/priority";
 /// Highest CUDA ordinal accepted in a `_<i>` variable or `[[device]] index` (exclusive).
 pub const MAX_ORDINAL: u32 = 1024;
 /// Weight range for burst mode.
@@ -78,6 +80,10 @@ pub struct Config {
     /// the agent's limits by pointing the variable elsewhere. Every listed file must open and validate, else
     /// the shim fails closed. Empty = no agent limits.
     pub limits_paths: Vec<PathBuf>,
+    /// The node's priority region, shared by the containers with a priority on a GPU: [`DEFAULT_PRIORITY_PATH`]
+    /// when it exists (a process cannot redirect it), else `CUQUOTA_PRIORITY_FILE` (or the TOML
+    /// `priority_file`). `None` = no priority coordination (a priority set then is not enforced; the shim warns).
+    pub priority_path: Option<PathBuf>,
     /// Log verbosity.
     pub log_level: LogLevel,
     /// Opt-out requested (`CUDA_DISABLE_CONTROL=true` / `CUQUOTA_DISABLE=1`): pure pass-through, unless the
@@ -100,6 +106,7 @@ impl Default for Config {
             default_limits: Policy::NONE,
             usage_path: PathBuf::from(DEFAULT_USAGE_PATH),
             limits_paths: Vec::new(),
+            priority_path: None,
             log_level: LogLevel::Warn,
             disabled: false,
             libcuda_path: None,
@@ -172,6 +179,11 @@ impl Config {
     /// Whether an SM limit is configured for any ordinal.
     pub fn has_sm_limits(&self) -> bool {
         self.policies().any(Policy::throttles)
+    }
+
+    /// Whether a priority is configured (`CUDA_TASK_PRIORITY`, `CUQUOTA_PRIORITY`, the TOML `priority`).
+    pub fn has_priorities(&self) -> bool {
+        self.policies().any(|p| p.priority.is_some())
     }
 }
 
