@@ -9,6 +9,7 @@
 //! stay within alone + one longest best-effort kernel + 5 ms of slack for a busy CPU; without cuquota the burst
 //! waits behind the best-effort tenant's full queue (seconds), far outside that band.
 
+use cuquota_core::region::layout::{PRIORITY_HIGH, PRIORITY_LOW};
 use shim_tests::{mono_ns, Output, Prog, Sim, Window, GIB};
 use std::time::Duration;
 
@@ -30,6 +31,16 @@ enum Mode {
     Bare,
     /// Both under cuquota with priorities (0 and 1) and the node's priority file.
     Priority,
+    /// The same, with the priorities set by the agent's limits files (`limits.hp`, `limits.be`) instead.
+    AgentPriority,
+}
+
+/// A command under the agent's limits file `limits.<container>` (priority `prio`) and the priority file.
+fn agent<'a>(c: shim_tests::Cmd<'a>, sim: &Sim, container: &str, prio: u32) -> shim_tests::Cmd<'a> {
+    let f = sim.dir().join(format!("limits.{container}"));
+    sim.agent_limits(&f, |r| r.priority = prio);
+    c.env("CUQUOTA_LIMITS_FILE", f.to_str().unwrap())
+        .env("CUQUOTA_PRIORITY_FILE", sim.priority_file().to_str().unwrap())
 }
 
 struct Run {
@@ -50,6 +61,7 @@ fn hp_cmd(sim: &Sim, mode: Mode, start_at: u64) -> shim_tests::Proc {
     match mode {
         Mode::Bare => c.no_preload(),
         Mode::Priority => c.priority("0"),
+        Mode::AgentPriority => agent(c, sim, "hp", PRIORITY_HIGH),
     }
     .spawn()
 }
@@ -68,6 +80,7 @@ fn be_cmd(sim: &Sim, mode: Mode, start_at: u64) -> shim_tests::Proc {
     match mode {
         Mode::Bare => c.no_preload(),
         Mode::Priority => c.priority("1"),
+        Mode::AgentPriority => agent(c, sim, "be", PRIORITY_LOW),
     }
     .spawn()
 }
@@ -156,6 +169,29 @@ fn high_priority_bursts_wait_for_at_most_one_best_effort_kernel() {
         ms(BE_NS.1)
     );
     // Work-conserving: the goal is ≥ 80 %; a best-effort tenant held back for good would get ~0.
+    assert!(idle >= 50.0, "best-effort got only {idle:.1} % of the idle time");
+}
+
+#[test]
+fn priorities_from_the_agents_limits_files_are_enforced_too() {
+    let _s = serial();
+    let sim = Sim::new().build();
+    sim.create_priority_file();
+    let alone = run(&sim, Mode::Bare, false);
+    let prio = run(&sim, Mode::AgentPriority, true);
+    let (a99, p99) = (pct(&alone.lat_ns, 99.0), pct(&prio.lat_ns, 99.0));
+    let idle = be_idle_share(&sim, &prio);
+    println!(
+        "agent priorities: p99 alone {:.2} ms, with priority {:.2} ms; idle share {idle:.1} %",
+        ms(a99),
+        ms(p99)
+    );
+    assert!(
+        p99 <= a99 + BE_NS.1 + 5_000_000,
+        "p99 {:.2} ms with the agent's priorities exceeds alone {:.2} ms + 10 ms",
+        ms(p99),
+        ms(a99)
+    );
     assert!(idle >= 50.0, "best-effort got only {idle:.1} % of the idle time");
 }
 
