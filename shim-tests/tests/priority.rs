@@ -286,3 +286,59 @@ fn the_cli_creates_and_shows_the_priority_file() {
     std::fs::write(&bogus, b"not a priority file").unwrap();
     assert!(!sim.cli(&["priority", "init", bogus.to_str().unwrap()]).success());
 }
+
+/// Threat model: a tenant that scribbles times far in the future into the priority file (or a file kept across a
+/// reboot) cannot stall best-effort tenants; plausible values are obeyed (the control: the gate reads them).
+#[test]
+fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
+    let _s = serial();
+    let sim = Sim::new().build();
+    let region = sim.create_priority_file();
+    let region = cuquota_core::region::PriorityRegion::open(&region).unwrap();
+    let be = |secs: f64| {
+        let o = done(
+            sim.cmd(Prog::PriorityTenant)
+                .container("be")
+                .priority("1")
+                .timeout(Duration::from_secs(60))
+                .args(&format!("be {secs} 1000000 2000000 11"))
+                .spawn()
+                .finish(),
+        );
+        let w = o.window();
+        sim.share_pct(0, w.pid, w.t0, w.end)
+    };
+    be(0.2); // claims the device's entry
+    let id = region.devices(mono_ns())[0].id;
+    let e = region.entry(id);
+    // A scribbler: a high-priority tenant "launching" an hour from now, the token held for an hour.
+    let hour = 3_600_000_000_000;
+    let now = mono_ns();
+    e.note_hp_launch(now + hour, now + hour);
+    assert!(e.take_token(now, now + hour).is_ok());
+    let share = be(2.0);
+    println!("best-effort with garbage in the priority file: {share:.1} %");
+    assert!(
+        share >= 85.0,
+        "garbage stalled the best-effort tenant: {share:.1} %"
+    );
+    // A high-priority tenant present (it launched just now, its queue empty) but the token still held for an
+    // hour: the token is garbage, taken over; best-effort runs one kernel at a time.
+    let now = mono_ns();
+    e.note_hp_launch(now, now);
+    let share = be(2.0);
+    println!("best-effort with a present high-priority tenant and a garbage token: {share:.1} %");
+    assert!(
+        share >= 50.0,
+        "a garbage token stalled the best-effort tenant: {share:.1} %"
+    );
+    // The control: a high-priority queue published as busy for the next 3 s holds it back.
+    let now = mono_ns();
+    e.note_hp_launch(now, now + 3_000_000_000);
+    let share = be(2.0);
+    println!("best-effort behind a published 3 s high-priority queue: {share:.1} %");
+    assert!(
+        share < 50.0,
+        "the gate ignored a plausible high-priority queue: {share:.1} %"
+    );
+}
