@@ -342,3 +342,51 @@ fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
         "the gate ignored a plausible high-priority queue: {share:.1} %"
     );
 }
+
+/// The limits file's priority is live: a best-effort tenant that launches freely starts yielding to a published
+/// high-priority queue as soon as the agent marks it low priority.
+#[test]
+fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
+    let _s = serial();
+    let _h = shim_tests::heavy(); // 100–200 µs kernels, launched flat out until the change
+    let sim = Sim::new().build();
+    let region = sim.create_priority_file();
+    let region = cuquota_core::region::PriorityRegion::open(&region).unwrap();
+    let limits = sim.dir().join("limits.be");
+    sim.agent_limits(&limits, |r| r.priority = 0);
+    let start = mono_ns() + 1_000_000_000;
+    let p = sim
+        .cmd(Prog::PriorityTenant)
+        .container("be")
+        .env("CUQUOTA_LIMITS_FILE", limits.to_str().unwrap())
+        .env("CUQUOTA_PRIORITY_FILE", sim.priority_file().to_str().unwrap())
+        .timeout(Duration::from_secs(60))
+        .args(&format!("be 3 100000 200000 11 {start}"))
+        .spawn();
+    // A high-priority tenant whose queue is busy for the next 5 s, published before the change: ignored by a
+    // tenant without a priority.
+    std::thread::sleep(Duration::from_nanos(start.saturating_sub(mono_ns())));
+    let claimed = |r: &cuquota_core::region::PriorityRegion| r.devices(mono_ns()).first().map(|d| d.id);
+    let id = loop {
+        if let Some(id) = claimed(&region) {
+            break id;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let e = region.entry(id);
+    std::thread::sleep(Duration::from_millis(500));
+    let now = mono_ns();
+    e.note_hp_launch(now, now + 5_000_000_000);
+    let before_change = mono_ns();
+    std::thread::sleep(Duration::from_millis(500));
+    let change = mono_ns();
+    sim.agent_limits(&limits, |r| r.priority = PRIORITY_LOW);
+    let out = done(p.finish());
+    let w = out.window();
+    let before = sim.share_pct(0, w.pid, start, before_change.min(w.end));
+    // From 300 ms after the change (what it queued before drains: ≤ 1024 kernels of ≤ 200 µs) to its end.
+    let after = sim.share_pct(0, w.pid, change + 300_000_000, w.end);
+    println!("best-effort before the change {before:.1} %, after {after:.1} %");
+    assert!(before >= 50.0, "without a priority it did not run: {before:.1} %");
+    assert!(after <= 10.0, "the live priority did not apply: {after:.1} %");
+}
