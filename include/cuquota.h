@@ -1,5 +1,5 @@
 /*
- * cuquota.h — layout of cuquota's two shared region files, for node agents and tools written in C.
+ * cuquota.h — layout of cuquota's shared region files, for node agents and tools written in C.
  *
  * Mirrors core/src/region/layout.rs field for field; core/tests/header.rs compiles this header and checks every
  * size and offset against the Rust definitions. Bump CUQUOTA_ABI_VERSION on any change.
@@ -52,6 +52,17 @@
  *   Admission of n bytes on device d: fetch_add(slot.mem_used[d], n); sum mem_used[d] over slots
  *   [0, proc_high_water); if sum > limit: fetch_sub(n) and refuse. Sequentially consistent atomics.
  *   Tools that only read (status) may read any field with relaxed loads.
+ *
+ * ---------------------------------------------------------------------------------------------------------
+ * PRIORITY FILE (default /etc/cuquota/priority; one per node, created by the agent with `cuquota priority
+ * init`, mounted read-write into every container that has a priority on a GPU; docs/priority.md)
+ *
+ *   Header initialised like the usage file's (magic CUQUOTA_PRIORITY_MAGIC last). Device entries are claimed
+ *   by UUID exactly like usage device entries. Times are CLOCK_MONOTONIC ns; a time more than 10 s ahead of
+ *   now is garbage (ignored, overwritten). High-priority launches store hp_last_launch = now and raise
+ *   hp_busy_until to their estimated drain time. be_token: 0 = free, else the time its holder's kernel is
+ *   presumed done; taken by CAS when 0, expired or garbage, released by CAS(value, 0). inflight[i]:
+ *   CUQUOTA_INFLIGHT(mib, expiry second), claimed by CAS from 0 or expired, released by CAS(word, 0).
  */
 #ifndef CUQUOTA_H
 #define CUQUOTA_H
@@ -190,6 +201,40 @@ struct cuquota_usage_file {
     struct cuquota_usage_slot slots[CUQUOTA_MAX_PROCS];
 };
 
+#define CUQUOTA_PRIORITY_MAGIC 0x524f495250515543ULL /* "CUQPRIOR" as little-endian bytes */
+#define CUQUOTA_PRIORITY_INFLIGHT 8
+#define CUQUOTA_INFLIGHT(mib, expires_s) ((uint64_t)(uint32_t)(mib) | ((uint64_t)(uint32_t)(expires_s) << 32))
+
+struct cuquota_priority_header {
+    uint64_t magic;          /* CUQUOTA_PRIORITY_MAGIC, stored last */
+    uint32_t abi_version;    /* CUQUOTA_ABI_VERSION */
+    uint32_t header_size;    /* sizeof(struct cuquota_priority_header) */
+    uint64_t total_size;     /* sizeof(struct cuquota_priority_file) */
+    uint32_t max_devices;    /* CUQUOTA_MAX_DEVICES */
+    uint32_t inflight_slots; /* CUQUOTA_PRIORITY_INFLIGHT */
+    uint64_t _reserved[4];
+};
+
+struct cuquota_priority_device {
+    uint64_t uuid[2];                             /* valid once owner's state is LIVE */
+    uint64_t owner;                               /* CUQUOTA_OWNER(claimer pid, state, gen) */
+    uint64_t hp_last_launch;                      /* latest high-priority launch, ns; 0 = never */
+    uint64_t hp_busy_until;                       /* high-priority queued work estimated done at, ns */
+    uint64_t hp_launches;                         /* cumulative */
+    uint64_t be_token;                            /* best-effort queue token: 0 free, else held until, ns */
+    uint64_t be_launches;                         /* best-effort launches under the token, cumulative */
+    uint64_t be_waits;                            /* of them, launches that waited */
+    uint64_t be_waited_ns;                        /* total wait, ns */
+    uint64_t inflight[CUQUOTA_PRIORITY_INFLIGHT]; /* CUQUOTA_INFLIGHT(mib, expiry s) or 0 */
+    uint64_t reserve_refusals;                    /* allocations refused to keep the reservation */
+    uint64_t _reserved[5];
+};
+
+struct cuquota_priority_file {
+    struct cuquota_priority_header header;
+    struct cuquota_priority_device devices[CUQUOTA_MAX_DEVICES];
+};
+
 #if defined(__STDC_VERSION__) && __STDC_VERSION__ >= 201112L
 _Static_assert(sizeof(struct cuquota_policy) == 32, "policy size");
 _Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size");
@@ -204,6 +249,9 @@ _Static_assert(sizeof(struct cuquota_usage_device) == 144, "usage device size");
 _Static_assert(sizeof(struct cuquota_usage_slot) == 320, "usage slot size");
 _Static_assert(sizeof(struct cuquota_usage_file) == 64 + 144 * CUQUOTA_MAX_DEVICES + 320 * CUQUOTA_MAX_PROCS,
                "usage file size");
+_Static_assert(sizeof(struct cuquota_priority_header) == 64, "priority header size");
+_Static_assert(sizeof(struct cuquota_priority_device) == 192, "priority device size");
+_Static_assert(sizeof(struct cuquota_priority_file) == 64 + 192 * CUQUOTA_MAX_DEVICES, "priority file size");
 #endif
 
 #endif /* CUQUOTA_H */

@@ -1,8 +1,9 @@
 //! The devices this process uses and what each may use: the ground both policies (`memory`, `throttle`) stand
 //! on.
 //!
-//! Owns: the configuration, the container's usage region, the agent's limits files, and per CUDA ordinal the
-//! device's identity (UUID → usage-region entry), allocation granularity and **effective [`Policy`]** — the
+//! Owns: the configuration, the container's usage region, the agent's limits files, the node's priority file
+//! (when there is one), and per CUDA ordinal the device's identity (UUID → usage-region entry and priority
+//! entry), allocation granularity and **effective [`Policy`]** — the
 //! process's own (env/config) tightened by every agent limits file. The policy is cached as
 //! [`PolicyWords`] (the region's one packing) and recomputed for every known device when a limits file changes,
 //! so the memory accounting and the throttle read the same limits from one place.
@@ -15,7 +16,7 @@ use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::PolicyWords;
-use cuquota_core::region::{LimitsReader, LimitsRegion};
+use cuquota_core::region::{LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion};
 use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +39,8 @@ pub struct Dev {
 /// Per-ordinal facts, learned once; the policy is recomputed when a limits file changes.
 struct DevInfo {
     id: DeviceId,
+    /// Its entry in the node's priority file (none without a file, or when the file has no room).
+    prio: Option<PriorityDeviceId>,
     uuid: [u8; 16],
     granularity: u64,
     policy: PolicyWords,
@@ -64,14 +67,26 @@ pub struct Devices {
     beyond: AtomicBool,
     /// The driver shows this process exactly one device.
     single: OnceLock<bool>,
-    /// Some SM share applies somewhere (env/config, or an agent file): the throttle's fast "no" when false.
+    /// Some SM share applies somewhere (env/config, or an agent file).
     sm_limited: AtomicBool,
+    /// Some SM share or (with a priority file) some priority applies somewhere: the launch hooks' fast "no"
+    /// when false.
+    launch_limited: AtomicBool,
+    /// The node's priority file, shared with the other containers on the GPUs.
+    priority: Option<PriorityRegion>,
+    /// A priority applies but there is no priority file (warned once).
+    warned_no_priority_file: AtomicBool,
 }
 
 impl Devices {
     /// Devices accounted in `usage`, limited by `cfg` and the agent files `limits` (already opened: a reader and
     /// a watch mapping each).
-    pub fn new(cfg: Config, usage: UsageRegion, limits: Vec<(LimitsReader, LimitsRegion)>) -> Devices {
+    pub fn new(
+        cfg: Config,
+        usage: UsageRegion,
+        limits: Vec<(LimitsReader, LimitsRegion)>,
+        priority: Option<PriorityRegion>,
+    ) -> Devices {
         let mut readers = Vec::new();
         let mut watch = Vec::new();
         let mut seen = Vec::new();
@@ -92,9 +107,12 @@ impl Devices {
             beyond: AtomicBool::new(false),
             single: OnceLock::new(),
             sm_limited: AtomicBool::new(false),
+            launch_limited: AtomicBool::new(false),
+            priority,
+            warned_no_priority_file: AtomicBool::new(false),
             cfg,
         };
-        d.sm_limited.store(d.compute_sm_limited(), Ordering::Relaxed);
+        d.compute_flags();
         d
     }
 
@@ -196,6 +214,16 @@ impl Devices {
             }
         };
         let granularity = granularity(cuda, ordinal);
+        let prio = self.priority.as_ref().and_then(|p| match p.device(&uuid.bytes) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                log!(
+                    Level::Error,
+                    "device {ordinal}: no entry in the priority file, priorities are not enforced there: {e}"
+                );
+                None
+            }
+        });
         let policy = self.effective(u32::try_from(ordinal).ok(), &uuid.bytes);
         self.usage.report_limits(id, &policy);
         log!(
@@ -203,8 +231,10 @@ impl Devices {
             "device {ordinal}: entry {}, granularity {granularity}, limits {policy:?}",
             id.index()
         );
+        self.warn_unenforced_priority(ordinal, &policy);
         let info = DevInfo {
             id,
+            prio,
             uuid: uuid.bytes,
             granularity,
             policy: PolicyWords::new(),
@@ -306,14 +336,53 @@ impl Devices {
         self.sm_limited.load(Ordering::Relaxed)
     }
 
-    fn compute_sm_limited(&self) -> bool {
-        self.cfg.has_sm_limits()
-            || self.agent.readers.lock().iter().any(|r| {
-                r.snapshot()
-                    .entries
-                    .iter()
-                    .any(|e| e.is_valid() && e.limits().throttles())
-            })
+    /// Whether a launch may need the throttle or the priority policy on some device: false means no launch
+    /// does. One atomic load per limits file plus one flag.
+    #[inline]
+    pub fn launch_limited(&self) -> bool {
+        self.refresh_if_changed();
+        self.launch_limited.load(Ordering::Relaxed)
+    }
+
+    fn compute_flags(&self) {
+        let readers = self.agent.readers.lock();
+        let agent = || {
+            readers
+                .iter()
+                .flat_map(|r| r.snapshot().entries.iter())
+                .filter(|e| e.is_valid())
+                .map(|e| e.limits())
+        };
+        let sm = self.cfg.has_sm_limits() || agent().any(|p| p.throttles());
+        let prio =
+            self.priority.is_some() && (self.cfg.has_priorities() || agent().any(|p| p.priority.is_some()));
+        self.sm_limited.store(sm, Ordering::Relaxed);
+        self.launch_limited.store(sm || prio, Ordering::Relaxed);
+    }
+
+    /// The device's entry in the node's priority file, if there is a file and the entry.
+    #[inline]
+    pub fn priority_entry(&self, dev: Dev) -> Option<PriorityEntry<'_>> {
+        let region = self.priority.as_ref()?;
+        let id = self.table.get(dev.ordinal as usize)?.get()?.prio?;
+        Some(region.entry(id))
+    }
+
+    /// A priority without a priority file cannot be enforced: say so once (HAMi's deployments set
+    /// `CUDA_TASK_PRIORITY` without one; failing every CUDA call there would break them).
+    fn warn_unenforced_priority(&self, ordinal: CUdevice, policy: &Policy) {
+        if let (Some(p), None) = (policy.priority, &self.priority) {
+            if !self.warned_no_priority_file.swap(true, Ordering::Relaxed) {
+                log!(
+                    Level::Warn,
+                    "device {ordinal}: priority {} is not enforced: no priority file (the node agent creates {} \
+                     with `cuquota priority init` and mounts it read-write into every container with a priority; \
+                     or set CUQUOTA_PRIORITY_FILE)",
+                    p.as_str(),
+                    cuquota_core::config::DEFAULT_PRIORITY_PATH
+                );
+            }
+        }
     }
 
     /// Re-reads changed limits files and recomputes every known device's limits. One atomic load per file when
@@ -342,11 +411,11 @@ impl Devices {
                 }
             }
         }
-        self.sm_limited
-            .store(self.compute_sm_limited(), Ordering::Relaxed);
+        self.compute_flags();
         for (o, slot) in self.table.iter().enumerate() {
             if let Some(i) = slot.get() {
                 let policy = self.effective(Some(o as u32), &i.uuid);
+                self.warn_unenforced_priority(o as CUdevice, &policy);
                 i.policy.store(&policy.raw());
                 self.usage.report_limits(i.id, &policy);
                 log!(Level::Info, "device {o}: limits now {policy:?}");

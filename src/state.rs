@@ -23,7 +23,7 @@ use crate::locks::Side;
 use crate::log::{self, log, Level};
 use crate::memory::Memory;
 use crate::throttle::SmThrottle;
-use cuquota_core::region::{LimitsReader, LimitsRegion};
+use cuquota_core::region::{LimitsReader, LimitsRegion, PriorityRegion};
 use cuquota_core::{Config, LogLevel, UsageRegion};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -265,8 +265,16 @@ fn init(exports: Exports) -> Process {
         Ok(u) => u,
         Err(e) => return fail(format_args!("{e}")),
     };
+    // The node's priority file: one that is named (or is the agent's default) must open (fail closed).
+    let priority = match &cfg.priority_path {
+        Some(p) => match PriorityRegion::open(p) {
+            Ok(r) => Some(r),
+            Err(e) => return fail(format_args!("priority file: {e}")),
+        },
+        None => None,
+    };
     let nvml = nvml_lib.map(|l| NvmlTable::load(&l));
-    let devices = Devices::new(cfg, usage, limits);
+    let devices = Devices::new(cfg, usage, limits, priority);
     register_fork_handlers();
     Process::Active(Box::new(Shim::new(cuda, nvml, devices, exports)))
 }
@@ -282,7 +290,7 @@ fn init(exports: Exports) -> Process {
 //      footprints, the overhead lock, the context/module owners, the host-pid candidates;
 //   2. devices: the agent limits readers (taken under the overhead lock by a limit re-read);
 //   3. throttle: the engine's outstanding probe per device, then the event probe slot per device (a poll holds
-//      the first while it tries the second).
+//      the first while it tries the second), then the best-effort tracking slot per device (held alone).
 //
 // They are released in the reverse order: unlocked in the parent, reset to unlocked in the child (unlocking
 // there would hand a lock to a parent thread parked on it, which the child does not have). In the child, memory

@@ -1,6 +1,7 @@
 //! SM-limit benchmarks on the simulated GPU: accuracy of the achieved share for one container at L ∈ {10, 25,
 //! 50, 75, 90} % with short (50 µs) and long (10 ms) kernels on simulated GPUs with 16, 132 and 188 SMs; two
-//! containers at 30/70 and three at 20/30/50 running together; burst mode alone; and the added cost per launch
+//! containers at 30/70 and three at 20/30/50 running together; burst mode alone; a high-priority tenant's
+//! burst latency next to a best-effort tenant (`priority`, see `priority.rs`); and the added cost per launch
 //! (hook vs the simulator called directly, same run). Prints a markdown table.
 //!
 //! Ground truth: the simulator runs kernels one at a time on the device timeline with a duration of
@@ -14,10 +15,12 @@
 //! starting on a 50 ms boundary from the common start to the end of the run (start-up burst included) is the
 //! sum of 20 bins; the table shows the largest. The monitor's total is checked against the program's own count.
 //!
-//! Usage: `cargo run --release -p bench-throttle -- [--seconds S] [--quick] [--jobs J] [--only accuracy|multi|burst|overhead]`
+//! Usage: `cargo run --release -p bench-throttle -- [--seconds S] [--quick] [--jobs J] [--only accuracy|multi|burst|priority|overhead]`
 //! (the recorded table uses the default 10 s windows; `--quick` = 2 s windows and fewer cells).
 //! Build first: `cargo build --release -p cuquota -p cuquota-sim -p bench-throttle`; the bench runs the release
 //! libraries (set `CUQUOTA_TEST_PROFILE=debug` to measure the debug ones).
+
+mod priority;
 
 use shim_tests::{include_dir, Sim};
 use std::ffi::{c_char, c_void};
@@ -483,6 +486,10 @@ fn main() {
             );
         }
         println!();
+    }
+
+    if want("priority") {
+        priority::bench(secs);
     }
 
     if want("overhead") {

@@ -93,9 +93,14 @@ pub struct SetArgs {
     /// Share of spare GPU time in burst mode, 1-1000 (0 = default)
     #[arg(long, value_parser = clap::value_parser!(u32).range(0..=1000))]
     weight: Option<u32>,
-    /// Priority on the device (HAMi's CUDA_TASK_PRIORITY 0 / 1); none clears it
+    /// Priority on the device (HAMi's CUDA_TASK_PRIORITY 0 / 1); none clears it. Enforced through the node's
+    /// priority file (`cuquota priority init`)
     #[arg(long)]
     priority: Option<PriorityArg>,
+    /// Device memory this tenant must leave free for high-priority tenants (0 = none); ignored on a
+    /// high-priority entry
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    reserve: Option<u64>,
     /// Forbid processes to opt out (the default of a new file)
     #[arg(long, conflicts_with = "allow_opt_out")]
     no_opt_out: bool,
@@ -214,6 +219,8 @@ pub struct LimitsEntry {
     weight: Option<u32>,
     /// `high`, `low`, or none.
     priority: Option<&'static str>,
+    /// Memory kept free for high-priority tenants.
+    reserved_memory_bytes: Option<u64>,
 }
 
 impl LimitsReport {
@@ -248,6 +255,7 @@ impl LimitsReport {
                         policy: p.kind.as_str(),
                         weight: p.weight,
                         priority: p.priority.map(Priority::as_str),
+                        reserved_memory_bytes: p.reserved_memory,
                     }
                 })
                 .collect(),
@@ -287,7 +295,7 @@ impl LimitsReport {
             println!("(no entries: no limits from this file)");
             return Ok(());
         }
-        let rows: Vec<[String; 6]> = self
+        let rows: Vec<[String; 7]> = self
             .entries
             .iter()
             .map(|e| {
@@ -298,10 +306,16 @@ impl LimitsReport {
                     e.policy.into(),
                     e.weight.map_or_else(|| "-".into(), |w| w.to_string()),
                     e.priority.unwrap_or("-").into(),
+                    output::size_or_dash(e.reserved_memory_bytes),
                 ]
             })
             .collect();
-        output::print_table(&["DEVICE", "MEMORY", "SM", "POLICY", "WEIGHT", "PRIORITY"], &rows);
+        output::print_table(
+            &[
+                "DEVICE", "MEMORY", "SM", "POLICY", "WEIGHT", "PRIORITY", "RESERVE",
+            ],
+            &rows,
+        );
         Ok(())
     }
 }
@@ -380,12 +394,14 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         && a.policy.is_none()
         && a.weight.is_none()
         && a.priority.is_none()
+        && a.reserve.is_none()
         && !a.no_opt_out
         && !a.allow_opt_out
         && a.usage.is_none()
     {
         return Err(CliError::new(
-            "nothing to set: give --memory, --sm, --policy, --weight, --priority, --no-opt-out/--allow-opt-out or --usage",
+            "nothing to set: give --memory, --sm, --policy, --weight, --priority, --reserve, \
+             --no-opt-out/--allow-opt-out or --usage",
         ));
     }
     let w = LimitsWriter::open(&a.file)?;
@@ -407,6 +423,9 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         }
         if let Some(pr) = a.priority {
             p.priority = pr.priority();
+        }
+        if let Some(r) = a.reserve {
+            p.reserved_memory = (r != 0).then_some(r);
         }
         e.raw = p.raw();
         if a.no_opt_out || a.allow_opt_out {

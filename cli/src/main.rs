@@ -8,6 +8,7 @@ mod locate;
 mod metrics;
 mod nvml;
 mod output;
+mod priority;
 mod run;
 mod status;
 
@@ -49,6 +50,11 @@ enum Command {
     Limits {
         #[command(subcommand)]
         command: limits::LimitsCommand,
+    },
+    /// Create and show the node's priority file (best-effort tenants yield to high-priority ones through it)
+    Priority {
+        #[command(subcommand)]
+        command: priority::PriorityCommand,
     },
     /// A container's usage per device: limits, memory used, processes, GPU share achieved
     Status(status::StatusArgs),
@@ -125,6 +131,7 @@ fn dispatch(cli: Cli) -> CmdResult {
         Command::Run(a) => run::run(a),
         Command::Demo(a) => demo::run(a),
         Command::Limits { command } => limits::run(command),
+        Command::Priority { command } => priority::run(command),
         Command::Status(a) => status::run(a),
         Command::Metrics(a) => metrics::run(a),
         Command::Agent(a) => agent::run(a),

@@ -47,9 +47,18 @@ fn limits_init_set_show_clear() {
     assert_eq!(l.kind, cuquota_core::PolicyKind::Hard);
 
     // unspecified fields keep their values
-    assert!(cuquota(&["limits", "set", fs, "--device=1", "--weight", "7"])
-        .status
-        .success());
+    assert!(cuquota(&[
+        "limits",
+        "set",
+        fs,
+        "--device=1",
+        "--weight",
+        "7",
+        "--reserve",
+        "2g"
+    ])
+    .status
+    .success());
     reader.refresh();
     let e = *reader.snapshot().get(DeviceSelector::Index(1)).unwrap();
     assert_eq!((e.memory_limit, e.weight), (3000 << 20, 7));
@@ -66,6 +75,7 @@ fn limits_init_set_show_clear() {
         "{v}"
     );
     assert_eq!(e["policy"], "hard", "{v}");
+    assert_eq!(e["reserved_memory_bytes"], 2u64 << 30, "{v}");
 
     assert!(cuquota(&["limits", "clear", fs, "--device", "1"])
         .status

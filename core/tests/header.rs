@@ -97,6 +97,40 @@ fn rust_layout() -> BTreeMap<String, u64> {
         [owner, start_time, host_pid, flags, mem_used, gpu_ns, _reserved,]
     );
     fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
+    fields!(
+        m,
+        PriorityHeader,
+        "cuquota_priority_header",
+        [
+            magic,
+            abi_version,
+            header_size,
+            total_size,
+            max_devices,
+            inflight_slots,
+            _reserved,
+        ]
+    );
+    fields!(
+        m,
+        PriorityDevice,
+        "cuquota_priority_device",
+        [
+            uuid,
+            owner,
+            hp_last_launch,
+            hp_busy_until,
+            hp_launches,
+            be_token,
+            be_launches,
+            be_waits,
+            be_waited_ns,
+            inflight,
+            reserve_refusals,
+            _reserved,
+        ]
+    );
+    fields!(m, PriorityFile, "cuquota_priority_file", [header, devices]);
     let consts: [(&str, u64); 28] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
@@ -133,7 +167,15 @@ fn rust_layout() -> BTreeMap<String, u64> {
             owner_generation(owner_word(1, 2, 0x100_0005)).into(),
         ),
     ];
-    for (k, v) in consts {
+    let priority_consts: [(&str, u64); 3] = [
+        ("CUQUOTA_PRIORITY_MAGIC", PRIORITY_MAGIC),
+        ("CUQUOTA_PRIORITY_INFLIGHT", PRIORITY_INFLIGHT as u64),
+        (
+            "CUQUOTA_INFLIGHT(123, 0xfedcba98)",
+            inflight_word(123, 0xfedc_ba98),
+        ),
+    ];
+    for (k, v) in consts.into_iter().chain(priority_consts) {
         m.insert(format!("const {k}"), v);
     }
     m
@@ -244,5 +286,5 @@ fn every_header_struct_field_is_checked() {
             }
         }
     }
-    assert_eq!(structs, 10, "structs found in the header");
+    assert_eq!(structs, 13, "structs found in the header");
 }

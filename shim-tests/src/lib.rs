@@ -135,6 +135,9 @@ pub enum Prog {
     AllocProbe,
     /// `sim_observer.c` linked with `-lcuda` (the simulator): reads the device timeline. Run it without preload.
     SimObserver,
+    /// `priority_tenant.c` with `-ldl`: a high-priority tenant issuing bursts, or a best-effort one issuing long
+    /// kernels (the priority tests and benchmark).
+    PriorityTenant,
 }
 
 impl Prog {
@@ -161,6 +164,7 @@ impl Prog {
             Prog::NvmlProbe => ("nvml_probe", "nvml_probe.c", &["-lnvidia-ml"]),
             Prog::AllocProbe => ("alloc_probe", "alloc_probe.c", &["-lcuda"]),
             Prog::SimObserver => ("sim_observer", "sim_observer.c", &["-lcuda"]),
+            Prog::PriorityTenant => ("priority_tenant", "priority_tenant.c", &["-ldl"]),
         }
     }
 }
@@ -454,6 +458,32 @@ impl Sim {
         self.dir.join("limits")
     }
 
+    /// Where this test's node priority file goes (see [`Sim::create_priority_file`]).
+    pub fn priority_file(&self) -> PathBuf {
+        self.dir.join("priority")
+    }
+
+    /// Creates the node's priority file, as `cuquota priority init` does; commands get it through
+    /// [`Cmd::priority`].
+    pub fn create_priority_file(&self) -> PathBuf {
+        let p = self.priority_file();
+        cuquota_core::region::PriorityRegion::create(&p).expect("create the priority file");
+        p
+    }
+
+    /// The agent writes the `all` entry of the limits file `file` (created if needed; e.g. one per container,
+    /// given to a command with `.env("CUQUOTA_LIMITS_FILE", …)`) through `edit`.
+    pub fn agent_limits(&self, file: &Path, edit: impl FnOnce(&mut cuquota_core::PolicyRaw)) {
+        use cuquota_core::region::{DeviceSelector, LimitsWriter};
+        let w = LimitsWriter::create(file).expect("create the limits file");
+        w.update(|t| {
+            edit(&mut t.entry_mut(DeviceSelector::All)?.raw);
+            Ok::<_, cuquota_core::region::TableFull>(())
+        })
+        .expect("limits file busy")
+        .expect("limits table full");
+    }
+
     /// A command running `prog` on this GPU under libcuquota.so.
     pub fn cmd(&self, prog: Prog) -> Cmd<'_> {
         self.cmd_path(program(prog))
@@ -616,6 +646,12 @@ impl Cmd<'_> {
     /// `CUDA_DEVICE_MEMORY_LIMIT=v`.
     pub fn mem_limit(self, v: &str) -> Self {
         self.env("CUDA_DEVICE_MEMORY_LIMIT", v)
+    }
+    /// HAMi's `CUDA_TASK_PRIORITY=p` (`0` high, `1` low), with this sim's priority file.
+    pub fn priority(self, p: &str) -> Self {
+        let f = self.sim.priority_file();
+        self.env("CUDA_TASK_PRIORITY", p)
+            .env("CUQUOTA_PRIORITY_FILE", f.to_str().expect("utf-8 temp path"))
     }
     /// Removes a variable the harness would set (e.g. `CUQUOTA_USAGE_FILE`).
     pub fn env_remove(mut self, k: &str) -> Self {

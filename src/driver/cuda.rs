@@ -118,6 +118,7 @@ macro_rules! cuda_functions {
             cuEventDestroy_v2 @4000 (hEvent: CUevent);
             cuEventRecord @2000 (hEvent: CUevent, hStream: CUstream);
             cuEventQuery @2000 (hEvent: CUevent);
+            cuEventSynchronize @2000 (hEvent: CUevent);
             cuEventElapsedTime @2000 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
             cuEventElapsedTime_v2 @12080 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
             cuMemGetAllocationGranularity @10020 (granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags);

@@ -211,6 +211,9 @@ c_consts! { checked_consts;
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
     CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
     CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
+    /// Event flags: `cuEventSynchronize` sleeps instead of spinning; no timestamps (cheaper).
+    CU_EVENT_BLOCKING_SYNC: c_uint = 0x1;
+    CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
     /// `CU_STREAM_LEGACY`: the legacy default stream's handle.
     CU_STREAM_LEGACY: usize = 0x1;
     /// `CU_STREAM_PER_THREAD`: the per-thread default stream's handle.

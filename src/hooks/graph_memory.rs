@@ -11,6 +11,7 @@
 
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
+use crate::memory::Admitted;
 use crate::state::Shim;
 
 /// Per device, what the alloc nodes of `graph` add up to (granularity-rounded); empty without alloc nodes or
@@ -80,24 +81,30 @@ pub(crate) fn with_graph_memory(s: &Shim, exec: CUgraphExec, call: impl FnOnce()
     let Some(fp) = s.mem.graph.footprint(exec as usize) else {
         return call();
     };
-    let mut admitted: Vec<(Dev, u64)> = Vec::with_capacity(fp.len());
+    let mut admitted: Vec<(Dev, u64, Admitted<'_>)> = Vec::with_capacity(fp.len());
     for &(dev, bytes) in &fp {
         let mut est = bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
-        if s.mem.admit(dev, est).is_err() {
-            // Memory may have been released behind our back (a context's teardown): re-read, retry once.
-            s.mem.refresh_graph(&s.cuda, dev);
-            est = bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
-            if s.mem.admit(dev, est).is_err() {
-                for &(d, e) in &admitted {
-                    s.mem.release(d, e);
+        let a = match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
+            Ok(a) => a,
+            Err(_) => {
+                // Memory may have been released behind our back (a context's teardown): re-read, retry once.
+                s.mem.refresh_graph(&s.cuda, dev);
+                est = bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
+                match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
+                    Ok(a) => a,
+                    Err(_) => {
+                        for (d, e, _) in &admitted {
+                            s.mem.release(*d, *e);
+                        }
+                        return CUresult::ERROR_OUT_OF_MEMORY;
+                    }
                 }
-                return CUresult::ERROR_OUT_OF_MEMORY;
             }
-        }
-        admitted.push((dev, est));
+        };
+        admitted.push((dev, est, a));
     }
     let r = call();
-    for &(dev, est) in &admitted {
+    for &(dev, est, _) in &admitted {
         // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
         s.mem.refresh_graph(&s.cuda, dev);
         s.mem.release(dev, est);

@@ -34,9 +34,9 @@ fn charged_call(
     call: impl FnOnce() -> CUresult,
     exact: impl FnOnce() -> Option<(Space, u64, Option<u64>)>,
 ) -> CUresult {
-    if s.mem.admit(dev, estimate).is_err() {
+    let Ok(_admitted) = s.mem.admit(dev, estimate, &s.cuda, &s.nvml) else {
         return CUresult::ERROR_OUT_OF_MEMORY;
-    }
+    };
     let r = call();
     if !r.ok() {
         s.mem.release(dev, estimate);
@@ -199,14 +199,18 @@ fn pool_alloc(
             .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize))
     };
     let mut est = estimate();
-    if s.mem.admit(dev, est).is_err() {
-        // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
-        s.mem.refresh_pools_of(&s.cuda, dev.id);
-        est = estimate();
-        if s.mem.admit(dev, est).is_err() {
-            return CUresult::ERROR_OUT_OF_MEMORY;
+    let _admitted = match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
+        Ok(a) => a,
+        Err(_) => {
+            // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
+            s.mem.refresh_pools_of(&s.cuda, dev.id);
+            est = estimate();
+            match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
+                Ok(a) => a,
+                Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+            }
         }
-    }
+    };
     let r = call();
     if r.ok() {
         let stale = s.mem.ledger.insert(

@@ -157,7 +157,7 @@ fn env(cap: Option<u64>) -> Env {
         ..Default::default()
     };
     let region = UsageRegion::open(&usage.path).unwrap();
-    let devices = Devices::new(cfg, region, Vec::new());
+    let devices = Devices::new(cfg, region, Vec::new(), None);
     Env {
         shim: Shim::new(table(), None, devices, crate::abi::cuda::export_address),
         _usage: usage,
@@ -329,7 +329,7 @@ fn limits_file_change_is_picked_up() {
         },
         ..Default::default()
     };
-    let devices = Devices::new(cfg, UsageRegion::open(&usage.path).unwrap(), readers);
+    let devices = Devices::new(cfg, UsageRegion::open(&usage.path).unwrap(), readers, None);
     let s = Shim::new(table(), None, devices, crate::abi::cuda::export_address);
     assert_eq!(alloc(&s, 40 * MIB).0, CUresult::SUCCESS);
     assert_eq!(alloc(&s, 40 * MIB).0, CUresult::ERROR_OUT_OF_MEMORY);
@@ -414,6 +414,7 @@ fn nvml_process_list_shows_only_the_container_with_size_protocol() {
         Config::default(),
         UsageRegion::open(&usage.path).unwrap(),
         Vec::new(),
+        None,
     );
     let mut n = NvmlTable::empty(true);
     n.nvmlDeviceGetComputeRunningProcesses_v3 = Some(n_procs);
@@ -581,7 +582,7 @@ fn a_reused_address_releases_the_stale_record_charge() {
     let dev = s.devices.current(&s.cuda).unwrap();
     // An allocation freed behind the shim's back: record and charge remain, the address is free again.
     let next = fake(|f| f.next);
-    s.mem.admit(dev, 32 * MIB).unwrap();
+    let _ = s.mem.admit(dev, 32 * MIB, &s.cuda, &s.nvml).unwrap();
     let stale = crate::memory::ledger::Record {
         entry: dev.id,
         bytes: 32 * MIB,

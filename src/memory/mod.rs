@@ -1,6 +1,7 @@
 //! Memory accounting: the per-process ledger, admission against the container's budget in the shared usage
-//! region, what pools hold (`pools`), and what contexts and modules cost (`overhead`, with the host pid NVML
-//! knows us by, `host_pid`). Devices and their limits come from `crate::devices`.
+//! region and against memory reserved for high-priority tenants (`reserve`), what pools hold (`pools`), and
+//! what contexts and modules cost (`overhead`, with the host pid NVML knows us by, `host_pid`). Devices and
+//! their limits come from `crate::devices`.
 //!
 //! Hot path of an allocation: one `cuCtxGetDevice` (none with a single visible device), one atomic load per
 //! limits file (did it change?), the region's lock-free reserve-then-sum, one ledger shard lock. No syscall, no
@@ -11,14 +12,17 @@ pub mod host_pid;
 pub mod ledger;
 pub mod overhead;
 pub mod pools;
+pub mod reserve;
 
 use crate::devices::{Dev, Devices};
+use crate::driver::cuda::CudaTable;
+use crate::driver::nvml::Nvml;
 use crate::locks::Lock;
 use crate::locks::{hold_all, release_all, Side};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
-use cuquota_core::{DeviceId, UsageRegion};
+use cuquota_core::{DeviceId, Priority, UsageRegion};
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
@@ -27,9 +31,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// An admission refused: the container would exceed its cap.
+/// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverCap;
+
+/// An admitted allocation. Hold it until the driver call returned: while a reservation applies it keeps the
+/// allocation announced to other tenants (see `reserve`).
+#[must_use = "hold it until the driver call returned"]
+pub struct Admitted<'a>(#[allow(dead_code)] Option<reserve::Announced<'a>>);
 
 /// Everything memory accounting keeps for the process.
 pub struct Memory {
@@ -101,12 +110,55 @@ impl Memory {
     // ---- admission -----------------------------------------------------------------------------------------
 
     /// Reserves `bytes` for an allocation on `dev` against the effective limit (dead processes are reclaimed
-    /// once before giving up). `Err` = over the cap: nothing charged.
-    pub fn admit(&self, dev: Dev, bytes: u64) -> Result<(), OverCap> {
+    /// once before giving up) and, when the device's limits keep memory for high-priority tenants and this
+    /// process is not one, against the device's free memory (`cuda`, `nvml`). `Err` = refused: nothing
+    /// charged.
+    pub fn admit(
+        &self,
+        dev: Dev,
+        bytes: u64,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+    ) -> Result<Admitted<'_>, OverCap> {
         if bytes == 0 {
-            return Ok(());
+            return Ok(Admitted(None));
         }
-        let limit = self.limit(dev);
+        let policy = self.devices.policy(dev);
+        self.charge_cap(dev, bytes, policy.memory)?;
+        let reserved = policy
+            .reserved_memory
+            .filter(|_| policy.priority != Some(Priority::High));
+        let Some(reserved) = reserved else {
+            return Ok(Admitted(None));
+        };
+        let Some(e) = self.devices.priority_entry(dev) else {
+            log!(
+                Level::Error,
+                "device {}: {reserved} bytes are reserved for high-priority tenants but there is no priority \
+                 file to coordinate through: allocation refused",
+                dev.ordinal
+            );
+            self.release(dev, bytes);
+            return Err(OverCap);
+        };
+        let uuid = self.devices.uuid_of(dev.ordinal);
+        match reserve::check(e, bytes, reserved, || reserve::device_free(cuda, nvml, dev, uuid)) {
+            Ok(a) => Ok(Admitted(Some(a))),
+            Err(why) => {
+                log!(
+                    Level::Debug,
+                    "refused {bytes} bytes on device {}: {why:?} ({reserved} bytes kept for high priority)",
+                    dev.ordinal
+                );
+                self.release(dev, bytes);
+                self.usage().count_refusal(dev.id);
+                Err(OverCap)
+            }
+        }
+    }
+
+    /// The container-cap part of [`Memory::admit`].
+    fn charge_cap(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> Result<(), OverCap> {
         let slot = match self.usage().process_slot() {
             Ok(s) => s,
             Err(e) => {

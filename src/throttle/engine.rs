@@ -82,7 +82,7 @@ pub struct Ticket {
     pub key: u64,
     /// GPU ns charged.
     pub charged: u64,
-    /// Rate (per-mille) the charge was made at.
+    /// Rate (per-mille) the charge was made at; 0 = charged to no bucket ([`Engine::observe`]).
     pub rate: u64,
     /// This launch should be measured (the caller owns the probe claim until `probe_issued`/`probe_abandon`).
     pub probe: bool,
@@ -240,6 +240,35 @@ impl Engine {
         }
     }
 
+    /// A launch that is not throttled but must be estimated — a high-priority tenant's, whose queue estimate
+    /// best-effort tenants wait for: polls and claims probes as [`Engine::admit`] does and counts the launch's
+    /// GPU time, but charges no bucket (the ticket's rate is 0) and never waits.
+    pub fn observe<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, key: u64, now: u64, gpu: &G) -> Ticket {
+        let d = &self.devs[dev];
+        if d.probe_claimed.load(Ordering::Relaxed) && now >= d.next_poll_at.load(Ordering::Relaxed) {
+            self.poll(dev, sh, now, gpu);
+        }
+        let known = self.est.get(key);
+        let cost = known.unwrap_or_else(|| self.est.fallback());
+        sh.busy_ns.fetch_add(cost, Ordering::Relaxed);
+        if let Some(g) = sh.gpu_ns {
+            g.fetch_add(cost, Ordering::Relaxed);
+        }
+        sh.words[slot::LAST_LAUNCH].store(now, Ordering::Relaxed);
+        let probe = !d.probe_claimed.load(Ordering::Relaxed)
+            && (known.is_none() || now >= d.next_probe_at.load(Ordering::Relaxed))
+            && d.probe_claimed
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok();
+        Ticket {
+            dev,
+            key,
+            charged: cost,
+            rate: 0,
+            probe,
+        }
+    }
+
     /// The outstanding-probe locks, per device (for the fork handlers).
     pub(crate) fn locks(&self) -> impl Iterator<Item = &Lock<Option<Outstanding>>> {
         self.devs.iter().map(|d| &d.outstanding)
@@ -247,7 +276,9 @@ impl Engine {
 
     /// The launch failed: give back what was charged (and the probe claim).
     pub fn refund(&self, sh: &Shared<'_>, t: &Ticket) {
-        Bucket::new(sh.words).adjust(-(t.charged as i64), t.rate);
+        if t.rate != 0 {
+            Bucket::new(sh.words).adjust(-(t.charged as i64), t.rate);
+        }
         sh.busy_ns.fetch_sub(
             t.charged.min(sh.busy_ns.load(Ordering::Relaxed)),
             Ordering::Relaxed,
@@ -326,7 +357,10 @@ impl Engine {
         let charged = charged.min(bucket::MAX_COST_NS);
         self.est.record(key, measured);
         let delta = measured as i64 - charged as i64;
-        Bucket::new(sh.words).adjust(delta, rate);
+        if rate != 0 {
+            // Rate 0: an observed launch (`observe`), charged to no bucket.
+            Bucket::new(sh.words).adjust(delta, rate);
+        }
         add_signed(sh.busy_ns, delta);
         if let Some(g) = sh.gpu_ns {
             add_signed(g, delta);

@@ -15,17 +15,22 @@
 //!   measurement with CUDA events (probes) and reconciliation (measured − charged back to the bucket);
 //! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation of other containers;
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
-//! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests.
+//! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests;
+//! - [`priority`]: high-priority tenants publish their launches in the node's priority file, best-effort
+//!   tenants yield to them (docs/priority.md).
 //!
-//! Cost when no SM limit applies (0, 100, unset, DISABLE): one atomic load per agent limits file (did its `seq`
-//! move?) and one flag, then the real call. With a limit: `cuCtxGetDevice` (none with one visible device), the
-//! device's policy words, a clock read, an estimate lookup, one CAS on the bucket and three counter adds.
+//! Cost when no SM limit and no priority applies (0, 100, unset, DISABLE): one atomic load per agent limits
+//! file (did its `seq` move?) and one flag, then the real call. With a limit: `cuCtxGetDevice` (none with one
+//! visible device), the device's policy words, a clock read, an estimate lookup, one CAS on the bucket and
+//! three counter adds. A high-priority launch adds an estimate and a few atomics on the priority file; a
+//! best-effort one may wait (see `priority`).
 
 pub mod bucket;
 pub mod burst;
 pub mod clock;
 pub mod engine;
 pub mod estimate;
+pub mod priority;
 pub mod probe;
 pub mod util;
 
@@ -37,9 +42,11 @@ use crate::locks::{hold_all, release_all};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use clock::Monotonic;
-use cuquota_core::{DeviceId, Policy};
+use cuquota_core::region::PriorityEntry;
+use cuquota_core::{DeviceId, Policy, Priority};
 use engine::{Engine, Gpu, Poll, Shared, Ticket};
 use estimate::launch_key;
+use priority::{Completions, Gate, Priorities};
 use probe::{EventApi, EventProbes};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -51,6 +58,8 @@ pub struct SmThrottle {
     engine: Engine,
     probes: Option<EventProbes>,
     util: Util,
+    prio: Priorities,
+    done: Completions,
 }
 
 /// The driver as the engine sees it during one launch: event probes and other containers' utilisation.
@@ -81,20 +90,21 @@ impl SmThrottle {
     /// The throttle of the devices in `devices`, measuring with `cuda`'s events when it has them.
     pub fn new(devices: Arc<Devices>, cuda: &CudaTable) -> SmThrottle {
         let c = cuda;
-        let probes = (|| {
+        let api = (|| {
             Some(EventApi {
                 cuEventCreate: c.cuEventCreate?,
                 cuEventDestroy: c.cuEventDestroy_v2?,
                 cuEventRecord: c.cuEventRecord?,
                 cuEventQuery: c.cuEventQuery?,
+                cuEventSynchronize: c.cuEventSynchronize?,
                 cuEventElapsedTime: c.cuEventElapsedTime_v2.or(c.cuEventElapsedTime)?,
                 cuStreamGetCtx: c.cuStreamGetCtx?,
                 cuCtxGetCurrent: c.cuCtxGetCurrent?,
                 cuCtxPushCurrent: c.cuCtxPushCurrent_v2?,
                 cuCtxPopCurrent: c.cuCtxPopCurrent_v2?,
             })
-        })()
-        .map(EventProbes::new);
+        })();
+        let probes = api.map(EventProbes::new);
         if probes.is_none() && c.loaded && devices.sm_limited() {
             log!(
                 Level::Warn,
@@ -106,13 +116,15 @@ impl SmThrottle {
             engine: Engine::new(),
             probes,
             util: Util::default(),
+            prio: Priorities::default(),
+            done: Completions::new(api),
         }
     }
 
-    /// Could any launch be throttled right now? (The no-limit fast path.)
+    /// Could any launch be throttled or held for priority right now? (The no-limit fast path.)
     #[inline]
     pub fn active(&self) -> bool {
-        self.devices.sm_limited()
+        self.devices.launch_limited()
     }
 
     fn driver<'a>(&'a self, nvml: &'a Nvml) -> Driver<'a> {
@@ -138,15 +150,61 @@ impl SmThrottle {
             return launch();
         };
         let lim = self.devices.policy(dev);
-        if !lim.throttles() {
+        let prio = lim
+            .priority
+            .and_then(|p| Some((p, self.devices.priority_entry(dev)?)));
+        if !lim.throttles() && prio.is_none() {
             return launch();
         }
         let gpu = self.driver(nvml);
         let sh = self.shared(dev.id);
-        let Some(t) = self.admit(&gpu, dev, lim, key, &sh) else {
-            return launch();
+        let idx = dev.id.index();
+        let ticket = if lim.throttles() {
+            self.admit(&gpu, dev, lim, key, &sh)
+        } else {
+            None
         };
-        self.run(&gpu, &sh, t, stream, launch)
+        match prio {
+            Some((Priority::High, e)) => {
+                // Estimated and measured even without an SM limit: best-effort tenants wait for its queue.
+                let now = monotonic_ns();
+                let t = ticket.unwrap_or_else(|| self.engine.observe(idx, &sh, key, now, &gpu));
+                self.prio.hp_launch(e, idx, now, t.charged);
+                self.run(&gpu, &sh, t, stream, launch)
+            }
+            Some((Priority::Low, e)) => {
+                // Last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
+                let gate = self.prio.be_admit(e, idx, &Monotonic, &self.done);
+                let r = match ticket {
+                    Some(t) => self.run(&gpu, &sh, t, stream, launch),
+                    None => launch(),
+                };
+                self.be_after(e, idx, gate, stream, r.ok());
+                r
+            }
+            None => match ticket {
+                Some(t) => self.run(&gpu, &sh, t, stream, launch),
+                None => launch(),
+            },
+        }
+    }
+
+    /// After a best-effort launch under the token: track its completion (the token comes back with it), or
+    /// give the token back at once when the launch failed or cannot be tracked.
+    fn be_after(&self, e: PriorityEntry<'_>, idx: usize, gate: Gate, stream: usize, ok: bool) {
+        if let Gate::Token { value, waited_ns } = gate {
+            if ok {
+                e.count_be_launch(waited_ns);
+                if !self.done.track(idx, stream, value, monotonic_ns()) {
+                    log!(
+                        Level::Debug,
+                        "best-effort launch not tracked: the priority token is held until it expires"
+                    );
+                }
+            } else {
+                e.release_token(value);
+            }
+        }
     }
 
     /// Takes the launch's tokens on `dev` (maybe sleeping; the limit is re-read after every sleep).
@@ -279,11 +337,12 @@ impl SmThrottle {
         r
     }
 
-    /// Takes the engine's outstanding-probe locks, then the probe slots' (see `state`'s fork handlers for the
-    /// order).
+    /// Takes the engine's outstanding-probe locks, then the probe slots', then the best-effort tracking slots'
+    /// (see `state`'s fork handlers for the order).
     pub fn fork_prepare(&self) {
         hold_all(self.engine.locks());
         hold_all(self.probes.iter().flat_map(|p| p.locks()));
+        hold_all(self.done.locks());
     }
 
     /// Undoes [`SmThrottle::fork_prepare`].
@@ -293,6 +352,7 @@ impl SmThrottle {
     pub unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
         unsafe {
+            release_all(self.done.locks(), side);
             release_all(self.probes.iter().flat_map(|p| p.locks()), side);
             release_all(self.engine.locks(), side);
         }

@@ -27,6 +27,7 @@ pub struct EventApi {
     pub cuEventDestroy: unsafe extern "C" fn(CUevent) -> CuResult,
     pub cuEventRecord: unsafe extern "C" fn(CUevent, CUstream) -> CuResult,
     pub cuEventQuery: unsafe extern "C" fn(CUevent) -> CuResult,
+    pub cuEventSynchronize: unsafe extern "C" fn(CUevent) -> CuResult,
     pub cuEventElapsedTime: unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CuResult,
     pub cuStreamGetCtx: unsafe extern "C" fn(CUstream, *mut CUcontext) -> CuResult,
     pub cuCtxGetCurrent: unsafe extern "C" fn(*mut CUcontext) -> CuResult,
@@ -68,15 +69,7 @@ impl EventProbes {
     }
 
     fn stream_ctx(&self, stream: usize) -> Option<usize> {
-        let mut ctx: *mut c_void = std::ptr::null_mut();
-        let r = if stream == 0 || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD {
-            // SAFETY: valid out-pointer.
-            unsafe { (self.api.cuCtxGetCurrent)(&mut ctx) }
-        } else {
-            // SAFETY: the stream handle is the one the program passed to the launch; valid out-pointer.
-            unsafe { (self.api.cuStreamGetCtx)(stream as *mut c_void, &mut ctx) }
-        };
-        (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
+        stream_ctx(&self.api, stream)
     }
 
     /// Destroy a pair this process just created in a live context.
@@ -214,6 +207,19 @@ impl EventProbes {
     }
 }
 
+/// The context a stream belongs to (the current one for the default streams).
+pub(crate) fn stream_ctx(api: &EventApi, stream: usize) -> Option<usize> {
+    let mut ctx: *mut c_void = std::ptr::null_mut();
+    let r = if stream == 0 || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD {
+        // SAFETY: valid out-pointer.
+        unsafe { (api.cuCtxGetCurrent)(&mut ctx) }
+    } else {
+        // SAFETY: the stream handle is the one the program passed to the launch; valid out-pointer.
+        unsafe { (api.cuStreamGetCtx)(stream as *mut c_void, &mut ctx) }
+    };
+    (r == CUDA_SUCCESS && !ctx.is_null()).then_some(ctx as usize)
+}
+
 #[cfg(test)]
 mod tests {
     //! A fake driver in which context handle 0x1000 is destroyed and re-created (same handle, new
@@ -283,6 +289,7 @@ mod tests {
             cuEventDestroy: destroy,
             cuEventRecord: record,
             cuEventQuery: query,
+            cuEventSynchronize: query,
             cuEventElapsedTime: elapsed,
             cuStreamGetCtx: stream_ctx,
             cuCtxGetCurrent: ctx_current,

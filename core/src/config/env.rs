@@ -21,6 +21,7 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "CUQUOTA_CONFIG",
     "CUQUOTA_LIMITS_FILE",
     "CUQUOTA_LIMITS_REQUIRED",
+    "CUQUOTA_PRIORITY_FILE",
     "CUQUOTA_USAGE_FILE",
     "CUQUOTA_LIBCUDA",
     "CUQUOTA_LIBNVML",
@@ -399,6 +400,7 @@ fn build(src: &Source<'_>, path_exists: &dyn Fn(&Path) -> bool) -> Result<Config
     )?;
     env.limits_path = single(src, "CUQUOTA_LIMITS_FILE", parse_path)?;
     env.limits_required = single(src, "CUQUOTA_LIMITS_REQUIRED", parse_bool)?;
+    env.priority_path = single(src, "CUQUOTA_PRIORITY_FILE", parse_path)?;
     // Log level: ours wins over HAMi's when both are set (a disagreement here is harmless).
     env.log_level = match single(src, "CUQUOTA_LOG", parse_log_name)? {
         Some(l) => Some(l),

@@ -8,6 +8,7 @@
 //! priority = "high"          # high | low (or 0 | 1)
 //! usage_file = "/tmp/cuquota.usage"
 //! limits_file = "/run/cuquota/limits"
+//! priority_file = "/run/cuquota/priority"
 //! log = "warn"
 //! libcuda = "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
 //! libnvml = "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1"
@@ -74,6 +75,7 @@ struct FileConfig {
     priority: Option<Int>,
     usage_file: Option<String>,
     limits_file: Option<String>,
+    priority_file: Option<String>,
     log: Option<String>,
     libcuda: Option<String>,
     libnvml: Option<String>,
@@ -162,6 +164,7 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         )?,
         usage_path: keyed(path, "usage_file", raw.usage_file, parse_path)?,
         limits_path: keyed(path, "limits_file", raw.limits_file, parse_path)?,
+        priority_path: keyed(path, "priority_file", raw.priority_file, parse_path)?,
         log_level: keyed(path, "log", raw.log, parse_log_name)?,
         libcuda: keyed(path, "libcuda", raw.libcuda, parse_path)?,
         libnvml: keyed(path, "libnvml", raw.libnvml, parse_path)?,

@@ -3,7 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use super::{Config, LogLevel, DEFAULT_LIMITS_PATH, DEFAULT_USAGE_PATH, LIMITS_REQUIRED_MARKER};
+use super::{
+    Config, LogLevel, DEFAULT_LIMITS_PATH, DEFAULT_PRIORITY_PATH, DEFAULT_USAGE_PATH, LIMITS_REQUIRED_MARKER,
+};
 use crate::policy::{Policy, PolicyKind, Priority};
 use crate::visible_devices::VisibleDevices;
 
@@ -22,6 +24,7 @@ pub(crate) struct Layer {
     pub limits_path: Option<PathBuf>,
     /// `CUQUOTA_LIMITS_REQUIRED` (env only: the TOML file is the tenant's to write).
     pub limits_required: Option<bool>,
+    pub priority_path: Option<PathBuf>,
     pub log_level: Option<LogLevel>,
     pub libcuda: Option<PathBuf>,
     pub libnvml: Option<PathBuf>,
@@ -78,6 +81,14 @@ pub(crate) fn resolve(
             limits_paths.push(p);
         }
     }
+    // Like the limits file, the agent's default cannot be redirected: a best-effort process pointing the
+    // variable at a file of its own would stop seeing the high-priority tenants it must yield to.
+    let default_priority_path = Path::new(DEFAULT_PRIORITY_PATH);
+    let priority_path = if path_exists(default_priority_path) {
+        Some(default_priority_path.to_path_buf())
+    } else {
+        env.priority_path.or(file.priority_path)
+    };
     Config {
         devices,
         default_limits,
@@ -88,6 +99,7 @@ pub(crate) fn resolve(
         limits_paths,
         limits_required: env.limits_required.unwrap_or(false)
             || path_exists(Path::new(LIMITS_REQUIRED_MARKER)),
+        priority_path,
         log_level: env.log_level.or(file.log_level).unwrap_or(LogLevel::Warn),
         disabled: env.disabled.or(file.disabled).unwrap_or(false),
         libcuda_path: env.libcuda.or(file.libcuda),

@@ -31,6 +31,8 @@ pub const DEFAULT_LIMITS_PATH: &str = "/etc/cuquota/limits";
 /// Its existence declares an agent limits file required (a deployment mounts it read-only next to the limits
 /// file, so a tenant cannot remove it): with no limits file to read, the shim refuses every CUDA call.
 pub const LIMITS_REQUIRED_MARKER: &str = "/etc/cuquota/required";
+/// Default path of the node's priority region (used when it exists; see [`Config::priority_path`]).
+pub const DEFAULT_PRIORITY_PATH: &str = "/etc/cuquota/priority";
 /// Highest CUDA ordinal accepted in a `_<i>` variable or `[[device]] index` (exclusive).
 pub const MAX_ORDINAL: u32 = 1024;
 /// Weight range for burst mode.
@@ -85,6 +87,10 @@ pub struct Config {
     /// An agent limits file is required (`CUQUOTA_LIMITS_REQUIRED=1`, or [`LIMITS_REQUIRED_MARKER`] exists): with
     /// [`Config::limits_paths`] empty the shim fails closed, opt-out or not.
     pub limits_required: bool,
+    /// The node's priority region, shared by the containers with a priority on a GPU: [`DEFAULT_PRIORITY_PATH`]
+    /// when it exists (a process cannot redirect it), else `CUQUOTA_PRIORITY_FILE` (or the TOML
+    /// `priority_file`). `None` = no priority coordination (a priority set then is not enforced; the shim warns).
+    pub priority_path: Option<PathBuf>,
     /// Log verbosity.
     pub log_level: LogLevel,
     /// Opt-out requested (`CUDA_DISABLE_CONTROL=true` / `CUQUOTA_DISABLE=1`): pure pass-through, unless the
@@ -108,6 +114,7 @@ impl Default for Config {
             usage_path: PathBuf::from(DEFAULT_USAGE_PATH),
             limits_paths: Vec::new(),
             limits_required: false,
+            priority_path: None,
             log_level: LogLevel::Warn,
             disabled: false,
             libcuda_path: None,
@@ -188,6 +195,11 @@ impl Config {
     /// Whether an SM limit is configured for any ordinal.
     pub fn has_sm_limits(&self) -> bool {
         self.policies().any(Policy::throttles)
+    }
+
+    /// Whether a priority is configured (`CUDA_TASK_PRIORITY`, `CUQUOTA_PRIORITY`, the TOML `priority`).
+    pub fn has_priorities(&self) -> bool {
+        self.policies().any(|p| p.priority.is_some())
     }
 }
 

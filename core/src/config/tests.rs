@@ -218,6 +218,22 @@ fn paths_and_default_limits_file() {
 }
 
 #[test]
+fn priority_file_from_the_variable_unless_the_agent_default_exists() {
+    let c = cfg(&[]).unwrap();
+    assert_eq!(c.priority_path, None);
+    let c = cfg(&[("CUQUOTA_PRIORITY_FILE", "/run/p")]).unwrap();
+    assert_eq!(c.priority_path.as_deref(), Some(Path::new("/run/p")));
+    // The agent's default cannot be redirected by a process.
+    let exists = |p: &Path| p == Path::new(DEFAULT_PRIORITY_PATH);
+    let c = Config::from_vars([("CUQUOTA_PRIORITY_FILE", "/run/p")], &exists).unwrap();
+    assert_eq!(c.priority_path.as_deref(), Some(Path::new(DEFAULT_PRIORITY_PATH)));
+    assert!(cfg(&[("CUQUOTA_PRIORITY_FILE", "")]).is_err());
+    let f = write_toml("priority_file = \"/run/q\"\n");
+    let c = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).unwrap();
+    assert_eq!(c.priority_path.as_deref(), Some(Path::new("/run/q")));
+}
+
+#[test]
 fn lookup_probes_known_names() {
     let c = Config::from_lookup(|n| match n {
         "CUDA_DEVICE_MEMORY_LIMIT_3" => Some("1g".into()),

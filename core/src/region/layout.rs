@@ -312,6 +312,91 @@ pub struct UsageFile {
     pub slots: [UsageSlot; MAX_PROCS],
 }
 
+/// `magic` of the priority file: the bytes `CUQPRIOR` read as a little-endian u64.
+pub const PRIORITY_MAGIC: u64 = u64::from_le_bytes(*b"CUQPRIOR");
+/// Reserved-memory admissions in flight per priority device entry ([`PriorityDevice::inflight`]).
+pub const PRIORITY_INFLIGHT: usize = 8;
+
+/// Header of the priority file (64 bytes).
+#[repr(C)]
+pub struct PriorityHeader {
+    /// [`PRIORITY_MAGIC`]; written last (release) by the initialiser.
+    pub magic: AtomicU64,
+    /// [`ABI_VERSION`].
+    pub abi_version: AtomicU32,
+    /// `size_of::<PriorityHeader>()`.
+    pub header_size: AtomicU32,
+    /// `size_of::<PriorityFile>()`.
+    pub total_size: AtomicU64,
+    /// [`MAX_DEVICES`].
+    pub max_devices: AtomicU32,
+    /// [`PRIORITY_INFLIGHT`].
+    pub inflight_slots: AtomicU32,
+    /// Zero.
+    pub _reserved: [AtomicU64; 4],
+}
+
+/// One physical GPU in the priority file (192 bytes), shared by every container on the node that has a
+/// priority there. Claimed once by UUID (like a usage device entry), never freed. Times are CLOCK_MONOTONIC
+/// nanoseconds (every process on the node shares that clock).
+#[repr(C)]
+pub struct PriorityDevice {
+    /// Device UUID (same encoding as [`LimitsEntry::uuid`]); valid once `owner` says live.
+    pub uuid: [AtomicU64; 2],
+    /// Owner word ([`owner_word`]): free → claiming (claimer pid) → live (ready).
+    pub owner: AtomicU64,
+    /// When a high-priority tenant last launched work here (the latest of all of them), 0 = never.
+    pub hp_last_launch: AtomicU64,
+    /// When the work high-priority tenants have queued here is estimated to be done (the latest of them).
+    pub hp_busy_until: AtomicU64,
+    /// Launches of high-priority tenants, cumulative (informational).
+    pub hp_launches: AtomicU64,
+    /// The best-effort queue token: 0 = free, else the time at which the best-effort kernel holding it is
+    /// presumed finished even if its holder never says so (a holder that died).
+    pub be_token: AtomicU64,
+    /// Best-effort launches made while a high-priority tenant was present, cumulative (informational).
+    pub be_launches: AtomicU64,
+    /// Best-effort launches that had to wait for a high-priority tenant or the token, cumulative.
+    pub be_waits: AtomicU64,
+    /// Time best-effort launches waited, ns, cumulative.
+    pub be_waited_ns: AtomicU64,
+    /// Reserved-memory admissions in flight: 0 = free, else MiB in bits 0–31 and the CLOCK_MONOTONIC second
+    /// at which the slot expires (its process died between check and allocation) in bits 32–63.
+    pub inflight: [AtomicU64; PRIORITY_INFLIGHT],
+    /// Allocations refused to keep the reservation, cumulative (informational).
+    pub reserve_refusals: AtomicU64,
+    /// Zero.
+    pub _reserved: [AtomicU64; 5],
+}
+
+/// The whole priority file.
+#[repr(C)]
+pub struct PriorityFile {
+    /// Header.
+    pub header: PriorityHeader,
+    /// Device entries.
+    pub devices: [PriorityDevice; MAX_DEVICES],
+}
+
+/// Packs an in-flight reservation word: `mib` MiB, expiring at CLOCK_MONOTONIC second `expires_s`.
+pub const fn inflight_word(mib: u32, expires_s: u32) -> u64 {
+    (mib as u64) | ((expires_s as u64) << 32)
+}
+/// MiB of an in-flight word.
+pub const fn inflight_mib(word: u64) -> u32 {
+    word as u32
+}
+/// Expiry second of an in-flight word.
+pub const fn inflight_expiry(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<PriorityHeader>() == 64);
+    assert!(std::mem::size_of::<PriorityDevice>() == 192);
+    assert!(std::mem::size_of::<PriorityFile>() == 64 + 192 * MAX_DEVICES);
+};
+
 const _: () = {
     assert!(std::mem::size_of::<PolicyWords>() == 32);
     assert!(std::mem::size_of::<LimitsHeader>() == 64);

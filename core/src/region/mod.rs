@@ -1,4 +1,4 @@
-//! The shared region: two fixed-size files mapped into every process of a container.
+//! The shared region: fixed-size files mapped into the processes that use them.
 //!
 //! - **limits** ([`LimitsRegion`], [`LimitsReader`], [`LimitsWriter`]): written by the node agent, mapped
 //!   read-only by the shim (mount it read-only into the container). A seqlock lets readers take consistent
@@ -7,6 +7,9 @@
 //! - **usage** ([`UsageRegion`]): shared read-write by the container's processes: one slot per process
 //!   (memory charged per device, GPU time), one entry per physical device (claimed by UUID; throttle state).
 //!   Admission is reserve-then-sum, exact under races, with no lock at all: nothing a dead process could hold.
+//! - **priority** ([`PriorityRegion`]): one per node, shared read-write by every container with a priority on
+//!   a GPU: what high-priority tenants publish, the best-effort queue token, in-flight reservations
+//!   (docs/priority.md).
 //!
 //! Why no locks: HAMi-core's cross-process semaphores hang or take tens of seconds when a holder dies or
 //! hundreds of processes start at once. Here every shared word is an atomic, every transition is a single
@@ -19,11 +22,16 @@ pub mod layout;
 mod limits;
 pub mod liveness;
 mod map;
+mod priority;
 mod usage;
 
 pub use error::RegionError;
 pub use limits::{
     DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
     MembersError, ReadError, TableFull,
+};
+pub use priority::{
+    HpState, Inflight, PriorityDeviceId, PriorityDeviceInfo, PriorityEntry, PriorityRegion, HP_MAX_AHEAD_NS,
+    INFLIGHT_TTL_S, TOKEN_MAX_AHEAD_NS,
 };
 pub use usage::{DeviceId, DeviceInfo, OverLimit, ProcessInfo, SlotId, SlotState, UsageRegion};

@@ -1,0 +1,169 @@
+//! `--only priority`: a latency-critical tenant and a best-effort tenant on one simulated GPU (docs/priority.md).
+//!
+//! The high-priority tenant (`c/priority_tenant.c hp`, container `hp`) issues bursts of 20 kernels of 200 µs,
+//! synchronises, and sleeps a random 10–40 ms; a burst's latency runs from just before its first launch to the
+//! end of its last kernel on the device timeline. The best-effort tenant (`priority_tenant be`, container `be`)
+//! launches kernels of random length as fast as it is let. Three runs per best-effort kernel length: the
+//! high-priority tenant alone, both without cuquota, both under cuquota with `CUDA_TASK_PRIORITY` 0 and 1 and
+//! the node's priority file. The best-effort tenant's share of idle time is its device time inside the
+//! high-priority tenant's window over the time the high-priority tenant left the device idle there (timeline).
+
+use shim_tests::{mono_ns, Output, Prog, Sim, Window};
+use std::time::Duration;
+
+const BURST: u32 = 20;
+const KERNEL_NS: u64 = 200_000;
+const GAP_NS: (u64, u64) = (10_000_000, 40_000_000);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Bare,
+    Priority,
+}
+
+struct Run {
+    lat: Vec<u64>,
+    /// The best-effort tenant's share of the time the high-priority one left idle, in percent.
+    idle_share: Option<f64>,
+}
+
+fn spawn(sim: &Sim, mode: Mode, container: &str, args: String, secs: f64) -> shim_tests::Proc {
+    let c = sim
+        .cmd(Prog::PriorityTenant)
+        .container(container)
+        .timeout(Duration::from_secs_f64(secs * 3.0 + 60.0))
+        .args(&args);
+    match (mode, container) {
+        (Mode::Bare, _) => c.no_preload(),
+        (Mode::Priority, "hp") => c.priority("0"),
+        (Mode::Priority, _) => c.priority("1"),
+    }
+    .spawn()
+}
+
+fn ok(o: Output) -> Output {
+    assert!(o.success(), "a tenant failed:{o:?}");
+    o
+}
+
+fn run(sim: &Sim, mode: Mode, be_ns: Option<(u64, u64)>, secs: f64) -> Run {
+    let t = mono_ns() + 1_500_000_000;
+    let be = be_ns.map(|(lo, hi)| {
+        let a = format!("be {} {lo} {hi} 11 {}", secs + 1.0, t - 500_000_000);
+        spawn(sim, mode, "be", a, secs)
+    });
+    let a = format!("hp {secs} {BURST} {KERNEL_NS} {} {} 7 {t}", GAP_NS.0, GAP_NS.1);
+    let hp = spawn(sim, mode, "hp", a, secs);
+    // The timeline's ring keeps the last 16384 kernels: short best-effort kernels overwrite a 10 s run's
+    // beginning, so the monitor reads it in 50 ms bins while it runs (as for the SM-limit tables).
+    let mon = be.as_ref().map(|b| {
+        sim.cmd_path(std::env::current_exe().expect("current_exe"))
+            .no_preload()
+            .timeout(Duration::from_secs_f64(secs * 3.0 + 60.0))
+            .arg("--monitor")
+            .arg(&t.to_string())
+            .arg(&format!("{},{}", hp.pid(), b.pid()))
+            .spawn()
+    });
+    let (hp_pid, be_pid) = (hp.pid(), be.as_ref().map(|b| b.pid()));
+    let hp = ok(hp.finish());
+    let w: Window = hp.window();
+    if let Some(b) = be {
+        ok(b.finish());
+    }
+    let idle_share = mon.map(|m| {
+        let m = m.finish();
+        assert!(m.success(), "{m:?}");
+        let bins = |pid: u32| -> Vec<u64> {
+            m.val(&format!("bins.{pid}"))
+                .split(',')
+                .map(|v| v.parse().expect("bin"))
+                .collect()
+        };
+        // Whole bins inside the high-priority tenant's window.
+        let n = (w.end.saturating_sub(t) / crate::BIN_NS) as usize;
+        let (h, b) = (bins(hp_pid), bins(be_pid.expect("be")));
+        let n = n.min(h.len()).min(b.len());
+        let hb: u64 = h[..n].iter().sum();
+        let bb: u64 = b[..n].iter().sum();
+        bb as f64 * 100.0 / (n as u64 * crate::BIN_NS).saturating_sub(hb).max(1) as f64
+    });
+    Run {
+        lat: hp
+            .val("lat_ns")
+            .split(',')
+            .map(|v| v.parse().expect("latency"))
+            .collect(),
+        idle_share,
+    }
+}
+
+fn pct(v: &[u64], p: f64) -> u64 {
+    let mut s = v.to_vec();
+    s.sort_unstable();
+    s[((s.len() - 1) as f64 * p / 100.0).round() as usize]
+}
+
+fn ms(ns: u64) -> f64 {
+    ns as f64 / 1e6
+}
+
+fn lat(r: &Run) -> String {
+    format!(
+        "{:.2} / {:.2} ({})",
+        ms(pct(&r.lat, 50.0)),
+        ms(pct(&r.lat, 99.0)),
+        r.lat.len()
+    )
+}
+
+/// Prints the priority table for `secs`-second runs.
+pub fn bench(secs: f64) {
+    println!(
+        "## Priority: high-priority bursts ({BURST} × {} µs, gaps {}–{} ms) with a best-effort tenant\n",
+        KERNEL_NS / 1000,
+        GAP_NS.0 / 1_000_000,
+        GAP_NS.1 / 1_000_000
+    );
+    println!(
+        "Burst latency p50 / p99 ms (bursts). Goals: p99 with cuquota ≤ p99 alone + one best-effort kernel, \
+         and ≤ 1.15 × alone for short best-effort kernels; best-effort share of idle time ≥ 80 %.\n"
+    );
+    println!(
+        "| best-effort kernels | alone | + best-effort, no cuquota | + best-effort, cuquota priority | \
+         goal p99 ≤ | met | best-effort share of idle (no cuquota / priority) |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let cases: [(&str, (u64, u64), bool); 2] = [
+        ("1–5 ms", (1_000_000, 5_000_000), false),
+        ("50–150 µs", (50_000, 150_000), true),
+    ];
+    for (name, be_ns, short) in cases {
+        let sim = Sim::new().build();
+        sim.create_priority_file();
+        let alone = run(&sim, Mode::Bare, None, secs);
+        let bare = run(&sim, Mode::Bare, Some(be_ns), secs);
+        let prio = run(&sim, Mode::Priority, Some(be_ns), secs);
+        let a99 = pct(&alone.lat, 99.0);
+        let goal = if short {
+            (a99 + be_ns.1).min(a99 + a99 * 15 / 100)
+        } else {
+            a99 + be_ns.1
+        };
+        let p99 = pct(&prio.lat, 99.0);
+        let (ib, ip) = (bare.idle_share.unwrap_or(0.0), prio.idle_share.unwrap_or(0.0));
+        println!(
+            "| {name} | {} | {} | {} | {:.2} | {} | {ib:.1} % / {ip:.1} % |",
+            lat(&alone),
+            lat(&bare),
+            lat(&prio),
+            ms(goal),
+            if p99 <= goal && ip >= 80.0 {
+                "yes"
+            } else {
+                "**no**"
+            }
+        );
+    }
+    println!();
+}
