@@ -349,7 +349,9 @@ impl SharedState {
 
 /// Liveness of a slot's owner, cheap enough to run on every cuMemGetInfo / NVML query with many processes:
 /// `kill(pid, 0)` answers exactly for exited-and-reaped processes (the common case); the full check through
-/// /proc (zombie, pid reused by another process) runs at most every 20 ms per owner.
+/// /proc (zombie, pid reused by another process) runs at most every 20 ms per owner. The cache is only tried,
+/// never waited for: in a child forked while another thread of its parent held it, it stays locked for ever
+/// (an NVML query there hung).
 fn slot_owner_alive(pid: u32, start_time: u64) -> bool {
     use std::collections::HashMap;
     static VERIFIED: parking_lot::Mutex<Option<HashMap<(u32, u64), u64>>> = parking_lot::Mutex::new(None);
@@ -358,7 +360,9 @@ fn slot_owner_alive(pid: u32, start_time: u64) -> bool {
         return false;
     }
     let now = crate::timeline::now_ns();
-    let mut cache = VERIFIED.lock();
+    let Some(mut cache) = VERIFIED.try_lock() else {
+        return pid_alive(pid, Some(start_time));
+    };
     let cache = cache.get_or_insert_with(HashMap::new);
     if cache
         .get(&(pid, start_time))
