@@ -135,6 +135,9 @@ pub enum Prog {
     AllocProbe,
     /// `sim_observer.c` linked with `-lcuda` (the simulator): reads the device timeline. Run it without preload.
     SimObserver,
+    /// `chaos.c` linked with `-lcuda`: the hardening workloads (kill chaos, thread storm, fork/exec) and the
+    /// memory observer (run that one without preload).
+    Chaos,
 }
 
 impl Prog {
@@ -161,6 +164,7 @@ impl Prog {
             Prog::NvmlProbe => ("nvml_probe", "nvml_probe.c", &["-lnvidia-ml"]),
             Prog::AllocProbe => ("alloc_probe", "alloc_probe.c", &["-lcuda"]),
             Prog::SimObserver => ("sim_observer", "sim_observer.c", &["-lcuda"]),
+            Prog::Chaos => ("chaos", "chaos.c", &["-lcuda", "-ldl", "-lpthread"]),
         }
     }
 }
@@ -831,6 +835,11 @@ impl Proc {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Whether the program has exited (without waiting; reaps it if so).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// Waits for the first `key=…` line.
