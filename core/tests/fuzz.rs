@@ -4,8 +4,8 @@
 //! was asked for never turns into "no limit", garbage in the shared usage file never lets a charge past the
 //! limit, and nothing panics or waits without bound.
 //!
-//! More cases: `PROPTEST_CASES=100000 cargo test -p cuquota-core --test fuzz --release` (README.md,
-//! *Reliability*, records the last such run).
+//! More cases: `PROPTEST_CASES=5000 cargo test -p cuquota-core --test fuzz` (README.md, *Reliability*, records
+//! the last such run).
 
 use cuquota_core::region::{LimitsReader, LimitsWriter, RegionError, UsageRegion};
 use cuquota_core::units::{parse_size, parse_unsigned};
