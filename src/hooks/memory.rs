@@ -16,6 +16,7 @@
 use super::Width;
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
+use crate::log::{log, Level};
 use crate::memory::ledger::{Kind, Record, Space};
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
@@ -84,7 +85,10 @@ fn tracked_free(s: &Shim, space: Space, key: u64, call: impl FnOnce() -> CUresul
     if r.ok() {
         match rec.kind {
             Kind::Direct => s.mem.release_entry(rec.entry, rec.bytes),
-            Kind::Pool(pool) => s.mem.refresh_pool(&s.cuda, pool),
+            Kind::Pool(pool) => {
+                s.mem.pool_freed(pool, rec.bytes);
+                s.mem.refresh_pool(&s.cuda, pool);
+            }
         }
     } else {
         s.mem.ledger.insert(space, key, rec);
@@ -182,8 +186,11 @@ fn stream_device(s: &Shim, stream: CUstream, ds: DefaultStream) -> Option<Dev> {
     }
 }
 
-/// A pool allocation: admitted with the part of the request the pool's unused reserve cannot serve (the
-/// reserve is already charged), then charged by the pool's reserved-size growth.
+/// A pool allocation. The pool may grow by the whole (rounded) request, so that is what is reserved in the
+/// ledger before the driver is called: no moment exists when the pool holds more than the container was
+/// admitted. Only when the whole request does not fit, and a block this process freed into the pool's reserve
+/// (already charged) can serve it, is it admitted with what the unused reserve cannot cover (usually nothing).
+/// Afterwards the charge settles to the pool's real `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 fn pool_alloc(
     s: &Shim,
     dev: Dev,
@@ -192,38 +199,53 @@ fn pool_alloc(
     call: impl FnOnce() -> CUresult,
     out: impl FnOnce() -> u64,
 ) -> CUresult {
-    // What the pool already holds reserved (and is charged for) but has not handed out serves the request first.
-    let estimate = || {
-        s.devices
-            .round(&s.cuda, dev, bytes)
-            .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize))
-    };
-    let mut est = estimate();
-    if s.mem.admit(dev, est).is_err() {
+    let key = pool as usize;
+    let len = s.devices.round(&s.cuda, dev, bytes);
+    s.mem.track_pool(key, Some(dev));
+    s.mem.pool_prepare(&s.cuda, key, len, false);
+    let full = || s.mem.admit(dev, len).is_ok();
+    let (est, claimed) = if full() || {
         // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
         s.mem.refresh_pools_of(&s.cuda, dev.id);
-        est = estimate();
+        full()
+    } {
+        (len, false)
+    } else if s.mem.pool_prepare(&s.cuda, key, len, true) {
+        let est = len.saturating_sub(s.mem.pool_slack(&s.cuda, key));
         if s.mem.admit(dev, est).is_err() {
+            s.mem.pool_unclaim(key, len);
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
-    }
+        (est, true)
+    } else {
+        return CUresult::ERROR_OUT_OF_MEMORY;
+    };
     let r = call();
-    if r.ok() {
-        let stale = s.mem.ledger.insert(
-            Space::Pointer,
-            out(),
-            Record {
-                entry: dev.id,
-                bytes: 0,
-                kind: Kind::Pool(pool as usize),
-            },
-        );
-        release_stale(s, stale);
-        s.mem.track_pool(pool as usize, Some(dev));
-        // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
-        s.mem.refresh_pool(&s.cuda, pool as usize);
+    if !r.ok() {
+        s.mem.release(dev, est);
+        if claimed {
+            s.mem.pool_unclaim(key, len);
+        }
+        return r;
     }
-    s.mem.release(dev, est);
+    let stale = s.mem.ledger.insert(
+        Space::Pointer,
+        out(),
+        Record {
+            entry: dev.id,
+            bytes: len,
+            kind: Kind::Pool(key),
+        },
+    );
+    release_stale(s, stale);
+    let over = s.mem.pool_settle(&s.cuda, key, dev, est, len, claimed);
+    if over > 0 {
+        // Only a driver that grows the pool although a free block of the size was in its reserve gets here.
+        log!(
+            Level::Warn,
+            "pool {key:#x} grew {over} bytes beyond what was admitted for a {len}-byte allocation"
+        );
+    }
     r
 }
 

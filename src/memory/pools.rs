@@ -17,6 +17,10 @@ pub(super) struct PoolState {
     dev: Option<Dev>,
     /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` as last charged.
     charged: u64,
+    /// Sizes of blocks this process freed back into the pool's reserve and has not seen reused since, while the
+    /// reserve never shrank: what can serve a request without the pool growing. Forgotten whenever the reserve
+    /// shrinks (a synchronisation or trim released some blocks, which is not said).
+    free_blocks: Vec<u64>,
 }
 
 /// Slots of the lock-free set of graph execs with memory alloc nodes.
@@ -118,13 +122,24 @@ impl GraphMem {
     }
 }
 
+/// Index of the smallest of `blocks` that holds `len` bytes.
+fn smallest_fit(blocks: &[u64], len: u64) -> Option<usize> {
+    blocks
+        .iter()
+        .enumerate()
+        .filter(|(_, &b)| b >= len)
+        .min_by_key(|(_, &b)| b)
+        .map(|(i, _)| i)
+}
+
 impl Memory {
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
     pub fn track_pool(&self, pool: usize, dev: Option<Dev>) {
-        self.pools
-            .lock()
-            .entry(pool)
-            .or_insert(PoolState { dev, charged: 0 });
+        self.pools.lock().entry(pool).or_insert(PoolState {
+            dev,
+            charged: 0,
+            free_blocks: Vec::new(),
+        });
     }
 
     /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
@@ -140,8 +155,7 @@ impl Memory {
         }
     }
 
-    fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
-        let Some(dev) = p.dev else { return };
+    fn reserved(cuda: &CudaTable, pool: usize) -> Option<u64> {
         let mut reserved: u64 = 0;
         // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
         let r = unsafe {
@@ -151,15 +165,103 @@ impl Memory {
                 (&mut reserved as *mut u64).cast(),
             )
         };
-        if !r.ok() {
+        r.ok().then_some(reserved)
+    }
+
+    fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
+        let Some(dev) = p.dev else { return };
+        let Some(reserved) = Self::reserved(cuda, pool) else {
             return;
-        }
+        };
         if reserved > p.charged {
             self.force(dev, reserved - p.charged);
         } else {
+            if reserved < p.charged {
+                p.free_blocks.clear();
+            }
             self.release(dev, p.charged - reserved);
         }
         p.charged = reserved;
+    }
+
+    /// A pool allocation of `len` (rounded) bytes was freed: its block is back in the pool's reserve.
+    pub fn pool_freed(&self, pool: usize, len: u64) {
+        if let Some(p) = self.pools.lock().get_mut(&pool) {
+            if len > 0 {
+                p.free_blocks.push(len);
+            }
+        }
+    }
+
+    /// Before a pool allocation of `len` bytes: re-reads the pool (a shrunk reserve forgets its known free
+    /// blocks), then, when `claim`, takes the smallest known free block of at least `len` bytes for this
+    /// allocation. Returns whether one was taken (always `false` without `claim`).
+    pub fn pool_prepare(&self, cuda: &CudaTable, pool: usize, len: u64, claim: bool) -> bool {
+        let mut pools = self.pools.lock();
+        let Some(p) = pools.get_mut(&pool) else {
+            return false;
+        };
+        self.refresh_locked(cuda, pool, p);
+        if !claim {
+            return false;
+        }
+        match smallest_fit(&p.free_blocks, len) {
+            Some(i) => {
+                p.free_blocks.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// A claimed block went unused (the driver refused the allocation): it is free again.
+    pub fn pool_unclaim(&self, pool: usize, len: u64) {
+        self.pool_freed(pool, len);
+    }
+
+    /// After a successful pool allocation of `len` bytes admitted with `est`: the pool's growth is charged out of
+    /// the admitted bytes and the rest given back (growth beyond them is forced: the driver already handed it
+    /// out). Unless `claimed`, a known free block it may have been served from is forgotten. Returns the
+    /// growth beyond `est` (0 when the admission covered it).
+    pub fn pool_settle(
+        &self,
+        cuda: &CudaTable,
+        pool: usize,
+        dev: Dev,
+        est: u64,
+        len: u64,
+        claimed: bool,
+    ) -> u64 {
+        let mut pools = self.pools.lock();
+        let Some(p) = pools.get_mut(&pool) else {
+            self.release(dev, est);
+            return 0;
+        };
+        if !claimed {
+            // Served from the reserve or not, a block of that size can no longer be counted on.
+            if let Some(i) = smallest_fit(&p.free_blocks, len) {
+                p.free_blocks.swap_remove(i);
+            }
+        }
+        let Some(reserved) = Self::reserved(cuda, pool) else {
+            self.release(dev, est);
+            return 0;
+        };
+        let over = if reserved >= p.charged {
+            let growth = reserved - p.charged;
+            if growth > est {
+                self.force(dev, growth - est);
+            } else {
+                self.release(dev, est - growth);
+            }
+            growth.saturating_sub(est)
+        } else {
+            p.free_blocks.clear();
+            self.release(dev, est + (p.charged - reserved));
+            0
+        };
+        p.charged = reserved;
+        over
     }
 
     /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be
