@@ -86,7 +86,7 @@ fn tracked_free(s: &Shim, space: Space, key: u64, call: impl FnOnce() -> CUresul
         match rec.kind {
             Kind::Direct => s.mem.release_entry(rec.entry, rec.bytes),
             Kind::Pool(pool) => {
-                s.mem.pool_freed(pool, rec.bytes);
+                s.mem.pool_freed(pool, key, rec.bytes);
                 s.mem.refresh_pool(&s.cuda, pool);
             }
         }
@@ -209,28 +209,29 @@ fn pool_alloc(
         s.mem.refresh_pools_of(&s.cuda, dev.id);
         full()
     } {
-        (len, false)
-    } else if s.mem.pool_prepare(&s.cuda, key, len, true) {
+        (len, None)
+    } else if let Some(block) = s.mem.pool_prepare(&s.cuda, key, len, true) {
         let est = len.saturating_sub(s.mem.pool_slack(&s.cuda, key));
         if s.mem.admit(dev, est).is_err() {
-            s.mem.pool_unclaim(key, len);
+            s.mem.pool_unclaim(key, block);
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
-        (est, true)
+        (est, Some(block))
     } else {
         return CUresult::ERROR_OUT_OF_MEMORY;
     };
     let r = call();
     if !r.ok() {
         s.mem.release(dev, est);
-        if claimed {
-            s.mem.pool_unclaim(key, len);
+        if let Some(block) = claimed {
+            s.mem.pool_unclaim(key, block);
         }
         return r;
     }
+    let addr = out();
     let stale = s.mem.ledger.insert(
         Space::Pointer,
-        out(),
+        addr,
         Record {
             entry: dev.id,
             bytes: len,
@@ -238,7 +239,7 @@ fn pool_alloc(
         },
     );
     release_stale(s, stale);
-    let over = s.mem.pool_settle(&s.cuda, key, dev, est, len, claimed);
+    let over = s.mem.pool_settle(&s.cuda, key, dev, est, len, addr, claimed);
     if over > 0 {
         // Only a driver that grows the pool although a free block of the size was in its reserve gets here.
         log!(
