@@ -138,6 +138,9 @@ pub enum Prog {
     /// `priority_tenant.c` with `-ldl`: a high-priority tenant issuing bursts, or a best-effort one issuing long
     /// kernels (the priority tests and benchmark).
     PriorityTenant,
+    /// `chaos.c` linked with `-lcuda`: the hardening workloads (kill chaos, thread storm, fork/exec) and the
+    /// memory observer (run that one without preload).
+    Chaos,
 }
 
 impl Prog {
@@ -165,6 +168,7 @@ impl Prog {
             Prog::AllocProbe => ("alloc_probe", "alloc_probe.c", &["-lcuda"]),
             Prog::SimObserver => ("sim_observer", "sim_observer.c", &["-lcuda"]),
             Prog::PriorityTenant => ("priority_tenant", "priority_tenant.c", &["-ldl"]),
+            Prog::Chaos => ("chaos", "chaos.c", &["-lcuda", "-ldl", "-lpthread"]),
         }
     }
 }
@@ -867,6 +871,11 @@ impl Proc {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+
+    /// Whether the program has exited (without waiting; reaps it if so).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     /// Waits for the first `key=…` line.

@@ -137,6 +137,75 @@ fn pool_reservation_counted_until_trim() {
     );
 }
 
+/// A fragmented reserve: two freed 400m blocks (800m reserved, charged, unused) cannot serve 600m, so the pool
+/// would grow by the whole 600m — past the 1g cap. The shim must refuse it without asking the driver, yet still
+/// serve a 400m re-allocation from the reserve.
+#[test]
+fn pool_fragmented_reserve_never_takes_the_container_over() {
+    let sim = Sim::new().build();
+    let out = probe(
+        &sim,
+        "1g",
+        "init alloc:pool:400m alloc:pool:400m free:0 free:1 simused alloc:pool:600m simused alloc:pool:400m simused",
+    );
+    out.ok();
+    out.expect("alloc.0", OK).expect("alloc.1", OK);
+    let used = |n| out.nth_num("sim.used.0", n);
+    assert!(
+        used(0) >= 800 * MIB,
+        "the pool should keep both freed blocks reserved:{out:?}"
+    );
+    assert_eq!(
+        out.val("alloc.2"),
+        OOM,
+        "600m the fragmented reserve cannot serve must be refused:{out:?}"
+    );
+    assert_eq!(
+        used(1),
+        used(0),
+        "the driver grew the pool for an allocation past the cap:{out:?}"
+    );
+    assert_eq!(
+        out.val("alloc.3"),
+        OK,
+        "400m fits a freed block of the reserve:{out:?}"
+    );
+    assert_eq!(
+        used(2),
+        used(1),
+        "the 400m re-allocation should come from the reserve:{out:?}"
+    );
+}
+
+/// The shim's list of free reserve blocks must follow the blocks the driver really hands out. Here a 40m
+/// allocation lands in a free 100m block (A) and is freed, so the shim lists A as 40m; a 90m request is then
+/// served from A. A list matched by size alone would keep "A, 40m" and, near the cap, count on it for a 40m
+/// request the remaining 20m blocks cannot serve — and the pool would grow past the cap.
+#[test]
+fn pool_free_blocks_follow_the_drivers_choice() {
+    let sim = Sim::new().build();
+    let out = probe(
+        &sim,
+        "1g",
+        "init alloc:pool:100m alloc:pool:80m alloc:pool:20m alloc:pool:20m free:0 free:1 free:2 free:3 \
+         alloc:pool:80m alloc:pool:40m free:5 alloc:pool:90m alloc:mem:784m simused alloc:pool:40m simused \
+         alloc:pool:20m simused",
+    );
+    out.ok();
+    for i in 0..8 {
+        out.expect(&format!("alloc.{i}"), OK);
+    }
+    let used = |n| out.nth_num("sim.used.0", n);
+    assert_eq!(
+        out.val("alloc.8"),
+        OOM,
+        "no free block of the reserve holds 40m and 20m of the cap are left:{out:?}"
+    );
+    assert_eq!(used(1), used(0), "the driver grew the pool past the cap:{out:?}");
+    assert_eq!(out.val("alloc.9"), OK, "20m fits a free 20m block:{out:?}");
+    assert_eq!(used(2), used(1), "the 20m should come from the reserve:{out:?}");
+}
+
 /// Allocation sizes are charged as the driver really takes them (rounded to the granularity): 512 pieces
 /// of 1 byte take 512 × 2 MiB = 1 GiB, so the 513th fails under a 1 GiB cap.
 #[test]

@@ -83,3 +83,28 @@ fn per_process_totals_never_exceed_the_cap() {
     }
     assert_eq!(total, 2, "3 contexts of 256m + 96m chunks under 1g");
 }
+
+/// A context is reserved before the driver creates it: with too little of the cap left for its estimate
+/// (256m by default; this GPU's contexts cost 200m), the retain is refused without reaching the driver. The
+/// proof: the driver is rigged to fail the process's first cuDevicePrimaryCtxRetain with CUDA_ERROR_UNKNOWN;
+/// a shim that called it first (and measured after) would pass that error on instead of out-of-memory.
+#[test]
+fn a_context_that_does_not_fit_is_refused_before_the_driver_creates_it() {
+    let sim = Sim::new().ctx_overhead("200m").build();
+    let mut holder = sim.cmd(Prog::Chaos).mem_limit("1g").args("hold 768").spawn();
+    holder.wait_for("held");
+    let out = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .env("CUDASIM_FAULT", "cuDevicePrimaryCtxRetain:1:DEVICE_LOST")
+        .args("init")
+        .run();
+    holder.release();
+    let _ = holder.finish();
+    out.expect("init", "CUDA_SUCCESS");
+    assert_eq!(
+        out.val("ctx"),
+        "CUDA_ERROR_OUT_OF_MEMORY",
+        "56m left of the cap: the context must be refused before the driver is asked:{out:?}"
+    );
+}

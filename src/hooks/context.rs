@@ -1,10 +1,13 @@
 //! `cuInit`, contexts and modules: the hooks. What a context or module costs and how it is measured is memory
 //! policy (`memory::overhead`, `memory::host_pid`); these hooks make the driver call and report what happened.
-//! Growth is admitted against the cap: a context or module that alone would exceed it is undone and the call
-//! returns `CUDA_ERROR_OUT_OF_MEMORY`.
+//! A context or module first reserves an estimate of its cost (refused up front when that does not fit, so the
+//! driver is not called); after the call the cost is measured and the charge settled to it. Growth beyond the
+//! estimate is admitted against the cap: a context or module that does not fit is undone and the call returns
+//! `CUDA_ERROR_OUT_OF_MEMORY`.
 
 use crate::devices::MAX_ORDINALS;
 use crate::ffi::cuda::*;
+use crate::memory::overhead::{Creation, Reservation};
 use crate::state::Shim;
 use std::ffi::c_int;
 
@@ -33,8 +36,13 @@ pub unsafe fn ctx_create(
     pctx: *mut CUcontext,
     dev: CUdevice,
 ) -> CUresult {
+    let Ok(res) = reserve(s, dev, Creation::Context) else {
+        return CUresult::ERROR_OUT_OF_MEMORY;
+    };
     let r = s.mem.creating_context(&s.nvml, dev, call);
-    if !r.ok() || pctx.is_null() {
+    let created = r.ok() && !pctx.is_null();
+    returned(s, &res, created);
+    if !created {
         return r;
     }
     // SAFETY: written by the driver on success.
@@ -47,7 +55,28 @@ pub unsafe fn ctx_create(
         unsafe { ctx_destroy(s, || s.cuda.cuCtxDestroy_v2(ctx), ctx) };
         return CUresult::ERROR_OUT_OF_MEMORY;
     }
+    measured(s, res);
     r
+}
+
+/// Reserves the estimate for creating `what` on ordinal `dev` (`Ok(None)`: a device without accounting).
+fn reserve(s: &Shim, dev: CUdevice, what: Creation) -> Result<Option<Reservation>, ()> {
+    match s.devices.device(&s.cuda, dev) {
+        Some(d) => s.mem.reserve_creation(d, what).map(Some).map_err(|_| ()),
+        None => Ok(None),
+    }
+}
+
+fn returned(s: &Shim, res: &Option<Reservation>, ok: bool) {
+    if let Some(res) = res {
+        s.mem.creation_returned(&s.nvml, res, ok);
+    }
+}
+
+fn measured(s: &Shim, res: Option<Reservation>) {
+    if let Some(res) = res {
+        s.mem.creation_measured(res);
+    }
 }
 
 /// `cuCtxDestroy` (bare, `_v2`).
@@ -64,8 +93,21 @@ pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcont
 
 /// `cuDevicePrimaryCtxRetain`.
 pub fn primary_retain(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) -> CUresult {
+    // Only the first retain creates the context; later ones cost nothing.
+    let res = if s.mem.primary_unheld(dev) {
+        let Ok(res) = reserve(s, dev, Creation::Context) else {
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        };
+        res
+    } else {
+        None
+    };
     let r = s.mem.creating_context(&s.nvml, dev, call);
-    if r.ok() && s.mem.primary_retained(&s.cuda, &s.nvml, dev).is_err() {
+    returned(s, &res, r.ok());
+    if !r.ok() {
+        return r;
+    }
+    if s.mem.primary_retained(&s.cuda, &s.nvml, dev).is_err() {
         // SAFETY: undoing our own retain.
         primary_release(
             s,
@@ -75,6 +117,7 @@ pub fn primary_retain(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) 
         );
         return CUresult::ERROR_OUT_OF_MEMORY;
     }
+    measured(s, res);
     r
 }
 
@@ -93,8 +136,17 @@ pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice,
 /// # Safety
 /// `module` as the driver's contract says (written on success).
 pub unsafe fn module_load(s: &Shim, call: impl FnOnce() -> CUresult, module: *mut CUmodule) -> CUresult {
+    let res = match s.devices.current(&s.cuda) {
+        Some(d) => match s.mem.reserve_creation(d, Creation::Module) {
+            Ok(res) => Some(res),
+            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+        },
+        None => None,
+    };
     let r = call();
-    if !r.ok() || module.is_null() {
+    let loaded = r.ok() && !module.is_null();
+    returned(s, &res, loaded);
+    if !loaded {
         return r;
     }
     // SAFETY: written by the driver on success.
@@ -104,6 +156,7 @@ pub unsafe fn module_load(s: &Shim, call: impl FnOnce() -> CUresult, module: *mu
         module_unload(s, || unsafe { s.cuda.cuModuleUnload(m) }, m);
         return CUresult::ERROR_OUT_OF_MEMORY;
     }
+    measured(s, res);
     r
 }
 

@@ -16,6 +16,7 @@
 use super::Width;
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
+use crate::log::{log, Level};
 use crate::memory::ledger::{Kind, Record, Space};
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
@@ -84,7 +85,10 @@ fn tracked_free(s: &Shim, space: Space, key: u64, call: impl FnOnce() -> CUresul
     if r.ok() {
         match rec.kind {
             Kind::Direct => s.mem.release_entry(rec.entry, rec.bytes),
-            Kind::Pool(pool) => s.mem.refresh_pool(&s.cuda, pool),
+            Kind::Pool(pool) => {
+                s.mem.pool_freed(pool, key, rec.bytes);
+                s.mem.refresh_pool(&s.cuda, pool);
+            }
         }
     } else {
         s.mem.ledger.insert(space, key, rec);
@@ -182,8 +186,11 @@ fn stream_device(s: &Shim, stream: CUstream, ds: DefaultStream) -> Option<Dev> {
     }
 }
 
-/// A pool allocation: admitted with the part of the request the pool's unused reserve cannot serve (the
-/// reserve is already charged), then charged by the pool's reserved-size growth.
+/// A pool allocation. The pool may grow by the whole (rounded) request, so that is what is reserved in the
+/// ledger before the driver is called: no moment exists when the pool holds more than the container was
+/// admitted. Only when the whole request does not fit, and a block this process freed into the pool's reserve
+/// (already charged) can serve it, is it admitted with what the unused reserve cannot cover (usually nothing).
+/// Afterwards the charge settles to the pool's real `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 fn pool_alloc(
     s: &Shim,
     dev: Dev,
@@ -192,42 +199,58 @@ fn pool_alloc(
     call: impl FnOnce() -> CUresult,
     out: impl FnOnce() -> u64,
 ) -> CUresult {
-    // What the pool already holds reserved (and is charged for) but has not handed out serves the request first.
-    let estimate = || {
-        s.devices
-            .round(&s.cuda, dev, bytes)
-            .saturating_sub(s.mem.pool_slack(&s.cuda, pool as usize))
-    };
-    let mut est = estimate();
-    let _admitted = match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
-        Ok(a) => a,
-        Err(_) => {
-            // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
-            s.mem.refresh_pools_of(&s.cuda, dev.id);
-            est = estimate();
-            match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
-                Ok(a) => a,
-                Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+    let key = pool as usize;
+    let len = s.devices.round(&s.cuda, dev, bytes);
+    s.mem.track_pool(key, Some(dev));
+    s.mem.pool_prepare(&s.cuda, key, len, false);
+    // Held until the driver call returns (a reserved-memory announcement lives in the guard).
+    let admit = |n| s.mem.admit(dev, n, &s.cuda, &s.nvml).ok();
+    let full = admit(len).or_else(|| {
+        // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
+        s.mem.refresh_pools_of(&s.cuda, dev.id);
+        admit(len)
+    });
+    let (est, claimed, _admitted) = if let Some(a) = full {
+        (len, None, a)
+    } else if let Some(block) = s.mem.pool_prepare(&s.cuda, key, len, true) {
+        let est = len.saturating_sub(s.mem.pool_slack(&s.cuda, key));
+        match admit(est) {
+            Some(a) => (est, Some(block), a),
+            None => {
+                s.mem.pool_unclaim(key, block);
+                return CUresult::ERROR_OUT_OF_MEMORY;
             }
         }
+    } else {
+        return CUresult::ERROR_OUT_OF_MEMORY;
     };
     let r = call();
-    if r.ok() {
-        let stale = s.mem.ledger.insert(
-            Space::Pointer,
-            out(),
-            Record {
-                entry: dev.id,
-                bytes: 0,
-                kind: Kind::Pool(pool as usize),
-            },
-        );
-        release_stale(s, stale);
-        s.mem.track_pool(pool as usize, Some(dev));
-        // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
-        s.mem.refresh_pool(&s.cuda, pool as usize);
+    if !r.ok() {
+        s.mem.release(dev, est);
+        if let Some(block) = claimed {
+            s.mem.pool_unclaim(key, block);
+        }
+        return r;
     }
-    s.mem.release(dev, est);
+    let addr = out();
+    let stale = s.mem.ledger.insert(
+        Space::Pointer,
+        addr,
+        Record {
+            entry: dev.id,
+            bytes: len,
+            kind: Kind::Pool(key),
+        },
+    );
+    release_stale(s, stale);
+    let over = s.mem.pool_settle(&s.cuda, key, dev, est, len, addr, claimed);
+    if over > 0 {
+        // Only a driver that grows the pool although a free block of the size was in its reserve gets here.
+        log!(
+            Level::Warn,
+            "pool {key:#x} grew {over} bytes beyond what was admitted for a {len}-byte allocation"
+        );
+    }
     r
 }
 

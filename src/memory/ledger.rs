@@ -54,7 +54,8 @@ pub enum Space {
 pub enum Kind {
     /// Charged with its own `bytes`.
     Direct,
-    /// A stream-ordered allocation: the pool (by handle) carries the charge, the pointer carries none.
+    /// A stream-ordered allocation: the pool (by handle) carries the charge; `bytes` is the allocation's rounded
+    /// size (what its free hands back to the pool's reserve), charged by no one.
     Pool(usize),
 }
 
@@ -63,7 +64,7 @@ pub enum Kind {
 pub struct Record {
     /// Usage-region device entry it is charged to.
     pub entry: DeviceId,
-    /// Bytes charged (0 for `Kind::Pool`).
+    /// Bytes charged (for `Kind::Pool`: the rounded size, not charged).
     pub bytes: u64,
     /// Accounting kind.
     pub kind: Kind,

@@ -232,10 +232,10 @@ impl Memory {
         self.overhead[dev.id.index()].load(Ordering::Relaxed)
     }
 
-    /// Moves this process's overhead charge on `dev` to `target` bytes. Growth is admitted against the cap
-    /// when `admit` is true (creation paths); `Err` = refused, nothing changed. Shrinking always succeeds.
-    pub fn set_overhead(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
-        let _g = self.overhead_lock.lock();
+    /// Moves this process's overhead charge on `dev` to `target` bytes (the caller holds `overhead_lock`).
+    /// Growth is admitted against the cap when `admit` is true (creation paths); `Err` = refused, nothing
+    /// changed. Shrinking always succeeds.
+    fn set_overhead_locked(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
         let cur = self.overhead(dev);
         if target > cur {
             let delta = target - cur;

@@ -8,6 +8,12 @@
 //! against the cap: a context that alone would exceed it is refused (the hook undoes it and returns
 //! `CUDA_ERROR_OUT_OF_MEMORY`).
 //!
+//! NVML can only measure a context or module once the driver has created it, so each creation first reserves an
+//! estimate as overhead ([`Memory::reserve_creation`]): the last cost measured for that kind on that device in
+//! this process, else [`CTX_ESTIMATE`] / [`MODULE_ESTIMATE`]. A reservation that does not fit refuses the
+//! creation before the driver is called; while creations are in flight their reservations stay charged on top
+//! of what NVML measures, and the measurement after the call settles the charge to the truth.
+//!
 //! In a pid namespace NVML lists host pids, not ours: we are found by the host pid `host_pid` learns.
 //! Without NVML (library missing, or our pid not in its list and the host pid not learned) the overhead is
 //! estimated: [`CTX_ESTIMATE`] per live context and [`MODULE_ESTIMATE`] per loaded module/library.
@@ -19,8 +25,9 @@ use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::CUdevice;
 use crate::locks::Lock;
 use crate::log::{log, Level};
+use cuquota_core::region::layout::MAX_DEVICES;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 /// Estimated device memory of one context when NVML cannot measure it.
 pub const CTX_ESTIMATE: u64 = 256 << 20;
@@ -34,6 +41,31 @@ pub struct Holdings {
     modules: AtomicI64,
     /// context handle → ordinal (cuCtxCreate*), module handle → ordinal.
     pub(super) owners: Lock<HashMap<usize, CUdevice>>,
+    /// Per device entry: estimates reserved for creations the driver has not returned from yet.
+    inflight: [AtomicU64; MAX_DEVICES],
+    /// Per ordinal: the last measured cost of a context and of a module (0: none measured yet).
+    learned_ctx: [AtomicU64; MAX_ORDINALS],
+    learned_module: [AtomicU64; MAX_ORDINALS],
+}
+
+/// What is being created: decides the estimate reserved for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Creation {
+    /// A context (cuCtxCreate*, a first primary-context retain).
+    Context,
+    /// A module loaded into the current context.
+    Module,
+}
+
+/// An estimate reserved for one creation, from [`Memory::reserve_creation`] to [`Memory::creation_returned`].
+#[derive(Debug)]
+#[must_use = "a reservation must be ended with creation_returned"]
+pub struct Reservation {
+    dev: Dev,
+    what: Creation,
+    est: u64,
+    /// This process's measured overhead on the device when the reservation was made.
+    base: u64,
 }
 
 impl Default for Holdings {
@@ -43,6 +75,9 @@ impl Default for Holdings {
             primary: std::array::from_fn(|_| AtomicI64::new(0)),
             modules: AtomicI64::new(0),
             owners: Lock::new(HashMap::new()),
+            inflight: std::array::from_fn(|_| AtomicU64::new(0)),
+            learned_ctx: std::array::from_fn(|_| AtomicU64::new(0)),
+            learned_module: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -78,6 +113,33 @@ impl Holdings {
             c.store(0, Ordering::Relaxed);
         }
         self.modules.store(0, Ordering::Relaxed);
+        for c in self.inflight.iter() {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn inflight(&self, dev: Dev) -> u64 {
+        self.inflight[dev.id.index()].load(Ordering::Relaxed)
+    }
+
+    fn learned(&self, what: Creation) -> &[AtomicU64; MAX_ORDINALS] {
+        match what {
+            Creation::Context => &self.learned_ctx,
+            Creation::Module => &self.learned_module,
+        }
+    }
+
+    /// What to reserve for creating `what` on `ordinal`: the last measured cost, else the default estimate.
+    fn creation_estimate(&self, ordinal: CUdevice, what: Creation) -> u64 {
+        let learned = self
+            .learned(what)
+            .get(ordinal as usize)
+            .map_or(0, |c| c.load(Ordering::Relaxed));
+        match (learned, what) {
+            (0, Creation::Context) => CTX_ESTIMATE,
+            (0, Creation::Module) => MODULE_ESTIMATE,
+            (l, _) => l,
+        }
     }
 }
 
@@ -101,11 +163,12 @@ impl Memory {
 
     /// Re-measures this process's overhead on `dev`. `admit`: growth must fit under the cap.
     fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
+        let _g = self.overhead_lock.lock();
         let target = match self.nvml_used(nvml, dev) {
             Some(used) => used.saturating_sub(self.allocated(dev)),
             None => self.holdings.estimate(dev.ordinal),
-        };
-        let r = self.set_overhead(dev, target, admit);
+        } + self.holdings.inflight(dev);
+        let r = self.set_overhead_locked(dev, target, admit);
         log!(
             Level::Debug,
             "device {}: overhead {} bytes ({})",
@@ -114,6 +177,57 @@ impl Memory {
             if r.is_ok() { "charged" } else { "over the cap" }
         );
         r
+    }
+
+    /// Before the driver creates `what` on `dev`: reserves its estimate as overhead. `Err`: it does not fit
+    /// under the cap (nothing reserved; the caller refuses the creation without calling the driver).
+    pub fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reservation, OverCap> {
+        let est = self.holdings.creation_estimate(dev.ordinal, what);
+        // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
+        let _g = self.overhead_lock.lock();
+        let cur = self.overhead(dev);
+        let base = cur.saturating_sub(self.holdings.inflight(dev));
+        self.set_overhead_locked(dev, cur.saturating_add(est), true)?;
+        self.holdings.inflight[dev.id.index()].fetch_add(est, Ordering::Relaxed);
+        Ok(Reservation { dev, what, est, base })
+    }
+
+    /// The driver call a reservation was made for returned: the estimate stops being held on top of what NVML
+    /// measures. When the creation failed the charge is re-measured now (the estimate goes back); when it
+    /// succeeded, the caller's measurement (`context_created`, `module_loaded`, …) settles it, then
+    /// [`Memory::creation_measured`] learns the cost.
+    pub fn creation_returned(&self, nvml: &Nvml, res: &Reservation, ok: bool) {
+        let _ = self.holdings.inflight[res.dev.id.index()].fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |v| Some(v.saturating_sub(res.est)),
+        );
+        if !ok {
+            let _ = self.measure(nvml, res.dev, false);
+        }
+    }
+
+    /// After a successful creation was measured: remembers what it cost for the next one's estimate.
+    pub fn creation_measured(&self, res: Reservation) {
+        let now = {
+            let _g = self.overhead_lock.lock();
+            self.overhead(res.dev)
+                .saturating_sub(self.holdings.inflight(res.dev))
+        };
+        let cost = now.saturating_sub(res.base);
+        if cost > 0 {
+            if let Some(c) = self.holdings.learned(res.what).get(res.dev.ordinal as usize) {
+                c.store(cost, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
+    pub fn primary_unheld(&self, ordinal: CUdevice) -> bool {
+        self.holdings
+            .primary
+            .get(ordinal as usize)
+            .is_some_and(|c| c.load(Ordering::Relaxed) <= 0)
     }
 
     /// Re-measures every device we know (library loads are context-independent).

@@ -17,6 +17,11 @@ pub(super) struct PoolState {
     dev: Option<Dev>,
     /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` as last charged.
     charged: u64,
+    /// Blocks this process freed back into the pool's reserve and has not seen handed out again, while the
+    /// reserve never shrank: what can serve a request without the pool growing. All forgotten whenever the
+    /// reserve shrinks (a synchronisation or trim released some, which is not said) or the pool serves a request
+    /// from its reserve at an address not listed (it used a block we cannot tell apart).
+    free_blocks: Vec<FreeBlock>,
 }
 
 /// Slots of the lock-free set of graph execs with memory alloc nodes.
@@ -118,13 +123,23 @@ impl GraphMem {
     }
 }
 
+/// A block freed into a pool's reserve: its address, its size as allocated (the driver's block may be larger).
+#[derive(Clone, Copy, Debug)]
+struct FreeBlock {
+    addr: u64,
+    len: u64,
+    /// Taken by an allocation in flight that counts on it.
+    claimed: bool,
+}
+
 impl Memory {
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
     pub fn track_pool(&self, pool: usize, dev: Option<Dev>) {
-        self.pools
-            .lock()
-            .entry(pool)
-            .or_insert(PoolState { dev, charged: 0 });
+        self.pools.lock().entry(pool).or_insert(PoolState {
+            dev,
+            charged: 0,
+            free_blocks: Vec::new(),
+        });
     }
 
     /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
@@ -140,8 +155,7 @@ impl Memory {
         }
     }
 
-    fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
-        let Some(dev) = p.dev else { return };
+    fn reserved(cuda: &CudaTable, pool: usize) -> Option<u64> {
         let mut reserved: u64 = 0;
         // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
         let r = unsafe {
@@ -151,15 +165,119 @@ impl Memory {
                 (&mut reserved as *mut u64).cast(),
             )
         };
-        if !r.ok() {
+        r.ok().then_some(reserved)
+    }
+
+    fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
+        let Some(dev) = p.dev else { return };
+        let Some(reserved) = Self::reserved(cuda, pool) else {
             return;
-        }
+        };
         if reserved > p.charged {
             self.force(dev, reserved - p.charged);
         } else {
+            if reserved < p.charged {
+                p.free_blocks.clear();
+            }
             self.release(dev, p.charged - reserved);
         }
         p.charged = reserved;
+    }
+
+    /// The pool allocation at `addr`, of `len` (rounded) bytes, was freed: its block is back in the reserve.
+    pub fn pool_freed(&self, pool: usize, addr: u64, len: u64) {
+        if let Some(p) = self.pools.lock().get_mut(&pool) {
+            p.free_blocks.retain(|b| b.addr != addr);
+            if len > 0 {
+                p.free_blocks.push(FreeBlock {
+                    addr,
+                    len,
+                    claimed: false,
+                });
+            }
+        }
+    }
+
+    /// Before a pool allocation of `len` bytes: re-reads the pool (a shrunk reserve forgets its known free
+    /// blocks), then, when `claim`, claims the smallest unclaimed known free block of at least `len` bytes for
+    /// this allocation and returns its address.
+    pub fn pool_prepare(&self, cuda: &CudaTable, pool: usize, len: u64, claim: bool) -> Option<u64> {
+        let mut pools = self.pools.lock();
+        let p = pools.get_mut(&pool)?;
+        self.refresh_locked(cuda, pool, p);
+        if !claim {
+            return None;
+        }
+        let b = p
+            .free_blocks
+            .iter_mut()
+            .filter(|b| !b.claimed && b.len >= len)
+            .min_by_key(|b| b.len)?;
+        b.claimed = true;
+        Some(b.addr)
+    }
+
+    /// A claimed block went unused (the driver refused the allocation): free for others again.
+    pub fn pool_unclaim(&self, pool: usize, addr: u64) {
+        if let Some(p) = self.pools.lock().get_mut(&pool) {
+            for b in p.free_blocks.iter_mut().filter(|b| b.addr == addr) {
+                b.claimed = false;
+            }
+        }
+    }
+
+    /// After a successful pool allocation of `len` bytes at `addr`, admitted with `est` (and counting on the
+    /// block `claimed`): the pool's growth is charged out of the admitted bytes and the rest given back (growth
+    /// beyond them is forced: the driver already handed it out), and the known free blocks follow what the
+    /// driver did. Returns the growth beyond `est` (0 when the admission covered it).
+    #[allow(clippy::too_many_arguments)]
+    pub fn pool_settle(
+        &self,
+        cuda: &CudaTable,
+        pool: usize,
+        dev: Dev,
+        est: u64,
+        len: u64,
+        addr: u64,
+        claimed: Option<u64>,
+    ) -> u64 {
+        let mut pools = self.pools.lock();
+        let Some(p) = pools.get_mut(&pool) else {
+            self.release(dev, est);
+            return 0;
+        };
+        if let Some(c) = claimed {
+            for b in p.free_blocks.iter_mut().filter(|b| b.addr == c) {
+                b.claimed = false;
+            }
+        }
+        let known = p.free_blocks.len();
+        p.free_blocks.retain(|b| b.addr != addr);
+        let reused_known = p.free_blocks.len() < known;
+        let Some(reserved) = Self::reserved(cuda, pool) else {
+            p.free_blocks.clear();
+            self.release(dev, est);
+            return 0;
+        };
+        let over = if reserved >= p.charged {
+            let growth = reserved - p.charged;
+            if growth < len && !reused_known {
+                // Served from the reserve by a block we did not list: which of ours it was, we cannot tell.
+                p.free_blocks.clear();
+            }
+            if growth > est {
+                self.force(dev, growth - est);
+            } else {
+                self.release(dev, est - growth);
+            }
+            growth.saturating_sub(est)
+        } else {
+            p.free_blocks.clear();
+            self.release(dev, est + (p.charged - reserved));
+            0
+        };
+        p.charged = reserved;
+        over
     }
 
     /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be

@@ -11,6 +11,12 @@
 //! `elapsed(start, end)`, i.e. the time the device spent on that launch, not the time it waited behind earlier
 //! work on the stream (the start event completes only when that earlier work is done). Launches that are not
 //! probes are charged their key's estimate; the estimate follows the probes. So the hot path records no event.
+//!
+//! Degraded mode: when the driver refuses the event calls (`Gpu::measures` false), no launch can be measured on
+//! its own. Then every `CALIB_NS` the process compares what it charged in that window with the device time NVML
+//! says it used (`Gpu::own_busy_ns`): the bucket gets the difference back, as a probe's launch would, and the
+//! estimate for unmeasured launches becomes the window's average. Without this, every launch would be charged
+//! the 1 ms fallback and a tenant of 50 µs kernels limited to 30 % would get 1.5 %.
 
 use super::bucket::{self, slot, Bucket, Take};
 use super::burst;
@@ -33,6 +39,8 @@ pub const UNKNOWN_WAIT_NS: u64 = 200_000_000;
 /// launch is stuck behind work that may never finish (a stream waiting on a value never written, a probe
 /// inherited across `fork`), and while it is out no other launch of the device is measured.
 pub const PROBE_TIMEOUT_NS: u64 = 5_000_000_000;
+/// Degraded mode (no events): length of a calibration window against NVML's per-process utilisation.
+pub const CALIB_NS: u64 = 200_000_000;
 
 /// What a completed probe reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +66,15 @@ pub trait Gpu {
     /// Other containers' use of the device (per-mille) since the previous call for this device (about
     /// `burst::SAMPLE_NS`); None = unknown.
     fn others_busy_pm(&self, dev: usize) -> Option<u64>;
+    /// Can launches on `dev` be measured (events work) at `now`? False sends the engine to degraded mode.
+    fn measures(&self, _dev: usize, _now: u64) -> bool {
+        true
+    }
+    /// Device time (ns) this process used on `dev` since the previous call (degraded mode's measurement); None =
+    /// unknown, or the first call (a baseline).
+    fn own_busy_ns(&self, _dev: usize) -> Option<u64> {
+        None
+    }
 }
 
 /// Region words of one device for this container (and this process's slot counter).
@@ -103,6 +120,11 @@ struct Dev {
     next_probe_at: AtomicU64,
     next_poll_at: AtomicU64,
     outstanding: Lock<Option<Outstanding>>,
+    /// Degraded mode: start of the current calibration window (0 = none yet), what was charged in it and for
+    /// how many launches.
+    calib_at: AtomicU64,
+    calib_charged: AtomicU64,
+    calib_launches: AtomicU64,
 }
 
 impl Dev {
@@ -112,6 +134,9 @@ impl Dev {
             next_probe_at: AtomicU64::new(0),
             next_poll_at: AtomicU64::new(0),
             outstanding: Lock::new(None),
+            calib_at: AtomicU64::new(0),
+            calib_charged: AtomicU64::new(0),
+            calib_launches: AtomicU64::new(0),
         }
     }
 }
@@ -174,7 +199,8 @@ impl Engine {
         let b = Bucket::new(sh.words);
         let mut known = self.est.get(key);
         let mut lim = limit();
-        if known.is_none() && lim.throttles() && d.probe_claimed.load(Ordering::Relaxed) {
+        let measuring = gpu.measures(dev, clock.now_ns());
+        if measuring && known.is_none() && lim.throttles() && d.probe_claimed.load(Ordering::Relaxed) {
             // A launch whose cost is unknown while a probe is out (typically the first launch of this very key):
             // wait for that measurement rather than let a loop queue many launches at a guessed cost. Bounded,
             // and sleeping.
@@ -212,7 +238,13 @@ impl Engine {
                         g.fetch_add(cost, Ordering::Relaxed);
                     }
                     sh.words[slot::LAST_LAUNCH].store(now, Ordering::Relaxed);
-                    let probe = !d.probe_claimed.load(Ordering::Relaxed)
+                    if !measuring {
+                        d.calib_charged.fetch_add(cost, Ordering::Relaxed);
+                        d.calib_launches.fetch_add(1, Ordering::Relaxed);
+                        self.calibrate(dev, sh, now, rate, gpu);
+                    }
+                    let probe = measuring
+                        && !d.probe_claimed.load(Ordering::Relaxed)
                         && (known.is_none() || now >= d.next_probe_at.load(Ordering::Relaxed))
                         && d.probe_claimed
                             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
@@ -274,8 +306,43 @@ impl Engine {
         self.devs.iter().map(|d| &d.outstanding)
     }
 
+    /// Degraded mode, once per `CALIB_NS` (the thread that wins the window's CAS): compare what this process
+    /// charged in the window with the device time NVML says it used; give the bucket the difference back and make
+    /// the window's average the estimate of unmeasured launches. The first window only takes NVML's baseline.
+    fn calibrate<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) {
+        let d = &self.devs[dev];
+        let at = d.calib_at.load(Ordering::Relaxed);
+        if (at != 0 && now < at.saturating_add(CALIB_NS))
+            || d.calib_at
+                .compare_exchange(at, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let charged = d.calib_charged.swap(0, Ordering::Relaxed);
+        let launches = d.calib_launches.swap(0, Ordering::Relaxed);
+        let measured = gpu.own_busy_ns(dev);
+        let (Some(measured), true, true) = (measured, at != 0, launches > 0) else {
+            return;
+        };
+        let measured = measured.min(bucket::MAX_COST_NS.saturating_mul(launches));
+        self.est.calibrate(measured / launches);
+        let delta = measured as i64 - charged.min(i64::MAX as u64) as i64;
+        Bucket::new(sh.words).adjust(delta, rate);
+        add_signed(sh.busy_ns, delta);
+        if let Some(g) = sh.gpu_ns {
+            add_signed(g, delta);
+        }
+    }
+
     /// The launch failed: give back what was charged (and the probe claim).
     pub fn refund(&self, sh: &Shared<'_>, t: &Ticket) {
+        let d = &self.devs[t.dev];
+        let _ = d
+            .calib_charged
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(t.charged))
+            });
         if t.rate != 0 {
             Bucket::new(sh.words).adjust(-(t.charged as i64), t.rate);
         }
@@ -502,6 +569,9 @@ mod tests {
         next_handle: RefCell<u64>,
         pending_start: RefCell<u64>,
         util: RefCell<Option<u64>>,
+        /// False: the driver refuses events (degraded mode); then `own_busy_ns` reports the device time used.
+        measuring: RefCell<bool>,
+        own_prev: RefCell<Option<u64>>,
     }
 
     impl<'c> FakeGpu<'c> {
@@ -515,7 +585,13 @@ mod tests {
                 next_handle: RefCell::new(1),
                 pending_start: RefCell::new(0),
                 util: RefCell::new(None),
+                measuring: RefCell::new(true),
+                own_prev: RefCell::new(None),
             }
+        }
+        /// Work that has run by now (the queue after `now` is contiguous up to `tail`).
+        fn ran(&self) -> u64 {
+            *self.busy.borrow() - self.tail.borrow().saturating_sub(self.clock.now_ns())
         }
         fn launch(&self) {
             let now = self.clock.now_ns();
@@ -552,12 +628,25 @@ mod tests {
         fn others_busy_pm(&self, _dev: usize) -> Option<u64> {
             *self.util.borrow()
         }
+        fn measures(&self, _dev: usize, _now: u64) -> bool {
+            *self.measuring.borrow()
+        }
+        fn own_busy_ns(&self, _dev: usize) -> Option<u64> {
+            let ran = self.ran();
+            self.own_prev.borrow_mut().replace(ran).map(|p| ran - p)
+        }
     }
 
     /// Saturating loop: admit, launch, for `secs`; returns the device share (per-mille) actually used.
     fn run(limit: Policy, kernel_ns: u64, secs: u64) -> f64 {
+        run_on(limit, kernel_ns, secs, true)
+    }
+
+    /// `run`, with (`measuring`) or without events.
+    fn run_on(limit: Policy, kernel_ns: u64, secs: u64, measuring: bool) -> f64 {
         let r = Rig::new();
         let gpu = r.gpu(kernel_ns);
+        *gpu.measuring.borrow_mut() = measuring;
         let clock = &r.clock;
         let start = clock.now_ns();
         while clock.now_ns() < start + secs * 1000 * MS {
@@ -585,6 +674,19 @@ mod tests {
                 let want = pct as f64 * 10.0;
                 assert!((share - want).abs() < 5.0, "L={pct} kernel={kernel}: {share}");
             }
+        }
+    }
+
+    #[test]
+    fn without_events_the_share_holds_from_calibration() {
+        // Each launch charged the 1 ms fallback would give 50 µs kernels 30 × 0.05 = 1.5 % at a 30 % limit.
+        for (pct, kernel) in [(30u32, 50_000u64), (30, 5_000), (50, 50_000), (30, 10 * MS)] {
+            let share = run_on(lim(pct, PolicyKind::Hard), kernel, 10, false);
+            let want = pct as f64 * 10.0;
+            assert!(
+                (share - want).abs() < 30.0,
+                "no events, L={pct} kernel={kernel}: {share} per-mille"
+            );
         }
     }
 

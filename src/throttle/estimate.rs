@@ -87,6 +87,20 @@ impl Estimator {
         }
     }
 
+    /// Degraded mode (no per-launch measurement): `avg`, the average device time of the launches of the last
+    /// calibration window, becomes the estimate of launches never measured — at once when it is below half the
+    /// current one (the 1 ms default against short kernels), else by 1/4 of the difference.
+    pub fn calibrate(&self, avg: u64) {
+        let avg = avg.clamp(1, super::bucket::MAX_COST_NS);
+        let m = self.fallback();
+        let nm = if avg < m / 2 {
+            avg
+        } else {
+            (m as i128 + (avg as i128 - m as i128) / 4) as u64
+        };
+        self.mean.store(nm.max(1), Ordering::Relaxed);
+    }
+
     /// Record a measurement. The first sample of a key is taken as is; later ones move the estimate by 1/4 of
     /// the difference (smooths jitter, follows a real change within a few samples), except that a sample below
     /// half the estimate replaces it: the first launch of a kernel is often measured long — with lazy loading

@@ -84,6 +84,12 @@ impl Gpu for Driver<'_> {
     fn others_busy_pm(&self, dev: usize) -> Option<u64> {
         self.util.others_pm(self.nvml, self.devices, dev)
     }
+    fn measures(&self, dev: usize, now: u64) -> bool {
+        self.probes.is_some_and(|p| p.usable(dev, now))
+    }
+    fn own_busy_ns(&self, dev: usize) -> Option<u64> {
+        self.util.own_busy_ns(self.nvml, self.devices, dev)
+    }
 }
 
 impl SmThrottle {
@@ -108,7 +114,7 @@ impl SmThrottle {
         if probes.is_none() && c.loaded && devices.sm_limited() {
             log!(
                 Level::Warn,
-                "CUDA events unavailable: SM limits charge estimates only"
+                "CUDA events unavailable: SM limits calibrate launch costs from NVML utilisation"
             );
         }
         SmThrottle {

@@ -8,12 +8,22 @@
 //!
 //! Function pointers come in as an [`EventApi`] (filled from the driver table), so this file has no view of how
 //! the real library was loaded.
+//!
+//! A driver that refuses the event calls (creation, recording, query or elapsed time fail `FAILS_TO_DEGRADE`
+//! times in a row on a device) makes the device unmeasurable ([`EventProbes::usable`] false): the engine then
+//! calibrates from NVML instead (degraded mode), and events are tried again every `RETRY_NS`.
 
 use super::engine::Poll;
 use crate::ffi::cuda::{CUcontext, CUevent, CUresult, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use crate::locks::Lock;
 use cuquota_core::region::layout::MAX_DEVICES;
 use std::ffi::{c_uint, c_void};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// Consecutive refusals of the event calls on a device after which it counts as unmeasurable.
+pub const FAILS_TO_DEGRADE: u32 = 3;
+/// How often an unmeasurable device tries events again (one probe).
+pub const RETRY_NS: u64 = 1_000_000_000;
 
 type CuResult = CUresult;
 const CUDA_SUCCESS: CuResult = CUresult::SUCCESS;
@@ -46,6 +56,10 @@ pub(crate) struct Slot {
 pub struct EventProbes {
     api: EventApi,
     slots: [Lock<Option<Slot>>; MAX_DEVICES],
+    /// Consecutive refusals of the event calls, per device.
+    fails: [AtomicU32; MAX_DEVICES],
+    /// While unmeasurable: when to try events again (monotonic ns), per device.
+    retry_at: [AtomicU64; MAX_DEVICES],
 }
 
 impl std::fmt::Debug for EventProbes {
@@ -60,6 +74,51 @@ impl EventProbes {
         EventProbes {
             api,
             slots: std::array::from_fn(|_| Lock::new(None)),
+            fails: std::array::from_fn(|_| AtomicU32::new(0)),
+            retry_at: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// Can launches on `dev` be measured with events at `now`? False after `FAILS_TO_DEGRADE` refusals in a row;
+    /// true again for one try every `RETRY_NS` (the next probe's outcome decides).
+    pub fn usable(&self, dev: usize, now: u64) -> bool {
+        let (Some(f), Some(r)) = (self.fails.get(dev), self.retry_at.get(dev)) else {
+            return false;
+        };
+        if f.load(Ordering::Relaxed) < FAILS_TO_DEGRADE {
+            return true;
+        }
+        let at = r.load(Ordering::Relaxed);
+        now >= at
+            && r.compare_exchange(
+                at,
+                now.saturating_add(RETRY_NS),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+    }
+
+    /// The driver refused an event call on `dev`.
+    fn refused(&self, dev: usize) {
+        if let Some(f) = self.fails.get(dev) {
+            if f.fetch_add(1, Ordering::Relaxed) + 1 == FAILS_TO_DEGRADE {
+                if let Some(r) = self.retry_at.get(dev) {
+                    r.store(
+                        crate::time::monotonic_ns().saturating_add(RETRY_NS),
+                        Ordering::Relaxed,
+                    );
+                }
+            }
+        }
+    }
+
+    /// An event pair on `dev` measured a launch.
+    fn worked(&self, dev: usize) {
+        if let Some(f) = self.fails.get(dev) {
+            if f.load(Ordering::Relaxed) != 0 {
+                f.store(0, Ordering::Relaxed);
+            }
         }
     }
 
@@ -140,13 +199,17 @@ impl EventProbes {
             r == CUDA_SUCCESS
         };
         match g.as_ref() {
-            None => return 0,
+            None => {
+                self.refused(dev);
+                return 0;
+            }
             Some(s) if record(s) => return dev as u64 + 1,
             Some(_) => {}
         }
         if fresh {
             // New events of a live context that cannot be recorded on this stream: give them back.
             self.destroy(g.take());
+            self.refused(dev);
             return 0;
         }
         // Reused events that no longer work: their context was destroyed and the stream's context got the same
@@ -157,6 +220,7 @@ impl EventProbes {
             Some(s) if record(s) => dev as u64 + 1,
             _ => {
                 self.destroy(g.take());
+                self.refused(dev);
                 0
             }
         }
@@ -169,7 +233,12 @@ impl EventProbes {
         };
         let Some(s) = g.as_ref() else { return false };
         // SAFETY: our event on the program's stream.
-        unsafe { (self.api.cuEventRecord)(s.end as *mut c_void, stream as *mut c_void) == CUDA_SUCCESS }
+        let ok =
+            unsafe { (self.api.cuEventRecord)(s.end as *mut c_void, stream as *mut c_void) == CUDA_SUCCESS };
+        if !ok {
+            self.refused(p as usize - 1);
+        }
+        ok
     }
 
     /// Has probe `p` completed?
@@ -181,19 +250,25 @@ impl EventProbes {
             return Poll::Pending;
         };
         let Some(s) = g.as_ref() else { return Poll::Failed };
+        let dev = p as usize - 1;
         // SAFETY: our event.
         match unsafe { (self.api.cuEventQuery)(s.end as *mut c_void) } {
             CUDA_SUCCESS => {}
             CUDA_ERROR_NOT_READY => return Poll::Pending,
-            _ => return Poll::Failed,
+            _ => {
+                self.refused(dev);
+                return Poll::Failed;
+            }
         }
         let mut ms = 0f32;
         // SAFETY: both our events, both recorded and complete.
         let r =
             unsafe { (self.api.cuEventElapsedTime)(&mut ms, s.start as *mut c_void, s.end as *mut c_void) };
         if r != CUDA_SUCCESS || !ms.is_finite() || ms < 0.0 {
+            self.refused(dev);
             return Poll::Failed;
         }
+        self.worked(dev);
         Poll::Done((ms as f64 * 1e6) as u64)
     }
 
@@ -228,6 +303,10 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     static GEN: AtomicUsize = AtomicUsize::new(1);
+    /// The fake driver is process-wide: one test at a time.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    /// While set, the fake driver refuses to create events.
+    static REFUSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     static NEXT: AtomicUsize = AtomicUsize::new(1);
     static LIVE_EVENTS: AtomicUsize = AtomicUsize::new(0);
     const CTX: usize = 0x1000;
@@ -236,6 +315,9 @@ mod tests {
         (e as usize >> 20) == GEN.load(Ordering::SeqCst)
     }
     unsafe extern "C" fn create(e: *mut CUevent, _f: c_uint) -> CuResult {
+        if REFUSE.load(Ordering::SeqCst) {
+            return CUresult(801);
+        }
         let h = (GEN.load(Ordering::SeqCst) << 20) | NEXT.fetch_add(1, Ordering::SeqCst);
         LIVE_EVENTS.fetch_add(1, Ordering::SeqCst);
         // SAFETY: out-pointer from the code under test.
@@ -282,9 +364,8 @@ mod tests {
         CUDA_SUCCESS
     }
 
-    #[test]
-    fn events_of_a_destroyed_context_whose_handle_was_reused_are_replaced() {
-        let p = EventProbes::new(EventApi {
+    fn api() -> EventApi {
+        EventApi {
             cuEventCreate: create,
             cuEventDestroy: destroy,
             cuEventRecord: record,
@@ -295,7 +376,42 @@ mod tests {
             cuCtxGetCurrent: ctx_current,
             cuCtxPushCurrent: push,
             cuCtxPopCurrent: pop,
-        });
+        }
+    }
+
+    #[test]
+    fn refused_events_make_the_device_unmeasurable_and_are_retried() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let p = EventProbes::new(api());
+        let (dev, stream) = (5, 0x5000);
+        let now = crate::time::monotonic_ns();
+        REFUSE.store(true, Ordering::SeqCst);
+        for i in 0..FAILS_TO_DEGRADE {
+            assert!(p.usable(dev, now), "unmeasurable after {i} refusals");
+            assert_eq!(p.probe_begin(dev, stream), 0);
+        }
+        assert!(
+            !p.usable(dev, now),
+            "still measurable after {FAILS_TO_DEGRADE} refusals"
+        );
+        assert!(p.usable(4, now), "another device is not affected");
+        // One try per RETRY_NS.
+        let later = now + 2 * RETRY_NS;
+        assert!(p.usable(dev, later));
+        assert!(!p.usable(dev, later + 1));
+        // The driver works again: one measured probe makes the device measurable for good.
+        REFUSE.store(false, Ordering::SeqCst);
+        let h = p.probe_begin(dev, stream);
+        assert_ne!(h, 0);
+        assert!(p.probe_end(h, stream));
+        assert_eq!(p.probe_poll(h), Poll::Done(50_000));
+        assert!(p.usable(dev, later + 2));
+    }
+
+    #[test]
+    fn events_of_a_destroyed_context_whose_handle_was_reused_are_replaced() {
+        let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let p = EventProbes::new(api());
         let stream = 0x5000;
         let h = p.probe_begin(3, stream);
         assert_ne!(h, 0);

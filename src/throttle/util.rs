@@ -1,5 +1,6 @@
-//! Other containers' use of a device, for the burst controller: NVML's per-process utilisation since the last
-//! sample, summed over the processes that are not members of this container's usage region.
+//! NVML's per-process utilisation since the last sample: other containers' use of a device, for the burst
+//! controller (summed over the processes that are not members of this container's usage region), and this
+//! process's own device time, for degraded mode (no events to measure launches with).
 
 use super::bucket::FULL_RATE;
 use super::burst;
@@ -17,6 +18,8 @@ pub struct Util {
     handles: [AtomicUsize; MAX_DEVICES],
     /// CLOCK_REALTIME µs of the previous sample.
     last_seen: [AtomicU64; MAX_DEVICES],
+    /// CLOCK_REALTIME µs of the previous own-time sample (degraded mode), 0 = none yet.
+    own_seen: [AtomicU64; MAX_DEVICES],
 }
 
 impl Default for Util {
@@ -24,8 +27,24 @@ impl Default for Util {
         Util {
             handles: std::array::from_fn(|_| AtomicUsize::new(0)),
             last_seen: std::array::from_fn(|_| AtomicU64::new(0)),
+            own_seen: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
+}
+
+/// Each pid's average `smUtil` (percent) over the samples.
+fn per_pid(samples: &[nvmlProcessUtilizationSample_t]) -> Vec<(u32, u64, u64)> {
+    let mut per: Vec<(u32, u64, u64)> = Vec::new();
+    for smp in samples {
+        match per.iter_mut().find(|x| x.0 == smp.pid) {
+            Some(x) => {
+                x.1 += smp.smUtil as u64;
+                x.2 += 1;
+            }
+            None => per.push((smp.pid, smp.smUtil as u64, 1)),
+        }
+    }
+    per
 }
 
 impl Util {
@@ -67,16 +86,7 @@ impl Util {
             return None;
         }
         // Average each pid's samples, sum over the pids outside this container.
-        let mut per: Vec<(u32, u64, u64)> = Vec::new();
-        for smp in &buf[..(n as usize).min(buf.len())] {
-            match per.iter_mut().find(|x| x.0 == smp.pid) {
-                Some(x) => {
-                    x.1 += smp.smUtil as u64;
-                    x.2 += 1;
-                }
-                None => per.push((smp.pid, smp.smUtil as u64, 1)),
-            }
-        }
+        let per = per_pid(&buf[..(n as usize).min(buf.len())]);
         let usage = devices.usage();
         let others: u64 = per
             .iter()
@@ -84,5 +94,45 @@ impl Util {
             .map(|(_, sum, k)| sum * 10 / k)
             .sum();
         Some(others.min(FULL_RATE))
+    }
+
+    /// Device time (ns) this process used on usage entry `entry`'s device since the previous call, from NVML's
+    /// per-process utilisation (its samples for our pid, or the host pid NVML knows us by); `None` on the first
+    /// call (the baseline) or when NVML cannot tell.
+    pub fn own_busy_ns(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+        let t = nvml.ready()?;
+        let h = self.handle(nvml, devices, entry)?;
+        let now = realtime_us();
+        let since = self.own_seen.get(entry)?.swap(now, Ordering::Relaxed);
+        if since == 0 || since >= now {
+            return None;
+        }
+        let mut buf = [nvmlProcessUtilizationSample_t::default(); 128];
+        let mut n = buf.len() as c_uint;
+        // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
+        let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
+        if r == nvmlReturn_t::ERROR_NOT_FOUND {
+            return Some(0);
+        }
+        if !r.ok() {
+            return None;
+        }
+        let me = std::process::id();
+        let usage = devices.usage();
+        let host = usage.cached_slot().and_then(|own| {
+            usage
+                .processes()
+                .into_iter()
+                .find(|p| p.slot == own)
+                .map(|p| p.host_pid)
+        });
+        let pct = per_pid(&buf[..(n as usize).min(buf.len())])
+            .iter()
+            .filter(|(pid, _, _)| *pid == me || Some(*pid) == host.filter(|h| *h != 0))
+            .map(|(_, sum, k)| sum / k)
+            .max()
+            .unwrap_or(0)
+            .min(100);
+        Some(pct * (now - since) * 1000 / 100)
     }
 }

@@ -130,6 +130,11 @@ pub(crate) fn cuda_error_name(code: u32) -> Option<&'static str> {
     CUDA_ERRORS.iter().find(|e| e.0 == code).map(|e| e.1)
 }
 
+/// The code of a CUresult name (`CUDA_ERROR_…`), `None` for a name cuda.h does not define.
+pub(crate) fn cuda_error_code(name: &str) -> Option<u32> {
+    CUDA_ERRORS.iter().find(|e| e.1 == name).map(|e| e.0)
+}
+
 /// Description of a CUresult, `None` for a code cuda.h does not define.
 pub(crate) fn cuda_error_string(code: u32) -> Option<&'static str> {
     SHORT

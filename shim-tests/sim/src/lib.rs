@@ -10,7 +10,7 @@
 //! each: `config` (env), `state` (the shared file), `sim` (process-wide state), `device` (visibility and
 //! attributes), `context`, `memory`, `pool`, `vmm`, `array`, `code` (compiled images), `module`, `stream`, `timeline`, `launch`,
 //! `graph`, `nvml`, `proc_address` (+ the generated `proc_table` and `stubs`), `export_table` (the runtime's
-//! private tables), `errors`, `types` (header values and layouts).
+//! private tables), `errors`, `fault` (injected errors, `CUDASIM_FAULT`), `types` (header values and layouts).
 
 mod abi;
 mod array;
@@ -20,6 +20,7 @@ mod context;
 mod device;
 mod errors;
 mod export_table;
+mod fault;
 mod graph;
 mod graph_mem;
 mod launch;

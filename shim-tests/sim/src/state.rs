@@ -465,7 +465,8 @@ impl SharedState {
 /// `kill(pid, 0)` and /proc both not finding the pid answers exactly for exited-and-reaped processes (the
 /// common case; both, because a process in a child pid namespace with the host's /proc finds other slots'
 /// host pids only in /proc); the full check through /proc (zombie, pid reused by another process) runs at
-/// most every 20 ms per owner.
+/// most every 20 ms per owner. The cache is only tried, never waited for: in a child forked while another
+/// thread of its parent held it, it stays locked for ever (an NVML query there hung).
 fn slot_owner_alive(pid: u32, start_time: u64) -> bool {
     use std::collections::HashMap;
     static VERIFIED: parking_lot::Mutex<Option<HashMap<(u32, u64), u64>>> = parking_lot::Mutex::new(None);
@@ -475,7 +476,9 @@ fn slot_owner_alive(pid: u32, start_time: u64) -> bool {
         return false;
     }
     let now = crate::timeline::now_ns();
-    let mut cache = VERIFIED.lock();
+    let Some(mut cache) = VERIFIED.try_lock() else {
+        return pid_alive(pid, Some(start_time));
+    };
     let cache = cache.get_or_insert_with(HashMap::new);
     if cache
         .get(&(pid, start_time))

@@ -52,6 +52,10 @@ pub(crate) fn log(msg: impl FnOnce() -> String) {
 
 /// Runs a driver API body: logs, catches panics, maps the result.
 pub(crate) fn guard_cuda(name: &str, f: impl FnOnce() -> CuResult<()>) -> CUresult {
+    if let Some(e) = crate::fault::cuda(name) {
+        log(|| format!("{name} -> {e} (injected: CUDASIM_FAULT)"));
+        return e;
+    }
     let r = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => CUDA_SUCCESS,
         Ok(Err(e)) => e,
@@ -68,6 +72,10 @@ pub(crate) fn guard_cuda(name: &str, f: impl FnOnce() -> CuResult<()>) -> CUresu
 
 /// Runs an NVML body: logs, catches panics, maps the result.
 pub(crate) fn guard_nvml(name: &str, f: impl FnOnce() -> Result<(), NvmlReturn>) -> NvmlReturn {
+    if let Some(e) = crate::fault::nvml(name) {
+        log(|| format!("{name} -> {e} (injected: CUDASIM_FAULT)"));
+        return e;
+    }
     let r = match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => NVML_SUCCESS,
         Ok(Err(e)) => e,
@@ -84,6 +92,9 @@ pub(crate) fn guard_nvml(name: &str, f: impl FnOnce() -> Result<(), NvmlReturn>)
 
 /// What a known-but-unimplemented driver function returns.
 pub(crate) fn stub(name: &str) -> CUresult {
+    if let Some(e) = crate::fault::cuda(name) {
+        return e;
+    }
     let r = if crate::sim::cuda_initialised() {
         CUDA_ERROR_NOT_SUPPORTED
     } else {
