@@ -59,6 +59,7 @@ pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcont
     let r = call();
     s.mem
         .context_destroyed(&s.cuda, &s.nvml, ctx as usize, owner, r.ok());
+    s.throttle.contexts_changed();
     r
 }
 
@@ -84,6 +85,7 @@ pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice,
     let r = call();
     if r.ok() {
         s.mem.primary_released(&s.cuda, &s.nvml, dev, reset);
+        s.throttle.contexts_changed();
     }
     r
 }
