@@ -16,7 +16,7 @@ use super::{Memory, OverCap};
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
-use crate::ffi::cuda::CUdevice;
+use crate::ffi::cuda::{CUdevice, CUresult};
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use std::collections::HashMap;
@@ -211,6 +211,36 @@ impl Memory {
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
+    }
+
+    /// `cuCtxSetLimit` of a memory-backed limit on `dev` whose reservation grows by about `growth` bytes: the
+    /// growth is admitted as overhead before the driver is asked (over the cap: `CUDA_ERROR_OUT_OF_MEMORY`, the
+    /// driver not called); once it answered, NVML's figure replaces the estimate (a lowered limit shrinks it).
+    pub fn setting_limit(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        growth: u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        if growth > 0
+            && self
+                .set_overhead(dev, self.overhead(dev).saturating_add(growth), true)
+                .is_err()
+        {
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        }
+        let r = call();
+        match self.nvml_used(nvml, dev) {
+            Some(used) => {
+                let _ = self.set_overhead(dev, used.saturating_sub(self.allocated(dev)), false);
+            }
+            None if !r.ok() => {
+                let _ = self.set_overhead(dev, self.overhead(dev).saturating_sub(growth), false);
+            }
+            None => {}
+        }
+        r
     }
 
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
