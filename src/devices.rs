@@ -146,7 +146,8 @@ impl Devices {
     }
 
     /// True when the driver reports exactly one device (asked once, after a successful answer).
-    fn single_device(&self, cuda: &CudaTable) -> bool {
+    #[inline]
+    pub fn single_device(&self, cuda: &CudaTable) -> bool {
         if let Some(&one) = self.single.get() {
             return one;
         }

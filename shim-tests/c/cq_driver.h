@@ -41,6 +41,8 @@ typedef struct {
     CUresult (*DeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
     CUresult (*CtxSetCurrent)(CUcontext);
     CUresult (*CtxSynchronize)(void);
+    CUresult (*CtxSetLimit)(CUlimit, size_t);
+    CUresult (*CtxGetLimit)(size_t *, CUlimit);
     CUresult (*MemGetInfo)(size_t *, size_t *);
     CUresult (*MemAlloc)(CUdeviceptr *, size_t);
     CUresult (*MemFree)(CUdeviceptr);
@@ -90,6 +92,8 @@ static const cq_fn cq_fns[] = {
     CQ_FN(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", "cuDeviceGetDefaultMemPool", NULL),
     CQ_FN(CtxSetCurrent, "cuCtxSetCurrent", "cuCtxSetCurrent", NULL),
     CQ_FN(CtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize", NULL),
+    CQ_FN(CtxSetLimit, "cuCtxSetLimit", "cuCtxSetLimit", NULL),
+    CQ_FN(CtxGetLimit, "cuCtxGetLimit", "cuCtxGetLimit", NULL),
     CQ_FNP(MemGetInfo, "cuMemGetInfo", "cuMemGetInfo_v2", NULL),
     CQ_FNP(MemAlloc, "cuMemAlloc", "cuMemAlloc_v2", NULL),
     CQ_FNP(MemFree, "cuMemFree", "cuMemFree_v2", NULL),
@@ -137,6 +141,8 @@ static int cq_load_direct(cq_driver *d) {
     d->DeviceGetDefaultMemPool = cuDeviceGetDefaultMemPool;
     d->CtxSetCurrent = cuCtxSetCurrent;
     d->CtxSynchronize = cuCtxSynchronize;
+    d->CtxSetLimit = cuCtxSetLimit;
+    d->CtxGetLimit = cuCtxGetLimit;
     d->MemGetInfo = cuMemGetInfo;
     d->MemAlloc = cuMemAlloc;
     d->MemFree = cuMemFree;

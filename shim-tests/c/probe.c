@@ -5,6 +5,8 @@
  * Every command prints `key=value` lines on stdout (flushed), which the Rust tests parse. Commands:
  *   init                 cuInit(0), retain + make current the primary context of ordinal 0   init=, ctx=
  *   dev:N                retain + make current the primary context of ordinal N              dev.N=
+ *   release              cuDevicePrimaryCtxRelease of the current ordinal (the last release ends the context:
+ *                        its memory and limits go with it; `dev:N` retains it again)           release=
  *   alloc:KIND:SIZE      KIND: mem pitch managed async pool vmm array array3d mipmap       alloc.I=<result>
  *                        (async: the device's default pool, release threshold 0, so memory returns at the
  *                        stream sync; pool: the probe's own pool with release threshold UINT64_MAX, so freed
@@ -33,6 +35,8 @@
  *   sleep:MS             sleep
  *   pid                  pid=
  *   setenv:NAME=VALUE    setenv(NAME, VALUE, 1), as a program may before cuInit                 setenv=
+ *   setlimit:L:BYTES     cuCtxSetLimit(L, BYTES), L: stack | fifo | heap                setlimit.L=<result>
+ *   getlimit:L           cuCtxGetLimit(L)                                  getlimit.L.rc= getlimit.L=
  */
 #include "cq_driver.h"
 #include <pthread.h>
@@ -372,6 +376,9 @@ int main(int argc, char **argv) {
         } else if (strncmp(c, "dev:", 4) == 0) {
             int n = atoi(c + 4);
             printf("dev.%d=%s\n", n, cq_err(make_current(n)));
+        } else if (strcmp(c, "release") == 0) {
+            NEED(DevicePrimaryCtxRelease);
+            printf("release=%s\n", cq_err(D.DevicePrimaryCtxRelease(g_dev)));
         } else if (strncmp(c, "alloc:", 6) == 0) {
             enum kind k;
             const char *colon = strchr(c + 6, ':');
@@ -476,6 +483,30 @@ int main(int argc, char **argv) {
         } else if (strcmp(c, "bogusfree") == 0) {
             NEED(MemFree);
             printf("bogusfree=%s\n", cq_err(D.MemFree((CUdeviceptr)0xdead0000beef000ull)));
+        } else if (strncmp(c, "setlimit:", 9) == 0 || strncmp(c, "getlimit:", 9) == 0) {
+            NEED(CtxSetLimit);
+            NEED(CtxGetLimit);
+            const char *name = c + 9;
+            size_t len = strcspn(name, ":");
+            CUlimit l;
+            if (len == 5 && strncmp(name, "stack", 5) == 0) {
+                l = CU_LIMIT_STACK_SIZE;
+            } else if (len == 4 && strncmp(name, "fifo", 4) == 0) {
+                l = CU_LIMIT_PRINTF_FIFO_SIZE;
+            } else if (len == 4 && strncmp(name, "heap", 4) == 0) {
+                l = CU_LIMIT_MALLOC_HEAP_SIZE;
+            } else {
+                fprintf(stderr, "bad command %s\n", c);
+                return 2;
+            }
+            if (c[0] == 's') {
+                size_t v = (size_t)cq_size(name + len + (name[len] == ':'));
+                printf("setlimit.%.*s=%s\n", (int)len, name, cq_err(D.CtxSetLimit(l, v)));
+            } else {
+                size_t v = 0;
+                CUresult r = D.CtxGetLimit(&v, l);
+                printf("getlimit.%.*s.rc=%s\ngetlimit.%.*s=%zu\n", (int)len, name, cq_err(r), (int)len, name, v);
+            }
         } else if (strcmp(c, "simused") == 0) {
             unsigned int n = 0;
             for (; n < 64; n++) {

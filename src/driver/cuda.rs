@@ -65,6 +65,7 @@ macro_rules! cuda_functions {
             cuCtxCreate_v4 @12050 (pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) => context::ctx_create(call, pctx, dev);
             cuCtxDestroy @2000 (ctx: CUcontext) => context::ctx_destroy(call, ctx);
             cuCtxDestroy_v2 @4000 (ctx: CUcontext) => context::ctx_destroy(call, ctx);
+            cuCtxSetLimit @3010 (limit: CUlimit, value: usize) => context::set_limit(call, limit, value);
             cuDevicePrimaryCtxRetain @7000 (pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain(call, dev);
             cuDevicePrimaryCtxRelease @7000 (dev: CUdevice) => context::primary_release(call, dev, false);
             cuDevicePrimaryCtxRelease_v2 @11000 (dev: CUdevice) => context::primary_release(call, dev, false);
@@ -108,6 +109,8 @@ macro_rules! cuda_functions {
             cuDeviceGetUuid @9020 (uuid: *mut CUuuid, dev: CUdevice);
             cuDeviceGetUuid_v2 @11040 (uuid: *mut CUuuid, dev: CUdevice);
             cuCtxGetDevice @2000 (device: *mut CUdevice);
+            cuCtxGetLimit @3010 (pvalue: *mut usize, limit: CUlimit);
+            cuDeviceGetAttribute @2000 (pi: *mut c_int, attrib: CUdevice_attribute, dev: CUdevice);
             cuCtxGetCurrent @4000 (pctx: *mut CUcontext);
             cuCtxPushCurrent_v2 @4000 (ctx: CUcontext);
             cuCtxPopCurrent_v2 @4000 (pctx: *mut CUcontext);

@@ -65,6 +65,8 @@ c_aliases! { checked_aliases;
     pub type CUdriverProcAddressQueryResult = c_uint;
     pub type CUgraphMem_attribute = c_uint;
     pub type CUgraphNodeType = c_uint;
+    pub type CUlimit = c_uint;
+    pub type CUdevice_attribute = c_uint;
 }
 
 c_structs! { checked_structs;
@@ -214,6 +216,11 @@ c_consts! { checked_consts;
     /// Event flags: `cuEventSynchronize` sleeps instead of spinning; no timestamps (cheaper).
     CU_EVENT_BLOCKING_SYNC: c_uint = 0x1;
     CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+    CU_LIMIT_STACK_SIZE: CUlimit = 0x00;
+    CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 0x01;
+    CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 0x02;
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute = 16;
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute = 39;
     /// `CU_STREAM_LEGACY`: the legacy default stream's handle.
     CU_STREAM_LEGACY: usize = 0x1;
     /// `CU_STREAM_PER_THREAD`: the per-thread default stream's handle.

@@ -88,6 +88,7 @@ pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcont
     let r = call();
     s.mem
         .context_destroyed(&s.cuda, &s.nvml, ctx as usize, owner, r.ok());
+    s.throttle.contexts_changed();
     r
 }
 
@@ -127,8 +128,41 @@ pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice,
     let r = call();
     if r.ok() {
         s.mem.primary_released(&s.cuda, &s.nvml, dev, reset);
+        s.throttle.contexts_changed();
     }
     r
+}
+
+/// `cuCtxSetLimit`: the stack size (per thread, for every thread the device can hold), the printf FIFO and the
+/// malloc heap reserve device memory in the current context. Raising one is admitted against the cap first
+/// (`CUDA_ERROR_OUT_OF_MEMORY` over it, the driver not asked), then the overhead is re-measured.
+pub fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, value: usize) -> CUresult {
+    if limit > CU_LIMIT_MALLOC_HEAP_SIZE {
+        return call();
+    }
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return call();
+    };
+    let bytes = |v: usize| -> u64 {
+        if limit != CU_LIMIT_STACK_SIZE {
+            return v as u64;
+        }
+        let attr = |a: CUdevice_attribute| {
+            let mut n: c_int = 0;
+            // SAFETY: valid out-pointer.
+            let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
+            (ok && n > 0).then_some(n as u64)
+        };
+        // Unknown: as many as today's largest GPUs hold (fail towards charging).
+        let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
+        let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
+        (v as u64).saturating_mul(sms * threads)
+    };
+    let mut cur: usize = 0;
+    // SAFETY: valid out-pointer; a failed query leaves 0 (the whole new reservation is admitted).
+    unsafe { s.cuda.cuCtxGetLimit(&mut cur, limit) };
+    let growth = bytes(value).saturating_sub(bytes(cur));
+    s.mem.setting_limit(&s.nvml, dev, growth, call)
 }
 
 /// `cuModuleLoad`, `cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`.

@@ -100,15 +100,14 @@ pub unsafe fn multi_device(
     let mut parts = Vec::with_capacity(entries.len());
     for e in entries {
         // Each entry's stream lives in its device's context.
-        if let Some(ord) = t.stream_device(&s.cuda, e.hStream as usize) {
-            let grid = [e.gridDimX, e.gridDimY, e.gridDimZ];
-            let block = [e.blockDimX, e.blockDimY, e.blockDimZ];
-            parts.push((
-                ord,
-                kernel_key(e.function, grid, block),
-                probe_stream(e.hStream, DefaultStream::Legacy),
-            ));
-        }
+        let stream = probe_stream(e.hStream, DefaultStream::Legacy);
+        let grid = [e.gridDimX, e.gridDimY, e.gridDimZ];
+        let block = [e.blockDimX, e.blockDimY, e.blockDimZ];
+        parts.push((
+            t.stream_device(&s.cuda, stream),
+            kernel_key(e.function, grid, block),
+            stream,
+        ));
     }
     t.launch_multi(&s.cuda, &s.nvml, &parts, call)
 }

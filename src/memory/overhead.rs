@@ -22,7 +22,7 @@ use super::{Memory, OverCap};
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
-use crate::ffi::cuda::CUdevice;
+use crate::ffi::cuda::{CUdevice, CUresult};
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
@@ -325,6 +325,49 @@ impl Memory {
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
+    }
+
+    /// `cuCtxSetLimit` of a memory-backed limit on `dev` whose reservation grows by about `growth` bytes: the
+    /// growth is admitted as overhead before the driver is asked (over the cap: `CUDA_ERROR_OUT_OF_MEMORY`, the
+    /// driver not called); once it answered, NVML's figure replaces the estimate (a lowered limit shrinks it).
+    pub fn setting_limit(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        growth: u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let inflight = &self.holdings.inflight[dev.id.index()];
+        if growth > 0 {
+            // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
+            let _g = self.overhead_lock.lock();
+            let cur = self.overhead(dev);
+            if self
+                .set_overhead_locked(dev, cur.saturating_add(growth), true)
+                .is_err()
+            {
+                return CUresult::ERROR_OUT_OF_MEMORY;
+            }
+            inflight.fetch_add(growth, Ordering::Relaxed);
+        }
+        let r = call();
+        let _g = self.overhead_lock.lock();
+        if growth > 0 {
+            let _ = inflight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(growth))
+            });
+        }
+        match self.nvml_used(nvml, dev) {
+            Some(used) => {
+                let target = used.saturating_sub(self.allocated(dev)) + self.holdings.inflight(dev);
+                let _ = self.set_overhead_locked(dev, target, false);
+            }
+            None if !r.ok() => {
+                let _ = self.set_overhead_locked(dev, self.overhead(dev).saturating_sub(growth), false);
+            }
+            None => {}
+        }
+        r
     }
 
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the

@@ -17,12 +17,14 @@
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
 //! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests;
 //! - [`priority`]: high-priority tenants publish their launches in the node's priority file, best-effort
-//!   tenants yield to them (docs/priority.md).
+//!   tenants yield to them (docs/priority.md);
+//! - [`stream`]: which device a launch runs on (its stream's, not the current context's).
 //!
 //! Cost when no SM limit and no priority applies (0, 100, unset, DISABLE): one atomic load per agent limits
-//! file (did its `seq` move?) and one flag, then the real call. With a limit: `cuCtxGetDevice` (none with one
-//! visible device), the device's policy words, a clock read, an estimate lookup, one CAS on the bucket and
-//! three counter adds. A high-priority launch adds an estimate and a few atomics on the priority file; a
+//! file (did its `seq` move?) and one flag, then the real call. With a limit: `cuStreamGetDevice`
+//! (`cuCtxGetDevice` for the NULL stream; `cuStreamGetCtx` and a cache lookup on drivers before 12.8; nothing
+//! with one visible device), the device's policy words, a clock read, an estimate lookup, one CAS on the bucket
+//! and three counter adds. A high-priority launch adds an estimate and a few atomics on the priority file; a
 //! best-effort one may wait (see `priority`).
 
 pub mod bucket;
@@ -32,12 +34,13 @@ pub mod engine;
 pub mod estimate;
 pub mod priority;
 pub mod probe;
+pub mod stream;
 pub mod util;
 
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
-use crate::ffi::cuda::{CUdevice, CUresult, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
+use crate::ffi::cuda::{CUdevice, CUresult};
 use crate::locks::{hold_all, release_all};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
@@ -50,6 +53,7 @@ use priority::{Completions, Gate, Priorities};
 use probe::{EventApi, EventProbes};
 use std::ffi::c_void;
 use std::sync::Arc;
+use stream::StreamDevices;
 use util::Util;
 
 /// The process's throttle: estimates and probe bookkeeping per device, CUDA event probes, NVML utilisation.
@@ -60,6 +64,7 @@ pub struct SmThrottle {
     util: Util,
     prio: Priorities,
     done: Completions,
+    streams: StreamDevices,
 }
 
 /// The driver as the engine sees it during one launch: event probes and other containers' utilisation.
@@ -124,6 +129,7 @@ impl SmThrottle {
             util: Util::default(),
             prio: Priorities::default(),
             done: Completions::new(api),
+            streams: StreamDevices::default(),
         }
     }
 
@@ -142,8 +148,9 @@ impl SmThrottle {
         }
     }
 
-    /// Throttles one launch on the current context's device: admit (maybe sleeping), measure a sample, call.
-    /// `stream`: the stream the launch uses (for probes); `launch` makes the real call.
+    /// Throttles one launch on its stream's device: admit (maybe sleeping), measure a sample, call. `stream`: the
+    /// stream the launch uses (the NULL stream already resolved to the legacy or per-thread one); `launch` makes
+    /// the real call.
     pub fn launch(
         &self,
         cuda: &CudaTable,
@@ -152,7 +159,7 @@ impl SmThrottle {
         stream: usize,
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        let Some(dev) = self.devices.current(cuda) else {
+        let Some(dev) = self.charged(cuda, self.target(cuda, stream)) else {
             return launch();
         };
         let lim = self.devices.policy(dev);
@@ -211,6 +218,40 @@ impl SmThrottle {
                 e.release_token(value);
             }
         }
+    }
+
+    /// The ordinal a launch on `stream` runs on (`None`: the driver cannot say). A process that sees one device
+    /// asks nothing.
+    #[inline]
+    fn target(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
+        if self.devices.single_device(cuda) {
+            return Some(0);
+        }
+        self.streams.device_of(cuda, stream)
+    }
+
+    /// The device a launch on ordinal `ord` is charged to. A device that cannot be told or accounted is charged
+    /// as the strictest of the process's devices: never not at all.
+    #[inline]
+    fn charged(&self, cuda: &CudaTable, ord: Option<CUdevice>) -> Option<Dev> {
+        ord.and_then(|o| self.devices.device(cuda, o))
+            .or_else(|| self.strictest())
+    }
+
+    /// The known device with the lowest SM share (a hard limit before a burst one at the same share).
+    #[cold]
+    fn strictest(&self) -> Option<Dev> {
+        self.devices
+            .known()
+            .map(|(dev, _)| (dev, self.devices.policy(dev)))
+            .filter(|(_, lim)| lim.throttles())
+            .min_by_key(|(_, lim)| (lim.sm_share(), lim.is_burst()))
+            .map(|(dev, _)| dev)
+    }
+
+    /// A context was destroyed or a primary context released: its address may come back as another device's.
+    pub fn contexts_changed(&self) {
+        self.streams.contexts_changed();
     }
 
     /// Takes the launch's tokens on `dev` (maybe sleeping; the limit is re-read after every sleep).
@@ -273,55 +314,24 @@ impl SmThrottle {
         r
     }
 
-    /// The CUDA ordinal a stream's work runs on (its context's device); falls back to the current context.
+    /// The CUDA ordinal a stream's work runs on (its context's device); `None` when the driver cannot say.
     pub fn stream_device(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
-        let stream = stream as *mut c_void;
-        let mut ord: CUdevice = -1;
-        let special = stream.is_null()
-            || stream as usize == CU_STREAM_LEGACY
-            || stream as usize == CU_STREAM_PER_THREAD;
-        if let (Some(api), false) = (self.probes.as_ref().map(|p| *p.api()), special) {
-            let mut ctx: *mut c_void = std::ptr::null_mut();
-            let mut cur: *mut c_void = std::ptr::null_mut();
-            // SAFETY: the program's stream handle and valid out-pointers.
-            if unsafe { (api.cuStreamGetCtx)(stream, &mut ctx) }.ok()
-                && !ctx.is_null()
-                // SAFETY: valid out-pointer.
-                && unsafe { (api.cuCtxGetCurrent)(&mut cur) }.ok()
-            {
-                // SAFETY: `ctx` is the live context of the program's stream; popped right after.
-                let pushed = cur != ctx && unsafe { (api.cuCtxPushCurrent)(ctx) }.ok();
-                if cur == ctx || pushed {
-                    // SAFETY: valid out-pointer.
-                    let ok = unsafe { cuda.cuCtxGetDevice(&mut ord) }.ok();
-                    if pushed {
-                        let mut p: *mut c_void = std::ptr::null_mut();
-                        // SAFETY: undoes our push.
-                        unsafe { (api.cuCtxPopCurrent)(&mut p) };
-                    }
-                    if ok {
-                        return Some(ord);
-                    }
-                }
-            }
-        }
-        // SAFETY: valid out-pointer.
-        unsafe { cuda.cuCtxGetDevice(&mut ord) }.ok().then_some(ord)
+        self.target(cuda, stream)
     }
 
     /// Multi-device launch: admit on every device first (in order), then launch once. `parts`: (ordinal, key,
-    /// probe stream) per device.
+    /// probe stream) per device; an ordinal the driver could not tell is charged as the strictest device.
     pub fn launch_multi(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
-        parts: &[(CUdevice, u64, usize)],
+        parts: &[(Option<CUdevice>, u64, usize)],
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let gpu = self.driver(nvml);
         let mut admitted: Vec<(Shared<'_>, Ticket, usize, u64)> = Vec::with_capacity(parts.len());
         for &(ord, key, stream) in parts {
-            let Some(dev) = self.devices.device(cuda, ord) else {
+            let Some(dev) = self.charged(cuda, ord) else {
                 continue;
             };
             let lim = self.devices.policy(dev);
@@ -406,5 +416,82 @@ mod tests {
             ..Policy::NONE
         }
         .throttles());
+    }
+
+    mod stream_target {
+        use super::super::SmThrottle;
+        use crate::devices::Devices;
+        use crate::driver::cuda::CudaTable;
+        use crate::driver::nvml::Nvml;
+        use crate::ffi::cuda::*;
+        use cuquota_core::{Config, Policy, PolicyKind, UsageRegion};
+        use std::collections::BTreeMap;
+        use std::sync::Arc;
+
+        // Two fake devices; stream 0x1000 + d is on device d, any other stream is one the driver cannot place.
+        unsafe extern "C" fn count(n: *mut std::ffi::c_int) -> CUresult {
+            // SAFETY: test out-pointer.
+            unsafe { *n = 2 };
+            CUresult::SUCCESS
+        }
+        unsafe extern "C" fn uuid(u: *mut CUuuid, d: CUdevice) -> CUresult {
+            // SAFETY: test out-pointer.
+            unsafe { (*u).bytes = [d as u8 + 1; 16] };
+            CUresult::SUCCESS
+        }
+        unsafe extern "C" fn stream_device(s: CUstream, d: *mut CUdevice) -> CUresult {
+            match s as usize {
+                0x1000 | 0x1001 => {
+                    // SAFETY: test out-pointer.
+                    unsafe { *d = (s as usize - 0x1000) as CUdevice };
+                    CUresult::SUCCESS
+                }
+                _ => CUresult::ERROR_INVALID_HANDLE,
+            }
+        }
+
+        #[test]
+        fn a_launch_is_charged_to_its_streams_device_or_the_strictest() {
+            let path =
+                std::env::temp_dir().join(format!("cuquota-unit-{}-stream-target", std::process::id()));
+            let _ = std::fs::remove_file(&path);
+            let mut cfg = Config::default();
+            let hard30 = Policy {
+                sm: Some(30),
+                kind: PolicyKind::Hard,
+                ..Policy::NONE
+            };
+            cfg.devices = BTreeMap::from([(1, hard30)]);
+            let devices = Arc::new(Devices::new(
+                cfg,
+                UsageRegion::open(&path).unwrap(),
+                Vec::new(),
+                None,
+            ));
+            let mut cuda = CudaTable::empty(true);
+            cuda.cuDeviceGetCount = Some(count);
+            cuda.cuDeviceGetUuid_v2 = Some(uuid);
+            cuda.cuStreamGetDevice = Some(stream_device);
+            let ids: Vec<_> = (0..2).map(|o| devices.device(&cuda, o).unwrap().id).collect();
+            let t = SmThrottle::new(devices.clone(), &cuda);
+            let nvml = Nvml::new(None);
+            let busy = |d: usize| {
+                devices
+                    .usage()
+                    .busy_ns(ids[d])
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            };
+            let launch = |stream: usize| t.launch(&cuda, &nvml, 7, stream, || CUresult::SUCCESS);
+            assert_eq!(launch(0x1000), CUresult::SUCCESS);
+            assert_eq!((busy(0), busy(1)), (0, 0), "device 0 has no limit");
+            launch(0x1001);
+            let one = busy(1);
+            assert!(one > 0, "device 1's launch is charged there");
+            // A stream the driver cannot place: charged as the strictest device (1), never not at all.
+            launch(0x4242);
+            assert!(busy(1) > one, "an unknown stream's launch went uncharged");
+            assert_eq!(busy(0), 0);
+            let _ = std::fs::remove_file(&path);
+        }
     }
 }

@@ -24,7 +24,14 @@ pub(crate) struct Context {
     pub active: bool,
     /// The context's default (NULL / legacy) stream.
     pub null_stream: u64,
+    /// Stack size, printf FIFO and malloc heap (`CU_LIMIT_*` 0–2) as set with cuCtxSetLimit.
+    pub limits: [usize; 3],
+    /// Device memory those limits reserve beyond their defaults (which the context overhead covers).
+    pub limit_bytes: u64,
 }
+
+/// Defaults of `CU_LIMIT_STACK_SIZE`, `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE`.
+pub(crate) const DEFAULT_LIMITS: [usize; 3] = [1024, 1 << 20, 8 << 20];
 
 /// A device's primary context.
 pub(crate) struct Primary {
@@ -108,6 +115,8 @@ pub(crate) fn ensure_primaries(o: &mut Objects, sim: &Sim) {
                 primary: true,
                 active: false,
                 null_stream: 0,
+                limits: DEFAULT_LIMITS,
+                limit_bytes: 0,
             },
         );
         o.primaries.push(Primary {
@@ -143,18 +152,52 @@ fn deactivate(o: &mut Objects, sim: &Sim, h: u64) {
     if !c.active {
         return;
     }
-    let phys = c.phys;
+    let (phys, limit_bytes) = (c.phys, c.limit_bytes);
     crate::graph::destroy_for_context(o, sim, h);
     crate::stream::destroy_for_context(o, h);
     crate::module::destroy_for_context(o, sim, h);
     crate::array::destroy_for_context(o, sim, h);
     crate::memory::free_for_context(o, sim, h);
-    sim.uncharge(phys, sim.cfg.ctx_overhead);
+    sim.uncharge(phys, sim.cfg.ctx_overhead + limit_bytes);
     sim.count_context(phys, -1);
     if let Some(c) = o.contexts.get_mut(&h) {
         c.active = false;
         c.null_stream = 0;
+        c.limits = DEFAULT_LIMITS;
+        c.limit_bytes = 0;
     }
+}
+
+/// Device memory the memory-backed limits reserve beyond their defaults: the stack for every thread the device
+/// can hold (SMs × 2048, `MAX_THREADS_PER_MULTIPROCESSOR`), the printf FIFO and the malloc heap.
+fn limit_bytes(limits: &[usize; 3], sms: u64) -> u64 {
+    let bytes = |l: &[usize; 3]| [l[0] as u64 * sms * 2048, l[1] as u64, l[2] as u64];
+    let (now, base) = (bytes(limits), bytes(&DEFAULT_LIMITS));
+    now.iter().zip(base).map(|(n, b)| n.saturating_sub(b)).sum()
+}
+
+/// cuCtxSetLimit of a memory-backed limit (0–2) on the current context: the reservation grows or shrinks with
+/// it, and a reservation the device cannot hold fails with CUDA_ERROR_OUT_OF_MEMORY (the limit unchanged).
+pub(crate) fn set_memory_limit(o: &mut Objects, sim: &Sim, limit: usize, value: usize) -> CuResult<()> {
+    let h = current(o, sim)?;
+    let c = o.contexts.get_mut(&h).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    let mut limits = c.limits;
+    limits[limit] = value;
+    let bytes = limit_bytes(&limits, sim.cfg.devices[c.phys].sms as u64);
+    if bytes > c.limit_bytes {
+        sim.charge(c.phys, bytes - c.limit_bytes)?;
+    } else {
+        sim.uncharge(c.phys, c.limit_bytes - bytes);
+    }
+    c.limits = limits;
+    c.limit_bytes = bytes;
+    Ok(())
+}
+
+/// The current context's value of memory-backed limit `limit` (0–2).
+pub(crate) fn memory_limit(o: &mut Objects, sim: &Sim, limit: usize) -> CuResult<usize> {
+    let h = current(o, sim)?;
+    Ok(o.contexts.get(&h).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.limits[limit])
 }
 
 /// A usable context: `h`, or the current one when `h` is 0. A primary context that was reset while still
@@ -254,6 +297,8 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, ordinal: usize, flags: u32) -> 
             primary: false,
             active: false,
             null_stream: 0,
+            limits: DEFAULT_LIMITS,
+            limit_bytes: 0,
         },
     );
     if let Err(e) = activate(o, sim, h) {

@@ -236,9 +236,8 @@ cuda_fn! {
         let sim = cuda()?;
         with(|o| context::current(o, sim))?;
         let v = match limit {
-            0 => 1024,             // STACK_SIZE
-            1 => 1 << 20,          // PRINTF_FIFO_SIZE
-            2 => 8 << 20,          // MALLOC_HEAP_SIZE
+            // STACK_SIZE, PRINTF_FIFO_SIZE, MALLOC_HEAP_SIZE: as set (they reserve device memory)
+            0..=2 => with(|o| context::memory_limit(o, sim, limit as usize))?,
             3 => 2,                // DEV_RUNTIME_SYNC_DEPTH
             4 => 2048,             // DEV_RUNTIME_PENDING_LAUNCH_COUNT
             5 => 64,               // MAX_L2_FETCH_GRANULARITY
@@ -253,10 +252,13 @@ cuda_fn! {
     fn cuCtxSetLimit(limit: u32, value: usize) {
         let sim = cuda()?;
         with(|o| context::current(o, sim))?;
-        if limit > 9 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
+        match limit {
+            0..=2 => with(|o| context::set_memory_limit(o, sim, limit as usize, value)),
+            // SHMEM_SIZE and CIG_ENABLED can only be queried.
+            7 | 8 => Err(CUDA_ERROR_INVALID_VALUE),
+            3..=9 => Ok(()),
+            _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
-        Ok(())
     }
 
     fn cuCtxGetCacheConfig(config: *mut u32) {
