@@ -16,6 +16,7 @@
 //! compare-and-swap, and a dead process's state is recognised (pid + start time) and reclaimed by whoever
 //! notices. See `docs/region.md` for the protocols and `include/cuquota.h` for the C layout.
 
+mod claim;
 mod error;
 mod header;
 pub mod layout;

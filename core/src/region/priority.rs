@@ -19,16 +19,13 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
+use super::claim::claim_device;
 use super::header::{self, Header, Word};
 use super::layout::*;
-use super::liveness::{current_pid, is_alive};
 use super::map::{Access, Mapping};
 use super::RegionError;
 
-/// How long a device lookup waits for a live claimer to finish its claim.
-const DEVICE_CLAIM_WAIT: Duration = Duration::from_secs(2);
 /// A high-priority time more than this ahead of `now` is garbage (clocks of one node agree).
 pub const HP_MAX_AHEAD_NS: u64 = 10_000_000_000;
 /// A token held until more than this ahead of `now` is garbage: free.
@@ -93,10 +90,6 @@ pub struct PriorityDeviceInfo {
     pub inflight_bytes: u64,
 }
 
-fn next_gen(word: u64) -> u32 {
-    owner_generation(word).wrapping_add(1)
-}
-
 impl PriorityRegion {
     /// Creates `path` (mode 0666: containers of different users share it) or opens it, initialising the header
     /// if needed: for the node agent (`cuquota priority init`) and tests.
@@ -158,72 +151,7 @@ impl PriorityRegion {
     /// namespace may look dead from here and have its claim taken over: harmless, the CAS on the owner word
     /// decides, and both end with one entry for the UUID.
     pub fn device(&self, uuid: &[u8; 16]) -> Result<PriorityDeviceId, RegionError> {
-        let words = uuid_to_words(uuid);
-        let f = self.file();
-        let me = current_pid();
-        let deadline = Instant::now() + DEVICE_CLAIM_WAIT;
-        loop {
-            let mut first_free = None;
-            let mut claiming = None;
-            for (i, d) in f.devices.iter().enumerate() {
-                let w = d.owner.load(Ordering::Acquire);
-                match owner_state(w) {
-                    STATE_LIVE => {
-                        if d.uuid[0].load(Ordering::Relaxed) == words[0]
-                            && d.uuid[1].load(Ordering::Relaxed) == words[1]
-                        {
-                            return Ok(PriorityDeviceId(i as u32));
-                        }
-                    }
-                    STATE_FREE => {
-                        first_free.get_or_insert((i, w));
-                    }
-                    _ => {
-                        claiming.get_or_insert((i, w));
-                    }
-                }
-            }
-            let (i, w) = match (claiming, first_free) {
-                // An unfinished claim might be for our UUID: resolve it before claiming a new entry.
-                (Some((i, w)), _) => {
-                    if is_alive(owner_pid(w), None) {
-                        if Instant::now() >= deadline {
-                            return Err(RegionError::DeviceClaimBusy {
-                                path: self.path().to_path_buf(),
-                                pid: owner_pid(w),
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
-                    }
-                    (i, w)
-                }
-                (None, Some(free)) => free,
-                (None, None) => {
-                    return Err(RegionError::DevicesExhausted {
-                        path: self.path().to_path_buf(),
-                        max: MAX_DEVICES,
-                    })
-                }
-            };
-            let d = &f.devices[i];
-            let mine = owner_word(me, STATE_CLAIMING, next_gen(w));
-            if d.owner
-                .compare_exchange(w, mine, Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            d.uuid[0].store(words[0], Ordering::Relaxed);
-            d.uuid[1].store(words[1], Ordering::Relaxed);
-            let ready = owner_word(me, STATE_LIVE, next_gen(mine));
-            if d.owner
-                .compare_exchange(mine, ready, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Ok(PriorityDeviceId(i as u32));
-            }
-        }
+        claim_device(&self.file().devices, uuid, self.path()).map(|i| PriorityDeviceId(i as u32))
     }
 
     /// One device entry's words.

@@ -16,8 +16,8 @@
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
 
+use super::claim::{claim_device, next_gen};
 use super::header::{self, Header, Word};
 use super::layout::*;
 use super::liveness::{current_pid, current_start_time, is_alive};
@@ -26,8 +26,6 @@ use super::RegionError;
 use crate::policy::Policy;
 
 const NO_SLOT: u32 = u32::MAX;
-/// How long a device lookup waits for a live claimer to finish its claim.
-const DEVICE_CLAIM_WAIT: Duration = Duration::from_secs(2);
 
 /// A process slot index in the usage file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -202,10 +200,6 @@ impl Drop for UsageRegion {
             close_fd(fd.swap(-1, Ordering::AcqRel));
         }
     }
-}
-
-fn next_gen(word: u64) -> u32 {
-    owner_generation(word).wrapping_add(1)
 }
 
 impl UsageRegion {
@@ -588,72 +582,7 @@ impl UsageRegion {
     /// The entry for device `uuid`, claiming a free one if no entry has it yet. Slow path (once per process
     /// and device); may wait up to ~2 s for another process's claim in progress.
     pub fn device(&self, uuid: &[u8; 16]) -> Result<DeviceId, RegionError> {
-        let words = uuid_to_words(uuid);
-        let f = self.file();
-        let me = current_pid();
-        let deadline = Instant::now() + DEVICE_CLAIM_WAIT;
-        loop {
-            let mut first_free = None;
-            let mut claiming = None;
-            for (i, d) in f.devices.iter().enumerate() {
-                let w = d.owner.load(Ordering::Acquire);
-                match owner_state(w) {
-                    STATE_LIVE => {
-                        if d.uuid[0].load(Ordering::Relaxed) == words[0]
-                            && d.uuid[1].load(Ordering::Relaxed) == words[1]
-                        {
-                            return Ok(DeviceId(i as u32));
-                        }
-                    }
-                    STATE_FREE => {
-                        first_free.get_or_insert((i, w));
-                    }
-                    _ => {
-                        claiming.get_or_insert((i, w));
-                    }
-                }
-            }
-            let (i, w) = match (claiming, first_free) {
-                // An unfinished claim might be for our UUID: resolve it before claiming a new entry.
-                (Some((i, w)), _) => {
-                    if is_alive(owner_pid(w), None) {
-                        if Instant::now() >= deadline {
-                            return Err(RegionError::DeviceClaimBusy {
-                                path: self.path().to_path_buf(),
-                                pid: owner_pid(w),
-                            });
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
-                    }
-                    (i, w) // its claimer died: take it over
-                }
-                (None, Some(free)) => free,
-                (None, None) => {
-                    return Err(RegionError::DevicesExhausted {
-                        path: self.path().to_path_buf(),
-                        max: MAX_DEVICES,
-                    })
-                }
-            };
-            let d = &f.devices[i];
-            let mine = owner_word(me, STATE_CLAIMING, next_gen(w));
-            if d.owner
-                .compare_exchange(w, mine, Ordering::AcqRel, Ordering::Relaxed)
-                .is_err()
-            {
-                continue;
-            }
-            d.uuid[0].store(words[0], Ordering::Relaxed);
-            d.uuid[1].store(words[1], Ordering::Relaxed);
-            let ready = owner_word(me, STATE_LIVE, next_gen(mine));
-            if d.owner
-                .compare_exchange(mine, ready, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Ok(DeviceId(i as u32));
-            }
-        }
+        claim_device(&self.file().devices, uuid, self.path()).map(|i| DeviceId(i as u32))
     }
 
     /// The entry for `uuid` if one is ready (no claiming).
