@@ -91,6 +91,27 @@ fn metric(body: &str, prefix: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// A container under a hard `sm` % limit whose tenant bypasses the library and launches 20 µs kernels flat out
+/// for `secs` s, watched by an agent (already one pass in) with `sm = "<action>"`.
+fn sm_tenant(sm: u32, secs: u32, action: &str) -> (Sim, Agent, Proc) {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.t");
+    limits(&sim, &lim, &["--sm", &sm.to_string(), "--policy", "hard"]);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(1);
+    let t = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.t"),
+        &[&tp, "kernel", "direct", &secs.to_string(), "20000"],
+    );
+    let members = format!("subtree = {}", t.pid());
+    descriptor(&dir, "t", &lim, &members, &format!("sm = \"{action}\""));
+    (sim, agent, t)
+}
+
 /// A running agent: `cuquota agent --interval 200ms --json --listen 127.0.0.1:PORT --containers DIR`.
 struct Agent {
     proc: Proc,
@@ -389,26 +410,7 @@ fn memory_kill_reaches_only_the_tenant_over_its_cap() {
 #[test]
 fn sm_throttle_holds_a_flat_out_tenant_near_its_limit() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.t");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let t = bypassing_container(
-        &sim,
-        &sim.dir().join("usage.t"),
-        &[&tp, "kernel", "direct", "6", "20000"],
-    );
-    descriptor(
-        &dir,
-        "t",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
+    let (sim, agent, t) = sm_tenant(30, 6, "throttle");
     let root = t.pid();
     let start = mono_ns();
     let settle = 5 * INTERVAL_MS * 1_000_000;
@@ -455,26 +457,7 @@ fn sm_throttle_holds_a_flat_out_tenant_near_its_limit() {
 #[test]
 fn sm_throttle_near_its_floor_lets_no_whole_interval_through() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.t");
-    limits(&sim, &lim, &["--sm", "10", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let t = bypassing_container(
-        &sim,
-        &sim.dir().join("usage.t"),
-        &[&tp, "kernel", "direct", "5", "20000"],
-    );
-    descriptor(
-        &dir,
-        "t",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
+    let (sim, agent, t) = sm_tenant(10, 5, "throttle");
     let out = t.finish();
     let (_, stderr) = agent.stop();
     assert!(out.success(), "{out:?}");
@@ -503,26 +486,7 @@ fn sm_throttle_near_its_floor_lets_no_whole_interval_through() {
 #[test]
 fn sm_report_records_and_never_freezes() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.t");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let t = bypassing_container(
-        &sim,
-        &sim.dir().join("usage.t"),
-        &[&tp, "kernel", "direct", "3", "20000"],
-    );
-    descriptor(
-        &dir,
-        "t",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"report\"",
-    );
+    let (sim, agent, t) = sm_tenant(30, 3, "report");
     let root = t.pid();
     let mut stopped = false;
     let deadline = Instant::now() + Duration::from_secs(30);
