@@ -13,9 +13,9 @@
  * With V < 3020 the driver hands out the v1 ABI (32-bit sizes and pointers) of cuMemAlloc, cuMemFree,
  * cuMemAllocPitch, cuMemGetInfo and cuDeviceTotalMem; the table records that in `abi_v1`.
  *
- * It also offers `raw`: the simulator's own NVML entry points, found with libc's real dlsym (looked up with
- * dlvsym, which an interposer exporting an unversioned `dlsym` cannot shadow), so a test can see what the
- * driver really holds, bypassing libcuquota.so.
+ * It also offers `raw`: the simulator's own NVML entry points, read from the simulator's own dynamic symbol
+ * table (cq_elf_sym; libcuquota.so hooks dlsym and dlvsym, not the ELF), so a test can see what the driver
+ * really holds, bypassing libcuquota.so.
  */
 #ifndef CQ_DRIVER_H
 #define CQ_DRIVER_H
@@ -239,14 +239,11 @@ typedef CUresult (*cq_totalmem_v1_t)(unsigned int *, CUdevice);
 typedef CUresult (*cq_allocpitch_v1_t)(unsigned int *, unsigned int *, unsigned int, unsigned int, unsigned int);
 
 /* --- the simulator itself, bypassing any interposer --- */
+#include "cq_elf.h"
+
 typedef void *(*cq_dlsym_t)(void *, const char *);
 static cq_dlsym_t cq_real_dlsym(void) {
-    static const char *vers[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", NULL};
-    for (int i = 0; vers[i]; i++) {
-        void *p = dlvsym(RTLD_DEFAULT, "dlsym", vers[i]);
-        if (p) return (cq_dlsym_t)p;
-    }
-    return NULL;
+    return cq_elf_sym;
 }
 
 typedef struct {

@@ -18,7 +18,7 @@
  *
  * Overhead mode:  throttle_paths overhead STYLE N  — times N launches of a 0-ns kernel through the function
  * pointer the program resolves (hooked when libcuquota.so is preloaded) and through the simulator's own
- * cuLaunchKernel (found with glibc's real dlsym, which the preload cannot shadow), interleaved in batches, and
+ * cuLaunchKernel (read from the simulator's dynamic symbol table, which the preload cannot shadow), interleaved in batches, and
  * prints the median ns per launch of each.
  */
 #define _GNU_SOURCE
@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "cq_elf.h"
 
 typedef CUresult (*pfn_LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                      unsigned, CUstream, void **, void **);
@@ -194,11 +195,9 @@ static int cmp_u64(const void *a, const void *b) {
 
 static int overhead(const char *style, long n) {
     load(style);
-    /* The simulator's own cuLaunchKernel: glibc's dlsym found by version, applied to the sim's handle. */
-    void *(*real_dlsym)(void *, const char *) = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34");
-    if (!real_dlsym) real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5");
+    /* The simulator's own cuLaunchKernel, read from its dynamic symbol table (past libcuquota's dlsym/dlvsym). */
     void *simlib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    pfn_LaunchKernel raw = real_dlsym && simlib ? (pfn_LaunchKernel)real_dlsym(simlib, "cuLaunchKernel") : NULL;
+    pfn_LaunchKernel raw = simlib ? (pfn_LaunchKernel)cq_elf_sym(simlib, "cuLaunchKernel") : NULL;
     if (!raw) {
         fprintf(stderr, "cannot find the simulator's own cuLaunchKernel\n");
         return 2;
