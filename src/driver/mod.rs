@@ -3,62 +3,23 @@
 //!
 //! Why not `libloading`: this library exports `dlsym`, so anything that calls the public `dlsym` (libloading
 //! included) would come back into our own export. Every lookup here goes through [`real_dlsym`], glibc's own
-//! `dlsym` found with `dlvsym(RTLD_NEXT, "dlsym", <version>)`.
+//! `dlsym` read from libc's dynamic symbol table ([`dl`]: we export `dlvsym` too).
 //!
 //! Error codes (documented in docs/interception.md): a library that cannot be loaded makes every CUDA call
 //! return `CUDA_ERROR_NOT_INITIALIZED` (NVML: `NVML_ERROR_LIBRARY_NOT_FOUND`); a symbol the loaded library
 //! lacks makes that call return `CUDA_ERROR_NOT_FOUND` (NVML: `NVML_ERROR_FUNCTION_NOT_FOUND`). Never a crash.
 
 pub mod cuda;
+pub mod dl;
 pub mod nvml;
 pub mod proc_map;
 
 #[cfg(test)]
 mod header_check;
 
-use std::ffi::{c_char, c_void, CStr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::ffi::{c_void, CStr};
 
-/// Signature of glibc's `dlsym`.
-pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-
-/// 0 = not resolved yet, 1 = resolution failed, else the address of glibc's `dlsym`.
-static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
-
-/// glibc's `dlsym`, resolved on first use with `dlvsym` (which we do not export, so it cannot recurse).
-///
-/// Safe to call at any time, from any thread, before anything else is initialised: it takes no lock and
-/// allocates nothing itself; racing first callers resolve the same address.
-pub fn real_dlsym() -> Option<DlsymFn> {
-    let mut addr = REAL_DLSYM.load(Ordering::Acquire);
-    if addr == 0 {
-        addr = resolve_real_dlsym().map_or(1, |f| f as usize);
-        REAL_DLSYM.store(addr, Ordering::Release);
-    }
-    if addr == 1 {
-        return None;
-    }
-    // SAFETY: `addr` was produced from a `DlsymFn` pointer by `resolve_real_dlsym`.
-    Some(unsafe { std::mem::transmute::<usize, DlsymFn>(addr) })
-}
-
-fn resolve_real_dlsym() -> Option<DlsymFn> {
-    #[cfg(target_arch = "x86_64")]
-    const FALLBACK: &CStr = c"GLIBC_2.2.5";
-    #[cfg(target_arch = "aarch64")]
-    const FALLBACK: &CStr = c"GLIBC_2.17";
-    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
-    const FALLBACK: &CStr = c"GLIBC_2.34";
-    for version in [c"GLIBC_2.34", FALLBACK] {
-        // SAFETY: `dlvsym` with RTLD_NEXT and NUL-terminated strings; returns NULL or a function address.
-        let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-        if !p.is_null() {
-            // SAFETY: the symbol `dlsym` in glibc has exactly the `DlsymFn` signature.
-            return Some(unsafe { std::mem::transmute::<*mut c_void, DlsymFn>(p) });
-        }
-    }
-    None
-}
+pub use dl::{real_dlsym, DlsymFn};
 
 /// Why a library could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
