@@ -12,6 +12,10 @@
  *   dlsym-dlvsym          dlvsym found with dlsym(libc, "dlvsym"), then as dlvsym-dlsym:GLIBC_2.34
  *   dlvsym-gpa            dlsym found as in dlvsym-dlsym:GLIBC_2.34, then cuGetProcAddress_v2 with it, then
  *                         cuMemAlloc at cudaVersion 12000 through that
+ *   gpa:VER:FLAGS         cuGetProcAddress_v2 (found with dlsym) of "cuMemAlloc" at cudaVersion VER, flags FLAGS
+ *   gpa1:VER:FLAGS        the same through the CUDA 11 cuGetProcAddress (no symbolStatus)
+ *   gpa-gpa               cuGetProcAddress_v2 found through cuGetProcAddress_v2 ("cuGetProcAddress", 13000), then
+ *                         cuMemAlloc at 12000 through that
  *   dlmopen-cuda          dlmopen(LM_ID_NEWLM, "libcuda.so.1"), then that namespace's own dlsym (found with
  *                         dlsym(handle, "dlsym")) for cuInit, a context and cuMemAlloc_v2
  *   dlmopen-lib           dlmopen(LM_ID_NEWLM, LIB): LIB (resolve_lib.c) imports cuMemAlloc_v2 from libcuda
@@ -101,6 +105,32 @@ int main(int argc, char **argv) {
         void *p = NULL;
         CUdriverProcAddressQueryResult st;
         if (gpa && gpa("cuMemAlloc", &p, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &st) == CUDA_SUCCESS) alloc = p;
+    } else if (strncmp(route, "gpa:", 4) == 0 || strncmp(route, "gpa1:", 5) == 0) {
+        int v = 0;
+        unsigned long long flags = 0;
+        if (sscanf(ver, "%d:%llu", &v, &flags) != 2) {
+            fprintf(stderr, "resolve: bad route %s\n", route);
+            return 2;
+        }
+        void *p = NULL;
+        CUdriverProcAddressQueryResult st;
+        if (route[3] == '1') {
+            CUresult (*gpa1)(const char *, void **, int, cuuint64_t) = must(dlsym(cuda, "cuGetProcAddress"), "gpa");
+            if (gpa1("cuMemAlloc", &p, v, flags) == CUDA_SUCCESS) alloc = p;
+        } else {
+            CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+                must(dlsym(cuda, "cuGetProcAddress_v2"), "gpa");
+            if (gpa("cuMemAlloc", &p, v, flags, &st) == CUDA_SUCCESS) alloc = p;
+        }
+    } else if (strcmp(route, "gpa-gpa") == 0) {
+        CUresult (*gpa)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+            must(dlsym(cuda, "cuGetProcAddress_v2"), "gpa");
+        void *g = NULL, *p = NULL;
+        CUdriverProcAddressQueryResult st;
+        if (gpa("cuGetProcAddress", (void **)&g, 13000, 0, &st) == CUDA_SUCCESS && g) {
+            gpa = g;
+            if (gpa("cuMemAlloc", &p, 12000, 0, &st) == CUDA_SUCCESS) alloc = p;
+        }
     } else if (strcmp(route, "dlmopen-cuda") == 0) {
         void *h = dlmopen(LM_ID_NEWLM, "libcuda.so.1", RTLD_NOW);
         if (!h) printf("open.error=%s\n", dlerror());

@@ -92,6 +92,25 @@ fn dlvsym_of_a_hooked_name_never_hands_out_the_drivers_function() {
 }
 
 #[test]
+fn cu_get_proc_address_with_every_flag_and_version_hands_out_ours() {
+    // Already hooked before #11 (a regression guard, not a reproduction): the driver picks the function, the
+    // reverse map swaps it for ours, whatever the version, the stream flag or the entry point.
+    for route in [
+        "gpa:3020:0",
+        "gpa:12000:0",
+        "gpa:13000:0",
+        "gpa:12000:1",
+        "gpa:12000:2",
+        "gpa1:11030:0",
+        "gpa1:12000:2",
+        "gpa-gpa",
+    ] {
+        let out = held(route);
+        out.expect("found", "1").expect("alloc.ok", "2");
+    }
+}
+
+#[test]
 fn dlmopen_into_a_new_namespace_is_refused_with_a_clear_error() {
     for route in ["dlmopen-cuda", "dlmopen-lib"] {
         let out = held(route);
