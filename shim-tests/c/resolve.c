@@ -20,6 +20,8 @@
  *                         dlsym(handle, "dlsym")) for cuInit, a context and cuMemAlloc_v2
  *   dlmopen-lib           dlmopen(LM_ID_NEWLM, LIB): LIB (resolve_lib.c) imports cuMemAlloc_v2 from libcuda
  *   deepbind-lib          dlopen(LIB, RTLD_NOW | RTLD_DEEPBIND): LIB's own scope (its libcuda) first
+ *   export-table          the primary context from cuGetExportTable's CUDART_INTERFACE table (slot 2, as the CUDA
+ *                         runtime gets it), then cuMemAlloc_v2 through plain dlsym (ours) in it
  *   elf                   libcuda's own dynamic symbol table, read through dlinfo's link map (cq_elf.h)
  *
  * Then COUNT allocations of SIZE bytes with what was found (in a namespace of its own, LIB does it all itself).
@@ -151,6 +153,21 @@ int main(int argc, char **argv) {
                                                      : dlopen(lib, RTLD_NOW | RTLD_DEEPBIND);
         if (!h) printf("open.error=%s\n", dlerror());
         lib_alloc = h ? (lib_alloc_fn)dlsym(h, "resolve_lib_alloc") : NULL;
+    } else if (strcmp(route, "export-table") == 0) {
+        CUresult (*get)(const void **, const CUuuid *) = must(dlsym(cuda, "cuGetExportTable"), "cuGetExportTable");
+        CUresult (*init)(unsigned) = must(dlsym(cuda, "cuInit"), "cuInit");
+        CUresult (*set)(CUcontext) = must(dlsym(cuda, "cuCtxSetCurrent"), "cuCtxSetCurrent");
+        const CUuuid cudart_interface = {{0x6b, 0xd5, 0xfb, 0x6c, 0x5b, 0xf4, 0xe7, 0x4a, 0x89, 0x87, 0xd9, 0x39,
+                                          0x12, 0xfd, 0x9d, 0xf9}};
+        const void *table = NULL;
+        CUcontext c = NULL;
+        if (init(0) == CUDA_SUCCESS && get(&table, &cudart_interface) == CUDA_SUCCESS && table) {
+            CUresult (*primary)(CUcontext *, CUdevice) = ((void *const *)table)[2];
+            if (primary(&c, 0) == CUDA_SUCCESS && set(c) == CUDA_SUCCESS) {
+                alloc = (alloc_fn)dlsym(cuda, "cuMemAlloc_v2");
+                plumbed = 1;
+            }
+        }
     } else if (strcmp(route, "elf") == 0) {
         alloc = (alloc_fn)cq_elf_sym(cuda, "cuMemAlloc_v2");
     } else {

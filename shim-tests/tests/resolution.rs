@@ -32,7 +32,10 @@ fn resolve_lib() -> PathBuf {
 
 /// Runs one route under a 1 GiB cap: 4 allocations of 512 MiB.
 fn attack(route: &str) -> Output {
-    let sim = Sim::new().build();
+    attack_on(&Sim::new().build(), route)
+}
+
+fn attack_on(sim: &Sim, route: &str) -> Output {
     let lib = resolve_lib();
     let out = sim
         .cmd_path(resolve())
@@ -136,4 +139,17 @@ fn parsing_the_elf_is_not_stopped_in_process() {
     let out = attack("elf");
     out.expect("found", "1").expect("alloc.ok", "4");
     assert_eq!(out.num("sim.used"), 2 * GIB, "{out:?}");
+}
+
+#[test]
+fn a_primary_context_from_the_runtimes_export_table_is_charged_before_allocations() {
+    // cuGetExportTable's CUDART_INTERFACE slot 2 retains the primary context inside the driver (as the CUDA
+    // runtime gets it), past cuDevicePrimaryCtxRetain. Before the fix its 512 MiB were charged only at the
+    // next measurement (a context creation, module or library load), so two 512 MiB allocations fit under the
+    // 1 GiB cap on top of it and the GPU held 1.5 GiB. The first allocation in a context the shim did not see
+    // created now measures it first.
+    let sim = Sim::new().ctx_overhead("512m").build();
+    let out = attack_on(&sim, "export-table");
+    out.expect("found", "1").expect("alloc.ok", "1");
+    assert_eq!(out.num("sim.used"), GIB, "{out:?}");
 }

@@ -27,7 +27,7 @@ use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 /// Estimated device memory of one context when NVML cannot measure it.
 pub const CTX_ESTIMATE: u64 = 256 << 20;
@@ -46,6 +46,8 @@ pub struct Holdings {
     /// Per ordinal: the last measured cost of a context and of a module (0: none measured yet).
     learned_ctx: [AtomicU64; MAX_ORDINALS],
     learned_module: [AtomicU64; MAX_ORDINALS],
+    /// Per ordinal: a context we never saw created was measured ([`Memory::adopt_unseen_context`]).
+    unseen_measured: [AtomicBool; MAX_ORDINALS],
 }
 
 /// What is being created: decides the estimate reserved for it.
@@ -78,6 +80,7 @@ impl Default for Holdings {
             inflight: std::array::from_fn(|_| AtomicU64::new(0)),
             learned_ctx: std::array::from_fn(|_| AtomicU64::new(0)),
             learned_module: std::array::from_fn(|_| AtomicU64::new(0)),
+            unseen_measured: std::array::from_fn(|_| AtomicBool::new(false)),
         }
     }
 }
@@ -113,6 +116,9 @@ impl Holdings {
             c.store(0, Ordering::Relaxed);
         }
         self.modules.store(0, Ordering::Relaxed);
+        for m in self.unseen_measured.iter() {
+            m.store(false, Ordering::Relaxed);
+        }
         for c in self.inflight.iter() {
             c.store(0, Ordering::Relaxed);
         }
@@ -249,6 +255,9 @@ impl Memory {
     /// which over-counts until the process frees them or exits, never under-counts.)
     fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
         if self.holdings.live_contexts(d.ordinal) == 0 {
+            if let Some(f) = self.holdings.unseen_measured.get(d.ordinal as usize) {
+                f.store(false, Ordering::Relaxed);
+            }
             self.forget_context_allocations(cuda, d);
         }
         let _ = self.measure(nvml, d, false);
@@ -311,6 +320,28 @@ impl Memory {
             c.fetch_add(1, Ordering::Relaxed);
         }
         self.measure(nvml, d, true)
+    }
+
+    /// A linear allocation on `d`, in the current context, while this process holds no context there that we
+    /// saw created: that context came from a path we do not hook (`cuGetExportTable`'s CUDART_INTERFACE slot 2
+    /// retains the primary context inside the driver). Measure this process on `d` with NVML, once (again after
+    /// its contexts there are gone), before admitting anything in it; without an NVML figure nothing is
+    /// guessed. `Err`: over the cap (measured again at the next allocation, which is refused again).
+    pub fn adopt_unseen_context(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
+        if self.holdings.live_contexts(d.ordinal) > 0 {
+            return Ok(());
+        }
+        let Some(flag) = self.holdings.unseen_measured.get(d.ordinal as usize) else {
+            return Ok(());
+        };
+        if flag.swap(true, Ordering::Relaxed) || self.nvml_used(nvml, d).is_none() {
+            return Ok(());
+        }
+        let r = self.measure(nvml, d, true);
+        if r.is_err() {
+            flag.store(false, Ordering::Relaxed);
+        }
+        r
     }
 
     /// The primary context of `ordinal` was released (`reset`: reset, our count drops to zero).
