@@ -7,6 +7,8 @@
  *   dlvsym-lib:VER        dlvsym(dlopen("libcuda.so.1"), "cuMemAlloc_v2", VER)   (VER: "bogus", "GLIBC_2.34", ...;
  *                         not "": glibc's own dlvsym dereferences NULL on an empty version)
  *   dlvsym-default:VER    dlvsym(RTLD_DEFAULT, ...)     dlvsym-next:VER   dlvsym(RTLD_NEXT, ...)
+ *   dlvsym-versioned      dlvsym(dlopen(LIB), "cuMemAlloc_v2", "CUQUOTA_TEST_1"), LIB = resolve_versioned.c (which
+ *                         defines it under that version); prints ours=1 when that is libcuquota's export
  *   dlsym-dlsym           dlsym found with dlsym(libc, "dlsym"), then dlsym(libcuda, "cuMemAlloc_v2")
  *   dlvsym-dlsym:VER      dlsym found with dlvsym(libc, "dlsym", VER), then dlsym(libcuda, "cuMemAlloc_v2")
  *   dlsym-dlvsym          dlvsym found with dlsym(libc, "dlvsym"), then as dlvsym-dlsym:GLIBC_2.34
@@ -90,6 +92,12 @@ int main(int argc, char **argv) {
         alloc = (alloc_fn)dlvsym(RTLD_DEFAULT, "cuMemAlloc_v2", ver);
     } else if (strncmp(route, "dlvsym-next:", 12) == 0) {
         alloc = (alloc_fn)dlvsym(RTLD_NEXT, "cuMemAlloc_v2", ver);
+    } else if (strcmp(route, "dlvsym-versioned") == 0) {
+        void *h = must(dlopen(lib, RTLD_NOW | RTLD_LOCAL), "dlopen LIB");
+        void *p = dlvsym(h, "cuMemAlloc_v2", "CUQUOTA_TEST_1");
+        void *ours = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2"); /* the preload's export: first in the global scope */
+        printf("found=%d\nours=%d\n", p != NULL, p != NULL && p == ours);
+        return 0;
     } else if (strcmp(route, "dlsym-dlsym") == 0) {
         dlsym_fn s = (dlsym_fn)must(dlsym(libc, "dlsym"), "dlsym(libc, dlsym)");
         alloc = (alloc_fn)s(cuda, "cuMemAlloc_v2");

@@ -78,6 +78,35 @@ fn the_loaders_own_lookups_found_by_name_are_ours() {
 }
 
 #[test]
+fn dlvsym_of_a_hooked_name_with_a_version_the_library_defines_is_ours() {
+    // A library with version definitions (resolve_versioned.c: cuMemAlloc_v2@@CUQUOTA_TEST_1): glibc's dlvsym
+    // finds its function; ours comes back instead.
+    let dir = shim_tests::target_dir().join("shim-tests-c");
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("resolve_versioned.map");
+    std::fs::write(&script, "CUQUOTA_TEST_1 { global: cuMemAlloc_v2; local: *; };\n").unwrap();
+    let lib = compile_c(
+        "libresolve_versioned.so",
+        &workspace_root().join("shim-tests/c/resolve_versioned.c"),
+        &[],
+        &[
+            "-shared",
+            "-fPIC",
+            &format!("-Wl,--version-script={}", script.display()),
+        ],
+    );
+    let sim = Sim::new().build();
+    let out = sim
+        .cmd_path(resolve())
+        .mem_limit("1g")
+        .args("dlvsym-versioned 0 0")
+        .arg(lib.to_str().unwrap())
+        .run();
+    assert!(out.status.success(), "{out:?}");
+    out.expect("found", "1").expect("ours", "1");
+}
+
+#[test]
 fn dlvsym_of_a_hooked_name_never_hands_out_the_drivers_function() {
     // glibc's dlvsym finds no unversioned symbol (the simulator's, like a library built without version
     // definitions): not found stays not found. Where the library defines versions, what it finds is ours.
