@@ -4,6 +4,7 @@
  *   resolve ROUTE SIZE COUNT [LIB]
  *
  * ROUTE (how cuMemAlloc_v2 is found; the plumbing — cuInit, the primary context — goes through plain dlsym):
+ *   dlsym                 plain dlsym(dlopen("libcuda.so.1"), "cuMemAlloc_v2")
  *   dlvsym-lib:VER        dlvsym(dlopen("libcuda.so.1"), "cuMemAlloc_v2", VER)   (VER: "bogus", "GLIBC_2.34", ...;
  *                         not "": glibc's own dlvsym dereferences NULL on an empty version)
  *   dlvsym-default:VER    dlvsym(RTLD_DEFAULT, ...)     dlvsym-next:VER   dlvsym(RTLD_NEXT, ...)
@@ -86,7 +87,9 @@ int main(int argc, char **argv) {
     lib_alloc_fn lib_alloc = NULL;
     int plumbed = 0; /* the context is made already */
 
-    if (strncmp(route, "dlvsym-lib:", 11) == 0) {
+    if (strcmp(route, "dlsym") == 0) {
+        alloc = (alloc_fn)dlsym(cuda, "cuMemAlloc_v2");
+    } else if (strncmp(route, "dlvsym-lib:", 11) == 0) {
         alloc = (alloc_fn)dlvsym(cuda, "cuMemAlloc_v2", ver);
     } else if (strncmp(route, "dlvsym-default:", 15) == 0) {
         alloc = (alloc_fn)dlvsym(RTLD_DEFAULT, "cuMemAlloc_v2", ver);

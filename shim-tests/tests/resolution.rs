@@ -182,3 +182,29 @@ fn a_primary_context_from_the_runtimes_export_table_is_charged_before_allocation
     out.expect("found", "1").expect("alloc.ok", "1");
     assert_eq!(out.num("sim.used"), GIB, "{out:?}");
 }
+
+#[test]
+fn an_audit_library_that_vetoes_the_preload_is_not_stopped_in_process() {
+    // The documented hole (README, "Threat model"): a process started with LD_AUDIT can refuse to load the
+    // preload (la_objsearch) before any of its code runs. Only the agent stops this tenant.
+    let audit = compile_c(
+        "libresolve_audit.so",
+        &workspace_root().join("shim-tests/c/resolve_audit.c"),
+        &[],
+        &["-shared", "-fPIC"],
+    );
+    let sim = Sim::new().build();
+    let out = sim
+        .cmd_path(resolve())
+        .mem_limit("1g")
+        .env("LD_AUDIT", audit.to_str().unwrap())
+        .arg("dlsym")
+        .arg(&(512 * MIB).to_string())
+        .arg("4")
+        .run();
+    assert!(out.status.success(), "{out:?}");
+    out.expect("found", "1").expect("alloc.ok", "4");
+    assert_eq!(out.num("sim.used"), 2 * GIB, "{out:?}");
+    // Without the audit library the same program is held.
+    held("dlsym").expect("alloc.ok", "2");
+}
