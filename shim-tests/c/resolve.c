@@ -25,6 +25,7 @@
  *   deepbind-lib          dlopen(LIB, RTLD_NOW | RTLD_DEEPBIND): LIB's own scope (its libcuda) first
  *   export-table          the primary context from cuGetExportTable's CUDART_INTERFACE table (slot 2, as the CUDA
  *                         runtime gets it), then cuMemAlloc_v2 through plain dlsym (ours) in it
+ *   export-table-async    the same, then cuMemAllocAsync on the legacy stream (the device's default pool)
  *   elf                   libcuda's own dynamic symbol table, read through dlinfo's link map (cq_elf.h)
  *
  * Then COUNT allocations of SIZE bytes with what was found (in a namespace of its own, LIB does it all itself).
@@ -38,6 +39,11 @@ typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef int (*lib_alloc_fn)(size_t, int);
+
+static CUresult (*g_alloc_async)(CUdeviceptr *, size_t, CUstream);
+static CUresult alloc_async(CUdeviceptr *p, size_t n) {
+    return g_alloc_async(p, n, NULL);
+}
 
 static void *must(void *p, const char *what) {
     if (!p) {
@@ -164,7 +170,7 @@ int main(int argc, char **argv) {
                                                      : dlopen(lib, RTLD_NOW | RTLD_DEEPBIND);
         if (!h) printf("open.error=%s\n", dlerror());
         lib_alloc = h ? (lib_alloc_fn)dlsym(h, "resolve_lib_alloc") : NULL;
-    } else if (strcmp(route, "export-table") == 0) {
+    } else if (strcmp(route, "export-table") == 0 || strcmp(route, "export-table-async") == 0) {
         CUresult (*get)(const void **, const CUuuid *) = must(dlsym(cuda, "cuGetExportTable"), "cuGetExportTable");
         CUresult (*init)(unsigned) = must(dlsym(cuda, "cuInit"), "cuInit");
         CUresult (*set)(CUcontext) = must(dlsym(cuda, "cuCtxSetCurrent"), "cuCtxSetCurrent");
@@ -175,7 +181,12 @@ int main(int argc, char **argv) {
         if (init(0) == CUDA_SUCCESS && get(&table, &cudart_interface) == CUDA_SUCCESS && table) {
             CUresult (*primary)(CUcontext *, CUdevice) = ((void *const *)table)[2];
             if (primary(&c, 0) == CUDA_SUCCESS && set(c) == CUDA_SUCCESS) {
-                alloc = (alloc_fn)dlsym(cuda, "cuMemAlloc_v2");
+                if (route[12] == '-') {
+                    g_alloc_async = dlsym(cuda, "cuMemAllocAsync");
+                    alloc = g_alloc_async ? alloc_async : NULL;
+                } else {
+                    alloc = (alloc_fn)dlsym(cuda, "cuMemAlloc_v2");
+                }
                 plumbed = 1;
             }
         }

@@ -177,10 +177,12 @@ fn a_primary_context_from_the_runtimes_export_table_is_charged_before_allocation
     // next measurement (a context creation, module or library load), so two 512 MiB allocations fit under the
     // 1 GiB cap on top of it and the GPU held 1.5 GiB. The first allocation in a context the shim did not see
     // created now measures it first.
-    let sim = Sim::new().ctx_overhead("512m").build();
-    let out = attack_on(&sim, "export-table");
-    out.expect("found", "1").expect("alloc.ok", "1");
-    assert_eq!(out.num("sim.used"), GIB, "{out:?}");
+    for route in ["export-table", "export-table-async"] {
+        let sim = Sim::new().ctx_overhead("512m").build();
+        let out = attack_on(&sim, route);
+        out.expect("found", "1").expect("alloc.ok", "1");
+        assert_eq!(out.num("sim.used"), GIB, "{route}: {out:?}");
+    }
 }
 
 #[test]

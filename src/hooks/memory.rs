@@ -112,11 +112,6 @@ fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnc
     let Some(dev) = s.devices.current(&s.cuda) else {
         return untracked(s, call);
     };
-    // A current context we never saw created (the runtime's export table hands out the primary context):
-    // its cost is charged before anything is allocated in it.
-    if s.mem.adopt_unseen_context(&s.nvml, dev).is_err() {
-        return CUresult::ERROR_OUT_OF_MEMORY;
-    }
     let est = s.devices.round(&s.cuda, dev, bytes);
     charged_call(s, dev, est, call, || Some((Space::Pointer, out(), None)))
 }

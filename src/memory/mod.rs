@@ -123,6 +123,9 @@ impl Memory {
         if bytes == 0 {
             return Ok(Admitted(None));
         }
+        // A context on `dev` we never saw created (the runtime's export table hands out the primary context):
+        // its cost is charged before anything is allocated in it.
+        self.adopt_unseen_context(nvml, dev)?;
         let policy = self.devices.policy(dev);
         self.charge_cap(dev, bytes, policy.memory)?;
         let reserved = policy

@@ -322,8 +322,7 @@ impl Memory {
         self.measure(nvml, d, true)
     }
 
-    /// A linear allocation on `d`, in the current context, while this process holds no context there that we
-    /// saw created: that context came from a path we do not hook (`cuGetExportTable`'s CUDART_INTERFACE slot 2
+    /// An allocation admitted on `d` while this process holds no context there that we saw created: that context came from a path we do not hook (`cuGetExportTable`'s CUDART_INTERFACE slot 2
     /// retains the primary context inside the driver). Measure this process on `d` with NVML, once (again after
     /// its contexts there are gone), before admitting anything in it; without an NVML figure nothing is
     /// guessed. `Err`: over the cap (measured again at the next allocation, which is refused again).
