@@ -102,7 +102,9 @@ fn glibc_symbol(name: &CStr) -> Option<usize> {
         // SAFETY: the loader's NUL-terminated object name.
         let path = unsafe { CStr::from_ptr(info.dlpi_name) }.to_bytes();
         let base = path.rsplit(|&c| c == b'/').next().unwrap_or(path);
-        if !(base.starts_with(b"libc.so") || base.starts_with(b"libdl.so")) {
+        // `libc.so.6` as the loader found it; `libc-2.31.so` where a distribution names the file itself.
+        let glibc = [&b"libc.so"[..], b"libdl.so", b"libc-", b"libdl-"];
+        if !glibc.iter().any(|p| base.starts_with(p)) {
             return 0;
         }
         // SAFETY: the phdrs of a loaded object, as the loader describes them.
