@@ -73,6 +73,50 @@ pub(crate) fn processes(sim: &Sim, phys: usize) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// The process lists of NVML (compute, graphics, MPS compute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProcessList {
+    Compute,
+    Graphics,
+    Mps,
+}
+
+/// Which lists a process with a context or memory on a device appears in, as this process's NVML answers:
+/// `CUDASIM_NVML_LISTS`, a comma list of `compute`, `graphics`, `mps` (default `compute`; empty = none). The
+/// simulator runs no graphics or MPS clients; this lets tests make its processes show there, as a process with
+/// both a graphics and a compute context, or an MPS client, shows on a real GPU.
+pub(crate) fn lists_from(raw: Option<&str>) -> Result<Vec<ProcessList>, String> {
+    let Some(raw) = raw else {
+        return Ok(vec![ProcessList::Compute]);
+    };
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "compute" => Ok(ProcessList::Compute),
+            "graphics" => Ok(ProcessList::Graphics),
+            "mps" => Ok(ProcessList::Mps),
+            _ => Err(format!(
+                "cudasim: invalid CUDASIM_NVML_LISTS={raw:?}: {s:?} is not compute, graphics or mps"
+            )),
+        })
+        .collect()
+}
+
+/// The processes NVML lists on device `phys` in `list`: (host pid, bytes). A bad `CUDASIM_NVML_LISTS` is
+/// reported on stderr and answers NVML_ERROR_UNKNOWN.
+pub(crate) fn listed(sim: &Sim, phys: usize, list: ProcessList) -> Result<Vec<(u32, u64)>, NvmlReturn> {
+    let lists = lists_from(std::env::var("CUDASIM_NVML_LISTS").ok().as_deref()).map_err(|e| {
+        eprintln!("{e}");
+        NVML_ERROR_UNKNOWN
+    })?;
+    Ok(if lists.contains(&list) {
+        processes(sim, phys)
+    } else {
+        Vec::new()
+    })
+}
+
 /// GPU busy percentage over the last second.
 pub(crate) fn utilization(sim: &Sim, phys: usize) -> u32 {
     let now = now_ns();
@@ -118,5 +162,15 @@ mod tests {
         assert_eq!(driver_string(13000), "580.82.07");
         assert_eq!(driver_string(12080), "570.133.20");
         assert_eq!(driver_string(11000), "535.161.08");
+    }
+
+    #[test]
+    fn nvml_lists_knob() {
+        use ProcessList::*;
+        assert_eq!(lists_from(None).unwrap(), vec![Compute]);
+        assert_eq!(lists_from(Some("graphics, mps")).unwrap(), vec![Graphics, Mps]);
+        assert_eq!(lists_from(Some("")).unwrap(), vec![]);
+        let e = lists_from(Some("compute,gfx")).unwrap_err();
+        assert!(e.contains("CUDASIM_NVML_LISTS") && e.contains("gfx"), "{e}");
     }
 }

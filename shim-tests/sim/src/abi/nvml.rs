@@ -37,6 +37,7 @@ fn memory(dev: Device) -> Result<(u64, u64, u64), NvmlReturn> {
 /// # Safety
 /// `count` must be valid; `infos` must hold `*count` entries when non-NULL.
 unsafe fn running<T>(
+    list: nvml::ProcessList,
     dev: Device,
     count: *mut u32,
     infos: *mut T,
@@ -47,7 +48,7 @@ unsafe fn running<T>(
     if count.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    let procs = nvml::processes(sim, p);
+    let procs = nvml::listed(sim, p, list)?;
     // SAFETY: count is valid; infos holds *count entries (contract).
     unsafe {
         let cap = *count as usize;
@@ -64,6 +65,24 @@ unsafe fn running<T>(
         }
     }
     Ok(())
+}
+
+const COMPUTE: nvml::ProcessList = nvml::ProcessList::Compute;
+const GRAPHICS: nvml::ProcessList = nvml::ProcessList::Graphics;
+const MPS: nvml::ProcessList = nvml::ProcessList::Mps;
+
+fn v1(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV1 {
+    NvmlProcessInfoV1 { pid, used_gpu_memory }
+}
+
+/// `nvmlProcessInfo_t`: not in a MIG instance (the ids are 0xFFFFFFFF, as nvml.h says for that case).
+fn v2(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV2 {
+    NvmlProcessInfoV2 {
+        pid,
+        used_gpu_memory,
+        gpu_instance_id: u32::MAX,
+        compute_instance_id: u32::MAX,
+    }
 }
 
 fn pci_info(dev: Device) -> Result<NvmlPciInfo, NvmlReturn> {
@@ -235,43 +254,39 @@ nvml_fn! {
     }
 
     fn nvmlDeviceGetComputeRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
-        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV1 { pid, used_gpu_memory })
+        running(COMPUTE, dev, count, infos, v1)
     }
 
     fn nvmlDeviceGetComputeRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
-        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV2 {
-            pid,
-            used_gpu_memory,
-            gpu_instance_id: u32::MAX,
-            compute_instance_id: u32::MAX,
-        })
+        running(COMPUTE, dev, count, infos, v2)
     }
 
     fn nvmlDeviceGetComputeRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
-        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV2 {
-            pid,
-            used_gpu_memory,
-            gpu_instance_id: u32::MAX,
-            compute_instance_id: u32::MAX,
-        })
+        running(COMPUTE, dev, count, infos, v2)
     }
 
     fn nvmlDeviceGetGraphicsRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
-        let sim = sim()?;
-        phys_of(sim, dev)?;
-        nout(count, 0)
+        running(GRAPHICS, dev, count, infos, v1)
     }
 
     fn nvmlDeviceGetGraphicsRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
-        let sim = sim()?;
-        phys_of(sim, dev)?;
-        nout(count, 0)
+        running(GRAPHICS, dev, count, infos, v2)
     }
 
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
-        let sim = sim()?;
-        phys_of(sim, dev)?;
-        nout(count, 0)
+        running(GRAPHICS, dev, count, infos, v2)
+    }
+
+    fn nvmlDeviceGetMPSComputeRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
+        running(MPS, dev, count, infos, v1)
+    }
+
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        running(MPS, dev, count, infos, v2)
+    }
+
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        running(MPS, dev, count, infos, v2)
     }
 
     fn nvmlDeviceGetUtilizationRates(dev: Device, util: *mut NvmlUtilization) {
