@@ -6,6 +6,8 @@
  *                                                                   mem.I.v2.rc= .v2.total= .v2.used= .v2.free=
  *   procs:I         compute processes of device I through the bare, _v2 and _v3 entry points:
  *                   procs.I.vN.rc= procs.I.vN.count= procs.I.vN=<pid>:<bytes>,...
+ *   gprocs:I        the same for graphics processes (nvmlDeviceGetGraphicsRunningProcesses*): gprocs.I.vN...
+ *   mprocs:I        the same for MPS compute processes (nvmlDeviceGetMPSComputeRunningProcesses*): mprocs.I.vN...
  *   putil:I         nvmlDeviceGetProcessUtilization of device I over the last second (size query, then a
  *                   buffer of 256): putil.I.query.rc= .query.count= putil.I.rc= putil.I.count=
  *                   putil.I=<pid>:<smUtil>,...
@@ -20,18 +22,58 @@
 
 #define MAXP 256
 
-static void print_list_v1(unsigned int i, nvmlReturn_t r, unsigned int n, const nvmlProcessInfo_v1_t *p) {
-    printf("procs.%u.v1.rc=%d\nprocs.%u.v1.count=%u\nprocs.%u.v1=", i, (int)r, i, n, i);
+static void print_list_v1(const char *what, unsigned int i, nvmlReturn_t r, unsigned int n,
+                          const nvmlProcessInfo_v1_t *p) {
+    printf("%s.%u.v1.rc=%d\n%s.%u.v1.count=%u\n%s.%u.v1=", what, i, (int)r, what, i, n, what, i);
     for (unsigned int k = 0; r == NVML_SUCCESS && k < n; k++)
         printf("%s%u:%llu", k ? "," : "", p[k].pid, p[k].usedGpuMemory);
     printf("\n");
 }
 
-static void print_list(unsigned int i, int v, nvmlReturn_t r, unsigned int n, const nvmlProcessInfo_t *p) {
-    printf("procs.%u.v%d.rc=%d\nprocs.%u.v%d.count=%u\nprocs.%u.v%d=", i, v, (int)r, i, v, n, i, v);
+static void print_list(const char *what, unsigned int i, int v, nvmlReturn_t r, unsigned int n,
+                       const nvmlProcessInfo_t *p) {
+    printf("%s.%u.v%d.rc=%d\n%s.%u.v%d.count=%u\n%s.%u.v%d=", what, i, v, (int)r, what, i, v, n, what, i, v);
     for (unsigned int k = 0; r == NVML_SUCCESS && k < n; k++)
         printf("%s%u:%llu", k ? "," : "", p[k].pid, p[k].usedGpuMemory);
     printf("\n");
+}
+
+typedef nvmlReturn_t (*list_v1_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *);
+typedef nvmlReturn_t (*list_v2_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *);
+typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+
+/* One process list through its bare, _v2 and _v3 entry points, then a size query (count 0, NULL buffer) and a
+ * buffer one short of the size the query reported. */
+static void procs(const char *what, int idx, list_v1_fn f1, list_v2_fn f2, list_fn f3) {
+    unsigned int i = (unsigned int)idx;
+    nvmlDevice_t d;
+    nvmlReturn_t r = nvmlDeviceGetHandleByIndex_v2(i, &d);
+    if (r) {
+        printf("%s.%u.rc=%d\n", what, i, (int)r);
+        return;
+    }
+    static nvmlProcessInfo_v1_t p1[MAXP];
+    static nvmlProcessInfo_t p[MAXP];
+    unsigned int n = MAXP;
+    r = f1(d, &n, p1);
+    print_list_v1(what, i, r, n, p1);
+    n = MAXP;
+    r = f2(d, &n, (nvmlProcessInfo_v2_t *)p);
+    print_list(what, i, 2, r, n, p);
+    n = MAXP;
+    r = f3(d, &n, p);
+    print_list(what, i, 3, r, n, p);
+    /* size query: count 0 + NULL must report the number needed */
+    n = 0;
+    r = f3(d, &n, NULL);
+    printf("%s.%u.query.rc=%d\n%s.%u.query.count=%u\n", what, i, (int)r, what, i, n);
+    if (n > 0) {
+        unsigned int want = n;
+        n = want - 1;
+        memset(p, 0, sizeof p);
+        r = f3(d, &n, p);
+        printf("%s.%u.short.rc=%d\n%s.%u.short.count=%u\n", what, i, (int)r, what, i, n);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -66,28 +108,14 @@ int main(int argc, char **argv) {
                    "mem.%u.v2.reserved=%llu\n",
                    i, (int)r, i, m2.total, i, m2.used, i, m2.free, i, m2.reserved);
         } else if (strncmp(c, "procs:", 6) == 0) {
-            unsigned int i = (unsigned int)atoi(c + 6);
-            nvmlDevice_t d;
-            r = nvmlDeviceGetHandleByIndex_v2(i, &d);
-            if (r) {
-                printf("procs.%u.rc=%d\n", i, (int)r);
-                continue;
-            }
-            static nvmlProcessInfo_v1_t p1[MAXP];
-            static nvmlProcessInfo_t p[MAXP];
-            unsigned int n = MAXP;
-            r = nvmlDeviceGetComputeRunningProcesses(d, &n, p1);
-            print_list_v1(i, r, n, p1);
-            n = MAXP;
-            r = nvmlDeviceGetComputeRunningProcesses_v2(d, &n, (nvmlProcessInfo_v2_t *)p);
-            print_list(i, 2, r, n, p);
-            n = MAXP;
-            r = nvmlDeviceGetComputeRunningProcesses_v3(d, &n, p);
-            print_list(i, 3, r, n, p);
-            /* size query: count 0 + NULL must report the number needed */
-            n = 0;
-            r = nvmlDeviceGetComputeRunningProcesses_v3(d, &n, NULL);
-            printf("procs.%u.query.rc=%d\nprocs.%u.query.count=%u\n", i, (int)r, i, n);
+            procs("procs", atoi(c + 6), nvmlDeviceGetComputeRunningProcesses, nvmlDeviceGetComputeRunningProcesses_v2,
+                  nvmlDeviceGetComputeRunningProcesses_v3);
+        } else if (strncmp(c, "gprocs:", 7) == 0) {
+            procs("gprocs", atoi(c + 7), nvmlDeviceGetGraphicsRunningProcesses,
+                  nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlDeviceGetGraphicsRunningProcesses_v3);
+        } else if (strncmp(c, "mprocs:", 7) == 0) {
+            procs("mprocs", atoi(c + 7), nvmlDeviceGetMPSComputeRunningProcesses,
+                  nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlDeviceGetMPSComputeRunningProcesses_v3);
         } else if (strncmp(c, "putil:", 6) == 0) {
             unsigned int i = (unsigned int)atoi(c + 6);
             nvmlDevice_t d;

@@ -244,3 +244,84 @@ fn process_utilization_hides_other_containers() {
     assert!(mine.finish().success());
     assert!(theirs.finish().success());
 }
+
+/// Class 5 of issue 11: the graphics and MPS process lists (bare, `_v2`, `_v3`) show only the container's
+/// processes, and their size protocol counts only those. The simulator lists its processes there too
+/// (`CUDASIM_NVML_LISTS`), as a real GPU lists a process with a graphics context or an MPS client.
+#[test]
+fn graphics_and_mps_lists_hide_other_containers() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,graphics,mps")
+        .build();
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let pids = |out: &shim_tests::Output, key: &str| -> Vec<u32> {
+        parse_proc_list(out.val(key)).iter().map(|p| p.0).collect()
+    };
+
+    // ground truth: the simulator itself lists both in each list
+    let bare = sim
+        .cmd(Prog::NvmlProbe)
+        .no_preload()
+        .args("gprocs:0 mprocs:0")
+        .run();
+    bare.ok();
+    for what in ["gprocs", "mprocs"] {
+        let all = pids(&bare, &format!("{what}.0.v3"));
+        assert!(
+            all.contains(&my_pid) && all.contains(&their_pid),
+            "the simulator should list both processes in {what}:{bare:?}"
+        );
+    }
+
+    let out = sim
+        .cmd(Prog::NvmlProbe)
+        .mem_limit("1g")
+        .args("gprocs:0 mprocs:0")
+        .run();
+    out.ok();
+    for what in ["gprocs", "mprocs"] {
+        for v in ["v1", "v2", "v3"] {
+            let key = format!("{what}.0.{v}");
+            assert_eq!(out.val(&format!("{key}.rc")), "0", "{key}:{out:?}");
+            let list = parse_proc_list(out.val(&key));
+            assert!(
+                !list.iter().any(|p| p.0 == their_pid),
+                "{key} shows another container's process:{out:?}"
+            );
+            let me = list.iter().find(|p| p.0 == my_pid);
+            assert!(me.is_some(), "{key} hides the container's own process:{out:?}");
+            assert!(
+                me.unwrap().1 >= 128 * MIB,
+                "{key}: usedGpuMemory too small:{out:?}"
+            );
+            assert_eq!(
+                out.num(&format!("{key}.count")),
+                list.len() as u64,
+                "{key}:{out:?}"
+            );
+        }
+        assert_eq!(
+            out.num(&format!("{what}.0.query.count")),
+            1,
+            "{what}: a size query must count only the container's:{out:?}"
+        );
+        // a buffer one short of the size query's answer: INSUFFICIENT_SIZE (7) and the same count
+        assert_eq!(out.val(&format!("{what}.0.short.rc")), "7", "{what}:{out:?}");
+        assert_eq!(out.num(&format!("{what}.0.short.count")), 1, "{what}:{out:?}");
+    }
+    mine.finish().ok();
+    theirs.finish().ok();
+}

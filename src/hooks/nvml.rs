@@ -2,7 +2,8 @@
 //!
 //! - `nvmlDeviceGetMemoryInfo` / `_v2`: total = cap, used = the container's usage, free = total − used, each
 //!   clamped by the real values; `_v2`'s `version` is the caller's and `reserved` the driver's.
-//! - `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): only the container's processes
+//! - The process lists, compute, graphics and MPS compute (`nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses`,
+//!   bare, `_v2`, `_v3`; one filter, [`running_processes`]): only the container's processes
 //!   (`Devices::is_member`): the members the agent publishes in its limits file when it does (tenant-proof),
 //!   else processes owning a live slot in the usage region (by pid, or by the NVML pid a slot recorded — in a
 //!   pid namespace the host pid `memory::host_pid` learns; cooperative: a tenant can write any pid there). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
@@ -105,7 +106,7 @@ fn own_pids(s: &Shim) -> [u32; 2] {
     [std::process::id(), s.mem.host.get().unwrap_or(0)]
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): the real list → the container's processes,
+/// The compute, graphics and MPS process lists (bare, `_v2`, `_v3`): the real list → the container's processes,
 /// written back with NVML's size protocol.
 ///
 /// # Safety
