@@ -404,6 +404,19 @@ pub struct NvmlProcessInfoV2 {
     pub compute_instance_id: u32,
 }
 
+/// nvmlAccountingStats_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlAccountingStats {
+    pub gpu_utilization: u32,
+    pub memory_utilization: u32,
+    pub max_memory_usage: u64,
+    pub time: u64,
+    pub start_time: u64,
+    pub is_running: u32,
+    pub reserved: [u32; 5],
+}
+
 /// nvmlProcessUtilizationSample_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -458,6 +471,7 @@ mod tests {
         assert_eq!(size_of::<NvmlProcessInfoV1>(), 16);
         assert_eq!(size_of::<NvmlProcessInfoV2>(), 24);
         assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
+        assert_eq!(size_of::<NvmlAccountingStats>(), 56);
         assert_eq!(size_of::<NvmlPciInfo>(), 68);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<NvmlGpuFabricInfoV3>(), 40);

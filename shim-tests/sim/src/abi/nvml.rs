@@ -70,6 +70,7 @@ unsafe fn running<T>(
 const COMPUTE: nvml::ProcessList = nvml::ProcessList::Compute;
 const GRAPHICS: nvml::ProcessList = nvml::ProcessList::Graphics;
 const MPS: nvml::ProcessList = nvml::ProcessList::Mps;
+const ACCOUNTING: nvml::ProcessList = nvml::ProcessList::Accounting;
 
 fn v1(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV1 {
     NvmlProcessInfoV1 { pid, used_gpu_memory }
@@ -287,6 +288,62 @@ nvml_fn! {
 
     fn nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
         running(MPS, dev, count, infos, v2)
+    }
+
+    fn nvmlDeviceGetAccountingMode(dev: Device, mode: *mut u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        nout(mode, nvml::shows(ACCOUNTING)? as u32)
+    }
+
+    // Accounting (nvml.h): NOT_SUPPORTED while accounting mode is off; the pid list keeps the size protocol
+    // (count 0 + NULL asks for the size: INSUFFICIENT_SIZE with the count).
+    fn nvmlDeviceGetAccountingPids(dev: Device, count: *mut u32, pids: *mut u32) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if count.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if !nvml::shows(ACCOUNTING)? {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        let list = nvml::listed(sim, p, ACCOUNTING)?;
+        let room = *count as usize;
+        *count = list.len() as u32;
+        if list.len() > room || (pids.is_null() && !list.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, _)) in list.iter().enumerate() {
+            pids.add(i).write_unaligned(*pid);
+        }
+        Ok(())
+    }
+
+    fn nvmlDeviceGetAccountingStats(dev: Device, pid: u32, stats: *mut NvmlAccountingStats) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if stats.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if !nvml::shows(ACCOUNTING)? {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        let (mem, start) = nvml::accounting(sim, p, pid).ok_or(NVML_ERROR_NOT_FOUND)?;
+        // Utilisation over the last second (the timeline keeps recent intervals, not a lifetime).
+        let (_, samples) = nvml::process_samples(sim, p, 0);
+        let util = samples.iter().find(|s| s.0 == pid).map_or(0, |s| s.1);
+        nout(
+            stats,
+            NvmlAccountingStats {
+                gpu_utilization: util,
+                memory_utilization: 0,
+                max_memory_usage: mem,
+                time: 0,
+                start_time: start,
+                is_running: 1,
+                reserved: [0; 5],
+            },
+        )
     }
 
     fn nvmlDeviceGetUtilizationRates(dev: Device, util: *mut NvmlUtilization) {
