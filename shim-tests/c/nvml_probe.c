@@ -8,6 +8,9 @@
  *                   procs.I.vN.rc= procs.I.vN.count= procs.I.vN=<pid>:<bytes>,...
  *   gprocs:I        the same for graphics processes (nvmlDeviceGetGraphicsRunningProcesses*): gprocs.I.vN...
  *   mprocs:I        the same for MPS compute processes (nvmlDeviceGetMPSComputeRunningProcesses*): mprocs.I.vN...
+ *   acct:I          accounting pids of device I (size query, then a buffer of 256): acct.I.mode.rc= .mode=
+ *                   acct.I.query.rc= acct.I.query.count= acct.I.rc= acct.I.count= acct.I=<pid>:0,...
+ *   acctstat:I:P    nvmlDeviceGetAccountingStats of pid P: acctstat.I.P.rc= acctstat.I.P.mem= .running=
  *   putil:I         nvmlDeviceGetProcessUtilization of device I over the last second (size query, then a
  *                   buffer of 256): putil.I.query.rc= .query.count= putil.I.rc= putil.I.count=
  *                   putil.I=<pid>:<smUtil>,...
@@ -116,6 +119,39 @@ int main(int argc, char **argv) {
         } else if (strncmp(c, "mprocs:", 7) == 0) {
             procs("mprocs", atoi(c + 7), nvmlDeviceGetMPSComputeRunningProcesses,
                   nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlDeviceGetMPSComputeRunningProcesses_v3);
+        } else if (strncmp(c, "acct:", 5) == 0) {
+            unsigned int i = (unsigned int)atoi(c + 5);
+            nvmlDevice_t d;
+            r = nvmlDeviceGetHandleByIndex_v2(i, &d);
+            if (r) {
+                printf("acct.%u.rc=%d\n", i, (int)r);
+                continue;
+            }
+            nvmlEnableState_t mode = NVML_FEATURE_DISABLED;
+            r = nvmlDeviceGetAccountingMode(d, &mode);
+            printf("acct.%u.mode.rc=%d\nacct.%u.mode=%d\n", i, (int)r, i, (int)mode);
+            unsigned int n = 0;
+            r = nvmlDeviceGetAccountingPids(d, &n, NULL);
+            printf("acct.%u.query.rc=%d\nacct.%u.query.count=%u\n", i, (int)r, i, n);
+            static unsigned int pids[MAXP];
+            n = MAXP;
+            r = nvmlDeviceGetAccountingPids(d, &n, pids);
+            printf("acct.%u.rc=%d\nacct.%u.count=%u\nacct.%u=", i, (int)r, i, n, i);
+            for (unsigned int k = 0; r == NVML_SUCCESS && k < n; k++) printf("%s%u:0", k ? "," : "", pids[k]);
+            printf("\n");
+        } else if (strncmp(c, "acctstat:", 9) == 0) {
+            unsigned int i = 0, pid = 0;
+            if (sscanf(c + 9, "%u:%u", &i, &pid) != 2) {
+                printf("acctstat.usage=acctstat:I:PID\n");
+                continue;
+            }
+            nvmlDevice_t d;
+            r = nvmlDeviceGetHandleByIndex_v2(i, &d);
+            nvmlAccountingStats_t st;
+            memset(&st, 0, sizeof st);
+            if (!r) r = nvmlDeviceGetAccountingStats(d, pid, &st);
+            printf("acctstat.%u.%u.rc=%d\nacctstat.%u.%u.mem=%llu\nacctstat.%u.%u.running=%u\n", i, pid, (int)r, i,
+                   pid, st.maxMemoryUsage, i, pid, st.isRunning);
         } else if (strncmp(c, "putil:", 6) == 0) {
             unsigned int i = (unsigned int)atoi(c + 6);
             nvmlDevice_t d;

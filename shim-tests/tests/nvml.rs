@@ -325,3 +325,79 @@ fn graphics_and_mps_lists_hide_other_containers() {
     mine.finish().ok();
     theirs.finish().ok();
 }
+
+/// Class 5 of issue 11: accounting (`nvmlDeviceGetAccountingPids`, `nvmlDeviceGetAccountingStats`) shows only
+/// the container's processes: another container's pid is missing from the list and its stats answer
+/// NOT_FOUND (6), as for a pid NVML does not know. The simulator turns accounting mode on by
+/// `CUDASIM_NVML_LISTS=accounting`.
+#[test]
+fn accounting_hides_other_containers() {
+    let sim = Sim::new().env("CUDASIM_NVML_LISTS", "compute,accounting").build();
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let args = format!("acct:0 acctstat:0:{my_pid} acctstat:0:{their_pid}");
+    let pids = |out: &shim_tests::Output| -> Vec<u32> {
+        parse_proc_list(out.val("acct.0")).iter().map(|p| p.0).collect()
+    };
+
+    // ground truth: the simulator itself accounts for both
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(&args).run();
+    bare.ok();
+    assert_eq!(bare.val("acct.0.mode"), "1", "accounting mode:{bare:?}");
+    let all = pids(&bare);
+    assert!(
+        all.contains(&my_pid) && all.contains(&their_pid),
+        "the simulator should account for both processes:{bare:?}"
+    );
+    assert_eq!(bare.val(&format!("acctstat.0.{their_pid}.rc")), "0", "{bare:?}");
+    assert!(
+        bare.num(&format!("acctstat.0.{their_pid}.mem")) >= 64 * MIB,
+        "{bare:?}"
+    );
+
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&args).run();
+    out.ok();
+    assert_eq!(out.val("acct.0.rc"), "0", "{out:?}");
+    let list = pids(&out);
+    assert!(
+        !list.contains(&their_pid),
+        "accounting pids show another container's process:{out:?}"
+    );
+    assert!(
+        list.contains(&my_pid),
+        "the container's own pid is missing:{out:?}"
+    );
+    assert_eq!(out.num("acct.0.count"), list.len() as u64, "{out:?}");
+    assert_eq!(out.val("acct.0.query.rc"), "7", "size query:{out:?}");
+    assert_eq!(
+        out.num("acct.0.query.count"),
+        list.len() as u64,
+        "a size query must count only the container's:{out:?}"
+    );
+    assert_eq!(
+        out.val(&format!("acctstat.0.{their_pid}.rc")),
+        "6",
+        "another container's accounting stats must answer NOT_FOUND:{out:?}"
+    );
+    assert_eq!(out.num(&format!("acctstat.0.{their_pid}.mem")), 0, "{out:?}");
+    assert_eq!(out.val(&format!("acctstat.0.{my_pid}.rc")), "0", "{out:?}");
+    assert!(
+        out.num(&format!("acctstat.0.{my_pid}.mem")) >= 128 * MIB,
+        "{out:?}"
+    );
+    assert_eq!(out.num(&format!("acctstat.0.{my_pid}.running")), 1, "{out:?}");
+    mine.finish().ok();
+    theirs.finish().ok();
+}

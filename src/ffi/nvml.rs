@@ -71,6 +71,18 @@ c_structs! { checked_structs;
         pub computeInstanceId: c_uint,
     }
 
+    /// `nvmlAccountingStats_t`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlAccountingStats_t {
+        pub gpuUtilization: c_uint,
+        pub memoryUtilization: c_uint,
+        pub maxMemoryUsage: u64,
+        pub time: u64,
+        pub startTime: u64,
+        pub isRunning: c_uint,
+        pub reserved: [c_uint; 5],
+    }
+
     /// `nvmlProcessUtilizationSample_t`.
     #[derive(Clone, Copy, Debug, Default)]
     pub struct nvmlProcessUtilizationSample_t {

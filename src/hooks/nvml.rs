@@ -9,6 +9,8 @@
 //!   pid namespace the host pid `memory::host_pid` learns; cooperative: a tenant can write any pid there). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
 //!   `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
 //! - `nvmlDeviceGetProcessUtilization`: the same filter over the samples.
+//! - `nvmlDeviceGetAccountingPids`: the same filter and size protocol; `nvmlDeviceGetAccountingStats` of a pid
+//!   that is not the container's answers `NVML_ERROR_NOT_FOUND`, as for a pid NVML does not know.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
@@ -106,6 +108,41 @@ fn own_pids(s: &Shim) -> [u32; 2] {
     [std::process::id(), s.mem.host.get().unwrap_or(0)]
 }
 
+/// The container's records of a real list: the one membership filter every per-process NVML call goes through.
+fn members<T>(s: &Shim, list: Vec<T>, pid: impl Fn(&T) -> c_uint) -> Vec<T> {
+    s.mem.maybe_reclaim();
+    let own = own_pids(s);
+    list.into_iter()
+        .filter(|p| s.devices.is_member(pid(p), &own))
+        .collect()
+}
+
+/// Writes the filtered `mine` back with NVML's size protocol: `*count` = its length; a buffer too small for
+/// it (or NULL) gets `NVML_ERROR_INSUFFICIENT_SIZE`; an empty list answers `empty`.
+///
+/// # Safety
+/// `count` non-NULL; `buf` NULL or valid for the `*count` records the caller passed.
+unsafe fn write_back<T: Copy>(
+    mine: &[T],
+    count: *mut c_uint,
+    buf: *mut T,
+    empty: nvmlReturn_t,
+) -> nvmlReturn_t {
+    // SAFETY: `count` non-NULL, the caller's in/out parameter.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = mine.len() as c_uint };
+    if mine.is_empty() {
+        return empty;
+    }
+    if buf.is_null() || room < mine.len() {
+        return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller's buffer holds `room` ≥ len records.
+    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), buf, mine.len()) };
+    nvmlReturn_t::SUCCESS
+}
+
 /// The compute, graphics and MPS process lists (bare, `_v2`, `_v3`): the real list → the container's processes,
 /// written back with NVML's size protocol.
 ///
@@ -129,25 +166,62 @@ pub unsafe fn running_processes<T: ProcessInfo>(
         Ok(l) => l,
         Err(r) => return r,
     };
-    s.mem.maybe_reclaim();
-    let own = own_pids(s);
-    let mine: Vec<T> = list
-        .into_iter()
-        .filter(|p| s.devices.is_member(p.pid(), &own))
-        .collect();
-    // SAFETY: `count` non-NULL, the caller's in/out parameter.
-    let room = unsafe { *count } as usize;
-    // SAFETY: as above.
-    unsafe { *count = mine.len() as c_uint };
-    if mine.is_empty() {
-        return nvmlReturn_t::SUCCESS;
+    let mine = members(s, list, T::pid);
+    // SAFETY: `count` non-NULL; `infos` as the caller passed it.
+    unsafe { write_back(&mine, count, infos, nvmlReturn_t::SUCCESS) }
+}
+
+/// `nvmlDeviceGetAccountingPids`: the real list → the container's pids, with the same size protocol (the
+/// size query, count 0 and NULL, gets `NVML_ERROR_INSUFFICIENT_SIZE` and the filtered count).
+///
+/// # Safety
+/// `count`/`pids` as the NVML function requires.
+pub unsafe fn accounting_pids(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut c_uint, *mut c_uint) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    pids: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: `count` is checked non-NULL before it is read.
+    if count.is_null() || (pids.is_null() && unsafe { *count } > 0) {
+        return real(device, count, pids);
     }
-    if infos.is_null() || room < mine.len() {
-        return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+    let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, n, buf)) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let mine = members(s, list, |p| *p);
+    // SAFETY: `count` non-NULL; `pids` as the caller passed it.
+    unsafe { write_back(&mine, count, pids, nvmlReturn_t::SUCCESS) }
+}
+
+/// `nvmlDeviceGetAccountingStats`: another container's pid answers `NVML_ERROR_NOT_FOUND` (the caller's
+/// struct untouched), as a pid NVML does not know does; argument errors are the real library's.
+///
+/// # Safety
+/// `stats` as the NVML function requires.
+pub unsafe fn accounting_stats(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, c_uint, *mut nvmlAccountingStats_t) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    pid: c_uint,
+    stats: *mut nvmlAccountingStats_t,
+) -> nvmlReturn_t {
+    if stats.is_null() {
+        return real(device, pid, stats);
     }
-    // SAFETY: the caller's buffer holds `room` ≥ len records.
-    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), infos, mine.len()) };
-    nvmlReturn_t::SUCCESS
+    let mut mine = nvmlAccountingStats_t::default();
+    let r = real(device, pid, &mut mine);
+    if !r.ok() {
+        return r;
+    }
+    if members(s, vec![pid], |p| *p).is_empty() {
+        return nvmlReturn_t::ERROR_NOT_FOUND;
+    }
+    // SAFETY: the caller's struct, non-NULL.
+    unsafe { *stats = mine };
+    r
 }
 
 /// `nvmlDeviceGetProcessUtilization`: the real samples → the container's processes, written back with the
@@ -178,24 +252,9 @@ pub unsafe fn process_utilization(
             return r;
         }
     };
-    let own = own_pids(s);
-    let mine: Vec<_> = list
-        .into_iter()
-        .filter(|p| s.devices.is_member(p.pid, &own))
-        .collect();
-    // SAFETY: `count` non-NULL, the caller's in/out parameter.
-    let room = unsafe { *count } as usize;
-    // SAFETY: as above.
-    unsafe { *count = mine.len() as c_uint };
-    if mine.is_empty() {
-        return nvmlReturn_t::ERROR_NOT_FOUND;
-    }
-    if room < mine.len() {
-        return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
-    }
-    // SAFETY: the caller's buffer holds `room` ≥ len samples.
-    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), samples, mine.len()) };
-    nvmlReturn_t::SUCCESS
+    let mine = members(s, list, |p| p.pid);
+    // SAFETY: `count` non-NULL; `samples` non-NULL, as the caller passed it.
+    unsafe { write_back(&mine, count, samples, nvmlReturn_t::ERROR_NOT_FOUND) }
 }
 
 #[cfg(test)]
