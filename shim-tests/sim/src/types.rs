@@ -404,6 +404,34 @@ pub struct NvmlProcessInfoV2 {
     pub compute_instance_id: u32,
 }
 
+/// nvmlProcessUtilizationInfo_v1_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessUtilizationInfoV1 {
+    pub time_stamp: u64,
+    pub pid: u32,
+    pub sm_util: u32,
+    pub mem_util: u32,
+    pub enc_util: u32,
+    pub dec_util: u32,
+    pub jpg_util: u32,
+    pub ofa_util: u32,
+}
+
+/// nvmlProcessesUtilizationInfo_v1_t
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlProcessesUtilizationInfoV1 {
+    pub version: u32,
+    pub process_samples_count: u32,
+    pub last_seen_time_stamp: u64,
+    pub proc_util_array: *mut NvmlProcessUtilizationInfoV1,
+}
+
+/// nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1).
+pub const NVML_PROCESSES_UTILIZATION_INFO_V1: u32 =
+    std::mem::size_of::<NvmlProcessesUtilizationInfoV1>() as u32 | (1 << 24);
+
 /// nvmlAccountingStats_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -472,6 +500,8 @@ mod tests {
         assert_eq!(size_of::<NvmlProcessInfoV2>(), 24);
         assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
         assert_eq!(size_of::<NvmlAccountingStats>(), 56);
+        assert_eq!(size_of::<NvmlProcessUtilizationInfoV1>(), 40);
+        assert_eq!(size_of::<NvmlProcessesUtilizationInfoV1>(), 24);
         assert_eq!(size_of::<NvmlPciInfo>(), 68);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<NvmlGpuFabricInfoV3>(), 40);

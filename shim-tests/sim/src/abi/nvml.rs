@@ -391,6 +391,38 @@ nvml_fn! {
         Ok(())
     }
 
+    fn nvmlDeviceGetProcessesUtilizationInfo(dev: Device, info: *mut NvmlProcessesUtilizationInfoV1) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if info.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let info = &mut *info;
+        if info.version != NVML_PROCESSES_UTILIZATION_INFO_V1 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (ts, list) = nvml::process_samples(sim, p, info.last_seen_time_stamp);
+        if list.is_empty() {
+            info.process_samples_count = 0;
+            return Err(NVML_ERROR_NOT_FOUND);
+        }
+        // nvml.h: a NULL array or one too small answers INSUFFICIENT_SIZE with the size needed.
+        if info.proc_util_array.is_null() || list.len() > info.process_samples_count as usize {
+            info.process_samples_count = list.len() as u32;
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, sm)) in list.iter().enumerate() {
+            info.proc_util_array.add(i).write_unaligned(NvmlProcessUtilizationInfoV1 {
+                time_stamp: ts,
+                pid: *pid,
+                sm_util: *sm,
+                ..Default::default()
+            });
+        }
+        info.process_samples_count = list.len() as u32;
+        Ok(())
+    }
+
     // The simulated GPUs have no NVLink (as PCIe cards): the link queries PyTorch resolves at start-up answer
     // NOT_SUPPORTED after checking their arguments, as nvml.h documents for such devices.
     fn nvmlDeviceGetNvLinkRemoteDeviceType(dev: Device, link: u32, kind: *mut u32) {
