@@ -14,6 +14,9 @@
  *   putil:I         nvmlDeviceGetProcessUtilization of device I over the last second (size query, then a
  *                   buffer of 256): putil.I.query.rc= .query.count= putil.I.rc= putil.I.count=
  *                   putil.I=<pid>:<smUtil>,...
+ *   putil2:I        nvmlDeviceGetProcessesUtilizationInfo (v1) of device I over the last second (size query with a NULL
+ *                   array, then an array of 256): putil2.I.query.rc= .query.count= putil2.I.rc= putil2.I.count=
+ *                   putil2.I=<pid>:<smUtil>,...
  *   uuid:I          uuid.I=
  *   wait            print ready=1, block until a line (or EOF) on stdin
  */
@@ -168,6 +171,27 @@ int main(int argc, char **argv) {
             r = nvmlDeviceGetProcessUtilization(d, u, &n, 0);
             printf("putil.%u.rc=%d\nputil.%u.count=%u\nputil.%u=", i, (int)r, i, n, i);
             for (unsigned int k = 0; r == NVML_SUCCESS && k < n; k++)
+                printf("%s%u:%u", k ? "," : "", u[k].pid, u[k].smUtil);
+            printf("\n");
+        } else if (strncmp(c, "putil2:", 7) == 0) {
+            unsigned int i = (unsigned int)atoi(c + 7);
+            nvmlDevice_t d;
+            r = nvmlDeviceGetHandleByIndex_v2(i, &d);
+            if (r) {
+                printf("putil2.%u.rc=%d\n", i, (int)r);
+                continue;
+            }
+            static nvmlProcessUtilizationInfo_v1_t u[MAXP];
+            nvmlProcessesUtilizationInfo_t info;
+            memset(&info, 0, sizeof info);
+            info.version = nvmlProcessesUtilizationInfo_v1;
+            r = nvmlDeviceGetProcessesUtilizationInfo(d, &info);
+            printf("putil2.%u.query.rc=%d\nputil2.%u.query.count=%u\n", i, (int)r, i, info.processSamplesCount);
+            info.processSamplesCount = MAXP;
+            info.procUtilArray = u;
+            r = nvmlDeviceGetProcessesUtilizationInfo(d, &info);
+            printf("putil2.%u.rc=%d\nputil2.%u.count=%u\nputil2.%u=", i, (int)r, i, info.processSamplesCount, i);
+            for (unsigned int k = 0; r == NVML_SUCCESS && k < info.processSamplesCount; k++)
                 printf("%s%u:%u", k ? "," : "", u[k].pid, u[k].smUtil);
             printf("\n");
         } else if (strncmp(c, "uuid:", 5) == 0) {

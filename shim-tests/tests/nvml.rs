@@ -191,6 +191,18 @@ fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
 /// container's processes. Two containers launch 5 ms kernels on one GPU (not CPU-heavy); each sees its own.
 #[test]
 fn process_utilization_hides_other_containers() {
+    utilization_hides_other_containers("putil");
+}
+
+/// Class 5 of issue 11: the same through `nvmlDeviceGetProcessesUtilizationInfo` (the versioned struct): the
+/// size query (NULL array) counts only the container's samples.
+#[test]
+fn processes_utilization_info_hides_other_containers() {
+    utilization_hides_other_containers("putil2");
+}
+
+/// Two containers busy on one GPU; nvml_probe's `<what>:0` under the shim lists only the container's own.
+fn utilization_hides_other_containers(what: &str) {
     use shim_tests::{compile_c, workspace_root};
     let launcher = compile_c(
         "throttle_paths_dl",
@@ -210,13 +222,14 @@ fn process_utilization_hides_other_containers() {
     let mine = launch("default");
     let theirs = launch("other");
     let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let (cmd, key) = (format!("{what}:0"), format!("{what}.0"));
     let busy = |out: &shim_tests::Output| -> Vec<u32> {
-        parse_proc_list(out.val("putil.0")).iter().map(|p| p.0).collect()
+        parse_proc_list(out.val(&key)).iter().map(|p| p.0).collect()
     };
     // Both have launched within the last second once the simulator's own NVML lists both (bounded wait).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let bare = sim.cmd(Prog::NvmlProbe).no_preload().args("putil:0").run();
+        let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(&cmd).run();
         bare.ok();
         let all = busy(&bare);
         if all.contains(&my_pid) && all.contains(&their_pid) {
@@ -228,9 +241,9 @@ fn process_utilization_hides_other_containers() {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args("putil:0").run();
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&cmd).run();
     out.ok();
-    assert_eq!(out.val("putil.0.rc"), "0", "{out:?}");
+    assert_eq!(out.val(&format!("{key}.rc")), "0", "{out:?}");
     let list = busy(&out);
     assert!(
         !list.contains(&their_pid),
@@ -240,7 +253,14 @@ fn process_utilization_hides_other_containers() {
         list.contains(&my_pid),
         "the container's own process {my_pid} is missing:{out:?}"
     );
-    assert_eq!(out.num("putil.0.count"), list.len() as u64, "{out:?}");
+    assert_eq!(out.num(&format!("{key}.count")), list.len() as u64, "{out:?}");
+    if what == "putil2" {
+        assert_eq!(
+            out.num(&format!("{key}.query.count")),
+            list.len() as u64,
+            "a size query must count only the container's:{out:?}"
+        );
+    }
     assert!(mine.finish().success());
     assert!(theirs.finish().success());
 }

@@ -8,7 +8,8 @@
 //!   else processes owning a live slot in the usage region (by pid, or by the NVML pid a slot recorded — in a
 //!   pid namespace the host pid `memory::host_pid` learns; cooperative: a tenant can write any pid there). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
 //!   `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
-//! - `nvmlDeviceGetProcessUtilization`: the same filter over the samples.
+//! - `nvmlDeviceGetProcessUtilization` and `nvmlDeviceGetProcessesUtilizationInfo` (v1): the same filter over
+//!   the samples.
 //! - `nvmlDeviceGetAccountingPids`: the same filter and size protocol; `nvmlDeviceGetAccountingStats` of a pid
 //!   that is not the container's answers `NVML_ERROR_NOT_FOUND`, as for a pid NVML does not know.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
@@ -255,6 +256,59 @@ pub unsafe fn process_utilization(
     let mine = members(s, list, |p| p.pid);
     // SAFETY: `count` non-NULL; `samples` non-NULL, as the caller passed it.
     unsafe { write_back(&mine, count, samples, nvmlReturn_t::ERROR_NOT_FOUND) }
+}
+
+/// `nvmlDeviceGetProcessesUtilizationInfo` (v1): the real samples → the container's, with the same protocol
+/// as [`process_utilization`]; a NULL array is a size query answered with the filtered count. Other versions
+/// and NULL get the real library's answer.
+///
+/// # Safety
+/// `info` as the NVML function requires.
+pub unsafe fn processes_utilization_info(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut nvmlProcessesUtilizationInfo_t) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    info: *mut nvmlProcessesUtilizationInfo_t,
+) -> nvmlReturn_t {
+    // SAFETY: `info` is checked non-NULL before it is read.
+    if info.is_null() || unsafe { (*info).version } != NVML_PROCESSES_UTILIZATION_INFO_V1 {
+        return real(device, info);
+    }
+    // SAFETY: non-NULL, the caller's struct.
+    let info = unsafe { &mut *info };
+    let last_seen = info.lastSeenTimeStamp;
+    let list = crate::driver::nvml::list(64, 1 << 16, |n, buf| {
+        let mut ours = nvmlProcessesUtilizationInfo_t {
+            version: NVML_PROCESSES_UTILIZATION_INFO_V1,
+            // SAFETY: `list` passes a valid count.
+            processSamplesCount: unsafe { *n },
+            lastSeenTimeStamp: last_seen,
+            procUtilArray: buf,
+        };
+        let r = real(device, &mut ours);
+        // SAFETY: as above.
+        unsafe { *n = ours.processSamplesCount };
+        r
+    });
+    let list = match list {
+        Ok(l) => l,
+        Err(r) => {
+            if r == nvmlReturn_t::ERROR_NOT_FOUND {
+                info.processSamplesCount = 0;
+            }
+            return r;
+        }
+    };
+    let mine = members(s, list, |p| p.pid);
+    // SAFETY: the count field is ours to write; the array is the caller's, valid for the count it passed.
+    unsafe {
+        write_back(
+            &mine,
+            &mut info.processSamplesCount,
+            info.procUtilArray,
+            nvmlReturn_t::ERROR_NOT_FOUND,
+        )
+    }
 }
 
 #[cfg(test)]
