@@ -346,6 +346,42 @@ nvml_fn! {
         )
     }
 
+    fn nvmlDeviceGetRunningProcessDetailList(dev: Device, plist: *mut NvmlProcessDetailListV1) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if plist.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let plist = &mut *plist;
+        // nvml.h: an invalid version or mode is INVALID_ARGUMENT here.
+        let list = match (plist.version, plist.mode) {
+            (NVML_PROCESS_DETAIL_LIST_V1, 0) => COMPUTE,
+            (NVML_PROCESS_DETAIL_LIST_V1, 1) => GRAPHICS,
+            (NVML_PROCESS_DETAIL_LIST_V1, 2) => MPS,
+            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+        };
+        let procs = nvml::listed(sim, p, list)?;
+        let room = plist.num_proc_array_entries as usize;
+        plist.num_proc_array_entries = procs.len() as u32;
+        // Size query (0 + NULL): INSUFFICIENT_SIZE with the count, or SUCCESS when there are none.
+        if procs.is_empty() {
+            return Ok(());
+        }
+        if plist.proc_array.is_null() || procs.len() > room {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, mem)) in procs.iter().enumerate() {
+            plist.proc_array.add(i).write_unaligned(NvmlProcessDetailV1 {
+                pid: *pid,
+                used_gpu_memory: *mem,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+                used_gpu_cc_protected_memory: 0,
+            });
+        }
+        Ok(())
+    }
+
     fn nvmlDeviceGetUtilizationRates(dev: Device, util: *mut NvmlUtilization) {
         let sim = sim()?;
         let p = phys_of(sim, dev)?;
