@@ -11,6 +11,9 @@
  *   acct:I          accounting pids of device I (size query, then a buffer of 256): acct.I.mode.rc= .mode=
  *                   acct.I.query.rc= acct.I.query.count= acct.I.rc= acct.I.count= acct.I=<pid>:0,...
  *   acctstat:I:P    nvmlDeviceGetAccountingStats of pid P: acctstat.I.P.rc= acctstat.I.P.mem= .running=
+ *   detail:I:M      nvmlDeviceGetRunningProcessDetailList of device I in mode M (0 compute, 1 graphics, 2 MPS): size
+ *                   query (0 + NULL) then an array of 256: detail.I.M.query.rc= .query.count= detail.I.M.rc=
+ *                   detail.I.M.count= detail.I.M=<pid>:<bytes>,...
  *   putil:I         nvmlDeviceGetProcessUtilization of device I over the last second (size query, then a
  *                   buffer of 256): putil.I.query.rc= .query.count= putil.I.rc= putil.I.count=
  *                   putil.I=<pid>:<smUtil>,...
@@ -155,6 +158,34 @@ int main(int argc, char **argv) {
             if (!r) r = nvmlDeviceGetAccountingStats(d, pid, &st);
             printf("acctstat.%u.%u.rc=%d\nacctstat.%u.%u.mem=%llu\nacctstat.%u.%u.running=%u\n", i, pid, (int)r, i,
                    pid, st.maxMemoryUsage, i, pid, st.isRunning);
+        } else if (strncmp(c, "detail:", 7) == 0) {
+            unsigned int i = 0, mode = 0;
+            if (sscanf(c + 7, "%u:%u", &i, &mode) != 2) {
+                printf("detail.usage=detail:I:MODE\n");
+                continue;
+            }
+            nvmlDevice_t d;
+            r = nvmlDeviceGetHandleByIndex_v2(i, &d);
+            if (r) {
+                printf("detail.%u.%u.rc=%d\n", i, mode, (int)r);
+                continue;
+            }
+            static nvmlProcessDetail_v1_t pd[MAXP];
+            nvmlProcessDetailList_t pl;
+            memset(&pl, 0, sizeof pl);
+            pl.version = nvmlProcessDetailList_v1;
+            pl.mode = mode;
+            r = nvmlDeviceGetRunningProcessDetailList(d, &pl);
+            printf("detail.%u.%u.query.rc=%d\ndetail.%u.%u.query.count=%u\n", i, mode, (int)r, i, mode,
+                   pl.numProcArrayEntries);
+            pl.numProcArrayEntries = MAXP;
+            pl.procArray = pd;
+            r = nvmlDeviceGetRunningProcessDetailList(d, &pl);
+            printf("detail.%u.%u.rc=%d\ndetail.%u.%u.count=%u\ndetail.%u.%u=", i, mode, (int)r, i, mode,
+                   pl.numProcArrayEntries, i, mode);
+            for (unsigned int k = 0; r == NVML_SUCCESS && k < pl.numProcArrayEntries; k++)
+                printf("%s%u:%llu", k ? "," : "", pd[k].pid, pd[k].usedGpuMemory);
+            printf("\n");
         } else if (strncmp(c, "putil:", 6) == 0) {
             unsigned int i = (unsigned int)atoi(c + 6);
             nvmlDevice_t d;

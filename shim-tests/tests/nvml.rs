@@ -421,3 +421,71 @@ fn accounting_hides_other_containers() {
     mine.finish().ok();
     theirs.finish().ok();
 }
+
+/// Class 5 of issue 11: `nvmlDeviceGetRunningProcessDetailList` in each mode (compute, graphics, MPS) shows
+/// only the container's processes, and its size query (0 + NULL) counts only those.
+#[test]
+fn process_detail_list_hides_other_containers() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,graphics,mps")
+        .build();
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let args = "detail:0:0 detail:0:1 detail:0:2";
+
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(args).run();
+    bare.ok();
+    for mode in 0..3 {
+        let all: Vec<u32> = parse_proc_list(bare.val(&format!("detail.0.{mode}")))
+            .iter()
+            .map(|p| p.0)
+            .collect();
+        assert!(
+            all.contains(&my_pid) && all.contains(&their_pid),
+            "the simulator should list both processes in mode {mode}:{bare:?}"
+        );
+    }
+
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(args).run();
+    out.ok();
+    for mode in 0..3 {
+        let key = format!("detail.0.{mode}");
+        assert_eq!(out.val(&format!("{key}.rc")), "0", "{key}:{out:?}");
+        let list = parse_proc_list(out.val(&key));
+        assert!(
+            !list.iter().any(|p| p.0 == their_pid),
+            "{key} shows another container's process:{out:?}"
+        );
+        let me = list.iter().find(|p| p.0 == my_pid);
+        assert!(me.is_some(), "{key} hides the container's own process:{out:?}");
+        assert!(
+            me.unwrap().1 >= 128 * MIB,
+            "{key}: usedGpuMemory too small:{out:?}"
+        );
+        assert_eq!(
+            out.num(&format!("{key}.count")),
+            list.len() as u64,
+            "{key}:{out:?}"
+        );
+        assert_eq!(out.val(&format!("{key}.query.rc")), "7", "{key}:{out:?}");
+        assert_eq!(
+            out.num(&format!("{key}.query.count")),
+            list.len() as u64,
+            "{key}: a size query must count only the container's:{out:?}"
+        );
+    }
+    mine.finish().ok();
+    theirs.finish().ok();
+}

@@ -3,7 +3,7 @@
 //! - `nvmlDeviceGetMemoryInfo` / `_v2`: total = cap, used = the container's usage, free = total − used, each
 //!   clamped by the real values; `_v2`'s `version` is the caller's and `reserved` the driver's.
 //! - The process lists, compute, graphics and MPS compute (`nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses`,
-//!   bare, `_v2`, `_v3`; one filter, [`running_processes`]): only the container's processes
+//!   bare, `_v2`, `_v3`; and `nvmlDeviceGetRunningProcessDetailList` v1, any mode): only the container's processes
 //!   (`Devices::is_member`): the members the agent publishes in its limits file when it does (tenant-proof),
 //!   else processes owning a live slot in the usage region (by pid, or by the NVML pid a slot recorded — in a
 //!   pid namespace the host pid `memory::host_pid` learns; cooperative: a tenant can write any pid there). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
@@ -256,6 +256,53 @@ pub unsafe fn process_utilization(
     let mine = members(s, list, |p| p.pid);
     // SAFETY: `count` non-NULL; `samples` non-NULL, as the caller passed it.
     unsafe { write_back(&mine, count, samples, nvmlReturn_t::ERROR_NOT_FOUND) }
+}
+
+/// `nvmlDeviceGetRunningProcessDetailList` (v1, the caller's mode): the real list → the container's
+/// processes, with the same size protocol as the process lists (none left is `NVML_SUCCESS`). Other versions
+/// and NULL get the real library's answer.
+///
+/// # Safety
+/// `plist` as the NVML function requires.
+pub unsafe fn process_detail_list(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut nvmlProcessDetailList_t) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    plist: *mut nvmlProcessDetailList_t,
+) -> nvmlReturn_t {
+    // SAFETY: `plist` is checked non-NULL before it is read.
+    if plist.is_null() || unsafe { (*plist).version } != NVML_PROCESS_DETAIL_LIST_V1 {
+        return real(device, plist);
+    }
+    // SAFETY: non-NULL, the caller's struct.
+    let plist = unsafe { &mut *plist };
+    let mode = plist.mode;
+    let list = crate::driver::nvml::list(64, 1 << 16, |n, buf| {
+        let mut ours = nvmlProcessDetailList_t {
+            version: NVML_PROCESS_DETAIL_LIST_V1,
+            mode,
+            // SAFETY: `list` passes a valid count.
+            numProcArrayEntries: unsafe { *n },
+            procArray: buf,
+        };
+        let r = real(device, &mut ours);
+        // SAFETY: as above.
+        unsafe { *n = ours.numProcArrayEntries };
+        r
+    });
+    let mine = match list {
+        Ok(l) => members(s, l, |p| p.pid),
+        Err(r) => return r,
+    };
+    // SAFETY: the count field is ours to write; the array is the caller's, valid for the count it passed.
+    unsafe {
+        write_back(
+            &mine,
+            &mut plist.numProcArrayEntries,
+            plist.procArray,
+            nvmlReturn_t::SUCCESS,
+        )
+    }
 }
 
 /// `nvmlDeviceGetProcessesUtilizationInfo` (v1): the real samples → the container's, with the same protocol
