@@ -146,6 +146,30 @@ pub(crate) fn accounting(sim: &Sim, phys: usize, host_pid: u32) -> Option<(u64, 
     Some((slot.mem_used[phys].load(SeqCst), boot_us + ticks * 1_000_000 / hz))
 }
 
+/// `nvmlSystemGetProcessName`: the executable of the process NVML knows as `host_pid` (a simulated process by
+/// its host pid, else the pid itself), from /proc: argv[0] as the kernel recorded it, else `comm`.
+pub(crate) fn process_name(sim: &Sim, host_pid: u32) -> Option<String> {
+    let pid = sim
+        .shared
+        .live_slots()
+        .find(|(_, s)| s.host_pid.load(Relaxed) == host_pid)
+        .map_or(host_pid, |(pid, _)| pid);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok();
+    let argv0 = cmdline
+        .as_deref()
+        .and_then(|c| c.split(|b| *b == 0).next())
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned());
+    argv0.or_else(|| {
+        Some(
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()?
+                .trim_end()
+                .to_owned(),
+        )
+    })
+}
+
 /// GPU busy percentage over the last second.
 pub(crate) fn utilization(sim: &Sim, phys: usize) -> u32 {
     let now = now_ns();

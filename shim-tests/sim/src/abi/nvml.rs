@@ -290,6 +290,18 @@ nvml_fn! {
         running(MPS, dev, count, infos, v2)
     }
 
+    fn nvmlSystemGetProcessName(pid: u32, name: *mut c_char, length: u32) {
+        let sim = sim()?;
+        if name.is_null() || length == 0 {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let full = nvml::process_name(sim, pid).ok_or(NVML_ERROR_NOT_FOUND)?;
+        // nvml.h: the name is cropped to `length` (with its NUL).
+        let cut = full.len().min(length as usize - 1);
+        let cut = (0..=cut).rev().find(|i| full.is_char_boundary(*i)).unwrap_or(0);
+        nstr(name, length, &full[..cut])
+    }
+
     fn nvmlDeviceGetAccountingMode(dev: Device, mode: *mut u32) {
         let sim = sim()?;
         phys_of(sim, dev)?;
