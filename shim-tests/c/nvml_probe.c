@@ -14,6 +14,7 @@
  *   detail:I:M      nvmlDeviceGetRunningProcessDetailList of device I in mode M (0 compute, 1 graphics, 2 MPS): size
  *                   query (0 + NULL) then an array of 256: detail.I.M.query.rc= .query.count= detail.I.M.rc=
  *                   detail.I.M.count= detail.I.M=<pid>:<bytes>,...
+ *   pname:P         nvmlSystemGetProcessName of pid P: pname.P.rc= pname.P=
  *   putil:I         nvmlDeviceGetProcessUtilization of device I over the last second (size query, then a
  *                   buffer of 256): putil.I.query.rc= .query.count= putil.I.rc= putil.I.count=
  *                   putil.I=<pid>:<smUtil>,...
@@ -186,6 +187,11 @@ int main(int argc, char **argv) {
             for (unsigned int k = 0; r == NVML_SUCCESS && k < pl.numProcArrayEntries; k++)
                 printf("%s%u:%llu", k ? "," : "", pd[k].pid, pd[k].usedGpuMemory);
             printf("\n");
+        } else if (strncmp(c, "pname:", 6) == 0) {
+            unsigned int pid = (unsigned int)strtoul(c + 6, NULL, 10);
+            char name[256] = "";
+            r = nvmlSystemGetProcessName(pid, name, sizeof name);
+            printf("pname.%u.rc=%d\npname.%u=%s\n", pid, (int)r, pid, r == NVML_SUCCESS ? name : "");
         } else if (strncmp(c, "putil:", 6) == 0) {
             unsigned int i = (unsigned int)atoi(c + 6);
             nvmlDevice_t d;

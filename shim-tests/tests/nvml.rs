@@ -349,7 +349,8 @@ fn graphics_and_mps_lists_hide_other_containers() {
 /// Class 5 of issue 11: accounting (`nvmlDeviceGetAccountingPids`, `nvmlDeviceGetAccountingStats`) shows only
 /// the container's processes: another container's pid is missing from the list and its stats answer
 /// NOT_FOUND (6), as for a pid NVML does not know. The simulator turns accounting mode on by
-/// `CUDASIM_NVML_LISTS=accounting`.
+/// `CUDASIM_NVML_LISTS=accounting`. `nvmlSystemGetProcessName` of another container's pid answers
+/// NOT_FOUND too.
 #[test]
 fn accounting_hides_other_containers() {
     let sim = Sim::new().env("CUDASIM_NVML_LISTS", "compute,accounting").build();
@@ -418,6 +419,26 @@ fn accounting_hides_other_containers() {
         "{out:?}"
     );
     assert_eq!(out.num(&format!("acctstat.0.{my_pid}.running")), 1, "{out:?}");
+
+    // nvmlSystemGetProcessName: the simulator names both; under the shim another container's pid is unknown
+    let args = format!("pname:{my_pid} pname:{their_pid}");
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(&args).run();
+    bare.ok();
+    assert_eq!(bare.val(&format!("pname.{their_pid}.rc")), "0", "{bare:?}");
+    assert!(
+        bare.val(&format!("pname.{their_pid}")).contains("probe"),
+        "{bare:?}"
+    );
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&args).run();
+    out.ok();
+    assert_eq!(
+        out.val(&format!("pname.{their_pid}.rc")),
+        "6",
+        "another container's process name must answer NOT_FOUND:{out:?}"
+    );
+    assert_eq!(out.val(&format!("pname.{their_pid}")), "", "{out:?}");
+    assert_eq!(out.val(&format!("pname.{my_pid}.rc")), "0", "{out:?}");
+    assert!(out.val(&format!("pname.{my_pid}")).contains("probe"), "{out:?}");
     mine.finish().ok();
     theirs.finish().ok();
 }

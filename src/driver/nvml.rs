@@ -32,6 +32,7 @@ macro_rules! nvml_functions {
             nvmlDeviceGetMPSComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
             nvmlDeviceGetRunningProcessDetailList (device: nvmlDevice_t, plist: *mut nvmlProcessDetailList_t) => nvml::process_detail_list(real, device, plist);
             nvmlDeviceGetProcessesUtilizationInfo (device: nvmlDevice_t, procesesUtilInfo: *mut nvmlProcessesUtilizationInfo_t) => nvml::processes_utilization_info(real, device, procesesUtilInfo);
+            nvmlSystemGetProcessName (pid: c_uint, name: *mut c_char, length: c_uint) => nvml::process_name(real, pid, name, length);
             nvmlDeviceGetAccountingPids (device: nvmlDevice_t, count: *mut c_uint, pids: *mut c_uint) => nvml::accounting_pids(real, device, count, pids);
             nvmlDeviceGetAccountingStats (device: nvmlDevice_t, pid: c_uint, stats: *mut nvmlAccountingStats_t) => nvml::accounting_stats(real, device, pid, stats);
             nvmlDeviceGetProcessUtilization (device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t, processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64) => nvml::process_utilization(real, device, utilization, processSamplesCount, lastSeenTimeStamp);

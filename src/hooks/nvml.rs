@@ -11,7 +11,8 @@
 //! - `nvmlDeviceGetProcessUtilization` and `nvmlDeviceGetProcessesUtilizationInfo` (v1): the same filter over
 //!   the samples.
 //! - `nvmlDeviceGetAccountingPids`: the same filter and size protocol; `nvmlDeviceGetAccountingStats` of a pid
-//!   that is not the container's answers `NVML_ERROR_NOT_FOUND`, as for a pid NVML does not know.
+//!   that is not the container's answers `NVML_ERROR_NOT_FOUND`, as for a pid NVML does not know; so does
+//!   `nvmlSystemGetProcessName`.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
@@ -195,6 +196,24 @@ pub unsafe fn accounting_pids(
     let mine = members(s, list, |p| *p);
     // SAFETY: `count` non-NULL; `pids` as the caller passed it.
     unsafe { write_back(&mine, count, pids, nvmlReturn_t::SUCCESS) }
+}
+
+/// `nvmlSystemGetProcessName`: another container's pid answers `NVML_ERROR_NOT_FOUND` (the caller's buffer
+/// untouched), as a pid NVML does not know does; argument errors are the real library's.
+///
+/// # Safety
+/// `name` as the NVML function requires.
+pub unsafe fn process_name(
+    s: &Shim,
+    real: impl Fn(c_uint, *mut c_char, c_uint) -> nvmlReturn_t,
+    pid: c_uint,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    if name.is_null() || length == 0 || !members(s, vec![pid], |p| *p).is_empty() {
+        return real(pid, name, length);
+    }
+    nvmlReturn_t::ERROR_NOT_FOUND
 }
 
 /// `nvmlDeviceGetAccountingStats`: another container's pid answers `NVML_ERROR_NOT_FOUND` (the caller's
