@@ -129,7 +129,9 @@ fn nvml_without_limit_passes_through() {
 #[test]
 fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
     use cuquota_core::region::LimitsWriter;
-    let sim = Sim::new().build();
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,graphics,mps,accounting")
+        .build();
     let agent = LimitsWriter::create(&sim.limits_file()).expect("limits file");
     let mut mine = sim
         .cmd(Prog::Probe)
@@ -181,6 +183,28 @@ fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
             .collect();
         assert_eq!(l, list, "{v} differs from v3:{out:?}");
     }
+    // every other per-process call goes through the same membership
+    let args = format!(
+        "gprocs:0 mprocs:0 detail:0:0 detail:0:1 detail:0:2 acct:0 acctstat:0:{their_pid} pname:{their_pid}"
+    );
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&args).run();
+    out.ok();
+    for key in [
+        "gprocs.0.v3",
+        "mprocs.0.v3",
+        "detail.0.0",
+        "detail.0.1",
+        "detail.0.2",
+        "acct.0",
+    ] {
+        let l: Vec<u32> = parse_proc_list(out.val(key)).iter().map(|p| p.0).collect();
+        assert!(
+            !l.contains(&their_pid) && l.contains(&my_pid),
+            "{key} with agent membership:{out:?}"
+        );
+    }
+    assert_eq!(out.val(&format!("acctstat.0.{their_pid}.rc")), "6", "{out:?}");
+    assert_eq!(out.val(&format!("pname.{their_pid}.rc")), "6", "{out:?}");
 
     usage.release_process_slot();
     mine.finish().ok();
