@@ -129,7 +129,9 @@ fn nvml_without_limit_passes_through() {
 #[test]
 fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
     use cuquota_core::region::LimitsWriter;
-    let sim = Sim::new().build();
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,graphics,mps,accounting")
+        .build();
     let agent = LimitsWriter::create(&sim.limits_file()).expect("limits file");
     let mut mine = sim
         .cmd(Prog::Probe)
@@ -181,6 +183,28 @@ fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
             .collect();
         assert_eq!(l, list, "{v} differs from v3:{out:?}");
     }
+    // every other per-process call goes through the same membership
+    let args = format!(
+        "gprocs:0 mprocs:0 detail:0:0 detail:0:1 detail:0:2 acct:0 acctstat:0:{their_pid} pname:{their_pid}"
+    );
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&args).run();
+    out.ok();
+    for key in [
+        "gprocs.0.v3",
+        "mprocs.0.v3",
+        "detail.0.0",
+        "detail.0.1",
+        "detail.0.2",
+        "acct.0",
+    ] {
+        let l: Vec<u32> = parse_proc_list(out.val(key)).iter().map(|p| p.0).collect();
+        assert!(
+            !l.contains(&their_pid) && l.contains(&my_pid),
+            "{key} with agent membership:{out:?}"
+        );
+    }
+    assert_eq!(out.val(&format!("acctstat.0.{their_pid}.rc")), "6", "{out:?}");
+    assert_eq!(out.val(&format!("pname.{their_pid}.rc")), "6", "{out:?}");
 
     usage.release_process_slot();
     mine.finish().ok();
@@ -191,6 +215,18 @@ fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
 /// container's processes. Two containers launch 5 ms kernels on one GPU (not CPU-heavy); each sees its own.
 #[test]
 fn process_utilization_hides_other_containers() {
+    utilization_hides_other_containers("putil");
+}
+
+/// Class 5 of issue 11: the same through `nvmlDeviceGetProcessesUtilizationInfo` (the versioned struct): the
+/// size query (NULL array) counts only the container's samples.
+#[test]
+fn processes_utilization_info_hides_other_containers() {
+    utilization_hides_other_containers("putil2");
+}
+
+/// Two containers busy on one GPU; nvml_probe's `<what>:0` under the shim lists only the container's own.
+fn utilization_hides_other_containers(what: &str) {
     use shim_tests::{compile_c, workspace_root};
     let launcher = compile_c(
         "throttle_paths_dl",
@@ -210,13 +246,14 @@ fn process_utilization_hides_other_containers() {
     let mine = launch("default");
     let theirs = launch("other");
     let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let (cmd, key) = (format!("{what}:0"), format!("{what}.0"));
     let busy = |out: &shim_tests::Output| -> Vec<u32> {
-        parse_proc_list(out.val("putil.0")).iter().map(|p| p.0).collect()
+        parse_proc_list(out.val(&key)).iter().map(|p| p.0).collect()
     };
     // Both have launched within the last second once the simulator's own NVML lists both (bounded wait).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let bare = sim.cmd(Prog::NvmlProbe).no_preload().args("putil:0").run();
+        let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(&cmd).run();
         bare.ok();
         let all = busy(&bare);
         if all.contains(&my_pid) && all.contains(&their_pid) {
@@ -228,9 +265,9 @@ fn process_utilization_hides_other_containers() {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args("putil:0").run();
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&cmd).run();
     out.ok();
-    assert_eq!(out.val("putil.0.rc"), "0", "{out:?}");
+    assert_eq!(out.val(&format!("{key}.rc")), "0", "{out:?}");
     let list = busy(&out);
     assert!(
         !list.contains(&their_pid),
@@ -240,7 +277,260 @@ fn process_utilization_hides_other_containers() {
         list.contains(&my_pid),
         "the container's own process {my_pid} is missing:{out:?}"
     );
-    assert_eq!(out.num("putil.0.count"), list.len() as u64, "{out:?}");
+    assert_eq!(out.num(&format!("{key}.count")), list.len() as u64, "{out:?}");
+    if what == "putil2" {
+        assert_eq!(
+            out.num(&format!("{key}.query.count")),
+            list.len() as u64,
+            "a size query must count only the container's:{out:?}"
+        );
+    }
     assert!(mine.finish().success());
     assert!(theirs.finish().success());
+}
+
+/// Class 5 of issue 11: the graphics and MPS process lists (bare, `_v2`, `_v3`) show only the container's
+/// processes, and their size protocol counts only those. The simulator lists its processes there too
+/// (`CUDASIM_NVML_LISTS`), as a real GPU lists a process with a graphics context or an MPS client.
+#[test]
+fn graphics_and_mps_lists_hide_other_containers() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,graphics,mps")
+        .build();
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let pids = |out: &shim_tests::Output, key: &str| -> Vec<u32> {
+        parse_proc_list(out.val(key)).iter().map(|p| p.0).collect()
+    };
+
+    // ground truth: the simulator itself lists both in each list
+    let bare = sim
+        .cmd(Prog::NvmlProbe)
+        .no_preload()
+        .args("gprocs:0 mprocs:0")
+        .run();
+    bare.ok();
+    for what in ["gprocs", "mprocs"] {
+        let all = pids(&bare, &format!("{what}.0.v3"));
+        assert!(
+            all.contains(&my_pid) && all.contains(&their_pid),
+            "the simulator should list both processes in {what}:{bare:?}"
+        );
+    }
+
+    let out = sim
+        .cmd(Prog::NvmlProbe)
+        .mem_limit("1g")
+        .args("gprocs:0 mprocs:0")
+        .run();
+    out.ok();
+    for what in ["gprocs", "mprocs"] {
+        for v in ["v1", "v2", "v3"] {
+            let key = format!("{what}.0.{v}");
+            assert_eq!(out.val(&format!("{key}.rc")), "0", "{key}:{out:?}");
+            let list = parse_proc_list(out.val(&key));
+            assert!(
+                !list.iter().any(|p| p.0 == their_pid),
+                "{key} shows another container's process:{out:?}"
+            );
+            let me = list.iter().find(|p| p.0 == my_pid);
+            assert!(me.is_some(), "{key} hides the container's own process:{out:?}");
+            assert!(
+                me.unwrap().1 >= 128 * MIB,
+                "{key}: usedGpuMemory too small:{out:?}"
+            );
+            assert_eq!(
+                out.num(&format!("{key}.count")),
+                list.len() as u64,
+                "{key}:{out:?}"
+            );
+        }
+        assert_eq!(
+            out.num(&format!("{what}.0.query.count")),
+            1,
+            "{what}: a size query must count only the container's:{out:?}"
+        );
+        // a buffer one short of the size query's answer: INSUFFICIENT_SIZE (7) and the same count
+        assert_eq!(out.val(&format!("{what}.0.short.rc")), "7", "{what}:{out:?}");
+        assert_eq!(out.num(&format!("{what}.0.short.count")), 1, "{what}:{out:?}");
+    }
+    mine.finish().ok();
+    theirs.finish().ok();
+}
+
+/// Class 5 of issue 11: accounting (`nvmlDeviceGetAccountingPids`, `nvmlDeviceGetAccountingStats`) shows only
+/// the container's processes: another container's pid is missing from the list and its stats answer
+/// NOT_FOUND (6), as for a pid NVML does not know. The simulator turns accounting mode on by
+/// `CUDASIM_NVML_LISTS=accounting`. `nvmlSystemGetProcessName` of another container's pid answers
+/// NOT_FOUND too.
+#[test]
+fn accounting_hides_other_containers() {
+    let sim = Sim::new().env("CUDASIM_NVML_LISTS", "compute,accounting").build();
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let args = format!("acct:0 acctstat:0:{my_pid} acctstat:0:{their_pid}");
+    let pids = |out: &shim_tests::Output| -> Vec<u32> {
+        parse_proc_list(out.val("acct.0")).iter().map(|p| p.0).collect()
+    };
+
+    // ground truth: the simulator itself accounts for both
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(&args).run();
+    bare.ok();
+    assert_eq!(bare.val("acct.0.mode"), "1", "accounting mode:{bare:?}");
+    let all = pids(&bare);
+    assert!(
+        all.contains(&my_pid) && all.contains(&their_pid),
+        "the simulator should account for both processes:{bare:?}"
+    );
+    assert_eq!(bare.val(&format!("acctstat.0.{their_pid}.rc")), "0", "{bare:?}");
+    assert!(
+        bare.num(&format!("acctstat.0.{their_pid}.mem")) >= 64 * MIB,
+        "{bare:?}"
+    );
+
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&args).run();
+    out.ok();
+    assert_eq!(out.val("acct.0.rc"), "0", "{out:?}");
+    let list = pids(&out);
+    assert!(
+        !list.contains(&their_pid),
+        "accounting pids show another container's process:{out:?}"
+    );
+    assert!(
+        list.contains(&my_pid),
+        "the container's own pid is missing:{out:?}"
+    );
+    assert_eq!(out.num("acct.0.count"), list.len() as u64, "{out:?}");
+    assert_eq!(out.val("acct.0.query.rc"), "7", "size query:{out:?}");
+    assert_eq!(
+        out.num("acct.0.query.count"),
+        list.len() as u64,
+        "a size query must count only the container's:{out:?}"
+    );
+    assert_eq!(
+        out.val(&format!("acctstat.0.{their_pid}.rc")),
+        "6",
+        "another container's accounting stats must answer NOT_FOUND:{out:?}"
+    );
+    assert_eq!(out.num(&format!("acctstat.0.{their_pid}.mem")), 0, "{out:?}");
+    assert_eq!(out.val(&format!("acctstat.0.{my_pid}.rc")), "0", "{out:?}");
+    assert!(
+        out.num(&format!("acctstat.0.{my_pid}.mem")) >= 128 * MIB,
+        "{out:?}"
+    );
+    assert_eq!(out.num(&format!("acctstat.0.{my_pid}.running")), 1, "{out:?}");
+
+    // nvmlSystemGetProcessName: the simulator names both; under the shim another container's pid is unknown
+    let args = format!("pname:{my_pid} pname:{their_pid}");
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(&args).run();
+    bare.ok();
+    assert_eq!(bare.val(&format!("pname.{their_pid}.rc")), "0", "{bare:?}");
+    assert!(
+        bare.val(&format!("pname.{their_pid}")).contains("probe"),
+        "{bare:?}"
+    );
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(&args).run();
+    out.ok();
+    assert_eq!(
+        out.val(&format!("pname.{their_pid}.rc")),
+        "6",
+        "another container's process name must answer NOT_FOUND:{out:?}"
+    );
+    assert_eq!(out.val(&format!("pname.{their_pid}")), "", "{out:?}");
+    assert_eq!(out.val(&format!("pname.{my_pid}.rc")), "0", "{out:?}");
+    assert!(out.val(&format!("pname.{my_pid}")).contains("probe"), "{out:?}");
+    mine.finish().ok();
+    theirs.finish().ok();
+}
+
+/// Class 5 of issue 11: `nvmlDeviceGetRunningProcessDetailList` in each mode (compute, graphics, MPS) shows
+/// only the container's processes, and its size query (0 + NULL) counts only those.
+#[test]
+fn process_detail_list_hides_other_containers() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,graphics,mps")
+        .build();
+    let mut mine = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:128m wait")
+        .spawn();
+    let mut theirs = sim
+        .cmd(Prog::Probe)
+        .container("other")
+        .mem_limit("1g")
+        .args("init alloc:mem:64m wait")
+        .spawn();
+    mine.wait_ready(1);
+    theirs.wait_ready(1);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let args = "detail:0:0 detail:0:1 detail:0:2";
+
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args(args).run();
+    bare.ok();
+    for mode in 0..3 {
+        let all: Vec<u32> = parse_proc_list(bare.val(&format!("detail.0.{mode}")))
+            .iter()
+            .map(|p| p.0)
+            .collect();
+        assert!(
+            all.contains(&my_pid) && all.contains(&their_pid),
+            "the simulator should list both processes in mode {mode}:{bare:?}"
+        );
+    }
+
+    let out = sim.cmd(Prog::NvmlProbe).mem_limit("1g").args(args).run();
+    out.ok();
+    for mode in 0..3 {
+        let key = format!("detail.0.{mode}");
+        assert_eq!(out.val(&format!("{key}.rc")), "0", "{key}:{out:?}");
+        let list = parse_proc_list(out.val(&key));
+        assert!(
+            !list.iter().any(|p| p.0 == their_pid),
+            "{key} shows another container's process:{out:?}"
+        );
+        let me = list.iter().find(|p| p.0 == my_pid);
+        assert!(me.is_some(), "{key} hides the container's own process:{out:?}");
+        assert!(
+            me.unwrap().1 >= 128 * MIB,
+            "{key}: usedGpuMemory too small:{out:?}"
+        );
+        assert_eq!(
+            out.num(&format!("{key}.count")),
+            list.len() as u64,
+            "{key}:{out:?}"
+        );
+        assert_eq!(out.val(&format!("{key}.query.rc")), "7", "{key}:{out:?}");
+        assert_eq!(
+            out.num(&format!("{key}.query.count")),
+            list.len() as u64,
+            "{key}: a size query must count only the container's:{out:?}"
+        );
+    }
+    mine.finish().ok();
+    theirs.finish().ok();
 }

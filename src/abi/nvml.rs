@@ -3,7 +3,7 @@
 use crate::driver::nvml::NvmlTable;
 use crate::ffi::nvml::*;
 use crate::state::Shim;
-use std::ffi::c_uint;
+use std::ffi::{c_char, c_uint};
 
 fn table(s: &Shim) -> &NvmlTable {
     s.nvml.real()

@@ -1,7 +1,7 @@
 //! Every NVML function the shim touches, one line each, in one list ([`nvml_functions!`]) from which the
 //! real-function table (here), the exports and their dispatch (`abi::nvml`) and the check against `nvml.h`
 //! (`driver::header_check`) are generated; the line format is `driver::cuda`'s, without versions (NVML
-//! versions its names: `_v2`, `_v3`). The bare `nvmlDeviceGetComputeRunningProcesses` and `_v2` are declared in
+//! versions its names: `_v2`, `_v3`). The bare and `_v2` process lists (compute, graphics, MPS) are declared in
 //! `nvml.h`'s `NVML_NO_UNVERSIONED_FUNC_DEFS` section.
 
 #![allow(non_snake_case)]
@@ -24,6 +24,17 @@ macro_rules! nvml_functions {
             nvmlDeviceGetComputeRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => nvml::running_processes(real, device, infoCount, infos);
             nvmlDeviceGetComputeRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) => nvml::running_processes(real, device, infoCount, infos);
             nvmlDeviceGetComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetGraphicsRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetGraphicsRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetGraphicsRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetMPSComputeRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetMPSComputeRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetMPSComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
+            nvmlDeviceGetRunningProcessDetailList (device: nvmlDevice_t, plist: *mut nvmlProcessDetailList_t) => nvml::process_detail_list(real, device, plist);
+            nvmlDeviceGetProcessesUtilizationInfo (device: nvmlDevice_t, procesesUtilInfo: *mut nvmlProcessesUtilizationInfo_t) => nvml::processes_utilization_info(real, device, procesesUtilInfo);
+            nvmlSystemGetProcessName (pid: c_uint, name: *mut c_char, length: c_uint) => nvml::process_name(real, pid, name, length);
+            nvmlDeviceGetAccountingPids (device: nvmlDevice_t, count: *mut c_uint, pids: *mut c_uint) => nvml::accounting_pids(real, device, count, pids);
+            nvmlDeviceGetAccountingStats (device: nvmlDevice_t, pid: c_uint, stats: *mut nvmlAccountingStats_t) => nvml::accounting_stats(real, device, pid, stats);
             nvmlDeviceGetProcessUtilization (device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t, processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64) => nvml::process_utilization(real, device, utilization, processSamplesCount, lastSeenTimeStamp);
         ] helpers [
             nvmlDeviceGetCount_v2 (deviceCount: *mut c_uint);

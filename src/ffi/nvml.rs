@@ -35,6 +35,10 @@ c_aliases! { checked_aliases;
 
 /// `nvmlProcessInfo_t` is `nvmlProcessInfo_v2_t` (`_v2` and `_v3` lists).
 pub type nvmlProcessInfo_t = nvmlProcessInfo_v2_t;
+/// `nvmlProcessDetailList_t` is v1.
+pub type nvmlProcessDetailList_t = nvmlProcessDetailList_v1_t;
+/// `nvmlProcessesUtilizationInfo_t` is v1.
+pub type nvmlProcessesUtilizationInfo_t = nvmlProcessesUtilizationInfo_v1_t;
 
 c_structs! { checked_structs;
     /// `nvmlMemory_t` (v1).
@@ -71,6 +75,61 @@ c_structs! { checked_structs;
         pub computeInstanceId: c_uint,
     }
 
+    /// `nvmlProcessDetail_v1_t`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlProcessDetail_v1_t {
+        pub pid: c_uint,
+        pub usedGpuMemory: u64,
+        pub gpuInstanceId: c_uint,
+        pub computeInstanceId: c_uint,
+        pub usedGpuCcProtectedMemory: u64,
+    }
+
+    /// `nvmlProcessDetailList_v1_t` = `nvmlProcessDetailList_t`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct nvmlProcessDetailList_v1_t {
+        pub version: c_uint,
+        /// Compute, graphics or MPS compute; passed through as the caller set it.
+        pub mode: c_uint,
+        pub numProcArrayEntries: c_uint,
+        pub procArray: *mut nvmlProcessDetail_v1_t,
+    }
+
+    /// `nvmlProcessUtilizationInfo_v1_t`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlProcessUtilizationInfo_v1_t {
+        /// CPU timestamp, µs.
+        pub timeStamp: u64,
+        pub pid: c_uint,
+        pub smUtil: c_uint,
+        pub memUtil: c_uint,
+        pub encUtil: c_uint,
+        pub decUtil: c_uint,
+        pub jpgUtil: c_uint,
+        pub ofaUtil: c_uint,
+    }
+
+    /// `nvmlProcessesUtilizationInfo_v1_t` = `nvmlProcessesUtilizationInfo_t`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct nvmlProcessesUtilizationInfo_v1_t {
+        pub version: c_uint,
+        pub processSamplesCount: c_uint,
+        pub lastSeenTimeStamp: u64,
+        pub procUtilArray: *mut nvmlProcessUtilizationInfo_v1_t,
+    }
+
+    /// `nvmlAccountingStats_t`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlAccountingStats_t {
+        pub gpuUtilization: c_uint,
+        pub memoryUtilization: c_uint,
+        pub maxMemoryUsage: u64,
+        pub time: u64,
+        pub startTime: u64,
+        pub isRunning: c_uint,
+        pub reserved: [c_uint; 5],
+    }
+
     /// `nvmlProcessUtilizationSample_t`.
     #[derive(Clone, Copy, Debug, Default)]
     pub struct nvmlProcessUtilizationSample_t {
@@ -87,6 +146,10 @@ c_structs! { checked_structs;
 c_consts! { checked_consts;
     /// `nvmlMemory_v2` = `NVML_STRUCT_VERSION(Memory, 2)` = sizeof | 2 << 24.
     NVML_MEMORY_V2: c_uint = (std::mem::size_of::<nvmlMemory_v2_t>() as c_uint) | (2 << 24) => "nvmlMemory_v2";
+    /// `nvmlProcessesUtilizationInfo_v1` = `NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1)`.
+    NVML_PROCESSES_UTILIZATION_INFO_V1: c_uint = (std::mem::size_of::<nvmlProcessesUtilizationInfo_v1_t>() as c_uint) | (1 << 24) => "nvmlProcessesUtilizationInfo_v1";
+    /// `nvmlProcessDetailList_v1` = `NVML_STRUCT_VERSION(ProcessDetailList, 1)`.
+    NVML_PROCESS_DETAIL_LIST_V1: c_uint = (std::mem::size_of::<nvmlProcessDetailList_v1_t>() as c_uint) | (1 << 24) => "nvmlProcessDetailList_v1";
     /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
     NVML_DEVICE_UUID_BUFFER_SIZE: usize = 96 => "NVML_DEVICE_UUID_V2_BUFFER_SIZE";
 }

@@ -2,12 +2,17 @@
 //!
 //! - `nvmlDeviceGetMemoryInfo` / `_v2`: total = cap, used = the container's usage, free = total − used, each
 //!   clamped by the real values; `_v2`'s `version` is the caller's and `reserved` the driver's.
-//! - `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): only the container's processes
+//! - The process lists, compute, graphics and MPS compute (`nvmlDeviceGet{Compute,Graphics,MPSCompute}RunningProcesses`,
+//!   bare, `_v2`, `_v3`; and `nvmlDeviceGetRunningProcessDetailList` v1, any mode): only the container's processes
 //!   (`Devices::is_member`): the members the agent publishes in its limits file when it does (tenant-proof),
 //!   else processes owning a live slot in the usage region (by pid, or by the NVML pid a slot recorded — in a
 //!   pid namespace the host pid `memory::host_pid` learns; cooperative: a tenant can write any pid there). The size protocol is kept after filtering: a buffer too small for the *filtered* list gets
 //!   `NVML_ERROR_INSUFFICIENT_SIZE` with the filtered count.
-//! - `nvmlDeviceGetProcessUtilization`: the same filter over the samples.
+//! - `nvmlDeviceGetProcessUtilization` and `nvmlDeviceGetProcessesUtilizationInfo` (v1): the same filter over
+//!   the samples.
+//! - `nvmlDeviceGetAccountingPids`: the same filter and size protocol; `nvmlDeviceGetAccountingStats` of a pid
+//!   that is not the container's answers `NVML_ERROR_NOT_FOUND`, as for a pid NVML does not know; so does
+//!   `nvmlSystemGetProcessName`.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
@@ -105,7 +110,42 @@ fn own_pids(s: &Shim) -> [u32; 2] {
     [std::process::id(), s.mem.host.get().unwrap_or(0)]
 }
 
-/// `nvmlDeviceGetComputeRunningProcesses` (bare, `_v2`, `_v3`): the real list → the container's processes,
+/// The container's records of a real list: the one membership filter every per-process NVML call goes through.
+fn members<T>(s: &Shim, list: Vec<T>, pid: impl Fn(&T) -> c_uint) -> Vec<T> {
+    s.mem.maybe_reclaim();
+    let own = own_pids(s);
+    list.into_iter()
+        .filter(|p| s.devices.is_member(pid(p), &own))
+        .collect()
+}
+
+/// Writes the filtered `mine` back with NVML's size protocol: `*count` = its length; a buffer too small for
+/// it (or NULL) gets `NVML_ERROR_INSUFFICIENT_SIZE`; an empty list answers `empty`.
+///
+/// # Safety
+/// `count` non-NULL; `buf` NULL or valid for the `*count` records the caller passed.
+unsafe fn write_back<T: Copy>(
+    mine: &[T],
+    count: *mut c_uint,
+    buf: *mut T,
+    empty: nvmlReturn_t,
+) -> nvmlReturn_t {
+    // SAFETY: `count` non-NULL, the caller's in/out parameter.
+    let room = unsafe { *count } as usize;
+    // SAFETY: as above.
+    unsafe { *count = mine.len() as c_uint };
+    if mine.is_empty() {
+        return empty;
+    }
+    if buf.is_null() || room < mine.len() {
+        return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller's buffer holds `room` ≥ len records.
+    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), buf, mine.len()) };
+    nvmlReturn_t::SUCCESS
+}
+
+/// The compute, graphics and MPS process lists (bare, `_v2`, `_v3`): the real list → the container's processes,
 /// written back with NVML's size protocol.
 ///
 /// # Safety
@@ -128,25 +168,80 @@ pub unsafe fn running_processes<T: ProcessInfo>(
         Ok(l) => l,
         Err(r) => return r,
     };
-    s.mem.maybe_reclaim();
-    let own = own_pids(s);
-    let mine: Vec<T> = list
-        .into_iter()
-        .filter(|p| s.devices.is_member(p.pid(), &own))
-        .collect();
-    // SAFETY: `count` non-NULL, the caller's in/out parameter.
-    let room = unsafe { *count } as usize;
-    // SAFETY: as above.
-    unsafe { *count = mine.len() as c_uint };
-    if mine.is_empty() {
-        return nvmlReturn_t::SUCCESS;
+    let mine = members(s, list, T::pid);
+    // SAFETY: `count` non-NULL; `infos` as the caller passed it.
+    unsafe { write_back(&mine, count, infos, nvmlReturn_t::SUCCESS) }
+}
+
+/// `nvmlDeviceGetAccountingPids`: the real list → the container's pids, with the same size protocol (the
+/// size query, count 0 and NULL, gets `NVML_ERROR_INSUFFICIENT_SIZE` and the filtered count).
+///
+/// # Safety
+/// `count`/`pids` as the NVML function requires.
+pub unsafe fn accounting_pids(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut c_uint, *mut c_uint) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    pids: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: `count` is checked non-NULL before it is read.
+    if count.is_null() || (pids.is_null() && unsafe { *count } > 0) {
+        return real(device, count, pids);
     }
-    if infos.is_null() || room < mine.len() {
-        return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+    let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, n, buf)) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let mine = members(s, list, |p| *p);
+    // SAFETY: `count` non-NULL; `pids` as the caller passed it.
+    unsafe { write_back(&mine, count, pids, nvmlReturn_t::SUCCESS) }
+}
+
+/// `nvmlSystemGetProcessName`: another container's pid answers `NVML_ERROR_NOT_FOUND` (the caller's buffer
+/// untouched), as a pid NVML does not know does; argument errors are the real library's.
+///
+/// # Safety
+/// `name` as the NVML function requires.
+pub unsafe fn process_name(
+    s: &Shim,
+    real: impl Fn(c_uint, *mut c_char, c_uint) -> nvmlReturn_t,
+    pid: c_uint,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    if name.is_null() || length == 0 || !members(s, vec![pid], |p| *p).is_empty() {
+        return real(pid, name, length);
     }
-    // SAFETY: the caller's buffer holds `room` ≥ len records.
-    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), infos, mine.len()) };
-    nvmlReturn_t::SUCCESS
+    nvmlReturn_t::ERROR_NOT_FOUND
+}
+
+/// `nvmlDeviceGetAccountingStats`: another container's pid answers `NVML_ERROR_NOT_FOUND` (the caller's
+/// struct untouched), as a pid NVML does not know does; argument errors are the real library's.
+///
+/// # Safety
+/// `stats` as the NVML function requires.
+pub unsafe fn accounting_stats(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, c_uint, *mut nvmlAccountingStats_t) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    pid: c_uint,
+    stats: *mut nvmlAccountingStats_t,
+) -> nvmlReturn_t {
+    if stats.is_null() {
+        return real(device, pid, stats);
+    }
+    let mut mine = nvmlAccountingStats_t::default();
+    let r = real(device, pid, &mut mine);
+    if !r.ok() {
+        return r;
+    }
+    if members(s, vec![pid], |p| *p).is_empty() {
+        return nvmlReturn_t::ERROR_NOT_FOUND;
+    }
+    // SAFETY: the caller's struct, non-NULL.
+    unsafe { *stats = mine };
+    r
 }
 
 /// `nvmlDeviceGetProcessUtilization`: the real samples → the container's processes, written back with the
@@ -177,24 +272,109 @@ pub unsafe fn process_utilization(
             return r;
         }
     };
-    let own = own_pids(s);
-    let mine: Vec<_> = list
-        .into_iter()
-        .filter(|p| s.devices.is_member(p.pid, &own))
-        .collect();
-    // SAFETY: `count` non-NULL, the caller's in/out parameter.
-    let room = unsafe { *count } as usize;
-    // SAFETY: as above.
-    unsafe { *count = mine.len() as c_uint };
-    if mine.is_empty() {
-        return nvmlReturn_t::ERROR_NOT_FOUND;
+    let mine = members(s, list, |p| p.pid);
+    // SAFETY: `count` non-NULL; `samples` non-NULL, as the caller passed it.
+    unsafe { write_back(&mine, count, samples, nvmlReturn_t::ERROR_NOT_FOUND) }
+}
+
+/// `nvmlDeviceGetRunningProcessDetailList` (v1, the caller's mode): the real list → the container's
+/// processes, with the same size protocol as the process lists (none left is `NVML_SUCCESS`). Other versions
+/// and NULL get the real library's answer.
+///
+/// # Safety
+/// `plist` as the NVML function requires.
+pub unsafe fn process_detail_list(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut nvmlProcessDetailList_t) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    plist: *mut nvmlProcessDetailList_t,
+) -> nvmlReturn_t {
+    // SAFETY: `plist` is checked non-NULL before it is read.
+    if plist.is_null() || unsafe { (*plist).version } != NVML_PROCESS_DETAIL_LIST_V1 {
+        return real(device, plist);
     }
-    if room < mine.len() {
-        return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+    // SAFETY: non-NULL, the caller's struct.
+    let plist = unsafe { &mut *plist };
+    let mode = plist.mode;
+    let list = crate::driver::nvml::list(64, 1 << 16, |n, buf| {
+        let mut ours = nvmlProcessDetailList_t {
+            version: NVML_PROCESS_DETAIL_LIST_V1,
+            mode,
+            // SAFETY: `list` passes a valid count.
+            numProcArrayEntries: unsafe { *n },
+            procArray: buf,
+        };
+        let r = real(device, &mut ours);
+        // SAFETY: as above.
+        unsafe { *n = ours.numProcArrayEntries };
+        r
+    });
+    let mine = match list {
+        Ok(l) => members(s, l, |p| p.pid),
+        Err(r) => return r,
+    };
+    // SAFETY: the count field is ours to write; the array is the caller's, valid for the count it passed.
+    unsafe {
+        write_back(
+            &mine,
+            &mut plist.numProcArrayEntries,
+            plist.procArray,
+            nvmlReturn_t::SUCCESS,
+        )
     }
-    // SAFETY: the caller's buffer holds `room` ≥ len samples.
-    unsafe { std::ptr::copy_nonoverlapping(mine.as_ptr(), samples, mine.len()) };
-    nvmlReturn_t::SUCCESS
+}
+
+/// `nvmlDeviceGetProcessesUtilizationInfo` (v1): the real samples → the container's, with the same protocol
+/// as [`process_utilization`]; a NULL array is a size query answered with the filtered count. Other versions
+/// and NULL get the real library's answer.
+///
+/// # Safety
+/// `info` as the NVML function requires.
+pub unsafe fn processes_utilization_info(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut nvmlProcessesUtilizationInfo_t) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    info: *mut nvmlProcessesUtilizationInfo_t,
+) -> nvmlReturn_t {
+    // SAFETY: `info` is checked non-NULL before it is read.
+    if info.is_null() || unsafe { (*info).version } != NVML_PROCESSES_UTILIZATION_INFO_V1 {
+        return real(device, info);
+    }
+    // SAFETY: non-NULL, the caller's struct.
+    let info = unsafe { &mut *info };
+    let last_seen = info.lastSeenTimeStamp;
+    let list = crate::driver::nvml::list(64, 1 << 16, |n, buf| {
+        let mut ours = nvmlProcessesUtilizationInfo_t {
+            version: NVML_PROCESSES_UTILIZATION_INFO_V1,
+            // SAFETY: `list` passes a valid count.
+            processSamplesCount: unsafe { *n },
+            lastSeenTimeStamp: last_seen,
+            procUtilArray: buf,
+        };
+        let r = real(device, &mut ours);
+        // SAFETY: as above.
+        unsafe { *n = ours.processSamplesCount };
+        r
+    });
+    let list = match list {
+        Ok(l) => l,
+        Err(r) => {
+            if r == nvmlReturn_t::ERROR_NOT_FOUND {
+                info.processSamplesCount = 0;
+            }
+            return r;
+        }
+    };
+    let mine = members(s, list, |p| p.pid);
+    // SAFETY: the count field is ours to write; the array is the caller's, valid for the count it passed.
+    unsafe {
+        write_back(
+            &mine,
+            &mut info.processSamplesCount,
+            info.procUtilArray,
+            nvmlReturn_t::ERROR_NOT_FOUND,
+        )
+    }
 }
 
 #[cfg(test)]

@@ -23,7 +23,10 @@ def view(request, tmp_path_factory):
         seen = {}
 
         def at_hold(run, ev):
-            seen["nvml"] = h.run_worker(box, "nvml_worker.py", ["info"], mode)
+            # the simulator shows its processes in the graphics and MPS lists too (CUDASIM_NVML_LISTS)
+            seen["nvml"] = h.run_worker(
+                box, "nvml_worker.py", ["info", "lists"], mode, {"CUDASIM_NVML_LISTS": "compute,graphics,mps"}
+            )
 
         holder = h.run_worker(box, "cudapy_worker.py", ["hold:128"], mode, on_checkpoint=at_hold)
     finally:
@@ -68,3 +71,20 @@ def test_process_list_holds_the_containers_processes_only(view):
         assert other in procs, "without cuquota NVML lists every process on the GPU"
     else:
         assert sorted(procs) == [holder.pid], f"another container's process is visible: {procs}"
+
+
+def test_every_process_list_holds_the_containers_processes_only(view):
+    """Graphics and MPS lists and the detail list in every mode, through pynvml's own size-query-then-fetch."""
+    mode, holder, nvml, other = view
+    lists = nvml.step("lists")
+    truth = holder.step("hold")["observed"]["procs"]
+    if "error" in lists:
+        pytest.fail(f"nvml_worker lists: {lists['error']}")
+    for name in ("graphics", "mps", "detail_compute", "detail_graphics", "detail_mps"):
+        procs = dict(lists[name])
+        if not REAL:
+            assert procs.get(holder.pid) == truth[holder.pid], (name, procs)
+        if mode == "bare":
+            assert REAL or other in procs, (name, procs)
+        else:
+            assert other not in procs, f"{name}: another container's process is visible: {procs}"

@@ -73,6 +73,103 @@ pub(crate) fn processes(sim: &Sim, phys: usize) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// The process lists of NVML (compute, graphics, MPS compute).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ProcessList {
+    Compute,
+    Graphics,
+    Mps,
+    /// Accounting mode: on for this process's NVML when named (off by default, as on a real GPU).
+    Accounting,
+}
+
+/// Which lists a process with a context or memory on a device appears in, as this process's NVML answers:
+/// `CUDASIM_NVML_LISTS`, a comma list of `compute`, `graphics`, `mps`, `accounting` (default `compute`; empty =
+/// none). The simulator runs no graphics or MPS clients; this lets tests make its processes show there, as a
+/// process with both a graphics and a compute context, or an MPS client, shows on a real GPU. `accounting` turns
+/// accounting mode on (live processes only: the simulator keeps no record of terminated ones).
+pub(crate) fn lists_from(raw: Option<&str>) -> Result<Vec<ProcessList>, String> {
+    let Some(raw) = raw else {
+        return Ok(vec![ProcessList::Compute]);
+    };
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| match s {
+            "compute" => Ok(ProcessList::Compute),
+            "graphics" => Ok(ProcessList::Graphics),
+            "mps" => Ok(ProcessList::Mps),
+            "accounting" => Ok(ProcessList::Accounting),
+            _ => Err(format!(
+                "cudasim: invalid CUDASIM_NVML_LISTS={raw:?}: {s:?} is not compute, graphics, mps or accounting"
+            )),
+        })
+        .collect()
+}
+
+/// Whether this process's NVML shows `list`. A bad `CUDASIM_NVML_LISTS` is reported on stderr and answers
+/// NVML_ERROR_UNKNOWN.
+pub(crate) fn shows(list: ProcessList) -> Result<bool, NvmlReturn> {
+    let lists = lists_from(std::env::var("CUDASIM_NVML_LISTS").ok().as_deref()).map_err(|e| {
+        eprintln!("{e}");
+        NVML_ERROR_UNKNOWN
+    })?;
+    Ok(lists.contains(&list))
+}
+
+/// The processes NVML lists on device `phys` in `list`: (host pid, bytes).
+pub(crate) fn listed(sim: &Sim, phys: usize, list: ProcessList) -> Result<Vec<(u32, u64)>, NvmlReturn> {
+    Ok(if shows(list)? {
+        processes(sim, phys)
+    } else {
+        Vec::new()
+    })
+}
+
+/// Accounting stats of a live process on device `phys` known to NVML as `host_pid`: (bytes now — the
+/// simulator keeps no peak, so `maxMemoryUsage` is the current figure —, start as CLOCK_REALTIME µs).
+pub(crate) fn accounting(sim: &Sim, phys: usize, host_pid: u32) -> Option<(u64, u64)> {
+    sim.shared.reclaim_dead();
+    let (_, slot) = sim.shared.live_slots().find(|(_, s)| {
+        s.host_pid.load(Relaxed) == host_pid
+            && (s.contexts[phys].load(SeqCst) > 0 || s.mem_used[phys].load(SeqCst) > 0)
+    })?;
+    // start_time is /proc/<pid>/stat's starttime: clock ticks after boot; boot = now − /proc/uptime.
+    let ticks = slot.start_time.load(Relaxed);
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let uptime_us = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<f64>().ok())
+        .map_or(0, |s| (s * 1e6) as u64);
+    let boot_us = realtime_us().saturating_sub(uptime_us);
+    Some((slot.mem_used[phys].load(SeqCst), boot_us + ticks * 1_000_000 / hz))
+}
+
+/// `nvmlSystemGetProcessName`: the executable of the process NVML knows as `host_pid` (a simulated process by
+/// its host pid, else the pid itself), from /proc: argv[0] as the kernel recorded it, else `comm`.
+pub(crate) fn process_name(sim: &Sim, host_pid: u32) -> Option<String> {
+    let pid = sim
+        .shared
+        .live_slots()
+        .find(|(_, s)| s.host_pid.load(Relaxed) == host_pid)
+        .map_or(host_pid, |(pid, _)| pid);
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok();
+    let argv0 = cmdline
+        .as_deref()
+        .and_then(|c| c.split(|b| *b == 0).next())
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned());
+    argv0.or_else(|| {
+        Some(
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .ok()?
+                .trim_end()
+                .to_owned(),
+        )
+    })
+}
+
 /// GPU busy percentage over the last second.
 pub(crate) fn utilization(sim: &Sim, phys: usize) -> u32 {
     let now = now_ns();
@@ -118,5 +215,16 @@ mod tests {
         assert_eq!(driver_string(13000), "580.82.07");
         assert_eq!(driver_string(12080), "570.133.20");
         assert_eq!(driver_string(11000), "535.161.08");
+    }
+
+    #[test]
+    fn nvml_lists_knob() {
+        use ProcessList::*;
+        assert_eq!(lists_from(None).unwrap(), vec![Compute]);
+        assert_eq!(lists_from(Some("graphics, mps")).unwrap(), vec![Graphics, Mps]);
+        assert_eq!(lists_from(Some("accounting")).unwrap(), vec![Accounting]);
+        assert_eq!(lists_from(Some("")).unwrap(), vec![]);
+        let e = lists_from(Some("compute,gfx")).unwrap_err();
+        assert!(e.contains("CUDASIM_NVML_LISTS") && e.contains("gfx"), "{e}");
     }
 }

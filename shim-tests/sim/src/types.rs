@@ -404,6 +404,73 @@ pub struct NvmlProcessInfoV2 {
     pub compute_instance_id: u32,
 }
 
+/// nvmlProcessDetail_v1_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessDetailV1 {
+    pub pid: u32,
+    pub used_gpu_memory: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    pub used_gpu_cc_protected_memory: u64,
+}
+
+/// nvmlProcessDetailList_v1_t
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlProcessDetailListV1 {
+    pub version: u32,
+    /// 0 compute, 1 graphics, 2 MPS compute (NVML_PROCESS_MODE_*; not spelled out in the CUDA 13.0 nvml.h).
+    pub mode: u32,
+    pub num_proc_array_entries: u32,
+    pub proc_array: *mut NvmlProcessDetailV1,
+}
+
+/// nvmlProcessDetailList_v1 = NVML_STRUCT_VERSION(ProcessDetailList, 1).
+pub const NVML_PROCESS_DETAIL_LIST_V1: u32 =
+    std::mem::size_of::<NvmlProcessDetailListV1>() as u32 | (1 << 24);
+
+/// nvmlProcessUtilizationInfo_v1_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlProcessUtilizationInfoV1 {
+    pub time_stamp: u64,
+    pub pid: u32,
+    pub sm_util: u32,
+    pub mem_util: u32,
+    pub enc_util: u32,
+    pub dec_util: u32,
+    pub jpg_util: u32,
+    pub ofa_util: u32,
+}
+
+/// nvmlProcessesUtilizationInfo_v1_t
+#[repr(C)]
+#[derive(Debug)]
+pub struct NvmlProcessesUtilizationInfoV1 {
+    pub version: u32,
+    pub process_samples_count: u32,
+    pub last_seen_time_stamp: u64,
+    pub proc_util_array: *mut NvmlProcessUtilizationInfoV1,
+}
+
+/// nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1).
+pub const NVML_PROCESSES_UTILIZATION_INFO_V1: u32 =
+    std::mem::size_of::<NvmlProcessesUtilizationInfoV1>() as u32 | (1 << 24);
+
+/// nvmlAccountingStats_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlAccountingStats {
+    pub gpu_utilization: u32,
+    pub memory_utilization: u32,
+    pub max_memory_usage: u64,
+    pub time: u64,
+    pub start_time: u64,
+    pub is_running: u32,
+    pub reserved: [u32; 5],
+}
+
 /// nvmlProcessUtilizationSample_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -458,6 +525,11 @@ mod tests {
         assert_eq!(size_of::<NvmlProcessInfoV1>(), 16);
         assert_eq!(size_of::<NvmlProcessInfoV2>(), 24);
         assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
+        assert_eq!(size_of::<NvmlAccountingStats>(), 56);
+        assert_eq!(size_of::<NvmlProcessUtilizationInfoV1>(), 40);
+        assert_eq!(size_of::<NvmlProcessesUtilizationInfoV1>(), 24);
+        assert_eq!(size_of::<NvmlProcessDetailV1>(), 32);
+        assert_eq!(size_of::<NvmlProcessDetailListV1>(), 24);
         assert_eq!(size_of::<NvmlPciInfo>(), 68);
         assert_eq!(NVML_MEMORY_V2, 0x0200_0028);
         assert_eq!(size_of::<NvmlGpuFabricInfoV3>(), 40);

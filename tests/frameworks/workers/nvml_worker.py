@@ -30,4 +30,25 @@ def info():
     pynvml.nvmlShutdown()
 
 
-run(sys.argv[1:], {"info": info})
+def lists():
+    """Every list-shaped per-process call pynvml wraps: graphics and MPS lists, the detail list per mode."""
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    out = {
+        "graphics": pynvml.nvmlDeviceGetGraphicsRunningProcesses(h),
+        "mps": pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h),
+    }
+    for name, mode in (
+        ("detail_compute", pynvml.NVML_PROCESS_MODE_COMPUTE),
+        ("detail_graphics", pynvml.NVML_PROCESS_MODE_GRAPHICS),
+        ("detail_mps", pynvml.NVML_PROCESS_MODE_MPS),
+    ):
+        try:
+            out[name] = pynvml.nvmlDeviceGetRunningProcessDetailList(h, pynvml.nvmlProcessDetailList_v1, mode)
+        except pynvml.NVMLError_NotSupported:
+            out[name] = []  # pre-Hopper GPUs
+    emit(step="lists", **{k: [[p.pid, p.usedGpuMemory] for p in v] for k, v in out.items()})
+    pynvml.nvmlShutdown()
+
+
+run(sys.argv[1:], {"info": info, "lists": lists})

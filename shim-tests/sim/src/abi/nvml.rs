@@ -37,6 +37,7 @@ fn memory(dev: Device) -> Result<(u64, u64, u64), NvmlReturn> {
 /// # Safety
 /// `count` must be valid; `infos` must hold `*count` entries when non-NULL.
 unsafe fn running<T>(
+    list: nvml::ProcessList,
     dev: Device,
     count: *mut u32,
     infos: *mut T,
@@ -47,7 +48,7 @@ unsafe fn running<T>(
     if count.is_null() {
         return Err(NVML_ERROR_INVALID_ARGUMENT);
     }
-    let procs = nvml::processes(sim, p);
+    let procs = nvml::listed(sim, p, list)?;
     // SAFETY: count is valid; infos holds *count entries (contract).
     unsafe {
         let cap = *count as usize;
@@ -64,6 +65,25 @@ unsafe fn running<T>(
         }
     }
     Ok(())
+}
+
+const COMPUTE: nvml::ProcessList = nvml::ProcessList::Compute;
+const GRAPHICS: nvml::ProcessList = nvml::ProcessList::Graphics;
+const MPS: nvml::ProcessList = nvml::ProcessList::Mps;
+const ACCOUNTING: nvml::ProcessList = nvml::ProcessList::Accounting;
+
+fn v1(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV1 {
+    NvmlProcessInfoV1 { pid, used_gpu_memory }
+}
+
+/// `nvmlProcessInfo_t`: not in a MIG instance (the ids are 0xFFFFFFFF, as nvml.h says for that case).
+fn v2(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV2 {
+    NvmlProcessInfoV2 {
+        pid,
+        used_gpu_memory,
+        gpu_instance_id: u32::MAX,
+        compute_instance_id: u32::MAX,
+    }
 }
 
 fn pci_info(dev: Device) -> Result<NvmlPciInfo, NvmlReturn> {
@@ -235,43 +255,143 @@ nvml_fn! {
     }
 
     fn nvmlDeviceGetComputeRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
-        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV1 { pid, used_gpu_memory })
+        running(COMPUTE, dev, count, infos, v1)
     }
 
     fn nvmlDeviceGetComputeRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
-        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV2 {
-            pid,
-            used_gpu_memory,
-            gpu_instance_id: u32::MAX,
-            compute_instance_id: u32::MAX,
-        })
+        running(COMPUTE, dev, count, infos, v2)
     }
 
     fn nvmlDeviceGetComputeRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
-        running(dev, count, infos, |pid, used_gpu_memory| NvmlProcessInfoV2 {
-            pid,
-            used_gpu_memory,
-            gpu_instance_id: u32::MAX,
-            compute_instance_id: u32::MAX,
-        })
+        running(COMPUTE, dev, count, infos, v2)
     }
 
     fn nvmlDeviceGetGraphicsRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
-        let sim = sim()?;
-        phys_of(sim, dev)?;
-        nout(count, 0)
+        running(GRAPHICS, dev, count, infos, v1)
     }
 
     fn nvmlDeviceGetGraphicsRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
-        let sim = sim()?;
-        phys_of(sim, dev)?;
-        nout(count, 0)
+        running(GRAPHICS, dev, count, infos, v2)
     }
 
     fn nvmlDeviceGetGraphicsRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        running(GRAPHICS, dev, count, infos, v2)
+    }
+
+    fn nvmlDeviceGetMPSComputeRunningProcesses(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV1) {
+        running(MPS, dev, count, infos, v1)
+    }
+
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v2(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        running(MPS, dev, count, infos, v2)
+    }
+
+    fn nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
+        running(MPS, dev, count, infos, v2)
+    }
+
+    fn nvmlSystemGetProcessName(pid: u32, name: *mut c_char, length: u32) {
+        let sim = sim()?;
+        if name.is_null() || length == 0 {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let full = nvml::process_name(sim, pid).ok_or(NVML_ERROR_NOT_FOUND)?;
+        // nvml.h: the name is cropped to `length` (with its NUL).
+        let cut = full.len().min(length as usize - 1);
+        let cut = (0..=cut).rev().find(|i| full.is_char_boundary(*i)).unwrap_or(0);
+        nstr(name, length, &full[..cut])
+    }
+
+    fn nvmlDeviceGetAccountingMode(dev: Device, mode: *mut u32) {
         let sim = sim()?;
         phys_of(sim, dev)?;
-        nout(count, 0)
+        nout(mode, nvml::shows(ACCOUNTING)? as u32)
+    }
+
+    // Accounting (nvml.h): NOT_SUPPORTED while accounting mode is off; the pid list keeps the size protocol
+    // (count 0 + NULL asks for the size: INSUFFICIENT_SIZE with the count).
+    fn nvmlDeviceGetAccountingPids(dev: Device, count: *mut u32, pids: *mut u32) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if count.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if !nvml::shows(ACCOUNTING)? {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        let list = nvml::listed(sim, p, ACCOUNTING)?;
+        let room = *count as usize;
+        *count = list.len() as u32;
+        if list.len() > room || (pids.is_null() && !list.is_empty()) {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, _)) in list.iter().enumerate() {
+            pids.add(i).write_unaligned(*pid);
+        }
+        Ok(())
+    }
+
+    fn nvmlDeviceGetAccountingStats(dev: Device, pid: u32, stats: *mut NvmlAccountingStats) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if stats.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if !nvml::shows(ACCOUNTING)? {
+            return Err(NVML_ERROR_NOT_SUPPORTED);
+        }
+        let (mem, start) = nvml::accounting(sim, p, pid).ok_or(NVML_ERROR_NOT_FOUND)?;
+        // Utilisation over the last second (the timeline keeps recent intervals, not a lifetime).
+        let (_, samples) = nvml::process_samples(sim, p, 0);
+        let util = samples.iter().find(|s| s.0 == pid).map_or(0, |s| s.1);
+        nout(
+            stats,
+            NvmlAccountingStats {
+                gpu_utilization: util,
+                memory_utilization: 0,
+                max_memory_usage: mem,
+                time: 0,
+                start_time: start,
+                is_running: 1,
+                reserved: [0; 5],
+            },
+        )
+    }
+
+    fn nvmlDeviceGetRunningProcessDetailList(dev: Device, plist: *mut NvmlProcessDetailListV1) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if plist.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let plist = &mut *plist;
+        // nvml.h: an invalid version or mode is INVALID_ARGUMENT here.
+        let list = match (plist.version, plist.mode) {
+            (NVML_PROCESS_DETAIL_LIST_V1, 0) => COMPUTE,
+            (NVML_PROCESS_DETAIL_LIST_V1, 1) => GRAPHICS,
+            (NVML_PROCESS_DETAIL_LIST_V1, 2) => MPS,
+            _ => return Err(NVML_ERROR_INVALID_ARGUMENT),
+        };
+        let procs = nvml::listed(sim, p, list)?;
+        let room = plist.num_proc_array_entries as usize;
+        plist.num_proc_array_entries = procs.len() as u32;
+        // Size query (0 + NULL): INSUFFICIENT_SIZE with the count, or SUCCESS when there are none.
+        if procs.is_empty() {
+            return Ok(());
+        }
+        if plist.proc_array.is_null() || procs.len() > room {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, mem)) in procs.iter().enumerate() {
+            plist.proc_array.add(i).write_unaligned(NvmlProcessDetailV1 {
+                pid: *pid,
+                used_gpu_memory: *mem,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+                used_gpu_cc_protected_memory: 0,
+            });
+        }
+        Ok(())
     }
 
     fn nvmlDeviceGetUtilizationRates(dev: Device, util: *mut NvmlUtilization) {
@@ -316,6 +436,38 @@ nvml_fn! {
             });
         }
         *count = list.len() as u32;
+        Ok(())
+    }
+
+    fn nvmlDeviceGetProcessesUtilizationInfo(dev: Device, info: *mut NvmlProcessesUtilizationInfoV1) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if info.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let info = &mut *info;
+        if info.version != NVML_PROCESSES_UTILIZATION_INFO_V1 {
+            return Err(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+        }
+        let (ts, list) = nvml::process_samples(sim, p, info.last_seen_time_stamp);
+        if list.is_empty() {
+            info.process_samples_count = 0;
+            return Err(NVML_ERROR_NOT_FOUND);
+        }
+        // nvml.h: a NULL array or one too small answers INSUFFICIENT_SIZE with the size needed.
+        if info.proc_util_array.is_null() || list.len() > info.process_samples_count as usize {
+            info.process_samples_count = list.len() as u32;
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, sm)) in list.iter().enumerate() {
+            info.proc_util_array.add(i).write_unaligned(NvmlProcessUtilizationInfoV1 {
+                time_stamp: ts,
+                pid: *pid,
+                sm_util: *sm,
+                ..Default::default()
+            });
+        }
+        info.process_samples_count = list.len() as u32;
         Ok(())
     }
 
