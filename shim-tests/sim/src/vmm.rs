@@ -1,10 +1,11 @@
 //! Virtual memory management (cuMemCreate / cuMemAddressReserve / cuMemMap / cuMemSetAccess / cuMemUnmap /
 //! cuMemRelease / cuMemAddressFree), as PyTorch's expandable segments, NCCL and JAX use it.
 //!
-//! A physical allocation is a memfd of its size, charged to its device from cuMemCreate until it is both
-//! released and unmapped (the real driver's lifetime rule). An address reservation is a `PROT_NONE` range;
-//! cuMemMap maps the memfd there (`MAP_SHARED | MAP_FIXED`, so two mappings of one allocation share bytes),
-//! cuMemSetAccess makes it accessible, cuMemUnmap puts the reservation back.
+//! A physical allocation is a memfd of its size, charged to its device from cuMemCreate until every handle
+//! reference is released (cuMemCreate's, and one more per cuMemRetainAllocationHandle) and every mapping is
+//! unmapped (the real driver's lifetime rule, cuda.h on cuMemRelease). An address reservation is a `PROT_NONE`
+//! range; cuMemMap maps the memfd there (`MAP_SHARED | MAP_FIXED`, so two mappings of one allocation share
+//! bytes), cuMemSetAccess makes it accessible, cuMemUnmap puts the reservation back.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +20,8 @@ pub(crate) struct PhysAlloc {
     pub size: u64,
     fd: i32,
     maps: u32,
-    released: bool,
+    /// Handle references not yet released (cuMemCreate: 1; each cuMemRetainAllocationHandle: +1).
+    refs: u32,
 }
 
 /// One mapping inside a reservation.
@@ -105,14 +107,14 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocation
             size,
             fd,
             maps: 0,
-            released: false,
+            refs: 1,
         },
     );
     Ok(h)
 }
 
 fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
-    let done = o.vmm.handles.get(&h).is_some_and(|a| a.released && a.maps == 0);
+    let done = o.vmm.handles.get(&h).is_some_and(|a| a.refs == 0 && a.maps == 0);
     if done {
         if let Some(a) = o.vmm.handles.remove(&h) {
             // SAFETY: closing the memfd this module opened; no mapping uses it any more.
@@ -122,17 +124,26 @@ fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
     }
 }
 
-/// cuMemRelease: the memory goes back once it is also unmapped everywhere.
+/// cuMemRelease: drops one handle reference; the memory goes back once none is left and nothing maps it.
 pub(crate) fn release(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()> {
     let a = o
         .vmm
         .handles
         .get_mut(&h)
-        .filter(|a| !a.released)
+        .filter(|a| a.refs > 0)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    a.released = true;
+    a.refs -= 1;
     drop_if_unused(o, sim, h);
     Ok(())
+}
+
+/// cuMemRetainAllocationHandle: the handle that maps `p` (the same value), with one more reference that needs
+/// its own cuMemRelease.
+pub(crate) fn retain(o: &mut Objects, p: u64) -> CuResult<u64> {
+    let (_, m) = o.vmm.mapping_at(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let a = o.vmm.handles.get_mut(&m.handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    a.refs += 1;
+    Ok(m.handle)
 }
 
 /// cuMemAddressReserve: `size` bytes aligned to `align` (0 = granularity), at `addr` if given and free.
@@ -186,7 +197,7 @@ pub(crate) fn map(o: &mut Objects, sim: &Sim, p: u64, size: u64, offset: u64, h:
         .vmm
         .handles
         .get(&h)
-        .filter(|a| !a.released)
+        .filter(|a| a.refs > 0)
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     if offset + size > a.size {
         return Err(CUDA_ERROR_INVALID_VALUE);

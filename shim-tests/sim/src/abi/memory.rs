@@ -889,8 +889,11 @@ cuda_fn! {
 
     fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
         cuda()?;
-        let m = with(|o| o.vmm.mapping_at(addr as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        out(handle, m.1.handle)
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = with(|o| vmm::retain(o, addr as u64))?;
+        out(handle, h)
     }
 
     // ---- arrays ----
