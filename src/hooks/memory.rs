@@ -8,8 +8,9 @@
 //!
 //! Sizes: linear and managed allocations are rounded up to the device's allocation granularity; pitched ones
 //! charge pitch × height as returned (admitted as width rounded up to 512 × height); VMM handles charge their
-//! size; arrays charge `cuArrayGetMemoryRequirements` / `cuMipmappedArrayGetMemoryRequirements` (admitted with
-//! an estimate from the descriptor); stream-ordered pools charge their `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+//! size until the memory is really gone (every reference released, every mapping unmapped); arrays charge
+//! `cuArrayGetMemoryRequirements` / `cuMipmappedArrayGetMemoryRequirements` (admitted with an estimate from the
+//! descriptor); stream-ordered pools charge their `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 
 #![allow(non_snake_case)]
 
@@ -18,6 +19,7 @@ use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::ledger::{Kind, Record, Space};
+use crate::memory::vmm::Release;
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
 
@@ -341,7 +343,8 @@ pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPoo
 
 // ---- virtual memory management ------------------------------------------------------------------------------
 
-/// `cuMemCreate`: charges `size` (granularity-aligned by contract) to `prop.location`.
+/// `cuMemCreate`: charges `size` (granularity-aligned by contract) to `prop.location`, until the memory is
+/// really gone: every reference released and every mapping unmapped (`memory::vmm`).
 ///
 /// # Safety
 /// `handle`, `prop` as the driver's contract says.
@@ -364,17 +367,98 @@ pub unsafe fn vmm_create(
         return untracked(s, call);
     };
     let est = s.devices.round(&s.cuda, dev, size as u64);
-    // SAFETY: written by the driver on success.
-    charged_call(s, dev, est, call, || Some((Space::Vmm, unsafe { *handle }, None)))
+    let mut created = None;
+    let r = charged_call(s, dev, est, call, || {
+        // SAFETY: written by the driver on success.
+        let h = unsafe { *handle };
+        created = Some(h);
+        Some((Space::Vmm, h, None))
+    });
+    if let Some(h) = created {
+        s.mem.vmm.created(h);
+    }
+    r
 }
 
-/// `cuMemRelease`.
+/// `cuMemRelease`: one reference fewer; the charge goes with the last one of an unmapped allocation.
 pub fn vmm_release(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
-    tracked_free(s, Space::Vmm, handle, call)
+    match s.mem.vmm.release(handle) {
+        Release::Untracked => tracked_free(s, Space::Vmm, handle, call),
+        Release::Last => tracked_free(s, Space::Vmm, handle, || {
+            let r = call();
+            if !r.ok() {
+                s.mem.vmm.undo_release(handle, Release::Last);
+            }
+            r
+        }),
+        was @ (Release::Kept | Release::Again) => {
+            let r = call();
+            if !r.ok() {
+                s.mem.vmm.undo_release(handle, was);
+            }
+            r
+        }
+    }
+}
+
+/// `cuMemRetainAllocationHandle`: one more reference to release.
+///
+/// # Safety
+/// `handle` as the driver's contract says.
+pub unsafe fn vmm_retain(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+) -> CUresult {
+    let r = call();
+    if r.ok() && !handle.is_null() {
+        // SAFETY: non-NULL, written by the driver on success.
+        s.mem.vmm.retained(unsafe { *handle });
+    }
+    r
+}
+
+/// `cuMemMap`: a mapping keeps its allocation (and its charge) alive.
+pub fn vmm_map(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    ptr: CUdeviceptr,
+    size: usize,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    let r = call();
+    if r.ok() {
+        s.mem.vmm.mapped(ptr, size as u64, handle);
+    }
+    r
+}
+
+/// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
+pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
+    let u = s.mem.vmm.unmap(ptr, size as u64);
+    // Records leave the ledger before the call, as in `tracked_free`: once the memory is gone the driver may
+    // hand the handle value out again.
+    let gone: Vec<(u64, Record)> = u
+        .dead
+        .iter()
+        .filter_map(|&h| Some((h, s.mem.ledger.remove(Space::Vmm, h)?)))
+        .collect();
+    let r = call();
+    if r.ok() {
+        for (_, rec) in gone {
+            s.mem.release_entry(rec.entry, rec.bytes);
+        }
+    } else {
+        for (h, rec) in gone {
+            s.mem.ledger.insert(Space::Vmm, h, rec);
+        }
+        s.mem.vmm.undo_unmap(u);
+    }
+    r
 }
 
 // ---- arrays -------------------------------------------------------------------------------------------------

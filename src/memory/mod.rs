@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod overhead;
 pub mod pools;
 pub mod reserve;
+pub mod vmm;
 
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
@@ -45,6 +46,8 @@ pub struct Memory {
     devices: Arc<Devices>,
     /// Live allocations of this process.
     pub ledger: Ledger,
+    /// Handle references and mappings of its VMM allocations (when their charge goes).
+    pub vmm: vmm::VmmLives,
     /// CUDA graph memory pools and execs with alloc nodes.
     pub graph: GraphMem,
     pools: Lock<HashMap<usize, PoolState>>,
@@ -67,6 +70,7 @@ impl Memory {
         Memory {
             devices,
             ledger: Ledger::new(),
+            vmm: vmm::VmmLives::default(),
             graph: GraphMem::new(),
             pools: Lock::new(HashMap::new()),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -261,6 +265,7 @@ impl Memory {
     pub fn reset_in_child(&self) {
         self.usage().forget_slot_in_child();
         self.ledger.clear();
+        self.vmm.clear();
         self.pools.lock().clear();
         self.graph.charged.lock().clear();
         for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
@@ -273,6 +278,7 @@ impl Memory {
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub fn fork_prepare(&self) {
         hold_all(self.ledger.locks());
+        hold_all([self.vmm.lock()]);
         hold_all([&self.pools]);
         hold_all([&self.graph.charged]);
         hold_all([&self.graph.footprints]);
@@ -294,6 +300,7 @@ impl Memory {
             release_all([&self.graph.footprints], side);
             release_all([&self.graph.charged], side);
             release_all([&self.pools], side);
+            release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
         }
     }
