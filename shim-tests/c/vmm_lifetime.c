@@ -12,6 +12,7 @@
  *                                                                          retain.I=<result> retain.I.same=0|1
  *     alloc:SIZE        cuMemAlloc (kept until exit)                                           alloc=<result>
  *     used              the simulator's own used bytes on device 0 (NVML, past any interposer)     used=
+ *     charged           cuMemGetInfo's total − free: what the shim has charged the container        charged=
  *   and done=1 at the end.
  */
 #include "cq_driver.h"
@@ -100,6 +101,14 @@ int main(int argc, char **argv) {
         } else if (sscanf(c, "alloc:%63s", x) == 1) {
             CUdeviceptr p = 0;
             printf("alloc=%s\n", cq_err(cuMemAlloc(&p, (size_t)cq_size(x))));
+        } else if (strcmp(c, "charged") == 0) {
+            size_t f = 0, t = 0;
+            CUresult r = cuMemGetInfo(&f, &t);
+            if (r) {
+                fprintf(stderr, "vmm_lifetime: cuMemGetInfo: %s\n", cq_err(r));
+                return 2;
+            }
+            printf("charged=%zu\n", t - f);
         } else if (strcmp(c, "used") == 0) {
             cq_rawmem m;
             if (cq_raw_nvml_mem(0, &m)) {

@@ -23,10 +23,26 @@ fn attack() -> PathBuf {
 
 /// Runs `vmm_lifetime` with `cmds` under a 1 GiB cap on a fresh 16 GiB simulator.
 fn run(cmds: &str) -> Output {
+    run_with(cmds, &[])
+}
+
+fn run_with(cmds: &str, env: &[(&str, &str)]) -> Output {
     let sim = Sim::new().build();
-    let out = sim.cmd_path(attack()).mem_limit("1g").args(cmds).run();
+    let mut c = sim.cmd_path(attack()).mem_limit("1g").args(cmds);
+    for (k, v) in env {
+        c = c.env(k, v);
+    }
+    let out = c.run();
     out.ok();
     out
+}
+
+/// At each `charged used` pair, the shim's charge equals what the driver holds (no context overhead here).
+#[track_caller]
+fn exact(out: &Output) {
+    let charged = out.all("charged");
+    assert_eq!(charged, out.all("used"), "charge ≠ the driver's figure:\n{out:?}");
+    assert!(!charged.is_empty(), "{out:?}");
 }
 
 /// The simulator's own used bytes at each `used` command never exceed the cap.
@@ -44,7 +60,7 @@ fn within_cap(out: &Output) {
 
 #[test]
 fn released_but_still_mapped_memory_stays_charged() {
-    let out = run("create:0:512m map:0:0 release:0 used alloc:768m used");
+    let out = run("create:0:512m map:0:0 release:0 charged used alloc:768m charged used");
     out.expect("create.0", OK)
         .expect("map.0", OK)
         .expect("release.0", OK);
@@ -53,6 +69,7 @@ fn released_but_still_mapped_memory_stays_charged() {
     // ...so 768 MiB more does not fit under 1 GiB.
     out.expect("alloc", OOM);
     within_cap(&out);
+    exact(&out);
 }
 
 #[test]
@@ -69,7 +86,8 @@ fn the_charge_goes_when_the_last_mapping_goes() {
 #[test]
 fn a_retained_handle_keeps_the_charge_until_its_own_release() {
     let out = run(
-        "create:0:512m map:0:0 retain:1:0 release:0 unmap:0 used alloc:768m release:1 used alloc:768m used",
+        "create:0:512m map:0:0 retain:1:0 release:0 unmap:0 charged used alloc:768m release:1 charged used \
+         alloc:768m charged used",
     );
     out.expect("retain.1", OK).expect("retain.1.same", "1");
     out.expect("release.0", OK).expect("release.1", OK);
@@ -78,6 +96,7 @@ fn a_retained_handle_keeps_the_charge_until_its_own_release() {
     assert_eq!(out.nth_num("used", 1), 0, "{out:?}");
     assert_eq!(out.all("alloc"), vec![OOM, OK], "{out:?}");
     within_cap(&out);
+    exact(&out);
 }
 
 #[test]
@@ -87,4 +106,25 @@ fn create_and_release_unmapped_still_gives_the_memory_back() {
     out.expect("release.0", OK).expect("alloc", OK);
     assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
     within_cap(&out);
+}
+
+#[test]
+fn a_refused_unmap_or_release_keeps_the_charge_exact() {
+    // The driver refuses the first cuMemUnmap: the mapping (and the memory) stays, so does the charge.
+    let out = run_with(
+        "create:0:256m map:0:0 release:0 unmap:0 charged used unmap:0 charged used",
+        &[("CUDASIM_FAULT", "cuMemUnmap:1:DEVICE_LOST")],
+    );
+    assert_eq!(out.all("unmap.0"), vec!["CUDA_ERROR_UNKNOWN", OK], "{out:?}");
+    assert_eq!(out.nth_num("used", 0), 256 * MIB, "{out:?}");
+    exact(&out);
+    // The driver refuses the first cuMemRelease: the reference stays, so the unmap does not end the memory.
+    let out = run_with(
+        "create:0:256m map:0:0 release:0 unmap:0 charged used release:0 charged used",
+        &[("CUDASIM_FAULT", "cuMemRelease:1:DEVICE_LOST")],
+    );
+    assert_eq!(out.all("release.0"), vec!["CUDA_ERROR_UNKNOWN", OK], "{out:?}");
+    assert_eq!(out.nth_num("used", 0), 256 * MIB, "{out:?}");
+    assert_eq!(out.nth_num("used", 1), 0, "{out:?}");
+    exact(&out);
 }
