@@ -887,6 +887,31 @@ cuda_fn! {
         Ok(())
     }
 
+    // ---- interprocess memory ----
+
+    fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: u64) {
+        let sim = cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let b = with(|o| crate::ipc::get_mem_handle(o, sim, dptr))?;
+        out(handle, CUipcMemHandle { reserved: b })
+    }
+
+    fn cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: CUipcMemHandle, flags: u32) {
+        let sim = cuda()?;
+        if dptr.is_null() || flags & !CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = with(|o| crate::ipc::open_mem_handle(o, sim, &handle.reserved))?;
+        out(dptr, p)
+    }
+
+    fn cuIpcCloseMemHandle(dptr: u64) {
+        let sim = cuda()?;
+        with(|o| crate::ipc::close_mem_handle(o, sim, dptr))
+    }
+
     fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
         cuda()?;
         if handle.is_null() {
@@ -1045,6 +1070,7 @@ cuda_fn! {
 }
 
 alias! {
+    cuIpcOpenMemHandle => cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: CUipcMemHandle, flags: u32);
     cuMemcpyHtoD_v2_ptds => cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize);
     cuMemcpyDtoH_v2_ptds => cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize);
     cuMemcpyDtoD_v2_ptds => cuMemcpyDtoD_v2(dst: u64, src: u64, n: usize);
