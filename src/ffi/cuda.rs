@@ -140,6 +140,12 @@ c_structs! { checked_structs;
         pub reserved: [u8; 4],
     }
 
+    /// `CUipcMemHandle` (passed by value).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUipcMemHandle {
+        pub reserved: [u8; 64],
+    }
+
     /// `CUmemAllocationProp`.
     #[derive(Clone, Copy, Debug)]
     pub struct CUmemAllocationProp {

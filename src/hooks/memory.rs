@@ -19,6 +19,7 @@ use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::ledger::{Kind, Record, Space};
+use crate::memory::shared::{self, Closed, Export, Hold};
 use crate::memory::vmm::Release;
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
@@ -165,7 +166,145 @@ pub unsafe fn alloc_pitch<P: Width, N: Width>(
 
 /// `cuMemFree_v2`, legacy `cuMemFree`, `cuMemFreeAsync` (+ `_ptsz`).
 pub fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
-    tracked_free(s, Space::Pointer, dptr.to_u64(), call)
+    let p = dptr.to_u64();
+    match s.mem.shared.take_export(p) {
+        Some(e) => free_exported(s, call, p, e),
+        None => tracked_free(s, Space::Pointer, p, call),
+    }
+}
+
+// ---- interprocess memory (memory::shared) -------------------------------------------------------------------
+
+/// `cuMemFree` of an exported allocation: the charge lives in the container's shared table; this process lets
+/// go of it there (importers may still hold the memory: the charge stays until the last of them closes it).
+fn free_exported(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, e: Export) -> CUresult {
+    let rec = s.mem.ledger.remove(Space::Pointer, p);
+    let r = call();
+    if !r.ok() {
+        if let Some(rec) = rec {
+            s.mem.ledger.insert(Space::Pointer, p, rec);
+        }
+        s.mem.shared.export(p, e);
+        return r;
+    }
+    s.mem.unshare(e.entry, e.key);
+    if let Some(rec) = rec {
+        if e.moved {
+            s.mem.forget_allocated(rec.entry, rec.bytes);
+        } else {
+            s.mem.release_entry(rec.entry, rec.bytes);
+        }
+    }
+    r
+}
+
+/// `cuIpcGetMemHandle`: the allocation's charge moves into the container's shared table under the handle's
+/// key, where an importer of the same container finds it. A full table refuses the export.
+///
+/// # Safety
+/// `handle` as the driver's contract says (written on success).
+pub unsafe fn ipc_get(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    handle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    let r = call();
+    if !r.ok() || handle.is_null() || s.mem.shared.exported(dptr).is_some() {
+        return r;
+    }
+    let Some(rec) = s
+        .mem
+        .ledger
+        .get(Space::Pointer, dptr)
+        .filter(|r| r.kind == Kind::Direct)
+    else {
+        return r;
+    };
+    // SAFETY: non-NULL, written by the driver on success.
+    let key = shared::key(&unsafe { *handle }.reserved);
+    match s.mem.share(rec.entry, key, rec.bytes) {
+        Some((entry, moved)) => {
+            s.mem.shared.export(dptr, Export { entry, key, moved });
+            r
+        }
+        None => {
+            log!(
+                Level::Error,
+                "cuIpcGetMemHandle refused: the container's table of memory shared between processes is full \
+                 ({} entries); free exported allocations first",
+                cuquota_core::region::layout::MAX_SHARED
+            );
+            CUresult::ERROR_OUT_OF_MEMORY
+        }
+    }
+}
+
+/// `cuIpcOpenMemHandle(_v2)`: memory this container exported is already charged (the importer joins its
+/// shared entry); memory another container exported is charged to this process until it closes it (refused,
+/// and closed again, when it does not fit).
+///
+/// # Safety
+/// `pdptr` as the driver's contract says (written on success).
+pub unsafe fn ipc_open(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+) -> CUresult {
+    let key = shared::key(&handle.reserved);
+    let r = call();
+    if !r.ok() || pdptr.is_null() {
+        return r;
+    }
+    // SAFETY: non-NULL, written by the driver on success.
+    let p = unsafe { *pdptr };
+    if s.mem.shared.open_again(p) {
+        return r;
+    }
+    if let Some(entry) = s.mem.join_shared(key) {
+        s.mem.shared.opened(p, Hold::Shared { entry, key });
+        return r;
+    }
+    let refuse = |why: &str| {
+        log!(Level::Error, "cuIpcOpenMemHandle refused: {why}");
+        // SAFETY: closing the mapping the driver just opened for this call.
+        unsafe { s.cuda.cuIpcCloseMemHandle(p) };
+        CUresult::ERROR_OUT_OF_MEMORY
+    };
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return if s.devices.refuse_unplaced() {
+            refuse("no accounting identity for the current device")
+        } else {
+            r
+        };
+    };
+    let (mut base, mut size) = (0, 0usize);
+    // SAFETY: valid out-pointers; `p` is the mapping just opened.
+    if !unsafe { s.cuda.cuMemGetAddressRange_v2(&mut base, &mut size, p) }.ok() || size == 0 {
+        return refuse("its size is unknown (cuMemGetAddressRange failed)");
+    }
+    let bytes = size as u64;
+    let Ok(_admitted) = s.mem.admit(dev, bytes, &s.cuda, &s.nvml) else {
+        return refuse(&format!(
+            "{bytes} bytes from another container do not fit under the memory limit"
+        ));
+    };
+    s.mem.shared.opened(p, Hold::Charged { dev: dev.id, bytes });
+    r
+}
+
+/// `cuIpcCloseMemHandle`: the last close lets go of the hold.
+pub fn ipc_close(s: &Shim, call: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
+    let r = call();
+    if r.ok() {
+        match s.mem.shared.close(dptr) {
+            Closed::Last(Hold::Shared { entry, key }) => s.mem.unshare(entry, key),
+            Closed::Last(Hold::Charged { dev, bytes }) => s.mem.release_entry(dev, bytes),
+            Closed::StillOpen | Closed::Unknown => {}
+        }
+    }
+    r
 }
 
 // ---- stream-ordered allocator -------------------------------------------------------------------------------
