@@ -22,6 +22,11 @@ pub(crate) struct PhysAlloc {
     maps: u32,
     /// Handle references not yet released (cuMemCreate: 1; each cuMemRetainAllocationHandle: +1).
     refs: u32,
+    /// `CUmemAllocationProp::requestedHandleTypes` of cuMemCreate (what it may be exported as).
+    handle_types: u32,
+    /// Shared with other processes (`state::IpcExport` entry, id = the memfd's inode): exported by this process
+    /// (`false`) or imported from another (`true`). Its charge lives with the export entry.
+    shared: Option<(usize, u64, bool)>,
 }
 
 /// One mapping inside a reservation.
@@ -108,6 +113,106 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocation
             fd,
             maps: 0,
             refs: 1,
+            handle_types: prop.requested_handle_types,
+            shared: None,
+        },
+    );
+    Ok(h)
+}
+
+fn inode(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: stat is plain data; fstat on a descriptor the caller holds.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_ino, st.st_size as u64))
+    }
+}
+
+/// cuMemExportToShareableHandle (POSIX file descriptor): a new descriptor of the allocation's memfd, which the
+/// caller owns. The first export records the allocation in the shared state: from then on its memory lives
+/// (charged to this process) until every process holding it let go.
+pub(crate) fn export(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<i32> {
+    let a = o
+        .vmm
+        .handles
+        .get_mut(&h)
+        .filter(|a| a.refs > 0)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if a.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if a.shared.is_none() {
+        let (ino, _) = inode(a.fd).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let slot = sim.slot()?;
+        let entry = sim
+            .shared
+            .ipc_export(ino, slot, a.phys, a.size)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        a.shared = Some((entry, ino, false));
+    }
+    // SAFETY: duplicating our memfd for the caller.
+    let fd = unsafe { libc::fcntl(a.fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(fd)
+}
+
+/// cuMemImportFromShareableHandle (POSIX file descriptor from another process's export): a new handle to the
+/// same memory, charged to nobody here (the exporter's charge lasts while any process holds it).
+pub(crate) fn import(o: &mut Objects, sim: &Sim, fd: i32, handle_type: u32) -> CuResult<u64> {
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let (ino, size) = inode(fd).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let entry = sim
+        .shared
+        .ipc
+        .iter()
+        .position(|e| e.id.load(std::sync::atomic::Ordering::Acquire) == ino)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let phys = sim.shared.ipc[entry]
+        .phys
+        .load(std::sync::atomic::Ordering::Relaxed) as usize;
+    let ordinal = sim
+        .visible
+        .iter()
+        .position(|&v| v == phys)
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    if let Some((&h, a)) = o
+        .vmm
+        .handles
+        .iter_mut()
+        .find(|(_, a)| a.shared.is_some_and(|s| s.1 == ino))
+    {
+        // Imported (or created) here already: the same allocation, one more reference.
+        a.refs += 1;
+        return Ok(h);
+    }
+    if !sim.shared.ipc_open(entry, ino) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: duplicating the caller's descriptor; we own the copy.
+    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if own < 0 {
+        sim.shared.ipc_drop(entry, ino, true);
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let h = new_handle(Kind::VmmHandle);
+    o.vmm.handles.insert(
+        h,
+        PhysAlloc {
+            ordinal,
+            phys,
+            size,
+            fd: own,
+            maps: 0,
+            refs: 1,
+            handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            shared: Some((entry, ino, true)),
         },
     );
     Ok(h)
@@ -119,7 +224,11 @@ fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
         if let Some(a) = o.vmm.handles.remove(&h) {
             // SAFETY: closing the memfd this module opened; no mapping uses it any more.
             unsafe { libc::close(a.fd) };
-            sim.uncharge(a.phys, a.size);
+            match a.shared {
+                // Shared: the memory (and the exporter's charge) goes when the last process lets go.
+                Some((entry, id, imported)) => sim.shared.ipc_drop(entry, id, imported),
+                None => sim.uncharge(a.phys, a.size),
+            }
         }
     }
 }

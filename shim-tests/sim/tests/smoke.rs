@@ -133,6 +133,13 @@ fn ipc_memory_between_two_processes() {
 }
 
 #[test]
+fn shareable_vmm_handles_between_two_processes() {
+    let s = setup("vmm_share", "run");
+    assert_eq!(run(&s, &[], CONFIG).trim(), "OK");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[test]
 fn graph_memory_nodes_and_pool() {
     let s = setup("graph_mem", "run");
     assert_eq!(run(&s, &[], CONFIG).trim(), "OK");

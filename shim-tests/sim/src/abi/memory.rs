@@ -887,6 +887,24 @@ cuda_fn! {
         Ok(())
     }
 
+    fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: u64, handle_type: u32, flags: u64) {
+        let sim = cuda()?;
+        if shareable.is_null() || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let fd = with(|o| vmm::export(o, sim, handle, handle_type))?;
+        out(shareable as *mut i32, fd)
+    }
+
+    fn cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, handle_type: u32) {
+        let sim = cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = with(|o| vmm::import(o, sim, os_handle as usize as i32, handle_type))?;
+        out(handle, h)
+    }
+
     // ---- interprocess memory ----
 
     fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: u64) {

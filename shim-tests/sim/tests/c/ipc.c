@@ -57,6 +57,7 @@ static void setup(CUcontext *ctx) {
 static int importer(int in, int out) {
     CUcontext ctx;
     setup(&ctx);
+    step(out, 's');
     CUipcMemHandle h;
     CHECK(read(in, &h, sizeof h) == sizeof h);
     CUdeviceptr p = 0, q = 0;
@@ -115,6 +116,7 @@ int main(void) {
     unsigned char buf[4] = {0};
     CU(cuMemcpyDtoH(buf, p + 8, 4)); /* the exporter's pointer still works after the export */
     CHECK(buf[0] == 0x5a);
+    CHECK(wait_for(up[0]) == 's'); /* the importer's context exists: `base` includes it */
     size_t base = used();
     unsigned long long mine = nvml_used(me);
     CHECK(mine >= SIZE);
@@ -131,7 +133,7 @@ int main(void) {
     CHECK(used() == base);
     step(down[1], 'c');
     CHECK(wait_for(up[0]) == 'c');
-    CHECK(used() == base - SIZE); /* the last close returned it */
+    CHECK(used() <= base - SIZE); /* the last close returned it (the importer may be exiting too) */
     CHECK(nvml_used(me) == mine - SIZE);
     int status = 0;
     CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
