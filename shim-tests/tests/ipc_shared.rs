@@ -1,5 +1,7 @@
 //! #11 class 1, memory shared between processes with CUDA IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle` /
-//! `cuIpcCloseMemHandle`). cuda.h calls the exporter's `cuMemFree` before the importers close undefined; a
+//! `cuIpcCloseMemHandle`) and with shareable VMM handles (`cuMemExportToShareableHandle` /
+//! `cuMemImportFromShareableHandle`, a POSIX descriptor passed with `SCM_RIGHTS`; the same attack with
+//! `cuMemRelease` + `cuMemUnmap` as the exporter's letting go). cuda.h calls the exporter's `cuMemFree` before the importers close undefined; a
 //! driver that counts references (the simulator models one) keeps the memory for the importer. The attack
 //! (`c/ipc_shared.c`): export 512 MiB to a second process of the container, free it, allocate 768 MiB more
 //! under a 1 GiB cap. Judged by the simulated GPU's own used bytes (NVML read past the shim): a shim that
@@ -89,6 +91,55 @@ fn an_import_from_another_container_is_charged_to_the_importer() {
     out.expect("open", OK).expect("read", "1").expect("free.0", OK);
     assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
     // The importer's container holds the 512 MiB: 768 MiB more is over its 1 GiB, until it closes them.
+    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
+    within_cap(&out);
+}
+
+// ---- shareable VMM handles (cuMemExportToShareableHandle / cuMemImportFromShareableHandle, POSIX fd) ------
+
+#[test]
+fn exported_vmm_memory_stays_charged_until_the_importer_lets_go() {
+    let out = run(
+        "vcreate:0:512m vexport:0 vfree:0 used alloc:1:768m used vclose used alloc:2:768m used",
+        "default",
+    );
+    out.expect("vcreate.0", OK)
+        .expect("vexport.0", OK)
+        .expect("vimport", OK)
+        .expect("vread", "1");
+    out.expect("vfree.0", OK).expect("vclose", OK);
+    // Released and unmapped by its creator, the 512 MiB live on, mapped in the importer...
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    // ...so 768 MiB more does not fit under 1 GiB until the importer lets go too.
+    out.expect("alloc.1", OOM).expect("alloc.2", OK);
+    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
+    within_cap(&out);
+}
+
+#[test]
+fn both_holding_vmm_memory_is_one_charge() {
+    let out = run(
+        "vcreate:0:512m vexport:0 ialloc:256m alloc:1:200m used charged",
+        "default",
+    );
+    out.expect("vimport", OK)
+        .expect("ialloc", OK)
+        .expect("alloc.1", OK);
+    assert_eq!(out.num("charged"), out.num("used"), "{out:?}");
+    within_cap(&out);
+}
+
+#[test]
+fn a_vmm_import_from_another_container_is_charged_to_the_importer() {
+    let out = run(
+        "vcreate:0:512m vexport:0 vfree:0 used ialloc:768m used vclose ialloc:768m used",
+        "other",
+    );
+    out.expect("vimport", OK)
+        .expect("vread", "1")
+        .expect("vfree.0", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    // The importer's container holds the 512 MiB (charged at its mapping): 768 MiB more is over its 1 GiB.
     assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
     within_cap(&out);
 }

@@ -48,6 +48,8 @@ macro_rules! cuda_functions {
             cuMemMap @10020 (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => memory::vmm_map(call, ptr, size, handle);
             cuMemUnmap @10020 (ptr: CUdeviceptr, size: usize) => memory::vmm_unmap(call, ptr, size);
             cuMemRetainAllocationHandle @11000 (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => memory::vmm_retain(call, handle);
+            cuMemExportToShareableHandle @10020 (shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) => memory::vmm_export(call, shareableHandle, handle, handleType);
+            cuMemImportFromShareableHandle @10020 (handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType) => memory::vmm_import(call, handle, osHandle, shHandleType);
             // interprocess memory
             cuIpcGetMemHandle @4010 (pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) => memory::ipc_get(call, pHandle, dptr);
             cuIpcOpenMemHandle_v2 @11000 (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint) => memory::ipc_open(call, pdptr, handle);

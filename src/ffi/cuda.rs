@@ -67,6 +67,7 @@ c_aliases! { checked_aliases;
     pub type CUgraphNodeType = c_uint;
     pub type CUlimit = c_uint;
     pub type CUdevice_attribute = c_uint;
+    pub type CUmemAllocationHandleType = c_uint;
 }
 
 c_structs! { checked_structs;

@@ -22,7 +22,7 @@ use crate::memory::ledger::{Kind, Record, Space};
 use crate::memory::shared::{self, Closed, Export, Hold};
 use crate::memory::vmm::Release;
 use crate::state::Shim;
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 /// Upper bound the driver's pitch never exceeds (texture pitch alignment).
 const PITCH_ALIGN: u64 = 512;
@@ -527,13 +527,19 @@ pub fn vmm_release(
 ) -> CUresult {
     match s.mem.vmm.release(handle) {
         Release::Untracked => tracked_free(s, Space::Vmm, handle, call),
-        Release::Last => tracked_free(s, Space::Vmm, handle, || {
+        Release::Last => {
+            let rec = s.mem.ledger.remove(Space::Vmm, handle);
             let r = call();
-            if !r.ok() {
+            if r.ok() {
+                vmm_gone(s, handle, rec);
+            } else {
+                if let Some(rec) = rec {
+                    s.mem.ledger.insert(Space::Vmm, handle, rec);
+                }
                 s.mem.vmm.undo_release(handle, Release::Last);
             }
             r
-        }),
+        }
         was @ (Release::Kept | Release::Again) => {
             let r = call();
             if !r.ok() {
@@ -561,7 +567,8 @@ pub unsafe fn vmm_retain(
     r
 }
 
-/// `cuMemMap`: a mapping keeps its allocation (and its charge) alive.
+/// `cuMemMap`: a mapping keeps its allocation (and its charge) alive. The first mapping of memory imported from
+/// another container charges its size to this process (no size is known before: fail closed from here on).
 pub fn vmm_map(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
@@ -569,12 +576,149 @@ pub fn vmm_map(
     size: usize,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
+    let foreign = match s.mem.shared.vmm_import(handle) {
+        Some(None) => Some(0),
+        Some(Some(Hold::Charged { bytes, .. })) if bytes < size as u64 => Some(bytes),
+        _ => None,
+    };
+    let Some(had) = foreign else {
+        let r = call();
+        if r.ok() {
+            s.mem.vmm.mapped(ptr, size as u64, handle);
+        }
+        return r;
+    };
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return untracked(s, call);
+    };
+    let more = size as u64 - had;
+    let Ok(_admitted) = s.mem.admit(dev, more, &s.cuda, &s.nvml) else {
+        return CUresult::ERROR_OUT_OF_MEMORY;
+    };
     let r = call();
     if r.ok() {
         s.mem.vmm.mapped(ptr, size as u64, handle);
+        s.mem.shared.vmm_imported(
+            handle,
+            Some(Hold::Charged {
+                dev: dev.id,
+                bytes: size as u64,
+            }),
+        );
+    } else {
+        s.mem.release(dev, more);
     }
     r
 }
+
+/// The memory of VMM handle `h` is gone from this process (last reference released, last mapping unmapped):
+/// its charge (`rec`), or its share of the container's shared table, or its import's hold, goes.
+fn vmm_gone(s: &Shim, h: u64, rec: Option<Record>) {
+    if let Some(e) = s.mem.shared.take_vmm_export(h) {
+        s.mem.unshare(e.entry, e.key);
+        if let Some(rec) = rec {
+            if e.moved {
+                s.mem.forget_allocated(rec.entry, rec.bytes);
+            } else {
+                s.mem.release_entry(rec.entry, rec.bytes);
+            }
+        }
+        return;
+    }
+    if let Some(rec) = rec {
+        s.mem.release_entry(rec.entry, rec.bytes);
+    }
+    match s.mem.shared.take_vmm_import(h) {
+        Some(Some(Hold::Shared { entry, key })) => s.mem.unshare(entry, key),
+        Some(Some(Hold::Charged { dev, bytes })) => s.mem.release_entry(dev, bytes),
+        Some(None) | None => {}
+    }
+}
+
+/// `cuMemExportToShareableHandle` (POSIX file descriptor): as `cuIpcGetMemHandle`, the allocation's charge
+/// moves into the container's shared table, keyed by the descriptor's open file. Other handle types
+/// (fabric, Win32) are forwarded, their importers uncharged (docs/interception.md).
+///
+/// # Safety
+/// `shareable` as the driver's contract says (an `int` written on success for a POSIX descriptor).
+pub unsafe fn vmm_export(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: c_uint,
+) -> CUresult {
+    let r = call();
+    if !r.ok() || shareable.is_null() || handle_type != POSIX_FD || s.mem.shared.vmm_exported(handle) {
+        return r;
+    }
+    let Some(rec) = s.mem.ledger.get(Space::Vmm, handle) else {
+        return r;
+    };
+    // SAFETY: non-NULL; the driver wrote an int descriptor there.
+    let fd = unsafe { *(shareable as *const c_int) };
+    let Some(key) = shared::fd_key(fd) else {
+        return r;
+    };
+    match s.mem.share(rec.entry, key, rec.bytes) {
+        Some((entry, moved)) => {
+            s.mem.shared.vmm_export(handle, Export { entry, key, moved });
+            r
+        }
+        None => {
+            log!(
+                Level::Error,
+                "cuMemExportToShareableHandle refused: the container's table of memory shared between \
+                 processes is full ({} entries); release exported allocations first",
+                cuquota_core::region::layout::MAX_SHARED
+            );
+            // SAFETY: the descriptor the driver just made for this call, never handed to the caller.
+            unsafe { libc::close(fd) };
+            CUresult::ERROR_OUT_OF_MEMORY
+        }
+    }
+}
+
+/// `cuMemImportFromShareableHandle` (POSIX file descriptor): memory this container exported is already
+/// charged (the new handle joins its shared entry); memory another container exported is charged to this
+/// process from its first mapping (`vmm_map`) until its last reference and mapping go.
+///
+/// # Safety
+/// `handle` as the driver's contract says (written on success).
+pub unsafe fn vmm_import(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    handle_type: c_uint,
+) -> CUresult {
+    let key = (handle_type == POSIX_FD)
+        .then(|| shared::fd_key(os_handle as usize as c_int))
+        .flatten();
+    let r = call();
+    if !r.ok() || handle.is_null() || handle_type != POSIX_FD {
+        return r;
+    }
+    // SAFETY: non-NULL, written by the driver on success.
+    let h = unsafe { *handle };
+    if s.mem.ledger.get(Space::Vmm, h).is_some() || s.mem.shared.vmm_import(h).is_some() {
+        // A handle this process has already (the driver gave the same one again): one more reference.
+        s.mem.vmm.retained(h);
+        return r;
+    }
+    s.mem.vmm.created(h);
+    let hold = key.and_then(|key| {
+        Some(Hold::Shared {
+            entry: s.mem.join_shared(key)?,
+            key,
+        })
+    });
+    s.mem.shared.vmm_imported(h, hold);
+    r
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const POSIX_FD: c_uint = 1;
 
 /// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
 pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
@@ -588,8 +732,13 @@ pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, si
         .collect();
     let r = call();
     if r.ok() {
-        for (_, rec) in gone {
-            s.mem.release_entry(rec.entry, rec.bytes);
+        let charged: Vec<u64> = gone.iter().map(|&(h, _)| h).collect();
+        for (h, rec) in gone {
+            vmm_gone(s, h, Some(rec));
+        }
+        // Imports charge nothing in the ledger: their holds go too.
+        for &h in u.dead.iter().filter(|h| !charged.contains(h)) {
+            vmm_gone(s, h, None);
         }
     } else {
         for (h, rec) in gone {

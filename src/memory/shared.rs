@@ -1,5 +1,6 @@
 //! Memory this process shares with other processes through CUDA IPC (`cuIpcGetMemHandle` /
-//! `cuIpcOpenMemHandle` / `cuIpcCloseMemHandle`). cuda.h calls the exporter's `cuMemFree` before the importers
+//! `cuIpcOpenMemHandle` / `cuIpcCloseMemHandle`) and shareable VMM handles (`cuMemExportToShareableHandle` /
+//! `cuMemImportFromShareableHandle`, POSIX file descriptors, keyed by the descriptor's open file). cuda.h calls the exporter's `cuMemFree` before the importers
 //! close undefined; a driver that counts references keeps the memory, so its charge must not go with the free.
 //! An exported allocation's charge lives in the container's shared table (usage region, keyed by a hash of
 //! the handle's bytes, which both processes see) until its last holder lets go; an import whose key is not in
@@ -9,6 +10,7 @@
 use crate::locks::Lock;
 use cuquota_core::DeviceId;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What an open import holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,12 +58,33 @@ pub(crate) struct Table {
     exports: HashMap<u64, Export>,
     /// Device pointer → (hold, opens).
     imports: HashMap<u64, (Hold, u32)>,
+    /// Exported VMM handles (`cuMemExportToShareableHandle`) → their export.
+    vmm_exports: HashMap<u64, Export>,
+    /// Imported VMM handles (`cuMemImportFromShareableHandle`) → their hold (`None`: another container's,
+    /// nothing charged until it is mapped).
+    vmm_imports: HashMap<u64, Option<Hold>>,
 }
 
 /// The process's exports and imports.
 #[derive(Default)]
 pub struct SharedMem {
     table: Lock<Table>,
+    /// Set by the first export: until then `cuMemFree` does not look here (one relaxed load).
+    any_export: AtomicBool,
+}
+
+/// The identity of a shareable POSIX file descriptor both processes compute: its open file (`st_dev`,
+/// `st_ino`), the same across `SCM_RIGHTS` and `pidfd_getfd`. `None` when `fd` is not open.
+pub fn fd_key(fd: i32) -> Option<u64> {
+    // SAFETY: stat is plain data; fstat only reads the descriptor's file.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st)?
+    };
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&(st.st_dev as u64).to_le_bytes());
+    b[8..].copy_from_slice(&(st.st_ino as u64).to_le_bytes());
+    Some(key(&b))
 }
 
 /// The identity of an IPC handle both processes compute: FNV-1a of its bytes.
@@ -79,11 +102,15 @@ impl SharedMem {
 
     /// Records that the allocation at `p` was exported.
     pub fn export(&self, p: u64, e: Export) {
+        self.any_export.store(true, Ordering::Release);
         self.table.lock().exports.insert(p, e);
     }
 
     /// The allocation at `p` is being freed: its export, if any.
     pub fn take_export(&self, p: u64) -> Option<Export> {
+        if !self.any_export.load(Ordering::Acquire) {
+            return None;
+        }
         self.table.lock().exports.remove(&p)
     }
 
@@ -116,6 +143,36 @@ impl SharedMem {
         let hold = *hold;
         t.imports.remove(&p);
         Closed::Last(hold)
+    }
+
+    /// The VMM handle `h` was exported.
+    pub fn vmm_export(&self, h: u64, e: Export) {
+        self.table.lock().vmm_exports.insert(h, e);
+    }
+
+    /// Whether VMM handle `h` was exported.
+    pub fn vmm_exported(&self, h: u64) -> bool {
+        self.table.lock().vmm_exports.contains_key(&h)
+    }
+
+    /// The memory of VMM handle `h` is gone here: its export, if any.
+    pub fn take_vmm_export(&self, h: u64) -> Option<Export> {
+        self.table.lock().vmm_exports.remove(&h)
+    }
+
+    /// `cuMemImportFromShareableHandle` returned `h`, holding `hold`.
+    pub fn vmm_imported(&self, h: u64, hold: Option<Hold>) {
+        self.table.lock().vmm_imports.insert(h, hold);
+    }
+
+    /// The hold of imported VMM handle `h` (`Some(None)`: imported, nothing charged yet); `None`: not an import.
+    pub fn vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+        self.table.lock().vmm_imports.get(&h).copied()
+    }
+
+    /// The memory of imported VMM handle `h` is gone here: its hold.
+    pub fn take_vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+        self.table.lock().vmm_imports.remove(&h)
     }
 
     /// Forgets everything (a forked child: the parent's exports and imports are not its own).
