@@ -18,11 +18,13 @@
  *                       (SCM_RIGHTS), which imports, maps and reads it  vexport.I=<result> vimport=<result> vread=0|1
  *     vfree:I           exporter: cuMemRelease + cuMemUnmap of slot I                          vfree.I=<result>
  *     vclose            importer: cuMemRelease + cuMemUnmap of its last import                    vclose=<result>
+ *     kill              the importer dies by SIGKILL, holding whatever it holds                        killed=1
  *     used              the simulator's own used bytes on device 0 (NVML, past any interposer)     used=
  *     charged           exporter's cuMemGetInfo total − free: what the shim charged its container  charged=
  *   and done=1 at the end.
  */
 #include "cq_driver.h"
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -123,6 +125,7 @@ static int importer(int in, int out, int sock) {
     for (;;) {
         char c = 0;
         if (read(in, &c, 1) != 1 || c == 'q') break;
+        if (c == 'k') raise(SIGKILL);
         if (c == 'o') {
             CUipcMemHandle h;
             if (read(in, &h, sizeof h) != sizeof h) return 2;
@@ -237,6 +240,15 @@ int main(int argc, char **argv) {
         } else if (sscanf(c, "vfree:%63s", x) == 1) {
             int i = slot(x);
             printf("vfree.%d=%s\n", i, cq_err(vfree(vhandles[i], vmaps[i], vsizes[i])));
+        } else if (strcmp(c, "kill") == 0) {
+            char k = 'k';
+            int status = 0;
+            if (write(down, &k, 1) != 1 || waitpid(child, &status, 0) != child || !WIFSIGNALED(status)) {
+                fprintf(stderr, "ipc_shared: the importer did not die\n");
+                return 2;
+            }
+            child = 0;
+            printf("killed=1\n");
         } else if (strcmp(c, "vclose") == 0) {
             fflush(stdout);
             ask('x', NULL, 0);
@@ -278,9 +290,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
     }
     char q = 'q';
-    if (write(down, &q, 1) != 1) return 2;
     int status = 0;
-    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status)) {
+    if (child && (write(down, &q, 1) != 1 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+                  WEXITSTATUS(status))) {
         fprintf(stderr, "ipc_shared: importer failed\n");
         return 2;
     }

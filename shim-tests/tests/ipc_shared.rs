@@ -143,3 +143,19 @@ fn a_vmm_import_from_another_container_is_charged_to_the_importer() {
     assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
     within_cap(&out);
 }
+
+#[test]
+fn a_dead_importer_lets_go() {
+    // The importer dies holding both kinds of shared memory; once the exporter lets go too, the memory is
+    // gone from the GPU and from the charge: 768 MiB fits again.
+    let out = run(
+        "alloc:0:256m export:0 open:0 vcreate:1:256m vexport:1 kill free:0 vfree:1 used alloc:2:768m used",
+        "default",
+    );
+    out.expect("open", OK).expect("vimport", OK).expect("killed", "1");
+    out.expect("free.0", OK)
+        .expect("vfree.1", OK)
+        .expect("alloc.2", OK);
+    assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
+    within_cap(&out);
+}

@@ -11,7 +11,8 @@
 //! Lifetime and charge (cuda.h calls a cuMemFree before the importers close undefined; the simulator models
 //! what a reference-counting driver does): the bytes stay charged to the exporter's process (NVML reports them
 //! there) until the exporter has freed the allocation *and* every importer has closed it. An importer that dies
-//! without closing leaves them charged until the exporter dies; an exporter that dies takes the charge with it.
+//! lets go (its slot's opens are dropped when the slot is reclaimed); an exporter that dies takes the charge
+//! with it (its slot's memory goes).
 
 use std::collections::HashMap;
 
@@ -176,7 +177,7 @@ pub(crate) fn free_export(o: &mut Objects, sim: &Sim, p: u64, len: u64) -> bool 
     unmap_fd(p, len);
     // SAFETY: closing this module's memfd; importers hold their own descriptions and mappings.
     unsafe { libc::close(fd) };
-    sim.shared.ipc_drop(entry, id, false);
+    sim.shared.ipc_drop(entry, id, None);
     true
 }
 
@@ -196,7 +197,8 @@ pub(crate) fn open_mem_handle(o: &mut Objects, sim: &Sim, b: &[u8; 64]) -> CuRes
         *n += 1;
         return Ok(*p);
     }
-    if !sim.shared.ipc_open(h.entry, h.id) {
+    let slot = sim.slot()?;
+    if !sim.shared.ipc_open(h.entry, h.id, slot) {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     let path = std::ffi::CString::new(format!("/proc/{}/fd/{}", h.pid, h.fd)).expect("no NUL");
@@ -216,7 +218,7 @@ pub(crate) fn open_mem_handle(o: &mut Objects, sim: &Sim, b: &[u8; 64]) -> CuRes
         unsafe { libc::close(fd) };
     }
     let Some(p) = mapped else {
-        sim.shared.ipc_drop(h.entry, h.id, true);
+        sim.shared.ipc_drop(h.entry, h.id, Some(slot));
         return Err(CUDA_ERROR_MAP_FAILED);
     };
     o.mem.record(
@@ -254,6 +256,6 @@ pub(crate) fn close_mem_handle(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<(
         unmap_fd(p, a.len);
         o.mem.give_range(a.phys, p, a.len);
     }
-    sim.shared.ipc_drop(key.0, key.1, true);
+    sim.shared.ipc_drop(key.0, key.1, sim.slot().ok());
     Ok(())
 }

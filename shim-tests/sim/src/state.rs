@@ -87,8 +87,9 @@ pub(crate) struct ProcSlot {
     pub contexts: [AtomicU64; MAX_DEVICES],
 }
 
-/// One allocation exported with cuIpcGetMemHandle. Its bytes stay charged to the exporter's slot until the
-/// exporter has freed it and no importer holds it open (or the exporter dies).
+/// One allocation exported (cuIpcGetMemHandle, cuMemExportToShareableHandle). Its bytes stay charged to the
+/// exporter's slot until the exporter has let go and no importer holds it (importers that die let go), or the
+/// exporter dies.
 #[repr(C)]
 pub(crate) struct IpcExport {
     /// 0 = free entry; else the export's id, published last (Release) once the fields below are written.
@@ -98,6 +99,8 @@ pub(crate) struct IpcExport {
     pub slot: AtomicU32,
     pub phys: AtomicU32,
     pub bytes: AtomicU64,
+    /// Bit `i` (word `i / 64`): slot `i` has it open (an importer's death drops its open).
+    pub holders: [AtomicU64; MAX_PROCS / 64],
 }
 
 /// The whole file.
@@ -428,8 +431,14 @@ impl SharedState {
                     slot.mem_used[d].store(0, Relaxed);
                     slot.contexts[d].store(0, Relaxed);
                 }
-                // Its exports go with its memory: an importer's later close must not uncharge the slot's next
-                // owner.
+                // Its opens of others' exports go (the last one returns their memory)...
+                for (j, e) in self.ipc.iter().enumerate() {
+                    if e.holders[i / 64].load(SeqCst) & (1 << (i % 64)) != 0 {
+                        self.ipc_drop(j, e.id.load(Acquire), Some(i));
+                    }
+                }
+                // ...and its exports go with its memory: an importer's later close must not uncharge the slot's
+                // next owner.
                 for e in self.ipc.iter().filter(|e| e.slot.load(Relaxed) == i as u32) {
                     e.id.store(0, Release);
                 }
@@ -488,27 +497,42 @@ impl SharedState {
         e.slot.store(slot as u32, Relaxed);
         e.phys.store(phys as u32, Relaxed);
         e.bytes.store(bytes, Relaxed);
+        for w in &e.holders {
+            w.store(0, SeqCst);
+        }
         e.id.store(id, Release);
         Some(i)
     }
 
-    /// An importer opens export `id` at entry `i`: false when it is gone or already freed.
-    pub(crate) fn ipc_open(&self, i: usize, id: u64) -> bool {
+    /// An importer (process slot `slot`, once per process) opens export `id` at entry `i`: false when it is
+    /// gone or its exporter let go already.
+    pub(crate) fn ipc_open(&self, i: usize, id: u64, slot: usize) -> bool {
         let Some(e) = self.ipc.get(i).filter(|e| e.id.load(Acquire) == id) else {
             return false;
         };
-        e.word
+        let ok = e
+            .word
             .fetch_update(AcqRel, Acquire, |w| (w & IPC_FREED == 0).then_some(w + 1))
             .is_ok()
-            && e.id.load(Acquire) == id
+            && e.id.load(Acquire) == id;
+        if ok {
+            e.holders[slot / 64].fetch_or(1 << (slot % 64), SeqCst);
+        }
+        ok
     }
 
-    /// The exporter frees (`close == false`) or an importer closes export `id` at entry `i`: the last one
-    /// returns the bytes to the exporter's slot and frees the entry.
-    pub(crate) fn ipc_drop(&self, i: usize, id: u64, close: bool) {
+    /// The exporter lets go (`importer == None`) or importer slot `importer` closes export `id` at entry `i`:
+    /// the last one returns the bytes to the exporter's slot and frees the entry.
+    pub(crate) fn ipc_drop(&self, i: usize, id: u64, importer: Option<usize>) {
         let Some(e) = self.ipc.get(i).filter(|e| e.id.load(Acquire) == id) else {
             return;
         };
+        if let Some(s) = importer {
+            if e.holders[s / 64].fetch_and(!(1 << (s % 64)), SeqCst) & (1 << (s % 64)) == 0 {
+                return; // dropped already (its process was reclaimed)
+            }
+        }
+        let close = importer.is_some();
         let old = if close {
             e.word.fetch_sub(1, AcqRel)
         } else {

@@ -192,13 +192,14 @@ pub(crate) fn import(o: &mut Objects, sim: &Sim, fd: i32, handle_type: u32) -> C
         a.refs += 1;
         return Ok(h);
     }
-    if !sim.shared.ipc_open(entry, ino) {
+    let slot = sim.slot()?;
+    if !sim.shared.ipc_open(entry, ino, slot) {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     // SAFETY: duplicating the caller's descriptor; we own the copy.
     let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     if own < 0 {
-        sim.shared.ipc_drop(entry, ino, true);
+        sim.shared.ipc_drop(entry, ino, Some(slot));
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let h = new_handle(Kind::VmmHandle);
@@ -226,7 +227,10 @@ fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
             unsafe { libc::close(a.fd) };
             match a.shared {
                 // Shared: the memory (and the exporter's charge) goes when the last process lets go.
-                Some((entry, id, imported)) => sim.shared.ipc_drop(entry, id, imported),
+                Some((entry, id, imported)) => {
+                    sim.shared
+                        .ipc_drop(entry, id, if imported { sim.slot().ok() } else { None })
+                }
                 None => sim.uncharge(a.phys, a.size),
             }
         }
