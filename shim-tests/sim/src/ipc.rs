@@ -259,3 +259,114 @@ pub(crate) fn close_mem_handle(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<(
     sim.shared.ipc_drop(key.0, key.1, sim.slot().ok());
     Ok(())
 }
+
+// ---- interprocess events (cuIpcGetEventHandle / cuIpcOpenEventHandle) ----------------------------------------
+
+const EVENT_MAGIC: &[u8; 8] = b"CUSIMEVT";
+
+fn cell(at: usize) -> &'static std::sync::atomic::AtomicU64 {
+    // SAFETY: `at` is an 8-byte shared mapping made by this module, unmapped only with its event (which is
+    // then gone from the tables, so nothing reads it any more).
+    unsafe { &*(at as *const std::sync::atomic::AtomicU64) }
+}
+
+fn map_cell(fd: i32) -> Option<usize> {
+    // SAFETY: an 8-byte shared mapping of a memfd the caller holds.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            8,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        )
+    };
+    (p != libc::MAP_FAILED).then_some(p as usize)
+}
+
+/// When `e`'s recorded work completes, as every process sharing it sees it.
+pub(crate) fn event_time(e: &crate::stream::Event) -> Option<u64> {
+    match e.ipc {
+        Some((at, _)) => Some(cell(at).load(std::sync::atomic::Ordering::Acquire)).filter(|&t| t != 0),
+        None => e.time,
+    }
+}
+
+/// Makes a record of `e` visible to the other processes sharing it.
+pub(crate) fn publish(e: &crate::stream::Event) {
+    if let (Some((at, _)), Some(t)) = (e.ipc, e.time) {
+        cell(at).store(t.max(1), std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// An event is destroyed: its shared time goes (other processes keep their own mapping).
+pub(crate) fn event_destroyed(e: &crate::stream::Event) {
+    if let Some((at, fd)) = e.ipc {
+        // SAFETY: the mapping and descriptor this module made for the event.
+        unsafe {
+            libc::munmap(at as *mut libc::c_void, 8);
+            if fd >= 0 {
+                libc::close(fd);
+            }
+        }
+    }
+}
+
+/// cuIpcGetEventHandle: for events created with CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING.
+pub(crate) fn get_event_handle(o: &mut Objects, ev: u64) -> CuResult<[u8; 64]> {
+    let e = o.events.get_mut(&ev).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let need = CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING;
+    if e.flags & need != need {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if e.ipc.is_none() {
+        // SAFETY: memfd_create with a static name; ftruncate on the descriptor we own.
+        let fd = unsafe { libc::memfd_create(c"cudasim-ipc-event".as_ptr(), libc::MFD_CLOEXEC) };
+        // SAFETY: as above.
+        if fd < 0 || unsafe { libc::ftruncate(fd, 8) } != 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let Some(at) = map_cell(fd) else {
+            // SAFETY: our descriptor.
+            unsafe { libc::close(fd) };
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        };
+        e.ipc = Some((at, fd));
+        publish(e);
+    }
+    let fd = e.ipc.map(|(_, fd)| fd).unwrap_or(-1);
+    let mut b = [0u8; 64];
+    b[..8].copy_from_slice(EVENT_MAGIC);
+    b[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    b[12..16].copy_from_slice(&fd.to_le_bytes());
+    Ok(b)
+}
+
+/// cuIpcOpenEventHandle: an event of the current context that completes when the exporter's does.
+pub(crate) fn open_event_handle(o: &mut Objects, sim: &Sim, b: &[u8; 64]) -> CuResult<u64> {
+    if &b[..8] != EVENT_MAGIC {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let pid = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    let fd = i32::from_le_bytes(b[12..16].try_into().expect("4 bytes"));
+    if pid == std::process::id() {
+        return Err(CUDA_ERROR_INVALID_CONTEXT);
+    }
+    let ctx = crate::context::current(o, sim)?;
+    let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{fd}")).expect("no NUL");
+    // SAFETY: opening a path made above.
+    let own = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if own < 0 {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    let at = map_cell(own);
+    // SAFETY: the mapping keeps the memfd; this descriptor is ours.
+    unsafe { libc::close(own) };
+    let at = at.ok_or(CUDA_ERROR_MAP_FAILED)?;
+    let h = crate::stream::event_create(o, ctx, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+    if let Some(e) = o.events.get_mut(&h) {
+        e.ipc = Some((at, -1));
+    }
+    Ok(h)
+}

@@ -132,8 +132,6 @@ crate::abi::not_supported! {
     cuGreenCtxWaitEvent,
     cuImportExternalMemory,
     cuImportExternalSemaphore,
-    cuIpcGetEventHandle,
-    cuIpcOpenEventHandle,
     cuKernelGetLibrary,
     cuKernelGetParamInfo,
     cuLibraryEnumerateKernels,

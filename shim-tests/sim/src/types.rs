@@ -67,6 +67,7 @@ pub const CU_STREAM_LEGACY: usize = 1;
 pub const CU_STREAM_PER_THREAD: usize = 2;
 pub const CU_STREAM_NON_BLOCKING: u32 = 1;
 pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
+pub const CU_EVENT_INTERPROCESS: u32 = 4;
 pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
 pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
 

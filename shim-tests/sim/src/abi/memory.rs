@@ -925,6 +925,24 @@ cuda_fn! {
         out(dptr, p)
     }
 
+    fn cuIpcGetEventHandle(handle: *mut CUipcMemHandle, event: *mut c_void) {
+        cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let b = with(|o| crate::ipc::get_event_handle(o, h(event)))?;
+        out(handle, CUipcMemHandle { reserved: b })
+    }
+
+    fn cuIpcOpenEventHandle(event: *mut *mut c_void, handle: CUipcMemHandle) {
+        let sim = cuda()?;
+        if event.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let e = with(|o| crate::ipc::open_event_handle(o, sim, &handle.reserved))?;
+        out(event, hp(e))
+    }
+
     fn cuIpcCloseMemHandle(dptr: u64) {
         let sim = cuda()?;
         with(|o| crate::ipc::close_mem_handle(o, sim, dptr))

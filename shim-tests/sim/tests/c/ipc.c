@@ -1,7 +1,7 @@
 /* Interprocess memory on the simulator, between two processes of one state file: cuIpcGetMemHandle on
  * cuMemAlloc memory, cuIpcOpenMemHandle in another process (same bytes, a reference per open), the exporter's
  * cuMemFree before the importer closes (the memory stays, charged to the exporter, until the last close), and
- * the errors cuda.h documents. Device 0 has 1 GiB and a 64 MiB context. Run by tests/smoke.rs; prints "OK". */
+ * the errors cuda.h documents; and an interprocess event (cuIpcGetEventHandle / cuIpcOpenEventHandle). Device 0 has 1 GiB and a 64 MiB context. Run by tests/smoke.rs; prints "OK". */
 #include <cuda.h>
 #include <nvml.h>
 #include <stdio.h>
@@ -60,6 +60,15 @@ static int importer(int in, int out) {
     step(out, 's');
     CUipcMemHandle h;
     CHECK(read(in, &h, sizeof h) == sizeof h);
+    CUipcEventHandle eh;
+    CHECK(read(in, &eh, sizeof eh) == sizeof eh);
+    CUevent ev = NULL;
+    CU(cuIpcOpenEventHandle(&ev, eh));
+    CU(cuEventSynchronize(ev)); /* recorded by the exporter: done */
+    CU(cuEventQuery(ev));
+    CU(cuStreamWaitEvent(NULL, ev, 0));
+    CU(cuEventRecord(ev, NULL)); /* an importer may record it too */
+    CU(cuEventDestroy(ev));
     CUdeviceptr p = 0, q = 0;
     CU(cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
     CU(cuIpcOpenMemHandle(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
@@ -120,7 +129,18 @@ int main(void) {
     size_t base = used();
     unsigned long long mine = nvml_used(me);
     CHECK(mine >= SIZE);
+    CUevent plain, ev;
+    CUipcEventHandle eh;
+    CU(cuEventCreate(&plain, CU_EVENT_DISABLE_TIMING));
+    CHECK(cuIpcGetEventHandle(&eh, plain) == CUDA_ERROR_INVALID_VALUE); /* not CU_EVENT_INTERPROCESS */
+    CU(cuEventDestroy(plain));
+    CU(cuEventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING));
+    CU(cuEventRecord(ev, NULL));
+    CU(cuIpcGetEventHandle(&eh, ev));
+    CUevent self_ev;
+    CHECK(cuIpcOpenEventHandle(&self_ev, eh) == CUDA_ERROR_INVALID_CONTEXT);
     CHECK(write(down[1], &h, sizeof h) == sizeof h);
+    CHECK(write(down[1], &eh, sizeof eh) == sizeof eh);
     CHECK(wait_for(up[0]) == 'o');
     CHECK(used() == base); /* an importer adds nothing */
     CU(cuMemcpyDtoH(buf, p, 4));
