@@ -71,9 +71,11 @@
 
 #define CUQUOTA_LIMITS_MAGIC 0x54494d494c515543ULL /* "CUQLIMIT" as little-endian bytes */
 #define CUQUOTA_USAGE_MAGIC 0x4547415355515543ULL  /* "CUQUSAGE" as little-endian bytes */
-#define CUQUOTA_ABI_VERSION 3u
+#define CUQUOTA_ABI_VERSION 4u
 #define CUQUOTA_MAX_DEVICES 16
 #define CUQUOTA_MAX_PROCS 1024
+#define CUQUOTA_MAX_SHARED 256
+#define CUQUOTA_SHARED_CLAIMING 0xffffffffffffffffULL
 #define CUQUOTA_THROTTLE_WORDS 8
 #define CUQUOTA_MAX_MEMBERS 1024
 #define CUQUOTA_USAGE_PATH_MAX 504
@@ -170,8 +172,8 @@ struct cuquota_usage_header {
     uint64_t total_size;      /* sizeof(struct cuquota_usage_file) */
     uint32_t max_devices;     /* CUQUOTA_MAX_DEVICES */
     uint32_t max_procs;       /* CUQUOTA_MAX_PROCS */
-    uint32_t proc_high_water; /* one past the highest slot ever claimed */
-    uint32_t _reserved0;
+    uint32_t proc_high_water;   /* one past the highest slot ever claimed */
+    uint32_t shared_high_water; /* one past the highest shared entry ever claimed (ABI 4) */
     uint64_t _reserved[3];
 };
 
@@ -195,10 +197,23 @@ struct cuquota_usage_slot {
     uint64_t _reserved[5];
 };
 
+/* Memory held by several processes of the container (CUDA IPC, shareable VMM handles), counted once (ABI 4). key: 0 free,
+ * CUQUOTA_SHARED_CLAIMING being filled in, else the identity (stored last). Join: increment holders only while
+ * non-zero, then set your slot's bit; leave: clear the bit, decrement; whoever takes holders to 0 frees it. */
+struct cuquota_usage_shared {
+    uint64_t key;
+    uint64_t bytes;                                /* counted toward the container's usage on `device` */
+    uint32_t device;                               /* usage device entry */
+    uint32_t holders;                              /* bits set in holder_slots */
+    uint64_t holder_slots[CUQUOTA_MAX_PROCS / 64]; /* bit i: slot i holds it */
+    uint64_t _reserved[1];
+};
+
 struct cuquota_usage_file {
     struct cuquota_usage_header header;
     struct cuquota_usage_device devices[CUQUOTA_MAX_DEVICES];
     struct cuquota_usage_slot slots[CUQUOTA_MAX_PROCS];
+    struct cuquota_usage_shared shared[CUQUOTA_MAX_SHARED]; /* ABI 4 */
 };
 
 #define CUQUOTA_PRIORITY_MAGIC 0x524f495250515543ULL /* "CUQPRIOR" as little-endian bytes */
@@ -247,7 +262,9 @@ _Static_assert(sizeof(struct cuquota_limits_file) ==
 _Static_assert(sizeof(struct cuquota_usage_header) == 64, "usage header size");
 _Static_assert(sizeof(struct cuquota_usage_device) == 144, "usage device size");
 _Static_assert(sizeof(struct cuquota_usage_slot) == 320, "usage slot size");
-_Static_assert(sizeof(struct cuquota_usage_file) == 64 + 144 * CUQUOTA_MAX_DEVICES + 320 * CUQUOTA_MAX_PROCS,
+_Static_assert(sizeof(struct cuquota_usage_shared) == 160, "usage shared size");
+_Static_assert(sizeof(struct cuquota_usage_file) ==
+                   64 + 144 * CUQUOTA_MAX_DEVICES + 320 * CUQUOTA_MAX_PROCS + 160 * CUQUOTA_MAX_SHARED,
                "usage file size");
 _Static_assert(sizeof(struct cuquota_priority_header) == 64, "priority header size");
 _Static_assert(sizeof(struct cuquota_priority_device) == 192, "priority device size");

@@ -286,7 +286,7 @@ fn init(exports: Exports) -> Process {
 // them. One order, always (a hook never holds a lock of a later group while it waits for one of an earlier
 // group, so taking them in this order cannot deadlock against a running hook):
 //
-//   1. memory: the ledger's shards (in index order), the pools, the graph pools' charges, the graph execs'
+//   1. memory: the ledger's shards (in index order), the VMM lifetimes, the pools, the graph pools' charges, the graph execs'
 //      footprints, the overhead lock, the context/module owners, the host-pid candidates;
 //   2. devices: the agent limits readers (taken under the overhead lock by a limit re-read);
 //   3. throttle: the engine's outstanding probe per device, then the event probe slot per device (a poll holds

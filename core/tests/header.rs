@@ -80,7 +80,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
             max_devices,
             max_procs,
             proc_high_water,
-            _reserved0,
+            shared_high_water,
             _reserved,
         ]
     );
@@ -96,7 +96,18 @@ fn rust_layout() -> BTreeMap<String, u64> {
         "cuquota_usage_slot",
         [owner, start_time, host_pid, flags, mem_used, gpu_ns, _reserved,]
     );
-    fields!(m, UsageFile, "cuquota_usage_file", [header, devices, slots]);
+    fields!(
+        m,
+        UsageShared,
+        "cuquota_usage_shared",
+        [key, bytes, device, holders, holder_slots, _reserved]
+    );
+    fields!(
+        m,
+        UsageFile,
+        "cuquota_usage_file",
+        [header, devices, slots, shared]
+    );
     fields!(
         m,
         PriorityHeader,
@@ -131,12 +142,14 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ]
     );
     fields!(m, PriorityFile, "cuquota_priority_file", [header, devices]);
-    let consts: [(&str, u64); 28] = [
+    let consts: [(&str, u64); 30] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
         ("CUQUOTA_MAX_DEVICES", MAX_DEVICES as u64),
         ("CUQUOTA_MAX_PROCS", MAX_PROCS as u64),
+        ("CUQUOTA_MAX_SHARED", MAX_SHARED as u64),
+        ("CUQUOTA_SHARED_CLAIMING", SHARED_CLAIMING),
         ("CUQUOTA_THROTTLE_WORDS", THROTTLE_WORDS as u64),
         ("CUQUOTA_ENTRY_VALID", LIMITS_ENTRY_VALID.into()),
         ("CUQUOTA_INDEX_ALL", LIMITS_INDEX_ALL.into()),
@@ -286,5 +299,5 @@ fn every_header_struct_field_is_checked() {
             }
         }
     }
-    assert_eq!(structs, 13, "structs found in the header");
+    assert_eq!(structs, 14, "structs found in the header");
 }

@@ -858,3 +858,54 @@ fn slots_exhausted_then_recovered_by_reclaim() {
         "the dead pid's slot was reclaimed on the second pass"
     );
 }
+
+#[test]
+fn shared_memory_counts_once_until_its_last_holder_goes() {
+    let f = TempFile::new("shared");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let dev = r.device(&UUID_A).unwrap();
+    let exporter = r.claim_slot().unwrap();
+    // A holder whose process is gone (reclaimed below).
+    let importer = r.claim_slot_as(i32::MAX as u32 - 3, 1).unwrap();
+    r.try_charge(exporter, dev, G, None).unwrap();
+    // The exporter's charge moves into the entry: the container's usage is unchanged.
+    let (i, moved) = r.share(exporter, dev, 42, G).unwrap();
+    assert!(moved);
+    assert_eq!(r.slot_used(exporter, dev), 0);
+    assert_eq!(r.container_used(dev), G);
+    // Sharing the same key again (a second handle for the allocation) joins, moves nothing.
+    assert_eq!(r.share(exporter, dev, 42, G), Some((i, false)));
+    // An importer joins: still one charge.
+    assert_eq!(r.join_shared(importer, 42), Some(i));
+    assert_eq!(
+        r.join_shared(importer, 7),
+        None,
+        "an unknown key is not this container's"
+    );
+    assert_eq!(r.container_used(dev), G);
+    // The exporter lets go: the importer still holds it.
+    r.unshare(exporter, i, 42);
+    assert_eq!(r.container_used(dev), G);
+    assert_eq!(r.shared(), vec![(42, dev.index(), G, 1)]);
+    // The importer dies: its hold goes with its slot, and the memory with its last holder.
+    assert_eq!(r.reclaim_dead(), 1);
+    assert_eq!(r.container_used(dev), 0);
+    assert!(r.shared().is_empty());
+    assert_eq!(r.join_shared(exporter, 42), None);
+}
+
+#[test]
+fn a_full_shared_table_refuses() {
+    let f = TempFile::new("shared-full");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let dev = r.device(&UUID_A).unwrap();
+    let s = r.claim_slot().unwrap();
+    for k in 0..layout::MAX_SHARED as u64 {
+        assert!(r.share(s, dev, 100 + k, 1).is_some());
+    }
+    assert_eq!(r.share(s, dev, 1, 1), None);
+    // A released slot drops every hold.
+    r.release_slot(s);
+    assert_eq!(r.container_used(dev), 0);
+    assert!(r.shared().is_empty());
+}

@@ -45,6 +45,16 @@ macro_rules! cuda_functions {
             // virtual memory management
             cuMemCreate @10020 (handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::vmm_create(call, handle, size, prop);
             cuMemRelease @10020 (handle: CUmemGenericAllocationHandle) => memory::vmm_release(call, handle);
+            cuMemMap @10020 (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => memory::vmm_map(call, ptr, size, handle);
+            cuMemUnmap @10020 (ptr: CUdeviceptr, size: usize) => memory::vmm_unmap(call, ptr, size);
+            cuMemRetainAllocationHandle @11000 (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => memory::vmm_retain(call, handle);
+            cuMemExportToShareableHandle @10020 (shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) => memory::vmm_export(call, shareableHandle, handle, handleType);
+            cuMemImportFromShareableHandle @10020 (handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType) => memory::vmm_import(call, handle, osHandle, shHandleType);
+            // interprocess memory
+            cuIpcGetMemHandle @4010 (pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) => memory::ipc_get(call, pHandle, dptr);
+            cuIpcOpenMemHandle_v2 @11000 (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint) => memory::ipc_open(call, pdptr, handle);
+            cuIpcOpenMemHandle @4010 (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint) => memory::ipc_open(call, pdptr, handle);
+            cuIpcCloseMemHandle @4010 (dptr: CUdeviceptr) => memory::ipc_close(call, dptr);
             // arrays
             cuArrayCreate_v2 @3020 (pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR) => memory::array_create(call, pHandle, pAllocateArray);
             cuArrayCreate @2000 (pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR_v1) => memory::array_create(call, pHandle, pAllocateArray);
@@ -124,6 +134,7 @@ macro_rules! cuda_functions {
             cuEventSynchronize @2000 (hEvent: CUevent);
             cuEventElapsedTime @2000 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
             cuEventElapsedTime_v2 @12080 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
+            cuMemGetAddressRange_v2 @3020 (pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr);
             cuMemGetAllocationGranularity @10020 (granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags);
             cuMemPoolGetAttribute @11020 (pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
             cuDeviceGetMemPool @11020 (pool: *mut CUmemoryPool, dev: CUdevice);

@@ -67,6 +67,7 @@ c_aliases! { checked_aliases;
     pub type CUgraphNodeType = c_uint;
     pub type CUlimit = c_uint;
     pub type CUdevice_attribute = c_uint;
+    pub type CUmemAllocationHandleType = c_uint;
 }
 
 c_structs! { checked_structs;
@@ -138,6 +139,12 @@ c_structs! { checked_structs;
         pub gpuDirectRDMACapable: u8,
         pub usage: u16,
         pub reserved: [u8; 4],
+    }
+
+    /// `CUipcMemHandle` (passed by value).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUipcMemHandle {
+        pub reserved: [u8; 64],
     }
 
     /// `CUmemAllocationProp`.

@@ -8,8 +8,9 @@
 //!
 //! Sizes: linear and managed allocations are rounded up to the device's allocation granularity; pitched ones
 //! charge pitch × height as returned (admitted as width rounded up to 512 × height); VMM handles charge their
-//! size; arrays charge `cuArrayGetMemoryRequirements` / `cuMipmappedArrayGetMemoryRequirements` (admitted with
-//! an estimate from the descriptor); stream-ordered pools charge their `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+//! size until the memory is really gone (every reference released, every mapping unmapped); arrays charge
+//! `cuArrayGetMemoryRequirements` / `cuMipmappedArrayGetMemoryRequirements` (admitted with an estimate from the
+//! descriptor); stream-ordered pools charge their `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
 
 #![allow(non_snake_case)]
 
@@ -18,8 +19,10 @@ use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::ledger::{Kind, Record, Space};
+use crate::memory::shared::{self, Closed, Export, Hold};
+use crate::memory::vmm::Release;
 use crate::state::Shim;
-use std::ffi::{c_uint, c_void};
+use std::ffi::{c_int, c_uint, c_void};
 
 /// Upper bound the driver's pitch never exceeds (texture pitch alignment).
 const PITCH_ALIGN: u64 = 512;
@@ -163,7 +166,145 @@ pub unsafe fn alloc_pitch<P: Width, N: Width>(
 
 /// `cuMemFree_v2`, legacy `cuMemFree`, `cuMemFreeAsync` (+ `_ptsz`).
 pub fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
-    tracked_free(s, Space::Pointer, dptr.to_u64(), call)
+    let p = dptr.to_u64();
+    match s.mem.shared.take_export(p) {
+        Some(e) => free_exported(s, call, p, e),
+        None => tracked_free(s, Space::Pointer, p, call),
+    }
+}
+
+// ---- interprocess memory (memory::shared) -------------------------------------------------------------------
+
+/// `cuMemFree` of an exported allocation: the charge lives in the container's shared table; this process lets
+/// go of it there (importers may still hold the memory: the charge stays until the last of them closes it).
+fn free_exported(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, e: Export) -> CUresult {
+    let rec = s.mem.ledger.remove(Space::Pointer, p);
+    let r = call();
+    if !r.ok() {
+        if let Some(rec) = rec {
+            s.mem.ledger.insert(Space::Pointer, p, rec);
+        }
+        s.mem.shared.export(p, e);
+        return r;
+    }
+    s.mem.unshare(e.entry, e.key);
+    if let Some(rec) = rec {
+        if e.moved {
+            s.mem.forget_allocated(rec.entry, rec.bytes);
+        } else {
+            s.mem.release_entry(rec.entry, rec.bytes);
+        }
+    }
+    r
+}
+
+/// `cuIpcGetMemHandle`: the allocation's charge moves into the container's shared table under the handle's
+/// key, where an importer of the same container finds it. A full table refuses the export.
+///
+/// # Safety
+/// `handle` as the driver's contract says (written on success).
+pub unsafe fn ipc_get(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    handle: *mut CUipcMemHandle,
+    dptr: CUdeviceptr,
+) -> CUresult {
+    let r = call();
+    if !r.ok() || handle.is_null() || s.mem.shared.exported(dptr).is_some() {
+        return r;
+    }
+    let Some(rec) = s
+        .mem
+        .ledger
+        .get(Space::Pointer, dptr)
+        .filter(|r| r.kind == Kind::Direct)
+    else {
+        return r;
+    };
+    // SAFETY: non-NULL, written by the driver on success.
+    let key = shared::key(&unsafe { *handle }.reserved);
+    match s.mem.share(rec.entry, key, rec.bytes) {
+        Some((entry, moved)) => {
+            s.mem.shared.export(dptr, Export { entry, key, moved });
+            r
+        }
+        None => {
+            log!(
+                Level::Error,
+                "cuIpcGetMemHandle refused: the container's table of memory shared between processes is full \
+                 ({} entries); free exported allocations first",
+                cuquota_core::region::layout::MAX_SHARED
+            );
+            CUresult::ERROR_OUT_OF_MEMORY
+        }
+    }
+}
+
+/// `cuIpcOpenMemHandle(_v2)`: memory this container exported is already charged (the importer joins its
+/// shared entry); memory another container exported is charged to this process until it closes it (refused,
+/// and closed again, when it does not fit).
+///
+/// # Safety
+/// `pdptr` as the driver's contract says (written on success).
+pub unsafe fn ipc_open(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    pdptr: *mut CUdeviceptr,
+    handle: CUipcMemHandle,
+) -> CUresult {
+    let key = shared::key(&handle.reserved);
+    let r = call();
+    if !r.ok() || pdptr.is_null() {
+        return r;
+    }
+    // SAFETY: non-NULL, written by the driver on success.
+    let p = unsafe { *pdptr };
+    if s.mem.shared.open_again(p) {
+        return r;
+    }
+    if let Some(entry) = s.mem.join_shared(key) {
+        s.mem.shared.opened(p, Hold::Shared { entry, key });
+        return r;
+    }
+    let refuse = |why: &str| {
+        log!(Level::Error, "cuIpcOpenMemHandle refused: {why}");
+        // SAFETY: closing the mapping the driver just opened for this call.
+        unsafe { s.cuda.cuIpcCloseMemHandle(p) };
+        CUresult::ERROR_OUT_OF_MEMORY
+    };
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return if s.devices.refuse_unplaced() {
+            refuse("no accounting identity for the current device")
+        } else {
+            r
+        };
+    };
+    let (mut base, mut size) = (0, 0usize);
+    // SAFETY: valid out-pointers; `p` is the mapping just opened.
+    if !unsafe { s.cuda.cuMemGetAddressRange_v2(&mut base, &mut size, p) }.ok() || size == 0 {
+        return refuse("its size is unknown (cuMemGetAddressRange failed)");
+    }
+    let bytes = size as u64;
+    let Ok(_admitted) = s.mem.admit(dev, bytes, &s.cuda, &s.nvml) else {
+        return refuse(&format!(
+            "{bytes} bytes from another container do not fit under the memory limit"
+        ));
+    };
+    s.mem.shared.opened(p, Hold::Charged { dev: dev.id, bytes });
+    r
+}
+
+/// `cuIpcCloseMemHandle`: the last close lets go of the hold.
+pub fn ipc_close(s: &Shim, call: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
+    let r = call();
+    if r.ok() {
+        match s.mem.shared.close(dptr) {
+            Closed::Last(Hold::Shared { entry, key }) => s.mem.unshare(entry, key),
+            Closed::Last(Hold::Charged { dev, bytes }) => s.mem.release_entry(dev, bytes),
+            Closed::StillOpen | Closed::Unknown => {}
+        }
+    }
+    r
 }
 
 // ---- stream-ordered allocator -------------------------------------------------------------------------------
@@ -341,7 +482,8 @@ pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPoo
 
 // ---- virtual memory management ------------------------------------------------------------------------------
 
-/// `cuMemCreate`: charges `size` (granularity-aligned by contract) to `prop.location`.
+/// `cuMemCreate`: charges `size` (granularity-aligned by contract) to `prop.location`, until the memory is
+/// really gone: every reference released and every mapping unmapped (`memory::vmm`).
 ///
 /// # Safety
 /// `handle`, `prop` as the driver's contract says.
@@ -364,17 +506,247 @@ pub unsafe fn vmm_create(
         return untracked(s, call);
     };
     let est = s.devices.round(&s.cuda, dev, size as u64);
-    // SAFETY: written by the driver on success.
-    charged_call(s, dev, est, call, || Some((Space::Vmm, unsafe { *handle }, None)))
+    let mut created = None;
+    let r = charged_call(s, dev, est, call, || {
+        // SAFETY: written by the driver on success.
+        let h = unsafe { *handle };
+        created = Some(h);
+        Some((Space::Vmm, h, None))
+    });
+    if let Some(h) = created {
+        s.mem.vmm.created(h);
+    }
+    r
 }
 
-/// `cuMemRelease`.
+/// `cuMemRelease`: one reference fewer; the charge goes with the last one of an unmapped allocation.
 pub fn vmm_release(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
-    tracked_free(s, Space::Vmm, handle, call)
+    match s.mem.vmm.release(handle) {
+        Release::Untracked => tracked_free(s, Space::Vmm, handle, call),
+        Release::Last => {
+            let rec = s.mem.ledger.remove(Space::Vmm, handle);
+            let r = call();
+            if r.ok() {
+                vmm_gone(s, handle, rec);
+            } else {
+                if let Some(rec) = rec {
+                    s.mem.ledger.insert(Space::Vmm, handle, rec);
+                }
+                s.mem.vmm.undo_release(handle, Release::Last);
+            }
+            r
+        }
+        was @ (Release::Kept | Release::Again) => {
+            let r = call();
+            if !r.ok() {
+                s.mem.vmm.undo_release(handle, was);
+            }
+            r
+        }
+    }
+}
+
+/// `cuMemRetainAllocationHandle`: one more reference to release.
+///
+/// # Safety
+/// `handle` as the driver's contract says.
+pub unsafe fn vmm_retain(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+) -> CUresult {
+    let r = call();
+    if r.ok() && !handle.is_null() {
+        // SAFETY: non-NULL, written by the driver on success.
+        s.mem.vmm.retained(unsafe { *handle });
+    }
+    r
+}
+
+/// `cuMemMap`: a mapping keeps its allocation (and its charge) alive. The first mapping of memory imported from
+/// another container charges its size to this process (no size is known before: fail closed from here on).
+pub fn vmm_map(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    ptr: CUdeviceptr,
+    size: usize,
+    handle: CUmemGenericAllocationHandle,
+) -> CUresult {
+    let foreign = match s.mem.shared.vmm_import(handle) {
+        Some(None) => Some(0),
+        Some(Some(Hold::Charged { bytes, .. })) if bytes < size as u64 => Some(bytes),
+        _ => None,
+    };
+    let Some(had) = foreign else {
+        let r = call();
+        if r.ok() {
+            s.mem.vmm.mapped(ptr, size as u64, handle);
+        }
+        return r;
+    };
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return untracked(s, call);
+    };
+    let more = size as u64 - had;
+    let Ok(_admitted) = s.mem.admit(dev, more, &s.cuda, &s.nvml) else {
+        return CUresult::ERROR_OUT_OF_MEMORY;
+    };
+    let r = call();
+    if r.ok() {
+        s.mem.vmm.mapped(ptr, size as u64, handle);
+        s.mem.shared.vmm_imported(
+            handle,
+            Some(Hold::Charged {
+                dev: dev.id,
+                bytes: size as u64,
+            }),
+        );
+    } else {
+        s.mem.release(dev, more);
+    }
+    r
+}
+
+/// The memory of VMM handle `h` is gone from this process (last reference released, last mapping unmapped):
+/// its charge (`rec`), or its share of the container's shared table, or its import's hold, goes.
+fn vmm_gone(s: &Shim, h: u64, rec: Option<Record>) {
+    if let Some(e) = s.mem.shared.take_vmm_export(h) {
+        s.mem.unshare(e.entry, e.key);
+        if let Some(rec) = rec {
+            if e.moved {
+                s.mem.forget_allocated(rec.entry, rec.bytes);
+            } else {
+                s.mem.release_entry(rec.entry, rec.bytes);
+            }
+        }
+        return;
+    }
+    if let Some(rec) = rec {
+        s.mem.release_entry(rec.entry, rec.bytes);
+    }
+    match s.mem.shared.take_vmm_import(h) {
+        Some(Some(Hold::Shared { entry, key })) => s.mem.unshare(entry, key),
+        Some(Some(Hold::Charged { dev, bytes })) => s.mem.release_entry(dev, bytes),
+        Some(None) | None => {}
+    }
+}
+
+/// `cuMemExportToShareableHandle` (POSIX file descriptor): as `cuIpcGetMemHandle`, the allocation's charge
+/// moves into the container's shared table, keyed by the descriptor's open file. Other handle types
+/// (fabric, Win32) are forwarded, their importers uncharged (docs/interception.md).
+///
+/// # Safety
+/// `shareable` as the driver's contract says (an `int` written on success for a POSIX descriptor).
+pub unsafe fn vmm_export(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    shareable: *mut c_void,
+    handle: CUmemGenericAllocationHandle,
+    handle_type: c_uint,
+) -> CUresult {
+    let r = call();
+    if !r.ok() || shareable.is_null() || handle_type != POSIX_FD || s.mem.shared.vmm_exported(handle) {
+        return r;
+    }
+    let Some(rec) = s.mem.ledger.get(Space::Vmm, handle) else {
+        return r;
+    };
+    // SAFETY: non-NULL; the driver wrote an int descriptor there.
+    let fd = unsafe { *(shareable as *const c_int) };
+    let Some(key) = shared::fd_key(fd) else {
+        return r;
+    };
+    match s.mem.share(rec.entry, key, rec.bytes) {
+        Some((entry, moved)) => {
+            s.mem.shared.vmm_export(handle, Export { entry, key, moved });
+            r
+        }
+        None => {
+            log!(
+                Level::Error,
+                "cuMemExportToShareableHandle refused: the container's table of memory shared between \
+                 processes is full ({} entries); release exported allocations first",
+                cuquota_core::region::layout::MAX_SHARED
+            );
+            // SAFETY: the descriptor the driver just made for this call, never handed to the caller.
+            unsafe { libc::close(fd) };
+            CUresult::ERROR_OUT_OF_MEMORY
+        }
+    }
+}
+
+/// `cuMemImportFromShareableHandle` (POSIX file descriptor): memory this container exported is already
+/// charged (the new handle joins its shared entry); memory another container exported is charged to this
+/// process from its first mapping (`vmm_map`) until its last reference and mapping go.
+///
+/// # Safety
+/// `handle` as the driver's contract says (written on success).
+pub unsafe fn vmm_import(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    handle: *mut CUmemGenericAllocationHandle,
+    os_handle: *mut c_void,
+    handle_type: c_uint,
+) -> CUresult {
+    let key = (handle_type == POSIX_FD)
+        .then(|| shared::fd_key(os_handle as usize as c_int))
+        .flatten();
+    let r = call();
+    if !r.ok() || handle.is_null() || handle_type != POSIX_FD {
+        return r;
+    }
+    // SAFETY: non-NULL, written by the driver on success.
+    let h = unsafe { *handle };
+    if s.mem.ledger.get(Space::Vmm, h).is_some() || s.mem.shared.vmm_import(h).is_some() {
+        // A handle this process has already (the driver gave the same one again): one more reference.
+        s.mem.vmm.retained(h);
+        return r;
+    }
+    s.mem.vmm.created(h);
+    let hold = key.and_then(|key| {
+        Some(Hold::Shared {
+            entry: s.mem.join_shared(key)?,
+            key,
+        })
+    });
+    s.mem.shared.vmm_imported(h, hold);
+    r
+}
+
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const POSIX_FD: c_uint = 1;
+
+/// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
+pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
+    let u = s.mem.vmm.unmap(ptr, size as u64);
+    // Records leave the ledger before the call, as in `tracked_free`: once the memory is gone the driver may
+    // hand the handle value out again.
+    let gone: Vec<(u64, Record)> = u
+        .dead
+        .iter()
+        .filter_map(|&h| Some((h, s.mem.ledger.remove(Space::Vmm, h)?)))
+        .collect();
+    let r = call();
+    if r.ok() {
+        let charged: Vec<u64> = gone.iter().map(|&(h, _)| h).collect();
+        for (h, rec) in gone {
+            vmm_gone(s, h, Some(rec));
+        }
+        // Imports charge nothing in the ledger: their holds go too.
+        for &h in u.dead.iter().filter(|h| !charged.contains(h)) {
+            vmm_gone(s, h, None);
+        }
+    } else {
+        for (h, rec) in gone {
+            s.mem.ledger.insert(Space::Vmm, h, rec);
+        }
+        s.mem.vmm.undo_unmap(u);
+    }
+    r
 }
 
 // ---- arrays -------------------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ pub mod ledger;
 pub mod overhead;
 pub mod pools;
 pub mod reserve;
+pub mod shared;
+pub mod vmm;
 
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
@@ -45,6 +47,10 @@ pub struct Memory {
     devices: Arc<Devices>,
     /// Live allocations of this process.
     pub ledger: Ledger,
+    /// Handle references and mappings of its VMM allocations (when their charge goes).
+    pub vmm: vmm::VmmLives,
+    /// Memory shared with other processes through CUDA IPC.
+    pub shared: shared::SharedMem,
     /// CUDA graph memory pools and execs with alloc nodes.
     pub graph: GraphMem,
     pools: Lock<HashMap<usize, PoolState>>,
@@ -67,6 +73,8 @@ impl Memory {
         Memory {
             devices,
             ledger: Ledger::new(),
+            vmm: vmm::VmmLives::default(),
+            shared: shared::SharedMem::default(),
             graph: GraphMem::new(),
             pools: Lock::new(HashMap::new()),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -216,6 +224,34 @@ impl Memory {
         });
     }
 
+    /// Moves `bytes` this process charged on `id` into the container's shared table under `key` (IPC export):
+    /// the entry index and whether the charge moved (not when `key` had an entry already). `None`: no slot, or
+    /// the table is full.
+    pub fn share(&self, id: DeviceId, key: u64, bytes: u64) -> Option<(usize, bool)> {
+        let slot = self.usage().process_slot().ok()?;
+        self.usage().share(slot, id, key, bytes)
+    }
+
+    /// Holds this container's shared entry under `key`, if there is one (IPC import).
+    pub fn join_shared(&self, key: u64) -> Option<usize> {
+        let slot = self.usage().process_slot().ok()?;
+        self.usage().join_shared(slot, key)
+    }
+
+    /// Lets go of shared entry `entry` (the last holder's going takes its bytes off the container's usage).
+    pub fn unshare(&self, entry: usize, key: u64) {
+        if let Some(slot) = self.usage().cached_slot() {
+            self.usage().unshare(slot, entry, key);
+        }
+    }
+
+    /// This process no longer holds `bytes` on `id` whose charge it had moved to the shared table.
+    pub fn forget_allocated(&self, id: DeviceId, bytes: u64) {
+        let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(bytes))
+        });
+    }
+
     /// Corrects an admitted `estimate` to the `exact` charge.
     pub fn settle(&self, dev: Dev, estimate: u64, exact: u64) {
         if exact > estimate {
@@ -264,6 +300,8 @@ impl Memory {
     pub fn reset_in_child(&self) {
         self.usage().forget_slot_in_child();
         self.ledger.clear();
+        self.vmm.clear();
+        self.shared.clear();
         self.pools.lock().clear();
         self.graph.charged.lock().clear();
         for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
@@ -276,6 +314,8 @@ impl Memory {
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub fn fork_prepare(&self) {
         hold_all(self.ledger.locks());
+        hold_all([self.vmm.lock()]);
+        hold_all([self.shared.lock()]);
         hold_all([&self.pools]);
         hold_all([&self.graph.charged]);
         hold_all([&self.graph.footprints]);
@@ -297,6 +337,8 @@ impl Memory {
             release_all([&self.graph.footprints], side);
             release_all([&self.graph.charged], side);
             release_all([&self.pools], side);
+            release_all([self.shared.lock()], side);
+            release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
         }
     }

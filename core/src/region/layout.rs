@@ -16,12 +16,17 @@ pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
 /// Layout version of both files. Any change of size or meaning bumps it. 2: a device's limits are one
 /// [`PolicyWords`] (with priority and reserved memory) in limits entries and usage device entries alike.
 /// 3: the limits file carries the container's members as the agent sees them ([`LimitsMembers`]) and the
-/// container's usage file ([`LimitsUsage`]).
-pub const ABI_VERSION: u32 = 3;
+/// container's usage file ([`LimitsUsage`]). 4: the usage file's table of memory shared between processes
+/// ([`UsageShared`], `shared_high_water`).
+pub const ABI_VERSION: u32 = 4;
 /// Device entries per file.
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in the usage file.
 pub const MAX_PROCS: usize = 1024;
+/// Entries of the usage file's shared-memory table ([`UsageShared`]).
+pub const MAX_SHARED: usize = 256;
+/// [`UsageShared::key`] while its claimer fills the entry in (0 = free; any other value = the key).
+pub const SHARED_CLAIMING: u64 = u64::MAX;
 /// Member host pids the limits file can hold ([`LimitsMembers`]).
 pub const LIMITS_MAX_MEMBERS: usize = 1024;
 /// Bytes of the usage-file path the limits file can hold ([`LimitsUsage`]).
@@ -257,8 +262,8 @@ pub struct UsageHeader {
     pub max_procs: AtomicU32,
     /// One past the highest slot index ever claimed; sums stop here.
     pub proc_high_water: AtomicU32,
-    /// Zero.
-    pub _reserved0: AtomicU32,
+    /// One past the highest shared-memory entry ever claimed (ABI 4); sums stop here.
+    pub shared_high_water: AtomicU32,
     /// Zero.
     pub _reserved: [AtomicU64; 3],
 }
@@ -301,6 +306,27 @@ pub struct UsageSlot {
     pub _reserved: [AtomicU64; 5],
 }
 
+/// Device memory held by several processes of the container (exported with CUDA IPC or as a shareable VMM
+/// handle) (160 bytes). Its bytes
+/// count once toward the container's usage, whoever holds them, until the last holder lets go; a holder is a
+/// slot (its bit in `holder_slots`), so a dead holder is dropped when its slot is reclaimed.
+#[repr(C)]
+pub struct UsageShared {
+    /// 0 = free, [`SHARED_CLAIMING`] = being filled in, else the identity both processes see (a hash of the
+    /// IPC handle's bytes or of the shareable descriptor's file, never 0 or `SHARED_CLAIMING`); published last.
+    pub key: AtomicU64,
+    /// Bytes charged.
+    pub bytes: AtomicU64,
+    /// Usage device entry charged.
+    pub device: AtomicU32,
+    /// Slots holding it (= bits set in `holder_slots`); the one that takes it to 0 frees the entry.
+    pub holders: AtomicU32,
+    /// Bit `i` (word `i / 64`, bit `i % 64`): slot `i` holds it.
+    pub holder_slots: [AtomicU64; MAX_PROCS / 64],
+    /// Zero.
+    pub _reserved: [AtomicU64; 1],
+}
+
 /// The whole usage file.
 #[repr(C)]
 pub struct UsageFile {
@@ -310,6 +336,8 @@ pub struct UsageFile {
     pub devices: [UsageDevice; MAX_DEVICES],
     /// Process slots.
     pub slots: [UsageSlot; MAX_PROCS],
+    /// Memory shared between processes (ABI 4).
+    pub shared: [UsageShared; MAX_SHARED],
 }
 
 /// `magic` of the priority file: the bytes `CUQPRIOR` read as a little-endian u64.
@@ -410,7 +438,8 @@ const _: () = {
     assert!(std::mem::size_of::<UsageHeader>() == 64);
     assert!(std::mem::size_of::<UsageDevice>() == 144);
     assert!(std::mem::size_of::<UsageSlot>() == 320);
-    assert!(std::mem::size_of::<UsageFile>() == 64 + 144 * MAX_DEVICES + 320 * MAX_PROCS);
+    assert!(std::mem::size_of::<UsageShared>() == 160);
+    assert!(std::mem::size_of::<UsageFile>() == 64 + 144 * MAX_DEVICES + 320 * MAX_PROCS + 160 * MAX_SHARED);
 };
 
 /// UUID bytes → the two words stored in the files.

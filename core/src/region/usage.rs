@@ -13,6 +13,10 @@
 //! - **admission** ([`UsageRegion::try_charge`]): `fetch_add` on the own slot, then sum every slot up to
 //!   `proc_high_water`; over the limit → `fetch_sub` and refuse. All SeqCst: of two racing reservations at
 //!   least one sees the other, so the cap is never exceeded.
+//! - **shared memory** ([`UsageRegion::share`]): an entry free → claiming → key(live) by the first holder,
+//!   which adds the bytes to the entry before taking them off its slot (never counted zero times); others
+//!   join by incrementing `holders` only while it is non-zero; the holder that takes it to zero frees the
+//!   entry. Reclaiming (or releasing) a slot drops its holds. The container's usage sums slots and entries.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
@@ -440,6 +444,7 @@ impl UsageRegion {
             .compare_exchange(w, reclaiming, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
+            self.drop_holds(slot.index());
             Self::zero_and_free(s, reclaiming);
         }
         self.unlock(slot.index());
@@ -531,6 +536,7 @@ impl UsageRegion {
                 .compare_exchange(w, reclaiming, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
+                self.drop_holds(i);
                 Self::zero_and_free(s, reclaiming);
                 n += 1;
             }
@@ -696,14 +702,145 @@ impl UsageRegion {
         prev.min(bytes)
     }
 
-    /// Bytes the whole container has charged on `dev` (sum over slots; saturating).
+    /// Bytes the whole container has charged on `dev` (sum over slots and shared entries; saturating).
     pub fn container_used(&self, dev: DeviceId) -> u64 {
         let d = dev.index();
-        self.file().slots[..self.high_water()]
+        let slots = self.file().slots[..self.high_water()]
             .iter()
             .fold(0u64, |acc, s| {
                 acc.saturating_add(s.mem_used[d].load(Ordering::SeqCst))
+            });
+        slots.saturating_add(self.shared_used(dev))
+    }
+
+    // ---- memory shared between processes (not on the allocation path) ------------------------------------
+
+    fn shared_high_water(&self) -> usize {
+        (self.file().header.shared_high_water.load(Ordering::SeqCst) as usize).min(MAX_SHARED)
+    }
+
+    /// Bytes of shared entries on `dev` (one atomic load while none was ever claimed).
+    pub fn shared_used(&self, dev: DeviceId) -> u64 {
+        self.file().shared[..self.shared_high_water()]
+            .iter()
+            .filter(|e| {
+                let k = e.key.load(Ordering::SeqCst);
+                k != 0 && k != SHARED_CLAIMING && e.device.load(Ordering::SeqCst) as usize == dev.index()
             })
+            .fold(0u64, |acc, e| acc.saturating_add(e.bytes.load(Ordering::SeqCst)))
+    }
+
+    fn find_shared(&self, key: u64) -> Option<usize> {
+        self.file().shared[..self.shared_high_water()]
+            .iter()
+            .position(|e| e.key.load(Ordering::Acquire) == key)
+    }
+
+    /// Moves `bytes` that `slot` charged on `dev` into a new shared entry under `key` held by `slot` (the
+    /// container's usage is unchanged); when `key` already has an entry, joins it instead (and keeps the slot's
+    /// charge: a second identity for one allocation must not free anything). Returns the entry index and
+    /// whether the slot's charge moved; `None` when the table is full.
+    pub fn share(&self, slot: SlotId, dev: DeviceId, key: u64, bytes: u64) -> Option<(usize, bool)> {
+        let key = shared_key(key);
+        if let Some(i) = self.join_shared(slot, key) {
+            return Some((i, false));
+        }
+        let f = self.file();
+        let i = f.shared.iter().position(|e| {
+            e.key
+                .compare_exchange(0, SHARED_CLAIMING, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })?;
+        let e = &f.shared[i];
+        e.bytes.store(bytes, Ordering::SeqCst);
+        e.device.store(dev.index() as u32, Ordering::SeqCst);
+        for w in &e.holder_slots {
+            w.store(0, Ordering::SeqCst);
+        }
+        e.holder_slots[slot.index() / 64].fetch_or(1 << (slot.index() % 64), Ordering::SeqCst);
+        e.holders.store(1, Ordering::SeqCst);
+        f.header
+            .shared_high_water
+            .fetch_max(i as u32 + 1, Ordering::SeqCst);
+        e.key.store(key, Ordering::SeqCst);
+        // Counted in the entry now: the slot's charge can go.
+        self.uncharge(slot, dev, bytes);
+        Some((i, true))
+    }
+
+    /// `slot` holds the entry under `key`, if this container has one (a process holds an entry once).
+    pub fn join_shared(&self, slot: SlotId, key: u64) -> Option<usize> {
+        let key = shared_key(key);
+        let i = self.find_shared(key)?;
+        let e = &self.file().shared[i];
+        let bit = 1u64 << (slot.index() % 64);
+        if e.holder_slots[slot.index() / 64].load(Ordering::SeqCst) & bit != 0 {
+            return Some(i);
+        }
+        e.holders
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |h| (h > 0).then_some(h + 1))
+            .ok()?;
+        if e.key.load(Ordering::SeqCst) != key {
+            // Freed and reused between the look-up and the increment: not ours to hold.
+            e.holders.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        e.holder_slots[slot.index() / 64].fetch_or(bit, Ordering::SeqCst);
+        Some(i)
+    }
+
+    /// `slot` lets go of shared entry `i` (`key` as given to [`UsageRegion::share`]); the last holder frees it.
+    pub fn unshare(&self, slot: SlotId, i: usize, key: u64) {
+        let key = shared_key(key);
+        if self
+            .file()
+            .shared
+            .get(i)
+            .is_some_and(|e| e.key.load(Ordering::SeqCst) == key)
+        {
+            self.drop_hold(slot.index(), i);
+        }
+    }
+
+    fn drop_hold(&self, slot: usize, i: usize) {
+        let e = &self.file().shared[i];
+        let bit = 1u64 << (slot % 64);
+        if e.holder_slots[slot / 64].fetch_and(!bit, Ordering::SeqCst) & bit == 0 {
+            return;
+        }
+        if e.holders.fetch_sub(1, Ordering::SeqCst) == 1 {
+            let k = e.key.load(Ordering::SeqCst);
+            if k != 0 && k != SHARED_CLAIMING {
+                e.key.store(SHARED_CLAIMING, Ordering::SeqCst);
+                e.bytes.store(0, Ordering::SeqCst);
+                e.key.store(0, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Drops every hold of `slot` (it is being freed).
+    fn drop_holds(&self, slot: usize) {
+        for i in 0..self.shared_high_water() {
+            self.drop_hold(slot, i);
+        }
+    }
+
+    /// Shared entries, copied out: (key, device entry index, bytes, holders).
+    pub fn shared(&self) -> Vec<(u64, usize, u64, u32)> {
+        self.file().shared[..self.shared_high_water()]
+            .iter()
+            .filter_map(|e| {
+                let k = e.key.load(Ordering::SeqCst);
+                (k != 0 && k != SHARED_CLAIMING).then(|| {
+                    (
+                        k,
+                        e.device.load(Ordering::SeqCst) as usize,
+                        e.bytes.load(Ordering::SeqCst),
+                        e.holders.load(Ordering::SeqCst),
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Bytes `slot` has charged on `dev`.
@@ -738,5 +875,14 @@ impl UsageRegion {
     /// The slot's GPU time on `dev` (ns).
     pub fn gpu_ns(&self, slot: SlotId, dev: DeviceId) -> &AtomicU64 {
         &self.file().slots[slot.index()].gpu_ns[dev.index()]
+    }
+}
+
+/// A key as the table stores it: never 0 (free) or [`SHARED_CLAIMING`].
+fn shared_key(key: u64) -> u64 {
+    match key {
+        0 => 1,
+        SHARED_CLAIMING => SHARED_CLAIMING - 1,
+        k => k,
     }
 }

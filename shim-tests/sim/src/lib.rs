@@ -8,7 +8,7 @@
 //!
 //! Layout: `abi/` holds every export (thin, panic-safe wrappers); the other modules are plain Rust, one job
 //! each: `config` (env), `state` (the shared file), `sim` (process-wide state), `device` (visibility and
-//! attributes), `context`, `memory`, `pool`, `vmm`, `array`, `code` (compiled images), `module`, `stream`, `timeline`, `launch`,
+//! attributes), `context`, `memory`, `ipc`, `pool`, `vmm`, `array`, `code` (compiled images), `module`, `stream`, `timeline`, `launch`,
 //! `graph`, `nvml`, `proc_address` (+ the generated `proc_table` and `stubs`), `export_table` (the runtime's
 //! private tables), `errors`, `fault` (injected errors, `CUDASIM_FAULT`), `types` (header values and layouts).
 
@@ -23,6 +23,7 @@ mod export_table;
 mod fault;
 mod graph;
 mod graph_mem;
+mod ipc;
 mod launch;
 mod memory;
 mod module;

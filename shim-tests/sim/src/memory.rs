@@ -81,6 +81,8 @@ pub(crate) enum AllocKind {
     ModuleGlobal,
     /// The address range of a graph alloc node (memory comes from the device's graph pool when launched).
     Graph,
+    /// Another process's allocation opened with cuIpcOpenMemHandle (closed with cuIpcCloseMemHandle).
+    Ipc,
 }
 
 /// One live device allocation.
@@ -268,12 +270,15 @@ pub(crate) fn free(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<()> {
     let a = o.mem.allocs.get(&p).cloned().ok_or(CUDA_ERROR_INVALID_VALUE)?;
     match a.kind {
         AllocKind::Pool(pool) => crate::pool::free(o, sim, pool, p),
-        AllocKind::ModuleGlobal => Err(CUDA_ERROR_INVALID_VALUE),
+        AllocKind::ModuleGlobal | AllocKind::Ipc => Err(CUDA_ERROR_INVALID_VALUE),
         AllocKind::Graph => crate::graph_mem::free(o, p),
         AllocKind::Device | AllocKind::Managed => {
             o.mem.allocs.remove(&p);
+            let exported = crate::ipc::free_export(o, sim, p, a.len);
             o.mem.give_range(a.phys, p, a.len);
-            sim.uncharge(a.phys, a.len);
+            if !exported {
+                sim.uncharge(a.phys, a.len);
+            }
             Ok(())
         }
     }

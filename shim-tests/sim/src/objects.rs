@@ -76,6 +76,7 @@ pub(crate) struct Objects {
     /// Alloc node address ranges → references (the node, and each exec holding it).
     pub graph_vas: HashMap<u64, u32>,
     pub vmm: Vmm,
+    pub ipc: crate::ipc::Ipc,
     /// Per (physical device): the last ring interval this process wrote (index, end), to extend it when
     /// the next kernel follows on directly.
     pub last_interval: BTreeMap<usize, (u64, u64)>,

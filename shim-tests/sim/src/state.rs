@@ -11,14 +11,19 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 
 use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
-/// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks.
-const LAYOUT_VERSION: u64 = 3;
+/// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
+/// 4: IPC memory exports.
+const LAYOUT_VERSION: u64 = 4;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
 /// Kernel intervals remembered per device (for NVML utilisation).
 pub(crate) const RING: usize = 16384;
 const INIT_READY: u32 = u32::MAX;
+/// Most cuIpcGetMemHandle exports alive at a time (per state file).
+pub(crate) const MAX_IPC: usize = 256;
+/// `IpcExport::word`: the exporter freed its allocation (the low 32 bits count importers' opens).
+pub(crate) const IPC_FREED: u64 = 1 << 32;
 
 /// File header: the configuration the creator wrote.
 #[repr(C)]
@@ -82,12 +87,29 @@ pub(crate) struct ProcSlot {
     pub contexts: [AtomicU64; MAX_DEVICES],
 }
 
+/// One allocation exported (cuIpcGetMemHandle, cuMemExportToShareableHandle). Its bytes stay charged to the
+/// exporter's slot until the exporter has let go and no importer holds it (importers that die let go), or the
+/// exporter dies.
+#[repr(C)]
+pub(crate) struct IpcExport {
+    /// 0 = free entry; else the export's id, published last (Release) once the fields below are written.
+    pub id: AtomicU64,
+    /// Opens by importers (low 32 bits) | `IPC_FREED`.
+    pub word: AtomicU64,
+    pub slot: AtomicU32,
+    pub phys: AtomicU32,
+    pub bytes: AtomicU64,
+    /// Bit `i` (word `i / 64`): slot `i` has it open (an importer's death drops its open).
+    pub holders: [AtomicU64; MAX_PROCS / 64],
+}
+
 /// The whole file.
 #[repr(C)]
 pub(crate) struct SharedState {
     pub header: Header,
     pub devices: [DeviceState; MAX_DEVICES],
     pub procs: [ProcSlot; MAX_PROCS],
+    pub ipc: [IpcExport; MAX_IPC],
 }
 
 const SLOT_FREE: u32 = 0;
@@ -409,6 +431,17 @@ impl SharedState {
                     slot.mem_used[d].store(0, Relaxed);
                     slot.contexts[d].store(0, Relaxed);
                 }
+                // Its opens of others' exports go (the last one returns their memory)...
+                for (j, e) in self.ipc.iter().enumerate() {
+                    if e.holders[i / 64].load(SeqCst) & (1 << (i % 64)) != 0 {
+                        self.ipc_drop(j, e.id.load(Acquire), Some(i));
+                    }
+                }
+                // ...and its exports go with its memory: an importer's later close must not uncharge the slot's
+                // next owner.
+                for e in self.ipc.iter().filter(|e| e.slot.load(Relaxed) == i as u32) {
+                    e.id.store(0, Release);
+                }
                 slot.flags.store(0, Relaxed);
                 slot.state.store(SLOT_FREE, Release);
             }
@@ -450,6 +483,66 @@ impl SharedState {
     pub(crate) fn uncharge(&self, slot: usize, dev: usize, bytes: u64) {
         let _ =
             self.procs[slot].mem_used[dev].fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
+    }
+
+    /// Records an export of `bytes` on `phys` charged to `slot`; its entry index, or None when the table is full.
+    pub(crate) fn ipc_export(&self, id: u64, slot: usize, phys: usize, bytes: u64) -> Option<usize> {
+        const CLAIMING: u64 = u64::MAX;
+        let i = self
+            .ipc
+            .iter()
+            .position(|e| e.id.compare_exchange(0, CLAIMING, AcqRel, Relaxed).is_ok())?;
+        let e = &self.ipc[i];
+        e.word.store(0, Relaxed);
+        e.slot.store(slot as u32, Relaxed);
+        e.phys.store(phys as u32, Relaxed);
+        e.bytes.store(bytes, Relaxed);
+        for w in &e.holders {
+            w.store(0, SeqCst);
+        }
+        e.id.store(id, Release);
+        Some(i)
+    }
+
+    /// An importer (process slot `slot`, once per process) opens export `id` at entry `i`: false when it is
+    /// gone or its exporter let go already.
+    pub(crate) fn ipc_open(&self, i: usize, id: u64, slot: usize) -> bool {
+        let Some(e) = self.ipc.get(i).filter(|e| e.id.load(Acquire) == id) else {
+            return false;
+        };
+        let ok = e
+            .word
+            .fetch_update(AcqRel, Acquire, |w| (w & IPC_FREED == 0).then_some(w + 1))
+            .is_ok()
+            && e.id.load(Acquire) == id;
+        if ok {
+            e.holders[slot / 64].fetch_or(1 << (slot % 64), SeqCst);
+        }
+        ok
+    }
+
+    /// The exporter lets go (`importer == None`) or importer slot `importer` closes export `id` at entry `i`:
+    /// the last one returns the bytes to the exporter's slot and frees the entry.
+    pub(crate) fn ipc_drop(&self, i: usize, id: u64, importer: Option<usize>) {
+        let Some(e) = self.ipc.get(i).filter(|e| e.id.load(Acquire) == id) else {
+            return;
+        };
+        if let Some(s) = importer {
+            if e.holders[s / 64].fetch_and(!(1 << (s % 64)), SeqCst) & (1 << (s % 64)) == 0 {
+                return; // dropped already (its process was reclaimed)
+            }
+        }
+        let close = importer.is_some();
+        let old = if close {
+            e.word.fetch_sub(1, AcqRel)
+        } else {
+            e.word.fetch_or(IPC_FREED, AcqRel)
+        };
+        let last = if close { old == IPC_FREED | 1 } else { old == 0 };
+        if last && e.id.compare_exchange(id, 0, AcqRel, Acquire).is_ok() {
+            let (slot, phys) = (e.slot.load(Relaxed) as usize, e.phys.load(Relaxed) as usize);
+            self.uncharge(slot, phys, e.bytes.load(Relaxed));
+        }
     }
 
     /// Live slots as (pid in the owner's namespace, slot); NVML reports `slot.host_pid`.

@@ -43,6 +43,9 @@ pub(crate) struct Event {
     pub flags: u32,
     /// When the recorded work completes; `None` until recorded.
     pub time: Option<u64>,
+    /// Shared with other processes (`ipc`): the address of the 8-byte memfd mapping holding the completion
+    /// time every process sees (0 = never recorded), and our memfd (-1 in an importer).
+    pub ipc: Option<(usize, i32)>,
 }
 
 /// Creates a stream in `ctx` (the first one a context gets is its NULL stream).
@@ -175,12 +178,7 @@ pub(crate) fn enqueue(
 
 /// cuStreamWaitEvent: later work on `s` starts after the event's work.
 pub(crate) fn wait_event(o: &mut Objects, s: u64, ev: u64) -> CuResult<()> {
-    let t = o
-        .events
-        .get(&ev)
-        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-        .time
-        .unwrap_or(0);
+    let t = crate::ipc::event_time(o.events.get(&ev).ok_or(CUDA_ERROR_INVALID_HANDLE)?).unwrap_or(0);
     let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     st.tail = st.tail.max(t);
     Ok(())
@@ -195,6 +193,7 @@ pub(crate) fn event_create(o: &mut Objects, ctx: u64, flags: u32) -> u64 {
             ctx,
             flags,
             time: None,
+            ipc: None,
         },
     );
     h
@@ -203,7 +202,9 @@ pub(crate) fn event_create(o: &mut Objects, ctx: u64, flags: u32) -> u64 {
 /// cuEventRecord: the event completes when the work queued on `s` so far does (or now, if idle).
 pub(crate) fn event_record(o: &mut Objects, ev: u64, s: u64) -> CuResult<()> {
     let t = done_time(o, s).max(now_ns());
-    o.events.get_mut(&ev).ok_or(CUDA_ERROR_INVALID_HANDLE)?.time = Some(t);
+    let e = o.events.get_mut(&ev).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    e.time = Some(t);
+    crate::ipc::publish(e);
     Ok(())
 }
 
@@ -227,6 +228,7 @@ pub(crate) fn event_at_device_position(o: &mut Objects, sim: &crate::sim::Sim, e
         if let Some(t) = e.time.as_mut() {
             *t = (*t).max(busy);
         }
+        crate::ipc::publish(e);
     }
 }
 

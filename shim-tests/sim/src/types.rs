@@ -20,6 +20,16 @@ pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
 pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
 pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
 pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_MAP_FAILED: CUresult = 205;
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+
+/// CUipcMemHandle (passed by value).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
 pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
 pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
@@ -57,6 +67,7 @@ pub const CU_STREAM_LEGACY: usize = 1;
 pub const CU_STREAM_PER_THREAD: usize = 2;
 pub const CU_STREAM_NON_BLOCKING: u32 = 1;
 pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
+pub const CU_EVENT_INTERPROCESS: u32 = 4;
 pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
 pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
 

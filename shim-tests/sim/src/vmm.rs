@@ -1,10 +1,11 @@
 //! Virtual memory management (cuMemCreate / cuMemAddressReserve / cuMemMap / cuMemSetAccess / cuMemUnmap /
 //! cuMemRelease / cuMemAddressFree), as PyTorch's expandable segments, NCCL and JAX use it.
 //!
-//! A physical allocation is a memfd of its size, charged to its device from cuMemCreate until it is both
-//! released and unmapped (the real driver's lifetime rule). An address reservation is a `PROT_NONE` range;
-//! cuMemMap maps the memfd there (`MAP_SHARED | MAP_FIXED`, so two mappings of one allocation share bytes),
-//! cuMemSetAccess makes it accessible, cuMemUnmap puts the reservation back.
+//! A physical allocation is a memfd of its size, charged to its device from cuMemCreate until every handle
+//! reference is released (cuMemCreate's, and one more per cuMemRetainAllocationHandle) and every mapping is
+//! unmapped (the real driver's lifetime rule, cuda.h on cuMemRelease). An address reservation is a `PROT_NONE`
+//! range; cuMemMap maps the memfd there (`MAP_SHARED | MAP_FIXED`, so two mappings of one allocation share
+//! bytes), cuMemSetAccess makes it accessible, cuMemUnmap puts the reservation back.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +20,13 @@ pub(crate) struct PhysAlloc {
     pub size: u64,
     fd: i32,
     maps: u32,
-    released: bool,
+    /// Handle references not yet released (cuMemCreate: 1; each cuMemRetainAllocationHandle: +1).
+    refs: u32,
+    /// `CUmemAllocationProp::requestedHandleTypes` of cuMemCreate (what it may be exported as).
+    handle_types: u32,
+    /// Shared with other processes (`state::IpcExport` entry, id = the memfd's inode): exported by this process
+    /// (`false`) or imported from another (`true`). Its charge lives with the export entry.
+    shared: Option<(usize, u64, bool)>,
 }
 
 /// One mapping inside a reservation.
@@ -105,34 +112,151 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocation
             size,
             fd,
             maps: 0,
-            released: false,
+            refs: 1,
+            handle_types: prop.requested_handle_types,
+            shared: None,
+        },
+    );
+    Ok(h)
+}
+
+fn inode(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: stat is plain data; fstat on a descriptor the caller holds.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_ino, st.st_size as u64))
+    }
+}
+
+/// cuMemExportToShareableHandle (POSIX file descriptor): a new descriptor of the allocation's memfd, which the
+/// caller owns. The first export records the allocation in the shared state: from then on its memory lives
+/// (charged to this process) until every process holding it let go.
+pub(crate) fn export(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<i32> {
+    let a = o
+        .vmm
+        .handles
+        .get_mut(&h)
+        .filter(|a| a.refs > 0)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    if a.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if a.shared.is_none() {
+        let (ino, _) = inode(a.fd).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        let slot = sim.slot()?;
+        let entry = sim
+            .shared
+            .ipc_export(ino, slot, a.phys, a.size)
+            .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+        a.shared = Some((entry, ino, false));
+    }
+    // SAFETY: duplicating our memfd for the caller.
+    let fd = unsafe { libc::fcntl(a.fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(fd)
+}
+
+/// cuMemImportFromShareableHandle (POSIX file descriptor from another process's export): a new handle to the
+/// same memory, charged to nobody here (the exporter's charge lasts while any process holds it).
+pub(crate) fn import(o: &mut Objects, sim: &Sim, fd: i32, handle_type: u32) -> CuResult<u64> {
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let (ino, size) = inode(fd).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let entry = sim
+        .shared
+        .ipc
+        .iter()
+        .position(|e| e.id.load(std::sync::atomic::Ordering::Acquire) == ino)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let phys = sim.shared.ipc[entry]
+        .phys
+        .load(std::sync::atomic::Ordering::Relaxed) as usize;
+    let ordinal = sim
+        .visible
+        .iter()
+        .position(|&v| v == phys)
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    if let Some((&h, a)) = o
+        .vmm
+        .handles
+        .iter_mut()
+        .find(|(_, a)| a.shared.is_some_and(|s| s.1 == ino))
+    {
+        // Imported (or created) here already: the same allocation, one more reference.
+        a.refs += 1;
+        return Ok(h);
+    }
+    let slot = sim.slot()?;
+    if !sim.shared.ipc_open(entry, ino, slot) {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    // SAFETY: duplicating the caller's descriptor; we own the copy.
+    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if own < 0 {
+        sim.shared.ipc_drop(entry, ino, Some(slot));
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let h = new_handle(Kind::VmmHandle);
+    o.vmm.handles.insert(
+        h,
+        PhysAlloc {
+            ordinal,
+            phys,
+            size,
+            fd: own,
+            maps: 0,
+            refs: 1,
+            handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            shared: Some((entry, ino, true)),
         },
     );
     Ok(h)
 }
 
 fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
-    let done = o.vmm.handles.get(&h).is_some_and(|a| a.released && a.maps == 0);
+    let done = o.vmm.handles.get(&h).is_some_and(|a| a.refs == 0 && a.maps == 0);
     if done {
         if let Some(a) = o.vmm.handles.remove(&h) {
             // SAFETY: closing the memfd this module opened; no mapping uses it any more.
             unsafe { libc::close(a.fd) };
-            sim.uncharge(a.phys, a.size);
+            match a.shared {
+                // Shared: the memory (and the exporter's charge) goes when the last process lets go.
+                Some((entry, id, imported)) => {
+                    sim.shared
+                        .ipc_drop(entry, id, if imported { sim.slot().ok() } else { None })
+                }
+                None => sim.uncharge(a.phys, a.size),
+            }
         }
     }
 }
 
-/// cuMemRelease: the memory goes back once it is also unmapped everywhere.
+/// cuMemRelease: drops one handle reference; the memory goes back once none is left and nothing maps it.
 pub(crate) fn release(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()> {
     let a = o
         .vmm
         .handles
         .get_mut(&h)
-        .filter(|a| !a.released)
+        .filter(|a| a.refs > 0)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    a.released = true;
+    a.refs -= 1;
     drop_if_unused(o, sim, h);
     Ok(())
+}
+
+/// cuMemRetainAllocationHandle: the handle that maps `p` (the same value), with one more reference that needs
+/// its own cuMemRelease.
+pub(crate) fn retain(o: &mut Objects, p: u64) -> CuResult<u64> {
+    let (_, m) = o.vmm.mapping_at(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let a = o.vmm.handles.get_mut(&m.handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    a.refs += 1;
+    Ok(m.handle)
 }
 
 /// cuMemAddressReserve: `size` bytes aligned to `align` (0 = granularity), at `addr` if given and free.
@@ -186,7 +310,7 @@ pub(crate) fn map(o: &mut Objects, sim: &Sim, p: u64, size: u64, offset: u64, h:
         .vmm
         .handles
         .get(&h)
-        .filter(|a| !a.released)
+        .filter(|a| a.refs > 0)
         .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     if offset + size > a.size {
         return Err(CUDA_ERROR_INVALID_VALUE);

@@ -126,6 +126,20 @@ fn c_program_runs_on_the_simulator() {
 }
 
 #[test]
+fn ipc_memory_between_two_processes() {
+    let s = setup("ipc", "run");
+    assert_eq!(run(&s, &[], CONFIG).trim(), "OK");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[test]
+fn shareable_vmm_handles_between_two_processes() {
+    let s = setup("vmm_share", "run");
+    assert_eq!(run(&s, &[], CONFIG).trim(), "OK");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+#[test]
 fn graph_memory_nodes_and_pool() {
     let s = setup("graph_mem", "run");
     assert_eq!(run(&s, &[], CONFIG).trim(), "OK");

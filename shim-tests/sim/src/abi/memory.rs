@@ -887,10 +887,74 @@ cuda_fn! {
         Ok(())
     }
 
+    fn cuMemExportToShareableHandle(shareable: *mut c_void, handle: u64, handle_type: u32, flags: u64) {
+        let sim = cuda()?;
+        if shareable.is_null() || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let fd = with(|o| vmm::export(o, sim, handle, handle_type))?;
+        out(shareable as *mut i32, fd)
+    }
+
+    fn cuMemImportFromShareableHandle(handle: *mut u64, os_handle: *mut c_void, handle_type: u32) {
+        let sim = cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = with(|o| vmm::import(o, sim, os_handle as usize as i32, handle_type))?;
+        out(handle, h)
+    }
+
+    // ---- interprocess memory ----
+
+    fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, dptr: u64) {
+        let sim = cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let b = with(|o| crate::ipc::get_mem_handle(o, sim, dptr))?;
+        out(handle, CUipcMemHandle { reserved: b })
+    }
+
+    fn cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: CUipcMemHandle, flags: u32) {
+        let sim = cuda()?;
+        if dptr.is_null() || flags & !CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = with(|o| crate::ipc::open_mem_handle(o, sim, &handle.reserved))?;
+        out(dptr, p)
+    }
+
+    fn cuIpcGetEventHandle(handle: *mut CUipcMemHandle, event: *mut c_void) {
+        cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let b = with(|o| crate::ipc::get_event_handle(o, h(event)))?;
+        out(handle, CUipcMemHandle { reserved: b })
+    }
+
+    fn cuIpcOpenEventHandle(event: *mut *mut c_void, handle: CUipcMemHandle) {
+        let sim = cuda()?;
+        if event.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let e = with(|o| crate::ipc::open_event_handle(o, sim, &handle.reserved))?;
+        out(event, hp(e))
+    }
+
+    fn cuIpcCloseMemHandle(dptr: u64) {
+        let sim = cuda()?;
+        with(|o| crate::ipc::close_mem_handle(o, sim, dptr))
+    }
+
     fn cuMemRetainAllocationHandle(handle: *mut u64, addr: *mut c_void) {
         cuda()?;
-        let m = with(|o| o.vmm.mapping_at(addr as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        out(handle, m.1.handle)
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let h = with(|o| vmm::retain(o, addr as u64))?;
+        out(handle, h)
     }
 
     // ---- arrays ----
@@ -1042,6 +1106,7 @@ cuda_fn! {
 }
 
 alias! {
+    cuIpcOpenMemHandle => cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: CUipcMemHandle, flags: u32);
     cuMemcpyHtoD_v2_ptds => cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize);
     cuMemcpyDtoH_v2_ptds => cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize);
     cuMemcpyDtoD_v2_ptds => cuMemcpyDtoD_v2(dst: u64, src: u64, n: usize);

@@ -44,7 +44,7 @@ fn event_destroy(e: Handle) -> CuResult<()> {
     with(|o| {
         o.events
             .remove(&h(e))
-            .map(|_| ())
+            .map(|e| crate::ipc::event_destroyed(&e))
             .ok_or(CUDA_ERROR_INVALID_HANDLE)
     })
 }
@@ -295,7 +295,7 @@ cuda_fn! {
 
     fn cuEventQuery(e: Handle) {
         cuda()?;
-        let t = with(|o| o.events.get(&h(e)).map(|e| e.time)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let t = with(|o| o.events.get(&h(e)).map(crate::ipc::event_time)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         match t {
             Some(t) if t > now_ns() => Err(CUDA_ERROR_NOT_READY),
             _ => Ok(()),
@@ -304,7 +304,7 @@ cuda_fn! {
 
     fn cuEventSynchronize(e: Handle) {
         let sim = cuda()?;
-        let t = with(|o| o.events.get(&h(e)).map(|e| e.time)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let t = with(|o| o.events.get(&h(e)).map(crate::ipc::event_time)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         sleep_until(t.unwrap_or(0));
         with(|o| pool::trim_all_to_threshold(o, sim));
         Ok(())

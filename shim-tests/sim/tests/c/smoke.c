@@ -5,6 +5,7 @@
 #include <cuda.h>
 #include <nvml.h>
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,6 +331,37 @@ int main(int argc, char **argv) {
         CHECK(used_now() == 68 * MB); /* still mapped */
         CU(cuMemUnmap(va, 4 * MB));
         CHECK(used_now() == 64 * MB);
+        CU(cuMemAddressFree(va, 8 * MB));
+    }
+
+    /* A retained handle needs its own release: the memory lives until every reference is released and every
+     * mapping unmapped (cuda.h, cuMemRetainAllocationHandle and cuMemRelease). */
+    {
+        CUmemAllocationProp prop = {0};
+        CUmemAccessDesc acc = {0};
+        CUmemGenericAllocationHandle hdl, again = 0;
+        CUdeviceptr va;
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = 0;
+        CU(cuMemCreate(&hdl, 4 * MB, &prop, 0));
+        CU(cuMemAddressReserve(&va, 8 * MB, 0, 0, 0));
+        CU(cuMemMap(va, 4 * MB, 0, hdl, 0));
+        CU(cuMemMap(va + 4 * MB, 4 * MB, 0, hdl, 0));
+        acc.location = prop.location;
+        acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CU(cuMemSetAccess(va, 8 * MB, &acc, 1));
+        CU(cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)(va + 5 * MB)));
+        CHECK(again == hdl); /* the same handle value */
+        CU(cuMemRelease(hdl));
+        CU(cuMemUnmap(va, 4 * MB));
+        CHECK(used_now() == 68 * MB); /* one mapping and the retained reference left */
+        CU(cuMemUnmap(va + 4 * MB, 4 * MB));
+        CHECK(used_now() == 68 * MB); /* the retained reference */
+        CHECK(cuMemRetainAllocationHandle(&again, (void *)(uintptr_t)va) == CUDA_ERROR_INVALID_VALUE);
+        CU(cuMemRelease(hdl));
+        CHECK(used_now() == 64 * MB);
+        CHECK(cuMemRelease(hdl) == CUDA_ERROR_INVALID_VALUE);
         CU(cuMemAddressFree(va, 8 * MB));
     }
 

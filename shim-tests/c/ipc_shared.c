@@ -1,0 +1,301 @@
+/* ipc_shared: memory shared between two processes with CUDA IPC, as a hostile tenant uses it (#11 class 1).
+ * cuda.h calls cuMemFree of exported memory before the importers close it undefined; a driver that counts
+ * references keeps it alive for the importer. A shim that un-charges at the exporter's cuMemFree lets the
+ * container allocate the same memory again while the importer still holds it.
+ *
+ *   ipc_shared CMD...   forks an importer (re-executed, so it loads its own libraries; with
+ *                       CQ_IMPORTER_USAGE_FILE set it runs in that container) and runs CMD on the primary
+ *                       context of device 0 of the exporter; every command prints key=value lines:
+ *     alloc:I:SIZE      exporter: cuMemAlloc of SIZE (k/m/g) into slot I, written to         alloc.I=<result>
+ *     export:I          exporter: cuIpcGetMemHandle of slot I                                export.I=<result>
+ *     free:I            exporter: cuMemFree of slot I                                          free.I=<result>
+ *     open:I            importer: cuIpcOpenMemHandle of slot I's handle, reads a byte      open=<result> read=0|1
+ *     close             importer: cuIpcCloseMemHandle of its last open                           close=<result>
+ *     ialloc:SIZE       importer: cuMemAlloc (kept until exit)                                   ialloc=<result>
+ *     vcreate:I:SIZE    exporter: cuMemCreate of SIZE, shareable as a POSIX descriptor, mapped read-write and
+ *                       written, into slot I                                                 vcreate.I=<result>
+ *     vexport:I         exporter: cuMemExportToShareableHandle of slot I; the descriptor goes to the importer
+ *                       (SCM_RIGHTS), which imports, maps and reads it  vexport.I=<result> vimport=<result> vread=0|1
+ *     vfree:I           exporter: cuMemRelease + cuMemUnmap of slot I                          vfree.I=<result>
+ *     vclose            importer: cuMemRelease + cuMemUnmap of its last import                    vclose=<result>
+ *     kill              the importer dies by SIGKILL, holding whatever it holds                        killed=1
+ *     used              the simulator's own used bytes on device 0 (NVML, past any interposer)     used=
+ *     charged           exporter's cuMemGetInfo total − free: what the shim charged its container  charged=
+ *   and done=1 at the end.
+ */
+#include "cq_driver.h"
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define SLOTS 16
+static CUdeviceptr ptrs[SLOTS];
+static CUipcMemHandle handles[SLOTS];
+
+static int slot(const char *s) {
+    int i = atoi(s);
+    if (i < 0 || i >= SLOTS) {
+        fprintf(stderr, "ipc_shared: slot %d out of range\n", i);
+        exit(2);
+    }
+    return i;
+}
+
+static CUmemGenericAllocationHandle vhandles[SLOTS];
+static CUdeviceptr vmaps[SLOTS];
+static size_t vsizes[SLOTS];
+
+static CUmemAccessDesc access0(void) {
+    CUmemAccessDesc a;
+    memset(&a, 0, sizeof a);
+    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    a.location.id = 0;
+    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return a;
+}
+
+/* Reserves, maps and opens `size` bytes of handle `h`. */
+static CUresult vmap(CUmemGenericAllocationHandle h, size_t size, CUdeviceptr *va) {
+    CUmemAccessDesc a = access0();
+    CUresult r = cuMemAddressReserve(va, size, 0, 0, 0);
+    if (!r) r = cuMemMap(*va, size, 0, h, 0);
+    if (!r) r = cuMemSetAccess(*va, size, &a, 1);
+    return r;
+}
+
+static CUresult vfree(CUmemGenericAllocationHandle h, CUdeviceptr va, size_t size) {
+    CUresult r = cuMemRelease(h);
+    if (!r) r = cuMemUnmap(va, size);
+    if (!r) r = cuMemAddressFree(va, size);
+    return r;
+}
+
+static void send_fd(int sock, int fd, size_t size) {
+    struct iovec iov = {&size, sizeof size};
+    char ctl[CMSG_SPACE(sizeof(int))];
+    memset(ctl, 0, sizeof ctl);
+    struct msghdr m = {0};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+    if (sendmsg(sock, &m, 0) != sizeof size) exit(2);
+}
+
+static int recv_fd(int sock, size_t *size) {
+    struct iovec iov = {size, sizeof *size};
+    char ctl[CMSG_SPACE(sizeof(int))];
+    struct msghdr m = {0};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl;
+    m.msg_controllen = sizeof ctl;
+    if (recvmsg(sock, &m, 0) != sizeof *size) return -1;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+    int fd = -1;
+    if (cm && cm->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+    return fd;
+}
+
+static int context(void) {
+    CUdevice dev;
+    CUcontext ctx;
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
+        fprintf(stderr, "ipc_shared: no context\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* The importer: reads one command letter (+ a handle for 'o') at a time, answers with a byte when done. */
+static int importer(int in, int out, int sock) {
+    if (context()) return 2;
+    CUdeviceptr opened[SLOTS];
+    int n = 0;
+    CUmemGenericAllocationHandle vh[SLOTS];
+    CUdeviceptr vva[SLOTS];
+    size_t vsz[SLOTS];
+    int vn = 0;
+    for (;;) {
+        char c = 0;
+        if (read(in, &c, 1) != 1 || c == 'q') break;
+        if (c == 'k') raise(SIGKILL);
+        if (c == 'o') {
+            CUipcMemHandle h;
+            if (read(in, &h, sizeof h) != sizeof h) return 2;
+            CUdeviceptr p = 0;
+            CUresult r = cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+            unsigned char b = 0;
+            int ok = !r && !cuMemcpyDtoH(&b, p, 1) && b == 0x5a;
+            if (!r && n < SLOTS) opened[n++] = p;
+            printf("open=%s\nread=%d\n", cq_err(r), ok);
+        } else if (c == 'c') {
+            printf("close=%s\n", cq_err(n ? cuIpcCloseMemHandle(opened[--n]) : CUDA_ERROR_INVALID_VALUE));
+        } else if (c == 'v') {
+            size_t size = 0;
+            int fd = recv_fd(sock, &size);
+            CUmemGenericAllocationHandle h = 0;
+            CUresult r = cuMemImportFromShareableHandle(&h, (void *)(long)fd,
+                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+            close(fd);
+            CUdeviceptr va = 0;
+            if (!r) r = vmap(h, size, &va);
+            unsigned char b = 0;
+            int ok = !r && !cuMemcpyDtoH(&b, va, 1) && b == 0x5a;
+            if (!r && vn < SLOTS) {
+                vh[vn] = h;
+                vva[vn] = va;
+                vsz[vn++] = size;
+            }
+            printf("vimport=%s\nvread=%d\n", cq_err(r), ok);
+        } else if (c == 'x') {
+            CUresult r = CUDA_ERROR_INVALID_VALUE;
+            if (vn) {
+                vn--;
+                r = vfree(vh[vn], vva[vn], vsz[vn]);
+            }
+            printf("vclose=%s\n", cq_err(r));
+        } else if (c == 'a') {
+            size_t size = 0;
+            if (read(in, &size, sizeof size) != sizeof size) return 2;
+            CUdeviceptr p = 0;
+            printf("ialloc=%s\n", cq_err(cuMemAlloc(&p, size)));
+        }
+        fflush(stdout);
+        if (write(out, &c, 1) != 1) return 2;
+    }
+    return 0;
+}
+
+static int down, up;
+static void ask(char c, const void *data, size_t len) {
+    char ack = 0;
+    if (write(down, &c, 1) != 1 || (len && write(down, data, len) != (ssize_t)len) || read(up, &ack, 1) != 1) {
+        fprintf(stderr, "ipc_shared: importer gone\n");
+        exit(2);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--importer") == 0)
+        return importer(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]));
+    int d[2], u[2], sv[2];
+    if (pipe(d) || pipe(u) || socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return 2;
+    fflush(stdout);
+    pid_t child = fork();
+    if (child == 0) {
+        const char *usage = getenv("CQ_IMPORTER_USAGE_FILE");
+        if (usage) setenv("CUQUOTA_USAGE_FILE", usage, 1);
+        char a[16], b[16], c[16];
+        snprintf(a, sizeof a, "%d", d[0]);
+        snprintf(b, sizeof b, "%d", u[1]);
+        snprintf(c, sizeof c, "%d", sv[1]);
+        execl("/proc/self/exe", argv[0], "--importer", a, b, c, (char *)NULL);
+        _exit(127);
+    }
+    down = d[1];
+    up = u[0];
+    int sock = sv[0];
+    close(d[0]);
+    close(u[1]);
+    close(sv[1]);
+    if (context()) return 2;
+    for (int a = 1; a < argc; a++) {
+        const char *c = argv[a];
+        char x[64] = "", y[64] = "";
+        if (sscanf(c, "alloc:%63[^:]:%63s", x, y) == 2) {
+            int i = slot(x);
+            CUresult r = cuMemAlloc(&ptrs[i], (size_t)cq_size(y));
+            if (!r) r = cuMemsetD8(ptrs[i], 0x5a, (size_t)cq_size(y));
+            printf("alloc.%d=%s\n", i, cq_err(r));
+        } else if (sscanf(c, "vcreate:%63[^:]:%63s", x, y) == 2) {
+            int i = slot(x);
+            CUmemAllocationProp p;
+            memset(&p, 0, sizeof p);
+            p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            p.location.id = 0;
+            p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            vsizes[i] = (size_t)cq_size(y);
+            CUresult r = cuMemCreate(&vhandles[i], vsizes[i], &p, 0);
+            if (!r) r = vmap(vhandles[i], vsizes[i], &vmaps[i]);
+            if (!r) r = cuMemsetD8(vmaps[i], 0x5a, vsizes[i]);
+            printf("vcreate.%d=%s\n", i, cq_err(r));
+        } else if (sscanf(c, "vexport:%63s", x) == 1) {
+            int i = slot(x), fd = -1;
+            CUresult r = cuMemExportToShareableHandle(&fd, vhandles[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+            printf("vexport.%d=%s\n", i, cq_err(r));
+            fflush(stdout);
+            if (!r) {
+                send_fd(sock, fd, vsizes[i]);
+                close(fd);
+                ask('v', NULL, 0);
+            }
+        } else if (sscanf(c, "vfree:%63s", x) == 1) {
+            int i = slot(x);
+            printf("vfree.%d=%s\n", i, cq_err(vfree(vhandles[i], vmaps[i], vsizes[i])));
+        } else if (strcmp(c, "kill") == 0) {
+            char k = 'k';
+            int status = 0;
+            if (write(down, &k, 1) != 1 || waitpid(child, &status, 0) != child || !WIFSIGNALED(status)) {
+                fprintf(stderr, "ipc_shared: the importer did not die\n");
+                return 2;
+            }
+            child = 0;
+            printf("killed=1\n");
+        } else if (strcmp(c, "vclose") == 0) {
+            fflush(stdout);
+            ask('x', NULL, 0);
+        } else if (sscanf(c, "export:%63s", x) == 1) {
+            int i = slot(x);
+            printf("export.%d=%s\n", i, cq_err(cuIpcGetMemHandle(&handles[i], ptrs[i])));
+        } else if (sscanf(c, "free:%63s", x) == 1) {
+            int i = slot(x);
+            printf("free.%d=%s\n", i, cq_err(cuMemFree(ptrs[i])));
+        } else if (sscanf(c, "open:%63s", x) == 1) {
+            fflush(stdout);
+            ask('o', &handles[slot(x)], sizeof(CUipcMemHandle));
+        } else if (strcmp(c, "close") == 0) {
+            fflush(stdout);
+            ask('c', NULL, 0);
+        } else if (sscanf(c, "ialloc:%63s", x) == 1) {
+            size_t size = (size_t)cq_size(x);
+            fflush(stdout);
+            ask('a', &size, sizeof size);
+        } else if (strcmp(c, "charged") == 0) {
+            size_t f = 0, t = 0;
+            CUresult r = cuMemGetInfo(&f, &t);
+            if (r) {
+                fprintf(stderr, "ipc_shared: cuMemGetInfo: %s\n", cq_err(r));
+                return 2;
+            }
+            printf("charged=%zu\n", t - f);
+        } else if (strcmp(c, "used") == 0) {
+            cq_rawmem m;
+            if (cq_raw_nvml_mem(0, &m)) {
+                fprintf(stderr, "ipc_shared: simulator NVML unreachable\n");
+                return 2;
+            }
+            printf("used=%llu\n", m.used);
+        } else {
+            fprintf(stderr, "ipc_shared: bad command %s\n", c);
+            return 2;
+        }
+        fflush(stdout);
+    }
+    char q = 'q';
+    int status = 0;
+    if (child && (write(down, &q, 1) != 1 || waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+                  WEXITSTATUS(status))) {
+        fprintf(stderr, "ipc_shared: importer failed\n");
+        return 2;
+    }
+    printf("done=1\n");
+    return 0;
+}

@@ -1,0 +1,130 @@
+//! #11 class 1, the lifetime of virtual-memory-management allocations: memory made with `cuMemCreate` lives
+//! until every handle reference is released (`cuMemCreate`'s and one per `cuMemRetainAllocationHandle`) and
+//! every mapping is unmapped (cuda.h on `cuMemRelease`). The attack (`c/vmm_lifetime.c`): create 512 MiB, map
+//! it, release the handle and keep using the mapping, then allocate 768 MiB more under a 1 GiB cap. A shim that
+//! un-charges at `cuMemRelease` grants it, and the simulated GPU — the ground truth, its NVML used bytes read
+//! past the shim — holds 1280 MiB for a container capped at 1 GiB. The charge now follows the physical
+//! allocation until it is really gone.
+
+use shim_tests::{compile_c, workspace_root, Output, Sim, MIB};
+use std::path::PathBuf;
+
+const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
+const OK: &str = "CUDA_SUCCESS";
+
+fn attack() -> PathBuf {
+    compile_c(
+        "vmm_lifetime",
+        &workspace_root().join("shim-tests/c/vmm_lifetime.c"),
+        &[],
+        &["-DCQ_DIRECT", "-lcuda", "-ldl"],
+    )
+}
+
+/// Runs `vmm_lifetime` with `cmds` under a 1 GiB cap on a fresh 16 GiB simulator.
+fn run(cmds: &str) -> Output {
+    run_with(cmds, &[])
+}
+
+fn run_with(cmds: &str, env: &[(&str, &str)]) -> Output {
+    let sim = Sim::new().build();
+    let mut c = sim.cmd_path(attack()).mem_limit("1g").args(cmds);
+    for (k, v) in env {
+        c = c.env(k, v);
+    }
+    let out = c.run();
+    out.ok();
+    out
+}
+
+/// At each `charged used` pair, the shim's charge equals what the driver holds (no context overhead here).
+#[track_caller]
+fn exact(out: &Output) {
+    let charged = out.all("charged");
+    assert_eq!(charged, out.all("used"), "charge ≠ the driver's figure:\n{out:?}");
+    assert!(!charged.is_empty(), "{out:?}");
+}
+
+/// The simulator's own used bytes at each `used` command never exceed the cap.
+#[track_caller]
+fn within_cap(out: &Output) {
+    for u in out.all("used") {
+        let u: u64 = u.parse().expect("used=<bytes>");
+        assert!(
+            u <= 1024 * MIB,
+            "the simulated GPU holds {} MiB under a 1 GiB cap:\n{out:?}",
+            u / MIB
+        );
+    }
+}
+
+#[test]
+fn released_but_still_mapped_memory_stays_charged() {
+    let out = run("create:0:512m map:0:0 release:0 charged used alloc:768m charged used");
+    out.expect("create.0", OK)
+        .expect("map.0", OK)
+        .expect("release.0", OK);
+    // The driver still holds the 512 MiB (the mapping keeps it alive)...
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    // ...so 768 MiB more does not fit under 1 GiB.
+    out.expect("alloc", OOM);
+    within_cap(&out);
+    exact(&out);
+}
+
+#[test]
+fn the_charge_goes_when_the_last_mapping_goes() {
+    // Two mappings of one allocation: one charge; it goes with the second unmap, not the release or the first.
+    let out = run("create:0:512m map:0:0 map:1:0 release:0 unmap:0 alloc:768m unmap:1 used alloc:768m used");
+    out.expect("unmap.0", OK).expect("unmap.1", OK);
+    assert_eq!(out.all("alloc"), vec![OOM, OK], "{out:?}");
+    assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
+    assert_eq!(out.nth_num("used", 1), 768 * MIB, "{out:?}");
+    within_cap(&out);
+}
+
+#[test]
+fn a_retained_handle_keeps_the_charge_until_its_own_release() {
+    let out = run(
+        "create:0:512m map:0:0 retain:1:0 release:0 unmap:0 charged used alloc:768m release:1 charged used \
+         alloc:768m charged used",
+    );
+    out.expect("retain.1", OK).expect("retain.1.same", "1");
+    out.expect("release.0", OK).expect("release.1", OK);
+    // Released once and unmapped, the retained reference still holds the memory: on the GPU and in the charge.
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    assert_eq!(out.nth_num("used", 1), 0, "{out:?}");
+    assert_eq!(out.all("alloc"), vec![OOM, OK], "{out:?}");
+    within_cap(&out);
+    exact(&out);
+}
+
+#[test]
+fn create_and_release_unmapped_still_gives_the_memory_back() {
+    // The ordinary path: never mapped, released → gone at once, in the driver and in the charge.
+    let out = run("create:0:768m release:0 used alloc:768m used");
+    out.expect("release.0", OK).expect("alloc", OK);
+    assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
+    within_cap(&out);
+}
+
+#[test]
+fn a_refused_unmap_or_release_keeps_the_charge_exact() {
+    // The driver refuses the first cuMemUnmap: the mapping (and the memory) stays, so does the charge.
+    let out = run_with(
+        "create:0:256m map:0:0 release:0 unmap:0 charged used unmap:0 charged used",
+        &[("CUDASIM_FAULT", "cuMemUnmap:1:DEVICE_LOST")],
+    );
+    assert_eq!(out.all("unmap.0"), vec!["CUDA_ERROR_UNKNOWN", OK], "{out:?}");
+    assert_eq!(out.nth_num("used", 0), 256 * MIB, "{out:?}");
+    exact(&out);
+    // The driver refuses the first cuMemRelease: the reference stays, so the unmap does not end the memory.
+    let out = run_with(
+        "create:0:256m map:0:0 release:0 unmap:0 charged used release:0 charged used",
+        &[("CUDASIM_FAULT", "cuMemRelease:1:DEVICE_LOST")],
+    );
+    assert_eq!(out.all("release.0"), vec!["CUDA_ERROR_UNKNOWN", OK], "{out:?}");
+    assert_eq!(out.nth_num("used", 0), 256 * MIB, "{out:?}");
+    assert_eq!(out.nth_num("used", 1), 0, "{out:?}");
+    exact(&out);
+}

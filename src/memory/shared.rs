@@ -1,0 +1,211 @@
+//! Memory this process shares with other processes through CUDA IPC (`cuIpcGetMemHandle` /
+//! `cuIpcOpenMemHandle` / `cuIpcCloseMemHandle`) and shareable VMM handles (`cuMemExportToShareableHandle` /
+//! `cuMemImportFromShareableHandle`, POSIX file descriptors, keyed by the descriptor's open file). cuda.h calls the exporter's `cuMemFree` before the importers
+//! close undefined; a driver that counts references keeps the memory, so its charge must not go with the free.
+//! An exported allocation's charge lives in the container's shared table (usage region, keyed by a hash of
+//! the handle's bytes, which both processes see) until its last holder lets go; an import whose key is not in
+//! this container's table (another container exported it) is charged to this process while it holds it.
+//! Not on the allocation path: one mutex, never held across a driver call.
+
+use crate::locks::Lock;
+use cuquota_core::DeviceId;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// What an open import holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// A hold on this container's shared entry.
+    Shared {
+        /// Entry index.
+        entry: usize,
+        /// The handle's key.
+        key: u64,
+    },
+    /// Charged to this process (another container's export).
+    Charged {
+        /// Device entry charged.
+        dev: DeviceId,
+        /// Bytes charged.
+        bytes: u64,
+    },
+}
+
+/// An exported allocation: its shared entry, its key, and whether this process's charge moved there.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Export {
+    /// Shared entry index.
+    pub entry: usize,
+    /// The handle's key.
+    pub key: u64,
+    /// This process's charge moved into the entry (else it stayed on the process).
+    pub moved: bool,
+}
+
+/// What a `cuIpcCloseMemHandle` did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Not an address this process opened (the driver answered).
+    Unknown,
+    /// Opened more than once: one reference fewer.
+    StillOpen,
+    /// The last reference: its hold goes.
+    Last(Hold),
+}
+
+#[derive(Default)]
+pub(crate) struct Table {
+    exports: HashMap<u64, Export>,
+    /// Device pointer → (hold, opens).
+    imports: HashMap<u64, (Hold, u32)>,
+    /// Exported VMM handles (`cuMemExportToShareableHandle`) → their export.
+    vmm_exports: HashMap<u64, Export>,
+    /// Imported VMM handles (`cuMemImportFromShareableHandle`) → their hold (`None`: another container's,
+    /// nothing charged until it is mapped).
+    vmm_imports: HashMap<u64, Option<Hold>>,
+}
+
+/// The process's exports and imports.
+#[derive(Default)]
+pub struct SharedMem {
+    table: Lock<Table>,
+    /// Set by the first export: until then `cuMemFree` does not look here (one relaxed load).
+    any_export: AtomicBool,
+}
+
+/// The identity of a shareable POSIX file descriptor both processes compute: its open file (`st_dev`,
+/// `st_ino`), the same across `SCM_RIGHTS` and `pidfd_getfd`. `None` when `fd` is not open.
+pub fn fd_key(fd: i32) -> Option<u64> {
+    // SAFETY: stat is plain data; fstat only reads the descriptor's file.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st)?
+    };
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&(st.st_dev as u64).to_le_bytes());
+    b[8..].copy_from_slice(&(st.st_ino as u64).to_le_bytes());
+    Some(key(&b))
+}
+
+/// The identity of an IPC handle both processes compute: FNV-1a of its bytes.
+pub fn key(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl SharedMem {
+    /// The export of the allocation at `p`, if it was exported.
+    pub fn exported(&self, p: u64) -> Option<Export> {
+        self.table.lock().exports.get(&p).copied()
+    }
+
+    /// Records that the allocation at `p` was exported.
+    pub fn export(&self, p: u64, e: Export) {
+        self.any_export.store(true, Ordering::Release);
+        self.table.lock().exports.insert(p, e);
+    }
+
+    /// The allocation at `p` is being freed: its export, if any.
+    pub fn take_export(&self, p: u64) -> Option<Export> {
+        if !self.any_export.load(Ordering::Acquire) {
+            return None;
+        }
+        self.table.lock().exports.remove(&p)
+    }
+
+    /// `cuIpcOpenMemHandle` returned `p` again (the driver counts a reference): true if it was open already.
+    pub fn open_again(&self, p: u64) -> bool {
+        match self.table.lock().imports.get_mut(&p) {
+            Some((_, n)) => {
+                *n += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `cuIpcOpenMemHandle` returned `p`, holding `hold`.
+    pub fn opened(&self, p: u64, hold: Hold) {
+        self.table.lock().imports.insert(p, (hold, 1));
+    }
+
+    /// `cuIpcCloseMemHandle(p)` succeeded.
+    pub fn close(&self, p: u64) -> Closed {
+        let mut t = self.table.lock();
+        let Some((hold, n)) = t.imports.get_mut(&p) else {
+            return Closed::Unknown;
+        };
+        *n -= 1;
+        if *n > 0 {
+            return Closed::StillOpen;
+        }
+        let hold = *hold;
+        t.imports.remove(&p);
+        Closed::Last(hold)
+    }
+
+    /// The VMM handle `h` was exported.
+    pub fn vmm_export(&self, h: u64, e: Export) {
+        self.table.lock().vmm_exports.insert(h, e);
+    }
+
+    /// Whether VMM handle `h` was exported.
+    pub fn vmm_exported(&self, h: u64) -> bool {
+        self.table.lock().vmm_exports.contains_key(&h)
+    }
+
+    /// The memory of VMM handle `h` is gone here: its export, if any.
+    pub fn take_vmm_export(&self, h: u64) -> Option<Export> {
+        self.table.lock().vmm_exports.remove(&h)
+    }
+
+    /// `cuMemImportFromShareableHandle` returned `h`, holding `hold`.
+    pub fn vmm_imported(&self, h: u64, hold: Option<Hold>) {
+        self.table.lock().vmm_imports.insert(h, hold);
+    }
+
+    /// The hold of imported VMM handle `h` (`Some(None)`: imported, nothing charged yet); `None`: not an import.
+    pub fn vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+        self.table.lock().vmm_imports.get(&h).copied()
+    }
+
+    /// The memory of imported VMM handle `h` is gone here: its hold.
+    pub fn take_vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+        self.table.lock().vmm_imports.remove(&h)
+    }
+
+    /// Forgets everything (a forked child: the parent's exports and imports are not its own).
+    pub fn clear(&self) {
+        *self.table.lock() = Table::default();
+    }
+
+    /// The lock, for the fork handlers.
+    pub(crate) fn lock(&self) -> &Lock<Table> {
+        &self.table
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_open_needs_its_own_close() {
+        let (_r, dev) = crate::memory::tests::device_id();
+        let m = SharedMem::default();
+        let hold = Hold::Charged { dev, bytes: 7 };
+        assert!(!m.open_again(0x1000));
+        m.opened(0x1000, hold);
+        assert!(m.open_again(0x1000));
+        assert_eq!(m.close(0x1000), Closed::StillOpen);
+        assert_eq!(m.close(0x1000), Closed::Last(hold));
+        assert_eq!(m.close(0x1000), Closed::Unknown);
+    }
+
+    #[test]
+    fn keys_differ_by_handle() {
+        assert_ne!(key(&[1u8; 64]), key(&[2u8; 64]));
+        assert_eq!(key(&[1u8; 64]), key(&[1u8; 64]));
+    }
+}
