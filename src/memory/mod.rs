@@ -28,7 +28,7 @@ use ledger::Ledger;
 use overhead::Holdings;
 use pools::{GraphMem, PoolState};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
@@ -157,8 +157,24 @@ impl Memory {
         }
     }
 
+    /// Whether the usage file can still be trusted to enforce `limit` (`None`: nothing to enforce). A file
+    /// another process of the container truncated, zeroed or overwrote fails closed: refused, said once.
+    fn shared_ok(&self, limit: Option<u64>) -> Result<(), OverCap> {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if limit.is_none() {
+            return Ok(());
+        }
+        self.usage().check().map_err(|e| {
+            if !SAID.swap(true, Ordering::Relaxed) {
+                log!(Level::Error, "{e}");
+            }
+            OverCap
+        })
+    }
+
     /// The container-cap part of [`Memory::admit`].
     fn charge_cap(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> Result<(), OverCap> {
+        self.shared_ok(limit)?;
         let slot = match self.usage().process_slot() {
             Ok(s) => s,
             Err(e) => {
@@ -168,6 +184,11 @@ impl Memory {
             }
         };
         match self.usage().charge(slot, dev.id, bytes, limit) {
+            // The charge itself may be what faulted on a truncated file (its zero pages admit anything).
+            Ok(()) if self.shared_ok(limit).is_err() => {
+                self.usage().uncharge(slot, dev.id, bytes);
+                Err(OverCap)
+            }
             Ok(()) => {
                 self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
                 Ok(())
@@ -241,9 +262,14 @@ impl Memory {
             let delta = target - cur;
             let slot = self.usage().process_slot().map_err(|_| OverCap)?;
             let limit = if admit { self.limit(dev) } else { None };
+            self.shared_ok(limit)?;
             self.usage()
                 .charge(slot, dev.id, delta, limit)
                 .map_err(|_| OverCap)?;
+            if let Err(e) = self.shared_ok(limit) {
+                self.usage().uncharge(slot, dev.id, delta);
+                return Err(e);
+            }
         } else if target < cur {
             if let Some(slot) = self.usage().cached_slot() {
                 self.usage().uncharge(slot, dev.id, cur - target);

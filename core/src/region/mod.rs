@@ -18,6 +18,7 @@
 
 mod claim;
 mod error;
+mod fault;
 mod header;
 pub mod layout;
 mod limits;

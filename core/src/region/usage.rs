@@ -215,7 +215,9 @@ impl UsageRegion {
     }
 
     fn open_with(path: &Path, access: Access) -> Result<UsageRegion, RegionError> {
-        let map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>())?;
+        let mut map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>())?;
+        // Every process of the container can truncate this file: survive it (fault.rs) and fail closed.
+        map.guard_truncation();
         let region = UsageRegion {
             map,
             own_slot: AtomicU32::new(NO_SLOT),
@@ -260,6 +262,26 @@ impl UsageRegion {
     /// The mapped file.
     pub fn path(&self) -> &Path {
         self.map.path()
+    }
+
+    /// Whether the shared accounting can still be trusted, checked before anything is admitted against it:
+    /// `Err` when the file was truncated under this process's mapping (which then holds private zero pages)
+    /// or its header no longer says what this version wrote (another process overwrote it: bad magic, ABI
+    /// version or sizes). A few atomic loads.
+    pub fn check(&self) -> Result<(), RegionError> {
+        let broken = |what| RegionError::Broken {
+            path: self.path().to_path_buf(),
+            what,
+        };
+        // Read the header first: on a truncated file that read is what faults and breaks the mapping.
+        let header = self.validate(false);
+        if self.map.is_broken() {
+            return Err(broken("truncated"));
+        }
+        match header {
+            Err(RegionError::NotInitialized { .. }) => Err(broken("zeroed")),
+            r => r,
+        }
     }
 
     fn high_water(&self) -> usize {

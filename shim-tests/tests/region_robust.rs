@@ -1,0 +1,116 @@
+//! #11 class 7: the usage file every process of a container must be able to write is not trusted for
+//! enforcement. The attacks (`c/region_attack.c`) truncate it, overwrite its header with garbage or zero it
+//! while another process of the container is mid-run. That process must survive (a truncated mapping faults
+//! with SIGBUS) and must not be granted more than the cap: judged by the simulator's own memory figures
+//! (`probe simused`), not by the shim's accounting.
+
+use shim_tests::{compile_c, workspace_root, Output, Prog, Sim};
+use std::path::PathBuf;
+
+fn region_attack() -> PathBuf {
+    compile_c(
+        "region_attack",
+        &workspace_root().join("shim-tests/c/region_attack.c"),
+        &[],
+        &["-lcuda"],
+    )
+}
+
+const MIB: u64 = 1 << 20;
+
+/// A process under a 1 GiB cap holds 512 MiB; `attack` runs against the usage file while it waits; then it
+/// asks for 256 MiB (within the cap by its own view) and 768 MiB (past it) and reads the simulator's figures.
+fn victim_under_attack(attack: &str) -> Output {
+    let sim = Sim::new().build();
+    let usage = sim.usage_file();
+    let mut victim = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:512m wait alloc:mem:256m alloc:mem:768m simused")
+        .spawn();
+    victim.wait_ready(1);
+    sim.cmd_path(region_attack())
+        .args(attack)
+        .arg(usage.to_str().unwrap())
+        .run()
+        .ok();
+    victim.release();
+    let out = victim.finish();
+    println!("{out:?}");
+    assert!(
+        out.success(),
+        "{attack}: the victim did not survive the attack on the usage file: {out:?}"
+    );
+    out.expect("alloc.0", "CUDA_SUCCESS");
+    // Ground truth: the simulator never handed out more than the cap.
+    let used = out.num("sim.used.0");
+    assert!(
+        used <= 1024 * MIB,
+        "{attack}: the simulator shows {} MiB in use under a 1 GiB cap",
+        used / MIB
+    );
+    out
+}
+
+#[test]
+fn truncating_the_usage_file_neither_crashes_a_running_process_nor_unlocks_memory() {
+    let out = victim_under_attack("truncate 0");
+    // Fail closed: the shared accounting is gone, so nothing more is admitted.
+    out.expect("alloc.1", "CUDA_ERROR_OUT_OF_MEMORY");
+    out.expect("alloc.2", "CUDA_ERROR_OUT_OF_MEMORY");
+    assert!(
+        out.stderr.contains("was truncated"),
+        "the refusal is not explained: {}",
+        out.stderr
+    );
+    // The header page and this process's slot (both in the first page) stay; the rest goes. What the process
+    // reads is still the file's content, or faults (and fails closed): its 512 MiB stay charged, so 256 MiB
+    // more fit and 768 MiB more do not.
+    let out = victim_under_attack("truncate 4096");
+    out.expect("alloc.1", "CUDA_SUCCESS");
+    out.expect("alloc.2", "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+#[test]
+fn a_garbage_header_fails_closed_with_the_error_named() {
+    let out = victim_under_attack("garbage");
+    out.expect("alloc.1", "CUDA_ERROR_OUT_OF_MEMORY");
+    out.expect("alloc.2", "CUDA_ERROR_OUT_OF_MEMORY");
+    assert!(
+        out.stderr.contains("magic"),
+        "the refusal does not name the bad header field: {}",
+        out.stderr
+    );
+}
+
+#[test]
+fn zeroing_the_usage_file_fails_closed_in_running_processes() {
+    let out = victim_under_attack("zero");
+    out.expect("alloc.1", "CUDA_ERROR_OUT_OF_MEMORY");
+    out.expect("alloc.2", "CUDA_ERROR_OUT_OF_MEMORY");
+    assert!(
+        out.stderr.contains("was zeroed"),
+        "the refusal is not explained: {}",
+        out.stderr
+    );
+}
+
+#[test]
+fn a_program_with_its_own_sigbus_handler_keeps_it() {
+    let sim = Sim::new().build();
+    let usage = sim.usage_file();
+    let out = sim
+        .cmd_path(region_attack())
+        .mem_limit("1g")
+        .args("own_handler")
+        .arg(usage.to_str().unwrap())
+        .arg("256")
+        .run();
+    println!("{out:?}");
+    assert!(out.success(), "the program did not survive: {out:?}");
+    out.expect("first", "0");
+    // 2 = CUDA_ERROR_OUT_OF_MEMORY: refused after the truncation, though well within the cap.
+    out.expect("second", "2");
+    // Its own SIGBUS (on a mapping of its own) still reached its handler.
+    out.expect("own_handler", "1");
+}
