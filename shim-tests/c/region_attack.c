@@ -4,6 +4,8 @@
  *   region_attack truncate SIZE PATH     ftruncate PATH to SIZE bytes (the other processes mapping it fault)
  *   region_attack garbage PATH           overwrite its 64-byte header with 0xa5 bytes
  *   region_attack zero PATH              overwrite the whole file with zeros (erases every charge)
+ *   region_attack fill SECONDS PATH      for SECONDS, every 0.5 ms, store 0 ("never used": a full bucket) into the
+ *                                        SM-time bucket word of every device entry: a bucket that never empties
  *   region_attack own_handler PATH MIB   a program with its own SIGBUS handler (installed before its first CUDA
  *                                        call): allocates MIB, truncates PATH to 0 itself, allocates MIB again
  *                                        (second=<CUresult>), then faults on a truncated mapping of its own, which
@@ -18,7 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
+
+#include "cuquota.h"
 
 static int open_or_die(const char *path) {
     int fd = open(path, O_RDWR);
@@ -44,6 +49,30 @@ static int attack_write(const char *path, int byte, size_t len) {
     ssize_t n = pwrite(fd, buf, len, 0);
     printf("written=%zd\ndone=1\n", n);
     return n != (ssize_t)len;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int attack_fill(const char *path, double seconds) {
+    int fd = open_or_die(path);
+    struct cuquota_usage_file *f = mmap(NULL, sizeof *f, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (f == MAP_FAILED) {
+        perror("mmap");
+        return 2;
+    }
+    printf("ready=1\n");
+    unsigned long long fills = 0;
+    struct timespec pause = {0, 500000};
+    for (double end = now_s() + seconds; now_s() < end; fills++) {
+        for (int d = 0; d < CUQUOTA_MAX_DEVICES; d++) __atomic_store_n(&f->devices[d].throttle[0], 0, __ATOMIC_SEQ_CST);
+        nanosleep(&pause, NULL);
+    }
+    printf("fills=%llu\ndone=1\n", fills);
+    return 0;
 }
 
 static sigjmp_buf g_jmp;
@@ -99,7 +128,8 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "truncate") == 0) return attack_truncate(argv[3], atoll(argv[2]));
     if (argc == 3 && strcmp(argv[1], "garbage") == 0) return attack_write(argv[2], 0xa5, 64);
     if (argc == 3 && strcmp(argv[1], "zero") == 0) return attack_write(argv[2], 0, 0);
+    if (argc == 4 && strcmp(argv[1], "fill") == 0) return attack_fill(argv[3], atof(argv[2]));
     if (argc == 4 && strcmp(argv[1], "own_handler") == 0) return own_handler(argv[2], strtoull(argv[3], NULL, 10));
-    fprintf(stderr, "usage: region_attack truncate SIZE PATH | garbage PATH | zero PATH | own_handler PATH MIB\n");
+    fprintf(stderr, "usage: region_attack truncate SIZE PATH | garbage PATH | zero PATH | fill SECONDS PATH | own_handler PATH MIB\n");
     return 2;
 }
