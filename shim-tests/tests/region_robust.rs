@@ -23,6 +23,12 @@ const MIB: u64 = 1 << 20;
 /// A process under a 1 GiB cap holds 512 MiB; `attack` runs against the usage file while it waits; then it
 /// asks for 256 MiB (within the cap by its own view) and 768 MiB (past it) and reads the simulator's figures.
 fn victim_under_attack(attack: &str) -> Output {
+    victim_under_attack_then(attack, |_| {})
+}
+
+/// [`victim_under_attack`], running `after` (with the simulator) between the attack and the victim's next
+/// allocations.
+fn victim_under_attack_then(attack: &str, after: impl FnOnce(&Sim)) -> Output {
     let sim = Sim::new().build();
     let usage = sim.usage_file();
     let mut victim = sim
@@ -36,6 +42,7 @@ fn victim_under_attack(attack: &str) -> Output {
         .arg(usage.to_str().unwrap())
         .run()
         .ok();
+    after(&sim);
     victim.release();
     let out = victim.finish();
     println!("{out:?}");
@@ -95,6 +102,18 @@ fn zeroing_the_usage_file_fails_closed_in_running_processes() {
         "the refusal is not explained: {}",
         out.stderr
     );
+}
+
+/// Zeroed, then re-initialised by a process that starts afterwards (its first CUDA call finds magic 0 and
+/// writes a fresh header): the file is sound again, but every charge in it is gone. The victim puts its own
+/// 512 MiB back before its next admission, so 256 MiB more fit and 768 MiB more do not.
+#[test]
+fn a_zeroed_and_reinitialised_usage_file_keeps_a_running_processs_own_charge() {
+    let out = victim_under_attack_then("zero", |sim| {
+        sim.cmd(Prog::Probe).mem_limit("1g").args("init").run().ok();
+    });
+    out.expect("alloc.1", "CUDA_SUCCESS");
+    out.expect("alloc.2", "CUDA_ERROR_OUT_OF_MEMORY");
 }
 
 #[test]

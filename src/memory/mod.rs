@@ -183,6 +183,11 @@ impl Memory {
                 return if limit.is_some() { Err(OverCap) } else { Ok(()) };
             }
         };
+        // What this process holds stays charged even if another process zeroed the file.
+        self.usage().reassert(slot, |id| {
+            self.alloc_bytes[id.index()].load(Ordering::Relaxed)
+                + self.overhead[id.index()].load(Ordering::Relaxed)
+        });
         match self.usage().charge(slot, dev.id, bytes, limit) {
             // The charge itself may be what faulted on a truncated file (its zero pages admit anything).
             Ok(()) if self.shared_ok(limit).is_err() => {

@@ -687,6 +687,33 @@ impl UsageRegion {
         Ok(())
     }
 
+    /// Puts back what this process knows `slot` holds (`own(device)`: its in-process ledger) after another
+    /// process of the container zeroed the file (erasing every charge) and a newcomer re-initialised it: the
+    /// slot's owner word then reads free while this process still holds the slot's liveness lock (so no one
+    /// else can claim it). Restores the owner word, the high-water mark and the counter (never lowering it).
+    /// One load while the file is sound.
+    pub fn reassert(&self, slot: SlotId, own: impl Fn(DeviceId) -> u64) {
+        let f = self.file();
+        let s = &f.slots[slot.index()];
+        let w = s.owner.load(Ordering::Acquire);
+        if owner_state(w) != STATE_FREE {
+            return;
+        }
+        let live = owner_word(current_pid(), STATE_LIVE, next_gen(w));
+        if s.owner
+            .compare_exchange(w, live, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        for (d, cell) in s.mem_used.iter().enumerate() {
+            cell.fetch_max(own(DeviceId(d as u32)), Ordering::SeqCst);
+        }
+        f.header
+            .proc_high_water
+            .fetch_max(slot.index() as u32 + 1, Ordering::SeqCst);
+    }
+
     /// [`UsageRegion::try_charge`], and when it fails, reclaims dead processes (slow path, reads `/proc`) and
     /// retries once. Still no lock.
     pub fn charge(
