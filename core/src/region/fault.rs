@@ -101,6 +101,24 @@ fn install() -> bool {
     })
 }
 
+/// Puts the `SIGBUS` disposition that was there before ours back, if ours is still installed: called when the
+/// library is unloaded (`dlclose`) or the process exits, so no handler is left pointing into unmapped code.
+pub fn uninstall_sigbus_handler() {
+    let Some(Prev(prev)) = PREV.get() else { return };
+    // SAFETY: sigaction is plain data; all-zero is a valid value.
+    let mut cur: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: reading the current disposition into a valid out-pointer.
+    if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur) } != 0 {
+        return;
+    }
+    if cur.sa_sigaction == on_sigbus as Handler as usize {
+        // SAFETY: restoring a disposition the kernel handed us.
+        unsafe { libc::sigaction(libc::SIGBUS, prev, std::ptr::null_mut()) };
+    }
+}
+
+type Handler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for an SA_SIGINFO handler.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
@@ -207,5 +225,16 @@ mod tests {
         // SAFETY: the mapping (replaced in place) is still ours.
         unsafe { libc::munmap(p.cast(), len) };
         let _ = std::fs::remove_file(&path);
+
+        // Unloading puts the previous disposition back.
+        uninstall_sigbus_handler();
+        // SAFETY: sigaction is plain data; reading the current disposition into a valid out-pointer.
+        let cur = unsafe {
+            let mut cur: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut cur);
+            cur
+        };
+        assert_eq!(cur.sa_sigaction, PREV.get().unwrap().0.sa_sigaction);
+        assert_ne!(cur.sa_sigaction, on_sigbus as Handler as usize);
     }
 }
