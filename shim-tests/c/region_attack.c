@@ -6,6 +6,8 @@
  *   region_attack zero PATH              overwrite the whole file with zeros (erases every charge)
  *   region_attack fill SECONDS PATH      for SECONDS, every 0.5 ms, store 0 ("never used": a full bucket) into the
  *                                        SM-time bucket word of every device entry: a bucket that never empties
+ *   region_attack flap SECONDS PATH      for SECONDS, truncate PATH to 0 and extend it back to its size, flat out:
+ *                                        whoever maps it in between (the node agent reading it) faults
  *   region_attack own_handler PATH MIB   a program with its own SIGBUS handler (installed before its first CUDA
  *                                        call): allocates MIB, truncates PATH to 0 itself, allocates MIB again
  *                                        (second=<CUresult>), then faults on a truncated mapping of its own, which
@@ -75,6 +77,18 @@ static int attack_fill(const char *path, double seconds) {
     return 0;
 }
 
+static int attack_flap(const char *path, double seconds) {
+    int fd = open_or_die(path);
+    off_t size = lseek(fd, 0, SEEK_END);
+    printf("ready=1\n");
+    unsigned long long flaps = 0;
+    for (double end = now_s() + seconds; now_s() < end; flaps++) {
+        if (ftruncate(fd, 0) || ftruncate(fd, size)) return 2;
+    }
+    printf("flaps=%llu\ndone=1\n", flaps);
+    return 0;
+}
+
 static sigjmp_buf g_jmp;
 static volatile sig_atomic_t g_own;
 static char *g_own_map;
@@ -128,8 +142,9 @@ int main(int argc, char **argv) {
     if (argc == 4 && strcmp(argv[1], "truncate") == 0) return attack_truncate(argv[3], atoll(argv[2]));
     if (argc == 3 && strcmp(argv[1], "garbage") == 0) return attack_write(argv[2], 0xa5, 64);
     if (argc == 3 && strcmp(argv[1], "zero") == 0) return attack_write(argv[2], 0, 0);
+    if (argc == 4 && strcmp(argv[1], "flap") == 0) return attack_flap(argv[3], atof(argv[2]));
     if (argc == 4 && strcmp(argv[1], "fill") == 0) return attack_fill(argv[3], atof(argv[2]));
     if (argc == 4 && strcmp(argv[1], "own_handler") == 0) return own_handler(argv[2], strtoull(argv[3], NULL, 10));
-    fprintf(stderr, "usage: region_attack truncate SIZE PATH | garbage PATH | zero PATH | fill SECONDS PATH | own_handler PATH MIB\n");
+    fprintf(stderr, "usage: region_attack truncate SIZE PATH | garbage PATH | zero PATH | fill SECONDS PATH | flap SECONDS PATH | own_handler PATH MIB\n");
     return 2;
 }

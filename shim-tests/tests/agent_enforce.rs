@@ -418,15 +418,7 @@ fn a_tenant_that_zeroes_its_usage_file_and_allocates_past_the_cap_is_killed() {
     let usage = sim.dir().join("usage.z");
     let holder_out = sim.dir().join("holder.out");
     let probe = program(Prog::Probe).display().to_string();
-    let attack = compile_c(
-        "region_attack",
-        &workspace_root().join("shim-tests/c/region_attack.c"),
-        &[&workspace_root().join("include/cuquota.h")],
-        &[
-            "-lcuda",
-            &format!("-I{}", workspace_root().join("include").display()),
-        ],
-    );
+    let attack = region_attack();
     // Under the library and the agent's 512 MiB: a holder takes 400 MiB and sleeps; then the file is zeroed and
     // a newcomer takes 400 MiB more (its first CUDA call re-initialises the file: an empty pool).
     let script = format!(
@@ -489,6 +481,56 @@ fn a_tenant_that_zeroes_its_usage_file_and_allocates_past_the_cap_is_killed() {
     // SAFETY: signalling processes this test started (the holder, by pid; it may be gone already).
     unsafe { libc::kill(holder as i32, libc::SIGKILL) };
     let _ = z.kill();
+}
+
+/// The agent reads each container's usage file (for its report), a file the tenant can write: a tenant that
+/// truncates it while the agent reads it must not kill the agent (SIGBUS), the backstop of everything else.
+#[test]
+fn the_agent_survives_a_usage_file_truncated_while_it_reads_it() {
+    let _h = heavy();
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.z");
+    limits(&sim, &lim, &["--memory", "512m"]);
+    // A process of the container creates its usage file.
+    sim.cmd(Prog::Probe).container("z").args("init").run().ok();
+    let usage = sim.container_usage_file("z");
+    let mut flapper = sim
+        .cmd_path(region_attack())
+        .timeout(Duration::from_secs(60))
+        .arg("flap")
+        .arg("4")
+        .arg(usage.to_str().unwrap())
+        .spawn();
+    flapper.wait_ready(1);
+    std::fs::write(
+        dir.join("z.toml"),
+        format!(
+            "limits = {lim:?}\nusage = {usage:?}\n[members]\nsubtree = {}\n[enforce]\nmemory = \"report\"\n",
+            flapper.pid()
+        ),
+    )
+    .unwrap();
+    let agent = Agent::start_every(&sim, &dir, 10);
+    agent.wait_passes(100);
+    let out = flapper.finish();
+    assert!(out.success(), "{out:?}");
+    println!("flaps: {}", out.val("flaps"));
+    let (passes, stderr) = agent.stop();
+    assert!(passes.len() >= 100, "{} passes:{stderr}", passes.len());
+}
+
+fn region_attack() -> PathBuf {
+    compile_c(
+        "region_attack",
+        &workspace_root().join("shim-tests/c/region_attack.c"),
+        &[&workspace_root().join("include/cuquota.h")],
+        &[
+            "-lcuda",
+            &format!("-I{}", workspace_root().join("include").display()),
+        ],
+    )
 }
 
 /// Throttle: a tenant that bypasses the library launches 20 µs kernels flat out under a hard 30 % limit. The
