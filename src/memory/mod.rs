@@ -4,7 +4,9 @@
 //! their limits come from `crate::devices`.
 //!
 //! Hot path of an allocation: one `cuCtxGetDevice` (none with a single visible device), one atomic load per
-//! limits file (did it change?), the region's lock-free reserve-then-sum, one ledger shard lock. No syscall, no
+//! limits file (did it change?), the usage file's header checked before and after the charge (a few loads: a
+//! file another process truncated, zeroed or overwrote fails closed), the region's lock-free reserve-then-sum,
+//! one ledger shard lock. No syscall, no
 //! allocation beyond the ledger's pre-sized map. Slow paths (first use of a device, a limits-file change, a
 //! refused admission) may read files.
 

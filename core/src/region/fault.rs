@@ -12,7 +12,7 @@
 //! no lock. A program that installs its own `SIGBUS` handler *after* ours replaces it (ours then never runs);
 //! one installed before ours gets every fault that is not ours.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// Guarded ranges at once (a process maps one usage file, plus one per reopen in tests).
@@ -22,14 +22,20 @@ struct Range {
     start: AtomicUsize,
     /// 0 = slot unused.
     len: AtomicUsize,
-    broken: AtomicBool,
+    /// `SOUND`, `REPLACING` (a thread is mapping zero pages over it), `ZEROED`, `FAILED` (that mmap failed).
+    state: AtomicU8,
 }
+
+const SOUND: u8 = 0;
+const REPLACING: u8 = 1;
+const ZEROED: u8 = 2;
+const FAILED: u8 = 3;
 
 static RANGES: [Range; SLOTS] = [const {
     Range {
         start: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
-        broken: AtomicBool::new(false),
+        state: AtomicU8::new(SOUND),
     }
 }; SLOTS];
 /// Slots being set up or torn down (claimed by CAS).
@@ -60,7 +66,7 @@ pub(crate) fn guard(ptr: *mut u8, len: usize) -> Option<Guard> {
             .is_ok()
     })?;
     let r = &RANGES[i];
-    r.broken.store(false, Ordering::Relaxed);
+    r.state.store(SOUND, Ordering::Relaxed);
     r.start.store(ptr as usize, Ordering::Relaxed);
     r.len.store(len, Ordering::Release);
     Some(Guard(i))
@@ -74,7 +80,7 @@ pub(crate) fn unguard(g: Guard) {
 
 /// Whether the file under the guarded range was found truncated (the range now holds private zero pages).
 pub(crate) fn is_broken(g: Guard) -> bool {
-    RANGES[g.0].broken.load(Ordering::Acquire)
+    RANGES[g.0].state.load(Ordering::Acquire) != SOUND
 }
 
 fn install() -> bool {
@@ -130,20 +136,34 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             if len == 0 || addr < start || addr >= start + len {
                 continue;
             }
-            // The first faulting thread replaces the range; later ones (faulted before that) just retry.
-            if !r.broken.swap(true, Ordering::AcqRel) {
-                // SAFETY: the range is a mapping this process owns (it is unguarded before it is unmapped);
-                // MAP_FIXED replaces it in place with private zero pages, so the retried access succeeds.
-                unsafe {
-                    libc::mmap(
-                        start as *mut libc::c_void,
-                        len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                        -1,
-                        0,
-                    )
-                };
+            // The first faulting thread replaces the range; later ones (faulted before that) retry until it
+            // is done. If the replacement fails, the fault is not ours to survive: default action.
+            match r
+                .state
+                .compare_exchange(SOUND, REPLACING, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    // SAFETY: the range is a mapping this process owns (it is unguarded before it is
+                    // unmapped); MAP_FIXED replaces it in place with private zero pages, so the retried access
+                    // succeeds.
+                    let p = unsafe {
+                        libc::mmap(
+                            start as *mut libc::c_void,
+                            len,
+                            libc::PROT_READ | libc::PROT_WRITE,
+                            libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                            -1,
+                            0,
+                        )
+                    };
+                    if p == libc::MAP_FAILED {
+                        r.state.store(FAILED, Ordering::Release);
+                        break;
+                    }
+                    r.state.store(ZEROED, Ordering::Release);
+                }
+                Err(FAILED) => break,
+                Err(_) => {}
             }
             return;
         }
