@@ -699,6 +699,13 @@ impl UsageRegion {
         if owner_state(w) != STATE_FREE {
             return;
         }
+        // Only a slot this process still owns and holds the lock of: not one it gave back at exit (a thread
+        // still allocating then claims a new one), and not without a lock (anyone may claim a free slot then).
+        if self.own_slot.load(Ordering::Acquire) != slot.0
+            || self.lock_fds[slot.index()].load(Ordering::Acquire) < 0
+        {
+            return;
+        }
         let live = owner_word(current_pid(), STATE_LIVE, next_gen(w));
         if s.owner
             .compare_exchange(w, live, Ordering::AcqRel, Ordering::Relaxed)
