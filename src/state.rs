@@ -337,13 +337,16 @@ extern "C" fn fork_child() {
 // ---- exit ----------------------------------------------------------------------------------------------------
 
 /// Runs at a normal exit (and at `dlclose`), after the program's own destructors: gives the process's usage slot
-/// back, so its charges leave the container's total at once rather than when someone notices the process died.
+/// back, so its charges leave the container's total at once rather than when someone notices the process died,
+/// and puts the program's own `SIGBUS` disposition back.
 /// A thread still allocating afterwards claims a new slot, which its liveness lock releases when the process is
 /// gone.
 extern "C" fn release_at_exit() {
     if let Some(Process::Active(s)) = process_if_ready() {
         s.devices.usage().release_process_slot();
     }
+    // At dlclose our code goes away: leave no SIGBUS handler pointing into it.
+    cuquota_core::region::uninstall_sigbus_handler();
 }
 
 #[used]

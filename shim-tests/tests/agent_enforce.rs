@@ -404,6 +404,135 @@ fn memory_kill_reaches_only_the_tenant_over_its_cap() {
     }
 }
 
+/// #11 class 7's backstop: zeroing the usage file erases the charge of a process that does not allocate again
+/// (`docs/region.md`, "Surviving a hostile usage file"), so a newcomer under the library gets the whole cap again
+/// on top of it. The library cannot see that memory any more; the agent, reading the GPU's own per-process
+/// figures, kills one of the two until the rest fit.
+#[test]
+fn a_tenant_that_zeroes_its_usage_file_and_allocates_past_the_cap_is_killed() {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.z");
+    limits(&sim, &lim, &["--memory", "512m"]);
+    let usage = sim.dir().join("usage.z");
+    let holder_out = sim.dir().join("holder.out");
+    let probe = program(Prog::Probe).display().to_string();
+    let attack = region_attack();
+    // Under the library and the agent's 512 MiB: a holder takes 400 MiB and sleeps; then the file is zeroed and
+    // a newcomer takes 400 MiB more (its first CUDA call re-initialises the file: an empty pool).
+    let script = format!(
+        "{probe} init pid alloc:mem:400m sleep:60000 > {h} & \
+         until grep -q '^alloc.0=' {h} 2>/dev/null; do sleep 0.05; done; \
+         {a} zero {u} > /dev/null && exec {probe} init pid alloc:mem:400m wait",
+        h = holder_out.display(),
+        a = attack.display(),
+        u = usage.display(),
+    );
+    let mut z = sim
+        .cmd_path(cli_bin())
+        .no_preload()
+        .timeout(Duration::from_secs(60))
+        .args("run -q --usage")
+        .arg(usage.to_str().unwrap())
+        .arg("--limits")
+        .arg(lim.to_str().unwrap())
+        .args("-- sh -c")
+        .arg(&script)
+        .spawn();
+    z.wait_ready(1);
+    let newcomer: u32 = z.wait_for("pid").parse().unwrap();
+    assert_eq!(z.wait_for("alloc.0"), "CUDA_SUCCESS", "the newcomer's 400 MiB");
+    let holder_text = std::fs::read_to_string(&holder_out).unwrap();
+    assert!(holder_text.contains("alloc.0=CUDA_SUCCESS"), "{holder_text}");
+    let holder: u32 = holder_text
+        .lines()
+        .find_map(|l| l.strip_prefix("pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    descriptor(
+        &dir,
+        "z",
+        &lim,
+        &format!("subtree = {}", z.pid()),
+        "memory = \"kill\"",
+    );
+    let agent = Agent::start(&sim, &dir);
+    let deadline = Instant::now() + Duration::from_millis(30 * INTERVAL_MS);
+    while alive(holder) && alive(newcomer) {
+        assert!(
+            Instant::now() < deadline,
+            "800 MiB against a 512 MiB cap, both alive after 30 intervals"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    agent.wait_passes(2);
+    assert!(
+        alive(holder) != alive(newcomer),
+        "one of the two is killed, the other fits: holder alive {}, newcomer alive {}",
+        alive(holder),
+        alive(newcomer)
+    );
+    let (passes, stderr) = agent.stop();
+    let kills = actions(&passes, "z");
+    assert_eq!(kills.len(), 1, "one action on z: {kills:?}{stderr}");
+    assert_eq!(kills[0].1["action"], "kill", "{:?}", kills[0]);
+    // SAFETY: signalling processes this test started (the holder, by pid; it may be gone already).
+    unsafe { libc::kill(holder as i32, libc::SIGKILL) };
+    let _ = z.kill();
+}
+
+/// The agent reads each container's usage file (for its report), a file the tenant can write: a tenant that
+/// truncates it while the agent reads it must not kill the agent (SIGBUS), the backstop of everything else.
+#[test]
+fn the_agent_survives_a_usage_file_truncated_while_it_reads_it() {
+    let _h = heavy();
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.z");
+    limits(&sim, &lim, &["--memory", "512m"]);
+    // A process of the container creates its usage file.
+    sim.cmd(Prog::Probe).container("z").args("init").run().ok();
+    let usage = sim.container_usage_file("z");
+    let mut flapper = sim
+        .cmd_path(region_attack())
+        .timeout(Duration::from_secs(60))
+        .arg("flap")
+        .arg("4")
+        .arg(usage.to_str().unwrap())
+        .spawn();
+    flapper.wait_ready(1);
+    std::fs::write(
+        dir.join("z.toml"),
+        format!(
+            "limits = {lim:?}\nusage = {usage:?}\n[members]\nsubtree = {}\n[enforce]\nmemory = \"report\"\n",
+            flapper.pid()
+        ),
+    )
+    .unwrap();
+    let agent = Agent::start_every(&sim, &dir, 10);
+    agent.wait_passes(100);
+    let out = flapper.finish();
+    assert!(out.success(), "{out:?}");
+    println!("flaps: {}", out.val("flaps"));
+    let (passes, stderr) = agent.stop();
+    assert!(passes.len() >= 100, "{} passes:{stderr}", passes.len());
+}
+
+fn region_attack() -> PathBuf {
+    compile_c(
+        "region_attack",
+        &workspace_root().join("shim-tests/c/region_attack.c"),
+        &[&workspace_root().join("include/cuquota.h")],
+        &[
+            "-lcuda",
+            &format!("-I{}", workspace_root().join("include").display()),
+        ],
+    )
+}
+
 /// Throttle: a tenant that bypasses the library launches 20 µs kernels flat out under a hard 30 % limit. The
 /// agent freezes and thaws it; from 5 intervals after it started, its share (device timeline) is within
 /// [15, 45]. Stopped with SIGTERM mid-cycle, the agent leaves it running.

@@ -4,7 +4,9 @@
 //! their limits come from `crate::devices`.
 //!
 //! Hot path of an allocation: one `cuCtxGetDevice` (none with a single visible device), one atomic load per
-//! limits file (did it change?), the region's lock-free reserve-then-sum, one ledger shard lock. No syscall, no
+//! limits file (did it change?), the usage file's header checked before and after the charge (a few loads: a
+//! file another process truncated, zeroed or overwrote fails closed), the region's lock-free reserve-then-sum,
+//! one ledger shard lock. No syscall, no
 //! allocation beyond the ledger's pre-sized map. Slow paths (first use of a device, a limits-file change, a
 //! refused admission) may read files.
 
@@ -30,7 +32,7 @@ use ledger::Ledger;
 use overhead::Holdings;
 use pools::{GraphMem, PoolState};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
@@ -168,8 +170,24 @@ impl Memory {
         }
     }
 
+    /// Whether the usage file can still be trusted to enforce `limit` (`None`: nothing to enforce). A file
+    /// another process of the container truncated, zeroed or overwrote fails closed: refused, said once.
+    fn shared_ok(&self, limit: Option<u64>) -> Result<(), OverCap> {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if limit.is_none() {
+            return Ok(());
+        }
+        self.usage().check().map_err(|e| {
+            if !SAID.swap(true, Ordering::Relaxed) {
+                log!(Level::Error, "{e}");
+            }
+            OverCap
+        })
+    }
+
     /// The container-cap part of [`Memory::admit`].
     fn charge_cap(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> Result<(), OverCap> {
+        self.shared_ok(limit)?;
         let slot = match self.usage().process_slot() {
             Ok(s) => s,
             Err(e) => {
@@ -178,7 +196,17 @@ impl Memory {
                 return if limit.is_some() { Err(OverCap) } else { Ok(()) };
             }
         };
+        // What this process holds stays charged even if another process zeroed the file.
+        self.usage().reassert(slot, |id| {
+            self.alloc_bytes[id.index()].load(Ordering::Relaxed)
+                + self.overhead[id.index()].load(Ordering::Relaxed)
+        });
         match self.usage().charge(slot, dev.id, bytes, limit) {
+            // The charge itself may be what faulted on a truncated file (its zero pages admit anything).
+            Ok(()) if self.shared_ok(limit).is_err() => {
+                self.usage().uncharge(slot, dev.id, bytes);
+                Err(OverCap)
+            }
             Ok(()) => {
                 self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
                 Ok(())
@@ -280,9 +308,14 @@ impl Memory {
             let delta = target - cur;
             let slot = self.usage().process_slot().map_err(|_| OverCap)?;
             let limit = if admit { self.limit(dev) } else { None };
+            self.shared_ok(limit)?;
             self.usage()
                 .charge(slot, dev.id, delta, limit)
                 .map_err(|_| OverCap)?;
+            if let Err(e) = self.shared_ok(limit) {
+                self.usage().uncharge(slot, dev.id, delta);
+                return Err(e);
+            }
         } else if target < cur {
             if let Some(slot) = self.usage().cached_slot() {
                 self.usage().uncharge(slot, dev.id, cur - target);

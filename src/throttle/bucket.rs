@@ -120,6 +120,22 @@ impl<'a> Bucket<'a> {
         }
     }
 
+    /// When the bucket is in debt at `now`, the time it is out of it; `None` = a launch may go. A word
+    /// farther ahead than this algorithm leaves (see [`max_ahead_ns`]) is reset to `now`.
+    #[inline]
+    pub fn wait_until(&self, now: u64, rate_pm: u64) -> Option<u64> {
+        let w = &self.words[slot::ZERO_AT];
+        let z = w.load(Ordering::Acquire);
+        if z <= now {
+            return None;
+        }
+        if z - now <= max_ahead_ns(rate_pm) {
+            return Some(z);
+        }
+        let _ = w.compare_exchange(z, now, Ordering::AcqRel, Ordering::Acquire);
+        None
+    }
+
     /// Charge without waiting (work that already went to the device, or burst mode with the device to
     /// ourselves). `forgive` keeps the bucket from going into debt (tokens clamp at zero).
     pub fn charge(&self, now: u64, cost: u64, rate_pm: u64, forgive: bool) {
@@ -182,6 +198,24 @@ mod tests {
 
     const MS: u64 = 1_000_000;
     const T0: u64 = 1_000_000 * MS;
+
+    #[test]
+    fn wait_until_agrees_with_charges_and_resets_garbage() {
+        let w = words();
+        let b = Bucket::new(&w);
+        let now = 1_000_000_000;
+        assert_eq!(b.wait_until(now, 300), None, "a fresh bucket lets a launch go");
+        // Two charges of 8 ms at 30 %: the second leaves the bucket in debt.
+        b.charge(now, 8_000_000, 300, false);
+        b.charge(now, 8_000_000, 300, false);
+        let z = b.wait_until(now, 300).expect("in debt");
+        assert_eq!(z, w[slot::ZERO_AT].load(Ordering::Relaxed));
+        assert_eq!(b.wait_until(z, 300), None);
+        // A word no charge could have left is not waited for.
+        w[slot::ZERO_AT].store(u64::MAX - 1, Ordering::Relaxed);
+        assert_eq!(b.wait_until(now, 300), None);
+        assert_eq!(w[slot::ZERO_AT].load(Ordering::Relaxed), now);
+    }
 
     #[test]
     fn fresh_bucket_is_full_and_grants() {

@@ -125,6 +125,11 @@ struct Dev {
     calib_at: AtomicU64,
     calib_charged: AtomicU64,
     calib_launches: AtomicU64,
+    /// This process's own launches, in a bucket of its own memory at the same rate as the container's: the
+    /// shared bucket is in a file every process of the container can write (one that keeps storing "full"
+    /// into it would lift the limit), this one is not. It never binds while the shared one is sound (it
+    /// counts a subset of the shared one's charges, with the same corrections).
+    own: [AtomicU64; 8],
 }
 
 impl Dev {
@@ -137,6 +142,7 @@ impl Dev {
             calib_at: AtomicU64::new(0),
             calib_charged: AtomicU64::new(0),
             calib_launches: AtomicU64::new(0),
+            own: [const { AtomicU64::new(0) }; 8],
         }
     }
 }
@@ -231,8 +237,17 @@ impl Engine {
                 self.burst_sample(dev, sh, lim, now, gpu);
             }
             let rate = effective_rate(lim, sh.words);
-            match b.try_take(now, cost, rate) {
+            // Burst mode's rate comes from the shared words: the own bucket applies to the other policies.
+            let own = (!lim.is_burst()).then(|| Bucket::new(&d.own));
+            let take = match own.map(|o| o.wait_until(now, rate)) {
+                Some(Some(t)) => Take::WaitUntil(t),
+                _ => b.try_take(now, cost, rate),
+            };
+            match take {
                 Take::Granted => {
+                    if let Some(o) = own {
+                        o.charge(now, cost, rate, false);
+                    }
                     sh.busy_ns.fetch_add(cost, Ordering::Relaxed);
                     if let Some(g) = sh.gpu_ns {
                         g.fetch_add(cost, Ordering::Relaxed);
@@ -329,6 +344,7 @@ impl Engine {
         self.est.calibrate(measured / launches);
         let delta = measured as i64 - charged.min(i64::MAX as u64) as i64;
         Bucket::new(sh.words).adjust(delta, rate);
+        Bucket::new(&d.own).adjust(delta, rate);
         add_signed(sh.busy_ns, delta);
         if let Some(g) = sh.gpu_ns {
             add_signed(g, delta);
@@ -345,6 +361,7 @@ impl Engine {
             });
         if t.rate != 0 {
             Bucket::new(sh.words).adjust(-(t.charged as i64), t.rate);
+            Bucket::new(&d.own).adjust(-(t.charged as i64), t.rate);
         }
         sh.busy_ns.fetch_sub(
             t.charged.min(sh.busy_ns.load(Ordering::Relaxed)),
@@ -411,6 +428,10 @@ impl Engine {
         gpu.probe_release(o.handle);
         if let Some(ns) = measured {
             self.reconcile(sh, o.key, o.charged, o.rate, ns);
+            if o.rate != 0 {
+                let delta = ns.min(bucket::MAX_COST_NS) as i64 - o.charged.min(bucket::MAX_COST_NS) as i64;
+                Bucket::new(&d.own).adjust(delta, o.rate);
+            }
         }
         d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
         d.probe_claimed.store(false, Ordering::Release);

@@ -108,6 +108,14 @@ pub enum RegionError {
         /// The writer's pid (0 = unknown).
         writer_pid: u32,
     },
+    /// The usage file was truncated or zeroed while this process had it mapped (by another process of the
+    /// container): what it shares can no longer be trusted.
+    Broken {
+        /// The file.
+        path: PathBuf,
+        /// What happened to it: `truncated`, `zeroed`.
+        what: &'static str,
+    },
 }
 
 impl fmt::Display for RegionError {
@@ -163,6 +171,12 @@ impl fmt::Display for RegionError {
                 f,
                 "{}: limits are being written (writer pid {writer_pid}) and no consistent copy could be read; \
                  retry, or rerun the agent's write",
+                path.display()
+            ),
+            RegionError::Broken { path, what } => write!(
+                f,
+                "{}: the usage file was {what} while this process used it (by another process of the \
+                 container): the container's accounting is lost, so new allocations are refused",
                 path.display()
             ),
         }

@@ -31,6 +31,8 @@ pub(crate) struct Mapping {
     path: PathBuf,
     /// The descriptor it was mapped from, when the caller asked to keep it (usage regions: liveness locks).
     fd: Option<std::os::fd::OwnedFd>,
+    /// Set by [`Mapping::guard_truncation`]: a `SIGBUS` in the mapping is survived (fault.rs).
+    guard: Option<super::fault::Guard>,
 }
 
 // SAFETY: the mapping is plain shared memory; all access to it goes through atomics (see layout.rs), which are
@@ -164,7 +166,22 @@ impl Mapping {
             len: size,
             path: path.to_path_buf(),
             fd,
+            guard: None,
         })
+    }
+
+    /// Makes a truncation of the file under this mapping survivable: the next access past the new end
+    /// replaces the mapping with private zero pages instead of killing the process, and [`Mapping::is_broken`]
+    /// turns true. For files other processes can truncate (the usage file).
+    pub(crate) fn guard_truncation(&mut self) {
+        if self.guard.is_none() {
+            self.guard = super::fault::guard(self.ptr.as_ptr(), self.len);
+        }
+    }
+
+    /// Whether the file was truncated under this (guarded) mapping: it now holds private zero pages.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.guard.is_some_and(super::fault::is_broken)
     }
 
     /// The descriptor kept by [`Mapping::open_keeping_fd`].
@@ -214,6 +231,9 @@ fn fstat_size(fd: &Fd, path: &Path) -> Result<u64, RegionError> {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        if let Some(g) = self.guard.take() {
+            super::fault::unguard(g);
+        }
         // SAFETY: ptr/len are exactly what mmap returned; nothing borrows the mapping past its owner's life
         // (all references handed out are tied to `&self` of the region that owns this Mapping).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };

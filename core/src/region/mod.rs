@@ -18,6 +18,7 @@
 
 mod claim;
 mod error;
+mod fault;
 mod header;
 pub mod layout;
 mod limits;
@@ -27,6 +28,7 @@ mod priority;
 mod usage;
 
 pub use error::RegionError;
+pub use fault::uninstall_sigbus_handler;
 pub use limits::{
     DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
     MembersError, ReadError, TableFull,

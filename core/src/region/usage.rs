@@ -219,7 +219,9 @@ impl UsageRegion {
     }
 
     fn open_with(path: &Path, access: Access) -> Result<UsageRegion, RegionError> {
-        let map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>())?;
+        let mut map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>())?;
+        // Every process of the container can truncate this file: survive it (fault.rs) and fail closed.
+        map.guard_truncation();
         let region = UsageRegion {
             map,
             own_slot: AtomicU32::new(NO_SLOT),
@@ -264,6 +266,26 @@ impl UsageRegion {
     /// The mapped file.
     pub fn path(&self) -> &Path {
         self.map.path()
+    }
+
+    /// Whether the shared accounting can still be trusted, checked before anything is admitted against it:
+    /// `Err` when the file was truncated under this process's mapping (which then holds private zero pages)
+    /// or its header no longer says what this version wrote (another process overwrote it: bad magic, ABI
+    /// version or sizes). A few atomic loads.
+    pub fn check(&self) -> Result<(), RegionError> {
+        let broken = |what| RegionError::Broken {
+            path: self.path().to_path_buf(),
+            what,
+        };
+        // Read the header first: on a truncated file that read is what faults and breaks the mapping.
+        let header = self.validate(false);
+        if self.map.is_broken() {
+            return Err(broken("truncated"));
+        }
+        match header {
+            Err(RegionError::NotInitialized { .. }) => Err(broken("zeroed")),
+            r => r,
+        }
     }
 
     fn high_water(&self) -> usize {
@@ -669,6 +691,40 @@ impl UsageRegion {
             });
         }
         Ok(())
+    }
+
+    /// Puts back what this process knows `slot` holds (`own(device)`: its in-process ledger) after another
+    /// process of the container zeroed the file (erasing every charge) and a newcomer re-initialised it: the
+    /// slot's owner word then reads free while this process still holds the slot's liveness lock (so no one
+    /// else can claim it). Restores the owner word, the high-water mark and the counter (never lowering it).
+    /// One load while the file is sound.
+    pub fn reassert(&self, slot: SlotId, own: impl Fn(DeviceId) -> u64) {
+        let f = self.file();
+        let s = &f.slots[slot.index()];
+        let w = s.owner.load(Ordering::Acquire);
+        if owner_state(w) != STATE_FREE {
+            return;
+        }
+        // Only a slot this process still owns and holds the lock of: not one it gave back at exit (a thread
+        // still allocating then claims a new one), and not without a lock (anyone may claim a free slot then).
+        if self.own_slot.load(Ordering::Acquire) != slot.0
+            || self.lock_fds[slot.index()].load(Ordering::Acquire) < 0
+        {
+            return;
+        }
+        let live = owner_word(current_pid(), STATE_LIVE, next_gen(w));
+        if s.owner
+            .compare_exchange(w, live, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        for (d, cell) in s.mem_used.iter().enumerate() {
+            cell.fetch_max(own(DeviceId(d as u32)), Ordering::SeqCst);
+        }
+        f.header
+            .proc_high_water
+            .fetch_max(slot.index() as u32 + 1, Ordering::SeqCst);
     }
 
     /// [`UsageRegion::try_charge`], and when it fails, reclaims dead processes (slow path, reads `/proc`) and
