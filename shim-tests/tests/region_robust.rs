@@ -181,3 +181,40 @@ fn a_bucket_refilled_by_another_process_does_not_lift_a_processs_sm_limit() {
     // ~30 expected (lower on a starved CPU); with the shared bucket alone it was ~100.
     assert!(s <= 45.0, "share {s:.1} % at a hard 30 % limit");
 }
+
+/// The node's priority file is shared by every container with a priority, so a tenant of one container can
+/// truncate it under the tenants of others: they must survive (a truncated mapping faults with SIGBUS), and
+/// with the file gone to zero pages the priority machinery reads "no high-priority tenant" (docs/priority.md).
+#[test]
+fn truncating_the_priority_file_does_not_crash_other_containers() {
+    let _h = heavy();
+    let sim = Sim::new().build();
+    let prio = sim.create_priority_file();
+    let start = shim_tests::mono_ns() + 500_000_000;
+    let tenant = |c: &str, p: &str, args: String| {
+        sim.cmd(Prog::PriorityTenant)
+            .container(c)
+            .priority(p)
+            .timeout(Duration::from_secs(60))
+            .args(&args)
+            .spawn()
+    };
+    let hp = tenant("hp", "0", format!("hp 2.5 4 1000000 10000000 20000000 7 {start}"));
+    let be = tenant("be", "1", format!("be 2.5 1000000 3000000 11 {start}"));
+    // Both are launching (and reading or publishing in the priority file) when a third container truncates it.
+    std::thread::sleep(Duration::from_millis(1500));
+    sim.cmd_path(region_attack())
+        .container("attacker")
+        .args("truncate 0")
+        .arg(prio.to_str().unwrap())
+        .run()
+        .ok();
+    for (what, p) in [("high-priority", hp), ("best-effort", be)] {
+        let out = p.finish();
+        assert!(
+            out.success(),
+            "the {what} tenant did not survive the priority file's truncation: {out:?}"
+        );
+        assert!(out.num("kernels") > 0, "{what}: launched nothing: {out:?}");
+    }
+}

@@ -104,7 +104,10 @@ impl PriorityRegion {
     }
 
     fn open_with(path: &Path, access: Access) -> Result<PriorityRegion, RegionError> {
-        let map = Mapping::open(path, access, std::mem::size_of::<PriorityFile>())?;
+        let mut map = Mapping::open(path, access, std::mem::size_of::<PriorityFile>())?;
+        // Every container with a priority can truncate this file: survive it (fault.rs). Its zero pages read as
+        // "no high-priority tenant, no token, nothing in flight" — what a tenant could write anyway.
+        map.guard_truncation();
         let region = PriorityRegion { map };
         let h = &region.file().header;
         let fields = [
