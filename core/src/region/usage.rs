@@ -526,12 +526,37 @@ impl UsageRegion {
         }
     }
 
-    /// Frees this process's cached slot, if any (clean exit).
-    pub fn release_process_slot(&self) {
-        let s = self.own_slot.swap(NO_SLOT, Ordering::AcqRel);
-        if s != NO_SLOT {
-            self.release_slot(SlotId(s));
+    /// Frees this process's cached slot at a clean exit, if it holds nothing: no memory charged and no
+    /// shared memory held. A slot that still holds charges is kept: the driver frees a process's memory only
+    /// when its device files close, after every exit handler, so freeing the charge here would let a
+    /// newcomer in while the GPU still holds it. The kernel drops the slot's liveness lock as it closes the
+    /// same process's files, and the next reclaim frees it. Returns whether the slot was freed.
+    pub fn release_process_slot(&self) -> bool {
+        let s = self.own_slot.load(Ordering::Acquire);
+        if s == NO_SLOT || self.slot_holds_anything(s as usize) {
+            return false;
         }
+        if self
+            .own_slot
+            .compare_exchange(s, NO_SLOT, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.release_slot(SlotId(s));
+        true
+    }
+
+    /// Whether slot `i` has memory charged on any device or holds shared memory.
+    fn slot_holds_anything(&self, i: usize) -> bool {
+        let bit = 1u64 << (i % 64);
+        self.file().slots[i]
+            .mem_used
+            .iter()
+            .any(|c| c.load(Ordering::SeqCst) != 0)
+            || self.file().shared[..self.shared_high_water()]
+                .iter()
+                .any(|e| e.holder_slots[i / 64].load(Ordering::SeqCst) & bit != 0)
     }
 
     /// Records the pid NVML reports for the slot's owner (the host pid namespace), for filtering NVML lists.
