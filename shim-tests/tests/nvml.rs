@@ -2,7 +2,7 @@
 //! process lists (bare, _v2, _v3) show only the container's own processes.
 
 use cuquota_core::UsageRegion;
-use shim_tests::{parse_proc_list, Prog, Sim, GIB, MIB};
+use shim_tests::{parse_proc_list, Proc, Prog, Sim, GIB, MIB};
 
 #[test]
 fn memory_info_shows_cap_and_container_usage() {
@@ -41,10 +41,9 @@ fn memory_info_shows_cap_and_container_usage() {
     holder.finish().ok();
 }
 
-/// Two containers on one GPU: each sees only its own processes, through every version of the call.
-#[test]
-fn running_processes_hide_other_containers() {
-    let sim = Sim::new().build();
+/// A process of this container holding 128 MiB and one of container `other` holding 64 MiB, both ready and
+/// waiting (release them with `finish`).
+fn two_containers(sim: &Sim) -> (Proc, Proc) {
     let mut mine = sim
         .cmd(Prog::Probe)
         .mem_limit("1g")
@@ -58,6 +57,14 @@ fn running_processes_hide_other_containers() {
         .spawn();
     mine.wait_ready(1);
     theirs.wait_ready(1);
+    (mine, theirs)
+}
+
+/// Two containers on one GPU: each sees only its own processes, through every version of the call.
+#[test]
+fn running_processes_hide_other_containers() {
+    let sim = Sim::new().build();
+    let (mine, theirs) = two_containers(&sim);
     let (my_pid, their_pid) = (mine.pid(), theirs.pid());
 
     // sanity: the simulator itself lists both
@@ -133,19 +140,7 @@ fn agent_membership_ignores_pids_a_tenant_writes_into_the_usage_file() {
         .env("CUDASIM_NVML_LISTS", "compute,graphics,mps,accounting")
         .build();
     let agent = LimitsWriter::create(&sim.limits_file()).expect("limits file");
-    let mut mine = sim
-        .cmd(Prog::Probe)
-        .mem_limit("1g")
-        .args("init alloc:mem:128m wait")
-        .spawn();
-    let mut theirs = sim
-        .cmd(Prog::Probe)
-        .container("other")
-        .mem_limit("1g")
-        .args("init alloc:mem:64m wait")
-        .spawn();
-    mine.wait_ready(1);
-    theirs.wait_ready(1);
+    let (mine, theirs) = two_containers(&sim);
     let (my_pid, their_pid) = (mine.pid(), theirs.pid());
 
     // The forgery: a live process of this container (this test) records the other container's pid as its
@@ -297,19 +292,7 @@ fn graphics_and_mps_lists_hide_other_containers() {
     let sim = Sim::new()
         .env("CUDASIM_NVML_LISTS", "compute,graphics,mps")
         .build();
-    let mut mine = sim
-        .cmd(Prog::Probe)
-        .mem_limit("1g")
-        .args("init alloc:mem:128m wait")
-        .spawn();
-    let mut theirs = sim
-        .cmd(Prog::Probe)
-        .container("other")
-        .mem_limit("1g")
-        .args("init alloc:mem:64m wait")
-        .spawn();
-    mine.wait_ready(1);
-    theirs.wait_ready(1);
+    let (mine, theirs) = two_containers(&sim);
     let (my_pid, their_pid) = (mine.pid(), theirs.pid());
     let pids = |out: &shim_tests::Output, key: &str| -> Vec<u32> {
         parse_proc_list(out.val(key)).iter().map(|p| p.0).collect()
@@ -378,19 +361,7 @@ fn graphics_and_mps_lists_hide_other_containers() {
 #[test]
 fn accounting_hides_other_containers() {
     let sim = Sim::new().env("CUDASIM_NVML_LISTS", "compute,accounting").build();
-    let mut mine = sim
-        .cmd(Prog::Probe)
-        .mem_limit("1g")
-        .args("init alloc:mem:128m wait")
-        .spawn();
-    let mut theirs = sim
-        .cmd(Prog::Probe)
-        .container("other")
-        .mem_limit("1g")
-        .args("init alloc:mem:64m wait")
-        .spawn();
-    mine.wait_ready(1);
-    theirs.wait_ready(1);
+    let (mine, theirs) = two_containers(&sim);
     let (my_pid, their_pid) = (mine.pid(), theirs.pid());
     let args = format!("acct:0 acctstat:0:{my_pid} acctstat:0:{their_pid}");
     let pids = |out: &shim_tests::Output| -> Vec<u32> {
@@ -474,19 +445,7 @@ fn process_detail_list_hides_other_containers() {
     let sim = Sim::new()
         .env("CUDASIM_NVML_LISTS", "compute,graphics,mps")
         .build();
-    let mut mine = sim
-        .cmd(Prog::Probe)
-        .mem_limit("1g")
-        .args("init alloc:mem:128m wait")
-        .spawn();
-    let mut theirs = sim
-        .cmd(Prog::Probe)
-        .container("other")
-        .mem_limit("1g")
-        .args("init alloc:mem:64m wait")
-        .spawn();
-    mine.wait_ready(1);
-    theirs.wait_ready(1);
+    let (mine, theirs) = two_containers(&sim);
     let (my_pid, their_pid) = (mine.pid(), theirs.pid());
     let args = "detail:0:0 detail:0:1 detail:0:2";
 
