@@ -1027,6 +1027,23 @@ impl Output {
             .collect()
     }
 
+    /// Asserts that every `used=<bytes>` line (the simulator's own used bytes, printed by the attack programs)
+    /// is at most `cap`, and that there is at least one.
+    #[track_caller]
+    pub fn assert_used_within(&self, cap: u64) {
+        let used = self.all("used");
+        assert!(!used.is_empty(), "no used= line:{self:?}");
+        for u in used {
+            let u: u64 = u.parse().expect("used=<bytes>");
+            assert!(
+                u <= cap,
+                "the simulated GPU holds {} MiB under a {} MiB cap:\n{self:?}",
+                u / MIB,
+                cap / MIB
+            );
+        }
+    }
+
     /// The `n`-th (from 0) value printed for `key`, as a number; panics if absent.
     pub fn nth_num(&self, key: &str, n: usize) -> u64 {
         let all = self.all(key);

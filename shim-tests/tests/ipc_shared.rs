@@ -9,7 +9,7 @@
 //! in the container's shared table (usage region) until its last holder lets go; an import from another
 //! container is charged to the importer.
 
-use shim_tests::{compile_c, workspace_root, Output, Sim, MIB};
+use shim_tests::{compile_c, workspace_root, Output, Sim, GIB, MIB};
 use std::path::PathBuf;
 
 const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
@@ -39,21 +39,6 @@ fn run(cmds: &str, importer: &str) -> Output {
     out
 }
 
-/// The simulator's own used bytes at each `used` command never exceed the cap.
-#[track_caller]
-fn within_cap(out: &Output) {
-    let used = out.all("used");
-    assert!(!used.is_empty(), "{out:?}");
-    for u in used {
-        let u: u64 = u.parse().expect("used=<bytes>");
-        assert!(
-            u <= 1024 * MIB,
-            "the simulated GPU holds {} MiB under a 1 GiB cap:\n{out:?}",
-            u / MIB
-        );
-    }
-}
-
 #[test]
 fn ipc_memory_stays_charged_until_the_importer_closes() {
     let out = run(
@@ -67,7 +52,7 @@ fn ipc_memory_stays_charged_until_the_importer_closes() {
     // ...so 768 MiB more does not fit under 1 GiB until the importer closes it.
     out.expect("alloc.1", OOM).expect("alloc.2", OK);
     assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 #[test]
@@ -79,7 +64,7 @@ fn both_holding_is_one_charge() {
     );
     out.expect("open", OK).expect("ialloc", OK).expect("alloc.1", OK);
     assert_eq!(out.num("charged"), out.num("used"), "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 #[test]
@@ -92,7 +77,7 @@ fn an_import_from_another_container_is_charged_to_the_importer() {
     assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
     // The importer's container holds the 512 MiB: 768 MiB more is over its 1 GiB, until it closes them.
     assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 // ---- shareable VMM handles (cuMemExportToShareableHandle / cuMemImportFromShareableHandle, POSIX fd) ------
@@ -113,7 +98,7 @@ fn exported_vmm_memory_stays_charged_until_the_importer_lets_go() {
     // ...so 768 MiB more does not fit under 1 GiB until the importer lets go too.
     out.expect("alloc.1", OOM).expect("alloc.2", OK);
     assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 #[test]
@@ -126,7 +111,7 @@ fn both_holding_vmm_memory_is_one_charge() {
         .expect("ialloc", OK)
         .expect("alloc.1", OK);
     assert_eq!(out.num("charged"), out.num("used"), "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 #[test]
@@ -141,7 +126,7 @@ fn a_vmm_import_from_another_container_is_charged_to_the_importer() {
     assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
     // The importer's container holds the 512 MiB (charged at its mapping): 768 MiB more is over its 1 GiB.
     assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 #[test]
@@ -157,5 +142,5 @@ fn a_dead_importer_lets_go() {
         .expect("vfree.1", OK)
         .expect("alloc.2", OK);
     assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }

@@ -6,7 +6,7 @@
 //! past the shim — holds 1280 MiB for a container capped at 1 GiB. The charge now follows the physical
 //! allocation until it is really gone.
 
-use shim_tests::{compile_c, workspace_root, Output, Sim, MIB};
+use shim_tests::{compile_c, workspace_root, Output, Sim, GIB, MIB};
 use std::path::PathBuf;
 
 const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";
@@ -45,19 +45,6 @@ fn exact(out: &Output) {
     assert!(!charged.is_empty(), "{out:?}");
 }
 
-/// The simulator's own used bytes at each `used` command never exceed the cap.
-#[track_caller]
-fn within_cap(out: &Output) {
-    for u in out.all("used") {
-        let u: u64 = u.parse().expect("used=<bytes>");
-        assert!(
-            u <= 1024 * MIB,
-            "the simulated GPU holds {} MiB under a 1 GiB cap:\n{out:?}",
-            u / MIB
-        );
-    }
-}
-
 #[test]
 fn released_but_still_mapped_memory_stays_charged() {
     let out = run("create:0:512m map:0:0 release:0 charged used alloc:768m charged used");
@@ -68,7 +55,7 @@ fn released_but_still_mapped_memory_stays_charged() {
     assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
     // ...so 768 MiB more does not fit under 1 GiB.
     out.expect("alloc", OOM);
-    within_cap(&out);
+    out.assert_used_within(GIB);
     exact(&out);
 }
 
@@ -80,7 +67,7 @@ fn the_charge_goes_when_the_last_mapping_goes() {
     assert_eq!(out.all("alloc"), vec![OOM, OK], "{out:?}");
     assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
     assert_eq!(out.nth_num("used", 1), 768 * MIB, "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 #[test]
@@ -95,7 +82,7 @@ fn a_retained_handle_keeps_the_charge_until_its_own_release() {
     assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
     assert_eq!(out.nth_num("used", 1), 0, "{out:?}");
     assert_eq!(out.all("alloc"), vec![OOM, OK], "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
     exact(&out);
 }
 
@@ -105,7 +92,7 @@ fn create_and_release_unmapped_still_gives_the_memory_back() {
     let out = run("create:0:768m release:0 used alloc:768m used");
     out.expect("release.0", OK).expect("alloc", OK);
     assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
-    within_cap(&out);
+    out.assert_used_within(GIB);
 }
 
 #[test]
