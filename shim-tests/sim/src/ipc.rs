@@ -31,37 +31,53 @@ pub(crate) struct Ipc {
     opened: HashMap<(usize, u64), (u64, u32)>,
 }
 
-struct Handle {
-    id: u64,
-    entry: usize,
-    pid: u32,
-    fd: i32,
-    len: u64,
-    phys: usize,
+/// What a 64-byte handle to exported memory says (IPC handles, VMM fabric handles, pool pointer exports):
+/// which export entry, and where an importer finds the memory (`/proc/<pid>/fd/<fd>` of the exporter).
+pub(crate) struct Handle {
+    pub id: u64,
+    pub entry: usize,
+    pub pid: u32,
+    pub fd: i32,
+    pub len: u64,
+    pub phys: usize,
+    /// Pool pointer exports: the pool's identity (its shareable descriptor's inode); else 0.
+    pub pool: u64,
 }
 
 fn encode(h: &Handle) -> [u8; 64] {
+    encode_as(MAGIC, h)
+}
+
+fn decode(b: &[u8; 64]) -> Option<Handle> {
+    decode_as(MAGIC, b)
+}
+
+/// A handle's 64 bytes, tagged with `magic` (one per kind of handle, so one kind is never taken for another).
+pub(crate) fn encode_as(magic: &[u8; 8], h: &Handle) -> [u8; 64] {
     let mut b = [0u8; 64];
-    b[..8].copy_from_slice(MAGIC);
+    b[..8].copy_from_slice(magic);
     b[8..16].copy_from_slice(&h.id.to_le_bytes());
     b[16..20].copy_from_slice(&(h.entry as u32).to_le_bytes());
     b[20..24].copy_from_slice(&h.pid.to_le_bytes());
     b[24..28].copy_from_slice(&h.fd.to_le_bytes());
     b[28..36].copy_from_slice(&h.len.to_le_bytes());
     b[36..40].copy_from_slice(&(h.phys as u32).to_le_bytes());
+    b[40..48].copy_from_slice(&h.pool.to_le_bytes());
     b
 }
 
-fn decode(b: &[u8; 64]) -> Option<Handle> {
+/// The handle in `b`, if it carries `magic`.
+pub(crate) fn decode_as(magic: &[u8; 8], b: &[u8; 64]) -> Option<Handle> {
     let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
     let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    (&b[..8] == MAGIC).then(|| Handle {
+    (&b[..8] == magic).then(|| Handle {
         id: u64_at(8),
         entry: u32_at(16) as usize,
         pid: u32_at(20),
         fd: u32_at(24) as i32,
         len: u64_at(28),
         phys: u32_at(36) as usize,
+        pool: u64_at(40),
     })
 }
 
@@ -131,20 +147,26 @@ pub(crate) fn get_mem_handle(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<[u8
     if a.kind != AllocKind::Device {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    export_range(o, sim, p, a.len, a.phys).map(|h| encode(&h))
+}
+
+/// Makes [p, p+len) (a whole allocation of this process on `phys`) memfd-backed at the same addresses and
+/// records it as an export: the handle an importer needs (its `pool` 0).
+pub(crate) fn export_range(o: &mut Objects, sim: &Sim, p: u64, len: u64, phys: usize) -> CuResult<Handle> {
     let pid = std::process::id();
     if let Some(&(entry, id, fd)) = o.ipc.exports.get(&p) {
-        let h = Handle {
+        return Ok(Handle {
             id,
             entry,
             pid,
             fd,
-            len: a.len,
-            phys: a.phys,
-        };
-        return Ok(encode(&h));
+            len,
+            phys,
+            pool: 0,
+        });
     }
-    let fd = memfd_of(p, a.len)?;
-    if !map_fd(p, a.len, fd) {
+    let fd = memfd_of(p, len)?;
+    if !map_fd(p, len, fd) {
         // SAFETY: closing the memfd just made.
         unsafe { libc::close(fd) };
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -155,17 +177,18 @@ pub(crate) fn get_mem_handle(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<[u8
     // A full table leaves the allocation as it was (now memfd-backed, which changes nothing for the exporter).
     let entry = sim
         .shared
-        .ipc_export(id, slot, a.phys, a.len)
+        .ipc_export(id, slot, phys, len)
         .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
     o.ipc.exports.insert(p, (entry, id, fd));
-    Ok(encode(&Handle {
+    Ok(Handle {
         id,
         entry,
         pid,
         fd,
-        len: a.len,
-        phys: a.phys,
-    }))
+        len,
+        phys,
+        pool: 0,
+    })
 }
 
 /// cuMemFree of an exported allocation: the address range goes now; the charge when the last importer closes.
@@ -184,10 +207,24 @@ pub(crate) fn free_export(o: &mut Objects, sim: &Sim, p: u64, len: u64) -> bool 
 /// cuIpcOpenMemHandle.
 pub(crate) fn open_mem_handle(o: &mut Objects, sim: &Sim, b: &[u8; 64]) -> CuResult<u64> {
     let h = decode(b).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let ctx = crate::context::current(o, sim)?;
     if h.pid == std::process::id() {
+        crate::context::current(o, sim)?;
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
+    open_export(o, sim, &h, AllocKind::Ipc)
+}
+
+/// The exporter's memfd named by `h`, opened here (`/proc/<pid>/fd/<fd>`: same pid namespace); -1 if gone.
+pub(crate) fn open_exporters_fd(h: &Handle) -> i32 {
+    let path = std::ffi::CString::new(format!("/proc/{}/fd/{}", h.pid, h.fd)).expect("no NUL");
+    // SAFETY: opening a path made above.
+    unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) }
+}
+
+/// Maps another process's export `h` at an address of this process, recorded as `kind` (IPC memory, an
+/// imported pool pointer); opening it again counts a reference (closed by [`close_mem_handle`]).
+pub(crate) fn open_export(o: &mut Objects, sim: &Sim, h: &Handle, kind: AllocKind) -> CuResult<u64> {
+    let ctx = crate::context::current(o, sim)?;
     let ordinal = sim
         .visible
         .iter()
@@ -201,9 +238,7 @@ pub(crate) fn open_mem_handle(o: &mut Objects, sim: &Sim, b: &[u8; 64]) -> CuRes
     if !sim.shared.ipc_open(h.entry, h.id, slot) {
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
-    let path = std::ffi::CString::new(format!("/proc/{}/fd/{}", h.pid, h.fd)).expect("no NUL");
-    // SAFETY: opening a path made above.
-    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    let fd = open_exporters_fd(h);
     let mapped = (fd >= 0)
         .then(|| o.mem.take_range(sim, h.phys, h.len, false).ok())
         .flatten()
@@ -229,7 +264,7 @@ pub(crate) fn open_mem_handle(o: &mut Objects, sim: &Sim, b: &[u8; 64]) -> CuRes
             phys: h.phys,
             ordinal,
             ctx,
-            kind: AllocKind::Ipc,
+            kind,
             buffer_id: 0,
         },
     );

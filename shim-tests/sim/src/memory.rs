@@ -83,6 +83,8 @@ pub(crate) enum AllocKind {
     Graph,
     /// Another process's allocation opened with cuIpcOpenMemHandle (closed with cuIpcCloseMemHandle).
     Ipc,
+    /// Another process's pool allocation imported with cuMemPoolImportPointer (freed with cuMemFree(Async)).
+    PoolImport,
 }
 
 /// One live device allocation.
@@ -272,6 +274,7 @@ pub(crate) fn free(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<()> {
         AllocKind::Pool(pool) => crate::pool::free(o, sim, pool, p),
         AllocKind::ModuleGlobal | AllocKind::Ipc => Err(CUDA_ERROR_INVALID_VALUE),
         AllocKind::Graph => crate::graph_mem::free(o, p),
+        AllocKind::PoolImport => crate::ipc::close_mem_handle(o, sim, p),
         AllocKind::Device | AllocKind::Managed => {
             o.mem.allocs.remove(&p);
             let exported = crate::ipc::free_export(o, sim, p, a.len);

@@ -5,6 +5,13 @@
 //! the device only when trimmed (cuMemPoolTrimTo) or at a synchronisation point, down to the pool's
 //! CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (default 0), as the real driver does. RESERVED_MEM_CURRENT is therefore
 //! exactly what the pool costs the device.
+//!
+//! Sharing between processes (cuMemPoolExportToShareableHandle / cuMemPoolImportFromShareableHandle /
+//! cuMemPoolExportPointer / cuMemPoolImportPointer, POSIX descriptors): a pool created with handle types is
+//! named by a memfd of its own (its inode is the pool's identity; it holds the device's physical index). An
+//! exported pointer's segment is made memfd-backed and recorded as an interprocess export (`ipc`), so an
+//! importer maps the same bytes and holds them: the segment's memory stays (charged to the exporter) until the
+//! exporter's pool has let go of it (trimmed, destroyed) and every importer has freed its pointer.
 
 use crate::memory::{Alloc, AllocKind};
 use crate::objects::{new_handle, Kind, Objects};
@@ -30,6 +37,12 @@ pub(crate) struct Pool {
     pub used_high: u64,
     /// CU_MEMPOOL_ATTR_REUSE_* (attributes 1..=3), all enabled by default.
     pub reuse: [i32; 3],
+    /// `CUmemPoolProps::handleTypes`: what it may be exported as (0: not shareable).
+    pub handle_types: u32,
+    /// The memfd naming this pool to other processes (made at its first export), else -1.
+    share_fd: i32,
+    /// An imported pool: the exporter's pool identity (its memfd's inode). It serves no allocations.
+    pub imported: Option<u64>,
 }
 
 impl Pool {
@@ -42,6 +55,9 @@ impl Pool {
             reserved_high: 0,
             used_high: 0,
             reuse: [1, 1, 1],
+            handle_types: 0,
+            share_fd: -1,
+            imported: None,
         }
     }
 
@@ -88,12 +104,121 @@ impl Pool {
     }
 }
 
-/// cuMemPoolCreate (and the default pools).
-pub(crate) fn create(o: &mut Objects, sim: &Sim, ordinal: usize) -> CuResult<u64> {
+/// cuMemPoolCreate (and the default pools: `handle_types` 0).
+pub(crate) fn create(o: &mut Objects, sim: &Sim, ordinal: usize, handle_types: u32) -> CuResult<u64> {
     let phys = *sim.visible.get(ordinal).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
     let h = new_handle(Kind::Pool);
-    o.pools.insert(h, Pool::new(ordinal, phys));
+    let mut p = Pool::new(ordinal, phys);
+    p.handle_types = handle_types;
+    o.pools.insert(h, p);
     Ok(h)
+}
+
+const POOL_MAGIC: &[u8; 8] = b"CUSIMPOL";
+const PTR_MAGIC: &[u8; 8] = b"CUSIMPPT";
+
+/// The memfd naming `pool` to other processes, made at the first export: it holds the magic and the device's
+/// physical index.
+fn share_fd(o: &mut Objects, pool: u64) -> CuResult<i32> {
+    let p = o.pools.get_mut(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if p.imported.is_some() || p.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if p.share_fd < 0 {
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(POOL_MAGIC);
+        b[8..12].copy_from_slice(&(p.phys as u32).to_le_bytes());
+        // SAFETY: memfd_create with a static name; pwrite of our own buffer into our own descriptor.
+        let fd = unsafe {
+            let fd = libc::memfd_create(c"cudasim-pool".as_ptr(), libc::MFD_CLOEXEC);
+            if fd >= 0 && libc::pwrite(fd, b.as_ptr().cast(), b.len(), 0) != b.len() as isize {
+                libc::close(fd);
+                -1
+            } else {
+                fd
+            }
+        };
+        if fd < 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        p.share_fd = fd;
+    }
+    Ok(p.share_fd)
+}
+
+/// cuMemPoolExportToShareableHandle (POSIX descriptor): a new descriptor naming the pool, which the caller owns.
+pub(crate) fn export(o: &mut Objects, pool: u64, handle_type: u32) -> CuResult<i32> {
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let fd = share_fd(o, pool)?;
+    // SAFETY: duplicating our memfd for the caller.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Ok(dup)
+}
+
+/// cuMemPoolImportFromShareableHandle (POSIX descriptor): a pool of this process standing for the exporter's,
+/// from which only exported pointers can be imported.
+pub(crate) fn import(o: &mut Objects, sim: &Sim, fd: i32, handle_type: u32) -> CuResult<u64> {
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let mut b = [0u8; 16];
+    // SAFETY: reading into our own buffer from the caller's descriptor.
+    let n = unsafe { libc::pread(fd, b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize || &b[..8] != POOL_MAGIC {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let phys = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes")) as usize;
+    let ordinal = sim
+        .visible
+        .iter()
+        .position(|&v| v == phys)
+        .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+    let (ino, _) = crate::vmm::inode(fd).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let h = new_handle(Kind::Pool);
+    let mut p = Pool::new(ordinal, phys);
+    p.handle_types = handle_type;
+    p.imported = Some(ino);
+    o.pools.insert(h, p);
+    Ok(h)
+}
+
+/// cuMemPoolExportPointer: `ptr` must be a live allocation of a shareable pool. Its segment becomes an
+/// interprocess export (memfd-backed, same addresses here).
+pub(crate) fn export_pointer(o: &mut Objects, sim: &Sim, ptr: u64) -> CuResult<[u8; 64]> {
+    let a = o.mem.allocs.get(&ptr).cloned().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let AllocKind::Pool(pool) = a.kind else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let fd = share_fd(o, pool)?;
+    let (ino, _) = crate::vmm::inode(fd).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    let mut h = crate::ipc::export_range(o, sim, ptr, a.len, a.phys)?;
+    h.pool = ino;
+    Ok(crate::ipc::encode_as(PTR_MAGIC, &h))
+}
+
+/// cuMemPoolImportPointer: maps the exported allocation `data` names, from the pool it was exported from.
+pub(crate) fn import_pointer(o: &mut Objects, sim: &Sim, pool: u64, data: &[u8; 64]) -> CuResult<u64> {
+    let h = crate::ipc::decode_as(PTR_MAGIC, data).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let p = o.pools.get(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if p.imported != Some(h.pool) || h.pid == std::process::id() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    crate::ipc::open_export(o, sim, &h, AllocKind::PoolImport)
+}
+
+/// Gives a segment back to the device: an exported one through its export (the memory lives on while an
+/// importer holds it).
+fn release_segment(o: &mut Objects, sim: &Sim, phys: usize, s: &Segment) {
+    let exported = crate::ipc::free_export(o, sim, s.ptr, s.size);
+    o.mem.give_range(phys, s.ptr, s.size);
+    if !exported {
+        sim.uncharge(phys, s.size);
+    }
 }
 
 fn device_pools<'a>(o: &'a mut Objects, sim: &Sim, ordinal: usize) -> CuResult<&'a mut (u64, u64)> {
@@ -104,7 +229,7 @@ fn device_pools<'a>(o: &'a mut Objects, sim: &Sim, ordinal: usize) -> CuResult<&
         o.device_pools.push((0, 0));
     }
     if o.device_pools[ordinal].0 == 0 {
-        let p = create(o, sim, ordinal)?;
+        let p = create(o, sim, ordinal, 0)?;
         o.device_pools[ordinal] = (p, p);
     }
     Ok(&mut o.device_pools[ordinal])
@@ -137,6 +262,9 @@ pub(crate) fn alloc(o: &mut Objects, sim: &Sim, pool: u64, bytes: u64, ctx: u64)
     }
     let len = sim.round(bytes);
     let p = o.pools.get(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if p.imported.is_some() {
+        return Err(CUDA_ERROR_INVALID_VALUE); // imported pools serve no allocations (cuda.h)
+    }
     let (phys, ordinal) = (p.phys, p.ordinal);
     let ptr = if let Some(i) = p.best_fit(len) {
         let p = o.pools.get_mut(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -198,8 +326,7 @@ pub(crate) fn trim(o: &mut Objects, sim: &Sim, pool: u64, keep: u64) -> CuResult
     let phys = p.phys;
     let released: Vec<Segment> = plan.into_iter().map(|i| p.segments.remove(i)).collect();
     for s in released {
-        o.mem.give_range(phys, s.ptr, s.size);
-        sim.uncharge(phys, s.size);
+        release_segment(o, sim, phys, &s);
     }
     Ok(())
 }
@@ -218,10 +345,13 @@ pub(crate) fn destroy(o: &mut Objects, sim: &Sim, pool: u64) -> CuResult<()> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let p = o.pools.remove(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    for s in p.segments {
+    for s in &p.segments {
         o.mem.allocs.remove(&s.ptr);
-        o.mem.give_range(p.phys, s.ptr, s.size);
-        sim.uncharge(p.phys, s.size);
+        release_segment(o, sim, p.phys, s);
+    }
+    if p.share_fd >= 0 {
+        // SAFETY: closing the memfd `share_fd` made; descriptors handed out are the callers'.
+        unsafe { libc::close(p.share_fd) };
     }
     for d in o.device_pools.iter_mut() {
         if d.1 == pool {

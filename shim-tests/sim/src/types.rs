@@ -23,6 +23,7 @@ pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_MAP_FAILED: CUresult = 205;
 pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+pub const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
 
 /// CUipcMemHandle (passed by value).
 #[repr(C)]

@@ -120,7 +120,7 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocation
     Ok(h)
 }
 
-fn inode(fd: i32) -> Option<(u64, u64)> {
+pub(crate) fn inode(fd: i32) -> Option<(u64, u64)> {
     // SAFETY: stat is plain data; fstat on a descriptor the caller holds.
     unsafe {
         let mut st: libc::stat = std::mem::zeroed();
@@ -128,20 +128,16 @@ fn inode(fd: i32) -> Option<(u64, u64)> {
     }
 }
 
-/// cuMemExportToShareableHandle (POSIX file descriptor): a new descriptor of the allocation's memfd, which the
-/// caller owns. The first export records the allocation in the shared state: from then on its memory lives
-/// (charged to this process) until every process holding it let go.
-pub(crate) fn export(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<i32> {
+/// Records `h` in the shared state at its first export: from then on its memory lives (charged to this process)
+/// until every process holding it let go. Checks that it may be exported as `handle_type`.
+fn share(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<(usize, u64)> {
     let a = o
         .vmm
         .handles
         .get_mut(&h)
         .filter(|a| a.refs > 0)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
-    }
-    if a.handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR == 0 {
+    if a.handle_types & handle_type == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     if a.shared.is_none() {
@@ -153,6 +149,18 @@ pub(crate) fn export(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> Cu
             .ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
         a.shared = Some((entry, ino, false));
     }
+    let (entry, ino, _) = a.shared.expect("set above");
+    Ok((entry, ino))
+}
+
+/// cuMemExportToShareableHandle (POSIX file descriptor): a new descriptor of the allocation's memfd, which the
+/// caller owns.
+pub(crate) fn export(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<i32> {
+    if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    share(o, sim, h, handle_type)?;
+    let a = &o.vmm.handles[&h];
     // SAFETY: duplicating our memfd for the caller.
     let fd = unsafe { libc::fcntl(a.fd, libc::F_DUPFD_CLOEXEC, 0) };
     if fd < 0 {
@@ -161,46 +169,101 @@ pub(crate) fn export(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> Cu
     Ok(fd)
 }
 
+const FABRIC_MAGIC: &[u8; 8] = b"CUSIMFAB";
+
+/// cuMemExportToShareableHandle (CU_MEM_HANDLE_TYPE_FABRIC): 64 bytes naming the allocation, which any process
+/// on the node may import (as a node with IMEX channels for every process: the simulator checks no channel).
+pub(crate) fn export_fabric(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<[u8; 64]> {
+    let (entry, ino) = share(o, sim, h, CU_MEM_HANDLE_TYPE_FABRIC)?;
+    let a = &o.vmm.handles[&h];
+    Ok(crate::ipc::encode_as(
+        FABRIC_MAGIC,
+        &crate::ipc::Handle {
+            id: ino,
+            entry,
+            pid: std::process::id(),
+            fd: a.fd,
+            len: a.size,
+            phys: a.phys,
+            pool: 0,
+        },
+    ))
+}
+
 /// cuMemImportFromShareableHandle (POSIX file descriptor from another process's export): a new handle to the
 /// same memory, charged to nobody here (the exporter's charge lasts while any process holds it).
 pub(crate) fn import(o: &mut Objects, sim: &Sim, fd: i32, handle_type: u32) -> CuResult<u64> {
     if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    let (ino, size) = inode(fd).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let entry = sim
+    let (ino, _) = inode(fd).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if let Some(h) = imported_again(o, ino) {
+        return Ok(h);
+    }
+    // SAFETY: duplicating the caller's descriptor; we own the copy.
+    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    import_own(o, sim, own, handle_type)
+}
+
+/// cuMemImportFromShareableHandle (CU_MEM_HANDLE_TYPE_FABRIC): the allocation the 64 bytes name.
+pub(crate) fn import_fabric(o: &mut Objects, sim: &Sim, b: &[u8; 64]) -> CuResult<u64> {
+    let h = crate::ipc::decode_as(FABRIC_MAGIC, b).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if let Some(v) = imported_again(o, h.id) {
+        return Ok(v);
+    }
+    let own = crate::ipc::open_exporters_fd(&h);
+    if own >= 0 && inode(own).map(|(ino, _)| ino) != Some(h.id) {
+        // SAFETY: our own descriptor, of another file than the export (the exporter's fd was reused).
+        unsafe { libc::close(own) };
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    import_own(o, sim, own, CU_MEM_HANDLE_TYPE_FABRIC)
+}
+
+/// An allocation imported (or created) here already under identity `ino`: the same handle, one more reference.
+fn imported_again(o: &mut Objects, ino: u64) -> Option<u64> {
+    let (&h, a) = o
+        .vmm
+        .handles
+        .iter_mut()
+        .find(|(_, a)| a.shared.is_some_and(|s| s.1 == ino))?;
+    a.refs += 1;
+    Some(h)
+}
+
+/// Imports the exported allocation whose memfd this process now owns as `own` (-1: could not be opened).
+fn import_own(o: &mut Objects, sim: &Sim, own: i32, handle_type: u32) -> CuResult<u64> {
+    if own < 0 {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
+    let close = |e| {
+        // SAFETY: our own descriptor, not kept.
+        unsafe { libc::close(own) };
+        Err(e)
+    };
+    let Some((ino, size)) = inode(own) else {
+        return close(CUDA_ERROR_INVALID_HANDLE);
+    };
+    let Some(entry) = sim
         .shared
         .ipc
         .iter()
         .position(|e| e.id.load(std::sync::atomic::Ordering::Acquire) == ino)
-        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    else {
+        return close(CUDA_ERROR_INVALID_HANDLE);
+    };
     let phys = sim.shared.ipc[entry]
         .phys
         .load(std::sync::atomic::Ordering::Relaxed) as usize;
-    let ordinal = sim
-        .visible
-        .iter()
-        .position(|&v| v == phys)
-        .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-    if let Some((&h, a)) = o
-        .vmm
-        .handles
-        .iter_mut()
-        .find(|(_, a)| a.shared.is_some_and(|s| s.1 == ino))
-    {
-        // Imported (or created) here already: the same allocation, one more reference.
-        a.refs += 1;
-        return Ok(h);
-    }
-    let slot = sim.slot()?;
+    let Some(ordinal) = sim.visible.iter().position(|&v| v == phys) else {
+        return close(CUDA_ERROR_INVALID_DEVICE);
+    };
+    let slot = match sim.slot() {
+        Ok(s) => s,
+        Err(e) => return close(e),
+    };
     if !sim.shared.ipc_open(entry, ino, slot) {
-        return Err(CUDA_ERROR_INVALID_HANDLE);
-    }
-    // SAFETY: duplicating the caller's descriptor; we own the copy.
-    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
-    if own < 0 {
-        sim.shared.ipc_drop(entry, ino, Some(slot));
-        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        return close(CUDA_ERROR_INVALID_HANDLE);
     }
     let h = new_handle(Kind::VmmHandle);
     o.vmm.handles.insert(
@@ -212,7 +275,7 @@ pub(crate) fn import(o: &mut Objects, sim: &Sim, fd: i32, handle_type: u32) -> C
             fd: own,
             maps: 0,
             refs: 1,
-            handle_types: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            handle_types: handle_type,
             shared: Some((entry, ino, true)),
         },
     );

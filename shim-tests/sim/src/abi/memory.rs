@@ -714,8 +714,45 @@ cuda_fn! {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let d = usize::try_from(pr.location.id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
-        let p = with(|o| pool::create(o, sim, d))?;
+        let p = with(|o| pool::create(o, sim, d, pr.handle_types))?;
         out(pool, hp(p))
+    }
+
+    fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: Handle, handle_type: u32, flags: u64) {
+        cuda()?;
+        if handle_out.is_null() || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let fd = with(|o| pool::export(o, h(pool), handle_type))?;
+        out(handle_out as *mut i32, fd)
+    }
+
+    fn cuMemPoolImportFromShareableHandle(pool_out: *mut Handle, handle: *mut c_void, handle_type: u32, flags: u64) {
+        let sim = cuda()?;
+        if pool_out.is_null() || flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = with(|o| pool::import(o, sim, handle as usize as i32, handle_type))?;
+        out(pool_out, hp(p))
+    }
+
+    fn cuMemPoolExportPointer(share_data: *mut [u8; 64], ptr: u64) {
+        let sim = cuda()?;
+        if share_data.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let b = with(|o| pool::export_pointer(o, sim, ptr))?;
+        out(share_data, b)
+    }
+
+    fn cuMemPoolImportPointer(ptr_out: *mut u64, pool: Handle, share_data: *mut [u8; 64]) {
+        let sim = cuda()?;
+        let data = read(share_data)?;
+        if ptr_out.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = with(|o| pool::import_pointer(o, sim, h(pool), &data))?;
+        out(ptr_out, p)
     }
 
     fn cuMemPoolDestroy(pool: Handle) {
@@ -892,6 +929,10 @@ cuda_fn! {
         if shareable.is_null() || flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        if handle_type == CU_MEM_HANDLE_TYPE_FABRIC {
+            let b = with(|o| vmm::export_fabric(o, sim, handle))?;
+            return out(shareable as *mut [u8; 64], b);
+        }
         let fd = with(|o| vmm::export(o, sim, handle, handle_type))?;
         out(shareable as *mut i32, fd)
     }
@@ -901,7 +942,12 @@ cuda_fn! {
         if handle.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let h = with(|o| vmm::import(o, sim, os_handle as usize as i32, handle_type))?;
+        let h = if handle_type == CU_MEM_HANDLE_TYPE_FABRIC {
+            let b = read(os_handle as *const [u8; 64])?;
+            with(|o| vmm::import_fabric(o, sim, &b))?
+        } else {
+            with(|o| vmm::import(o, sim, os_handle as usize as i32, handle_type))?
+        };
         out(handle, h)
     }
 
