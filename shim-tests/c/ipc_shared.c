@@ -18,6 +18,18 @@
  *                       (SCM_RIGHTS), which imports, maps and reads it  vexport.I=<result> vimport=<result> vread=0|1
  *     vfree:I           exporter: cuMemRelease + cuMemUnmap of slot I                          vfree.I=<result>
  *     vclose            importer: cuMemRelease + cuMemUnmap of its last import                    vclose=<result>
+ *     fcreate:I:SIZE    as vcreate, shareable as a fabric handle (CU_MEM_HANDLE_TYPE_FABRIC)     fcreate.I=<result>
+ *     fexport:I         exporter: cuMemExportToShareableHandle of slot I as a fabric handle; its 64 bytes go to
+ *                       the importer, which imports, maps and reads it   fexport.I=<result> fimport=<result> fread=0|1
+ *                       (let go of with vfree / vclose)
+ *     pcreate:I:SIZE    exporter: cuMemAllocFromPoolAsync of SIZE from a pool shareable as a POSIX descriptor
+ *                       (made at the first pcreate), written, into slot I                      pcreate.I=<result>
+ *     pexport:I         exporter: cuMemPoolExportPointer of slot I (at the first, also the pool, with
+ *                       cuMemPoolExportToShareableHandle: the importer imports it, ppool=<result>); the importer
+ *                       imports the pointer and reads it                 pexport.I=<result> pimport=<result> pread=0|1
+ *     pfree:I           exporter: cuMemFreeAsync of slot I + cuStreamSynchronize                  pfree.I=<result>
+ *     pdestroy          exporter: cuMemPoolDestroy of its pool (allocations still out)             pdestroy=<result>
+ *     pclose            importer: cuMemFree of its last imported pool pointer                       pclose=<result>
  *     kill              the importer dies by SIGKILL, holding whatever it holds                        killed=1
  *     used              the simulator's own used bytes on device 0 (NVML, past any interposer)     used=
  *     charged           exporter's cuMemGetInfo total − free: what the shim charged its container  charged=
@@ -43,6 +55,9 @@ static int slot(const char *s) {
 }
 
 static CUmemGenericAllocationHandle vhandles[SLOTS];
+static CUdeviceptr pptrs[SLOTS];
+static CUmemoryPool pool;
+static int pool_shared;
 static CUdeviceptr vmaps[SLOTS];
 static size_t vsizes[SLOTS];
 
@@ -122,6 +137,9 @@ static int importer(int in, int out, int sock) {
     CUdeviceptr vva[SLOTS];
     size_t vsz[SLOTS];
     int vn = 0;
+    CUmemoryPool ipool = NULL;
+    CUdeviceptr pimported[SLOTS];
+    int pn = 0;
     for (;;) {
         char c = 0;
         if (read(in, &c, 1) != 1 || c == 'q') break;
@@ -154,6 +172,39 @@ static int importer(int in, int out, int sock) {
                 vsz[vn++] = size;
             }
             printf("vimport=%s\nvread=%d\n", cq_err(r), ok);
+        } else if (c == 'f') {
+            CUmemFabricHandle fh;
+            size_t size = 0;
+            if (read(in, &fh, sizeof fh) != sizeof fh || read(in, &size, sizeof size) != sizeof size) return 2;
+            CUmemGenericAllocationHandle h = 0;
+            CUresult r = cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+            CUdeviceptr va = 0;
+            if (!r) r = vmap(h, size, &va);
+            unsigned char b = 0;
+            int ok = !r && !cuMemcpyDtoH(&b, va, 1) && b == 0x5a;
+            if (!r && vn < SLOTS) {
+                vh[vn] = h;
+                vva[vn] = va;
+                vsz[vn++] = size;
+            }
+            printf("fimport=%s\nfread=%d\n", cq_err(r), ok);
+        } else if (c == 'p') {
+            size_t unused = 0;
+            int fd = recv_fd(sock, &unused);
+            printf("ppool=%s\n", cq_err(cuMemPoolImportFromShareableHandle(&ipool, (void *)(long)fd,
+                                                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)));
+            close(fd);
+        } else if (c == 'i') {
+            CUmemPoolPtrExportData data;
+            if (read(in, &data, sizeof data) != sizeof data) return 2;
+            CUdeviceptr p = 0;
+            CUresult r = cuMemPoolImportPointer(&p, ipool, &data);
+            unsigned char b = 0;
+            int ok = !r && !cuMemcpyDtoH(&b, p, 1) && b == 0x5a;
+            if (!r && pn < SLOTS) pimported[pn++] = p;
+            printf("pimport=%s\npread=%d\n", cq_err(r), ok);
+        } else if (c == 'y') {
+            printf("pclose=%s\n", cq_err(pn ? cuMemFree(pimported[--pn]) : CUDA_ERROR_INVALID_VALUE));
         } else if (c == 'x') {
             CUresult r = CUDA_ERROR_INVALID_VALUE;
             if (vn) {
@@ -227,6 +278,80 @@ int main(int argc, char **argv) {
             if (!r) r = vmap(vhandles[i], vsizes[i], &vmaps[i]);
             if (!r) r = cuMemsetD8(vmaps[i], 0x5a, vsizes[i]);
             printf("vcreate.%d=%s\n", i, cq_err(r));
+        } else if (sscanf(c, "fcreate:%63[^:]:%63s", x, y) == 2) {
+            int i = slot(x);
+            CUmemAllocationProp p;
+            memset(&p, 0, sizeof p);
+            p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+            p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            p.location.id = 0;
+            p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
+            vsizes[i] = (size_t)cq_size(y);
+            CUresult r = cuMemCreate(&vhandles[i], vsizes[i], &p, 0);
+            if (!r) r = vmap(vhandles[i], vsizes[i], &vmaps[i]);
+            if (!r) r = cuMemsetD8(vmaps[i], 0x5a, vsizes[i]);
+            printf("fcreate.%d=%s\n", i, cq_err(r));
+        } else if (sscanf(c, "fexport:%63s", x) == 1) {
+            int i = slot(x);
+            CUmemFabricHandle fh;
+            memset(&fh, 0, sizeof fh);
+            CUresult r = cuMemExportToShareableHandle(&fh, vhandles[i], CU_MEM_HANDLE_TYPE_FABRIC, 0);
+            printf("fexport.%d=%s\n", i, cq_err(r));
+            fflush(stdout);
+            if (!r) {
+                char msg[sizeof fh + sizeof(size_t)];
+                memcpy(msg, &fh, sizeof fh);
+                memcpy(msg + sizeof fh, &vsizes[i], sizeof(size_t));
+                ask('f', msg, sizeof msg);
+            }
+        } else if (sscanf(c, "pcreate:%63[^:]:%63s", x, y) == 2) {
+            int i = slot(x);
+            CUresult r = CUDA_SUCCESS;
+            if (!pool) {
+                CUmemPoolProps pp;
+                memset(&pp, 0, sizeof pp);
+                pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+                pp.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+                pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                pp.location.id = 0;
+                r = cuMemPoolCreate(&pool, &pp);
+            }
+            size_t size = (size_t)cq_size(y);
+            if (!r) r = cuMemAllocFromPoolAsync(&pptrs[i], size, pool, 0);
+            if (!r) r = cuMemsetD8Async(pptrs[i], 0x5a, size, 0);
+            if (!r) r = cuStreamSynchronize(0);
+            printf("pcreate.%d=%s\n", i, cq_err(r));
+        } else if (sscanf(c, "pexport:%63s", x) == 1) {
+            int i = slot(x);
+            CUresult r = CUDA_SUCCESS;
+            if (!pool_shared) {
+                int fd = -1;
+                r = cuMemPoolExportToShareableHandle(&fd, pool, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+                if (!r) {
+                    fflush(stdout);
+                    send_fd(sock, fd, 0);
+                    close(fd);
+                    ask('p', NULL, 0);
+                    pool_shared = 1;
+                }
+            }
+            CUmemPoolPtrExportData data;
+            memset(&data, 0, sizeof data);
+            if (!r) r = cuMemPoolExportPointer(&data, pptrs[i]);
+            printf("pexport.%d=%s\n", i, cq_err(r));
+            fflush(stdout);
+            if (!r) ask('i', &data, sizeof data);
+        } else if (sscanf(c, "pfree:%63s", x) == 1) {
+            int i = slot(x);
+            CUresult r = cuMemFreeAsync(pptrs[i], 0);
+            if (!r) r = cuStreamSynchronize(0);
+            printf("pfree.%d=%s\n", i, cq_err(r));
+        } else if (strcmp(c, "pdestroy") == 0) {
+            printf("pdestroy=%s\n", cq_err(cuMemPoolDestroy(pool)));
+            pool = NULL;
+        } else if (strcmp(c, "pclose") == 0) {
+            fflush(stdout);
+            ask('y', NULL, 0);
         } else if (sscanf(c, "vexport:%63s", x) == 1) {
             int i = slot(x), fd = -1;
             CUresult r = cuMemExportToShareableHandle(&fd, vhandles[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);

@@ -1,7 +1,9 @@
 //! #11 class 1, memory shared between processes with CUDA IPC (`cuIpcGetMemHandle` / `cuIpcOpenMemHandle` /
-//! `cuIpcCloseMemHandle`) and with shareable VMM handles (`cuMemExportToShareableHandle` /
-//! `cuMemImportFromShareableHandle`, a POSIX descriptor passed with `SCM_RIGHTS`; the same attack with
-//! `cuMemRelease` + `cuMemUnmap` as the exporter's letting go). cuda.h calls the exporter's `cuMemFree` before the importers close undefined; a
+//! `cuIpcCloseMemHandle`), with shareable VMM handles (`cuMemExportToShareableHandle` /
+//! `cuMemImportFromShareableHandle`, a POSIX descriptor passed with `SCM_RIGHTS` or a fabric handle's bytes; the
+//! same attack with `cuMemRelease` + `cuMemUnmap` as the exporter's letting go) and with pool allocations
+//! (`cuMemPoolExportToShareableHandle` / `cuMemPoolImportFromShareableHandle` / `cuMemPoolExportPointer` /
+//! `cuMemPoolImportPointer`; the exporter destroys its pool while the importer still holds the allocation). cuda.h calls the exporter's `cuMemFree` before the importers close undefined; a
 //! driver that counts references (the simulator models one) keeps the memory for the importer. The attack
 //! (`c/ipc_shared.c`): export 512 MiB to a second process of the container, free it, allocate 768 MiB more
 //! under a 1 GiB cap. Judged by the simulated GPU's own used bytes (NVML read past the shim): a shim that
@@ -142,5 +144,109 @@ fn a_dead_importer_lets_go() {
         .expect("vfree.1", OK)
         .expect("alloc.2", OK);
     assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+// ---- fabric handles (CU_MEM_HANDLE_TYPE_FABRIC) -------------------------------------------------------------
+
+#[test]
+fn memory_exported_as_a_fabric_handle_stays_charged_until_the_importer_lets_go() {
+    let out = run(
+        "fcreate:0:512m fexport:0 vfree:0 used alloc:1:768m used vclose used alloc:2:768m used",
+        "default",
+    );
+    out.expect("fcreate.0", OK)
+        .expect("fexport.0", OK)
+        .expect("fimport", OK)
+        .expect("fread", "1");
+    out.expect("vfree.0", OK).expect("vclose", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    out.expect("alloc.1", OOM).expect("alloc.2", OK);
+    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+#[test]
+fn both_holding_fabric_memory_is_one_charge() {
+    let out = run(
+        "fcreate:0:512m fexport:0 ialloc:256m alloc:1:200m used charged",
+        "default",
+    );
+    out.expect("fimport", OK)
+        .expect("ialloc", OK)
+        .expect("alloc.1", OK);
+    assert_eq!(out.num("charged"), out.num("used"), "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+#[test]
+fn a_fabric_import_from_another_container_is_charged_to_the_importer() {
+    let out = run(
+        "fcreate:0:512m fexport:0 vfree:0 used ialloc:768m used vclose ialloc:768m used",
+        "other",
+    );
+    out.expect("fimport", OK)
+        .expect("fread", "1")
+        .expect("vfree.0", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+// ---- pool allocations (cuMemPoolExportPointer / cuMemPoolImportPointer) -------------------------------------
+
+#[test]
+fn an_exported_pool_allocation_stays_charged_until_the_importer_frees_it() {
+    // The exporter destroys its pool with the allocation still imported elsewhere: the pool's charge goes, the
+    // imported 512 MiB stay on the GPU and in the container's usage until the importer frees them.
+    let out = run(
+        "pcreate:0:512m pexport:0 pdestroy used alloc:1:768m used pclose used alloc:2:768m used",
+        "default",
+    );
+    out.expect("pcreate.0", OK)
+        .expect("ppool", OK)
+        .expect("pexport.0", OK)
+        .expect("pimport", OK)
+        .expect("pread", "1");
+    out.expect("pdestroy", OK).expect("pclose", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    out.expect("alloc.1", OOM).expect("alloc.2", OK);
+    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+#[test]
+fn both_holding_a_pool_allocation_is_one_charge() {
+    // Importer frees first, then the exporter (cuda.h's order): every step one charge, none left at the end.
+    let out = run(
+        "pcreate:0:512m pexport:0 ialloc:256m alloc:1:200m used charged pclose pfree:0 charged",
+        "default",
+    );
+    out.expect("pimport", OK)
+        .expect("ialloc", OK)
+        .expect("alloc.1", OK)
+        .expect("pclose", OK)
+        .expect("pfree.0", OK);
+    assert_eq!(out.nth_num("charged", 0), out.nth_num("used", 0), "{out:?}");
+    // The freed block was trimmed at the synchronisation: the GPU and the charge are back to the rest.
+    assert_eq!(
+        out.nth_num("charged", 1),
+        out.nth_num("used", 0) - 512 * MIB,
+        "{out:?}"
+    );
+    out.assert_used_within(GIB);
+}
+
+#[test]
+fn a_pool_import_from_another_container_is_charged_to_the_importer() {
+    let out = run(
+        "pcreate:0:512m pexport:0 pdestroy used ialloc:768m used pclose ialloc:768m used",
+        "other",
+    );
+    out.expect("pimport", OK)
+        .expect("pread", "1")
+        .expect("pdestroy", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
     out.assert_used_within(GIB);
 }

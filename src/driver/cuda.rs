@@ -42,6 +42,8 @@ macro_rules! cuda_functions {
             cuMemPoolCreate @11020 (pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) => memory::pool_create(call, pool, poolProps);
             cuMemPoolTrimTo @11020 (pool: CUmemoryPool, minBytesToKeep: usize) => memory::pool_trim(call, pool);
             cuMemPoolDestroy @11020 (pool: CUmemoryPool) => memory::pool_destroy(call, pool);
+            cuMemPoolExportPointer @11020 (shareData_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) => memory::pool_export_pointer(call, shareData_out, ptr);
+            cuMemPoolImportPointer @11020 (ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut CUmemPoolPtrExportData) => memory::pool_import_pointer(call, ptr_out, shareData);
             // virtual memory management
             cuMemCreate @10020 (handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::vmm_create(call, handle, size, prop);
             cuMemRelease @10020 (handle: CUmemGenericAllocationHandle) => memory::vmm_release(call, handle);

@@ -147,6 +147,18 @@ c_structs! { checked_structs;
         pub reserved: [u8; 64],
     }
 
+    /// `CUmemPoolPtrExportData`: what names an exported pool allocation to another process.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUmemPoolPtrExportData {
+        pub reserved: [u8; 64],
+    }
+
+    /// `CUmemFabricHandle`: a `CU_MEM_HANDLE_TYPE_FABRIC` shareable handle.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUmemFabricHandle {
+        pub data: [u8; 64],
+    }
+
     /// `CUmemAllocationProp`.
     #[derive(Clone, Copy, Debug)]
     pub struct CUmemAllocationProp {
@@ -213,6 +225,8 @@ c_structs! { checked_structs;
 c_consts! { checked_consts;
     CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
     CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType = 0x1;
+    CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType = 0x8;
     CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags = 0;
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute = 5;
     CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;

@@ -167,10 +167,18 @@ pub unsafe fn alloc_pitch<P: Width, N: Width>(
 /// `cuMemFree_v2`, legacy `cuMemFree`, `cuMemFreeAsync` (+ `_ptsz`).
 pub fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
     let p = dptr.to_u64();
-    match s.mem.shared.take_export(p) {
-        Some(e) => free_exported(s, call, p, e),
-        None => tracked_free(s, Space::Pointer, p, call),
+    if let Some(e) = s.mem.shared.take_export(p) {
+        return free_exported(s, call, p, e);
     }
+    if s.mem.shared.imported(p) {
+        // An imported pool allocation (`cuMemPoolImportPointer`): its hold goes with the free.
+        let r = call();
+        if r.ok() {
+            let_go(s, s.mem.shared.close(p));
+        }
+        return r;
+    }
+    tracked_free(s, Space::Pointer, p, call)
 }
 
 // ---- interprocess memory (memory::shared) -------------------------------------------------------------------
@@ -187,14 +195,98 @@ fn free_exported(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, e: Export) -
         s.mem.shared.export(p, e);
         return r;
     }
-    s.mem.unshare(e.entry, e.key);
-    if let Some(rec) = rec {
-        if e.moved {
-            s.mem.forget_allocated(rec.entry, rec.bytes);
-        } else {
-            s.mem.release_entry(rec.entry, rec.bytes);
+    match rec {
+        Some(Record {
+            entry,
+            bytes,
+            kind: Kind::Pool(pool),
+        }) => {
+            // The block goes back into the pool's reserve, still charged to this process: its charge comes back
+            // here before this process lets go of the shared entry (importers may still hold the memory).
+            if e.moved {
+                s.mem.force_entry(entry, bytes);
+            }
+            s.mem.unshare(e.entry, e.key);
+            s.mem.pool_freed(pool, p, bytes);
+            s.mem.refresh_pool(&s.cuda, pool);
+        }
+        Some(rec) => {
+            s.mem.unshare(e.entry, e.key);
+            if e.moved {
+                s.mem.forget_allocated(rec.entry, rec.bytes);
+            } else {
+                s.mem.release_entry(rec.entry, rec.bytes);
+            }
+        }
+        None => s.mem.unshare(e.entry, e.key),
+    }
+    r
+}
+
+/// Moves the charge of the allocation at `p` (`rec`) into the container's shared table under `key` (an export
+/// by `what`). A full table refuses the export.
+fn share_export(s: &Shim, r: CUresult, p: u64, rec: Record, key: u64, what: &str) -> CUresult {
+    match s.mem.share(rec.entry, key, rec.bytes) {
+        Some((entry, moved)) => {
+            s.mem.shared.export(p, Export { entry, key, moved });
+            r
+        }
+        None => {
+            log!(
+                Level::Error,
+                "{what} refused: the container's table of memory shared between processes is full \
+                 ({} entries); free exported allocations first",
+                cuquota_core::region::layout::MAX_SHARED
+            );
+            CUresult::ERROR_OUT_OF_MEMORY
         }
     }
+}
+
+/// An import's last reference is gone: its hold goes.
+fn let_go(s: &Shim, closed: Closed) {
+    match closed {
+        Closed::Last(Hold::Shared { entry, key }) => s.mem.unshare(entry, key),
+        Closed::Last(Hold::Charged { dev, bytes }) => s.mem.release_entry(dev, bytes),
+        Closed::StillOpen | Closed::Unknown => {}
+    }
+}
+
+/// The import at `p` just made by `what` (key `key`): memory this container exported is already charged (this
+/// process joins its shared entry); memory another container exported is charged to this process until it lets
+/// go of it, and refused (`undo` gives it back to the driver) when it does not fit.
+fn hold_import(s: &Shim, r: CUresult, p: u64, key: u64, what: &str, undo: impl FnOnce(u64)) -> CUresult {
+    if s.mem.shared.open_again(p) {
+        return r;
+    }
+    if let Some(entry) = s.mem.join_shared(key) {
+        s.mem.shared.opened(p, Hold::Shared { entry, key });
+        return r;
+    }
+    let refuse = |why: &str| {
+        log!(Level::Error, "{what} refused: {why}");
+        undo(p);
+        CUresult::ERROR_OUT_OF_MEMORY
+    };
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return if s.devices.refuse_unplaced() {
+            refuse("no accounting identity for the current device")
+        } else {
+            r
+        };
+    };
+    let (mut base, mut size) = (0, 0usize);
+    // SAFETY: valid out-pointers; `p` is the mapping just opened.
+    if !unsafe { s.cuda.cuMemGetAddressRange_v2(&mut base, &mut size, p) }.ok() || size == 0 {
+        return refuse("its size is unknown (cuMemGetAddressRange failed)");
+    }
+    let bytes = size as u64;
+    let Ok(_admitted) = s.mem.admit(dev, bytes, &s.cuda, &s.nvml) else {
+        return refuse(&format!(
+            "{bytes} bytes from another container do not fit under the memory limit"
+        ));
+    };
+    s.mem.shared.opened(p, Hold::Charged { dev: dev.id, bytes });
     r
 }
 
@@ -223,21 +315,7 @@ pub unsafe fn ipc_get(
     };
     // SAFETY: non-NULL, written by the driver on success.
     let key = shared::key(&unsafe { *handle }.reserved);
-    match s.mem.share(rec.entry, key, rec.bytes) {
-        Some((entry, moved)) => {
-            s.mem.shared.export(dptr, Export { entry, key, moved });
-            r
-        }
-        None => {
-            log!(
-                Level::Error,
-                "cuIpcGetMemHandle refused: the container's table of memory shared between processes is full \
-                 ({} entries); free exported allocations first",
-                cuquota_core::region::layout::MAX_SHARED
-            );
-            CUresult::ERROR_OUT_OF_MEMORY
-        }
-    }
+    share_export(s, r, dptr, rec, key, "cuIpcGetMemHandle")
 }
 
 /// `cuIpcOpenMemHandle(_v2)`: memory this container exported is already charged (the importer joins its
@@ -259,50 +337,17 @@ pub unsafe fn ipc_open(
     }
     // SAFETY: non-NULL, written by the driver on success.
     let p = unsafe { *pdptr };
-    if s.mem.shared.open_again(p) {
-        return r;
-    }
-    if let Some(entry) = s.mem.join_shared(key) {
-        s.mem.shared.opened(p, Hold::Shared { entry, key });
-        return r;
-    }
-    let refuse = |why: &str| {
-        log!(Level::Error, "cuIpcOpenMemHandle refused: {why}");
+    hold_import(s, r, p, key, "cuIpcOpenMemHandle", |p| {
         // SAFETY: closing the mapping the driver just opened for this call.
         unsafe { s.cuda.cuIpcCloseMemHandle(p) };
-        CUresult::ERROR_OUT_OF_MEMORY
-    };
-    let Some(dev) = s.devices.current(&s.cuda) else {
-        return if s.devices.refuse_unplaced() {
-            refuse("no accounting identity for the current device")
-        } else {
-            r
-        };
-    };
-    let (mut base, mut size) = (0, 0usize);
-    // SAFETY: valid out-pointers; `p` is the mapping just opened.
-    if !unsafe { s.cuda.cuMemGetAddressRange_v2(&mut base, &mut size, p) }.ok() || size == 0 {
-        return refuse("its size is unknown (cuMemGetAddressRange failed)");
-    }
-    let bytes = size as u64;
-    let Ok(_admitted) = s.mem.admit(dev, bytes, &s.cuda, &s.nvml) else {
-        return refuse(&format!(
-            "{bytes} bytes from another container do not fit under the memory limit"
-        ));
-    };
-    s.mem.shared.opened(p, Hold::Charged { dev: dev.id, bytes });
-    r
+    })
 }
 
 /// `cuIpcCloseMemHandle`: the last close lets go of the hold.
 pub fn ipc_close(s: &Shim, call: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
     let r = call();
     if r.ok() {
-        match s.mem.shared.close(dptr) {
-            Closed::Last(Hold::Shared { entry, key }) => s.mem.unshare(entry, key),
-            Closed::Last(Hold::Charged { dev, bytes }) => s.mem.release_entry(dev, bytes),
-            Closed::StillOpen | Closed::Unknown => {}
-        }
+        let_go(s, s.mem.shared.close(dptr));
     }
     r
 }
@@ -471,13 +516,84 @@ pub fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) 
     r
 }
 
-/// `cuMemPoolDestroy`: gives the pool's whole charge back.
+/// `cuMemPoolDestroy`: gives the pool's whole charge back, except what other processes hold of its exported
+/// allocations (their shared entries keep it until the last holder lets go).
 pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
     let r = call();
     if r.ok() {
-        s.mem.forget_pool(pool as usize);
+        let key = pool as usize;
+        for (p, e) in s.mem.shared.exports() {
+            let Some(rec) = s.mem.ledger.get(Space::Pointer, p) else {
+                continue;
+            };
+            if rec.kind != Kind::Pool(key) || s.mem.shared.take_export(p).is_none() {
+                continue;
+            }
+            s.mem.ledger.remove(Space::Pointer, p);
+            // Back on this process for `forget_pool` to give back with the rest of the pool.
+            if e.moved {
+                s.mem.force_entry(rec.entry, rec.bytes);
+            }
+            s.mem.unshare(e.entry, e.key);
+        }
+        s.mem.forget_pool(key);
     }
     r
+}
+
+/// `cuMemPoolExportPointer`: as `cuIpcGetMemHandle`, the allocation's charge moves out of its pool's into the
+/// container's shared table, keyed by the export data, until every process holding it let go.
+///
+/// # Safety
+/// `data` as the driver's contract says (written on success).
+pub unsafe fn pool_export_pointer(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    data: *mut CUmemPoolPtrExportData,
+    ptr: CUdeviceptr,
+) -> CUresult {
+    let r = call();
+    if !r.ok() || data.is_null() || s.mem.shared.exported(ptr).is_some() {
+        return r;
+    }
+    let Some(rec) = s
+        .mem
+        .ledger
+        .get(Space::Pointer, ptr)
+        .filter(|r| matches!(r.kind, Kind::Pool(_)))
+    else {
+        return r;
+    };
+    // SAFETY: non-NULL, written by the driver on success.
+    let key = shared::key(&unsafe { *data }.reserved);
+    share_export(s, r, ptr, rec, key, "cuMemPoolExportPointer")
+}
+
+/// `cuMemPoolImportPointer`: as `cuIpcOpenMemHandle`; the import is let go by `cuMemFree` / `cuMemFreeAsync`.
+///
+/// # Safety
+/// `ptr_out`, `data` as the driver's contract says.
+pub unsafe fn pool_import_pointer(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    ptr_out: *mut CUdeviceptr,
+    data: *mut CUmemPoolPtrExportData,
+) -> CUresult {
+    if data.is_null() {
+        return call();
+    }
+    // SAFETY: non-NULL, the caller's export data.
+    let key = shared::key(&unsafe { *data }.reserved);
+    let r = call();
+    if !r.ok() || ptr_out.is_null() {
+        return r;
+    }
+    // SAFETY: non-NULL, written by the driver on success.
+    let p = unsafe { *ptr_out };
+    hold_import(s, r, p, key, "cuMemPoolImportPointer", |p| {
+        // SAFETY: freeing the import the driver just made for this call.
+        unsafe { s.cuda.cuMemFree_v2(p) };
+    })
 }
 
 // ---- virtual memory management ------------------------------------------------------------------------------
@@ -635,12 +751,33 @@ fn vmm_gone(s: &Shim, h: u64, rec: Option<Record>) {
     }
 }
 
-/// `cuMemExportToShareableHandle` (POSIX file descriptor): as `cuIpcGetMemHandle`, the allocation's charge
-/// moves into the container's shared table, keyed by the descriptor's open file. Other handle types
-/// (fabric, Win32) are forwarded, their importers uncharged (docs/interception.md).
+/// The identity both processes compute for a shareable handle of `handle_type` at `shareable` (the caller's
+/// `int` descriptor for POSIX, 64 bytes for fabric): `None` for a type the shim cannot identify.
 ///
 /// # Safety
-/// `shareable` as the driver's contract says (an `int` written on success for a POSIX descriptor).
+/// `shareable` points to a handle of that type.
+unsafe fn shareable_key(shareable: *const c_void, handle_type: c_uint) -> Option<u64> {
+    match handle_type {
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => {
+            // SAFETY: an `int` descriptor there, as the function's contract says.
+            shared::fd_key(unsafe { *(shareable as *const c_int) })
+        }
+        CU_MEM_HANDLE_TYPE_FABRIC => {
+            // SAFETY: a CUmemFabricHandle there (unaligned-tolerant read), as the contract says.
+            let h = unsafe { (shareable as *const CUmemFabricHandle).read_unaligned() };
+            Some(shared::key(&h.data))
+        }
+        _ => None,
+    }
+}
+
+/// `cuMemExportToShareableHandle` (POSIX file descriptor, fabric handle): as `cuIpcGetMemHandle`, the
+/// allocation's charge moves into the container's shared table, keyed by the descriptor's open file or the
+/// fabric handle's bytes. Other handle types (Win32) are forwarded; their importers are charged as importers of
+/// another container's memory (`vmm_import`).
+///
+/// # Safety
+/// `shareable` as the driver's contract says (written on success: an `int` descriptor, a `CUmemFabricHandle`).
 pub unsafe fn vmm_export(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
@@ -649,15 +786,14 @@ pub unsafe fn vmm_export(
     handle_type: c_uint,
 ) -> CUresult {
     let r = call();
-    if !r.ok() || shareable.is_null() || handle_type != POSIX_FD || s.mem.shared.vmm_exported(handle) {
+    if !r.ok() || shareable.is_null() || s.mem.shared.vmm_exported(handle) {
         return r;
     }
     let Some(rec) = s.mem.ledger.get(Space::Vmm, handle) else {
         return r;
     };
-    // SAFETY: non-NULL; the driver wrote an int descriptor there.
-    let fd = unsafe { *(shareable as *const c_int) };
-    let Some(key) = shared::fd_key(fd) else {
+    // SAFETY: non-NULL; the driver wrote a handle of this type there.
+    let Some(key) = (unsafe { shareable_key(shareable, handle_type) }) else {
         return r;
     };
     match s.mem.share(rec.entry, key, rec.bytes) {
@@ -672,19 +808,22 @@ pub unsafe fn vmm_export(
                  processes is full ({} entries); release exported allocations first",
                 cuquota_core::region::layout::MAX_SHARED
             );
-            // SAFETY: the descriptor the driver just made for this call, never handed to the caller.
-            unsafe { libc::close(fd) };
+            if handle_type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+                // SAFETY: the descriptor the driver just made for this call, never handed to the caller.
+                unsafe { libc::close(*(shareable as *const c_int)) };
+            }
             CUresult::ERROR_OUT_OF_MEMORY
         }
     }
 }
 
-/// `cuMemImportFromShareableHandle` (POSIX file descriptor): memory this container exported is already
-/// charged (the new handle joins its shared entry); memory another container exported is charged to this
-/// process from its first mapping (`vmm_map`) until its last reference and mapping go.
+/// `cuMemImportFromShareableHandle`: memory this container exported (a POSIX descriptor or fabric handle it
+/// shared) is already charged (the new handle joins its shared entry); any other import — another container's
+/// export, a handle type the shim cannot identify — is charged to this process from its first mapping
+/// (`vmm_map`) until its last reference and mapping go.
 ///
 /// # Safety
-/// `handle` as the driver's contract says (written on success).
+/// `handle`, `os_handle` as the driver's contract says (the handle written on success).
 pub unsafe fn vmm_import(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
@@ -692,11 +831,14 @@ pub unsafe fn vmm_import(
     os_handle: *mut c_void,
     handle_type: c_uint,
 ) -> CUresult {
-    let key = (handle_type == POSIX_FD)
-        .then(|| shared::fd_key(os_handle as usize as c_int))
-        .flatten();
+    let key = match handle_type {
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => shared::fd_key(os_handle as usize as c_int),
+        // SAFETY: for fabric, `os_handle` points to the caller's CUmemFabricHandle.
+        CU_MEM_HANDLE_TYPE_FABRIC if !os_handle.is_null() => unsafe { shareable_key(os_handle, handle_type) },
+        _ => None,
+    };
     let r = call();
-    if !r.ok() || handle.is_null() || handle_type != POSIX_FD {
+    if !r.ok() || handle.is_null() {
         return r;
     }
     // SAFETY: non-NULL, written by the driver on success.
@@ -716,9 +858,6 @@ pub unsafe fn vmm_import(
     s.mem.shared.vmm_imported(h, hold);
     r
 }
-
-/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
-const POSIX_FD: c_uint = 1;
 
 /// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
 pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {

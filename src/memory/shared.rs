@@ -71,6 +71,8 @@ pub struct SharedMem {
     table: Lock<Table>,
     /// Set by the first export: until then `cuMemFree` does not look here (one relaxed load).
     any_export: AtomicBool,
+    /// Set by the first import: until then `cuMemFree` does not look for imports either.
+    any_import: AtomicBool,
 }
 
 /// The identity of a shareable POSIX file descriptor both processes compute: its open file (`st_dev`,
@@ -125,9 +127,20 @@ impl SharedMem {
         }
     }
 
-    /// `cuIpcOpenMemHandle` returned `p`, holding `hold`.
+    /// `cuIpcOpenMemHandle` (or `cuMemPoolImportPointer`) returned `p`, holding `hold`.
     pub fn opened(&self, p: u64, hold: Hold) {
+        self.any_import.store(true, Ordering::Release);
         self.table.lock().imports.insert(p, (hold, 1));
+    }
+
+    /// Whether `p` is an address this process imported (freed by `cuMemFree` for pool imports).
+    pub fn imported(&self, p: u64) -> bool {
+        self.any_import.load(Ordering::Acquire) && self.table.lock().imports.contains_key(&p)
+    }
+
+    /// This process's exported allocations (address, export).
+    pub fn exports(&self) -> Vec<(u64, Export)> {
+        self.table.lock().exports.iter().map(|(&p, &e)| (p, e)).collect()
     }
 
     /// `cuIpcCloseMemHandle(p)` succeeded.
