@@ -197,7 +197,7 @@ struct cuquota_usage_slot {
     uint64_t _reserved[5];
 };
 
-/* Memory held by several processes of the container (CUDA IPC, shareable VMM handles), counted once (ABI 4). key: 0 free,
+/* Memory held by several processes of the container (CUDA IPC, shareable VMM handles, pool exports), counted once (ABI 4). key: 0 free,
  * CUQUOTA_SHARED_CLAIMING being filled in, else the identity (stored last). Join: increment holders only while
  * non-zero, then set your slot's bit; leave: clear the bit, decrement; whoever takes holders to 0 frees it. */
 struct cuquota_usage_shared {

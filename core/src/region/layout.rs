@@ -306,14 +306,15 @@ pub struct UsageSlot {
     pub _reserved: [AtomicU64; 5],
 }
 
-/// Device memory held by several processes of the container (exported with CUDA IPC or as a shareable VMM
-/// handle) (160 bytes). Its bytes
+/// Device memory held by several processes of the container (exported with CUDA IPC, as a shareable VMM
+/// handle or as a pool allocation) (160 bytes). Its bytes
 /// count once toward the container's usage, whoever holds them, until the last holder lets go; a holder is a
 /// slot (its bit in `holder_slots`), so a dead holder is dropped when its slot is reclaimed.
 #[repr(C)]
 pub struct UsageShared {
     /// 0 = free, [`SHARED_CLAIMING`] = being filled in, else the identity both processes see (a hash of the
-    /// IPC handle's bytes or of the shareable descriptor's file, never 0 or `SHARED_CLAIMING`); published last.
+    /// IPC, fabric or pool-export handle's bytes or of the shareable descriptor's file, never 0 or
+    /// `SHARED_CLAIMING`); published last.
     pub key: AtomicU64,
     /// Bytes charged.
     pub bytes: AtomicU64,
