@@ -79,6 +79,21 @@ static CUresult vmap(CUmemGenericAllocationHandle h, size_t size, CUdeviceptr *v
     return r;
 }
 
+/* cuMemCreate of `size` into slot i, shareable as `type`, mapped read-write and written. */
+static CUresult vcreate(int i, const char *size, CUmemAllocationHandleType type) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof p);
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = 0;
+    p.requestedHandleTypes = type;
+    vsizes[i] = (size_t)cq_size(size);
+    CUresult r = cuMemCreate(&vhandles[i], vsizes[i], &p, 0);
+    if (!r) r = vmap(vhandles[i], vsizes[i], &vmaps[i]);
+    if (!r) r = cuMemsetD8(vmaps[i], 0x5a, vsizes[i]);
+    return r;
+}
+
 static CUresult vfree(CUmemGenericAllocationHandle h, CUdeviceptr va, size_t size) {
     CUresult r = cuMemRelease(h);
     if (!r) r = cuMemUnmap(va, size);
@@ -155,29 +170,21 @@ static int importer(int in, int out, int sock) {
             printf("open=%s\nread=%d\n", cq_err(r), ok);
         } else if (c == 'c') {
             printf("close=%s\n", cq_err(n ? cuIpcCloseMemHandle(opened[--n]) : CUDA_ERROR_INVALID_VALUE));
-        } else if (c == 'v') {
-            size_t size = 0;
-            int fd = recv_fd(sock, &size);
-            CUmemGenericAllocationHandle h = 0;
-            CUresult r = cuMemImportFromShareableHandle(&h, (void *)(long)fd,
-                                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-            close(fd);
-            CUdeviceptr va = 0;
-            if (!r) r = vmap(h, size, &va);
-            unsigned char b = 0;
-            int ok = !r && !cuMemcpyDtoH(&b, va, 1) && b == 0x5a;
-            if (!r && vn < SLOTS) {
-                vh[vn] = h;
-                vva[vn] = va;
-                vsz[vn++] = size;
-            }
-            printf("vimport=%s\nvread=%d\n", cq_err(r), ok);
-        } else if (c == 'f') {
+        } else if (c == 'v' || c == 'f') {
+            /* 'v': a POSIX descriptor (SCM_RIGHTS) with the size; 'f': a fabric handle's bytes, then the size. */
             CUmemFabricHandle fh;
             size_t size = 0;
-            if (read(in, &fh, sizeof fh) != sizeof fh || read(in, &size, sizeof size) != sizeof size) return 2;
+            int fd = -1;
             CUmemGenericAllocationHandle h = 0;
-            CUresult r = cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+            CUresult r;
+            if (c == 'v') {
+                fd = recv_fd(sock, &size);
+                r = cuMemImportFromShareableHandle(&h, (void *)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+                close(fd);
+            } else {
+                if (read(in, &fh, sizeof fh) != sizeof fh || read(in, &size, sizeof size) != sizeof size) return 2;
+                r = cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+            }
             CUdeviceptr va = 0;
             if (!r) r = vmap(h, size, &va);
             unsigned char b = 0;
@@ -187,7 +194,7 @@ static int importer(int in, int out, int sock) {
                 vva[vn] = va;
                 vsz[vn++] = size;
             }
-            printf("fimport=%s\nfread=%d\n", cq_err(r), ok);
+            printf("%cimport=%s\n%cread=%d\n", c, cq_err(r), c, ok);
         } else if (c == 'p') {
             size_t unused = 0;
             int fd = recv_fd(sock, &unused);
@@ -267,30 +274,10 @@ int main(int argc, char **argv) {
             printf("alloc.%d=%s\n", i, cq_err(r));
         } else if (sscanf(c, "vcreate:%63[^:]:%63s", x, y) == 2) {
             int i = slot(x);
-            CUmemAllocationProp p;
-            memset(&p, 0, sizeof p);
-            p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-            p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            p.location.id = 0;
-            p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-            vsizes[i] = (size_t)cq_size(y);
-            CUresult r = cuMemCreate(&vhandles[i], vsizes[i], &p, 0);
-            if (!r) r = vmap(vhandles[i], vsizes[i], &vmaps[i]);
-            if (!r) r = cuMemsetD8(vmaps[i], 0x5a, vsizes[i]);
-            printf("vcreate.%d=%s\n", i, cq_err(r));
+            printf("vcreate.%d=%s\n", i, cq_err(vcreate(i, y, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)));
         } else if (sscanf(c, "fcreate:%63[^:]:%63s", x, y) == 2) {
             int i = slot(x);
-            CUmemAllocationProp p;
-            memset(&p, 0, sizeof p);
-            p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-            p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-            p.location.id = 0;
-            p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_FABRIC;
-            vsizes[i] = (size_t)cq_size(y);
-            CUresult r = cuMemCreate(&vhandles[i], vsizes[i], &p, 0);
-            if (!r) r = vmap(vhandles[i], vsizes[i], &vmaps[i]);
-            if (!r) r = cuMemsetD8(vmaps[i], 0x5a, vsizes[i]);
-            printf("fcreate.%d=%s\n", i, cq_err(r));
+            printf("fcreate.%d=%s\n", i, cq_err(vcreate(i, y, CU_MEM_HANDLE_TYPE_FABRIC)));
         } else if (sscanf(c, "fexport:%63s", x) == 1) {
             int i = slot(x);
             CUmemFabricHandle fh;

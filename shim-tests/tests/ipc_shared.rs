@@ -41,94 +41,171 @@ fn run(cmds: &str, importer: &str) -> Output {
     out
 }
 
-#[test]
-fn ipc_memory_stays_charged_until_the_importer_closes() {
+/// One way of sharing 512 MiB of slot 0 with the importer, as `ipc_shared` commands.
+struct Sharing {
+    /// Creates, exports and imports (the importer reads it back).
+    share: &'static str,
+    /// The exporter lets go (its free, release and unmap, or pool destruction), and the key it prints.
+    let_go: (&'static str, &'static str),
+    /// The keys of the import's result and of its read-back.
+    import: (&'static str, &'static str),
+    /// The importer lets go (command = key).
+    close: &'static str,
+}
+
+const IPC: Sharing = Sharing {
+    share: "alloc:0:512m export:0 open:0",
+    let_go: ("free:0", "free.0"),
+    import: ("open", "read"),
+    close: "close",
+};
+const VMM_FD: Sharing = Sharing {
+    share: "vcreate:0:512m vexport:0",
+    let_go: ("vfree:0", "vfree.0"),
+    import: ("vimport", "vread"),
+    close: "vclose",
+};
+const FABRIC: Sharing = Sharing {
+    share: "fcreate:0:512m fexport:0",
+    let_go: ("vfree:0", "vfree.0"),
+    import: ("fimport", "fread"),
+    close: "vclose",
+};
+const POOL: Sharing = Sharing {
+    share: "pcreate:0:512m pexport:0",
+    let_go: ("pdestroy", "pdestroy"),
+    import: ("pimport", "pread"),
+    close: "pclose",
+};
+
+/// The attack: the exporter lets go of 512 MiB the importer (same container) still holds, then asks for
+/// 768 MiB more. Freed by its exporter, the 512 MiB live on for the importer, so that does not fit under 1 GiB
+/// until the importer lets go too.
+fn stays_charged_until_the_importer_lets_go(w: Sharing) {
+    let (let_go, close) = (w.let_go.0, w.close);
     let out = run(
-        "alloc:0:512m export:0 open:0 free:0 used alloc:1:768m used close used alloc:2:768m used",
+        &format!(
+            "{} {let_go} used alloc:1:768m used {close} used alloc:2:768m used",
+            w.share
+        ),
         "default",
     );
-    out.expect("export.0", OK).expect("open", OK).expect("read", "1");
-    out.expect("free.0", OK).expect("close", OK);
-    // Freed by its exporter, the 512 MiB live on for the importer...
+    out.expect(w.import.0, OK).expect(w.import.1, "1");
+    out.expect(w.let_go.1, OK).expect(w.close, OK);
     assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    // ...so 768 MiB more does not fit under 1 GiB until the importer closes it.
     out.expect("alloc.1", OOM).expect("alloc.2", OK);
     assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
     out.assert_used_within(GIB);
 }
 
-#[test]
-fn both_holding_is_one_charge() {
-    // Exporter and importer hold the same 512 MiB: 400 MiB more (by either) still fits under 1 GiB.
+/// Exporter and importer hold the same 512 MiB: 400 MiB more (by either) still fits under 1 GiB, and what the
+/// container is charged is what the GPU holds. `then` runs afterwards.
+fn both_holding_is_one_charge_for(w: Sharing, then: &str) -> Output {
     let out = run(
-        "alloc:0:512m export:0 open:0 ialloc:256m alloc:1:200m used charged",
+        &format!("{} ialloc:256m alloc:1:200m used charged {then}", w.share),
         "default",
     );
-    out.expect("open", OK).expect("ialloc", OK).expect("alloc.1", OK);
-    assert_eq!(out.num("charged"), out.num("used"), "{out:?}");
+    out.expect(w.import.0, OK)
+        .expect("ialloc", OK)
+        .expect("alloc.1", OK);
+    assert_eq!(out.nth_num("charged", 0), out.nth_num("used", 0), "{out:?}");
+    out.assert_used_within(GIB);
+    out
+}
+
+/// The importer's container (another than the exporter's) holds the 512 MiB once the exporter let go: 768 MiB
+/// more is over its 1 GiB until the importer lets go.
+fn an_import_from_another_container_is_charged_for(w: Sharing) {
+    let (let_go, close) = (w.let_go.0, w.close);
+    let out = run(
+        &format!(
+            "{} {let_go} used ialloc:768m used {close} ialloc:768m used",
+            w.share
+        ),
+        "other",
+    );
+    out.expect(w.import.0, OK)
+        .expect(w.import.1, "1")
+        .expect(w.let_go.1, OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
     out.assert_used_within(GIB);
 }
 
 #[test]
+fn ipc_memory_stays_charged_until_the_importer_closes() {
+    stays_charged_until_the_importer_lets_go(IPC);
+}
+
+#[test]
+fn both_holding_is_one_charge() {
+    both_holding_is_one_charge_for(IPC, "");
+}
+
+#[test]
 fn an_import_from_another_container_is_charged_to_the_importer() {
-    let out = run(
-        "alloc:0:512m export:0 open:0 free:0 used ialloc:768m used close ialloc:768m used",
-        "other",
-    );
-    out.expect("open", OK).expect("read", "1").expect("free.0", OK);
-    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    // The importer's container holds the 512 MiB: 768 MiB more is over its 1 GiB, until it closes them.
-    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
-    out.assert_used_within(GIB);
+    an_import_from_another_container_is_charged_for(IPC);
 }
 
 // ---- shareable VMM handles (cuMemExportToShareableHandle / cuMemImportFromShareableHandle, POSIX fd) ------
 
 #[test]
 fn exported_vmm_memory_stays_charged_until_the_importer_lets_go() {
-    let out = run(
-        "vcreate:0:512m vexport:0 vfree:0 used alloc:1:768m used vclose used alloc:2:768m used",
-        "default",
-    );
-    out.expect("vcreate.0", OK)
-        .expect("vexport.0", OK)
-        .expect("vimport", OK)
-        .expect("vread", "1");
-    out.expect("vfree.0", OK).expect("vclose", OK);
-    // Released and unmapped by its creator, the 512 MiB live on, mapped in the importer...
-    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    // ...so 768 MiB more does not fit under 1 GiB until the importer lets go too.
-    out.expect("alloc.1", OOM).expect("alloc.2", OK);
-    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
-    out.assert_used_within(GIB);
+    stays_charged_until_the_importer_lets_go(VMM_FD);
 }
 
 #[test]
 fn both_holding_vmm_memory_is_one_charge() {
-    let out = run(
-        "vcreate:0:512m vexport:0 ialloc:256m alloc:1:200m used charged",
-        "default",
-    );
-    out.expect("vimport", OK)
-        .expect("ialloc", OK)
-        .expect("alloc.1", OK);
-    assert_eq!(out.num("charged"), out.num("used"), "{out:?}");
-    out.assert_used_within(GIB);
+    both_holding_is_one_charge_for(VMM_FD, "");
 }
 
 #[test]
 fn a_vmm_import_from_another_container_is_charged_to_the_importer() {
-    let out = run(
-        "vcreate:0:512m vexport:0 vfree:0 used ialloc:768m used vclose ialloc:768m used",
-        "other",
+    // Charged at the importer's mapping (the size of an imported handle is known only there).
+    an_import_from_another_container_is_charged_for(VMM_FD);
+}
+
+// ---- fabric handles (CU_MEM_HANDLE_TYPE_FABRIC) -------------------------------------------------------------
+
+#[test]
+fn memory_exported_as_a_fabric_handle_stays_charged_until_the_importer_lets_go() {
+    stays_charged_until_the_importer_lets_go(FABRIC);
+}
+
+#[test]
+fn both_holding_fabric_memory_is_one_charge() {
+    both_holding_is_one_charge_for(FABRIC, "");
+}
+
+#[test]
+fn a_fabric_import_from_another_container_is_charged_to_the_importer() {
+    an_import_from_another_container_is_charged_for(FABRIC);
+}
+
+// ---- pool allocations (cuMemPoolExportPointer / cuMemPoolImportPointer) -------------------------------------
+
+#[test]
+fn an_exported_pool_allocation_stays_charged_until_the_importer_frees_it() {
+    // The exporter destroys its pool with the allocation still imported elsewhere.
+    stays_charged_until_the_importer_lets_go(POOL);
+}
+
+#[test]
+fn both_holding_a_pool_allocation_is_one_charge() {
+    // Then the importer frees first, the exporter after (cuda.h's order): the freed block is trimmed at the
+    // synchronisation, and the GPU and the charge are back to the rest.
+    let out = both_holding_is_one_charge_for(POOL, "pclose pfree:0 charged");
+    out.expect("pclose", OK).expect("pfree.0", OK);
+    assert_eq!(
+        out.nth_num("charged", 1),
+        out.nth_num("used", 0) - 512 * MIB,
+        "{out:?}"
     );
-    out.expect("vimport", OK)
-        .expect("vread", "1")
-        .expect("vfree.0", OK);
-    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    // The importer's container holds the 512 MiB (charged at its mapping): 768 MiB more is over its 1 GiB.
-    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
-    out.assert_used_within(GIB);
+}
+
+#[test]
+fn a_pool_import_from_another_container_is_charged_to_the_importer() {
+    an_import_from_another_container_is_charged_for(POOL);
 }
 
 #[test]
@@ -144,109 +221,5 @@ fn a_dead_importer_lets_go() {
         .expect("vfree.1", OK)
         .expect("alloc.2", OK);
     assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
-    out.assert_used_within(GIB);
-}
-
-// ---- fabric handles (CU_MEM_HANDLE_TYPE_FABRIC) -------------------------------------------------------------
-
-#[test]
-fn memory_exported_as_a_fabric_handle_stays_charged_until_the_importer_lets_go() {
-    let out = run(
-        "fcreate:0:512m fexport:0 vfree:0 used alloc:1:768m used vclose used alloc:2:768m used",
-        "default",
-    );
-    out.expect("fcreate.0", OK)
-        .expect("fexport.0", OK)
-        .expect("fimport", OK)
-        .expect("fread", "1");
-    out.expect("vfree.0", OK).expect("vclose", OK);
-    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    out.expect("alloc.1", OOM).expect("alloc.2", OK);
-    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
-    out.assert_used_within(GIB);
-}
-
-#[test]
-fn both_holding_fabric_memory_is_one_charge() {
-    let out = run(
-        "fcreate:0:512m fexport:0 ialloc:256m alloc:1:200m used charged",
-        "default",
-    );
-    out.expect("fimport", OK)
-        .expect("ialloc", OK)
-        .expect("alloc.1", OK);
-    assert_eq!(out.num("charged"), out.num("used"), "{out:?}");
-    out.assert_used_within(GIB);
-}
-
-#[test]
-fn a_fabric_import_from_another_container_is_charged_to_the_importer() {
-    let out = run(
-        "fcreate:0:512m fexport:0 vfree:0 used ialloc:768m used vclose ialloc:768m used",
-        "other",
-    );
-    out.expect("fimport", OK)
-        .expect("fread", "1")
-        .expect("vfree.0", OK);
-    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
-    out.assert_used_within(GIB);
-}
-
-// ---- pool allocations (cuMemPoolExportPointer / cuMemPoolImportPointer) -------------------------------------
-
-#[test]
-fn an_exported_pool_allocation_stays_charged_until_the_importer_frees_it() {
-    // The exporter destroys its pool with the allocation still imported elsewhere: the pool's charge goes, the
-    // imported 512 MiB stay on the GPU and in the container's usage until the importer frees them.
-    let out = run(
-        "pcreate:0:512m pexport:0 pdestroy used alloc:1:768m used pclose used alloc:2:768m used",
-        "default",
-    );
-    out.expect("pcreate.0", OK)
-        .expect("ppool", OK)
-        .expect("pexport.0", OK)
-        .expect("pimport", OK)
-        .expect("pread", "1");
-    out.expect("pdestroy", OK).expect("pclose", OK);
-    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    out.expect("alloc.1", OOM).expect("alloc.2", OK);
-    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
-    out.assert_used_within(GIB);
-}
-
-#[test]
-fn both_holding_a_pool_allocation_is_one_charge() {
-    // Importer frees first, then the exporter (cuda.h's order): every step one charge, none left at the end.
-    let out = run(
-        "pcreate:0:512m pexport:0 ialloc:256m alloc:1:200m used charged pclose pfree:0 charged",
-        "default",
-    );
-    out.expect("pimport", OK)
-        .expect("ialloc", OK)
-        .expect("alloc.1", OK)
-        .expect("pclose", OK)
-        .expect("pfree.0", OK);
-    assert_eq!(out.nth_num("charged", 0), out.nth_num("used", 0), "{out:?}");
-    // The freed block was trimmed at the synchronisation: the GPU and the charge are back to the rest.
-    assert_eq!(
-        out.nth_num("charged", 1),
-        out.nth_num("used", 0) - 512 * MIB,
-        "{out:?}"
-    );
-    out.assert_used_within(GIB);
-}
-
-#[test]
-fn a_pool_import_from_another_container_is_charged_to_the_importer() {
-    let out = run(
-        "pcreate:0:512m pexport:0 pdestroy used ialloc:768m used pclose ialloc:768m used",
-        "other",
-    );
-    out.expect("pimport", OK)
-        .expect("pread", "1")
-        .expect("pdestroy", OK);
-    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
-    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
     out.assert_used_within(GIB);
 }

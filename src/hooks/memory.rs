@@ -252,10 +252,27 @@ fn let_go(s: &Shim, closed: Closed) {
     }
 }
 
-/// The import at `p` just made by `what` (key `key`): memory this container exported is already charged (this
-/// process joins its shared entry); memory another container exported is charged to this process until it lets
-/// go of it, and refused (`undo` gives it back to the driver) when it does not fit.
-fn hold_import(s: &Shim, r: CUresult, p: u64, key: u64, what: &str, undo: impl FnOnce(u64)) -> CUresult {
+/// An import by `what` (`call`, writing its address at `out`) of the memory exported under `key`: memory this
+/// container exported is already charged (this process joins its shared entry); memory another container
+/// exported is charged to this process until it lets go of it, and refused (`undo` gives it back to the driver)
+/// when it does not fit.
+///
+/// # Safety
+/// `out` NULL or writable, as the driver's contract says.
+unsafe fn hold_import(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    out: *mut CUdeviceptr,
+    key: u64,
+    what: &str,
+    undo: impl FnOnce(u64),
+) -> CUresult {
+    let r = call();
+    if !r.ok() || out.is_null() {
+        return r;
+    }
+    // SAFETY: non-NULL, written by the driver on success.
+    let p = unsafe { *out };
     if s.mem.shared.open_again(p) {
         return r;
     }
@@ -301,21 +318,32 @@ pub unsafe fn ipc_get(
     handle: *mut CUipcMemHandle,
     dptr: CUdeviceptr,
 ) -> CUresult {
+    // SAFETY: a CUipcMemHandle is its 64 bytes; as the caller's contract says.
+    unsafe { export_pointer(s, call, handle.cast(), dptr, "cuIpcGetMemHandle") }
+}
+
+/// An export by `what` of the allocation at `ptr`, whose handle's 64 bytes the driver writes at `bytes` (its
+/// key): the allocation's charge moves into the container's shared table.
+///
+/// # Safety
+/// `bytes` NULL or writable, as the driver's contract says.
+unsafe fn export_pointer(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    bytes: *const [u8; 64],
+    ptr: CUdeviceptr,
+    what: &str,
+) -> CUresult {
     let r = call();
-    if !r.ok() || handle.is_null() || s.mem.shared.exported(dptr).is_some() {
+    if !r.ok() || bytes.is_null() || s.mem.shared.exported(ptr).is_some() {
         return r;
     }
-    let Some(rec) = s
-        .mem
-        .ledger
-        .get(Space::Pointer, dptr)
-        .filter(|r| r.kind == Kind::Direct)
-    else {
+    let Some(rec) = s.mem.ledger.get(Space::Pointer, ptr) else {
         return r;
     };
     // SAFETY: non-NULL, written by the driver on success.
-    let key = shared::key(&unsafe { *handle }.reserved);
-    share_export(s, r, dptr, rec, key, "cuIpcGetMemHandle")
+    let key = shared::key(unsafe { &*bytes });
+    share_export(s, r, ptr, rec, key, what)
 }
 
 /// `cuIpcOpenMemHandle(_v2)`: memory this container exported is already charged (the importer joins its
@@ -331,16 +359,13 @@ pub unsafe fn ipc_open(
     handle: CUipcMemHandle,
 ) -> CUresult {
     let key = shared::key(&handle.reserved);
-    let r = call();
-    if !r.ok() || pdptr.is_null() {
-        return r;
+    // SAFETY: as the caller's contract says.
+    unsafe {
+        hold_import(s, call, pdptr, key, "cuIpcOpenMemHandle", |p| {
+            // SAFETY: closing the mapping the driver just opened for this call.
+            s.cuda.cuIpcCloseMemHandle(p);
+        })
     }
-    // SAFETY: non-NULL, written by the driver on success.
-    let p = unsafe { *pdptr };
-    hold_import(s, r, p, key, "cuIpcOpenMemHandle", |p| {
-        // SAFETY: closing the mapping the driver just opened for this call.
-        unsafe { s.cuda.cuIpcCloseMemHandle(p) };
-    })
 }
 
 /// `cuIpcCloseMemHandle`: the last close lets go of the hold.
@@ -552,21 +577,8 @@ pub unsafe fn pool_export_pointer(
     data: *mut CUmemPoolPtrExportData,
     ptr: CUdeviceptr,
 ) -> CUresult {
-    let r = call();
-    if !r.ok() || data.is_null() || s.mem.shared.exported(ptr).is_some() {
-        return r;
-    }
-    let Some(rec) = s
-        .mem
-        .ledger
-        .get(Space::Pointer, ptr)
-        .filter(|r| matches!(r.kind, Kind::Pool(_)))
-    else {
-        return r;
-    };
-    // SAFETY: non-NULL, written by the driver on success.
-    let key = shared::key(&unsafe { *data }.reserved);
-    share_export(s, r, ptr, rec, key, "cuMemPoolExportPointer")
+    // SAFETY: a CUmemPoolPtrExportData is its 64 bytes; as the caller's contract says.
+    unsafe { export_pointer(s, call, data.cast(), ptr, "cuMemPoolExportPointer") }
 }
 
 /// `cuMemPoolImportPointer`: as `cuIpcOpenMemHandle`; the import is let go by `cuMemFree` / `cuMemFreeAsync`.
@@ -584,16 +596,13 @@ pub unsafe fn pool_import_pointer(
     }
     // SAFETY: non-NULL, the caller's export data.
     let key = shared::key(&unsafe { *data }.reserved);
-    let r = call();
-    if !r.ok() || ptr_out.is_null() {
-        return r;
+    // SAFETY: as the caller's contract says.
+    unsafe {
+        hold_import(s, call, ptr_out, key, "cuMemPoolImportPointer", |p| {
+            // SAFETY: freeing the import the driver just made for this call.
+            s.cuda.cuMemFree_v2(p);
+        })
     }
-    // SAFETY: non-NULL, written by the driver on success.
-    let p = unsafe { *ptr_out };
-    hold_import(s, r, p, key, "cuMemPoolImportPointer", |p| {
-        // SAFETY: freeing the import the driver just made for this call.
-        unsafe { s.cuda.cuMemFree_v2(p) };
-    })
 }
 
 // ---- virtual memory management ------------------------------------------------------------------------------
