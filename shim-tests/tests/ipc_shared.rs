@@ -45,7 +45,7 @@ fn run(cmds: &str, importer: &str) -> Output {
 struct Sharing {
     /// Creates, exports and imports (the importer reads it back).
     share: &'static str,
-    /// The exporter lets go (its free, release and unmap, or pool destruction), and the key it prints.
+    /// The exporter lets go (its free, release and unmap, or pool destruction and free), and the key it prints.
     let_go: (&'static str, &'static str),
     /// The keys of the import's result and of its read-back.
     import: (&'static str, &'static str),
@@ -73,7 +73,7 @@ const FABRIC: Sharing = Sharing {
 };
 const POOL: Sharing = Sharing {
     share: "pcreate:0:512m pexport:0",
-    let_go: ("pdestroy", "pdestroy"),
+    let_go: ("pdestroy pfree:0", "pfree.0"),
     import: ("pimport", "pread"),
     close: "pclose",
 };
@@ -186,8 +186,26 @@ fn a_fabric_import_from_another_container_is_charged_to_the_importer() {
 
 #[test]
 fn an_exported_pool_allocation_stays_charged_until_the_importer_frees_it() {
-    // The exporter destroys its pool with the allocation still imported elsewhere.
+    // The exporter destroys its pool and frees the allocation while it is still imported elsewhere.
     stays_charged_until_the_importer_lets_go(POOL);
+}
+
+#[test]
+fn allocations_still_out_of_a_destroyed_pool_stay_charged_until_freed() {
+    // One process: cuMemPoolDestroy with an allocation still out returns at once, and the allocation stays valid
+    // until freed (cuda.h). A shim that gives the pool's whole charge back at the destroy lets the container
+    // allocate the same memory again (1536 MiB under a 1 GiB cap).
+    let out = run(
+        "pcreate:0:768m pdestroy used alloc:1:768m used pfree:0 used alloc:2:768m used",
+        "default",
+    );
+    out.expect("pcreate.0", OK)
+        .expect("pdestroy", OK)
+        .expect("pfree.0", OK);
+    assert_eq!(out.nth_num("used", 0), 768 * MIB, "{out:?}");
+    out.expect("alloc.1", OOM).expect("alloc.2", OK);
+    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
+    out.assert_used_within(GIB);
 }
 
 #[test]

@@ -204,7 +204,7 @@ fn free_exported(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, e: Export) -
             // The block goes back into the pool's reserve, still charged to this process: its charge comes back
             // here before this process lets go of the shared entry (importers may still hold the memory).
             if e.moved {
-                s.mem.force_entry(entry, bytes);
+                s.mem.take_back(entry, bytes);
             }
             s.mem.unshare(e.entry, e.key);
             s.mem.pool_freed(pool, p, bytes);
@@ -541,27 +541,15 @@ pub fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) 
     r
 }
 
-/// `cuMemPoolDestroy`: gives the pool's whole charge back, except what other processes hold of its exported
-/// allocations (their shared entries keep it until the last holder lets go).
+/// `cuMemPoolDestroy`: gives the pool's charge back, except the allocations still out of it, which cuda.h keeps
+/// valid until they are freed: each stays charged until its free (exported ones stay in the shared table while
+/// any process holds them).
 pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
     let r = call();
     if r.ok() {
         let key = pool as usize;
-        for (p, e) in s.mem.shared.exports() {
-            let Some(rec) = s.mem.ledger.get(Space::Pointer, p) else {
-                continue;
-            };
-            if rec.kind != Kind::Pool(key) || s.mem.shared.take_export(p).is_none() {
-                continue;
-            }
-            s.mem.ledger.remove(Space::Pointer, p);
-            // Back on this process for `forget_pool` to give back with the rest of the pool.
-            if e.moved {
-                s.mem.force_entry(rec.entry, rec.bytes);
-            }
-            s.mem.unshare(e.entry, e.key);
-        }
-        s.mem.forget_pool(key);
+        let keep = s.mem.ledger.pool_outstanding(key);
+        s.mem.forget_pool(key, keep);
     }
     r
 }

@@ -130,6 +130,19 @@ impl Ledger {
         out
     }
 
+    /// The allocations still out of `pool` (destroyed) become ordinary records, each charged with its own
+    /// rounded size until freed; returns their sum.
+    pub fn pool_outstanding(&self, pool: usize) -> u64 {
+        let mut sum = 0u64;
+        for s in &self.shards {
+            for rec in s.lock().values_mut().filter(|r| r.kind == Kind::Pool(pool)) {
+                rec.kind = Kind::Direct;
+                sum = sum.saturating_add(rec.bytes);
+            }
+        }
+        sum
+    }
+
     /// Drops every record (a forked child owns none of its parent's allocations).
     pub fn clear(&self) {
         for s in &self.shards {
@@ -160,6 +173,25 @@ mod tests {
         assert_eq!(l.get(Space::Vmm, 0x7f00_0000_0000), None);
         assert_eq!(l.remove(Space::Pointer, 0x7f00_0000_0000), Some(r));
         assert_eq!(l.remove(Space::Pointer, 0x7f00_0000_0000), None);
+    }
+
+    #[test]
+    fn a_destroyed_pools_allocations_become_ordinary_records() {
+        let (_region, dev) = crate::memory::tests::device_id();
+        let l = Ledger::new();
+        let rec = |bytes, kind| Record {
+            entry: dev,
+            bytes,
+            kind,
+        };
+        l.insert(Space::Pointer, 0x1000, rec(2, Kind::Pool(7)));
+        l.insert(Space::Pointer, 0x2000, rec(3, Kind::Pool(7)));
+        l.insert(Space::Pointer, 0x3000, rec(5, Kind::Pool(8)));
+        l.insert(Space::Pointer, 0x4000, rec(11, Kind::Direct));
+        assert_eq!(l.pool_outstanding(7), 5);
+        assert_eq!(l.get(Space::Pointer, 0x1000), Some(rec(2, Kind::Direct)));
+        assert_eq!(l.get(Space::Pointer, 0x3000), Some(rec(5, Kind::Pool(8))));
+        assert_eq!(l.pool_outstanding(7), 0);
     }
 
     #[test]

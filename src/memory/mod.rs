@@ -225,17 +225,20 @@ impl Memory {
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
     pub fn force(&self, dev: Dev, bytes: u64) {
-        self.force_entry(dev.id, bytes);
-    }
-
-    /// Charges `bytes` on device entry `id` unconditionally (as [`Memory::force`]).
-    pub fn force_entry(&self, id: DeviceId, bytes: u64) {
         if bytes == 0 {
             return;
         }
         if let Ok(slot) = self.usage().process_slot() {
+            let _ = self.usage().try_charge(slot, dev.id, bytes, None);
+            self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// A charge this process had moved into the shared table comes back onto its slot (an exported pool
+    /// allocation returned to its pool's reserve): `allocated` counted it all along.
+    pub fn take_back(&self, id: DeviceId, bytes: u64) {
+        if let Ok(slot) = self.usage().process_slot() {
             let _ = self.usage().try_charge(slot, id, bytes, None);
-            self.alloc_bytes[id.index()].fetch_add(bytes, Ordering::Relaxed);
         }
     }
 

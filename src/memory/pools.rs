@@ -379,11 +379,12 @@ impl Memory {
         }
     }
 
-    /// A destroyed pool: its charge goes back.
-    pub fn forget_pool(&self, pool: usize) {
+    /// A destroyed pool: its charge goes back, but for `keep` bytes of allocations still out of it (cuda.h: they
+    /// stay valid until freed; now charged as ordinary records, `Ledger::pool_outstanding`).
+    pub fn forget_pool(&self, pool: usize, keep: u64) {
         if let Some(p) = self.pools.lock().remove(&pool) {
             if let Some(dev) = p.dev {
-                self.release(dev, p.charged);
+                self.release(dev, p.charged.saturating_sub(keep));
             }
         }
     }

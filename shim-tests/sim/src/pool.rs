@@ -4,7 +4,8 @@
 //! freed segment reserved for reuse: the device stays charged for everything reserved. Memory goes back to
 //! the device only when trimmed (cuMemPoolTrimTo) or at a synchronisation point, down to the pool's
 //! CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (default 0), as the real driver does. RESERVED_MEM_CURRENT is therefore
-//! exactly what the pool costs the device.
+//! exactly what the pool costs the device. cuMemPoolDestroy gives the free reserve back; allocations still out
+//! stay valid, charged, until freed (cuda.h).
 //!
 //! Sharing between processes (cuMemPoolExportToShareableHandle / cuMemPoolImportFromShareableHandle /
 //! cuMemPoolExportPointer / cuMemPoolImportPointer, POSIX descriptors): a pool created with handle types is
@@ -339,15 +340,18 @@ pub(crate) fn trim_all_to_threshold(o: &mut Objects, sim: &Sim) {
     }
 }
 
-/// cuMemPoolDestroy: releases everything (a default pool cannot be destroyed).
+/// cuMemPoolDestroy (a default pool cannot be destroyed): the free reserve goes back now; allocations still out
+/// stay valid until freed (cuda.h), each then an ordinary allocation of its segment (freed by cuMemFree(Async)).
 pub(crate) fn destroy(o: &mut Objects, sim: &Sim, pool: u64) -> CuResult<()> {
     if o.device_pools.iter().any(|d| d.0 == pool) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let p = o.pools.remove(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     for s in &p.segments {
-        o.mem.allocs.remove(&s.ptr);
-        release_segment(o, sim, p.phys, s);
+        match o.mem.allocs.get_mut(&s.ptr) {
+            Some(a) if s.in_use => a.kind = AllocKind::Device,
+            _ => release_segment(o, sim, p.phys, s),
+        }
     }
     if p.share_fd >= 0 {
         // SAFETY: closing the memfd `share_fd` made; descriptors handed out are the callers'.
