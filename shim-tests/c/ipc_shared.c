@@ -28,6 +28,8 @@
  *                       cuMemPoolExportToShareableHandle: the importer imports it, ppool=<result>); the importer
  *                       imports the pointer and reads it                 pexport.I=<result> pimport=<result> pread=0|1
  *     pfree:I           exporter: cuMemFreeAsync of slot I + cuStreamSynchronize                  pfree.I=<result>
+ *     pkeep             exporter: its pool's release threshold to UINT64_MAX (freed blocks stay reserved)
+ *                                                                                                    pkeep=<result>
  *     pdestroy          exporter: cuMemPoolDestroy of its pool (allocations still out)             pdestroy=<result>
  *     pclose            importer: cuMemFree of its last imported pool pointer                       pclose=<result>
  *     kill              the importer dies by SIGKILL, holding whatever it holds                        killed=1
@@ -333,6 +335,9 @@ int main(int argc, char **argv) {
             CUresult r = cuMemFreeAsync(pptrs[i], 0);
             if (!r) r = cuStreamSynchronize(0);
             printf("pfree.%d=%s\n", i, cq_err(r));
+        } else if (strcmp(c, "pkeep") == 0) {
+            cuuint64_t keep = ~(cuuint64_t)0;
+            printf("pkeep=%s\n", cq_err(cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep)));
         } else if (strcmp(c, "pdestroy") == 0) {
             printf("pdestroy=%s\n", cq_err(cuMemPoolDestroy(pool)));
             pool = NULL;

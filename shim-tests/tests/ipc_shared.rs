@@ -192,9 +192,9 @@ fn an_exported_pool_allocation_stays_charged_until_the_importer_frees_it() {
 
 #[test]
 fn allocations_still_out_of_a_destroyed_pool_stay_charged_until_freed() {
-    // One process: cuMemPoolDestroy with an allocation still out returns at once, and the allocation stays valid
-    // until freed (cuda.h). A shim that gives the pool's whole charge back at the destroy lets the container
-    // allocate the same memory again (1536 MiB under a 1 GiB cap).
+    // One process (the importer idles): cuMemPoolDestroy with an allocation still out returns at once, and the
+    // allocation stays valid until freed (cuda.h). A shim that gives the pool's whole charge back at the destroy
+    // lets the container allocate the same memory again (1536 MiB under a 1 GiB cap).
     let out = run(
         "pcreate:0:768m pdestroy used alloc:1:768m used pfree:0 used alloc:2:768m used",
         "default",
@@ -204,6 +204,25 @@ fn allocations_still_out_of_a_destroyed_pool_stay_charged_until_freed() {
         .expect("pfree.0", OK);
     assert_eq!(out.nth_num("used", 0), 768 * MIB, "{out:?}");
     out.expect("alloc.1", OOM).expect("alloc.2", OK);
+    assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+#[test]
+fn a_destroyed_pool_keeps_its_reserve_charged_while_an_allocation_is_out() {
+    // cuda.h: the destroyed pool's resources go back once no allocation is outstanding. 512 MiB freed into a pool
+    // that keeps its reserve, 4 KiB still out, the pool destroyed: the 512 MiB stay reserved (on the simulator as
+    // the docs say) and charged until the 4 KiB are freed.
+    let out = run(
+        "pcreate:0:512m pkeep pcreate:1:4k pfree:0 pdestroy used alloc:2:768m used pfree:1 used alloc:3:768m used",
+        "default",
+    );
+    out.expect("pkeep", OK)
+        .expect("pfree.0", OK)
+        .expect("pdestroy", OK)
+        .expect("pfree.1", OK);
+    assert!(out.nth_num("used", 0) >= 512 * MIB, "{out:?}");
+    out.expect("alloc.2", OOM).expect("alloc.3", OK);
     assert_eq!(out.nth_num("used", 2), 0, "{out:?}");
     out.assert_used_within(GIB);
 }

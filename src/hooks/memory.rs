@@ -541,15 +541,12 @@ pub fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) 
     r
 }
 
-/// `cuMemPoolDestroy`: gives the pool's charge back, except the allocations still out of it, which cuda.h keeps
-/// valid until they are freed: each stays charged until its free (exported ones stay in the shared table while
-/// any process holds them).
+/// `cuMemPoolDestroy`: gives the pool's charge back, or, while allocations of it are still out (cuda.h keeps
+/// them valid and the pool's resources until the last is freed), when the last of them is freed.
 pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
     let r = call();
     if r.ok() {
-        let key = pool as usize;
-        let keep = s.mem.ledger.pool_outstanding(key);
-        s.mem.forget_pool(key, keep);
+        s.mem.destroy_pool(pool as usize);
     }
     r
 }

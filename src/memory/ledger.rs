@@ -54,8 +54,9 @@ pub enum Space {
 pub enum Kind {
     /// Charged with its own `bytes`.
     Direct,
-    /// A stream-ordered allocation: the pool (by handle) carries the charge; `bytes` is the allocation's rounded
-    /// size (what its free hands back to the pool's reserve), charged by no one.
+    /// A stream-ordered allocation: the pool (by handle, or a destroyed pool's key, `pools::DESTROYED`) carries
+    /// the charge; `bytes` is the allocation's rounded size (what its free hands back to the pool's reserve),
+    /// charged by no one.
     Pool(usize),
 }
 
@@ -130,17 +131,16 @@ impl Ledger {
         out
     }
 
-    /// The allocations still out of `pool` (destroyed) become ordinary records, each charged with its own
-    /// rounded size until freed; returns their sum.
-    pub fn pool_outstanding(&self, pool: usize) -> u64 {
-        let mut sum = 0u64;
+    /// Re-keys the allocations of pool `from` to pool key `to` (slow path: scans all shards); returns how many.
+    pub fn retag_pool(&self, from: usize, to: usize) -> usize {
+        let mut n = 0;
         for s in &self.shards {
-            for rec in s.lock().values_mut().filter(|r| r.kind == Kind::Pool(pool)) {
-                rec.kind = Kind::Direct;
-                sum = sum.saturating_add(rec.bytes);
+            for rec in s.lock().values_mut().filter(|r| r.kind == Kind::Pool(from)) {
+                rec.kind = Kind::Pool(to);
+                n += 1;
             }
         }
-        sum
+        n
     }
 
     /// Drops every record (a forked child owns none of its parent's allocations).
@@ -176,7 +176,7 @@ mod tests {
     }
 
     #[test]
-    fn a_destroyed_pools_allocations_become_ordinary_records() {
+    fn retagging_moves_only_that_pools_allocations() {
         let (_region, dev) = crate::memory::tests::device_id();
         let l = Ledger::new();
         let rec = |bytes, kind| Record {
@@ -188,10 +188,11 @@ mod tests {
         l.insert(Space::Pointer, 0x2000, rec(3, Kind::Pool(7)));
         l.insert(Space::Pointer, 0x3000, rec(5, Kind::Pool(8)));
         l.insert(Space::Pointer, 0x4000, rec(11, Kind::Direct));
-        assert_eq!(l.pool_outstanding(7), 5);
-        assert_eq!(l.get(Space::Pointer, 0x1000), Some(rec(2, Kind::Direct)));
+        assert_eq!(l.retag_pool(7, 9), 2);
+        assert_eq!(l.get(Space::Pointer, 0x1000), Some(rec(2, Kind::Pool(9))));
         assert_eq!(l.get(Space::Pointer, 0x3000), Some(rec(5, Kind::Pool(8))));
-        assert_eq!(l.pool_outstanding(7), 0);
+        assert_eq!(l.get(Space::Pointer, 0x4000), Some(rec(11, Kind::Direct)));
+        assert_eq!(l.retag_pool(7, 9), 0);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use cuquota_core::DeviceId;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// A stream-ordered pool we account.
 pub(super) struct PoolState {
@@ -17,12 +17,19 @@ pub(super) struct PoolState {
     dev: Option<Dev>,
     /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` as last charged.
     charged: u64,
+    /// A destroyed pool (keyed [`DESTROYED`] | n): how many of its allocations are still out; 0 for a live pool.
+    left: usize,
     /// Blocks this process freed back into the pool's reserve and has not seen handed out again, while the
     /// reserve never shrank: what can serve a request without the pool growing. All forgotten whenever the
     /// reserve shrinks (a synchronisation or trim released some, which is not said) or the pool serves a request
     /// from its reserve at an address not listed (it used a block we cannot tell apart).
     free_blocks: Vec<FreeBlock>,
 }
+
+/// The bit that marks a pool key as a destroyed pool's (user-space addresses, which pool handles are, never
+/// have it).
+pub(super) const DESTROYED: usize = 1 << (usize::BITS - 1);
+static NEXT_DESTROYED: AtomicUsize = AtomicUsize::new(1);
 
 /// Slots of the lock-free set of graph execs with memory alloc nodes.
 const EXEC_SLOTS: usize = 4096;
@@ -138,6 +145,7 @@ impl Memory {
         self.pools.lock().entry(pool).or_insert(PoolState {
             dev,
             charged: 0,
+            left: 0,
             free_blocks: Vec::new(),
         });
     }
@@ -169,6 +177,9 @@ impl Memory {
     }
 
     fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
+        if pool & DESTROYED != 0 {
+            return; // no handle to read: its charge stays until its last allocation is freed
+        }
         let Some(dev) = p.dev else { return };
         let Some(reserved) = Self::reserved(cuda, pool) else {
             return;
@@ -186,6 +197,10 @@ impl Memory {
 
     /// The pool allocation at `addr`, of `len` (rounded) bytes, was freed: its block is back in the reserve.
     pub fn pool_freed(&self, pool: usize, addr: u64, len: u64) {
+        if pool & DESTROYED != 0 {
+            self.destroyed_freed(pool);
+            return;
+        }
         if let Some(p) = self.pools.lock().get_mut(&pool) {
             p.free_blocks.retain(|b| b.addr != addr);
             if len > 0 {
@@ -321,8 +336,10 @@ impl Memory {
             .ledger
             .remove_where(|space, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
         for rec in gone {
-            if rec.kind == ledger::Kind::Direct {
-                self.release(dev, rec.bytes);
+            match rec.kind {
+                ledger::Kind::Direct => self.release(dev, rec.bytes),
+                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.destroyed_freed(k),
+                ledger::Kind::Pool(_) => {}
             }
         }
         self.refresh_pools_of(cuda, dev.id);
@@ -379,12 +396,37 @@ impl Memory {
         }
     }
 
-    /// A destroyed pool: its charge goes back, but for `keep` bytes of allocations still out of it (cuda.h: they
-    /// stay valid until freed; now charged as ordinary records, `Ledger::pool_outstanding`).
-    pub fn forget_pool(&self, pool: usize, keep: u64) {
-        if let Some(p) = self.pools.lock().remove(&pool) {
+    /// `cuMemPoolDestroy` succeeded. With no allocation of this process still out of it, its charge goes back;
+    /// otherwise the pool lives on (cuda.h: its resources go back once no allocation is outstanding), keyed
+    /// [`DESTROYED`] | n with its allocations, charged whole until the last of them is freed.
+    pub fn destroy_pool(&self, pool: usize) {
+        let key = DESTROYED | NEXT_DESTROYED.fetch_add(1, Ordering::Relaxed);
+        let left = self.ledger.retag_pool(pool, key);
+        let mut pools = self.pools.lock();
+        let Some(mut p) = pools.remove(&pool) else {
+            return;
+        };
+        let Some(dev) = p.dev else { return };
+        if left == 0 {
+            drop(pools);
+            self.release(dev, p.charged);
+        } else {
+            p.left = left;
+            p.free_blocks.clear();
+            pools.insert(key, p);
+        }
+    }
+
+    /// One allocation of destroyed pool `key` is gone: the last one takes the pool's charge with it.
+    fn destroyed_freed(&self, key: usize) {
+        let mut pools = self.pools.lock();
+        let Some(p) = pools.get_mut(&key) else { return };
+        p.left = p.left.saturating_sub(1);
+        if p.left == 0 {
+            let p = pools.remove(&key).expect("found above");
+            drop(pools);
             if let Some(dev) = p.dev {
-                self.release(dev, p.charged.saturating_sub(keep));
+                self.release(dev, p.charged);
             }
         }
     }

@@ -4,8 +4,8 @@
 //! freed segment reserved for reuse: the device stays charged for everything reserved. Memory goes back to
 //! the device only when trimmed (cuMemPoolTrimTo) or at a synchronisation point, down to the pool's
 //! CU_MEMPOOL_ATTR_RELEASE_THRESHOLD (default 0), as the real driver does. RESERVED_MEM_CURRENT is therefore
-//! exactly what the pool costs the device. cuMemPoolDestroy gives the free reserve back; allocations still out
-//! stay valid, charged, until freed (cuda.h).
+//! exactly what the pool costs the device. cuMemPoolDestroy with allocations still out returns at once and the
+//! pool's memory goes back when the last of them is freed (cuda.h).
 //!
 //! Sharing between processes (cuMemPoolExportToShareableHandle / cuMemPoolImportFromShareableHandle /
 //! cuMemPoolExportPointer / cuMemPoolImportPointer, POSIX descriptors): a pool created with handle types is
@@ -44,6 +44,8 @@ pub(crate) struct Pool {
     share_fd: i32,
     /// An imported pool: the exporter's pool identity (its memfd's inode). It serves no allocations.
     pub imported: Option<u64>,
+    /// Destroyed while allocations were out: lives on (under a handle nobody holds) until the last is freed.
+    pub destroyed: bool,
 }
 
 impl Pool {
@@ -59,6 +61,7 @@ impl Pool {
             handle_types: 0,
             share_fd: -1,
             imported: None,
+            destroyed: false,
         }
     }
 
@@ -307,7 +310,7 @@ pub(crate) fn alloc(o: &mut Objects, sim: &Sim, pool: u64, bytes: u64, ctx: u64)
 }
 
 /// Frees a pool allocation: its segment stays reserved.
-pub(crate) fn free(o: &mut Objects, _sim: &Sim, pool: u64, ptr: u64) -> CuResult<()> {
+pub(crate) fn free(o: &mut Objects, sim: &Sim, pool: u64, ptr: u64) -> CuResult<()> {
     let p = o.pools.get_mut(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let seg = p
         .segments
@@ -316,6 +319,11 @@ pub(crate) fn free(o: &mut Objects, _sim: &Sim, pool: u64, ptr: u64) -> CuResult
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     seg.in_use = false;
     o.mem.allocs.remove(&ptr);
+    if p.destroyed && p.used() == 0 {
+        if let Some(p) = o.pools.remove(&pool) {
+            release_all(o, sim, p);
+        }
+    }
     Ok(())
 }
 
@@ -334,28 +342,35 @@ pub(crate) fn trim(o: &mut Objects, sim: &Sim, pool: u64, keep: u64) -> CuResult
 
 /// At a synchronisation point every pool gives back what exceeds its release threshold.
 pub(crate) fn trim_all_to_threshold(o: &mut Objects, sim: &Sim) {
-    let pools: Vec<(u64, u64)> = o.pools.iter().map(|(&h, p)| (h, p.release_threshold)).collect();
+    let pools: Vec<(u64, u64)> = o
+        .pools
+        .iter()
+        .filter(|(_, p)| !p.destroyed)
+        .map(|(&h, p)| (h, p.release_threshold))
+        .collect();
     for (h, keep) in pools {
         let _ = trim(o, sim, h, keep);
     }
 }
 
-/// cuMemPoolDestroy (a default pool cannot be destroyed): the free reserve goes back now; allocations still out
-/// stay valid until freed (cuda.h), each then an ordinary allocation of its segment (freed by cuMemFree(Async)).
+/// cuMemPoolDestroy (a default pool cannot be destroyed). With allocations still out the pool lives on under a
+/// handle nobody holds until the last of them is freed (cuda.h: its resources go back then).
 pub(crate) fn destroy(o: &mut Objects, sim: &Sim, pool: u64) -> CuResult<()> {
     if o.device_pools.iter().any(|d| d.0 == pool) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let p = o.pools.remove(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    for s in &p.segments {
-        match o.mem.allocs.get_mut(&s.ptr) {
-            Some(a) if s.in_use => a.kind = AllocKind::Device,
-            _ => release_segment(o, sim, p.phys, s),
+    let mut p = o.pools.remove(&pool).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if p.used() > 0 {
+        let hidden = new_handle(Kind::Pool);
+        for s in p.segments.iter().filter(|s| s.in_use) {
+            if let Some(a) = o.mem.allocs.get_mut(&s.ptr) {
+                a.kind = AllocKind::Pool(hidden);
+            }
         }
-    }
-    if p.share_fd >= 0 {
-        // SAFETY: closing the memfd `share_fd` made; descriptors handed out are the callers'.
-        unsafe { libc::close(p.share_fd) };
+        p.destroyed = true;
+        o.pools.insert(hidden, p);
+    } else {
+        release_all(o, sim, p);
     }
     for d in o.device_pools.iter_mut() {
         if d.1 == pool {
@@ -363,6 +378,18 @@ pub(crate) fn destroy(o: &mut Objects, sim: &Sim, pool: u64) -> CuResult<()> {
         }
     }
     Ok(())
+}
+
+/// Gives every segment of `p` back to the device.
+fn release_all(o: &mut Objects, sim: &Sim, p: Pool) {
+    for s in &p.segments {
+        o.mem.allocs.remove(&s.ptr);
+        release_segment(o, sim, p.phys, s);
+    }
+    if p.share_fd >= 0 {
+        // SAFETY: closing the memfd `share_fd` made; descriptors handed out are the callers'.
+        unsafe { libc::close(p.share_fd) };
+    }
 }
 
 #[cfg(test)]
