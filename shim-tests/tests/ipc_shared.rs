@@ -29,12 +29,19 @@ fn attack() -> PathBuf {
 /// Runs `ipc_shared` with `cmds` under a 1 GiB cap on a fresh 16 GiB simulator; the importer in container
 /// `importer` ("default" = the exporter's).
 fn run(cmds: &str, importer: &str) -> Output {
+    run_exporting(cmds, importer, "memfd")
+}
+
+/// As [`run`], the simulator making POSIX exports as `fds` (`CUDASIM_SHAREABLE_FD`: `memfd`, or `device` as
+/// NVIDIA's driver does, every export an open of one device file).
+fn run_exporting(cmds: &str, importer: &str, fds: &str) -> Output {
     let sim = Sim::new().build();
     let usage = sim.container_usage_file(importer);
     let out = sim
         .cmd_path(attack())
         .mem_limit("1g")
         .env("CQ_IMPORTER_USAGE_FILE", usage.to_str().expect("utf-8 temp path"))
+        .env("CUDASIM_SHAREABLE_FD", fds)
         .args(cmds)
         .run();
     out.ok();
@@ -163,6 +170,26 @@ fn both_holding_vmm_memory_is_one_charge() {
 fn a_vmm_import_from_another_container_is_charged_to_the_importer() {
     // Charged at the importer's mapping (the size of an imported handle is known only there).
     an_import_from_another_container_is_charged_for(VMM_FD);
+}
+
+#[test]
+fn descriptors_that_share_one_inode_identify_nothing() {
+    // NVIDIA's driver exports every allocation as an open of its control device: one inode for all. A shim
+    // that keys exports by inode lets the second export's importer join the first's entry and hold 384 MiB that
+    // no one is charged for once its exporter releases them; such descriptors are now charged to the importer
+    // (within one container, memory shared that way counts twice while both hold it: fail closed).
+    let out = run_exporting(
+        "vcreate:0:2m vexport:0 vcreate:1:384m vexport:1 vfree:1 used alloc:2:768m used vclose used alloc:3:768m used",
+        "default",
+        "device",
+    );
+    assert_eq!(out.all("vimport"), vec![OK, OK], "{out:?}");
+    assert_eq!(out.all("vread"), vec!["1", "1"], "{out:?}");
+    out.expect("vfree.1", OK).expect("vclose", OK);
+    assert_eq!(out.nth_num("used", 0), 386 * MIB, "{out:?}");
+    out.expect("alloc.2", OOM).expect("alloc.3", OK);
+    assert_eq!(out.nth_num("used", 2), 2 * MIB, "{out:?}");
+    out.assert_used_within(GIB);
 }
 
 // ---- fabric handles (CU_MEM_HANDLE_TYPE_FABRIC) -------------------------------------------------------------

@@ -75,14 +75,19 @@ pub struct SharedMem {
     any_import: AtomicBool,
 }
 
-/// The identity of a shareable POSIX file descriptor both processes compute: its open file (`st_dev`,
-/// `st_ino`), the same across `SCM_RIGHTS` and `pidfd_getfd`. `None` when `fd` is not open.
+/// The identity of a shareable POSIX file descriptor both processes compute: its file (`st_dev`, `st_ino`), the
+/// same across `SCM_RIGHTS` and `pidfd_getfd`. Only a regular file (a memfd) has one of its own: a descriptor
+/// opened on a device, as NVIDIA's driver makes its exports (every one an open of its control device), shares
+/// its inode with every other export, so it identifies nothing (`None`, as when `fd` is not open).
 pub fn fd_key(fd: i32) -> Option<u64> {
     // SAFETY: stat is plain data; fstat only reads the descriptor's file.
     let st = unsafe {
         let mut st: libc::stat = std::mem::zeroed();
         (libc::fstat(fd, &mut st) == 0).then_some(st)?
     };
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return None;
+    }
     let mut b = [0u8; 16];
     b[..8].copy_from_slice(&(st.st_dev as u64).to_le_bytes());
     b[8..].copy_from_slice(&(st.st_ino as u64).to_le_bytes());

@@ -13,7 +13,7 @@ use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
 /// 4: IPC memory exports.
-const LAYOUT_VERSION: u64 = 4;
+const LAYOUT_VERSION: u64 = 5;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -99,6 +99,9 @@ pub(crate) struct IpcExport {
     pub slot: AtomicU32,
     pub phys: AtomicU32,
     pub bytes: AtomicU64,
+    /// A VMM export as device descriptors (`CUDASIM_SHAREABLE_FD=device`): the exporter's descriptor numbers of
+    /// the exported device file (low 32 bits) and of the memory's memfd (high), each + 1; 0 otherwise.
+    pub device_fds: AtomicU64,
     /// Bit `i` (word `i / 64`): slot `i` has it open (an importer's death drops its open).
     pub holders: [AtomicU64; MAX_PROCS / 64],
 }
@@ -497,6 +500,7 @@ impl SharedState {
         e.slot.store(slot as u32, Relaxed);
         e.phys.store(phys as u32, Relaxed);
         e.bytes.store(bytes, Relaxed);
+        e.device_fds.store(0, Relaxed);
         for w in &e.holders {
             w.store(0, SeqCst);
         }

@@ -27,6 +27,8 @@ pub(crate) struct PhysAlloc {
     /// Shared with other processes (`state::IpcExport` entry, id = the memfd's inode): exported by this process
     /// (`false`) or imported from another (`true`). Its charge lives with the export entry.
     shared: Option<(usize, u64, bool)>,
+    /// The device file its POSIX exports are opened descriptions of (`CUDASIM_SHAREABLE_FD=device`), else -1.
+    device_fd: i32,
 }
 
 /// One mapping inside a reservation.
@@ -115,6 +117,7 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocation
             refs: 1,
             handle_types: prop.requested_handle_types,
             shared: None,
+            device_fd: -1,
         },
     );
     Ok(h)
@@ -153,20 +156,81 @@ fn share(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<(usiz
     Ok((entry, ino))
 }
 
-/// cuMemExportToShareableHandle (POSIX file descriptor): a new descriptor of the allocation's memfd, which the
-/// caller owns.
+/// How POSIX exports are made (`CUDASIM_SHAREABLE_FD`): `memfd` (default), a descriptor of the allocation's
+/// memfd, whose inode names it; `device`, as NVIDIA's driver makes them (an open of its control device, so every
+/// export has the same inode), a new open description of one device file per allocation, which an importer
+/// identifies by comparing open file descriptions with the exporter's (`kcmp`).
+fn device_fds() -> CuResult<bool> {
+    match std::env::var("CUDASIM_SHAREABLE_FD").ok().as_deref() {
+        None | Some("memfd") => Ok(false),
+        Some("device") => Ok(true),
+        Some(v) => {
+            eprintln!("cudasim: invalid CUDASIM_SHAREABLE_FD={v:?}: not memfd or device");
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    }
+}
+
+/// The device file `device` exports are opens of.
+const DEVICE_FILE: &std::ffi::CStr = c"/dev/null";
+
+/// cuMemExportToShareableHandle (POSIX file descriptor): a new descriptor, which the caller owns (see
+/// [`device_fds`]).
 pub(crate) fn export(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<i32> {
     if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    share(o, sim, h, handle_type)?;
-    let a = &o.vmm.handles[&h];
-    // SAFETY: duplicating our memfd for the caller.
-    let fd = unsafe { libc::fcntl(a.fd, libc::F_DUPFD_CLOEXEC, 0) };
+    let device = device_fds()?;
+    let (entry, _) = share(o, sim, h, handle_type)?;
+    let a = o.vmm.handles.get_mut(&h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if device && a.device_fd < 0 {
+        // SAFETY: opening a constant path; the descriptor is ours.
+        a.device_fd = unsafe { libc::open(DEVICE_FILE.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if a.device_fd < 0 {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let fds = (u64::from(a.fd as u32 + 1) << 32) | u64::from(a.device_fd as u32 + 1);
+        sim.shared.ipc[entry]
+            .device_fds
+            .store(fds, std::sync::atomic::Ordering::Release);
+    }
+    let src = if device { a.device_fd } else { a.fd };
+    // SAFETY: duplicating our descriptor (the same open description) for the caller.
+    let fd = unsafe { libc::fcntl(src, libc::F_DUPFD_CLOEXEC, 0) };
     if fd < 0 {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     Ok(fd)
+}
+
+/// The export a device descriptor `fd` is an open description of: a descriptor of its memfd, opened here.
+fn memfd_of_device_fd(sim: &Sim, fd: i32) -> Option<i32> {
+    use std::sync::atomic::Ordering::Acquire;
+    // SAFETY: plain syscall on our pid and descriptor numbers; kcmp only compares.
+    let same = |pid: u32, theirs: i32| unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            std::process::id() as libc::pid_t,
+            pid as libc::pid_t,
+            0, // KCMP_FILE
+            fd,
+            theirs,
+        ) == 0
+    };
+    sim.shared.ipc.iter().find_map(|e| {
+        let fds = e.device_fds.load(Acquire);
+        if e.id.load(Acquire) == 0 || fds == 0 {
+            return None;
+        }
+        let pid = sim.shared.procs[e.slot.load(Acquire) as usize].pid.load(Acquire);
+        if !same(pid, (fds & 0xffff_ffff) as i32 - 1) {
+            return None;
+        }
+        let path = std::ffi::CString::new(format!("/proc/{pid}/fd/{}", (fds >> 32) as i32 - 1)).ok()?;
+        // SAFETY: opening a path made above; the descriptor is ours.
+        let own = unsafe { libc::open(path.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        (own >= 0).then_some(own)
+    })
 }
 
 const FABRIC_MAGIC: &[u8; 8] = b"CUSIMFAB";
@@ -196,12 +260,22 @@ pub(crate) fn import(o: &mut Objects, sim: &Sim, fd: i32, handle_type: u32) -> C
     if handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
-    let (ino, _) = inode(fd).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    if let Some(h) = imported_again(o, ino) {
+    // SAFETY: stat is plain data; fstat only reads the caller's descriptor.
+    let device = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == libc::S_IFCHR
+    };
+    let own = if device {
+        memfd_of_device_fd(sim, fd).ok_or(CUDA_ERROR_INVALID_HANDLE)?
+    } else {
+        // SAFETY: duplicating the caller's descriptor; we own the copy.
+        unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) }
+    };
+    if let Some(h) = inode(own).and_then(|(ino, _)| imported_again(o, ino)) {
+        // SAFETY: our copy, not kept: the allocation is here already.
+        unsafe { libc::close(own) };
         return Ok(h);
     }
-    // SAFETY: duplicating the caller's descriptor; we own the copy.
-    let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
     import_own(o, sim, own, handle_type)
 }
 
@@ -277,6 +351,7 @@ fn import_own(o: &mut Objects, sim: &Sim, own: i32, handle_type: u32) -> CuResul
             refs: 1,
             handle_types: handle_type,
             shared: Some((entry, ino, true)),
+            device_fd: -1,
         },
     );
     Ok(h)
@@ -286,8 +361,13 @@ fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
     let done = o.vmm.handles.get(&h).is_some_and(|a| a.refs == 0 && a.maps == 0);
     if done {
         if let Some(a) = o.vmm.handles.remove(&h) {
-            // SAFETY: closing the memfd this module opened; no mapping uses it any more.
-            unsafe { libc::close(a.fd) };
+            // SAFETY: closing the descriptors this module opened; no mapping uses them any more.
+            unsafe {
+                libc::close(a.fd);
+                if a.device_fd >= 0 {
+                    libc::close(a.device_fd);
+                }
+            }
             match a.shared {
                 // Shared: the memory (and the exporter's charge) goes when the last process lets go.
                 Some((entry, id, imported)) => {
