@@ -33,6 +33,8 @@
  *     pdestroy          exporter: cuMemPoolDestroy of its pool (allocations still out)             pdestroy=<result>
  *     pclose            importer: cuMemFree of its last imported pool pointer                       pclose=<result>
  *     kill              the importer dies by SIGKILL, holding whatever it holds                        killed=1
+ *     reset             exporter: cuDevicePrimaryCtxReset of device 0 (its plain allocations go with the
+ *                       context; none is current afterwards)                                       reset=<result>
  *     used              the simulator's own used bytes on device 0 (NVML, past any interposer)     used=
  *     charged           exporter's cuMemGetInfo total − free: what the shim charged its container  charged=
  *   and done=1 at the end.
@@ -366,6 +368,11 @@ int main(int argc, char **argv) {
             }
             child = 0;
             printf("killed=1\n");
+        } else if (strcmp(c, "reset") == 0) {
+            CUdevice dev;
+            CUresult r = cuDeviceGet(&dev, 0);
+            if (!r) r = cuDevicePrimaryCtxReset(dev);
+            printf("reset=%s\n", cq_err(r));
         } else if (strcmp(c, "vclose") == 0) {
             fflush(stdout);
             ask('x', NULL, 0);

@@ -273,6 +273,30 @@ fn a_pool_import_from_another_container_is_charged_to_the_importer() {
 }
 
 #[test]
+fn an_exporters_context_teardown_keeps_the_shared_charge_once() {
+    // The exporter's context goes (cuDevicePrimaryCtxReset) with 384 MiB exported and still open in the
+    // importer, while its 128 MiB of VMM memory (not tied to a context) stays: 512 MiB charged, once, until the
+    // importer closes. The simulator goes on counting the exported memory as the exporter's (a driver that
+    // counts references), and the exporter's overhead, measured after its context went, took it for overhead:
+    // counted twice, 600 MiB were refused after the importer had closed. (That the teardown gives back only
+    // what the exporter still charges, and not the exported allocation again, is
+    // `hooks::tests::a_context_teardown_gives_back_only_what_this_process_still_charges`: here the two mistakes
+    // cancelled.)
+    let out = run(
+        "vcreate:0:128m alloc:1:384m export:1 open:1 reset used ialloc:600m used close used ialloc:600m used",
+        "default",
+    );
+    out.expect("vcreate.0", OK)
+        .expect("open", OK)
+        .expect("reset", OK)
+        .expect("close", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
+    assert_eq!(out.nth_num("used", 2), 128 * MIB, "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+#[test]
 fn a_dead_importer_lets_go() {
     // The importer dies holding both kinds of shared memory; once the exporter lets go too, the memory is
     // gone from the GPU and from the charge: 768 MiB fits again.

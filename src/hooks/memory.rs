@@ -195,31 +195,7 @@ fn free_exported(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, e: Export) -
         s.mem.shared.export(p, e);
         return r;
     }
-    match rec {
-        Some(Record {
-            entry,
-            bytes,
-            kind: Kind::Pool(pool),
-        }) => {
-            // The block goes back into the pool's reserve, still charged to this process: its charge comes back
-            // here before this process lets go of the shared entry (importers may still hold the memory).
-            if e.moved {
-                s.mem.take_back(entry, bytes);
-            }
-            s.mem.unshare(e.entry, e.key);
-            s.mem.pool_freed(pool, p, bytes);
-            s.mem.refresh_pool(&s.cuda, pool);
-        }
-        Some(rec) => {
-            s.mem.unshare(e.entry, e.key);
-            if e.moved {
-                s.mem.forget_allocated(rec.entry, rec.bytes);
-            } else {
-                s.mem.release_entry(rec.entry, rec.bytes);
-            }
-        }
-        None => s.mem.unshare(e.entry, e.key),
-    }
+    s.mem.export_gone(&s.cuda, p, e, rec);
     r
 }
 
@@ -725,14 +701,7 @@ pub fn vmm_map(
 /// its charge (`rec`), or its share of the container's shared table, or its import's hold, goes.
 fn vmm_gone(s: &Shim, h: u64, rec: Option<Record>) {
     if let Some(e) = s.mem.shared.take_vmm_export(h) {
-        s.mem.unshare(e.entry, e.key);
-        if let Some(rec) = rec {
-            if e.moved {
-                s.mem.forget_allocated(rec.entry, rec.bytes);
-            } else {
-                s.mem.release_entry(rec.entry, rec.bytes);
-            }
-        }
+        s.mem.export_gone(&s.cuda, h, e, rec);
         return;
     }
     if let Some(rec) = rec {

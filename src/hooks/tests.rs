@@ -128,6 +128,12 @@ unsafe extern "C" fn f_get_proc(
     }
 }
 
+unsafe extern "C" fn f_ipc_get(h: *mut CUipcMemHandle, p: CUdeviceptr) -> CUresult {
+    // SAFETY: test-owned out-pointer.
+    unsafe { (*h).reserved = [p as u8 ^ 0x5a; 64] };
+    CUresult::SUCCESS
+}
+
 fn table() -> CudaTable {
     let mut t = CudaTable::empty(true);
     t.cuCtxGetDevice = Some(f_ctx_get_device);
@@ -138,6 +144,7 @@ fn table() -> CudaTable {
     t.cuMemAllocPitch_v2 = Some(f_pitch);
     t.cuMemGetInfo_v2 = Some(f_info);
     t.cuGetProcAddress_v2 = Some(f_get_proc);
+    t.cuIpcGetMemHandle = Some(f_ipc_get);
     t
 }
 
@@ -594,4 +601,25 @@ fn a_reused_address_releases_the_stale_record_charge() {
     let (r, p) = alloc(s, 2 * MIB);
     assert_eq!((r, p), (CUresult::SUCCESS, next));
     assert_eq!(used(s), 2 * MIB, "the stale record's charge leaked");
+}
+
+#[test]
+fn a_context_teardown_gives_back_only_what_this_process_still_charges() {
+    // 384 MiB exported (its charge in the container's shared table, where an importer may hold it) and 128 MiB
+    // that outlive the context (as VMM memory does): when the context goes, the exported allocation's charge
+    // is not this process's to give back, and the 128 MiB stay charged.
+    let e = env(Some(1 << 30));
+    let s = &e.shim;
+    let dev = s.devices.current(&s.cuda).unwrap();
+    s.mem.force(dev, 128 * MIB);
+    let (r, p) = alloc(s, 384 * MIB);
+    assert_eq!(r, CUresult::SUCCESS);
+    let mut h = CUipcMemHandle { reserved: [0; 64] };
+    // SAFETY: valid out-pointer.
+    let r = unsafe { hooks::cuIpcGetMemHandle(s, &mut h, p) };
+    assert_eq!(r, CUresult::SUCCESS);
+    assert_eq!(used(s), 512 * MIB);
+    s.mem.forget_context_allocations(&s.cuda, dev);
+    // This process has let go; nobody else holds the entry here, so it went with it.
+    assert_eq!(used(s), 128 * MIB);
 }

@@ -116,14 +116,15 @@ impl Ledger {
         self.shard(key).lock().get(&(space, key)).copied()
     }
 
-    /// Removes and returns every record for which `pred(space, record)` holds (slow path: scans all shards).
-    pub fn remove_where(&self, pred: impl Fn(Space, &Record) -> bool) -> Vec<Record> {
+    /// Removes and returns (space, key, record) of every record for which `pred(space, record)` holds (slow
+    /// path: scans all shards).
+    pub fn remove_where(&self, pred: impl Fn(Space, &Record) -> bool) -> Vec<(Space, u64, Record)> {
         let mut out = Vec::new();
         for s in &self.shards {
-            s.lock().retain(|&(space, _), rec| {
+            s.lock().retain(|&(space, key), rec| {
                 let drop = pred(space, rec);
                 if drop {
-                    out.push(*rec);
+                    out.push((space, key, *rec));
                 }
                 !drop
             });

@@ -281,6 +281,44 @@ impl Memory {
         }
     }
 
+    /// The exported allocation at `p` (`rec`, its record, already out of the ledger) is gone in this process
+    /// (freed, or its context destroyed): this process lets go of its shared entry, where importers may still
+    /// hold the memory, and its own charge of it goes.
+    pub fn export_gone(&self, cuda: &CudaTable, p: u64, e: shared::Export, rec: Option<ledger::Record>) {
+        match rec {
+            Some(ledger::Record {
+                entry,
+                bytes,
+                kind: ledger::Kind::Pool(pool),
+            }) => {
+                // The block goes back into the pool's reserve, still charged to this process: its charge comes
+                // back here before this process lets go of the shared entry.
+                if e.moved {
+                    self.take_back(entry, bytes);
+                }
+                self.unshare(e.entry, e.key);
+                self.pool_freed(pool, p, bytes);
+                self.refresh_pool(cuda, pool);
+            }
+            Some(rec) => {
+                self.unshare(e.entry, e.key);
+                if e.moved {
+                    self.forget_allocated(rec.entry, rec.bytes);
+                    self.shared.linger(e, rec.bytes, rec.entry);
+                } else {
+                    self.release_entry(rec.entry, rec.bytes);
+                }
+            }
+            None => self.unshare(e.entry, e.key),
+        }
+    }
+
+    /// Bytes on `dev` of exports this process let go of that others still hold (see `SharedMem::linger`).
+    pub fn lingering(&self, dev: Dev) -> u64 {
+        self.shared
+            .lingering(dev.id, |entry, key| self.usage().shared_live(entry, key))
+    }
+
     /// This process no longer holds `bytes` on `id` whose charge it had moved to the shared table.
     pub fn forget_allocated(&self, id: DeviceId, bytes: u64) {
         let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {

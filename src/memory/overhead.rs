@@ -171,7 +171,8 @@ impl Memory {
     fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
         let _g = self.overhead_lock.lock();
         let target = match self.nvml_used(nvml, dev) {
-            Some(used) => used.saturating_sub(self.allocated(dev)),
+            // Exports let go of but still held elsewhere may still count as this process's: not overhead.
+            Some(used) => used.saturating_sub(self.allocated(dev).saturating_add(self.lingering(dev))),
             None => self.holdings.estimate(dev.ordinal),
         } + self.holdings.inflight(dev);
         let r = self.set_overhead_locked(dev, target, admit);

@@ -335,7 +335,14 @@ impl Memory {
         let gone = self
             .ledger
             .remove_where(|space, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
-        for rec in gone {
+        for (space, key, rec) in gone {
+            if space == ledger::Space::Pointer {
+                if let Some(e) = self.shared.take_export(key) {
+                    // Exported: its charge may live in the shared table, and importers may still hold it.
+                    self.export_gone(cuda, key, e, Some(rec));
+                    continue;
+                }
+            }
             match rec.kind {
                 ledger::Kind::Direct => self.release(dev, rec.bytes),
                 ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.destroyed_freed(k),

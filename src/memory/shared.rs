@@ -63,6 +63,10 @@ pub(crate) struct Table {
     /// Imported VMM handles (`cuMemImportFromShareableHandle`) → their hold (`None`: another container's,
     /// nothing charged until it is mapped).
     vmm_imports: HashMap<u64, Option<Hold>>,
+    /// Exports this process let go of that others may still hold: (entry, key, bytes, device entry). The driver
+    /// may go on counting such memory as this process's (the simulator does, as a driver that counts
+    /// references), and what NVML says this process holds must not be taken for its overhead.
+    lingering: Vec<(usize, u64, u64, DeviceId)>,
 }
 
 /// The process's exports and imports.
@@ -194,6 +198,22 @@ impl SharedMem {
     /// The memory of imported VMM handle `h` is gone here: its hold.
     pub fn take_vmm_import(&self, h: u64) -> Option<Option<Hold>> {
         self.table.lock().vmm_imports.remove(&h)
+    }
+
+    /// This process let go of export `e` of `bytes` on `dev`, whose charge had moved to the shared table.
+    pub fn linger(&self, e: Export, bytes: u64, dev: DeviceId) {
+        self.table.lock().lingering.push((e.entry, e.key, bytes, dev));
+    }
+
+    /// Bytes on `dev` of exports this process let go of that `live(entry, key)` says someone still holds
+    /// (the others are forgotten).
+    pub fn lingering(&self, dev: DeviceId, live: impl Fn(usize, u64) -> bool) -> u64 {
+        let mut t = self.table.lock();
+        t.lingering.retain(|&(entry, key, _, _)| live(entry, key));
+        t.lingering
+            .iter()
+            .filter(|l| l.3 == dev)
+            .fold(0, |acc, l| acc.saturating_add(l.2))
     }
 
     /// Forgets everything (a forked child: the parent's exports and imports are not its own).

@@ -870,6 +870,15 @@ impl UsageRegion {
         Some(i)
     }
 
+    /// Whether shared entry `i` still holds the memory of `key` (someone holds it).
+    pub fn shared_live(&self, i: usize, key: u64) -> bool {
+        let key = shared_key(key);
+        self.file()
+            .shared
+            .get(i)
+            .is_some_and(|e| e.key.load(Ordering::SeqCst) == key)
+    }
+
     /// `slot` lets go of shared entry `i` (`key` as given to [`UsageRegion::share`]); the last holder frees it.
     pub fn unshare(&self, slot: SlotId, i: usize, key: u64) {
         let key = shared_key(key);
