@@ -5,7 +5,8 @@
  *
  *   ipc_shared CMD...   forks an importer (re-executed, so it loads its own libraries; with
  *                       CQ_IMPORTER_USAGE_FILE set it runs in that container) and runs CMD on the primary
- *                       context of device 0 of the exporter; every command prints key=value lines:
+ *                       context of the exporter's device (CQ_EXPORTER_DEVICE, default 0; the importer's is
+ *                       CQ_IMPORTER_DEVICE, default 0); every command prints key=value lines:
  *     alloc:I:SIZE      exporter: cuMemAlloc of SIZE (k/m/g) into slot I, written to         alloc.I=<result>
  *     export:I          exporter: cuIpcGetMemHandle of slot I                                export.I=<result>
  *     free:I            exporter: cuMemFree of slot I                                          free.I=<result>
@@ -35,7 +36,8 @@
  *     kill              the importer dies by SIGKILL, holding whatever it holds                        killed=1
  *     reset             exporter: cuDevicePrimaryCtxReset of device 0 (its plain allocations go with the
  *                       context; none is current afterwards)                                       reset=<result>
- *     used              the simulator's own used bytes on device 0 (NVML, past any interposer)     used=
+ *     idev:N            importer: device N's primary context made current                            idev=<result>
+ *     used[:N]          the simulator's own used bytes on device N (default 0; NVML, past any interposer)  used=
  *     charged           exporter's cuMemGetInfo total − free: what the shim charged its container  charged=
  *   and done=1 at the end.
  */
@@ -58,6 +60,8 @@ static int slot(const char *s) {
     return i;
 }
 
+/* The exporter's device (CQ_EXPORTER_DEVICE): where it allocates, creates and pools. */
+static int edev;
 static CUmemGenericAllocationHandle vhandles[SLOTS];
 static CUdeviceptr pptrs[SLOTS];
 static CUmemoryPool pool;
@@ -89,7 +93,7 @@ static CUresult vcreate(int i, const char *size, CUmemAllocationHandleType type)
     memset(&p, 0, sizeof p);
     p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = 0;
+    p.location.id = edev;
     p.requestedHandleTypes = type;
     vsizes[i] = (size_t)cq_size(size);
     CUresult r = cuMemCreate(&vhandles[i], vsizes[i], &p, 0);
@@ -137,10 +141,24 @@ static int recv_fd(int sock, size_t *size) {
     return fd;
 }
 
-static int context(void) {
+/* The device named by environment variable `var` (default 0). */
+static int device_from(const char *var) {
+    const char *v = getenv(var);
+    return v ? atoi(v) : 0;
+}
+
+/* Makes device `ordinal`'s primary context current. */
+static CUresult use_device(int ordinal) {
     CUdevice dev;
     CUcontext ctx;
-    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
+    CUresult r = cuDeviceGet(&dev, ordinal);
+    if (!r) r = cuDevicePrimaryCtxRetain(&ctx, dev);
+    if (!r) r = cuCtxSetCurrent(ctx);
+    return r;
+}
+
+static int context(int ordinal) {
+    if (cuInit(0) || use_device(ordinal)) {
         fprintf(stderr, "ipc_shared: no context\n");
         return 2;
     }
@@ -149,7 +167,7 @@ static int context(void) {
 
 /* The importer: reads one command letter (+ a handle for 'o') at a time, answers with a byte when done. */
 static int importer(int in, int out, int sock) {
-    if (context()) return 2;
+    if (context(device_from("CQ_IMPORTER_DEVICE"))) return 2;
     CUdeviceptr opened[SLOTS];
     int n = 0;
     CUmemGenericAllocationHandle vh[SLOTS];
@@ -214,6 +232,10 @@ static int importer(int in, int out, int sock) {
             int ok = !r && !cuMemcpyDtoH(&b, p, 1) && b == 0x5a;
             if (!r && pn < SLOTS) pimported[pn++] = p;
             printf("pimport=%s\npread=%d\n", cq_err(r), ok);
+        } else if (c == 'd') {
+            int ordinal = 0;
+            if (read(in, &ordinal, sizeof ordinal) != sizeof ordinal) return 2;
+            printf("idev=%s\n", cq_err(use_device(ordinal)));
         } else if (c == 'y') {
             printf("pclose=%s\n", cq_err(pn ? cuMemFree(pimported[--pn]) : CUDA_ERROR_INVALID_VALUE));
         } else if (c == 'x') {
@@ -267,7 +289,8 @@ int main(int argc, char **argv) {
     close(d[0]);
     close(u[1]);
     close(sv[1]);
-    if (context()) return 2;
+    edev = device_from("CQ_EXPORTER_DEVICE");
+    if (context(edev)) return 2;
     for (int a = 1; a < argc; a++) {
         const char *c = argv[a];
         char x[64] = "", y[64] = "";
@@ -304,7 +327,7 @@ int main(int argc, char **argv) {
                 pp.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
                 pp.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
                 pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-                pp.location.id = 0;
+                pp.location.id = edev;
                 r = cuMemPoolCreate(&pool, &pp);
             }
             size_t size = (size_t)cq_size(y);
@@ -370,7 +393,7 @@ int main(int argc, char **argv) {
             printf("killed=1\n");
         } else if (strcmp(c, "reset") == 0) {
             CUdevice dev;
-            CUresult r = cuDeviceGet(&dev, 0);
+            CUresult r = cuDeviceGet(&dev, edev);
             if (!r) r = cuDevicePrimaryCtxReset(dev);
             printf("reset=%s\n", cq_err(r));
         } else if (strcmp(c, "vclose") == 0) {
@@ -400,9 +423,13 @@ int main(int argc, char **argv) {
                 return 2;
             }
             printf("charged=%zu\n", t - f);
-        } else if (strcmp(c, "used") == 0) {
+        } else if (sscanf(c, "idev:%63s", x) == 1) {
+            int ordinal = atoi(x);
+            fflush(stdout);
+            ask('d', &ordinal, sizeof ordinal);
+        } else if (strcmp(c, "used") == 0 || sscanf(c, "used:%63s", x) == 1) {
             cq_rawmem m;
-            if (cq_raw_nvml_mem(0, &m)) {
+            if (cq_raw_nvml_mem(strcmp(c, "used") == 0 ? 0 : (unsigned)atoi(x), &m)) {
                 fprintf(stderr, "ipc_shared: simulator NVML unreachable\n");
                 return 2;
             }

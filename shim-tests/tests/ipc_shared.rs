@@ -296,6 +296,40 @@ fn an_exporters_context_teardown_keeps_the_shared_charge_once() {
     out.assert_used_within(GIB);
 }
 
+/// Two devices, only device 1 capped (1 GiB): the exporter allocates there, the importer (another container)
+/// imports with device 0's context current, then allocates on device 1.
+fn run_across_devices(cmds: &str) -> Output {
+    let sim = Sim::new().devices(2).build();
+    let usage = sim.container_usage_file("other");
+    let out = sim
+        .cmd_path(attack())
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", "1g")
+        .env("CQ_EXPORTER_DEVICE", "1")
+        .env("CQ_IMPORTER_DEVICE", "0")
+        .env("CQ_IMPORTER_USAGE_FILE", usage.to_str().expect("utf-8 temp path"))
+        .args(cmds)
+        .run();
+    out.ok();
+    out
+}
+
+#[test]
+fn an_import_is_charged_to_the_device_that_holds_the_memory() {
+    // Opened (IPC, with peer access) or mapped (VMM) while the unlimited device 0's context is current, 512 MiB
+    // of device 1 were charged to device 0: 768 MiB more then fitted under device 1's 1 GiB cap (the GPU held
+    // 1280 MiB there for the importer's container).
+    for cmds in [
+        "alloc:0:512m export:0 open:0 free:0 idev:1 ialloc:768m used:1 close ialloc:768m used:1",
+        "vcreate:0:512m vexport:0 vfree:0 idev:1 ialloc:768m used:1 vclose ialloc:768m used:1",
+    ] {
+        let out = run_across_devices(cmds);
+        out.expect("idev", OK);
+        assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+        assert_eq!(out.all("ialloc"), vec![OOM, OK], "{out:?}");
+        out.assert_used_within(GIB);
+    }
+}
+
 #[test]
 fn a_dead_importer_lets_go() {
     // The importer dies holding both kinds of shared memory; once the exporter lets go too, the memory is

@@ -137,6 +137,8 @@ macro_rules! cuda_functions {
             cuEventElapsedTime @2000 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
             cuEventElapsedTime_v2 @12080 (pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
             cuMemGetAddressRange_v2 @3020 (pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr);
+            cuPointerGetAttribute @4000 (data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
+            cuMemGetAllocationPropertiesFromHandle @10020 (prop: *mut CUmemAllocationProp, handle: CUmemGenericAllocationHandle);
             cuMemGetAllocationGranularity @10020 (granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags);
             cuMemPoolGetAttribute @11020 (pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
             cuDeviceGetMemPool @11020 (pool: *mut CUmemoryPool, dev: CUdevice);

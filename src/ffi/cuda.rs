@@ -67,6 +67,7 @@ c_aliases! { checked_aliases;
     pub type CUgraphNodeType = c_uint;
     pub type CUlimit = c_uint;
     pub type CUdevice_attribute = c_uint;
+    pub type CUpointer_attribute = c_uint;
     pub type CUmemAllocationHandleType = c_uint;
 }
 
@@ -240,6 +241,7 @@ c_consts! { checked_consts;
     CU_LIMIT_STACK_SIZE: CUlimit = 0x00;
     CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 0x01;
     CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 0x02;
+    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute = 9;
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute = 16;
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute = 39;
     /// `CU_STREAM_LEGACY`: the legacy default stream's handle.

@@ -261,7 +261,22 @@ unsafe fn hold_import(
         undo(p);
         CUresult::ERROR_OUT_OF_MEMORY
     };
-    let Some(dev) = s.devices.current(&s.cuda) else {
+    // The memory's own device: opened with peer access it need not be the current context's.
+    let mut ordinal: c_int = -1;
+    // SAFETY: valid out-pointer of the attribute's type (int); `p` is the import just made.
+    let on = unsafe {
+        s.cuda.cuPointerGetAttribute(
+            (&mut ordinal as *mut c_int).cast(),
+            CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            p,
+        )
+    };
+    let dev = if on.ok() {
+        s.devices.device(&s.cuda, ordinal)
+    } else {
+        s.devices.current(&s.cuda)
+    };
+    let Some(dev) = dev else {
         return if s.devices.refuse_unplaced() {
             refuse("no accounting identity for the current device")
         } else {
@@ -674,7 +689,17 @@ pub fn vmm_map(
         }
         return r;
     };
-    let Some(dev) = s.devices.current(&s.cuda) else {
+    // The memory's own device, which the mapping's context need not be on.
+    // SAFETY: plain data the driver fills in on success.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; `handle` forwarded.
+    let on = unsafe { s.cuda.cuMemGetAllocationPropertiesFromHandle(&mut prop, handle) };
+    let dev = if on.ok() && prop.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+        s.devices.device(&s.cuda, prop.location.id)
+    } else {
+        s.devices.current(&s.cuda)
+    };
+    let Some(dev) = dev else {
         return untracked(s, call);
     };
     let more = size as u64 - had;
