@@ -37,13 +37,17 @@ macro_rules! cuda_functions {
             cuMemAllocAsync_ptsz @11020 (dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) => memory::alloc_async(call, dptr, bytesize, None, hStream, DefaultStream::PerThread);
             cuMemAllocFromPoolAsync @11020 (dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) => memory::alloc_async(call, dptr, bytesize, Some(pool), hStream, DefaultStream::Legacy);
             cuMemAllocFromPoolAsync_ptsz @11020 (dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream) => memory::alloc_async(call, dptr, bytesize, Some(pool), hStream, DefaultStream::PerThread);
-            cuMemFreeAsync @11020 (dptr: CUdeviceptr, hStream: CUstream) => memory::free(call, dptr);
-            cuMemFreeAsync_ptsz @11020 (dptr: CUdeviceptr, hStream: CUstream) => memory::free(call, dptr);
+            cuMemFreeAsync @11020 (dptr: CUdeviceptr, hStream: CUstream) => memory::free_async(call, dptr, hStream, DefaultStream::Legacy);
+            cuMemFreeAsync_ptsz @11020 (dptr: CUdeviceptr, hStream: CUstream) => memory::free_async(call, dptr, hStream, DefaultStream::PerThread);
             cuMemPoolCreate @11020 (pool: *mut CUmemoryPool, poolProps: *const CUmemPoolProps) => memory::pool_create(call, pool, poolProps);
             cuMemPoolTrimTo @11020 (pool: CUmemoryPool, minBytesToKeep: usize) => memory::pool_trim(call, pool);
             cuMemPoolDestroy @11020 (pool: CUmemoryPool) => memory::pool_destroy(call, pool);
+            cuCtxSynchronize @2000 () => memory::ctx_synchronize(call, None);
+            cuCtxSynchronize_v2 @13000 (ctx: CUcontext) => memory::ctx_synchronize(call, Some(ctx));
+            cuStreamSynchronize @2000 (hStream: CUstream) => memory::stream_synchronize(call, hStream, DefaultStream::Legacy);
+            cuStreamSynchronize_ptsz @7000 (hStream: CUstream) => memory::stream_synchronize(call, hStream, DefaultStream::PerThread);
             cuMemPoolExportPointer @11020 (shareData_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) => memory::pool_export_pointer(call, shareData_out, ptr);
-            cuMemPoolImportPointer @11020 (ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut CUmemPoolPtrExportData) => memory::pool_import_pointer(call, ptr_out, shareData);
+            cuMemPoolImportPointer @11020 (ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut CUmemPoolPtrExportData) => memory::pool_import_pointer(real, ptr_out, pool, shareData);
             // virtual memory management
             cuMemCreate @10020 (handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => memory::vmm_create(call, handle, size, prop);
             cuMemRelease @10020 (handle: CUmemGenericAllocationHandle) => memory::vmm_release(call, handle);
@@ -51,7 +55,7 @@ macro_rules! cuda_functions {
             cuMemUnmap @10020 (ptr: CUdeviceptr, size: usize) => memory::vmm_unmap(call, ptr, size);
             cuMemRetainAllocationHandle @11000 (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => memory::vmm_retain(call, handle);
             cuMemExportToShareableHandle @10020 (shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) => memory::vmm_export(call, shareableHandle, handle, handleType);
-            cuMemImportFromShareableHandle @10020 (handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType) => memory::vmm_import(call, handle, osHandle, shHandleType);
+            cuMemImportFromShareableHandle @10020 (handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType) => memory::vmm_import(real, handle, osHandle, shHandleType);
             // interprocess memory
             cuIpcGetMemHandle @4010 (pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) => memory::ipc_get(call, pHandle, dptr);
             cuIpcOpenMemHandle_v2 @11000 (pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: c_uint) => memory::ipc_open(call, pdptr, handle);

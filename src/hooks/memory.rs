@@ -80,7 +80,14 @@ fn release_stale(s: &Shim, stale: Option<Record>) {
 }
 
 /// Frees `key` through `call`, uncharging what the ledger holds for it; untracked → `call` alone.
-fn tracked_free(s: &Shim, space: Space, key: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+/// `stream`: a stream-ordered free's stream key (`stream_key`), else `None`.
+fn tracked_free(
+    s: &Shim,
+    space: Space,
+    key: u64,
+    stream: Option<usize>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
     let Some(rec) = s.mem.ledger.remove(space, key) else {
         return call();
     };
@@ -89,7 +96,7 @@ fn tracked_free(s: &Shim, space: Space, key: u64, call: impl FnOnce() -> CUresul
         match rec.kind {
             Kind::Direct => s.mem.release_entry(rec.entry, rec.bytes),
             Kind::Pool(pool) => {
-                s.mem.pool_freed(pool, key, rec.bytes);
+                s.mem.pool_freed(pool, key, rec.bytes, stream);
                 s.mem.refresh_pool(&s.cuda, pool);
             }
         }
@@ -164,11 +171,35 @@ pub unsafe fn alloc_pitch<P: Width, N: Width>(
     })
 }
 
-/// `cuMemFree_v2`, legacy `cuMemFree`, `cuMemFreeAsync` (+ `_ptsz`).
+/// `cuMemFree_v2`, legacy `cuMemFree`.
 pub fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
-    let p = dptr.to_u64();
+    free_in_order(s, call, dptr.to_u64(), None)
+}
+
+/// `cuMemFreeAsync` (+ `_ptsz`): the free runs later, in `stream`'s order.
+pub fn free_async(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    dptr: CUdeviceptr,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    free_in_order(s, call, dptr, Some(stream_key(stream, ds)))
+}
+
+/// What names a stream in the order of frees and synchronisations: its handle, or which default stream NULL
+/// means.
+fn stream_key(stream: CUstream, ds: DefaultStream) -> usize {
+    match (stream.is_null(), ds) {
+        (false, _) => stream as usize,
+        (true, DefaultStream::Legacy) => CU_STREAM_LEGACY,
+        (true, DefaultStream::PerThread) => CU_STREAM_PER_THREAD,
+    }
+}
+
+fn free_in_order(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, stream: Option<usize>) -> CUresult {
     if let Some(e) = s.mem.shared.take_export(p) {
-        return free_exported(s, call, p, e);
+        return free_exported(s, call, p, e, stream);
     }
     if s.mem.shared.imported(p) {
         // An imported pool allocation (`cuMemPoolImportPointer`): its hold goes with the free.
@@ -178,14 +209,20 @@ pub fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUr
         }
         return r;
     }
-    tracked_free(s, Space::Pointer, p, call)
+    tracked_free(s, Space::Pointer, p, stream, call)
 }
 
 // ---- interprocess memory (memory::shared) -------------------------------------------------------------------
 
 /// `cuMemFree` of an exported allocation: the charge lives in the container's shared table; this process lets
 /// go of it there (importers may still hold the memory: the charge stays until the last of them closes it).
-fn free_exported(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, e: Export) -> CUresult {
+fn free_exported(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    p: u64,
+    e: Export,
+    stream: Option<usize>,
+) -> CUresult {
     let rec = s.mem.ledger.remove(Space::Pointer, p);
     let r = call();
     if !r.ok() {
@@ -195,7 +232,7 @@ fn free_exported(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, e: Export) -
         s.mem.shared.export(p, e);
         return r;
     }
-    s.mem.export_gone(&s.cuda, p, e, rec);
+    s.mem.export_gone(&s.cuda, p, e, rec, stream);
     r
 }
 
@@ -535,9 +572,64 @@ pub fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) 
 /// `cuMemPoolDestroy`: gives the pool's charge back, or, while allocations of it are still out (cuda.h keeps
 /// them valid and the pool's resources until the last is freed), when the last of them is freed.
 pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
+    // Its reserve as it is now: memory the destroyed pool may hold until frees run in stream order.
+    s.mem.refresh_pool(&s.cuda, pool as usize);
     let r = call();
     if r.ok() {
         s.mem.destroy_pool(pool as usize);
+    }
+    r
+}
+
+/// `cuCtxSynchronize` (`ctx` = `None`: the current context) and `cuCtxSynchronize_v2`: once it returns, every
+/// free enqueued on the context's device before it started has run, so destroyed pools waiting on such frees
+/// give their charge back.
+pub fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Option<CUcontext>) -> CUresult {
+    let Some(start) = s.mem.sync_starts() else {
+        return call();
+    };
+    let r = call();
+    if !r.ok() {
+        return r;
+    }
+    let dev = match ctx {
+        Some(c) if !c.is_null() => {
+            let mut d: CUdevice = -1;
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: the caller's context made current for one query, then popped; valid out-pointers.
+            let ok = unsafe {
+                s.cuda.cuCtxPushCurrent_v2(c).ok() && {
+                    let got = s.cuda.cuCtxGetDevice(&mut d).ok();
+                    s.cuda.cuCtxPopCurrent_v2(&mut popped);
+                    got
+                }
+            };
+            ok.then(|| s.devices.device(&s.cuda, d)).flatten()
+        }
+        _ => s.devices.current(&s.cuda),
+    };
+    if let Some(dev) = dev {
+        s.mem.synchronized(dev, start, None);
+    }
+    r
+}
+
+/// `cuStreamSynchronize` (+ `_ptsz`): once it returns, the frees enqueued on the stream before it started have
+/// run (destroyed pools waiting on them only: see `ctx_synchronize`).
+pub fn stream_synchronize(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    let Some(start) = s.mem.sync_starts() else {
+        return call();
+    };
+    let r = call();
+    if r.ok() {
+        if let Some(dev) = stream_device(s, stream, ds) {
+            s.mem.synchronized(dev, start, Some(stream_key(stream, ds)));
+        }
     }
     r
 }
@@ -563,21 +655,31 @@ pub unsafe fn pool_export_pointer(
 /// `ptr_out`, `data` as the driver's contract says.
 pub unsafe fn pool_import_pointer(
     s: &Shim,
-    call: impl FnOnce() -> CUresult,
+    real: impl Fn(*mut CUdeviceptr, CUmemoryPool, *mut CUmemPoolPtrExportData) -> CUresult,
     ptr_out: *mut CUdeviceptr,
+    pool: CUmemoryPool,
     data: *mut CUmemPoolPtrExportData,
 ) -> CUresult {
     if data.is_null() {
-        return call();
+        return real(ptr_out, pool, data);
     }
+    // The driver imports the very bytes keyed: a copy, which another thread cannot change in between.
     // SAFETY: non-NULL, the caller's export data.
-    let key = shared::key(&unsafe { *data }.reserved);
+    let mut copy = unsafe { data.read_unaligned() };
+    let key = shared::key(&copy.reserved);
     // SAFETY: as the caller's contract says.
     unsafe {
-        hold_import(s, call, ptr_out, key, "cuMemPoolImportPointer", |p| {
-            // SAFETY: freeing the import the driver just made for this call.
-            s.cuda.cuMemFree_v2(p);
-        })
+        hold_import(
+            s,
+            || real(ptr_out, pool, &mut copy),
+            ptr_out,
+            key,
+            "cuMemPoolImportPointer",
+            |p| {
+                // SAFETY: freeing the import the driver just made for this call.
+                s.cuda.cuMemFree_v2(p);
+            },
+        )
     }
 }
 
@@ -627,7 +729,7 @@ pub fn vmm_release(
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
     match s.mem.vmm.release(handle) {
-        Release::Untracked => tracked_free(s, Space::Vmm, handle, call),
+        Release::Untracked => tracked_free(s, Space::Vmm, handle, None, call),
         Release::Last => {
             let rec = s.mem.ledger.remove(Space::Vmm, handle);
             let r = call();
@@ -726,7 +828,7 @@ pub fn vmm_map(
 /// its charge (`rec`), or its share of the container's shared table, or its import's hold, goes.
 fn vmm_gone(s: &Shim, h: u64, rec: Option<Record>) {
     if let Some(e) = s.mem.shared.take_vmm_export(h) {
-        s.mem.export_gone(&s.cuda, h, e, rec);
+        s.mem.export_gone(&s.cuda, h, e, rec, None);
         return;
     }
     if let Some(rec) = rec {
@@ -814,18 +916,25 @@ pub unsafe fn vmm_export(
 /// `handle`, `os_handle` as the driver's contract says (the handle written on success).
 pub unsafe fn vmm_import(
     s: &Shim,
-    call: impl FnOnce() -> CUresult,
+    real: impl Fn(*mut CUmemGenericAllocationHandle, *mut c_void, c_uint) -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
     os_handle: *mut c_void,
     handle_type: c_uint,
 ) -> CUresult {
-    let key = match handle_type {
-        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => shared::fd_key(os_handle as usize as c_int),
+    // A fabric handle is imported from a copy of the bytes keyed, which another thread cannot change in between.
+    let mut fabric = (handle_type == CU_MEM_HANDLE_TYPE_FABRIC && !os_handle.is_null())
         // SAFETY: for fabric, `os_handle` points to the caller's CUmemFabricHandle.
-        CU_MEM_HANDLE_TYPE_FABRIC if !os_handle.is_null() => unsafe { shareable_key(os_handle, handle_type) },
+        .then(|| unsafe { (os_handle as *const CUmemFabricHandle).read_unaligned() });
+    let key = match (handle_type, &fabric) {
+        (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, _) => shared::fd_key(os_handle as usize as c_int),
+        (_, Some(f)) => Some(shared::key(&f.data)),
         _ => None,
     };
-    let r = call();
+    let os_handle = match fabric.as_mut() {
+        Some(f) => (f as *mut CUmemFabricHandle).cast(),
+        None => os_handle,
+    };
+    let r = real(handle, os_handle, handle_type);
     if !r.ok() || handle.is_null() {
         return r;
     }
@@ -999,10 +1108,10 @@ pub unsafe fn mipmapped_create(
 
 /// `cuArrayDestroy`.
 pub fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
-    tracked_free(s, Space::Array, h as u64, call)
+    tracked_free(s, Space::Array, h as u64, None, call)
 }
 
 /// `cuMipmappedArrayDestroy`.
 pub fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
-    tracked_free(s, Space::Mipmapped, h as u64, call)
+    tracked_free(s, Space::Mipmapped, h as u64, None, call)
 }

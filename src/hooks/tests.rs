@@ -18,6 +18,8 @@ const REAL_TOTAL: u64 = 16 << 30;
 /// The fake GPU of the current test thread.
 #[derive(Default)]
 struct Fake {
+    /// What every pool reports as `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+    reserved: u64,
     next: u64,
     live: HashMap<u64, u64>,
     alloc_calls: u32,
@@ -134,6 +136,31 @@ unsafe extern "C" fn f_ipc_get(h: *mut CUipcMemHandle, p: CUdeviceptr) -> CUresu
     CUresult::SUCCESS
 }
 
+unsafe extern "C" fn f_pool_attr(_p: CUmemoryPool, attr: CUmemPool_attribute, v: *mut c_void) -> CUresult {
+    let r = fake(|f| f.reserved);
+    // SAFETY: test-owned out-pointer of the attribute's type (cuuint64_t).
+    unsafe {
+        *(v as *mut u64) = if attr == CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT {
+            r
+        } else {
+            0
+        }
+    };
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_free_async(_p: CUdeviceptr, _s: CUstream) -> CUresult {
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_pool_destroy(_p: CUmemoryPool) -> CUresult {
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_stream_sync(_s: CUstream) -> CUresult {
+    CUresult::SUCCESS
+}
+unsafe extern "C" fn f_ctx_sync() -> CUresult {
+    CUresult::SUCCESS
+}
+
 fn table() -> CudaTable {
     let mut t = CudaTable::empty(true);
     t.cuCtxGetDevice = Some(f_ctx_get_device);
@@ -145,6 +172,11 @@ fn table() -> CudaTable {
     t.cuMemGetInfo_v2 = Some(f_info);
     t.cuGetProcAddress_v2 = Some(f_get_proc);
     t.cuIpcGetMemHandle = Some(f_ipc_get);
+    t.cuMemPoolGetAttribute = Some(f_pool_attr);
+    t.cuMemFreeAsync = Some(f_free_async);
+    t.cuMemPoolDestroy = Some(f_pool_destroy);
+    t.cuStreamSynchronize = Some(f_stream_sync);
+    t.cuCtxSynchronize = Some(f_ctx_sync);
     t
 }
 
@@ -622,4 +654,49 @@ fn a_context_teardown_gives_back_only_what_this_process_still_charges() {
     s.mem.forget_context_allocations(&s.cuda, dev);
     // This process has let go; nobody else holds the entry here, so it went with it.
     assert_eq!(used(s), 128 * MIB);
+}
+
+#[test]
+fn a_destroyed_pool_stays_charged_until_its_frees_have_run() {
+    // cuda.h: a destroyed pool's resources go back once its frees have completed. A tenant that frees into a
+    // pool on a stream that never runs (a host function that never returns) and destroys it must not get the
+    // memory's charge back while the driver still holds it.
+    use crate::memory::ledger::{Kind, Record, Space};
+    let e = env(Some(1 << 30));
+    let s = &e.shim;
+    let dev = s.devices.current(&s.cuda).unwrap();
+    for (n, by_context) in [(0x5000usize, false), (0x6000, true)] {
+        s.mem.track_pool(n, Some(dev));
+        fake(|f| f.reserved = 768 * MIB);
+        s.mem.refresh_pool(&s.cuda, n);
+        assert_eq!(used(s), 768 * MIB);
+        let p = 0xa000 + n as u64;
+        let rec = Record {
+            entry: dev.id,
+            bytes: 768 * MIB,
+            kind: Kind::Pool(n),
+        };
+        s.mem.ledger.insert(Space::Pointer, p, rec);
+        let (blocked, other) = (0x7777 as CUstream, 0x8888 as CUstream);
+        // SAFETY: plain values and handles the fake driver ignores (so below).
+        let freed = unsafe { hooks::cuMemFreeAsync(s, p, blocked) };
+        // SAFETY: as above.
+        let destroyed = unsafe { hooks::cuMemPoolDestroy(s, n as CUmemoryPool) };
+        assert!(freed.ok() && destroyed.ok());
+        fake(|f| f.reserved = 0);
+        assert_eq!(used(s), 768 * MIB, "released before its free ran");
+        // SAFETY: as above.
+        unsafe { assert!(hooks::cuStreamSynchronize(s, other).ok()) };
+        assert_eq!(used(s), 768 * MIB, "another stream's synchronisation released it");
+        // SAFETY: as above.
+        unsafe {
+            assert!(if by_context {
+                hooks::cuCtxSynchronize(s)
+            } else {
+                hooks::cuStreamSynchronize(s, blocked)
+            }
+            .ok())
+        };
+        assert_eq!(used(s), 0);
+    }
 }

@@ -284,7 +284,14 @@ impl Memory {
     /// The exported allocation at `p` (`rec`, its record, already out of the ledger) is gone in this process
     /// (freed, or its context destroyed): this process lets go of its shared entry, where importers may still
     /// hold the memory, and its own charge of it goes.
-    pub fn export_gone(&self, cuda: &CudaTable, p: u64, e: shared::Export, rec: Option<ledger::Record>) {
+    pub fn export_gone(
+        &self,
+        cuda: &CudaTable,
+        p: u64,
+        e: shared::Export,
+        rec: Option<ledger::Record>,
+        stream: Option<usize>,
+    ) {
         match rec {
             Some(ledger::Record {
                 entry,
@@ -297,14 +304,16 @@ impl Memory {
                     self.take_back(entry, bytes);
                 }
                 self.unshare(e.entry, e.key);
-                self.pool_freed(pool, p, bytes);
+                self.pool_freed(pool, p, bytes, stream);
                 self.refresh_pool(cuda, pool);
             }
             Some(rec) => {
                 self.unshare(e.entry, e.key);
                 if e.moved {
                     self.forget_allocated(rec.entry, rec.bytes);
-                    self.shared.linger(e, rec.bytes, rec.entry);
+                    self.shared.linger(e, rec.bytes, rec.entry, |entry, key| {
+                        self.usage().shared_live(entry, key)
+                    });
                 } else {
                     self.release_entry(rec.entry, rec.bytes);
                 }

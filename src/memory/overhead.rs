@@ -169,10 +169,12 @@ impl Memory {
 
     /// Re-measures this process's overhead on `dev`. `admit`: growth must fit under the cap.
     fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
+        // Exports let go of but still held elsewhere may still count as this process's: not overhead. Read
+        // before the overhead lock: the fork handlers take the shared table's lock first.
+        let lingering = self.lingering(dev);
         let _g = self.overhead_lock.lock();
         let target = match self.nvml_used(nvml, dev) {
-            // Exports let go of but still held elsewhere may still count as this process's: not overhead.
-            Some(used) => used.saturating_sub(self.allocated(dev).saturating_add(self.lingering(dev))),
+            Some(used) => used.saturating_sub(self.allocated(dev).saturating_add(lingering)),
             None => self.holdings.estimate(dev.ordinal),
         } + self.holdings.inflight(dev);
         let r = self.set_overhead_locked(dev, target, admit);

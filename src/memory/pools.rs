@@ -9,7 +9,7 @@ use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use cuquota_core::DeviceId;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// A stream-ordered pool we account.
 pub(super) struct PoolState {
@@ -17,8 +17,15 @@ pub(super) struct PoolState {
     dev: Option<Dev>,
     /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` as last charged.
     charged: u64,
-    /// A destroyed pool (keyed [`DESTROYED`] | n): how many of its allocations are still out; 0 for a live pool.
-    left: usize,
+    /// A destroyed pool (keyed [`DESTROYED`] | n): how many of its allocations are still out (below zero for a
+    /// moment when frees race the destroy); 0 for a live pool.
+    left: isize,
+    /// Streams with frees of this pool that may not have run yet (`cuMemFreeAsync`; a destroyed pool's memory
+    /// stays until they have): (stream key, sync epoch of the latest). Each goes with a synchronisation of its
+    /// stream, or of the context, that began later, or with the context's end. One entry per stream.
+    awaiting: Vec<(usize, u64)>,
+    /// A destroyed pool whose allocations are still being counted (`destroy_pool`): not released meanwhile.
+    counting: bool,
     /// Blocks this process freed back into the pool's reserve and has not seen handed out again, while the
     /// reserve never shrank: what can serve a request without the pool growing. All forgotten whenever the
     /// reserve shrinks (a synchronisation or trim released some, which is not said) or the pool serves a request
@@ -30,6 +37,16 @@ pub(super) struct PoolState {
 /// have it).
 pub(super) const DESTROYED: usize = 1 << (usize::BITS - 1);
 static NEXT_DESTROYED: AtomicUsize = AtomicUsize::new(1);
+/// Bumped by every mark a destroyed pool waits on and by every context synchronisation's start.
+static SYNC_EPOCH: AtomicU64 = AtomicU64::new(1);
+/// Some destroyed pool waits for a synchronisation (one load on `cuCtxSynchronize` otherwise).
+static ANY_AWAITING: AtomicBool = AtomicBool::new(false);
+
+/// A new sync epoch.
+fn mark() -> u64 {
+    ANY_AWAITING.store(true, Ordering::Release);
+    SYNC_EPOCH.fetch_add(1, Ordering::AcqRel)
+}
 
 /// Slots of the lock-free set of graph execs with memory alloc nodes.
 const EXEC_SLOTS: usize = 4096;
@@ -139,6 +156,17 @@ struct FreeBlock {
     claimed: bool,
 }
 
+impl PoolState {
+    /// A free of this pool was enqueued on stream `st`.
+    fn awaits(&mut self, st: usize) {
+        let epoch = mark();
+        match self.awaiting.iter_mut().find(|(s, _)| *s == st) {
+            Some(a) => a.1 = epoch,
+            None => self.awaiting.push((st, epoch)),
+        }
+    }
+}
+
 impl Memory {
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
     pub fn track_pool(&self, pool: usize, dev: Option<Dev>) {
@@ -146,6 +174,8 @@ impl Memory {
             dev,
             charged: 0,
             left: 0,
+            awaiting: Vec::new(),
+            counting: false,
             free_blocks: Vec::new(),
         });
     }
@@ -196,12 +226,16 @@ impl Memory {
     }
 
     /// The pool allocation at `addr`, of `len` (rounded) bytes, was freed: its block is back in the reserve.
-    pub fn pool_freed(&self, pool: usize, addr: u64, len: u64) {
+    /// `stream`: the free's stream key (`stream_key`) for `cuMemFreeAsync`, `None` for a free that is done.
+    pub fn pool_freed(&self, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
         if pool & DESTROYED != 0 {
-            self.destroyed_freed(pool);
+            self.destroyed_freed(pool, stream);
             return;
         }
         if let Some(p) = self.pools.lock().get_mut(&pool) {
+            if let Some(st) = stream {
+                p.awaits(st);
+            }
             p.free_blocks.retain(|b| b.addr != addr);
             if len > 0 {
                 p.free_blocks.push(FreeBlock {
@@ -339,15 +373,26 @@ impl Memory {
             if space == ledger::Space::Pointer {
                 if let Some(e) = self.shared.take_export(key) {
                     // Exported: its charge may live in the shared table, and importers may still hold it.
-                    self.export_gone(cuda, key, e, Some(rec));
+                    self.export_gone(cuda, key, e, Some(rec), None);
                     continue;
                 }
             }
             match rec.kind {
                 ledger::Kind::Direct => self.release(dev, rec.bytes),
-                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.destroyed_freed(k),
+                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.destroyed_freed(k, None),
                 ledger::Kind::Pool(_) => {}
             }
+        }
+        {
+            // Nothing of the context runs any more: no free on `dev` is waiting.
+            let mut pools = self.pools.lock();
+            for (_, p) in pools
+                .iter_mut()
+                .filter(|(_, p)| p.dev.is_some_and(|d| d.id == dev.id))
+            {
+                p.awaiting.clear();
+            }
+            self.release_destroyed_locked(&mut pools);
         }
         self.refresh_pools_of(cuda, dev.id);
         if self.graph.charged.lock().contains_key(&dev.ordinal) {
@@ -403,38 +448,80 @@ impl Memory {
         }
     }
 
-    /// `cuMemPoolDestroy` succeeded. With no allocation of this process still out of it, its charge goes back;
-    /// otherwise the pool lives on (cuda.h: its resources go back once no allocation is outstanding), keyed
-    /// [`DESTROYED`] | n with its allocations, charged whole until the last of them is freed.
+    /// `cuMemPoolDestroy` succeeded. With no allocation of this process still out of it and no free waiting
+    /// in stream order, its charge goes back; otherwise the pool lives on (cuda.h: its resources go back once no
+    /// allocation is outstanding and its frees have run), keyed [`DESTROYED`] | n with its allocations, charged
+    /// whole until then.
     pub fn destroy_pool(&self, pool: usize) {
         let key = DESTROYED | NEXT_DESTROYED.fetch_add(1, Ordering::Relaxed);
-        let left = self.ledger.retag_pool(pool, key);
-        let mut pools = self.pools.lock();
-        let Some(mut p) = pools.remove(&pool) else {
-            return;
-        };
-        let Some(dev) = p.dev else { return };
-        if left == 0 {
-            drop(pools);
-            self.release(dev, p.charged);
-        } else {
-            p.left = left;
+        {
+            // In place before the records are re-keyed, so a free racing this counts down here.
+            let mut pools = self.pools.lock();
+            let Some(mut p) = pools.remove(&pool) else {
+                return;
+            };
+            if p.dev.is_none() {
+                return;
+            }
             p.free_blocks.clear();
+            p.counting = true;
             pools.insert(key, p);
+        }
+        let out = self.ledger.retag_pool(pool, key);
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get_mut(&key) {
+            p.left += out as isize;
+            p.counting = false;
+        }
+        self.release_destroyed_locked(&mut pools);
+    }
+
+    /// One allocation of destroyed pool `key` is gone (`stream`: freed in stream order there, maybe not yet).
+    fn destroyed_freed(&self, key: usize, stream: Option<usize>) {
+        let mut pools = self.pools.lock();
+        let Some(p) = pools.get_mut(&key) else { return };
+        p.left -= 1;
+        if let Some(st) = stream {
+            p.awaits(st);
+        }
+        self.release_destroyed_locked(&mut pools);
+    }
+
+    /// Gives back the charge of every destroyed pool with no allocation out and nothing awaited.
+    fn release_destroyed_locked(&self, pools: &mut HashMap<usize, PoolState>) {
+        let done: Vec<usize> = pools
+            .iter()
+            .filter(|&(&k, p)| k & DESTROYED != 0 && p.left == 0 && p.awaiting.is_empty() && !p.counting)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in done {
+            if let Some(p) = pools.remove(&k) {
+                if let Some(dev) = p.dev {
+                    self.release(dev, p.charged);
+                }
+            }
         }
     }
 
-    /// One allocation of destroyed pool `key` is gone: the last one takes the pool's charge with it.
-    fn destroyed_freed(&self, key: usize) {
+    /// A synchronisation is about to start: its epoch, for [`Memory::synchronized`] (`None`: no destroyed pool
+    /// ever waited, nothing to do).
+    pub fn sync_starts(&self) -> Option<u64> {
+        ANY_AWAITING
+            .load(Ordering::Acquire)
+            .then(|| SYNC_EPOCH.fetch_add(1, Ordering::AcqRel))
+    }
+
+    /// A synchronisation of `dev`'s context (`stream` = `None`) or of one stream (its key) that started at
+    /// epoch `start` returned: the frees enqueued there before it have run.
+    pub fn synchronized(&self, dev: Dev, start: u64, stream: Option<usize>) {
         let mut pools = self.pools.lock();
-        let Some(p) = pools.get_mut(&key) else { return };
-        p.left = p.left.saturating_sub(1);
-        if p.left == 0 {
-            let p = pools.remove(&key).expect("found above");
-            drop(pools);
-            if let Some(dev) = p.dev {
-                self.release(dev, p.charged);
-            }
+        for (_, p) in pools
+            .iter_mut()
+            .filter(|(_, p)| p.dev.is_some_and(|d| d.id == dev.id))
+        {
+            p.awaiting
+                .retain(|&(st, epoch)| !(epoch < start && stream.is_none_or(|s| s == st)));
         }
+        self.release_destroyed_locked(&mut pools);
     }
 }

@@ -200,9 +200,14 @@ impl SharedMem {
         self.table.lock().vmm_imports.remove(&h)
     }
 
-    /// This process let go of export `e` of `bytes` on `dev`, whose charge had moved to the shared table.
-    pub fn linger(&self, e: Export, bytes: u64, dev: DeviceId) {
-        self.table.lock().lingering.push((e.entry, e.key, bytes, dev));
+    /// This process let go of export `e` of `bytes` on `dev`, whose charge had moved to the shared table;
+    /// `live(entry, key)` prunes those nobody holds any more.
+    pub fn linger(&self, e: Export, bytes: u64, dev: DeviceId, live: impl Fn(usize, u64) -> bool) {
+        let mut t = self.table.lock();
+        t.lingering.retain(|&(entry, key, _, _)| live(entry, key));
+        if live(e.entry, e.key) {
+            t.lingering.push((e.entry, e.key, bytes, dev));
+        }
     }
 
     /// Bytes on `dev` of exports this process let go of that `live(entry, key)` says someone still holds
