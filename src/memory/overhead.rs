@@ -384,6 +384,7 @@ impl Memory {
             inflight.fetch_add(growth, Ordering::Relaxed);
         }
         let r = call();
+        let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let _g = self.overhead_lock.lock();
         if growth > 0 {
             let _ = inflight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
@@ -392,7 +393,8 @@ impl Memory {
         }
         match self.nvml_used(nvml, dev) {
             Some(used) => {
-                let target = used.saturating_sub(self.allocated(dev)) + self.holdings.inflight(dev);
+                let target = used.saturating_sub(self.allocated(dev).saturating_add(lingering))
+                    + self.holdings.inflight(dev);
                 let _ = self.set_overhead_locked(dev, target, false);
             }
             None if !r.ok() => {
