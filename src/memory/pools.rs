@@ -37,9 +37,9 @@ pub(super) struct PoolState {
 /// have it).
 pub(super) const DESTROYED: usize = 1 << (usize::BITS - 1);
 static NEXT_DESTROYED: AtomicUsize = AtomicUsize::new(1);
-/// Bumped by every mark a destroyed pool waits on and by every context synchronisation's start.
+/// Bumped by every free in stream order of a pool allocation and by every synchronisation's start.
 static SYNC_EPOCH: AtomicU64 = AtomicU64::new(1);
-/// Some destroyed pool waits for a synchronisation (one load on `cuCtxSynchronize` otherwise).
+/// Some pool allocation was ever freed in stream order (until then a synchronisation costs one load here).
 static ANY_AWAITING: AtomicBool = AtomicBool::new(false);
 
 /// A new sync epoch.
@@ -503,8 +503,8 @@ impl Memory {
         }
     }
 
-    /// A synchronisation is about to start: its epoch, for [`Memory::synchronized`] (`None`: no destroyed pool
-    /// ever waited, nothing to do).
+    /// A synchronisation is about to start: its epoch, for [`Memory::synchronized`] (`None`: no pool
+    /// allocation was ever freed in stream order, nothing to do).
     pub fn sync_starts(&self) -> Option<u64> {
         ANY_AWAITING
             .load(Ordering::Acquire)
