@@ -197,6 +197,8 @@ fn stream_key(stream: CUstream, ds: DefaultStream) -> usize {
     }
 }
 
+/// A free of the device address `p`: an export lets go of its shared entry, an import of its hold, anything else
+/// of its record (`stream`: the stream key of a free in stream order).
 fn free_in_order(s: &Shim, call: impl FnOnce() -> CUresult, p: u64, stream: Option<usize>) -> CUresult {
     if let Some(e) = s.mem.shared.take_export(p) {
         return free_exported(s, call, p, e, stream);
