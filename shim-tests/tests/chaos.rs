@@ -20,8 +20,8 @@
 //! allocation kinds (indices into chaos.c's `kind_name`, e.g. `CHAOS_KINDS=3,4` for the pools alone).
 //!
 //! CI runs 8 processes for 10 s. The documented long run (16 processes, 60 s) is the ignored test below:
-//! `cargo test -p shim-tests --test chaos -- --ignored --nocapture` (its last result is in README.md,
-//! *Reliability*).
+//! `cargo test -p shim-tests --test chaos -- --ignored --nocapture` (its last result is in
+//! docs/reliability.md).
 
 use cuquota_core::UsageRegion;
 use shim_tests::{Output, Proc, Prog, Sim, GIB, MIB};
@@ -235,7 +235,7 @@ fn eight_processes_killed_at_random_for_ten_seconds() {
 }
 
 #[test]
-#[ignore = "the documented long run (16 processes, 60 s; README.md, Reliability): \
+#[ignore = "the documented long run (16 processes, 60 s; docs/reliability.md): \
             cargo test -p shim-tests --test chaos -- --ignored --nocapture"]
 fn sixteen_processes_killed_at_random_for_a_minute() {
     chaos(16, 60, 0xc4a05);

@@ -163,7 +163,7 @@ fn a_deepbind_library_linked_with_libcuda_still_binds_to_the_hooks() {
 
 #[test]
 fn parsing_the_elf_is_not_stopped_in_process() {
-    // The documented hole (README, "Threat model"): the driver's own function, past the cap. The node agent is
+    // The documented hole (docs/threat-model.md): the driver's own function, past the cap. The node agent is
     // what stops this tenant (agent_enforce.rs).
     let out = attack("elf");
     out.expect("found", "1").expect("alloc.ok", "4");
@@ -187,7 +187,7 @@ fn a_primary_context_from_the_runtimes_export_table_is_charged_before_allocation
 
 #[test]
 fn an_audit_library_that_vetoes_the_preload_is_not_stopped_in_process() {
-    // The documented hole (README, "Threat model"): a process started with LD_AUDIT can refuse to load the
+    // The documented hole (docs/threat-model.md): a process started with LD_AUDIT can refuse to load the
     // preload (la_objsearch) before any of its code runs. Only the agent stops this tenant.
     let audit = compile_c(
         "libresolve_audit.so",

@@ -4,7 +4,7 @@
 //! - Start-up: N processes (each cuInit, a context, a 1 MiB allocation, cuMemGetInfo, exit) are started at once,
 //!   without and with the shim, in the same run, alternating; the time until all have finished is compared
 //!   (best of three each). CI runs 64 processes and fails only if the shim makes the start more than 3× slower.
-//!   The benchmark (ignored; README.md, *Reliability*) runs 256 and prints the figures:
+//!   The benchmark (ignored; docs/reliability.md) runs 256 and prints the figures:
 //!   `cargo test -p shim-tests --test scale -- --ignored --nocapture`.
 //! - Slot reuse: 1100 processes (more than the region's 1024 slots), 16 at a time, each allocating through the
 //!   shim and exiting without freeing (a process does not give its slot back at exit: the dead are reclaimed
@@ -72,7 +72,7 @@ fn sixty_four_processes_start_at_once_not_much_slower_than_without_the_shim() {
 }
 
 #[test]
-#[ignore = "benchmark (README.md, Reliability): cargo test -p shim-tests --test scale -- --ignored --nocapture"]
+#[ignore = "benchmark (docs/reliability.md): cargo test -p shim-tests --test scale -- --ignored --nocapture"]
 fn two_hundred_fifty_six_processes_start_at_once() {
     let (bare, shim) = startup(256);
     assert!(
