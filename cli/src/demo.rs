@@ -386,18 +386,12 @@ fn memory_results(w: &Workload, out: &str) -> (Option<u64>, BTreeMap<String, u64
     }
 }
 
-/// `cuquota demo`.
+/// `cuquota demo`: set up, start the tenants, watch them, judge what each got, report.
 pub fn run(a: DemoArgs) -> CmdResult {
     let started = Instant::now();
     if a.duration < Duration::from_secs(2) || a.duration > Duration::from_secs(600) {
         return Err(CliError::new("--duration must be between 2s and 10m"));
     }
-    let tty = !a.json && std::io::stdout().is_terminal();
-    let mut display: Box<dyn Write> = if a.json {
-        Box::new(std::io::stderr())
-    } else {
-        Box::new(std::io::stdout())
-    };
     let mut say = |s: &str| {
         let _ = writeln!(std::io::stderr(), "cuquota demo: {s}");
     };
@@ -407,15 +401,94 @@ pub fn run(a: DemoArgs) -> CmdResult {
         .nvml()
         .map_err(|e| CliError::new(format!("demo: NVML: {e}")))?;
     let setup = started.elapsed();
-    let secs = a.duration.as_secs_f64();
-    let _ = writeln!(
-        display,
-        "cuquota demo: 3 tenants share {} for {secs:.0} s; they run {note}.",
-        machine.describe()
-    );
+    let mut screen = Screen::new(a.json);
+    screen.line(&format!(
+        "cuquota demo: 3 tenants share {} for {:.0} s; they run {note}.",
+        machine.describe(),
+        a.duration.as_secs_f64()
+    ));
+    let procs = start_tenants(&machine, &work, a.duration.as_secs_f64())?;
+    let watched = watch(&a, &machine, &work, &nvml, procs, &mut screen)?;
+    let tenants = TENANTS
+        .iter()
+        .zip(&watched.seen)
+        .zip(watched.procs)
+        .map(|((tn, s), p)| judge(tn, s, p, &work))
+        .collect();
+    let report = DemoReport {
+        schema: SCHEMA,
+        gpu: machine.describe(),
+        simulated: machine.simulated(),
+        workload: work.kind(),
+        workload_note: note,
+        duration_ms: a.duration.as_millis() as u64,
+        setup_ms: setup.as_millis() as u64,
+        wall_ms: started.elapsed().as_millis() as u64,
+        limit_change_at_ms: watched.changed_at.map(|c| c.as_millis() as u64),
+        tenants,
+    };
+    let ok = report.tenants.iter().all(|t| t.ok);
+    if a.json {
+        output::print_json(&report)?;
+    } else {
+        print_summary(&report);
+    }
+    Ok(if ok { 0 } else { 1 })
+}
 
-    // Each tenant: its own limits file (the agent's, changed live below) and usage file.
-    let mut procs: Vec<Running> = Vec::new();
+/// Where the progress goes: stdout (redrawn in place on a terminal), or stderr under `--json`.
+struct Screen {
+    out: Box<dyn Write>,
+    tty: bool,
+    /// Lines of the block drawn last on a terminal (0: draw the next one below).
+    drawn: usize,
+    /// When the last line was printed off a terminal.
+    last_line: Duration,
+}
+
+impl Screen {
+    fn new(json: bool) -> Screen {
+        let out: Box<dyn Write> = if json {
+            Box::new(std::io::stderr())
+        } else {
+            Box::new(std::io::stdout())
+        };
+        Screen {
+            out,
+            tty: !json && std::io::stdout().is_terminal(),
+            drawn: 0,
+            last_line: Duration::ZERO,
+        }
+    }
+
+    /// A line that stays: on a terminal the block drawn so far stays above it, the next is drawn below.
+    fn line(&mut self, s: &str) {
+        self.drawn = 0;
+        let _ = writeln!(self.out, "{s}");
+    }
+
+    /// One progress update at `t`: on a terminal the block of `long` lines redrawn, else `short` every 2 s.
+    fn progress(&mut self, t: Duration, secs: f64, long: &[String], short: impl FnOnce() -> String) {
+        if self.tty {
+            if self.drawn > 0 {
+                let _ = write!(self.out, "\x1b[{}A", self.drawn);
+            }
+            let _ = writeln!(self.out, "\x1b[2K  t = {:4.1} s of {secs:.0} s", t.as_secs_f64());
+            for l in long {
+                let _ = writeln!(self.out, "\x1b[2K{l}");
+            }
+            self.drawn = long.len() + 1;
+        } else if t >= self.last_line + Duration::from_secs(2) {
+            self.last_line = t;
+            let _ = writeln!(self.out, "{:5.1}s  {}", t.as_secs_f64(), short());
+        }
+        let _ = self.out.flush();
+    }
+}
+
+/// Starts each tenant with its own limits file (the agent's, changed live later) and usage file.
+fn start_tenants(machine: &Machine, work: &Workload, secs: f64) -> Result<Vec<Running>, CliError> {
+    let mut procs = Vec::new();
     for t in &TENANTS {
         let limits = machine.dir().join(format!("{}.limits", t.name));
         write_all(&limits, Some(t.memory), t.sm, t.policy)?;
@@ -448,14 +521,77 @@ pub fn run(a: DemoArgs) -> CmdResult {
             exit: None,
         });
     }
+    Ok(procs)
+}
+
+/// What watching the tenants found.
+struct Watched {
+    procs: Vec<Running>,
+    seen: Vec<Seen>,
+    changed_at: Option<Duration>,
+}
+
+/// NVML's view of every process on every GPU, by pid.
+#[derive(Default)]
+struct Sample {
+    /// Device memory, bytes.
+    mem: BTreeMap<u32, u64>,
+    /// Utilisation since the last sample, percent.
+    util: BTreeMap<u32, f64>,
+}
+
+fn sample(nvml: &Nvml, since_us: u64) -> Result<Sample, CliError> {
+    let Sample { mut mem, mut util } = Sample::default();
+    for g in nvml.gpus().map_err(CliError::new)? {
+        for (pid, b) in nvml.processes(&g).map_err(CliError::new)? {
+            *mem.entry(pid).or_default() += b;
+        }
+        if let Ok(u) = nvml.process_utilization(&g, since_us) {
+            for (pid, s) in u {
+                *util.entry(pid).or_default() += s;
+            }
+        }
+    }
+    Ok(Sample { mem, util })
+}
+
+/// Raises each tenant's SM limit that changes halfway, in its limits file, as the agent would.
+fn change_limits_live(machine: &Machine, t: Duration, screen: &mut Screen) -> Result<(), CliError> {
+    for tn in &TENANTS {
+        if let Some(after) = tn.sm_after {
+            let file = machine.dir().join(format!("{}.limits", tn.name));
+            LimitsWriter::open(&file)?.update(|tb| -> Result<(), CliError> {
+                tb.entry_mut(DeviceSelector::All)?.sm_limit = after;
+                Ok(())
+            })??;
+            screen.line(&format!(
+                "{:5.1}s  {}'s SM limit raised {}% → {after}% live (cuquota limits set on its limits file)",
+                t.as_secs_f64(),
+                tn.name,
+                tn.sm.unwrap_or(0)
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Samples NVML every 500 ms until every tenant has exited (or the duration + 30 s, then kills them), changing
+/// the limits halfway and drawing the progress.
+fn watch(
+    a: &DemoArgs,
+    machine: &Machine,
+    work: &Workload,
+    nvml: &Nvml,
+    mut procs: Vec<Running>,
+    screen: &mut Screen,
+) -> Result<Watched, CliError> {
+    let secs = a.duration.as_secs_f64();
     let t0 = Instant::now();
     let half = a.duration / 2;
     let mut changed_at: Option<Duration> = None;
     let mut seen = vec![Seen::default(); TENANTS.len()];
     let mut last_tick = t0;
     let mut last_us = nvml::realtime_us();
-    let mut drawn = 0usize;
-    let mut last_line = Duration::ZERO;
     let deadline = a.duration + Duration::from_secs(30);
     loop {
         std::thread::sleep(Duration::from_millis(500));
@@ -463,25 +599,12 @@ pub fn run(a: DemoArgs) -> CmdResult {
         let t = now - t0;
         let dt = (now - last_tick).as_secs_f64();
         last_tick = now;
-        // NVML's view of each tenant's pid on every GPU.
         let since = last_us;
         last_us = nvml::realtime_us();
-        let mut mem: BTreeMap<u32, u64> = BTreeMap::new();
-        let mut util: BTreeMap<u32, f64> = BTreeMap::new();
-        for g in nvml.gpus().map_err(CliError::new)? {
-            for (pid, b) in nvml.processes(&g).map_err(CliError::new)? {
-                *mem.entry(pid).or_default() += b;
-            }
-            if let Ok(u) = nvml.process_utilization(&g, since) {
-                for (pid, s) in u {
-                    *util.entry(pid).or_default() += s;
-                }
-            }
-        }
-        for (i, p) in procs.iter_mut().enumerate() {
+        let Sample { mem, util } = sample(nvml, since)?;
+        for (p, s) in procs.iter_mut().zip(seen.iter_mut()) {
             p.poll();
             let pid = p.child.id();
-            let s = &mut seen[i];
             s.memory = mem.get(&pid).copied().unwrap_or(0);
             s.peak_memory = s.peak_memory.max(s.memory);
             s.util = util.get(&pid).copied().unwrap_or(0.0).min(100.0);
@@ -499,89 +622,11 @@ pub fn run(a: DemoArgs) -> CmdResult {
             }
         }
         if changed_at.is_none() && t >= half {
-            for tn in &TENANTS {
-                if let Some(after) = tn.sm_after {
-                    let file = machine.dir().join(format!("{}.limits", tn.name));
-                    LimitsWriter::open(&file)?.update(|tb| -> Result<(), CliError> {
-                        tb.entry_mut(DeviceSelector::All)?.sm_limit = after;
-                        Ok(())
-                    })??;
-                    let msg = format!(
-                        "{:5.1}s  {}'s SM limit raised {}% → {after}% live (cuquota limits set on its limits file)",
-                        t.as_secs_f64(),
-                        tn.name,
-                        tn.sm.unwrap_or(0)
-                    );
-                    // On a terminal the block drawn so far stays above the message; the next is drawn below it.
-                    drawn = 0;
-                    let _ = writeln!(display, "{msg}");
-                }
-            }
+            change_limits_live(machine, t, screen)?;
             changed_at = Some(t);
         }
-        // Progress.
-        let lines: Vec<String> = TENANTS
-            .iter()
-            .zip(&seen)
-            .zip(&procs)
-            .map(|((tn, s), p)| {
-                if let (Job::Memory, Some((out, _))) = (tn.job, &p.printed) {
-                    let (total, refused) = memory_results(&work, out);
-                    return format!(
-                        "  {:<9} cap {}: told the GPU has {}; {} allocation API(s) refused at ≤ {}",
-                        tn.name,
-                        format_size(tn.memory),
-                        total.map_or_else(|| "?".into(), format_size),
-                        refused.len(),
-                        format_size(refused.values().max().copied().unwrap_or(0))
-                    );
-                }
-                let limit = if changed_at.is_some() {
-                    tn.sm_after.or(tn.sm)
-                } else {
-                    tn.sm
-                };
-                let lim = limit.map_or_else(|| "no SM limit".to_string(), |l| format!("SM {l:>2}% hard"));
-                let state = if p.exit.is_some() { " (done)" } else { "" };
-                format!(
-                    "  {:<9} {:<12} {} {:>5.1}%  mem {:>8} of {}{state}",
-                    tn.name,
-                    lim,
-                    bar(s.util, 20),
-                    s.util,
-                    format_size(s.memory),
-                    format_size(tn.memory)
-                )
-            })
-            .collect();
-        if tty {
-            if drawn > 0 {
-                let _ = write!(display, "\x1b[{drawn}A");
-            }
-            let _ = writeln!(display, "\x1b[2K  t = {:4.1} s of {secs:.0} s", t.as_secs_f64());
-            for l in &lines {
-                let _ = writeln!(display, "\x1b[2K{l}");
-            }
-            drawn = lines.len() + 1;
-        } else if t >= last_line + Duration::from_secs(2) {
-            last_line = t;
-            let short: Vec<String> = TENANTS
-                .iter()
-                .zip(&seen)
-                .zip(&procs)
-                .map(|((tn, s), p)| match (tn.job, &p.printed) {
-                    (Job::Memory, Some((out, _))) => {
-                        let (_, refused) = memory_results(&work, out);
-                        let at = refused.values().max().copied().unwrap_or(0);
-                        format!("{} refused at {}", tn.name, format_size(at))
-                    }
-                    (Job::Memory, None) => format!("{} allocating", tn.name),
-                    _ => format!("{} {:.1}%", tn.name, s.util),
-                })
-                .collect();
-            let _ = writeln!(display, "{:5.1}s  {}", t.as_secs_f64(), short.join("  ·  "));
-        }
-        let _ = display.flush();
+        let long = progress_lines(work, &procs, &seen, changed_at.is_some());
+        screen.progress(t, secs, &long, || short_progress(work, &procs, &seen));
         if procs.iter().all(|p| p.exit.is_some()) {
             break;
         }
@@ -594,133 +639,176 @@ pub fn run(a: DemoArgs) -> CmdResult {
             break;
         }
     }
+    Ok(Watched {
+        procs,
+        seen,
+        changed_at,
+    })
+}
 
-    // Results.
-    let mut tenants = Vec::new();
-    for ((tn, s), p) in TENANTS.iter().zip(&seen).zip(procs) {
-        let (out, err) = p.printed.clone().unwrap_or_default();
-        let avg = |ph: usize| (s.phase[ph].1 > 0.5).then(|| round2(s.phase[ph].0 / s.phase[ph].1));
-        let (first, second) = (avg(0), avg(1));
-        let code = p.exit.and_then(|e| e.code());
-        let (seen_total, refused) = if tn.job == Job::Memory {
-            memory_results(&work, &out)
-        } else {
-            (None, BTreeMap::new())
-        };
-        let mut problems = Vec::new();
-        if code != Some(0) {
-            let last = err
-                .lines()
-                .chain(out.lines())
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            problems.push(format!("{} exited {:?}: {}", p.program, p.exit, last.trim()));
+/// The progress block on a terminal: a line per tenant with its share bar and memory.
+fn progress_lines(work: &Workload, procs: &[Running], seen: &[Seen], changed: bool) -> Vec<String> {
+    TENANTS
+        .iter()
+        .zip(seen)
+        .zip(procs)
+        .map(|((tn, s), p)| {
+            if let (Job::Memory, Some((out, _))) = (tn.job, &p.printed) {
+                let (total, refused) = memory_results(work, out);
+                return format!(
+                    "  {:<9} cap {}: told the GPU has {}; {} allocation API(s) refused at ≤ {}",
+                    tn.name,
+                    format_size(tn.memory),
+                    total.map_or_else(|| "?".into(), format_size),
+                    refused.len(),
+                    format_size(refused.values().max().copied().unwrap_or(0))
+                );
+            }
+            let limit = if changed { tn.sm_after.or(tn.sm) } else { tn.sm };
+            let lim = limit.map_or_else(|| "no SM limit".to_string(), |l| format!("SM {l:>2}% hard"));
+            let state = if p.exit.is_some() { " (done)" } else { "" };
+            format!(
+                "  {:<9} {:<12} {} {:>5.1}%  mem {:>8} of {}{state}",
+                tn.name,
+                lim,
+                bar(s.util, 20),
+                s.util,
+                format_size(s.memory),
+                format_size(tn.memory)
+            )
+        })
+        .collect()
+}
+
+/// The progress line off a terminal: each tenant's share, or where the memory tenant was refused.
+fn short_progress(work: &Workload, procs: &[Running], seen: &[Seen]) -> String {
+    let parts: Vec<String> = TENANTS
+        .iter()
+        .zip(seen)
+        .zip(procs)
+        .map(|((tn, s), p)| match (tn.job, &p.printed) {
+            (Job::Memory, Some((out, _))) => {
+                let (_, refused) = memory_results(work, out);
+                let at = refused.values().max().copied().unwrap_or(0);
+                format!("{} refused at {}", tn.name, format_size(at))
+            }
+            (Job::Memory, None) => format!("{} allocating", tn.name),
+            _ => format!("{} {:.1}%", tn.name, s.util),
+        })
+        .collect();
+    parts.join("  ·  ")
+}
+
+/// What is wrong with what a compute tenant got: each phase's share within [limit − 10, limit + 5].
+fn compute_problems(tn: &Tenant, first: Option<f64>, second: Option<f64>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (share, limit) in [(first, tn.sm), (second, tn.sm_after.or(tn.sm))] {
+        if let Some(l) = limit {
+            let l = f64::from(l);
+            match share {
+                Some(v) if v >= l - 10.0 && v <= l + 5.0 => {}
+                Some(v) => problems.push(format!("share {v:.1}% is not within [{}, {}]", l - 10.0, l + 5.0)),
+                None => problems.push("no share measured".into()),
+            }
         }
-        match tn.job {
-            Job::Compute => {
-                for (share, limit) in [(first, tn.sm), (second, tn.sm_after.or(tn.sm))] {
-                    if let Some(l) = limit {
-                        let l = f64::from(l);
-                        match share {
-                            Some(v) if v >= l - 10.0 && v <= l + 5.0 => {}
-                            Some(v) => problems.push(format!(
-                                "share {v:.1}% is not within [{}, {}]",
-                                l - 10.0,
-                                l + 5.0
-                            )),
-                            None => problems.push("no share measured".into()),
-                        }
-                    }
-                }
-            }
-            Job::Memory => {
-                if seen_total != Some(tn.memory) {
-                    problems.push(format!(
-                        "it was told the GPU has {:?} bytes, not its cap",
-                        seen_total
-                    ));
-                }
-                if refused.is_empty() {
-                    problems.push("no allocation was refused".into());
-                }
-                for (api, b) in &refused {
-                    if *b > tn.memory || *b < tn.memory / 2 {
-                        problems.push(format!(
-                            "{api} refused at {}, not just under the cap",
-                            format_size(*b)
-                        ));
-                    }
-                }
-            }
-        }
-        let verdict = if !problems.is_empty() {
-            problems.join("; ")
-        } else {
-            match tn.job {
-                Job::Compute => match (tn.sm, tn.sm_after) {
-                    (Some(b), Some(x)) => format!(
-                        "held at {b}% then {x}% after the live change ({:.1}% → {:.1}%)",
-                        first.unwrap_or(0.0),
-                        second.unwrap_or(0.0)
-                    ),
-                    (Some(b), None) => format!(
-                        "held at {b}% ({:.1}%, {:.1}%)",
-                        first.unwrap_or(0.0),
-                        second.unwrap_or(0.0)
-                    ),
-                    _ => "ran".into(),
-                },
-                Job::Memory => {
-                    let most = refused.values().max().copied().unwrap_or(0);
-                    let apis = match refused.len() {
-                        1 => refused.keys().next().cloned().unwrap_or_default(),
-                        n => format!("all {n} allocation APIs"),
-                    };
-                    format!(
-                        "saw a {} GPU; {apis} refused at ≤ {} (+ its context = the cap)",
-                        format_size(tn.memory),
-                        format_size(most)
-                    )
-                }
-            }
-        };
-        tenants.push(TenantReport {
-            name: tn.name,
-            program: p.program,
-            memory_limit_bytes: tn.memory,
-            sm_limit_percent: tn.sm,
-            sm_limit_percent_after_change: tn.sm_after,
-            policy: tn.policy.map_or("default", PolicyArg::name),
-            peak_memory_used_bytes: s.peak_memory,
-            memory_seen_total_bytes: seen_total,
-            memory_refused_at_bytes: refused,
-            share_first_half_percent: first,
-            share_second_half_percent: second,
-            exit_status: code,
-            ok: problems.is_empty(),
-            verdict,
-        });
     }
-    let report = DemoReport {
-        schema: SCHEMA,
-        gpu: machine.describe(),
-        simulated: machine.simulated(),
-        workload: work.kind(),
-        workload_note: note,
-        duration_ms: a.duration.as_millis() as u64,
-        setup_ms: setup.as_millis() as u64,
-        wall_ms: started.elapsed().as_millis() as u64,
-        limit_change_at_ms: changed_at.map(|c| c.as_millis() as u64),
-        tenants,
-    };
-    let ok = report.tenants.iter().all(|t| t.ok);
-    if a.json {
-        output::print_json(&report)?;
+    problems
+}
+
+/// What is wrong with what the memory tenant got: told its cap as the GPU's size, refused just under it.
+fn memory_problems(tn: &Tenant, seen_total: Option<u64>, refused: &BTreeMap<String, u64>) -> Vec<String> {
+    let mut problems = Vec::new();
+    if seen_total != Some(tn.memory) {
+        problems.push(format!(
+            "it was told the GPU has {seen_total:?} bytes, not its cap"
+        ));
+    }
+    if refused.is_empty() {
+        problems.push("no allocation was refused".into());
+    }
+    for (api, b) in refused {
+        if *b > tn.memory || *b < tn.memory / 2 {
+            problems.push(format!(
+                "{api} refused at {}, not just under the cap",
+                format_size(*b)
+            ));
+        }
+    }
+    problems
+}
+
+/// What a tenant got, judged against what it asked for.
+fn judge(tn: &Tenant, s: &Seen, p: Running, work: &Workload) -> TenantReport {
+    let (out, err) = p.printed.clone().unwrap_or_default();
+    let avg = |ph: usize| (s.phase[ph].1 > 0.5).then(|| round2(s.phase[ph].0 / s.phase[ph].1));
+    let (first, second) = (avg(0), avg(1));
+    let code = p.exit.and_then(|e| e.code());
+    let (seen_total, refused) = if tn.job == Job::Memory {
+        memory_results(work, &out)
     } else {
-        print_summary(&report);
+        (None, BTreeMap::new())
+    };
+    let mut problems = Vec::new();
+    if code != Some(0) {
+        let last = err
+            .lines()
+            .chain(out.lines())
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("");
+        problems.push(format!("{} exited {:?}: {}", p.program, p.exit, last.trim()));
     }
-    Ok(if ok { 0 } else { 1 })
+    problems.extend(match tn.job {
+        Job::Compute => compute_problems(tn, first, second),
+        Job::Memory => memory_problems(tn, seen_total, &refused),
+    });
+    let verdict = if !problems.is_empty() {
+        problems.join("; ")
+    } else {
+        match tn.job {
+            Job::Compute => match (tn.sm, tn.sm_after) {
+                (Some(b), Some(x)) => format!(
+                    "held at {b}% then {x}% after the live change ({:.1}% → {:.1}%)",
+                    first.unwrap_or(0.0),
+                    second.unwrap_or(0.0)
+                ),
+                (Some(b), None) => format!(
+                    "held at {b}% ({:.1}%, {:.1}%)",
+                    first.unwrap_or(0.0),
+                    second.unwrap_or(0.0)
+                ),
+                _ => "ran".into(),
+            },
+            Job::Memory => {
+                let most = refused.values().max().copied().unwrap_or(0);
+                let apis = match refused.len() {
+                    1 => refused.keys().next().cloned().unwrap_or_default(),
+                    n => format!("all {n} allocation APIs"),
+                };
+                format!(
+                    "saw a {} GPU; {apis} refused at ≤ {} (+ its context = the cap)",
+                    format_size(tn.memory),
+                    format_size(most)
+                )
+            }
+        }
+    };
+    TenantReport {
+        name: tn.name,
+        program: p.program,
+        memory_limit_bytes: tn.memory,
+        sm_limit_percent: tn.sm,
+        sm_limit_percent_after_change: tn.sm_after,
+        policy: tn.policy.map_or("default", PolicyArg::name),
+        peak_memory_used_bytes: s.peak_memory,
+        memory_seen_total_bytes: seen_total,
+        memory_refused_at_bytes: refused,
+        share_first_half_percent: first,
+        share_second_half_percent: second,
+        exit_status: code,
+        ok: problems.is_empty(),
+        verdict,
+    }
 }
 
 fn print_summary(r: &DemoReport) {
