@@ -22,6 +22,17 @@ const LAYERS: &[(&str, u32)] = &[
     ("time", 7),
 ];
 
+/// The same for `cuquota-core`: logging reads the configuration; the configuration and the region files both
+/// produce a policy; parsing leaves at the bottom.
+const CORE_LAYERS: &[(&str, u32)] = &[
+    ("log", 0),
+    ("config", 1),
+    ("region", 1),
+    ("policy", 2),
+    ("units", 3),
+    ("visible_devices", 3),
+];
+
 /// Source text without comments, string literals and test modules (an inline `#[cfg(test)] mod … { }` and
 /// everything after it: test modules sit at the end of their file).
 fn code(text: &str) -> String {
@@ -153,8 +164,8 @@ fn references(module: &[String], code: &str) -> Vec<Vec<String>> {
 }
 
 /// Problems with the graph of `files` (module path → code).
-fn check(files: &BTreeMap<Vec<String>, String>) -> Vec<String> {
-    let layer: BTreeMap<&str, u32> = LAYERS.iter().copied().collect();
+fn check(files: &BTreeMap<Vec<String>, String>, layers: &[(&str, u32)]) -> Vec<String> {
+    let layer: BTreeMap<&str, u32> = layers.iter().copied().collect();
     let modules: BTreeSet<&Vec<String>> = files.keys().collect();
     let mut problems = Vec::new();
     let mut edges: BTreeSet<(Vec<String>, Vec<String>)> = BTreeSet::new();
@@ -253,8 +264,17 @@ fn read_src(root: &Path) -> BTreeMap<Vec<String>, String> {
 fn the_shims_modules_point_one_way() {
     let files = read_src(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     assert!(files.len() > 20, "read only {} files", files.len());
-    let problems = check(&files);
+    let problems = check(&files, LAYERS);
     assert!(problems.is_empty(), "module graph:\n{}", problems.join("\n"));
+}
+
+#[test]
+fn the_cores_modules_point_one_way() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("core/src");
+    let files = read_src(&root);
+    assert!(files.len() > 10, "read only {} files", files.len());
+    let problems = check(&files, CORE_LAYERS);
+    assert!(problems.is_empty(), "core's module graph:\n{}", problems.join("\n"));
 }
 
 fn tree(files: &[(&str, &str)]) -> BTreeMap<Vec<String>, String> {
@@ -281,7 +301,7 @@ fn the_check_finds_upward_and_sideways_arrows() {
             "fn g() { $crate::ffi::X; }\n#[cfg(test)]\nmod tests { use crate::abi; }",
         ),
     ]);
-    let p = check(&t);
+    let p = check(&t, LAYERS);
     assert_eq!(p.len(), 3, "{p:#?}");
     assert!(p[0].starts_with("memory uses crate::abi::x"), "{p:#?}");
     assert!(
@@ -293,7 +313,7 @@ fn the_check_finds_upward_and_sideways_arrows() {
         "{p:#?}"
     );
     assert_eq!(
-        check(&tree(&[("newmod", "")])),
+        check(&tree(&[("newmod", "")]), LAYERS),
         ["module `newmod` has no layer in tests/layers.rs"]
     );
 }
@@ -306,12 +326,12 @@ fn the_check_finds_a_cycle_among_submodules() {
         ("throttle::b", "use crate::throttle::a::Z;"),
     ]);
     assert_eq!(
-        check(&t),
+        check(&t, LAYERS),
         [
             "cycle: throttle::a → throttle::b → throttle::a",
             "cycle: throttle::b → throttle::a → throttle::b"
         ]
     );
     let t = tree(&[("throttle::a", "use super::b::Y;"), ("throttle::b", "")]);
-    assert!(check(&t).is_empty());
+    assert!(check(&t, LAYERS).is_empty());
 }

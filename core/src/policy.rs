@@ -7,9 +7,21 @@
 //! [`PolicyRaw`] is the only way a policy is packed into words (limits entries, usage device entries, the
 //! shim's per-device cache): adding a field means adding it here, to its words and to `include/cuquota.h`.
 
-use crate::region::layout::{
-    POLICY_BURST, POLICY_DEFAULT, POLICY_DISABLED, POLICY_HARD, PRIORITY_HIGH, PRIORITY_LOW, PRIORITY_NONE,
-};
+/// Limits entry `policy`: default.
+pub const POLICY_DEFAULT: u32 = 0;
+/// Limits entry `policy`: hard.
+pub const POLICY_HARD: u32 = 1;
+/// Limits entry `policy`: burst.
+pub const POLICY_BURST: u32 = 2;
+/// Limits entry `policy`: SM limiting disabled.
+pub const POLICY_DISABLED: u32 = 3;
+
+/// Policy `priority`: not set.
+pub const PRIORITY_NONE: u32 = 0;
+/// Policy `priority`: high (HAMi `CUDA_TASK_PRIORITY=0`).
+pub const PRIORITY_HIGH: u32 = 1;
+/// Policy `priority`: low, best effort (HAMi `CUDA_TASK_PRIORITY=1`).
+pub const PRIORITY_LOW: u32 = 2;
 
 /// Burst weight used when none is set.
 pub const DEFAULT_WEIGHT: u32 = 100;

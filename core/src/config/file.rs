@@ -26,10 +26,10 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::env::{
+use super::layer::Layer;
+use super::values::{
     parse_log_name, parse_memory, parse_path, parse_policy, parse_priority, parse_sm, parse_weight,
 };
-use super::layer::Layer;
 use super::{ConfigError, MAX_ORDINAL};
 
 /// A size given either as a string (`"3000m"`) or an integer number of bytes.

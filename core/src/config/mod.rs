@@ -13,6 +13,7 @@ mod env;
 mod error;
 mod file;
 mod layer;
+mod values;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

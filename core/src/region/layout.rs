@@ -49,21 +49,10 @@ pub const LIMITS_FLAG_OPT_OUT_ALLOWED: u32 = 4;
 /// agent membership (the shim falls back to the cooperative usage-file list).
 pub const LIMITS_FLAG_MEMBERS: u32 = 2;
 
-/// Limits entry `policy`: default.
-pub const POLICY_DEFAULT: u32 = 0;
-/// Limits entry `policy`: hard.
-pub const POLICY_HARD: u32 = 1;
-/// Limits entry `policy`: burst.
-pub const POLICY_BURST: u32 = 2;
-/// Limits entry `policy`: SM limiting disabled.
-pub const POLICY_DISABLED: u32 = 3;
-
-/// Policy `priority`: not set.
-pub const PRIORITY_NONE: u32 = 0;
-/// Policy `priority`: high (HAMi `CUDA_TASK_PRIORITY=0`).
-pub const PRIORITY_HIGH: u32 = 1;
-/// Policy `priority`: low, best effort (HAMi `CUDA_TASK_PRIORITY=1`).
-pub const PRIORITY_LOW: u32 = 2;
+// The words of a policy are defined with its one packing, [`PolicyRaw`].
+pub use crate::policy::{
+    POLICY_BURST, POLICY_DEFAULT, POLICY_DISABLED, POLICY_HARD, PRIORITY_HIGH, PRIORITY_LOW, PRIORITY_NONE,
+};
 
 /// Usage slot `flags` bit: the owner holds the slot's liveness lock, an open-file-description lock on byte
 /// [`slot_lock_offset`] of the usage file; the kernel drops it when the owner dies, whatever pid namespace it
