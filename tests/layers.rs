@@ -274,7 +274,11 @@ fn the_cores_modules_point_one_way() {
     let files = read_src(&root);
     assert!(files.len() > 10, "read only {} files", files.len());
     let problems = check(&files, CORE_LAYERS);
-    assert!(problems.is_empty(), "core's module graph:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "core's module graph:\n{}",
+        problems.join("\n")
+    );
 }
 
 fn tree(files: &[(&str, &str)]) -> BTreeMap<Vec<String>, String> {

@@ -1,11 +1,13 @@
 //! `cargo run --release -p cuquota-bench [-- --reps N --iters N]`: the added cost of libcuquota.so on a
-//! cuMemAlloc_v2 + cuMemFree_v2 pair and on cuMemGetInfo_v2, against the simulator called directly, in the
-//! same run, on 1 and 8 threads, with a memory cap set. Prints a table of medians; writes nothing.
+//! cuMemAlloc_v2 + cuMemFree_v2 pair and on cuMemGetInfo_v2, against the driver called directly, in the
+//! same run, on 1 and 8 threads, with a memory cap set, on two drivers: the simulator, and a stub driver
+//! (`bench/stub_driver.c`) whose own calls cost a few ns, so that the shim's cost is not lost in the
+//! simulator's. Prints a table of medians; writes nothing.
 //!
 //! Needs the debug build of the workspace (`cargo build --workspace`) for libcuquota.so and libcudasim.so, or
 //! `CUQUOTA_TEST_PROFILE=release` after `cargo build --release --workspace`.
 
-use shim_tests::{compile_c, workspace_root, Sim};
+use shim_tests::{compile_c, target_dir, workspace_root, Sim};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -26,52 +28,76 @@ fn main() {
     let iters = arg("--iters", 20000);
     let src = workspace_root().join("bench/alloc_bench.c");
     let bin = compile_c("alloc_bench", &src, &[], &["-lcuda", "-lpthread"]);
+    std::fs::create_dir_all(target_dir().join("shim-tests-c/stub")).expect("stub dir");
+    let stub = compile_c(
+        "stub/libcuda.so.1",
+        &workspace_root().join("bench/stub_driver.c"),
+        &[],
+        &[
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-Wl,-soname,libcuda.so.1",
+        ],
+    );
+    let stub_dir = stub.parent().expect("stub dir").display().to_string();
     let sim = Sim::new().memory("80g").build();
     println!("cuquota bench: {reps} repetitions × {iters} ops per thread, medians; cap CUDA_DEVICE_MEMORY_LIMIT=64g");
     println!(
-        "{:<28} {:>7} {:>14} {:>14} {:>12} {:>8} {:>14}",
-        "operation", "threads", "sim ns/op", "shim ns/op", "added ns", "ratio", "shim wall ns"
+        "{:<28} {:<9} {:>7} {:>14} {:>14} {:>12} {:>8} {:>14}",
+        "operation", "driver", "threads", "driver ns/op", "shim ns/op", "added ns", "ratio", "shim wall ns"
     );
+    let drivers = [("simulator", None), ("stub", Some(stub_dir.as_str()))];
     for (mode, label) in [("pair", "cuMemAlloc+cuMemFree pair"), ("info", "cuMemGetInfo")] {
-        for threads in [1u32, 8] {
-            let (mut base, mut shim, mut wall) = (Vec::new(), Vec::new(), Vec::new());
-            for _ in 0..reps {
-                // interleave so drift hits both alike
-                for preload in [false, true] {
-                    let mut cmd = sim.cmd_path(bin.clone()).mem_limit("64g");
-                    if !preload {
-                        cmd = cmd.no_preload();
-                    }
-                    let out = cmd
-                        .arg(mode)
-                        .arg(&threads.to_string())
-                        .arg(&iters.to_string())
-                        .timeout(std::time::Duration::from_secs(120))
-                        .run();
-                    assert!(
-                        out.success() && out.get("failed") == Some("0"),
-                        "bench run failed:{out:?}"
-                    );
-                    let cpu: f64 = out.val("cpu_ns_per_op").parse().expect("number");
-                    if preload {
-                        shim.push(cpu);
-                        wall.push(out.val("wall_ns_per_op").parse().expect("number"));
-                    } else {
-                        base.push(cpu);
+        for (driver, dir) in drivers {
+            for threads in [1u32, 8] {
+                let (mut base, mut shim, mut wall) = (Vec::new(), Vec::new(), Vec::new());
+                for _ in 0..reps {
+                    // interleave so drift hits both alike
+                    for preload in [false, true] {
+                        let mut cmd = sim.cmd_path(bin.clone()).mem_limit("64g");
+                        if let Some(dir) = dir {
+                            // The stub alone: no simulator, no NVML (the shim then estimates what it cannot measure).
+                            cmd = cmd
+                                .env("LD_LIBRARY_PATH", dir)
+                                .env("CUQUOTA_LIBCUDA", &format!("{dir}/libcuda.so.1"))
+                                .env("CUQUOTA_LIBNVML", &format!("{dir}/no-libnvidia-ml.so.1"));
+                        }
+                        if !preload {
+                            cmd = cmd.no_preload();
+                        }
+                        let out = cmd
+                            .arg(mode)
+                            .arg(&threads.to_string())
+                            .arg(&iters.to_string())
+                            .timeout(std::time::Duration::from_secs(120))
+                            .run();
+                        assert!(
+                            out.success() && out.get("failed") == Some("0"),
+                            "bench run failed:{out:?}"
+                        );
+                        let cpu: f64 = out.val("cpu_ns_per_op").parse().expect("number");
+                        if preload {
+                            shim.push(cpu);
+                            wall.push(out.val("wall_ns_per_op").parse().expect("number"));
+                        } else {
+                            base.push(cpu);
+                        }
                     }
                 }
+                let (b, s) = (median(base), median(shim));
+                println!(
+                    "{:<28} {:<9} {:>7} {:>14.0} {:>14.0} {:>12.0} {:>8.2} {:>14.0}",
+                    label,
+                    driver,
+                    threads,
+                    b,
+                    s,
+                    s - b,
+                    s / b,
+                    median(wall)
+                );
             }
-            let (b, s) = (median(base), median(shim));
-            println!(
-                "{:<28} {:>7} {:>14.0} {:>14.0} {:>12.0} {:>8.2} {:>14.0}",
-                label,
-                threads,
-                b,
-                s,
-                s - b,
-                s / b,
-                median(wall)
-            );
         }
     }
 }
