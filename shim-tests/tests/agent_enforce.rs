@@ -646,6 +646,107 @@ fn sm_report_records_and_never_freezes() {
     assert!(pids_of(&would[0].1).contains(&w.pid), "{:?}", would[0]);
 }
 
+/// A container under a hard `sm` % limit whose tenant bypasses the library and keeps a launch queue full on
+/// each of 4 streams (`THR_STREAMS=4`: up to 4 × 1024 kernels of `kernel_ns` queued on the device) for
+/// `secs` s, watched by an agent at `interval_ms` (already one pass in) under `sm = "throttle"`.
+fn deep_queue_tenant(sm: u32, secs: u32, kernel_ns: u64, interval_ms: u64) -> (Sim, Agent, Proc) {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.q");
+    limits(&sim, &lim, &["--sm", &sm.to_string(), "--policy", "hard"]);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start_every(&sim, &dir, interval_ms);
+    agent.wait_passes(1);
+    let t = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.q"),
+        &[
+            "THR_STREAMS=4",
+            &tp,
+            "kernel",
+            "direct",
+            &secs.to_string(),
+            &kernel_ns.to_string(),
+        ],
+    );
+    descriptor(
+        &dir,
+        "q",
+        &lim,
+        &format!("subtree = {}", t.pid()),
+        "sm = \"throttle\"",
+    );
+    (sim, agent, t)
+}
+
+/// #21 item 7: a tenant that bypasses the library keeps 4 launch queues of 20 µs kernels full (82 ms of
+/// queued work that a freeze cannot stop) under a hard 10 % limit. The agent charges the device time NVML
+/// measures, queued work included, as a debt and keeps it frozen until repaid: over 6 s after 1 s of
+/// settling its share (device timeline) is at most 16 % (the limit plus a debt bound; the duty-cycle agent
+/// let 32 % through), and freezing holds it, so it is never killed.
+#[test]
+fn sm_debt_holds_a_deep_queue_of_short_kernels() {
+    let _cpu = heavy();
+    let (sim, agent, t) = deep_queue_tenant(10, 8, 20_000, INTERVAL_MS);
+    let out = t.finish();
+    let (passes, stderr) = agent.stop();
+    assert!(
+        out.success(),
+        "short kernels are held by freezing, never killed:{out:?}{stderr}"
+    );
+    let w = out.window();
+    let from = w.t0 + 1_000_000_000;
+    let share = sim.share_pct(0, w.pid, from, from + 6_000_000_000);
+    eprintln!("deep queue of 20 us kernels under a 10 % limit: share {share:.1} % over 6 s");
+    assert!(share <= 16.0, "a 10 % limit held at {share:.1} %:{stderr}");
+    let acts = actions(&passes, "q");
+    assert!(acts.iter().any(|(_, a)| a["action"] == "freeze"), "{acts:?}");
+    assert!(acts.iter().all(|(_, a)| a["action"] != "kill"), "{acts:?}");
+}
+
+/// #21 item 7: 4 launch queues of 2 ms kernels are 8 s of queued work: freezing cannot hold that under a hard
+/// 10 % limit (on the duty-cycle agent the tenant got 100 % of the device). The agent keeps it frozen, and once
+/// its debt passes the grace (1 s of device time past the limit) while frozen, kills the process that ran
+/// (the driver drops a dead process's queued kernels): over the 10 s from its start it got at most 35 %
+/// (10 % + the grace + the passes until the kill and the death are seen).
+#[test]
+fn sm_debt_kills_a_deep_queue_freezing_cannot_hold() {
+    let _cpu = heavy();
+    let (sim, agent, t) = deep_queue_tenant(10, 10, 2_000_000, INTERVAL_MS);
+    let root = t.pid();
+    let out = t.finish();
+    std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
+    let (passes, stderr) = agent.stop();
+    let w = out.window();
+    let share = sim.share_pct(0, w.pid, w.t0, w.t0 + 10_000_000_000);
+    eprintln!("deep queue of 2 ms kernels under a 10 % limit: share {share:.1} % over 10 s");
+    assert!(share <= 35.0, "a 10 % limit held at {share:.1} %:{stderr}");
+    let kills: Vec<_> = actions(&passes, "q")
+        .into_iter()
+        .filter(|(_, a)| a["action"] == "kill")
+        .collect();
+    assert_eq!(kills.len(), 1, "{kills:?}{stderr}");
+    assert_eq!(
+        pids_of(&kills[0].1),
+        vec![w.pid],
+        "only the process that ran: {kills:?}"
+    );
+    assert_ne!(w.pid, root);
+    assert!(
+        kills[0].1["detail"]
+            .as_str()
+            .unwrap()
+            .contains("freezing does not hold it"),
+        "{kills:?}"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 9),
+        "cuquota run reports its child SIGKILLed:{out:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // As root: membership by cgroup (v2, v1) and by pid namespace
 // ---------------------------------------------------------------------------------------------------------

@@ -252,14 +252,14 @@ impl Agent {
 
     /// One pass.
     fn pass(&mut self) -> Result<AgentReport, CliError> {
-        // A freeze still on (this pass came before its thaw: a late pass, or a freeze of nearly the whole
-        // interval) ends first, before /proc is read: members still stopped by the agent would look stopped by
-        // someone else (state T) and be left out of the next freeze, and the container would run unthrottled
-        // for a whole interval.
+        // A freeze overdue (a late pass) ends first, before /proc is read. One that is to go on past the pass
+        // stays on (a thaw of even the pass's few milliseconds lets a tenant queue another full launch queue):
+        // the planner keeps the processes it stopped, which /proc shows stopped (state T), in the freeze.
+        let pass_start = Instant::now();
         let late: Vec<String> = self
             .state
             .iter()
-            .filter(|(_, s)| s.throttle.frozen.is_some())
+            .filter(|(_, s)| s.throttle.thaw_due().is_some_and(|t| t <= pass_start))
             .map(|(n, _)| n.clone())
             .collect();
         for name in late {
