@@ -124,9 +124,18 @@ impl Agent {
     }
 
     fn start_every(sim: &Sim, dir: &Path, interval_ms: u64) -> Agent {
+        Agent::start_env(sim, dir, interval_ms, &[])
+    }
+
+    /// An agent whose environment also has `env` (e.g. `CUDASIM_NVML_LISTS`: which NVML lists its simulator
+    /// shows processes in).
+    fn start_env(sim: &Sim, dir: &Path, interval_ms: u64, env: &[(&str, &str)]) -> Agent {
         let port = free_port();
-        let proc = sim
-            .cmd_path(cli_bin())
+        let mut cmd = sim.cmd_path(cli_bin());
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let proc = cmd
             .no_preload()
             .timeout(Duration::from_secs(90))
             .env("CUQUOTA_LOG", "info")
@@ -678,6 +687,50 @@ fn deep_queue_tenant(sm: u32, secs: u32, kernel_ns: u64, interval_ms: u64) -> (S
         "sm = \"throttle\"",
     );
     (sim, agent, t)
+}
+
+/// #21 item 7: memory a process holds as a graphics client or an MPS client is listed by NVML there, not in the
+/// compute list. A tenant over its cap that NVML lists only as graphics (then only as MPS compute: the
+/// simulator's `CUDASIM_NVML_LISTS`, as the agent's NVML answers) is killed all the same; the compute-only
+/// agent never saw it.
+#[test]
+fn memory_kill_reads_the_graphics_and_mps_lists() {
+    let probe = program(Prog::Probe).display().to_string();
+    for list in ["graphics", "mps"] {
+        let sim = Sim::new().build();
+        let dir = sim.dir().join("containers");
+        std::fs::create_dir(&dir).unwrap();
+        let lim = sim.dir().join("limits.g");
+        limits(&sim, &lim, &["--memory", "512m"]);
+        let mut g = bypassing_container(
+            &sim,
+            &sim.dir().join("usage.g"),
+            &[&probe, "init", "pid", "alloc:mem:800m", "wait"],
+        );
+        g.wait_ready(1);
+        let pid: u32 = g.wait_for("pid").parse().unwrap();
+        descriptor(
+            &dir,
+            "g",
+            &lim,
+            &format!("subtree = {}", g.pid()),
+            "memory = \"kill\"",
+        );
+        let agent = Agent::start_env(&sim, &dir, INTERVAL_MS, &[("CUDASIM_NVML_LISTS", list)]);
+        let deadline = Instant::now() + Duration::from_millis(20 * INTERVAL_MS);
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let killed = !alive(pid);
+        let _ = g.kill();
+        let (passes, stderr) = agent.stop();
+        assert!(
+            killed,
+            "800 MiB listed as {list} against a 512 MiB cap, alive after 20 intervals:{stderr}"
+        );
+        let used = container(&passes[0], "g")["devices"][0]["memory_used_bytes"].as_u64();
+        assert!(used >= Some(800 << 20), "{list}: {used:?}");
+    }
 }
 
 /// #21 item 7: a tenant that bypasses the library keeps 4 launch queues of 20 µs kernels full (82 ms of
