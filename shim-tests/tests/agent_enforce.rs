@@ -733,6 +733,90 @@ fn memory_kill_reads_the_graphics_and_mps_lists() {
     }
 }
 
+/// #21 item 7: `subtree` membership outlives the root. (d) CMD of `cuquota run` starts a GPU process in the
+/// background and exits: `cuquota run` stays (the subreaper) until that process is gone, so it stays a member
+/// and is killed over its cap. (r) The root itself is SIGKILLed, its GPU process re-parented away from the tree:
+/// the agent keeps the members it saw (by pid and start time) until they are gone, and kills that one when it
+/// goes over. On the agent before, both containers' members were unknown as soon as the root was gone.
+#[test]
+fn subtree_members_stay_until_the_whole_tree_is_gone() {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let probe = program(Prog::Probe).display().to_string();
+    let (lim_d, lim_r) = (sim.dir().join("limits.d"), sim.dir().join("limits.r"));
+    for l in [&lim_d, &lim_r] {
+        limits(&sim, l, &["--memory", "512m"]);
+    }
+    let script = format!("{probe} init pid alloc:mem:800m sleep:30000 & exit 0");
+    let mut d = bypassing_container(&sim, &sim.dir().join("usage.d"), &["sh", "-c", &script]);
+    let d_pid: u32 = d.wait_for("pid").parse().unwrap();
+    let mut r = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.r"),
+        &[
+            &probe,
+            "init",
+            "pid",
+            "alloc:mem:100m",
+            "wait",
+            "alloc:mem:700m",
+            "sleep:30000",
+        ],
+    );
+    r.wait_ready(1);
+    let r_pid: u32 = r.wait_for("pid").parse().unwrap();
+    descriptor(
+        &dir,
+        "d",
+        &lim_d,
+        &format!("subtree = {}", d.pid()),
+        "memory = \"kill\"",
+    );
+    descriptor(
+        &dir,
+        "r",
+        &lim_r,
+        &format!("subtree = {}", r.pid()),
+        "memory = \"kill\"",
+    );
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(2);
+    // SAFETY: signalling the `cuquota run` this test started, by pid.
+    unsafe { libc::kill(r.pid() as i32, libc::SIGKILL) };
+    while alive(r.pid()) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    agent.wait_passes(1);
+    r.release();
+    let deadline = Instant::now() + Duration::from_millis(20 * INTERVAL_MS);
+    while (alive(d_pid) || alive(r_pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (d_alive, r_alive) = (alive(d_pid), alive(r_pid));
+    // SAFETY: signalling processes this test started (they may be gone already).
+    unsafe {
+        libc::kill(d_pid as i32, libc::SIGKILL);
+        libc::kill(r_pid as i32, libc::SIGKILL);
+    }
+    let d_out = d.finish();
+    let _ = r.finish();
+    let (_, stderr) = agent.stop();
+    assert!(
+        !d_alive,
+        "a daemonised GPU process over its cap outlived its tree's membership:{stderr}"
+    );
+    assert!(
+        !r_alive,
+        "a GPU process whose root was killed lost its membership:{stderr}"
+    );
+    assert_eq!(
+        d_out.status.code(),
+        Some(0),
+        "cuquota run exits with CMD's status once the whole tree is gone:{d_out:?}"
+    );
+}
+
 /// #21 item 7: a tenant that bypasses the library keeps 4 launch queues of 20 µs kernels full (82 ms of
 /// queued work that a freeze cannot stop) under a hard 10 % limit. The agent charges the device time NVML
 /// measures, queued work included, as a debt and keeps it frozen until repaid: over 6 s after 1 s of
