@@ -13,7 +13,6 @@ pub mod members;
 pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -42,9 +41,8 @@ pub struct AgentArgs {
     /// Time between passes; per-process utilisation is averaged over it
     #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
     interval: Duration,
-    /// Serve GET /metrics on this address (HOST:PORT, or :PORT for every interface)
-    #[arg(long, value_name = "ADDR", value_parser = metrics::parse_listen)]
-    listen: Option<SocketAddr>,
+    #[command(flatten)]
+    expose: metrics::Exposure,
     /// One pass, print the report, exit
     #[arg(long)]
     once: bool,
@@ -540,8 +538,7 @@ pub fn run(a: AgentArgs) -> CmdResult {
         )));
     }
     let published = Published::default();
-    if let Some(addr) = a.listen {
-        let bound = metrics::serve(addr, published.clone())?;
+    if let Some(bound) = metrics::serve(&a.expose, published.clone())? {
         eprintln!("cuquota agent: serving http://{bound}/metrics");
     }
     catch_stop_signals();
