@@ -310,11 +310,13 @@ pub fn serve(e: &Exposure, published: Published) -> Result<Option<SocketAddr>, C
         Some(f) => {
             read_token(f).map_err(CliError::new)?;
         }
-        None if !addr.ip().is_loopback() => return Err(CliError::new(format!(
+        None if !addr.ip().is_loopback() => {
+            return Err(CliError::new(format!(
             "--listen {addr}: the metrics name every tenant and its usage; serve them beyond loopback only \
                  with --token-file FILE (a bearer token), or keep 127.0.0.1 behind an authenticating proxy \
                  such as kube-rbac-proxy (docs/agent.md)"
-        ))),
+        )))
+        }
         None => {}
     }
     let listener =

@@ -35,10 +35,15 @@ fn throttle_paths() -> PathBuf {
 /// `cuquota run` as container `usage`'s root, running `cmd` with `LD_PRELOAD` removed: the tenant bypasses
 /// the library.
 fn bypassing_container(sim: &Sim, usage: &Path, cmd: &[&str]) -> Proc {
+    bypassing_container_for(sim, usage, cmd, 60)
+}
+
+/// [`bypassing_container`], killed after `timeout_s` s.
+fn bypassing_container_for(sim: &Sim, usage: &Path, cmd: &[&str], timeout_s: u64) -> Proc {
     let mut c = sim
         .cmd_path(cli_bin())
         .no_preload()
-        .timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(timeout_s))
         .args("run -q --usage")
         .arg(usage.to_str().unwrap())
         .args("-- env -u LD_PRELOAD");
@@ -137,7 +142,7 @@ impl Agent {
         }
         let proc = cmd
             .no_preload()
-            .timeout(Duration::from_secs(90))
+            .timeout(Duration::from_secs(120))
             .env("CUQUOTA_LOG", "info")
             .arg("agent")
             .arg("--interval")
@@ -1253,6 +1258,80 @@ fn bench_agent_backstop() {
                 .position(|&b| (b as f64 * 100.0 / bin as f64) <= f64::from(limit) + 5.0)
                 .map_or("never".to_string(), |k| format!("{} ms", k as u64 * interval));
             println!("| {interval} ms | {limit} % | {mean:.1} % | {worst:.1} % | {first} |");
+        }
+    }
+}
+
+/// #21 item 7's figure: a tenant that bypasses the library keeps 4 launch queues full (`THR_STREAMS=4`) of
+/// 20 µs or 2 ms kernels for 62 s under a hard 10 % limit; its share over the 60 s from its start, from the
+/// device timeline, and whether the agent had to kill it.
+///   cargo test -p shim-tests --test agent_enforce -- --ignored bench_agent_deep_queues --nocapture
+#[test]
+#[ignore = "benchmark: prints figures (about 5 minutes); docs/agent.md"]
+fn bench_agent_deep_queues() {
+    let _cpu = heavy();
+    let tp = throttle_paths().display().to_string();
+    println!("| interval | kernel | share over 60 s | worst 1 s window | killed |");
+    println!("| --- | --- | --- | --- | --- |");
+    for interval in [200u64, 1000] {
+        for kernel_ns in [20_000u64, 2_000_000] {
+            let sim = Sim::new().build();
+            let dir = sim.dir().join("containers");
+            std::fs::create_dir(&dir).unwrap();
+            let lim = sim.dir().join("limits");
+            limits(&sim, &lim, &["--sm", "10", "--policy", "hard"]);
+            let agent = Agent::start_every(&sim, &dir, interval);
+            agent.wait_passes(1);
+            let t = bypassing_container_for(
+                &sim,
+                &sim.dir().join("usage"),
+                &[
+                    "THR_STREAMS=4",
+                    &tp,
+                    "kernel",
+                    "direct",
+                    "62",
+                    &kernel_ns.to_string(),
+                ],
+                150,
+            );
+            descriptor(
+                &dir,
+                "t",
+                &lim,
+                &format!("subtree = {}", t.pid()),
+                "sm = \"throttle\"",
+            );
+            let out = t.finish();
+            let (passes, _) = agent.stop();
+            let w = out.window();
+            let to = w.t0 + 60_000_000_000;
+            let share = sim.share_pct(0, w.pid, w.t0, to);
+            let bin = 1_000_000_000;
+            let worst = sim
+                .busy_bins(0, w.pid, w.t0, to, bin)
+                .iter()
+                .map(|&b| b as f64 * 100.0 / bin as f64)
+                .fold(0.0, f64::max);
+            let killed = passes
+                .iter()
+                .find(|p| {
+                    p["containers"].as_array().unwrap().iter().any(|c| {
+                        c["name"] == "t"
+                            && c["actions"]
+                                .as_array()
+                                .is_some_and(|a| a.iter().any(|x| x["action"] == "kill"))
+                    })
+                })
+                .map_or("never".to_string(), |p| {
+                    // The tenant started right after pass 1.
+                    let n = p["pass"].as_u64().unwrap_or(1).saturating_sub(1);
+                    format!("about {} ms", n * interval)
+                });
+            println!(
+                "| {interval} ms | {} µs | {share:.1} % | {worst:.1} % | {killed} |",
+                kernel_ns / 1000
+            );
         }
     }
 }

@@ -99,7 +99,7 @@ impl Agent {
     }
 
     fn sample_gpus(&mut self) -> Result<Vec<GpuSample>, CliError> {
-        // Utilisation since the previous sample (the interval the throttle's duty cycle ran), at most 10 s.
+        // Utilisation since the previous sample (the interval the throttle charges), at most 10 s.
         let now_us = nvml::realtime_us();
         let since = self
             .last_sample_us
@@ -211,7 +211,7 @@ impl Agent {
             .map(|(n, _)| n.clone())
             .collect();
         for name in due {
-            if let Some(r) = self.thaw(&name, now, "duty cycle") {
+            if let Some(r) = self.thaw(&name, now, "debt repaid") {
                 self.state.get_mut(&name).expect("thawed above").carried.push(r);
             }
         }
@@ -566,7 +566,7 @@ pub fn run(a: AgentArgs) -> CmdResult {
         match agent.pass() {
             Ok(mut r) => {
                 if a.once {
-                    // One pass is one whole duty cycle: thaw what it froze before reporting.
+                    // One pass: thaw what it froze before reporting.
                     while let Some(t) = agent.next_thaw() {
                         sleep_until(t);
                         agent.thaw_due(Instant::now().max(t));
