@@ -20,13 +20,21 @@
 //! `name`, the container's id for cuquota (descriptor name), which keeps series of containers without
 //! Kubernetes labels apart.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::path::PathBuf;
+use std::convert::Infallible;
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use cuquota_core::log::Level;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -237,10 +245,10 @@ impl Published {
     }
 }
 
-/// `HOST:PORT`, `[::1]:PORT`, or `:PORT` (every interface).
+/// `HOST:PORT`, `[::1]:PORT`, or `:PORT` (127.0.0.1: loopback unless an address is named).
 pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
     let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
+        format!("127.0.0.1{s}")
     } else {
         s.to_string()
     };
@@ -250,75 +258,190 @@ pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| "resolves to no address".to_string())
 }
 
-/// Serves `GET /metrics` on `addr` from a background thread; returns the bound address.
-pub fn serve(addr: SocketAddr, published: Published) -> Result<SocketAddr, CliError> {
-    let listener =
-        TcpListener::bind(addr).map_err(|e| CliError::new(format!("cannot listen on {addr}: {e}")))?;
-    let bound = listener.local_addr()?;
-    std::thread::Builder::new()
-        .name("metrics-http".into())
-        .spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let p = published.clone();
-                let _ = std::thread::Builder::new()
-                    .name("metrics-conn".into())
-                    .spawn(move || answer(conn, &p));
-            }
-        })?;
-    Ok(bound)
+/// How the endpoint is exposed: `--listen` and `--token-file`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Exposure {
+    /// Serve GET /metrics (and /healthz) on this address: HOST:PORT, or :PORT for 127.0.0.1. An address other
+    /// than loopback needs --token-file
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
+    pub listen: Option<SocketAddr>,
+    /// A file holding the bearer token a scrape of /metrics must send (`Authorization: Bearer TOKEN`); read
+    /// at every scrape, so a rotated token applies at once
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub token_file: Option<PathBuf>,
 }
 
-fn answer(mut conn: TcpStream, published: &Published) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    let _ = conn.set_write_timeout(Some(Duration::from_secs(5)));
-    let mut line = String::new();
-    let mut r = BufReader::new(match conn.try_clone() {
-        Ok(c) => c,
-        Err(_) => return,
-    });
-    if r.read_line(&mut line).is_err() {
-        return;
+/// Connections served at once; more are closed as they come (the endpoint holds a bounded amount).
+pub const MAX_CONNECTIONS: usize = 16;
+/// Time a client has to send its request head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time one connection may last in all.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The token in `file` (surrounding whitespace removed); an empty or unreadable file is an error.
+fn read_token(file: &Path) -> Result<String, String> {
+    let t = std::fs::read_to_string(file).map_err(|e| format!("token file {}: {e}", file.display()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(format!("token file {} is empty", file.display()));
     }
-    // Drain the headers (up to the blank line) so the client sees a clean close.
-    let mut h = String::new();
-    while r.read_line(&mut h).map(|n| n > 2).unwrap_or(false) && h.len() < 65536 {}
-    let mut parts = line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let path = path.split('?').next().unwrap_or("");
-    let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => match published.get() {
-            Some(t) => (
-                "200 OK",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                t,
-            ),
-            None => (
-                "503 Service Unavailable",
-                "text/plain",
-                "no sample yet\n".to_string(),
-            ),
-        },
-        ("GET", "/") => (
-            "200 OK",
-            "text/plain",
-            "cuquota metrics: GET /metrics\n".to_string(),
-        ),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
-        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".to_string()),
+    Ok(t.to_string())
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let (x, y) = (a.get(i).copied().unwrap_or(0), b.get(i).copied().unwrap_or(0));
+        diff |= usize::from(x ^ y);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Serves `GET /metrics` and `GET /healthz` per `e` from a background thread (hyper's HTTP/1 server on a
+/// single-threaded tokio runtime: at most [`MAX_CONNECTIONS`] at once, each with a deadline); returns the
+/// bound address, or None without `--listen`. Every tenant's names and usage are in the metrics: an address
+/// other than loopback is refused without a token.
+pub fn serve(e: &Exposure, published: Published) -> Result<Option<SocketAddr>, CliError> {
+    let Some(addr) = e.listen else {
+        return Ok(None);
     };
-    let _ = write!(
-        conn,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
+    match &e.token_file {
+        Some(f) => {
+            read_token(f).map_err(CliError::new)?;
+        }
+        None if !addr.ip().is_loopback() => {
+            return Err(CliError::new(format!(
+            "--listen {addr}: the metrics name every tenant and its usage; serve them beyond loopback only \
+                 with --token-file FILE (a bearer token), or keep 127.0.0.1 behind an authenticating proxy \
+                 such as kube-rbac-proxy (docs/agent.md)"
+        )))
+        }
+        None => {}
+    }
+    let listener =
+        TcpListener::bind(addr).map_err(|e| CliError::new(format!("cannot listen on {addr}: {e}")))?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let token = e.token_file.clone();
+    std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || rt.block_on(accept(listener, token, published)))?;
+    Ok(Some(bound))
+}
+
+async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Published) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            cuquota_core::log!(Level::Error, "metrics: cannot serve: {e}");
+            return;
+        }
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let token = Arc::new(token);
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(_) => {
+                // Out of descriptors or the like: let it pass rather than spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue; // over the bound: closed at once
+        };
+        let (published, token) = (published.clone(), token.clone());
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let r = answer(
+                    req.method(),
+                    req.uri().path(),
+                    req.headers(),
+                    &published,
+                    token.as_deref(),
+                );
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+            drop(permit);
+        });
+    }
+}
+
+fn reply(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(ctype) {
+        r.headers_mut().insert(CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// The answer to one request.
+fn answer(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    published: &Published,
+    token: Option<&Path>,
+) -> Response<Full<Bytes>> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if method != Method::GET && method != Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into());
+    }
+    match path {
+        "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
+        "/" => reply(StatusCode::OK, TEXT, "cuquota metrics: GET /metrics\n".into()),
+        "/metrics" => {
+            if let Some(file) = token {
+                let want = match read_token(file) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // Fail closed: no token to compare with, no metrics.
+                        cuquota_core::log!(Level::Error, "metrics: {e}");
+                        return reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "no token\n".into());
+                    }
+                };
+                let sent = headers
+                    .get(AUTHORIZATION)
+                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                    .unwrap_or(b"");
+                if !same_secret(sent, want.as_bytes()) {
+                    let mut r = reply(StatusCode::UNAUTHORIZED, TEXT, "unauthorized\n".into());
+                    r.headers_mut()
+                        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                    return r;
+                }
+            }
+            match published.get() {
+                Some(t) => reply(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    t,
+                ),
+                None => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "no sample yet\n".into()),
+            }
+        }
+        _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
+    }
 }
 
 /// `cuquota metrics`.
 #[derive(Args)]
 pub struct MetricsArgs {
-    /// Address to serve GET /metrics on (HOST:PORT, or :PORT for every interface)
-    #[arg(long, value_name = "ADDR", value_parser = parse_listen, required_unless_present = "once")]
-    listen: Option<SocketAddr>,
+    #[command(flatten)]
+    expose: Exposure,
     /// The container's usage file [default: $CUQUOTA_USAGE_FILE, $CUDA_DEVICE_MEMORY_SHARED_CACHE, then
     /// /tmp/cuquota.usage]
     #[arg(long, value_name = "FILE")]
@@ -409,9 +532,11 @@ pub fn run(a: MetricsArgs) -> CmdResult {
         name,
         ..Default::default()
     });
+    if a.expose.listen.is_none() && !a.once {
+        return Err(CliError::new("metrics: give --listen ADDR, or --once"));
+    }
     let published = Published::default();
-    if let Some(addr) = a.listen {
-        let bound = serve(addr, published.clone())?;
+    if let Some(bound) = serve(&a.expose, published.clone())? {
         eprintln!(
             "cuquota metrics: serving http://{bound}/metrics from {}",
             path.display()
@@ -503,7 +628,74 @@ mod tests {
     #[test]
     fn listen_addresses() {
         assert_eq!(parse_listen("127.0.0.1:9400").unwrap().port(), 9400);
-        assert!(parse_listen(":9400").unwrap().ip().is_unspecified());
+        assert!(
+            parse_listen(":9400").unwrap().ip().is_loopback(),
+            "loopback unless named"
+        );
+        assert!(parse_listen("0.0.0.0:9400").unwrap().ip().is_unspecified());
         assert!(parse_listen("9400").is_err());
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cret", b"s3creT"));
+        assert!(!same_secret(b"s3cret", b"s3cre"));
+        assert!(!same_secret(b"", b"s3cret"));
+    }
+
+    #[test]
+    fn metrics_need_the_token_and_health_does_not() {
+        let dir = std::env::temp_dir().join(format!("cuquota-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "abc123\n").unwrap();
+        let p = Published::default();
+        p.set("m 1\n".into());
+        let get = |path: &str, auth: Option<&str>, token: Option<&Path>| {
+            let mut h = HeaderMap::new();
+            if let Some(a) = auth {
+                h.insert(AUTHORIZATION, HeaderValue::from_str(a).unwrap());
+            }
+            answer(&Method::GET, path, &h, &p, token).status()
+        };
+        assert_eq!(
+            get("/metrics", None, None),
+            StatusCode::OK,
+            "no token file: open (loopback)"
+        );
+        assert_eq!(get("/metrics", None, Some(&file)), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            get("/metrics", Some("Bearer abc12"), Some(&file)),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            get("/metrics", Some("Basic abc123"), Some(&file)),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            get("/metrics", Some("Bearer abc123"), Some(&file)),
+            StatusCode::OK
+        );
+        assert_eq!(get("/healthz", None, Some(&file)), StatusCode::OK);
+        assert_eq!(get("/other", None, Some(&file)), StatusCode::NOT_FOUND);
+        // The file rotated: the new token at once; an empty file: nothing (fail closed).
+        std::fs::write(&file, "new").unwrap();
+        assert_eq!(
+            get("/metrics", Some("Bearer abc123"), Some(&file)),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(get("/metrics", Some("Bearer new"), Some(&file)), StatusCode::OK);
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(
+            get("/metrics", Some("Bearer "), Some(&file)),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let h = HeaderMap::new();
+        assert_eq!(
+            answer(&Method::POST, "/metrics", &h, &p, None).status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,6 +1,6 @@
 //! The few NVML calls the tool needs, from the real `libnvidia-ml.so.1` (or `CUQUOTA_LIBNVML`; the simulator's
-//! in tests): devices by index and UUID, per-process device memory (`nvmlDeviceGetComputeRunningProcesses_v3`)
-//! and per-process SM utilisation (`nvmlDeviceGetProcessUtilization`). Loaded with `dlopen` at run time, so the
+//! in tests): devices by index and UUID, per-process device memory (the compute, graphics and MPS compute
+//! process lists, `nvmlDevice{Compute,Graphics,MPSCompute}RunningProcesses_v3`) and per-process SM utilisation (`nvmlDeviceGetProcessUtilization`). Loaded with `dlopen` at run time, so the
 //! tool works (without NVML figures) on a machine with no driver. Signatures and layouts: nvml.h 13.0.
 
 use std::collections::BTreeMap;
@@ -10,6 +10,7 @@ type Ret = c_uint;
 type Device = *mut c_void;
 
 const SUCCESS: Ret = 0;
+const ERROR_NOT_SUPPORTED: Ret = 3;
 const ERROR_NOT_FOUND: Ret = 6;
 const ERROR_INSUFFICIENT_SIZE: Ret = 7;
 /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
@@ -80,7 +81,8 @@ struct Fns {
     uuid: FnUuid,
     memory: FnMemory,
     utilization: FnUtilization,
-    processes: FnProcesses,
+    /// The compute, graphics and MPS compute process lists, with their names.
+    lists: [(FnProcesses, &'static str); 3],
     process_util: FnProcessUtil,
 }
 
@@ -158,7 +160,20 @@ impl Nvml {
             uuid: f!("nvmlDeviceGetUUID", FnUuid),
             memory: f!("nvmlDeviceGetMemoryInfo", FnMemory),
             utilization: f!("nvmlDeviceGetUtilizationRates", FnUtilization),
-            processes: f!("nvmlDeviceGetComputeRunningProcesses_v3", FnProcesses),
+            lists: [
+                (
+                    f!("nvmlDeviceGetComputeRunningProcesses_v3", FnProcesses),
+                    "nvmlDeviceGetComputeRunningProcesses_v3",
+                ),
+                (
+                    f!("nvmlDeviceGetGraphicsRunningProcesses_v3", FnProcesses),
+                    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                ),
+                (
+                    f!("nvmlDeviceGetMPSComputeRunningProcesses_v3", FnProcesses),
+                    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+                ),
+            ],
             process_util: f!("nvmlDeviceGetProcessUtilization", FnProcessUtil),
         };
         let nvml = Nvml { f, what: path };
@@ -226,20 +241,37 @@ impl Nvml {
         })
     }
 
-    /// Compute processes on `gpu`: (pid as NVML reports it, device memory bytes). A process NVML reports
-    /// without a memory figure (`NVML_VALUE_NOT_AVAILABLE`) counts 0 bytes.
+    /// Processes on `gpu` in any of NVML's lists — compute, graphics, MPS compute — once each: (pid as NVML
+    /// reports it, device memory bytes; a process in several lists counts its largest figure, NVML's
+    /// `usedGpuMemory` being the process's). A process NVML reports without a memory figure
+    /// (`NVML_VALUE_NOT_AVAILABLE`) counts 0 bytes. A list the GPU does not support (NOT_SUPPORTED) is empty;
+    /// any other error fails the whole sample (fail closed: never judge from part of the lists).
     pub fn processes(&self, gpu: &Gpu) -> Result<Vec<(u32, u64)>, String> {
+        let mut all: BTreeMap<u32, u64> = BTreeMap::new();
+        for (i, &(f, name)) in self.f.lists.iter().enumerate() {
+            for (pid, bytes) in self.list(gpu, f, name, i > 0)? {
+                let e = all.entry(pid).or_default();
+                *e = (*e).max(bytes);
+            }
+        }
+        Ok(all.into_iter().collect())
+    }
+
+    fn list(&self, gpu: &Gpu, f: FnProcesses, name: &str, optional: bool) -> Result<Vec<(u32, u64)>, String> {
         let mut cap: c_uint = 64;
         for _ in 0..4 {
             let mut buf = vec![ProcessInfo::default(); cap as usize];
             let mut n = cap;
             // SAFETY: buf holds `n` entries.
-            let r = unsafe { (self.f.processes)(gpu.handle, &mut n, buf.as_mut_ptr()) };
+            let r = unsafe { f(gpu.handle, &mut n, buf.as_mut_ptr()) };
             if r == ERROR_INSUFFICIENT_SIZE {
                 cap = n.max(cap) + 16; // processes may start between the two calls
                 continue;
             }
-            self.check("nvmlDeviceGetComputeRunningProcesses_v3", r)?;
+            if optional && r == ERROR_NOT_SUPPORTED {
+                return Ok(Vec::new());
+            }
+            self.check(name, r)?;
             buf.truncate(n as usize);
             return Ok(buf
                 .iter()
@@ -253,7 +285,7 @@ impl Nvml {
                 })
                 .collect());
         }
-        Err("nvmlDeviceGetComputeRunningProcesses_v3: the process list keeps growing".into())
+        Err(format!("{name}: the process list keeps growing"))
     }
 
     /// SM utilisation per process on `gpu` from samples newer than `since_us` (CLOCK_REALTIME µs): pid → mean

@@ -4,7 +4,8 @@
 //!
 //! `cuquota run` makes itself a child subreaper, so every descendant of CMD stays its descendant (an orphan is
 //! re-parented to it, not to init): the node agent's `subtree = <pid of cuquota run>` membership covers the
-//! whole process tree. Signals sent to `cuquota run` (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
+//! whole process tree. It exits when CMD and every descendant CMD left behind have exited (with CMD's
+//! status), so a daemonised child never outlives the tree it belongs to. Signals sent to `cuquota run` (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
 //! SIGWINCH) are forwarded to CMD; those the terminal sends reach CMD directly (same process group) and are not
 //! sent twice.
 
@@ -455,10 +456,13 @@ fn sigset(signals: &[libc::c_int]) -> libc::sigset_t {
     }
 }
 
-/// Runs `cmd` to its end, forwarding signals and reaping adopted orphans; returns the exit code to use.
-/// The signals must be blocked before `cmd` is spawned (so none is lost between spawn and wait).
+/// Runs `cmd` to its end, forwarding signals and reaping adopted orphans, and then waits for every
+/// descendant CMD left behind (a daemonised child holding the GPU stays in the agent's `subtree` only while
+/// this process, its subreaper, lives); returns CMD's exit code. The signals must be blocked before `cmd` is
+/// spawned (so none is lost between spawn and wait).
 fn supervise(child: u32, set: &libc::sigset_t) -> u8 {
     let child = child as libc::pid_t;
+    let mut code: Option<u8> = None;
     loop {
         // SAFETY: a zeroed siginfo is a valid out-buffer; the set holds blocked signals.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
@@ -472,30 +476,49 @@ fn supervise(child: u32, set: &libc::sigset_t) -> u8 {
                 let mut status = 0;
                 // SAFETY: valid out-pointer.
                 let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+                if pid < 0 {
+                    if let Some(c) = code {
+                        return c; // ECHILD: CMD and everything it left behind are gone
+                    }
+                }
                 if pid <= 0 {
                     break;
                 }
                 if pid == child {
-                    return if libc::WIFEXITED(status) {
+                    code = Some(if libc::WIFEXITED(status) {
                         libc::WEXITSTATUS(status) as u8
                     } else if libc::WIFSIGNALED(status) {
                         (128 + libc::WTERMSIG(status)).min(255) as u8
                     } else {
                         EXIT_SETUP
-                    };
+                    });
                 }
             }
             continue;
         }
-        // Sent by a process (kill, docker stop): forward. From the kernel (the terminal's ^C, ^\): CMD, in our
-        // process group, received it too.
+        // Sent by a process (kill, docker stop): forward, to CMD, or once it is gone to the descendants it left
+        // (now our children). From the kernel (the terminal's ^C, ^\): CMD, in our process group, received it
+        // too.
         if info.si_code <= 0 {
-            // SAFETY: signalling our own child by pid.
-            unsafe {
-                libc::kill(child, sig);
+            let targets = if code.is_none() { vec![child] } else { children() };
+            for t in targets {
+                // SAFETY: signalling our own child by pid (a child we have not reaped keeps its pid).
+                unsafe {
+                    libc::kill(t, sig);
+                }
             }
         }
     }
+}
+
+/// This process's children (its adopted orphans once CMD is gone), from /proc.
+fn children() -> Vec<libc::pid_t> {
+    let me = std::process::id();
+    std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
 }
 
 /// `cuquota run`.

@@ -97,7 +97,7 @@ fn manifests_are_valid_kubernetes() {
     assert!(ok, "kubernetes-validate rejected the examples:\n{out}");
     assert_eq!(
         out.matches(" passed for resource ").count(),
-        7,
+        11, // agent.yaml: namespace, service account, DaemonSet, Service, the proxy's and the reader's RBAC
         "every resource checked:\n{out}"
     );
 
@@ -123,8 +123,10 @@ fn manifests_say_what_cuquota_needs() {
         "hostPID: true",
         "- agent",
         "- --listen",
-        "- :9400",
-        "containerPort: 9400",
+        "- 127.0.0.1:9400",
+        "--upstream=http://127.0.0.1:9400/",
+        "containerPort: 8443",
+        "nonResourceURLs: [\"/metrics\"]",
         "path: /var/lib/cuquota",
         "NVIDIA_DRIVER_CAPABILITIES",
     ] {

@@ -10,6 +10,7 @@
  * KERNEL_NS  device time of one kernel (a CUDASIM-MODULE text module sets ns per wave so that BLOCKS blocks take
  *            that long on this device's SM count)
  * START_AT_NS  CLOCK_MONOTONIC time to start at (lets several processes run the same window)
+ * THR_STREAMS=N (environment)  launch round-robin on N streams (default 1): N full launch queues
  *
  * Output (one key=value a line): pid, t0_ns and end_ns (CLOCK_MONOTONIC: the launch loop ran from t0 until end,
  * so tests read the achieved share from the simulator's timeline over that window), then path, style, kernels=N,
@@ -259,8 +260,12 @@ int main(int argc, char **argv) {
     unsigned waves;
     CUfunction f = make_kernel(dev, kernel_ns, blocks, &waves);
     uint64_t one = (kernel_ns / waves) * waves; /* what one kernel really takes */
-    CUstream s;
-    CK(d.StreamCreate(&s, 0));
+    /* THR_STREAMS=N: launch round-robin on N streams (each queues up to the driver's limit: deep queues). */
+    int nstreams = getenv("THR_STREAMS") ? atoi(getenv("THR_STREAMS")) : 1;
+    if (nstreams < 1 || nstreams > 64) nstreams = 1;
+    CUstream streams[64];
+    for (int i = 0; i < nstreams; i++) CK(d.StreamCreate(&streams[i], 0));
+    CUstream s = streams[0];
 
     CUgraphExec exec = NULL;
     unsigned per_launch = 1;
@@ -303,6 +308,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
     for (;;) {
         if (now_ns() >= until) break;
+        s = streams[launches % (uint64_t)nstreams];
         CUresult r;
         if (strcmp(path, "kernel") == 0) {
             r = d.LaunchKernel(f, blocks, 1, 1, 32, 1, 1, 0, s, NULL, NULL);

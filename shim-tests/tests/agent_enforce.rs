@@ -35,10 +35,15 @@ fn throttle_paths() -> PathBuf {
 /// `cuquota run` as container `usage`'s root, running `cmd` with `LD_PRELOAD` removed: the tenant bypasses
 /// the library.
 fn bypassing_container(sim: &Sim, usage: &Path, cmd: &[&str]) -> Proc {
+    bypassing_container_for(sim, usage, cmd, 60)
+}
+
+/// [`bypassing_container`], killed after `timeout_s` s.
+fn bypassing_container_for(sim: &Sim, usage: &Path, cmd: &[&str], timeout_s: u64) -> Proc {
     let mut c = sim
         .cmd_path(cli_bin())
         .no_preload()
-        .timeout(Duration::from_secs(60))
+        .timeout(Duration::from_secs(timeout_s))
         .args("run -q --usage")
         .arg(usage.to_str().unwrap())
         .args("-- env -u LD_PRELOAD");
@@ -124,11 +129,20 @@ impl Agent {
     }
 
     fn start_every(sim: &Sim, dir: &Path, interval_ms: u64) -> Agent {
+        Agent::start_env(sim, dir, interval_ms, &[])
+    }
+
+    /// An agent whose environment also has `env` (e.g. `CUDASIM_NVML_LISTS`: which NVML lists its simulator
+    /// shows processes in).
+    fn start_env(sim: &Sim, dir: &Path, interval_ms: u64, env: &[(&str, &str)]) -> Agent {
         let port = free_port();
-        let proc = sim
-            .cmd_path(cli_bin())
+        let mut cmd = sim.cmd_path(cli_bin());
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let proc = cmd
             .no_preload()
-            .timeout(Duration::from_secs(90))
+            .timeout(Duration::from_secs(120))
             .env("CUQUOTA_LOG", "info")
             .arg("agent")
             .arg("--interval")
@@ -646,6 +660,235 @@ fn sm_report_records_and_never_freezes() {
     assert!(pids_of(&would[0].1).contains(&w.pid), "{:?}", would[0]);
 }
 
+/// A container under a hard `sm` % limit whose tenant bypasses the library and keeps a launch queue full on
+/// each of 4 streams (`THR_STREAMS=4`: up to 4 × 1024 kernels of `kernel_ns` queued on the device) for
+/// `secs` s, watched by an agent at `interval_ms` (already one pass in) under `sm = "throttle"`.
+fn deep_queue_tenant(sm: u32, secs: u32, kernel_ns: u64, interval_ms: u64) -> (Sim, Agent, Proc) {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.q");
+    limits(&sim, &lim, &["--sm", &sm.to_string(), "--policy", "hard"]);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start_every(&sim, &dir, interval_ms);
+    agent.wait_passes(1);
+    let t = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.q"),
+        &[
+            "THR_STREAMS=4",
+            &tp,
+            "kernel",
+            "direct",
+            &secs.to_string(),
+            &kernel_ns.to_string(),
+        ],
+    );
+    descriptor(
+        &dir,
+        "q",
+        &lim,
+        &format!("subtree = {}", t.pid()),
+        "sm = \"throttle\"",
+    );
+    (sim, agent, t)
+}
+
+/// #21 item 7: memory a process holds as a graphics client or an MPS client is listed by NVML there, not in the
+/// compute list. A tenant over its cap that NVML lists only as graphics (then only as MPS compute: the
+/// simulator's `CUDASIM_NVML_LISTS`, as the agent's NVML answers) is killed all the same; the compute-only
+/// agent never saw it.
+#[test]
+fn memory_kill_reads_the_graphics_and_mps_lists() {
+    let probe = program(Prog::Probe).display().to_string();
+    for list in ["graphics", "mps"] {
+        let sim = Sim::new().build();
+        let dir = sim.dir().join("containers");
+        std::fs::create_dir(&dir).unwrap();
+        let lim = sim.dir().join("limits.g");
+        limits(&sim, &lim, &["--memory", "512m"]);
+        let mut g = bypassing_container(
+            &sim,
+            &sim.dir().join("usage.g"),
+            &[&probe, "init", "pid", "alloc:mem:800m", "wait"],
+        );
+        g.wait_ready(1);
+        let pid: u32 = g.wait_for("pid").parse().unwrap();
+        descriptor(
+            &dir,
+            "g",
+            &lim,
+            &format!("subtree = {}", g.pid()),
+            "memory = \"kill\"",
+        );
+        let agent = Agent::start_env(&sim, &dir, INTERVAL_MS, &[("CUDASIM_NVML_LISTS", list)]);
+        let deadline = Instant::now() + Duration::from_millis(20 * INTERVAL_MS);
+        while alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let killed = !alive(pid);
+        let _ = g.kill();
+        let (passes, stderr) = agent.stop();
+        assert!(
+            killed,
+            "800 MiB listed as {list} against a 512 MiB cap, alive after 20 intervals:{stderr}"
+        );
+        let used = container(&passes[0], "g")["devices"][0]["memory_used_bytes"].as_u64();
+        assert!(used >= Some(800 << 20), "{list}: {used:?}");
+    }
+}
+
+/// #21 item 7: `subtree` membership outlives the root. (d) CMD of `cuquota run` starts a GPU process in the
+/// background and exits: `cuquota run` stays (the subreaper) until that process is gone, so it stays a member
+/// and is killed over its cap. (r) The root itself is SIGKILLed, its GPU process re-parented away from the tree:
+/// the agent keeps the members it saw (by pid and start time) until they are gone, and kills that one when it
+/// goes over. On the agent before, both containers' members were unknown as soon as the root was gone.
+#[test]
+fn subtree_members_stay_until_the_whole_tree_is_gone() {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let probe = program(Prog::Probe).display().to_string();
+    let (lim_d, lim_r) = (sim.dir().join("limits.d"), sim.dir().join("limits.r"));
+    for l in [&lim_d, &lim_r] {
+        limits(&sim, l, &["--memory", "512m"]);
+    }
+    let script = format!("{probe} init pid alloc:mem:800m sleep:30000 & exit 0");
+    let mut d = bypassing_container(&sim, &sim.dir().join("usage.d"), &["sh", "-c", &script]);
+    let d_pid: u32 = d.wait_for("pid").parse().unwrap();
+    let mut r = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.r"),
+        &[
+            &probe,
+            "init",
+            "pid",
+            "alloc:mem:100m",
+            "wait",
+            "alloc:mem:700m",
+            "sleep:30000",
+        ],
+    );
+    r.wait_ready(1);
+    let r_pid: u32 = r.wait_for("pid").parse().unwrap();
+    descriptor(
+        &dir,
+        "d",
+        &lim_d,
+        &format!("subtree = {}", d.pid()),
+        "memory = \"kill\"",
+    );
+    descriptor(
+        &dir,
+        "r",
+        &lim_r,
+        &format!("subtree = {}", r.pid()),
+        "memory = \"kill\"",
+    );
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(2);
+    // SAFETY: signalling the `cuquota run` this test started, by pid.
+    unsafe { libc::kill(r.pid() as i32, libc::SIGKILL) };
+    while alive(r.pid()) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    agent.wait_passes(1);
+    r.release();
+    let deadline = Instant::now() + Duration::from_millis(20 * INTERVAL_MS);
+    while (alive(d_pid) || alive(r_pid)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (d_alive, r_alive) = (alive(d_pid), alive(r_pid));
+    // SAFETY: signalling processes this test started (they may be gone already).
+    unsafe {
+        libc::kill(d_pid as i32, libc::SIGKILL);
+        libc::kill(r_pid as i32, libc::SIGKILL);
+    }
+    let d_out = d.finish();
+    let _ = r.finish();
+    let (_, stderr) = agent.stop();
+    assert!(
+        !d_alive,
+        "a daemonised GPU process over its cap outlived its tree's membership:{stderr}"
+    );
+    assert!(
+        !r_alive,
+        "a GPU process whose root was killed lost its membership:{stderr}"
+    );
+    assert_eq!(
+        d_out.status.code(),
+        Some(0),
+        "cuquota run exits with CMD's status once the whole tree is gone:{d_out:?}"
+    );
+}
+
+/// #21 item 7: a tenant that bypasses the library keeps 4 launch queues of 20 µs kernels full (82 ms of
+/// queued work that a freeze cannot stop) under a hard 10 % limit. The agent charges the device time NVML
+/// measures, queued work included, as a debt and keeps it frozen until repaid: over 6 s after 1 s of
+/// settling its share (device timeline) is at most 16 % (the limit plus a debt bound; the duty-cycle agent
+/// let 32 % through), and freezing holds it, so it is never killed.
+#[test]
+fn sm_debt_holds_a_deep_queue_of_short_kernels() {
+    let _cpu = heavy();
+    let (sim, agent, t) = deep_queue_tenant(10, 8, 20_000, INTERVAL_MS);
+    let out = t.finish();
+    let (passes, stderr) = agent.stop();
+    assert!(
+        out.success(),
+        "short kernels are held by freezing, never killed:{out:?}{stderr}"
+    );
+    let w = out.window();
+    let from = w.t0 + 1_000_000_000;
+    let share = sim.share_pct(0, w.pid, from, from + 6_000_000_000);
+    eprintln!("deep queue of 20 us kernels under a 10 % limit: share {share:.1} % over 6 s");
+    assert!(share <= 16.0, "a 10 % limit held at {share:.1} %:{stderr}");
+    let acts = actions(&passes, "q");
+    assert!(acts.iter().any(|(_, a)| a["action"] == "freeze"), "{acts:?}");
+    assert!(acts.iter().all(|(_, a)| a["action"] != "kill"), "{acts:?}");
+}
+
+/// #21 item 7: 4 launch queues of 2 ms kernels are 8 s of queued work: freezing cannot hold that under a hard
+/// 10 % limit (on the duty-cycle agent the tenant got 100 % of the device). The agent keeps it frozen, and once
+/// its debt passes the grace (1 s of device time past the limit) while frozen, kills the process that ran
+/// (the driver drops a dead process's queued kernels): over the 10 s from its start it got at most 35 %
+/// (10 % + the grace + the passes until the kill and the death are seen).
+#[test]
+fn sm_debt_kills_a_deep_queue_freezing_cannot_hold() {
+    let _cpu = heavy();
+    let (sim, agent, t) = deep_queue_tenant(10, 10, 2_000_000, INTERVAL_MS);
+    let root = t.pid();
+    let out = t.finish();
+    std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
+    let (passes, stderr) = agent.stop();
+    let w = out.window();
+    let share = sim.share_pct(0, w.pid, w.t0, w.t0 + 10_000_000_000);
+    eprintln!("deep queue of 2 ms kernels under a 10 % limit: share {share:.1} % over 10 s");
+    assert!(share <= 35.0, "a 10 % limit held at {share:.1} %:{stderr}");
+    let kills: Vec<_> = actions(&passes, "q")
+        .into_iter()
+        .filter(|(_, a)| a["action"] == "kill")
+        .collect();
+    assert_eq!(kills.len(), 1, "{kills:?}{stderr}");
+    assert_eq!(
+        pids_of(&kills[0].1),
+        vec![w.pid],
+        "only the process that ran: {kills:?}"
+    );
+    assert_ne!(w.pid, root);
+    assert!(
+        kills[0].1["detail"]
+            .as_str()
+            .unwrap()
+            .contains("freezing does not hold it"),
+        "{kills:?}"
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(128 + 9),
+        "cuquota run reports its child SIGKILLed:{out:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // As root: membership by cgroup (v2, v1) and by pid namespace
 // ---------------------------------------------------------------------------------------------------------
@@ -1015,6 +1258,80 @@ fn bench_agent_backstop() {
                 .position(|&b| (b as f64 * 100.0 / bin as f64) <= f64::from(limit) + 5.0)
                 .map_or("never".to_string(), |k| format!("{} ms", k as u64 * interval));
             println!("| {interval} ms | {limit} % | {mean:.1} % | {worst:.1} % | {first} |");
+        }
+    }
+}
+
+/// #21 item 7's figure: a tenant that bypasses the library keeps 4 launch queues full (`THR_STREAMS=4`) of
+/// 20 µs or 2 ms kernels for 62 s under a hard 10 % limit; its share over the 60 s from its start, from the
+/// device timeline, and whether the agent had to kill it.
+///   cargo test -p shim-tests --test agent_enforce -- --ignored bench_agent_deep_queues --nocapture
+#[test]
+#[ignore = "benchmark: prints figures (about 5 minutes); docs/agent.md"]
+fn bench_agent_deep_queues() {
+    let _cpu = heavy();
+    let tp = throttle_paths().display().to_string();
+    println!("| interval | kernel | share over 60 s | worst 1 s window | killed |");
+    println!("| --- | --- | --- | --- | --- |");
+    for interval in [200u64, 1000] {
+        for kernel_ns in [20_000u64, 2_000_000] {
+            let sim = Sim::new().build();
+            let dir = sim.dir().join("containers");
+            std::fs::create_dir(&dir).unwrap();
+            let lim = sim.dir().join("limits");
+            limits(&sim, &lim, &["--sm", "10", "--policy", "hard"]);
+            let agent = Agent::start_every(&sim, &dir, interval);
+            agent.wait_passes(1);
+            let t = bypassing_container_for(
+                &sim,
+                &sim.dir().join("usage"),
+                &[
+                    "THR_STREAMS=4",
+                    &tp,
+                    "kernel",
+                    "direct",
+                    "62",
+                    &kernel_ns.to_string(),
+                ],
+                150,
+            );
+            descriptor(
+                &dir,
+                "t",
+                &lim,
+                &format!("subtree = {}", t.pid()),
+                "sm = \"throttle\"",
+            );
+            let out = t.finish();
+            let (passes, _) = agent.stop();
+            let w = out.window();
+            let to = w.t0 + 60_000_000_000;
+            let share = sim.share_pct(0, w.pid, w.t0, to);
+            let bin = 1_000_000_000;
+            let worst = sim
+                .busy_bins(0, w.pid, w.t0, to, bin)
+                .iter()
+                .map(|&b| b as f64 * 100.0 / bin as f64)
+                .fold(0.0, f64::max);
+            let killed = passes
+                .iter()
+                .find(|p| {
+                    p["containers"].as_array().unwrap().iter().any(|c| {
+                        c["name"] == "t"
+                            && c["actions"]
+                                .as_array()
+                                .is_some_and(|a| a.iter().any(|x| x["action"] == "kill"))
+                    })
+                })
+                .map_or("never".to_string(), |p| {
+                    // The tenant started right after pass 1.
+                    let n = p["pass"].as_u64().unwrap_or(1).saturating_sub(1);
+                    format!("about {} ms", n * interval)
+                });
+            println!(
+                "| {interval} ms | {} µs | {share:.1} % | {worst:.1} % | {killed} |",
+                kernel_ns / 1000
+            );
         }
     }
 }

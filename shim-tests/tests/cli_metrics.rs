@@ -17,9 +17,14 @@ fn free_port() -> u16 {
 
 /// GET `path` from 127.0.0.1:`port`: (status line, body).
 fn get(port: u16, path: &str) -> Option<(String, String)> {
+    get_with(port, path, "")
+}
+
+/// GET `path` with the extra header lines `headers` (each ending in CRLF).
+fn get_with(port: u16, path: &str, headers: &str) -> Option<(String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}\r\n").ok()?;
     let mut resp = String::new();
     s.read_to_string(&mut resp).ok()?;
     let (head, body) = resp.split_once("\r\n\r\n")?;
@@ -137,4 +142,125 @@ fn metrics_once_prints_one_sample() {
     // Neither --listen nor --once: an error.
     let out = sim.cli(&["metrics"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+/// `cuquota metrics` serving `usage` on `listen` with `extra` arguments.
+fn metrics_server(sim: &Sim, listen: &str, extra: &[&str]) -> shim_tests::Proc {
+    let mut c = sim
+        .cmd_path(cli_bin())
+        .no_preload()
+        .timeout(Duration::from_secs(60))
+        .args("metrics --interval 100ms --name web-0 --listen")
+        .arg(listen)
+        .arg("--usage")
+        .arg(sim.usage_file().to_str().unwrap());
+    for a in extra {
+        c = c.arg(a);
+    }
+    c.spawn()
+}
+
+/// Waits until 127.0.0.1:`port` answers `path` (with `headers`) with anything.
+fn first_answer(port: u16, path: &str, headers: &str) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(r) = get_with(port, path, headers) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "nothing served on 127.0.0.1:{port}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// #21 item 8: the metrics name every tenant and its usage. An address beyond loopback is refused without a
+/// token (`:PORT` is loopback); with `--token-file`, /metrics answers only a scrape that sends the file's token
+/// (`Authorization: Bearer`), while /healthz answers anyone (probes) and says nothing.
+#[test]
+fn metrics_beyond_loopback_need_a_bearer_token() {
+    let sim = Sim::new().build();
+    sim.cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:100m")
+        .run();
+    let port = free_port();
+    let out = sim.cli(&[
+        "metrics",
+        "--listen",
+        &format!("0.0.0.0:{port}"),
+        "--usage",
+        sim.usage_file().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stderr.contains("--token-file"), "{out:?}");
+
+    let token = sim.dir().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let server = metrics_server(
+        &sim,
+        &format!("0.0.0.0:{port}"),
+        &["--token-file", token.to_str().unwrap()],
+    );
+    let (status, body) = first_answer(port, "/healthz", "");
+    assert!(status.contains("200") && body == "ok\n", "{status} {body}");
+    for h in [
+        "",
+        "Authorization: Bearer s3cret\r\n",
+        "Authorization: Basic s3cret-token\r\n",
+    ] {
+        let (status, body) = get_with(port, "/metrics", h).unwrap();
+        assert!(status.contains("401"), "{h:?}: {status}");
+        assert!(!body.contains("web-0"), "{h:?}: {body}");
+    }
+    let ok = "Authorization: Bearer s3cret-token\r\n";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (status, body) = get_with(port, "/metrics", ok).unwrap();
+        if status.contains("200") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "{status}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(body.contains(r#"name="web-0""#), "{body}");
+    server.kill();
+}
+
+/// #21 item 8: a client that opens connections and sends nothing holds a bounded amount of the endpoint (at most
+/// 16 connections at once, each with a deadline), and scrapes work again once it lets go. The hand-rolled
+/// server before spawned a thread per connection.
+#[test]
+fn the_metrics_endpoint_holds_a_bounded_number_of_connections() {
+    let sim = Sim::new().build();
+    sim.cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:100m")
+        .run();
+    let port = free_port();
+    let server = metrics_server(&sim, &format!("127.0.0.1:{port}"), &[]);
+    first_answer(port, "/metrics", "");
+    let count = |what: &str| {
+        std::fs::read_dir(format!("/proc/{}/{what}", server.pid()))
+            .unwrap()
+            .count()
+    };
+    let (threads0, fds0) = (count("task"), count("fd"));
+    let idle: Vec<TcpStream> = (0..200)
+        .filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok())
+        .collect();
+    assert!(idle.len() >= 100, "{} connections", idle.len());
+    std::thread::sleep(Duration::from_millis(500));
+    let (threads, fds) = (count("task"), count("fd"));
+    eprintln!("200 idle connections: threads {threads0} -> {threads}, descriptors {fds0} -> {fds}");
+    assert!(threads <= threads0 + 2, "threads {threads0} -> {threads}");
+    assert!(fds <= fds0 + 16 + 4, "descriptors {fds0} -> {fds}");
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if get(port, "/metrics").is_some_and(|(s, _)| s.contains("200")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no scrape after the idle clients left");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.kill();
 }

@@ -3,8 +3,10 @@
 //! - `pidns`: every process whose pid namespace is that one, or nested in it (NS_GET_PARENT);
 //! - `subtree`: the process and all its descendants (by parent pid). Meant for a child subreaper such as
 //!   `cuquota run`, whose orphaned descendants are re-parented to it and so never leave the tree. The root's
-//!   start time is remembered: if the pid is reused by another process, the container's members are unknown
-//!   (an error), never the new process's tree.
+//!   start time is remembered: if the pid is reused by another process, its tree is not the container's.
+//!   The members of the last pass are remembered too: once the root is gone (exited, killed, its pid reused)
+//!   those still alive (same pid and start time) and their descendants stay the container until none is
+//!   left; only then are the members unknown (an error).
 //!
 //! The agent reads `/proc` once per pass ([`ProcTable`]) and shares it among containers.
 
@@ -109,10 +111,12 @@ impl ProcTable {
     }
 }
 
-/// What the agent remembers between passes for member discovery: the start time of each subtree root.
+/// What the agent remembers between passes for member discovery: the start time of each subtree root, and
+/// the members (pid, start time) each subtree had at the last pass.
 #[derive(Default)]
 pub struct MemberState {
     roots: BTreeMap<u32, u64>,
+    trees: BTreeMap<u32, Vec<(u32, u64)>>,
 }
 
 /// The pids in `dir/cgroup.procs` and in every sub-cgroup's.
@@ -181,23 +185,53 @@ impl MemberSource {
             MemberSource::PidNs(ns) => pidns_pids(ns, table),
             MemberSource::Subtree(root) => {
                 // A zombie root has exited (its parent has not reaped it yet).
-                let Some(e) = table.procs.get(root).filter(|e| e.state != b'Z') else {
-                    state.roots.remove(root);
-                    return Err(format!("subtree root {root} is not running"));
-                };
-                match state.roots.get(root) {
-                    Some(&t) if t != e.start_time => Err(format!(
+                let live = table.procs.get(root).filter(|e| e.state != b'Z');
+                let why = match (live, state.roots.get(root)) {
+                    (Some(e), Some(&t)) if t != e.start_time => format!(
                         "subtree root {root} was replaced by another process (start time {} → {}): members unknown",
                         t, e.start_time
-                    )),
-                    _ => {
+                    ),
+                    (Some(e), _) => {
                         state.roots.insert(*root, e.start_time);
-                        Ok(table.subtree(*root))
+                        let members = table.subtree(*root);
+                        state.trees.insert(*root, remember(&members, table));
+                        return Ok(members);
                     }
+                    (None, _) => format!("subtree root {root} is not running"),
+                };
+                // The root is gone: its tree stays the container while any process of it lives (the same
+                // pid and start time), with whatever those processes start.
+                let survivors: Vec<u32> = state
+                    .trees
+                    .get(root)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(p, t)| {
+                        table
+                            .procs
+                            .get(p)
+                            .is_some_and(|e| e.start_time == *t && e.state != b'Z')
+                    })
+                    .map(|(p, _)| *p)
+                    .collect();
+                if survivors.is_empty() {
+                    state.roots.remove(root);
+                    state.trees.remove(root);
+                    return Err(why);
                 }
+                let members: BTreeSet<u32> = survivors.iter().flat_map(|&p| table.subtree(p)).collect();
+                state.trees.insert(*root, remember(&members, table));
+                Ok(members)
             }
         }
     }
+}
+
+/// `pids` with their start times, to tell them from later processes that reuse a pid.
+fn remember(pids: &BTreeSet<u32>, table: &ProcTable) -> Vec<(u32, u64)> {
+    pids.iter()
+        .filter_map(|p| Some((*p, table.procs.get(p)?.start_time)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -238,6 +272,25 @@ mod tests {
         assert!(e.contains("replaced"), "{e}");
         let e = MemberSource::Subtree(77).discover(&t, &mut st).unwrap_err();
         assert!(e.contains("not running"), "{e}");
+        // The root exits, leaving a process of its tree behind (re-parented to init): it stays a member, with
+        // what it starts, until it is gone; a newcomer reusing the root's pid does not join.
+        let src = MemberSource::Subtree(10);
+        let mut ms = MemberState::default();
+        src.discover(&t, &mut ms).unwrap();
+        let t4 = table(&[(1, 0, 1), (12, 1, 7), (15, 12, 20), (10, 1, 30), (20, 1, 8)]);
+        let got = src.discover(&t4, &mut ms).unwrap();
+        assert_eq!(got, [12, 15].into_iter().collect());
+        let t5 = table(&[(1, 0, 1), (15, 1, 20), (16, 15, 21)]);
+        assert_eq!(
+            src.discover(&t5, &mut ms).unwrap(),
+            [15, 16].into_iter().collect()
+        );
+        let t6 = table(&[(1, 0, 1), (15, 1, 99)]);
+        let e = src.discover(&t6, &mut ms).unwrap_err();
+        assert!(
+            e.contains("not running"),
+            "the whole tree is gone (15 is another process): {e}"
+        );
         let mut t3 = table(&[(1, 0, 1), (10, 1, 5)]);
         t3.procs.get_mut(&10).unwrap().state = b'Z';
         let e = MemberSource::Subtree(10).discover(&t3, &mut st).unwrap_err();

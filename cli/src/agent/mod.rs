@@ -13,7 +13,6 @@ pub mod members;
 pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -42,9 +41,8 @@ pub struct AgentArgs {
     /// Time between passes; per-process utilisation is averaged over it
     #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
     interval: Duration,
-    /// Serve GET /metrics on this address (HOST:PORT, or :PORT for every interface)
-    #[arg(long, value_name = "ADDR", value_parser = metrics::parse_listen)]
-    listen: Option<SocketAddr>,
+    #[command(flatten)]
+    expose: metrics::Exposure,
     /// One pass, print the report, exit
     #[arg(long)]
     once: bool,
@@ -101,7 +99,7 @@ impl Agent {
     }
 
     fn sample_gpus(&mut self) -> Result<Vec<GpuSample>, CliError> {
-        // Utilisation since the previous sample (the interval the throttle's duty cycle ran), at most 10 s.
+        // Utilisation since the previous sample (the interval the throttle charges), at most 10 s.
         let now_us = nvml::realtime_us();
         let since = self
             .last_sample_us
@@ -213,7 +211,7 @@ impl Agent {
             .map(|(n, _)| n.clone())
             .collect();
         for name in due {
-            if let Some(r) = self.thaw(&name, now, "duty cycle") {
+            if let Some(r) = self.thaw(&name, now, "debt repaid") {
                 self.state.get_mut(&name).expect("thawed above").carried.push(r);
             }
         }
@@ -252,14 +250,14 @@ impl Agent {
 
     /// One pass.
     fn pass(&mut self) -> Result<AgentReport, CliError> {
-        // A freeze still on (this pass came before its thaw: a late pass, or a freeze of nearly the whole
-        // interval) ends first, before /proc is read: members still stopped by the agent would look stopped by
-        // someone else (state T) and be left out of the next freeze, and the container would run unthrottled
-        // for a whole interval.
+        // A freeze overdue (a late pass) ends first, before /proc is read. One that is to go on past the pass
+        // stays on (a thaw of even the pass's few milliseconds lets a tenant queue another full launch queue):
+        // the planner keeps the processes it stopped, which /proc shows stopped (state T), in the freeze.
+        let pass_start = Instant::now();
         let late: Vec<String> = self
             .state
             .iter()
-            .filter(|(_, s)| s.throttle.frozen.is_some())
+            .filter(|(_, s)| s.throttle.thaw_due().is_some_and(|t| t <= pass_start))
             .map(|(n, _)| n.clone())
             .collect();
         for name in late {
@@ -540,8 +538,7 @@ pub fn run(a: AgentArgs) -> CmdResult {
         )));
     }
     let published = Published::default();
-    if let Some(addr) = a.listen {
-        let bound = metrics::serve(addr, published.clone())?;
+    if let Some(bound) = metrics::serve(&a.expose, published.clone())? {
         eprintln!("cuquota agent: serving http://{bound}/metrics");
     }
     catch_stop_signals();
@@ -569,7 +566,7 @@ pub fn run(a: AgentArgs) -> CmdResult {
         match agent.pass() {
             Ok(mut r) => {
                 if a.once {
-                    // One pass is one whole duty cycle: thaw what it froze before reporting.
+                    // One pass: thaw what it froze before reporting.
                     while let Some(t) = agent.next_thaw() {
                         sleep_until(t);
                         agent.thaw_due(Instant::now().max(t));

@@ -434,6 +434,14 @@ impl SharedState {
                     slot.mem_used[d].store(0, Relaxed);
                     slot.contexts[d].store(0, Relaxed);
                 }
+                // A dead process's queued kernels go with its contexts, as the driver tears them down: its
+                // intervals end now (found at the first reclaim after its death).
+                let host = slot.host_pid.load(Relaxed);
+                let now = crate::timeline::now_ns();
+                let n = (self.header.device_count.load(Acquire) as usize).min(MAX_DEVICES);
+                for dev in &self.devices[..n] {
+                    crate::timeline::cut(dev, host, now);
+                }
                 // Its opens of others' exports go (the last one returns their memory)...
                 for (j, e) in self.ipc.iter().enumerate() {
                     if e.holders[i / 64].load(SeqCst) & (1 << (i % 64)) != 0 {

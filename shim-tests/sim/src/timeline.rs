@@ -135,6 +135,24 @@ pub(crate) fn intervals(dev: &DeviceState, from: u64, to: u64) -> Vec<(u32, u64,
     out
 }
 
+/// Ends `pid`'s intervals on `dev` at `at`: kernels not yet run never run (the process died). The device
+/// stays reserved until `busy_until` (idle where the dropped kernels were).
+pub(crate) fn cut(dev: &DeviceState, pid: u32, at: u64) {
+    for e in dev.ring.iter() {
+        let s1 = e.seq.load(Acquire);
+        if s1 == 0 || s1 % 2 == 1 || e.pid.load(Relaxed) != u64::from(pid) || e.end.load(Acquire) <= at {
+            continue;
+        }
+        // Same protocol as `record`: odd while rewritten, so readers skip a half-written entry.
+        if e.seq.compare_exchange(s1, s1 + 1, AcqRel, Acquire).is_err() {
+            continue;
+        }
+        let start = e.start.load(Relaxed);
+        e.end.store(start.max(at), Release);
+        let _ = e.seq.compare_exchange(s1 + 1, s1, AcqRel, Acquire);
+    }
+}
+
 /// Busy ns in [from, to), per pid (`None` = all processes).
 pub(crate) fn busy_in(dev: &DeviceState, from: u64, to: u64, pid: Option<u32>) -> u64 {
     intervals(dev, from, to)

@@ -2,9 +2,9 @@
 //! - `memory = "kill"` ([`memory`]): a container whose member processes hold more device memory on a GPU than
 //!   its cap (NVML's figure) for [`memory::GRACE`] consecutive passes loses its largest processes on that GPU
 //!   (SIGKILL) until the rest fit;
-//! - `sm = "throttle"` ([`throttle`]): a container whose measured share of a GPU runs over its SM limit is
-//!   frozen for a fraction of every interval (cgroup freezer, else SIGSTOP/SIGCONT), the fraction set by a
-//!   controller from the measured share;
+//! - `sm = "throttle"` ([`throttle`]): a container whose measured device time on a GPU runs past its SM limit
+//!   is frozen (cgroup freezer, else SIGSTOP/SIGCONT) until that debt is repaid, and its processes that ran
+//!   are killed where freezing does not hold it (the debt passes a grace while it is frozen);
 //! - `report`: the same judgement, logged and counted as `report`, and nothing done.
 //!
 //! Planners turn a container's report into [`Action`]s; [`execute`] checks that every process an action names
