@@ -118,6 +118,10 @@ macro_rules! cuda_functions {
             cuGraphUpload_ptsz @11010 (hGraphExec: CUgraphExec, hStream: CUstream) => graph_memory::upload(call, hGraphExec);
             cuGraphExecDestroy @10000 (hGraphExec: CUgraphExec) => graph_memory::exec_destroy(call, hGraphExec);
             cuDeviceGraphMemTrim @11040 (device: CUdevice) => graph_memory::trim(call, device);
+            cuGraphExecUpdate_v2 @12000 (hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo) => graph_memory::exec_update(call, hGraphExec, hGraph);
+            cuGraphExecUpdate @10020 (hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult) => graph_memory::exec_update(call, hGraphExec, hGraph);
+            cuGraphExecChildGraphNodeSetParams @11010 (hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph) => graph_memory::exec_child_update(call, hGraphExec, childGraph);
+            cuGraphExecNodeSetParams @12020 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) => graph_memory::exec_node_update(call, hGraphExec, nodeParams);
         ] helpers [
             cuDriverGetVersion @2020 (driverVersion: *mut c_int);
             cuDeviceGetCount @2000 (count: *mut c_int);
@@ -150,6 +154,7 @@ macro_rules! cuda_functions {
             cuGraphGetNodes @10000 (hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize);
             cuGraphNodeGetType @10000 (hNode: CUgraphNode, typ: *mut CUgraphNodeType);
             cuGraphMemAllocNodeGetParams @11040 (hNode: CUgraphNode, params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+            cuGraphChildGraphNodeGetGraph @10000 (hNode: CUgraphNode, phGraph: *mut CUgraph);
             cuArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice);
             cuMipmappedArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice);
         ] }

@@ -56,6 +56,8 @@ c_aliases! { checked_aliases;
     pub type CUexecAffinityParam = c_void;
     pub type CUctxCreateParams = c_void;
     pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
+    pub type CUgraphExecUpdateResultInfo = c_void;
+    pub type CUgraphNodeParams = c_void;
     /// C enums (none has a negative value, so the ABI's type is `unsigned int`).
     pub type CUjit_option = c_uint;
     pub type CUlibraryOption = c_uint;
@@ -65,6 +67,7 @@ c_aliases! { checked_aliases;
     pub type CUdriverProcAddressQueryResult = c_uint;
     pub type CUgraphMem_attribute = c_uint;
     pub type CUgraphNodeType = c_uint;
+    pub type CUgraphExecUpdateResult = c_uint;
     pub type CUlimit = c_uint;
     pub type CUdevice_attribute = c_uint;
     pub type CUpointer_attribute = c_uint;
@@ -233,6 +236,7 @@ c_consts! { checked_consts;
     CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
     CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute = 0;
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
+    CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType = 4;
     CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
     CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
     /// Event flags: `cuEventSynchronize` sleeps instead of spinning; no timestamps (cheaper).
