@@ -53,6 +53,11 @@ macro_rules! cuda_functions {
             cuMemRelease @10020 (handle: CUmemGenericAllocationHandle) => memory::vmm_release(call, handle);
             cuMemMap @10020 (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => memory::vmm_map(call, ptr, size, handle);
             cuMemUnmap @10020 (ptr: CUdeviceptr, size: usize) => memory::vmm_unmap(call, ptr, size);
+            cuMemMapArrayAsync @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream) => memory::map_array_async(call, mapInfoList, count);
+            cuMemMapArrayAsync_ptsz @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream) => memory::map_array_async(call, mapInfoList, count);
+            cuMulticastBindMem @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, Some(memHandle), 0);
+            cuMulticastBindAddr @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, None, memptr);
+            cuMulticastUnbind @12010 (mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) => memory::multicast_unbind(call, mcHandle, dev, mcOffset, size);
             cuMemRetainAllocationHandle @11000 (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => memory::vmm_retain(call, handle);
             cuMemExportToShareableHandle @10020 (shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) => memory::vmm_export(call, shareableHandle, handle, handleType);
             cuMemImportFromShareableHandle @10020 (handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType) => memory::vmm_import(real, handle, osHandle, shHandleType);

@@ -58,6 +58,7 @@ c_aliases! { checked_aliases;
     pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
     pub type CUgraphExecUpdateResultInfo = c_void;
     pub type CUgraphNodeParams = c_void;
+    pub type CUmulticastObjectProp = c_void;
     /// C enums (none has a negative value, so the ABI's type is `unsigned int`).
     pub type CUjit_option = c_uint;
     pub type CUlibraryOption = c_uint;
@@ -195,6 +196,22 @@ c_structs! { checked_structs;
         pub dptr: CUdeviceptr,
     }
 
+    /// `CUarrayMapInfo` (`cuMemMapArrayAsync`); the unions as their largest member's words.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUarrayMapInfo {
+        pub resourceType: c_uint,
+        pub resource: *mut c_void,
+        pub subresourceType: c_uint,
+        pub subresource: [u64; 4],
+        pub memOperationType: c_uint,
+        pub memHandleType: c_uint,
+        pub memHandle: CUmemGenericAllocationHandle,
+        pub offset: u64,
+        pub deviceBitMask: c_uint,
+        pub flags: c_uint,
+        pub reserved: [c_uint; 2],
+    }
+
     /// `CUlaunchConfig` (`cuLaunchKernelEx`).
     #[derive(Clone, Copy, Debug)]
     pub struct CUlaunchConfig {
@@ -237,6 +254,8 @@ c_consts! { checked_consts;
     CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute = 0;
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
     CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType = 4;
+    CU_MEM_OPERATION_TYPE_MAP: c_uint = 1;
+    CU_MEM_OPERATION_TYPE_UNMAP: c_uint = 2;
     CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
     CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
     /// Event flags: `cuEventSynchronize` sleeps instead of spinning; no timestamps (cheaper).

@@ -20,7 +20,7 @@ use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::ledger::{Kind, Record, Space};
 use crate::memory::shared::{self, Closed, Export, Hold};
-use crate::memory::vmm::Release;
+use crate::memory::vmm::{BindKey, Release, Unmapped};
 use crate::state::Shim;
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -961,6 +961,12 @@ pub unsafe fn vmm_import(
 /// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
 pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
     let u = s.mem.vmm.unmap(ptr, size as u64);
+    unmapping(s, u, call)
+}
+
+/// Runs `call`, which undoes the mappings or bindings `u` took: the memory that goes with them stops being
+/// charged if the driver says yes; they are put back if it refuses.
+fn unmapping(s: &Shim, u: Unmapped, call: impl FnOnce() -> CUresult) -> CUresult {
     // Records leave the ledger before the call, as in `tracked_free`: once the memory is gone the driver may
     // hand the handle value out again.
     let gone: Vec<(u64, Record)> = u
@@ -985,6 +991,112 @@ pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, si
         s.mem.vmm.undo_unmap(u);
     }
     r
+}
+
+/// Handles whose memory went with a binding the driver replaced.
+fn gone_now(s: &Shim, dead: Vec<u64>) {
+    for h in dead {
+        let rec = s.mem.ledger.remove(Space::Vmm, h);
+        vmm_gone(s, h, rec);
+    }
+}
+
+/// The binding key of a sparse array's tile or mip tail.
+fn tile_key(m: &CUarrayMapInfo) -> BindKey {
+    BindKey {
+        obj: m.resource as u64,
+        dev: m.deviceBitMask as i64,
+        off: m.subresourceType as u64,
+        rest: m.subresource,
+    }
+}
+
+/// `cuMemMapArrayAsync` (+ `_ptsz`): a VMM handle bound to a sparse array's tile holds its memory as a mapping
+/// does (a released handle stays charged while bound); an unmap entry lets go of it.
+///
+/// # Safety
+/// `list` holds `count` entries, as the driver's contract says.
+pub unsafe fn map_array_async(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    list: *mut CUarrayMapInfo,
+    count: c_uint,
+) -> CUresult {
+    if list.is_null() || count == 0 {
+        return call();
+    }
+    // SAFETY: `count` entries per the contract; copied before the call.
+    let entries: Vec<CUarrayMapInfo> = unsafe { std::slice::from_raw_parts(list, count as usize) }.to_vec();
+    let unmaps: Vec<BindKey> = entries
+        .iter()
+        .filter(|m| m.memOperationType == CU_MEM_OPERATION_TYPE_UNMAP)
+        .map(tile_key)
+        .collect();
+    let u = s.mem.vmm.unbind(|k| unmaps.contains(k));
+    let r = unmapping(s, u, call);
+    if r.ok() {
+        for m in entries
+            .iter()
+            .filter(|m| m.memOperationType == CU_MEM_OPERATION_TYPE_MAP)
+        {
+            gone_now(s, s.mem.vmm.bound(tile_key(m), m.memHandle));
+        }
+    }
+    r
+}
+
+/// The binding key of a multicast range on the device that holds the memory.
+fn multicast_key(mc: CUmemGenericAllocationHandle, dev: CUdevice, mc_offset: usize) -> BindKey {
+    BindKey {
+        obj: mc,
+        dev: dev as i64,
+        off: mc_offset as u64,
+        rest: [0; 4],
+    }
+}
+
+/// `cuMulticastBindMem` (`mem`) and `cuMulticastBindAddr` (the handle this process mapped at `memptr`): the
+/// bound memory stays charged while bound, its handle released or not.
+pub fn multicast_bind(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    mc: CUmemGenericAllocationHandle,
+    mc_offset: usize,
+    mem: Option<CUmemGenericAllocationHandle>,
+    memptr: CUdeviceptr,
+) -> CUresult {
+    let r = call();
+    if !r.ok() {
+        return r;
+    }
+    let Some(h) = mem.or_else(|| s.mem.vmm.handle_at(memptr)) else {
+        return r;
+    };
+    // SAFETY: plain data the driver fills in on success.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; a handle the driver just bound.
+    let on = unsafe { s.cuda.cuMemGetAllocationPropertiesFromHandle(&mut prop, h) };
+    // Unknown device: no unbind names it, the binding stays charged (fail closed).
+    let dev = if on.ok() { prop.location.id } else { -1 };
+    gone_now(s, s.mem.vmm.bound(multicast_key(mc, dev, mc_offset), h));
+    r
+}
+
+/// `cuMulticastUnbind`: the bindings of `dev`'s memory in [`mc_offset`, +`size`) let go.
+pub fn multicast_unbind(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    mc: CUmemGenericAllocationHandle,
+    dev: CUdevice,
+    mc_offset: usize,
+    size: usize,
+) -> CUresult {
+    let (lo, hi) = (mc_offset as u64, (mc_offset as u64).saturating_add(size as u64));
+    let u = s
+        .mem
+        .vmm
+        .unbind(|k| k.obj == mc && k.dev == dev as i64 && k.rest == [0; 4] && (lo..hi).contains(&k.off));
+    unmapping(s, u, call)
 }
 
 // ---- arrays -------------------------------------------------------------------------------------------------
@@ -1064,13 +1176,20 @@ fn array_alloc<D: ArrayDesc>(
     let (w, h, d, format, channels, flags) = unsafe { *desc }.dims();
     let est = array_estimate(w, h, d, format, channels, flags, levels);
     let est = s.devices.round(&s.cuda, dev, est);
+    // A sparse or deferred-mapping array's requirements are what its bound VMM allocations (charged at
+    // `cuMemCreate`) will back: the array itself holds nothing.
+    let backed = flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0;
     charged_call(s, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let handle = unsafe { *pHandle };
         let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();
-        let exact = exact(handle, dev.ordinal, &mut req)
-            .ok()
-            .then(|| s.devices.round(&s.cuda, dev, req.size as u64));
+        let exact = if backed {
+            Some(0)
+        } else {
+            exact(handle, dev.ordinal, &mut req)
+                .ok()
+                .then(|| s.devices.round(&s.cuda, dev, req.size as u64))
+        };
         Some((space, handle as u64, exact))
     })
 }
@@ -1108,12 +1227,14 @@ pub unsafe fn mipmapped_create(
     })
 }
 
-/// `cuArrayDestroy`.
+/// `cuArrayDestroy`: what was bound to a sparse array's tiles goes with it.
 pub fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
-    tracked_free(s, Space::Array, h as u64, None, call)
+    let u = s.mem.vmm.unbind(|k| k.obj == h as u64);
+    unmapping(s, u, || tracked_free(s, Space::Array, h as u64, None, call))
 }
 
-/// `cuMipmappedArrayDestroy`.
+/// `cuMipmappedArrayDestroy`: as `cuArrayDestroy`.
 pub fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
-    tracked_free(s, Space::Mipmapped, h as u64, None, call)
+    let u = s.mem.vmm.unbind(|k| k.obj == h as u64);
+    unmapping(s, u, || tracked_free(s, Space::Mipmapped, h as u64, None, call))
 }

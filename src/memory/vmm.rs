@@ -21,6 +21,22 @@ pub(crate) struct Table {
     handles: HashMap<u64, Life>,
     /// Mapping start → (size, handle), for handles in `handles` only.
     maps: BTreeMap<u64, (u64, u64)>,
+    /// Bindings that hold a handle's memory as a mapping does (counted in its `maps`): a sparse array's tile
+    /// (`cuMemMapArrayAsync`) or a multicast object's range on one device (`cuMulticastBindMem` / `BindAddr`).
+    binds: BTreeMap<BindKey, u64>,
+}
+
+/// What a binding is bound to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BindKey {
+    /// The array, mipmapped array or multicast object.
+    pub obj: u64,
+    /// An array tile's device mask; the multicast memory's device.
+    pub dev: i64,
+    /// An array's subresource type; the offset in the multicast object.
+    pub off: u64,
+    /// An array's subresource (level, layer, offsets, extents or mip tail); zero for multicast.
+    pub rest: [u64; 4],
 }
 
 /// What a `cuMemRelease` about to be called does to a handle's charge.
@@ -40,6 +56,7 @@ pub enum Release {
 #[derive(Debug, Default)]
 pub struct Unmapped {
     maps: Vec<(u64, (u64, u64))>,
+    binds: Vec<(BindKey, u64)>,
     /// Handles released before whose last mapping this was: their charge goes.
     pub dead: Vec<u64>,
 }
@@ -126,11 +143,62 @@ impl VmmLives {
         u
     }
 
+    /// A binding of `h` under `key` was made (the driver said yes); one already under `key` is replaced.
+    /// Returns the handles whose memory went with the replaced binding.
+    pub fn bound(&self, key: BindKey, h: u64) -> Vec<u64> {
+        let mut t = self.table.lock();
+        let mut dead = Vec::new();
+        if let Some(l) = t.handles.get_mut(&h) {
+            l.maps += 1;
+            if let Some(old) = t.binds.insert(key, h) {
+                Self::drop_bind(&mut t, old, &mut dead);
+            }
+        }
+        dead
+    }
+
+    fn drop_bind(t: &mut Table, h: u64, dead: &mut Vec<u64>) {
+        if let Some(l) = t.handles.get_mut(&h) {
+            l.maps -= 1;
+            if l.refs == 0 && l.maps == 0 {
+                t.handles.remove(&h);
+                dead.push(h);
+            }
+        }
+    }
+
+    /// Bindings matching `f` are about to be undone (`cuMemMapArrayAsync`'s unmap, `cuMulticastUnbind`, the
+    /// array's destruction): takes them, as [`VmmLives::unmap`] takes mappings.
+    pub fn unbind(&self, f: impl Fn(&BindKey) -> bool) -> Unmapped {
+        let mut t = self.table.lock();
+        let keys: Vec<BindKey> = t.binds.keys().filter(|k| f(k)).copied().collect();
+        let mut u = Unmapped::default();
+        for k in keys {
+            let Some(h) = t.binds.remove(&k) else { continue };
+            u.binds.push((k, h));
+            Self::drop_bind(&mut t, h, &mut u.dead);
+        }
+        u
+    }
+
+    /// The handle this process mapped at `p`, if one of ours.
+    pub fn handle_at(&self, p: u64) -> Option<u64> {
+        let t = self.table.lock();
+        let (&s, &(size, h)) = t.maps.range(..=p).next_back()?;
+        (p < s.saturating_add(size)).then_some(h)
+    }
+
     /// The driver refused the `cuMemUnmap` that [`VmmLives::unmap`] announced.
     pub fn undo_unmap(&self, u: Unmapped) {
         let mut t = self.table.lock();
         for h in &u.dead {
             t.handles.insert(*h, Life { refs: 0, maps: 0 });
+        }
+        for (k, h) in u.binds {
+            if let Some(l) = t.handles.get_mut(&h) {
+                l.maps += 1;
+            }
+            t.binds.insert(k, h);
         }
         for (s, (size, h)) in u.maps {
             if let Some(l) = t.handles.get_mut(&h) {
@@ -206,6 +274,29 @@ mod tests {
         let r = v.release(8);
         v.undo_release(8, r);
         assert_eq!(v.release(8), Release::Last);
+    }
+
+    #[test]
+    fn a_bound_handle_outlives_its_release_until_unbound() {
+        let v = VmmLives::default();
+        let key = |obj| BindKey {
+            obj,
+            dev: 0,
+            off: 0,
+            rest: [0; 4],
+        };
+        v.created(7);
+        assert!(v.bound(key(1), 7).is_empty());
+        assert_eq!(v.release(7), Release::Kept);
+        let u = v.unbind(|k| k.obj == 1);
+        assert_eq!(u.dead, vec![7]);
+        v.undo_unmap(u);
+        assert_eq!(v.unbind(|k| k.obj == 2).dead, Vec::<u64>::new());
+        // Binding the same key again replaces the old binding.
+        v.created(8);
+        assert_eq!(v.bound(key(1), 8), vec![7]);
+        assert_eq!(v.release(8), Release::Kept);
+        assert_eq!(v.unbind(|k| k.obj == 1).dead, vec![8]);
     }
 
     #[test]
