@@ -5,7 +5,7 @@
 //! admits the growth against the cap first (`CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) and charges it, so
 //! it shows in `cuMemGetInfo` and leaves that much less for allocations.
 
-use shim_tests::{probe, Sim, MIB};
+use shim_tests::{probe, Prog, Sim, MIB};
 
 /// Issue 21: the device runtime's pending-launch buffer (`CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT`) is
 /// reserved by the driver too (2 KiB a launch on the simulator, a cost the shim does not know in advance): a
@@ -39,6 +39,19 @@ fn a_pending_launch_buffer_over_the_cap_is_set_back_and_refused() {
         (65536 - 2048) * 2048,
         "the raised limit is not charged: {free:?}"
     );
+
+    // Without NVML the reservation cannot be measured: under a cap the raise is set back (fail closed).
+    let sim = Sim::new().build();
+    let out = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .env("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1")
+        .args("init setlimit:pending:64k getlimit:pending simused")
+        .run();
+    out.ok();
+    out.expect("setlimit.pending", OOM)
+        .expect("getlimit.pending", "2048");
+    assert_eq!(out.num("sim.used.0"), 0, "{out:?}");
 }
 
 const OOM: &str = "CUDA_ERROR_OUT_OF_MEMORY";

@@ -416,6 +416,14 @@ impl Memory {
             None if !r.ok() => {
                 let _ = self.set_overhead_locked(dev, self.overhead(dev).saturating_sub(growth), false);
             }
+            // A raise with no estimate that NVML cannot measure would go uncharged: set back (fail closed).
+            None if growth == 0 && undo.is_some() && self.limit(dev).is_some() => {
+                drop(g);
+                if let Some(undo) = undo {
+                    let _ = undo();
+                }
+                return CUresult::ERROR_OUT_OF_MEMORY;
+            }
             None => {}
         }
         r
