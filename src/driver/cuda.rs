@@ -55,8 +55,9 @@ macro_rules! cuda_functions {
             cuMemUnmap @10020 (ptr: CUdeviceptr, size: usize) => memory::vmm_unmap(call, ptr, size);
             cuMemMapArrayAsync @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream) => memory::map_array_async(call, mapInfoList, count);
             cuMemMapArrayAsync_ptsz @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream) => memory::map_array_async(call, mapInfoList, count);
-            cuMulticastBindMem @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, Some(memHandle), 0);
-            cuMulticastBindAddr @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, None, memptr);
+            cuMulticastCreate @12010 (mcHandle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp) => memory::multicast_create(call, mcHandle);
+            cuMulticastBindMem @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, Some(memHandle), 0, size);
+            cuMulticastBindAddr @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, None, memptr, size);
             cuMulticastUnbind @12010 (mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) => memory::multicast_unbind(call, mcHandle, dev, mcOffset, size);
             cuMemRetainAllocationHandle @11000 (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => memory::vmm_retain(call, handle);
             cuMemExportToShareableHandle @10020 (shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) => memory::vmm_export(call, shareableHandle, handle, handleType);
