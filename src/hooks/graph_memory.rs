@@ -112,11 +112,15 @@ pub unsafe fn instantiate(
 
 /// `cuGraphExecUpdate` (`_v2`, and the 10.2 form): the exec now runs `graph`'s parameters, alloc nodes' sizes
 /// included if the driver takes them; its footprint becomes, per device, the larger of the old and the new
-/// (whichever the driver kept, the launch is admitted for it).
+/// (whichever the driver kept, the launch is admitted for it). The graph is walked before the call: one whose
+/// memory nodes cannot be listed (nested past [`MAX_DEPTH`], or not a graph) is refused, as at instantiation.
 pub fn exec_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec, graph: CUgraph) -> CUresult {
+    let Some(fp) = walked(s, "cuGraphExecUpdate", exec, graph) else {
+        return CUresult::ERROR_NOT_SUPPORTED;
+    };
     let r = call();
     if r.ok() {
-        changed(s, exec, footprint(s, graph), false);
+        s.mem.graph.merge_exec(exec as usize, &fp, false);
     }
     r
 }
@@ -129,9 +133,12 @@ pub fn exec_child_update(
     exec: CUgraphExec,
     child: CUgraph,
 ) -> CUresult {
+    let Some(fp) = walked(s, "cuGraphExecChildGraphNodeSetParams", exec, child) else {
+        return CUresult::ERROR_NOT_SUPPORTED;
+    };
     let r = call();
     if r.ok() {
-        changed(s, exec, footprint(s, child), true);
+        s.mem.graph.merge_exec(exec as usize, &fp, true);
     }
     r
 }
@@ -159,23 +166,31 @@ pub unsafe fn exec_node_update(
                 .then(|| p.add(16).cast::<CUgraph>().read_unaligned())
         }
     };
+    let Some(child) = child else {
+        return call();
+    };
+    let Some(fp) = walked(s, "cuGraphExecNodeSetParams", exec, child) else {
+        return CUresult::ERROR_NOT_SUPPORTED;
+    };
     let r = call();
-    if let (true, Some(child)) = (r.ok(), child) {
-        changed(s, exec, footprint(s, child), true);
+    if r.ok() {
+        s.mem.graph.merge_exec(exec as usize, &fp, true);
     }
     r
 }
 
-/// An exec's memory nodes changed: `fp` is added to its footprint (`add`) or taken where larger (never
-/// smaller: whichever the driver kept is admitted).
-fn changed(s: &Shim, exec: CUgraphExec, fp: Option<Vec<(Dev, u64)>>, add: bool) {
-    match fp {
-        Some(fp) => s.mem.graph.merge_exec(exec as usize, &fp, add),
-        None => log!(
-            Level::Warn,
-            "graph exec {exec:p} was updated from a graph whose memory nodes cannot be listed; its footprint is kept"
-        ),
+/// `graph`'s footprint, walked before `what` gives its memory nodes to `exec`; `None` (logged): the update is
+/// refused, as an instantiation would be (fail closed: an exec whose footprint is unknown is never launched).
+fn walked(s: &Shim, what: &str, exec: CUgraphExec, graph: CUgraph) -> Option<Vec<(Dev, u64)>> {
+    let fp = footprint(s, graph);
+    if fp.is_none() {
+        log!(
+            Level::Error,
+            "{what} of graph exec {exec:p} refused: the memory nodes of graph {graph:p} cannot be listed \
+             (child graphs nested deeper than {MAX_DEPTH}, or not a graph), so the memory cap could not be kept"
+        );
     }
+    fp
 }
 
 /// Upload or launch of an exec with alloc nodes: admit what its footprint may add, call, settle to the truth.
