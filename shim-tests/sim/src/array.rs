@@ -165,7 +165,11 @@ pub(crate) fn mipmap_create(
 ) -> CuResult<u64> {
     let ctx = crate::context::current(o, sim)?;
     let (_, phys) = crate::context::device_of(o, ctx)?;
-    let bytes = mipmap_bytes(&desc, levels, sim.cfg.granularity)?;
+    let mut bytes = mipmap_bytes(&desc, levels, sim.cfg.granularity)?;
+    if desc.flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0 {
+        // As a sparse array: backed later by VMM allocations bound with cuMemMapArrayAsync.
+        bytes = 0;
+    }
     sim.charge(phys, bytes)?;
     let h = new_handle(Kind::Mipmap);
     o.mipmaps.insert(
@@ -227,6 +231,8 @@ pub(crate) fn mipmap_destroy(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()>
         o.arrays.remove(&a);
     }
     sim.uncharge(m.phys, m.bytes);
+    // What was bound to its tiles and mip tail is unbound with it.
+    crate::vmm::unbind_where(o, sim, |k| k.0 == h);
     Ok(())
 }
 

@@ -354,6 +354,8 @@ pub struct ArrayMapInfo {
     pub reserved: [u32; 2],
 }
 
+pub const CU_RESOURCE_TYPE_ARRAY: u32 = 0;
+pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: u32 = 1;
 pub const CU_MEM_OPERATION_TYPE_MAP: u32 = 1;
 pub const CU_MEM_OPERATION_TYPE_UNMAP: u32 = 2;
 pub const CU_MEM_HANDLE_TYPE_GENERIC: u32 = 0;

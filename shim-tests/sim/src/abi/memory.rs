@@ -885,9 +885,14 @@ cuda_fn! {
             stream::resolve(o, sim, h(s))?;
             for i in 0..count as usize {
                 let m = std::ptr::read(list.add(i));
-                let sparse = o.arrays.get(&m.resource).is_some_and(|a| {
-                    a.desc.flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0
-                });
+                let backed = |flags: u32| flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0;
+                let sparse = match m.resource_type {
+                    CU_RESOURCE_TYPE_ARRAY => o.arrays.get(&m.resource).is_some_and(|a| backed(a.desc.flags)),
+                    CU_RESOURCE_TYPE_MIPMAPPED_ARRAY => {
+                        o.mipmaps.get(&m.resource).is_some_and(|a| backed(a.desc.flags))
+                    }
+                    _ => false,
+                };
                 if !sparse || m.mem_handle_type != CU_MEM_HANDLE_TYPE_GENERIC {
                     return Err(CUDA_ERROR_INVALID_VALUE);
                 }
