@@ -1,18 +1,21 @@
-/* review_memcalls: hostile review of issue 21 item 4 (memory-bearing calls). Prints key=value lines; `used=` is
- * the simulator's own used bytes on device 0 (its NVML, read past any interposer), `charged=` what the shim
- * charges the container (cuMemGetInfo total - free).
+/* vmm_bindings: VMM memory held by bindings (sparse arrays, multicast objects) and graph execs updated to new
+ * memory nodes, under a cap. Prints key=value lines; `used=` is the simulator's own used bytes on device 0 (its
+ * NVML, read past any interposer), `charged=` what the shim charges the container (cuMemGetInfo total - free).
  *
- *   review_memcalls MODE
+ *   vmm_bindings MODE
  *     mcrange     two handles bound to one multicast object at offsets 0 (2 MiB) and 2 MiB (768 MiB); one
  *                 cuMulticastUnbind(offset 0, size 770 MiB); both handles released; then cuMemAlloc 768 MiB.
- *     mcexact     control: as mcrange, the unbind naming only the 2 MiB binding (offset 0, size 2 MiB).
+ *     mcexact     as mcrange, the unbind naming only the 2 MiB binding (offset 0, size 2 MiB).
  *     sparsefail  a 768 MiB handle bound to a sparse array's tile by a cuMemMapArrayAsync whose second entry
  *                 is invalid (the call fails after the first entry took effect); handle released; alloc 768 MiB.
- *     sparseok    control: the same list without the bad entry.
+ *     sparseok    the same list without the bad entry.
+ *     sparsemip   a sparse mipmapped array (1344 MiB if it were dense) then alloc 512 MiB; a 256 MiB handle bound
+ *                 to its level 0, released; alloc 768 MiB.
+ *     hugecount   cuMemMapArrayAsync of a one-entry list said to hold 2^30 entries.
  *     deepupdate  exec of a graph [65 empty child graphs, 64 MiB alloc node]; cuGraphExecUpdate from a graph of
  *                 the same node-type sequence whose 1536 MiB alloc node sits 65 child graphs deep; launch.
  *     mcrelease   a 512 MiB handle bound to a multicast object, the handle then the object released (the
- *                 driver frees the memory); then alloc 768 MiB (false refusal check).
+ *                 driver frees the memory); then alloc 768 MiB.
  */
 #include "cq_driver.h"
 
@@ -97,6 +100,49 @@ static void sparse(int bad) {
     printf("release=%s\n", cq_err(cuMemRelease(h)));
     used("released");
     alloc(768 * MB);
+    used("end");
+}
+
+static void sparsemip(void) {
+    CUDA_ARRAY3D_DESCRIPTOR d;
+    memset(&d, 0, sizeof d);
+    d.Width = 16384;
+    d.Height = 16384;
+    d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    d.NumChannels = 4;
+    d.Flags = CUDA_ARRAY3D_SPARSE;
+    CUmipmappedArray mip = NULL;
+    printf("mipmap=%s\n", cq_err(cuMipmappedArrayCreate(&mip, &d, 3)));
+    used("created");
+    alloc(512 * MB);
+    CUmemGenericAllocationHandle h = create(256 * MB);
+    CUarrayMapInfo m;
+    memset(&m, 0, sizeof m);
+    m.resourceType = CU_RESOURCE_TYPE_MIPMAPPED_ARRAY;
+    m.resource.mipmap = mip;
+    m.subresourceType = CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL;
+    m.subresource.sparseLevel.extentWidth = 16384;
+    m.subresource.sparseLevel.extentHeight = 16384;
+    m.subresource.sparseLevel.extentDepth = 1;
+    m.memOperationType = CU_MEM_OPERATION_TYPE_MAP;
+    m.memHandleType = CU_MEM_HANDLE_TYPE_GENERIC;
+    m.memHandle.memHandle = h;
+    m.deviceBitMask = 1;
+    printf("maparray=%s\n", cq_err(cuMemMapArrayAsync(&m, 1, 0)));
+    cuStreamSynchronize(0);
+    printf("release=%s\n", cq_err(cuMemRelease(h)));
+    used("bound");
+    CUdeviceptr p = 0;
+    printf("alloc2=%s\n", cq_err(cuMemAlloc(&p, 768 * MB)));
+    used("end");
+}
+
+static void hugecount(void) {
+    CUarrayMapInfo m;
+    memset(&m, 0, sizeof m);
+    m.memOperationType = CU_MEM_OPERATION_TYPE_MAP;
+    m.memHandleType = CU_MEM_HANDLE_TYPE_GENERIC;
+    printf("maparray=%s\n", cq_err(cuMemMapArrayAsync(&m, 1u << 30, 0)));
     used("end");
 }
 
@@ -185,7 +231,7 @@ int main(int argc, char **argv) {
     CUdevice dev;
     CUcontext ctx;
     if (argc < 2 || cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
-        fprintf(stderr, "review_memcalls: no context\n");
+        fprintf(stderr, "vmm_bindings: no context\n");
         return 2;
     }
     const char *m = argv[1];
@@ -193,10 +239,12 @@ int main(int argc, char **argv) {
     else if (!strcmp(m, "mcexact")) multicast(1);
     else if (!strcmp(m, "sparsefail")) sparse(1);
     else if (!strcmp(m, "sparseok")) sparse(0);
+    else if (!strcmp(m, "sparsemip")) sparsemip();
+    else if (!strcmp(m, "hugecount")) hugecount();
     else if (!strcmp(m, "deepupdate")) deepupdate();
     else if (!strcmp(m, "mcrelease")) mcrelease();
     else {
-        fprintf(stderr, "review_memcalls: bad mode %s\n", m);
+        fprintf(stderr, "vmm_bindings: bad mode %s\n", m);
         return 2;
     }
     printf("done=1\n");
