@@ -35,7 +35,8 @@
  *   sleep:MS             sleep
  *   pid                  pid=
  *   setenv:NAME=VALUE    setenv(NAME, VALUE, 1), as a program may before cuInit                 setenv=
- *   setlimit:L:BYTES     cuCtxSetLimit(L, BYTES), L: stack | fifo | heap                setlimit.L=<result>
+ *   setlimit:L:BYTES     cuCtxSetLimit(L, BYTES), L: stack | fifo | heap | pending (the device runtime's
+ *                        pending launch count, a number of launches)                    setlimit.L=<result>
  *   getlimit:L           cuCtxGetLimit(L)                                  getlimit.L.rc= getlimit.L=
  */
 #include "cq_driver.h"
@@ -495,6 +496,8 @@ int main(int argc, char **argv) {
                 l = CU_LIMIT_PRINTF_FIFO_SIZE;
             } else if (len == 4 && strncmp(name, "heap", 4) == 0) {
                 l = CU_LIMIT_MALLOC_HEAP_SIZE;
+            } else if (len == 7 && strncmp(name, "pending", 7) == 0) {
+                l = CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT;
             } else {
                 fprintf(stderr, "bad command %s\n", c);
                 return 2;

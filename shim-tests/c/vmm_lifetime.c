@@ -10,6 +10,14 @@
  *     release:I         cuMemRelease of handle slot I                                       release.I=<result>
  *     retain:I:M        cuMemRetainAllocationHandle of an address inside mapping M into slot I
  *                                                                          retain.I=<result> retain.I.same=0|1
+ *     sparse:A:I        a sparse 2D array in array slot A, handle I bound to its level 0 with
+ *                       cuMemMapArrayAsync (a stream sync after)                              sparse.A=<result>
+ *     tileunmap:A       cuMemMapArrayAsync's unmap of that tile                             tileunmap.A=<result>
+ *     arraydestroy:A    cuArrayDestroy of array slot A                                   arraydestroy.A=<result>
+ *     mcbind:M:I        a multicast object of SIZE(I) on device 0 in slot M, handle I bound
+ *                       at offset 0 (cuMulticastBindMem)                                      mcbind.M=<result>
+ *     mcbindaddr:M:N    as mcbind, binding the memory mapped at mapping N (cuMulticastBindAddr) mcbind.M=<result>
+ *     mcunbind:M        cuMulticastUnbind of that range                                     mcunbind.M=<result>
  *     alloc:SIZE        cuMemAlloc (kept until exit)                                           alloc=<result>
  *     used              the simulator's own used bytes on device 0 (NVML, past any interposer)     used=
  *     charged           cuMemGetInfo's total − free: what the shim has charged the container        charged=
@@ -31,6 +39,11 @@ static int slot(const char *s) {
     }
     return i;
 }
+
+static CUarray arrays[SLOTS];
+static CUarrayMapInfo tiles[SLOTS];
+static CUmemGenericAllocationHandle mcs[SLOTS];
+static size_t mc_sizes[SLOTS];
 
 static CUmemAllocationProp prop0(void) {
     CUmemAllocationProp p;
@@ -60,6 +73,44 @@ static CUresult map(int m, int i) {
     map_sizes[m] = sizes[i];
     /* The memory is usable: the tenant really holds it. */
     return cuMemsetD8(va, 0x5a, 4096);
+}
+
+static CUresult sparse(int a, int i) {
+    CUDA_ARRAY3D_DESCRIPTOR d;
+    memset(&d, 0, sizeof d);
+    d.Width = 1024;
+    d.Height = 1024;
+    d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+    d.NumChannels = 1;
+    d.Flags = CUDA_ARRAY3D_SPARSE;
+    CUresult r = cuArray3DCreate(&arrays[a], &d);
+    if (r) return r;
+    CUarrayMapInfo *m = &tiles[a];
+    memset(m, 0, sizeof *m);
+    m->resourceType = CU_RESOURCE_TYPE_ARRAY;
+    m->resource.array = arrays[a];
+    m->subresourceType = CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL;
+    m->subresource.sparseLevel.extentWidth = 1024;
+    m->subresource.sparseLevel.extentHeight = 1024;
+    m->subresource.sparseLevel.extentDepth = 1;
+    m->memOperationType = CU_MEM_OPERATION_TYPE_MAP;
+    m->memHandleType = CU_MEM_HANDLE_TYPE_GENERIC;
+    m->memHandle.memHandle = handles[i];
+    m->deviceBitMask = 1;
+    r = cuMemMapArrayAsync(m, 1, 0);
+    return r ? r : cuStreamSynchronize(0);
+}
+
+static CUresult mcbind(int m, int i, CUdeviceptr at) {
+    CUmulticastObjectProp p;
+    memset(&p, 0, sizeof p);
+    p.numDevices = 1;
+    p.size = sizes[i];
+    mc_sizes[m] = sizes[i];
+    CUresult r = cuMulticastCreate(&mcs[m], &p);
+    if (!r) r = cuMulticastAddDevice(mcs[m], 0);
+    if (r) return r;
+    return at ? cuMulticastBindAddr(mcs[m], 0, at, sizes[i], 0) : cuMulticastBindMem(mcs[m], 0, handles[i], 0, sizes[i], 0);
 }
 
 int main(int argc, char **argv) {
@@ -98,6 +149,31 @@ int main(int argc, char **argv) {
                 handles[i] = h;
             }
             printf("retain.%d=%s\nretain.%d.same=%d\n", i, cq_err(r), i, same);
+        } else if (sscanf(c, "sparse:%63[^:]:%63s", x, y) == 2) {
+            int a2 = slot(x);
+            printf("sparse.%d=%s\n", a2, cq_err(sparse(a2, slot(y))));
+        } else if (sscanf(c, "tileunmap:%63s", x) == 1) {
+            int a2 = slot(x);
+            tiles[a2].memOperationType = CU_MEM_OPERATION_TYPE_UNMAP;
+            tiles[a2].memHandle.memHandle = 0;
+            CUresult r = cuMemMapArrayAsync(&tiles[a2], 1, 0);
+            if (!r) r = cuStreamSynchronize(0);
+            printf("tileunmap.%d=%s\n", a2, cq_err(r));
+        } else if (sscanf(c, "arraydestroy:%63s", x) == 1) {
+            int a2 = slot(x);
+            printf("arraydestroy.%d=%s\n", a2, cq_err(cuArrayDestroy(arrays[a2])));
+        } else if (sscanf(c, "mcbind:%63[^:]:%63s", x, y) == 2) {
+            int m = slot(x);
+            printf("mcbind.%d=%s\n", m, cq_err(mcbind(m, slot(y), 0)));
+        } else if (sscanf(c, "mcbindaddr:%63[^:]:%63s", x, y) == 2) {
+            int m = slot(x), n = slot(y);
+            /* The mapping's handle slot: the one whose size matches is enough for these tests. */
+            int i = 0;
+            while (i < SLOTS && sizes[i] != map_sizes[n]) i++;
+            printf("mcbind.%d=%s\n", m, cq_err(i < SLOTS ? mcbind(m, i, maps[n]) : CUDA_ERROR_INVALID_VALUE));
+        } else if (sscanf(c, "mcunbind:%63s", x) == 1) {
+            int m = slot(x);
+            printf("mcunbind.%d=%s\n", m, cq_err(cuMulticastUnbind(mcs[m], 0, 0, mc_sizes[m])));
         } else if (sscanf(c, "alloc:%63s", x) == 1) {
             CUdeviceptr p = 0;
             printf("alloc=%s\n", cq_err(cuMemAlloc(&p, (size_t)cq_size(x))));

@@ -1,16 +1,23 @@
 //! CUDA graph memory nodes under a memory cap: graph launches that reserve graph-pool memory are admitted
 //! against the cap (refused → CUDA_ERROR_OUT_OF_MEMORY without calling the driver), the reservation is charged
-//! once and reused across launches, and trim / exec destruction return the charge.
+//! once and reused across launches, and trim / exec destruction return the charge. Alloc nodes inside child
+//! graphs (moved into the node, issue 21) and an exec updated from a graph with larger alloc nodes
+//! (`cuGraphExecUpdate`) are admitted the same way: before, the simulated GPU held 1536 MiB under a 1 GiB cap.
 
-use shim_tests::{compile_c, workspace_root, Output, Sim, MIB};
+use shim_tests::{compile_c, workspace_root, Output, Sim, GIB, MIB};
+use std::path::PathBuf;
 
-fn run(sim: &Sim, mode: &str) -> Output {
-    let exe = compile_c(
+fn probe() -> PathBuf {
+    compile_c(
         "graph_mem_probe",
         &workspace_root().join("shim-tests/c/graph_mem_probe.c"),
         &[],
-        &["-lcuda"],
-    );
+        &["-DCQ_DIRECT", "-lcuda", "-ldl"],
+    )
+}
+
+fn run(sim: &Sim, mode: &str) -> Output {
+    let exe = probe();
     let out = sim.cmd_path(exe).arg(mode).mem_limit("1g").run();
     assert_eq!(out.val("done"), "1", "{out:?}");
     assert_eq!(out.val("init"), "0", "{out:?}");
@@ -74,14 +81,57 @@ fn captured_allocation_is_charged_once_and_returned() {
 #[test]
 fn uncapped_graph_memory_passes_through() {
     let sim = Sim::new().build();
-    let exe = compile_c(
-        "graph_mem_probe",
-        &workspace_root().join("shim-tests/c/graph_mem_probe.c"),
-        &[],
-        &["-lcuda"],
-    );
-    let out = sim.cmd_path(exe).arg("explicit").run();
+    let out = sim.cmd_path(probe()).arg("explicit").run();
     assert_eq!(out.val("launch_a"), "0", "{out:?}");
     assert_eq!(out.val("launch_b"), "0", "{out:?}");
     assert_eq!(out.num("after_b.reserved"), 1200 * MIB, "{out:?}");
+}
+
+/// A child graph's alloc node (moved into the parent's node) is part of the parent exec's footprint: its
+/// 1536 MiB launch is refused under a 1 GiB cap, and the driver's graph pool shows it was not asked. Without a
+/// cap the same launch reserves it (the control: the path really takes memory).
+#[test]
+fn child_graph_alloc_nodes_are_admitted() {
+    let sim = Sim::new().build();
+    let out = run(&sim, "child");
+    out.assert_used_within(GIB);
+    assert_eq!(out.val("child_add"), "0", "{out:?}");
+    assert_eq!(out.val("instantiate"), "0", "{out:?}");
+    assert_eq!(
+        out.val("launch"),
+        "2",
+        "1536m under a 1g cap must be refused:{out:?}"
+    );
+    assert_eq!(out.num("launched.reserved"), 0, "{out:?}");
+
+    let sim = Sim::new().build();
+    let out = sim.cmd_path(probe()).arg("child").run();
+    assert_eq!(out.val("launch"), "0", "{out:?}");
+    assert_eq!(out.num("launched.reserved"), 1536 * MIB, "{out:?}");
+}
+
+/// An exec updated from a graph whose alloc node asks more (`cuGraphExecUpdate`) is admitted for the larger
+/// footprint; the same exec not updated (64 MiB) launches.
+#[test]
+fn an_exec_updated_to_larger_alloc_nodes_is_admitted_for_them() {
+    let sim = Sim::new().build();
+    let out = run(&sim, "update");
+    out.assert_used_within(GIB);
+    assert_eq!(out.val("update"), "0", "the simulator takes the update:{out:?}");
+    assert_eq!(
+        out.val("launch"),
+        "2",
+        "1536m under a 1g cap must be refused:{out:?}"
+    );
+    assert_eq!(out.num("launched.reserved"), 0, "{out:?}");
+
+    let sim = Sim::new().build();
+    let out = run(&sim, "small");
+    assert_eq!(out.val("launch"), "0", "{out:?}");
+    assert_eq!(out.num("launched.reserved"), 64 * MIB, "{out:?}");
+    assert_eq!(
+        out.num("built.free") - out.num("launched.free"),
+        64 * MIB,
+        "{out:?}"
+    );
 }

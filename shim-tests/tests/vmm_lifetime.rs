@@ -115,3 +115,57 @@ fn a_refused_unmap_or_release_keeps_the_charge_exact() {
     assert_eq!(out.nth_num("used", 1), 0, "{out:?}");
     exact(&out);
 }
+
+/// Issue 21: a handle bound to a sparse array's tile (`cuMemMapArrayAsync`) holds its memory as a mapping
+/// does: released, it stays charged while bound (before, 768 MiB more fitted beside the 512 MiB the GPU still
+/// held); the tile's unmap lets go of it, and then 768 MiB more fits (the control).
+#[test]
+fn a_released_handle_bound_to_a_sparse_array_stays_charged_until_unbound() {
+    let out = run(
+        "create:0:512m sparse:0:0 release:0 charged used alloc:768m charged used \
+         tileunmap:0 charged used alloc:768m charged used",
+    );
+    out.assert_used_within(GIB);
+    out.expect("sparse.0", OK)
+        .expect("release.0", OK)
+        .expect("tileunmap.0", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    assert_eq!(out.all("alloc"), vec![OOM, OK], "{out:?}");
+    out.assert_used_within(GIB);
+    exact(&out);
+}
+
+/// Destroying the sparse array unbinds its tiles: a released handle's memory goes with it.
+#[test]
+fn destroying_a_sparse_array_lets_go_of_what_was_bound_to_it() {
+    let out = run("create:0:512m sparse:0:0 release:0 arraydestroy:0 charged used alloc:768m charged used");
+    out.expect("arraydestroy.0", OK).expect("alloc", OK);
+    assert_eq!(out.nth_num("used", 0), 0, "{out:?}");
+    out.assert_used_within(GIB);
+    exact(&out);
+}
+
+/// Issue 21: memory bound to a multicast object (`cuMulticastBindMem`, or `cuMulticastBindAddr` of a mapped
+/// range then unmapped) stays charged after its handle is released, until `cuMulticastUnbind`.
+#[test]
+fn a_released_handle_bound_to_a_multicast_object_stays_charged_until_unbound() {
+    let out = run(
+        "create:0:512m mcbind:0:0 release:0 charged used alloc:768m charged used \
+         mcunbind:0 charged used alloc:768m charged used",
+    );
+    out.assert_used_within(GIB);
+    out.expect("mcbind.0", OK).expect("mcunbind.0", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    assert_eq!(out.all("alloc"), vec![OOM, OK], "{out:?}");
+    out.assert_used_within(GIB);
+    exact(&out);
+
+    let out =
+        run("create:0:512m map:0:0 mcbindaddr:0:0 release:0 unmap:0 charged used alloc:768m charged used");
+    out.assert_used_within(GIB);
+    out.expect("mcbind.0", OK).expect("unmap.0", OK);
+    assert_eq!(out.nth_num("used", 0), 512 * MIB, "{out:?}");
+    out.expect("alloc", OOM);
+    out.assert_used_within(GIB);
+    exact(&out);
+}

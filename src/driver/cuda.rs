@@ -53,6 +53,12 @@ macro_rules! cuda_functions {
             cuMemRelease @10020 (handle: CUmemGenericAllocationHandle) => memory::vmm_release(call, handle);
             cuMemMap @10020 (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64) => memory::vmm_map(call, ptr, size, handle);
             cuMemUnmap @10020 (ptr: CUdeviceptr, size: usize) => memory::vmm_unmap(call, ptr, size);
+            cuMemMapArrayAsync @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream) => memory::map_array_async(call, mapInfoList, count);
+            cuMemMapArrayAsync_ptsz @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream) => memory::map_array_async(call, mapInfoList, count);
+            cuMulticastCreate @12010 (mcHandle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp) => memory::multicast_create(call, mcHandle);
+            cuMulticastBindMem @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, Some(memHandle), 0, size);
+            cuMulticastBindAddr @12010 (mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64) => memory::multicast_bind(call, mcHandle, mcOffset, None, memptr, size);
+            cuMulticastUnbind @12010 (mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize) => memory::multicast_unbind(call, mcHandle, dev, mcOffset, size);
             cuMemRetainAllocationHandle @11000 (handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => memory::vmm_retain(call, handle);
             cuMemExportToShareableHandle @10020 (shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64) => memory::vmm_export(call, shareableHandle, handle, handleType);
             cuMemImportFromShareableHandle @10020 (handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType) => memory::vmm_import(real, handle, osHandle, shHandleType);
@@ -118,6 +124,10 @@ macro_rules! cuda_functions {
             cuGraphUpload_ptsz @11010 (hGraphExec: CUgraphExec, hStream: CUstream) => graph_memory::upload(call, hGraphExec);
             cuGraphExecDestroy @10000 (hGraphExec: CUgraphExec) => graph_memory::exec_destroy(call, hGraphExec);
             cuDeviceGraphMemTrim @11040 (device: CUdevice) => graph_memory::trim(call, device);
+            cuGraphExecUpdate_v2 @12000 (hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo) => graph_memory::exec_update(call, hGraphExec, hGraph);
+            cuGraphExecUpdate @10020 (hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult) => graph_memory::exec_update(call, hGraphExec, hGraph);
+            cuGraphExecChildGraphNodeSetParams @11010 (hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph) => graph_memory::exec_child_update(call, hGraphExec, childGraph);
+            cuGraphExecNodeSetParams @12020 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams) => graph_memory::exec_node_update(call, hGraphExec, nodeParams);
         ] helpers [
             cuDriverGetVersion @2020 (driverVersion: *mut c_int);
             cuDeviceGetCount @2000 (count: *mut c_int);
@@ -150,6 +160,7 @@ macro_rules! cuda_functions {
             cuGraphGetNodes @10000 (hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize);
             cuGraphNodeGetType @10000 (hNode: CUgraphNode, typ: *mut CUgraphNodeType);
             cuGraphMemAllocNodeGetParams @11040 (hNode: CUgraphNode, params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
+            cuGraphChildGraphNodeGetGraph @10000 (hNode: CUgraphNode, phGraph: *mut CUgraph);
             cuArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice);
             cuMipmappedArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice);
         ] }

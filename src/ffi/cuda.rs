@@ -56,6 +56,9 @@ c_aliases! { checked_aliases;
     pub type CUexecAffinityParam = c_void;
     pub type CUctxCreateParams = c_void;
     pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
+    pub type CUgraphExecUpdateResultInfo = c_void;
+    pub type CUgraphNodeParams = c_void;
+    pub type CUmulticastObjectProp = c_void;
     /// C enums (none has a negative value, so the ABI's type is `unsigned int`).
     pub type CUjit_option = c_uint;
     pub type CUlibraryOption = c_uint;
@@ -65,6 +68,7 @@ c_aliases! { checked_aliases;
     pub type CUdriverProcAddressQueryResult = c_uint;
     pub type CUgraphMem_attribute = c_uint;
     pub type CUgraphNodeType = c_uint;
+    pub type CUgraphExecUpdateResult = c_uint;
     pub type CUlimit = c_uint;
     pub type CUdevice_attribute = c_uint;
     pub type CUpointer_attribute = c_uint;
@@ -192,6 +196,22 @@ c_structs! { checked_structs;
         pub dptr: CUdeviceptr,
     }
 
+    /// `CUarrayMapInfo` (`cuMemMapArrayAsync`); the unions as their largest member's words.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUarrayMapInfo {
+        pub resourceType: c_uint,
+        pub resource: *mut c_void,
+        pub subresourceType: c_uint,
+        pub subresource: [u64; 4],
+        pub memOperationType: c_uint,
+        pub memHandleType: c_uint,
+        pub memHandle: CUmemGenericAllocationHandle,
+        pub offset: u64,
+        pub deviceBitMask: c_uint,
+        pub flags: c_uint,
+        pub reserved: [c_uint; 2],
+    }
+
     /// `CUlaunchConfig` (`cuLaunchKernelEx`).
     #[derive(Clone, Copy, Debug)]
     pub struct CUlaunchConfig {
@@ -233,6 +253,9 @@ c_consts! { checked_consts;
     CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
     CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute = 0;
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
+    CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType = 4;
+    CU_MEM_OPERATION_TYPE_MAP: c_uint = 1;
+    CU_MEM_OPERATION_TYPE_UNMAP: c_uint = 2;
     CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
     CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
     /// Event flags: `cuEventSynchronize` sleeps instead of spinning; no timestamps (cheaper).
@@ -241,6 +264,12 @@ c_consts! { checked_consts;
     CU_LIMIT_STACK_SIZE: CUlimit = 0x00;
     CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 0x01;
     CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 0x02;
+    CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: CUlimit = 0x04;
+    CU_LIMIT_MAX_L2_FETCH_GRANULARITY: CUlimit = 0x05;
+    CU_LIMIT_PERSISTING_L2_CACHE_SIZE: CUlimit = 0x06;
+    CU_LIMIT_SHMEM_SIZE: CUlimit = 0x07;
+    CU_LIMIT_CIG_ENABLED: CUlimit = 0x08;
+    CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: CUlimit = 0x09;
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute = 9;
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute = 16;
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute = 39;

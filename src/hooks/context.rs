@@ -133,36 +133,52 @@ pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice,
     r
 }
 
-/// `cuCtxSetLimit`: the stack size (per thread, for every thread the device can hold), the printf FIFO and the
-/// malloc heap reserve device memory in the current context. Raising one is admitted against the cap first
-/// (`CUDA_ERROR_OUT_OF_MEMORY` over it, the driver not asked), then the overhead is re-measured.
+/// `cuCtxSetLimit`: the stack size (per thread, for every thread the device can hold), the printf FIFO, the
+/// malloc heap and the device runtime's pending-launch buffer (and its sync depth on older GPUs) reserve device
+/// memory in the current context. Raising one is admitted against the cap first (`CUDA_ERROR_OUT_OF_MEMORY`
+/// over it, the driver not asked) by an estimate where the size is known (stack, FIFO, heap; the others' cost
+/// per unit is the driver's own, so nothing), then the overhead is re-measured: a raised limit whose
+/// reservation does not fit is set back and refused. Any limit this list does not know is treated so too.
 pub fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, value: usize) -> CUresult {
-    if limit > CU_LIMIT_MALLOC_HEAP_SIZE {
+    // Cache hints and query-only values: no device memory.
+    if matches!(
+        limit,
+        CU_LIMIT_MAX_L2_FETCH_GRANULARITY
+            | CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+            | CU_LIMIT_SHMEM_SIZE
+            | CU_LIMIT_CIG_ENABLED
+            | CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED
+    ) {
         return call();
     }
     let Some(dev) = s.devices.current(&s.cuda) else {
         return call();
     };
     let bytes = |v: usize| -> u64 {
-        if limit != CU_LIMIT_STACK_SIZE {
-            return v as u64;
+        match limit {
+            CU_LIMIT_PRINTF_FIFO_SIZE | CU_LIMIT_MALLOC_HEAP_SIZE => v as u64,
+            CU_LIMIT_STACK_SIZE => {
+                let attr = |a: CUdevice_attribute| {
+                    let mut n: c_int = 0;
+                    // SAFETY: valid out-pointer.
+                    let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
+                    (ok && n > 0).then_some(n as u64)
+                };
+                // Unknown: as many as today's largest GPUs hold (fail towards charging).
+                let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
+                let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
+                (v as u64).saturating_mul(sms * threads)
+            }
+            _ => 0,
         }
-        let attr = |a: CUdevice_attribute| {
-            let mut n: c_int = 0;
-            // SAFETY: valid out-pointer.
-            let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
-            (ok && n > 0).then_some(n as u64)
-        };
-        // Unknown: as many as today's largest GPUs hold (fail towards charging).
-        let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
-        let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
-        (v as u64).saturating_mul(sms * threads)
     };
     let mut cur: usize = 0;
     // SAFETY: valid out-pointer; a failed query leaves 0 (the whole new reservation is admitted).
-    unsafe { s.cuda.cuCtxGetLimit(&mut cur, limit) };
+    let known = unsafe { s.cuda.cuCtxGetLimit(&mut cur, limit) }.ok();
     let growth = bytes(value).saturating_sub(bytes(cur));
-    s.mem.setting_limit(&s.nvml, dev, growth, call)
+    // SAFETY: setting the limit back to the value it had.
+    let undo = (known && value > cur).then_some(|| unsafe { s.cuda.cuCtxSetLimit(limit, cur) });
+    s.mem.setting_limit(&s.nvml, dev, growth, call, undo)
 }
 
 /// `cuModuleLoad`, `cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`.

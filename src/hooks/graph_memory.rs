@@ -11,27 +11,55 @@
 
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
+use crate::log::{log, Level};
 use crate::memory::Admitted;
 use crate::state::Shim;
 
-/// Per device, what the alloc nodes of `graph` add up to (granularity-rounded); empty without alloc nodes or
-/// when the driver cannot list them.
-fn footprint(s: &Shim, graph: CUgraph) -> Vec<(Dev, u64)> {
+/// Child graphs nested deeper than this are not walked (fail closed: such a graph's instantiation is refused).
+const MAX_DEPTH: u32 = 64;
+
+/// Per device, what the alloc nodes of `graph` and of its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may
+/// hold memory nodes when moved into the node) add up to, granularity-rounded; empty without alloc nodes.
+/// `None`: the driver could not list a graph, or the nesting is deeper than [`MAX_DEPTH`].
+fn footprint(s: &Shim, graph: CUgraph) -> Option<Vec<(Dev, u64)>> {
     let mut out: Vec<(Dev, u64)> = Vec::new();
+    walk(s, graph, 0, &mut out).then_some(out)
+}
+
+fn walk(s: &Shim, graph: CUgraph, depth: u32, out: &mut Vec<(Dev, u64)>) -> bool {
+    if depth > MAX_DEPTH {
+        return false;
+    }
     let mut n: usize = 0;
     // SAFETY: valid out-pointer; NULL node array asks for the count.
-    if !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() || n == 0 {
-        return out;
+    if !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
+        return false;
+    }
+    if n == 0 {
+        return true;
     }
     let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
     // SAFETY: `nodes` holds `n` entries.
     if !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
-        return out;
+        return false;
     }
     for &node in nodes.iter().take(n) {
         let mut ty = CUgraphNodeType::MAX;
         // SAFETY: valid out-pointer.
-        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() || ty != CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
+            continue;
+        }
+        if ty == CU_GRAPH_NODE_TYPE_GRAPH {
+            let mut child: CUgraph = std::ptr::null_mut();
+            // SAFETY: valid out-pointer.
+            if !unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok()
+                || !walk(s, child, depth + 1, out)
+            {
+                return false;
+            }
+            continue;
+        }
+        if ty != CU_GRAPH_NODE_TYPE_MEM_ALLOC {
             continue;
         }
         // SAFETY: zeroed is a valid value of this plain C struct.
@@ -53,7 +81,7 @@ fn footprint(s: &Shim, graph: CUgraph) -> Vec<(Dev, u64)> {
             None => out.push((dev, bytes)),
         }
     }
-    out
+    true
 }
 
 /// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
@@ -70,10 +98,99 @@ pub unsafe fn instantiate(
     let r = call();
     if r.ok() && !pexec.is_null() {
         // SAFETY: written by the driver on success.
-        let exec = unsafe { *pexec } as usize;
-        s.mem.graph.set_exec(exec, footprint(s, graph));
+        let exec = unsafe { *pexec };
+        let Some(fp) = footprint(s, graph) else {
+            // Memory nodes we cannot see would escape the cap: refuse the exec (fail closed).
+            // SAFETY: destroying the exec the driver just made.
+            unsafe { s.cuda.cuGraphExecDestroy(exec) };
+            return CUresult::ERROR_NOT_SUPPORTED;
+        };
+        s.mem.graph.set_exec(exec as usize, fp);
     }
     r
+}
+
+/// `cuGraphExecUpdate` (`_v2`, and the 10.2 form): the exec now runs `graph`'s parameters, alloc nodes' sizes
+/// included if the driver takes them; its footprint becomes, per device, the larger of the old and the new
+/// (whichever the driver kept, the launch is admitted for it). The graph is walked before the call: one whose
+/// memory nodes cannot be listed (nested past [`MAX_DEPTH`], or not a graph) is refused, as at instantiation.
+pub fn exec_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec, graph: CUgraph) -> CUresult {
+    let Some(fp) = walked(s, "cuGraphExecUpdate", exec, graph) else {
+        return CUresult::ERROR_NOT_SUPPORTED;
+    };
+    let r = call();
+    if r.ok() {
+        s.mem.graph.merge_exec(exec as usize, &fp, false);
+    }
+    r
+}
+
+/// `cuGraphExecChildGraphNodeSetParams`: a child graph node of the exec takes `child`'s parameters. cuda.h
+/// allows no memory nodes there (the child is cloned); if a driver took some, they are added to the footprint.
+pub fn exec_child_update(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    exec: CUgraphExec,
+    child: CUgraph,
+) -> CUresult {
+    let Some(fp) = walked(s, "cuGraphExecChildGraphNodeSetParams", exec, child) else {
+        return CUresult::ERROR_NOT_SUPPORTED;
+    };
+    let r = call();
+    if r.ok() {
+        s.mem.graph.merge_exec(exec as usize, &fp, true);
+    }
+    r
+}
+
+/// `cuGraphExecNodeSetParams`: as [`exec_child_update`] for a child graph node (cuda.h refuses the call for
+/// memory nodes).
+///
+/// # Safety
+/// `params` as the driver's contract says.
+pub unsafe fn exec_node_update(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    exec: CUgraphExec,
+    params: *mut CUgraphNodeParams,
+) -> CUresult {
+    let child = if params.is_null() {
+        None
+    } else {
+        // SAFETY: `CUgraphNodeParams` starts with its `CUgraphNodeType type` and holds its union at offset
+        // 16, whose child-graph member starts with the `CUgraph` (cuda.h; checked by the driver list's
+        // signature test only as a pointer, so read as such).
+        unsafe {
+            let p = params.cast::<u8>();
+            (p.cast::<CUgraphNodeType>().read_unaligned() == CU_GRAPH_NODE_TYPE_GRAPH)
+                .then(|| p.add(16).cast::<CUgraph>().read_unaligned())
+        }
+    };
+    let Some(child) = child else {
+        return call();
+    };
+    let Some(fp) = walked(s, "cuGraphExecNodeSetParams", exec, child) else {
+        return CUresult::ERROR_NOT_SUPPORTED;
+    };
+    let r = call();
+    if r.ok() {
+        s.mem.graph.merge_exec(exec as usize, &fp, true);
+    }
+    r
+}
+
+/// `graph`'s footprint, walked before `what` gives its memory nodes to `exec`; `None` (logged): the update is
+/// refused, as an instantiation would be (fail closed: an exec whose footprint is unknown is never launched).
+fn walked(s: &Shim, what: &str, exec: CUgraphExec, graph: CUgraph) -> Option<Vec<(Dev, u64)>> {
+    let fp = footprint(s, graph);
+    if fp.is_none() {
+        log!(
+            Level::Error,
+            "{what} of graph exec {exec:p} refused: the memory nodes of graph {graph:p} cannot be listed \
+             (child graphs nested deeper than {MAX_DEPTH}, or not a graph), so the memory cap could not be kept"
+        );
+    }
+    fp
 }
 
 /// Upload or launch of an exec with alloc nodes: admit what its footprint may add, call, settle to the truth.

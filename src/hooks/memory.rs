@@ -20,7 +20,7 @@ use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::ledger::{Kind, Record, Space};
 use crate::memory::shared::{self, Closed, Export, Hold};
-use crate::memory::vmm::Release;
+use crate::memory::vmm::{BindKey, Obj, Release, Unmapped};
 use crate::state::Shim;
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -724,7 +724,8 @@ pub unsafe fn vmm_create(
     r
 }
 
-/// `cuMemRelease`: one reference fewer; the charge goes with the last one of an unmapped allocation.
+/// `cuMemRelease`: one reference fewer; the charge goes with the last one of an unmapped allocation (a
+/// multicast object's bindings with its own).
 pub fn vmm_release(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
@@ -733,17 +734,21 @@ pub fn vmm_release(
     match s.mem.vmm.release(handle) {
         Release::Untracked => tracked_free(s, Space::Vmm, handle, None, call),
         Release::Last => {
-            let rec = s.mem.ledger.remove(Space::Vmm, handle);
-            let r = call();
-            if r.ok() {
-                vmm_gone(s, handle, rec);
-            } else {
-                if let Some(rec) = rec {
-                    s.mem.ledger.insert(Space::Vmm, handle, rec);
+            // A multicast object's last reference unbinds what was bound to it.
+            let u = s.mem.vmm.released_multicast(handle);
+            unmapping(s, u, || {
+                let rec = s.mem.ledger.remove(Space::Vmm, handle);
+                let r = call();
+                if r.ok() {
+                    vmm_gone(s, handle, rec);
+                } else {
+                    if let Some(rec) = rec {
+                        s.mem.ledger.insert(Space::Vmm, handle, rec);
+                    }
+                    s.mem.vmm.undo_release(handle, Release::Last);
                 }
-                s.mem.vmm.undo_release(handle, Release::Last);
-            }
-            r
+                r
+            })
         }
         was @ (Release::Kept | Release::Again) => {
             let r = call();
@@ -878,6 +883,9 @@ pub unsafe fn vmm_export(
     handle_type: c_uint,
 ) -> CUresult {
     let r = call();
+    if r.ok() {
+        s.mem.vmm.exported(handle);
+    }
     if !r.ok() || shareable.is_null() || s.mem.shared.vmm_exported(handle) {
         return r;
     }
@@ -961,6 +969,12 @@ pub unsafe fn vmm_import(
 /// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
 pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
     let u = s.mem.vmm.unmap(ptr, size as u64);
+    unmapping(s, u, call)
+}
+
+/// Runs `call`, which undoes the mappings or bindings `u` took: the memory that goes with them stops being
+/// charged if the driver says yes; they are put back if it refuses.
+fn unmapping(s: &Shim, u: Unmapped, call: impl FnOnce() -> CUresult) -> CUresult {
     // Records leave the ledger before the call, as in `tracked_free`: once the memory is gone the driver may
     // hand the handle value out again.
     let gone: Vec<(u64, Record)> = u
@@ -985,6 +999,145 @@ pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, si
         s.mem.vmm.undo_unmap(u);
     }
     r
+}
+
+/// Handles whose memory went with a binding the driver replaced.
+fn gone_now(s: &Shim, dead: Vec<u64>) {
+    for h in dead {
+        let rec = s.mem.ledger.remove(Space::Vmm, h);
+        vmm_gone(s, h, rec);
+    }
+}
+
+/// The binding key of a sparse array's tile or mip tail.
+fn tile_key(m: &CUarrayMapInfo) -> BindKey {
+    BindKey {
+        obj: Obj::Array(m.resource as u64),
+        dev: m.deviceBitMask as i64,
+        off: m.subresourceType as u64,
+        rest: m.subresource,
+    }
+}
+
+/// Most entries of one `cuMemMapArrayAsync` list the shim copies (about 6 MiB); a longer list is refused.
+const MAX_MAP_ENTRIES: c_uint = 1 << 16;
+
+/// `cuMemMapArrayAsync` (+ `_ptsz`): a VMM handle bound to a sparse array's tile holds its memory as a mapping
+/// does (a released handle stays charged while bound); an unmap entry lets go of it. cuda.h does not promise
+/// a failed list changed nothing: on failure its map entries stay charged as bound and its unmap entries as
+/// not undone (fail closed, until an unmap of the same tile or the array's destruction).
+///
+/// # Safety
+/// `list` holds `count` entries, as the driver's contract says.
+pub unsafe fn map_array_async(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    list: *mut CUarrayMapInfo,
+    count: c_uint,
+) -> CUresult {
+    if list.is_null() || count == 0 {
+        return call();
+    }
+    if count > MAX_MAP_ENTRIES {
+        log!(
+            Level::Error,
+            "cuMemMapArrayAsync refused: {count} entries in one list, more than cuquota follows \
+             ({MAX_MAP_ENTRIES}); split the list"
+        );
+        return CUresult::ERROR_INVALID_VALUE;
+    }
+    // SAFETY: `count` entries per the contract (bounded above); copied before the call.
+    let entries: Vec<CUarrayMapInfo> = unsafe { std::slice::from_raw_parts(list, count as usize) }.to_vec();
+    let unmaps: Vec<BindKey> = entries
+        .iter()
+        .filter(|m| m.memOperationType == CU_MEM_OPERATION_TYPE_UNMAP)
+        .map(tile_key)
+        .collect();
+    let u = s.mem.vmm.unbind(|k| unmaps.contains(k));
+    let r = unmapping(s, u, call);
+    for m in entries
+        .iter()
+        .filter(|m| m.memOperationType == CU_MEM_OPERATION_TYPE_MAP)
+    {
+        if r.ok() {
+            gone_now(s, s.mem.vmm.bound(tile_key(m), m.memHandle));
+        } else {
+            s.mem.vmm.maybe_bound(tile_key(m), m.memHandle);
+        }
+    }
+    r
+}
+
+/// The binding key of a multicast range on the device that holds the memory: an unbind names the same
+/// offset and size (cuda.h).
+fn multicast_key(mc: CUmemGenericAllocationHandle, dev: CUdevice, mc_offset: usize, size: usize) -> BindKey {
+    BindKey {
+        obj: Obj::Multicast(mc),
+        dev: dev as i64,
+        off: mc_offset as u64,
+        rest: [size as u64, 0, 0, 0],
+    }
+}
+
+/// `cuMulticastCreate`: the object's references and mappings are followed as a VMM handle's, so that its
+/// last release lets go of what is bound to it.
+///
+/// # Safety
+/// `mc` as the driver's contract says (written on success).
+pub unsafe fn multicast_create(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    mc: *mut CUmemGenericAllocationHandle,
+) -> CUresult {
+    let r = call();
+    if r.ok() && !mc.is_null() {
+        // SAFETY: non-NULL, written by the driver on success.
+        s.mem.vmm.multicast_created(unsafe { *mc });
+    }
+    r
+}
+
+/// `cuMulticastBindMem` (`mem`) and `cuMulticastBindAddr` (the handle this process mapped at `memptr`): the
+/// bound memory stays charged while bound, its handle released or not.
+pub fn multicast_bind(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    mc: CUmemGenericAllocationHandle,
+    mc_offset: usize,
+    mem: Option<CUmemGenericAllocationHandle>,
+    memptr: CUdeviceptr,
+    size: usize,
+) -> CUresult {
+    let r = call();
+    if !r.ok() {
+        return r;
+    }
+    let Some(h) = mem.or_else(|| s.mem.vmm.handle_at(memptr)) else {
+        return r;
+    };
+    // SAFETY: plain data the driver fills in on success.
+    let mut prop: CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: valid out-pointer; a handle the driver just bound.
+    let on = unsafe { s.cuda.cuMemGetAllocationPropertiesFromHandle(&mut prop, h) };
+    // Unknown device: no unbind names it, the binding stays charged until the object goes (fail closed).
+    let dev = if on.ok() { prop.location.id } else { -1 };
+    gone_now(s, s.mem.vmm.bound(multicast_key(mc, dev, mc_offset, size), h));
+    r
+}
+
+/// `cuMulticastUnbind`: the binding of `dev`'s memory at exactly (`mc_offset`, `size`) lets go (cuda.h: they
+/// must match the bind's; the driver unbinds nothing else).
+pub fn multicast_unbind(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    mc: CUmemGenericAllocationHandle,
+    dev: CUdevice,
+    mc_offset: usize,
+    size: usize,
+) -> CUresult {
+    let key = multicast_key(mc, dev, mc_offset, size);
+    let u = s.mem.vmm.unbind(|k| *k == key);
+    unmapping(s, u, call)
 }
 
 // ---- arrays -------------------------------------------------------------------------------------------------
@@ -1064,13 +1217,20 @@ fn array_alloc<D: ArrayDesc>(
     let (w, h, d, format, channels, flags) = unsafe { *desc }.dims();
     let est = array_estimate(w, h, d, format, channels, flags, levels);
     let est = s.devices.round(&s.cuda, dev, est);
+    // A sparse or deferred-mapping array's requirements are what its bound VMM allocations (charged at
+    // `cuMemCreate`) will back: the array itself holds nothing.
+    let backed = flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0;
     charged_call(s, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let handle = unsafe { *pHandle };
         let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();
-        let exact = exact(handle, dev.ordinal, &mut req)
-            .ok()
-            .then(|| s.devices.round(&s.cuda, dev, req.size as u64));
+        let exact = if backed {
+            Some(0)
+        } else {
+            exact(handle, dev.ordinal, &mut req)
+                .ok()
+                .then(|| s.devices.round(&s.cuda, dev, req.size as u64))
+        };
         Some((space, handle as u64, exact))
     })
 }
@@ -1108,12 +1268,20 @@ pub unsafe fn mipmapped_create(
     })
 }
 
-/// `cuArrayDestroy`.
+/// `cuArrayDestroy`: what was bound to a sparse array's tiles goes with it.
 pub fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
-    tracked_free(s, Space::Array, h as u64, None, call)
+    if !s.mem.vmm.has_binds() {
+        return tracked_free(s, Space::Array, h as u64, None, call);
+    }
+    let u = s.mem.vmm.unbind(|k| k.obj == Obj::Array(h as u64));
+    unmapping(s, u, || tracked_free(s, Space::Array, h as u64, None, call))
 }
 
-/// `cuMipmappedArrayDestroy`.
+/// `cuMipmappedArrayDestroy`: as `cuArrayDestroy`.
 pub fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
-    tracked_free(s, Space::Mipmapped, h as u64, None, call)
+    if !s.mem.vmm.has_binds() {
+        return tracked_free(s, Space::Mipmapped, h as u64, None, call);
+    }
+    let u = s.mem.vmm.unbind(|k| k.obj == Obj::Array(h as u64));
+    unmapping(s, u, || tracked_free(s, Space::Mipmapped, h as u64, None, call))
 }

@@ -363,12 +363,15 @@ impl Memory {
     /// `cuCtxSetLimit` of a memory-backed limit on `dev` whose reservation grows by about `growth` bytes: the
     /// growth is admitted as overhead before the driver is asked (over the cap: `CUDA_ERROR_OUT_OF_MEMORY`, the
     /// driver not called); once it answered, NVML's figure replaces the estimate (a lowered limit shrinks it).
+    /// A raised limit (`undo` given: it restores the old value) whose measured reservation does not fit, the
+    /// estimate being short, is undone and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
     pub fn setting_limit(
         &self,
         nvml: &Nvml,
         dev: Dev,
         growth: u64,
         call: impl FnOnce() -> CUresult,
+        undo: Option<impl FnOnce() -> CUresult>,
     ) -> CUresult {
         let inflight = &self.holdings.inflight[dev.id.index()];
         if growth > 0 {
@@ -385,7 +388,7 @@ impl Memory {
         }
         let r = call();
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
-        let _g = self.overhead_lock.lock();
+        let g = self.overhead_lock.lock();
         if growth > 0 {
             let _ = inflight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
                 Some(v.saturating_sub(growth))
@@ -395,10 +398,31 @@ impl Memory {
             Some(used) => {
                 let target = used.saturating_sub(self.allocated(dev).saturating_add(lingering))
                     + self.holdings.inflight(dev);
-                let _ = self.set_overhead_locked(dev, target, false);
+                let admit = r.ok() && undo.is_some();
+                if self.set_overhead_locked(dev, target, admit).is_err() {
+                    drop(g);
+                    if let Some(undo) = undo {
+                        let u = undo();
+                        log!(
+                            Level::Warn,
+                            "device {}: a raised context limit reserved more than fits under the cap; set back ({u:?})",
+                            dev.ordinal
+                        );
+                    }
+                    let _ = self.measure(nvml, dev, false);
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
             }
             None if !r.ok() => {
                 let _ = self.set_overhead_locked(dev, self.overhead(dev).saturating_sub(growth), false);
+            }
+            // A raise with no estimate that NVML cannot measure would go uncharged: set back (fail closed).
+            None if growth == 0 && undo.is_some() && self.limit(dev).is_some() => {
+                drop(g);
+                if let Some(undo) = undo {
+                    let _ = undo();
+                }
+                return CUresult::ERROR_OUT_OF_MEMORY;
             }
             None => {}
         }

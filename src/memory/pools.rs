@@ -141,6 +141,23 @@ impl GraphMem {
         self.footprints.lock().remove(&exec);
     }
 
+    /// An exec's memory nodes changed (`cuGraphExecUpdate`, a child graph node's new parameters): per device,
+    /// `fp` is added to its footprint (`add`) or replaces it where larger.
+    pub fn merge_exec(&self, exec: usize, fp: &[(Dev, u64)], add: bool) {
+        if fp.is_empty() {
+            return;
+        }
+        let mut cur = self.footprint(exec).unwrap_or_default();
+        for &(dev, bytes) in fp {
+            match cur.iter_mut().find(|e| e.0 == dev) {
+                Some(e) if add => e.1 = e.1.saturating_add(bytes),
+                Some(e) => e.1 = e.1.max(bytes),
+                None => cur.push((dev, bytes)),
+            }
+        }
+        self.set_exec(exec, cur);
+    }
+
     /// The footprint of an exec with alloc nodes.
     pub fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
         self.footprints.lock().get(&exec).cloned()

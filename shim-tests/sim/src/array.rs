@@ -123,7 +123,11 @@ pub(crate) struct Mipmap {
 pub(crate) fn create(o: &mut Objects, sim: &Sim, desc: Array3DDescriptor) -> CuResult<u64> {
     let ctx = crate::context::current(o, sim)?;
     let (_, phys) = crate::context::device_of(o, ctx)?;
-    let bytes = array_bytes(&desc, sim.cfg.granularity)?;
+    let mut bytes = array_bytes(&desc, sim.cfg.granularity)?;
+    if desc.flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0 {
+        // Backed later by VMM allocations bound with cuMemMapArrayAsync.
+        bytes = 0;
+    }
     sim.charge(phys, bytes)?;
     let h = new_handle(Kind::Array);
     o.arrays.insert(
@@ -147,6 +151,8 @@ pub(crate) fn destroy(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()> {
     }
     let a = o.arrays.remove(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     sim.uncharge(a.phys, a.bytes);
+    // What was bound to its tiles is unbound with it.
+    crate::vmm::unbind_where(o, sim, |k| k.0 == h);
     Ok(())
 }
 
@@ -159,7 +165,11 @@ pub(crate) fn mipmap_create(
 ) -> CuResult<u64> {
     let ctx = crate::context::current(o, sim)?;
     let (_, phys) = crate::context::device_of(o, ctx)?;
-    let bytes = mipmap_bytes(&desc, levels, sim.cfg.granularity)?;
+    let mut bytes = mipmap_bytes(&desc, levels, sim.cfg.granularity)?;
+    if desc.flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0 {
+        // As a sparse array: backed later by VMM allocations bound with cuMemMapArrayAsync.
+        bytes = 0;
+    }
     sim.charge(phys, bytes)?;
     let h = new_handle(Kind::Mipmap);
     o.mipmaps.insert(
@@ -221,6 +231,8 @@ pub(crate) fn mipmap_destroy(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()>
         o.arrays.remove(&a);
     }
     sim.uncharge(m.phys, m.bytes);
+    // What was bound to its tiles and mip tail is unbound with it.
+    crate::vmm::unbind_where(o, sim, |k| k.0 == h);
     Ok(())
 }
 

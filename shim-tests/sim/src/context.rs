@@ -25,13 +25,16 @@ pub(crate) struct Context {
     /// The context's default (NULL / legacy) stream.
     pub null_stream: u64,
     /// Stack size, printf FIFO and malloc heap (`CU_LIMIT_*` 0–2) as set with cuCtxSetLimit.
-    pub limits: [usize; 3],
+    pub limits: [usize; 5],
     /// Device memory those limits reserve beyond their defaults (which the context overhead covers).
     pub limit_bytes: u64,
 }
 
 /// Defaults of `CU_LIMIT_STACK_SIZE`, `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE`.
-pub(crate) const DEFAULT_LIMITS: [usize; 3] = [1024, 1 << 20, 8 << 20];
+/// Stack size, printf FIFO, malloc heap, device-runtime sync depth, pending launch count.
+pub(crate) const DEFAULT_LIMITS: [usize; 5] = [1024, 1 << 20, 8 << 20, 2, 2048];
+/// Device memory one pending device-runtime launch reserves (the simulator's figure).
+const PENDING_LAUNCH_BYTES: u64 = 2048;
 
 /// A device's primary context.
 pub(crate) struct Primary {
@@ -169,14 +172,22 @@ fn deactivate(o: &mut Objects, sim: &Sim, h: u64) {
 }
 
 /// Device memory the memory-backed limits reserve beyond their defaults: the stack for every thread the device
-/// can hold (SMs × 2048, `MAX_THREADS_PER_MULTIPROCESSOR`), the printf FIFO and the malloc heap.
-fn limit_bytes(limits: &[usize; 3], sms: u64) -> u64 {
-    let bytes = |l: &[usize; 3]| [l[0] as u64 * sms * 2048, l[1] as u64, l[2] as u64];
+/// can hold (SMs × 2048, `MAX_THREADS_PER_MULTIPROCESSOR`), the printf FIFO, the malloc heap and the buffer of
+/// pending device-runtime launches (the sync depth reserves nothing here).
+fn limit_bytes(limits: &[usize; 5], sms: u64) -> u64 {
+    let bytes = |l: &[usize; 5]| {
+        [
+            l[0] as u64 * sms * 2048,
+            l[1] as u64,
+            l[2] as u64,
+            (l[4] as u64).saturating_mul(PENDING_LAUNCH_BYTES),
+        ]
+    };
     let (now, base) = (bytes(limits), bytes(&DEFAULT_LIMITS));
     now.iter().zip(base).map(|(n, b)| n.saturating_sub(b)).sum()
 }
 
-/// cuCtxSetLimit of a memory-backed limit (0–2) on the current context: the reservation grows or shrinks with
+/// cuCtxSetLimit of a memory-backed limit (0–4) on the current context: the reservation grows or shrinks with
 /// it, and a reservation the device cannot hold fails with CUDA_ERROR_OUT_OF_MEMORY (the limit unchanged).
 pub(crate) fn set_memory_limit(o: &mut Objects, sim: &Sim, limit: usize, value: usize) -> CuResult<()> {
     let h = current(o, sim)?;
@@ -194,7 +205,7 @@ pub(crate) fn set_memory_limit(o: &mut Objects, sim: &Sim, limit: usize, value: 
     Ok(())
 }
 
-/// The current context's value of memory-backed limit `limit` (0–2).
+/// The current context's value of memory-backed limit `limit` (0–4).
 pub(crate) fn memory_limit(o: &mut Objects, sim: &Sim, limit: usize) -> CuResult<usize> {
     let h = current(o, sim)?;
     Ok(o.contexts.get(&h).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.limits[limit])

@@ -40,6 +40,8 @@ pub(crate) enum NodeKind {
     },
     /// Frees a graph allocation.
     MemFree(u64),
+    /// Runs a child graph, which the node owns (cloned into it, or moved there with its memory nodes).
+    Child(u64),
 }
 
 /// A node.
@@ -56,6 +58,8 @@ pub(crate) struct Graph {
 
 /// An executable graph.
 pub(crate) struct GraphExec {
+    /// The node types of the graph it was instantiated from, child graphs included (what an update must match).
+    pub shape: Vec<u32>,
     pub ctx: u64,
     pub kernels: Vec<KernelLaunch>,
     /// Captured copies, in capture order; run at launch before the kernels (kernels compute nothing, so the
@@ -100,12 +104,10 @@ pub(crate) fn add_node(o: &mut Objects, graph: u64, deps: &[u64], kind: NodeKind
 pub(crate) fn destroy(o: &mut Objects, graph: u64) -> CuResult<()> {
     let g = o.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     for n in g.nodes {
-        if let Some(GraphNode {
-            kind: NodeKind::MemAlloc { ptr, .. },
-            ..
-        }) = o.nodes.remove(&n)
-        {
-            crate::graph_mem::release_va(o, ptr);
+        match o.nodes.remove(&n).map(|n| n.kind) {
+            Some(NodeKind::MemAlloc { ptr, .. }) => crate::graph_mem::release_va(o, ptr),
+            Some(NodeKind::Child(c)) => destroy(o, c)?,
+            _ => {}
         }
     }
     Ok(())
@@ -118,58 +120,128 @@ pub(crate) fn exec_destroy(o: &mut Objects, sim: &Sim, exec: u64) -> CuResult<()
     Ok(())
 }
 
-/// cuGraphInstantiate: snapshots the kernel nodes for the current context.
+/// What an exec runs, flattened from a graph and its child graphs.
+#[derive(Default)]
+pub(crate) struct Flat {
+    pub shape: Vec<u32>,
+    pub kernels: Vec<KernelLaunch>,
+    pub copies: Vec<CopyNode>,
+    pub mem_allocs: Vec<u64>,
+    pub mem_frees: Vec<u64>,
+}
+
+/// The node type a node reports (cuGraphNodeGetType).
+pub(crate) fn node_type(k: &NodeKind) -> u32 {
+    match k {
+        NodeKind::Kernel(_) => CU_GRAPH_NODE_TYPE_KERNEL,
+        NodeKind::Memcpy(_) => CU_GRAPH_NODE_TYPE_MEMCPY,
+        NodeKind::Empty => CU_GRAPH_NODE_TYPE_EMPTY,
+        NodeKind::MemAlloc { .. } => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+        NodeKind::MemFree(_) => CU_GRAPH_NODE_TYPE_MEM_FREE,
+        NodeKind::Child(_) => CU_GRAPH_NODE_TYPE_GRAPH,
+    }
+}
+
+/// Flattens `graph` (its child graphs in place of their nodes).
+pub(crate) fn flatten(o: &Objects, graph: u64, f: &mut Flat) -> CuResult<()> {
+    let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    for n in &g.nodes {
+        let Some(node) = o.nodes.get(n) else { continue };
+        f.shape.push(node_type(&node.kind));
+        match node.kind {
+            NodeKind::Kernel(k) => f.kernels.push(k),
+            NodeKind::Memcpy(c) => f.copies.push(c),
+            NodeKind::MemAlloc { ptr, .. } => f.mem_allocs.push(ptr),
+            NodeKind::MemFree(p) => f.mem_frees.push(p),
+            NodeKind::Child(c) => flatten(o, c, f)?,
+            NodeKind::Empty => {}
+        }
+    }
+    Ok(())
+}
+
+/// Whether `graph` (or a child graph of it) has memory alloc or free nodes.
+pub(crate) fn has_memory_nodes(o: &Objects, graph: u64) -> CuResult<bool> {
+    let mut f = Flat::default();
+    flatten(o, graph, &mut f)?;
+    Ok(!f.mem_allocs.is_empty() || !f.mem_frees.is_empty())
+}
+
+/// A copy of `graph` (cuGraphAddChildGraphNode clones): kernel, copy and empty nodes, child graphs cloned in
+/// turn. Graphs with memory nodes cannot be cloned (cuda.h): CUDA_ERROR_INVALID_VALUE.
+pub(crate) fn clone(o: &mut Objects, graph: u64) -> CuResult<u64> {
+    if has_memory_nodes(o, graph)? {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let nodes = o
+        .graphs
+        .get(&graph)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?
+        .nodes
+        .clone();
+    let g = create(o);
+    let mut prev: Option<u64> = None;
+    for n in nodes {
+        let Some(kind) = o.nodes.get(&n).map(|n| n.kind) else {
+            continue;
+        };
+        let kind = match kind {
+            NodeKind::Child(c) => NodeKind::Child(clone(o, c)?),
+            k => k,
+        };
+        // Insertion order is the order nodes run in: a chain keeps it.
+        let deps: Vec<u64> = prev.into_iter().collect();
+        prev = Some(add_node(o, g, &deps, kind)?);
+    }
+    Ok(g)
+}
+
+/// cuGraphInstantiate: snapshots the graph's work (child graphs flattened) for the current context.
 pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u64> {
     let ctx = crate::context::current(o, sim)?;
-    let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let kernels = g
-        .nodes
-        .iter()
-        .filter_map(|n| match o.nodes.get(n)?.kind {
-            NodeKind::Kernel(k) => Some(k),
-            _ => None,
-        })
-        .collect();
-    let copies = g
-        .nodes
-        .iter()
-        .filter_map(|n| match o.nodes.get(n)?.kind {
-            NodeKind::Memcpy(c) => Some(c),
-            _ => None,
-        })
-        .collect();
-    let mem_allocs: Vec<u64> = g
-        .nodes
-        .iter()
-        .filter_map(|n| match o.nodes.get(n)?.kind {
-            NodeKind::MemAlloc { ptr, .. } => Some(ptr),
-            _ => None,
-        })
-        .collect();
-    let mem_frees = g
-        .nodes
-        .iter()
-        .filter_map(|n| match o.nodes.get(n)?.kind {
-            NodeKind::MemFree(p) => Some(p),
-            _ => None,
-        })
-        .collect();
-    for &p in &mem_allocs {
+    let mut f = Flat::default();
+    flatten(o, graph, &mut f)?;
+    for &p in &f.mem_allocs {
         crate::graph_mem::retain_va(o, p);
     }
     let h = new_handle(Kind::GraphExec);
     o.execs.insert(
         h,
         GraphExec {
+            shape: f.shape,
             ctx,
-            kernels,
-            copies,
-            mem_allocs,
-            mem_frees,
+            kernels: f.kernels,
+            copies: f.copies,
+            mem_allocs: f.mem_allocs,
+            mem_frees: f.mem_frees,
             grown: Vec::new(),
         },
     );
     Ok(h)
+}
+
+/// cuGraphExecUpdate: a graph of the same shape (node types, child graphs included) replaces the exec's
+/// parameters, alloc nodes' sizes and addresses included (a driver that accepts that: what the exec's next
+/// launch reserves changes with it). Another shape: CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, nothing changes.
+pub(crate) fn exec_update(o: &mut Objects, exec: u64, graph: u64) -> CuResult<()> {
+    let mut f = Flat::default();
+    flatten(o, graph, &mut f)?;
+    let e = o.execs.get(&exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if e.shape != f.shape {
+        return Err(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+    }
+    for &p in &f.mem_allocs {
+        crate::graph_mem::retain_va(o, p);
+    }
+    let e = o.execs.get_mut(&exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    e.kernels = f.kernels;
+    e.copies = f.copies;
+    e.mem_frees = f.mem_frees;
+    let old = std::mem::replace(&mut e.mem_allocs, f.mem_allocs);
+    for p in old {
+        crate::graph_mem::release_va(o, p);
+    }
+    Ok(())
 }
 
 /// Drops the executable graphs of a context being torn down.

@@ -49,6 +49,7 @@ pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
 pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
 pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
 pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
@@ -110,6 +111,8 @@ pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: u32 = 1;
 // Arrays
 pub const CUDA_ARRAY3D_LAYERED: u32 = 0x01;
 pub const CUDA_ARRAY3D_CUBEMAP: u32 = 0x04;
+pub const CUDA_ARRAY3D_SPARSE: u32 = 0x40;
+pub const CUDA_ARRAY3D_DEFERRED_MAPPING: u32 = 0x80;
 
 // CUfunction_attribute
 pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: i32 = 0;
@@ -128,7 +131,9 @@ pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 // Graph node types
 pub const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
 pub const CU_GRAPH_NODE_TYPE_MEMCPY: u32 = 1;
+pub const CU_GRAPH_NODE_TYPE_GRAPH: u32 = 4;
 pub const CU_GRAPH_NODE_TYPE_EMPTY: u32 = 5;
+pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: u32 = 1;
 pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: u32 = 10;
 pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
 pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: u32 = 0;
@@ -305,6 +310,64 @@ pub struct GraphInstantiateParams {
     pub upload_stream: Handle,
     pub err_node_out: Handle,
     pub result_out: u32,
+}
+
+/// CUgraphNodeParams: the type, then a union of the node types' parameter structs (only the child graph's
+/// `{CUgraph graph; CUgraphChildGraphNodeOwnership ownership;}` is read, as the first two words).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GraphNodeParams {
+    pub type_: u32,
+    pub reserved0: [i32; 3],
+    pub union_: [i64; 29],
+    pub reserved2: i64,
+}
+
+/// CUgraphExecUpdateResultInfo
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GraphExecUpdateResultInfo {
+    pub result: u32,
+    pub error_node: Handle,
+    pub error_from_node: Handle,
+}
+
+pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: u32 = 0;
+pub const CU_GRAPH_EXEC_UPDATE_ERROR: u32 = 1;
+pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: u32 = 2;
+
+/// CUarrayMapInfo (cuMemMapArrayAsync)
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ArrayMapInfo {
+    pub resource_type: u32,
+    pub resource: u64,
+    pub subresource_type: u32,
+    /// The sparse level `{level, layer, offsetX/Y/Z, extent W/H/D}` or mip tail `{layer, offset, size}`.
+    pub subresource: [u64; 4],
+    pub mem_operation_type: u32,
+    pub mem_handle_type: u32,
+    pub mem_handle: u64,
+    pub offset: u64,
+    pub device_bit_mask: u32,
+    pub flags: u32,
+    pub reserved: [u32; 2],
+}
+
+pub const CU_RESOURCE_TYPE_ARRAY: u32 = 0;
+pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: u32 = 1;
+pub const CU_MEM_OPERATION_TYPE_MAP: u32 = 1;
+pub const CU_MEM_OPERATION_TYPE_UNMAP: u32 = 2;
+pub const CU_MEM_HANDLE_TYPE_GENERIC: u32 = 0;
+
+/// CUmulticastObjectProp
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct MulticastObjectProp {
+    pub num_devices: u32,
+    pub size: usize,
+    pub handle_types: u64,
+    pub flags: u64,
 }
 
 /// CUctxCreateParams
@@ -528,6 +591,10 @@ mod tests {
         assert_eq!(size_of::<ArrayMemoryRequirements>(), 32);
         assert_eq!(size_of::<MemPoolProps>(), 88);
         assert_eq!(size_of::<MemAllocNodeParams>(), 120);
+        assert_eq!(size_of::<GraphNodeParams>(), 256);
+        assert_eq!(size_of::<ArrayMapInfo>(), 96);
+        assert_eq!(size_of::<MulticastObjectProp>(), 32);
+        assert_eq!(size_of::<GraphExecUpdateResultInfo>(), 24);
         assert_eq!(size_of::<MemAllocationProp>(), 32);
         assert_eq!(size_of::<LaunchAttribute>(), 72);
         assert_eq!(size_of::<LaunchConfig>(), 56);

@@ -47,6 +47,12 @@ pub(crate) struct Vmm {
     pub reservations: BTreeMap<u64, u64>,
     /// Mapping start → mapping.
     pub mappings: BTreeMap<u64, Mapping>,
+    /// Bindings of physical allocations that are not mappings (each holds its memory like one): a sparse
+    /// array's tile or mip tail (cuMemMapArrayAsync; key: the array and the subresource's bytes) or a range of
+    /// a multicast object on one device (cuMulticastBindMem / BindAddr; key: the object, device, offset).
+    pub bindings: BTreeMap<(u64, Vec<u8>), u64>,
+    /// Multicast objects (cuMulticastCreate): handle → (size, handle references).
+    pub multicasts: BTreeMap<u64, (u64, u32)>,
 }
 
 impl Vmm {
@@ -381,7 +387,16 @@ fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
 }
 
 /// cuMemRelease: drops one handle reference; the memory goes back once none is left and nothing maps it.
+/// A multicast object's last release unbinds everything bound to it.
 pub(crate) fn release(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<()> {
+    if let Some(m) = o.vmm.multicasts.get_mut(&h) {
+        m.1 -= 1;
+        if m.1 == 0 {
+            o.vmm.multicasts.remove(&h);
+            unbind_where(o, sim, |k| k.0 == h);
+        }
+        return Ok(());
+    }
     let a = o
         .vmm
         .handles
@@ -541,4 +556,73 @@ pub(crate) fn set_access(o: &mut Objects, p: u64, size: u64, flags: u32) -> CuRe
         }
     }
     Ok(())
+}
+
+/// Binds physical allocation `h` under `key` (it then holds the memory as a mapping does). A key already bound
+/// is replaced.
+pub(crate) fn bind(o: &mut Objects, sim: &Sim, key: (u64, Vec<u8>), h: u64) -> CuResult<()> {
+    let a = o
+        .vmm
+        .handles
+        .get_mut(&h)
+        .filter(|a| a.refs > 0)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    a.maps += 1;
+    if let Some(old) = o.vmm.bindings.insert(key, h) {
+        drop_binding(o, sim, old);
+    }
+    Ok(())
+}
+
+fn drop_binding(o: &mut Objects, sim: &Sim, h: u64) {
+    if let Some(a) = o.vmm.handles.get_mut(&h) {
+        a.maps -= 1;
+    }
+    drop_if_unused(o, sim, h);
+}
+
+/// Removes every binding whose key matches; each one's memory goes if nothing else holds it.
+pub(crate) fn unbind_where(o: &mut Objects, sim: &Sim, f: impl Fn(&(u64, Vec<u8>)) -> bool) -> usize {
+    let keys: Vec<(u64, Vec<u8>)> = o.vmm.bindings.keys().filter(|k| f(k)).cloned().collect();
+    for k in &keys {
+        if let Some(h) = o.vmm.bindings.remove(k) {
+            drop_binding(o, sim, h);
+        }
+    }
+    keys.len()
+}
+
+/// The physical allocation mapped at `p` and the offset of `p` in it (cuMulticastBindAddr).
+pub(crate) fn handle_at(o: &Objects, p: u64) -> CuResult<(u64, u64)> {
+    let (s, m) = o.vmm.mapping_at(p).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    Ok((m.handle, p - s))
+}
+
+/// The ordinal a physical allocation lives on.
+pub(crate) fn ordinal_of(o: &Objects, h: u64) -> CuResult<usize> {
+    o.vmm
+        .handles
+        .get(&h)
+        .map(|a| a.ordinal)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
+}
+
+/// cuMulticastCreate: the object itself holds no device memory here (what is bound to it does).
+pub(crate) fn multicast_create(o: &mut Objects, sim: &Sim, size: u64, devices: u32) -> CuResult<u64> {
+    check_granular(sim, size)?;
+    if devices == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let h = new_handle(Kind::VmmHandle);
+    o.vmm.multicasts.insert(h, (size, 1));
+    Ok(h)
+}
+
+/// The size of multicast object `mc`.
+pub(crate) fn multicast_size(o: &Objects, mc: u64) -> CuResult<u64> {
+    o.vmm
+        .multicasts
+        .get(&mc)
+        .map(|m| m.0)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)
 }

@@ -236,10 +236,9 @@ cuda_fn! {
         let sim = cuda()?;
         with(|o| context::current(o, sim))?;
         let v = match limit {
-            // STACK_SIZE, PRINTF_FIFO_SIZE, MALLOC_HEAP_SIZE: as set (they reserve device memory)
-            0..=2 => with(|o| context::memory_limit(o, sim, limit as usize))?,
-            3 => 2,                // DEV_RUNTIME_SYNC_DEPTH
-            4 => 2048,             // DEV_RUNTIME_PENDING_LAUNCH_COUNT
+            // STACK_SIZE, PRINTF_FIFO_SIZE, MALLOC_HEAP_SIZE, DEV_RUNTIME_SYNC_DEPTH,
+            // DEV_RUNTIME_PENDING_LAUNCH_COUNT: as set (all but the sync depth reserve device memory)
+            0..=4 => with(|o| context::memory_limit(o, sim, limit as usize))?,
             5 => 64,               // MAX_L2_FETCH_GRANULARITY
             6 => 0,                // PERSISTING_L2_CACHE_SIZE
             7 => 227 * 1024,       // SHMEM_SIZE
@@ -253,10 +252,10 @@ cuda_fn! {
         let sim = cuda()?;
         with(|o| context::current(o, sim))?;
         match limit {
-            0..=2 => with(|o| context::set_memory_limit(o, sim, limit as usize, value)),
+            0..=4 => with(|o| context::set_memory_limit(o, sim, limit as usize, value)),
             // SHMEM_SIZE and CIG_ENABLED can only be queried.
             7 | 8 => Err(CUDA_ERROR_INVALID_VALUE),
-            3..=9 => Ok(()),
+            5..=9 => Ok(()),
             _ => Err(CUDA_ERROR_INVALID_VALUE),
         }
     }

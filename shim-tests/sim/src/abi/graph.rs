@@ -51,6 +51,27 @@ fn add_kernel(node: *mut Handle, g: Handle, d: Vec<u64>, p: KernelNodeParams, v2
     unsafe { out(node, hp(n)) }
 }
 
+/// A child graph node: `child` moved into it (it may hold memory nodes) or cloned (it may not: cuda.h).
+fn add_child(o: &mut crate::objects::Objects, g: u64, d: &[u64], child: u64, moved: bool) -> CuResult<u64> {
+    let owned = if moved {
+        if child == g
+            || o.nodes
+                .values()
+                .any(|n| matches!(n.kind, NodeKind::Child(c) if c == child))
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        child
+    } else {
+        graph::clone(o, child)?
+    };
+    graph::add_node(o, g, d, NodeKind::Child(owned)).inspect_err(|_| {
+        if !moved {
+            let _ = graph::destroy(o, owned);
+        }
+    })
+}
+
 fn instantiate(pexec: *mut Handle, g: Handle) -> CuResult<()> {
     let sim = cuda()?;
     if pexec.is_null() {
@@ -125,13 +146,72 @@ cuda_fn! {
     fn cuGraphNodeGetType(node: Handle, ty: *mut u32) {
         cuda()?;
         let k = with(|o| o.nodes.get(&h(node)).map(|n| n.kind)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        out(ty, match k {
-            NodeKind::Kernel(_) => CU_GRAPH_NODE_TYPE_KERNEL,
-            NodeKind::Memcpy(_) => CU_GRAPH_NODE_TYPE_MEMCPY,
-            NodeKind::Empty => CU_GRAPH_NODE_TYPE_EMPTY,
-            NodeKind::MemAlloc { .. } => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-            NodeKind::MemFree(_) => CU_GRAPH_NODE_TYPE_MEM_FREE,
-        })
+        out(ty, graph::node_type(&k))
+    }
+
+    fn cuGraphAddChildGraphNode(node: *mut Handle, g: Handle, dependencies: *const Handle, n: usize, child: Handle) {
+        cuda()?;
+        let d = deps(dependencies, n)?;
+        if node.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out(node, hp(with(|o| add_child(o, h(g), &d, h(child), false))?))
+    }
+
+    fn cuGraphAddNode_v2(
+        node: *mut Handle,
+        g: Handle,
+        dependencies: *const Handle,
+        edge_data: *const c_void,
+        n: usize,
+        params: *mut GraphNodeParams,
+    ) {
+        cuda()?;
+        let d = deps(dependencies, n)?;
+        if node.is_null() || params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = std::ptr::read(params);
+        let kind = match p.type_ {
+            CU_GRAPH_NODE_TYPE_EMPTY => NodeKind::Empty,
+            CU_GRAPH_NODE_TYPE_GRAPH => {
+                let child = h(p.union_[0] as usize as Handle);
+                let moved = p.union_[1] as u32 == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+                return out(node, hp(with(|o| add_child(o, h(g), &d, child, moved))?));
+            }
+            // Other node types through this call are not modelled.
+            _ => return Err(CUDA_ERROR_NOT_SUPPORTED),
+        };
+        out(node, hp(with(|o| graph::add_node(o, h(g), &d, kind))?))
+    }
+
+    fn cuGraphChildGraphNodeGetGraph(node: Handle, pg: *mut Handle) {
+        cuda()?;
+        let k = with(|o| o.nodes.get(&h(node)).map(|n| n.kind)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let NodeKind::Child(c) = k else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        out(pg, hp(c))
+    }
+
+    fn cuGraphExecUpdate_v2(exec: Handle, g: Handle, info: *mut GraphExecUpdateResultInfo) {
+        cuda()?;
+        let r = with(|o| graph::exec_update(o, h(exec), h(g)));
+        if !info.is_null() {
+            std::ptr::write(
+                info,
+                GraphExecUpdateResultInfo {
+                    result: match r {
+                        Ok(()) => CU_GRAPH_EXEC_UPDATE_SUCCESS,
+                        Err(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) => CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED,
+                        Err(_) => CU_GRAPH_EXEC_UPDATE_ERROR,
+                    },
+                    error_node: std::ptr::null_mut(),
+                    error_from_node: std::ptr::null_mut(),
+                },
+            );
+        }
+        r
     }
 
     fn cuGraphInstantiateWithFlags(pexec: *mut Handle, g: Handle, flags: u64) {

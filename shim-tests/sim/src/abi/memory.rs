@@ -316,6 +316,23 @@ fn free_async(p: u64, s: Handle) -> CuResult<()> {
     })
 }
 
+/// The binding key of a multicast range: the memory's device and the offset in the object.
+fn multicast_key(ordinal: usize, mc_offset: u64) -> Vec<u8> {
+    let mut k = (ordinal as u64).to_le_bytes().to_vec();
+    k.extend_from_slice(&mc_offset.to_le_bytes());
+    k
+}
+
+/// Binds `size` bytes of physical allocation `mem` at `mc_offset` of multicast object `mc`.
+fn multicast_bind(o: &mut Objects, sim: &Sim, mc: u64, mc_offset: u64, mem: u64, size: u64) -> CuResult<()> {
+    let mc_size = vmm::multicast_size(o, mc)?;
+    if size == 0 || mc_offset.saturating_add(size) > mc_size {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let ordinal = vmm::ordinal_of(o, mem)?;
+    vmm::bind(o, sim, (mc, multicast_key(ordinal, mc_offset)), mem)
+}
+
 fn array3d_create(parray: *mut Handle, d: Array3DDescriptor) -> CuResult<()> {
     let sim = cuda()?;
     if parray.is_null() {
@@ -859,6 +876,92 @@ cuda_fn! {
         out(handle, with(|o| vmm::create(o, sim, size as u64, &p))?)
     }
 
+    fn cuMemMapArrayAsync(list: *mut ArrayMapInfo, count: u32, s: Handle) {
+        let sim = cuda()?;
+        if list.is_null() || count == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        with(|o| -> CuResult<()> {
+            stream::resolve(o, sim, h(s))?;
+            for i in 0..count as usize {
+                let m = std::ptr::read(list.add(i));
+                let backed = |flags: u32| flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0;
+                let sparse = match m.resource_type {
+                    CU_RESOURCE_TYPE_ARRAY => o.arrays.get(&m.resource).is_some_and(|a| backed(a.desc.flags)),
+                    CU_RESOURCE_TYPE_MIPMAPPED_ARRAY => {
+                        o.mipmaps.get(&m.resource).is_some_and(|a| backed(a.desc.flags))
+                    }
+                    _ => false,
+                };
+                if !sparse || m.mem_handle_type != CU_MEM_HANDLE_TYPE_GENERIC {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let mut key = Vec::with_capacity(40);
+                key.extend_from_slice(&m.subresource_type.to_le_bytes());
+                for w in m.subresource {
+                    key.extend_from_slice(&w.to_le_bytes());
+                }
+                key.extend_from_slice(&m.device_bit_mask.to_le_bytes());
+                let key = (m.resource, key);
+                match m.mem_operation_type {
+                    CU_MEM_OPERATION_TYPE_MAP => crate::vmm::bind(o, sim, key, m.mem_handle)?,
+                    CU_MEM_OPERATION_TYPE_UNMAP => {
+                        crate::vmm::unbind_where(o, sim, |k| *k == key);
+                    }
+                    _ => return Err(CUDA_ERROR_INVALID_VALUE),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn cuMulticastCreate(mc: *mut u64, prop: *const MulticastObjectProp) {
+        let sim = cuda()?;
+        let p = read(prop)?;
+        if mc.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out(mc, with(|o| vmm::multicast_create(o, sim, p.size as u64, p.num_devices))?)
+    }
+
+    fn cuMulticastAddDevice(mc: u64, dev: CUdevice) {
+        let sim = cuda()?;
+        sim.phys(dev)?;
+        with(|o| vmm::multicast_size(o, mc)).map(|_| ())
+    }
+
+    fn cuMulticastGetGranularity(g: *mut usize, prop: *const MulticastObjectProp, option: u32) {
+        let sim = cuda()?;
+        read(prop)?;
+        out(g, sim.cfg.granularity as usize)
+    }
+
+    fn cuMulticastBindMem(mc: u64, mc_offset: usize, mem: u64, mem_offset: usize, size: usize, flags: u64) {
+        let sim = cuda()?;
+        with(|o| multicast_bind(o, sim, mc, mc_offset as u64, mem, size as u64))
+    }
+
+    fn cuMulticastBindAddr(mc: u64, mc_offset: usize, memptr: u64, size: usize, flags: u64) {
+        let sim = cuda()?;
+        with(|o| -> CuResult<()> {
+            let (mem, _) = vmm::handle_at(o, memptr)?;
+            multicast_bind(o, sim, mc, mc_offset as u64, mem, size as u64)
+        })
+    }
+
+    fn cuMulticastUnbind(mc: u64, dev: CUdevice, mc_offset: usize, size: usize) {
+        let sim = cuda()?;
+        sim.phys(dev)?;
+        with(|o| -> CuResult<()> {
+            vmm::multicast_size(o, mc)?;
+            let n = vmm::unbind_where(o, sim, |k| k.0 == mc && k.1 == multicast_key(dev as usize, mc_offset as u64));
+            if n == 0 {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            Ok(())
+        })
+    }
+
     fn cuMemRelease(handle: u64) {
         let sim = cuda()?;
         with(|o| vmm::release(o, sim, handle))
@@ -1152,6 +1255,7 @@ cuda_fn! {
 }
 
 alias! {
+    cuMemMapArrayAsync_ptsz => cuMemMapArrayAsync(list: *mut ArrayMapInfo, count: u32, s: Handle);
     cuIpcOpenMemHandle => cuIpcOpenMemHandle_v2(dptr: *mut u64, handle: CUipcMemHandle, flags: u32);
     cuMemcpyHtoD_v2_ptds => cuMemcpyHtoD_v2(dst: u64, src: *const c_void, n: usize);
     cuMemcpyDtoH_v2_ptds => cuMemcpyDtoH_v2(dst: *mut c_void, src: u64, n: usize);
