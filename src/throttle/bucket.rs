@@ -395,10 +395,17 @@ mod tests {
             // A 60 s measurement: 10 s go in now, the rest waits for the bucket to drain.
             let owed = 60 * MAX_COST_NS / 10;
             let paid = b.debit(T0, owed, rate);
-            assert!(paid <= MAX_COST_NS && paid >= MAX_COST_NS - 2_000_000, "rate {rate}: {paid}");
+            assert!(
+                paid <= MAX_COST_NS && paid >= MAX_COST_NS - 2_000_000,
+                "rate {rate}: {paid}"
+            );
             // The full bucket's burst absorbed the first BURST_GPU_NS: that much more fits, then nothing.
             assert!(b.debit(T0, owed, rate) <= BURST_GPU_NS, "rate {rate}");
-            assert_eq!(b.debit(T0, owed, rate), 0, "rate {rate}: no room while a full charge is ahead");
+            assert_eq!(
+                b.debit(T0, owed, rate),
+                0,
+                "rate {rate}: no room while a full charge is ahead"
+            );
             // A launch may still take its tokens once the debt is repaid, and the word is never garbage.
             let z = w[slot::ZERO_AT].load(Ordering::Relaxed);
             assert!(z - T0 <= max_ahead_ns(rate));

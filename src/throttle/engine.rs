@@ -254,7 +254,7 @@ impl Engine {
             }
             known = self.est.get(key);
         }
-        let cost = known.unwrap_or_else(|| self.est.fallback());
+        let mut cost = known.unwrap_or_else(|| self.est.fallback());
         loop {
             if !lim.throttles() {
                 return None;
@@ -325,6 +325,12 @@ impl Engine {
                     sh.throttled_ns
                         .fetch_add(clock.now_ns().saturating_sub(now), Ordering::Relaxed);
                     lim = limit();
+                    if known.is_none() {
+                        // Measured while this launch waited (typically its own key's first probe).
+                        if let Some(k) = self.est.get(key) {
+                            (known, cost) = (Some(k), k);
+                        }
+                    }
                 }
             }
         }
@@ -405,10 +411,15 @@ impl Engine {
             d.own_debt.fetch_add(delta as u64, Ordering::Relaxed);
             self.pay(d, sh, now, rate);
         } else {
-            for (debt, b) in [(&d.debt, Bucket::new(sh.words)), (&d.own_debt, Bucket::new(&d.own))] {
+            for (debt, b) in [
+                (&d.debt, Bucket::new(sh.words)),
+                (&d.own_debt, Bucket::new(&d.own)),
+            ] {
                 let back = delta.unsigned_abs();
                 let prev = debt
-                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(back)))
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                        Some(v.saturating_sub(back))
+                    })
                     .unwrap_or(0);
                 let rest = back - prev.min(back);
                 if rest > 0 {
@@ -421,11 +432,16 @@ impl Engine {
     /// Pays what is owed to the buckets, as far as each can take it now (one load when nothing is owed).
     #[inline]
     fn pay(&self, d: &Dev, sh: &Shared<'_>, now: u64, rate: u64) {
-        for (debt, b) in [(&d.debt, Bucket::new(sh.words)), (&d.own_debt, Bucket::new(&d.own))] {
+        for (debt, b) in [
+            (&d.debt, Bucket::new(sh.words)),
+            (&d.own_debt, Bucket::new(&d.own)),
+        ] {
             let owed = debt.load(Ordering::Relaxed);
             if owed != 0 {
                 let paid = b.debit(now, owed, rate);
-                let _ = debt.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(paid)));
+                let _ = debt.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(paid))
+                });
             }
         }
     }
@@ -995,7 +1011,10 @@ mod tests {
         let start = r.clock.now_ns();
         poll_until(&r, &gpu, start + 30_000 * MS, 100 * MS);
         let half = r.busy.load(Ordering::Relaxed);
-        assert!(half >= 29_800 * MS && half <= 30_000 * MS, "charged as it runs: {half}");
+        assert!(
+            half >= 29_800 * MS && half <= 30_000 * MS,
+            "charged as it runs: {half}"
+        );
         poll_until(&r, &gpu, start + 61_000 * MS, 100 * MS);
         assert_eq!(r.busy.load(Ordering::Relaxed), 60_000 * MS);
         assert!(!r.eng.devs[0].probe_claimed.load(Ordering::Relaxed), "settled");
@@ -1009,7 +1028,10 @@ mod tests {
         let want = 120_000 * MS - (now - start);
         // (Up to two poll steps more: the charge for the time before the first poll saw the kernel started
         // came while the bucket was full, so that earning was capped away.)
-        assert!(waited + 20 * MS >= want && waited <= want + 300 * MS, "waited {waited}, want {want}");
+        assert!(
+            waited + 20 * MS >= want && waited <= want + 300 * MS,
+            "waited {waited}, want {want}"
+        );
         // This launch is charged its 60 s estimate: 10 s in the bucket, 50 s owed.
         assert_eq!(r.eng.owed(0), 50_000 * MS);
     }

@@ -330,7 +330,16 @@ impl SmThrottle {
 
     /// After the launch (made at `at`): a failed one is refunded, a probed one's end event recorded.
     #[allow(clippy::too_many_arguments)]
-    fn finish(&self, gpu: &Driver<'_>, sh: &Shared<'_>, t: &Ticket, h: u64, stream: usize, ok: bool, at: u64) {
+    fn finish(
+        &self,
+        gpu: &Driver<'_>,
+        sh: &Shared<'_>,
+        t: &Ticket,
+        h: u64,
+        stream: usize,
+        ok: bool,
+        at: u64,
+    ) {
         if !ok {
             if h != 0 {
                 self.engine.probe_abandon(t.dev);

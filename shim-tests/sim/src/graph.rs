@@ -1,5 +1,12 @@
 //! CUDA graphs: kernel nodes added explicitly or captured from a stream, instantiated and launched as their
 //! kernels in order on one stream (each one a kernel on the device timeline, exactly as if launched alone).
+//!
+//! Conditional nodes (`cuGraphConditionalHandleCreate`, `CU_GRAPH_NODE_TYPE_CONDITIONAL`): a WHILE node runs its
+//! body graph as many times as its handle's value at launch (the default value with
+//! `CU_GRAPH_COND_ASSIGN_DEFAULT`, else 0: kernels compute nothing here, so no kernel sets a handle); an IF node
+//! runs its body once when that value is non-zero. The kernels a launch runs are fixed at instantiation. Execs
+//! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` launch from the host like any other (their flags
+//! are reported by `cuGraphExecGetFlags`).
 
 use crate::objects::{new_handle, Kind, Objects};
 use crate::sim::Sim;
@@ -40,7 +47,23 @@ pub(crate) enum NodeKind {
     },
     /// Frees a graph allocation.
     MemFree(u64),
+    /// A conditional node: its handle, its type (WHILE or IF) and its body graph.
+    Conditional {
+        handle: u64,
+        ty: u32,
+        body: u64,
+    },
 }
+
+/// A conditional handle: the value a launch starts with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CondHandle {
+    pub default: u32,
+    pub assign_default: bool,
+}
+
+/// Most kernels one launch of an exec may run (conditional bodies repeated included).
+const MAX_EXEC_KERNELS: usize = 1 << 20;
 
 /// A node.
 pub(crate) struct GraphNode {
@@ -66,6 +89,8 @@ pub(crate) struct GraphExec {
     pub mem_frees: Vec<u64>,
     /// Per CUDA ordinal, graph memory this exec's launches reserved.
     pub grown: Vec<(usize, u64)>,
+    /// The instantiation flags (`cuGraphExecGetFlags`).
+    pub flags: u64,
 }
 
 /// cuGraphCreate.
@@ -118,18 +143,41 @@ pub(crate) fn exec_destroy(o: &mut Objects, sim: &Sim, exec: u64) -> CuResult<()
     Ok(())
 }
 
-/// cuGraphInstantiate: snapshots the kernel nodes for the current context.
-pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u64> {
-    let ctx = crate::context::current(o, sim)?;
+/// The kernels one launch of `graph` runs, conditional bodies unrolled (`depth`: nesting so far).
+fn kernels_of(o: &Objects, graph: u64, depth: u32, out: &mut Vec<KernelLaunch>) -> CuResult<()> {
     let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let kernels = g
-        .nodes
-        .iter()
-        .filter_map(|n| match o.nodes.get(n)?.kind {
-            NodeKind::Kernel(k) => Some(k),
-            _ => None,
-        })
-        .collect();
+    if depth > 8 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for n in &g.nodes {
+        match o.nodes.get(n).map(|n| n.kind) {
+            Some(NodeKind::Kernel(k)) => out.push(k),
+            Some(NodeKind::Conditional { handle, ty, body }) => {
+                let h = o.cond_handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let value = if h.assign_default { h.default } else { 0 };
+                let times = match ty {
+                    CU_GRAPH_COND_TYPE_WHILE => value,
+                    _ => (value != 0) as u32,
+                };
+                for _ in 0..times {
+                    kernels_of(o, body, depth + 1, out)?;
+                    if out.len() > MAX_EXEC_KERNELS {
+                        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// cuGraphInstantiate: snapshots the kernel nodes for the current context.
+pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64, flags: u64) -> CuResult<u64> {
+    let ctx = crate::context::current(o, sim)?;
+    let mut kernels = Vec::new();
+    kernels_of(o, graph, 0, &mut kernels)?;
+    let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let copies = g
         .nodes
         .iter()
@@ -167,9 +215,50 @@ pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u6
             mem_allocs,
             mem_frees,
             grown: Vec::new(),
+            flags,
         },
     );
     Ok(h)
+}
+
+/// cuGraphConditionalHandleCreate.
+pub(crate) fn cond_handle_create(o: &mut Objects, graph: u64, default: u32, flags: u32) -> CuResult<u64> {
+    if !o.graphs.contains_key(&graph) || flags & !CU_GRAPH_COND_ASSIGN_DEFAULT != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let h = new_handle(Kind::GraphNode);
+    o.cond_handles.insert(
+        h,
+        CondHandle {
+            default,
+            assign_default: flags & CU_GRAPH_COND_ASSIGN_DEFAULT != 0,
+        },
+    );
+    Ok(h)
+}
+
+/// Adds a conditional node of `ty` with a new, empty body graph; returns (node, body).
+pub(crate) fn add_conditional(
+    o: &mut Objects,
+    graph: u64,
+    deps: &[u64],
+    handle: u64,
+    ty: u32,
+) -> CuResult<(u64, u64)> {
+    if !o.cond_handles.contains_key(&handle) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if ty != CU_GRAPH_COND_TYPE_WHILE && ty != CU_GRAPH_COND_TYPE_IF {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let body = create(o);
+    match add_node(o, graph, deps, NodeKind::Conditional { handle, ty, body }) {
+        Ok(n) => Ok((n, body)),
+        Err(e) => {
+            o.graphs.remove(&body);
+            Err(e)
+        }
+    }
 }
 
 /// Drops the executable graphs of a context being torn down.

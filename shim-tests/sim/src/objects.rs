@@ -65,6 +65,8 @@ pub(crate) struct Objects {
     pub graphs: HashMap<u64, Graph>,
     pub nodes: HashMap<u64, GraphNode>,
     pub execs: HashMap<u64, GraphExec>,
+    /// Conditional handles (cuGraphConditionalHandleCreate): the value each graph launch starts with.
+    pub cond_handles: HashMap<u64, crate::graph::CondHandle>,
     pub pools: HashMap<u64, Pool>,
     /// (default pool, current pool) per CUDA ordinal; 0 = not created yet.
     pub device_pools: Vec<(u64, u64)>,

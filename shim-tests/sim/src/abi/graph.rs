@@ -51,12 +51,55 @@ fn add_kernel(node: *mut Handle, g: Handle, d: Vec<u64>, p: KernelNodeParams, v2
     unsafe { out(node, hp(n)) }
 }
 
-fn instantiate(pexec: *mut Handle, g: Handle) -> CuResult<()> {
+/// cuGraphAddNode (CUgraphNodeParams: type at 0, the union at 16): kernel and conditional nodes.
+///
+/// # Safety
+/// `params` is NULL or points to a CUgraphNodeParams (256 bytes).
+unsafe fn add_node(node: *mut Handle, g: Handle, d: Vec<u64>, params: *mut u8) -> CuResult<()> {
+    cuda()?;
+    if node.is_null() || params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: a CUgraphNodeParams by the caller's contract.
+    let ty = unsafe { std::ptr::read_unaligned(params as *const u32) };
+    // SAFETY: as above; the union starts at byte 16.
+    let u = unsafe { params.add(16) };
+    match ty {
+        CU_GRAPH_NODE_TYPE_KERNEL => {
+            // SAFETY: CUDA_KERNEL_NODE_PARAMS_v3 has the v2 layout.
+            let p = unsafe { std::ptr::read_unaligned(u as *const KernelNodeParams) };
+            add_kernel(node, g, d, p, true)
+        }
+        CU_GRAPH_NODE_TYPE_CONDITIONAL => {
+            // SAFETY: CUDA_CONDITIONAL_NODE_PARAMS: handle (u64), type, size (u32), phGraph_out, ctx.
+            let (handle, cty, size) = unsafe {
+                (
+                    std::ptr::read_unaligned(u as *const u64),
+                    std::ptr::read_unaligned(u.add(8) as *const u32),
+                    std::ptr::read_unaligned(u.add(12) as *const u32),
+                )
+            };
+            if size != 1 {
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            let (n, body) = with(|o| graph::add_conditional(o, h(g), &d, handle, cty))?;
+            // The driver owns the array of body graphs, valid for the node's lifetime: leaked (one word).
+            let arr: &'static mut [Handle; 1] = Box::leak(Box::new([hp(body)]));
+            // SAFETY: phGraph_out at byte 16 of the conditional params, written as the driver does.
+            unsafe { std::ptr::write_unaligned(u.add(16) as *mut *mut Handle, arr.as_mut_ptr()) };
+            // SAFETY: checked non-NULL.
+            unsafe { out(node, hp(n)) }
+        }
+        _ => Err(CUDA_ERROR_NOT_SUPPORTED),
+    }
+}
+
+fn instantiate(pexec: *mut Handle, g: Handle, flags: u64) -> CuResult<()> {
     let sim = cuda()?;
     if pexec.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let e = with(|o| graph::instantiate(o, sim, h(g)))?;
+    let e = with(|o| graph::instantiate(o, sim, h(g), flags))?;
     // SAFETY: checked non-NULL.
     unsafe { out(pexec, hp(e)) }
 }
@@ -131,26 +174,56 @@ cuda_fn! {
             NodeKind::Empty => CU_GRAPH_NODE_TYPE_EMPTY,
             NodeKind::MemAlloc { .. } => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
             NodeKind::MemFree(_) => CU_GRAPH_NODE_TYPE_MEM_FREE,
+            NodeKind::Conditional { .. } => CU_GRAPH_NODE_TYPE_CONDITIONAL,
         })
     }
 
+    fn cuGraphConditionalHandleCreate(handle: *mut u64, g: Handle, ctx: Handle, default: u32, flags: u32) {
+        cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out(handle, with(|o| graph::cond_handle_create(o, h(g), default, flags))?)
+    }
+
+    fn cuGraphAddNode_v2(
+        node: *mut Handle,
+        g: Handle,
+        dependencies: *const Handle,
+        edge_data: *const c_void,
+        n: usize,
+        params: *mut u8,
+    ) {
+        add_node(node, g, deps(dependencies, n)?, params)
+    }
+
+    fn cuGraphAddNode(node: *mut Handle, g: Handle, dependencies: *const Handle, n: usize, params: *mut u8) {
+        add_node(node, g, deps(dependencies, n)?, params)
+    }
+
+    fn cuGraphExecGetFlags(exec: Handle, flags: *mut u64) {
+        cuda()?;
+        let f = with(|o| o.execs.get(&h(exec)).map(|e| e.flags)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        out(flags, f)
+    }
+
     fn cuGraphInstantiateWithFlags(pexec: *mut Handle, g: Handle, flags: u64) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, flags)
     }
 
     fn cuGraphInstantiate(pexec: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, 0)
     }
 
     fn cuGraphInstantiate_v2(pexec: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, 0)
     }
 
     fn cuGraphInstantiateWithParams(pexec: *mut Handle, g: Handle, params: *mut GraphInstantiateParams) {
         if params.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let r = instantiate(pexec, g);
+        let r = instantiate(pexec, g, (*params).flags);
         (*params).result_out = if r.is_ok() { 0 } else { 1 };
         r
     }

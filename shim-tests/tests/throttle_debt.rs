@@ -1,0 +1,94 @@
+//! No SM measurement is dropped (issue 21, item 5): launches whose device time the throttle's sampled
+//! measurement used to lose are charged in full, however long they run and however their measurement ends.
+//!
+//! - a context destroyed while its kernel runs (the probe's events die with it): measured before the fix, a
+//!   30 % tenant got ~100 %;
+//! - kernels longer than the 5 s a pending measurement used to be waited for (and than the 10 s one charge
+//!   holds): a 50 % tenant got ~100 %;
+//! - one host launch of a graph whose conditional WHILE node runs its body for seconds (also instantiated for
+//!   device launch): the same.
+//!
+//! Shares come from the simulator's device timeline over the program's launch window, never from the shim. The
+//! bands hold the limit with room for a busy machine; the escapes they catch are at ~100 %. Each program holds
+//! `heavy()`: one simulated process at a time per core.
+
+use shim_tests::{compile_c, heavy, workspace_root, Sim};
+use std::time::Duration;
+
+/// One test at a time: they time the device.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Share (percent, from the timeline) of `throttle_debt ARGS` at a hard `pct` (None: without cuquota).
+fn share(pct: Option<u32>, args: &str, secs: f64) -> f64 {
+    let prog = compile_c(
+        "throttle_debt",
+        &workspace_root().join("shim-tests/c/throttle_debt.c"),
+        &[],
+        &["-lcuda"],
+    );
+    let _h = heavy();
+    let sim = Sim::new().build();
+    let mut c = sim
+        .cmd_path(prog)
+        .timeout(Duration::from_secs_f64(secs * 3.0 + 60.0))
+        .args(args);
+    match pct {
+        Some(p) => {
+            c = c
+                .env("CUDA_DEVICE_SM_LIMIT", &p.to_string())
+                .env("CUQUOTA_POLICY", "hard")
+        }
+        None => c = c.no_preload(),
+    }
+    let out = c.run();
+    assert!(out.success(), "{out:?}");
+    let w = out.window();
+    let s = sim.share_pct(0, w.pid, w.t0, w.end);
+    println!(
+        "{args} at {pct:?} %: {s:.1} % over {:.2} s, {} launches",
+        (w.end - w.t0) as f64 / 1e9,
+        out.num("launches")
+    );
+    s
+}
+
+#[test]
+fn a_kernel_whose_context_is_destroyed_while_it_runs_is_charged() {
+    let _serial = serial();
+    // The attack works without the limit (the control): each round's kernel runs whole.
+    let free = share(None, "ctxkill 1.5 300000000", 1.5);
+    assert!(free > 80.0, "control without cuquota: {free:.1} %");
+    let s = share(Some(30), "ctxkill 3 300000000", 3.0);
+    assert!(
+        (15.0..=45.0).contains(&s),
+        "30 % tenant whose kernels' contexts die: {s:.1} % outside [15, 45]"
+    );
+}
+
+#[test]
+fn kernels_longer_than_a_measurement_used_to_wait_are_charged_in_full() {
+    let _serial = serial();
+    // 6 s kernels at 50 %: the first runs whole (kernels are not pre-emptible), the next waits until the 6 s are
+    // repaid. Before: the measurement was given up after 5 s and every kernel went at the 1 ms fallback.
+    let s = share(Some(50), "long 8 6000000000", 8.0);
+    assert!(
+        (30.0..=65.0).contains(&s),
+        "50 % tenant of 6 s kernels: {s:.1} % outside [30, 65]"
+    );
+}
+
+#[test]
+fn a_conditional_while_graph_is_charged_its_device_time() {
+    let _serial = serial();
+    // One host launch runs its WHILE body 120 times: 6 s of device time.
+    for mode in ["while", "device"] {
+        let s = share(Some(50), &format!("{mode} 8 50000000 120"), 8.0);
+        assert!(
+            (30.0..=65.0).contains(&s),
+            "50 % tenant of a 6 s {mode} graph: {s:.1} % outside [30, 65]"
+        );
+    }
+}
