@@ -513,7 +513,7 @@ impl Engine {
         if o.ending {
             return; // its context is going away: `context_ended` settles it
         }
-        let measured = match gpu.probe_poll(o.handle) {
+        let (measured, exact) = match gpu.probe_poll(o.handle) {
             Poll::Pending => {
                 self.accrue(d, sh, o, now, gpu);
                 d.next_poll_at.store(now + POLL_INTERVAL_NS, Ordering::Relaxed);
@@ -521,15 +521,15 @@ impl Engine {
             }
             // Its events failed: it ran at most from its launch (or the last time it was seen not started)
             // until now.
-            Poll::Failed => conservative(o, now),
+            Poll::Failed => (conservative(o, now), false),
             // Clamped: a launch cannot have run longer than since it was made (a broken event pair can say
             // anything).
-            Poll::Done(ns) => ns.min(now.saturating_sub(o.issued_at)),
+            Poll::Done(ns) => (ns.min(now.saturating_sub(o.issued_at)), true),
         };
         let o = guard.take().unwrap_or_default();
         drop(guard);
         gpu.probe_release(o.handle);
-        self.settle(dev, sh, &o, now, measured);
+        self.settle(dev, sh, &o, now, measured, exact);
     }
 
     /// A pending probe whose launch has started is charged the time it has run so far (a lower bound of its
@@ -553,13 +553,17 @@ impl Engine {
         }
     }
 
-    /// Settles probe `o` at `measured` device ns: its launch and the followers of its key, the estimate.
-    fn settle(&self, dev: usize, sh: &Shared<'_>, o: &Outstanding, now: u64, measured: u64) {
+    /// Settles probe `o` at `measured` device ns: its launch and, when `exact` (its events measured it, not a
+    /// conservative bound, which includes the time it waited behind earlier work), the estimate and the
+    /// followers of its key.
+    fn settle(&self, dev: usize, sh: &Shared<'_>, o: &Outstanding, now: u64, measured: u64, exact: bool) {
         let d = &self.devs[dev];
         let measured = measured.min(MAX_MEASURE_NS);
-        self.est.record(o.key, measured);
+        if exact {
+            self.est.record(o.key, measured);
+        }
         let mut delta = measured as i128 - o.charged as i128 - o.accrued as i128;
-        if d.follow_key.swap(0, Ordering::Relaxed) == o.key {
+        if d.follow_key.swap(0, Ordering::Relaxed) == o.key && exact {
             let n = d.follow_n.swap(0, Ordering::Relaxed);
             let c = d.follow_charged.swap(0, Ordering::Relaxed);
             delta += n as i128 * measured as i128 - c as i128;
@@ -606,7 +610,7 @@ impl Engine {
         }
         let o = g.take().unwrap_or_default();
         drop(g);
-        self.settle(dev, sh, &o, now, conservative(&o, now));
+        self.settle(dev, sh, &o, now, conservative(&o, now), false);
     }
 
     /// In a forked child: the outstanding probes are the parent's (it settles them); forget them.
