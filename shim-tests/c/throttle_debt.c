@@ -9,7 +9,9 @@
  *                used to be waited for);
  *       while:   a graph whose conditional WHILE node runs its body (one kernel of KERNEL_NS) ITER times, launched
  *                from the host one after another;
- *       device:  as while, instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH (and uploaded).
+ *       device:  the same WHILE graph instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH (and uploaded) and
+ *                launched from the device: the host launches a one-kernel graph whose kernel is given its handle
+ *                (the simulator's model of a kernel calling cudaGraphLaunch on it).
  * Kernels are one wave (as many blocks as the device has SMs) of KERNEL_NS.
  *
  * Output (key=value lines): pid, t0_ns and end_ns (CLOCK_MONOTONIC: the launch loop ran from t0 until end, the
@@ -85,6 +87,16 @@ static CUgraphExec while_graph(CUfunction f, unsigned iter, int device_launch) {
             exit(1);
         }
         CK(cuGraphUpload(e, NULL));
+        /* The host's graph: one kernel that launches `e` from the device. */
+        CUgraph hg;
+        CK(cuGraphCreate(&hg, 0));
+        void *params[] = {&e};
+        k.kernelParams = params;
+        CUgraphNode hn;
+        CK(cuGraphAddKernelNode(&hn, hg, NULL, 0, &k));
+        CUgraphExec he;
+        CK(cuGraphInstantiateWithFlags(&he, hg, 0));
+        return he;
     }
     return e;
 }

@@ -5,8 +5,8 @@
 //!   30 % tenant got ~100 %;
 //! - kernels longer than the 5 s a pending measurement used to be waited for (and than the 10 s one charge
 //!   holds): a 50 % tenant got ~100 %;
-//! - one host launch of a graph whose conditional WHILE node runs its body for seconds (also instantiated for
-//!   device launch): the same.
+//! - one host launch of a graph whose conditional WHILE node runs its body for seconds, or of a graph whose
+//!   kernel launches such a graph from the device: the same.
 //!
 //! Shares come from the simulator's device timeline over the program's launch window, never from the shim. The
 //! bands hold the limit with room for a busy machine; the escapes they catch are at ~100 %. Each program holds
@@ -83,7 +83,8 @@ fn kernels_longer_than_a_measurement_used_to_wait_are_charged_in_full() {
 #[test]
 fn a_conditional_while_graph_is_charged_its_device_time() {
     let _serial = serial();
-    // One host launch runs its WHILE body 120 times: 6 s of device time.
+    // One host launch runs its WHILE body 120 times (directly, or launched from the device by a kernel of the
+    // host's graph): 6 s of device time.
     for mode in ["while", "device"] {
         let s = share(Some(50), &format!("{mode} 8 50000000 120"), 8.0);
         assert!(

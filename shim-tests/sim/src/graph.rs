@@ -6,7 +6,9 @@
 //! `CU_GRAPH_COND_ASSIGN_DEFAULT`, else 0: kernels compute nothing here, so no kernel sets a handle); an IF node
 //! runs its body once when that value is non-zero. The kernels a launch runs are fixed at instantiation. Execs
 //! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` launch from the host like any other (their flags
-//! are reported by `cuGraphExecGetFlags`).
+//! are reported by `cuGraphExecGetFlags`), and from the device: a kernel node whose first parameter is such an
+//! exec's handle launches it (a tail launch: its kernels run, as the exec was instantiated, after the launching
+//! graph's, and the launch completes with them).
 
 use crate::objects::{new_handle, Kind, Objects};
 use crate::sim::Sim;
@@ -150,8 +152,16 @@ fn kernels_of(o: &Objects, graph: u64, depth: u32, out: &mut Vec<KernelLaunch>) 
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     for n in &g.nodes {
+        if out.len() > MAX_EXEC_KERNELS {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         match o.nodes.get(n).map(|n| n.kind) {
-            Some(NodeKind::Kernel(k)) => out.push(k),
+            Some(NodeKind::Kernel(k)) => {
+                out.push(k);
+                if let Some(e) = o.device_launches.get(n).and_then(|e| o.execs.get(e)) {
+                    out.extend_from_slice(&e.kernels);
+                }
+            }
             Some(NodeKind::Conditional { handle, ty, body }) => {
                 let h = o.cond_handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
                 let value = if h.assign_default { h.default } else { 0 };

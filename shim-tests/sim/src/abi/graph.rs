@@ -41,11 +41,31 @@ fn add_kernel(node: *mut Handle, g: Handle, d: Vec<u64>, p: KernelNodeParams, v2
         grid: p.grid,
         block: p.block,
     };
+    // A first parameter that is an exec instantiated for device launch: the kernel launches it.
+    let first = if p.kernel_params.is_null() {
+        None
+    } else {
+        // SAFETY: kernelParams holds a pointer per parameter (the driver's contract); every handle is 8 bytes.
+        unsafe {
+            (*p.kernel_params)
+                .cast::<u64>()
+                .as_ref()
+                .map(|v| std::ptr::read_unaligned(v))
+        }
+    };
     let n = with(|o| -> CuResult<u64> {
         if !o.functions.contains_key(&k.func) && !o.kernels.contains_key(&k.func) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        graph::add_node(o, h(g), &d, NodeKind::Kernel(k))
+        let n = graph::add_node(o, h(g), &d, NodeKind::Kernel(k))?;
+        if let Some(e) = first.filter(|e| {
+            o.execs
+                .get(e)
+                .is_some_and(|x| x.flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH != 0)
+        }) {
+            o.device_launches.insert(n, e);
+        }
+        Ok(n)
     })?;
     // SAFETY: checked non-NULL.
     unsafe { out(node, hp(n)) }
