@@ -5,6 +5,7 @@
  *
  * MODE  ctxkill: each round creates a context, launches one kernel of KERNEL_NS and destroys the context while
  *                the kernel runs (the driver finishes the kernel first), so the launch's measurement fails;
+ *       reset:   the same with the primary context, reset (cuDevicePrimaryCtxReset) while the kernel runs;
  *       long:    one kernel of KERNEL_NS after another on the primary context (kernels longer than a measurement
  *                used to be waited for);
  *       while:   a graph whose conditional WHILE node runs its body (one kernel of KERNEL_NS) ITER times, launched
@@ -103,7 +104,7 @@ static CUgraphExec while_graph(CUfunction f, unsigned iter, int device_launch) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: throttle_debt ctxkill|long|while|device SECONDS KERNEL_NS [ITER]\n");
+        fprintf(stderr, "usage: throttle_debt ctxkill|reset|long|while|device SECONDS KERNEL_NS [ITER]\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -126,6 +127,17 @@ int main(int argc, char **argv) {
             CK(cuLaunchKernel(f, (unsigned)sms, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
             launches++;
             CK(cuCtxDestroy(c));
+        }
+    } else if (!strcmp(mode, "reset")) {
+        while (now_ns() < until) {
+            CUcontext c;
+            CK(cuDevicePrimaryCtxRetain(&c, dev));
+            CK(cuCtxSetCurrent(c));
+            CUfunction f = load();
+            CK(cuLaunchKernel(f, (unsigned)sms, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+            launches++;
+            CK(cuDevicePrimaryCtxReset(dev));
+            CK(cuDevicePrimaryCtxRelease(dev));
         }
     } else {
         CUcontext c;
