@@ -8,9 +8,10 @@
  *       reset:   the same with the primary context, reset (cuDevicePrimaryCtxReset) while the kernel runs;
  *       long:    one kernel of KERNEL_NS after another on the primary context (kernels longer than a measurement
  *                used to be waited for);
- *       while:   a graph whose conditional WHILE node runs its body (one kernel of KERNEL_NS) ITER times, launched
- *                from the host one after another;
- *       device:  the same WHILE graph instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH (and uploaded) and
+ *       while:   a graph whose conditional WHILE node runs its body (one kernel of KERNEL_NS) ITER times, the
+ *                count set by a kernel before it (the simulator's model of cudaGraphSetConditional: a kernel node
+ *                given the handle and the value), launched from the host one after another;
+ *       device:  the WHILE graph (count: the handle's default value) instantiated with CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH (and uploaded) and
  *                launched from the device: the host launches a one-kernel graph whose kernel is given its handle
  *                (the simulator's model of a kernel calling cudaGraphLaunch on it).
  * Kernels are one wave (as many blocks as the device has SMs) of KERNEL_NS.
@@ -59,7 +60,22 @@ static CUgraphExec while_graph(CUfunction f, unsigned iter, int device_launch) {
     CUcontext ctx;
     CK(cuCtxGetCurrent(&ctx));
     CK(cuGraphCreate(&g, 0));
-    CK(cuGraphConditionalHandleCreate(&h, g, ctx, iter, CU_GRAPH_COND_ASSIGN_DEFAULT));
+    /* The device graph's count is the handle's default; the host graph's is set by a kernel. */
+    CK(cuGraphConditionalHandleCreate(&h, g, ctx, device_launch ? iter : 0,
+                                      device_launch ? CU_GRAPH_COND_ASSIGN_DEFAULT : 0));
+    CUDA_KERNEL_NODE_PARAMS k;
+    memset(&k, 0, sizeof k);
+    k.func = f;
+    k.gridDimX = (unsigned)sms;
+    k.gridDimY = k.gridDimZ = 1;
+    k.blockDimX = k.blockDimY = k.blockDimZ = 1;
+    CUgraphNode setter;
+    if (!device_launch) {
+        void *sp[] = {&h, &iter};
+        CUDA_KERNEL_NODE_PARAMS sk = k;
+        sk.kernelParams = sp;
+        CK(cuGraphAddKernelNode(&setter, g, NULL, 0, &sk));
+    }
     CUgraphNodeParams p;
     memset(&p, 0, sizeof p);
     p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
@@ -68,14 +84,8 @@ static CUgraphExec while_graph(CUfunction f, unsigned iter, int device_launch) {
     p.conditional.size = 1;
     p.conditional.ctx = ctx;
     CUgraphNode n;
-    CK(cuGraphAddNode(&n, g, NULL, NULL, 0, &p));
+    CK(cuGraphAddNode(&n, g, device_launch ? NULL : &setter, NULL, device_launch ? 0 : 1, &p));
     body = p.conditional.phGraph_out[0];
-    CUDA_KERNEL_NODE_PARAMS k;
-    memset(&k, 0, sizeof k);
-    k.func = f;
-    k.gridDimX = (unsigned)sms;
-    k.gridDimY = k.gridDimZ = 1;
-    k.blockDimX = k.blockDimY = k.blockDimZ = 1;
     CUgraphNode kn;
     CK(cuGraphAddKernelNode(&kn, body, NULL, 0, &k));
     CUgraphExec e;

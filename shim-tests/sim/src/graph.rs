@@ -2,13 +2,17 @@
 //! kernels in order on one stream (each one a kernel on the device timeline, exactly as if launched alone).
 //!
 //! Conditional nodes (`cuGraphConditionalHandleCreate`, `CU_GRAPH_NODE_TYPE_CONDITIONAL`): a WHILE node runs its
-//! body graph as many times as its handle's value at launch (the default value with
-//! `CU_GRAPH_COND_ASSIGN_DEFAULT`, else 0: kernels compute nothing here, so no kernel sets a handle); an IF node
-//! runs its body once when that value is non-zero. The kernels a launch runs are fixed at instantiation. Execs
+//! body graph as many times as its handle's value when the node is reached; an IF node runs its body once when
+//! that value is non-zero. The value is the default (with `CU_GRAPH_COND_ASSIGN_DEFAULT`, else 0) unless a kernel
+//! node before it sets it: kernels compute nothing here, so a kernel node whose first two parameters are a
+//! conditional handle and an `unsigned int` is the model of a kernel calling `cudaGraphSetConditional(handle,
+//! value)`. The kernels a launch runs are fixed at instantiation. Execs
 //! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` launch from the host like any other (their flags
 //! are reported by `cuGraphExecGetFlags`), and from the device: a kernel node whose first parameter is such an
 //! exec's handle launches it (a tail launch: its kernels run, as the exec was instantiated, after the launching
 //! graph's, and the launch completes with them).
+
+use std::collections::HashMap;
 
 use crate::objects::{new_handle, Kind, Objects};
 use crate::sim::Sim;
@@ -146,7 +150,14 @@ pub(crate) fn exec_destroy(o: &mut Objects, sim: &Sim, exec: u64) -> CuResult<()
 }
 
 /// The kernels one launch of `graph` runs, conditional bodies unrolled (`depth`: nesting so far).
-fn kernels_of(o: &Objects, graph: u64, depth: u32, out: &mut Vec<KernelLaunch>) -> CuResult<()> {
+/// `values`: the conditional handles' values so far in this launch.
+fn kernels_of(
+    o: &Objects,
+    graph: u64,
+    depth: u32,
+    values: &mut HashMap<u64, u32>,
+    out: &mut Vec<KernelLaunch>,
+) -> CuResult<()> {
     let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if depth > 8 {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -158,19 +169,23 @@ fn kernels_of(o: &Objects, graph: u64, depth: u32, out: &mut Vec<KernelLaunch>) 
         match o.nodes.get(n).map(|n| n.kind) {
             Some(NodeKind::Kernel(k)) => {
                 out.push(k);
+                if let Some(&(h, v)) = o.cond_setters.get(n) {
+                    values.insert(h, v);
+                }
                 if let Some(e) = o.device_launches.get(n).and_then(|e| o.execs.get(e)) {
                     out.extend_from_slice(&e.kernels);
                 }
             }
             Some(NodeKind::Conditional { handle, ty, body }) => {
                 let h = o.cond_handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-                let value = if h.assign_default { h.default } else { 0 };
+                let dflt = if h.assign_default { h.default } else { 0 };
+                let value = *values.entry(handle).or_insert(dflt);
                 let times = match ty {
                     CU_GRAPH_COND_TYPE_WHILE => value,
                     _ => (value != 0) as u32,
                 };
                 for _ in 0..times {
-                    kernels_of(o, body, depth + 1, out)?;
+                    kernels_of(o, body, depth + 1, values, out)?;
                     if out.len() > MAX_EXEC_KERNELS {
                         return Err(CUDA_ERROR_OUT_OF_MEMORY);
                     }
@@ -186,7 +201,7 @@ fn kernels_of(o: &Objects, graph: u64, depth: u32, out: &mut Vec<KernelLaunch>) 
 pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64, flags: u64) -> CuResult<u64> {
     let ctx = crate::context::current(o, sim)?;
     let mut kernels = Vec::new();
-    kernels_of(o, graph, 0, &mut kernels)?;
+    kernels_of(o, graph, 0, &mut HashMap::new(), &mut kernels)?;
     let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let copies = g
         .nodes

@@ -58,6 +58,17 @@ fn add_kernel(node: *mut Handle, g: Handle, d: Vec<u64>, p: KernelNodeParams, v2
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let n = graph::add_node(o, h(g), &d, NodeKind::Kernel(k))?;
+        if let Some(c) = first.filter(|c| o.cond_handles.contains_key(c)) {
+            // A handle setter: (handle, unsigned value), the model's contract for such a kernel.
+            // SAFETY: kernelParams holds a pointer per parameter; the second is an unsigned int here.
+            let v = unsafe {
+                (*p.kernel_params.add(1))
+                    .cast::<u32>()
+                    .as_ref()
+                    .map(|v| std::ptr::read_unaligned(v))
+            };
+            o.cond_setters.insert(n, (c, v.unwrap_or(0)));
+        }
         if let Some(e) = first.filter(|e| {
             o.execs
                 .get(e)
