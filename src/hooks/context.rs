@@ -85,7 +85,12 @@ fn measured(s: &Shim, res: Option<Reservation>) {
 /// Driver contract.
 pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
     let owner = s.mem.context_destroying(ctx as usize);
+    // A probe measuring a launch in this context is charged up to the context's end, never dropped.
+    let probes = s
+        .throttle
+        .context_ending(&s.cuda, &s.nvml, Some(ctx as usize), 0, true);
     let r = call();
+    s.throttle.context_ended(&probes);
     s.mem
         .context_destroyed(&s.cuda, &s.nvml, ctx as usize, owner, r.ok());
     s.throttle.contexts_changed();
@@ -125,9 +130,21 @@ pub fn primary_retain(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) 
 /// `cuDevicePrimaryCtxRelease` and, with `reset` (our count drops to zero), `cuDevicePrimaryCtxReset` (each
 /// bare and `_v2`).
 pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice, reset: bool) -> CUresult {
+    // A reset ends the context: its probes are polled a last time, then charged up to its end.
+    let probes = if reset {
+        s.throttle.context_ending(&s.cuda, &s.nvml, None, dev, true)
+    } else {
+        Vec::new()
+    };
     let r = call();
+    s.throttle.context_ended(&probes);
     if r.ok() {
         s.mem.primary_released(&s.cuda, &s.nvml, dev, reset);
+        if !reset && s.mem.primary_unheld(dev) {
+            // Our last hold: the context may be gone (its events are not touched again).
+            let gone = s.throttle.context_ending(&s.cuda, &s.nvml, None, dev, false);
+            s.throttle.context_ended(&gone);
+        }
         s.throttle.contexts_changed();
     }
     r

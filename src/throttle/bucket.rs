@@ -21,6 +21,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const BURST_GPU_NS: u64 = 8_000_000;
 /// Longest single charge (guards against a nonsense estimate blocking a program for ever).
 pub const MAX_COST_NS: u64 = 10_000_000_000;
+/// Longest estimate or measurement kept for one launch (a nonsense measurement from a broken event pair is
+/// clamped to it, and to the wall time since the launch). Longer than `MAX_COST_NS` is charged in instalments.
+pub const MAX_MEASURE_NS: u64 = 86_400_000_000_000;
 /// Rates are in per-mille of the device: 1000 = the whole device.
 pub const FULL_RATE: u64 = 1000;
 
@@ -149,6 +152,32 @@ impl<'a> Bucket<'a> {
             }
             match w.compare_exchange_weak(z, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return,
+                Err(cur) => z = cur,
+            }
+        }
+    }
+
+    /// Debits up to `cost` GPU-ns that already ran (a measurement above its charge, a debt's instalment) and
+    /// returns how much went in: never more than leaves the word one maximal charge (`MAX_COST_NS`) ahead of
+    /// `now`, so a sound word stays within [`max_ahead_ns`] (a launch's own charge comes on top only when the
+    /// bucket is not in debt). The caller keeps the rest and pays it as the bucket drains.
+    pub fn debit(&self, now: u64, cost: u64, rate_pm: u64) -> u64 {
+        let w = &self.words[slot::ZERO_AT];
+        let mut z = w.load(Ordering::Acquire);
+        let rate = rate_pm.clamp(1, FULL_RATE);
+        loop {
+            if z > now && z - now > max_ahead_ns(rate_pm) {
+                return 0; // garbage: the next take resets it
+            }
+            let lead = (z.saturating_sub(now) as u128 * rate as u128 / FULL_RATE as u128) as u64;
+            let take = cost.min(MAX_COST_NS.saturating_sub(lead));
+            if take == 0 {
+                return 0;
+            }
+            let floor = now.saturating_sub(window_ns(rate_pm));
+            let new = z.max(floor).saturating_add(span_ns(take, rate_pm));
+            match w.compare_exchange_weak(z, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return take,
                 Err(cur) => z = cur,
             }
         }
@@ -354,6 +383,35 @@ mod tests {
         match b.try_take(T0, 1, 10) {
             Take::WaitUntil(t) => assert!(t - T0 >= 1_990_000 * MS, "{}", t - T0),
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_debit_never_leaves_the_word_beyond_one_maximal_charge() {
+        for rate in [10u64, 300, 1000] {
+            let w = words();
+            let b = Bucket::new(&w);
+            let _ = b.try_take(T0, 1, rate);
+            // A 60 s measurement: 10 s go in now, the rest waits for the bucket to drain.
+            let owed = 60 * MAX_COST_NS / 10;
+            let paid = b.debit(T0, owed, rate);
+            assert!(
+                (MAX_COST_NS - 2_000_000..=MAX_COST_NS).contains(&paid),
+                "rate {rate}: {paid}"
+            );
+            // The full bucket's burst absorbed the first BURST_GPU_NS: that much more fits, then nothing.
+            assert!(b.debit(T0, owed, rate) <= BURST_GPU_NS, "rate {rate}");
+            assert_eq!(
+                b.debit(T0, owed, rate),
+                0,
+                "rate {rate}: no room while a full charge is ahead"
+            );
+            // A launch may still take its tokens once the debt is repaid, and the word is never garbage.
+            let z = w[slot::ZERO_AT].load(Ordering::Relaxed);
+            assert!(z - T0 <= max_ahead_ns(rate));
+            assert_eq!(b.try_take(z, MAX_COST_NS, rate), Take::Granted);
+            assert!(b.debit(z, owed, rate) <= 1_000, "rate {rate}: only rounding fits");
+            assert!(w[slot::ZERO_AT].load(Ordering::Relaxed) - z <= max_ahead_ns(rate));
         }
     }
 

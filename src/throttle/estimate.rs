@@ -91,7 +91,7 @@ impl Estimator {
     /// calibration window, becomes the estimate of launches never measured — at once when it is below half the
     /// current one (the 1 ms default against short kernels), else by 1/4 of the difference.
     pub fn calibrate(&self, avg: u64) {
-        let avg = avg.clamp(1, super::bucket::MAX_COST_NS);
+        let avg = avg.clamp(1, super::bucket::MAX_MEASURE_NS);
         let m = self.fallback();
         let nm = if avg < m / 2 {
             avg
@@ -110,7 +110,7 @@ impl Estimator {
     pub fn record(&self, key: u64, measured: u64) {
         // Clamped: a nonsense measurement (a broken event pair) must neither overflow the averages below nor
         // charge later launches more than the longest single charge.
-        let measured = measured.clamp(1, super::bucket::MAX_COST_NS);
+        let measured = measured.clamp(1, super::bucket::MAX_MEASURE_NS);
         let m = self.mean.load(Ordering::Relaxed);
         let nm = if m == 0 { measured } else { (m * 7 + measured) / 8 };
         self.mean.store(nm.max(1), Ordering::Relaxed);
@@ -181,8 +181,8 @@ mod tests {
         e.record(k, u64::MAX);
         e.record(k, u64::MAX);
         e.record(launch_key(0x2000, 1, 1), u64::MAX);
-        assert_eq!(e.get(k), Some(super::super::bucket::MAX_COST_NS));
-        assert!(e.fallback() <= super::super::bucket::MAX_COST_NS);
+        assert_eq!(e.get(k), Some(super::super::bucket::MAX_MEASURE_NS));
+        assert!(e.fallback() <= super::super::bucket::MAX_MEASURE_NS);
     }
 
     #[test]

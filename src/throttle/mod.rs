@@ -86,6 +86,9 @@ impl Gpu for Driver<'_> {
         self.probes.map_or(Poll::Failed, |pr| pr.probe_poll(p))
     }
     fn probe_release(&self, _p: u64) {}
+    fn probe_started(&self, p: u64) -> Option<bool> {
+        self.probes.and_then(|pr| pr.probe_started(p))
+    }
     fn others_busy_pm(&self, dev: usize) -> Option<u64> {
         self.util.others_pm(self.nvml, self.devices, dev)
     }
@@ -254,6 +257,47 @@ impl SmThrottle {
         self.streams.contexts_changed();
     }
 
+    /// Context `ctx` (or, `None`, the primary context of ordinal `ord`) is about to end: a probe whose events
+    /// live there is polled a last time and otherwise settled by [`SmThrottle::context_ended`]. Returns the
+    /// usage devices concerned (for `context_ended`). Nothing to do without a probe out.
+    /// `poll`: false when the context may already be gone (its events are then not touched at all).
+    pub fn context_ending(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        ctx: Option<usize>,
+        ord: CUdevice,
+        poll: bool,
+    ) -> Vec<usize> {
+        let Some(probes) = self.probes.as_ref() else {
+            return Vec::new();
+        };
+        let dev = match ctx {
+            Some(_) => None,
+            None => self.devices.device(cuda, ord).map(|d| d.id.index()),
+        };
+        let devs = probes.forget_context(ctx, dev);
+        let gpu = self.driver(nvml);
+        let now = monotonic_ns();
+        for &i in &devs {
+            if let Some((d, _)) = self.devices.known().find(|(d, _)| d.id.index() == i) {
+                self.engine.context_ending(i, &self.shared(d.id), now, &gpu, poll);
+            }
+            probes.forget(i);
+        }
+        devs
+    }
+
+    /// The context is gone: charge its probes that were still out up to now.
+    pub fn context_ended(&self, devs: &[usize]) {
+        let now = monotonic_ns();
+        for &i in devs {
+            if let Some((d, _)) = self.devices.known().find(|(d, _)| d.id.index() == i) {
+                self.engine.context_ended(i, &self.shared(d.id), now);
+            }
+        }
+    }
+
     /// Takes the launch's tokens on `dev` (maybe sleeping; the limit is re-read after every sleep).
     fn admit(&self, gpu: &Driver<'_>, dev: Dev, lim: Policy, key: u64, sh: &Shared<'_>) -> Option<Ticket> {
         let mut first = Some(lim);
@@ -284,8 +328,18 @@ impl SmThrottle {
         h
     }
 
-    /// After the launch: a failed one is refunded, a probed one's end event recorded.
-    fn finish(&self, gpu: &Driver<'_>, sh: &Shared<'_>, t: &Ticket, h: u64, stream: usize, ok: bool) {
+    /// After the launch (made at `at`): a failed one is refunded, a probed one's end event recorded.
+    #[allow(clippy::too_many_arguments)]
+    fn finish(
+        &self,
+        gpu: &Driver<'_>,
+        sh: &Shared<'_>,
+        t: &Ticket,
+        h: u64,
+        stream: usize,
+        ok: bool,
+        at: u64,
+    ) {
         if !ok {
             if h != 0 {
                 self.engine.probe_abandon(t.dev);
@@ -293,7 +347,7 @@ impl SmThrottle {
             self.engine.refund(sh, &Ticket { probe: false, ..*t });
         } else if h != 0 {
             if gpu.probe_end(h, stream) {
-                self.engine.probe_issued(t, h, monotonic_ns());
+                self.engine.probe_issued(t, h, at);
             } else {
                 self.engine.probe_abandon(t.dev);
             }
@@ -308,9 +362,10 @@ impl SmThrottle {
         stream: usize,
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
+        let at = if t.probe { monotonic_ns() } else { 0 };
         let h = self.begin(gpu, &t, stream);
         let r = launch();
-        self.finish(gpu, sh, &t, h, stream, r.ok());
+        self.finish(gpu, sh, &t, h, stream, r.ok(), at);
         r
     }
 
@@ -343,12 +398,13 @@ impl SmThrottle {
                 admitted.push((sh, t, stream, 0));
             }
         }
+        let at = monotonic_ns();
         for (_, t, stream, h) in admitted.iter_mut() {
             *h = self.begin(&gpu, t, *stream);
         }
         let r = launch();
         for (sh, t, stream, h) in &admitted {
-            self.finish(&gpu, sh, t, *h, *stream, r.ok());
+            self.finish(&gpu, sh, t, *h, *stream, r.ok(), at);
         }
         r
     }
@@ -371,6 +427,10 @@ impl SmThrottle {
             release_all(self.done.locks(), side);
             release_all(self.probes.iter().flat_map(|p| p.locks()), side);
             release_all(self.engine.locks(), side);
+        }
+        if matches!(side, crate::locks::Side::Child) {
+            // The parent's probes: it settles them; here their events are not ours.
+            self.engine.forget_probes();
         }
     }
 }

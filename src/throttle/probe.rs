@@ -272,6 +272,40 @@ impl EventProbes {
         Poll::Done((ms as f64 * 1e6) as u64)
     }
 
+    /// Has probe `p`'s launch started (its start event completed)? None = cannot tell.
+    pub fn probe_started(&self, p: u64) -> Option<bool> {
+        let g = self.slot(p)?.try_lock()?;
+        let s = g.as_ref()?;
+        // SAFETY: our event, in a live context (a slot whose context is destroyed is forgotten first).
+        match unsafe { (self.api.cuEventQuery)(s.start as *mut c_void) } {
+            CUDA_SUCCESS => Some(true),
+            CUDA_ERROR_NOT_READY => Some(false),
+            _ => None,
+        }
+    }
+
+    /// Context `ctx` is about to be destroyed (`None`: the primary context of usage device `dev`): the devices
+    /// whose probe events live there (all with `dev` when `ctx` is unknown), forgotten so that nothing touches
+    /// them again (the context frees them).
+    pub fn forget_context(&self, ctx: Option<usize>, dev: Option<usize>) -> Vec<usize> {
+        let mut out = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(g) = slot.try_lock() else { continue };
+            let Some(s) = g.as_ref() else { continue };
+            if ctx.map_or(dev == Some(i), |c| s.ctx == c) {
+                out.push(i);
+            }
+        }
+        out
+    }
+
+    /// Drops device `dev`'s events (their context is gone).
+    pub fn forget(&self, dev: usize) {
+        if let Some(mut g) = self.slots.get(dev).and_then(|s| s.try_lock()) {
+            *g = None;
+        }
+    }
+
     fn slot(&self, p: u64) -> Option<&Lock<Option<Slot>>> {
         self.slots.get((p as usize).checked_sub(1)?)
     }

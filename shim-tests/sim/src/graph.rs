@@ -1,5 +1,18 @@
 //! CUDA graphs: kernel nodes added explicitly or captured from a stream, instantiated and launched as their
 //! kernels in order on one stream (each one a kernel on the device timeline, exactly as if launched alone).
+//!
+//! Conditional nodes (`cuGraphConditionalHandleCreate`, `CU_GRAPH_NODE_TYPE_CONDITIONAL`): a WHILE node runs its
+//! body graph as many times as its handle's value when the node is reached; an IF node runs its body once when
+//! that value is non-zero. The value is the default (with `CU_GRAPH_COND_ASSIGN_DEFAULT`, else 0) unless a kernel
+//! node before it sets it: kernels compute nothing here, so a kernel node whose first two parameters are a
+//! conditional handle and an `unsigned int` is the model of a kernel calling `cudaGraphSetConditional(handle,
+//! value)`. The kernels a launch runs are fixed at instantiation. Execs
+//! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` launch from the host like any other (their flags
+//! are reported by `cuGraphExecGetFlags`), and from the device: a kernel node whose first parameter is such an
+//! exec's handle launches it (a tail launch: its kernels run, as the exec was instantiated, after the launching
+//! graph's, and the launch completes with them).
+
+use std::collections::HashMap;
 
 use crate::objects::{new_handle, Kind, Objects};
 use crate::sim::Sim;
@@ -42,7 +55,23 @@ pub(crate) enum NodeKind {
     MemFree(u64),
     /// Runs a child graph, which the node owns (cloned into it, or moved there with its memory nodes).
     Child(u64),
+    /// A conditional node: its handle, its type (WHILE or IF) and its body graph.
+    Conditional {
+        handle: u64,
+        ty: u32,
+        body: u64,
+    },
 }
+
+/// A conditional handle: the value a launch starts with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CondHandle {
+    pub default: u32,
+    pub assign_default: bool,
+}
+
+/// Most kernels one launch of an exec may run (conditional bodies repeated included).
+const MAX_EXEC_KERNELS: usize = 1 << 20;
 
 /// A node.
 pub(crate) struct GraphNode {
@@ -70,6 +99,8 @@ pub(crate) struct GraphExec {
     pub mem_frees: Vec<u64>,
     /// Per CUDA ordinal, graph memory this exec's launches reserved.
     pub grown: Vec<(usize, u64)>,
+    /// The instantiation flags (`cuGraphExecGetFlags`).
+    pub flags: u64,
 }
 
 /// cuGraphCreate.
@@ -106,7 +137,7 @@ pub(crate) fn destroy(o: &mut Objects, graph: u64) -> CuResult<()> {
     for n in g.nodes {
         match o.nodes.remove(&n).map(|n| n.kind) {
             Some(NodeKind::MemAlloc { ptr, .. }) => crate::graph_mem::release_va(o, ptr),
-            Some(NodeKind::Child(c)) => destroy(o, c)?,
+            Some(NodeKind::Child(c)) | Some(NodeKind::Conditional { body: c, .. }) => destroy(o, c)?,
             _ => {}
         }
     }
@@ -139,21 +170,67 @@ pub(crate) fn node_type(k: &NodeKind) -> u32 {
         NodeKind::MemAlloc { .. } => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
         NodeKind::MemFree(_) => CU_GRAPH_NODE_TYPE_MEM_FREE,
         NodeKind::Child(_) => CU_GRAPH_NODE_TYPE_GRAPH,
+        NodeKind::Conditional { .. } => CU_GRAPH_NODE_TYPE_CONDITIONAL,
     }
 }
 
-/// Flattens `graph` (its child graphs in place of their nodes).
+/// Flattens `graph`: its child graphs in place of their nodes, conditional bodies unrolled as often as they run
+/// in one launch, device-side launches of other execs in place.
 pub(crate) fn flatten(o: &Objects, graph: u64, f: &mut Flat) -> CuResult<()> {
+    flatten_at(o, graph, 0, &mut HashMap::new(), f)
+}
+
+/// [`flatten`] at conditional nesting `depth`; `values`: the conditional handles' values so far in this launch.
+fn flatten_at(
+    o: &Objects,
+    graph: u64,
+    depth: u32,
+    values: &mut HashMap<u64, u32>,
+    f: &mut Flat,
+) -> CuResult<()> {
     let g = o.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if depth > 8 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
     for n in &g.nodes {
+        if f.kernels.len() > MAX_EXEC_KERNELS {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
         let Some(node) = o.nodes.get(n) else { continue };
         f.shape.push(node_type(&node.kind));
         match node.kind {
-            NodeKind::Kernel(k) => f.kernels.push(k),
+            NodeKind::Kernel(k) => {
+                f.kernels.push(k);
+                if let Some(&(h, v)) = o.cond_setters.get(n) {
+                    values.insert(h, v);
+                }
+                if let Some(e) = o.device_launches.get(n).and_then(|e| o.execs.get(e)) {
+                    f.kernels.extend_from_slice(&e.kernels);
+                }
+            }
             NodeKind::Memcpy(c) => f.copies.push(c),
             NodeKind::MemAlloc { ptr, .. } => f.mem_allocs.push(ptr),
             NodeKind::MemFree(p) => f.mem_frees.push(p),
-            NodeKind::Child(c) => flatten(o, c, f)?,
+            NodeKind::Child(c) => flatten_at(o, c, depth, values, f)?,
+            NodeKind::Conditional { handle, ty, body } => {
+                let h = o.cond_handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                let dflt = if h.assign_default { h.default } else { 0 };
+                let value = *values.entry(handle).or_insert(dflt);
+                let times = match ty {
+                    CU_GRAPH_COND_TYPE_WHILE => value,
+                    _ => (value != 0) as u32,
+                };
+                for _ in 0..times {
+                    // Only the body's work: its node types are not part of the exec's shape.
+                    let mut body_work = Flat::default();
+                    flatten_at(o, body, depth + 1, values, &mut body_work)?;
+                    f.kernels.extend(body_work.kernels);
+                    f.copies.extend(body_work.copies);
+                    if f.kernels.len() > MAX_EXEC_KERNELS {
+                        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                    }
+                }
+            }
             NodeKind::Empty => {}
         }
     }
@@ -187,6 +264,11 @@ pub(crate) fn clone(o: &mut Objects, graph: u64) -> CuResult<u64> {
         };
         let kind = match kind {
             NodeKind::Child(c) => NodeKind::Child(clone(o, c)?),
+            NodeKind::Conditional { handle, ty, body } => NodeKind::Conditional {
+                handle,
+                ty,
+                body: clone(o, body)?,
+            },
             k => k,
         };
         // Insertion order is the order nodes run in: a chain keeps it.
@@ -197,7 +279,7 @@ pub(crate) fn clone(o: &mut Objects, graph: u64) -> CuResult<u64> {
 }
 
 /// cuGraphInstantiate: snapshots the graph's work (child graphs flattened) for the current context.
-pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u64> {
+pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64, flags: u64) -> CuResult<u64> {
     let ctx = crate::context::current(o, sim)?;
     let mut f = Flat::default();
     flatten(o, graph, &mut f)?;
@@ -215,6 +297,7 @@ pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64) -> CuResult<u6
             mem_allocs: f.mem_allocs,
             mem_frees: f.mem_frees,
             grown: Vec::new(),
+            flags,
         },
     );
     Ok(h)
@@ -278,4 +361,44 @@ pub(crate) fn capture(o: &mut Objects, stream: u64, kind: NodeKind) -> CuResult<
         c.last_node = Some(n);
     }
     Ok(())
+}
+
+/// cuGraphConditionalHandleCreate.
+pub(crate) fn cond_handle_create(o: &mut Objects, graph: u64, default: u32, flags: u32) -> CuResult<u64> {
+    if !o.graphs.contains_key(&graph) || flags & !CU_GRAPH_COND_ASSIGN_DEFAULT != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let h = new_handle(Kind::GraphNode);
+    o.cond_handles.insert(
+        h,
+        CondHandle {
+            default,
+            assign_default: flags & CU_GRAPH_COND_ASSIGN_DEFAULT != 0,
+        },
+    );
+    Ok(h)
+}
+
+/// Adds a conditional node of `ty` with a new, empty body graph; returns (node, body).
+pub(crate) fn add_conditional(
+    o: &mut Objects,
+    graph: u64,
+    deps: &[u64],
+    handle: u64,
+    ty: u32,
+) -> CuResult<(u64, u64)> {
+    if !o.cond_handles.contains_key(&handle) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if ty != CU_GRAPH_COND_TYPE_WHILE && ty != CU_GRAPH_COND_TYPE_IF {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let body = create(o);
+    match add_node(o, graph, deps, NodeKind::Conditional { handle, ty, body }) {
+        Ok(n) => Ok((n, body)),
+        Err(e) => {
+            o.graphs.remove(&body);
+            Err(e)
+        }
+    }
 }

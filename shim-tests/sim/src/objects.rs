@@ -65,6 +65,12 @@ pub(crate) struct Objects {
     pub graphs: HashMap<u64, Graph>,
     pub nodes: HashMap<u64, GraphNode>,
     pub execs: HashMap<u64, GraphExec>,
+    /// Conditional handles (cuGraphConditionalHandleCreate): the value each graph launch starts with.
+    pub cond_handles: HashMap<u64, crate::graph::CondHandle>,
+    /// Kernel nodes whose kernel launches a device-launchable exec (its handle is their first parameter).
+    pub device_launches: HashMap<u64, u64>,
+    /// Kernel nodes whose kernel sets a conditional handle: (handle, value), from their first two parameters.
+    pub cond_setters: HashMap<u64, (u64, u32)>,
     pub pools: HashMap<u64, Pool>,
     /// (default pool, current pool) per CUDA ordinal; 0 = not created yet.
     pub device_pools: Vec<(u64, u64)>,

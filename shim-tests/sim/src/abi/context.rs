@@ -24,9 +24,23 @@ fn create(pctx: *mut Handle, flags: u32, dev: CUdevice) -> CuResult<()> {
     unsafe { out(pctx, hp(c)) }
 }
 
+/// Tearing a context down waits for the work queued in it, as a driver does before it frees the context's
+/// memory: a kernel never runs on after its context is gone (without the object lock held).
+fn drain(c: u64) {
+    let t = with(|o| {
+        o.contexts
+            .contains_key(&c)
+            .then(|| crate::stream::ctx_done_time(o, c))
+    });
+    crate::timeline::sleep_until(t.unwrap_or(0));
+}
+
 fn destroy(ctx: Handle) -> CuResult<()> {
     let sim = cuda()?;
     let c = h(ctx);
+    if with(|o| o.contexts.get(&c).is_some_and(|x| !x.primary)) {
+        drain(c);
+    }
     with(|o| context::destroy(o, sim, c))?;
     context::run_destroy_hooks(c);
     Ok(())
@@ -57,6 +71,13 @@ cuda_fn! {
     fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) {
         let sim = cuda()?;
         let d = ordinal(sim, dev)?;
+        let last = with(|o| -> CuResult<Option<u64>> {
+            let c = context::primary_handle(o, sim, d)?;
+            Ok((o.primaries[d].refcount == 1).then_some(c))
+        })?;
+        if let Some(c) = last {
+            drain(c);
+        }
         if let Some(c) = with(|o| context::primary_release(o, sim, d))? {
             context::run_destroy_hooks(c);
         }
@@ -66,6 +87,7 @@ cuda_fn! {
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) {
         let sim = cuda()?;
         let d = ordinal(sim, dev)?;
+        drain(with(|o| context::primary_handle(o, sim, d))?);
         let c = with(|o| context::primary_reset(o, sim, d))?;
         context::run_destroy_hooks(c);
         Ok(())

@@ -41,11 +41,42 @@ fn add_kernel(node: *mut Handle, g: Handle, d: Vec<u64>, p: KernelNodeParams, v2
         grid: p.grid,
         block: p.block,
     };
+    // A first parameter that is an exec instantiated for device launch: the kernel launches it.
+    let first = if p.kernel_params.is_null() {
+        None
+    } else {
+        // SAFETY: kernelParams holds a pointer per parameter (the driver's contract); every handle is 8 bytes.
+        unsafe {
+            (*p.kernel_params)
+                .cast::<u64>()
+                .as_ref()
+                .map(|v| std::ptr::read_unaligned(v))
+        }
+    };
     let n = with(|o| -> CuResult<u64> {
         if !o.functions.contains_key(&k.func) && !o.kernels.contains_key(&k.func) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        graph::add_node(o, h(g), &d, NodeKind::Kernel(k))
+        let n = graph::add_node(o, h(g), &d, NodeKind::Kernel(k))?;
+        if let Some(c) = first.filter(|c| o.cond_handles.contains_key(c)) {
+            // A handle setter: (handle, unsigned value), the model's contract for such a kernel.
+            // SAFETY: kernelParams holds a pointer per parameter; the second is an unsigned int here.
+            let v = unsafe {
+                (*p.kernel_params.add(1))
+                    .cast::<u32>()
+                    .as_ref()
+                    .map(|v| std::ptr::read_unaligned(v))
+            };
+            o.cond_setters.insert(n, (c, v.unwrap_or(0)));
+        }
+        if let Some(e) = first.filter(|e| {
+            o.execs
+                .get(e)
+                .is_some_and(|x| x.flags & CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH != 0)
+        }) {
+            o.device_launches.insert(n, e);
+        }
+        Ok(n)
     })?;
     // SAFETY: checked non-NULL.
     unsafe { out(node, hp(n)) }
@@ -72,12 +103,75 @@ fn add_child(o: &mut crate::objects::Objects, g: u64, d: &[u64], child: u64, mov
     })
 }
 
-fn instantiate(pexec: *mut Handle, g: Handle) -> CuResult<()> {
+/// cuGraphAddNode (CUgraphNodeParams: type at 0, the union at 16): kernel, conditional, empty and child graph
+/// nodes.
+///
+/// # Safety
+/// `params` is NULL or points to a CUgraphNodeParams (256 bytes).
+unsafe fn add_node(node: *mut Handle, g: Handle, d: Vec<u64>, params: *mut u8) -> CuResult<()> {
+    cuda()?;
+    if node.is_null() || params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: a CUgraphNodeParams by the caller's contract.
+    let ty = unsafe { std::ptr::read_unaligned(params as *const u32) };
+    // SAFETY: as above; the union starts at byte 16.
+    let u = unsafe { params.add(16) };
+    match ty {
+        CU_GRAPH_NODE_TYPE_KERNEL => {
+            // SAFETY: CUDA_KERNEL_NODE_PARAMS_v3 has the v2 layout.
+            let p = unsafe { std::ptr::read_unaligned(u as *const KernelNodeParams) };
+            add_kernel(node, g, d, p, true)
+        }
+        CU_GRAPH_NODE_TYPE_CONDITIONAL => {
+            // SAFETY: CUDA_CONDITIONAL_NODE_PARAMS: handle (u64), type, size (u32), phGraph_out, ctx.
+            let (handle, cty, size) = unsafe {
+                (
+                    std::ptr::read_unaligned(u as *const u64),
+                    std::ptr::read_unaligned(u.add(8) as *const u32),
+                    std::ptr::read_unaligned(u.add(12) as *const u32),
+                )
+            };
+            if size != 1 {
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+            let (n, body) = with(|o| graph::add_conditional(o, h(g), &d, handle, cty))?;
+            // The driver owns the array of body graphs, valid for the node's lifetime: leaked (one word).
+            let arr: &'static mut [Handle; 1] = Box::leak(Box::new([hp(body)]));
+            // SAFETY: phGraph_out at byte 16 of the conditional params, written as the driver does.
+            unsafe { std::ptr::write_unaligned(u.add(16) as *mut *mut Handle, arr.as_mut_ptr()) };
+            // SAFETY: checked non-NULL.
+            unsafe { out(node, hp(n)) }
+        }
+        CU_GRAPH_NODE_TYPE_EMPTY => {
+            let n = with(|o| graph::add_node(o, h(g), &d, NodeKind::Empty))?;
+            // SAFETY: checked non-NULL.
+            unsafe { out(node, hp(n)) }
+        }
+        CU_GRAPH_NODE_TYPE_GRAPH => {
+            // SAFETY: CUDA_CHILD_GRAPH_NODE_PARAMS: graph (8 bytes), ownership (u32).
+            let (child, ownership) = unsafe {
+                (
+                    std::ptr::read_unaligned(u as *const u64),
+                    std::ptr::read_unaligned(u.add(8) as *const u32),
+                )
+            };
+            let moved = ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+            let n = with(|o| add_child(o, h(g), &d, h(child as usize as Handle), moved))?;
+            // SAFETY: checked non-NULL.
+            unsafe { out(node, hp(n)) }
+        }
+        // Other node types through this call are not modelled.
+        _ => Err(CUDA_ERROR_NOT_SUPPORTED),
+    }
+}
+
+fn instantiate(pexec: *mut Handle, g: Handle, flags: u64) -> CuResult<()> {
     let sim = cuda()?;
     if pexec.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let e = with(|o| graph::instantiate(o, sim, h(g)))?;
+    let e = with(|o| graph::instantiate(o, sim, h(g), flags))?;
     // SAFETY: checked non-NULL.
     unsafe { out(pexec, hp(e)) }
 }
@@ -158,33 +252,6 @@ cuda_fn! {
         out(node, hp(with(|o| add_child(o, h(g), &d, h(child), false))?))
     }
 
-    fn cuGraphAddNode_v2(
-        node: *mut Handle,
-        g: Handle,
-        dependencies: *const Handle,
-        edge_data: *const c_void,
-        n: usize,
-        params: *mut GraphNodeParams,
-    ) {
-        cuda()?;
-        let d = deps(dependencies, n)?;
-        if node.is_null() || params.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        let p = std::ptr::read(params);
-        let kind = match p.type_ {
-            CU_GRAPH_NODE_TYPE_EMPTY => NodeKind::Empty,
-            CU_GRAPH_NODE_TYPE_GRAPH => {
-                let child = h(p.union_[0] as usize as Handle);
-                let moved = p.union_[1] as u32 == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
-                return out(node, hp(with(|o| add_child(o, h(g), &d, child, moved))?));
-            }
-            // Other node types through this call are not modelled.
-            _ => return Err(CUDA_ERROR_NOT_SUPPORTED),
-        };
-        out(node, hp(with(|o| graph::add_node(o, h(g), &d, kind))?))
-    }
-
     fn cuGraphChildGraphNodeGetGraph(node: Handle, pg: *mut Handle) {
         cuda()?;
         let k = with(|o| o.nodes.get(&h(node)).map(|n| n.kind)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -214,23 +281,52 @@ cuda_fn! {
         r
     }
 
+    fn cuGraphConditionalHandleCreate(handle: *mut u64, g: Handle, ctx: Handle, default: u32, flags: u32) {
+        cuda()?;
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out(handle, with(|o| graph::cond_handle_create(o, h(g), default, flags))?)
+    }
+
+    fn cuGraphAddNode_v2(
+        node: *mut Handle,
+        g: Handle,
+        dependencies: *const Handle,
+        edge_data: *const c_void,
+        n: usize,
+        params: *mut u8,
+    ) {
+        add_node(node, g, deps(dependencies, n)?, params)
+    }
+
+    fn cuGraphAddNode(node: *mut Handle, g: Handle, dependencies: *const Handle, n: usize, params: *mut u8) {
+        add_node(node, g, deps(dependencies, n)?, params)
+    }
+
+    fn cuGraphExecGetFlags(exec: Handle, flags: *mut u64) {
+        cuda()?;
+        let f = with(|o| o.execs.get(&h(exec)).map(|e| e.flags)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        out(flags, f)
+    }
+
     fn cuGraphInstantiateWithFlags(pexec: *mut Handle, g: Handle, flags: u64) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, flags)
     }
 
     fn cuGraphInstantiate(pexec: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, 0)
     }
 
     fn cuGraphInstantiate_v2(pexec: *mut Handle, g: Handle, err_node: *mut Handle, log: *mut c_char, log_size: usize) {
-        instantiate(pexec, g)
+        instantiate(pexec, g, 0)
     }
 
     fn cuGraphInstantiateWithParams(pexec: *mut Handle, g: Handle, params: *mut GraphInstantiateParams) {
         if params.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let r = instantiate(pexec, g);
+        let r = instantiate(pexec, g, (*params).flags);
         (*params).result_out = if r.is_ok() { 0 } else { 1 };
         r
     }
