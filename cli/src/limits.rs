@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
 use cuquota_core::region::layout::{format_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
-use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsSnapshot, LimitsWriter};
+use cuquota_core::region::{DeviceSelector, FileId, LimitsReader, LimitsSnapshot, LimitsWriter, UsageRegion};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::Serialize;
 
@@ -108,9 +108,14 @@ pub struct SetArgs {
     #[arg(long)]
     allow_opt_out: bool,
     /// Bind the container's usage file: its absolute path as the container's processes see it, which they
-    /// then use whatever CUQUOTA_USAGE_FILE says; `none` unbinds
+    /// then use whatever CUQUOTA_USAGE_FILE says; `none` unbinds. The file's identity is recorded too (a file
+    /// put in its place later is refused), so it must exist here: see --usage-host
     #[arg(long, value_name = "PATH")]
     usage: Option<PathBuf>,
+    /// The same usage file as this command sees it, when its path differs from the container's (a host
+    /// directory mounted into the container); created if missing. Default: the --usage path
+    #[arg(long, value_name = "HOST_PATH", requires = "usage")]
+    usage_host: Option<PathBuf>,
     /// Print the file as JSON afterwards (schema cuquota.limits/v1)
     #[arg(long)]
     json: bool,
@@ -201,6 +206,9 @@ pub struct LimitsReport {
     members: Option<Vec<u32>>,
     /// The usage file the container is bound to; `None` = not bound.
     usage_file: Option<String>,
+    /// The bound file's identity as recorded (text output only; the JSON schema predates it).
+    #[serde(skip)]
+    usage_id: Option<FileId>,
     entries: Vec<LimitsEntry>,
 }
 
@@ -233,6 +241,7 @@ impl LimitsReport {
             opt_out_allowed: snap.opt_out_allowed(),
             members: snap.members().map(<[u32]>::to_vec),
             usage_file: snap.usage_path().map(|p| p.display().to_string()),
+            usage_id: snap.usage_id(),
             entries: snap
                 .entries
                 .iter()
@@ -289,7 +298,15 @@ impl LimitsReport {
             ),
         }
         if let Some(u) = &self.usage_file {
-            println!("usage file: {u} (bound: processes use it whatever their environment says)");
+            match &self.usage_id {
+                Some(id) => println!(
+                    "usage file: {u} (bound: processes use it whatever their environment says; only this \
+                     file: {id})"
+                ),
+                None => println!(
+                    "usage file: {u} (bound by path only: a file put in its place would be used; bind it again)"
+                ),
+            }
         }
         if self.entries.is_empty() {
             println!("(no entries: no limits from this file)");
@@ -433,11 +450,36 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         }
         if let Some(u) = &a.usage {
             let bound = (u.as_os_str() != "none").then_some(u.as_path());
-            t.set_usage_path(bound).map_err(CliError::new)?;
+            let id = match bound {
+                Some(p) => Some(usage_identity(p, a.usage_host.as_deref())?),
+                None => None,
+            };
+            t.set_usage(bound, id).map_err(CliError::new)?;
         }
         Ok(())
     })??;
     Ok(snap)
+}
+
+/// The identity of the usage file to bind (`container_path` as the container sees it; `host_path` the same
+/// file here, created and initialised if missing). Without a host path, the container's path must name the
+/// file here too, and it must exist: creating a file at a path meant for a container's mount namespace
+/// would bind the wrong file.
+fn usage_identity(container_path: &Path, host_path: Option<&Path>) -> Result<FileId, CliError> {
+    let here = match host_path {
+        Some(h) => {
+            UsageRegion::open(h).map_err(|e| CliError::new(format!("usage file: {e}")))?;
+            h
+        }
+        None => container_path,
+    };
+    FileId::of_path(here).map_err(|e| {
+        CliError::new(format!(
+            "usage file {}: {e}: binding records the file's identity, so it must exist here; if the \
+             container sees a host file under another path, give that file with --usage-host HOST_PATH",
+            here.display()
+        ))
+    })
 }
 
 /// Writes `memory` / `sm` / `policy` for `all` devices into `file` (created if missing): what `cuquota run`

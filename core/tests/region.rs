@@ -191,7 +191,7 @@ fn usage_binding_set_read_and_refused_when_malformed() {
     assert_eq!(r.snapshot().usage_path(), None, "not bound in a fresh file");
     let long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX - 1));
     for p in ["/run/cuquota/usage", long.as_str()] {
-        w.update(|t| t.set_usage_path(Some(Path::new(p))))
+        w.update(|t| t.set_usage(Some(Path::new(p)), None))
             .unwrap()
             .unwrap();
         r.refresh();
@@ -200,7 +200,7 @@ fn usage_binding_set_read_and_refused_when_malformed() {
     let too_long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX));
     for bad in ["relative/usage", too_long.as_str()] {
         let e = w
-            .update(|t| t.set_usage_path(Some(Path::new(bad))))
+            .update(|t| t.set_usage(Some(Path::new(bad)), None))
             .unwrap()
             .unwrap_err();
         assert!(e.contains("must be absolute"), "{e}");
@@ -211,9 +211,76 @@ fn usage_binding_set_read_and_refused_when_malformed() {
         Some(Path::new(long.as_str())),
         "unchanged by refusals"
     );
-    w.update(|t| t.set_usage_path(None)).unwrap().unwrap();
+    w.update(|t| t.set_usage(None, None)).unwrap().unwrap();
     r.refresh();
     assert_eq!(r.snapshot().usage_path(), None);
+}
+
+/// Issue 21, item 6: the binding records the usage file's identity, and opening the bound path refuses any
+/// other file there (renamed away and replaced, recreated, or missing) rather than starting a fresh region.
+#[test]
+fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
+    use cuquota_core::region::{FileId, RegionError, UsageRegion};
+    let lf = TempFile::new("usagebind-id-limits");
+    let uf = TempFile::new("usagebind-id-usage");
+    drop(UsageRegion::open(uf.path()).unwrap());
+    let id = FileId::of_path(uf.path()).unwrap();
+    assert_ne!(id.ino, 0);
+    let w = LimitsWriter::create(lf.path()).unwrap();
+    w.update(|t| t.set_usage(Some(uf.path()), Some(id)))
+        .unwrap()
+        .unwrap();
+    let r = LimitsReader::open(lf.path()).unwrap();
+    assert_eq!(r.snapshot().usage_path(), Some(uf.path()));
+    assert_eq!(r.snapshot().usage_id(), Some(id));
+    UsageRegion::open_bound(uf.path(), id).expect("the bound file itself");
+
+    // renamed away: nothing at the path is refused, and nothing is created there
+    let away = uf.path().with_extension("away");
+    std::fs::rename(uf.path(), &away).unwrap();
+    let e = UsageRegion::open_bound(uf.path(), id).err().expect("missing");
+    assert!(
+        matches!(e, RegionError::NotTheBoundFile { found: None, .. }),
+        "{e}"
+    );
+    assert!(!uf.path().exists(), "a bound open must not create the file");
+    // a fresh file, and a byte-for-byte copy of the bound one, at the path: both refused, naming the file
+    for fresh in [false, true] {
+        if fresh {
+            drop(UsageRegion::open(uf.path()).unwrap());
+        } else {
+            std::fs::copy(&away, uf.path()).unwrap();
+        }
+        let e = UsageRegion::open_bound(uf.path(), id).err().expect("replaced");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, RegionError::NotTheBoundFile { found: Some(_), .. }),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&uf.path().display().to_string()) && msg.contains("replaced"),
+            "{msg}"
+        );
+        std::fs::remove_file(uf.path()).unwrap();
+    }
+    // renamed back: accepted again
+    std::fs::rename(&away, uf.path()).unwrap();
+    UsageRegion::open_bound(uf.path(), id).expect("the bound file, back in place");
+    // deleted and recreated: refused even where the file system hands out the same inode number again
+    // (ext4 does at once), by the birth time
+    std::fs::remove_file(uf.path()).unwrap();
+    drop(UsageRegion::open(uf.path()).unwrap());
+    let again = FileId::of_path(uf.path()).unwrap();
+    let e = UsageRegion::open_bound(uf.path(), id).err();
+    assert!(
+        e.is_some() || (again.ino == id.ino && id.btime_ns == 0),
+        "a recreated file (inode {} then {}) was taken for the bound one",
+        id.ino,
+        again.ino
+    );
+    // unbinding forgets the identity
+    w.update(|t| t.set_usage(None, Some(id))).unwrap().unwrap();
+    assert_eq!(w.read().unwrap().usage_id(), None);
 }
 
 #[test]

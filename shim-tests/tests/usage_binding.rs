@@ -1,26 +1,14 @@
 //! Class 7 of issue 11 (part): the agent's limits file binds the container's usage file, so a process started
 //! with `CUQUOTA_USAGE_FILE` pointing at a private file does not get a private cap. Four processes, each with
 //! its own usage file, under an agent file with a 1 GiB cap that names the container's usage file: together
-//! they stay within 1 GiB by the simulator's own count.
+//! they stay within 1 GiB by the simulator's own count. Issue 21, item 6: the binding names the file itself
+//! (its identity), so a file put at the bound path is no fresh cap either.
 
 use shim_tests::{Prog, Sim, GIB};
 
 #[test]
 fn private_usage_files_do_not_multiply_the_agent_cap() {
-    let sim = Sim::new().ctx_overhead("64m").build();
-    sim.agent_memory_limit(0, "1g");
-    let file = sim.limits_file();
-    let usage = sim.usage_file();
-    let out = sim.cli(&[
-        "limits",
-        "set",
-        file.to_str().unwrap(),
-        "--device",
-        "0",
-        "--usage",
-        usage.to_str().unwrap(),
-    ]);
-    assert!(out.success(), "binding the usage file failed:{out:?}");
+    let sim = bound_sim();
 
     let mut procs = Vec::new();
     for i in 0..4 {
@@ -52,4 +40,88 @@ fn private_usage_files_do_not_multiply_the_agent_cap() {
         "4 processes with private usage files hold {} MiB under a 1 GiB agent cap:{truth:?}",
         used >> 20
     );
+}
+
+/// Binds the default container's usage file (with its identity) in a fresh limits file with a 1 GiB cap on
+/// device 0.
+fn bound_sim() -> Sim {
+    let sim = Sim::new().ctx_overhead("64m").build();
+    sim.agent_memory_limit(0, "1g");
+    let usage = sim.usage_file();
+    let usage = usage.to_str().unwrap();
+    let file = sim.limits_file();
+    let out = sim.cli(&[
+        "limits",
+        "set",
+        file.to_str().unwrap(),
+        "--device",
+        "0",
+        "--usage",
+        usage,
+        "--usage-host",
+        usage,
+    ]);
+    assert!(out.success(), "binding the usage file failed:{out:?}");
+    sim
+}
+
+/// Issue 21, item 6: one process of the container holds 600 MiB of a 1 GiB cap; the tenant then moves the
+/// bound usage file out of the way in its writable directory (`replace`), and a second process asks for
+/// 600 MiB more. Bound by path alone (main), the second process found a fresh, empty file at the path (created
+/// it, or took the one the tenant put there) and got the whole cap again. Bound by identity it is refused,
+/// with an error naming the file; the simulator's own count stays within the cap.
+fn replaced_usage_file_fails_closed(replace: impl FnOnce(&std::path::Path, &std::path::Path)) {
+    let sim = bound_sim();
+    let usage = sim.usage_file();
+    let snapshot = sim.dir().join("usage-snapshot");
+    // what a tenant could copy while the file was still empty
+    let first = sim.cmd(Prog::Probe).args("init").run();
+    first.ok();
+    std::fs::copy(&usage, &snapshot).unwrap();
+
+    let mut holder = sim.cmd(Prog::Probe).args("init alloc:mem:600m wait").spawn();
+    holder.wait_ready(1);
+    replace(&usage, &snapshot);
+    let mut second = sim.cmd(Prog::Probe).args("init alloc:mem:600m wait").spawn();
+    second.wait_ready(1);
+    let truth = sim.cmd(Prog::Probe).no_preload().args("simused").run();
+    truth.ok();
+    second.release();
+    let second = second.finish();
+    holder.release();
+    let held = holder.finish();
+    held.ok();
+    assert_eq!(held.val("alloc.0"), "CUDA_SUCCESS", "{held:?}");
+
+    let used = truth.num("sim.used.0");
+    assert!(
+        used <= GIB,
+        "{} MiB held under a 1 GiB cap after the bound usage file was replaced:{second:?}{truth:?}",
+        used >> 20
+    );
+    assert!(
+        second.get("alloc.0") != Some("CUDA_SUCCESS"),
+        "the second process was granted 600 MiB:{second:?}"
+    );
+    let usage_name = usage.display().to_string();
+    assert!(
+        second.stderr.contains(&usage_name) && second.stderr.contains("not the usage file the agent bound"),
+        "the refusal must name the bound file and say why:{second:?}"
+    );
+}
+
+#[test]
+fn a_renamed_bound_usage_file_is_not_replaced_by_a_fresh_one() {
+    // renamed away: the next process would create a fresh one at the path
+    replaced_usage_file_fails_closed(|usage, _| {
+        std::fs::rename(usage, usage.with_extension("moved")).unwrap();
+    });
+}
+
+#[test]
+fn a_bound_usage_file_replaced_by_an_old_copy_is_refused() {
+    // an old copy (valid header, no charges) renamed over the bound file: same content, another file
+    replaced_usage_file_fails_closed(|usage, snapshot| {
+        std::fs::rename(snapshot, usage).unwrap();
+    });
 }

@@ -116,6 +116,16 @@ pub enum RegionError {
         /// What happened to it: `truncated`, `zeroed`.
         what: &'static str,
     },
+    /// The agent bound the container to a usage file and the file at its path is another one (or none): it
+    /// was renamed away, deleted or replaced after it was bound.
+    NotTheBoundFile {
+        /// The bound path.
+        path: PathBuf,
+        /// The identity the agent recorded.
+        expected: super::FileId,
+        /// The file found there (`None`: none).
+        found: Option<super::FileId>,
+    },
 }
 
 impl fmt::Display for RegionError {
@@ -179,6 +189,20 @@ impl fmt::Display for RegionError {
                  container): the container's accounting is lost, so new allocations are refused",
                 path.display()
             ),
+            RegionError::NotTheBoundFile { path, expected, found } => {
+                write!(f, "{}: not the usage file the agent bound ({expected}); ", path.display())?;
+                match found {
+                    Some(id) => write!(f, "this one is {id}")?,
+                    None => f.write_str("there is no file there")?,
+                }
+                write!(
+                    f,
+                    ": it was renamed, deleted or replaced since it was bound, and a fresh file would be a fresh \
+                     cap, so this process is refused. The node's administrator re-binds the container's file with \
+                     `cuquota limits set LIMITS --device all --usage {}`",
+                    path.display()
+                )
+            }
         }
     }
 }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::header::{self, Header, Word};
 use super::layout::*;
 use super::liveness::{current_pid, is_alive};
-use super::map::{Access, Mapping};
+use super::map::{Access, FileId, Mapping};
 use super::RegionError;
 use crate::policy::{Policy, PolicyRaw};
 
@@ -150,6 +150,8 @@ pub struct LimitsTable {
     pub usage_path_len: u32,
     /// The bound usage file's path bytes, zero after `usage_path_len`.
     pub usage_path: [u8; LIMITS_USAGE_PATH_MAX],
+    /// The bound file's identity; `ino` 0 = none recorded (bound by path only).
+    pub usage_id: FileId,
 }
 
 impl Default for LimitsTable {
@@ -161,6 +163,7 @@ impl Default for LimitsTable {
             members: [0; LIMITS_MAX_MEMBERS],
             usage_path_len: 0,
             usage_path: [0; LIMITS_USAGE_PATH_MAX],
+            usage_id: FileId::default(),
         }
     }
 }
@@ -258,9 +261,26 @@ impl LimitsTable {
         (n > 0).then(|| std::path::Path::new(std::ffi::OsStr::from_bytes(&self.usage_path[..n])))
     }
 
-    /// Binds the container's usage file (`None` unbinds). The path must be absolute, without NUL bytes, and
-    /// at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong (nothing changed).
-    pub fn set_usage_path(&mut self, path: Option<&std::path::Path>) -> Result<(), String> {
+    /// The identity of the bound usage file as the agent recorded it, if it did.
+    pub fn usage_id(&self) -> Option<FileId> {
+        (self.usage_path().is_some() && self.usage_id.ino != 0).then_some(self.usage_id)
+    }
+
+    /// Binds the container's usage file (`None` unbinds): its path as the container's processes see it and
+    /// the identity of that file (`FileId::of_path` of the same file as the agent sees it; `None` binds by path
+    /// alone, which a tenant who can write the file's directory defeats). The path must be absolute, without
+    /// NUL bytes, and at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong (nothing changed).
+    pub fn set_usage(&mut self, path: Option<&std::path::Path>, id: Option<FileId>) -> Result<(), String> {
+        self.set_usage_path(path)?;
+        self.usage_id = if path.is_some() {
+            id.unwrap_or_default()
+        } else {
+            FileId::default()
+        };
+        Ok(())
+    }
+
+    fn set_usage_path(&mut self, path: Option<&std::path::Path>) -> Result<(), String> {
         use std::os::unix::ffi::OsStrExt;
         let bytes = path.map_or(&[][..], |p| p.as_os_str().as_bytes());
         if let Some(p) = path {
@@ -414,6 +434,11 @@ fn load_table(file: &LimitsFile) -> LimitsTable {
         .len
         .load(Ordering::Relaxed)
         .min(LIMITS_USAGE_PATH_MAX as u32);
+    table.usage_id = FileId {
+        dev: file.usage.dev.load(Ordering::Relaxed),
+        ino: file.usage.ino.load(Ordering::Relaxed),
+        btime_ns: file.usage.btime_ns.load(Ordering::Relaxed),
+    };
     table
 }
 
@@ -435,6 +460,11 @@ fn store_table(file: &LimitsFile, table: &LimitsTable) {
         );
     }
     file.usage.len.store(table.usage_path_len, Ordering::Relaxed);
+    file.usage.dev.store(table.usage_id.dev, Ordering::Relaxed);
+    file.usage.ino.store(table.usage_id.ino, Ordering::Relaxed);
+    file.usage
+        .btime_ns
+        .store(table.usage_id.btime_ns, Ordering::Relaxed);
 }
 
 /// One seqlock read attempt loop.

@@ -22,6 +22,107 @@ pub(crate) enum Access {
     ReadWrite,
     /// `PROT_READ | PROT_WRITE`, created with the given mode if missing.
     Create(u32),
+    /// `PROT_READ | PROT_WRITE`, never created: the file must be the one the agent bound (this identity),
+    /// checked on the descriptor before anything is read or changed; then initialised like `Create`.
+    Bound(FileId),
+}
+
+impl Access {
+    /// Whether an empty or zeroed file is initialised (rather than refused).
+    pub(crate) fn initialises(self) -> bool {
+        matches!(self, Access::Create(_) | Access::Bound(_))
+    }
+}
+
+/// Which file a path named when the agent bound it: device, inode and birth time. A tenant who can write a
+/// directory can replace the file at a path, never give the new one the old identity: a new file gets another
+/// inode, or (when the file system reuses the number of a deleted one) another birth time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`; 0 = no identity recorded.
+    pub ino: u64,
+    /// Birth time, ns since the epoch (`statx`'s `stx_btime`); 0 = the file system does not report one.
+    pub btime_ns: u64,
+}
+
+impl FileId {
+    /// The identity of the file `path` names (following links).
+    pub fn of_path(path: &Path) -> std::io::Result<FileId> {
+        let file = std::fs::File::open(path)?;
+        FileId::of_fd(std::os::fd::AsRawFd::as_raw_fd(&file))
+    }
+
+    /// The identity of an open file. `statx` through the raw syscall (glibc has a wrapper only from 2.28; the
+    /// library targets older ones); `fstat` where the kernel has none (birth time then unknown).
+    pub fn of_fd(fd: std::os::fd::RawFd) -> std::io::Result<FileId> {
+        // SAFETY: statx is plain data; all-zero is a valid value.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH names `fd`; stx is a valid out-pointer.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_statx,
+                fd,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                libc::STATX_INO | libc::STATX_BTIME,
+                &mut stx,
+            )
+        };
+        if r == 0 {
+            let btime_ns = if stx.stx_mask & libc::STATX_BTIME != 0 {
+                (stx.stx_btime.tv_sec as u64)
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(u64::from(stx.stx_btime.tv_nsec))
+            } else {
+                0
+            };
+            return Ok(FileId {
+                dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
+                ino: stx.stx_ino,
+                btime_ns,
+            });
+        }
+        // SAFETY: stat is plain data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open; st is a valid out-pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            btime_ns: 0,
+        })
+    }
+
+    /// Whether an open file is the recorded one. A recorded birth time must be matched: a file whose birth
+    /// time cannot be read now (a seccomp filter that blocks `statx`) is not taken for the recorded one.
+    pub fn matches(&self, now: &FileId) -> bool {
+        self.dev == now.dev && self.ino == now.ino && (self.btime_ns == 0 || self.btime_ns == now.btime_ns)
+    }
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "device {}:{}, inode {}",
+            libc::major(self.dev),
+            libc::minor(self.dev),
+            self.ino
+        )?;
+        if self.btime_ns != 0 {
+            write!(
+                f,
+                ", born {}.{:09}",
+                self.btime_ns / 1_000_000_000,
+                self.btime_ns % 1_000_000_000
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// A `MAP_SHARED` mapping of a whole region file. Unmapped on drop.
@@ -107,12 +208,33 @@ impl Mapping {
             _ => unsafe { libc::open(cpath.as_ptr(), flags) },
         };
         if fd < 0 {
+            if let Access::Bound(expected) = access {
+                let error = std::io::Error::last_os_error();
+                if error.kind() == std::io::ErrorKind::NotFound {
+                    return Err(RegionError::NotTheBoundFile {
+                        path: path.to_path_buf(),
+                        expected,
+                        found: None,
+                    });
+                }
+            }
             return Err(io_err(path, "open"));
         }
         let fd = Fd(fd);
+        if let Access::Bound(expected) = access {
+            // On the descriptor, before anything is read or written: the file we map is the file we checked.
+            let found = FileId::of_fd(fd.0).map_err(|_| io_err(path, "statx"))?;
+            if !expected.matches(&found) {
+                return Err(RegionError::NotTheBoundFile {
+                    path: path.to_path_buf(),
+                    expected,
+                    found: Some(found),
+                });
+            }
+        }
 
         let file_size = fstat_size(&fd, path)?;
-        let file_size = if file_size == 0 && matches!(access, Access::Create(_)) {
+        let file_size = if file_size == 0 && access.initialises() {
             // A fresh (or concurrently created) file: every racer extends it to the same size.
             // SAFETY: fd is open for writing.
             if unsafe { libc::ftruncate(fd.0, size as libc::off_t) } != 0 {

@@ -33,6 +33,7 @@ pub use limits::{
     DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
     MembersError, ReadError, TableFull,
 };
+pub use map::FileId;
 pub use priority::{
     HpState, Inflight, PriorityDeviceId, PriorityDeviceInfo, PriorityEntry, PriorityRegion, HP_MAX_AHEAD_NS,
     INFLIGHT_TTL_S, TOKEN_MAX_AHEAD_NS,

@@ -213,6 +213,13 @@ impl UsageRegion {
         Self::open_with(path, Access::Create(0o666))
     }
 
+    /// Opens the usage file the agent bound the container to: never creates one, and refuses
+    /// ([`RegionError::NotTheBoundFile`]) a file at `path` that is not the one with identity `id` (renamed away
+    /// and replaced: a fresh file would be a fresh, empty cap). Otherwise as [`UsageRegion::open`].
+    pub fn open_bound(path: &Path, id: super::FileId) -> Result<UsageRegion, RegionError> {
+        Self::open_with(path, Access::Bound(id))
+    }
+
     /// Opens an existing, initialised usage file (for `cuquota status`: never creates one).
     pub fn open_existing(path: &Path) -> Result<UsageRegion, RegionError> {
         Self::open_with(path, Access::ReadWrite)
@@ -227,7 +234,7 @@ impl UsageRegion {
             own_slot: AtomicU32::new(NO_SLOT),
             lock_fds: (0..MAX_PROCS).map(|_| AtomicI32::new(-1)).collect(),
         };
-        region.validate(matches!(access, Access::Create(_)))?;
+        region.validate(access.initialises())?;
         Ok(region)
     }
 
