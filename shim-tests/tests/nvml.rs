@@ -493,3 +493,83 @@ fn process_detail_list_hides_other_containers() {
     mine.finish().ok();
     theirs.finish().ok();
 }
+
+/// Issue 21, item 9: `nvmlDeviceGetEncoderSessions` and `nvmlDeviceGetFBCSessions` show only the container's
+/// sessions (another container's pid is missing from the list, from the size query's count too); the
+/// simulator gives every process on the device one session of each (`CUDASIM_NVML_LISTS=encoder,fbc`). The
+/// vGPU host's per-process calls answer NOT_SUPPORTED (3) and clearing accounting NO_PERMISSION (4).
+#[test]
+fn encoder_and_fbc_sessions_hide_other_containers() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,encoder,fbc")
+        .build();
+    let (mine, theirs) = two_containers(&sim);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let pids = |out: &shim_tests::Output, key: &str| -> Vec<u32> {
+        parse_proc_list(out.val(key)).iter().map(|p| p.0).collect()
+    };
+
+    // ground truth: the simulator itself lists both processes' sessions
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args("enc:0 fbc:0").run();
+    bare.ok();
+    for what in ["enc", "fbc"] {
+        let all = pids(&bare, &format!("{what}.0"));
+        assert!(
+            all.contains(&my_pid) && all.contains(&their_pid),
+            "the simulator should list both processes' {what} sessions:{bare:?}"
+        );
+        assert_eq!(
+            bare.num(&format!("{what}.0.query.count")),
+            all.len() as u64,
+            "{bare:?}"
+        );
+    }
+
+    let out = sim
+        .cmd(Prog::NvmlProbe)
+        .mem_limit("1g")
+        .args("enc:0 fbc:0 vgpu:0")
+        .run();
+    out.ok();
+    for what in ["enc", "fbc"] {
+        assert_eq!(out.val(&format!("{what}.0.rc")), "0", "{what}:{out:?}");
+        let list = pids(&out, &format!("{what}.0"));
+        assert!(
+            !list.contains(&their_pid),
+            "{what} sessions show another container's process:{out:?}"
+        );
+        assert!(
+            list.contains(&my_pid),
+            "{what}: the container's own session is missing:{out:?}"
+        );
+        assert_eq!(
+            out.num(&format!("{what}.0.count")),
+            list.len() as u64,
+            "{what}:{out:?}"
+        );
+        assert_eq!(
+            out.val(&format!("{what}.0.query.rc")),
+            "0",
+            "{what} size query:{out:?}"
+        );
+        assert_eq!(
+            out.num(&format!("{what}.0.query.count")),
+            list.len() as u64,
+            "{what}: a size query must count only the container's:{out:?}"
+        );
+    }
+    for (name, rc) in [
+        ("nvmlVgpuInstanceGetEncoderSessions", "3"),
+        ("nvmlVgpuInstanceGetFBCSessions", "3"),
+        ("nvmlVgpuInstanceGetAccountingPids", "3"),
+        ("nvmlVgpuInstanceGetAccountingStats", "3"),
+        ("nvmlDeviceGetVgpuProcessUtilization", "3"),
+        ("nvmlDeviceGetVgpuProcessesUtilizationInfo", "3"),
+        ("nvmlDeviceClearAccountingPids", "4"),
+        ("nvmlVgpuInstanceClearAccountingPids", "4"),
+    ] {
+        assert_eq!(out.val(&format!("vgpu.{name}.rc")), rc, "{name}:{out:?}");
+    }
+    mine.finish().ok();
+    theirs.finish().ok();
+}

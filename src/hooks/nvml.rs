@@ -13,6 +13,16 @@
 //! - `nvmlDeviceGetAccountingPids`: the same filter and size protocol; `nvmlDeviceGetAccountingStats` of a pid
 //!   that is not the container's answers `NVML_ERROR_NOT_FOUND`, as for a pid NVML does not know; so does
 //!   `nvmlSystemGetProcessName`.
+//! - `nvmlDeviceGetEncoderSessions` and `nvmlDeviceGetFBCSessions`: the same filter over the sessions (by
+//!   owner pid) and their size protocol (`*sessionCount` 0 asks for the count: `NVML_SUCCESS` and the
+//!   container's count). Their aggregates (`nvmlDeviceGetEncoderStats`, `nvmlDeviceGetFBCStats`,
+//!   `nvmlDeviceGetEncoderUtilization`) name no process and pass through, like `nvmlDeviceGetUtilizationRates`.
+//! - Refused (`refuse`): the vGPU host's per-process calls (`nvmlVgpuInstanceGet{Encoder,FBC}Sessions`,
+//!   `nvmlVgpuInstanceGetAccounting{Pids,Stats}`, `nvmlDeviceGetVgpu{ProcessUtilization,ProcessesUtilizationInfo}`)
+//!   answer `NVML_ERROR_NOT_SUPPORTED`, as they do everywhere but on a vGPU hypervisor: they name processes of
+//!   the guest VMs, never of the container, so there is nothing of its own to show. Clearing accounting
+//!   records (`nvmlDeviceClearAccountingPids`, `nvmlVgpuInstanceClearAccountingPids`) answers
+//!   `NVML_ERROR_NO_PERMISSION`: it would erase other containers' records.
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
@@ -171,6 +181,44 @@ pub unsafe fn running_processes<T: ProcessInfo>(
     let mine = members(s, list, T::pid);
     // SAFETY: `count` non-NULL; `infos` as the caller passed it.
     unsafe { write_back(&mine, count, infos, nvmlReturn_t::SUCCESS) }
+}
+
+/// `nvmlDeviceGetEncoderSessions` / `nvmlDeviceGetFBCSessions`: the real sessions → the container's (by owner
+/// pid), with their size protocol: `*count` 0 asks for the count (`NVML_SUCCESS` with the container's); a
+/// buffer too small for the container's gets `NVML_ERROR_INSUFFICIENT_SIZE` and their count.
+///
+/// # Safety
+/// `count`/`infos` as the NVML function requires.
+pub unsafe fn sessions<T: SessionInfo>(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+) -> nvmlReturn_t {
+    // SAFETY: `count` is checked non-NULL before it is read.
+    if count.is_null() || (infos.is_null() && unsafe { *count } > 0) {
+        return real(device, count, infos);
+    }
+    let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, n, buf)) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let mine = members(s, list, T::pid);
+    // SAFETY: `count` non-NULL, the caller's in/out parameter.
+    if unsafe { *count } == 0 {
+        // SAFETY: as above.
+        unsafe { *count = mine.len() as c_uint };
+        return nvmlReturn_t::SUCCESS;
+    }
+    // SAFETY: `count` non-NULL; `infos` non-NULL with room for the `*count` the caller passed.
+    unsafe { write_back(&mine, count, infos, nvmlReturn_t::SUCCESS) }
+}
+
+/// A call refused in every active process (the module's list says why each): `code`, the real library not
+/// called.
+pub fn refuse(_s: &Shim, code: nvmlReturn_t) -> nvmlReturn_t {
+    code
 }
 
 /// `nvmlDeviceGetAccountingPids`: the real list → the container's pids, with the same size protocol (the
