@@ -225,21 +225,6 @@ impl MemoryInfo for nvmlMemory_v2_t {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::mem::size_of;
-
-    #[test]
-    fn layouts_match_nvml_h() {
-        assert_eq!(size_of::<nvmlMemory_t>(), 24);
-        assert_eq!(size_of::<nvmlMemory_v2_t>(), 40);
-        assert_eq!(NVML_MEMORY_V2, 40 | (2 << 24));
-        assert_eq!(size_of::<nvmlProcessInfo_v1_t>(), 16);
-        assert_eq!(size_of::<nvmlProcessInfo_v2_t>(), 24);
-    }
-}
-
 /// A session record of `nvmlDeviceGetEncoderSessions` / `nvmlDeviceGetFBCSessions`: its owner's pid.
 pub trait SessionInfo: Copy + Default {
     fn pid(&self) -> c_uint;
@@ -252,5 +237,20 @@ impl SessionInfo for nvmlEncoderSessionInfo_t {
 impl SessionInfo for nvmlFBCSessionInfo_t {
     fn pid(&self) -> c_uint {
         self.pid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::size_of;
+
+    #[test]
+    fn layouts_match_nvml_h() {
+        assert_eq!(size_of::<nvmlMemory_t>(), 24);
+        assert_eq!(size_of::<nvmlMemory_v2_t>(), 40);
+        assert_eq!(NVML_MEMORY_V2, 40 | (2 << 24));
+        assert_eq!(size_of::<nvmlProcessInfo_v1_t>(), 16);
+        assert_eq!(size_of::<nvmlProcessInfo_v2_t>(), 24);
     }
 }
