@@ -17,7 +17,8 @@ pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
 /// [`PolicyWords`] (with priority and reserved memory) in limits entries and usage device entries alike.
 /// 3: the limits file carries the container's members as the agent sees them ([`LimitsMembers`]) and the
 /// container's usage file ([`LimitsUsage`]). 4: the usage file's table of memory shared between processes
-/// ([`UsageShared`], `shared_high_water`).
+/// ([`UsageShared`], `shared_high_water`). Within 4, the usage binding's last 24 path bytes became the bound
+/// file's identity ([`LimitsUsage::ino`]): zero in every older file, which is what "no identity" means.
 pub const ABI_VERSION: u32 = 4;
 /// Device entries per file.
 pub const MAX_DEVICES: usize = 16;
