@@ -411,6 +411,18 @@ impl Devices {
                     seen.store(w.seq(), Ordering::Relaxed);
                 }
             }
+            // Re-bound to another file: this process's charges would be invisible to the container's others.
+            let bound: Vec<_> = readers.iter().filter_map(|r| r.snapshot().usage_id()).collect();
+            if self.usage.follow_binding(&bound) {
+                match self.usage.check() {
+                    Err(e) => log!(Level::Error, "{e}"),
+                    Ok(()) => log!(
+                        Level::Info,
+                        "usage file {}: bound again",
+                        self.usage.path().display()
+                    ),
+                }
+            }
         }
         self.compute_flags();
         for (o, slot) in self.table.iter().enumerate() {

@@ -233,7 +233,20 @@ fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
     let r = LimitsReader::open(lf.path()).unwrap();
     assert_eq!(r.snapshot().usage_path(), Some(uf.path()));
     assert_eq!(r.snapshot().usage_id(), Some(id));
-    UsageRegion::open_bound(uf.path(), id).expect("the bound file itself");
+    let region = UsageRegion::open_bound(uf.path(), id).expect("the bound file itself");
+    // a running process follows the binding: another file bound → its file fails `check`; bound again → fine
+    assert_eq!(region.file_id(), Some(id));
+    assert!(!region.follow_binding(&[id]));
+    region.check().expect("still the bound file");
+    let other = FileId {
+        ino: id.ino + 1,
+        ..id
+    };
+    assert!(region.follow_binding(&[other]));
+    assert!(matches!(region.check(), Err(RegionError::Superseded { .. })));
+    assert!(region.follow_binding(&[]), "unbound: nothing to compare");
+    region.check().expect("no binding, no refusal");
+    drop(region);
 
     // renamed away: nothing at the path is refused, and nothing is created there
     let away = uf.path().with_extension("away");

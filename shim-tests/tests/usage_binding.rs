@@ -125,3 +125,45 @@ fn a_bound_usage_file_replaced_by_an_old_copy_is_refused() {
         std::fs::rename(snapshot, usage).unwrap();
     });
 }
+
+/// Issue 21, item 6: a running process that the agent's limits file no longer binds to the file it accounts in
+/// (the agent bound the container to a new file) admits nothing more under the cap: what it would charge in
+/// the old file, the processes accounting in the new one would not see. Noticed at the limits file's next
+/// generation, not per allocation. Bound by path (main), it kept allocating.
+#[test]
+fn a_running_process_allocates_no_more_once_the_agent_binds_another_file() {
+    let sim = bound_sim();
+    let mut holder = sim
+        .cmd(Prog::Probe)
+        .args("init alloc:mem:100m wait alloc:mem:100m")
+        .spawn();
+    holder.wait_ready(1);
+    let fresh = sim.dir().join("usage-rebound");
+    let fresh = fresh.to_str().unwrap();
+    let file = sim.limits_file();
+    let out = sim.cli(&[
+        "limits",
+        "set",
+        file.to_str().unwrap(),
+        "--device",
+        "0",
+        "--usage",
+        fresh,
+        "--usage-host",
+        fresh,
+    ]);
+    assert!(out.success(), "re-binding failed:{out:?}");
+    holder.release();
+    let out = holder.finish();
+    out.ok();
+    assert_eq!(out.val("alloc.0"), "CUDA_SUCCESS", "{out:?}");
+    assert_ne!(
+        out.val("alloc.1"),
+        "CUDA_SUCCESS",
+        "an allocation charged to a usage file the agent no longer binds:{out:?}"
+    );
+    assert!(
+        out.stderr.contains("binds the container to another usage file"),
+        "the refusal must say why:{out:?}"
+    );
+}

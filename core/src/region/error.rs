@@ -116,6 +116,12 @@ pub enum RegionError {
         /// What happened to it: `truncated`, `zeroed`.
         what: &'static str,
     },
+    /// The agent's limits file now binds the container to another usage file than the one this process
+    /// accounts in.
+    Superseded {
+        /// The file this process accounts in.
+        path: PathBuf,
+    },
     /// The agent bound the container to a usage file and the file at its path is another one (or none): it
     /// was renamed away, deleted or replaced after it was bound.
     NotTheBoundFile {
@@ -187,6 +193,13 @@ impl fmt::Display for RegionError {
                 f,
                 "{}: the usage file was {what} while this process used it (by another process of the \
                  container): the container's accounting is lost, so new allocations are refused",
+                path.display()
+            ),
+            RegionError::Superseded { path } => write!(
+                f,
+                "{}: the agent's limits file binds the container to another usage file now: what this process \
+                 would charge here the container's other processes no longer see, so new allocations are \
+                 refused (what it holds is kept); restart the process to account in the bound file",
                 path.display()
             ),
             RegionError::NotTheBoundFile { path, expected, found } => {
