@@ -212,7 +212,7 @@ impl fmt::Display for RegionError {
                     f,
                     ": it was renamed, deleted or replaced since it was bound, and a fresh file would be a fresh \
                      cap, so this process is refused. The node's administrator re-binds the container's file with \
-                     `cuquota limits set LIMITS --device all --usage {}`",
+                     `cuquota limits set LIMITS --device all --usage {} [--usage-host HOST_PATH]`",
                     path.display()
                 )
             }
