@@ -158,3 +158,53 @@ fn null_buffer_queries_leak_other_containers_counts() {
     }
     assert!(leaked.is_empty(), "device-wide counts reach the container: {leaked:?}:{out:?}");
 }
+
+/// FINDING (layout reuse): an older agent's limits file may bind a usage path of 481..504 bytes (its limit was
+/// 504). This version reads `len` clamped to 480 (core/src/region/limits.rs `load_table`, `usage_path`) and the
+/// path's last bytes as the identity: 481..488 bytes → `ino` 0 → "bound by path only" to a TRUNCATED path
+/// (another file, created by the shim with `Access::Create`); 489..504 → garbage `ino` → every process refused.
+/// Neither is reported as what it is (an unreadable binding); a path longer than the field should fail closed
+/// with its own error.
+#[test]
+fn an_old_limits_file_with_a_long_usage_path_is_misread() {
+    use cuquota_core::region::layout::LimitsFile;
+    use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsWriter};
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = std::env::temp_dir().join(format!("review-longpath-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut bad = Vec::new();
+    for len in [485usize, 500] {
+        let file = dir.join(format!("limits-{len}"));
+        let _ = std::fs::remove_file(&file);
+        let w = LimitsWriter::create(&file).unwrap();
+        w.update(|t| {
+            t.entry_mut(DeviceSelector::All)?.memory_limit = 1 << 30;
+            Ok::<_, cuquota_core::region::TableFull>(())
+        })
+        .unwrap()
+        .unwrap();
+        drop(w);
+        // What an ABI-4 agent before identities wrote: len and `len` path bytes, zero after.
+        let mut path = String::from("/");
+        while path.len() < len {
+            path.push('a');
+        }
+        let off = std::mem::offset_of!(LimitsFile, usage) as u64;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.seek(SeekFrom::Start(off)).unwrap();
+        f.write_all(&(len as u32).to_le_bytes()).unwrap();
+        f.write_all(&[0; 4]).unwrap();
+        f.write_all(path.as_bytes()).unwrap();
+        drop(f);
+        let r = LimitsReader::open(&file).unwrap();
+        let snap = r.snapshot();
+        let seen = snap.usage_path().map(|p| p.as_os_str().len());
+        let id = snap.usage_id();
+        println!("old file, path of {len} bytes: read as a path of {seen:?} bytes, identity {id:?}");
+        if seen != Some(len) {
+            bad.push(format!("{len}-byte path read as {seen:?} bytes with identity {id:?}"));
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(bad.is_empty(), "old bindings misread: {bad:?}");
+}
