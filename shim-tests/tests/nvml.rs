@@ -573,3 +573,44 @@ fn encoder_and_fbc_sessions_hide_other_containers() {
     mine.finish().ok();
     theirs.finish().ok();
 }
+
+/// The malformed and unfilterable forms of the per-process calls are answered by the shim, never forwarded:
+/// a NULL buffer with a non-zero count (the real function writes the device-wide count, which tells a
+/// container how many processes of others hold sessions) gets NVML_ERROR_INVALID_ARGUMENT (2); a struct
+/// version the shim cannot filter NVML_ERROR_ARGUMENT_VERSION_MISMATCH (25); nvmlDeviceSetAccountingMode
+/// (disabling erases every process's records) NVML_ERROR_NO_PERMISSION (4).
+#[test]
+fn malformed_and_unfilterable_calls_are_not_forwarded() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,encoder,fbc,accounting")
+        .build();
+    let (mut mine, mut theirs) = two_containers(&sim);
+    let prog = shim_tests::compile_c(
+        "nvml_malformed",
+        &shim_tests::workspace_root().join("shim-tests/c/nvml_malformed.c"),
+        &[],
+        &["-lnvidia-ml", "-ldl"],
+    );
+    // Control: the simulator itself answers a NULL buffer with the device-wide count.
+    let bare = sim.cmd_path(prog.clone()).no_preload().run();
+    let out = sim.cmd_path(prog).mem_limit("1g").run();
+    mine.release();
+    theirs.release();
+    mine.finish();
+    theirs.finish();
+    assert!(
+        bare.num("enc.count") >= 2,
+        "the control must see both containers:{bare:?}"
+    );
+    for what in ["enc", "fbc", "procs", "acct"] {
+        assert_eq!(out.val(&format!("{what}.rc")), "2", "{what}:{out:?}");
+        assert_eq!(
+            out.val(&format!("{what}.count")),
+            "1",
+            "{what}: count untouched:{out:?}"
+        );
+    }
+    assert_eq!(out.val("detail_v2.rc"), "25", "{out:?}");
+    assert_eq!(out.val("putil_v2.rc"), "25", "{out:?}");
+    assert_eq!(out.val("setacct.rc"), "4", "{out:?}");
+}

@@ -29,11 +29,17 @@ fn limits(sim: &Sim, file: &Path, args: &[&str]) {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn passes(port: u16) -> u64 {
-    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else { return 0 };
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return 0;
+    };
     s.set_read_timeout(Some(Duration::from_secs(5))).ok();
     let _ = write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
     let mut resp = String::new();
@@ -45,7 +51,9 @@ fn passes(port: u16) -> u64 {
 }
 
 fn alive(pid: u32) -> bool {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
     let st = s[s.rfind(')').unwrap() + 2..].bytes().next();
     !matches!(st, Some(b'Z') | Some(b'X') | None)
 }

@@ -40,6 +40,7 @@ macro_rules! nvml_functions {
             nvmlDeviceGetFBCSessions (device: nvmlDevice_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t) => nvml::sessions(real, device, sessionCount, sessionInfo);
             // refused: they name other containers' processes or erase their records (hooks/nvml.rs says why)
             nvmlDeviceClearAccountingPids (device: nvmlDevice_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
+            nvmlDeviceSetAccountingMode (device: nvmlDevice_t, mode: nvmlEnableState_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
             nvmlVgpuInstanceGetEncoderSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlEncoderSessionInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
             nvmlVgpuInstanceGetFBCSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
             nvmlVgpuInstanceGetAccountingPids (vgpuInstance: nvmlVgpuInstance_t, count: *mut c_uint, pids: *mut c_uint) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);

@@ -33,6 +33,7 @@ impl nvmlReturn_t {
 c_aliases! { checked_aliases;
     pub type nvmlDevice_t = *mut c_void;
     pub type nvmlVgpuInstance_t = c_uint;
+    pub type nvmlEnableState_t = c_uint;
     /// Opaque structs of calls the shim refuses without reading them (vGPU guests' processes).
     pub type nvmlVgpuProcessUtilizationSample_t = c_void;
     pub type nvmlVgpuProcessesUtilizationInfo_t = c_void;
