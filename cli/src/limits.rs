@@ -421,6 +421,12 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
              --no-opt-out/--allow-opt-out or --usage",
         ));
     }
+    // The identity first, from the file opened (never blocking, following no link): nothing that can block or
+    // fail on the tenant's file runs while the limits file's write lock is held.
+    let usage = match a.usage.as_deref().filter(|u| u.as_os_str() != "none") {
+        Some(p) => Some(usage_identity(p, a.usage_host.as_deref())?),
+        None => None,
+    };
     let w = LimitsWriter::open(&a.file)?;
     let snap = w.update(|t| -> Result<(), CliError> {
         let e = t.entry_mut(a.device)?;
@@ -450,11 +456,7 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         }
         if let Some(u) = &a.usage {
             let bound = (u.as_os_str() != "none").then_some(u.as_path());
-            let id = match bound {
-                Some(p) => Some(usage_identity(p, a.usage_host.as_deref())?),
-                None => None,
-            };
-            t.set_usage(bound, id).map_err(CliError::new)?;
+            t.set_usage(bound, usage).map_err(CliError::new)?;
         }
         Ok(())
     })??;
@@ -466,18 +468,21 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
 /// file here too, and it must exist: creating a file at a path meant for a container's mount namespace
 /// would bind the wrong file.
 fn usage_identity(container_path: &Path, host_path: Option<&Path>) -> Result<FileId, CliError> {
-    let here = match host_path {
+    let region = match host_path {
         Some(h) => {
-            UsageRegion::open(h).map_err(|e| CliError::new(format!("usage file: {e}")))?;
-            h
+            UsageRegion::open_for_binding(h, true).map_err(|e| CliError::new(format!("usage file: {e}")))?
         }
-        None => container_path,
+        None => UsageRegion::open_for_binding(container_path, false).map_err(|e| {
+            CliError::new(format!(
+                "usage file: {e}: binding records the file's identity, so it must exist here; if the \
+                 container sees a host file under another path, give that file with --usage-host HOST_PATH"
+            ))
+        })?,
     };
-    FileId::of_path(here).map_err(|e| {
+    region.file_id().ok_or_else(|| {
         CliError::new(format!(
-            "usage file {}: {e}: binding records the file's identity, so it must exist here; if the \
-             container sees a host file under another path, give that file with --usage-host HOST_PATH",
-            here.display()
+            "usage file {}: its identity cannot be read (statx and fstat failed)",
+            region.path().display()
         ))
     })
 }

@@ -167,3 +167,81 @@ fn a_running_process_allocates_no_more_once_the_agent_binds_another_file() {
         "the refusal must say why:{out:?}"
     );
 }
+
+/// `cuquota limits set --usage` with its arguments, bounded by `secs` (a hang is a failure, not a stuck test).
+fn bind_command(sim: &Sim, args: &[&str], secs: u64) -> shim_tests::Output {
+    let file = sim.limits_file();
+    let mut c = sim
+        .cmd_path(shim_tests::cli_bin())
+        .no_preload()
+        .timeout(std::time::Duration::from_secs(secs))
+        .args("limits set")
+        .arg(file.to_str().unwrap())
+        .args("--device all");
+    for a in args {
+        c = c.arg(a);
+    }
+    c.run()
+}
+
+fn mkfifo(path: &std::path::Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+}
+
+/// Review of issue 21 item 6: a FIFO the tenant plants at the path to bind made `limits set --usage` block
+/// in `open` while it held the limits file's write lock (every reader, the agent included, then failed). The
+/// identity is now taken before the write, from the descriptor opened without blocking: the command fails
+/// at once, naming the path, and the limits file stays readable.
+#[test]
+fn binding_a_fifo_fails_at_once_and_leaves_the_limits_readable() {
+    let sim = Sim::new().build();
+    sim.agent_memory_limit(0, "1g");
+    let fifo = sim.dir().join("tenant-usage");
+    mkfifo(&fifo);
+    let f = fifo.to_str().unwrap();
+    for args in [&["--usage", f][..], &["--usage", f, "--usage-host", f][..]] {
+        let out = bind_command(&sim, args, 20);
+        assert!(!out.timed_out, "`limits set {args:?}` hung on a FIFO:{out:?}");
+        assert!(!out.success(), "a FIFO was bound:{out:?}");
+        assert!(
+            out.stderr.contains(f) && out.stderr.contains("not a regular file"),
+            "the error must name the path and say why:{out:?}"
+        );
+        let show = sim.cli(&["limits", "show", sim.limits_file().to_str().unwrap()]);
+        assert!(
+            show.success(),
+            "the limits file is unreadable after a failed binding:{show:?}"
+        );
+    }
+}
+
+/// Review of issue 21 item 6: the bind command (run as root) followed a symbolic link the tenant made in the
+/// path's directories and created a 0666 usage file wherever the link pointed. It follows none now: it fails
+/// naming the link, and nothing is created.
+#[test]
+fn binding_follows_no_symbolic_link_in_the_path() {
+    let sim = Sim::new().build();
+    sim.agent_memory_limit(0, "1g");
+    let tenant = sim.dir().join("tenant");
+    let elsewhere = sim.dir().join("not-the-tenants");
+    std::fs::create_dir(&tenant).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, tenant.join("run")).unwrap();
+    let through = tenant.join("run/usage");
+    let t = through.to_str().unwrap();
+    for args in [&["--usage", t, "--usage-host", t][..], &["--usage", t][..]] {
+        let out = bind_command(&sim, args, 20);
+        assert!(!out.success(), "bound through a symbolic link:{out:?}");
+        assert!(
+            out.stderr.contains("is a symbolic link")
+                && out.stderr.contains(tenant.join("run").to_str().unwrap()),
+            "the error must name the link:{out:?}"
+        );
+        assert!(
+            !elsewhere.join("usage").exists(),
+            "a usage file was created where the link pointed:{out:?}"
+        );
+    }
+}

@@ -122,6 +122,13 @@ pub enum RegionError {
         /// The file this process accounts in.
         path: PathBuf,
     },
+    /// A command that resolves no symbolic link (binding a usage file as root) found one in the path.
+    SymlinkInPath {
+        /// The path given.
+        path: PathBuf,
+        /// Its component that is a symbolic link.
+        link: PathBuf,
+    },
     /// The agent bound the container to a usage file and the file at its path is another one (or none): it
     /// was renamed away, deleted or replaced after it was bound.
     NotTheBoundFile {
@@ -139,6 +146,13 @@ impl fmt::Display for RegionError {
         match self {
             RegionError::Io { path, op, error } => write!(f, "{}: {op} failed: {error}", path.display()),
             RegionError::NotRegularFile { path } => write!(f, "{}: not a regular file", path.display()),
+            RegionError::SymlinkInPath { path, link } => write!(
+                f,
+                "{}: {} is a symbolic link, and binding follows none (it runs privileged, and a tenant who \
+                 can write the directory could point it anywhere): give the path without links",
+                path.display(),
+                link.display()
+            ),
             RegionError::BadSize { path, size, expected } => write!(
                 f,
                 "{}: size {size} bytes, expected {expected}: not a region of this cuquota version \

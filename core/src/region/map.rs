@@ -150,6 +150,50 @@ fn io_err(path: &Path, op: &'static str) -> RegionError {
     }
 }
 
+/// `open(path, flags, mode)` resolving no symbolic link in any component: each directory is opened with
+/// `O_NOFOLLOW | O_DIRECTORY` relative to the one before (a link there fails with `ENOTDIR`), the last
+/// component with `O_NOFOLLOW` (`ELOOP`). For a privileged command writing where a tenant can make links.
+/// Returns the descriptor or -1 with `errno` set, like `open`.
+fn open_no_symlinks(path: &Path, flags: libc::c_int, mode: u32) -> libc::c_int {
+    use std::path::Component;
+    let dir_flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let start = if path.is_absolute() { c"/" } else { c"." };
+    // SAFETY: a valid NUL-terminated string.
+    let mut dir = Fd(unsafe { libc::open(start.as_ptr(), dir_flags) });
+    if dir.0 < 0 {
+        return -1;
+    }
+    let parts: Vec<_> = path
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir | Component::CurDir))
+        .collect();
+    let Some((last, dirs)) = parts.split_last() else {
+        // SAFETY: setting errno, a thread-local.
+        unsafe { *libc::__errno_location() = libc::EISDIR };
+        return -1;
+    };
+    for c in dirs {
+        let Ok(name) = CString::new(c.as_os_str().as_bytes()) else {
+            // SAFETY: as above.
+            unsafe { *libc::__errno_location() = libc::EINVAL };
+            return -1;
+        };
+        // SAFETY: dir.0 is an open directory descriptor; name is NUL-terminated.
+        let next = unsafe { libc::openat(dir.0, name.as_ptr(), dir_flags) };
+        if next < 0 {
+            return -1;
+        }
+        dir = Fd(next);
+    }
+    let Ok(name) = CString::new(last.as_os_str().as_bytes()) else {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return -1;
+    };
+    // SAFETY: as above; the mode is passed as the variadic argument.
+    unsafe { libc::openat(dir.0, name.as_ptr(), flags | libc::O_NOFOLLOW, mode) }
+}
+
 /// Closes a descriptor on every exit path.
 struct Fd(libc::c_int);
 impl Drop for Fd {
@@ -163,15 +207,27 @@ impl Mapping {
     /// Opens (or creates) `path`, makes sure it is `size` bytes (extending an empty file when writable) and maps
     /// it. The header is validated by the caller.
     pub(crate) fn open(path: &Path, access: Access, size: usize) -> Result<Mapping, RegionError> {
-        Self::open_with(path, access, size, false)
+        Self::open_with(path, access, size, false, false)
     }
 
-    /// [`Mapping::open`], keeping the descriptor open ([`Mapping::fd`]).
-    pub(crate) fn open_keeping_fd(path: &Path, access: Access, size: usize) -> Result<Mapping, RegionError> {
-        Self::open_with(path, access, size, true)
+    /// [`Mapping::open`], keeping the descriptor open ([`Mapping::fd`]); with `no_symlinks`, no component of
+    /// `path` may be a symbolic link ([`RegionError::SymlinkInPath`]).
+    pub(crate) fn open_keeping_fd(
+        path: &Path,
+        access: Access,
+        size: usize,
+        no_symlinks: bool,
+    ) -> Result<Mapping, RegionError> {
+        Self::open_with(path, access, size, true, no_symlinks)
     }
 
-    fn open_with(path: &Path, access: Access, size: usize, keep_fd: bool) -> Result<Mapping, RegionError> {
+    fn open_with(
+        path: &Path,
+        access: Access,
+        size: usize,
+        keep_fd: bool,
+        no_symlinks: bool,
+    ) -> Result<Mapping, RegionError> {
         let cpath = CString::new(path.as_os_str().as_bytes()).map_err(|_| RegionError::Io {
             path: path.to_path_buf(),
             op: "open",
@@ -187,10 +243,17 @@ impl Mapping {
             _ => libc::O_RDWR | libc::O_NOFOLLOW,
         } | libc::O_CLOEXEC
             | libc::O_NONBLOCK;
+        let open = |flags: libc::c_int, mode: u32| {
+            if no_symlinks {
+                open_no_symlinks(path, flags, mode)
+            } else {
+                // SAFETY: cpath is a valid NUL-terminated string; the mode is passed as the variadic argument.
+                unsafe { libc::open(cpath.as_ptr(), flags, mode) }
+            }
+        };
         let fd = match access {
             Access::Create(mode) => {
-                // SAFETY: cpath is a valid NUL-terminated string; the mode is passed as the variadic argument.
-                let fd = unsafe { libc::open(cpath.as_ptr(), flags | libc::O_CREAT | libc::O_EXCL, mode) };
+                let fd = open(flags | libc::O_CREAT | libc::O_EXCL, mode);
                 if fd >= 0 {
                     // We created it: set the mode exactly, whatever the umask (other users of the container
                     // must be able to open a shared usage file).
@@ -198,15 +261,33 @@ impl Mapping {
                     unsafe { libc::fchmod(fd, mode as libc::mode_t) };
                     fd
                 } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
-                    // SAFETY: as above.
-                    unsafe { libc::open(cpath.as_ptr(), flags) }
+                    open(flags, 0)
                 } else {
                     -1
                 }
             }
-            // SAFETY: cpath is a valid NUL-terminated string.
-            _ => unsafe { libc::open(cpath.as_ptr(), flags) },
+            _ => open(flags, 0),
         };
+        if fd < 0 && no_symlinks {
+            let error = std::io::Error::last_os_error();
+            if matches!(error.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) {
+                // Say which component (a diagnosis only: the open above already refused it).
+                if let Some(link) = path
+                    .ancestors()
+                    .find(|a| a.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()))
+                {
+                    return Err(RegionError::SymlinkInPath {
+                        path: path.to_path_buf(),
+                        link: link.to_path_buf(),
+                    });
+                }
+            }
+            return Err(RegionError::Io {
+                path: path.to_path_buf(),
+                op: "open",
+                error: error.to_string(),
+            });
+        }
         if fd < 0 {
             if let Access::Bound(expected) = access {
                 let error = std::io::Error::last_os_error();

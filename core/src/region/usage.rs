@@ -229,8 +229,25 @@ impl UsageRegion {
         Self::open_with(path, Access::ReadWrite)
     }
 
+    /// Opens the usage file a privileged command binds (`create`: as [`UsageRegion::open`], else as
+    /// [`UsageRegion::open_existing`]), resolving no symbolic link in any component of `path`
+    /// ([`RegionError::SymlinkInPath`]): its directory is the tenant's to write. Never blocks (a FIFO is
+    /// refused as not a regular file); [`UsageRegion::file_id`] is then the identity of the file opened.
+    pub fn open_for_binding(path: &Path, create: bool) -> Result<UsageRegion, RegionError> {
+        let access = if create {
+            Access::Create(0o666)
+        } else {
+            Access::ReadWrite
+        };
+        Self::open_mapping(path, access, true)
+    }
+
     fn open_with(path: &Path, access: Access) -> Result<UsageRegion, RegionError> {
-        let mut map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>())?;
+        Self::open_mapping(path, access, false)
+    }
+
+    fn open_mapping(path: &Path, access: Access, no_symlinks: bool) -> Result<UsageRegion, RegionError> {
+        let mut map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>(), no_symlinks)?;
         // Every process of the container can truncate this file: survive it (fault.rs) and fail closed.
         map.guard_truncation();
         let id = map.fd().and_then(|fd| super::FileId::of_fd(fd).ok());

@@ -1,14 +1,13 @@
-//! Review of issue 21 item 6, agent side. EXPECTED TO FAIL on rev-binding (b4ecae5): the failure is the finding.
+//! Issue 21 item 6, agent side: binding a container's usage file never stops the agent's backstop.
 //!
-//! `cuquota limits set L --usage PATH` takes the bound file's identity INSIDE the limits file's seqlock write
-//! (cli/src/limits.rs `set`: `usage_identity` runs in the `w.update(|t| ..)` closure), and `FileId::of_path`
-//! opens PATH with a blocking `File::open` that follows links (core/src/region/map.rs). PATH lives in the
-//! tenant's writable directory (the premise of item 6): a FIFO planted there makes the administrator's command
-//! block for ever with the seqlock held odd. Every reader of the limits file then fails ("limits are being
-//! written (writer pid …)"), the node agent included: it reports the container as failed and `continue`s
-//! before `enforce` (cli/src/agent/mod.rs, `LimitsReader::open(&d.limits)` → `self.failed(..)`), so the
-//! memory = "kill" backstop is off for that container while the command hangs. A tenant process that bypasses
-//! the library holds 800 MiB under a 512 MiB cap and is never killed.
+//! The review found `cuquota limits set L --usage PATH` taking the bound file's identity INSIDE the limits
+//! file's seqlock write, with a blocking `open` that followed links: PATH lives in the tenant's writable
+//! directory, so a FIFO planted there made the administrator's command block for ever with the seqlock held.
+//! Every reader of the limits file then failed ("limits are being written (writer pid …)"), the node agent
+//! included, which skipped enforcement for that container: a tenant process that bypasses the library held
+//! 800 MiB under a 512 MiB cap and was never killed. The identity is now taken before the write, from a
+//! descriptor opened without blocking (a FIFO is refused at once): the agent kills the tenant as it does
+//! when the binding succeeds (the control).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -59,12 +58,12 @@ fn alive(pid: u32) -> bool {
 }
 
 #[test]
-fn a_fifo_at_the_bound_path_turns_the_agents_backstop_off() {
+fn a_fifo_at_the_bound_path_leaves_the_agents_backstop_on() {
     bind_while_a_bypassing_tenant_is_over(true);
 }
 
 /// Control: the same with a regular (initialised) usage file at the path: the binding completes and the agent
-/// kills the tenant (passes on rev-binding).
+/// kills the tenant.
 #[test]
 fn control_a_regular_file_at_the_bound_path() {
     bind_while_a_bypassing_tenant_is_over(false);
@@ -112,7 +111,7 @@ fn bind_while_a_bypassing_tenant_is_over(plant_fifo: bool) {
     .unwrap();
 
     // The administrator binds the container's usage file (re-binding a running container, or binding it
-    // when the path is the same on the node): blocks on the tenant's FIFO with the seqlock held.
+    // when the path is the same on the node): it used to block on the tenant's FIFO with the seqlock held.
     let admin: Proc = sim
         .cmd_path(cli_bin())
         .no_preload()
