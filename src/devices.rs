@@ -16,7 +16,9 @@ use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::PolicyWords;
-use cuquota_core::region::{LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion};
+use cuquota_core::region::{
+    FileId, LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion,
+};
 use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -412,7 +414,16 @@ impl Devices {
                 }
             }
             // Re-bound to another file: this process's charges would be invisible to the container's others.
-            let bound: Vec<_> = readers.iter().filter_map(|r| r.snapshot().usage_id()).collect();
+            // A binding this version cannot read names no file: this one is superseded (fail closed).
+            let bound: Vec<_> = readers
+                .iter()
+                .filter_map(|r| {
+                    r.snapshot().usage_id().unwrap_or_else(|e| {
+                        log!(Level::Error, "{}: {e}", r.region().path().display());
+                        Some(FileId::NONE)
+                    })
+                })
+                .collect();
             if self.usage.follow_binding(&bound) {
                 match self.usage.check() {
                     Err(e) => log!(Level::Error, "{e}"),

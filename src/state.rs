@@ -179,8 +179,9 @@ fn bound_usage(limits: &[(LimitsReader, LimitsRegion)]) -> Result<Option<(PathBu
     let mut bound: Option<(PathBuf, Option<FileId>)> = None;
     for (r, _) in limits {
         let snap = r.snapshot();
-        if let Some(p) = snap.usage_path() {
-            let this = (p.to_path_buf(), snap.usage_id());
+        let unreadable = |e| format!("{}: {e}", r.region().path().display());
+        if let Some(p) = snap.usage_path().map_err(unreadable)? {
+            let this = (p.to_path_buf(), snap.usage_id().map_err(unreadable)?);
             match &bound {
                 Some(b) if *b != this => {
                     return Err(format!(

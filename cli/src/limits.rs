@@ -209,6 +209,9 @@ pub struct LimitsReport {
     /// The bound file's identity as recorded (text output only; the JSON schema predates it).
     #[serde(skip)]
     usage_id: Option<FileId>,
+    /// Why the binding cannot be read (processes under this file then refuse to start); absent when it can.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_error: Option<String>,
     entries: Vec<LimitsEntry>,
 }
 
@@ -240,8 +243,9 @@ impl LimitsReport {
             generation: snap.generation,
             opt_out_allowed: snap.opt_out_allowed(),
             members: snap.members().map(<[u32]>::to_vec),
-            usage_file: snap.usage_path().map(|p| p.display().to_string()),
-            usage_id: snap.usage_id(),
+            usage_file: snap.usage_path().ok().flatten().map(|p| p.display().to_string()),
+            usage_id: snap.usage_id().ok().flatten(),
+            usage_error: snap.usage_path().err().map(|e| e.to_string()),
             entries: snap
                 .entries
                 .iter()
@@ -296,6 +300,9 @@ impl LimitsReport {
                 m.len(),
                 m.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
             ),
+        }
+        if let Some(e) = &self.usage_error {
+            println!("usage file: unreadable: {e}");
         }
         if let Some(u) = &self.usage_file {
             match &self.usage_id {

@@ -188,14 +188,14 @@ fn usage_binding_set_read_and_refused_when_malformed() {
     let f = TempFile::new("usagebind");
     let w = LimitsWriter::create(f.path()).unwrap();
     let mut r = LimitsReader::open(f.path()).unwrap();
-    assert_eq!(r.snapshot().usage_path(), None, "not bound in a fresh file");
+    assert_eq!(r.snapshot().usage_path(), Ok(None), "not bound in a fresh file");
     let long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX - 1));
     for p in ["/run/cuquota/usage", long.as_str()] {
         w.update(|t| t.set_usage(Some(Path::new(p)), None))
             .unwrap()
             .unwrap();
         r.refresh();
-        assert_eq!(r.snapshot().usage_path(), Some(Path::new(p)));
+        assert_eq!(r.snapshot().usage_path(), Ok(Some(Path::new(p))));
     }
     let too_long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX));
     for bad in ["relative/usage", too_long.as_str()] {
@@ -208,12 +208,12 @@ fn usage_binding_set_read_and_refused_when_malformed() {
     r.refresh();
     assert_eq!(
         r.snapshot().usage_path(),
-        Some(Path::new(long.as_str())),
+        Ok(Some(Path::new(long.as_str()))),
         "unchanged by refusals"
     );
     w.update(|t| t.set_usage(None, None)).unwrap().unwrap();
     r.refresh();
-    assert_eq!(r.snapshot().usage_path(), None);
+    assert_eq!(r.snapshot().usage_path(), Ok(None));
 }
 
 /// Issue 21, item 6: the binding records the usage file's identity, and opening the bound path refuses any
@@ -231,8 +231,8 @@ fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
         .unwrap()
         .unwrap();
     let r = LimitsReader::open(lf.path()).unwrap();
-    assert_eq!(r.snapshot().usage_path(), Some(uf.path()));
-    assert_eq!(r.snapshot().usage_id(), Some(id));
+    assert_eq!(r.snapshot().usage_path(), Ok(Some(uf.path())));
+    assert_eq!(r.snapshot().usage_id(), Ok(Some(id)));
     let region = UsageRegion::open_bound(uf.path(), id).expect("the bound file itself");
     // a running process follows the binding: another file bound → its file fails `check`; bound again → fine
     assert_eq!(region.file_id(), Some(id));
@@ -293,7 +293,7 @@ fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
     );
     // unbinding forgets the identity
     w.update(|t| t.set_usage(None, Some(id))).unwrap().unwrap();
-    assert_eq!(w.read().unwrap().usage_id(), None);
+    assert_eq!(w.read().unwrap().usage_id(), Ok(None));
 }
 
 #[test]

@@ -245,3 +245,58 @@ fn binding_follows_no_symbolic_link_in_the_path() {
         );
     }
 }
+
+/// Review of issue 21 item 6 (layout reuse): an older agent's limits file (same ABI version 4, before the bound
+/// file's identity took the last 24 bytes of the path field) may bind a usage path of 481..504 bytes. It was
+/// read cut to 480 bytes with the path's tail taken for an identity: 481..488 bytes bound a truncated path
+/// (another file, which the shim created) by path only; 489..504 bound a garbage identity. It is now an
+/// unreadable binding, with its own error: a process under it refuses to start, naming the limits file.
+#[test]
+fn an_older_agents_long_usage_path_is_refused_not_misread() {
+    use cuquota_core::region::layout::LimitsFile;
+    use cuquota_core::region::LimitsReader;
+    use std::io::{Seek, SeekFrom, Write};
+    for len in [485usize, 500] {
+        let sim = Sim::new().ctx_overhead("64m").build();
+        sim.agent_memory_limit(0, "1g");
+        let file = sim.limits_file();
+        // What an agent before identities wrote: len and `len` path bytes, zero after.
+        let mut path = sim.dir().display().to_string();
+        path.push('/');
+        while path.len() < len {
+            path.push('a');
+        }
+        let off = std::mem::offset_of!(LimitsFile, usage) as u64;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.seek(SeekFrom::Start(off)).unwrap();
+        f.write_all(&(len as u32).to_le_bytes()).unwrap();
+        f.write_all(&[0; 4]).unwrap();
+        f.write_all(path.as_bytes()).unwrap();
+        drop(f);
+
+        let r = LimitsReader::open(&file).unwrap();
+        let e = r
+            .snapshot()
+            .usage_path()
+            .expect_err("a path longer than the field");
+        assert_eq!(e.len, len as u32);
+        assert!(r.snapshot().usage_id().is_err());
+
+        let out = sim.cmd(Prog::Probe).args("init alloc:mem:100m").run();
+        assert_ne!(
+            out.get("alloc.0"),
+            Some("CUDA_SUCCESS"),
+            "admitted under an unreadable binding:{out:?}"
+        );
+        assert!(
+            out.stderr.contains(&format!("usage file path of {len} bytes"))
+                && out.stderr.contains(file.to_str().unwrap()),
+            "the refusal must say what is wrong with which file:{out:?}"
+        );
+        let truncated = &path[..cuquota_core::region::layout::LIMITS_USAGE_PATH_MAX];
+        assert!(
+            !std::path::Path::new(truncated).exists(),
+            "a usage file was created at the truncated path"
+        );
+    }
+}

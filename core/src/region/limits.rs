@@ -254,16 +254,23 @@ impl LimitsTable {
             .then(|| &self.members[..(self.member_count as usize).min(LIMITS_MAX_MEMBERS)])
     }
 
-    /// The usage file the agent bound the container to (as its processes see it), if any.
-    pub fn usage_path(&self) -> Option<&std::path::Path> {
+    /// The usage file the agent bound the container to (as its processes see it), if any; `Err` for a binding
+    /// this version cannot read (the caller fails closed).
+    pub fn usage_path(&self) -> Result<Option<&std::path::Path>, UnreadableBinding> {
         use std::os::unix::ffi::OsStrExt;
-        let n = (self.usage_path_len as usize).min(LIMITS_USAGE_PATH_MAX);
-        (n > 0).then(|| std::path::Path::new(std::ffi::OsStr::from_bytes(&self.usage_path[..n])))
+        let n = self.usage_path_len as usize;
+        if n > LIMITS_USAGE_PATH_MAX {
+            return Err(UnreadableBinding {
+                len: self.usage_path_len,
+            });
+        }
+        Ok((n > 0).then(|| std::path::Path::new(std::ffi::OsStr::from_bytes(&self.usage_path[..n]))))
     }
 
-    /// The identity of the bound usage file as the agent recorded it, if it did.
-    pub fn usage_id(&self) -> Option<FileId> {
-        (self.usage_path().is_some() && self.usage_id.ino != 0).then_some(self.usage_id)
+    /// The identity of the bound usage file as the agent recorded it, if it did; `Err` as for
+    /// [`LimitsTable::usage_path`].
+    pub fn usage_id(&self) -> Result<Option<FileId>, UnreadableBinding> {
+        Ok((self.usage_path()?.is_some() && self.usage_id.ino != 0).then_some(self.usage_id))
     }
 
     /// Binds the container's usage file (`None` unbinds): its path as the container's processes see it and
@@ -411,6 +418,30 @@ fn validate(map: &Mapping, writable: bool) -> Result<(), RegionError> {
     header::validate(map.path(), &header, writable)
 }
 
+/// A usage binding this version cannot read: a path longer than the field holds. Before the bound file's
+/// identity took the field's last 24 bytes (same ABI version 4, layout.rs), an agent could bind paths of up
+/// to 504 bytes; read with this layout, such a path would be cut short and its tail taken for an identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnreadableBinding {
+    /// The path length the file records.
+    pub len: u32,
+}
+
+impl std::fmt::Display for UnreadableBinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the limits file binds a usage file path of {} bytes, and this version reads at most \
+             {LIMITS_USAGE_PATH_MAX} (an older agent wrote it): the binding cannot be read, so nothing is \
+             admitted; bind the container again with this version's `cuquota limits set --usage` (a path of at \
+             most {LIMITS_USAGE_PATH_MAX} bytes)",
+            self.len
+        )
+    }
+}
+
+impl std::error::Error for UnreadableBinding {}
+
 /// Copies the header flags, every entry and the members out (relaxed loads; the caller makes them consistent).
 fn load_table(file: &LimitsFile) -> LimitsTable {
     let mut table = LimitsTable {
@@ -429,11 +460,9 @@ fn load_table(file: &LimitsFile) -> LimitsTable {
     for (out, w) in table.usage_path.chunks_exact_mut(8).zip(file.usage.path.iter()) {
         out.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
     }
-    table.usage_path_len = file
-        .usage
-        .len
-        .load(Ordering::Relaxed)
-        .min(LIMITS_USAGE_PATH_MAX as u32);
+    // Not clamped: a length past the field (an older agent's, or a torn read the seqlock check then
+    // discards) is an unreadable binding (`usage_path`), never a shorter path.
+    table.usage_path_len = file.usage.len.load(Ordering::Relaxed);
     table.usage_id = FileId {
         dev: file.usage.dev.load(Ordering::Relaxed),
         ino: file.usage.ino.load(Ordering::Relaxed),

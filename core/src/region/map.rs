@@ -48,6 +48,13 @@ pub struct FileId {
 }
 
 impl FileId {
+    /// An identity no file has (inode 0 is never a file's): what an unreadable binding names.
+    pub const NONE: FileId = FileId {
+        dev: u64::MAX,
+        ino: 0,
+        btime_ns: u64::MAX,
+    };
+
     /// The identity of the file `path` names (following links).
     pub fn of_path(path: &Path) -> std::io::Result<FileId> {
         let file = std::fs::File::open(path)?;

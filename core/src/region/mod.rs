@@ -31,7 +31,7 @@ pub use error::RegionError;
 pub use fault::uninstall_sigbus_handler;
 pub use limits::{
     DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
-    MembersError, ReadError, TableFull,
+    MembersError, ReadError, TableFull, UnreadableBinding,
 };
 pub use map::FileId;
 pub use priority::{
