@@ -410,7 +410,8 @@ impl Devices {
             for ((r, w), seen) in readers.iter_mut().zip(&self.agent.watch).zip(&self.agent.seen) {
                 if w.seq() != seen.load(Ordering::Relaxed) {
                     r.refresh();
-                    seen.store(w.seq(), Ordering::Relaxed);
+                    // The seq read, not the file's now: a write after the read is still to be seen.
+                    seen.store(r.seen_seq(), Ordering::Relaxed);
                 }
             }
             // Re-bound to another file: this process's charges would be invisible to the container's others.

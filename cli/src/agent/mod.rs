@@ -321,6 +321,16 @@ impl Agent {
                 .usage
                 .as_ref()
                 .and_then(|p| match UsageRegion::open_existing(p) {
+                    // Another file than the bound one (replaced in the tenant's directory): its figures are
+                    // not the container's.
+                    Ok(u) if matches!((limits.usage_id(), u.file_id()), (Ok(Some(b)), Some(f)) if !b.matches(&f)) => {
+                        cuquota_core::log!(
+                            Level::Warn,
+                            "agent: container {name}: usage file {} is not the file the limits file binds: ignored",
+                            p.display()
+                        );
+                        None
+                    }
                     Ok(u) => Some(u.devices()),
                     Err(e) => {
                         cuquota_core::log!(Level::Debug, "agent: container {name}: usage {e}");

@@ -613,6 +613,12 @@ impl LimitsReader {
         LimitsReader::new(LimitsRegion::open(path)?)
     }
 
+    /// The `seq` the snapshot (or, when the writer was busy, the last read attempt) was taken at: a later write
+    /// has another.
+    pub fn seen_seq(&self) -> u64 {
+        self.seen_seq
+    }
+
     /// Whether the file changed since the last [`LimitsReader::refresh`]: one atomic load, no syscall.
     #[inline]
     pub fn needs_refresh(&self) -> bool {
