@@ -223,8 +223,7 @@ fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
     use cuquota_core::region::{FileId, RegionError, UsageRegion};
     let lf = TempFile::new("usagebind-id-limits");
     let uf = TempFile::new("usagebind-id-usage");
-    drop(UsageRegion::open(uf.path()).unwrap());
-    let id = FileId::of_path(uf.path()).unwrap();
+    let id = UsageRegion::open(uf.path()).unwrap().file_id().unwrap();
     assert_ne!(id.ino, 0);
     let w = LimitsWriter::create(lf.path()).unwrap();
     w.update(|t| t.set_usage(Some(uf.path()), Some(id)))
@@ -282,8 +281,7 @@ fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
     // deleted and recreated: refused even where the file system hands out the same inode number again
     // (ext4 does at once), by the birth time
     std::fs::remove_file(uf.path()).unwrap();
-    drop(UsageRegion::open(uf.path()).unwrap());
-    let again = FileId::of_path(uf.path()).unwrap();
+    let again = UsageRegion::open(uf.path()).unwrap().file_id().unwrap();
     let e = UsageRegion::open_bound(uf.path(), id).err();
     assert!(
         e.is_some() || (again.ino == id.ino && id.btime_ns == 0),

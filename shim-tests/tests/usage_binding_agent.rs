@@ -159,3 +159,62 @@ fn bind_while_a_bypassing_tenant_is_over(plant_fifo: bool) {
         ao.stderr.lines().take(6).collect::<Vec<_>>().join("\n")
     );
 }
+
+/// The agent reports a container's own accounting from the usage file its descriptor names; where the limits
+/// file binds another file (the tenant replaced the one at the path, or the descriptor is stale), those figures
+/// are not the container's, and are left out (control: reported while nothing is bound).
+#[test]
+fn the_agent_reports_no_usage_file_but_the_bound_one() {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.f");
+    limits(&sim, &lim, &["--memory", "1g"]);
+    let named = sim.dir().join("named-usage");
+    let mut p = sim
+        .cmd(Prog::Probe)
+        .env("CUQUOTA_USAGE_FILE", named.to_str().unwrap())
+        .args("init alloc:mem:100m wait")
+        .spawn();
+    p.wait_ready(1);
+    std::fs::write(
+        dir.join("c.toml"),
+        format!(
+            "limits = {lim:?}\nusage = {named:?}\n[members]\nsubtree = {}\n",
+            p.pid()
+        ),
+    )
+    .unwrap();
+    let reported = || {
+        let out = sim.cli(&["agent", "--containers", dir.to_str().unwrap(), "--once", "--json"]);
+        assert!(out.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(&out.lines.join("\n")).unwrap();
+        v["containers"][0]["devices"][0]["reported"].clone()
+    };
+    let before = reported();
+    let other = sim.dir().join("bound-usage");
+    let o = other.to_str().unwrap();
+    let bind = sim.cli(&[
+        "limits",
+        "set",
+        lim.to_str().unwrap(),
+        "--device",
+        "all",
+        "--usage",
+        o,
+        "--usage-host",
+        o,
+    ]);
+    assert!(bind.success(), "{bind:?}");
+    let after = reported();
+    p.release();
+    p.finish();
+    assert!(
+        before["memory_used_bytes"].as_u64().unwrap_or(0) >= 100 << 20,
+        "control: {before}"
+    );
+    assert!(
+        after.is_null(),
+        "figures of a file the limits file does not bind: {after}"
+    );
+}

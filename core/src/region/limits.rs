@@ -274,9 +274,10 @@ impl LimitsTable {
     }
 
     /// Binds the container's usage file (`None` unbinds): its path as the container's processes see it and
-    /// the identity of that file (`FileId::of_path` of the same file as the agent sees it; `None` binds by path
-    /// alone, which a tenant who can write the file's directory defeats). The path must be absolute, without
-    /// NUL bytes, and at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong (nothing changed).
+    /// the identity of that file (`UsageRegion::file_id` of the same file as the agent opened it; `None`
+    /// binds by path alone, which a tenant who can write the file's directory defeats). The path must be
+    /// absolute, without NUL bytes, and at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong
+    /// (nothing changed).
     pub fn set_usage(&mut self, path: Option<&std::path::Path>, id: Option<FileId>) -> Result<(), String> {
         self.set_usage_path(path)?;
         self.usage_id = if path.is_some() {

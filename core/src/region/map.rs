@@ -55,12 +55,6 @@ impl FileId {
         btime_ns: u64::MAX,
     };
 
-    /// The identity of the file `path` names (following links).
-    pub fn of_path(path: &Path) -> std::io::Result<FileId> {
-        let file = std::fs::File::open(path)?;
-        FileId::of_fd(std::os::fd::AsRawFd::as_raw_fd(&file))
-    }
-
     /// The identity of an open file. `statx` through the raw syscall (glibc has a wrapper only from 2.28; the
     /// library targets older ones); `fstat` where the kernel has none (birth time then unknown).
     pub fn of_fd(fd: std::os::fd::RawFd) -> std::io::Result<FileId> {
