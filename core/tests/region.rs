@@ -987,3 +987,55 @@ fn a_full_shared_table_refuses() {
     assert_eq!(r.container_used(dev), 0);
     assert!(r.shared().is_empty());
 }
+
+/// The bind command's open (`UsageRegion::open_for_binding`): no symbolic link in any component, never
+/// blocking on a FIFO, `..` and relative paths resolved without links; the identity is the opened file's.
+#[test]
+fn opening_for_binding_follows_no_link_and_never_blocks() {
+    use cuquota_core::region::{RegionError, UsageRegion};
+    let base = TempFile::new("bindopen");
+    let real = base.path().join("real");
+    std::fs::create_dir_all(&real).unwrap();
+    std::os::unix::fs::symlink(&real, base.path().join("link")).unwrap();
+
+    let direct = real.join("usage");
+    let u = UsageRegion::open_for_binding(&direct, true).expect("created");
+    assert_eq!(
+        u.file_id(),
+        UsageRegion::open(&direct).unwrap().file_id(),
+        "the opened file's identity"
+    );
+    let dotted = base.path().join("real/../real/./usage");
+    UsageRegion::open_for_binding(&dotted, false).expect("`..` and `.` are no links");
+
+    for (p, create) in [
+        (base.path().join("link/usage"), false),
+        (base.path().join("link/new"), true),
+    ] {
+        let e = UsageRegion::open_for_binding(&p, create)
+            .err()
+            .expect("through a link");
+        assert!(
+            matches!(&e, RegionError::SymlinkInPath { link, .. } if link == &base.path().join("link")),
+            "{e}"
+        );
+        assert!(!real.join("new").exists(), "created through a link");
+    }
+    std::os::unix::fs::symlink(&direct, real.join("last")).unwrap();
+    assert!(matches!(
+        UsageRegion::open_for_binding(&real.join("last"), false),
+        Err(RegionError::SymlinkInPath { .. })
+    ));
+
+    let fifo = real.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    for create in [false, true] {
+        assert!(matches!(
+            UsageRegion::open_for_binding(&fifo, create),
+            Err(RegionError::NotRegularFile { .. })
+        ));
+    }
+    std::fs::remove_dir_all(base.path()).unwrap();
+}
