@@ -28,6 +28,11 @@
  *   Read protocol: s1 = load_acquire(seq); if odd, retry; copy fields (relaxed); atomic_thread_fence(acquire);
  *   s2 = load_relaxed(seq); s1 == s2 -> consistent.
  *
+ *   Usage binding (usage.len != 0): a process opens usage.path (never creating it) and refuses it unless its
+ *   statx identity is usage.dev/ino/btime_ns (when ino != 0): a file put at the path after the agent bound it is
+ *   not the container's file. An agent records the identity of the file itself (statx with STATX_INO |
+ *   STATX_BTIME; btime_ns 0 when stx_mask lacks STATX_BTIME).
+ *
  *   Entry matching for a device: a valid entry with its UUID; else a valid entry with an all-zero uuid and
  *   cuda_index == the device's CUDA ordinal; else a valid entry with all-zero uuid and cuda_index ==
  *   CUQUOTA_INDEX_ALL. The shim applies min(its own env/config limit, the entry's limit).
@@ -78,7 +83,7 @@
 #define CUQUOTA_SHARED_CLAIMING 0xffffffffffffffffULL
 #define CUQUOTA_THROTTLE_WORDS 8
 #define CUQUOTA_MAX_MEMBERS 1024
-#define CUQUOTA_USAGE_PATH_MAX 504
+#define CUQUOTA_USAGE_PATH_MAX 480
 
 /* Limits entry flags / cuda_index / header flags / policy / priority. */
 #define CUQUOTA_ENTRY_VALID 1u
@@ -151,11 +156,16 @@ struct cuquota_limits_members {
 };
 
 /* The container's usage file as its processes see it; processes under the limits file use it whatever their
- * environment says. len 0 = not bound. */
+ * environment says. len 0 = not bound. dev/ino/btime_ns: the bound file's identity (statx of the file as the
+ * agent sees it); a process refuses a file at `path` that is another one. ino 0 = none recorded (bound by path
+ * alone; these 24 bytes were the tail of a 504-byte path, always zero, before). */
 struct cuquota_limits_usage {
     uint32_t len; /* bytes of path in use, <= CUQUOTA_USAGE_PATH_MAX */
     uint32_t _reserved0;
     char path[CUQUOTA_USAGE_PATH_MAX]; /* absolute path, zero-padded, not NUL-terminated when full */
+    uint64_t dev;      /* st_dev: makedev(stx_dev_major, stx_dev_minor) */
+    uint64_t ino;      /* st_ino; 0 = no identity recorded */
+    uint64_t btime_ns; /* stx_btime in ns since the epoch; 0 = the file system reports none */
 };
 
 struct cuquota_limits_file {
@@ -255,9 +265,8 @@ _Static_assert(sizeof(struct cuquota_policy) == 32, "policy size");
 _Static_assert(sizeof(struct cuquota_limits_header) == 64, "limits header size");
 _Static_assert(sizeof(struct cuquota_limits_entry) == 64, "limits entry size");
 _Static_assert(sizeof(struct cuquota_limits_members) == 8 + 4 * CUQUOTA_MAX_MEMBERS, "limits members size");
-_Static_assert(sizeof(struct cuquota_limits_usage) == 8 + CUQUOTA_USAGE_PATH_MAX, "limits usage size");
-_Static_assert(sizeof(struct cuquota_limits_file) ==
-                   64 + 64 * CUQUOTA_MAX_DEVICES + 8 + 4 * CUQUOTA_MAX_MEMBERS + 8 + CUQUOTA_USAGE_PATH_MAX,
+_Static_assert(sizeof(struct cuquota_limits_usage) == 8 + CUQUOTA_USAGE_PATH_MAX + 24, "limits usage size");
+_Static_assert(sizeof(struct cuquota_limits_file) == 64 + 64 * CUQUOTA_MAX_DEVICES + 8 + 4 * CUQUOTA_MAX_MEMBERS + 512,
                "limits file size");
 _Static_assert(sizeof(struct cuquota_usage_header) == 64, "usage header size");
 _Static_assert(sizeof(struct cuquota_usage_device) == 144, "usage device size");

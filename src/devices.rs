@@ -16,7 +16,9 @@ use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::PolicyWords;
-use cuquota_core::region::{LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion};
+use cuquota_core::region::{
+    FileId, LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion,
+};
 use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -408,7 +410,29 @@ impl Devices {
             for ((r, w), seen) in readers.iter_mut().zip(&self.agent.watch).zip(&self.agent.seen) {
                 if w.seq() != seen.load(Ordering::Relaxed) {
                     r.refresh();
-                    seen.store(w.seq(), Ordering::Relaxed);
+                    // The seq read, not the file's now: a write after the read is still to be seen.
+                    seen.store(r.seen_seq(), Ordering::Relaxed);
+                }
+            }
+            // Re-bound to another file: this process's charges would be invisible to the container's others.
+            // A binding this version cannot read names no file: this one is superseded (fail closed).
+            let bound: Vec<_> = readers
+                .iter()
+                .filter_map(|r| {
+                    r.snapshot().usage_id().unwrap_or_else(|e| {
+                        log!(Level::Error, "{}: {e}", r.region().path().display());
+                        Some(FileId::NONE)
+                    })
+                })
+                .collect();
+            if self.usage.follow_binding(&bound) {
+                match self.usage.check() {
+                    Err(e) => log!(Level::Error, "{e}"),
+                    Ok(()) => log!(
+                        Level::Info,
+                        "usage file {}: bound again",
+                        self.usage.path().display()
+                    ),
                 }
             }
         }

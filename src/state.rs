@@ -23,7 +23,7 @@ use crate::locks::Side;
 use crate::log::{self, log, Level};
 use crate::memory::Memory;
 use crate::throttle::SmThrottle;
-use cuquota_core::region::{LimitsReader, LimitsRegion, PriorityRegion};
+use cuquota_core::region::{FileId, LimitsReader, LimitsRegion, PriorityRegion};
 use cuquota_core::{Config, LogLevel, UsageRegion};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -173,21 +173,24 @@ extern "C" fn copy_env_at_load() {
 #[link_section = ".init_array"]
 static COPY_ENV_AT_LOAD: extern "C" fn() = copy_env_at_load;
 
-/// The usage file the agent's limits files bind the container to, if any; `Err` when two files name
-/// different ones.
-fn bound_usage_path(limits: &[(LimitsReader, LimitsRegion)]) -> Result<Option<PathBuf>, String> {
-    let mut bound: Option<PathBuf> = None;
+/// The usage file the agent's limits files bind the container to, if any, with the identity the agent recorded
+/// for it; `Err` when two files name different ones.
+fn bound_usage(limits: &[(LimitsReader, LimitsRegion)]) -> Result<Option<(PathBuf, Option<FileId>)>, String> {
+    let mut bound: Option<(PathBuf, Option<FileId>)> = None;
     for (r, _) in limits {
-        if let Some(p) = r.snapshot().usage_path() {
+        let snap = r.snapshot();
+        let unreadable = |e| format!("{}: {e}", r.region().path().display());
+        if let Some(p) = snap.usage_path().map_err(unreadable)? {
+            let this = (p.to_path_buf(), snap.usage_id().map_err(unreadable)?);
             match &bound {
-                Some(b) if b != p => {
+                Some(b) if *b != this => {
                     return Err(format!(
                         "the agent's limits files bind different usage files ({} and {})",
-                        b.display(),
+                        b.0.display(),
                         p.display()
                     ))
                 }
-                _ => bound = Some(p.to_path_buf()),
+                _ => bound = Some(this),
             }
         }
     }
@@ -228,8 +231,8 @@ fn init(exports: Exports) -> Process {
         ));
     }
     // The agent's binding wins over CUQUOTA_USAGE_FILE: a private usage file would be a private cap.
-    match bound_usage_path(&limits) {
-        Ok(Some(p)) => {
+    let bound_id = match bound_usage(&limits) {
+        Ok(Some((p, id))) => {
             if p != cfg.usage_path {
                 log!(
                     Level::Info,
@@ -239,10 +242,19 @@ fn init(exports: Exports) -> Process {
                 );
             }
             cfg.usage_path = p;
+            if id.is_none() {
+                log!(
+                    Level::Warn,
+                    "usage file {} is bound by path only (the agent recorded no identity): a file put in its \
+                     place would be used; re-bind it with `cuquota limits set … --usage`",
+                    cfg.usage_path.display()
+                );
+            }
+            id
         }
-        Ok(None) => {}
+        Ok(None) => None,
         Err(e) => return fail(format_args!("{e}")),
-    }
+    };
     let opt_out_allowed = limits.iter().all(|(r, _)| r.snapshot().opt_out_allowed());
     if cfg.disabled && !opt_out_allowed {
         log!(
@@ -261,7 +273,11 @@ fn init(exports: Exports) -> Process {
         return Process::Disabled { cuda, nvml };
     }
 
-    let usage = match UsageRegion::open(&cfg.usage_path) {
+    // A bound file is opened only if it is the one the agent bound: never created, never a stand-in.
+    let usage = match bound_id.map_or_else(
+        || UsageRegion::open(&cfg.usage_path),
+        |id| UsageRegion::open_bound(&cfg.usage_path, id),
+    ) {
         Ok(u) => u,
         Err(e) => return fail(format_args!("{e}")),
     };

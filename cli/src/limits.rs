@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand, ValueEnum};
 use cuquota_core::region::layout::{format_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
-use cuquota_core::region::{DeviceSelector, LimitsReader, LimitsSnapshot, LimitsWriter};
+use cuquota_core::region::{DeviceSelector, FileId, LimitsReader, LimitsSnapshot, LimitsWriter, UsageRegion};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::Serialize;
 
@@ -108,9 +108,14 @@ pub struct SetArgs {
     #[arg(long)]
     allow_opt_out: bool,
     /// Bind the container's usage file: its absolute path as the container's processes see it, which they
-    /// then use whatever CUQUOTA_USAGE_FILE says; `none` unbinds
+    /// then use whatever CUQUOTA_USAGE_FILE says; `none` unbinds. The file's identity is recorded too (a file
+    /// put in its place later is refused), so it must exist here: see --usage-host
     #[arg(long, value_name = "PATH")]
     usage: Option<PathBuf>,
+    /// The same usage file as this command sees it, when its path differs from the container's (a host
+    /// directory mounted into the container); created if missing. Default: the --usage path
+    #[arg(long, value_name = "HOST_PATH", requires = "usage")]
+    usage_host: Option<PathBuf>,
     /// Print the file as JSON afterwards (schema cuquota.limits/v1)
     #[arg(long)]
     json: bool,
@@ -201,6 +206,12 @@ pub struct LimitsReport {
     members: Option<Vec<u32>>,
     /// The usage file the container is bound to; `None` = not bound.
     usage_file: Option<String>,
+    /// The bound file's identity as recorded (text output only; the JSON schema predates it).
+    #[serde(skip)]
+    usage_id: Option<FileId>,
+    /// Why the binding cannot be read (processes under this file then refuse to start); absent when it can.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_error: Option<String>,
     entries: Vec<LimitsEntry>,
 }
 
@@ -232,7 +243,9 @@ impl LimitsReport {
             generation: snap.generation,
             opt_out_allowed: snap.opt_out_allowed(),
             members: snap.members().map(<[u32]>::to_vec),
-            usage_file: snap.usage_path().map(|p| p.display().to_string()),
+            usage_file: snap.usage_path().ok().flatten().map(|p| p.display().to_string()),
+            usage_id: snap.usage_id().ok().flatten(),
+            usage_error: snap.usage_path().err().map(|e| e.to_string()),
             entries: snap
                 .entries
                 .iter()
@@ -288,8 +301,19 @@ impl LimitsReport {
                 m.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
             ),
         }
+        if let Some(e) = &self.usage_error {
+            println!("usage file: unreadable: {e}");
+        }
         if let Some(u) = &self.usage_file {
-            println!("usage file: {u} (bound: processes use it whatever their environment says)");
+            match &self.usage_id {
+                Some(id) => println!(
+                    "usage file: {u} (bound: processes use it whatever their environment says; only this \
+                     file: {id})"
+                ),
+                None => println!(
+                    "usage file: {u} (bound by path only: a file put in its place would be used; bind it again)"
+                ),
+            }
         }
         if self.entries.is_empty() {
             println!("(no entries: no limits from this file)");
@@ -404,6 +428,12 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
              --no-opt-out/--allow-opt-out or --usage",
         ));
     }
+    // The identity first, from the file opened (never blocking, following no link): nothing that can block or
+    // fail on the tenant's file runs while the limits file's write lock is held.
+    let usage = match a.usage.as_deref().filter(|u| u.as_os_str() != "none") {
+        Some(p) => Some(usage_identity(p, a.usage_host.as_deref())?),
+        None => None,
+    };
     let w = LimitsWriter::open(&a.file)?;
     let snap = w.update(|t| -> Result<(), CliError> {
         let e = t.entry_mut(a.device)?;
@@ -433,11 +463,35 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         }
         if let Some(u) = &a.usage {
             let bound = (u.as_os_str() != "none").then_some(u.as_path());
-            t.set_usage_path(bound).map_err(CliError::new)?;
+            t.set_usage(bound, usage).map_err(CliError::new)?;
         }
         Ok(())
     })??;
     Ok(snap)
+}
+
+/// The identity of the usage file to bind (`container_path` as the container sees it; `host_path` the same
+/// file here, created and initialised if missing). Without a host path, the container's path must name the
+/// file here too, and it must exist: creating a file at a path meant for a container's mount namespace
+/// would bind the wrong file.
+fn usage_identity(container_path: &Path, host_path: Option<&Path>) -> Result<FileId, CliError> {
+    let region = match host_path {
+        Some(h) => {
+            UsageRegion::open_for_binding(h, true).map_err(|e| CliError::new(format!("usage file: {e}")))?
+        }
+        None => UsageRegion::open_for_binding(container_path, false).map_err(|e| {
+            CliError::new(format!(
+                "usage file: {e}: binding records the file's identity, so it must exist here; if the \
+                 container sees a host file under another path, give that file with --usage-host HOST_PATH"
+            ))
+        })?,
+    };
+    region.file_id().ok_or_else(|| {
+        CliError::new(format!(
+            "usage file {}: its identity cannot be read (statx and fstat failed)",
+            region.path().display()
+        ))
+    })
 }
 
 /// Writes `memory` / `sm` / `policy` for `all` devices into `file` (created if missing): what `cuquota run`

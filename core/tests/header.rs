@@ -61,7 +61,12 @@ fn rust_layout() -> BTreeMap<String, u64> {
         "cuquota_limits_members",
         [count, _reserved0, pids]
     );
-    fields!(m, LimitsUsage, "cuquota_limits_usage", [len, _reserved0, path]);
+    fields!(
+        m,
+        LimitsUsage,
+        "cuquota_limits_usage",
+        [len, _reserved0, path, dev, ino, btime_ns]
+    );
     fields!(
         m,
         LimitsFile,

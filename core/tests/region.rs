@@ -188,19 +188,19 @@ fn usage_binding_set_read_and_refused_when_malformed() {
     let f = TempFile::new("usagebind");
     let w = LimitsWriter::create(f.path()).unwrap();
     let mut r = LimitsReader::open(f.path()).unwrap();
-    assert_eq!(r.snapshot().usage_path(), None, "not bound in a fresh file");
+    assert_eq!(r.snapshot().usage_path(), Ok(None), "not bound in a fresh file");
     let long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX - 1));
     for p in ["/run/cuquota/usage", long.as_str()] {
-        w.update(|t| t.set_usage_path(Some(Path::new(p))))
+        w.update(|t| t.set_usage(Some(Path::new(p)), None))
             .unwrap()
             .unwrap();
         r.refresh();
-        assert_eq!(r.snapshot().usage_path(), Some(Path::new(p)));
+        assert_eq!(r.snapshot().usage_path(), Ok(Some(Path::new(p))));
     }
     let too_long = format!("/{}", "x".repeat(layout::LIMITS_USAGE_PATH_MAX));
     for bad in ["relative/usage", too_long.as_str()] {
         let e = w
-            .update(|t| t.set_usage_path(Some(Path::new(bad))))
+            .update(|t| t.set_usage(Some(Path::new(bad)), None))
             .unwrap()
             .unwrap_err();
         assert!(e.contains("must be absolute"), "{e}");
@@ -208,12 +208,90 @@ fn usage_binding_set_read_and_refused_when_malformed() {
     r.refresh();
     assert_eq!(
         r.snapshot().usage_path(),
-        Some(Path::new(long.as_str())),
+        Ok(Some(Path::new(long.as_str()))),
         "unchanged by refusals"
     );
-    w.update(|t| t.set_usage_path(None)).unwrap().unwrap();
+    w.update(|t| t.set_usage(None, None)).unwrap().unwrap();
     r.refresh();
-    assert_eq!(r.snapshot().usage_path(), None);
+    assert_eq!(r.snapshot().usage_path(), Ok(None));
+}
+
+/// Issue 21, item 6: the binding records the usage file's identity, and opening the bound path refuses any
+/// other file there (renamed away and replaced, recreated, or missing) rather than starting a fresh region.
+#[test]
+fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
+    use cuquota_core::region::{FileId, RegionError, UsageRegion};
+    let lf = TempFile::new("usagebind-id-limits");
+    let uf = TempFile::new("usagebind-id-usage");
+    let id = UsageRegion::open(uf.path()).unwrap().file_id().unwrap();
+    assert_ne!(id.ino, 0);
+    let w = LimitsWriter::create(lf.path()).unwrap();
+    w.update(|t| t.set_usage(Some(uf.path()), Some(id)))
+        .unwrap()
+        .unwrap();
+    let r = LimitsReader::open(lf.path()).unwrap();
+    assert_eq!(r.snapshot().usage_path(), Ok(Some(uf.path())));
+    assert_eq!(r.snapshot().usage_id(), Ok(Some(id)));
+    let region = UsageRegion::open_bound(uf.path(), id).expect("the bound file itself");
+    // a running process follows the binding: another file bound → its file fails `check`; bound again → fine
+    assert_eq!(region.file_id(), Some(id));
+    assert!(!region.follow_binding(&[id]));
+    region.check().expect("still the bound file");
+    let other = FileId {
+        ino: id.ino + 1,
+        ..id
+    };
+    assert!(region.follow_binding(&[other]));
+    assert!(matches!(region.check(), Err(RegionError::Superseded { .. })));
+    assert!(region.follow_binding(&[]), "unbound: nothing to compare");
+    region.check().expect("no binding, no refusal");
+    drop(region);
+
+    // renamed away: nothing at the path is refused, and nothing is created there
+    let away = uf.path().with_extension("away");
+    std::fs::rename(uf.path(), &away).unwrap();
+    let e = UsageRegion::open_bound(uf.path(), id).err().expect("missing");
+    assert!(
+        matches!(e, RegionError::NotTheBoundFile { found: None, .. }),
+        "{e}"
+    );
+    assert!(!uf.path().exists(), "a bound open must not create the file");
+    // a fresh file, and a byte-for-byte copy of the bound one, at the path: both refused, naming the file
+    for fresh in [false, true] {
+        if fresh {
+            drop(UsageRegion::open(uf.path()).unwrap());
+        } else {
+            std::fs::copy(&away, uf.path()).unwrap();
+        }
+        let e = UsageRegion::open_bound(uf.path(), id).err().expect("replaced");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, RegionError::NotTheBoundFile { found: Some(_), .. }),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&uf.path().display().to_string()) && msg.contains("replaced"),
+            "{msg}"
+        );
+        std::fs::remove_file(uf.path()).unwrap();
+    }
+    // renamed back: accepted again
+    std::fs::rename(&away, uf.path()).unwrap();
+    UsageRegion::open_bound(uf.path(), id).expect("the bound file, back in place");
+    // deleted and recreated: refused even where the file system hands out the same inode number again
+    // (ext4 does at once), by the birth time
+    std::fs::remove_file(uf.path()).unwrap();
+    let again = UsageRegion::open(uf.path()).unwrap().file_id().unwrap();
+    let e = UsageRegion::open_bound(uf.path(), id).err();
+    assert!(
+        e.is_some() || (again.ino == id.ino && id.btime_ns == 0),
+        "a recreated file (inode {} then {}) was taken for the bound one",
+        id.ino,
+        again.ino
+    );
+    // unbinding forgets the identity
+    w.update(|t| t.set_usage(None, Some(id))).unwrap().unwrap();
+    assert_eq!(w.read().unwrap().usage_id(), Ok(None));
 }
 
 #[test]
@@ -908,4 +986,56 @@ fn a_full_shared_table_refuses() {
     r.release_slot(s);
     assert_eq!(r.container_used(dev), 0);
     assert!(r.shared().is_empty());
+}
+
+/// The bind command's open (`UsageRegion::open_for_binding`): no symbolic link in any component, never
+/// blocking on a FIFO, `..` and relative paths resolved without links; the identity is the opened file's.
+#[test]
+fn opening_for_binding_follows_no_link_and_never_blocks() {
+    use cuquota_core::region::{RegionError, UsageRegion};
+    let base = TempFile::new("bindopen");
+    let real = base.path().join("real");
+    std::fs::create_dir_all(&real).unwrap();
+    std::os::unix::fs::symlink(&real, base.path().join("link")).unwrap();
+
+    let direct = real.join("usage");
+    let u = UsageRegion::open_for_binding(&direct, true).expect("created");
+    assert_eq!(
+        u.file_id(),
+        UsageRegion::open(&direct).unwrap().file_id(),
+        "the opened file's identity"
+    );
+    let dotted = base.path().join("real/../real/./usage");
+    UsageRegion::open_for_binding(&dotted, false).expect("`..` and `.` are no links");
+
+    for (p, create) in [
+        (base.path().join("link/usage"), false),
+        (base.path().join("link/new"), true),
+    ] {
+        let e = UsageRegion::open_for_binding(&p, create)
+            .err()
+            .expect("through a link");
+        assert!(
+            matches!(&e, RegionError::SymlinkInPath { link, .. } if link == &base.path().join("link")),
+            "{e}"
+        );
+        assert!(!real.join("new").exists(), "created through a link");
+    }
+    std::os::unix::fs::symlink(&direct, real.join("last")).unwrap();
+    assert!(matches!(
+        UsageRegion::open_for_binding(&real.join("last"), false),
+        Err(RegionError::SymlinkInPath { .. })
+    ));
+
+    let fifo = real.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+    for create in [false, true] {
+        assert!(matches!(
+            UsageRegion::open_for_binding(&fifo, create),
+            Err(RegionError::NotRegularFile { .. })
+        ));
+    }
+    std::fs::remove_dir_all(base.path()).unwrap();
 }

@@ -21,10 +21,17 @@
  *   putil2:I        nvmlDeviceGetProcessesUtilizationInfo (v1) of device I over the last second (size query with a NULL
  *                   array, then an array of 256): putil2.I.query.rc= .query.count= putil2.I.rc= putil2.I.count=
  *                   putil2.I=<pid>:<smUtil>,...
+ *   enc:I           nvmlDeviceGetEncoderSessions of device I (size query: count 0 and NULL, then a buffer of 256):
+ *                   enc.I.query.rc= enc.I.query.count= enc.I.rc= enc.I.count= enc.I=<pid>:<sessionId>,...
+ *   fbc:I           the same for nvmlDeviceGetFBCSessions: fbc.I...
+ *   vgpu:I          the vGPU per-process calls and the accounting clears, looked up with dlsym (the simulator has
+ *                   none): vgpu.<name>.rc= (-1 = no such symbol)
  *   uuid:I          uuid.I=
  *   wait            print ready=1, block until a line (or EOF) on stdin
  */
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <nvml.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -146,6 +153,53 @@ int main(int argc, char **argv) {
             printf("acct.%u.rc=%d\nacct.%u.count=%u\nacct.%u=", i, (int)r, i, n, i);
             for (unsigned int k = 0; r == NVML_SUCCESS && k < n; k++) printf("%s%u:0", k ? "," : "", pids[k]);
             printf("\n");
+        } else if (strncmp(c, "enc:", 4) == 0 || strncmp(c, "fbc:", 4) == 0) {
+            int enc = c[0] == 'e';
+            const char *what = enc ? "enc" : "fbc";
+            unsigned int i = (unsigned int)atoi(c + 4);
+            nvmlDevice_t d;
+            r = nvmlDeviceGetHandleByIndex_v2(i, &d);
+            if (r) {
+                printf("%s.%u.rc=%d\n", what, i, (int)r);
+                continue;
+            }
+            static nvmlEncoderSessionInfo_t es[MAXP];
+            static nvmlFBCSessionInfo_t fs[MAXP];
+            unsigned int n = 0;
+            r = enc ? nvmlDeviceGetEncoderSessions(d, &n, NULL) : nvmlDeviceGetFBCSessions(d, &n, NULL);
+            printf("%s.%u.query.rc=%d\n%s.%u.query.count=%u\n", what, i, (int)r, what, i, n);
+            n = MAXP;
+            r = enc ? nvmlDeviceGetEncoderSessions(d, &n, es) : nvmlDeviceGetFBCSessions(d, &n, fs);
+            printf("%s.%u.rc=%d\n%s.%u.count=%u\n%s.%u=", what, i, (int)r, what, i, n, what, i);
+            for (unsigned int k = 0; r == NVML_SUCCESS && k < n; k++)
+                printf("%s%u:%u", k ? "," : "", enc ? es[k].pid : fs[k].pid, enc ? es[k].sessionId : fs[k].sessionId);
+            printf("\n");
+        } else if (strncmp(c, "vgpu:", 5) == 0) {
+            nvmlDevice_t d;
+            r = nvmlDeviceGetHandleByIndex_v2((unsigned int)atoi(c + 5), &d);
+            static nvmlEncoderSessionInfo_t es[MAXP];
+            static nvmlFBCSessionInfo_t fs[MAXP];
+            static unsigned int pids[MAXP];
+            static nvmlVgpuProcessUtilizationSample_t vs[MAXP];
+            nvmlAccountingStats_t st;
+            nvmlVgpuProcessesUtilizationInfo_t vi;
+            memset(&vi, 0, sizeof vi);
+            unsigned int n;
+#define VGPU(name, ...)                                                                                         \
+    do {                                                                                                        \
+        void *f = dlsym(RTLD_DEFAULT, #name);                                                                   \
+        n = MAXP;                                                                                               \
+        printf("vgpu.%s.rc=%d\n", #name, f ? (int)((__typeof__(&name))f)(__VA_ARGS__) : -1);                   \
+    } while (0)
+            VGPU(nvmlVgpuInstanceGetEncoderSessions, 1, &n, es);
+            VGPU(nvmlVgpuInstanceGetFBCSessions, 1, &n, fs);
+            VGPU(nvmlVgpuInstanceGetAccountingPids, 1, &n, pids);
+            VGPU(nvmlVgpuInstanceGetAccountingStats, 1, 1, &st);
+            VGPU(nvmlDeviceGetVgpuProcessUtilization, d, 0, &n, vs);
+            VGPU(nvmlDeviceGetVgpuProcessesUtilizationInfo, d, &vi);
+            VGPU(nvmlDeviceClearAccountingPids, d);
+            VGPU(nvmlVgpuInstanceClearAccountingPids, 1);
+#undef VGPU
         } else if (strncmp(c, "acctstat:", 9) == 0) {
             unsigned int i = 0, pid = 0;
             if (sscanf(c + 9, "%u:%u", &i, &pid) != 2) {

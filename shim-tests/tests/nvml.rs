@@ -493,3 +493,124 @@ fn process_detail_list_hides_other_containers() {
     mine.finish().ok();
     theirs.finish().ok();
 }
+
+/// Issue 21, item 9: `nvmlDeviceGetEncoderSessions` and `nvmlDeviceGetFBCSessions` show only the container's
+/// sessions (another container's pid is missing from the list, from the size query's count too); the
+/// simulator gives every process on the device one session of each (`CUDASIM_NVML_LISTS=encoder,fbc`). The
+/// vGPU host's per-process calls answer NOT_SUPPORTED (3) and clearing accounting NO_PERMISSION (4).
+#[test]
+fn encoder_and_fbc_sessions_hide_other_containers() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,encoder,fbc")
+        .build();
+    let (mine, theirs) = two_containers(&sim);
+    let (my_pid, their_pid) = (mine.pid(), theirs.pid());
+    let pids = |out: &shim_tests::Output, key: &str| -> Vec<u32> {
+        parse_proc_list(out.val(key)).iter().map(|p| p.0).collect()
+    };
+
+    // ground truth: the simulator itself lists both processes' sessions
+    let bare = sim.cmd(Prog::NvmlProbe).no_preload().args("enc:0 fbc:0").run();
+    bare.ok();
+    for what in ["enc", "fbc"] {
+        let all = pids(&bare, &format!("{what}.0"));
+        assert!(
+            all.contains(&my_pid) && all.contains(&their_pid),
+            "the simulator should list both processes' {what} sessions:{bare:?}"
+        );
+        assert_eq!(
+            bare.num(&format!("{what}.0.query.count")),
+            all.len() as u64,
+            "{bare:?}"
+        );
+    }
+
+    let out = sim
+        .cmd(Prog::NvmlProbe)
+        .mem_limit("1g")
+        .args("enc:0 fbc:0 vgpu:0")
+        .run();
+    out.ok();
+    for what in ["enc", "fbc"] {
+        assert_eq!(out.val(&format!("{what}.0.rc")), "0", "{what}:{out:?}");
+        let list = pids(&out, &format!("{what}.0"));
+        assert!(
+            !list.contains(&their_pid),
+            "{what} sessions show another container's process:{out:?}"
+        );
+        assert!(
+            list.contains(&my_pid),
+            "{what}: the container's own session is missing:{out:?}"
+        );
+        assert_eq!(
+            out.num(&format!("{what}.0.count")),
+            list.len() as u64,
+            "{what}:{out:?}"
+        );
+        assert_eq!(
+            out.val(&format!("{what}.0.query.rc")),
+            "0",
+            "{what} size query:{out:?}"
+        );
+        assert_eq!(
+            out.num(&format!("{what}.0.query.count")),
+            list.len() as u64,
+            "{what}: a size query must count only the container's:{out:?}"
+        );
+    }
+    for (name, rc) in [
+        ("nvmlVgpuInstanceGetEncoderSessions", "3"),
+        ("nvmlVgpuInstanceGetFBCSessions", "3"),
+        ("nvmlVgpuInstanceGetAccountingPids", "3"),
+        ("nvmlVgpuInstanceGetAccountingStats", "3"),
+        ("nvmlDeviceGetVgpuProcessUtilization", "3"),
+        ("nvmlDeviceGetVgpuProcessesUtilizationInfo", "3"),
+        ("nvmlDeviceClearAccountingPids", "4"),
+        ("nvmlVgpuInstanceClearAccountingPids", "4"),
+    ] {
+        assert_eq!(out.val(&format!("vgpu.{name}.rc")), rc, "{name}:{out:?}");
+    }
+    mine.finish().ok();
+    theirs.finish().ok();
+}
+
+/// The malformed and unfilterable forms of the per-process calls are answered by the shim, never forwarded:
+/// a NULL buffer with a non-zero count (the real function writes the device-wide count, which tells a
+/// container how many processes of others hold sessions) gets NVML_ERROR_INVALID_ARGUMENT (2); a struct
+/// version the shim cannot filter NVML_ERROR_ARGUMENT_VERSION_MISMATCH (25); nvmlDeviceSetAccountingMode
+/// (disabling erases every process's records) NVML_ERROR_NO_PERMISSION (4).
+#[test]
+fn malformed_and_unfilterable_calls_are_not_forwarded() {
+    let sim = Sim::new()
+        .env("CUDASIM_NVML_LISTS", "compute,encoder,fbc,accounting")
+        .build();
+    let (mut mine, mut theirs) = two_containers(&sim);
+    let prog = shim_tests::compile_c(
+        "nvml_malformed",
+        &shim_tests::workspace_root().join("shim-tests/c/nvml_malformed.c"),
+        &[],
+        &["-lnvidia-ml", "-ldl"],
+    );
+    // Control: the simulator itself answers a NULL buffer with the device-wide count.
+    let bare = sim.cmd_path(prog.clone()).no_preload().run();
+    let out = sim.cmd_path(prog).mem_limit("1g").run();
+    mine.release();
+    theirs.release();
+    mine.finish();
+    theirs.finish();
+    assert!(
+        bare.num("enc.count") >= 2,
+        "the control must see both containers:{bare:?}"
+    );
+    for what in ["enc", "fbc", "procs", "acct"] {
+        assert_eq!(out.val(&format!("{what}.rc")), "2", "{what}:{out:?}");
+        assert_eq!(
+            out.val(&format!("{what}.count")),
+            "1",
+            "{what}: count untouched:{out:?}"
+        );
+    }
+    assert_eq!(out.val("detail_v2.rc"), "25", "{out:?}");
+    assert_eq!(out.val("putil_v2.rc"), "25", "{out:?}");
+    assert_eq!(out.val("setacct.rc"), "4", "{out:?}");
+}

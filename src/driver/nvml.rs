@@ -36,6 +36,18 @@ macro_rules! nvml_functions {
             nvmlDeviceGetAccountingPids (device: nvmlDevice_t, count: *mut c_uint, pids: *mut c_uint) => nvml::accounting_pids(real, device, count, pids);
             nvmlDeviceGetAccountingStats (device: nvmlDevice_t, pid: c_uint, stats: *mut nvmlAccountingStats_t) => nvml::accounting_stats(real, device, pid, stats);
             nvmlDeviceGetProcessUtilization (device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t, processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64) => nvml::process_utilization(real, device, utilization, processSamplesCount, lastSeenTimeStamp);
+            nvmlDeviceGetEncoderSessions (device: nvmlDevice_t, sessionCount: *mut c_uint, sessionInfos: *mut nvmlEncoderSessionInfo_t) => nvml::sessions(real, device, sessionCount, sessionInfos);
+            nvmlDeviceGetFBCSessions (device: nvmlDevice_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t) => nvml::sessions(real, device, sessionCount, sessionInfo);
+            // refused: they name other containers' processes or erase their records (hooks/nvml.rs says why)
+            nvmlDeviceClearAccountingPids (device: nvmlDevice_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
+            nvmlDeviceSetAccountingMode (device: nvmlDevice_t, mode: nvmlEnableState_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
+            nvmlVgpuInstanceGetEncoderSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlEncoderSessionInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
+            nvmlVgpuInstanceGetFBCSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
+            nvmlVgpuInstanceGetAccountingPids (vgpuInstance: nvmlVgpuInstance_t, count: *mut c_uint, pids: *mut c_uint) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
+            nvmlVgpuInstanceGetAccountingStats (vgpuInstance: nvmlVgpuInstance_t, pid: c_uint, stats: *mut nvmlAccountingStats_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
+            nvmlVgpuInstanceClearAccountingPids (vgpuInstance: nvmlVgpuInstance_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
+            nvmlDeviceGetVgpuProcessUtilization (device: nvmlDevice_t, lastSeenTimeStamp: u64, vgpuProcessSamplesCount: *mut c_uint, utilizationSamples: *mut nvmlVgpuProcessUtilizationSample_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
+            nvmlDeviceGetVgpuProcessesUtilizationInfo (device: nvmlDevice_t, vgpuProcUtilInfo: *mut nvmlVgpuProcessesUtilizationInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
         ] helpers [
             nvmlDeviceGetCount_v2 (deviceCount: *mut c_uint);
             nvmlDeviceGetHandleByIndex_v2 (index: c_uint, device: *mut nvmlDevice_t);

@@ -14,6 +14,7 @@ c_codes! { nvmlReturn_t, checked_results;
     ERROR_UNINITIALIZED = 1 => "NVML_ERROR_UNINITIALIZED";
     ERROR_INVALID_ARGUMENT = 2 => "NVML_ERROR_INVALID_ARGUMENT";
     ERROR_NOT_SUPPORTED = 3 => "NVML_ERROR_NOT_SUPPORTED";
+    ERROR_NO_PERMISSION = 4 => "NVML_ERROR_NO_PERMISSION";
     ERROR_NOT_FOUND = 6 => "NVML_ERROR_NOT_FOUND";
     ERROR_INSUFFICIENT_SIZE = 7 => "NVML_ERROR_INSUFFICIENT_SIZE";
     ERROR_LIBRARY_NOT_FOUND = 12 => "NVML_ERROR_LIBRARY_NOT_FOUND";
@@ -31,6 +32,11 @@ impl nvmlReturn_t {
 
 c_aliases! { checked_aliases;
     pub type nvmlDevice_t = *mut c_void;
+    pub type nvmlVgpuInstance_t = c_uint;
+    pub type nvmlEnableState_t = c_uint;
+    /// Opaque structs of calls the shim refuses without reading them (vGPU guests' processes).
+    pub type nvmlVgpuProcessUtilizationSample_t = c_void;
+    pub type nvmlVgpuProcessesUtilizationInfo_t = c_void;
 }
 
 /// `nvmlProcessInfo_t` is `nvmlProcessInfo_v2_t` (`_v2` and `_v3` lists).
@@ -132,6 +138,34 @@ c_structs! { checked_structs;
 
     /// `nvmlProcessUtilizationSample_t`.
     #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlEncoderSessionInfo_t {
+        pub sessionId: c_uint,
+        pub pid: c_uint,
+        pub vgpuInstance: nvmlVgpuInstance_t,
+        pub codecType: c_uint,
+        pub hResolution: c_uint,
+        pub vResolution: c_uint,
+        pub averageFps: c_uint,
+        pub averageLatency: c_uint,
+    }
+
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlFBCSessionInfo_t {
+        pub sessionId: c_uint,
+        pub pid: c_uint,
+        pub vgpuInstance: nvmlVgpuInstance_t,
+        pub displayOrdinal: c_uint,
+        pub sessionType: c_uint,
+        pub sessionFlags: c_uint,
+        pub hMaxResolution: c_uint,
+        pub vMaxResolution: c_uint,
+        pub hResolution: c_uint,
+        pub vResolution: c_uint,
+        pub averageFPS: c_uint,
+        pub averageLatency: c_uint,
+    }
+
+    #[derive(Clone, Copy, Debug, Default)]
     pub struct nvmlProcessUtilizationSample_t {
         pub pid: c_uint,
         /// CPU timestamp, µs.
@@ -189,6 +223,21 @@ impl MemoryInfo for nvmlMemory_t {
 impl MemoryInfo for nvmlMemory_v2_t {
     fn fields(&mut self) -> (&mut u64, &mut u64, &mut u64) {
         (&mut self.total, &mut self.used, &mut self.free)
+    }
+}
+
+/// A session record of `nvmlDeviceGetEncoderSessions` / `nvmlDeviceGetFBCSessions`: its owner's pid.
+pub trait SessionInfo: Copy + Default {
+    fn pid(&self) -> c_uint;
+}
+impl SessionInfo for nvmlEncoderSessionInfo_t {
+    fn pid(&self) -> c_uint {
+        self.pid
+    }
+}
+impl SessionInfo for nvmlFBCSessionInfo_t {
+    fn pid(&self) -> c_uint {
+        self.pid
     }
 }
 

@@ -13,6 +13,19 @@
 //! - `nvmlDeviceGetAccountingPids`: the same filter and size protocol; `nvmlDeviceGetAccountingStats` of a pid
 //!   that is not the container's answers `NVML_ERROR_NOT_FOUND`, as for a pid NVML does not know; so does
 //!   `nvmlSystemGetProcessName`.
+//! - `nvmlDeviceGetEncoderSessions` and `nvmlDeviceGetFBCSessions`: the same filter over the sessions (by
+//!   owner pid) and their size protocol (`*sessionCount` 0 asks for the count: `NVML_SUCCESS` and the
+//!   container's count). Their aggregates (`nvmlDeviceGetEncoderStats`, `nvmlDeviceGetFBCStats`,
+//!   `nvmlDeviceGetEncoderUtilization`) name no process and pass through, like `nvmlDeviceGetUtilizationRates`.
+//! - Refused (`refuse`): the vGPU host's per-process calls (`nvmlVgpuInstanceGet{Encoder,FBC}Sessions`,
+//!   `nvmlVgpuInstanceGetAccounting{Pids,Stats}`, `nvmlDeviceGetVgpu{ProcessUtilization,ProcessesUtilizationInfo}`)
+//!   answer `NVML_ERROR_NOT_SUPPORTED`, as they do everywhere but on a vGPU hypervisor: they name processes of
+//!   the guest VMs, never of the container, so there is nothing of its own to show. Clearing accounting
+//!   records (`nvmlDeviceClearAccountingPids`, `nvmlVgpuInstanceClearAccountingPids`) or switching accounting
+//!   (`nvmlDeviceSetAccountingMode`: disabling erases every process's records) answers
+//!   `NVML_ERROR_NO_PERMISSION`: it would erase other containers' records.
+//! - A list call with a NULL count, or a NULL buffer with a non-zero count, answers
+//!   `NVML_ERROR_INVALID_ARGUMENT` without the real call (which would write the device-wide count).
 //! - Which limit applies to an NVML device: the CUDA ordinal this process knows for that UUID; in an NVML-only
 //!   process (nvidia-smi) the ordinal `CUDA_VISIBLE_DEVICES` gives it (core's mapping), plus any agent-file entry
 //!   for the UUID; failing both, the limit a CUDA process of the container last reported in the usage entry.
@@ -158,10 +171,9 @@ pub unsafe fn running_processes<T: ProcessInfo>(
     infos: *mut T,
 ) -> nvmlReturn_t {
     let call = |c, i| real(device, c, i);
-    // Malformed calls (no count; a NULL buffer claiming room) get the real library's own error.
-    // SAFETY: `count` is checked non-NULL before it is read.
-    if count.is_null() || (infos.is_null() && unsafe { *count } > 0) {
-        return call(count, infos);
+    // SAFETY: as `malformed` requires.
+    if let Some(r) = unsafe { malformed(count, infos) } {
+        return r;
     }
     // Fetch the whole real list into our own buffer.
     let list = match crate::driver::nvml::list(64, 1 << 16, call) {
@@ -171,6 +183,56 @@ pub unsafe fn running_processes<T: ProcessInfo>(
     let mine = members(s, list, T::pid);
     // SAFETY: `count` non-NULL; `infos` as the caller passed it.
     unsafe { write_back(&mine, count, infos, nvmlReturn_t::SUCCESS) }
+}
+
+/// `nvmlDeviceGetEncoderSessions` / `nvmlDeviceGetFBCSessions`: the real sessions → the container's (by owner
+/// pid), with their size protocol: `*count` 0 asks for the count (`NVML_SUCCESS` with the container's); a
+/// buffer too small for the container's gets `NVML_ERROR_INSUFFICIENT_SIZE` and their count.
+///
+/// # Safety
+/// `count`/`infos` as the NVML function requires.
+pub unsafe fn sessions<T: SessionInfo>(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+    infos: *mut T,
+) -> nvmlReturn_t {
+    // SAFETY: as `malformed` requires.
+    if let Some(r) = unsafe { malformed(count, infos) } {
+        return r;
+    }
+    let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, n, buf)) {
+        Ok(l) => l,
+        Err(r) => return r,
+    };
+    let mine = members(s, list, T::pid);
+    // SAFETY: `count` non-NULL, the caller's in/out parameter.
+    if unsafe { *count } == 0 {
+        // SAFETY: as above.
+        unsafe { *count = mine.len() as c_uint };
+        return nvmlReturn_t::SUCCESS;
+    }
+    // SAFETY: `count` non-NULL; `infos` non-NULL with room for the `*count` the caller passed.
+    unsafe { write_back(&mine, count, infos, nvmlReturn_t::SUCCESS) }
+}
+
+/// A list call without a count, or with a NULL buffer that claims room: `NVML_ERROR_INVALID_ARGUMENT`, as
+/// nvml.h answers, without calling the real function (whose answer to a NULL buffer is the device-wide count,
+/// other containers' processes included).
+///
+/// # Safety
+/// `count` NULL or valid to read.
+unsafe fn malformed<T>(count: *const c_uint, buf: *const T) -> Option<nvmlReturn_t> {
+    // SAFETY: `count` is checked non-NULL before it is read.
+    (count.is_null() || (buf.is_null() && unsafe { *count } > 0))
+        .then_some(nvmlReturn_t::ERROR_INVALID_ARGUMENT)
+}
+
+/// A call refused in every active process (the module's list says why each): `code`, the real library not
+/// called.
+pub fn refuse(_s: &Shim, code: nvmlReturn_t) -> nvmlReturn_t {
+    code
 }
 
 /// `nvmlDeviceGetAccountingPids`: the real list → the container's pids, with the same size protocol (the
@@ -185,9 +247,9 @@ pub unsafe fn accounting_pids(
     count: *mut c_uint,
     pids: *mut c_uint,
 ) -> nvmlReturn_t {
-    // SAFETY: `count` is checked non-NULL before it is read.
-    if count.is_null() || (pids.is_null() && unsafe { *count } > 0) {
-        return real(device, count, pids);
+    // SAFETY: as `malformed` requires.
+    if let Some(r) = unsafe { malformed(count, pids) } {
+        return r;
     }
     let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, n, buf)) {
         Ok(l) => l,
@@ -278,8 +340,8 @@ pub unsafe fn process_utilization(
 }
 
 /// `nvmlDeviceGetRunningProcessDetailList` (v1, the caller's mode): the real list → the container's
-/// processes, with the same size protocol as the process lists (none left is `NVML_SUCCESS`). Other versions
-/// and NULL get the real library's answer.
+/// processes, with the same size protocol as the process lists (none left is `NVML_SUCCESS`). Another version
+/// gets `NVML_ERROR_ARGUMENT_VERSION_MISMATCH` (the shim could not filter it); NULL the real library's answer.
 ///
 /// # Safety
 /// `plist` as the NVML function requires.
@@ -289,9 +351,13 @@ pub unsafe fn process_detail_list(
     device: nvmlDevice_t,
     plist: *mut nvmlProcessDetailList_t,
 ) -> nvmlReturn_t {
-    // SAFETY: `plist` is checked non-NULL before it is read.
-    if plist.is_null() || unsafe { (*plist).version } != NVML_PROCESS_DETAIL_LIST_V1 {
+    if plist.is_null() {
         return real(device, plist);
+    }
+    // Only the version the shim can filter: another one would reach the real library unfiltered.
+    // SAFETY: non-NULL, the caller's struct.
+    if unsafe { (*plist).version } != NVML_PROCESS_DETAIL_LIST_V1 {
+        return nvmlReturn_t::ERROR_ARGUMENT_VERSION_MISMATCH;
     }
     // SAFETY: non-NULL, the caller's struct.
     let plist = unsafe { &mut *plist };
@@ -325,8 +391,8 @@ pub unsafe fn process_detail_list(
 }
 
 /// `nvmlDeviceGetProcessesUtilizationInfo` (v1): the real samples → the container's, with the same protocol
-/// as [`process_utilization`]; a NULL array is a size query answered with the filtered count. Other versions
-/// and NULL get the real library's answer.
+/// as [`process_utilization`]; a NULL array is a size query answered with the filtered count. Another version
+/// gets `NVML_ERROR_ARGUMENT_VERSION_MISMATCH` (the shim could not filter it); NULL the real library's answer.
 ///
 /// # Safety
 /// `info` as the NVML function requires.
@@ -336,9 +402,13 @@ pub unsafe fn processes_utilization_info(
     device: nvmlDevice_t,
     info: *mut nvmlProcessesUtilizationInfo_t,
 ) -> nvmlReturn_t {
-    // SAFETY: `info` is checked non-NULL before it is read.
-    if info.is_null() || unsafe { (*info).version } != NVML_PROCESSES_UTILIZATION_INFO_V1 {
+    if info.is_null() {
         return real(device, info);
+    }
+    // Only the version the shim can filter: another one would reach the real library unfiltered.
+    // SAFETY: non-NULL, the caller's struct.
+    if unsafe { (*info).version } != NVML_PROCESSES_UTILIZATION_INFO_V1 {
+        return nvmlReturn_t::ERROR_ARGUMENT_VERSION_MISMATCH;
     }
     // SAFETY: non-NULL, the caller's struct.
     let info = unsafe { &mut *info };

@@ -315,10 +315,22 @@ impl Agent {
                 }
             };
             // The usage file is the container's own (cooperative) accounting: optional, never required.
+            let bound = limits.usage_id().ok().flatten();
             let usage = d
                 .usage
                 .as_ref()
                 .and_then(|p| match UsageRegion::open_existing(p) {
+                    // Another file than the bound one (replaced in the tenant's directory): its figures are
+                    // not the container's.
+                    Ok(u) if bound.zip(u.file_id()).is_some_and(|(b, f)| !b.matches(&f)) => {
+                        cuquota_core::log!(
+                            Level::Warn,
+                            "agent: container {name}: usage file {} is not the one the limits file binds: \
+                             ignored",
+                            p.display()
+                        );
+                        None
+                    }
                     Ok(u) => Some(u.devices()),
                     Err(e) => {
                         cuquota_core::log!(Level::Debug, "agent: container {name}: usage {e}");

@@ -116,6 +116,29 @@ pub enum RegionError {
         /// What happened to it: `truncated`, `zeroed`.
         what: &'static str,
     },
+    /// The agent's limits file now binds the container to another usage file than the one this process
+    /// accounts in.
+    Superseded {
+        /// The file this process accounts in.
+        path: PathBuf,
+    },
+    /// A command that resolves no symbolic link (binding a usage file as root) found one in the path.
+    SymlinkInPath {
+        /// The path given.
+        path: PathBuf,
+        /// Its component that is a symbolic link.
+        link: PathBuf,
+    },
+    /// The agent bound the container to a usage file and the file at its path is another one (or none): it
+    /// was renamed away, deleted or replaced after it was bound.
+    NotTheBoundFile {
+        /// The bound path.
+        path: PathBuf,
+        /// The identity the agent recorded.
+        expected: super::FileId,
+        /// The file found there (`None`: none).
+        found: Option<super::FileId>,
+    },
 }
 
 impl fmt::Display for RegionError {
@@ -123,6 +146,13 @@ impl fmt::Display for RegionError {
         match self {
             RegionError::Io { path, op, error } => write!(f, "{}: {op} failed: {error}", path.display()),
             RegionError::NotRegularFile { path } => write!(f, "{}: not a regular file", path.display()),
+            RegionError::SymlinkInPath { path, link } => write!(
+                f,
+                "{}: {} is a symbolic link, and binding follows none (it runs privileged, and a tenant who \
+                 can write the directory could point it anywhere): give the path without links",
+                path.display(),
+                link.display()
+            ),
             RegionError::BadSize { path, size, expected } => write!(
                 f,
                 "{}: size {size} bytes, expected {expected}: not a region of this cuquota version \
@@ -179,6 +209,27 @@ impl fmt::Display for RegionError {
                  container): the container's accounting is lost, so new allocations are refused",
                 path.display()
             ),
+            RegionError::Superseded { path } => write!(
+                f,
+                "{}: the agent's limits file binds the container to another usage file now: what this process \
+                 would charge here the container's other processes no longer see, so new allocations are \
+                 refused (what it holds is kept); restart the process to account in the bound file",
+                path.display()
+            ),
+            RegionError::NotTheBoundFile { path, expected, found } => {
+                write!(f, "{}: not the usage file the agent bound ({expected}); ", path.display())?;
+                match found {
+                    Some(id) => write!(f, "this one is {id}")?,
+                    None => f.write_str("there is no file there")?,
+                }
+                write!(
+                    f,
+                    ": it was renamed, deleted or replaced since it was bound, and a fresh file would be a fresh \
+                     cap, so this process is refused. The node's administrator re-binds the container's file with \
+                     `cuquota limits set LIMITS --device all --usage {} [--usage-host HOST_PATH]`",
+                    path.display()
+                )
+            }
         }
     }
 }

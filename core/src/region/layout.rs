@@ -17,7 +17,8 @@ pub const USAGE_MAGIC: u64 = u64::from_le_bytes(*b"CUQUSAGE");
 /// [`PolicyWords`] (with priority and reserved memory) in limits entries and usage device entries alike.
 /// 3: the limits file carries the container's members as the agent sees them ([`LimitsMembers`]) and the
 /// container's usage file ([`LimitsUsage`]). 4: the usage file's table of memory shared between processes
-/// ([`UsageShared`], `shared_high_water`).
+/// ([`UsageShared`], `shared_high_water`). Within 4, the usage binding's last 24 path bytes became the bound
+/// file's identity ([`LimitsUsage::ino`]): zero in every older file, which is what "no identity" means.
 pub const ABI_VERSION: u32 = 4;
 /// Device entries per file.
 pub const MAX_DEVICES: usize = 16;
@@ -29,8 +30,9 @@ pub const MAX_SHARED: usize = 256;
 pub const SHARED_CLAIMING: u64 = u64::MAX;
 /// Member host pids the limits file can hold ([`LimitsMembers`]).
 pub const LIMITS_MAX_MEMBERS: usize = 1024;
-/// Bytes of the usage-file path the limits file can hold ([`LimitsUsage`]).
-pub const LIMITS_USAGE_PATH_MAX: usize = 504;
+/// Bytes of the usage-file path the limits file can hold ([`LimitsUsage`]). 504 before the file's identity took
+/// the last 24 (those bytes were zero in every older file: "no identity recorded").
+pub const LIMITS_USAGE_PATH_MAX: usize = 480;
 /// Words of throttle state per usage device entry (owned by the shim's throttle).
 pub const THROTTLE_WORDS: usize = 8;
 
@@ -209,16 +211,24 @@ pub struct LimitsMembers {
 }
 
 /// The container's usage file as its processes see it (512 bytes), named by the agent: processes under this
-/// limits file account in it whatever their environment says, so a private usage file is no private cap.
-/// Seqlock-protected; `len` 0 = not bound (the environment decides).
+/// limits file account in it whatever their environment says, so a private usage file is no private cap; and
+/// the identity of the file the agent bound, so a file put in its place (the tenant can write the directory)
+/// is refused rather than taken for a fresh, empty region. Seqlock-protected; `len` 0 = not bound (the
+/// environment decides).
 #[repr(C)]
 pub struct LimitsUsage {
     /// Bytes of `path` in use (at most [`LIMITS_USAGE_PATH_MAX`]), 0 = not bound.
     pub len: AtomicU32,
     /// Zero.
     pub _reserved0: AtomicU32,
-    /// The absolute path's bytes in memory order (a `char[504]` in C), zero after `len`.
+    /// The absolute path's bytes in memory order (a `char[480]` in C), zero after `len`.
     pub path: [AtomicU64; LIMITS_USAGE_PATH_MAX / 8],
+    /// The bound file's `st_dev` (`makedev(major, minor)`).
+    pub dev: AtomicU64,
+    /// The bound file's inode number; 0 = no identity recorded (an agent before identities: bound by path).
+    pub ino: AtomicU64,
+    /// The bound file's birth time, ns since the epoch (`statx` `stx_btime`); 0 = the file system reports none.
+    pub btime_ns: AtomicU64,
 }
 
 /// The whole limits file.
@@ -420,11 +430,9 @@ const _: () = {
     assert!(std::mem::size_of::<LimitsHeader>() == 64);
     assert!(std::mem::size_of::<LimitsEntry>() == 64);
     assert!(std::mem::size_of::<LimitsMembers>() == 8 + 4 * LIMITS_MAX_MEMBERS);
-    assert!(std::mem::size_of::<LimitsUsage>() == 8 + LIMITS_USAGE_PATH_MAX);
-    assert!(
-        std::mem::size_of::<LimitsFile>()
-            == 64 + 64 * MAX_DEVICES + 8 + 4 * LIMITS_MAX_MEMBERS + 8 + LIMITS_USAGE_PATH_MAX
-    );
+    assert!(std::mem::size_of::<LimitsUsage>() == 512);
+    assert!(std::mem::size_of::<LimitsUsage>() == 8 + LIMITS_USAGE_PATH_MAX + 24);
+    assert!(std::mem::size_of::<LimitsFile>() == 64 + 64 * MAX_DEVICES + 8 + 4 * LIMITS_MAX_MEMBERS + 512);
     assert!(std::mem::size_of::<UsageHeader>() == 64);
     assert!(std::mem::size_of::<UsageDevice>() == 144);
     assert!(std::mem::size_of::<UsageSlot>() == 320);

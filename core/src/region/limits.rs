@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use super::header::{self, Header, Word};
 use super::layout::*;
 use super::liveness::{current_pid, is_alive};
-use super::map::{Access, Mapping};
+use super::map::{Access, FileId, Mapping};
 use super::RegionError;
 use crate::policy::{Policy, PolicyRaw};
 
@@ -150,6 +150,8 @@ pub struct LimitsTable {
     pub usage_path_len: u32,
     /// The bound usage file's path bytes, zero after `usage_path_len`.
     pub usage_path: [u8; LIMITS_USAGE_PATH_MAX],
+    /// The bound file's identity; `ino` 0 = none recorded (bound by path only).
+    pub usage_id: FileId,
 }
 
 impl Default for LimitsTable {
@@ -161,6 +163,7 @@ impl Default for LimitsTable {
             members: [0; LIMITS_MAX_MEMBERS],
             usage_path_len: 0,
             usage_path: [0; LIMITS_USAGE_PATH_MAX],
+            usage_id: FileId::default(),
         }
     }
 }
@@ -251,16 +254,41 @@ impl LimitsTable {
             .then(|| &self.members[..(self.member_count as usize).min(LIMITS_MAX_MEMBERS)])
     }
 
-    /// The usage file the agent bound the container to (as its processes see it), if any.
-    pub fn usage_path(&self) -> Option<&std::path::Path> {
+    /// The usage file the agent bound the container to (as its processes see it), if any; `Err` for a binding
+    /// this version cannot read (the caller fails closed).
+    pub fn usage_path(&self) -> Result<Option<&std::path::Path>, UnreadableBinding> {
         use std::os::unix::ffi::OsStrExt;
-        let n = (self.usage_path_len as usize).min(LIMITS_USAGE_PATH_MAX);
-        (n > 0).then(|| std::path::Path::new(std::ffi::OsStr::from_bytes(&self.usage_path[..n])))
+        let n = self.usage_path_len as usize;
+        if n > LIMITS_USAGE_PATH_MAX {
+            return Err(UnreadableBinding {
+                len: self.usage_path_len,
+            });
+        }
+        Ok((n > 0).then(|| std::path::Path::new(std::ffi::OsStr::from_bytes(&self.usage_path[..n]))))
     }
 
-    /// Binds the container's usage file (`None` unbinds). The path must be absolute, without NUL bytes, and
-    /// at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong (nothing changed).
-    pub fn set_usage_path(&mut self, path: Option<&std::path::Path>) -> Result<(), String> {
+    /// The identity of the bound usage file as the agent recorded it, if it did; `Err` as for
+    /// [`LimitsTable::usage_path`].
+    pub fn usage_id(&self) -> Result<Option<FileId>, UnreadableBinding> {
+        Ok((self.usage_path()?.is_some() && self.usage_id.ino != 0).then_some(self.usage_id))
+    }
+
+    /// Binds the container's usage file (`None` unbinds): its path as the container's processes see it and
+    /// the identity of that file (`UsageRegion::file_id` of the same file as the agent opened it; `None`
+    /// binds by path alone, which a tenant who can write the file's directory defeats). The path must be
+    /// absolute, without NUL bytes, and at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong
+    /// (nothing changed).
+    pub fn set_usage(&mut self, path: Option<&std::path::Path>, id: Option<FileId>) -> Result<(), String> {
+        self.set_usage_path(path)?;
+        self.usage_id = if path.is_some() {
+            id.unwrap_or_default()
+        } else {
+            FileId::default()
+        };
+        Ok(())
+    }
+
+    fn set_usage_path(&mut self, path: Option<&std::path::Path>) -> Result<(), String> {
         use std::os::unix::ffi::OsStrExt;
         let bytes = path.map_or(&[][..], |p| p.as_os_str().as_bytes());
         if let Some(p) = path {
@@ -391,6 +419,30 @@ fn validate(map: &Mapping, writable: bool) -> Result<(), RegionError> {
     header::validate(map.path(), &header, writable)
 }
 
+/// A usage binding this version cannot read: a path longer than the field holds. Before the bound file's
+/// identity took the field's last 24 bytes (same ABI version 4, layout.rs), an agent could bind paths of up
+/// to 504 bytes; read with this layout, such a path would be cut short and its tail taken for an identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnreadableBinding {
+    /// The path length the file records.
+    pub len: u32,
+}
+
+impl std::fmt::Display for UnreadableBinding {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the limits file binds a usage file path of {} bytes, and this version reads at most \
+             {LIMITS_USAGE_PATH_MAX} (an older agent wrote it): the binding cannot be read, so nothing is \
+             admitted; bind the container again with this version's `cuquota limits set --usage` (a path of at \
+             most {LIMITS_USAGE_PATH_MAX} bytes)",
+            self.len
+        )
+    }
+}
+
+impl std::error::Error for UnreadableBinding {}
+
 /// Copies the header flags, every entry and the members out (relaxed loads; the caller makes them consistent).
 fn load_table(file: &LimitsFile) -> LimitsTable {
     let mut table = LimitsTable {
@@ -409,11 +461,14 @@ fn load_table(file: &LimitsFile) -> LimitsTable {
     for (out, w) in table.usage_path.chunks_exact_mut(8).zip(file.usage.path.iter()) {
         out.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
     }
-    table.usage_path_len = file
-        .usage
-        .len
-        .load(Ordering::Relaxed)
-        .min(LIMITS_USAGE_PATH_MAX as u32);
+    // Not clamped: a length past the field (an older agent's, or a torn read the seqlock check then
+    // discards) is an unreadable binding (`usage_path`), never a shorter path.
+    table.usage_path_len = file.usage.len.load(Ordering::Relaxed);
+    table.usage_id = FileId {
+        dev: file.usage.dev.load(Ordering::Relaxed),
+        ino: file.usage.ino.load(Ordering::Relaxed),
+        btime_ns: file.usage.btime_ns.load(Ordering::Relaxed),
+    };
     table
 }
 
@@ -435,6 +490,11 @@ fn store_table(file: &LimitsFile, table: &LimitsTable) {
         );
     }
     file.usage.len.store(table.usage_path_len, Ordering::Relaxed);
+    file.usage.dev.store(table.usage_id.dev, Ordering::Relaxed);
+    file.usage.ino.store(table.usage_id.ino, Ordering::Relaxed);
+    file.usage
+        .btime_ns
+        .store(table.usage_id.btime_ns, Ordering::Relaxed);
 }
 
 /// One seqlock read attempt loop.
@@ -552,6 +612,12 @@ impl LimitsReader {
     /// Opens `path` and takes the first snapshot.
     pub fn open(path: &Path) -> Result<LimitsReader, RegionError> {
         LimitsReader::new(LimitsRegion::open(path)?)
+    }
+
+    /// The `seq` the snapshot (or, when the writer was busy, the last read attempt) was taken at: a later write
+    /// has another.
+    pub fn seen_seq(&self) -> u64 {
+        self.seen_seq
     }
 
     /// Whether the file changed since the last [`LimitsReader::refresh`]: one atomic load, no syscall.

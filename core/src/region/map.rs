@@ -22,6 +22,108 @@ pub(crate) enum Access {
     ReadWrite,
     /// `PROT_READ | PROT_WRITE`, created with the given mode if missing.
     Create(u32),
+    /// `PROT_READ | PROT_WRITE`, never created: the file must be the one the agent bound (this identity),
+    /// checked on the descriptor before anything is read or changed; then initialised like `Create`.
+    Bound(FileId),
+}
+
+impl Access {
+    /// Whether an empty or zeroed file is initialised (rather than refused).
+    pub(crate) fn initialises(self) -> bool {
+        matches!(self, Access::Create(_) | Access::Bound(_))
+    }
+}
+
+/// Which file a path named when the agent bound it: device, inode and birth time. A tenant who can write a
+/// directory can replace the file at a path, never give the new one the old identity: a new file gets another
+/// inode, or (when the file system reuses the number of a deleted one) another birth time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`; 0 = no identity recorded.
+    pub ino: u64,
+    /// Birth time, ns since the epoch (`statx`'s `stx_btime`); 0 = the file system does not report one.
+    pub btime_ns: u64,
+}
+
+impl FileId {
+    /// An identity no file has (inode 0 is never a file's): what an unreadable binding names.
+    pub const NONE: FileId = FileId {
+        dev: u64::MAX,
+        ino: 0,
+        btime_ns: u64::MAX,
+    };
+
+    /// The identity of an open file. `statx` through the raw syscall (glibc has a wrapper only from 2.28; the
+    /// library targets older ones); `fstat` where the kernel has none (birth time then unknown).
+    pub fn of_fd(fd: std::os::fd::RawFd) -> std::io::Result<FileId> {
+        // SAFETY: statx is plain data; all-zero is a valid value.
+        let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+        // SAFETY: an empty NUL-terminated path with AT_EMPTY_PATH names `fd`; stx is a valid out-pointer.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_statx,
+                fd,
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH,
+                libc::STATX_INO | libc::STATX_BTIME,
+                &mut stx,
+            )
+        };
+        if r == 0 {
+            let btime_ns = if stx.stx_mask & libc::STATX_BTIME != 0 {
+                (stx.stx_btime.tv_sec as u64)
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(u64::from(stx.stx_btime.tv_nsec))
+            } else {
+                0
+            };
+            return Ok(FileId {
+                dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
+                ino: stx.stx_ino,
+                btime_ns,
+            });
+        }
+        // SAFETY: stat is plain data; all-zero is a valid value.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: fd is open; st is a valid out-pointer.
+        if unsafe { libc::fstat(fd, &mut st) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            btime_ns: 0,
+        })
+    }
+
+    /// Whether an open file is the recorded one. A recorded birth time must be matched: a file whose birth
+    /// time cannot be read now (a seccomp filter that blocks `statx`) is not taken for the recorded one.
+    pub fn matches(&self, now: &FileId) -> bool {
+        self.dev == now.dev && self.ino == now.ino && (self.btime_ns == 0 || self.btime_ns == now.btime_ns)
+    }
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "device {}:{}, inode {}",
+            libc::major(self.dev),
+            libc::minor(self.dev),
+            self.ino
+        )?;
+        if self.btime_ns != 0 {
+            write!(
+                f,
+                ", born {}.{:09}",
+                self.btime_ns / 1_000_000_000,
+                self.btime_ns % 1_000_000_000
+            )?;
+        }
+        Ok(())
+    }
 }
 
 /// A `MAP_SHARED` mapping of a whole region file. Unmapped on drop.
@@ -49,6 +151,50 @@ fn io_err(path: &Path, op: &'static str) -> RegionError {
     }
 }
 
+/// `open(path, flags, mode)` resolving no symbolic link in any component: each directory is opened with
+/// `O_NOFOLLOW | O_DIRECTORY` relative to the one before (a link there fails with `ENOTDIR`), the last
+/// component with `O_NOFOLLOW` (`ELOOP`). For a privileged command writing where a tenant can make links.
+/// Returns the descriptor or -1 with `errno` set, like `open`.
+fn open_no_symlinks(path: &Path, flags: libc::c_int, mode: u32) -> libc::c_int {
+    use std::path::Component;
+    let dir_flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let start = if path.is_absolute() { c"/" } else { c"." };
+    // SAFETY: a valid NUL-terminated string.
+    let mut dir = Fd(unsafe { libc::open(start.as_ptr(), dir_flags) });
+    if dir.0 < 0 {
+        return -1;
+    }
+    let parts: Vec<_> = path
+        .components()
+        .filter(|c| !matches!(c, Component::RootDir | Component::CurDir))
+        .collect();
+    let Some((last, dirs)) = parts.split_last() else {
+        // SAFETY: setting errno, a thread-local.
+        unsafe { *libc::__errno_location() = libc::EISDIR };
+        return -1;
+    };
+    for c in dirs {
+        let Ok(name) = CString::new(c.as_os_str().as_bytes()) else {
+            // SAFETY: as above.
+            unsafe { *libc::__errno_location() = libc::EINVAL };
+            return -1;
+        };
+        // SAFETY: dir.0 is an open directory descriptor; name is NUL-terminated.
+        let next = unsafe { libc::openat(dir.0, name.as_ptr(), dir_flags) };
+        if next < 0 {
+            return -1;
+        }
+        dir = Fd(next);
+    }
+    let Ok(name) = CString::new(last.as_os_str().as_bytes()) else {
+        // SAFETY: as above.
+        unsafe { *libc::__errno_location() = libc::EINVAL };
+        return -1;
+    };
+    // SAFETY: as above; the mode is passed as the variadic argument.
+    unsafe { libc::openat(dir.0, name.as_ptr(), flags | libc::O_NOFOLLOW, mode) }
+}
+
 /// Closes a descriptor on every exit path.
 struct Fd(libc::c_int);
 impl Drop for Fd {
@@ -62,15 +208,27 @@ impl Mapping {
     /// Opens (or creates) `path`, makes sure it is `size` bytes (extending an empty file when writable) and maps
     /// it. The header is validated by the caller.
     pub(crate) fn open(path: &Path, access: Access, size: usize) -> Result<Mapping, RegionError> {
-        Self::open_with(path, access, size, false)
+        Self::open_with(path, access, size, false, false)
     }
 
-    /// [`Mapping::open`], keeping the descriptor open ([`Mapping::fd`]).
-    pub(crate) fn open_keeping_fd(path: &Path, access: Access, size: usize) -> Result<Mapping, RegionError> {
-        Self::open_with(path, access, size, true)
+    /// [`Mapping::open`], keeping the descriptor open ([`Mapping::fd`]); with `no_symlinks`, no component of
+    /// `path` may be a symbolic link ([`RegionError::SymlinkInPath`]).
+    pub(crate) fn open_keeping_fd(
+        path: &Path,
+        access: Access,
+        size: usize,
+        no_symlinks: bool,
+    ) -> Result<Mapping, RegionError> {
+        Self::open_with(path, access, size, true, no_symlinks)
     }
 
-    fn open_with(path: &Path, access: Access, size: usize, keep_fd: bool) -> Result<Mapping, RegionError> {
+    fn open_with(
+        path: &Path,
+        access: Access,
+        size: usize,
+        keep_fd: bool,
+        no_symlinks: bool,
+    ) -> Result<Mapping, RegionError> {
         let cpath = CString::new(path.as_os_str().as_bytes()).map_err(|_| RegionError::Io {
             path: path.to_path_buf(),
             op: "open",
@@ -86,10 +244,17 @@ impl Mapping {
             _ => libc::O_RDWR | libc::O_NOFOLLOW,
         } | libc::O_CLOEXEC
             | libc::O_NONBLOCK;
+        let open = |flags: libc::c_int, mode: u32| {
+            if no_symlinks {
+                open_no_symlinks(path, flags, mode)
+            } else {
+                // SAFETY: cpath is a valid NUL-terminated string; the mode is passed as the variadic argument.
+                unsafe { libc::open(cpath.as_ptr(), flags, mode) }
+            }
+        };
         let fd = match access {
             Access::Create(mode) => {
-                // SAFETY: cpath is a valid NUL-terminated string; the mode is passed as the variadic argument.
-                let fd = unsafe { libc::open(cpath.as_ptr(), flags | libc::O_CREAT | libc::O_EXCL, mode) };
+                let fd = open(flags | libc::O_CREAT | libc::O_EXCL, mode);
                 if fd >= 0 {
                     // We created it: set the mode exactly, whatever the umask (other users of the container
                     // must be able to open a shared usage file).
@@ -97,22 +262,61 @@ impl Mapping {
                     unsafe { libc::fchmod(fd, mode as libc::mode_t) };
                     fd
                 } else if std::io::Error::last_os_error().raw_os_error() == Some(libc::EEXIST) {
-                    // SAFETY: as above.
-                    unsafe { libc::open(cpath.as_ptr(), flags) }
+                    open(flags, 0)
                 } else {
                     -1
                 }
             }
-            // SAFETY: cpath is a valid NUL-terminated string.
-            _ => unsafe { libc::open(cpath.as_ptr(), flags) },
+            _ => open(flags, 0),
         };
+        if fd < 0 && no_symlinks {
+            let error = std::io::Error::last_os_error();
+            if matches!(error.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) {
+                // Say which component (a diagnosis only: the open above already refused it).
+                if let Some(link) = path
+                    .ancestors()
+                    .find(|a| a.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()))
+                {
+                    return Err(RegionError::SymlinkInPath {
+                        path: path.to_path_buf(),
+                        link: link.to_path_buf(),
+                    });
+                }
+            }
+            return Err(RegionError::Io {
+                path: path.to_path_buf(),
+                op: "open",
+                error: error.to_string(),
+            });
+        }
         if fd < 0 {
+            if let Access::Bound(expected) = access {
+                let error = std::io::Error::last_os_error();
+                if error.kind() == std::io::ErrorKind::NotFound {
+                    return Err(RegionError::NotTheBoundFile {
+                        path: path.to_path_buf(),
+                        expected,
+                        found: None,
+                    });
+                }
+            }
             return Err(io_err(path, "open"));
         }
         let fd = Fd(fd);
+        if let Access::Bound(expected) = access {
+            // On the descriptor, before anything is read or written: the file we map is the file we checked.
+            let found = FileId::of_fd(fd.0).map_err(|_| io_err(path, "statx"))?;
+            if !expected.matches(&found) {
+                return Err(RegionError::NotTheBoundFile {
+                    path: path.to_path_buf(),
+                    expected,
+                    found: Some(found),
+                });
+            }
+        }
 
         let file_size = fstat_size(&fd, path)?;
-        let file_size = if file_size == 0 && matches!(access, Access::Create(_)) {
+        let file_size = if file_size == 0 && access.initialises() {
             // A fresh (or concurrently created) file: every racer extends it to the same size.
             // SAFETY: fd is open for writing.
             if unsafe { libc::ftruncate(fd.0, size as libc::off_t) } != 0 {

@@ -31,8 +31,9 @@ pub use error::RegionError;
 pub use fault::uninstall_sigbus_handler;
 pub use limits::{
     DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
-    MembersError, ReadError, TableFull,
+    MembersError, ReadError, TableFull, UnreadableBinding,
 };
+pub use map::FileId;
 pub use priority::{
     HpState, Inflight, PriorityDeviceId, PriorityDeviceInfo, PriorityEntry, PriorityRegion, HP_MAX_AHEAD_NS,
     INFLIGHT_TTL_S, TOKEN_MAX_AHEAD_NS,

@@ -19,7 +19,7 @@
 //!   entry. Reclaiming (or releasing) a slot drops its holds. The container's usage sums slots and entries.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 
 use super::claim::{claim_device, next_gen};
 use super::header::{self, Header, Word};
@@ -150,6 +150,10 @@ pub struct UsageRegion {
     /// Per slot, the descriptor (its own open file description) holding this process's liveness lock on it;
     /// -1 = none.
     lock_fds: Box<[AtomicI32]>,
+    /// The mapped file's identity, taken at open (`None`: it could not be read).
+    id: Option<super::FileId>,
+    /// Set when the agent has bound the container to another file since: [`UsageRegion::check`] fails.
+    superseded: AtomicBool,
 }
 
 /// What trying to take a slot's liveness lock found.
@@ -213,21 +217,48 @@ impl UsageRegion {
         Self::open_with(path, Access::Create(0o666))
     }
 
+    /// Opens the usage file the agent bound the container to: never creates one, and refuses
+    /// ([`RegionError::NotTheBoundFile`]) a file at `path` that is not the one with identity `id` (renamed away
+    /// and replaced: a fresh file would be a fresh, empty cap). Otherwise as [`UsageRegion::open`].
+    pub fn open_bound(path: &Path, id: super::FileId) -> Result<UsageRegion, RegionError> {
+        Self::open_with(path, Access::Bound(id))
+    }
+
     /// Opens an existing, initialised usage file (for `cuquota status`: never creates one).
     pub fn open_existing(path: &Path) -> Result<UsageRegion, RegionError> {
         Self::open_with(path, Access::ReadWrite)
     }
 
+    /// Opens the usage file a privileged command binds (`create`: as [`UsageRegion::open`], else as
+    /// [`UsageRegion::open_existing`]), resolving no symbolic link in any component of `path`
+    /// ([`RegionError::SymlinkInPath`]): its directory is the tenant's to write. Never blocks (a FIFO is
+    /// refused as not a regular file); [`UsageRegion::file_id`] is then the identity of the file opened.
+    pub fn open_for_binding(path: &Path, create: bool) -> Result<UsageRegion, RegionError> {
+        let access = if create {
+            Access::Create(0o666)
+        } else {
+            Access::ReadWrite
+        };
+        Self::open_mapping(path, access, true)
+    }
+
     fn open_with(path: &Path, access: Access) -> Result<UsageRegion, RegionError> {
-        let mut map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>())?;
+        Self::open_mapping(path, access, false)
+    }
+
+    fn open_mapping(path: &Path, access: Access, no_symlinks: bool) -> Result<UsageRegion, RegionError> {
+        let mut map = Mapping::open_keeping_fd(path, access, std::mem::size_of::<UsageFile>(), no_symlinks)?;
         // Every process of the container can truncate this file: survive it (fault.rs) and fail closed.
         map.guard_truncation();
+        let id = map.fd().and_then(|fd| super::FileId::of_fd(fd).ok());
         let region = UsageRegion {
             map,
             own_slot: AtomicU32::new(NO_SLOT),
             lock_fds: (0..MAX_PROCS).map(|_| AtomicI32::new(-1)).collect(),
+            id,
+            superseded: AtomicBool::new(false),
         };
-        region.validate(matches!(access, Access::Create(_)))?;
+        region.validate(access.initialises())?;
         Ok(region)
     }
 
@@ -268,6 +299,20 @@ impl UsageRegion {
         self.map.path()
     }
 
+    /// The mapped file's identity, as taken when it was opened.
+    pub fn file_id(&self) -> Option<super::FileId> {
+        self.id
+    }
+
+    /// Whether the agent's binding still names the mapped file, given every identity the agent's limits files
+    /// now bind (none: no binding, nothing to compare). When it does not, [`UsageRegion::check`] fails from
+    /// now on (until a binding names this file again): what this process would charge here, the container's
+    /// other processes no longer see. Returns whether that changed.
+    pub fn follow_binding(&self, bound: &[super::FileId]) -> bool {
+        let gone = bound.iter().any(|b| self.id.is_none_or(|mine| !b.matches(&mine)));
+        self.superseded.swap(gone, Ordering::Relaxed) != gone
+    }
+
     /// Whether the shared accounting can still be trusted, checked before anything is admitted against it:
     /// `Err` when the file was truncated under this process's mapping (which then holds private zero pages)
     /// or its header no longer says what this version wrote (another process overwrote it: bad magic, ABI
@@ -277,6 +322,11 @@ impl UsageRegion {
             path: self.path().to_path_buf(),
             what,
         };
+        if self.superseded.load(Ordering::Relaxed) {
+            return Err(RegionError::Superseded {
+                path: self.path().to_path_buf(),
+            });
+        }
         // Read the header first: on a truncated file that read is what faults and breaks the mapping.
         let header = self.validate(false);
         if self.map.is_broken() {

@@ -81,13 +81,20 @@ pub(crate) enum ProcessList {
     Mps,
     /// Accounting mode: on for this process's NVML when named (off by default, as on a real GPU).
     Accounting,
+    /// Every listed process holds one video encoder session (`nvmlDeviceGetEncoderSessions`).
+    Encoder,
+    /// Every listed process holds one frame-buffer capture session (`nvmlDeviceGetFBCSessions`).
+    Fbc,
 }
 
 /// Which lists a process with a context or memory on a device appears in, as this process's NVML answers:
-/// `CUDASIM_NVML_LISTS`, a comma list of `compute`, `graphics`, `mps`, `accounting` (default `compute`; empty =
-/// none). The simulator runs no graphics or MPS clients; this lets tests make its processes show there, as a
-/// process with both a graphics and a compute context, or an MPS client, shows on a real GPU. `accounting` turns
-/// accounting mode on (live processes only: the simulator keeps no record of terminated ones).
+/// `CUDASIM_NVML_LISTS`, a comma list of `compute`, `graphics`, `mps`, `accounting`, `encoder`, `fbc` (default
+/// `compute`; empty = none). The simulator runs no graphics or MPS clients; this lets tests make its processes
+/// show there, as a process with both a graphics and a compute context, or an MPS client, shows on a real GPU.
+/// `accounting` turns accounting mode on (live processes only: the simulator keeps no record of terminated
+/// ones). `encoder` and `fbc` give every process with a context or memory on a device one video encoder /
+/// frame-buffer capture session there, as a process that encodes video (NVENC) or captures the screen (NvFBC)
+/// has on a real GPU.
 pub(crate) fn lists_from(raw: Option<&str>) -> Result<Vec<ProcessList>, String> {
     let Some(raw) = raw else {
         return Ok(vec![ProcessList::Compute]);
@@ -100,8 +107,11 @@ pub(crate) fn lists_from(raw: Option<&str>) -> Result<Vec<ProcessList>, String> 
             "graphics" => Ok(ProcessList::Graphics),
             "mps" => Ok(ProcessList::Mps),
             "accounting" => Ok(ProcessList::Accounting),
+            "encoder" => Ok(ProcessList::Encoder),
+            "fbc" => Ok(ProcessList::Fbc),
             _ => Err(format!(
-                "cudasim: invalid CUDASIM_NVML_LISTS={raw:?}: {s:?} is not compute, graphics, mps or accounting"
+                "cudasim: invalid CUDASIM_NVML_LISTS={raw:?}: {s:?} is not compute, graphics, mps, accounting, \
+                 encoder or fbc"
             )),
         })
         .collect()
@@ -223,6 +233,7 @@ mod tests {
         assert_eq!(lists_from(None).unwrap(), vec![Compute]);
         assert_eq!(lists_from(Some("graphics, mps")).unwrap(), vec![Graphics, Mps]);
         assert_eq!(lists_from(Some("accounting")).unwrap(), vec![Accounting]);
+        assert_eq!(lists_from(Some("encoder,fbc")).unwrap(), vec![Encoder, Fbc]);
         assert_eq!(lists_from(Some("")).unwrap(), vec![]);
         let e = lists_from(Some("compute,gfx")).unwrap_err();
         assert!(e.contains("CUDASIM_NVML_LISTS") && e.contains("gfx"), "{e}");

@@ -551,6 +551,38 @@ pub struct NvmlAccountingStats {
     pub reserved: [u32; 5],
 }
 
+/// nvmlEncoderSessionInfo_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlEncoderSessionInfo {
+    pub session_id: u32,
+    pub pid: u32,
+    pub vgpu_instance: u32,
+    pub codec_type: u32,
+    pub h_resolution: u32,
+    pub v_resolution: u32,
+    pub average_fps: u32,
+    pub average_latency: u32,
+}
+
+/// nvmlFBCSessionInfo_t
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NvmlFbcSessionInfo {
+    pub session_id: u32,
+    pub pid: u32,
+    pub vgpu_instance: u32,
+    pub display_ordinal: u32,
+    pub session_type: u32,
+    pub session_flags: u32,
+    pub h_max_resolution: u32,
+    pub v_max_resolution: u32,
+    pub h_resolution: u32,
+    pub v_resolution: u32,
+    pub average_fps: u32,
+    pub average_latency: u32,
+}
+
 /// nvmlProcessUtilizationSample_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -610,6 +642,8 @@ mod tests {
         assert_eq!(size_of::<NvmlProcessInfoV2>(), 24);
         assert_eq!(size_of::<NvmlProcessUtilizationSample>(), 32);
         assert_eq!(size_of::<NvmlAccountingStats>(), 56);
+        assert_eq!(size_of::<NvmlEncoderSessionInfo>(), 32);
+        assert_eq!(size_of::<NvmlFbcSessionInfo>(), 48);
         assert_eq!(size_of::<NvmlProcessUtilizationInfoV1>(), 40);
         assert_eq!(size_of::<NvmlProcessesUtilizationInfoV1>(), 24);
         assert_eq!(size_of::<NvmlProcessDetailV1>(), 32);

@@ -71,6 +71,47 @@ const COMPUTE: nvml::ProcessList = nvml::ProcessList::Compute;
 const GRAPHICS: nvml::ProcessList = nvml::ProcessList::Graphics;
 const MPS: nvml::ProcessList = nvml::ProcessList::Mps;
 const ACCOUNTING: nvml::ProcessList = nvml::ProcessList::Accounting;
+const ENCODER: nvml::ProcessList = nvml::ProcessList::Encoder;
+const FBC: nvml::ProcessList = nvml::ProcessList::Fbc;
+
+/// Encoder / FBC sessions into a caller array of `T`, one per process holding one (session ids from 1), with
+/// their size protocol (nvml.h): `*count` 0 asks for the count (`NVML_SUCCESS`); a smaller buffer gets
+/// `NVML_ERROR_INSUFFICIENT_SIZE` and the count.
+///
+/// # Safety
+/// `count` must be valid; `infos` must hold `*count` entries when non-NULL.
+unsafe fn sessions<T>(
+    list: nvml::ProcessList,
+    dev: Device,
+    count: *mut u32,
+    infos: *mut T,
+    make: impl Fn(u32, u32) -> T,
+) -> Result<(), NvmlReturn> {
+    let sim = sim()?;
+    let p = phys_of(sim, dev)?;
+    if count.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    let procs = nvml::listed(sim, p, list)?;
+    // SAFETY: count is valid; infos holds *count entries (contract).
+    unsafe {
+        let cap = *count as usize;
+        *count = procs.len() as u32;
+        if cap == 0 {
+            return Ok(());
+        }
+        if infos.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        if procs.len() > cap {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, (pid, _)) in procs.iter().enumerate() {
+            infos.add(i).write_unaligned(make(i as u32 + 1, *pid));
+        }
+    }
+    Ok(())
+}
 
 fn v1(pid: u32, used_gpu_memory: u64) -> NvmlProcessInfoV1 {
     NvmlProcessInfoV1 { pid, used_gpu_memory }
@@ -288,6 +329,28 @@ nvml_fn! {
 
     fn nvmlDeviceGetMPSComputeRunningProcesses_v3(dev: Device, count: *mut u32, infos: *mut NvmlProcessInfoV2) {
         running(MPS, dev, count, infos, v2)
+    }
+
+    fn nvmlDeviceGetEncoderSessions(dev: Device, count: *mut u32, infos: *mut NvmlEncoderSessionInfo) {
+        sessions(ENCODER, dev, count, infos, |session_id, pid| NvmlEncoderSessionInfo {
+            session_id,
+            pid,
+            h_resolution: 1920,
+            v_resolution: 1080,
+            average_fps: 30,
+            ..Default::default()
+        })
+    }
+
+    fn nvmlDeviceGetFBCSessions(dev: Device, count: *mut u32, infos: *mut NvmlFbcSessionInfo) {
+        sessions(FBC, dev, count, infos, |session_id, pid| NvmlFbcSessionInfo {
+            session_id,
+            pid,
+            session_type: 2, // NVML_FBC_SESSION_TYPE_CUDA
+            h_max_resolution: 1920,
+            v_max_resolution: 1080,
+            ..Default::default()
+        })
     }
 
     fn nvmlSystemGetProcessName(pid: u32, name: *mut c_char, length: u32) {
