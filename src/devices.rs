@@ -72,6 +72,8 @@ pub struct Devices {
     /// Some SM share or (with a priority file) some priority applies somewhere: the launch hooks' fast "no"
     /// when false.
     launch_limited: AtomicBool,
+    /// Some memory cap applies somewhere: first-use checks of launches are skipped when false.
+    memory_limited: AtomicBool,
     /// The node's priority file, shared with the other containers on the GPUs.
     priority: Option<PriorityRegion>,
     /// A priority applies but there is no priority file (warned once).
@@ -108,6 +110,7 @@ impl Devices {
             single: OnceLock::new(),
             sm_limited: AtomicBool::new(false),
             launch_limited: AtomicBool::new(false),
+            memory_limited: AtomicBool::new(false),
             priority,
             warned_no_priority_file: AtomicBool::new(false),
             cfg,
@@ -345,6 +348,14 @@ impl Devices {
         self.launch_limited.load(Ordering::Relaxed)
     }
 
+    /// Whether a memory cap may apply to some device (env/config, or any agent file's entry). One atomic load
+    /// per limits file plus one flag.
+    #[inline]
+    pub fn memory_limited(&self) -> bool {
+        self.refresh_if_changed();
+        self.memory_limited.load(Ordering::Relaxed)
+    }
+
     fn compute_flags(&self) {
         let readers = self.agent.readers.lock();
         let agent = || {
@@ -359,6 +370,8 @@ impl Devices {
             self.priority.is_some() && (self.cfg.has_priorities() || agent().any(|p| p.priority.is_some()));
         self.sm_limited.store(sm, Ordering::Relaxed);
         self.launch_limited.store(sm || prio, Ordering::Relaxed);
+        let mem = self.cfg.has_memory_limits() || agent().any(|p| p.memory.is_some());
+        self.memory_limited.store(mem, Ordering::Relaxed);
     }
 
     /// The device's entry in the node's priority file, if there is a file and the entry.

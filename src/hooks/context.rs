@@ -5,10 +5,13 @@
 //! estimate is admitted against the cap: a context or module that does not fit is undone and the call returns
 //! `CUDA_ERROR_OUT_OF_MEMORY`.
 
-use crate::devices::MAX_ORDINALS;
+use super::Width;
+use crate::devices::{Dev, MAX_ORDINALS};
 use crate::ffi::cuda::*;
 use crate::memory::overhead::{Creation, Reservation};
+use crate::memory::reconcile::Use;
 use crate::state::Shim;
+use std::cell::Cell;
 use std::ffi::c_int;
 
 /// `cuInit`: after the real one succeeds, learn every device (UUID → usage entry, limits).
@@ -144,25 +147,89 @@ pub fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, valu
         return call();
     };
     let bytes = |v: usize| -> u64 {
-        if limit != CU_LIMIT_STACK_SIZE {
-            return v as u64;
+        if limit == CU_LIMIT_STACK_SIZE {
+            stack_bytes(s, dev, v as u64)
+        } else {
+            v as u64
         }
-        let attr = |a: CUdevice_attribute| {
-            let mut n: c_int = 0;
-            // SAFETY: valid out-pointer.
-            let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
-            (ok && n > 0).then_some(n as u64)
-        };
-        // Unknown: as many as today's largest GPUs hold (fail towards charging).
-        let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
-        let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
-        (v as u64).saturating_mul(sms * threads)
     };
     let mut cur: usize = 0;
     // SAFETY: valid out-pointer; a failed query leaves 0 (the whole new reservation is admitted).
     unsafe { s.cuda.cuCtxGetLimit(&mut cur, limit) };
     let growth = bytes(value).saturating_sub(bytes(cur));
     s.mem.setting_limit(&s.nvml, dev, growth, call)
+}
+
+/// Device memory a per-thread stack of `per_thread` bytes takes: one for every thread the device can hold.
+fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
+    let attr = |a: CUdevice_attribute| {
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer.
+        let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
+        (ok && n > 0).then_some(n as u64)
+    };
+    // Unknown: as many as today's largest GPUs hold (fail towards charging).
+    let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
+    let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
+    per_thread.saturating_mul(sms * threads)
+}
+
+/// `cuModuleGetFunction`, `cuModuleGetGlobal` (+ `_v2`), `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
+/// `cuLibraryGetModule`, `cuKernelGetFunction`: with lazy loading (CUDA's default) the driver loads the code and
+/// globals here, at first use, not at the module's load. While a memory cap applies: refused while the container
+/// is over its cap; the first time a handle comes back, this process is measured (`memory::reconcile`).
+///
+/// # Safety
+/// `out` as the driver's contract says (written on success).
+pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out: *mut W) -> CUresult {
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return call();
+    };
+    if s.mem.limit(dev).is_none() {
+        return call();
+    }
+    let fresh = Cell::new(false);
+    let call = || {
+        let r = call();
+        // SAFETY: written by the driver on success.
+        fresh.set(
+            r.ok() && !out.is_null() && s.mem.first_seen(Use::Lookup, unsafe { *out }.to_u64() as usize),
+        );
+        r
+    };
+    s.mem.first_use(&s.nvml, dev, 0, call, || fresh.get())
+}
+
+/// The first launch of `f` in this process while a memory cap applies: the code may load now (lazy loading) and
+/// a kernel whose local memory exceeds the context's stack size makes the driver grow the stack for every
+/// thread the device holds. That growth is admitted before the launch (`CUDA_ERROR_OUT_OF_MEMORY` over the cap,
+/// the driver not asked), and the process is measured after it.
+pub fn first_launch(s: &Shim, f: CUfunction, call: impl FnOnce() -> CUresult) -> CUresult {
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return call();
+    };
+    if s.mem.limit(dev).is_none() {
+        return call();
+    }
+    let mut local: c_int = 0;
+    // SAFETY: valid out-pointers; `f` is the caller's function or kernel handle.
+    let known = unsafe {
+        s.cuda
+            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
+            .ok()
+            || s.cuda
+                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
+                .ok()
+    };
+    let mut stack: usize = 0;
+    // SAFETY: valid out-pointer.
+    let growth =
+        if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+            stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64))
+        } else {
+            0
+        };
+    s.mem.first_use(&s.nvml, dev, growth, call, || true)
 }
 
 /// `cuModuleLoad`, `cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`.

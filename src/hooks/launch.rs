@@ -11,6 +11,7 @@
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
 
 use crate::ffi::cuda::*;
+use crate::memory::reconcile::Use;
 use crate::state::Shim;
 use crate::throttle::estimate::launch_key;
 use crate::throttle::kernel_key;
@@ -30,6 +31,23 @@ fn probe_stream(stream: CUstream, ds: DefaultStream) -> usize {
 /// shape from cuFuncSetBlockShape, legacy NULL stream).
 #[inline]
 pub fn kernel(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
+        // Its code may load now, its stack grow (memory::reconcile).
+        return super::context::first_launch(s, f, || throttled(s, call, f, grid, block, stream, ds));
+    }
+    throttled(s, call, f, grid, block, stream, ds)
+}
+
+#[inline]
+fn throttled(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     f: CUfunction,

@@ -124,7 +124,7 @@ impl Holdings {
         }
     }
 
-    fn inflight(&self, dev: Dev) -> u64 {
+    pub(super) fn inflight(&self, dev: Dev) -> u64 {
         self.inflight[dev.id.index()].load(Ordering::Relaxed)
     }
 
@@ -152,7 +152,7 @@ impl Holdings {
 impl Memory {
     /// This process's `usedGpuMemory` on `dev` per NVML: `Some(0)` when NVML lists us nowhere and we hold no
     /// context there, `None` when NVML cannot tell. We are the entry with our pid, else with our learned host pid.
-    fn nvml_used(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
+    pub(super) fn nvml_used(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
         let uuid = self.devices.uuid_of(dev.ordinal)?;
         let list = nvml.processes(&uuid)?;
         let me = std::process::id();
@@ -168,7 +168,7 @@ impl Memory {
     }
 
     /// Re-measures this process's overhead on `dev`. `admit`: growth must fit under the cap.
-    fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
+    pub(super) fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
         // Exports let go of but still held elsewhere may still count as this process's: not overhead. Read
         // before the overhead lock: the fork handlers take the shared table's lock first.
         let lingering = self.lingering(dev);
@@ -409,6 +409,7 @@ impl Memory {
     /// cap (the caller unloads it).
     pub fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.first_use.arm();
         self.retry_host_pid(nvml);
         let Some(d) = self.devices.current(cuda) else {
             return Ok(());
@@ -430,6 +431,7 @@ impl Memory {
     /// caller unloads it).
     pub fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.first_use.arm();
         self.retry_host_pid(nvml);
         self.measure_all(nvml, true)
     }

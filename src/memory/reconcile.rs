@@ -1,0 +1,180 @@
+//! The driver's figure is the last word on memory: this process's charge is reconciled with what NVML says it
+//! holds (`usedGpuMemory`), so memory a path the hooks do not model takes is charged too.
+//!
+//! - **Near the cap** (an admission that would leave less than [`margin`] = max(10 % of the cap, 256 MiB)
+//!   under it) the ledger is never trusted alone: the process's overhead (`used − ledger`) is re-measured
+//!   first and the admission refused if the driver's figure leaves no room. Far from the cap the admission
+//!   costs nothing more (the region's sum it already takes tells how near it is).
+//! - **First use** (lazy loading: a module's or library's code and globals, taken by the driver at
+//!   `cuModuleGetFunction`, `cuModuleGetGlobal`, `cuLibraryGetModule`, `cuLibraryGetGlobal`,
+//!   `cuKernelGetFunction` or the first launch of a kernel, and the stack the driver grows at a launch of a
+//!   kernel with large local memory): refused up front while the container is over its cap, measured right
+//!   after the call. Only the first time a handle is seen (`FirstUse`), and only while a memory limit applies.
+//!
+//! Staleness bound: an unmodelled path's bytes `U` are charged at the latest by the next admission near the
+//! cap (or the next `cuMemGetInfo` of a capped device, at most every 100 ms): while the container stays out of
+//! the margin, it holds at most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`;
+//! lazy loads and launch-time stack growth are charged before the call that took them returns.
+
+use super::{Memory, OverCap};
+use crate::devices::Dev;
+use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::CUresult;
+use crate::locks::Lock;
+use crate::log::{log, Level};
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The smallest margin under the cap within which admissions reconcile first.
+pub const MIN_MARGIN: u64 = 256 << 20;
+
+/// Bytes left under `cap` below which an admission does not trust the ledger alone.
+#[inline]
+pub fn margin(cap: u64) -> u64 {
+    (cap / 10).max(MIN_MARGIN)
+}
+
+/// Whether an admission that brought the container to `used` under `cap` is near the cap.
+#[inline]
+pub fn near_cap(cap: u64, used: u64) -> bool {
+    cap.saturating_sub(used) < margin(cap)
+}
+
+/// How a handle was used: a handle looked up (a function, module, global) is launched for the first time later.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Use {
+    /// Returned by a lookup (`cuModuleGetFunction`, `cuLibraryGetGlobal`, …).
+    Lookup,
+    /// Launched.
+    Launch,
+}
+
+type Seen = HashSet<(Use, usize), BuildHasherDefault<super::ledger::KeyHasher>>;
+
+/// Handles whose first use was measured (functions launched or looked up, modules, globals).
+#[derive(Default)]
+pub struct FirstUse {
+    /// A module or library was loaded: first uses may take memory from now on.
+    armed: AtomicBool,
+    seen: Lock<Seen>,
+}
+
+impl FirstUse {
+    /// A module or library was loaded.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a first use may take memory (a module or library was loaded). One relaxed load.
+    #[inline]
+    pub fn armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed)
+    }
+
+    /// Records `h` used as `how`; true when it was not before.
+    pub fn first(&self, how: Use, h: usize) -> bool {
+        self.seen.lock().insert((how, h))
+    }
+
+    /// Forgets everything (a forked child).
+    pub(super) fn reset(&self) {
+        self.seen.lock().clear();
+    }
+
+    pub(super) fn lock(&self) -> &Lock<Seen> {
+        &self.seen
+    }
+}
+
+impl Memory {
+    /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
+    /// applies somewhere. Two relaxed loads (plus one per agent limits file).
+    #[inline]
+    pub fn first_use_armed(&self) -> bool {
+        self.first_use.armed() && self.devices.memory_limited()
+    }
+
+    /// Whether handle `h` is used as `how` for the first time in this process (then recorded).
+    pub fn first_seen(&self, how: Use, h: usize) -> bool {
+        self.first_use.first(how, h)
+    }
+
+    /// Reconciles this process's overhead on `dev` with NVML's figure, `pending` bytes of its ledger not yet
+    /// handed out by the driver (the admission being made); then whether the container fits under `cap`.
+    /// Without an NVML figure nothing is changed (the ledger is all there is).
+    pub(super) fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64) -> Result<(), OverCap> {
+        let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
+        let _g = self.overhead_lock.lock();
+        let Some(used) = self.nvml_used(nvml, dev) else {
+            return Ok(());
+        };
+        let ledger = self
+            .allocated(dev)
+            .saturating_sub(pending)
+            .saturating_add(lingering);
+        let target = used.saturating_sub(ledger) + self.holdings.inflight(dev);
+        let _ = self.set_overhead_locked(dev, target, false);
+        let total = self.container_used(dev);
+        log!(
+            Level::Debug,
+            "device {}: reconciled near the cap: driver says {used} bytes, overhead {target}, container {total} \
+             of {cap}",
+            dev.ordinal
+        );
+        if total > cap {
+            return Err(OverCap);
+        }
+        Ok(())
+    }
+
+    /// A call that may make the driver take memory at first use (lazy loading, launch-time stack growth) on
+    /// `dev`, `growth` bytes of it known in advance: refused (`CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked)
+    /// while the container is over its cap or the growth does not fit; measured with NVML once it returned,
+    /// when `measure()` says so (the handle it gave was new).
+    pub fn first_use(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        growth: u64,
+        call: impl FnOnce() -> CUresult,
+        measure: impl FnOnce() -> bool,
+    ) -> CUresult {
+        let Some(cap) = self.limit(dev) else {
+            return call();
+        };
+        if self.container_used(dev) > cap {
+            log!(
+                Level::Debug,
+                "device {}: over the cap: a call that may load code or globals is refused",
+                dev.ordinal
+            );
+            self.usage().count_refusal(dev.id);
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        }
+        if growth > 0 {
+            return self.setting_limit(nvml, dev, growth, call);
+        }
+        let r = call();
+        if measure() {
+            let _ = self.measure(nvml, dev, false);
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_is_a_tenth_or_256_mib() {
+        const M: u64 = 1 << 20;
+        assert_eq!(margin(1024 * M), 256 * M);
+        assert_eq!(margin(10 * 1024 * M), 1024 * M);
+        assert_eq!(margin(100 * M), 256 * M);
+        assert!(!near_cap(1024 * M, 700 * M));
+        assert!(near_cap(1024 * M, 800 * M));
+        assert!(near_cap(1024 * M, 2048 * M));
+    }
+}
