@@ -107,18 +107,20 @@ impl Memory {
         self.usage().container_used(dev.id)
     }
 
-    /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries).
-    pub fn maybe_reclaim(&self) {
+    /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries); true when it
+    /// did.
+    pub fn maybe_reclaim(&self) -> bool {
         let now = monotonic_ns();
         let last = self.last_reclaim_ns.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 100_000_000
+        let due = now.saturating_sub(last) >= 100_000_000
             && self
                 .last_reclaim_ns
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
+                .is_ok();
+        if due {
             self.usage().reclaim_dead();
         }
+        due
     }
 
     // ---- admission -----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@
 //!   after the call. Only the first time a handle is seen (`FirstUse`), and only while a memory limit applies.
 //!
 //! Staleness bound: an unmodelled path's bytes `U` are charged at the latest by the next admission near the
-//! cap (or the next `cuMemGetInfo` of a capped device, at most every 100 ms): while the container stays out of
+//! cap (or the next `cuMemGetInfo` near the cap, at most every 100 ms): while the container stays out of
 //! the margin, it holds at most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`;
 //! lazy loads and launch-time stack growth are charged before the call that took them returns.
 
@@ -98,6 +98,14 @@ impl Memory {
     /// Whether handle `h` is used as `how` for the first time in this process (then recorded).
     pub fn first_seen(&self, how: Use, h: usize) -> bool {
         self.first_use.first(how, h)
+    }
+
+    /// `cuMemGetInfo` of `dev` capped at `cap`, `due` when its 100 ms slow path runs: near the cap, what it
+    /// reports free comes from the driver's figure, not the ledger alone.
+    pub fn reconcile_for_info(&self, nvml: &Nvml, dev: Dev, cap: u64, due: bool) {
+        if due && near_cap(cap, self.container_used(dev)) {
+            let _ = self.reconcile(nvml, dev, cap, 0);
+        }
     }
 
     /// Reconciles this process's overhead on `dev` with NVML's figure, `pending` bytes of its ledger not yet
