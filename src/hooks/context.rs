@@ -203,8 +203,9 @@ pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out
 /// The first launch of `f` in this process while a memory cap applies: the code may load now (lazy loading) and
 /// a kernel whose local memory exceeds the context's stack size makes the driver grow the stack for every
 /// thread the device holds. That growth is admitted before the launch (`CUDA_ERROR_OUT_OF_MEMORY` over the cap,
-/// the driver not asked), and the process is measured after it.
-pub fn first_launch(s: &Shim, f: CUfunction, call: impl FnOnce() -> CUresult) -> CUresult {
+/// the driver not asked), and the process is measured after it. `f`: the launch's function or kernel handle.
+pub fn first_launch(s: &Shim, f: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    let f = f as CUfunction;
     let Some(dev) = s.devices.current(&s.cuda) else {
         return call();
     };
@@ -212,7 +213,7 @@ pub fn first_launch(s: &Shim, f: CUfunction, call: impl FnOnce() -> CUresult) ->
         return call();
     }
     let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the caller's function or kernel handle.
+    // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
     let known = unsafe {
         s.cuda
             .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)

@@ -41,7 +41,9 @@ pub fn kernel(
 ) -> CUresult {
     if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
         // Its code may load now, its stack grow (memory::reconcile).
-        return super::context::first_launch(s, f, || throttled(s, call, f, grid, block, stream, ds));
+        return super::context::first_launch(s, f as usize, || {
+            throttled(s, call, f, grid, block, stream, ds)
+        });
     }
     throttled(s, call, f, grid, block, stream, ds)
 }

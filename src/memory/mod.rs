@@ -144,13 +144,8 @@ impl Memory {
         self.adopt_unseen_context(nvml, dev)?;
         let policy = self.devices.policy(dev);
         let used = self.charge_cap(dev, bytes, policy.memory)?;
-        if let Some(cap) = policy.memory.filter(|&cap| reconcile::near_cap(cap, used)) {
-            // Near the cap the driver's figure decides, not the ledger alone.
-            if self.reconcile(nvml, dev, cap, bytes).is_err() {
-                self.release(dev, bytes);
-                self.usage().count_refusal(dev.id);
-                return Err(OverCap);
-            }
+        if let Some(cap) = policy.memory {
+            self.near_cap_check(nvml, dev, bytes, cap, used)?;
         }
         let reserved = policy
             .reserved_memory

@@ -23,7 +23,6 @@ use crate::ffi::cuda::CUresult;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use std::collections::HashSet;
-use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The smallest margin under the cap within which admissions reconcile first.
@@ -50,7 +49,8 @@ pub enum Use {
     Launch,
 }
 
-type Seen = HashSet<(Use, usize), BuildHasherDefault<super::ledger::KeyHasher>>;
+/// std's hasher: not on the allocation path (sharing the ledger's hasher changed how the ledger's maps inline).
+type Seen = HashSet<(Use, usize)>;
 
 /// Handles whose first use was measured (functions launched or looked up, modules, globals).
 #[derive(Default)]
@@ -106,6 +106,34 @@ impl Memory {
         if due && near_cap(cap, self.container_used(dev)) {
             let _ = self.reconcile(nvml, dev, cap, 0);
         }
+    }
+
+    /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
+    /// driver's figure decides, not the ledger alone. `Err`: refused (its charge given back).
+    #[inline]
+    pub(super) fn near_cap_check(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        bytes: u64,
+        cap: u64,
+        used: u64,
+    ) -> Result<(), OverCap> {
+        if near_cap(cap, used) {
+            return self.near_cap_slow(nvml, dev, bytes, cap);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn near_cap_slow(&self, nvml: &Nvml, dev: Dev, bytes: u64, cap: u64) -> Result<(), OverCap> {
+        let r = self.reconcile(nvml, dev, cap, bytes);
+        if r.is_err() {
+            self.release(dev, bytes);
+            self.usage().count_refusal(dev.id);
+        }
+        r
     }
 
     /// Reconciles this process's overhead on `dev` with NVML's figure, `pending` bytes of its ledger not yet
