@@ -5,7 +5,8 @@
 //! cuLaunchGridAsync. Whether the program reaches them by symbol, `dlsym` or `cuGetProcAddress`, it lands here
 //! (the exports and the proc-address map point at these hooks).
 //!
-//! Each hook: when no SM limit can apply (the common case), one check and the real call. Otherwise the launch
+//! Each hook: when no SM or memory limit can apply (the common case), one check and the real call. With a memory
+//! cap, a function's first launch is measured (`context::first_launch`: lazy loading, stack growth). Otherwise the launch
 //! is keyed (function, grid, block — or the graph), admitted by the throttle (which may sleep), sometimes
 //! measured with events on its stream, then made. A `_ptsz` call with the NULL stream runs on the per-thread
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
@@ -39,6 +40,9 @@ pub fn kernel(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
+    if !s.devices.launch_hooked() {
+        return call();
+    }
     if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
         // Its code may load now, its stack grow (memory::reconcile).
         return super::context::first_launch(s, f as usize, || {

@@ -89,7 +89,7 @@ impl FirstUse {
 
 impl Memory {
     /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
-    /// applies somewhere. Two relaxed loads (plus one per agent limits file).
+    /// applies somewhere (as of the launch hook's refresh of the limits). Two relaxed loads.
     #[inline]
     pub fn first_use_armed(&self) -> bool {
         self.first_use.armed() && self.devices.memory_limited()
