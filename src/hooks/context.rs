@@ -9,9 +9,9 @@ use super::Width;
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::ffi::cuda::*;
 use crate::memory::overhead::{Creation, Reservation};
-use crate::memory::reconcile::Use;
+use crate::memory::reconcile::{FirstUseCall, Use};
+use crate::memory::OverCap;
 use crate::state::Shim;
-use std::cell::Cell;
 use std::ffi::c_int;
 
 /// `cuInit`: after the real one succeeds, learn every device (UUID → usage entry, limits).
@@ -185,32 +185,32 @@ pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out
     let Some(dev) = s.devices.current(&s.cuda) else {
         return call();
     };
-    if s.mem.limit(dev).is_none() {
-        return call();
-    }
-    let fresh = Cell::new(false);
-    let call = || {
-        let r = call();
-        // SAFETY: written by the driver on success.
-        fresh.set(
-            r.ok() && !out.is_null() && s.mem.first_seen(Use::Lookup, unsafe { *out }.to_u64() as usize),
-        );
-        r
+    let c = match s.mem.first_use_begin(dev, 0) {
+        Ok(Some(c)) => c,
+        Ok(None) => return call(),
+        Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
     };
-    s.mem.first_use(&s.nvml, dev, 0, call, || fresh.get())
+    let r = call();
+    // SAFETY: written by the driver on success.
+    let fresh = r.ok() && !out.is_null() && s.mem.first_seen(Use::Lookup, unsafe { *out }.to_u64() as usize);
+    s.mem.first_use_done(&s.nvml, c, r, fresh);
+    r
 }
 
-/// The first launch of `f` in this process while a memory cap applies: the code may load now (lazy loading) and
-/// a kernel whose local memory exceeds the context's stack size makes the driver grow the stack for every
-/// thread the device holds. That growth is admitted before the launch (`CUDA_ERROR_OUT_OF_MEMORY` over the cap,
-/// the driver not asked), and the process is measured after it. `f`: the launch's function or kernel handle.
-pub fn first_launch(s: &Shim, f: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+/// Before the first launch of `f` (a function or kernel handle) in this process while a memory cap applies: the
+/// code may load now (lazy loading) and a kernel whose local memory exceeds the context's stack size makes the
+/// driver grow the stack for every thread the device holds. That growth is admitted here (`Err`: refuse the
+/// launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked); [`first_launch_done`] measures the process
+/// after the launch.
+#[cold]
+#[inline(never)]
+pub fn first_launch(s: &Shim, f: usize) -> Result<Option<FirstUseCall>, OverCap> {
     let f = f as CUfunction;
     let Some(dev) = s.devices.current(&s.cuda) else {
-        return call();
+        return Ok(None);
     };
     if s.mem.limit(dev).is_none() {
-        return call();
+        return Ok(None);
     }
     let mut local: c_int = 0;
     // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
@@ -230,7 +230,16 @@ pub fn first_launch(s: &Shim, f: usize, call: impl FnOnce() -> CUresult) -> CUre
         } else {
             0
         };
-    s.mem.first_use(&s.nvml, dev, growth, call, || true)
+    s.mem.first_use_begin(dev, growth)
+}
+
+/// The launch [`first_launch`] let through returned `r`.
+#[cold]
+#[inline(never)]
+pub fn first_launch_done(s: &Shim, c: Option<FirstUseCall>, r: CUresult) {
+    if let Some(c) = c {
+        s.mem.first_use_done(&s.nvml, c, r, true);
+    }
 }
 
 /// `cuModuleLoad`, `cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`.

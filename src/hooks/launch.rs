@@ -43,13 +43,21 @@ pub fn kernel(
     if !s.devices.launch_hooked() {
         return call();
     }
-    if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
-        // Its code may load now, its stack grow (memory::reconcile).
-        return super::context::first_launch(s, f as usize, || {
-            throttled(s, call, f, grid, block, stream, ds)
-        });
+    // A function's first launch while a memory cap applies: its code may load now, its stack grow
+    // (`context::first_launch`, `memory::reconcile`). Out of line: `call` goes only to the throttle, as before.
+    let first = if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
+        match super::context::first_launch(s, f as usize) {
+            Ok(c) => c,
+            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+        }
+    } else {
+        None
+    };
+    let r = throttled(s, call, f, grid, block, stream, ds);
+    if first.is_some() {
+        super::context::first_launch_done(s, first, r);
     }
-    throttled(s, call, f, grid, block, stream, ds)
+    r
 }
 
 #[inline]

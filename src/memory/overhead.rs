@@ -370,26 +370,37 @@ impl Memory {
         growth: u64,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        let inflight = &self.holdings.inflight[dev.id.index()];
+        if self.growing(dev, growth).is_err() {
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        }
+        let r = call();
+        self.grown(nvml, dev, growth, r);
+        r
+    }
+
+    /// Before a call that grows a reservation on `dev` by about `growth` bytes: admitted as overhead (`Err`:
+    /// over the cap, nothing charged). Always followed by [`Memory::grown`] once the call returned.
+    pub(super) fn growing(&self, dev: Dev, growth: u64) -> Result<(), OverCap> {
         if growth > 0 {
             // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
             let _g = self.overhead_lock.lock();
             let cur = self.overhead(dev);
-            if self
-                .set_overhead_locked(dev, cur.saturating_add(growth), true)
-                .is_err()
-            {
-                return CUresult::ERROR_OUT_OF_MEMORY;
-            }
-            inflight.fetch_add(growth, Ordering::Relaxed);
+            self.set_overhead_locked(dev, cur.saturating_add(growth), true)?;
+            self.holdings.inflight[dev.id.index()].fetch_add(growth, Ordering::Relaxed);
         }
-        let r = call();
+        Ok(())
+    }
+
+    /// The call [`Memory::growing`] admitted returned `r`: NVML's figure replaces the estimate.
+    pub(super) fn grown(&self, nvml: &Nvml, dev: Dev, growth: u64, r: CUresult) {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let _g = self.overhead_lock.lock();
         if growth > 0 {
-            let _ = inflight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(growth))
-            });
+            let _ = self.holdings.inflight[dev.id.index()].fetch_update(
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+                |v| Some(v.saturating_sub(growth)),
+            );
         }
         match self.nvml_used(nvml, dev) {
             Some(used) => {
@@ -402,7 +413,6 @@ impl Memory {
             }
             None => {}
         }
-        r
     }
 
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the

@@ -23,6 +23,7 @@ use crate::ffi::cuda::CUresult;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The smallest margin under the cap within which admissions reconcile first.
@@ -49,15 +50,15 @@ pub enum Use {
     Launch,
 }
 
-/// std's hasher: not on the allocation path (sharing the ledger's hasher changed how the ledger's maps inline).
-type Seen = HashSet<(Use, usize)>;
+type Seen = HashSet<usize, BuildHasherDefault<super::ledger::KeyHasher>>;
 
 /// Handles whose first use was measured (functions launched or looked up, modules, globals).
 #[derive(Default)]
 pub struct FirstUse {
     /// A module or library was loaded: first uses may take memory from now on.
     armed: AtomicBool,
-    seen: Lock<Seen>,
+    /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
+    seen: Lock<[Seen; 2]>,
 }
 
 impl FirstUse {
@@ -74,15 +75,17 @@ impl FirstUse {
 
     /// Records `h` used as `how`; true when it was not before.
     pub fn first(&self, how: Use, h: usize) -> bool {
-        self.seen.lock().insert((how, h))
+        self.seen.lock()[how as usize].insert(h)
     }
 
     /// Forgets everything (a forked child).
     pub(super) fn reset(&self) {
-        self.seen.lock().clear();
+        for s in self.seen.lock().iter_mut() {
+            s.clear();
+        }
     }
 
-    pub(super) fn lock(&self) -> &Lock<Seen> {
+    pub(super) fn lock(&self) -> &Lock<[Seen; 2]> {
         &self.seen
     }
 }
@@ -164,20 +167,13 @@ impl Memory {
         Ok(())
     }
 
-    /// A call that may make the driver take memory at first use (lazy loading, launch-time stack growth) on
-    /// `dev`, `growth` bytes of it known in advance: refused (`CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked)
-    /// while the container is over its cap or the growth does not fit; measured with NVML once it returned,
-    /// when `measure()` says so (the handle it gave was new).
-    pub fn first_use(
-        &self,
-        nvml: &Nvml,
-        dev: Dev,
-        growth: u64,
-        call: impl FnOnce() -> CUresult,
-        measure: impl FnOnce() -> bool,
-    ) -> CUresult {
+    /// Before a call that may make the driver take memory at first use (lazy loading, launch-time stack
+    /// growth) on `dev`, `growth` bytes of it known in advance: `Err` (refuse it with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the growth does
+    /// not fit. `Ok(Some(_))`: pass it to [`Memory::first_use_done`] once the call returned; `Ok(None)`: no cap.
+    pub fn first_use_begin(&self, dev: Dev, growth: u64) -> Result<Option<FirstUseCall>, OverCap> {
         let Some(cap) = self.limit(dev) else {
-            return call();
+            return Ok(None);
         };
         if self.container_used(dev) > cap {
             log!(
@@ -186,17 +182,28 @@ impl Memory {
                 dev.ordinal
             );
             self.usage().count_refusal(dev.id);
-            return CUresult::ERROR_OUT_OF_MEMORY;
+            return Err(OverCap);
         }
-        if growth > 0 {
-            return self.setting_limit(nvml, dev, growth, call);
-        }
-        let r = call();
-        if measure() {
-            let _ = self.measure(nvml, dev, false);
-        }
-        r
+        self.growing(dev, growth)?;
+        Ok(Some(FirstUseCall { dev, growth }))
     }
+
+    /// The call [`Memory::first_use_begin`] let through returned `r`: measured with NVML when `measure` (the
+    /// handle it used or gave was new) or when it was admitted growth.
+    pub fn first_use_done(&self, nvml: &Nvml, c: FirstUseCall, r: CUresult, measure: bool) {
+        if c.growth > 0 {
+            self.grown(nvml, c.dev, c.growth, r);
+        } else if measure {
+            let _ = self.measure(nvml, c.dev, false);
+        }
+    }
+}
+
+/// A first-use call let through by [`Memory::first_use_begin`].
+#[must_use = "end it with first_use_done"]
+pub struct FirstUseCall {
+    dev: Dev,
+    growth: u64,
 }
 
 #[cfg(test)]
