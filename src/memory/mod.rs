@@ -107,20 +107,18 @@ impl Memory {
         self.usage().container_used(dev.id)
     }
 
-    /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries); true when it
-    /// did.
-    pub fn maybe_reclaim(&self) -> bool {
+    /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries).
+    pub fn maybe_reclaim(&self) {
         let now = monotonic_ns();
         let last = self.last_reclaim_ns.load(Ordering::Relaxed);
-        let due = now.saturating_sub(last) >= 100_000_000
+        if now.saturating_sub(last) >= 100_000_000
             && self
                 .last_reclaim_ns
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok();
-        if due {
+                .is_ok()
+        {
             self.usage().reclaim_dead();
         }
-        due
     }
 
     // ---- admission -----------------------------------------------------------------------------------------
@@ -387,6 +385,8 @@ impl Memory {
             }
         }
         self.overhead[dev.id.index()].store(target, Ordering::Relaxed);
+        // A measurement of the truth: what a reconciliation had added on top is in it now.
+        self.first_use.set_excess(dev, 0);
         Ok(())
     }
 

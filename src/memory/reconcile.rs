@@ -12,7 +12,7 @@
 //!   after the call. Only the first time a handle is seen (`FirstUse`), and only while a memory limit applies.
 //!
 //! Staleness bound: an unmodelled path's bytes `U` are charged at the latest by the next admission near the
-//! cap (or the next `cuMemGetInfo` near the cap, at most every 100 ms): while the container stays out of
+//! cap (or the next `cuMemGetInfo` near the cap): while the container stays out of
 //! the margin, it holds at most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`;
 //! lazy loads and launch-time stack growth are charged before the call that took them returns.
 
@@ -22,9 +22,10 @@ use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::CUresult;
 use crate::locks::Lock;
 use crate::log::{log, Level};
+use cuquota_core::region::layout::MAX_DEVICES;
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The smallest margin under the cap within which admissions reconcile first.
 pub const MIN_MARGIN: u64 = 256 << 20;
@@ -52,13 +53,26 @@ pub enum Use {
 
 type Seen = HashSet<usize, BuildHasherDefault<super::ledger::KeyHasher>>;
 
-/// Handles whose first use was measured (functions launched or looked up, modules, globals).
-#[derive(Default)]
+/// Handles whose first use was measured (functions launched or looked up, modules, globals), and what
+/// reconciliations added to the overhead.
 pub struct FirstUse {
     /// A module or library was loaded: first uses may take memory from now on.
     armed: AtomicBool,
     /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
     seen: Lock<[Seen; 2]>,
+    /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
+    /// floor a reconciliation never goes below).
+    excess: [AtomicU64; MAX_DEVICES],
+}
+
+impl Default for FirstUse {
+    fn default() -> Self {
+        FirstUse {
+            armed: AtomicBool::new(false),
+            seen: Lock::default(),
+            excess: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
 }
 
 impl FirstUse {
@@ -78,8 +92,19 @@ impl FirstUse {
         self.seen.lock()[how as usize].insert(h)
     }
 
+    pub(super) fn set_excess(&self, dev: Dev, bytes: u64) {
+        self.excess[dev.id.index()].store(bytes, Ordering::Relaxed);
+    }
+
+    fn excess(&self, dev: Dev) -> u64 {
+        self.excess[dev.id.index()].load(Ordering::Relaxed)
+    }
+
     /// Forgets everything (a forked child).
     pub(super) fn reset(&self) {
+        for e in self.excess.iter() {
+            e.store(0, Ordering::Relaxed);
+        }
         for s in self.seen.lock().iter_mut() {
             s.clear();
         }
@@ -103,12 +128,22 @@ impl Memory {
         self.first_use.first(how, h)
     }
 
-    /// `cuMemGetInfo` of `dev` capped at `cap`, `due` when its 100 ms slow path runs: near the cap, what it
-    /// reports free comes from the driver's figure, not the ledger alone.
-    pub fn reconcile_for_info(&self, nvml: &Nvml, dev: Dev, cap: u64, due: bool) {
-        if due && near_cap(cap, self.container_used(dev)) {
-            let _ = self.reconcile(nvml, dev, cap, 0);
+    /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
+    /// first reconciled with the driver's figure (the ledger alone is not trusted there).
+    #[inline]
+    pub fn info_used(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+        let used = self.container_used(dev);
+        if near_cap(cap, used) {
+            return self.info_used_slow(nvml, dev, cap);
         }
+        used
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn info_used_slow(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+        let _ = self.reconcile(nvml, dev, cap, 0);
+        self.container_used(dev)
     }
 
     /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
@@ -152,8 +187,14 @@ impl Memory {
             .allocated(dev)
             .saturating_sub(pending)
             .saturating_add(lingering);
-        let target = used.saturating_sub(ledger) + self.holdings.inflight(dev);
+        // Never below what the last measurement (a context or module event) set: allocations admitted but not
+        // yet made, and frees made but not yet uncharged, on other threads make the driver's figure read low for
+        // an instant. Above it, each reconciliation replaces the last one's excess (so one that caught a
+        // charge still being settled is corrected by the next).
+        let base = self.overhead(dev).saturating_sub(self.first_use.excess(dev));
+        let target = (used.saturating_sub(ledger) + self.holdings.inflight(dev)).max(base);
         let _ = self.set_overhead_locked(dev, target, false);
+        self.first_use.set_excess(dev, target - base);
         let total = self.container_used(dev);
         log!(
             Level::Debug,
@@ -194,7 +235,9 @@ impl Memory {
         if c.growth > 0 {
             self.grown(nvml, c.dev, c.growth, r);
         } else if measure {
-            let _ = self.measure(nvml, c.dev, false);
+            if let Some(cap) = self.limit(c.dev) {
+                let _ = self.reconcile(nvml, c.dev, cap, 0);
+            }
         }
     }
 }
