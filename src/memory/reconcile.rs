@@ -12,9 +12,9 @@
 //!   after the call. Only the first time a handle is seen (`FirstUse`), and only while a memory limit applies.
 //!
 //! Staleness bound: an unmodelled path's bytes `U` are charged at the latest by the next admission near the
-//! cap (or the next `cuMemGetInfo` near the cap): while the container stays out of
-//! the margin, it holds at most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`;
-//! lazy loads and launch-time stack growth are charged before the call that took them returns.
+//! cap (or the next `cuMemGetInfo` near the cap): while the container stays out of the margin, it holds at
+//! most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`; lazy loads and launch-time
+//! stack growth are charged before the call that took them returns.
 
 use super::{Memory, OverCap};
 use crate::devices::Dev;
@@ -193,8 +193,9 @@ impl Memory {
         // charge still being settled is corrected by the next).
         let base = self.overhead(dev).saturating_sub(self.first_use.excess(dev));
         let target = (used.saturating_sub(ledger) + self.holdings.inflight(dev)).max(base);
-        let _ = self.set_overhead_locked(dev, target, false);
-        self.first_use.set_excess(dev, target - base);
+        if self.set_overhead_locked(dev, target, false).is_ok() {
+            self.first_use.set_excess(dev, target - base);
+        }
         let total = self.container_used(dev);
         log!(
             Level::Debug,
