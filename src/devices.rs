@@ -74,6 +74,10 @@ pub struct Devices {
     /// Some SM share or (with a priority file) some priority applies somewhere: the launch hooks' fast "no"
     /// when false.
     launch_limited: AtomicBool,
+    /// Some memory cap applies somewhere: first-use checks of launches are skipped when false.
+    memory_limited: AtomicBool,
+    /// `launch_limited` or `memory_limited`: the launch hooks' one fast "no" when false.
+    launch_hooked: AtomicBool,
     /// The node's priority file, shared with the other containers on the GPUs.
     priority: Option<PriorityRegion>,
     /// A priority applies but there is no priority file (warned once).
@@ -110,6 +114,8 @@ impl Devices {
             single: OnceLock::new(),
             sm_limited: AtomicBool::new(false),
             launch_limited: AtomicBool::new(false),
+            memory_limited: AtomicBool::new(false),
+            launch_hooked: AtomicBool::new(false),
             priority,
             warned_no_priority_file: AtomicBool::new(false),
             cfg,
@@ -347,6 +353,21 @@ impl Devices {
         self.launch_limited.load(Ordering::Relaxed)
     }
 
+    /// Whether a memory cap may apply to some device (env/config, or any agent file's entry), as of the last
+    /// [`Devices::refresh_if_changed`] (the launch hooks' [`Devices::launch_hooked`] just made one). One load.
+    #[inline]
+    pub fn memory_limited(&self) -> bool {
+        self.memory_limited.load(Ordering::Relaxed)
+    }
+
+    /// Whether a launch may need the throttle, the priority policy or a memory check (first use): false means
+    /// no launch does. One atomic load per limits file plus one flag, as `launch_limited` alone cost before.
+    #[inline]
+    pub fn launch_hooked(&self) -> bool {
+        self.refresh_if_changed();
+        self.launch_hooked.load(Ordering::Relaxed)
+    }
+
     fn compute_flags(&self) {
         let readers = self.agent.readers.lock();
         let agent = || {
@@ -361,6 +382,9 @@ impl Devices {
             self.priority.is_some() && (self.cfg.has_priorities() || agent().any(|p| p.priority.is_some()));
         self.sm_limited.store(sm, Ordering::Relaxed);
         self.launch_limited.store(sm || prio, Ordering::Relaxed);
+        let mem = self.cfg.has_memory_limits() || agent().any(|p| p.memory.is_some());
+        self.memory_limited.store(mem, Ordering::Relaxed);
+        self.launch_hooked.store(sm || prio || mem, Ordering::Relaxed);
     }
 
     /// The device's entry in the node's priority file, if there is a file and the entry.

@@ -297,7 +297,7 @@ proptest! {
                 if let (Ok(slot), Ok(dev)) = (r.claim_slot(), r.device(&[7; 16])) {
                     let before = r.container_used(dev);
                     match r.charge(slot, dev, ask, Some(limit)) {
-                        Ok(()) => prop_assert!(
+                        Ok(_) => prop_assert!(
                             r.container_used(dev) <= limit,
                             "charged {} with {} used before: {} over {}", ask, before, r.container_used(dev), limit
                         ),

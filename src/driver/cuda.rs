@@ -101,6 +101,14 @@ macro_rules! cuda_functions {
             cuLibraryLoadData @12000 (library: *mut CUlibrary, code: *const c_void, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut c_void, numJitOptions: c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut c_void, numLibraryOptions: c_uint) => context::library_load(call, library);
             cuLibraryLoadFromFile @12000 (library: *mut CUlibrary, fileName: *const c_char, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut c_void, numJitOptions: c_uint, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut c_void, numLibraryOptions: c_uint) => context::library_load(call, library);
             cuLibraryUnload @12000 (library: CUlibrary) => context::library_unload(call);
+            // first use: the driver loads code and globals lazily (CUDA_MODULE_LOADING=LAZY, the default)
+            cuModuleGetFunction @2000 (hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) => context::first_use(call, hfunc.cast::<usize>());
+            cuModuleGetGlobal_v2 @3020 (dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char) => context::first_use(call, dptr);
+            cuModuleGetGlobal @2000 (dptr: *mut CUdeviceptr_v1, bytes: *mut c_uint, hmod: CUmodule, name: *const c_char) => context::first_use(call, dptr);
+            cuLibraryGetGlobal @12000 (dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char) => context::first_use(call, dptr);
+            cuLibraryGetManaged @12000 (dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char) => context::first_use(call, dptr);
+            cuLibraryGetModule @12000 (pMod: *mut CUmodule, library: CUlibrary) => context::first_use(call, pMod.cast::<usize>());
+            cuKernelGetFunction @12000 (pFunc: *mut CUfunction, kernel: CUkernel) => context::first_use(call, pFunc.cast::<usize>());
             // every path that puts work on the GPU (the throttle)
             cuLaunchKernel @4000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
             cuLaunchKernel_ptsz @7000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
@@ -156,6 +164,9 @@ macro_rules! cuda_functions {
             cuMemGetAllocationGranularity @10020 (granularity: *mut usize, prop: *const CUmemAllocationProp, option: CUmemAllocationGranularity_flags);
             cuMemPoolGetAttribute @11020 (pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
             cuDeviceGetMemPool @11020 (pool: *mut CUmemoryPool, dev: CUdevice);
+            cuDeviceGetDefaultMemPool @11020 (pool_out: *mut CUmemoryPool, dev: CUdevice);
+            cuFuncGetAttribute @2020 (pi: *mut c_int, attrib: CUfunction_attribute, hfunc: CUfunction);
+            cuKernelGetAttribute @12000 (pi: *mut c_int, attrib: CUfunction_attribute, kernel: CUkernel, dev: CUdevice);
             cuDeviceGetGraphMemAttribute @11040 (device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
             cuGraphGetNodes @10000 (hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize);
             cuGraphNodeGetType @10000 (hNode: CUgraphNode, typ: *mut CUgraphNodeType);

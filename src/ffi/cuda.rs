@@ -44,6 +44,7 @@ c_aliases! { checked_aliases;
     pub type CUmodule = *mut c_void;
     pub type CUlibrary = *mut c_void;
     pub type CUfunction = *mut c_void;
+    pub type CUkernel = *mut c_void;
     pub type CUstream = *mut c_void;
     pub type CUevent = *mut c_void;
     pub type CUarray = *mut c_void;
@@ -72,6 +73,7 @@ c_aliases! { checked_aliases;
     pub type CUlimit = c_uint;
     pub type CUdevice_attribute = c_uint;
     pub type CUpointer_attribute = c_uint;
+    pub type CUfunction_attribute = c_uint;
     pub type CUmemAllocationHandleType = c_uint;
 }
 
@@ -271,6 +273,7 @@ c_consts! { checked_consts;
     CU_LIMIT_CIG_ENABLED: CUlimit = 0x08;
     CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: CUlimit = 0x09;
     CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute = 9;
+    CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute = 3;
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute = 16;
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute = 39;
     /// `CU_STREAM_LEGACY`: the legacy default stream's handle.

@@ -5,9 +5,12 @@
 //! estimate is admitted against the cap: a context or module that does not fit is undone and the call returns
 //! `CUDA_ERROR_OUT_OF_MEMORY`.
 
-use crate::devices::MAX_ORDINALS;
+use super::Width;
+use crate::devices::{Dev, MAX_ORDINALS};
 use crate::ffi::cuda::*;
 use crate::memory::overhead::{Creation, Reservation};
+use crate::memory::reconcile::{FirstUseCall, Use};
+use crate::memory::OverCap;
 use crate::state::Shim;
 use std::ffi::c_int;
 
@@ -174,18 +177,7 @@ pub fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, valu
     let bytes = |v: usize| -> u64 {
         match limit {
             CU_LIMIT_PRINTF_FIFO_SIZE | CU_LIMIT_MALLOC_HEAP_SIZE => v as u64,
-            CU_LIMIT_STACK_SIZE => {
-                let attr = |a: CUdevice_attribute| {
-                    let mut n: c_int = 0;
-                    // SAFETY: valid out-pointer.
-                    let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
-                    (ok && n > 0).then_some(n as u64)
-                };
-                // Unknown: as many as today's largest GPUs hold (fail towards charging).
-                let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
-                let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
-                (v as u64).saturating_mul(sms * threads)
-            }
+            CU_LIMIT_STACK_SIZE => stack_bytes(s, dev, v as u64),
             _ => 0,
         }
     };
@@ -196,6 +188,88 @@ pub fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, valu
     // SAFETY: setting the limit back to the value it had.
     let undo = (known && value > cur).then_some(|| unsafe { s.cuda.cuCtxSetLimit(limit, cur) });
     s.mem.setting_limit(&s.nvml, dev, growth, call, undo)
+}
+
+/// Device memory a per-thread stack of `per_thread` bytes takes: one for every thread the device can hold.
+fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
+    let attr = |a: CUdevice_attribute| {
+        let mut n: c_int = 0;
+        // SAFETY: valid out-pointer.
+        let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
+        (ok && n > 0).then_some(n as u64)
+    };
+    // Unknown: as many as today's largest GPUs hold (fail towards charging).
+    let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
+    let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
+    per_thread.saturating_mul(sms * threads)
+}
+
+/// `cuModuleGetFunction`, `cuModuleGetGlobal` (+ `_v2`), `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
+/// `cuLibraryGetModule`, `cuKernelGetFunction`: with lazy loading (CUDA's default) the driver loads the code and
+/// globals here, at first use, not at the module's load. While a memory cap applies: refused while the container
+/// is over its cap; the first time a handle comes back, this process is measured (`memory::reconcile`).
+///
+/// # Safety
+/// `out` as the driver's contract says (written on success).
+pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out: *mut W) -> CUresult {
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return call();
+    };
+    let c = match s.mem.first_use_begin(dev, 0) {
+        Ok(Some(c)) => c,
+        Ok(None) => return call(),
+        Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+    };
+    let r = call();
+    // SAFETY: written by the driver on success.
+    let fresh = r.ok() && !out.is_null() && s.mem.first_seen(Use::Lookup, unsafe { *out }.to_u64() as usize);
+    s.mem.first_use_done(&s.nvml, c, r, fresh);
+    r
+}
+
+/// Before the first launch of `f` (a function or kernel handle) in this process while a memory cap applies: the
+/// code may load now (lazy loading) and a kernel whose local memory exceeds the context's stack size makes the
+/// driver grow the stack for every thread the device holds. That growth is admitted here (`Err`: refuse the
+/// launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked); [`first_launch_done`] measures the process
+/// after the launch.
+#[cold]
+#[inline(never)]
+pub fn first_launch(s: &Shim, f: usize) -> Result<Option<FirstUseCall>, OverCap> {
+    let f = f as CUfunction;
+    let Some(dev) = s.devices.current(&s.cuda) else {
+        return Ok(None);
+    };
+    if s.mem.limit(dev).is_none() {
+        return Ok(None);
+    }
+    let mut local: c_int = 0;
+    // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
+    let known = unsafe {
+        s.cuda
+            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
+            .ok()
+            || s.cuda
+                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
+                .ok()
+    };
+    let mut stack: usize = 0;
+    // SAFETY: valid out-pointer.
+    let growth =
+        if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+            stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64))
+        } else {
+            0
+        };
+    s.mem.first_use_begin(dev, growth)
+}
+
+/// The launch [`first_launch`] let through returned `r`.
+#[cold]
+#[inline(never)]
+pub fn first_launch_done(s: &Shim, c: Option<FirstUseCall>, r: CUresult) {
+    if let Some(c) = c {
+        s.mem.first_use_done(&s.nvml, c, r, true);
+    }
 }
 
 /// `cuModuleLoad`, `cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`.

@@ -3,7 +3,8 @@
 //! `cuMemGetInfo`: total = cap, free = cap − container usage, each never more than the real value. A NULL
 //! out-pointer is tolerated (HAMi-core segfaults): whichever is non-NULL is filled; both NULL → the real
 //! driver's answer for that. No limit on the device → pass-through. Dead processes' slots are reclaimed here at
-//! most every 100 ms, so a crashed neighbour's memory shows up as free again.
+//! most every 100 ms, so a crashed neighbour's memory shows up as free again. Near the cap this process's charge
+//! is first reconciled with NVML (`memory::reconcile`).
 
 #![allow(non_snake_case)]
 
@@ -42,7 +43,8 @@ pub unsafe fn mem_get_info<T: Width>(
     }
     s.mem.maybe_reclaim();
     s.mem.refresh_pools_of(&s.cuda, dev.id);
-    let (f, t) = capped_info(cap, s.mem.container_used(dev), rf.to_u64(), rt.to_u64());
+    let used = s.mem.info_used(&s.nvml, dev, cap);
+    let (f, t) = capped_info(cap, used, rf.to_u64(), rt.to_u64());
     // SAFETY: each non-NULL pointer is the caller's out-parameter.
     unsafe {
         if !free.is_null() {

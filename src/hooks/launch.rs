@@ -5,12 +5,14 @@
 //! cuLaunchGridAsync. Whether the program reaches them by symbol, `dlsym` or `cuGetProcAddress`, it lands here
 //! (the exports and the proc-address map point at these hooks).
 //!
-//! Each hook: when no SM limit can apply (the common case), one check and the real call. Otherwise the launch
+//! Each hook: when no SM or memory limit can apply (the common case), one check and the real call. With a memory
+//! cap, a function's first launch is measured (`context::first_launch`: lazy loading, stack growth). Otherwise the launch
 //! is keyed (function, grid, block — or the graph), admitted by the throttle (which may sleep), sometimes
 //! measured with events on its stream, then made. A `_ptsz` call with the NULL stream runs on the per-thread
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
 
 use crate::ffi::cuda::*;
+use crate::memory::reconcile::Use;
 use crate::state::Shim;
 use crate::throttle::estimate::launch_key;
 use crate::throttle::kernel_key;
@@ -30,6 +32,36 @@ fn probe_stream(stream: CUstream, ds: DefaultStream) -> usize {
 /// shape from cuFuncSetBlockShape, legacy NULL stream).
 #[inline]
 pub fn kernel(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if !s.devices.launch_hooked() {
+        return call();
+    }
+    // A function's first launch while a memory cap applies: its code may load now, its stack grow
+    // (`context::first_launch`, `memory::reconcile`). Out of line: `call` goes only to the throttle, as before.
+    let first = if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
+        match super::context::first_launch(s, f as usize) {
+            Ok(c) => c,
+            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+        }
+    } else {
+        None
+    };
+    let r = throttled(s, call, f, grid, block, stream, ds);
+    if first.is_some() {
+        super::context::first_launch_done(s, first, r);
+    }
+    r
+}
+
+#[inline]
+fn throttled(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     f: CUfunction,

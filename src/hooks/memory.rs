@@ -515,7 +515,7 @@ pub unsafe fn alloc_async(
         Some(pool) => match s.mem.pool_device(pool as usize) {
             Some(Some(dev)) => (dev, pool),
             Some(None) => return call(), // a host pool: not device memory
-            None => match stream_device(s, stream, ds) {
+            None => match pool_owner(s, pool).or_else(|| stream_device(s, stream, ds)) {
                 Some(dev) => (dev, pool),
                 None => return untracked(s, call),
             },
@@ -535,6 +535,24 @@ pub unsafe fn alloc_async(
         }
     };
     pool_alloc(s, dev, pool, bytesize as u64, call, out)
+}
+
+/// The device whose default or current pool `pool` is (a pool this process did not create: from
+/// `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool` of any device, which may serve allocations on another
+/// device's stream): remembered for the pool. The stream's device would charge the wrong one.
+fn pool_owner(s: &Shim, pool: CUmemoryPool) -> Option<Dev> {
+    let owns = |d: Dev| {
+        let (mut dflt, mut cur): (CUmemoryPool, CUmemoryPool) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers.
+        unsafe {
+            (s.cuda.cuDeviceGetDefaultMemPool(&mut dflt, d.ordinal).ok() && dflt == pool)
+                || (s.cuda.cuDeviceGetMemPool(&mut cur, d.ordinal).ok() && cur == pool)
+        }
+    };
+    let devs: Vec<Dev> = s.devices.known().map(|(d, _)| d).collect();
+    let dev = devs.into_iter().find(|&d| owns(d))?;
+    s.mem.track_pool(pool as usize, Some(dev));
+    Some(dev)
 }
 
 /// `cuMemPoolCreate`: remembers the pool's device (or that it is a host pool).

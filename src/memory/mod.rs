@@ -14,6 +14,7 @@ pub mod host_pid;
 pub mod ledger;
 pub mod overhead;
 pub mod pools;
+pub mod reconcile;
 pub mod reserve;
 pub mod shared;
 pub mod vmm;
@@ -67,6 +68,8 @@ pub struct Memory {
     /// The pid NVML knows this process by.
     pub host: HostPid,
     last_reclaim_ns: AtomicU64,
+    /// Handles whose first use (lazy loading, stack growth) was measured.
+    first_use: reconcile::FirstUse,
 }
 
 impl Memory {
@@ -85,6 +88,7 @@ impl Memory {
             holdings: Holdings::default(),
             host: HostPid::default(),
             last_reclaim_ns: AtomicU64::new(0),
+            first_use: reconcile::FirstUse::default(),
         }
     }
 
@@ -137,7 +141,10 @@ impl Memory {
         // its cost is charged before anything is allocated in it.
         self.adopt_unseen_context(nvml, dev)?;
         let policy = self.devices.policy(dev);
-        self.charge_cap(dev, bytes, policy.memory)?;
+        let used = self.charge_cap(dev, bytes, policy.memory)?;
+        if let Some(cap) = policy.memory {
+            self.near_cap_check(nvml, dev, bytes, cap, used)?;
+        }
         let reserved = policy
             .reserved_memory
             .filter(|_| policy.priority != Some(Priority::High));
@@ -185,15 +192,16 @@ impl Memory {
         })
     }
 
-    /// The container-cap part of [`Memory::admit`].
-    fn charge_cap(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> Result<(), OverCap> {
+    /// The container-cap part of [`Memory::admit`]: the container's usage of `dev` after the charge (0 without
+    /// a limit).
+    fn charge_cap(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> Result<u64, OverCap> {
         self.shared_ok(limit)?;
         let slot = match self.usage().process_slot() {
             Ok(s) => s,
             Err(e) => {
                 log!(Level::Error, "no process slot in the usage region: {e}");
                 // Fail closed when a limit applies; without one, allocating unaccounted harms no one.
-                return if limit.is_some() { Err(OverCap) } else { Ok(()) };
+                return if limit.is_some() { Err(OverCap) } else { Ok(0) };
             }
         };
         // What this process holds stays charged even if another process zeroed the file.
@@ -203,13 +211,13 @@ impl Memory {
         });
         match self.usage().charge(slot, dev.id, bytes, limit) {
             // The charge itself may be what faulted on a truncated file (its zero pages admit anything).
-            Ok(()) if self.shared_ok(limit).is_err() => {
+            Ok(_) if self.shared_ok(limit).is_err() => {
                 self.usage().uncharge(slot, dev.id, bytes);
                 Err(OverCap)
             }
-            Ok(()) => {
+            Ok(used) => {
                 self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
-                Ok(())
+                Ok(used)
             }
             Err(e) => {
                 log!(
@@ -377,6 +385,8 @@ impl Memory {
             }
         }
         self.overhead[dev.id.index()].store(target, Ordering::Relaxed);
+        // A measurement of the truth: what a reconciliation had added on top is in it now.
+        self.first_use.set_excess(dev, 0);
         Ok(())
     }
 
@@ -397,6 +407,7 @@ impl Memory {
         }
         self.holdings.reset();
         self.host.reset();
+        self.first_use.reset();
     }
 
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
@@ -410,6 +421,7 @@ impl Memory {
         hold_all([&self.overhead_lock]);
         hold_all([&self.holdings.owners]);
         hold_all([&self.host.candidates]);
+        hold_all([self.first_use.lock()]);
     }
 
     /// Undoes [`Memory::fork_prepare`] (parent and child).
@@ -419,6 +431,7 @@ impl Memory {
     pub unsafe fn fork_release(&self, side: Side) {
         // SAFETY: all locked by fork_prepare (the caller's contract).
         unsafe {
+            release_all([self.first_use.lock()], side);
             release_all([&self.host.candidates], side);
             release_all([&self.holdings.owners], side);
             release_all([&self.overhead_lock], side);

@@ -124,7 +124,7 @@ impl Holdings {
         }
     }
 
-    fn inflight(&self, dev: Dev) -> u64 {
+    pub(super) fn inflight(&self, dev: Dev) -> u64 {
         self.inflight[dev.id.index()].load(Ordering::Relaxed)
     }
 
@@ -152,7 +152,7 @@ impl Holdings {
 impl Memory {
     /// This process's `usedGpuMemory` on `dev` per NVML: `Some(0)` when NVML lists us nowhere and we hold no
     /// context there, `None` when NVML cannot tell. We are the entry with our pid, else with our learned host pid.
-    fn nvml_used(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
+    pub(super) fn nvml_used(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
         let uuid = self.devices.uuid_of(dev.ordinal)?;
         let list = nvml.processes(&uuid)?;
         let me = std::process::id();
@@ -168,7 +168,7 @@ impl Memory {
     }
 
     /// Re-measures this process's overhead on `dev`. `admit`: growth must fit under the cap.
-    fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
+    pub(super) fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
         // Exports let go of but still held elsewhere may still count as this process's: not overhead. Read
         // before the overhead lock: the fork handlers take the shared table's lock first.
         let lingering = self.lingering(dev);
@@ -373,26 +373,45 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
         undo: Option<impl FnOnce() -> CUresult>,
     ) -> CUresult {
-        let inflight = &self.holdings.inflight[dev.id.index()];
+        if self.growing(dev, growth).is_err() {
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        }
+        let r = call();
+        self.grown(nvml, dev, growth, r, undo)
+    }
+
+    /// Before a call that grows a reservation on `dev` by about `growth` bytes: admitted as overhead (`Err`:
+    /// over the cap, nothing charged). Always followed by [`Memory::grown`] once the call returned.
+    pub(super) fn growing(&self, dev: Dev, growth: u64) -> Result<(), OverCap> {
         if growth > 0 {
             // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
             let _g = self.overhead_lock.lock();
             let cur = self.overhead(dev);
-            if self
-                .set_overhead_locked(dev, cur.saturating_add(growth), true)
-                .is_err()
-            {
-                return CUresult::ERROR_OUT_OF_MEMORY;
-            }
-            inflight.fetch_add(growth, Ordering::Relaxed);
+            self.set_overhead_locked(dev, cur.saturating_add(growth), true)?;
+            self.holdings.inflight[dev.id.index()].fetch_add(growth, Ordering::Relaxed);
         }
-        let r = call();
+        Ok(())
+    }
+
+    /// The call [`Memory::growing`] admitted returned `r`: NVML's figure replaces the estimate. With `undo` (it
+    /// restores what the call raised), a measured reservation that does not fit is undone and refused: the
+    /// result is `r`, or `CUDA_ERROR_OUT_OF_MEMORY` when undone.
+    pub(super) fn grown(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        growth: u64,
+        r: CUresult,
+        undo: Option<impl FnOnce() -> CUresult>,
+    ) -> CUresult {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let g = self.overhead_lock.lock();
         if growth > 0 {
-            let _ = inflight.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(growth))
-            });
+            let _ = self.holdings.inflight[dev.id.index()].fetch_update(
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+                |v| Some(v.saturating_sub(growth)),
+            );
         }
         match self.nvml_used(nvml, dev) {
             Some(used) => {
@@ -433,6 +452,7 @@ impl Memory {
     /// cap (the caller unloads it).
     pub fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.first_use.arm();
         self.retry_host_pid(nvml);
         let Some(d) = self.devices.current(cuda) else {
             return Ok(());
@@ -454,6 +474,7 @@ impl Memory {
     /// caller unloads it).
     pub fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.first_use.arm();
         self.retry_host_pid(nvml);
         self.measure_all(nvml, true)
     }

@@ -198,6 +198,11 @@ impl Config {
         self.policies().any(Policy::throttles)
     }
 
+    /// Whether a memory cap is configured for some device.
+    pub fn has_memory_limits(&self) -> bool {
+        self.policies().any(|p| p.memory.is_some())
+    }
+
     /// Whether a priority is configured (`CUDA_TASK_PRIORITY`, `CUQUOTA_PRIORITY`, the TOML `priority`).
     pub fn has_priorities(&self) -> bool {
         self.policies().any(|p| p.priority.is_some())

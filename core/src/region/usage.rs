@@ -736,17 +736,19 @@ impl UsageRegion {
 
     /// Reserves `bytes` on `dev` for `slot` if the container stays within `limit` (`None` = no limit: always
     /// succeeds and just records). Exact under races. Does not reclaim dead processes: see [`UsageRegion::charge`].
+    /// `Ok`: the container's usage of `dev` the check saw, this charge included (0 without a limit: no sum is
+    /// taken), so a caller can tell how close to the limit it got at no extra cost.
     pub fn try_charge(
         &self,
         slot: SlotId,
         dev: DeviceId,
         bytes: u64,
         limit: Option<u64>,
-    ) -> Result<(), OverLimit> {
+    ) -> Result<u64, OverLimit> {
         let cell = &self.file().slots[slot.index()].mem_used[dev.index()];
         let Some(limit) = limit else {
             cell.fetch_add(bytes, Ordering::SeqCst);
-            return Ok(());
+            return Ok(0);
         };
         if bytes > limit {
             return Err(OverLimit {
@@ -765,7 +767,7 @@ impl UsageRegion {
                 requested: bytes,
             });
         }
-        Ok(())
+        Ok(used)
     }
 
     /// Puts back what this process knows `slot` holds (`own(device)`: its in-process ledger) after another
@@ -810,7 +812,7 @@ impl UsageRegion {
         dev: DeviceId,
         bytes: u64,
         limit: Option<u64>,
-    ) -> Result<(), OverLimit> {
+    ) -> Result<u64, OverLimit> {
         match self.try_charge(slot, dev, bytes, limit) {
             Err(_) if self.reclaim_dead() > 0 => self.try_charge(slot, dev, bytes, limit),
             Err(_) => {

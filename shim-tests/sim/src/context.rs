@@ -191,6 +191,10 @@ fn limit_bytes(limits: &[usize; 5], sms: u64) -> u64 {
 /// it, and a reservation the device cannot hold fails with CUDA_ERROR_OUT_OF_MEMORY (the limit unchanged).
 pub(crate) fn set_memory_limit(o: &mut Objects, sim: &Sim, limit: usize, value: usize) -> CuResult<()> {
     let h = current(o, sim)?;
+    set_limit_of(o, sim, h, limit, value)
+}
+
+fn set_limit_of(o: &mut Objects, sim: &Sim, h: u64, limit: usize, value: usize) -> CuResult<()> {
     let c = o.contexts.get_mut(&h).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
     let mut limits = c.limits;
     limits[limit] = value;
@@ -203,6 +207,17 @@ pub(crate) fn set_memory_limit(o: &mut Objects, sim: &Sim, limit: usize, value: 
     c.limits = limits;
     c.limit_bytes = bytes;
     Ok(())
+}
+
+/// A launch in context `h` of a kernel with `local` bytes of local memory per thread: a smaller stack grows to
+/// it (for every thread the device holds, and stays), as a real driver grows it implicitly at such a launch;
+/// CUDA_ERROR_OUT_OF_MEMORY when the device cannot hold it.
+pub(crate) fn grow_stack(o: &mut Objects, sim: &Sim, h: u64, local: u64) -> CuResult<()> {
+    let c = o.contexts.get(&h).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    if local <= c.limits[0] as u64 {
+        return Ok(());
+    }
+    set_limit_of(o, sim, h, 0, local as usize)
 }
 
 /// The current context's value of memory-backed limit `limit` (0–4).

@@ -39,8 +39,10 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
             let (_, phys) = crate::context::device_of(o, ctx)?;
             let sms = sim.cfg.devices[phys].sms as u64;
             let mut durations = Vec::with_capacity(kernels.len());
+            let mut local = 0;
             for k in kernels {
-                let (_, ns) = crate::module::function_for(o, sim, k.func, ctx)?;
+                let (func, ns) = crate::module::function_for(o, sim, k.func, ctx)?;
+                local = o.functions.get(&func).map_or(0, |f| f.local).max(local);
                 let blocks: u64 = k.grid.iter().map(|&g| g as u64).product();
                 if cooperative && blocks > sms * COOP_BLOCKS_PER_SM {
                     return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
@@ -53,6 +55,7 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
                 }
                 return Ok(None);
             }
+            crate::context::grow_stack(o, sim, ctx, local)?;
             stream::enqueue(o, sim, s, phys, &durations)
         })?;
         match wait {

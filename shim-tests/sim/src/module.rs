@@ -1,7 +1,9 @@
 //! Modules, libraries, functions and kernels, and the module image format that gives kernels a speed.
 //!
-//! A text image starting with `CUDASIM-MODULE 1` declares its kernels (`kernel <name> <ns_per_wave>`) and
-//! optionally globals (`global <name> <bytes>`); asking for any other name is CUDA_ERROR_NOT_FOUND. A
+//! A text image starting with `CUDASIM-MODULE 1` declares its kernels (`kernel <name> <ns_per_wave>
+//! [<local_bytes>]`: local memory per thread, `CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`; a launch of a kernel whose
+//! local memory exceeds the context's stack size grows the stack to it, for every thread the device holds, as a
+//! real driver does) and optionally globals (`global <name> <bytes>`); asking for any other name is CUDA_ERROR_NOT_FOUND. A
 //! compiled image (fat binary or its wrapper, cubin, PTX: see `code`) defines the kernels and globals its code
 //! for the device defines; its kernels run at CUDASIM_WAVE_NS, its globals are allocated (with their initial
 //! bytes) at their first lookup. Any other image loads as an opaque module whose every kernel name exists.
@@ -26,6 +28,8 @@ pub(crate) struct Image {
     pub kernels: Vec<(String, u64)>,
     /// Global name → bytes.
     pub globals: Vec<(String, u64)>,
+    /// Kernel name → local memory per thread (bytes), when declared.
+    pub locals: Vec<(String, u64)>,
     /// Neither a CUDASIM-MODULE text image nor compiled code: every kernel name exists.
     pub opaque: bool,
     /// Compiled code: names come from it (unreadable code behaves as opaque).
@@ -52,6 +56,11 @@ impl Image {
             Some(s) => s.kernels.contains(name).then_some(wave_ns),
             None => (self.opaque || self.code.is_some()).then_some(wave_ns),
         }
+    }
+
+    /// Local memory per thread of kernel `name` (0 unless declared).
+    pub(crate) fn local(&self, name: &str) -> u64 {
+        self.locals.iter().find(|k| k.0 == name).map_or(0, |k| k.1)
     }
 
     /// How many kernels the image defines (0 for an opaque one).
@@ -84,6 +93,10 @@ pub(crate) fn parse_text(text: &str) -> Result<Image, String> {
         };
         match f.as_slice() {
             ["kernel", name, ns] => img.kernels.push((name.to_string(), num(ns)?)),
+            ["kernel", name, ns, local] => {
+                img.kernels.push((name.to_string(), num(ns)?));
+                img.locals.push((name.to_string(), num(local)?));
+            }
             ["global", name, bytes] => img.globals.push((name.to_string(), num(bytes)?)),
             _ => {
                 return Err(format!(
@@ -160,6 +173,8 @@ pub(crate) struct Function {
     pub module: u64,
     pub name: String,
     pub ns_per_wave: u64,
+    /// Local memory per thread (bytes).
+    pub local: u64,
     /// cuFuncSetBlockShape / cuFuncSetSharedSize state for the legacy cuLaunch* calls.
     pub block: [u32; 3],
     pub shared: u32,
@@ -266,6 +281,7 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
         .image
         .kernel(name, sim.cfg.wave_ns)?
         .ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let local = m.image.local(name);
     let f = new_handle(Kind::Function);
     o.functions.insert(
         f,
@@ -273,6 +289,7 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
             module,
             name: name.to_string(),
             ns_per_wave: ns,
+            local,
             block: [1, 1, 1],
             shared: 0,
             max_dynamic_shared: 0,

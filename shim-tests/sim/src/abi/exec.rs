@@ -65,8 +65,9 @@ fn kernel(f: Handle, grid: [u32; 3], block: [u32; 3]) -> KernelLaunch {
 }
 
 /// Function attribute values (an H100-like compiled kernel).
-fn func_attribute(attrib: i32, max_dyn_shared: i32) -> CuResult<i32> {
+fn func_attribute(attrib: i32, max_dyn_shared: i32, local: u64) -> CuResult<i32> {
     Ok(match attrib {
+        CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => local.min(i32::MAX as u64) as i32,
         CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => 1024,
         CU_FUNC_ATTRIBUTE_NUM_REGS => 32,
         CU_FUNC_ATTRIBUTE_PTX_VERSION | CU_FUNC_ATTRIBUTE_BINARY_VERSION => 90,
@@ -272,8 +273,12 @@ cuda_fn! {
 
     fn cuKernelGetAttribute(pi: *mut i32, attrib: i32, k: Handle, dev: CUdevice) {
         cuda()?.phys(dev)?;
-        with(|o| o.kernels.contains_key(&h(k))).then_some(()).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        out(pi, func_attribute(attrib, 48 * 1024)?)
+        let local = with(|o| {
+            let k = o.kernels.get(&h(k))?;
+            Some(o.libraries.get(&k.library).map_or(0, |l| l.image.local(&k.name)))
+        })
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        out(pi, func_attribute(attrib, 48 * 1024, local)?)
     }
 
     fn cuKernelSetAttribute(attrib: i32, val: i32, k: Handle, dev: CUdevice) {
@@ -294,8 +299,9 @@ cuda_fn! {
 
     fn cuFuncGetAttribute(pi: *mut i32, attrib: i32, f: Handle) {
         cuda()?;
-        let mds = with(|o| o.functions.get(&h(f)).map(|f| f.max_dynamic_shared)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        out(pi, func_attribute(attrib, mds.max(48 * 1024))?)
+        let (mds, local) = with(|o| o.functions.get(&h(f)).map(|f| (f.max_dynamic_shared, f.local)))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        out(pi, func_attribute(attrib, mds.max(48 * 1024), local)?)
     }
 
     fn cuFuncSetAttribute(f: Handle, attrib: i32, value: i32) {

@@ -1,0 +1,267 @@
+//! The driver's figure is the last word on memory: this process's charge is reconciled with what NVML says it
+//! holds (`usedGpuMemory`), so memory a path the hooks do not model takes is charged too.
+//!
+//! - **Near the cap** (an admission that would leave less than [`margin`] = max(10 % of the cap, 256 MiB)
+//!   under it) the ledger is never trusted alone: the process's overhead (`used − ledger`) is re-measured
+//!   first and the admission refused if the driver's figure leaves no room. Far from the cap the admission
+//!   costs nothing more (the region's sum it already takes tells how near it is).
+//! - **First use** (lazy loading: a module's or library's code and globals, taken by the driver at
+//!   `cuModuleGetFunction`, `cuModuleGetGlobal`, `cuLibraryGetModule`, `cuLibraryGetGlobal`,
+//!   `cuKernelGetFunction` or the first launch of a kernel, and the stack the driver grows at a launch of a
+//!   kernel with large local memory): refused up front while the container is over its cap, measured right
+//!   after the call. Only the first time a handle is seen (`FirstUse`), and only while a memory limit applies.
+//!
+//! Staleness bound: an unmodelled path's bytes `U` are charged at the latest by the next admission near the
+//! cap (or the next `cuMemGetInfo` near the cap): while the container stays out of the margin, it holds at
+//! most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`; lazy loads and launch-time
+//! stack growth are charged before the call that took them returns.
+
+use super::{Memory, OverCap};
+use crate::devices::Dev;
+use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::CUresult;
+use crate::locks::Lock;
+use crate::log::{log, Level};
+use cuquota_core::region::layout::MAX_DEVICES;
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// The smallest margin under the cap within which admissions reconcile first.
+pub const MIN_MARGIN: u64 = 256 << 20;
+
+/// Bytes left under `cap` below which an admission does not trust the ledger alone.
+#[inline]
+pub fn margin(cap: u64) -> u64 {
+    (cap / 10).max(MIN_MARGIN)
+}
+
+/// Whether an admission that brought the container to `used` under `cap` is near the cap.
+#[inline]
+pub fn near_cap(cap: u64, used: u64) -> bool {
+    cap.saturating_sub(used) < margin(cap)
+}
+
+/// How a handle was used: a handle looked up (a function, module, global) is launched for the first time later.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Use {
+    /// Returned by a lookup (`cuModuleGetFunction`, `cuLibraryGetGlobal`, …).
+    Lookup,
+    /// Launched.
+    Launch,
+}
+
+type Seen = HashSet<usize, BuildHasherDefault<super::ledger::KeyHasher>>;
+
+/// Handles whose first use was measured (functions launched or looked up, modules, globals), and what
+/// reconciliations added to the overhead.
+pub struct FirstUse {
+    /// A module or library was loaded: first uses may take memory from now on.
+    armed: AtomicBool,
+    /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
+    seen: Lock<[Seen; 2]>,
+    /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
+    /// floor a reconciliation never goes below).
+    excess: [AtomicU64; MAX_DEVICES],
+}
+
+impl Default for FirstUse {
+    fn default() -> Self {
+        FirstUse {
+            armed: AtomicBool::new(false),
+            seen: Lock::default(),
+            excess: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl FirstUse {
+    /// A module or library was loaded.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a first use may take memory (a module or library was loaded). One relaxed load.
+    #[inline]
+    pub fn armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed)
+    }
+
+    /// Records `h` used as `how`; true when it was not before.
+    pub fn first(&self, how: Use, h: usize) -> bool {
+        self.seen.lock()[how as usize].insert(h)
+    }
+
+    pub(super) fn set_excess(&self, dev: Dev, bytes: u64) {
+        self.excess[dev.id.index()].store(bytes, Ordering::Relaxed);
+    }
+
+    fn excess(&self, dev: Dev) -> u64 {
+        self.excess[dev.id.index()].load(Ordering::Relaxed)
+    }
+
+    /// Forgets everything (a forked child).
+    pub(super) fn reset(&self) {
+        for e in self.excess.iter() {
+            e.store(0, Ordering::Relaxed);
+        }
+        for s in self.seen.lock().iter_mut() {
+            s.clear();
+        }
+    }
+
+    pub(super) fn lock(&self) -> &Lock<[Seen; 2]> {
+        &self.seen
+    }
+}
+
+impl Memory {
+    /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
+    /// applies somewhere (as of the launch hook's refresh of the limits). Two relaxed loads.
+    #[inline]
+    pub fn first_use_armed(&self) -> bool {
+        self.first_use.armed() && self.devices.memory_limited()
+    }
+
+    /// Whether handle `h` is used as `how` for the first time in this process (then recorded).
+    pub fn first_seen(&self, how: Use, h: usize) -> bool {
+        self.first_use.first(how, h)
+    }
+
+    /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
+    /// first reconciled with the driver's figure (the ledger alone is not trusted there).
+    #[inline]
+    pub fn info_used(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+        let used = self.container_used(dev);
+        if near_cap(cap, used) {
+            return self.info_used_slow(nvml, dev, cap);
+        }
+        used
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn info_used_slow(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+        let _ = self.reconcile(nvml, dev, cap, 0);
+        self.container_used(dev)
+    }
+
+    /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
+    /// driver's figure decides, not the ledger alone. `Err`: refused (its charge given back).
+    #[inline]
+    pub(super) fn near_cap_check(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        bytes: u64,
+        cap: u64,
+        used: u64,
+    ) -> Result<(), OverCap> {
+        if near_cap(cap, used) {
+            return self.near_cap_slow(nvml, dev, bytes, cap);
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn near_cap_slow(&self, nvml: &Nvml, dev: Dev, bytes: u64, cap: u64) -> Result<(), OverCap> {
+        let r = self.reconcile(nvml, dev, cap, bytes);
+        if r.is_err() {
+            self.release(dev, bytes);
+            self.usage().count_refusal(dev.id);
+        }
+        r
+    }
+
+    /// Reconciles this process's overhead on `dev` with NVML's figure, `pending` bytes of its ledger not yet
+    /// handed out by the driver (the admission being made); then whether the container fits under `cap`.
+    /// Without an NVML figure nothing is changed (the ledger is all there is).
+    pub(super) fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64) -> Result<(), OverCap> {
+        let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
+        let _g = self.overhead_lock.lock();
+        let Some(used) = self.nvml_used(nvml, dev) else {
+            return Ok(());
+        };
+        let ledger = self
+            .allocated(dev)
+            .saturating_sub(pending)
+            .saturating_add(lingering);
+        // Never below what the last measurement (a context or module event) set: allocations admitted but not
+        // yet made, and frees made but not yet uncharged, on other threads make the driver's figure read low for
+        // an instant. Above it, each reconciliation replaces the last one's excess (so one that caught a
+        // charge still being settled is corrected by the next).
+        let base = self.overhead(dev).saturating_sub(self.first_use.excess(dev));
+        let target = (used.saturating_sub(ledger) + self.holdings.inflight(dev)).max(base);
+        if self.set_overhead_locked(dev, target, false).is_ok() {
+            self.first_use.set_excess(dev, target - base);
+        }
+        let total = self.container_used(dev);
+        log!(
+            Level::Debug,
+            "device {}: reconciled near the cap: driver says {used} bytes, overhead {target}, container {total} \
+             of {cap}",
+            dev.ordinal
+        );
+        if total > cap {
+            return Err(OverCap);
+        }
+        Ok(())
+    }
+
+    /// Before a call that may make the driver take memory at first use (lazy loading, launch-time stack
+    /// growth) on `dev`, `growth` bytes of it known in advance: `Err` (refuse it with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the growth does
+    /// not fit. `Ok(Some(_))`: pass it to [`Memory::first_use_done`] once the call returned; `Ok(None)`: no cap.
+    pub fn first_use_begin(&self, dev: Dev, growth: u64) -> Result<Option<FirstUseCall>, OverCap> {
+        let Some(cap) = self.limit(dev) else {
+            return Ok(None);
+        };
+        if self.container_used(dev) > cap {
+            log!(
+                Level::Debug,
+                "device {}: over the cap: a call that may load code or globals is refused",
+                dev.ordinal
+            );
+            self.usage().count_refusal(dev.id);
+            return Err(OverCap);
+        }
+        self.growing(dev, growth)?;
+        Ok(Some(FirstUseCall { dev, growth }))
+    }
+
+    /// The call [`Memory::first_use_begin`] let through returned `r`: measured with NVML when `measure` (the
+    /// handle it used or gave was new) or when it was admitted growth.
+    pub fn first_use_done(&self, nvml: &Nvml, c: FirstUseCall, r: CUresult, measure: bool) {
+        if c.growth > 0 {
+            let _ = self.grown(nvml, c.dev, c.growth, r, None::<fn() -> CUresult>);
+        } else if measure {
+            if let Some(cap) = self.limit(c.dev) {
+                let _ = self.reconcile(nvml, c.dev, cap, 0);
+            }
+        }
+    }
+}
+
+/// A first-use call let through by [`Memory::first_use_begin`].
+#[must_use = "end it with first_use_done"]
+pub struct FirstUseCall {
+    dev: Dev,
+    growth: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn margin_is_a_tenth_or_256_mib() {
+        const M: u64 = 1 << 20;
+        assert_eq!(margin(1024 * M), 256 * M);
+        assert_eq!(margin(10 * 1024 * M), 1024 * M);
+        assert_eq!(margin(100 * M), 256 * M);
+        assert!(!near_cap(1024 * M, 700 * M));
+        assert!(near_cap(1024 * M, 800 * M));
+        assert!(near_cap(1024 * M, 2048 * M));
+    }
+}
