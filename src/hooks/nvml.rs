@@ -158,6 +158,27 @@ unsafe fn write_back<T: Copy>(
     nvmlReturn_t::SUCCESS
 }
 
+/// The container's part of a `(device, count, buffer)` list call: a malformed call refused, the whole real list
+/// fetched into our own buffer, filtered by each record's pid. `Err`: what to answer.
+///
+/// # Safety
+/// `count` NULL or valid to read.
+unsafe fn container_list<T: Copy + Default>(
+    s: &Shim,
+    real: impl Fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
+    device: nvmlDevice_t,
+    count: *const c_uint,
+    buf: *const T,
+    pid: impl Fn(&T) -> c_uint,
+) -> Result<Vec<T>, nvmlReturn_t> {
+    // SAFETY: as `malformed` requires.
+    if let Some(r) = unsafe { malformed(count, buf) } {
+        return Err(r);
+    }
+    let list = crate::driver::nvml::list(64, 1 << 16, |n, b| real(device, n, b))?;
+    Ok(members(s, list, pid))
+}
+
 /// The compute, graphics and MPS process lists (bare, `_v2`, `_v3`): the real list → the container's processes,
 /// written back with NVML's size protocol.
 ///
@@ -170,17 +191,11 @@ pub unsafe fn running_processes<T: ProcessInfo>(
     count: *mut c_uint,
     infos: *mut T,
 ) -> nvmlReturn_t {
-    let call = |c, i| real(device, c, i);
-    // SAFETY: as `malformed` requires.
-    if let Some(r) = unsafe { malformed(count, infos) } {
-        return r;
-    }
-    // Fetch the whole real list into our own buffer.
-    let list = match crate::driver::nvml::list(64, 1 << 16, call) {
-        Ok(l) => l,
+    // SAFETY: the caller's `count`.
+    let mine = match unsafe { container_list(s, real, device, count, infos, T::pid) } {
+        Ok(m) => m,
         Err(r) => return r,
     };
-    let mine = members(s, list, T::pid);
     // SAFETY: `count` non-NULL; `infos` as the caller passed it.
     unsafe { write_back(&mine, count, infos, nvmlReturn_t::SUCCESS) }
 }
@@ -198,15 +213,11 @@ pub unsafe fn sessions<T: SessionInfo>(
     count: *mut c_uint,
     infos: *mut T,
 ) -> nvmlReturn_t {
-    // SAFETY: as `malformed` requires.
-    if let Some(r) = unsafe { malformed(count, infos) } {
-        return r;
-    }
-    let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, n, buf)) {
-        Ok(l) => l,
+    // SAFETY: the caller's `count`.
+    let mine = match unsafe { container_list(s, real, device, count, infos, T::pid) } {
+        Ok(m) => m,
         Err(r) => return r,
     };
-    let mine = members(s, list, T::pid);
     // SAFETY: `count` non-NULL, the caller's in/out parameter.
     if unsafe { *count } == 0 {
         // SAFETY: as above.
@@ -247,15 +258,11 @@ pub unsafe fn accounting_pids(
     count: *mut c_uint,
     pids: *mut c_uint,
 ) -> nvmlReturn_t {
-    // SAFETY: as `malformed` requires.
-    if let Some(r) = unsafe { malformed(count, pids) } {
-        return r;
-    }
-    let list = match crate::driver::nvml::list(64, 1 << 16, |n, buf| real(device, n, buf)) {
-        Ok(l) => l,
+    // SAFETY: the caller's `count`.
+    let mine = match unsafe { container_list(s, real, device, count, pids, |p| *p) } {
+        Ok(m) => m,
         Err(r) => return r,
     };
-    let mine = members(s, list, |p| *p);
     // SAFETY: `count` non-NULL; `pids` as the caller passed it.
     unsafe { write_back(&mine, count, pids, nvmlReturn_t::SUCCESS) }
 }
