@@ -369,3 +369,35 @@ fn killing_cuquota_run_then_double_forking_escapes_the_subtree() {
     eprintln!("escaper {pid:?}: device share {share:.1} % under a hard 30 % limit; members by pass {members:?}; escaper's output: {out}");
     assert!(share <= 45.0, "a 30 % limit held at {share:.1} %:{stderr}");
 }
+
+/// docs/agent.md: under `burst` a container "is charged at most its limit for an interval in which no other
+/// process used the GPU, and not frozen for that GPU". A container alone on the GPU under a burst 30 % limit
+/// runs its work as a sequence of processes of 300 ms each (what a job runner does; a cooperative tenant under
+/// the shim, bursting alone, looks the same to NVML). Its previous process, exited, is in NVML's samples and
+/// a member of nobody, so `others_busy` is true (throttle.rs, `plan`: any sampled pid not in `members`): it is
+/// charged in full and frozen although nobody else used the GPU.
+#[test]
+fn a_container_alone_under_burst_is_frozen_because_of_its_own_exited_processes() {
+    let _cpu = heavy();
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.b");
+    limits(&sim, &lim, &["--sm", "30", "--policy", "burst"]);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(1);
+    let script = format!(
+        "end=$(( $(date +%s) + 5 )); while [ $(date +%s) -lt $end ]; do {tp} kernel direct 0.3 20000 >/dev/null; done"
+    );
+    let t = sh_tenant(&sim, "b", &script, 60);
+    descriptor(&dir, "b", &lim, &format!("subtree = {}", t.pid()), "sm = \"throttle\"");
+    let _ = t.finish();
+    let (passes, stderr) = agent.stop();
+    let freezes = actions(&passes, "b")
+        .into_iter()
+        .filter(|(_, a)| a["action"] == "freeze")
+        .count();
+    eprintln!("alone under burst 30 %, sequential 300 ms processes: {freezes} freezes");
+    assert_eq!(freezes, 0, "frozen while alone on the GPU under burst:{stderr}");
+}
