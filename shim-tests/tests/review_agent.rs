@@ -11,6 +11,14 @@
 //!   credit and another grace.
 //! - `killing_cuquota_run_then_double_forking_escapes_the_subtree`: a member SIGKILLs its own `cuquota run`
 //!   and double-forks in the same instant; the orphan is re-parented away from the remembered survivors.
+//! - `a_container_alone_under_burst_is_frozen_because_of_its_own_exited_processes`: the same dead pids count
+//!   as "others" (`others_busy`), so a container alone under burst is frozen.
+//! - `a_member_forked_after_the_proc_read_continues_the_frozen_ones`: the SIGSTOP freeze is never re-checked;
+//!   a member that SIGCONTs the others runs while the agent believes it frozen (a race: usually reproduces).
+//! - `a_stranger_reusing_a_finished_roots_pid_becomes_the_container` (root, `--ignored`): a process of no
+//!   container that reuses a finished subtree root's pid is judged and killed as that container.
+//! - `a_cooperative_tenant_with_long_kernels_under_the_shim_is_killed`: 3 s kernels under the shim at 30 %.
+//! - `sixteen_idle_connections_deny_every_scrape`: /metrics (item 8) exhausted by 16 idle connections.
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
@@ -546,4 +554,32 @@ fn a_cooperative_tenant_with_long_kernels_under_the_shim_is_killed() {
     eprintln!("cooperative tenant, 3 s kernels under the shim at 30 %: {:?}, kills {kills:?}\n{:?}", out.status, out.lines);
     assert!(kills.is_empty(), "a cooperative tenant under the shim was killed:{stderr}");
     assert!(out.success(), "{out:?}");
+}
+
+/// #21 item 8: the metrics endpoint serves at most 16 connections (`metrics::MAX_CONNECTIONS`), each allowed
+/// 5 s for its request head (`HEADER_TIMEOUT`) and 10 s in all, before any authentication. 16 idle TCP
+/// connections, renewed every few seconds, refuse every scrape (and /healthz, a readiness probe) to everyone
+/// else: no per-peer bound, no pre-auth budget.
+#[test]
+fn sixteen_idle_connections_deny_every_scrape() {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(1);
+    let idle: Vec<TcpStream> = (0..16)
+        .map(|_| TcpStream::connect(("127.0.0.1", agent.port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut refused = 0;
+    for _ in 0..20 {
+        if scrape(agent.port).is_none() {
+            refused += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(idle);
+    let _ = agent.stop();
+    eprintln!("with 16 idle connections open: {refused} of 20 scrapes over 2 s refused");
+    assert_eq!(refused, 0, "16 idle connections denied {refused} of 20 scrapes");
 }
