@@ -103,8 +103,10 @@ pub struct Frozen {
 /// What the agent remembers about one container's SM share between passes.
 #[derive(Default)]
 pub struct ThrottleState {
-    /// Per GPU: the balance in device seconds (positive = debt).
-    balances: BTreeMap<String, f64>,
+    /// Per GPU (by UUID): the balance in device seconds (positive = debt) and the limit it was charged under.
+    /// Kept while the container exists, also for a GPU none of its processes holds now (a killed tenant that
+    /// starts again finds its debt), repaid at the limit meanwhile and dropped once back at full credit.
+    balances: BTreeMap<String, (f64, u32)>,
     /// Held now: some GPU's balance is past half its credit (logged when it ends).
     pub engaged: bool,
     last_pass: Option<Instant>,
@@ -217,8 +219,28 @@ impl ThrottleState {
         // The longest freeze any GPU needs, with the GPU, its share, limit and balance.
         let mut need: Option<(Duration, String, f64, u32, f64)> = None;
         let mut engaged = false;
-        let live: BTreeSet<&str> = c.devices.iter().map(|d| d.uuid.as_str()).collect();
-        self.balances.retain(|u, _| live.contains(u.as_str()));
+        // A GPU none of its processes holds now: nothing ran there, the debt is repaid at the limit (unless
+        // NVML has no figure for the GPU: then it stays as it was).
+        for (uuid, (b, limit)) in self.balances.iter_mut() {
+            if c.devices.iter().any(|d| &d.uuid == uuid) {
+                continue;
+            }
+            let measured = gpus
+                .iter()
+                .find(|g| &g.gpu.uuid == uuid)
+                .is_some_and(|g| g.utilization.is_some());
+            let s = DeviceShare {
+                uuid: uuid.clone(),
+                util: measured.then_some(0.0),
+                limit: Some(*limit),
+                work_conserving: false,
+                others_busy: false,
+            };
+            *b = next_balance(*b, &s, elapsed, interval);
+        }
+        self.balances.retain(|u, (b, limit)| {
+            c.devices.iter().any(|d| &d.uuid == u) || *b > -credit(f64::from(*limit) / 100.0, interval)
+        });
         for d in &c.devices {
             let Some(limit) = d.sm_limit_percent else {
                 self.balances.remove(&d.uuid);
@@ -236,11 +258,12 @@ impl ThrottleState {
                     .is_some_and(|u| u.iter().any(|(pid, s)| !members.contains(pid) && *s > 0.0)),
             };
             let l = f64::from(limit) / 100.0;
-            let b = self
+            let (b, lim) = self
                 .balances
                 .entry(d.uuid.clone())
-                .or_insert_with(|| -credit(l, interval));
+                .or_insert_with(|| (-credit(l, interval), limit));
             *b = next_balance(*b, &s, elapsed, interval);
+            *lim = limit;
             let b = *b;
             engaged |= b > -credit(l, interval) / 2.0;
             if s.work_conserving && !s.others_busy {
