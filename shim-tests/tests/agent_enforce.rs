@@ -956,6 +956,63 @@ fn sm_debt_outlives_a_kill_and_a_respawn() {
     );
 }
 
+/// docs/agent.md: "a cooperative container held by the shim is never frozen", and a program with seconds of
+/// work queued "must run under the shim (which throttles at launch, so its queue never builds such a debt)".
+/// A cooperative tenant under the shim (`cuquota run --limits`, the same limits file the agent reads: hard
+/// 30 %) launching ordinary long kernels (3 s each): the shim lets a kernel start and makes the process wait
+/// for it afterwards (it cannot split a kernel), so the long-run share is the limit; the agent charges the 3 s
+/// as it runs and freezes the process, but its grace is 10 s (`COOPERATIVE_ESCALATE_DEBT`) where every process
+/// that ran holds a live slot in the container's usage file (named in the descriptor): with the 1 s grace it
+/// was SIGKILLed.
+#[test]
+fn sm_debt_lets_a_cooperative_tenant_run_long_kernels() {
+    let _cpu = heavy();
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.l");
+    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(1);
+    let t = sim
+        .cmd_path(cli_bin())
+        .no_preload()
+        .timeout(Duration::from_secs(60))
+        .args("run -q --usage")
+        .arg(sim.dir().join("usage.l").to_str().unwrap())
+        .arg("--limits")
+        .arg(lim.to_str().unwrap())
+        .arg("--")
+        .arg(&tp)
+        .args("kernel direct 4 3000000000")
+        .spawn();
+    std::fs::write(
+        dir.join("l.toml"),
+        format!(
+            "limits = {lim:?}\nusage = {:?}\n[members]\nsubtree = {}\n[enforce]\nsm = \"throttle\"\n",
+            sim.dir().join("usage.l"),
+            t.pid()
+        ),
+    )
+    .unwrap();
+    let out = t.finish();
+    let (passes, stderr) = agent.stop();
+    let kills: Vec<_> = actions(&passes, "l")
+        .into_iter()
+        .filter(|(_, a)| a["action"] == "kill")
+        .collect();
+    eprintln!(
+        "cooperative tenant, 3 s kernels under the shim at 30 %: {:?}, kills {kills:?}\n{:?}",
+        out.status, out.lines
+    );
+    assert!(
+        kills.is_empty(),
+        "a cooperative tenant under the shim was killed:{stderr}"
+    );
+    assert!(out.success(), "{out:?}");
+}
+
 /// A cgroup made for one test, thawed and removed on drop.
 struct TestCgroup {
     dir: PathBuf,

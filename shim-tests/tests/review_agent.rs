@@ -511,59 +511,6 @@ fn a_stranger_reusing_a_finished_roots_pid_becomes_the_container() {
     );
 }
 
-/// docs/agent.md: "a cooperative container held by the shim is never frozen", and a program with seconds of
-/// work queued "must run under the shim (which throttles at launch, so its queue never builds such a debt)".
-/// A cooperative tenant under the shim (`cuquota run --limits`, the same limits file the agent reads: hard
-/// 30 %) launching ordinary long kernels (3 s each): the shim lets a kernel start and makes the process wait
-/// for it afterwards (it cannot split a kernel), so the long-run share is the limit; the agent charges the 3 s
-/// as it runs, finds it past the 1 s grace while frozen, and SIGKILLs the cooperative tenant.
-#[test]
-fn a_cooperative_tenant_with_long_kernels_under_the_shim_is_killed() {
-    let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.l");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let t = sim
-        .cmd_path(cli_bin())
-        .no_preload()
-        .timeout(Duration::from_secs(60))
-        .args("run -q --usage")
-        .arg(sim.dir().join("usage.l").to_str().unwrap())
-        .arg("--limits")
-        .arg(lim.to_str().unwrap())
-        .arg("--")
-        .arg(&tp)
-        .args("kernel direct 4 3000000000")
-        .spawn();
-    descriptor(
-        &dir,
-        "l",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
-    let out = t.finish();
-    let (passes, stderr) = agent.stop();
-    let kills: Vec<_> = actions(&passes, "l")
-        .into_iter()
-        .filter(|(_, a)| a["action"] == "kill")
-        .collect();
-    eprintln!(
-        "cooperative tenant, 3 s kernels under the shim at 30 %: {:?}, kills {kills:?}\n{:?}",
-        out.status, out.lines
-    );
-    assert!(
-        kills.is_empty(),
-        "a cooperative tenant under the shim was killed:{stderr}"
-    );
-    assert!(out.success(), "{out:?}");
-}
-
 /// #21 item 8: the metrics endpoint serves at most 16 connections (`metrics::MAX_CONNECTIONS`), each allowed
 /// 5 s for its request head (`HEADER_TIMEOUT`) and 10 s in all, before any authentication. 16 idle TCP
 /// connections, renewed every few seconds, refuse every scrape (and /healthz, a readiness probe) to everyone

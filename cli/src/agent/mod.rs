@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::log::Level;
-use cuquota_core::region::{LimitsReader, LimitsWriter, UsageRegion};
+use cuquota_core::region::{LimitsReader, LimitsWriter, SlotState, UsageRegion};
 
 use crate::metrics::{self, ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
 use crate::nvml::{self, Nvml};
@@ -315,16 +315,33 @@ impl Agent {
                 }
             };
             // The usage file is the container's own (cooperative) accounting: optional, never required.
-            let usage = d
+            let region = d
                 .usage
                 .as_ref()
                 .and_then(|p| match UsageRegion::open_existing(p) {
-                    Ok(u) => Some(u.devices()),
+                    Ok(u) => Some(u),
                     Err(e) => {
                         cuquota_core::log!(Level::Debug, "agent: container {name}: usage {e}");
                         None
                     }
                 });
+            let usage = region.as_ref().map(UsageRegion::devices);
+            // Members that hold a live slot in the usage file (the shim is loaded: cooperative), by pid and
+            // start time. The tenant can forge a slot: what that gains is bounded (throttle.rs, escalation).
+            let cooperative: BTreeSet<u32> = region
+                .as_ref()
+                .map(|u| {
+                    u.processes()
+                        .into_iter()
+                        .filter(|p| p.state == SlotState::Live)
+                        .map(|p| (if p.host_pid != 0 { p.host_pid } else { p.pid }, p.start_time))
+                        .filter(|(pid, st)| {
+                            members.contains(pid) && table.procs.get(pid).is_some_and(|e| e.start_time == *st)
+                        })
+                        .map(|(pid, _)| pid)
+                        .collect()
+                })
+                .unwrap_or_default();
             let published = self.publish(&name, &d.limits, &members);
             self.state.entry(name.clone()).or_default().limits = Some(d.limits.clone());
             let mut c = ContainerReport::build(
@@ -339,7 +356,7 @@ impl Agent {
             if let Some(m) = c.members.as_mut() {
                 m.published = published;
             }
-            c.actions = self.enforce(&name, &d, &c, &gpus, &members, &table, now);
+            c.actions = self.enforce(&name, &d, &c, &gpus, &members, &cooperative, &table, now);
             self.errors.remove(&name);
             containers.push(c);
         }
@@ -385,6 +402,7 @@ impl Agent {
         c: &ContainerReport,
         gpus: &[GpuSample],
         members: &BTreeSet<u32>,
+        cooperative: &BTreeSet<u32>,
         table: &ProcTable,
         now: Instant,
     ) -> Vec<ActionReport> {
@@ -403,9 +421,17 @@ impl Agent {
         actions.extend(mem.actions);
         fresh.extend(mem.reports);
         let was_engaged = st.throttle.engaged;
-        let sm = st
-            .throttle
-            .plan(d.enforce.sm, c, gpus, members, table, cgroup, self.interval, now);
+        let sm = st.throttle.plan(
+            d.enforce.sm,
+            c,
+            gpus,
+            members,
+            cooperative,
+            table,
+            cgroup,
+            self.interval,
+            now,
+        );
         if was_engaged && !st.throttle.engaged {
             cuquota_core::log!(
                 Level::Warn,

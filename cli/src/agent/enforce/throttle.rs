@@ -40,6 +40,11 @@ use super::{Action, ActionReport, Decision, Target};
 
 /// Debt (device seconds past the limit) at which a container that freezing did not stop is killed.
 pub const ESCALATE_DEBT: f64 = 1.0;
+/// The same where every process that ran on the GPU holds a live slot in the container's usage file (the shim
+/// is loaded: it throttles at launch, but cannot split a kernel, so one long kernel runs on while the process
+/// is frozen). A tenant that forges a slot gains at most this much device time past its limit before the
+/// kill, once while its debt lasts (the debt outlives the kill): it stays bounded.
+pub const COOPERATIVE_ESCALATE_DEBT: f64 = 10.0;
 /// A freeze shorter than this is not worth a signal.
 const MIN_FREEZE: Duration = Duration::from_millis(1);
 
@@ -202,6 +207,7 @@ impl ThrottleState {
         c: &ContainerReport,
         gpus: &[GpuSample],
         members: &BTreeSet<u32>,
+        cooperative: &BTreeSet<u32>,
         table: &ProcTable,
         cgroup: Option<&Path>,
         interval: Duration,
@@ -270,7 +276,18 @@ impl ThrottleState {
                 continue;
             }
             let util = d.utilization_percent.unwrap_or(0.0);
-            if b > ESCALATE_DEBT && mostly_frozen && util > f64::from(limit) {
+            let ran_pids: Vec<u32> = d
+                .processes
+                .iter()
+                .filter(|p| p.sm_util_percent.is_some_and(|u| u > 0.0))
+                .map(|p| p.pid)
+                .collect();
+            let grace = if !ran_pids.is_empty() && ran_pids.iter().all(|p| cooperative.contains(p)) {
+                COOPERATIVE_ESCALATE_DEBT
+            } else {
+                ESCALATE_DEBT
+            };
+            if b > grace && mostly_frozen && util > f64::from(limit) {
                 let ran: Vec<Target> = d
                     .processes
                     .iter()
@@ -285,7 +302,7 @@ impl ThrottleState {
                     .collect();
                 let why = format!(
                     "{util:.1} % of {} while frozen {} ms of the last {} ms, {b:.2} s of device time past a \
-                     limit of {limit} % (more than {ESCALATE_DEBT} s): freezing does not hold it",
+                     limit of {limit} % (more than {grace} s): freezing does not hold it",
                     d.uuid,
                     frozen_for.as_millis(),
                     elapsed.as_millis()
