@@ -395,58 +395,6 @@ fn a_container_alone_under_burst_is_frozen_because_of_its_own_exited_processes()
     assert_eq!(freezes, 0, "frozen while alone on the GPU under burst:{stderr}");
 }
 
-/// Without a cgroup freezer the freeze is SIGSTOP, and the planner re-sends it only to members it does not
-/// hold yet (`plan`: `fresh` = targets not in `held`); it never checks that the processes it holds are still
-/// stopped. The container runs 4 shell loops of `/bin/kill -CONT` of its shell and GPU process: a `kill`
-/// forked after the pass read /proc is not in the freeze and continues the others at once; from then on the
-/// agent believes them frozen and keeps "extending" the freeze. A hard 30 % limit, 20 µs kernels (a shallow
-/// queue: `sm_throttle_holds_a_flat_out_tenant_near_its_limit` holds the same tenant at ~30 %). A race (the
-/// window between the pass's /proc read and its SIGSTOPs): usually, not always, reproduces.
-#[test]
-fn a_member_forked_after_the_proc_read_continues_the_frozen_ones() {
-    let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.c");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let script = format!(
-        "{tp} kernel direct 4 20000 >/dev/null & P=$!; for i in 1 2 3 4; do (while /bin/kill -0 $P 2>/dev/null; do /bin/kill -CONT $$ $P 2>/dev/null; done) & done; wait $P"
-    );
-    let t = sh_tenant(&sim, "c", &script, 60);
-    descriptor(
-        &dir,
-        "c",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
-    let start = mono_ns();
-    let out = t.finish();
-    let (passes, stderr) = agent.stop();
-    let from = start + 1_000_000_000;
-    let share = sim.share_pct(0, 0, from, from + 2_500_000_000);
-    let acts = actions(&passes, "c");
-    let n = |k: &str| acts.iter().filter(|(_, a)| a["action"] == k).count();
-    eprintln!(
-        "SIGCONT loop under a hard 30 % limit: share {share:.1} % over 2.5 s; {} freezes, {} thaws, {} kills; tenant {:?}",
-        n("freeze"),
-        n("thaw"),
-        n("kill"),
-        out.status
-    );
-    // A tenant of 20 µs kernels that is really frozen cannot run 1 s past its limit while frozen: a kill
-    // ("freezing does not hold it") means it ran while the agent believed it frozen.
-    assert!(
-        n("kill") == 0 && share <= 45.0,
-        "a 30 % limit held at {share:.1} %, {} kills of a shallow-queue tenant the agent believed frozen:{stderr}",
-        n("kill")
-    );
-}
-
 /// #21 item 8: the metrics endpoint serves at most 16 connections (`metrics::MAX_CONNECTIONS`), each allowed
 /// 5 s for its request head (`HEADER_TIMEOUT`) and 10 s in all, before any authentication. 16 idle TCP
 /// connections, renewed every few seconds, refuse every scrape (and /healthz, a readiness probe) to everyone

@@ -346,26 +346,38 @@ impl ThrottleState {
         let targets = freezable(members, table);
         match policy {
             SmPolicy::Throttle => {
-                // Already frozen: the freeze goes on (no instant to queue more), new members join it.
-                let (mut held, since) = match self.frozen.take() {
+                // Already frozen: the freeze goes on (no instant to queue more), new members join it, and it
+                // is applied again to every process it holds (SIGSTOP is idempotent): a member may have
+                // continued the others meanwhile (one forked after the pass read /proc is not in the freeze).
+                let (held, since) = match self.frozen.take() {
                     Some(f) => (f.targets, f.since),
                     None => (Vec::new(), now),
                 };
+                let mut held: Vec<Target> = held
+                    .into_iter()
+                    .filter(|h| {
+                        members.contains(&h.pid)
+                            && table
+                                .procs
+                                .get(&h.pid)
+                                .is_some_and(|e| e.start_time == h.start_time && e.state != b'Z')
+                    })
+                    .collect();
                 let fresh: Vec<Target> = targets
                     .into_iter()
                     .filter(|t| !held.iter().any(|h| h.pid == t.pid))
                     .collect();
+                held.extend(fresh);
                 let cgroup = cgroup.map(Path::to_path_buf);
-                if !fresh.is_empty() {
+                if !held.is_empty() {
                     out.actions.push((
                         Action::Freeze {
-                            targets: fresh.clone(),
+                            targets: held.clone(),
                             cgroup: cgroup.clone(),
                         },
                         format!("{why}: frozen for {} ms", freeze.as_millis()),
                     ));
                 }
-                held.extend(fresh);
                 if !held.is_empty() {
                     self.frozen = Some(Frozen {
                         targets: held,
