@@ -349,6 +349,7 @@ impl ThrottleState {
                 // Already frozen: the freeze goes on (no instant to queue more), new members join it, and it
                 // is applied again to every process it holds (SIGSTOP is idempotent): a member may have
                 // continued the others meanwhile (one forked after the pass read /proc is not in the freeze).
+                let again = self.frozen.is_some();
                 let (held, since) = match self.frozen.take() {
                     Some(f) => (f.targets, f.since),
                     None => (Vec::new(), now),
@@ -375,7 +376,15 @@ impl ThrottleState {
                             targets: held.clone(),
                             cgroup: cgroup.clone(),
                         },
-                        format!("{why}: frozen for {} ms", freeze.as_millis()),
+                        format!(
+                            "{why}: frozen for {} ms{}",
+                            freeze.as_millis(),
+                            if again {
+                                " (a freeze still on, applied again)"
+                            } else {
+                                ""
+                            }
+                        ),
                     ));
                 }
                 if !held.is_empty() {
