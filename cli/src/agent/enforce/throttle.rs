@@ -8,7 +8,7 @@
 //! stopped) and subtracts what its limit `L` allowed in that time. Credit is capped at [`credit`] — `(1 − L)`
 //! of an interval, so a container under its limit runs whole intervals untouched (and a cooperative
 //! container held by the shim is never frozen) — and a debt is carried until repaid, across freezes, kills
-//! and restarts.
+//! and restarts (per GPU UUID while the container exists, also while none of its processes holds the GPU).
 //!
 //! **Freeze.** Each pass plans, assuming the container runs flat out while thawed (the worst case), how long
 //! it must stay frozen from now ([`freeze_needed`]): within an interval it may run `L × interval − debt`;
@@ -22,7 +22,8 @@
 //! last interval and is still more than [`ESCALATE_DEBT`] in debt is not held by freezing: its member
 //! processes that ran on that GPU in the interval are SIGKILLed (the driver drops a dead process's queued
 //! work). The grace is the debt bound: no container gets more than `ESCALATE_DEBT` plus one interval past
-//! its limit.
+//! its limit ([`COOPERATIVE_ESCALATE_DEBT`] where every process that ran holds a live usage-file slot).
+//! A freeze still on is applied again at every pass (a member may have continued the others).
 //!
 //! **When.** Under a `burst` or `default` policy (work-conserving, as in the shim) a container is held to its
 //! limit only while another process used the same GPU in the interval; alone, it is charged at most its
