@@ -1024,8 +1024,8 @@ fn sm_debt_lets_a_cooperative_tenant_run_long_kernels() {
 /// root's start time stays remembered, so a later process that reuses the root's pid is not taken as the root
 /// (it was: judged and killed under that container's limits, with its whole tree). Here a
 /// process of no container that holds 800 MiB gets the pid of container d's finished `cuquota run` (pid reuse
-/// forced with ns_last_pid, as root) must survive d's `memory = "kill"` (512 MiB cap). Left: after an agent
-/// restart (nothing remembered) the first process seen at the pid is taken as the root.
+/// forced with ns_last_pid, as root) must survive d's `memory = "kill"` (512 MiB cap), and still after an agent
+/// restart (nothing remembered: a root that started after its descriptor was written is not taken).
 #[test]
 #[ignore = "needs root (writes /proc/sys/kernel/ns_last_pid): ./test.sh runs it with --ignored as root"]
 fn subtree_root_pid_reused_by_a_stranger_is_not_the_container() {
@@ -1064,8 +1064,17 @@ fn subtree_root_pid_reused_by_a_stranger_is_not_the_container() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let killed = !alive(root);
-    let _ = s.kill();
     let (passes, stderr) = agent.stop();
+    // An agent started now remembers nothing: the stranger started after d's descriptor was written.
+    let again = Agent::start(&sim, &dir);
+    again.wait_passes(3);
+    let killed_after_restart = !alive(root);
+    let _ = s.kill();
+    let (_, stderr2) = again.stop();
+    assert!(
+        !killed_after_restart,
+        "after an agent restart, a stranger at a finished root's pid was killed as d's member:{stderr2}"
+    );
     let members: Vec<String> = passes
         .iter()
         .filter_map(|p| {
