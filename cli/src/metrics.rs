@@ -20,8 +20,9 @@
 //! `name`, the container's id for cuquota (descriptor name), which keeps series of containers without
 //! Kubernetes labels apart.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -272,9 +273,12 @@ pub struct Exposure {
 }
 
 /// Connections served at once; more are closed as they come (the endpoint holds a bounded amount).
-pub const MAX_CONNECTIONS: usize = 16;
+pub const MAX_CONNECTIONS: usize = 128;
+/// Connections served at once from one peer address: a client holding idle connections takes at most this
+/// many from the others (a scraper from another address still gets through).
+pub const MAX_PER_PEER: usize = 4;
 /// Time a client has to send its request head.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 /// Time one connection may last in all.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -343,15 +347,19 @@ async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Publis
         }
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
     let token = Arc::new(token);
     loop {
-        let stream = match listener.accept().await {
-            Ok((s, _)) => s,
+        let (stream, peer) = match listener.accept().await {
+            Ok((s, a)) => (s, a.ip()),
             Err(_) => {
                 // Out of descriptors or the like: let it pass rather than spin.
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
+        };
+        let Some(peer_slot) = PeerSlot::take(&peers, peer) else {
+            continue; // over the peer's bound: closed at once
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             continue; // over the bound: closed at once
@@ -374,8 +382,41 @@ async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Publis
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
             let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
-            drop(permit);
+            drop((permit, peer_slot));
         });
+    }
+}
+
+/// One of a peer address's [`MAX_PER_PEER`] connections; given back on drop.
+struct PeerSlot {
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    peer: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(peers: &Arc<Mutex<HashMap<IpAddr, usize>>>, peer: IpAddr) -> Option<PeerSlot> {
+        let mut m = peers.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(peer).or_default();
+        if *n >= MAX_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: peers.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
     }
 }
 

@@ -264,3 +264,68 @@ fn the_metrics_endpoint_holds_a_bounded_number_of_connections() {
     }
     server.kill();
 }
+
+/// A TCP connection to 127.0.0.1:`port` from the loopback address `from` (another peer than the test's
+/// 127.0.0.1).
+fn connect_from(from: [u8; 4], port: u16) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let addr = |ip: [u8; 4], port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: socket/bind/connect with a sockaddr_in of the given length; the descriptor is handed to
+    // TcpStream, which owns it from then on.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let src = addr(from, 0);
+        let r = libc::bind(fd, &src as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "bind {from:?}: {}", std::io::Error::last_os_error());
+        let dst = addr([127, 0, 0, 1], port);
+        let r = libc::connect(fd, &dst as *const _ as *const libc::sockaddr, len);
+        assert_eq!(r, 0, "connect: {}", std::io::Error::last_os_error());
+        TcpStream::from_raw_fd(fd)
+    }
+}
+
+/// #21 item 8: a peer that holds idle connections takes at most 4 (`MAX_PER_PEER`) of the endpoint, so an
+/// authenticated scraper from another address gets every scrape through while it holds 16 (with one bound of
+/// 16 connections for everyone, 16 idle connections refused every scrape).
+#[test]
+fn idle_connections_of_one_peer_do_not_deny_a_scraper() {
+    let sim = Sim::new().build();
+    sim.cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:100m")
+        .run();
+    let port = free_port();
+    let token = sim.dir().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let server = metrics_server(
+        &sim,
+        &format!("0.0.0.0:{port}"),
+        &["--token-file", token.to_str().unwrap()],
+    );
+    let ok = "Authorization: Bearer s3cret-token\r\n";
+    first_answer(port, "/metrics", ok);
+    let idle: Vec<TcpStream> = (0..16).map(|_| connect_from([127, 0, 0, 2], port)).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut refused = 0;
+    for _ in 0..20 {
+        if !get_with(port, "/metrics", ok).is_some_and(|(s, b)| s.contains("200") && b.contains("web-0")) {
+            refused += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(idle);
+    server.kill();
+    assert_eq!(
+        refused, 0,
+        "16 idle connections of another peer denied {refused} of 20 scrapes"
+    );
+}

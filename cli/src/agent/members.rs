@@ -6,7 +6,9 @@
 //!   start time is remembered: if the pid is reused by another process, its tree is not the container's.
 //!   The members of the last pass are remembered too: once the root is gone (exited, killed, its pid reused)
 //!   those still alive (same pid and start time) and their descendants stay the container until none is
-//!   left; only then are the members unknown (an error).
+//!   left; only then are the members unknown (an error). The root's start time is never forgotten: a later
+//!   process at the root's pid is not the container; after an agent restart, neither is one that started
+//!   after the descriptor was written ([`MemberState::root_not_after`]).
 //!
 //! The agent reads `/proc` once per pass ([`ProcTable`]) and shares it among containers.
 
@@ -117,6 +119,37 @@ impl ProcTable {
 pub struct MemberState {
     roots: BTreeMap<u32, u64>,
     trees: BTreeMap<u32, Vec<(u32, u64)>>,
+    /// Per subtree root: the latest start time (clock ticks after boot) a root may have at first sight, from
+    /// its descriptor's mtime: a process at that pid started after the descriptor was written is not it.
+    not_after: BTreeMap<u32, u64>,
+}
+
+impl MemberState {
+    /// A process first seen at subtree root `root` that started after `ticks` (clock ticks after boot) is not
+    /// the root (the descriptor naming it was written before it started: the pid was reused, e.g. while the
+    /// agent was not running).
+    pub fn root_not_after(&mut self, root: u32, ticks: u64) {
+        self.not_after.insert(root, ticks);
+    }
+}
+
+/// `t` in clock ticks after boot (`/proc/<pid>/stat`'s start time unit), plus a second for the boot time's
+/// whole-second precision; None if it cannot be told.
+pub fn boot_ticks(t: std::time::SystemTime) -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let btime: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf has no memory arguments.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&h| h > 0)?;
+    let since_epoch = t.duration_since(std::time::UNIX_EPOCH).ok()?;
+    let since_boot = since_epoch.checked_sub(std::time::Duration::from_secs(btime))?;
+    Some((since_boot.as_secs_f64() * hz as f64) as u64 + hz)
 }
 
 /// The pids in `dir/cgroup.procs` and in every sub-cgroup's.
@@ -191,6 +224,10 @@ impl MemberSource {
                         "subtree root {root} was replaced by another process (start time {} → {}): members unknown",
                         t, e.start_time
                     ),
+                    (Some(e), None) if state.not_after.get(root).is_some_and(|&t| e.start_time > t) => format!(
+                        "subtree root {root} started after its descriptor was written (its pid was reused): \
+                         members unknown"
+                    ),
                     (Some(e), _) => {
                         state.roots.insert(*root, e.start_time);
                         let members = table.subtree(*root);
@@ -215,7 +252,7 @@ impl MemberSource {
                     .map(|(p, _)| *p)
                     .collect();
                 if survivors.is_empty() {
-                    state.roots.remove(root);
+                    // The root's start time stays: a later process that reuses its pid is never the root.
                     state.trees.remove(root);
                     return Err(why);
                 }
@@ -290,6 +327,20 @@ mod tests {
         assert!(
             e.contains("not running"),
             "the whole tree is gone (15 is another process): {e}"
+        );
+        // Once the whole tree is gone, a stranger that reuses the root's pid is not taken as the root.
+        let t7 = table(&[(1, 0, 1), (10, 1, 40), (41, 10, 41)]);
+        let e = src.discover(&t7, &mut ms).unwrap_err();
+        assert!(e.contains("replaced"), "a stranger at the root's pid: {e}");
+        // After an agent restart (nothing remembered): a root started after its descriptor's mtime is not it.
+        let mut fresh = MemberState::default();
+        fresh.root_not_after(10, 39);
+        let e = src.discover(&t7, &mut fresh).unwrap_err();
+        assert!(e.contains("after its descriptor"), "{e}");
+        fresh.root_not_after(10, 40);
+        assert_eq!(
+            src.discover(&t7, &mut fresh).unwrap(),
+            [10, 41].into_iter().collect()
         );
         let mut t3 = table(&[(1, 0, 1), (10, 1, 5)]);
         t3.procs.get_mut(&10).unwrap().state = b'Z';

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::log::Level;
-use cuquota_core::region::{LimitsReader, LimitsWriter, UsageRegion};
+use cuquota_core::region::{LimitsReader, LimitsWriter, SlotState, UsageRegion};
 
 use crate::metrics::{self, ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
 use crate::nvml::{self, Nvml};
@@ -88,6 +88,20 @@ struct Agent {
     errors: BTreeMap<String, String>,
     /// The last error publishing a container's members (logged again only when it changes).
     publish_errors: BTreeMap<String, String>,
+    /// Per container: its member source (cgroup, subtree), scanned between passes.
+    sources: BTreeMap<String, MemberSource>,
+    /// Per container: every member seen by a pass or a scan, pid → (start time, last seen). A member that
+    /// exited before the pass is still charged its NVML samples (kept [`RECENT`] intervals).
+    recent: BTreeMap<String, BTreeMap<u32, (u64, Instant)>>,
+    last_scan: Option<Instant>,
+}
+
+/// Intervals a member that exited stays charged for its samples.
+const RECENT: u32 = 3;
+
+/// Time between membership scans: a process that lives less than this between two passes may be missed.
+fn scan_period(interval: Duration) -> Duration {
+    (interval / 8).clamp(Duration::from_millis(10), Duration::from_millis(125))
 }
 
 impl Agent {
@@ -108,9 +122,21 @@ impl Agent {
         self.last_sample_us = Some(now_us);
         let nv = self.nvml()?;
         let mut out = Vec::new();
+        let mut failed = Vec::new();
         for gpu in nv.gpus().map_err(CliError::new)? {
-            let processes = nv.processes(&gpu).map_err(CliError::new)?;
+            // One GPU's lists failing leaves that GPU out of this pass (its balances carried unchanged), not
+            // the node's enforcement.
+            let processes = match nv.processes(&gpu) {
+                Ok(p) => p,
+                Err(e) => {
+                    failed.push(format!("GPU {} ({}): {e}", gpu.index, gpu.uuid));
+                    continue;
+                }
+            };
             let utilization = match nv.process_utilization(&gpu, since) {
+                // No sample in the window while the GPU reports itself busy: no new sample yet, not idle
+                // processes (unknown: balances are carried, nobody is credited for it).
+                Ok(u) if u.is_empty() && gpu.utilization_percent.is_some_and(|p| p > 0) => None,
                 Ok(u) => Some(u),
                 Err(e) => {
                     cuquota_core::log!(Level::Debug, "GPU {}: no per-process utilisation: {e}", gpu.index);
@@ -122,6 +148,9 @@ impl Agent {
                 processes,
                 utilization,
             });
+        }
+        for f in failed {
+            cuquota_core::log!(Level::Warn, "agent: {f}: left out of this pass");
         }
         Ok(out)
     }
@@ -222,6 +251,25 @@ impl Agent {
         self.state.values().filter_map(|s| s.throttle.thaw_due()).min()
     }
 
+    /// Between passes: notes the members of each cgroup or subtree container (pid + start time), so that a
+    /// process that exits before the next pass is still charged its device time then.
+    fn scan(&mut self) {
+        let now = Instant::now();
+        self.last_scan = Some(now);
+        if self.sources.is_empty() {
+            return;
+        }
+        let table = ProcTable::read();
+        for (name, src) in &self.sources {
+            if matches!(src, MemberSource::PidNs(_)) {
+                continue; // every process's namespace file: too costly between passes
+            }
+            if let Ok(m) = src.discover(&table, &mut self.members) {
+                note_members(self.recent.entry(name.clone()).or_default(), &m, &table, now);
+            }
+        }
+    }
+
     /// Thaws every frozen container (the agent is stopping).
     fn thaw_all(&mut self, why: &str) {
         let names: Vec<String> = self.state.keys().cloned().collect();
@@ -280,6 +328,8 @@ impl Agent {
         for name in gone {
             self.thaw(&name, now, "descriptor removed");
             // Its members are withdrawn (an empty list, never a stale one whose pids may be reused).
+            self.sources.remove(&name);
+            self.recent.remove(&name);
             if let Some(l) = self.state.remove(&name).and_then(|s| s.limits) {
                 let _ = LimitsWriter::open(&l).and_then(|w| w.set_members(&[]));
             }
@@ -296,17 +346,40 @@ impl Agent {
                     continue;
                 }
             };
+            if let MemberSource::Subtree(root) = d.members {
+                let written = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
+                if let Some(ticks) = written.and_then(members::boot_ticks) {
+                    self.members.root_not_after(root, ticks);
+                }
+            }
             let members = match d.members.discover(&table, &mut self.members) {
                 Ok(m) => m,
                 Err(e) => {
                     // Members unknown: publish none (each process then sees only itself), never a stale
                     // list whose pids may belong to others by now.
                     self.publish(&name, &d.limits, &BTreeSet::new());
+                    self.sources.remove(&name);
                     containers.push(self.failed(&name, &file, Some(&d), e));
                     continue;
                 }
             };
             attributed.extend(&members);
+            self.sources.insert(name.clone(), d.members.clone());
+            // Members that exited since the last pass (seen by a scan, not reused since) are charged too.
+            let recent = self.recent.entry(name.clone()).or_default();
+            note_members(recent, &members, &table, now);
+            recent.retain(|_, (_, seen)| now.duration_since(*seen) <= self.interval * RECENT);
+            let charged: BTreeSet<u32> = members
+                .iter()
+                .copied()
+                .chain(recent.iter().filter_map(|(&pid, &(st, _))| {
+                    let gone = table
+                        .procs
+                        .get(&pid)
+                        .is_none_or(|e| e.state == b'Z' && e.start_time == st);
+                    gone.then_some(pid)
+                }))
+                .collect();
             let limits = match LimitsReader::open(&d.limits) {
                 Ok(r) => *r.snapshot(),
                 Err(e) => {
@@ -316,12 +389,12 @@ impl Agent {
             };
             // The usage file is the container's own (cooperative) accounting: optional, never required.
             let bound = limits.usage_id().ok().flatten();
-            let usage = d
+            let region = d
                 .usage
                 .as_ref()
                 .and_then(|p| match UsageRegion::open_existing(p) {
                     // Another file than the bound one (replaced in the tenant's directory): its figures are
-                    // not the container's.
+                    // not the container's, nor are its slots (no cooperative grace from them).
                     Ok(u) if bound.zip(u.file_id()).is_some_and(|(b, f)| !b.matches(&f)) => {
                         cuquota_core::log!(
                             Level::Warn,
@@ -331,19 +404,36 @@ impl Agent {
                         );
                         None
                     }
-                    Ok(u) => Some(u.devices()),
+                    Ok(u) => Some(u),
                     Err(e) => {
                         cuquota_core::log!(Level::Debug, "agent: container {name}: usage {e}");
                         None
                     }
                 });
+            let usage = region.as_ref().map(UsageRegion::devices);
+            // Members that hold a live slot in the usage file (the shim is loaded: cooperative), by pid and
+            // start time. The tenant can forge a slot: what that gains is bounded (throttle.rs, escalation).
+            let cooperative: BTreeSet<u32> = region
+                .as_ref()
+                .map(|u| {
+                    u.processes()
+                        .into_iter()
+                        .filter(|p| p.state == SlotState::Live)
+                        .map(|p| (if p.host_pid != 0 { p.host_pid } else { p.pid }, p.start_time))
+                        .filter(|(pid, st)| {
+                            members.contains(pid) && table.procs.get(pid).is_some_and(|e| e.start_time == *st)
+                        })
+                        .map(|(pid, _)| pid)
+                        .collect()
+                })
+                .unwrap_or_default();
             let published = self.publish(&name, &d.limits, &members);
             self.state.entry(name.clone()).or_default().limits = Some(d.limits.clone());
             let mut c = ContainerReport::build(
                 &d,
                 &file,
                 d.members.report(),
-                &members,
+                &charged,
                 &gpus,
                 &limits,
                 usage.as_deref(),
@@ -351,7 +441,7 @@ impl Agent {
             if let Some(m) = c.members.as_mut() {
                 m.published = published;
             }
-            c.actions = self.enforce(&name, &d, &c, &gpus, &members, &table, now);
+            c.actions = self.enforce(&name, &d, &c, &gpus, &charged, &cooperative, &table, now);
             self.errors.remove(&name);
             containers.push(c);
         }
@@ -397,6 +487,7 @@ impl Agent {
         c: &ContainerReport,
         gpus: &[GpuSample],
         members: &BTreeSet<u32>,
+        cooperative: &BTreeSet<u32>,
         table: &ProcTable,
         now: Instant,
     ) -> Vec<ActionReport> {
@@ -415,9 +506,17 @@ impl Agent {
         actions.extend(mem.actions);
         fresh.extend(mem.reports);
         let was_engaged = st.throttle.engaged;
-        let sm = st
-            .throttle
-            .plan(d.enforce.sm, c, gpus, members, table, cgroup, self.interval, now);
+        let sm = st.throttle.plan(
+            d.enforce.sm,
+            c,
+            gpus,
+            members,
+            cooperative,
+            table,
+            cgroup,
+            self.interval,
+            now,
+        );
         if was_engaged && !st.throttle.engaged {
             cuquota_core::log!(
                 Level::Warn,
@@ -522,6 +621,20 @@ fn catch_stop_signals() {
 }
 
 /// Sleeps until `t`, in slices, returning early when a stop signal arrived.
+/// Records `members` (with their start times) as seen at `now`.
+fn note_members(
+    recent: &mut BTreeMap<u32, (u64, Instant)>,
+    members: &BTreeSet<u32>,
+    table: &ProcTable,
+    now: Instant,
+) {
+    for &pid in members {
+        if let Some(e) = table.procs.get(&pid) {
+            recent.insert(pid, (e.start_time, now));
+        }
+    }
+}
+
 fn sleep_until(t: Instant) {
     while !STOP.load(Ordering::SeqCst) {
         let Some(left) = t.checked_duration_since(Instant::now()) else {
@@ -569,6 +682,9 @@ pub fn run(a: AgentArgs) -> CmdResult {
         actions: BTreeMap::new(),
         errors: BTreeMap::new(),
         publish_errors: BTreeMap::new(),
+        sources: BTreeMap::new(),
+        recent: BTreeMap::new(),
+        last_scan: None,
     };
     let start = Instant::now();
     for n in 1u32.. {
@@ -604,13 +720,23 @@ pub fn run(a: AgentArgs) -> CmdResult {
             return Ok(0);
         }
         // Fixed ticks: a slow pass shortens the next wait rather than drifting. Thaws fall in between.
+        // Membership scans fall in between too.
         let next = start + a.interval * n;
-        while let Some(t) = agent.next_thaw().filter(|&t| t < next) {
-            sleep_until(t);
-            if STOP.load(Ordering::SeqCst) {
+        let period = scan_period(a.interval);
+        loop {
+            let scan_at = agent.last_scan.map_or(Instant::now(), |t| t + period);
+            let wake = agent.next_thaw().map_or(scan_at, |t| t.min(scan_at)).min(next);
+            sleep_until(wake);
+            if STOP.load(Ordering::SeqCst) || wake >= next {
                 break;
             }
-            agent.thaw_due(Instant::now().max(t));
+            let now = Instant::now();
+            if agent.next_thaw().is_some_and(|t| t <= now) {
+                agent.thaw_due(now);
+            }
+            if now >= scan_at {
+                agent.scan();
+            }
         }
         sleep_until(next);
     }

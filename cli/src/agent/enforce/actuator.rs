@@ -61,10 +61,11 @@ fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-/// Whether `t` is still the process the pass saw (same start time); `None` when it is gone.
+/// Whether `t` is still the process the pass saw (same start time); `None` when it is gone (a zombie has
+/// exited: nothing to signal, not an error).
 fn same_process(t: &Target) -> Option<bool> {
     let st = cuquota_core::region::liveness::read_stat(t.pid)?;
-    Some(st.start_time == t.start_time && st.state != b'Z')
+    (st.state != b'Z' || st.start_time != t.start_time).then_some(st.start_time == t.start_time)
 }
 
 /// Sends `sig` to `t`, if it is still the process the pass saw. `Ok(false)`: it is gone (nothing to do).

@@ -8,7 +8,7 @@
 //! stopped) and subtracts what its limit `L` allowed in that time. Credit is capped at [`credit`] — `(1 − L)`
 //! of an interval, so a container under its limit runs whole intervals untouched (and a cooperative
 //! container held by the shim is never frozen) — and a debt is carried until repaid, across freezes, kills
-//! and restarts.
+//! and restarts (per GPU UUID while the container exists, also while none of its processes holds the GPU).
 //!
 //! **Freeze.** Each pass plans, assuming the container runs flat out while thawed (the worst case), how long
 //! it must stay frozen from now ([`freeze_needed`]): within an interval it may run `L × interval − debt`;
@@ -22,7 +22,8 @@
 //! last interval and is still more than [`ESCALATE_DEBT`] in debt is not held by freezing: its member
 //! processes that ran on that GPU in the interval are SIGKILLed (the driver drops a dead process's queued
 //! work). The grace is the debt bound: no container gets more than `ESCALATE_DEBT` plus one interval past
-//! its limit.
+//! its limit ([`COOPERATIVE_ESCALATE_DEBT`] where every process that ran holds a live usage-file slot).
+//! A freeze still on is applied again at every pass (a member may have continued the others).
 //!
 //! **When.** Under a `burst` or `default` policy (work-conserving, as in the shim) a container is held to its
 //! limit only while another process used the same GPU in the interval; alone, it is charged at most its
@@ -40,6 +41,11 @@ use super::{Action, ActionReport, Decision, Target};
 
 /// Debt (device seconds past the limit) at which a container that freezing did not stop is killed.
 pub const ESCALATE_DEBT: f64 = 1.0;
+/// The same where every process that ran on the GPU holds a live slot in the container's usage file (the shim
+/// is loaded: it throttles at launch, but cannot split a kernel, so one long kernel runs on while the process
+/// is frozen). A tenant that forges a slot gains at most this much device time past its limit before the
+/// kill, once while its debt lasts (the debt outlives the kill): it stays bounded.
+pub const COOPERATIVE_ESCALATE_DEBT: f64 = 10.0;
 /// A freeze shorter than this is not worth a signal.
 const MIN_FREEZE: Duration = Duration::from_millis(1);
 
@@ -103,8 +109,10 @@ pub struct Frozen {
 /// What the agent remembers about one container's SM share between passes.
 #[derive(Default)]
 pub struct ThrottleState {
-    /// Per GPU: the balance in device seconds (positive = debt).
-    balances: BTreeMap<String, f64>,
+    /// Per GPU (by UUID): the balance in device seconds (positive = debt) and the limit it was charged under.
+    /// Kept while the container exists, also for a GPU none of its processes holds now (a killed tenant that
+    /// starts again finds its debt), repaid at the limit meanwhile and dropped once back at full credit.
+    balances: BTreeMap<String, (f64, u32)>,
     /// Held now: some GPU's balance is past half its credit (logged when it ends).
     pub engaged: bool,
     last_pass: Option<Instant>,
@@ -200,6 +208,7 @@ impl ThrottleState {
         c: &ContainerReport,
         gpus: &[GpuSample],
         members: &BTreeSet<u32>,
+        cooperative: &BTreeSet<u32>,
         table: &ProcTable,
         cgroup: Option<&Path>,
         interval: Duration,
@@ -217,8 +226,28 @@ impl ThrottleState {
         // The longest freeze any GPU needs, with the GPU, its share, limit and balance.
         let mut need: Option<(Duration, String, f64, u32, f64)> = None;
         let mut engaged = false;
-        let live: BTreeSet<&str> = c.devices.iter().map(|d| d.uuid.as_str()).collect();
-        self.balances.retain(|u, _| live.contains(u.as_str()));
+        // A GPU none of its processes holds now: nothing ran there, the debt is repaid at the limit (unless
+        // NVML has no figure for the GPU: then it stays as it was).
+        for (uuid, (b, limit)) in self.balances.iter_mut() {
+            if c.devices.iter().any(|d| &d.uuid == uuid) {
+                continue;
+            }
+            let measured = gpus
+                .iter()
+                .find(|g| &g.gpu.uuid == uuid)
+                .is_some_and(|g| g.utilization.is_some());
+            let s = DeviceShare {
+                uuid: uuid.clone(),
+                util: measured.then_some(0.0),
+                limit: Some(*limit),
+                work_conserving: false,
+                others_busy: false,
+            };
+            *b = next_balance(*b, &s, elapsed, interval);
+        }
+        self.balances.retain(|u, (b, limit)| {
+            c.devices.iter().any(|d| &d.uuid == u) || *b > -credit(f64::from(*limit) / 100.0, interval)
+        });
         for d in &c.devices {
             let Some(limit) = d.sm_limit_percent else {
                 self.balances.remove(&d.uuid);
@@ -236,18 +265,30 @@ impl ThrottleState {
                     .is_some_and(|u| u.iter().any(|(pid, s)| !members.contains(pid) && *s > 0.0)),
             };
             let l = f64::from(limit) / 100.0;
-            let b = self
+            let (b, lim) = self
                 .balances
                 .entry(d.uuid.clone())
-                .or_insert_with(|| -credit(l, interval));
+                .or_insert_with(|| (-credit(l, interval), limit));
             *b = next_balance(*b, &s, elapsed, interval);
+            *lim = limit;
             let b = *b;
             engaged |= b > -credit(l, interval) / 2.0;
             if s.work_conserving && !s.others_busy {
                 continue;
             }
             let util = d.utilization_percent.unwrap_or(0.0);
-            if b > ESCALATE_DEBT && mostly_frozen && util > f64::from(limit) {
+            let ran_pids: Vec<u32> = d
+                .processes
+                .iter()
+                .filter(|p| p.sm_util_percent.is_some_and(|u| u > 0.0))
+                .map(|p| p.pid)
+                .collect();
+            let grace = if !ran_pids.is_empty() && ran_pids.iter().all(|p| cooperative.contains(p)) {
+                COOPERATIVE_ESCALATE_DEBT
+            } else {
+                ESCALATE_DEBT
+            };
+            if b > grace && mostly_frozen && util > f64::from(limit) {
                 let ran: Vec<Target> = d
                     .processes
                     .iter()
@@ -262,7 +303,7 @@ impl ThrottleState {
                     .collect();
                 let why = format!(
                     "{util:.1} % of {} while frozen {} ms of the last {} ms, {b:.2} s of device time past a \
-                     limit of {limit} % (more than {ESCALATE_DEBT} s): freezing does not hold it",
+                     limit of {limit} % (more than {grace} s): freezing does not hold it",
                     d.uuid,
                     frozen_for.as_millis(),
                     elapsed.as_millis()
@@ -306,26 +347,47 @@ impl ThrottleState {
         let targets = freezable(members, table);
         match policy {
             SmPolicy::Throttle => {
-                // Already frozen: the freeze goes on (no instant to queue more), new members join it.
-                let (mut held, since) = match self.frozen.take() {
+                // Already frozen: the freeze goes on (no instant to queue more), new members join it, and it
+                // is applied again to every process it holds (SIGSTOP is idempotent): a member may have
+                // continued the others meanwhile (one forked after the pass read /proc is not in the freeze).
+                let again = self.frozen.is_some();
+                let (held, since) = match self.frozen.take() {
                     Some(f) => (f.targets, f.since),
                     None => (Vec::new(), now),
                 };
+                let mut held: Vec<Target> = held
+                    .into_iter()
+                    .filter(|h| {
+                        members.contains(&h.pid)
+                            && table
+                                .procs
+                                .get(&h.pid)
+                                .is_some_and(|e| e.start_time == h.start_time && e.state != b'Z')
+                    })
+                    .collect();
                 let fresh: Vec<Target> = targets
                     .into_iter()
                     .filter(|t| !held.iter().any(|h| h.pid == t.pid))
                     .collect();
+                held.extend(fresh);
                 let cgroup = cgroup.map(Path::to_path_buf);
-                if !fresh.is_empty() {
+                if !held.is_empty() {
                     out.actions.push((
                         Action::Freeze {
-                            targets: fresh.clone(),
+                            targets: held.clone(),
                             cgroup: cgroup.clone(),
                         },
-                        format!("{why}: frozen for {} ms", freeze.as_millis()),
+                        format!(
+                            "{why}: frozen for {} ms{}",
+                            freeze.as_millis(),
+                            if again {
+                                " (a freeze still on, applied again)"
+                            } else {
+                                ""
+                            }
+                        ),
                     ));
                 }
-                held.extend(fresh);
                 if !held.is_empty() {
                     self.frozen = Some(Frozen {
                         targets: held,
