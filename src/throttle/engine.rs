@@ -30,7 +30,7 @@
 use super::bucket::{self, slot, Bucket, Take, MAX_MEASURE_NS};
 use super::burst;
 use super::clock::Clock;
-use super::estimate::Estimator;
+use super::estimate::{on_device, Estimator};
 use crate::locks::Lock;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::Policy;
@@ -104,7 +104,7 @@ pub struct Shared<'a> {
 pub struct Ticket {
     /// Usage device index.
     pub dev: usize,
-    /// Estimate key.
+    /// Estimate key (with its device: `estimate::on_device`).
     pub key: u64,
     /// GPU ns charged.
     pub charged: u64,
@@ -233,6 +233,7 @@ impl Engine {
     ) -> Option<Ticket> {
         let d = &self.devs[dev];
         let b = Bucket::new(sh.words);
+        let key = on_device(key, dev);
         let mut known = self.est.get(key);
         let mut lim = limit();
         let measuring = gpu.measures(dev, clock.now_ns());
@@ -344,6 +345,7 @@ impl Engine {
         if d.probe_claimed.load(Ordering::Relaxed) && now >= d.next_poll_at.load(Ordering::Relaxed) {
             self.poll(dev, sh, now, gpu);
         }
+        let key = on_device(key, dev);
         let known = self.est.get(key);
         let cost = known.unwrap_or_else(|| self.est.fallback());
         sh.busy_ns.fetch_add(cost, Ordering::Relaxed);
