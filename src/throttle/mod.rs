@@ -310,6 +310,40 @@ impl SmThrottle {
         }
     }
 
+    /// A synchronize returned: the work it waited for is done, so a probe out on its device is polled now
+    /// (charged at its measurement) rather than by a later launch that a short-lived process never makes.
+    pub fn synchronized(&self, nvml: &Nvml) {
+        if !self.active() {
+            return;
+        }
+        let gpu = self.driver(nvml);
+        for (d, _) in self.devices.known() {
+            let i = d.id.index();
+            if self.engine.probe_out(i) {
+                self.engine.poll(i, &self.shared(d.id), monotonic_ns(), &gpu);
+            }
+        }
+    }
+
+    /// The process exits: each device's probe is settled and its debt paid (see `Engine::exit`).
+    pub fn at_exit(&self, nvml: &Nvml) {
+        let gpu = self.driver(nvml);
+        for (d, _) in self.devices.known() {
+            let i = d.id.index();
+            if !self.engine.probe_out(i) && self.engine.owed(i) == 0 {
+                continue;
+            }
+            let sh = self.shared(d.id);
+            let lim = self.devices.policy(d);
+            let rate = if lim.throttles() {
+                engine::effective_rate(lim, sh.words)
+            } else {
+                0
+            };
+            self.engine.exit(i, &sh, monotonic_ns(), rate, &gpu);
+        }
+    }
+
     /// Takes the launch's tokens on `dev` (maybe sleeping; the limit is re-read after every sleep).
     fn admit(&self, gpu: &Driver<'_>, dev: Dev, lim: Policy, key: u64, sh: &Shared<'_>) -> Option<Ticket> {
         let mut first = Some(lim);
@@ -441,8 +475,11 @@ impl SmThrottle {
             release_all(self.engine.locks(), side);
         }
         if matches!(side, crate::locks::Side::Child) {
-            // The parent's probes: it settles them; here their events are not ours.
+            // The parent's probes, events and debts: it settles and pays them; here they are not ours.
             self.engine.forget_probes();
+            if let Some(p) = &self.probes {
+                p.forget_all();
+            }
         }
     }
 }

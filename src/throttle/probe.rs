@@ -304,6 +304,15 @@ impl EventProbes {
         }
     }
 
+    /// In a forked child: the event slots are the parent's (its contexts); forget them.
+    pub fn forget_all(&self) {
+        for s in &self.slots {
+            if let Some(mut g) = s.try_lock() {
+                *g = None;
+            }
+        }
+    }
+
     fn slot(&self, p: u64) -> Option<&Lock<Option<Slot>>> {
         self.slots.get((p as usize).checked_sub(1)?)
     }
