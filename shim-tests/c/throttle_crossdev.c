@@ -1,9 +1,9 @@
-/* review_crosskey.c (hostile review, issue 21 item 5): one CUkernel launched on two devices whose kernels take
- * different times (device 1 has fewer SMs). The throttle's estimate is keyed (function, grid, block) with no
- * device, so device 0's short probes pull the shared estimate down (a probe below half the estimate replaces it
- * at once, a longer one moves it only a quarter of the way) and device 1's long launches are charged ~short.
+/* throttle_crossdev.c (issue 21 item 5): one CUkernel launched on two devices whose kernels take different times
+ * (device 1 has fewer SMs). Before the fix the estimate was keyed (function, grid, block) with no device and a
+ * probe below half the estimate replaced it at once (a longer one moved it a quarter of the way), so device 0's
+ * short probes kept it short and device 1's long launches went at ~the fast time: a 30 % tenant got 100 % there.
  *
- *   review_crosskey MODE SECONDS NS_PER_WAVE
+ *   throttle_crossdev MODE SECONDS NS_PER_WAVE
  * MODE both: alternate launches on device 0 and device 1; only1: device 1 alone (control).
  * Output: pid, t0_ns, end_ns, launches (as throttle_debt.c). */
 #include <cuda.h>

@@ -1,10 +1,10 @@
-/* review_oneshot.c (hostile review, issue 21 item 5): short-lived processes of one container, each launching one
- * long kernel, waiting for it (cuCtxSynchronize) and exiting normally. A probe is settled only by a later launch's
- * admission (engine::poll is called from admit/observe only), so the kernel is charged the 1 ms fallback; its
- * measurement (and any debt) dies with the process.
+/* throttle_oneshot.c (issue 21 item 5): short-lived processes of one container, each launching one long kernel,
+ * waiting for it (cuCtxSynchronize) and exiting normally. Before the fix a probe was settled only by a later
+ * launch of the same process, so each kernel was charged the 1 ms fallback (a 30 % container got 99 %); now it is
+ * settled at the synchronize, and at exit (with what the process still owes).
  *
- *   review_oneshot parent SECONDS KERNEL_NS   (forks+execs `child` one after another until SECONDS passed)
- *   review_oneshot child KERNEL_NS
+ *   throttle_oneshot parent SECONDS KERNEL_NS   (forks+execs `child` one after another until SECONDS passed)
+ *   throttle_oneshot child KERNEL_NS
  * Output of the parent: pid, t0_ns, end_ns, launches (children). */
 #include <cuda.h>
 #include <stdint.h>

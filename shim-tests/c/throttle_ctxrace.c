@@ -1,13 +1,13 @@
-/* review_wedge.c (hostile review, issue 21 item 5): tries to wedge the device's probe for good. Phase 1 (WEDGE_S
+/* throttle_ctxrace.c (issue 21 item 5, found by a hostile review): tries to wedge the device's probe for good. Phase 1 (WEDGE_S
  * seconds): helper threads launch tiny kernels flat out on the primary context (every admission polls the
  * outstanding probe while it is `ending`, taking `outstanding` for an instant) while the main thread creates a
  * context, launches one kernel there (a probe when due) and destroys the context. Engine::context_ended only
  * try_locks `outstanding`: when a helper holds it at that instant the probe stays `ending` for ever — poll returns
  * at once, probe_claimed stays true, no launch of this device is measured again.
- * Phase 2 (SECONDS): every launch a never-seen shape of a long kernel on the primary context (review_shapes.c holds
+ * Phase 2 (SECONDS): every launch a never-seen shape of a long kernel on the primary context (throttle_shapes.c holds
  * the limit when probes work).
  *
- *   review_wedge WEDGE_S SECONDS KERNEL_NS
+ *   throttle_ctxrace WEDGE_S SECONDS KERNEL_NS
  * Output: pid, t0_ns, end_ns (phase 2), launches (phase 2), destroys. */
 #include <cuda.h>
 #include <pthread.h>

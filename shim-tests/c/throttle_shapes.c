@@ -1,11 +1,9 @@
-/* review_burst.c (hostile review, issue 21 item 5): never-measured shapes are charged the process's average
- * measurement (Estimator::fallback), and for PROBE_INTERVAL (2 ms) after a probe settles no launch is a probe and a
- * never-measured shape does not wait. Each round: one tiny kernel (probed: pulls the average to ~its 10 us), then,
- * right after its probe settles, a burst of K never-seen shapes of a long kernel, charged ~10 us each; the last
- * one is never measured either (the next probe is the tiny kernel again).
+/* throttle_shapes.c (issue 21 item 5, found by a hostile review): every launch a never-seen shape (block size varies, the
+ * duration does not). One probe is out at a time per device; a never-measured key waits at most 200 ms for it and
+ * then goes at the fallback (1 ms); followers are corrected only when they share the probe's key.
  *
- *   review_burst SECONDS KERNEL_NS K
- * Output: pid, t0_ns, end_ns, launches (long ones). */
+ *   throttle_shapes SECONDS KERNEL_NS
+ * Output: pid, t0_ns, end_ns, launches. */
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -29,11 +27,10 @@ static uint64_t now_ns(void) {
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc < 4) return 2;
+    if (argc < 3) return 2;
     double secs = atof(argv[1]);
-    int k = atoi(argv[3]);
-    char image[160];
-    snprintf(image, sizeof image, "CUDASIM-MODULE 1\nkernel k %s\nkernel tiny 10000\n", argv[2]);
+    char image[128];
+    snprintf(image, sizeof image, "CUDASIM-MODULE 1\nkernel k %s\n", argv[2]);
     CK(cuInit(0));
     CUdevice d;
     CK(cuDeviceGet(&d, 0));
@@ -43,21 +40,15 @@ int main(int argc, char **argv) {
     CK(cuDevicePrimaryCtxRetain(&c, d));
     CK(cuCtxSetCurrent(c));
     CUmodule m;
-    CUfunction f, tiny;
+    CUfunction f;
     CK(cuModuleLoadData(&m, image));
     CK(cuModuleGetFunction(&f, m, "k"));
-    CK(cuModuleGetFunction(&tiny, m, "tiny"));
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)(secs * 1e9);
     unsigned long n = 0;
     while (now_ns() < until) {
-        CK(cuLaunchKernel(tiny, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
-        CK(cuCtxSynchronize());
-        for (int j = 0; j < k; j++) {
-            unsigned bx = 1 + (unsigned)(n % 1024), by = 1 + (unsigned)(n / 1024);
-            CK(cuLaunchKernel(f, (unsigned)sms, 1, 1, bx, by, 1, 0, NULL, NULL, NULL));
-            n++;
-        }
-        CK(cuCtxSynchronize());
+        unsigned bx = 1 + (unsigned)(n % 1024), by = 1 + (unsigned)(n / 1024);
+        CK(cuLaunchKernel(f, (unsigned)sms, 1, 1, bx, by, 1, 0, NULL, NULL, NULL));
+        n++;
     }
     uint64_t end = now_ns();
     printf("pid=%d\nt0_ns=%llu\nend_ns=%llu\nlaunches=%lu\n", (int)getpid(), (unsigned long long)t0,

@@ -1,10 +1,10 @@
-/* review_primary.c (hostile review, issue 21 item 5): long kernels on a context made by cuCtxCreate; after each
- * launch the (idle) primary context of the same device is retained+released (MODE release) or reset (MODE reset).
- * SmThrottle::context_ending with ctx None forgets and settles every probe of the *device* (probe.rs
- * forget_context: `dev == Some(i)` whatever context the probe's events live in), charging it the wall time until
- * the idle primary context's release returned, while the kernel runs on in the other context.
+/* throttle_primary.c (issue 21 item 5): long kernels on a context made by cuCtxCreate; after each launch the
+ * (idle) primary context of the same device is retained+released (MODE release) or reset (MODE reset). Before the
+ * fix, the release or reset of a primary context ended the probe of every context of the device (charged the wall
+ * time until the idle context ended, while the kernel ran on): a 30 % tenant got 100 %. Now only probes recorded
+ * in the primary context itself end (its handle is learnt at its retain).
  *
- *   review_primary MODE SECONDS KERNEL_NS
+ *   throttle_primary MODE SECONDS KERNEL_NS
  * Output: pid, t0_ns, end_ns, launches. */
 #include <cuda.h>
 #include <stdint.h>
