@@ -1,4 +1,4 @@
-/* throttle_burst.c (issue 21 item 5, found by a hostile review): never-measured shapes are charged the process's average
+/* throttle_burst.c (issue 21 item 5, a hostile review's attack; held): never-measured shapes are charged the process's average
  * measurement (Estimator::fallback), and for PROBE_INTERVAL (2 ms) after a probe settles no launch is a probe and a
  * never-measured shape does not wait. Each round: one tiny kernel (probed: pulls the average to ~its 10 us), then,
  * right after its probe settles, a burst of K never-seen shapes of a long kernel, charged ~10 us each; the last

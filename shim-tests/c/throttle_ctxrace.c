@@ -1,8 +1,8 @@
-/* throttle_ctxrace.c (issue 21 item 5, found by a hostile review): tries to wedge the device's probe for good. Phase 1 (WEDGE_S
+/* throttle_ctxrace.c (issue 21 item 5, a hostile review's attack; held): tries to wedge the device's probe for good. Phase 1 (WEDGE_S
  * seconds): helper threads launch tiny kernels flat out on the primary context (every admission polls the
  * outstanding probe while it is `ending`, taking `outstanding` for an instant) while the main thread creates a
- * context, launches one kernel there (a probe when due) and destroys the context. Engine::context_ended only
- * try_locks `outstanding`: when a helper holds it at that instant the probe stays `ending` for ever — poll returns
+ * context, launches one kernel there (a probe when due) and destroys the context. Engine::context_ended used to
+ * try_lock `outstanding`: had a helper held it at that instant the probe stayed `ending` for ever — poll returns
  * at once, probe_claimed stays true, no launch of this device is measured again.
  * Phase 2 (SECONDS): every launch a never-seen shape of a long kernel on the primary context (throttle_shapes.c holds
  * the limit when probes work).

@@ -1,4 +1,4 @@
-/* throttle_shapes.c (issue 21 item 5, found by a hostile review): every launch a never-seen shape (block size varies, the
+/* throttle_shapes.c (issue 21 item 5, a hostile review's attack; held): every launch a never-seen shape (block size varies, the
  * duration does not). One probe is out at a time per device; a never-measured key waits at most 200 ms for it and
  * then goes at the fallback (1 ms); followers are corrected only when they share the probe's key.
  *
