@@ -326,8 +326,7 @@ impl SmThrottle {
     }
 
     /// The process exits: each device's probe is settled and its debt paid (see `Engine::exit`).
-    pub fn at_exit(&self, nvml: &Nvml) {
-        let gpu = self.driver(nvml);
+    pub fn at_exit(&self) {
         for (d, _) in self.devices.known() {
             let i = d.id.index();
             if !self.engine.probe_out(i) && self.engine.owed(i) == 0 {
@@ -340,7 +339,7 @@ impl SmThrottle {
             } else {
                 0
             };
-            self.engine.exit(i, &sh, monotonic_ns(), rate, &gpu);
+            self.engine.exit(i, &sh, monotonic_ns(), rate);
         }
     }
 
