@@ -359,6 +359,8 @@ extern "C" fn fork_child() {
 /// gone.
 extern "C" fn release_at_exit() {
     if let Some(Process::Active(s)) = process_if_ready() {
+        // Before the slot goes: the last launch and what the process still owes the SM limit.
+        s.throttle.at_exit();
         s.devices.usage().release_process_slot();
     }
     // At dlclose our code goes away: leave no SIGBUS handler pointing into it.

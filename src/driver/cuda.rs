@@ -88,7 +88,7 @@ macro_rules! cuda_functions {
             cuCtxDestroy @2000 (ctx: CUcontext) => context::ctx_destroy(call, ctx);
             cuCtxDestroy_v2 @4000 (ctx: CUcontext) => context::ctx_destroy(call, ctx);
             cuCtxSetLimit @3010 (limit: CUlimit, value: usize) => context::set_limit(call, limit, value);
-            cuDevicePrimaryCtxRetain @7000 (pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain(call, dev);
+            cuDevicePrimaryCtxRetain @7000 (pctx: *mut CUcontext, dev: CUdevice) => context::primary_retain(call, pctx, dev);
             cuDevicePrimaryCtxRelease @7000 (dev: CUdevice) => context::primary_release(call, dev, false);
             cuDevicePrimaryCtxRelease_v2 @11000 (dev: CUdevice) => context::primary_release(call, dev, false);
             cuDevicePrimaryCtxReset @7000 (dev: CUdevice) => context::primary_release(call, dev, true);

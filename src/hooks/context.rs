@@ -89,9 +89,7 @@ fn measured(s: &Shim, res: Option<Reservation>) {
 pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
     let owner = s.mem.context_destroying(ctx as usize);
     // A probe measuring a launch in this context is charged up to the context's end, never dropped.
-    let probes = s
-        .throttle
-        .context_ending(&s.cuda, &s.nvml, Some(ctx as usize), 0, true);
+    let probes = s.throttle.context_ending(&s.nvml, Some(ctx as usize), 0, true);
     let r = call();
     s.throttle.context_ended(&probes);
     s.mem
@@ -101,7 +99,15 @@ pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcont
 }
 
 /// `cuDevicePrimaryCtxRetain`.
-pub fn primary_retain(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) -> CUresult {
+///
+/// # Safety
+/// `pctx` as the driver's contract says (written on success).
+pub unsafe fn primary_retain(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
     // Only the first retain creates the context; later ones cost nothing.
     let res = if s.mem.primary_unheld(dev) {
         let Ok(res) = reserve(s, dev, Creation::Context) else {
@@ -115,6 +121,10 @@ pub fn primary_retain(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) 
     returned(s, &res, r.ok());
     if !r.ok() {
         return r;
+    }
+    if !pctx.is_null() {
+        // SAFETY: written by the driver on success.
+        s.throttle.primary_is(dev, unsafe { *pctx } as usize);
     }
     if s.mem.primary_retained(&s.cuda, &s.nvml, dev).is_err() {
         // SAFETY: undoing our own retain.
@@ -135,7 +145,7 @@ pub fn primary_retain(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice) 
 pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice, reset: bool) -> CUresult {
     // A reset ends the context: its probes are polled a last time, then charged up to its end.
     let probes = if reset {
-        s.throttle.context_ending(&s.cuda, &s.nvml, None, dev, true)
+        s.throttle.context_ending(&s.nvml, None, dev, true)
     } else {
         Vec::new()
     };
@@ -145,7 +155,7 @@ pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice,
         s.mem.primary_released(&s.cuda, &s.nvml, dev, reset);
         if !reset && s.mem.primary_unheld(dev) {
             // Our last hold: the context may be gone (its events are not touched again).
-            let gone = s.throttle.context_ending(&s.cuda, &s.nvml, None, dev, false);
+            let gone = s.throttle.context_ending(&s.nvml, None, dev, false);
             s.throttle.context_ended(&gone);
         }
         s.throttle.contexts_changed();

@@ -605,6 +605,7 @@ pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPoo
 /// free enqueued on the context's device before it started has run, so destroyed pools waiting on such frees
 /// give their charge back.
 pub fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Option<CUcontext>) -> CUresult {
+    let call = || synced(s, call());
     let Some(start) = s.mem.sync_starts() else {
         return call();
     };
@@ -642,6 +643,7 @@ pub fn stream_synchronize(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
+    let call = || synced(s, call());
     let Some(start) = s.mem.sync_starts() else {
         return call();
     };
@@ -650,6 +652,14 @@ pub fn stream_synchronize(
         if let Some(dev) = stream_device(s, stream, ds) {
             s.mem.synchronized(dev, start, Some(stream_key(stream, ds)));
         }
+    }
+    r
+}
+
+/// After a synchronize: the SM throttle charges the probes it waited for (`SmThrottle::synchronized`).
+fn synced(s: &Shim, r: CUresult) -> CUresult {
+    if r.ok() {
+        s.throttle.synchronized(&s.nvml);
     }
     r
 }

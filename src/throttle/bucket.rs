@@ -162,6 +162,13 @@ impl<'a> Bucket<'a> {
     /// `now`, so a sound word stays within [`max_ahead_ns`] (a launch's own charge comes on top only when the
     /// bucket is not in debt). The caller keeps the rest and pays it as the bucket drains.
     pub fn debit(&self, now: u64, cost: u64, rate_pm: u64) -> u64 {
+        self.debit_within(now, cost, rate_pm, MAX_COST_NS)
+    }
+
+    /// [`Bucket::debit`], leaving the word at most `lead` GPU-ns ahead of `now` (at most `2 × MAX_COST_NS`, so
+    /// a sound word stays within [`max_ahead_ns`]).
+    pub fn debit_within(&self, now: u64, cost: u64, rate_pm: u64, lead: u64) -> u64 {
+        let lead_max = lead.min(2 * MAX_COST_NS);
         let w = &self.words[slot::ZERO_AT];
         let mut z = w.load(Ordering::Acquire);
         let rate = rate_pm.clamp(1, FULL_RATE);
@@ -170,7 +177,7 @@ impl<'a> Bucket<'a> {
                 return 0; // garbage: the next take resets it
             }
             let lead = (z.saturating_sub(now) as u128 * rate as u128 / FULL_RATE as u128) as u64;
-            let take = cost.min(MAX_COST_NS.saturating_sub(lead));
+            let take = cost.min(lead_max.saturating_sub(lead));
             if take == 0 {
                 return 0;
             }

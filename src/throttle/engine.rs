@@ -30,7 +30,7 @@
 use super::bucket::{self, slot, Bucket, Take, MAX_MEASURE_NS};
 use super::burst;
 use super::clock::Clock;
-use super::estimate::Estimator;
+use super::estimate::{on_device, Estimator};
 use crate::locks::Lock;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::Policy;
@@ -104,7 +104,7 @@ pub struct Shared<'a> {
 pub struct Ticket {
     /// Usage device index.
     pub dev: usize,
-    /// Estimate key.
+    /// Estimate key (with its device: `estimate::on_device`).
     pub key: u64,
     /// GPU ns charged.
     pub charged: u64,
@@ -233,6 +233,7 @@ impl Engine {
     ) -> Option<Ticket> {
         let d = &self.devs[dev];
         let b = Bucket::new(sh.words);
+        let key = on_device(key, dev);
         let mut known = self.est.get(key);
         let mut lim = limit();
         let measuring = gpu.measures(dev, clock.now_ns());
@@ -344,6 +345,7 @@ impl Engine {
         if d.probe_claimed.load(Ordering::Relaxed) && now >= d.next_poll_at.load(Ordering::Relaxed) {
             self.poll(dev, sh, now, gpu);
         }
+        let key = on_device(key, dev);
         let known = self.est.get(key);
         let cost = known.unwrap_or_else(|| self.est.fallback());
         sh.busy_ns.fetch_add(cost, Ordering::Relaxed);
@@ -592,22 +594,22 @@ impl Engine {
         if poll {
             self.poll(dev, sh, now, gpu);
         }
-        if let Some(mut g) = self.devs[dev].outstanding.try_lock() {
-            if let Some(o) = g.as_mut() {
-                if poll && gpu.probe_started(o.handle) == Some(false) {
-                    o.not_started_at = now;
-                }
-                o.ending = true;
+        // Waits for a poll that holds the lock (it lets go at once): marking the probe is what keeps every later
+        // poll off the dying context's events, so it cannot be skipped.
+        let mut g = self.devs[dev].outstanding.lock();
+        if let Some(o) = g.as_mut() {
+            if poll && gpu.probe_started(o.handle) == Some(false) {
+                o.not_started_at = now;
             }
+            o.ending = true;
         }
     }
 
     /// The context is gone: a probe that was still out ran at most until now.
     pub fn context_ended(&self, dev: usize, sh: &Shared<'_>, now: u64) {
         let d = &self.devs[dev];
-        let Some(mut g) = d.outstanding.try_lock() else {
-            return;
-        };
+        // Waits, as `context_ending`: a probe left marked would hold the device's claim (never measured again).
+        let mut g = d.outstanding.lock();
         if !g.as_ref().is_some_and(|o| o.ending) {
             return;
         }
@@ -616,14 +618,50 @@ impl Engine {
         self.settle(dev, sh, &o, now, conservative(&o, now), false);
     }
 
-    /// In a forked child: the outstanding probes are the parent's (it settles them); forget them.
+    /// Is a probe out on `dev`?
+    pub fn probe_out(&self, dev: usize) -> bool {
+        self.devs[dev].probe_claimed.load(Ordering::Relaxed)
+    }
+
+    /// The process exits: a probe still out (no synchronize settled it) is charged its conservative bound —
+    /// its events are not asked: at exit the driver may already be finalised (a library the program dlopened
+    /// is torn down before our exit handler; the simulator then faults) — and what the process owes is paid
+    /// into the shared bucket at `rate`: as far as the bucket takes it now plus one maximal charge more. A debt
+    /// beyond that (a process that ran over ~20 s beyond its share at exit) dies with the process.
+    pub fn exit(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64) {
+        let d = &self.devs[dev];
+        if d.probe_claimed.load(Ordering::Relaxed) {
+            let still = d.outstanding.lock().take();
+            if let Some(o) = still {
+                self.settle(dev, sh, &o, now, conservative(&o, now), false);
+            }
+        }
+        let owed = d.debt.load(Ordering::Relaxed);
+        if owed != 0 && rate != 0 {
+            let paid = Bucket::new(sh.words).debit_within(now, owed, rate, 2 * bucket::MAX_COST_NS);
+            let _ = d.debt.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(paid))
+            });
+        }
+    }
+
+    /// In a forked child: the outstanding probes and the debts are the parent's (it settles and pays them);
+    /// forget them.
     pub fn forget_probes(&self) {
         for d in &self.devs {
             if let Some(mut g) = d.outstanding.try_lock() {
                 *g = None;
             }
             d.probe_claimed.store(false, Ordering::Release);
-            d.follow_key.store(0, Ordering::Relaxed);
+            for a in [
+                &d.follow_key,
+                &d.follow_n,
+                &d.follow_charged,
+                &d.debt,
+                &d.own_debt,
+            ] {
+                a.store(0, Ordering::Relaxed);
+            }
         }
     }
 
@@ -1108,6 +1146,67 @@ mod tests {
         );
         assert!(!ENG.devs[0].probe_claimed.load(Ordering::Relaxed));
         drop(held);
+    }
+
+    #[test]
+    fn a_context_end_racing_a_poll_still_settles_the_probe() {
+        // A poll holds the outstanding lock while the context ends: the end waits for it instead of leaving
+        // the probe marked (the device never measured again) or unmarked (its dead events polled later).
+        let r = Rig::new();
+        let gpu = r.gpu(1_000 * MS);
+        assert!(r.launch(&gpu, HARD50, 8).probe);
+        r.clock.advance(300 * MS);
+        let d = &r.eng.devs[0];
+        // Another thread holds the lock for 50 ms from when `f` runs.
+        let raced = |f: &dyn Fn()| {
+            std::thread::scope(|sc| {
+                let (tx, rx) = std::sync::mpsc::channel();
+                sc.spawn(move || {
+                    let _held = d.outstanding.lock();
+                    let _ = tx.send(());
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                });
+                let _ = rx.recv();
+                f();
+            })
+        };
+        raced(&|| r.eng.context_ending(0, &r.sh(), r.clock.now_ns(), &gpu, false));
+        assert!(d.outstanding.lock().as_ref().is_some_and(|o| o.ending));
+        raced(&|| r.eng.context_ended(0, &r.sh(), r.clock.now_ns()));
+        assert!(!d.probe_claimed.load(Ordering::Relaxed), "probe left out");
+        assert_eq!(r.busy.load(Ordering::Relaxed), 300 * MS);
+    }
+
+    #[test]
+    fn a_forked_child_owes_nothing_of_its_parents() {
+        let r = Rig::new();
+        let gpu = r.gpu(60_000 * MS);
+        assert!(r.launch(&gpu, HARD50, 4).probe);
+        poll_until(&r, &gpu, r.clock.now_ns() + 30_000 * MS, 100 * MS);
+        assert!(r.eng.owed(0) > 0);
+        r.eng.forget_probes();
+        assert_eq!(r.eng.owed(0), 0);
+        assert_eq!(r.eng.devs[0].own_debt.load(Ordering::Relaxed), 0);
+        assert!(!r.eng.probe_out(0));
+    }
+
+    #[test]
+    fn at_exit_a_probe_still_out_is_charged_its_bound_and_its_debt_paid() {
+        // A short-lived process: one long kernel, exit. No later launch polls its probe.
+        let r = Rig::new();
+        let gpu = r.gpu(30_000 * MS);
+        let t = r.launch(&gpu, HARD50, 4);
+        assert!(t.probe);
+        r.clock.advance(30_001 * MS);
+        let now = r.clock.now_ns();
+        r.eng.exit(0, &r.sh(), now, t.rate);
+        assert_eq!(r.busy.load(Ordering::Relaxed), 30_001 * MS);
+        assert!(!r.eng.probe_out(0));
+        // The bucket took all it can: the container's next process waits for ~2 × 10 s at 50 %.
+        match Bucket::new(&r.words).try_take(now, 1, t.rate) {
+            Take::WaitUntil(w) => assert!(w - now >= 39_000 * MS, "{}", w - now),
+            Take::Granted => panic!("nothing charged at exit"),
+        }
     }
 
     #[test]

@@ -38,6 +38,13 @@ pub fn launch_key(func: usize, grid: u64, block: u64) -> u64 {
     h | 1
 }
 
+/// `key` as launched on usage device `dev`: one kernel takes different times on devices of different speed, so
+/// each device has its own estimate (device 0 keeps the key as it is; the key stays non-zero).
+#[inline]
+pub fn on_device(key: u64, dev: usize) -> u64 {
+    key ^ ((dev as u64) << 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 impl Default for Estimator {
     fn default() -> Self {
         Self::new()
@@ -101,12 +108,15 @@ impl Estimator {
         self.mean.store(nm.max(1), Ordering::Relaxed);
     }
 
-    /// Record a measurement. The first sample of a key is taken as is; later ones move the estimate by 1/4 of
-    /// the difference (smooths jitter, follows a real change within a few samples), except that a sample below
-    /// half the estimate replaces it: the first launch of a kernel is often measured long — with lazy loading
-    /// the driver loads its module between the probe's start event and the kernel (tens of ms for a large
-    /// fat binary) — and over-charging every launch while 1/4 steps converge cost PyTorch a third of its
-    /// share at a 30 % limit.
+    /// Record a measurement. The first sample of a key is taken as is. Later ones fail towards charging: a
+    /// sample more than twice the estimate replaces it at once and a longer one moves it half of the way up,
+    /// while a shorter one moves it only a quarter of the way down — launches that are not probes are charged
+    /// the estimate, so one that lags behind longer launches lets them run beyond the limit, one that lags
+    /// behind shorter ones only makes them wait. The one exception: a sample below half the estimate replaces
+    /// it, because the first launch of a kernel is often measured long — with lazy loading the driver loads
+    /// its module between the probe's start event and the kernel (tens of ms for a large fat binary) — and
+    /// over-charging every launch while 1/4 steps converge cost PyTorch a third of its share at a 30 % limit.
+    /// (A long sample is replaced at least as fast as a short one.)
     pub fn record(&self, key: u64, measured: u64) {
         // Clamped: a nonsense measurement (a broken event pair) must neither overflow the averages below nor
         // charge later launches more than the longest single charge.
@@ -121,10 +131,12 @@ impl Estimator {
             let k = self.keys[s].load(Ordering::Acquire);
             if k == key {
                 let old = self.vals[s].load(Ordering::Relaxed);
-                let new = if measured < old / 2 {
+                let new = if measured < old / 2 || measured > old.saturating_mul(2) {
                     measured
+                } else if measured >= old {
+                    old + (measured - old) / 2
                 } else {
-                    (old as i128 + (measured as i128 - old as i128) / 4) as u64
+                    old - (old - measured) / 4
                 };
                 self.vals[s].store(new.max(1), Ordering::Relaxed);
                 return;
@@ -159,8 +171,26 @@ mod tests {
         e.record(k, 40_000);
         assert_eq!(e.get(k), Some(40_000));
         e.record(k, 80_000);
-        assert_eq!(e.get(k), Some(50_000));
+        assert_eq!(e.get(k), Some(60_000), "up: half of the way");
         assert_eq!(e.fallback(), 45_000);
+        e.record(k, 40_000);
+        assert_eq!(e.get(k), Some(55_000), "down: a quarter of the way");
+        e.record(k, 200_000);
+        assert_eq!(e.get(k), Some(200_000), "over twice: at once");
+    }
+
+    #[test]
+    fn each_device_has_its_own_estimate() {
+        let e = Estimator::new();
+        let k = launch_key(0x1000, 132, 1);
+        assert_eq!(on_device(k, 0), k);
+        e.record(on_device(k, 0), 100_000);
+        e.record(on_device(k, 1), 13_200_000);
+        e.record(on_device(k, 0), 100_000);
+        assert_eq!(e.get(on_device(k, 1)), Some(13_200_000));
+        for d in 0..64 {
+            assert_eq!(on_device(k, d) & 1, 1);
+        }
     }
 
     #[test]
@@ -171,7 +201,7 @@ mod tests {
         e.record(k, 160_000);
         assert_eq!(e.get(k), Some(160_000));
         e.record(k, 200_000); // jitter within 2x is smoothed
-        assert_eq!(e.get(k), Some(170_000));
+        assert_eq!(e.get(k), Some(180_000));
     }
 
     #[test]

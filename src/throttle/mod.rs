@@ -37,7 +37,7 @@ pub mod probe;
 pub mod stream;
 pub mod util;
 
-use crate::devices::{Dev, Devices};
+use crate::devices::{Dev, Devices, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::{CUdevice, CUresult};
@@ -52,6 +52,7 @@ use estimate::launch_key;
 use priority::{Completions, Gate, Priorities};
 use probe::{EventApi, EventProbes};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use stream::StreamDevices;
 use util::Util;
@@ -65,6 +66,9 @@ pub struct SmThrottle {
     prio: Priorities,
     done: Completions,
     streams: StreamDevices,
+    /// The primary context's handle per ordinal, learnt at its retain (0 = not seen): a release or reset of
+    /// the primary context ends only the probes whose events live in it.
+    primary: [AtomicUsize; MAX_ORDINALS],
 }
 
 /// The driver as the engine sees it during one launch: event probes and other containers' utilisation.
@@ -133,6 +137,14 @@ impl SmThrottle {
             prio: Priorities::default(),
             done: Completions::new(api),
             streams: StreamDevices::default(),
+            primary: [const { AtomicUsize::new(0) }; MAX_ORDINALS],
+        }
+    }
+
+    /// Ordinal `ord`'s primary context is `ctx` (from its retain).
+    pub fn primary_is(&self, ord: CUdevice, ctx: usize) {
+        if let Some(p) = usize::try_from(ord).ok().and_then(|o| self.primary.get(o)) {
+            p.store(ctx, Ordering::Relaxed);
         }
     }
 
@@ -258,25 +270,25 @@ impl SmThrottle {
     }
 
     /// Context `ctx` (or, `None`, the primary context of ordinal `ord`) is about to end: a probe whose events
-    /// live there is polled a last time and otherwise settled by [`SmThrottle::context_ended`]. Returns the
+    /// were recorded there is polled a last time and otherwise settled by [`SmThrottle::context_ended`]. Returns the
     /// usage devices concerned (for `context_ended`). Nothing to do without a probe out.
     /// `poll`: false when the context may already be gone (its events are then not touched at all).
-    pub fn context_ending(
-        &self,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-        ctx: Option<usize>,
-        ord: CUdevice,
-        poll: bool,
-    ) -> Vec<usize> {
+    pub fn context_ending(&self, nvml: &Nvml, ctx: Option<usize>, ord: CUdevice, poll: bool) -> Vec<usize> {
         let Some(probes) = self.probes.as_ref() else {
             return Vec::new();
         };
-        let dev = match ctx {
-            Some(_) => None,
-            None => self.devices.device(cuda, ord).map(|d| d.id.index()),
+        // The primary context of `ord`: only probes recorded in it end. Its handle is learnt at its retain (the
+        // only way a program, or the runtime, gets it); one never retained through us holds no probe.
+        let Some(ctx) = ctx.or_else(|| {
+            let p = self
+                .primary
+                .get(usize::try_from(ord).ok()?)?
+                .load(Ordering::Relaxed);
+            (p != 0).then_some(p)
+        }) else {
+            return Vec::new();
         };
-        let devs = probes.forget_context(ctx, dev);
+        let devs = probes.forget_context(ctx);
         let gpu = self.driver(nvml);
         let now = monotonic_ns();
         for &i in &devs {
@@ -295,6 +307,39 @@ impl SmThrottle {
             if let Some((d, _)) = self.devices.known().find(|(d, _)| d.id.index() == i) {
                 self.engine.context_ended(i, &self.shared(d.id), now);
             }
+        }
+    }
+
+    /// A synchronize returned: the work it waited for is done, so a probe out on its device is polled now
+    /// (charged at its measurement) rather than by a later launch that a short-lived process never makes.
+    pub fn synchronized(&self, nvml: &Nvml) {
+        if !self.active() {
+            return;
+        }
+        let gpu = self.driver(nvml);
+        for (d, _) in self.devices.known() {
+            let i = d.id.index();
+            if self.engine.probe_out(i) {
+                self.engine.poll(i, &self.shared(d.id), monotonic_ns(), &gpu);
+            }
+        }
+    }
+
+    /// The process exits: each device's probe is settled and its debt paid (see `Engine::exit`).
+    pub fn at_exit(&self) {
+        for (d, _) in self.devices.known() {
+            let i = d.id.index();
+            if !self.engine.probe_out(i) && self.engine.owed(i) == 0 {
+                continue;
+            }
+            let sh = self.shared(d.id);
+            let lim = self.devices.policy(d);
+            let rate = if lim.throttles() {
+                engine::effective_rate(lim, sh.words)
+            } else {
+                0
+            };
+            self.engine.exit(i, &sh, monotonic_ns(), rate);
         }
     }
 
@@ -429,8 +474,11 @@ impl SmThrottle {
             release_all(self.engine.locks(), side);
         }
         if matches!(side, crate::locks::Side::Child) {
-            // The parent's probes: it settles them; here their events are not ours.
+            // The parent's probes, events and debts: it settles and pays them; here they are not ours.
             self.engine.forget_probes();
+            if let Some(p) = &self.probes {
+                p.forget_all();
+            }
         }
     }
 }

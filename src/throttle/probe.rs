@@ -284,15 +284,13 @@ impl EventProbes {
         }
     }
 
-    /// Context `ctx` is about to be destroyed (`None`: the primary context of usage device `dev`): the devices
-    /// whose probe events live there (all with `dev` when `ctx` is unknown), forgotten so that nothing touches
-    /// them again (the context frees them).
-    pub fn forget_context(&self, ctx: Option<usize>, dev: Option<usize>) -> Vec<usize> {
+    /// Context `ctx` is about to be destroyed: the devices whose probe events live there, forgotten so that
+    /// nothing touches them again (the context frees them). Waits for a slot held by a launch or a poll (held
+    /// briefly, never while waiting for another lock): a skipped slot would later touch a dead context.
+    pub fn forget_context(&self, ctx: usize) -> Vec<usize> {
         let mut out = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
-            let Some(g) = slot.try_lock() else { continue };
-            let Some(s) = g.as_ref() else { continue };
-            if ctx.map_or(dev == Some(i), |c| s.ctx == c) {
+            if slot.lock().as_ref().is_some_and(|s| s.ctx == ctx) {
                 out.push(i);
             }
         }
@@ -301,8 +299,17 @@ impl EventProbes {
 
     /// Drops device `dev`'s events (their context is gone).
     pub fn forget(&self, dev: usize) {
-        if let Some(mut g) = self.slots.get(dev).and_then(|s| s.try_lock()) {
-            *g = None;
+        if let Some(s) = self.slots.get(dev) {
+            *s.lock() = None;
+        }
+    }
+
+    /// In a forked child: the event slots are the parent's (its contexts); forget them.
+    pub fn forget_all(&self) {
+        for s in &self.slots {
+            if let Some(mut g) = s.try_lock() {
+                *g = None;
+            }
         }
     }
 
