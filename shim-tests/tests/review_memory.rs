@@ -113,6 +113,7 @@ fn review_another_processes_unmodelled_memory_is_never_reconciled() {
     out.assert_used_within(GIB);
 }
 
+/// CONTROL (passes on the reviewed code: the host pid is learned by the context-creation diff).
 /// A pid namespace NVML cannot see through (host pid unknown): near the cap the driver's figure is missing and
 /// `reconcile` returns Ok (the ledger alone decides): 200 MiB no hook sees pass the cap.
 #[test]
@@ -122,6 +123,25 @@ fn review_near_cap_without_an_nvml_figure_fails_open() {
     env.push(("CUDASIM_HOST_PID_OFFSET", "100000"));
     let mut c = sim.cmd_path(reconcile_prog()).args("bypass 200m 64m");
     for (k, v) in &env {
+        c = c.env(k, v);
+    }
+    let out = c.run();
+    assert!(out.success(), "{out:?}");
+    println!("{out:?}");
+    println!("peak {} MiB", peak(&out) / MIB);
+    out.assert_used_within(GIB);
+}
+
+/// CONTROL (passes on the reviewed code: the no-NVML case holds on the simulator).
+/// The tenant names no NVML (`CUQUOTA_LIBNVML=/nonexistent`, its own environment): every reconciliation finds
+/// no figure and returns Ok (`reconcile`: "Without an NVML figure nothing is changed"), so memory no hook sees
+/// is never charged: 200 MiB taken past the shim (with NVML: charged, `reconcile.rs`
+/// memory_no_hook_sees_is_charged_near_the_cap), then the ledger fills to the cap.
+#[test]
+fn review_no_nvml_disables_the_drivers_last_word() {
+    let sim = Sim::new().build();
+    let mut c = sim.cmd_path(reconcile_prog()).args("bypass 200m 64m");
+    for (k, v) in CAP.iter().chain(&[("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1")]) {
         c = c.env(k, v);
     }
     let out = c.run();
