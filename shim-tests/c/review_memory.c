@@ -5,9 +5,15 @@
  *   review_memory stack_ctx LOCAL N     N more contexts created (cuCtxCreate); one CUkernel (library) launched in
  *                                       the primary context, then in each of them: each grows its own stack.
  *   review_memory stack_graph LOCAL     kernel node in a graph (cuGraphAddKernelNode), instantiated and launched.
+ *   review_memory stack_capture LOCAL   the kernel's first launch made under stream capture (no stack grows then),
+ *                                       the graph instantiated and launched (the stack grows now).
  *   review_memory stack_multi LOCAL     cuLaunchCooperativeKernelMultiDevice, one entry on device 0.
  *   review_memory global_null SIZE N    one library with N `__device__` globals of SIZE each, looked up with
  *                                       cuLibraryGetGlobal(NULL, &bytes, ...) (dptr is optional in cuda.h).
+ *   review_memory global_threads SIZE N N libraries with one SIZE global each, loaded first; then N threads look
+ *                                       their global up at once (cuLibraryGetGlobal with a dptr).
+ *   review_memory pool_created N CHUNK  a pool created on device 1 (cuMemPoolCreate), N CHUNK allocations from it
+ *                                       on device 0's NULL stream. Prints pool.ok=, used1=.
  *   review_memory bypass_hold SIZE SECS libcuda's own cuMemAlloc_v2 (no interposer sees it), then sleeps.
  * Then always: fill CHUNK (argv[4] or 64m) until refused, used=, info.free=.
  */
@@ -19,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <pthread.h>
 
 #include "cq_driver.h"
 #include "cq_elf.h"
@@ -56,6 +63,20 @@ static void fill(unsigned long long chunk) {
     size_t f = 0, t = 0;
     r = cuMemGetInfo(&f, &t);
     printf("info.rc=%s\ninfo.free=%zu\n", cq_err(r), f);
+}
+
+static CUcontext g_ctx;
+static pthread_barrier_t g_bar;
+static CUlibrary g_libs[64];
+static CUresult g_res[64];
+static void *lookup(void *arg) {
+    long i = (long)arg;
+    cuCtxSetCurrent(g_ctx);
+    pthread_barrier_wait(&g_bar);
+    CUdeviceptr p;
+    size_t n;
+    g_res[i] = cuLibraryGetGlobal(&p, &n, g_libs[i], "g");
+    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -132,6 +153,25 @@ int main(int argc, char **argv) {
         }
         cuCtxSynchronize();
         used(0, "used");
+    } else if (strcmp(mode, "stack_capture") == 0) {
+        CUmodule m;
+        CK(cuModuleLoadData(&m, image));
+        CUfunction f;
+        CK(cuModuleGetFunction(&f, m, "k"));
+        CUstream s;
+        CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+        CK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+        CUresult r = cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+        printf("capture_launch=%s\n", cq_err(r));
+        CUgraph g;
+        CK(cuStreamEndCapture(s, &g));
+        used(0, "used");
+        CUgraphExec e;
+        CK(cuGraphInstantiate(&e, g, 0));
+        r = cuGraphLaunch(e, s);
+        printf("launch=%s\n", cq_err(r));
+        CK(cuStreamSynchronize(s));
+        used(0, "used");
     } else if (strcmp(mode, "stack_multi") == 0) {
         CUmodule m;
         CK(cuModuleLoadData(&m, image));
@@ -164,6 +204,40 @@ int main(int argc, char **argv) {
             printf("global.%d=%s\n", i, cq_err(r));
             used(0, "used");
         }
+    } else if (strcmp(mode, "global_threads") == 0) {
+        int n = argc > 3 ? atoi(argv[3]) : 4;
+        if (n > 64) n = 64;
+        snprintf(image, sizeof image, "CUDASIM-MODULE 1\nkernel k 1000\nglobal g %llu\n", a);
+        for (int i = 0; i < n; i++) CK(cuLibraryLoadData(&g_libs[i], image, NULL, NULL, 0, NULL, NULL, 0));
+        g_ctx = c0;
+        pthread_barrier_init(&g_bar, NULL, n);
+        pthread_t t[64];
+        for (long i = 0; i < n; i++) pthread_create(&t[i], NULL, lookup, (void *)i);
+        int ok = 0;
+        for (int i = 0; i < n; i++) {
+            pthread_join(t[i], NULL);
+            ok += g_res[i] == CUDA_SUCCESS;
+        }
+        printf("global.ok=%d\n", ok);
+        used(0, "used");
+    } else if (strcmp(mode, "pool_created") == 0) {
+        CUmemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        props.location.id = 1;
+        CUmemoryPool pool;
+        CK(cuMemPoolCreate(&pool, &props));
+        int ok = 0;
+        for (unsigned long long i = 0; i < a; i++) {
+            CUdeviceptr p;
+            if (cuMemAllocFromPoolAsync(&p, chunk, pool, NULL) != CUDA_SUCCESS) break;
+            ok++;
+        }
+        CK(cuCtxSynchronize());
+        printf("pool.ok=%d\n", ok);
+        used(1, "used1");
+        return 0;
     } else if (strcmp(mode, "bypass_hold") == 0) {
         void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
         CUresult (*alloc)(CUdeviceptr *, size_t) =
