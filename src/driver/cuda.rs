@@ -149,6 +149,7 @@ macro_rules! cuda_functions {
             cuCtxPushCurrent_v2 @4000 (ctx: CUcontext);
             cuCtxPopCurrent_v2 @4000 (pctx: *mut CUcontext);
             cuStreamGetCtx @9020 (hStream: CUstream, pctx: *mut CUcontext);
+            cuStreamIsCapturing @10000 (hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
             cuStreamGetDevice @12080 (hStream: CUstream, device: *mut CUdevice);
             cuStreamGetDevice_ptsz @12080 (hStream: CUstream, device: *mut CUdevice);
             cuEventCreate @2000 (phEvent: *mut CUevent, Flags: c_uint);

@@ -12,7 +12,6 @@
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
 
 use crate::ffi::cuda::*;
-use crate::memory::reconcile::Use;
 use crate::state::Shim;
 use crate::throttle::estimate::launch_key;
 use crate::throttle::kernel_key;
@@ -43,10 +42,10 @@ pub fn kernel(
     if !s.devices.launch_hooked() {
         return call();
     }
-    // A function's first launch while a memory cap applies: its code may load now, its stack grow
+    // A function's first launch in a context while a memory cap applies: its code may load now, its stack grow
     // (`context::first_launch`, `memory::reconcile`). Out of line: `call` goes only to the throttle, as before.
-    let first = if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
-        match super::context::first_launch(s, f as usize) {
+    let first = if s.mem.first_use_armed() {
+        match super::context::first_launch(s, f as usize, probe_stream(stream, ds)) {
             Ok(c) => c,
             Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
         }
@@ -54,8 +53,8 @@ pub fn kernel(
         None
     };
     let r = throttled(s, call, f, grid, block, stream, ds);
-    if first.is_some() {
-        super::context::first_launch_done(s, first, r);
+    if let Some(c) = first {
+        super::context::first_launch_done(s, c, r);
     }
     r
 }

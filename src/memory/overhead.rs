@@ -464,6 +464,7 @@ impl Memory {
     /// Module `module` was unloaded.
     pub fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
         decrement(&self.holdings.modules);
+        self.first_use.forget_all();
         let owner = self.holdings.owners.lock().remove(&module);
         if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
             let _ = self.measure(nvml, d, false);
@@ -482,6 +483,7 @@ impl Memory {
     /// A library was unloaded.
     pub fn library_unloaded(&self, nvml: &Nvml) {
         decrement(&self.holdings.modules);
+        self.first_use.forget_all();
         let _ = self.measure_all(nvml, false);
     }
 }

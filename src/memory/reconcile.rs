@@ -51,15 +51,19 @@ pub enum Use {
     Launch,
 }
 
-type Seen = HashSet<usize, BuildHasherDefault<super::ledger::KeyHasher>>;
+type Seen = HashSet<(Use, usize, usize), BuildHasherDefault<super::ledger::KeyHasher>>;
 
-/// Handles whose first use was measured (functions launched or looked up, modules, globals), and what
-/// reconciliations added to the overhead.
+/// Shards of the seen set (a launch takes one shard's lock, never a process-wide one).
+const SHARDS: usize = 16;
+
+/// Handles whose first use was measured, keyed by (how, handle, context): functions launched or looked up,
+/// modules, globals. A kernel's first launch in each context is its own (code and stack are per context). And
+/// what reconciliations added to the overhead.
 pub struct FirstUse {
     /// A module or library was loaded: first uses may take memory from now on.
     armed: AtomicBool,
     /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
-    seen: Lock<[Seen; 2]>,
+    seen: [Lock<Seen>; SHARDS],
     /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
     /// floor a reconciliation never goes below).
     excess: [AtomicU64; MAX_DEVICES],
@@ -69,7 +73,7 @@ impl Default for FirstUse {
     fn default() -> Self {
         FirstUse {
             armed: AtomicBool::new(false),
-            seen: Lock::default(),
+            seen: std::array::from_fn(|_| Lock::default()),
             excess: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -87,9 +91,29 @@ impl FirstUse {
         self.armed.load(Ordering::Relaxed)
     }
 
-    /// Records `h` used as `how`; true when it was not before.
-    pub fn first(&self, how: Use, h: usize) -> bool {
-        self.seen.lock()[how as usize].insert(h)
+    #[inline]
+    fn shard(&self, h: usize, ctx: usize) -> &Lock<Seen> {
+        let k = (h ^ ctx.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.seen[(k >> 60) % SHARDS]
+    }
+
+    /// Whether `h` was used as `how` in context `ctx` already.
+    #[inline]
+    pub fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.shard(h, ctx).lock().contains(&(how, h, ctx))
+    }
+
+    /// Records `h` used as `how` in context `ctx`; true when it was not before.
+    pub fn first(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.shard(h, ctx).lock().insert((how, h, ctx))
+    }
+
+    /// Forgets every handle (a module or library was unloaded: its handles' addresses may be reused by code
+    /// that was never measured). Bounded: the set holds only what was used since the last unload.
+    pub fn forget_all(&self) {
+        for s in self.seen.iter() {
+            s.lock().clear();
+        }
     }
 
     pub(super) fn set_excess(&self, dev: Dev, bytes: u64) {
@@ -105,12 +129,10 @@ impl FirstUse {
         for e in self.excess.iter() {
             e.store(0, Ordering::Relaxed);
         }
-        for s in self.seen.lock().iter_mut() {
-            s.clear();
-        }
+        self.forget_all();
     }
 
-    pub(super) fn lock(&self) -> &Lock<[Seen; 2]> {
+    pub(super) fn locks(&self) -> &[Lock<Seen>; SHARDS] {
         &self.seen
     }
 }
@@ -123,9 +145,15 @@ impl Memory {
         self.first_use.armed() && self.devices.memory_limited()
     }
 
-    /// Whether handle `h` is used as `how` for the first time in this process (then recorded).
-    pub fn first_seen(&self, how: Use, h: usize) -> bool {
-        self.first_use.first(how, h)
+    /// Whether handle `h` was used as `how` in context `ctx` already.
+    #[inline]
+    pub fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.first_use.seen(how, h, ctx)
+    }
+
+    /// Whether handle `h` is used as `how` for the first time in context `ctx` (then recorded).
+    pub fn first_seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.first_use.first(how, h, ctx)
     }
 
     /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is

@@ -1,15 +1,15 @@
-//! Hostile review of issue #21 items 1–3 (`src/memory/reconcile.rs`, `hooks::context::first_launch`): launch-time
-//! stack growth and lazy loading on paths the first-use hooks miss, other processes' unmodelled memory, and the
-//! pid-namespace case. Judged by the simulator's own used bytes (`c/review_memory.c`). These tests are EXPECTED
-//! TO FAIL on the reviewed code: each failure is an escape.
+//! Memory the driver takes at first use (`src/memory/reconcile.rs`, `hooks::context::first_launch`): launch-time
+//! stack growth and lazy loading on every path a program can reach them by, other processes' unmodelled memory,
+//! and the pid-namespace case. Judged by the simulator's own used bytes (`c/first_use.c`). Tests marked
+//! `ignore` are escapes still open (issue 21's review), kept so they can be run by name.
 
 use shim_tests::{compile_c, workspace_root, Output, Sim, GIB, MIB};
 use std::path::PathBuf;
 
 fn prog() -> PathBuf {
     compile_c(
-        "review_memory",
-        &workspace_root().join("shim-tests/c/review_memory.c"),
+        "first_use",
+        &workspace_root().join("shim-tests/c/first_use.c"),
         &[],
         &["-lcuda", "-ldl", "-lpthread"],
     )
@@ -36,44 +36,57 @@ fn run(sim: &Sim, args: &str, env: &[(&str, &str)]) -> Output {
 }
 
 fn peak(out: &Output) -> u64 {
-    out.all("used").iter().map(|u| u.parse::<u64>().unwrap()).max().unwrap()
+    out.all("used")
+        .iter()
+        .map(|u| u.parse::<u64>().unwrap())
+        .max()
+        .unwrap()
 }
 
 const CAP: &[(&str, &str)] = &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")];
 
-/// A launch refused for its stack growth records the function as launched (`first_seen` inserts before the
-/// admission): the same launch again goes straight to the driver, which grows the stack by ~4 GiB.
+/// A launch refused for its stack growth is not recorded as launched (only a successful launch is): the same
+/// launch again is admitted again, and refused again (before: straight to the driver, 4666 MiB).
 #[test]
-fn review_a_refused_first_launch_retried_grows_the_stack_unadmitted() {
+fn a_refused_first_launch_retried_is_admitted_again() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_retry 16384", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
     out.assert_used_within(GIB);
 }
 
-/// One CUkernel launched in several contexts: only its first launch in the process is admitted/measured;
-/// each further context grows its own stack (~512 MiB each for 3010 bytes of local memory).
+/// One CUkernel launched in several contexts: its first launch in each context is admitted (each context grows
+/// its own stack, ~512 MiB each for 3010 bytes of local memory; before: only the first, 2762 MiB).
 #[test]
-fn review_a_kernel_first_launched_in_another_context_is_not_admitted() {
+fn a_kernel_first_launched_in_another_context_is_admitted() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_ctx 3010 4", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
     out.assert_used_within(GIB);
 }
 
-/// `cuLibraryGetGlobal` with a NULL `dptr` (optional in cuda.h): `context::first_use` measures only when the
-/// returned handle is fresh, and with no out-pointer it never is. One library, 8 globals of 1 GiB: all taken.
+/// `cuLibraryGetGlobal` with a NULL `dptr` (optional in cuda.h) is measured too (every such call: it cannot
+/// be told from the last one). One library, 8 globals of 1 GiB, all taken by the driver at the first lookup
+/// (nothing can admit that in advance): measured then, so nothing more is admitted (before: never measured,
+/// the fill went on, 8962 MiB).
 #[test]
-fn review_lazy_globals_looked_up_without_dptr_are_never_measured() {
+fn lazy_globals_looked_up_without_dptr_are_measured() {
     let sim = Sim::new().build();
     let out = run(&sim, "global_null 1g 8", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
-    out.assert_used_within(GIB);
+    assert_eq!(
+        out.num("fill.count"),
+        0,
+        "admitted after the driver took the globals:{out:?}"
+    );
+    assert_eq!(out.num("info.free"), 0, "free reported past the cap:{out:?}");
+    assert_eq!(out.get("global.1"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
 }
 
 /// A graph kernel node's launch grows the stack: `launch::graph` has no first-use admission.
 #[test]
-fn review_graph_launch_stack_growth_is_not_admitted() {
+#[ignore = "open: a graph's kernel nodes are not admitted (issue 21 review 3)"]
+fn graph_launch_stack_growth_is_not_admitted() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_graph 16384", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
@@ -84,7 +97,8 @@ fn review_graph_launch_stack_growth_is_not_admitted() {
 /// grows (admitted, then measured back to nothing); the replay grows it and is never admitted or measured. With
 /// 3010 bytes: ~455 MiB the ledger does not know, so the fill goes on to cap − margin, then past the cap.
 #[test]
-fn review_a_kernel_first_launched_under_capture_grows_the_stack_at_replay() {
+#[ignore = "open: the replay is a graph launch, not admitted (issue 21 review 3/6)"]
+fn a_kernel_first_launched_under_capture_grows_the_stack_at_replay() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_capture 3010", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
@@ -93,7 +107,8 @@ fn review_a_kernel_first_launched_under_capture_grows_the_stack_at_replay() {
 
 /// `cuLaunchCooperativeKernelMultiDevice` has no first-use admission either.
 #[test]
-fn review_multi_device_launch_stack_growth_is_not_admitted() {
+#[ignore = "open: cuLaunchCooperativeKernelMultiDevice has no first-use admission (issue 21 review 4)"]
+fn multi_device_launch_stack_growth_is_not_admitted() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_multi 16384", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
@@ -103,7 +118,8 @@ fn review_multi_device_launch_stack_growth_is_not_admitted() {
 /// Two processes of one container: A holds 250 MiB no hook sees (within the margin a single process would be
 /// charged for), B fills to the cap. B reconciles only itself: the container ends at cap + 250 MiB.
 #[test]
-fn review_another_processes_unmodelled_memory_is_never_reconciled() {
+#[ignore = "open: only this process is reconciled, not the container (issue 21 review 7)"]
+fn another_processes_unmodelled_memory_is_never_reconciled() {
     let sim = Sim::new().build();
     let env: Vec<(&str, &str)> = CAP.to_vec();
     let mut a = sim.cmd_path(prog()).args("bypass_hold 250m 6");
@@ -128,7 +144,7 @@ fn review_another_processes_unmodelled_memory_is_never_reconciled() {
 /// A pid namespace NVML cannot see through (host pid unknown): near the cap the driver's figure is missing and
 /// `reconcile` returns Ok (the ledger alone decides): 200 MiB no hook sees pass the cap.
 #[test]
-fn review_near_cap_without_an_nvml_figure_fails_open() {
+fn near_cap_without_an_nvml_figure_fails_open() {
     let sim = Sim::new().build();
     let mut env: Vec<(&str, &str)> = CAP.to_vec();
     env.push(("CUDASIM_HOST_PID_OFFSET", "100000"));
@@ -149,10 +165,13 @@ fn review_near_cap_without_an_nvml_figure_fails_open() {
 /// is never charged: 200 MiB taken past the shim (with NVML: charged, `reconcile.rs`
 /// memory_no_hook_sees_is_charged_near_the_cap), then the ledger fills to the cap.
 #[test]
-fn review_no_nvml_disables_the_drivers_last_word() {
+fn no_nvml_disables_the_drivers_last_word() {
     let sim = Sim::new().build();
     let mut c = sim.cmd_path(reconcile_prog()).args("bypass 200m 64m");
-    for (k, v) in CAP.iter().chain(&[("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1")]) {
+    for (k, v) in CAP
+        .iter()
+        .chain(&[("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1")])
+    {
         c = c.env(k, v);
     }
     let out = c.run();
@@ -165,10 +184,17 @@ fn review_no_nvml_disables_the_drivers_last_word() {
 /// CONTROL (expected to pass): a pool created on device 1 (capped at 1 GiB) used from device 0's stream is
 /// charged to device 1.
 #[test]
-fn review_a_created_pool_of_device_1_is_charged_to_device_1() {
+fn a_created_pool_of_device_1_is_charged_to_device_1() {
     let sim = Sim::new().devices(2).build();
-    let env = [("CUDA_DEVICE_MEMORY_LIMIT_0", "8g"), ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g")];
+    let env = [
+        ("CUDA_DEVICE_MEMORY_LIMIT_0", "8g"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "1g"),
+    ];
     let out = run(&sim, "pool_created 64 64m", &env);
     let used1 = out.num("used1");
-    assert!(used1 <= GIB, "device 1 holds {} MiB under its 1 GiB cap:{out:?}", used1 / MIB);
+    assert!(
+        used1 <= GIB,
+        "device 1 holds {} MiB under its 1 GiB cap:{out:?}",
+        used1 / MIB
+    );
 }
