@@ -83,32 +83,37 @@ fn lazy_globals_looked_up_without_dptr_are_measured() {
     assert_eq!(out.get("global.1"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
 }
 
-/// A graph kernel node's launch grows the stack: `launch::graph` has no first-use admission.
+/// A graph kernel node's launch grows the stack (~4 GiB for 16384 bytes of local memory). The exec's kernel
+/// nodes are not listed: its first launch in a context is refused over the cap and measured after, so nothing
+/// more is admitted (before: never measured, the fill went on to 4666 MiB).
 #[test]
-#[ignore = "open: a graph's kernel nodes are not admitted (issue 21 review 3)"]
-fn graph_launch_stack_growth_is_not_admitted() {
+fn a_graphs_first_launch_is_measured() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_graph 16384", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
-    out.assert_used_within(GIB);
+    assert_eq!(
+        out.num("fill.count"),
+        0,
+        "admitted after the graph grew the stack:{out:?}"
+    );
+    assert_eq!(out.num("info.free"), 0, "free reported past the cap:{out:?}");
 }
 
 /// The ordinary CUDA-graph path (PyTorch's): the kernel's first launch is under stream capture, where no stack
-/// grows (admitted, then measured back to nothing); the replay grows it and is never admitted or measured. With
-/// 3010 bytes: ~455 MiB the ledger does not know, so the fill goes on to cap − margin, then past the cap.
+/// grows (not marked launched then); the replay grows it (3010 bytes: ~455 MiB) and is measured, so the fill
+/// stops at the cap (before: never measured, 1218 MiB).
 #[test]
-#[ignore = "open: the replay is a graph launch, not admitted (issue 21 review 3/6)"]
-fn a_kernel_first_launched_under_capture_grows_the_stack_at_replay() {
+fn a_kernel_first_launched_under_capture_is_measured_at_replay() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_capture 3010", CAP);
     println!("peak {} MiB", peak(&out) / MIB);
     out.assert_used_within(GIB);
 }
 
-/// `cuLaunchCooperativeKernelMultiDevice` has no first-use admission either.
+/// `cuLaunchCooperativeKernelMultiDevice`: each entry's function's first launch in its stream's context is
+/// admitted as a single launch's (before: none, 4666 MiB).
 #[test]
-#[ignore = "open: cuLaunchCooperativeKernelMultiDevice has no first-use admission (issue 21 review 4)"]
-fn multi_device_launch_stack_growth_is_not_admitted() {
+fn multi_device_launch_stack_growth_is_admitted() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_multi 16384", CAP);
     println!("peak {} MiB", peak(&out) / MIB);

@@ -242,6 +242,7 @@ fn current_ctx(s: &Shim) -> usize {
 /// A first launch [`first_launch`] let through.
 pub struct FirstLaunch {
     call: Option<FirstUseCall>,
+    how: Use,
     f: usize,
     ctx: usize,
     /// Made while its stream was capturing: nothing loads or grows until the graph is launched, so the function
@@ -255,38 +256,50 @@ pub struct FirstLaunch {
 /// the driver grow the stack for every thread the device holds. That growth is admitted here (`Err`: refuse
 /// the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked, `f` not marked); [`first_launch_done`]
 /// measures the process after the launch and marks `f` launched in this context if it succeeded.
+/// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec: its kernel nodes are
+/// not listed, so nothing is admitted in advance but over the cap; the launch is measured after).
 #[inline]
-pub fn first_launch(s: &Shim, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
+pub fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
     let ctx = current_ctx(s);
-    if s.mem.seen(Use::Launch, f, ctx) {
+    if s.mem.seen(how, f, ctx) {
         return Ok(None);
     }
-    first_launch_slow(s, f, ctx, stream).map(Some)
+    first_launch_slow(s, how, f, ctx, stream).map(Some)
 }
 
 #[cold]
 #[inline(never)]
-fn first_launch_slow(s: &Shim, f: usize, ctx: usize, stream: usize) -> Result<FirstLaunch, OverCap> {
+fn first_launch_slow(
+    s: &Shim,
+    how: Use,
+    f: usize,
+    ctx: usize,
+    stream: usize,
+) -> Result<FirstLaunch, OverCap> {
     let mut status: CUstreamCaptureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: valid out-pointer; the program's stream for this launch. Unknown: not capturing (measured, marked).
     let capturing = unsafe { s.cuda.cuStreamIsCapturing(stream as CUstream, &mut status) }.ok()
         && status != CU_STREAM_CAPTURE_STATUS_NONE;
-    let call = first_launch_begin(s, f)?;
+    let call = first_launch_begin(s, how, f)?;
     Ok(FirstLaunch {
         call,
+        how,
         f,
         ctx,
         capturing,
     })
 }
 
-fn first_launch_begin(s: &Shim, f: usize) -> Result<Option<FirstUseCall>, OverCap> {
+fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCall>, OverCap> {
     let f = f as CUfunction;
     let Some(dev) = s.devices.current(&s.cuda) else {
         return Ok(None);
     };
     if s.mem.limit(dev).is_none() {
         return Ok(None);
+    }
+    if how == Use::Graph {
+        return s.mem.first_use_begin(dev, 0);
     }
     let mut local: c_int = 0;
     // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
@@ -309,6 +322,26 @@ fn first_launch_begin(s: &Shim, f: usize) -> Result<Option<FirstUseCall>, OverCa
     s.mem.first_use_begin(dev, growth)
 }
 
+/// [`first_launch`] of `f` on `stream`, made in the stream's context (`cuLaunchCooperativeKernelMultiDevice`:
+/// each entry's stream belongs to its device's context).
+pub fn first_launch_on(s: &Shim, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the program's stream.
+    let other = stream != 0
+        && unsafe { s.cuda.cuStreamGetCtx(stream as CUstream, &mut ctx) }.ok()
+        && !ctx.is_null()
+        && ctx as usize != current_ctx(s);
+    // SAFETY: the stream's own context, made current for the queries, then popped.
+    if !other || !unsafe { s.cuda.cuCtxPushCurrent_v2(ctx) }.ok() {
+        return first_launch(s, Use::Launch, f, stream);
+    }
+    let r = first_launch(s, Use::Launch, f, stream);
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { s.cuda.cuCtxPopCurrent_v2(&mut popped) };
+    r
+}
+
 /// The launch [`first_launch`] let through returned `r`.
 #[cold]
 #[inline(never)]
@@ -317,7 +350,7 @@ pub fn first_launch_done(s: &Shim, c: FirstLaunch, r: CUresult) {
         s.mem.first_use_done(&s.nvml, call, r, true);
     }
     if r.ok() && !c.capturing {
-        s.mem.first_seen(Use::Launch, c.f, c.ctx);
+        s.mem.first_seen(c.how, c.f, c.ctx);
     }
 }
 

@@ -49,6 +49,8 @@ pub enum Use {
     Lookup,
     /// Launched.
     Launch,
+    /// A graph exec launched (its kernel nodes' code and stack are taken at its first launch).
+    Graph,
 }
 
 type Seen = HashSet<(Use, usize, usize), BuildHasherDefault<super::ledger::KeyHasher>>;
