@@ -43,6 +43,8 @@ c_aliases! { checked_aliases;
     pub type CUcontext = *mut c_void;
     pub type CUmodule = *mut c_void;
     pub type CUlibrary = *mut c_void;
+    pub type CUtexref = *mut c_void;
+    pub type CUsurfref = *mut c_void;
     pub type CUfunction = *mut c_void;
     pub type CUkernel = *mut c_void;
     pub type CUstream = *mut c_void;

@@ -230,6 +230,14 @@ pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out
     r
 }
 
+/// `cuFuncLoad`: forces `function`'s code to load (lazy loading). Measured the first time in a context, as a
+/// lookup that returned it.
+pub fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function: CUfunction) -> CUresult {
+    let mut f = function as usize;
+    // SAFETY: `f` is a local the hook only reads.
+    unsafe { first_use(s, call, &mut f) }
+}
+
 /// The context current on this thread (0 when none): a function's first launch is per context.
 #[inline]
 fn current_ctx(s: &Shim) -> usize {
