@@ -203,3 +203,22 @@ fn a_created_pool_of_device_1_is_charged_to_device_1() {
         used1 / MIB
     );
 }
+
+/// NVML answers but does not list this process (here: it shows only as a graphics process; in a pid namespace
+/// whose host pid could not be learned, the same): near the cap the ledger alone is not trusted, the admission is
+/// refused (logged once). 400 MiB no hook sees, then a fill (before: 1168 MiB under the 1 GiB cap).
+#[test]
+fn near_cap_unlisted_by_nvml_fails_closed() {
+    let sim = Sim::new().build();
+    let mut c = sim.cmd_path(reconcile_prog()).args("bypass 400m 64m");
+    for (k, v) in CAP.iter().chain(&[("CUDASIM_NVML_LISTS", "graphics")]) {
+        c = c.env(k, v);
+    }
+    let out = c.run();
+    assert!(out.success(), "{out:?}");
+    println!("{out:?}");
+    println!("peak {} MiB", peak(&out) / MIB);
+    out.assert_used_within(GIB);
+    let said = out.stderr.matches("NVML does not list this process").count();
+    assert_eq!(said, 1, "the refusal is said once:{out:?}");
+}

@@ -16,6 +16,7 @@
 //! most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`; lazy loads and launch-time
 //! stack growth are charged before the call that took them returns.
 
+use super::overhead::Figure;
 use super::{Memory, OverCap};
 use crate::devices::Dev;
 use crate::driver::nvml::Nvml;
@@ -66,6 +67,8 @@ pub struct FirstUse {
     armed: AtomicBool,
     /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
     seen: [Lock<Seen>; SHARDS],
+    /// The refusal for want of this process in NVML's list was logged.
+    unlisted_said: AtomicBool,
     /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
     /// floor a reconciliation never goes below).
     excess: [AtomicU64; MAX_DEVICES],
@@ -75,6 +78,7 @@ impl Default for FirstUse {
     fn default() -> Self {
         FirstUse {
             armed: AtomicBool::new(false),
+            unlisted_said: AtomicBool::new(false),
             seen: std::array::from_fn(|_| Lock::default()),
             excess: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -210,8 +214,10 @@ impl Memory {
     pub(super) fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64) -> Result<(), OverCap> {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let _g = self.overhead_lock.lock();
-        let Some(used) = self.nvml_used(nvml, dev) else {
-            return Ok(());
+        let used = match self.nvml_figure(nvml, dev) {
+            Figure::Used(u) => u,
+            Figure::NoNvml => return Ok(()),
+            Figure::NotListed => return self.not_listed(dev),
         };
         let ledger = self
             .allocated(dev)
@@ -237,6 +243,22 @@ impl Memory {
             return Err(OverCap);
         }
         Ok(())
+    }
+
+    /// Near the cap, NVML answers but does not list this process (its host pid unknown or ambiguous): the
+    /// ledger alone is not trusted there, so the admission is refused (said once per process).
+    #[cold]
+    fn not_listed(&self, dev: Dev) -> Result<(), OverCap> {
+        if !self.first_use.unlisted_said.swap(true, Ordering::Relaxed) {
+            log!(
+                Level::Warn,
+                "device {}: near the memory cap, and NVML does not list this process (its host pid is unknown: a \
+                 pid namespace whose host pid could not be learned); allocations near the cap are refused until \
+                 it is listed",
+                dev.ordinal
+            );
+        }
+        Err(OverCap)
     }
 
     /// Before a call that may make the driver take memory at first use (lazy loading, launch-time stack
