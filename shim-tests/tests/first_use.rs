@@ -1,7 +1,6 @@
 //! Memory the driver takes at first use (`src/memory/reconcile.rs`, `hooks::context::first_launch`): launch-time
 //! stack growth and lazy loading on every path a program can reach them by, other processes' unmodelled memory,
-//! and the pid-namespace case. Judged by the simulator's own used bytes (`c/first_use.c`). Tests marked
-//! `ignore` are escapes still open (issue 21's review), kept so they can be run by name.
+//! and the pid-namespace case. Judged by the simulator's own used bytes (`c/first_use.c`).
 
 use shim_tests::{compile_c, workspace_root, Output, Sim, GIB, MIB};
 use std::path::PathBuf;
@@ -121,10 +120,10 @@ fn multi_device_launch_stack_growth_is_admitted() {
 }
 
 /// Two processes of one container: A holds 250 MiB no hook sees (within the margin a single process would be
-/// charged for), B fills to the cap. B reconciles only itself: the container ends at cap + 250 MiB.
+/// charged for), B fills to the cap. Near the cap B reconciles the container too (its live processes'
+/// `usedGpuMemory`): refused once the driver's figure leaves no room (before: cap + 250 MiB, 1274 MiB).
 #[test]
-#[ignore = "open: only this process is reconciled, not the container (issue 21 review 7)"]
-fn another_processes_unmodelled_memory_is_never_reconciled() {
+fn another_processes_unmodelled_memory_is_reconciled() {
     let sim = Sim::new().build();
     let env: Vec<(&str, &str)> = CAP.to_vec();
     let mut a = sim.cmd_path(prog()).args("bypass_hold 250m 6");

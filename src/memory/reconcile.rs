@@ -242,7 +242,33 @@ impl Memory {
         if total > cap {
             return Err(OverCap);
         }
-        Ok(())
+        // The container's processes each reconcile only themselves: what another one holds past the shim is
+        // seen here only in the driver's figure for the whole container (its live processes' `usedGpuMemory`).
+        match self.container_figure(nvml, dev) {
+            Some(all) if all.saturating_add(pending) > cap => {
+                log!(
+                    Level::Debug,
+                    "device {}: the driver says the container holds {all} bytes: {pending} more do not fit in {cap}",
+                    dev.ordinal
+                );
+                Err(OverCap)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What NVML says the container's live processes hold on `dev` (each listed process that is a member). Slow
+    /// path: near the cap only.
+    fn container_figure(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
+        let uuid = self.devices.uuid_of(dev.ordinal)?;
+        let list = nvml.processes(&uuid)?;
+        let own = [std::process::id(), self.host.get().unwrap_or(0)];
+        Some(
+            list.iter()
+                .filter(|p| self.devices.is_member(p.pid, &own))
+                .map(|p| p.usedGpuMemory)
+                .sum(),
+        )
     }
 
     /// Near the cap, NVML answers but does not list this process (its host pid unknown or ambiguous): the
