@@ -109,6 +109,10 @@ macro_rules! cuda_functions {
             cuLibraryGetManaged @12000 (dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char) => context::first_use(call, dptr);
             cuLibraryGetModule @12000 (pMod: *mut CUmodule, library: CUlibrary) => context::first_use(call, pMod.cast::<usize>());
             cuKernelGetFunction @12000 (pFunc: *mut CUfunction, kernel: CUkernel) => context::first_use(call, pFunc.cast::<usize>());
+            cuLibraryGetUnifiedFunction @12000 (fptr: *mut *mut c_void, library: CUlibrary, symbol: *const c_char) => context::first_use(call, fptr.cast::<usize>());
+            cuModuleGetTexRef @2000 (pTexRef: *mut CUtexref, hmod: CUmodule, name: *const c_char) => context::first_use(call, pTexRef.cast::<usize>());
+            cuModuleGetSurfRef @3000 (pSurfRef: *mut CUsurfref, hmod: CUmodule, name: *const c_char) => context::first_use(call, pSurfRef.cast::<usize>());
+            cuFuncLoad @12040 (function: CUfunction) => context::function_load(call, function);
             // every path that puts work on the GPU (the throttle)
             cuLaunchKernel @4000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
             cuLaunchKernel_ptsz @7000 (f: CUfunction, gridDimX: c_uint, gridDimY: c_uint, gridDimZ: c_uint, blockDimX: c_uint, blockDimY: c_uint, blockDimZ: c_uint, sharedMemBytes: c_uint, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
@@ -149,6 +153,7 @@ macro_rules! cuda_functions {
             cuCtxPushCurrent_v2 @4000 (ctx: CUcontext);
             cuCtxPopCurrent_v2 @4000 (pctx: *mut CUcontext);
             cuStreamGetCtx @9020 (hStream: CUstream, pctx: *mut CUcontext);
+            cuStreamIsCapturing @10000 (hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
             cuStreamGetDevice @12080 (hStream: CUstream, device: *mut CUdevice);
             cuStreamGetDevice_ptsz @12080 (hStream: CUstream, device: *mut CUdevice);
             cuEventCreate @2000 (phEvent: *mut CUevent, Flags: c_uint);

@@ -231,26 +231,93 @@ pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out
         Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
     };
     let r = call();
-    // SAFETY: written by the driver on success.
-    let fresh = r.ok() && !out.is_null() && s.mem.first_seen(Use::Lookup, unsafe { *out }.to_u64() as usize);
+    // Without an out-pointer (optional for globals) the lookup cannot be told from the last one: measured
+    // every time (such calls are rare; a loop of them costs only its own process).
+    let fresh = r.ok()
+        // SAFETY: written by the driver on success.
+        && (out.is_null() || s.mem.first_seen(Use::Lookup, unsafe { *out }.to_u64() as usize, current_ctx(s)));
     s.mem.first_use_done(&s.nvml, c, r, fresh);
     r
 }
 
-/// Before the first launch of `f` (a function or kernel handle) in this process while a memory cap applies: the
-/// code may load now (lazy loading) and a kernel whose local memory exceeds the context's stack size makes the
-/// driver grow the stack for every thread the device holds. That growth is admitted here (`Err`: refuse the
-/// launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked); [`first_launch_done`] measures the process
-/// after the launch.
+/// `cuFuncLoad`: forces `function`'s code to load (lazy loading). Measured the first time in a context, as a
+/// lookup that returned it.
+pub fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function: CUfunction) -> CUresult {
+    let mut f = function as usize;
+    // SAFETY: `f` is a local the hook only reads.
+    unsafe { first_use(s, call, &mut f) }
+}
+
+/// The context current on this thread (0 when none): a function's first launch is per context.
+#[inline]
+fn current_ctx(s: &Shim) -> usize {
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; on failure it stays NULL.
+    let _ = unsafe { s.cuda.cuCtxGetCurrent(&mut c) };
+    c as usize
+}
+
+/// A first launch [`first_launch`] let through.
+pub struct FirstLaunch {
+    call: Option<FirstUseCall>,
+    how: Use,
+    f: usize,
+    ctx: usize,
+    /// Made while its stream was capturing: nothing loads or grows until the graph is launched, so the function
+    /// is not marked launched.
+    capturing: bool,
+}
+
+/// Before a launch of `f` (a function or kernel handle) on `stream` while a memory cap may apply: `Ok(None)`
+/// when `f` was launched in the current context already (one shard lock). Otherwise, its first launch there:
+/// the code may load now (lazy loading) and a kernel whose local memory exceeds the context's stack size makes
+/// the driver grow the stack for every thread the device holds. That growth is admitted here (`Err`: refuse
+/// the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked, `f` not marked); [`first_launch_done`]
+/// measures the process after the launch and marks `f` launched in this context if it succeeded.
+/// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec: its kernel nodes are
+/// not listed, so nothing is admitted in advance but over the cap; the launch is measured after).
+#[inline]
+pub fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
+    let ctx = current_ctx(s);
+    if s.mem.seen(how, f, ctx) {
+        return Ok(None);
+    }
+    first_launch_slow(s, how, f, ctx, stream).map(Some)
+}
+
 #[cold]
 #[inline(never)]
-pub fn first_launch(s: &Shim, f: usize) -> Result<Option<FirstUseCall>, OverCap> {
+fn first_launch_slow(
+    s: &Shim,
+    how: Use,
+    f: usize,
+    ctx: usize,
+    stream: usize,
+) -> Result<FirstLaunch, OverCap> {
+    let mut status: CUstreamCaptureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: valid out-pointer; the program's stream for this launch. Unknown: not capturing (measured, marked).
+    let capturing = unsafe { s.cuda.cuStreamIsCapturing(stream as CUstream, &mut status) }.ok()
+        && status != CU_STREAM_CAPTURE_STATUS_NONE;
+    let call = first_launch_begin(s, how, f)?;
+    Ok(FirstLaunch {
+        call,
+        how,
+        f,
+        ctx,
+        capturing,
+    })
+}
+
+fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCall>, OverCap> {
     let f = f as CUfunction;
     let Some(dev) = s.devices.current(&s.cuda) else {
         return Ok(None);
     };
     if s.mem.limit(dev).is_none() {
         return Ok(None);
+    }
+    if how == Use::Graph {
+        return s.mem.first_use_begin(dev, 0);
     }
     let mut local: c_int = 0;
     // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
@@ -273,12 +340,35 @@ pub fn first_launch(s: &Shim, f: usize) -> Result<Option<FirstUseCall>, OverCap>
     s.mem.first_use_begin(dev, growth)
 }
 
+/// [`first_launch`] of `f` on `stream`, made in the stream's context (`cuLaunchCooperativeKernelMultiDevice`:
+/// each entry's stream belongs to its device's context).
+pub fn first_launch_on(s: &Shim, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the program's stream.
+    let other = stream != 0
+        && unsafe { s.cuda.cuStreamGetCtx(stream as CUstream, &mut ctx) }.ok()
+        && !ctx.is_null()
+        && ctx as usize != current_ctx(s);
+    // SAFETY: the stream's own context, made current for the queries, then popped.
+    if !other || !unsafe { s.cuda.cuCtxPushCurrent_v2(ctx) }.ok() {
+        return first_launch(s, Use::Launch, f, stream);
+    }
+    let r = first_launch(s, Use::Launch, f, stream);
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { s.cuda.cuCtxPopCurrent_v2(&mut popped) };
+    r
+}
+
 /// The launch [`first_launch`] let through returned `r`.
 #[cold]
 #[inline(never)]
-pub fn first_launch_done(s: &Shim, c: Option<FirstUseCall>, r: CUresult) {
-    if let Some(c) = c {
-        s.mem.first_use_done(&s.nvml, c, r, true);
+pub fn first_launch_done(s: &Shim, c: FirstLaunch, r: CUresult) {
+    if let Some(call) = c.call {
+        s.mem.first_use_done(&s.nvml, call, r, true);
+    }
+    if r.ok() && !c.capturing {
+        s.mem.first_seen(c.how, c.f, c.ctx);
     }
 }
 

@@ -43,10 +43,10 @@ pub fn kernel(
     if !s.devices.launch_hooked() {
         return call();
     }
-    // A function's first launch while a memory cap applies: its code may load now, its stack grow
+    // A function's first launch in a context while a memory cap applies: its code may load now, its stack grow
     // (`context::first_launch`, `memory::reconcile`). Out of line: `call` goes only to the throttle, as before.
-    let first = if s.mem.first_use_armed() && s.mem.first_seen(Use::Launch, f as usize) {
-        match super::context::first_launch(s, f as usize) {
+    let first = if s.mem.first_use_armed() {
+        match super::context::first_launch(s, Use::Launch, f as usize, probe_stream(stream, ds)) {
             Ok(c) => c,
             Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
         }
@@ -54,8 +54,8 @@ pub fn kernel(
         None
     };
     let r = throttled(s, call, f, grid, block, stream, ds);
-    if first.is_some() {
-        super::context::first_launch_done(s, first, r);
+    if let Some(c) = first {
+        super::context::first_launch_done(s, c, r);
     }
     r
 }
@@ -123,12 +123,39 @@ pub unsafe fn multi_device(
     list: *mut CUDA_LAUNCH_PARAMS,
     num_devices: c_uint,
 ) -> CUresult {
-    let t = &s.throttle;
-    if !t.active() || list.is_null() || num_devices == 0 || num_devices > 64 {
+    if !s.devices.launch_hooked() || list.is_null() || num_devices == 0 || num_devices > 64 {
         return call();
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
     let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
+    // Each entry's function's first launch in its context, admitted as a single launch's is.
+    let mut firsts = Vec::new();
+    if s.mem.first_use_armed() {
+        for e in entries {
+            match super::context::first_launch_on(s, e.function as usize, e.hStream as usize) {
+                Ok(Some(c)) => firsts.push(c),
+                Ok(None) => {}
+                Err(_) => {
+                    for c in firsts {
+                        super::context::first_launch_done(s, c, CUresult::ERROR_OUT_OF_MEMORY);
+                    }
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+            }
+        }
+    }
+    let r = multi_throttled(s, call, entries);
+    for c in firsts {
+        super::context::first_launch_done(s, c, r);
+    }
+    r
+}
+
+fn multi_throttled(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LAUNCH_PARAMS]) -> CUresult {
+    let t = &s.throttle;
+    if !t.active() {
+        return call();
+    }
     let mut parts = Vec::with_capacity(entries.len());
     for e in entries {
         // Each entry's stream lives in its device's context.
@@ -148,6 +175,31 @@ pub unsafe fn multi_device(
 /// graphs without them); the graph is throttled as one unit.
 #[inline]
 pub fn graph(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    exec: CUgraphExec,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    // A graph exec's first launch in a context while a memory cap applies: its kernels' code and stack are taken
+    // now (refused over the cap, measured after).
+    if s.mem.first_use_armed() {
+        let first = match super::context::first_launch(s, Use::Graph, exec as usize, probe_stream(stream, ds))
+        {
+            Ok(c) => c,
+            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+        };
+        let r = graph_memory(s, call, exec, stream, ds);
+        if let Some(c) = first {
+            super::context::first_launch_done(s, c, r);
+        }
+        return r;
+    }
+    graph_memory(s, call, exec, stream, ds)
+}
+
+#[inline]
+fn graph_memory(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     exec: CUgraphExec,

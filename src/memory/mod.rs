@@ -421,7 +421,7 @@ impl Memory {
         hold_all([&self.overhead_lock]);
         hold_all([&self.holdings.owners]);
         hold_all([&self.host.candidates]);
-        hold_all([self.first_use.lock()]);
+        hold_all(self.first_use.locks());
     }
 
     /// Undoes [`Memory::fork_prepare`] (parent and child).
@@ -431,7 +431,7 @@ impl Memory {
     pub unsafe fn fork_release(&self, side: Side) {
         // SAFETY: all locked by fork_prepare (the caller's contract).
         unsafe {
-            release_all([self.first_use.lock()], side);
+            release_all(self.first_use.locks(), side);
             release_all([&self.host.candidates], side);
             release_all([&self.holdings.owners], side);
             release_all([&self.overhead_lock], side);

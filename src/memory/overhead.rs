@@ -149,12 +149,34 @@ impl Holdings {
     }
 }
 
+/// What NVML says this process holds on a device.
+pub(super) enum Figure {
+    Used(u64),
+    /// No NVML (not loaded, no device UUID, the list call failed).
+    NoNvml,
+    /// NVML answers, but this process (which holds a context there) is not in the list.
+    NotListed,
+}
+
 impl Memory {
     /// This process's `usedGpuMemory` on `dev` per NVML: `Some(0)` when NVML lists us nowhere and we hold no
     /// context there, `None` when NVML cannot tell. We are the entry with our pid, else with our learned host pid.
     pub(super) fn nvml_used(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
-        let uuid = self.devices.uuid_of(dev.ordinal)?;
-        let list = nvml.processes(&uuid)?;
+        match self.nvml_figure(nvml, dev) {
+            Figure::Used(u) => Some(u),
+            Figure::NoNvml | Figure::NotListed => None,
+        }
+    }
+
+    /// [`Memory::nvml_used`], telling "NVML answers but does not list this process while it holds a context"
+    /// (host pid unknown or ambiguous) from "no NVML figure at all".
+    pub(super) fn nvml_figure(&self, nvml: &Nvml, dev: Dev) -> Figure {
+        let Some(uuid) = self.devices.uuid_of(dev.ordinal) else {
+            return Figure::NoNvml;
+        };
+        let Some(list) = nvml.processes(&uuid) else {
+            return Figure::NoNvml;
+        };
         let me = std::process::id();
         let found = list.iter().find(|p| p.pid == me).or_else(|| {
             let host = self.host.get()?;
@@ -162,9 +184,12 @@ impl Memory {
         });
         if let Some(p) = found {
             self.listed_as(p.pid);
-            return Some(p.usedGpuMemory);
+            return Figure::Used(p.usedGpuMemory);
         }
-        (self.holdings.live_contexts(dev.ordinal) == 0).then_some(0)
+        if self.holdings.live_contexts(dev.ordinal) == 0 {
+            return Figure::Used(0);
+        }
+        Figure::NotListed
     }
 
     /// Re-measures this process's overhead on `dev`. `admit`: growth must fit under the cap.
@@ -464,6 +489,7 @@ impl Memory {
     /// Module `module` was unloaded.
     pub fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
         decrement(&self.holdings.modules);
+        self.first_use.forget_all();
         let owner = self.holdings.owners.lock().remove(&module);
         if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
             let _ = self.measure(nvml, d, false);
@@ -482,6 +508,7 @@ impl Memory {
     /// A library was unloaded.
     pub fn library_unloaded(&self, nvml: &Nvml) {
         decrement(&self.holdings.modules);
+        self.first_use.forget_all();
         let _ = self.measure_all(nvml, false);
     }
 }

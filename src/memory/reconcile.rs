@@ -16,6 +16,7 @@
 //! most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`; lazy loads and launch-time
 //! stack growth are charged before the call that took them returns.
 
+use super::overhead::Figure;
 use super::{Memory, OverCap};
 use crate::devices::Dev;
 use crate::driver::nvml::Nvml;
@@ -49,17 +50,25 @@ pub enum Use {
     Lookup,
     /// Launched.
     Launch,
+    /// A graph exec launched (its kernel nodes' code and stack are taken at its first launch).
+    Graph,
 }
 
-type Seen = HashSet<usize, BuildHasherDefault<super::ledger::KeyHasher>>;
+type Seen = HashSet<(Use, usize, usize), BuildHasherDefault<super::ledger::KeyHasher>>;
 
-/// Handles whose first use was measured (functions launched or looked up, modules, globals), and what
-/// reconciliations added to the overhead.
+/// Shards of the seen set (a launch takes one shard's lock, never a process-wide one).
+const SHARDS: usize = 16;
+
+/// Handles whose first use was measured, keyed by (how, handle, context): functions launched or looked up,
+/// modules, globals. A kernel's first launch in each context is its own (code and stack are per context). And
+/// what reconciliations added to the overhead.
 pub struct FirstUse {
     /// A module or library was loaded: first uses may take memory from now on.
     armed: AtomicBool,
     /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
-    seen: Lock<[Seen; 2]>,
+    seen: [Lock<Seen>; SHARDS],
+    /// The refusal for want of this process in NVML's list was logged.
+    unlisted_said: AtomicBool,
     /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
     /// floor a reconciliation never goes below).
     excess: [AtomicU64; MAX_DEVICES],
@@ -69,7 +78,8 @@ impl Default for FirstUse {
     fn default() -> Self {
         FirstUse {
             armed: AtomicBool::new(false),
-            seen: Lock::default(),
+            unlisted_said: AtomicBool::new(false),
+            seen: std::array::from_fn(|_| Lock::default()),
             excess: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -87,9 +97,29 @@ impl FirstUse {
         self.armed.load(Ordering::Relaxed)
     }
 
-    /// Records `h` used as `how`; true when it was not before.
-    pub fn first(&self, how: Use, h: usize) -> bool {
-        self.seen.lock()[how as usize].insert(h)
+    #[inline]
+    fn shard(&self, h: usize, ctx: usize) -> &Lock<Seen> {
+        let k = (h ^ ctx.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.seen[(k >> 60) % SHARDS]
+    }
+
+    /// Whether `h` was used as `how` in context `ctx` already.
+    #[inline]
+    pub fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.shard(h, ctx).lock().contains(&(how, h, ctx))
+    }
+
+    /// Records `h` used as `how` in context `ctx`; true when it was not before.
+    pub fn first(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.shard(h, ctx).lock().insert((how, h, ctx))
+    }
+
+    /// Forgets every handle (a module or library was unloaded: its handles' addresses may be reused by code
+    /// that was never measured). Bounded: the set holds only what was used since the last unload.
+    pub fn forget_all(&self) {
+        for s in self.seen.iter() {
+            s.lock().clear();
+        }
     }
 
     pub(super) fn set_excess(&self, dev: Dev, bytes: u64) {
@@ -105,12 +135,10 @@ impl FirstUse {
         for e in self.excess.iter() {
             e.store(0, Ordering::Relaxed);
         }
-        for s in self.seen.lock().iter_mut() {
-            s.clear();
-        }
+        self.forget_all();
     }
 
-    pub(super) fn lock(&self) -> &Lock<[Seen; 2]> {
+    pub(super) fn locks(&self) -> &[Lock<Seen>; SHARDS] {
         &self.seen
     }
 }
@@ -123,9 +151,15 @@ impl Memory {
         self.first_use.armed() && self.devices.memory_limited()
     }
 
-    /// Whether handle `h` is used as `how` for the first time in this process (then recorded).
-    pub fn first_seen(&self, how: Use, h: usize) -> bool {
-        self.first_use.first(how, h)
+    /// Whether handle `h` was used as `how` in context `ctx` already.
+    #[inline]
+    pub fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.first_use.seen(how, h, ctx)
+    }
+
+    /// Whether handle `h` is used as `how` for the first time in context `ctx` (then recorded).
+    pub fn first_seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.first_use.first(how, h, ctx)
     }
 
     /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
@@ -180,8 +214,10 @@ impl Memory {
     pub(super) fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64) -> Result<(), OverCap> {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let _g = self.overhead_lock.lock();
-        let Some(used) = self.nvml_used(nvml, dev) else {
-            return Ok(());
+        let used = match self.nvml_figure(nvml, dev) {
+            Figure::Used(u) => u,
+            Figure::NoNvml => return Ok(()),
+            Figure::NotListed => return self.not_listed(dev),
         };
         let ledger = self
             .allocated(dev)
@@ -206,7 +242,49 @@ impl Memory {
         if total > cap {
             return Err(OverCap);
         }
-        Ok(())
+        // The container's processes each reconcile only themselves: what another one holds past the shim is
+        // seen here only in the driver's figure for the whole container (its live processes' `usedGpuMemory`).
+        match self.container_figure(nvml, dev) {
+            Some(all) if all.saturating_add(pending) > cap => {
+                log!(
+                    Level::Debug,
+                    "device {}: the driver says the container holds {all} bytes: {pending} more do not fit in {cap}",
+                    dev.ordinal
+                );
+                Err(OverCap)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What NVML says the container's live processes hold on `dev` (each listed process that is a member). Slow
+    /// path: near the cap only.
+    fn container_figure(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
+        let uuid = self.devices.uuid_of(dev.ordinal)?;
+        let list = nvml.processes(&uuid)?;
+        let own = [std::process::id(), self.host.get().unwrap_or(0)];
+        Some(
+            list.iter()
+                .filter(|p| self.devices.is_member(p.pid, &own))
+                .map(|p| p.usedGpuMemory)
+                .sum(),
+        )
+    }
+
+    /// Near the cap, NVML answers but does not list this process (its host pid unknown or ambiguous): the
+    /// ledger alone is not trusted there, so the admission is refused (said once per process).
+    #[cold]
+    fn not_listed(&self, dev: Dev) -> Result<(), OverCap> {
+        if !self.first_use.unlisted_said.swap(true, Ordering::Relaxed) {
+            log!(
+                Level::Warn,
+                "device {}: near the memory cap, and NVML does not list this process (its host pid is unknown: a \
+                 pid namespace whose host pid could not be learned); allocations near the cap are refused until \
+                 it is listed",
+                dev.ordinal
+            );
+        }
+        Err(OverCap)
     }
 
     /// Before a call that may make the driver take memory at first use (lazy loading, launch-time stack
