@@ -1,20 +1,21 @@
-/* review_memory: hostile review of issue #21 items 1-3 (launch-time stack growth and lazy loading on paths
- * the first-use hooks miss). Each mode takes memory, then prints the simulator's own used bytes (used=).
+/* first_use: memory the driver takes at first use on the paths a hostile review of issue #21 found (launch-time
+ * stack growth and lazy loading outside the plain first launch). Each mode takes memory, then prints the
+ * simulator's own used bytes (used=).
  *
- *   review_memory stack_retry LOCAL     launch a kernel with LOCAL bytes of local memory; refused? launch again.
- *   review_memory stack_ctx LOCAL N     N more contexts created (cuCtxCreate); one CUkernel (library) launched in
+ *   first_use stack_retry LOCAL     launch a kernel with LOCAL bytes of local memory; refused? launch again.
+ *   first_use stack_ctx LOCAL N     N more contexts created (cuCtxCreate); one CUkernel (library) launched in
  *                                       the primary context, then in each of them: each grows its own stack.
- *   review_memory stack_graph LOCAL     kernel node in a graph (cuGraphAddKernelNode), instantiated and launched.
- *   review_memory stack_capture LOCAL   the kernel's first launch made under stream capture (no stack grows then),
+ *   first_use stack_graph LOCAL     kernel node in a graph (cuGraphAddKernelNode), instantiated and launched.
+ *   first_use stack_capture LOCAL   the kernel's first launch made under stream capture (no stack grows then),
  *                                       the graph instantiated and launched (the stack grows now).
- *   review_memory stack_multi LOCAL     cuLaunchCooperativeKernelMultiDevice, one entry on device 0.
- *   review_memory global_null SIZE N    one library with N `__device__` globals of SIZE each, looked up with
+ *   first_use stack_multi LOCAL     cuLaunchCooperativeKernelMultiDevice, one entry on device 0.
+ *   first_use global_null SIZE N    one library with N `__device__` globals of SIZE each, looked up with
  *                                       cuLibraryGetGlobal(NULL, &bytes, ...) (dptr is optional in cuda.h).
- *   review_memory global_threads SIZE N N libraries with one SIZE global each, loaded first; then N threads look
+ *   first_use global_threads SIZE N N libraries with one SIZE global each, loaded first; then N threads look
  *                                       their global up at once (cuLibraryGetGlobal with a dptr).
- *   review_memory pool_created N CHUNK  a pool created on device 1 (cuMemPoolCreate), N CHUNK allocations from it
+ *   first_use pool_created N CHUNK  a pool created on device 1 (cuMemPoolCreate), N CHUNK allocations from it
  *                                       on device 0's NULL stream. Prints pool.ok=, used1=.
- *   review_memory bypass_hold SIZE SECS libcuda's own cuMemAlloc_v2 (no interposer sees it), then sleeps.
+ *   first_use bypass_hold SIZE SECS libcuda's own cuMemAlloc_v2 (no interposer sees it), then sleeps.
  * Then always: fill CHUNK (argv[4] or 64m) until refused, used=, info.free=.
  */
 #define _GNU_SOURCE
@@ -30,40 +31,8 @@
 #include "cq_driver.h"
 #include "cq_elf.h"
 
-static void die(const char *what, CUresult r) {
-    fprintf(stderr, "review_memory: %s failed: %d\n", what, (int)r);
-    exit(2);
-}
-#define CK(call)                                                                                                \
-    do {                                                                                                        \
-        CUresult r_ = (call);                                                                                   \
-        if (r_ != CUDA_SUCCESS) die(#call, r_);                                                                 \
-    } while (0)
-
-static void used(unsigned dev, const char *key) {
-    cq_rawmem m;
-    if (cq_raw_nvml_mem(dev, &m)) {
-        fprintf(stderr, "review_memory: simulator NVML unreachable\n");
-        exit(2);
-    }
-    printf("%s=%llu\n", key, m.used);
-    fflush(stdout);
-}
-
-static void fill(unsigned long long chunk) {
-    int n = 0;
-    CUresult r = CUDA_SUCCESS;
-    for (; n < 256; n++) {
-        CUdeviceptr p;
-        r = cuMemAlloc(&p, chunk);
-        if (r != CUDA_SUCCESS) break;
-    }
-    printf("fill.count=%d\nfill.rc=%s\n", n, cq_err(r));
-    used(0, "used");
-    size_t f = 0, t = 0;
-    r = cuMemGetInfo(&f, &t);
-    printf("info.rc=%s\ninfo.free=%zu\n", cq_err(r), f);
-}
+#define PROG "first_use"
+#include "cq_fill.h"
 
 static CUcontext g_ctx;
 static pthread_barrier_t g_bar;
@@ -81,7 +50,7 @@ static void *lookup(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: review_memory MODE A [B] [CHUNK]\n");
+        fprintf(stderr, "usage: first_use MODE A [B] [CHUNK]\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -249,7 +218,7 @@ int main(int argc, char **argv) {
         sleep(argc > 3 ? atoi(argv[3]) : 5);
         return 0;
     } else {
-        fprintf(stderr, "review_memory: unknown mode %s\n", mode);
+        fprintf(stderr, "first_use: unknown mode %s\n", mode);
         return 2;
     }
     fill(chunk);

@@ -27,40 +27,8 @@
 #include "cq_driver.h"
 #include "cq_elf.h"
 
-static void die(const char *what, CUresult r) {
-    fprintf(stderr, "reconcile: %s failed: %d\n", what, (int)r);
-    exit(2);
-}
-#define CK(call)                                                                                                \
-    do {                                                                                                        \
-        CUresult r_ = (call);                                                                                   \
-        if (r_ != CUDA_SUCCESS) die(#call, r_);                                                                 \
-    } while (0)
-
-static void used(unsigned dev, const char *key) {
-    cq_rawmem m;
-    if (cq_raw_nvml_mem(dev, &m)) {
-        fprintf(stderr, "reconcile: simulator NVML unreachable\n");
-        exit(2);
-    }
-    printf("%s=%llu\n", key, m.used);
-    fflush(stdout);
-}
-
-static void fill(unsigned long long chunk) {
-    int n = 0;
-    CUresult r = CUDA_SUCCESS;
-    for (; n < 256; n++) {
-        CUdeviceptr p;
-        r = cuMemAlloc(&p, chunk);
-        if (r != CUDA_SUCCESS) break;
-    }
-    printf("fill.count=%d\nfill.rc=%s\n", n, cq_err(r));
-    used(0, "used");
-    size_t f = 0, t = 0;
-    r = cuMemGetInfo(&f, &t);
-    printf("info.rc=%s\ninfo.free=%zu\n", cq_err(r), f);
-}
+#define PROG "reconcile"
+#include "cq_fill.h"
 
 int main(int argc, char **argv) {
     if (argc < 4) {
