@@ -3,17 +3,20 @@
 # of memory caps and SM limits, then prints one table row per expectation. Exits non-zero on any FAIL.
 #
 #   ./validate.sh [--cuda 13|12] [--caps "1g 4g"] [--sms "30 100"] [--quick] [--only "vector_add oom_probe"]
-#                 [--profile release|debug] [--no-cargo] [--shim PATH] [--sim PATH] [--seconds 2] [--frameworks]
+#                 [--profile release|debug] [--no-cargo] [--prebuilt] [--shim PATH] [--sim PATH] [--seconds 2]
+#                 [--frameworks]
 #
 # On a machine with an NVIDIA driver (libcuda.so.1 in ldconfig, or /dev/nvidiactl) the samples run on the GPU.
 # Anywhere else they run on the simulated GPU (libcudasim.so answering as libcuda.so.1 / libnvidia-ml.so.1), with a
 # fresh CUDASIM_STATE and CUQUOTA_USAGE_FILE per run. --quick runs only the functional samples, once without and
 # once with cuquota. --frameworks also runs the framework suite (PyTorch, CuPy, cuda-python, pynvml; needs
-# `scripts/setup.sh frameworks` once) on the same device, with its no-cuquota baseline. See docs/examples.md.
+# `scripts/setup.sh frameworks` once) on the same device, with its no-cuquota baseline. --prebuilt builds nothing
+# (no cargo, no nvcc): the samples must already be in $CARGO_TARGET_DIR/examples/cu<ver>, as on a GPU machine
+# without the toolchains (bench/real_gpu.sh stages them). See docs/examples.md.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")" && pwd)"
 
-CUDA=13 CAPS="1g 4g" SMS="30 100" QUICK=0 ONLY="" PROFILE=release BUILD=1 SHIM="" SIM="" SECONDS_LOOP=2 FRAMEWORKS=0
+CUDA=13 CAPS="1g 4g" SMS="30 100" QUICK=0 ONLY="" PROFILE=release BUILD=1 SAMPLES_BUILD=1 SHIM="" SIM="" SECONDS_LOOP=2 FRAMEWORKS=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --cuda) CUDA="$2"; shift 2 ;;
@@ -23,11 +26,12 @@ while [ $# -gt 0 ]; do
         --only) ONLY="$2"; shift 2 ;;
         --profile) PROFILE="$2"; shift 2 ;;
         --no-cargo) BUILD=0; shift ;;
+        --prebuilt) BUILD=0; SAMPLES_BUILD=0; shift ;;
         --shim) SHIM="$2"; shift 2 ;;
         --sim) SIM="$2"; shift 2 ;;
         --seconds) SECONDS_LOOP="$2"; shift 2 ;;
         --frameworks) FRAMEWORKS=1; shift ;;
-        -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "validate.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -50,7 +54,10 @@ fi
 [ "$REAL" = 1 ] || [ -f "$SIM" ] || { log "no $SIM"; exit 2; }
 
 BIN="$TARGET/examples/cu$CUDA"
-"$ROOT/examples/build.sh" --cuda "$CUDA" --out "$BIN" >/dev/null || { log "building the samples failed"; exit 2; }
+if [ "$SAMPLES_BUILD" = 1 ]; then
+    "$ROOT/examples/build.sh" --cuda "$CUDA" --out "$BIN" >/dev/null || { log "building the samples failed"; exit 2; }
+fi
+[ -x "$BIN/vector_add" ] || { log "no samples in $BIN"; exit 2; }
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/cuquota-validate.XXXXXX")"
 BG_PID=""

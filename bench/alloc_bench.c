@@ -1,6 +1,7 @@
-/* alloc_bench: time cuMemAlloc_v2 + cuMemFree_v2 pairs, or cuMemGetInfo_v2 calls, on T threads.
+/* alloc_bench: time cuMemAlloc_v2 + cuMemFree_v2 pairs, cuMemGetInfo_v2 calls, or cuLaunchKernel calls of an
+ * empty kernel (each thread on its own stream, synchronised every 256 launches), on T threads.
  *
- *   alloc_bench pair|info THREADS ITERS [SIZE]
+ *   alloc_bench pair|info|launch THREADS ITERS [SIZE]
  *
  * Each thread makes the primary context current, warms up, then times ITERS operations. Prints
  * cpu_ns_per_op (mean over threads of thread CPU time / ITERS: the work each call costs, immune to the
@@ -9,6 +10,7 @@
  */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +18,14 @@
 #include <time.h>
 
 static CUcontext ctx;
-static int mode_pair, iters;
+static CUfunction nop;
+static int mode_pair, mode_launch, iters;
+static __thread CUstream stream;
+static __thread int launched;
+
+/* The empty kernel: PTX on a GPU, a text module on the simulator (which exports cudasimDeviceBusyNs). */
+static const char PTX[] = ".version 7.0\n.target sm_50\n.address_size 64\n.visible .entry nop()\n{\n  ret;\n}\n";
+static const char SIM_MODULE[] = "CUDASIM-MODULE 1\nkernel nop 1\n";
 static size_t size = 1 << 20;
 static pthread_barrier_t barrier;
 static double cpu_ns[256];
@@ -29,7 +38,10 @@ static double now(clockid_t c) {
 }
 
 static void op(void) {
-    if (mode_pair) {
+    if (mode_launch) {
+        if (cuLaunchKernel(nop, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL) != CUDA_SUCCESS) failed = 1;
+        if (++launched % 256 == 0 && cuStreamSynchronize(stream) != CUDA_SUCCESS) failed = 1;
+    } else if (mode_pair) {
         CUdeviceptr p;
         if (cuMemAlloc(&p, size) != CUDA_SUCCESS || cuMemFree(p) != CUDA_SUCCESS) failed = 1;
     } else {
@@ -41,10 +53,12 @@ static void op(void) {
 static void *worker(void *arg) {
     int id = (int)(long)arg;
     cuCtxSetCurrent(ctx);
+    if (mode_launch && cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) failed = 1;
     for (int i = 0; i < iters / 10 + 10; i++) op();
     pthread_barrier_wait(&barrier);
     double t0 = now(CLOCK_THREAD_CPUTIME_ID);
     for (int i = 0; i < iters; i++) op();
+    if (mode_launch && cuStreamSynchronize(stream) != CUDA_SUCCESS) failed = 1;
     cpu_ns[id] = (now(CLOCK_THREAD_CPUTIME_ID) - t0) / iters;
     pthread_barrier_wait(&barrier);
     return NULL;
@@ -52,10 +66,11 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: alloc_bench pair|info THREADS ITERS [SIZE_BYTES]\n");
+        fprintf(stderr, "usage: alloc_bench pair|info|launch THREADS ITERS [SIZE_BYTES]\n");
         return 2;
     }
     mode_pair = strcmp(argv[1], "pair") == 0;
+    mode_launch = strcmp(argv[1], "launch") == 0;
     int threads = atoi(argv[2]);
     iters = atoi(argv[3]);
     if (argc > 4) size = strtoull(argv[4], NULL, 0);
@@ -64,6 +79,14 @@ int main(int argc, char **argv) {
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
         fprintf(stderr, "driver init failed\n");
         return 1;
+    }
+    if (mode_launch) {
+        CUmodule mod;
+        const char *image = dlsym(RTLD_DEFAULT, "cudasimDeviceBusyNs") ? SIM_MODULE : PTX;
+        if (cuModuleLoadData(&mod, image) || cuModuleGetFunction(&nop, mod, "nop")) {
+            fprintf(stderr, "loading the empty kernel failed\n");
+            return 1;
+        }
     }
     pthread_barrier_init(&barrier, NULL, (unsigned)threads + 1);
     pthread_t th[256];

@@ -3,7 +3,7 @@
 // under a limit with the unlimited rate, and its pid and launch window (CLOCK_MONOTONIC), so that on the
 // simulated GPU validate.sh reads the share from the device timeline instead.
 //
-//   compute_loop [seconds=2] [blocks=SMs*64] [iterations=4096]
+//   compute_loop [seconds=2] [blocks=SMs*64 (also for 0)] [iterations=4096]
 #include "common.h"
 #include <time.h>
 #include <unistd.h>
@@ -25,7 +25,7 @@ int main(int argc, char **argv) {
     double seconds = argc > 1 ? atof(argv[1]) : 2.0;
     int sms = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    int blocks = argc > 2 ? atoi(argv[2]) : sms * 64;
+    int blocks = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : sms * 64;
     int iters = argc > 3 ? atoi(argv[3]) : 4096;
     float *out;
     CUDA_TRY(cudaMalloc(&out, blocks * sizeof(float)));

@@ -1,5 +1,5 @@
 //! `cargo run --release -p cuquota-bench [-- --reps N --iters N]`: the added cost of libcuquota.so on a
-//! cuMemAlloc_v2 + cuMemFree_v2 pair and on cuMemGetInfo_v2, against the driver called directly, in the
+//! cuMemAlloc_v2 + cuMemFree_v2 pair, on cuMemGetInfo_v2 and on cuLaunchKernel of an empty kernel, against the driver called directly, in the
 //! same run, on 1 and 8 threads, with a memory cap set, on two drivers: the simulator, and a stub driver
 //! (`bench/stub_driver.c`) whose own calls cost a few ns, so that the shim's cost is not lost in the
 //! simulator's. Prints a table of medians; writes nothing.
@@ -48,7 +48,11 @@ fn main() {
         "operation", "driver", "threads", "driver ns/op", "shim ns/op", "added ns", "ratio", "shim wall ns"
     );
     let drivers = [("simulator", None), ("stub", Some(stub_dir.as_str()))];
-    for (mode, label) in [("pair", "cuMemAlloc+cuMemFree pair"), ("info", "cuMemGetInfo")] {
+    for (mode, label) in [
+        ("pair", "cuMemAlloc+cuMemFree pair"),
+        ("info", "cuMemGetInfo"),
+        ("launch", "cuLaunchKernel (empty)"),
+    ] {
         for (driver, dir) in drivers {
             for threads in [1u32, 8] {
                 let (mut base, mut shim, mut wall) = (Vec::new(), Vec::new(), Vec::new());
