@@ -151,7 +151,11 @@ int main(int argc, char **argv) {
         snprintf(obs, sizeof obs, "%s after %zu bytes (%.0f ms)", why, taken, (now_s() - t0) * 1e3);
         char name[96];
         snprintf(name, sizeof name, "%s_stops_with_oom", p.name);
-        check_bool(name, exp, oom && taken > 0, obs);
+        // A GPU's driver oversubscribes managed memory: stopping at the device's size is no failure here
+        // (validate.sh accepts it only without cuquota; under a cap the probe must stop at the cap).
+        bool managed_limit = strcmp(p.name, "cudaMallocManaged") == 0 && strcmp(why, "limit") == 0;
+        if (managed_limit) snprintf(exp, sizeof exp, "cudaErrorMemoryAllocation, or the device's size (managed)");
+        check_bool(name, exp, (oom && taken > 0) || managed_limit, obs);
         for (size_t i = 0; i < n; i++) p.give_back(handles[i]);
         CUDA_TRY(cudaStreamSynchronize(stream));
         // Pools keep freed memory reserved: hand it back before the next API.

@@ -7,7 +7,9 @@
  *       burst's last kernel.
  *   priority_tenant be SECONDS KMIN_NS KMAX_NS SEED [START_AT_NS]
  *       A best-effort tenant: kernels of a random length in [KMIN_NS, KMAX_NS] launched as fast as the driver
- *       (and cuquota) accept them, until SECONDS have passed; then cuCtxSynchronize.
+ *       (and cuquota) accept them, until SECONDS have passed; then cuCtxSynchronize. PT_BE_DEPTH=N (environment)
+ *       synchronises after every N launches, as a training loop does (default: never; a real GPU then queues
+ *       seconds of work, which no tenant's latency figure is about).
  *
  * Both print pid, t0_ns and end_ns (CLOCK_MONOTONIC: the window they worked in), mode, kernels and busy_ns
  * (the device time of what they launched).
@@ -230,9 +232,12 @@ static int be(int argc, char **argv) {
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)(seconds * 1e9);
     header(t0, until);
     uint64_t busy = 0, n = 0;
+    const char *depth_env = getenv("PT_BE_DEPTH");
+    uint64_t depth = depth_env ? strtoull(depth_env, NULL, 10) : 0;
     while (now_ns() < until) {
         busy += launch(uniform(kmin, kmax));
         n++;
+        if (depth && n % depth == 0) CK(d.StreamSynchronize(stream));
     }
     CK(d.CtxSynchronize());
     printf("kernels=%llu\nbusy_ns=%llu\ndone_ns=%llu\n", (unsigned long long)n, (unsigned long long)busy,

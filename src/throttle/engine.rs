@@ -564,6 +564,14 @@ impl Engine {
     fn settle(&self, dev: usize, sh: &Shared<'_>, o: &Outstanding, now: u64, measured: u64, exact: bool) {
         let d = &self.devs[dev];
         let measured = measured.min(MAX_MEASURE_NS);
+        crate::log::log!(
+            crate::log::Level::Debug,
+            "probe on device {dev}: key {:#x} measured {measured} ns ({}), charged {} + {} ns",
+            o.key,
+            if exact { "events" } else { "bound" },
+            o.charged,
+            o.accrued
+        );
         if exact {
             self.est.record(o.key, measured);
         }
