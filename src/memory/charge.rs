@@ -37,7 +37,9 @@ impl Charge<'_> {
     /// (`None`: the estimate).
     pub fn commit(mut self, space: Space, key: u64, exact: Option<u64>) {
         let bytes = exact.unwrap_or(self.bytes);
-        self.mem.settle(self.dev, self.bytes, bytes);
+        if bytes != self.bytes {
+            self.mem.settle(self.dev, self.bytes, bytes);
+        }
         let rec = Record {
             entry: self.dev.id,
             bytes,

@@ -30,7 +30,7 @@ use crate::locks::{hold_all, release_all, Side};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
-use cuquota_core::{DeviceId, Priority, UsageRegion};
+use cuquota_core::{DeviceId, UsageRegion};
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
@@ -159,14 +159,11 @@ impl Memory {
         // A context on `dev` we never saw created (the runtime's export table hands out the primary context):
         // its cost is charged before anything is allocated in it.
         self.adopt_unseen_context(nvml, dev)?;
-        let policy = self.devices.policy(dev);
-        let used = self.charge_cap(dev, bytes, policy.memory)?;
-        if let Some(cap) = policy.memory {
+        let (limit, reserved) = self.devices.memory_limits(dev);
+        let used = self.charge_cap(dev, bytes, limit)?;
+        if let Some(cap) = limit {
             self.near_cap_check(nvml, dev, bytes, cap, used)?;
         }
-        let reserved = policy
-            .reserved_memory
-            .filter(|_| policy.priority != Some(Priority::High));
         let Some(reserved) = reserved else {
             return Ok(Admitted(None));
         };

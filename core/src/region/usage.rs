@@ -316,8 +316,35 @@ impl UsageRegion {
     /// Whether the shared accounting can still be trusted, checked before anything is admitted against it:
     /// `Err` when the file was truncated under this process's mapping (which then holds private zero pages)
     /// or its header no longer says what this version wrote (another process overwrote it: bad magic, ABI
-    /// version or sizes). A few atomic loads.
+    /// version or sizes). A few atomic loads compared inline; the error is built out of line.
+    #[inline]
     pub fn check(&self) -> Result<(), RegionError> {
+        if self.intact() {
+            return Ok(());
+        }
+        self.check_failed()
+    }
+
+    /// [`UsageRegion::check`]'s fast path: the same words, read in the same order (the header first: on a
+    /// truncated file that read is what faults and breaks the mapping), compared with what this version
+    /// wrote.
+    #[inline]
+    fn intact(&self) -> bool {
+        let h = &self.file().header;
+        !self.superseded.load(Ordering::Relaxed)
+            && h.magic.load(Ordering::Acquire) == USAGE_MAGIC
+            && h.abi_version.load(Ordering::Acquire) == ABI_VERSION
+            && h.header_size.load(Ordering::Relaxed) == std::mem::size_of::<UsageHeader>() as u32
+            && h.total_size.load(Ordering::Relaxed) == std::mem::size_of::<UsageFile>() as u64
+            && h.max_devices.load(Ordering::Relaxed) == MAX_DEVICES as u32
+            && h.max_procs.load(Ordering::Relaxed) == MAX_PROCS as u32
+            && !self.map.is_broken()
+    }
+
+    /// Which check failed, and how (the full validation of [`UsageRegion::validate`]).
+    #[cold]
+    #[inline(never)]
+    fn check_failed(&self) -> Result<(), RegionError> {
         let broken = |what| RegionError::Broken {
             path: self.path().to_path_buf(),
             what,
