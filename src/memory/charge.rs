@@ -64,6 +64,7 @@ impl Drop for Charge<'_> {
 
 impl Memory {
     /// Admits `bytes` on `dev` (see [`Memory::admit`]) as a guard that gives them back unless committed.
+    #[inline]
     pub fn charge(&self, dev: Dev, bytes: u64, cuda: &CudaTable, nvml: &Nvml) -> Result<Charge<'_>, OverCap> {
         let admitted = self.admit(dev, bytes, cuda, nvml)?;
         Ok(Charge {

@@ -565,6 +565,7 @@ impl UsageRegion {
     }
 
     /// This process's slot, claimed on first use and cached. Hot path after the first call: one atomic load.
+    #[inline]
     pub fn process_slot(&self) -> Result<SlotId, RegionError> {
         let cached = self.own_slot.load(Ordering::Acquire);
         if cached != NO_SLOT {
@@ -765,6 +766,7 @@ impl UsageRegion {
     /// succeeds and just records). Exact under races. Does not reclaim dead processes: see [`UsageRegion::charge`].
     /// `Ok`: the container's usage of `dev` the check saw, this charge included (0 without a limit: no sum is
     /// taken), so a caller can tell how close to the limit it got at no extra cost.
+    #[inline]
     pub fn try_charge(
         &self,
         slot: SlotId,
@@ -833,6 +835,7 @@ impl UsageRegion {
 
     /// [`UsageRegion::try_charge`], and when it fails, reclaims dead processes (slow path, reads `/proc`) and
     /// retries once. Still no lock.
+    #[inline]
     pub fn charge(
         &self,
         slot: SlotId,
@@ -852,6 +855,7 @@ impl UsageRegion {
 
     /// Returns `bytes` on `dev` from `slot`. Never underflows: a counter cannot go below zero (HAMi's
     /// "terabytes used" bug); returns the bytes actually removed.
+    #[inline]
     pub fn uncharge(&self, slot: SlotId, dev: DeviceId, bytes: u64) -> u64 {
         let cell = &self.file().slots[slot.index()].mem_used[dev.index()];
         let prev = cell
