@@ -316,7 +316,10 @@ impl Devices {
         let cap = w.memory_limit.load(Ordering::Relaxed);
         let reserved = w.reserved_memory.load(Ordering::Relaxed);
         let high = w.priority.load(Ordering::Relaxed) == cuquota_core::policy::PRIORITY_HIGH;
-        ((cap != 0).then_some(cap), (reserved != 0 && !high).then_some(reserved))
+        (
+            (cap != 0).then_some(cap),
+            (reserved != 0 && !high).then_some(reserved),
+        )
     }
 
     /// Effective limits of a device known by UUID and maybe a CUDA ordinal: env/config for the ordinal,

@@ -32,7 +32,9 @@ fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnc
         return s.mem.untracked(call);
     };
     let est = s.devices.round(&s.cuda, dev, bytes);
-    (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || Some((Space::Pointer, out(), None)))
+    (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+        Some((Space::Pointer, out(), None))
+    })
 }
 
 /// `cuMemAlloc_v2`, legacy `cuMemAlloc` (32-bit size and address), `cuMemAllocManaged` (charged to the current
@@ -93,7 +95,8 @@ pub fn free_async(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    s.mem.free_pointer(&s.cuda, dptr, Some(stream_key(stream, ds)), call)
+    s.mem
+        .free_pointer(&s.cuda, dptr, Some(stream_key(stream, ds)), call)
 }
 
 /// What names a stream in the order of frees and synchronisations: its handle, or which default stream NULL
@@ -140,7 +143,8 @@ unsafe fn export_pointer(
         return r;
     }
     // SAFETY: non-NULL, written by the driver on success (read only then).
-    s.mem.exported_pointer(r, ptr, || shared::key(unsafe { &*bytes }), what)
+    s.mem
+        .exported_pointer(r, ptr, || shared::key(unsafe { &*bytes }), what)
 }
 
 /// An import by `what` (`call`, writing its address at `out`) of the memory exported under `key`

@@ -627,8 +627,7 @@ fn a_reused_address_releases_the_stale_record_charge() {
         bytes: 32 * MIB,
         kind: crate::memory::ledger::Kind::Direct,
     };
-    s.mem
-        .record(crate::memory::ledger::Space::Pointer, next, stale);
+    s.mem.record(crate::memory::ledger::Space::Pointer, next, stale);
     let (r, p) = alloc(s, 2 * MIB);
     assert_eq!((r, p), (CUresult::SUCCESS, next));
     assert_eq!(used(s), 2 * MIB, "the stale record's charge leaked");

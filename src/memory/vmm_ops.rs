@@ -127,7 +127,13 @@ impl Memory {
 
     /// `cuMemUnmap` of `size` bytes at `ptr` through `call`: the last mapping of a released allocation takes
     /// its charge with it.
-    pub fn vmm_unmap(&self, cuda: &CudaTable, ptr: u64, size: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    pub fn vmm_unmap(
+        &self,
+        cuda: &CudaTable,
+        ptr: u64,
+        size: u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         let u = self.vmm.unmap(ptr, size);
         self.unmapping(cuda, u, call)
     }
@@ -245,14 +251,25 @@ impl Memory {
 
     /// `cuMulticastUnbind` through `call` of the binding `key` (cuda.h: offset and size must match the bind's;
     /// the driver unbinds nothing else).
-    pub fn multicast_unbind(&self, cuda: &CudaTable, key: BindKey, call: impl FnOnce() -> CUresult) -> CUresult {
+    pub fn multicast_unbind(
+        &self,
+        cuda: &CudaTable,
+        key: BindKey,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         let u = self.vmm.unbind(|k| *k == key);
         self.unmapping(cuda, u, call)
     }
 
     /// `cuArrayDestroy` / `cuMipmappedArrayDestroy` of `h` through `call`: what was bound to a sparse array's
     /// tiles goes with it.
-    pub fn array_destroy(&self, cuda: &CudaTable, space: Space, h: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    pub fn array_destroy(
+        &self,
+        cuda: &CudaTable,
+        space: Space,
+        h: u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         if !self.vmm.has_binds() {
             return self.free(cuda, space, h, None, call);
         }

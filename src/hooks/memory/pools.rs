@@ -60,7 +60,9 @@ pub unsafe fn alloc_async(
             if !unsafe { s.cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
                 // Cannot see the pool: account it as a plain allocation instead.
                 let est = s.devices.round(&s.cuda, dev, bytesize as u64);
-                return (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || Some((Space::Pointer, out(), None)));
+                return (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+                    Some((Space::Pointer, out(), None))
+                });
             }
             (dev, pool)
         }

@@ -262,5 +262,6 @@ pub fn multicast_unbind(
     mc_offset: usize,
     size: usize,
 ) -> CUresult {
-    s.mem.multicast_unbind(&s.cuda, multicast_key(mc, dev, mc_offset, size), call)
+    s.mem
+        .multicast_unbind(&s.cuda, multicast_key(mc, dev, mc_offset, size), call)
 }
