@@ -32,7 +32,7 @@ fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnc
         return s.mem.untracked(call);
     };
     let est = s.devices.round(&s.cuda, dev, bytes);
-    (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, out(), None))
     })
 }
@@ -74,7 +74,7 @@ pub unsafe fn alloc_pitch<P: Width, N: Width>(
         .saturating_mul(PITCH_ALIGN)
         .saturating_mul(height);
     let est = s.devices.round(&s.cuda, dev, bound);
-    (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let (ptr, pitch) = unsafe { ((*dptr).to_u64(), (*pPitch).to_u64()) };
         let exact = s.devices.round(&s.cuda, dev, pitch.saturating_mul(height));
@@ -166,7 +166,7 @@ unsafe fn hold_import(
     }
     // SAFETY: non-NULL, written by the driver on success.
     let p = unsafe { *out };
-    (s.mem).imported_pointer(&s.cuda, &s.nvml, r, p, key, what, undo)
+    s.mem.imported_pointer(&s.cuda, &s.nvml, r, p, key, what, undo)
 }
 
 /// `cuIpcOpenMemHandle(_v2)`: memory this container exported is already charged (the importer joins its
@@ -276,7 +276,7 @@ fn array_alloc<D: ArrayDesc>(
     // A sparse or deferred-mapping array's requirements are what its bound VMM allocations (charged at
     // `cuMemCreate`) will back: the array itself holds nothing.
     let backed = flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0;
-    (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let handle = unsafe { *pHandle };
         let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();

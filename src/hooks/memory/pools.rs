@@ -60,14 +60,15 @@ pub unsafe fn alloc_async(
             if !unsafe { s.cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
                 // Cannot see the pool: account it as a plain allocation instead.
                 let est = s.devices.round(&s.cuda, dev, bytesize as u64);
-                return (s.mem).charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+                return s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
                     Some((Space::Pointer, out(), None))
                 });
             }
             (dev, pool)
         }
     };
-    (s.mem).pool_alloc(&s.cuda, &s.nvml, dev, pool as usize, bytesize as u64, call, out)
+    s.mem
+        .pool_alloc(&s.cuda, &s.nvml, dev, pool as usize, bytesize as u64, call, out)
 }
 
 /// The device whose default or current pool `pool` is (a pool this process did not create: from

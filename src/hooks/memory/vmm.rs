@@ -32,7 +32,8 @@ pub unsafe fn vmm_create(
         return s.mem.untracked(call);
     };
     // SAFETY: written by the driver on success.
-    (s.mem).vmm_create(&s.cuda, &s.nvml, dev, size as u64, call, || unsafe { *handle })
+    s.mem
+        .vmm_create(&s.cuda, &s.nvml, dev, size as u64, call, || unsafe { *handle })
 }
 
 /// `cuMemRelease`: one reference fewer; the charge goes with the last one of an unmapped allocation (a
@@ -71,7 +72,7 @@ pub fn vmm_map(
     size: usize,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
-    (s.mem).vmm_map(&s.cuda, &s.nvml, ptr, size as u64, handle, call)
+    s.mem.vmm_map(&s.cuda, &s.nvml, ptr, size as u64, handle, call)
 }
 
 /// The identity both processes compute for a shareable handle of `handle_type` at `shareable` (the caller's
