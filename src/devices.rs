@@ -303,6 +303,25 @@ impl Devices {
             .map_or(Policy::NONE, |i| i.policy.load().decode())
     }
 
+    /// The memory part of a known device's effective limits (after picking up a changed limits file), for
+    /// admission: the cap, and the bytes kept for high-priority tenants unless this process is one. Three of
+    /// the policy's words, read as [`Devices::policy`] decodes them.
+    #[inline]
+    pub fn memory_limits(&self, dev: Dev) -> (Option<u64>, Option<u64>) {
+        self.refresh_if_changed();
+        let Some(i) = self.table.get(dev.ordinal as usize).and_then(|s| s.get()) else {
+            return (None, None);
+        };
+        let w = &i.policy;
+        let cap = w.memory_limit.load(Ordering::Relaxed);
+        let reserved = w.reserved_memory.load(Ordering::Relaxed);
+        let high = w.priority.load(Ordering::Relaxed) == cuquota_core::policy::PRIORITY_HIGH;
+        (
+            (cap != 0).then_some(cap),
+            (reserved != 0 && !high).then_some(reserved),
+        )
+    }
+
     /// Effective limits of a device known by UUID and maybe a CUDA ordinal: env/config for the ordinal,
     /// tightened by every agent file (by UUID, else ordinal, else `all`). NVML-only processes without an
     /// ordinal get only the agent files' entries.

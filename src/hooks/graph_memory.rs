@@ -12,7 +12,7 @@
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
-use crate::memory::Admitted;
+use crate::memory::charge::Charge;
 use crate::state::Shim;
 
 /// Child graphs nested deeper than this are not walked (fail closed: such a graph's instantiation is refused).
@@ -105,7 +105,7 @@ pub unsafe fn instantiate(
             unsafe { s.cuda.cuGraphExecDestroy(exec) };
             return CUresult::ERROR_NOT_SUPPORTED;
         };
-        s.mem.graph.set_exec(exec as usize, fp);
+        s.mem.graph().set_exec(exec as usize, fp);
     }
     r
 }
@@ -120,7 +120,7 @@ pub fn exec_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec,
     };
     let r = call();
     if r.ok() {
-        s.mem.graph.merge_exec(exec as usize, &fp, false);
+        s.mem.graph().merge_exec(exec as usize, &fp, false);
     }
     r
 }
@@ -138,7 +138,7 @@ pub fn exec_child_update(
     };
     let r = call();
     if r.ok() {
-        s.mem.graph.merge_exec(exec as usize, &fp, true);
+        s.mem.graph().merge_exec(exec as usize, &fp, true);
     }
     r
 }
@@ -174,7 +174,7 @@ pub unsafe fn exec_node_update(
     };
     let r = call();
     if r.ok() {
-        s.mem.graph.merge_exec(exec as usize, &fp, true);
+        s.mem.graph().merge_exec(exec as usize, &fp, true);
     }
     r
 }
@@ -195,43 +195,34 @@ fn walked(s: &Shim, what: &str, exec: CUgraphExec, graph: CUgraph) -> Option<Vec
 
 /// Upload or launch of an exec with alloc nodes: admit what its footprint may add, call, settle to the truth.
 pub(crate) fn with_graph_memory(s: &Shim, exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(fp) = s.mem.graph.footprint(exec as usize) else {
+    let Some(fp) = s.mem.graph().footprint(exec as usize) else {
         return call();
     };
-    let mut admitted: Vec<(Dev, u64, Admitted<'_>)> = Vec::with_capacity(fp.len());
+    let mut charges: Vec<Charge<'_>> = Vec::with_capacity(fp.len());
     for &(dev, bytes) in &fp {
-        let mut est = bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
-        let a = match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
-            Ok(a) => a,
-            Err(_) => {
-                // Memory may have been released behind our back (a context's teardown): re-read, retry once.
-                s.mem.refresh_graph(&s.cuda, dev);
-                est = bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
-                match s.mem.admit(dev, est, &s.cuda, &s.nvml) {
-                    Ok(a) => a,
-                    Err(_) => {
-                        for (d, e, _) in &admitted {
-                            s.mem.release(*d, *e);
-                        }
-                        return CUresult::ERROR_OUT_OF_MEMORY;
-                    }
-                }
-            }
+        let est = || bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
+        let charge = s.mem.charge(dev, est(), &s.cuda, &s.nvml).or_else(|_| {
+            // Memory may have been released behind our back (a context's teardown): re-read, retry once.
+            s.mem.refresh_graph(&s.cuda, dev);
+            s.mem.charge(dev, est(), &s.cuda, &s.nvml)
+        });
+        let Ok(charge) = charge else {
+            return CUresult::ERROR_OUT_OF_MEMORY; // the charges so far go back with their guards
         };
-        admitted.push((dev, est, a));
+        charges.push(charge);
     }
     let r = call();
-    for &(dev, est, _) in &admitted {
+    for charge in charges {
         // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
-        s.mem.refresh_graph(&s.cuda, dev);
-        s.mem.release(dev, est);
+        s.mem.refresh_graph(&s.cuda, charge.dev());
+        drop(charge);
     }
     r
 }
 
 /// `cuGraphUpload` (+ `_ptsz`): uploading may reserve the exec's graph memory.
 pub fn upload(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
-    if !s.mem.graph.has_memory(exec as usize) {
+    if !s.mem.graph().has_memory(exec as usize) {
         return call();
     }
     with_graph_memory(s, exec, call)
@@ -239,10 +230,10 @@ pub fn upload(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> C
 
 /// `cuGraphExecDestroy`: the pool may release what the exec held.
 pub fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
-    let had = s.mem.graph.has_memory(exec as usize);
+    let had = s.mem.graph().has_memory(exec as usize);
     let r = call();
     if r.ok() && had {
-        s.mem.graph.forget_exec(exec as usize);
+        s.mem.graph().forget_exec(exec as usize);
         s.mem.refresh_graph_all(&s.cuda);
     }
     r

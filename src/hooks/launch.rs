@@ -206,7 +206,7 @@ fn graph_memory(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if s.mem.graph.has_memory(exec as usize) {
+    if s.mem.graph().has_memory(exec as usize) {
         return super::graph_memory::with_graph_memory(s, exec, || {
             graph_throttled(s, exec, stream, ds, call)
         });

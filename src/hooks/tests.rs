@@ -627,9 +627,7 @@ fn a_reused_address_releases_the_stale_record_charge() {
         bytes: 32 * MIB,
         kind: crate::memory::ledger::Kind::Direct,
     };
-    s.mem
-        .ledger
-        .insert(crate::memory::ledger::Space::Pointer, next, stale);
+    s.mem.record(crate::memory::ledger::Space::Pointer, next, stale);
     let (r, p) = alloc(s, 2 * MIB);
     assert_eq!((r, p), (CUresult::SUCCESS, next));
     assert_eq!(used(s), 2 * MIB, "the stale record's charge leaked");
@@ -676,7 +674,7 @@ fn a_destroyed_pool_stays_charged_until_its_frees_have_run() {
             bytes: 768 * MIB,
             kind: Kind::Pool(n),
         };
-        s.mem.ledger.insert(Space::Pointer, p, rec);
+        s.mem.record(Space::Pointer, p, rec);
         let (blocked, other) = (0x7777 as CUstream, 0x8888 as CUstream);
         // SAFETY: plain values and handles the fake driver ignores (so below).
         let freed = unsafe { hooks::cuMemFreeAsync(s, p, blocked) };

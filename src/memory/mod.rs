@@ -10,7 +10,9 @@
 //! allocation beyond the ledger's pre-sized map. Slow paths (first use of a device, a limits-file change, a
 //! refused admission) may read files.
 
+pub mod charge;
 pub mod host_pid;
+pub mod interprocess;
 pub mod ledger;
 pub mod overhead;
 pub mod pools;
@@ -18,6 +20,7 @@ pub mod reconcile;
 pub mod reserve;
 pub mod shared;
 pub mod vmm;
+pub mod vmm_ops;
 
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
@@ -27,7 +30,7 @@ use crate::locks::{hold_all, release_all, Side};
 use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
-use cuquota_core::{DeviceId, Priority, UsageRegion};
+use cuquota_core::{DeviceId, UsageRegion};
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
@@ -49,13 +52,13 @@ pub struct Admitted<'a>(#[allow(dead_code)] Option<reserve::Announced<'a>>);
 pub struct Memory {
     devices: Arc<Devices>,
     /// Live allocations of this process.
-    pub ledger: Ledger,
+    ledger: Ledger,
     /// Handle references and mappings of its VMM allocations (when their charge goes).
-    pub vmm: vmm::VmmLives,
+    vmm: vmm::VmmLives,
     /// Memory shared with other processes through CUDA IPC.
-    pub shared: shared::SharedMem,
+    shared: shared::SharedMem,
     /// CUDA graph memory pools and execs with alloc nodes.
-    pub graph: GraphMem,
+    graph: GraphMem,
     pools: Lock<HashMap<usize, PoolState>>,
     /// Bytes this process has charged for allocations (not overhead), per device entry.
     alloc_bytes: [AtomicU64; MAX_DEVICES],
@@ -64,9 +67,9 @@ pub struct Memory {
     /// Serialises overhead re-measurements (slow path only).
     overhead_lock: Lock<()>,
     /// Contexts and modules this process holds (overhead estimate, owner devices).
-    pub holdings: Holdings,
+    holdings: Holdings,
     /// The pid NVML knows this process by.
-    pub host: HostPid,
+    host: HostPid,
     last_reclaim_ns: AtomicU64,
     /// Handles whose first use (lazy loading, stack growth) was measured.
     first_use: reconcile::FirstUse,
@@ -90,6 +93,22 @@ impl Memory {
             last_reclaim_ns: AtomicU64::new(0),
             first_use: reconcile::FirstUse::default(),
         }
+    }
+
+    /// The host pid NVML knows this process by, once learned.
+    pub fn host_pid(&self) -> Option<u32> {
+        self.host.get()
+    }
+
+    /// CUDA graph memory (graph pools, execs with alloc nodes).
+    pub fn graph(&self) -> &GraphMem {
+        &self.graph
+    }
+
+    /// Puts a record in the ledger as if an allocation had made it (unit tests of what hooks do with it).
+    #[cfg(test)]
+    pub(crate) fn record(&self, space: ledger::Space, key: u64, rec: ledger::Record) {
+        self.ledger.insert(space, key, rec);
     }
 
     fn usage(&self) -> &UsageRegion {
@@ -140,14 +159,11 @@ impl Memory {
         // A context on `dev` we never saw created (the runtime's export table hands out the primary context):
         // its cost is charged before anything is allocated in it.
         self.adopt_unseen_context(nvml, dev)?;
-        let policy = self.devices.policy(dev);
-        let used = self.charge_cap(dev, bytes, policy.memory)?;
-        if let Some(cap) = policy.memory {
+        let (limit, reserved) = self.devices.memory_limits(dev);
+        let used = self.charge_cap(dev, bytes, limit)?;
+        if let Some(cap) = limit {
             self.near_cap_check(nvml, dev, bytes, cap, used)?;
         }
-        let reserved = policy
-            .reserved_memory
-            .filter(|_| policy.priority != Some(Priority::High));
         let Some(reserved) = reserved else {
             return Ok(Admitted(None));
         };

@@ -5,8 +5,10 @@
 use super::{ledger, Memory};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
+use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 use crate::locks::Lock;
+use crate::log::{log, Level};
 use cuquota_core::DeviceId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -185,6 +187,77 @@ impl PoolState {
 }
 
 impl Memory {
+    /// A pool allocation of `bytes` from `pool` on `dev` through `call`, which writes the address `out()` reads.
+    /// The pool may grow by the whole (rounded) request, so that is what is reserved in the ledger before the
+    /// driver is called: no moment exists when the pool holds more than the container was admitted. Only when
+    /// the whole request does not fit, and a block this process freed into the pool's reserve (already charged)
+    /// can serve it, is it admitted with what the unused reserve cannot cover (usually nothing). Afterwards the
+    /// charge settles to the pool's real `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn pool_alloc(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        dev: Dev,
+        pool: usize,
+        bytes: u64,
+        call: impl FnOnce() -> CUresult,
+        out: impl FnOnce() -> u64,
+    ) -> CUresult {
+        let key = pool;
+        let len = self.devices.round(cuda, dev, bytes);
+        self.track_pool(key, Some(dev));
+        self.pool_prepare(cuda, key, len, false);
+        // Held until the driver call returns (a reserved-memory announcement lives in the guard).
+        let admit = |n| self.charge(dev, n, cuda, nvml).ok();
+        let full = admit(len).or_else(|| {
+            // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
+            self.refresh_pools_of(cuda, dev.id);
+            admit(len)
+        });
+        let (charge, claimed) = if let Some(c) = full {
+            (c, None)
+        } else if let Some(block) = self.pool_prepare(cuda, key, len, true) {
+            let est = len.saturating_sub(self.pool_slack(cuda, key));
+            match admit(est) {
+                Some(c) => (c, Some(block)),
+                None => {
+                    self.pool_unclaim(key, block);
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+            }
+        } else {
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        };
+        let r = call();
+        if !r.ok() {
+            drop(charge);
+            if let Some(block) = claimed {
+                self.pool_unclaim(key, block);
+            }
+            return r;
+        }
+        let addr = out();
+        let rec = ledger::Record {
+            entry: dev.id,
+            bytes: len,
+            kind: ledger::Kind::Pool(key),
+        };
+        let stale = self.ledger.insert(ledger::Space::Pointer, addr, rec);
+        self.release_stale(stale);
+        // `pool_settle` takes the admitted bytes over.
+        let over = self.pool_settle(cuda, key, dev, charge.bytes(), len, addr, claimed);
+        charge.keep();
+        if over > 0 {
+            // Only a driver that grows the pool although a free block of the size was in its reserve gets here.
+            log!(
+                Level::Warn,
+                "pool {key:#x} grew {over} bytes beyond what was admitted for a {len}-byte allocation"
+            );
+        }
+        r
+    }
+
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
     pub fn track_pool(&self, pool: usize, dev: Option<Dev>) {
         self.pools.lock().entry(pool).or_insert(PoolState {

@@ -79,6 +79,7 @@ pub(crate) fn unguard(g: Guard) {
 }
 
 /// Whether the file under the guarded range was found truncated (the range now holds private zero pages).
+#[inline]
 pub(crate) fn is_broken(g: Guard) -> bool {
     RANGES[g.0].state.load(Ordering::Acquire) != SOUND
 }

@@ -384,6 +384,7 @@ impl Mapping {
     }
 
     /// Whether the file was truncated under this (guarded) mapping: it now holds private zero pages.
+    #[inline]
     pub(crate) fn is_broken(&self) -> bool {
         self.guard.is_some_and(super::fault::is_broken)
     }

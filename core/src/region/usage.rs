@@ -316,8 +316,35 @@ impl UsageRegion {
     /// Whether the shared accounting can still be trusted, checked before anything is admitted against it:
     /// `Err` when the file was truncated under this process's mapping (which then holds private zero pages)
     /// or its header no longer says what this version wrote (another process overwrote it: bad magic, ABI
-    /// version or sizes). A few atomic loads.
+    /// version or sizes). A few atomic loads compared inline; the error is built out of line.
+    #[inline]
     pub fn check(&self) -> Result<(), RegionError> {
+        if self.intact() {
+            return Ok(());
+        }
+        self.check_failed()
+    }
+
+    /// [`UsageRegion::check`]'s fast path: the same words, read in the same order (the header first: on a
+    /// truncated file that read is what faults and breaks the mapping), compared with what this version
+    /// wrote.
+    #[inline]
+    fn intact(&self) -> bool {
+        let h = &self.file().header;
+        !self.superseded.load(Ordering::Relaxed)
+            && h.magic.load(Ordering::Acquire) == USAGE_MAGIC
+            && h.abi_version.load(Ordering::Acquire) == ABI_VERSION
+            && h.header_size.load(Ordering::Relaxed) == std::mem::size_of::<UsageHeader>() as u32
+            && h.total_size.load(Ordering::Relaxed) == std::mem::size_of::<UsageFile>() as u64
+            && h.max_devices.load(Ordering::Relaxed) == MAX_DEVICES as u32
+            && h.max_procs.load(Ordering::Relaxed) == MAX_PROCS as u32
+            && !self.map.is_broken()
+    }
+
+    /// Which check failed, and how (the full validation of [`UsageRegion::validate`]).
+    #[cold]
+    #[inline(never)]
+    fn check_failed(&self) -> Result<(), RegionError> {
         let broken = |what| RegionError::Broken {
             path: self.path().to_path_buf(),
             what,
@@ -538,6 +565,7 @@ impl UsageRegion {
     }
 
     /// This process's slot, claimed on first use and cached. Hot path after the first call: one atomic load.
+    #[inline]
     pub fn process_slot(&self) -> Result<SlotId, RegionError> {
         let cached = self.own_slot.load(Ordering::Acquire);
         if cached != NO_SLOT {
@@ -738,6 +766,7 @@ impl UsageRegion {
     /// succeeds and just records). Exact under races. Does not reclaim dead processes: see [`UsageRegion::charge`].
     /// `Ok`: the container's usage of `dev` the check saw, this charge included (0 without a limit: no sum is
     /// taken), so a caller can tell how close to the limit it got at no extra cost.
+    #[inline]
     pub fn try_charge(
         &self,
         slot: SlotId,
@@ -806,6 +835,7 @@ impl UsageRegion {
 
     /// [`UsageRegion::try_charge`], and when it fails, reclaims dead processes (slow path, reads `/proc`) and
     /// retries once. Still no lock.
+    #[inline]
     pub fn charge(
         &self,
         slot: SlotId,
@@ -825,6 +855,7 @@ impl UsageRegion {
 
     /// Returns `bytes` on `dev` from `slot`. Never underflows: a counter cannot go below zero (HAMi's
     /// "terabytes used" bug); returns the bytes actually removed.
+    #[inline]
     pub fn uncharge(&self, slot: SlotId, dev: DeviceId, bytes: u64) -> u64 {
         let cell = &self.file().slots[slot.index()].mem_used[dev.index()];
         let prev = cell

@@ -1,0 +1,175 @@
+//! Memory shared between processes (CUDA IPC, pool export data, POSIX descriptors and fabric handles): an
+//! export moves the allocation's charge into the container's shared table under the handle's key, where an
+//! importer of the same container finds it; an import of another container's memory is charged to the importer
+//! until it lets go of it. The bookkeeping is `shared::SharedMem`'s; this is the interface the hooks call after
+//! the driver's.
+
+use super::ledger::{Record, Space};
+use super::shared::{Export, Hold};
+use super::Memory;
+use crate::driver::cuda::CudaTable;
+use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::*;
+use crate::log::{log, Level};
+use std::ffi::c_int;
+
+impl Memory {
+    /// The export by `what` (returning `r`) of the allocation at `p` under `key` (its handle's bytes, read
+    /// only when needed): its charge moves into the container's shared table. A full table refuses it.
+    pub fn exported_pointer(&self, r: CUresult, p: u64, key: impl FnOnce() -> u64, what: &str) -> CUresult {
+        if !r.ok() || self.shared.exported(p).is_some() {
+            return r;
+        }
+        let Some(rec) = self.ledger.get(Space::Pointer, p) else {
+            return r;
+        };
+        match self.share_record(rec, key(), what) {
+            Some(e) => {
+                self.shared.export(p, e);
+                r
+            }
+            None => CUresult::ERROR_OUT_OF_MEMORY,
+        }
+    }
+
+    /// Moves the charge of `rec` into the container's shared table under `key` (an export by `what`); `None`
+    /// (logged): the table is full.
+    fn share_record(&self, rec: Record, key: u64, what: &str) -> Option<Export> {
+        let Some((entry, moved)) = self.share(rec.entry, key, rec.bytes) else {
+            log!(
+                Level::Error,
+                "{what} refused: the container's table of memory shared between processes is full \
+                 ({} entries); free or release exported allocations first",
+                cuquota_core::region::layout::MAX_SHARED
+            );
+            return None;
+        };
+        Some(Export { entry, key, moved })
+    }
+
+    /// An import by `what` (returning `r`, mapped at `p`) of the memory exported under `key`: memory this
+    /// container exported is already charged (this process joins its shared entry); memory another container
+    /// exported is charged to this process until it lets go of it, and refused (`undo` gives it back to the
+    /// driver) when it does not fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn imported_pointer(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        r: CUresult,
+        p: u64,
+        key: u64,
+        what: &str,
+        undo: impl FnOnce(u64),
+    ) -> CUresult {
+        if self.shared.open_again(p) {
+            return r;
+        }
+        if let Some(entry) = self.join_shared(key) {
+            self.shared.opened(p, Hold::Shared { entry, key });
+            return r;
+        }
+        let refuse = |why: &str| {
+            log!(Level::Error, "{what} refused: {why}");
+            undo(p);
+            CUresult::ERROR_OUT_OF_MEMORY
+        };
+        // The memory's own device: opened with peer access it need not be the current context's.
+        let mut ordinal: c_int = -1;
+        // SAFETY: valid out-pointer of the attribute's type (int); `p` is the import just made.
+        let on = unsafe {
+            cuda.cuPointerGetAttribute(
+                (&mut ordinal as *mut c_int).cast(),
+                CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                p,
+            )
+        };
+        let dev = if on.ok() {
+            self.devices.device(cuda, ordinal)
+        } else {
+            self.devices.current(cuda)
+        };
+        let Some(dev) = dev else {
+            return if self.devices.refuse_unplaced() {
+                refuse("no accounting identity for the current device")
+            } else {
+                r
+            };
+        };
+        let (mut base, mut size) = (0, 0usize);
+        // SAFETY: valid out-pointers; `p` is the mapping just opened.
+        if !unsafe { cuda.cuMemGetAddressRange_v2(&mut base, &mut size, p) }.ok() || size == 0 {
+            return refuse("its size is unknown (cuMemGetAddressRange failed)");
+        }
+        let bytes = size as u64;
+        let Ok(charge) = self.charge(dev, bytes, cuda, nvml) else {
+            return refuse(&format!(
+                "{bytes} bytes from another container do not fit under the memory limit"
+            ));
+        };
+        let bytes = charge.keep();
+        self.shared.opened(p, Hold::Charged { dev: dev.id, bytes });
+        r
+    }
+
+    /// `cuIpcCloseMemHandle` of `p` returned `r`: the last close lets go of the hold.
+    pub fn closed_import(&self, r: CUresult, p: u64) -> CUresult {
+        if r.ok() {
+            self.let_go(self.shared.close(p));
+        }
+        r
+    }
+
+    /// The export (returning `r`) of VMM handle `handle` as a shareable handle keyed `key` (`None`: a type the
+    /// shim cannot identify): its charge moves into the shared table. A full table refuses it (`undo` closes
+    /// what the driver made).
+    pub fn exported_handle(
+        &self,
+        r: CUresult,
+        handle: u64,
+        key: impl FnOnce() -> Option<u64>,
+        undo: impl FnOnce(),
+    ) -> CUresult {
+        if r.ok() {
+            self.vmm.exported(handle);
+        }
+        if !r.ok() || self.shared.vmm_exported(handle) {
+            return r;
+        }
+        let Some(rec) = self.ledger.get(Space::Vmm, handle) else {
+            return r;
+        };
+        let Some(key) = key() else {
+            return r;
+        };
+        match self.share_record(rec, key, "cuMemExportToShareableHandle") {
+            Some(e) => {
+                self.shared.vmm_export(handle, e);
+                r
+            }
+            None => {
+                undo();
+                CUresult::ERROR_OUT_OF_MEMORY
+            }
+        }
+    }
+
+    /// The import of VMM handle `h` (the import of the shareable handle keyed `key`, if the shim can identify
+    /// it) succeeded: memory this container exported joins its shared entry; any other import is charged from
+    /// its first mapping (`Memory::vmm_map`) until its last reference and mapping go.
+    pub fn imported_handle(&self, h: u64, key: Option<u64>) {
+        if self.ledger.get(Space::Vmm, h).is_some() || self.shared.vmm_import(h).is_some() {
+            // A handle this process has already (the driver gave the same one again): one more reference.
+            self.vmm.retained(h);
+            return;
+        }
+        self.vmm.created(h);
+        let hold = key.and_then(|key| {
+            Some(Hold::Shared {
+                entry: self.join_shared(key)?,
+                key,
+            })
+        });
+        self.shared.vmm_imported(h, hold);
+    }
+}
