@@ -27,6 +27,7 @@ c_codes! { CUresult, checked_results;
 
 impl CUresult {
     /// True for `CUDA_SUCCESS`.
+    #[inline]
     pub fn ok(self) -> bool {
         self == Self::SUCCESS
     }

@@ -223,6 +223,7 @@ macro_rules! c_functions {
             }
 
             /// The code a call returns when its function is unavailable.
+            #[inline]
             pub fn missing(&self) -> $ret {
                 if self.loaded { $nosym } else { $nolib }
             }

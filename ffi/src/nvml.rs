@@ -25,6 +25,7 @@ c_codes! { nvmlReturn_t, checked_results;
 
 impl nvmlReturn_t {
     /// True for `NVML_SUCCESS`.
+    #[inline]
     pub fn ok(self) -> bool {
         self == Self::SUCCESS
     }
