@@ -6,10 +6,16 @@
 //! serves the metrics on `--listen`.
 //! `--once` does one pass and prints the report (`--json`: schema cuquota.agent/v1). The shape is documented
 //! in docs/agent.md.
+//!
+//! A library: the `cuquota` binary runs it (`cuquota agent`) and shares its NVML access ([`nvml`]), its
+//! metrics series and endpoint ([`metrics`]) and its output helpers ([`output`]).
 
 pub mod descriptor;
 pub mod enforce;
 pub mod members;
+pub mod metrics;
+pub mod nvml;
+pub mod output;
 pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,10 +27,9 @@ use clap::Args;
 use cuquota_core::log::Level;
 use cuquota_core::region::{FileId, LimitsReader, LimitsWriter, SlotState, UsageRegion};
 
-use crate::metrics::{self, ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
-use crate::nvml::{self, Nvml};
-use crate::output::{self, parse_duration_arg};
-use crate::{CliError, CmdResult};
+use crate::metrics::{ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
+use crate::nvml::Nvml;
+use crate::output::parse_duration_arg;
 use descriptor::{Descriptor, SmPolicy};
 use enforce::memory::MemoryState;
 use enforce::throttle::ThrottleState;
@@ -50,6 +55,41 @@ pub struct AgentArgs {
     #[arg(long)]
     json: bool,
 }
+
+/// A failure: a one-line message (the `cuquota` command prints it and exits 2).
+#[derive(Debug)]
+pub struct AgentError {
+    /// What went wrong (one line).
+    pub msg: String,
+}
+
+impl AgentError {
+    /// A failure saying `msg`.
+    pub fn new(msg: impl Into<String>) -> AgentError {
+        AgentError { msg: msg.into() }
+    }
+}
+
+impl std::fmt::Display for AgentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl From<std::io::Error> for AgentError {
+    fn from(e: std::io::Error) -> Self {
+        AgentError::new(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for AgentError {
+    fn from(e: serde_json::Error) -> Self {
+        AgentError::new(e.to_string())
+    }
+}
+
+/// A run's result: the exit code on success.
+pub type AgentResult = Result<u8, AgentError>;
 
 /// What the agent keeps about one container between passes.
 #[derive(Default)]
@@ -105,14 +145,14 @@ fn scan_period(interval: Duration) -> Duration {
 }
 
 impl Agent {
-    fn nvml(&mut self) -> Result<&Nvml, CliError> {
+    fn nvml(&mut self) -> Result<&Nvml, AgentError> {
         if self.nvml.is_none() {
-            self.nvml = Some(Nvml::load().map_err(|e| CliError::new(format!("agent: NVML: {e}")))?);
+            self.nvml = Some(Nvml::load().map_err(|e| AgentError::new(format!("agent: NVML: {e}")))?);
         }
         Ok(self.nvml.as_ref().expect("loaded above"))
     }
 
-    fn sample_gpus(&mut self) -> Result<Vec<GpuSample>, CliError> {
+    fn sample_gpus(&mut self) -> Result<Vec<GpuSample>, AgentError> {
         // Utilisation since the previous sample (the interval the throttle charges), at most 10 s.
         let now_us = nvml::realtime_us();
         let since = self
@@ -123,7 +163,7 @@ impl Agent {
         let nv = self.nvml()?;
         let mut out = Vec::new();
         let mut failed = Vec::new();
-        for gpu in nv.gpus().map_err(CliError::new)? {
+        for gpu in nv.gpus().map_err(AgentError::new)? {
             // One GPU's lists failing leaves that GPU out of this pass (its balances carried unchanged), not
             // the node's enforcement.
             let processes = match nv.processes(&gpu) {
@@ -298,13 +338,13 @@ impl Agent {
 
     /// One pass: late freezes end, NVML and /proc are sampled, the descriptors read; each container is judged
     /// (members, limits, usage, enforcement); the report.
-    fn pass(&mut self) -> Result<AgentReport, CliError> {
+    fn pass(&mut self) -> Result<AgentReport, AgentError> {
         self.end_late_freezes();
         let gpus = self.sample_gpus()?;
         let table = ProcTable::read();
         let now = Instant::now();
         let found =
-            descriptor::scan(&self.dir).map_err(|e| CliError::new(format!("agent: --containers {e}")))?;
+            descriptor::scan(&self.dir).map_err(|e| AgentError::new(format!("agent: --containers {e}")))?;
         self.forget_gone(&found, now);
         let mut containers = Vec::new();
         let mut attributed: BTreeSet<u32> = BTreeSet::new();
@@ -692,12 +732,12 @@ impl Drop for Agent {
 }
 
 /// `cuquota agent`.
-pub fn run(a: AgentArgs) -> CmdResult {
+pub fn run(a: AgentArgs) -> AgentResult {
     if a.interval < Duration::from_millis(10) {
-        return Err(CliError::new("--interval must be at least 10ms"));
+        return Err(AgentError::new("--interval must be at least 10ms"));
     }
     if !a.containers.is_dir() {
-        return Err(CliError::new(format!(
+        return Err(AgentError::new(format!(
             "--containers {}: not a directory",
             a.containers.display()
         )));
