@@ -7,7 +7,6 @@
 pub mod abi;
 pub mod devices;
 pub mod driver;
-pub mod ffi;
 pub mod hooks;
 pub mod locks;
 pub mod log;
@@ -15,3 +14,6 @@ pub mod memory;
 pub mod state;
 pub mod throttle;
 pub mod time;
+
+/// The CUDA and NVML declarations (types, signatures, function tables), checked against NVIDIA's headers.
+pub use cuquota_ffi as ffi;

@@ -264,12 +264,12 @@ fn init(exports: Exports) -> Process {
     }
 
     let cuda = load(cfg.libcuda_path.as_deref(), "libcuda.so.1")
-        .map_or_else(|| CudaTable::empty(false), |l| CudaTable::load(&l));
+        .map_or_else(|| CudaTable::empty(false), |l| crate::driver::cuda::load(&l));
     let nvml_lib = load(cfg.libnvml_path.as_deref(), "libnvidia-ml.so.1");
 
     if cfg.disabled && opt_out_allowed {
         log!(Level::Info, "disabled by configuration: pass-through");
-        let nvml = nvml_lib.map_or_else(|| NvmlTable::empty(false), |l| NvmlTable::load(&l));
+        let nvml = nvml_lib.map_or_else(|| NvmlTable::empty(false), |l| crate::driver::nvml::load(&l));
         return Process::Disabled { cuda, nvml };
     }
 
@@ -289,7 +289,7 @@ fn init(exports: Exports) -> Process {
         },
         None => None,
     };
-    let nvml = nvml_lib.map(|l| NvmlTable::load(&l));
+    let nvml = nvml_lib.map(|l| crate::driver::nvml::load(&l));
     let devices = Devices::new(cfg, usage, limits, priority);
     register_fork_handlers();
     Process::Active(Box::new(Shim::new(cuda, nvml, devices, exports)))

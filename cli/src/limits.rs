@@ -277,7 +277,7 @@ impl LimitsReport {
 
     fn print(&self, json: bool) -> Result<(), CliError> {
         if json {
-            return output::print_json(self);
+            return Ok(output::print_json(self)?);
         }
         println!(
             "{}: seq {}, generation {}, opt-out {}",

@@ -1,17 +1,15 @@
 //! `cuquota`: run programs under cuquota, show the demo, manage the agent's limits files, show a container's
 //! usage, serve Prometheus metrics, and run the node agent. See docs/cli.md.
 
-mod agent;
 mod demo;
 mod limits;
 mod locate;
 mod metrics;
-mod nvml;
-mod output;
 mod priority;
 mod run;
 mod status;
 
+use cuquota_agent::{nvml, output};
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -61,7 +59,7 @@ enum Command {
     /// Serve a container's usage as Prometheus metrics (HAMi's metric names and cuquota's own)
     Metrics(metrics::MetricsArgs),
     /// The node agent: watch every container's processes on the GPU through NVML, report, serve metrics
-    Agent(agent::AgentArgs),
+    Agent(cuquota_agent::AgentArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout
     Completions {
         /// The shell
@@ -134,7 +132,7 @@ fn dispatch(cli: Cli) -> CmdResult {
         Command::Priority { command } => priority::run(command),
         Command::Status(a) => status::run(a),
         Command::Metrics(a) => metrics::run(a),
-        Command::Agent(a) => agent::run(a),
+        Command::Agent(a) => Ok(cuquota_agent::run(a)?),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "cuquota", &mut std::io::stdout());
             Ok(0)

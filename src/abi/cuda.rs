@@ -1,18 +1,134 @@
-//! CUDA driver exports: one per `hooked` line of `driver::cuda::cuda_functions!`. Everything else is not
-//! exported and is served by the real driver ("forward by default").
+//! CUDA driver exports: the routing list, one line per exported entry point (see `abi::exports!`): its
+//! arguments (types from `ffi::cuda`) and the hook it calls. Everything else is not exported and is served by the
+//! real driver ("forward by default").
 
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
 use crate::state::Shim;
-use std::ffi::{c_char, c_int, c_uint, c_void};
 
 fn table(s: &Shim) -> &CudaTable {
     &s.cuda
 }
 
-macro_rules! cuda_exports {
-    ($($list:tt)*) => {
-        crate::abi::exports!(cuda_guard, CUresult, table, $($list)*);
-    };
+crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
+    // initialisation and symbol lookup
+    cuInit (Flags) => context::init(call);
+    cuGetProcAddress (symbol, pfn, cudaVersion, flags) => proc_address::get_proc_address(call, pfn);
+    cuGetProcAddress_v2 (symbol, pfn, cudaVersion, flags, symbolStatus) => proc_address::get_proc_address(call, pfn);
+    // linear allocations
+    cuMemAlloc_v2 (dptr, bytesize) => memory::alloc(call, dptr, bytesize);
+    cuMemAlloc (dptr, bytesize) => memory::alloc(call, dptr, bytesize);
+    cuMemAllocManaged (dptr, bytesize, flags) => memory::alloc(call, dptr, bytesize);
+    cuMemAllocPitch_v2 (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) => memory::alloc_pitch(call, dptr, pPitch, WidthInBytes, Height);
+    cuMemAllocPitch (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) => memory::alloc_pitch(call, dptr, pPitch, WidthInBytes, Height);
+    cuMemFree_v2 (dptr) => memory::free(call, dptr);
+    cuMemFree (dptr) => memory::free(call, dptr);
+    // stream-ordered allocator
+    cuMemAllocAsync (dptr, bytesize, hStream) => memory::alloc_async(call, dptr, bytesize, None, hStream, DefaultStream::Legacy);
+    cuMemAllocAsync_ptsz (dptr, bytesize, hStream) => memory::alloc_async(call, dptr, bytesize, None, hStream, DefaultStream::PerThread);
+    cuMemAllocFromPoolAsync (dptr, bytesize, pool, hStream) => memory::alloc_async(call, dptr, bytesize, Some(pool), hStream, DefaultStream::Legacy);
+    cuMemAllocFromPoolAsync_ptsz (dptr, bytesize, pool, hStream) => memory::alloc_async(call, dptr, bytesize, Some(pool), hStream, DefaultStream::PerThread);
+    cuMemFreeAsync (dptr, hStream) => memory::free_async(call, dptr, hStream, DefaultStream::Legacy);
+    cuMemFreeAsync_ptsz (dptr, hStream) => memory::free_async(call, dptr, hStream, DefaultStream::PerThread);
+    cuMemPoolCreate (pool, poolProps) => memory::pool_create(call, pool, poolProps);
+    cuMemPoolTrimTo (pool, minBytesToKeep) => memory::pool_trim(call, pool);
+    cuMemPoolDestroy (pool) => memory::pool_destroy(call, pool);
+    cuCtxSynchronize () => memory::ctx_synchronize(call, None);
+    cuCtxSynchronize_v2 (ctx) => memory::ctx_synchronize(call, Some(ctx));
+    cuStreamSynchronize (hStream) => memory::stream_synchronize(call, hStream, DefaultStream::Legacy);
+    cuStreamSynchronize_ptsz (hStream) => memory::stream_synchronize(call, hStream, DefaultStream::PerThread);
+    cuMemPoolExportPointer (shareData_out, ptr) => memory::pool_export_pointer(call, shareData_out, ptr);
+    cuMemPoolImportPointer (ptr_out, pool, shareData) => memory::pool_import_pointer(real, ptr_out, pool, shareData);
+    // virtual memory management
+    cuMemCreate (handle, size, prop, flags) => memory::vmm_create(call, handle, size, prop);
+    cuMemRelease (handle) => memory::vmm_release(call, handle);
+    cuMemMap (ptr, size, offset, handle, flags) => memory::vmm_map(call, ptr, size, handle);
+    cuMemUnmap (ptr, size) => memory::vmm_unmap(call, ptr, size);
+    cuMemMapArrayAsync (mapInfoList, count, hStream) => memory::map_array_async(call, mapInfoList, count);
+    cuMemMapArrayAsync_ptsz (mapInfoList, count, hStream) => memory::map_array_async(call, mapInfoList, count);
+    cuMulticastCreate (mcHandle, prop) => memory::multicast_create(call, mcHandle);
+    cuMulticastBindMem (mcHandle, mcOffset, memHandle, memOffset, size, flags) => memory::multicast_bind(call, mcHandle, mcOffset, Some(memHandle), 0, size);
+    cuMulticastBindAddr (mcHandle, mcOffset, memptr, size, flags) => memory::multicast_bind(call, mcHandle, mcOffset, None, memptr, size);
+    cuMulticastUnbind (mcHandle, dev, mcOffset, size) => memory::multicast_unbind(call, mcHandle, dev, mcOffset, size);
+    cuMemRetainAllocationHandle (handle, addr) => memory::vmm_retain(call, handle);
+    cuMemExportToShareableHandle (shareableHandle, handle, handleType, flags) => memory::vmm_export(call, shareableHandle, handle, handleType);
+    cuMemImportFromShareableHandle (handle, osHandle, shHandleType) => memory::vmm_import(real, handle, osHandle, shHandleType);
+    // interprocess memory
+    cuIpcGetMemHandle (pHandle, dptr) => memory::ipc_get(call, pHandle, dptr);
+    cuIpcOpenMemHandle_v2 (pdptr, handle, Flags) => memory::ipc_open(call, pdptr, handle);
+    cuIpcOpenMemHandle (pdptr, handle, Flags) => memory::ipc_open(call, pdptr, handle);
+    cuIpcCloseMemHandle (dptr) => memory::ipc_close(call, dptr);
+    // arrays
+    cuArrayCreate_v2 (pHandle, pAllocateArray) => memory::array_create(call, pHandle, pAllocateArray);
+    cuArrayCreate (pHandle, pAllocateArray) => memory::array_create(call, pHandle, pAllocateArray);
+    cuArray3DCreate_v2 (pHandle, pAllocateArray) => memory::array_create(call, pHandle, pAllocateArray);
+    cuArray3DCreate (pHandle, pAllocateArray) => memory::array_create(call, pHandle, pAllocateArray);
+    cuMipmappedArrayCreate (pHandle, pMipmappedArrayDesc, numMipmapLevels) => memory::mipmapped_create(call, pHandle, pMipmappedArrayDesc, numMipmapLevels);
+    cuArrayDestroy (hArray) => memory::array_destroy(call, hArray);
+    cuMipmappedArrayDestroy (hMipmappedArray) => memory::mipmapped_destroy(call, hMipmappedArray);
+    // what the program is told about memory
+    cuMemGetInfo_v2 (free, total) => info::mem_get_info(real, free, total);
+    cuMemGetInfo (free, total) => info::mem_get_info(real, free, total);
+    cuDeviceTotalMem_v2 (bytes, dev) => info::device_total_mem(call, bytes, dev);
+    cuDeviceTotalMem (bytes, dev) => info::device_total_mem(call, bytes, dev);
+    // contexts and modules (overhead measurement)
+    cuCtxCreate (pctx, flags, dev) => context::ctx_create(call, pctx, dev);
+    cuCtxCreate_v2 (pctx, flags, dev) => context::ctx_create(call, pctx, dev);
+    cuCtxCreate_v3 (pctx, paramsArray, numParams, flags, dev) => context::ctx_create(call, pctx, dev);
+    cuCtxCreate_v4 (pctx, ctxCreateParams, flags, dev) => context::ctx_create(call, pctx, dev);
+    cuCtxDestroy (ctx) => context::ctx_destroy(call, ctx);
+    cuCtxDestroy_v2 (ctx) => context::ctx_destroy(call, ctx);
+    cuCtxSetLimit (limit, value) => context::set_limit(call, limit, value);
+    cuDevicePrimaryCtxRetain (pctx, dev) => context::primary_retain(call, pctx, dev);
+    cuDevicePrimaryCtxRelease (dev) => context::primary_release(call, dev, false);
+    cuDevicePrimaryCtxRelease_v2 (dev) => context::primary_release(call, dev, false);
+    cuDevicePrimaryCtxReset (dev) => context::primary_release(call, dev, true);
+    cuDevicePrimaryCtxReset_v2 (dev) => context::primary_release(call, dev, true);
+    cuModuleLoad (module, fname) => context::module_load(call, module);
+    cuModuleLoadData (module, image) => context::module_load(call, module);
+    cuModuleLoadDataEx (module, image, numOptions, options, optionValues) => context::module_load(call, module);
+    cuModuleLoadFatBinary (module, fatCubin) => context::module_load(call, module);
+    cuModuleUnload (hmod) => context::module_unload(call, hmod);
+    cuLibraryLoadData (library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load(call, library);
+    cuLibraryLoadFromFile (library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load(call, library);
+    cuLibraryUnload (library) => context::library_unload(call);
+    // first use: the driver loads code and globals lazily (CUDA_MODULE_LOADING=LAZY, the default)
+    cuModuleGetFunction (hfunc, hmod, name) => context::first_use(call, hfunc.cast::<usize>());
+    cuModuleGetGlobal_v2 (dptr, bytes, hmod, name) => context::first_use(call, dptr);
+    cuModuleGetGlobal (dptr, bytes, hmod, name) => context::first_use(call, dptr);
+    cuLibraryGetGlobal (dptr, bytes, library, name) => context::first_use(call, dptr);
+    cuLibraryGetManaged (dptr, bytes, library, name) => context::first_use(call, dptr);
+    cuLibraryGetModule (pMod, library) => context::first_use(call, pMod.cast::<usize>());
+    cuKernelGetFunction (pFunc, kernel) => context::first_use(call, pFunc.cast::<usize>());
+    cuLibraryGetUnifiedFunction (fptr, library, symbol) => context::first_use(call, fptr.cast::<usize>());
+    cuModuleGetTexRef (pTexRef, hmod, name) => context::first_use(call, pTexRef.cast::<usize>());
+    cuModuleGetSurfRef (pSurfRef, hmod, name) => context::first_use(call, pSurfRef.cast::<usize>());
+    cuFuncLoad (function) => context::function_load(call, function);
+    // every path that puts work on the GPU (the throttle)
+    cuLaunchKernel (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
+    cuLaunchKernel_ptsz (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
+    cuLaunchKernelEx (config, f, kernelParams, extra) => launch::kernel_ex(call, config, f, DefaultStream::Legacy);
+    cuLaunchKernelEx_ptsz (config, f, kernelParams, extra) => launch::kernel_ex(call, config, f, DefaultStream::PerThread);
+    cuLaunchCooperativeKernel (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
+    cuLaunchCooperativeKernel_ptsz (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
+    cuLaunchCooperativeKernelMultiDevice (launchParamsList, numDevices, flags) => launch::multi_device(call, launchParamsList, numDevices);
+    cuGraphLaunch (hGraphExec, hStream) => launch::graph(call, hGraphExec, hStream, DefaultStream::Legacy);
+    cuGraphLaunch_ptsz (hGraphExec, hStream) => launch::graph(call, hGraphExec, hStream, DefaultStream::PerThread);
+    cuLaunch (f) => launch::kernel(call, f, [1, 1, 1], [0, 0, 0], std::ptr::null_mut(), DefaultStream::Legacy);
+    cuLaunchGrid (f, grid_width, grid_height) => launch::grid(call, f, grid_width, grid_height, std::ptr::null_mut());
+    cuLaunchGridAsync (f, grid_width, grid_height, hStream) => launch::grid(call, f, grid_width, grid_height, hStream);
+    // CUDA graphs with memory nodes
+    cuGraphInstantiateWithFlags (phGraphExec, hGraph, flags) => graph_memory::instantiate(call, phGraphExec, hGraph);
+    cuGraphInstantiate (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize) => graph_memory::instantiate(call, phGraphExec, hGraph);
+    cuGraphInstantiate_v2 (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize) => graph_memory::instantiate(call, phGraphExec, hGraph);
+    cuGraphInstantiateWithParams (phGraphExec, hGraph, instantiateParams) => graph_memory::instantiate(call, phGraphExec, hGraph);
+    cuGraphInstantiateWithParams_ptsz (phGraphExec, hGraph, instantiateParams) => graph_memory::instantiate(call, phGraphExec, hGraph);
+    cuGraphUpload (hGraphExec, hStream) => graph_memory::upload(call, hGraphExec);
+    cuGraphUpload_ptsz (hGraphExec, hStream) => graph_memory::upload(call, hGraphExec);
+    cuGraphExecDestroy (hGraphExec) => graph_memory::exec_destroy(call, hGraphExec);
+    cuDeviceGraphMemTrim (device) => graph_memory::trim(call, device);
+    cuGraphExecUpdate_v2 (hGraphExec, hGraph, resultInfo) => graph_memory::exec_update(call, hGraphExec, hGraph);
+    cuGraphExecUpdate (hGraphExec, hGraph, hErrorNode_out, updateResult_out) => graph_memory::exec_update(call, hGraphExec, hGraph);
+    cuGraphExecChildGraphNodeSetParams (hGraphExec, hNode, childGraph) => graph_memory::exec_child_update(call, hGraphExec, childGraph);
+    cuGraphExecNodeSetParams (hGraphExec, hNode, nodeParams) => graph_memory::exec_node_update(call, hGraphExec, nodeParams);
 }
-crate::driver::cuda::cuda_functions!(cuda_exports);

@@ -149,7 +149,7 @@ unsafe extern "C" fn dl_unavailable() -> *mut c_void {
     std::ptr::null_mut()
 }
 
-// Our exports have glibc's signatures (`dl::SIGNATURES`, checked against dlfcn.h, spells the same types).
+// Our exports have glibc's signatures (`ffi::dlfcn`, checked against dlfcn.h).
 #[cfg(not(test))]
 const _: (dl::DlsymFn, dl::DlvsymFn, dl::DlopenFn, dl::DlmopenFn) = (dlsym, dlvsym, dlopen, dlmopen);
 

@@ -1,9 +1,10 @@
-//! The only `extern "C"` items of the library: one export per hooked symbol, generated from the lists in
-//! `driver::{cuda,nvml}` so that the export, its real counterpart and its hook cannot drift apart.
+//! The only `extern "C"` items of the library: one export per hooked symbol, generated from the routing lists
+//! in `abi::{cuda,nvml}` (one line per export: its arguments and the hook it calls) with the signatures of
+//! `ffi`, so that the export, its real counterpart and its hook cannot drift apart.
 //!
 //! Every export is one line: [`cuda_guard`] / [`nvml_guard`] catch panics (→ `CUDA_ERROR_UNKNOWN` /
 //! `NVML_ERROR_UNKNOWN`), get the process state (initialising it on first use) and call either the hook its
-//! line in the driver list names (active) or the real function (disabled: pure pass-through). A configuration
+//! line names (active) or the real function (disabled: pure pass-through). A configuration
 //! error makes every CUDA export return `CUDA_ERROR_NOT_INITIALIZED` and every NVML export an NVML error.
 //!
 //! Exports carry `#[cfg_attr(not(test), no_mangle)]` so the unit-test binary does not interpose itself.
@@ -43,16 +44,21 @@ pub fn nvml_guard(f: impl FnOnce(Entry<crate::driver::nvml::NvmlTable>) -> nvmlR
     guard(state::nvml_entry, nvmlReturn_t::ERROR_UNKNOWN, f)
 }
 
-/// Generates, from a driver list (`driver::cuda::cuda_functions!` / `driver::nvml::nvml_functions!`), for each
-/// hooked function: its dispatch `body::<name>(shim, args…)` (binds `call` / `real` to the real function and
-/// calls the line's hook), the export (guard, then the body or, disabled, the real function), plus
+/// The routing list of one library: `exports! { guard, Ret, lib, table, (call, real) <lines> }`, one line per
+/// exported function, `name (arg names) => module::hook(exprs);`. The argument types are `ffi::<lib>`'s (the
+/// declaration checked against NVIDIA's headers: `ffi::<lib>::params::<name>`, and a compile-time check that the
+/// names are the declaration's, in its order). The hook is `crate::hooks::<module>::<hook>(shim, exprs…)`: the
+/// expressions may use the arguments, `call` (the real function with the caller's arguments) and `real` (the real
+/// function, taking arguments). So the `_v2`, `_v3`, `_ptsz` and legacy forms of a call are lines naming the same
+/// hook: exporting an entry point of a new CUDA version is its line in `ffi` and a line here.
+///
+/// Generates for each line its dispatch `body::<name>(shim, args…)` (binds `call` / `real` to the real function
+/// and calls the hook), the export (guard, then the body or, disabled, the real function), plus
 /// `export_address(name)` (the address of our export of that name, used by `dlsym` and the `cuGetProcAddress`
 /// reverse map) and `EXPORT_NAMES`.
 macro_rules! exports {
-    ($guard:ident, $ret:ty, $table:ident, ($call:ident, $real:ident)
-        hooked [ $( $name:ident $(@ $ver:literal)? ( $( $arg:ident : $ty:ty ),* $(,)? )
-            => $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ) ; )* ]
-        helpers [ $($helpers:tt)* ]) => {
+    ($guard:ident, $ret:ty, $lib:ident, $table:ident, ($call:ident, $real:ident)
+        $( $name:ident ( $( $arg:ident ),* $(,)? ) => $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ) ; )*) => {
         /// What each export does in an active process, as plain Rust (unit tests call these).
         #[allow(non_snake_case, unused_variables, unused_unsafe, clippy::too_many_arguments)]
         pub mod body {
@@ -64,12 +70,12 @@ macro_rules! exports {
                 #[doc = "# Safety"]
                 #[doc = "The C function's contract."]
                 #[inline]
-                pub unsafe fn $name(s: &Shim, $( $arg: $ty ),*) -> $ret {
+                pub unsafe fn $name(s: &Shim, $( $arg: $crate::ffi::$lib::params::$name::$arg ),*) -> $ret {
                     let t = super::$table(s);
                     // SAFETY: the real function with the caller's arguments, under the caller's contract.
                     let $call = move || unsafe { t.$name($($arg),*) };
                     // SAFETY: the real function with arguments the hook supplies under the same contract.
-                    let $real = move |$($arg: $ty),*| unsafe { t.$name($($arg),*) };
+                    let $real = move |$($arg: $crate::ffi::$lib::params::$name::$arg),*| unsafe { t.$name($($arg),*) };
                     // SAFETY: the caller's contract is the hook's.
                     unsafe { $crate::hooks::$hm::$hf(s, $($e),*) }
                 }
@@ -77,13 +83,18 @@ macro_rules! exports {
         }
 
         $(
+            const _: () = assert!(
+                $crate::ffi::same_str(stringify!($($arg),*), $crate::ffi::$lib::params::$name::NAMES),
+                concat!(stringify!($name), ": the arguments are not ffi's, in ffi's order"),
+            );
+
             #[doc = concat!("Export of `", stringify!($name), "` (see `body`).")]
             #[doc = ""]
             #[doc = "# Safety"]
             #[doc = "Called by C code under the CUDA/NVML contract of the function of the same name."]
             #[cfg_attr(not(test), no_mangle)]
             #[allow(non_snake_case, clippy::too_many_arguments)]
-            pub unsafe extern "C" fn $name($( $arg: $ty ),*) -> $ret {
+            pub unsafe extern "C" fn $name($( $arg: $crate::ffi::$lib::params::$name::$arg ),*) -> $ret {
                 $crate::abi::$guard(|e| match e {
                     // SAFETY: the caller's contract.
                     $crate::state::Entry::Active(s) => unsafe { body::$name(s, $($arg),*) },

@@ -11,23 +11,7 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// `dlsym(handle, name)`.
-pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
-/// `dlvsym(handle, name, version)`.
-pub type DlvsymFn = unsafe extern "C" fn(*mut c_void, *const c_char, *const c_char) -> *mut c_void;
-/// `dlopen(file, mode)`.
-pub type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
-/// `dlmopen(lmid, file, mode)`.
-pub type DlmopenFn = unsafe extern "C" fn(libc::c_long, *const c_char, c_int) -> *mut c_void;
-
-/// The four as `abi::dlsym` exports them, arguments as Rust spells them: checked against glibc's `dlfcn.h` by
-/// `header_check.rs` (the exports are checked against the `*Fn` types above at compile time).
-pub const SIGNATURES: &[(&str, &[&str])] = &[
-    ("dlsym", &["*mut c_void", "*const c_char"]),
-    ("dlvsym", &["*mut c_void", "*const c_char", "*const c_char"]),
-    ("dlopen", &["*const c_char", "c_int"]),
-    ("dlmopen", &["c_long", "*const c_char", "c_int"]),
-];
+pub use crate::ffi::dlfcn::{DlmopenFn, DlopenFn, DlsymFn, DlvsymFn};
 
 /// One of glibc's functions, resolved on first use: 0 = not yet, 1 = not found, else its address.
 pub struct Real {

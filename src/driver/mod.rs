@@ -14,9 +14,6 @@ pub mod dl;
 pub mod nvml;
 pub mod proc_map;
 
-#[cfg(test)]
-mod header_check;
-
 use std::ffi::{c_void, CStr};
 
 pub use dl::{real_dlsym, DlsymFn};
@@ -77,76 +74,3 @@ impl Library {
         unsafe { (self.dlsym)(self.handle, name.as_ptr()) }
     }
 }
-
-/// Generates a table of optional function pointers from a list of C signatures (the lines of
-/// `cuda_functions!` / `nvml_functions!`; versions and hooks are not its business), one method per entry that
-/// calls the real function or returns the table's "missing" code, and `load`/`empty` constructors.
-macro_rules! function_table {
-    (
-        $(#[$meta:meta])*
-        $table:ident -> $ret:ty;
-        missing_library = $nolib:expr, missing_symbol = $nosym:expr;
-        [ $( $name:ident $(@ $ver:literal)? ( $( $arg:ident : $ty:ty ),* $(,)? )
-             $(=> $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ))? ; )* ]
-    ) => {
-        $(#[$meta])*
-        #[allow(non_snake_case)]
-        #[derive(Clone)]
-        pub struct $table {
-            /// False when the table was built without a library (every call returns the missing-library code).
-            pub loaded: bool,
-            $( #[doc = concat!("`", stringify!($name), "`")] pub $name: Option<unsafe extern "C" fn($($ty),*) -> $ret>, )*
-        }
-
-        #[allow(non_snake_case, clippy::too_many_arguments, dead_code)]
-        impl $table {
-            /// A table with no functions (used when the library cannot be loaded, and as the base of test fakes).
-            pub fn empty(loaded: bool) -> Self {
-                Self { loaded, $( $name: None, )* }
-            }
-
-            /// Resolves every entry in `lib`; a missing symbol leaves its entry `None`.
-            pub fn load(lib: &$crate::driver::Library) -> Self {
-                let mut t = Self::empty(true);
-                $(
-                    let p = lib.symbol(
-                        // SAFETY: the literal is NUL-terminated by `concat!` and contains no other NUL.
-                        unsafe { std::ffi::CStr::from_bytes_with_nul_unchecked(concat!(stringify!($name), "\0").as_bytes()) }
-                    );
-                    // SAFETY: `p` is NULL or the address of the C function of that name, whose signature is the one
-                    // transcribed from NVIDIA's header; Option<fn> has the NULL niche.
-                    t.$name = unsafe { std::mem::transmute::<*mut std::ffi::c_void, Option<unsafe extern "C" fn($($ty),*) -> $ret>>(p) };
-                )*
-                t
-            }
-
-            /// The code a call returns when its function is unavailable.
-            pub fn missing(&self) -> $ret {
-                if self.loaded { $nosym } else { $nolib }
-            }
-
-            /// `(name, address)` of every resolved entry (for the cuGetProcAddress reverse map).
-            pub fn resolved(&self) -> Vec<(&'static str, usize)> {
-                let mut v = Vec::new();
-                $( if let Some(f) = self.$name { v.push((stringify!($name), f as usize)); } )*
-                v
-            }
-
-            $(
-                #[doc = concat!("Calls the real `", stringify!($name), "`.")]
-                #[doc = ""]
-                #[doc = "# Safety"]
-                #[doc = "The arguments must satisfy the C function's contract."]
-                #[inline]
-                pub unsafe fn $name(&self, $( $arg: $ty ),*) -> $ret {
-                    match self.$name {
-                        // SAFETY: forwarded under the caller's contract.
-                        Some(f) => unsafe { f($($arg),*) },
-                        None => self.missing(),
-                    }
-                }
-            )*
-        }
-    };
-}
-pub(crate) use function_table;

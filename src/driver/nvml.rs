@@ -1,77 +1,20 @@
-//! Every NVML function the shim touches, one line each, in one list ([`nvml_functions!`]) from which the
-//! real-function table (here), the exports and their dispatch (`abi::nvml`) and the check against `nvml.h`
-//! (`driver::header_check`) are generated; the line format is `driver::cuda`'s, without versions (NVML
-//! versions its names: `_v2`, `_v3`). The bare and `_v2` process lists (compute, graphics, MPS) are declared in
-//! `nvml.h`'s `NVML_NO_UNVERSIONED_FUNC_DEFS` section.
+//! The real `libnvidia-ml.so.1`: its table of functions ([`NvmlTable`], generated in `ffi::nvml`, checked
+//! against `nvml.h`), and NVML as the shim uses it ([`Nvml`]: initialised by us on first use).
 
-#![allow(non_snake_case)]
-
+use super::Library;
 use crate::ffi::nvml::*;
 use crate::log::{log, Level};
-use std::ffi::{c_char, c_uint};
+use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-/// Invokes `$cb! { (call, real) hooked [ … ] helpers [ … ] }` with every NVML function the shim touches.
-macro_rules! nvml_functions {
-    ($cb:ident) => {
-        $cb! { (call, real) hooked [
-            // exported so that a bad configuration fails closed for NVML users too
-            nvmlInit () => nvml::forward(call);
-            nvmlInit_v2 () => nvml::forward(call);
-            nvmlInitWithFlags (flags: c_uint) => nvml::forward(call);
-            nvmlDeviceGetMemoryInfo (device: nvmlDevice_t, memory: *mut nvmlMemory_t) => nvml::memory_info(call, device, memory);
-            nvmlDeviceGetMemoryInfo_v2 (device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t) => nvml::memory_info(call, device, memory);
-            nvmlDeviceGetComputeRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetComputeRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetGraphicsRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetGraphicsRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetGraphicsRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetMPSComputeRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetMPSComputeRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetMPSComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t) => nvml::running_processes(real, device, infoCount, infos);
-            nvmlDeviceGetRunningProcessDetailList (device: nvmlDevice_t, plist: *mut nvmlProcessDetailList_t) => nvml::process_detail_list(real, device, plist);
-            nvmlDeviceGetProcessesUtilizationInfo (device: nvmlDevice_t, procesesUtilInfo: *mut nvmlProcessesUtilizationInfo_t) => nvml::processes_utilization_info(real, device, procesesUtilInfo);
-            nvmlSystemGetProcessName (pid: c_uint, name: *mut c_char, length: c_uint) => nvml::process_name(real, pid, name, length);
-            nvmlDeviceGetAccountingPids (device: nvmlDevice_t, count: *mut c_uint, pids: *mut c_uint) => nvml::accounting_pids(real, device, count, pids);
-            nvmlDeviceGetAccountingStats (device: nvmlDevice_t, pid: c_uint, stats: *mut nvmlAccountingStats_t) => nvml::accounting_stats(real, device, pid, stats);
-            nvmlDeviceGetProcessUtilization (device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t, processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64) => nvml::process_utilization(real, device, utilization, processSamplesCount, lastSeenTimeStamp);
-            nvmlDeviceGetEncoderSessions (device: nvmlDevice_t, sessionCount: *mut c_uint, sessionInfos: *mut nvmlEncoderSessionInfo_t) => nvml::sessions(real, device, sessionCount, sessionInfos);
-            nvmlDeviceGetFBCSessions (device: nvmlDevice_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t) => nvml::sessions(real, device, sessionCount, sessionInfo);
-            // refused: they name other containers' processes or erase their records (hooks/nvml.rs says why)
-            nvmlDeviceClearAccountingPids (device: nvmlDevice_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
-            nvmlDeviceSetAccountingMode (device: nvmlDevice_t, mode: nvmlEnableState_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
-            nvmlVgpuInstanceGetEncoderSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlEncoderSessionInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
-            nvmlVgpuInstanceGetFBCSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
-            nvmlVgpuInstanceGetAccountingPids (vgpuInstance: nvmlVgpuInstance_t, count: *mut c_uint, pids: *mut c_uint) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
-            nvmlVgpuInstanceGetAccountingStats (vgpuInstance: nvmlVgpuInstance_t, pid: c_uint, stats: *mut nvmlAccountingStats_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
-            nvmlVgpuInstanceClearAccountingPids (vgpuInstance: nvmlVgpuInstance_t) => nvml::refuse(nvmlReturn_t::ERROR_NO_PERMISSION);
-            nvmlDeviceGetVgpuProcessUtilization (device: nvmlDevice_t, lastSeenTimeStamp: u64, vgpuProcessSamplesCount: *mut c_uint, utilizationSamples: *mut nvmlVgpuProcessUtilizationSample_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
-            nvmlDeviceGetVgpuProcessesUtilizationInfo (device: nvmlDevice_t, vgpuProcUtilInfo: *mut nvmlVgpuProcessesUtilizationInfo_t) => nvml::refuse(nvmlReturn_t::ERROR_NOT_SUPPORTED);
-        ] helpers [
-            nvmlDeviceGetCount_v2 (deviceCount: *mut c_uint);
-            nvmlDeviceGetHandleByIndex_v2 (index: c_uint, device: *mut nvmlDevice_t);
-            nvmlDeviceGetHandleByUUID (uuid: *const c_char, device: *mut nvmlDevice_t);
-            nvmlDeviceGetUUID (device: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
-            nvmlDeviceGetIndex (device: nvmlDevice_t, index: *mut c_uint);
-        ] }
-    };
-}
-pub(crate) use nvml_functions;
+pub use crate::ffi::nvml::NvmlTable;
 
-/// The real-function table from both lists.
-macro_rules! nvml_table {
-    ( $call:tt hooked [ $($hooked:tt)* ] helpers [ $($helpers:tt)* ] ) => {
-        crate::driver::function_table! {
-            /// Real NVML entry points.
-            NvmlTable -> nvmlReturn_t;
-            missing_library = nvmlReturn_t::ERROR_LIBRARY_NOT_FOUND,
-            missing_symbol = nvmlReturn_t::ERROR_FUNCTION_NOT_FOUND;
-            [ $($hooked)* $($helpers)* ]
-        }
-    };
+/// Every function of the table, resolved in `lib` (a missing one returns `NVML_ERROR_FUNCTION_NOT_FOUND` when
+/// called).
+pub fn load(lib: &Library) -> NvmlTable {
+    // SAFETY: `Library::symbol` returns NULL or the address of that name in a library never closed.
+    unsafe { NvmlTable::load(|name| lib.symbol(name)) }
 }
-nvml_functions!(nvml_table);
 
 /// NVML as the shim uses it: the real library (if it loaded) and our own `nvmlInit_v2`, done on first use.
 pub struct Nvml {

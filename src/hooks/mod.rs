@@ -1,5 +1,5 @@
 //! Hooks: plain Rust functions that decide (allow, refuse, rewrite the answer) and call the real driver. Each
-//! line of the driver lists (`driver::cuda::cuda_functions!`, `driver::nvml::nvml_functions!`) names the hook
+//! line of the routing lists (`abi::cuda`, `abi::nvml`) names the hook
 //! its export runs, `hooks::<module>::<hook>(shim, …)`, with `call` (the real function with the caller's
 //! arguments) or `real` (the real function) among the arguments. So one hook serves every form of a call
 //! (`_v2`, legacy 32-bit, `_ptsz`), and each is unit-testable with a fake driver table.

@@ -5,7 +5,7 @@ use cuquota_core::units::{format_size, parse_size, parse_unsigned};
 use serde::Serialize;
 
 /// Prints a report as one line of JSON on stdout.
-pub fn print_json<T: Serialize>(report: &T) -> Result<(), crate::CliError> {
+pub fn print_json<T: Serialize>(report: &T) -> Result<(), crate::AgentError> {
     let s = serde_json::to_string(report)?;
     println!("{s}");
     Ok(())

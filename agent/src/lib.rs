@@ -6,10 +6,16 @@
 //! serves the metrics on `--listen`.
 //! `--once` does one pass and prints the report (`--json`: schema cuquota.agent/v1). The shape is documented
 //! in docs/agent.md.
+//!
+//! A library: the `cuquota` binary runs it (`cuquota agent`) and shares its NVML access ([`nvml`]), its
+//! metrics series and endpoint ([`metrics`]) and its output helpers ([`output`]).
 
 pub mod descriptor;
 pub mod enforce;
 pub mod members;
+pub mod metrics;
+pub mod nvml;
+pub mod output;
 pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -19,12 +25,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::log::Level;
-use cuquota_core::region::{LimitsReader, LimitsWriter, SlotState, UsageRegion};
+use cuquota_core::region::{FileId, LimitsReader, LimitsWriter, SlotState, UsageRegion};
 
-use crate::metrics::{self, ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
-use crate::nvml::{self, Nvml};
-use crate::output::{self, parse_duration_arg};
-use crate::{CliError, CmdResult};
+use crate::metrics::{ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
+use crate::nvml::Nvml;
+use crate::output::parse_duration_arg;
 use descriptor::{Descriptor, SmPolicy};
 use enforce::memory::MemoryState;
 use enforce::throttle::ThrottleState;
@@ -50,6 +55,41 @@ pub struct AgentArgs {
     #[arg(long)]
     json: bool,
 }
+
+/// A failure: a one-line message (the `cuquota` command prints it and exits 2).
+#[derive(Debug)]
+pub struct AgentError {
+    /// What went wrong (one line).
+    pub msg: String,
+}
+
+impl AgentError {
+    /// A failure saying `msg`.
+    pub fn new(msg: impl Into<String>) -> AgentError {
+        AgentError { msg: msg.into() }
+    }
+}
+
+impl std::fmt::Display for AgentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl From<std::io::Error> for AgentError {
+    fn from(e: std::io::Error) -> Self {
+        AgentError::new(e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for AgentError {
+    fn from(e: serde_json::Error) -> Self {
+        AgentError::new(e.to_string())
+    }
+}
+
+/// A run's result: the exit code on success.
+pub type AgentResult = Result<u8, AgentError>;
 
 /// What the agent keeps about one container between passes.
 #[derive(Default)]
@@ -105,14 +145,14 @@ fn scan_period(interval: Duration) -> Duration {
 }
 
 impl Agent {
-    fn nvml(&mut self) -> Result<&Nvml, CliError> {
+    fn nvml(&mut self) -> Result<&Nvml, AgentError> {
         if self.nvml.is_none() {
-            self.nvml = Some(Nvml::load().map_err(|e| CliError::new(format!("agent: NVML: {e}")))?);
+            self.nvml = Some(Nvml::load().map_err(|e| AgentError::new(format!("agent: NVML: {e}")))?);
         }
         Ok(self.nvml.as_ref().expect("loaded above"))
     }
 
-    fn sample_gpus(&mut self) -> Result<Vec<GpuSample>, CliError> {
+    fn sample_gpus(&mut self) -> Result<Vec<GpuSample>, AgentError> {
         // Utilisation since the previous sample (the interval the throttle charges), at most 10 s.
         let now_us = nvml::realtime_us();
         let since = self
@@ -123,7 +163,7 @@ impl Agent {
         let nv = self.nvml()?;
         let mut out = Vec::new();
         let mut failed = Vec::new();
-        for gpu in nv.gpus().map_err(CliError::new)? {
+        for gpu in nv.gpus().map_err(AgentError::new)? {
             // One GPU's lists failing leaves that GPU out of this pass (its balances carried unchanged), not
             // the node's enforcement.
             let processes = match nv.processes(&gpu) {
@@ -296,11 +336,42 @@ impl Agent {
         c
     }
 
-    /// One pass.
-    fn pass(&mut self) -> Result<AgentReport, CliError> {
-        // A freeze overdue (a late pass) ends first, before /proc is read. One that is to go on past the pass
-        // stays on (a thaw of even the pass's few milliseconds lets a tenant queue another full launch queue):
-        // the planner keeps the processes it stopped, which /proc shows stopped (state T), in the freeze.
+    /// One pass: late freezes end, NVML and /proc are sampled, the descriptors read; each container is judged
+    /// (members, limits, usage, enforcement); the report.
+    fn pass(&mut self) -> Result<AgentReport, AgentError> {
+        self.end_late_freezes();
+        let gpus = self.sample_gpus()?;
+        let table = ProcTable::read();
+        let now = Instant::now();
+        let found =
+            descriptor::scan(&self.dir).map_err(|e| AgentError::new(format!("agent: --containers {e}")))?;
+        self.forget_gone(&found, now);
+        let mut containers = Vec::new();
+        let mut attributed: BTreeSet<u32> = BTreeSet::new();
+        for (name, file, d) in found {
+            let (c, members) = self.judge(&name, &file.display().to_string(), d, &gpus, &table, now);
+            attributed.extend(members);
+            containers.push(c);
+        }
+        self.passes += 1;
+        Ok(AgentReport {
+            schema: report::SCHEMA,
+            time_unix_ms: nvml::realtime_us() / 1000,
+            pass: self.passes,
+            interval_ms: self.interval.as_millis() as u64,
+            nvml_library: self
+                .nvml
+                .as_ref()
+                .map_or_else(String::new, |n| n.library().to_string()),
+            gpus: gpu_reports(&gpus, &attributed),
+            containers,
+        })
+    }
+
+    /// A freeze overdue (a late pass) ends first, before /proc is read. One that is to go on past the pass
+    /// stays on (a thaw of even the pass's few milliseconds lets a tenant queue another full launch queue):
+    /// the planner keeps the processes it stopped, which /proc shows stopped (state T), in the freeze.
+    fn end_late_freezes(&mut self) {
         let pass_start = Instant::now();
         let late: Vec<String> = self
             .state
@@ -313,12 +384,11 @@ impl Agent {
                 self.state.get_mut(&name).expect("thawed above").carried.push(r);
             }
         }
-        let gpus = self.sample_gpus()?;
-        let table = ProcTable::read();
-        let now = Instant::now();
-        let found =
-            descriptor::scan(&self.dir).map_err(|e| CliError::new(format!("agent: --containers {e}")))?;
-        // Containers whose descriptor is gone: thawed, forgotten.
+    }
+
+    /// Containers whose descriptor is gone: thawed, forgotten, their members withdrawn (an empty list, never a
+    /// stale one whose pids may be reused).
+    fn forget_gone(&mut self, found: &[descriptor::Found], now: Instant) {
         let gone: Vec<String> = self
             .state
             .keys()
@@ -327,7 +397,6 @@ impl Agent {
             .collect();
         for name in gone {
             self.thaw(&name, now, "descriptor removed");
-            // Its members are withdrawn (an empty list, never a stale one whose pids may be reused).
             self.sources.remove(&name);
             self.recent.remove(&name);
             if let Some(l) = self.state.remove(&name).and_then(|s| s.limits) {
@@ -335,146 +404,69 @@ impl Agent {
             }
             self.publish_errors.remove(&name);
         }
-        let mut containers = Vec::new();
-        let mut attributed: BTreeSet<u32> = BTreeSet::new();
-        for (name, file, d) in found {
-            let file = file.display().to_string();
-            let d = match d {
-                Ok(d) => d,
-                Err(e) => {
-                    containers.push(self.failed(&name, &file, None, e));
-                    continue;
-                }
-            };
-            if let MemberSource::Subtree(root) = d.members {
-                let written = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
-                if let Some(ticks) = written.and_then(members::boot_ticks) {
-                    self.members.root_not_after(root, ticks);
-                }
+    }
+
+    /// Judges container `name` (descriptor `file`): its members (published into its limits file), what they
+    /// hold and use, its `[enforce]` policy carried out. Returns its report and its members (empty when they
+    /// could not be found).
+    fn judge(
+        &mut self,
+        name: &str,
+        file: &str,
+        d: Result<Descriptor, String>,
+        gpus: &[GpuSample],
+        table: &ProcTable,
+        now: Instant,
+    ) -> (ContainerReport, BTreeSet<u32>) {
+        let d = match d {
+            Ok(d) => d,
+            Err(e) => return (self.failed(name, file, None, e), BTreeSet::new()),
+        };
+        if let MemberSource::Subtree(root) = d.members {
+            let written = std::fs::metadata(file).and_then(|m| m.modified()).ok();
+            if let Some(ticks) = written.and_then(members::boot_ticks) {
+                self.members.root_not_after(root, ticks);
             }
-            let members = match d.members.discover(&table, &mut self.members) {
-                Ok(m) => m,
-                Err(e) => {
-                    // Members unknown: publish none (each process then sees only itself), never a stale
-                    // list whose pids may belong to others by now.
-                    self.publish(&name, &d.limits, &BTreeSet::new());
-                    self.sources.remove(&name);
-                    containers.push(self.failed(&name, &file, Some(&d), e));
-                    continue;
-                }
-            };
-            attributed.extend(&members);
-            self.sources.insert(name.clone(), d.members.clone());
-            // Members that exited since the last pass (seen by a scan, not reused since) are charged too.
-            let recent = self.recent.entry(name.clone()).or_default();
-            note_members(recent, &members, &table, now);
-            recent.retain(|_, (_, seen)| now.duration_since(*seen) <= self.interval * RECENT);
-            let charged: BTreeSet<u32> = members
-                .iter()
-                .copied()
-                .chain(recent.iter().filter_map(|(&pid, &(st, _))| {
-                    let gone = table
-                        .procs
-                        .get(&pid)
-                        .is_none_or(|e| e.state == b'Z' && e.start_time == st);
-                    gone.then_some(pid)
-                }))
-                .collect();
-            let limits = match LimitsReader::open(&d.limits) {
-                Ok(r) => *r.snapshot(),
-                Err(e) => {
-                    containers.push(self.failed(&name, &file, Some(&d), format!("limits {e}")));
-                    continue;
-                }
-            };
-            // The usage file is the container's own (cooperative) accounting: optional, never required.
-            let bound = limits.usage_id().ok().flatten();
-            let region = d
-                .usage
-                .as_ref()
-                .and_then(|p| match UsageRegion::open_existing(p) {
-                    // Another file than the bound one (replaced in the tenant's directory): its figures are
-                    // not the container's, nor are its slots (no cooperative grace from them).
-                    Ok(u) if bound.zip(u.file_id()).is_some_and(|(b, f)| !b.matches(&f)) => {
-                        cuquota_core::log!(
-                            Level::Warn,
-                            "agent: container {name}: usage file {} is not the one the limits file binds: \
-                             ignored",
-                            p.display()
-                        );
-                        None
-                    }
-                    Ok(u) => Some(u),
-                    Err(e) => {
-                        cuquota_core::log!(Level::Debug, "agent: container {name}: usage {e}");
-                        None
-                    }
-                });
-            let usage = region.as_ref().map(UsageRegion::devices);
-            // Members that hold a live slot in the usage file (the shim is loaded: cooperative), by pid and
-            // start time. The tenant can forge a slot: what that gains is bounded (throttle.rs, escalation).
-            let cooperative: BTreeSet<u32> = region
-                .as_ref()
-                .map(|u| {
-                    u.processes()
-                        .into_iter()
-                        .filter(|p| p.state == SlotState::Live)
-                        .map(|p| (if p.host_pid != 0 { p.host_pid } else { p.pid }, p.start_time))
-                        .filter(|(pid, st)| {
-                            members.contains(pid) && table.procs.get(pid).is_some_and(|e| e.start_time == *st)
-                        })
-                        .map(|(pid, _)| pid)
-                        .collect()
-                })
-                .unwrap_or_default();
-            let published = self.publish(&name, &d.limits, &members);
-            self.state.entry(name.clone()).or_default().limits = Some(d.limits.clone());
-            let mut c = ContainerReport::build(
-                &d,
-                &file,
-                d.members.report(),
-                &charged,
-                &gpus,
-                &limits,
-                usage.as_deref(),
-            );
-            if let Some(m) = c.members.as_mut() {
-                m.published = published;
-            }
-            c.actions = self.enforce(&name, &d, &c, &gpus, &charged, &cooperative, &table, now);
-            self.errors.remove(&name);
-            containers.push(c);
         }
-        self.passes += 1;
-        let gpus = gpus
-            .iter()
-            .map(|g| GpuReport {
-                index: g.gpu.index,
-                uuid: g.gpu.uuid.clone(),
-                memory_total_bytes: g.gpu.memory_total_bytes,
-                memory_used_bytes: g.gpu.memory_used_bytes,
-                utilization_percent: g.gpu.utilization_percent,
-                processes: g.processes.len(),
-                unattributed_pids: g
-                    .processes
-                    .iter()
-                    .map(|p| p.0)
-                    .filter(|p| !attributed.contains(p))
-                    .collect(),
-            })
-            .collect();
-        Ok(AgentReport {
-            schema: report::SCHEMA,
-            time_unix_ms: nvml::realtime_us() / 1000,
-            pass: self.passes,
-            interval_ms: self.interval.as_millis() as u64,
-            nvml_library: self
-                .nvml
-                .as_ref()
-                .map_or_else(String::new, |n| n.library().to_string()),
+        let members = match d.members.discover(table, &mut self.members) {
+            Ok(m) => m,
+            Err(e) => {
+                // Members unknown: publish none (each process then sees only itself), never a stale
+                // list whose pids may belong to others by now.
+                self.publish(name, &d.limits, &BTreeSet::new());
+                self.sources.remove(name);
+                return (self.failed(name, file, Some(&d), e), BTreeSet::new());
+            }
+        };
+        self.sources.insert(name.to_string(), d.members.clone());
+        let recent = self.recent.entry(name.to_string()).or_default();
+        let charged = charged_members(recent, &members, table, now, self.interval * RECENT);
+        let limits = match LimitsReader::open(&d.limits) {
+            Ok(r) => *r.snapshot(),
+            Err(e) => {
+                return (self.failed(name, file, Some(&d), format!("limits {e}")), members);
+            }
+        };
+        let region = usage_region(name, &d, limits.usage_id().ok().flatten());
+        let usage = region.as_ref().map(UsageRegion::devices);
+        let cooperative = cooperative_members(region.as_ref(), &members, table);
+        let published = self.publish(name, &d.limits, &members);
+        self.state.entry(name.to_string()).or_default().limits = Some(d.limits.clone());
+        let mut c = ContainerReport::build(
+            &d,
+            file,
+            d.members.report(),
+            &charged,
             gpus,
-            containers,
-        })
+            &limits,
+            usage.as_deref(),
+        );
+        if let Some(m) = c.members.as_mut() {
+            m.published = published;
+        }
+        c.actions = self.enforce(name, &d, &c, gpus, &charged, &cooperative, table, now);
+        self.errors.remove(name);
+        (c, members)
     }
 
     /// Carries out container `name`'s `[enforce]` policy on its report `c`; returns every action recorded for
@@ -620,7 +612,94 @@ fn catch_stop_signals() {
     }
 }
 
-/// Sleeps until `t`, in slices, returning early when a stop signal arrived.
+/// The processes container's judged on: its `members`, and those that exited since the last pass (seen by a
+/// scan within `keep`, their pid not reused since). Notes `members` in `recent` first.
+fn charged_members(
+    recent: &mut BTreeMap<u32, (u64, Instant)>,
+    members: &BTreeSet<u32>,
+    table: &ProcTable,
+    now: Instant,
+    keep: Duration,
+) -> BTreeSet<u32> {
+    note_members(recent, members, table, now);
+    recent.retain(|_, (_, seen)| now.duration_since(*seen) <= keep);
+    members
+        .iter()
+        .copied()
+        .chain(recent.iter().filter_map(|(&pid, &(st, _))| {
+            let gone = table
+                .procs
+                .get(&pid)
+                .is_none_or(|e| e.state == b'Z' && e.start_time == st);
+            gone.then_some(pid)
+        }))
+        .collect()
+}
+
+/// Container `name`'s usage file: its own (cooperative) accounting, optional, never required. Another file
+/// than the one its limits file binds (`bound`; replaced in the tenant's directory) is ignored: its figures are
+/// not the container's, nor are its slots (no cooperative grace from them).
+fn usage_region(name: &str, d: &Descriptor, bound: Option<FileId>) -> Option<UsageRegion> {
+    let p = d.usage.as_ref()?;
+    match UsageRegion::open_existing(p) {
+        Ok(u) if bound.zip(u.file_id()).is_some_and(|(b, f)| !b.matches(&f)) => {
+            cuquota_core::log!(
+                Level::Warn,
+                "agent: container {name}: usage file {} is not the one the limits file binds: ignored",
+                p.display()
+            );
+            None
+        }
+        Ok(u) => Some(u),
+        Err(e) => {
+            cuquota_core::log!(Level::Debug, "agent: container {name}: usage {e}");
+            None
+        }
+    }
+}
+
+/// Members that hold a live slot in the usage file (the shim is loaded: cooperative), by pid and start time.
+/// The tenant can forge a slot: what that gains is bounded (throttle.rs, escalation).
+fn cooperative_members(
+    region: Option<&UsageRegion>,
+    members: &BTreeSet<u32>,
+    table: &ProcTable,
+) -> BTreeSet<u32> {
+    region
+        .map(|u| {
+            u.processes()
+                .into_iter()
+                .filter(|p| p.state == SlotState::Live)
+                .map(|p| (if p.host_pid != 0 { p.host_pid } else { p.pid }, p.start_time))
+                .filter(|(pid, st)| {
+                    members.contains(pid) && table.procs.get(pid).is_some_and(|e| e.start_time == *st)
+                })
+                .map(|(pid, _)| pid)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Each GPU's line of the report; `attributed`: the pids of every container's members.
+fn gpu_reports(gpus: &[GpuSample], attributed: &BTreeSet<u32>) -> Vec<GpuReport> {
+    gpus.iter()
+        .map(|g| GpuReport {
+            index: g.gpu.index,
+            uuid: g.gpu.uuid.clone(),
+            memory_total_bytes: g.gpu.memory_total_bytes,
+            memory_used_bytes: g.gpu.memory_used_bytes,
+            utilization_percent: g.gpu.utilization_percent,
+            processes: g.processes.len(),
+            unattributed_pids: g
+                .processes
+                .iter()
+                .map(|p| p.0)
+                .filter(|p| !attributed.contains(p))
+                .collect(),
+        })
+        .collect()
+}
+
 /// Records `members` (with their start times) as seen at `now`.
 fn note_members(
     recent: &mut BTreeMap<u32, (u64, Instant)>,
@@ -635,6 +714,7 @@ fn note_members(
     }
 }
 
+/// Sleeps until `t`, in slices, returning early when a stop signal arrived.
 fn sleep_until(t: Instant) {
     while !STOP.load(Ordering::SeqCst) {
         let Some(left) = t.checked_duration_since(Instant::now()) else {
@@ -652,12 +732,12 @@ impl Drop for Agent {
 }
 
 /// `cuquota agent`.
-pub fn run(a: AgentArgs) -> CmdResult {
+pub fn run(a: AgentArgs) -> AgentResult {
     if a.interval < Duration::from_millis(10) {
-        return Err(CliError::new("--interval must be at least 10ms"));
+        return Err(AgentError::new("--interval must be at least 10ms"));
     }
     if !a.containers.is_dir() {
-        return Err(CliError::new(format!(
+        return Err(AgentError::new(format!(
             "--containers {}: not a directory",
             a.containers.display()
         )));

@@ -1,90 +1,49 @@
 //! The few NVML calls the tool needs, from the real `libnvidia-ml.so.1` (or `CUQUOTA_LIBNVML`; the simulator's
 //! in tests): devices by index and UUID, per-process device memory (the compute, graphics and MPS compute
-//! process lists, `nvmlDevice{Compute,Graphics,MPSCompute}RunningProcesses_v3`) and per-process SM utilisation (`nvmlDeviceGetProcessUtilization`). Loaded with `dlopen` at run time, so the
-//! tool works (without NVML figures) on a machine with no driver. Signatures and layouts: nvml.h 13.0.
+//! process lists, `nvmlDevice{Compute,Graphics,MPSCompute}RunningProcesses_v3`) and per-process SM utilisation
+//! (`nvmlDeviceGetProcessUtilization`). Loaded with `dlopen` at run time, so the tool works (without NVML
+//! figures) on a machine with no driver. Signatures and layouts: `cuquota_ffi::nvml`, checked against nvml.h.
 
-use std::collections::BTreeMap;
-use std::ffi::{c_char, c_uint, c_ulonglong, c_void, CStr, CString};
-
-type Ret = c_uint;
-type Device = *mut c_void;
-
-const SUCCESS: Ret = 0;
-const ERROR_NOT_SUPPORTED: Ret = 3;
-const ERROR_NOT_FOUND: Ret = 6;
-const ERROR_INSUFFICIENT_SIZE: Ret = 7;
-/// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
-const UUID_BUF: usize = 96;
-
-/// `nvmlMemory_t`.
-#[repr(C)]
-#[derive(Default)]
-struct Memory {
-    total: c_ulonglong,
-    free: c_ulonglong,
-    used: c_ulonglong,
-}
-
-/// `nvmlProcessInfo_t` (= `nvmlProcessInfo_v2_t`), what `_v3` fills.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct ProcessInfo {
-    pid: c_uint,
-    used_gpu_memory: c_ulonglong,
-    gpu_instance_id: c_uint,
-    compute_instance_id: c_uint,
-}
-
-/// `nvmlProcessUtilizationSample_t`.
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct UtilSample {
-    pid: c_uint,
-    time_stamp: c_ulonglong,
-    sm_util: c_uint,
-    mem_util: c_uint,
-    enc_util: c_uint,
-    dec_util: c_uint,
-}
-
-/// `nvmlUtilization_t`.
-#[repr(C)]
-#[derive(Default)]
-struct Utilization {
-    gpu: c_uint,
-    memory: c_uint,
-}
-
-const _: () = {
-    assert!(std::mem::size_of::<Memory>() == 24);
-    assert!(std::mem::size_of::<ProcessInfo>() == 24);
-    assert!(std::mem::size_of::<UtilSample>() == 32);
-    assert!(std::mem::size_of::<Utilization>() == 8);
+use cuquota_ffi::nvml::{
+    nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
+    nvmlUtilization_t, NvmlTable, PFN_nvmlErrorString, NVML_DEVICE_UUID_BUFFER_SIZE as UUID_BUF,
 };
+use std::collections::BTreeMap;
+use std::ffi::{c_char, c_uint, c_void, CStr, CString};
 
-type FnInit = unsafe extern "C" fn() -> Ret;
-type FnErrorString = unsafe extern "C" fn(Ret) -> *const c_char;
-type FnCount = unsafe extern "C" fn(*mut c_uint) -> Ret;
-type FnByIndex = unsafe extern "C" fn(c_uint, *mut Device) -> Ret;
-type FnUuid = unsafe extern "C" fn(Device, *mut c_char, c_uint) -> Ret;
-type FnMemory = unsafe extern "C" fn(Device, *mut Memory) -> Ret;
-type FnUtilization = unsafe extern "C" fn(Device, *mut Utilization) -> Ret;
-type FnProcesses = unsafe extern "C" fn(Device, *mut c_uint, *mut ProcessInfo) -> Ret;
-type FnProcessUtil = unsafe extern "C" fn(Device, *mut UtilSample, *mut c_uint, c_ulonglong) -> Ret;
+/// One of NVML's process lists (compute, graphics, MPS compute), as a method of the table.
+type ProcessList = unsafe fn(&NvmlTable, nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
 
-struct Fns {
-    init: FnInit,
-    shutdown: FnInit,
-    error_string: FnErrorString,
-    count: FnCount,
-    by_index: FnByIndex,
-    uuid: FnUuid,
-    memory: FnMemory,
-    utilization: FnUtilization,
-    /// The compute, graphics and MPS compute process lists, with their names.
-    lists: [(FnProcesses, &'static str); 3],
-    process_util: FnProcessUtil,
-}
+/// The process lists, with their names.
+const LISTS: [(ProcessList, &str); 3] = [
+    (
+        NvmlTable::nvmlDeviceGetComputeRunningProcesses_v3,
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+    ),
+    (
+        NvmlTable::nvmlDeviceGetGraphicsRunningProcesses_v3,
+        "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    ),
+    (
+        NvmlTable::nvmlDeviceGetMPSComputeRunningProcesses_v3,
+        "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    ),
+];
+
+/// The functions the tool calls (beside `nvmlErrorString`): a library without one of them is not loaded.
+const REQUIRED: &[&str] = &[
+    "nvmlInit_v2",
+    "nvmlShutdown",
+    "nvmlDeviceGetCount_v2",
+    "nvmlDeviceGetHandleByIndex_v2",
+    "nvmlDeviceGetUUID",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetUtilizationRates",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetGraphicsRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetProcessUtilization",
+];
 
 /// One GPU as NVML sees it (every physical device; `CUDA_VISIBLE_DEVICES` does not apply).
 #[derive(Debug, Clone)]
@@ -99,12 +58,13 @@ pub struct Gpu {
     pub memory_used_bytes: u64,
     /// Percent of the last sample period with a kernel running, if NVML reports it.
     pub utilization_percent: Option<u32>,
-    handle: Device,
+    handle: nvmlDevice_t,
 }
 
 /// An initialised NVML. Not `Send`: keep it on the thread that loaded it.
 pub struct Nvml {
-    f: Fns,
+    f: NvmlTable,
+    error_string: PFN_nvmlErrorString,
     what: String,
 }
 
@@ -135,50 +95,31 @@ impl Nvml {
             };
             return Err(format!("cannot load {path}: {why}"));
         }
-        let sym = |name: &str| -> Result<*mut c_void, String> {
-            let n = CString::new(name).expect("symbol names have no NUL");
-            // SAFETY: lib is a live handle, n NUL-terminated.
-            let p = unsafe { libc::dlsym(lib, n.as_ptr()) };
-            if p.is_null() {
-                Err(format!("{path} has no {name}"))
-            } else {
-                Ok(p)
-            }
+        let sym = |name: &CStr| {
+            // SAFETY: lib is a live handle, name NUL-terminated.
+            unsafe { libc::dlsym(lib, name.as_ptr()) }
         };
-        macro_rules! f {
-            ($name:literal, $t:ty) => {
-                // SAFETY: the symbol has the signature nvml.h (13.0) declares for `$name`, which `$t` spells.
-                unsafe { std::mem::transmute::<*mut c_void, $t>(sym($name)?) }
-            };
+        // SAFETY: `sym` returns NULL or the address of that name in a library never closed.
+        let f = unsafe { NvmlTable::load(sym) };
+        let missing = |name: &str| format!("{path} has no {name}");
+        let resolved = f.resolved();
+        if let Some(name) = REQUIRED.iter().find(|n| !resolved.iter().any(|(r, _)| r == *n)) {
+            return Err(missing(name));
         }
-        let f = Fns {
-            init: f!("nvmlInit_v2", FnInit),
-            shutdown: f!("nvmlShutdown", FnInit),
-            error_string: f!("nvmlErrorString", FnErrorString),
-            count: f!("nvmlDeviceGetCount_v2", FnCount),
-            by_index: f!("nvmlDeviceGetHandleByIndex_v2", FnByIndex),
-            uuid: f!("nvmlDeviceGetUUID", FnUuid),
-            memory: f!("nvmlDeviceGetMemoryInfo", FnMemory),
-            utilization: f!("nvmlDeviceGetUtilizationRates", FnUtilization),
-            lists: [
-                (
-                    f!("nvmlDeviceGetComputeRunningProcesses_v3", FnProcesses),
-                    "nvmlDeviceGetComputeRunningProcesses_v3",
-                ),
-                (
-                    f!("nvmlDeviceGetGraphicsRunningProcesses_v3", FnProcesses),
-                    "nvmlDeviceGetGraphicsRunningProcesses_v3",
-                ),
-                (
-                    f!("nvmlDeviceGetMPSComputeRunningProcesses_v3", FnProcesses),
-                    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
-                ),
-            ],
-            process_util: f!("nvmlDeviceGetProcessUtilization", FnProcessUtil),
+        let error_string = sym(c"nvmlErrorString");
+        if error_string.is_null() {
+            return Err(missing("nvmlErrorString"));
+        }
+        // SAFETY: the address of nvmlErrorString, whose signature `PFN_nvmlErrorString` spells (checked against
+        // nvml.h in cuquota-ffi).
+        let error_string = unsafe { std::mem::transmute::<*mut c_void, PFN_nvmlErrorString>(error_string) };
+        let nvml = Nvml {
+            f,
+            error_string,
+            what: path,
         };
-        let nvml = Nvml { f, what: path };
         // SAFETY: no arguments.
-        nvml.check("nvmlInit_v2", unsafe { (nvml.f.init)() })?;
+        nvml.check("nvmlInit_v2", unsafe { nvml.f.nvmlInit_v2() })?;
         Ok(nvml)
     }
 
@@ -187,50 +128,56 @@ impl Nvml {
         &self.what
     }
 
-    fn check(&self, call: &str, r: Ret) -> Result<(), String> {
-        if r == SUCCESS {
+    fn check(&self, call: &str, r: nvmlReturn_t) -> Result<(), String> {
+        if r.ok() {
             return Ok(());
         }
         // SAFETY: nvmlErrorString returns a static NUL-terminated string (or NULL).
-        let s = unsafe { (self.f.error_string)(r) };
+        let s = unsafe { (self.error_string)(r) };
         let msg = if s.is_null() {
-            format!("error {r}")
+            format!("error {}", r.0)
         } else {
             // SAFETY: non-NULL static string.
             unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
         };
-        Err(format!("{call}: {msg} ({r})"))
+        Err(format!("{call}: {msg} ({})", r.0))
     }
 
     /// Every device, in NVML index order.
     pub fn gpus(&self) -> Result<Vec<Gpu>, String> {
         let mut n: c_uint = 0;
         // SAFETY: valid out-pointer.
-        self.check("nvmlDeviceGetCount_v2", unsafe { (self.f.count)(&mut n) })?;
+        self.check("nvmlDeviceGetCount_v2", unsafe {
+            self.f.nvmlDeviceGetCount_v2(&mut n)
+        })?;
         (0..n).map(|i| self.gpu(i)).collect()
     }
 
     fn gpu(&self, index: u32) -> Result<Gpu, String> {
-        let mut h: Device = std::ptr::null_mut();
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         self.check("nvmlDeviceGetHandleByIndex_v2", unsafe {
-            (self.f.by_index)(index, &mut h)
+            self.f.nvmlDeviceGetHandleByIndex_v2(index, &mut h)
         })?;
         let mut buf = [0 as c_char; UUID_BUF];
         // SAFETY: buf holds UUID_BUF bytes.
         self.check("nvmlDeviceGetUUID", unsafe {
-            (self.f.uuid)(h, buf.as_mut_ptr(), UUID_BUF as c_uint)
+            self.f.nvmlDeviceGetUUID(h, buf.as_mut_ptr(), UUID_BUF as c_uint)
         })?;
         // SAFETY: NVML NUL-terminates within the buffer; the last byte is never written past.
         let uuid = unsafe { CStr::from_ptr(buf.as_ptr()) }
             .to_string_lossy()
             .into_owned();
-        let mut m = Memory::default();
+        let mut m = nvmlMemory_t::default();
         // SAFETY: valid out-pointer.
-        self.check("nvmlDeviceGetMemoryInfo", unsafe { (self.f.memory)(h, &mut m) })?;
-        let mut u = Utilization::default();
+        self.check("nvmlDeviceGetMemoryInfo", unsafe {
+            self.f.nvmlDeviceGetMemoryInfo(h, &mut m)
+        })?;
+        let mut u = nvmlUtilization_t::default();
         // SAFETY: valid out-pointer.
-        let util = (unsafe { (self.f.utilization)(h, &mut u) } == SUCCESS).then_some(u.gpu);
+        let util = unsafe { self.f.nvmlDeviceGetUtilizationRates(h, &mut u) }
+            .ok()
+            .then_some(u.gpu);
         Ok(Gpu {
             index,
             uuid,
@@ -248,7 +195,7 @@ impl Nvml {
     /// any other error fails the whole sample (fail closed: never judge from part of the lists).
     pub fn processes(&self, gpu: &Gpu) -> Result<Vec<(u32, u64)>, String> {
         let mut all: BTreeMap<u32, u64> = BTreeMap::new();
-        for (i, &(f, name)) in self.f.lists.iter().enumerate() {
+        for (i, &(f, name)) in LISTS.iter().enumerate() {
             for (pid, bytes) in self.list(gpu, f, name, i > 0)? {
                 let e = all.entry(pid).or_default();
                 *e = (*e).max(bytes);
@@ -257,18 +204,18 @@ impl Nvml {
         Ok(all.into_iter().collect())
     }
 
-    fn list(&self, gpu: &Gpu, f: FnProcesses, name: &str, optional: bool) -> Result<Vec<(u32, u64)>, String> {
+    fn list(&self, gpu: &Gpu, f: ProcessList, name: &str, optional: bool) -> Result<Vec<(u32, u64)>, String> {
         let mut cap: c_uint = 64;
         for _ in 0..4 {
-            let mut buf = vec![ProcessInfo::default(); cap as usize];
+            let mut buf = vec![nvmlProcessInfo_t::default(); cap as usize];
             let mut n = cap;
             // SAFETY: buf holds `n` entries.
-            let r = unsafe { f(gpu.handle, &mut n, buf.as_mut_ptr()) };
-            if r == ERROR_INSUFFICIENT_SIZE {
+            let r = unsafe { f(&self.f, gpu.handle, &mut n, buf.as_mut_ptr()) };
+            if r == nvmlReturn_t::ERROR_INSUFFICIENT_SIZE {
                 cap = n.max(cap) + 16; // processes may start between the two calls
                 continue;
             }
-            if optional && r == ERROR_NOT_SUPPORTED {
+            if optional && r == nvmlReturn_t::ERROR_NOT_SUPPORTED {
                 return Ok(Vec::new());
             }
             self.check(name, r)?;
@@ -276,10 +223,10 @@ impl Nvml {
             return Ok(buf
                 .iter()
                 .map(|p| {
-                    let bytes = if p.used_gpu_memory == u64::MAX {
+                    let bytes = if p.usedGpuMemory == u64::MAX {
                         0
                     } else {
-                        p.used_gpu_memory
+                        p.usedGpuMemory
                     };
                     (p.pid, bytes)
                 })
@@ -294,13 +241,16 @@ impl Nvml {
     pub fn process_utilization(&self, gpu: &Gpu, since_us: u64) -> Result<BTreeMap<u32, f64>, String> {
         let mut cap: c_uint = 256;
         for _ in 0..4 {
-            let mut buf = vec![UtilSample::default(); cap as usize];
+            let mut buf = vec![nvmlProcessUtilizationSample_t::default(); cap as usize];
             let mut n = cap;
             // SAFETY: buf holds `n` entries.
-            let r = unsafe { (self.f.process_util)(gpu.handle, buf.as_mut_ptr(), &mut n, since_us) };
+            let r = unsafe {
+                self.f
+                    .nvmlDeviceGetProcessUtilization(gpu.handle, buf.as_mut_ptr(), &mut n, since_us)
+            };
             match r {
-                ERROR_NOT_FOUND => return Ok(BTreeMap::new()),
-                ERROR_INSUFFICIENT_SIZE => {
+                nvmlReturn_t::ERROR_NOT_FOUND => return Ok(BTreeMap::new()),
+                nvmlReturn_t::ERROR_INSUFFICIENT_SIZE => {
                     cap = n.max(cap) * 2;
                     continue;
                 }
@@ -310,7 +260,7 @@ impl Nvml {
             let mut sums: BTreeMap<u32, (f64, u32)> = BTreeMap::new();
             for s in &buf {
                 let e = sums.entry(s.pid).or_default();
-                e.0 += f64::from(s.sm_util.min(100));
+                e.0 += f64::from(s.smUtil.min(100));
                 e.1 += 1;
             }
             return Ok(sums
@@ -326,7 +276,7 @@ impl Drop for Nvml {
     fn drop(&mut self) {
         // SAFETY: balanced with the nvmlInit_v2 in load.
         unsafe {
-            (self.f.shutdown)();
+            self.f.nvmlShutdown();
         }
     }
 }

@@ -1,8 +1,8 @@
-//! NVML types (`nvml.h`, CUDA 13.0), each checked against the header by `driver::header_check`.
+//! NVML types and functions (`nvml.h`, CUDA 13.0), each checked against the header by `header_check`.
 #![allow(non_camel_case_types, non_snake_case, missing_docs)]
 
-use super::{c_aliases, c_codes, c_consts, c_structs};
-use std::ffi::{c_uint, c_void};
+use super::{c_aliases, c_codes, c_consts, c_functions, c_structs};
+use std::ffi::{c_char, c_uint, c_void};
 
 /// `nvmlReturn_t`, a transparent newtype so unknown values pass through.
 #[repr(transparent)]
@@ -25,6 +25,7 @@ c_codes! { nvmlReturn_t, checked_results;
 
 impl nvmlReturn_t {
     /// True for `NVML_SUCCESS`.
+    #[inline]
     pub fn ok(self) -> bool {
         self == Self::SUCCESS
     }
@@ -175,6 +176,13 @@ c_structs! { checked_structs;
         pub encUtil: c_uint,
         pub decUtil: c_uint,
     }
+
+    /// `nvmlUtilization_t`.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlUtilization_t {
+        pub gpu: c_uint,
+        pub memory: c_uint,
+    }
 }
 
 c_consts! { checked_consts;
@@ -187,6 +195,64 @@ c_consts! { checked_consts;
     /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
     NVML_DEVICE_UUID_BUFFER_SIZE: usize = 96 => "NVML_DEVICE_UUID_V2_BUFFER_SIZE";
 }
+
+c_functions! {
+    /// Real NVML entry points, one line per function cuquota calls or exports (the line format is
+    /// `cuda::CudaTable`'s, without versions: NVML versions its names, `_v2`, `_v3`). The bare and `_v2` process
+    /// lists (compute, graphics, MPS) are declared in `nvml.h`'s `NVML_NO_UNVERSIONED_FUNC_DEFS` section.
+    NvmlTable -> nvmlReturn_t, checked_functions;
+    missing_library = nvmlReturn_t::ERROR_LIBRARY_NOT_FOUND, missing_symbol = nvmlReturn_t::ERROR_FUNCTION_NOT_FOUND;
+    // initialisation
+    nvmlInit ();
+    nvmlInit_v2 ();
+    nvmlInitWithFlags (flags: c_uint);
+    nvmlShutdown ();
+    // devices, memory and processes
+    nvmlDeviceGetMemoryInfo (device: nvmlDevice_t, memory: *mut nvmlMemory_t);
+    nvmlDeviceGetMemoryInfo_v2 (device: nvmlDevice_t, memory: *mut nvmlMemory_v2_t);
+    nvmlDeviceGetComputeRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t);
+    nvmlDeviceGetComputeRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t);
+    nvmlDeviceGetComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t);
+    nvmlDeviceGetGraphicsRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t);
+    nvmlDeviceGetGraphicsRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t);
+    nvmlDeviceGetGraphicsRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t);
+    nvmlDeviceGetMPSComputeRunningProcesses (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v1_t);
+    nvmlDeviceGetMPSComputeRunningProcesses_v2 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_v2_t);
+    nvmlDeviceGetMPSComputeRunningProcesses_v3 (device: nvmlDevice_t, infoCount: *mut c_uint, infos: *mut nvmlProcessInfo_t);
+    nvmlDeviceGetRunningProcessDetailList (device: nvmlDevice_t, plist: *mut nvmlProcessDetailList_t);
+    nvmlDeviceGetProcessesUtilizationInfo (device: nvmlDevice_t, procesesUtilInfo: *mut nvmlProcessesUtilizationInfo_t);
+    nvmlSystemGetProcessName (pid: c_uint, name: *mut c_char, length: c_uint);
+    nvmlDeviceGetAccountingPids (device: nvmlDevice_t, count: *mut c_uint, pids: *mut c_uint);
+    nvmlDeviceGetAccountingStats (device: nvmlDevice_t, pid: c_uint, stats: *mut nvmlAccountingStats_t);
+    nvmlDeviceGetProcessUtilization (device: nvmlDevice_t, utilization: *mut nvmlProcessUtilizationSample_t, processSamplesCount: *mut c_uint, lastSeenTimeStamp: u64);
+    nvmlDeviceGetEncoderSessions (device: nvmlDevice_t, sessionCount: *mut c_uint, sessionInfos: *mut nvmlEncoderSessionInfo_t);
+    nvmlDeviceGetFBCSessions (device: nvmlDevice_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t);
+    // accounting and vGPU (the preload library refuses them)
+    nvmlDeviceClearAccountingPids (device: nvmlDevice_t);
+    nvmlDeviceSetAccountingMode (device: nvmlDevice_t, mode: nvmlEnableState_t);
+    nvmlVgpuInstanceGetEncoderSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlEncoderSessionInfo_t);
+    nvmlVgpuInstanceGetFBCSessions (vgpuInstance: nvmlVgpuInstance_t, sessionCount: *mut c_uint, sessionInfo: *mut nvmlFBCSessionInfo_t);
+    nvmlVgpuInstanceGetAccountingPids (vgpuInstance: nvmlVgpuInstance_t, count: *mut c_uint, pids: *mut c_uint);
+    nvmlVgpuInstanceGetAccountingStats (vgpuInstance: nvmlVgpuInstance_t, pid: c_uint, stats: *mut nvmlAccountingStats_t);
+    nvmlVgpuInstanceClearAccountingPids (vgpuInstance: nvmlVgpuInstance_t);
+    nvmlDeviceGetVgpuProcessUtilization (device: nvmlDevice_t, lastSeenTimeStamp: u64, vgpuProcessSamplesCount: *mut c_uint, utilizationSamples: *mut nvmlVgpuProcessUtilizationSample_t);
+    nvmlDeviceGetVgpuProcessesUtilizationInfo (device: nvmlDevice_t, vgpuProcUtilInfo: *mut nvmlVgpuProcessesUtilizationInfo_t);
+    // device lookup
+    nvmlDeviceGetCount_v2 (deviceCount: *mut c_uint);
+    nvmlDeviceGetHandleByIndex_v2 (index: c_uint, device: *mut nvmlDevice_t);
+    nvmlDeviceGetHandleByUUID (uuid: *const c_char, device: *mut nvmlDevice_t);
+    nvmlDeviceGetUUID (device: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
+    nvmlDeviceGetIndex (device: nvmlDevice_t, index: *mut c_uint);
+    nvmlDeviceGetUtilizationRates (device: nvmlDevice_t, utilization: *mut nvmlUtilization_t);
+}
+
+/// `nvmlErrorString`, the one NVML function cuquota calls that returns no `nvmlReturn_t`: a static string.
+pub type PFN_nvmlErrorString = unsafe extern "C" fn(result: nvmlReturn_t) -> *const c_char;
+
+/// `PFN_nvmlErrorString` as the header check reads it: (name, return type, argument types).
+#[cfg(test)]
+pub const OTHER_SIGNATURES: &[(&str, &str, &[&str])] =
+    &[("nvmlErrorString", "*const c_char", &["nvmlReturn_t"])];
 
 /// Process-info records share `pid` and `usedGpuMemory`; the list filter is generic over the record version.
 pub trait ProcessInfo: Copy + Default {

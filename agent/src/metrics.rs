@@ -1,0 +1,620 @@
+//! Prometheus metrics: the series (HAMi's names, so existing dashboards work, and cuquota's own), rendered with
+//! `prometheus-client` from the same report structs `status` and the agent print, and a small HTTP endpoint.
+//! `cuquota metrics` (the CLI's `metrics.rs`) serves one container's usage file with them.
+//!
+//! | metric | type | meaning |
+//! | --- | --- | --- |
+//! | `hami_vgpu_memory_used_bytes` | gauge | device memory the container uses |
+//! | `hami_vgpu_memory_limit_bytes` | gauge | its cap (absent when none) |
+//! | `hami_container_device_utilization_ratio` | gauge | its share of the device over the last interval, percent 0–100 (HAMi's unit) |
+//! | `hami_container_last_kernel_elapsed_seconds` | gauge | seconds since it last used the device (absent until it has) |
+//! | `cuquota_sm_limit_percent` | gauge | its SM limit (absent when none) |
+//! | `cuquota_achieved_share_ratio` | gauge | the share as a ratio 0–1 |
+//! | `cuquota_gpu_seconds_total` | counter | GPU time it used (rate = achieved share) |
+//! | `cuquota_throttled_seconds_total` | counter | time its launches waited for the SM limit |
+//! | `cuquota_processes` | gauge | its processes on the device |
+//! | `cuquota_allocation_refusals_total` | counter | allocations refused at its cap |
+//! | `cuquota_agent_actions_total` | counter | agent actions on it, by `action` (agent only) |
+//!
+//! Labels: `namespace`, `pod`, `container`, `vdevice_index`, `device_uuid` (HAMi's; blank where unknown) and
+//! `name`, the container's id for cuquota (descriptor name), which keeps series of containers without
+//! Kubernetes labels apart.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args;
+use cuquota_core::log::Level;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::AgentError;
+
+/// The labels of a container's per-device series.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// The device's index in the container's view (usage-file entry), blank when unknown.
+    pub vdevice_index: String,
+    /// `GPU-…`.
+    pub device_uuid: String,
+    /// cuquota's id of the container.
+    pub name: String,
+}
+
+/// Labels of an agent action counter.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// Kubernetes namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub pod: String,
+    /// Container name.
+    pub container: String,
+    /// cuquota's id of the container.
+    pub name: String,
+    /// The action kind.
+    pub action: String,
+}
+
+/// One container on one device, as the metrics see it.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceSample {
+    /// Its labels.
+    pub labels: DeviceLabels,
+    /// Device memory used, bytes.
+    pub memory_used_bytes: u64,
+    /// Cap, bytes.
+    pub memory_limit_bytes: Option<u64>,
+    /// SM limit, percent.
+    pub sm_limit_percent: Option<u32>,
+    /// Share of the device over the last interval, percent.
+    pub utilization_percent: Option<f64>,
+    /// Seconds since the container last used the device.
+    pub last_kernel_age_seconds: Option<f64>,
+    /// GPU time used, cumulative seconds.
+    pub gpu_seconds_total: Option<f64>,
+    /// Time launches waited for the SM limit, cumulative seconds.
+    pub throttled_seconds_total: Option<f64>,
+    /// Allocations refused at the cap, cumulative.
+    pub allocation_refusals_total: Option<u64>,
+    /// Processes on the device.
+    pub processes: u64,
+}
+
+/// Everything one scrape shows.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Per container and device.
+    pub devices: Vec<DeviceSample>,
+    /// Agent action counters (every kind, 0 until something happened); empty outside the agent.
+    pub actions: Vec<(ActionLabels, u64)>,
+    /// Agent passes so far (None outside the agent).
+    pub agent_passes: Option<u64>,
+}
+
+type GaugeF = Gauge<f64, std::sync::atomic::AtomicU64>;
+type CounterF = Counter<f64, std::sync::atomic::AtomicU64>;
+
+/// The OpenMetrics text of `snap`.
+pub fn render(snap: &Snapshot) -> String {
+    let mut reg = Registry::default();
+    let gauge = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<DeviceLabels, GaugeF>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let counter = |reg: &mut Registry, name: &str, help: &str| {
+        let f = Family::<DeviceLabels, CounterF>::default();
+        reg.register(name, help, f.clone());
+        f
+    };
+    let used = gauge(
+        &mut reg,
+        "hami_vgpu_memory_used_bytes",
+        "Device memory used by the container, bytes",
+    );
+    let limit = gauge(
+        &mut reg,
+        "hami_vgpu_memory_limit_bytes",
+        "Device memory cap of the container, bytes",
+    );
+    let util = gauge(
+        &mut reg,
+        "hami_container_device_utilization_ratio",
+        "Share of the device the container used over the last interval, percent (0-100)",
+    );
+    let last = gauge(
+        &mut reg,
+        "hami_container_last_kernel_elapsed_seconds",
+        "Seconds since the container last ran a kernel on the device",
+    );
+    let sm = gauge(
+        &mut reg,
+        "cuquota_sm_limit_percent",
+        "SM-time limit of the container, percent",
+    );
+    let share = gauge(
+        &mut reg,
+        "cuquota_achieved_share_ratio",
+        "Share of the device the container used over the last interval (0-1)",
+    );
+    let gpu = counter(
+        &mut reg,
+        "cuquota_gpu_seconds",
+        "GPU time the container used, seconds",
+    );
+    let thr = counter(
+        &mut reg,
+        "cuquota_throttled_seconds",
+        "Time the container's launches waited for its SM limit, seconds",
+    );
+    let procs = gauge(
+        &mut reg,
+        "cuquota_processes",
+        "Processes of the container on the device",
+    );
+    let refused = counter(
+        &mut reg,
+        "cuquota_allocation_refusals",
+        "Allocations refused at the container's memory cap",
+    );
+    for d in &snap.devices {
+        let l = &d.labels;
+        used.get_or_create(l).set(d.memory_used_bytes as f64);
+        if let Some(v) = d.memory_limit_bytes {
+            limit.get_or_create(l).set(v as f64);
+        }
+        if let Some(v) = d.utilization_percent {
+            util.get_or_create(l).set(v);
+            share.get_or_create(l).set(v / 100.0);
+        }
+        if let Some(v) = d.last_kernel_age_seconds {
+            last.get_or_create(l).set(v);
+        }
+        if let Some(v) = d.sm_limit_percent {
+            sm.get_or_create(l).set(f64::from(v));
+        }
+        if let Some(v) = d.gpu_seconds_total {
+            gpu.get_or_create(l).inc_by(v);
+        }
+        if let Some(v) = d.throttled_seconds_total {
+            thr.get_or_create(l).inc_by(v);
+        }
+        if let Some(v) = d.allocation_refusals_total {
+            refused.get_or_create(l).inc_by(v as f64);
+        }
+        procs.get_or_create(l).set(d.processes as f64);
+    }
+    if snap.agent_passes.is_some() || !snap.actions.is_empty() {
+        let actions = Family::<ActionLabels, Counter>::default();
+        reg.register(
+            "cuquota_agent_actions",
+            "Actions the agent took on the container's processes, by kind",
+            actions.clone(),
+        );
+        for (l, n) in &snap.actions {
+            actions.get_or_create(l).inc_by(*n);
+        }
+        let passes = Counter::<u64>::default();
+        reg.register(
+            "cuquota_agent_passes",
+            "Sampling passes the agent completed",
+            passes.clone(),
+        );
+        passes.inc_by(snap.agent_passes.unwrap_or(0));
+    }
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut out, &reg);
+    out
+}
+
+/// The latest rendering, shared with the HTTP threads.
+#[derive(Clone, Default)]
+pub struct Published(Arc<Mutex<Option<String>>>);
+
+impl Published {
+    /// Replaces what scrapes see.
+    pub fn set(&self, text: String) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(text);
+    }
+
+    fn get(&self) -> Option<String> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+/// `HOST:PORT`, `[::1]:PORT`, or `:PORT` (127.0.0.1: loopback unless an address is named).
+pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+    let full = if s.starts_with(':') {
+        format!("127.0.0.1{s}")
+    } else {
+        s.to_string()
+    };
+    full.to_socket_addrs()
+        .map_err(|e| format!("{e}; expected HOST:PORT such as 127.0.0.1:9400 or :9400"))?
+        .next()
+        .ok_or_else(|| "resolves to no address".to_string())
+}
+
+/// How the endpoint is exposed: `--listen` and `--token-file`.
+#[derive(Args, Clone, Debug, Default)]
+pub struct Exposure {
+    /// Serve GET /metrics (and /healthz) on this address: HOST:PORT, or :PORT for 127.0.0.1. An address other
+    /// than loopback needs --token-file
+    #[arg(long, value_name = "ADDR", value_parser = parse_listen)]
+    pub listen: Option<SocketAddr>,
+    /// A file holding the bearer token a scrape of /metrics must send (`Authorization: Bearer TOKEN`); read
+    /// at every scrape, so a rotated token applies at once
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub token_file: Option<PathBuf>,
+}
+
+/// Connections served at once; more are closed as they come (the endpoint holds a bounded amount).
+pub const MAX_CONNECTIONS: usize = 128;
+/// Connections served at once from one peer address: a client holding idle connections takes at most this
+/// many from the others (a scraper from another address still gets through).
+pub const MAX_PER_PEER: usize = 4;
+/// Time a client has to send its request head.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time one connection may last in all.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The token in `file` (surrounding whitespace removed); an empty or unreadable file is an error.
+fn read_token(file: &Path) -> Result<String, String> {
+    let t = std::fs::read_to_string(file).map_err(|e| format!("token file {}: {e}", file.display()))?;
+    let t = t.trim();
+    if t.is_empty() {
+        return Err(format!("token file {} is empty", file.display()));
+    }
+    Ok(t.to_string())
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        let (x, y) = (a.get(i).copied().unwrap_or(0), b.get(i).copied().unwrap_or(0));
+        diff |= usize::from(x ^ y);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Serves `GET /metrics` and `GET /healthz` per `e` from a background thread (hyper's HTTP/1 server on a
+/// single-threaded tokio runtime: at most [`MAX_CONNECTIONS`] at once, each with a deadline); returns the
+/// bound address, or None without `--listen`. Every tenant's names and usage are in the metrics: an address
+/// other than loopback is refused without a token.
+pub fn serve(e: &Exposure, published: Published) -> Result<Option<SocketAddr>, AgentError> {
+    let Some(addr) = e.listen else {
+        return Ok(None);
+    };
+    match &e.token_file {
+        Some(f) => {
+            read_token(f).map_err(AgentError::new)?;
+        }
+        None if !addr.ip().is_loopback() => {
+            return Err(AgentError::new(format!(
+            "--listen {addr}: the metrics name every tenant and its usage; serve them beyond loopback only \
+                 with --token-file FILE (a bearer token), or keep 127.0.0.1 behind an authenticating proxy \
+                 such as kube-rbac-proxy (docs/agent.md)"
+        )))
+        }
+        None => {}
+    }
+    let listener =
+        TcpListener::bind(addr).map_err(|e| AgentError::new(format!("cannot listen on {addr}: {e}")))?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()?;
+    let token = e.token_file.clone();
+    std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || rt.block_on(accept(listener, token, published)))?;
+    Ok(Some(bound))
+}
+
+async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Published) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            cuquota_core::log!(Level::Error, "metrics: cannot serve: {e}");
+            return;
+        }
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let token = Arc::new(token);
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok((s, a)) => (s, a.ip()),
+            Err(_) => {
+                // Out of descriptors or the like: let it pass rather than spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(peer_slot) = PeerSlot::take(&peers, peer) else {
+            continue; // over the peer's bound: closed at once
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            continue; // over the bound: closed at once
+        };
+        let (published, token) = (published.clone(), token.clone());
+        tokio::spawn(async move {
+            let service = service_fn(move |req: Request<Incoming>| {
+                let r = answer(
+                    req.method(),
+                    req.uri().path(),
+                    req.headers(),
+                    &published,
+                    token.as_deref(),
+                );
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
+            drop((permit, peer_slot));
+        });
+    }
+}
+
+/// One of a peer address's [`MAX_PER_PEER`] connections; given back on drop.
+struct PeerSlot {
+    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    peer: IpAddr,
+}
+
+impl PeerSlot {
+    fn take(peers: &Arc<Mutex<HashMap<IpAddr, usize>>>, peer: IpAddr) -> Option<PeerSlot> {
+        let mut m = peers.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(peer).or_default();
+        if *n >= MAX_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: peers.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut m = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
+    }
+}
+
+fn reply(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    if let Ok(v) = HeaderValue::from_str(ctype) {
+        r.headers_mut().insert(CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// The answer to one request.
+fn answer(
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    published: &Published,
+    token: Option<&Path>,
+) -> Response<Full<Bytes>> {
+    const TEXT: &str = "text/plain; charset=utf-8";
+    if method != Method::GET && method != Method::HEAD {
+        return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into());
+    }
+    match path {
+        "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
+        "/" => reply(StatusCode::OK, TEXT, "cuquota metrics: GET /metrics\n".into()),
+        "/metrics" => {
+            if let Some(file) = token {
+                let want = match read_token(file) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // Fail closed: no token to compare with, no metrics.
+                        cuquota_core::log!(Level::Error, "metrics: {e}");
+                        return reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "no token\n".into());
+                    }
+                };
+                let sent = headers
+                    .get(AUTHORIZATION)
+                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                    .unwrap_or(b"");
+                if !same_secret(sent, want.as_bytes()) {
+                    let mut r = reply(StatusCode::UNAUTHORIZED, TEXT, "unauthorized\n".into());
+                    r.headers_mut()
+                        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                    return r;
+                }
+            }
+            match published.get() {
+                Some(t) => reply(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    t,
+                ),
+                None => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "no sample yet\n".into()),
+            }
+        }
+        _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendering_names_labels_and_units() {
+        let snap = Snapshot {
+            devices: vec![DeviceSample {
+                labels: DeviceLabels {
+                    namespace: "ns".into(),
+                    pod: "p".into(),
+                    container: "c".into(),
+                    vdevice_index: "0".into(),
+                    device_uuid: "GPU-1".into(),
+                    name: "web".into(),
+                },
+                memory_used_bytes: 1 << 30,
+                memory_limit_bytes: Some(2 << 30),
+                sm_limit_percent: Some(30),
+                utilization_percent: Some(29.5),
+                last_kernel_age_seconds: Some(0.5),
+                gpu_seconds_total: Some(12.25),
+                throttled_seconds_total: Some(3.0),
+                allocation_refusals_total: Some(4),
+                processes: 2,
+            }],
+            actions: vec![(
+                ActionLabels {
+                    name: "web".into(),
+                    action: "kill".into(),
+                    ..Default::default()
+                },
+                0,
+            )],
+            agent_passes: Some(7),
+        };
+        let t = render(&snap);
+        let labels =
+            r#"namespace="ns",pod="p",container="c",vdevice_index="0",device_uuid="GPU-1",name="web""#;
+        for line in [
+            format!("hami_vgpu_memory_used_bytes{{{labels}}} 1073741824.0"),
+            format!("hami_vgpu_memory_limit_bytes{{{labels}}} 2147483648.0"),
+            format!("hami_container_device_utilization_ratio{{{labels}}} 29.5"),
+            format!("hami_container_last_kernel_elapsed_seconds{{{labels}}} 0.5"),
+            format!("cuquota_sm_limit_percent{{{labels}}} 30.0"),
+            format!("cuquota_achieved_share_ratio{{{labels}}} 0.295"),
+            format!("cuquota_gpu_seconds_total{{{labels}}} 12.25"),
+            format!("cuquota_throttled_seconds_total{{{labels}}} 3.0"),
+            format!("cuquota_processes{{{labels}}} 2.0"),
+            format!("cuquota_allocation_refusals_total{{{labels}}} 4.0"),
+            r#"cuquota_agent_actions_total{namespace="",pod="",container="",name="web",action="kill"} 0"#
+                .into(),
+            "cuquota_agent_passes_total 7".into(),
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing `{line}` in\n{t}");
+        }
+        assert!(t.ends_with("# EOF\n"));
+        // No limit, no kernel yet: those series are absent rather than 0.
+        let mut s = snap.clone();
+        s.devices[0].memory_limit_bytes = None;
+        s.devices[0].last_kernel_age_seconds = None;
+        let t = render(&s);
+        assert!(
+            !t.contains("hami_vgpu_memory_limit_bytes{") && !t.contains("last_kernel_elapsed_seconds{"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen("127.0.0.1:9400").unwrap().port(), 9400);
+        assert!(
+            parse_listen(":9400").unwrap().ip().is_loopback(),
+            "loopback unless named"
+        );
+        assert!(parse_listen("0.0.0.0:9400").unwrap().ip().is_unspecified());
+        assert!(parse_listen("9400").is_err());
+    }
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cret", b"s3creT"));
+        assert!(!same_secret(b"s3cret", b"s3cre"));
+        assert!(!same_secret(b"", b"s3cret"));
+    }
+
+    #[test]
+    fn metrics_need_the_token_and_health_does_not() {
+        let dir = std::env::temp_dir().join(format!("cuquota-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "abc123\n").unwrap();
+        let p = Published::default();
+        p.set("m 1\n".into());
+        let get = |path: &str, auth: Option<&str>, token: Option<&Path>| {
+            let mut h = HeaderMap::new();
+            if let Some(a) = auth {
+                h.insert(AUTHORIZATION, HeaderValue::from_str(a).unwrap());
+            }
+            answer(&Method::GET, path, &h, &p, token).status()
+        };
+        assert_eq!(
+            get("/metrics", None, None),
+            StatusCode::OK,
+            "no token file: open (loopback)"
+        );
+        assert_eq!(get("/metrics", None, Some(&file)), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            get("/metrics", Some("Bearer abc12"), Some(&file)),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            get("/metrics", Some("Basic abc123"), Some(&file)),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(
+            get("/metrics", Some("Bearer abc123"), Some(&file)),
+            StatusCode::OK
+        );
+        assert_eq!(get("/healthz", None, Some(&file)), StatusCode::OK);
+        assert_eq!(get("/other", None, Some(&file)), StatusCode::NOT_FOUND);
+        // The file rotated: the new token at once; an empty file: nothing (fail closed).
+        std::fs::write(&file, "new").unwrap();
+        assert_eq!(
+            get("/metrics", Some("Bearer abc123"), Some(&file)),
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(get("/metrics", Some("Bearer new"), Some(&file)), StatusCode::OK);
+        std::fs::write(&file, "").unwrap();
+        assert_eq!(
+            get("/metrics", Some("Bearer "), Some(&file)),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let h = HeaderMap::new();
+        assert_eq!(
+            answer(&Method::POST, "/metrics", &h, &p, None).status(),
+            StatusCode::METHOD_NOT_ALLOWED
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
