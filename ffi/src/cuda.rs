@@ -62,6 +62,8 @@ c_aliases! { checked_aliases;
     pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
     pub type CUgraphExecUpdateResultInfo = c_void;
     pub type CUgraphNodeParams = c_void;
+    pub type CUDA_KERNEL_NODE_PARAMS = c_void;
+    pub type CUDA_KERNEL_NODE_PARAMS_v1 = c_void;
     pub type CUmulticastObjectProp = c_void;
     /// C enums (none has a negative value, so the ABI's type is `unsigned int`).
     pub type CUjit_option = c_uint;
@@ -439,6 +441,8 @@ c_functions! {
     cuGraphExecUpdate @10020 (hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult);
     cuGraphExecChildGraphNodeSetParams @11010 (hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph);
     cuGraphExecNodeSetParams @12020 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
+    cuGraphExecKernelNodeSetParams_v2 @12000 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphExecKernelNodeSetParams @10010 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
     // called by the preload library itself (not exported)
     cuDriverGetVersion @2020 (driverVersion: *mut c_int);
     cuDeviceGetCount @2000 (count: *mut c_int);

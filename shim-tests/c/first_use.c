@@ -48,6 +48,19 @@ static void *lookup(void *arg) {
     return NULL;
 }
 
+static CUkernel g_kernel;
+static CUdevice g_dev;
+/* review: a worker thread with its own context (created through the hook) launches g_kernel there. */
+static void *other_ctx_launch(void *arg) {
+    (void)arg;
+    CUcontext d;
+    g_res[0] = cuCtxCreate(&d, NULL, 0, g_dev);
+    if (g_res[0]) return NULL;
+    g_res[0] = cuLaunchKernel((CUfunction)g_kernel, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    cuCtxSynchronize();
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: first_use MODE A [B] [CHUNK]\n");
@@ -120,6 +133,80 @@ int main(int argc, char **argv) {
             r = cuGraphLaunch(e, NULL);
             printf("launch=%s\n", cq_err(r));
         }
+        cuCtxSynchronize();
+        used(0, "used");
+    } else if (strcmp(mode, "reset_pop") == 0 || strcmp(mode, "reset_thread") == 0) {
+        /* review (issue 22 launch fast path): the primary context reset (it stays retained and current: the
+         * driver reinitialises it at its next use) leaves the shim's known contexts; a CUkernel launched in
+         * another context (created through the hook) then counts as launched everywhere, and its launch back in
+         * the primary context (made current again by cuCtxPopCurrent, which no hook sees; or still current to
+         * the main thread while another thread launched it in its own context) skips the first-use check. */
+        CUlibrary lib;
+        CK(cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0));
+        CUkernel k;
+        CK(cuLibraryGetKernel(&k, lib, "k"));
+        CK(cuDevicePrimaryCtxReset(d0));
+        CUresult r;
+        if (strcmp(mode, "reset_thread") == 0) {
+            g_kernel = k;
+            g_dev = d0;
+            pthread_t t;
+            pthread_create(&t, NULL, other_ctx_launch, NULL);
+            pthread_join(t, NULL);
+            printf("launch.other=%s\n", cq_err(g_res[0]));
+            used(0, "used");
+        } else {
+            CUcontext d;
+            CK(cuCtxCreate(&d, NULL, 0, d0));
+            r = cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            printf("launch.other=%s\n", cq_err(r));
+            cuCtxSynchronize();
+            used(0, "used");
+            CUcontext popped;
+            CK(cuCtxPopCurrent(&popped));
+        }
+        CUcontext cur = NULL;
+        cuCtxGetCurrent(&cur);
+        printf("primary_current=%d\n", cur == c0);
+        r = cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        printf("launch.primary=%s\n", cq_err(r));
+        cuCtxSynchronize();
+        used(0, "used");
+    } else if (strcmp(mode, "graph_update") == 0) {
+        /* review (issue 22 launch fast path): a graph exec launched once (a kernel with no local memory), then
+         * cuGraphExecUpdate to a graph of the same shape whose kernel needs LOCAL bytes of local memory, launched
+         * again: the exec handle counts as launched everywhere, so the new kernel's stack growth is not admitted. */
+        char img2[256];
+        snprintf(img2, sizeof img2, "CUDASIM-MODULE 1\nkernel k 1000 0\nkernel big 1000 %llu\n", a);
+        CUmodule m;
+        CK(cuModuleLoadData(&m, img2));
+        CUfunction fk, fb;
+        CK(cuModuleGetFunction(&fk, m, "k"));
+        CK(cuModuleGetFunction(&fb, m, "big"));
+        CUgraph g1, g2;
+        CK(cuGraphCreate(&g1, 0));
+        CK(cuGraphCreate(&g2, 0));
+        CUDA_KERNEL_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+        p.blockDimX = p.blockDimY = p.blockDimZ = 1;
+        CUgraphNode n1, n2;
+        p.func = fk;
+        CK(cuGraphAddKernelNode(&n1, g1, NULL, 0, &p));
+        p.func = fb;
+        CK(cuGraphAddKernelNode(&n2, g2, NULL, 0, &p));
+        CUgraphExec e;
+        CK(cuGraphInstantiate(&e, g1, 0));
+        CUresult r = cuGraphLaunch(e, NULL);
+        printf("launch.0=%s\n", cq_err(r));
+        cuCtxSynchronize();
+        used(0, "used");
+        CUgraphExecUpdateResultInfo info;
+        memset(&info, 0, sizeof info);
+        r = cuGraphExecUpdate(e, g2, &info);
+        printf("update=%s\n", cq_err(r));
+        r = cuGraphLaunch(e, NULL);
+        printf("launch.1=%s\n", cq_err(r));
         cuCtxSynchronize();
         used(0, "used");
     } else if (strcmp(mode, "stack_capture") == 0) {

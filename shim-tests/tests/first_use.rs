@@ -68,6 +68,39 @@ fn a_kernel_first_launched_in_another_context_is_admitted() {
 /// be told from the last one). One library, 8 globals of 1 GiB, all taken by the driver at the first lookup
 /// (nothing can admit that in advance): measured then, so nothing more is admitted (before: never measured,
 /// the fill went on, 8962 MiB).
+/// A graph exec launched once, then `cuGraphExecUpdate`d to a graph of the same shape whose kernel needs 16 KiB
+/// of local memory a thread: its next launch is a first use again, measured as a graph's first launch is (see
+/// `a_graphs_first_launch_is_measured`), so nothing more is admitted (before: a relaunch, never measured, the fill
+/// went on to 4666 MiB; found by a hostile review). The same holds for `cuGraphExecNodeSetParams`,
+/// `cuGraphExecKernelNodeSetParams` and an exec destroyed and created again at its address (one code path).
+#[test]
+fn an_updated_graph_exec_is_measured_again() {
+    let sim = Sim::new().build();
+    let out = run(&sim, "graph_update 16384", CAP);
+    println!("peak {} MiB", peak(&out) / MIB);
+    assert_eq!(
+        out.num("fill.count"),
+        0,
+        "admitted after the updated graph grew the stack:{out:?}"
+    );
+    assert_eq!(out.num("info.free"), 0, "free reported past the cap:{out:?}");
+}
+
+/// `cuDevicePrimaryCtxReset` leaves the primary context retained (and current); the driver sets it up again at
+/// its next use, so a kernel launched since in another context is launched there for the first time again —
+/// made current by `cuCtxPopCurrent` (which no hook sees), or still current to the main thread while a worker
+/// thread launched the kernel in its own context. Guards a launch fast path that would treat the reset context as
+/// gone (1538 MiB under 1 GiB on such a branch).
+#[test]
+fn a_reset_primary_context_is_a_first_use_again() {
+    for mode in ["reset_pop 4000", "reset_thread 4000"] {
+        let sim = Sim::new().build();
+        let out = run(&sim, mode, CAP);
+        println!("{mode}: peak {} MiB", peak(&out) / MIB);
+        out.assert_used_within(GIB);
+    }
+}
+
 #[test]
 fn lazy_globals_looked_up_without_dptr_are_measured() {
     let sim = Sim::new().build();

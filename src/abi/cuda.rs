@@ -131,4 +131,6 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuGraphExecUpdate (hGraphExec, hGraph, hErrorNode_out, updateResult_out) => graph_memory::exec_update(call, hGraphExec, hGraph);
     cuGraphExecChildGraphNodeSetParams (hGraphExec, hNode, childGraph) => graph_memory::exec_child_update(call, hGraphExec, childGraph);
     cuGraphExecNodeSetParams (hGraphExec, hNode, nodeParams) => graph_memory::exec_node_update(call, hGraphExec, nodeParams);
+    cuGraphExecKernelNodeSetParams_v2 (hGraphExec, hNode, nodeParams) => graph_memory::exec_kernel_update(call, hGraphExec);
+    cuGraphExecKernelNodeSetParams (hGraphExec, hNode, nodeParams) => graph_memory::exec_kernel_update(call, hGraphExec);
 }

@@ -13,6 +13,7 @@ use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::charge::Charge;
+use crate::memory::reconcile::Use;
 use crate::state::Shim;
 
 /// Child graphs nested deeper than this are not walked (fail closed: such a graph's instantiation is refused).
@@ -121,6 +122,17 @@ pub fn exec_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec,
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp, false);
+        s.mem.forget_use(Use::Graph, exec as usize);
+    }
+    r
+}
+
+/// `cuGraphExecKernelNodeSetParams` (+ `_v2`): a kernel node of the exec takes another kernel, whose stack
+/// growth and lazy loading the exec's next launch must admit again (no memory node can change here).
+pub fn exec_kernel_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
+    let r = call();
+    if r.ok() {
+        s.mem.forget_use(Use::Graph, exec as usize);
     }
     r
 }
@@ -139,6 +151,7 @@ pub fn exec_child_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp, true);
+        s.mem.forget_use(Use::Graph, exec as usize);
     }
     r
 }
@@ -167,7 +180,12 @@ pub unsafe fn exec_node_update(
         }
     };
     let Some(child) = child else {
-        return call();
+        // A kernel (or other) node changed: the next launch is a first use of whatever it runs now.
+        let r = call();
+        if r.ok() {
+            s.mem.forget_use(Use::Graph, exec as usize);
+        }
+        return r;
     };
     let Some(fp) = walked(s, "cuGraphExecNodeSetParams", exec, child) else {
         return CUresult::ERROR_NOT_SUPPORTED;
@@ -175,6 +193,7 @@ pub unsafe fn exec_node_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp, true);
+        s.mem.forget_use(Use::Graph, exec as usize);
     }
     r
 }
@@ -232,6 +251,10 @@ pub fn upload(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> C
 pub fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
     let had = s.mem.graph().has_memory(exec as usize);
     let r = call();
+    if r.ok() {
+        // An exec created later at this address is not this one.
+        s.mem.forget_use(Use::Graph, exec as usize);
+    }
     if r.ok() && had {
         s.mem.graph().forget_exec(exec as usize);
         s.mem.refresh_graph_all(&s.cuda);

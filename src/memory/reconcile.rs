@@ -114,6 +114,14 @@ impl FirstUse {
         self.shard(h, ctx).lock().insert((how, h, ctx))
     }
 
+    /// Forgets handle `h` used as `how` in every context (a graph exec updated or destroyed: its next launch, or
+    /// an exec at its address, runs other kernels). Cold: a scan of every shard.
+    pub fn forget(&self, how: Use, h: usize) {
+        for s in self.seen.iter() {
+            s.lock().retain(|&(u, x, _)| !(u == how && x == h));
+        }
+    }
+
     /// Forgets every handle (a module or library was unloaded: its handles' addresses may be reused by code
     /// that was never measured). Bounded: the set holds only what was used since the last unload.
     pub fn forget_all(&self) {
@@ -155,6 +163,11 @@ impl Memory {
     #[inline]
     pub fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
         self.first_use.seen(how, h, ctx)
+    }
+
+    /// Handle `h` no longer stands for what was used as `how` (see [`FirstUse::forget`]).
+    pub fn forget_use(&self, how: Use, h: usize) {
+        self.first_use.forget(how, h);
     }
 
     /// Whether handle `h` is used as `how` for the first time in context `ctx` (then recorded).
