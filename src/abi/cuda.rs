@@ -42,7 +42,7 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     // virtual memory management
     cuMemCreate (handle, size, prop, flags) => memory::vmm_create(call, handle, size, prop);
     cuMemRelease (handle) => memory::vmm_release(call, handle);
-    cuMemMap (ptr, size, offset, handle, flags) => memory::vmm_map(call, ptr, size, handle);
+    cuMemMap (ptr, size, offset, handle, flags) => memory::vmm_map(call, ptr, size, offset, handle);
     cuMemUnmap (ptr, size) => memory::vmm_unmap(call, ptr, size);
     cuMemMapArrayAsync (mapInfoList, count, hStream) => memory::map_array_async(call, mapInfoList, count);
     cuMemMapArrayAsync_ptsz (mapInfoList, count, hStream) => memory::map_array_async(call, mapInfoList, count);

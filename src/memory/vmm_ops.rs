@@ -72,21 +72,24 @@ impl Memory {
         self.vmm.retained(h);
     }
 
-    /// `cuMemMap` of `size` bytes of `handle` at `ptr` through `call`: a mapping keeps its allocation (and its
-    /// charge) alive. The first mapping of memory imported from another container charges its size to this
-    /// process (no size is known before: fail closed from here on).
+    /// `cuMemMap` of the bytes `within` `handle`'s allocation at `ptr` through `call`: a mapping keeps its allocation (and its charge) alive. Memory imported from another
+    /// container is charged to this process up to the furthest byte any of its mappings reached (no size is
+    /// known before: fail closed from here on).
     pub fn vmm_map(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
         ptr: u64,
-        size: u64,
+        within: std::ops::Range<u64>,
         handle: u64,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
+        let (size, end) = (within.end.saturating_sub(within.start), within.end);
+        // Another container's allocation is at least as large as the furthest byte any mapping reaches
+        // (`offset + size`): mapped in pieces, it is charged for all of them, not for one piece.
         let foreign = match self.shared.vmm_import(handle) {
             Some(None) => Some(0),
-            Some(Some(Hold::Charged { bytes, .. })) if bytes < size => Some(bytes),
+            Some(Some(Hold::Charged { bytes, .. })) if bytes < end => Some(bytes),
             _ => None,
         };
         let Some(had) = foreign else {
@@ -109,7 +112,7 @@ impl Memory {
         let Some(dev) = dev else {
             return self.untracked(call);
         };
-        let Ok(charge) = self.charge(dev, size - had, cuda, nvml) else {
+        let Ok(charge) = self.charge(dev, end - had, cuda, nvml) else {
             return CUresult::ERROR_OUT_OF_MEMORY;
         };
         let r = call();
@@ -118,7 +121,7 @@ impl Memory {
             self.vmm.mapped(ptr, size, handle);
             let hold = Hold::Charged {
                 dev: dev.id,
-                bytes: size,
+                bytes: end,
             };
             self.shared.vmm_imported(handle, Some(hold));
         }

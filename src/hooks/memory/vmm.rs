@@ -70,9 +70,11 @@ pub fn vmm_map(
     call: impl FnOnce() -> CUresult,
     ptr: CUdeviceptr,
     size: usize,
+    offset: usize,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
-    s.mem.vmm_map(&s.cuda, &s.nvml, ptr, size as u64, handle, call)
+    let within = offset as u64..(offset as u64).saturating_add(size as u64);
+    s.mem.vmm_map(&s.cuda, &s.nvml, ptr, within, handle, call)
 }
 
 /// The identity both processes compute for a shareable handle of `handle_type` at `shareable` (the caller's

@@ -1,6 +1,6 @@
-//! Review of issue 22's inline tamper check (`UsageRegion::intact`): every header word it compares, changed
-//! alone by another process of the container while a victim runs, must fail closed as the full validation of
-//! 9b02484 did. region_robust.rs covers garbage (magic), zero and truncation; these cover the words one at a
+//! The inline tamper check of the usage file (`UsageRegion::intact`, issue 22): every header word it compares,
+//! changed alone by another process of the container while a victim runs, fails closed as the full validation
+//! did. region_robust.rs covers garbage (magic), zero and truncation; these cover the words one at a
 //! time. Judged by the simulator's own figures.
 
 use shim_tests::{Prog, Sim};

@@ -1,9 +1,9 @@
-/* review_vmm_partial (review of issue 22): a VMM allocation imported from another container is charged to the
- * importer at its first cuMemMap by the *mapping's* size (memory::vmm_ops::vmm_map; hooks ignore cuMemMap's
- * offset), and a later mapping of the same handle is charged only when it is larger than what is charged. So
- * an importer that maps a 1 GiB import as N pieces of 1/N at N offsets is charged 1/N of it.
+/* vmm_import_pieces: a VMM allocation imported from another container, mapped in pieces (before the fix it was
+ * charged at its first cuMemMap by the *mapping's* size, and a later mapping of the same handle only when it was
+ * larger than what was charged): an importer
+ * maps a 1 GiB import as N pieces of 1/N at N offsets, and must be charged all of it.
  *
- *   review_vmm_partial N    exporter (this process, container of CUQUOTA_USAGE_FILE) creates 1 GiB shareable as a
+ *   vmm_import_pieces N    exporter (this process, container of CUQUOTA_USAGE_FILE) creates 1 GiB shareable as a
  *                           POSIX descriptor, exports it to the importer (re-executed, CQ_IMPORTER_USAGE_FILE's
  *                           container), which imports it and maps it as N pieces; the exporter releases its
  *                           handle; the importer then asks cuMemAlloc for 768 MiB and prints
@@ -54,7 +54,7 @@ static int context(void) {
     CUdevice dev;
     CUcontext ctx;
     if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
-        fprintf(stderr, "review_vmm_partial: no context\n");
+        fprintf(stderr, "vmm_import_pieces: no context\n");
         return 2;
     }
     return 0;
