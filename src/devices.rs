@@ -25,13 +25,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// CUDA ordinals tracked (a device at or above this is unplaced: refused while memory limits apply).
-pub const MAX_ORDINALS: usize = 64;
+pub(crate) const MAX_ORDINALS: usize = 64;
 /// Fallback allocation granularity when the driver cannot tell (2 MiB).
-pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
+pub(crate) const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
 /// A device as the policies see it: its CUDA ordinal and its usage-region entry.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Dev {
+pub(crate) struct Dev {
     /// CUDA ordinal (= `CUdevice` value).
     pub ordinal: CUdevice,
     /// Usage-region entry (claimed by UUID).
@@ -58,7 +58,7 @@ struct AgentLimits {
 }
 
 /// Every device of the process, its limits, and the region they are accounted in.
-pub struct Devices {
+pub(crate) struct Devices {
     cfg: Config,
     usage: UsageRegion,
     agent: AgentLimits,
@@ -87,7 +87,7 @@ pub struct Devices {
 impl Devices {
     /// Devices accounted in `usage`, limited by `cfg` and the agent files `limits` (already opened: a reader and
     /// a watch mapping each).
-    pub fn new(
+    pub(crate) fn new(
         cfg: Config,
         usage: UsageRegion,
         limits: Vec<(LimitsReader, LimitsRegion)>,
@@ -125,12 +125,12 @@ impl Devices {
     }
 
     /// The configuration in force.
-    pub fn config(&self) -> &Config {
+    pub(crate) fn config(&self) -> &Config {
         &self.cfg
     }
 
     /// The container's usage region.
-    pub fn usage(&self) -> &UsageRegion {
+    pub(crate) fn usage(&self) -> &UsageRegion {
         &self.usage
     }
 
@@ -141,7 +141,7 @@ impl Devices {
     /// A process that sees one device (the common container) skips asking the driver: every call is on
     /// ordinal 0, and one made without a current context fails in the driver, which undoes what it charged.
     #[inline]
-    pub fn current(&self, cuda: &CudaTable) -> Option<Dev> {
+    pub(crate) fn current(&self, cuda: &CudaTable) -> Option<Dev> {
         if self.single_device(cuda) {
             return self.device(cuda, 0);
         }
@@ -155,7 +155,7 @@ impl Devices {
 
     /// True when the driver reports exactly one device (asked once, after a successful answer).
     #[inline]
-    pub fn single_device(&self, cuda: &CudaTable) -> bool {
+    pub(crate) fn single_device(&self, cuda: &CudaTable) -> bool {
         if let Some(&one) = self.single.get() {
             return one;
         }
@@ -170,7 +170,7 @@ impl Devices {
     /// The accounting identity of CUDA device `ordinal`; learned on first use (UUID → usage entry, granularity,
     /// limits). `None` when the driver cannot say (not initialised, bad ordinal) or the region has no room.
     #[inline]
-    pub fn device(&self, cuda: &CudaTable, ordinal: CUdevice) -> Option<Dev> {
+    pub(crate) fn device(&self, cuda: &CudaTable, ordinal: CUdevice) -> Option<Dev> {
         let info = self.info(cuda, ordinal)?;
         Some(Dev { ordinal, id: info.id })
     }
@@ -254,7 +254,7 @@ impl Devices {
     }
 
     /// The UUID of a known ordinal.
-    pub fn uuid_of(&self, ordinal: CUdevice) -> Option<[u8; 16]> {
+    pub(crate) fn uuid_of(&self, ordinal: CUdevice) -> Option<[u8; 16]> {
         self.table
             .get(usize::try_from(ordinal).ok()?)?
             .get()
@@ -262,7 +262,7 @@ impl Devices {
     }
 
     /// Ordinals learned so far, with their UUIDs.
-    pub fn known(&self) -> impl Iterator<Item = (Dev, [u8; 16])> + '_ {
+    pub(crate) fn known(&self) -> impl Iterator<Item = (Dev, [u8; 16])> + '_ {
         self.table.iter().enumerate().filter_map(|(o, s)| {
             s.get().map(|i| {
                 (
@@ -277,7 +277,7 @@ impl Devices {
     }
 
     /// `bytes` rounded up to the device's allocation granularity.
-    pub fn round(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> u64 {
+    pub(crate) fn round(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> u64 {
         let g = self
             .info(cuda, dev.ordinal)
             .map_or(DEFAULT_GRANULARITY, |i| i.granularity);
@@ -286,7 +286,7 @@ impl Devices {
 
     /// True when a device could not be given a usage entry while memory limits apply: its allocations must be
     /// refused (fail closed) rather than go uncounted.
-    pub fn refuse_unplaced(&self) -> bool {
+    pub(crate) fn refuse_unplaced(&self) -> bool {
         (self.unplaced.load(Ordering::Relaxed) != 0 || self.beyond.load(Ordering::Relaxed))
             && (self.cfg.has_limits() || !self.agent.watch.is_empty())
     }
@@ -295,7 +295,7 @@ impl Devices {
 
     /// The effective limits of a known device (after picking up a changed limits file).
     #[inline]
-    pub fn policy(&self, dev: Dev) -> Policy {
+    pub(crate) fn policy(&self, dev: Dev) -> Policy {
         self.refresh_if_changed();
         self.table
             .get(dev.ordinal as usize)
@@ -307,7 +307,7 @@ impl Devices {
     /// admission: the cap, and the bytes kept for high-priority tenants unless this process is one. Three of
     /// the policy's words, read as [`Devices::policy`] decodes them.
     #[inline]
-    pub fn memory_limits(&self, dev: Dev) -> (Option<u64>, Option<u64>) {
+    pub(crate) fn memory_limits(&self, dev: Dev) -> (Option<u64>, Option<u64>) {
         self.refresh_if_changed();
         let Some(i) = self.table.get(dev.ordinal as usize).and_then(|s| s.get()) else {
             return (None, None);
@@ -325,7 +325,7 @@ impl Devices {
     /// Effective limits of a device known by UUID and maybe a CUDA ordinal: env/config for the ordinal,
     /// tightened by every agent file (by UUID, else ordinal, else `all`). NVML-only processes without an
     /// ordinal get only the agent files' entries.
-    pub fn effective(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Policy {
+    pub(crate) fn effective(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Policy {
         self.refresh_if_changed();
         let mut eff = ordinal.map_or(Policy::NONE, |o| self.cfg.policy(o));
         for r in self.agent.readers.lock().iter() {
@@ -339,7 +339,7 @@ impl Devices {
     /// file lists it; otherwise the usage file's live slots decide, which is cooperative: any process of the
     /// container can write any pid there. The process's own pids (`own`: its pid and learned host pid) always
     /// belong. Slow path (NVML process queries): a lock and a scan.
-    pub fn is_member(&self, pid: u32, own: &[u32]) -> bool {
+    pub(crate) fn is_member(&self, pid: u32, own: &[u32]) -> bool {
         if pid == 0 {
             return false;
         }
@@ -359,7 +359,7 @@ impl Devices {
     /// Whether an SM share may apply to some device (env/config, or any agent file's entry): false means no
     /// launch needs the throttle. One atomic load per limits file plus one flag.
     #[inline]
-    pub fn sm_limited(&self) -> bool {
+    pub(crate) fn sm_limited(&self) -> bool {
         self.refresh_if_changed();
         self.sm_limited.load(Ordering::Relaxed)
     }
@@ -367,7 +367,7 @@ impl Devices {
     /// Whether a launch may need the throttle or the priority policy on some device: false means no launch
     /// does. One atomic load per limits file plus one flag.
     #[inline]
-    pub fn launch_limited(&self) -> bool {
+    pub(crate) fn launch_limited(&self) -> bool {
         self.refresh_if_changed();
         self.launch_limited.load(Ordering::Relaxed)
     }
@@ -375,14 +375,14 @@ impl Devices {
     /// Whether a memory cap may apply to some device (env/config, or any agent file's entry), as of the last
     /// [`Devices::refresh_if_changed`] (the launch hooks' [`Devices::launch_hooked`] just made one). One load.
     #[inline]
-    pub fn memory_limited(&self) -> bool {
+    pub(crate) fn memory_limited(&self) -> bool {
         self.memory_limited.load(Ordering::Relaxed)
     }
 
     /// Whether a launch may need the throttle, the priority policy or a memory check (first use): false means
     /// no launch does. One atomic load per limits file plus one flag, as `launch_limited` alone cost before.
     #[inline]
-    pub fn launch_hooked(&self) -> bool {
+    pub(crate) fn launch_hooked(&self) -> bool {
         self.refresh_if_changed();
         self.launch_hooked.load(Ordering::Relaxed)
     }
@@ -408,7 +408,7 @@ impl Devices {
 
     /// The device's entry in the node's priority file, if there is a file and the entry.
     #[inline]
-    pub fn priority_entry(&self, dev: Dev) -> Option<PriorityEntry<'_>> {
+    pub(crate) fn priority_entry(&self, dev: Dev) -> Option<PriorityEntry<'_>> {
         let region = self.priority.as_ref()?;
         let id = self.table.get(dev.ordinal as usize)?.get()?.prio?;
         Some(region.entry(id))
@@ -434,7 +434,7 @@ impl Devices {
     /// Re-reads changed limits files and recomputes every known device's limits. One atomic load per file when
     /// nothing changed.
     #[inline]
-    pub fn refresh_if_changed(&self) {
+    pub(crate) fn refresh_if_changed(&self) {
         let changed = self
             .agent
             .watch
@@ -494,7 +494,7 @@ impl Devices {
     // ---- fork ----------------------------------------------------------------------------------------------
 
     /// Takes the lock of the agent readers (see `state`'s fork handlers for the order).
-    pub fn fork_prepare(&self) {
+    pub(crate) fn fork_prepare(&self) {
         crate::locks::hold_all([&self.agent.readers]);
     }
 
@@ -502,7 +502,7 @@ impl Devices {
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
+    pub(crate) unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
         unsafe { crate::locks::release_all([&self.agent.readers], side) };
     }

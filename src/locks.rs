@@ -11,7 +11,7 @@ use std::cell::UnsafeCell;
 
 /// Which side of a `fork` releases the locks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Side {
+pub(crate) enum Side {
     /// The parent: unlock, waking its threads that wait.
     Parent,
     /// The child (one thread): replace by an unlocked mutex, waking no one.
@@ -19,7 +19,7 @@ pub enum Side {
 }
 
 /// A `parking_lot::Mutex<T>` that can be released in a forked child.
-pub struct Lock<T>(UnsafeCell<Mutex<T>>);
+pub(crate) struct Lock<T>(UnsafeCell<Mutex<T>>);
 
 // SAFETY: all access goes through the inner mutex, except `release(Side::Child)`, which runs in a forked child's
 // only thread while the lock is held by `hold` (no guard exists).
@@ -27,7 +27,7 @@ unsafe impl<T: Send> Sync for Lock<T> {}
 
 impl<T> Lock<T> {
     /// An unlocked lock around `value`.
-    pub const fn new(value: T) -> Lock<T> {
+    pub(crate) const fn new(value: T) -> Lock<T> {
         Lock(UnsafeCell::new(Mutex::new(value)))
     }
 
@@ -38,18 +38,18 @@ impl<T> Lock<T> {
 
     /// Locks, waiting if needed.
     #[inline]
-    pub fn lock(&self) -> MutexGuard<'_, T> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.mutex().lock()
     }
 
     /// Locks if free.
     #[inline]
-    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
         self.mutex().try_lock()
     }
 
     /// Locks and keeps it locked (the guard is forgotten): `fork`'s prepare handler.
-    pub fn hold(&self) {
+    pub(crate) fn hold(&self) {
         std::mem::forget(self.lock());
     }
 
@@ -58,7 +58,7 @@ impl<T> Lock<T> {
     /// # Safety
     /// Held by `hold` on this thread (or, for [`Side::Child`], in the parent thread this forked child, now
     /// single-threaded, is a copy of), and not released since.
-    pub unsafe fn release(&self, side: Side) {
+    pub(crate) unsafe fn release(&self, side: Side) {
         match side {
             // SAFETY: locked by `hold`, guard forgotten (the caller's contract).
             Side::Parent => unsafe { self.mutex().force_unlock() },
@@ -85,7 +85,7 @@ impl<T: Default> Default for Lock<T> {
 }
 
 /// [`Lock::hold`] of every lock, in order.
-pub fn hold_all<'a, T: 'a>(locks: impl IntoIterator<Item = &'a Lock<T>>) {
+pub(crate) fn hold_all<'a, T: 'a>(locks: impl IntoIterator<Item = &'a Lock<T>>) {
     for l in locks {
         l.hold();
     }
@@ -95,7 +95,7 @@ pub fn hold_all<'a, T: 'a>(locks: impl IntoIterator<Item = &'a Lock<T>>) {
 ///
 /// # Safety
 /// As [`Lock::release`], for each.
-pub unsafe fn release_all<'a, T: 'a>(locks: impl IntoIterator<Item = &'a Lock<T>>, side: Side) {
+pub(crate) unsafe fn release_all<'a, T: 'a>(locks: impl IntoIterator<Item = &'a Lock<T>>, side: Side) {
     for l in locks {
         // SAFETY: the caller's contract.
         unsafe { l.release(side) };

@@ -1,10 +1,10 @@
 //! Logging: the one path shared with the `cuquota` tool lives in `cuquota_core::log` (stderr lines
 //! `cuquota[<pid>]: <level>: <message>`, one `write(2)` each, formatted on the stack: no allocation, no lock).
 
-pub use cuquota_core::log::{enabled, set_level, Level};
+pub(crate) use cuquota_core::log::{enabled, set_level, Level};
 
 /// Writes an error line regardless of the level (configuration errors must always be seen).
-pub fn write_line(args: std::fmt::Arguments<'_>) {
+pub(crate) fn write_line(args: std::fmt::Arguments<'_>) {
     cuquota_core::log::write(Level::Error, args);
 }
 

@@ -31,10 +31,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 /// Our export's address for a name, if we export it (`abi::cuda::export_address`).
-pub type Exports = fn(&[u8]) -> Option<usize>;
+pub(crate) type Exports = fn(&[u8]) -> Option<usize>;
 
 /// The state of an active (enforcing) process.
-pub struct Shim {
+pub(crate) struct Shim {
     /// The real CUDA driver.
     pub cuda: CudaTable,
     /// The real NVML, when it could be loaded.
@@ -52,7 +52,7 @@ pub struct Shim {
 impl Shim {
     /// Assembles an active state (production init, and unit tests with fake tables). `exports` gives the
     /// address of our export of a name, for the `cuGetProcAddress` reverse map.
-    pub fn new(cuda: CudaTable, nvml: Option<NvmlTable>, devices: Devices, exports: Exports) -> Shim {
+    pub(crate) fn new(cuda: CudaTable, nvml: Option<NvmlTable>, devices: Devices, exports: Exports) -> Shim {
         let devices = Arc::new(devices);
         Shim {
             proc_map: ProcMap::build(cuda.resolved(), exports),
@@ -67,7 +67,7 @@ impl Shim {
 
 /// What the process decided at initialisation. (One static instance: variant sizes do not matter.)
 #[allow(clippy::large_enum_variant)]
-pub enum Process {
+pub(crate) enum Process {
     /// Enforcing.
     Active(Box<Shim>),
     /// Opted out: pass-through.
@@ -82,7 +82,7 @@ pub enum Process {
 }
 
 /// What an export does with a call: enforce through the hooks, or forward to the real library.
-pub enum Entry<T: 'static> {
+pub(crate) enum Entry<T: 'static> {
     /// Enforce: call the hook.
     Active(&'static Shim),
     /// Disabled by configuration: forward to the real library.
@@ -92,18 +92,18 @@ pub enum Entry<T: 'static> {
 static PROCESS: OnceLock<Process> = OnceLock::new();
 
 /// The process state, initialising it on first call.
-pub fn process(exports: Exports) -> &'static Process {
+pub(crate) fn process(exports: Exports) -> &'static Process {
     PROCESS.get_or_init(|| init(exports))
 }
 
 /// The process state if already initialised (for fork handlers: never initialises).
-pub fn process_if_ready() -> Option<&'static Process> {
+pub(crate) fn process_if_ready() -> Option<&'static Process> {
     PROCESS.get()
 }
 
 /// How a CUDA export proceeds.
 #[inline]
-pub fn cuda_entry(exports: Exports) -> Result<Entry<CudaTable>, CUresult> {
+pub(crate) fn cuda_entry(exports: Exports) -> Result<Entry<CudaTable>, CUresult> {
     match process(exports) {
         Process::Active(s) if s.cuda.loaded => Ok(Entry::Active(s)),
         Process::Active(_) => Err(CUresult::ERROR_NOT_INITIALIZED),
@@ -114,7 +114,7 @@ pub fn cuda_entry(exports: Exports) -> Result<Entry<CudaTable>, CUresult> {
 
 /// How an NVML export proceeds.
 #[inline]
-pub fn nvml_entry(exports: Exports) -> Result<Entry<NvmlTable>, nvmlReturn_t> {
+pub(crate) fn nvml_entry(exports: Exports) -> Result<Entry<NvmlTable>, nvmlReturn_t> {
     match process(exports) {
         Process::Active(s) => match s.nvml.table() {
             Some(_) => Ok(Entry::Active(s)),

@@ -2,12 +2,12 @@
 
 /// CLOCK_MONOTONIC in ns: system-wide, so every process of a container computes the same bucket level.
 #[inline]
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     read(libc::CLOCK_MONOTONIC)
 }
 
 /// CLOCK_REALTIME in µs (NVML's sample timestamps).
-pub fn realtime_us() -> u64 {
+pub(crate) fn realtime_us() -> u64 {
     read(libc::CLOCK_REALTIME) / 1000
 }
 

@@ -17,12 +17,12 @@ use crate::driver::dl::{self, real_dlsym, real_dlvsym};
 use std::ffi::{c_char, c_int, c_long, c_void, CStr};
 
 /// True when `name` is a symbol we export (CUDA, NVML or the loader's lookups).
-pub fn is_hooked(name: &[u8]) -> bool {
+pub(crate) fn is_hooked(name: &[u8]) -> bool {
     our_address(name).is_some()
 }
 
 /// Address of our export for `name`, if any. Cheap prefix filter first: this runs on every `dlsym` in the process.
-pub fn our_address(name: &[u8]) -> Option<usize> {
+pub(crate) fn our_address(name: &[u8]) -> Option<usize> {
     match name {
         [b'c', b'u', ..] => crate::abi::cuda::export_address(name),
         [b'n', b'v', b'm', b'l', ..] => crate::abi::nvml::export_address(name),
@@ -163,7 +163,7 @@ const _: () = assert!(libc::RTLD_DEEPBIND == 8);
 #[cfg(all(not(test), target_arch = "x86_64"))]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
+pub(crate) unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut c_void {
     core::arch::naked_asm!(
         "endbr64",
         "push rdi",
@@ -185,7 +185,7 @@ pub unsafe extern "C" fn dlsym(handle: *mut c_void, name: *const c_char) -> *mut
 #[cfg(all(not(test), target_arch = "x86_64"))]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlvsym(
+pub(crate) unsafe extern "C" fn dlvsym(
     handle: *mut c_void,
     name: *const c_char,
     version: *const c_char,
@@ -212,7 +212,7 @@ pub unsafe extern "C" fn dlvsym(
 #[cfg(all(not(test), target_arch = "x86_64"))]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
+pub(crate) unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void {
     core::arch::naked_asm!(
         "endbr64",
         "push rdi",
@@ -236,7 +236,7 @@ pub unsafe extern "C" fn dlopen(file: *const c_char, mode: c_int) -> *mut c_void
 #[cfg(all(not(test), target_arch = "x86_64"))]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlmopen(lmid: c_long, file: *const c_char, mode: c_int) -> *mut c_void {
+pub(crate) unsafe extern "C" fn dlmopen(lmid: c_long, file: *const c_char, mode: c_int) -> *mut c_void {
     core::arch::naked_asm!(
         "endbr64",
         "push rdi",

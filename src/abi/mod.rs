@@ -9,9 +9,9 @@
 //!
 //! Exports carry `#[cfg_attr(not(test), no_mangle)]` so the unit-test binary does not interpose itself.
 
-pub mod cuda;
-pub mod dlsym;
-pub mod nvml;
+pub(crate) mod cuda;
+pub(crate) mod dlsym;
+pub(crate) mod nvml;
 
 use crate::ffi::cuda::CUresult;
 use crate::ffi::nvml::nvmlReturn_t;
@@ -34,13 +34,15 @@ fn guard<T: 'static, R>(
 
 /// Runs one CUDA export (see [`guard`]).
 #[inline]
-pub fn cuda_guard(f: impl FnOnce(Entry<crate::driver::cuda::CudaTable>) -> CUresult) -> CUresult {
+pub(crate) fn cuda_guard(f: impl FnOnce(Entry<crate::driver::cuda::CudaTable>) -> CUresult) -> CUresult {
     guard(state::cuda_entry, CUresult::ERROR_UNKNOWN, f)
 }
 
 /// Runs one NVML export (see [`guard`]).
 #[inline]
-pub fn nvml_guard(f: impl FnOnce(Entry<crate::driver::nvml::NvmlTable>) -> nvmlReturn_t) -> nvmlReturn_t {
+pub(crate) fn nvml_guard(
+    f: impl FnOnce(Entry<crate::driver::nvml::NvmlTable>) -> nvmlReturn_t,
+) -> nvmlReturn_t {
     guard(state::nvml_entry, nvmlReturn_t::ERROR_UNKNOWN, f)
 }
 
@@ -55,13 +57,13 @@ pub fn nvml_guard(f: impl FnOnce(Entry<crate::driver::nvml::NvmlTable>) -> nvmlR
 /// Generates for each line its dispatch `body::<name>(shim, args…)` (binds `call` / `real` to the real function
 /// and calls the hook), the export (guard, then the body or, disabled, the real function), plus
 /// `export_address(name)` (the address of our export of that name, used by `dlsym` and the `cuGetProcAddress`
-/// reverse map) and `EXPORT_NAMES`.
+/// reverse map).
 macro_rules! exports {
     ($guard:ident, $ret:ty, $lib:ident, $table:ident, ($call:ident, $real:ident)
         $( $name:ident ( $( $arg:ident ),* $(,)? ) => $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ) ; )*) => {
         /// What each export does in an active process, as plain Rust (unit tests call these).
         #[allow(non_snake_case, unused_variables, unused_unsafe, clippy::too_many_arguments)]
-        pub mod body {
+        pub(crate) mod body {
             use super::*;
             use $crate::state::Shim;
             $(
@@ -70,7 +72,7 @@ macro_rules! exports {
                 #[doc = "# Safety"]
                 #[doc = "The C function's contract."]
                 #[inline]
-                pub unsafe fn $name(s: &Shim, $( $arg: $crate::ffi::$lib::params::$name::$arg ),*) -> $ret {
+                pub(crate) unsafe fn $name(s: &Shim, $( $arg: $crate::ffi::$lib::params::$name::$arg ),*) -> $ret {
                     let t = super::$table(s);
                     // SAFETY: the real function with the caller's arguments, under the caller's contract.
                     let $call = move || unsafe { t.$name($($arg),*) };
@@ -94,7 +96,7 @@ macro_rules! exports {
             #[doc = "Called by C code under the CUDA/NVML contract of the function of the same name."]
             #[cfg_attr(not(test), no_mangle)]
             #[allow(non_snake_case, clippy::too_many_arguments)]
-            pub unsafe extern "C" fn $name($( $arg: $crate::ffi::$lib::params::$name::$arg ),*) -> $ret {
+            pub(crate) unsafe extern "C" fn $name($( $arg: $crate::ffi::$lib::params::$name::$arg ),*) -> $ret {
                 $crate::abi::$guard(|e| match e {
                     // SAFETY: the caller's contract.
                     $crate::state::Entry::Active(s) => unsafe { body::$name(s, $($arg),*) },
@@ -105,10 +107,9 @@ macro_rules! exports {
         )*
 
         /// Names of every export in this table.
-        pub const EXPORT_NAMES: &[&str] = &[ $( stringify!($name) ),* ];
 
         /// The address of our export named `name`, if we export one. No allocation, no lock: safe inside `dlsym`.
-        pub fn export_address(name: &[u8]) -> Option<usize> {
+        pub(crate) fn export_address(name: &[u8]) -> Option<usize> {
             $(
                 if name == stringify!($name).as_bytes() {
                     return Some($name as *const () as usize);

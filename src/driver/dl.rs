@@ -11,10 +11,12 @@
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-pub use crate::ffi::dlfcn::{DlmopenFn, DlopenFn, DlsymFn, DlvsymFn};
+#[cfg(not(test))]
+pub(crate) use crate::ffi::dlfcn::DlmopenFn;
+pub(crate) use crate::ffi::dlfcn::{DlopenFn, DlsymFn, DlvsymFn};
 
 /// One of glibc's functions, resolved on first use: 0 = not yet, 1 = not found, else its address.
-pub struct Real {
+pub(crate) struct Real {
     name: &'static CStr,
     addr: AtomicUsize,
 }
@@ -28,7 +30,7 @@ impl Real {
     }
 
     /// The address, or None when glibc does not define it (not glibc?). Racing first callers find the same.
-    pub fn get(&self) -> Option<usize> {
+    pub(crate) fn get(&self) -> Option<usize> {
         let mut a = self.addr.load(Ordering::Acquire);
         if a == 0 {
             a = glibc_symbol(self.name).unwrap_or(1);
@@ -39,16 +41,16 @@ impl Real {
 }
 
 /// glibc's `dlsym`.
-pub static DLSYM: Real = Real::new(c"dlsym");
+pub(crate) static DLSYM: Real = Real::new(c"dlsym");
 /// glibc's `dlvsym`.
-pub static DLVSYM: Real = Real::new(c"dlvsym");
+pub(crate) static DLVSYM: Real = Real::new(c"dlvsym");
 /// glibc's `dlopen`.
-pub static DLOPEN: Real = Real::new(c"dlopen");
+pub(crate) static DLOPEN: Real = Real::new(c"dlopen");
 /// glibc's `dlmopen`.
-pub static DLMOPEN: Real = Real::new(c"dlmopen");
+pub(crate) static DLMOPEN: Real = Real::new(c"dlmopen");
 
 /// glibc's `dlsym`, typed.
-pub fn real_dlsym() -> Option<DlsymFn> {
+pub(crate) fn real_dlsym() -> Option<DlsymFn> {
     // SAFETY: glibc's `dlsym` has exactly this signature (dlfcn.h).
     DLSYM
         .get()
@@ -56,7 +58,7 @@ pub fn real_dlsym() -> Option<DlsymFn> {
 }
 
 /// glibc's `dlvsym`, typed.
-pub fn real_dlvsym() -> Option<DlvsymFn> {
+pub(crate) fn real_dlvsym() -> Option<DlvsymFn> {
     // SAFETY: glibc's `dlvsym` has exactly this signature (dlfcn.h).
     DLVSYM
         .get()
@@ -64,7 +66,7 @@ pub fn real_dlvsym() -> Option<DlvsymFn> {
 }
 
 /// glibc's `dlopen`, typed.
-pub fn real_dlopen() -> Option<DlopenFn> {
+pub(crate) fn real_dlopen() -> Option<DlopenFn> {
     // SAFETY: glibc's `dlopen` has exactly this signature (dlfcn.h).
     DLOPEN
         .get()

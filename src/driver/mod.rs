@@ -9,18 +9,18 @@
 //! return `CUDA_ERROR_NOT_INITIALIZED` (NVML: `NVML_ERROR_LIBRARY_NOT_FOUND`); a symbol the loaded library
 //! lacks makes that call return `CUDA_ERROR_NOT_FOUND` (NVML: `NVML_ERROR_FUNCTION_NOT_FOUND`). Never a crash.
 
-pub mod cuda;
-pub mod dl;
-pub mod nvml;
-pub mod proc_map;
+pub(crate) mod cuda;
+pub(crate) mod dl;
+pub(crate) mod nvml;
+pub(crate) mod proc_map;
 
 use std::ffi::{c_void, CStr};
 
-pub use dl::{real_dlsym, DlsymFn};
+pub(crate) use dl::{real_dlsym, DlsymFn};
 
 /// Why a library could not be used.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LoadError {
+pub(crate) enum LoadError {
     /// glibc's `dlsym` could not be found (not a glibc system?).
     NoRealDlsym,
     /// `dlopen` failed; the string is `dlerror()`.
@@ -37,7 +37,7 @@ impl std::fmt::Display for LoadError {
 }
 
 /// A `dlopen`ed library. Never closed: function pointers into it live as long as the process.
-pub struct Library {
+pub(crate) struct Library {
     handle: *mut c_void,
     dlsym: DlsymFn,
 }
@@ -50,7 +50,7 @@ unsafe impl Sync for Library {}
 impl Library {
     /// `dlopen(path, RTLD_LAZY | RTLD_LOCAL)`: the same flags a program's own `dlopen("libcuda.so.1")` would use,
     /// so we share its instance of the library.
-    pub fn open(path: &CStr) -> Result<Library, LoadError> {
+    pub(crate) fn open(path: &CStr) -> Result<Library, LoadError> {
         let dlsym = real_dlsym().ok_or(LoadError::NoRealDlsym)?;
         // SAFETY: NUL-terminated path; dlopen is thread-safe.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL) };
@@ -69,7 +69,7 @@ impl Library {
     }
 
     /// The address of `name` in this library (and its dependencies), or NULL.
-    pub fn symbol(&self, name: &CStr) -> *mut c_void {
+    pub(crate) fn symbol(&self, name: &CStr) -> *mut c_void {
         // SAFETY: a live handle and a NUL-terminated name.
         unsafe { (self.dlsym)(self.handle, name.as_ptr()) }
     }

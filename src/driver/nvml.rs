@@ -7,17 +7,17 @@ use crate::log::{log, Level};
 use std::ffi::c_uint;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-pub use crate::ffi::nvml::NvmlTable;
+pub(crate) use crate::ffi::nvml::NvmlTable;
 
 /// Every function of the table, resolved in `lib` (a missing one returns `NVML_ERROR_FUNCTION_NOT_FOUND` when
 /// called).
-pub fn load(lib: &Library) -> NvmlTable {
+pub(crate) fn load(lib: &Library) -> NvmlTable {
     // SAFETY: `Library::symbol` returns NULL or the address of that name in a library never closed.
     unsafe { NvmlTable::load(|name| lib.symbol(name)) }
 }
 
 /// NVML as the shim uses it: the real library (if it loaded) and our own `nvmlInit_v2`, done on first use.
-pub struct Nvml {
+pub(crate) struct Nvml {
     table: Option<NvmlTable>,
     /// 0 = not tried yet, 1 = initialised by us, 2 = unavailable. Racing first callers may both initialise:
     /// NVML counts `nvmlInit` calls and we never shut down, so that is harmless. An atomic rather than a
@@ -27,7 +27,7 @@ pub struct Nvml {
 
 impl Nvml {
     /// Wraps the real library's table (`None`: it could not be loaded).
-    pub fn new(table: Option<NvmlTable>) -> Nvml {
+    pub(crate) fn new(table: Option<NvmlTable>) -> Nvml {
         Nvml {
             table,
             state: AtomicU8::new(0),
@@ -35,13 +35,13 @@ impl Nvml {
     }
 
     /// The real functions, whether or not we initialised NVML (for forwarding the program's own calls).
-    pub fn table(&self) -> Option<&NvmlTable> {
+    pub(crate) fn table(&self) -> Option<&NvmlTable> {
         self.table.as_ref()
     }
 
     /// The real functions (a table without any when the library did not load: calls then return
     /// `NVML_ERROR_LIBRARY_NOT_FOUND`).
-    pub fn real(&self) -> &NvmlTable {
+    pub(crate) fn real(&self) -> &NvmlTable {
         static EMPTY: std::sync::OnceLock<NvmlTable> = std::sync::OnceLock::new();
         self.table
             .as_ref()
@@ -49,7 +49,7 @@ impl Nvml {
     }
 
     /// The real functions after our own `nvmlInit_v2`, if NVML is available.
-    pub fn ready(&self) -> Option<&NvmlTable> {
+    pub(crate) fn ready(&self) -> Option<&NvmlTable> {
         let t = self.table.as_ref()?;
         let ready = match self.state.load(Ordering::Acquire) {
             0 => {
@@ -79,7 +79,7 @@ impl Nvml {
     }
 
     /// NVML's handle for the device with this UUID.
-    pub fn handle_by_uuid(&self, uuid: &[u8; 16]) -> Option<nvmlDevice_t> {
+    pub(crate) fn handle_by_uuid(&self, uuid: &[u8; 16]) -> Option<nvmlDevice_t> {
         let t = self.ready()?;
         let name = std::ffi::CString::new(cuquota_core::region::layout::format_uuid(uuid)).ok()?;
         let mut handle: nvmlDevice_t = std::ptr::null_mut();
@@ -89,7 +89,7 @@ impl Nvml {
     }
 
     /// The processes NVML lists on the device with this UUID (`nvmlDeviceGetComputeRunningProcesses_v3`).
-    pub fn processes(&self, uuid: &[u8; 16]) -> Option<Vec<nvmlProcessInfo_v2_t>> {
+    pub(crate) fn processes(&self, uuid: &[u8; 16]) -> Option<Vec<nvmlProcessInfo_v2_t>> {
         let t = self.ready()?;
         let handle = self.handle_by_uuid(uuid)?;
         // SAFETY: `list` hands a buffer with room for the count it passes.
@@ -102,7 +102,7 @@ impl Nvml {
 
 /// Calls an NVML list function with a buffer grown (from `first` records, up to `max`) until the list fits:
 /// `call(count in/out, buffer)`. The real function's error otherwise.
-pub fn list<T: Copy + Default>(
+pub(crate) fn list<T: Copy + Default>(
     first: c_uint,
     max: c_uint,
     mut call: impl FnMut(*mut c_uint, *mut T) -> nvmlReturn_t,

@@ -3,14 +3,14 @@
 //! else passes through unchanged. No name parsing, no version tables to drift.
 
 /// Sorted `(real address, our address)` pairs.
-pub struct ProcMap {
+pub(crate) struct ProcMap {
     pairs: Vec<(usize, usize)>,
 }
 
 impl ProcMap {
     /// Builds the map from `(name, real address)` pairs, keeping only names we export. `ours` gives our export's
     /// address for a name. When two names share a real address, the first one wins.
-    pub fn build<'a>(
+    pub(crate) fn build<'a>(
         resolved: impl IntoIterator<Item = (&'a str, usize)>,
         ours: impl Fn(&[u8]) -> Option<usize>,
     ) -> Self {
@@ -24,7 +24,7 @@ impl ProcMap {
     }
 
     /// Our replacement for a real function pointer, if we hook it.
-    pub fn lookup(&self, real: usize) -> Option<usize> {
+    pub(crate) fn lookup(&self, real: usize) -> Option<usize> {
         self.pairs
             .binary_search_by_key(&real, |p| p.0)
             .ok()
@@ -32,13 +32,9 @@ impl ProcMap {
     }
 
     /// Number of mapped functions.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.pairs.len()
-    }
-
-    /// True when nothing is mapped (the driver table was empty).
-    pub fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
     }
 }
 

@@ -15,7 +15,7 @@ use crate::state::Shim;
 use std::ffi::c_int;
 
 /// `cuInit`: after the real one succeeds, learn every device (UUID → usage entry, limits).
-pub fn init(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
+pub(crate) fn init(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
     let r = call();
     if r.ok() {
         let mut n: c_int = 0;
@@ -33,7 +33,7 @@ pub fn init(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
 ///
 /// # Safety
 /// `pctx` as the driver's contract says (written on success).
-pub unsafe fn ctx_create(
+pub(crate) unsafe fn ctx_create(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     pctx: *mut CUcontext,
@@ -86,7 +86,7 @@ fn measured(s: &Shim, res: Option<Reservation>) {
 ///
 /// # Safety
 /// Driver contract.
-pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
+pub(crate) unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
     let owner = s.mem.context_destroying(ctx as usize);
     // A probe measuring a launch in this context is charged up to the context's end, never dropped.
     let probes = s.throttle.context_ending(&s.nvml, Some(ctx as usize), 0, true);
@@ -102,7 +102,7 @@ pub unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcont
 ///
 /// # Safety
 /// `pctx` as the driver's contract says (written on success).
-pub unsafe fn primary_retain(
+pub(crate) unsafe fn primary_retain(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     pctx: *mut CUcontext,
@@ -142,7 +142,12 @@ pub unsafe fn primary_retain(
 
 /// `cuDevicePrimaryCtxRelease` and, with `reset` (our count drops to zero), `cuDevicePrimaryCtxReset` (each
 /// bare and `_v2`).
-pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice, reset: bool) -> CUresult {
+pub(crate) fn primary_release(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    dev: CUdevice,
+    reset: bool,
+) -> CUresult {
     // A reset ends the context: its probes are polled a last time, then charged up to its end.
     let probes = if reset {
         s.throttle.context_ending(&s.nvml, None, dev, true)
@@ -169,7 +174,7 @@ pub fn primary_release(s: &Shim, call: impl FnOnce() -> CUresult, dev: CUdevice,
 /// over it, the driver not asked) by an estimate where the size is known (stack, FIFO, heap; the others' cost
 /// per unit is the driver's own, so nothing), then the overhead is re-measured: a raised limit whose
 /// reservation does not fit is set back and refused. Any limit this list does not know is treated so too.
-pub fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, value: usize) -> CUresult {
+pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, value: usize) -> CUresult {
     // Cache hints and query-only values: no device memory.
     if matches!(
         limit,
@@ -221,7 +226,7 @@ fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
 ///
 /// # Safety
 /// `out` as the driver's contract says (written on success).
-pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out: *mut W) -> CUresult {
+pub(crate) unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out: *mut W) -> CUresult {
     let Some(dev) = s.devices.current(&s.cuda) else {
         return call();
     };
@@ -242,7 +247,7 @@ pub unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out
 
 /// `cuFuncLoad`: forces `function`'s code to load (lazy loading). Measured the first time in a context, as a
 /// lookup that returned it.
-pub fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function: CUfunction) -> CUresult {
+pub(crate) fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function: CUfunction) -> CUresult {
     let mut f = function as usize;
     // SAFETY: `f` is a local the hook only reads.
     unsafe { first_use(s, call, &mut f) }
@@ -258,7 +263,7 @@ fn current_ctx(s: &Shim) -> usize {
 }
 
 /// A first launch [`first_launch`] let through.
-pub struct FirstLaunch {
+pub(crate) struct FirstLaunch {
     call: Option<FirstUseCall>,
     how: Use,
     f: usize,
@@ -277,7 +282,12 @@ pub struct FirstLaunch {
 /// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec: its kernel nodes are
 /// not listed, so nothing is admitted in advance but over the cap; the launch is measured after).
 #[inline]
-pub fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
+pub(crate) fn first_launch(
+    s: &Shim,
+    how: Use,
+    f: usize,
+    stream: usize,
+) -> Result<Option<FirstLaunch>, OverCap> {
     let ctx = current_ctx(s);
     if s.mem.seen(how, f, ctx) {
         return Ok(None);
@@ -342,7 +352,7 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCal
 
 /// [`first_launch`] of `f` on `stream`, made in the stream's context (`cuLaunchCooperativeKernelMultiDevice`:
 /// each entry's stream belongs to its device's context).
-pub fn first_launch_on(s: &Shim, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
+pub(crate) fn first_launch_on(s: &Shim, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
     let mut ctx: CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the program's stream.
     let other = stream != 0
@@ -363,7 +373,7 @@ pub fn first_launch_on(s: &Shim, f: usize, stream: usize) -> Result<Option<First
 /// The launch [`first_launch`] let through returned `r`.
 #[cold]
 #[inline(never)]
-pub fn first_launch_done(s: &Shim, c: FirstLaunch, r: CUresult) {
+pub(crate) fn first_launch_done(s: &Shim, c: FirstLaunch, r: CUresult) {
     if let Some(call) = c.call {
         s.mem.first_use_done(&s.nvml, call, r, true);
     }
@@ -376,7 +386,11 @@ pub fn first_launch_done(s: &Shim, c: FirstLaunch, r: CUresult) {
 ///
 /// # Safety
 /// `module` as the driver's contract says (written on success).
-pub unsafe fn module_load(s: &Shim, call: impl FnOnce() -> CUresult, module: *mut CUmodule) -> CUresult {
+pub(crate) unsafe fn module_load(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    module: *mut CUmodule,
+) -> CUresult {
     let res = match s.devices.current(&s.cuda) {
         Some(d) => match s.mem.reserve_creation(d, Creation::Module) {
             Ok(res) => Some(res),
@@ -402,7 +416,7 @@ pub unsafe fn module_load(s: &Shim, call: impl FnOnce() -> CUresult, module: *mu
 }
 
 /// `cuModuleUnload`.
-pub fn module_unload(s: &Shim, call: impl FnOnce() -> CUresult, hmod: CUmodule) -> CUresult {
+pub(crate) fn module_unload(s: &Shim, call: impl FnOnce() -> CUresult, hmod: CUmodule) -> CUresult {
     let r = call();
     if r.ok() {
         s.mem.module_unloaded(&s.cuda, &s.nvml, hmod as usize);
@@ -414,7 +428,11 @@ pub fn module_unload(s: &Shim, call: impl FnOnce() -> CUresult, hmod: CUmodule) 
 ///
 /// # Safety
 /// `library` as the driver's contract says (written on success).
-pub unsafe fn library_load(s: &Shim, call: impl FnOnce() -> CUresult, library: *mut CUlibrary) -> CUresult {
+pub(crate) unsafe fn library_load(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    library: *mut CUlibrary,
+) -> CUresult {
     let r = call();
     if !r.ok() || library.is_null() {
         return r;
@@ -430,7 +448,7 @@ pub unsafe fn library_load(s: &Shim, call: impl FnOnce() -> CUresult, library: *
 }
 
 /// `cuLibraryUnload`.
-pub fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
+pub(crate) fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
     let r = call();
     if r.ok() {
         s.mem.library_unloaded(&s.nvml);

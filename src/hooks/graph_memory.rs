@@ -90,7 +90,7 @@ fn walk(s: &Shim, graph: CUgraph, depth: u32, out: &mut Vec<(Dev, u64)>) -> bool
 ///
 /// # Safety
 /// `pexec` as the driver's contract says (written on success).
-pub unsafe fn instantiate(
+pub(crate) unsafe fn instantiate(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     pexec: *mut CUgraphExec,
@@ -115,7 +115,12 @@ pub unsafe fn instantiate(
 /// included if the driver takes them; its footprint becomes, per device, the larger of the old and the new
 /// (whichever the driver kept, the launch is admitted for it). The graph is walked before the call: one whose
 /// memory nodes cannot be listed (nested past [`MAX_DEPTH`], or not a graph) is refused, as at instantiation.
-pub fn exec_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec, graph: CUgraph) -> CUresult {
+pub(crate) fn exec_update(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    exec: CUgraphExec,
+    graph: CUgraph,
+) -> CUresult {
     let Some(fp) = walked(s, "cuGraphExecUpdate", exec, graph) else {
         return CUresult::ERROR_NOT_SUPPORTED;
     };
@@ -129,7 +134,7 @@ pub fn exec_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec,
 
 /// `cuGraphExecKernelNodeSetParams` (+ `_v2`): a kernel node of the exec takes another kernel, whose stack
 /// growth and lazy loading the exec's next launch must admit again (no memory node can change here).
-pub fn exec_kernel_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
+pub(crate) fn exec_kernel_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
     let r = call();
     if r.ok() {
         s.mem.forget_use(Use::Graph, exec as usize);
@@ -139,7 +144,7 @@ pub fn exec_kernel_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgra
 
 /// `cuGraphExecChildGraphNodeSetParams`: a child graph node of the exec takes `child`'s parameters. cuda.h
 /// allows no memory nodes there (the child is cloned); if a driver took some, they are added to the footprint.
-pub fn exec_child_update(
+pub(crate) fn exec_child_update(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     exec: CUgraphExec,
@@ -161,7 +166,7 @@ pub fn exec_child_update(
 ///
 /// # Safety
 /// `params` as the driver's contract says.
-pub unsafe fn exec_node_update(
+pub(crate) unsafe fn exec_node_update(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     exec: CUgraphExec,
@@ -240,7 +245,7 @@ pub(crate) fn with_graph_memory(s: &Shim, exec: CUgraphExec, call: impl FnOnce()
 }
 
 /// `cuGraphUpload` (+ `_ptsz`): uploading may reserve the exec's graph memory.
-pub fn upload(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
+pub(crate) fn upload(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
     if !s.mem.graph().has_memory(exec as usize) {
         return call();
     }
@@ -248,7 +253,7 @@ pub fn upload(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> C
 }
 
 /// `cuGraphExecDestroy`: the pool may release what the exec held.
-pub fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
+pub(crate) fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
     let had = s.mem.graph().has_memory(exec as usize);
     let r = call();
     if r.ok() {
@@ -263,7 +268,7 @@ pub fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec
 }
 
 /// `cuDeviceGraphMemTrim`.
-pub fn trim(s: &Shim, call: impl FnOnce() -> CUresult, device: CUdevice) -> CUresult {
+pub(crate) fn trim(s: &Shim, call: impl FnOnce() -> CUresult, device: CUdevice) -> CUresult {
     let r = call();
     if r.ok() {
         if let Some(dev) = s.devices.device(&s.cuda, device) {

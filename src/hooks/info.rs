@@ -13,7 +13,7 @@ use crate::ffi::cuda::*;
 use crate::state::Shim;
 
 /// The (free, total) a capped device reports, given the real values.
-pub fn capped_info(cap: u64, used: u64, real_free: u64, real_total: u64) -> (u64, u64) {
+pub(crate) fn capped_info(cap: u64, used: u64, real_free: u64, real_total: u64) -> (u64, u64) {
     (cap.saturating_sub(used).min(real_free), cap.min(real_total))
 }
 
@@ -21,7 +21,7 @@ pub fn capped_info(cap: u64, used: u64, real_free: u64, real_total: u64) -> (u64
 ///
 /// # Safety
 /// `free`, `total` NULL or valid (NULL is tolerated).
-pub unsafe fn mem_get_info<T: Width>(
+pub(crate) unsafe fn mem_get_info<T: Width>(
     s: &Shim,
     real: impl Fn(*mut T, *mut T) -> CUresult,
     free: *mut T,
@@ -61,7 +61,7 @@ pub unsafe fn mem_get_info<T: Width>(
 ///
 /// # Safety
 /// `bytes` as the driver's contract says (written on success).
-pub unsafe fn device_total_mem<T: Width>(
+pub(crate) unsafe fn device_total_mem<T: Width>(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     bytes: *mut T,

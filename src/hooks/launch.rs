@@ -31,7 +31,7 @@ fn probe_stream(stream: CUstream, ds: DefaultStream) -> usize {
 /// `cuLaunchKernel`, `cuLaunchCooperativeKernel` (each also `_ptsz`) and legacy `cuLaunch` (a 1×1 grid, block
 /// shape from cuFuncSetBlockShape, legacy NULL stream).
 #[inline]
-pub fn kernel(
+pub(crate) fn kernel(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     f: CUfunction,
@@ -79,7 +79,7 @@ fn throttled(
 }
 
 /// Legacy `cuLaunchGrid` (legacy NULL stream) and `cuLaunchGridAsync`.
-pub fn grid(
+pub(crate) fn grid(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     f: CUfunction,
@@ -95,7 +95,7 @@ pub fn grid(
 ///
 /// # Safety
 /// `config` is NULL or points to a `CUlaunchConfig` (the driver's contract).
-pub unsafe fn kernel_ex(
+pub(crate) unsafe fn kernel_ex(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     config: *const CUlaunchConfig,
@@ -117,7 +117,7 @@ pub unsafe fn kernel_ex(
 ///
 /// # Safety
 /// `list` points to `num_devices` `CUDA_LAUNCH_PARAMS` (the driver's contract).
-pub unsafe fn multi_device(
+pub(crate) unsafe fn multi_device(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     list: *mut CUDA_LAUNCH_PARAMS,
@@ -174,7 +174,7 @@ fn multi_throttled(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LA
 /// `cuGraphLaunch` (+ `_ptsz`): graph memory nodes are admitted around the whole launch (one lock-free probe for
 /// graphs without them); the graph is throttled as one unit.
 #[inline]
-pub fn graph(
+pub(crate) fn graph(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     exec: CUgraphExec,

@@ -20,8 +20,8 @@ use std::ffi::{c_uint, c_void};
 mod pools;
 mod vmm;
 // The routing list (`driver::cuda`) names every memory hook `memory::<hook>`.
-pub use pools::*;
-pub use vmm::*;
+pub(crate) use pools::*;
+pub(crate) use vmm::*;
 
 /// Upper bound the driver's pitch never exceeds (texture pitch alignment).
 const PITCH_ALIGN: u64 = 512;
@@ -42,7 +42,7 @@ fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnc
 ///
 /// # Safety
 /// `dptr` as the driver's contract says (written on success).
-pub unsafe fn alloc<P: Width, N: Width>(
+pub(crate) unsafe fn alloc<P: Width, N: Width>(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     dptr: *mut P,
@@ -56,7 +56,7 @@ pub unsafe fn alloc<P: Width, N: Width>(
 ///
 /// # Safety
 /// `dptr`, `pPitch` as the driver's contract says (written on success).
-pub unsafe fn alloc_pitch<P: Width, N: Width>(
+pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     dptr: *mut P,
@@ -83,12 +83,12 @@ pub unsafe fn alloc_pitch<P: Width, N: Width>(
 }
 
 /// `cuMemFree_v2`, legacy `cuMemFree`.
-pub fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
+pub(crate) fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
     s.mem.free_pointer(&s.cuda, dptr.to_u64(), None, call)
 }
 
 /// `cuMemFreeAsync` (+ `_ptsz`): the free runs later, in `stream`'s order.
-pub fn free_async(
+pub(crate) fn free_async(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     dptr: CUdeviceptr,
@@ -116,7 +116,7 @@ fn stream_key(stream: CUstream, ds: DefaultStream) -> usize {
 ///
 /// # Safety
 /// `handle` as the driver's contract says (written on success).
-pub unsafe fn ipc_get(
+pub(crate) unsafe fn ipc_get(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     handle: *mut CUipcMemHandle,
@@ -175,7 +175,7 @@ unsafe fn hold_import(
 ///
 /// # Safety
 /// `pdptr` as the driver's contract says (written on success).
-pub unsafe fn ipc_open(
+pub(crate) unsafe fn ipc_open(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     pdptr: *mut CUdeviceptr,
@@ -192,14 +192,14 @@ pub unsafe fn ipc_open(
 }
 
 /// `cuIpcCloseMemHandle`: the last close lets go of the hold.
-pub fn ipc_close(s: &Shim, call: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
+pub(crate) fn ipc_close(s: &Shim, call: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
     s.mem.closed_import(call(), dptr)
 }
 
 // ---- arrays -------------------------------------------------------------------------------------------------
 
 /// What an array descriptor (1D/2D or 3D, current or legacy ABI) says about its size.
-pub trait ArrayDesc: Copy {
+pub(crate) trait ArrayDesc: Copy {
     /// `(width, height, depth, format, channels, flags)`.
     fn dims(&self) -> (u64, u64, u64, CUarray_format, u32, u32);
 }
@@ -231,7 +231,7 @@ array_3d_desc!(CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR_v1);
 
 /// Estimated bytes of an array (all mip levels when `levels > 1`); 0 for sparse / deferred-mapping arrays,
 /// which get their memory later through `cuMemMapArrayAsync` of VMM handles (charged at `cuMemCreate`).
-pub fn array_estimate(
+pub(crate) fn array_estimate(
     w: u64,
     h: u64,
     d: u64,
@@ -295,7 +295,7 @@ fn array_alloc<D: ArrayDesc>(
 ///
 /// # Safety
 /// `pHandle`, `desc` as the driver's contract says.
-pub unsafe fn array_create<D: ArrayDesc>(
+pub(crate) unsafe fn array_create<D: ArrayDesc>(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     pHandle: *mut CUarray,
@@ -311,7 +311,7 @@ pub unsafe fn array_create<D: ArrayDesc>(
 ///
 /// # Safety
 /// `pHandle`, `desc` as the driver's contract says.
-pub unsafe fn mipmapped_create(
+pub(crate) unsafe fn mipmapped_create(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     pHandle: *mut CUmipmappedArray,
@@ -325,11 +325,11 @@ pub unsafe fn mipmapped_create(
 }
 
 /// `cuArrayDestroy`: what was bound to a sparse array's tiles goes with it.
-pub fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
+pub(crate) fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
     s.mem.array_destroy(&s.cuda, Space::Array, h as u64, call)
 }
 
 /// `cuMipmappedArrayDestroy`: as `cuArrayDestroy`.
-pub fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
+pub(crate) fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
     s.mem.array_destroy(&s.cuda, Space::Mipmapped, h as u64, call)
 }

@@ -4,13 +4,13 @@
 //! arguments) or `real` (the real function) among the arguments. So one hook serves every form of a call
 //! (`_v2`, legacy 32-bit, `_ptsz`), and each is unit-testable with a fake driver table.
 
-pub mod context;
-pub mod graph_memory;
-pub mod info;
-pub mod launch;
-pub mod memory;
-pub mod nvml;
-pub mod proc_address;
+pub(crate) mod context;
+pub(crate) mod graph_memory;
+pub(crate) mod info;
+pub(crate) mod launch;
+pub(crate) mod memory;
+pub(crate) mod nvml;
+pub(crate) mod proc_address;
 
 #[cfg(test)]
 mod tests;
@@ -19,7 +19,7 @@ use std::ffi::c_uint;
 
 /// An integer in the caller's C width: the legacy 32-bit ABI's sizes and addresses (`c_uint`,
 /// `CUdeviceptr_v1`) and the current 64-bit ones. Writing back saturates.
-pub trait Width: Copy + Default {
+pub(crate) trait Width: Copy + Default {
     /// `v`, saturated to this width.
     fn from_u64(v: u64) -> Self;
     /// The value as 64 bits.

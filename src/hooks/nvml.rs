@@ -37,7 +37,7 @@ use cuquota_core::region::layout::parse_uuid;
 use std::ffi::{c_char, c_uint, CStr};
 
 /// `nvmlInit*`: forwarded (exported so that a bad configuration fails closed for NVML users too).
-pub fn forward(_s: &Shim, call: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
+pub(crate) fn forward(_s: &Shim, call: impl FnOnce() -> nvmlReturn_t) -> nvmlReturn_t {
     call()
 }
 
@@ -89,7 +89,7 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
 }
 
 /// (total, used, free) a capped device reports.
-pub fn capped_memory(cap: u64, used: u64, real_total: u64, real_free: u64) -> (u64, u64, u64) {
+pub(crate) fn capped_memory(cap: u64, used: u64, real_total: u64, real_free: u64) -> (u64, u64, u64) {
     let total = cap.min(real_total);
     let used = used.min(total);
     (total, used, (total - used).min(real_free))
@@ -99,7 +99,7 @@ pub fn capped_memory(cap: u64, used: u64, real_total: u64, real_free: u64) -> (u
 ///
 /// # Safety
 /// `memory` as NVML's contract says.
-pub unsafe fn memory_info<T: MemoryInfo>(
+pub(crate) unsafe fn memory_info<T: MemoryInfo>(
     s: &Shim,
     call: impl FnOnce() -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -184,7 +184,7 @@ unsafe fn container_list<T: Copy + Default>(
 ///
 /// # Safety
 /// `count`/`infos` as the NVML function requires.
-pub unsafe fn running_processes<T: ProcessInfo>(
+pub(crate) unsafe fn running_processes<T: ProcessInfo>(
     s: &Shim,
     real: impl Fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -206,7 +206,7 @@ pub unsafe fn running_processes<T: ProcessInfo>(
 ///
 /// # Safety
 /// `count`/`infos` as the NVML function requires.
-pub unsafe fn sessions<T: SessionInfo>(
+pub(crate) unsafe fn sessions<T: SessionInfo>(
     s: &Shim,
     real: impl Fn(nvmlDevice_t, *mut c_uint, *mut T) -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -242,7 +242,7 @@ unsafe fn malformed<T>(count: *const c_uint, buf: *const T) -> Option<nvmlReturn
 
 /// A call refused in every active process (the module's list says why each): `code`, the real library not
 /// called.
-pub fn refuse(_s: &Shim, code: nvmlReturn_t) -> nvmlReturn_t {
+pub(crate) fn refuse(_s: &Shim, code: nvmlReturn_t) -> nvmlReturn_t {
     code
 }
 
@@ -251,7 +251,7 @@ pub fn refuse(_s: &Shim, code: nvmlReturn_t) -> nvmlReturn_t {
 ///
 /// # Safety
 /// `count`/`pids` as the NVML function requires.
-pub unsafe fn accounting_pids(
+pub(crate) unsafe fn accounting_pids(
     s: &Shim,
     real: impl Fn(nvmlDevice_t, *mut c_uint, *mut c_uint) -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -272,7 +272,7 @@ pub unsafe fn accounting_pids(
 ///
 /// # Safety
 /// `name` as the NVML function requires.
-pub unsafe fn process_name(
+pub(crate) unsafe fn process_name(
     s: &Shim,
     real: impl Fn(c_uint, *mut c_char, c_uint) -> nvmlReturn_t,
     pid: c_uint,
@@ -290,7 +290,7 @@ pub unsafe fn process_name(
 ///
 /// # Safety
 /// `stats` as the NVML function requires.
-pub unsafe fn accounting_stats(
+pub(crate) unsafe fn accounting_stats(
     s: &Shim,
     real: impl Fn(nvmlDevice_t, c_uint, *mut nvmlAccountingStats_t) -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -320,7 +320,7 @@ pub unsafe fn accounting_stats(
 ///
 /// # Safety
 /// `samples`/`count` as the NVML function requires.
-pub unsafe fn process_utilization(
+pub(crate) unsafe fn process_utilization(
     s: &Shim,
     real: impl Fn(nvmlDevice_t, *mut nvmlProcessUtilizationSample_t, *mut c_uint, u64) -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -352,7 +352,7 @@ pub unsafe fn process_utilization(
 ///
 /// # Safety
 /// `plist` as the NVML function requires.
-pub unsafe fn process_detail_list(
+pub(crate) unsafe fn process_detail_list(
     s: &Shim,
     real: impl Fn(nvmlDevice_t, *mut nvmlProcessDetailList_t) -> nvmlReturn_t,
     device: nvmlDevice_t,
@@ -403,7 +403,7 @@ pub unsafe fn process_detail_list(
 ///
 /// # Safety
 /// `info` as the NVML function requires.
-pub unsafe fn processes_utilization_info(
+pub(crate) unsafe fn processes_utilization_info(
     s: &Shim,
     real: impl Fn(nvmlDevice_t, *mut nvmlProcessesUtilizationInfo_t) -> nvmlReturn_t,
     device: nvmlDevice_t,

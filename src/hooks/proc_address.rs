@@ -29,7 +29,11 @@ unsafe fn redirect(s: &Shim, pfn: *mut *mut c_void) {
 ///
 /// # Safety
 /// `pfn` as the driver's contract says (written on success).
-pub unsafe fn get_proc_address(s: &Shim, call: impl FnOnce() -> CUresult, pfn: *mut *mut c_void) -> CUresult {
+pub(crate) unsafe fn get_proc_address(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    pfn: *mut *mut c_void,
+) -> CUresult {
     let r = call();
     if r.ok() {
         // SAFETY: the driver wrote *pfn.

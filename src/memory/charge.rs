@@ -15,7 +15,7 @@ use crate::ffi::cuda::CUresult;
 /// Bytes admitted on a device and not yet recorded. Hold it until the driver call returned (a reservation's
 /// announcement lives in it); [`Charge::commit`] records the object, dropping it gives the bytes back.
 #[must_use = "commit it, or drop it to give the charge back"]
-pub struct Charge<'a> {
+pub(crate) struct Charge<'a> {
     mem: &'a Memory,
     dev: Dev,
     bytes: u64,
@@ -24,18 +24,18 @@ pub struct Charge<'a> {
 
 impl Charge<'_> {
     /// The device charged.
-    pub fn dev(&self) -> Dev {
+    pub(crate) fn dev(&self) -> Dev {
         self.dev
     }
 
     /// The bytes admitted.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
     /// Records the object at `key` in `space`, its charge corrected from the admitted estimate to `exact`
     /// (`None`: the estimate).
-    pub fn commit(mut self, space: Space, key: u64, exact: Option<u64>) {
+    pub(crate) fn commit(mut self, space: Space, key: u64, exact: Option<u64>) {
         let bytes = exact.unwrap_or(self.bytes);
         if bytes != self.bytes {
             self.mem.settle(self.dev, self.bytes, bytes);
@@ -51,7 +51,7 @@ impl Charge<'_> {
     }
 
     /// Keeps the charge without a ledger record (an import's hold, a pool's settlement): the bytes charged.
-    pub fn keep(mut self) -> u64 {
+    pub(crate) fn keep(mut self) -> u64 {
         std::mem::take(&mut self.bytes)
     }
 }
@@ -65,7 +65,13 @@ impl Drop for Charge<'_> {
 impl Memory {
     /// Admits `bytes` on `dev` (see [`Memory::admit`]) as a guard that gives them back unless committed.
     #[inline]
-    pub fn charge(&self, dev: Dev, bytes: u64, cuda: &CudaTable, nvml: &Nvml) -> Result<Charge<'_>, OverCap> {
+    pub(crate) fn charge(
+        &self,
+        dev: Dev,
+        bytes: u64,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+    ) -> Result<Charge<'_>, OverCap> {
         let admitted = self.admit(dev, bytes, cuda, nvml)?;
         Ok(Charge {
             mem: self,
@@ -78,7 +84,7 @@ impl Memory {
     /// Admits `estimate` on `dev`, calls `call`; on success commits `exact()`: the object's space, key and exact
     /// byte count (already rounded; `None` keeps the estimate), or nothing to record (the charge goes back).
     /// Returns OOM without calling the driver when the estimate does not fit.
-    pub fn charged_call(
+    pub(crate) fn charged_call(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -114,7 +120,7 @@ impl Memory {
 
     /// Frees `key` through `call`, uncharging what the ledger holds for it; untracked → `call` alone.
     /// `stream`: a stream-ordered free's stream key, else `None`.
-    pub fn free(
+    pub(crate) fn free(
         &self,
         cuda: &CudaTable,
         space: Space,
@@ -143,7 +149,7 @@ impl Memory {
     /// A free of the device address `p`: an export lets go of its shared entry (importers may still hold the
     /// memory: the charge stays until the last of them closes it), an import of its hold, anything else of
     /// its record (`stream`: the stream key of a free in stream order).
-    pub fn free_pointer(
+    pub(crate) fn free_pointer(
         &self,
         cuda: &CudaTable,
         p: u64,
@@ -177,7 +183,7 @@ impl Memory {
     /// An allocation whose device has no accounting identity. Without a context (or with a bad ordinal) the
     /// driver gives its own error; a real device that found no room in the usage region is refused while memory
     /// limits apply, so it can never become a way around the cap.
-    pub fn untracked(&self, call: impl FnOnce() -> CUresult) -> CUresult {
+    pub(crate) fn untracked(&self, call: impl FnOnce() -> CUresult) -> CUresult {
         if self.devices.refuse_unplaced() {
             CUresult::ERROR_OUT_OF_MEMORY
         } else {

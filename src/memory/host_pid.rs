@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Touched only on context creation and module load, and only while the pid is unknown.
 #[derive(Default)]
-pub struct HostPid {
+pub(crate) struct HostPid {
     /// The learned host pid (0 = unknown).
     pid: AtomicU32,
     /// Bit per ordinal (< 64): a context creation on that device has started in this process. Only the first
@@ -33,7 +33,7 @@ pub struct HostPid {
 
 impl HostPid {
     /// The learned host pid, if any (one atomic load).
-    pub fn get(&self) -> Option<u32> {
+    pub(crate) fn get(&self) -> Option<u32> {
         match self.pid.load(Ordering::Acquire) {
             0 => None,
             p => Some(p),
@@ -62,7 +62,7 @@ impl HostPid {
 /// The one pid among `after` that is new since `before` and not already a member of the container (a host
 /// pid another process of ours recorded). `Err` with the new non-member pids when there is not exactly one
 /// (none, or several processes started contexts at the same moment).
-pub fn new_host_pid(before: &[u32], after: &[u32], members: &[u32]) -> Result<u32, Vec<u32>> {
+pub(crate) fn new_host_pid(before: &[u32], after: &[u32], members: &[u32]) -> Result<u32, Vec<u32>> {
     let mut new: Vec<u32> = after
         .iter()
         .copied()
@@ -114,7 +114,7 @@ impl Memory {
     }
 
     /// Runs a context-creating driver call on `ordinal`, learning our host pid around it when needed.
-    pub fn creating_context(
+    pub(crate) fn creating_context(
         &self,
         nvml: &Nvml,
         ordinal: CUdevice,

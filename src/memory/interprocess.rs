@@ -16,7 +16,13 @@ use std::ffi::c_int;
 impl Memory {
     /// The export by `what` (returning `r`) of the allocation at `p` under `key` (its handle's bytes, read
     /// only when needed): its charge moves into the container's shared table. A full table refuses it.
-    pub fn exported_pointer(&self, r: CUresult, p: u64, key: impl FnOnce() -> u64, what: &str) -> CUresult {
+    pub(crate) fn exported_pointer(
+        &self,
+        r: CUresult,
+        p: u64,
+        key: impl FnOnce() -> u64,
+        what: &str,
+    ) -> CUresult {
         if !r.ok() || self.shared.exported(p).is_some() {
             return r;
         }
@@ -52,7 +58,7 @@ impl Memory {
     /// exported is charged to this process until it lets go of it, and refused (`undo` gives it back to the
     /// driver) when it does not fit.
     #[allow(clippy::too_many_arguments)]
-    pub fn imported_pointer(
+    pub(crate) fn imported_pointer(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -113,7 +119,7 @@ impl Memory {
     }
 
     /// `cuIpcCloseMemHandle` of `p` returned `r`: the last close lets go of the hold.
-    pub fn closed_import(&self, r: CUresult, p: u64) -> CUresult {
+    pub(crate) fn closed_import(&self, r: CUresult, p: u64) -> CUresult {
         if r.ok() {
             self.let_go(self.shared.close(p));
         }
@@ -123,7 +129,7 @@ impl Memory {
     /// The export (returning `r`) of VMM handle `handle` as a shareable handle keyed `key` (`None`: a type the
     /// shim cannot identify): its charge moves into the shared table. A full table refuses it (`undo` closes
     /// what the driver made).
-    pub fn exported_handle(
+    pub(crate) fn exported_handle(
         &self,
         r: CUresult,
         handle: u64,
@@ -157,7 +163,7 @@ impl Memory {
     /// The import of VMM handle `h` (the import of the shareable handle keyed `key`, if the shim can identify
     /// it) succeeded: memory this container exported joins its shared entry; any other import is charged from
     /// its first mapping (`Memory::vmm_map`) until its last reference and mapping go.
-    pub fn imported_handle(&self, h: u64, key: Option<u64>) {
+    pub(crate) fn imported_handle(&self, h: u64, key: Option<u64>) {
         if self.ledger.get(Space::Vmm, h).is_some() || self.shared.vmm_import(h).is_some() {
             // A handle this process has already (the driver gave the same one again): one more reference.
             self.vmm.retained(h);

@@ -38,7 +38,7 @@ pub(crate) type Map = HashMap<(Space, u64), Record, BuildHasherDefault<KeyHasher
 
 /// What kind of object a key names.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Space {
+pub(crate) enum Space {
     /// A device address (`cuMemAlloc*`, `cuMemAllocManaged`, stream-ordered allocations).
     Pointer,
     /// A `CUmemGenericAllocationHandle` (`cuMemCreate`).
@@ -51,7 +51,7 @@ pub enum Space {
 
 /// How a record's bytes are accounted.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// Charged with its own `bytes`.
     Direct,
     /// A stream-ordered allocation: the pool (by handle, or a destroyed pool's key, `pools::DESTROYED`) carries
@@ -62,7 +62,7 @@ pub enum Kind {
 
 /// One live allocation.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct Record {
+pub(crate) struct Record {
     /// Usage-region device entry it is charged to.
     pub entry: DeviceId,
     /// Bytes charged (for `Kind::Pool`: the rounded size, not charged).
@@ -74,7 +74,7 @@ pub struct Record {
 const SHARDS: usize = 16;
 
 /// Sharded map `(Space, key) → Record`.
-pub struct Ledger {
+pub(crate) struct Ledger {
     shards: [Lock<Map>; SHARDS],
 }
 
@@ -86,7 +86,7 @@ impl Default for Ledger {
 
 impl Ledger {
     /// An empty ledger with room for a few thousand records before any rehash.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Ledger {
             shards: std::array::from_fn(|_| {
                 Lock::new(Map::with_capacity_and_hasher(256, Default::default()))
@@ -102,23 +102,23 @@ impl Ledger {
 
     /// Records a new allocation, returning any stale record the key had (the driver just handed the key out
     /// again, so whatever it named before is gone: its charge must be released by the caller).
-    pub fn insert(&self, space: Space, key: u64, rec: Record) -> Option<Record> {
+    pub(crate) fn insert(&self, space: Space, key: u64, rec: Record) -> Option<Record> {
         self.shard(key).lock().insert((space, key), rec)
     }
 
     /// Removes and returns the record for `key`, if this process recorded one.
-    pub fn remove(&self, space: Space, key: u64) -> Option<Record> {
+    pub(crate) fn remove(&self, space: Space, key: u64) -> Option<Record> {
         self.shard(key).lock().remove(&(space, key))
     }
 
     /// The record for `key`, if any.
-    pub fn get(&self, space: Space, key: u64) -> Option<Record> {
+    pub(crate) fn get(&self, space: Space, key: u64) -> Option<Record> {
         self.shard(key).lock().get(&(space, key)).copied()
     }
 
     /// Removes and returns (space, key, record) of every record for which `pred(space, record)` holds (slow
     /// path: scans all shards).
-    pub fn remove_where(&self, pred: impl Fn(Space, &Record) -> bool) -> Vec<(Space, u64, Record)> {
+    pub(crate) fn remove_where(&self, pred: impl Fn(Space, &Record) -> bool) -> Vec<(Space, u64, Record)> {
         let mut out = Vec::new();
         for s in &self.shards {
             s.lock().retain(|&(space, key), rec| {
@@ -133,7 +133,7 @@ impl Ledger {
     }
 
     /// Re-keys the allocations of pool `from` to pool key `to` (slow path: scans all shards); returns how many.
-    pub fn retag_pool(&self, from: usize, to: usize) -> usize {
+    pub(crate) fn retag_pool(&self, from: usize, to: usize) -> usize {
         let mut n = 0;
         for s in &self.shards {
             for rec in s.lock().values_mut().filter(|r| r.kind == Kind::Pool(from)) {
@@ -145,7 +145,7 @@ impl Ledger {
     }
 
     /// Drops every record (a forked child owns none of its parent's allocations).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         for s in &self.shards {
             s.lock().clear();
         }

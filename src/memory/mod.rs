@@ -10,17 +10,17 @@
 //! allocation beyond the ledger's pre-sized map. Slow paths (first use of a device, a limits-file change, a
 //! refused admission) may read files.
 
-pub mod charge;
-pub mod host_pid;
-pub mod interprocess;
-pub mod ledger;
-pub mod overhead;
-pub mod pools;
-pub mod reconcile;
-pub mod reserve;
-pub mod shared;
-pub mod vmm;
-pub mod vmm_ops;
+pub(crate) mod charge;
+pub(crate) mod host_pid;
+pub(crate) mod interprocess;
+pub(crate) mod ledger;
+pub(crate) mod overhead;
+pub(crate) mod pools;
+pub(crate) mod reconcile;
+pub(crate) mod reserve;
+pub(crate) mod shared;
+pub(crate) mod vmm;
+pub(crate) mod vmm_ops;
 
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
@@ -41,15 +41,15 @@ use std::sync::Arc;
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OverCap;
+pub(crate) struct OverCap;
 
 /// An admitted allocation. Hold it until the driver call returned: while a reservation applies it keeps the
 /// allocation announced to other tenants (see `reserve`).
 #[must_use = "hold it until the driver call returned"]
-pub struct Admitted<'a>(#[allow(dead_code)] Option<reserve::Announced<'a>>);
+pub(crate) struct Admitted<'a>(#[allow(dead_code)] Option<reserve::Announced<'a>>);
 
 /// Everything memory accounting keeps for the process.
-pub struct Memory {
+pub(crate) struct Memory {
     devices: Arc<Devices>,
     /// Live allocations of this process.
     ledger: Ledger,
@@ -77,7 +77,7 @@ pub struct Memory {
 
 impl Memory {
     /// Accounting of the devices in `devices`.
-    pub fn new(devices: Arc<Devices>) -> Memory {
+    pub(crate) fn new(devices: Arc<Devices>) -> Memory {
         Memory {
             devices,
             ledger: Ledger::new(),
@@ -96,12 +96,12 @@ impl Memory {
     }
 
     /// The host pid NVML knows this process by, once learned.
-    pub fn host_pid(&self) -> Option<u32> {
+    pub(crate) fn host_pid(&self) -> Option<u32> {
         self.host.get()
     }
 
     /// CUDA graph memory (graph pools, execs with alloc nodes).
-    pub fn graph(&self) -> &GraphMem {
+    pub(crate) fn graph(&self) -> &GraphMem {
         &self.graph
     }
 
@@ -117,17 +117,17 @@ impl Memory {
 
     /// Current effective memory limit of a device (`None` = no limit).
     #[inline]
-    pub fn limit(&self, dev: Dev) -> Option<u64> {
+    pub(crate) fn limit(&self, dev: Dev) -> Option<u64> {
         self.devices.policy(dev).memory
     }
 
     /// Bytes the whole container has charged on a device.
-    pub fn container_used(&self, dev: Dev) -> u64 {
+    pub(crate) fn container_used(&self, dev: Dev) -> u64 {
         self.usage().container_used(dev.id)
     }
 
     /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries).
-    pub fn maybe_reclaim(&self) {
+    pub(crate) fn maybe_reclaim(&self) {
         let now = monotonic_ns();
         let last = self.last_reclaim_ns.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= 100_000_000
@@ -146,7 +146,7 @@ impl Memory {
     /// once before giving up) and, when the device's limits keep memory for high-priority tenants and this
     /// process is not one, against the device's free memory (`cuda`, `nvml`). `Err` = refused: nothing
     /// charged.
-    pub fn admit(
+    pub(crate) fn admit(
         &self,
         dev: Dev,
         bytes: u64,
@@ -248,7 +248,7 @@ impl Memory {
     }
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
-    pub fn force(&self, dev: Dev, bytes: u64) {
+    pub(crate) fn force(&self, dev: Dev, bytes: u64) {
         if bytes == 0 {
             return;
         }
@@ -260,19 +260,19 @@ impl Memory {
 
     /// A charge this process had moved into the shared table comes back onto its slot (an exported pool
     /// allocation returned to its pool's reserve): `allocated` counted it all along.
-    pub fn take_back(&self, id: DeviceId, bytes: u64) {
+    pub(crate) fn take_back(&self, id: DeviceId, bytes: u64) {
         if let Ok(slot) = self.usage().process_slot() {
             let _ = self.usage().try_charge(slot, id, bytes, None);
         }
     }
 
     /// Gives back `bytes` charged on `dev`.
-    pub fn release(&self, dev: Dev, bytes: u64) {
+    pub(crate) fn release(&self, dev: Dev, bytes: u64) {
         self.release_entry(dev.id, bytes);
     }
 
     /// Gives back `bytes` charged on device entry `id`.
-    pub fn release_entry(&self, id: DeviceId, bytes: u64) {
+    pub(crate) fn release_entry(&self, id: DeviceId, bytes: u64) {
         if bytes == 0 {
             return;
         }
@@ -287,19 +287,19 @@ impl Memory {
     /// Moves `bytes` this process charged on `id` into the container's shared table under `key` (IPC export):
     /// the entry index and whether the charge moved (not when `key` had an entry already). `None`: no slot, or
     /// the table is full.
-    pub fn share(&self, id: DeviceId, key: u64, bytes: u64) -> Option<(usize, bool)> {
+    pub(crate) fn share(&self, id: DeviceId, key: u64, bytes: u64) -> Option<(usize, bool)> {
         let slot = self.usage().process_slot().ok()?;
         self.usage().share(slot, id, key, bytes)
     }
 
     /// Holds this container's shared entry under `key`, if there is one (IPC import).
-    pub fn join_shared(&self, key: u64) -> Option<usize> {
+    pub(crate) fn join_shared(&self, key: u64) -> Option<usize> {
         let slot = self.usage().process_slot().ok()?;
         self.usage().join_shared(slot, key)
     }
 
     /// Lets go of shared entry `entry` (the last holder's going takes its bytes off the container's usage).
-    pub fn unshare(&self, entry: usize, key: u64) {
+    pub(crate) fn unshare(&self, entry: usize, key: u64) {
         if let Some(slot) = self.usage().cached_slot() {
             self.usage().unshare(slot, entry, key);
         }
@@ -308,7 +308,7 @@ impl Memory {
     /// The exported allocation at `p` (`rec`, its record, already out of the ledger) is gone in this process
     /// (freed, or its context destroyed): this process lets go of its shared entry, where importers may still
     /// hold the memory, and its own charge of it goes.
-    pub fn export_gone(
+    pub(crate) fn export_gone(
         &self,
         cuda: &CudaTable,
         p: u64,
@@ -347,20 +347,20 @@ impl Memory {
     }
 
     /// Bytes on `dev` of exports this process let go of that others still hold (see `SharedMem::linger`).
-    pub fn lingering(&self, dev: Dev) -> u64 {
+    pub(crate) fn lingering(&self, dev: Dev) -> u64 {
         self.shared
             .lingering(dev.id, |entry, key| self.usage().shared_live(entry, key))
     }
 
     /// This process no longer holds `bytes` on `id` whose charge it had moved to the shared table.
-    pub fn forget_allocated(&self, id: DeviceId, bytes: u64) {
+    pub(crate) fn forget_allocated(&self, id: DeviceId, bytes: u64) {
         let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v.saturating_sub(bytes))
         });
     }
 
     /// Corrects an admitted `estimate` to the `exact` charge.
-    pub fn settle(&self, dev: Dev, estimate: u64, exact: u64) {
+    pub(crate) fn settle(&self, dev: Dev, estimate: u64, exact: u64) {
         if exact > estimate {
             self.force(dev, exact - estimate);
         } else {
@@ -369,12 +369,12 @@ impl Memory {
     }
 
     /// Bytes of allocations this process has charged on `dev` (overhead excluded).
-    pub fn allocated(&self, dev: Dev) -> u64 {
+    pub(crate) fn allocated(&self, dev: Dev) -> u64 {
         self.alloc_bytes[dev.id.index()].load(Ordering::Relaxed)
     }
 
     /// Overhead this process has charged on `dev`.
-    pub fn overhead(&self, dev: Dev) -> u64 {
+    pub(crate) fn overhead(&self, dev: Dev) -> u64 {
         self.overhead[dev.id.index()].load(Ordering::Relaxed)
     }
 
@@ -411,7 +411,7 @@ impl Memory {
     /// Drops per-process accounting after `fork` in the child (the parent keeps its charges; the child claims
     /// its own slot on first use and learns its own host pid). Call only in the single-threaded child, after
     /// the locks were released.
-    pub fn reset_in_child(&self) {
+    pub(crate) fn reset_in_child(&self) {
         self.usage().forget_slot_in_child();
         self.ledger.clear();
         self.vmm.clear();
@@ -427,7 +427,7 @@ impl Memory {
     }
 
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
-    pub fn fork_prepare(&self) {
+    pub(crate) fn fork_prepare(&self) {
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
         hold_all([self.shared.lock()]);
@@ -444,7 +444,7 @@ impl Memory {
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self, side: Side) {
+    pub(crate) unsafe fn fork_release(&self, side: Side) {
         // SAFETY: all locked by fork_prepare (the caller's contract).
         unsafe {
             release_all(self.first_use.locks(), side);
@@ -466,7 +466,7 @@ pub(crate) mod tests {
     use cuquota_core::{DeviceId, UsageRegion};
 
     /// A fresh usage file under the temp dir (removed on drop of the returned guard).
-    pub struct TempRegion {
+    pub(crate) struct TempRegion {
         pub path: std::path::PathBuf,
     }
     impl Drop for TempRegion {
@@ -476,7 +476,7 @@ pub(crate) mod tests {
     }
 
     /// A unique temp path for a region file.
-    pub fn temp_path(tag: &str) -> TempRegion {
+    pub(crate) fn temp_path(tag: &str) -> TempRegion {
         use std::sync::atomic::{AtomicU32, Ordering};
         static N: AtomicU32 = AtomicU32::new(0);
         let path = std::env::temp_dir().join(format!(
@@ -490,7 +490,7 @@ pub(crate) mod tests {
     }
 
     /// A device entry in a throwaway region.
-    pub fn device_id() -> (TempRegion, DeviceId) {
+    pub(crate) fn device_id() -> (TempRegion, DeviceId) {
         let t = temp_path("dev");
         let r = UsageRegion::open(&t.path).expect("usage region");
         let id = r.device(&[7; 16]).expect("device entry");

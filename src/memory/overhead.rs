@@ -30,12 +30,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 /// Estimated device memory of one context when NVML cannot measure it.
-pub const CTX_ESTIMATE: u64 = 256 << 20;
+pub(crate) const CTX_ESTIMATE: u64 = 256 << 20;
 /// Estimated device memory of one loaded module or library when NVML cannot measure it.
-pub const MODULE_ESTIMATE: u64 = 2 << 20;
+pub(crate) const MODULE_ESTIMATE: u64 = 2 << 20;
 
 /// What this process holds per ordinal, for the estimate and to find the device of a destroyed object.
-pub struct Holdings {
+pub(crate) struct Holdings {
     ctxs: [AtomicI64; MAX_ORDINALS],
     primary: [AtomicI64; MAX_ORDINALS],
     modules: AtomicI64,
@@ -52,7 +52,7 @@ pub struct Holdings {
 
 /// What is being created: decides the estimate reserved for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Creation {
+pub(crate) enum Creation {
     /// A context (cuCtxCreate*, a first primary-context retain).
     Context,
     /// A module loaded into the current context.
@@ -62,7 +62,7 @@ pub enum Creation {
 /// An estimate reserved for one creation, from [`Memory::reserve_creation`] to [`Memory::creation_returned`].
 #[derive(Debug)]
 #[must_use = "a reservation must be ended with creation_returned"]
-pub struct Reservation {
+pub(crate) struct Reservation {
     dev: Dev,
     what: Creation,
     est: u64,
@@ -92,7 +92,7 @@ fn decrement(c: &AtomicI64) {
 
 impl Holdings {
     /// Live contexts of this process on `ordinal` (a retained primary context counts once).
-    pub fn live_contexts(&self, ordinal: CUdevice) -> i64 {
+    pub(crate) fn live_contexts(&self, ordinal: CUdevice) -> i64 {
         let o = ordinal as usize;
         self.ctxs.get(o).map_or(0, |c| c.load(Ordering::Relaxed))
             + self
@@ -215,7 +215,7 @@ impl Memory {
 
     /// Before the driver creates `what` on `dev`: reserves its estimate as overhead. `Err`: it does not fit
     /// under the cap (nothing reserved; the caller refuses the creation without calling the driver).
-    pub fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reservation, OverCap> {
+    pub(crate) fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reservation, OverCap> {
         let est = self.holdings.creation_estimate(dev.ordinal, what);
         // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
         let _g = self.overhead_lock.lock();
@@ -230,7 +230,7 @@ impl Memory {
     /// measures. When the creation failed the charge is re-measured now (the estimate goes back); when it
     /// succeeded, the caller's measurement (`context_created`, `module_loaded`, …) settles it, then
     /// [`Memory::creation_measured`] learns the cost.
-    pub fn creation_returned(&self, nvml: &Nvml, res: &Reservation, ok: bool) {
+    pub(crate) fn creation_returned(&self, nvml: &Nvml, res: &Reservation, ok: bool) {
         let _ = self.holdings.inflight[res.dev.id.index()].fetch_update(
             Ordering::Relaxed,
             Ordering::Relaxed,
@@ -242,7 +242,7 @@ impl Memory {
     }
 
     /// After a successful creation was measured: remembers what it cost for the next one's estimate.
-    pub fn creation_measured(&self, res: Reservation) {
+    pub(crate) fn creation_measured(&self, res: Reservation) {
         let now = {
             let _g = self.overhead_lock.lock();
             self.overhead(res.dev)
@@ -257,7 +257,7 @@ impl Memory {
     }
 
     /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
-    pub fn primary_unheld(&self, ordinal: CUdevice) -> bool {
+    pub(crate) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
         self.holdings
             .primary
             .get(ordinal as usize)
@@ -293,7 +293,7 @@ impl Memory {
 
     /// Context `ctx` was created on `ordinal`: count it and charge what it costs. `Err`: over the cap (the
     /// caller destroys it, which undoes all this).
-    pub fn context_created(
+    pub(crate) fn context_created(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -311,13 +311,13 @@ impl Memory {
     }
 
     /// Context `ctx` is about to be destroyed: its device, for [`Memory::context_destroyed`].
-    pub fn context_destroying(&self, ctx: usize) -> Option<CUdevice> {
+    pub(crate) fn context_destroying(&self, ctx: usize) -> Option<CUdevice> {
         self.holdings.owners.lock().remove(&ctx)
     }
 
     /// The destroy of `ctx` (owned by `owner`) returned: on success uncount it and re-measure; on failure it
     /// still lives.
-    pub fn context_destroyed(
+    pub(crate) fn context_destroyed(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -340,7 +340,12 @@ impl Memory {
 
     /// The primary context of `ordinal` was retained: count it, charge it. `Err`: over the cap (the caller
     /// releases it again).
-    pub fn primary_retained(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice) -> Result<(), OverCap> {
+    pub(crate) fn primary_retained(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        ordinal: CUdevice,
+    ) -> Result<(), OverCap> {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
@@ -354,7 +359,7 @@ impl Memory {
     /// retains the primary context inside the driver). Measure this process on `d` with NVML, once (again after
     /// its contexts there are gone), before admitting anything in it; without an NVML figure nothing is
     /// guessed. `Err`: over the cap (measured again at the next allocation, which is refused again).
-    pub fn adopt_unseen_context(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
+    pub(crate) fn adopt_unseen_context(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
         if self.holdings.live_contexts(d.ordinal) > 0 {
             return Ok(());
         }
@@ -372,7 +377,7 @@ impl Memory {
     }
 
     /// The primary context of `ordinal` was released (`reset`: reset, our count drops to zero).
-    pub fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
+    pub(crate) fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
         if let Some(c) = self.holdings.primary.get(ordinal as usize) {
             if reset {
                 c.store(0, Ordering::Relaxed);
@@ -390,7 +395,7 @@ impl Memory {
     /// driver not called); once it answered, NVML's figure replaces the estimate (a lowered limit shrinks it).
     /// A raised limit (`undo` given: it restores the old value) whose measured reservation does not fit, the
     /// estimate being short, is undone and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
-    pub fn setting_limit(
+    pub(crate) fn setting_limit(
         &self,
         nvml: &Nvml,
         dev: Dev,
@@ -475,7 +480,7 @@ impl Memory {
 
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
     /// cap (the caller unloads it).
-    pub fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
+    pub(crate) fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
         self.first_use.arm();
         self.retry_host_pid(nvml);
@@ -487,7 +492,7 @@ impl Memory {
     }
 
     /// Module `module` was unloaded.
-    pub fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
+    pub(crate) fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
         decrement(&self.holdings.modules);
         self.first_use.forget_all();
         let owner = self.holdings.owners.lock().remove(&module);
@@ -498,7 +503,7 @@ impl Memory {
 
     /// A library was loaded (context-independent: every device is re-measured). `Err`: over the cap (the
     /// caller unloads it).
-    pub fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
+    pub(crate) fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
         self.first_use.arm();
         self.retry_host_pid(nvml);
@@ -506,7 +511,7 @@ impl Memory {
     }
 
     /// A library was unloaded.
-    pub fn library_unloaded(&self, nvml: &Nvml) {
+    pub(crate) fn library_unloaded(&self, nvml: &Nvml) {
         decrement(&self.holdings.modules);
         self.first_use.forget_all();
         let _ = self.measure_all(nvml, false);

@@ -60,7 +60,7 @@ const EXEC_GONE: usize = 1;
 ///
 /// Launch hot path: [`GraphMem::has_memory`] probes a fixed open-addressed table of atomics (no lock, no
 /// allocation); only execs found there take the footprint lock.
-pub struct GraphMem {
+pub(crate) struct GraphMem {
     pub(super) charged: Lock<HashMap<CUdevice, (Dev, u64)>>,
     execs: Box<[std::sync::atomic::AtomicUsize]>,
     /// The table was full once: lookups fall back to `footprints`.
@@ -87,7 +87,7 @@ impl GraphMem {
 
     /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
     #[inline]
-    pub fn has_memory(&self, exec: usize) -> bool {
+    pub(crate) fn has_memory(&self, exec: usize) -> bool {
         if exec > EXEC_GONE {
             for i in 0..EXEC_SLOTS {
                 match self.execs[exec_slot(exec, i)].load(Ordering::Acquire) {
@@ -115,7 +115,7 @@ impl GraphMem {
 
     /// Records a freshly instantiated exec's footprint (empty: it has no alloc nodes; a reused handle value
     /// is forgotten).
-    pub fn set_exec(&self, exec: usize, footprint: Vec<(Dev, u64)>) {
+    pub(crate) fn set_exec(&self, exec: usize, footprint: Vec<(Dev, u64)>) {
         self.forget_exec(exec);
         if footprint.is_empty() || exec <= EXEC_GONE {
             return;
@@ -136,7 +136,7 @@ impl GraphMem {
     }
 
     /// Forgets an exec (destroyed).
-    pub fn forget_exec(&self, exec: usize) {
+    pub(crate) fn forget_exec(&self, exec: usize) {
         if exec > EXEC_GONE {
             self.unmark(exec);
         }
@@ -145,7 +145,7 @@ impl GraphMem {
 
     /// An exec's memory nodes changed (`cuGraphExecUpdate`, a child graph node's new parameters): per device,
     /// `fp` is added to its footprint (`add`) or replaces it where larger.
-    pub fn merge_exec(&self, exec: usize, fp: &[(Dev, u64)], add: bool) {
+    pub(crate) fn merge_exec(&self, exec: usize, fp: &[(Dev, u64)], add: bool) {
         if fp.is_empty() {
             return;
         }
@@ -161,7 +161,7 @@ impl GraphMem {
     }
 
     /// The footprint of an exec with alloc nodes.
-    pub fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
+    pub(crate) fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
         self.footprints.lock().get(&exec).cloned()
     }
 }
@@ -194,7 +194,7 @@ impl Memory {
     /// can serve it, is it admitted with what the unused reserve cannot cover (usually nothing). Afterwards the
     /// charge settles to the pool's real `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
     #[allow(clippy::too_many_arguments)]
-    pub fn pool_alloc(
+    pub(crate) fn pool_alloc(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -259,7 +259,7 @@ impl Memory {
     }
 
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
-    pub fn track_pool(&self, pool: usize, dev: Option<Dev>) {
+    pub(crate) fn track_pool(&self, pool: usize, dev: Option<Dev>) {
         self.pools.lock().entry(pool).or_insert(PoolState {
             dev,
             charged: 0,
@@ -271,12 +271,12 @@ impl Memory {
     }
 
     /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
-    pub fn pool_device(&self, pool: usize) -> Option<Option<Dev>> {
+    pub(crate) fn pool_device(&self, pool: usize) -> Option<Option<Dev>> {
         self.pools.lock().get(&pool).map(|p| p.dev)
     }
 
     /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
-    pub fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
+    pub(crate) fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
         let mut pools = self.pools.lock();
         if let Some(p) = pools.get_mut(&pool) {
             self.refresh_locked(cuda, pool, p);
@@ -317,7 +317,7 @@ impl Memory {
 
     /// The pool allocation at `addr`, of `len` (rounded) bytes, was freed: its block is back in the reserve.
     /// `stream`: the free's stream key (`stream_key`) for `cuMemFreeAsync`, `None` for a free that is done.
-    pub fn pool_freed(&self, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
+    pub(crate) fn pool_freed(&self, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
         if pool & DESTROYED != 0 {
             self.destroyed_freed(pool, stream);
             return;
@@ -340,7 +340,7 @@ impl Memory {
     /// Before a pool allocation of `len` bytes: re-reads the pool (a shrunk reserve forgets its known free
     /// blocks), then, when `claim`, claims the smallest unclaimed known free block of at least `len` bytes for
     /// this allocation and returns its address.
-    pub fn pool_prepare(&self, cuda: &CudaTable, pool: usize, len: u64, claim: bool) -> Option<u64> {
+    pub(crate) fn pool_prepare(&self, cuda: &CudaTable, pool: usize, len: u64, claim: bool) -> Option<u64> {
         let mut pools = self.pools.lock();
         let p = pools.get_mut(&pool)?;
         self.refresh_locked(cuda, pool, p);
@@ -357,7 +357,7 @@ impl Memory {
     }
 
     /// A claimed block went unused (the driver refused the allocation): free for others again.
-    pub fn pool_unclaim(&self, pool: usize, addr: u64) {
+    pub(crate) fn pool_unclaim(&self, pool: usize, addr: u64) {
         if let Some(p) = self.pools.lock().get_mut(&pool) {
             for b in p.free_blocks.iter_mut().filter(|b| b.addr == addr) {
                 b.claimed = false;
@@ -370,7 +370,7 @@ impl Memory {
     /// beyond them is forced: the driver already handed it out), and the known free blocks follow what the
     /// driver did. Returns the growth beyond `est` (0 when the admission covered it).
     #[allow(clippy::too_many_arguments)]
-    pub fn pool_settle(
+    pub(crate) fn pool_settle(
         &self,
         cuda: &CudaTable,
         pool: usize,
@@ -421,7 +421,7 @@ impl Memory {
 
     /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be
     /// served from without the pool growing. 0 for untracked pools or when the driver cannot tell.
-    pub fn pool_slack(&self, cuda: &CudaTable, pool: usize) -> u64 {
+    pub(crate) fn pool_slack(&self, cuda: &CudaTable, pool: usize) -> u64 {
         if self.pool_device(pool).is_none() {
             return 0; // not charged by us yet: its reserve is not ours to spend
         }
@@ -443,7 +443,7 @@ impl Memory {
     }
 
     /// Refreshes every pool on a device entry (before refusing a pool allocation).
-    pub fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
+    pub(crate) fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
         let mut pools = self.pools.lock();
         for (&pool, p) in pools.iter_mut() {
             if p.dev.is_some_and(|d| d.id == id) {
@@ -455,7 +455,7 @@ impl Memory {
     /// The last context this process had on `dev` is gone (destroyed, reset or released for the last time):
     /// the driver freed every allocation made in it, so their records and charges go too. VMM handles
     /// (`cuMemCreate`) are not tied to a context and stay; pools are re-read.
-    pub fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
+    pub(crate) fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
         let gone = self
             .ledger
             .remove_where(|space, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
@@ -500,7 +500,7 @@ impl Memory {
     }
 
     /// Re-reads a device's reserved graph memory and charges (unconditionally) or releases the difference.
-    pub fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
+    pub(crate) fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
         let mut charged = self.graph.charged.lock();
         let Some(reserved) = Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
         else {
@@ -516,7 +516,7 @@ impl Memory {
     }
 
     /// Re-reads every device whose graph memory we charge.
-    pub fn refresh_graph_all(&self, cuda: &CudaTable) {
+    pub(crate) fn refresh_graph_all(&self, cuda: &CudaTable) {
         let devs: Vec<Dev> = self.graph.charged.lock().values().map(|e| e.0).collect();
         for d in devs {
             self.refresh_graph(cuda, d);
@@ -524,7 +524,7 @@ impl Memory {
     }
 
     /// Graph memory reserved on `dev` but not in use, as far as we charged it: what a launch can reuse.
-    pub fn graph_slack(&self, cuda: &CudaTable, dev: Dev) -> u64 {
+    pub(crate) fn graph_slack(&self, cuda: &CudaTable, dev: Dev) -> u64 {
         let charged = self.graph.charged.lock().get(&dev.ordinal).map_or(0, |e| e.1);
         if charged == 0 {
             return 0;
@@ -542,7 +542,7 @@ impl Memory {
     /// in stream order, its charge goes back; otherwise the pool lives on (cuda.h: its resources go back once no
     /// allocation is outstanding and its frees have run), keyed [`DESTROYED`] | n with its allocations, charged
     /// whole until then.
-    pub fn destroy_pool(&self, pool: usize) {
+    pub(crate) fn destroy_pool(&self, pool: usize) {
         let key = DESTROYED | NEXT_DESTROYED.fetch_add(1, Ordering::Relaxed);
         {
             // In place before the records are re-keyed, so a free racing this counts down here.
@@ -595,7 +595,7 @@ impl Memory {
 
     /// A synchronisation is about to start: its epoch, for [`Memory::synchronized`] (`None`: no pool
     /// allocation was ever freed in stream order, nothing to do).
-    pub fn sync_starts(&self) -> Option<u64> {
+    pub(crate) fn sync_starts(&self) -> Option<u64> {
         ANY_AWAITING
             .load(Ordering::Acquire)
             .then(|| SYNC_EPOCH.fetch_add(1, Ordering::AcqRel))
@@ -603,7 +603,7 @@ impl Memory {
 
     /// A synchronisation of `dev`'s context (`stream` = `None`) or of one stream (its key) that started at
     /// epoch `start` returned: the frees enqueued there before it have run.
-    pub fn synchronized(&self, dev: Dev, start: u64, stream: Option<usize>) {
+    pub(crate) fn synchronized(&self, dev: Dev, start: u64, stream: Option<usize>) {
         let mut pools = self.pools.lock();
         for (_, p) in pools
             .iter_mut()

@@ -29,23 +29,23 @@ use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The smallest margin under the cap within which admissions reconcile first.
-pub const MIN_MARGIN: u64 = 256 << 20;
+pub(crate) const MIN_MARGIN: u64 = 256 << 20;
 
 /// Bytes left under `cap` below which an admission does not trust the ledger alone.
 #[inline]
-pub fn margin(cap: u64) -> u64 {
+pub(crate) fn margin(cap: u64) -> u64 {
     (cap / 10).max(MIN_MARGIN)
 }
 
 /// Whether an admission that brought the container to `used` under `cap` is near the cap.
 #[inline]
-pub fn near_cap(cap: u64, used: u64) -> bool {
+pub(crate) fn near_cap(cap: u64, used: u64) -> bool {
     cap.saturating_sub(used) < margin(cap)
 }
 
 /// How a handle was used: a handle looked up (a function, module, global) is launched for the first time later.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-pub enum Use {
+pub(crate) enum Use {
     /// Returned by a lookup (`cuModuleGetFunction`, `cuLibraryGetGlobal`, …).
     Lookup,
     /// Launched.
@@ -62,7 +62,7 @@ const SHARDS: usize = 16;
 /// Handles whose first use was measured, keyed by (how, handle, context): functions launched or looked up,
 /// modules, globals. A kernel's first launch in each context is its own (code and stack are per context). And
 /// what reconciliations added to the overhead.
-pub struct FirstUse {
+pub(crate) struct FirstUse {
     /// A module or library was loaded: first uses may take memory from now on.
     armed: AtomicBool,
     /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
@@ -87,13 +87,13 @@ impl Default for FirstUse {
 
 impl FirstUse {
     /// A module or library was loaded.
-    pub fn arm(&self) {
+    pub(crate) fn arm(&self) {
         self.armed.store(true, Ordering::Relaxed);
     }
 
     /// Whether a first use may take memory (a module or library was loaded). One relaxed load.
     #[inline]
-    pub fn armed(&self) -> bool {
+    pub(crate) fn armed(&self) -> bool {
         self.armed.load(Ordering::Relaxed)
     }
 
@@ -105,18 +105,18 @@ impl FirstUse {
 
     /// Whether `h` was used as `how` in context `ctx` already.
     #[inline]
-    pub fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+    pub(crate) fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
         self.shard(h, ctx).lock().contains(&(how, h, ctx))
     }
 
     /// Records `h` used as `how` in context `ctx`; true when it was not before.
-    pub fn first(&self, how: Use, h: usize, ctx: usize) -> bool {
+    pub(crate) fn first(&self, how: Use, h: usize, ctx: usize) -> bool {
         self.shard(h, ctx).lock().insert((how, h, ctx))
     }
 
     /// Forgets handle `h` used as `how` in every context (a graph exec updated or destroyed: its next launch, or
     /// an exec at its address, runs other kernels). Cold: a scan of every shard.
-    pub fn forget(&self, how: Use, h: usize) {
+    pub(crate) fn forget(&self, how: Use, h: usize) {
         for s in self.seen.iter() {
             s.lock().retain(|&(u, x, _)| !(u == how && x == h));
         }
@@ -124,7 +124,7 @@ impl FirstUse {
 
     /// Forgets every handle (a module or library was unloaded: its handles' addresses may be reused by code
     /// that was never measured). Bounded: the set holds only what was used since the last unload.
-    pub fn forget_all(&self) {
+    pub(crate) fn forget_all(&self) {
         for s in self.seen.iter() {
             s.lock().clear();
         }
@@ -155,30 +155,30 @@ impl Memory {
     /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
     /// applies somewhere (as of the launch hook's refresh of the limits). Two relaxed loads.
     #[inline]
-    pub fn first_use_armed(&self) -> bool {
+    pub(crate) fn first_use_armed(&self) -> bool {
         self.first_use.armed() && self.devices.memory_limited()
     }
 
     /// Whether handle `h` was used as `how` in context `ctx` already.
     #[inline]
-    pub fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+    pub(crate) fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
         self.first_use.seen(how, h, ctx)
     }
 
     /// Handle `h` no longer stands for what was used as `how` (see [`FirstUse::forget`]).
-    pub fn forget_use(&self, how: Use, h: usize) {
+    pub(crate) fn forget_use(&self, how: Use, h: usize) {
         self.first_use.forget(how, h);
     }
 
     /// Whether handle `h` is used as `how` for the first time in context `ctx` (then recorded).
-    pub fn first_seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+    pub(crate) fn first_seen(&self, how: Use, h: usize, ctx: usize) -> bool {
         self.first_use.first(how, h, ctx)
     }
 
     /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
     /// first reconciled with the driver's figure (the ledger alone is not trusted there).
     #[inline]
-    pub fn info_used(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+    pub(crate) fn info_used(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
         let used = self.container_used(dev);
         if near_cap(cap, used) {
             return self.info_used_slow(nvml, dev, cap);
@@ -304,7 +304,7 @@ impl Memory {
     /// growth) on `dev`, `growth` bytes of it known in advance: `Err` (refuse it with
     /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the growth does
     /// not fit. `Ok(Some(_))`: pass it to [`Memory::first_use_done`] once the call returned; `Ok(None)`: no cap.
-    pub fn first_use_begin(&self, dev: Dev, growth: u64) -> Result<Option<FirstUseCall>, OverCap> {
+    pub(crate) fn first_use_begin(&self, dev: Dev, growth: u64) -> Result<Option<FirstUseCall>, OverCap> {
         let Some(cap) = self.limit(dev) else {
             return Ok(None);
         };
@@ -323,7 +323,7 @@ impl Memory {
 
     /// The call [`Memory::first_use_begin`] let through returned `r`: measured with NVML when `measure` (the
     /// handle it used or gave was new) or when it was admitted growth.
-    pub fn first_use_done(&self, nvml: &Nvml, c: FirstUseCall, r: CUresult, measure: bool) {
+    pub(crate) fn first_use_done(&self, nvml: &Nvml, c: FirstUseCall, r: CUresult, measure: bool) {
         if c.growth > 0 {
             let _ = self.grown(nvml, c.dev, c.growth, r, None::<fn() -> CUresult>);
         } else if measure {
@@ -336,7 +336,7 @@ impl Memory {
 
 /// A first-use call let through by [`Memory::first_use_begin`].
 #[must_use = "end it with first_use_done"]
-pub struct FirstUseCall {
+pub(crate) struct FirstUseCall {
     dev: Dev,
     growth: u64,
 }

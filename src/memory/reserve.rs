@@ -26,7 +26,7 @@ const SLOT_WAIT_MS: u32 = 50;
 
 /// An admitted allocation's announcement, withdrawn on drop (after the driver answered).
 #[must_use = "hold it until the driver call returned"]
-pub struct Announced<'a> {
+pub(crate) struct Announced<'a> {
     entry: PriorityEntry<'a>,
     inflight: Inflight,
 }
@@ -39,7 +39,7 @@ impl Drop for Announced<'_> {
 
 /// Why an allocation is refused to keep the reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refused {
+pub(crate) enum Refused {
     /// The device would keep less than the reservation free.
     Reserved,
     /// The device's free memory cannot be read, or every in-flight slot stayed taken: refused (fail closed).
@@ -48,7 +48,7 @@ pub enum Refused {
 
 /// Checks that `bytes` more on `dev` leave `reserved` free, given the device's free memory `free()` and the
 /// other announcements in `e`; the announcement is held by the result.
-pub fn check<'a>(
+pub(crate) fn check<'a>(
     e: PriorityEntry<'a>,
     bytes: u64,
     reserved: u64,
@@ -83,7 +83,7 @@ fn now_s() -> u32 {
 
 /// Free bytes on `dev` as the driver counts them (every process): NVML by UUID, else `cuMemGetInfo_v2` when
 /// `dev` is the current context's device.
-pub fn device_free(cuda: &CudaTable, nvml: &Nvml, dev: Dev, uuid: Option<[u8; 16]>) -> Option<u64> {
+pub(crate) fn device_free(cuda: &CudaTable, nvml: &Nvml, dev: Dev, uuid: Option<[u8; 16]>) -> Option<u64> {
     if let (Some(t), Some(h)) = (nvml.ready(), uuid.and_then(|u| nvml.handle_by_uuid(&u))) {
         let mut m = nvmlMemory_t::default();
         // SAFETY: NVML's handle for the device, a valid out-pointer.

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What an open import holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hold {
+pub(crate) enum Hold {
     /// A hold on this container's shared entry.
     Shared {
         /// Entry index.
@@ -33,7 +33,7 @@ pub enum Hold {
 
 /// An exported allocation: its shared entry, its key, and whether this process's charge moved there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Export {
+pub(crate) struct Export {
     /// Shared entry index.
     pub entry: usize,
     /// The handle's key.
@@ -44,7 +44,7 @@ pub struct Export {
 
 /// What a `cuIpcCloseMemHandle` did.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Closed {
+pub(crate) enum Closed {
     /// Not an address this process opened (the driver answered).
     Unknown,
     /// Opened more than once: one reference fewer.
@@ -71,7 +71,7 @@ pub(crate) struct Table {
 
 /// The process's exports and imports.
 #[derive(Default)]
-pub struct SharedMem {
+pub(crate) struct SharedMem {
     table: Lock<Table>,
     /// Set by the first export: until then `cuMemFree` does not look here (one relaxed load).
     any_export: AtomicBool,
@@ -83,7 +83,7 @@ pub struct SharedMem {
 /// same across `SCM_RIGHTS` and `pidfd_getfd`. Only a regular file (a memfd) has one of its own: a descriptor
 /// opened on a device, as NVIDIA's driver makes its exports (every one an open of its control device), shares
 /// its inode with every other export, so it identifies nothing (`None`, as when `fd` is not open).
-pub fn fd_key(fd: i32) -> Option<u64> {
+pub(crate) fn fd_key(fd: i32) -> Option<u64> {
     // SAFETY: stat is plain data; fstat only reads the descriptor's file.
     let st = unsafe {
         let mut st: libc::stat = std::mem::zeroed();
@@ -102,7 +102,7 @@ pub fn fd_key(fd: i32) -> Option<u64> {
 /// their SHA-256. A tenant who can vary bytes the driver ignores must not be able to make another container's
 /// export look like one of its own (which it would join, charged nothing): with FNV that took a few lines of
 /// arithmetic, with SHA-256 it takes about 2^64 tries.
-pub fn key(bytes: &[u8]) -> u64 {
+pub(crate) fn key(bytes: &[u8]) -> u64 {
     use sha2::{Digest, Sha256};
     let d = Sha256::digest(bytes);
     u64::from_le_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
@@ -110,18 +110,18 @@ pub fn key(bytes: &[u8]) -> u64 {
 
 impl SharedMem {
     /// The export of the allocation at `p`, if it was exported.
-    pub fn exported(&self, p: u64) -> Option<Export> {
+    pub(crate) fn exported(&self, p: u64) -> Option<Export> {
         self.table.lock().exports.get(&p).copied()
     }
 
     /// Records that the allocation at `p` was exported.
-    pub fn export(&self, p: u64, e: Export) {
+    pub(crate) fn export(&self, p: u64, e: Export) {
         self.any_export.store(true, Ordering::Release);
         self.table.lock().exports.insert(p, e);
     }
 
     /// The allocation at `p` is being freed: its export, if any.
-    pub fn take_export(&self, p: u64) -> Option<Export> {
+    pub(crate) fn take_export(&self, p: u64) -> Option<Export> {
         if !self.any_export.load(Ordering::Acquire) {
             return None;
         }
@@ -129,7 +129,7 @@ impl SharedMem {
     }
 
     /// `cuIpcOpenMemHandle` returned `p` again (the driver counts a reference): true if it was open already.
-    pub fn open_again(&self, p: u64) -> bool {
+    pub(crate) fn open_again(&self, p: u64) -> bool {
         match self.table.lock().imports.get_mut(&p) {
             Some((_, n)) => {
                 *n += 1;
@@ -140,23 +140,18 @@ impl SharedMem {
     }
 
     /// `cuIpcOpenMemHandle` (or `cuMemPoolImportPointer`) returned `p`, holding `hold`.
-    pub fn opened(&self, p: u64, hold: Hold) {
+    pub(crate) fn opened(&self, p: u64, hold: Hold) {
         self.any_import.store(true, Ordering::Release);
         self.table.lock().imports.insert(p, (hold, 1));
     }
 
     /// Whether `p` is an address this process imported (freed by `cuMemFree` for pool imports).
-    pub fn imported(&self, p: u64) -> bool {
+    pub(crate) fn imported(&self, p: u64) -> bool {
         self.any_import.load(Ordering::Acquire) && self.table.lock().imports.contains_key(&p)
     }
 
-    /// This process's exported allocations (address, export).
-    pub fn exports(&self) -> Vec<(u64, Export)> {
-        self.table.lock().exports.iter().map(|(&p, &e)| (p, e)).collect()
-    }
-
     /// `cuIpcCloseMemHandle(p)` succeeded.
-    pub fn close(&self, p: u64) -> Closed {
+    pub(crate) fn close(&self, p: u64) -> Closed {
         let mut t = self.table.lock();
         let Some((hold, n)) = t.imports.get_mut(&p) else {
             return Closed::Unknown;
@@ -171,38 +166,38 @@ impl SharedMem {
     }
 
     /// The VMM handle `h` was exported.
-    pub fn vmm_export(&self, h: u64, e: Export) {
+    pub(crate) fn vmm_export(&self, h: u64, e: Export) {
         self.table.lock().vmm_exports.insert(h, e);
     }
 
     /// Whether VMM handle `h` was exported.
-    pub fn vmm_exported(&self, h: u64) -> bool {
+    pub(crate) fn vmm_exported(&self, h: u64) -> bool {
         self.table.lock().vmm_exports.contains_key(&h)
     }
 
     /// The memory of VMM handle `h` is gone here: its export, if any.
-    pub fn take_vmm_export(&self, h: u64) -> Option<Export> {
+    pub(crate) fn take_vmm_export(&self, h: u64) -> Option<Export> {
         self.table.lock().vmm_exports.remove(&h)
     }
 
     /// `cuMemImportFromShareableHandle` returned `h`, holding `hold`.
-    pub fn vmm_imported(&self, h: u64, hold: Option<Hold>) {
+    pub(crate) fn vmm_imported(&self, h: u64, hold: Option<Hold>) {
         self.table.lock().vmm_imports.insert(h, hold);
     }
 
     /// The hold of imported VMM handle `h` (`Some(None)`: imported, nothing charged yet); `None`: not an import.
-    pub fn vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+    pub(crate) fn vmm_import(&self, h: u64) -> Option<Option<Hold>> {
         self.table.lock().vmm_imports.get(&h).copied()
     }
 
     /// The memory of imported VMM handle `h` is gone here: its hold.
-    pub fn take_vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+    pub(crate) fn take_vmm_import(&self, h: u64) -> Option<Option<Hold>> {
         self.table.lock().vmm_imports.remove(&h)
     }
 
     /// This process let go of export `e` of `bytes` on `dev`, whose charge had moved to the shared table;
     /// `live(entry, key)` prunes those nobody holds any more.
-    pub fn linger(&self, e: Export, bytes: u64, dev: DeviceId, live: impl Fn(usize, u64) -> bool) {
+    pub(crate) fn linger(&self, e: Export, bytes: u64, dev: DeviceId, live: impl Fn(usize, u64) -> bool) {
         let mut t = self.table.lock();
         t.lingering.retain(|&(entry, key, _, _)| live(entry, key));
         if live(e.entry, e.key) {
@@ -212,7 +207,7 @@ impl SharedMem {
 
     /// Bytes on `dev` of exports this process let go of that `live(entry, key)` says someone still holds
     /// (the others are forgotten).
-    pub fn lingering(&self, dev: DeviceId, live: impl Fn(usize, u64) -> bool) -> u64 {
+    pub(crate) fn lingering(&self, dev: DeviceId, live: impl Fn(usize, u64) -> bool) -> u64 {
         let mut t = self.table.lock();
         t.lingering.retain(|&(entry, key, _, _)| live(entry, key));
         t.lingering
@@ -222,7 +217,7 @@ impl SharedMem {
     }
 
     /// Forgets everything (a forked child: the parent's exports and imports are not its own).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         *self.table.lock() = Table::default();
     }
 

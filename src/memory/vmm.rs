@@ -34,7 +34,7 @@ pub(crate) struct Table {
 
 /// What a binding is bound to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Obj {
+pub(crate) enum Obj {
     /// An array or mipmapped array.
     Array(u64),
     /// A multicast object.
@@ -43,7 +43,7 @@ pub enum Obj {
 
 /// A binding's identity: what an unbind must name exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct BindKey {
+pub(crate) struct BindKey {
     /// The object bound to.
     pub obj: Obj,
     /// An array tile's device mask; the multicast memory's device.
@@ -56,7 +56,7 @@ pub struct BindKey {
 
 /// What a `cuMemRelease` about to be called does to a handle's charge.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Release {
+pub(crate) enum Release {
     /// Not a handle we follow (never charged here, or already fully released): the ledger decides.
     Untracked,
     /// The last reference of an unmapped allocation: the memory (and its charge) goes.
@@ -69,7 +69,7 @@ pub enum Release {
 
 /// Mappings a `cuMemUnmap` about to be called removes, and the handles whose memory goes with them.
 #[derive(Debug, Default)]
-pub struct Unmapped {
+pub(crate) struct Unmapped {
     maps: Vec<(u64, (u64, u64))>,
     binds: Vec<(BindKey, u64)>,
     /// Handles released before whose last mapping this was: their charge goes.
@@ -78,7 +78,7 @@ pub struct Unmapped {
 
 /// The lifetimes of the process's VMM handles.
 #[derive(Default)]
-pub struct VmmLives {
+pub(crate) struct VmmLives {
     table: Lock<Table>,
     /// `binds.len()`, read without the lock (`cuArrayDestroy` with nothing bound).
     nbinds: AtomicUsize,
@@ -86,14 +86,14 @@ pub struct VmmLives {
 
 impl VmmLives {
     /// `cuMemCreate` returned `h` (a stale entry under that value is gone with its memory).
-    pub fn created(&self, h: u64) {
+    pub(crate) fn created(&self, h: u64) {
         let mut t = self.table.lock();
         t.handles.insert(h, Life { refs: 1, maps: 0 });
         t.multicasts.remove(&h);
     }
 
     /// `cuMulticastCreate` returned `h`.
-    pub fn multicast_created(&self, h: u64) {
+    pub(crate) fn multicast_created(&self, h: u64) {
         let mut t = self.table.lock();
         t.handles.insert(h, Life { refs: 1, maps: 0 });
         t.multicasts.insert(h, false);
@@ -101,7 +101,7 @@ impl VmmLives {
 
     /// `h` was exported (`cuMemExportToShareableHandle`): if a multicast object, another process may keep it and
     /// its bindings alive, which then stay charged here until the process ends (fail closed).
-    pub fn exported(&self, h: u64) {
+    pub(crate) fn exported(&self, h: u64) {
         if let Some(e) = self.table.lock().multicasts.get_mut(&h) {
             *e = true;
         }
@@ -109,7 +109,7 @@ impl VmmLives {
 
     /// Whether any binding is recorded (one atomic load).
     #[inline]
-    pub fn has_binds(&self) -> bool {
+    pub(crate) fn has_binds(&self) -> bool {
         self.nbinds.load(Ordering::Acquire) != 0
     }
 
@@ -137,7 +137,7 @@ impl VmmLives {
 
     /// The last release of multicast object `h` (announced by [`VmmLives::release`] as `Last`) is about to be
     /// called: takes its bindings, as [`VmmLives::unmap`] takes mappings.
-    pub fn released_multicast(&self, h: u64) -> Unmapped {
+    pub(crate) fn released_multicast(&self, h: u64) -> Unmapped {
         let mut t = self.table.lock();
         let mut u = Unmapped::default();
         Self::multicast_gone(&mut t, h, &mut u);
@@ -146,7 +146,7 @@ impl VmmLives {
     }
 
     /// `cuMemRelease(h)` is about to be called.
-    pub fn release(&self, h: u64) -> Release {
+    pub(crate) fn release(&self, h: u64) -> Release {
         let mut t = self.table.lock();
         let Some(l) = t.handles.get_mut(&h) else {
             return Release::Untracked;
@@ -164,7 +164,7 @@ impl VmmLives {
     }
 
     /// The driver refused the `cuMemRelease` that [`VmmLives::release`] announced.
-    pub fn undo_release(&self, h: u64, was: Release) {
+    pub(crate) fn undo_release(&self, h: u64, was: Release) {
         let mut t = self.table.lock();
         match was {
             Release::Untracked | Release::Again => {}
@@ -180,14 +180,14 @@ impl VmmLives {
     }
 
     /// `cuMemRetainAllocationHandle` returned `h`: one more reference to release.
-    pub fn retained(&self, h: u64) {
+    pub(crate) fn retained(&self, h: u64) {
         if let Some(l) = self.table.lock().handles.get_mut(&h) {
             l.refs += 1;
         }
     }
 
     /// `cuMemMap` mapped `h` at [p, p+size).
-    pub fn mapped(&self, p: u64, size: u64, h: u64) {
+    pub(crate) fn mapped(&self, p: u64, size: u64, h: u64) {
         let mut t = self.table.lock();
         if let Some(l) = t.handles.get_mut(&h) {
             l.maps += 1;
@@ -196,7 +196,7 @@ impl VmmLives {
     }
 
     /// `cuMemUnmap(p, size)` is about to be called: takes the mappings inside the range.
-    pub fn unmap(&self, p: u64, size: u64) -> Unmapped {
+    pub(crate) fn unmap(&self, p: u64, size: u64) -> Unmapped {
         let mut t = self.table.lock();
         let starts: Vec<u64> = t.maps.range(p..p.saturating_add(size)).map(|(&s, _)| s).collect();
         let mut u = Unmapped::default();
@@ -219,7 +219,7 @@ impl VmmLives {
 
     /// A binding of `h` under `key` was made (the driver said yes); those already under `key` are replaced.
     /// Returns the handles whose memory went with the replaced bindings.
-    pub fn bound(&self, key: BindKey, h: u64) -> Vec<u64> {
+    pub(crate) fn bound(&self, key: BindKey, h: u64) -> Vec<u64> {
         let mut t = self.table.lock();
         let mut dead = Vec::new();
         if t.handles.contains_key(&h) {
@@ -242,7 +242,7 @@ impl VmmLives {
     /// A call that would bind `h` under `key` failed, perhaps after taking effect (cuda.h does not say a
     /// failed `cuMemMapArrayAsync` list changed nothing): `h` stays charged as bound, and what was bound under
     /// `key` stays too (fail closed) until an unbind of `key` or the object's end.
-    pub fn maybe_bound(&self, key: BindKey, h: u64) {
+    pub(crate) fn maybe_bound(&self, key: BindKey, h: u64) {
         let mut t = self.table.lock();
         if t.handles.contains_key(&h) {
             Self::add_bind(&mut t, key, h);
@@ -270,7 +270,7 @@ impl VmmLives {
 
     /// Bindings matching `f` are about to be undone (`cuMemMapArrayAsync`'s unmap, `cuMulticastUnbind`, the
     /// array's destruction): takes them, as [`VmmLives::unmap`] takes mappings.
-    pub fn unbind(&self, f: impl Fn(&BindKey) -> bool) -> Unmapped {
+    pub(crate) fn unbind(&self, f: impl Fn(&BindKey) -> bool) -> Unmapped {
         let mut t = self.table.lock();
         let taken: Vec<(BindKey, u64)> = t.binds.iter().filter(|(k, _)| f(k)).copied().collect();
         let mut u = Unmapped::default();
@@ -284,14 +284,14 @@ impl VmmLives {
     }
 
     /// The handle this process mapped at `p`, if one of ours.
-    pub fn handle_at(&self, p: u64) -> Option<u64> {
+    pub(crate) fn handle_at(&self, p: u64) -> Option<u64> {
         let t = self.table.lock();
         let (&s, &(size, h)) = t.maps.range(..=p).next_back()?;
         (p < s.saturating_add(size)).then_some(h)
     }
 
     /// The driver refused the `cuMemUnmap` that [`VmmLives::unmap`] announced.
-    pub fn undo_unmap(&self, u: Unmapped) {
+    pub(crate) fn undo_unmap(&self, u: Unmapped) {
         let mut t = self.table.lock();
         for h in &u.dead {
             t.handles.insert(*h, Life { refs: 0, maps: 0 });
@@ -309,7 +309,7 @@ impl VmmLives {
     }
 
     /// Forgets everything (a forked child: the parent's handles are not its own).
-    pub fn clear(&self) {
+    pub(crate) fn clear(&self) {
         *self.table.lock() = Table::default();
         self.nbinds.store(0, Ordering::Release);
     }

@@ -13,7 +13,7 @@ use crate::ffi::cuda::*;
 
 impl Memory {
     /// `cuMemCreate` of `size` bytes on `dev` through `call`, which writes the handle `out()` reads.
-    pub fn vmm_create(
+    pub(crate) fn vmm_create(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -37,7 +37,12 @@ impl Memory {
 
     /// `cuMemRelease` of `handle` through `call`: one reference fewer; the charge goes with the last one of an
     /// unmapped allocation (a multicast object's bindings with its own).
-    pub fn vmm_release(&self, cuda: &CudaTable, handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
+    pub(crate) fn vmm_release(
+        &self,
+        cuda: &CudaTable,
+        handle: u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         match self.vmm.release(handle) {
             Release::Untracked => self.free(cuda, Space::Vmm, handle, None, call),
             Release::Last => {
@@ -68,14 +73,14 @@ impl Memory {
     }
 
     /// `cuMemRetainAllocationHandle` returned `h`: one more reference to release.
-    pub fn vmm_retained(&self, h: u64) {
+    pub(crate) fn vmm_retained(&self, h: u64) {
         self.vmm.retained(h);
     }
 
     /// `cuMemMap` of the bytes `within` `handle`'s allocation at `ptr` through `call`: a mapping keeps its allocation (and its charge) alive. Memory imported from another
     /// container is charged to this process up to the furthest byte any of its mappings reached (no size is
     /// known before: fail closed from here on).
-    pub fn vmm_map(
+    pub(crate) fn vmm_map(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -130,7 +135,7 @@ impl Memory {
 
     /// `cuMemUnmap` of `size` bytes at `ptr` through `call`: the last mapping of a released allocation takes
     /// its charge with it.
-    pub fn vmm_unmap(
+    pub(crate) fn vmm_unmap(
         &self,
         cuda: &CudaTable,
         ptr: u64,
@@ -200,7 +205,7 @@ impl Memory {
     /// while bound); an unmap lets go of it. cuda.h does not promise a failed list changed nothing: on failure
     /// its maps stay charged as bound and its unmaps as not undone (fail closed, until an unmap of the same
     /// tile or the array's destruction).
-    pub fn map_array(
+    pub(crate) fn map_array(
         &self,
         cuda: &CudaTable,
         maps: &[(BindKey, u64)],
@@ -221,14 +226,14 @@ impl Memory {
 
     /// `cuMulticastCreate` made `mc`: its references and mappings are followed as a VMM handle's, so that its
     /// last release lets go of what is bound to it.
-    pub fn multicast_created(&self, mc: u64) {
+    pub(crate) fn multicast_created(&self, mc: u64) {
         self.vmm.multicast_created(mc);
     }
 
     /// `cuMulticastBindMem` / `cuMulticastBindAddr` returned `r`, binding `mem` (or the handle this process
     /// mapped at `memptr`) under `key(its device)`: the bound memory stays charged while bound, its handle
     /// released or not.
-    pub fn multicast_bound(
+    pub(crate) fn multicast_bound(
         &self,
         cuda: &CudaTable,
         r: CUresult,
@@ -254,7 +259,7 @@ impl Memory {
 
     /// `cuMulticastUnbind` through `call` of the binding `key` (cuda.h: offset and size must match the bind's;
     /// the driver unbinds nothing else).
-    pub fn multicast_unbind(
+    pub(crate) fn multicast_unbind(
         &self,
         cuda: &CudaTable,
         key: BindKey,
@@ -266,7 +271,7 @@ impl Memory {
 
     /// `cuArrayDestroy` / `cuMipmappedArrayDestroy` of `h` through `call`: what was bound to a sparse array's
     /// tiles goes with it.
-    pub fn array_destroy(
+    pub(crate) fn array_destroy(
         &self,
         cuda: &CudaTable,
         space: Space,

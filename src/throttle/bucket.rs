@@ -18,14 +18,14 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Largest burst, in GPU time.
-pub const BURST_GPU_NS: u64 = 8_000_000;
+pub(crate) const BURST_GPU_NS: u64 = 8_000_000;
 /// Longest single charge (guards against a nonsense estimate blocking a program for ever).
-pub const MAX_COST_NS: u64 = 10_000_000_000;
+pub(crate) const MAX_COST_NS: u64 = 10_000_000_000;
 /// Longest estimate or measurement kept for one launch (a nonsense measurement from a broken event pair is
 /// clamped to it, and to the wall time since the launch). Longer than `MAX_COST_NS` is charged in instalments.
-pub const MAX_MEASURE_NS: u64 = 86_400_000_000_000;
+pub(crate) const MAX_MEASURE_NS: u64 = 86_400_000_000_000;
 /// Rates are in per-mille of the device: 1000 = the whole device.
-pub const FULL_RATE: u64 = 1000;
+pub(crate) const FULL_RATE: u64 = 1000;
 
 /// How far ahead of `now` a sound word can be at `rate_pm`: one charge of at most `MAX_COST_NS` taken while the
 /// bucket was not in debt, plus one correction of at most `MAX_COST_NS`, plus the window. A word farther ahead was
@@ -34,32 +34,33 @@ pub const FULL_RATE: u64 = 1000;
 /// raised since a huge debt was committed at the old rate. Such a word is reset to `now` (empty bucket, no debt)
 /// rather than make every launch of the container wait for it — possibly for ever.
 #[inline]
-pub fn max_ahead_ns(rate_pm: u64) -> u64 {
+pub(crate) fn max_ahead_ns(rate_pm: u64) -> u64 {
     2 * span_ns(MAX_COST_NS, rate_pm) + window_ns(rate_pm)
 }
 
 /// Word indexes inside `throttle[8]`. Owned by `src/throttle`. (Word 5 is unused: the limits a process enforces
 /// are the device entry's `limits`.)
-pub mod slot {
+pub(crate) mod slot {
     /// Wall time (ns) at which the bucket is empty; 0 = never used (full bucket).
-    pub const ZERO_AT: usize = 0;
+    pub(crate) const ZERO_AT: usize = 0;
     /// Effective rate in per-mille set by the burst controller (0 = not set: use the configured limit).
-    pub const EFF_RATE: usize = 1;
+    pub(crate) const EFF_RATE: usize = 1;
     /// Wall time of the last burst-controller sample (CAS elects the one process that samples).
-    pub const SAMPLE_AT: usize = 2;
+    pub(crate) const SAMPLE_AT: usize = 2;
     /// The container's busy ns on this device at the last sample.
-    pub const SAMPLE_OWN: usize = 3;
-    /// The device's busy ns (all containers) at the last sample.
-    pub const SAMPLE_DEV: usize = 4;
+    pub(crate) const SAMPLE_OWN: usize = 3;
+    /// The device's busy ns (all containers) at the last sample (its place in the layout; nothing reads it yet).
+    #[allow(dead_code)]
+    pub(crate) const SAMPLE_DEV: usize = 4;
     /// Burst controller state: bit 0 = others were active at the last sample.
-    pub const BURST_STATE: usize = 6;
+    pub(crate) const BURST_STATE: usize = 6;
     /// Wall time of the last launch charged by any process of the container (status: "active").
-    pub const LAST_LAUNCH: usize = 7;
+    pub(crate) const LAST_LAUNCH: usize = 7;
 }
 
 /// Result of trying to take tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Take {
+pub(crate) enum Take {
     /// Charged; the launch may go.
     Granted,
     /// Bucket empty (in debt); try again at this wall time.
@@ -68,13 +69,13 @@ pub enum Take {
 
 /// The bucket's wall window at `rate_pm`: the time it takes to earn `BURST_GPU_NS`.
 #[inline]
-pub fn window_ns(rate_pm: u64) -> u64 {
+pub(crate) fn window_ns(rate_pm: u64) -> u64 {
     span_ns(BURST_GPU_NS, rate_pm)
 }
 
 /// Wall-time span that `cost` GPU-ns represents at `rate` per-mille.
 #[inline]
-pub fn span_ns(cost: u64, rate_pm: u64) -> u64 {
+pub(crate) fn span_ns(cost: u64, rate_pm: u64) -> u64 {
     let rate = rate_pm.clamp(1, FULL_RATE);
     // u128: cost up to 10 s × 1000 does not overflow u64 either, but be safe for any caller.
     ((cost.min(MAX_COST_NS) as u128 * FULL_RATE as u128 + rate as u128 / 2) / rate as u128) as u64
@@ -82,24 +83,19 @@ pub fn span_ns(cost: u64, rate_pm: u64) -> u64 {
 
 /// A view of one container's bucket for one device.
 #[derive(Clone, Copy, Debug)]
-pub struct Bucket<'a> {
+pub(crate) struct Bucket<'a> {
     words: &'a [AtomicU64; 8],
 }
 
 impl<'a> Bucket<'a> {
     /// Wrap the region's `throttle[8]` words of one device entry.
-    pub fn new(words: &'a [AtomicU64; 8]) -> Self {
+    pub(crate) fn new(words: &'a [AtomicU64; 8]) -> Self {
         Bucket { words }
-    }
-
-    /// The raw words (for the burst controller and status).
-    pub fn words(&self) -> &'a [AtomicU64; 8] {
-        self.words
     }
 
     /// Take `cost` GPU-ns at `rate_pm` if the bucket is not in debt. One CAS in the common case.
     #[inline]
-    pub fn try_take(&self, now: u64, cost: u64, rate_pm: u64) -> Take {
+    pub(crate) fn try_take(&self, now: u64, cost: u64, rate_pm: u64) -> Take {
         let w = &self.words[slot::ZERO_AT];
         let mut z = w.load(Ordering::Acquire);
         loop {
@@ -126,7 +122,7 @@ impl<'a> Bucket<'a> {
     /// When the bucket is in debt at `now`, the time it is out of it; `None` = a launch may go. A word
     /// farther ahead than this algorithm leaves (see [`max_ahead_ns`]) is reset to `now`.
     #[inline]
-    pub fn wait_until(&self, now: u64, rate_pm: u64) -> Option<u64> {
+    pub(crate) fn wait_until(&self, now: u64, rate_pm: u64) -> Option<u64> {
         let w = &self.words[slot::ZERO_AT];
         let z = w.load(Ordering::Acquire);
         if z <= now {
@@ -141,7 +137,7 @@ impl<'a> Bucket<'a> {
 
     /// Charge without waiting (work that already went to the device, or burst mode with the device to
     /// ourselves). `forgive` keeps the bucket from going into debt (tokens clamp at zero).
-    pub fn charge(&self, now: u64, cost: u64, rate_pm: u64, forgive: bool) {
+    pub(crate) fn charge(&self, now: u64, cost: u64, rate_pm: u64, forgive: bool) {
         let w = &self.words[slot::ZERO_AT];
         let mut z = w.load(Ordering::Acquire);
         loop {
@@ -161,13 +157,13 @@ impl<'a> Bucket<'a> {
     /// returns how much went in: never more than leaves the word one maximal charge (`MAX_COST_NS`) ahead of
     /// `now`, so a sound word stays within [`max_ahead_ns`] (a launch's own charge comes on top only when the
     /// bucket is not in debt). The caller keeps the rest and pays it as the bucket drains.
-    pub fn debit(&self, now: u64, cost: u64, rate_pm: u64) -> u64 {
+    pub(crate) fn debit(&self, now: u64, cost: u64, rate_pm: u64) -> u64 {
         self.debit_within(now, cost, rate_pm, MAX_COST_NS)
     }
 
     /// [`Bucket::debit`], leaving the word at most `lead` GPU-ns ahead of `now` (at most `2 × MAX_COST_NS`, so
     /// a sound word stays within [`max_ahead_ns`]).
-    pub fn debit_within(&self, now: u64, cost: u64, rate_pm: u64, lead: u64) -> u64 {
+    pub(crate) fn debit_within(&self, now: u64, cost: u64, rate_pm: u64, lead: u64) -> u64 {
         let lead_max = lead.min(2 * MAX_COST_NS);
         let w = &self.words[slot::ZERO_AT];
         let mut z = w.load(Ordering::Acquire);
@@ -191,7 +187,7 @@ impl<'a> Bucket<'a> {
     }
 
     /// Reconcile a charge: `delta` GPU-ns more (positive) or fewer (negative) than was charged.
-    pub fn adjust(&self, delta: i64, rate_pm: u64) {
+    pub(crate) fn adjust(&self, delta: i64, rate_pm: u64) {
         if delta == 0 {
             return;
         }
@@ -211,7 +207,8 @@ impl<'a> Bucket<'a> {
     }
 
     /// Tokens (GPU-ns, negative = debt) at `now` and `rate_pm`.
-    pub fn tokens(&self, now: u64, rate_pm: u64) -> i64 {
+    #[cfg(test)]
+    pub(crate) fn tokens(&self, now: u64, rate_pm: u64) -> i64 {
         let z = self.words[slot::ZERO_AT].load(Ordering::Acquire);
         let z = z.max(now.saturating_sub(window_ns(rate_pm)));
         let dt = now as i128 - z as i128;
@@ -219,7 +216,7 @@ impl<'a> Bucket<'a> {
     }
 
     /// Clear any debt (limit removed or raised to "unlimited").
-    pub fn forgive(&self, now: u64) {
+    pub(crate) fn forgive(&self, now: u64) {
         let _ = self.words[slot::ZERO_AT].fetch_min(now.max(1), Ordering::AcqRel);
     }
 }

@@ -14,17 +14,17 @@
 //!   container that needs its guaranteed share gets it back within a few samples.
 
 /// Interval between samples.
-pub const SAMPLE_NS: u64 = 50_000_000;
+pub(crate) const SAMPLE_NS: u64 = 50_000_000;
 /// Others' use below this (per-mille of the device) counts as "no one else wants the device".
-pub const OTHERS_IDLE: u64 = 20;
+pub(crate) const OTHERS_IDLE: u64 = 20;
 /// Idle below this (per-mille) counts as "device saturated".
-pub const IDLE_MIN: u64 = 30;
+pub(crate) const IDLE_MIN: u64 = 30;
 /// Weight when none is configured.
-pub const DEFAULT_WEIGHT: u64 = 100;
+pub(crate) const DEFAULT_WEIGHT: u64 = 100;
 
 /// What the controller carries between samples (kept in the shared `throttle` words).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct BurstState {
+pub(crate) struct BurstState {
     /// Effective rate, per-mille (0 = not yet decided).
     pub eff: u64,
     /// Others used the device at the last sample.
@@ -32,7 +32,13 @@ pub struct BurstState {
 }
 
 /// One sample: own and others' busy in per-mille of the interval, previous state → new state.
-pub fn step(prev: BurstState, limit_pm: u64, weight: u64, own_pm: u64, others_pm: Option<u64>) -> BurstState {
+pub(crate) fn step(
+    prev: BurstState,
+    limit_pm: u64,
+    weight: u64,
+    own_pm: u64,
+    others_pm: Option<u64>,
+) -> BurstState {
     let full = super::bucket::FULL_RATE;
     let limit = limit_pm.clamp(1, full);
     let Some(others) = others_pm else {
@@ -73,12 +79,12 @@ pub fn step(prev: BurstState, limit_pm: u64, weight: u64, own_pm: u64, others_pm
 }
 
 /// Pack the state in one word: bits 0..16 eff, bit 16 others_active.
-pub fn pack(s: BurstState) -> u64 {
+pub(crate) fn pack(s: BurstState) -> u64 {
     s.eff.min(0xffff) | ((s.others_active as u64) << 16)
 }
 
 /// Inverse of `pack`.
-pub fn unpack(w: u64) -> BurstState {
+pub(crate) fn unpack(w: u64) -> BurstState {
     BurstState {
         eff: w & 0xffff,
         others_active: w & (1 << 16) != 0,

@@ -5,7 +5,7 @@
 //! advances by hand, so the arithmetic is checked without sleeping and without a driver.
 
 /// A monotonic clock in nanoseconds and a way to wait for it.
-pub trait Clock {
+pub(crate) trait Clock {
     /// Nanoseconds on a clock every process of the host agrees on (CLOCK_MONOTONIC in production).
     fn now_ns(&self) -> u64;
     /// Sleep until `deadline_ns` on the same clock (or return early; callers re-check).
@@ -14,11 +14,11 @@ pub trait Clock {
 
 /// CLOCK_MONOTONIC: system-wide, so every process of a container computes the same bucket level.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Monotonic;
+pub(crate) struct Monotonic;
 
 /// Read CLOCK_MONOTONIC (a vDSO call, ~20 ns, no syscall).
 #[inline]
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
@@ -62,13 +62,13 @@ pub(crate) mod fake {
 
     /// Test clock; starts at `start`.
     #[derive(Debug)]
-    pub struct FakeClock(pub AtomicU64);
+    pub(crate) struct FakeClock(pub AtomicU64);
 
     impl FakeClock {
-        pub fn new(start: u64) -> Self {
+        pub(crate) fn new(start: u64) -> Self {
             FakeClock(AtomicU64::new(start))
         }
-        pub fn advance(&self, ns: u64) {
+        pub(crate) fn advance(&self, ns: u64) {
             self.0.fetch_add(ns, Ordering::SeqCst);
         }
     }

@@ -37,19 +37,19 @@ use cuquota_core::Policy;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Minimum time between two probes of one device in one process (keeps the median launch free of events).
-pub const PROBE_INTERVAL_NS: u64 = 2_000_000;
+pub(crate) const PROBE_INTERVAL_NS: u64 = 2_000_000;
 /// How often an outstanding probe is polled from the launch path.
-pub const POLL_INTERVAL_NS: u64 = 100_000;
+pub(crate) const POLL_INTERVAL_NS: u64 = 100_000;
 /// Longest single sleep; after it the limit is re-read (a raised or removed limit takes effect within this).
-pub const MAX_SLEEP_NS: u64 = 20_000_000;
+pub(crate) const MAX_SLEEP_NS: u64 = 20_000_000;
 /// Longest wait for an outstanding probe before charging an unknown launch the fallback estimate.
-pub const UNKNOWN_WAIT_NS: u64 = 200_000_000;
+pub(crate) const UNKNOWN_WAIT_NS: u64 = 200_000_000;
 /// Degraded mode (no events): length of a calibration window against NVML's per-process utilisation.
-pub const CALIB_NS: u64 = 200_000_000;
+pub(crate) const CALIB_NS: u64 = 200_000_000;
 
 /// What a completed probe reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Poll {
+pub(crate) enum Poll {
     /// Still running.
     Pending,
     /// Done: device time of the probed launch in ns.
@@ -59,7 +59,7 @@ pub enum Poll {
 }
 
 /// Driver access the engine needs. Implementations must be cheap to call from the launch path.
-pub trait Gpu {
+pub(crate) trait Gpu {
     /// Record the start event of a probe on `stream`; returns a probe handle (0 = could not).
     fn probe_begin(&self, dev: usize, stream: usize) -> u64;
     /// Record the end event of probe `p` on `stream`; false if that failed.
@@ -88,7 +88,7 @@ pub trait Gpu {
 
 /// Region words of one device for this container (and this process's slot counter).
 #[derive(Clone, Copy, Debug)]
-pub struct Shared<'a> {
+pub(crate) struct Shared<'a> {
     /// The device entry's `throttle[8]`.
     pub words: &'a [AtomicU64; 8],
     /// The device entry's `busy_ns` (container's GPU time on the device, cumulative).
@@ -101,7 +101,7 @@ pub struct Shared<'a> {
 
 /// An admitted launch: what was charged, so it can be refunded or reconciled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ticket {
+pub(crate) struct Ticket {
     /// Usage device index.
     pub dev: usize,
     /// Estimate key (with its device: `estimate::on_device`).
@@ -182,7 +182,7 @@ impl Dev {
 
 /// Per-process throttle state: estimates and probe bookkeeping per device.
 #[derive(Debug)]
-pub struct Engine {
+pub(crate) struct Engine {
     est: Estimator,
     devs: [Dev; MAX_DEVICES],
 }
@@ -195,7 +195,7 @@ impl Default for Engine {
 
 /// The effective rate (per-mille) for a limit, reading the burst controller's decision for burst.
 #[inline]
-pub fn effective_rate(lim: Policy, words: &[AtomicU64; 8]) -> u64 {
+pub(crate) fn effective_rate(lim: Policy, words: &[AtomicU64; 8]) -> u64 {
     let base = lim.rate_pm();
     if lim.is_burst() {
         let s = burst::unpack(words[slot::BURST_STATE].load(Ordering::Relaxed));
@@ -208,7 +208,7 @@ pub fn effective_rate(lim: Policy, words: &[AtomicU64; 8]) -> u64 {
 
 impl Engine {
     /// Empty state (const: lives in a `static`).
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         #[allow(clippy::declare_interior_mutable_const)]
         const D: Dev = Dev::new();
         Engine {
@@ -217,15 +217,16 @@ impl Engine {
         }
     }
 
-    /// The estimate table (tests, benchmarks).
-    pub fn estimator(&self) -> &Estimator {
+    /// The estimate table (tests).
+    #[cfg(test)]
+    pub(crate) fn estimator(&self) -> &Estimator {
         &self.est
     }
 
     /// Admit one launch of `key` on device `dev` under the limit `limit()` (re-read after every sleep, so a
     /// live change applies to a waiting launch). Returns `None` when the limit turned off while waiting (the
     /// caller launches unthrottled). May sleep; never spins.
-    pub fn admit<C: Clock, G: Gpu>(
+    pub(crate) fn admit<C: Clock, G: Gpu>(
         &self,
         dev: usize,
         sh: &Shared<'_>,
@@ -353,7 +354,7 @@ impl Engine {
     /// A launch that is not throttled but must be estimated — a high-priority tenant's, whose queue estimate
     /// best-effort tenants wait for: polls and claims probes as [`Engine::admit`] does and counts the launch's
     /// GPU time, but charges no bucket (the ticket's rate is 0) and never waits.
-    pub fn observe<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, key: u64, now: u64, gpu: &G) -> Ticket {
+    pub(crate) fn observe<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, key: u64, now: u64, gpu: &G) -> Ticket {
         let d = &self.devs[dev];
         if d.probe_claimed.load(Ordering::Relaxed) && now >= d.next_poll_at.load(Ordering::Relaxed) {
             self.poll(dev, sh, now, gpu);
@@ -468,12 +469,12 @@ impl Engine {
     }
 
     /// GPU ns this process still owes `dev`'s buckets (tests, status).
-    pub fn owed(&self, dev: usize) -> u64 {
+    pub(crate) fn owed(&self, dev: usize) -> u64 {
         self.devs[dev].debt.load(Ordering::Relaxed)
     }
 
     /// The launch failed: give back what was charged (and the probe claim).
-    pub fn refund(&self, sh: &Shared<'_>, t: &Ticket) {
+    pub(crate) fn refund(&self, sh: &Shared<'_>, t: &Ticket) {
         let d = &self.devs[t.dev];
         let _ = d
             .calib_charged
@@ -488,7 +489,7 @@ impl Engine {
     }
 
     /// The probe of ticket `t` could not be started: release the claim.
-    pub fn probe_abandon(&self, dev: usize) {
+    pub(crate) fn probe_abandon(&self, dev: usize) {
         self.devs[dev].probe_claimed.store(false, Ordering::Release);
     }
 
@@ -498,7 +499,7 @@ impl Engine {
     /// Never blocks: the only other holder of `outstanding` is a `poll` that found it empty (the claim is ours)
     /// and lets go at once — or, in a forked child, a parent thread that no longer exists. If it is held, the
     /// probe is given up rather than wait (and its claim released, so measurement goes on).
-    pub fn probe_issued(&self, t: &Ticket, handle: u64, now: u64) {
+    pub(crate) fn probe_issued(&self, t: &Ticket, handle: u64, now: u64) {
         let d = &self.devs[t.dev];
         match d.outstanding.try_lock() {
             Some(mut o) => {
@@ -525,7 +526,7 @@ impl Engine {
 
     /// Poll the outstanding probe of `dev`: reconcile it if complete, charge it as it runs while it is not,
     /// charge it conservatively if its events failed. Never blocks (try_lock).
-    pub fn poll<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, gpu: &G) {
+    pub(crate) fn poll<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, gpu: &G) {
         let d = &self.devs[dev];
         let Some(mut guard) = d.outstanding.try_lock() else {
             return;
@@ -608,7 +609,8 @@ impl Engine {
 
     /// A launch of `dev` charged `charged` at `rate` measured at `now`: correct the buckets and the counters by
     /// (measured − charged), refine the estimate.
-    pub fn reconcile(&self, dev: usize, sh: &Shared<'_>, now: u64, t: &Ticket, measured: u64) {
+    #[cfg(test)]
+    pub(crate) fn reconcile(&self, dev: usize, sh: &Shared<'_>, now: u64, t: &Ticket, measured: u64) {
         let measured = measured.min(MAX_MEASURE_NS);
         self.est.record(t.key, measured, now);
         let delta = measured as i64 - t.charged.min(MAX_MEASURE_NS) as i64;
@@ -617,7 +619,7 @@ impl Engine {
 
     /// The context of `dev`'s probe events is about to be destroyed: poll the probe a last time; if it is still
     /// out, its events are not touched again and `context_ended` charges it.
-    pub fn context_ending<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, gpu: &G, poll: bool) {
+    pub(crate) fn context_ending<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, gpu: &G, poll: bool) {
         if poll {
             self.poll(dev, sh, now, gpu);
         }
@@ -633,7 +635,7 @@ impl Engine {
     }
 
     /// The context is gone: a probe that was still out ran at most until now.
-    pub fn context_ended(&self, dev: usize, sh: &Shared<'_>, now: u64) {
+    pub(crate) fn context_ended(&self, dev: usize, sh: &Shared<'_>, now: u64) {
         let d = &self.devs[dev];
         // Waits, as `context_ending`: a probe left marked would hold the device's claim (never measured again).
         let mut g = d.outstanding.lock();
@@ -646,7 +648,7 @@ impl Engine {
     }
 
     /// Is a probe out on `dev`?
-    pub fn probe_out(&self, dev: usize) -> bool {
+    pub(crate) fn probe_out(&self, dev: usize) -> bool {
         self.devs[dev].probe_claimed.load(Ordering::Relaxed)
     }
 
@@ -655,7 +657,7 @@ impl Engine {
     /// is torn down before our exit handler; the simulator then faults) — and what the process owes is paid
     /// into the shared bucket at `rate`: as far as the bucket takes it now plus one maximal charge more. A debt
     /// beyond that (a process that ran over ~20 s beyond its share at exit) dies with the process.
-    pub fn exit(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64) {
+    pub(crate) fn exit(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64) {
         let d = &self.devs[dev];
         if d.probe_claimed.load(Ordering::Relaxed) {
             let still = d.outstanding.lock().take();
@@ -674,7 +676,7 @@ impl Engine {
 
     /// In a forked child: the outstanding probes and the debts are the parent's (it settles and pays them);
     /// forget them.
-    pub fn forget_probes(&self) {
+    pub(crate) fn forget_probes(&self) {
         for d in &self.devs {
             if let Some(mut g) = d.outstanding.try_lock() {
                 *g = None;
@@ -694,7 +696,7 @@ impl Engine {
 
     /// Burst controller: the process and thread that wins the CAS on `SAMPLE_AT` takes this interval's sample and
     /// sets the container's effective rate on the device.
-    pub fn burst_sample<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, lim: Policy, now: u64, gpu: &G) {
+    pub(crate) fn burst_sample<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, lim: Policy, now: u64, gpu: &G) {
         let w = sh.words;
         let last = w[slot::SAMPLE_AT].load(Ordering::Acquire);
         if !sample_due(last, now)

@@ -17,14 +17,14 @@ const PROBE: usize = 4;
 /// Fallback estimate before anything has been measured in this process: 1 ms. Conservative for short kernels
 /// (they are measured and corrected within a few launches) and small enough that a first long kernel does not
 /// make the program wait long.
-pub const DEFAULT_EST_NS: u64 = 1_000_000;
+pub(crate) const DEFAULT_EST_NS: u64 = 1_000_000;
 
 /// A key measured longer ago than this is due for a new measurement (see [`Estimator::due`]).
-pub const STALE_NS: u64 = 32_000_000;
+pub(crate) const STALE_NS: u64 = 32_000_000;
 
 /// Lock-free estimate table.
 #[derive(Debug)]
-pub struct Estimator {
+pub(crate) struct Estimator {
     keys: [AtomicU64; SLOTS],
     vals: [AtomicU64; SLOTS],
     /// Per slot: the time of the key's last measurement << 2 | its number of measurements (saturating at 3).
@@ -35,7 +35,7 @@ pub struct Estimator {
 
 /// Hash the identity of a launch into a non-zero key.
 #[inline]
-pub fn launch_key(func: usize, grid: u64, block: u64) -> u64 {
+pub(crate) fn launch_key(func: usize, grid: u64, block: u64) -> u64 {
     let mut h = (func as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     h ^= grid.wrapping_mul(0xC2B2_AE3D_27D4_EB4F).rotate_left(17);
     h ^= block.wrapping_mul(0x1656_67B1_9E37_79F9).rotate_left(41);
@@ -46,7 +46,7 @@ pub fn launch_key(func: usize, grid: u64, block: u64) -> u64 {
 /// `key` as launched on usage device `dev`: one kernel takes different times on devices of different speed, so
 /// each device has its own estimate (device 0 keeps the key as it is; the key stays non-zero).
 #[inline]
-pub fn on_device(key: u64, dev: usize) -> u64 {
+pub(crate) fn on_device(key: u64, dev: usize) -> u64 {
     key ^ ((dev as u64) << 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
@@ -58,7 +58,7 @@ impl Default for Estimator {
 
 impl Estimator {
     /// An empty table (const so it can live in a `static`).
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         #[allow(clippy::declare_interior_mutable_const)]
         const Z: AtomicU64 = AtomicU64::new(0);
         Estimator {
@@ -75,14 +75,14 @@ impl Estimator {
     }
 
     /// The estimate for `key`, if this key was measured.
-    #[inline]
-    pub fn get(&self, key: u64) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn get(&self, key: u64) -> Option<u64> {
         self.lookup(key).map(|(v, _)| v)
     }
 
     /// The estimate for `key` and its measurement record (for [`Estimator::due`]), if this key was measured.
     #[inline]
-    pub fn lookup(&self, key: u64) -> Option<(u64, u64)> {
+    pub(crate) fn lookup(&self, key: u64) -> Option<(u64, u64)> {
         let h = Self::home(key);
         for i in 0..PROBE {
             let s = (h + i) % SLOTS;
@@ -107,13 +107,13 @@ impl Estimator {
     /// measured again (measured on an H200: cuDNN's conv2d kept its first, lazily loaded, 1.2 ms measurement
     /// of a 156 µs kernel and ran at 8 % of its unlimited rate under a 30 % limit).
     #[inline]
-    pub fn due(meta: u64, now: u64) -> bool {
+    pub(crate) fn due(meta: u64, now: u64) -> bool {
         meta & 3 < 2 || now.saturating_sub(meta >> 2) >= STALE_NS
     }
 
     /// Estimate for a key never measured: the process's average, or `DEFAULT_EST_NS`.
     #[inline]
-    pub fn fallback(&self) -> u64 {
+    pub(crate) fn fallback(&self) -> u64 {
         match self.mean.load(Ordering::Relaxed) {
             0 => DEFAULT_EST_NS,
             m => m,
@@ -123,7 +123,7 @@ impl Estimator {
     /// Degraded mode (no per-launch measurement): `avg`, the average device time of the launches of the last
     /// calibration window, becomes the estimate of launches never measured — at once when it is below half the
     /// current one (the 1 ms default against short kernels), else by 1/4 of the difference.
-    pub fn calibrate(&self, avg: u64) {
+    pub(crate) fn calibrate(&self, avg: u64) {
         let avg = avg.clamp(1, super::bucket::MAX_MEASURE_NS);
         let m = self.fallback();
         let nm = if avg < m / 2 {
@@ -143,7 +143,7 @@ impl Estimator {
     /// its module between the probe's start event and the kernel (tens of ms for a large fat binary) — and
     /// over-charging every launch while 1/4 steps converge cost PyTorch a third of its share at a 30 % limit.
     /// (A long sample is replaced at least as fast as a short one.)
-    pub fn record(&self, key: u64, measured: u64, now: u64) {
+    pub(crate) fn record(&self, key: u64, measured: u64, now: u64) {
         // Clamped: a nonsense measurement (a broken event pair) must neither overflow the averages below nor
         // charge later launches more than the longest single charge.
         let measured = measured.clamp(1, super::bucket::MAX_MEASURE_NS);

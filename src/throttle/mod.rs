@@ -27,15 +27,15 @@
 //! and three counter adds. A high-priority launch adds an estimate and a few atomics on the priority file; a
 //! best-effort one may wait (see `priority`).
 
-pub mod bucket;
-pub mod burst;
-pub mod clock;
-pub mod engine;
-pub mod estimate;
-pub mod priority;
-pub mod probe;
-pub mod stream;
-pub mod util;
+pub(crate) mod bucket;
+pub(crate) mod burst;
+pub(crate) mod clock;
+pub(crate) mod engine;
+pub(crate) mod estimate;
+pub(crate) mod priority;
+pub(crate) mod probe;
+pub(crate) mod stream;
+pub(crate) mod util;
 
 use crate::devices::{Dev, Devices, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
@@ -58,7 +58,7 @@ use stream::StreamDevices;
 use util::Util;
 
 /// The process's throttle: estimates and probe bookkeeping per device, CUDA event probes, NVML utilisation.
-pub struct SmThrottle {
+pub(crate) struct SmThrottle {
     devices: Arc<Devices>,
     engine: Engine,
     probes: Option<EventProbes>,
@@ -106,7 +106,7 @@ impl Gpu for Driver<'_> {
 
 impl SmThrottle {
     /// The throttle of the devices in `devices`, measuring with `cuda`'s events when it has them.
-    pub fn new(devices: Arc<Devices>, cuda: &CudaTable) -> SmThrottle {
+    pub(crate) fn new(devices: Arc<Devices>, cuda: &CudaTable) -> SmThrottle {
         let c = cuda;
         let api = (|| {
             Some(EventApi {
@@ -142,7 +142,7 @@ impl SmThrottle {
     }
 
     /// Ordinal `ord`'s primary context is `ctx` (from its retain).
-    pub fn primary_is(&self, ord: CUdevice, ctx: usize) {
+    pub(crate) fn primary_is(&self, ord: CUdevice, ctx: usize) {
         if let Some(p) = usize::try_from(ord).ok().and_then(|o| self.primary.get(o)) {
             p.store(ctx, Ordering::Relaxed);
         }
@@ -150,7 +150,7 @@ impl SmThrottle {
 
     /// Could any launch be throttled or held for priority right now? (The no-limit fast path.)
     #[inline]
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.devices.launch_limited()
     }
 
@@ -166,7 +166,7 @@ impl SmThrottle {
     /// Throttles one launch on its stream's device: admit (maybe sleeping), measure a sample, call. `stream`: the
     /// stream the launch uses (the NULL stream already resolved to the legacy or per-thread one); `launch` makes
     /// the real call.
-    pub fn launch(
+    pub(crate) fn launch(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -265,7 +265,7 @@ impl SmThrottle {
     }
 
     /// A context was destroyed or a primary context released: its address may come back as another device's.
-    pub fn contexts_changed(&self) {
+    pub(crate) fn contexts_changed(&self) {
         self.streams.contexts_changed();
     }
 
@@ -273,7 +273,13 @@ impl SmThrottle {
     /// were recorded there is polled a last time and otherwise settled by [`SmThrottle::context_ended`]. Returns the
     /// usage devices concerned (for `context_ended`). Nothing to do without a probe out.
     /// `poll`: false when the context may already be gone (its events are then not touched at all).
-    pub fn context_ending(&self, nvml: &Nvml, ctx: Option<usize>, ord: CUdevice, poll: bool) -> Vec<usize> {
+    pub(crate) fn context_ending(
+        &self,
+        nvml: &Nvml,
+        ctx: Option<usize>,
+        ord: CUdevice,
+        poll: bool,
+    ) -> Vec<usize> {
         let Some(probes) = self.probes.as_ref() else {
             return Vec::new();
         };
@@ -301,7 +307,7 @@ impl SmThrottle {
     }
 
     /// The context is gone: charge its probes that were still out up to now.
-    pub fn context_ended(&self, devs: &[usize]) {
+    pub(crate) fn context_ended(&self, devs: &[usize]) {
         let now = monotonic_ns();
         for &i in devs {
             if let Some((d, _)) = self.devices.known().find(|(d, _)| d.id.index() == i) {
@@ -312,7 +318,7 @@ impl SmThrottle {
 
     /// A synchronize returned: the work it waited for is done, so a probe out on its device is polled now
     /// (charged at its measurement) rather than by a later launch that a short-lived process never makes.
-    pub fn synchronized(&self, nvml: &Nvml) {
+    pub(crate) fn synchronized(&self, nvml: &Nvml) {
         if !self.active() {
             return;
         }
@@ -326,7 +332,7 @@ impl SmThrottle {
     }
 
     /// The process exits: each device's probe is settled and its debt paid (see `Engine::exit`).
-    pub fn at_exit(&self) {
+    pub(crate) fn at_exit(&self) {
         for (d, _) in self.devices.known() {
             let i = d.id.index();
             if !self.engine.probe_out(i) && self.engine.owed(i) == 0 {
@@ -415,13 +421,13 @@ impl SmThrottle {
     }
 
     /// The CUDA ordinal a stream's work runs on (its context's device); `None` when the driver cannot say.
-    pub fn stream_device(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
+    pub(crate) fn stream_device(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
         self.target(cuda, stream)
     }
 
     /// Multi-device launch: admit on every device first (in order), then launch once. `parts`: (ordinal, key,
     /// probe stream) per device; an ordinal the driver could not tell is charged as the strictest device.
-    pub fn launch_multi(
+    pub(crate) fn launch_multi(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -456,7 +462,7 @@ impl SmThrottle {
 
     /// Takes the engine's outstanding-probe locks, then the probe slots', then the best-effort tracking slots'
     /// (see `state`'s fork handlers for the order).
-    pub fn fork_prepare(&self) {
+    pub(crate) fn fork_prepare(&self) {
         hold_all(self.engine.locks());
         hold_all(self.probes.iter().flat_map(|p| p.locks()));
         hold_all(self.done.locks());
@@ -466,7 +472,7 @@ impl SmThrottle {
     ///
     /// # Safety
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
-    pub unsafe fn fork_release(&self, side: crate::locks::Side) {
+    pub(crate) unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
         unsafe {
             release_all(self.done.locks(), side);
@@ -485,7 +491,7 @@ impl SmThrottle {
 
 /// Key of a kernel launch (function, grid, block).
 #[inline]
-pub fn kernel_key(f: *mut c_void, grid: [u32; 3], block: [u32; 3]) -> u64 {
+pub(crate) fn kernel_key(f: *mut c_void, grid: [u32; 3], block: [u32; 3]) -> u64 {
     let g = grid.iter().map(|&x| x as u64).product::<u64>();
     let b = block.iter().map(|&x| x as u64).product::<u64>();
     launch_key(f as usize, g, b)

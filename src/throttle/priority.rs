@@ -30,22 +30,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// queued. Long, because a best-effort queue left deep while it was away is what its next request would wait
 /// for (a kernel cannot be taken back); one kernel at a time costs a best-effort tenant with kernels of a
 /// millisecond or more a few percent of its throughput.
-pub const PRESENT_NS: u64 = 10_000_000_000;
+pub(crate) const PRESENT_NS: u64 = 10_000_000_000;
 /// A best-effort kernel does not start within this of a high-priority launch (the host may still be issuing
 /// the burst, one kernel at a time).
-pub const QUIET_NS: u64 = 200_000;
+pub(crate) const QUIET_NS: u64 = 200_000;
 /// Longest single sleep of a waiting best-effort launch before it looks again.
-pub const MAX_STEP_NS: u64 = 2_000_000;
+pub(crate) const MAX_STEP_NS: u64 = 2_000_000;
 /// How often a launch waiting for another process's token looks again.
-pub const TOKEN_POLL_NS: u64 = 200_000;
+pub(crate) const TOKEN_POLL_NS: u64 = 200_000;
 /// How long a token is held when this process has not yet seen one of its kernels complete.
-pub const FIRST_HOLD_NS: u64 = 1_000_000_000;
+pub(crate) const FIRST_HOLD_NS: u64 = 1_000_000_000;
 /// Bounds of a hold learned from this process's kernels (4 × the last one + 5 ms).
-pub const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
+pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 
 /// What a best-effort launch may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gate {
+pub(crate) enum Gate {
     /// No high-priority tenant present: launch freely.
     Free,
     /// Launch holding the token `value` (track the kernel's completion, or give the token back if the launch
@@ -59,7 +59,7 @@ pub enum Gate {
 }
 
 /// This process's last best-effort kernel per device: did it complete?
-pub trait Tracker {
+pub(crate) trait Tracker {
     /// Waits until this process's tracked kernel on `dev` (if any) has completed and returns its token.
     fn wait_done(&self, dev: usize) -> Option<u64>;
     /// Its token, if the tracked kernel has completed (never waits).
@@ -69,7 +69,7 @@ pub trait Tracker {
 }
 
 /// Per-process priority state: the high-priority queue estimate per device (usage device index).
-pub struct Priorities {
+pub(crate) struct Priorities {
     tails: [AtomicU64; MAX_DEVICES],
 }
 
@@ -85,7 +85,7 @@ impl Priorities {
     /// A high-priority launch on `dev` at `now` estimated to take `est_ns`: publish the launch and the end of
     /// this process's queue (work it queued before plus this launch). Two atomic updates and two stores.
     #[inline]
-    pub fn hp_launch(&self, e: PriorityEntry<'_>, dev: usize, now: u64, est_ns: u64) {
+    pub(crate) fn hp_launch(&self, e: PriorityEntry<'_>, dev: usize, now: u64, est_ns: u64) {
         let mut end = 0;
         let _ = self.tails[dev].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
             end = t.max(now).saturating_add(est_ns);
@@ -96,7 +96,7 @@ impl Priorities {
 
     /// The hold a token taken now gets: long until this process has seen one of its kernels complete, then
     /// 4 × the last one + 5 ms (bounded).
-    pub fn hold_ns(last_ns: u64) -> u64 {
+    pub(crate) fn hold_ns(last_ns: u64) -> u64 {
         if last_ns == 0 {
             FIRST_HOLD_NS
         } else {
@@ -110,7 +110,7 @@ impl Priorities {
     /// Admits a best-effort launch on `dev` (may sleep; never spins): free while no high-priority tenant is
     /// present; else once this process's previous kernel has completed, the high-priority queue is empty and
     /// quiet, and the token is ours.
-    pub fn be_admit<C: Clock, T: Tracker>(
+    pub(crate) fn be_admit<C: Clock, T: Tracker>(
         &self,
         e: PriorityEntry<'_>,
         dev: usize,
@@ -156,7 +156,7 @@ impl Priorities {
 
 /// [`Tracker`] with CUDA events: after a best-effort launch under the token, an event (blocking-sync, no
 /// timing) is recorded on its stream; waiting for it sleeps in the driver.
-pub struct Completions {
+pub(crate) struct Completions {
     api: Option<EventApi>,
     slots: [Lock<BeSlot>; MAX_DEVICES],
     last: [AtomicU64; MAX_DEVICES],
@@ -173,7 +173,7 @@ pub(crate) struct BeSlot {
 
 impl Completions {
     /// Tracking over `api` (`None`: no events, tokens are held until they expire).
-    pub fn new(api: Option<EventApi>) -> Completions {
+    pub(crate) fn new(api: Option<EventApi>) -> Completions {
         Completions {
             api,
             slots: std::array::from_fn(|_| Lock::new(BeSlot::default())),
@@ -183,7 +183,7 @@ impl Completions {
 
     /// After a launch under the token `token` on `stream`: record the event that says when it completed.
     /// False when that failed (the token is then held until it expires).
-    pub fn track(&self, dev: usize, stream: usize, token: u64, now: u64) -> bool {
+    pub(crate) fn track(&self, dev: usize, stream: usize, token: u64, now: u64) -> bool {
         let Some(api) = self.api.as_ref() else {
             return false;
         };

@@ -21,9 +21,9 @@ use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Consecutive refusals of the event calls on a device after which it counts as unmeasurable.
-pub const FAILS_TO_DEGRADE: u32 = 3;
+pub(crate) const FAILS_TO_DEGRADE: u32 = 3;
 /// How often an unmeasurable device tries events again (one probe).
-pub const RETRY_NS: u64 = 1_000_000_000;
+pub(crate) const RETRY_NS: u64 = 1_000_000_000;
 
 type CuResult = CUresult;
 const CUDA_SUCCESS: CuResult = CUresult::SUCCESS;
@@ -32,7 +32,7 @@ const CUDA_ERROR_NOT_READY: CuResult = CUresult::ERROR_NOT_READY;
 /// The driver functions a probe needs.
 #[allow(non_snake_case, missing_docs)]
 #[derive(Clone, Copy, Debug)]
-pub struct EventApi {
+pub(crate) struct EventApi {
     pub cuEventCreate: unsafe extern "C" fn(*mut CUevent, c_uint) -> CuResult,
     pub cuEventDestroy: unsafe extern "C" fn(CUevent) -> CuResult,
     pub cuEventRecord: unsafe extern "C" fn(CUevent, CUstream) -> CuResult,
@@ -53,7 +53,7 @@ pub(crate) struct Slot {
 }
 
 /// Event-based probes, one slot per device.
-pub struct EventProbes {
+pub(crate) struct EventProbes {
     api: EventApi,
     slots: [Lock<Option<Slot>>; MAX_DEVICES],
     /// Consecutive refusals of the event calls, per device.
@@ -70,7 +70,7 @@ impl std::fmt::Debug for EventProbes {
 
 impl EventProbes {
     /// Probes over `api`.
-    pub fn new(api: EventApi) -> Self {
+    pub(crate) fn new(api: EventApi) -> Self {
         EventProbes {
             api,
             slots: std::array::from_fn(|_| Lock::new(None)),
@@ -81,7 +81,7 @@ impl EventProbes {
 
     /// Can launches on `dev` be measured with events at `now`? False after `FAILS_TO_DEGRADE` refusals in a row;
     /// true again for one try every `RETRY_NS` (the next probe's outcome decides).
-    pub fn usable(&self, dev: usize, now: u64) -> bool {
+    pub(crate) fn usable(&self, dev: usize, now: u64) -> bool {
         let (Some(f), Some(r)) = (self.fails.get(dev), self.retry_at.get(dev)) else {
             return false;
         };
@@ -120,11 +120,6 @@ impl EventProbes {
                 f.store(0, Ordering::Relaxed);
             }
         }
-    }
-
-    /// The driver functions in use.
-    pub fn api(&self) -> &EventApi {
-        &self.api
     }
 
     fn stream_ctx(&self, stream: usize) -> Option<usize> {
@@ -178,7 +173,7 @@ impl EventProbes {
 
 impl EventProbes {
     /// Records the start event of a probe on `stream` (see `engine::Gpu`); 0 = could not.
-    pub fn probe_begin(&self, dev: usize, stream: usize) -> u64 {
+    pub(crate) fn probe_begin(&self, dev: usize, stream: usize) -> u64 {
         let Some(ctx) = self.stream_ctx(stream) else {
             return 0;
         };
@@ -227,7 +222,7 @@ impl EventProbes {
     }
 
     /// Records the end event of probe `p` on `stream`; false if that failed.
-    pub fn probe_end(&self, p: u64, stream: usize) -> bool {
+    pub(crate) fn probe_end(&self, p: u64, stream: usize) -> bool {
         let Some(g) = self.slot(p).and_then(|s| s.try_lock()) else {
             return false;
         };
@@ -242,7 +237,7 @@ impl EventProbes {
     }
 
     /// Has probe `p` completed?
-    pub fn probe_poll(&self, p: u64) -> Poll {
+    pub(crate) fn probe_poll(&self, p: u64) -> Poll {
         let Some(slot) = self.slot(p) else {
             return Poll::Failed;
         };
@@ -273,7 +268,7 @@ impl EventProbes {
     }
 
     /// Has probe `p`'s launch started (its start event completed)? None = cannot tell.
-    pub fn probe_started(&self, p: u64) -> Option<bool> {
+    pub(crate) fn probe_started(&self, p: u64) -> Option<bool> {
         let g = self.slot(p)?.try_lock()?;
         let s = g.as_ref()?;
         // SAFETY: our event, in a live context (a slot whose context is destroyed is forgotten first).
@@ -287,7 +282,7 @@ impl EventProbes {
     /// Context `ctx` is about to be destroyed: the devices whose probe events live there, forgotten so that
     /// nothing touches them again (the context frees them). Waits for a slot held by a launch or a poll (held
     /// briefly, never while waiting for another lock): a skipped slot would later touch a dead context.
-    pub fn forget_context(&self, ctx: usize) -> Vec<usize> {
+    pub(crate) fn forget_context(&self, ctx: usize) -> Vec<usize> {
         let mut out = Vec::new();
         for (i, slot) in self.slots.iter().enumerate() {
             if slot.lock().as_ref().is_some_and(|s| s.ctx == ctx) {
@@ -298,14 +293,14 @@ impl EventProbes {
     }
 
     /// Drops device `dev`'s events (their context is gone).
-    pub fn forget(&self, dev: usize) {
+    pub(crate) fn forget(&self, dev: usize) {
         if let Some(s) = self.slots.get(dev) {
             *s.lock() = None;
         }
     }
 
     /// In a forked child: the event slots are the parent's (its contexts); forget them.
-    pub fn forget_all(&self) {
+    pub(crate) fn forget_all(&self) {
         for s in &self.slots {
             if let Some(mut g) = s.try_lock() {
                 *g = None;

@@ -22,7 +22,7 @@ struct Slot {
 
 /// Context → device, lock-free: lookups read one slot; a writer that finds the slot busy skips the insert.
 #[derive(Default)]
-pub struct StreamDevices {
+pub(crate) struct StreamDevices {
     slots: [Slot; SLOTS],
     /// Bumped when a context goes away: entries of an older generation are ignored.
     generation: AtomicU32,
@@ -35,7 +35,7 @@ fn slot_of(ctx: usize) -> usize {
 impl StreamDevices {
     /// The CUDA ordinal `stream`'s work runs on; `None` when the driver cannot say (the launch is then charged
     /// as the strictest device: see `SmThrottle::launch`).
-    pub fn device_of(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
+    pub(crate) fn device_of(&self, cuda: &CudaTable, stream: usize) -> Option<CUdevice> {
         let mut d: CUdevice = -1;
         if stream == 0 || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD {
             // SAFETY: valid out-pointer.
@@ -62,7 +62,7 @@ impl StreamDevices {
     }
 
     /// Forgets every context (called after a context is destroyed or a primary context released).
-    pub fn contexts_changed(&self) {
+    pub(crate) fn contexts_changed(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 

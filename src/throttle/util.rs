@@ -13,7 +13,7 @@ use std::ffi::{c_uint, c_void};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Per usage-device entry: NVML's handle and the time of the previous sample. Atomics only, no lock.
-pub struct Util {
+pub(crate) struct Util {
     /// NVML handle (0 = not looked up yet, 1 = unavailable).
     handles: [AtomicUsize; MAX_DEVICES],
     /// CLOCK_REALTIME µs of the previous sample.
@@ -64,7 +64,7 @@ impl Util {
 
     /// Per-mille of usage entry `entry`'s device that processes outside this container used since the previous
     /// call for it (about `burst::SAMPLE_NS`); `None` when NVML cannot tell.
-    pub fn others_pm(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+    pub(crate) fn others_pm(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
         let t = nvml.ready()?;
         let h = self.handle(nvml, devices, entry)?;
         let now = realtime_us();
@@ -99,7 +99,7 @@ impl Util {
     /// Device time (ns) this process used on usage entry `entry`'s device since the previous call, from NVML's
     /// per-process utilisation (its samples for our pid, or the host pid NVML knows us by); `None` on the first
     /// call (the baseline) or when NVML cannot tell.
-    pub fn own_busy_ns(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+    pub(crate) fn own_busy_ns(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
         let t = nvml.ready()?;
         let h = self.handle(nvml, devices, entry)?;
         let now = realtime_us();

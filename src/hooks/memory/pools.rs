@@ -31,7 +31,7 @@ fn stream_device(s: &Shim, stream: CUstream, ds: DefaultStream) -> Option<Dev> {
 ///
 /// # Safety
 /// `dptr` as the driver's contract says (written on success).
-pub unsafe fn alloc_async(
+pub(crate) unsafe fn alloc_async(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     dptr: *mut CUdeviceptr,
@@ -93,7 +93,7 @@ fn pool_owner(s: &Shim, pool: CUmemoryPool) -> Option<Dev> {
 ///
 /// # Safety
 /// `pool`, `poolProps` as the driver's contract says.
-pub unsafe fn pool_create(
+pub(crate) unsafe fn pool_create(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     pool: *mut CUmemoryPool,
@@ -115,7 +115,7 @@ pub unsafe fn pool_create(
 }
 
 /// `cuMemPoolTrimTo`: re-reads the pool's reserved size afterwards.
-pub fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
+pub(crate) fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
     let r = call();
     if r.ok() {
         s.mem.refresh_pool(&s.cuda, pool as usize);
@@ -125,7 +125,7 @@ pub fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) 
 
 /// `cuMemPoolDestroy`: gives the pool's charge back, or, while allocations of it are still out (cuda.h keeps
 /// them valid and the pool's resources until the last is freed), when the last of them is freed.
-pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
+pub(crate) fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
     // Its reserve as it is now: memory the destroyed pool may hold until frees run in stream order.
     s.mem.refresh_pool(&s.cuda, pool as usize);
     let r = call();
@@ -138,7 +138,7 @@ pub fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPoo
 /// `cuCtxSynchronize` (`ctx` = `None`: the current context) and `cuCtxSynchronize_v2`: once it returns, every
 /// free enqueued on the context's device before it started has run, so destroyed pools waiting on such frees
 /// give their charge back.
-pub fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Option<CUcontext>) -> CUresult {
+pub(crate) fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Option<CUcontext>) -> CUresult {
     let call = || synced(s, call());
     let Some(start) = s.mem.sync_starts() else {
         return call();
@@ -171,7 +171,7 @@ pub fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Option<CU
 
 /// `cuStreamSynchronize` (+ `_ptsz`): once it returns, the frees enqueued on the stream before it started have
 /// run (destroyed pools waiting on them only: see `ctx_synchronize`).
-pub fn stream_synchronize(
+pub(crate) fn stream_synchronize(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     stream: CUstream,
@@ -203,7 +203,7 @@ fn synced(s: &Shim, r: CUresult) -> CUresult {
 ///
 /// # Safety
 /// `data` as the driver's contract says (written on success).
-pub unsafe fn pool_export_pointer(
+pub(crate) unsafe fn pool_export_pointer(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     data: *mut CUmemPoolPtrExportData,
@@ -217,7 +217,7 @@ pub unsafe fn pool_export_pointer(
 ///
 /// # Safety
 /// `ptr_out`, `data` as the driver's contract says.
-pub unsafe fn pool_import_pointer(
+pub(crate) unsafe fn pool_import_pointer(
     s: &Shim,
     real: impl Fn(*mut CUdeviceptr, CUmemoryPool, *mut CUmemPoolPtrExportData) -> CUresult,
     ptr_out: *mut CUdeviceptr,

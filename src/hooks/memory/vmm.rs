@@ -13,7 +13,7 @@ use std::ffi::{c_int, c_uint, c_void};
 ///
 /// # Safety
 /// `handle`, `prop` as the driver's contract says.
-pub unsafe fn vmm_create(
+pub(crate) unsafe fn vmm_create(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
@@ -38,7 +38,7 @@ pub unsafe fn vmm_create(
 
 /// `cuMemRelease`: one reference fewer; the charge goes with the last one of an unmapped allocation (a
 /// multicast object's bindings with its own).
-pub fn vmm_release(
+pub(crate) fn vmm_release(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     handle: CUmemGenericAllocationHandle,
@@ -50,7 +50,7 @@ pub fn vmm_release(
 ///
 /// # Safety
 /// `handle` as the driver's contract says.
-pub unsafe fn vmm_retain(
+pub(crate) unsafe fn vmm_retain(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
@@ -65,7 +65,7 @@ pub unsafe fn vmm_retain(
 
 /// `cuMemMap`: a mapping keeps its allocation (and its charge) alive. The first mapping of memory imported from
 /// another container charges its size to this process (no size is known before: fail closed from here on).
-pub fn vmm_map(
+pub(crate) fn vmm_map(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     ptr: CUdeviceptr,
@@ -104,7 +104,7 @@ unsafe fn shareable_key(shareable: *const c_void, handle_type: c_uint) -> Option
 ///
 /// # Safety
 /// `shareable` as the driver's contract says (written on success: an `int` descriptor, a `CUmemFabricHandle`).
-pub unsafe fn vmm_export(
+pub(crate) unsafe fn vmm_export(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     shareable: *mut c_void,
@@ -129,7 +129,7 @@ pub unsafe fn vmm_export(
 ///
 /// # Safety
 /// `handle`, `os_handle` as the driver's contract says (the handle written on success).
-pub unsafe fn vmm_import(
+pub(crate) unsafe fn vmm_import(
     s: &Shim,
     real: impl Fn(*mut CUmemGenericAllocationHandle, *mut c_void, c_uint) -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
@@ -160,7 +160,12 @@ pub unsafe fn vmm_import(
 }
 
 /// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
-pub fn vmm_unmap(s: &Shim, call: impl FnOnce() -> CUresult, ptr: CUdeviceptr, size: usize) -> CUresult {
+pub(crate) fn vmm_unmap(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    ptr: CUdeviceptr,
+    size: usize,
+) -> CUresult {
     s.mem.vmm_unmap(&s.cuda, ptr, size as u64, call)
 }
 
@@ -184,7 +189,7 @@ const MAX_MAP_ENTRIES: c_uint = 1 << 16;
 ///
 /// # Safety
 /// `list` holds `count` entries, as the driver's contract says.
-pub unsafe fn map_array_async(
+pub(crate) unsafe fn map_array_async(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     list: *mut CUarrayMapInfo,
@@ -227,7 +232,7 @@ fn multicast_key(mc: CUmemGenericAllocationHandle, dev: CUdevice, mc_offset: usi
 ///
 /// # Safety
 /// `mc` as the driver's contract says (written on success).
-pub unsafe fn multicast_create(
+pub(crate) unsafe fn multicast_create(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     mc: *mut CUmemGenericAllocationHandle,
@@ -242,7 +247,7 @@ pub unsafe fn multicast_create(
 
 /// `cuMulticastBindMem` (`mem`) and `cuMulticastBindAddr` (the handle this process mapped at `memptr`): the
 /// bound memory stays charged while bound, its handle released or not.
-pub fn multicast_bind(
+pub(crate) fn multicast_bind(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     mc: CUmemGenericAllocationHandle,
@@ -257,7 +262,7 @@ pub fn multicast_bind(
 
 /// `cuMulticastUnbind`: the binding of `dev`'s memory at exactly (`mc_offset`, `size`) lets go (cuda.h: they
 /// must match the bind's; the driver unbinds nothing else).
-pub fn multicast_unbind(
+pub(crate) fn multicast_unbind(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     mc: CUmemGenericAllocationHandle,
