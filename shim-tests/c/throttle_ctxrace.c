@@ -10,6 +10,7 @@
  *   throttle_ctxrace WEDGE_S SECONDS KERNEL_NS
  * Output: pid, t0_ns, end_ns (phase 2), launches (phase 2), destroys. */
 #include <cuda.h>
+#include "cq_kernel.h"
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,19 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        CUresult r_ = (x);                                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                                 \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, (int)r_);                                 \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 static CUcontext prim;
 static CUfunction tiny;

@@ -21,6 +21,7 @@
  * waiting for the queued kernels (the timeline keeps them).
  */
 #include <cuda.h>
+#include "cq_kernel.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,20 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        CUresult r_ = (x);                                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                                 \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, (int)r_);                                 \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 static char image[128];
 static int sms;

@@ -7,6 +7,7 @@
  *   throttle_oneshot child KERNEL_NS
  * Output of the parent: pid, t0_ns, end_ns, launches (children). */
 #include <cuda.h>
+#include "cq_kernel.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,35 +16,14 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        CUresult r_ = (x);                                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                                 \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, (int)r_);                                 \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc >= 3 && !strcmp(argv[1], "child")) {
         char image[128];
         snprintf(image, sizeof image, "CUDASIM-MODULE 1\nkernel k %s\n", argv[2]);
-        CK(cuInit(0));
-        CUdevice d;
-        CK(cuDeviceGet(&d, 0));
         int sms;
-        CK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d));
-        CUcontext c;
-        CK(cuDevicePrimaryCtxRetain(&c, d));
-        CK(cuCtxSetCurrent(c));
-        CUmodule m;
+        CUmodule m = cq_primary_module(image, &sms);
         CUfunction f;
-        CK(cuModuleLoadData(&m, image));
         CK(cuModuleGetFunction(&f, m, "k"));
         CK(cuLaunchKernel(f, (unsigned)sms, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
         CK(cuCtxSynchronize());

@@ -7,6 +7,7 @@
  *   throttle_primary MODE SECONDS KERNEL_NS
  * Output: pid, t0_ns, end_ns, launches. */
 #include <cuda.h>
+#include "cq_kernel.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,19 +15,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        CUresult r_ = (x);                                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                                 \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, (int)r_);                                 \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 4) return 2;

@@ -5,6 +5,7 @@
  *   throttle_shapes SECONDS KERNEL_NS
  * Output: pid, t0_ns, end_ns, launches. */
 #include <cuda.h>
+#include "cq_kernel.h"
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,36 +13,15 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        CUresult r_ = (x);                                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                                 \
-            fprintf(stderr, "%s:%d: %s = %d\n", __FILE__, __LINE__, #x, (int)r_);                                 \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     double secs = atof(argv[1]);
     char image[128];
     snprintf(image, sizeof image, "CUDASIM-MODULE 1\nkernel k %s\n", argv[2]);
-    CK(cuInit(0));
-    CUdevice d;
-    CK(cuDeviceGet(&d, 0));
     int sms;
-    CK(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d));
-    CUcontext c;
-    CK(cuDevicePrimaryCtxRetain(&c, d));
-    CK(cuCtxSetCurrent(c));
-    CUmodule m;
+    CUmodule m = cq_primary_module(image, &sms);
     CUfunction f;
-    CK(cuModuleLoadData(&m, image));
     CK(cuModuleGetFunction(&f, m, "k"));
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)(secs * 1e9);
     unsigned long n = 0;
