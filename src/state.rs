@@ -28,6 +28,7 @@ use cuquota_core::{Config, LogLevel, UsageRegion};
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// Our export's address for a name, if we export it (`abi::cuda::export_address`).
@@ -91,9 +92,21 @@ pub(crate) enum Entry<T: 'static> {
 
 static PROCESS: OnceLock<Process> = OnceLock::new();
 
+/// The active state with CUDA loaded, once initialised: what every hooked CUDA call needs, in one load.
+static ACTIVE_CUDA: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
+
 /// The process state, initialising it on first call.
 pub(crate) fn process(exports: Exports) -> &'static Process {
-    PROCESS.get_or_init(|| init(exports))
+    PROCESS.get_or_init(|| {
+        let p = init(exports);
+        if let Process::Active(s) = &p {
+            if s.cuda.loaded {
+                // The box never moves: it lives in `PROCESS` for the rest of the process.
+                ACTIVE_CUDA.store(&**s as *const Shim as *mut Shim, Ordering::Release);
+            }
+        }
+        p
+    })
 }
 
 /// The process state if already initialised (for fork handlers: never initialises).
@@ -104,6 +117,17 @@ pub(crate) fn process_if_ready() -> Option<&'static Process> {
 /// How a CUDA export proceeds.
 #[inline]
 pub(crate) fn cuda_entry(exports: Exports) -> Result<Entry<CudaTable>, CUresult> {
+    let active = ACTIVE_CUDA.load(Ordering::Acquire);
+    if !active.is_null() {
+        // SAFETY: set once from the `Shim` boxed in `PROCESS`, which is never dropped or moved.
+        return Ok(Entry::Active(unsafe { &*active }));
+    }
+    cuda_entry_slow(exports)
+}
+
+#[cold]
+#[inline(never)]
+fn cuda_entry_slow(exports: Exports) -> Result<Entry<CudaTable>, CUresult> {
     match process(exports) {
         Process::Active(s) if s.cuda.loaded => Ok(Entry::Active(s)),
         Process::Active(_) => Err(CUresult::ERROR_NOT_INITIALIZED),

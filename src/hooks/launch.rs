@@ -53,29 +53,17 @@ pub(crate) fn kernel(
     } else {
         None
     };
-    let r = throttled(s, call, f, grid, block, stream, ds);
+    let r = if s.throttle.active() {
+        let key = kernel_key(f, grid, block);
+        s.throttle
+            .launch(&s.cuda, &s.nvml, key, probe_stream(stream, ds), call)
+    } else {
+        call()
+    };
     if let Some(c) = first {
         super::context::first_launch_done(s, c, r);
     }
     r
-}
-
-#[inline]
-fn throttled(
-    s: &Shim,
-    call: impl FnOnce() -> CUresult,
-    f: CUfunction,
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    stream: CUstream,
-    ds: DefaultStream,
-) -> CUresult {
-    if !s.throttle.active() {
-        return call();
-    }
-    let key = kernel_key(f, grid, block);
-    s.throttle
-        .launch(&s.cuda, &s.nvml, key, probe_stream(stream, ds), call)
 }
 
 /// Legacy `cuLaunchGrid` (legacy NULL stream) and `cuLaunchGridAsync`.

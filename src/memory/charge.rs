@@ -57,8 +57,11 @@ impl Charge<'_> {
 }
 
 impl Drop for Charge<'_> {
+    #[inline]
     fn drop(&mut self) {
-        self.mem.release(self.dev, self.bytes);
+        if self.bytes != 0 {
+            self.mem.release(self.dev, self.bytes);
+        }
     }
 }
 

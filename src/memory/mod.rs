@@ -4,10 +4,9 @@
 //! their limits come from `crate::devices`.
 //!
 //! Hot path of an allocation: one `cuCtxGetDevice` (none with a single visible device), one atomic load per
-//! limits file (did it change?), the usage file's header checked before and after the charge (a few loads: a
-//! file another process truncated, zeroed or overwrote fails closed), the region's lock-free reserve-then-sum,
-//! one ledger shard lock. No syscall, no
-//! allocation beyond the ledger's pre-sized map. Slow paths (first use of a device, a limits-file change, a
+//! limits file (did it change?), the region's lock-free reserve-then-sum, the usage file's header checked after
+//! the charge (a few loads: a file another process truncated, zeroed or overwrote fails closed, the charge taken
+//! back), one compare-and-swap in the ledger's lock-free table. No lock, no syscall, no allocation. Slow paths (first use of a device, a limits-file change, a
 //! refused admission) may read files.
 
 pub(crate) mod charge;
@@ -211,7 +210,6 @@ impl Memory {
     /// The container-cap part of [`Memory::admit`]: the container's usage of `dev` after the charge (0 without
     /// a limit).
     fn charge_cap(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> Result<u64, OverCap> {
-        self.shared_ok(limit)?;
         let slot = match self.usage().process_slot() {
             Ok(s) => s,
             Err(e) => {
@@ -226,7 +224,9 @@ impl Memory {
                 + self.overhead[id.index()].load(Ordering::Relaxed)
         });
         match self.usage().charge(slot, dev.id, bytes, limit) {
-            // The charge itself may be what faulted on a truncated file (its zero pages admit anything).
+            // Checked once, after the charge: a file truncated, zeroed or replaced before it or while it ran
+            // (the charge itself may be what faulted: a truncated file's zero pages admit anything) is refused
+            // here, and the charge taken back.
             Ok(_) if self.shared_ok(limit).is_err() => {
                 self.usage().uncharge(slot, dev.id, bytes);
                 Err(OverCap)

@@ -24,6 +24,7 @@ use crate::ffi::cuda::CUresult;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
+use std::cell::Cell;
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -56,6 +57,26 @@ pub(crate) enum Use {
 
 type Seen = HashSet<(Use, usize, usize), BuildHasherDefault<super::ledger::KeyHasher>>;
 
+/// A seen-set answer a thread keeps: `(how, h, ctx)` was in the set of the `FirstUse` whose generation is
+/// `generation`. Generations come from one process-wide counter, so no two sets (or epochs of one set) share one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Cached {
+    how: Use,
+    h: usize,
+    ctx: usize,
+    generation: u64,
+}
+
+const CACHE_WAYS: usize = 16;
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Each thread's direct-mapped cache of seen-set hits (generation 0 never matches).
+    static SEEN_CACHE: [Cell<Cached>; CACHE_WAYS] = const {
+        [const { Cell::new(Cached { how: Use::Lookup, h: 0, ctx: 0, generation: 0 }) }; CACHE_WAYS]
+    };
+}
+
 /// Shards of the seen set (a launch takes one shard's lock, never a process-wide one).
 const SHARDS: usize = 16;
 
@@ -65,6 +86,8 @@ const SHARDS: usize = 16;
 pub(crate) struct FirstUse {
     /// A module or library was loaded: first uses may take memory from now on.
     armed: AtomicBool,
+    /// This set's generation, new whenever something is removed: threads' cached answers carry it.
+    generation: AtomicU64,
     /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
     seen: [Lock<Seen>; SHARDS],
     /// The refusal for want of this process in NVML's list was logged.
@@ -78,6 +101,7 @@ impl Default for FirstUse {
     fn default() -> Self {
         FirstUse {
             armed: AtomicBool::new(false),
+            generation: AtomicU64::new(GENERATIONS.fetch_add(1, Ordering::Relaxed)),
             unlisted_said: AtomicBool::new(false),
             seen: std::array::from_fn(|_| Lock::default()),
             excess: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -103,10 +127,39 @@ impl FirstUse {
         &self.seen[(k >> 60) % SHARDS]
     }
 
-    /// Whether `h` was used as `how` in context `ctx` already.
+    /// Whether `h` was used as `how` in context `ctx` already. Every launch under a memory cap asks: answered
+    /// from the thread's own cache of what the set held in this generation when it can be, else from the set.
     #[inline]
     pub(crate) fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
-        self.shard(h, ctx).lock().contains(&(how, h, ctx))
+        // Read before the set: a forget that removes after this load also bumps after it (see `forgotten`).
+        let generation = self.generation.load(Ordering::Acquire);
+        let i = ((h ^ ctx.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) % CACHE_WAYS;
+        let want = Cached {
+            how,
+            h,
+            ctx,
+            generation,
+        };
+        if SEEN_CACHE.with(|c| c[i].get() == want) {
+            return true;
+        }
+        self.seen_slow(want, i)
+    }
+
+    #[inline(never)]
+    fn seen_slow(&self, want: Cached, i: usize) -> bool {
+        let Cached { how, h, ctx, .. } = want;
+        let seen = self.shard(h, ctx).lock().contains(&(how, h, ctx));
+        if seen {
+            SEEN_CACHE.with(|c| c[i].set(want));
+        }
+        seen
+    }
+
+    /// Something was removed from the set: every thread's cached answers are void (after the removal).
+    fn forgotten(&self) {
+        self.generation
+            .store(GENERATIONS.fetch_add(1, Ordering::Relaxed), Ordering::Release);
     }
 
     /// Records `h` used as `how` in context `ctx`; true when it was not before.
@@ -120,6 +173,7 @@ impl FirstUse {
         for s in self.seen.iter() {
             s.lock().retain(|&(u, x, _)| !(u == how && x == h));
         }
+        self.forgotten();
     }
 
     /// Forgets every handle (a module or library was unloaded: its handles' addresses may be reused by code
@@ -128,6 +182,7 @@ impl FirstUse {
         for s in self.seen.iter() {
             s.lock().clear();
         }
+        self.forgotten();
     }
 
     pub(super) fn set_excess(&self, dev: Dev, bytes: u64) {
@@ -344,6 +399,43 @@ pub(crate) struct FirstUseCall {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_forgotten_handle_is_not_seen_from_any_threads_cache() {
+        let f = FirstUse::default();
+        let other = FirstUse::default();
+        assert!(f.first(Use::Launch, 0x1000, 7));
+        assert!(f.seen(Use::Launch, 0x1000, 7));
+        assert!(f.seen(Use::Launch, 0x1000, 7), "a cached hit");
+        assert!(!f.seen(Use::Launch, 0x1000, 8), "another context");
+        assert!(!f.seen(Use::Graph, 0x1000, 7), "another use");
+        assert!(!other.seen(Use::Launch, 0x1000, 7), "another set");
+        std::thread::scope(|sc| {
+            let (ask, answer) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel());
+            let f = &f;
+            sc.spawn(move || {
+                for _ in 0..3 {
+                    answer.0.send(f.seen(Use::Launch, 0x1000, 7)).unwrap();
+                    ask.1.recv().unwrap();
+                }
+                answer.0.send(f.seen(Use::Launch, 0x1000, 7)).unwrap();
+            });
+            assert!(answer.1.recv().unwrap(), "the thread caches it");
+            f.forget(Use::Launch, 0x1000);
+            ask.0.send(()).unwrap();
+            assert!(
+                !answer.1.recv().unwrap(),
+                "forgotten, though the thread had it cached"
+            );
+            assert!(f.first(Use::Launch, 0x1000, 7));
+            ask.0.send(()).unwrap();
+            assert!(answer.1.recv().unwrap(), "seen again, cached again");
+            f.forget_all();
+            ask.0.send(()).unwrap();
+            assert!(!answer.1.recv().unwrap(), "forgotten by forget_all");
+        });
+        assert!(!f.seen(Use::Launch, 0x1000, 7));
+    }
 
     #[test]
     fn margin_is_a_tenth_or_256_mib() {

@@ -121,10 +121,16 @@ impl SharedMem {
     }
 
     /// The allocation at `p` is being freed: its export, if any.
+    #[inline]
     pub(crate) fn take_export(&self, p: u64) -> Option<Export> {
         if !self.any_export.load(Ordering::Acquire) {
             return None;
         }
+        self.take_export_slow(p)
+    }
+
+    #[inline(never)]
+    fn take_export_slow(&self, p: u64) -> Option<Export> {
         self.table.lock().exports.remove(&p)
     }
 
@@ -146,8 +152,14 @@ impl SharedMem {
     }
 
     /// Whether `p` is an address this process imported (freed by `cuMemFree` for pool imports).
+    #[inline]
     pub(crate) fn imported(&self, p: u64) -> bool {
-        self.any_import.load(Ordering::Acquire) && self.table.lock().imports.contains_key(&p)
+        self.any_import.load(Ordering::Acquire) && self.imported_slow(p)
+    }
+
+    #[inline(never)]
+    fn imported_slow(&self, p: u64) -> bool {
+        self.table.lock().imports.contains_key(&p)
     }
 
     /// `cuIpcCloseMemHandle(p)` succeeded.
