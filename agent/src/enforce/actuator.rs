@@ -9,7 +9,8 @@
 //!   cgroup at once, processes that start meanwhile included. Without a freezer: SIGSTOP / SIGCONT to each
 //!   target.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use rustix::io::Errno;
+use rustix::process::{kill_process, pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 use std::path::{Path, PathBuf};
 
 use super::{Action, Actuator, Target};
@@ -57,10 +58,6 @@ fn set_cgroup_frozen(dir: &Path, frozen: bool) -> Option<Result<&'static str, St
     )
 }
 
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
 /// Whether `t` is still the process the pass saw (same start time); `None` when it is gone (a zombie has
 /// exited: nothing to signal, not an error).
 fn same_process(t: &Target) -> Option<bool> {
@@ -69,33 +66,27 @@ fn same_process(t: &Target) -> Option<bool> {
 }
 
 /// Sends `sig` to `t`, if it is still the process the pass saw. `Ok(false)`: it is gone (nothing to do).
-pub fn signal(t: &Target, sig: libc::c_int) -> Result<bool, String> {
-    // SAFETY: pidfd_open(pid, flags) has no memory arguments; a non-negative result is a new descriptor.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, t.pid as libc::c_long, 0 as libc::c_long) };
-    if fd < 0 {
-        return match errno() {
-            libc::ESRCH => Ok(false),
-            libc::ENOSYS => {
-                // No pidfds: check, then kill (a pid reused between the two cannot be excluded here).
-                match same_process(t) {
-                    None | Some(false) => Ok(false),
-                    // SAFETY: kill(2) with a pid and a signal number.
-                    Some(true) => match unsafe { libc::kill(t.pid as libc::pid_t, sig) } {
-                        0 => Ok(true),
-                        _ if errno() == libc::ESRCH => Ok(false),
-                        _ => Err(format!("pid {}: {}", t.pid, std::io::Error::last_os_error())),
-                    },
-                }
-            }
-            _ => Err(format!(
-                "pidfd_open({}): {}",
-                t.pid,
-                std::io::Error::last_os_error()
-            )),
-        };
-    }
-    // SAFETY: a fresh descriptor returned to us; closed when `fd` drops.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+pub fn signal(t: &Target, sig: Signal) -> Result<bool, String> {
+    let failed = |e: Errno| Err(format!("pid {}: {e}", t.pid));
+    let Some(pid) = Pid::from_raw(t.pid as i32) else {
+        return Ok(false);
+    };
+    let fd = match pidfd_open(pid, PidfdFlags::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::SRCH) => return Ok(false),
+        Err(Errno::NOSYS) => {
+            // No pidfds: check, then kill (a pid reused between the two cannot be excluded here).
+            return match same_process(t) {
+                None | Some(false) => Ok(false),
+                Some(true) => match kill_process(pid, sig) {
+                    Ok(()) => Ok(true),
+                    Err(Errno::SRCH) => Ok(false),
+                    Err(e) => failed(e),
+                },
+            };
+        }
+        Err(e) => return Err(format!("pidfd_open({}): {e}", t.pid)),
+    };
     // The descriptor pins the process that held the pid when it was opened; if that is still the one the
     // pass saw, the signal reaches it and nothing else.
     match same_process(t) {
@@ -108,25 +99,15 @@ pub fn signal(t: &Target, sig: libc::c_int) -> Result<bool, String> {
         }
         Some(true) => {}
     }
-    // SAFETY: pidfd_send_signal(fd, sig, NULL info, 0 flags) on a descriptor we own.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_pidfd_send_signal,
-            fd.as_raw_fd() as libc::c_long,
-            sig as libc::c_long,
-            std::ptr::null::<libc::siginfo_t>(),
-            0 as libc::c_long,
-        )
-    };
-    match r {
-        0 => Ok(true),
-        _ if errno() == libc::ESRCH => Ok(false),
-        _ => Err(format!("pid {}: {}", t.pid, std::io::Error::last_os_error())),
+    match pidfd_send_signal(&fd, sig) {
+        Ok(()) => Ok(true),
+        Err(Errno::SRCH) => Ok(false),
+        Err(e) => failed(e),
     }
 }
 
 /// Signals every target; the errors of those that failed, joined.
-fn signal_all(targets: &[Target], sig: libc::c_int, how: &'static str) -> Result<&'static str, String> {
+fn signal_all(targets: &[Target], sig: Signal, how: &'static str) -> Result<&'static str, String> {
     let errors: Vec<String> = targets.iter().filter_map(|t| signal(t, sig).err()).collect();
     if errors.is_empty() {
         Ok(how)
@@ -138,17 +119,17 @@ fn signal_all(targets: &[Target], sig: libc::c_int, how: &'static str) -> Result
 impl Actuator for System {
     fn apply(&mut self, action: &Action) -> Result<&'static str, String> {
         match action {
-            Action::Kill { targets, .. } => signal_all(targets, libc::SIGKILL, "SIGKILL"),
+            Action::Kill { targets, .. } => signal_all(targets, Signal::KILL, "SIGKILL"),
             Action::Freeze { targets, cgroup } => {
                 match cgroup.as_deref().and_then(|d| set_cgroup_frozen(d, true)) {
                     Some(r) => r,
-                    None => signal_all(targets, libc::SIGSTOP, "SIGSTOP"),
+                    None => signal_all(targets, Signal::STOP, "SIGSTOP"),
                 }
             }
             Action::Thaw { targets, cgroup } => {
                 match cgroup.as_deref().and_then(|d| set_cgroup_frozen(d, false)) {
                     Some(r) => r,
-                    None => signal_all(targets, libc::SIGCONT, "SIGCONT"),
+                    None => signal_all(targets, Signal::CONT, "SIGCONT"),
                 }
             }
         }
@@ -238,12 +219,12 @@ mod tests {
             start_time: t.start_time + 1,
             ..t
         };
-        let e = signal(&wrong, libc::SIGKILL).unwrap_err();
+        let e = signal(&wrong, Signal::KILL).unwrap_err();
         assert!(e.contains("no longer"), "{e}");
         assert!(c.try_wait().unwrap().is_none());
-        assert_eq!(signal(&t, libc::SIGKILL), Ok(true));
+        assert_eq!(signal(&t, Signal::KILL), Ok(true));
         c.wait().unwrap();
-        assert_eq!(signal(&t, libc::SIGKILL), Ok(false), "gone: nothing to do");
+        assert_eq!(signal(&t, Signal::KILL), Ok(false), "gone: nothing to do");
     }
 
     #[test]
