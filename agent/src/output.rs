@@ -72,24 +72,15 @@ pub fn parse_sm_arg(s: &str) -> Result<u32, String> {
     }
 }
 
-/// clap parser for a duration: `500ms`, `1s`, `1.5s`, `2m`, or a plain number of milliseconds.
+/// clap parser for a duration: `500ms`, `1s`, `2m`, `1s 500ms` (humantime's syntax), or a plain number of
+/// milliseconds.
 pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
     let t = s.trim();
-    let (num, unit_ms) = if let Some(n) = t.strip_suffix("ms") {
-        (n, 1.0)
-    } else if let Some(n) = t.strip_suffix('s') {
-        (n, 1000.0)
-    } else if let Some(n) = t.strip_suffix('m') {
-        (n, 60_000.0)
-    } else {
-        (t, 1.0)
+    let d = match t.parse::<u64>() {
+        Ok(ms) => Ok(std::time::Duration::from_millis(ms)),
+        Err(_) => humantime::parse_duration(t).map_err(|e| e.to_string()),
     };
-    match num.trim().parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 && v * unit_ms < 1e12 => {
-            Ok(std::time::Duration::from_secs_f64(v * unit_ms / 1000.0))
-        }
-        _ => Err("expected a duration such as 500ms, 1s or 2m (a plain number is milliseconds)".into()),
-    }
+    d.map_err(|e| format!("{e}: expected a duration such as 500ms, 1s or 2m (a plain number is milliseconds)"))
 }
 
 #[cfg(test)]
@@ -114,7 +105,7 @@ mod tests {
         assert!(parse_sm_arg("150").is_err());
         let ms = |s| parse_duration_arg(s).map(|d| d.as_millis());
         assert_eq!(ms("400"), Ok(400));
-        assert_eq!(ms("1.5s"), Ok(1500));
+        assert_eq!(ms("1s 500ms"), Ok(1500));
         assert_eq!(ms("250ms"), Ok(250));
         assert_eq!(ms("2m"), Ok(120_000));
         assert!(ms("-1s").is_err() && ms("soon").is_err());
