@@ -2,7 +2,8 @@
  * not forgotten at cuDevicePrimaryCtxReset. The primary context keeps its handle across a reset and a CUkernel
  * (cuLibraryLoad*, context-independent) keeps its handle too, so the kernel's first launch in the re-created
  * context is taken as already seen: the stack the driver grows for it is neither admitted nor measured.
- *   review_reset_relaunch LOCAL MODE   MODE: reset (cuDevicePrimaryCtxReset between the launches) | control
+ *   review_reset_relaunch LOCAL MODE   MODE: reset (cuDevicePrimaryCtxReset between the launches) | shrink
+ *                                      (cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024) between them) | control
  * Steps: launch k once (stack grows: admitted, measured), [reset], fill 64 MiB pieces until refused, launch k
  * again. Prints launch.0=, fill.count=, launch.1=, sim.used.0= (the simulator's own figure), info.free=. */
 #include "cq_driver.h"
@@ -17,6 +18,7 @@ static unsigned long long sim_used(void) {
 int main(int argc, char **argv) {
     unsigned long long local = argc > 1 ? strtoull(argv[1], 0, 0) : 3010;
     int reset = argc > 2 && strcmp(argv[2], "reset") == 0;
+    int shrink = argc > 2 && strcmp(argv[2], "shrink") == 0;
     CUdevice d0;
     CUcontext c0;
     CK(cuInit(0));
@@ -39,6 +41,12 @@ int main(int argc, char **argv) {
         printf("same.handle=%d\n", again == c0);
         CK(cuCtxSetCurrent(again));
         printf("sim.afterreset=%llu\n", sim_used());
+    }
+    if (shrink) {
+        /* the stack limit set back down: the driver gives the grown stack back, and grows it again at the next
+         * launch of a kernel that needs it */
+        CK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024));
+        printf("sim.aftershrink=%llu\n", sim_used());
     }
     int n = 0;
     CUdeviceptr p;
