@@ -4,6 +4,8 @@
  * context is taken as already seen: the stack the driver grows for it is neither admitted nor measured.
  *   review_reset_relaunch LOCAL MODE   MODE: reset (cuDevicePrimaryCtxReset between the launches) | shrink
  *                                      (cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024) between them) | control
+ *                                      | multi N (shrink, in the primary and in N contexts made with cuCtxCreate:
+ *                                      each relaunch after the fill grows one more stack)
  * Steps: launch k once (stack grows: admitted, measured), [reset], fill 64 MiB pieces until refused, launch k
  * again. Prints launch.0=, fill.count=, launch.1=, sim.used.0= (the simulator's own figure), info.free=. */
 #include "cq_driver.h"
@@ -19,6 +21,9 @@ int main(int argc, char **argv) {
     unsigned long long local = argc > 1 ? strtoull(argv[1], 0, 0) : 3010;
     int reset = argc > 2 && strcmp(argv[2], "reset") == 0;
     int shrink = argc > 2 && strcmp(argv[2], "shrink") == 0;
+    int multi = argc > 2 && strcmp(argv[2], "multi") == 0 ? (argc > 3 ? atoi(argv[3]) : 6) : 0;
+    if (multi > 32) multi = 32;
+    CUcontext ctxs[32];
     CUdevice d0;
     CUcontext c0;
     CK(cuInit(0));
@@ -42,11 +47,20 @@ int main(int argc, char **argv) {
         CK(cuCtxSetCurrent(again));
         printf("sim.afterreset=%llu\n", sim_used());
     }
-    if (shrink) {
+    if (shrink || multi) {
         /* the stack limit set back down: the driver gives the grown stack back, and grows it again at the next
          * launch of a kernel that needs it */
         CK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024));
         printf("sim.aftershrink=%llu\n", sim_used());
+    }
+    for (int i = 0; i < multi; i++) {
+        /* each context: the kernel's first launch (its stack grows: admitted), then the stack given back */
+        CK(cuCtxCreate(&ctxs[i], NULL, 0, d0));
+        CUresult rr = cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        cuCtxSynchronize();
+        CK(cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024));
+        printf("multi.%d.launch=%d\n", i, (int)rr);
+        CK(cuCtxSetCurrent(c0));
     }
     int n = 0;
     CUdeviceptr p;
@@ -55,6 +69,13 @@ int main(int argc, char **argv) {
     r = cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
     cuCtxSynchronize();
     printf("launch.1=%d\n", (int)r);
+    for (int i = 0; i < multi; i++) {
+        CK(cuCtxSetCurrent(ctxs[i]));
+        CUresult rr = cuLaunchKernel((CUfunction)k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        cuCtxSynchronize();
+        printf("multi.%d.relaunch=%d\n", i, (int)rr);
+    }
+    CK(cuCtxSetCurrent(c0));
     printf("sim.used.0=%llu\n", sim_used());
     size_t f, t;
     cuMemGetInfo(&f, &t);

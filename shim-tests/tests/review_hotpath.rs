@@ -103,11 +103,12 @@ fn review_other_device_pool_forgotten_at_a_context_end() {
 /// its cap, then the relaunch takes ~512 MiB more. EXPECTED TO FAIL (also before 602da1d: the set had the same
 /// keys; the per-thread cache is not the cause). The control (no reset) refuses the second launch's growth.
 /// Mode `shrink`: the same without a reset, the stack limit set back to 1 KiB with cuCtxSetLimit instead (the
-/// driver gives the stack back and grows it again at the relaunch).
+/// driver gives the stack back and grows it again at the relaunch). Mode `multi 6`: the same in 6 more contexts
+/// (cuCtxCreate): 6 stacks more, unbounded in the number of contexts.
 #[test]
 fn review_kernel_relaunched_after_a_primary_reset_is_not_admitted() {
     let mut over = Vec::new();
-    for mode in ["control", "shrink", "reset"] {
+    for mode in ["control", "shrink", "reset", "multi 6"] {
         let sim = Sim::new().build();
         let out = sim
             .cmd_path(review_prog("review_reset_relaunch"))
