@@ -80,7 +80,9 @@ pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
         Ok(ms) => Ok(std::time::Duration::from_millis(ms)),
         Err(_) => humantime::parse_duration(t).map_err(|e| e.to_string()),
     };
-    d.map_err(|e| format!("{e}: expected a duration such as 500ms, 1s or 2m (a plain number is milliseconds)"))
+    d.map_err(|e| {
+        format!("{e}: expected a duration such as 500ms, 1s or 2m (a plain number is milliseconds)")
+    })
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! Review of 602da1d (hot path): reproductions of ways past the memory cap. These tests are EXPECTED TO FAIL
-//! while the escapes they show are open; each asserts the cap as the simulator's own figures judge it.
+//! The hostile review of the hot-path change (602da1d): ways past the memory cap it found (both older than that
+//! change, both closed since), and the checks it made that held. Each asserts the cap as the simulator's own figures judge it.
 
 use shim_tests::{compile_c, workspace_root, Sim, GIB, MIB};
 use std::time::Duration;
@@ -17,7 +17,9 @@ fn review_prog(name: &str) -> std::path::PathBuf {
 /// stream): the free takes the record out before the driver call and re-inserts it after the refusal, so the scan
 /// can miss it; the destroyed pool then counts no allocation still out and gives its whole charge back while the
 /// driver keeps the pool's memory. Repeated: 6 GiB held under a 1 GiB cap (12 rounds; unbounded), the shim
-/// reporting the whole 1 GiB free. EXPECTED TO FAIL (also at 32dfc1a, before the hot-path commit).
+/// reporting the whole 1 GiB free (also at 32dfc1a, before the hot-path commit). Closed: the free announces itself
+/// to the pool before its record leaves the ledger (`Ledger::remove_seen`), the pool is not released while a free
+/// is in flight, and a refused free's record is counted once in the pool it became.
 #[test]
 fn review_pool_destroy_scan_races_a_refused_free() {
     let sim = Sim::new().memory("16g").build();
@@ -69,7 +71,11 @@ fn review_ledger_overflow_roundtrip() {
     out.ok();
     assert_eq!(out.num("ok"), 24000, "{out:?}");
     let held = out.num("sim.held") - out.num("sim.base");
-    assert_eq!(out.num("base.free") - out.num("held.free"), held, "charged while held:{out:?}");
+    assert_eq!(
+        out.num("base.free") - out.num("held.free"),
+        held,
+        "charged while held:{out:?}"
+    );
     assert_eq!(out.num("base.free"), out.num("end.free"), "{out:?}");
     assert_eq!(out.num("sim.base"), out.num("sim.end"), "{out:?}");
 }
@@ -100,8 +106,8 @@ fn review_other_device_pool_forgotten_at_a_context_end() {
 /// A CUkernel's first launch in a primary context re-created by cuDevicePrimaryCtxReset (same context handle,
 /// same kernel handle) is taken as already seen (`FirstUse::seen`, reconcile.rs: nothing forgets the set at a
 /// reset or a context's end): the stack it grows is neither admitted nor measured. The container first fills
-/// its cap, then the relaunch takes ~512 MiB more. EXPECTED TO FAIL (also before 602da1d: the set had the same
-/// keys; the per-thread cache is not the cause). The control (no reset) refuses the second launch's growth.
+/// its cap, then the relaunch took ~512 MiB more (also before 602da1d). Closed: a reset, a release, a context's end
+/// and a successful `cuCtxSetLimit` forget the set. The control (no reset) refuses the second launch's growth.
 /// Mode `shrink`: the same without a reset, the stack limit set back to 1 KiB with cuCtxSetLimit instead (the
 /// driver gives the stack back and grows it again at the relaunch). Mode `multi 6`: the same in 6 more contexts
 /// (cuCtxCreate): 6 stacks more, unbounded in the number of contexts.
@@ -122,5 +128,8 @@ fn review_kernel_relaunched_after_a_primary_reset_is_not_admitted() {
             over.push(format!("{mode}: {} MiB", used / MIB));
         }
     }
-    assert!(over.is_empty(), "the simulator holds more than the 1 GiB cap: {over:?}");
+    assert!(
+        over.is_empty(),
+        "the simulator holds more than the 1 GiB cap: {over:?}"
+    );
 }

@@ -131,18 +131,29 @@ impl Memory {
         stream: Option<usize>,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        let Some(rec) = self.ledger.remove(space, key) else {
+        // A pool's destroy cannot count a record out of the ledger: the free is announced to the pool first.
+        let Some(rec) = self.ledger.remove_seen(space, key, |r| {
+            if let Kind::Pool(pool) = r.kind {
+                self.pool_free_begins(pool);
+            }
+        }) else {
             return call();
         };
         let r = call();
-        if r.ok() {
-            match rec.kind {
-                Kind::Direct => self.release_entry(rec.entry, rec.bytes),
-                Kind::Pool(pool) => {
+        if let Kind::Pool(pool) = rec.kind {
+            if r.ok() {
+                if !self.pool_free_done(pool, stream) {
                     self.pool_freed(pool, key, rec.bytes, stream);
                     self.refresh_pool(cuda, pool);
                 }
+            } else {
+                self.ledger.insert(space, key, rec);
+                self.pool_free_refused(pool, key);
             }
+            return r;
+        }
+        if r.ok() {
+            self.release_entry(rec.entry, rec.bytes);
         } else {
             self.ledger.insert(space, key, rec);
         }

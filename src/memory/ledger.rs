@@ -273,7 +273,7 @@ impl Ledger {
             b.let_go(w, tag);
             return stale;
         }
-        let stale = self.take_overflow(key);
+        let stale = self.take_overflow(key, |_| {});
         loop {
             // The lowest flagged byte is exactly a free way.
             let m = maybe_equal(b.ctrl.load(Ordering::Relaxed), FREE);
@@ -291,14 +291,16 @@ impl Ledger {
         self.shard(key).lock().insert((space, key), rec).or(stale)
     }
 
-    /// A device-address record the maps hold for `key` (taken out).
+    /// A device-address record the maps hold for `key` (taken out; `seen` called before the shard lets go).
     #[inline]
-    fn take_overflow(&self, key: u64) -> Option<Record> {
+    fn take_overflow(&self, key: u64, seen: impl FnOnce(&Record)) -> Option<Record> {
         if self.overflow.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let rec = self.shard(key).lock().remove(&(Space::Pointer, key));
-        if rec.is_some() {
+        let mut shard = self.shard(key).lock();
+        let rec = shard.remove(&(Space::Pointer, key));
+        if let Some(r) = &rec {
+            seen(r);
             self.overflow.fetch_sub(1, Ordering::Relaxed);
         }
         rec
@@ -306,17 +308,31 @@ impl Ledger {
 
     /// Removes and returns the record for `key`, if this process recorded one.
     pub(crate) fn remove(&self, space: Space, key: u64) -> Option<Record> {
+        self.remove_seen(space, key, |_| {})
+    }
+
+    /// [`Ledger::remove`], calling `seen` with the record before it leaves: a scan (`retag_pool`,
+    /// `remove_where`) either saw the record or runs after `seen` returned. `seen` must not use the ledger.
+    #[inline]
+    pub(crate) fn remove_seen(&self, space: Space, key: u64, seen: impl FnOnce(&Record)) -> Option<Record> {
         if space != Space::Pointer {
-            return self.shard(key).lock().remove(&(space, key));
+            let mut shard = self.shard(key).lock();
+            let rec = shard.remove(&(space, key));
+            if let Some(r) = &rec {
+                seen(r);
+            }
+            return rec;
         }
         let (b, tag) = self.slot(key);
         if let Some(w) = b.find(key, tag) {
             let rec = b.rec(w);
-            b.write(w, 0, None);
+            if let Some(r) = &rec {
+                seen(r);
+            }
             b.let_go(w, FREE);
             return rec;
         }
-        self.take_overflow(key)
+        self.take_overflow(key, seen)
     }
 
     /// The record for `key`, if any.

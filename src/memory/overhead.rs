@@ -325,6 +325,10 @@ impl Memory {
         owner: Option<CUdevice>,
         ok: bool,
     ) {
+        if ok {
+            // Its code and stacks went with it; a context created at the same address starts afresh.
+            self.first_use.forget_all();
+        }
         let Some(ordinal) = owner else { return };
         if !ok {
             self.holdings.owners.lock().insert(ctx, ordinal);
@@ -378,6 +382,8 @@ impl Memory {
 
     /// The primary context of `ordinal` was released (`reset`: reset, our count drops to zero).
     pub(crate) fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
+        // A reset (or the last release) unloads the context's code and stacks; the same handles may follow.
+        self.first_use.forget_all();
         if let Some(c) = self.holdings.primary.get(ordinal as usize) {
             if reset {
                 c.store(0, Ordering::Relaxed);
@@ -407,6 +413,10 @@ impl Memory {
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
         let r = call();
+        if r.ok() {
+            // A lowered stack is grown again by the next launch that needs it: every launch is a first again.
+            self.first_use.forget_all();
+        }
         self.grown(nvml, dev, growth, r, undo)
     }
 

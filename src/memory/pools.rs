@@ -28,6 +28,11 @@ pub(super) struct PoolState {
     awaiting: Vec<(usize, u64)>,
     /// A destroyed pool whose allocations are still being counted (`destroy_pool`): not released meanwhile.
     counting: bool,
+    /// Frees of its allocations between taking their record out of the ledger and putting it back (a refusal)
+    /// or not (done): a destroy's count cannot see those records, so the pool is not released meanwhile.
+    in_flight: usize,
+    /// The handle a destroyed pool had while live (frees that began before the destroy find it by that).
+    was: usize,
     /// Blocks this process freed back into the pool's reserve and has not seen handed out again, while the
     /// reserve never shrank: what can serve a request without the pool growing. All forgotten whenever the
     /// reserve shrinks (a synchronisation or trim released some, which is not said) or the pool serves a request
@@ -266,6 +271,8 @@ impl Memory {
             left: 0,
             awaiting: Vec::new(),
             counting: false,
+            in_flight: 0,
+            was: pool,
             free_blocks: Vec::new(),
         });
     }
@@ -566,6 +573,85 @@ impl Memory {
         self.release_destroyed_locked(&mut pools);
     }
 
+    /// A free of an allocation of `pool` is taking its record out of the ledger and goes to the driver: the
+    /// pool (or, when a destroy is counting its records, the destroyed pool it became) is not released until
+    /// [`Memory::pool_free_ends`].
+    pub(super) fn pool_free_begins(&self, pool: usize) {
+        let mut pools = self.pools.lock();
+        let p = match pools.contains_key(&pool) {
+            true => pools.get_mut(&pool),
+            false => pools
+                .iter_mut()
+                .find(|(&k, p)| k & DESTROYED != 0 && p.was == pool && p.counting)
+                .map(|(_, p)| p),
+        };
+        if let Some(p) = p {
+            p.in_flight += 1;
+        }
+    }
+
+    /// The free [`Memory::pool_free_begins`] announced succeeded (`stream`: in stream order there). `true`: the
+    /// pool was destroyed meanwhile, and its count could not see this record: the free counts for nothing there
+    /// but its stream is awaited (the caller skips `pool_freed`).
+    pub(super) fn pool_free_done(&self, pool: usize, stream: Option<usize>) -> bool {
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get_mut(&pool) {
+            p.in_flight = p.in_flight.saturating_sub(1);
+            return false;
+        }
+        let Some(p) = pools
+            .iter_mut()
+            .find(|(&k, p)| k & DESTROYED != 0 && p.was == pool && p.in_flight > 0)
+            .map(|(_, p)| p)
+        else {
+            return false;
+        };
+        p.in_flight -= 1;
+        if let Some(st) = stream {
+            p.awaits(st);
+        }
+        self.release_destroyed_locked(&mut pools);
+        true
+    }
+
+    /// The free [`Memory::pool_free_begins`] announced was refused and its record (of `pool`, at `addr`) is back
+    /// in the ledger. If the pool was destroyed meanwhile, the record belongs to the destroyed pool and counts
+    /// as still out of it, once: re-tagged unless the destroy's count saw it back (waited for).
+    pub(super) fn pool_free_refused(&self, pool: usize, addr: u64) {
+        let moved = {
+            let mut pools = self.pools.lock();
+            if let Some(p) = pools.get_mut(&pool) {
+                p.in_flight = p.in_flight.saturating_sub(1);
+                return;
+            }
+            match pools
+                .iter()
+                .find(|&(&k, p)| k & DESTROYED != 0 && p.was == pool && p.in_flight > 0)
+            {
+                Some((&k, _)) => k,
+                None => return,
+            }
+        };
+        // Its count is still running: wait for it (a scan of the ledger, no driver call).
+        while self.pools.lock().get(&moved).is_some_and(|p| p.counting) {
+            std::thread::yield_now();
+        }
+        let rec = self.ledger.get(ledger::Space::Pointer, addr);
+        let unseen = rec.is_some_and(|r| r.kind == ledger::Kind::Pool(pool));
+        if let Some(mut r) = rec.filter(|_| unseen) {
+            r.kind = ledger::Kind::Pool(moved);
+            self.ledger.insert(ledger::Space::Pointer, addr, r);
+        }
+        let mut pools = self.pools.lock();
+        if let Some(p) = pools.get_mut(&moved) {
+            p.in_flight = p.in_flight.saturating_sub(1);
+            if unseen {
+                p.left += 1;
+            }
+        }
+        self.release_destroyed_locked(&mut pools);
+    }
+
     /// One allocation of destroyed pool `key` is gone (`stream`: freed in stream order there, maybe not yet).
     fn destroyed_freed(&self, key: usize, stream: Option<usize>) {
         let mut pools = self.pools.lock();
@@ -581,7 +667,9 @@ impl Memory {
     fn release_destroyed_locked(&self, pools: &mut HashMap<usize, PoolState>) {
         let done: Vec<usize> = pools
             .iter()
-            .filter(|&(&k, p)| k & DESTROYED != 0 && p.left == 0 && p.awaiting.is_empty() && !p.counting)
+            .filter(|&(&k, p)| {
+                k & DESTROYED != 0 && p.left == 0 && p.awaiting.is_empty() && !p.counting && p.in_flight == 0
+            })
             .map(|(&k, _)| k)
             .collect();
         for k in done {
