@@ -82,36 +82,6 @@ pub struct RunArgs {
     command: Vec<OsString>,
 }
 
-/// A temporary directory removed on drop.
-pub struct TempDir(PathBuf);
-
-impl TempDir {
-    /// Creates `$TMPDIR/cuquota-<tag>-<pid>-<n>`.
-    pub fn new(tag: &str) -> Result<TempDir, CliError> {
-        let base = std::env::temp_dir();
-        for n in 0..1000u32 {
-            let p = base.join(format!("cuquota-{tag}-{}-{n}", std::process::id()));
-            match std::fs::create_dir(&p) {
-                Ok(()) => return Ok(TempDir(p)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(CliError::new(format!("{}: {e}", p.display()))),
-            }
-        }
-        Err(CliError::new("cannot create a temporary directory"))
-    }
-
-    /// The path.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// What programs run on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Backend {
@@ -133,7 +103,7 @@ pub struct Machine {
     /// libcudasim.so, when cuquota set the simulator up.
     simulator: Option<PathBuf>,
     env: Vec<(OsString, OsString)>,
-    dir: TempDir,
+    dir: tempfile::TempDir,
 }
 
 /// `libcuda.so.1` as the dynamic loader finds it now: None if it does not load; Some(true) if it is the
@@ -155,7 +125,10 @@ impl Machine {
     /// Finds the libraries and picks the backend (`tag` names the private directory).
     pub fn setup(a: &GpuArgs, tag: &str) -> Result<Machine, CliError> {
         let shim = locate::library(locate::SHIM, a.library.as_deref())?;
-        let dir = TempDir::new(tag)?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("cuquota-{tag}-"))
+            .tempdir()
+            .map_err(|e| CliError::new(format!("cannot create a temporary directory: {e}")))?;
         let want_sim = a.sim || a.sim_devices.is_some() || a.sim_memory.is_some();
         let found = probe_driver();
         if !want_sim {
