@@ -1,0 +1,125 @@
+//! `cuquota-dra-plugin`: the DRA node plugin (docs/kubernetes.md).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use cuquota_dra::inventory::{Gpu, Inventory};
+use cuquota_dra::prepare::Layout;
+use cuquota_dra::server::{serve, Plugin};
+use cuquota_dra::source::DirSource;
+
+/// cuquota's Kubernetes DRA node plugin: registers with the kubelet and, for each allocated ResourceClaim,
+/// writes the limits file, usage file, agent descriptor and CDI spec that enforce the granted memory and SM share.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// The driver name (DeviceClass selector `device.driver`)
+    #[arg(long, default_value = cuquota_dra::DRIVER_NAME)]
+    driver: String,
+    /// This node's name: the ResourceSlice pool
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// A GPU of this node: UUID=MEMORY[=MODEL] (memory a quantity, 80Gi); repeat per GPU
+    #[arg(long = "gpu", value_name = "UUID=MEMORY[=MODEL]", value_parser = Gpu::parse_arg, required = true)]
+    gpus: Vec<Gpu>,
+    /// Read ResourceClaims from DIR/<namespace>/<name>.json instead of the API server
+    #[arg(long, value_name = "DIR")]
+    claims_dir: PathBuf,
+    /// The plugin's state directory (per-claim limits and usage files, checkpoints)
+    #[arg(long, default_value = "/var/lib/cuquota/dra")]
+    state_dir: PathBuf,
+    /// Where CDI specs are written
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// The agent's descriptor directory (`cuquota agent --containers`); none = no descriptors
+    #[arg(long, value_name = "DIR")]
+    agent_dir: Option<PathBuf>,
+    /// The agent's memory action in descriptors: report or kill
+    #[arg(long, default_value = "report", value_parser = ["report", "kill"])]
+    enforce_memory: String,
+    /// The agent's SM action in descriptors: report, throttle or kill
+    #[arg(long, default_value = "report", value_parser = ["report", "throttle", "kill"])]
+    enforce_sm: String,
+    /// The host's libcuquota.so (mounted read-only into every claim's containers)
+    #[arg(long, default_value = "/var/lib/cuquota/lib/libcuquota.so")]
+    library: PathBuf,
+    /// The cgroup filesystem (pods' cgroups are looked for under it)
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
+    /// Another read-only mount for every claim: HOST_PATH:CONTAINER_PATH
+    #[arg(long = "mount", value_name = "HOST:CONTAINER", value_parser = parse_mount)]
+    mounts: Vec<(PathBuf, PathBuf)>,
+    /// More environment for every claim: NAME=VALUE
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// A device node every claim's containers need (e.g. /dev/nvidiactl), when no other CDI device adds it
+    #[arg(long = "device-node", value_name = "PATH")]
+    device_nodes: Vec<PathBuf>,
+    /// The kubelet's plugin directory for this driver (the DRA socket dra.sock goes there)
+    #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.cuquota.io")]
+    plugin_dir: PathBuf,
+    /// The kubelet's registration directory (the socket <driver>-reg.sock goes there)
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    registrar_dir: PathBuf,
+}
+
+fn parse_mount(s: &str) -> Result<(PathBuf, PathBuf), String> {
+    let (h, c) = s.split_once(':').ok_or("expected HOST_PATH:CONTAINER_PATH")?;
+    if !h.starts_with('/') || !c.starts_with('/') {
+        return Err("both paths must be absolute".into());
+    }
+    Ok((h.into(), c.into()))
+}
+
+fn main() -> std::process::ExitCode {
+    let a = Args::parse();
+    let layout = Layout {
+        state_dir: a.state_dir,
+        cdi_dir: a.cdi_dir,
+        agent_dir: a.agent_dir,
+        library: a.library,
+        cgroup_root: a.cgroup_root,
+        enforce_memory: a.enforce_memory,
+        enforce_sm: a.enforce_sm,
+        extra_mounts: a.mounts,
+        extra_env: a.env,
+        device_nodes: a.device_nodes,
+    };
+    let inventory = Inventory {
+        pool: a.node,
+        gpus: a.gpus,
+    };
+    let reg = a.registrar_dir.join(format!("{}-reg.sock", a.driver));
+    let plugin = Arc::new(Plugin::new(
+        a.driver,
+        inventory,
+        layout,
+        Box::new(DirSource(a.claims_dir)),
+        a.plugin_dir.join("dra.sock"),
+    ));
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cuquota-dra-plugin: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let shutdown = async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    match rt.block_on(serve(plugin, &reg, shutdown)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cuquota-dra-plugin: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
