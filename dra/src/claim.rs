@@ -207,10 +207,14 @@ impl ResourceClaim {
                 )
             })?;
             if r.pool != inventory.pool {
-                return Err(format!("device {:?} is in pool {:?}, this node's pool is {:?}", r.device, r.pool, inventory.pool));
+                return Err(format!(
+                    "device {:?} is in pool {:?}, this node's pool is {:?}",
+                    r.device, r.pool, inventory.pool
+                ));
             }
             let memory = match r.consumed_capacity.get(CAPACITY_MEMORY) {
-                Some(q) => quantity::parse(q).ok_or_else(|| format!("consumedCapacity memory {q:?} is not a quantity"))?,
+                Some(q) => quantity::parse(q)
+                    .ok_or_else(|| format!("consumedCapacity memory {q:?} is not a quantity"))?,
                 None => gpu.memory,
             };
             if memory == 0 || memory > gpu.memory {
@@ -221,7 +225,8 @@ impl ResourceClaim {
             }
             let sm = match r.consumed_capacity.get(CAPACITY_SM) {
                 Some(q) => {
-                    let v = quantity::parse(q).ok_or_else(|| format!("consumedCapacity sm {q:?} is not a quantity"))?;
+                    let v = quantity::parse(q)
+                        .ok_or_else(|| format!("consumedCapacity sm {q:?} is not a quantity"))?;
                     if !(1..=100).contains(&v) {
                         return Err(format!("consumedCapacity sm {v} is not a percentage 1-100"));
                     }
@@ -241,7 +246,9 @@ impl ResourceClaim {
                 Priority::parse(p).ok_or_else(|| format!("priority {p:?}: expected high or low"))?;
             }
             let reserved_memory = match &cfg.reserved_memory {
-                Some(q) => Some(quantity::parse(q).ok_or_else(|| format!("reservedMemory {q:?} is not a quantity"))?),
+                Some(q) => Some(
+                    quantity::parse(q).ok_or_else(|| format!("reservedMemory {q:?} is not a quantity"))?,
+                ),
                 None => None,
             };
             if let Some(w) = cfg.weight {

@@ -105,7 +105,9 @@ impl Layout {
 
     /// The agent descriptor of a claim's pod.
     pub fn descriptor_path(&self, uid: &str, pod_uid: &str) -> Option<PathBuf> {
-        self.agent_dir.as_ref().map(|d| d.join(format!("dra-{uid}-{pod_uid}.toml")))
+        self.agent_dir
+            .as_ref()
+            .map(|d| d.join(format!("dra-{uid}-{pod_uid}.toml")))
     }
 
     fn required_marker(&self) -> PathBuf {
@@ -228,9 +230,12 @@ impl Layout {
 
     fn write_limits(&self, limits: &Path, usage: &Path, grants: &Grants) -> Result<(), String> {
         let region = UsageRegion::open_for_binding(usage, true).map_err(|e| format!("usage file: {e}"))?;
-        let id = region.file_id().ok_or_else(|| format!("{}: its identity cannot be read", usage.display()))?;
+        let id = region
+            .file_id()
+            .ok_or_else(|| format!("{}: its identity cannot be read", usage.display()))?;
         // The container's processes may run as any user.
-        fs::set_permissions(usage, fs::Permissions::from_mode(0o666)).map_err(|e| format!("{}: {e}", usage.display()))?;
+        fs::set_permissions(usage, fs::Permissions::from_mode(0o666))
+            .map_err(|e| format!("{}: {e}", usage.display()))?;
         let w = LimitsWriter::create(limits).map_err(|e| format!("limits file: {e}"))?;
         w.update(|t| -> Result<(), String> {
             for e in t.entries.iter_mut() {
@@ -238,22 +243,23 @@ impl Layout {
             }
             for g in &grants.devices {
                 let uuid = parse_uuid(&g.uuid).ok_or_else(|| format!("{:?} is not a GPU UUID", g.uuid))?;
-                let e = t.entry_mut(DeviceSelector::Uuid(uuid)).map_err(|e| e.to_string())?;
+                let e = t
+                    .entry_mut(DeviceSelector::Uuid(uuid))
+                    .map_err(|e| e.to_string())?;
                 e.raw = policy(g).raw();
             }
             t.flags = (t.flags | LIMITS_FLAG_NO_OPT_OUT) & !LIMITS_FLAG_OPT_OUT_ALLOWED;
             t.set_usage(Some(Path::new(USAGE_IN_CONTAINER)), Some(id))
         })
         .map_err(|e| format!("limits file: {e}"))??;
-        fs::set_permissions(limits, fs::Permissions::from_mode(0o644)).map_err(|e| format!("{}: {e}", limits.display()))?;
+        fs::set_permissions(limits, fs::Permissions::from_mode(0o644))
+            .map_err(|e| format!("{}: {e}", limits.display()))?;
         Ok(())
     }
 
     /// The claim's CDI spec: one device named after the claim.
     pub fn cdi_spec(&self, uid: &str, limits: &Path, usage: &Path, grants: &Grants) -> serde_json::Value {
-        let ro = |h: &Path, c: &str| {
-            serde_json::json!({"hostPath": h, "containerPath": c, "options": ["ro", "nosuid", "nodev", "bind"]})
-        };
+        let ro = |h: &Path, c: &str| serde_json::json!({"hostPath": h, "containerPath": c, "options": ["ro", "nosuid", "nodev", "bind"]});
         let mut mounts = vec![
             ro(&self.library, LIBRARY_IN_CONTAINER),
             ro(limits, DEFAULT_LIMITS_PATH),
@@ -269,14 +275,23 @@ impl Layout {
             format!("CUQUOTA_USAGE_FILE={USAGE_IN_CONTAINER}"),
             format!(
                 "CUDA_VISIBLE_DEVICES={}",
-                grants.devices.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(",")
+                grants
+                    .devices
+                    .iter()
+                    .map(|g| g.uuid.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
         ];
         env.extend(hami_env(grants));
         env.extend(self.extra_env.iter().cloned());
         let mut edits = serde_json::json!({"env": env, "mounts": mounts});
         if !self.device_nodes.is_empty() {
-            edits["deviceNodes"] = self.device_nodes.iter().map(|p| serde_json::json!({"path": p})).collect();
+            edits["deviceNodes"] = self
+                .device_nodes
+                .iter()
+                .map(|p| serde_json::json!({"path": p}))
+                .collect();
         }
         serde_json::json!({
             "cdiVersion": CDI_VERSION,
@@ -296,10 +311,18 @@ fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
         .iter()
         .enumerate()
         .map(|(i, g)| PreparedDevice {
-            request_names: if i == 0 { requests.clone() } else { vec![g.request.clone()] },
+            request_names: if i == 0 {
+                requests.clone()
+            } else {
+                vec![g.request.clone()]
+            },
             pool_name: g.pool.clone(),
             device_name: g.device.clone(),
-            cdi_device_ids: if i == 0 { vec![format!("{CDI_KIND}={uid}")] } else { Vec::new() },
+            cdi_device_ids: if i == 0 {
+                vec![format!("{CDI_KIND}={uid}")]
+            } else {
+                Vec::new()
+            },
         })
         .collect()
 }
@@ -325,7 +348,11 @@ fn hami_env(grants: &Grants) -> Vec<String> {
         .enumerate()
         .map(|(i, g)| {
             let m = g.memory;
-            let v = if m % (1 << 20) == 0 { format!("{}m", m >> 20) } else { m.to_string() };
+            let v = if m.is_multiple_of(1 << 20) {
+                format!("{}m", m >> 20)
+            } else {
+                m.to_string()
+            };
             format!("CUDA_DEVICE_MEMORY_LIMIT_{i}={v}")
         })
         .collect();

@@ -53,8 +53,15 @@ pub fn parse(s: &str) -> Option<u64> {
 
 /// Formats bytes as a quantity: the largest binary suffix that divides it.
 pub fn format_bytes(b: u64) -> String {
-    for (shift, suf) in [(60, "Ei"), (50, "Pi"), (40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if b != 0 && b % (1u64 << shift) == 0 {
+    for (shift, suf) in [
+        (60, "Ei"),
+        (50, "Pi"),
+        (40, "Ti"),
+        (30, "Gi"),
+        (20, "Mi"),
+        (10, "Ki"),
+    ] {
+        if b != 0 && b.is_multiple_of(1u64 << shift) {
             return format!("{}{suf}", b >> shift);
         }
     }

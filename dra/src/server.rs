@@ -175,7 +175,10 @@ impl Registration for RegistrationService {
         if s.plugin_registered {
             eprintln!("cuquota-dra-plugin: registered with the kubelet");
         } else {
-            eprintln!("cuquota-dra-plugin: the kubelet refused the registration: {}", s.error);
+            eprintln!(
+                "cuquota-dra-plugin: the kubelet refused the registration: {}",
+                s.error
+            );
         }
         Ok(Response::new(RegistrationStatusResponse {}))
     }
