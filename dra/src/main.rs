@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use cuquota_dra::inventory::{Gpu, Inventory};
-use cuquota_dra::prepare::Layout;
+use cuquota_dra::prepare::{ExtraMount, Layout};
 use cuquota_dra::server::{serve, Plugin};
 use cuquota_dra::source::DirSource;
 
@@ -47,9 +47,9 @@ struct Args {
     /// The cgroup filesystem (pods' cgroups are looked for under it)
     #[arg(long, default_value = "/sys/fs/cgroup")]
     cgroup_root: PathBuf,
-    /// Another read-only mount for every claim: HOST_PATH:CONTAINER_PATH
-    #[arg(long = "mount", value_name = "HOST:CONTAINER", value_parser = parse_mount)]
-    mounts: Vec<(PathBuf, PathBuf)>,
+    /// Another mount for every claim, read-only unless :rw (e.g. driver libraries no other CDI device brings)
+    #[arg(long = "mount", value_name = "HOST:CONTAINER[:rw]", value_parser = ExtraMount::parse)]
+    mounts: Vec<ExtraMount>,
     /// More environment for every claim: NAME=VALUE
     #[arg(long = "env", value_name = "NAME=VALUE")]
     env: Vec<String>,
@@ -62,14 +62,6 @@ struct Args {
     /// The kubelet's registration directory (the socket <driver>-reg.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     registrar_dir: PathBuf,
-}
-
-fn parse_mount(s: &str) -> Result<(PathBuf, PathBuf), String> {
-    let (h, c) = s.split_once(':').ok_or("expected HOST_PATH:CONTAINER_PATH")?;
-    if !h.starts_with('/') || !c.starts_with('/') {
-        return Err("both paths must be absolute".into());
-    }
-    Ok((h.into(), c.into()))
 }
 
 fn main() -> std::process::ExitCode {

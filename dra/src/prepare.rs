@@ -46,12 +46,47 @@ pub struct Layout {
     pub enforce_memory: String,
     /// See `enforce_memory`.
     pub enforce_sm: String,
-    /// More read-only mounts for every device (host path, container path): e.g. the simulator as `libcuda.so.1`.
-    pub extra_mounts: Vec<(PathBuf, PathBuf)>,
+    /// More mounts for every device: e.g. the driver libraries where no other CDI device brings them (tests:
+    /// the simulator as `libcuda.so.1`).
+    pub extra_mounts: Vec<ExtraMount>,
     /// More `NAME=VALUE` environment for every device.
     pub extra_env: Vec<String>,
     /// Device nodes every device needs (`/dev/nvidiactl`, …), when no other CDI device brings them.
     pub device_nodes: Vec<PathBuf>,
+}
+
+/// A mount `--mount HOST:CONTAINER[:rw]` adds to every claim's device (read-only unless `rw`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraMount {
+    /// The host path.
+    pub host: PathBuf,
+    /// The path in the container.
+    pub container: PathBuf,
+    /// Mounted read-write.
+    pub writable: bool,
+}
+
+impl ExtraMount {
+    /// Parses `HOST:CONTAINER[:rw|:ro]` (absolute paths).
+    pub fn parse(s: &str) -> Result<ExtraMount, String> {
+        let mut it = s.split(':');
+        let (Some(h), Some(c)) = (it.next(), it.next()) else {
+            return Err("expected HOST_PATH:CONTAINER_PATH[:rw]".into());
+        };
+        let writable = match it.next() {
+            None | Some("ro") => false,
+            Some("rw") => true,
+            Some(o) => return Err(format!("{o:?}: expected rw or ro")),
+        };
+        if !h.starts_with('/') || !c.starts_with('/') || it.next().is_some() {
+            return Err("expected HOST_PATH:CONTAINER_PATH[:rw] with absolute paths".into());
+        }
+        Ok(ExtraMount {
+            host: h.into(),
+            container: c.into(),
+            writable,
+        })
+    }
 }
 
 /// One device of the kubelet's answer.
@@ -259,16 +294,19 @@ impl Layout {
 
     /// The claim's CDI spec: one device named after the claim.
     pub fn cdi_spec(&self, uid: &str, limits: &Path, usage: &Path, grants: &Grants) -> serde_json::Value {
-        let ro = |h: &Path, c: &str| serde_json::json!({"hostPath": h, "containerPath": c, "options": ["ro", "nosuid", "nodev", "bind"]});
+        let mount = |h: &Path, c: &str, rw: bool| {
+            let mode = if rw { "rw" } else { "ro" };
+            serde_json::json!({"hostPath": h, "containerPath": c, "options": [mode, "nosuid", "nodev", "bind"]})
+        };
+        let ro = |h: &Path, c: &str| mount(h, c, false);
         let mut mounts = vec![
             ro(&self.library, LIBRARY_IN_CONTAINER),
             ro(limits, DEFAULT_LIMITS_PATH),
             ro(&self.required_marker(), LIMITS_REQUIRED_MARKER),
-            serde_json::json!({"hostPath": usage, "containerPath": USAGE_IN_CONTAINER,
-                               "options": ["rw", "nosuid", "nodev", "bind"]}),
+            mount(usage, USAGE_IN_CONTAINER, true),
         ];
-        for (h, c) in &self.extra_mounts {
-            mounts.push(ro(h, &c.to_string_lossy()));
+        for m in &self.extra_mounts {
+            mounts.push(mount(&m.host, &m.container.to_string_lossy(), m.writable));
         }
         let mut env = vec![
             format!("LD_PRELOAD={LIBRARY_IN_CONTAINER}"),
