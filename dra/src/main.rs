@@ -35,6 +35,10 @@ struct Args {
     /// The agent's descriptor directory (`cuquota agent --containers`); none = no descriptors
     #[arg(long, value_name = "DIR")]
     agent_dir: Option<PathBuf>,
+    /// The node's priority file (docs/priority.md), mounted read-write into claims with a priority or reserve
+    /// [default: STATE_DIR/priority]
+    #[arg(long, value_name = "FILE")]
+    priority_file: Option<PathBuf>,
     /// The agent's memory action in descriptors: report or kill
     #[arg(long, default_value = "report", value_parser = ["report", "kill"])]
     enforce_memory: String,
@@ -70,6 +74,7 @@ fn main() -> std::process::ExitCode {
         state_dir: a.state_dir,
         cdi_dir: a.cdi_dir,
         agent_dir: a.agent_dir,
+        priority_file: a.priority_file,
         library: a.library,
         cgroup_root: a.cgroup_root,
         enforce_memory: a.enforce_memory,

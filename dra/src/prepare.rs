@@ -12,9 +12,9 @@ use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use cuquota_core::config::{DEFAULT_LIMITS_PATH, LIMITS_REQUIRED_MARKER};
+use cuquota_core::config::{DEFAULT_LIMITS_PATH, DEFAULT_PRIORITY_PATH, LIMITS_REQUIRED_MARKER};
 use cuquota_core::region::layout::{parse_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
-use cuquota_core::region::{DeviceSelector, LimitsWriter, UsageRegion};
+use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRegion};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,9 @@ pub struct Layout {
     pub library: PathBuf,
     /// The cgroup filesystem root where pods' cgroups are looked for.
     pub cgroup_root: PathBuf,
+    /// The node's priority file (docs/priority.md), created if missing and mounted read-write into the claims
+    /// with a priority or reserved memory; `None` = `STATE_DIR/priority`.
+    pub priority_file: Option<PathBuf>,
     /// The agent's `[enforce]` actions (`memory`, `sm`) written into descriptors.
     pub enforce_memory: String,
     /// See `enforce_memory`.
@@ -145,6 +148,13 @@ impl Layout {
             .map(|d| d.join(format!("dra-{uid}-{pod_uid}.toml")))
     }
 
+    /// The node's priority file.
+    pub fn priority_file(&self) -> PathBuf {
+        self.priority_file
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("priority"))
+    }
+
     fn required_marker(&self) -> PathBuf {
         self.state_dir.join("required")
     }
@@ -177,6 +187,11 @@ impl Layout {
         let marker = self.required_marker();
         if !marker.exists() {
             write_atomic(&marker, b"", 0o444)?;
+        }
+        if needs_priority(grants) {
+            // Without the file the shim refuses a reserve's allocations and ignores the priority.
+            let p = self.priority_file();
+            PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
         }
         let usage = dir.join("usage");
         let limits = dir.join("limits");
@@ -305,6 +320,9 @@ impl Layout {
             ro(&self.required_marker(), LIMITS_REQUIRED_MARKER),
             mount(usage, USAGE_IN_CONTAINER, true),
         ];
+        if needs_priority(grants) {
+            mounts.push(mount(&self.priority_file(), DEFAULT_PRIORITY_PATH, true));
+        }
         for m in &self.extra_mounts {
             mounts.push(mount(&m.host, &m.container.to_string_lossy(), m.writable));
         }
@@ -363,6 +381,14 @@ fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
             },
         })
         .collect()
+}
+
+/// Whether a claim takes part in priority coordination (docs/priority.md).
+fn needs_priority(grants: &Grants) -> bool {
+    grants
+        .devices
+        .iter()
+        .any(|g| g.priority.is_some() || g.reserved_memory.is_some())
 }
 
 /// The limits-file policy of a grant.

@@ -116,6 +116,13 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
         );
     }
     assert!(opts("/var/run/cuquota/usage").contains(&"rw".into()));
+    // A priority and a reserve: the node's priority file, read-write.
+    assert!(opts("/etc/cuquota/priority").contains(&"rw".into()));
+    assert_eq!(
+        mount("/etc/cuquota/priority")["hostPath"],
+        n.p("state/priority").display().to_string()
+    );
+    assert!(n.p("state/priority").is_file());
     assert_eq!(
         mount("/etc/cuquota/limits")["hostPath"],
         limits.display().to_string()
