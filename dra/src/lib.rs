@@ -10,6 +10,7 @@ pub mod inventory;
 pub mod prepare;
 pub mod quantity;
 pub mod server;
+pub mod slice;
 pub mod source;
 
 /// The kubelet's gRPC APIs, generated from `dra/proto/` by `build.rs`.

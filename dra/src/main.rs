@@ -20,12 +20,17 @@ struct Args {
     /// This node's name: the ResourceSlice pool
     #[arg(long, env = "NODE_NAME")]
     node: String,
-    /// A GPU of this node: UUID=MEMORY[=MODEL] (memory a quantity, 80Gi); repeat per GPU
-    #[arg(long = "gpu", value_name = "UUID=MEMORY[=MODEL]", value_parser = Gpu::parse_arg, required = true)]
+    /// A GPU of this node: UUID=MEMORY[=MODEL] (memory a quantity, 80Gi); repeat per GPU. Default: every GPU
+    /// NVML lists (CUQUOTA_LIBNVML or libnvidia-ml.so.1)
+    #[arg(long = "gpu", value_name = "UUID=MEMORY[=MODEL]", value_parser = Gpu::parse_arg)]
     gpus: Vec<Gpu>,
-    /// Read ResourceClaims from DIR/<namespace>/<name>.json instead of the API server
-    #[arg(long, value_name = "DIR")]
-    claims_dir: PathBuf,
+    /// Read ResourceClaims from DIR/<namespace>/<name>.json (what `kubectl get resourceclaim -o json` prints).
+    /// Required to serve: reading them from the API server is not built yet
+    #[arg(long, value_name = "DIR", required_unless_present = "print_resource_slice")]
+    claims_dir: Option<PathBuf>,
+    /// Print this node's ResourceSlice as JSON and exit
+    #[arg(long)]
+    print_resource_slice: bool,
     /// The plugin's state directory (per-claim limits and usage files, checkpoints)
     #[arg(long, default_value = "/var/lib/cuquota/dra")]
     state_dir: PathBuf,
@@ -68,8 +73,42 @@ struct Args {
     registrar_dir: PathBuf,
 }
 
+/// The node's GPUs: as given, or every GPU NVML lists.
+fn gpus(given: Vec<Gpu>) -> Result<Vec<Gpu>, String> {
+    if !given.is_empty() {
+        return Ok(given);
+    }
+    let nvml = cuquota_agent::nvml::Nvml::load()?;
+    let gpus = nvml
+        .gpus()?
+        .into_iter()
+        .map(|g| Gpu::new(&g.uuid, g.memory_total_bytes, "NVIDIA GPU"))
+        .collect::<Result<Vec<_>, _>>()?;
+    if gpus.is_empty() {
+        return Err(format!("NVML ({}) lists no GPU", nvml.library()));
+    }
+    Ok(gpus)
+}
+
 fn main() -> std::process::ExitCode {
     let a = Args::parse();
+    let gpus = match gpus(a.gpus) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("cuquota-dra-plugin: the node's GPUs: {e} (or name them with --gpu)");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let inventory = Inventory { pool: a.node, gpus };
+    if a.print_resource_slice {
+        let s = cuquota_dra::slice::resource_slice(&a.driver, &inventory, 1);
+        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+        return std::process::ExitCode::SUCCESS;
+    }
+    let Some(claims_dir) = a.claims_dir else {
+        eprintln!("cuquota-dra-plugin: --claims-dir is required");
+        return std::process::ExitCode::from(2);
+    };
     let layout = Layout {
         state_dir: a.state_dir,
         cdi_dir: a.cdi_dir,
@@ -83,16 +122,12 @@ fn main() -> std::process::ExitCode {
         extra_env: a.env,
         device_nodes: a.device_nodes,
     };
-    let inventory = Inventory {
-        pool: a.node,
-        gpus: a.gpus,
-    };
     let reg = a.registrar_dir.join(format!("{}-reg.sock", a.driver));
     let plugin = Arc::new(Plugin::new(
         a.driver,
         inventory,
         layout,
-        Box::new(DirSource(a.claims_dir)),
+        Box::new(DirSource(claims_dir)),
         a.plugin_dir.join("dra.sock"),
     ));
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
