@@ -177,7 +177,7 @@ mod tests {
         assert_eq!(p.gpus, 2, "60 + 40 share a GPU, 50 goes to the next");
         assert_eq!(p.sm_pct, 75.0);
         // A new node once every GPU of the first is full.
-        let p = first_fit(&vec![r(80, 100); 9], 8, 80 * G);
+        let p = first_fit(&[r(80, 100); 9], 8, 80 * G);
         assert_eq!((p.gpus, p.nodes), (9, 2));
     }
 
