@@ -360,8 +360,12 @@ impl Layout {
 /// The kubelet's devices: the claim's CDI device on the first, with every request's name (a container that
 /// uses any request of the claim gets the one device that holds all its GPUs); the others listed without.
 fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
-    let mut requests: Vec<String> = grants.devices.iter().map(|g| g.request.clone()).collect();
-    requests.dedup();
+    let mut requests: Vec<String> = Vec::new();
+    for g in &grants.devices {
+        if !requests.contains(&g.request) {
+            requests.push(g.request.clone());
+        }
+    }
     grants
         .devices
         .iter()

@@ -261,3 +261,79 @@ fn a_claim_the_node_cannot_honour_gets_its_error_and_no_files() {
         "{r:?}"
     );
 }
+
+#[test]
+fn a_claim_of_two_gpus_gets_one_cdi_device_with_both() {
+    let n = Node::new();
+    let gpu2 = "GPU-00000000-0000-0000-0000-000000000002";
+    let mut v = fixture();
+    let uid = "33333333-0000-0000-0000-000000000001";
+    v["metadata"]["uid"] = uid.into();
+    let results = &mut v["status"]["allocation"]["devices"]["results"];
+    let mut second = results[0].clone();
+    second["request"] = "second".into();
+    second["device"] = gpu2.to_lowercase().into();
+    second["consumedCapacity"] = serde_json::json!({"memory": "1536Mi", "sm": "50"});
+    let mut other = results[0].clone();
+    other["driver"] = "gpu.nvidia.com".into(); // another driver's device: not ours to prepare
+    results.as_array_mut().unwrap().extend([second, other]);
+    n.put_claim("two", &v);
+    let r = n.prepare(&[("two", uid)]);
+    let c = &r[uid];
+    assert_eq!(c.error, "", "{c:?}");
+    assert_eq!(c.devices.len(), 2);
+    assert_eq!(
+        c.devices[0].request_names,
+        vec!["gpu".to_string(), "second".into()]
+    );
+    assert_eq!(c.devices[0].cdi_device_ids, vec![format!("cuquota.io/gpu={uid}")]);
+    assert!(c.devices[1].cdi_device_ids.is_empty());
+    assert_eq!(c.devices[1].device_name, gpu2.to_lowercase());
+
+    let snap = *LimitsReader::open(&n.p(&format!("state/claims/{uid}/limits")))
+        .unwrap()
+        .snapshot();
+    let e2 = snap
+        .get(DeviceSelector::Uuid(parse_uuid(gpu2).unwrap()))
+        .unwrap()
+        .limits();
+    assert_eq!((e2.memory, e2.sm), (Some(1536 << 20), Some(50)));
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(n.layout.cdi_spec_path(uid)).unwrap()).unwrap();
+    let env: Vec<&str> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for want in [
+        &format!("CUDA_VISIBLE_DEVICES={GPU},{gpu2}") as &str,
+        "CUDA_DEVICE_MEMORY_LIMIT_0=4096m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1=1536m",
+        "CUDA_DEVICE_SM_LIMIT_0=30",
+        "CUDA_DEVICE_SM_LIMIT_1=50",
+    ] {
+        assert!(env.contains(&want), "{want} missing from {env:?}");
+    }
+    assert!(
+        !env.iter().any(|e| e.starts_with("CUDA_DEVICE_SM_LIMIT=")),
+        "{env:?}"
+    );
+}
+
+#[test]
+fn the_pod_cgroup_is_found_in_the_kubelets_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = "aaaabbbb-cccc-dddd-eeee-ffff00001111";
+    assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), None);
+    // systemd driver, v1 memory hierarchy, besteffort pod.
+    let p = dir.path().join(
+        "memory/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podaaaabbbb_cccc_dddd_eeee_ffff00001111.slice",
+    );
+    std::fs::create_dir_all(&p).unwrap();
+    assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), Some(p));
+    // cgroupfs driver, v2 (the root): preferred over v1's hierarchies.
+    let v2 = dir.path().join(format!("kubepods/pod{uid}"));
+    std::fs::create_dir_all(&v2).unwrap();
+    assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), Some(v2));
+}
