@@ -7,6 +7,7 @@
 
 pub mod claim;
 pub mod inventory;
+pub mod kube_api;
 pub mod pack;
 pub mod prepare;
 pub mod quantity;

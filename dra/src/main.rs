@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use clap::Parser;
 use cuquota_dra::inventory::{Gpu, Inventory};
+use cuquota_dra::kube_api::{publish_slice, KubeSource};
 use cuquota_dra::prepare::{ExtraMount, Layout};
 use cuquota_dra::server::{serve, Plugin};
-use cuquota_dra::source::DirSource;
+use cuquota_dra::source::{ClaimSource, DirSource};
 
 /// cuquota's Kubernetes DRA node plugin: registers with the kubelet and, for each allocated ResourceClaim,
 /// writes the limits file, usage file, agent descriptor and CDI spec that enforce the granted memory and SM share.
@@ -24,9 +25,9 @@ struct Args {
     /// NVML lists (CUQUOTA_LIBNVML or libnvidia-ml.so.1)
     #[arg(long = "gpu", value_name = "UUID=MEMORY[=MODEL]", value_parser = Gpu::parse_arg)]
     gpus: Vec<Gpu>,
-    /// Read ResourceClaims from DIR/<namespace>/<name>.json (what `kubectl get resourceclaim -o json` prints).
-    /// Required to serve: reading them from the API server is not built yet
-    #[arg(long, value_name = "DIR", required_unless_present = "print_resource_slice")]
+    /// Read ResourceClaims from DIR/<namespace>/<name>.json (what `kubectl get resourceclaim -o json` prints)
+    /// instead of the API server, and publish no ResourceSlice (a node without a cluster; tests)
+    #[arg(long, value_name = "DIR")]
     claims_dir: Option<PathBuf>,
     /// Print this node's ResourceSlice as JSON and exit
     #[arg(long)]
@@ -105,10 +106,6 @@ fn main() -> std::process::ExitCode {
         println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
         return std::process::ExitCode::SUCCESS;
     }
-    let Some(claims_dir) = a.claims_dir else {
-        eprintln!("cuquota-dra-plugin: --claims-dir is required");
-        return std::process::ExitCode::from(2);
-    };
     let layout = Layout {
         state_dir: a.state_dir,
         cdi_dir: a.cdi_dir,
@@ -123,13 +120,7 @@ fn main() -> std::process::ExitCode {
         device_nodes: a.device_nodes,
     };
     let reg = a.registrar_dir.join(format!("{}-reg.sock", a.driver));
-    let plugin = Arc::new(Plugin::new(
-        a.driver,
-        inventory,
-        layout,
-        Box::new(DirSource(claims_dir)),
-        a.plugin_dir.join("dra.sock"),
-    ));
+    let endpoint = a.plugin_dir.join("dra.sock");
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -147,7 +138,26 @@ fn main() -> std::process::ExitCode {
             _ = tokio::signal::ctrl_c() => {}
         }
     };
-    match rt.block_on(serve(plugin, &reg, shutdown)) {
+    let run = async {
+        let source: Box<dyn ClaimSource> = match a.claims_dir {
+            Some(dir) => Box::new(DirSource(dir)),
+            None => {
+                // In the cluster (service account) or from a kubeconfig.
+                let client = kube::Client::try_default()
+                    .await
+                    .map_err(|e| format!("the API server: {e}"))?;
+                publish_slice(&client, &a.driver, &inventory).await?;
+                eprintln!(
+                    "cuquota-dra-plugin: published the ResourceSlice of {}",
+                    inventory.pool
+                );
+                Box::new(KubeSource(client))
+            }
+        };
+        let plugin = Arc::new(Plugin::new(a.driver, inventory, layout, source, endpoint));
+        serve(plugin, &reg, shutdown).await.map_err(|e| e.to_string())
+    };
+    match rt.block_on(run) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cuquota-dra-plugin: {e}");
