@@ -139,7 +139,7 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert!(!desc.exists());
     let cg = n.p(&format!("cgroup/kubepods/burstable/pod{POD_UID}"));
     std::fs::create_dir_all(&cg).unwrap();
-    for _ in 0..300 {
+    for _ in 0..1000 {
         if desc.exists() {
             break;
         }

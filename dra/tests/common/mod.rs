@@ -135,7 +135,7 @@ impl Node {
     pub fn channel(&self, sock: &str) -> Channel {
         let path = self.p(sock);
         self.rt.block_on(async {
-            for _ in 0..200 {
+            for _ in 0..1000 {
                 if path.exists() {
                     break;
                 }
