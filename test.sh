@@ -35,9 +35,15 @@ if [ "$(id -u)" = 0 ]; then
         echo "test.sh: no cgroup v1 freezer at /sys/fs/cgroup/freezer: cgroup_v1_membership_kill_and_freezer_throttle stays ignored"
         cargo test -p shim-tests --test agent_enforce -- --ignored --skip cgroup_v1_ --skip bench_
     fi
+    # The DRA plugin's CDI device applied by podman to a real container (dra/tests/podman.rs).
+    if command -v podman >/dev/null && command -v runc >/dev/null; then
+        cargo test -p cuquota-dra --test podman -- --ignored
+    else
+        echo "test.sh: no podman/runc: dra/tests/podman.rs stays ignored"
+    fi
 else
     echo "test.sh: not root: the tests that drop privileges, unshare pid namespaces or make cgroups stay ignored" \
-        "(shim-tests/tests/privileges.rs, liveness.rs, agent_enforce.rs)"
+        "(shim-tests/tests/privileges.rs, liveness.rs, agent_enforce.rs, dra/tests/podman.rs)"
 fi
 
 step "portable build (scripts/build-portable.sh) and its tests"

@@ -2,7 +2,7 @@
 # The setup step: installs every pinned dependency the build, the tests and the samples need, once, from PyPI.
 # test.sh runs it first; nothing is installed anywhere else (no test installs or downloads anything).
 #
-#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s frameworks (default: all)
+#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s frameworks containers (default: all)
 #
 # Each group goes to its own folder, keyed by a hash of its pins, under the cache
 # ${CUQUOTA_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cuquota-deps}, and .deps/<group> links to it: a fresh
@@ -19,6 +19,8 @@
 #   frameworks  the framework suite's wheels (tests/frameworks/requirements.txt, every one with its sha256:
 #         PyTorch 2.15 for CUDA 13.2 and its nvidia-* libraries, CuPy, cuda-python, nvidia-ml-py, pytest) in a
 #         Python 3.11 virtual environment; ~3 GB to download once, 4.7 GB on disk
+#   containers  podman and runc from Debian's apt (as root only: the DRA plugin's end-to-end test, dra/tests/podman.rs,
+#         runs as root); a no-op when both are installed or when not root
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -33,10 +35,11 @@ pins() { # group -> its pinned requirements, one per line
             referencing==0.37.0 rpds-py==2026.9.1 attrs==26.1.0 pyyaml==6.0.3 packaging==26.3 \
             importlib-resources==7.1.0 typing-extensions==4.16.0 ;;
         frameworks) cat "$ROOT/tests/frameworks/requirements.txt" ;;
-        *) echo "setup.sh: unknown group '$1' (groups: cu13 cu12 zig k8s frameworks)" >&2; exit 2 ;;
+        containers) printf '%s\n' podman runc ;; # Debian packages, not pins: see ready_containers
+        *) echo "setup.sh: unknown group '$1' (groups: cu13 cu12 zig k8s frameworks containers)" >&2; exit 2 ;;
     esac
 }
-ALL=(cu13 cu12 zig k8s frameworks)
+ALL=(cu13 cu12 zig k8s frameworks containers)
 
 CHECK=0
 GROUPS_WANTED=()
@@ -56,7 +59,14 @@ mkdir -p "$ROOT/.deps"
 # one line).
 words() { tr -s ' \n' '\n\n' | sed '/^$/d'; }
 holds() { [ -f "$1/.stamp" ] && [ "$(words <"$1/.stamp")" = "$(pins "$2" | words)" ]; }
-ready() { holds "$ROOT/.deps/$1" "$1"; }
+ready() {
+    if [ "$1" = containers ]; then
+        # Only root runs the container test; elsewhere there is nothing to install.
+        [ "$(id -u)" != 0 ] || { command -v podman && command -v runc; } >/dev/null
+        return
+    fi
+    holds "$ROOT/.deps/$1" "$1"
+}
 
 install_frameworks() { # dir
     local dir="$1" py="${CUQUOTA_FW_PYTHON:-python3.11}"
@@ -72,6 +82,11 @@ install_frameworks() { # dir
 
 install() { # group
     local g="$1" want hash dir
+    if [ "$g" = containers ]; then
+        echo "setup.sh: installing containers: podman runc (apt)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y podman runc >&2
+        return
+    fi
     want="$(pins "$g")"
     hash="$(printf '%s' "$want" | sha256sum | cut -c1-12)"
     dir="$CACHE/$g-$hash"

@@ -23,6 +23,7 @@ const TOP: &[&str] = &[
     "scripts/",
     "bench/",
     "bench-throttle/",
+    "dra/",
     "include/",
     "tests/",
     ".ci/",

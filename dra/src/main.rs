@@ -1,0 +1,167 @@
+//! `cuquota-dra-plugin`: the DRA node plugin (docs/kubernetes.md).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use cuquota_dra::inventory::{Gpu, Inventory};
+use cuquota_dra::kube_api::{publish_slice, KubeSource};
+use cuquota_dra::prepare::{ExtraMount, Layout};
+use cuquota_dra::server::{serve, Plugin};
+use cuquota_dra::source::{ClaimSource, DirSource};
+
+/// cuquota's Kubernetes DRA node plugin: registers with the kubelet and, for each allocated ResourceClaim,
+/// writes the limits file, usage file, agent descriptor and CDI spec that enforce the granted memory and SM share.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// The driver name (DeviceClass selector `device.driver`)
+    #[arg(long, default_value = cuquota_dra::DRIVER_NAME)]
+    driver: String,
+    /// This node's name: the ResourceSlice pool
+    #[arg(long, env = "NODE_NAME")]
+    node: String,
+    /// A GPU of this node: UUID=MEMORY[=MODEL] (memory a quantity, 80Gi); repeat per GPU. Default: every GPU
+    /// NVML lists (CUQUOTA_LIBNVML or libnvidia-ml.so.1)
+    #[arg(long = "gpu", value_name = "UUID=MEMORY[=MODEL]", value_parser = Gpu::parse_arg)]
+    gpus: Vec<Gpu>,
+    /// Read ResourceClaims from DIR/<namespace>/<name>.json (what `kubectl get resourceclaim -o json` prints)
+    /// instead of the API server, and publish no ResourceSlice (a node without a cluster; tests)
+    #[arg(long, value_name = "DIR")]
+    claims_dir: Option<PathBuf>,
+    /// Print this node's ResourceSlice as JSON and exit
+    #[arg(long)]
+    print_resource_slice: bool,
+    /// The plugin's state directory (per-claim limits and usage files, checkpoints)
+    #[arg(long, default_value = "/var/lib/cuquota/dra")]
+    state_dir: PathBuf,
+    /// Where CDI specs are written
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// The agent's descriptor directory (`cuquota agent --containers`); none = no descriptors
+    #[arg(long, value_name = "DIR")]
+    agent_dir: Option<PathBuf>,
+    /// The node's priority file (docs/priority.md), mounted read-write into claims with a priority or reserve
+    /// [default: STATE_DIR/priority]
+    #[arg(long, value_name = "FILE")]
+    priority_file: Option<PathBuf>,
+    /// The agent's memory action in descriptors: report or kill
+    #[arg(long, default_value = "report", value_parser = ["report", "kill"])]
+    enforce_memory: String,
+    /// The agent's SM action in descriptors: report, throttle or kill
+    #[arg(long, default_value = "report", value_parser = ["report", "throttle", "kill"])]
+    enforce_sm: String,
+    /// The host's libcuquota.so (mounted read-only into every claim's containers)
+    #[arg(long, default_value = "/var/lib/cuquota/lib/libcuquota.so")]
+    library: PathBuf,
+    /// The cgroup filesystem (pods' cgroups are looked for under it)
+    #[arg(long, default_value = "/sys/fs/cgroup")]
+    cgroup_root: PathBuf,
+    /// Another mount for every claim, read-only unless :rw (e.g. driver libraries no other CDI device brings)
+    #[arg(long = "mount", value_name = "HOST:CONTAINER[:rw]", value_parser = ExtraMount::parse)]
+    mounts: Vec<ExtraMount>,
+    /// More environment for every claim: NAME=VALUE
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// A device node every claim's containers need (e.g. /dev/nvidiactl), when no other CDI device adds it
+    #[arg(long = "device-node", value_name = "PATH")]
+    device_nodes: Vec<PathBuf>,
+    /// The kubelet's plugin directory for this driver (the DRA socket dra.sock goes there)
+    #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.cuquota.io")]
+    plugin_dir: PathBuf,
+    /// The kubelet's registration directory (the socket <driver>-reg.sock goes there)
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    registrar_dir: PathBuf,
+}
+
+/// The node's GPUs: as given, or every GPU NVML lists.
+fn gpus(given: Vec<Gpu>) -> Result<Vec<Gpu>, String> {
+    if !given.is_empty() {
+        return Ok(given);
+    }
+    let nvml = cuquota_agent::nvml::Nvml::load()?;
+    let gpus = nvml
+        .gpus()?
+        .into_iter()
+        .map(|g| Gpu::new(&g.uuid, g.memory_total_bytes, "NVIDIA GPU"))
+        .collect::<Result<Vec<_>, _>>()?;
+    if gpus.is_empty() {
+        return Err(format!("NVML ({}) lists no GPU", nvml.library()));
+    }
+    Ok(gpus)
+}
+
+fn main() -> std::process::ExitCode {
+    let a = Args::parse();
+    let gpus = match gpus(a.gpus) {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("cuquota-dra-plugin: the node's GPUs: {e} (or name them with --gpu)");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let inventory = Inventory { pool: a.node, gpus };
+    if a.print_resource_slice {
+        let s = cuquota_dra::slice::resource_slice(&a.driver, &inventory, 1);
+        println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default());
+        return std::process::ExitCode::SUCCESS;
+    }
+    let layout = Layout {
+        state_dir: a.state_dir,
+        cdi_dir: a.cdi_dir,
+        agent_dir: a.agent_dir,
+        priority_file: a.priority_file,
+        library: a.library,
+        cgroup_root: a.cgroup_root,
+        enforce_memory: a.enforce_memory,
+        enforce_sm: a.enforce_sm,
+        extra_mounts: a.mounts,
+        extra_env: a.env,
+        device_nodes: a.device_nodes,
+    };
+    let reg = a.registrar_dir.join(format!("{}-reg.sock", a.driver));
+    let endpoint = a.plugin_dir.join("dra.sock");
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cuquota-dra-plugin: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let shutdown = async {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let run = async {
+        let source: Box<dyn ClaimSource> = match a.claims_dir {
+            Some(dir) => Box::new(DirSource(dir)),
+            None => {
+                // In the cluster (service account) or from a kubeconfig.
+                let client = kube::Client::try_default()
+                    .await
+                    .map_err(|e| format!("the API server: {e}"))?;
+                publish_slice(&client, &a.driver, &inventory).await?;
+                eprintln!(
+                    "cuquota-dra-plugin: published the ResourceSlice of {}",
+                    inventory.pool
+                );
+                Box::new(KubeSource(client))
+            }
+        };
+        let plugin = Arc::new(Plugin::new(a.driver, inventory, layout, source, endpoint));
+        serve(plugin, &reg, shutdown).await.map_err(|e| e.to_string())
+    };
+    match rt.block_on(run) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cuquota-dra-plugin: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! The kubelet's two gRPC services on unix sockets: plugin registration (the kubelet finds the socket in
+//! `plugins_registry/` and asks GetInfo) and the DRA service (NodePrepareResources / NodeUnprepareResources).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+use crate::inventory::Inventory;
+use crate::prepare::{ClaimRef, Layout};
+use crate::proto::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
+use crate::proto::dra::{
+    Device, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
+    NodeUnprepareResourceResponse, NodeUnprepareResourcesRequest, NodeUnprepareResourcesResponse,
+};
+use crate::proto::registration::registration_server::{Registration, RegistrationServer};
+use crate::proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse};
+use crate::source::ClaimSource;
+
+/// The DRA service version the plugin registers (`k8s.io/kubelet/pkg/apis/dra/v1`).
+pub const DRA_SERVICE_VERSION: &str = "v1.DRAPlugin";
+/// The plugin type the kubelet's DRA manager handles.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+
+/// The node plugin: what it knows and owns.
+pub struct Plugin {
+    /// The driver name.
+    pub driver: String,
+    /// The GPUs.
+    pub inventory: Inventory,
+    /// The files it writes.
+    pub layout: Layout,
+    /// Where claims are read.
+    pub source: Box<dyn ClaimSource>,
+    /// The DRA socket, as registered.
+    pub endpoint: PathBuf,
+    /// Serialises prepares and unprepares (the kubelet may call concurrently; the files are per claim, the
+    /// marker and directories shared).
+    lock: Mutex<()>,
+}
+
+impl Plugin {
+    /// A plugin.
+    pub fn new(
+        driver: String,
+        inventory: Inventory,
+        layout: Layout,
+        source: Box<dyn ClaimSource>,
+        endpoint: PathBuf,
+    ) -> Plugin {
+        Plugin {
+            driver,
+            inventory,
+            layout,
+            source,
+            endpoint,
+            lock: Mutex::new(()),
+        }
+    }
+
+    /// Prepares one claim: the kubelet's per-claim answer (an error string when it cannot be honoured).
+    pub async fn prepare_one(&self, c: ClaimRef) -> NodePrepareResourceResponse {
+        let fail = |error: String| NodePrepareResourceResponse {
+            devices: Vec::new(),
+            error: format!("cuquota: claim {}/{}: {error}", c.namespace, c.name),
+        };
+        let rc = match self.source.get(&c.namespace, &c.name).await {
+            Ok(rc) => rc,
+            Err(e) => return fail(format!("cannot read the ResourceClaim: {e}")),
+        };
+        if rc.metadata.uid != c.uid {
+            return fail(format!(
+                "the ResourceClaim's UID is {:?}, the kubelet asked for {:?} (deleted and re-created?)",
+                rc.metadata.uid, c.uid
+            ));
+        }
+        let grants = match rc.grants(&self.driver, &self.inventory) {
+            Ok(g) => g,
+            Err(e) => return fail(e),
+        };
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        match self.layout.prepare(&c, &grants) {
+            Ok(p) => NodePrepareResourceResponse {
+                devices: p
+                    .devices
+                    .into_iter()
+                    .map(|d| Device {
+                        request_names: d.request_names,
+                        pool_name: d.pool_name,
+                        device_name: d.device_name,
+                        cdi_device_ids: d.cdi_device_ids,
+                    })
+                    .collect(),
+                error: String::new(),
+            },
+            Err(e) => fail(e),
+        }
+    }
+
+    fn unprepare_one(&self, uid: &str) -> NodeUnprepareResourceResponse {
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        NodeUnprepareResourceResponse {
+            error: self.layout.unprepare(uid).err().unwrap_or_default(),
+        }
+    }
+}
+
+/// The DRA service.
+#[derive(Clone)]
+pub struct DraService(pub Arc<Plugin>);
+
+#[tonic::async_trait]
+impl DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<NodePrepareResourcesRequest>,
+    ) -> Result<Response<NodePrepareResourcesResponse>, Status> {
+        let mut claims = HashMap::new();
+        for c in req.into_inner().claims {
+            let r = ClaimRef {
+                namespace: c.namespace,
+                name: c.name,
+                uid: c.uid,
+            };
+            let uid = r.uid.clone();
+            let resp = self.0.prepare_one(r).await;
+            if !resp.error.is_empty() {
+                eprintln!("cuquota-dra-plugin: prepare: {}", resp.error);
+            }
+            claims.insert(uid, resp);
+        }
+        Ok(Response::new(NodePrepareResourcesResponse { claims }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<NodeUnprepareResourcesResponse>, Status> {
+        let claims = req
+            .into_inner()
+            .claims
+            .into_iter()
+            .map(|c| {
+                let r = self.0.unprepare_one(&c.uid);
+                (c.uid, r)
+            })
+            .collect();
+        Ok(Response::new(NodeUnprepareResourcesResponse { claims }))
+    }
+}
+
+/// The registration service.
+#[derive(Clone)]
+pub struct RegistrationService(pub Arc<Plugin>);
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn get_info(&self, _: Request<InfoRequest>) -> Result<Response<PluginInfo>, Status> {
+        Ok(Response::new(PluginInfo {
+            r#type: PLUGIN_TYPE.into(),
+            name: self.0.driver.clone(),
+            endpoint: self.0.endpoint.display().to_string(),
+            supported_versions: vec![DRA_SERVICE_VERSION.into()],
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        req: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let s = req.into_inner();
+        if s.plugin_registered {
+            eprintln!("cuquota-dra-plugin: registered with the kubelet");
+        } else {
+            eprintln!(
+                "cuquota-dra-plugin: the kubelet refused the registration: {}",
+                s.error
+            );
+        }
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}
+
+/// Binds a unix socket, replacing a stale one (a socket file left by an earlier run).
+pub fn bind(path: &Path) -> std::io::Result<UnixListenerStream> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    Ok(UnixListenerStream::new(UnixListener::bind(path)?))
+}
+
+/// Serves both services until `shutdown` resolves: the DRA service on `plugin.endpoint`, registration on
+/// `registration_socket`; claims whose pods' cgroups appear get their descriptors every second.
+pub async fn serve(
+    plugin: Arc<Plugin>,
+    registration_socket: &Path,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let dra = bind(&plugin.endpoint)?;
+    let reg = bind(registration_socket)?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let dra_server = tonic::transport::Server::builder()
+        .add_service(DraPluginServer::new(DraService(plugin.clone())))
+        .serve_with_incoming_shutdown(dra, wait(rx.clone()));
+    let reg_server = tonic::transport::Server::builder()
+        .add_service(RegistrationServer::new(RegistrationService(plugin.clone())))
+        .serve_with_incoming_shutdown(reg, wait(rx.clone()));
+    let p = plugin.clone();
+    let mut stop = rx.clone();
+    let resolver = async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => p.layout.resolve_pending(),
+                _ = stop.wait_for(|v| *v) => return,
+            }
+        }
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = tx.send(true);
+    });
+    let (a, b, ()) = tokio::join!(dra_server, reg_server, resolver);
+    a?;
+    b?;
+    Ok(())
+}

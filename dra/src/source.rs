@@ -1,0 +1,30 @@
+//! Where the plugin reads a ResourceClaim the kubelet names: the API server, or a directory of objects.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+use crate::claim::ResourceClaim;
+
+/// A future the sources return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Reads ResourceClaims.
+pub trait ClaimSource: Send + Sync + 'static {
+    /// The claim `namespace/name`; an error names what failed.
+    fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<ResourceClaim, String>>;
+}
+
+/// Claims as JSON files `DIR/<namespace>/<name>.json` (what `kubectl get resourceclaim -o json` prints): for
+/// tests and for a node without an API server.
+pub struct DirSource(pub PathBuf);
+
+impl ClaimSource for DirSource {
+    fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<ResourceClaim, String>> {
+        Box::pin(async move {
+            let path = self.0.join(namespace).join(format!("{name}.json"));
+            let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
+        })
+    }
+}

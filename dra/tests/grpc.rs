@@ -1,0 +1,339 @@
+//! The plugin as the kubelet sees it: a client over the real gRPC APIs on unix sockets (registration GetInfo,
+//! NodePrepareResources, NodeUnprepareResources), and the files a prepared claim leaves on the node.
+
+mod common;
+
+use std::path::Path;
+
+use common::{fixture, Node, GPU, POD_UID, UID};
+use cuquota_core::region::layout::parse_uuid;
+use cuquota_core::region::{DeviceSelector, LimitsReader};
+use cuquota_core::PolicyKind;
+use cuquota_dra::proto::registration::registration_client::RegistrationClient;
+use cuquota_dra::proto::registration::InfoRequest;
+
+#[test]
+fn registration_names_the_dra_service() {
+    let n = Node::new();
+    let mut c = RegistrationClient::new(n.channel("kubelet/plugins_registry/gpu.cuquota.io-reg.sock"));
+    let info = n.rt.block_on(c.get_info(InfoRequest {})).unwrap().into_inner();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "gpu.cuquota.io");
+    assert_eq!(info.supported_versions, vec!["v1.DRAPlugin".to_string()]);
+    assert_eq!(
+        Path::new(&info.endpoint),
+        n.p("kubelet/plugins/gpu.cuquota.io/dra.sock")
+    );
+    let st = cuquota_dra::proto::registration::RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    };
+    n.rt.block_on(c.notify_registration_status(st)).unwrap();
+}
+
+#[test]
+fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
+    let n = Node::new();
+    let r = n.prepare(&[("notebook-gpu", UID)]);
+    let c = &r[UID];
+    assert_eq!(c.error, "", "{c:?}");
+    assert_eq!(c.devices.len(), 1);
+    let d = &c.devices[0];
+    assert_eq!(d.cdi_device_ids, vec![format!("cuquota.io/gpu={UID}")]);
+    assert_eq!(
+        (d.pool_name.as_str(), d.request_names.clone()),
+        ("node-1", vec!["gpu".to_string()])
+    );
+    assert_eq!(d.device_name, GPU.to_lowercase());
+
+    // The limits file: the GPU's entry from consumedCapacity and the claim's configuration; no opt-out; the
+    // claim's usage file bound.
+    let limits = n.p(&format!("state/claims/{UID}/limits"));
+    let snap = *LimitsReader::open(&limits).unwrap().snapshot();
+    let e = snap
+        .get(DeviceSelector::Uuid(parse_uuid(GPU).unwrap()))
+        .expect("the GPU's entry")
+        .limits();
+    assert_eq!(e.memory, Some(4 << 30));
+    assert_eq!(e.sm, Some(30));
+    assert_eq!(e.kind, PolicyKind::Hard);
+    assert_eq!(e.priority.map(|p| p.as_str()), Some("low"));
+    assert_eq!(e.reserved_memory, Some(1 << 30));
+    assert!(snap.get(DeviceSelector::All).is_none());
+    assert!(!snap.opt_out_allowed());
+    assert_eq!(
+        snap.usage_path().unwrap(),
+        Some(Path::new("/var/run/cuquota/usage"))
+    );
+    assert!(snap.usage_id().unwrap().is_some(), "bound by identity");
+
+    // The CDI spec: the library mounted and preloaded, limits and the marker read-only, the usage file.
+    let spec = n.cdi_spec();
+    assert_eq!(spec["cdiVersion"], "0.5.0");
+    assert_eq!(spec["kind"], "cuquota.io/gpu");
+    let dev = &spec["devices"][0];
+    assert_eq!(dev["name"], UID);
+    let env: Vec<&str> = dev["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for want in [
+        "LD_PRELOAD=/usr/lib/cuquota/libcuquota.so",
+        "CUDA_DEVICE_MEMORY_LIMIT_0=4096m",
+        "CUDA_DEVICE_SM_LIMIT=30",
+        &format!("CUDA_VISIBLE_DEVICES={GPU}"),
+        "CUQUOTA_USAGE_FILE=/var/run/cuquota/usage",
+        "EXTRA=1",
+    ] {
+        assert!(env.contains(&want), "{want} missing from {env:?}");
+    }
+    let mounts = dev["containerEdits"]["mounts"].as_array().unwrap();
+    let mount = |c: &str| {
+        mounts
+            .iter()
+            .find(|m| m["containerPath"] == c)
+            .unwrap_or_else(|| panic!("no mount at {c}: {mounts:?}"))
+    };
+    let opts = |c: &str| {
+        mount(c)["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    for c in [
+        "/usr/lib/cuquota/libcuquota.so",
+        "/etc/cuquota/limits",
+        "/etc/cuquota/required",
+    ] {
+        assert!(
+            opts(c).contains(&"ro".into()) && opts(c).contains(&"bind".into()),
+            "{c}: {:?}",
+            opts(c)
+        );
+    }
+    assert!(opts("/var/run/cuquota/usage").contains(&"rw".into()));
+    // A priority and a reserve: the node's priority file, read-write.
+    assert!(opts("/etc/cuquota/priority").contains(&"rw".into()));
+    assert_eq!(
+        mount("/etc/cuquota/priority")["hostPath"],
+        n.p("state/priority").display().to_string()
+    );
+    assert!(n.p("state/priority").is_file());
+    assert_eq!(
+        mount("/etc/cuquota/limits")["hostPath"],
+        limits.display().to_string()
+    );
+    assert_eq!(
+        mount("/usr/lib/cuquota/libcuquota.so")["hostPath"],
+        n.p("lib/libcuquota.so").display().to_string()
+    );
+    assert!(Path::new(mount("/etc/cuquota/required")["hostPath"].as_str().unwrap()).is_file());
+    assert!(Path::new(mount("/var/run/cuquota/usage")["hostPath"].as_str().unwrap()).is_file());
+
+    // The pod's cgroup does not exist yet: no descriptor. Once it does, the plugin writes it.
+    let desc = n.p(&format!("agent/dra-{UID}-{POD_UID}.toml"));
+    assert!(!desc.exists());
+    let cg = n.p(&format!("cgroup/kubepods/burstable/pod{POD_UID}"));
+    std::fs::create_dir_all(&cg).unwrap();
+    for _ in 0..1000 {
+        if desc.exists() {
+            break;
+        }
+        // The plugin runs on this runtime: drive it while waiting.
+        n.rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(10)).await });
+    }
+    let text = std::fs::read_to_string(&desc).expect("the descriptor, once the pod's cgroup exists");
+    let t: toml::Value = toml::from_str(&text).unwrap();
+    assert_eq!(t["members"]["cgroup"].as_str(), Some(cg.to_str().unwrap()));
+    assert_eq!(t["limits"].as_str(), Some(limits.to_str().unwrap()));
+    assert_eq!(t["pod"].as_str(), Some("notebook-0"));
+    assert_eq!(t["namespace"].as_str(), Some("team-a"));
+    assert_eq!(t["enforce"]["memory"].as_str(), Some("kill"));
+
+    // Unprepare removes everything; a second unprepare is success.
+    assert_eq!(n.unprepare(UID), "");
+    assert!(!limits.exists() && !desc.exists());
+    assert!(!n.p(&format!("cdi/cuquota.io-gpu-{UID}.json")).exists());
+    assert_eq!(n.unprepare(UID), "");
+}
+
+#[test]
+fn prepare_is_idempotent_and_survives_a_restart() {
+    let mut n = Node::new();
+    let first = n.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(first[UID].error, "");
+    let usage = n.p(&format!("state/claims/{UID}/usage"));
+    let ino = |p: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(p).unwrap());
+    let usage_ino = ino(&usage);
+    let again = n.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(first, again);
+    assert_eq!(
+        ino(&usage),
+        usage_ino,
+        "the usage file a running container has open stays"
+    );
+
+    // Restart: the claim object is gone from the source, the checkpoint answers prepare, and unprepare works.
+    n.stop();
+    n.start();
+    let again = n.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(first, again);
+    std::fs::remove_file(n.p("claims/team-a/notebook-gpu.json")).unwrap();
+    n.stop();
+    n.start();
+    assert_eq!(n.unprepare(UID), "");
+    assert!(!n.p(&format!("state/claims/{UID}")).exists());
+    assert!(!n.p(&format!("cdi/cuquota.io-gpu-{UID}.json")).exists());
+}
+
+#[test]
+fn a_claim_the_node_cannot_honour_gets_its_error_and_no_files() {
+    let n = Node::new();
+    type Edit = fn(&mut serde_json::Value);
+    let bad: [(&str, &str, Edit); 6] = [
+        ("unknown-gpu", "11111111-0000-0000-0000-000000000001", |v| {
+            v["status"]["allocation"]["devices"]["results"][0]["device"] =
+                "gpu-ffffffff-0000-0000-0000-000000000000".into()
+        }),
+        ("not-allocated", "11111111-0000-0000-0000-000000000002", |v| {
+            v["status"].as_object_mut().unwrap().remove("allocation");
+        }),
+        ("too-much", "11111111-0000-0000-0000-000000000003", |v| {
+            v["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["memory"] = "81Gi".into()
+        }),
+        ("bad-policy", "11111111-0000-0000-0000-000000000004", |v| {
+            v["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["policy"] =
+                "disabled".into()
+        }),
+        ("typo", "11111111-0000-0000-0000-000000000005", |v| {
+            v["status"]["allocation"]["devices"]["config"][0]["opaque"]["parameters"]["polcy"] = "hard".into()
+        }),
+        ("uid-mismatch", "11111111-0000-0000-0000-000000000006", |v| {
+            v["metadata"]["uid"] = "22222222-0000-0000-0000-000000000000".into()
+        }),
+    ];
+    let mut ask = vec![("notebook-gpu", UID)];
+    for (name, uid, edit) in &bad {
+        let mut v = fixture();
+        v["metadata"]["uid"] = (*uid).into();
+        edit(&mut v);
+        n.put_claim(name, &v);
+        ask.push((name, uid));
+    }
+    ask.push(("missing", "11111111-0000-0000-0000-000000000007"));
+    let r = n.prepare(&ask);
+    assert_eq!(r.len(), ask.len(), "an answer per claim");
+    assert_eq!(r[UID].error, "", "a good claim beside bad ones is prepared");
+    let want = [
+        "is not a GPU of this node",
+        "not allocated",
+        "not within the device's",
+        "policy \"disabled\"",
+        "unknown field `polcy`",
+        "UID",
+        "cannot read the ResourceClaim",
+    ];
+    for ((name, uid), w) in ask[1..].iter().zip(want) {
+        let e = &r[*uid].error;
+        assert!(e.contains(w), "{name}: {e:?} should say {w:?}");
+        assert!(r[*uid].devices.is_empty());
+        assert!(
+            !n.p(&format!("state/claims/{uid}")).exists(),
+            "{name}: files written"
+        );
+        assert!(!n.p(&format!("cdi/cuquota.io-gpu-{uid}.json")).exists());
+    }
+
+    // Without the library on the node a claim is refused (the container would run without limits).
+    std::fs::remove_file(n.p("lib/libcuquota.so")).unwrap();
+    let mut v = fixture();
+    v["metadata"]["uid"] = "11111111-0000-0000-0000-000000000008".into();
+    n.put_claim("no-library", &v);
+    let r = n.prepare(&[("no-library", "11111111-0000-0000-0000-000000000008")]);
+    assert!(
+        r["11111111-0000-0000-0000-000000000008"]
+            .error
+            .contains("library"),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn a_claim_of_two_gpus_gets_one_cdi_device_with_both() {
+    let n = Node::new();
+    let gpu2 = "GPU-00000000-0000-0000-0000-000000000002";
+    let mut v = fixture();
+    let uid = "33333333-0000-0000-0000-000000000001";
+    v["metadata"]["uid"] = uid.into();
+    let results = &mut v["status"]["allocation"]["devices"]["results"];
+    let mut second = results[0].clone();
+    second["request"] = "second".into();
+    second["device"] = gpu2.to_lowercase().into();
+    second["consumedCapacity"] = serde_json::json!({"memory": "1536Mi", "sm": "50"});
+    let mut other = results[0].clone();
+    other["driver"] = "gpu.nvidia.com".into(); // another driver's device: not ours to prepare
+    results.as_array_mut().unwrap().extend([second, other]);
+    n.put_claim("two", &v);
+    let r = n.prepare(&[("two", uid)]);
+    let c = &r[uid];
+    assert_eq!(c.error, "", "{c:?}");
+    assert_eq!(c.devices.len(), 2);
+    assert_eq!(
+        c.devices[0].request_names,
+        vec!["gpu".to_string(), "second".into()]
+    );
+    assert_eq!(c.devices[0].cdi_device_ids, vec![format!("cuquota.io/gpu={uid}")]);
+    assert!(c.devices[1].cdi_device_ids.is_empty());
+    assert_eq!(c.devices[1].device_name, gpu2.to_lowercase());
+
+    let snap = *LimitsReader::open(&n.p(&format!("state/claims/{uid}/limits")))
+        .unwrap()
+        .snapshot();
+    let e2 = snap
+        .get(DeviceSelector::Uuid(parse_uuid(gpu2).unwrap()))
+        .unwrap()
+        .limits();
+    assert_eq!((e2.memory, e2.sm), (Some(1536 << 20), Some(50)));
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(n.layout.cdi_spec_path(uid)).unwrap()).unwrap();
+    let env: Vec<&str> = spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for want in [
+        &format!("CUDA_VISIBLE_DEVICES={GPU},{gpu2}") as &str,
+        "CUDA_DEVICE_MEMORY_LIMIT_0=4096m",
+        "CUDA_DEVICE_MEMORY_LIMIT_1=1536m",
+        "CUDA_DEVICE_SM_LIMIT_0=30",
+        "CUDA_DEVICE_SM_LIMIT_1=50",
+    ] {
+        assert!(env.contains(&want), "{want} missing from {env:?}");
+    }
+    assert!(
+        !env.iter().any(|e| e.starts_with("CUDA_DEVICE_SM_LIMIT=")),
+        "{env:?}"
+    );
+}
+
+#[test]
+fn the_pod_cgroup_is_found_in_the_kubelets_layouts() {
+    let dir = tempfile::tempdir().unwrap();
+    let uid = "aaaabbbb-cccc-dddd-eeee-ffff00001111";
+    assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), None);
+    // systemd driver, v1 memory hierarchy, besteffort pod.
+    let p = dir.path().join(
+        "memory/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podaaaabbbb_cccc_dddd_eeee_ffff00001111.slice",
+    );
+    std::fs::create_dir_all(&p).unwrap();
+    assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), Some(p));
+    // cgroupfs driver, v2 (the root): preferred over v1's hierarchies.
+    let v2 = dir.path().join(format!("kubepods/pod{uid}"));
+    std::fs::create_dir_all(&v2).unwrap();
+    assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), Some(v2));
+}

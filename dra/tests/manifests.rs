@@ -1,0 +1,127 @@
+//! Every Kubernetes object of the driver is valid against Kubernetes 1.37's OpenAPI schema
+//! (`kubernetes-validate --strict`, installed into .deps/k8s by scripts/setup.sh): the manifests in dra/deploy/,
+//! the ResourceClaim the tests prepare, and the ResourceSlice the plugin generates for a node (GPUs from NVML —
+//! here the simulator's — or from `--gpu`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// Runs `kubernetes-validate --strict` on `files`: (success, output).
+fn validate(files: &[PathBuf]) -> (bool, String) {
+    let deps = root().join(".deps/k8s");
+    assert!(
+        deps.join("kubernetes_validate").is_dir(),
+        "kubernetes-validate is not installed in {}: run scripts/setup.sh (test.sh runs it)",
+        deps.display()
+    );
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "kubernetes_validate",
+            "--strict",
+            "--kubernetes-version",
+            "1.37.0",
+        ])
+        .args(files)
+        .env("PYTHONPATH", deps)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("run python3");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn plugin(args: &[&str], env: &[(&str, String)]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_cuquota-dra-plugin"))
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn every_object_is_valid_kubernetes_1_37() {
+    let dir = tempfile::tempdir().unwrap();
+    // The slice from --gpu, and from NVML (the simulator: 2 GPUs of 80 GiB and 16 GiB).
+    let from_args = plugin(
+        &[
+            "--node",
+            "node-1",
+            "--gpu",
+            "GPU-0badc0de-1111-2222-3333-444455556666=80Gi=NVIDIA H100 80GB HBM3",
+            "--print-resource-slice",
+        ],
+        &[],
+    );
+    let sim_state = dir.path().join("sim.state");
+    let from_nvml = plugin(
+        &["--node", "node-2", "--print-resource-slice"],
+        &[
+            ("CUQUOTA_LIBNVML", shim_tests::sim_lib().display().to_string()),
+            ("CUDASIM_STATE", sim_state.display().to_string()),
+            ("CUDASIM_DEVICES", "2".into()),
+            ("CUDASIM_MEMORY", "80g,16g".into()),
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&from_nvml).unwrap();
+    let devs = v["spec"]["devices"].as_array().unwrap();
+    assert_eq!(devs.len(), 2, "{from_nvml}");
+    assert_eq!(devs[0]["capacity"]["memory"]["value"], "80Gi");
+    assert_eq!(devs[1]["capacity"]["memory"]["value"], "16Gi");
+    assert_eq!(devs[1]["allowMultipleAllocations"], true);
+    assert_eq!(v["spec"]["pool"]["name"], "node-2");
+    let mut files = Vec::new();
+    for (name, text) in [("slice-args.json", &from_args), ("slice-nvml.json", &from_nvml)] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        files.push(p);
+    }
+    for f in std::fs::read_dir(root().join("dra/deploy")).unwrap().flatten() {
+        files.push(f.path());
+    }
+    files.push(root().join("dra/tests/fixtures/claim.json"));
+    files.sort();
+    let (ok, out) = validate(&files);
+    assert!(ok, "kubernetes-validate rejected:\n{out}");
+    for want in [
+        "resourceslice/node-1-gpu.cuquota.io",
+        "resourceslice/node-2-gpu.cuquota.io",
+        "deviceclass/gpu.cuquota.io",
+        "resourceclaimtemplate/notebook-gpu",
+        "pod/notebook-0",
+        "daemonset/cuquota-dra-plugin",
+        "clusterrole/cuquota-dra-plugin",
+        "resourceclaim/notebook-gpu",
+    ] {
+        assert!(
+            out.contains(&format!("passed for resource {want} ")),
+            "{want} not checked:\n{out}"
+        );
+    }
+
+    // The validator can fail: a misspelt field of the slice is refused.
+    let bad = dir.path().join("bad.json");
+    std::fs::write(
+        &bad,
+        from_args.replace("allowMultipleAllocations", "allowMultipleAllocation"),
+    )
+    .unwrap();
+    let (ok, out) = validate(&[bad]);
+    assert!(
+        !ok && out.contains("allowMultipleAllocation"),
+        "a misspelt field must be refused:\n{out}"
+    );
+}
