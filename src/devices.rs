@@ -421,9 +421,10 @@ impl Devices {
             if !self.warned_no_priority_file.swap(true, Ordering::Relaxed) {
                 log!(
                     Level::Warn,
-                    "device {ordinal}: priority {} is not enforced: no priority file (the node agent creates {} \
-                     with `cuquota priority init` and mounts it read-write into every container with a priority; \
-                     or set CUQUOTA_PRIORITY_FILE)",
+                    "device {ordinal}: priority {} is not enforced: no priority file (the node agent creates the \
+                     container's file with `cuquota priority init`, mounts it read-write at {} and the node's \
+                     priority directory read-only beside it, at the same path + `.d`; or set \
+                     CUQUOTA_PRIORITY_FILE)",
                     p.as_str(),
                     cuquota_core::config::DEFAULT_PRIORITY_PATH
                 );

@@ -140,7 +140,7 @@ pub fn bench(secs: f64) {
     ];
     for (name, be_ns, short) in cases {
         let sim = Sim::new().build();
-        sim.create_priority_file();
+        sim.create_priority_dir();
         let alone = run(&sim, Mode::Bare, None, secs);
         let bare = run(&sim, Mode::Bare, Some(be_ns), secs);
         let prio = run(&sim, Mode::Priority, Some(be_ns), secs);

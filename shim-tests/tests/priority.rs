@@ -10,6 +10,7 @@
 //! waits behind the best-effort tenant's full queue (seconds), far outside that band.
 
 use cuquota_core::region::layout::{PRIORITY_HIGH, PRIORITY_LOW};
+use cuquota_core::region::PriorityRegion;
 use shim_tests::{mono_ns, Output, Prog, Sim, Window, GIB};
 use std::time::Duration;
 
@@ -39,8 +40,12 @@ enum Mode {
 fn agent<'a>(c: shim_tests::Cmd<'a>, sim: &Sim, container: &str, prio: u32) -> shim_tests::Cmd<'a> {
     let f = sim.dir().join(format!("limits.{container}"));
     sim.agent_limits(&f, |r| r.priority = prio);
-    c.env("CUQUOTA_LIMITS_FILE", f.to_str().unwrap())
-        .env("CUQUOTA_PRIORITY_FILE", sim.priority_file().to_str().unwrap())
+    c.env("CUQUOTA_LIMITS_FILE", f.to_str().unwrap()).env(
+        "CUQUOTA_PRIORITY_FILE",
+        sim.container_priority_file(container, prio == PRIORITY_HIGH)
+            .to_str()
+            .unwrap(),
+    )
 }
 
 struct Run {
@@ -83,6 +88,12 @@ fn be_cmd(sim: &Sim, mode: Mode, start_at: u64) -> shim_tests::Proc {
         Mode::AgentPriority => agent(c, sim, "be", PRIORITY_LOW),
     }
     .spawn()
+}
+
+/// The UUID of the device container `c` claimed in its priority file (it ran on it).
+fn device_uuid(sim: &Sim, c: &str) -> [u8; 16] {
+    let r = PriorityRegion::open_file(&sim.container_priority_file(c, false)).unwrap();
+    r.devices(mono_ns())[0].uuid
 }
 
 fn done(o: Output) -> Output {
@@ -133,7 +144,7 @@ fn ms(ns: u64) -> f64 {
 fn high_priority_bursts_wait_for_at_most_one_best_effort_kernel() {
     let _s = serial();
     let sim = Sim::new().build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let alone = run(&sim, Mode::Bare, false);
     let bare = run(&sim, Mode::Bare, true);
     let prio = run(&sim, Mode::Priority, true);
@@ -176,7 +187,7 @@ fn high_priority_bursts_wait_for_at_most_one_best_effort_kernel() {
 fn priorities_from_the_agents_limits_files_are_enforced_too() {
     let _s = serial();
     let sim = Sim::new().build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let alone = run(&sim, Mode::Bare, false);
     let prio = run(&sim, Mode::AgentPriority, true);
     let (a99, p99) = (pct(&alone.lat_ns, 99.0), pct(&prio.lat_ns, 99.0));
@@ -199,7 +210,7 @@ fn priorities_from_the_agents_limits_files_are_enforced_too() {
 fn without_a_high_priority_tenant_best_effort_uses_the_whole_device() {
     let _s = serial();
     let sim = Sim::new().build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let out = done(be_cmd(&sim, Mode::Priority, 0).finish());
     let w = out.window();
     let share = sim.share_pct(0, w.pid, w.t0, w.end);
@@ -211,7 +222,7 @@ fn without_a_high_priority_tenant_best_effort_uses_the_whole_device() {
 /// get of 12 GiB + 1 GiB on a 16 GiB device.
 fn reserve_scenario(reserve: u64) -> (Output, Output) {
     let sim = Sim::new().memory("16g").build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let limits = sim.dir().join("limits.be");
     sim.agent_limits(&limits, |r| r.reserved_memory = reserve);
     let mut be = sim
@@ -263,7 +274,8 @@ fn a_reservation_without_a_priority_file_fails_closed() {
 #[test]
 fn the_cli_creates_and_shows_the_priority_file() {
     let sim = Sim::new().build();
-    let f = sim.priority_file();
+    // The agent creates the high-priority container's file in the node directory.
+    let f = sim.create_priority_dir().join("hp.high");
     let f = f.to_str().unwrap();
     let out = sim.cli(&["priority", "init", f]);
     assert!(out.success(), "{out:?}");
@@ -293,8 +305,8 @@ fn the_cli_creates_and_shows_the_priority_file() {
 fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
     let _s = serial();
     let sim = Sim::new().build();
-    let region = sim.create_priority_file();
-    let region = cuquota_core::region::PriorityRegion::open(&region).unwrap();
+    // The scribbler is a high-priority container (the only one whose file best-effort tenants read).
+    let region = PriorityRegion::open_file(&sim.container_priority_file("hp", true)).unwrap();
     let be = |secs: f64| {
         let o = done(
             sim.cmd(Prog::PriorityTenant)
@@ -308,14 +320,17 @@ fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
         let w = o.window();
         sim.share_pct(0, w.pid, w.t0, w.end)
     };
-    be(0.2); // claims the device's entry
-    let id = region.devices(mono_ns())[0].id;
+    be(0.2); // claims the device's entry in its file
+    let id = region.device(&device_uuid(&sim, "be")).unwrap();
     let e = region.entry(id);
+    // The best-effort container's own token (a scribbler of its own container can only write that).
+    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
+    let be_token = be_file.entry(be_file.devices(mono_ns())[0].id);
     // A scribbler: a high-priority tenant "launching" an hour from now, the token held for an hour.
     let hour = 3_600_000_000_000;
     let now = mono_ns();
     e.note_hp_launch(now + hour, now + hour);
-    assert!(e.take_token(now, now + hour).is_ok());
+    assert!(be_token.take_token(now, now + hour).is_ok());
     let share = be(2.0);
     println!("best-effort with garbage in the priority file: {share:.1} %");
     assert!(
@@ -350,8 +365,7 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
     let _s = serial();
     let _h = shim_tests::heavy(); // 100–200 µs kernels, launched flat out until the change
     let sim = Sim::new().build();
-    let region = sim.create_priority_file();
-    let region = cuquota_core::region::PriorityRegion::open(&region).unwrap();
+    let region = PriorityRegion::open_file(&sim.container_priority_file("hp", true)).unwrap();
     let limits = sim.dir().join("limits.be");
     sim.agent_limits(&limits, |r| r.priority = 0);
     let start = mono_ns() + 1_000_000_000;
@@ -359,21 +373,24 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
         .cmd(Prog::PriorityTenant)
         .container("be")
         .env("CUQUOTA_LIMITS_FILE", limits.to_str().unwrap())
-        .env("CUQUOTA_PRIORITY_FILE", sim.priority_file().to_str().unwrap())
+        .env(
+            "CUQUOTA_PRIORITY_FILE",
+            sim.container_priority_file("be", false).to_str().unwrap(),
+        )
         .timeout(Duration::from_secs(60))
         .args(&format!("be 3 100000 200000 11 {start}"))
         .spawn();
     // A high-priority tenant whose queue is busy for the next 5 s, published before the change: ignored by a
     // tenant without a priority.
     std::thread::sleep(Duration::from_nanos(start.saturating_sub(mono_ns())));
-    let claimed = |r: &cuquota_core::region::PriorityRegion| r.devices(mono_ns()).first().map(|d| d.id);
-    let id = loop {
-        if let Some(id) = claimed(&region) {
-            break id;
+    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
+    let uuid = loop {
+        if let Some(d) = be_file.devices(mono_ns()).first() {
+            break d.uuid;
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let e = region.entry(id);
+    let e = region.entry(region.device(&uuid).unwrap());
     std::thread::sleep(Duration::from_millis(500));
     let now = mono_ns();
     e.note_hp_launch(now, now + 5_000_000_000);

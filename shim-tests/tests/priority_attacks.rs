@@ -7,6 +7,7 @@
 //! could write (`liar_file`): it adds no simulated process (at most two run at once).
 
 use cuquota_core::region::layout::{PriorityDevice, PriorityFile, MAX_DEVICES};
+use cuquota_core::region::PriorityRegion;
 use shim_tests::{mono_ns, Output, Prog, Sim, Window};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -26,13 +27,18 @@ const KERNEL_NS: u64 = 200_000;
 const GAP_NS: (u64, u64) = (10_000_000, 40_000_000);
 const BE_NS: (u64, u64) = (1_000_000, 5_000_000);
 
-/// The priority state a best-effort container "liar" can write: on main, the node's shared priority file.
+/// The priority state a best-effort container "liar" can write: its own file (on main it was the node's one
+/// shared file). The liar claims the device's entry there, as its shim would, once "be" has run on it.
 fn liar_file(sim: &Sim) -> PathBuf {
-    sim.priority_file()
+    let f = sim.container_priority_file("liar", false);
+    let be = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
+    let uuid = be.devices(mono_ns())[0].uuid;
+    PriorityRegion::open_file(&f).unwrap().device(&uuid).unwrap();
+    f
 }
 
 fn setup(sim: &Sim) {
-    sim.create_priority_file();
+    sim.create_priority_dir();
 }
 
 /// A best-effort container's process (priority 1).
