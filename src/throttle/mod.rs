@@ -49,7 +49,7 @@ use cuquota_core::region::PriorityEntry;
 use cuquota_core::{DeviceId, Policy, Priority};
 use engine::{Engine, Gpu, Poll, Shared, Ticket};
 use estimate::launch_key;
-use priority::{Completions, Gate, Priorities};
+use priority::{Completions, Gate, Priorities, Tracker};
 use probe::{EventApi, EventProbes};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -201,13 +201,13 @@ impl SmThrottle {
                 self.run(&gpu, &sh, t, stream, launch)
             }
             Some((Priority::Low, e)) => {
-                // Last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
-                let gate = self.prio.be_admit(e, idx, &Monotonic, &self.done);
-                let r = match ticket {
-                    Some(t) => self.run(&gpu, &sh, t, stream, launch),
-                    None => launch(),
-                };
-                self.be_after(e, idx, gate, stream, r.ok());
+                // Estimated (as high-priority launches are) for the budget of queued best-effort time; judged
+                // last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
+                let t = ticket.unwrap_or_else(|| self.engine.observe(idx, &sh, key, monotonic_ns(), &gpu));
+                let est = t.charged;
+                let gate = self.prio.be_admit(e, idx, est, &Monotonic, &self.done);
+                let r = self.run(&gpu, &sh, t, stream, launch);
+                self.be_after(e, idx, gate, stream, est, r.ok());
                 r
             }
             None => match ticket {
@@ -217,21 +217,24 @@ impl SmThrottle {
         }
     }
 
-    /// After a best-effort launch under the token: track its completion (the token comes back with it), or
-    /// give the token back at once when the launch failed or cannot be tracked.
-    fn be_after(&self, e: PriorityEntry<'_>, idx: usize, gate: Gate, stream: usize, ok: bool) {
-        if let Gate::Token { value, waited_ns } = gate {
-            if ok {
-                e.count_be_launch(waited_ns);
-                if !self.done.track(idx, stream, value, monotonic_ns()) {
-                    log!(
-                        Level::Debug,
-                        "best-effort launch not tracked: the priority token is held until it expires"
-                    );
-                }
-            } else {
-                e.release_token(value);
+    /// After a best-effort launch under the token: track its completion (the token comes back when all of
+    /// this process's tracked kernels are done), or give the token back at once when the launch failed and
+    /// nothing else of ours is queued.
+    fn be_after(&self, e: PriorityEntry<'_>, idx: usize, gate: Gate, stream: usize, est: u64, ok: bool) {
+        let Gate::Token { value, waited_ns } = gate else {
+            return;
+        };
+        if ok {
+            e.count_be_launch(waited_ns);
+            if !self.done.track(idx, stream, est, monotonic_ns()) {
+                log!(
+                    Level::Debug,
+                    "best-effort launch not tracked: the priority token is held until it expires"
+                );
             }
+        } else if self.done.reap(idx).1 == 0 {
+            e.release_token(value);
+            self.done.set_token(idx, None);
         }
     }
 

@@ -437,6 +437,17 @@ impl<'a> PriorityEntry<'a> {
         }
     }
 
+    /// Extends the hold of the token taken as `value` to `hold_until` (a holder with kernels still queued).
+    /// `Err(current)` when it is no longer ours (it expired and was taken over).
+    #[inline]
+    pub fn renew_token(&self, value: u64, hold_until: u64) -> Result<u64, u64> {
+        let mine = hold_until.max(value);
+        self.d
+            .be_token
+            .compare_exchange(value, mine, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| mine)
+    }
+
     /// Gives the token back if it is still the one taken as `value` (an expired token may have been taken over
     /// since: then it is not ours to free).
     #[inline]
