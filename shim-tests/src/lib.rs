@@ -500,6 +500,20 @@ impl Sim {
         own
     }
 
+    /// The own priority file of best-effort container `name`, with the entry of the device container `like`
+    /// claimed in its file (as `name`'s shim would claim it): what a lying tenant of `name` may write.
+    pub fn liar_priority_file(&self, name: &str, like: &str) -> PathBuf {
+        use cuquota_core::region::PriorityRegion;
+        let f = self.container_priority_file(name, false);
+        let other = PriorityRegion::open_file(&self.container_priority_file(like, false)).expect("open");
+        let uuid = other.devices(mono_ns())[0].uuid;
+        PriorityRegion::open_file(&f)
+            .expect("open")
+            .device(&uuid)
+            .expect("claim");
+        f
+    }
+
     /// The agent writes the `all` entry of the limits file `file` (created if needed; e.g. one per container,
     /// given to a command with `.env("CUQUOTA_LIMITS_FILE", …)`) through `edit`.
     pub fn agent_limits(&self, file: &Path, edit: impl FnOnce(&mut cuquota_core::PolicyRaw)) {
@@ -637,6 +651,75 @@ impl Drop for Sim {
 // ---------------------------------------------------------------------------------------------------------
 // Running programs
 // ---------------------------------------------------------------------------------------------------------
+
+/// Writes `words(now)` (hp_last_launch, hp_busy_until) into every device entry of `file` every `every`,
+/// until dropped: what a tenant with write access to that file can do without running any GPU work.
+pub struct PriorityLiar {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    t: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl PriorityLiar {
+    /// Starts the liar on `file`, writing every `every`.
+    pub fn start(file: &Path, every: Duration, words: fn(u64) -> (u64, u64)) -> PriorityLiar {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(file)
+            .expect("the liar opens the file it may write");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::spawn(move || {
+            let mut writes = 0u64;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let (last, busy) = words(mono_ns());
+                for i in 0..cuquota_core::region::layout::MAX_DEVICES {
+                    let base = std::mem::offset_of!(cuquota_core::region::layout::PriorityFile, devices)
+                        + i * std::mem::size_of::<cuquota_core::region::layout::PriorityDevice>();
+                    let at = |off: usize| (base + off) as u64;
+                    std::os::unix::fs::FileExt::write_all_at(
+                        &f,
+                        &last.to_ne_bytes(),
+                        at(std::mem::offset_of!(
+                            cuquota_core::region::layout::PriorityDevice,
+                            hp_last_launch
+                        )),
+                    )
+                    .unwrap();
+                    std::os::unix::fs::FileExt::write_all_at(
+                        &f,
+                        &busy.to_ne_bytes(),
+                        at(std::mem::offset_of!(
+                            cuquota_core::region::layout::PriorityDevice,
+                            hp_busy_until
+                        )),
+                    )
+                    .unwrap();
+                }
+                writes += 1;
+                std::thread::sleep(every);
+            }
+            writes
+        });
+        PriorityLiar { stop, t: Some(t) }
+    }
+
+    /// Lie 1 of issue 23: the high-priority state erased.
+    pub fn erase(_now: u64) -> (u64, u64) {
+        (0, 0)
+    }
+
+    /// Lie 2 of issue 23: a busy high-priority queue, republished (every 0.5 s in the tests).
+    pub fn forge(now: u64) -> (u64, u64) {
+        (now, now + 500_000_000)
+    }
+
+    /// Stops it; the number of rounds it wrote.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.t.take().unwrap().join().unwrap()
+    }
+}
 
 /// A program to run on a [`Sim`].
 pub struct Cmd<'a> {

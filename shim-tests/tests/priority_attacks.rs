@@ -6,13 +6,8 @@
 //! The liar needs no GPU work, so it is a thread of this test writing the words of the file its container
 //! could write (`liar_file`): it adds no simulated process (at most two run at once).
 
-use cuquota_core::region::layout::{PriorityDevice, PriorityFile, MAX_DEVICES};
-use cuquota_core::region::PriorityRegion;
-use shim_tests::{mono_ns, Output, Prog, Sim, Window};
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use shim_tests::{mono_ns, Output, PriorityLiar, Prog, Sim, Window};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// One test at a time: they time the device, and CI has 2 cores.
@@ -30,11 +25,7 @@ const BE_NS: (u64, u64) = (1_000_000, 5_000_000);
 /// The priority state a best-effort container "liar" can write: its own file (on main it was the node's one
 /// shared file). The liar claims the device's entry there, as its shim would, once "be" has run on it.
 fn liar_file(sim: &Sim) -> PathBuf {
-    let f = sim.container_priority_file("liar", false);
-    let be = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
-    let uuid = be.devices(mono_ns())[0].uuid;
-    PriorityRegion::open_file(&f).unwrap().device(&uuid).unwrap();
-    f
+    sim.liar_priority_file("liar", "be")
 }
 
 fn setup(sim: &Sim) {
@@ -53,55 +44,6 @@ fn hp_cmd<'a>(sim: &'a Sim, bare: bool) -> shim_tests::Cmd<'a> {
         c.no_preload()
     } else {
         c.priority("0")
-    }
-}
-
-/// Writes `words(now)` (hp_last_launch, hp_busy_until) into every device entry of `file` every `every`,
-/// until dropped: what a tenant with write access to that file can do without running any GPU work.
-struct Liar {
-    stop: Arc<AtomicBool>,
-    t: Option<std::thread::JoinHandle<u64>>,
-}
-
-impl Liar {
-    fn start(file: &Path, every: Duration, words: fn(u64) -> (u64, u64)) -> Liar {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(file)
-            .expect("the liar opens the file it may write");
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = stop.clone();
-        let t = std::thread::spawn(move || {
-            let mut writes = 0u64;
-            while !s.load(Ordering::Relaxed) {
-                let (last, busy) = words(mono_ns());
-                for i in 0..MAX_DEVICES {
-                    let base = std::mem::offset_of!(PriorityFile, devices)
-                        + i * std::mem::size_of::<PriorityDevice>();
-                    let at = |off: usize| (base + off) as u64;
-                    f.write_all_at(
-                        &last.to_ne_bytes(),
-                        at(std::mem::offset_of!(PriorityDevice, hp_last_launch)),
-                    )
-                    .unwrap();
-                    f.write_all_at(
-                        &busy.to_ne_bytes(),
-                        at(std::mem::offset_of!(PriorityDevice, hp_busy_until)),
-                    )
-                    .unwrap();
-                }
-                writes += 1;
-                std::thread::sleep(every);
-            }
-            writes
-        });
-        Liar { stop, t: Some(t) }
-    }
-
-    fn stop(mut self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.t.take().unwrap().join().unwrap()
     }
 }
 
@@ -124,7 +66,7 @@ fn ms(ns: u64) -> f64 {
 /// before it; `liar` runs meanwhile.
 fn bursts(sim: &Sim, bare: bool, with_be: bool, liar: Option<fn(u64) -> (u64, u64)>) -> Vec<u64> {
     let t = mono_ns() + 1_500_000_000;
-    let liar = liar.map(|w| Liar::start(&liar_file(sim), Duration::from_micros(50), w));
+    let liar = liar.map(|w| PriorityLiar::start(&liar_file(sim), Duration::from_micros(50), w));
     let be = with_be.then(|| {
         let c = be_cmd(sim, "be");
         let c = if bare { c.no_preload() } else { c };
@@ -172,7 +114,7 @@ fn a_tenant_erasing_the_high_priority_state_does_not_delay_bursts() {
     setup(&sim);
     let alone = bursts(&sim, true, false, None);
     let control = bursts(&sim, false, true, None);
-    let attacked = bursts(&sim, false, true, Some(|_| (0, 0)));
+    let attacked = bursts(&sim, false, true, Some(PriorityLiar::erase));
     for (what, v) in [("alone", &alone), ("with best-effort", &control)] {
         assert!(v.len() >= 20, "{what}: only {} bursts", v.len());
     }
@@ -224,7 +166,7 @@ fn a_tenant_forging_a_busy_high_priority_queue_does_not_stall_others() {
     setup(&sim);
     be_share(&sim, 0.2); // the device's entries exist from here on
     let control = be_share(&sim, 2.0);
-    let liar = Liar::start(&liar_file(&sim), Duration::from_millis(500), |now| {
+    let liar = PriorityLiar::start(&liar_file(&sim), Duration::from_millis(500), |now| {
         (now, now + 500_000_000)
     });
     let attacked = be_share(&sim, 2.0);
