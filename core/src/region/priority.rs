@@ -74,7 +74,9 @@ pub struct PriorityPeers {
     own: (u64, u64),
     slots: [AtomicPtr<Peer>; MAX_PEERS],
     next_scan: AtomicU64,
-    scanning: AtomicBool,
+    /// When the scan under way started (0 = none); one older than [`PEER_SCAN_NS`] is taken over (its thread
+    /// died with a fork: the child has only the forking thread).
+    scanning: AtomicU64,
 }
 
 struct Peer {
@@ -161,7 +163,7 @@ impl PriorityRegion {
             own: (own.dev(), own.ino()),
             slots: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next_scan: AtomicU64::new(0),
-            scanning: AtomicBool::new(false),
+            scanning: AtomicU64::new(0),
         };
         peers.scan(0);
         region.peers = Some(peers);
@@ -250,7 +252,13 @@ impl PriorityPeers {
 
     #[cold]
     fn scan(&self, now: u64) {
-        if self.scanning.swap(true, Ordering::Acquire) {
+        let cur = self.scanning.load(Ordering::Acquire);
+        if (cur != 0 && now.saturating_sub(cur) < PEER_SCAN_NS)
+            || self
+                .scanning
+                .compare_exchange(cur, now.max(1), Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
             return;
         }
         self.next_scan
@@ -304,7 +312,7 @@ impl PriorityPeers {
                 break;
             }
         }
-        self.scanning.store(false, Ordering::Release);
+        self.scanning.store(0, Ordering::Release);
     }
 
     /// The files mapped so far (present or not).
