@@ -232,7 +232,7 @@ impl SmThrottle {
                     "best-effort launch not tracked: the priority token is held until it expires"
                 );
             }
-        } else if self.done.reap(idx).1 == 0 {
+        } else if self.done.reap(idx, monotonic_ns()).n == 0 {
             e.release_token(value);
             self.done.set_token(idx, None);
         }

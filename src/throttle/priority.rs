@@ -1,21 +1,23 @@
 //! Priority between the tenants of one GPU: high-priority (latency-critical) tenants publish their activity in
-//! the node's priority file; best-effort (low-priority) tenants yield to it. User reference: docs/priority.md.
+//! their container's priority file; best-effort (low-priority) tenants read the high-priority containers'
+//! files (read-only) and yield to it. User reference: docs/priority.md.
 //!
 //! Why this shape: a GPU does not pre-empt a running kernel (nor does the simulator), so what sits in the
 //! device's queue when a high-priority burst arrives delays it whole. The one lever an in-process library has
 //! is *when best-effort work is submitted*. So, on each device:
 //! - a high-priority launch stores its time and raises the estimated end of the high-priority queue (its
 //!   process's estimate: the throttle's per-kernel estimates, measured with events);
-//! - while a high-priority tenant is **present** (launched within [`PRESENT_NS`]), a best-effort launch needs
-//!   the device's one best-effort **token**: at most one best-effort kernel, of all best-effort tenants, is
-//!   queued at a time, so a burst waits for at most one of them (the bound that REEF gets by pre-emption and
-//!   Orion by limiting outstanding best-effort work, without either);
+//! - while a high-priority tenant is **present** (launched within [`PRESENT_NS`]), a best-effort process keeps
+//!   at most [`BUDGET_NS`] of estimated kernel time queued (or one kernel, if longer) and launches under its
+//!   container's **token** (one process of the container at a time), so a burst finds at most that ahead of
+//!   it per best-effort container (the bound that REEF gets by pre-emption and Orion by limiting outstanding
+//!   best-effort work, without either);
 //! - and it starts only when the high-priority queue is empty and the high-priority tenant has not launched
 //!   for [`QUIET_NS`] (so it does not slip in between the kernels of a burst the host is still issuing);
 //! - when no high-priority tenant is present, best-effort tenants launch freely (their own SM limit applies).
 //!
-//! The token holder gives it back when it sees its kernel complete (an event recorded after the launch), at
-//! its next launch; a holder that never comes back (exited, died) loses it when its hold expires.
+//! The token holder gives it back when it has seen all its kernels complete (an event recorded after each
+//! launch), at its next launch; a holder that never comes back (exited, died) loses it when its hold expires.
 
 use super::clock::Clock;
 use super::probe::{stream_ctx, EventApi};
@@ -43,11 +45,12 @@ pub(crate) const FIRST_HOLD_NS: u64 = 1_000_000_000;
 /// Bounds of a hold learned from this process's kernels (4 × the last one + 5 ms).
 pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 
-/// Estimated best-effort device time a container may keep queued while a high-priority tenant is present:
-/// what a burst may find ahead of it (one kernel is always allowed, however long). Several kernels queued
-/// hide the wake-up between two of them, which one kernel at a time paid per kernel (57–70 % of the idle time
-/// with 100 µs kernels); 300 µs keeps a 4 ms burst within 1.1 × its time alone.
-pub(crate) const BUDGET_NS: u64 = 300_000;
+/// Estimated best-effort device time a process may keep queued while a high-priority tenant is present (the
+/// oldest kernel counted by what is left of it): what a burst may find ahead of it (one kernel is always
+/// allowed, however long). The next kernel is queued before the current one ends, which hides the wake-up
+/// that one kernel at a time paid per kernel (57–70 % of the idle time with 100 µs kernels); 400 µs keeps a
+/// 4 ms burst within 1.1 × its time alone (bench-throttle, docs/priority.md).
+pub(crate) const BUDGET_NS: u64 = 400_000;
 /// Most best-effort kernels a process tracks per device (one event each).
 pub(crate) const QUEUE: usize = 16;
 
@@ -67,15 +70,28 @@ pub(crate) enum Gate {
 
 /// This process's best-effort kernels queued under the token, per device.
 pub(crate) trait Tracker {
-    /// Forgets the kernels seen complete (never waits): (estimated ns still queued, kernels still queued, the
-    /// token this process holds).
-    fn reap(&self, dev: usize) -> (u64, usize, Option<u64>);
+    /// Forgets the kernels seen complete (never waits) and says what is still queued at `now`.
+    fn reap(&self, dev: usize, now: u64) -> Queued;
     /// Waits until the oldest kernel still queued has completed.
     fn wait_oldest(&self, dev: usize);
     /// Records that this process holds the token `v` (`None`: no longer).
     fn set_token(&self, dev: usize, v: Option<u64>);
     /// How long this process's last tracked kernel took from launch to seen complete (0 = none seen yet).
     fn last_ns(&self, dev: usize) -> u64;
+}
+
+/// This process's best-effort kernels still queued on a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Queued {
+    /// Estimated device time left: the oldest kernel's estimate less the time it has run (counted from its
+    /// launch or the previous one's completion, whichever is later), plus the others'.
+    pub(crate) left_ns: u64,
+    /// Of it, the oldest kernel's.
+    pub(crate) head_left_ns: u64,
+    /// How many.
+    pub(crate) n: usize,
+    /// The container's token, while this process holds it.
+    pub(crate) token: Option<u64>,
 }
 
 /// Per-process priority state: the high-priority queue estimate per device (usage device index).
@@ -133,7 +149,8 @@ impl Priorities {
         let mut waited = false;
         loop {
             let now = clock.now_ns();
-            let (queued, n, held) = tr.reap(dev);
+            let q = tr.reap(dev, now);
+            let (n, held) = (q.n, q.token);
             if let (0, Some(v)) = (n, held) {
                 // Everything we queued is done: the token goes back.
                 e.release_token(v);
@@ -144,9 +161,16 @@ impl Priorities {
             if hp.last_launch == 0 || now.saturating_sub(hp.last_launch) >= PRESENT_NS {
                 return Gate::Free; // nobody to yield to
             }
-            if n >= QUEUE || (n > 0 && queued.saturating_add(est_ns) > BUDGET_NS) {
+            let over = q.left_ns.saturating_add(est_ns).saturating_sub(BUDGET_NS);
+            if n >= QUEUE || (n > 0 && over > 0) {
+                // Room comes when the oldest kernel has run `over` more: sleep until then if it will still be
+                // running (the next kernel is queued before it ends: no gap), else wait for it to complete.
                 waited = true;
-                tr.wait_oldest(dev);
+                if n < QUEUE && over < q.head_left_ns {
+                    clock.sleep_until(now + over);
+                } else {
+                    tr.wait_oldest(dev);
+                }
                 continue;
             }
             let busy_until = hp.busy_until.max(hp.last_launch.saturating_add(QUIET_NS));
@@ -197,6 +221,8 @@ pub(crate) struct BeSlot {
     q: [(u64, u64); QUEUE],
     /// Ring position of the oldest queued kernel, and how many are queued.
     head: usize,
+    /// Since when the oldest has been running, at the latest (its launch, or the previous one's completion).
+    head_since: u64,
     len: usize,
     /// Kernels popped so far (tells a waiter whether the kernel it waited for is still the oldest).
     popped: u64,
@@ -209,6 +235,7 @@ impl BeSlot {
         let (_, launched) = self.q[self.head];
         let now = super::clock::monotonic_ns();
         last.store(now.saturating_sub(launched).max(1), Ordering::Relaxed);
+        self.head_since = now;
         self.head = (self.head + 1) % QUEUE;
         self.len -= 1;
         self.popped += 1;
@@ -258,6 +285,9 @@ impl Completions {
         // SAFETY: our event, recorded on the program's stream of the same context.
         if unsafe { (api.cuEventRecord)(g.evs[at] as *mut c_void, stream as *mut c_void) }.ok() {
             g.q[at] = (est_ns, now);
+            if g.len == 0 {
+                g.head_since = now;
+            }
             g.len += 1;
             true
         } else {
@@ -273,7 +303,7 @@ impl Completions {
 }
 
 impl Tracker for Completions {
-    fn reap(&self, dev: usize) -> (u64, usize, Option<u64>) {
+    fn reap(&self, dev: usize, now: u64) -> Queued {
         let mut g = self.slots[dev].lock();
         if let Some(api) = self.api.as_ref() {
             // SAFETY: our events.
@@ -281,8 +311,20 @@ impl Tracker for Completions {
                 g.pop(&self.last[dev]);
             }
         }
-        let queued = (0..g.len).map(|i| g.q[(g.head + i) % QUEUE].0).sum();
-        (queued, g.len, g.token)
+        if g.len == 0 {
+            return Queued {
+                token: g.token,
+                ..Queued::default()
+            };
+        }
+        let head_left_ns = g.q[g.head].0.saturating_sub(now.saturating_sub(g.head_since));
+        let rest: u64 = (1..g.len).map(|i| g.q[(g.head + i) % QUEUE].0).sum();
+        Queued {
+            left_ns: head_left_ns.saturating_add(rest),
+            head_left_ns,
+            n: g.len,
+            token: g.token,
+        }
     }
 
     fn wait_oldest(&self, dev: usize) {
@@ -374,13 +416,19 @@ mod tests {
     }
 
     impl Tracker for FakeTracker<'_> {
-        fn reap(&self, _dev: usize) -> (u64, usize, Option<u64>) {
+        fn reap(&self, _dev: usize, now: u64) -> Queued {
             let mut q = self.q.borrow_mut();
-            while q.front().is_some_and(|k| k.1 <= self.clock.now_ns()) {
+            while q.front().is_some_and(|k| k.1 <= now) {
                 q.pop_front();
                 self.last.set(1);
             }
-            (q.iter().map(|k| k.0).sum(), q.len(), self.token.get())
+            let head_left_ns = q.front().map_or(0, |k| k.0.min(k.1 - now));
+            Queued {
+                left_ns: head_left_ns + q.iter().skip(1).map(|k| k.0).sum::<u64>(),
+                head_left_ns,
+                n: q.len(),
+                token: self.token.get(),
+            }
         }
         fn wait_oldest(&self, _dev: usize) {
             if let Some((_, at)) = self.q.borrow_mut().pop_front() {
@@ -456,12 +504,23 @@ mod tests {
         assert_eq!(
             clock.now_ns(),
             T0 + QUIET_NS,
-            "three 100 µs kernels queued without a wait"
+            "a budget of 100 µs kernels queued without a wait"
         );
-        // The fourth waits for the first to complete: never more than the budget queued.
+        // The next waits until the first has run its course (sleeping, not waiting for it: no gap between
+        // kernels): never more than the budget queued.
         assert!(matches!(p.be_admit(e, 0, k, &clock, &tr), Gate::Token { .. }));
         assert_eq!(clock.now_ns(), T0 + QUIET_NS + k);
-        assert_eq!(tr.reap(0).0 + k, BUDGET_NS);
+        assert_eq!(tr.reap(0, clock.now_ns()).left_ns + k, BUDGET_NS);
+        tr.launched(k);
+        // Two kernels of 3/4 of the budget: the second goes when the first has a quarter of the budget left.
+        clock.advance(BUDGET_NS);
+        assert_eq!(tr.reap(0, clock.now_ns()).n, 0);
+        let l = BUDGET_NS * 3 / 4;
+        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        tr.launched(l);
+        let t = clock.now_ns();
+        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert_eq!(clock.now_ns(), t + 2 * l - BUDGET_NS);
         // All done: the token goes back at the next admission.
         tr.launched(k);
         clock.advance(PRESENT_NS);
