@@ -407,3 +407,73 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
     assert!(before >= 50.0, "without a priority it did not run: {before:.1} %");
     assert!(after <= 10.0, "the live priority did not apply: {after:.1} %");
 }
+
+/// Multi-device cooperative launches (`cuLaunchCooperativeKernelMultiDevice`) of a best-effort tenant are
+/// gated like its single launches (issue 23); without cuquota they queue in front of the bursts (the control).
+#[test]
+fn multi_device_cooperative_launches_are_gated_too() {
+    let _s = serial();
+    let sim = Sim::new().build();
+    sim.create_priority_dir();
+    // 1–3 ms: a cooperative grid has at most 32 blocks per SM, and a kernel here is waves of kmin / 10.
+    let be_ns = (1_000_000, 3_000_000);
+    let run = |bare: bool, with_be: bool| {
+        let t = mono_ns() + 1_500_000_000;
+        let be = with_be.then(|| {
+            let c = sim.cmd(Prog::PriorityTenant).container("be");
+            let c = if bare { c.no_preload() } else { c.priority("1") };
+            c.env("PT_BE_MULTI", "1")
+                .timeout(Duration::from_secs(60))
+                .args(&format!(
+                    "be {} {} {} 11 {}",
+                    SECS + 1.0,
+                    be_ns.0,
+                    be_ns.1,
+                    t - 500_000_000
+                ))
+                .spawn()
+        });
+        let c = sim.cmd(Prog::PriorityTenant).container("hp");
+        let c = if bare { c.no_preload() } else { c.priority("0") };
+        let hp = done(
+            c.timeout(Duration::from_secs(60))
+                .args(&format!(
+                    "hp {SECS} {BURST} {KERNEL_NS} {} {} 7 {t}",
+                    GAP_NS.0, GAP_NS.1
+                ))
+                .spawn()
+                .finish(),
+        );
+        if let Some(b) = be {
+            let b = done(b.finish());
+            assert!(b.num("kernels") > 0, "{b:?}");
+        }
+        hp.val("lat_ns")
+            .split(',')
+            .map(|v| v.parse().expect("latency"))
+            .collect::<Vec<u64>>()
+    };
+    let alone = run(true, false);
+    let bare = run(true, true);
+    let prio = run(false, true);
+    let (a99, b99, p99) = (pct(&alone, 99.0), pct(&bare, 99.0), pct(&prio, 99.0));
+    println!(
+        "multi-device best-effort: burst p99 alone {:.2} ms, no cuquota {:.2} ms, priority {:.2} ms ({} bursts)",
+        ms(a99),
+        ms(b99),
+        ms(p99),
+        prio.len()
+    );
+    let bound = a99 + be_ns.1 + 5_000_000;
+    assert!(
+        b99 > bound,
+        "the control: multi-device launches did not delay the bursts without cuquota"
+    );
+    assert!(
+        p99 <= bound,
+        "p99 {:.2} ms next to ungated multi-device launches > {:.2} ms",
+        ms(p99),
+        ms(bound)
+    );
+    assert!(prio.len() >= 20, "only {} bursts", prio.len());
+}

@@ -439,17 +439,42 @@ impl SmThrottle {
     ) -> CUresult {
         let gpu = self.driver(nvml);
         let mut admitted: Vec<(Shared<'_>, Ticket, usize, u64)> = Vec::with_capacity(parts.len());
+        // Best-effort parts gated by priority, as single launches are (each device's gate in turn).
+        let mut gated: Vec<(PriorityEntry<'_>, usize, Gate, usize, u64)> = Vec::new();
         for &(ord, key, stream) in parts {
             let Some(dev) = self.charged(cuda, ord) else {
                 continue;
             };
             let lim = self.devices.policy(dev);
-            if !lim.throttles() {
+            let prio = lim
+                .priority
+                .and_then(|p| Some((p, self.devices.priority_entry(dev)?)));
+            if !lim.throttles() && prio.is_none() {
                 continue;
             }
             let sh = self.shared(dev.id);
-            if let Some(t) = self.admit(&gpu, dev, lim, key, &sh) {
-                admitted.push((sh, t, stream, 0));
+            let idx = dev.id.index();
+            let ticket = if lim.throttles() {
+                self.admit(&gpu, dev, lim, key, &sh)
+            } else {
+                None
+            };
+            let estimated = |t: Option<Ticket>| {
+                t.unwrap_or_else(|| self.engine.observe(idx, &sh, key, monotonic_ns(), &gpu))
+            };
+            match prio {
+                Some((Priority::High, e)) => {
+                    let t = estimated(ticket);
+                    self.prio.hp_launch(e, idx, monotonic_ns(), t.charged);
+                    admitted.push((sh, t, stream, 0));
+                }
+                Some((Priority::Low, e)) => {
+                    let t = estimated(ticket);
+                    let gate = self.prio.be_admit(e, idx, t.charged, &Monotonic, &self.done);
+                    gated.push((e, idx, gate, stream, t.charged));
+                    admitted.push((sh, t, stream, 0));
+                }
+                None => admitted.extend(ticket.map(|t| (sh, t, stream, 0))),
             }
         }
         let at = monotonic_ns();
@@ -459,6 +484,9 @@ impl SmThrottle {
         let r = launch();
         for (sh, t, stream, h) in &admitted {
             self.finish(&gpu, sh, t, *h, *stream, r.ok(), at);
+        }
+        for (e, idx, gate, stream, est) in gated {
+            self.be_after(e, idx, gate, stream, est, r.ok());
         }
         r
     }
