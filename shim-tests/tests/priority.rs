@@ -2,8 +2,8 @@
 //! best-effort kernel, the best-effort tenant still fills most of the time the high-priority one leaves idle,
 //! and memory reserved for high priority is never taken by a best-effort tenant.
 //!
-//! The tenants are `c/priority_tenant.c` in two containers (two usage files) sharing the node's priority file.
-//! Burst latencies end on the simulator's device timeline (the program finds when its last kernel ended), and
+//! The tenants are `c/priority_tenant.c` in two containers (two usage files), each with its own priority file
+//! in the node's priority directory. Burst latencies end on the simulator's device timeline (the program finds when its last kernel ended), and
 //! shares come from the timeline (`Sim::busy_ns`). Kernels are ≥ 200 µs in bursts of 20 followed by idle gaps,
 //! and the best-effort kernels are ≥ 1 ms, so neither program is CPU-heavy. Bands: the with-cuquota p99 must
 //! stay within alone + one longest best-effort kernel + 5 ms of slack for a busy CPU; without cuquota the burst
@@ -30,7 +30,7 @@ const BE_NS: (u64, u64) = (1_000_000, 5_000_000);
 enum Mode {
     /// Both tenants without the shim.
     Bare,
-    /// Both under cuquota with priorities (0 and 1) and the node's priority file.
+    /// Both under cuquota with priorities (0 and 1) and their containers' priority files.
     Priority,
     /// The same, with the priorities set by the agent's limits files (`limits.hp`, `limits.be`) instead.
     AgentPriority,

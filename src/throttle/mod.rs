@@ -16,7 +16,7 @@
 //! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation of other containers;
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
 //! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests;
-//! - [`priority`]: high-priority tenants publish their launches in the node's priority file, best-effort
+//! - [`priority`]: high-priority tenants publish their launches in their container's priority file, best-effort
 //!   tenants yield to them (docs/priority.md);
 //! - [`stream`]: which device a launch runs on (its stream's, not the current context's).
 //!
