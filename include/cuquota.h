@@ -59,15 +59,19 @@
  *   Tools that only read (status) may read any field with relaxed loads.
  *
  * ---------------------------------------------------------------------------------------------------------
- * PRIORITY FILE (default /etc/cuquota/priority; one per node, created by the agent with `cuquota priority
- * init`, mounted read-write into every container that has a priority on a GPU; docs/priority.md)
+ * PRIORITY FILES (CUQUOTA_PRIORITY_ABI_VERSION 5; docs/priority.md). One file per container with a priority,
+ * in a node directory the agent owns: NAME.high for a high-priority container, anything else is not high. The
+ * directory is mounted read-only into every such container at <own file>.d (default /etc/cuquota/priority.d),
+ * and the container's own file read-write at /etc/cuquota/priority (or CUQUOTA_PRIORITY_FILE). A container
+ * writes only its own file; best-effort tenants trust the high-priority words of *.high files only.
  *
  *   Header initialised like the usage file's (magic CUQUOTA_PRIORITY_MAGIC last). Device entries are claimed
  *   by UUID exactly like usage device entries. Times are CLOCK_MONOTONIC ns; a time more than 10 s ahead of
  *   now is garbage (ignored, overwritten). High-priority launches store hp_last_launch = now and raise
- *   hp_busy_until to their estimated drain time. be_token: 0 = free, else the time its holder's kernel is
- *   presumed done; taken by CAS when 0, expired or garbage, released by CAS(value, 0). inflight[i]:
- *   CUQUOTA_INFLIGHT(mib, expiry second), claimed by CAS from 0 or expired, released by CAS(word, 0).
+ *   hp_busy_until to their estimated drain time. be_token (the container's own): 0 = free, else the time its
+ *   holder's kernel is presumed done; taken by CAS when 0, expired or garbage, released by CAS(value, 0).
+ *   inflight[i]: CUQUOTA_INFLIGHT(mib, expiry second), claimed by CAS from 0 or expired, released by
+ *   CAS(word, 0); readers sum the live words of every file in the directory.
  */
 #ifndef CUQUOTA_H
 #define CUQUOTA_H
@@ -227,12 +231,13 @@ struct cuquota_usage_file {
 };
 
 #define CUQUOTA_PRIORITY_MAGIC 0x524f495250515543ULL /* "CUQPRIOR" as little-endian bytes */
+#define CUQUOTA_PRIORITY_ABI_VERSION 5u
 #define CUQUOTA_PRIORITY_INFLIGHT 8
 #define CUQUOTA_INFLIGHT(mib, expires_s) ((uint64_t)(uint32_t)(mib) | ((uint64_t)(uint32_t)(expires_s) << 32))
 
 struct cuquota_priority_header {
     uint64_t magic;          /* CUQUOTA_PRIORITY_MAGIC, stored last */
-    uint32_t abi_version;    /* CUQUOTA_ABI_VERSION */
+    uint32_t abi_version;    /* CUQUOTA_PRIORITY_ABI_VERSION */
     uint32_t header_size;    /* sizeof(struct cuquota_priority_header) */
     uint64_t total_size;     /* sizeof(struct cuquota_priority_file) */
     uint32_t max_devices;    /* CUQUOTA_MAX_DEVICES */

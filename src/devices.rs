@@ -1,7 +1,7 @@
 //! The devices this process uses and what each may use: the ground both policies (`memory`, `throttle`) stand
 //! on.
 //!
-//! Owns: the configuration, the container's usage region, the agent's limits files, the node's priority file
+//! Owns: the configuration, the container's usage region, the agent's limits files, the container's priority file
 //! (when there is one), and per CUDA ordinal the device's identity (UUID → usage-region entry and priority
 //! entry), allocation granularity and **effective [`Policy`]** — the
 //! process's own (env/config) tightened by every agent limits file. The policy is cached as
@@ -41,7 +41,7 @@ pub(crate) struct Dev {
 /// Per-ordinal facts, learned once; the policy is recomputed when a limits file changes.
 struct DevInfo {
     id: DeviceId,
-    /// Its entry in the node's priority file (none without a file, or when the file has no room).
+    /// Its entry in the container's priority file (none without a file, or when the file has no room).
     prio: Option<PriorityDeviceId>,
     uuid: [u8; 16],
     granularity: u64,
@@ -78,7 +78,7 @@ pub(crate) struct Devices {
     memory_limited: AtomicBool,
     /// `launch_limited` or `memory_limited`: the launch hooks' one fast "no" when false.
     launch_hooked: AtomicBool,
-    /// The node's priority file, shared with the other containers on the GPUs.
+    /// The container's priority file, with the node's directory of every container's (read-only).
     priority: Option<PriorityRegion>,
     /// A priority applies but there is no priority file (warned once).
     warned_no_priority_file: AtomicBool,
@@ -406,7 +406,7 @@ impl Devices {
         self.launch_hooked.store(sm || prio || mem, Ordering::Relaxed);
     }
 
-    /// The device's entry in the node's priority file, if there is a file and the entry.
+    /// The device's entry in the container's priority file, if there is a file and the entry.
     #[inline]
     pub(crate) fn priority_entry(&self, dev: Dev) -> Option<PriorityEntry<'_>> {
         let region = self.priority.as_ref()?;
@@ -421,9 +421,10 @@ impl Devices {
             if !self.warned_no_priority_file.swap(true, Ordering::Relaxed) {
                 log!(
                     Level::Warn,
-                    "device {ordinal}: priority {} is not enforced: no priority file (the node agent creates {} \
-                     with `cuquota priority init` and mounts it read-write into every container with a priority; \
-                     or set CUQUOTA_PRIORITY_FILE)",
+                    "device {ordinal}: priority {} is not enforced: no priority file (the node agent creates the \
+                     container's file with `cuquota priority init`, mounts it read-write at {} and the node's \
+                     priority directory read-only beside it, at the same path + `.d`; or set \
+                     CUQUOTA_PRIORITY_FILE)",
                     p.as_str(),
                     cuquota_core::config::DEFAULT_PRIORITY_PATH
                 );

@@ -305,7 +305,8 @@ fn init(exports: Exports) -> Process {
         Ok(u) => u,
         Err(e) => return fail(format_args!("{e}")),
     };
-    // The node's priority file: one that is named (or is the agent's default) must open (fail closed).
+    // The container's priority file and the node's directory beside it: named (or the agent's default), they
+    // must open (fail closed).
     let priority = match &cfg.priority_path {
         Some(p) => match PriorityRegion::open(p) {
             Ok(r) => Some(r),

@@ -49,7 +49,7 @@ enum Command {
         #[command(subcommand)]
         command: limits::LimitsCommand,
     },
-    /// Create and show the node's priority file (best-effort tenants yield to high-priority ones through it)
+    /// Create and show a container's priority file (best-effort tenants yield to high-priority ones through them)
     Priority {
         #[command(subcommand)]
         command: priority::PriorityCommand,

@@ -1,5 +1,6 @@
-//! `cuquota priority …`: create and show the node's priority file, through which best-effort tenants yield to
-//! high-priority tenants of other containers on the same GPU (docs/priority.md).
+//! `cuquota priority …`: create and show a container's priority file (one per container with a priority, in
+//! the node's priority directory), through which best-effort tenants yield to high-priority tenants of other
+//! containers on the same GPU (docs/priority.md).
 
 use std::path::PathBuf;
 
@@ -16,15 +17,17 @@ pub const SCHEMA: &str = "cuquota.priority/v1";
 
 #[derive(Subcommand)]
 pub enum PriorityCommand {
-    /// Create the node's priority file (mode 0666), or check an existing one; mount it read-write into every
-    /// container that has a priority on a GPU
+    /// Create a container's priority file (mode 0666), or check an existing one: DIR/NAME.high for a
+    /// high-priority container, DIR/NAME.low for the others (rename to change it live). Mount DIR read-only
+    /// into every container with a priority at /etc/cuquota/priority.d, and the container's own file
+    /// read-write at /etc/cuquota/priority
     Init {
-        /// The priority file (the shim's default is /etc/cuquota/priority)
+        /// The container's priority file in the node's priority directory
         file: PathBuf,
     },
     /// Per GPU: when a high-priority tenant last launched, its queue, the best-effort token, waits, refusals
     Show {
-        /// The priority file
+        /// A container's priority file
         file: PathBuf,
         /// JSON on stdout (schema cuquota.priority/v1)
         #[arg(long)]
@@ -96,7 +99,7 @@ pub fn run(cmd: PriorityCommand) -> CmdResult {
             println!("{}: priority file ready", file.display());
         }
         PriorityCommand::Show { file, json } => {
-            let region = PriorityRegion::open(&file)?;
+            let region = PriorityRegion::open_file(&file)?;
             let now = monotonic_ns();
             let report = PriorityReport {
                 schema: SCHEMA,

@@ -185,8 +185,9 @@ fn rust_layout() -> BTreeMap<String, u64> {
             owner_generation(owner_word(1, 2, 0x100_0005)).into(),
         ),
     ];
-    let priority_consts: [(&str, u64); 3] = [
+    let priority_consts: [(&str, u64); 4] = [
         ("CUQUOTA_PRIORITY_MAGIC", PRIORITY_MAGIC),
+        ("CUQUOTA_PRIORITY_ABI_VERSION", PRIORITY_ABI_VERSION.into()),
         ("CUQUOTA_PRIORITY_INFLIGHT", PRIORITY_INFLIGHT as u64),
         (
             "CUQUOTA_INFLIGHT(123, 0xfedcba98)",

@@ -9,7 +9,8 @@
  *       A best-effort tenant: kernels of a random length in [KMIN_NS, KMAX_NS] launched as fast as the driver
  *       (and cuquota) accept them, until SECONDS have passed; then cuCtxSynchronize. PT_BE_DEPTH=N (environment)
  *       synchronises after every N launches, as a training loop does (default: never; a real GPU then queues
- *       seconds of work, which no tenant's latency figure is about).
+ *       seconds of work, which no tenant's latency figure is about). PT_BE_MULTI=1 launches through
+ *       cuLaunchCooperativeKernelMultiDevice (one entry: this device) instead of cuLaunchKernel.
  *
  * Both print pid, t0_ns and end_ns (CLOCK_MONOTONIC: the window they worked in), mode, kernels and busy_ns
  * (the device time of what they launched).
@@ -43,6 +44,7 @@ static struct {
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
+    CUresult (*LaunchMulti)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned); /* PT_BE_MULTI only */
     unsigned (*BusyNs)(unsigned, unsigned, unsigned long long, unsigned long long, unsigned long long *);
 } d;
 
@@ -128,6 +130,7 @@ static void setup(uint64_t unit) {
     R(StreamCreate, "cuStreamCreate");
     R(StreamSynchronize, "cuStreamSynchronize");
     R(LaunchKernel, "cuLaunchKernel");
+    if (getenv("PT_BE_MULTI")) R(LaunchMulti, "cuLaunchCooperativeKernelMultiDevice");
 #undef R
     *(void **)&d.BusyNs = dlsym(lib, "cudasimDeviceBusyNs"); /* NULL on a real driver */
     CK(d.Init(0));
@@ -154,6 +157,18 @@ static uint64_t launch(uint64_t ns) {
     if (d.BusyNs) {
         uint64_t waves = ns / unit_ns;
         if (waves == 0) waves = 1;
+        if (d.LaunchMulti) {
+            CUDA_LAUNCH_PARAMS lp;
+            memset(&lp, 0, sizeof lp);
+            lp.function = spin_fn;
+            lp.gridDimX = (unsigned)(waves * (uint64_t)sms);
+            lp.gridDimY = lp.gridDimZ = 1;
+            lp.blockDimX = 32;
+            lp.blockDimY = lp.blockDimZ = 1;
+            lp.hStream = stream;
+            CK(d.LaunchMulti(&lp, 1, 0));
+            return waves * unit_ns;
+        }
         CK(d.LaunchKernel(spin_fn, (unsigned)(waves * (uint64_t)sms), 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
         return waves * unit_ns;
     }

@@ -462,17 +462,56 @@ impl Sim {
         self.dir.join("limits")
     }
 
-    /// Where this test's node priority file goes (see [`Sim::create_priority_file`]).
-    pub fn priority_file(&self) -> PathBuf {
-        self.dir.join("priority")
+    /// The node's priority directory: one file per container with a priority (docs/priority.md).
+    pub fn priority_dir(&self) -> PathBuf {
+        self.dir.join("priority.node")
     }
 
-    /// Creates the node's priority file, as `cuquota priority init` does; commands get it through
-    /// [`Cmd::priority`].
-    pub fn create_priority_file(&self) -> PathBuf {
-        let p = self.priority_file();
-        cuquota_core::region::PriorityRegion::create(&p).expect("create the priority file");
-        p
+    /// Creates the node's priority directory, as the agent does; commands get their container's file through
+    /// [`Cmd::priority`] (or [`Sim::container_priority_file`]).
+    pub fn create_priority_dir(&self) -> PathBuf {
+        let d = self.priority_dir();
+        std::fs::create_dir_all(&d).expect("create the priority directory");
+        d
+    }
+
+    /// What the agent does for container `name` with a priority (`high` or not): creates its file in the node
+    /// directory (`NAME.high` / `NAME.low`; renamed when the priority changes, as the agent does live), and
+    /// gives the container its own view, as the mounts would: the file read-write at `prio.NAME/priority` (a
+    /// hard link: the same file) and the node directory beside it at `prio.NAME/priority.d` (the directory's
+    /// read-only mount is not modelled: tests play the attacker themselves and write only the file a tenant
+    /// could). Returns the container's own file (`CUQUOTA_PRIORITY_FILE`).
+    pub fn container_priority_file(&self, name: &str, high: bool) -> PathBuf {
+        let node = self.create_priority_dir();
+        let (mine, other) = if high { ("high", "low") } else { ("low", "high") };
+        let file = node.join(format!("{name}.{mine}"));
+        let was = node.join(format!("{name}.{other}"));
+        if was.exists() {
+            std::fs::rename(&was, &file).expect("rename the container's priority file");
+        }
+        cuquota_core::region::PriorityRegion::create(&file).expect("create the container's priority file");
+        let view = self.dir.join(format!("prio.{name}"));
+        std::fs::create_dir_all(&view).expect("the container's view");
+        let own = view.join("priority");
+        if !own.exists() {
+            std::fs::hard_link(&file, &own).expect("link the container's priority file");
+            std::os::unix::fs::symlink(&node, view.join("priority.d")).expect("link the node directory");
+        }
+        own
+    }
+
+    /// The own priority file of best-effort container `name`, with the entry of the device container `like`
+    /// claimed in its file (as `name`'s shim would claim it): what a lying tenant of `name` may write.
+    pub fn liar_priority_file(&self, name: &str, like: &str) -> PathBuf {
+        use cuquota_core::region::PriorityRegion;
+        let f = self.container_priority_file(name, false);
+        let other = PriorityRegion::open_file(&self.container_priority_file(like, false)).expect("open");
+        let uuid = other.devices(mono_ns())[0].uuid;
+        PriorityRegion::open_file(&f)
+            .expect("open")
+            .device(&uuid)
+            .expect("claim");
+        f
     }
 
     /// The agent writes the `all` entry of the limits file `file` (created if needed; e.g. one per container,
@@ -504,6 +543,7 @@ impl Sim {
             preload: true,
             timeout: DEFAULT_TIMEOUT,
             usage: self.usage_file(),
+            name: "default".into(),
             pre_exec_uid: None,
         }
     }
@@ -612,6 +652,75 @@ impl Drop for Sim {
 // Running programs
 // ---------------------------------------------------------------------------------------------------------
 
+/// Writes `words(now)` (hp_last_launch, hp_busy_until) into every device entry of `file` every `every`,
+/// until dropped: what a tenant with write access to that file can do without running any GPU work.
+pub struct PriorityLiar {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    t: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl PriorityLiar {
+    /// Starts the liar on `file`, writing every `every`.
+    pub fn start(file: &Path, every: Duration, words: fn(u64) -> (u64, u64)) -> PriorityLiar {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(file)
+            .expect("the liar opens the file it may write");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::spawn(move || {
+            let mut writes = 0u64;
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                let (last, busy) = words(mono_ns());
+                for i in 0..cuquota_core::region::layout::MAX_DEVICES {
+                    let base = std::mem::offset_of!(cuquota_core::region::layout::PriorityFile, devices)
+                        + i * std::mem::size_of::<cuquota_core::region::layout::PriorityDevice>();
+                    let at = |off: usize| (base + off) as u64;
+                    std::os::unix::fs::FileExt::write_all_at(
+                        &f,
+                        &last.to_ne_bytes(),
+                        at(std::mem::offset_of!(
+                            cuquota_core::region::layout::PriorityDevice,
+                            hp_last_launch
+                        )),
+                    )
+                    .unwrap();
+                    std::os::unix::fs::FileExt::write_all_at(
+                        &f,
+                        &busy.to_ne_bytes(),
+                        at(std::mem::offset_of!(
+                            cuquota_core::region::layout::PriorityDevice,
+                            hp_busy_until
+                        )),
+                    )
+                    .unwrap();
+                }
+                writes += 1;
+                std::thread::sleep(every);
+            }
+            writes
+        });
+        PriorityLiar { stop, t: Some(t) }
+    }
+
+    /// Lie 1 of issue 23: the high-priority state erased.
+    pub fn erase(_now: u64) -> (u64, u64) {
+        (0, 0)
+    }
+
+    /// Lie 2 of issue 23: a busy high-priority queue, republished (every 0.5 s in the tests).
+    pub fn forge(now: u64) -> (u64, u64) {
+        (now, now + 500_000_000)
+    }
+
+    /// Stops it; the number of rounds it wrote.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.t.take().unwrap().join().unwrap()
+    }
+}
+
 /// A program to run on a [`Sim`].
 pub struct Cmd<'a> {
     sim: &'a Sim,
@@ -622,6 +731,8 @@ pub struct Cmd<'a> {
     preload: bool,
     timeout: Duration,
     usage: PathBuf,
+    /// The container's name ([`Cmd::container`]).
+    name: String,
     pre_exec_uid: Option<u32>,
 }
 
@@ -651,9 +762,10 @@ impl Cmd<'_> {
     pub fn mem_limit(self, v: &str) -> Self {
         self.env("CUDA_DEVICE_MEMORY_LIMIT", v)
     }
-    /// HAMi's `CUDA_TASK_PRIORITY=p` (`0` high, `1` low), with this sim's priority file.
+    /// HAMi's `CUDA_TASK_PRIORITY=p` (`0` high, `1` low), with the container's priority file (the agent made
+    /// it `.high` for `0`): call after [`Cmd::container`].
     pub fn priority(self, p: &str) -> Self {
-        let f = self.sim.priority_file();
+        let f = self.sim.container_priority_file(&self.name, p == "0");
         self.env("CUDA_TASK_PRIORITY", p)
             .env("CUQUOTA_PRIORITY_FILE", f.to_str().expect("utf-8 temp path"))
     }
@@ -675,6 +787,7 @@ impl Cmd<'_> {
     /// Runs as a process of container `name` (its own usage file) on the same GPU.
     pub fn container(mut self, name: &str) -> Self {
         self.usage = self.sim.container_usage_file(name);
+        self.name = name.into();
         self
     }
     /// Drop privileges to `uid` (and gid) before exec. Only possible when the tests run as root.

@@ -2,14 +2,15 @@
 //! best-effort kernel, the best-effort tenant still fills most of the time the high-priority one leaves idle,
 //! and memory reserved for high priority is never taken by a best-effort tenant.
 //!
-//! The tenants are `c/priority_tenant.c` in two containers (two usage files) sharing the node's priority file.
-//! Burst latencies end on the simulator's device timeline (the program finds when its last kernel ended), and
+//! The tenants are `c/priority_tenant.c` in two containers (two usage files), each with its own priority file
+//! in the node's priority directory. Burst latencies end on the simulator's device timeline (the program finds when its last kernel ended), and
 //! shares come from the timeline (`Sim::busy_ns`). Kernels are ≥ 200 µs in bursts of 20 followed by idle gaps,
 //! and the best-effort kernels are ≥ 1 ms, so neither program is CPU-heavy. Bands: the with-cuquota p99 must
 //! stay within alone + one longest best-effort kernel + 5 ms of slack for a busy CPU; without cuquota the burst
 //! waits behind the best-effort tenant's full queue (seconds), far outside that band.
 
 use cuquota_core::region::layout::{PRIORITY_HIGH, PRIORITY_LOW};
+use cuquota_core::region::PriorityRegion;
 use shim_tests::{mono_ns, Output, Prog, Sim, Window, GIB};
 use std::time::Duration;
 
@@ -29,7 +30,7 @@ const BE_NS: (u64, u64) = (1_000_000, 5_000_000);
 enum Mode {
     /// Both tenants without the shim.
     Bare,
-    /// Both under cuquota with priorities (0 and 1) and the node's priority file.
+    /// Both under cuquota with priorities (0 and 1) and their containers' priority files.
     Priority,
     /// The same, with the priorities set by the agent's limits files (`limits.hp`, `limits.be`) instead.
     AgentPriority,
@@ -39,8 +40,12 @@ enum Mode {
 fn agent<'a>(c: shim_tests::Cmd<'a>, sim: &Sim, container: &str, prio: u32) -> shim_tests::Cmd<'a> {
     let f = sim.dir().join(format!("limits.{container}"));
     sim.agent_limits(&f, |r| r.priority = prio);
-    c.env("CUQUOTA_LIMITS_FILE", f.to_str().unwrap())
-        .env("CUQUOTA_PRIORITY_FILE", sim.priority_file().to_str().unwrap())
+    c.env("CUQUOTA_LIMITS_FILE", f.to_str().unwrap()).env(
+        "CUQUOTA_PRIORITY_FILE",
+        sim.container_priority_file(container, prio == PRIORITY_HIGH)
+            .to_str()
+            .unwrap(),
+    )
 }
 
 struct Run {
@@ -83,6 +88,12 @@ fn be_cmd(sim: &Sim, mode: Mode, start_at: u64) -> shim_tests::Proc {
         Mode::AgentPriority => agent(c, sim, "be", PRIORITY_LOW),
     }
     .spawn()
+}
+
+/// The UUID of the device container `c` claimed in its priority file (it ran on it).
+fn device_uuid(sim: &Sim, c: &str) -> [u8; 16] {
+    let r = PriorityRegion::open_file(&sim.container_priority_file(c, false)).unwrap();
+    r.devices(mono_ns())[0].uuid
 }
 
 fn done(o: Output) -> Output {
@@ -133,7 +144,7 @@ fn ms(ns: u64) -> f64 {
 fn high_priority_bursts_wait_for_at_most_one_best_effort_kernel() {
     let _s = serial();
     let sim = Sim::new().build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let alone = run(&sim, Mode::Bare, false);
     let bare = run(&sim, Mode::Bare, true);
     let prio = run(&sim, Mode::Priority, true);
@@ -176,7 +187,7 @@ fn high_priority_bursts_wait_for_at_most_one_best_effort_kernel() {
 fn priorities_from_the_agents_limits_files_are_enforced_too() {
     let _s = serial();
     let sim = Sim::new().build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let alone = run(&sim, Mode::Bare, false);
     let prio = run(&sim, Mode::AgentPriority, true);
     let (a99, p99) = (pct(&alone.lat_ns, 99.0), pct(&prio.lat_ns, 99.0));
@@ -199,7 +210,7 @@ fn priorities_from_the_agents_limits_files_are_enforced_too() {
 fn without_a_high_priority_tenant_best_effort_uses_the_whole_device() {
     let _s = serial();
     let sim = Sim::new().build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let out = done(be_cmd(&sim, Mode::Priority, 0).finish());
     let w = out.window();
     let share = sim.share_pct(0, w.pid, w.t0, w.end);
@@ -211,7 +222,7 @@ fn without_a_high_priority_tenant_best_effort_uses_the_whole_device() {
 /// get of 12 GiB + 1 GiB on a 16 GiB device.
 fn reserve_scenario(reserve: u64) -> (Output, Output) {
     let sim = Sim::new().memory("16g").build();
-    sim.create_priority_file();
+    sim.create_priority_dir();
     let limits = sim.dir().join("limits.be");
     sim.agent_limits(&limits, |r| r.reserved_memory = reserve);
     let mut be = sim
@@ -263,7 +274,8 @@ fn a_reservation_without_a_priority_file_fails_closed() {
 #[test]
 fn the_cli_creates_and_shows_the_priority_file() {
     let sim = Sim::new().build();
-    let f = sim.priority_file();
+    // The agent creates the high-priority container's file in the node directory.
+    let f = sim.create_priority_dir().join("hp.high");
     let f = f.to_str().unwrap();
     let out = sim.cli(&["priority", "init", f]);
     assert!(out.success(), "{out:?}");
@@ -293,8 +305,8 @@ fn the_cli_creates_and_shows_the_priority_file() {
 fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
     let _s = serial();
     let sim = Sim::new().build();
-    let region = sim.create_priority_file();
-    let region = cuquota_core::region::PriorityRegion::open(&region).unwrap();
+    // The scribbler is a high-priority container (the only one whose file best-effort tenants read).
+    let region = PriorityRegion::open_file(&sim.container_priority_file("hp", true)).unwrap();
     let be = |secs: f64| {
         let o = done(
             sim.cmd(Prog::PriorityTenant)
@@ -308,14 +320,17 @@ fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
         let w = o.window();
         sim.share_pct(0, w.pid, w.t0, w.end)
     };
-    be(0.2); // claims the device's entry
-    let id = region.devices(mono_ns())[0].id;
+    be(0.2); // claims the device's entry in its file
+    let id = region.device(&device_uuid(&sim, "be")).unwrap();
     let e = region.entry(id);
+    // The best-effort container's own token (a scribbler of its own container can only write that).
+    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
+    let be_token = be_file.entry(be_file.devices(mono_ns())[0].id);
     // A scribbler: a high-priority tenant "launching" an hour from now, the token held for an hour.
     let hour = 3_600_000_000_000;
     let now = mono_ns();
     e.note_hp_launch(now + hour, now + hour);
-    assert!(e.take_token(now, now + hour).is_ok());
+    assert!(be_token.take_token(now, now + hour).is_ok());
     let share = be(2.0);
     println!("best-effort with garbage in the priority file: {share:.1} %");
     assert!(
@@ -350,8 +365,7 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
     let _s = serial();
     let _h = shim_tests::heavy(); // 100–200 µs kernels, launched flat out until the change
     let sim = Sim::new().build();
-    let region = sim.create_priority_file();
-    let region = cuquota_core::region::PriorityRegion::open(&region).unwrap();
+    let region = PriorityRegion::open_file(&sim.container_priority_file("hp", true)).unwrap();
     let limits = sim.dir().join("limits.be");
     sim.agent_limits(&limits, |r| r.priority = 0);
     let start = mono_ns() + 1_000_000_000;
@@ -359,21 +373,24 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
         .cmd(Prog::PriorityTenant)
         .container("be")
         .env("CUQUOTA_LIMITS_FILE", limits.to_str().unwrap())
-        .env("CUQUOTA_PRIORITY_FILE", sim.priority_file().to_str().unwrap())
+        .env(
+            "CUQUOTA_PRIORITY_FILE",
+            sim.container_priority_file("be", false).to_str().unwrap(),
+        )
         .timeout(Duration::from_secs(60))
         .args(&format!("be 3 100000 200000 11 {start}"))
         .spawn();
     // A high-priority tenant whose queue is busy for the next 5 s, published before the change: ignored by a
     // tenant without a priority.
     std::thread::sleep(Duration::from_nanos(start.saturating_sub(mono_ns())));
-    let claimed = |r: &cuquota_core::region::PriorityRegion| r.devices(mono_ns()).first().map(|d| d.id);
-    let id = loop {
-        if let Some(id) = claimed(&region) {
-            break id;
+    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
+    let uuid = loop {
+        if let Some(d) = be_file.devices(mono_ns()).first() {
+            break d.uuid;
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let e = region.entry(id);
+    let e = region.entry(region.device(&uuid).unwrap());
     std::thread::sleep(Duration::from_millis(500));
     let now = mono_ns();
     e.note_hp_launch(now, now + 5_000_000_000);
@@ -389,4 +406,74 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
     println!("best-effort before the change {before:.1} %, after {after:.1} %");
     assert!(before >= 50.0, "without a priority it did not run: {before:.1} %");
     assert!(after <= 10.0, "the live priority did not apply: {after:.1} %");
+}
+
+/// Multi-device cooperative launches (`cuLaunchCooperativeKernelMultiDevice`) of a best-effort tenant are
+/// gated like its single launches (issue 23); without cuquota they queue in front of the bursts (the control).
+#[test]
+fn multi_device_cooperative_launches_are_gated_too() {
+    let _s = serial();
+    let sim = Sim::new().build();
+    sim.create_priority_dir();
+    // 1–3 ms: a cooperative grid has at most 32 blocks per SM, and a kernel here is waves of kmin / 10.
+    let be_ns = (1_000_000, 3_000_000);
+    let run = |bare: bool, with_be: bool| {
+        let t = mono_ns() + 1_500_000_000;
+        let be = with_be.then(|| {
+            let c = sim.cmd(Prog::PriorityTenant).container("be");
+            let c = if bare { c.no_preload() } else { c.priority("1") };
+            c.env("PT_BE_MULTI", "1")
+                .timeout(Duration::from_secs(60))
+                .args(&format!(
+                    "be {} {} {} 11 {}",
+                    SECS + 1.0,
+                    be_ns.0,
+                    be_ns.1,
+                    t - 500_000_000
+                ))
+                .spawn()
+        });
+        let c = sim.cmd(Prog::PriorityTenant).container("hp");
+        let c = if bare { c.no_preload() } else { c.priority("0") };
+        let hp = done(
+            c.timeout(Duration::from_secs(60))
+                .args(&format!(
+                    "hp {SECS} {BURST} {KERNEL_NS} {} {} 7 {t}",
+                    GAP_NS.0, GAP_NS.1
+                ))
+                .spawn()
+                .finish(),
+        );
+        if let Some(b) = be {
+            let b = done(b.finish());
+            assert!(b.num("kernels") > 0, "{b:?}");
+        }
+        hp.val("lat_ns")
+            .split(',')
+            .map(|v| v.parse().expect("latency"))
+            .collect::<Vec<u64>>()
+    };
+    let alone = run(true, false);
+    let bare = run(true, true);
+    let prio = run(false, true);
+    let (a99, b99, p99) = (pct(&alone, 99.0), pct(&bare, 99.0), pct(&prio, 99.0));
+    println!(
+        "multi-device best-effort: burst p99 alone {:.2} ms, no cuquota {:.2} ms, priority {:.2} ms ({} bursts)",
+        ms(a99),
+        ms(b99),
+        ms(p99),
+        prio.len()
+    );
+    let bound = a99 + be_ns.1 + 5_000_000;
+    assert!(
+        b99 > bound,
+        "the control: multi-device launches did not delay the bursts without cuquota"
+    );
+    assert!(
+        p99 <= bound,
+        "p99 {:.2} ms next to ungated multi-device launches > {:.2} ms",
+        ms(p99),
+        ms(bound)
+    );
+    assert!(prio.len() >= 20, "only {} bursts", prio.len());
 }

@@ -182,14 +182,14 @@ fn a_bucket_refilled_by_another_process_does_not_lift_a_processs_sm_limit() {
     assert!(s <= 45.0, "share {s:.1} % at a hard 30 % limit");
 }
 
-/// The node's priority file is shared by every container with a priority, so a tenant of one container can
-/// truncate it under the tenants of others: they must survive (a truncated mapping faults with SIGBUS), and
-/// with the file gone to zero pages the priority machinery reads "no high-priority tenant" (docs/priority.md).
+/// A container's priority file is read by the tenants of every other container with a priority, and its own
+/// tenants can truncate it under them: they must survive (a truncated mapping faults with SIGBUS), and with the
+/// file gone to zero pages the priority machinery reads "no high-priority tenant" (docs/priority.md).
 #[test]
 fn truncating_the_priority_file_does_not_crash_other_containers() {
     let _h = heavy();
     let sim = Sim::new().build();
-    let prio = sim.create_priority_file();
+    let prio = sim.container_priority_file("hp", true);
     let start = shim_tests::mono_ns() + 500_000_000;
     let tenant = |c: &str, p: &str, args: String| {
         sim.cmd(Prog::PriorityTenant)
@@ -201,10 +201,11 @@ fn truncating_the_priority_file_does_not_crash_other_containers() {
     };
     let hp = tenant("hp", "0", format!("hp 2.5 4 1000000 10000000 20000000 7 {start}"));
     let be = tenant("be", "1", format!("be 2.5 1000000 3000000 11 {start}"));
-    // Both are launching (and reading or publishing in the priority file) when a third container truncates it.
+    // Both are launching (one publishing in its file, the other reading it) when a process of the high-priority
+    // container truncates it.
     std::thread::sleep(Duration::from_millis(1500));
     sim.cmd_path(region_attack())
-        .container("attacker")
+        .container("hp")
         .args("truncate 0")
         .arg(prio.to_str().unwrap())
         .run()

@@ -16,7 +16,7 @@
 //! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation of other containers;
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
 //! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests;
-//! - [`priority`]: high-priority tenants publish their launches in the node's priority file, best-effort
+//! - [`priority`]: high-priority tenants publish their launches in their container's priority file, best-effort
 //!   tenants yield to them (docs/priority.md);
 //! - [`stream`]: which device a launch runs on (its stream's, not the current context's).
 //!
@@ -49,7 +49,7 @@ use cuquota_core::region::PriorityEntry;
 use cuquota_core::{DeviceId, Policy, Priority};
 use engine::{Engine, Gpu, Poll, Shared, Ticket};
 use estimate::launch_key;
-use priority::{Completions, Gate, Priorities};
+use priority::{Completions, Gate, Priorities, Tracker};
 use probe::{EventApi, EventProbes};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -201,13 +201,13 @@ impl SmThrottle {
                 self.run(&gpu, &sh, t, stream, launch)
             }
             Some((Priority::Low, e)) => {
-                // Last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
-                let gate = self.prio.be_admit(e, idx, &Monotonic, &self.done);
-                let r = match ticket {
-                    Some(t) => self.run(&gpu, &sh, t, stream, launch),
-                    None => launch(),
-                };
-                self.be_after(e, idx, gate, stream, r.ok());
+                // Estimated (as high-priority launches are) for the budget of queued best-effort time; judged
+                // last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
+                let t = ticket.unwrap_or_else(|| self.engine.observe(idx, &sh, key, monotonic_ns(), &gpu));
+                let est = t.charged;
+                let gate = self.prio.be_admit(e, idx, est, &Monotonic, &self.done);
+                let r = self.run(&gpu, &sh, t, stream, launch);
+                self.be_after(e, idx, gate, stream, est, r.ok());
                 r
             }
             None => match ticket {
@@ -217,21 +217,24 @@ impl SmThrottle {
         }
     }
 
-    /// After a best-effort launch under the token: track its completion (the token comes back with it), or
-    /// give the token back at once when the launch failed or cannot be tracked.
-    fn be_after(&self, e: PriorityEntry<'_>, idx: usize, gate: Gate, stream: usize, ok: bool) {
-        if let Gate::Token { value, waited_ns } = gate {
-            if ok {
-                e.count_be_launch(waited_ns);
-                if !self.done.track(idx, stream, value, monotonic_ns()) {
-                    log!(
-                        Level::Debug,
-                        "best-effort launch not tracked: the priority token is held until it expires"
-                    );
-                }
-            } else {
-                e.release_token(value);
+    /// After a best-effort launch under the token: track its completion (the token comes back when all of
+    /// this process's tracked kernels are done), or give the token back at once when the launch failed and
+    /// nothing else of ours is queued.
+    fn be_after(&self, e: PriorityEntry<'_>, idx: usize, gate: Gate, stream: usize, est: u64, ok: bool) {
+        let Gate::Token { value, waited_ns } = gate else {
+            return;
+        };
+        if ok {
+            e.count_be_launch(waited_ns);
+            if !self.done.track(idx, stream, est, monotonic_ns()) {
+                log!(
+                    Level::Debug,
+                    "best-effort launch not tracked: the priority token is held until it expires"
+                );
             }
+        } else if self.done.reap(idx, monotonic_ns()).n == 0 {
+            e.release_token(value);
+            self.done.set_token(idx, None);
         }
     }
 
@@ -436,17 +439,42 @@ impl SmThrottle {
     ) -> CUresult {
         let gpu = self.driver(nvml);
         let mut admitted: Vec<(Shared<'_>, Ticket, usize, u64)> = Vec::with_capacity(parts.len());
+        // Best-effort parts gated by priority, as single launches are (each device's gate in turn).
+        let mut gated: Vec<(PriorityEntry<'_>, usize, Gate, usize, u64)> = Vec::new();
         for &(ord, key, stream) in parts {
             let Some(dev) = self.charged(cuda, ord) else {
                 continue;
             };
             let lim = self.devices.policy(dev);
-            if !lim.throttles() {
+            let prio = lim
+                .priority
+                .and_then(|p| Some((p, self.devices.priority_entry(dev)?)));
+            if !lim.throttles() && prio.is_none() {
                 continue;
             }
             let sh = self.shared(dev.id);
-            if let Some(t) = self.admit(&gpu, dev, lim, key, &sh) {
-                admitted.push((sh, t, stream, 0));
+            let idx = dev.id.index();
+            let ticket = if lim.throttles() {
+                self.admit(&gpu, dev, lim, key, &sh)
+            } else {
+                None
+            };
+            let estimated = |t: Option<Ticket>| {
+                t.unwrap_or_else(|| self.engine.observe(idx, &sh, key, monotonic_ns(), &gpu))
+            };
+            match prio {
+                Some((Priority::High, e)) => {
+                    let t = estimated(ticket);
+                    self.prio.hp_launch(e, idx, monotonic_ns(), t.charged);
+                    admitted.push((sh, t, stream, 0));
+                }
+                Some((Priority::Low, e)) => {
+                    let t = estimated(ticket);
+                    let gate = self.prio.be_admit(e, idx, t.charged, &Monotonic, &self.done);
+                    gated.push((e, idx, gate, stream, t.charged));
+                    admitted.push((sh, t, stream, 0));
+                }
+                None => admitted.extend(ticket.map(|t| (sh, t, stream, 0))),
             }
         }
         let at = monotonic_ns();
@@ -456,6 +484,9 @@ impl SmThrottle {
         let r = launch();
         for (sh, t, stream, h) in &admitted {
             self.finish(&gpu, sh, t, *h, *stream, r.ok(), at);
+        }
+        for (e, idx, gate, stream, est) in gated {
+            self.be_after(e, idx, gate, stream, est, r.ok());
         }
         r
     }

@@ -1,21 +1,23 @@
 //! Priority between the tenants of one GPU: high-priority (latency-critical) tenants publish their activity in
-//! the node's priority file; best-effort (low-priority) tenants yield to it. User reference: docs/priority.md.
+//! their container's priority file; best-effort (low-priority) tenants read the high-priority containers'
+//! files (read-only) and yield to it. User reference: docs/priority.md.
 //!
 //! Why this shape: a GPU does not pre-empt a running kernel (nor does the simulator), so what sits in the
 //! device's queue when a high-priority burst arrives delays it whole. The one lever an in-process library has
 //! is *when best-effort work is submitted*. So, on each device:
 //! - a high-priority launch stores its time and raises the estimated end of the high-priority queue (its
 //!   process's estimate: the throttle's per-kernel estimates, measured with events);
-//! - while a high-priority tenant is **present** (launched within [`PRESENT_NS`]), a best-effort launch needs
-//!   the device's one best-effort **token**: at most one best-effort kernel, of all best-effort tenants, is
-//!   queued at a time, so a burst waits for at most one of them (the bound that REEF gets by pre-emption and
-//!   Orion by limiting outstanding best-effort work, without either);
+//! - while a high-priority tenant is **present** (launched within [`PRESENT_NS`]), a best-effort process keeps
+//!   at most [`BUDGET_NS`] of estimated kernel time queued (or one kernel, if longer) and launches under its
+//!   container's **token** (one process of the container at a time), so a burst finds at most that ahead of
+//!   it per best-effort container (the bound that REEF gets by pre-emption and Orion by limiting outstanding
+//!   best-effort work, without either);
 //! - and it starts only when the high-priority queue is empty and the high-priority tenant has not launched
 //!   for [`QUIET_NS`] (so it does not slip in between the kernels of a burst the host is still issuing);
 //! - when no high-priority tenant is present, best-effort tenants launch freely (their own SM limit applies).
 //!
-//! The token holder gives it back when it sees its kernel complete (an event recorded after the launch), at
-//! its next launch; a holder that never comes back (exited, died) loses it when its hold expires.
+//! The token holder gives it back when it has seen all its kernels complete (an event recorded after each
+//! launch), at its next launch; a holder that never comes back (exited, died) loses it when its hold expires.
 
 use super::clock::Clock;
 use super::probe::{stream_ctx, EventApi};
@@ -43,13 +45,21 @@ pub(crate) const FIRST_HOLD_NS: u64 = 1_000_000_000;
 /// Bounds of a hold learned from this process's kernels (4 × the last one + 5 ms).
 pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 
+/// Estimated best-effort device time a process may keep queued while a high-priority tenant is present (the
+/// oldest kernel counted by what is left of it): what a burst may find ahead of it (one kernel is always
+/// allowed, however long). The next kernel is queued before the current one ends, which hides the wake-up
+/// that one kernel at a time paid per kernel (57–70 % of the idle time with 100 µs kernels); 400 µs keeps a
+/// 4 ms burst within 1.1 × its time alone (bench-throttle, docs/priority.md).
+pub(crate) const BUDGET_NS: u64 = 400_000;
+/// Most best-effort kernels a process tracks per device (one event each).
+pub(crate) const QUEUE: usize = 16;
+
 /// What a best-effort launch may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Gate {
     /// No high-priority tenant present: launch freely.
     Free,
-    /// Launch holding the token `value` (track the kernel's completion, or give the token back if the launch
-    /// fails); `waited_ns` spent waiting for it.
+    /// Launch under the container's token `value` (track the kernel's completion); `waited_ns` spent waiting.
     Token {
         /// The token's value (see `PriorityEntry::take_token`).
         value: u64,
@@ -58,14 +68,30 @@ pub(crate) enum Gate {
     },
 }
 
-/// This process's last best-effort kernel per device: did it complete?
+/// This process's best-effort kernels queued under the token, per device.
 pub(crate) trait Tracker {
-    /// Waits until this process's tracked kernel on `dev` (if any) has completed and returns its token.
-    fn wait_done(&self, dev: usize) -> Option<u64>;
-    /// Its token, if the tracked kernel has completed (never waits).
-    fn poll_done(&self, dev: usize) -> Option<u64>;
+    /// Forgets the kernels seen complete (never waits) and says what is still queued at `now`.
+    fn reap(&self, dev: usize, now: u64) -> Queued;
+    /// Waits until the oldest kernel still queued has completed.
+    fn wait_oldest(&self, dev: usize);
+    /// Records that this process holds the token `v` (`None`: no longer).
+    fn set_token(&self, dev: usize, v: Option<u64>);
     /// How long this process's last tracked kernel took from launch to seen complete (0 = none seen yet).
     fn last_ns(&self, dev: usize) -> u64;
+}
+
+/// This process's best-effort kernels still queued on a device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Queued {
+    /// Estimated device time left: the oldest kernel's estimate less the time it has run (counted from its
+    /// launch or the previous one's completion, whichever is later), plus the others'.
+    pub(crate) left_ns: u64,
+    /// Of it, the oldest kernel's.
+    pub(crate) head_left_ns: u64,
+    /// How many.
+    pub(crate) n: usize,
+    /// The container's token, while this process holds it.
+    pub(crate) token: Option<u64>,
 }
 
 /// Per-process priority state: the high-priority queue estimate per device (usage device index).
@@ -107,13 +133,15 @@ impl Priorities {
         }
     }
 
-    /// Admits a best-effort launch on `dev` (may sleep; never spins): free while no high-priority tenant is
-    /// present; else once this process's previous kernel has completed, the high-priority queue is empty and
-    /// quiet, and the token is ours.
+    /// Admits a best-effort launch on `dev` estimated to take `est_ns` (may sleep; never spins): free while no
+    /// high-priority tenant is present; else once this process's queued kernels leave room for it in
+    /// [`BUDGET_NS`] (or none is queued), the high-priority queue is empty and quiet, and the container's
+    /// token is ours (taken, or renewed while our kernels are queued).
     pub(crate) fn be_admit<C: Clock, T: Tracker>(
         &self,
         e: PriorityEntry<'_>,
         dev: usize,
+        est_ns: u64,
         clock: &C,
         tr: &T,
     ) -> Gate {
@@ -121,17 +149,28 @@ impl Priorities {
         let mut waited = false;
         loop {
             let now = clock.now_ns();
+            let q = tr.reap(dev, now);
+            let (n, held) = (q.n, q.token);
+            if let (0, Some(v)) = (n, held) {
+                // Everything we queued is done: the token goes back.
+                e.release_token(v);
+                tr.set_token(dev, None);
+            }
+            let held = held.filter(|_| n > 0);
             let hp = e.hp(now);
             if hp.last_launch == 0 || now.saturating_sub(hp.last_launch) >= PRESENT_NS {
-                // Nobody to yield to. A kernel tracked from a restricted launch gives its token back once done.
-                if let Some(v) = tr.poll_done(dev) {
-                    e.release_token(v);
-                }
-                return Gate::Free;
+                return Gate::Free; // nobody to yield to
             }
-            // At most one queued: our previous kernel first (its token comes back with it).
-            if let Some(v) = tr.wait_done(dev) {
-                e.release_token(v);
+            let over = q.left_ns.saturating_add(est_ns).saturating_sub(BUDGET_NS);
+            if n >= QUEUE || (n > 0 && over > 0) {
+                // Room comes when the oldest kernel has run `over` more: sleep until then if it will still be
+                // running (the next kernel is queued before it ends: no gap), else wait for it to complete.
+                waited = true;
+                if n < QUEUE && over < q.head_left_ns {
+                    clock.sleep_until(now + over);
+                } else {
+                    tr.wait_oldest(dev);
+                }
                 continue;
             }
             let busy_until = hp.busy_until.max(hp.last_launch.saturating_add(QUIET_NS));
@@ -140,14 +179,23 @@ impl Priorities {
                 clock.sleep_until(busy_until.min(now + MAX_STEP_NS));
                 continue;
             }
-            match e.take_token(now, now.saturating_add(Self::hold_ns(tr.last_ns(dev)))) {
+            let hold_until = now.saturating_add(Self::hold_ns(tr.last_ns(dev)));
+            let got = match held {
+                Some(v) => e.renew_token(v, hold_until),
+                None => e.take_token(now, hold_until),
+            };
+            match got {
                 Ok(value) => {
+                    tr.set_token(dev, Some(value));
                     let waited_ns = if waited { now.saturating_sub(start) } else { 0 };
                     return Gate::Token { value, waited_ns };
                 }
                 Err(until) => {
+                    // Held by another process of the container (ours expired and was taken over: wait until our
+                    // kernels are done and it is free again).
+                    tr.set_token(dev, None);
                     waited = true;
-                    clock.sleep_until(until.min(now + TOKEN_POLL_NS));
+                    clock.sleep_until(until.min(now + TOKEN_POLL_NS).max(now + 1));
                 }
             }
         }
@@ -155,20 +203,43 @@ impl Priorities {
 }
 
 /// [`Tracker`] with CUDA events: after a best-effort launch under the token, an event (blocking-sync, no
-/// timing) is recorded on its stream; waiting for it sleeps in the driver.
+/// timing) is recorded on its stream; waiting for one sleeps in the driver.
 pub(crate) struct Completions {
     api: Option<EventApi>,
     slots: [Lock<BeSlot>; MAX_DEVICES],
     last: [AtomicU64; MAX_DEVICES],
 }
 
-/// One device's tracking event (created once per context) and what it tracks.
+/// One device's tracking events (created once per context, one per queued kernel) and what they track.
 #[derive(Debug, Default)]
 pub(crate) struct BeSlot {
-    /// (context, event).
-    ev: Option<(usize, usize)>,
-    /// (token, launch time) of the kernel the event follows.
-    pending: Option<(u64, u64)>,
+    /// The context the events belong to.
+    ctx: usize,
+    /// Events, by ring position (0 = not created yet).
+    evs: [usize; QUEUE],
+    /// (estimated ns, launch time) of the queued kernels, by ring position.
+    q: [(u64, u64); QUEUE],
+    /// Ring position of the oldest queued kernel, and how many are queued.
+    head: usize,
+    /// Since when the oldest has been running, at the latest (its launch, or the previous one's completion).
+    head_since: u64,
+    len: usize,
+    /// Kernels popped so far (tells a waiter whether the kernel it waited for is still the oldest).
+    popped: u64,
+    /// The container's token, while this process holds it.
+    token: Option<u64>,
+}
+
+impl BeSlot {
+    fn pop(&mut self, last: &AtomicU64) {
+        let (_, launched) = self.q[self.head];
+        let now = super::clock::monotonic_ns();
+        last.store(now.saturating_sub(launched).max(1), Ordering::Relaxed);
+        self.head_since = now;
+        self.head = (self.head + 1) % QUEUE;
+        self.len -= 1;
+        self.popped += 1;
+    }
 }
 
 impl Completions {
@@ -181,9 +252,10 @@ impl Completions {
         }
     }
 
-    /// After a launch under the token `token` on `stream`: record the event that says when it completed.
-    /// False when that failed (the token is then held until it expires).
-    pub(crate) fn track(&self, dev: usize, stream: usize, token: u64, now: u64) -> bool {
+    /// After a launch under the token on `stream`, estimated `est_ns`: record the event that says when it
+    /// completed. False when that failed (the kernel is then not counted; the token expires if nothing else
+    /// of ours is queued to bring it back).
+    pub(crate) fn track(&self, dev: usize, stream: usize, est_ns: u64, now: u64) -> bool {
         let Some(api) = self.api.as_ref() else {
             return false;
         };
@@ -191,49 +263,94 @@ impl Completions {
             return false;
         };
         let mut g = self.slots[dev].lock();
-        if g.ev.is_none_or(|(c, _)| c != ctx) {
-            // An event of another (maybe destroyed) context is dropped, never touched again.
-            g.ev = create(api, ctx).map(|e| (ctx, e));
+        if g.ctx != ctx {
+            // Events of another (maybe destroyed) context are dropped, never touched again.
+            let token = g.token;
+            *g = BeSlot {
+                ctx,
+                token,
+                ..BeSlot::default()
+            };
         }
-        let Some((_, ev)) = g.ev else { return false };
+        if g.len == QUEUE {
+            return false;
+        }
+        let at = (g.head + g.len) % QUEUE;
+        if g.evs[at] == 0 {
+            match create(api, ctx) {
+                Some(e) => g.evs[at] = e,
+                None => return false,
+            }
+        }
         // SAFETY: our event, recorded on the program's stream of the same context.
-        if unsafe { (api.cuEventRecord)(ev as *mut c_void, stream as *mut c_void) }.ok() {
-            g.pending = Some((token, now));
+        if unsafe { (api.cuEventRecord)(g.evs[at] as *mut c_void, stream as *mut c_void) }.ok() {
+            g.q[at] = (est_ns, now);
+            if g.len == 0 {
+                g.head_since = now;
+            }
+            g.len += 1;
             true
         } else {
-            g.ev = None;
+            g.evs[at] = 0;
             false
         }
-    }
-
-    fn take(&self, dev: usize, wait: bool) -> Option<u64> {
-        let api = self.api.as_ref()?;
-        let (ev, (token, launched)) = {
-            let mut g = self.slots[dev].lock();
-            let ev = g.ev?.1;
-            let p = g.pending?;
-            if !wait {
-                // SAFETY: our event.
-                if !unsafe { (api.cuEventQuery)(ev as *mut c_void) }.ok() {
-                    return None;
-                }
-            }
-            g.pending = None;
-            (ev, p)
-        };
-        if wait {
-            // SAFETY: our event; only the token holder (this process, this pending kernel) waits on it, and no
-            // other thread records it until the token is given back.
-            unsafe { (api.cuEventSynchronize)(ev as *mut c_void) };
-        }
-        let now = super::clock::monotonic_ns();
-        self.last[dev].store(now.saturating_sub(launched).max(1), Ordering::Relaxed);
-        Some(token)
     }
 
     /// The slots' locks (for the fork handlers).
     pub(crate) fn locks(&self) -> &[Lock<BeSlot>] {
         &self.slots
+    }
+}
+
+impl Tracker for Completions {
+    fn reap(&self, dev: usize, now: u64) -> Queued {
+        let mut g = self.slots[dev].lock();
+        if let Some(api) = self.api.as_ref() {
+            // SAFETY: our events.
+            while g.len > 0 && unsafe { (api.cuEventQuery)(g.evs[g.head] as *mut c_void) }.ok() {
+                g.pop(&self.last[dev]);
+            }
+        }
+        if g.len == 0 {
+            return Queued {
+                token: g.token,
+                ..Queued::default()
+            };
+        }
+        let head_left_ns = g.q[g.head].0.saturating_sub(now.saturating_sub(g.head_since));
+        let rest: u64 = (1..g.len).map(|i| g.q[(g.head + i) % QUEUE].0).sum();
+        Queued {
+            left_ns: head_left_ns.saturating_add(rest),
+            head_left_ns,
+            n: g.len,
+            token: g.token,
+        }
+    }
+
+    fn wait_oldest(&self, dev: usize) {
+        let Some(api) = self.api.as_ref() else { return };
+        let (ev, seq) = {
+            let g = self.slots[dev].lock();
+            if g.len == 0 {
+                return;
+            }
+            (g.evs[g.head], g.popped)
+        };
+        // SAFETY: our event. Another thread may pop it meanwhile and record it again for a later kernel: then
+        // this waits for that one, longer than needed, never wrongly.
+        unsafe { (api.cuEventSynchronize)(ev as *mut c_void) };
+        let mut g = self.slots[dev].lock();
+        if g.len > 0 && g.popped == seq {
+            g.pop(&self.last[dev]);
+        }
+    }
+
+    fn set_token(&self, dev: usize, v: Option<u64>) {
+        self.slots[dev].lock().token = v;
+    }
+
+    fn last_ns(&self, dev: usize) -> u64 {
+        self.last[dev].load(Ordering::Relaxed)
     }
 }
 
@@ -257,18 +374,6 @@ fn create(api: &EventApi, ctx: usize) -> Option<usize> {
     (ok && !e.is_null()).then_some(e as usize)
 }
 
-impl Tracker for Completions {
-    fn wait_done(&self, dev: usize) -> Option<u64> {
-        self.take(dev, true)
-    }
-    fn poll_done(&self, dev: usize) -> Option<u64> {
-        self.take(dev, false)
-    }
-    fn last_ns(&self, dev: usize) -> u64 {
-        self.last[dev].load(Ordering::Relaxed)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::clock::fake::FakeClock;
@@ -285,10 +390,11 @@ mod tests {
         unsafe { &*(std::alloc::alloc_zeroed(layout) as *const PriorityDevice) }
     }
 
-    /// A device timeline for one best-effort process: its tracked kernel ends at `done_at`.
+    /// A device timeline for one best-effort process: its queued kernels run one after another.
     struct FakeTracker<'c> {
         clock: &'c FakeClock,
-        pending: RefCell<Option<(u64, u64)>>, // token, done at
+        q: RefCell<std::collections::VecDeque<(u64, u64)>>, // est, done at
+        token: Cell<Option<u64>>,
         last: Cell<u64>,
     }
 
@@ -296,28 +402,42 @@ mod tests {
         fn new(clock: &'c FakeClock) -> Self {
             FakeTracker {
                 clock,
-                pending: RefCell::new(None),
+                q: RefCell::new(Default::default()),
+                token: Cell::new(None),
                 last: Cell::new(0),
             }
         }
-        fn launched(&self, token: u64, kernel_ns: u64) {
-            *self.pending.borrow_mut() = Some((token, self.clock.now_ns() + kernel_ns));
+        /// A kernel of `kernel_ns` launched now (estimated right).
+        fn launched(&self, kernel_ns: u64) {
+            let mut q = self.q.borrow_mut();
+            let start = q.back().map_or(0, |b| b.1).max(self.clock.now_ns());
+            q.push_back((kernel_ns, start + kernel_ns));
         }
     }
 
     impl Tracker for FakeTracker<'_> {
-        fn wait_done(&self, _dev: usize) -> Option<u64> {
-            let (t, at) = self.pending.borrow_mut().take()?;
-            self.clock.sleep_until(at);
-            self.last.set(1);
-            Some(t)
+        fn reap(&self, _dev: usize, now: u64) -> Queued {
+            let mut q = self.q.borrow_mut();
+            while q.front().is_some_and(|k| k.1 <= now) {
+                q.pop_front();
+                self.last.set(1);
+            }
+            let head_left_ns = q.front().map_or(0, |k| k.0.min(k.1 - now));
+            Queued {
+                left_ns: head_left_ns + q.iter().skip(1).map(|k| k.0).sum::<u64>(),
+                head_left_ns,
+                n: q.len(),
+                token: self.token.get(),
+            }
         }
-        fn poll_done(&self, _dev: usize) -> Option<u64> {
-            let (t, at) = (*self.pending.borrow())?;
-            (self.clock.now_ns() >= at).then(|| {
-                *self.pending.borrow_mut() = None;
-                t
-            })
+        fn wait_oldest(&self, _dev: usize) {
+            if let Some((_, at)) = self.q.borrow_mut().pop_front() {
+                self.clock.sleep_until(at);
+                self.last.set(1);
+            }
+        }
+        fn set_token(&self, _dev: usize, v: Option<u64>) {
+            self.token.set(v);
         }
         fn last_ns(&self, _dev: usize) -> u64 {
             self.last.get()
@@ -329,16 +449,16 @@ mod tests {
         let clock = FakeClock::new(T0);
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
-        assert_eq!(p.be_admit(e, 0, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Free);
         // A high-priority tenant gone for PRESENT_NS no longer restricts anyone.
         p.hp_launch(e, 0, T0, MS);
         clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Free);
         assert_eq!(clock.now_ns(), T0 + PRESENT_NS, "no wait");
     }
 
     #[test]
-    fn best_effort_waits_for_the_high_priority_queue_and_keeps_one_kernel() {
+    fn best_effort_waits_for_the_high_priority_queue_and_keeps_one_long_kernel() {
         let clock = FakeClock::new(T0);
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
@@ -347,25 +467,67 @@ mod tests {
             p.hp_launch(e, 0, T0, 200_000);
         }
         assert_eq!(e.hp(T0).busy_until, T0 + 4 * MS);
-        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, &clock, &tr) else {
+        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 3 * MS, &clock, &tr) else {
             panic!("a present high-priority tenant must restrict")
         };
         assert_eq!(clock.now_ns(), T0 + 4 * MS, "started when the burst was done");
         assert_eq!(waited_ns, 4 * MS);
-        tr.launched(value, 3 * MS);
-        // The next best-effort kernel waits for this one (one queued at a time) and gets a fresh token.
-        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, &clock, &tr) else {
+        tr.launched(3 * MS);
+        // A kernel longer than the budget: the next one waits for it; the token is renewed, not taken anew.
+        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 3 * MS, &clock, &tr) else {
             panic!()
         };
         assert_eq!(clock.now_ns(), T0 + 7 * MS);
         assert_ne!(v2, value);
         // While that kernel is queued, nobody else (another best-effort process) gets the token.
-        tr.launched(v2, 3 * MS);
+        tr.launched(3 * MS);
         let now = clock.now_ns();
         assert_eq!(
             e.take_token(now, now + MS),
             Err(v2),
-            "two best-effort kernels queued at once"
+            "two processes' best-effort kernels queued at once"
+        );
+    }
+
+    #[test]
+    fn short_kernels_queue_up_to_the_budget() {
+        let clock = FakeClock::new(T0);
+        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
+        let tr = FakeTracker::new(&clock);
+        p.hp_launch(e, 0, T0, 0);
+        clock.advance(QUIET_NS);
+        let k = 100_000;
+        for _ in 0..(BUDGET_NS / k) {
+            assert!(matches!(p.be_admit(e, 0, k, &clock, &tr), Gate::Token { .. }));
+            tr.launched(k);
+        }
+        assert_eq!(
+            clock.now_ns(),
+            T0 + QUIET_NS,
+            "a budget of 100 µs kernels queued without a wait"
+        );
+        // The next waits until the first has run its course (sleeping, not waiting for it: no gap between
+        // kernels): never more than the budget queued.
+        assert!(matches!(p.be_admit(e, 0, k, &clock, &tr), Gate::Token { .. }));
+        assert_eq!(clock.now_ns(), T0 + QUIET_NS + k);
+        assert_eq!(tr.reap(0, clock.now_ns()).left_ns + k, BUDGET_NS);
+        tr.launched(k);
+        // Two kernels of 3/4 of the budget: the second goes when the first has a quarter of the budget left.
+        clock.advance(BUDGET_NS);
+        assert_eq!(tr.reap(0, clock.now_ns()).n, 0);
+        let l = BUDGET_NS * 3 / 4;
+        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        tr.launched(l);
+        let t = clock.now_ns();
+        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert_eq!(clock.now_ns(), t + 2 * l - BUDGET_NS);
+        // All done: the token goes back at the next admission.
+        tr.launched(k);
+        clock.advance(PRESENT_NS);
+        assert_eq!(p.be_admit(e, 0, k, &clock, &tr), Gate::Free);
+        assert!(
+            e.take_token(clock.now_ns(), clock.now_ns() + 1).is_ok(),
+            "the token was not given back"
         );
     }
 
@@ -375,7 +537,7 @@ mod tests {
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
         p.hp_launch(e, 0, T0, 0); // a kernel whose estimate is 0 (unknown), just launched
-        let g = p.be_admit(e, 0, &clock, &tr);
+        let g = p.be_admit(e, 0, MS, &clock, &tr);
         assert!(matches!(g, Gate::Token { .. }));
         assert!(clock.now_ns() >= T0 + QUIET_NS);
     }
@@ -388,7 +550,7 @@ mod tests {
         p.hp_launch(e, 0, T0, 0);
         // Someone took the token and died: it is held until its expiry, not for ever.
         let dead = e.take_token(T0, T0 + 50 * MS).unwrap();
-        assert!(matches!(p.be_admit(e, 0, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Token { .. }));
         assert!(clock.now_ns() >= dead && clock.now_ns() < dead + TOKEN_POLL_NS + 1);
     }
 

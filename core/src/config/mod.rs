@@ -32,7 +32,8 @@ pub const DEFAULT_LIMITS_PATH: &str = "/etc/cuquota/limits";
 /// Its existence declares an agent limits file required (a deployment mounts it read-only next to the limits
 /// file, so a tenant cannot remove it): with no limits file to read, the shim refuses every CUDA call.
 pub const LIMITS_REQUIRED_MARKER: &str = "/etc/cuquota/required";
-/// Default path of the node's priority region (used when it exists; see [`Config::priority_path`]).
+/// Default path of the container's own priority file, the node directory at the same path + `.d` (used when it
+/// exists; see [`Config::priority_path`]).
 pub const DEFAULT_PRIORITY_PATH: &str = "/etc/cuquota/priority";
 /// Highest CUDA ordinal accepted in a `_<i>` variable or `[[device]] index` (exclusive).
 pub const MAX_ORDINAL: u32 = 1024;
@@ -88,8 +89,8 @@ pub struct Config {
     /// An agent limits file is required (`CUQUOTA_LIMITS_REQUIRED=1`, or [`LIMITS_REQUIRED_MARKER`] exists): with
     /// [`Config::limits_paths`] empty the shim fails closed, opt-out or not.
     pub limits_required: bool,
-    /// The node's priority region, shared by the containers with a priority on a GPU: [`DEFAULT_PRIORITY_PATH`]
-    /// when it exists (a process cannot redirect it), else `CUQUOTA_PRIORITY_FILE` (or the TOML
+    /// The container's own priority file (the node's directory of every container's is beside it, + `.d`):
+    /// [`DEFAULT_PRIORITY_PATH`] when it exists (a process cannot redirect it), else `CUQUOTA_PRIORITY_FILE` (or the TOML
     /// `priority_file`). `None` = no priority coordination (a priority set then is not enforced; the shim warns).
     pub priority_path: Option<PathBuf>,
     /// Log verbosity.

@@ -4,7 +4,6 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use super::layout::ABI_VERSION;
 use super::RegionError;
 
 /// A header field holding a size or a count.
@@ -35,8 +34,8 @@ impl Word<'_> {
 pub(super) struct Header<'a> {
     /// The `magic` field and the value it must hold.
     pub magic: (&'a AtomicU64, u64),
-    /// `abi_version`.
-    pub abi_version: &'a AtomicU32,
+    /// `abi_version` and the version this layout is (`layout::ABI_VERSION`, or `PRIORITY_ABI_VERSION`).
+    pub abi_version: (&'a AtomicU32, u32),
     /// `(name, field, value our layout needs)`: header size, total size, table sizes.
     pub fields: &'a [(&'static str, Word<'a>, u64)],
 }
@@ -52,7 +51,7 @@ pub(super) fn validate(path: &Path, h: &Header<'_>, init: bool) -> Result<(), Re
                 path: path.to_path_buf(),
             });
         }
-        h.abi_version.store(ABI_VERSION, Ordering::Relaxed);
+        h.abi_version.0.store(h.abi_version.1, Ordering::Relaxed);
         for (_, field, value) in h.fields {
             field.store(*value);
         }
@@ -65,12 +64,13 @@ pub(super) fn validate(path: &Path, h: &Header<'_>, init: bool) -> Result<(), Re
             expected,
         });
     }
-    let version = h.abi_version.load(Ordering::Acquire);
-    if version != ABI_VERSION {
+    let (word, expected) = h.abi_version;
+    let version = word.load(Ordering::Acquire);
+    if version != expected {
         return Err(RegionError::VersionMismatch {
             path: path.to_path_buf(),
             found: version,
-            expected: ABI_VERSION,
+            expected,
         });
     }
     for (name, field, value) in h.fields {

@@ -342,6 +342,10 @@ pub struct UsageFile {
 
 /// `magic` of the priority file: the bytes `CUQPRIOR` read as a little-endian u64.
 pub const PRIORITY_MAGIC: u64 = u64::from_le_bytes(*b"CUQPRIOR");
+/// Layout version of the priority files (their own since 5; before, [`ABI_VERSION`]). 5: one file per
+/// container in a node directory, read-only to every other container (docs/priority.md); same words as 4, new
+/// meaning: a file's words are its container's only.
+pub const PRIORITY_ABI_VERSION: u32 = 5;
 /// Reserved-memory admissions in flight per priority device entry ([`PriorityDevice::inflight`]).
 pub const PRIORITY_INFLIGHT: usize = 8;
 
@@ -350,7 +354,7 @@ pub const PRIORITY_INFLIGHT: usize = 8;
 pub struct PriorityHeader {
     /// [`PRIORITY_MAGIC`]; written last (release) by the initialiser.
     pub magic: AtomicU64,
-    /// [`ABI_VERSION`].
+    /// [`PRIORITY_ABI_VERSION`].
     pub abi_version: AtomicU32,
     /// `size_of::<PriorityHeader>()`.
     pub header_size: AtomicU32,
@@ -364,8 +368,8 @@ pub struct PriorityHeader {
     pub _reserved: [AtomicU64; 4],
 }
 
-/// One physical GPU in the priority file (192 bytes), shared by every container on the node that has a
-/// priority there. Claimed once by UUID (like a usage device entry), never freed. Times are CLOCK_MONOTONIC
+/// One physical GPU in a container's priority file (192 bytes): written by that container's processes, read by
+/// the other containers' (read-only). Claimed once by UUID (like a usage device entry), never freed. Times are CLOCK_MONOTONIC
 /// nanoseconds (every process on the node shares that clock).
 #[repr(C)]
 pub struct PriorityDevice {

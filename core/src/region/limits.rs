@@ -413,7 +413,7 @@ fn validate(map: &Mapping, writable: bool) -> Result<(), RegionError> {
     ];
     let header = Header {
         magic: (&h.magic, LIMITS_MAGIC),
-        abi_version: &h.abi_version,
+        abi_version: (&h.abi_version, ABI_VERSION),
         fields: &fields,
     };
     header::validate(map.path(), &header, writable)

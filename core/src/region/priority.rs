@@ -1,24 +1,30 @@
-//! The priority file: one small region shared by every container on a node that has a priority on a GPU, so
-//! that best-effort tenants can see what high-priority tenants in *other* containers are doing (each
-//! container's usage file is its own; nothing else crosses containers).
+//! The priority files: one small region **per container** with a priority on a GPU, so that best-effort
+//! tenants can see what high-priority tenants in *other* containers are doing (each container's usage file is
+//! its own) — without any container being able to write what another one trusts.
 //!
-//! Per GPU (entries claimed by UUID, like usage device entries) it holds:
-//! - what high-priority tenants publish at each launch: when they last launched and when the work they have
-//!   queued is estimated to be done ([`PriorityEntry::note_hp_launch`], [`PriorityEntry::hp`]);
-//! - the best-effort **queue token**: while a high-priority tenant is present, a best-effort kernel may be
-//!   queued only by the holder of this one word, so at most one best-effort kernel (of all best-effort tenants)
-//!   sits in front of the next high-priority burst ([`PriorityEntry::take_token`]);
+//! The node agent keeps one file per such container in a node directory: `NAME.high` for a high-priority
+//! container, anything else for the others. The directory is mounted **read-only** into every such container
+//! (at `<own file>.d`), and the container's own file **read-write** over its entry. A process writes only its
+//! own file ([`PriorityRegion`]) and reads the others' ([`PriorityPeers`]): the high-priority words of `.high`
+//! files only, so a best-effort tenant's lies stay in a file nobody trusts (docs/priority.md, threat model).
+//!
+//! Per GPU (entries claimed by UUID, like usage device entries) a file holds:
+//! - what its container's high-priority tenants publish at each launch: when they last launched and when the
+//!   work they have queued is estimated to be done ([`PriorityEntry::note_hp_launch`], [`PriorityEntry::hp`]);
+//! - the container's best-effort **queue token**: while a high-priority tenant is present, a best-effort
+//!   kernel of the container may be queued only by the holder of this one word ([`PriorityEntry::take_token`]);
 //! - **in-flight reservations**: a best-effort allocation that must leave reserved memory free announces its
-//!   size here between reading the device's free memory and the driver's allocation, so two racing
-//!   allocations (any containers) each count the other ([`PriorityEntry::claim_inflight`]).
+//!   size here between reading the device's free memory and the driver's allocation, and sums every file's
+//!   announcements, so two racing allocations (any containers) each count the other
+//!   ([`PriorityEntry::claim_inflight`]).
 //!
 //! Every word is an atomic; nothing is a lock. Every value written here has an expiry or is a time, and a time
 //! implausibly far in the future (a scribbling tenant, or a file kept across a reboot: CLOCK_MONOTONIC restarts
-//! near 0) is treated as absent — so nobody can make others wait for ever through this file. What a tenant
-//! *can* do with its write access is documented in docs/priority.md (threat model).
+//! near 0) is treated as absent — so nobody can make others wait for ever through this file.
 
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use super::claim::claim_device;
 use super::header::{self, Header, Word};
@@ -44,9 +50,44 @@ impl PriorityDeviceId {
     }
 }
 
-/// The priority file, mapped read-write.
+/// Files of other containers a process reads (the node directory's), at most.
+pub const MAX_PEERS: usize = 64;
+/// How often the node directory is read again (containers come and go; the agent renames a file to change
+/// its container's priority live).
+pub const PEER_SCAN_NS: u64 = 1_000_000_000;
+/// A high-priority container's file name ends with this.
+pub const HIGH_SUFFIX: &str = ".high";
+
+/// A container's own priority file, mapped read-write; with the node directory's files when opened by a
+/// tenant ([`PriorityRegion::open`]).
 pub struct PriorityRegion {
     map: Mapping,
+    peers: Option<PriorityPeers>,
+}
+
+/// The node directory's priority files (every container's, this one's included), mapped read-only and
+/// found again every [`PEER_SCAN_NS`]. Mappings are never dropped (a file that left the directory stops
+/// counting), so readers need no lock: a slot is set once.
+pub struct PriorityPeers {
+    dir: PathBuf,
+    /// The own file's identity (its words are read through the own mapping).
+    own: (u64, u64),
+    slots: [AtomicPtr<Peer>; MAX_PEERS],
+    next_scan: AtomicU64,
+    /// When the scan under way started (0 = none); one older than [`PEER_SCAN_NS`] is taken over (its thread
+    /// died with a fork: the child has only the forking thread).
+    scanning: AtomicU64,
+}
+
+struct Peer {
+    map: Mapping,
+    id: (u64, u64),
+    /// Named `*.high` at the last scan.
+    high: AtomicBool,
+    /// Still in the directory at the last scan.
+    present: AtomicBool,
+    /// Per own device entry: the peer's entry for the same UUID + 1 (0 = not found yet).
+    entry: [AtomicU32; MAX_DEVICES],
 }
 
 /// What high-priority tenants last published on a device (garbage already dropped).
@@ -97,9 +138,40 @@ impl PriorityRegion {
         Self::open_with(path, Access::Create(0o666))
     }
 
-    /// Opens an existing, initialised priority file read-write (the shim: it never creates one, since a file
-    /// created inside one container would coordinate nobody).
+    /// Opens a container's existing, initialised priority file read-write, and the node directory beside it
+    /// (`<path>.d`) read-only: the shim. It never creates either: a file created inside one container would
+    /// coordinate nobody. A missing directory is an error (the caller fails closed).
     pub fn open(path: &Path) -> Result<PriorityRegion, RegionError> {
+        let mut region = Self::open_with(path, Access::ReadWrite)?;
+        let mut dir = path.as_os_str().to_owned();
+        dir.push(".d");
+        let dir = PathBuf::from(dir);
+        let io = |e: String, p: &Path| RegionError::Io {
+            path: p.to_path_buf(),
+            op: "open the node's priority directory",
+            error: e,
+        };
+        let own = std::fs::metadata(path).map_err(|e| io(e.to_string(), path))?;
+        if !std::fs::metadata(&dir)
+            .map_err(|e| io(e.to_string(), &dir))?
+            .is_dir()
+        {
+            return Err(io("not a directory".into(), &dir));
+        }
+        let peers = PriorityPeers {
+            dir,
+            own: (own.dev(), own.ino()),
+            slots: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+            next_scan: AtomicU64::new(0),
+            scanning: AtomicU64::new(0),
+        };
+        peers.scan(0);
+        region.peers = Some(peers);
+        Ok(region)
+    }
+
+    /// Opens a priority file read-write alone, without the node directory (tools and tests writing one file).
+    pub fn open_file(path: &Path) -> Result<PriorityRegion, RegionError> {
         Self::open_with(path, Access::ReadWrite)
     }
 
@@ -108,33 +180,8 @@ impl PriorityRegion {
         // Every container with a priority can truncate this file: survive it (fault.rs). Its zero pages read as
         // "no high-priority tenant, no token, nothing in flight" — what a tenant could write anyway.
         map.guard_truncation();
-        let region = PriorityRegion { map };
-        let h = &region.file().header;
-        let fields = [
-            (
-                "header_size",
-                Word::U32(&h.header_size),
-                std::mem::size_of::<PriorityHeader>() as u64,
-            ),
-            (
-                "total_size",
-                Word::U64(&h.total_size),
-                std::mem::size_of::<PriorityFile>() as u64,
-            ),
-            ("max_devices", Word::U32(&h.max_devices), MAX_DEVICES as u64),
-            (
-                "inflight_slots",
-                Word::U32(&h.inflight_slots),
-                PRIORITY_INFLIGHT as u64,
-            ),
-        ];
-        let header = Header {
-            magic: (&h.magic, PRIORITY_MAGIC),
-            abi_version: &h.abi_version,
-            fields: &fields,
-        };
-        header::validate(region.path(), &header, matches!(access, Access::Create(_)))?;
-        Ok(region)
+        validate(path, &map, matches!(access, Access::Create(_)))?;
+        Ok(PriorityRegion { map, peers: None })
     }
 
     fn file(&self) -> &PriorityFile {
@@ -157,10 +204,11 @@ impl PriorityRegion {
         claim_device(&self.file().devices, uuid, self.path()).map(|i| PriorityDeviceId(i as u32))
     }
 
-    /// One device entry's words.
+    /// One device entry's words (with the node directory's view of the device, when opened with it).
     pub fn entry(&self, id: PriorityDeviceId) -> PriorityEntry<'_> {
         PriorityEntry {
             d: &self.file().devices[id.index()],
+            peers: self.peers.as_ref().map(|p| (p, id.index())),
         }
     }
 
@@ -172,7 +220,7 @@ impl PriorityRegion {
             if owner_state(d.owner.load(Ordering::Acquire)) != STATE_LIVE {
                 continue;
             }
-            let e = PriorityEntry { d };
+            let e = PriorityEntry::new(d);
             let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
             out.push(PriorityDeviceInfo {
                 id: PriorityDeviceId(i as u32),
@@ -191,16 +239,155 @@ impl PriorityRegion {
     }
 }
 
+impl PriorityPeers {
+    /// Reads the directory again if [`PEER_SCAN_NS`] passed since the last time (one thread at a time; the
+    /// others go on with what they have). Slow path, once a second at most: a directory read and a stat per
+    /// file, an open and a map per new one.
+    #[inline]
+    fn refresh(&self, now: u64) {
+        if now >= self.next_scan.load(Ordering::Relaxed) {
+            self.scan(now);
+        }
+    }
+
+    #[cold]
+    fn scan(&self, now: u64) {
+        let cur = self.scanning.load(Ordering::Acquire);
+        if (cur != 0 && now.saturating_sub(cur) < PEER_SCAN_NS)
+            || self
+                .scanning
+                .compare_exchange(cur, now.max(1), Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        self.next_scan
+            .store(now.saturating_add(PEER_SCAN_NS), Ordering::Relaxed);
+        let mut seen: Vec<((u64, u64), bool, PathBuf)> = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(&self.dir) {
+            for f in rd.flatten() {
+                let path = f.path();
+                let Ok(m) = std::fs::metadata(&path) else { continue };
+                if !m.is_file() {
+                    continue;
+                }
+                let high = f.file_name().to_string_lossy().ends_with(HIGH_SUFFIX);
+                seen.push(((m.dev(), m.ino()), high, path));
+            }
+        }
+        for p in self.peers() {
+            let now_here = seen.iter().find(|s| s.0 == p.id);
+            p.present.store(now_here.is_some(), Ordering::Relaxed);
+            p.high.store(now_here.is_some_and(|s| s.1), Ordering::Relaxed);
+        }
+        for (id, high, path) in seen {
+            if id == self.own || self.peers().any(|p| p.id == id) {
+                continue;
+            }
+            // Another container's file: read-only, its header checked; one that does not open is skipped (its
+            // container's own processes fail closed on it).
+            let Ok(mut map) = Mapping::open(&path, Access::ReadOnly, std::mem::size_of::<PriorityFile>())
+            else {
+                continue;
+            };
+            // Its container may truncate it: survive, read zero pages ("nothing published").
+            map.guard_truncation();
+            if validate(&path, &map, false).is_err() {
+                continue;
+            }
+            let peer = Box::into_raw(Box::new(Peer {
+                map,
+                id,
+                high: AtomicBool::new(high),
+                present: AtomicBool::new(true),
+                entry: std::array::from_fn(|_| AtomicU32::new(0)),
+            }));
+            let free = self.slots.iter().find(|s| {
+                s.compare_exchange(std::ptr::null_mut(), peer, Ordering::Release, Ordering::Relaxed)
+                    .is_ok()
+            });
+            if free.is_none() {
+                // SAFETY: not published in any slot, so ours alone.
+                drop(unsafe { Box::from_raw(peer) });
+                break;
+            }
+        }
+        self.scanning.store(0, Ordering::Release);
+    }
+
+    /// The files mapped so far (present or not).
+    fn peers(&self) -> impl Iterator<Item = &Peer> {
+        self.slots.iter().map_while(|s| {
+            let p = s.load(Ordering::Acquire);
+            // SAFETY: a slot is set once to a leaked Box and never freed or reset, so the Peer lives as long as
+            // `self` (longer: mappings of other containers' files are kept for the process's lifetime).
+            (!p.is_null()).then(|| unsafe { &*p })
+        })
+    }
+
+    /// Peer files (present, `high` ones only if asked) that have an entry for `uuid`; `own` caches the match.
+    fn entries<'p>(
+        &'p self,
+        own: usize,
+        uuid: [u64; 2],
+        high_only: bool,
+    ) -> impl Iterator<Item = &'p PriorityDevice> + 'p {
+        self.peers()
+            .filter(move |p| {
+                p.present.load(Ordering::Relaxed) && (!high_only || p.high.load(Ordering::Relaxed))
+            })
+            .filter_map(move |p| p.device(own, uuid))
+    }
+}
+
+impl Peer {
+    fn file(&self) -> &PriorityFile {
+        // SAFETY: as `PriorityRegion::file`: the read-only mapping has the file's size (checked at open) and
+        // holds atomics only; zero pages after a truncation are valid values.
+        unsafe { &*self.map.ptr().cast::<PriorityFile>() }
+    }
+
+    /// The entry for `uuid` (live, same UUID), found once per own entry `own` and cached: entries are never
+    /// freed or given another UUID by a shim (a container that scribbles its own entries confuses only the
+    /// readers of *its* state).
+    #[inline]
+    fn device(&self, own: usize, uuid: [u64; 2]) -> Option<&PriorityDevice> {
+        let devs = &self.file().devices;
+        let matches = |d: &PriorityDevice| {
+            owner_state(d.owner.load(Ordering::Acquire)) == STATE_LIVE
+                && d.uuid[0].load(Ordering::Relaxed) == uuid[0]
+                && d.uuid[1].load(Ordering::Relaxed) == uuid[1]
+        };
+        let c = self.entry[own].load(Ordering::Relaxed) as usize;
+        if c > 0 && devs.get(c - 1).is_some_and(matches) {
+            return devs.get(c - 1);
+        }
+        let i = devs.iter().position(matches)?;
+        self.entry[own].store(i as u32 + 1, Ordering::Relaxed);
+        Some(&devs[i])
+    }
+}
+
 /// The words of one device entry, with the protocols on them. Hot path: atomics only.
 #[derive(Clone, Copy)]
 pub struct PriorityEntry<'a> {
     d: &'a PriorityDevice,
+    /// The node directory and this entry's index in the own file (`PriorityRegion::open`'s entries).
+    peers: Option<(&'a PriorityPeers, usize)>,
 }
 
 impl<'a> PriorityEntry<'a> {
-    /// A view of raw words (the shim's unit tests build entries in memory).
+    /// A view of raw words alone, as if this file were every container's (the shim's unit tests build entries
+    /// in memory; `cuquota priority show` reads one file).
     pub fn new(d: &'a PriorityDevice) -> Self {
-        PriorityEntry { d }
+        PriorityEntry { d, peers: None }
+    }
+
+    fn uuid(&self) -> [u64; 2] {
+        [
+            self.d.uuid[0].load(Ordering::Relaxed),
+            self.d.uuid[1].load(Ordering::Relaxed),
+        ]
     }
 
     // ---- high priority ---------------------------------------------------------------------------------------
@@ -220,19 +407,21 @@ impl<'a> PriorityEntry<'a> {
     }
 
     /// What high-priority tenants published, as of `now`; times implausibly in the future read as absent.
+    /// With the node directory: the latest of the `.high` files' (this container's own words count only if its
+    /// file is one of them); without: this file's.
     #[inline]
     pub fn hp(&self, now: u64) -> HpState {
-        let sane = |t: u64| {
-            if t > now.saturating_add(HP_MAX_AHEAD_NS) {
-                0
-            } else {
-                t
-            }
+        let Some((peers, own)) = self.peers else {
+            return hp_of(self.d, now);
         };
-        HpState {
-            last_launch: sane(self.d.hp_last_launch.load(Ordering::Acquire)),
-            busy_until: sane(self.d.hp_busy_until.load(Ordering::Acquire)),
+        peers.refresh(now);
+        let mut s = HpState::default();
+        for d in peers.entries(own, self.uuid(), true) {
+            let h = hp_of(d, now);
+            s.last_launch = s.last_launch.max(h.last_launch);
+            s.busy_until = s.busy_until.max(h.busy_until);
         }
+        s
     }
 
     // ---- the best-effort queue token ------------------------------------------------------------------------
@@ -254,6 +443,17 @@ impl<'a> PriorityEntry<'a> {
                 Err(c) => cur = c,
             }
         }
+    }
+
+    /// Extends the hold of the token taken as `value` to `hold_until` (a holder with kernels still queued).
+    /// `Err(current)` when it is no longer ours (it expired and was taken over).
+    #[inline]
+    pub fn renew_token(&self, value: u64, hold_until: u64) -> Result<u64, u64> {
+        let mine = hold_until.max(value);
+        self.d
+            .be_token
+            .compare_exchange(value, mine, Ordering::AcqRel, Ordering::Acquire)
+            .map(|_| mine)
     }
 
     /// Gives the token back if it is still the one taken as `value` (an expired token may have been taken over
@@ -296,17 +496,30 @@ impl<'a> PriorityEntry<'a> {
         None
     }
 
-    /// Bytes announced by live in-flight reservations, except `own`'s.
+    /// Bytes announced by live in-flight reservations, except `own`'s: this file's and (with the node
+    /// directory) every other container's.
     pub fn inflight_bytes(&self, own: Option<Inflight>, now_s: u32) -> u64 {
-        self.d
+        let live = |w: &AtomicU64| Some(w.load(Ordering::SeqCst)).filter(|&w| inflight_live(w, now_s));
+        let mine: u64 = self
+            .d
             .inflight
             .iter()
             .enumerate()
             .filter(|(i, _)| own.is_none_or(|o| o.slot != *i))
-            .map(|(_, w)| w.load(Ordering::SeqCst))
-            .filter(|&w| inflight_live(w, now_s))
+            .filter_map(|(_, w)| live(w))
             .map(|w| (inflight_mib(w) as u64) << 20)
-            .sum()
+            .sum();
+        let Some((peers, idx)) = self.peers else {
+            return mine;
+        };
+        peers.refresh(u64::from(now_s).saturating_mul(1_000_000_000));
+        let others: u64 = peers
+            .entries(idx, self.uuid(), false)
+            .flat_map(|d| d.inflight.iter())
+            .filter_map(live)
+            .map(|w| (inflight_mib(w) as u64) << 20)
+            .sum();
+        mine.saturating_add(others)
     }
 
     /// Withdraws an announcement (after the driver answered).
@@ -317,6 +530,50 @@ impl<'a> PriorityEntry<'a> {
     /// Counts one allocation refused to keep the reservation.
     pub fn count_reserve_refusal(&self) {
         self.d.reserve_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Checks (with `init`: first initialises a fresh) header of a mapped priority file.
+fn validate(path: &Path, map: &Mapping, init: bool) -> Result<(), RegionError> {
+    // SAFETY: as `PriorityRegion::file`.
+    let h = &unsafe { &*map.ptr().cast::<PriorityFile>() }.header;
+    let fields = [
+        (
+            "header_size",
+            Word::U32(&h.header_size),
+            std::mem::size_of::<PriorityHeader>() as u64,
+        ),
+        (
+            "total_size",
+            Word::U64(&h.total_size),
+            std::mem::size_of::<PriorityFile>() as u64,
+        ),
+        ("max_devices", Word::U32(&h.max_devices), MAX_DEVICES as u64),
+        (
+            "inflight_slots",
+            Word::U32(&h.inflight_slots),
+            PRIORITY_INFLIGHT as u64,
+        ),
+    ];
+    let header = Header {
+        magic: (&h.magic, PRIORITY_MAGIC),
+        abi_version: (&h.abi_version, PRIORITY_ABI_VERSION),
+        fields: &fields,
+    };
+    header::validate(path, &header, init)
+}
+
+fn hp_of(d: &PriorityDevice, now: u64) -> HpState {
+    let sane = |t: u64| {
+        if t > now.saturating_add(HP_MAX_AHEAD_NS) {
+            0
+        } else {
+            t
+        }
+    };
+    HpState {
+        last_launch: sane(d.hp_last_launch.load(Ordering::Acquire)),
+        busy_until: sane(d.hp_busy_until.load(Ordering::Acquire)),
     }
 }
 
@@ -342,7 +599,7 @@ mod tests {
     fn create_then_open_and_claim_one_entry_per_uuid() {
         let p = temp("claim");
         let a = PriorityRegion::create(&p).unwrap();
-        let b = PriorityRegion::open(&p).unwrap();
+        let b = PriorityRegion::open_file(&p).unwrap();
         let x = a.device(&[1; 16]).unwrap();
         assert_eq!(b.device(&[1; 16]).unwrap(), x);
         assert_ne!(b.device(&[2; 16]).unwrap(), x);
@@ -361,6 +618,54 @@ mod tests {
             Err(RegionError::NotInitialized { .. })
         ));
         let _ = std::fs::remove_file(&p);
+    }
+
+    /// A node directory with the files of "hp" (high), "liar" (best-effort) and "be" (best-effort, the reader);
+    /// `be.d` beside be's own file is the directory (a mount in a real node; a symlink here).
+    #[test]
+    fn best_effort_reads_only_high_priority_files_and_follows_renames() {
+        let root = temp("peers");
+        let _ = std::fs::remove_dir_all(&root);
+        let node = root.join("node");
+        std::fs::create_dir_all(&node).unwrap();
+        let hp = PriorityRegion::create(&node.join("hp.high")).unwrap();
+        let liar = PriorityRegion::create(&node.join("liar.low")).unwrap();
+        PriorityRegion::create(&node.join("be.low")).unwrap();
+        std::fs::hard_link(node.join("be.low"), root.join("be")).unwrap();
+        std::os::unix::fs::symlink(&node, root.join("be.d")).unwrap();
+        let be = PriorityRegion::open(&root.join("be")).unwrap();
+        let uuid = [7; 16];
+        let (h, l) = (
+            hp.entry(hp.device(&uuid).unwrap()),
+            liar.entry(liar.device(&uuid).unwrap()),
+        );
+        let e = be.entry(be.device(&uuid).unwrap());
+        let now = 1000 * S;
+        h.note_hp_launch(now, now + 5);
+        // The liar publishes a busy queue; the best-effort container's own words say "busy" too: neither counts.
+        l.note_hp_launch(now + 9, now + 3 * S);
+        e.note_hp_launch(now + 9, now + 3 * S);
+        assert_eq!(
+            e.hp(now + 10),
+            HpState {
+                last_launch: now,
+                busy_until: now + 5
+            }
+        );
+        // In-flight reservations of every container count (fail closed), one's own slot excepted.
+        let mine = e.claim_inflight(1 << 20, 500).unwrap();
+        l.claim_inflight(2 << 20, 500).unwrap();
+        assert_eq!(e.inflight_bytes(Some(mine), 500), 2 << 20);
+        // The agent renames a file to change a priority live: seen at the next scan.
+        std::fs::rename(node.join("liar.low"), node.join("liar.high")).unwrap();
+        assert_eq!(e.hp(now + 10).busy_until, now + 5, "before the next scan");
+        assert_eq!(e.hp(now + 10 + PEER_SCAN_NS).busy_until, now + 3 * S);
+        std::fs::rename(node.join("hp.high"), node.join("hp.low")).unwrap();
+        std::fs::rename(node.join("liar.high"), node.join("liar.low")).unwrap();
+        assert_eq!(e.hp(now + 10 + 2 * PEER_SCAN_NS), HpState::default());
+        // Without the node directory a tenant's file does not open (the shim fails closed).
+        assert!(PriorityRegion::open(&node.join("hp.low")).is_err());
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     fn entry() -> &'static PriorityDevice {

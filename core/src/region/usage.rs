@@ -287,7 +287,7 @@ impl UsageRegion {
         ];
         let header = Header {
             magic: (&h.magic, USAGE_MAGIC),
-            abi_version: &h.abi_version,
+            abi_version: (&h.abi_version, ABI_VERSION),
             fields: &fields,
         };
         // A zero body is a valid empty state.
