@@ -294,12 +294,9 @@ fn build(src: &Source<'_>, path_exists: &dyn Fn(&Path) -> bool) -> Result<Config
     )?;
     env.weight = single(src, "CUQUOTA_WEIGHT", parse_weight)?;
     env.priority = paired(src, "CUDA_TASK_PRIORITY", "CUQUOTA_PRIORITY", &parse_priority)?;
-    env.usage_path = paired(
-        src,
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-        "CUQUOTA_USAGE_FILE",
-        &parse_path,
-    )?;
+    // Two files now: HAMi's layout at HAMi's path (for its monitor), ours beside it (docs/hami.md).
+    env.usage_path = single(src, "CUQUOTA_USAGE_FILE", parse_path)?;
+    env.hami_path = single(src, "CUDA_DEVICE_MEMORY_SHARED_CACHE", parse_path)?;
     env.limits_path = single(src, "CUQUOTA_LIMITS_FILE", parse_path)?;
     env.limits_required = single(src, "CUQUOTA_LIMITS_REQUIRED", parse_bool)?;
     env.priority_path = single(src, "CUQUOTA_PRIORITY_FILE", parse_path)?;

@@ -121,11 +121,16 @@ fn ours_and_hami_agree_or_conflict() {
         .kind,
         PolicyKind::Hard
     );
-    assert!(cfg(&[
+    // Not a pair any more: HAMi's file and cuquota's usage file are two files (docs/hami.md).
+    let c = cfg(&[
         ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/a"),
-        ("CUQUOTA_USAGE_FILE", "/b")
+        ("CUQUOTA_USAGE_FILE", "/b"),
     ])
-    .is_err());
+    .unwrap();
+    assert_eq!(
+        (c.hami_path.as_path(), c.usage_path.as_path()),
+        (Path::new("/a"), Path::new("/b"))
+    );
     assert!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_SM_LIMIT", "40")]).is_err());
 }
 
@@ -203,7 +208,13 @@ fn paths_and_default_limits_file() {
         ("CUQUOTA_LIBCUDA", "/sim/libcuda.so.1"),
     ])
     .unwrap();
-    assert_eq!(c.usage_path, Path::new("/tmp/x.cache"));
+    // HAMi's file at HAMi's path; ours beside it under a name HAMi's monitor does not pick up.
+    assert_eq!(c.hami_path, Path::new("/tmp/x.cache"));
+    assert_eq!(c.usage_path, Path::new("/tmp/x.cuquota-usage"));
+    assert_eq!(
+        usage_path_beside(Path::new("/tmp/shr")),
+        Path::new("/tmp/shr.cuquota-usage")
+    );
     assert_eq!(c.libcuda_path.as_deref(), Some(Path::new("/sim/libcuda.so.1")));
     // The default limits file applies whenever it exists, even when the variable names another one.
     let exists = |p: &Path| p == Path::new(DEFAULT_LIMITS_PATH);
