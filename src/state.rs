@@ -362,6 +362,7 @@ extern "C" fn release_at_exit() {
         // Before the slot goes: the last launch and what the process still owes the SM limit.
         s.throttle.at_exit();
         s.devices.usage().release_process_slot();
+        s.devices.hami_release();
     }
     // At dlclose our code goes away: leave no SIGBUS handler pointing into it.
     cuquota_core::region::uninstall_sigbus_handler();
