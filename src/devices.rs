@@ -167,6 +167,13 @@ impl Devices {
         }
     }
 
+    /// In a forked child: HAMi's slot is the parent's; the child claims its own when it first needs one.
+    pub(crate) fn hami_forget_in_child(&self) {
+        if let Some(h) = &self.hami {
+            h.forget_in_child();
+        }
+    }
+
     /// At exit: HAMi's slot goes back.
     pub(crate) fn hami_release(&self) {
         if let Some(h) = &self.hami {

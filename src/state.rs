@@ -347,6 +347,7 @@ extern "C" fn fork_child() {
         // SAFETY: fork_prepare ran in the parent thread this child is a copy of.
         unsafe { fork_release(s, Side::Child) };
         s.mem.reset_in_child();
+        s.devices.hami_forget_in_child();
     }
 }
 

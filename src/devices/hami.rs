@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize,
 use std::sync::OnceLock;
 
 const NO_SLOT: usize = usize::MAX;
+const CLAIMING: usize = usize::MAX - 1;
 /// HAMi-core sleeps 1 s per check while blocked; a shorter poll resumes sooner after the monitor's write.
 const BLOCKED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -86,17 +87,46 @@ impl Hami {
         Some(h)
     }
 
-    /// Our slot, claimed on first need (and again in a forked child).
+    /// Our slot, claimed on first need (and again in a forked child, after [`Hami::forget_in_child`]). The
+    /// claimed case is one relaxed load: no `getpid` here.
+    #[inline]
     fn slot(&self) -> Option<usize> {
-        let pid = cuquota_core::region::liveness::current_pid() as i32;
-        let s = self.slot.load(Ordering::Relaxed);
-        if s != NO_SLOT && self.pid.load(Ordering::Relaxed) == pid {
-            return Some(s);
+        match self.slot.load(Ordering::Acquire) {
+            NO_SLOT | CLAIMING => self.claim(),
+            s => Some(s),
         }
-        let s = self.region.claim_slot(pid)?;
-        self.pid.store(pid, Ordering::Relaxed);
-        self.slot.store(s, Ordering::Relaxed);
-        Some(s)
+    }
+
+    /// One claimer per process at a time (`CLAIMING`): a slot left under our pid is then the image's this
+    /// process `exec`ed from, never another thread's, and is taken over.
+    #[cold]
+    fn claim(&self) -> Option<usize> {
+        loop {
+            match self
+                .slot
+                .compare_exchange(NO_SLOT, CLAIMING, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                // Another thread is claiming: microseconds.
+                Err(CLAIMING) => std::thread::yield_now(),
+                Err(s) => return Some(s),
+            }
+        }
+        let pid = cuquota_core::region::liveness::current_pid() as i32;
+        let got = self.region.claim_slot(pid);
+        if got.is_some() {
+            self.pid.store(pid, Ordering::Relaxed);
+        }
+        self.slot.store(got.unwrap_or(NO_SLOT), Ordering::Release);
+        got
+    }
+
+    /// In a forked child (single-threaded): the parent's slot stays the parent's; the child claims its own.
+    pub(crate) fn forget_in_child(&self) {
+        self.slot.store(NO_SLOT, Ordering::Relaxed);
+        for g in &self.last_gpu_ns {
+            g.store(0, Ordering::Relaxed);
+        }
     }
 
     /// A device this process uses: CUDA `ordinal`, usage entry `id`, its effective limits.
@@ -219,8 +249,8 @@ impl Hami {
 
     /// At exit: the slot goes back (the monitor stops counting this process).
     pub(crate) fn release(&self) {
-        let s = self.slot.swap(NO_SLOT, Ordering::Relaxed);
-        if s != NO_SLOT {
+        let s = self.slot.swap(NO_SLOT, Ordering::AcqRel);
+        if s != NO_SLOT && s != CLAIMING {
             self.region.release_slot(s, self.pid.load(Ordering::Relaxed));
         }
     }
