@@ -257,3 +257,31 @@ fn hamis_monitor_blocks_and_resumes_launches() {
     assert!(r > 0.2, "launches resume once the monitor unblocks: {r:.3}");
     assert!(util <= 100, "sm_util {util}");
 }
+
+/// The file is the container's to write: truncated (or zeroed) under a running tenant, it crashes no one and
+/// changes no limit (the mapping turns into private zero pages, as for the usage file).
+#[test]
+fn a_truncated_hami_file_crashes_no_one_and_changes_no_limit() {
+    let sim = Sim::new().build();
+    let mut t = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:512m wait alloc:mem:256m alloc:mem:512m info")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    t.wait_ready(1);
+    let path = hami_file(&sim);
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), SIZE as u64);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(0)
+        .unwrap();
+    t.release();
+    let o = t.finish();
+    assert!(o.success(), "the tenant survives its HAMi file truncated: {o:?}");
+    o.expect("alloc.1", "CUDA_SUCCESS");
+    // 512 + 256 MiB held: another 512 MiB is still over the 1 GiB cap.
+    o.expect("alloc.2", "CUDA_ERROR_OUT_OF_MEMORY");
+}

@@ -152,6 +152,7 @@ impl HamiRegion {
     }
 
     /// The mapped words (every one an atomic).
+    #[inline]
     pub fn file(&self) -> &HamiRegionLayout {
         // SAFETY: the mapping is exactly HAMI_SIZE bytes (checked at open), page-aligned, and the layout is
         // atomics only, so a shared reference is valid whatever other processes write; it cannot outlive `self`.
@@ -228,12 +229,16 @@ impl HamiRegion {
     }
 
     /// Publishes slot `i`'s memory on device `dev` (`total` = the sum, as HAMi-core keeps it).
+    #[inline]
     pub fn set_used(&self, i: usize, dev: usize, u: HamiUsed) {
         let Some(m) = self.file().procs.get(i).and_then(|s| s.used.get(dev)) else {
             return;
         };
         m.context_size.store(u.context, Ordering::Relaxed);
-        m.module_size.store(u.module, Ordering::Relaxed);
+        if u.module != 0 {
+            // Zero from the claim on: cuquota counts modules in the context figure.
+            m.module_size.store(u.module, Ordering::Relaxed);
+        }
         m.data_size.store(u.data, Ordering::Relaxed);
         m.total.store(u.context + u.module + u.data, Ordering::Relaxed);
     }
