@@ -9,7 +9,7 @@
 use crate::log::{log, Level};
 use cuquota_core::region::hami::{HamiRegion, HamiUsed, HAMI_MAX_DEVICES};
 use cuquota_core::{Config, DeviceId, Policy, PolicyKind, Priority};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 const NO_SLOT: usize = usize::MAX;
@@ -38,8 +38,9 @@ pub(crate) struct Hami {
     ordinal_of: [AtomicU8; HAMI_MAX_DEVICES],
     /// The usage entries themselves, by index (for utilisation samples).
     ids: [OnceLock<DeviceId>; HAMI_MAX_DEVICES],
-    /// Some device has 0 < SM limit < 100: launches set `recent_kernel` and obey the monitor's block.
-    gate: AtomicBool,
+    /// Bit `i`: CUDA ordinal `i` has 0 < SM limit < 100. Non-zero: launches set `recent_kernel` and obey the
+    /// monitor's block (HAMi-core checks the current device; here any device of the process).
+    gate: AtomicU32,
     switch: Switch,
     /// Unix second of the last `last_kernel_time` update (at most one per second, HAMi-core's default).
     last_s: AtomicU64,
@@ -82,7 +83,7 @@ impl Hami {
             pid: AtomicI32::new(0),
             ordinal_of: std::array::from_fn(|_| AtomicU8::new(0)),
             ids: std::array::from_fn(|_| OnceLock::new()),
-            gate: AtomicBool::new(false),
+            gate: AtomicU32::new(0),
             switch,
             last_s: AtomicU64::new(0),
             last_gpu_ns: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -145,7 +146,9 @@ impl Hami {
         self.region
             .set_device(ordinal, uuid, p.memory.unwrap_or(0), u64::from(sm));
         if (1..100).contains(&sm) {
-            self.gate.store(true, Ordering::Relaxed);
+            self.gate.fetch_or(1 << ordinal, Ordering::Relaxed);
+        } else {
+            self.gate.fetch_and(!(1 << ordinal), Ordering::Relaxed);
         }
     }
 
@@ -193,7 +196,7 @@ impl Hami {
             self.region.note_kernel_time(now);
             self.sample(now.saturating_sub(last), gpu_ns);
         }
-        if self.gate.load(Ordering::Relaxed) {
+        if self.gate.load(Ordering::Relaxed) != 0 {
             self.gate_launch();
         }
     }
