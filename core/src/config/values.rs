@@ -47,7 +47,7 @@ pub(super) fn parse_sm(var: &str, v: &str) -> Result<u32, ConfigError> {
         SM_EXPECTED
     };
     // `50%` is 50, as HAMi-core reads it.
-    let t = v.trim();
+    let t = v.trim_matches(|c: char| c.is_ascii_whitespace());
     let n = parse_unsigned(t.strip_suffix('%').unwrap_or(t)).map_err(|_| invalid(var, v, expected))?;
     // ≥100 means "no limit"; clamp huge values instead of rejecting them (HAMi accepts any number).
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
