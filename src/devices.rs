@@ -174,6 +174,13 @@ impl Devices {
         }
     }
 
+    /// HAMi's slots of processes gone without releasing them go back (slow paths: at most every 100 ms).
+    pub(crate) fn hami_reap(&self) {
+        if let Some(h) = &self.hami {
+            h.reap();
+        }
+    }
+
     /// At exit: HAMi's slot goes back.
     pub(crate) fn hami_release(&self) {
         if let Some(h) = &self.hami {

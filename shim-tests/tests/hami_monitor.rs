@@ -297,3 +297,29 @@ fn a_truncated_hami_file_crashes_no_one_and_changes_no_limit() {
     // 512 + 256 MiB held: another 512 MiB is still over the 1 GiB cap.
     o.expect("alloc.2", "CUDA_ERROR_OUT_OF_MEMORY");
 }
+
+/// A forked child is another process to the monitor: it claims a slot of its own, leaving its parent's slot and
+/// figures as they were; the probe's children `_exit`, so their slots go back when the parent next asks for
+/// memory information (the reaping of slots of processes that are gone).
+#[test]
+fn forked_children_take_their_own_slots_and_leave_the_parents() {
+    let sim = Sim::new().build();
+    let mut t = sim
+        .cmd(Prog::Probe)
+        .mem_limit("4g")
+        .args("init pid alloc:mem:64m forks:1:4:1m sleep:150 info wait")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    t.wait_ready(1);
+    let pid: u32 = t.wait_for("pid").parse().unwrap();
+    assert_eq!(t.wait_for("forks.ok"), "4");
+    let m = Monitor::open(&hami_file(&sim));
+    assert!(m.i32(PROC_NUM) >= 2, "the children claimed slots of their own");
+    let s = m
+        .slot_of(pid)
+        .expect("the parent's slot survives its children's exits");
+    assert_eq!(m.live_slots(), vec![s], "the children's slots went back");
+    assert_eq!(m.used(s, 0).2, 64 << 20, "the parent's data figure");
+    t.release();
+    assert!(t.finish().success());
+}

@@ -195,6 +195,7 @@ impl Hami {
         {
             self.region.note_kernel_time(now);
             self.sample(now.saturating_sub(last), gpu_ns);
+            self.reap();
         }
         if self.gate.load(Ordering::Relaxed) != 0 {
             self.gate_launch();
@@ -253,6 +254,11 @@ impl Hami {
         if f.recent_kernel.load(Ordering::Relaxed) != 2 {
             f.recent_kernel.store(2, Ordering::Relaxed);
         }
+    }
+
+    /// Slots of processes gone without releasing theirs (killed, `_exit`) go back (slow paths only).
+    pub(crate) fn reap(&self) {
+        self.region.reap_dead();
     }
 
     /// At exit: the slot goes back (the monitor stops counting this process).

@@ -137,6 +137,7 @@ impl Memory {
                 .is_ok()
         {
             self.usage().reclaim_dead();
+            self.devices.hami_reap();
         }
     }
 

@@ -188,7 +188,7 @@ impl HamiRegion {
         for (i, s) in f.procs.iter().enumerate() {
             let cur = s.pid.load(Ordering::Relaxed);
             // Our own pid: a slot left by the image this process `exec`ed from (no exit handler ran).
-            let free = cur == 0 || cur == pid || gone(cur);
+            let free = cur == 0 || cur == pid || (cur > 0 && gone(cur));
             if free
                 && s.pid
                     .compare_exchange(cur, pid, Ordering::AcqRel, Ordering::Relaxed)
@@ -218,6 +218,27 @@ impl HamiRegion {
         let _ = s
             .pid
             .compare_exchange(pid, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+
+    /// Gives back the slots of processes that are gone without releasing them (killed, `_exit`), so the
+    /// monitor stops counting them: one `kill(pid, 0)` per slot in use. A slot being reclaimed holds pid -1.
+    pub fn reap_dead(&self) {
+        let f = self.file();
+        let n = f.proc_num.load(Ordering::Acquire).clamp(0, HAMI_MAX_PROCS as i32) as usize;
+        for s in &f.procs[..n] {
+            let cur = s.pid.load(Ordering::Relaxed);
+            if cur > 0
+                && gone(cur)
+                && s.pid
+                    .compare_exchange(cur, -1, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                s.status.store(0, Ordering::Relaxed);
+                clear_figures(s);
+                s.hostpid.store(0, Ordering::Relaxed);
+                s.pid.store(0, Ordering::Release);
+            }
+        }
     }
 
     /// Records the host pid of slot `i`'s process.
@@ -334,6 +355,16 @@ mod tests {
         r.release_slot(0, me);
         assert_eq!(f.procs[0].pid.load(Ordering::Relaxed), 0);
         assert_eq!(f.procs[0].status.load(Ordering::Relaxed), 0);
+        // A process gone without releasing its slot is reaped; a live one's slot stays.
+        f.procs[3].pid.store(dead, Ordering::Relaxed);
+        f.procs[3].status.store(1, Ordering::Relaxed);
+        f.procs[3].used[0].total.store(5, Ordering::Relaxed);
+        f.proc_num.store(4, Ordering::Relaxed);
+        r.reap_dead();
+        assert_eq!(f.procs[3].pid.load(Ordering::Relaxed), 0);
+        assert_eq!(f.procs[3].status.load(Ordering::Relaxed), 0);
+        assert_eq!(f.procs[3].used[0].total.load(Ordering::Relaxed), 0);
+        assert_eq!(f.procs[1].pid.load(Ordering::Relaxed), 1, "pid 1 lives");
         let _ = std::fs::remove_file(&p);
     }
 
