@@ -24,6 +24,8 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+mod hami;
+
 /// CUDA ordinals tracked (a device at or above this is unplaced: refused while memory limits apply).
 pub(crate) const MAX_ORDINALS: usize = 64;
 /// Fallback allocation granularity when the driver cannot tell (2 MiB).
@@ -82,6 +84,8 @@ pub(crate) struct Devices {
     priority: Option<PriorityRegion>,
     /// A priority applies but there is no priority file (warned once).
     warned_no_priority_file: AtomicBool,
+    /// HAMi-core's region for HAMi's vGPU monitor (output only; none when it cannot be opened).
+    hami: Option<hami::Hami>,
 }
 
 impl Devices {
@@ -118,6 +122,7 @@ impl Devices {
             launch_hooked: AtomicBool::new(false),
             priority,
             warned_no_priority_file: AtomicBool::new(false),
+            hami: hami::Hami::open(&cfg),
             cfg,
         };
         d.compute_flags();
@@ -132,6 +137,55 @@ impl Devices {
     /// The container's usage region.
     pub(crate) fn usage(&self) -> &UsageRegion {
         &self.usage
+    }
+
+    /// This process's memory on usage entry `id` is now `data` bytes of allocations and `context` of
+    /// overhead: HAMi's file shows it (a few relaxed stores; nothing without the file).
+    #[inline]
+    pub(crate) fn hami_publish(&self, id: DeviceId, data: u64, context: u64) {
+        if let Some(h) = &self.hami {
+            h.publish(id, data, context);
+        }
+    }
+
+    /// The process's host pid, for HAMi's file.
+    pub(crate) fn hami_host_pid(&self, host_pid: u32) {
+        if let Some(h) = &self.hami {
+            h.set_host_pid(host_pid);
+        }
+    }
+
+    /// Before a launch on the hooked path: HAMi's kernel time and its monitor's launch gate (may sleep while
+    /// the monitor blocks this container; only ever stricter).
+    #[inline]
+    pub(crate) fn hami_pre_launch(&self) {
+        if let Some(h) = &self.hami {
+            h.pre_launch(|id| {
+                let slot = self.usage.cached_slot()?;
+                Some(self.usage.gpu_ns(slot, id).load(Ordering::Relaxed))
+            });
+        }
+    }
+
+    /// In a forked child: HAMi's slot is the parent's; the child claims its own when it first needs one.
+    pub(crate) fn hami_forget_in_child(&self) {
+        if let Some(h) = &self.hami {
+            h.forget_in_child();
+        }
+    }
+
+    /// HAMi's slots of processes gone without releasing them go back (slow paths: at most every 100 ms).
+    pub(crate) fn hami_reap(&self) {
+        if let Some(h) = &self.hami {
+            h.reap();
+        }
+    }
+
+    /// At exit: HAMi's slot goes back.
+    pub(crate) fn hami_release(&self) {
+        if let Some(h) = &self.hami {
+            h.release();
+        }
     }
 
     // ---- which device ----------------------------------------------------------------------------------------
@@ -235,6 +289,9 @@ impl Devices {
         });
         let policy = self.effective(u32::try_from(ordinal).ok(), &uuid.bytes);
         self.usage.report_limits(id, &policy);
+        if let Some(h) = &self.hami {
+            h.device(index, id, &uuid.bytes, &policy);
+        }
         log!(
             Level::Info,
             "device {ordinal}: entry {}, granularity {granularity}, limits {policy:?}",
@@ -487,6 +544,9 @@ impl Devices {
                 self.warn_unenforced_priority(o as CUdevice, &policy);
                 i.policy.store(&policy.raw());
                 self.usage.report_limits(i.id, &policy);
+                if let Some(h) = &self.hami {
+                    h.device(o, i.id, &i.uuid, &policy);
+                }
                 log!(Level::Info, "device {o}: limits now {policy:?}");
             }
         }

@@ -372,6 +372,7 @@ extern "C" fn fork_child() {
         // SAFETY: fork_prepare ran in the parent thread this child is a copy of.
         unsafe { fork_release(s, Side::Child) };
         s.mem.reset_in_child();
+        s.devices.hami_forget_in_child();
     }
 }
 
@@ -387,6 +388,7 @@ extern "C" fn release_at_exit() {
         // Before the slot goes: the last launch and what the process still owes the SM limit.
         s.throttle.at_exit();
         s.devices.usage().release_process_slot();
+        s.devices.hami_release();
     }
     // At dlclose our code goes away: leave no SIGBUS handler pointing into it.
     cuquota_core::region::uninstall_sigbus_handler();

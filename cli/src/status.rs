@@ -32,20 +32,21 @@ pub struct StatusArgs {
     json: bool,
 }
 
-/// `--usage`, else the file the shim would use: `CUQUOTA_USAGE_FILE` / `CUDA_DEVICE_MEMORY_SHARED_CACHE` (an
-/// empty one counts as unset; two different ones are an error, as in the shim), else the default.
+/// `--usage`, else the file the shim would use: `CUQUOTA_USAGE_FILE`, else the one beside HAMi's file when
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is set (`X.cache` → `X.cuquota-usage`, docs/hami.md; an empty variable
+/// counts as unset), else the default.
 pub fn usage_path(arg: Option<PathBuf>) -> Result<PathBuf, CliError> {
     if let Some(p) = arg {
         return Ok(p);
     }
     let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    match (var("CUQUOTA_USAGE_FILE"), var("CUDA_DEVICE_MEMORY_SHARED_CACHE")) {
-        (Some(a), Some(b)) if a != b => Err(CliError::new(format!(
-            "CUQUOTA_USAGE_FILE={a:?} and CUDA_DEVICE_MEMORY_SHARED_CACHE={b:?} disagree: pass --usage"
-        ))),
-        (Some(p), _) | (None, Some(p)) => Ok(PathBuf::from(p)),
-        (None, None) => Ok(PathBuf::from(DEFAULT_USAGE_PATH)),
-    }
+    Ok(
+        match (var("CUQUOTA_USAGE_FILE"), var("CUDA_DEVICE_MEMORY_SHARED_CACHE")) {
+            (Some(p), _) => PathBuf::from(p),
+            (None, Some(h)) => cuquota_core::config::usage_path_beside(std::path::Path::new(&h)),
+            (None, None) => PathBuf::from(DEFAULT_USAGE_PATH),
+        },
+    )
 }
 
 /// `status --json`.

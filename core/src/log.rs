@@ -129,7 +129,7 @@ mod tests {
         assert_eq!(level_from(env(&[])).unwrap(), Level::Warn);
         assert_eq!(
             level_from(env(&[("LIBCUDA_LOG_LEVEL", "3")])).unwrap(),
-            Level::Debug
+            Level::Info
         );
         assert_eq!(
             level_from(env(&[("LIBCUDA_LOG_LEVEL", "0"), ("CUQUOTA_LOG", "info")])).unwrap(),

@@ -98,11 +98,13 @@ proptest! {
     }
 
     /// An SM limit variable: an unsigned integer as `strtoul` base 0 reads it (HAMi's syntax: `0x` hex, `0`
-    /// octal; ≥ 100 or 0: no limit), or an error naming the variable.
+    /// octal; ≥ 100 or 0: no limit; a trailing `%`), or an error naming the variable.
     #[test]
     fn env_sm_limit(v in value(), hami in any::<bool>()) {
         let var = if hami { "CUDA_DEVICE_SM_LIMIT" } else { "CUQUOTA_SM_LIMIT" };
-        match (parse_unsigned(&v), config(&[(var, v.as_str())])) {
+        // A trailing `%` is read as HAMi-core reads it (`50%` = 50).
+        let t = v.trim_matches(|c: char| c.is_ascii_whitespace());
+        match (parse_unsigned(t.strip_suffix('%').unwrap_or(t)), config(&[(var, v.as_str())])) {
             (Ok(n), Ok(c)) => {
                 let want = (1..100).contains(&n).then_some(n as u32);
                 prop_assert_eq!(c.sm_limit(0), want, "{}={:?}", var, v);

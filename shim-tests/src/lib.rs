@@ -812,6 +812,11 @@ impl Cmd<'_> {
             self.sim.lib.join("libnvidia-ml.so.1").display().to_string(),
         );
         env.insert("CUQUOTA_USAGE_FILE".into(), self.usage.display().to_string());
+        // HAMi's file per container in the test's directory (else every test would share /tmp/cudevshr.cache).
+        env.insert(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+            format!("{}.hami.cache", self.usage.display()),
+        );
         let limits = self.sim.limits_file();
         if limits.exists() {
             env.insert("CUQUOTA_LIMITS_FILE".into(), limits.display().to_string());

@@ -154,9 +154,10 @@ fn log_lines_carry_the_pid_and_level() {
         p.stderr.contains(&format!("cuquota[{pid}]: error: ")),
         "the error line must carry the pid:{p:?}"
     );
-    // Info lines appear at LIBCUDA_LOG_LEVEL=2 (HAMi's name) and CUQUOTA_LOG=info, not at the default.
+    // Info lines appear at LIBCUDA_LOG_LEVEL=3 (HAMi-core: 2 is its default, warnings) and CUQUOTA_LOG=info.
     for (var, val, shown) in [
-        ("LIBCUDA_LOG_LEVEL", "2", true),
+        ("LIBCUDA_LOG_LEVEL", "3", true),
+        ("LIBCUDA_LOG_LEVEL", "2", false),
         ("CUQUOTA_LOG", "info", true),
         ("CUQUOTA_LOG", "warn", false),
     ] {

@@ -43,6 +43,7 @@ pub(crate) fn kernel(
     if !s.devices.launch_hooked() {
         return call();
     }
+    s.devices.hami_pre_launch();
     // A function's first launch in a context while a memory cap applies: its code may load now, its stack grow
     // (`context::first_launch`, `memory::reconcile`). Out of line: `call` goes only to the throttle, as before.
     let first = if s.mem.first_use_armed() {
@@ -213,6 +214,7 @@ fn graph_throttled(
     if !s.throttle.active() {
         return call();
     }
+    s.devices.hami_pre_launch();
     // A graph is charged as one unit: its estimate is what its launches measured (all of its nodes).
     let key = launch_key(exec as usize, u64::MAX, 0x0067_7261_7068);
     s.throttle

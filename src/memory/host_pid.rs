@@ -98,6 +98,7 @@ impl Memory {
     fn learned(&self, pid: u32) {
         self.host.pid.store(pid, Ordering::Release);
         *self.host.candidates.lock() = None;
+        self.devices.hami_host_pid(pid);
         match self.usage().process_slot() {
             Ok(slot) => self.usage().set_host_pid(slot, pid),
             Err(e) => log!(Level::Warn, "host pid {pid} not recorded: no usage slot ({e})"),
@@ -110,6 +111,7 @@ impl Memory {
             self.learned(pid);
         } else if let Some(slot) = self.usage().cached_slot() {
             self.usage().set_host_pid(slot, pid);
+            self.devices.hami_host_pid(pid);
         }
     }
 

@@ -136,6 +136,7 @@ impl Memory {
                 .is_ok()
         {
             self.usage().reclaim_dead();
+            self.devices.hami_reap();
         }
     }
 
@@ -233,6 +234,7 @@ impl Memory {
             }
             Ok(used) => {
                 self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
+                self.hami_publish(dev.id);
                 Ok(used)
             }
             Err(e) => {
@@ -255,6 +257,7 @@ impl Memory {
         if let Ok(slot) = self.usage().process_slot() {
             let _ = self.usage().try_charge(slot, dev.id, bytes, None);
             self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
+            self.hami_publish(dev.id);
         }
     }
 
@@ -282,6 +285,18 @@ impl Memory {
         let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v.saturating_sub(bytes))
         });
+        self.hami_publish(id);
+    }
+
+    /// HAMi's file shows this process's figures on `id` (docs/hami.md): relaxed stores, no syscall.
+    #[inline]
+    fn hami_publish(&self, id: DeviceId) {
+        let i = id.index();
+        self.devices.hami_publish(
+            id,
+            self.alloc_bytes[i].load(Ordering::Relaxed),
+            self.overhead[i].load(Ordering::Relaxed),
+        );
     }
 
     /// Moves `bytes` this process charged on `id` into the container's shared table under `key` (IPC export):
@@ -357,6 +372,7 @@ impl Memory {
         let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v.saturating_sub(bytes))
         });
+        self.hami_publish(id);
     }
 
     /// Corrects an admitted `estimate` to the `exact` charge.
@@ -401,6 +417,7 @@ impl Memory {
             }
         }
         self.overhead[dev.id.index()].store(target, Ordering::Relaxed);
+        self.hami_publish(dev.id);
         // A measurement of the truth: what a reconciliation had added on top is in it now.
         self.first_use.set_excess(dev, 0);
         Ok(())

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use super::layer::{resolve, Layer};
 use super::values::{
-    parse_bool, parse_log_name, parse_log_number, parse_memory, parse_path, parse_policy, parse_priority,
-    parse_sm, parse_weight,
+    parse_bool, parse_hami_policy, parse_log_name, parse_log_number, parse_memory, parse_path,
+    parse_priority, parse_sm, parse_weight,
 };
 use super::{file, Config, ConfigError, LogLevel, MAX_ORDINAL};
 use crate::visible_devices::VisibleDevices;
@@ -290,16 +290,13 @@ fn build(src: &Source<'_>, path_exists: &dyn Fn(&Path) -> bool) -> Result<Config
         src,
         "GPU_CORE_UTILIZATION_POLICY",
         "CUQUOTA_POLICY",
-        &parse_policy,
+        &parse_hami_policy,
     )?;
     env.weight = single(src, "CUQUOTA_WEIGHT", parse_weight)?;
     env.priority = paired(src, "CUDA_TASK_PRIORITY", "CUQUOTA_PRIORITY", &parse_priority)?;
-    env.usage_path = paired(
-        src,
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-        "CUQUOTA_USAGE_FILE",
-        &parse_path,
-    )?;
+    // Two files now: HAMi's layout at HAMi's path (for its monitor), ours beside it (docs/hami.md).
+    env.usage_path = single(src, "CUQUOTA_USAGE_FILE", parse_path)?;
+    env.hami_path = single(src, "CUDA_DEVICE_MEMORY_SHARED_CACHE", parse_path)?;
     env.limits_path = single(src, "CUQUOTA_LIMITS_FILE", parse_path)?;
     env.limits_required = single(src, "CUQUOTA_LIMITS_REQUIRED", parse_bool)?;
     env.priority_path = single(src, "CUQUOTA_PRIORITY_FILE", parse_path)?;

@@ -21,6 +21,8 @@ pub(crate) struct Layer {
     pub weight: Option<u32>,
     pub priority: Option<Priority>,
     pub usage_path: Option<PathBuf>,
+    /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` (env only).
+    pub hami_path: Option<PathBuf>,
     pub limits_path: Option<PathBuf>,
     /// `CUQUOTA_LIMITS_REQUIRED` (env only: the TOML file is the tenant's to write).
     pub limits_required: Option<bool>,
@@ -94,8 +96,12 @@ pub(crate) fn resolve(
         default_limits,
         usage_path: env
             .usage_path
+            .or_else(|| env.hami_path.as_deref().map(super::usage_path_beside))
             .or(file.usage_path)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_USAGE_PATH)),
+        hami_path: env
+            .hami_path
+            .unwrap_or_else(|| PathBuf::from(super::HAMI_DEFAULT_PATH)),
         limits_paths,
         limits_required: env.limits_required.unwrap_or(false)
             || path_exists(Path::new(LIMITS_REQUIRED_MARKER)),

@@ -26,6 +26,9 @@ use crate::visible_devices::VisibleDevices;
 
 /// Default path of the shared usage region.
 pub const DEFAULT_USAGE_PATH: &str = "/tmp/cuquota.usage";
+/// HAMi-core's shared-region path when `CUDA_DEVICE_MEMORY_SHARED_CACHE` is unset
+/// (`MULTIPROCESS_SHARED_REGION_CACHE_DEFAULT`); cuquota writes HAMi's layout there (docs/hami.md).
+pub const HAMI_DEFAULT_PATH: &str = "/tmp/cudevshr.cache";
 /// Default path of the agent-written limits region (used only if it exists).
 pub const DEFAULT_LIMITS_PATH: &str = "/etc/cuquota/limits";
 
@@ -78,8 +81,12 @@ pub struct Config {
     pub devices: BTreeMap<u32, Policy>,
     /// Limits of ordinals not in [`Config::devices`].
     pub default_limits: Policy,
-    /// Shared usage region (`CUQUOTA_USAGE_FILE` / `CUDA_DEVICE_MEMORY_SHARED_CACHE`).
+    /// Shared usage region (`CUQUOTA_USAGE_FILE`, else [`usage_path_beside`] the HAMi file when
+    /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is set, else the TOML `usage_file`, else [`DEFAULT_USAGE_PATH`]).
     pub usage_path: PathBuf,
+    /// HAMi's shared region, written for HAMi's vGPU monitor (`CUDA_DEVICE_MEMORY_SHARED_CACHE`, else
+    /// [`HAMI_DEFAULT_PATH`]). Output only: never read for enforcement.
+    pub hami_path: PathBuf,
     /// Agent-written limits regions to apply, all of them (the effective limit is the minimum over env and
     /// every file): [`DEFAULT_LIMITS_PATH`] when it exists, plus `CUQUOTA_LIMITS_FILE` (or the TOML
     /// `limits_file`) when set. The default file is never replaced by the variable, so a process cannot escape
@@ -114,6 +121,7 @@ impl Default for Config {
             devices: BTreeMap::new(),
             default_limits: Policy::NONE,
             usage_path: PathBuf::from(DEFAULT_USAGE_PATH),
+            hami_path: PathBuf::from(HAMI_DEFAULT_PATH),
             limits_paths: Vec::new(),
             limits_required: false,
             priority_path: None,
@@ -212,3 +220,16 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+/// The usage file cuquota keeps beside HAMi's file at `hami` (the monitor picks up only `*.cache` names and
+/// `libvgpu.so`): `X.cache` → `X.cuquota-usage`, any other name gets `.cuquota-usage` appended.
+pub fn usage_path_beside(hami: &std::path::Path) -> PathBuf {
+    let mut s = hami.as_os_str().to_owned();
+    let b = std::os::unix::ffi::OsStrExt::as_bytes(s.as_os_str());
+    if b.ends_with(b".cache") && b.len() > ".cache".len() {
+        let stem = b[..b.len() - ".cache".len()].to_vec();
+        s = std::os::unix::ffi::OsStringExt::from_vec(stem);
+    }
+    s.push(".cuquota-usage");
+    s.into()
+}

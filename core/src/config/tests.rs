@@ -49,7 +49,8 @@ fn bad_size_names_variable_value_and_expectation() {
     let e = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "12x")]).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "CUDA_DEVICE_MEMORY_LIMIT_1=\"12x\": expected a byte size such as 3000m or 4g (0 = no limit)"
+        "CUDA_DEVICE_MEMORY_LIMIT_1=\"12x\": expected a byte size such as 3000m or 4g (0 = no limit); HAMi-core \
+         would have read only the leading digits, and without any would have run this container with no memory limit"
     );
     for bad in ["", "-1", "4 g", "1.5g", "99999999999999999999", "16777216t"] {
         assert!(
@@ -79,7 +80,12 @@ fn sm_limits() {
     );
     assert_eq!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "250")]).unwrap().sm_limit(0), None);
     assert_eq!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "0")]).unwrap().sm_limit(0), None);
-    assert!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "30%")]).is_err());
+    assert_eq!(
+        cfg(&[("CUDA_DEVICE_SM_LIMIT", "30%")]).unwrap().sm_limit(0),
+        Some(30),
+        "as HAMi-core"
+    );
+    assert!(cfg(&[("CUQUOTA_SM_LIMIT", "30%%")]).is_err());
     assert!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "-5")]).is_err());
     let c = cfg(&[
         ("CUDA_DEVICE_SM_LIMIT", "30"),
@@ -121,11 +127,16 @@ fn ours_and_hami_agree_or_conflict() {
         .kind,
         PolicyKind::Hard
     );
-    assert!(cfg(&[
+    // Not a pair any more: HAMi's file and cuquota's usage file are two files (docs/hami.md).
+    let c = cfg(&[
         ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/a"),
-        ("CUQUOTA_USAGE_FILE", "/b")
+        ("CUQUOTA_USAGE_FILE", "/b"),
     ])
-    .is_err());
+    .unwrap();
+    assert_eq!(
+        (c.hami_path.as_path(), c.usage_path.as_path()),
+        (Path::new("/a"), Path::new("/b"))
+    );
     assert!(cfg(&[("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_SM_LIMIT", "40")]).is_err());
 }
 
@@ -167,7 +178,7 @@ fn policy_weight_log_disable() {
     .unwrap();
     assert_eq!(c.default_limits.kind, PolicyKind::Burst);
     assert_eq!(c.default_limits.weight, Some(250));
-    assert_eq!(c.log_level, LogLevel::Debug);
+    assert_eq!(c.log_level, LogLevel::Info, "HAMi-core's 3 is information");
     assert_eq!(
         cfg(&[("GPU_CORE_UTILIZATION_POLICY", "DEFAULT")])
             .unwrap()
@@ -203,7 +214,13 @@ fn paths_and_default_limits_file() {
         ("CUQUOTA_LIBCUDA", "/sim/libcuda.so.1"),
     ])
     .unwrap();
-    assert_eq!(c.usage_path, Path::new("/tmp/x.cache"));
+    // HAMi's file at HAMi's path; ours beside it under a name HAMi's monitor does not pick up.
+    assert_eq!(c.hami_path, Path::new("/tmp/x.cache"));
+    assert_eq!(c.usage_path, Path::new("/tmp/x.cuquota-usage"));
+    assert_eq!(
+        usage_path_beside(Path::new("/tmp/shr")),
+        Path::new("/tmp/shr.cuquota-usage")
+    );
     assert_eq!(c.libcuda_path.as_deref(), Some(Path::new("/sim/libcuda.so.1")));
     // The default limits file applies whenever it exists, even when the variable names another one.
     let exists = |p: &Path| p == Path::new(DEFAULT_LIMITS_PATH);
@@ -432,11 +449,12 @@ fn priority_from_hami_ours_and_the_file() {
     );
     let e = cfg(&[("CUDA_TASK_PRIORITY", "0"), ("CUQUOTA_PRIORITY", "low")]).unwrap_err();
     assert!(matches!(e, ConfigError::Conflict { .. }), "{e}");
-    let e = cfg(&[("CUDA_TASK_PRIORITY", "2")]).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "CUDA_TASK_PRIORITY=\"2\": expected 0 (high) or 1 (low)"
-    );
+    // HAMi-core and its monitor take any larger number as a lower priority.
+    assert_eq!(prio(&[("CUDA_TASK_PRIORITY", "2")]).unwrap(), Some(Priority::Low));
+    // No digits: HAMi-core's atoi reads 0, high priority; refused, saying so.
+    let e = cfg(&[("CUDA_TASK_PRIORITY", "urgent")]).unwrap_err();
+    assert!(e.to_string().contains("HAMi-core would have read"), "{e}");
+    assert!(cfg(&[("CUDA_TASK_PRIORITY", "-1")]).is_err());
     assert!(cfg(&[("CUQUOTA_PRIORITY", "urgent")]).is_err());
 
     let f = write_toml("priority = \"low\"\n");
@@ -465,4 +483,56 @@ fn limits_required_by_env_or_by_the_marker_the_env_cannot_undo() {
     );
     let e = Config::from_vars([("CUQUOTA_LIMITS_REQUIRED", "perhaps")], &none).unwrap_err();
     assert!(e.to_string().contains("CUQUOTA_LIMITS_REQUIRED"), "{e}");
+}
+
+/// Issue 25: each value HAMi's device plugin and users set is read as HAMi-core reads it, except where HAMi-core
+/// fails open: there the error says what HAMi-core would have done (docs/hami.md).
+#[test]
+fn hami_knobs_are_read_as_hami_core_reads_them() {
+    let log = |v: &str| cfg(&[("LIBCUDA_LOG_LEVEL", v)]).unwrap().log_level;
+    // HAMi-core: errors always, 2 (its default) warnings, 3 information, 4 debugging; atoi, so no digits = 0.
+    assert_eq!(log("0"), LogLevel::Error);
+    assert_eq!(log("1"), LogLevel::Error);
+    assert_eq!(log("2"), LogLevel::Warn);
+    assert_eq!(log("3"), LogLevel::Info);
+    assert_eq!(log("4"), LogLevel::Debug);
+    assert_eq!(log("9"), LogLevel::Trace);
+    assert_eq!(
+        log("verbose"),
+        LogLevel::Error,
+        "a log level never fails a process"
+    );
+    // An unknown utilisation policy is HAMi-core's default (the limits apply); ours stays strict.
+    let kind = |k: &str, v: &str| cfg(&[(k, v)]).map(|c| c.default_limits.kind);
+    assert_eq!(
+        kind("GPU_CORE_UTILIZATION_POLICY", "auto").unwrap(),
+        PolicyKind::Default
+    );
+    assert_eq!(
+        kind("GPU_CORE_UTILIZATION_POLICY", "").unwrap(),
+        PolicyKind::Default
+    );
+    assert!(kind("CUQUOTA_POLICY", "auto").is_err());
+    // `50%` is 50, as HAMi-core reads it.
+    assert_eq!(
+        cfg(&[("CUDA_DEVICE_SM_LIMIT", "50%")]).unwrap().sm_limit(0),
+        Some(50)
+    );
+    // HAMi-core fails open on these (no limit at all): refused, naming what HAMi-core would have done.
+    for (var, what) in [
+        ("CUDA_DEVICE_MEMORY_LIMIT", "no memory limit"),
+        ("CUDA_DEVICE_MEMORY_LIMIT_1", "no memory limit"),
+        ("CUDA_DEVICE_SM_LIMIT", "no SM limit"),
+    ] {
+        let e = cfg(&[(var, "lots")]).unwrap_err().to_string();
+        assert!(
+            e.contains(var) && e.contains("HAMi-core") && e.contains(what),
+            "{e}"
+        );
+    }
+    let e = cfg(&[("CUQUOTA_MEMORY_LIMIT", "lots")]).unwrap_err().to_string();
+    assert!(
+        !e.contains("HAMi-core"),
+        "our own names do not speak of HAMi-core: {e}"
+    );
 }

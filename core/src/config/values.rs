@@ -9,6 +9,19 @@ use crate::units::{parse_size, parse_unsigned};
 
 const SIZE_EXPECTED: &str = "a byte size such as 3000m or 4g (0 = no limit)";
 const SM_EXPECTED: &str = "an integer percentage such as 30 (0 or 100 = no limit)";
+// HAMi's names: HAMi-core reads only a value's leading digits, and none as 0 = no limit (it fails open, so
+// cuquota refuses instead: docs/hami.md).
+const SIZE_EXPECTED_HAMI: &str =
+    "a byte size such as 3000m or 4g (0 = no limit); HAMi-core would have read only \
+     the leading digits, and without any would have run this container with no memory limit";
+const SM_EXPECTED_HAMI: &str =
+    "an integer percentage such as 30 (0 or 100 = no limit); HAMi-core would have \
+     read only the leading digits, and without any would have run this container with no SM limit";
+
+/// HAMi's variables (`CUDA_…`, `GPU_…`): read as HAMi-core reads them, messages saying what it would have done.
+fn is_hami(var: &str) -> bool {
+    var.starts_with("CUDA_") || var.starts_with("GPU_")
+}
 
 fn invalid(var: &str, value: &str, expected: &'static str) -> ConfigError {
     ConfigError::InvalidValue {
@@ -19,11 +32,23 @@ fn invalid(var: &str, value: &str, expected: &'static str) -> ConfigError {
 }
 
 pub(super) fn parse_memory(var: &str, v: &str) -> Result<u64, ConfigError> {
-    parse_size(v).map_err(|_| invalid(var, v, SIZE_EXPECTED))
+    let expected = if is_hami(var) {
+        SIZE_EXPECTED_HAMI
+    } else {
+        SIZE_EXPECTED
+    };
+    parse_size(v).map_err(|_| invalid(var, v, expected))
 }
 
 pub(super) fn parse_sm(var: &str, v: &str) -> Result<u32, ConfigError> {
-    let n = parse_unsigned(v).map_err(|_| invalid(var, v, SM_EXPECTED))?;
+    let expected = if is_hami(var) {
+        SM_EXPECTED_HAMI
+    } else {
+        SM_EXPECTED
+    };
+    // `50%` is 50, as HAMi-core reads it.
+    let t = v.trim_matches(|c: char| c.is_ascii_whitespace());
+    let n = parse_unsigned(t.strip_suffix('%').unwrap_or(t)).map_err(|_| invalid(var, v, expected))?;
     // ≥100 means "no limit"; clamp huge values instead of rejecting them (HAMi accepts any number).
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
@@ -49,15 +74,34 @@ pub(super) fn parse_policy(var: &str, v: &str) -> Result<PolicyKind, ConfigError
     )
 }
 
-/// HAMi's `CUDA_TASK_PRIORITY` is a number (0 high, 1 low); ours a name (either is accepted in both).
+/// HAMi's `CUDA_TASK_PRIORITY` is a number (0 high, 1 low; HAMi-core and its monitor take any larger number
+/// as a lower priority, so cuquota reads it as low); ours a name (either is accepted in both).
 pub(super) fn parse_priority(var: &str, v: &str) -> Result<Priority, ConfigError> {
+    if is_hami(var) && parse_unsigned(v).is_ok_and(|n| n >= 1) && v.trim().bytes().all(|b| b.is_ascii_digit())
+    {
+        return Ok(Priority::Low);
+    }
     named(
         var,
         v,
         Priority::parse,
-        ("CUDA_", "0 (high) or 1 (low)"),
+        (
+            "CUDA_",
+            "0 (high) or a larger integer (low); HAMi-core would have read a value without leading digits as 0, \
+             high priority",
+        ),
         "high or low",
     )
+}
+
+/// HAMi's `GPU_CORE_UTILIZATION_POLICY`: a value HAMi-core does not know means its default, as here (the
+/// default limits: nothing fails open).
+pub(super) fn parse_hami_policy(var: &str, v: &str) -> Result<PolicyKind, ConfigError> {
+    if is_hami(var) {
+        Ok(PolicyKind::parse(v).unwrap_or(PolicyKind::Default))
+    } else {
+        parse_policy(var, v)
+    }
 }
 
 pub(super) fn parse_weight(var: &str, v: &str) -> Result<u32, ConfigError> {
@@ -88,13 +132,22 @@ pub(super) fn parse_log_name(var: &str, v: &str) -> Result<LogLevel, ConfigError
     }
 }
 
-pub(super) fn parse_log_number(var: &str, v: &str) -> Result<LogLevel, ConfigError> {
-    let n = parse_unsigned(v).map_err(|_| invalid(var, v, "a log level from 0 to 4"))?;
-    Ok(match n {
-        0 => LogLevel::Error,
-        1 => LogLevel::Warn,
-        2 => LogLevel::Info,
-        3 => LogLevel::Debug,
+/// HAMi-core's `LIBCUDA_LOG_LEVEL`: `atoi` of the value (no digits = 0); errors always, 2 (its default) adds
+/// warnings, 3 information, 4 debugging (5 and above: cuquota's trace too). A log level never fails a process.
+pub(super) fn parse_log_number(_var: &str, v: &str) -> Result<LogLevel, ConfigError> {
+    let t = v.trim_start();
+    let (neg, digits) = match t.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, t.strip_prefix('+').unwrap_or(t)),
+    };
+    let n: u64 = digits.bytes().take_while(u8::is_ascii_digit).fold(0u64, |n, d| {
+        n.saturating_mul(10).saturating_add(u64::from(d - b'0'))
+    });
+    Ok(match if neg { 0 } else { n } {
+        0 | 1 => LogLevel::Error,
+        2 => LogLevel::Warn,
+        3 => LogLevel::Info,
+        4 => LogLevel::Debug,
         _ => LogLevel::Trace,
     })
 }

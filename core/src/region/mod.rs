@@ -19,6 +19,7 @@
 mod claim;
 mod error;
 mod fault;
+pub mod hami;
 mod header;
 pub mod layout;
 mod limits;

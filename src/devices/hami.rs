@@ -1,0 +1,283 @@
+//! The HAMi region's owner in the shim: keeps HAMi-core's file (`core::region::hami`) true for HAMi's vGPU
+//! monitor, and speaks the monitor's priority protocol at launches (docs/hami.md).
+//!
+//! Output only: nothing read from the file decides a limit. The one exception is the monitor's launch gate
+//! (`recent_kernel < 0` while `utilization_switch` is on), which only ever delays launches. Costs: a slot's
+//! figures are stored (relaxed, no syscall) where the memory module changes its own; a launch on the hooked
+//! path reads a coarse clock (vDSO) and, when an SM limit applies, one or two shared words.
+
+use crate::log::{log, Level};
+use cuquota_core::region::hami::{HamiRegion, HamiUsed, HAMI_MAX_DEVICES};
+use cuquota_core::{Config, DeviceId, Policy, PolicyKind, Priority};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+const NO_SLOT: usize = usize::MAX;
+const CLAIMING: usize = usize::MAX - 1;
+/// HAMi-core sleeps 1 s per check while blocked; a shorter poll resumes sooner after the monitor's write.
+const BLOCKED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How the launch gate reads the monitor's `utilization_switch` (HAMi-core's `GPU_CORE_UTILIZATION_POLICY`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Switch {
+    /// `FORCE` (cuquota: policy hard): always on.
+    On,
+    /// `DISABLE`: never on.
+    Off,
+    /// Unset / `DEFAULT`: what the monitor wrote.
+    File,
+}
+
+pub(crate) struct Hami {
+    region: HamiRegion,
+    /// Our slot index, `NO_SLOT` until claimed (again after a fork).
+    slot: AtomicUsize,
+    /// The pid that claimed `slot`.
+    pid: AtomicI32,
+    /// Usage-region entry index → CUDA ordinal + 1 (0: not a device of this process).
+    ordinal_of: [AtomicU8; HAMI_MAX_DEVICES],
+    /// The usage entries themselves, by index (for utilisation samples).
+    ids: [OnceLock<DeviceId>; HAMI_MAX_DEVICES],
+    /// Bit `i`: CUDA ordinal `i` has 0 < SM limit < 100. Non-zero: launches set `recent_kernel` and obey the
+    /// monitor's block (HAMi-core checks the current device; here any device of the process).
+    gate: AtomicU32,
+    switch: Switch,
+    /// Unix second of the last `last_kernel_time` update (at most one per second, HAMi-core's default).
+    last_s: AtomicU64,
+    /// GPU time per device entry at the last utilisation sample, and when it was taken.
+    last_gpu_ns: [AtomicU64; HAMI_MAX_DEVICES],
+    said_blocked: AtomicBool,
+}
+
+impl Hami {
+    /// Opens the configured HAMi file; `None` (said at info level) when it cannot be (output only: a missing
+    /// monitor file never stops CUDA).
+    pub(crate) fn open(cfg: &Config) -> Option<Hami> {
+        // Unit tests build default configurations: they leave the node's /tmp alone.
+        #[cfg(test)]
+        if cfg.hami_path == std::path::Path::new(cuquota_core::config::HAMI_DEFAULT_PATH) {
+            return None;
+        }
+        let priority = match cfg.default_limits.priority {
+            Some(Priority::High) => 0,
+            _ => 1,
+        };
+        let region = match HamiRegion::open(&cfg.hami_path, priority) {
+            Ok(r) => r,
+            Err(e) => {
+                log!(
+                    Level::Info,
+                    "HAMi's monitor file not written (HAMi's per-pod metrics and priority stay off): {e}"
+                );
+                return None;
+            }
+        };
+        let switch = match cfg.default_limits.kind {
+            PolicyKind::Hard => Switch::On,
+            PolicyKind::Disabled => Switch::Off,
+            _ => Switch::File,
+        };
+        let h = Hami {
+            region,
+            slot: AtomicUsize::new(NO_SLOT),
+            pid: AtomicI32::new(0),
+            ordinal_of: std::array::from_fn(|_| AtomicU8::new(0)),
+            ids: std::array::from_fn(|_| OnceLock::new()),
+            gate: AtomicU32::new(0),
+            switch,
+            last_s: AtomicU64::new(0),
+            last_gpu_ns: std::array::from_fn(|_| AtomicU64::new(0)),
+            said_blocked: AtomicBool::new(false),
+        };
+        h.slot();
+        Some(h)
+    }
+
+    /// Our slot, claimed on first need (and again in a forked child, after [`Hami::forget_in_child`]). The
+    /// claimed case is one relaxed load: no `getpid` here.
+    #[inline]
+    fn slot(&self) -> Option<usize> {
+        match self.slot.load(Ordering::Acquire) {
+            NO_SLOT | CLAIMING => self.claim(),
+            s => Some(s),
+        }
+    }
+
+    /// One claimer per process at a time (`CLAIMING`): a slot left under our pid is then the image's this
+    /// process `exec`ed from, never another thread's, and is taken over.
+    #[cold]
+    fn claim(&self) -> Option<usize> {
+        loop {
+            match self
+                .slot
+                .compare_exchange(NO_SLOT, CLAIMING, Ordering::Acquire, Ordering::Acquire)
+            {
+                Ok(_) => break,
+                // Another thread is claiming: microseconds.
+                Err(CLAIMING) => std::thread::yield_now(),
+                Err(s) => return Some(s),
+            }
+        }
+        let pid = cuquota_core::region::liveness::current_pid() as i32;
+        let got = self.region.claim_slot(pid);
+        if got.is_some() {
+            self.pid.store(pid, Ordering::Relaxed);
+        }
+        self.slot.store(got.unwrap_or(NO_SLOT), Ordering::Release);
+        got
+    }
+
+    /// In a forked child (single-threaded): the parent's slot stays the parent's; the child claims its own.
+    pub(crate) fn forget_in_child(&self) {
+        self.slot.store(NO_SLOT, Ordering::Relaxed);
+        for g in &self.last_gpu_ns {
+            g.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// A device this process uses: CUDA `ordinal`, usage entry `id`, its effective limits.
+    pub(crate) fn device(&self, ordinal: usize, id: DeviceId, uuid: &[u8; 16], p: &Policy) {
+        if ordinal >= HAMI_MAX_DEVICES || id.index() >= HAMI_MAX_DEVICES {
+            return;
+        }
+        let _ = self.ids[id.index()].set(id);
+        self.ordinal_of[id.index()].store(ordinal as u8 + 1, Ordering::Relaxed);
+        let sm = if p.throttles() { p.sm.unwrap_or(0) } else { 0 };
+        self.region
+            .set_device(ordinal, uuid, p.memory.unwrap_or(0), u64::from(sm));
+        if (1..100).contains(&sm) {
+            self.gate.fetch_or(1 << ordinal, Ordering::Relaxed);
+        } else {
+            self.gate.fetch_and(!(1 << ordinal), Ordering::Relaxed);
+        }
+    }
+
+    /// This process's memory on usage entry `id` changed: allocations `data`, context/module overhead `context`.
+    #[inline]
+    pub(crate) fn publish(&self, id: DeviceId, data: u64, context: u64) {
+        let Some(o) = self.ordinal_of.get(id.index()) else {
+            return;
+        };
+        let o = o.load(Ordering::Relaxed);
+        if o == 0 {
+            return;
+        }
+        if let Some(s) = self.slot() {
+            let used = HamiUsed {
+                context,
+                module: 0,
+                data,
+            };
+            self.region.set_used(s, usize::from(o - 1), used);
+        }
+    }
+
+    /// The process's host pid (as NVML reports it).
+    pub(crate) fn set_host_pid(&self, host_pid: u32) {
+        if let Some(s) = self.slot() {
+            self.region.set_host_pid(s, host_pid as i32);
+        }
+    }
+
+    /// Before a launch on the hooked path (HAMi-core's `pre_launch_kernel` and `rate_limiter`): the kernel
+    /// time at most once a second, with a utilisation sample from `gpu_ns` (this process's GPU time per usage
+    /// entry); then, when an SM limit applies and the switch is on, waits while the monitor blocks us and
+    /// marks a recent kernel (2).
+    #[inline]
+    pub(crate) fn pre_launch(&self, gpu_ns: impl Fn(DeviceId) -> Option<u64>) {
+        let now = coarse_unix_s();
+        let last = self.last_s.load(Ordering::Relaxed);
+        if now != last
+            && self
+                .last_s
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.region.note_kernel_time(now);
+            self.sample(now.saturating_sub(last), gpu_ns);
+            self.reap();
+        }
+        if self.gate.load(Ordering::Relaxed) != 0 {
+            self.gate_launch();
+        }
+    }
+
+    #[cold]
+    fn sample(&self, secs: u64, gpu_ns: impl Fn(DeviceId) -> Option<u64>) {
+        let Some(s) = self.slot() else {
+            return;
+        };
+        for (i, o) in self.ordinal_of.iter().enumerate() {
+            let o = o.load(Ordering::Relaxed);
+            if o == 0 {
+                continue;
+            }
+            let Some(now) = self.ids[i].get().and_then(|&id| gpu_ns(id)) else {
+                continue;
+            };
+            let before = self.last_gpu_ns[i].swap(now, Ordering::Relaxed);
+            // The first sample after a long quiet spell covers it all: a low but true average.
+            let pct = if secs == 0 || before == 0 || secs > 3600 {
+                0
+            } else {
+                (now.saturating_sub(before) / 10_000_000 / secs).min(100)
+            };
+            self.region.set_sm_util(s, usize::from(o - 1), pct);
+        }
+    }
+
+    fn gate_launch(&self) {
+        let f = self.region.file();
+        let on = || match self.switch {
+            Switch::On => true,
+            Switch::Off => false,
+            Switch::File => f.utilization_switch.load(Ordering::Relaxed) != 0,
+        };
+        if !on() {
+            return;
+        }
+        // Blocked while the monitor says so and the switch stays on (a switch turned off means no contention).
+        if f.recent_kernel.load(Ordering::Relaxed) < 0 {
+            if !self.said_blocked.swap(true, Ordering::Relaxed) {
+                log!(
+                    Level::Info,
+                    "HAMi's monitor blocks this container's launches (a higher-priority task is running)"
+                );
+            }
+            while f.recent_kernel.load(Ordering::Relaxed) < 0 && on() {
+                std::thread::sleep(BLOCKED_POLL);
+            }
+            if !on() {
+                return;
+            }
+        }
+        if f.recent_kernel.load(Ordering::Relaxed) != 2 {
+            f.recent_kernel.store(2, Ordering::Relaxed);
+        }
+    }
+
+    /// Slots of processes gone without releasing theirs (killed, `_exit`) go back (slow paths only).
+    pub(crate) fn reap(&self) {
+        self.region.reap_dead();
+    }
+
+    /// At exit: the slot goes back (the monitor stops counting this process).
+    pub(crate) fn release(&self) {
+        let s = self.slot.swap(NO_SLOT, Ordering::AcqRel);
+        if s != NO_SLOT && s != CLAIMING {
+            self.region.release_slot(s, self.pid.load(Ordering::Relaxed));
+        }
+    }
+}
+
+/// Unix time in seconds from the coarse clock (vDSO: no syscall), as HAMi-core's `pre_launch_kernel`.
+#[inline]
+fn coarse_unix_s() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_REALTIME_COARSE exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    ts.tv_sec as u64
+}
