@@ -35,15 +35,17 @@ if [ "$(id -u)" = 0 ]; then
         echo "test.sh: no cgroup v1 freezer at /sys/fs/cgroup/freezer: cgroup_v1_membership_kill_and_freezer_throttle stays ignored"
         cargo test -p shim-tests --test agent_enforce -- --ignored --skip cgroup_v1_ --skip bench_
     fi
-    # The DRA plugin's CDI device applied by podman to a real container (dra/tests/podman.rs).
+    # Real containers (podman): the DRA plugin's CDI device (dra/tests/podman.rs) and HAMi's device-plugin
+    # mounts and env with cuquota in libvgpu.so's place (hami_monitor.rs).
     if command -v podman >/dev/null && command -v runc >/dev/null; then
         cargo test -p cuquota-dra --test podman -- --ignored
+        cargo test -p shim-tests --test hami_monitor -- --ignored
     else
-        echo "test.sh: no podman/runc: dra/tests/podman.rs stays ignored"
+        echo "test.sh: no podman/runc: dra/tests/podman.rs and hami_monitor.rs's container test stay ignored"
     fi
 else
     echo "test.sh: not root: the tests that drop privileges, unshare pid namespaces or make cgroups stay ignored" \
-        "(shim-tests/tests/privileges.rs, liveness.rs, agent_enforce.rs, dra/tests/podman.rs)"
+        "(shim-tests/tests/privileges.rs, liveness.rs, agent_enforce.rs, hami_monitor.rs, dra/tests/podman.rs)"
 fi
 
 step "portable build (scripts/build-portable.sh) and its tests"

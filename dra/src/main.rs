@@ -41,10 +41,10 @@ struct Args {
     /// The agent's descriptor directory (`cuquota agent --containers`); none = no descriptors
     #[arg(long, value_name = "DIR")]
     agent_dir: Option<PathBuf>,
-    /// The node's priority file (docs/priority.md), mounted read-write into claims with a priority or reserve
-    /// [default: STATE_DIR/priority]
-    #[arg(long, value_name = "FILE")]
-    priority_file: Option<PathBuf>,
+    /// The node's priority directory (docs/priority.md): a claim with a priority or reserve gets its own file
+    /// there, mounted read-write, and the directory read-only [default: STATE_DIR/priority]
+    #[arg(long, value_name = "DIR")]
+    priority_dir: Option<PathBuf>,
     /// The agent's memory action in descriptors: report or kill
     #[arg(long, default_value = "report", value_parser = ["report", "kill"])]
     enforce_memory: String,
@@ -110,7 +110,7 @@ fn main() -> std::process::ExitCode {
         state_dir: a.state_dir,
         cdi_dir: a.cdi_dir,
         agent_dir: a.agent_dir,
-        priority_file: a.priority_file,
+        priority_dir: a.priority_dir,
         library: a.library,
         cgroup_root: a.cgroup_root,
         enforce_memory: a.enforce_memory,

@@ -42,9 +42,10 @@ pub struct Layout {
     pub library: PathBuf,
     /// The cgroup filesystem root where pods' cgroups are looked for.
     pub cgroup_root: PathBuf,
-    /// The node's priority file (docs/priority.md), created if missing and mounted read-write into the claims
-    /// with a priority or reserved memory; `None` = `STATE_DIR/priority`.
-    pub priority_file: Option<PathBuf>,
+    /// The node's priority directory (docs/priority.md): a claim with a priority or reserved memory gets its own
+    /// file there (`<claim uid>.high` for high priority, `.low` otherwise), mounted read-write, and the directory
+    /// read-only beside it; `None` = `STATE_DIR/priority`.
+    pub priority_dir: Option<PathBuf>,
     /// The agent's `[enforce]` actions (`memory`, `sm`) written into descriptors.
     pub enforce_memory: String,
     /// See `enforce_memory`.
@@ -148,11 +149,22 @@ impl Layout {
             .map(|d| d.join(format!("dra-{uid}-{pod_uid}.toml")))
     }
 
-    /// The node's priority file.
-    pub fn priority_file(&self) -> PathBuf {
-        self.priority_file
+    /// The node's priority directory.
+    pub fn priority_dir(&self) -> PathBuf {
+        self.priority_dir
             .clone()
             .unwrap_or_else(|| self.state_dir.join("priority"))
+    }
+
+    /// Claim `uid`'s own priority file: `.high` when any of its devices is granted high priority (the name is
+    /// what other containers trust, and only the plugin sets it).
+    pub fn priority_file(&self, uid: &str, grants: &Grants) -> PathBuf {
+        let high = grants
+            .devices
+            .iter()
+            .any(|g| g.priority.as_deref().and_then(Priority::parse) == Some(Priority::High));
+        self.priority_dir()
+            .join(format!("{uid}{}", if high { ".high" } else { ".low" }))
     }
 
     fn required_marker(&self) -> PathBuf {
@@ -190,7 +202,9 @@ impl Layout {
         }
         if needs_priority(grants) {
             // Without the file the shim refuses a reserve's allocations and ignores the priority.
-            let p = self.priority_file();
+            let d = self.priority_dir();
+            fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            let p = self.priority_file(&claim.uid, grants);
             PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
         }
         let usage = dir.join("usage");
@@ -227,6 +241,9 @@ impl Layout {
             }
         }
         remove_file(&self.cdi_spec_path(uid))?;
+        for suffix in [".high", ".low"] {
+            remove_file(&self.priority_dir().join(format!("{uid}{suffix}")))?;
+        }
         let dir = self.claim_dir(uid);
         match fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
@@ -321,7 +338,14 @@ impl Layout {
             mount(usage, USAGE_IN_CONTAINER, true),
         ];
         if needs_priority(grants) {
-            mounts.push(mount(&self.priority_file(), DEFAULT_PRIORITY_PATH, true));
+            // Its own file read-write; everyone's, the node directory, read-only at the path + ".d".
+            mounts.push(mount(
+                &self.priority_file(uid, grants),
+                DEFAULT_PRIORITY_PATH,
+                true,
+            ));
+            let dir = format!("{DEFAULT_PRIORITY_PATH}.d");
+            mounts.push(mount(&self.priority_dir(), &dir, false));
         }
         for m in &self.extra_mounts {
             mounts.push(mount(&m.host, &m.container.to_string_lossy(), m.writable));

@@ -116,13 +116,20 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
         );
     }
     assert!(opts("/var/run/cuquota/usage").contains(&"rw".into()));
-    // A priority and a reserve: the node's priority file, read-write.
+    // A priority (low) and a reserve: the claim's own priority file read-write, named `.low` (only `.high`
+    // files are trusted by others), and the node's priority directory read-only beside it.
+    let own = n.p(&format!("state/priority/{UID}.low"));
     assert!(opts("/etc/cuquota/priority").contains(&"rw".into()));
     assert_eq!(
         mount("/etc/cuquota/priority")["hostPath"],
+        own.display().to_string()
+    );
+    assert!(own.is_file());
+    assert!(opts("/etc/cuquota/priority.d").contains(&"ro".into()));
+    assert_eq!(
+        mount("/etc/cuquota/priority.d")["hostPath"],
         n.p("state/priority").display().to_string()
     );
-    assert!(n.p("state/priority").is_file());
     assert_eq!(
         mount("/etc/cuquota/limits")["hostPath"],
         limits.display().to_string()
@@ -158,6 +165,7 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert_eq!(n.unprepare(UID), "");
     assert!(!limits.exists() && !desc.exists());
     assert!(!n.p(&format!("cdi/cuquota.io-gpu-{UID}.json")).exists());
+    assert!(!own.exists(), "the claim's priority file goes with it");
     assert_eq!(n.unprepare(UID), "");
 }
 

@@ -9,63 +9,11 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use common::{Node, GPU, UID};
 use cuquota_dra::prepare::ExtraMount;
+use shim_tests::containers::{out_val as val, sim_env, sim_mounts, Runtime};
 use shim_tests::{compile_c, workspace_root, Sim};
-
-/// The minimal root filesystem: the program and the host libraries it, the shim and the simulator load.
-fn rootfs(dir: &Path, programs: &[&Path]) -> PathBuf {
-    let root = dir.join("rootfs");
-    std::fs::create_dir_all(&root).unwrap();
-    let mut libs = std::collections::BTreeSet::new();
-    for p in programs {
-        let out = Command::new("ldd").arg(p).output().expect("ldd");
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            // "libx.so.1 => /lib/x86_64-linux-gnu/libx.so.1 (0x…)" or "/lib64/ld-linux-x86-64.so.2 (0x…)"
-            let path = line
-                .split("=>")
-                .last()
-                .unwrap_or("")
-                .split_whitespace()
-                .next()
-                .unwrap_or("");
-            if path.starts_with('/') {
-                libs.insert(PathBuf::from(path));
-            }
-        }
-    }
-    for l in libs {
-        let to = root.join(l.strip_prefix("/").unwrap());
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&l, &to).unwrap_or_else(|e| panic!("{}: {e}", l.display()));
-    }
-    root
-}
-
-fn podman(conf: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new("podman")
-        .args(args)
-        .env("CONTAINERS_CONF", conf)
-        .output()
-        .expect("run podman");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
-fn val(out: &str, key: &str) -> u64 {
-    out.lines()
-        .find_map(|l| l.strip_prefix(&format!("{key}=")))
-        .unwrap_or_else(|| panic!("no {key}= in:\n{out}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
 
 /// Removes the claim's CDI spec from the runtime's directory even when the test fails.
 struct Cleanup(PathBuf);
@@ -83,8 +31,7 @@ struct Setup {
     node: Node,
     _cleanup: Cleanup,
     device: String,
-    root: String,
-    conf: PathBuf,
+    rt: Runtime,
     _tmp: tempfile::TempDir,
     // Last: fields drop in order, so the lock is released after the spec is removed.
     _serial: std::sync::MutexGuard<'static, ()>,
@@ -104,35 +51,29 @@ impl Setup {
         let node = Node::with(|l| {
             l.library = shim.clone();
             l.cdi_dir = "/var/run/cdi".into();
-            l.extra_mounts = sim_mounts(&state);
-            l.extra_env = sim_env();
+            l.extra_mounts = sim_mounts(&state)
+                .into_iter()
+                .map(|m| ExtraMount {
+                    host: m.host,
+                    container: m.container,
+                    writable: m.writable,
+                })
+                .collect();
+            l.extra_env = sim_env("16g", GPU);
         });
         let _cleanup = Cleanup(node.layout.cdi_spec_path(UID));
         let r = node.prepare(&[("notebook-gpu", UID)]);
         assert_eq!(r[UID].error, "", "{r:?}");
         let device = r[UID].devices[0].cdi_device_ids[0].clone();
         let tmp = tempfile::tempdir().unwrap();
-        let mut libs: Vec<&Path> = programs.to_vec();
-        let sim_lib = shim_tests::sim_lib();
-        libs.extend([shim.as_path(), sim_lib.as_path()]);
-        let root = rootfs(tmp.path(), &libs);
-        for p in programs {
-            std::fs::copy(p, root.join(p.file_name().unwrap())).unwrap();
-        }
-        let conf = tmp.path().join("containers.conf");
-        std::fs::write(
-            &conf,
-            "[containers]\ndefault_ulimits = [\"nofile=20000:20000\", \"nproc=1024:1024\"]\n[engine]\nruntime = \"runc\"\n",
-        )
-        .unwrap();
+        let rt = Runtime::new(tmp.path(), programs);
         Setup {
             _serial,
-            root: root.display().to_string(),
+            rt,
             sim,
             node,
             _cleanup,
             device,
-            conf,
             _tmp: tmp,
         }
     }
@@ -140,56 +81,19 @@ impl Setup {
     /// Runs `cmd` in a container with the claim's device, or (`claim` false) with the simulator mounted by hand
     /// and no device: the control.
     fn run(&self, claim: bool, cmd: &[&str]) -> (bool, String) {
-        let mut args: Vec<String> = vec!["run".into(), "--rm".into()];
+        let mut args: Vec<String> = Vec::new();
         if claim {
             args.extend(["--device".into(), self.device.clone()]);
         } else {
             for m in sim_mounts(&self.sim.dir().join("sim.state")) {
-                let mode = if m.writable { "rw" } else { "ro" };
-                args.push("-v".into());
-                args.push(format!("{}:{}:{mode}", m.host.display(), m.container.display()));
+                args.extend(m.args());
             }
-            for e in sim_env() {
+            for e in sim_env("16g", GPU) {
                 args.extend(["-e".into(), e]);
             }
         }
-        args.extend(["--rootfs".into(), self.root.clone()]);
-        args.extend(cmd.iter().map(|c| c.to_string()));
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        podman(&self.conf, &args)
+        self.rt.run(&args, cmd)
     }
-}
-
-/// The simulator as the container's driver: `libcuda.so.1` and `libnvidia-ml.so.1`, and its state file (the
-/// host's `state`, shared with the host's observer).
-fn sim_mounts(state: &Path) -> Vec<ExtraMount> {
-    let mut l: Vec<ExtraMount> = [
-        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
-        "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
-    ]
-    .iter()
-    .map(|c| ExtraMount {
-        host: shim_tests::sim_lib(),
-        container: c.into(),
-        writable: false,
-    })
-    .collect();
-    l.push(ExtraMount {
-        host: state.to_path_buf(),
-        container: "/var/run/cudasim/state".into(),
-        writable: true,
-    });
-    l
-}
-
-fn sim_env() -> Vec<String> {
-    vec![
-        "CUDASIM_STATE=/var/run/cudasim/state".to_string(),
-        "CUDASIM_DEVICES=1".into(),
-        "CUDASIM_MEMORY=16g".into(),
-        "CUDASIM_CTX_OVERHEAD=0".into(),
-        format!("CUDASIM_UUIDS={GPU}"),
-    ]
 }
 
 #[test]

@@ -323,3 +323,112 @@ fn forked_children_take_their_own_slots_and_leave_the_parents() {
     t.release();
     assert!(t.finish().success());
 }
+
+/// HAMi's device plugin's `Allocate` for one container (HAMi `pkg/device-plugin/nvidiadevice/nvinternal/
+/// plugin/server.go`, HOOK_PATH=/usr/local), with `libvgpu.so` on the host replaced by `libcuquota.so`: the
+/// library at `/usr/local/vgpu/libvgpu.so` (read-only) and named in a read-only `/etc/ld.so.preload`, the
+/// pod's cache directory `vgpu/containers/<pod uid>_<container>` read-write at `/usr/local/vgpu`,
+/// `/tmp/vgpulock`, and the env it sets (`CUDA_DEVICE_MEMORY_LIMIT_0=<MiB>m`, `CUDA_DEVICE_SM_LIMIT`,
+/// `CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/<uuid>.cache`). Applied by podman to a real container on
+/// the simulated GPU: the cap holds inside, and on the host the pod's cache directory holds exactly one
+/// `*.cache`, which HAMi's monitor maps and reads the container's limits from. The control (the same container
+/// without the preload mount, i.e. without the library) gets the whole GPU.
+#[test]
+#[ignore = "needs root, podman and runc (test.sh runs it as root where podman is installed)"]
+fn hamis_device_plugin_mounts_and_env_run_cuquota_in_a_real_container() {
+    use shim_tests::containers::{out_val, sim_env, sim_mounts, Mount, Runtime};
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    const GPU: &str = "GPU-0badc0de-1111-2222-3333-444455556666";
+    let sim = Sim::new().memory("16g").uuids(GPU).build();
+    let state = sim.dir().join("sim.state");
+    std::fs::write(&state, b"").unwrap();
+    // The host's HOOK_PATH/vgpu, as HAMi's device plugin lays it out, with cuquota in libvgpu.so's place.
+    let vgpu = sim.dir().join("hook/vgpu");
+    let cache_dir = vgpu.join("containers/3f1e0c8a-5b7d-4e2f-9a61-0c2d4e6f8a10_notebook");
+    std::fs::create_dir_all(&cache_dir).unwrap();
+    std::fs::copy(shim_tests::shim_lib(), vgpu.join("libvgpu.so")).unwrap();
+    std::fs::write(vgpu.join("ld.so.preload"), "/usr/local/vgpu/libvgpu.so\n").unwrap();
+    let lock = sim.dir().join("vgpulock");
+    std::fs::create_dir_all(&lock).unwrap();
+    for d in [&cache_dir, &lock] {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let probe = shim_tests::program(Prog::AllocProbe);
+    let rt = Runtime::new(sim.dir(), &[&probe]);
+    let mut mounts = vec![
+        Mount {
+            host: vgpu.join("libvgpu.so"),
+            container: "/usr/local/vgpu/libvgpu.so".into(),
+            writable: false,
+        },
+        Mount {
+            host: cache_dir.clone(),
+            container: "/usr/local/vgpu".into(),
+            writable: true,
+        },
+        Mount {
+            host: lock,
+            container: "/tmp/vgpulock".into(),
+            writable: true,
+        },
+    ];
+    mounts.extend(sim_mounts(&state));
+    let preload = Mount {
+        host: vgpu.join("ld.so.preload"),
+        container: "/etc/ld.so.preload".into(),
+        writable: false,
+    };
+    let mut env = sim_env("16g", GPU);
+    env.extend([
+        "CUDA_DEVICE_MEMORY_LIMIT_0=4096m".to_string(),
+        "CUDA_DEVICE_SM_LIMIT=30".into(),
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/9d5b1c2e-7f3a-4b8c-a1d2-e3f4a5b6c7d8.cache".into(),
+    ]);
+    let args = |with_preload: bool| -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        for m in mounts.iter().chain(with_preload.then_some(&preload)) {
+            a.extend(m.args());
+        }
+        for e in &env {
+            a.extend(["-e".into(), e.clone()]);
+        }
+        a
+    };
+
+    let (ok, out) = rt.run(&args(true), &["/alloc_probe", "256m"]);
+    assert!(ok, "podman run with HAMi's mounts and env failed:\n{out}");
+    assert_eq!(out_val(&out, "meminfo_total_mib"), 4096, "{out}");
+    let got = out_val(&out, "allocated_mib");
+    assert!(
+        (3584..=4096).contains(&got),
+        "allocated {got} MiB under HAMi's 4096m:\n{out}"
+    );
+
+    // What HAMi's monitor finds on the host: one *.cache in the pod's directory, in HAMi-core's layout.
+    let caches: Vec<_> = std::fs::read_dir(&cache_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "cache"))
+        .collect();
+    assert_eq!(
+        caches.len(),
+        1,
+        "the monitor needs exactly one *.cache: {caches:?}"
+    );
+    let m = Monitor::open(&caches[0]);
+    assert_eq!(m.u64(DEVICE_NUM), 1, "device count");
+    assert_eq!(m.uuid(0), GPU, "the device's UUID");
+    assert_eq!(m.u64(LIMIT), 4 * GIB, "memory limit of device 0");
+    assert_eq!(m.u64(SM_LIMIT), 30, "SM limit of device 0");
+    assert!(
+        m.live_slots().is_empty(),
+        "the container's process exited: no live slot"
+    );
+
+    // The control: no /etc/ld.so.preload, so no library: the whole GPU.
+    let (ok, out) = rt.run(&args(false), &["/alloc_probe", "256m"]);
+    assert!(ok, "the control run failed:\n{out}");
+    assert_eq!(out_val(&out, "meminfo_total_mib"), 16384, "{out}");
+}

@@ -52,7 +52,7 @@ impl Node {
             state_dir: dir.path().join("state"),
             cdi_dir: dir.path().join("cdi"),
             agent_dir: Some(dir.path().join("agent")),
-            priority_file: None,
+            priority_dir: None,
             library: dir.path().join("lib/libcuquota.so"),
             cgroup_root: dir.path().join("cgroup"),
             enforce_memory: "kill".into(),
