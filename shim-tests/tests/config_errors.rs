@@ -88,7 +88,8 @@ fn valid_spellings_are_accepted() {
         (&[("CUDA_DEVICE_MEMORY_LIMIT", "1g")], GIB),
         (&[("CUDA_DEVICE_MEMORY_LIMIT", "3000m")], 3000 * MIB),
         (&[("CUDA_DEVICE_MEMORY_LIMIT", "0x40000000")], GIB),
-        (&[("CUDA_DEVICE_MEMORY_LIMIT", "2GiB")], 2 * GIB),
+        // cuquota's own name takes cuquota's units (HAMi-core reads `2GiB` as 2 bytes: refused under HAMi's name).
+        (&[("CUQUOTA_MEMORY_LIMIT", "2GiB")], 2 * GIB),
         (&[("CUDA_DEVICE_MEMORY_LIMIT", "1073741824")], GIB),
         (
             &[

@@ -16,6 +16,9 @@ const NO_SLOT: usize = usize::MAX;
 const CLAIMING: usize = usize::MAX - 1;
 /// HAMi-core sleeps 1 s per check while blocked; a shorter poll resumes sooner after the monitor's write.
 const BLOCKED_POLL: std::time::Duration = std::time::Duration::from_millis(50);
+/// The longest one launch waits for the monitor's block: its signal is renewed every 5 s while it holds, and a
+/// word anyone who can write the file may set must not stall a process for ever.
+const BLOCKED_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How the launch gate reads the monitor's `utilization_switch` (HAMi-core's `GPU_CORE_UTILIZATION_POLICY`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -42,6 +45,10 @@ pub(crate) struct Hami {
     /// monitor's block (HAMi-core checks the current device; here any device of the process).
     gate: AtomicU32,
     switch: Switch,
+    /// The monitor's block is obeyed: the file is HAMi's, named by `CUDA_DEVICE_MEMORY_SHARED_CACHE` (HAMi's
+    /// device plugin puts it in the pod's own directory). At HAMi-core's default path in `/tmp`, which other
+    /// tenants may share, it is written but its words are not obeyed.
+    obey: bool,
     /// Unix second of the last `last_kernel_time` update (at most one per second, HAMi-core's default).
     last_s: AtomicU64,
     /// GPU time per device entry at the last utilisation sample, and when it was taken.
@@ -85,6 +92,7 @@ impl Hami {
             ids: std::array::from_fn(|_| OnceLock::new()),
             gate: AtomicU32::new(0),
             switch,
+            obey: cfg.hami_path != std::path::Path::new(cuquota_core::config::HAMI_DEFAULT_PATH),
             last_s: AtomicU64::new(0),
             last_gpu_ns: std::array::from_fn(|_| AtomicU64::new(0)),
             said_blocked: AtomicBool::new(false),
@@ -236,15 +244,17 @@ impl Hami {
         if !on() {
             return;
         }
-        // Blocked while the monitor says so and the switch stays on (a switch turned off means no contention).
-        if f.recent_kernel.load(Ordering::Relaxed) < 0 {
+        // Blocked while the monitor says so and the switch stays on (a switch turned off means no contention),
+        // for at most BLOCKED_MAX per launch.
+        if self.obey && f.recent_kernel.load(Ordering::Relaxed) < 0 {
             if !self.said_blocked.swap(true, Ordering::Relaxed) {
                 log!(
                     Level::Info,
                     "HAMi's monitor blocks this container's launches (a higher-priority task is running)"
                 );
             }
-            while f.recent_kernel.load(Ordering::Relaxed) < 0 && on() {
+            let until = std::time::Instant::now() + BLOCKED_MAX;
+            while f.recent_kernel.load(Ordering::Relaxed) < 0 && on() && std::time::Instant::now() < until {
                 std::thread::sleep(BLOCKED_POLL);
             }
             if !on() {

@@ -49,8 +49,10 @@ fn bad_size_names_variable_value_and_expectation() {
     let e = cfg(&[("CUDA_DEVICE_MEMORY_LIMIT_1", "12x")]).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "CUDA_DEVICE_MEMORY_LIMIT_1=\"12x\": expected a byte size such as 3000m or 4g (0 = no limit); HAMi-core \
-         would have read only the leading digits, and without any would have run this container with no memory limit"
+        "CUDA_DEVICE_MEMORY_LIMIT_1=\"12x\": expected a byte size HAMi-core reads the same way: digits and at most a \
+         last k, m or g, such as 3000m or 4g (0 = no limit); HAMi-core would have read only the leading digits, \
+         scaled by a last k, m or g (3000mb = 3000 bytes, 1t = 1 byte), and without any digits would have run this \
+         container with no memory limit"
     );
     for bad in ["", "-1", "4 g", "1.5g", "99999999999999999999", "16777216t"] {
         assert!(

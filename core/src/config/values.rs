@@ -12,8 +12,9 @@ const SM_EXPECTED: &str = "an integer percentage such as 30 (0 or 100 = no limit
 // HAMi's names: HAMi-core reads only a value's leading digits, and none as 0 = no limit (it fails open, so
 // cuquota refuses instead: docs/hami.md).
 const SIZE_EXPECTED_HAMI: &str =
-    "a byte size such as 3000m or 4g (0 = no limit); HAMi-core would have read only \
-     the leading digits, and without any would have run this container with no memory limit";
+    "a byte size HAMi-core reads the same way: digits and at most a last k, m or g, such as 3000m or 4g (0 = no \
+     limit); HAMi-core would have read only the leading digits, scaled by a last k, m or g (3000mb = 3000 bytes, \
+     1t = 1 byte), and without any digits would have run this container with no memory limit";
 const SM_EXPECTED_HAMI: &str =
     "an integer percentage such as 30 (0 or 100 = no limit); HAMi-core would have \
      read only the leading digits, and without any would have run this container with no SM limit";
@@ -32,12 +33,50 @@ fn invalid(var: &str, value: &str, expected: &'static str) -> ConfigError {
 }
 
 pub(super) fn parse_memory(var: &str, v: &str) -> Result<u64, ConfigError> {
-    let expected = if is_hami(var) {
-        SIZE_EXPECTED_HAMI
-    } else {
-        SIZE_EXPECTED
+    if !is_hami(var) {
+        return parse_size(v).map_err(|_| invalid(var, v, SIZE_EXPECTED));
+    }
+    // HAMi's name: only a value HAMi-core reads as the same cap (never a larger one, never "no limit").
+    match parse_size(v) {
+        Ok(n) if n == hami_core_size(v) => Ok(n),
+        _ => Err(invalid(var, v, SIZE_EXPECTED_HAMI)),
+    }
+}
+
+/// What HAMi-core's `get_limit_from_env` makes of a memory value (0 = no limit): `strtoul(value, _, 0)` (leading
+/// white space, a sign, `0x` hex, a leading `0` octal, saturating) times the unit of a last `k`/`m`/`g` (any
+/// case), wrapping as `size_t` does.
+fn hami_core_size(v: &str) -> u64 {
+    let scalar: u64 = match v.bytes().last() {
+        Some(b'g' | b'G') => 1 << 30,
+        Some(b'm' | b'M') => 1 << 20,
+        Some(b'k' | b'K') => 1 << 10,
+        _ => 1,
     };
-    parse_size(v).map_err(|_| invalid(var, v, expected))
+    // C's isspace: ASCII white space and the vertical tab.
+    let s = v.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+    let (neg, s) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let (radix, digits) = if let Some(h) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        if h.starts_with(|c: char| c.is_ascii_hexdigit()) {
+            (16, h)
+        } else {
+            (8, s)
+        }
+    } else if s.starts_with('0') {
+        (8, s)
+    } else {
+        (10, s)
+    };
+    let mut n: u64 = 0;
+    for c in digits.chars().map_while(|c| c.to_digit(radix)) {
+        n = n.saturating_mul(radix as u64).saturating_add(c as u64);
+    }
+    let n = if neg && n != u64::MAX { n.wrapping_neg() } else { n };
+    n.wrapping_mul(scalar)
 }
 
 pub(super) fn parse_sm(var: &str, v: &str) -> Result<u32, ConfigError> {
@@ -157,5 +196,48 @@ pub(super) fn parse_path(var: &str, v: &str) -> Result<PathBuf, ConfigError> {
         Err(invalid(var, v, "a file path"))
     } else {
         Ok(PathBuf::from(v))
+    }
+}
+
+#[cfg(test)]
+mod hami_tests {
+    use super::*;
+
+    #[test]
+    fn hami_memory_values_are_read_as_hami_core_reads_them_or_refused() {
+        const M: u64 = 1 << 20;
+        const G: u64 = 1 << 30;
+        for (v, core) in [
+            ("3000m", 3000 * M),
+            ("4g", 4 * G),
+            ("4G", 4 * G),
+            ("512k", 512 << 10),
+            ("1073741824", G),
+            ("0x100000", M),
+            ("3000mb", 3000),
+            ("4gib", 4),
+            ("1t", 1),
+            ("8g ", 8),
+            ("1.5g", G),
+            ("010g", 8 * G),
+            ("lots", 0),
+            ("", 0),
+        ] {
+            assert_eq!(hami_core_size(v), core, "{v:?}");
+        }
+        let var = "CUDA_DEVICE_MEMORY_LIMIT";
+        assert_eq!(parse_memory(var, "3000m"), Ok(3000 * M));
+        assert_eq!(parse_memory(var, "4g"), Ok(4 * G));
+        assert_eq!(parse_memory(var, "0x100000"), Ok(M));
+        assert_eq!(parse_memory(var, "0"), Ok(0));
+        // HAMi-core reads these as smaller caps (or none): cuquota would grant more, so it refuses.
+        assert_eq!(parse_memory(var, "010g"), Ok(8 * G), "octal, as strtoul reads it");
+        for v in ["3000mb", "4gib", "1t", "2tb", "8g ", "1.5g", "lots", "-1"] {
+            let e = parse_memory(var, v).unwrap_err().to_string();
+            assert!(e.contains("HAMi-core"), "{v:?}: {e}");
+        }
+        // cuquota's own name keeps cuquota's syntax.
+        assert_eq!(parse_memory("CUQUOTA_MEMORY_LIMIT", "4GiB"), Ok(4 * G));
+        assert_eq!(parse_memory("CUQUOTA_MEMORY_LIMIT", "1t"), Ok(1 << 40));
     }
 }

@@ -15,8 +15,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-/// Guarded ranges at once (a process maps one usage file, plus one per reopen in tests).
-const SLOTS: usize = 16;
+/// Guarded ranges at once: the usage file, the HAMi region, the own priority file and every peer's
+/// (`priority::MAX_PEERS`), with room to spare; a mapping another container can truncate is never made without
+/// one.
+const SLOTS: usize = 128;
+const _: () = assert!(SLOTS >= super::priority::MAX_PEERS + 16);
 
 struct Range {
     start: AtomicUsize,

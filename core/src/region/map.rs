@@ -377,10 +377,11 @@ impl Mapping {
     /// Makes a truncation of the file under this mapping survivable: the next access past the new end
     /// replaces the mapping with private zero pages instead of killing the process, and [`Mapping::is_broken`]
     /// turns true. For files other processes can truncate (the usage file).
-    pub(crate) fn guard_truncation(&mut self) {
+    pub(crate) fn guard_truncation(&mut self) -> bool {
         if self.guard.is_none() {
             self.guard = super::fault::guard(self.ptr.as_ptr(), self.len);
         }
+        self.guard.is_some()
     }
 
     /// Whether the file was truncated under this (guarded) mapping: it now holds private zero pages.

@@ -290,9 +290,9 @@ impl PriorityPeers {
             else {
                 continue;
             };
-            // Its container may truncate it: survive, read zero pages ("nothing published").
-            map.guard_truncation();
-            if validate(&path, &map, false).is_err() {
+            // Its container may truncate it: survive, read zero pages ("nothing published"). Never mapped
+            // without that (a truncation would kill this process).
+            if !map.guard_truncation() || validate(&path, &map, false).is_err() {
                 continue;
             }
             let peer = Box::into_raw(Box::new(Peer {
