@@ -3,47 +3,14 @@
 //! pids and serves metrics, a pod mounts the library, /etc/ld.so.preload and its limits read-only.
 //! The validator is installed into .deps/k8s by the setup step (scripts/setup.sh), never by this test.
 
+use shim_tests::containers::kubernetes_validate;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
         .to_path_buf()
-}
-
-fn validator() -> PathBuf {
-    let deps = root().join(".deps/k8s");
-    assert!(
-        deps.join("kubernetes_validate").is_dir(),
-        "kubernetes-validate is not installed in {}: run scripts/setup.sh (test.sh runs it)",
-        deps.display()
-    );
-    deps
-}
-
-/// Runs `kubernetes-validate --strict` on `files`: (success, output).
-fn validate(files: &[PathBuf]) -> (bool, String) {
-    let out = Command::new("python3")
-        .args([
-            "-m",
-            "kubernetes_validate",
-            "--strict",
-            "--kubernetes-version",
-            "1.37.0",
-        ])
-        .args(files)
-        .env("PYTHONPATH", validator())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("run python3");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 /// Every Kubernetes manifest under examples/kubernetes (Helm values files are not manifests).
@@ -93,7 +60,7 @@ fn manifests_are_valid_kubernetes() {
     ] {
         assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
     }
-    let (ok, out) = validate(&files);
+    let (ok, out) = kubernetes_validate(&files);
     assert!(ok, "kubernetes-validate rejected the examples:\n{out}");
     assert_eq!(
         out.matches(" passed for resource ").count(),
@@ -108,7 +75,7 @@ fn manifests_are_valid_kubernetes() {
         read("examples/kubernetes/pod.yaml").replace("readOnly: true", "readOnyl: true"),
     )
     .unwrap();
-    let (ok, out) = validate(std::slice::from_ref(&bad));
+    let (ok, out) = kubernetes_validate(std::slice::from_ref(&bad));
     let _ = std::fs::remove_file(&bad);
     assert!(
         !ok && out.contains("readOnyl"),

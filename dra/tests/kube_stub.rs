@@ -2,9 +2,9 @@
 //! runs on these machines: the ResourceClaim read (GET) and the ResourceSlice publish (server-side apply PATCH).
 //! What the client sends is validated against Kubernetes 1.37's schema (`kubernetes-validate --strict`).
 
+use shim_tests::containers::kubernetes_validate;
 use std::convert::Infallible;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use cuquota_dra::inventory::{Gpu, Inventory};
@@ -57,30 +57,6 @@ async fn stub(req: Request<hyper::body::Incoming>, seen: Seen) -> Result<Respons
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(out)))
         .unwrap())
-}
-
-fn validate(file: &Path) -> (bool, String) {
-    let out = Command::new("python3")
-        .args([
-            "-m",
-            "kubernetes_validate",
-            "--strict",
-            "--kubernetes-version",
-            "1.37.0",
-        ])
-        .arg(file)
-        .env("PYTHONPATH", root().join(".deps/k8s"))
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("run python3");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
 }
 
 #[test]
@@ -143,7 +119,7 @@ fn the_client_reads_claims_and_publishes_a_valid_slice_through_the_api() {
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("sent-slice.json");
     std::fs::write(&f, &body).unwrap();
-    let (ok, out) = validate(&f);
+    let (ok, out) = kubernetes_validate(&[&f]);
     assert!(
         ok && out.contains("passed for resource resourceslice/node-1-gpu.cuquota.io"),
         "{out}"

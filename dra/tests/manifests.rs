@@ -3,6 +3,7 @@
 //! the ResourceClaim the tests prepare, and the ResourceSlice the plugin generates for a node (GPUs from NVML —
 //! here the simulator's — or from `--gpu`).
 
+use shim_tests::containers::kubernetes_validate;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -11,35 +12,6 @@ fn root() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
-}
-
-/// Runs `kubernetes-validate --strict` on `files`: (success, output).
-fn validate(files: &[PathBuf]) -> (bool, String) {
-    let deps = root().join(".deps/k8s");
-    assert!(
-        deps.join("kubernetes_validate").is_dir(),
-        "kubernetes-validate is not installed in {}: run scripts/setup.sh (test.sh runs it)",
-        deps.display()
-    );
-    let out = Command::new("python3")
-        .args([
-            "-m",
-            "kubernetes_validate",
-            "--strict",
-            "--kubernetes-version",
-            "1.37.0",
-        ])
-        .args(files)
-        .env("PYTHONPATH", deps)
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("run python3");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
 }
 
 fn plugin(args: &[&str], env: &[(&str, String)]) -> String {
@@ -94,7 +66,7 @@ fn every_object_is_valid_kubernetes_1_37() {
     }
     files.push(root().join("dra/tests/fixtures/claim.json"));
     files.sort();
-    let (ok, out) = validate(&files);
+    let (ok, out) = kubernetes_validate(&files);
     assert!(ok, "kubernetes-validate rejected:\n{out}");
     for want in [
         "resourceslice/node-1-gpu.cuquota.io",
@@ -119,7 +91,7 @@ fn every_object_is_valid_kubernetes_1_37() {
         from_args.replace("allowMultipleAllocations", "allowMultipleAllocation"),
     )
     .unwrap();
-    let (ok, out) = validate(&[bad]);
+    let (ok, out) = kubernetes_validate(&[bad]);
     assert!(
         !ok && out.contains("allowMultipleAllocation"),
         "a misspelt field must be refused:\n{out}"

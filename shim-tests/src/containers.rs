@@ -145,3 +145,33 @@ pub fn out_val(out: &str, key: &str) -> u64 {
         .parse()
         .unwrap_or_else(|e| panic!("{key}: {e} in:\n{out}"))
 }
+
+/// Runs `kubernetes-validate --strict` against Kubernetes 1.37's schemas (installed into `.deps/k8s` by
+/// scripts/setup.sh) on `files`: (valid, its output).
+pub fn kubernetes_validate<P: AsRef<Path>>(files: &[P]) -> (bool, String) {
+    let deps = crate::workspace_root().join(".deps/k8s");
+    assert!(
+        deps.join("kubernetes_validate").is_dir(),
+        "kubernetes-validate is not installed in {}: run scripts/setup.sh (test.sh runs it)",
+        deps.display()
+    );
+    let out = Command::new("python3")
+        .args([
+            "-m",
+            "kubernetes_validate",
+            "--strict",
+            "--kubernetes-version",
+            "1.37.0",
+        ])
+        .args(files.iter().map(AsRef::as_ref))
+        .env("PYTHONPATH", deps)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("run python3");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
