@@ -18,8 +18,7 @@ use std::sync::OnceLock;
 /// Guarded ranges at once: the usage file, the HAMi region, the own priority file and every peer's
 /// (`priority::MAX_PEERS`), with room to spare; a mapping another container can truncate is never made without
 /// one.
-const SLOTS: usize = 128;
-const _: () = assert!(SLOTS >= super::priority::MAX_PEERS + 16);
+pub(crate) const SLOTS: usize = 128;
 
 struct Range {
     start: AtomicUsize,

@@ -52,6 +52,8 @@ impl PriorityDeviceId {
 
 /// Files of other containers a process reads (the node directory's), at most.
 pub const MAX_PEERS: usize = 64;
+// Every peer file is mapped with a truncation guard, beside the process's own files.
+const _: () = assert!(super::fault::SLOTS >= MAX_PEERS + 16);
 /// How often the node directory is read again (containers come and go; the agent renames a file to change
 /// its container's priority live).
 pub const PEER_SCAN_NS: u64 = 1_000_000_000;
