@@ -55,6 +55,12 @@ CUQUOTA_TEST_SHIM="$PWD/dist/libcuquota.so" cargo test -p shim-tests \
     --test memory_apis --test loading_styles --test multiprocess --test throttle
 step "release tarball (tests/release.sh: scripts/release.sh --fast, checksums, binaries, library)"
 tests/release.sh
+if [ "$(id -u)" = 0 ] && command -v podman >/dev/null && command -v runc >/dev/null; then
+    step "the cuquota image (tests/image.sh: scripts/image.sh, then run with podman)"
+    tests/image.sh
+else
+    echo "test.sh: not root or no podman/runc: tests/image.sh (the cuquota image) does not run"
+fi
 
 step "framework suite (tests/frameworks: PyTorch, CuPy, cuda-python, pynvml under cuquota)"
 tests/frameworks/run.sh
