@@ -23,7 +23,7 @@
 #   containers  podman and runc from Debian's apt (as root only: the DRA plugin's end-to-end test, dra/tests/podman.rs,
 #         runs as root); a no-op when both are installed or when not root
 #   busybox  Debian's busybox-static (`apt-get download`, unpacked: .deps/busybox/busybox), the shell and tools
-#         of the cuquota image (scripts/image.sh)
+#         of the cuquota image (scripts/image.sh); installed as root only (the image test's user), unless named
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -54,6 +54,7 @@ for a in "$@"; do
         *) pins "$a" >/dev/null; GROUPS_WANTED+=("$a") ;;
     esac
 done
+NAMED=${#GROUPS_WANTED[@]}
 [ ${#GROUPS_WANTED[@]} -gt 0 ] || GROUPS_WANTED=("${ALL[@]}")
 
 CACHE="${CUQUOTA_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cuquota-deps}"
@@ -69,6 +70,8 @@ ready() {
         [ "$(id -u)" != 0 ] || { command -v podman && command -v runc; } >/dev/null
         return
     fi
+    # The image (and its test) is built as root only, like the container tests.
+    if [ "$1" = busybox ] && [ "$(id -u)" != 0 ] && [ "$NAMED" = 0 ]; then return 0; fi
     holds "$ROOT/.deps/$1" "$1"
 }
 
