@@ -144,10 +144,20 @@ impl PriorityRegion {
     /// (`<path>.d`) read-only: the shim. It never creates either: a file created inside one container would
     /// coordinate nobody. A missing directory is an error (the caller fails closed).
     pub fn open(path: &Path) -> Result<PriorityRegion, RegionError> {
-        let mut region = Self::open_with(path, Access::ReadWrite)?;
         let mut dir = path.as_os_str().to_owned();
         dir.push(".d");
         let dir = PathBuf::from(dir);
+        if !dir.exists() {
+            // A node-wide file of layout 4 mounted the way pods were then: its words are every container's, as
+            // that layout meant (high-priority activity read from this file). Only without a node directory: where
+            // one is mounted, a tenant that rewrote its own file's version must not stop seeing its peers.
+            if let Ok(map) = Self::map(path, Access::ReadWrite) {
+                if validate(path, &map, false, PRIORITY_ABI_VERSION_NODE_FILE).is_ok() {
+                    return Ok(PriorityRegion { map, peers: None });
+                }
+            }
+        }
+        let mut region = Self::open_with(path, Access::ReadWrite)?;
         let io = |e: String, p: &Path| RegionError::Io {
             path: p.to_path_buf(),
             op: "open the node's priority directory",
@@ -178,12 +188,22 @@ impl PriorityRegion {
     }
 
     fn open_with(path: &Path, access: Access) -> Result<PriorityRegion, RegionError> {
+        let map = Self::map(path, access)?;
+        validate(
+            path,
+            &map,
+            matches!(access, Access::Create(_)),
+            PRIORITY_ABI_VERSION,
+        )?;
+        Ok(PriorityRegion { map, peers: None })
+    }
+
+    fn map(path: &Path, access: Access) -> Result<Mapping, RegionError> {
         let mut map = Mapping::open(path, access, std::mem::size_of::<PriorityFile>())?;
         // Every container with a priority can truncate this file: survive it (fault.rs). Its zero pages read as
         // "no high-priority tenant, no token, nothing in flight" — what a tenant could write anyway.
         map.guard_truncation();
-        validate(path, &map, matches!(access, Access::Create(_)))?;
-        Ok(PriorityRegion { map, peers: None })
+        Ok(map)
     }
 
     fn file(&self) -> &PriorityFile {
@@ -294,7 +314,7 @@ impl PriorityPeers {
             };
             // Its container may truncate it: survive, read zero pages ("nothing published"). Never mapped
             // without that (a truncation would kill this process).
-            if !map.guard_truncation() || validate(&path, &map, false).is_err() {
+            if !map.guard_truncation() || validate(&path, &map, false, PRIORITY_ABI_VERSION).is_err() {
                 continue;
             }
             let peer = Box::into_raw(Box::new(Peer {
@@ -536,7 +556,7 @@ impl<'a> PriorityEntry<'a> {
 }
 
 /// Checks (with `init`: first initialises a fresh) header of a mapped priority file.
-fn validate(path: &Path, map: &Mapping, init: bool) -> Result<(), RegionError> {
+fn validate(path: &Path, map: &Mapping, init: bool, version: u32) -> Result<(), RegionError> {
     // SAFETY: as `PriorityRegion::file`.
     let h = &unsafe { &*map.ptr().cast::<PriorityFile>() }.header;
     let fields = [
@@ -559,7 +579,7 @@ fn validate(path: &Path, map: &Mapping, init: bool) -> Result<(), RegionError> {
     ];
     let header = Header {
         magic: (&h.magic, PRIORITY_MAGIC),
-        abi_version: (&h.abi_version, PRIORITY_ABI_VERSION),
+        abi_version: (&h.abi_version, version),
         fields: &fields,
     };
     header::validate(path, &header, init)
