@@ -195,17 +195,23 @@ impl Memory {
 
     /// Whether the usage file can still be trusted to enforce `limit` (`None`: nothing to enforce). A file
     /// another process of the container truncated, zeroed or overwrote fails closed: refused, said once.
+    #[inline]
     fn shared_ok(&self, limit: Option<u64>) -> Result<(), OverCap> {
-        static SAID: AtomicBool = AtomicBool::new(false);
         if limit.is_none() {
             return Ok(());
         }
-        self.usage().check().map_err(|e| {
-            if !SAID.swap(true, Ordering::Relaxed) {
-                log!(Level::Error, "{e}");
-            }
-            OverCap
-        })
+        self.usage().check().map_err(Self::shared_broken)
+    }
+
+    /// [`Memory::shared_ok`]'s refusal, said once (out of line: the admitted path only compares).
+    #[cold]
+    #[inline(never)]
+    fn shared_broken(e: cuquota_core::region::RegionError) -> OverCap {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            log!(Level::Error, "{e}");
+        }
+        OverCap
     }
 
     /// The container-cap part of [`Memory::admit`]: the container's usage of `dev` after the charge (0 without

@@ -365,6 +365,7 @@ impl UsageRegion {
         }
     }
 
+    #[inline]
     fn high_water(&self) -> usize {
         (self.file().header.proc_high_water.load(Ordering::SeqCst) as usize).min(MAX_PROCS)
     }
@@ -844,13 +845,19 @@ impl UsageRegion {
         limit: Option<u64>,
     ) -> Result<u64, OverLimit> {
         match self.try_charge(slot, dev, bytes, limit) {
-            Err(_) if self.reclaim_dead() > 0 => self.try_charge(slot, dev, bytes, limit),
-            Err(_) => {
-                // A racing reservation may have made us fail spuriously; one more look.
-                self.try_charge(slot, dev, bytes, limit)
-            }
+            Err(_) => self.charge_again(slot, dev, bytes, limit),
             ok => ok,
         }
+    }
+
+    /// [`UsageRegion::charge`] after a refusal: out of line, so the admitted path stays one inlined
+    /// `try_charge`.
+    #[cold]
+    #[inline(never)]
+    fn charge_again(&self, slot: SlotId, dev: DeviceId, bytes: u64, limit: Option<u64>) -> Result<u64, OverLimit> {
+        // Dead processes reclaimed, or a racing reservation that made us fail spuriously: one more look.
+        self.reclaim_dead();
+        self.try_charge(slot, dev, bytes, limit)
     }
 
     /// Returns `bytes` on `dev` from `slot`. Never underflows: a counter cannot go below zero (HAMi's
@@ -867,6 +874,7 @@ impl UsageRegion {
     }
 
     /// Bytes the whole container has charged on `dev` (sum over slots and shared entries; saturating).
+    #[inline]
     pub fn container_used(&self, dev: DeviceId) -> u64 {
         let d = dev.index();
         let slots = self.file().slots[..self.high_water()]
@@ -879,13 +887,22 @@ impl UsageRegion {
 
     // ---- memory shared between processes (not on the allocation path) ------------------------------------
 
+    #[inline]
     fn shared_high_water(&self) -> usize {
         (self.file().header.shared_high_water.load(Ordering::SeqCst) as usize).min(MAX_SHARED)
     }
 
     /// Bytes of shared entries on `dev` (one atomic load while none was ever claimed).
+    #[inline]
     pub fn shared_used(&self, dev: DeviceId) -> u64 {
-        self.file().shared[..self.shared_high_water()]
+        match self.shared_high_water() {
+            0 => 0,
+            n => self.shared_used_in(dev, n),
+        }
+    }
+
+    fn shared_used_in(&self, dev: DeviceId, n: usize) -> u64 {
+        self.file().shared[..n]
             .iter()
             .filter(|e| {
                 let k = e.key.load(Ordering::SeqCst);
