@@ -767,7 +767,7 @@ impl UsageRegion {
     /// succeeds and just records). Exact under races. Does not reclaim dead processes: see [`UsageRegion::charge`].
     /// `Ok`: the container's usage of `dev` the check saw, this charge included (0 without a limit: no sum is
     /// taken), so a caller can tell how close to the limit it got at no extra cost.
-    #[inline]
+    #[inline(always)]
     pub fn try_charge(
         &self,
         slot: SlotId,
