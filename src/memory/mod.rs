@@ -164,9 +164,23 @@ impl Memory {
         if let Some(cap) = limit {
             self.near_cap_check(nvml, dev, bytes, cap, used)?;
         }
-        let Some(reserved) = reserved else {
-            return Ok(Admitted(None));
-        };
+        match reserved {
+            None => Ok(Admitted(None)),
+            Some(reserved) => self.admit_reserved(dev, bytes, reserved, cuda, nvml),
+        }
+    }
+
+    /// The part of [`Memory::admit`] for a device whose limits keep `reserved` bytes for high-priority tenants
+    /// (out of line: the capped path does not carry it).
+    #[inline(never)]
+    fn admit_reserved(
+        &self,
+        dev: Dev,
+        bytes: u64,
+        reserved: u64,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+    ) -> Result<Admitted<'_>, OverCap> {
         let Some(e) = self.devices.priority_entry(dev) else {
             log!(
                 Level::Error,

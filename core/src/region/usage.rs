@@ -805,13 +805,21 @@ impl UsageRegion {
     /// slot's owner word then reads free while this process still holds the slot's liveness lock (so no one
     /// else can claim it). Restores the owner word, the high-water mark and the counter (never lowering it).
     /// One load while the file is sound.
+    #[inline]
     pub fn reassert(&self, slot: SlotId, own: impl Fn(DeviceId) -> u64) {
-        let f = self.file();
-        let s = &f.slots[slot.index()];
-        let w = s.owner.load(Ordering::Acquire);
+        let w = self.file().slots[slot.index()].owner.load(Ordering::Acquire);
         if owner_state(w) != STATE_FREE {
             return;
         }
+        self.reassert_free(slot, w, &own);
+    }
+
+    /// [`UsageRegion::reassert`] once the slot's owner word `w` reads free (out of line: the file was zeroed).
+    #[cold]
+    #[inline(never)]
+    fn reassert_free(&self, slot: SlotId, w: u64, own: &dyn Fn(DeviceId) -> u64) {
+        let f = self.file();
+        let s = &f.slots[slot.index()];
         // Only a slot this process still owns and holds the lock of: not one it gave back at exit (a thread
         // still allocating then claims a new one), and not without a lock (anyone may claim a free slot then).
         if self.own_slot.load(Ordering::Acquire) != slot.0
