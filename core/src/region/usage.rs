@@ -862,7 +862,13 @@ impl UsageRegion {
     /// `try_charge`.
     #[cold]
     #[inline(never)]
-    fn charge_again(&self, slot: SlotId, dev: DeviceId, bytes: u64, limit: Option<u64>) -> Result<u64, OverLimit> {
+    fn charge_again(
+        &self,
+        slot: SlotId,
+        dev: DeviceId,
+        bytes: u64,
+        limit: Option<u64>,
+    ) -> Result<u64, OverLimit> {
         // Dead processes reclaimed, or a racing reservation that made us fail spuriously: one more look.
         self.reclaim_dead();
         self.try_charge(slot, dev, bytes, limit)
