@@ -7,9 +7,11 @@
 //! path reads a coarse clock (vDSO) and, when an SM limit applies, one or two shared words.
 
 use crate::log::{log, Level};
-use cuquota_core::region::hami::{HamiRegion, HamiUsed, HAMI_MAX_DEVICES};
+use cuquota_core::region::hami::{HamiDeviceMemory, HamiRegion, HamiUsed, HAMI_MAX_DEVICES};
 use cuquota_core::{Config, DeviceId, Policy, PolicyKind, Priority};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+};
 use std::sync::OnceLock;
 
 const NO_SLOT: usize = usize::MAX;
@@ -41,6 +43,9 @@ pub(crate) struct Hami {
     ordinal_of: [AtomicU8; HAMI_MAX_DEVICES],
     /// The usage entries themselves, by index (for utilisation samples).
     ids: [OnceLock<DeviceId>; HAMI_MAX_DEVICES],
+    /// Usage entry index → our slot's memory words for its device in the mapping (null: not looked up yet, or
+    /// the slot changed): a publish is then its stores.
+    words: [AtomicPtr<HamiDeviceMemory>; HAMI_MAX_DEVICES],
     /// Bit `i`: CUDA ordinal `i` has 0 < SM limit < 100. Non-zero: launches set `recent_kernel` and obey the
     /// monitor's block (HAMi-core checks the current device; here any device of the process).
     gate: AtomicU32,
@@ -90,6 +95,7 @@ impl Hami {
             pid: AtomicI32::new(0),
             ordinal_of: std::array::from_fn(|_| AtomicU8::new(0)),
             ids: std::array::from_fn(|_| OnceLock::new()),
+            words: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             gate: AtomicU32::new(0),
             switch,
             obey: cfg.hami_path != std::path::Path::new(cuquota_core::config::HAMI_DEFAULT_PATH),
@@ -137,7 +143,8 @@ impl Hami {
 
     /// In a forked child (single-threaded): the parent's slot stays the parent's; the child claims its own.
     pub(crate) fn forget_in_child(&self) {
-        self.slot.store(NO_SLOT, Ordering::Relaxed);
+        self.slot.store(NO_SLOT, Ordering::SeqCst);
+        self.forget_words();
         for g in &self.last_gpu_ns {
             g.store(0, Ordering::Relaxed);
         }
@@ -150,6 +157,7 @@ impl Hami {
         }
         let _ = self.ids[id.index()].set(id);
         self.ordinal_of[id.index()].store(ordinal as u8 + 1, Ordering::Relaxed);
+        self.words[id.index()].store(std::ptr::null_mut(), Ordering::SeqCst);
         let sm = if p.throttles() { p.sm.unwrap_or(0) } else { 0 };
         self.region
             .set_device(ordinal, uuid, p.memory.unwrap_or(0), u64::from(sm));
@@ -163,20 +171,49 @@ impl Hami {
     /// This process's memory on usage entry `id` changed: allocations `data`, context/module overhead `context`.
     #[inline]
     pub(crate) fn publish(&self, id: DeviceId, data: u64, context: u64) {
-        let Some(o) = self.ordinal_of.get(id.index()) else {
+        let used = HamiUsed {
+            context,
+            module: 0,
+            data,
+        };
+        let Some(w) = self.words.get(id.index()) else {
             return;
         };
-        let o = o.load(Ordering::Relaxed);
+        let p = w.load(Ordering::Acquire);
+        if p.is_null() {
+            return self.publish_slow(id, used);
+        }
+        // SAFETY: `p` was taken from the mapping, which stays mapped as long as `self.region`.
+        unsafe { &*p }.set(used);
+    }
+
+    /// [`Hami::publish`] before the words' address is known: looked up (slot claimed on first need) and kept,
+    /// unless the slot changed meanwhile (a release or a fork clears what was kept after changing it).
+    #[cold]
+    #[inline(never)]
+    fn publish_slow(&self, id: DeviceId, used: HamiUsed) {
+        let o = self.ordinal_of[id.index()].load(Ordering::Relaxed);
         if o == 0 {
             return;
         }
-        if let Some(s) = self.slot() {
-            let used = HamiUsed {
-                context,
-                module: 0,
-                data,
-            };
-            self.region.set_used(s, usize::from(o - 1), used);
+        let Some(s) = self.slot() else {
+            return;
+        };
+        let Some(m) = self.region.used_words(s, usize::from(o - 1)) else {
+            return;
+        };
+        m.set(used);
+        let w = &self.words[id.index()];
+        w.store(std::ptr::from_ref(m).cast_mut(), Ordering::SeqCst);
+        if self.slot.load(Ordering::SeqCst) != s {
+            w.store(std::ptr::null_mut(), Ordering::SeqCst);
+        }
+    }
+
+    /// Forgets every kept words' address (the slot or a device's ordinal changed).
+    fn forget_words(&self) {
+        for w in &self.words {
+            w.store(std::ptr::null_mut(), Ordering::SeqCst);
         }
     }
 
@@ -273,7 +310,8 @@ impl Hami {
 
     /// At exit: the slot goes back (the monitor stops counting this process).
     pub(crate) fn release(&self) {
-        let s = self.slot.swap(NO_SLOT, Ordering::AcqRel);
+        let s = self.slot.swap(NO_SLOT, Ordering::SeqCst);
+        self.forget_words();
         if s != NO_SLOT && s != CLAIMING {
             self.region.release_slot(s, self.pid.load(Ordering::Relaxed));
         }

@@ -262,7 +262,37 @@ impl Ledger {
 
     /// Records a new allocation, returning any stale record the key had (the driver just handed the key out
     /// again, so whatever it named before is gone: its charge must be released by the caller).
+    #[inline]
     pub(crate) fn insert(&self, space: Space, key: u64, rec: Record) -> Option<Record> {
+        if space == Space::Pointer {
+            let (b, tag) = self.slot(key);
+            // The common case: no way holds the tag or is claimed, nothing overflowed and a way is free: the
+            // key is new, so the lowest free way is claimed from the word just read (a changed word falls
+            // through).
+            let cur = b.ctrl.load(Ordering::Acquire);
+            let free = maybe_equal(cur, FREE);
+            if free != 0
+                && maybe_equal(cur, tag) | maybe_equal(cur, CLAIMED) == 0
+                && self.overflow.load(Ordering::Relaxed) == 0
+            {
+                let w = free.trailing_zeros() as usize / 8;
+                let new = cur ^ ((CLAIMED as u64) << (8 * w));
+                if b.ctrl
+                    .compare_exchange(cur, new, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    b.write(w, key, Some(rec));
+                    b.let_go(w, tag);
+                    return None;
+                }
+            }
+        }
+        self.insert_slow(space, key, rec)
+    }
+
+    /// [`Ledger::insert`] beyond the common case (out of line, so that case inlines into its callers).
+    #[inline(never)]
+    fn insert_slow(&self, space: Space, key: u64, rec: Record) -> Option<Record> {
         if space != Space::Pointer {
             return self.shard(key).lock().insert((space, key), rec);
         }

@@ -164,9 +164,23 @@ impl Memory {
         if let Some(cap) = limit {
             self.near_cap_check(nvml, dev, bytes, cap, used)?;
         }
-        let Some(reserved) = reserved else {
-            return Ok(Admitted(None));
-        };
+        match reserved {
+            None => Ok(Admitted(None)),
+            Some(reserved) => self.admit_reserved(dev, bytes, reserved, cuda, nvml),
+        }
+    }
+
+    /// The part of [`Memory::admit`] for a device whose limits keep `reserved` bytes for high-priority tenants
+    /// (out of line: the capped path does not carry it).
+    #[inline(never)]
+    fn admit_reserved(
+        &self,
+        dev: Dev,
+        bytes: u64,
+        reserved: u64,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+    ) -> Result<Admitted<'_>, OverCap> {
         let Some(e) = self.devices.priority_entry(dev) else {
             log!(
                 Level::Error,
@@ -195,17 +209,23 @@ impl Memory {
 
     /// Whether the usage file can still be trusted to enforce `limit` (`None`: nothing to enforce). A file
     /// another process of the container truncated, zeroed or overwrote fails closed: refused, said once.
+    #[inline]
     fn shared_ok(&self, limit: Option<u64>) -> Result<(), OverCap> {
-        static SAID: AtomicBool = AtomicBool::new(false);
         if limit.is_none() {
             return Ok(());
         }
-        self.usage().check().map_err(|e| {
-            if !SAID.swap(true, Ordering::Relaxed) {
-                log!(Level::Error, "{e}");
-            }
-            OverCap
-        })
+        self.usage().check().map_err(Self::shared_broken)
+    }
+
+    /// [`Memory::shared_ok`]'s refusal, said once (out of line: the admitted path only compares).
+    #[cold]
+    #[inline(never)]
+    fn shared_broken(e: cuquota_core::region::RegionError) -> OverCap {
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            log!(Level::Error, "{e}");
+        }
+        OverCap
     }
 
     /// The container-cap part of [`Memory::admit`]: the container's usage of `dev` after the charge (0 without

@@ -363,10 +363,20 @@ impl Memory {
     /// retains the primary context inside the driver). Measure this process on `d` with NVML, once (again after
     /// its contexts there are gone), before admitting anything in it; without an NVML figure nothing is
     /// guessed. `Err`: over the cap (measured again at the next allocation, which is refused again).
+    #[inline]
     pub(crate) fn adopt_unseen_context(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
         if self.holdings.live_contexts(d.ordinal) > 0 {
             return Ok(());
         }
+        match self.holdings.unseen_measured.get(d.ordinal as usize) {
+            Some(flag) if !flag.load(Ordering::Relaxed) => self.adopt_unseen_slow(nvml, d),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Memory::adopt_unseen_context`] when no context of ours is live on `d` (out of line).
+    #[inline(never)]
+    fn adopt_unseen_slow(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
         let Some(flag) = self.holdings.unseen_measured.get(d.ordinal as usize) else {
             return Ok(());
         };

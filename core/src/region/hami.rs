@@ -38,6 +38,20 @@ pub struct HamiDeviceMemory {
     pub unused: [AtomicU64; 3],
 }
 
+impl HamiDeviceMemory {
+    /// Stores `u` (`total` = the sum, as HAMi-core keeps it).
+    #[inline]
+    pub fn set(&self, u: HamiUsed) {
+        self.context_size.store(u.context, Ordering::Relaxed);
+        if u.module != 0 {
+            // Zero from the claim on: cuquota counts modules in the context figure.
+            self.module_size.store(u.module, Ordering::Relaxed);
+        }
+        self.data_size.store(u.data, Ordering::Relaxed);
+        self.total.store(u.context + u.module + u.data, Ordering::Relaxed);
+    }
+}
+
 /// `device_util_t`.
 #[allow(missing_docs)] // HAMi-core's field names
 #[repr(C)]
@@ -251,16 +265,15 @@ impl HamiRegion {
     /// Publishes slot `i`'s memory on device `dev` (`total` = the sum, as HAMi-core keeps it).
     #[inline]
     pub fn set_used(&self, i: usize, dev: usize, u: HamiUsed) {
-        let Some(m) = self.file().procs.get(i).and_then(|s| s.used.get(dev)) else {
-            return;
-        };
-        m.context_size.store(u.context, Ordering::Relaxed);
-        if u.module != 0 {
-            // Zero from the claim on: cuquota counts modules in the context figure.
-            m.module_size.store(u.module, Ordering::Relaxed);
+        if let Some(m) = self.used_words(i, dev) {
+            m.set(u);
         }
-        m.data_size.store(u.data, Ordering::Relaxed);
-        m.total.store(u.context + u.module + u.data, Ordering::Relaxed);
+    }
+
+    /// Slot `i`'s memory words on device `dev` (inside the mapping, which lives as long as `self`).
+    #[inline]
+    pub fn used_words(&self, i: usize, dev: usize) -> Option<&HamiDeviceMemory> {
+        self.file().procs.get(i).and_then(|s| s.used.get(dev))
     }
 
     /// Publishes slot `i`'s SM utilisation (percent) on device `dev`.

@@ -365,6 +365,7 @@ impl UsageRegion {
         }
     }
 
+    #[inline]
     fn high_water(&self) -> usize {
         (self.file().header.proc_high_water.load(Ordering::SeqCst) as usize).min(MAX_PROCS)
     }
@@ -766,7 +767,7 @@ impl UsageRegion {
     /// succeeds and just records). Exact under races. Does not reclaim dead processes: see [`UsageRegion::charge`].
     /// `Ok`: the container's usage of `dev` the check saw, this charge included (0 without a limit: no sum is
     /// taken), so a caller can tell how close to the limit it got at no extra cost.
-    #[inline]
+    #[inline(always)]
     pub fn try_charge(
         &self,
         slot: SlotId,
@@ -804,13 +805,21 @@ impl UsageRegion {
     /// slot's owner word then reads free while this process still holds the slot's liveness lock (so no one
     /// else can claim it). Restores the owner word, the high-water mark and the counter (never lowering it).
     /// One load while the file is sound.
+    #[inline]
     pub fn reassert(&self, slot: SlotId, own: impl Fn(DeviceId) -> u64) {
-        let f = self.file();
-        let s = &f.slots[slot.index()];
-        let w = s.owner.load(Ordering::Acquire);
+        let w = self.file().slots[slot.index()].owner.load(Ordering::Acquire);
         if owner_state(w) != STATE_FREE {
             return;
         }
+        self.reassert_free(slot, w, &own);
+    }
+
+    /// [`UsageRegion::reassert`] once the slot's owner word `w` reads free (out of line: the file was zeroed).
+    #[cold]
+    #[inline(never)]
+    fn reassert_free(&self, slot: SlotId, w: u64, own: &dyn Fn(DeviceId) -> u64) {
+        let f = self.file();
+        let s = &f.slots[slot.index()];
         // Only a slot this process still owns and holds the lock of: not one it gave back at exit (a thread
         // still allocating then claims a new one), and not without a lock (anyone may claim a free slot then).
         if self.own_slot.load(Ordering::Acquire) != slot.0
@@ -844,13 +853,25 @@ impl UsageRegion {
         limit: Option<u64>,
     ) -> Result<u64, OverLimit> {
         match self.try_charge(slot, dev, bytes, limit) {
-            Err(_) if self.reclaim_dead() > 0 => self.try_charge(slot, dev, bytes, limit),
-            Err(_) => {
-                // A racing reservation may have made us fail spuriously; one more look.
-                self.try_charge(slot, dev, bytes, limit)
-            }
+            Err(_) => self.charge_again(slot, dev, bytes, limit),
             ok => ok,
         }
+    }
+
+    /// [`UsageRegion::charge`] after a refusal: out of line, so the admitted path stays one inlined
+    /// `try_charge`.
+    #[cold]
+    #[inline(never)]
+    fn charge_again(
+        &self,
+        slot: SlotId,
+        dev: DeviceId,
+        bytes: u64,
+        limit: Option<u64>,
+    ) -> Result<u64, OverLimit> {
+        // Dead processes reclaimed, or a racing reservation that made us fail spuriously: one more look.
+        self.reclaim_dead();
+        self.try_charge(slot, dev, bytes, limit)
     }
 
     /// Returns `bytes` on `dev` from `slot`. Never underflows: a counter cannot go below zero (HAMi's
@@ -867,6 +888,7 @@ impl UsageRegion {
     }
 
     /// Bytes the whole container has charged on `dev` (sum over slots and shared entries; saturating).
+    #[inline]
     pub fn container_used(&self, dev: DeviceId) -> u64 {
         let d = dev.index();
         let slots = self.file().slots[..self.high_water()]
@@ -879,13 +901,22 @@ impl UsageRegion {
 
     // ---- memory shared between processes (not on the allocation path) ------------------------------------
 
+    #[inline]
     fn shared_high_water(&self) -> usize {
         (self.file().header.shared_high_water.load(Ordering::SeqCst) as usize).min(MAX_SHARED)
     }
 
     /// Bytes of shared entries on `dev` (one atomic load while none was ever claimed).
+    #[inline]
     pub fn shared_used(&self, dev: DeviceId) -> u64 {
-        self.file().shared[..self.shared_high_water()]
+        match self.shared_high_water() {
+            0 => 0,
+            n => self.shared_used_in(dev, n),
+        }
+    }
+
+    fn shared_used_in(&self, dev: DeviceId, n: usize) -> u64 {
+        self.file().shared[..n]
             .iter()
             .filter(|e| {
                 let k = e.key.load(Ordering::SeqCst);
