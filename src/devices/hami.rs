@@ -59,6 +59,9 @@ pub(crate) struct Hami {
     /// GPU time per device entry at the last utilisation sample, and when it was taken.
     last_gpu_ns: [AtomicU64; HAMI_MAX_DEVICES],
     said_blocked: AtomicBool,
+    /// Unix second before which a claim is not tried again: a file whose every slot is taken (anyone who can
+    /// write it can fill it) must not make each allocation scan 1024 slots with a `kill(2)` each.
+    claim_after_s: AtomicU64,
 }
 
 impl Hami {
@@ -102,6 +105,7 @@ impl Hami {
             last_s: AtomicU64::new(0),
             last_gpu_ns: std::array::from_fn(|_| AtomicU64::new(0)),
             said_blocked: AtomicBool::new(false),
+            claim_after_s: AtomicU64::new(0),
         };
         h.slot();
         Some(h)
@@ -121,6 +125,9 @@ impl Hami {
     /// process `exec`ed from, never another thread's, and is taken over.
     #[cold]
     fn claim(&self) -> Option<usize> {
+        if coarse_unix_s() < self.claim_after_s.load(Ordering::Relaxed) {
+            return None;
+        }
         loop {
             match self
                 .slot
@@ -134,8 +141,9 @@ impl Hami {
         }
         let pid = cuquota_core::region::liveness::current_pid() as i32;
         let got = self.region.claim_slot(pid);
-        if got.is_some() {
-            self.pid.store(pid, Ordering::Relaxed);
+        match got {
+            Some(_) => self.pid.store(pid, Ordering::Relaxed),
+            None => self.claim_after_s.store(coarse_unix_s() + 1, Ordering::Relaxed),
         }
         self.slot.store(got.unwrap_or(NO_SLOT), Ordering::Release);
         got
@@ -145,6 +153,7 @@ impl Hami {
     pub(crate) fn forget_in_child(&self) {
         self.slot.store(NO_SLOT, Ordering::SeqCst);
         self.forget_words();
+        self.claim_after_s.store(0, Ordering::Relaxed);
         for g in &self.last_gpu_ns {
             g.store(0, Ordering::Relaxed);
         }

@@ -412,12 +412,15 @@ impl Ledger {
         }
     }
 
-    /// Removes and returns (space, key, record) of every record for which `pred(space, record)` holds (slow
-    /// path: scans the table and all shards).
-    pub(crate) fn remove_where(&self, pred: impl Fn(Space, &Record) -> bool) -> Vec<(Space, u64, Record)> {
+    /// Removes and returns (space, key, record) of every record for which `pred(space, key, record)` holds
+    /// (slow path: scans the table and all shards; a record is held while `pred` looks at it).
+    pub(crate) fn remove_where(
+        &self,
+        pred: impl Fn(Space, u64, &Record) -> bool,
+    ) -> Vec<(Space, u64, Record)> {
         let mut out = Vec::new();
         self.scan_table(|key, rec| {
-            if pred(Space::Pointer, &rec) {
+            if pred(Space::Pointer, key, &rec) {
                 out.push((Space::Pointer, key, rec));
                 None
             } else {
@@ -426,7 +429,7 @@ impl Ledger {
         });
         for s in &self.shards {
             s.lock().retain(|&(space, key), rec| {
-                let drop = pred(space, rec);
+                let drop = pred(space, key, rec);
                 if drop {
                     if space == Space::Pointer {
                         self.overflow.fetch_sub(1, Ordering::Relaxed);
@@ -538,7 +541,7 @@ mod tests {
         assert_eq!(l.insert(Space::Pointer, 5 << 21, rec(5)), Some(rec(5)));
         assert_eq!(l.insert(Space::Pointer, n << 21, rec(n)), Some(rec(n)));
         assert_eq!(l.retag_pool(1, 7), (1..=n).filter(|i| i % 3 == 1).count());
-        let removed = l.remove_where(|_, r| r.kind == Kind::Pool(2));
+        let removed = l.remove_where(|_, _, r| r.kind == Kind::Pool(2));
         assert_eq!(removed.len(), (1..=n).filter(|i| i % 3 == 2).count());
         for i in (1..=n).filter(|i| i % 3 != 2) {
             let want = Record {
@@ -574,7 +577,7 @@ mod tests {
                 });
             }
         });
-        assert_eq!(l.remove_where(|_, _| true), vec![]);
+        assert_eq!(l.remove_where(|_, _, _| true), vec![]);
     }
 
     #[test]

@@ -278,15 +278,16 @@ impl Memory {
         res
     }
 
-    /// After a context went away: if it was this process's last one on `d`, its allocations went with it. (With
-    /// other contexts still live on the device the records cannot tell whose allocations died: they are kept,
-    /// which over-counts until the process frees them or exits, never under-counts.)
+    /// After a context went away: if it was this process's last one on `d`, its allocations went with it; with
+    /// others still live, the driver is asked which of the device's allocations it freed.
     fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
         if self.holdings.live_contexts(d.ordinal) == 0 {
             if let Some(f) = self.holdings.unseen_measured.get(d.ordinal as usize) {
                 f.store(false, Ordering::Relaxed);
             }
             self.forget_context_allocations(cuda, d);
+        } else {
+            self.forget_dead_allocations(cuda, d);
         }
         let _ = self.measure(nvml, d, false);
     }

@@ -465,21 +465,8 @@ impl Memory {
     pub(crate) fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
         let gone = self
             .ledger
-            .remove_where(|space, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
-        for (space, key, rec) in gone {
-            if space == ledger::Space::Pointer {
-                if let Some(e) = self.shared.take_export(key) {
-                    // Exported: its charge may live in the shared table, and importers may still hold it.
-                    self.export_gone(cuda, key, e, Some(rec), None);
-                    continue;
-                }
-            }
-            match rec.kind {
-                ledger::Kind::Direct => self.release(dev, rec.bytes),
-                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.destroyed_freed(k, None),
-                ledger::Kind::Pool(_) => {}
-            }
-        }
+            .remove_where(|space, _, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
+        self.forget_records(cuda, dev, gone);
         {
             // Nothing of the context runs any more: no free on `dev` is waiting.
             let mut pools = self.pools.lock();
@@ -494,6 +481,52 @@ impl Memory {
         self.refresh_pools_of(cuda, dev.id);
         if self.graph.charged.lock().contains_key(&dev.ordinal) {
             self.refresh_graph(cuda, dev);
+        }
+    }
+
+    /// A context on `dev` went away while others live there: the driver freed what was allocated in it, but a
+    /// record does not say which context made it. Each direct allocation of the device is asked about (rare and
+    /// slow: one driver query per record, while the record is held); one the driver no longer knows at its
+    /// address is gone. Any other answer keeps the charge (over-count, never under). Arrays stay charged.
+    pub(crate) fn forget_dead_allocations(&self, cuda: &CudaTable, dev: Dev) {
+        let gone = self.ledger.remove_where(|space, key, rec| {
+            space == ledger::Space::Pointer
+                && rec.entry == dev.id
+                && rec.kind == ledger::Kind::Direct
+                && Self::freed_by_driver(cuda, key)
+        });
+        self.forget_records(cuda, dev, gone);
+    }
+
+    /// Whether the driver answers that no allocation starts at `p` any more.
+    fn freed_by_driver(cuda: &CudaTable, p: u64) -> bool {
+        let mut start: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (CUdeviceptr).
+        let r = unsafe {
+            cuda.cuPointerGetAttribute(
+                (&mut start as *mut u64).cast(),
+                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                p,
+            )
+        };
+        r == CUresult::ERROR_INVALID_VALUE || (r.ok() && start != p)
+    }
+
+    /// Gives back the charges of records the driver freed.
+    fn forget_records(&self, cuda: &CudaTable, dev: Dev, gone: Vec<(ledger::Space, u64, ledger::Record)>) {
+        for (space, key, rec) in gone {
+            if space == ledger::Space::Pointer {
+                if let Some(e) = self.shared.take_export(key) {
+                    // Exported: its charge may live in the shared table, and importers may still hold it.
+                    self.export_gone(cuda, key, e, Some(rec), None);
+                    continue;
+                }
+            }
+            match rec.kind {
+                ledger::Kind::Direct => self.release(dev, rec.bytes),
+                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.destroyed_freed(k, None),
+                ledger::Kind::Pool(_) => {}
+            }
         }
     }
 
