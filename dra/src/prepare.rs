@@ -177,6 +177,19 @@ impl Layout {
         serde_json::from_slice(&text).ok()
     }
 
+    /// A claim prepared before (the kubelet retries, or the plugin restarted), answered from its checkpoint
+    /// without the API: a claim's allocation cannot change while it is reserved for a pod, and a re-created
+    /// claim has a new UID. The descriptors may still be pending.
+    pub fn prepared_again(&self, claim: &ClaimRef) -> Option<Prepared> {
+        check_uid(&claim.uid).ok()?;
+        let p = self.prepared(&claim.uid)?;
+        if p.namespace != claim.namespace || p.name != claim.name {
+            return None;
+        }
+        self.write_descriptors(&p);
+        Some(p)
+    }
+
     /// Prepares a claim: writes its files (again, if they were there) and returns the kubelet's devices.
     pub fn prepare(&self, claim: &ClaimRef, grants: &Grants) -> Result<Prepared, String> {
         check_uid(&claim.uid)?;

@@ -10,7 +10,7 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 use crate::inventory::Inventory;
-use crate::prepare::{ClaimRef, Layout};
+use crate::prepare::{ClaimRef, Layout, Prepared};
 use crate::proto::dra::dra_plugin_server::{DraPlugin, DraPluginServer};
 use crate::proto::dra::{
     Device, NodePrepareResourceResponse, NodePrepareResourcesRequest, NodePrepareResourcesResponse,
@@ -67,6 +67,25 @@ impl Plugin {
             devices: Vec::new(),
             error: format!("cuquota: claim {}/{}: {error}", c.namespace, c.name),
         };
+        let answer = |p: Prepared| NodePrepareResourceResponse {
+            devices: p
+                .devices
+                .into_iter()
+                .map(|d| Device {
+                    request_names: d.request_names,
+                    pool_name: d.pool_name,
+                    device_name: d.device_name,
+                    cdi_device_ids: d.cdi_device_ids,
+                })
+                .collect(),
+            error: String::new(),
+        };
+        {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = self.layout.prepared_again(&c) {
+                return answer(p);
+            }
+        }
         let rc = match self.source.get(&c.namespace, &c.name).await {
             Ok(rc) => rc,
             Err(e) => return fail(format!("cannot read the ResourceClaim: {e}")),
@@ -83,19 +102,7 @@ impl Plugin {
         };
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         match self.layout.prepare(&c, &grants) {
-            Ok(p) => NodePrepareResourceResponse {
-                devices: p
-                    .devices
-                    .into_iter()
-                    .map(|d| Device {
-                        request_names: d.request_names,
-                        pool_name: d.pool_name,
-                        device_name: d.device_name,
-                        cdi_device_ids: d.cdi_device_ids,
-                    })
-                    .collect(),
-                error: String::new(),
-            },
+            Ok(p) => answer(p),
             Err(e) => fail(e),
         }
     }

@@ -185,12 +185,13 @@ fn prepare_is_idempotent_and_survives_a_restart() {
         "the usage file a running container has open stays"
     );
 
-    // Restart: the claim object is gone from the source, the checkpoint answers prepare, and unprepare works.
+    // Restart with the API unreachable (the claim object gone from the source): the checkpoint answers
+    // prepare, and unprepare works.
     n.stop();
+    std::fs::remove_file(n.p("claims/team-a/notebook-gpu.json")).unwrap();
     n.start();
     let again = n.prepare(&[("notebook-gpu", UID)]);
     assert_eq!(first, again);
-    std::fs::remove_file(n.p("claims/team-a/notebook-gpu.json")).unwrap();
     n.stop();
     n.start();
     assert_eq!(n.unprepare(UID), "");

@@ -2,7 +2,8 @@
 //! would), podman applies the generated CDI spec (`--device cuquota.io/gpu=<claim uid>`) to a container running
 //! `alloc_probe` (or a kernel launcher) on the simulated GPU, and the granted memory is the cap inside and the
 //! granted SM share the device time it gets (read from the simulator's device timeline); a control run with the
-//! same simulator but without the device gets the whole GPU. Needs root and podman + runc (Debian packages,
+//! same simulator but without the device gets the whole GPU. With the simulator's pid service on the host, NVML
+//! reports host pids as NVIDIA's does, and the agent attributes the container's process by its cgroup. Needs root and podman + runc (Debian packages,
 //! scripts/setup.sh): `#[ignore]`d, test.sh runs it as root when podman is installed. The recipe's quirks
 //! (runc, ulimits, CDI 0.5.0, `bind`) are in containers.conf below and in the plugin's spec.
 
@@ -33,12 +34,50 @@ struct Setup {
     device: String,
     rt: Runtime,
     _tmp: tempfile::TempDir,
+    _pids: Option<PidService>,
     // Last: fields drop in order, so the lock is released after the spec is removed.
     _serial: std::sync::MutexGuard<'static, ()>,
 }
 
+/// `cudasim-pidd` serving the simulator's pid socket on the host (the driver's view of host pids).
+struct PidService(std::process::Child);
+
+impl PidService {
+    /// Where the container sees the socket.
+    const IN_CONTAINER: &str = "/var/run/cudasim/pid.sock";
+
+    fn start(socket: &Path) -> PidService {
+        let bin = shim_tests::sim_lib().with_file_name("cudasim-pidd");
+        let child = std::process::Command::new(&bin)
+            .arg(socket)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e} (cargo build -p cuquota-sim)", bin.display()));
+        let s = PidService(child);
+        for _ in 0..500 {
+            if socket.exists() {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("cudasim-pidd did not create {}", socket.display());
+    }
+}
+
+impl Drop for PidService {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 impl Setup {
     fn new(programs: &[&Path]) -> Setup {
+        Setup::with(programs, false)
+    }
+
+    /// With `pid_service`, the claim's device also mounts the simulator's pid socket (NVML reports host pids,
+    /// as NVIDIA's does); without, the simulator in the container reports the container's own pids.
+    fn with(programs: &[&Path], pid_service: bool) -> Setup {
         // One at a time: both tests' claims have the fixture's UID, so one CDI spec file in /var/run/cdi.
         static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -48,6 +87,8 @@ impl Setup {
         let sim = Sim::new().memory("16g").uuids(GPU).build();
         let state = sim.dir().join("sim.state");
         std::fs::write(&state, b"").unwrap();
+        let socket = sim.dir().join("pid.sock");
+        let _pids = pid_service.then(|| PidService::start(&socket));
         let node = Node::with(|l| {
             l.library = shim.clone();
             l.cdi_dir = "/var/run/cdi".into();
@@ -60,6 +101,15 @@ impl Setup {
                 })
                 .collect();
             l.extra_env = sim_env("16g", GPU);
+            if pid_service {
+                l.extra_mounts.push(ExtraMount {
+                    host: socket.clone(),
+                    container: PidService::IN_CONTAINER.into(),
+                    writable: true,
+                });
+                l.extra_env
+                    .push(format!("CUDASIM_PID_SOCKET={}", PidService::IN_CONTAINER));
+            }
         });
         let _cleanup = Cleanup(node.layout.cdi_spec_path(UID));
         let r = node.prepare(&[("notebook-gpu", UID)]);
@@ -75,6 +125,7 @@ impl Setup {
             _cleanup,
             device,
             _tmp: tmp,
+            _pids,
         }
     }
 
@@ -161,4 +212,163 @@ fn the_cdi_device_holds_the_granted_sm_share_in_a_real_container() {
     let (control, out) = share(false);
     eprintln!("share of the control: {control:.1} %");
     assert!(control > 80.0, "the control ran at {control:.1} %:\n{out}");
+}
+
+/// Removes a detached container even when the test fails.
+struct Container<'a>(&'a Runtime, String);
+
+impl Drop for Container<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.podman(&["rm", "-f", "-t", "0", &self.1]);
+    }
+}
+
+/// What the host and the container see of a container process holding 100 MiB on the simulated GPU, beside a
+/// host process holding 50 MiB: (the process's host pid, the pids NVML lists inside the container, the agent's
+/// report of the claim's container as JSON).
+fn pids_seen(pid_service: bool) -> (u64, Vec<u64>, serde_json::Value) {
+    let probe = shim_tests::program(shim_tests::Prog::ProbeDirect);
+    let nvml = shim_tests::program(shim_tests::Prog::NvmlProbe);
+    let s = Setup::with(&[&probe, &nvml], pid_service);
+    let mut neighbour = s
+        .sim
+        .cmd(shim_tests::Prog::Probe)
+        .no_preload()
+        .args("init alloc:mem:50m wait")
+        .spawn();
+    neighbour.wait_ready(1);
+
+    let mut args: Vec<String> = ["run", "-d", "--device", &s.device, "--rootfs"]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    args.push(s.rt.root.display().to_string());
+    args.extend(["/probe_direct", "init", "pid", "alloc:mem:100m", "sleep:60000"].map(String::from));
+    let (ok, out) = s.rt.podman(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok, "podman run -d failed:\n{out}");
+    let c = Container(&s.rt, out.trim().lines().last().unwrap_or("").to_string());
+    // The probe is the container's pid 1; podman knows its host pid.
+    let (ok, out) = s.rt.podman(&["inspect", "-f", "{{.State.Pid}}", &c.1]);
+    assert!(ok, "{out}");
+    let host_pid: u64 = out.trim().parse().unwrap_or_else(|e| panic!("{e}: {out}"));
+    let mut logs = String::new();
+    for _ in 0..300 {
+        logs = s.rt.podman(&["logs", &c.1]).1;
+        if logs.contains("alloc.0=") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        logs.contains("alloc.0=CUDA_SUCCESS"),
+        "the probe did not allocate:\n{logs}"
+    );
+
+    // NVML inside the container, through cuquota's per-process filter.
+    // podman exec does not apply the CDI device's env: pass it as the container's processes have it.
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(s.node.layout.cdi_spec_path(UID)).unwrap()).unwrap();
+    let mut exec: Vec<String> = vec!["exec".into()];
+    for edits in [&spec["containerEdits"], &spec["devices"][0]["containerEdits"]] {
+        for e in edits["env"].as_array().into_iter().flatten() {
+            exec.extend(["-e".into(), e.as_str().unwrap().to_string()]);
+        }
+    }
+    exec.push(c.1.clone());
+    let run_in = |cmd: &[&str]| {
+        let mut a: Vec<&str> = exec.iter().map(String::as_str).collect();
+        a.extend(cmd);
+        s.rt.podman(&a)
+    };
+    // A second process fills the claim beside the first: near the cap the library reconciles its accounting
+    // with NVML's list, which must know both by the pids they recorded.
+    let (ok, out) = run_in(&["/probe_direct", "init", "fill:mem:256m"]);
+    assert!(ok, "the fill in the container failed:\n{out}");
+    let filled = val(&out, "fill.count") * 256;
+    eprintln!("pid service {pid_service}: a second process filled {filled} MiB");
+    assert!(
+        (3328..=3840).contains(&filled),
+        "filled {filled} MiB beside 100 MiB under a 4 GiB claim:\n{out}"
+    );
+    let (ok, out) = run_in(&["/nvml_probe", "procs:0"]);
+    assert!(ok, "nvml_probe in the container failed:\n{out}");
+    let listed: Vec<u64> = out
+        .lines()
+        .find_map(|l| l.strip_prefix("procs.0.v3="))
+        .unwrap_or_else(|| panic!("no procs.0.v3= in:\n{out}"))
+        .split(',')
+        .filter(|e| !e.is_empty())
+        .map(|e| e.split(':').next().unwrap().parse().unwrap())
+        .collect();
+
+    // The agent on the host: the pod's cgroup is the container's (a link where the kubelet would have made
+    // it), and the plugin writes the descriptor when the kubelet asks again.
+    let cgroup = ["memory", "pids", "unified", ""]
+        .iter()
+        .map(|h| {
+            Path::new("/sys/fs/cgroup")
+                .join(h)
+                .join(format!("libpod_parent/libpod-{}", c.1))
+        })
+        .find(|p| p.join("cgroup.procs").is_file())
+        .expect("the container's cgroup");
+    let link = s
+        .node
+        .layout
+        .cgroup_root
+        .join(format!("kubepods/pod{}", common::POD_UID));
+    std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&cgroup, &link).unwrap();
+    let r = s.node.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(r[UID].error, "", "{r:?}");
+    let agent_dir = s.node.layout.agent_dir.clone().unwrap();
+    let out = s.sim.cli(&[
+        "agent",
+        "--containers",
+        agent_dir.to_str().unwrap(),
+        "--once",
+        "--json",
+    ]);
+    assert!(out.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_str(&out.lines.join("\n")).unwrap();
+    let containers = v["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "{v}");
+    neighbour.finish();
+    (host_pid, listed, containers[0].clone())
+}
+
+#[test]
+#[ignore = "needs root, podman and runc (test.sh runs it as root where podman is installed)"]
+fn nvml_reports_host_pids_so_the_agent_attributes_a_real_container_by_its_cgroup() {
+    let (host_pid, listed, c) = pids_seen(true);
+    eprintln!("host pid {host_pid}; NVML in the container lists {listed:?}");
+    // Inside: the container's own process only (not the host's neighbour), by its host pid.
+    assert_eq!(listed, [host_pid], "NVML in the container");
+    // The host: the agent finds the process in the pod's cgroup and NVML's figure for it.
+    assert!(c["error"].is_null(), "{c}");
+    let members: Vec<u64> = c["members"]["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p.as_u64())
+        .collect();
+    assert!(members.contains(&host_pid), "{c}");
+    let d = &c["devices"][0];
+    assert_eq!(d["processes"][0]["pid"], host_pid, "{c}");
+    assert!(
+        d["memory_used_bytes"].as_u64().unwrap() >= 100 << 20,
+        "the agent's figure for the claim:{c}"
+    );
+
+    // The control: without the pid service the simulator reports the container's pid 1, as no driver does,
+    // and the agent cannot attribute the process to the cgroup it is in.
+    let (host_pid, listed, c) = pids_seen(false);
+    assert_eq!(listed, [1], "NVML in the container without the pid service");
+    let members = c["members"]["pids"].as_array().unwrap();
+    assert!(members.iter().any(|p| p.as_u64() == Some(host_pid)), "{c}");
+    assert_eq!(
+        c["devices"][0]["processes"].as_array().map_or(0, Vec::len),
+        0,
+        "the agent attributed a process NVML knows by a pid outside the cgroup:{c}"
+    );
 }

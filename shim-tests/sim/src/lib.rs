@@ -29,6 +29,7 @@ mod memory;
 mod module;
 mod nvml;
 mod objects;
+mod pid_service;
 mod pool;
 mod proc_address;
 mod proc_table;

@@ -19,6 +19,8 @@ pub(crate) struct Sim {
     pub visible: Vec<usize>,
     /// This process's `CUDASIM_HOST_PID_OFFSET` (its own, not the creator's): NVML reports pid + offset.
     pub host_pid_offset: u32,
+    /// `CUDASIM_PID_SOCKET` (per process): the pid service that tells a process in a container its host pid.
+    pub pid_socket: Option<String>,
 }
 
 static SIM: OnceLock<Result<Sim, String>> = OnceLock::new();
@@ -40,6 +42,7 @@ fn load() -> Result<Sim, String> {
         shared,
         visible,
         host_pid_offset,
+        pid_socket: std::env::var("CUDASIM_PID_SOCKET").ok().filter(|s| !s.is_empty()),
     })
 }
 
@@ -107,10 +110,18 @@ impl Sim {
         if cur >> 32 == pid as u64 && cur & 0xffff_ffff != 0 {
             return Ok((cur & 0xffff_ffff) as usize - 1);
         }
-        // NVML reports the pid the host knows: /proc/self's, when /proc is an outer namespace's (and /proc's
-        // start time is that pid's).
-        let host = state::pid_in_proc_namespace().unwrap_or(pid);
-        let start = state::proc_start_time(host).map(|s| s.0).unwrap_or(0);
+        // NVML reports the pid the host knows: the pid service's answer when one is configured (a container
+        // with its own /proc), else /proc/self's (the host's when /proc is an outer namespace's). The start time
+        // is that of the pid our /proc knows.
+        let in_proc = state::pid_in_proc_namespace().unwrap_or(pid);
+        let host = match &self.pid_socket {
+            Some(socket) => crate::pid_service::host_pid(socket).map_err(|e| {
+                eprintln!("{e}");
+                CUDA_ERROR_OPERATING_SYSTEM
+            })?,
+            None => in_proc,
+        };
+        let start = state::proc_start_time(in_proc).map(|s| s.0).unwrap_or(0);
         let slot = self
             .shared
             .claim_slot(pid, host + self.host_pid_offset, start)

@@ -51,6 +51,7 @@ pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
 pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
 pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
 pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
+pub const CUDA_ERROR_OPERATING_SYSTEM: CUresult = 304;
 pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 // CUdevice_attribute

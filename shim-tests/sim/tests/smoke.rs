@@ -296,3 +296,99 @@ fn proc_table_rows_match_cudatypedefs_pfn_types() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `pids` in a child pid namespace with its own /proc (`unshare`, as a container): (stdout up to ready=1, the
+/// pids NVML listed, the process, still running until its stdin closes).
+fn pids_in_namespace(s: &Setup, socket: Option<&Path>) -> (String, Vec<u32>, std::process::Child) {
+    use std::io::BufRead;
+    let mut cmd = Command::new("unshare");
+    // A user namespace too, so that it runs without root where unprivileged ones are allowed.
+    cmd.args(["--user", "--map-root-user", "--pid", "--fork", "--mount-proc"])
+        .arg(&s.exe)
+        .env("LD_LIBRARY_PATH", &s.dir)
+        .env("CUDASIM_STATE", s.dir.join("state"))
+        .env("CUDASIM_CTX_OVERHEAD", "0")
+        .env_remove("CUDASIM_PID_SOCKET")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    if let Some(socket) = socket {
+        cmd.env("CUDASIM_PID_SOCKET", socket);
+    }
+    let mut child = cmd.spawn().expect("run unshare");
+    let mut out = String::new();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        out.push_str(&line);
+        out.push('\n');
+        if line == "ready=1" {
+            break;
+        }
+    }
+    let procs = out
+        .lines()
+        .find_map(|l| l.strip_prefix("procs="))
+        .unwrap_or_else(|| panic!("no procs= in:\n{out}"))
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.parse().unwrap())
+        .collect();
+    (out, procs, child)
+}
+
+/// Ends a `pids` process (closes its stdin) and waits for it.
+fn finish(mut child: std::process::Child) {
+    drop(child.stdin.take());
+    let _ = child.wait();
+}
+
+#[test]
+fn nvml_reports_the_host_pid_of_a_process_in_a_pid_namespace() {
+    let s = setup("pids", "run");
+    let socket = s.dir.join("pid.sock");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_cudasim-pidd"))
+        .arg(&socket)
+        .spawn()
+        .expect("run cudasim-pidd");
+    while !socket.exists() {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
+    // With the pid service: the pid the host knows (its /proc/PID/status names pid 1 of the namespace).
+    let (out, procs, child) = pids_in_namespace(&s, Some(&socket));
+    assert!(out.contains("alloc=0"), "{out}");
+    assert_eq!(procs.len(), 1, "{out}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", procs[0])).unwrap_or_default();
+    let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap_or("");
+    assert_eq!(
+        nspid.split_whitespace().collect::<Vec<_>>(),
+        ["NSpid:", &procs[0].to_string(), "1"],
+        "NVML listed {} for the namespace's pid 1:\n{out}",
+        procs[0]
+    );
+    finish(child);
+
+    // Without: the namespace's own pid, as no driver reports it (documented in the README).
+    let (out, procs, child) = pids_in_namespace(&s, None);
+    assert_eq!(procs, [1], "{out}");
+    finish(child);
+
+    // Configured but not served: the first accounted call fails, naming the variable.
+    let _ = server.kill();
+    let _ = server.wait();
+    let _ = std::fs::remove_file(&socket);
+    let mut cmd = Command::new(&s.exe);
+    cmd.env("LD_LIBRARY_PATH", &s.dir)
+        .env("CUDASIM_STATE", s.dir.join("state"))
+        .env("CUDASIM_PID_SOCKET", &socket)
+        .stdin(std::process::Stdio::null());
+    let out = cmd.output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stdout.contains("ctx=304"), "{stdout}{stderr}");
+    assert!(stderr.contains("CUDASIM_PID_SOCKET"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
