@@ -358,8 +358,9 @@ fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
     );
 }
 
-/// The limits file's priority is live: a best-effort tenant that launches freely starts yielding to a published
-/// high-priority queue as soon as the agent marks it low priority.
+/// The limits file's priority is live and the lower of it and the file name wins: a tenant whose file says `.high`
+/// (no priority in the limits file) launches freely past a published high-priority queue, and starts yielding
+/// to it as soon as the agent marks it low priority.
 #[test]
 fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
     let _s = serial();
@@ -375,15 +376,15 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
         .env("CUQUOTA_LIMITS_FILE", limits.to_str().unwrap())
         .env(
             "CUQUOTA_PRIORITY_FILE",
-            sim.container_priority_file("be", false).to_str().unwrap(),
+            sim.container_priority_file("be", true).to_str().unwrap(),
         )
         .timeout(Duration::from_secs(60))
         .args(&format!("be 3 100000 200000 11 {start}"))
         .spawn();
     // A high-priority tenant whose queue is busy for the next 5 s, published before the change: ignored by a
-    // tenant without a priority.
+    // tenant the agent granted high priority (its file `be.high`) and gave no priority in the limits file.
     std::thread::sleep(Duration::from_nanos(start.saturating_sub(mono_ns())));
-    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
+    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", true)).unwrap();
     let uuid = loop {
         if let Some(d) = be_file.devices(mono_ns()).first() {
             break d.uuid;

@@ -178,9 +178,7 @@ impl SmThrottle {
             return launch();
         };
         let lim = self.devices.policy(dev);
-        let prio = lim
-            .priority
-            .and_then(|p| Some((p, self.devices.priority_entry(dev)?)));
+        let prio = self.devices.priority_role(dev, lim.priority);
         if !lim.throttles() && prio.is_none() {
             return launch();
         }
@@ -446,9 +444,7 @@ impl SmThrottle {
                 continue;
             };
             let lim = self.devices.policy(dev);
-            let prio = lim
-                .priority
-                .and_then(|p| Some((p, self.devices.priority_entry(dev)?)));
+            let prio = self.devices.priority_role(dev, lim.priority);
             if !lim.throttles() && prio.is_none() {
                 continue;
             }

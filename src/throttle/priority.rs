@@ -53,6 +53,10 @@ pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 pub(crate) const BUDGET_NS: u64 = 400_000;
 /// Most best-effort kernels a process tracks per device (one event each).
 pub(crate) const QUEUE: usize = 16;
+/// Contexts of one device whose kernels a process tracks at once (one queue per device counts them all, so
+/// launching from several contexts does not reset the budget); events of a context evicted past this are
+/// dropped.
+pub(crate) const CTXS: usize = 4;
 
 /// What a best-effort launch may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,15 +214,16 @@ pub(crate) struct Completions {
     last: [AtomicU64; MAX_DEVICES],
 }
 
-/// One device's tracking events (created once per context, one per queued kernel) and what they track.
+/// One device's tracking events (created once per context and ring position) and what they track: one queue
+/// for the device, whichever context each kernel was launched from.
 #[derive(Debug, Default)]
 pub(crate) struct BeSlot {
-    /// The context the events belong to.
-    ctx: usize,
-    /// Events, by ring position (0 = not created yet).
-    evs: [usize; QUEUE],
-    /// (estimated ns, launch time) of the queued kernels, by ring position.
-    q: [(u64, u64); QUEUE],
+    /// The contexts the events belong to (0 = unused).
+    ctxs: [usize; CTXS],
+    /// Events per context, by ring position (0 = not created yet).
+    evs: [[usize; QUEUE]; CTXS],
+    /// (estimated ns, launch time, context index) of the queued kernels, by ring position.
+    q: [(u64, u64, usize); QUEUE],
     /// Ring position of the oldest queued kernel, and how many are queued.
     head: usize,
     /// Since when the oldest has been running, at the latest (its launch, or the previous one's completion).
@@ -231,8 +236,28 @@ pub(crate) struct BeSlot {
 }
 
 impl BeSlot {
+    /// The event of the oldest queued kernel.
+    fn head_event(&self) -> usize {
+        self.evs[self.q[self.head].2][self.head]
+    }
+
+    /// The index of `ctx`'s events: its own, else a free one, else one no queued kernel uses (its events are
+    /// dropped: of a context maybe destroyed, never touched again). `None`: all in use.
+    fn ctx_index(&mut self, ctx: usize) -> Option<usize> {
+        if let Some(i) = self.ctxs.iter().position(|&c| c == ctx) {
+            return Some(i);
+        }
+        let queued = |i: usize| (0..self.len).any(|k| self.q[(self.head + k) % QUEUE].2 == i);
+        let i = (0..CTXS)
+            .find(|&i| self.ctxs[i] == 0)
+            .or_else(|| (0..CTXS).find(|&i| !queued(i)))?;
+        self.ctxs[i] = ctx;
+        self.evs[i] = [0; QUEUE];
+        Some(i)
+    }
+
     fn pop(&mut self, last: &AtomicU64) {
-        let (_, launched) = self.q[self.head];
+        let (_, launched, _) = self.q[self.head];
         let now = super::clock::monotonic_ns();
         last.store(now.saturating_sub(launched).max(1), Ordering::Relaxed);
         self.head_since = now;
@@ -263,35 +288,29 @@ impl Completions {
             return false;
         };
         let mut g = self.slots[dev].lock();
-        if g.ctx != ctx {
-            // Events of another (maybe destroyed) context are dropped, never touched again.
-            let token = g.token;
-            *g = BeSlot {
-                ctx,
-                token,
-                ..BeSlot::default()
-            };
-        }
         if g.len == QUEUE {
             return false;
         }
+        let Some(ci) = g.ctx_index(ctx) else {
+            return false;
+        };
         let at = (g.head + g.len) % QUEUE;
-        if g.evs[at] == 0 {
+        if g.evs[ci][at] == 0 {
             match create(api, ctx) {
-                Some(e) => g.evs[at] = e,
+                Some(e) => g.evs[ci][at] = e,
                 None => return false,
             }
         }
         // SAFETY: our event, recorded on the program's stream of the same context.
-        if unsafe { (api.cuEventRecord)(g.evs[at] as *mut c_void, stream as *mut c_void) }.ok() {
-            g.q[at] = (est_ns, now);
+        if unsafe { (api.cuEventRecord)(g.evs[ci][at] as *mut c_void, stream as *mut c_void) }.ok() {
+            g.q[at] = (est_ns, now, ci);
             if g.len == 0 {
                 g.head_since = now;
             }
             g.len += 1;
             true
         } else {
-            g.evs[at] = 0;
+            g.evs[ci][at] = 0;
             false
         }
     }
@@ -307,7 +326,7 @@ impl Tracker for Completions {
         let mut g = self.slots[dev].lock();
         if let Some(api) = self.api.as_ref() {
             // SAFETY: our events.
-            while g.len > 0 && unsafe { (api.cuEventQuery)(g.evs[g.head] as *mut c_void) }.ok() {
+            while g.len > 0 && unsafe { (api.cuEventQuery)(g.head_event() as *mut c_void) }.ok() {
                 g.pop(&self.last[dev]);
             }
         }
@@ -334,7 +353,7 @@ impl Tracker for Completions {
             if g.len == 0 {
                 return;
             }
-            (g.evs[g.head], g.popped)
+            (g.head_event(), g.popped)
         };
         // SAFETY: our event. Another thread may pop it meanwhile and record it again for a later kernel: then
         // this waits for that one, longer than needed, never wrongly.

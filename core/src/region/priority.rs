@@ -43,10 +43,18 @@ pub const INFLIGHT_TTL_S: u32 = 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PriorityDeviceId(u32);
 
+/// Marks a [`PriorityDeviceId`] of the process-local fallback entries.
+const LOCAL: u32 = 1 << 31;
+
 impl PriorityDeviceId {
-    /// The entry's index (0-based).
+    /// The entry's index (0-based; in the local fallback entries for a [`PriorityDeviceId::is_local`] one).
     pub fn index(self) -> usize {
-        self.0 as usize
+        (self.0 & !LOCAL) as usize
+    }
+
+    /// An entry of this process only ([`PriorityRegion::local_device`]): the own file had no room.
+    pub fn is_local(self) -> bool {
+        self.0 & LOCAL != 0
     }
 }
 
@@ -59,21 +67,39 @@ const _: () = assert!(super::fault::SLOTS >= MAX_PEERS + 16);
 pub const PEER_SCAN_NS: u64 = 1_000_000_000;
 /// A high-priority container's file name ends with this.
 pub const HIGH_SUFFIX: &str = ".high";
+/// Retired peers (their files left the directory) whose memory waits for readers to finish, at most: past it,
+/// gone files keep their slots.
+const MAX_RETIRED: usize = 32;
+/// How long before `now` a high-priority tenant that is assumed present (fail closed) last launched: present
+/// (within 10 s), long quiet, nothing queued.
+const ASSUMED_AGO_NS: u64 = 1_000_000_000;
 
 /// A container's own priority file, mapped read-write; with the node directory's files when opened by a
 /// tenant ([`PriorityRegion::open`]).
 pub struct PriorityRegion {
     map: Mapping,
     peers: Option<PriorityPeers>,
+    /// Entries of this process alone, for devices the own file has no room for (its container filled it): a
+    /// best-effort process gates on them as if a high-priority tenant were present (fail closed).
+    local: Box<[PriorityDevice]>,
 }
 
 /// The node directory's priority files (every container's, this one's included), mapped read-only and
-/// found again every [`PEER_SCAN_NS`]. Mappings are never dropped (a file that left the directory stops
-/// counting), so readers need no lock: a slot is set once.
+/// found again every [`PEER_SCAN_NS`]. The slot of a file that left the directory is emptied at the next scan
+/// and reused; its mapping is dropped once no reader is inside (`readers`: no lock on the read side).
 pub struct PriorityPeers {
     dir: PathBuf,
     /// The own file's identity (its words are read through the own mapping).
     own: (u64, u64),
+    /// The own file is named `*.high` in the directory (at the last scan): the agent granted high priority.
+    own_high: AtomicBool,
+    /// More files in the directory than slots at the last scan: best-effort assumes an unseen high-priority
+    /// tenant (fail closed).
+    overflow: AtomicBool,
+    /// Readers inside [`PriorityPeers::peers`]' results.
+    readers: AtomicU64,
+    /// Peers taken out of their slots, freed when no reader is inside (scanner only).
+    retired: std::sync::Mutex<Vec<Box<Peer>>>,
     slots: [AtomicPtr<Peer>; MAX_PEERS],
     next_scan: AtomicU64,
     /// When the scan under way started (0 = none); one older than [`PEER_SCAN_NS`] is taken over (its thread
@@ -163,6 +189,10 @@ impl PriorityRegion {
         let peers = PriorityPeers {
             dir,
             own: (own.dev(), own.ino()),
+            own_high: AtomicBool::new(false),
+            overflow: AtomicBool::new(false),
+            readers: AtomicU64::new(0),
+            retired: std::sync::Mutex::new(Vec::new()),
             slots: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next_scan: AtomicU64::new(0),
             scanning: AtomicU64::new(0),
@@ -183,7 +213,15 @@ impl PriorityRegion {
         // "no high-priority tenant, no token, nothing in flight" — what a tenant could write anyway.
         map.guard_truncation();
         validate(path, &map, matches!(access, Access::Create(_)))?;
-        Ok(PriorityRegion { map, peers: None })
+        Ok(PriorityRegion {
+            map,
+            peers: None,
+            local: (0..MAX_DEVICES)
+                // SAFETY: PriorityDevice consists only of atomics, for which all-zero is a valid value (a free
+                // entry).
+                .map(|_| unsafe { std::mem::zeroed::<PriorityDevice>() })
+                .collect(),
+        })
     }
 
     fn file(&self) -> &PriorityFile {
@@ -206,11 +244,24 @@ impl PriorityRegion {
         claim_device(&self.file().devices, uuid, self.path()).map(|i| PriorityDeviceId(i as u32))
     }
 
+    /// An entry for device `uuid` in this process only, when [`PriorityRegion::device`] found no room (a
+    /// container that filled its own file): its words coordinate nobody, and a best-effort process gates on it
+    /// as if a high-priority tenant were present ([`PriorityEntry::hp`]), never ungated.
+    pub fn local_device(&self, uuid: &[u8; 16]) -> Result<PriorityDeviceId, RegionError> {
+        claim_device(&self.local, uuid, self.path()).map(|i| PriorityDeviceId(i as u32 | LOCAL))
+    }
+
     /// One device entry's words (with the node directory's view of the device, when opened with it).
     pub fn entry(&self, id: PriorityDeviceId) -> PriorityEntry<'_> {
+        let d = if id.is_local() {
+            &self.local[id.index()]
+        } else {
+            &self.file().devices[id.index()]
+        };
         PriorityEntry {
-            d: &self.file().devices[id.index()],
+            d,
             peers: self.peers.as_ref().map(|p| (p, id.index())),
+            assume_hp: id.is_local(),
         }
     }
 
@@ -277,11 +328,37 @@ impl PriorityPeers {
                 seen.push(((m.dev(), m.ino()), high, path));
             }
         }
-        for p in self.peers() {
+        self.own_high
+            .store(seen.iter().any(|s| s.0 == self.own && s.1), Ordering::Relaxed);
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        for slot in &self.slots {
+            let ptr = slot.load(Ordering::Acquire);
+            if ptr.is_null() {
+                continue;
+            }
+            // SAFETY: a non-null slot holds a leaked Box<Peer>, freed only below by this (the one) scanner.
+            let p = unsafe { &*ptr };
             let now_here = seen.iter().find(|s| s.0 == p.id);
             p.present.store(now_here.is_some(), Ordering::Relaxed);
             p.high.store(now_here.is_some_and(|s| s.1), Ordering::Relaxed);
+            if now_here.is_none()
+                && retired.len() < MAX_RETIRED
+                && slot
+                    .compare_exchange(ptr, std::ptr::null_mut(), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_ok()
+            {
+                // SAFETY: taken out of its slot just now: no new reader finds it; ours to free once the readers
+                // that may hold it are out.
+                retired.push(unsafe { Box::from_raw(ptr) });
+            }
         }
+        // Readers that found a retired peer entered before it left its slot: when none is inside now, none
+        // holds it (every ordering here SeqCst, as the readers' count and slot loads).
+        if self.readers.load(Ordering::SeqCst) == 0 {
+            retired.clear();
+        }
+        drop(retired);
+        let mut overflow = false;
         for (id, high, path) in seen {
             if id == self.own || self.peers().any(|p| p.id == id) {
                 continue;
@@ -311,34 +388,56 @@ impl PriorityPeers {
             if free.is_none() {
                 // SAFETY: not published in any slot, so ours alone.
                 drop(unsafe { Box::from_raw(peer) });
+                overflow = true;
                 break;
             }
         }
+        self.overflow.store(overflow, Ordering::Relaxed);
         self.scanning.store(0, Ordering::Release);
     }
 
-    /// The files mapped so far (present or not).
+    /// Runs `f` over the files mapped now (present or not), counted as a reader: a peer retired meanwhile is
+    /// not freed before `f` returns.
+    fn with_peers<R>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Peer>) -> R) -> R {
+        self.readers.fetch_add(1, Ordering::SeqCst);
+        let mut it = self.slots.iter().filter_map(|s| {
+            let p = s.load(Ordering::SeqCst);
+            // SAFETY: a non-null slot holds a leaked Box<Peer>; the scanner frees one taken out of its slot only
+            // when no reader is counted, and we are until `f` returns.
+            (!p.is_null()).then(|| unsafe { &*p })
+        });
+        let r = f(&mut it);
+        self.readers.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// The files mapped now, for the scanner alone (it is the one that frees them).
     fn peers(&self) -> impl Iterator<Item = &Peer> {
-        self.slots.iter().map_while(|s| {
+        self.slots.iter().filter_map(|s| {
             let p = s.load(Ordering::Acquire);
-            // SAFETY: a slot is set once to a leaked Box and never freed or reset, so the Peer lives as long as
-            // `self` (longer: mappings of other containers' files are kept for the process's lifetime).
+            // SAFETY: only the scanner (the caller, holding `scanning`) frees a peer.
             (!p.is_null()).then(|| unsafe { &*p })
         })
     }
 
-    /// Peer files (present, `high` ones only if asked) that have an entry for `uuid`; `own` caches the match.
-    fn entries<'p>(
-        &'p self,
+    /// Folds `f` over the peer files (present, `high` ones only if asked) that have an entry for `uuid`; `own`
+    /// caches the match.
+    fn fold_entries<A>(
+        &self,
         own: usize,
         uuid: [u64; 2],
         high_only: bool,
-    ) -> impl Iterator<Item = &'p PriorityDevice> + 'p {
-        self.peers()
-            .filter(move |p| {
-                p.present.load(Ordering::Relaxed) && (!high_only || p.high.load(Ordering::Relaxed))
-            })
-            .filter_map(move |p| p.device(own, uuid))
+        init: A,
+        mut f: impl FnMut(A, &PriorityDevice) -> A,
+    ) -> A {
+        self.with_peers(|peers| {
+            peers
+                .filter(|p| {
+                    p.present.load(Ordering::Relaxed) && (!high_only || p.high.load(Ordering::Relaxed))
+                })
+                .filter_map(|p| p.device(own, uuid))
+                .fold(init, &mut f)
+        })
     }
 }
 
@@ -376,13 +475,19 @@ pub struct PriorityEntry<'a> {
     d: &'a PriorityDevice,
     /// The node directory and this entry's index in the own file (`PriorityRegion::open`'s entries).
     peers: Option<(&'a PriorityPeers, usize)>,
+    /// A local entry (the own file had no room): a high-priority tenant is assumed present.
+    assume_hp: bool,
 }
 
 impl<'a> PriorityEntry<'a> {
     /// A view of raw words alone, as if this file were every container's (the shim's unit tests build entries
     /// in memory; `cuquota priority show` reads one file).
     pub fn new(d: &'a PriorityDevice) -> Self {
-        PriorityEntry { d, peers: None }
+        PriorityEntry {
+            d,
+            peers: None,
+            assume_hp: false,
+        }
     }
 
     fn uuid(&self) -> [u64; 2] {
@@ -411,19 +516,36 @@ impl<'a> PriorityEntry<'a> {
     /// What high-priority tenants published, as of `now`; times implausibly in the future read as absent.
     /// With the node directory: the latest of the `.high` files' (this container's own words count only if its
     /// file is one of them); without: this file's.
+    /// Fails closed: with a local entry, or more files in the directory than a process maps, a high-priority
+    /// tenant is assumed present (launched a second ago, nothing queued): best-effort work keeps to its budget.
     #[inline]
     pub fn hp(&self, now: u64) -> HpState {
         let Some((peers, own)) = self.peers else {
             return hp_of(self.d, now);
         };
         peers.refresh(now);
-        let mut s = HpState::default();
-        for d in peers.entries(own, self.uuid(), true) {
+        let mut s = peers.fold_entries(own, self.uuid(), true, HpState::default(), |mut s, d| {
             let h = hp_of(d, now);
             s.last_launch = s.last_launch.max(h.last_launch);
             s.busy_until = s.busy_until.max(h.busy_until);
+            s
+        });
+        if self.assume_hp || peers.overflow.load(Ordering::Relaxed) {
+            s.last_launch = s.last_launch.max(now.saturating_sub(ASSUMED_AGO_NS).max(1));
         }
         s
+    }
+
+    /// Whether the agent granted this container high priority: its own file is named `*.high` in the node
+    /// directory (at the last scan; a file not found there is not). Without the directory (tools), true: the
+    /// process's own policy decides. Never true for a local entry.
+    #[inline]
+    pub fn granted_high(&self, now: u64) -> bool {
+        let Some((peers, _)) = self.peers else {
+            return !self.assume_hp;
+        };
+        peers.refresh(now);
+        !self.assume_hp && peers.own_high.load(Ordering::Relaxed)
     }
 
     // ---- the best-effort queue token ------------------------------------------------------------------------
@@ -515,12 +637,13 @@ impl<'a> PriorityEntry<'a> {
             return mine;
         };
         peers.refresh(u64::from(now_s).saturating_mul(1_000_000_000));
-        let others: u64 = peers
-            .entries(idx, self.uuid(), false)
-            .flat_map(|d| d.inflight.iter())
-            .filter_map(live)
-            .map(|w| (inflight_mib(w) as u64) << 20)
-            .sum();
+        let others: u64 = peers.fold_entries(idx, self.uuid(), false, 0u64, |sum, d| {
+            d.inflight
+                .iter()
+                .filter_map(live)
+                .map(|w| (inflight_mib(w) as u64) << 20)
+                .fold(sum, u64::saturating_add)
+        });
         mine.saturating_add(others)
     }
 
