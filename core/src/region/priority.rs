@@ -793,6 +793,70 @@ mod tests {
         let _ = std::fs::remove_dir_all(&root);
     }
 
+    #[test]
+    fn slots_of_departed_files_are_reused_and_too_many_files_fail_closed() {
+        let root = temp("churn");
+        let _ = std::fs::remove_dir_all(&root);
+        let node = root.join("node");
+        std::fs::create_dir_all(&node).unwrap();
+        PriorityRegion::create(&node.join("be.low")).unwrap();
+        std::fs::hard_link(node.join("be.low"), root.join("be")).unwrap();
+        std::os::unix::fs::symlink(&node, root.join("be.d")).unwrap();
+        let departed: Vec<_> = (0..MAX_PEERS)
+            .map(|i| {
+                let p = node.join(format!("departed{i}.low"));
+                PriorityRegion::create(&p).unwrap();
+                p
+            })
+            .collect();
+        let be = PriorityRegion::open(&root.join("be")).unwrap();
+        let uuid = [9; 16];
+        let e = be.entry(be.device(&uuid).unwrap());
+        let now = 1000 * S;
+        assert!(!e.granted_high(now), "a `.low` file grants nothing");
+        assert_eq!(e.hp(now), HpState::default(), "64 files fit");
+        // One more live file than slots: a high-priority tenant is assumed (launched a second ago, idle).
+        let extra = node.join("extra.low");
+        PriorityRegion::create(&extra).unwrap();
+        let later = now + PEER_SCAN_NS;
+        assert_eq!(
+            e.hp(later).last_launch,
+            later - ASSUMED_AGO_NS,
+            "fail closed at the bound"
+        );
+        assert_eq!(e.hp(later).busy_until, 0);
+        // The 64 leave; a high-priority container comes: its file takes a freed slot.
+        for p in &departed {
+            std::fs::remove_file(p).unwrap();
+        }
+        let hp = PriorityRegion::create(&node.join("hp.high")).unwrap();
+        hp.entry(hp.device(&uuid).unwrap())
+            .note_hp_launch(later, later + 7);
+        let t = later + PEER_SCAN_NS;
+        assert_eq!(
+            e.hp(t),
+            HpState {
+                last_launch: later,
+                busy_until: later + 7
+            }
+        );
+        // The agent renames the own file: the role follows.
+        std::fs::rename(node.join("be.low"), node.join("be.high")).unwrap();
+        assert!(e.granted_high(t + PEER_SCAN_NS));
+        // A full own file: a local entry, never high, a high-priority tenant assumed.
+        for i in 0..MAX_DEVICES as u8 - 1 {
+            be.device(&[0xA0 + i; 16]).unwrap();
+        }
+        assert!(be.device(&[0xF0; 16]).is_err(), "the own file is full");
+        let id = be.local_device(&[0xF0; 16]).unwrap();
+        assert!(id.is_local());
+        let local = be.entry(id);
+        let t = t + PEER_SCAN_NS;
+        assert!(!local.granted_high(t));
+        assert_eq!(local.hp(t).last_launch, t - ASSUMED_AGO_NS);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
     fn entry() -> &'static PriorityDevice {
         let layout = std::alloc::Layout::new::<PriorityDevice>();
         // SAFETY: all-zero is a valid PriorityDevice (atomics only); leaked for the test's lifetime.
