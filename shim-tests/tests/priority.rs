@@ -11,20 +11,9 @@
 
 use cuquota_core::region::layout::{PRIORITY_HIGH, PRIORITY_LOW};
 use cuquota_core::region::PriorityRegion;
+use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS, SECS};
 use shim_tests::{mono_ns, Output, Prog, Sim, Window, GIB};
 use std::time::Duration;
-
-/// One test at a time: they time the device, and CI has 2 cores.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-const SECS: f64 = 3.0;
-const BURST: u32 = 20;
-const KERNEL_NS: u64 = 200_000;
-const GAP_NS: (u64, u64) = (10_000_000, 40_000_000);
-const BE_NS: (u64, u64) = (1_000_000, 5_000_000);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -120,12 +109,6 @@ fn run(sim: &Sim, mode: Mode, with_be: bool) -> Run {
     }
 }
 
-fn pct(v: &[u64], p: f64) -> u64 {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    s[((s.len() - 1) as f64 * p / 100.0).round() as usize]
-}
-
 /// The best-effort tenant's device time in the high-priority tenant's window, as a share of the time the
 /// high-priority tenant left the device idle there.
 fn be_idle_share(sim: &Sim, r: &Run) -> f64 {
@@ -134,10 +117,6 @@ fn be_idle_share(sim: &Sim, r: &Run) -> f64 {
     let hp_busy = sim.busy_ns(0, r.hp.pid, from, to);
     let be_busy = sim.busy_ns(0, be.pid, from, to);
     be_busy as f64 * 100.0 / (to - from).saturating_sub(hp_busy).max(1) as f64
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
 }
 
 #[test]

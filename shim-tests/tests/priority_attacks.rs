@@ -6,21 +6,10 @@
 //! The liar needs no GPU work, so it is a thread of this test writing the words of the file its container
 //! could write (`liar_file`): it adds no simulated process (at most two run at once).
 
+use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS, SECS};
 use shim_tests::{mono_ns, Output, PriorityLiar, Prog, Sim, Window};
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// One test at a time: they time the device, and CI has 2 cores.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-const SECS: f64 = 3.0;
-const BURST: u32 = 20;
-const KERNEL_NS: u64 = 200_000;
-const GAP_NS: (u64, u64) = (10_000_000, 40_000_000);
-const BE_NS: (u64, u64) = (1_000_000, 5_000_000);
 
 /// The priority state a best-effort container "liar" can write: its own file (on main it was the node's one
 /// shared file). The liar claims the device's entry there, as its shim would, once "be" has run on it.
@@ -50,16 +39,6 @@ fn hp_cmd<'a>(sim: &'a Sim, bare: bool) -> shim_tests::Cmd<'a> {
 fn done(o: Output) -> Output {
     assert!(o.success(), "{o:?}");
     o
-}
-
-fn pct(v: &[u64], p: f64) -> u64 {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    s[((s.len() - 1) as f64 * p / 100.0).round() as usize]
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
 }
 
 /// High-priority burst latencies (ns), alone (`with_be` false) or next to a best-effort tenant started 0.5 s

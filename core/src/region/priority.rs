@@ -60,8 +60,8 @@ impl PriorityDeviceId {
 
 /// Files of other containers a process reads (the node directory's), at most.
 pub const MAX_PEERS: usize = 64;
-// Every peer file is mapped with a truncation guard, beside the process's own files.
-const _: () = assert!(super::fault::SLOTS >= MAX_PEERS + 16);
+// Every peer file is mapped with a truncation guard (retired ones until freed), beside the process's own files.
+const _: () = assert!(super::fault::SLOTS >= MAX_PEERS + MAX_RETIRED + 16);
 /// How often the node directory is read again (containers come and go; the agent renames a file to change
 /// its container's priority live).
 pub const PEER_SCAN_NS: u64 = 1_000_000_000;
@@ -316,6 +316,8 @@ impl PriorityPeers {
         }
         self.next_scan
             .store(now.saturating_add(PEER_SCAN_NS), Ordering::Relaxed);
+        // Counted as a reader itself: a scan taken over from a slow one never frees what that one holds.
+        self.readers.fetch_add(1, Ordering::SeqCst);
         let mut seen: Vec<((u64, u64), bool, PathBuf)> = Vec::new();
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
             for f in rd.flatten() {
@@ -352,9 +354,11 @@ impl PriorityPeers {
                 retired.push(unsafe { Box::from_raw(ptr) });
             }
         }
-        // Readers that found a retired peer entered before it left its slot: when none is inside now, none
-        // holds it (every ordering here SeqCst, as the readers' count and slot loads).
-        if self.readers.load(Ordering::SeqCst) == 0 {
+        // Readers that found a retired peer entered before it left its slot: when none but this scan is
+        // inside now, none holds it (every ordering here SeqCst, as the readers' count and slot loads). A reader
+        // that never leaves (its thread vanished in a fork) keeps them: past MAX_RETIRED slots are kept, and
+        // at the bound best-effort fails closed.
+        if self.readers.load(Ordering::SeqCst) == 1 {
             retired.clear();
         }
         drop(retired);
@@ -393,6 +397,7 @@ impl PriorityPeers {
             }
         }
         self.overflow.store(overflow, Ordering::Relaxed);
+        self.readers.fetch_sub(1, Ordering::SeqCst);
         self.scanning.store(0, Ordering::Release);
     }
 
@@ -411,11 +416,12 @@ impl PriorityPeers {
         r
     }
 
-    /// The files mapped now, for the scanner alone (it is the one that frees them).
+    /// The files mapped now, for the scanner alone (counted as a reader while it scans).
     fn peers(&self) -> impl Iterator<Item = &Peer> {
         self.slots.iter().filter_map(|s| {
-            let p = s.load(Ordering::Acquire);
-            // SAFETY: only the scanner (the caller, holding `scanning`) frees a peer.
+            let p = s.load(Ordering::SeqCst);
+            // SAFETY: the scanner, counted as a reader, is the only one that frees a peer, and only when no
+            // other reader is counted.
             (!p.is_null()).then(|| unsafe { &*p })
         })
     }
