@@ -98,7 +98,9 @@ pub struct PriorityPeers {
     overflow: AtomicBool,
     /// Readers inside [`PriorityPeers::peers`]' results.
     readers: AtomicU64,
-    /// Peers taken out of their slots, freed when no reader is inside (scanner only).
+    /// Peers taken out of their slots, freed when no reader is inside (scanner only). Boxed: readers may
+    /// still hold them where they are.
+    #[allow(clippy::vec_box)]
     retired: std::sync::Mutex<Vec<Box<Peer>>>,
     slots: [AtomicPtr<Peer>; MAX_PEERS],
     next_scan: AtomicU64,
