@@ -6,7 +6,8 @@
 #      installs or downloads anything;
 #   2. lint gates: cargo fmt --check and cargo clippy -D warnings;
 #   3. build, then every test of the workspace on the simulated GPU (tests that need root run when root);
-#   4. the deployable library (glibc 2.17, built with zig) must build, load and enforce the same limits.
+#   4. the deployable library (glibc 2.17, built with zig) must build, load and enforce the same limits; the
+#      release tarball (scripts/release.sh) must unpack, check and run.
 set -euo pipefail
 cd "$(dirname "$0")"
 START=$SECONDS
@@ -52,6 +53,14 @@ step "portable build (scripts/build-portable.sh) and its tests"
 ./scripts/build-portable.sh
 CUQUOTA_TEST_SHIM="$PWD/dist/libcuquota.so" cargo test -p shim-tests \
     --test memory_apis --test loading_styles --test multiprocess --test throttle
+step "release tarball (tests/release.sh: scripts/release.sh --fast, checksums, binaries, library)"
+tests/release.sh
+if [ "$(id -u)" = 0 ] && command -v podman >/dev/null && command -v runc >/dev/null; then
+    step "the cuquota image (tests/image.sh: scripts/image.sh, then run with podman)"
+    tests/image.sh
+else
+    echo "test.sh: not root or no podman/runc: tests/image.sh (the cuquota image) does not run"
+fi
 
 step "framework suite (tests/frameworks: PyTorch, CuPy, cuda-python, pynvml under cuquota)"
 tests/frameworks/run.sh

@@ -2,7 +2,8 @@
 # The setup step: installs every pinned dependency the build, the tests and the samples need, once, from PyPI.
 # test.sh runs it first; nothing is installed anywhere else (no test installs or downloads anything).
 #
-#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s frameworks containers (default: all)
+#   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s frameworks containers busybox
+#                                               (default: all)
 #
 # Each group goes to its own folder, keyed by a hash of its pins, under the cache
 # ${CUQUOTA_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cuquota-deps}, and .deps/<group> links to it: a fresh
@@ -21,6 +22,8 @@
 #         Python 3.11 virtual environment; ~3 GB to download once, 4.7 GB on disk
 #   containers  podman and runc from Debian's apt (as root only: the DRA plugin's end-to-end test, dra/tests/podman.rs,
 #         runs as root); a no-op when both are installed or when not root
+#   busybox  Debian's busybox-static (`apt-get download`, unpacked: .deps/busybox/busybox), the shell and tools
+#         of the cuquota image (scripts/image.sh); installed as root only (the image test's user), unless named
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -36,20 +39,22 @@ pins() { # group -> its pinned requirements, one per line
             importlib-resources==7.1.0 typing-extensions==4.16.0 ;;
         frameworks) cat "$ROOT/tests/frameworks/requirements.txt" ;;
         containers) printf '%s\n' podman runc ;; # Debian packages, not pins: see ready_containers
-        *) echo "setup.sh: unknown group '$1' (groups: cu13 cu12 zig k8s frameworks containers)" >&2; exit 2 ;;
+        busybox) printf '%s\n' busybox-static ;; # a Debian package: the version apt offers
+        *) echo "setup.sh: unknown group '$1' (groups: ${ALL[*]})" >&2; exit 2 ;;
     esac
 }
-ALL=(cu13 cu12 zig k8s frameworks containers)
+ALL=(cu13 cu12 zig k8s frameworks containers busybox)
 
 CHECK=0
 GROUPS_WANTED=()
 for a in "$@"; do
     case "$a" in
         --check) CHECK=1 ;;
-        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) pins "$a" >/dev/null; GROUPS_WANTED+=("$a") ;;
     esac
 done
+NAMED=${#GROUPS_WANTED[@]}
 [ ${#GROUPS_WANTED[@]} -gt 0 ] || GROUPS_WANTED=("${ALL[@]}")
 
 CACHE="${CUQUOTA_DEPS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cuquota-deps}"
@@ -65,6 +70,8 @@ ready() {
         [ "$(id -u)" != 0 ] || { command -v podman && command -v runc; } >/dev/null
         return
     fi
+    # The image (and its test) is built as root only, like the container tests.
+    if [ "$1" = busybox ] && [ "$(id -u)" != 0 ] && [ "$NAMED" = 0 ]; then return 0; fi
     holds "$ROOT/.deps/$1" "$1"
 }
 
@@ -93,7 +100,14 @@ install() { # group
     if ! mkdir -p "$CACHE" 2>/dev/null; then dir="$ROOT/.deps/$g.d"; fi
     if ! holds "$dir" "$g"; then
         rm -rf "$dir.tmp.$$"
-        if [ "$g" = frameworks ]; then
+        if [ "$g" = busybox ]; then
+            echo "setup.sh: installing busybox: busybox-static (apt-get download)" >&2
+            mkdir -p "$dir.tmp.$$/deb"
+            (cd "$dir.tmp.$$/deb" && apt-get download -q busybox-static >&2)
+            dpkg-deb -x "$dir.tmp.$$"/deb/busybox-static_*.deb "$dir.tmp.$$/deb/x"
+            mv "$dir.tmp.$$/deb/x/bin/busybox" "$dir.tmp.$$/busybox"
+            rm -rf "$dir.tmp.$$/deb"
+        elif [ "$g" = frameworks ]; then
             echo "setup.sh: installing frameworks: the $(grep -c '==' <<<"$want") wheels of tests/frameworks/requirements.txt (~3 GB)" >&2
             install_frameworks "$dir.tmp.$$"
         else

@@ -61,6 +61,22 @@ pub struct ProcEntry {
     pub state: u8,
 }
 
+impl ProcEntry {
+    /// `/proc/<pid>/stat` of one process; `None` when it is gone (or `/proc` is unavailable).
+    pub fn read(pid: u32) -> Option<ProcEntry> {
+        Self::of(&procfs::process::Process::new(i32::try_from(pid).ok()?).ok()?)
+    }
+
+    fn of(p: &procfs::process::Process) -> Option<ProcEntry> {
+        let st = p.stat().ok()?;
+        Some(ProcEntry {
+            ppid: u32::try_from(st.ppid).unwrap_or(0),
+            start_time: st.starttime,
+            state: u8::try_from(st.state).unwrap_or(b'?'),
+        })
+    }
+}
+
 /// A snapshot of the host's processes.
 #[derive(Default)]
 pub struct ProcTable {
@@ -73,22 +89,10 @@ impl ProcTable {
     /// Reads `/proc`.
     pub fn read() -> ProcTable {
         let mut t = ProcTable::default();
-        let Ok(rd) = std::fs::read_dir("/proc") else {
-            return t;
-        };
-        for e in rd.flatten() {
-            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            if let Some(st) = cuquota_core::region::liveness::read_stat(pid) {
-                t.insert(
-                    pid,
-                    ProcEntry {
-                        ppid: st.ppid,
-                        start_time: st.start_time,
-                        state: st.state,
-                    },
-                );
+        for p in procfs::process::all_processes().into_iter().flatten().flatten() {
+            // A process that exits meanwhile is simply not in the table.
+            if let (Ok(pid), Some(e)) = (u32::try_from(p.pid), ProcEntry::of(&p)) {
+                t.insert(pid, e);
             }
         }
         t
@@ -136,17 +140,8 @@ impl MemberState {
 /// `t` in clock ticks after boot (`/proc/<pid>/stat`'s start time unit), plus a second for the boot time's
 /// whole-second precision; None if it cannot be told.
 pub fn boot_ticks(t: std::time::SystemTime) -> Option<u64> {
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let btime: u64 = stat
-        .lines()
-        .find_map(|l| l.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
-    // SAFETY: sysconf has no memory arguments.
-    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
-        .ok()
-        .filter(|&h| h > 0)?;
+    let btime = procfs::boot_time_secs().ok()?;
+    let hz = Some(procfs::ticks_per_second()).filter(|&h| h > 0)?;
     let since_epoch = t.duration_since(std::time::UNIX_EPOCH).ok()?;
     let since_boot = since_epoch.checked_sub(std::time::Duration::from_secs(btime))?;
     Some((since_boot.as_secs_f64() * hz as f64) as u64 + hz)
@@ -375,17 +370,12 @@ mod tests {
     /// This process's own cgroup (from /proc/self/cgroup) lists it.
     #[test]
     fn our_own_cgroup_lists_us() {
-        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let groups = procfs::process::Process::myself().unwrap().cgroups().unwrap();
         let me = std::process::id();
         let mut tried = Vec::new();
-        for line in text.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (_, ctrl, path) = (
-                parts.next(),
-                parts.next().unwrap_or(""),
-                parts.next().unwrap_or(""),
-            );
-            let rel = path.trim_start_matches('/');
+        for g in &groups {
+            let rel = g.pathname.trim_start_matches('/');
+            let ctrl = g.controllers.join(",");
             let dirs: Vec<PathBuf> = if ctrl.is_empty() {
                 vec![
                     Path::new("/sys/fs/cgroup").join(rel),
@@ -403,7 +393,7 @@ mod tests {
         }
         assert!(
             !tried.is_empty(),
-            "no cgroup directory of this process found under /sys/fs/cgroup:\n{text}"
+            "no cgroup directory of this process found under /sys/fs/cgroup: {groups:?}"
         );
     }
 

@@ -1,5 +1,5 @@
 //! Output shared by the commands: JSON reports (serde; every report names its schema, documented in
-//! docs/schemas/), left-aligned tables, and the argument parsers for sizes and percentages.
+//! docs/schemas/), left-aligned tables (comfy-table), and the argument parsers for sizes and percentages.
 
 use cuquota_core::units::{format_size, parse_size, parse_unsigned};
 use serde::Serialize;
@@ -18,25 +18,16 @@ pub fn print_table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) {
     }
 }
 
-/// The lines of [`print_table`].
+/// The lines of [`print_table`]: comfy-table without borders, columns two spaces apart, sized by display width.
 pub fn table_lines<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> Vec<String> {
-    let mut widths = header.map(|h| h.chars().count());
-    for r in rows {
-        for (w, c) in widths.iter_mut().zip(r.iter()) {
-            *w = (*w).max(c.chars().count());
-        }
+    let mut t = comfy_table::Table::new();
+    t.load_style(comfy_table::presets::NOTHING)
+        .set_header(header.to_vec())
+        .add_rows(rows.iter().map(|r| r.to_vec()));
+    for c in t.column_iter_mut() {
+        c.set_padding((0, 2));
     }
-    let line = |cells: Vec<&str>| {
-        let s: Vec<String> = cells
-            .iter()
-            .zip(widths.iter())
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        s.join("  ").trim_end().to_string()
-    };
-    let mut out = vec![line(header.to_vec())];
-    out.extend(rows.iter().map(|r| line(r.iter().map(String::as_str).collect())));
-    out
+    t.lines().map(|l| l.trim_end().to_string()).collect()
 }
 
 /// `4 GiB`, or `-` for none.

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use cuquota_core::region::{DeviceSelector, LimitsWriter};
 use cuquota_core::units::format_size;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use crate::limits::{write_all, PolicyArg};
@@ -344,11 +345,6 @@ pub struct DemoReport {
     tenants: Vec<TenantReport>,
 }
 
-fn bar(pct: f64, width: usize) -> String {
-    let filled = ((pct / 100.0) * width as f64).round().clamp(0.0, width as f64) as usize;
-    format!("{}{}", "█".repeat(filled), "░".repeat(width - filled))
-}
-
 fn metric<'a>(out: &'a str, key: &str) -> Option<&'a str> {
     out.lines().rev().find_map(|l| {
         let l = l.strip_prefix("metric ").unwrap_or(l);
@@ -409,6 +405,7 @@ pub fn run(a: DemoArgs) -> CmdResult {
     ));
     let procs = start_tenants(&machine, &work, a.duration.as_secs_f64())?;
     let watched = watch(&a, &machine, &work, &nvml, procs, &mut screen)?;
+    screen.finish();
     let tenants = TENANTS
         .iter()
         .zip(&watched.seen)
@@ -436,12 +433,24 @@ pub fn run(a: DemoArgs) -> CmdResult {
     Ok(if ok { 0 } else { 1 })
 }
 
-/// Where the progress goes: stdout (redrawn in place on a terminal), or stderr under `--json`.
+/// One tenant's line of the live progress: its share as a bar, or (the memory tenant, done) a sentence.
+enum Line {
+    Share { label: String, pct: f64, rest: String },
+    Text(String),
+}
+
+/// The live block on a terminal: a clock and a bar per tenant (indicatif redraws them in place).
+struct Live {
+    multi: MultiProgress,
+    clock: ProgressBar,
+    tenants: Vec<ProgressBar>,
+}
+
+/// Where the progress goes: on a terminal the live block on stdout; elsewhere (a pipe, CI, or stderr under
+/// `--json`) plain lines, a short one every 2 s.
 struct Screen {
     out: Box<dyn Write>,
-    tty: bool,
-    /// Lines of the block drawn last on a terminal (0: draw the next one below).
-    drawn: usize,
+    live: Option<Live>,
     /// When the last line was printed off a terminal.
     last_line: Duration,
 }
@@ -453,36 +462,76 @@ impl Screen {
         } else {
             Box::new(std::io::stdout())
         };
+        let live = (!json && std::io::stdout().is_terminal()).then(|| {
+            let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stdout());
+            let clock = multi.add(ProgressBar::no_length().with_style(Self::style("  {msg}")));
+            let share = Self::style("  {prefix} {bar:20} {msg}").progress_chars("█░");
+            let tenants = TENANTS
+                .iter()
+                .map(|_| multi.add(ProgressBar::new(1000).with_style(share.clone())))
+                .collect();
+            Live {
+                multi,
+                clock,
+                tenants,
+            }
+        });
         Screen {
             out,
-            tty: !json && std::io::stdout().is_terminal(),
-            drawn: 0,
+            live,
             last_line: Duration::ZERO,
         }
     }
 
-    /// A line that stays: on a terminal the block drawn so far stays above it, the next is drawn below.
-    fn line(&mut self, s: &str) {
-        self.drawn = 0;
-        let _ = writeln!(self.out, "{s}");
+    fn style(template: &str) -> ProgressStyle {
+        ProgressStyle::with_template(template).expect("a valid indicatif template")
     }
 
-    /// One progress update at `t`: on a terminal the block of `long` lines redrawn, else `short` every 2 s.
-    fn progress(&mut self, t: Duration, secs: f64, long: &[String], short: impl FnOnce() -> String) {
-        if self.tty {
-            if self.drawn > 0 {
-                let _ = write!(self.out, "\x1b[{}A", self.drawn);
+    /// A line that stays: on a terminal above the live block.
+    fn line(&mut self, s: &str) {
+        match &self.live {
+            Some(l) => {
+                let _ = l.multi.println(s);
             }
-            let _ = writeln!(self.out, "\x1b[2K  t = {:4.1} s of {secs:.0} s", t.as_secs_f64());
-            for l in long {
-                let _ = writeln!(self.out, "\x1b[2K{l}");
+            None => {
+                let _ = writeln!(self.out, "{s}");
             }
-            self.drawn = long.len() + 1;
+        }
+    }
+
+    /// One progress update at `t`: on a terminal the live block, else `short` every 2 s.
+    fn progress(&mut self, t: Duration, secs: f64, lines: Vec<Line>, short: impl FnOnce() -> String) {
+        if let Some(l) = &self.live {
+            l.clock
+                .set_message(format!("t = {:4.1} s of {secs:.0} s", t.as_secs_f64()));
+            for (pb, line) in l.tenants.iter().zip(lines) {
+                match line {
+                    Line::Share { label, pct, rest } => {
+                        pb.set_prefix(label);
+                        pb.set_position((pct * 10.0).round().clamp(0.0, 1000.0) as u64);
+                        pb.set_message(rest);
+                    }
+                    Line::Text(text) => {
+                        pb.set_style(Self::style("  {msg}"));
+                        pb.set_message(text);
+                    }
+                }
+            }
         } else if t >= self.last_line + Duration::from_secs(2) {
             self.last_line = t;
             let _ = writeln!(self.out, "{:5.1}s  {}", t.as_secs_f64(), short());
+            let _ = self.out.flush();
         }
-        let _ = self.out.flush();
+    }
+
+    /// Leaves the live block drawn as it last was, for what is printed after it.
+    fn finish(self) {
+        if let Some(l) = self.live {
+            l.clock.abandon();
+            for pb in &l.tenants {
+                pb.abandon();
+            }
+        }
     }
 }
 
@@ -625,8 +674,8 @@ fn watch(
             change_limits_live(machine, t, screen)?;
             changed_at = Some(t);
         }
-        let long = progress_lines(work, &procs, &seen, changed_at.is_some());
-        screen.progress(t, secs, &long, || short_progress(work, &procs, &seen));
+        let lines = progress_lines(work, &procs, &seen, changed_at.is_some());
+        screen.progress(t, secs, lines, || short_progress(work, &procs, &seen));
         if procs.iter().all(|p| p.exit.is_some()) {
             break;
         }
@@ -646,8 +695,8 @@ fn watch(
     })
 }
 
-/// The progress block on a terminal: a line per tenant with its share bar and memory.
-fn progress_lines(work: &Workload, procs: &[Running], seen: &[Seen], changed: bool) -> Vec<String> {
+/// The live block's lines: per tenant its share bar and memory, or where the memory tenant was refused.
+fn progress_lines(work: &Workload, procs: &[Running], seen: &[Seen], changed: bool) -> Vec<Line> {
     TENANTS
         .iter()
         .zip(seen)
@@ -655,27 +704,28 @@ fn progress_lines(work: &Workload, procs: &[Running], seen: &[Seen], changed: bo
         .map(|((tn, s), p)| {
             if let (Job::Memory, Some((out, _))) = (tn.job, &p.printed) {
                 let (total, refused) = memory_results(work, out);
-                return format!(
-                    "  {:<9} cap {}: told the GPU has {}; {} allocation API(s) refused at ≤ {}",
+                return Line::Text(format!(
+                    "{:<9} cap {}: told the GPU has {}; {} allocation API(s) refused at ≤ {}",
                     tn.name,
                     format_size(tn.memory),
                     total.map_or_else(|| "?".into(), format_size),
                     refused.len(),
                     format_size(refused.values().max().copied().unwrap_or(0))
-                );
+                ));
             }
             let limit = if changed { tn.sm_after.or(tn.sm) } else { tn.sm };
             let lim = limit.map_or_else(|| "no SM limit".to_string(), |l| format!("SM {l:>2}% hard"));
             let state = if p.exit.is_some() { " (done)" } else { "" };
-            format!(
-                "  {:<9} {:<12} {} {:>5.1}%  mem {:>8} of {}{state}",
-                tn.name,
-                lim,
-                bar(s.util, 20),
-                s.util,
-                format_size(s.memory),
-                format_size(tn.memory)
-            )
+            Line::Share {
+                label: format!("{:<9} {:<12}", tn.name, lim),
+                pct: s.util,
+                rest: format!(
+                    "{:>5.1}%  mem {:>8} of {}{state}",
+                    s.util,
+                    format_size(s.memory),
+                    format_size(tn.memory)
+                ),
+            }
         })
         .collect()
 }

@@ -486,11 +486,10 @@ fn supervise(child: u32, set: &libc::sigset_t) -> u8 {
 
 /// This process's children (its adopted orphans once CMD is gone), from /proc.
 fn children() -> Vec<libc::pid_t> {
-    let me = std::process::id();
-    std::fs::read_to_string(format!("/proc/{me}/task/{me}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
+    let kids = procfs::process::Process::myself().and_then(|p| p.task_main_thread()?.children());
+    kids.unwrap_or_default()
+        .into_iter()
+        .filter_map(|p| p.try_into().ok())
         .collect()
 }
 

@@ -42,8 +42,8 @@
  *   and done=1 at the end.
  */
 #include "cq_driver.h"
+#include "cq_vmm.h"
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,18 +69,9 @@ static int pool_shared;
 static CUdeviceptr vmaps[SLOTS];
 static size_t vsizes[SLOTS];
 
-static CUmemAccessDesc access0(void) {
-    CUmemAccessDesc a;
-    memset(&a, 0, sizeof a);
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = 0;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return a;
-}
-
 /* Reserves, maps and opens `size` bytes of handle `h`. */
 static CUresult vmap(CUmemGenericAllocationHandle h, size_t size, CUdeviceptr *va) {
-    CUmemAccessDesc a = access0();
+    CUmemAccessDesc a = cq_vmm_access(0);
     CUresult r = cuMemAddressReserve(va, size, 0, 0, 0);
     if (!r) r = cuMemMap(*va, size, 0, h, 0);
     if (!r) r = cuMemSetAccess(*va, size, &a, 1);
@@ -89,12 +80,7 @@ static CUresult vmap(CUmemGenericAllocationHandle h, size_t size, CUdeviceptr *v
 
 /* cuMemCreate of `size` into slot i, shareable as `type`, mapped read-write and written. */
 static CUresult vcreate(int i, const char *size, CUmemAllocationHandleType type) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = edev;
-    p.requestedHandleTypes = type;
+    CUmemAllocationProp p = cq_vmm_prop(edev, type);
     vsizes[i] = (size_t)cq_size(size);
     CUresult r = cuMemCreate(&vhandles[i], vsizes[i], &p, 0);
     if (!r) r = vmap(vhandles[i], vsizes[i], &vmaps[i]);
@@ -109,36 +95,9 @@ static CUresult vfree(CUmemGenericAllocationHandle h, CUdeviceptr va, size_t siz
     return r;
 }
 
+/* The descriptor and the size go together; exits when the importer is gone. */
 static void send_fd(int sock, int fd, size_t size) {
-    struct iovec iov = {&size, sizeof size};
-    char ctl[CMSG_SPACE(sizeof(int))];
-    memset(ctl, 0, sizeof ctl);
-    struct msghdr m = {0};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    if (sendmsg(sock, &m, 0) != sizeof size) exit(2);
-}
-
-static int recv_fd(int sock, size_t *size) {
-    struct iovec iov = {size, sizeof *size};
-    char ctl[CMSG_SPACE(sizeof(int))];
-    struct msghdr m = {0};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    if (recvmsg(sock, &m, 0) != sizeof *size) return -1;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    int fd = -1;
-    if (cm && cm->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cm), sizeof fd);
-    return fd;
+    if (cq_send_fd(sock, fd, &size, sizeof size)) exit(2);
 }
 
 /* The device named by environment variable `var` (default 0). */
@@ -147,18 +106,8 @@ static int device_from(const char *var) {
     return v ? atoi(v) : 0;
 }
 
-/* Makes device `ordinal`'s primary context current. */
-static CUresult use_device(int ordinal) {
-    CUdevice dev;
-    CUcontext ctx;
-    CUresult r = cuDeviceGet(&dev, ordinal);
-    if (!r) r = cuDevicePrimaryCtxRetain(&ctx, dev);
-    if (!r) r = cuCtxSetCurrent(ctx);
-    return r;
-}
-
 static int context(int ordinal) {
-    if (cuInit(0) || use_device(ordinal)) {
+    if (cuInit(0) || cq_use_device(ordinal)) {
         fprintf(stderr, "ipc_shared: no context\n");
         return 2;
     }
@@ -200,7 +149,7 @@ static int importer(int in, int out, int sock) {
             CUmemGenericAllocationHandle h = 0;
             CUresult r;
             if (c == 'v') {
-                fd = recv_fd(sock, &size);
+                fd = cq_recv_fd(sock, &size, sizeof size);
                 r = cuMemImportFromShareableHandle(&h, (void *)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
                 close(fd);
             } else {
@@ -219,7 +168,7 @@ static int importer(int in, int out, int sock) {
             printf("%cimport=%s\n%cread=%d\n", c, cq_err(r), c, ok);
         } else if (c == 'p') {
             size_t unused = 0;
-            int fd = recv_fd(sock, &unused);
+            int fd = cq_recv_fd(sock, &unused, sizeof unused);
             printf("ppool=%s\n", cq_err(cuMemPoolImportFromShareableHandle(&ipool, (void *)(long)fd,
                                                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)));
             close(fd);
@@ -235,7 +184,7 @@ static int importer(int in, int out, int sock) {
         } else if (c == 'd') {
             int ordinal = 0;
             if (read(in, &ordinal, sizeof ordinal) != sizeof ordinal) return 2;
-            printf("idev=%s\n", cq_err(use_device(ordinal)));
+            printf("idev=%s\n", cq_err(cq_use_device(ordinal)));
         } else if (c == 'y') {
             printf("pclose=%s\n", cq_err(pn ? cuMemFree(pimported[--pn]) : CUDA_ERROR_INVALID_VALUE));
         } else if (c == 'x') {

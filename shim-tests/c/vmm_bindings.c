@@ -18,6 +18,7 @@
  *                 driver frees the memory); then alloc 768 MiB.
  */
 #include "cq_driver.h"
+#include "cq_vmm.h"
 
 #define MB (1024ull * 1024ull)
 
@@ -29,18 +30,9 @@ static void used(const char *tag) {
     fflush(stdout);
 }
 
-static CUmemAllocationProp prop0(void) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = 0;
-    return p;
-}
-
 static CUmemGenericAllocationHandle create(size_t bytes) {
     CUmemGenericAllocationHandle h = 0;
-    CUmemAllocationProp p = prop0();
+    CUmemAllocationProp p = cq_vmm_prop(0, 0);
     printf("create=%s\n", cq_err(cuMemCreate(&h, bytes, &p, 0)));
     return h;
 }

@@ -10,50 +10,14 @@
  *                           import= map= ialloc= charged= (its cuMemGetInfo total-free) used= (the simulator's)
  */
 #include "cq_driver.h"
-#include <sys/socket.h>
+#include "cq_vmm.h"
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define GIB (1ull << 30)
 
-static void send_fd(int sock, int fd) {
-    char one = 1;
-    struct iovec iov = {&one, 1};
-    char ctl[CMSG_SPACE(sizeof(int))];
-    memset(ctl, 0, sizeof ctl);
-    struct msghdr m = {0};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    if (sendmsg(sock, &m, 0) != 1) exit(2);
-}
-
-static int recv_fd(int sock) {
-    char one;
-    struct iovec iov = {&one, 1};
-    char ctl[CMSG_SPACE(sizeof(int))];
-    struct msghdr m = {0};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    if (recvmsg(sock, &m, 0) != 1) return -1;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    int fd = -1;
-    if (cm && cm->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cm), sizeof fd);
-    return fd;
-}
-
 static int context(void) {
-    CUdevice dev;
-    CUcontext ctx;
-    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&ctx, dev) || cuCtxSetCurrent(ctx)) {
+    if (cuInit(0) || cq_use_device(0)) {
         fprintf(stderr, "vmm_import_pieces: no context\n");
         return 2;
     }
@@ -62,7 +26,8 @@ static int context(void) {
 
 static int importer(int sock, int n) {
     if (context()) return 2;
-    int fd = recv_fd(sock);
+    char one;
+    int fd = cq_recv_fd(sock, &one, 1);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = cuMemImportFromShareableHandle(&h, (void *)(long)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     close(fd);
@@ -71,11 +36,7 @@ static int importer(int sock, int n) {
     CUresult m = cuMemAddressReserve(&va, GIB, 0, 0, 0);
     size_t piece = GIB / n;
     for (int i = 0; i < n && !m; i++) m = cuMemMap(va + i * piece, piece, i * piece, h, 0);
-    CUmemAccessDesc a;
-    memset(&a, 0, sizeof a);
-    a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    a.location.id = 0;
-    a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUmemAccessDesc a = cq_vmm_access(0);
     if (!m) m = cuMemSetAccess(va, GIB, &a, 1);
     printf("map=%s\n", cq_err(m));
     fflush(stdout);
@@ -111,12 +72,7 @@ int main(int argc, char **argv) {
     }
     close(sv[1]);
     if (context()) return 2;
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = 0;
-    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUmemAllocationProp p = cq_vmm_prop(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     CUmemGenericAllocationHandle h = 0;
     CUresult r = cuMemCreate(&h, GIB, &p, 0);
     int fd = -1;
@@ -124,7 +80,7 @@ int main(int argc, char **argv) {
     printf("create=%s\n", cq_err(r));
     fflush(stdout);
     if (r) return 1;
-    send_fd(sv[0], fd);
+    if (cq_send_fd(sv[0], fd, "f", 1)) return 2;
     close(fd);
     char c;
     if (read(sv[0], &c, 1) != 1) return 2;

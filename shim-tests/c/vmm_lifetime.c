@@ -24,6 +24,7 @@
  *   and done=1 at the end.
  */
 #include "cq_driver.h"
+#include "cq_vmm.h"
 
 #define SLOTS 16
 static CUmemGenericAllocationHandle handles[SLOTS];
@@ -45,15 +46,6 @@ static CUarrayMapInfo tiles[SLOTS];
 static CUmemGenericAllocationHandle mcs[SLOTS];
 static size_t mc_sizes[SLOTS];
 
-static CUmemAllocationProp prop0(void) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = 0;
-    return p;
-}
-
 static CUresult map(int m, int i) {
     CUdeviceptr va = 0;
     CUresult r = cuMemAddressReserve(&va, sizes[i], 0, 0, 0);
@@ -63,10 +55,7 @@ static CUresult map(int m, int i) {
         cuMemAddressFree(va, sizes[i]);
         return r;
     }
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location = prop0().location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUmemAccessDesc acc = cq_vmm_access(0);
     r = cuMemSetAccess(va, sizes[i], &acc, 1);
     if (r) return r;
     maps[m] = va;
@@ -125,7 +114,7 @@ int main(int argc, char **argv) {
         char x[64] = "", y[64] = "";
         if (sscanf(c, "create:%63[^:]:%63s", x, y) == 2) {
             int i = slot(x);
-            CUmemAllocationProp p = prop0();
+            CUmemAllocationProp p = cq_vmm_prop(0, 0);
             sizes[i] = (size_t)cq_size(y);
             printf("create.%d=%s\n", i, cq_err(cuMemCreate(&handles[i], sizes[i], &p, 0)));
         } else if (sscanf(c, "map:%63[^:]:%63s", x, y) == 2) {

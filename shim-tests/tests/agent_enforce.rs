@@ -99,11 +99,7 @@ fn metric(body: &str, prefix: &str) -> Option<f64> {
 /// A container under a hard `sm` % limit whose tenant bypasses the library and launches 20 µs kernels flat out
 /// for `secs` s, watched by an agent (already one pass in) with `sm = "<action>"`.
 fn sm_tenant(sm: u32, secs: u32, action: &str) -> (Sim, Agent, Proc) {
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.t");
-    limits(&sim, &lim, &["--sm", &sm.to_string(), "--policy", "hard"]);
+    let (sim, dir, lim) = container_dir("t", &["--sm", &sm.to_string(), "--policy", "hard"]);
     let tp = throttle_paths().display().to_string();
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(1);
@@ -236,8 +232,7 @@ fn pids_of(a: &serde_json::Value) -> Vec<u32> {
 
 /// State letter of `pid` (`None` once reaped).
 fn proc_state(pid: u32) -> Option<u8> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    s[s.rfind(')')? + 2..].bytes().next()
+    cuquota_core::region::liveness::read_stat(pid).map(|s| s.state)
 }
 
 fn alive(pid: u32) -> bool {
@@ -254,6 +249,38 @@ fn sh_tenant(sim: &Sim, name: &str, script: &str, timeout_s: u64) -> Proc {
         &["sh", "-c", script],
         timeout_s,
     )
+}
+
+/// A simulator, its descriptor directory (empty), and limits file `limits.<name>` set with `args`.
+fn container_dir(name: &str, args: &[&str]) -> (Sim, PathBuf, PathBuf) {
+    let sim = Sim::new().build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join(format!("limits.{name}"));
+    limits(&sim, &lim, args);
+    (sim, dir, lim)
+}
+
+/// Container `name` under limits `args` and sm = "throttle", its members a shell (`sh_tenant`) running the
+/// script `script` makes of the throttle_paths program's path, watched by an agent one pass in; until the
+/// shell exits, then the agent is stopped. Returns the simulator, the shell's `cuquota run`, when it started
+/// (`mono_ns`), and the agent's pass reports and stderr.
+fn throttled_shell(
+    name: &str,
+    args: &[&str],
+    script: impl FnOnce(&str) -> String,
+) -> (Sim, shim_tests::Output, u64, Vec<serde_json::Value>, String) {
+    let (sim, dir, lim) = container_dir(name, args);
+    let tp = throttle_paths().display().to_string();
+    let agent = Agent::start(&sim, &dir);
+    agent.wait_passes(1);
+    let t = sh_tenant(&sim, name, &script(&tp), 60);
+    let members = format!("subtree = {}", t.pid());
+    descriptor(&dir, name, &lim, &members, "sm = \"throttle\"");
+    let start = mono_ns();
+    let out = t.finish();
+    let (passes, stderr) = agent.stop();
+    (sim, out, start, passes, stderr)
 }
 
 #[test]
@@ -434,11 +461,7 @@ fn memory_kill_reaches_only_the_tenant_over_its_cap() {
 /// figures, kills one of the two until the rest fit.
 #[test]
 fn a_tenant_that_zeroes_its_usage_file_and_allocates_past_the_cap_is_killed() {
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.z");
-    limits(&sim, &lim, &["--memory", "512m"]);
+    let (sim, dir, lim) = container_dir("z", &["--memory", "512m"]);
     let usage = sim.dir().join("usage.z");
     let holder_out = sim.dir().join("holder.out");
     let probe = program(Prog::Probe).display().to_string();
@@ -512,11 +535,7 @@ fn a_tenant_that_zeroes_its_usage_file_and_allocates_past_the_cap_is_killed() {
 #[test]
 fn the_agent_survives_a_usage_file_truncated_while_it_reads_it() {
     let _h = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.z");
-    limits(&sim, &lim, &["--memory", "512m"]);
+    let (sim, dir, lim) = container_dir("z", &["--memory", "512m"]);
     // A process of the container creates its usage file.
     sim.cmd(Prog::Probe).container("z").args("init").run().ok();
     let usage = sim.container_usage_file("z");
@@ -681,11 +700,7 @@ fn sm_report_records_and_never_freezes() {
 /// each of 4 streams (`THR_STREAMS=4`: up to 4 × 1024 kernels of `kernel_ns` queued on the device) for
 /// `secs` s, watched by an agent at `interval_ms` (already one pass in) under `sm = "throttle"`.
 fn deep_queue_tenant(sm: u32, secs: u32, kernel_ns: u64, interval_ms: u64) -> (Sim, Agent, Proc) {
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.q");
-    limits(&sim, &lim, &["--sm", &sm.to_string(), "--policy", "hard"]);
+    let (sim, dir, lim) = container_dir("q", &["--sm", &sm.to_string(), "--policy", "hard"]);
     let tp = throttle_paths().display().to_string();
     let agent = Agent::start_every(&sim, &dir, interval_ms);
     agent.wait_passes(1);
@@ -719,11 +734,7 @@ fn deep_queue_tenant(sm: u32, secs: u32, kernel_ns: u64, interval_ms: u64) -> (S
 fn memory_kill_reads_the_graphics_and_mps_lists() {
     let probe = program(Prog::Probe).display().to_string();
     for list in ["graphics", "mps"] {
-        let sim = Sim::new().build();
-        let dir = sim.dir().join("containers");
-        std::fs::create_dir(&dir).unwrap();
-        let lim = sim.dir().join("limits.g");
-        limits(&sim, &lim, &["--memory", "512m"]);
+        let (sim, dir, lim) = container_dir("g", &["--memory", "512m"]);
         let mut g = bypassing_container(
             &sim,
             &sim.dir().join("usage.g"),
@@ -918,28 +929,9 @@ fn sm_debt_kills_a_deep_queue_freezing_cannot_hold() {
 #[test]
 fn sm_debt_outlives_a_kill_and_a_respawn() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.k");
-    limits(&sim, &lim, &["--sm", "10", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let script = format!(
-        "end=$(( $(date +%s) + 21 )); while [ $(date +%s) -lt $end ]; do THR_STREAMS=4 {tp} kernel direct 10 2000000 >/dev/null; done"
-    );
-    let t = sh_tenant(&sim, "k", &script, 60);
-    descriptor(
-        &dir,
-        "k",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
-    let start = mono_ns();
-    let out = t.finish();
-    let (passes, stderr) = agent.stop();
+    let (sim, out, start, passes, stderr) = throttled_shell("k", &["--sm", "10", "--policy", "hard"], |tp| {
+        format!("end=$(( $(date +%s) + 21 )); while [ $(date +%s) -lt $end ]; do THR_STREAMS=4 {tp} kernel direct 10 2000000 >/dev/null; done")
+    });
     // sh exits with the status of the last tp, often SIGKILLed by the agent (137).
     assert!(matches!(out.status.code(), Some(0) | Some(137)), "{out:?}");
     let share = sim.share_pct(0, 0, start, start + 20_000_000_000);
@@ -974,11 +966,7 @@ fn sm_debt_outlives_a_kill_and_a_respawn() {
 #[test]
 fn sm_debt_lets_a_cooperative_tenant_run_long_kernels() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.l");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
+    let (sim, dir, lim) = container_dir("l", &["--sm", "30", "--policy", "hard"]);
     let tp = throttle_paths().display().to_string();
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(1);
@@ -1030,11 +1018,7 @@ fn sm_debt_lets_a_cooperative_tenant_run_long_kernels() {
 #[ignore = "needs root (writes /proc/sys/kernel/ns_last_pid): ./test.sh runs it with --ignored as root"]
 fn subtree_root_pid_reused_by_a_stranger_is_not_the_container() {
     assert!(is_root(), "needs root");
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.d");
-    limits(&sim, &lim, &["--memory", "512m"]);
+    let (sim, dir, lim) = container_dir("d", &["--memory", "512m"]);
     let d = bypassing_container(&sim, &sim.dir().join("usage.d"), &["sleep", "1"]);
     let root = d.pid();
     descriptor(&dir, "d", &lim, &format!("subtree = {root}"), "memory = \"kill\"");
@@ -1101,28 +1085,9 @@ fn subtree_root_pid_reused_by_a_stranger_is_not_the_container() {
 #[test]
 fn sm_freeze_is_reapplied_each_pass_against_members_that_continue_it() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.c");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let script = format!(
-        "{tp} kernel direct 4 20000 >/dev/null & P=$!; for i in 1 2 3 4; do (while /bin/kill -0 $P 2>/dev/null; do /bin/kill -CONT $$ $P 2>/dev/null; done) & done; wait $P"
-    );
-    let t = sh_tenant(&sim, "c", &script, 60);
-    descriptor(
-        &dir,
-        "c",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
-    let start = mono_ns();
-    let out = t.finish();
-    let (passes, stderr) = agent.stop();
+    let (sim, out, start, passes, stderr) = throttled_shell("c", &["--sm", "30", "--policy", "hard"], |tp| {
+        format!("{tp} kernel direct 4 20000 >/dev/null & P=$!; for i in 1 2 3 4; do (while /bin/kill -0 $P 2>/dev/null; do /bin/kill -CONT $$ $P 2>/dev/null; done) & done; wait $P")
+    });
     let from = start + 1_000_000_000;
     let share = sim.share_pct(0, 0, from, from + 2_500_000_000);
     let acts = actions(&passes, "c");
@@ -1150,28 +1115,9 @@ fn sm_freeze_is_reapplied_each_pass_against_members_that_continue_it() {
 #[test]
 fn sm_debt_charges_processes_that_exit_between_passes() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.s");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let script = format!(
-        "end=$(( $(date +%s) + 8 )); while [ $(date +%s) -lt $end ]; do {tp} kernel direct 0.05 20000 >/dev/null; done"
-    );
-    let t = sh_tenant(&sim, "s", &script, 60);
-    descriptor(
-        &dir,
-        "s",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
-    let start = mono_ns();
-    let out = t.finish();
-    let (passes, stderr) = agent.stop();
+    let (sim, out, start, passes, stderr) = throttled_shell("s", &["--sm", "30", "--policy", "hard"], |tp| {
+        format!("end=$(( $(date +%s) + 8 )); while [ $(date +%s) -lt $end ]; do {tp} kernel direct 0.05 20000 >/dev/null; done")
+    });
     assert!(out.success(), "{out:?}");
     let from = start + 1_000_000_000;
     let share = sim.share_pct(0, 0, from, from + 6_000_000_000);
@@ -1193,27 +1139,9 @@ fn sm_debt_charges_processes_that_exit_between_passes() {
 #[test]
 fn sm_burst_alone_is_not_frozen_for_its_own_exited_processes() {
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.b");
-    limits(&sim, &lim, &["--sm", "30", "--policy", "burst"]);
-    let tp = throttle_paths().display().to_string();
-    let agent = Agent::start(&sim, &dir);
-    agent.wait_passes(1);
-    let script = format!(
-        "end=$(( $(date +%s) + 5 )); while [ $(date +%s) -lt $end ]; do {tp} kernel direct 0.3 20000 >/dev/null; done"
-    );
-    let t = sh_tenant(&sim, "b", &script, 60);
-    descriptor(
-        &dir,
-        "b",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
-    let _ = t.finish();
-    let (passes, stderr) = agent.stop();
+    let (_sim, _, _, passes, stderr) = throttled_shell("b", &["--sm", "30", "--policy", "burst"], |tp| {
+        format!("end=$(( $(date +%s) + 5 )); while [ $(date +%s) -lt $end ]; do {tp} kernel direct 0.3 20000 >/dev/null; done")
+    });
     let freezes = actions(&passes, "b")
         .into_iter()
         .filter(|(_, a)| a["action"] == "freeze")
@@ -1298,15 +1226,7 @@ impl Drop for TestCgroup {
 fn cgroup_backstop(cg: TestCgroup, freezer: &str) {
     assert!(is_root(), "needs root to make cgroups");
     let _cpu = heavy();
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.g");
-    limits(
-        &sim,
-        &lim,
-        &["--memory", "512m", "--sm", "30", "--policy", "hard"],
-    );
+    let (sim, dir, lim) = container_dir("g", &["--memory", "512m", "--sm", "30", "--policy", "hard"]);
     let members = format!("cgroup = {:?}", cg.dir);
     descriptor(&dir, "g", &lim, &members, "memory = \"kill\"\nsm = \"throttle\"");
     let mut stranger = sim
@@ -1401,11 +1321,7 @@ fn cgroup_v1_membership_kill_and_freezer_throttle() {
 #[ignore = "needs root (unshare --pid): ./test.sh runs it with --ignored as root"]
 fn pidns_membership_kill() {
     assert!(is_root(), "needs root for unshare --pid");
-    let sim = Sim::new().build();
-    let dir = sim.dir().join("containers");
-    std::fs::create_dir(&dir).unwrap();
-    let lim = sim.dir().join("limits.n");
-    limits(&sim, &lim, &["--memory", "512m"]);
+    let (sim, dir, lim) = container_dir("n", &["--memory", "512m"]);
     let mut stranger = sim
         .cmd(Prog::Probe)
         .no_preload()
@@ -1501,11 +1417,7 @@ fn bench_agent_backstop() {
     for interval in [200u64, 1000] {
         let mut delays = Vec::new();
         for _ in 0..5 {
-            let sim = Sim::new().build();
-            let dir = sim.dir().join("containers");
-            std::fs::create_dir(&dir).unwrap();
-            let lim = sim.dir().join("limits");
-            limits(&sim, &lim, &["--memory", "512m"]);
+            let (sim, dir, lim) = container_dir("a", &["--memory", "512m"]);
             let mut a = bypassing_container(
                 &sim,
                 &sim.dir().join("usage"),
@@ -1546,11 +1458,7 @@ fn bench_agent_backstop() {
     println!("| --- | --- | --- | --- | --- |");
     for interval in [200u64, 1000] {
         for limit in [10u32, 30, 50, 70] {
-            let sim = Sim::new().build();
-            let dir = sim.dir().join("containers");
-            std::fs::create_dir(&dir).unwrap();
-            let lim = sim.dir().join("limits");
-            limits(&sim, &lim, &["--sm", &limit.to_string(), "--policy", "hard"]);
+            let (sim, dir, lim) = container_dir("t", &["--sm", &limit.to_string(), "--policy", "hard"]);
             let agent = Agent::start_every(&sim, &dir, interval);
             agent.wait_passes(1);
             let settle = 5 * interval;
@@ -1603,11 +1511,7 @@ fn bench_agent_deep_queues() {
     println!("| --- | --- | --- | --- | --- |");
     for interval in [200u64, 1000] {
         for kernel_ns in [20_000u64, 2_000_000] {
-            let sim = Sim::new().build();
-            let dir = sim.dir().join("containers");
-            std::fs::create_dir(&dir).unwrap();
-            let lim = sim.dir().join("limits");
-            limits(&sim, &lim, &["--sm", "10", "--policy", "hard"]);
+            let (sim, dir, lim) = container_dir("t", &["--sm", "10", "--policy", "hard"]);
             let agent = Agent::start_every(&sim, &dir, interval);
             agent.wait_passes(1);
             let t = bypassing_container_for(

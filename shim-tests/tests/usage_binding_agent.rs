@@ -50,10 +50,7 @@ fn passes(port: u16) -> u64 {
 }
 
 fn alive(pid: u32) -> bool {
-    let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    let st = s[s.rfind(')').unwrap() + 2..].bytes().next();
+    let st = cuquota_core::region::liveness::read_stat(pid).map(|s| s.state);
     !matches!(st, Some(b'Z') | Some(b'X') | None)
 }
 

@@ -61,7 +61,7 @@ fn set_cgroup_frozen(dir: &Path, frozen: bool) -> Option<Result<&'static str, St
 /// Whether `t` is still the process the pass saw (same start time); `None` when it is gone (a zombie has
 /// exited: nothing to signal, not an error).
 fn same_process(t: &Target) -> Option<bool> {
-    let st = cuquota_core::region::liveness::read_stat(t.pid)?;
+    let st = crate::members::ProcEntry::read(t.pid)?;
     (st.state != b'Z' || st.start_time != t.start_time).then_some(st.start_time == t.start_time)
 }
 
@@ -146,7 +146,7 @@ mod tests {
 
     fn spawn_sleep() -> (Child, Target) {
         let c = Command::new("sleep").arg("30").spawn().unwrap();
-        let st = cuquota_core::region::liveness::read_stat(c.id()).unwrap();
+        let st = crate::members::ProcEntry::read(c.id()).unwrap();
         let t = Target {
             pid: c.id(),
             start_time: st.start_time,
@@ -155,7 +155,7 @@ mod tests {
     }
 
     fn state(pid: u32) -> u8 {
-        cuquota_core::region::liveness::read_stat(pid).unwrap().state
+        crate::members::ProcEntry::read(pid).unwrap().state
     }
 
     fn wait_state(pid: u32, want: u8) -> bool {

@@ -346,6 +346,10 @@ pub const PRIORITY_MAGIC: u64 = u64::from_le_bytes(*b"CUQPRIOR");
 /// container in a node directory, read-only to every other container (docs/priority.md); same words as 4, new
 /// meaning: a file's words are its container's only.
 pub const PRIORITY_ABI_VERSION: u32 = 5;
+/// The layout version of the node-wide priority file before 5 (commit 315d850's `cuquota priority init`): the
+/// same words, shared by every container on the node. The shim still reads one where no node directory exists
+/// (a pod spec of that time after a rolling upgrade of the library), as that layout meant.
+pub const PRIORITY_ABI_VERSION_NODE_FILE: u32 = 4;
 /// Reserved-memory admissions in flight per priority device entry ([`PriorityDevice::inflight`]).
 pub const PRIORITY_INFLIGHT: usize = 8;
 

@@ -172,10 +172,20 @@ impl PriorityRegion {
     /// (`<path>.d`) read-only: the shim. It never creates either: a file created inside one container would
     /// coordinate nobody. A missing directory is an error (the caller fails closed).
     pub fn open(path: &Path) -> Result<PriorityRegion, RegionError> {
-        let mut region = Self::open_with(path, Access::ReadWrite)?;
         let mut dir = path.as_os_str().to_owned();
         dir.push(".d");
         let dir = PathBuf::from(dir);
+        if !dir.exists() {
+            // A node-wide file of layout 4 mounted the way pods were then: its words are every container's, as
+            // that layout meant (high-priority activity read from this file). Only without a node directory: where
+            // one is mounted, a tenant that rewrote its own file's version must not stop seeing its peers.
+            if let Ok(map) = Self::map(path, Access::ReadWrite) {
+                if validate(path, &map, false, PRIORITY_ABI_VERSION_NODE_FILE).is_ok() {
+                    return Ok(Self::with_map(map));
+                }
+            }
+        }
+        let mut region = Self::open_with(path, Access::ReadWrite)?;
         let io = |e: String, p: &Path| RegionError::Io {
             path: p.to_path_buf(),
             op: "open the node's priority directory",
@@ -210,12 +220,18 @@ impl PriorityRegion {
     }
 
     fn open_with(path: &Path, access: Access) -> Result<PriorityRegion, RegionError> {
-        let mut map = Mapping::open(path, access, std::mem::size_of::<PriorityFile>())?;
-        // Every container with a priority can truncate this file: survive it (fault.rs). Its zero pages read as
-        // "no high-priority tenant, no token, nothing in flight" — what a tenant could write anyway.
-        map.guard_truncation();
-        validate(path, &map, matches!(access, Access::Create(_)))?;
-        Ok(PriorityRegion {
+        let map = Self::map(path, access)?;
+        validate(
+            path,
+            &map,
+            matches!(access, Access::Create(_)),
+            PRIORITY_ABI_VERSION,
+        )?;
+        Ok(Self::with_map(map))
+    }
+
+    fn with_map(map: Mapping) -> PriorityRegion {
+        PriorityRegion {
             map,
             peers: None,
             local: (0..MAX_DEVICES)
@@ -223,7 +239,15 @@ impl PriorityRegion {
                 // entry).
                 .map(|_| unsafe { std::mem::zeroed::<PriorityDevice>() })
                 .collect(),
-        })
+        }
+    }
+
+    fn map(path: &Path, access: Access) -> Result<Mapping, RegionError> {
+        let mut map = Mapping::open(path, access, std::mem::size_of::<PriorityFile>())?;
+        // Every container with a priority can truncate this file: survive it (fault.rs). Its zero pages read as
+        // "no high-priority tenant, no token, nothing in flight" — what a tenant could write anyway.
+        map.guard_truncation();
+        Ok(map)
     }
 
     fn file(&self) -> &PriorityFile {
@@ -377,7 +401,7 @@ impl PriorityPeers {
             };
             // Its container may truncate it: survive, read zero pages ("nothing published"). Never mapped
             // without that (a truncation would kill this process).
-            if !map.guard_truncation() || validate(&path, &map, false).is_err() {
+            if !map.guard_truncation() || validate(&path, &map, false, PRIORITY_ABI_VERSION).is_err() {
                 continue;
             }
             let peer = Box::into_raw(Box::new(Peer {
@@ -667,7 +691,7 @@ impl<'a> PriorityEntry<'a> {
 }
 
 /// Checks (with `init`: first initialises a fresh) header of a mapped priority file.
-fn validate(path: &Path, map: &Mapping, init: bool) -> Result<(), RegionError> {
+fn validate(path: &Path, map: &Mapping, init: bool, version: u32) -> Result<(), RegionError> {
     // SAFETY: as `PriorityRegion::file`.
     let h = &unsafe { &*map.ptr().cast::<PriorityFile>() }.header;
     let fields = [
@@ -690,7 +714,7 @@ fn validate(path: &Path, map: &Mapping, init: bool) -> Result<(), RegionError> {
     ];
     let header = Header {
         magic: (&h.magic, PRIORITY_MAGIC),
-        abi_version: (&h.abi_version, PRIORITY_ABI_VERSION),
+        abi_version: (&h.abi_version, version),
         fields: &fields,
     };
     header::validate(path, &header, init)

@@ -6,17 +6,8 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                          \
-        }                                                                        \
-    } while (0)
-#define CU(call) CHECK((call) == CUDA_SUCCESS)
-#define MB (1024ull * 1024ull)
 
 /* cuCtxDestroy: "If ctx is current to other threads, then ctx will remain current to those threads, and
  * attempting to access ctx from those threads will result in the error CUDA_ERROR_CONTEXT_IS_DESTROYED." */

@@ -4,17 +4,8 @@
 #include <cuda.h>
 #include <stdio.h>
 #include <string.h>
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
-#define CU(call) CHECK((call) == CUDA_SUCCESS)
-#define MB (1024ull * 1024ull)
 
 static cuuint64_t attr(CUgraphMem_attribute a) {
     cuuint64_t v = ~0ull;

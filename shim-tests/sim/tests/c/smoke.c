@@ -12,17 +12,8 @@
 #include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                              \
-    do {                                                                         \
-        if (!(cond)) {                                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                          \
-        }                                                                        \
-    } while (0)
-#define CU(call) CHECK((call) == CUDA_SUCCESS)
-#define MB (1024ull * 1024ull)
 
 static double now_ms(void) {
     struct timespec ts;

@@ -3,63 +3,20 @@
  * cuMemImportFromShareableHandle and a mapping in the importer (same bytes), and the memory living on after
  * the exporter releases and unmaps it until the importer lets go too (charged to the exporter). Device 0 has
  * 1 GiB and a 64 MiB context. Run by tests/smoke.rs; prints "OK". */
+#include "../../../c/cq_vmm.h"
 #include <cuda.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "check.h"
 
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
-#define CU(call) CHECK((call) == CUDA_SUCCESS)
-#define MB (1024ull * 1024ull)
 #define SIZE (64 * MB)
 
 static size_t used(void) {
     size_t f = 0, t = 0;
     CU(cuMemGetInfo(&f, &t));
     return t - f;
-}
-
-static void send_fd(int sock, int fd) {
-    char c = 'f';
-    struct iovec iov = {&c, 1};
-    char ctl[CMSG_SPACE(sizeof(int))];
-    memset(ctl, 0, sizeof ctl);
-    struct msghdr m = {0};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    CHECK(sendmsg(sock, &m, 0) == 1);
-}
-
-static int recv_fd(int sock) {
-    char c;
-    struct iovec iov = {&c, 1};
-    char ctl[CMSG_SPACE(sizeof(int))];
-    struct msghdr m = {0};
-    m.msg_iov = &iov;
-    m.msg_iovlen = 1;
-    m.msg_control = ctl;
-    m.msg_controllen = sizeof ctl;
-    if (recvmsg(sock, &m, 0) != 1) return -1;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-    int fd = -1;
-    if (cm && cm->cmsg_type == SCM_RIGHTS) memcpy(&fd, CMSG_DATA(cm), sizeof fd);
-    return fd;
 }
 
 static void step(int fd, char c) { CHECK(write(fd, &c, 1) == 1); }
@@ -69,24 +26,11 @@ static char wait_for(int fd) {
     return c;
 }
 
-static CUmemAllocationProp prop(int shareable) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = 0;
-    if (shareable) p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    return p;
-}
-
 static CUdeviceptr map(CUmemGenericAllocationHandle h) {
     CUdeviceptr va = 0;
     CU(cuMemAddressReserve(&va, SIZE, 0, 0, 0));
     CU(cuMemMap(va, SIZE, 0, h, 0));
-    CUmemAccessDesc acc;
-    memset(&acc, 0, sizeof acc);
-    acc.location = prop(0).location;
-    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    CUmemAccessDesc acc = cq_vmm_access(0);
     CU(cuMemSetAccess(va, SIZE, &acc, 1));
     return va;
 }
@@ -97,18 +41,15 @@ static void unmap(CUdeviceptr va) {
 }
 
 static void setup(void) {
-    CUdevice dev;
-    CUcontext ctx;
     CU(cuInit(0));
-    CU(cuDeviceGet(&dev, 0));
-    CU(cuDevicePrimaryCtxRetain(&ctx, dev));
-    CU(cuCtxSetCurrent(ctx));
+    CU(cq_use_device(0));
 }
 
 static int importer(int sock) {
     setup();
     step(sock, 's');
-    int fd = recv_fd(sock);
+    char c;
+    int fd = cq_recv_fd(sock, &c, 1);
     CHECK(fd >= 0);
     CUmemGenericAllocationHandle h = 0;
     size_t before = used();
@@ -145,7 +86,7 @@ int main(void) {
     CHECK(wait_for(sock) == 's'); /* the importer's context exists: `base` includes it */
     size_t base = used();
     CUmemGenericAllocationHandle plain, h;
-    CUmemAllocationProp p0 = prop(0), p1 = prop(1);
+    CUmemAllocationProp p0 = cq_vmm_prop(0, 0), p1 = cq_vmm_prop(0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     CU(cuMemCreate(&plain, SIZE, &p0, 0));
     int fd = -1;
     /* not created shareable: refused, as the real driver */
@@ -157,7 +98,7 @@ int main(void) {
     CU(cuMemsetD8(va, 0x5a, SIZE));
     CU(cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
     CHECK(fd >= 0);
-    send_fd(sock, fd);
+    CHECK(cq_send_fd(sock, fd, "f", 1) == 0);
     close(fd);
     CHECK(wait_for(sock) == 'm');
     CHECK(used() == base + SIZE); /* one allocation, wherever it is mapped */
