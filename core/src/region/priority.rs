@@ -98,10 +98,10 @@ pub struct PriorityPeers {
     overflow: AtomicBool,
     /// Readers inside [`PriorityPeers::peers`]' results.
     readers: AtomicU64,
-    /// Peers taken out of their slots, freed when no reader is inside (scanner only). Boxed: readers may
-    /// still hold them where they are.
-    #[allow(clippy::vec_box)]
-    retired: std::sync::Mutex<Vec<Box<Peer>>>,
+    /// Peers taken out of their slots (leaked boxes), freed when no reader is inside. Atomics, no lock: a fork
+    /// while a scan is under way leaves the child nothing to wait for (a peer taken by the vanished scanner
+    /// leaks).
+    retired: [AtomicPtr<Peer>; MAX_RETIRED],
     slots: [AtomicPtr<Peer>; MAX_PEERS],
     next_scan: AtomicU64,
     /// When the scan under way started (0 = none); one older than [`PEER_SCAN_NS`] is taken over (its thread
@@ -204,7 +204,7 @@ impl PriorityRegion {
             own_high: AtomicBool::new(false),
             overflow: AtomicBool::new(false),
             readers: AtomicU64::new(0),
-            retired: std::sync::Mutex::new(Vec::new()),
+            retired: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             slots: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next_scan: AtomicU64::new(0),
             scanning: AtomicU64::new(0),
@@ -358,7 +358,6 @@ impl PriorityPeers {
         }
         self.own_high
             .store(seen.iter().any(|s| s.0 == self.own && s.1), Ordering::Relaxed);
-        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
         for slot in &self.slots {
             let ptr = slot.load(Ordering::Acquire);
             if ptr.is_null() {
@@ -369,15 +368,21 @@ impl PriorityPeers {
             let now_here = seen.iter().find(|s| s.0 == p.id);
             p.present.store(now_here.is_some(), Ordering::Relaxed);
             p.high.store(now_here.is_some_and(|s| s.1), Ordering::Relaxed);
-            if now_here.is_none()
-                && retired.len() < MAX_RETIRED
-                && slot
+            if now_here.is_none() {
+                // Parked in a free retired slot first (none free: it keeps its slot), then taken out of its slot:
+                // no new reader finds it; freed once the readers that may hold it are out.
+                let Some(park) = self.retired.iter().find(|r| {
+                    r.compare_exchange(std::ptr::null_mut(), ptr, Ordering::SeqCst, Ordering::Relaxed)
+                        .is_ok()
+                }) else {
+                    continue;
+                };
+                if slot
                     .compare_exchange(ptr, std::ptr::null_mut(), Ordering::SeqCst, Ordering::Relaxed)
-                    .is_ok()
-            {
-                // SAFETY: taken out of its slot just now: no new reader finds it; ours to free once the readers
-                // that may hold it are out.
-                retired.push(unsafe { Box::from_raw(ptr) });
+                    .is_err()
+                {
+                    park.store(std::ptr::null_mut(), Ordering::SeqCst); // another scanner took it
+                }
             }
         }
         // Readers that found a retired peer entered before it left its slot: when none but this scan is
@@ -385,9 +390,14 @@ impl PriorityPeers {
         // that never leaves (its thread vanished in a fork) keeps them: past MAX_RETIRED slots are kept, and
         // at the bound best-effort fails closed.
         if self.readers.load(Ordering::SeqCst) == 1 {
-            retired.clear();
+            for r in &self.retired {
+                let p = r.swap(std::ptr::null_mut(), Ordering::SeqCst);
+                if !p.is_null() {
+                    // SAFETY: a leaked Box<Peer> out of its slot, swapped out here: ours alone, no reader holds it.
+                    drop(unsafe { Box::from_raw(p) });
+                }
+            }
         }
-        drop(retired);
         let mut overflow = false;
         for (id, high, path) in seen {
             if id == self.own || self.peers().any(|p| p.id == id) {
@@ -470,6 +480,18 @@ impl PriorityPeers {
                 .filter_map(|p| p.device(own, uuid))
                 .fold(init, &mut f)
         })
+    }
+}
+
+impl Drop for PriorityPeers {
+    fn drop(&mut self) {
+        for p in self.slots.iter_mut().chain(self.retired.iter_mut()) {
+            let p = std::mem::replace(p.get_mut(), std::ptr::null_mut());
+            if !p.is_null() {
+                // SAFETY: a leaked Box<Peer>; `&mut self`: no reader or scanner is inside.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
     }
 }
 
