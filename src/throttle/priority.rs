@@ -82,6 +82,9 @@ pub(crate) trait Tracker {
     fn set_token(&self, dev: usize, v: Option<u64>);
     /// How long this process's last tracked kernel took from launch to seen complete (0 = none seen yet).
     fn last_ns(&self, dev: usize) -> u64;
+    /// Whether a launch on `stream` could be tracked now besides what is queued (its context has events, or
+    /// one that has none queued can be given to it).
+    fn can_track(&self, dev: usize, stream: usize) -> bool;
 }
 
 /// This process's best-effort kernels still queued on a device.
@@ -140,11 +143,13 @@ impl Priorities {
     /// Admits a best-effort launch on `dev` estimated to take `est_ns` (may sleep; never spins): free while no
     /// high-priority tenant is present; else once this process's queued kernels leave room for it in
     /// [`BUDGET_NS`] (or none is queued), the high-priority queue is empty and quiet, and the container's
-    /// token is ours (taken, or renewed while our kernels are queued).
+    /// token is ours (taken, or renewed while our kernels are queued). A launch on `stream` that could not be
+    /// tracked waits for our queued kernels (fail closed: never work on the device outside the budget).
     pub(crate) fn be_admit<C: Clock, T: Tracker>(
         &self,
         e: PriorityEntry<'_>,
         dev: usize,
+        stream: usize,
         est_ns: u64,
         clock: &C,
         tr: &T,
@@ -166,6 +171,12 @@ impl Priorities {
                 return Gate::Free; // nobody to yield to
             }
             let over = q.left_ns.saturating_add(est_ns).saturating_sub(BUDGET_NS);
+            if n > 0 && n < QUEUE && !tr.can_track(dev, stream) {
+                // Its context has no events to spare (our kernels queued from others hold them all).
+                waited = true;
+                tr.wait_oldest(dev);
+                continue;
+            }
             if n >= QUEUE || (n > 0 && over > 0) {
                 // Room comes when the oldest kernel has run `over` more: sleep until then if it will still be
                 // running (the next kernel is queued before it ends: no gap), else wait for it to complete.
@@ -247,13 +258,17 @@ impl BeSlot {
         if let Some(i) = self.ctxs.iter().position(|&c| c == ctx) {
             return Some(i);
         }
-        let queued = |i: usize| (0..self.len).any(|k| self.q[(self.head + k) % QUEUE].2 == i);
         let i = (0..CTXS)
             .find(|&i| self.ctxs[i] == 0)
-            .or_else(|| (0..CTXS).find(|&i| !queued(i)))?;
+            .or_else(|| (0..CTXS).find(|&i| !self.queued(i)))?;
         self.ctxs[i] = ctx;
         self.evs[i] = [0; QUEUE];
         Some(i)
+    }
+
+    /// Whether a queued kernel uses context index `i`'s events.
+    fn queued(&self, i: usize) -> bool {
+        (0..self.len).any(|k| self.q[(self.head + k) % QUEUE].2 == i)
     }
 
     fn pop(&mut self, last: &AtomicU64) {
@@ -315,6 +330,15 @@ impl Completions {
         }
     }
 
+    /// After a launch under the token that could not be tracked (an event call failed): waits until our
+    /// tracked kernels are done and then for its estimate, as if it had been (fail closed).
+    pub(crate) fn untracked(&self, dev: usize, est_ns: u64) {
+        while self.reap(dev, super::clock::monotonic_ns()).n > 0 {
+            self.wait_oldest(dev);
+        }
+        super::clock::Monotonic.sleep_until(super::clock::monotonic_ns().saturating_add(est_ns));
+    }
+
     /// The slots' locks (for the fork handlers).
     pub(crate) fn locks(&self) -> &[Lock<BeSlot>] {
         &self.slots
@@ -370,6 +394,14 @@ impl Tracker for Completions {
 
     fn last_ns(&self, dev: usize) -> u64 {
         self.last[dev].load(Ordering::Relaxed)
+    }
+
+    fn can_track(&self, dev: usize, stream: usize) -> bool {
+        let Some(ctx) = self.api.as_ref().and_then(|api| stream_ctx(api, stream)) else {
+            return true; // not trackable at all: `untracked` after the launch
+        };
+        let g = self.slots[dev].lock();
+        g.ctxs.contains(&ctx) || (0..CTXS).any(|i| g.ctxs[i] == 0 || !g.queued(i))
     }
 }
 
@@ -461,6 +493,9 @@ mod tests {
         fn last_ns(&self, _dev: usize) -> u64 {
             self.last.get()
         }
+        fn can_track(&self, _dev: usize, _stream: usize) -> bool {
+            true
+        }
     }
 
     #[test]
@@ -468,11 +503,11 @@ mod tests {
         let clock = FakeClock::new(T0);
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
-        assert_eq!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Free);
         // A high-priority tenant gone for PRESENT_NS no longer restricts anyone.
         p.hp_launch(e, 0, T0, MS);
         clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Free);
         assert_eq!(clock.now_ns(), T0 + PRESENT_NS, "no wait");
     }
 
@@ -486,14 +521,14 @@ mod tests {
             p.hp_launch(e, 0, T0, 200_000);
         }
         assert_eq!(e.hp(T0).busy_until, T0 + 4 * MS);
-        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 3 * MS, &clock, &tr) else {
+        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 0, 3 * MS, &clock, &tr) else {
             panic!("a present high-priority tenant must restrict")
         };
         assert_eq!(clock.now_ns(), T0 + 4 * MS, "started when the burst was done");
         assert_eq!(waited_ns, 4 * MS);
         tr.launched(3 * MS);
         // A kernel longer than the budget: the next one waits for it; the token is renewed, not taken anew.
-        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 3 * MS, &clock, &tr) else {
+        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 0, 3 * MS, &clock, &tr) else {
             panic!()
         };
         assert_eq!(clock.now_ns(), T0 + 7 * MS);
@@ -517,7 +552,7 @@ mod tests {
         clock.advance(QUIET_NS);
         let k = 100_000;
         for _ in 0..(BUDGET_NS / k) {
-            assert!(matches!(p.be_admit(e, 0, k, &clock, &tr), Gate::Token { .. }));
+            assert!(matches!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Token { .. }));
             tr.launched(k);
         }
         assert_eq!(
@@ -527,7 +562,7 @@ mod tests {
         );
         // The next waits until the first has run its course (sleeping, not waiting for it: no gap between
         // kernels): never more than the budget queued.
-        assert!(matches!(p.be_admit(e, 0, k, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Token { .. }));
         assert_eq!(clock.now_ns(), T0 + QUIET_NS + k);
         assert_eq!(tr.reap(0, clock.now_ns()).left_ns + k, BUDGET_NS);
         tr.launched(k);
@@ -535,15 +570,15 @@ mod tests {
         clock.advance(BUDGET_NS);
         assert_eq!(tr.reap(0, clock.now_ns()).n, 0);
         let l = BUDGET_NS * 3 / 4;
-        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, l, &clock, &tr), Gate::Token { .. }));
         tr.launched(l);
         let t = clock.now_ns();
-        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, l, &clock, &tr), Gate::Token { .. }));
         assert_eq!(clock.now_ns(), t + 2 * l - BUDGET_NS);
         // All done: the token goes back at the next admission.
         tr.launched(k);
         clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, k, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Free);
         assert!(
             e.take_token(clock.now_ns(), clock.now_ns() + 1).is_ok(),
             "the token was not given back"
@@ -556,7 +591,7 @@ mod tests {
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
         p.hp_launch(e, 0, T0, 0); // a kernel whose estimate is 0 (unknown), just launched
-        let g = p.be_admit(e, 0, MS, &clock, &tr);
+        let g = p.be_admit(e, 0, 0, MS, &clock, &tr);
         assert!(matches!(g, Gate::Token { .. }));
         assert!(clock.now_ns() >= T0 + QUIET_NS);
     }
@@ -569,7 +604,7 @@ mod tests {
         p.hp_launch(e, 0, T0, 0);
         // Someone took the token and died: it is held until its expiry, not for ever.
         let dead = e.take_token(T0, T0 + 50 * MS).unwrap();
-        assert!(matches!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Token { .. }));
         assert!(clock.now_ns() >= dead && clock.now_ns() < dead + TOKEN_POLL_NS + 1);
     }
 
