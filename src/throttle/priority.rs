@@ -7,7 +7,8 @@
 //! is *when best-effort work is submitted*. So, on each device:
 //! - a high-priority launch stores its time and raises the estimated end of the high-priority queue (its
 //!   process's estimate: the throttle's per-kernel estimates, measured with events);
-//! - while a high-priority tenant is **present** (launched within [`PRESENT_NS`]), a best-effort process keeps
+//! - while a high-priority tenant is **present** (a `.high` container's file is in the node directory, idle or
+//!   not; without the directory: launched within [`PRESENT_NS`]), a best-effort process keeps
 //!   at most [`BUDGET_NS`] of estimated kernel time queued (or one kernel, if longer) and launches under its
 //!   container's **token** (one process of the container at a time), so a burst finds at most that ahead of
 //!   it per best-effort container (the bound that REEF gets by pre-emption and Orion by limiting outstanding
@@ -28,8 +29,8 @@ use cuquota_core::region::PriorityEntry;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A high-priority tenant that launched within this is present: best-effort tenants keep at most one kernel
-/// queued. Long, because a best-effort queue left deep while it was away is what its next request would wait
+/// A high-priority tenant that launched within this is present (a `.high` file in the node directory makes one
+/// present however long idle: `PriorityEntry::hp`). Long, because a best-effort queue left deep while it was away is what its next request would wait
 /// for (a kernel cannot be taken back); one kernel at a time costs a best-effort tenant with kernels of a
 /// millisecond or more a few percent of its throughput.
 pub(crate) const PRESENT_NS: u64 = 10_000_000_000;

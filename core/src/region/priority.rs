@@ -96,6 +96,10 @@ pub struct PriorityPeers {
     /// More files in the directory than slots at the last scan: best-effort assumes an unseen high-priority
     /// tenant (fail closed).
     overflow: AtomicBool,
+    /// Another container's `*.high` file was in the directory at the last scan (mapped or not: one that does
+    /// not open counts): a high-priority tenant is present however long it has been idle, so best-effort keeps
+    /// its budget (a request after a long idle finds no deep queue).
+    high_present: AtomicBool,
     /// Readers inside [`PriorityPeers::peers`]' results.
     readers: AtomicU64,
     /// Peers taken out of their slots (leaked boxes), freed when no reader is inside. Atomics, no lock: a fork
@@ -203,6 +207,7 @@ impl PriorityRegion {
             own: (own.dev(), own.ino()),
             own_high: AtomicBool::new(false),
             overflow: AtomicBool::new(false),
+            high_present: AtomicBool::new(false),
             readers: AtomicU64::new(0),
             retired: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             slots: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
@@ -358,6 +363,8 @@ impl PriorityPeers {
         }
         self.own_high
             .store(seen.iter().any(|s| s.0 == self.own && s.1), Ordering::Relaxed);
+        self.high_present
+            .store(seen.iter().any(|s| s.0 != self.own && s.1), Ordering::Relaxed);
         for slot in &self.slots {
             let ptr = slot.load(Ordering::Acquire);
             if ptr.is_null() {
@@ -404,7 +411,7 @@ impl PriorityPeers {
                 continue;
             }
             // Another container's file: read-only, its header checked; one that does not open is skipped (its
-            // container's own processes fail closed on it).
+            // container's own processes fail closed on it; a `*.high` one still counts as present: `high_present`).
             let Ok(mut map) = Mapping::open(&path, Access::ReadOnly, std::mem::size_of::<PriorityFile>())
             else {
                 continue;
@@ -570,8 +577,9 @@ impl<'a> PriorityEntry<'a> {
     /// What high-priority tenants published, as of `now`; times implausibly in the future read as absent.
     /// With the node directory: the latest of the `.high` files' (this container's own words count only if its
     /// file is one of them); without: this file's.
-    /// Fails closed: with a local entry, or more files in the directory than a process maps, a high-priority
-    /// tenant is assumed present (launched a second ago, nothing queued): best-effort work keeps to its budget.
+    /// A `*.high` file of another container in the directory (readable or not), a local entry, or more files in
+    /// the directory than a process maps: a high-priority tenant is present (launched a second ago at the
+    /// latest, nothing queued): best-effort work keeps to its budget even while it is idle.
     #[inline]
     pub fn hp(&self, now: u64) -> HpState {
         let Some((peers, own)) = self.peers else {
@@ -584,7 +592,10 @@ impl<'a> PriorityEntry<'a> {
             s.busy_until = s.busy_until.max(h.busy_until);
             s
         });
-        if self.assume_hp || peers.overflow.load(Ordering::Relaxed) {
+        if self.assume_hp
+            || peers.overflow.load(Ordering::Relaxed)
+            || peers.high_present.load(Ordering::Relaxed)
+        {
             s.last_launch = s.last_launch.max(now.saturating_sub(ASSUMED_AGO_NS).max(1));
         }
         s
@@ -844,6 +855,35 @@ mod tests {
         assert_eq!(e.hp(now + 10 + 2 * PEER_SCAN_NS), HpState::default());
         // Without the node directory a tenant's file does not open (the shim fails closed).
         assert!(PriorityRegion::open(&node.join("hp.low")).is_err());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// While another container's `.high` file exists a high-priority tenant is present, however long idle, and
+    /// whether or not its file opens; without one, nobody is.
+    #[test]
+    fn a_high_file_keeps_a_tenant_present_idle_or_unreadable() {
+        let root = temp("present");
+        let _ = std::fs::remove_dir_all(&root);
+        let node = root.join("node");
+        std::fs::create_dir_all(&node).unwrap();
+        PriorityRegion::create(&node.join("be.low")).unwrap();
+        std::fs::hard_link(node.join("be.low"), root.join("be")).unwrap();
+        std::os::unix::fs::symlink(&node, root.join("be.d")).unwrap();
+        let hp = PriorityRegion::create(&node.join("hp.high")).unwrap();
+        let be = PriorityRegion::open(&root.join("be")).unwrap();
+        let uuid = [5; 16];
+        let e = be.entry(be.device(&uuid).unwrap());
+        let now = 1000 * S;
+        hp.entry(hp.device(&uuid).unwrap()).note_hp_launch(now, now + 5);
+        let idle = now + 60 * S;
+        assert_eq!(e.hp(idle).last_launch, idle - ASSUMED_AGO_NS, "idle a minute");
+        std::fs::rename(node.join("hp.high"), node.join("hp.low")).unwrap();
+        let t = idle + PEER_SCAN_NS;
+        assert_eq!(e.hp(t), HpState::default(), "no `.high` file: nobody");
+        // A `.high` file that does not map (too short) counts as present (fail closed).
+        std::fs::write(node.join("broken.high"), b"x").unwrap();
+        let t = t + PEER_SCAN_NS;
+        assert_eq!(e.hp(t).last_launch, t - ASSUMED_AGO_NS, "unreadable");
         let _ = std::fs::remove_dir_all(&root);
     }
 
