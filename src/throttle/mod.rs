@@ -467,7 +467,9 @@ impl SmThrottle {
                 }
                 Some((Priority::Low, e)) => {
                     let t = estimated(ticket);
-                    let gate = self.prio.be_admit(e, idx, stream, t.charged, &Monotonic, &self.done);
+                    let gate = self
+                        .prio
+                        .be_admit(e, idx, stream, t.charged, &Monotonic, &self.done);
                     gated.push((e, idx, gate, stream, t.charged));
                     admitted.push((sh, t, stream, 0));
                 }
