@@ -306,14 +306,24 @@ fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
     let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
     let be_token = be_file.entry(be_file.devices(mono_ns())[0].id);
     // A scribbler: a high-priority tenant "launching" an hour from now, the token held for an hour.
+    // (The warm-up ran gated, the `.high` file being there: its hold of the token may not have expired yet.)
     let hour = 3_600_000_000_000;
-    let now = mono_ns();
+    let t0 = mono_ns();
+    let now = loop {
+        let now = mono_ns();
+        if be_token.take_token(now, now + hour).is_ok() {
+            break now;
+        }
+        assert!(now - t0 < 5_000_000_000, "the warm-up's token never expired");
+        std::thread::sleep(Duration::from_millis(10));
+    };
     e.note_hp_launch(now + hour, now + hour);
-    assert!(be_token.take_token(now, now + hour).is_ok());
     let share = be(2.0);
     println!("best-effort with garbage in the priority file: {share:.1} %");
+    // The `.high` file makes a tenant present: best-effort keeps its budget (one 1–2 ms kernel at a time,
+    // 84–89 % here); garbage obeyed would hold it back for an hour (0 %).
     assert!(
-        share >= 85.0,
+        share >= 50.0,
         "garbage stalled the best-effort tenant: {share:.1} %"
     );
     // A high-priority tenant present (it launched just now, its queue empty) but the token still held for an
