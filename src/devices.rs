@@ -15,11 +15,12 @@ use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use crate::log::{log, Level};
+use crate::time::monotonic_ns;
 use cuquota_core::region::layout::PolicyWords;
 use cuquota_core::region::{
     FileId, LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion,
 };
-use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
+use cuquota_core::{Config, DeviceId, Policy, Priority, UsageRegion};
 use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -280,11 +281,13 @@ impl Devices {
         let prio = self.priority.as_ref().and_then(|p| match p.device(&uuid.bytes) {
             Ok(id) => Some(id),
             Err(e) => {
+                // Fail closed: best-effort work is gated as if a high-priority tenant were present, this
+                // process is never high priority there, and a reservation refuses (no shared entry).
                 log!(
                     Level::Error,
-                    "device {ordinal}: no entry in the priority file, priorities are not enforced there: {e}"
+                    "device {ordinal}: no entry in the priority file ({e}): this process runs there as best                      effort next to an assumed high-priority tenant"
                 );
-                None
+                p.local_device(&uuid.bytes).ok()
             }
         });
         let policy = self.effective(u32::try_from(ordinal).ok(), &uuid.bytes);
@@ -372,7 +375,12 @@ impl Devices {
         let w = &i.policy;
         let cap = w.memory_limit.load(Ordering::Relaxed);
         let reserved = w.reserved_memory.load(Ordering::Relaxed);
-        let high = w.priority.load(Ordering::Relaxed) == cuquota_core::policy::PRIORITY_HIGH;
+        // High only where the agent granted it too (the own file's name), never on the process's word alone.
+        let high = reserved != 0
+            && w.priority.load(Ordering::Relaxed) != cuquota_core::policy::PRIORITY_LOW
+            && self
+                .priority_entry(dev)
+                .is_some_and(|e| e.granted_high(monotonic_ns()));
         (
             (cap != 0).then_some(cap),
             (reserved != 0 && !high).then_some(reserved),
@@ -454,8 +462,8 @@ impl Devices {
                 .map(|e| e.limits())
         };
         let sm = self.cfg.has_sm_limits() || agent().any(|p| p.throttles());
-        let prio =
-            self.priority.is_some() && (self.cfg.has_priorities() || agent().any(|p| p.priority.is_some()));
+        // A priority file alone gives a role (its name, the agent's grant): every launch is judged.
+        let prio = self.priority.is_some();
         self.sm_limited.store(sm, Ordering::Relaxed);
         self.launch_limited.store(sm || prio, Ordering::Relaxed);
         let mem = self.cfg.has_memory_limits() || agent().any(|p| p.memory.is_some());
@@ -463,12 +471,32 @@ impl Devices {
         self.launch_hooked.store(sm || prio || mem, Ordering::Relaxed);
     }
 
-    /// The device's entry in the container's priority file, if there is a file and the entry.
+    /// The device's entry in the container's priority file, if there is a file and the entry (a local
+    /// fallback entry does not count: it coordinates nobody).
     #[inline]
     pub(crate) fn priority_entry(&self, dev: Dev) -> Option<PriorityEntry<'_>> {
         let region = self.priority.as_ref()?;
         let id = self.table.get(dev.ordinal as usize)?.get()?.prio?;
-        Some(region.entry(id))
+        (!id.is_local()).then(|| region.entry(id))
+    }
+
+    /// A launch's priority role on `dev` and the entry it works on, given the process's own `policy`
+    /// priority: the lower of that and the agent's grant (the own file's name, `.high` or not); none without a
+    /// priority file. With no entry in the own file, best effort on a local entry (fail closed).
+    #[inline]
+    pub(crate) fn priority_role(
+        &self,
+        dev: Dev,
+        policy: Option<Priority>,
+    ) -> Option<(Priority, PriorityEntry<'_>)> {
+        let region = self.priority.as_ref()?;
+        let e = region.entry(self.table.get(dev.ordinal as usize)?.get()?.prio?);
+        let role = if policy != Some(Priority::Low) && e.granted_high(monotonic_ns()) {
+            Priority::High
+        } else {
+            Priority::Low
+        };
+        Some((role, e))
     }
 
     /// A priority without a priority file cannot be enforced: say so once (HAMi's deployments set

@@ -11,20 +11,9 @@
 
 use cuquota_core::region::layout::{PRIORITY_HIGH, PRIORITY_LOW};
 use cuquota_core::region::PriorityRegion;
+use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS, SECS};
 use shim_tests::{mono_ns, Output, Prog, Sim, Window, GIB};
 use std::time::Duration;
-
-/// One test at a time: they time the device, and CI has 2 cores.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-const SECS: f64 = 3.0;
-const BURST: u32 = 20;
-const KERNEL_NS: u64 = 200_000;
-const GAP_NS: (u64, u64) = (10_000_000, 40_000_000);
-const BE_NS: (u64, u64) = (1_000_000, 5_000_000);
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mode {
@@ -120,12 +109,6 @@ fn run(sim: &Sim, mode: Mode, with_be: bool) -> Run {
     }
 }
 
-fn pct(v: &[u64], p: f64) -> u64 {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    s[((s.len() - 1) as f64 * p / 100.0).round() as usize]
-}
-
 /// The best-effort tenant's device time in the high-priority tenant's window, as a share of the time the
 /// high-priority tenant left the device idle there.
 fn be_idle_share(sim: &Sim, r: &Run) -> f64 {
@@ -134,10 +117,6 @@ fn be_idle_share(sim: &Sim, r: &Run) -> f64 {
     let hp_busy = sim.busy_ns(0, r.hp.pid, from, to);
     let be_busy = sim.busy_ns(0, be.pid, from, to);
     be_busy as f64 * 100.0 / (to - from).saturating_sub(hp_busy).max(1) as f64
-}
-
-fn ms(ns: u64) -> f64 {
-    ns as f64 / 1e6
 }
 
 #[test]
@@ -327,14 +306,24 @@ fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
     let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
     let be_token = be_file.entry(be_file.devices(mono_ns())[0].id);
     // A scribbler: a high-priority tenant "launching" an hour from now, the token held for an hour.
+    // (The warm-up ran gated, the `.high` file being there: its hold of the token may not have expired yet.)
     let hour = 3_600_000_000_000;
-    let now = mono_ns();
+    let t0 = mono_ns();
+    let now = loop {
+        let now = mono_ns();
+        if be_token.take_token(now, now + hour).is_ok() {
+            break now;
+        }
+        assert!(now - t0 < 5_000_000_000, "the warm-up's token never expired");
+        std::thread::sleep(Duration::from_millis(10));
+    };
     e.note_hp_launch(now + hour, now + hour);
-    assert!(be_token.take_token(now, now + hour).is_ok());
     let share = be(2.0);
     println!("best-effort with garbage in the priority file: {share:.1} %");
+    // The `.high` file makes a tenant present: best-effort keeps its budget (one 1–2 ms kernel at a time,
+    // 84–89 % here); garbage obeyed would hold it back for an hour (0 %).
     assert!(
-        share >= 85.0,
+        share >= 50.0,
         "garbage stalled the best-effort tenant: {share:.1} %"
     );
     // A high-priority tenant present (it launched just now, its queue empty) but the token still held for an
@@ -358,8 +347,9 @@ fn garbage_in_the_priority_file_does_not_stall_best_effort_tenants() {
     );
 }
 
-/// The limits file's priority is live: a best-effort tenant that launches freely starts yielding to a published
-/// high-priority queue as soon as the agent marks it low priority.
+/// The limits file's priority is live and the lower of it and the file name wins: a tenant whose file says `.high`
+/// (no priority in the limits file) launches freely past a published high-priority queue, and starts yielding
+/// to it as soon as the agent marks it low priority.
 #[test]
 fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
     let _s = serial();
@@ -375,15 +365,15 @@ fn a_priority_set_live_in_the_limits_file_applies_to_a_running_tenant() {
         .env("CUQUOTA_LIMITS_FILE", limits.to_str().unwrap())
         .env(
             "CUQUOTA_PRIORITY_FILE",
-            sim.container_priority_file("be", false).to_str().unwrap(),
+            sim.container_priority_file("be", true).to_str().unwrap(),
         )
         .timeout(Duration::from_secs(60))
         .args(&format!("be 3 100000 200000 11 {start}"))
         .spawn();
     // A high-priority tenant whose queue is busy for the next 5 s, published before the change: ignored by a
-    // tenant without a priority.
+    // tenant the agent granted high priority (its file `be.high`) and gave no priority in the limits file.
     std::thread::sleep(Duration::from_nanos(start.saturating_sub(mono_ns())));
-    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", false)).unwrap();
+    let be_file = PriorityRegion::open_file(&sim.container_priority_file("be", true)).unwrap();
     let uuid = loop {
         if let Some(d) = be_file.devices(mono_ns()).first() {
             break d.uuid;

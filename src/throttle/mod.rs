@@ -178,9 +178,7 @@ impl SmThrottle {
             return launch();
         };
         let lim = self.devices.policy(dev);
-        let prio = lim
-            .priority
-            .and_then(|p| Some((p, self.devices.priority_entry(dev)?)));
+        let prio = self.devices.priority_role(dev, lim.priority);
         if !lim.throttles() && prio.is_none() {
             return launch();
         }
@@ -205,7 +203,7 @@ impl SmThrottle {
                 // last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
                 let t = ticket.unwrap_or_else(|| self.engine.observe(idx, &sh, key, monotonic_ns(), &gpu));
                 let est = t.charged;
-                let gate = self.prio.be_admit(e, idx, est, &Monotonic, &self.done);
+                let gate = self.prio.be_admit(e, idx, stream, est, &Monotonic, &self.done);
                 let r = self.run(&gpu, &sh, t, stream, launch);
                 self.be_after(e, idx, gate, stream, est, r.ok());
                 r
@@ -229,8 +227,9 @@ impl SmThrottle {
             if !self.done.track(idx, stream, est, monotonic_ns()) {
                 log!(
                     Level::Debug,
-                    "best-effort launch not tracked: the priority token is held until it expires"
+                    "best-effort launch not tracked: waiting for it as estimated"
                 );
+                self.done.untracked(idx, est);
             }
         } else if self.done.reap(idx, monotonic_ns()).n == 0 {
             e.release_token(value);
@@ -446,9 +445,7 @@ impl SmThrottle {
                 continue;
             };
             let lim = self.devices.policy(dev);
-            let prio = lim
-                .priority
-                .and_then(|p| Some((p, self.devices.priority_entry(dev)?)));
+            let prio = self.devices.priority_role(dev, lim.priority);
             if !lim.throttles() && prio.is_none() {
                 continue;
             }
@@ -470,7 +467,9 @@ impl SmThrottle {
                 }
                 Some((Priority::Low, e)) => {
                     let t = estimated(ticket);
-                    let gate = self.prio.be_admit(e, idx, t.charged, &Monotonic, &self.done);
+                    let gate = self
+                        .prio
+                        .be_admit(e, idx, stream, t.charged, &Monotonic, &self.done);
                     gated.push((e, idx, gate, stream, t.charged));
                     admitted.push((sh, t, stream, 0));
                 }

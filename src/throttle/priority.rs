@@ -7,7 +7,8 @@
 //! is *when best-effort work is submitted*. So, on each device:
 //! - a high-priority launch stores its time and raises the estimated end of the high-priority queue (its
 //!   process's estimate: the throttle's per-kernel estimates, measured with events);
-//! - while a high-priority tenant is **present** (launched within [`PRESENT_NS`]), a best-effort process keeps
+//! - while a high-priority tenant is **present** (a `.high` container's file is in the node directory, idle or
+//!   not; without the directory: launched within [`PRESENT_NS`]), a best-effort process keeps
 //!   at most [`BUDGET_NS`] of estimated kernel time queued (or one kernel, if longer) and launches under its
 //!   container's **token** (one process of the container at a time), so a burst finds at most that ahead of
 //!   it per best-effort container (the bound that REEF gets by pre-emption and Orion by limiting outstanding
@@ -28,8 +29,8 @@ use cuquota_core::region::PriorityEntry;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A high-priority tenant that launched within this is present: best-effort tenants keep at most one kernel
-/// queued. Long, because a best-effort queue left deep while it was away is what its next request would wait
+/// A high-priority tenant that launched within this is present (a `.high` file in the node directory makes one
+/// present however long idle: `PriorityEntry::hp`). Long, because a best-effort queue left deep while it was away is what its next request would wait
 /// for (a kernel cannot be taken back); one kernel at a time costs a best-effort tenant with kernels of a
 /// millisecond or more a few percent of its throughput.
 pub(crate) const PRESENT_NS: u64 = 10_000_000_000;
@@ -53,6 +54,10 @@ pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 pub(crate) const BUDGET_NS: u64 = 400_000;
 /// Most best-effort kernels a process tracks per device (one event each).
 pub(crate) const QUEUE: usize = 16;
+/// Contexts of one device whose kernels a process tracks at once (one queue per device counts them all, so
+/// launching from several contexts does not reset the budget); events of a context evicted past this are
+/// dropped.
+pub(crate) const CTXS: usize = 4;
 
 /// What a best-effort launch may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +83,9 @@ pub(crate) trait Tracker {
     fn set_token(&self, dev: usize, v: Option<u64>);
     /// How long this process's last tracked kernel took from launch to seen complete (0 = none seen yet).
     fn last_ns(&self, dev: usize) -> u64;
+    /// Whether a launch on `stream` could be tracked now besides what is queued (its context has events, or
+    /// one that has none queued can be given to it).
+    fn can_track(&self, dev: usize, stream: usize) -> bool;
 }
 
 /// This process's best-effort kernels still queued on a device.
@@ -136,11 +144,13 @@ impl Priorities {
     /// Admits a best-effort launch on `dev` estimated to take `est_ns` (may sleep; never spins): free while no
     /// high-priority tenant is present; else once this process's queued kernels leave room for it in
     /// [`BUDGET_NS`] (or none is queued), the high-priority queue is empty and quiet, and the container's
-    /// token is ours (taken, or renewed while our kernels are queued).
+    /// token is ours (taken, or renewed while our kernels are queued). A launch on `stream` that could not be
+    /// tracked waits for our queued kernels (fail closed: never work on the device outside the budget).
     pub(crate) fn be_admit<C: Clock, T: Tracker>(
         &self,
         e: PriorityEntry<'_>,
         dev: usize,
+        stream: usize,
         est_ns: u64,
         clock: &C,
         tr: &T,
@@ -162,6 +172,12 @@ impl Priorities {
                 return Gate::Free; // nobody to yield to
             }
             let over = q.left_ns.saturating_add(est_ns).saturating_sub(BUDGET_NS);
+            if n > 0 && n < QUEUE && !tr.can_track(dev, stream) {
+                // Its context has no events to spare (our kernels queued from others hold them all).
+                waited = true;
+                tr.wait_oldest(dev);
+                continue;
+            }
             if n >= QUEUE || (n > 0 && over > 0) {
                 // Room comes when the oldest kernel has run `over` more: sleep until then if it will still be
                 // running (the next kernel is queued before it ends: no gap), else wait for it to complete.
@@ -210,15 +226,16 @@ pub(crate) struct Completions {
     last: [AtomicU64; MAX_DEVICES],
 }
 
-/// One device's tracking events (created once per context, one per queued kernel) and what they track.
+/// One device's tracking events (created once per context and ring position) and what they track: one queue
+/// for the device, whichever context each kernel was launched from.
 #[derive(Debug, Default)]
 pub(crate) struct BeSlot {
-    /// The context the events belong to.
-    ctx: usize,
-    /// Events, by ring position (0 = not created yet).
-    evs: [usize; QUEUE],
-    /// (estimated ns, launch time) of the queued kernels, by ring position.
-    q: [(u64, u64); QUEUE],
+    /// The contexts the events belong to (0 = unused).
+    ctxs: [usize; CTXS],
+    /// Events per context, by ring position (0 = not created yet).
+    evs: [[usize; QUEUE]; CTXS],
+    /// (estimated ns, launch time, context index) of the queued kernels, by ring position.
+    q: [(u64, u64, usize); QUEUE],
     /// Ring position of the oldest queued kernel, and how many are queued.
     head: usize,
     /// Since when the oldest has been running, at the latest (its launch, or the previous one's completion).
@@ -231,8 +248,32 @@ pub(crate) struct BeSlot {
 }
 
 impl BeSlot {
+    /// The event of the oldest queued kernel.
+    fn head_event(&self) -> usize {
+        self.evs[self.q[self.head].2][self.head]
+    }
+
+    /// The index of `ctx`'s events: its own, else a free one, else one no queued kernel uses (its events are
+    /// dropped: of a context maybe destroyed, never touched again). `None`: all in use.
+    fn ctx_index(&mut self, ctx: usize) -> Option<usize> {
+        if let Some(i) = self.ctxs.iter().position(|&c| c == ctx) {
+            return Some(i);
+        }
+        let i = (0..CTXS)
+            .find(|&i| self.ctxs[i] == 0)
+            .or_else(|| (0..CTXS).find(|&i| !self.queued(i)))?;
+        self.ctxs[i] = ctx;
+        self.evs[i] = [0; QUEUE];
+        Some(i)
+    }
+
+    /// Whether a queued kernel uses context index `i`'s events.
+    fn queued(&self, i: usize) -> bool {
+        (0..self.len).any(|k| self.q[(self.head + k) % QUEUE].2 == i)
+    }
+
     fn pop(&mut self, last: &AtomicU64) {
-        let (_, launched) = self.q[self.head];
+        let (_, launched, _) = self.q[self.head];
         let now = super::clock::monotonic_ns();
         last.store(now.saturating_sub(launched).max(1), Ordering::Relaxed);
         self.head_since = now;
@@ -263,37 +304,40 @@ impl Completions {
             return false;
         };
         let mut g = self.slots[dev].lock();
-        if g.ctx != ctx {
-            // Events of another (maybe destroyed) context are dropped, never touched again.
-            let token = g.token;
-            *g = BeSlot {
-                ctx,
-                token,
-                ..BeSlot::default()
-            };
-        }
         if g.len == QUEUE {
             return false;
         }
+        let Some(ci) = g.ctx_index(ctx) else {
+            return false;
+        };
         let at = (g.head + g.len) % QUEUE;
-        if g.evs[at] == 0 {
+        if g.evs[ci][at] == 0 {
             match create(api, ctx) {
-                Some(e) => g.evs[at] = e,
+                Some(e) => g.evs[ci][at] = e,
                 None => return false,
             }
         }
         // SAFETY: our event, recorded on the program's stream of the same context.
-        if unsafe { (api.cuEventRecord)(g.evs[at] as *mut c_void, stream as *mut c_void) }.ok() {
-            g.q[at] = (est_ns, now);
+        if unsafe { (api.cuEventRecord)(g.evs[ci][at] as *mut c_void, stream as *mut c_void) }.ok() {
+            g.q[at] = (est_ns, now, ci);
             if g.len == 0 {
                 g.head_since = now;
             }
             g.len += 1;
             true
         } else {
-            g.evs[at] = 0;
+            g.evs[ci][at] = 0;
             false
         }
+    }
+
+    /// After a launch under the token that could not be tracked (an event call failed): waits until our
+    /// tracked kernels are done and then for its estimate, as if it had been (fail closed).
+    pub(crate) fn untracked(&self, dev: usize, est_ns: u64) {
+        while self.reap(dev, super::clock::monotonic_ns()).n > 0 {
+            self.wait_oldest(dev);
+        }
+        super::clock::Monotonic.sleep_until(super::clock::monotonic_ns().saturating_add(est_ns));
     }
 
     /// The slots' locks (for the fork handlers).
@@ -307,7 +351,7 @@ impl Tracker for Completions {
         let mut g = self.slots[dev].lock();
         if let Some(api) = self.api.as_ref() {
             // SAFETY: our events.
-            while g.len > 0 && unsafe { (api.cuEventQuery)(g.evs[g.head] as *mut c_void) }.ok() {
+            while g.len > 0 && unsafe { (api.cuEventQuery)(g.head_event() as *mut c_void) }.ok() {
                 g.pop(&self.last[dev]);
             }
         }
@@ -334,7 +378,7 @@ impl Tracker for Completions {
             if g.len == 0 {
                 return;
             }
-            (g.evs[g.head], g.popped)
+            (g.head_event(), g.popped)
         };
         // SAFETY: our event. Another thread may pop it meanwhile and record it again for a later kernel: then
         // this waits for that one, longer than needed, never wrongly.
@@ -351,6 +395,14 @@ impl Tracker for Completions {
 
     fn last_ns(&self, dev: usize) -> u64 {
         self.last[dev].load(Ordering::Relaxed)
+    }
+
+    fn can_track(&self, dev: usize, stream: usize) -> bool {
+        let Some(ctx) = self.api.as_ref().and_then(|api| stream_ctx(api, stream)) else {
+            return true; // not trackable at all: `untracked` after the launch
+        };
+        let g = self.slots[dev].lock();
+        g.ctxs.contains(&ctx) || (0..CTXS).any(|i| g.ctxs[i] == 0 || !g.queued(i))
     }
 }
 
@@ -442,6 +494,9 @@ mod tests {
         fn last_ns(&self, _dev: usize) -> u64 {
             self.last.get()
         }
+        fn can_track(&self, _dev: usize, _stream: usize) -> bool {
+            true
+        }
     }
 
     #[test]
@@ -449,11 +504,11 @@ mod tests {
         let clock = FakeClock::new(T0);
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
-        assert_eq!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Free);
         // A high-priority tenant gone for PRESENT_NS no longer restricts anyone.
         p.hp_launch(e, 0, T0, MS);
         clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Free);
         assert_eq!(clock.now_ns(), T0 + PRESENT_NS, "no wait");
     }
 
@@ -467,14 +522,14 @@ mod tests {
             p.hp_launch(e, 0, T0, 200_000);
         }
         assert_eq!(e.hp(T0).busy_until, T0 + 4 * MS);
-        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 3 * MS, &clock, &tr) else {
+        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 0, 3 * MS, &clock, &tr) else {
             panic!("a present high-priority tenant must restrict")
         };
         assert_eq!(clock.now_ns(), T0 + 4 * MS, "started when the burst was done");
         assert_eq!(waited_ns, 4 * MS);
         tr.launched(3 * MS);
         // A kernel longer than the budget: the next one waits for it; the token is renewed, not taken anew.
-        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 3 * MS, &clock, &tr) else {
+        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 0, 3 * MS, &clock, &tr) else {
             panic!()
         };
         assert_eq!(clock.now_ns(), T0 + 7 * MS);
@@ -498,7 +553,7 @@ mod tests {
         clock.advance(QUIET_NS);
         let k = 100_000;
         for _ in 0..(BUDGET_NS / k) {
-            assert!(matches!(p.be_admit(e, 0, k, &clock, &tr), Gate::Token { .. }));
+            assert!(matches!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Token { .. }));
             tr.launched(k);
         }
         assert_eq!(
@@ -508,7 +563,7 @@ mod tests {
         );
         // The next waits until the first has run its course (sleeping, not waiting for it: no gap between
         // kernels): never more than the budget queued.
-        assert!(matches!(p.be_admit(e, 0, k, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Token { .. }));
         assert_eq!(clock.now_ns(), T0 + QUIET_NS + k);
         assert_eq!(tr.reap(0, clock.now_ns()).left_ns + k, BUDGET_NS);
         tr.launched(k);
@@ -516,15 +571,15 @@ mod tests {
         clock.advance(BUDGET_NS);
         assert_eq!(tr.reap(0, clock.now_ns()).n, 0);
         let l = BUDGET_NS * 3 / 4;
-        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, l, &clock, &tr), Gate::Token { .. }));
         tr.launched(l);
         let t = clock.now_ns();
-        assert!(matches!(p.be_admit(e, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, l, &clock, &tr), Gate::Token { .. }));
         assert_eq!(clock.now_ns(), t + 2 * l - BUDGET_NS);
         // All done: the token goes back at the next admission.
         tr.launched(k);
         clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, k, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Free);
         assert!(
             e.take_token(clock.now_ns(), clock.now_ns() + 1).is_ok(),
             "the token was not given back"
@@ -537,7 +592,7 @@ mod tests {
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
         p.hp_launch(e, 0, T0, 0); // a kernel whose estimate is 0 (unknown), just launched
-        let g = p.be_admit(e, 0, MS, &clock, &tr);
+        let g = p.be_admit(e, 0, 0, MS, &clock, &tr);
         assert!(matches!(g, Gate::Token { .. }));
         assert!(clock.now_ns() >= T0 + QUIET_NS);
     }
@@ -550,7 +605,7 @@ mod tests {
         p.hp_launch(e, 0, T0, 0);
         // Someone took the token and died: it is held until its expiry, not for ever.
         let dead = e.take_token(T0, T0 + 50 * MS).unwrap();
-        assert!(matches!(p.be_admit(e, 0, MS, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Token { .. }));
         assert!(clock.now_ns() >= dead && clock.now_ns() < dead + TOKEN_POLL_NS + 1);
     }
 

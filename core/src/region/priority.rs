@@ -43,37 +43,69 @@ pub const INFLIGHT_TTL_S: u32 = 10;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PriorityDeviceId(u32);
 
+/// Marks a [`PriorityDeviceId`] of the process-local fallback entries.
+const LOCAL: u32 = 1 << 31;
+
 impl PriorityDeviceId {
-    /// The entry's index (0-based).
+    /// The entry's index (0-based; in the local fallback entries for a [`PriorityDeviceId::is_local`] one).
     pub fn index(self) -> usize {
-        self.0 as usize
+        (self.0 & !LOCAL) as usize
+    }
+
+    /// An entry of this process only ([`PriorityRegion::local_device`]): the own file had no room.
+    pub fn is_local(self) -> bool {
+        self.0 & LOCAL != 0
     }
 }
 
 /// Files of other containers a process reads (the node directory's), at most.
 pub const MAX_PEERS: usize = 64;
-// Every peer file is mapped with a truncation guard, beside the process's own files.
-const _: () = assert!(super::fault::SLOTS >= MAX_PEERS + 16);
+// Every peer file is mapped with a truncation guard (retired ones until freed), beside the process's own files.
+const _: () = assert!(super::fault::SLOTS >= MAX_PEERS + MAX_RETIRED + 16);
 /// How often the node directory is read again (containers come and go; the agent renames a file to change
 /// its container's priority live).
 pub const PEER_SCAN_NS: u64 = 1_000_000_000;
 /// A high-priority container's file name ends with this.
 pub const HIGH_SUFFIX: &str = ".high";
+/// Retired peers (their files left the directory) whose memory waits for readers to finish, at most: past it,
+/// gone files keep their slots.
+const MAX_RETIRED: usize = 32;
+/// How long before `now` a high-priority tenant that is assumed present (fail closed) last launched: present
+/// (within 10 s), long quiet, nothing queued.
+const ASSUMED_AGO_NS: u64 = 1_000_000_000;
 
 /// A container's own priority file, mapped read-write; with the node directory's files when opened by a
 /// tenant ([`PriorityRegion::open`]).
 pub struct PriorityRegion {
     map: Mapping,
     peers: Option<PriorityPeers>,
+    /// Entries of this process alone, for devices the own file has no room for (its container filled it): a
+    /// best-effort process gates on them as if a high-priority tenant were present (fail closed).
+    local: Box<[PriorityDevice]>,
 }
 
 /// The node directory's priority files (every container's, this one's included), mapped read-only and
-/// found again every [`PEER_SCAN_NS`]. Mappings are never dropped (a file that left the directory stops
-/// counting), so readers need no lock: a slot is set once.
+/// found again every [`PEER_SCAN_NS`]. The slot of a file that left the directory is emptied at the next scan
+/// and reused; its mapping is dropped once no reader is inside (`readers`: no lock on the read side).
 pub struct PriorityPeers {
     dir: PathBuf,
     /// The own file's identity (its words are read through the own mapping).
     own: (u64, u64),
+    /// The own file is named `*.high` in the directory (at the last scan): the agent granted high priority.
+    own_high: AtomicBool,
+    /// More files in the directory than slots at the last scan: best-effort assumes an unseen high-priority
+    /// tenant (fail closed).
+    overflow: AtomicBool,
+    /// Another container's `*.high` file was in the directory at the last scan (mapped or not: one that does
+    /// not open counts): a high-priority tenant is present however long it has been idle, so best-effort keeps
+    /// its budget (a request after a long idle finds no deep queue).
+    high_present: AtomicBool,
+    /// Readers inside [`PriorityPeers::peers`]' results.
+    readers: AtomicU64,
+    /// Peers taken out of their slots (leaked boxes), freed when no reader is inside. Atomics, no lock: a fork
+    /// while a scan is under way leaves the child nothing to wait for (a peer taken by the vanished scanner
+    /// leaks).
+    retired: [AtomicPtr<Peer>; MAX_RETIRED],
     slots: [AtomicPtr<Peer>; MAX_PEERS],
     next_scan: AtomicU64,
     /// When the scan under way started (0 = none); one older than [`PEER_SCAN_NS`] is taken over (its thread
@@ -153,7 +185,7 @@ impl PriorityRegion {
             // one is mounted, a tenant that rewrote its own file's version must not stop seeing its peers.
             if let Ok(map) = Self::map(path, Access::ReadWrite) {
                 if validate(path, &map, false, PRIORITY_ABI_VERSION_NODE_FILE).is_ok() {
-                    return Ok(PriorityRegion { map, peers: None });
+                    return Ok(Self::with_map(map));
                 }
             }
         }
@@ -173,6 +205,11 @@ impl PriorityRegion {
         let peers = PriorityPeers {
             dir,
             own: (own.dev(), own.ino()),
+            own_high: AtomicBool::new(false),
+            overflow: AtomicBool::new(false),
+            high_present: AtomicBool::new(false),
+            readers: AtomicU64::new(0),
+            retired: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             slots: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             next_scan: AtomicU64::new(0),
             scanning: AtomicU64::new(0),
@@ -195,7 +232,19 @@ impl PriorityRegion {
             matches!(access, Access::Create(_)),
             PRIORITY_ABI_VERSION,
         )?;
-        Ok(PriorityRegion { map, peers: None })
+        Ok(Self::with_map(map))
+    }
+
+    fn with_map(map: Mapping) -> PriorityRegion {
+        PriorityRegion {
+            map,
+            peers: None,
+            local: (0..MAX_DEVICES)
+                // SAFETY: PriorityDevice consists only of atomics, for which all-zero is a valid value (a free
+                // entry).
+                .map(|_| unsafe { std::mem::zeroed::<PriorityDevice>() })
+                .collect(),
+        }
     }
 
     fn map(path: &Path, access: Access) -> Result<Mapping, RegionError> {
@@ -226,11 +275,24 @@ impl PriorityRegion {
         claim_device(&self.file().devices, uuid, self.path()).map(|i| PriorityDeviceId(i as u32))
     }
 
+    /// An entry for device `uuid` in this process only, when [`PriorityRegion::device`] found no room (a
+    /// container that filled its own file): its words coordinate nobody, and a best-effort process gates on it
+    /// as if a high-priority tenant were present ([`PriorityEntry::hp`]), never ungated.
+    pub fn local_device(&self, uuid: &[u8; 16]) -> Result<PriorityDeviceId, RegionError> {
+        claim_device(&self.local, uuid, self.path()).map(|i| PriorityDeviceId(i as u32 | LOCAL))
+    }
+
     /// One device entry's words (with the node directory's view of the device, when opened with it).
     pub fn entry(&self, id: PriorityDeviceId) -> PriorityEntry<'_> {
+        let d = if id.is_local() {
+            &self.local[id.index()]
+        } else {
+            &self.file().devices[id.index()]
+        };
         PriorityEntry {
-            d: &self.file().devices[id.index()],
+            d,
             peers: self.peers.as_ref().map(|p| (p, id.index())),
+            assume_hp: id.is_local(),
         }
     }
 
@@ -285,6 +347,8 @@ impl PriorityPeers {
         }
         self.next_scan
             .store(now.saturating_add(PEER_SCAN_NS), Ordering::Relaxed);
+        // Counted as a reader itself: a scan taken over from a slow one never frees what that one holds.
+        self.readers.fetch_add(1, Ordering::SeqCst);
         let mut seen: Vec<((u64, u64), bool, PathBuf)> = Vec::new();
         if let Ok(rd) = std::fs::read_dir(&self.dir) {
             for f in rd.flatten() {
@@ -297,17 +361,57 @@ impl PriorityPeers {
                 seen.push(((m.dev(), m.ino()), high, path));
             }
         }
-        for p in self.peers() {
+        self.own_high
+            .store(seen.iter().any(|s| s.0 == self.own && s.1), Ordering::Relaxed);
+        self.high_present
+            .store(seen.iter().any(|s| s.0 != self.own && s.1), Ordering::Relaxed);
+        for slot in &self.slots {
+            let ptr = slot.load(Ordering::Acquire);
+            if ptr.is_null() {
+                continue;
+            }
+            // SAFETY: a non-null slot holds a leaked Box<Peer>, freed only below by this (the one) scanner.
+            let p = unsafe { &*ptr };
             let now_here = seen.iter().find(|s| s.0 == p.id);
             p.present.store(now_here.is_some(), Ordering::Relaxed);
             p.high.store(now_here.is_some_and(|s| s.1), Ordering::Relaxed);
+            if now_here.is_none() {
+                // Parked in a free retired slot first (none free: it keeps its slot), then taken out of its slot:
+                // no new reader finds it; freed once the readers that may hold it are out.
+                let Some(park) = self.retired.iter().find(|r| {
+                    r.compare_exchange(std::ptr::null_mut(), ptr, Ordering::SeqCst, Ordering::Relaxed)
+                        .is_ok()
+                }) else {
+                    continue;
+                };
+                if slot
+                    .compare_exchange(ptr, std::ptr::null_mut(), Ordering::SeqCst, Ordering::Relaxed)
+                    .is_err()
+                {
+                    park.store(std::ptr::null_mut(), Ordering::SeqCst); // another scanner took it
+                }
+            }
         }
+        // Readers that found a retired peer entered before it left its slot: when none but this scan is
+        // inside now, none holds it (every ordering here SeqCst, as the readers' count and slot loads). A reader
+        // that never leaves (its thread vanished in a fork) keeps them: past MAX_RETIRED slots are kept, and
+        // at the bound best-effort fails closed.
+        if self.readers.load(Ordering::SeqCst) == 1 {
+            for r in &self.retired {
+                let p = r.swap(std::ptr::null_mut(), Ordering::SeqCst);
+                if !p.is_null() {
+                    // SAFETY: a leaked Box<Peer> out of its slot, swapped out here: ours alone, no reader holds it.
+                    drop(unsafe { Box::from_raw(p) });
+                }
+            }
+        }
+        let mut overflow = false;
         for (id, high, path) in seen {
             if id == self.own || self.peers().any(|p| p.id == id) {
                 continue;
             }
             // Another container's file: read-only, its header checked; one that does not open is skipped (its
-            // container's own processes fail closed on it).
+            // container's own processes fail closed on it; a `*.high` one still counts as present: `high_present`).
             let Ok(mut map) = Mapping::open(&path, Access::ReadOnly, std::mem::size_of::<PriorityFile>())
             else {
                 continue;
@@ -331,34 +435,70 @@ impl PriorityPeers {
             if free.is_none() {
                 // SAFETY: not published in any slot, so ours alone.
                 drop(unsafe { Box::from_raw(peer) });
+                overflow = true;
                 break;
             }
         }
+        self.overflow.store(overflow, Ordering::Relaxed);
+        self.readers.fetch_sub(1, Ordering::SeqCst);
         self.scanning.store(0, Ordering::Release);
     }
 
-    /// The files mapped so far (present or not).
+    /// Runs `f` over the files mapped now (present or not), counted as a reader: a peer retired meanwhile is
+    /// not freed before `f` returns.
+    fn with_peers<R>(&self, f: impl FnOnce(&mut dyn Iterator<Item = &Peer>) -> R) -> R {
+        self.readers.fetch_add(1, Ordering::SeqCst);
+        let mut it = self.slots.iter().filter_map(|s| {
+            let p = s.load(Ordering::SeqCst);
+            // SAFETY: a non-null slot holds a leaked Box<Peer>; the scanner frees one taken out of its slot only
+            // when no reader is counted, and we are until `f` returns.
+            (!p.is_null()).then(|| unsafe { &*p })
+        });
+        let r = f(&mut it);
+        self.readers.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
+    /// The files mapped now, for the scanner alone (counted as a reader while it scans).
     fn peers(&self) -> impl Iterator<Item = &Peer> {
-        self.slots.iter().map_while(|s| {
-            let p = s.load(Ordering::Acquire);
-            // SAFETY: a slot is set once to a leaked Box and never freed or reset, so the Peer lives as long as
-            // `self` (longer: mappings of other containers' files are kept for the process's lifetime).
+        self.slots.iter().filter_map(|s| {
+            let p = s.load(Ordering::SeqCst);
+            // SAFETY: the scanner, counted as a reader, is the only one that frees a peer, and only when no
+            // other reader is counted.
             (!p.is_null()).then(|| unsafe { &*p })
         })
     }
 
-    /// Peer files (present, `high` ones only if asked) that have an entry for `uuid`; `own` caches the match.
-    fn entries<'p>(
-        &'p self,
+    /// Folds `f` over the peer files (present, `high` ones only if asked) that have an entry for `uuid`; `own`
+    /// caches the match.
+    fn fold_entries<A>(
+        &self,
         own: usize,
         uuid: [u64; 2],
         high_only: bool,
-    ) -> impl Iterator<Item = &'p PriorityDevice> + 'p {
-        self.peers()
-            .filter(move |p| {
-                p.present.load(Ordering::Relaxed) && (!high_only || p.high.load(Ordering::Relaxed))
-            })
-            .filter_map(move |p| p.device(own, uuid))
+        init: A,
+        mut f: impl FnMut(A, &PriorityDevice) -> A,
+    ) -> A {
+        self.with_peers(|peers| {
+            peers
+                .filter(|p| {
+                    p.present.load(Ordering::Relaxed) && (!high_only || p.high.load(Ordering::Relaxed))
+                })
+                .filter_map(|p| p.device(own, uuid))
+                .fold(init, &mut f)
+        })
+    }
+}
+
+impl Drop for PriorityPeers {
+    fn drop(&mut self) {
+        for p in self.slots.iter_mut().chain(self.retired.iter_mut()) {
+            let p = std::mem::replace(p.get_mut(), std::ptr::null_mut());
+            if !p.is_null() {
+                // SAFETY: a leaked Box<Peer>; `&mut self`: no reader or scanner is inside.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
     }
 }
 
@@ -396,13 +536,19 @@ pub struct PriorityEntry<'a> {
     d: &'a PriorityDevice,
     /// The node directory and this entry's index in the own file (`PriorityRegion::open`'s entries).
     peers: Option<(&'a PriorityPeers, usize)>,
+    /// A local entry (the own file had no room): a high-priority tenant is assumed present.
+    assume_hp: bool,
 }
 
 impl<'a> PriorityEntry<'a> {
     /// A view of raw words alone, as if this file were every container's (the shim's unit tests build entries
     /// in memory; `cuquota priority show` reads one file).
     pub fn new(d: &'a PriorityDevice) -> Self {
-        PriorityEntry { d, peers: None }
+        PriorityEntry {
+            d,
+            peers: None,
+            assume_hp: false,
+        }
     }
 
     fn uuid(&self) -> [u64; 2] {
@@ -431,19 +577,40 @@ impl<'a> PriorityEntry<'a> {
     /// What high-priority tenants published, as of `now`; times implausibly in the future read as absent.
     /// With the node directory: the latest of the `.high` files' (this container's own words count only if its
     /// file is one of them); without: this file's.
+    /// A `*.high` file of another container in the directory (readable or not), a local entry, or more files in
+    /// the directory than a process maps: a high-priority tenant is present (launched a second ago at the
+    /// latest, nothing queued): best-effort work keeps to its budget even while it is idle.
     #[inline]
     pub fn hp(&self, now: u64) -> HpState {
         let Some((peers, own)) = self.peers else {
             return hp_of(self.d, now);
         };
         peers.refresh(now);
-        let mut s = HpState::default();
-        for d in peers.entries(own, self.uuid(), true) {
+        let mut s = peers.fold_entries(own, self.uuid(), true, HpState::default(), |mut s, d| {
             let h = hp_of(d, now);
             s.last_launch = s.last_launch.max(h.last_launch);
             s.busy_until = s.busy_until.max(h.busy_until);
+            s
+        });
+        if self.assume_hp
+            || peers.overflow.load(Ordering::Relaxed)
+            || peers.high_present.load(Ordering::Relaxed)
+        {
+            s.last_launch = s.last_launch.max(now.saturating_sub(ASSUMED_AGO_NS).max(1));
         }
         s
+    }
+
+    /// Whether the agent granted this container high priority: its own file is named `*.high` in the node
+    /// directory (at the last scan; a file not found there is not). Without the directory (tools), true: the
+    /// process's own policy decides. Never true for a local entry.
+    #[inline]
+    pub fn granted_high(&self, now: u64) -> bool {
+        let Some((peers, _)) = self.peers else {
+            return !self.assume_hp;
+        };
+        peers.refresh(now);
+        !self.assume_hp && peers.own_high.load(Ordering::Relaxed)
     }
 
     // ---- the best-effort queue token ------------------------------------------------------------------------
@@ -535,12 +702,13 @@ impl<'a> PriorityEntry<'a> {
             return mine;
         };
         peers.refresh(u64::from(now_s).saturating_mul(1_000_000_000));
-        let others: u64 = peers
-            .entries(idx, self.uuid(), false)
-            .flat_map(|d| d.inflight.iter())
-            .filter_map(live)
-            .map(|w| (inflight_mib(w) as u64) << 20)
-            .sum();
+        let others: u64 = peers.fold_entries(idx, self.uuid(), false, 0u64, |sum, d| {
+            d.inflight
+                .iter()
+                .filter_map(live)
+                .map(|w| (inflight_mib(w) as u64) << 20)
+                .fold(sum, u64::saturating_add)
+        });
         mine.saturating_add(others)
     }
 
@@ -687,6 +855,99 @@ mod tests {
         assert_eq!(e.hp(now + 10 + 2 * PEER_SCAN_NS), HpState::default());
         // Without the node directory a tenant's file does not open (the shim fails closed).
         assert!(PriorityRegion::open(&node.join("hp.low")).is_err());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// While another container's `.high` file exists a high-priority tenant is present, however long idle, and
+    /// whether or not its file opens; without one, nobody is.
+    #[test]
+    fn a_high_file_keeps_a_tenant_present_idle_or_unreadable() {
+        let root = temp("present");
+        let _ = std::fs::remove_dir_all(&root);
+        let node = root.join("node");
+        std::fs::create_dir_all(&node).unwrap();
+        PriorityRegion::create(&node.join("be.low")).unwrap();
+        std::fs::hard_link(node.join("be.low"), root.join("be")).unwrap();
+        std::os::unix::fs::symlink(&node, root.join("be.d")).unwrap();
+        let hp = PriorityRegion::create(&node.join("hp.high")).unwrap();
+        let be = PriorityRegion::open(&root.join("be")).unwrap();
+        let uuid = [5; 16];
+        let e = be.entry(be.device(&uuid).unwrap());
+        let now = 1000 * S;
+        hp.entry(hp.device(&uuid).unwrap()).note_hp_launch(now, now + 5);
+        let idle = now + 60 * S;
+        assert_eq!(e.hp(idle).last_launch, idle - ASSUMED_AGO_NS, "idle a minute");
+        std::fs::rename(node.join("hp.high"), node.join("hp.low")).unwrap();
+        let t = idle + PEER_SCAN_NS;
+        assert_eq!(e.hp(t), HpState::default(), "no `.high` file: nobody");
+        // A `.high` file that does not map (too short) counts as present (fail closed).
+        std::fs::write(node.join("broken.high"), b"x").unwrap();
+        let t = t + PEER_SCAN_NS;
+        assert_eq!(e.hp(t).last_launch, t - ASSUMED_AGO_NS, "unreadable");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn slots_of_departed_files_are_reused_and_too_many_files_fail_closed() {
+        let root = temp("churn");
+        let _ = std::fs::remove_dir_all(&root);
+        let node = root.join("node");
+        std::fs::create_dir_all(&node).unwrap();
+        PriorityRegion::create(&node.join("be.low")).unwrap();
+        std::fs::hard_link(node.join("be.low"), root.join("be")).unwrap();
+        std::os::unix::fs::symlink(&node, root.join("be.d")).unwrap();
+        let departed: Vec<_> = (0..MAX_PEERS)
+            .map(|i| {
+                let p = node.join(format!("departed{i}.low"));
+                PriorityRegion::create(&p).unwrap();
+                p
+            })
+            .collect();
+        let be = PriorityRegion::open(&root.join("be")).unwrap();
+        let uuid = [9; 16];
+        let e = be.entry(be.device(&uuid).unwrap());
+        let now = 1000 * S;
+        assert!(!e.granted_high(now), "a `.low` file grants nothing");
+        assert_eq!(e.hp(now), HpState::default(), "64 files fit");
+        // One more live file than slots: a high-priority tenant is assumed (launched a second ago, idle).
+        let extra = node.join("extra.low");
+        PriorityRegion::create(&extra).unwrap();
+        let later = now + PEER_SCAN_NS;
+        assert_eq!(
+            e.hp(later).last_launch,
+            later - ASSUMED_AGO_NS,
+            "fail closed at the bound"
+        );
+        assert_eq!(e.hp(later).busy_until, 0);
+        // The 64 leave; a high-priority container comes: its file takes a freed slot.
+        for p in &departed {
+            std::fs::remove_file(p).unwrap();
+        }
+        let hp = PriorityRegion::create(&node.join("hp.high")).unwrap();
+        hp.entry(hp.device(&uuid).unwrap())
+            .note_hp_launch(later, later + 7);
+        let t = later + PEER_SCAN_NS;
+        assert_eq!(
+            e.hp(t),
+            HpState {
+                last_launch: later,
+                busy_until: later + 7
+            }
+        );
+        // The agent renames the own file: the role follows.
+        std::fs::rename(node.join("be.low"), node.join("be.high")).unwrap();
+        assert!(e.granted_high(t + PEER_SCAN_NS));
+        // A full own file: a local entry, never high, a high-priority tenant assumed.
+        for i in 0..MAX_DEVICES as u8 - 1 {
+            be.device(&[0xA0 + i; 16]).unwrap();
+        }
+        assert!(be.device(&[0xF0; 16]).is_err(), "the own file is full");
+        let id = be.local_device(&[0xF0; 16]).unwrap();
+        assert!(id.is_local());
+        let local = be.entry(id);
+        let t = t + PEER_SCAN_NS;
+        assert!(!local.granted_high(t));
+        assert_eq!(local.hp(t).last_launch, t - ASSUMED_AGO_NS);
         let _ = std::fs::remove_dir_all(&root);
     }
 
