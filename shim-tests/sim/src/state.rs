@@ -41,7 +41,7 @@ pub(crate) struct Header {
     module_overhead: AtomicU64,
     granularity: AtomicU64,
     wave_ns: AtomicU64,
-    copy_gbps: AtomicU64,
+    copy_mbps: AtomicU64,
 }
 
 /// One kernel interval on a device's timeline. `seq` is odd while the writer fills it in.
@@ -304,7 +304,7 @@ impl SharedState {
         h.module_overhead.store(cfg.module_overhead, Relaxed);
         h.granularity.store(cfg.granularity, Relaxed);
         h.wave_ns.store(cfg.wave_ns, Relaxed);
-        h.copy_gbps.store(cfg.copy_gbps, Relaxed);
+        h.copy_mbps.store(cfg.copy_mbps, Relaxed);
         for (d, dc) in self.devices.iter().zip(&cfg.devices) {
             d.memory.store(dc.memory, Relaxed);
             d.sms.store(dc.sms as u64, Relaxed);
@@ -345,7 +345,7 @@ impl SharedState {
             module_overhead: h.module_overhead.load(Relaxed),
             granularity: h.granularity.load(Relaxed),
             wave_ns: h.wave_ns.load(Relaxed),
-            copy_gbps: h.copy_gbps.load(Relaxed).max(1),
+            copy_mbps: h.copy_mbps.load(Relaxed).max(1),
             driver_version: h.driver_version.load(Relaxed),
         }
     }

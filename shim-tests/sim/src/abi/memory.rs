@@ -69,7 +69,10 @@ fn validate_copy(o: &Objects, dst: u64, src: u64, len: u64, dir: Dir) -> CuResul
 
 /// Device time of moving `bytes` (a copy or a memset) at the configured bandwidth (`CUDASIM_COPY_GBPS`).
 fn copy_ns(sim: &Sim, bytes: u64) -> u64 {
-    bytes.div_ceil(sim.cfg.copy_gbps.max(1))
+    // 1 MB/s moves a byte in 1000 ns.
+    (bytes as u128 * 1000)
+        .div_ceil(sim.cfg.copy_mbps.max(1) as u128)
+        .min(u64::MAX as u128) as u64
 }
 
 /// A copy or memset of `bytes` on stream handle `s` (0: the legacy NULL stream): `check` validates it with the
