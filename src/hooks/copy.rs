@@ -36,13 +36,8 @@ pub(crate) fn flat(
     if !s.devices.prioritised() {
         return call();
     }
-    s.throttle.copy(
-        &s.cuda,
-        &s.nvml,
-        copy_key(bytes),
-        probe_stream(stream, ds),
-        call,
-    )
+    s.throttle
+        .copy(&s.cuda, &s.nvml, copy_key(bytes), probe_stream(stream, ds), call)
 }
 
 /// `cuMemcpy2D*` (`p`: NULL or a `CUDA_MEMCPY2D`, the driver's contract).
@@ -104,9 +99,7 @@ pub(crate) unsafe fn copy_3d_peer(
 }
 
 fn volume(w: usize, h: usize, d: usize) -> u64 {
-    (w as u64)
-        .saturating_mul(h as u64)
-        .saturating_mul(d as u64)
+    (w as u64).saturating_mul(h as u64).saturating_mul(d as u64)
 }
 
 /// `cuMemcpyBatchAsync*`: the batch's total size (at most 2^20 entries read; more is sized as unknown).
