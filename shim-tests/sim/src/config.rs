@@ -281,6 +281,8 @@ mod tests {
         assert_eq!(c.granularity, 2 << 20);
         assert_eq!(c.wave_ns, 20_000);
         assert_eq!(c.copy_mbps, 25_000);
+        let slow = from_env(env(&[("CUDASIM_COPY_GBPS", "0.1")])).unwrap();
+        assert_eq!(slow.copy_mbps, 100);
         assert_eq!(c.driver_version, 13000);
     }
 
