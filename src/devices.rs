@@ -437,6 +437,13 @@ impl Devices {
         self.launch_limited.load(Ordering::Relaxed)
     }
 
+    /// Whether this process has a priority file (a priority role on some device): copies and memsets are
+    /// judged only then. One load, nothing refreshed: the file is opened at start.
+    #[inline]
+    pub(crate) fn prioritised(&self) -> bool {
+        self.priority.is_some()
+    }
+
     /// Whether a memory cap may apply to some device (env/config, or any agent file's entry), as of the last
     /// [`Devices::refresh_if_changed`] (the launch hooks' [`Devices::launch_hooked`] just made one). One load.
     #[inline]

@@ -65,6 +65,8 @@ c_aliases! { checked_aliases;
     pub type CUDA_KERNEL_NODE_PARAMS = c_void;
     pub type CUDA_KERNEL_NODE_PARAMS_v1 = c_void;
     pub type CUmulticastObjectProp = c_void;
+    pub type CUmemcpyAttributes = c_void;
+    pub type CUDA_MEMCPY3D_BATCH_OP = c_void;
     /// C enums (none has a negative value, so the ABI's type is `unsigned int`).
     pub type CUjit_option = c_uint;
     pub type CUlibraryOption = c_uint;
@@ -76,6 +78,7 @@ c_aliases! { checked_aliases;
     pub type CUgraphNodeType = c_uint;
     pub type CUgraphExecUpdateResult = c_uint;
     pub type CUlimit = c_uint;
+    pub type CUmemorytype = c_uint;
     pub type CUstreamCaptureStatus = c_uint;
     pub type CUdevice_attribute = c_uint;
     pub type CUpointer_attribute = c_uint;
@@ -248,6 +251,87 @@ c_structs! { checked_structs;
         pub sharedMemBytes: c_uint,
         pub hStream: CUstream,
         pub kernelParams: *mut *mut c_void,
+    }
+
+    /// `CUDA_MEMCPY2D` (v2): the copy hooks read its extent.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_MEMCPY2D {
+        pub srcXInBytes: usize,
+        pub srcY: usize,
+        pub srcMemoryType: CUmemorytype,
+        pub srcHost: *const c_void,
+        pub srcDevice: CUdeviceptr,
+        pub srcArray: CUarray,
+        pub srcPitch: usize,
+        pub dstXInBytes: usize,
+        pub dstY: usize,
+        pub dstMemoryType: CUmemorytype,
+        pub dstHost: *mut c_void,
+        pub dstDevice: CUdeviceptr,
+        pub dstArray: CUarray,
+        pub dstPitch: usize,
+        pub WidthInBytes: usize,
+        pub Height: usize,
+    }
+
+    /// `CUDA_MEMCPY3D` (v2).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_MEMCPY3D {
+        pub srcXInBytes: usize,
+        pub srcY: usize,
+        pub srcZ: usize,
+        pub srcLOD: usize,
+        pub srcMemoryType: CUmemorytype,
+        pub srcHost: *const c_void,
+        pub srcDevice: CUdeviceptr,
+        pub srcArray: CUarray,
+        pub reserved0: *mut c_void,
+        pub srcPitch: usize,
+        pub srcHeight: usize,
+        pub dstXInBytes: usize,
+        pub dstY: usize,
+        pub dstZ: usize,
+        pub dstLOD: usize,
+        pub dstMemoryType: CUmemorytype,
+        pub dstHost: *mut c_void,
+        pub dstDevice: CUdeviceptr,
+        pub dstArray: CUarray,
+        pub reserved1: *mut c_void,
+        pub dstPitch: usize,
+        pub dstHeight: usize,
+        pub WidthInBytes: usize,
+        pub Height: usize,
+        pub Depth: usize,
+    }
+
+    /// `CUDA_MEMCPY3D_PEER`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_MEMCPY3D_PEER {
+        pub srcXInBytes: usize,
+        pub srcY: usize,
+        pub srcZ: usize,
+        pub srcLOD: usize,
+        pub srcMemoryType: CUmemorytype,
+        pub srcHost: *const c_void,
+        pub srcDevice: CUdeviceptr,
+        pub srcArray: CUarray,
+        pub srcContext: CUcontext,
+        pub srcPitch: usize,
+        pub srcHeight: usize,
+        pub dstXInBytes: usize,
+        pub dstY: usize,
+        pub dstZ: usize,
+        pub dstLOD: usize,
+        pub dstMemoryType: CUmemorytype,
+        pub dstHost: *mut c_void,
+        pub dstDevice: CUdeviceptr,
+        pub dstArray: CUarray,
+        pub dstContext: CUcontext,
+        pub dstPitch: usize,
+        pub dstHeight: usize,
+        pub WidthInBytes: usize,
+        pub Height: usize,
+        pub Depth: usize,
     }
 }
 
@@ -444,6 +528,106 @@ c_functions! {
     cuGraphExecNodeSetParams @12020 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut CUgraphNodeParams);
     cuGraphExecKernelNodeSetParams_v2 @12000 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
     cuGraphExecKernelNodeSetParams @10010 (hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
+    // copies and memsets (best-effort ones are gated by priority)
+    cuMemcpyHtoD_v2 @3020 (dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize);
+    cuMemcpyHtoD_v2_ptds @7000 (dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize);
+    cuMemcpyDtoH_v2 @3020 (dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyDtoH_v2_ptds @7000 (dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyDtoD_v2 @3020 (dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyDtoD_v2_ptds @7000 (dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyDtoA_v2 @3020 (dstArray: CUarray, dstOffset: usize, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyDtoA_v2_ptds @7000 (dstArray: CUarray, dstOffset: usize, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyAtoD_v2 @3020 (dstDevice: CUdeviceptr, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyAtoD_v2_ptds @7000 (dstDevice: CUdeviceptr, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyHtoA_v2 @3020 (dstArray: CUarray, dstOffset: usize, srcHost: *const c_void, ByteCount: usize);
+    cuMemcpyHtoA_v2_ptds @7000 (dstArray: CUarray, dstOffset: usize, srcHost: *const c_void, ByteCount: usize);
+    cuMemcpyAtoH_v2 @3020 (dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyAtoH_v2_ptds @7000 (dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyAtoA_v2 @3020 (dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyAtoA_v2_ptds @7000 (dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpy @4000 (dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize);
+    cuMemcpy_ptds @7000 (dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize);
+    cuMemcpyPeer @4000 (dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize);
+    cuMemcpyPeer_ptds @7000 (dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize);
+    cuMemcpy2D_v2 @3020 (pCopy: *const CUDA_MEMCPY2D);
+    cuMemcpy2D_v2_ptds @7000 (pCopy: *const CUDA_MEMCPY2D);
+    cuMemcpy2DUnaligned_v2 @3020 (pCopy: *const CUDA_MEMCPY2D);
+    cuMemcpy2DUnaligned_v2_ptds @7000 (pCopy: *const CUDA_MEMCPY2D);
+    cuMemcpy3D_v2 @3020 (pCopy: *const CUDA_MEMCPY3D);
+    cuMemcpy3D_v2_ptds @7000 (pCopy: *const CUDA_MEMCPY3D);
+    cuMemcpy3DPeer @4000 (pCopy: *const CUDA_MEMCPY3D_PEER);
+    cuMemcpy3DPeer_ptds @7000 (pCopy: *const CUDA_MEMCPY3D_PEER);
+    cuMemcpyHtoDAsync_v2 @3020 (dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    cuMemcpyHtoDAsync_v2_ptsz @7000 (dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    cuMemcpyDtoHAsync_v2 @3020 (dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyDtoHAsync_v2_ptsz @7000 (dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyDtoDAsync_v2 @3020 (dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyDtoDAsync_v2_ptsz @7000 (dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyHtoAAsync_v2 @3020 (dstArray: CUarray, dstOffset: usize, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    cuMemcpyHtoAAsync_v2_ptsz @7000 (dstArray: CUarray, dstOffset: usize, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    cuMemcpyAtoHAsync_v2 @3020 (dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize, hStream: CUstream);
+    cuMemcpyAtoHAsync_v2_ptsz @7000 (dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize, hStream: CUstream);
+    cuMemcpyAsync @4000 (dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyAsync_ptsz @7000 (dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyPeerAsync @4000 (dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream);
+    cuMemcpyPeerAsync_ptsz @7000 (dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream);
+    cuMemcpy2DAsync_v2 @3020 (pCopy: *const CUDA_MEMCPY2D, hStream: CUstream);
+    cuMemcpy2DAsync_v2_ptsz @7000 (pCopy: *const CUDA_MEMCPY2D, hStream: CUstream);
+    cuMemcpy3DAsync_v2 @3020 (pCopy: *const CUDA_MEMCPY3D, hStream: CUstream);
+    cuMemcpy3DAsync_v2_ptsz @7000 (pCopy: *const CUDA_MEMCPY3D, hStream: CUstream);
+    cuMemcpy3DPeerAsync @4000 (pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream);
+    cuMemcpy3DPeerAsync_ptsz @7000 (pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream);
+    cuMemcpyBatchAsync @12080 (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream);
+    cuMemcpyBatchAsync_ptsz @12080 (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream);
+    cuMemcpyBatchAsync_v2 @13000 (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream);
+    cuMemcpyBatchAsync_v2_ptsz @13000 (dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut CUmemcpyAttributes, attrIdxs: *mut usize, numAttrs: usize, hStream: CUstream);
+    cuMemcpy3DBatchAsync @12080 (numParams: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, failIdx: *mut usize, flags: u64, hStream: CUstream);
+    cuMemcpy3DBatchAsync_ptsz @12080 (numParams: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, failIdx: *mut usize, flags: u64, hStream: CUstream);
+    cuMemcpy3DBatchAsync_v2 @13000 (numParams: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, flags: u64, hStream: CUstream);
+    cuMemcpy3DBatchAsync_v2_ptsz @13000 (numParams: usize, opList: *mut CUDA_MEMCPY3D_BATCH_OP, flags: u64, hStream: CUstream);
+    cuMemsetD8_v2 @3020 (dstDevice: CUdeviceptr, uc: u8, N: usize);
+    cuMemsetD8_v2_ptds @7000 (dstDevice: CUdeviceptr, uc: u8, N: usize);
+    cuMemsetD2D8_v2 @3020 (dstDevice: CUdeviceptr, dstPitch: usize, uc: u8, Width: usize, Height: usize);
+    cuMemsetD2D8_v2_ptds @7000 (dstDevice: CUdeviceptr, dstPitch: usize, uc: u8, Width: usize, Height: usize);
+    cuMemsetD8Async @3020 (dstDevice: CUdeviceptr, uc: u8, N: usize, hStream: CUstream);
+    cuMemsetD8Async_ptsz @7000 (dstDevice: CUdeviceptr, uc: u8, N: usize, hStream: CUstream);
+    cuMemsetD2D8Async @3020 (dstDevice: CUdeviceptr, dstPitch: usize, uc: u8, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD2D8Async_ptsz @7000 (dstDevice: CUdeviceptr, dstPitch: usize, uc: u8, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD16_v2 @3020 (dstDevice: CUdeviceptr, us: u16, N: usize);
+    cuMemsetD16_v2_ptds @7000 (dstDevice: CUdeviceptr, us: u16, N: usize);
+    cuMemsetD2D16_v2 @3020 (dstDevice: CUdeviceptr, dstPitch: usize, us: u16, Width: usize, Height: usize);
+    cuMemsetD2D16_v2_ptds @7000 (dstDevice: CUdeviceptr, dstPitch: usize, us: u16, Width: usize, Height: usize);
+    cuMemsetD16Async @3020 (dstDevice: CUdeviceptr, us: u16, N: usize, hStream: CUstream);
+    cuMemsetD16Async_ptsz @7000 (dstDevice: CUdeviceptr, us: u16, N: usize, hStream: CUstream);
+    cuMemsetD2D16Async @3020 (dstDevice: CUdeviceptr, dstPitch: usize, us: u16, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD2D16Async_ptsz @7000 (dstDevice: CUdeviceptr, dstPitch: usize, us: u16, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD32_v2 @3020 (dstDevice: CUdeviceptr, ui: c_uint, N: usize);
+    cuMemsetD32_v2_ptds @7000 (dstDevice: CUdeviceptr, ui: c_uint, N: usize);
+    cuMemsetD2D32_v2 @3020 (dstDevice: CUdeviceptr, dstPitch: usize, ui: c_uint, Width: usize, Height: usize);
+    cuMemsetD2D32_v2_ptds @7000 (dstDevice: CUdeviceptr, dstPitch: usize, ui: c_uint, Width: usize, Height: usize);
+    cuMemsetD32Async @3020 (dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream);
+    cuMemsetD32Async_ptsz @7000 (dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream);
+    cuMemsetD2D32Async @3020 (dstDevice: CUdeviceptr, dstPitch: usize, ui: c_uint, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD2D32Async_ptsz @7000 (dstDevice: CUdeviceptr, dstPitch: usize, ui: c_uint, Width: usize, Height: usize, hStream: CUstream);
+    cuMemcpyHtoD @2000 (dstDevice: CUdeviceptr_v1, srcHost: *const c_void, ByteCount: c_uint);
+    cuMemcpyDtoH @2000 (dstHost: *mut c_void, srcDevice: CUdeviceptr_v1, ByteCount: c_uint);
+    cuMemcpyDtoD @2000 (dstDevice: CUdeviceptr_v1, srcDevice: CUdeviceptr_v1, ByteCount: c_uint);
+    cuMemcpyDtoA @2000 (dstArray: CUarray, dstOffset: c_uint, srcDevice: CUdeviceptr_v1, ByteCount: c_uint);
+    cuMemcpyAtoD @2000 (dstDevice: CUdeviceptr_v1, srcArray: CUarray, srcOffset: c_uint, ByteCount: c_uint);
+    cuMemcpyHtoA @2000 (dstArray: CUarray, dstOffset: c_uint, srcHost: *const c_void, ByteCount: c_uint);
+    cuMemcpyAtoH @2000 (dstHost: *mut c_void, srcArray: CUarray, srcOffset: c_uint, ByteCount: c_uint);
+    cuMemcpyAtoA @2000 (dstArray: CUarray, dstOffset: c_uint, srcArray: CUarray, srcOffset: c_uint, ByteCount: c_uint);
+    cuMemcpyHtoDAsync @2000 (dstDevice: CUdeviceptr_v1, srcHost: *const c_void, ByteCount: c_uint, hStream: CUstream);
+    cuMemcpyDtoHAsync @2000 (dstHost: *mut c_void, srcDevice: CUdeviceptr_v1, ByteCount: c_uint, hStream: CUstream);
+    cuMemcpyDtoDAsync @3000 (dstDevice: CUdeviceptr_v1, srcDevice: CUdeviceptr_v1, ByteCount: c_uint, hStream: CUstream);
+    cuMemcpyHtoAAsync @2000 (dstArray: CUarray, dstOffset: c_uint, srcHost: *const c_void, ByteCount: c_uint, hStream: CUstream);
+    cuMemcpyAtoHAsync @2000 (dstHost: *mut c_void, srcArray: CUarray, srcOffset: c_uint, ByteCount: c_uint, hStream: CUstream);
+    cuMemsetD8 @2000 (dstDevice: CUdeviceptr_v1, uc: u8, N: c_uint);
+    cuMemsetD2D8 @2000 (dstDevice: CUdeviceptr_v1, dstPitch: c_uint, uc: u8, Width: c_uint, Height: c_uint);
+    cuMemsetD16 @2000 (dstDevice: CUdeviceptr_v1, us: u16, N: c_uint);
+    cuMemsetD2D16 @2000 (dstDevice: CUdeviceptr_v1, dstPitch: c_uint, us: u16, Width: c_uint, Height: c_uint);
+    cuMemsetD32 @2000 (dstDevice: CUdeviceptr_v1, ui: c_uint, N: c_uint);
+    cuMemsetD2D32 @2000 (dstDevice: CUdeviceptr_v1, dstPitch: c_uint, ui: c_uint, Width: c_uint, Height: c_uint);
     // called by the preload library itself (not exported)
     cuDriverGetVersion @2020 (driverVersion: *mut c_int);
     cuDeviceGetCount @2000 (count: *mut c_int);

@@ -45,6 +45,8 @@ fn c_type(rust: &str) -> String {
         "c_int" | "i32" => "int",
         "c_long" => "long",
         "c_uint" | "u32" => "unsigned int",
+        "u8" => "unsigned char",
+        "u16" => "unsigned short",
         "usize" => "size_t",
         "u64" => "unsigned long long",
         "f32" => "float",
@@ -53,11 +55,13 @@ fn c_type(rust: &str) -> String {
     .to_string()
 }
 
-/// `cuMemAlloc_v2` @3020 → `PFN_cuMemAlloc_v3020`; `cuLaunchKernel_ptsz` @7000 → `PFN_cuLaunchKernel_v7000_ptsz`.
+/// `cuMemAlloc_v2` @3020 → `PFN_cuMemAlloc_v3020`; `cuLaunchKernel_ptsz` @7000 → `PFN_cuLaunchKernel_v7000_ptsz`;
+/// `cuMemcpyHtoD_v2_ptds` @7000 → `PFN_cuMemcpyHtoD_v7000_ptds`.
 fn pfn_name(name: &str, version: u32) -> String {
-    let (base, suffix) = match name.strip_suffix("_ptsz") {
-        Some(b) => (b, "_ptsz"),
-        None => (name, ""),
+    let (base, suffix) = match (name.strip_suffix("_ptsz"), name.strip_suffix("_ptds")) {
+        (Some(b), _) => (b, "_ptsz"),
+        (_, Some(b)) => (b, "_ptds"),
+        _ => (name, ""),
     };
     let base = match base.rsplit_once("_v") {
         Some((b, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => b,
@@ -296,6 +300,10 @@ fn rust_types_are_spelled_as_in_c() {
     assert_eq!(
         pfn_name("cuLaunchKernel_ptsz", 7000),
         "PFN_cuLaunchKernel_v7000_ptsz"
+    );
+    assert_eq!(
+        pfn_name("cuMemcpyHtoD_v2_ptds", 7000),
+        "PFN_cuMemcpyHtoD_v7000_ptds"
     );
     assert_eq!(pfn_name("cuCtxCreate_v4", 12050), "PFN_cuCtxCreate_v12050");
     assert_eq!(pfn_name("cuInit", 2000), "PFN_cuInit_v2000");

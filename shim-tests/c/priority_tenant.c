@@ -11,6 +11,8 @@
  *       synchronises after every N launches, as a training loop does (default: never; a real GPU then queues
  *       seconds of work, which no tenant's latency figure is about). PT_BE_MULTI=1 launches through
  *       cuLaunchCooperativeKernelMultiDevice (one entry: this device) instead of cuLaunchKernel.
+ *       PT_BE_COPY=copy or =set issues no kernel: each "kernel" is a device-to-device cuMemcpyDtoDAsync or a
+ *       cuMemsetD32Async of as many bytes as take its length at CUDASIM_COPY_GBPS (simulator only).
  *
  * Both print pid, t0_ns and end_ns (CLOCK_MONOTONIC: the window they worked in), mode, kernels and busy_ns
  * (the device time of what they launched).
@@ -45,6 +47,9 @@ static struct {
     CUresult (*LaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              CUstream, void **, void **);
     CUresult (*LaunchMulti)(CUDA_LAUNCH_PARAMS *, unsigned, unsigned); /* PT_BE_MULTI only */
+    CUresult (*MemAlloc)(CUdeviceptr *, size_t);                       /* PT_BE_COPY only */
+    CUresult (*CopyAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*SetAsync)(CUdeviceptr, unsigned, size_t, CUstream);
     unsigned (*BusyNs)(unsigned, unsigned, unsigned long long, unsigned long long, unsigned long long *);
 } d;
 
@@ -52,6 +57,10 @@ static int sms = 1;
 static CUmodule mod;
 static CUfunction spin_fn;
 static CUstream stream;
+/* PT_BE_COPY: 'c' (copies) or 's' (memsets) instead of kernels, bytes per ns, and the two buffers. */
+static char copy_mode;
+static double copy_gbps = 1; /* bytes per ns */
+static CUdeviceptr buf[2];
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -131,6 +140,15 @@ static void setup(uint64_t unit) {
     R(StreamSynchronize, "cuStreamSynchronize");
     R(LaunchKernel, "cuLaunchKernel");
     if (getenv("PT_BE_MULTI")) R(LaunchMulti, "cuLaunchCooperativeKernelMultiDevice");
+    if (getenv("PT_BE_COPY")) {
+        copy_mode = getenv("PT_BE_COPY")[0];
+        R(MemAlloc, "cuMemAlloc_v2");
+        R(CopyAsync, "cuMemcpyDtoDAsync_v2");
+        R(SetAsync, "cuMemsetD32Async");
+        const char *g = getenv("CUDASIM_COPY_GBPS");
+        if (g) copy_gbps = atof(g);
+        if (copy_gbps <= 0) copy_gbps = 1;
+    }
 #undef R
     *(void **)&d.BusyNs = dlsym(lib, "cudasimDeviceBusyNs"); /* NULL on a real driver */
     CK(d.Init(0));
@@ -152,8 +170,17 @@ static void setup(uint64_t unit) {
     CK(d.StreamCreate(&stream, 0));
 }
 
-/* Launches one kernel of about `ns`; returns the device time it takes. */
+/* Launches one kernel of about `ns` (PT_BE_COPY: a copy or memset of that length); returns the device time it
+ * takes. */
 static uint64_t launch(uint64_t ns) {
+    if (copy_mode && d.BusyNs) {
+        size_t bytes = (size_t)((double)ns * copy_gbps) & ~(size_t)3;
+        if (copy_mode == 's')
+            CK(d.SetAsync(buf[0], 0x5a5a5a5au, bytes / 4, stream));
+        else
+            CK(d.CopyAsync(buf[1], buf[0], bytes, stream));
+        return (uint64_t)((double)bytes / copy_gbps);
+    }
     if (d.BusyNs) {
         uint64_t waves = ns / unit_ns;
         if (waves == 0) waves = 1;
@@ -243,6 +270,10 @@ static int be(int argc, char **argv) {
     uint64_t start_at = argc > 6 ? strtoull(argv[6], NULL, 10) : 0;
     /* Lengths in steps of kmin/10 (the simulator's wave), so [kmin, kmax] is covered evenly. */
     setup(kmin / 10);
+    if (copy_mode) {
+        CK(d.MemAlloc(&buf[0], (size_t)((double)kmax * copy_gbps) + 4));
+        CK(d.MemAlloc(&buf[1], (size_t)((double)kmax * copy_gbps) + 4));
+    }
     if (start_at > now_ns()) sleep_until(start_at);
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)(seconds * 1e9);
     header(t0, until);

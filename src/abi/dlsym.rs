@@ -409,7 +409,9 @@ mod tests {
         assert!(is_hooked(b"cuMemAlloc"));
         assert!(is_hooked(b"cuGetProcAddress_v2"));
         assert!(is_hooked(b"nvmlDeviceGetMemoryInfo_v2"));
-        assert!(!is_hooked(b"cuMemcpy"));
+        assert!(is_hooked(b"cuMemcpyAsync_ptsz"));
+        assert!(!is_hooked(b"cuMemcpy3DBatchAsync_v3"));
+        assert!(!is_hooked(b"cuCtxGetFlags"));
         assert!(!is_hooked(b"cuGetExportTable"));
         assert!(!is_hooked(b"malloc"));
         assert!(!is_hooked(b"dlclose"));

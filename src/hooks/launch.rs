@@ -20,7 +20,7 @@ use std::ffi::{c_int, c_uint};
 
 /// Stream for probe events: the NULL stream is the legacy or the per-thread default stream.
 #[inline]
-fn probe_stream(stream: CUstream, ds: DefaultStream) -> usize {
+pub(crate) fn probe_stream(stream: CUstream, ds: DefaultStream) -> usize {
     match (stream as usize, ds) {
         (0, DefaultStream::PerThread) => CU_STREAM_PER_THREAD,
         (0, DefaultStream::Legacy) => CU_STREAM_LEGACY,

@@ -5,6 +5,7 @@
 //! (`_v2`, legacy 32-bit, `_ptsz`), and each is unit-testable with a fake driver table.
 
 pub(crate) mod context;
+pub(crate) mod copy;
 pub(crate) mod graph_memory;
 pub(crate) mod info;
 pub(crate) mod launch;

@@ -174,18 +174,46 @@ impl SmThrottle {
         stream: usize,
         launch: impl FnOnce() -> CUresult,
     ) -> CUresult {
+        self.enqueue(cuda, nvml, key, stream, true, launch)
+    }
+
+    /// A copy or memset (`key`: its size class) on `stream`: judged by priority as a launch is (a high-priority
+    /// one raises the queue estimate, a best-effort one is gated within the budget), measured like a kernel,
+    /// but never charged to the SM limit (copy engines are not SMs; HAMi does not count them either).
+    pub(crate) fn copy(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        key: u64,
+        stream: usize,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        self.enqueue(cuda, nvml, key, stream, false, call)
+    }
+
+    /// [`SmThrottle::launch`], or with `sm` false [`SmThrottle::copy`].
+    fn enqueue(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        key: u64,
+        stream: usize,
+        sm: bool,
+        launch: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         let Some(dev) = self.charged(cuda, self.target(cuda, stream)) else {
             return launch();
         };
         let lim = self.devices.policy(dev);
         let prio = self.devices.priority_role(dev, lim.priority);
-        if !lim.throttles() && prio.is_none() {
+        let throttles = sm && lim.throttles();
+        if !throttles && prio.is_none() {
             return launch();
         }
         let gpu = self.driver(nvml);
         let sh = self.shared(dev.id);
         let idx = dev.id.index();
-        let ticket = if lim.throttles() {
+        let ticket = if throttles {
             self.admit(&gpu, dev, lim, key, &sh)
         } else {
             None

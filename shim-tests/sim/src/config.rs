@@ -30,6 +30,8 @@ pub(crate) struct SimConfig {
     pub granularity: u64,
     /// Kernel time per wave when the module does not declare one.
     pub wave_ns: u64,
+    /// Copy and memset bandwidth in MB/s (`CUDASIM_COPY_GBPS` × 1000): their time on the device timeline.
+    pub copy_mbps: u64,
     /// What cuDriverGetVersion reports (e.g. 13000).
     pub driver_version: u32,
 }
@@ -193,6 +195,13 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
             .parse::<u64>()
             .map_err(|_| err("CUDASIM_WAVE_NS", &v, "expected nanoseconds"))?,
     };
+    let copy_mbps = match get("CUDASIM_COPY_GBPS") {
+        None => 25_000,
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(g) if (0.001..=1e6).contains(&g) => (g * 1000.0).round() as u64,
+            _ => return Err(err("CUDASIM_COPY_GBPS", &v, "expected GB/s, 0.001 to 1000000")),
+        },
+    };
     let driver_version = match get("CUDASIM_DRIVER_VERSION") {
         None => 13000,
         Some(v) => match v.trim().parse::<u32>() {
@@ -212,6 +221,7 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
         module_overhead: size("CUDASIM_MODULE_OVERHEAD", 2 << 20)?,
         granularity,
         wave_ns,
+        copy_mbps,
         driver_version,
     })
 }
@@ -270,6 +280,9 @@ mod tests {
         assert_eq!(c.module_overhead, 2 << 20);
         assert_eq!(c.granularity, 2 << 20);
         assert_eq!(c.wave_ns, 20_000);
+        assert_eq!(c.copy_mbps, 25_000);
+        let slow = from_env(env(&[("CUDASIM_COPY_GBPS", "0.1")])).unwrap();
+        assert_eq!(slow.copy_mbps, 100);
         assert_eq!(c.driver_version, 13000);
     }
 
@@ -304,6 +317,7 @@ mod tests {
             ("CUDASIM_CTX_OVERHEAD", "1q"),
             ("CUDASIM_GRANULARITY", "3m"),
             ("CUDASIM_WAVE_NS", "fast"),
+            ("CUDASIM_COPY_GBPS", "0"),
             ("CUDASIM_DRIVER_VERSION", "13.0"),
         ] {
             let e = from_env(env(&[(k, v)])).unwrap_err();

@@ -13,7 +13,7 @@ use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
 /// 4: IPC memory exports.
-const LAYOUT_VERSION: u64 = 5;
+const LAYOUT_VERSION: u64 = 6;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -41,6 +41,7 @@ pub(crate) struct Header {
     module_overhead: AtomicU64,
     granularity: AtomicU64,
     wave_ns: AtomicU64,
+    copy_mbps: AtomicU64,
 }
 
 /// One kernel interval on a device's timeline. `seq` is odd while the writer fills it in.
@@ -303,6 +304,7 @@ impl SharedState {
         h.module_overhead.store(cfg.module_overhead, Relaxed);
         h.granularity.store(cfg.granularity, Relaxed);
         h.wave_ns.store(cfg.wave_ns, Relaxed);
+        h.copy_mbps.store(cfg.copy_mbps, Relaxed);
         for (d, dc) in self.devices.iter().zip(&cfg.devices) {
             d.memory.store(dc.memory, Relaxed);
             d.sms.store(dc.sms as u64, Relaxed);
@@ -343,6 +345,7 @@ impl SharedState {
             module_overhead: h.module_overhead.load(Relaxed),
             granularity: h.granularity.load(Relaxed),
             wave_ns: h.wave_ns.load(Relaxed),
+            copy_mbps: h.copy_mbps.load(Relaxed).max(1),
             driver_version: h.driver_version.load(Relaxed),
         }
     }

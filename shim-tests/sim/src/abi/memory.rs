@@ -33,12 +33,6 @@ fn free(p: u64) -> CuResult<()> {
     with(|o| memory::free(o, sim, p))
 }
 
-/// The current context's legacy-stream completion time (what synchronous copies wait for).
-fn legacy_done(o: &mut Objects, sim: &Sim) -> CuResult<u64> {
-    let c = context::current(o, sim)?;
-    Ok(stream::done_time(o, o.contexts[&c].null_stream))
-}
-
 /// Which sides of a copy must be device memory.
 #[derive(Clone, Copy)]
 enum Dir {
@@ -73,39 +67,96 @@ fn validate_copy(o: &Objects, dst: u64, src: u64, len: u64, dir: Dir) -> CuResul
     Ok(())
 }
 
-/// A synchronous copy: waits for the legacy stream's work, then moves the bytes.
-fn copy_sync(dst: u64, src: u64, len: u64, dir: Dir) -> CuResult<()> {
-    let sim = cuda()?;
-    let t = with(|o| legacy_done(o, sim))?;
-    sleep_until(t);
-    with(|o| {
-        validate_copy(o, dst, src, len, dir)?;
-        memory::copy(dst, src, len);
-        Ok(())
-    })
+/// Device time of moving `bytes` (a copy or a memset) at the configured bandwidth (`CUDASIM_COPY_GBPS`).
+fn copy_ns(sim: &Sim, bytes: u64) -> u64 {
+    // 1 MB/s moves a byte in 1000 ns.
+    (bytes as u128 * 1000)
+        .div_ceil(sim.cfg.copy_mbps.max(1) as u128)
+        .min(u64::MAX as u128) as u64
 }
 
-/// An asynchronous copy on `s`: the bytes move now (kernels compute nothing, so no ordering is observable),
-/// or, while `s` is capturing, when the captured graph runs.
+/// A copy or memset of `bytes` on stream handle `s` (0: the legacy NULL stream): `check` validates it with the
+/// stream resolved (`Ok(false)`: captured into a graph, nothing runs now); then its time is queued on the
+/// stream's device timeline like a kernel's (sleeping while the stream's queue is full) and `work` moves the
+/// bytes. `sync`: the synchronous forms, which return when the stream's work, this included, is done.
+fn on_stream(
+    sim: &Sim,
+    s: u64,
+    bytes: u64,
+    sync: bool,
+    mut check: impl FnMut(&mut Objects, u64) -> CuResult<bool>,
+    work: impl FnOnce(),
+) -> CuResult<()> {
+    let mut work = Some(work);
+    loop {
+        let next = with(|o| -> CuResult<Result<Option<u64>, u64>> {
+            let st = stream::resolve(o, sim, s)?;
+            if !check(o, st)? {
+                return Ok(Ok(None));
+            }
+            if bytes > 0 {
+                let (_, phys) = context::device_of(o, o.streams[&st].ctx)?;
+                if let Some(t) = stream::enqueue(o, sim, st, phys, &[copy_ns(sim, bytes)])? {
+                    return Ok(Err(t)); // the stream's queue is full
+                }
+            }
+            if let Some(w) = work.take() {
+                w();
+            }
+            Ok(Ok(sync.then(|| stream::done_time(o, st))))
+        })?;
+        match next {
+            Ok(done) => {
+                if let Some(t) = done {
+                    sleep_until(t);
+                }
+                return Ok(());
+            }
+            Err(t) => sleep_until(t),
+        }
+    }
+}
+
+/// A synchronous copy: on the legacy stream, after its work; returns when it is done.
+fn copy_sync(dst: u64, src: u64, len: u64, dir: Dir) -> CuResult<()> {
+    let sim = cuda()?;
+    on_stream(
+        sim,
+        0,
+        len,
+        true,
+        |o, _| validate_copy(o, dst, src, len, dir).map(|_| true),
+        || memory::copy(dst, src, len),
+    )
+}
+
+/// An asynchronous copy on `s`: queued on the stream's device timeline (the bytes move now: kernels compute
+/// nothing, so no ordering is observable), or, while `s` is capturing, run when the captured graph runs.
 fn copy_async(dst: u64, src: u64, len: u64, dir: Dir, s: Handle) -> CuResult<()> {
     let sim = cuda()?;
-    with(|o| {
-        let st = stream::resolve(o, sim, h(s))?;
-        validate_copy(o, dst, src, len, dir)?;
-        if o.streams.get(&st).is_some_and(|x| x.capture.is_some()) {
-            let (dst_device, src_device) = sides(o, dst, src, dir);
-            let node = crate::graph::CopyNode {
-                dst,
-                src,
-                len,
-                dst_device,
-                src_device,
-            };
-            return crate::graph::capture(o, st, crate::graph::NodeKind::Memcpy(node));
-        }
-        memory::copy(dst, src, len);
-        Ok(())
-    })
+    on_stream(
+        sim,
+        h(s),
+        len,
+        false,
+        |o, st| {
+            validate_copy(o, dst, src, len, dir)?;
+            if o.streams.get(&st).is_some_and(|x| x.capture.is_some()) {
+                let (dst_device, src_device) = sides(o, dst, src, dir);
+                let node = crate::graph::CopyNode {
+                    dst,
+                    src,
+                    len,
+                    dst_device,
+                    src_device,
+                };
+                crate::graph::capture(o, st, crate::graph::NodeKind::Memcpy(node))?;
+                return Ok(false);
+            }
+            Ok(true)
+        },
+        || memory::copy(dst, src, len),
+    )
 }
 
 /// Runs the copies of a graph being launched (device ranges checked again: they may have been freed).
@@ -126,25 +177,24 @@ pub(crate) fn run_graph_copies(copies: &[crate::graph::CopyNode]) -> CuResult<()
     })
 }
 
+/// A memset of `count` elements of `width` bytes: on `s` (`None`: synchronous, on the legacy stream).
 fn set(dst: u64, value: u32, width: u64, count: u64, s: Option<Handle>) -> CuResult<()> {
     let sim = cuda()?;
-    if s.is_none() {
-        let t = with(|o| legacy_done(o, sim))?;
-        sleep_until(t);
-    }
-    with(|o| {
-        if let Some(s) = s {
-            stream::resolve(o, sim, h(s))?;
-        } else {
-            context::current(o, sim)?;
-        }
-        if !dst.is_multiple_of(width) {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        memory::check_device_range(o, dst, width * count)?;
-        memory::fill(dst, value, width, count);
-        Ok(())
-    })
+    let bytes = width * count;
+    on_stream(
+        sim,
+        s.map_or(0, h),
+        bytes,
+        s.is_none(),
+        |o, _| {
+            if !dst.is_multiple_of(width) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            memory::check_device_range(o, dst, bytes)?;
+            Ok(true)
+        },
+        || memory::fill(dst, value, width, count),
+    )
 }
 
 /// 2D set: `height` rows of `width` elements, `pitch` bytes apart.
@@ -187,22 +237,31 @@ fn copy_2d(p: &Memcpy2D, s: Option<Handle>) -> CuResult<()> {
     if p.height > 1 && (src_pitch < p.width_in_bytes as u64 || dst_pitch < p.width_in_bytes as u64) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if s.is_none() {
-        let t = with(|o| legacy_done(o, sim))?;
-        sleep_until(t);
-    }
-    with(|o| {
-        if let Some(s) = s {
-            stream::resolve(o, sim, h(s))?;
-        }
-        for row in 0..p.height as u64 {
+    let (width, height) = (p.width_in_bytes as u64, p.height as u64);
+    let rows = move || {
+        (0..height).map(move |row| {
             let so = src + (p.src_y as u64 + row) * src_pitch + p.src_x_in_bytes as u64;
             let d = dst + (p.dst_y as u64 + row) * dst_pitch + p.dst_x_in_bytes as u64;
-            validate_copy(o, d, so, p.width_in_bytes as u64, Dir::Any)?;
-            memory::copy(d, so, p.width_in_bytes as u64);
-        }
-        Ok(())
-    })
+            (d, so)
+        })
+    };
+    on_stream(
+        sim,
+        s.map_or(0, h),
+        width * height,
+        s.is_none(),
+        |o, _| {
+            for (d, so) in rows() {
+                validate_copy(o, d, so, width, Dir::Any)?;
+            }
+            Ok(true)
+        },
+        || {
+            for (d, so) in rows() {
+                memory::copy(d, so, width);
+            }
+        },
+    )
 }
 
 fn mem_get_info() -> CuResult<(u64, u64)> {

@@ -1,0 +1,141 @@
+//! Copies and memsets: best-effort device work like kernels, so priority gates them (docs/priority.md).
+//!
+//! Paths: every `cuMemcpy*` / `cuMemset*` the routing list exports (v2, legacy 32-bit, `_ptds` / `_ptsz`, peer,
+//! 2D/3D, batch): asynchronous forms on their stream, synchronous ones on the NULL stream (legacy, or per-thread
+//! for `_ptds`). Without a priority file: one check and the real call (an SM limit or a memory cap alone adds
+//! nothing: copies are not charged to the SM limit). With one: the copy is keyed by its size class and goes
+//! through the throttle's priority judgement as a launch does (`SmThrottle::copy`), measured like a kernel.
+
+use super::launch::probe_stream;
+use crate::ffi::cuda::*;
+use crate::state::Shim;
+use crate::throttle::estimate::launch_key;
+
+/// Key tag of copies and memsets (a launch key's "function"): one estimate per power-of-two size class.
+const COPY_TAG: usize = 0x636f_7079;
+
+/// The key of a copy of `bytes`: its size class (bytes rounded down to a power of two; `u64::MAX`: not known).
+fn copy_key(bytes: u64) -> u64 {
+    let class = if bytes == u64::MAX {
+        u64::MAX
+    } else {
+        u64::from(64 - bytes.leading_zeros())
+    };
+    launch_key(COPY_TAG, class, 0)
+}
+
+/// A copy or memset of `bytes` on `stream` (the NULL stream of `ds` for the synchronous forms).
+#[inline]
+pub(crate) fn flat(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    bytes: u64,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if !s.devices.prioritised() {
+        return call();
+    }
+    s.throttle
+        .copy(&s.cuda, &s.nvml, copy_key(bytes), probe_stream(stream, ds), call)
+}
+
+/// `cuMemcpy2D*` (`p`: NULL or a `CUDA_MEMCPY2D`, the driver's contract).
+///
+/// # Safety
+/// `p` is NULL or points to a `CUDA_MEMCPY2D`.
+pub(crate) unsafe fn copy_2d(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    p: *const CUDA_MEMCPY2D,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if !s.devices.prioritised() || p.is_null() {
+        return call();
+    }
+    // SAFETY: non-NULL, a CUDA_MEMCPY2D by the caller's contract.
+    let c = unsafe { &*p };
+    let bytes = (c.WidthInBytes as u64).saturating_mul(c.Height as u64);
+    flat(s, call, bytes, stream, ds)
+}
+
+/// `cuMemcpy3D*`.
+///
+/// # Safety
+/// `p` is NULL or points to a `CUDA_MEMCPY3D`.
+pub(crate) unsafe fn copy_3d(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    p: *const CUDA_MEMCPY3D,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if !s.devices.prioritised() || p.is_null() {
+        return call();
+    }
+    // SAFETY: non-NULL, a CUDA_MEMCPY3D by the caller's contract.
+    let c = unsafe { &*p };
+    flat(s, call, volume(c.WidthInBytes, c.Height, c.Depth), stream, ds)
+}
+
+/// `cuMemcpy3DPeer*`.
+///
+/// # Safety
+/// `p` is NULL or points to a `CUDA_MEMCPY3D_PEER`.
+pub(crate) unsafe fn copy_3d_peer(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    p: *const CUDA_MEMCPY3D_PEER,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if !s.devices.prioritised() || p.is_null() {
+        return call();
+    }
+    // SAFETY: non-NULL, a CUDA_MEMCPY3D_PEER by the caller's contract.
+    let c = unsafe { &*p };
+    flat(s, call, volume(c.WidthInBytes, c.Height, c.Depth), stream, ds)
+}
+
+fn volume(w: usize, h: usize, d: usize) -> u64 {
+    (w as u64).saturating_mul(h as u64).saturating_mul(d as u64)
+}
+
+/// `cuMemcpyBatchAsync*`: the batch's total size (at most 2^20 entries read; more is sized as unknown).
+///
+/// # Safety
+/// `sizes` is NULL or points to `count` sizes.
+pub(crate) unsafe fn batch(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    sizes: *mut usize,
+    count: usize,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if !s.devices.prioritised() {
+        return call();
+    }
+    let bytes = if sizes.is_null() || count > 1 << 20 {
+        u64::MAX
+    } else {
+        // SAFETY: `count` sizes by the caller's contract.
+        let v = unsafe { std::slice::from_raw_parts(sizes, count) };
+        v.iter().fold(0u64, |a, &b| a.saturating_add(b as u64))
+    };
+    flat(s, call, bytes, stream, ds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_of_one_size_class_share_a_key() {
+        assert_eq!(copy_key(1 << 20), copy_key((2 << 20) - 1));
+        assert_ne!(copy_key(1 << 20), copy_key(2 << 20));
+        assert_ne!(copy_key(0), copy_key(1));
+        assert_ne!(copy_key(u64::MAX), copy_key(u64::MAX - 1));
+    }
+}
