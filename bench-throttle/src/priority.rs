@@ -3,9 +3,10 @@
 //! The high-priority tenant (`c/priority_tenant.c hp`, container `hp`) issues bursts of 20 kernels of 200 µs,
 //! synchronises, and sleeps a random 10–40 ms; a burst's latency runs from just before its first launch to the
 //! end of its last kernel on the device timeline. The best-effort tenant (`priority_tenant be`, container `be`)
-//! launches kernels of random length as fast as it is let. Three runs per best-effort kernel length: the
+//! launches kernels of random length as fast as it is let. Runs per best-effort kernel length: the
 //! high-priority tenant alone, both without cuquota, both under cuquota with `CUDA_TASK_PRIORITY` 0 and 1 and
-//! the node's priority file. The best-effort tenant's share of idle time is its device time inside the
+//! the node's priority file, the same next to each lying container, and the high-priority tenant under cuquota
+//! next to a best-effort tenant that bypasses it, held only by the node agent. The best-effort tenant's share of idle time is its device time inside the
 //! high-priority tenant's window over the time the high-priority tenant left the device idle there (timeline).
 
 use shim_tests::{mono_ns, Output, PriorityLiar, Prog, Sim, Window};
@@ -19,12 +20,20 @@ const GAP_NS: (u64, u64) = (10_000_000, 40_000_000);
 enum Mode {
     Bare,
     Priority,
+    /// The high-priority tenant under cuquota, the best-effort one bypassing it (no preload, its queue as deep as
+    /// the driver takes) in a container the node agent holds to a hard [`BYPASS_SM`] % (`sm = "throttle"`).
+    Bypass,
 }
+
+/// The bypassing container's SM limit: a hard limit, as docs/agent.md sets one for a tenant it must hold.
+const BYPASS_SM: u32 = 10;
 
 struct Run {
     lat: Vec<u64>,
     /// The best-effort tenant's share of the time the high-priority one left idle, in percent.
     idle_share: Option<f64>,
+    /// The best-effort tenant died of a signal (the agent killed it: freezing could not hold its queue).
+    be_killed: bool,
 }
 
 fn spawn(sim: &Sim, mode: Mode, container: &str, args: String, secs: f64) -> shim_tests::Proc {
@@ -34,8 +43,8 @@ fn spawn(sim: &Sim, mode: Mode, container: &str, args: String, secs: f64) -> shi
         .timeout(Duration::from_secs_f64(secs * 3.0 + 60.0))
         .args(&args);
     match (mode, container) {
-        (Mode::Bare, _) => c.no_preload(),
-        (Mode::Priority, "hp") => c.priority("0"),
+        (Mode::Priority | Mode::Bypass, "hp") => c.priority("0"),
+        (Mode::Bare | Mode::Bypass, _) => c.no_preload(),
         (Mode::Priority, _) => c.priority("1"),
     }
     .spawn()
@@ -57,6 +66,10 @@ fn run(sim: &Sim, mode: Mode, be_ns: Option<(u64, u64)>, secs: f64, lie: Option<
         let a = format!("be {} {lo} {hi} 11 {}", secs + 1.0, t - 500_000_000);
         spawn(sim, mode, "be", a, secs)
     });
+    let agent = (mode == Mode::Bypass).then(|| {
+        let b = be.as_ref().expect("a bypassing tenant");
+        shim_tests::priority::BypassAgent::start(sim, "be", b.pid(), BYPASS_SM)
+    });
     let a = format!("hp {secs} {BURST} {KERNEL_NS} {} {} 7 {t}", GAP_NS.0, GAP_NS.1);
     let hp = spawn(sim, mode, "hp", a, secs);
     // The timeline's ring keeps the last 16384 kernels: short best-effort kernels overwrite a 10 s run's
@@ -73,9 +86,15 @@ fn run(sim: &Sim, mode: Mode, be_ns: Option<(u64, u64)>, secs: f64, lie: Option<
     let (hp_pid, be_pid) = (hp.pid(), be.as_ref().map(|b| b.pid()));
     let hp = ok(hp.finish());
     let w: Window = hp.window();
-    if let Some(b) = be {
-        ok(b.finish());
+    // The agent thaws what it froze when stopped, so the tenant can finish.
+    if let Some(a) = agent {
+        a.stop();
     }
+    let be_killed = be.is_some_and(|b| {
+        let o = b.finish();
+        assert!(o.success() || (mode == Mode::Bypass && !o.timed_out), "{o:?}");
+        !o.success()
+    });
     if let Some(l) = liar {
         l.stop();
     }
@@ -103,6 +122,7 @@ fn run(sim: &Sim, mode: Mode, be_ns: Option<(u64, u64)>, secs: f64, lie: Option<
             .map(|v| v.parse().expect("latency"))
             .collect(),
         idle_share,
+        be_killed,
     }
 }
 
@@ -137,14 +157,17 @@ pub fn bench(secs: f64) {
         "Burst latency p50 / p99 ms (bursts). Goals (issue 23): kernels of 1–5 ms: p99 with cuquota ≤ p99 alone \
          + one best-effort kernel, best-effort share of idle time ≥ 90 %; short kernels: p99 ≤ 1.10 × alone, \
          share ≥ 85 %. With a lying best-effort container (an eraser of the high-priority state, a forger of a \
-         busy high-priority queue every 0.5 s): the same p99 goal, ≥ 80 % of the share without the liar.\n"
+         busy high-priority queue every 0.5 s): the same p99 goal, ≥ 80 % of the share without the liar. \
+         A bypasser: the best-effort tenant without cuquota (its queue as deep as the simulator takes: 1024 \
+         kernels) in a container the node agent holds to a hard {BYPASS_SM} % (`sm = \"throttle\"`, 200 ms \
+         interval), next to the high-priority tenant under cuquota; not part of the goals.\n"
     );
     println!(
         "| best-effort kernels | alone | + best-effort, no cuquota | + best-effort, cuquota priority | \
          goal p99 ≤ | met | best-effort share of idle (no cuquota / priority) | + an eraser: latency / share | \
-         + a forger: latency / share |"
+         + a forger: latency / share | + a bypasser, agent {BYPASS_SM} %: latency / share |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let cases: [(&str, (u64, u64), bool); 3] = [
         ("1–5 ms", (1_000_000, 5_000_000), false),
         ("50–150 µs", (50_000, 150_000), true),
@@ -170,6 +193,7 @@ pub fn bench(secs: f64) {
             secs,
             Some((PriorityLiar::forge, Duration::from_millis(500))),
         );
+        let bypass = run(&sim, Mode::Bypass, Some(be_ns), secs, None);
         let a99 = pct(&alone.lat, 99.0);
         let (goal, share_goal) = if short {
             (a99 + a99 / 10, 85.0)
@@ -184,7 +208,7 @@ pub fn bench(secs: f64) {
             (format!("{} / {share:.1} %", lat(r)), ok)
         });
         println!(
-            "| {name} | {} | {} | {} | {:.2} | {} | {ib:.1} % / {ip:.1} % | {} | {} |",
+            "| {name} | {} | {} | {} | {:.2} | {} | {ib:.1} % / {ip:.1} % | {} | {} | {}, max {:.0} / {:.1} %{} |",
             lat(&alone),
             lat(&bare),
             lat(&prio),
@@ -195,7 +219,11 @@ pub fn bench(secs: f64) {
                 "**no**"
             },
             liars[0].0,
-            liars[1].0
+            liars[1].0,
+            lat(&bypass),
+            ms(bypass.lat.iter().copied().max().unwrap_or(0)),
+            bypass.idle_share.unwrap_or(0.0),
+            if bypass.be_killed { ", killed" } else { "" }
         );
     }
     println!();

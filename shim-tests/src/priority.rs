@@ -29,3 +29,60 @@ pub fn pct(v: &[u64], p: f64) -> u64 {
 pub fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
+
+/// The node agent holding a best-effort container whose tenant bypasses the library (docs/priority.md, threat
+/// model): `cuquota agent --interval 200ms --containers DIR` with one descriptor, members `subtree = PID`, a hard
+/// SM limit of `sm_pct` and `sm = "throttle"` (freeze until the measured device time is repaid, kill past the
+/// grace: docs/agent.md). The agent reads the simulator's NVML, as on a GPU it reads the driver's.
+pub struct BypassAgent {
+    proc: crate::Proc,
+}
+
+impl BypassAgent {
+    /// Starts the agent watching process `pid` (and its descendants) as container `name`.
+    pub fn start(sim: &crate::Sim, name: &str, pid: u32, sm_pct: u32) -> BypassAgent {
+        let dir = sim.dir().join("agent.containers");
+        std::fs::create_dir_all(&dir).expect("the agent's containers directory");
+        let lim = sim.dir().join(format!("agent.limits.{name}"));
+        let l = lim.to_str().expect("utf-8 temp path");
+        for args in [
+            vec!["limits", "init", l],
+            vec![
+                "limits",
+                "set",
+                l,
+                "--device",
+                "all",
+                "--sm",
+                &sm_pct.to_string(),
+                "--policy",
+                "hard",
+            ],
+        ] {
+            let o = sim.cli(&args);
+            assert!(o.success(), "{o:?}");
+        }
+        std::fs::write(
+            dir.join(format!("{name}.toml")),
+            format!("limits = {lim:?}\n[members]\nsubtree = {pid}\n[enforce]\nsm = \"throttle\"\n"),
+        )
+        .expect("the container's descriptor");
+        let proc = sim
+            .cmd_path(crate::cli_bin())
+            .no_preload()
+            .timeout(std::time::Duration::from_secs(300))
+            .args("agent --interval 200ms --containers")
+            .arg(dir.to_str().expect("utf-8 temp path"))
+            .spawn();
+        BypassAgent { proc }
+    }
+
+    /// SIGTERM (the agent thaws what it froze, so the tenant can finish) and the agent's output.
+    pub fn stop(self) -> crate::Output {
+        // SAFETY: signalling the agent this process started, by its pid.
+        unsafe { libc::kill(self.proc.pid() as i32, libc::SIGTERM) };
+        let o = self.proc.finish();
+        assert!(o.success(), "the agent did not exit cleanly on SIGTERM:{o:?}");
+        o
+    }
+}
