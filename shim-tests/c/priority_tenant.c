@@ -61,6 +61,40 @@ static CUstream stream;
 static char copy_mode;
 static double copy_gbps = 1; /* bytes per ns */
 static CUdeviceptr buf[2];
+/* review_copy29: PT_BE_COPY=fresh: 4-byte memsets (their measured ~0 ns drag the process's estimate of unseen keys
+ * down), and once, at volley_at, one copy of each size class 2^17..2^22 bytes never used before (each estimated at
+ * that mean: the budget lets all of them queue). */
+static uint64_t volley_at;
+/* review_copy29: PT_BE_COPY=graph: one exec of a captured 1-copy graph, switched by cuGraphExecUpdate between a
+ * 4-byte copy (launched, spaced, until measured: a sample below half the estimate replaces it) and a 2^19-byte one
+ * (5.2 ms at 0.1 GB/s; launched 12 times at the small estimate). */
+static void *g_small, *g_big, *g_exec;
+/* review_copy29: PT_BE_COPY=race: a 2D copy keyed by the struct as the shim reads it on entry (1 row of 64 B),
+ * whose Height another thread raises to 8192 rows (5.2 ms) 20 us later: the driver reads the struct again when
+ * the gate lets the call go. */
+#include <pthread.h>
+static CUDA_MEMCPY2D rc_p;
+static volatile int rc_go;
+static CUresult (*Copy2DAsync)(const CUDA_MEMCPY2D *, CUstream);
+static void *rc_flipper(void *arg) {
+    (void)arg;
+    for (;;) {
+        while (!__atomic_load_n(&rc_go, __ATOMIC_ACQUIRE)) {
+        }
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+        __atomic_store_n((volatile size_t *)&rc_p.Height, (size_t)8192, __ATOMIC_RELEASE);
+        __atomic_store_n(&rc_go, 0, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+static int g_phase;
+static CUresult (*BeginCapture)(CUstream, int);
+static CUresult (*EndCapture)(CUstream, void **);
+static CUresult (*Instantiate)(void **, void *, unsigned long long);
+static CUresult (*ExecUpdate)(void *, void *, void *);
+static CUresult (*GraphLaunch)(void *, CUstream);
+static CUdeviceptr big[2];
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -173,6 +207,44 @@ static void setup(uint64_t unit) {
 /* Launches one kernel of about `ns` (PT_BE_COPY: a copy or memset of that length); returns the device time it
  * takes. */
 static uint64_t launch(uint64_t ns) {
+    if (copy_mode == 'r' && d.BusyNs) {
+        __atomic_store_n((volatile size_t *)&rc_p.Height, (size_t)1, __ATOMIC_RELEASE);
+        __atomic_store_n(&rc_go, 1, __ATOMIC_RELEASE);
+        CK(Copy2DAsync(&rc_p, stream));
+        while (__atomic_load_n(&rc_go, __ATOMIC_ACQUIRE)) {
+        }
+        return (uint64_t)(64.0 * 8192 / copy_gbps); /* at most */
+    }
+    if (copy_mode == 'g' && d.BusyNs) {
+        char info[64];
+        CK(d.StreamSynchronize(stream));
+        int bigonly = getenv("PT_BE_GRAPH_BIGONLY") != NULL; /* the control: never updated to the small one */
+        CK(ExecUpdate(g_exec, bigonly ? g_big : g_small, info));
+        for (int i = 0; i < 6; i++) {
+            if (!bigonly) CK(GraphLaunch(g_exec, stream));
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
+        CK(d.StreamSynchronize(stream));
+        CK(ExecUpdate(g_exec, g_big, info));
+        for (int i = 0; i < 12; i++) CK(GraphLaunch(g_exec, stream));
+        g_phase++;
+        return (uint64_t)(12.0 * (double)(1 << 19) / copy_gbps);
+    }
+    if (copy_mode == 'f' && d.BusyNs) {
+        if (volley_at && now_ns() >= volley_at) {
+            volley_at = 0;
+            uint64_t t = 0;
+            for (int k = 17; k <= 22; k++) {
+                CK(d.CopyAsync(big[1], big[0], (size_t)1 << k, stream));
+                t += (uint64_t)((double)((size_t)1 << k) / copy_gbps);
+            }
+            fprintf(stderr, "volley issued: %llu ns of copies\n", (unsigned long long)t);
+            return t;
+        }
+        CK(d.SetAsync(buf[0], 0x5a5a5a5au, 1, stream));
+        return (uint64_t)(4.0 / copy_gbps);
+    }
     if (copy_mode && d.BusyNs) {
         size_t bytes = (size_t)((double)ns * copy_gbps) & ~(size_t)3;
         if (copy_mode == 's')
@@ -273,6 +345,50 @@ static int be(int argc, char **argv) {
     if (copy_mode) {
         CK(d.MemAlloc(&buf[0], (size_t)((double)kmax * copy_gbps) + 4));
         CK(d.MemAlloc(&buf[1], (size_t)((double)kmax * copy_gbps) + 4));
+        if (copy_mode == 'r') {
+            void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+            *(void **)&Copy2DAsync = dlsym(lib, "cuMemcpy2DAsync_v2");
+            CK(d.MemAlloc(&big[0], (size_t)1 << 19));
+            CK(d.MemAlloc(&big[1], (size_t)1 << 19));
+            memset(&rc_p, 0, sizeof rc_p);
+            rc_p.srcMemoryType = rc_p.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+            rc_p.srcDevice = big[0];
+            rc_p.dstDevice = big[1];
+            rc_p.srcPitch = rc_p.dstPitch = 64;
+            rc_p.WidthInBytes = 64;
+            rc_p.Height = 1;
+            pthread_t th;
+            pthread_create(&th, NULL, rc_flipper, NULL);
+        }
+        if (copy_mode == 'g') {
+            void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+            *(void **)&BeginCapture = dlsym(lib, "cuStreamBeginCapture_v2");
+            *(void **)&EndCapture = dlsym(lib, "cuStreamEndCapture");
+            *(void **)&Instantiate = dlsym(lib, "cuGraphInstantiateWithFlags");
+            *(void **)&ExecUpdate = dlsym(lib, "cuGraphExecUpdate_v2");
+            *(void **)&GraphLaunch = dlsym(lib, "cuGraphLaunch");
+            CK(d.MemAlloc(&big[0], (size_t)1 << 19));
+            CK(d.MemAlloc(&big[1], (size_t)1 << 19));
+            CK(BeginCapture(stream, 2));
+            if (getenv("PT_BE_GRAPH_KERNEL"))
+                CK(d.LaunchKernel(spin_fn, (unsigned)sms, 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
+            else
+                CK(d.CopyAsync(big[1], big[0], 4, stream));
+            CK(EndCapture(stream, &g_small));
+            CK(BeginCapture(stream, 2));
+            if (getenv("PT_BE_GRAPH_KERNEL")) /* 50 waves of kmin/10: the same 5.2 ms order */
+                CK(d.LaunchKernel(spin_fn, (unsigned)(52 * sms), 1, 1, 32, 1, 1, 0, stream, NULL, NULL));
+            else
+                CK(d.CopyAsync(big[1], big[0], (size_t)1 << 19, stream));
+            CK(EndCapture(stream, &g_big));
+            CK(Instantiate(&g_exec, g_small, 0));
+        }
+        if (copy_mode == 'f') {
+            CK(d.MemAlloc(&big[0], (size_t)1 << 22));
+            CK(d.MemAlloc(&big[1], (size_t)1 << 22));
+            const char *v = getenv("PT_BE_VOLLEY_NS");
+            volley_at = (start_at > now_ns() ? start_at : now_ns()) + (v ? strtoull(v, NULL, 10) : 1500000000ull);
+        }
     }
     if (start_at > now_ns()) sleep_until(start_at);
     uint64_t t0 = now_ns(), until = t0 + (uint64_t)(seconds * 1e9);

@@ -115,6 +115,14 @@ pub(crate) unsafe fn instantiate(
 /// included if the driver takes them; its footprint becomes, per device, the larger of the old and the new
 /// (whichever the driver kept, the launch is admitted for it). The graph is walked before the call: one whose
 /// memory nodes cannot be listed (nested past [`MAX_DEPTH`], or not a graph) is refused, as at instantiation.
+/// `exec`'s work changed (updated, or destroyed: its handle may come back): its first launch is a first use
+/// again, and its duration is measured again before priority trusts it.
+fn exec_changed(s: &Shim, exec: CUgraphExec) {
+    s.mem.forget_use(Use::Graph, exec as usize);
+    s.throttle
+        .work_changed(crate::throttle::estimate::graph_key(exec as usize));
+}
+
 pub(crate) fn exec_update(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
@@ -127,7 +135,7 @@ pub(crate) fn exec_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp, false);
-        s.mem.forget_use(Use::Graph, exec as usize);
+        exec_changed(s, exec);
     }
     r
 }
@@ -137,7 +145,7 @@ pub(crate) fn exec_update(
 pub(crate) fn exec_kernel_update(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
     let r = call();
     if r.ok() {
-        s.mem.forget_use(Use::Graph, exec as usize);
+        exec_changed(s, exec);
     }
     r
 }
@@ -156,7 +164,7 @@ pub(crate) fn exec_child_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp, true);
-        s.mem.forget_use(Use::Graph, exec as usize);
+        exec_changed(s, exec);
     }
     r
 }
@@ -188,7 +196,7 @@ pub(crate) unsafe fn exec_node_update(
         // A kernel (or other) node changed: the next launch is a first use of whatever it runs now.
         let r = call();
         if r.ok() {
-            s.mem.forget_use(Use::Graph, exec as usize);
+            exec_changed(s, exec);
         }
         return r;
     };
@@ -198,7 +206,7 @@ pub(crate) unsafe fn exec_node_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp, true);
-        s.mem.forget_use(Use::Graph, exec as usize);
+        exec_changed(s, exec);
     }
     r
 }
@@ -258,7 +266,7 @@ pub(crate) fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgr
     let r = call();
     if r.ok() {
         // An exec created later at this address is not this one.
-        s.mem.forget_use(Use::Graph, exec as usize);
+        exec_changed(s, exec);
     }
     if r.ok() && had {
         s.mem.graph().forget_exec(exec as usize);

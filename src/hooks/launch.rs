@@ -14,7 +14,7 @@
 use crate::ffi::cuda::*;
 use crate::memory::reconcile::Use;
 use crate::state::Shim;
-use crate::throttle::estimate::launch_key;
+use crate::throttle::estimate::graph_key;
 use crate::throttle::kernel_key;
 use std::ffi::{c_int, c_uint};
 
@@ -215,8 +215,11 @@ fn graph_throttled(
         return call();
     }
     s.devices.hami_pre_launch();
-    // A graph is charged as one unit: its estimate is what its launches measured (all of its nodes).
-    let key = launch_key(exec as usize, u64::MAX, 0x0067_7261_7068);
-    s.throttle
-        .launch(&s.cuda, &s.nvml, key, probe_stream(stream, ds), call)
+    s.throttle.launch(
+        &s.cuda,
+        &s.nvml,
+        graph_key(exec as usize),
+        probe_stream(stream, ds),
+        call,
+    )
 }

@@ -351,6 +351,19 @@ impl Engine {
         }
     }
 
+    /// Whether `key` (with its device, as in a [`Ticket`]) has a measurement of its own.
+    pub(crate) fn measured(&self, key: u64) -> bool {
+        self.est.lookup(key).is_some_and(|(_, meta)| meta & 3 != 0)
+    }
+
+    /// `key` (without its device) does other work now: on every device, its estimate waits for a new
+    /// measurement.
+    pub(crate) fn unmeasure(&self, key: u64) {
+        for d in 0..MAX_DEVICES {
+            self.est.unmeasure(on_device(key, d));
+        }
+    }
+
     /// A launch that is not throttled but must be estimated — a high-priority tenant's, whose queue estimate
     /// best-effort tenants wait for: polls and claims probes as [`Engine::admit`] does and counts the launch's
     /// GPU time, but charges no bucket (the ticket's rate is 0) and never waits.

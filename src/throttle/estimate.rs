@@ -43,6 +43,11 @@ pub(crate) fn launch_key(func: usize, grid: u64, block: u64) -> u64 {
     h | 1
 }
 
+/// A graph exec's launch key: charged as one unit, its estimate is what its launches measured (all its nodes).
+pub(crate) fn graph_key(exec: usize) -> u64 {
+    launch_key(exec, u64::MAX, 0x0067_7261_7068)
+}
+
 /// `key` as launched on usage device `dev`: one kernel takes different times on devices of different speed, so
 /// each device has its own estimate (device 0 keeps the key as it is; the key stays non-zero).
 #[inline]
@@ -98,6 +103,23 @@ impl Estimator {
             }
         }
         None
+    }
+
+    /// Marks `key`'s estimate as not measured (its work changed: an updated graph): kept until the next
+    /// measurement, which then replaces it whatever it is.
+    pub(crate) fn unmeasure(&self, key: u64) {
+        let h = Self::home(key);
+        for i in 0..PROBE {
+            let s = (h + i) % SLOTS;
+            let k = self.keys[s].load(Ordering::Acquire);
+            if k == key {
+                self.meta[s].fetch_and(!3, Ordering::Relaxed);
+                return;
+            }
+            if k == 0 {
+                return;
+            }
+        }
     }
 
     /// Is a key with measurement record `meta` due for a new measurement at `now`? When measured only once (a
@@ -157,7 +179,8 @@ impl Estimator {
             let k = self.keys[s].load(Ordering::Acquire);
             if k == key {
                 let old = self.vals[s].load(Ordering::Relaxed);
-                let new = if measured < old / 2 || measured > old.saturating_mul(2) {
+                let fresh = self.meta[s].load(Ordering::Relaxed) & 3 == 0;
+                let new = if fresh || measured < old / 2 || measured > old.saturating_mul(2) {
                     measured
                 } else if measured >= old {
                     old + (measured - old) / 2
@@ -209,6 +232,18 @@ mod tests {
         assert_eq!(e.get(k), Some(55_000), "down: a quarter of the way");
         e.record(k, 200_000, 0);
         assert_eq!(e.get(k), Some(200_000), "over twice: at once");
+    }
+
+    #[test]
+    fn an_unmeasured_key_takes_its_next_measurement_as_is() {
+        let e = Estimator::new();
+        let k = launch_key(0x2000, 1, 1);
+        e.record(k, 10_000, 0);
+        e.record(k, 10_000, 0);
+        e.unmeasure(k);
+        assert_eq!(e.lookup(k).map(|(v, m)| (v, m & 3)), Some((10_000, 0)));
+        e.record(k, 15_000, 0);
+        assert_eq!(e.get(k), Some(15_000), "not half of the way: replaced");
     }
 
     #[test]

@@ -148,6 +148,11 @@ impl SmThrottle {
         }
     }
 
+    /// The work behind launch key `key` changed (an updated graph exec): measured again before it is trusted.
+    pub(crate) fn work_changed(&self, key: u64) {
+        self.engine.unmeasure(key);
+    }
+
     /// Could any launch be throttled or held for priority right now? (The no-limit fast path.)
     #[inline]
     pub(crate) fn active(&self) -> bool {
@@ -230,7 +235,14 @@ impl SmThrottle {
                 // Estimated (as high-priority launches are) for the budget of queued best-effort time; judged
                 // last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
                 let t = ticket.unwrap_or_else(|| self.engine.observe(idx, &sh, key, monotonic_ns(), &gpu));
-                let est = t.charged;
+                // A key never measured (a new kernel shape, copy size class or updated graph) is taken as
+                // longer than the budget: it goes only onto an empty queue and nothing follows it until it is
+                // done (the process's average, its estimate, is the tenant's to pull down with tiny work).
+                let est = if self.engine.measured(t.key) {
+                    t.charged
+                } else {
+                    t.charged.max(priority::BUDGET_NS + 1)
+                };
                 let gate = self.prio.be_admit(e, idx, stream, est, &Monotonic, &self.done);
                 let r = self.run(&gpu, &sh, t, stream, launch);
                 self.be_after(e, idx, gate, stream, est, r.ok());

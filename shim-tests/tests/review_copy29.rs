@@ -1,0 +1,147 @@
+//! Hostile review of h29-copy (copies and memsets gated by priority). Reproductions; a failing test is an escape.
+//!
+//! `review_copy29_fresh_size_classes_queue_past_the_budget`: a copy of a size class the process never measured
+//! is estimated at the process's running mean of all measurements (`Estimator::fallback`), which the tenant
+//! drags to ~0 with 4-byte memsets; then one volley of copies of six unseen classes (2^17..2^22 bytes: 83 ms at
+//! 0.1 GB/s) all fit the 400 µs budget of *estimated* queued time and queue back to back ahead of the next
+//! high-priority burst. Judged on the simulator's device timeline (burst latency from the HP tenant).
+
+use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS};
+use shim_tests::{mono_ns, Output, Prog, Sim};
+use std::time::Duration;
+
+const SECS: f64 = 2.0;
+/// As priority_copies.rs: a burst's 20 kernels, one best-effort item (≤ 5 ms) ahead of it, 5 ms slack.
+const GATED_NS: u64 = BURST as u64 * KERNEL_NS + BE_NS.1 + 5_000_000;
+
+fn done(o: Output) -> Output {
+    assert!(o.success(), "{o:?}");
+    o
+}
+
+/// Burst latencies of a high-priority tenant next to a best-effort one in `PT_BE_COPY=mode`, and its output.
+fn bursts(mode: &str, env: &[(&str, &str)]) -> (Vec<u64>, Output) {
+    let sim = Sim::new().env("CUDASIM_COPY_GBPS", "0.1").build();
+    sim.create_priority_dir();
+    let t = mono_ns() + 1_500_000_000;
+    let be = sim
+        .cmd(Prog::PriorityTenant)
+        .container("be")
+        .priority("1")
+        .env("PT_BE_COPY", mode);
+    let be = env.iter().fold(be, |c, (k, v)| c.env(k, v));
+    let be = be
+        .timeout(Duration::from_secs(60))
+        .args(&format!(
+            "be {} {} {} 11 {}",
+            SECS + 1.0,
+            BE_NS.0,
+            BE_NS.1,
+            t - 500_000_000
+        ))
+        .spawn();
+    let hp = done(
+        sim.cmd(Prog::PriorityTenant)
+            .container("hp")
+            .priority("0")
+            .timeout(Duration::from_secs(60))
+            .args(&format!(
+                "hp {SECS} {BURST} {KERNEL_NS} {} {} 7 {t}",
+                GAP_NS.0, GAP_NS.1
+            ))
+            .spawn()
+            .finish(),
+    );
+    let be = done(be.finish());
+    let v: Vec<u64> = hp
+        .val("lat_ns")
+        .split(',')
+        .map(|v| v.parse().expect("latency"))
+        .collect();
+    assert!(!v.is_empty(), "no burst");
+    (v, be)
+}
+
+#[test]
+fn review_copy29_fresh_size_classes_queue_past_the_budget() {
+    let _s = serial();
+    let (v, be) = bursts("fresh", &[]);
+    let max = v.iter().copied().max().expect("no burst");
+    println!(
+        "bursts {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (band {:.2} ms); be: {:?}",
+        v.len(),
+        ms(pct(&v, 50.0)),
+        ms(pct(&v, 99.0)),
+        ms(max),
+        ms(GATED_NS),
+        be.stderr
+            .lines()
+            .filter(|l| l.contains("volley"))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        max <= GATED_NS,
+        "a burst waited {:.2} ms > {:.2} ms behind copies of unseen size classes estimated at the mean",
+        ms(max),
+        ms(GATED_NS)
+    );
+}
+
+/// A graph exec keeps its launch key (and estimate) across `cuGraphExecUpdate`: measured on a 4-byte copy, then
+/// updated to a 5.2 ms copy and launched 12 times at the small estimate, over and over (the short sample
+/// replaces the estimate at once each cycle). Copies inside graphs "go with the graph's launch".
+#[test]
+fn review_copy29_graph_exec_update_keeps_a_small_estimate() {
+    let _s = serial();
+    // The simulator gives a graph's memcpy nodes no device time (run_graph_copies), so the graph's work is a
+    // kernel node of the same length (PT_BE_GRAPH_KERNEL): the key and estimate are the exec's either way.
+    let (c, _) = bursts(
+        "graph",
+        &[("PT_BE_GRAPH_KERNEL", "1"), ("PT_BE_GRAPH_BIGONLY", "1")],
+    );
+    let (v, be) = bursts("graph", &[("PT_BE_GRAPH_KERNEL", "1")]);
+    println!(
+        "control (same exec, never updated small): p50 {:.2} ms, p99 {:.2} ms",
+        ms(pct(&c, 50.0)),
+        ms(pct(&c, 99.0))
+    );
+    println!(
+        "bursts {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (band {:.2} ms); be kernels {}",
+        v.len(),
+        ms(pct(&v, 50.0)),
+        ms(pct(&v, 99.0)),
+        ms(v.iter().copied().max().unwrap_or(0)),
+        ms(GATED_NS),
+        be.val("kernels")
+    );
+    assert!(
+        pct(&v, 99.0) <= GATED_NS,
+        "p99 {:.2} ms > {:.2} ms: updated graph execs' copies queue past the budget",
+        ms(pct(&v, 99.0)),
+        ms(GATED_NS)
+    );
+}
+
+/// A 2D copy is keyed by its `CUDA_MEMCPY2D` as read on entry; the driver reads it again after the gate (which
+/// sleeps while a high-priority queue is out): a second thread raising `Height` in between runs 5.2 ms copies
+/// keyed and estimated as 64-byte ones.
+#[test]
+fn review_copy29_copy_2d_struct_changed_during_the_gate() {
+    let _s = serial();
+    let (v, be) = bursts("race", &[]);
+    println!(
+        "bursts {}: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (band {:.2} ms); be copies {}",
+        v.len(),
+        ms(pct(&v, 50.0)),
+        ms(pct(&v, 99.0)),
+        ms(v.iter().copied().max().unwrap_or(0)),
+        ms(GATED_NS),
+        be.val("kernels")
+    );
+    assert!(
+        pct(&v, 99.0) <= GATED_NS,
+        "p99 {:.2} ms > {:.2} ms: 2D copies resized after the shim read them queue past the budget",
+        ms(pct(&v, 99.0)),
+        ms(GATED_NS)
+    );
+}
