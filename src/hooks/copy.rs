@@ -40,7 +40,27 @@ pub(crate) fn flat(
         .copy(&s.cuda, &s.nvml, copy_key(bytes), probe_stream(stream, ds), call)
 }
 
-/// `cuMemcpy2D*` (`p`: NULL or a `CUDA_MEMCPY2D`, the driver's contract).
+/// A copy described by a parameter struct `p` (NULL or a `T`, the driver's contract), of `bytes(&*p)` bytes.
+///
+/// # Safety
+/// `p` is NULL or points to a `T`.
+unsafe fn described<T>(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    p: *const T,
+    bytes: impl FnOnce(&T) -> u64,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if !s.devices.prioritised() || p.is_null() {
+        return call();
+    }
+    // SAFETY: non-NULL, a `T` by the caller's contract.
+    let n = bytes(unsafe { &*p });
+    flat(s, call, n, stream, ds)
+}
+
+/// `cuMemcpy2D*`.
 ///
 /// # Safety
 /// `p` is NULL or points to a `CUDA_MEMCPY2D`.
@@ -51,13 +71,9 @@ pub(crate) unsafe fn copy_2d(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if !s.devices.prioritised() || p.is_null() {
-        return call();
-    }
-    // SAFETY: non-NULL, a CUDA_MEMCPY2D by the caller's contract.
-    let c = unsafe { &*p };
-    let bytes = (c.WidthInBytes as u64).saturating_mul(c.Height as u64);
-    flat(s, call, bytes, stream, ds)
+    let bytes = |c: &CUDA_MEMCPY2D| volume(c.WidthInBytes, c.Height, 1);
+    // SAFETY: forwarded contract.
+    unsafe { described(s, call, p, bytes, stream, ds) }
 }
 
 /// `cuMemcpy3D*`.
@@ -71,12 +87,9 @@ pub(crate) unsafe fn copy_3d(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if !s.devices.prioritised() || p.is_null() {
-        return call();
-    }
-    // SAFETY: non-NULL, a CUDA_MEMCPY3D by the caller's contract.
-    let c = unsafe { &*p };
-    flat(s, call, volume(c.WidthInBytes, c.Height, c.Depth), stream, ds)
+    let bytes = |c: &CUDA_MEMCPY3D| volume(c.WidthInBytes, c.Height, c.Depth);
+    // SAFETY: forwarded contract.
+    unsafe { described(s, call, p, bytes, stream, ds) }
 }
 
 /// `cuMemcpy3DPeer*`.
@@ -90,12 +103,9 @@ pub(crate) unsafe fn copy_3d_peer(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if !s.devices.prioritised() || p.is_null() {
-        return call();
-    }
-    // SAFETY: non-NULL, a CUDA_MEMCPY3D_PEER by the caller's contract.
-    let c = unsafe { &*p };
-    flat(s, call, volume(c.WidthInBytes, c.Height, c.Depth), stream, ds)
+    let bytes = |c: &CUDA_MEMCPY3D_PEER| volume(c.WidthInBytes, c.Height, c.Depth);
+    // SAFETY: forwarded contract.
+    unsafe { described(s, call, p, bytes, stream, ds) }
 }
 
 fn volume(w: usize, h: usize, d: usize) -> u64 {
