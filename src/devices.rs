@@ -366,7 +366,7 @@ impl Devices {
     /// The memory part of a known device's effective limits (after picking up a changed limits file), for
     /// admission: the cap, and the bytes kept for high-priority tenants unless this process is one. Three of
     /// the policy's words, read as [`Devices::policy`] decodes them.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn memory_limits(&self, dev: Dev) -> (Option<u64>, Option<u64>) {
         self.refresh_if_changed();
         let Some(i) = self.table.get(dev.ordinal as usize).and_then(|s| s.get()) else {
@@ -374,17 +374,22 @@ impl Devices {
         };
         let w = &i.policy;
         let cap = w.memory_limit.load(Ordering::Relaxed);
-        let reserved = w.reserved_memory.load(Ordering::Relaxed);
-        // High only where the agent granted it too (the own file's name), never on the process's word alone.
-        let high = reserved != 0
-            && w.priority.load(Ordering::Relaxed) != cuquota_core::policy::PRIORITY_LOW
+        let reserved = match w.reserved_memory.load(Ordering::Relaxed) {
+            0 => None,
+            r => self.reserved_unless_high(dev, w, r),
+        };
+        ((cap != 0).then_some(cap), reserved)
+    }
+
+    /// `reserved` bytes kept for high-priority tenants, unless this process is one: high only where the agent
+    /// granted it too (the own file's name), never on the process's word alone (out of line: rare).
+    #[inline(never)]
+    fn reserved_unless_high(&self, dev: Dev, w: &PolicyWords, reserved: u64) -> Option<u64> {
+        let high = w.priority.load(Ordering::Relaxed) != cuquota_core::policy::PRIORITY_LOW
             && self
                 .priority_entry(dev)
                 .is_some_and(|e| e.granted_high(monotonic_ns()));
-        (
-            (cap != 0).then_some(cap),
-            (reserved != 0 && !high).then_some(reserved),
-        )
+        (!high).then_some(reserved)
     }
 
     /// Effective limits of a device known by UUID and maybe a CUDA ordinal: env/config for the ordinal,

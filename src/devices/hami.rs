@@ -237,27 +237,34 @@ impl Hami {
     /// time at most once a second, with a utilisation sample from `gpu_ns` (this process's GPU time per usage
     /// entry); then, when an SM limit applies and the switch is on, waits while the monitor blocks us and
     /// marks a recent kernel (2).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn pre_launch(&self, gpu_ns: impl Fn(DeviceId) -> Option<u64>) {
         let now = coarse_unix_s();
         let last = self.last_s.load(Ordering::Relaxed);
-        if now != last
-            && self
-                .last_s
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.region.note_kernel_time(now);
-            self.sample(now.saturating_sub(last), gpu_ns);
-            self.reap();
+        if now != last {
+            self.new_second(now, last, &gpu_ns);
         }
         if self.gate.load(Ordering::Relaxed) != 0 {
             self.gate_launch();
         }
     }
 
+    /// [`Hami::pre_launch`] in a second that had no launch yet (out of line: at most once a second).
+    #[inline(never)]
+    fn new_second(&self, now: u64, last: u64, gpu_ns: &dyn Fn(DeviceId) -> Option<u64>) {
+        if self
+            .last_s
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.region.note_kernel_time(now);
+            self.sample(now.saturating_sub(last), gpu_ns);
+            self.reap();
+        }
+    }
+
     #[cold]
-    fn sample(&self, secs: u64, gpu_ns: impl Fn(DeviceId) -> Option<u64>) {
+    fn sample(&self, secs: u64, gpu_ns: &dyn Fn(DeviceId) -> Option<u64>) {
         let Some(s) = self.slot() else {
             return;
         };
@@ -327,14 +334,10 @@ impl Hami {
     }
 }
 
-/// Unix time in seconds from the coarse clock (vDSO: no syscall), as HAMi-core's `pre_launch_kernel`.
+/// Unix time in seconds, as HAMi-core's `pre_launch_kernel` takes it (`time(2)`: vDSO, one load of the kernel's
+/// seconds word, no syscall).
 #[inline]
 fn coarse_unix_s() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_REALTIME_COARSE exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
-    ts.tv_sec as u64
+    // SAFETY: a null pointer asks only for the return value.
+    unsafe { libc::time(std::ptr::null_mut()) as u64 }
 }

@@ -35,6 +35,7 @@ impl Charge<'_> {
 
     /// Records the object at `key` in `space`, its charge corrected from the admitted estimate to `exact`
     /// (`None`: the estimate).
+    #[inline(always)]
     pub(crate) fn commit(mut self, space: Space, key: u64, exact: Option<u64>) {
         let bytes = exact.unwrap_or(self.bytes);
         if bytes != self.bytes {

@@ -10,6 +10,7 @@
 //! refused admission) may read files.
 
 pub(crate) mod charge;
+pub(crate) mod credit;
 pub(crate) mod host_pid;
 pub(crate) mod interprocess;
 pub(crate) mod ledger;
@@ -63,6 +64,8 @@ pub(crate) struct Memory {
     alloc_bytes: [AtomicU64; MAX_DEVICES],
     /// Context/module overhead this process has charged, per device entry.
     overhead: [AtomicU64; MAX_DEVICES],
+    /// Bytes charged ahead of allocations, per device entry.
+    credit: credit::Credit,
     /// Serialises overhead re-measurements (slow path only).
     overhead_lock: Lock<()>,
     /// Contexts and modules this process holds (overhead estimate, owner devices).
@@ -86,6 +89,7 @@ impl Memory {
             pools: Lock::new(HashMap::new()),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
+            credit: credit::Credit::default(),
             overhead_lock: Lock::new(()),
             holdings: Holdings::default(),
             host: HostPid::default(),
@@ -120,9 +124,23 @@ impl Memory {
         self.devices.policy(dev).memory
     }
 
-    /// Bytes the whole container has charged on a device.
+    /// Bytes the whole container has charged on a device, less this process's credit there (memory it can
+    /// still take: what `cuMemGetInfo` and NVML report used to this process).
     pub(crate) fn container_used(&self, dev: Dev) -> u64 {
-        self.usage().container_used(dev.id)
+        self.usage()
+            .container_used(dev.id)
+            .saturating_sub(self.credit.held(dev.id.index()))
+    }
+
+    /// Turns this process's credit on `dev` off and uncharges it (before an exact admission or a
+    /// reconciliation).
+    fn give_back_credit(&self, dev: Dev) {
+        let drained = self.credit.drain(dev.id.index());
+        if drained != 0 {
+            if let Some(slot) = self.usage().cached_slot() {
+                self.usage().uncharge(slot, dev.id, drained);
+            }
+        }
     }
 
     /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries).
@@ -146,6 +164,7 @@ impl Memory {
     /// once before giving up) and, when the device's limits keep memory for high-priority tenants and this
     /// process is not one, against the device's free memory (`cuda`, `nvml`). `Err` = refused: nothing
     /// charged.
+    #[inline(always)]
     pub(crate) fn admit(
         &self,
         dev: Dev,
@@ -160,13 +179,56 @@ impl Memory {
         // its cost is charged before anything is allocated in it.
         self.adopt_unseen_context(nvml, dev)?;
         let (limit, reserved) = self.devices.memory_limits(dev);
+        if let (Some(cap), None) = (limit, reserved) {
+            if self.usage().sound_here() && self.credit.take(dev.id.index(), bytes, cap) {
+                self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
+                self.hami_publish(dev.id);
+                return Ok(Admitted(None));
+            }
+        }
+        self.admit_charged(dev, bytes, limit, reserved, cuda, nvml)
+    }
+
+    /// [`Memory::admit`] past the credit: the credit goes back, the slot is charged and the container summed
+    /// (reconciled near the cap), and far from the cap a chunk is charged ahead (`credit`).
+    #[inline(never)]
+    fn admit_charged(
+        &self,
+        dev: Dev,
+        bytes: u64,
+        limit: Option<u64>,
+        reserved: Option<u64>,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+    ) -> Result<Admitted<'_>, OverCap> {
+        self.give_back_credit(dev);
         let used = self.charge_cap(dev, bytes, limit)?;
         if let Some(cap) = limit {
             self.near_cap_check(nvml, dev, bytes, cap, used)?;
         }
-        match reserved {
-            None => Ok(Admitted(None)),
-            Some(reserved) => self.admit_reserved(dev, bytes, reserved, cuda, nvml),
+        match (reserved, limit) {
+            (Some(reserved), _) => self.admit_reserved(dev, bytes, reserved, cuda, nvml),
+            (None, Some(cap)) => {
+                if credit::far_from_cap(cap, used) && self.credit.wants_chunk(dev.id.index(), bytes) {
+                    self.charge_ahead(dev, cap);
+                }
+                Ok(Admitted(None))
+            }
+            (None, None) => Ok(Admitted(None)),
+        }
+    }
+
+    /// Charges a chunk of credit on `dev` under `cap` (nothing when it does not fit).
+    fn charge_ahead(&self, dev: Dev, cap: u64) {
+        let Some(slot) = self.usage().cached_slot() else {
+            return;
+        };
+        if self
+            .usage()
+            .try_charge(slot, dev.id, credit::CHUNK, Some(cap))
+            .is_ok()
+        {
+            self.credit.grant(dev.id.index(), cap);
         }
     }
 
@@ -243,6 +305,7 @@ impl Memory {
         self.usage().reassert(slot, |id| {
             self.alloc_bytes[id.index()].load(Ordering::Relaxed)
                 + self.overhead[id.index()].load(Ordering::Relaxed)
+                + self.credit.held(id.index())
         });
         match self.usage().charge(slot, dev.id, bytes, limit) {
             // Checked once, after the charge: a file truncated, zeroed or replaced before it or while it ran
@@ -299,13 +362,30 @@ impl Memory {
         if bytes == 0 {
             return;
         }
-        if let Some(slot) = self.usage().cached_slot() {
-            self.usage().uncharge(slot, id, bytes);
+        if self.alloc_bytes[id.index()].fetch_sub(bytes, Ordering::Relaxed) < bytes {
+            self.alloc_bytes_underflow(id);
         }
-        let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            Some(v.saturating_sub(bytes))
-        });
+        let uncharge = match self.credit.give(id.index(), bytes) {
+            credit::Give::Kept => 0,
+            credit::Give::Return(excess) => excess,
+            credit::Give::Off => bytes,
+        };
+        if uncharge != 0 {
+            if let Some(slot) = self.usage().cached_slot() {
+                self.usage().uncharge(slot, id, uncharge);
+            }
+        }
         self.hami_publish(id);
+    }
+
+    /// A release took more than this process had allocated on `id` (a charge counted twice somewhere): the
+    /// count stops at zero, as HAMi's "terabytes used" bug teaches.
+    #[cold]
+    #[inline(never)]
+    fn alloc_bytes_underflow(&self, id: DeviceId) {
+        let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            (v > i64::MAX as u64).then_some(0)
+        });
     }
 
     /// HAMi's file shows this process's figures on `id` (docs/hami.md): relaxed stores, no syscall.
@@ -458,6 +538,7 @@ impl Memory {
         for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
             a.store(0, Ordering::Relaxed);
         }
+        self.credit.reset();
         self.holdings.reset();
         self.host.reset();
         self.first_use.reset();

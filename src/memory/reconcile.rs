@@ -280,6 +280,8 @@ impl Memory {
     /// handed out by the driver (the admission being made); then whether the container fits under `cap`.
     /// Without an NVML figure nothing is changed (the ledger is all there is).
     pub(super) fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64) -> Result<(), OverCap> {
+        // Near the cap the charge is exact: no credit taken from without the driver's figure.
+        self.give_back_credit(dev);
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let _g = self.overhead_lock.lock();
         let used = match self.nvml_figure(nvml, dev) {

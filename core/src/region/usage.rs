@@ -325,6 +325,14 @@ impl UsageRegion {
         self.check_failed()
     }
 
+    /// The part of [`UsageRegion::check`] this process knows without reading the file: the agent's binding
+    /// still names it and it was not truncated under the mapping. Process-local loads only (an admission that
+    /// does not touch the file).
+    #[inline]
+    pub fn sound_here(&self) -> bool {
+        !self.superseded.load(Ordering::Relaxed) && !self.map.is_broken()
+    }
+
     /// [`UsageRegion::check`]'s fast path: the same words, read in the same order (the header first: on a
     /// truncated file that read is what faults and breaks the mapping), compared with what this version
     /// wrote.
