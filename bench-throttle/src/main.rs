@@ -15,7 +15,7 @@
 //! starting on a 50 ms boundary from the common start to the end of the run (start-up burst included) is the
 //! sum of 20 bins; the table shows the largest. The monitor's total is checked against the program's own count.
 //!
-//! Usage: `cargo run --release -p bench-throttle -- [--seconds S] [--quick] [--jobs J] [--only accuracy|multi|burst|priority|overhead]`
+//! Usage: `cargo run --release -p bench-throttle -- [--seconds S] [--quick] [--jobs J] [--only accuracy|multi|burst|priority|overhead]` (`--help`)
 //! (the recorded table uses the default 10 s windows; `--quick` = 2 s windows and fewer cells).
 //! Build first: `cargo build --release -p cuquota -p cuquota-sim -p bench-throttle`; the bench runs the release
 //! libraries (set `CUQUOTA_TEST_PROFILE=debug` to measure the debug ones).
@@ -217,11 +217,36 @@ fn max_deviation<'a>(runs: impl IntoIterator<Item = &'a Run>) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// SM-limit accuracy, multi-container, burst, priority and per-launch overhead benchmarks on the simulated GPU
+/// (prints a Markdown table).
+#[derive(clap::Parser)]
+#[command(name = "throttle-bench")]
 struct Opts {
-    seconds: f64,
+    /// Length of each measured window, in seconds (default 10, or 2 with --quick).
+    #[arg(long, value_name = "S")]
+    seconds: Option<f64>,
+    /// 2 s windows and fewer cells.
+    #[arg(long)]
     quick: bool,
+    /// One-container cells run at once.
+    #[arg(long, value_name = "J", default_value_t = 3)]
     jobs: usize,
-    only: Option<String>,
+    /// Run one part only.
+    #[arg(long, value_enum)]
+    only: Option<Part>,
+    /// Internal: the monitor process the bench starts (T0_NS, then PID[,PID...]).
+    #[arg(long, num_args = 2, value_names = ["T0_NS", "PIDS"], hide = true)]
+    monitor: Option<Vec<String>>,
+}
+
+/// The parts of the benchmark.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Part {
+    Accuracy,
+    Multi,
+    Burst,
+    Priority,
+    Overhead,
 }
 
 /// One run of the C program; returns its share in percent.
@@ -285,46 +310,17 @@ fn hard(l: u32) -> Vec<(&'static str, String)> {
 }
 
 fn main() {
-    let mut o = Opts {
-        seconds: 10.0,
-        quick: false,
-        jobs: 3,
-        only: None,
-    };
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("--monitor") {
-        monitor(&args[1..]);
+    let o = <Opts as clap::Parser>::parse();
+    if let Some(m) = &o.monitor {
+        monitor(m);
         return;
-    }
-    let mut i = 0;
-    while i < args.len() {
-        match args[i].as_str() {
-            "--seconds" => {
-                i += 1;
-                o.seconds = args[i].parse().expect("--seconds N");
-            }
-            "--quick" => {
-                o.quick = true;
-                o.seconds = 2.0;
-            }
-            "--jobs" => {
-                i += 1;
-                o.jobs = args[i].parse().expect("--jobs N");
-            }
-            "--only" => {
-                i += 1;
-                o.only = Some(args[i].clone());
-            }
-            a => panic!("unknown argument {a}"),
-        }
-        i += 1;
     }
     // Measure the optimised libraries (the harness defaults to the debug profile).
     if std::env::var_os("CUQUOTA_TEST_PROFILE").is_none() {
         std::env::set_var("CUQUOTA_TEST_PROFILE", "release");
     }
-    let want = |s: &str| o.only.as_deref().is_none_or(|x| x == s);
-    let secs = o.seconds;
+    let want = |p: Part| o.only.is_none_or(|x| x == p);
+    let secs = o.seconds.unwrap_or(if o.quick { 2.0 } else { 10.0 });
     let probe_sim = Sim::new().build();
     let prog = compile_prog(&probe_sim);
     let date = SystemTime::now()
@@ -350,7 +346,7 @@ fn main() {
         std::env::var("CUQUOTA_TEST_PROFILE").unwrap_or_default()
     );
 
-    if want("accuracy") {
+    if want(Part::Accuracy) {
         let sms_list: &[u32] = if o.quick { &[16, 188] } else { &[16, 132, 188] };
         let limits: &[u32] = &[10, 25, 50, 75, 90];
         println!(
@@ -405,7 +401,7 @@ fn main() {
         );
     }
 
-    if want("multi") {
+    if want(Part::Multi) {
         println!("## Several containers on one device (hard), achieved share % over the run (target ±3) and worst 1 s window (target ≤ L + 2)\n");
         println!("| SMs | kernel | limits | achieved | worst 1 s |");
         println!("|---|---|---|---|---|");
@@ -458,7 +454,7 @@ fn main() {
         );
     }
 
-    if want("burst") {
+    if want(Part::Burst) {
         println!("## Burst policy (work-conserving)\n");
         println!("| scenario | kernel | achieved |");
         println!("|---|---|---|");
@@ -488,11 +484,11 @@ fn main() {
         println!();
     }
 
-    if want("priority") {
+    if want(Part::Priority) {
         priority::bench(secs);
     }
 
-    if want("overhead") {
+    if want(Part::Overhead) {
         println!("## Added cost per cuLaunchKernel (median of 100-launch batches, hook − simulator direct, same run)\n");
         println!("| configuration | hook ns | direct ns | added ns | target |");
         println!("|---|---|---|---|---|");

@@ -14,18 +14,21 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn arg(name: &str, default: u32) -> u32 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} needs a number")))
-        .unwrap_or(default)
+/// The added cost of libcuquota.so per call (alloc+free pair, cuMemGetInfo, cuLaunchKernel) on the simulator
+/// and on a stub driver, against the driver called directly in the same run (prints a table of medians).
+#[derive(clap::Parser)]
+#[command(name = "cuquota-bench")]
+struct Opts {
+    /// Runs of each configuration (the median is printed).
+    #[arg(long, value_name = "N", default_value_t = 7)]
+    reps: u32,
+    /// Operations per thread per run.
+    #[arg(long, value_name = "N", default_value_t = 20000)]
+    iters: u32,
 }
 
 fn main() {
-    let reps = arg("--reps", 7);
-    let iters = arg("--iters", 20000);
+    let Opts { reps, iters } = clap::Parser::parse();
     let src = workspace_root().join("bench/alloc_bench.c");
     let bin = compile_c("alloc_bench", &src, &[], &["-lcuda", "-lpthread"]);
     std::fs::create_dir_all(target_dir().join("shim-tests-c/stub")).expect("stub dir");
