@@ -4,10 +4,12 @@
 //! their limits come from `crate::devices`.
 //!
 //! Hot path of an allocation: one `cuCtxGetDevice` (none with a single visible device), one atomic load per
-//! limits file (did it change?), the region's lock-free reserve-then-sum, the usage file's header checked after
-//! the charge (a few loads: a file another process truncated, zeroed or overwrote fails closed, the charge taken
-//! back), one compare-and-swap in the ledger's lock-free table. No lock, no syscall, no allocation. Slow paths (first use of a device, a limits-file change, a
-//! refused admission) may read files.
+//! limits file (did it change?), then either a compare-and-swap on the process's credit (`credit`: bytes its
+//! usage slot was charged ahead, far from the cap) or the region's lock-free reserve-then-sum with the usage
+//! file's header checked after the charge (a few loads: a file another process truncated, zeroed or overwrote
+//! fails closed, the charge taken back); one compare-and-swap in the ledger's lock-free table. No lock, no
+//! syscall, no allocation. Slow paths (first use of a device, a limits-file change, a refused admission) may
+//! read files.
 
 pub(crate) mod charge;
 pub(crate) mod credit;
