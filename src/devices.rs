@@ -363,6 +363,17 @@ impl Devices {
             .map_or(Policy::NONE, |i| i.policy.load().decode())
     }
 
+    /// A known device's effective memory cap (after picking up a changed limits file): one word of the policy.
+    #[inline]
+    pub(crate) fn memory_cap(&self, dev: Dev) -> Option<u64> {
+        self.refresh_if_changed();
+        let i = self.table.get(dev.ordinal as usize).and_then(|s| s.get())?;
+        match i.policy.memory_limit.load(Ordering::Relaxed) {
+            0 => None,
+            cap => Some(cap),
+        }
+    }
+
     /// The memory part of a known device's effective limits (after picking up a changed limits file), for
     /// admission: the cap, and the bytes kept for high-priority tenants unless this process is one. Three of
     /// the policy's words, read as [`Devices::policy`] decodes them.

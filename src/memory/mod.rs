@@ -62,6 +62,8 @@ pub(crate) struct Memory {
     /// CUDA graph memory pools and execs with alloc nodes.
     graph: GraphMem,
     pools: Lock<HashMap<usize, PoolState>>,
+    /// Whether a pool was ever tracked (`pools` is empty while false).
+    any_pool: AtomicBool,
     /// Bytes this process has charged for allocations (not overhead), per device entry.
     alloc_bytes: [AtomicU64; MAX_DEVICES],
     /// Context/module overhead this process has charged, per device entry.
@@ -89,6 +91,7 @@ impl Memory {
             shared: shared::SharedMem::default(),
             graph: GraphMem::new(),
             pools: Lock::new(HashMap::new()),
+            any_pool: AtomicBool::new(false),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
             credit: credit::Credit::default(),
@@ -123,7 +126,7 @@ impl Memory {
     /// Current effective memory limit of a device (`None` = no limit).
     #[inline]
     pub(crate) fn limit(&self, dev: Dev) -> Option<u64> {
-        self.devices.policy(dev).memory
+        self.devices.memory_cap(dev)
     }
 
     /// Bytes the whole container has charged on a device, less this process's credit there (memory it can

@@ -265,6 +265,7 @@ impl Memory {
 
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
     pub(crate) fn track_pool(&self, pool: usize, dev: Option<Dev>) {
+        self.any_pool.store(true, Ordering::Relaxed);
         self.pools.lock().entry(pool).or_insert(PoolState {
             dev,
             charged: 0,
@@ -451,6 +452,10 @@ impl Memory {
 
     /// Refreshes every pool on a device entry (before refusing a pool allocation).
     pub(crate) fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
+        // Set before a pool is tracked: a program without pools takes no lock here (cuMemGetInfo's path).
+        if !self.any_pool.load(Ordering::Relaxed) {
+            return;
+        }
         let mut pools = self.pools.lock();
         for (&pool, p) in pools.iter_mut() {
             if p.dev.is_some_and(|d| d.id == id) {
