@@ -5,6 +5,7 @@
  * A graph launch is one unit for be_admit (src/throttle/priority.rs), estimated at its measured duration: a
  * burst may wait for one whole graph (N × KERNEL_NS), never for several.
  * Prints pid, t0_ns, end_ns, launches. */
+#include "cq_kernel.h"
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,20 +13,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#define CK(c)                                                                                                   \
-    do {                                                                                                        \
-        CUresult r_ = (c);                                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                               \
-            fprintf(stderr, "%s failed: %d\n", #c, (int)r_);                                                   \
-            exit(2);                                                                                            \
-        }                                                                                                       \
-    } while (0)
 
 int main(int argc, char **argv) {
     if (argc < 5) return 2;

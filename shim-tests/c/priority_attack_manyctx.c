@@ -7,7 +7,10 @@
  * The tracker (src/throttle/priority.rs, BeSlot::ctx_index) follows at most CTXS = 4 contexts; a launch from a
  * fifth context while the four have kernels queued is admitted by be_admit and then not tracked
  * (Completions::track returns false), so the next launch's budget does not count it.
+ * With NCTX = 2 and K = 1 it alternates two contexts (an ordinary pattern: two libraries with their own
+ * context): each launch must count what the other context queued (one queue per device for all contexts).
  * Prints pid, t0_ns, end_ns, kernels, busy_ns. */
+#include "cq_kernel.h"
 #include <cuda.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -15,19 +18,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#define CK(c)                                                                                                   \
-    do {                                                                                                        \
-        CUresult r_ = (c);                                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                               \
-            fprintf(stderr, "%s failed: %d\n", #c, (int)r_);                                                   \
-            exit(2);                                                                                            \
-        }                                                                                                       \
-    } while (0)
 static uint64_t rng;
 static uint64_t next_rand(void) {
     rng ^= rng >> 12;

@@ -3,6 +3,7 @@
  *   review_prio_threads SECONDS KMIN_NS KMAX_NS SEED START_AT_NS THREADS
  * The budget check (be_admit: reap, then launch, then track) reserves nothing between the check and the
  * launch, so threads admitted together each count only what was queued before them. */
+#include "cq_kernel.h"
 #include <cuda.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -10,20 +11,6 @@
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
-
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-#define CK(c)                                                                                                   \
-    do {                                                                                                        \
-        CUresult r_ = (c);                                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                               \
-            fprintf(stderr, "%s failed: %d\n", #c, (int)r_);                                                   \
-            exit(2);                                                                                            \
-        }                                                                                                       \
-    } while (0)
 
 static CUcontext ctx;
 static CUfunction fn;

@@ -30,6 +30,60 @@ pub fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// `o`, which must have succeeded.
+pub fn done(o: crate::Output) -> crate::Output {
+    assert!(o.success(), "{o:?}");
+    o
+}
+
+/// High-priority burst latencies (ns): `secs` of bursts from c/priority_tenant.c in container "hp" (priority
+/// high), `gap_ns` apart (random in the range), next to the best-effort command `be` (its container, priority
+/// and environment set by the caller; a priority_tenant `be` run of [`BE_NS`] work) started 0.5 s before them.
+/// Also returns `be`'s output.
+pub fn bursts_beside(
+    sim: &crate::Sim,
+    be: crate::Cmd<'_>,
+    secs: f64,
+    gap_ns: (u64, u64),
+) -> (Vec<u64>, crate::Output) {
+    let t = crate::mono_ns() + 1_500_000_000;
+    let timeout = std::time::Duration::from_secs_f64(2.0 * secs + 60.0);
+    let be = be
+        .timeout(timeout)
+        .args(&format!(
+            "be {} {} {} 11 {}",
+            secs + 1.0,
+            BE_NS.0,
+            BE_NS.1,
+            t - 500_000_000
+        ))
+        .spawn();
+    let hp = done(
+        sim.cmd(crate::Prog::PriorityTenant)
+            .container("hp")
+            .priority("0")
+            .timeout(timeout)
+            .args(&format!(
+                "hp {secs} {BURST} {KERNEL_NS} {} {} 7 {t}",
+                gap_ns.0, gap_ns.1
+            ))
+            .spawn()
+            .finish(),
+    );
+    let be = done(be.finish());
+    let v = latencies(&hp);
+    assert!(!v.is_empty(), "no burst");
+    (v, be)
+}
+
+/// The burst latencies (ns) a priority_tenant `hp` run printed.
+pub fn latencies(hp: &crate::Output) -> Vec<u64> {
+    hp.val("lat_ns")
+        .split(',')
+        .map(|v| v.parse().expect("latency"))
+        .collect()
+}
+
 /// The node agent holding a best-effort container whose tenant bypasses the library (docs/priority.md, threat
 /// model): `cuquota agent --interval 200ms --containers DIR` with one descriptor, members `subtree = PID`, a hard
 /// SM limit of `sm_pct` and `sm = "throttle"` (freeze until the measured device time is repaid, kill past the

@@ -11,7 +11,7 @@
 
 use cuquota_core::region::layout::{PRIORITY_HIGH, PRIORITY_LOW};
 use cuquota_core::region::PriorityRegion;
-use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS, SECS};
+use shim_tests::priority::{done, latencies, ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS, SECS};
 use shim_tests::{mono_ns, Output, Prog, Sim, Window, GIB};
 use std::time::Duration;
 
@@ -85,22 +85,13 @@ fn device_uuid(sim: &Sim, c: &str) -> [u8; 16] {
     r.devices(mono_ns())[0].uuid
 }
 
-fn done(o: Output) -> Output {
-    assert!(o.success(), "{o:?}");
-    o
-}
-
 /// The high-priority tenant alone (`be = None`) or with the best-effort tenant started 0.5 s before it.
 fn run(sim: &Sim, mode: Mode, with_be: bool) -> Run {
     let t = mono_ns() + 1_500_000_000;
     let be = with_be.then(|| be_cmd(sim, mode, t - 500_000_000));
     let hp = done(hp_cmd(sim, mode, t).finish());
     let be = be.map(|p| done(p.finish()).window());
-    let lat_ns = hp
-        .val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect::<Vec<u64>>();
+    let lat_ns = latencies(&hp);
     assert!(!lat_ns.is_empty(), "no burst:{hp:?}");
     Run {
         hp: hp.window(),
@@ -438,10 +429,7 @@ fn multi_device_cooperative_launches_are_gated_too() {
             let b = done(b.finish());
             assert!(b.num("kernels") > 0, "{b:?}");
         }
-        hp.val("lat_ns")
-            .split(',')
-            .map(|v| v.parse().expect("latency"))
-            .collect::<Vec<u64>>()
+        latencies(&hp)
     };
     let alone = run(true, false);
     let bare = run(true, true);

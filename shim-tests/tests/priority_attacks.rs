@@ -6,8 +6,10 @@
 //! The liar needs no GPU work, so it is a thread of this test writing the words of the file its container
 //! could write (`liar_file`): it adds no simulated process (at most two run at once).
 
-use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS, SECS};
-use shim_tests::{mono_ns, Output, PriorityLiar, Prog, Sim, Window};
+use shim_tests::priority::{
+    bursts_beside, done, latencies, ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS, SECS,
+};
+use shim_tests::{mono_ns, PriorityLiar, Prog, Sim, Window};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -34,11 +36,6 @@ fn hp_cmd<'a>(sim: &'a Sim, bare: bool) -> shim_tests::Cmd<'a> {
     } else {
         c.priority("0")
     }
-}
-
-fn done(o: Output) -> Output {
-    assert!(o.success(), "{o:?}");
-    o
 }
 
 /// High-priority burst latencies (ns), alone (`with_be` false) or next to a best-effort tenant started 0.5 s
@@ -75,11 +72,7 @@ fn bursts(sim: &Sim, bare: bool, with_be: bool, liar: Option<fn(u64) -> (u64, u6
     if let Some(l) = liar {
         assert!(l.stop() > 100, "the liar hardly wrote");
     }
-    let v: Vec<u64> = hp
-        .val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect();
+    let v = latencies(&hp);
     assert!(!v.is_empty(), "no burst");
     v
 }
@@ -185,11 +178,7 @@ fn bursts_next_to(sim: &Sim, be: shim_tests::Cmd<'_>, be_args: &str, lead_s: f64
             .finish(),
     );
     done(be.finish());
-    let v: Vec<u64> = hp
-        .val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect();
+    let v = latencies(&hp);
     assert!(!v.is_empty(), "no burst");
     v
 }
@@ -347,12 +336,7 @@ fn a_best_effort_tenant_filling_its_own_priority_file_is_still_gated() {
             .finish(),
         );
         done(be.finish());
-        let v: Vec<u64> = hp
-            .val("lat_ns")
-            .split(',')
-            .map(|v| v.parse().expect("latency"))
-            .collect();
-        v
+        latencies(&hp)
     };
     let control = run(false);
     let filled = run(true);
@@ -412,12 +396,7 @@ fn a_high_priority_container_started_after_64_others_is_seen() {
                 .finish(),
         );
         done(be.finish());
-        let v: Vec<u64> = hp
-            .val("lat_ns")
-            .split(',')
-            .map(|v| v.parse().expect("latency"))
-            .collect();
-        v
+        latencies(&hp)
     };
     let control = run(false);
     let churned = run(true);
@@ -450,18 +429,13 @@ fn a_best_effort_process_alternating_two_contexts_keeps_the_budget() {
     let _s = serial();
     let sim = Sim::new().build();
     setup(&sim);
-    let prog = shim_tests::compile_c(
-        "priority_twoctx",
-        &shim_tests::workspace_root().join("shim-tests/c/priority_twoctx.c"),
-        &[],
-        &["-lcuda"],
-    );
     let short = format!("{} 50000 150000 11", ESC_SECS + 1.0);
     let one = bursts_next_to(&sim, be_cmd(&sim, "be"), &format!("be {short}"), 0.5);
+    // Two contexts, one kernel from each in turn.
     let two = bursts_next_to(
         &sim,
-        sim.cmd_path(prog).container("be").priority("1"),
-        &short,
+        sim.cmd_path(many_contexts()).container("be").priority("1"),
+        &format!("{short} 2 1"),
         0.5,
     );
     println!(
@@ -486,6 +460,16 @@ fn a_best_effort_process_alternating_two_contexts_keeps_the_budget() {
     );
 }
 
+/// `priority_attack_manyctx`: a best-effort tenant launching round robin from several contexts of one device.
+fn many_contexts() -> std::path::PathBuf {
+    shim_tests::compile_c(
+        "priority_attack_manyctx",
+        &shim_tests::workspace_root().join("shim-tests/c/priority_attack_manyctx.c"),
+        &[],
+        &["-lcuda"],
+    )
+}
+
 /// High-priority bursts ("hp", its `hp.high` file created first) next to the best-effort command `be`, whose
 /// args end with the start time it is given (0.5 s before the bursts).
 fn bursts_next_to_hp_file(sim: &Sim, be: shim_tests::Cmd<'_>, be_args: &str) -> Vec<u64> {
@@ -502,12 +486,7 @@ fn a_best_effort_process_round_robin_over_many_contexts_keeps_the_budget() {
     let _s = serial();
     let sim = Sim::new().build();
     setup(&sim);
-    let prog = shim_tests::compile_c(
-        "priority_attack_manyctx",
-        &shim_tests::workspace_root().join("shim-tests/c/priority_attack_manyctx.c"),
-        &[],
-        &["-lcuda"],
-    );
+    let prog = many_contexts();
     let mut res = Vec::new();
     for n in [64u32, 128] {
         let v = bursts_next_to_hp_file(
@@ -587,33 +566,7 @@ fn a_request_after_a_long_idle_does_not_wait_behind_the_best_effort_queue() {
     let sim = Sim::new().build();
     setup(&sim);
     sim.container_priority_file("hp", true);
-    let secs = 24.0;
-    let t = mono_ns() + 1_500_000_000;
-    let be = be_cmd(&sim, "be")
-        .timeout(Duration::from_secs(120))
-        .args(&format!(
-            "be {} {} {} 11 {}",
-            secs + 1.0,
-            BE_NS.0,
-            BE_NS.1,
-            t - 500_000_000
-        ))
-        .spawn();
-    let hp = done(
-        hp_cmd(&sim, false)
-            .timeout(Duration::from_secs(120))
-            .args(&format!(
-                "hp {secs} {BURST} {KERNEL_NS} 11000000000 12000000000 7 {t}"
-            ))
-            .spawn()
-            .finish(),
-    );
-    done(be.finish());
-    let v: Vec<u64> = hp
-        .val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect();
+    let (v, _) = bursts_beside(&sim, be_cmd(&sim, "be"), 24.0, (11_000_000_000, 12_000_000_000));
     println!(
         "bursts 11-12 s apart: latencies ms {:?}",
         v.iter().map(|&x| ms(x)).collect::<Vec<_>>()

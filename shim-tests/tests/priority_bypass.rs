@@ -8,7 +8,7 @@
 //! Short best-effort kernels (50–150 µs): the full queue (1024 kernels, ~100 ms) is less than the agent's kill
 //! grace, so freezing alone holds it. At most two simulated programs run at once (the agent only reads NVML).
 
-use shim_tests::priority::{ms, pct, serial, BypassAgent, BURST, GAP_NS, KERNEL_NS};
+use shim_tests::priority::{latencies, ms, pct, serial, BypassAgent, BURST, GAP_NS, KERNEL_NS};
 use shim_tests::{heavy, mono_ns, Prog, Sim};
 use std::time::Duration;
 
@@ -56,11 +56,7 @@ fn bursts(sim: &Sim, agent: bool) -> Vec<u64> {
     }
     let be = be.finish();
     assert!(be.success(), "the bypasser was killed or failed:{be:?}");
-    let v: Vec<u64> = hp
-        .val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect();
+    let v = latencies(&hp);
     assert!(v.len() >= 20, "only {} bursts", v.len());
     v
 }

@@ -5,9 +5,8 @@
 //! take `bytes / CUDASIM_COPY_GBPS` (0.1 GB/s here: 1–5 ms each moves
 //! 100–500 kB, so the host copies far faster than the device's timeline and the tenant can queue ahead).
 
-use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS};
-use shim_tests::{mono_ns, Output, Prog, Sim};
-use std::time::Duration;
+use shim_tests::priority::{bursts_beside, ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS};
+use shim_tests::{Prog, Sim};
 
 /// Seconds of bursts per run.
 const SECS: f64 = 2.0;
@@ -16,53 +15,19 @@ const SECS: f64 = 2.0;
 /// and slack for a loaded host (as priority_attacks.rs).
 const GATED_P99_NS: u64 = BURST as u64 * KERNEL_NS + BE_NS.1 + 5_000_000;
 
-fn done(o: Output) -> Output {
-    assert!(o.success(), "{o:?}");
-    o
-}
-
 /// High-priority burst latencies (ns) next to a best-effort tenant started 0.5 s before them whose work is
 /// kernels (`copy` None) or, with `PT_BE_COPY=copy|set`, copies or memsets of the same lengths.
 fn bursts(sim: &Sim, copy: Option<&str>) -> Vec<u64> {
-    let t = mono_ns() + 1_500_000_000;
     let be = sim.cmd(Prog::PriorityTenant).container("be").priority("1");
     let be = match copy {
         Some(m) => be.env("PT_BE_COPY", m),
         None => be,
     };
-    let be = be
-        .timeout(Duration::from_secs(60))
-        .args(&format!(
-            "be {} {} {} 11 {}",
-            SECS + 1.0,
-            BE_NS.0,
-            BE_NS.1,
-            t - 500_000_000
-        ))
-        .spawn();
-    let hp = done(
-        sim.cmd(Prog::PriorityTenant)
-            .container("hp")
-            .priority("0")
-            .timeout(Duration::from_secs(60))
-            .args(&format!(
-                "hp {SECS} {BURST} {KERNEL_NS} {} {} 7 {t}",
-                GAP_NS.0, GAP_NS.1
-            ))
-            .spawn()
-            .finish(),
-    );
-    let be = done(be.finish());
+    let (v, be) = bursts_beside(sim, be, SECS, GAP_NS);
     assert!(
         be.val("kernels").parse::<u64>().expect("kernels") > 10,
         "the best-effort tenant hardly worked: {be:?}"
     );
-    let v: Vec<u64> = hp
-        .val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect();
-    assert!(!v.is_empty(), "no burst");
     v
 }
 

@@ -11,9 +11,8 @@
 //! two: the six together are twice the largest), so the test catches the old behaviour only when the timing
 //! lines up.
 
-use shim_tests::priority::{ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS};
-use shim_tests::{mono_ns, Output, Prog, Sim};
-use std::time::Duration;
+use shim_tests::priority::{bursts_beside, ms, pct, serial, BE_NS, BURST, GAP_NS, KERNEL_NS};
+use shim_tests::{Output, Prog, Sim};
 
 const SECS: f64 = 2.0;
 /// The volley's largest copy (2^22 bytes at 0.1 GB/s): one unit a burst may wait for.
@@ -21,52 +20,17 @@ const LARGEST_COPY_NS: u64 = (1 << 22) * 10;
 /// As priority_copies.rs: a burst's 20 kernels, one best-effort item (≤ 5 ms) ahead of it, 5 ms slack.
 const GATED_NS: u64 = BURST as u64 * KERNEL_NS + BE_NS.1 + 5_000_000;
 
-fn done(o: Output) -> Output {
-    assert!(o.success(), "{o:?}");
-    o
-}
-
 /// Burst latencies of a high-priority tenant next to a best-effort one in `PT_BE_COPY=mode`, and its output.
 fn bursts(mode: &str, env: &[(&str, &str)]) -> (Vec<u64>, Output) {
     let sim = Sim::new().env("CUDASIM_COPY_GBPS", "0.1").build();
     sim.create_priority_dir();
-    let t = mono_ns() + 1_500_000_000;
     let be = sim
         .cmd(Prog::PriorityTenant)
         .container("be")
         .priority("1")
         .env("PT_BE_COPY", mode);
     let be = env.iter().fold(be, |c, (k, v)| c.env(k, v));
-    let be = be
-        .timeout(Duration::from_secs(60))
-        .args(&format!(
-            "be {} {} {} 11 {}",
-            SECS + 1.0,
-            BE_NS.0,
-            BE_NS.1,
-            t - 500_000_000
-        ))
-        .spawn();
-    let hp = done(
-        sim.cmd(Prog::PriorityTenant)
-            .container("hp")
-            .priority("0")
-            .timeout(Duration::from_secs(60))
-            .args(&format!(
-                "hp {SECS} {BURST} {KERNEL_NS} {} {} 7 {t}",
-                GAP_NS.0, GAP_NS.1
-            ))
-            .spawn()
-            .finish(),
-    );
-    let be = done(be.finish());
-    let v: Vec<u64> = hp
-        .val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect();
-    assert!(!v.is_empty(), "no burst");
-    (v, be)
+    bursts_beside(&sim, be, SECS, GAP_NS)
 }
 
 #[test]

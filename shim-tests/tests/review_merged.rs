@@ -2,29 +2,12 @@
 //! are closed (each failed on the reviewed code), and the checks it made that held; each judged by the
 //! simulator's own figures. The findings still open are listed in docs/priority.md and docs/hami.md.
 
-use shim_tests::{mono_ns, Output, Prog, Sim};
+use shim_tests::priority::{latencies as lat, pct, serial};
+use shim_tests::{mono_ns, Prog, Sim};
 #[allow(unused_imports)]
 use std::io::Read;
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn pct(v: &[u64], p: f64) -> u64 {
-    let mut s = v.to_vec();
-    s.sort_unstable();
-    s[((s.len() - 1) as f64 * p / 100.0).round() as usize]
-}
-
-fn lat(o: &Output) -> Vec<u64> {
-    o.val("lat_ns")
-        .split(',')
-        .map(|v| v.parse().expect("latency"))
-        .collect()
-}
 
 const SECS: f64 = 2.0;
 
