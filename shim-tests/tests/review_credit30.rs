@@ -1,0 +1,169 @@
+//! Hostile review of commit ca6432f: the per-process credit (src/memory/credit.rs, `Memory::admit`). Each test
+//! states the guarantee the shim had before the commit; they FAIL on ca6432f (the point of a review test) and
+//! pass on its parent. Judged by the simulator's own used bytes (its NVML past any interposer). Programs:
+//! `c/review_credit30.c` and the probe. At most two simulated processes run at once (the others block on
+//! stdin).
+
+use shim_tests::{compile_c, workspace_root, Prog, Sim, GIB, MIB};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+fn prog() -> PathBuf {
+    compile_c(
+        "review_credit30",
+        &workspace_root().join("shim-tests/c/review_credit30.c"),
+        &[],
+        &["-lcuda", "-ldl"],
+    )
+}
+
+/// The simulator's own used bytes of device 0.
+fn sim_used(sim: &Sim) -> u64 {
+    let raw = sim.cmd(Prog::Probe).no_preload().args("simused").run();
+    raw.ok();
+    raw.num("sim.used.0")
+}
+
+/// A process holds 32 MiB of credit (8 x 2 MiB, 1 MiB: a chunk charged ahead; the 8 x 2 MiB freed into it).
+/// Another process of the container takes memory past the shim (the driver's own cuMemAlloc_v2) and fills:
+/// near the cap the reconciliation charges what it took, and the ledger says the container is over its cap
+/// (every admission charged against the sum is refused from here). The first process then asks for 1 MiB
+/// pieces: before ca6432f each was charged against the sum and refused; with the credit, 32 are taken with no
+/// look at the sum, and the simulator's used bytes, already past the cap, grow by 32 MiB more (per process
+/// holding credit, per device).
+#[test]
+fn credit_is_taken_while_the_container_is_over_its_cap() {
+    let sim = Sim::new().build();
+    let mut holder = sim
+        .cmd_path(prog())
+        .mem_limit("1g")
+        .args("hold 64")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    holder.wait_ready(1);
+    let mut bypass = sim
+        .cmd_path(prog())
+        .mem_limit("1g")
+        .args("bypass 600m")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    bypass.wait_ready(1);
+    let over = sim_used(&sim);
+    holder.release();
+    holder.wait_ready(2);
+    let after = sim_used(&sim);
+    bypass.release();
+    holder.release();
+    let h = holder.finish();
+    let b = bypass.finish();
+    println!("holder:{h:?}\nbypass:{b:?}\nsim used: {over} with the bypass, {after} after the holder's asks");
+    assert!(
+        over > GIB,
+        "the bypass did not take the container past its cap:{b:?}"
+    );
+    assert_eq!(
+        h.num("taken"),
+        0,
+        "the container was {} MiB over its 1 GiB cap (the ledger knew: the bypass's fill was refused), yet a \
+         process took {} MiB from its credit: the simulator went from {} to {} MiB",
+        (over - GIB) / MIB,
+        h.num("taken"),
+        over / MIB,
+        after / MIB
+    );
+}
+
+/// `holders` processes each use small buffers then hold their credit; another fills the rest of the cap with
+/// 1 MiB pieces. Before ca6432f it filled up to the cap; with the credit it is refused early by the other
+/// processes' unused credit (up to 32 MiB each): judged by the simulator's used bytes when the filler is
+/// refused.
+fn false_oom(holders: usize) -> u64 {
+    let sim = Sim::new().build();
+    let mut procs: Vec<_> = (0..holders)
+        .map(|_| {
+            let mut p = sim
+                .cmd_path(prog())
+                .mem_limit("1g")
+                .args("hold 0")
+                .timeout(Duration::from_secs(60))
+                .spawn();
+            p.wait_ready(1);
+            p
+        })
+        .collect();
+    let filler = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init fill:mem:1m simused")
+        .timeout(Duration::from_secs(60))
+        .run();
+    filler.ok();
+    let used = filler.num("sim.used.0");
+    for p in procs.iter_mut() {
+        p.release();
+        p.wait_ready(2);
+        p.release();
+    }
+    for p in procs {
+        p.finish();
+    }
+    let short = GIB.saturating_sub(used);
+    println!(
+        "{holders} holders: the filler was refused at {} MiB of the 1 GiB cap ({} MiB short)",
+        used / MIB,
+        short / MIB
+    );
+    short
+}
+
+#[test]
+fn idle_credit_of_other_processes_refuses_a_filler_early() {
+    let one = false_oom(1);
+    let three = false_oom(3);
+    assert!(
+        one <= 4 * MIB && three <= 4 * MIB,
+        "false out-of-memory: {} MiB short of the cap with one idle process, {} MiB with three",
+        one / MIB,
+        three / MIB
+    );
+}
+
+/// A process holds 32 MiB of credit; another process of the container overwrites the usage file (`what`:
+/// the header's magic, or the whole file zeroed, as region_robust.rs and region_tamper_words.rs do). Before
+/// ca6432f the holder's next admission failed closed (the tamper check runs on every charge); with the credit
+/// it takes 32 MiB with no check (`UsageRegion::sound_here` sees neither).
+fn tamper(what: &str, offset: u64, bytes: Option<&[u8]>) -> u64 {
+    let sim = Sim::new().build();
+    let mut holder = sim
+        .cmd_path(prog())
+        .mem_limit("1g")
+        .args("hold 64")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    holder.wait_ready(1);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(sim.usage_file())
+        .unwrap();
+    let zeros = vec![0u8; f.metadata().unwrap().len() as usize];
+    f.write_all_at(bytes.unwrap_or(&zeros), offset).unwrap();
+    drop(f);
+    holder.release();
+    holder.wait_ready(2);
+    holder.release();
+    let h = holder.finish();
+    println!("{what}:{h:?}");
+    h.num("taken")
+}
+
+#[test]
+fn a_tampered_usage_file_still_admits_from_credit() {
+    let magic = tamper("magic", 0, Some(&0x0123_4567_89ab_cdefu64.to_ne_bytes()));
+    let zeroed = tamper("zeroed", 0, None);
+    assert!(
+        magic == 0 && zeroed == 0,
+        "admitted after the usage file was tampered with: {magic} MiB (magic overwritten), {zeroed} MiB \
+         (file zeroed)"
+    );
+}
