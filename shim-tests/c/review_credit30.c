@@ -10,10 +10,20 @@
  *                                 fill.count=, fill.rc=, used=; prints ready=1 and waits for a line.
  *   review_credit30 idle N        N x 1 MiB then frees them all (a process that used small buffers and went
  *                                 idle); prints held=1 and waits for a line.
+ *   review_credit30 holdlazy SIZE as hold, then (after the line) a library with a SIZE global loaded lazily
+ *                                 (the driver takes it at cuLibraryGetGlobal): global=, used.after=; waits.
+ *   review_credit30 filllazy SIZE fills with 1 MiB pieces until refused, then the same lazy SIZE global:
+ *                                 fill.count=, global=, used=; prints ready=1 and waits for a line.
+ *   review_credit30 race T K      T threads (started together) each ask for K x 1 MiB and keep them (credit runs
+ *                                 out on several threads at once: each charges a chunk ahead); prints got=,
+ *                                 used.race=, ready=1 and waits for a line (what it holds is allocations and
+ *                                 credit).
  */
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +40,34 @@ static void wait_line(void) {
     if (!fgets(buf, sizeof buf, stdin)) return;
 }
 
+/* A library whose SIZE global the driver takes at cuLibraryGetGlobal (lazy loading), as reconcile.c. */
+static CUresult lazy_global(unsigned long long size) {
+    char image[256];
+    snprintf(image, sizeof image, "CUDASIM-MODULE 1\nkernel k 1000\nglobal g %llu\n", size);
+    CUlibrary lib;
+    CUresult r = cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0);
+    if (r != CUDA_SUCCESS) return r;
+    CUdeviceptr g;
+    size_t n;
+    return cuLibraryGetGlobal(&g, &n, lib, "g");
+}
+
+static pthread_barrier_t g_bar;
+static unsigned long long g_k;
+static atomic_ullong g_got;
+static CUcontext g_ctx;
+
+static void *racer(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(g_ctx);
+    pthread_barrier_wait(&g_bar);
+    for (unsigned long long i = 0; i < g_k; i++) {
+        CUdeviceptr q;
+        if (cuMemAlloc(&q, 1 << 20) == CUDA_SUCCESS) atomic_fetch_add(&g_got, 1);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: review_credit30 hold|bypass|idle ARG\n");
@@ -43,7 +81,7 @@ int main(int argc, char **argv) {
     CUcontext c0;
     CK(cuDevicePrimaryCtxRetain(&c0, d0));
     CK(cuCtxSetCurrent(c0));
-    if (strcmp(mode, "hold") == 0) {
+    if (strcmp(mode, "hold") == 0 || strcmp(mode, "holdlazy") == 0) {
         CUdeviceptr p[9];
         for (int i = 0; i < 8; i++) CK(cuMemAlloc(&p[i], 2 << 20));
         CK(cuMemAlloc(&p[8], 1 << 20));
@@ -52,6 +90,14 @@ int main(int argc, char **argv) {
         printf("held=1\nready=1\n");
         fflush(stdout);
         wait_line();
+        if (strcmp(mode, "holdlazy") == 0) {
+            printf("global=%s\n", cq_err(lazy_global(a)));
+            used(0, "used.after");
+            printf("ready=1\n");
+            fflush(stdout);
+            wait_line();
+            return 0;
+        }
         unsigned long long k = 0;
         CUresult r = CUDA_SUCCESS;
         for (; k < a; k++) {
@@ -61,6 +107,32 @@ int main(int argc, char **argv) {
         }
         printf("taken=%llu\nrc=%s\n", k, cq_err(r));
         used(0, "used.after");
+        printf("ready=1\n");
+        fflush(stdout);
+        wait_line();
+    } else if (strcmp(mode, "filllazy") == 0) {
+        int n = 0;
+        for (; n < 4096; n++) {
+            CUdeviceptr q;
+            if (cuMemAlloc(&q, 1 << 20) != CUDA_SUCCESS) break;
+        }
+        printf("fill.count=%d\n", n);
+        printf("global=%s\n", cq_err(lazy_global(a)));
+        used(0, "used");
+        printf("ready=1\n");
+        fflush(stdout);
+        wait_line();
+    } else if (strcmp(mode, "race") == 0) {
+        unsigned t = (unsigned)a;
+        g_k = argc > 3 ? cq_size(argv[3]) : 64;
+        g_ctx = c0;
+        pthread_t th[64];
+        if (t > 64) t = 64;
+        pthread_barrier_init(&g_bar, NULL, t);
+        for (unsigned i = 0; i < t; i++) pthread_create(&th[i], NULL, racer, NULL);
+        for (unsigned i = 0; i < t; i++) pthread_join(th[i], NULL);
+        printf("got=%llu\n", (unsigned long long)atomic_load(&g_got));
+        used(0, "used.race");
         printf("ready=1\n");
         fflush(stdout);
         wait_line();

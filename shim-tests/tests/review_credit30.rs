@@ -167,3 +167,87 @@ fn a_tampered_usage_file_still_admits_from_credit() {
          (file zeroed)"
     );
 }
+
+/// The claim: a process's credit is at most 32 MiB per device plus what is in flight. `threads` threads of one
+/// process, started together, each keep `k` x 1 MiB: when the credit runs out on several at once, each charges a
+/// chunk ahead (and `give_back_credit` on another thread may drain it meanwhile). Once they are done nothing is
+/// in flight; a filler then shows what the process still holds as credit (the cap less the simulator's used
+/// bytes when the filler is refused). Rounds: the race is timing-dependent; the largest is reported.
+#[test]
+fn credit_of_racing_threads_stays_within_its_bound() {
+    let mut worst = 0;
+    for round in 0..6 {
+        let sim = Sim::new().build();
+        let mut racer = sim
+            .cmd_path(prog())
+            .mem_limit("1g")
+            .args("race 64 5")
+            .timeout(Duration::from_secs(60))
+            .spawn();
+        racer.wait_ready(1);
+        let filler = sim
+            .cmd(Prog::Probe)
+            .mem_limit("1g")
+            .args("init fill:mem:1m simused")
+            .timeout(Duration::from_secs(60))
+            .run();
+        filler.ok();
+        racer.release();
+        let r = racer.finish();
+        let short = GIB.saturating_sub(filler.num("sim.used.0"));
+        println!(
+            "round {round}: racer got {} x 1 MiB ({} MiB real); filler refused {} MiB short of the cap",
+            r.num("got"),
+            r.num("used.race") / MIB,
+            short / MIB
+        );
+        worst = worst.max(short);
+    }
+    assert!(
+        worst <= 32 * MIB,
+        "an idle process held {} MiB of credit (the bound is 32 MiB plus what is in flight)",
+        worst / MIB
+    );
+}
+
+/// A process holds 32 MiB of credit. Another fills the cap with 1 MiB pieces, then loads a library whose 16 MiB
+/// global the driver takes lazily (the first such load cannot be known in advance: charged once taken), so the
+/// ledger says the container is 16 MiB over its cap. The first process then loads a library with a 2 GiB lazy
+/// global: `Memory::first_use_begin` refuses a call that may load code or globals while the container is over
+/// its cap, but it reads `Memory::container_used`, which now subtracts the caller's own credit: cap + 16 MiB −
+/// 32 MiB is "under", and the driver takes 2 GiB. Before ca6432f: refused.
+#[test]
+fn own_credit_hides_an_over_cap_container_from_the_lazy_loading_gate() {
+    let sim = Sim::new().build();
+    let mut holder = sim
+        .cmd_path(prog())
+        .mem_limit("1g")
+        .args("holdlazy 2g")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    holder.wait_ready(1);
+    let mut filler = sim
+        .cmd_path(prog())
+        .mem_limit("1g")
+        .args("filllazy 16m")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    filler.wait_ready(1);
+    let over = sim_used(&sim);
+    holder.release();
+    holder.wait_ready(2);
+    let after = sim_used(&sim);
+    holder.release();
+    filler.release();
+    let h = holder.finish();
+    let f = filler.finish();
+    println!("holder:{h:?}\nfiller:{f:?}\nsim used: {over} before the holder's load, {after} after");
+    f.expect("global", "CUDA_SUCCESS");
+    assert!(
+        after <= over,
+        "the holder's 2 GiB lazy global was let through while the container was at {} MiB of its 1 GiB cap: \
+         the simulator holds {} MiB",
+        over / MIB,
+        after / MIB
+    );
+}
