@@ -130,10 +130,11 @@ fn idle_credit_of_other_processes_refuses_a_filler_early() {
 }
 
 /// A process holds 32 MiB of credit; another process of the container overwrites the usage file (`what`:
-/// the header's magic, or the whole file zeroed, as region_robust.rs and region_tamper_words.rs do). Before
+/// the header's magic, the whole file zeroed, or truncated to 0, as region_robust.rs and region_tamper_words.rs
+/// do). Before
 /// ca6432f the holder's next admission failed closed (the tamper check runs on every charge); with the credit
 /// it takes 32 MiB with no check (`UsageRegion::sound_here` sees neither).
-fn tamper(what: &str, offset: u64, bytes: Option<&[u8]>) -> u64 {
+fn tamper(what: &str, offset: u64, bytes: Option<&[u8]>, truncate: bool) -> u64 {
     let sim = Sim::new().build();
     let mut holder = sim
         .cmd_path(prog())
@@ -146,8 +147,12 @@ fn tamper(what: &str, offset: u64, bytes: Option<&[u8]>) -> u64 {
         .write(true)
         .open(sim.usage_file())
         .unwrap();
-    let zeros = vec![0u8; f.metadata().unwrap().len() as usize];
-    f.write_all_at(bytes.unwrap_or(&zeros), offset).unwrap();
+    if truncate {
+        f.set_len(0).unwrap();
+    } else {
+        let zeros = vec![0u8; f.metadata().unwrap().len() as usize];
+        f.write_all_at(bytes.unwrap_or(&zeros), offset).unwrap();
+    }
     drop(f);
     holder.release();
     holder.wait_ready(2);
@@ -159,12 +164,14 @@ fn tamper(what: &str, offset: u64, bytes: Option<&[u8]>) -> u64 {
 
 #[test]
 fn a_tampered_usage_file_still_admits_from_credit() {
-    let magic = tamper("magic", 0, Some(&0x0123_4567_89ab_cdefu64.to_ne_bytes()));
-    let zeroed = tamper("zeroed", 0, None);
+    let magic = tamper("magic", 0, Some(&0x0123_4567_89ab_cdefu64.to_ne_bytes()), false);
+    let zeroed = tamper("zeroed", 0, None, false);
+    let truncated = tamper("truncated", 0, None, true);
+    // `taken` counts 1 MiB asks; the simulator's 2 MiB granularity makes each cost 2 MiB of credit.
     assert!(
-        magic == 0 && zeroed == 0,
-        "admitted after the usage file was tampered with: {magic} MiB (magic overwritten), {zeroed} MiB \
-         (file zeroed)"
+        magic == 0 && zeroed == 0 && truncated == 0,
+        "admitted after the usage file was tampered with: {magic} (magic overwritten), {zeroed} (file \
+         zeroed), {truncated} (file truncated) x 1 MiB asks"
     );
 }
 
