@@ -8,8 +8,6 @@
  *                                 fills with 64 MiB through the shim until refused (the reconciliation near the
  *                                 cap catches the bypass: the ledger then says the container is over its cap);
  *                                 fill.count=, fill.rc=, used=; prints ready=1 and waits for a line.
- *   review_credit30 idle N        N x 1 MiB then frees them all (a process that used small buffers and went
- *                                 idle); prints held=1 and waits for a line.
  *   review_credit30 holdlazy SIZE as hold, then (after the line) a library with a SIZE global loaded lazily
  *                                 (the driver takes it at cuLibraryGetGlobal): global=, used.after=; waits.
  *   review_credit30 filllazy SIZE fills with 1 MiB pieces until refused, then the same lazy SIZE global:
@@ -70,7 +68,7 @@ static void *racer(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: review_credit30 hold|bypass|idle ARG\n");
+        fprintf(stderr, "usage: review_credit30 hold|holdlazy|bypass|filllazy|race ARG...\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -134,14 +132,6 @@ int main(int argc, char **argv) {
         printf("got=%llu\n", (unsigned long long)atomic_load(&g_got));
         used(0, "used.race");
         printf("ready=1\n");
-        fflush(stdout);
-        wait_line();
-    } else if (strcmp(mode, "idle") == 0) {
-        CUdeviceptr *p = calloc(a, sizeof *p);
-        for (unsigned long long i = 0; i < a; i++) CK(cuMemAlloc(&p[i], 1 << 20));
-        for (unsigned long long i = 0; i < a; i++) CK(cuMemFree(p[i]));
-        used(0, "used.idle");
-        printf("held=1\nready=1\n");
         fflush(stdout);
         wait_line();
     } else if (strcmp(mode, "bypass") == 0) {
