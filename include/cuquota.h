@@ -83,6 +83,7 @@
 #define CUQUOTA_ABI_VERSION 4u
 #define CUQUOTA_MAX_DEVICES 16
 #define CUQUOTA_MAX_PROCS 1024
+#define CUQUOTA_CREDIT_DEVICES 5
 #define CUQUOTA_MAX_SHARED 256
 #define CUQUOTA_SHARED_CLAIMING 0xffffffffffffffffULL
 #define CUQUOTA_THROTTLE_WORDS 8
@@ -208,7 +209,8 @@ struct cuquota_usage_slot {
     uint32_t flags;      /* CUQUOTA_SLOT_LOCKED */
     uint64_t mem_used[CUQUOTA_MAX_DEVICES]; /* bytes, indexed by device entry */
     uint64_t gpu_ns[CUQUOTA_MAX_DEVICES];   /* GPU time, ns, indexed by device entry */
-    uint64_t _reserved[5];
+    uint64_t credit[CUQUOTA_CREDIT_DEVICES]; /* part of mem_used charged ahead of allocations (entries 0..4);
+                                                anyone may take it back: swap to 0, then subtract from mem_used */
 };
 
 /* Memory held by several processes of the container (CUDA IPC, shareable VMM handles, pool exports), counted once (ABI 4). key: 0 free,

@@ -343,9 +343,7 @@ impl Devices {
             .map_or(DEFAULT_GRANULARITY, |i| i.granularity);
         if g.is_power_of_two() {
             // Every driver's granularity so far (2 MiB): a mask instead of a division.
-            return bytes
-                .checked_add(g - 1)
-                .map_or(u64::MAX & !(g - 1), |b| b & !(g - 1));
+            return bytes.checked_add(g - 1).map_or(!(g - 1), |b| b & !(g - 1));
         }
         bytes.div_ceil(g).saturating_mul(g)
     }

@@ -99,7 +99,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         m,
         UsageSlot,
         "cuquota_usage_slot",
-        [owner, start_time, host_pid, flags, mem_used, gpu_ns, _reserved,]
+        [owner, start_time, host_pid, flags, mem_used, gpu_ns, credit,]
     );
     fields!(
         m,
@@ -147,12 +147,13 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ]
     );
     fields!(m, PriorityFile, "cuquota_priority_file", [header, devices]);
-    let consts: [(&str, u64); 30] = [
+    let consts: [(&str, u64); 31] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
         ("CUQUOTA_MAX_DEVICES", MAX_DEVICES as u64),
         ("CUQUOTA_MAX_PROCS", MAX_PROCS as u64),
+        ("CUQUOTA_CREDIT_DEVICES", CREDIT_DEVICES as u64),
         ("CUQUOTA_MAX_SHARED", MAX_SHARED as u64),
         ("CUQUOTA_SHARED_CLAIMING", SHARED_CLAIMING),
         ("CUQUOTA_THROTTLE_WORDS", THROTTLE_WORDS as u64),

@@ -1051,3 +1051,39 @@ fn opening_for_binding_follows_no_link_and_never_blocks() {
     }
     std::fs::remove_dir_all(base.path()).unwrap();
 }
+
+/// Credit (a slot's charge taken ahead of its allocations): charged within the limit, taken by its owner only
+/// while it holds that much, trimmed above `max`, reported as free, and taken back by anyone.
+#[test]
+fn credit_is_charged_taken_trimmed_and_taken_back() {
+    let f = TempFile::new("credit");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let dev = r.device(&UUID_A).unwrap();
+    let a = r.claim_slot().unwrap();
+    let b = r.claim_slot_as(current_pid(), current_start_time()).unwrap();
+    const M: u64 = 1 << 20;
+    assert!(!r.take_credit(a, dev, 1), "no credit before a charge");
+    assert!(r.charge_credit(a, dev, 16 * M, G));
+    assert!(
+        !r.charge_credit(b, dev, G, G),
+        "credit is charged within the limit"
+    );
+    assert_eq!(r.container_used(dev), 16 * M);
+    assert_eq!(r.container_held(dev), 0, "credit is not held");
+    assert!(r.take_credit(a, dev, 10 * M));
+    assert!(!r.take_credit(a, dev, 7 * M), "6 MiB left");
+    assert_eq!(r.container_held(dev), 10 * M);
+    r.try_charge(a, dev, 40 * M, Some(G)).unwrap();
+    // Its 50 MiB of allocations freed into the credit: 56 MiB is over the 32 MiB most, so back to one chunk.
+    assert!(r.give_credit(a, dev, 50 * M, 16 * M, 32 * M));
+    assert_eq!(
+        r.container_used(dev),
+        16 * M,
+        "the excess over one chunk was uncharged"
+    );
+    assert_eq!(r.container_held(dev), 0);
+    r.charge(b, dev, 100 * M, Some(G)).unwrap();
+    assert_eq!(r.drain_all_credit(dev), 16 * M, "anyone takes credit back");
+    assert_eq!(r.container_used(dev), 100 * M);
+    assert!(!r.take_credit(a, dev, 1));
+}

@@ -57,7 +57,7 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
     // A device this process already uses through CUDA: its ordinal is known.
     if let Some((dev, _)) = s.devices.known().find(|(_, u)| *u == uuid) {
         let cap = s.mem.limit(dev)?;
-        return Some((cap, s.mem.container_used(dev)));
+        return Some((cap, s.mem.container_held(dev)));
     }
     // NVML-only: map by CUDA_VISIBLE_DEVICES (core), tighten with the agent file's entry for the UUID.
     let mut index: c_uint = 0;
@@ -84,7 +84,7 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
             .limits
             .memory
     })?;
-    let used = entry.map_or(0, |id| s.devices.usage().container_used(id));
+    let used = entry.map_or(0, |id| s.devices.usage().container_held(id));
     Some((cap, used))
 }
 

@@ -1,16 +1,12 @@
-//! A process's credit on each device: bytes charged on its usage slot ahead of its allocations, so that an
-//! admission far from the cap takes from process-local counters instead of charging the shared slot and summing
-//! the container (the hot path of issue 22).
-//!
-//! The slot always holds at least what the process allocated plus its credit: credit grows only after the slot
-//! was charged (a chunk taken by an admission far from the cap, or a free's bytes kept instead of uncharged),
-//! and shrinks before the slot is uncharged. Other processes therefore see the credit as used: a process holds at
-//! most [`MAX`] of it per device, and none near the cap — an admission that lands within the reconciliation's
-//! margin plus a chunk of the cap gives its credit back and turns credit off, so from there on every admission
-//! of the process is charged and reconciled exactly, and every free goes straight back to the container. What
-//! the credit costs the container (docs/interception.md, "Credit"): other processes' unused credit, at most
-//! [`MAX`] each, counts against the cap (a refusal up to that much early), and the driver's figure near the cap
-//! is consulted at the first admission of a process past its credit, not before.
+//! When a process charges ahead of its allocations (credit), so that an admission far from the cap takes from
+//! its slot's credit word (one compare-and-swap on a word only it and a refused admission touch) instead of
+//! charging the slot and summing the container: the hot path of issue 22. The credit's bytes live in the usage
+//! file (`UsageSlot::credit`, core's `UsageRegion::take_credit` and siblings): they are charged, so the
+//! container's total always includes them; readers report them as free (`UsageRegion::container_held`); and an
+//! admission about to be refused at the cap, or a reconciliation that finds the container over it, takes every
+//! process's credit back first (credit is not memory anyone holds). This module keeps the process's side:
+//! whether it takes credit on a device and under which cap, and when it starts to. docs/interception.md,
+//! "Credit".
 
 use super::reconcile::margin;
 use cuquota_core::region::layout::MAX_DEVICES;
@@ -25,74 +21,60 @@ pub(crate) const MAX: u64 = 2 * CHUNK;
 /// exact; one that allocates many small ones stops paying the shared charge on each.
 pub(crate) const SMALL_BEFORE_CREDIT: u32 = 8;
 
-/// What a free does with its bytes.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Give {
-    /// Kept as credit: the slot stays charged.
-    Kept,
-    /// Kept, and this much credit above one chunk is to be uncharged from the slot.
-    Return(u64),
-    /// No credit on the device: uncharge the bytes.
-    Off,
-}
-
-/// The credit of this process, per device entry (indexed as `DeviceId::index`).
+/// The process's credit state, per device entry (indexed as `DeviceId::index`).
 pub(crate) struct Credit {
-    bytes: [AtomicU64; MAX_DEVICES],
-    /// The cap the credit was charged under (0: credit off). An admission under another cap (the agent changed
-    /// the limit) does not take from it.
+    /// The cap the credit was charged under (0: off). An admission under another cap (the agent changed the
+    /// limit) does not take from it.
     cap: [AtomicU64; MAX_DEVICES],
-    /// Admissions smaller than a chunk made past the credit (saturating at [`SMALL_BEFORE_CREDIT`]).
+    /// Admissions smaller than a chunk made past the credit (stops counting at [`SMALL_BEFORE_CREDIT`]).
     small: [AtomicU32; MAX_DEVICES],
+    /// Turns off so far (a charge ahead that raced one turns itself off again).
+    offs: [AtomicU64; MAX_DEVICES],
 }
 
 impl Default for Credit {
     fn default() -> Credit {
         Credit {
-            bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             cap: std::array::from_fn(|_| AtomicU64::new(0)),
             small: std::array::from_fn(|_| AtomicU32::new(0)),
+            offs: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
 
 impl Credit {
-    /// Takes `bytes` from the credit on `id` if it was charged under `cap` and holds that much.
+    /// Whether admissions on `i` under `cap` take from the credit.
     #[inline]
-    pub(crate) fn take(&self, i: usize, bytes: u64, cap: u64) -> bool {
+    pub(crate) fn on_under(&self, i: usize, cap: u64) -> bool {
         self.cap[i].load(Ordering::Relaxed) == cap
-            && self.bytes[i]
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_sub(bytes))
-                .is_ok()
     }
 
-    /// A free of `bytes` on `id` (already counted out of the process's allocations).
+    /// Whether frees on `i` give back to the credit.
     #[inline]
-    pub(crate) fn give(&self, i: usize, bytes: u64) -> Give {
-        if self.cap[i].load(Ordering::Relaxed) == 0 {
-            return Give::Off;
-        }
-        if self.bytes[i].fetch_add(bytes, Ordering::Relaxed) + bytes <= MAX {
-            return Give::Kept;
-        }
-        self.trim(i)
+    pub(crate) fn on(&self, i: usize) -> bool {
+        self.cap[i].load(Ordering::Relaxed) != 0
     }
 
-    #[cold]
-    #[inline(never)]
-    fn trim(&self, i: usize) -> Give {
-        match self.bytes[i].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
-            (c > MAX).then_some(CHUNK)
-        }) {
-            Ok(prev) => Give::Return(prev - CHUNK),
-            Err(_) => Give::Kept,
-        }
+    /// Turns credit on `i` off (the caller takes it back from the slot).
+    pub(crate) fn off(&self, i: usize) {
+        self.offs[i].fetch_add(1, Ordering::SeqCst);
+        self.cap[i].store(0, Ordering::SeqCst);
     }
 
-    /// Turns credit on `id` off and takes all of it: the bytes to uncharge from the slot.
-    pub(crate) fn drain(&self, i: usize) -> u64 {
-        self.cap[i].store(0, Ordering::Relaxed);
-        self.bytes[i].swap(0, Ordering::Relaxed)
+    /// The count of turns off, read before charging ahead.
+    pub(crate) fn offs(&self, i: usize) -> u64 {
+        self.offs[i].load(Ordering::SeqCst)
+    }
+
+    /// Turns credit on `i` on under `cap` after a chunk was charged; false when it was turned off since
+    /// `offs_before` was read (a racing admission near the cap: the caller takes the credit back).
+    pub(crate) fn on_after(&self, i: usize, cap: u64, offs_before: u64) -> bool {
+        self.cap[i].store(cap, Ordering::SeqCst);
+        if self.offs[i].load(Ordering::SeqCst) != offs_before {
+            self.cap[i].store(0, Ordering::SeqCst);
+            return false;
+        }
+        true
     }
 
     /// An admission of `bytes` past the credit: whether the process should charge a chunk ahead (it has made
@@ -109,23 +91,12 @@ impl Credit {
         false
     }
 
-    /// Adds a chunk the slot was just charged with, under `cap`.
-    pub(crate) fn grant(&self, i: usize, cap: u64) {
-        self.bytes[i].fetch_add(CHUNK, Ordering::Relaxed);
-        self.cap[i].store(cap, Ordering::Relaxed);
-    }
-
-    /// Credit held on `id` (what the slot holds beyond the process's allocations and overhead).
-    pub(crate) fn held(&self, i: usize) -> u64 {
-        self.bytes[i].load(Ordering::Relaxed)
-    }
-
-    /// Forgets all credit (a forked child: the slot that held it is the parent's).
+    /// Forgets everything (a forked child, whose slot is new; a slot given back at exit).
     pub(crate) fn reset(&self) {
-        for ((b, c), n) in self.bytes.iter().zip(&self.cap).zip(&self.small) {
+        for ((c, n), o) in self.cap.iter().zip(&self.small).zip(&self.offs) {
             c.store(0, Ordering::Relaxed);
-            b.store(0, Ordering::Relaxed);
             n.store(0, Ordering::Relaxed);
+            o.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -145,27 +116,23 @@ mod tests {
     const CAP: u64 = 8 << 30;
 
     #[test]
-    fn takes_only_what_it_holds_under_the_same_cap() {
+    fn on_only_under_the_cap_it_was_charged_under() {
         let c = Credit::default();
-        assert!(!c.take(D, 1, CAP), "no credit before a grant");
-        c.grant(D, CAP);
-        assert!(c.take(D, CHUNK - 1, CAP));
-        assert!(!c.take(D, 2, CAP), "one byte left");
-        assert!(c.take(D, 1, CAP));
-        c.grant(D, CAP);
-        assert!(!c.take(D, 1, CAP / 2), "granted under another cap");
-        assert_eq!(c.held(D), CHUNK);
+        assert!(!c.on(D) && !c.on_under(D, CAP));
+        let o = c.offs(D);
+        assert!(c.on_after(D, CAP, o));
+        assert!(c.on(D) && c.on_under(D, CAP) && !c.on_under(D, CAP / 2));
+        c.off(D);
+        assert!(!c.on(D));
     }
 
     #[test]
-    fn frees_keep_at_most_max_and_return_the_rest() {
+    fn a_charge_ahead_that_raced_a_turn_off_stays_off() {
         let c = Credit::default();
-        assert_eq!(c.give(D, 5), Give::Off, "credit off: uncharge");
-        c.grant(D, CAP);
-        assert_eq!(c.give(D, CHUNK), Give::Kept);
-        assert_eq!(c.held(D), MAX);
-        assert_eq!(c.give(D, 3 * CHUNK), Give::Return(4 * CHUNK));
-        assert_eq!(c.held(D), CHUNK);
+        let o = c.offs(D);
+        c.off(D);
+        assert!(!c.on_after(D, CAP, o));
+        assert!(!c.on(D));
     }
 
     #[test]
@@ -178,16 +145,6 @@ mod tests {
         assert!(c.wants_chunk(D, 1 << 20));
         c.reset();
         assert!(!c.wants_chunk(D, 1 << 20), "a forked child starts over");
-    }
-
-    #[test]
-    fn drain_turns_credit_off() {
-        let c = Credit::default();
-        c.grant(D, CAP);
-        assert_eq!(c.drain(D), CHUNK);
-        assert_eq!(c.held(D), 0);
-        assert_eq!(c.give(D, 7), Give::Off);
-        assert!(!c.take(D, 0, CAP), "credit off");
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! their limits come from `crate::devices`.
 //!
 //! Hot path of an allocation: one `cuCtxGetDevice` (none with a single visible device), one atomic load per
-//! limits file (did it change?), then either a compare-and-swap on the process's credit (`credit`: bytes its
-//! usage slot was charged ahead, far from the cap) or the region's lock-free reserve-then-sum with the usage
+//! limits file (did it change?), then either the usage file's header check and a compare-and-swap on the slot's
+//! credit word (`credit`: bytes charged ahead, far from the cap) or the region's lock-free reserve-then-sum with the usage
 //! file's header checked after the charge (a few loads: a file another process truncated, zeroed or overwrote
 //! fails closed, the charge taken back); one compare-and-swap in the ledger's lock-free table. No lock, no
 //! syscall, no allocation. Slow paths (first use of a device, a limits-file change, a refused admission) may
@@ -129,22 +129,27 @@ impl Memory {
         self.devices.memory_cap(dev)
     }
 
-    /// Bytes the whole container has charged on a device, less this process's credit there (memory it can
-    /// still take: what `cuMemGetInfo` and NVML report used to this process).
+    /// Bytes the whole container has charged on a device (credit charged ahead included: what admission
+    /// decides by).
     pub(crate) fn container_used(&self, dev: Dev) -> u64 {
-        self.usage()
-            .container_used(dev.id)
-            .saturating_sub(self.credit.held(dev.id.index()))
+        self.usage().container_used(dev.id)
     }
 
-    /// Turns this process's credit on `dev` off and uncharges it (before an exact admission or a
-    /// reconciliation).
+    /// Bytes the container's processes hold on a device: its charge less the credit (what `cuMemGetInfo` and
+    /// NVML report used; credit is taken back before anyone is refused).
+    pub(crate) fn container_held(&self, dev: Dev) -> u64 {
+        self.usage().container_held(dev.id)
+    }
+
+    /// Turns this process's credit on `dev` off and takes it back from its slot (before an exact admission or
+    /// a reconciliation).
     fn give_back_credit(&self, dev: Dev) {
-        let drained = self.credit.drain(dev.id.index());
-        if drained != 0 {
-            if let Some(slot) = self.usage().cached_slot() {
-                self.usage().uncharge(slot, dev.id, drained);
-            }
+        let i = dev.id.index();
+        if self.credit.on(i) {
+            self.credit.off(i);
+        }
+        if let Some(slot) = self.usage().cached_slot() {
+            self.usage().drain_credit(slot, dev.id);
         }
     }
 
@@ -185,13 +190,24 @@ impl Memory {
         self.adopt_unseen_context(nvml, dev)?;
         let (limit, reserved) = self.devices.memory_limits(dev);
         if let (Some(cap), None) = (limit, reserved) {
-            if self.usage().sound_here() && self.credit.take(dev.id.index(), bytes, cap) {
+            if self.credit.on_under(dev.id.index(), cap) && self.take_credit(dev, bytes, limit) {
                 self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
                 self.hami_publish(dev.id);
                 return Ok(Admitted(None));
             }
         }
         self.admit_charged(dev, bytes, limit, reserved, cuda, nvml)
+    }
+
+    /// `bytes` from this process's credit on `dev`, with the usage file's tamper check (it fails closed here as
+    /// on the charged path).
+    #[inline(always)]
+    fn take_credit(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> bool {
+        let u = self.usage();
+        match u.cached_slot() {
+            Some(slot) => self.shared_ok(limit).is_ok() && u.take_credit(slot, dev.id, bytes),
+            None => false,
+        }
     }
 
     /// [`Memory::admit`] past the credit: the credit goes back, the slot is charged and the container summed
@@ -206,7 +222,9 @@ impl Memory {
         cuda: &CudaTable,
         nvml: &Nvml,
     ) -> Result<Admitted<'_>, OverCap> {
-        self.give_back_credit(dev);
+        if limit.is_some() {
+            self.give_back_credit(dev);
+        }
         let used = self.charge_cap(dev, bytes, limit)?;
         if let Some(cap) = limit {
             self.near_cap_check(nvml, dev, bytes, cap, used)?;
@@ -223,17 +241,17 @@ impl Memory {
         }
     }
 
-    /// Charges a chunk of credit on `dev` under `cap` (nothing when it does not fit).
+    /// Charges a chunk of credit on `dev` under `cap` (nothing when it does not fit, or when an admission near
+    /// the cap turned credit off meanwhile).
     fn charge_ahead(&self, dev: Dev, cap: u64) {
         let Some(slot) = self.usage().cached_slot() else {
             return;
         };
-        if self
-            .usage()
-            .try_charge(slot, dev.id, credit::CHUNK, Some(cap))
-            .is_ok()
+        let i = dev.id.index();
+        let offs = self.credit.offs(i);
+        if self.usage().charge_credit(slot, dev.id, credit::CHUNK, cap) && !self.credit.on_after(i, cap, offs)
         {
-            self.credit.grant(dev.id.index(), cap);
+            self.usage().drain_credit(slot, dev.id);
         }
     }
 
@@ -310,7 +328,6 @@ impl Memory {
         self.usage().reassert(slot, |id| {
             self.alloc_bytes[id.index()].load(Ordering::Relaxed)
                 + self.overhead[id.index()].load(Ordering::Relaxed)
-                + self.credit.held(id.index())
         });
         match self.usage().charge(slot, dev.id, bytes, limit) {
             // Checked once, after the charge: a file truncated, zeroed or replaced before it or while it ran
@@ -367,30 +384,24 @@ impl Memory {
         if bytes == 0 {
             return;
         }
-        if self.alloc_bytes[id.index()].fetch_sub(bytes, Ordering::Relaxed) < bytes {
-            self.alloc_bytes_underflow(id);
-        }
-        let uncharge = match self.credit.give(id.index(), bytes) {
-            credit::Give::Kept => 0,
-            credit::Give::Return(excess) => excess,
-            credit::Give::Off => bytes,
-        };
-        if uncharge != 0 {
-            if let Some(slot) = self.usage().cached_slot() {
+        let held = self.alloc_bytes[id.index()]
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(bytes))
+            })
+            .unwrap_or_else(|v| v);
+        if let Some(slot) = self.usage().cached_slot() {
+            // Only bytes this process had allocated become credit; the rest is uncharged as before.
+            let freed = held.min(bytes);
+            let kept = self.credit.on(id.index())
+                && self
+                    .usage()
+                    .give_credit(slot, id, freed, credit::CHUNK, credit::MAX);
+            let uncharge = if kept { bytes - freed } else { bytes };
+            if uncharge != 0 {
                 self.usage().uncharge(slot, id, uncharge);
             }
         }
         self.hami_publish(id);
-    }
-
-    /// A release took more than this process had allocated on `id` (a charge counted twice somewhere): the
-    /// count stops at zero, as HAMi's "terabytes used" bug teaches.
-    #[cold]
-    #[inline(never)]
-    fn alloc_bytes_underflow(&self, id: DeviceId) {
-        let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            (v > i64::MAX as u64).then_some(0)
-        });
     }
 
     /// HAMi's file shows this process's figures on `id` (docs/hami.md): relaxed stores, no syscall.

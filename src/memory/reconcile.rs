@@ -234,18 +234,17 @@ impl Memory {
     /// first reconciled with the driver's figure (the ledger alone is not trusted there).
     #[inline]
     pub(crate) fn info_used(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
-        let used = self.container_used(dev);
-        if near_cap(cap, used) {
+        if near_cap(cap, self.container_used(dev)) {
             return self.info_used_slow(nvml, dev, cap);
         }
-        used
+        self.container_held(dev)
     }
 
     #[cold]
     #[inline(never)]
     fn info_used_slow(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
         let _ = self.reconcile(nvml, dev, cap, 0);
-        self.container_used(dev)
+        self.container_held(dev)
     }
 
     /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
@@ -309,13 +308,16 @@ impl Memory {
              of {cap}",
             dev.ordinal
         );
-        if total > cap {
+        // Over the cap: every process's credit is taken back (none of it may be spent without this check), and
+        // the container counted again without it.
+        if total > cap && self.over_cap_without_credit(dev, cap) {
             return Err(OverCap);
         }
         // The container's processes each reconcile only themselves: what another one holds past the shim is
         // seen here only in the driver's figure for the whole container (its live processes' `usedGpuMemory`).
         match self.container_figure(nvml, dev) {
             Some(all) if all.saturating_add(pending) > cap => {
+                self.usage().drain_all_credit(dev.id);
                 log!(
                     Level::Debug,
                     "device {}: the driver says the container holds {all} bytes: {pending} more do not fit in {cap}",
@@ -325,6 +327,13 @@ impl Memory {
             }
             _ => Ok(()),
         }
+    }
+
+    /// Whether the container is over `cap` on `dev` once every process's credit was taken back.
+    #[cold]
+    fn over_cap_without_credit(&self, dev: Dev, cap: u64) -> bool {
+        self.usage().drain_all_credit(dev.id);
+        self.container_used(dev) > cap
     }
 
     /// What NVML says the container's live processes hold on `dev` (each listed process that is a member). Slow
@@ -365,7 +374,7 @@ impl Memory {
         let Some(cap) = self.limit(dev) else {
             return Ok(None);
         };
-        if self.container_used(dev) > cap {
+        if self.container_used(dev) > cap && self.over_cap_without_credit(dev, cap) {
             log!(
                 Level::Debug,
                 "device {}: over the cap: a call that may load code or globals is refused",

@@ -24,6 +24,8 @@ pub const ABI_VERSION: u32 = 4;
 pub const MAX_DEVICES: usize = 16;
 /// Process slots in the usage file.
 pub const MAX_PROCS: usize = 1024;
+/// Device entries a slot can hold credit for ([`UsageSlot::credit`]): the first five.
+pub const CREDIT_DEVICES: usize = 5;
 /// Entries of the usage file's shared-memory table ([`UsageShared`]).
 pub const MAX_SHARED: usize = 256;
 /// [`UsageShared::key`] while its claimer fills the entry in (0 = free; any other value = the key).
@@ -301,8 +303,10 @@ pub struct UsageSlot {
     pub mem_used: [AtomicU64; MAX_DEVICES],
     /// GPU time used per usage device entry, ns (owned by the throttle).
     pub gpu_ns: [AtomicU64; MAX_DEVICES],
-    /// Zero.
-    pub _reserved: [AtomicU64; 5],
+    /// Bytes of `mem_used` charged ahead of the owner's allocations on device entries 0..[`CREDIT_DEVICES`]
+    /// (zero in files of versions that had these words reserved). The owner takes from it and adds to it;
+    /// anyone may take it back: swap it to 0, then subtract what it held from `mem_used`.
+    pub credit: [AtomicU64; CREDIT_DEVICES],
 }
 
 /// Device memory held by several processes of the container (exported with CUDA IPC, as a shareable VMM

@@ -115,7 +115,7 @@ pub struct ProcessInfo {
     pub state: SlotState,
     /// Owner start time (clock ticks after boot).
     pub start_time: u64,
-    /// Bytes charged per device entry.
+    /// Bytes charged per device entry, less the credit charged ahead of allocations: what the process holds.
     pub mem_used: [u64; MAX_DEVICES],
     /// GPU ns per device entry.
     pub gpu_ns: [u64; MAX_DEVICES],
@@ -130,7 +130,7 @@ pub struct DeviceInfo {
     pub uuid: [u8; 16],
     /// The effective limits a process last reported enforcing (informational).
     pub limits: Policy,
-    /// Bytes the container has charged.
+    /// Bytes the container's processes hold (its charge less the credit charged ahead of allocations).
     pub used: u64,
     /// Cumulative GPU busy ns.
     pub busy_ns: u64,
@@ -325,14 +325,6 @@ impl UsageRegion {
         self.check_failed()
     }
 
-    /// The part of [`UsageRegion::check`] this process knows without reading the file: the agent's binding
-    /// still names it and it was not truncated under the mapping. Process-local loads only (an admission that
-    /// does not touch the file).
-    #[inline]
-    pub fn sound_here(&self) -> bool {
-        !self.superseded.load(Ordering::Relaxed) && !self.map.is_broken()
-    }
-
     /// [`UsageRegion::check`]'s fast path: the same words, read in the same order (the header first: on a
     /// truncated file that read is what faults and breaks the mapping), compared with what this version
     /// wrote.
@@ -512,7 +504,7 @@ impl UsageRegion {
                 slot.start_time.store(start_time, Ordering::Relaxed);
                 slot.host_pid.store(0, Ordering::Relaxed);
                 // Free slots are zero already (reclaim zeroes before freeing); make sure anyway: it is ours.
-                for c in slot.mem_used.iter().chain(slot.gpu_ns.iter()) {
+                for c in slot.mem_used.iter().chain(&slot.gpu_ns).chain(&slot.credit) {
                     c.store(0, Ordering::Relaxed);
                 }
                 // Publish the slot to summers before it can hold any charge.
@@ -559,7 +551,7 @@ impl UsageRegion {
     }
 
     fn zero_and_free(s: &UsageSlot, reclaiming: u64) {
-        for c in s.mem_used.iter().chain(s.gpu_ns.iter()) {
+        for c in s.mem_used.iter().chain(&s.gpu_ns).chain(&s.credit) {
             c.store(0, Ordering::SeqCst);
         }
         s.start_time.store(0, Ordering::Relaxed);
@@ -699,7 +691,13 @@ impl UsageRegion {
                 host_pid: s.host_pid.load(Ordering::Relaxed),
                 state: SlotState::from_raw(owner_state(w)),
                 start_time: s.start_time.load(Ordering::Relaxed),
-                mem_used: load(&s.mem_used),
+                mem_used: {
+                    let mut m = load(&s.mem_used);
+                    for (u, c) in m.iter_mut().zip(&s.credit) {
+                        *u = u.saturating_sub(c.load(Ordering::Relaxed));
+                    }
+                    m
+                },
                 gpu_ns: load(&s.gpu_ns),
             });
         }
@@ -755,7 +753,7 @@ impl UsageRegion {
                     d.uuid[1].load(Ordering::Relaxed),
                 ]),
                 limits: d.limits.load().decode(),
-                used: self.container_used(id),
+                used: self.container_held(id),
                 busy_ns: d.busy_ns.load(Ordering::Relaxed),
                 throttled_ns: d.throttled_ns.load(Ordering::Relaxed),
                 refusals: d.refusals.load(Ordering::Relaxed),
@@ -877,8 +875,10 @@ impl UsageRegion {
         bytes: u64,
         limit: Option<u64>,
     ) -> Result<u64, OverLimit> {
-        // Dead processes reclaimed, or a racing reservation that made us fail spuriously: one more look.
+        // Dead processes reclaimed, other processes' credit taken back (it is not memory anyone holds), or a
+        // racing reservation that made us fail spuriously: one more look.
         self.reclaim_dead();
+        self.drain_all_credit(dev);
         self.try_charge(slot, dev, bytes, limit)
     }
 
@@ -893,6 +893,92 @@ impl UsageRegion {
             })
             .unwrap_or_else(|v| v);
         prev.min(bytes)
+    }
+
+    // ---- credit: bytes of a slot's charge taken ahead of its allocations ------------------------------------
+
+    /// `slot`'s credit word for `dev` (`None`: entries past [`CREDIT_DEVICES`] hold no credit).
+    #[inline]
+    fn credit_cell(&self, slot: SlotId, dev: DeviceId) -> Option<&AtomicU64> {
+        self.file().slots[slot.index()].credit.get(dev.index())
+    }
+
+    /// Takes `bytes` of `slot`'s credit on `dev` for an allocation (its charge is already in `mem_used`): false
+    /// when the credit holds less (taken back by another process, zeroed with the file, or spent).
+    #[inline]
+    pub fn take_credit(&self, slot: SlotId, dev: DeviceId, bytes: u64) -> bool {
+        self.credit_cell(slot, dev).is_some_and(|c| {
+            c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(bytes))
+                .is_ok()
+        })
+    }
+
+    /// Charges `bytes` to `slot` on `dev` as credit if the container stays within `limit` (as
+    /// [`UsageRegion::try_charge`]). False: nothing charged.
+    pub fn charge_credit(&self, slot: SlotId, dev: DeviceId, bytes: u64, limit: u64) -> bool {
+        let Some(c) = self.credit_cell(slot, dev) else {
+            return false;
+        };
+        if self.try_charge(slot, dev, bytes, Some(limit)).is_err() {
+            return false;
+        }
+        c.fetch_add(bytes, Ordering::SeqCst);
+        true
+    }
+
+    /// Keeps `bytes` an allocation of `slot` on `dev` gave back as credit (its charge stays in `mem_used`);
+    /// above `max` the credit over `keep` is uncharged. False: no credit word for `dev` (the caller uncharges).
+    #[inline]
+    pub fn give_credit(&self, slot: SlotId, dev: DeviceId, bytes: u64, keep: u64, max: u64) -> bool {
+        let Some(c) = self.credit_cell(slot, dev) else {
+            return false;
+        };
+        if c.fetch_add(bytes, Ordering::SeqCst).saturating_add(bytes) > max {
+            self.trim_credit(slot, dev, c, keep, max);
+        }
+        true
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn trim_credit(&self, slot: SlotId, dev: DeviceId, c: &AtomicU64, keep: u64, max: u64) {
+        if let Ok(v) = c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| (v > max).then_some(keep)) {
+            self.uncharge(slot, dev, v - keep);
+        }
+    }
+
+    /// Takes back `slot`'s whole credit on `dev` (uncharged); returns it.
+    pub fn drain_credit(&self, slot: SlotId, dev: DeviceId) -> u64 {
+        let Some(c) = self.credit_cell(slot, dev) else {
+            return 0;
+        };
+        let v = c.swap(0, Ordering::SeqCst);
+        if v != 0 {
+            self.uncharge(slot, dev, v);
+        }
+        v
+    }
+
+    /// Takes back every process's credit on `dev` (before refusing at the cap: credit is not memory anyone
+    /// holds); returns the bytes uncharged.
+    pub fn drain_all_credit(&self, dev: DeviceId) -> u64 {
+        (0..self.high_water())
+            .map(|i| self.drain_credit(SlotId(i as u32), dev))
+            .sum()
+    }
+
+    /// Bytes the container's processes hold on `dev`: its charge less the credit charged ahead.
+    pub fn container_held(&self, dev: DeviceId) -> u64 {
+        self.container_used(dev)
+            .saturating_sub(self.container_credit(dev))
+    }
+
+    /// Bytes of credit the container's processes hold on `dev` (counted in [`UsageRegion::container_used`]).
+    pub fn container_credit(&self, dev: DeviceId) -> u64 {
+        self.file().slots[..self.high_water()]
+            .iter()
+            .filter_map(|s| s.credit.get(dev.index()))
+            .fold(0u64, |acc, c| acc.saturating_add(c.load(Ordering::SeqCst)))
     }
 
     /// Bytes the whole container has charged on `dev` (sum over slots and shared entries; saturating).
