@@ -234,10 +234,11 @@ impl Memory {
     /// first reconciled with the driver's figure (the ledger alone is not trusted there).
     #[inline]
     pub(crate) fn info_used(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
-        if near_cap(cap, self.container_used(dev)) {
+        let (used, held) = self.usage().container_used_held(dev.id);
+        if near_cap(cap, used) {
             return self.info_used_slow(nvml, dev, cap);
         }
-        self.container_held(dev)
+        held
     }
 
     #[cold]

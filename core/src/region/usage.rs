@@ -969,16 +969,23 @@ impl UsageRegion {
 
     /// Bytes the container's processes hold on `dev`: its charge less the credit charged ahead.
     pub fn container_held(&self, dev: DeviceId) -> u64 {
-        self.container_used(dev)
-            .saturating_sub(self.container_credit(dev))
+        self.container_used_held(dev).1
     }
 
-    /// Bytes of credit the container's processes hold on `dev` (counted in [`UsageRegion::container_used`]).
-    pub fn container_credit(&self, dev: DeviceId) -> u64 {
-        self.file().slots[..self.high_water()]
+    /// [`UsageRegion::container_used`] and [`UsageRegion::container_held`] in one pass over the slots.
+    #[inline]
+    pub fn container_used_held(&self, dev: DeviceId) -> (u64, u64) {
+        let d = dev.index();
+        let (used, credit) = self.file().slots[..self.high_water()]
             .iter()
-            .filter_map(|s| s.credit.get(dev.index()))
-            .fold(0u64, |acc, c| acc.saturating_add(c.load(Ordering::SeqCst)))
+            .fold((0u64, 0u64), |(u, c), s| {
+                (
+                    u.saturating_add(s.mem_used[d].load(Ordering::SeqCst)),
+                    c.saturating_add(s.credit.get(d).map_or(0, |w| w.load(Ordering::SeqCst))),
+                )
+            });
+        let used = used.saturating_add(self.shared_used(dev));
+        (used, used.saturating_sub(credit))
     }
 
     /// Bytes the whole container has charged on `dev` (sum over slots and shared entries; saturating).
