@@ -246,3 +246,75 @@ fn idle_credit_refuses_a_process_of_the_previous_version() {
         previous / MIB
     );
 }
+
+/// Allocations of a process of the container that reconciled with NVML ("reconciled near the cap" in its debug
+/// log): the worker makes its context, then `holders` processes each take 32 MiB of credit and another takes
+/// 700 MiB under the 1 GiB cap (margin 256 MiB); then the worker allocates and frees 1 MiB 200 times.
+fn reconciles(holders: usize) -> usize {
+    let sim = Sim::new().build();
+    let mut worker = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .env("CUQUOTA_LOG", "debug")
+        .args("init wait threads:1:200:1m simused")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    worker.wait_ready(1);
+    let mut procs: Vec<_> = (0..holders)
+        .map(|_| {
+            let mut p = sim
+                .cmd_path(prog())
+                .mem_limit("1g")
+                .args("hold 0")
+                .timeout(Duration::from_secs(60))
+                .spawn();
+            p.wait_ready(1);
+            p
+        })
+        .collect();
+    let mut big = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1g")
+        .args("init alloc:mem:700m wait")
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    big.wait_ready(1);
+    worker.release();
+    let w = worker.finish();
+    big.release();
+    big.finish().expect("alloc.0", "CUDA_SUCCESS");
+    for p in procs.iter_mut() {
+        p.release();
+        p.wait_ready(2);
+        p.release();
+    }
+    for p in procs {
+        p.finish();
+    }
+    let n = w.stderr.matches("reconciled near the cap").count();
+    println!(
+        "{holders} idle holders: {n} of the worker's 200 allocations asked NVML (simulator at {} MiB of 1024, \
+         threads.ok={})",
+        w.num("sim.used.0") / MIB,
+        w.num("threads.ok")
+    );
+    n
+}
+
+/// "No NVML call per allocation far from the cap": the container really holds ~710 MiB of its 1 GiB (more
+/// than the 256 MiB margin left), but three processes' idle credit (96 MiB, charged) puts the ledger inside
+/// the margin, so every allocation of the container's other processes asks NVML (`Memory::near_cap_check`
+/// judges by `container_used`, credit included). The reconciliation gives back only the caller's own credit
+/// and finds the container under its cap: nothing takes the others' credit back, so it goes on for as long as
+/// they stay idle. Control: without the holders, no allocation asks NVML.
+#[test]
+fn idle_credit_makes_every_allocation_of_the_container_ask_nvml() {
+    let none = reconciles(0);
+    let three = reconciles(3);
+    assert_eq!(none, 0, "control: {none} reconciliations");
+    assert!(
+        three <= 2,
+        "with 96 MiB of idle credit in the container, {three} of another process's 200 allocations asked NVML \
+         (none without the credit)"
+    );
+}
