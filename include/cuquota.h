@@ -84,6 +84,7 @@
 #define CUQUOTA_MAX_DEVICES 16
 #define CUQUOTA_MAX_PROCS 1024
 #define CUQUOTA_CREDIT_DEVICES 5
+#define CUQUOTA_CREDIT_MAX (32ull << 20) /* a credit word above it is not credit (tampered) */
 #define CUQUOTA_MAX_SHARED 256
 #define CUQUOTA_SHARED_CLAIMING 0xffffffffffffffffULL
 #define CUQUOTA_THROTTLE_WORDS 8
@@ -112,6 +113,7 @@
 /* Slot flags: the owner holds an open-file-description lock (F_OFD_SETLK, F_WRLCK, 1 byte) on the usage file at
  * offset CUQUOTA_SLOT_LOCK_OFFSET(slot); the kernel drops it when the owner dies. */
 #define CUQUOTA_SLOT_LOCKED 1u
+#define CUQUOTA_SLOT_CREDIT 2u /* the owner knows credit[] (takes it back before refusing) */
 #define CUQUOTA_SLOT_LOCK_OFFSET(slot) ((uint64_t)sizeof(struct cuquota_usage_file) + (uint64_t)(slot))
 #define CUQUOTA_OWNER(pid, state, gen)                                                                      \
     ((uint64_t)(uint32_t)(pid) | ((uint64_t)((state) & 0xffu) << 32) | ((uint64_t)((gen) & 0xffffffu) << 40))

@@ -65,6 +65,9 @@ pub(crate) struct Devices {
     cfg: Config,
     usage: UsageRegion,
     agent: AgentLimits,
+    /// Bumped when a limits file changed (before the limits are recomputed): what memory's credit was charged
+    /// under is gone.
+    limits_gen: AtomicU64,
     table: [OnceLock<DevInfo>; MAX_ORDINALS],
     /// A device the program can use found no room in the usage region (more physical GPUs than it has entries).
     unplaced: AtomicU64,
@@ -108,6 +111,7 @@ impl Devices {
         }
         let d = Devices {
             usage,
+            limits_gen: AtomicU64::new(0),
             agent: AgentLimits {
                 watch,
                 seen,
@@ -559,8 +563,15 @@ impl Devices {
         }
     }
 
+    /// Counts limits-file changes (see [`Devices::refresh_if_changed`]).
+    #[inline]
+    pub(crate) fn limits_gen(&self) -> u64 {
+        self.limits_gen.load(Ordering::SeqCst)
+    }
+
     #[cold]
     fn refresh(&self) {
+        self.limits_gen.fetch_add(1, Ordering::SeqCst);
         {
             let mut readers = self.agent.readers.lock();
             for ((r, w), seen) in readers.iter_mut().zip(&self.agent.watch).zip(&self.agent.seen) {

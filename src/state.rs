@@ -387,6 +387,8 @@ extern "C" fn release_at_exit() {
     if let Some(Process::Active(s)) = process_if_ready() {
         // Before the slot goes: the last launch and what the process still owes the SM limit.
         s.throttle.at_exit();
+        // Credit is charged in the slot: taken back first, or the slot would look in use and stay.
+        s.mem.give_back_all_credit();
         s.devices.usage().release_process_slot();
         s.devices.hami_release();
     }

@@ -147,7 +147,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ]
     );
     fields!(m, PriorityFile, "cuquota_priority_file", [header, devices]);
-    let consts: [(&str, u64); 31] = [
+    let consts: [(&str, u64); 33] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -176,6 +176,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_STATE_LIVE", STATE_LIVE.into()),
         ("CUQUOTA_STATE_RECLAIMING", STATE_RECLAIMING.into()),
         ("CUQUOTA_SLOT_LOCKED", SLOT_FLAG_LOCKED.into()),
+        ("CUQUOTA_SLOT_CREDIT", SLOT_FLAG_CREDIT.into()),
+        ("CUQUOTA_CREDIT_MAX", CREDIT_MAX),
         ("CUQUOTA_SLOT_LOCK_OFFSET(7)", slot_lock_offset(7)),
         (
             "CUQUOTA_OWNER(123456, 3, 0xabcdef)",

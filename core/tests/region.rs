@@ -1075,7 +1075,7 @@ fn credit_is_charged_taken_trimmed_and_taken_back() {
     assert_eq!(r.container_held(dev), 10 * M);
     r.try_charge(a, dev, 40 * M, Some(G)).unwrap();
     // Its 50 MiB of allocations freed into the credit: 56 MiB is over the 32 MiB most, so back to one chunk.
-    assert!(r.give_credit(a, dev, 50 * M, 16 * M, 32 * M));
+    assert!(r.give_credit(a, dev, 50 * M, 16 * M));
     assert_eq!(
         r.container_used(dev),
         16 * M,
@@ -1086,4 +1086,47 @@ fn credit_is_charged_taken_trimmed_and_taken_back() {
     assert_eq!(r.drain_all_credit(dev), 16 * M, "anyone takes credit back");
     assert_eq!(r.container_used(dev), 100 * M);
     assert!(!r.take_credit(a, dev, 1));
+}
+
+/// A credit word above `CREDIT_MAX` was not written by its owner: it is not taken from, not uncharged when
+/// taken back, and not reported free; a live slot that does not know credit (a process of a version before
+/// it) stops anyone from charging credit, and its words are not read.
+#[test]
+fn forged_credit_and_slots_that_do_not_know_credit() {
+    let f = TempFile::new("credit-forged");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let dev = r.device(&UUID_A).unwrap();
+    let a = r.claim_slot().unwrap();
+    const M: u64 = 1 << 20;
+    r.try_charge(a, dev, 100 * M, Some(G)).unwrap();
+    let slot_off =
+        std::mem::offset_of!(layout::UsageFile, slots) + a.index() * std::mem::size_of::<layout::UsageSlot>();
+    let credit_off = slot_off + std::mem::offset_of!(layout::UsageSlot, credit);
+    let flags_off = slot_off + std::mem::offset_of!(layout::UsageSlot, flags);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(f.path())
+        .unwrap();
+    use std::os::unix::fs::FileExt;
+    file.write_all_at(&(8 * G).to_ne_bytes(), credit_off as u64)
+        .unwrap();
+    assert!(!r.take_credit(a, dev, M), "a forged word is not credit");
+    assert_eq!(
+        r.container_held(dev),
+        100 * M - layout::CREDIT_MAX,
+        "read as at most CREDIT_MAX"
+    );
+    assert_eq!(r.drain_all_credit(dev), 0, "nothing uncharged for it");
+    assert_eq!(r.container_used(dev), 100 * M);
+    // The slot now says it does not know credit (as a process of an earlier version): nobody charges credit.
+    let b = r.claim_slot_as(current_pid(), current_start_time()).unwrap();
+    file.write_all_at(&1u32.to_ne_bytes(), flags_off as u64).unwrap();
+    assert!(
+        !r.charge_credit(b, dev, 16 * M, G),
+        "a live slot that does not know credit"
+    );
+    file.write_all_at(&(16 * M).to_ne_bytes(), credit_off as u64)
+        .unwrap();
+    assert_eq!(r.container_held(dev), 100 * M, "its words are not read");
 }

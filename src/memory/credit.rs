@@ -12,10 +12,10 @@ use super::reconcile::margin;
 use cuquota_core::region::layout::MAX_DEVICES;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Bytes charged ahead at once.
+/// Bytes charged ahead at once (the usage file's credit words hold at most `CREDIT_MAX`, twice this: above it
+/// a free's excess over one chunk goes back).
 pub(crate) const CHUNK: u64 = 16 << 20;
-/// Most credit a process keeps on a device after frees; above it the excess over one chunk goes back.
-pub(crate) const MAX: u64 = 2 * CHUNK;
+const _: () = assert!(2 * CHUNK == cuquota_core::region::layout::CREDIT_MAX);
 /// Admissions smaller than a chunk a process makes on a device past its credit before it charges ahead: a
 /// program that allocates a few large blocks (most of them) gains nothing from credit and keeps its charge
 /// exact; one that allocates many small ones stops paying the shared charge on each.
@@ -23,8 +23,8 @@ pub(crate) const SMALL_BEFORE_CREDIT: u32 = 8;
 
 /// The process's credit state, per device entry (indexed as `DeviceId::index`).
 pub(crate) struct Credit {
-    /// The cap the credit was charged under (0: off). An admission under another cap (the agent changed the
-    /// limit) does not take from it.
+    /// 1 + the limits generation (`Devices::limits_gen`) the credit was charged under; 0: off. After any
+    /// change of a limits file nothing is taken from it.
     cap: [AtomicU64; MAX_DEVICES],
     /// Admissions smaller than a chunk made past the credit (stops counting at [`SMALL_BEFORE_CREDIT`]).
     small: [AtomicU32; MAX_DEVICES],
@@ -43,10 +43,10 @@ impl Default for Credit {
 }
 
 impl Credit {
-    /// Whether admissions on `i` under `cap` take from the credit.
+    /// Whether admissions on `i` under limits generation `gen` take from the credit.
     #[inline]
-    pub(crate) fn on_under(&self, i: usize, cap: u64) -> bool {
-        self.cap[i].load(Ordering::Relaxed) == cap
+    pub(crate) fn on_under(&self, i: usize, gen: u64) -> bool {
+        self.cap[i].load(Ordering::Relaxed) == gen + 1
     }
 
     /// Whether frees on `i` give back to the credit.
@@ -66,10 +66,11 @@ impl Credit {
         self.offs[i].load(Ordering::SeqCst)
     }
 
-    /// Turns credit on `i` on under `cap` after a chunk was charged; false when it was turned off since
-    /// `offs_before` was read (a racing admission near the cap: the caller takes the credit back).
-    pub(crate) fn on_after(&self, i: usize, cap: u64, offs_before: u64) -> bool {
-        self.cap[i].store(cap, Ordering::SeqCst);
+    /// Turns credit on `i` on under limits generation `gen` after a chunk was charged; false when it was
+    /// turned off since `offs_before` was read (a racing admission near the cap: the caller takes the credit
+    /// back).
+    pub(crate) fn on_after(&self, i: usize, gen: u64, offs_before: u64) -> bool {
+        self.cap[i].store(gen + 1, Ordering::SeqCst);
         if self.offs[i].load(Ordering::SeqCst) != offs_before {
             self.cap[i].store(0, Ordering::SeqCst);
             return false;
@@ -116,12 +117,12 @@ mod tests {
     const CAP: u64 = 8 << 30;
 
     #[test]
-    fn on_only_under_the_cap_it_was_charged_under() {
+    fn on_only_under_the_limits_it_was_charged_under() {
         let c = Credit::default();
-        assert!(!c.on(D) && !c.on_under(D, CAP));
+        assert!(!c.on(D) && !c.on_under(D, 0));
         let o = c.offs(D);
-        assert!(c.on_after(D, CAP, o));
-        assert!(c.on(D) && c.on_under(D, CAP) && !c.on_under(D, CAP / 2));
+        assert!(c.on_after(D, 7, o));
+        assert!(c.on(D) && c.on_under(D, 7) && !c.on_under(D, 8));
         c.off(D);
         assert!(!c.on(D));
     }
@@ -131,7 +132,7 @@ mod tests {
         let c = Credit::default();
         let o = c.offs(D);
         c.off(D);
-        assert!(!c.on_after(D, CAP, o));
+        assert!(!c.on_after(D, 0, o));
         assert!(!c.on(D));
     }
 

@@ -141,6 +141,14 @@ impl Memory {
         self.usage().container_held(dev.id)
     }
 
+    /// Turns this process's credit off everywhere and takes it back from its slot (at exit, before the slot
+    /// is given back).
+    pub(crate) fn give_back_all_credit(&self) {
+        for dev in self.devices.known().map(|(d, _)| d) {
+            self.give_back_credit(dev);
+        }
+    }
+
     /// Turns this process's credit on `dev` off and takes it back from its slot (before an exact admission or
     /// a reconciliation).
     fn give_back_credit(&self, dev: Dev) {
@@ -189,8 +197,10 @@ impl Memory {
         // its cost is charged before anything is allocated in it.
         self.adopt_unseen_context(nvml, dev)?;
         let (limit, reserved) = self.devices.memory_limits(dev);
-        if let (Some(cap), None) = (limit, reserved) {
-            if self.credit.on_under(dev.id.index(), cap) && self.take_credit(dev, bytes, limit) {
+        if let (Some(_), None) = (limit, reserved) {
+            if self.credit.on_under(dev.id.index(), self.devices.limits_gen())
+                && self.take_credit(dev, bytes, limit)
+            {
                 self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
                 self.hami_publish(dev.id);
                 return Ok(Admitted(None));
@@ -249,7 +259,8 @@ impl Memory {
         };
         let i = dev.id.index();
         let offs = self.credit.offs(i);
-        if self.usage().charge_credit(slot, dev.id, credit::CHUNK, cap) && !self.credit.on_after(i, cap, offs)
+        let gen = self.devices.limits_gen();
+        if self.usage().charge_credit(slot, dev.id, credit::CHUNK, cap) && !self.credit.on_after(i, gen, offs)
         {
             self.usage().drain_credit(slot, dev.id);
         }
@@ -392,10 +403,7 @@ impl Memory {
         if let Some(slot) = self.usage().cached_slot() {
             // Only bytes this process had allocated become credit; the rest is uncharged as before.
             let freed = held.min(bytes);
-            let kept = self.credit.on(id.index())
-                && self
-                    .usage()
-                    .give_credit(slot, id, freed, credit::CHUNK, credit::MAX);
+            let kept = self.credit.on(id.index()) && self.usage().give_credit(slot, id, freed, credit::CHUNK);
             let uncharge = if kept { bytes - freed } else { bytes };
             if uncharge != 0 {
                 self.usage().uncharge(slot, id, uncharge);

@@ -244,8 +244,20 @@ impl Memory {
     #[cold]
     #[inline(never)]
     fn info_used_slow(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
-        let _ = self.reconcile(nvml, dev, cap, 0);
+        if self.near_cap_without_credit(dev, cap) {
+            let _ = self.reconcile(nvml, dev, cap, 0);
+        }
         self.container_held(dev)
+    }
+
+    /// Whether the container is near `cap` on `dev` by what its processes hold: credit others charged ahead
+    /// (idle processes' included) is taken back first, so it never makes anyone ask the driver.
+    fn near_cap_without_credit(&self, dev: Dev, cap: u64) -> bool {
+        let (used, held) = self.usage().container_used_held(dev.id);
+        if used != held {
+            self.usage().drain_all_credit(dev.id);
+        }
+        near_cap(cap, self.container_used(dev))
     }
 
     /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
@@ -268,6 +280,9 @@ impl Memory {
     #[cold]
     #[inline(never)]
     fn near_cap_slow(&self, nvml: &Nvml, dev: Dev, bytes: u64, cap: u64) -> Result<(), OverCap> {
+        if !self.near_cap_without_credit(dev, cap) {
+            return Ok(());
+        }
         let r = self.reconcile(nvml, dev, cap, bytes);
         if r.is_err() {
             self.release(dev, bytes);

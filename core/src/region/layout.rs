@@ -26,6 +26,8 @@ pub const MAX_DEVICES: usize = 16;
 pub const MAX_PROCS: usize = 1024;
 /// Device entries a slot can hold credit for ([`UsageSlot::credit`]): the first five.
 pub const CREDIT_DEVICES: usize = 5;
+/// Most bytes a credit word holds; a word above it was not written by its owner (tampered): it is not credit.
+pub const CREDIT_MAX: u64 = 32 << 20;
 /// Entries of the usage file's shared-memory table ([`UsageShared`]).
 pub const MAX_SHARED: usize = 256;
 /// [`UsageShared::key`] while its claimer fills the entry in (0 = free; any other value = the key).
@@ -62,6 +64,10 @@ pub use crate::policy::{
 /// [`slot_lock_offset`] of the usage file; the kernel drops it when the owner dies, whatever pid namespace it
 /// or the observer lives in, so an unlocked byte means the owner is gone.
 pub const SLOT_FLAG_LOCKED: u32 = 1;
+/// [`UsageSlot::flags`]: the owner knows [`UsageSlot::credit`] (takes credit back before refusing at the cap,
+/// zeroes the words when it claims or frees a slot). Credit is charged only while every live slot says so;
+/// the credit words of a slot without it are not read.
+pub const SLOT_FLAG_CREDIT: u32 = 2;
 
 /// The byte of the usage file whose lock says slot `slot` is owned by a live process: past the end of the
 /// file (a lock needs no data there), one byte per slot.

@@ -499,8 +499,8 @@ impl UsageRegion {
                     close_fd(fd);
                     continue;
                 }
-                slot.flags
-                    .store(if fd >= 0 { SLOT_FLAG_LOCKED } else { 0 }, Ordering::Release);
+                let locked = if fd >= 0 { SLOT_FLAG_LOCKED } else { 0 };
+                slot.flags.store(locked | SLOT_FLAG_CREDIT, Ordering::Release);
                 slot.start_time.store(start_time, Ordering::Relaxed);
                 slot.host_pid.store(0, Ordering::Relaxed);
                 // Free slots are zero already (reclaim zeroes before freeing); make sure anyway: it is ours.
@@ -693,8 +693,8 @@ impl UsageRegion {
                 start_time: s.start_time.load(Ordering::Relaxed),
                 mem_used: {
                     let mut m = load(&s.mem_used);
-                    for (u, c) in m.iter_mut().zip(&s.credit) {
-                        *u = u.saturating_sub(c.load(Ordering::Relaxed));
+                    for (d, u) in m.iter_mut().enumerate() {
+                        *u = u.saturating_sub(Self::credit_of(s, d));
                     }
                     m
                 },
@@ -903,64 +903,104 @@ impl UsageRegion {
         self.file().slots[slot.index()].credit.get(dev.index())
     }
 
+    /// Whether slot `s`'s credit words are credit (its owner knows them).
+    fn knows_credit(s: &UsageSlot) -> bool {
+        s.flags.load(Ordering::Acquire) & SLOT_FLAG_CREDIT != 0
+    }
+
     /// Takes `bytes` of `slot`'s credit on `dev` for an allocation (its charge is already in `mem_used`): false
-    /// when the credit holds less (taken back by another process, zeroed with the file, or spent).
+    /// when the credit holds less (taken back by another process, zeroed with the file, spent) or more than
+    /// [`CREDIT_MAX`] (not credit: tampered).
     #[inline]
     pub fn take_credit(&self, slot: SlotId, dev: DeviceId, bytes: u64) -> bool {
         self.credit_cell(slot, dev).is_some_and(|c| {
-            c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(bytes))
-                .is_ok()
+            c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                if v > CREDIT_MAX {
+                    return None;
+                }
+                v.checked_sub(bytes)
+            })
+            .is_ok()
         })
     }
 
     /// Charges `bytes` to `slot` on `dev` as credit if the container stays within `limit` (as
-    /// [`UsageRegion::try_charge`]). False: nothing charged.
+    /// [`UsageRegion::try_charge`]) and every live slot knows credit. False: nothing charged.
     pub fn charge_credit(&self, slot: SlotId, dev: DeviceId, bytes: u64, limit: u64) -> bool {
         let Some(c) = self.credit_cell(slot, dev) else {
             return false;
         };
-        if self.try_charge(slot, dev, bytes, Some(limit)).is_err() {
+        let everyone_knows = self.file().slots[..self.high_water()].iter().all(|s| {
+            matches!(
+                owner_state(s.owner.load(Ordering::Acquire)),
+                STATE_FREE | STATE_RECLAIMING
+            ) || Self::knows_credit(s)
+        });
+        if !everyone_knows || self.try_charge(slot, dev, bytes, Some(limit)).is_err() {
             return false;
         }
-        c.fetch_add(bytes, Ordering::SeqCst);
+        if c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            v.checked_add(bytes).filter(|&n| n <= CREDIT_MAX)
+        })
+        .is_err()
+        {
+            self.uncharge(slot, dev, bytes);
+            return false;
+        }
         true
     }
 
-    /// Keeps `bytes` an allocation of `slot` on `dev` gave back as credit (its charge stays in `mem_used`);
-    /// above `max` the credit over `keep` is uncharged. False: no credit word for `dev` (the caller uncharges).
+    /// Keeps `bytes` an allocation of `slot` on `dev` gave back as credit (their charge stays in `mem_used`);
+    /// past [`CREDIT_MAX`] the credit drops to `keep` and the rest is uncharged. False: no credit word for
+    /// `dev` (the caller uncharges).
     #[inline]
-    pub fn give_credit(&self, slot: SlotId, dev: DeviceId, bytes: u64, keep: u64, max: u64) -> bool {
+    pub fn give_credit(&self, slot: SlotId, dev: DeviceId, bytes: u64, keep: u64) -> bool {
         let Some(c) = self.credit_cell(slot, dev) else {
             return false;
         };
-        if c.fetch_add(bytes, Ordering::SeqCst).saturating_add(bytes) > max {
-            self.trim_credit(slot, dev, c, keep, max);
+        let grow = |v: u64| {
+            let n = v.saturating_add(bytes);
+            if n <= CREDIT_MAX {
+                n
+            } else {
+                keep.min(n)
+            }
+        };
+        let Ok(v) = c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            (v <= CREDIT_MAX).then(|| grow(v))
+        }) else {
+            // Not credit (tampered): the bytes are uncharged as without credit.
+            self.uncharge(slot, dev, bytes);
+            return true;
+        };
+        let n = grow(v);
+        if n < v + bytes {
+            self.uncharge(slot, dev, v + bytes - n);
         }
         true
     }
 
-    #[cold]
-    #[inline(never)]
-    fn trim_credit(&self, slot: SlotId, dev: DeviceId, c: &AtomicU64, keep: u64, max: u64) {
-        if let Ok(v) = c.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| (v > max).then_some(keep)) {
-            self.uncharge(slot, dev, v - keep);
-        }
-    }
-
-    /// Takes back `slot`'s whole credit on `dev` (uncharged); returns it.
+    /// Takes back `slot`'s credit on `dev`: the word goes to 0 and what it held is uncharged (not a word above
+    /// [`CREDIT_MAX`]: nothing stands behind it; not when the slot changed hands meanwhile). Returns the bytes
+    /// uncharged.
     pub fn drain_credit(&self, slot: SlotId, dev: DeviceId) -> u64 {
-        let Some(c) = self.credit_cell(slot, dev) else {
+        let s = &self.file().slots[slot.index()];
+        let Some(c) = s.credit.get(dev.index()) else {
             return 0;
         };
-        let v = c.swap(0, Ordering::SeqCst);
-        if v != 0 {
-            self.uncharge(slot, dev, v);
+        if c.load(Ordering::SeqCst) == 0 || !Self::knows_credit(s) {
+            return 0;
         }
-        v
+        let owner = s.owner.load(Ordering::SeqCst);
+        let v = c.swap(0, Ordering::SeqCst);
+        if v == 0 || v > CREDIT_MAX || s.owner.load(Ordering::SeqCst) != owner {
+            return 0;
+        }
+        self.uncharge(slot, dev, v)
     }
 
-    /// Takes back every process's credit on `dev` (before refusing at the cap: credit is not memory anyone
-    /// holds); returns the bytes uncharged.
+    /// Takes back every process's credit on `dev` (credit is not memory anyone holds: before refusing at the
+    /// cap, or asking the driver because of it); returns the bytes uncharged.
     pub fn drain_all_credit(&self, dev: DeviceId) -> u64 {
         (0..self.high_water())
             .map(|i| self.drain_credit(SlotId(i as u32), dev))
@@ -972,6 +1012,16 @@ impl UsageRegion {
         self.container_used_held(dev).1
     }
 
+    /// Slot `s`'s credit on device entry `d` as readers count it (none from a slot that does not know credit,
+    /// at most [`CREDIT_MAX`]).
+    #[inline]
+    fn credit_of(s: &UsageSlot, d: usize) -> u64 {
+        match s.credit.get(d) {
+            Some(w) if Self::knows_credit(s) => w.load(Ordering::SeqCst).min(CREDIT_MAX),
+            _ => 0,
+        }
+    }
+
     /// [`UsageRegion::container_used`] and [`UsageRegion::container_held`] in one pass over the slots.
     #[inline]
     pub fn container_used_held(&self, dev: DeviceId) -> (u64, u64) {
@@ -981,7 +1031,7 @@ impl UsageRegion {
             .fold((0u64, 0u64), |(u, c), s| {
                 (
                     u.saturating_add(s.mem_used[d].load(Ordering::SeqCst)),
-                    c.saturating_add(s.credit.get(d).map_or(0, |w| w.load(Ordering::SeqCst))),
+                    c.saturating_add(Self::credit_of(s, d)),
                 )
             });
         let used = used.saturating_add(self.shared_used(dev));
