@@ -10,7 +10,7 @@
 
 use super::reconcile::margin;
 use cuquota_core::region::layout::MAX_DEVICES;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Bytes charged ahead at once (the usage file's credit words hold at most `CREDIT_MAX`, twice this: above it
 /// a free's excess over one chunk goes back).
@@ -30,6 +30,8 @@ pub(crate) struct Credit {
     small: [AtomicU32; MAX_DEVICES],
     /// Turns off so far (a charge ahead that raced one turns itself off again).
     offs: [AtomicU64; MAX_DEVICES],
+    /// No more credit (the process is exiting: its slot is about to be given back).
+    closed: AtomicBool,
 }
 
 impl Default for Credit {
@@ -38,6 +40,7 @@ impl Default for Credit {
             cap: std::array::from_fn(|_| AtomicU64::new(0)),
             small: std::array::from_fn(|_| AtomicU32::new(0)),
             offs: std::array::from_fn(|_| AtomicU64::new(0)),
+            closed: AtomicBool::new(false),
         }
     }
 }
@@ -81,7 +84,7 @@ impl Credit {
     /// An admission of `bytes` past the credit: whether the process should charge a chunk ahead (it has made
     /// [`SMALL_BEFORE_CREDIT`] admissions smaller than a chunk on the device).
     pub(crate) fn wants_chunk(&self, i: usize, bytes: u64) -> bool {
-        if bytes >= CHUNK {
+        if bytes >= CHUNK || self.closed.load(Ordering::Relaxed) {
             return false;
         }
         let n = self.small[i].load(Ordering::Relaxed);
@@ -90,6 +93,11 @@ impl Credit {
         }
         self.small[i].store(n + 1, Ordering::Relaxed);
         false
+    }
+
+    /// No more credit: the process is exiting.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
     }
 
     /// Forgets everything (a forked child, whose slot is new; a slot given back at exit).
@@ -146,6 +154,11 @@ mod tests {
         assert!(c.wants_chunk(D, 1 << 20));
         c.reset();
         assert!(!c.wants_chunk(D, 1 << 20), "a forked child starts over");
+        for _ in 0..=SMALL_BEFORE_CREDIT {
+            c.wants_chunk(D, 1 << 20);
+        }
+        c.close();
+        assert!(!c.wants_chunk(D, 1 << 20), "none at exit");
     }
 
     #[test]

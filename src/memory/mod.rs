@@ -144,6 +144,7 @@ impl Memory {
     /// Turns this process's credit off everywhere and takes it back from its slot (at exit, before the slot
     /// is given back).
     pub(crate) fn give_back_all_credit(&self) {
+        self.credit.close();
         for dev in self.devices.known().map(|(d, _)| d) {
             self.give_back_credit(dev);
         }
@@ -152,10 +153,8 @@ impl Memory {
     /// Turns this process's credit on `dev` off and takes it back from its slot (before an exact admission or
     /// a reconciliation).
     fn give_back_credit(&self, dev: Dev) {
-        let i = dev.id.index();
-        if self.credit.on(i) {
-            self.credit.off(i);
-        }
+        // Off (and the turn-off counted) even when not on: a chunk being charged meanwhile stays off.
+        self.credit.off(dev.id.index());
         if let Some(slot) = self.usage().cached_slot() {
             self.usage().drain_credit(slot, dev.id);
         }
@@ -259,9 +258,14 @@ impl Memory {
         };
         let i = dev.id.index();
         let offs = self.credit.offs(i);
+        if !self.usage().charge_credit(slot, dev.id, credit::CHUNK, cap) {
+            return;
+        }
+        // The chunk was judged against `cap`: on only under limits that still say `cap` (a changed limits
+        // file seen by another thread meanwhile bumped the generation read here, or changes the cap read after).
         let gen = self.devices.limits_gen();
-        if self.usage().charge_credit(slot, dev.id, credit::CHUNK, cap) && !self.credit.on_after(i, gen, offs)
-        {
+        if self.devices.memory_cap(dev) != Some(cap) || !self.credit.on_after(i, gen, offs) {
+            self.credit.off(i);
             self.usage().drain_credit(slot, dev.id);
         }
     }
