@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
 pub mod containers;
+pub mod credit;
 pub mod priority;
 
 use std::path::{Path, PathBuf};

@@ -4,26 +4,10 @@
 //! `c/review_credit30.c` and the probe. At most two simulated processes run at once (the others block on
 //! stdin).
 
-use shim_tests::{compile_c, workspace_root, Prog, Sim, GIB, MIB};
+use shim_tests::credit::{sim_used, started};
+use shim_tests::{Prog, Sim, GIB, MIB};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::time::Duration;
-
-fn prog() -> PathBuf {
-    compile_c(
-        "review_credit30",
-        &workspace_root().join("shim-tests/c/review_credit30.c"),
-        &[],
-        &["-lcuda", "-ldl"],
-    )
-}
-
-/// The simulator's own used bytes of device 0.
-fn sim_used(sim: &Sim) -> u64 {
-    let raw = sim.cmd(Prog::Probe).no_preload().args("simused").run();
-    raw.ok();
-    raw.num("sim.used.0")
-}
 
 /// A process holds 32 MiB of credit (8 x 2 MiB, 1 MiB: a chunk charged ahead; the 8 x 2 MiB freed into it).
 /// Another process of the container takes memory past the shim (the driver's own cuMemAlloc_v2) and fills:
@@ -35,20 +19,8 @@ fn sim_used(sim: &Sim) -> u64 {
 #[test]
 fn credit_is_taken_while_the_container_is_over_its_cap() {
     let sim = Sim::new().build();
-    let mut holder = sim
-        .cmd_path(prog())
-        .mem_limit("1g")
-        .args("hold 64")
-        .timeout(Duration::from_secs(60))
-        .spawn();
-    holder.wait_ready(1);
-    let mut bypass = sim
-        .cmd_path(prog())
-        .mem_limit("1g")
-        .args("bypass 600m")
-        .timeout(Duration::from_secs(60))
-        .spawn();
-    bypass.wait_ready(1);
+    let mut holder = started(&sim, "hold 64");
+    let mut bypass = started(&sim, "bypass 600m");
     let over = sim_used(&sim);
     holder.release();
     holder.wait_ready(2);
@@ -80,18 +52,7 @@ fn credit_is_taken_while_the_container_is_over_its_cap() {
 /// refused.
 fn false_oom(holders: usize) -> u64 {
     let sim = Sim::new().build();
-    let mut procs: Vec<_> = (0..holders)
-        .map(|_| {
-            let mut p = sim
-                .cmd_path(prog())
-                .mem_limit("1g")
-                .args("hold 0")
-                .timeout(Duration::from_secs(60))
-                .spawn();
-            p.wait_ready(1);
-            p
-        })
-        .collect();
+    let mut procs: Vec<_> = (0..holders).map(|_| started(&sim, "hold 0")).collect();
     let filler = sim
         .cmd(Prog::Probe)
         .mem_limit("1g")
@@ -136,13 +97,7 @@ fn idle_credit_of_other_processes_refuses_a_filler_early() {
 /// it takes 32 MiB with no check (`UsageRegion::sound_here` sees neither).
 fn tamper(what: &str, offset: u64, bytes: Option<&[u8]>, truncate: bool) -> u64 {
     let sim = Sim::new().build();
-    let mut holder = sim
-        .cmd_path(prog())
-        .mem_limit("1g")
-        .args("hold 64")
-        .timeout(Duration::from_secs(60))
-        .spawn();
-    holder.wait_ready(1);
+    let mut holder = started(&sim, "hold 64");
     let f = std::fs::OpenOptions::new()
         .write(true)
         .open(sim.usage_file())
@@ -185,13 +140,7 @@ fn credit_of_racing_threads_stays_within_its_bound() {
     let mut worst = 0;
     for round in 0..6 {
         let sim = Sim::new().build();
-        let mut racer = sim
-            .cmd_path(prog())
-            .mem_limit("1g")
-            .args("race 64 5")
-            .timeout(Duration::from_secs(60))
-            .spawn();
-        racer.wait_ready(1);
+        let mut racer = started(&sim, "race 64 5");
         let filler = sim
             .cmd(Prog::Probe)
             .mem_limit("1g")
@@ -226,20 +175,8 @@ fn credit_of_racing_threads_stays_within_its_bound() {
 #[test]
 fn own_credit_hides_an_over_cap_container_from_the_lazy_loading_gate() {
     let sim = Sim::new().build();
-    let mut holder = sim
-        .cmd_path(prog())
-        .mem_limit("1g")
-        .args("holdlazy 2g")
-        .timeout(Duration::from_secs(60))
-        .spawn();
-    holder.wait_ready(1);
-    let mut filler = sim
-        .cmd_path(prog())
-        .mem_limit("1g")
-        .args("filllazy 16m")
-        .timeout(Duration::from_secs(60))
-        .spawn();
-    filler.wait_ready(1);
+    let mut holder = started(&sim, "holdlazy 2g");
+    let mut filler = started(&sim, "filllazy 16m");
     let over = sim_used(&sim);
     holder.release();
     holder.wait_ready(2);

@@ -5,26 +5,11 @@
 //! asks on a line) and the probe. At most two simulated processes run at once.
 
 use cuquota_core::region::layout::{UsageFile, UsageSlot, MAX_PROCS};
-use shim_tests::{compile_c, workspace_root, Prog, Sim, GIB, MIB};
+use shim_tests::credit::{prog, sim_used, started};
+use shim_tests::{Prog, Sim, GIB, MIB};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
-
-fn prog() -> PathBuf {
-    compile_c(
-        "review_credit30",
-        &workspace_root().join("shim-tests/c/review_credit30.c"),
-        &[],
-        &["-lcuda", "-ldl"],
-    )
-}
-
-/// The simulator's own used bytes of device 0.
-fn sim_used(sim: &Sim) -> u64 {
-    let raw = sim.cmd(Prog::Probe).no_preload().args("simused").run();
-    raw.ok();
-    raw.num("sim.used.0")
-}
 
 /// The claim: "no credit is spent once the container is over its cap". The credit is taken back only when
 /// someone is refused or a reconciliation finds the container over its cap; `Credit::on_under` only compares
@@ -212,13 +197,7 @@ fn idle_credit_refuses_a_process_of_the_previous_version() {
         .expect("set CUQUOTA_REVIEW_OLD_SHIM to a libcuquota.so built from 94842bd");
     let short = |preload: Option<&str>| {
         let sim = Sim::new().build();
-        let mut holder = sim
-            .cmd_path(prog())
-            .mem_limit("1g")
-            .args("hold 0")
-            .timeout(Duration::from_secs(60))
-            .spawn();
-        holder.wait_ready(1);
+        let mut holder = started(&sim, "hold 0");
         let mut filler = sim
             .cmd(Prog::Probe)
             .mem_limit("1g")
@@ -264,18 +243,7 @@ fn reconciles(holders: usize) -> usize {
         .timeout(Duration::from_secs(60))
         .spawn();
     worker.wait_ready(1);
-    let mut procs: Vec<_> = (0..holders)
-        .map(|_| {
-            let mut p = sim
-                .cmd_path(prog())
-                .mem_limit("1g")
-                .args("hold 0")
-                .timeout(Duration::from_secs(60))
-                .spawn();
-            p.wait_ready(1);
-            p
-        })
-        .collect();
+    let mut procs: Vec<_> = (0..holders).map(|_| started(&sim, "hold 0")).collect();
     let mut big = sim
         .cmd(Prog::Probe)
         .mem_limit("1g")

@@ -1,0 +1,35 @@
+//! What the hostile reviews of the allocation credit (tests/review_credit30.rs, review_credit31.rs) share: their
+//! program (`c/review_credit30.c`), the simulator's own figure, and a program started and waited for.
+
+use crate::{compile_c, workspace_root, Proc, Prog, Sim};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// `c/review_credit30.c`, built.
+pub fn prog() -> PathBuf {
+    compile_c(
+        "review_credit30",
+        &workspace_root().join("shim-tests/c/review_credit30.c"),
+        &[],
+        &["-lcuda", "-ldl"],
+    )
+}
+
+/// The simulator's own used bytes of device 0.
+pub fn sim_used(sim: &Sim) -> u64 {
+    let raw = sim.cmd(Prog::Probe).no_preload().args("simused").run();
+    raw.ok();
+    raw.num("sim.used.0")
+}
+
+/// `review_credit30 ARGS` under a 1 GiB cap, once it said it is ready.
+pub fn started(sim: &Sim, args: &str) -> Proc {
+    let mut p = sim
+        .cmd_path(prog())
+        .mem_limit("1g")
+        .args(args)
+        .timeout(Duration::from_secs(60))
+        .spawn();
+    p.wait_ready(1);
+    p
+}
