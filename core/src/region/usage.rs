@@ -973,9 +973,9 @@ impl UsageRegion {
             self.uncharge(slot, dev, bytes);
             return true;
         };
-        let n = grow(v);
-        if n < v + bytes {
-            self.uncharge(slot, dev, v + bytes - n);
+        let (n, all) = (grow(v), v.saturating_add(bytes));
+        if n < all {
+            self.uncharge(slot, dev, all - n);
         }
         true
     }
