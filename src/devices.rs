@@ -84,6 +84,9 @@ pub(crate) struct Devices {
     memory_limited: AtomicBool,
     /// `launch_limited` or `memory_limited`: the launch hooks' one fast "no" when false.
     launch_hooked: AtomicBool,
+    /// No launch needs a hook and at most one limits file is watched: the launch exports forward without the
+    /// guard while that file is unchanged ([`Devices::launch_unhooked`]).
+    launch_pass: AtomicBool,
     /// The container's priority file, with the node's directory of every container's (read-only).
     priority: Option<PriorityRegion>,
     /// A priority applies but there is no priority file (warned once).
@@ -125,6 +128,7 @@ impl Devices {
             launch_limited: AtomicBool::new(false),
             memory_limited: AtomicBool::new(false),
             launch_hooked: AtomicBool::new(false),
+            launch_pass: AtomicBool::new(false),
             priority,
             warned_no_priority_file: AtomicBool::new(false),
             hami: hami::Hami::open(&cfg),
@@ -500,6 +504,10 @@ impl Devices {
         let mem = self.cfg.has_memory_limits() || agent().any(|p| p.memory.is_some());
         self.memory_limited.store(mem, Ordering::Relaxed);
         self.launch_hooked.store(sm || prio || mem, Ordering::Relaxed);
+        self.launch_pass.store(
+            !(sm || prio || mem) && self.agent.watch.len() <= 1,
+            Ordering::Relaxed,
+        );
     }
 
     /// The device's entry in the container's priority file, if there is a file and the entry (a local
@@ -552,15 +560,32 @@ impl Devices {
     /// nothing changed.
     #[inline]
     pub(crate) fn refresh_if_changed(&self) {
-        let changed = self
-            .agent
+        if self.limits_changed() {
+            self.refresh();
+        }
+    }
+
+    /// Whether a limits file changed since it was last read (one atomic load per file).
+    #[inline(always)]
+    fn limits_changed(&self) -> bool {
+        self.agent
             .watch
             .iter()
             .zip(&self.agent.seen)
-            .any(|(w, seen)| w.seq() != seen.load(Ordering::Relaxed));
-        if changed {
-            self.refresh();
-        }
+            .any(|(w, seen)| w.seq() != seen.load(Ordering::Relaxed))
+    }
+
+    /// [`Devices::launch_hooked`]'s negation from loads alone, for the exports' pass-through (no refresh, no
+    /// lock, nothing that can panic): a changed limits file says "hooked", and the hook re-reads it.
+    #[inline(always)]
+    pub(crate) fn launch_unhooked(&self) -> bool {
+        // At most one file while `launch_pass` is set.
+        self.launch_pass.load(Ordering::Relaxed)
+            && match (self.agent.watch.first(), self.agent.seen.first()) {
+                (None, _) => true,
+                (Some(w), Some(seen)) => w.seq() == seen.load(Ordering::Relaxed),
+                (Some(_), None) => false,
+            }
     }
 
     /// Counts limits-file changes (see [`Devices::refresh_if_changed`]).

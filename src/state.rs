@@ -114,15 +114,21 @@ pub(crate) fn process_if_ready() -> Option<&'static Process> {
     PROCESS.get()
 }
 
+/// The active state with CUDA loaded, if initialised (one load; never initialises).
+#[inline(always)]
+pub(crate) fn active_cuda() -> Option<&'static Shim> {
+    let active = ACTIVE_CUDA.load(Ordering::Acquire);
+    // SAFETY: set once from the `Shim` boxed in `PROCESS`, which is never dropped or moved.
+    (!active.is_null()).then(|| unsafe { &*active })
+}
+
 /// How a CUDA export proceeds.
 #[inline]
 pub(crate) fn cuda_entry(exports: Exports) -> Result<Entry<CudaTable>, CUresult> {
-    let active = ACTIVE_CUDA.load(Ordering::Acquire);
-    if !active.is_null() {
-        // SAFETY: set once from the `Shim` boxed in `PROCESS`, which is never dropped or moved.
-        return Ok(Entry::Active(unsafe { &*active }));
+    match active_cuda() {
+        Some(s) => Ok(Entry::Active(s)),
+        None => cuda_entry_slow(exports),
     }
-    cuda_entry_slow(exports)
 }
 
 #[cold]

@@ -327,6 +327,32 @@ fn live_limit_change_applies_within_200ms() {
     assert_band("hard 80 % from 200 ms after the change", after, 62.0, 92.0);
 }
 
+/// A program that starts with no limit forwards its launches without a hook (the exports' pass-through, issue
+/// 22); when the agent then sets a hard limit, its launches must be throttled like any other's. Unlimited, it
+/// filled its streams' queues (about 1 s of 1 ms kernels on the simulator): those run at full speed whatever
+/// the limit, so the new limit is judged once they are done.
+#[test]
+fn a_limit_set_on_an_unlimited_program_applies_once_its_queue_drains() {
+    let _serial = serial();
+    let sim = Sim::new().build();
+    sim.agent_limits(&sim.limits_file(), |_| {});
+    let mut p = Launcher::new(&[], 4.5, 1_000_000).spawn(&sim);
+    let t0: u64 = p.wait_for("t0_ns").parse().expect("t0_ns");
+    std::thread::sleep(Duration::from_nanos(
+        (t0 + 1_000_000_000).saturating_sub(mono_ns()),
+    ));
+    let changed = sim.agent_sm_limit_hard(20);
+    let w = finished(p.finish());
+    assert!(
+        w.end >= changed + 3_000_000_000,
+        "the change came too late in the run: {w:?}, changed at {changed}"
+    );
+    let before = sim.share_pct(0, w.pid, w.t0 + 200_000_000, changed);
+    let after = sim.share_pct(0, w.pid, changed + 1_500_000_000, changed + 3_000_000_000);
+    assert_band("no limit before the change", before, 80.0, 100.0);
+    assert_band("hard 20 % once the queue drained", after, 10.0, 30.0);
+}
+
 #[test]
 fn usage_region_shows_the_achieved_share() {
     let _serial = serial();

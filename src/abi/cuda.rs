@@ -105,18 +105,18 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuModuleGetSurfRef (pSurfRef, hmod, name) => context::first_use(call, pSurfRef.cast::<usize>());
     cuFuncLoad (function) => context::function_load(call, function);
     // every path that puts work on the GPU (the throttle)
-    cuLaunchKernel (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
-    cuLaunchKernel_ptsz (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
-    cuLaunchKernelEx (config, f, kernelParams, extra) => launch::kernel_ex(call, config, f, DefaultStream::Legacy);
-    cuLaunchKernelEx_ptsz (config, f, kernelParams, extra) => launch::kernel_ex(call, config, f, DefaultStream::PerThread);
-    cuLaunchCooperativeKernel (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
-    cuLaunchCooperativeKernel_ptsz (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) => launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
-    cuLaunchCooperativeKernelMultiDevice (launchParamsList, numDevices, flags) => launch::multi_device(call, launchParamsList, numDevices);
+    cuLaunchKernel (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra) => [launch_unhooked] launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
+    cuLaunchKernel_ptsz (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra) => [launch_unhooked] launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
+    cuLaunchKernelEx (config, f, kernelParams, extra) => [launch_unhooked] launch::kernel_ex(call, config, f, DefaultStream::Legacy);
+    cuLaunchKernelEx_ptsz (config, f, kernelParams, extra) => [launch_unhooked] launch::kernel_ex(call, config, f, DefaultStream::PerThread);
+    cuLaunchCooperativeKernel (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) => [launch_unhooked] launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);
+    cuLaunchCooperativeKernel_ptsz (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams) => [launch_unhooked] launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::PerThread);
+    cuLaunchCooperativeKernelMultiDevice (launchParamsList, numDevices, flags) => [launch_unhooked] launch::multi_device(call, launchParamsList, numDevices);
     cuGraphLaunch (hGraphExec, hStream) => launch::graph(call, hGraphExec, hStream, DefaultStream::Legacy);
     cuGraphLaunch_ptsz (hGraphExec, hStream) => launch::graph(call, hGraphExec, hStream, DefaultStream::PerThread);
-    cuLaunch (f) => launch::kernel(call, f, [1, 1, 1], [0, 0, 0], std::ptr::null_mut(), DefaultStream::Legacy);
-    cuLaunchGrid (f, grid_width, grid_height) => launch::grid(call, f, grid_width, grid_height, std::ptr::null_mut());
-    cuLaunchGridAsync (f, grid_width, grid_height, hStream) => launch::grid(call, f, grid_width, grid_height, hStream);
+    cuLaunch (f) => [launch_unhooked] launch::kernel(call, f, [1, 1, 1], [0, 0, 0], std::ptr::null_mut(), DefaultStream::Legacy);
+    cuLaunchGrid (f, grid_width, grid_height) => [launch_unhooked] launch::grid(call, f, grid_width, grid_height, std::ptr::null_mut());
+    cuLaunchGridAsync (f, grid_width, grid_height, hStream) => [launch_unhooked] launch::grid(call, f, grid_width, grid_height, hStream);
     // copies and memsets (priority gates best-effort ones)
     cuMemcpyHtoD_v2 (dstDevice, srcHost, ByteCount) => copy::flat(call, ByteCount as u64, std::ptr::null_mut(), DefaultStream::Legacy);
     cuMemcpyHtoD_v2_ptds (dstDevice, srcHost, ByteCount) => copy::flat(call, ByteCount as u64, std::ptr::null_mut(), DefaultStream::PerThread);

@@ -4,7 +4,8 @@
 //!
 //! Every export is one line: [`cuda_guard`] / [`nvml_guard`] catch panics (→ `CUDA_ERROR_UNKNOWN` /
 //! `NVML_ERROR_UNKNOWN`), get the process state (initialising it on first use) and call either the hook its
-//! line names (active) or the real function (disabled: pure pass-through). A configuration
+//! line names (active) or the real function (disabled: pure pass-through). A launch line first asks
+//! [`launch_unhooked`] (loads only): while no limit applies to launches it jumps to the real function. A configuration
 //! error makes every CUDA export return `CUDA_ERROR_NOT_INITIALIZED` and every NVML export an NVML error.
 //!
 //! Exports carry `#[cfg_attr(not(test), no_mangle)]` so the unit-test binary does not interpose itself.
@@ -46,8 +47,64 @@ pub(crate) fn nvml_guard(
     guard(state::nvml_entry, nvmlReturn_t::ERROR_UNKNOWN, f)
 }
 
+/// The active state when a launch needs no hook now ([`crate::devices::Devices::launch_unhooked`]): no limit
+/// applies to launches and no limits file changed since it was last read. `None`: take the hook.
+#[inline(always)]
+pub(crate) fn launch_unhooked() -> Option<&'static state::Shim> {
+    state::active_cuda().filter(|s| s.devices.launch_unhooked())
+}
+
+/// One export of [`exports!`]: the guard around its `body`, or with a pass-through check (`[pass]`), the
+/// check first and the guarded body out of line, so that the forwarded call pays neither the guard's frame nor
+/// its spilled arguments (the forward and the hooked path are both tail calls).
+macro_rules! export {
+    ([] $guard:ident, $ret:ty, $table:ident, $name:ident ($( $arg:ident: $ty:ty ),*)) => {
+        $crate::abi::export!(@doc $name
+        pub(crate) unsafe extern "C" fn $name($( $arg: $ty ),*) -> $ret {
+            $crate::abi::export!(@guard $guard, $name ($($arg),*))
+        });
+    };
+    ([$pass:ident] $guard:ident, $ret:ty, $table:ident, $name:ident ($( $arg:ident: $ty:ty ),*)) => {
+        $crate::abi::export!(@doc $name
+        pub(crate) unsafe extern "C" fn $name($( $arg: $ty ),*) -> $ret {
+            #[inline(never)]
+            #[allow(non_snake_case, clippy::too_many_arguments)]
+            unsafe extern "C" fn hooked($( $arg: $ty ),*) -> $ret {
+                $crate::abi::export!(@guard $guard, $name ($($arg),*))
+            }
+            // One call through a pointer either way, so that both are tail calls reusing the caller's arguments.
+            let f = match $crate::abi::$pass() {
+                Some(s) => $table(s).$name.unwrap_or(hooked),
+                None => hooked,
+            };
+            // SAFETY: the real function (forwarded unchanged) or the guarded hook, under the caller's contract.
+            unsafe { f($($arg),*) }
+        });
+    };
+    (@doc $name:ident $f:item) => {
+        #[doc = concat!("Export of `", stringify!($name), "` (see `body`).")]
+        #[doc = ""]
+        #[doc = "# Safety"]
+        #[doc = "Called by C code under the CUDA/NVML contract of the function of the same name."]
+        #[cfg_attr(not(test), no_mangle)]
+        #[allow(non_snake_case, clippy::too_many_arguments)]
+        $f
+    };
+    (@guard $guard:ident, $name:ident ($( $arg:ident ),*)) => {
+        $crate::abi::$guard(|e| match e {
+            // SAFETY: the caller's contract.
+            $crate::state::Entry::Active(s) => unsafe { body::$name(s, $($arg),*) },
+            // SAFETY: forwarded unchanged under the caller's contract.
+            $crate::state::Entry::PassThrough(t) => unsafe { t.$name($($arg),*) },
+        })
+    };
+}
+pub(crate) use export;
+
 /// The routing list of one library: `exports! { guard, Ret, lib, table, (call, real) <lines> }`, one line per
-/// exported function, `name (arg names) => module::hook(exprs);`. The argument types are `ffi::<lib>`'s (the
+/// exported function, `name (arg names) => module::hook(exprs);`, or `name (args) => [pass] module::hook(exprs);`
+/// where `abi::pass` (atomic loads only: it runs before the panic guard) says the hook would only forward the
+/// call, which then goes to the real function without the guard's frame. The argument types are `ffi::<lib>`'s (the
 /// declaration checked against NVIDIA's headers: `ffi::<lib>::params::<name>`, and a compile-time check that the
 /// names are the declaration's, in its order). The hook is `crate::hooks::<module>::<hook>(shim, exprs…)`: the
 /// expressions may use the arguments, `call` (the real function with the caller's arguments) and `real` (the real
@@ -60,7 +117,7 @@ pub(crate) fn nvml_guard(
 /// reverse map).
 macro_rules! exports {
     ($guard:ident, $ret:ty, $lib:ident, $table:ident, ($call:ident, $real:ident)
-        $( $name:ident ( $( $arg:ident ),* $(,)? ) => $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ) ; )*) => {
+        $( $name:ident ( $( $arg:ident ),* $(,)? ) => $( [$pass:ident] )? $hm:ident :: $hf:ident ( $($e:expr),* $(,)? ) ; )*) => {
         /// What each export does in an active process, as plain Rust (unit tests call these).
         #[allow(non_snake_case, unused_variables, unused_unsafe, clippy::too_many_arguments)]
         pub(crate) mod body {
@@ -90,20 +147,7 @@ macro_rules! exports {
                 concat!(stringify!($name), ": the arguments are not ffi's, in ffi's order"),
             );
 
-            #[doc = concat!("Export of `", stringify!($name), "` (see `body`).")]
-            #[doc = ""]
-            #[doc = "# Safety"]
-            #[doc = "Called by C code under the CUDA/NVML contract of the function of the same name."]
-            #[cfg_attr(not(test), no_mangle)]
-            #[allow(non_snake_case, clippy::too_many_arguments)]
-            pub(crate) unsafe extern "C" fn $name($( $arg: $crate::ffi::$lib::params::$name::$arg ),*) -> $ret {
-                $crate::abi::$guard(|e| match e {
-                    // SAFETY: the caller's contract.
-                    $crate::state::Entry::Active(s) => unsafe { body::$name(s, $($arg),*) },
-                    // SAFETY: forwarded unchanged under the caller's contract.
-                    $crate::state::Entry::PassThrough(t) => unsafe { t.$name($($arg),*) },
-                })
-            }
+            $crate::abi::export! { [$($pass)?] $guard, $ret, $table, $name ($( $arg: $crate::ffi::$lib::params::$name::$arg ),*) }
         )*
 
         /// Names of every export in this table.
