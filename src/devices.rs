@@ -32,6 +32,16 @@ pub(crate) const MAX_ORDINALS: usize = 64;
 /// Fallback allocation granularity when the driver cannot tell (2 MiB).
 pub(crate) const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
+/// `bytes` rounded up to a multiple of `g` (saturating).
+#[inline]
+fn round_to(g: u64, bytes: u64) -> u64 {
+    if g.is_power_of_two() {
+        // Every driver's granularity so far (2 MiB): a mask instead of a division.
+        return bytes.checked_add(g - 1).map_or(!(g - 1), |b| b & !(g - 1));
+    }
+    bytes.div_ceil(g).saturating_mul(g)
+}
+
 /// A device as the policies see it: its CUDA ordinal and its usage-region entry.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) struct Dev {
@@ -205,15 +215,30 @@ impl Devices {
     /// ordinal 0, and one made without a current context fails in the driver, which undoes what it charged.
     #[inline]
     pub(crate) fn current(&self, cuda: &CudaTable) -> Option<Dev> {
+        self.device(cuda, self.current_ordinal(cuda)?)
+    }
+
+    /// [`Devices::current`] and `bytes` rounded up to its allocation granularity (one lookup of the device).
+    #[inline(always)]
+    pub(crate) fn current_rounded(&self, cuda: &CudaTable, bytes: u64) -> Option<(Dev, u64)> {
+        let on = |ordinal| {
+            let info = self.info(cuda, ordinal)?;
+            Some((Dev { ordinal, id: info.id }, round_to(info.granularity, bytes)))
+        };
         if self.single_device(cuda) {
-            return self.device(cuda, 0);
+            return on(0);
+        }
+        on(self.current_ordinal(cuda)?)
+    }
+
+    #[inline]
+    fn current_ordinal(&self, cuda: &CudaTable) -> Option<CUdevice> {
+        if self.single_device(cuda) {
+            return Some(0);
         }
         let mut d: CUdevice = 0;
         // SAFETY: valid out-pointer.
-        if !unsafe { cuda.cuCtxGetDevice(&mut d) }.ok() {
-            return None;
-        }
-        self.device(cuda, d)
+        unsafe { cuda.cuCtxGetDevice(&mut d) }.ok().then_some(d)
     }
 
     /// True when the driver reports exactly one device (asked once, after a successful answer).
@@ -349,11 +374,7 @@ impl Devices {
         let g = self
             .info(cuda, dev.ordinal)
             .map_or(DEFAULT_GRANULARITY, |i| i.granularity);
-        if g.is_power_of_two() {
-            // Every driver's granularity so far (2 MiB): a mask instead of a division.
-            return bytes.checked_add(g - 1).map_or(!(g - 1), |b| b & !(g - 1));
-        }
-        bytes.div_ceil(g).saturating_mul(g)
+        round_to(g, bytes)
     }
 
     /// True when a device could not be given a usage entry while memory limits apply: its allocations must be

@@ -28,10 +28,9 @@ const PITCH_ALIGN: u64 = 512;
 
 /// A linear allocation of `bytes` on the current context's device.
 fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
-    let Some(dev) = s.devices.current(&s.cuda) else {
+    let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) else {
         return s.mem.untracked(call);
     };
-    let est = s.devices.round(&s.cuda, dev, bytes);
     s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, out(), None))
     })

@@ -154,7 +154,7 @@ impl Memory {
             return r;
         }
         if r.ok() {
-            self.release_entry(rec.entry, rec.bytes);
+            self.release_entry_inline(rec.entry, rec.bytes);
         } else {
             self.ledger.insert(space, key, rec);
         }

@@ -396,6 +396,12 @@ impl Memory {
 
     /// Gives back `bytes` charged on device entry `id`.
     pub(crate) fn release_entry(&self, id: DeviceId, bytes: u64) {
+        self.release_entry_inline(id, bytes);
+    }
+
+    /// [`Memory::release_entry`] inlined (a free's path).
+    #[inline(always)]
+    pub(crate) fn release_entry_inline(&self, id: DeviceId, bytes: u64) {
         if bytes == 0 {
             return;
         }
