@@ -215,7 +215,10 @@ impl Devices {
     /// ordinal 0, and one made without a current context fails in the driver, which undoes what it charged.
     #[inline]
     pub(crate) fn current(&self, cuda: &CudaTable) -> Option<Dev> {
-        self.device(cuda, self.current_ordinal(cuda)?)
+        if self.single_device(cuda) {
+            return self.device(cuda, 0);
+        }
+        self.device(cuda, self.context_ordinal(cuda)?)
     }
 
     /// [`Devices::current`] and `bytes` rounded up to its allocation granularity (one lookup of the device).
@@ -228,14 +231,11 @@ impl Devices {
         if self.single_device(cuda) {
             return on(0);
         }
-        on(self.current_ordinal(cuda)?)
+        on(self.context_ordinal(cuda)?)
     }
 
-    #[inline]
-    fn current_ordinal(&self, cuda: &CudaTable) -> Option<CUdevice> {
-        if self.single_device(cuda) {
-            return Some(0);
-        }
+    /// The ordinal of the current context's device, asked of the driver.
+    fn context_ordinal(&self, cuda: &CudaTable) -> Option<CUdevice> {
         let mut d: CUdevice = 0;
         // SAFETY: valid out-pointer.
         unsafe { cuda.cuCtxGetDevice(&mut d) }.ok().then_some(d)
