@@ -65,9 +65,11 @@ struct DevInfo {
 struct AgentLimits {
     /// One bare mapping per file, for `seq()` checks without a lock.
     watch: Vec<LimitsRegion>,
-    /// The `seq` each file had when we last recomputed.
+    /// The `seq` each file had when we last recomputed (stored once the limits it brought are in force).
     seen: Vec<AtomicU64>,
     readers: Lock<Vec<LimitsReader>>,
+    /// One refresh at a time: a thread that finds a file changed waits for the refresh under way.
+    refreshing: Lock<()>,
 }
 
 /// Every device of the process, its limits, and the region they are accounted in.
@@ -129,6 +131,7 @@ impl Devices {
                 watch,
                 seen,
                 readers: Lock::new(readers),
+                refreshing: Lock::new(()),
             },
             table: std::array::from_fn(|_| OnceLock::new()),
             unplaced: AtomicU64::new(0),
@@ -441,6 +444,11 @@ impl Devices {
     /// ordinal get only the agent files' entries.
     pub(crate) fn effective(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Policy {
         self.refresh_if_changed();
+        self.effective_read(ordinal, uuid)
+    }
+
+    /// [`Devices::effective`] from the files as last read (inside a refresh: no refresh of its own).
+    fn effective_read(&self, ordinal: Option<u32>, uuid: &[u8; 16]) -> Policy {
         let mut eff = ordinal.map_or(Policy::NONE, |o| self.cfg.policy(o));
         for r in self.agent.readers.lock().iter() {
             eff = eff.restrict(&r.snapshot().for_device(Some(uuid), ordinal));
@@ -589,11 +597,13 @@ impl Devices {
     /// Whether a limits file changed since it was last read (one atomic load per file).
     #[inline(always)]
     fn limits_changed(&self) -> bool {
-        self.agent
-            .watch
-            .iter()
-            .zip(&self.agent.seen)
-            .any(|(w, seen)| w.seq() != seen.load(Ordering::Relaxed))
+        let changed = |w: &LimitsRegion, seen: &AtomicU64| w.seq() != seen.load(Ordering::Relaxed);
+        match (&self.agent.watch[..], &self.agent.seen[..]) {
+            // No file, or the agent's one: no loop.
+            ([], _) => false,
+            ([w], [seen]) => changed(w, seen),
+            (watch, seen) => watch.iter().zip(seen).any(|(w, s)| changed(w, s)),
+        }
     }
 
     /// [`Devices::launch_hooked`]'s negation from loads alone, for the exports' pass-through (no refresh, no
@@ -617,14 +627,27 @@ impl Devices {
 
     #[cold]
     fn refresh(&self) {
+        let _one = self.agent.refreshing.lock();
+        if !self.limits_changed() {
+            return; // refreshed by another thread meanwhile
+        }
         self.limits_gen.fetch_add(1, Ordering::SeqCst);
+        // The seq each changed file was read at, stored as seen only once its limits are in force: until then
+        // every thread that looks finds the file changed and waits here (no launch or admission in between
+        // under the flags of before).
+        let mut read = Vec::new();
         {
             let mut readers = self.agent.readers.lock();
-            for ((r, w), seen) in readers.iter_mut().zip(&self.agent.watch).zip(&self.agent.seen) {
-                if w.seq() != seen.load(Ordering::Relaxed) {
+            for (i, (r, w)) in readers.iter_mut().zip(&self.agent.watch).enumerate() {
+                if self
+                    .agent
+                    .seen
+                    .get(i)
+                    .is_some_and(|s| w.seq() != s.load(Ordering::Relaxed))
+                {
                     r.refresh();
                     // The seq read, not the file's now: a write after the read is still to be seen.
-                    seen.store(r.seen_seq(), Ordering::Relaxed);
+                    read.push((i, r.seen_seq()));
                 }
             }
             // Re-bound to another file: this process's charges would be invisible to the container's others.
@@ -652,7 +675,7 @@ impl Devices {
         self.compute_flags();
         for (o, slot) in self.table.iter().enumerate() {
             if let Some(i) = slot.get() {
-                let policy = self.effective(Some(o as u32), &i.uuid);
+                let policy = self.effective_read(Some(o as u32), &i.uuid);
                 self.warn_unenforced_priority(o as CUdevice, &policy);
                 i.policy.store(&policy.raw());
                 self.usage.report_limits(i.id, &policy);
@@ -662,12 +685,16 @@ impl Devices {
                 log!(Level::Info, "device {o}: limits now {policy:?}");
             }
         }
+        for (i, seq) in read {
+            self.agent.seen[i].store(seq, Ordering::SeqCst);
+        }
     }
 
     // ---- fork ----------------------------------------------------------------------------------------------
 
     /// Takes the lock of the agent readers (see `state`'s fork handlers for the order).
     pub(crate) fn fork_prepare(&self) {
+        crate::locks::hold_all([&self.agent.refreshing]);
         crate::locks::hold_all([&self.agent.readers]);
     }
 
@@ -677,7 +704,10 @@ impl Devices {
     /// Only after `fork_prepare` on this thread (or in the child of that thread).
     pub(crate) unsafe fn fork_release(&self, side: crate::locks::Side) {
         // SAFETY: the caller's contract.
-        unsafe { crate::locks::release_all([&self.agent.readers], side) };
+        unsafe {
+            crate::locks::release_all([&self.agent.readers], side);
+            crate::locks::release_all([&self.agent.refreshing], side);
+        }
     }
 }
 

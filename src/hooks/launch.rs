@@ -5,7 +5,8 @@
 //! cuLaunchGridAsync. Whether the program reaches them by symbol, `dlsym` or `cuGetProcAddress`, it lands here
 //! (the exports and the proc-address map point at these hooks).
 //!
-//! Each hook: when no SM or memory limit can apply (the common case), one check and the real call. With a memory
+//! Each hook: when no SM or memory limit can apply (the common case), the export already forwarded the call
+//! (`abi::launch_unhooked`), or the hook makes one check and the real call (a limits file changed: re-read). With a memory
 //! cap, a function's first launch is measured (`context::first_launch`: lazy loading, stack growth). Otherwise the launch
 //! is keyed (function, grid, block — or the graph), admitted by the throttle (which may sleep), sometimes
 //! measured with events on its stream, then made. A `_ptsz` call with the NULL stream runs on the per-thread

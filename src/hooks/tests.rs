@@ -390,6 +390,65 @@ fn limits_file_change_is_picked_up() {
     assert_eq!((free as u64, total as u64), (0, 32 * MIB));
 }
 
+/// The launch exports' pass-through (`abi::launch_unhooked`): taken while no limit applies to launches and the
+/// one limits file is unchanged; a write to that file sends launches to the hook before anything re-read it,
+/// and a second file, a memory cap or an SM limit keep them there.
+#[test]
+fn launch_pass_through_follows_the_limits_files() {
+    let usage = temp_path("usage");
+    let lim = temp_path("limits");
+    let writer = LimitsWriter::create(&lim.path).unwrap();
+    let set_sm = |pct| {
+        writer
+            .update(|t| {
+                let e = t.entry_mut(DeviceSelector::All).unwrap();
+                e.sm_limit = pct;
+                e.policy = cuquota_core::region::layout::POLICY_HARD;
+                Ok::<(), ()>(())
+            })
+            .unwrap()
+            .unwrap()
+    };
+    set_sm(0);
+    let open = |p: &std::path::Path| (LimitsReader::open(p).unwrap(), LimitsRegion::open(p).unwrap());
+    let devices =
+        |files: Vec<_>, cfg: Config| Devices::new(cfg, UsageRegion::open(&usage.path).unwrap(), files, None);
+    let d = devices(vec![open(&lim.path)], Config::default());
+    assert!(d.launch_unhooked(), "no limit, one unchanged file");
+    set_sm(20);
+    assert!(!d.launch_unhooked(), "the file changed: the hook re-reads it");
+    assert!(d.launch_hooked(), "the hook sees the new SM limit");
+    assert!(!d.launch_unhooked());
+    set_sm(0);
+    assert!(!d.launch_hooked(), "limit lifted");
+    assert!(d.launch_unhooked());
+
+    let other = temp_path("limits2");
+    LimitsWriter::create(&other.path).unwrap();
+    let two = devices(vec![open(&lim.path), open(&other.path)], Config::default());
+    assert!(!two.launch_hooked());
+    assert!(
+        !two.launch_unhooked(),
+        "two files: always the hook, which checks both"
+    );
+
+    let capped = Config {
+        default_limits: Policy {
+            memory: Some(1 << 30),
+            ..Policy::NONE
+        },
+        ..Default::default()
+    };
+    assert!(
+        !devices(Vec::new(), capped).launch_unhooked(),
+        "a memory cap: first launches are admitted"
+    );
+    assert!(
+        devices(Vec::new(), Config::default()).launch_unhooked(),
+        "no file, no limit"
+    );
+}
+
 #[test]
 fn missing_driver_symbol_is_not_found_and_missing_library_not_initialized() {
     let t = CudaTable::empty(true);
