@@ -15,6 +15,16 @@ static void die(const char *what, CUresult r) {
         if (r_ != CUDA_SUCCESS) die(#call, r_);                                                                 \
     } while (0)
 
+/* cuInit, then device 0's primary context retained and made current (its device in *dev). */
+static inline CUcontext primary0(CUdevice *dev) {
+    CK(cuInit(0));
+    CK(cuDeviceGet(dev, 0));
+    CUcontext c;
+    CK(cuDevicePrimaryCtxRetain(&c, *dev));
+    CK(cuCtxSetCurrent(c));
+    return c;
+}
+
 /* The simulator's used bytes of device `dev` (its NVML, past any interposer), as `key=`. */
 static void used(unsigned dev, const char *key) {
     cq_rawmem m;

@@ -69,12 +69,8 @@ int main(int argc, char **argv) {
     const char *mode = argv[1];
     unsigned long long a = cq_size(argv[2]);
     unsigned long long chunk = argc > 4 ? cq_size(argv[4]) : (64ull << 20);
-    CK(cuInit(0));
     CUdevice d0;
-    CK(cuDeviceGet(&d0, 0));
-    CUcontext c0;
-    CK(cuDevicePrimaryCtxRetain(&c0, d0));
-    CK(cuCtxSetCurrent(c0));
+    CUcontext c0 = primary0(&d0);
     used(0, "used");
     char image[256];
     snprintf(image, sizeof image, "CUDASIM-MODULE 1\nkernel k 1000 %llu\n", a);

@@ -37,12 +37,8 @@ int main(int argc, char **argv) {
     }
     const char *mode = argv[1];
     unsigned long long a = cq_size(argv[2]), chunk = cq_size(argv[3]);
-    CK(cuInit(0));
     CUdevice d0;
-    CK(cuDeviceGet(&d0, 0));
-    CUcontext c0;
-    CK(cuDevicePrimaryCtxRetain(&c0, d0));
-    CK(cuCtxSetCurrent(c0));
+    primary0(&d0);
     used(0, "used");
     char image[256];
     if (strcmp(mode, "lazy_global") == 0) {

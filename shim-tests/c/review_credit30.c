@@ -73,12 +73,8 @@ int main(int argc, char **argv) {
     }
     const char *mode = argv[1];
     unsigned long long a = cq_size(argv[2]);
-    CK(cuInit(0));
     CUdevice d0;
-    CK(cuDeviceGet(&d0, 0));
-    CUcontext c0;
-    CK(cuDevicePrimaryCtxRetain(&c0, d0));
-    CK(cuCtxSetCurrent(c0));
+    CUcontext c0 = primary0(&d0);
     if (strcmp(mode, "hold") == 0 || strcmp(mode, "holdlazy") == 0) {
         CUdeviceptr p[9];
         for (int i = 0; i < 8; i++) CK(cuMemAlloc(&p[i], 2 << 20));

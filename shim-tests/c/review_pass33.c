@@ -26,12 +26,8 @@
 int main(int argc, char **argv) {
     if (argc < 3) return 2;
     unsigned long long local = cq_size(argv[1]);
-    CK(cuInit(0));
     CUdevice d0;
-    CK(cuDeviceGet(&d0, 0));
-    CUcontext c0;
-    CK(cuDevicePrimaryCtxRetain(&c0, d0));
-    CK(cuCtxSetCurrent(c0));
+    primary0(&d0);
     char image[512];
     snprintf(image, sizeof image,
              "CUDASIM-MODULE 1\nkernel a 1000 %llu\nkernel b 1000 %llu\nkernel c 1000 %llu\nkernel d 1000 %llu\n",

@@ -301,6 +301,25 @@ fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
     );
 }
 
+/// Runs one launcher for `secs` in container "a" (whose limits file `start` prepares), makes the agent's
+/// change `change` (returning when it committed) 1 s in, and returns the program's window and that moment.
+fn with_live_change(
+    secs: f64,
+    start: impl FnOnce(&Sim),
+    change: impl FnOnce(&Sim) -> u64,
+) -> (Window, u64, Sim) {
+    let sim = Sim::new().build();
+    start(&sim);
+    let mut p = Launcher::new(&[], secs, 1_000_000).spawn(&sim);
+    let t0: u64 = p.wait_for("t0_ns").parse().expect("t0_ns");
+    std::thread::sleep(Duration::from_nanos(
+        (t0 + 1_000_000_000).saturating_sub(mono_ns()),
+    ));
+    let changed = change(&sim);
+    let w = finished(p.finish());
+    (w, changed, sim)
+}
+
 /// The agent raises a hard limit from 20 % to 80 % while the program runs. From the moment the new limit is
 /// observable in the region, within 200 ms the program must run at the new limit: the share over the 700 ms
 /// that follow those 200 ms is in the new limit's band (had the change landed only 300 ms in, it would be near
@@ -308,15 +327,13 @@ fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
 #[test]
 fn live_limit_change_applies_within_200ms() {
     let _serial = serial();
-    let sim = Sim::new().build();
-    sim.agent_sm_limit_hard(20);
-    let mut p = Launcher::new(&[], 2.5, 1_000_000).spawn(&sim);
-    let t0: u64 = p.wait_for("t0_ns").parse().expect("t0_ns");
-    std::thread::sleep(Duration::from_nanos(
-        (t0 + 1_000_000_000).saturating_sub(mono_ns()),
-    ));
-    let changed = sim.agent_sm_limit_hard(80);
-    let w = finished(p.finish());
+    let (w, changed, sim) = with_live_change(
+        2.5,
+        |sim| {
+            sim.agent_sm_limit_hard(20);
+        },
+        |sim| sim.agent_sm_limit_hard(80),
+    );
     assert!(
         w.end >= changed + 1_100_000_000,
         "the change came too late in the run: {w:?}, changed at {changed}"
@@ -334,15 +351,11 @@ fn live_limit_change_applies_within_200ms() {
 #[test]
 fn a_limit_set_on_an_unlimited_program_applies_once_its_queue_drains() {
     let _serial = serial();
-    let sim = Sim::new().build();
-    sim.agent_limits(&sim.limits_file(), |_| {});
-    let mut p = Launcher::new(&[], 4.5, 1_000_000).spawn(&sim);
-    let t0: u64 = p.wait_for("t0_ns").parse().expect("t0_ns");
-    std::thread::sleep(Duration::from_nanos(
-        (t0 + 1_000_000_000).saturating_sub(mono_ns()),
-    ));
-    let changed = sim.agent_sm_limit_hard(20);
-    let w = finished(p.finish());
+    let (w, changed, sim) = with_live_change(
+        4.5,
+        |sim| sim.agent_limits(&sim.limits_file(), |_| {}),
+        |sim| sim.agent_sm_limit_hard(20),
+    );
     assert!(
         w.end >= changed + 3_000_000_000,
         "the change came too late in the run: {w:?}, changed at {changed}"
