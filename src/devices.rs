@@ -32,6 +32,9 @@ pub(crate) const MAX_ORDINALS: usize = 64;
 /// Fallback allocation granularity when the driver cannot tell (2 MiB).
 pub(crate) const DEFAULT_GRANULARITY: u64 = 2 << 20;
 
+/// [`Devices::pass_seq`] when launches need their hook: no file's seq.
+const NEVER: u64 = u64::MAX;
+
 /// `bytes` rounded up to a multiple of `g` (saturating).
 #[inline]
 fn round_to(g: u64, bytes: u64) -> u64 {
@@ -96,9 +99,10 @@ pub(crate) struct Devices {
     memory_limited: AtomicBool,
     /// `launch_limited` or `memory_limited`: the launch hooks' one fast "no" when false.
     launch_hooked: AtomicBool,
-    /// No launch needs a hook and at most one limits file is watched: the launch exports forward without the
-    /// guard while that file is unchanged ([`Devices::launch_unhooked`]).
-    launch_pass: AtomicBool,
+    /// While no launch needs a hook and at most one limits file is watched: that file's seq (0 without one)
+    /// as of the limits in force; else [`NEVER`]. The launch exports forward without the guard while the file
+    /// still says it ([`Devices::launch_unhooked`]). Stored after the flags and `seen` it follows.
+    pass_seq: AtomicU64,
     /// The container's priority file, with the node's directory of every container's (read-only).
     priority: Option<PriorityRegion>,
     /// A priority applies but there is no priority file (warned once).
@@ -141,13 +145,14 @@ impl Devices {
             launch_limited: AtomicBool::new(false),
             memory_limited: AtomicBool::new(false),
             launch_hooked: AtomicBool::new(false),
-            launch_pass: AtomicBool::new(false),
+            pass_seq: AtomicU64::new(NEVER),
             priority,
             warned_no_priority_file: AtomicBool::new(false),
             hami: hami::Hami::open(&cfg),
             cfg,
         };
         d.compute_flags();
+        d.publish_pass();
         d
     }
 
@@ -326,26 +331,32 @@ impl Devices {
                 p.local_device(&uuid.bytes).ok()
             }
         });
-        let policy = self.effective(u32::try_from(ordinal).ok(), &uuid.bytes);
-        self.usage.report_limits(id, &policy);
-        if let Some(h) = &self.hami {
-            h.device(index, id, &uuid.bytes, &policy);
-        }
+        self.refresh_if_changed();
+        // Its limits worked out and the device published under the refresh lock: a refresh either saw the
+        // device, or ran before and its limits are the ones read here (one that ran in between skipped it).
+        let policy = {
+            let _one = self.agent.refreshing.lock();
+            let policy = self.effective_read(u32::try_from(ordinal).ok(), &uuid.bytes);
+            let info = DevInfo {
+                id,
+                prio,
+                uuid: uuid.bytes,
+                granularity,
+                policy: PolicyWords::new(),
+            };
+            if slot.set(info).is_ok() {
+                if let Some(i) = slot.get() {
+                    self.set_policy(index, i, &policy);
+                }
+            }
+            policy
+        };
         log!(
             Level::Info,
             "device {ordinal}: entry {}, granularity {granularity}, limits {policy:?}",
             id.index()
         );
         self.warn_unenforced_priority(ordinal, &policy);
-        let info = DevInfo {
-            id,
-            prio,
-            uuid: uuid.bytes,
-            granularity,
-            policy: PolicyWords::new(),
-        };
-        info.policy.store(&policy.raw());
-        let _ = slot.set(info);
         slot.get()
     }
 
@@ -533,10 +544,17 @@ impl Devices {
         let mem = self.cfg.has_memory_limits() || agent().any(|p| p.memory.is_some());
         self.memory_limited.store(mem, Ordering::Relaxed);
         self.launch_hooked.store(sm || prio || mem, Ordering::Relaxed);
-        self.launch_pass.store(
-            !(sm || prio || mem) && self.agent.watch.len() <= 1,
-            Ordering::Relaxed,
-        );
+    }
+
+    /// Sets [`Devices::pass_seq`] from the flags and `seen` (after both).
+    fn publish_pass(&self) {
+        let seq = match &self.agent.seen[..] {
+            _ if self.launch_hooked.load(Ordering::Relaxed) => NEVER,
+            [] => 0,
+            [one] => one.load(Ordering::Relaxed),
+            _ => NEVER,
+        };
+        self.pass_seq.store(seq, Ordering::Release);
     }
 
     /// The device's entry in the container's priority file, if there is a file and the entry (a local
@@ -597,7 +615,8 @@ impl Devices {
     /// Whether a limits file changed since it was last read (one atomic load per file).
     #[inline(always)]
     fn limits_changed(&self) -> bool {
-        let changed = |w: &LimitsRegion, seen: &AtomicU64| w.seq() != seen.load(Ordering::Relaxed);
+        // Acquire: a new `seen` is stored after the flags and limits it brought (`refresh`).
+        let changed = |w: &LimitsRegion, seen: &AtomicU64| seen.load(Ordering::Acquire) != w.seq();
         match (&self.agent.watch[..], &self.agent.seen[..]) {
             // No file, or the agent's one: no loop.
             ([], _) => false,
@@ -610,13 +629,9 @@ impl Devices {
     /// lock, nothing that can panic): a changed limits file says "hooked", and the hook re-reads it.
     #[inline(always)]
     pub(crate) fn launch_unhooked(&self) -> bool {
-        // At most one file while `launch_pass` is set.
-        self.launch_pass.load(Ordering::Relaxed)
-            && match (self.agent.watch.first(), self.agent.seen.first()) {
-                (None, _) => true,
-                (Some(w), Some(seen)) => w.seq() == seen.load(Ordering::Relaxed),
-                (Some(_), None) => false,
-            }
+        // The word first (acquire), the file's seq after: a change since the limits in force says "hooked".
+        let want = self.pass_seq.load(Ordering::Acquire);
+        self.agent.watch.first().map_or(0, |w| w.seq()) == want
     }
 
     /// Counts limits-file changes (see [`Devices::refresh_if_changed`]).
@@ -627,9 +642,18 @@ impl Devices {
 
     #[cold]
     fn refresh(&self) {
+        // Said once the lock is let go: a stalled stderr must not hold every other thread (and fork) here.
+        for (o, policy) in self.refresh_locked() {
+            self.warn_unenforced_priority(o as CUdevice, &policy);
+            log!(Level::Info, "device {o}: limits now {policy:?}");
+        }
+    }
+
+    /// [`Devices::refresh`] under its lock: the known devices' new limits.
+    fn refresh_locked(&self) -> Vec<(usize, Policy)> {
         let _one = self.agent.refreshing.lock();
         if !self.limits_changed() {
-            return; // refreshed by another thread meanwhile
+            return Vec::new(); // refreshed by another thread meanwhile
         }
         self.limits_gen.fetch_add(1, Ordering::SeqCst);
         // The seq each changed file was read at, stored as seen only once its limits are in force: until then
@@ -643,7 +667,7 @@ impl Devices {
                     .agent
                     .seen
                     .get(i)
-                    .is_some_and(|s| w.seq() != s.load(Ordering::Relaxed))
+                    .is_some_and(|s| s.load(Ordering::Acquire) != w.seq())
                 {
                     r.refresh();
                     // The seq read, not the file's now: a write after the read is still to be seen.
@@ -673,20 +697,27 @@ impl Devices {
             }
         }
         self.compute_flags();
+        let mut now = Vec::new();
         for (o, slot) in self.table.iter().enumerate() {
             if let Some(i) = slot.get() {
                 let policy = self.effective_read(Some(o as u32), &i.uuid);
-                self.warn_unenforced_priority(o as CUdevice, &policy);
-                i.policy.store(&policy.raw());
-                self.usage.report_limits(i.id, &policy);
-                if let Some(h) = &self.hami {
-                    h.device(o, i.id, &i.uuid, &policy);
-                }
-                log!(Level::Info, "device {o}: limits now {policy:?}");
+                self.set_policy(o, i, &policy);
+                now.push((o, policy));
             }
         }
         for (i, seq) in read {
             self.agent.seen[i].store(seq, Ordering::SeqCst);
+        }
+        self.publish_pass();
+        now
+    }
+
+    /// Puts `policy` in force for known device `o` (its words, the usage file's copy, HAMi's file).
+    fn set_policy(&self, o: usize, i: &DevInfo, policy: &Policy) {
+        i.policy.store(&policy.raw());
+        self.usage.report_limits(i.id, policy);
+        if let Some(h) = &self.hami {
+            h.device(o, i.id, &i.uuid, policy);
         }
     }
 

@@ -335,7 +335,8 @@ fn init(exports: Exports) -> Process {
 //
 //   1. memory: the ledger's shards (in index order), the VMM lifetimes, the pools, the graph pools' charges, the graph execs'
 //      footprints, the overhead lock, the context/module owners, the host-pid candidates;
-//   2. devices: the agent limits readers (taken under the overhead lock by a limit re-read);
+//   2. devices: the refresh lock, then the agent limits readers (both taken under the overhead lock by a limit
+//      re-read);
 //   3. throttle: the engine's outstanding probe per device, then the event probe slot per device (a poll holds
 //      the first while it tries the second), then the best-effort tracking slot per device (held alone).
 //
