@@ -18,76 +18,63 @@ fn prog() -> PathBuf {
     )
 }
 
-/// Control (passes): the same steps without the stall (thread 1 learns device 0 before the agent's write).
-#[test]
-fn review_refresh34_control_without_the_stall_the_cap_applies() {
-    let sim = Sim::new().build();
+/// Runs the program under `env` (without CUQUOTA_LOG unless `env` sets it) with `args` after its go file; once it said
+/// whether thread 1 stalled, `limit` is the agent's change, then the go file. Returns what it said and printed.
+fn race(
+    sim: &Sim,
+    env: &[(&str, &str)],
+    args: &[&str],
+    limit: impl FnOnce(&Sim),
+) -> (String, shim_tests::Output) {
     sim.agent_limits(&sim.limits_file(), |_| {});
     let go = sim.dir().join("go");
-    let mut p = sim
-        .cmd_path(prog())
-        .env("CUQUOTA_LOG", "info")
-        .env("CQ_NO_STALL", "1")
-        .arg(go.to_str().unwrap())
-        .arg("256m")
-        .spawn();
-    assert_eq!(p.wait_for("stalled"), "0");
-    sim.agent_memory_limit(0, "64m");
+    let mut c = sim.cmd_path(prog()).arg(go.to_str().unwrap());
+    if !env.iter().any(|(k, _)| *k == "CUQUOTA_LOG") {
+        c = c.env_remove("CUQUOTA_LOG");
+    }
+    for (k, v) in env {
+        c = c.env(k, v);
+    }
+    for a in args {
+        c = c.arg(a);
+    }
+    let mut p = c.spawn();
+    let stalled = p.wait_for("stalled");
+    limit(sim);
     std::fs::write(&go, b"").unwrap();
     let out = p.finish();
     println!("{out:?}");
     assert!(out.success(), "{out:?}");
+    (stalled, out)
+}
+
+/// A 64 MiB cap set while thread 1 learns device 0 (under `env`): 256 MiB must then be refused.
+fn cap_race(env: &[(&str, &str)], stall: &str) {
+    let sim = Sim::new().build();
+    let (stalled, out) = race(&sim, env, &["256m"], |sim| sim.agent_memory_limit(0, "64m"));
+    assert_eq!(stalled, stall, "thread 1's stall on its log line: {out:?}");
     assert_eq!(out.get("alloc"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
     out.assert_used_within(64 * MIB);
+}
+
+/// Control (passes): the same steps without the stall (thread 1 learns device 0 before the agent's write).
+#[test]
+fn review_refresh34_control_without_the_stall_the_cap_applies() {
+    cap_race(&[("CUQUOTA_LOG", "info"), ("CQ_NO_STALL", "1")], "0");
 }
 
 /// No cap while thread 1 learns device 0 (stalled on its log line, after the policy, before the slot); the agent
 /// sets a 64 MiB cap; another thread's NVML call refreshes (no device known yet); then 256 MiB must be refused.
 #[test]
 fn review_refresh34_device_learned_during_a_refresh_keeps_the_old_cap() {
-    let sim = Sim::new().build();
-    sim.agent_limits(&sim.limits_file(), |_| {});
-    let go = sim.dir().join("go");
-    let mut p = sim
-        .cmd_path(prog())
-        .env("CUQUOTA_LOG", "info")
-        .arg(go.to_str().unwrap())
-        .arg("256m")
-        .spawn();
-    let stalled = p.wait_for("stalled");
-    sim.agent_memory_limit(0, "64m");
-    std::fs::write(&go, b"").unwrap();
-    let out = p.finish();
-    println!("{out:?}");
-    assert_eq!(stalled, "1", "thread 1 did not stall on its log line: {out:?}");
-    assert!(out.success(), "{out:?}");
-    assert_eq!(out.get("alloc"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
-    out.assert_used_within(64 * MIB);
+    cap_race(&[("CUQUOTA_LOG", "info")], "1");
 }
 
 /// The same at the default log level: the once-only warning of a priority without a priority file
 /// (`CUDA_TASK_PRIORITY=1`, the tenant's own variable) is the line that stalls.
 #[test]
 fn review_refresh34_default_log_level_stalls_on_the_priority_warning() {
-    let sim = Sim::new().build();
-    sim.agent_limits(&sim.limits_file(), |_| {});
-    let go = sim.dir().join("go");
-    let mut p = sim
-        .cmd_path(prog())
-        .env_remove("CUQUOTA_LOG")
-        .env("CUDA_TASK_PRIORITY", "1")
-        .arg(go.to_str().unwrap())
-        .arg("256m")
-        .spawn();
-    let stalled = p.wait_for("stalled");
-    sim.agent_memory_limit(0, "64m");
-    std::fs::write(&go, b"").unwrap();
-    let out = p.finish();
-    println!("{out:?}");
-    assert!(out.success(), "{out:?}");
-    assert_eq!(stalled, "1", "thread 1 did not stall on its log line: {out:?}");
-    assert_eq!(out.get("alloc"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
-    out.assert_used_within(64 * MIB);
+    cap_race(&[("CUDA_TASK_PRIORITY", "1")], "1");
 }
 
 /// The same race for an SM limit: no limit while thread 1 learns device 0, the agent sets a hard 20 %, another
@@ -95,23 +82,12 @@ fn review_refresh34_default_log_level_stalls_on_the_priority_warning() {
 #[test]
 fn review_refresh34_device_learned_during_a_refresh_keeps_no_sm_limit() {
     let sim = Sim::new().build();
-    sim.agent_limits(&sim.limits_file(), |_| {});
-    let go = sim.dir().join("go");
-    let mut p = sim
-        .cmd_path(prog())
-        .env("CUQUOTA_LOG", "info")
-        .arg(go.to_str().unwrap())
-        .arg("sm")
-        .arg("3")
-        .spawn();
-    let stalled = p.wait_for("stalled");
-    sim.agent_sm_limit_hard(20);
-    std::fs::write(&go, b"").unwrap();
-    let out = p.finish();
-    assert!(out.success(), "{out:?}");
+    let (stalled, out) = race(&sim, &[("CUQUOTA_LOG", "info")], &["sm", "3"], |sim| {
+        sim.agent_sm_limit_hard(20);
+    });
     assert_eq!(stalled, "1", "thread 1 did not stall on its log line: {out:?}");
     let w = out.window();
     let share = sim.share_pct(0, w.pid, w.t0 + 500_000_000, w.end);
-    println!("share under a hard 20 % limit: {share:.1} % {out:?}");
+    println!("share under a hard 20 % limit: {share:.1} %");
     assert!(share <= 30.0, "hard 20 % set before the launches: {share:.1} %");
 }
