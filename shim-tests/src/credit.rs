@@ -1,7 +1,8 @@
 //! What the hostile reviews of the allocation credit (tests/review_credit30.rs, review_credit31.rs) share: their
-//! program (`c/review_credit30.c`), the simulator's own figure, and a program started and waited for.
+//! program (`c/review_credit30.c`), the simulator's own figure, a program started and waited for, and a
+//! holder's step measured beside another program.
 
-use crate::{compile_c, workspace_root, Proc, Prog, Sim};
+use crate::{compile_c, workspace_root, Output, Proc, Prog, Sim};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -32,4 +33,16 @@ pub fn started(sim: &Sim, args: &str) -> Proc {
         .spawn();
     p.wait_ready(1);
     p
+}
+
+/// The holder's next step beside `other` (both started): the simulator's used bytes before and after it, then
+/// both let go and finished (the holder's output, the other's).
+pub fn holder_step(sim: &Sim, mut holder: Proc, mut other: Proc) -> (u64, u64, Output, Output) {
+    let before = sim_used(sim);
+    holder.release();
+    holder.wait_ready(2);
+    let after = sim_used(sim);
+    holder.release();
+    other.release();
+    (before, after, holder.finish(), other.finish())
 }

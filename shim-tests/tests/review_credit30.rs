@@ -4,7 +4,7 @@
 //! `c/review_credit30.c` and the probe. At most two simulated processes run at once (the others block on
 //! stdin).
 
-use shim_tests::credit::{sim_used, started};
+use shim_tests::credit::{holder_step, started};
 use shim_tests::{Prog, Sim, GIB, MIB};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
@@ -19,16 +19,9 @@ use std::time::Duration;
 #[test]
 fn credit_is_taken_while_the_container_is_over_its_cap() {
     let sim = Sim::new().build();
-    let mut holder = started(&sim, "hold 64");
-    let mut bypass = started(&sim, "bypass 600m");
-    let over = sim_used(&sim);
-    holder.release();
-    holder.wait_ready(2);
-    let after = sim_used(&sim);
-    bypass.release();
-    holder.release();
-    let h = holder.finish();
-    let b = bypass.finish();
+    let holder = started(&sim, "hold 64");
+    let bypass = started(&sim, "bypass 600m");
+    let (over, after, h, b) = holder_step(&sim, holder, bypass);
     println!("holder:{h:?}\nbypass:{b:?}\nsim used: {over} with the bypass, {after} after the holder's asks");
     assert!(
         over > GIB,
@@ -175,16 +168,9 @@ fn credit_of_racing_threads_stays_within_its_bound() {
 #[test]
 fn own_credit_hides_an_over_cap_container_from_the_lazy_loading_gate() {
     let sim = Sim::new().build();
-    let mut holder = started(&sim, "holdlazy 2g");
-    let mut filler = started(&sim, "filllazy 16m");
-    let over = sim_used(&sim);
-    holder.release();
-    holder.wait_ready(2);
-    let after = sim_used(&sim);
-    holder.release();
-    filler.release();
-    let h = holder.finish();
-    let f = filler.finish();
+    let holder = started(&sim, "holdlazy 2g");
+    let filler = started(&sim, "filllazy 16m");
+    let (over, after, h, f) = holder_step(&sim, holder, filler);
     println!("holder:{h:?}\nfiller:{f:?}\nsim used: {over} before the holder's load, {after} after");
     f.expect("global", "CUDA_SUCCESS");
     assert!(

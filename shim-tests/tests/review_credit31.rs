@@ -5,7 +5,7 @@
 //! asks on a line) and the probe. At most two simulated processes run at once.
 
 use cuquota_core::region::layout::{UsageFile, UsageSlot, MAX_PROCS};
-use shim_tests::credit::{prog, sim_used, started};
+use shim_tests::credit::{holder_step, prog, sim_used, started};
 use shim_tests::{Prog, Sim, GIB, MIB};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -36,14 +36,7 @@ fn credit_is_spent_while_the_container_is_over_a_cap_the_agent_set_again() {
         .spawn();
     other.wait_ready(1);
     sim.agent_memory_limit(0, "1g");
-    let over = sim_used(&sim);
-    holder.release();
-    holder.wait_ready(2);
-    let after = sim_used(&sim);
-    holder.release();
-    other.release();
-    let h = holder.finish();
-    let o = other.finish();
+    let (over, after, h, o) = holder_step(&sim, holder, other);
     println!("holder:{h:?}\nother:{o:?}\nsim used: {over} over the cap, {after} after the holder's asks");
     o.expect("alloc.0", "CUDA_SUCCESS");
     assert!(over > GIB, "the container is not over its 1 GiB cap");
