@@ -273,6 +273,24 @@ pub fn program(p: Prog) -> PathBuf {
     out
 }
 
+/// `c/throttle_paths.c` as most throttle tests run it: CUDA reached through `dlopen`/`dlsym` (`-ldl`).
+pub fn throttle_paths_dl() -> PathBuf {
+    let src = workspace_root().join("shim-tests/c/throttle_paths.c");
+    compile_c("throttle_paths_dl", &src, &[], &["-ldl"])
+}
+
+/// `c/throttle_paths.c` linked against `libcuda` directly (`-DTHR_DIRECT`), as the agent's and the CLI's tests
+/// run it.
+pub fn throttle_paths_direct() -> PathBuf {
+    let src = workspace_root().join("shim-tests/c/throttle_paths.c");
+    compile_c(
+        "throttle_paths_direct",
+        &src,
+        &[],
+        &["-DTHR_DIRECT", "-lcuda", "-ldl"],
+    )
+}
+
 /// Compiles the C program `src` into `target/shim-tests-c/<name>` (unless up to date) with NVIDIA's headers
 /// and `shim-tests/c` on the include path and the link stubs (`-lcuda`, `-lnvidia-ml`) on the library path;
 /// `extra_sources` are also watched for changes. Returns the executable's path.

@@ -18,19 +18,13 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use shim_tests::{cli_bin, compile_c, heavy, is_root, mono_ns, program, workspace_root, Proc, Prog, Sim};
+use shim_tests::{
+    cli_bin, compile_c, heavy, is_root, mono_ns, program, throttle_paths_direct, workspace_root, Proc, Prog,
+    Sim,
+};
 
 /// The agent's interval in these tests.
 const INTERVAL_MS: u64 = 200;
-
-fn throttle_paths() -> PathBuf {
-    compile_c(
-        "throttle_paths_direct",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-DTHR_DIRECT", "-lcuda", "-ldl"],
-    )
-}
 
 /// `cuquota run` as container `usage`'s root, running `cmd` with `LD_PRELOAD` removed: the tenant bypasses
 /// the library.
@@ -100,7 +94,7 @@ fn metric(body: &str, prefix: &str) -> Option<f64> {
 /// for `secs` s, watched by an agent (already one pass in) with `sm = "<action>"`.
 fn sm_tenant(sm: u32, secs: u32, action: &str) -> (Sim, Agent, Proc) {
     let (sim, dir, lim) = container_dir("t", &["--sm", &sm.to_string(), "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(1);
     let t = bypassing_container(
@@ -271,7 +265,7 @@ fn throttled_shell(
     script: impl FnOnce(&str) -> String,
 ) -> (Sim, shim_tests::Output, u64, Vec<serde_json::Value>, String) {
     let (sim, dir, lim) = container_dir(name, args);
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(1);
     let t = sh_tenant(&sim, name, &script(&tp), 60);
@@ -701,7 +695,7 @@ fn sm_report_records_and_never_freezes() {
 /// `secs` s, watched by an agent at `interval_ms` (already one pass in) under `sm = "throttle"`.
 fn deep_queue_tenant(sm: u32, secs: u32, kernel_ns: u64, interval_ms: u64) -> (Sim, Agent, Proc) {
     let (sim, dir, lim) = container_dir("q", &["--sm", &sm.to_string(), "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     let agent = Agent::start_every(&sim, &dir, interval_ms);
     agent.wait_passes(1);
     let t = bypassing_container(
@@ -967,7 +961,7 @@ fn sm_debt_outlives_a_kill_and_a_respawn() {
 fn sm_debt_lets_a_cooperative_tenant_run_long_kernels() {
     let _cpu = heavy();
     let (sim, dir, lim) = container_dir("l", &["--sm", "30", "--policy", "hard"]);
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(1);
     let t = sim
@@ -1262,7 +1256,7 @@ fn cgroup_backstop(cg: TestCgroup, freezer: &str) {
     );
     let _ = hog.finish();
 
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     let spinner = sim
         .cmd_path(PathBuf::from("/bin/sh"))
         .no_preload()
@@ -1411,7 +1405,7 @@ fn pidns_membership_kill() {
 #[ignore = "benchmark: prints figures (about 2 minutes); docs/agent.md"]
 fn bench_agent_backstop() {
     let probe = program(Prog::Probe).display().to_string();
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     println!("kill delay (allocation past the cap → process gone), 5 runs each:");
     println!("| interval | min | median | max |\n| --- | --- | --- | --- |");
     for interval in [200u64, 1000] {
@@ -1506,7 +1500,7 @@ fn bench_agent_backstop() {
 #[ignore = "benchmark: prints figures (about 5 minutes); docs/agent.md"]
 fn bench_agent_deep_queues() {
     let _cpu = heavy();
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     println!("| interval | kernel | share over 60 s | worst 1 s window | killed |");
     println!("| --- | --- | --- | --- | --- |");
     for interval in [200u64, 1000] {

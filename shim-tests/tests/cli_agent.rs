@@ -7,16 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use shim_tests::{check_schema, cli_bin, compile_c, program, workspace_root, Output, Proc, Prog, Sim, MIB};
-
-fn throttle_paths() -> std::path::PathBuf {
-    compile_c(
-        "throttle_paths_direct",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-DTHR_DIRECT", "-lcuda", "-ldl"],
-    )
-}
+use shim_tests::{check_schema, cli_bin, program, throttle_paths_direct, Output, Proc, Prog, Sim, MIB};
 
 /// `cuquota run ARGS…` as a container of its own (its own usage file), spawned.
 fn run_container(sim: &Sim, usage: &Path, args: &[&str]) -> Proc {
@@ -92,7 +83,7 @@ fn agent_reports_each_container_from_nvml() {
     );
     a.wait_ready(1);
     let a_pid: u32 = a.wait_for("pid").parse().unwrap();
-    let tp = throttle_paths().display().to_string();
+    let tp = throttle_paths_direct().display().to_string();
     let mut b = run_container(
         &sim,
         &use_b,

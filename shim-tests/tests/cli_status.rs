@@ -3,16 +3,7 @@
 
 use std::time::Duration;
 
-use shim_tests::{check_schema, compile_c, workspace_root, Prog, Sim, MIB};
-
-fn throttle_paths() -> std::path::PathBuf {
-    compile_c(
-        "throttle_paths_direct",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-DTHR_DIRECT", "-lcuda", "-ldl"],
-    )
-}
+use shim_tests::{check_schema, throttle_paths_direct, Prog, Sim, MIB};
 
 const LIMITS: [(&str, &str); 3] = [
     ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
@@ -32,7 +23,9 @@ fn status_of_a_live_container() {
     let holder_pid: u32 = holder.wait_for("pid").parse().unwrap();
 
     // A launcher at a hard 30 % for 3 s, 1 ms kernels.
-    let mut busy = sim.cmd_path(throttle_paths()).timeout(Duration::from_secs(40));
+    let mut busy = sim
+        .cmd_path(throttle_paths_direct())
+        .timeout(Duration::from_secs(40));
     for (k, v) in LIMITS {
         busy = busy.env(k, v);
     }

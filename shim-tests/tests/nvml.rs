@@ -222,13 +222,8 @@ fn processes_utilization_info_hides_other_containers() {
 
 /// Two containers busy on one GPU; nvml_probe's `<what>:0` under the shim lists only the container's own.
 fn utilization_hides_other_containers(what: &str) {
-    use shim_tests::{compile_c, workspace_root};
-    let launcher = compile_c(
-        "throttle_paths_dl",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-ldl"],
-    );
+    use shim_tests::throttle_paths_dl;
+    let launcher = throttle_paths_dl();
     let sim = Sim::new().build();
     let launch = |container: &str| {
         sim.cmd_path(launcher.clone())

@@ -4,7 +4,7 @@
 //! with SIGBUS) and must not be granted more than the cap: judged by the simulator's own memory figures
 //! (`probe simused`), not by the shim's accounting.
 
-use shim_tests::{compile_c, heavy, workspace_root, Output, Prog, Sim};
+use shim_tests::{compile_c, heavy, throttle_paths_dl, workspace_root, Output, Prog, Sim};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -139,12 +139,7 @@ fn a_program_with_its_own_sigbus_handler_keeps_it() {
 /// Launches 200 µs kernels flat out for `secs` under a hard 30 % in container "a" (`c/throttle_paths.c`): the
 /// share of the device its kernels took over its launch window, from the simulator's timeline.
 fn hard30_share(sim: &Sim, secs: f64) -> f64 {
-    let prog = compile_c(
-        "throttle_paths_dl",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-ldl"],
-    );
+    let prog = throttle_paths_dl();
     let out = sim
         .cmd_path(prog)
         .container("a")

@@ -7,18 +7,9 @@
 //! once one is set, before this change as after it; docs/threat-model.md "Known limits" (the agent's SM debt
 //! counts that device time).
 
-use shim_tests::{compile_c, mono_ns, workspace_root, Output, Sim, Window};
+use shim_tests::{compile_c, mono_ns, throttle_paths_dl, workspace_root, Output, Sim, Window};
 use std::path::PathBuf;
 use std::time::Duration;
-
-fn prog() -> PathBuf {
-    compile_c(
-        "throttle_paths_dl",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-ldl"],
-    )
-}
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -31,7 +22,7 @@ fn finished(out: Output) -> Window {
 }
 
 fn spawn(sim: &Sim, style: &str, secs: f64, kernel_ns: u64, streams: u32) -> shim_tests::Proc {
-    sim.cmd_path(prog())
+    sim.cmd_path(throttle_paths_dl())
         .container("a")
         .timeout(Duration::from_secs(90))
         .env("THR_STREAMS", &streams.to_string())

@@ -7,7 +7,7 @@
 //! wide band a limit L holds in, [L − 15, L + 15]: only a collapse (≈ 1.5 %) or an escape (≈ 100 %) leaves it.
 //! The programs launch 50 µs kernels flat out, so each holds `heavy()`.
 
-use shim_tests::{compile_c, heavy, workspace_root, Sim};
+use shim_tests::{heavy, throttle_paths_dl, Sim};
 use std::time::Duration;
 
 /// One test at a time: they time the device.
@@ -34,12 +34,7 @@ const REFUSALS: &[(&str, &str)] = &[
 /// Share (percent, from the timeline) of a program launching `kernel_ns` kernels for `secs` at a hard `pct`,
 /// with the driver faults `faults`.
 fn share(faults: &str, pct: u32, kernel_ns: u64, secs: f64) -> f64 {
-    let prog = compile_c(
-        "throttle_paths_dl",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-ldl"],
-    );
+    let prog = throttle_paths_dl();
     let _h = heavy();
     let sim = Sim::new().build();
     let out = sim

@@ -2,8 +2,7 @@
 //! previous boot left in the usage file must not stall or unleash the container.
 
 use cuquota_core::UsageRegion;
-use shim_tests::{compile_c, heavy, workspace_root, Sim};
-use std::path::PathBuf;
+use shim_tests::{heavy, throttle_paths_dl, Sim};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -13,15 +12,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn prog() -> PathBuf {
-    compile_c(
-        "throttle_paths_dl",
-        &workspace_root().join("shim-tests/c/throttle_paths.c"),
-        &[],
-        &["-ldl"],
-    )
-}
-
 const HARD50: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "50"), ("CUQUOTA_POLICY", "hard")];
 
 /// Launches 200 µs kernels flat out for `secs` in container "a"; the share of the device its kernels took over
@@ -29,7 +19,7 @@ const HARD50: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "50"), ("CUQUOTA_POLI
 fn share(sim: &Sim, env: &[(&str, &str)], secs: f64) -> f64 {
     let _h = heavy();
     let mut c = sim
-        .cmd_path(prog())
+        .cmd_path(throttle_paths_dl())
         .container("a")
         .timeout(Duration::from_secs_f64(secs * 4.0 + 30.0))
         .arg("kernel")
