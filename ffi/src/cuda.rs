@@ -659,6 +659,7 @@ c_functions! {
     cuDeviceGetMemPool @11020 (pool: *mut CUmemoryPool, dev: CUdevice);
     cuDeviceGetDefaultMemPool @11020 (pool_out: *mut CUmemoryPool, dev: CUdevice);
     cuFuncGetAttribute @2020 (pi: *mut c_int, attrib: CUfunction_attribute, hfunc: CUfunction);
+    cuFuncGetModule @11000 (hmod: *mut CUmodule, hfunc: CUfunction);
     cuKernelGetAttribute @12000 (pi: *mut c_int, attrib: CUfunction_attribute, kernel: CUkernel, dev: CUdevice);
     cuDeviceGetGraphMemAttribute @11040 (device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
     cuGraphGetNodes @10000 (hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize);

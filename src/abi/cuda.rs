@@ -93,16 +93,16 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuLibraryLoadFromFile (library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load(call, library);
     cuLibraryUnload (library) => context::library_unload(call);
     // first use: the driver loads code and globals lazily (CUDA_MODULE_LOADING=LAZY, the default)
-    cuModuleGetFunction (hfunc, hmod, name) => context::first_use(call, hfunc.cast::<usize>());
-    cuModuleGetGlobal_v2 (dptr, bytes, hmod, name) => context::first_use(call, dptr);
-    cuModuleGetGlobal (dptr, bytes, hmod, name) => context::first_use(call, dptr);
-    cuLibraryGetGlobal (dptr, bytes, library, name) => context::first_use(call, dptr);
-    cuLibraryGetManaged (dptr, bytes, library, name) => context::first_use(call, dptr);
-    cuLibraryGetModule (pMod, library) => context::first_use(call, pMod.cast::<usize>());
-    cuKernelGetFunction (pFunc, kernel) => context::first_use(call, pFunc.cast::<usize>());
-    cuLibraryGetUnifiedFunction (fptr, library, symbol) => context::first_use(call, fptr.cast::<usize>());
-    cuModuleGetTexRef (pTexRef, hmod, name) => context::first_use(call, pTexRef.cast::<usize>());
-    cuModuleGetSurfRef (pSurfRef, hmod, name) => context::first_use(call, pSurfRef.cast::<usize>());
+    cuModuleGetFunction (hfunc, hmod, name) => context::first_use(call, hfunc.cast::<usize>(), Some(hmod));
+    cuModuleGetGlobal_v2 (dptr, bytes, hmod, name) => context::first_use(call, dptr, Some(hmod));
+    cuModuleGetGlobal (dptr, bytes, hmod, name) => context::first_use(call, dptr, Some(hmod));
+    cuLibraryGetGlobal (dptr, bytes, library, name) => context::first_use(call, dptr, None);
+    cuLibraryGetManaged (dptr, bytes, library, name) => context::first_use(call, dptr, None);
+    cuLibraryGetModule (pMod, library) => context::first_use(call, pMod.cast::<usize>(), None);
+    cuKernelGetFunction (pFunc, kernel) => context::first_use(call, pFunc.cast::<usize>(), None);
+    cuLibraryGetUnifiedFunction (fptr, library, symbol) => context::first_use(call, fptr.cast::<usize>(), None);
+    cuModuleGetTexRef (pTexRef, hmod, name) => context::first_use(call, pTexRef.cast::<usize>(), Some(hmod));
+    cuModuleGetSurfRef (pSurfRef, hmod, name) => context::first_use(call, pSurfRef.cast::<usize>(), Some(hmod));
     cuFuncLoad (function) => context::function_load(call, function);
     // every path that puts work on the GPU (the throttle)
     cuLaunchKernel (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra) => [launch_unhooked] launch::kernel(call, f, [gridDimX, gridDimY, gridDimZ], [blockDimX, blockDimY, blockDimZ], hStream, DefaultStream::Legacy);

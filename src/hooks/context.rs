@@ -7,6 +7,7 @@
 
 use super::Width;
 use crate::devices::{Dev, MAX_ORDINALS};
+use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
 use crate::memory::overhead::{Creation, Reservation};
 use crate::memory::reconcile::{FirstUseCall, Use};
@@ -221,36 +222,60 @@ fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
 
 /// `cuModuleGetFunction`, `cuModuleGetGlobal` (+ `_v2`), `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
 /// `cuLibraryGetModule`, `cuKernelGetFunction`: with lazy loading (CUDA's default) the driver loads the code and
-/// globals here, at first use, not at the module's load. While a memory cap applies: refused while the container
-/// is over its cap; the first time a handle comes back, this process is measured (`memory::reconcile`).
+/// globals here, at first use, not at the module's load: into `module`'s context (a library's lookups: the
+/// current one). While a memory cap applies: refused while the container is over its cap on that device; the
+/// first time a handle comes back, this process is measured there (`memory::reconcile`). A module this process
+/// did not load (`cuLibraryGetModule`'s, `cuFuncGetModule`'s) may live on any device: every one is checked.
 ///
 /// # Safety
 /// `out` as the driver's contract says (written on success).
-pub(crate) unsafe fn first_use<W: Width>(s: &Shim, call: impl FnOnce() -> CUresult, out: *mut W) -> CUresult {
-    let Some(dev) = s.devices.current(&s.cuda) else {
+pub(crate) unsafe fn first_use<W: Width>(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    out: *mut W,
+    module: Option<CUmodule>,
+) -> CUresult {
+    let devs: Vec<Dev> = match module.map(|m| s.mem.module_device(&s.cuda, m as usize)) {
+        None => s.devices.current(&s.cuda).into_iter().collect(),
+        Some(Some(d)) => vec![d],
+        Some(None) => s.devices.known().map(|(d, _)| d).collect(),
+    };
+    let mut calls = Vec::with_capacity(devs.len());
+    for d in devs {
+        match s.mem.first_use_begin(d, 0) {
+            Ok(Some(c)) => calls.push(c),
+            Ok(None) => {}
+            // Nothing admitted in advance (no growth): the calls begun so far hold nothing.
+            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+        }
+    }
+    if calls.is_empty() {
         return call();
-    };
-    let c = match s.mem.first_use_begin(dev, 0) {
-        Ok(Some(c)) => c,
-        Ok(None) => return call(),
-        Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
-    };
+    }
+    let since = s.mem.first_use_generation();
     let r = call();
     // Without an out-pointer (optional for globals) the lookup cannot be told from the last one: measured
     // every time (such calls are rare; a loop of them costs only its own process).
-    let fresh = r.ok()
-        // SAFETY: written by the driver on success.
-        && (out.is_null() || s.mem.first_seen(Use::Lookup, unsafe { *out }.to_u64() as usize, current_ctx(s)));
-    s.mem.first_use_done(&s.nvml, c, r, fresh);
+    let fresh = r.ok() && {
+        // SAFETY: written by the driver on success (read only when not NULL).
+        let h = (!out.is_null()).then(|| unsafe { *out }.to_u64() as usize);
+        h.is_none_or(|h| s.mem.first_seen(Use::Lookup, h, current_ctx(s), since))
+    };
+    for c in calls {
+        s.mem.first_use_done(&s.nvml, c, r, fresh);
+    }
     r
 }
 
-/// `cuFuncLoad`: forces `function`'s code to load (lazy loading). Measured the first time in a context, as a
-/// lookup that returned it.
+/// `cuFuncLoad`: forces `function`'s code to load (lazy loading) in its module's context. Measured the first
+/// time in a context, as a lookup that returned it.
 pub(crate) fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function: CUfunction) -> CUresult {
+    let mut module: CUmodule = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; on failure it stays NULL, a module no one loaded (every device checked).
+    let _ = unsafe { s.cuda.cuFuncGetModule(&mut module, function) };
     let mut f = function as usize;
     // SAFETY: `f` is a local the hook only reads.
-    unsafe { first_use(s, call, &mut f) }
+    unsafe { first_use(s, call, &mut f, Some(module)) }
 }
 
 /// The context current on this thread (0 when none): a function's first launch is per context.
@@ -262,23 +287,40 @@ fn current_ctx(s: &Shim) -> usize {
     c as usize
 }
 
+/// The context a launch on `stream` (a handle, or `CU_STREAM_LEGACY` / `CU_STREAM_PER_THREAD` for the NULL
+/// stream) runs in, where the driver loads its code and grows its stack: the stream's own, whatever is current.
+#[inline]
+fn launch_ctx(s: &Shim, stream: usize) -> usize {
+    if stream > CU_STREAM_PER_THREAD {
+        let mut c: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the program's stream for this launch, which the driver checks.
+        if unsafe { s.cuda.cuStreamGetCtx(stream as CUstream, &mut c) }.ok() && !c.is_null() {
+            return c as usize;
+        }
+    }
+    current_ctx(s)
+}
+
 /// A first launch [`first_launch`] let through.
 pub(crate) struct FirstLaunch {
     call: Option<FirstUseCall>,
     how: Use,
     f: usize,
     ctx: usize,
+    /// The seen set's generation before the launch: a module unloaded since may have freed `f`'s address.
+    since: u64,
     /// Made while its stream was capturing: nothing loads or grows until the graph is launched, so the function
     /// is not marked launched.
     capturing: bool,
 }
 
 /// Before a launch of `f` (a function or kernel handle) on `stream` while a memory cap may apply: `Ok(None)`
-/// when `f` was launched in the current context already (one shard lock). Otherwise, its first launch there:
+/// when `f` was launched in the stream's context already (one shard lock). Otherwise, its first launch there:
 /// the code may load now (lazy loading) and a kernel whose local memory exceeds the context's stack size makes
-/// the driver grow the stack for every thread the device holds. That growth is admitted here (`Err`: refuse
-/// the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked, `f` not marked); [`first_launch_done`]
-/// measures the process after the launch and marks `f` launched in this context if it succeeded.
+/// the driver grow the stack for every thread the device holds. That growth is admitted here, asked of the
+/// stream's context and device (`Err`: refuse the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked,
+/// `f` not marked); [`first_launch_done`] measures the process after the launch and marks `f` launched in that
+/// context if it succeeded.
 /// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec: its kernel nodes are
 /// not listed, so nothing is admitted in advance but over the cap; the launch is measured after).
 #[inline]
@@ -288,7 +330,7 @@ pub(crate) fn first_launch(
     f: usize,
     stream: usize,
 ) -> Result<Option<FirstLaunch>, OverCap> {
-    let ctx = current_ctx(s);
+    let ctx = launch_ctx(s, stream);
     if s.mem.seen(how, f, ctx) {
         return Ok(None);
     }
@@ -304,16 +346,25 @@ fn first_launch_slow(
     ctx: usize,
     stream: usize,
 ) -> Result<FirstLaunch, OverCap> {
+    let since = s.mem.first_use_generation();
     let mut status: CUstreamCaptureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: valid out-pointer; the program's stream for this launch. Unknown: not capturing (measured, marked).
     let capturing = unsafe { s.cuda.cuStreamIsCapturing(stream as CUstream, &mut status) }.ok()
         && status != CU_STREAM_CAPTURE_STATUS_NONE;
-    let call = first_launch_begin(s, how, f)?;
+    // Device, stack size and kernel attributes are the stream's context's. One that cannot be made current
+    // (destroyed: the launch fails too) is asked in the current context.
+    let call = if ctx == current_ctx(s) {
+        first_launch_begin(s, how, f)
+    } else {
+        in_context(&s.cuda, ctx as CUcontext, || first_launch_begin(s, how, f))
+            .unwrap_or_else(|| first_launch_begin(s, how, f))
+    }?;
     Ok(FirstLaunch {
         call,
         how,
         f,
         ctx,
+        since,
         capturing,
     })
 }
@@ -350,26 +401,6 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCal
     s.mem.first_use_begin(dev, growth)
 }
 
-/// [`first_launch`] of `f` on `stream`, made in the stream's context (`cuLaunchCooperativeKernelMultiDevice`:
-/// each entry's stream belongs to its device's context).
-pub(crate) fn first_launch_on(s: &Shim, f: usize, stream: usize) -> Result<Option<FirstLaunch>, OverCap> {
-    let mut ctx: CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the program's stream.
-    let other = stream != 0
-        && unsafe { s.cuda.cuStreamGetCtx(stream as CUstream, &mut ctx) }.ok()
-        && !ctx.is_null()
-        && ctx as usize != current_ctx(s);
-    // SAFETY: the stream's own context, made current for the queries, then popped.
-    if !other || !unsafe { s.cuda.cuCtxPushCurrent_v2(ctx) }.ok() {
-        return first_launch(s, Use::Launch, f, stream);
-    }
-    let r = first_launch(s, Use::Launch, f, stream);
-    let mut popped: CUcontext = std::ptr::null_mut();
-    // SAFETY: pops the context pushed above.
-    let _ = unsafe { s.cuda.cuCtxPopCurrent_v2(&mut popped) };
-    r
-}
-
 /// The launch [`first_launch`] let through returned `r`.
 #[cold]
 #[inline(never)]
@@ -378,7 +409,7 @@ pub(crate) fn first_launch_done(s: &Shim, c: FirstLaunch, r: CUresult) {
         s.mem.first_use_done(&s.nvml, call, r, true);
     }
     if r.ok() && !c.capturing {
-        s.mem.first_seen(c.how, c.f, c.ctx);
+        s.mem.first_seen(c.how, c.f, c.ctx, c.since);
     }
 }
 

@@ -118,11 +118,12 @@ pub(crate) unsafe fn multi_device(
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
     let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
-    // Each entry's function's first launch in its context, admitted as a single launch's is.
+    // Each entry's function's first launch in its stream's context, admitted as a single launch's is.
     let mut firsts = Vec::new();
     if s.mem.first_use_armed() {
         for e in entries {
-            match super::context::first_launch_on(s, e.function as usize, e.hStream as usize) {
+            let stream = probe_stream(e.hStream, DefaultStream::Legacy);
+            match super::context::first_launch(s, Use::Launch, e.function as usize, stream) {
                 Ok(Some(c)) => firsts.push(c),
                 Ok(None) => {}
                 Err(_) => {

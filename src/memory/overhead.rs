@@ -512,6 +512,12 @@ impl Memory {
         self.measure(nvml, d, true)
     }
 
+    /// The device of module `module`'s context, when this process loaded it.
+    pub(crate) fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
+        let ordinal = self.holdings.owners.lock().get(&module).copied()?;
+        self.devices.device(cuda, ordinal)
+    }
+
     /// Module `module` was unloaded.
     pub(crate) fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
         decrement(&self.holdings.modules);

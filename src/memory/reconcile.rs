@@ -156,20 +156,35 @@ impl FirstUse {
         seen
     }
 
-    /// Something was removed from the set: every thread's cached answers are void (after the removal).
+    /// Something is removed from the set: called before the removal (a use that began before it is not recorded
+    /// after it, see `first`) and after (every thread's cached answers are void).
     fn forgotten(&self) {
         self.generation
             .store(GENERATIONS.fetch_add(1, Ordering::Relaxed), Ordering::Release);
     }
 
-    /// Records `h` used as `how` in context `ctx`; true when it was not before.
-    pub(crate) fn first(&self, how: Use, h: usize, ctx: usize) -> bool {
-        self.shard(h, ctx).lock().insert((how, h, ctx))
+    /// The set's generation now: what a use reads before its call, for [`FirstUse::first`].
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Records `h` used as `how` in context `ctx` by a call that began at generation `since`; true when it was
+    /// not recorded before. Nothing is recorded when something was forgotten since (a module unloaded while
+    /// the call ran: `h` may name code never measured by the time it would be found).
+    pub(crate) fn first(&self, how: Use, h: usize, ctx: usize, since: u64) -> bool {
+        let mut set = self.shard(h, ctx).lock();
+        // Under the shard's lock: a forget bumps before it clears this shard, so either this sees the bump or
+        // the clear comes after this insert.
+        if self.generation() != since {
+            return true;
+        }
+        set.insert((how, h, ctx))
     }
 
     /// Forgets handle `h` used as `how` in every context (a graph exec updated or destroyed: its next launch, or
     /// an exec at its address, runs other kernels). Cold: a scan of every shard.
     pub(crate) fn forget(&self, how: Use, h: usize) {
+        self.forgotten();
         for s in self.seen.iter() {
             s.lock().retain(|&(u, x, _)| !(u == how && x == h));
         }
@@ -179,6 +194,7 @@ impl FirstUse {
     /// Forgets every handle (a module or library was unloaded: its handles' addresses may be reused by code
     /// that was never measured). Bounded: the set holds only what was used since the last unload.
     pub(crate) fn forget_all(&self) {
+        self.forgotten();
         for s in self.seen.iter() {
             s.lock().clear();
         }
@@ -225,9 +241,15 @@ impl Memory {
         self.first_use.forget(how, h);
     }
 
-    /// Whether handle `h` is used as `how` for the first time in context `ctx` (then recorded).
-    pub(crate) fn first_seen(&self, how: Use, h: usize, ctx: usize) -> bool {
-        self.first_use.first(how, h, ctx)
+    /// Whether handle `h` is used as `how` for the first time in context `ctx` by a call that began at
+    /// generation `since` ([`Memory::first_use_generation`]); then recorded (see [`FirstUse::first`]).
+    pub(crate) fn first_seen(&self, how: Use, h: usize, ctx: usize, since: u64) -> bool {
+        self.first_use.first(how, h, ctx, since)
+    }
+
+    /// What a first use reads before its call, for [`Memory::first_seen`].
+    pub(crate) fn first_use_generation(&self) -> u64 {
+        self.first_use.generation()
     }
 
     /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
@@ -431,7 +453,7 @@ mod tests {
     fn a_forgotten_handle_is_not_seen_from_any_threads_cache() {
         let f = FirstUse::default();
         let other = FirstUse::default();
-        assert!(f.first(Use::Launch, 0x1000, 7));
+        assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
         assert!(f.seen(Use::Launch, 0x1000, 7));
         assert!(f.seen(Use::Launch, 0x1000, 7), "a cached hit");
         assert!(!f.seen(Use::Launch, 0x1000, 8), "another context");
@@ -454,7 +476,7 @@ mod tests {
                 !answer.1.recv().unwrap(),
                 "forgotten, though the thread had it cached"
             );
-            assert!(f.first(Use::Launch, 0x1000, 7));
+            assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
             ask.0.send(()).unwrap();
             assert!(answer.1.recv().unwrap(), "seen again, cached again");
             f.forget_all();
@@ -462,6 +484,17 @@ mod tests {
             assert!(!answer.1.recv().unwrap(), "forgotten by forget_all");
         });
         assert!(!f.seen(Use::Launch, 0x1000, 7));
+    }
+
+    #[test]
+    fn a_use_that_began_before_a_forget_is_not_recorded() {
+        let f = FirstUse::default();
+        let since = f.generation();
+        f.forget_all();
+        assert!(f.first(Use::Launch, 0x1000, 7, since), "first");
+        assert!(!f.seen(Use::Launch, 0x1000, 7), "recorded after the forget");
+        assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
+        assert!(f.seen(Use::Launch, 0x1000, 7));
     }
 
     #[test]

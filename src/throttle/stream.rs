@@ -5,7 +5,7 @@
 //! (push/pop, the slow path) and emptied when a context is destroyed (a new context may reuse the address). The
 //! NULL, legacy and per-thread streams are the current context's.
 
-use crate::driver::cuda::CudaTable;
+use crate::driver::cuda::{in_context, CudaTable};
 use crate::ffi::cuda::{CUcontext, CUdevice, CUstream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -102,25 +102,11 @@ impl StreamDevices {
 
 /// The device of context `ctx`: `cuCtxGetDevice` with `ctx` current (pushed for the call when it is not).
 fn ctx_device(cuda: &CudaTable, ctx: CUcontext) -> Option<CUdevice> {
-    let mut cur: CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    if !unsafe { cuda.cuCtxGetCurrent(&mut cur) }.ok() {
-        return None;
-    }
-    // SAFETY: `ctx` is the live context of the program's stream; popped right after.
-    let pushed = cur != ctx && unsafe { cuda.cuCtxPushCurrent_v2(ctx) }.ok();
-    if cur != ctx && !pushed {
-        return None;
-    }
     let mut d: CUdevice = -1;
     // SAFETY: valid out-pointer.
-    let ok = unsafe { cuda.cuCtxGetDevice(&mut d) }.ok();
-    if pushed {
-        let mut p: CUcontext = std::ptr::null_mut();
-        // SAFETY: undoes our push.
-        unsafe { cuda.cuCtxPopCurrent_v2(&mut p) };
-    }
-    ok.then_some(d)
+    in_context(cuda, ctx, || unsafe { cuda.cuCtxGetDevice(&mut d) }.ok())
+        .unwrap_or(false)
+        .then_some(d)
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use super::{export_pointer, hold_import, stream_key};
 use crate::devices::Dev;
+use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
 use crate::memory::ledger::Space;
 use crate::memory::shared;
@@ -150,16 +151,11 @@ pub(crate) fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Op
     let dev = match ctx {
         Some(c) if !c.is_null() => {
             let mut d: CUdevice = -1;
-            let mut popped: CUcontext = std::ptr::null_mut();
-            // SAFETY: the caller's context made current for one query, then popped; valid out-pointers.
-            let ok = unsafe {
-                s.cuda.cuCtxPushCurrent_v2(c).ok() && {
-                    let got = s.cuda.cuCtxGetDevice(&mut d).ok();
-                    s.cuda.cuCtxPopCurrent_v2(&mut popped);
-                    got
-                }
-            };
-            ok.then(|| s.devices.device(&s.cuda, d)).flatten()
+            // SAFETY: valid out-pointer, asked in the caller's context.
+            let ok = in_context(&s.cuda, c, || unsafe { s.cuda.cuCtxGetDevice(&mut d) }.ok());
+            ok.unwrap_or(false)
+                .then(|| s.devices.device(&s.cuda, d))
+                .flatten()
         }
         _ => s.devices.current(&s.cuda),
     };
