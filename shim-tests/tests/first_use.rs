@@ -64,10 +64,6 @@ fn a_kernel_first_launched_in_another_context_is_admitted() {
     out.assert_used_within(GIB);
 }
 
-/// `cuLibraryGetGlobal` with a NULL `dptr` (optional in cuda.h) is measured too (every such call: it cannot
-/// be told from the last one). One library, 8 globals of 1 GiB, all taken by the driver at the first lookup
-/// (nothing can admit that in advance): measured then, so nothing more is admitted (before: never measured,
-/// the fill went on, 8962 MiB).
 /// A graph exec launched once, then `cuGraphExecUpdate`d to a graph of the same shape whose kernel needs 16 KiB
 /// of local memory a thread: its next launch is a first use again, measured as a graph's first launch is (see
 /// `a_graphs_first_launch_is_measured`), so nothing more is admitted (before: a relaunch, never measured, the fill
@@ -101,6 +97,10 @@ fn a_reset_primary_context_is_a_first_use_again() {
     }
 }
 
+/// `cuLibraryGetGlobal` with a NULL `dptr` (optional in cuda.h) is measured too (every such call: it cannot
+/// be told from the last one). One library, 8 globals of 1 GiB, all taken by the driver at the first lookup
+/// (nothing can admit that in advance): measured then, so nothing more is admitted (before: never measured,
+/// the fill went on, 8962 MiB).
 #[test]
 fn lazy_globals_looked_up_without_dptr_are_measured() {
     let sim = Sim::new().build();
@@ -177,11 +177,11 @@ fn another_processes_unmodelled_memory_is_reconciled() {
     out.assert_used_within(GIB);
 }
 
-/// CONTROL (passes on the reviewed code: the host pid is learned by the context-creation diff).
-/// A pid namespace NVML cannot see through (host pid unknown): near the cap the driver's figure is missing and
-/// `reconcile` returns Ok (the ledger alone decides): 200 MiB no hook sees pass the cap.
+/// A pid namespace NVML cannot see through (`CUDASIM_HOST_PID_OFFSET`): the host pid is learned from the
+/// context-creation diff, so near the cap the driver's figure is found and 200 MiB no hook sees are charged
+/// (a review suspected the figure missing there and the ledger alone deciding).
 #[test]
-fn near_cap_without_an_nvml_figure_fails_open() {
+fn near_cap_in_a_pid_namespace_the_learned_host_pid_gives_the_figure() {
     let sim = Sim::new().build();
     let mut env: Vec<(&str, &str)> = CAP.to_vec();
     env.push(("CUDASIM_HOST_PID_OFFSET", "100000"));
@@ -196,13 +196,13 @@ fn near_cap_without_an_nvml_figure_fails_open() {
     out.assert_used_within(GIB);
 }
 
-/// CONTROL (passes on the reviewed code: the no-NVML case holds on the simulator).
 /// The tenant names no NVML (`CUQUOTA_LIBNVML=/nonexistent`, its own environment): every reconciliation finds
-/// no figure and returns Ok (`reconcile`: "Without an NVML figure nothing is changed"), so memory no hook sees
-/// is never charged: 200 MiB taken past the shim (with NVML: charged, `reconcile.rs`
-/// memory_no_hook_sees_is_charged_near_the_cap), then the ledger fills to the cap.
+/// no figure and the ledger alone decides (documented; with NVML: `reconcile.rs`
+/// memory_no_hook_sees_is_charged_near_the_cap). 200 MiB taken past the shim, then a fill: within the cap only
+/// because the context's charge without NVML is its conservative estimate (968 MiB held); a larger bypass
+/// passes the cap by what exceeds that estimate (400 MiB: 1168 MiB held).
 #[test]
-fn no_nvml_disables_the_drivers_last_word() {
+fn without_nvml_the_ledger_and_the_context_estimate_decide() {
     let sim = Sim::new().build();
     let mut c = sim.cmd_path(reconcile_prog()).args("bypass 200m 64m");
     for (k, v) in CAP
