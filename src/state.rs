@@ -333,7 +333,8 @@ fn init(exports: Exports) -> Process {
 // them. One order, always (a hook never holds a lock of a later group while it waits for one of an earlier
 // group, so taking them in this order cannot deadlock against a running hook):
 //
-//   1. memory: the ledger's shards (in index order), the VMM lifetimes, the pools, the graph pools' charges, the graph execs'
+//   1. memory: the first-use gate (held from a first use's admission across its driver call to its measurement),
+//      the ledger's shards (in index order), the VMM lifetimes, the pools, the graph pools' charges, the graph execs'
 //      footprints, the overhead lock, the context/module owners, the host-pid candidates;
 //   2. devices: the refresh lock, then the agent limits readers (both taken under the overhead lock by a limit
 //      re-read);

@@ -225,7 +225,8 @@ fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
 /// globals here, at first use, not at the module's load: into `module`'s context (a library's lookups: the
 /// current one). While a memory cap applies: refused while the container is over its cap on that device; the
 /// first time a handle comes back, this process is measured there (`memory::reconcile`). A module this process
-/// did not load (`cuLibraryGetModule`'s, `cuFuncGetModule`'s) may live on any device: every one is checked.
+/// did not load (`cuLibraryGetModule`'s, `cuFuncGetModule`'s) may live on any device: not refused, every
+/// capped device measured after.
 ///
 /// # Safety
 /// `out` as the driver's contract says (written on success).
@@ -235,18 +236,16 @@ pub(crate) unsafe fn first_use<W: Width>(
     out: *mut W,
     module: Option<CUmodule>,
 ) -> CUresult {
-    let devs: Vec<Dev> = match module.map(|m| s.mem.module_device(&s.cuda, m as usize)) {
-        None => s.devices.current(&s.cuda).into_iter().collect(),
-        Some(Some(d)) => vec![d],
-        Some(None) => s.devices.known().map(|(d, _)| d).collect(),
-    };
-    let mut calls = Vec::with_capacity(devs.len());
-    for d in devs {
-        match s.mem.first_use_begin(d, 0) {
-            Ok(Some(c)) => calls.push(c),
-            Ok(None) => {}
-            // Nothing admitted in advance (no growth): the calls begun so far hold nothing.
-            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+    let mut calls = Vec::new();
+    match module.map(|m| s.mem.module_device(&s.cuda, m as usize)) {
+        Some(None) => calls.extend(s.devices.known().filter_map(|(d, _)| s.mem.first_use_watch(d))),
+        known => {
+            let dev = known.flatten().or_else(|| s.devices.current(&s.cuda));
+            match dev.map(|d| s.mem.first_use_begin(d, 0)) {
+                Some(Ok(Some(c))) => calls.push(c),
+                Some(Err(_)) => return CUresult::ERROR_OUT_OF_MEMORY,
+                _ => {}
+            }
         }
     }
     if calls.is_empty() {
@@ -301,9 +300,18 @@ fn launch_ctx(s: &Shim, stream: usize) -> usize {
     current_ctx(s)
 }
 
+/// What [`first_launch`] let through; end it with [`launched`].
+pub(crate) enum Launch<'a> {
+    /// Launched in its context before, as of this generation of the seen set (a forget since, e.g. a context
+    /// reset while the throttle held the launch back, makes it a first use again).
+    Seen(u64),
+    /// Its first launch in its context (boxed: the launch path carries two words, not the whole record).
+    First(Box<FirstLaunch<'a>>),
+}
+
 /// A first launch [`first_launch`] let through.
-pub(crate) struct FirstLaunch {
-    call: Option<FirstUseCall>,
+pub(crate) struct FirstLaunch<'a> {
+    call: Option<FirstUseCall<'a>>,
     how: Use,
     f: usize,
     ctx: usize,
@@ -323,29 +331,50 @@ pub(crate) struct FirstLaunch {
 /// context if it succeeded.
 /// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec: its kernel nodes are
 /// not listed, so nothing is admitted in advance but over the cap; the launch is measured after).
-#[inline]
-pub(crate) fn first_launch(
-    s: &Shim,
-    how: Use,
-    f: usize,
-    stream: usize,
-) -> Result<Option<FirstLaunch>, OverCap> {
+#[inline(always)]
+pub(crate) fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Result<Launch<'_>, OverCap> {
     let ctx = launch_ctx(s, stream);
-    if s.mem.seen(how, f, ctx) {
-        return Ok(None);
+    if let Some(since) = s.mem.seen(how, f, ctx) {
+        return Ok(Launch::Seen(since));
     }
-    first_launch_slow(s, how, f, ctx, stream).map(Some)
+    first_launch_slow(s, how, f, ctx, stream)
+}
+
+/// Whether `a` and `b` are both first launches on one device (with a cap).
+pub(crate) fn same_device(a: &Launch<'_>, b: &Launch<'_>) -> bool {
+    let dev = |l: &Launch<'_>| match l {
+        Launch::First(c) => c.call.as_ref().map(|c| c.dev()),
+        _ => None,
+    };
+    dev(a).is_some_and(|d| dev(b) == Some(d))
+}
+
+/// The launch on `stream` that [`first_launch`] let through returned `r`.
+#[inline]
+pub(crate) fn launched(s: &Shim, l: Launch<'_>, stream: usize, r: CUresult) {
+    match l {
+        Launch::Seen(since) if s.mem.first_use_generation() != since => forgotten_meanwhile(s, stream, r),
+        Launch::Seen(_) => {}
+        Launch::First(c) => first_launch_done(s, *c, r),
+    }
+}
+
+/// A launch seen before, during which the seen set forgot something: its code and stack may have been taken
+/// again (a reset context set up anew), unadmitted. Measured after, as a first use whose size is unknown.
+#[cold]
+#[inline(never)]
+fn forgotten_meanwhile(s: &Shim, stream: usize, r: CUresult) {
+    let ctx = launch_ctx(s, stream) as CUcontext;
+    let current = || s.devices.current(&s.cuda);
+    let dev = in_context(&s.cuda, ctx, current).unwrap_or_else(current);
+    if let Some(c) = dev.and_then(|d| s.mem.first_use_watch(d)) {
+        s.mem.first_use_done(&s.nvml, c, r, true);
+    }
 }
 
 #[cold]
 #[inline(never)]
-fn first_launch_slow(
-    s: &Shim,
-    how: Use,
-    f: usize,
-    ctx: usize,
-    stream: usize,
-) -> Result<FirstLaunch, OverCap> {
+fn first_launch_slow(s: &Shim, how: Use, f: usize, ctx: usize, stream: usize) -> Result<Launch<'_>, OverCap> {
     let since = s.mem.first_use_generation();
     let mut status: CUstreamCaptureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
     // SAFETY: valid out-pointer; the program's stream for this launch. Unknown: not capturing (measured, marked).
@@ -359,17 +388,17 @@ fn first_launch_slow(
         in_context(&s.cuda, ctx as CUcontext, || first_launch_begin(s, how, f))
             .unwrap_or_else(|| first_launch_begin(s, how, f))
     }?;
-    Ok(FirstLaunch {
+    Ok(Launch::First(Box::new(FirstLaunch {
         call,
         how,
         f,
         ctx,
         since,
         capturing,
-    })
+    })))
 }
 
-fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCall>, OverCap> {
+fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCall<'_>>, OverCap> {
     let f = f as CUfunction;
     let Some(dev) = s.devices.current(&s.cuda) else {
         return Ok(None);
@@ -401,10 +430,10 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCal
     s.mem.first_use_begin(dev, growth)
 }
 
-/// The launch [`first_launch`] let through returned `r`.
+/// The first launch [`first_launch`] let through returned `r`.
 #[cold]
 #[inline(never)]
-pub(crate) fn first_launch_done(s: &Shim, c: FirstLaunch, r: CUresult) {
+fn first_launch_done(s: &Shim, c: FirstLaunch<'_>, r: CUresult) {
     if let Some(call) = c.call {
         s.mem.first_use_done(&s.nvml, call, r, true);
     }

@@ -49,7 +49,7 @@ pub(crate) fn kernel(
     // (`context::first_launch`, `memory::reconcile`). Out of line: `call` goes only to the throttle, as before.
     let first = if s.mem.first_use_armed() {
         match super::context::first_launch(s, Use::Launch, f as usize, probe_stream(stream, ds)) {
-            Ok(c) => c,
+            Ok(l) => Some(l),
             Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
         }
     } else {
@@ -62,8 +62,8 @@ pub(crate) fn kernel(
     } else {
         call()
     };
-    if let Some(c) = first {
-        super::context::first_launch_done(s, c, r);
+    if let Some(l) = first {
+        super::context::launched(s, l, probe_stream(stream, ds), r);
     }
     r
 }
@@ -123,21 +123,28 @@ pub(crate) unsafe fn multi_device(
     if s.mem.first_use_armed() {
         for e in entries {
             let stream = probe_stream(e.hStream, DefaultStream::Legacy);
-            match super::context::first_launch(s, Use::Launch, e.function as usize, stream) {
-                Ok(Some(c)) => firsts.push(c),
-                Ok(None) => {}
-                Err(_) => {
-                    for c in firsts {
-                        super::context::first_launch_done(s, c, CUresult::ERROR_OUT_OF_MEMORY);
-                    }
-                    return CUresult::ERROR_OUT_OF_MEMORY;
+            // Two entries' first uses on one device would each be admitted before either is measured; the
+            // driver takes "one per device".
+            let refused = match super::context::first_launch(s, Use::Launch, e.function as usize, stream) {
+                Ok(l) if firsts.iter().any(|(f, _)| super::context::same_device(f, &l)) => {
+                    firsts.push((l, stream));
+                    CUresult::ERROR_INVALID_DEVICE
                 }
+                Ok(l) => {
+                    firsts.push((l, stream));
+                    continue;
+                }
+                Err(_) => CUresult::ERROR_OUT_OF_MEMORY,
+            };
+            for (l, stream) in firsts {
+                super::context::launched(s, l, stream, refused);
             }
+            return refused;
         }
     }
     let r = multi_throttled(s, call, entries);
-    for c in firsts {
-        super::context::first_launch_done(s, c, r);
+    for (l, stream) in firsts {
+        super::context::launched(s, l, stream, r);
     }
     r
 }
@@ -177,13 +184,11 @@ pub(crate) fn graph(
     if s.mem.first_use_armed() {
         let first = match super::context::first_launch(s, Use::Graph, exec as usize, probe_stream(stream, ds))
         {
-            Ok(c) => c,
+            Ok(l) => l,
             Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
         };
         let r = graph_memory(s, call, exec, stream, ds);
-        if let Some(c) = first {
-            super::context::first_launch_done(s, c, r);
-        }
+        super::context::launched(s, first, probe_stream(stream, ds), r);
         return r;
     }
     graph_memory(s, call, exec, stream, ds)

@@ -580,6 +580,7 @@ impl Memory {
 
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub(crate) fn fork_prepare(&self) {
+        hold_all([self.first_use.gate()]);
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
         hold_all([self.shared.lock()]);
@@ -609,6 +610,7 @@ impl Memory {
             release_all([self.shared.lock()], side);
             release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
+            release_all([self.first_use.gate()], side);
         }
     }
 }

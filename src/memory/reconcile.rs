@@ -21,12 +21,13 @@ use super::{Memory, OverCap};
 use crate::devices::Dev;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::CUresult;
-use crate::locks::Lock;
+use crate::locks::{Lock, Side};
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The smallest margin under the cap within which admissions reconcile first.
@@ -77,6 +78,11 @@ thread_local! {
     };
 }
 
+thread_local! {
+    /// How many first uses this thread has begun and not ended (it holds the gate while above 0).
+    static GATE_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
 /// Shards of the seen set (a launch takes one shard's lock, never a process-wide one).
 const SHARDS: usize = 16;
 
@@ -95,6 +101,30 @@ pub(crate) struct FirstUse {
     /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
     /// floor a reconciliation never goes below).
     excess: [AtomicU64; MAX_DEVICES],
+    /// Held by a thread from a first use's admission to its measurement (see [`Gate`]). The first lock of all
+    /// (`state`'s fork order): a holder takes others while it holds it, across the driver call.
+    gate: Lock<()>,
+}
+
+/// One first use at a time in this process: a first use's size is unknown until it is measured, so one admitted
+/// while another is in flight could pass the cap by both. Reentrant on one thread (a multi-device launch begins
+/// one per entry); not `Send` (the depth is the thread's).
+pub(crate) struct Gate<'a> {
+    first_use: &'a FirstUse,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        GATE_DEPTH.with(|d| {
+            let n = d.get() - 1;
+            d.set(n);
+            if n == 0 {
+                // SAFETY: taken with `hold` by this thread when its depth left 0 (`FirstUse::enter`).
+                unsafe { self.first_use.gate.release(Side::Parent) };
+            }
+        });
+    }
 }
 
 impl Default for FirstUse {
@@ -105,6 +135,7 @@ impl Default for FirstUse {
             unlisted_said: AtomicBool::new(false),
             seen: std::array::from_fn(|_| Lock::default()),
             excess: std::array::from_fn(|_| AtomicU64::new(0)),
+            gate: Lock::new(()),
         }
     }
 }
@@ -121,6 +152,20 @@ impl FirstUse {
         self.armed.load(Ordering::Relaxed)
     }
 
+    /// Waits for the gate (unless this thread holds it already).
+    fn enter(&self) -> Gate<'_> {
+        GATE_DEPTH.with(|d| {
+            if d.get() == 0 {
+                self.gate.hold();
+            }
+            d.set(d.get() + 1);
+        });
+        Gate {
+            first_use: self,
+            _thread: PhantomData,
+        }
+    }
+
     #[inline]
     fn shard(&self, h: usize, ctx: usize) -> &Lock<Seen> {
         let k = (h ^ ctx.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -129,8 +174,14 @@ impl FirstUse {
 
     /// Whether `h` was used as `how` in context `ctx` already. Every launch under a memory cap asks: answered
     /// from the thread's own cache of what the set held in this generation when it can be, else from the set.
+    #[cfg(test)]
+    fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.seen_at(how, h, ctx).is_some()
+    }
+
+    /// [`FirstUse::seen`], with the generation it was seen in (a forget after it voids the answer).
     #[inline]
-    pub(crate) fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+    pub(crate) fn seen_at(&self, how: Use, h: usize, ctx: usize) -> Option<u64> {
         // Read before the set: a forget that removes after this load also bumps after it (see `forgotten`).
         let generation = self.generation.load(Ordering::Acquire);
         let i = ((h ^ ctx.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) % CACHE_WAYS;
@@ -141,9 +192,9 @@ impl FirstUse {
             generation,
         };
         if SEEN_CACHE.with(|c| c[i].get() == want) {
-            return true;
+            return Some(generation);
         }
-        self.seen_slow(want, i)
+        self.seen_slow(want, i).then_some(generation)
     }
 
     #[inline(never)]
@@ -220,6 +271,10 @@ impl FirstUse {
     pub(super) fn locks(&self) -> &[Lock<Seen>; SHARDS] {
         &self.seen
     }
+
+    pub(super) fn gate(&self) -> &Lock<()> {
+        &self.gate
+    }
 }
 
 impl Memory {
@@ -230,10 +285,11 @@ impl Memory {
         self.first_use.armed() && self.devices.memory_limited()
     }
 
-    /// Whether handle `h` was used as `how` in context `ctx` already.
+    /// Whether handle `h` was used as `how` in context `ctx` already: the set's generation then (a call whose
+    /// generation changed while it ran may have been a first use again: see [`Memory::first_use_generation`]).
     #[inline]
-    pub(crate) fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
-        self.first_use.seen(how, h, ctx)
+    pub(crate) fn seen(&self, how: Use, h: usize, ctx: usize) -> Option<u64> {
+        self.first_use.seen_at(how, h, ctx)
     }
 
     /// Handle `h` no longer stands for what was used as `how` (see [`FirstUse::forget`]).
@@ -408,10 +464,11 @@ impl Memory {
     /// growth) on `dev`, `growth` bytes of it known in advance: `Err` (refuse it with
     /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the growth does
     /// not fit. `Ok(Some(_))`: pass it to [`Memory::first_use_done`] once the call returned; `Ok(None)`: no cap.
-    pub(crate) fn first_use_begin(&self, dev: Dev, growth: u64) -> Result<Option<FirstUseCall>, OverCap> {
+    pub(crate) fn first_use_begin(&self, dev: Dev, growth: u64) -> Result<Option<FirstUseCall<'_>>, OverCap> {
         let Some(cap) = self.limit(dev) else {
             return Ok(None);
         };
+        let gate = self.first_use.enter();
         if self.container_used(dev) > cap && self.over_cap_without_credit(dev, cap) {
             log!(
                 Level::Debug,
@@ -422,12 +479,27 @@ impl Memory {
             return Err(OverCap);
         }
         self.growing(dev, growth)?;
-        Ok(Some(FirstUseCall { dev, growth }))
+        Ok(Some(FirstUseCall {
+            dev,
+            growth,
+            _gate: gate,
+        }))
+    }
+
+    /// A call that may take memory on `dev` at first use, but also elsewhere (a module of unknown device): never
+    /// refused, measured after ([`Memory::first_use_done`]). `None`: no cap on `dev`.
+    pub(crate) fn first_use_watch(&self, dev: Dev) -> Option<FirstUseCall<'_>> {
+        self.limit(dev)?;
+        Some(FirstUseCall {
+            dev,
+            growth: 0,
+            _gate: self.first_use.enter(),
+        })
     }
 
     /// The call [`Memory::first_use_begin`] let through returned `r`: measured with NVML when `measure` (the
     /// handle it used or gave was new) or when it was admitted growth.
-    pub(crate) fn first_use_done(&self, nvml: &Nvml, c: FirstUseCall, r: CUresult, measure: bool) {
+    pub(crate) fn first_use_done(&self, nvml: &Nvml, c: FirstUseCall<'_>, r: CUresult, measure: bool) {
         if c.growth > 0 {
             let _ = self.grown(nvml, c.dev, c.growth, r, None::<fn() -> CUresult>);
         } else if measure {
@@ -438,11 +510,19 @@ impl Memory {
     }
 }
 
-/// A first-use call let through by [`Memory::first_use_begin`].
+/// A first-use call let through by [`Memory::first_use_begin`]: holds the gate until it is done.
 #[must_use = "end it with first_use_done"]
-pub(crate) struct FirstUseCall {
+pub(crate) struct FirstUseCall<'a> {
     dev: Dev,
     growth: u64,
+    _gate: Gate<'a>,
+}
+
+impl FirstUseCall<'_> {
+    /// The device it may take memory on.
+    pub(crate) fn dev(&self) -> Dev {
+        self.dev
+    }
 }
 
 #[cfg(test)]
@@ -495,6 +575,27 @@ mod tests {
         assert!(!f.seen(Use::Launch, 0x1000, 7), "recorded after the forget");
         assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
         assert!(f.seen(Use::Launch, 0x1000, 7));
+    }
+
+    #[test]
+    fn the_gate_is_reentrant_on_a_thread_and_exclusive_across_threads() {
+        let f = FirstUse::default();
+        let outer = f.enter();
+        let inner = f.enter();
+        std::thread::scope(|sc| {
+            let other = sc.spawn(|| f.gate.try_lock().is_some());
+            assert!(!other.join().unwrap(), "held by this thread");
+            drop(inner);
+            let other = sc.spawn(|| f.gate.try_lock().is_some());
+            assert!(!other.join().unwrap(), "still held by the outer use");
+            drop(outer);
+            let other = sc.spawn(|| {
+                let _g = f.enter();
+                GATE_DEPTH.with(|d| d.get())
+            });
+            assert_eq!(other.join().unwrap(), 1, "free once every use ended");
+        });
+        assert!(f.gate.try_lock().is_some());
     }
 
     #[test]
