@@ -1184,6 +1184,16 @@ impl Output {
         }
     }
 
+    /// The largest number printed for `key` (e.g. the simulator's `used` bytes); panics if there is none.
+    #[track_caller]
+    pub fn peak(&self, key: &str) -> u64 {
+        self.all(key)
+            .iter()
+            .map(|v| v.parse::<u64>().expect("a number"))
+            .max()
+            .unwrap_or_else(|| panic!("no `{key}=` line:{self:?}"))
+    }
+
     /// The `n`-th (from 0) value printed for `key`, as a number; panics if absent.
     pub fn nth_num(&self, key: &str, n: usize) -> u64 {
         let all = self.all(key);

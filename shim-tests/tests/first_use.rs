@@ -34,14 +34,6 @@ fn run(sim: &Sim, args: &str, env: &[(&str, &str)]) -> Output {
     out
 }
 
-fn peak(out: &Output) -> u64 {
-    out.all("used")
-        .iter()
-        .map(|u| u.parse::<u64>().unwrap())
-        .max()
-        .unwrap()
-}
-
 const CAP: &[(&str, &str)] = &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")];
 
 /// A launch refused for its stack growth is not recorded as launched (only a successful launch is): the same
@@ -50,7 +42,7 @@ const CAP: &[(&str, &str)] = &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")];
 fn a_refused_first_launch_retried_is_admitted_again() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_retry 16384", CAP);
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
 }
 
@@ -60,7 +52,7 @@ fn a_refused_first_launch_retried_is_admitted_again() {
 fn a_kernel_first_launched_in_another_context_is_admitted() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_ctx 3010 4", CAP);
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
 }
 
@@ -73,7 +65,7 @@ fn a_kernel_first_launched_in_another_context_is_admitted() {
 fn an_updated_graph_exec_is_measured_again() {
     let sim = Sim::new().build();
     let out = run(&sim, "graph_update 16384", CAP);
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     assert_eq!(
         out.num("fill.count"),
         0,
@@ -92,7 +84,7 @@ fn a_reset_primary_context_is_a_first_use_again() {
     for mode in ["reset_pop 4000", "reset_thread 4000"] {
         let sim = Sim::new().build();
         let out = run(&sim, mode, CAP);
-        println!("{mode}: peak {} MiB", peak(&out) / MIB);
+        println!("{mode}: peak {} MiB", out.peak("used") / MIB);
         out.assert_used_within(GIB);
     }
 }
@@ -105,7 +97,7 @@ fn a_reset_primary_context_is_a_first_use_again() {
 fn lazy_globals_looked_up_without_dptr_are_measured() {
     let sim = Sim::new().build();
     let out = run(&sim, "global_null 1g 8", CAP);
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     assert_eq!(
         out.num("fill.count"),
         0,
@@ -122,7 +114,7 @@ fn lazy_globals_looked_up_without_dptr_are_measured() {
 fn a_graphs_first_launch_is_measured() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_graph 16384", CAP);
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     assert_eq!(
         out.num("fill.count"),
         0,
@@ -138,7 +130,7 @@ fn a_graphs_first_launch_is_measured() {
 fn a_kernel_first_launched_under_capture_is_measured_at_replay() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_capture 3010", CAP);
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
 }
 
@@ -148,7 +140,7 @@ fn a_kernel_first_launched_under_capture_is_measured_at_replay() {
 fn multi_device_launch_stack_growth_is_admitted() {
     let sim = Sim::new().build();
     let out = run(&sim, "stack_multi 16384", CAP);
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
 }
 
@@ -173,7 +165,7 @@ fn another_processes_unmodelled_memory_is_reconciled() {
     let a = a.finish();
     println!("A: {a:?}");
     println!("{out:?}");
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
 }
 
@@ -192,7 +184,7 @@ fn near_cap_in_a_pid_namespace_the_learned_host_pid_gives_the_figure() {
     let out = c.run();
     assert!(out.success(), "{out:?}");
     println!("{out:?}");
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
 }
 
@@ -214,7 +206,7 @@ fn without_nvml_the_ledger_and_the_context_estimate_decide() {
     let out = c.run();
     assert!(out.success(), "{out:?}");
     println!("{out:?}");
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
 }
 
@@ -249,7 +241,7 @@ fn near_cap_unlisted_by_nvml_fails_closed() {
     let out = c.run();
     assert!(out.success(), "{out:?}");
     println!("{out:?}");
-    println!("peak {} MiB", peak(&out) / MIB);
+    println!("peak {} MiB", out.peak("used") / MIB);
     out.assert_used_within(GIB);
     let said = out.stderr.matches("NVML does not list this process").count();
     assert_eq!(said, 1, "the refusal is said once:{out:?}");

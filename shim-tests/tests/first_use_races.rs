@@ -33,14 +33,6 @@ fn run(args: &str) -> Output {
     run_on(1, args, &[])
 }
 
-fn peak(out: &Output, key: &str) -> u64 {
-    out.all(key)
-        .iter()
-        .map(|u| u.parse::<u64>().unwrap())
-        .max()
-        .unwrap()
-}
-
 const SM10: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "10")];
 
 /// Six threads in six contexts launch the kernel (1200 MiB global) at once, each held by the SM throttle after
@@ -50,13 +42,13 @@ const SM10: &[(&str, &str)] = &[("CUDA_DEVICE_SM_LIMIT", "10")];
 #[test]
 fn concurrent_first_launches_are_admitted_one_at_a_time() {
     let control = run("seq 6 1200m");
-    let c = peak(&control, "used.0");
+    let c = control.peak("used.0");
     println!("control (one after another): peak {} MiB", c / MIB);
     assert!(c <= 1300 * MIB, "control:{control:?}");
     // Four rounds: the old code passed the cap in about half of them.
     for _ in 0..4 {
         let a = run_on(1, "parthr 6 1200m", SM10);
-        let p = peak(&a, "used.0");
+        let p = a.peak("used.0");
         println!("6 threads at once: peak {} MiB", p / MIB);
         assert!(
             p <= 1300 * MIB,
@@ -73,11 +65,11 @@ fn concurrent_first_launches_are_admitted_one_at_a_time() {
 #[test]
 fn a_launch_during_which_the_context_was_reset_is_measured() {
     let control = run_on(1, "unloadseq 1 700m", SM10);
-    let c = peak(&control, "used.0");
+    let c = control.peak("used.0");
     println!("control: peak {} MiB", c / MIB);
     assert!(c <= 1100 * MIB, "control:{control:?}");
     let a = run_on(1, "unloadrace 1 700m", SM10);
-    let p = peak(&a, "used.0");
+    let p = a.peak("used.0");
     println!("reset during the throttle's wait: peak {} MiB", p / MIB);
     assert!(p <= 1100 * MIB, "{} MiB under a 1 GiB cap:{a:?}", p / MIB);
 }
@@ -88,7 +80,7 @@ fn a_launch_during_which_the_context_was_reset_is_measured() {
 #[test]
 fn a_multi_device_launch_with_two_entries_on_one_device_is_refused() {
     let a = run("multi 6 512m");
-    let p = peak(&a, "used.0");
+    let p = a.peak("used.0");
     println!("multi: peak {} MiB, {:?}", p / MIB, a.all("launch.0"));
     assert_eq!(a.all("launch.0"), vec!["CUDA_ERROR_INVALID_DEVICE"], "{a:?}");
     assert!(p <= 1100 * MIB, "{} MiB under a 1 GiB cap:{a:?}", p / MIB);
@@ -99,7 +91,7 @@ fn a_multi_device_launch_with_two_entries_on_one_device_is_refused() {
 #[test]
 fn launch_ex_onto_other_contexts_streams_is_admitted_there() {
     let a = run("ex 6 512m");
-    let p = peak(&a, "used.0");
+    let p = a.peak("used.0");
     println!("ex: peak {} MiB", p / MIB);
     assert!(p <= 1100 * MIB, "{} MiB under a 1 GiB cap:{a:?}", p / MIB);
 }
@@ -108,7 +100,7 @@ fn launch_ex_onto_other_contexts_streams_is_admitted_there() {
 #[test]
 fn a_graph_launched_onto_another_devices_stream_is_measured_there() {
     let a = run_on(2, "gdev1 4 1g", &[]);
-    let p = peak(&a, "used.1");
+    let p = a.peak("used.1");
     println!("graph onto device 1: peak {} MiB on device 1", p / MIB);
     assert!(p <= 1100 * MIB, "{} MiB under device 1's cap:{a:?}", p / MIB);
 }

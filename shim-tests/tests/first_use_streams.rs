@@ -2,37 +2,37 @@
 //! module's globals in the *module's* context, whatever context is current: `hooks/context.rs` `first_launch`
 //! keys and measures by the stream's context, `first_use` by the module's device. Found by a hostile review
 //! (keyed and measured by the current context: up to 4872 MiB under a 1 GiB cap). Judged by the simulator's own
-//! used bytes (`c/first_use_streams.c`). Each attack has its control (the same calls with the stream's or
-//! module's context current), which holds the cap to one lazy load past it, as docs/threat-model.md says.
+//! used bytes (`c/first_use_streams.c`). Each attack (`cross`: another context current) beside its control
+//! (`own`: the stream's or module's context current), which holds the cap to one lazy load past it, as
+//! docs/threat-model.md says.
 
-use shim_tests::{compile_c, workspace_root, Output, Sim, MIB};
-use std::path::PathBuf;
+use shim_tests::{compile_c, workspace_root, Sim, MIB};
 
-fn prog() -> PathBuf {
-    compile_c(
+/// Runs the control and the attack of `args` ("MODE G N", then `local` bytes of local memory a thread), each on
+/// a fresh simulator of `devices` devices capped at 1 GiB: the peak of `key` stays within one load past the cap.
+fn own_and_cross(devices: u32, args: &str, local: &str, key: &str, what: &str) {
+    let prog = compile_c(
         "first_use_streams",
         &workspace_root().join("shim-tests/c/first_use_streams.c"),
         &[],
         &["-lcuda", "-ldl"],
-    )
-}
-
-fn run(sim: &Sim, args: &str) -> Output {
-    let out = sim
-        .cmd_path(prog())
-        .args(args)
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
-        .run();
-    assert!(out.success(), "{out:?}");
-    out
-}
-
-fn peak(out: &Output, key: &str) -> u64 {
-    out.all(key)
-        .iter()
-        .map(|u| u.parse::<u64>().unwrap())
-        .max()
-        .unwrap()
+    );
+    for side in ["own", "cross"] {
+        let sim = Sim::new().devices(devices).build();
+        let out = sim
+            .cmd_path(prog.clone())
+            .args(&format!("{args} {side} {local}"))
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .run();
+        assert!(out.success(), "{out:?}");
+        let p = out.peak(key);
+        println!("{side}: peak {} MiB ({key})", p / MIB);
+        assert!(
+            p <= 1100 * MIB,
+            "{side}: {what} escaped the 1 GiB cap: {} MiB:{out:?}",
+            p / MIB
+        );
+    }
 }
 
 /// One device, one CUkernel with a 512 MiB `__device__` global, six contexts with a stream each, the kernel
@@ -41,20 +41,7 @@ fn peak(out: &Output, key: &str) -> u64 {
 /// stream's context current (1028 MiB; before: 3084 MiB after the launches, 3276 MiB after a fill).
 #[test]
 fn a_kernel_launched_onto_other_contexts_streams_is_admitted_there() {
-    let sim = Sim::new().build();
-    let control = run(&sim, "same 512m 6 own");
-    let c = peak(&control, "used.0");
-    println!("control (stream's context current): peak {} MiB", c / MIB);
-    assert!(c <= 1100 * MIB, "control:{control:?}");
-    let sim = Sim::new().build();
-    let attack = run(&sim, "same 512m 6 cross");
-    let a = peak(&attack, "used.0");
-    println!("attack (primary context current): peak {} MiB", a / MIB);
-    assert!(
-        a <= 1100 * MIB,
-        "lazy loads into other contexts' streams escaped the 1 GiB cap: {} MiB:{attack:?}",
-        a / MIB
-    );
+    own_and_cross(1, "same 512m 6", "", "used.0", "lazy loads into other contexts");
 }
 
 /// Two devices capped at 1 GiB each; four libraries with a 1 GiB global each, their kernels launched onto a
@@ -63,20 +50,7 @@ fn a_kernel_launched_onto_other_contexts_streams_is_admitted_there() {
 /// fill).
 #[test]
 fn a_kernel_launched_onto_another_devices_stream_is_measured_on_that_device() {
-    let sim = Sim::new().devices(2).build();
-    let control = run(&sim, "dev1 1g 4 own");
-    let c = peak(&control, "used.1");
-    println!("control (device 1 current): peak {} MiB", c / MIB);
-    assert!(c <= 1100 * MIB, "control:{control:?}");
-    let sim = Sim::new().devices(2).build();
-    let attack = run(&sim, "dev1 1g 4 cross");
-    let a = peak(&attack, "used.1");
-    println!("attack (device 0 current): peak {} MiB on device 1", a / MIB);
-    assert!(
-        a <= 1100 * MIB,
-        "lazy loads on device 1 escaped its 1 GiB cap: {} MiB:{attack:?}",
-        a / MIB
-    );
+    own_and_cross(2, "dev1 1g 4", "", "used.1", "lazy loads on device 1");
 }
 
 /// Launch-time stack growth: a kernel with 3010 bytes of local memory a thread (each context's stack grows to
@@ -85,20 +59,7 @@ fn a_kernel_launched_onto_another_devices_stream_is_measured_on_that_device() {
 /// only the first launch's, 2248 MiB).
 #[test]
 fn stack_growth_on_other_contexts_streams_is_admitted() {
-    let sim = Sim::new().build();
-    let control = run(&sim, "same 0 4 own 3010");
-    let c = peak(&control, "used.0");
-    println!("control (stream's context current): peak {} MiB", c / MIB);
-    assert!(c <= 1100 * MIB, "control:{control:?}");
-    let sim = Sim::new().build();
-    let attack = run(&sim, "same 0 4 cross 3010");
-    let a = peak(&attack, "used.0");
-    println!("attack (primary context current): peak {} MiB", a / MIB);
-    assert!(
-        a <= 1100 * MIB,
-        "stack growth in other contexts escaped the 1 GiB cap: {} MiB:{attack:?}",
-        a / MIB
-    );
+    own_and_cross(1, "same 0 4", "3010", "used.0", "stack growth in other contexts");
 }
 
 /// `cuModuleGetGlobal`: the driver allocates a module's global in the *module's* context at its first lookup.
@@ -107,18 +68,5 @@ fn stack_growth_on_other_contexts_streams_is_admitted() {
 /// after the lookups, 4808 MiB after a fill).
 #[test]
 fn a_modules_global_looked_up_from_another_device_is_measured_on_its_device() {
-    let sim = Sim::new().devices(2).build();
-    let control = run(&sim, "modglobal 1g 4 own");
-    let c = peak(&control, "used.1");
-    println!("control (device 1 current): peak {} MiB", c / MIB);
-    assert!(c <= 1100 * MIB, "control:{control:?}");
-    let sim = Sim::new().devices(2).build();
-    let attack = run(&sim, "modglobal 1g 4 cross");
-    let a = peak(&attack, "used.1");
-    println!("attack (device 0 current): peak {} MiB on device 1", a / MIB);
-    assert!(
-        a <= 1100 * MIB,
-        "module globals on device 1 escaped its 1 GiB cap: {} MiB:{attack:?}",
-        a / MIB
-    );
+    own_and_cross(2, "modglobal 1g 4", "", "used.1", "module globals on device 1");
 }

@@ -31,15 +31,6 @@ fn run(sim: &Sim, args: &str, env: &[(&str, &str)]) -> Output {
     out
 }
 
-/// The largest `used=` the program printed.
-fn peak(out: &Output) -> u64 {
-    out.all("used")
-        .iter()
-        .map(|u| u.parse::<u64>().expect("used=<bytes>"))
-        .max()
-        .expect("a used= line")
-}
-
 const CAP: &[(&str, &str)] = &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")];
 
 /// A global the driver allocates at `cuLibraryGetGlobal` (lazy loading): charged at that call, so the fill
@@ -48,7 +39,7 @@ const CAP: &[(&str, &str)] = &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")];
 fn a_lazily_loaded_global_is_charged_at_first_use() {
     let sim = Sim::new().build();
     let control = run(&sim, "lazy_global 512m 64m", &[]);
-    assert!(peak(&control) > 2 * GIB, "control:{control:?}");
+    assert!(control.peak("used") > 2 * GIB, "control:{control:?}");
     let sim = Sim::new().build();
     let out = run(&sim, "lazy_global 512m 64m", CAP);
     out.expect("global.0", OK);
@@ -75,7 +66,7 @@ fn lazy_loads_over_the_cap_are_refused() {
 fn a_first_launch_is_measured() {
     let sim = Sim::new().build();
     let control = run(&sim, "lazy_launch 512m 64m", &[]);
-    assert!(peak(&control) > 2 * GIB, "control:{control:?}");
+    assert!(control.peak("used") > 2 * GIB, "control:{control:?}");
     let sim = Sim::new().build();
     let out = run(&sim, "lazy_launch 512m 64m", CAP);
     out.expect("launch", OK);
@@ -89,7 +80,7 @@ fn a_first_launch_is_measured() {
 fn stack_growth_at_launch_is_admitted() {
     let sim = Sim::new().build();
     let control = run(&sim, "stack 3010 64m", &[]);
-    assert!(peak(&control) > 2 * GIB, "control:{control:?}");
+    assert!(control.peak("used") > 2 * GIB, "control:{control:?}");
     let sim = Sim::new().build();
     let out = run(&sim, "stack 3010 64m", CAP);
     out.expect("launch", OK);
@@ -136,7 +127,7 @@ fn memory_no_hook_sees_is_charged_near_the_cap() {
     let bound = GIB + 600 * MIB - 256 * MIB;
     println!(
         "bypass 600m: peak {} MiB, bound {} MiB",
-        peak(&out) / MIB,
+        out.peak("used") / MIB,
         bound / MIB
     );
     out.assert_used_within(bound);
