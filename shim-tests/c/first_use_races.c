@@ -4,19 +4,17 @@
  *   first_use_races MODE N G
  * One device (plus device 1 where said), one library with one kernel k and a G-byte __device__ global (lazily
  * loaded into each context at k's first launch there), N contexts (cuCtxCreate) with a non-blocking stream each.
- *   seq     CONTROL: k launched onto each stream in turn, that stream's context current.
- *   par     N threads, each with its own context current, wait on a barrier, then launch k onto their stream.
- *   parthr  par, with a 50 ms kernel launched first to spend the SM budget (run with CUDA_DEVICE_SM_LIMIT).
- *   multi   one cuLaunchCooperativeKernelMultiDevice with N entries (k onto each context's stream).
- *   ex      cuLaunchKernelEx, config.hStream = each stream, the primary context current.
- *   ptsz    N threads in turn, each with its own context current, cuLaunchKernel_ptsz onto the NULL stream
- *           (the per-thread default stream of that context).
- *   graph   a graph with one kernel node (k), instantiated with the primary context current, launched onto each
- *           stream with the primary context current.
+ *   seq      CONTROL: k launched onto each stream in turn, that stream's context current.
+ *   parthr   N threads, each with its own context current, wait on a barrier, then launch k onto their stream,
+ *            after a 50 ms kernel spent the SM budget (run with CUDA_DEVICE_SM_LIMIT): each is held by the
+ *            throttle after its admission.
+ *   multi    one cuLaunchCooperativeKernelMultiDevice with N entries (k onto each context's stream).
+ *   ex       cuLaunchKernelEx, config.hStream = each stream, the primary context current.
  *   unloadrace / unloadseq (N=1): see the mode's comment.
- *   hot     1000 launches of k onto ctx 0's stream with the primary current, after a first (then _exit).
+ *   gdev1    two devices: a graph of each of N libraries' kernels launched onto device 1's stream, device 0 current.
+ *   unknown / knownmod  two devices: see the mode's comment.
  *   ctxcheck one cross launch (primary current, stream of ctx 1): prints whether the current context after the
- *           launch is still the primary one (cur.same=1).
+ *            launch is still the primary one (cur.same=1).
  * Prints launch.i=, used.0= after each, then fill=: cuMemAlloc 64 MiB on the primary until refused, used.0=.
  */
 #define _GNU_SOURCE
@@ -42,9 +40,6 @@ static CUstream g_st[MAXN];
 static CUkernel g_k;
 static CUresult g_res[MAXN];
 static pthread_barrier_t g_bar;
-typedef CUresult (*launch_ptsz_t)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                                  unsigned, CUstream, void **, void **);
-static launch_ptsz_t g_ptsz;
 
 static void *par_thread(void *arg) {
     long i = (long)arg;
@@ -71,14 +66,6 @@ static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void *ptsz_thread(void *arg) {
-    long i = (long)arg;
-    cuCtxSetCurrent(g_ctx[i]);
-    g_res[i] = g_ptsz((CUfunction)g_k, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-    cuCtxSynchronize();
-    return NULL;
 }
 
 int main(int argc, char **argv) {
@@ -119,15 +106,6 @@ int main(int argc, char **argv) {
             cuStreamSynchronize(g_st[i]);
             used(0, "used.0");
         }
-    } else if (strcmp(mode, "par") == 0) {
-        pthread_barrier_init(&g_bar, NULL, made);
-        pthread_t t[MAXN];
-        for (long i = 0; i < made; i++) pthread_create(&t[i], NULL, par_thread, (void *)i);
-        for (int i = 0; i < made; i++) {
-            pthread_join(t[i], NULL);
-            printf("launch.%d=%s\n", i, cq_err(g_res[i]));
-        }
-        used(0, "used.0");
     } else if (strcmp(mode, "parthr") == 0) {
         /* par with an SM limit: k0 (another library, 50 ms, no global) launched once to spend the budget, then
          * the N threads' first launches of k (50 ms) are each admitted, then wait in the throttle, then load. */
@@ -171,39 +149,6 @@ int main(int argc, char **argv) {
             cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
             cfg.hStream = g_st[i];
             CUresult r = cuLaunchKernelEx(&cfg, (CUfunction)g_k, NULL, NULL);
-            printf("launch.%d=%s\n", i, cq_err(r));
-            cuStreamSynchronize(g_st[i]);
-            used(0, "used.0");
-        }
-    } else if (strcmp(mode, "ptsz") == 0) {
-        g_ptsz = (launch_ptsz_t)dlsym(RTLD_DEFAULT, "cuLaunchKernel_ptsz");
-        if (!g_ptsz) {
-            fprintf(stderr, "no cuLaunchKernel_ptsz\n");
-            return 2;
-        }
-        for (long i = 0; i < made; i++) {
-            pthread_t t;
-            pthread_create(&t, NULL, ptsz_thread, (void *)i);
-            pthread_join(t, NULL);
-            printf("launch.%ld=%s\n", i, cq_err(g_res[i]));
-            used(0, "used.0");
-        }
-    } else if (strcmp(mode, "graph") == 0) {
-        CK(cuCtxSetCurrent(c0));
-        CUgraph gr;
-        CK(cuGraphCreate(&gr, 0));
-        CUDA_KERNEL_NODE_PARAMS p;
-        memset(&p, 0, sizeof p);
-        p.func = (CUfunction)g_k;
-        p.gridDimX = p.gridDimY = p.gridDimZ = 1;
-        p.blockDimX = p.blockDimY = p.blockDimZ = 1;
-        CUgraphNode node;
-        CK(cuGraphAddKernelNode(&node, gr, NULL, 0, &p));
-        CUgraphExec e;
-        CK(cuGraphInstantiate(&e, gr, 0));
-        for (int i = 0; i < made; i++) {
-            CK(cuCtxSetCurrent(c0));
-            CUresult r = cuGraphLaunch(e, g_st[i]);
             printf("launch.%d=%s\n", i, cq_err(r));
             cuStreamSynchronize(g_st[i]);
             used(0, "used.0");
@@ -303,19 +248,6 @@ int main(int argc, char **argv) {
         printf("lookup=%s\n", cq_err(r));
         used(1, "used.1");
         return 0;
-    } else if (strcmp(mode, "hot") == 0) {
-        /* 1000 launches of k onto ctx 0's stream, the primary current (cross), after a first one */
-        CK(cuCtxSetCurrent(c0));
-        CUresult r = cuLaunchKernel((CUfunction)g_k, 1, 1, 1, 1, 1, 1, 0, g_st[0], NULL, NULL);
-        printf("launch.0=%s\n", cq_err(r));
-        cuStreamSynchronize(g_st[0]);
-        int bad = 0;
-        for (int i = 0; i < 1000; i++) bad += cuLaunchKernel((CUfunction)g_k, 1, 1, 1, 1, 1, 1, 0, g_st[0], NULL, NULL) != 0;
-        cuStreamSynchronize(g_st[0]);
-        printf("hot.bad=%d\n", bad);
-        used(0, "used.0");
-        fflush(stdout);
-        _exit(0);
     } else if (strcmp(mode, "ctxcheck") == 0) {
         CK(cuCtxSetCurrent(c0));
         CUresult r = cuLaunchKernel((CUfunction)g_k, 1, 1, 1, 1, 1, 1, 0, g_st[made - 1], NULL, NULL);
