@@ -27,9 +27,16 @@ pub(crate) fn in_context<R>(cuda: &CudaTable, ctx: CUcontext, f: impl FnOnce() -
     if !unsafe { cuda.cuCtxPushCurrent_v2(ctx) }.ok() {
         return None;
     }
-    let r = f();
-    let mut popped: CUcontext = std::ptr::null_mut();
-    // SAFETY: undoes the push above.
-    let _ = unsafe { cuda.cuCtxPopCurrent_v2(&mut popped) };
-    Some(r)
+    /// Pops the pushed context even if `f` panics (the export's guard catches it): the program's current
+    /// context is never left changed.
+    struct Pop<'a>(&'a CudaTable);
+    impl Drop for Pop<'_> {
+        fn drop(&mut self) {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: undoes the push above.
+            let _ = unsafe { self.0.cuCtxPopCurrent_v2(&mut popped) };
+        }
+    }
+    let _pop = Pop(cuda);
+    Some(f())
 }
