@@ -53,6 +53,17 @@ impl<T> Lock<T> {
         std::mem::forget(self.lock());
     }
 
+    /// In a forked child: an unlocked lock in place of this one, whoever held it in the parent (a lock that
+    /// guards no data, only an order: its holder's thread is gone).
+    ///
+    /// # Safety
+    /// In a forked child's only thread, which holds no guard of this lock.
+    pub(crate) unsafe fn reset_in_child(&self) {
+        let m = self.0.get();
+        // SAFETY: the only thread, no guard or reference in use (the caller's contract).
+        unsafe { std::ptr::write(m, Mutex::new(std::ptr::read((*m).data_ptr()))) };
+    }
+
     /// Releases what [`Lock::hold`] took.
     ///
     /// # Safety

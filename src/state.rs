@@ -333,8 +333,7 @@ fn init(exports: Exports) -> Process {
 // them. One order, always (a hook never holds a lock of a later group while it waits for one of an earlier
 // group, so taking them in this order cannot deadlock against a running hook):
 //
-//   1. memory: the first-use gate (held from a first use's admission across its driver call to its measurement),
-//      the ledger's shards (in index order), the VMM lifetimes, the pools, the graph pools' charges, the graph execs'
+//   1. memory: the ledger's shards (in index order), the VMM lifetimes, the pools, the graph pools' charges, the graph execs'
 //      footprints, the overhead lock, the context/module owners, the host-pid candidates;
 //   2. devices: the refresh lock, then the agent limits readers (both taken under the overhead lock by a limit
 //      re-read);
@@ -344,7 +343,8 @@ fn init(exports: Exports) -> Process {
 // They are released in the reverse order: unlocked in the parent, reset to unlocked in the child (unlocking
 // there would hand a lock to a parent thread parked on it, which the child does not have). In the child, memory
 // then forgets the parent's allocations, slot,
-// contexts and host pid. What is not a lock needs nothing: the NVML init flag and the throttle's NVML handles
+// contexts and host pid, and lets the first-use gate go (it guards no data and is held across driver calls, so
+// `fork` does not wait for it). What is not a lock needs nothing: the NVML init flag and the throttle's NVML handles
 // are atomics; `OnceLock`s are only initialised with values computed before the call.
 
 extern "C" fn fork_prepare() {

@@ -113,13 +113,42 @@ fn a_first_launch_onto_another_contexts_stream_leaves_the_current_context() {
     assert_eq!(a.all("cur.same"), vec!["1"], "{a:?}");
 }
 
-/// A lookup in a module this process did not load (`cuLibraryGetModule`'s, on device 1) while device 0 is over
-/// its cap: not refused (its device is unknown; every capped device is measured after), as a lookup in a module
-/// it loaded (before this was settled: refused for device 0's state).
+/// A lookup in a module from `cuLibraryGetModule` (no load hook saw it; its device is recorded then) on device
+/// 1 while device 0 is over its cap: admitted on device 1, as a lookup in a module the program loaded (before
+/// that was recorded: refused for device 0's state).
 #[test]
-fn a_lookup_in_an_unknown_module_is_not_refused_for_another_device() {
+fn a_lookup_in_a_library_module_is_admitted_on_its_device() {
     let known = run_on(2, "knownmod 0 1200m", &[]);
     assert_eq!(known.all("lookup"), vec!["CUDA_SUCCESS"], "{known:?}");
     let a = run_on(2, "unknown 0 1200m", &[]);
     assert_eq!(a.all("lookup"), vec!["CUDA_SUCCESS"], "{a:?}");
+}
+
+/// Four 700 MiB globals in one module, each taken by the driver at its first `cuModuleGetGlobal`: in a module
+/// from `cuLibraryGetModule` as in one from `cuModuleLoadData` (control), one load past the cap and the rest
+/// refused (a review found the library's module's lookups never refused: 2802 MiB under 1 GiB).
+#[test]
+fn lookups_in_a_library_module_are_refused_over_the_cap() {
+    let prog = compile_c(
+        "first_use_modules",
+        &workspace_root().join("shim-tests/c/first_use_modules.c"),
+        &[],
+        &["-lcuda", "-ldl"],
+    );
+    for mode in ["mod", "lib"] {
+        let sim = Sim::new().build();
+        let out = sim
+            .cmd_path(prog.clone())
+            .args(&format!("{mode} 4"))
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .run();
+        assert!(out.success(), "{out:?}");
+        let p = out.peak("used.0");
+        println!("{mode}: peak {} MiB", p / MIB);
+        assert!(
+            p <= 1500 * MIB,
+            "{mode}: {} MiB under a 1 GiB cap:{out:?}",
+            p / MIB
+        );
+    }
 }

@@ -98,7 +98,7 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuModuleGetGlobal (dptr, bytes, hmod, name) => context::first_use(call, dptr, Some(hmod));
     cuLibraryGetGlobal (dptr, bytes, library, name) => context::first_use(call, dptr, None);
     cuLibraryGetManaged (dptr, bytes, library, name) => context::first_use(call, dptr, None);
-    cuLibraryGetModule (pMod, library) => context::first_use(call, pMod.cast::<usize>(), None);
+    cuLibraryGetModule (pMod, library) => context::library_get_module(call, pMod);
     cuKernelGetFunction (pFunc, kernel) => context::first_use(call, pFunc.cast::<usize>(), None);
     cuLibraryGetUnifiedFunction (fptr, library, symbol) => context::first_use(call, fptr.cast::<usize>(), None);
     cuModuleGetTexRef (pTexRef, hmod, name) => context::first_use(call, pTexRef.cast::<usize>(), Some(hmod));

@@ -224,9 +224,9 @@ fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
 /// `cuLibraryGetModule`, `cuKernelGetFunction`: with lazy loading (CUDA's default) the driver loads the code and
 /// globals here, at first use, not at the module's load: into `module`'s context (a library's lookups: the
 /// current one). While a memory cap applies: refused while the container is over its cap on that device; the
-/// first time a handle comes back, this process is measured there (`memory::reconcile`). A module this process
-/// did not load (`cuLibraryGetModule`'s, `cuFuncGetModule`'s) may live on any device: not refused, every
-/// capped device measured after.
+/// first time a handle comes back, this process is measured there (`memory::reconcile`). A module whose device
+/// this process does not know (`cuFuncGetModule`'s of a kernel's function) may live on any device: refused while
+/// any capped device is over its cap (fail closed), every capped device measured after.
 ///
 /// # Safety
 /// `out` as the driver's contract says (written on success).
@@ -236,16 +236,18 @@ pub(crate) unsafe fn first_use<W: Width>(
     out: *mut W,
     module: Option<CUmodule>,
 ) -> CUresult {
-    let mut calls = Vec::new();
-    match module.map(|m| s.mem.module_device(&s.cuda, m as usize)) {
-        Some(None) => calls.extend(s.devices.known().filter_map(|(d, _)| s.mem.first_use_watch(d))),
-        known => {
-            let dev = known.flatten().or_else(|| s.devices.current(&s.cuda));
-            match dev.map(|d| s.mem.first_use_begin(d, 0)) {
-                Some(Ok(Some(c))) => calls.push(c),
-                Some(Err(_)) => return CUresult::ERROR_OUT_OF_MEMORY,
-                _ => {}
-            }
+    let devs: Vec<Dev> = match module.map(|m| s.mem.module_device(&s.cuda, m as usize)) {
+        None => s.devices.current(&s.cuda).into_iter().collect(),
+        Some(Some(d)) => vec![d],
+        Some(None) => s.devices.known().map(|(d, _)| d).collect(),
+    };
+    let mut calls = Vec::with_capacity(devs.len());
+    for d in devs {
+        match s.mem.first_use_begin(d, 0) {
+            Ok(Some(c)) => calls.push(c),
+            Ok(None) => {}
+            // Nothing admitted in advance (no growth): the calls begun so far hold nothing.
+            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
         }
     }
     if calls.is_empty() {
@@ -262,6 +264,25 @@ pub(crate) unsafe fn first_use<W: Width>(
     };
     for c in calls {
         s.mem.first_use_done(&s.nvml, c, r, fresh);
+    }
+    r
+}
+
+/// `cuLibraryGetModule`: a lookup ([`first_use`]) whose module lives in the current context: its device is
+/// recorded, so that lookups in it from another device are admitted there.
+///
+/// # Safety
+/// `module` as the driver's contract says (written on success).
+pub(crate) unsafe fn library_get_module(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    module: *mut CUmodule,
+) -> CUresult {
+    // SAFETY: the caller's contract.
+    let r = unsafe { first_use(s, call, module.cast::<usize>(), None) };
+    if let (true, Some(dev)) = (r.ok() && !module.is_null(), s.devices.current(&s.cuda)) {
+        // SAFETY: written by the driver on success.
+        s.mem.module_on(unsafe { *module } as usize, dev);
     }
     r
 }

@@ -45,26 +45,43 @@ pub(crate) fn kernel(
         return call();
     }
     s.devices.hami_pre_launch();
-    // A function's first launch in a context while a memory cap applies: its code may load now, its stack grow
-    // (`context::first_launch`, `memory::reconcile`). Out of line: `call` goes only to the throttle, as before.
-    let first = if s.mem.first_use_armed() {
-        match super::context::first_launch(s, Use::Launch, f as usize, probe_stream(stream, ds)) {
-            Ok(l) => Some(l),
-            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
-        }
-    } else {
-        None
-    };
-    let r = if s.throttle.active() {
+    let probe = probe_stream(stream, ds);
+    if s.mem.first_use_armed() {
+        let call = || first_use(s, Use::Launch, f as usize, probe, call);
+        return throttled(s, f, grid, block, probe, call);
+    }
+    throttled(s, f, grid, block, probe, call)
+}
+
+#[inline(always)]
+fn throttled(
+    s: &Shim,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    probe: usize,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    if s.throttle.active() {
         let key = kernel_key(f, grid, block);
-        s.throttle
-            .launch(&s.cuda, &s.nvml, key, probe_stream(stream, ds), call)
+        s.throttle.launch(&s.cuda, &s.nvml, key, probe, call)
     } else {
         call()
-    };
-    if let Some(l) = first {
-        super::context::launched(s, l, probe_stream(stream, ds), r);
     }
+}
+
+/// The real launch of `f` (a function, kernel or graph exec) on `stream`, after the throttle let it go, while a
+/// memory cap applies: its first launch in the stream's context is admitted and measured around it
+/// (`context::first_launch`: its code may load now, its stack grow). Inside the throttle's call, so that a first
+/// use holds the gate only across the driver's call, never across the throttle's wait.
+#[inline]
+fn first_use(s: &Shim, how: Use, f: usize, stream: usize, call: impl FnOnce() -> CUresult) -> CUresult {
+    let l = match super::context::first_launch(s, how, f, stream) {
+        Ok(l) => l,
+        Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+    };
+    let r = call();
+    super::context::launched(s, l, stream, r);
     r
 }
 
@@ -118,7 +135,11 @@ pub(crate) unsafe fn multi_device(
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
     let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
-    // Each entry's function's first launch in its stream's context, admitted as a single launch's is.
+    multi_throttled(s, || multi_first_use(s, call, entries), entries)
+}
+
+/// [`first_use`] for each entry of a multi-device launch (each in its stream's context), around the one call.
+fn multi_first_use(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LAUNCH_PARAMS]) -> CUresult {
     let mut firsts = Vec::new();
     if s.mem.first_use_armed() {
         for e in entries {
@@ -142,7 +163,7 @@ pub(crate) unsafe fn multi_device(
             return refused;
         }
     }
-    let r = multi_throttled(s, call, entries);
+    let r = call();
     for (l, stream) in firsts {
         super::context::launched(s, l, stream, r);
     }
@@ -182,14 +203,8 @@ pub(crate) fn graph(
     // A graph exec's first launch in a context while a memory cap applies: its kernels' code and stack are taken
     // now (refused over the cap, measured after).
     if s.mem.first_use_armed() {
-        let first = match super::context::first_launch(s, Use::Graph, exec as usize, probe_stream(stream, ds))
-        {
-            Ok(l) => l,
-            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
-        };
-        let r = graph_memory(s, call, exec, stream, ds);
-        super::context::launched(s, first, probe_stream(stream, ds), r);
-        return r;
+        let call = || first_use(s, Use::Graph, exec as usize, probe_stream(stream, ds), call);
+        return graph_memory(s, call, exec, stream, ds);
     }
     graph_memory(s, call, exec, stream, ds)
 }

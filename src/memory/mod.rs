@@ -580,7 +580,6 @@ impl Memory {
 
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub(crate) fn fork_prepare(&self) {
-        hold_all([self.first_use.gate()]);
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
         hold_all([self.shared.lock()]);
@@ -610,7 +609,9 @@ impl Memory {
             release_all([self.shared.lock()], side);
             release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
-            release_all([self.first_use.gate()], side);
+            if side == Side::Child {
+                self.first_use.forked_child();
+            }
         }
     }
 }

@@ -518,6 +518,11 @@ impl Memory {
         self.devices.device(cuda, ordinal)
     }
 
+    /// Module `module` (a library's, which no load hook saw) lives on `dev`.
+    pub(crate) fn module_on(&self, module: usize, dev: Dev) {
+        self.holdings.owners.lock().insert(module, dev.ordinal);
+    }
+
     /// Module `module` was unloaded.
     pub(crate) fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
         decrement(&self.holdings.modules);

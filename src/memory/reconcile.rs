@@ -101,8 +101,8 @@ pub(crate) struct FirstUse {
     /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
     /// floor a reconciliation never goes below).
     excess: [AtomicU64; MAX_DEVICES],
-    /// Held by a thread from a first use's admission to its measurement (see [`Gate`]). The first lock of all
-    /// (`state`'s fork order): a holder takes others while it holds it, across the driver call.
+    /// Held by a thread from a first use's admission across its driver call to its measurement (see [`Gate`]);
+    /// it guards no data, so `fork` does not take it: a forked child lets it go (`forked_child`).
     gate: Lock<()>,
 }
 
@@ -272,8 +272,17 @@ impl FirstUse {
         &self.seen
     }
 
-    pub(super) fn gate(&self) -> &Lock<()> {
-        &self.gate
+    /// A forked child: the gate is let go if a parent thread held it (it guards no data, so `fork` need not wait
+    /// for it: a first use in flight holds it across a driver call). The forking thread's own first use, if a
+    /// signal handler forked in it, ends in the child and lets it go then.
+    ///
+    /// # Safety
+    /// In a forked child's only thread.
+    pub(super) unsafe fn forked_child(&self) {
+        if GATE_DEPTH.with(|d| d.get()) == 0 {
+            // SAFETY: the child's only thread, which holds no gate (the caller's contract, its depth).
+            unsafe { self.gate.reset_in_child() };
+        }
     }
 }
 
@@ -486,8 +495,8 @@ impl Memory {
         }))
     }
 
-    /// A call that may take memory on `dev` at first use, but also elsewhere (a module of unknown device): never
-    /// refused, measured after ([`Memory::first_use_done`]). `None`: no cap on `dev`.
+    /// A call that has taken memory at first use on `dev` unadmitted (a launch during which the seen set forgot
+    /// its context's code): measured ([`Memory::first_use_done`]) under the gate. `None`: no cap on `dev`.
     pub(crate) fn first_use_watch(&self, dev: Dev) -> Option<FirstUseCall<'_>> {
         self.limit(dev)?;
         Some(FirstUseCall {
