@@ -152,3 +152,37 @@ fn lookups_in_a_library_module_are_refused_over_the_cap() {
         );
     }
 }
+
+/// A graph with a kernel node (a 500 MiB lazily loaded global) and a 450 MiB alloc node, first launched while
+/// the SM throttle holds it and another thread frees a live graph allocation, so the driver backs the new one
+/// from the pool and takes nothing for it: the first launch is measured after the graph's memory is settled,
+/// not while its 450 MiB provisional charge reads as the driver's (control: the free before the launch; before:
+/// the load under-counted, 1210 MiB against 1018 MiB).
+#[test]
+fn a_graphs_first_launch_is_measured_after_its_memory_nodes_settle() {
+    let prog = compile_c(
+        "first_use_graph_memory",
+        &workspace_root().join("shim-tests/c/first_use_graph_memory.c"),
+        &[],
+        &["-lcuda", "-ldl", "-lpthread"],
+    );
+    let run = |mode: &str| {
+        let sim = Sim::new().build();
+        let out = sim
+            .cmd_path(prog.clone())
+            .args(&format!("{mode} 450 500"))
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .env("CUDA_DEVICE_SM_LIMIT", "10")
+            .run();
+        assert!(out.success(), "{out:?}");
+        out.peak("used.0")
+    };
+    let (control, attack) = (run("seq"), run("race"));
+    println!("control {} MiB, attack {} MiB", control / MIB, attack / MIB);
+    assert!(
+        attack <= control + 64 * MIB,
+        "the free during the wait let {} MiB in, the control {} MiB",
+        attack / MIB,
+        control / MIB
+    );
+}

@@ -47,8 +47,14 @@ pub(crate) fn kernel(
     s.devices.hami_pre_launch();
     let probe = probe_stream(stream, ds);
     if s.mem.first_use_armed() {
-        let call = || first_use(s, Use::Launch, f as usize, probe, call);
-        return throttled(s, f, grid, block, probe, call);
+        let mut first = None;
+        let r = throttled(s, f, grid, block, probe, || {
+            first_use(s, Use::Launch, f as usize, probe, &mut first, call)
+        });
+        if let Some(l) = first {
+            super::context::launched(s, l, probe, r);
+        }
+        return r;
     }
     throttled(s, f, grid, block, probe, call)
 }
@@ -71,18 +77,26 @@ fn throttled(
 }
 
 /// The real launch of `f` (a function, kernel or graph exec) on `stream`, after the throttle let it go, while a
-/// memory cap applies: its first launch in the stream's context is admitted and measured around it
-/// (`context::first_launch`: its code may load now, its stack grow). Inside the throttle's call, so that a first
-/// use holds the gate only across the driver's call, never across the throttle's wait.
+/// memory cap applies: its first launch in the stream's context is admitted (`context::first_launch`: its code
+/// may load now, its stack grow) and left in `first` for the caller to measure once the throttle (and a graph's
+/// memory) settled (`context::launched`). Inside the throttle's call, so that a first use holds the gate only
+/// across the driver's call and what follows it, never across the throttle's wait.
 #[inline]
-fn first_use(s: &Shim, how: Use, f: usize, stream: usize, call: impl FnOnce() -> CUresult) -> CUresult {
-    let l = match super::context::first_launch(s, how, f, stream) {
-        Ok(l) => l,
-        Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
-    };
-    let r = call();
-    super::context::launched(s, l, stream, r);
-    r
+fn first_use<'a>(
+    s: &'a Shim,
+    how: Use,
+    f: usize,
+    stream: usize,
+    first: &mut Option<super::context::Launch<'a>>,
+    call: impl FnOnce() -> CUresult,
+) -> CUresult {
+    match super::context::first_launch(s, how, f, stream) {
+        Ok(l) => {
+            *first = Some(l);
+            call()
+        }
+        Err(_) => CUresult::ERROR_OUT_OF_MEMORY,
+    }
 }
 
 /// Legacy `cuLaunchGrid` (legacy NULL stream) and `cuLaunchGridAsync`.
@@ -135,12 +149,22 @@ pub(crate) unsafe fn multi_device(
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
     let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
-    multi_throttled(s, || multi_first_use(s, call, entries), entries)
+    let mut firsts = Vec::new();
+    let r = multi_throttled(s, || multi_first_use(s, call, entries, &mut firsts), entries);
+    for (l, stream) in firsts {
+        super::context::launched(s, l, stream, r);
+    }
+    r
 }
 
-/// [`first_use`] for each entry of a multi-device launch (each in its stream's context), around the one call.
-fn multi_first_use(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LAUNCH_PARAMS]) -> CUresult {
-    let mut firsts = Vec::new();
+/// [`first_use`] for each entry of a multi-device launch (each in its stream's context), before the one call;
+/// left in `firsts` for the caller to measure.
+fn multi_first_use<'a>(
+    s: &'a Shim,
+    call: impl FnOnce() -> CUresult,
+    entries: &[CUDA_LAUNCH_PARAMS],
+    firsts: &mut Vec<(super::context::Launch<'a>, usize)>,
+) -> CUresult {
     if s.mem.first_use_armed() {
         for e in entries {
             let stream = probe_stream(e.hStream, DefaultStream::Legacy);
@@ -157,17 +181,10 @@ fn multi_first_use(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LA
                 }
                 Err(_) => CUresult::ERROR_OUT_OF_MEMORY,
             };
-            for (l, stream) in firsts {
-                super::context::launched(s, l, stream, refused);
-            }
             return refused;
         }
     }
-    let r = call();
-    for (l, stream) in firsts {
-        super::context::launched(s, l, stream, r);
-    }
-    r
+    call()
 }
 
 fn multi_throttled(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LAUNCH_PARAMS]) -> CUresult {
@@ -202,9 +219,22 @@ pub(crate) fn graph(
 ) -> CUresult {
     // A graph exec's first launch in a context while a memory cap applies: its kernels' code and stack are taken
     // now (refused over the cap, measured after).
+    // Measured after `graph_memory` settled the graph's memory nodes: before, their provisional charge would
+    // read as the driver's and the load as smaller (found by a review: 1210 MiB under a 1 GiB cap).
     if s.mem.first_use_armed() {
-        let call = || first_use(s, Use::Graph, exec as usize, probe_stream(stream, ds), call);
-        return graph_memory(s, call, exec, stream, ds);
+        let probe = probe_stream(stream, ds);
+        let mut first = None;
+        let r = graph_memory(
+            s,
+            || first_use(s, Use::Graph, exec as usize, probe, &mut first, call),
+            exec,
+            stream,
+            ds,
+        );
+        if let Some(l) = first {
+            super::context::launched(s, l, probe, r);
+        }
+        return r;
     }
     graph_memory(s, call, exec, stream, ds)
 }
