@@ -6,10 +6,11 @@
 //! (the exports and the proc-address map point at these hooks).
 //!
 //! Each hook: when no SM or memory limit can apply (the common case), the export already forwarded the call
-//! (`abi::launch_unhooked`), or the hook makes one check and the real call (a limits file changed: re-read). With a memory
-//! cap, a function's first launch is measured (`context::first_launch`: lazy loading, stack growth). Otherwise the launch
-//! is keyed (function, grid, block — or the graph), admitted by the throttle (which may sleep), sometimes
-//! measured with events on its stream, then made. A `_ptsz` call with the NULL stream runs on the per-thread
+//! (`abi::launch_unhooked`), or the hook makes one check and the real call (a limits file changed: re-read). Otherwise
+//! the launch is keyed (function, grid, block — or the graph), admitted by the throttle (which may sleep), sometimes
+//! measured with events on its stream, then made. With a memory cap, a function's first launch in its stream's
+//! context is admitted inside the throttle's call, after its wait, and measured once the throttle returned
+//! (`context::first_launch`: lazy loading, stack growth). A `_ptsz` call with the NULL stream runs on the per-thread
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
 
 use crate::ffi::cuda::*;
