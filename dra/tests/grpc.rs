@@ -118,7 +118,10 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert!(opts("/var/run/cuquota/usage").contains(&"rw".into()));
     // A priority (low) and a reserve: the claim's own priority file read-write, named `.low` (only `.high`
     // files are trusted by others), and the node's priority directory read-only beside it.
-    let own = n.p(&format!("state/priority/{UID}.low"));
+    let own = std::fs::read_link(n.p(&format!("state/claims/{UID}/priority"))).unwrap();
+    assert_eq!(own.parent(), Some(n.p("state/priority").as_path()));
+    let name = own.file_name().unwrap().to_str().unwrap();
+    assert!(name.ends_with(".low") && name.len() == 36, "{name}");
     assert!(opts("/etc/cuquota/priority").contains(&"rw".into()));
     assert_eq!(
         mount("/etc/cuquota/priority")["hostPath"],
@@ -345,4 +348,75 @@ fn the_pod_cgroup_is_found_in_the_kubelets_layouts() {
     let v2 = dir.path().join(format!("kubepods/pod{uid}"));
     std::fs::create_dir_all(&v2).unwrap();
     assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), Some(v2));
+}
+
+/// Issue 35 item 5: every container with a priority lists the node's priority directory (read-only, at
+/// `/etc/cuquota/priority.d`), so what it finds there is all another container shows it: the `.high` file of a
+/// high-priority claim (presence, and its activity words), no claim UID. Played as the tenant of a low claim,
+/// from its CDI spec's mounts: the file names carry neither claim's UID (main named them `<claim uid>.high`),
+/// and the shim's view still finds its own file and a present high-priority tenant (control).
+#[test]
+fn a_tenant_listing_the_node_priority_directory_learns_no_claim_uid() {
+    use cuquota_core::region::PriorityRegion;
+    let n = Node::new();
+    let high_uid = "44444444-0000-0000-0000-000000000001";
+    let mut v = fixture();
+    v["metadata"]["uid"] = high_uid.into();
+    let cfg = &mut v["status"]["allocation"]["devices"]["config"][0];
+    cfg["source"] = "FromClass".into();
+    cfg["opaque"]["parameters"]["priority"] = "high".into();
+    cfg["opaque"]["parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("reservedMemory");
+    n.put_claim("inference", &v);
+    let r = n.prepare(&[("notebook-gpu", UID), ("inference", high_uid)]);
+    assert_eq!(r[UID].error, "", "{:?}", r[UID]);
+    assert_eq!(r[high_uid].error, "", "{:?}", r[high_uid]);
+
+    // The low claim's container: its own file and the node directory, as its CDI spec mounts them.
+    let spec = n.cdi_spec();
+    let mounts = spec["devices"][0]["containerEdits"]["mounts"].as_array().unwrap();
+    let host = |c: &str| {
+        let m = mounts.iter().find(|m| m["containerPath"] == c).unwrap();
+        std::path::PathBuf::from(m["hostPath"].as_str().unwrap())
+    };
+    let (own, dir) = (host("/etc/cuquota/priority"), host("/etc/cuquota/priority.d"));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    for uid in [UID, high_uid] {
+        let short = &uid[..8];
+        assert!(
+            !names.iter().any(|f| f.contains(short)),
+            "the node directory names claim {uid}: {names:?}"
+        );
+    }
+    assert_eq!(
+        names.iter().filter(|f| f.ends_with(".high")).count(),
+        1,
+        "the high-priority claim's presence: {names:?}"
+    );
+
+    // Control: the shim, given those two paths, finds its own file by inode (not high) and the present
+    // high-priority tenant.
+    let view = n.p("tenant-view");
+    std::fs::create_dir_all(&view).unwrap();
+    std::fs::hard_link(&own, view.join("priority")).unwrap();
+    std::os::unix::fs::symlink(&dir, view.join("priority.d")).unwrap();
+    let region = PriorityRegion::open(&view.join("priority")).unwrap();
+    let e = region.entry(region.device(&parse_uuid(GPU).unwrap()).unwrap());
+    let now = {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime fills the timespec it is given.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    };
+    assert!(!e.granted_high(now), "the low claim is not high priority");
+    assert!(e.hp(now).last_launch > 0, "the high-priority tenant is present");
 }
