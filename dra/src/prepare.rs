@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use cuquota_core::config::{DEFAULT_LIMITS_PATH, DEFAULT_PRIORITY_PATH, LIMITS_REQUIRED_MARKER};
 use cuquota_core::region::layout::{parse_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
-use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRegion};
+use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRegion, COUNTERS_SUFFIX};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
@@ -162,6 +162,12 @@ impl Layout {
         self.claim_dir(uid).join("priority")
     }
 
+    /// Claim `uid`'s priority counters file (`<priority_link>.counters`): its launch and wait counts, kept
+    /// beside the link rather than in the node directory.
+    fn counters_file(&self, uid: &str) -> PathBuf {
+        self.claim_dir(uid).join(format!("priority{COUNTERS_SUFFIX}"))
+    }
+
     /// Claim `uid`'s own priority file in the node directory: `.high` when any of its devices is granted high
     /// priority (the suffix is what other containers trust, and only the plugin sets it). Every container with
     /// a priority lists that directory, so the name carries no claim UID: 32 random hex digits drawn at the
@@ -242,6 +248,9 @@ impl Layout {
             fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
             let p = self.priority_file(&claim.uid, grants)?;
             PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
+            // Its counters (launches, waits), out of the directory every container reads.
+            PriorityRegion::create(&self.counters_file(&claim.uid))
+                .map_err(|e| format!("counters file: {e}"))?;
             let link = self.priority_link(&claim.uid);
             let tmp = link.with_extension("tmp");
             let _ = fs::remove_file(&tmp);
@@ -398,6 +407,11 @@ impl Layout {
         if let Some(own) = priority {
             // Its own file read-write; everyone's, the node directory, read-only at the path + ".d".
             mounts.push(mount(own, DEFAULT_PRIORITY_PATH, true));
+            mounts.push(mount(
+                &self.counters_file(uid),
+                &format!("{DEFAULT_PRIORITY_PATH}{COUNTERS_SUFFIX}"),
+                true,
+            ));
             let dir = format!("{DEFAULT_PRIORITY_PATH}.d");
             mounts.push(mount(&self.priority_dir(), &dir, false));
         }
