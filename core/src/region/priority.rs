@@ -87,6 +87,8 @@ pub struct PriorityRegion {
     counters: Option<Counters>,
     /// Where the counters of an entry the counters file has no room for go: nowhere anyone reads.
     sink: Box<PriorityDevice>,
+    /// Per own device entry: the entry its counters go to (in the counters file, or `sink`); null = itself.
+    counted_in: [AtomicPtr<PriorityDevice>; MAX_DEVICES],
     /// Entries of this process alone, for devices the own file has no room for (its container filled it): a
     /// best-effort process gates on them as if a high-priority tenant were present (fail closed).
     local: Box<[PriorityDevice]>,
@@ -124,8 +126,6 @@ pub struct PriorityPeers {
 /// The container's counters file: same layout, only the counter words used; entries claimed by UUID.
 struct Counters {
     map: Mapping,
-    /// Per own device entry: its entry in the counters file + 1 (0 = none: no room).
-    entry: [AtomicU32; MAX_DEVICES],
 }
 
 impl Counters {
@@ -262,10 +262,7 @@ impl PriorityRegion {
         }
         let map = Self::map(&p, Access::ReadWrite)?;
         validate(&p, &map, false, PRIORITY_ABI_VERSION)?;
-        Ok(Some(Counters {
-            map,
-            entry: std::array::from_fn(|_| AtomicU32::new(0)),
-        }))
+        Ok(Some(Counters { map }))
     }
 
     fn open_with(path: &Path, access: Access) -> Result<PriorityRegion, RegionError> {
@@ -286,6 +283,7 @@ impl PriorityRegion {
             counters: None,
             // SAFETY: PriorityDevice consists only of atomics, for which all-zero is a valid value.
             sink: Box::new(unsafe { std::mem::zeroed::<PriorityDevice>() }),
+            counted_in: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             local: (0..MAX_DEVICES)
                 // SAFETY: PriorityDevice consists only of atomics, for which all-zero is a valid value (a free
                 // entry).
@@ -322,9 +320,11 @@ impl PriorityRegion {
         let i = claim_device(&self.file().devices, uuid, self.path())?;
         if let Some(c) = &self.counters {
             // No room there: this entry's counters go to the sink (never into the file others read).
-            if let Ok(j) = claim_device(&c.file().devices, uuid, c.map.path()) {
-                c.entry[i].store(j as u32 + 1, Ordering::Release);
-            }
+            let to = match claim_device(&c.file().devices, uuid, c.map.path()) {
+                Ok(j) => &c.file().devices[j],
+                Err(_) => &*self.sink,
+            };
+            self.counted_in[i].store(std::ptr::from_ref(to).cast_mut(), Ordering::Release);
         }
         Ok(PriorityDeviceId(i as u32))
     }
@@ -337,18 +337,20 @@ impl PriorityRegion {
     }
 
     /// One device entry's words (with the node directory's view of the device, when opened with it).
+    #[inline]
     pub fn entry(&self, id: PriorityDeviceId) -> PriorityEntry<'_> {
         let d = if id.is_local() {
             &self.local[id.index()]
         } else {
             &self.file().devices[id.index()]
         };
-        let c = match &self.counters {
-            Some(k) if !id.is_local() => match k.entry[id.index()].load(Ordering::Acquire) {
-                0 => &*self.sink,
-                j => &k.file().devices[j as usize - 1],
-            },
-            _ => d,
+        let to = self.counted_in[id.index()].load(Ordering::Acquire);
+        let c = if id.is_local() || to.is_null() {
+            d
+        } else {
+            // SAFETY: a non-null `counted_in` points into the counters mapping or `sink`, both owned by `self`
+            // and never moved or freed before it; PriorityDevice holds only atomics.
+            unsafe { &*to }
         };
         PriorityEntry {
             d,
