@@ -401,6 +401,7 @@ async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Publis
             }
             let _ = tokio::time::timeout(CONNECTION_TIMEOUT - HEADER_TIMEOUT, conn).await;
         });
+        // Counted before it runs (one thread: the task is first polled at the yield below).
         let evict = waiting
             .lock()
             .unwrap_or_else(|e| e.into_inner())
