@@ -3,8 +3,8 @@
 //! the simulated GPU otherwise (said on stderr). Exits with CMD's status (128+N when signal N killed it).
 //!
 //! `cuquota run` makes itself a child subreaper, so every descendant of CMD stays its descendant (an orphan is
-//! re-parented to it, not to init): the node agent's `subtree = <pid of cuquota run>` membership covers the
-//! whole process tree. It exits when CMD and every descendant CMD left behind have exited (with CMD's
+//! re-parented to it, not to init): the node agent's `subtree = <pid of cuquota run>` membership (with its
+//! `subtree_start`, the start time in `/proc/<pid>/stat`) covers the whole process tree. It exits when CMD and every descendant CMD left behind have exited (with CMD's
 //! status), so a daemonised child never outlives the tree it belongs to. Signals sent to `cuquota run` (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
 //! SIGWINCH) are forwarded to CMD; those the terminal sends reach CMD directly (same process group) and are not
 //! sent twice.
