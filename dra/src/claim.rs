@@ -351,8 +351,8 @@ impl Settings {
     fn bound(&self, claim: &Settings) -> Result<Settings, String> {
         let refuse = |what: &str, asked: String, class: String| {
             Err(format!(
-                "the claim's {what} {asked} exceeds its DeviceClass's {class}: a claim may only lower what its \
-                 class sets (lower priority, stricter policy, smaller weight, more reservedMemory)"
+                "the claim's {what} {asked} goes beyond its DeviceClass's {class}: a claim may only ask for less \
+                 than its class (lower priority, stricter policy, smaller weight, more reservedMemory)"
             ))
         };
         // Low yields to high tenants; none is not gated at all; high is gated by no one.
