@@ -59,7 +59,11 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert_eq!(e.kind, PolicyKind::Hard);
     assert_eq!(e.priority.map(|p| p.as_str()), Some("low"));
     assert_eq!(e.reserved_memory, Some(1 << 30));
-    assert!(snap.get(DeviceSelector::All).is_none());
+    assert_eq!(
+        snap.get(DeviceSelector::All).map(|e| e.limits()),
+        Some(cuquota_dra::prepare::NOT_GRANTED),
+        "any other GPU: nothing"
+    );
     assert!(!snap.opt_out_allowed());
     assert_eq!(
         snap.usage_path().unwrap(),
@@ -529,4 +533,46 @@ fn a_claim_cannot_raise_what_its_device_class_sets() {
         );
         assert!(file.ends_with(want.4), "control {i}: {file}");
     }
+}
+
+#[test]
+fn a_gpu_the_claim_was_not_granted_is_not_unlimited() {
+    // The plugin's CUDA_VISIBLE_DEVICES names the granted GPU, but a program may name another one the container
+    // can reach (a node whose device nodes every claim gets) in its own environment, or setenv it before cuInit.
+    // The plugin's limits file, not the variable, must decide what it may use there: nothing.
+    use shim_tests::{Prog, Sim, GIB};
+    let n = Node::new();
+    let uid = "66666666-0000-0000-0000-000000000001";
+    n.put_claim("plain", &claim_with(uid, None, Some(serde_json::json!({}))));
+    assert_eq!(n.prepare(&[("plain", uid)])[uid].error, "");
+    let other = "GPU-00000000-0000-0000-0000-000000000002";
+    let sim = Sim::new()
+        .devices(2)
+        .memory("80g")
+        .uuids(&format!("{GPU},{other}"))
+        .build();
+    // The plugin's file as written, but for the usage binding (the container's path: no container here).
+    std::fs::copy(n.p(&format!("state/claims/{uid}/limits")), sim.limits_file()).unwrap();
+    cuquota_core::region::LimitsWriter::open(&sim.limits_file())
+        .unwrap()
+        .update(|t| t.set_usage(None, None))
+        .unwrap()
+        .unwrap();
+    let run = |visible: &str| {
+        sim.cmd(Prog::Probe)
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .args("init totalmem alloc:mem:6g")
+            .run()
+    };
+    // Control: the granted GPU has its 4 GiB.
+    let out = run(GPU);
+    assert_eq!(out.num("totalmem"), 4 * GIB, "{out:?}");
+    assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
+    // Attack: the other GPU.
+    let out = run(other);
+    assert_eq!(
+        (out.val("ctx"), out.num("totalmem"), out.val("alloc.0")),
+        ("CUDA_ERROR_OUT_OF_MEMORY", 1, "CUDA_ERROR_OUT_OF_MEMORY"),
+        "a GPU the claim was not granted: {out:?}"
+    );
 }
