@@ -350,8 +350,9 @@ pub(crate) struct FirstLaunch<'a> {
 /// stream's context and device (`Err`: refuse the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked,
 /// `f` not marked); [`first_launch_done`] measures the process after the launch and marks `f` launched in that
 /// context if it succeeded.
-/// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec: its kernel nodes are
-/// not listed, so nothing is admitted in advance but over the cap; the launch is measured after).
+/// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec, launched or uploaded:
+/// the stack its kernels need, listed at instantiation and update, is admitted the same way; their code's loading
+/// is measured after).
 #[inline(always)]
 pub(crate) fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Result<Launch<'_>, OverCap> {
     let ctx = launch_ctx(s, stream);
@@ -420,18 +421,31 @@ fn first_launch_slow(s: &Shim, how: Use, f: usize, ctx: usize, stream: usize) ->
 }
 
 fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCall<'_>>, OverCap> {
-    let f = f as CUfunction;
     let Some(dev) = s.devices.current(&s.cuda) else {
         return Ok(None);
     };
     if s.mem.limit(dev).is_none() {
         return Ok(None);
     }
-    if how == Use::Graph {
-        return s.mem.first_use_begin(dev, 0);
-    }
+    let local = match how {
+        // The largest of its kernels', listed at instantiation and update (`graph_memory`).
+        Use::Graph => s.mem.graph().stack(f),
+        _ => kernel_local(s, f as CUfunction, dev),
+    };
+    let mut stack: usize = 0;
+    // SAFETY: valid out-pointer.
+    let growth = if local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+        stack_bytes(s, dev, local.saturating_sub(stack as u64))
+    } else {
+        0
+    };
+    s.mem.first_use_begin(dev, growth)
+}
+
+/// The local memory per thread of `f` (a function or a library kernel) on `dev`; 0 when the driver does not say.
+pub(crate) fn kernel_local(s: &Shim, f: CUfunction, dev: Dev) -> u64 {
     let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
+    // SAFETY: valid out-pointers; `f` is the program's handle, which the driver checks.
     let known = unsafe {
         s.cuda
             .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
@@ -440,15 +454,11 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCal
                 .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
                 .ok()
     };
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    let growth =
-        if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-            stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64))
-        } else {
-            0
-        };
-    s.mem.first_use_begin(dev, growth)
+    if known {
+        local.max(0) as u64
+    } else {
+        0
+    }
 }
 
 /// The first launch [`first_launch`] let through returned `r`.
