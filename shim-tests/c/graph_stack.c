@@ -19,6 +19,8 @@
  *                         uploaded inside the instantiation (op=; flags.kept= the struct's flags after it)
  *         device          that exec uploaded (result: upload=), then launched from the device by a host graph's
  *                         small kernel (op=: the host graph's launch)
+ *         hidden_cond     the conditional node made by libcuda's own cuGraphAddNode (no interposer sees it: its
+ *                         bodies cannot be listed), instantiated (instantiate=) and launched
  *         direct          cuLaunchKernel of KIND's kernel
  */
 #define _GNU_SOURCE
@@ -56,7 +58,10 @@ static CUgraph kernel_graph(CUfunction f, CUgraphNode *node) {
     return g;
 }
 
-/* An IF conditional node in g whose body holds f's kernel node; the handle's default value is `value`. */
+static int g_hidden;
+
+/* An IF conditional node in g whose body holds f's kernel node; the handle's default value is `value`. Made by
+ * libcuda's own cuGraphAddNode when g_hidden. */
 static void add_conditional(CUgraph g, CUcontext ctx, CUfunction f, unsigned value) {
     CUgraphConditionalHandle h;
     CK(cuGraphConditionalHandleCreate(&h, g, ctx, value, CU_GRAPH_COND_ASSIGN_DEFAULT));
@@ -68,7 +73,16 @@ static void add_conditional(CUgraph g, CUcontext ctx, CUfunction f, unsigned val
     p.conditional.size = 1;
     p.conditional.ctx = ctx;
     CUgraphNode n;
-    CK(cuGraphAddNode(&n, g, NULL, NULL, 0, &p));
+    CUresult (*add)(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+                    CUgraphNodeParams *) = cuGraphAddNode;
+    if (g_hidden) {
+        void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        add = cuda ? (CUresult(*)(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+                                  CUgraphNodeParams *))cq_elf_sym(cuda, "cuGraphAddNode_v2")
+                   : NULL;
+        if (!add) die("libcuda's cuGraphAddNode_v2", CUDA_ERROR_NOT_FOUND);
+    }
+    CK(add(&n, g, NULL, NULL, 0, &p));
     CUDA_KERNEL_NODE_PARAMS k = params(f);
     CUgraphNode kn;
     CK(cuGraphAddKernelNode(&kn, p.conditional.phGraph_out[0], NULL, 0, &k));
@@ -149,10 +163,11 @@ int main(int argc, char **argv) {
         }
         printf("update=%s\n", cq_err(r));
         report("op", cuGraphLaunch(e, NULL));
-    } else if (!strcmp(path, "conditional") || !strcmp(path, "conditional_off")) {
+    } else if (!strcmp(path, "conditional") || !strcmp(path, "conditional_off") || !strcmp(path, "hidden_cond")) {
         CUgraph g;
         CK(cuGraphCreate(&g, 0));
-        add_conditional(g, c0, f_kind, !strcmp(path, "conditional") ? 1 : 0);
+        g_hidden = !strcmp(path, "hidden_cond");
+        add_conditional(g, c0, f_kind, strcmp(path, "conditional_off") ? 1 : 0);
         instantiate_launch(g, 0);
     } else if (!strcmp(path, "child") || !strcmp(path, "child_cond")) {
         CUgraph child;

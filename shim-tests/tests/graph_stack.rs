@@ -21,12 +21,16 @@ fn prog() -> PathBuf {
 }
 
 fn run(path: &str, kind: &str) -> Output {
+    run_with(path, kind, &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")])
+}
+
+fn run_with(path: &str, kind: &str, env: &[(&str, &str)]) -> Output {
     let sim = Sim::new().build();
-    let out = sim
-        .cmd_path(prog())
-        .args(&format!("{path} {kind} 16384"))
-        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
-        .run();
+    let mut c = sim.cmd_path(prog()).args(&format!("{path} {kind} 16384"));
+    for (k, v) in env {
+        c = c.env(k, v);
+    }
+    let out = c.run();
     assert!(out.success(), "{out:?}");
     println!("{path} {kind}: peak {} MiB: {out:?}", out.peak("used") / MIB);
     out
@@ -166,4 +170,30 @@ fn device_launch_after_a_refused_upload_stays_within_the_cap() {
     let out = run("device", "small");
     assert_eq!(out.get("upload"), Some("CUDA_SUCCESS"), "{out:?}");
     admitted("device");
+}
+
+/// A graph whose kernels cannot all be listed under a cap is refused at instantiation (fail closed,
+/// `CUDA_ERROR_NOT_SUPPORTED`): a conditional node made past cuquota (libcuda's own `cuGraphAddNode_v2`: its
+/// bodies no call lists), and a kernel node whose parameters the driver refuses to give
+/// (`cuGraphKernelNodeGetParams_v2` failing). Control: without a cap the same graphs instantiate and run.
+#[test]
+fn a_graph_whose_kernels_cannot_be_listed_is_refused_under_a_cap() {
+    const FAULT: (&str, &str) = ("CUDASIM_FAULT", "cuGraphKernelNodeGetParams_v2:1+:UNKNOWN");
+    let hidden = run("hidden_cond", "big");
+    let faulted = run_with("launch", "big", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+    for out in [&hidden, &faulted] {
+        assert_eq!(
+            out.get("instantiate"),
+            Some("CUDA_ERROR_NOT_SUPPORTED"),
+            "{out:?}"
+        );
+        out.assert_used_within(GIB);
+    }
+    for out in [
+        run_with("hidden_cond", "small", &[]),
+        run_with("launch", "small", &[FAULT]),
+    ] {
+        assert_eq!(out.get("instantiate"), None, "{out:?}");
+        assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
+    }
 }

@@ -36,18 +36,26 @@ struct Walked {
     mem: Vec<(Dev, u64)>,
     /// The largest local memory per thread (bytes) of the kernels it may run.
     local: u64,
-    /// A conditional node whose bodies we never saw (a clone's), not covered by a clone's record.
+    /// A kernel node whose kernel could not be read, or a conditional node whose bodies we never saw (a clone's)
+    /// not covered by a clone's record.
     unknown: bool,
 }
 
 /// The memory nodes and the kernels of `graph`, its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may hold
 /// memory nodes when moved into the node) and its conditional nodes' bodies (whether they run is decided on the
-/// device). `None`: the driver could not list a graph or a kernel node, a conditional node's bodies are unknown,
-/// or the nesting is deeper than [`MAX_DEPTH`].
+/// device). `None`: the driver could not list a graph, the nesting is deeper than [`MAX_DEPTH`], or, while a
+/// memory cap may apply, a kernel node's parameters could not be read or a conditional node's bodies are
+/// unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
 fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
     let dev = s.devices.current(&s.cuda);
     let w = walk(s, dev, graph, 0)?;
-    (!w.unknown).then_some(w)
+    if w.unknown {
+        s.devices.refresh_if_changed();
+        if s.devices.memory_limited() {
+            return None;
+        }
+    }
+    Some(w)
 }
 
 fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked> {
@@ -88,10 +96,10 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 }
                 None => out.unknown = true,
             },
-            CU_GRAPH_NODE_TYPE_KERNEL => {
-                let (func, kern) = kernel_node(s, node)?;
-                out.local = out.local.max(node_local(s, dev, func, kern));
-            }
+            CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node) {
+                Some((func, kern)) => out.local = out.local.max(node_local(s, dev, func, kern)),
+                None => out.unknown = true,
+            },
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
                 // SAFETY: zeroed is a valid value of this plain C struct.
                 let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
