@@ -207,7 +207,7 @@ pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimi
 }
 
 /// Device memory a per-thread stack of `per_thread` bytes takes: one for every thread the device can hold.
-fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
+pub(crate) fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
     let attr = |a: CUdevice_attribute| {
         let mut n: c_int = 0;
         // SAFETY: valid out-pointer.
@@ -421,31 +421,19 @@ fn first_launch_slow(s: &Shim, how: Use, f: usize, ctx: usize, stream: usize) ->
 }
 
 fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCall<'_>>, OverCap> {
+    let f = f as CUfunction;
     let Some(dev) = s.devices.current(&s.cuda) else {
         return Ok(None);
     };
     if s.mem.limit(dev).is_none() {
         return Ok(None);
     }
-    let local = match how {
-        // The largest of its kernels', listed at instantiation and update (`graph_memory`).
-        Use::Graph => s.mem.graph().stack(f),
-        _ => kernel_local(s, f as CUfunction, dev),
-    };
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    let growth = if local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-        stack_bytes(s, dev, local.saturating_sub(stack as u64))
-    } else {
-        0
-    };
-    s.mem.first_use_begin(dev, growth)
-}
-
-/// The local memory per thread of `f` (a function or a library kernel) on `dev`; 0 when the driver does not say.
-pub(crate) fn kernel_local(s: &Shim, f: CUfunction, dev: Dev) -> u64 {
+    if how == Use::Graph {
+        let growth = super::graph_memory::stack_growth(s, dev, f as usize);
+        return s.mem.first_use_begin(dev, growth);
+    }
     let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the program's handle, which the driver checks.
+    // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
     let known = unsafe {
         s.cuda
             .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
@@ -454,11 +442,15 @@ pub(crate) fn kernel_local(s: &Shim, f: CUfunction, dev: Dev) -> u64 {
                 .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
                 .ok()
     };
-    if known {
-        local.max(0) as u64
-    } else {
-        0
-    }
+    let mut stack: usize = 0;
+    // SAFETY: valid out-pointer.
+    let growth =
+        if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+            stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64))
+        } else {
+            0
+        };
+    s.mem.first_use_begin(dev, growth)
 }
 
 /// The first launch [`first_launch`] let through returned `r`.

@@ -21,6 +21,7 @@ use crate::log::{log, Level};
 use crate::memory::charge::Charge;
 use crate::memory::reconcile::Use;
 use crate::state::Shim;
+use std::ffi::c_int;
 
 /// Child graphs and conditional bodies nested deeper than this are not walked (fail closed: such a graph's
 /// instantiation is refused).
@@ -164,14 +165,43 @@ impl Walked {
     }
 }
 
-/// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), as a direct
-/// launch of it is priced (`context::kernel_local`); 0 on a device without accounting.
+/// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), read as a
+/// direct launch of it reads it (`context::first_launch`); 0 on a device without accounting or when the driver
+/// does not say.
 fn node_local(s: &Shim, dev: Option<Dev>, func: CUfunction, kern: CUkernel) -> u64 {
     let f = if func.is_null() { kern as CUfunction } else { func };
-    match dev {
-        Some(d) if !f.is_null() => super::context::kernel_local(s, f, d),
-        _ => 0,
+    let Some(dev) = dev.filter(|_| !f.is_null()) else {
+        return 0;
+    };
+    let mut local: c_int = 0;
+    // SAFETY: valid out-pointers; `f` is the program's handle, which the driver checks.
+    let known = unsafe {
+        s.cuda
+            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
+            .ok()
+            || s.cuda
+                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
+                .ok()
+    };
+    if known {
+        local.max(0) as u64
+    } else {
+        0
     }
+}
+
+/// What the first launch or upload of `exec` in the current context makes the driver grow its stack by: the
+/// largest local memory its kernels need (recorded at instantiation and update) beyond the context's stack size,
+/// for every thread the device holds (`context::stack_bytes`, as a direct launch's growth and `cuCtxSetLimit`
+/// are priced). Admitted by `context::first_launch`, the one routine every launch path takes.
+pub(crate) fn stack_growth(s: &Shim, dev: Dev, exec: usize) -> u64 {
+    let local = s.mem.graph().stack(exec);
+    let mut stack: usize = 0;
+    // SAFETY: valid out-pointer.
+    if local == 0 || !unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+        return 0;
+    }
+    super::context::stack_bytes(s, dev, local.saturating_sub(stack as u64))
 }
 
 /// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
