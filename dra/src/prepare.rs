@@ -2,7 +2,8 @@
 //! starts, and the CDI device that brings them into the container.
 //!
 //! Per claim (UID `U`), under the state directory the plugin owns:
-//! `claims/U/limits` (the limits file: one UUID entry per allocated GPU, the usage file bound, no opt-out),
+//! `claims/U/limits` (the limits file: one UUID entry per allocated GPU, an `all` entry that leaves any other
+//! GPU nothing, the usage file bound, no opt-out),
 //! `claims/U/usage` (the claim's one usage file), `claims/U/prepared.json` (the checkpoint, written last);
 //! `CDI_DIR/cuquota.io-gpu-U.json` (the CDI spec, one device named `U`), and per reserved pod an agent descriptor
 //! `AGENT_DIR/dra-U-POD.toml` once the pod's cgroup exists. Every write is idempotent; unprepare removes them all.
@@ -375,6 +376,9 @@ impl Layout {
                     .map_err(|e| e.to_string())?;
                 e.raw = policy(g).raw();
             }
+            // Any other GPU the container can reach (device nodes every claim gets, a CUDA_VISIBLE_DEVICES of
+            // the program's own): nothing, not unlimited. A GPU's UUID entry wins over `all`.
+            t.entry_mut(DeviceSelector::All).map_err(|e| e.to_string())?.raw = NOT_GRANTED.raw();
             t.flags = (t.flags | LIMITS_FLAG_NO_OPT_OUT) & !LIMITS_FLAG_OPT_OUT_ALLOWED;
             t.set_usage(Some(Path::new(USAGE_IN_CONTAINER)), Some(id))
         })
@@ -486,6 +490,14 @@ fn needs_priority(grants: &Grants) -> bool {
         .iter()
         .any(|g| g.priority.is_some() || g.reserved_memory.is_some())
 }
+
+/// The limits-file policy of a GPU the claim was not granted: 1 byte (no context fits), 1 % hard.
+pub const NOT_GRANTED: Policy = Policy {
+    memory: Some(1),
+    sm: Some(1),
+    kind: PolicyKind::Hard,
+    ..Policy::NONE
+};
 
 /// The limits-file policy of a grant.
 fn policy(g: &Grant) -> Policy {

@@ -59,7 +59,11 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert_eq!(e.kind, PolicyKind::Hard);
     assert_eq!(e.priority.map(|p| p.as_str()), Some("low"));
     assert_eq!(e.reserved_memory, Some(1 << 30));
-    assert!(snap.get(DeviceSelector::All).is_none());
+    assert_eq!(
+        snap.get(DeviceSelector::All).map(|e| e.limits()),
+        Some(cuquota_dra::prepare::NOT_GRANTED),
+        "any other GPU: nothing"
+    );
     assert!(!snap.opt_out_allowed());
     assert_eq!(
         snap.usage_path().unwrap(),
@@ -462,4 +466,230 @@ fn a_tenant_reading_the_node_priority_directory_learns_no_claim_uid_or_counts() 
     let now = monotonic_ns();
     assert!(!e.granted_high(now), "the low claim is not high priority");
     assert_eq!(e.hp(now).last_launch, t, "the high-priority tenant's activity");
+}
+
+/// A claim whose allocation carries `class` as the DeviceClass's opaque configuration and `claim` as the
+/// claim's own (`None`: no entry from that source).
+fn claim_with(
+    uid: &str,
+    class: Option<serde_json::Value>,
+    claim: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let mut v = fixture();
+    v["metadata"]["uid"] = uid.into();
+    let entry = |source: &str, params: serde_json::Value| {
+        let mut p = serde_json::json!({"apiVersion": "gpu.cuquota.io/v1alpha1", "kind": "GpuConfig"});
+        p.as_object_mut()
+            .unwrap()
+            .extend(params.as_object().unwrap().clone());
+        serde_json::json!({"source": source, "requests": ["gpu"], "opaque": {"driver": "gpu.cuquota.io", "parameters": p}})
+    };
+    let mut config = Vec::new();
+    config.extend(class.map(|c| entry("FromClass", c)));
+    config.extend(claim.map(|c| entry("FromClaim", c)));
+    v["status"]["allocation"]["devices"]["config"] = config.into();
+    v
+}
+
+/// What the plugin wrote into a prepared claim's limits file for the GPU, and its priority file's name.
+fn granted(n: &Node, uid: &str) -> Option<(cuquota_core::Policy, String)> {
+    let snap = *LimitsReader::open(&n.p(&format!("state/claims/{uid}/limits")))
+        .ok()?
+        .snapshot();
+    let e = snap.get(DeviceSelector::Uuid(parse_uuid(GPU).unwrap()))?.limits();
+    let prio = std::fs::read_dir(n.p("state/priority"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|f| f.starts_with(uid))
+        .unwrap_or_else(|| "no priority file".into());
+    Some((e, prio))
+}
+
+#[test]
+fn a_claim_cannot_raise_what_its_device_class_sets() {
+    use serde_json::json;
+    let n = Node::new();
+    let class = json!({"policy": "hard", "priority": "low", "weight": 10, "reservedMemory": "2Gi"});
+    // Each: (what, the class, the claim's attempt, the parameter the error must name).
+    let attacks = [
+        (
+            "priority high over low",
+            class.clone(),
+            json!({"priority": "high"}),
+            "priority",
+        ),
+        (
+            "priority 0 (HAMi's high)",
+            class.clone(),
+            json!({"priority": "0"}),
+            "priority",
+        ),
+        (
+            "burst over hard",
+            class.clone(),
+            json!({"policy": "burst"}),
+            "policy",
+        ),
+        (
+            "default over hard",
+            class.clone(),
+            json!({"policy": "default"}),
+            "policy",
+        ),
+        (
+            "weight 1000 over 10",
+            class.clone(),
+            json!({"weight": 1000}),
+            "weight",
+        ),
+        (
+            "reservedMemory 0 over 2Gi",
+            class.clone(),
+            json!({"reservedMemory": "0"}),
+            "reservedMemory",
+        ),
+        (
+            "reservedMemory 1Gi over 2Gi",
+            class.clone(),
+            json!({"reservedMemory": "1Gi"}),
+            "reservedMemory",
+        ),
+        // The class grants no priority at all: a pod author must not make itself high priority.
+        (
+            "high priority from a class without one",
+            json!({"policy": "burst"}),
+            json!({"priority": "high"}),
+            "priority",
+        ),
+        // The class sets no weight: the default (100) is the operator's.
+        (
+            "weight 1000 over the default",
+            json!({}),
+            json!({"weight": 1000}),
+            "weight",
+        ),
+        // Memory and SM share are what the scheduler granted (consumedCapacity): no configuration names them.
+        (
+            "memory in the claim's configuration",
+            class.clone(),
+            json!({"memory": "80Gi"}),
+            "unknown field `memory`",
+        ),
+        (
+            "sm in the claim's configuration",
+            class.clone(),
+            json!({"sm": 100}),
+            "unknown field `sm`",
+        ),
+    ];
+    let mut ask = Vec::new();
+    for (i, (what, class, claim, _)) in attacks.iter().enumerate() {
+        let uid = format!("44444444-0000-0000-0000-{i:012}");
+        n.put_claim(
+            &format!("attack-{i}"),
+            &claim_with(&uid, Some(class.clone()), Some(claim.clone())),
+        );
+        ask.push((format!("attack-{i}"), uid, *what));
+    }
+    let names: Vec<(&str, &str)> = ask.iter().map(|(n, u, _)| (n.as_str(), u.as_str())).collect();
+    let r = n.prepare(&names);
+    // Every escalation is judged (and every one that got through is listed) before failing.
+    let mut through = Vec::new();
+    for ((_, uid, what), (.., param)) in ask.iter().zip(&attacks) {
+        let e = &r[uid].error;
+        let g = granted(&n, uid);
+        let high = n.p(&format!("state/priority/{uid}.high")).exists();
+        if !e.contains(param) || !r[uid].devices.is_empty() || g.is_some() || high {
+            through.push(format!("{what}: error {e:?}, granted {g:?}"));
+        }
+    }
+    assert!(
+        through.is_empty(),
+        "escalations prepared:\n{}",
+        through.join("\n")
+    );
+
+    // Controls: a claim that asks for less gets exactly what it asked; one that asks nothing gets the class's;
+    // a claim may repeat its class's values, and make `burst` `hard`.
+    let high = json!({"policy": "burst", "priority": "high", "weight": 10, "reservedMemory": "2Gi"});
+    let controls = [
+        (
+            class.clone(),
+            Some(json!({"priority": "low", "policy": "hard", "weight": 5, "reservedMemory": "3Gi"})),
+        ),
+        (class.clone(), None),
+        (
+            high.clone(),
+            Some(json!({"priority": "low", "weight": 1, "reservedMemory": "4Gi", "policy": "hard"})),
+        ),
+        (high.clone(), Some(json!({"priority": "high", "weight": 10}))),
+    ];
+    let want = [
+        (PolicyKind::Hard, Some("low"), Some(5), Some(3u64 << 30), ".low"),
+        (PolicyKind::Hard, Some("low"), Some(10), Some(2 << 30), ".low"),
+        (PolicyKind::Hard, Some("low"), Some(1), Some(4 << 30), ".low"),
+        (PolicyKind::Burst, Some("high"), Some(10), Some(2 << 30), ".high"),
+    ];
+    for (i, ((class, claim), want)) in controls.into_iter().zip(want).enumerate() {
+        let uid = format!("55555555-0000-0000-0000-{i:012}");
+        n.put_claim(&format!("control-{i}"), &claim_with(&uid, Some(class), claim));
+        let r = n.prepare(&[(&format!("control-{i}"), &uid)]);
+        assert_eq!(r[&uid].error, "", "control {i}");
+        let (p, file) = granted(&n, &uid).expect("the limits file");
+        assert_eq!(
+            (
+                p.kind,
+                p.priority.map(|p| p.as_str()),
+                p.weight,
+                p.reserved_memory
+            ),
+            (want.0, want.1, want.2, want.3),
+            "control {i}"
+        );
+        assert!(file.ends_with(want.4), "control {i}: {file}");
+    }
+}
+
+#[test]
+fn a_gpu_the_claim_was_not_granted_is_not_unlimited() {
+    // The plugin's CUDA_VISIBLE_DEVICES names the granted GPU, but a program may name another one the container
+    // can reach (a node whose device nodes every claim gets) in its own environment, or setenv it before cuInit.
+    // The plugin's limits file, not the variable, must decide what it may use there: nothing.
+    use shim_tests::{Prog, Sim, GIB};
+    let n = Node::new();
+    let uid = "66666666-0000-0000-0000-000000000001";
+    n.put_claim("plain", &claim_with(uid, None, Some(serde_json::json!({}))));
+    assert_eq!(n.prepare(&[("plain", uid)])[uid].error, "");
+    let other = "GPU-00000000-0000-0000-0000-000000000002";
+    let sim = Sim::new()
+        .devices(2)
+        .memory("80g")
+        .uuids(&format!("{GPU},{other}"))
+        .build();
+    // The plugin's file as written, but for the usage binding (the container's path: no container here).
+    std::fs::copy(n.p(&format!("state/claims/{uid}/limits")), sim.limits_file()).unwrap();
+    cuquota_core::region::LimitsWriter::open(&sim.limits_file())
+        .unwrap()
+        .update(|t| t.set_usage(None, None))
+        .unwrap()
+        .unwrap();
+    let run = |visible: &str| {
+        sim.cmd(Prog::Probe)
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .args("init totalmem alloc:mem:6g")
+            .run()
+    };
+    // Control: the granted GPU has its 4 GiB.
+    let out = run(GPU);
+    assert_eq!(out.num("totalmem"), 4 * GIB, "{out:?}");
+    assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
+    // Attack: the other GPU.
+    let out = run(other);
+    assert_eq!(
+        (out.val("ctx"), out.num("totalmem"), out.val("alloc.0")),
+        ("CUDA_ERROR_OUT_OF_MEMORY", 1, "CUDA_ERROR_OUT_OF_MEMORY"),
+        "a GPU the claim was not granted: {out:?}"
+    );
 }
