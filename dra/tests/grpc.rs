@@ -497,12 +497,11 @@ fn granted(n: &Node, uid: &str) -> Option<(cuquota_core::Policy, String)> {
         .ok()?
         .snapshot();
     let e = snap.get(DeviceSelector::Uuid(parse_uuid(GPU).unwrap()))?.limits();
-    let prio = std::fs::read_dir(n.p("state/priority"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|f| f.starts_with(uid))
+    // The claim's file in the node directory, by the link the plugin keeps (its name carries no UID).
+    let prio = std::fs::read_link(n.p(&format!("state/claims/{uid}/priority")))
+        .ok()
+        .filter(|f| f.exists())
+        .and_then(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "no priority file".into());
     Some((e, prio))
 }
