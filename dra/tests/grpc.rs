@@ -122,7 +122,10 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert!(opts("/var/run/cuquota/usage").contains(&"rw".into()));
     // A priority (low) and a reserve: the claim's own priority file read-write, named `.low` (only `.high`
     // files are trusted by others), and the node's priority directory read-only beside it.
-    let own = n.p(&format!("state/priority/{UID}.low"));
+    let own = std::fs::read_link(n.p(&format!("state/claims/{UID}/priority"))).unwrap();
+    assert_eq!(own.parent(), Some(n.p("state/priority").as_path()));
+    let name = own.file_name().unwrap().to_str().unwrap();
+    assert!(name.ends_with(".low") && name.len() == 36, "{name}");
     assert!(opts("/etc/cuquota/priority").contains(&"rw".into()));
     assert_eq!(
         mount("/etc/cuquota/priority")["hostPath"],
@@ -351,6 +354,120 @@ fn the_pod_cgroup_is_found_in_the_kubelets_layouts() {
     assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), Some(v2));
 }
 
+/// The tenant's view of claim `uid`'s priority mounts in its CDI spec, under `view`: `priority` (its own
+/// file), `priority.d` (the node directory) and `priority.counters`, linked as the mounts would show them.
+fn tenant_view(n: &Node, uid: &str, view: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(n.p(&format!("cdi/cuquota.io-gpu-{uid}.json"))).unwrap())
+            .unwrap();
+    let mounts = spec["devices"][0]["containerEdits"]["mounts"].as_array().unwrap();
+    let host = |c: &str| {
+        let m = mounts.iter().find(|m| m["containerPath"] == c);
+        std::path::PathBuf::from(
+            m.unwrap_or_else(|| panic!("no {c}: {mounts:?}"))["hostPath"]
+                .as_str()
+                .unwrap(),
+        )
+    };
+    std::fs::create_dir_all(view).unwrap();
+    let dir = host("/etc/cuquota/priority.d");
+    std::fs::hard_link(host("/etc/cuquota/priority"), view.join("priority")).unwrap();
+    std::os::unix::fs::symlink(&dir, view.join("priority.d")).unwrap();
+    std::fs::hard_link(
+        host("/etc/cuquota/priority.counters"),
+        view.join("priority.counters"),
+    )
+    .unwrap();
+    (view.join("priority"), dir)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Issue 35 item 5: every container with a priority lists the node's priority directory (read-only, at
+/// `/etc/cuquota/priority.d`) and can read every file in it, so what it finds there is all another container
+/// shows it: the `.high` file of a high-priority claim (presence) and its activity words. Played as the tenant
+/// of a low claim, from the CDI specs' mounts: the names carry neither claim's UID (main named them
+/// `<claim uid>.high`), and the high-priority claim's launches leave no count in its file there (main: every
+/// launch counted in it); the counts stay in its own counters file. Control: the low claim's shim view still
+/// finds its own file (not high) and the present, active high-priority tenant.
+#[test]
+fn a_tenant_reading_the_node_priority_directory_learns_no_claim_uid_or_counts() {
+    use cuquota_core::region::layout::PriorityDevice;
+    use cuquota_core::region::PriorityRegion;
+    let n = Node::new();
+    let high_uid = "44444444-0000-0000-0000-000000000001";
+    let mut v = fixture();
+    v["metadata"]["uid"] = high_uid.into();
+    let cfg = &mut v["status"]["allocation"]["devices"]["config"][0];
+    cfg["source"] = "FromClass".into();
+    cfg["opaque"]["parameters"]["priority"] = "high".into();
+    cfg["opaque"]["parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("reservedMemory");
+    n.put_claim("inference", &v);
+    let r = n.prepare(&[("notebook-gpu", UID), ("inference", high_uid)]);
+    assert_eq!(r[UID].error, "", "{:?}", r[UID]);
+    assert_eq!(r[high_uid].error, "", "{:?}", r[high_uid]);
+    let gpu = parse_uuid(GPU).unwrap();
+
+    // The high-priority claim's processes launch (through its own mounts).
+    let (high_own, _) = tenant_view(&n, high_uid, &n.p("view-high"));
+    let high = PriorityRegion::open(&high_own).unwrap();
+    let he = high.entry(high.device(&gpu).unwrap());
+    let t = monotonic_ns();
+    he.note_hp_launch(t, t);
+    he.note_hp_launch(t, t);
+    assert_eq!(high.devices(t)[0].hp_launches, 2, "its own counts, kept");
+
+    // The low claim's tenant: names, then the high file's words.
+    let (own, dir) = tenant_view(&n, UID, &n.p("view-low"));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    for uid in [UID, high_uid] {
+        assert!(
+            !names.iter().any(|f| f.contains(&uid[..8])),
+            "the node directory names claim {uid}: {names:?}"
+        );
+    }
+    let highs: Vec<&String> = names.iter().filter(|f| f.ends_with(".high")).collect();
+    assert_eq!(highs.len(), 1, "the high-priority claim's presence: {names:?}");
+    let bytes = std::fs::read(dir.join(highs[0])).unwrap();
+    let word = |f: usize| {
+        let at = std::mem::offset_of!(cuquota_core::region::layout::PriorityFile, devices) + f;
+        u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
+    };
+    assert_eq!(
+        word(std::mem::offset_of!(PriorityDevice, hp_launches)),
+        0,
+        "another claim's launch count is readable in the node directory"
+    );
+    assert_eq!(
+        word(std::mem::offset_of!(PriorityDevice, hp_last_launch)),
+        t,
+        "its activity"
+    );
+
+    // Control: the shim of the low claim finds its own file by inode (not high) and the high-priority
+    // tenant, which launched just now.
+    let region = PriorityRegion::open(&own).unwrap();
+    let e = region.entry(region.device(&gpu).unwrap());
+    let now = monotonic_ns();
+    assert!(!e.granted_high(now), "the low claim is not high priority");
+    assert_eq!(e.hp(now).last_launch, t, "the high-priority tenant's activity");
+}
+
 /// A claim whose allocation carries `class` as the DeviceClass's opaque configuration and `claim` as the
 /// claim's own (`None`: no entry from that source).
 fn claim_with(
@@ -380,12 +497,11 @@ fn granted(n: &Node, uid: &str) -> Option<(cuquota_core::Policy, String)> {
         .ok()?
         .snapshot();
     let e = snap.get(DeviceSelector::Uuid(parse_uuid(GPU).unwrap()))?.limits();
-    let prio = std::fs::read_dir(n.p("state/priority"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .find(|f| f.starts_with(uid))
+    // The claim's file in the node directory, by the link the plugin keeps (its name carries no UID).
+    let prio = std::fs::read_link(n.p(&format!("state/claims/{uid}/priority")))
+        .ok()
+        .filter(|f| f.exists())
+        .and_then(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
         .unwrap_or_else(|| "no priority file".into());
     Some((e, prio))
 }
