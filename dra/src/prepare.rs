@@ -19,7 +19,7 @@ use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRe
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
-use crate::claim::{Grant, Grants};
+use crate::claim::{base_request, Grant, Grants};
 
 /// The CDI kind of the devices this plugin generates.
 pub const CDI_KIND: &str = "cuquota.io/gpu";
@@ -105,6 +105,9 @@ pub struct PreparedDevice {
     pub device_name: String,
     /// Fully qualified CDI device ids.
     pub cdi_device_ids: Vec<String>,
+    /// The allocation's share ID of the device (checkpoints before it have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// The checkpoint of a prepared claim (`claims/U/prepared.json`).
@@ -207,28 +210,43 @@ impl Layout {
         serde_json::from_slice(&text).ok()
     }
 
-    /// A claim prepared before (the kubelet retries, or the plugin restarted), answered from its checkpoint
-    /// without the API: a claim's allocation cannot change while it is reserved for a pod, and a re-created
-    /// claim has a new UID. The descriptors may still be pending.
-    pub fn prepared_again(&self, claim: &ClaimRef) -> Option<Prepared> {
+    /// A claim prepared before, answered from its checkpoint when the API cannot be read: a claim's
+    /// allocation cannot change while it is reserved for a pod, and a re-created claim has a new UID. Its CDI
+    /// spec is written again (a reboot empties `/var/run/cdi`); the descriptors may still be pending.
+    pub fn prepared_again(&self, claim: &ClaimRef) -> Option<Result<Prepared, String>> {
         check_uid(&claim.uid).ok()?;
         let p = self.prepared(&claim.uid)?;
         if p.namespace != claim.namespace || p.name != claim.name {
             return None;
         }
+        Some(self.refresh(p))
+    }
+
+    /// A checkpointed claim's CDI spec written again and its pending descriptors written.
+    fn refresh(&self, p: Prepared) -> Result<Prepared, String> {
+        self.write_cdi(&p.uid, &p.grants)?;
         self.write_descriptors(&p);
-        Some(p)
+        Ok(p)
     }
 
     /// Prepares a claim: writes its files (again, if they were there) and returns the kubelet's devices.
     pub fn prepare(&self, claim: &ClaimRef, grants: &Grants) -> Result<Prepared, String> {
         check_uid(&claim.uid)?;
         if let Some(p) = self.prepared(&claim.uid) {
-            if &p.grants == grants {
-                // Idempotent: the same claim prepared again (the kubelet retries, or restarted). The descriptors
-                // may still be pending.
-                self.write_descriptors(&p);
-                return Ok(p);
+            if same_allocation(&p.grants.devices, &grants.devices) {
+                // The same allocation prepared again: the kubelet retries or restarted, the node rebooted (its CDI
+                // spec gone with the tmpfs), or another pod joined a shared claim (`reservedFor` grew: its
+                // descriptor is due). The limits and usage files stay: running containers have them open.
+                let again = Prepared {
+                    grants: grants.clone(),
+                    devices: devices(&claim.uid, grants),
+                    ..p.clone()
+                };
+                if again != p {
+                    let text = serde_json::to_vec_pretty(&again).map_err(|e| e.to_string())?;
+                    write_atomic(&self.claim_dir(&claim.uid).join("prepared.json"), &text, 0o644)?;
+                }
+                return self.refresh(again);
             }
         }
         if !self.library.is_file() {
@@ -243,7 +261,7 @@ impl Layout {
         if !marker.exists() {
             write_atomic(&marker, b"", 0o444)?;
         }
-        let priority = if needs_priority(grants) {
+        if needs_priority(grants) {
             // Without the file the shim refuses a reserve's allocations and ignores the priority.
             let d = self.priority_dir();
             fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -258,17 +276,15 @@ impl Layout {
             std::os::unix::fs::symlink(&p, &tmp)
                 .and_then(|()| fs::rename(&tmp, &link))
                 .map_err(|e| format!("{}: {e}", link.display()))?;
-            Some(p)
-        } else {
-            None
-        };
+        }
         let usage = dir.join("usage");
         let limits = dir.join("limits");
-        self.write_limits(&limits, &usage, grants)?;
-        let spec = self.cdi_spec(&claim.uid, &limits, &usage, priority.as_deref(), grants);
-        let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
-        fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
-        write_atomic(&self.cdi_spec_path(&claim.uid), &text, 0o644)?;
+        let per_gpu = Grants {
+            devices: grants.per_gpu()?,
+            pods: Vec::new(),
+        };
+        self.write_limits(&limits, &usage, &per_gpu)?;
+        self.write_cdi(&claim.uid, grants)?;
         let prepared = Prepared {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -280,6 +296,46 @@ impl Layout {
         let text = serde_json::to_vec_pretty(&prepared).map_err(|e| e.to_string())?;
         write_atomic(&dir.join("prepared.json"), &text, 0o644)?;
         Ok(prepared)
+    }
+
+    /// Writes claim `uid`'s CDI spec (a GPU it holds under several share IDs is one GPU with their sum).
+    fn write_cdi(&self, uid: &str, grants: &Grants) -> Result<(), String> {
+        let per_gpu = Grants {
+            devices: grants.per_gpu()?,
+            pods: grants.pods.clone(),
+        };
+        // The claim's own priority file, as its link records it (a priority directory on a tmpfs loses it at a
+        // reboot: made again, empty, as at the first prepare).
+        let priority = if needs_priority(grants) {
+            let by_uid = [".high", ".low"]
+                .iter()
+                .map(|s| self.priority_dir().join(format!("{uid}{s}")))
+                .find(|p| p.exists());
+            let p = match (fs::read_link(self.priority_link(uid)), by_uid) {
+                // Prepared before names carried no UID (issue 35): its file is named by the UID.
+                (Err(_), Some(p)) => p,
+                _ => self.priority_file(uid, grants)?,
+            };
+            if !p.exists() {
+                let d = self.priority_dir();
+                fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+                PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
+            }
+            Some(p)
+        } else {
+            None
+        };
+        let dir = self.claim_dir(uid);
+        let spec = self.cdi_spec(
+            uid,
+            &dir.join("limits"),
+            &dir.join("usage"),
+            priority.as_deref(),
+            &per_gpu,
+        );
+        let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
+        write_atomic(&self.cdi_spec_path(uid), &text, 0o644)
     }
 
     /// Removes everything a claim's preparation wrote; nothing to remove is success.
@@ -311,6 +367,60 @@ impl Layout {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(format!("{}: {e}", dir.display())),
         }
+    }
+
+    /// Run at start: every checkpointed claim's CDI spec written again (a reboot empties `/var/run/cdi`; the
+    /// kubelet starts a claim's containers again before or without asking to prepare it), and what no checkpoint
+    /// holds removed: a claim directory without its checkpoint (a prepare that never answered the kubelet), CDI
+    /// specs and descriptors of claims without one. Returns the claims kept and a line per thing done or failed.
+    pub fn restore(&self) -> (Vec<Prepared>, Vec<String>) {
+        let mut kept = Vec::new();
+        let mut log = Vec::new();
+        for e in fs::read_dir(self.state_dir.join("claims"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let uid = e.file_name().to_string_lossy().into_owned();
+            if check_uid(&uid).is_err() {
+                continue;
+            }
+            match self.prepared(&uid) {
+                Some(p) => {
+                    if let Err(e) = self.refresh(p.clone()) {
+                        log.push(format!("claim {uid}: writing its CDI spec again: {e}"));
+                    }
+                    kept.push(p);
+                }
+                None => log.push(match self.unprepare(&uid) {
+                    Ok(()) => format!("claim {uid}: removed a preparation that has no checkpoint"),
+                    Err(e) => format!("claim {uid}: removing a preparation that has no checkpoint: {e}"),
+                }),
+            }
+        }
+        let held = |name: &str, prefix: &str, suffix: &str| {
+            let Some(rest) = name.strip_prefix(prefix).filter(|_| name.ends_with(suffix)) else {
+                return true; // not ours
+            };
+            kept.iter().any(|p| {
+                rest.strip_prefix(p.uid.as_str())
+                    .is_some_and(|r| r == suffix || r.starts_with('-'))
+            })
+        };
+        let mut dirs = vec![(self.cdi_dir.clone(), "cuquota.io-gpu-", ".json")];
+        dirs.extend(self.agent_dir.clone().map(|d| (d, "dra-", ".toml")));
+        for (dir, prefix, suffix) in dirs {
+            for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !held(&name, prefix, suffix) {
+                    log.push(match remove_file(&e.path()) {
+                        Ok(()) => format!("removed {} (no claim holds it)", e.path().display()),
+                        Err(e) => e,
+                    });
+                }
+            }
+        }
+        (kept, log)
     }
 
     /// Writes the descriptors of prepared claims whose pod's cgroup now exists (the plugin calls this every
@@ -453,13 +563,16 @@ impl Layout {
     }
 }
 
-/// The kubelet's devices: the claim's CDI device on the first, with every request's name (a container that
-/// uses any request of the claim gets the one device that holds all its GPUs); the others listed without.
+/// The kubelet's devices, one per allocated device (a GPU held under two share IDs is two): the claim's CDI
+/// device on the first, with every request's name (a container that uses any request of the claim gets the one
+/// device that holds all its GPUs); the others listed without. Request names without their subrequest
+/// (`req/sub` → `req`): containers name the parent request.
 fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
     let mut requests: Vec<String> = Vec::new();
     for g in &grants.devices {
-        if !requests.contains(&g.request) {
-            requests.push(g.request.clone());
+        let r = base_request(&g.request);
+        if !requests.iter().any(|q| q == r) {
+            requests.push(r.to_string());
         }
     }
     grants
@@ -470,7 +583,7 @@ fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
             request_names: if i == 0 {
                 requests.clone()
             } else {
-                vec![g.request.clone()]
+                vec![base_request(&g.request).to_string()]
             },
             pool_name: g.pool.clone(),
             device_name: g.device.clone(),
@@ -479,8 +592,21 @@ fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
             } else {
                 Vec::new()
             },
+            share_id: g.share_id.clone(),
         })
         .collect()
+}
+
+/// Whether a checkpoint's grants are `now`'s: equal, a share ID a checkpoint from before share IDs lacks aside.
+fn same_allocation(checkpoint: &[Grant], now: &[Grant]) -> bool {
+    checkpoint.len() == now.len()
+        && checkpoint.iter().zip(now).all(|(a, b)| {
+            let mut a = a.clone();
+            if a.share_id.is_none() {
+                a.share_id.clone_from(&b.share_id);
+            }
+            &a == b
+        })
 }
 
 /// Whether a claim takes part in priority coordination (docs/priority.md).
