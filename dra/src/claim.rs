@@ -290,14 +290,20 @@ impl ResourceClaim {
             }
         }
         let devices = grants.devices;
-        let pods = self
-            .status
+        Ok(Grants {
+            devices,
+            pods: self.pods(),
+        })
+    }
+
+    /// The pods the claim is reserved for: (name, uid).
+    pub fn pods(&self) -> Vec<(String, String)> {
+        self.status
             .reserved_for
             .iter()
             .filter(|c| c.resource == "pods" && !c.uid.is_empty())
             .map(|c| (c.name.clone(), c.uid.clone()))
-            .collect();
-        Ok(Grants { devices, pods })
+            .collect()
     }
 }
 

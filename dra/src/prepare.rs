@@ -210,16 +210,37 @@ impl Layout {
         serde_json::from_slice(&text).ok()
     }
 
-    /// A claim prepared before, answered from its checkpoint when the API cannot be read: a claim's
-    /// allocation cannot change while it is reserved for a pod, and a re-created claim has a new UID. Its CDI
-    /// spec is written again (a reboot empties `/var/run/cdi`); the descriptors may still be pending.
-    pub fn prepared_again(&self, claim: &ClaimRef) -> Option<Result<Prepared, String>> {
+    /// A claim prepared before, answered from its checkpoint: a claim's allocation cannot change while it is
+    /// reserved for a pod, a re-created claim has a new UID, and a claim an earlier plugin prepared keeps the
+    /// grants it was prepared with until it is unprepared. `pods`, the claim's `reservedFor` as read now (`None`:
+    /// the API cannot be read), replaces the checkpoint's: a pod that joins a shared claim gets its descriptor.
+    /// The CDI spec is written again (a reboot empties `/var/run/cdi`); descriptors may still be pending.
+    pub fn prepared_again(
+        &self,
+        claim: &ClaimRef,
+        pods: Option<Vec<(String, String)>>,
+    ) -> Option<Result<Prepared, String>> {
         check_uid(&claim.uid).ok()?;
         let p = self.prepared(&claim.uid)?;
         if p.namespace != claim.namespace || p.name != claim.name {
             return None;
         }
-        Some(self.refresh(p))
+        let mut again = p.clone();
+        if let Some(pods) = pods {
+            again.grants.pods = pods;
+        }
+        // Checkpoints before subrequests were stripped and share IDs kept: answered as now.
+        again.devices = devices(&p.uid, &again.grants);
+        if again != p {
+            let text = match serde_json::to_vec_pretty(&again) {
+                Ok(t) => t,
+                Err(e) => return Some(Err(e.to_string())),
+            };
+            if let Err(e) = write_atomic(&self.claim_dir(&p.uid).join("prepared.json"), &text, 0o644) {
+                return Some(Err(e));
+            }
+        }
+        Some(self.refresh(again))
     }
 
     /// A checkpointed claim's CDI spec written again and its pending descriptors written.
@@ -233,20 +254,9 @@ impl Layout {
     pub fn prepare(&self, claim: &ClaimRef, grants: &Grants) -> Result<Prepared, String> {
         check_uid(&claim.uid)?;
         if let Some(p) = self.prepared(&claim.uid) {
-            if same_allocation(&p.grants.devices, &grants.devices) {
-                // The same allocation prepared again: the kubelet retries or restarted, the node rebooted (its CDI
-                // spec gone with the tmpfs), or another pod joined a shared claim (`reservedFor` grew: its
-                // descriptor is due). The limits and usage files stay: running containers have them open.
-                let again = Prepared {
-                    grants: grants.clone(),
-                    devices: devices(&claim.uid, grants),
-                    ..p.clone()
-                };
-                if again != p {
-                    let text = serde_json::to_vec_pretty(&again).map_err(|e| e.to_string())?;
-                    write_atomic(&self.claim_dir(&claim.uid).join("prepared.json"), &text, 0o644)?;
-                }
-                return self.refresh(again);
+            if &p.grants == grants {
+                // Idempotent: the same claim prepared again. The descriptors may still be pending.
+                return self.refresh(p);
             }
         }
         if !self.library.is_file() {
@@ -595,18 +605,6 @@ fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
             share_id: g.share_id.clone(),
         })
         .collect()
-}
-
-/// Whether a checkpoint's grants are `now`'s: equal, a share ID a checkpoint from before share IDs lacks aside.
-fn same_allocation(checkpoint: &[Grant], now: &[Grant]) -> bool {
-    checkpoint.len() == now.len()
-        && checkpoint.iter().zip(now).all(|(a, b)| {
-            let mut a = a.clone();
-            if a.share_id.is_none() {
-                a.share_id.clone_from(&b.share_id);
-            }
-            &a == b
-        })
 }
 
 /// Whether a claim takes part in priority coordination (docs/priority.md).

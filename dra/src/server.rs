@@ -88,13 +88,21 @@ impl Plugin {
                 // The API unreachable (a node rebooting before the control plane answers): a claim prepared
                 // before is answered from its checkpoint.
                 let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-                return match self.layout.prepared_again(&c) {
+                return match self.layout.prepared_again(&c, None) {
                     Some(Ok(p)) => answer(p),
                     Some(Err(e)) => fail(e),
                     None => fail(format!("cannot read the ResourceClaim: {e}")),
                 };
             }
         };
+        if rc.metadata.uid == c.uid {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            match self.layout.prepared_again(&c, Some(rc.pods())) {
+                Some(Ok(p)) => return answer(p),
+                Some(Err(e)) => return fail(e),
+                None => {}
+            }
+        }
         if rc.metadata.uid != c.uid {
             return fail(format!(
                 "the ResourceClaim's UID is {:?}, the kubelet asked for {:?} (deleted and re-created?)",

@@ -285,7 +285,7 @@ fn a_reboot_empties_the_cdi_directory_and_the_plugin_writes_it_again() {
     let first = n.prepare(&[("notebook-gpu", UID)]);
     assert_eq!(first[UID].error, "");
     let spec = n.layout.cdi_spec_path(UID);
-    let before = std::fs::read(&spec).unwrap();
+    let before = std::fs::read_to_string(&spec).unwrap();
 
     // Reboot: /var/run/cdi is a tmpfs; the state directory is on disk.
     n.stop();
@@ -294,7 +294,7 @@ fn a_reboot_empties_the_cdi_directory_and_the_plugin_writes_it_again() {
     // The kubelet may start the pod's containers again before it asks to prepare: the spec is there at start.
     let _ = n.dra(); // the plugin is serving
     assert_eq!(
-        std::fs::read(&spec).ok(),
+        std::fs::read_to_string(&spec).ok(),
         Some(before.clone()),
         "the CDI spec after the restart"
     );
@@ -308,7 +308,7 @@ fn a_reboot_empties_the_cdi_directory_and_the_plugin_writes_it_again() {
     let again = n.prepare(&[("notebook-gpu", UID)]);
     assert_eq!(again, first);
     assert_eq!(
-        std::fs::read(&spec).ok(),
+        std::fs::read_to_string(&spec).ok(),
         Some(before),
         "the CDI spec after the re-prepare"
     );
