@@ -227,6 +227,17 @@ impl Layout {
         }
         let mut again = p.clone();
         if let Some(pods) = pods {
+            // A pod no longer reserved (it ended; the claim stays prepared for the others): its descriptor goes.
+            for (_, gone) in p.grants.pods.iter().filter(|o| !pods.contains(o)) {
+                if let Some(d) = self
+                    .descriptor_path(&p.uid, gone)
+                    .filter(|_| check_uid(gone).is_ok())
+                {
+                    if let Err(e) = remove_file(&d) {
+                        return Some(Err(e));
+                    }
+                }
+            }
             again.grants.pods = pods;
         }
         // Checkpoints before subrequests were stripped and share IDs kept: answered as now.

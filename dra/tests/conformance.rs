@@ -156,6 +156,13 @@ fn a_pod_joining_a_shared_claim_gets_its_descriptor() {
     let text = std::fs::read_to_string(desc(joiner)).expect("the joining pod's descriptor");
     assert!(text.contains("pod = \"notebook-1\""), "{text}");
     assert!(desc(POD_UID).is_file());
+    // The first pod ends (no longer reserved); the claim is prepared again for another: its descriptor goes.
+    v["status"]["reservedFor"].as_array_mut().unwrap().remove(0);
+    n.put_claim("notebook-gpu", &v);
+    assert_eq!(n.prepare(&[("notebook-gpu", UID)]), first);
+    assert!(!desc(POD_UID).exists(), "the ended pod's descriptor");
+    assert!(desc(joiner).is_file());
+    std::fs::write(desc(POD_UID), b"").unwrap();
     // Unprepare removes both.
     assert_eq!(n.unprepare(UID), "");
     assert!(!desc(joiner).exists() && !desc(POD_UID).exists());
