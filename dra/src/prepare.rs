@@ -291,12 +291,7 @@ impl Layout {
             // Its counters (launches, waits), out of the directory every container reads.
             PriorityRegion::create(&self.counters_file(&claim.uid))
                 .map_err(|e| format!("counters file: {e}"))?;
-            let link = self.priority_link(&claim.uid);
-            let tmp = link.with_extension("tmp");
-            let _ = fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(&p, &tmp)
-                .and_then(|()| fs::rename(&tmp, &link))
-                .map_err(|e| format!("{}: {e}", link.display()))?;
+            self.link_priority(&claim.uid, &p)?;
         }
         let usage = dir.join("usage");
         let limits = dir.join("limits");
@@ -319,6 +314,16 @@ impl Layout {
         Ok(prepared)
     }
 
+    /// Records claim `uid`'s own priority file in its directory ([`Layout::priority_link`]).
+    fn link_priority(&self, uid: &str, file: &Path) -> Result<(), String> {
+        let link = self.priority_link(uid);
+        let tmp = link.with_extension("tmp");
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(file, &tmp)
+            .and_then(|()| fs::rename(&tmp, &link))
+            .map_err(|e| format!("{}: {e}", link.display()))
+    }
+
     /// Writes claim `uid`'s CDI spec (a GPU it holds under several share IDs is one GPU with their sum).
     fn write_cdi(&self, uid: &str, grants: &Grants) -> Result<(), String> {
         let per_gpu = Grants {
@@ -332,15 +337,19 @@ impl Layout {
                 .iter()
                 .map(|s| self.priority_dir().join(format!("{uid}{s}")))
                 .find(|p| p.exists());
-            let p = match (fs::read_link(self.priority_link(uid)), by_uid) {
+            let linked = fs::read_link(self.priority_link(uid)).is_ok();
+            let p = match by_uid {
                 // Prepared before names carried no UID (issue 35): its file is named by the UID.
-                (Err(_), Some(p)) => p,
+                Some(p) if !linked => p,
                 _ => self.priority_file(uid, grants)?,
             };
             if !p.exists() {
                 let d = self.priority_dir();
                 fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
                 PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
+                if !linked {
+                    self.link_priority(uid, &p)?;
+                }
             }
             Some(p)
         } else {

@@ -287,9 +287,12 @@ fn a_reboot_empties_the_cdi_directory_and_the_plugin_writes_it_again() {
     let spec = n.layout.cdi_spec_path(UID);
     let before = std::fs::read_to_string(&spec).unwrap();
 
-    // Reboot: /var/run/cdi is a tmpfs; the state directory is on disk.
+    // Reboot: /var/run/cdi is a tmpfs; the state directory is on disk (the priority directory here on a tmpfs
+    // too: --priority-dir may put it there).
     n.stop();
     std::fs::remove_dir_all(&n.layout.cdi_dir).unwrap();
+    let own = std::fs::read_link(n.p(&format!("state/claims/{UID}/priority"))).unwrap();
+    std::fs::remove_dir_all(n.p("state/priority")).unwrap();
     n.start();
     // The kubelet may start the pod's containers again before it asks to prepare: the spec is there at start.
     let _ = n.dra(); // the plugin is serving
@@ -297,6 +300,10 @@ fn a_reboot_empties_the_cdi_directory_and_the_plugin_writes_it_again() {
         std::fs::read_to_string(&spec).ok(),
         Some(before.clone()),
         "the CDI spec after the restart"
+    );
+    assert!(
+        own.is_file(),
+        "the claim's priority file, made again where its link says"
     );
 
     // Reboot with the API server unreachable: the re-prepare is answered from the checkpoint, spec written.
