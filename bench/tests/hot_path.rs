@@ -6,10 +6,12 @@
 //! ((Ir at N = 12 000 − Ir at N = 2 000) with the shim − the same without) / 10 000, so start-up and exit cancel
 //! out. The library is a release build of the `cuquota` crate with `codegen-units = 1` in its own target dir
 //! (`target/hot-path`; the default 16 units move code between units when any module changes, which alone moved
-//! untouched paths by ~20 instructions). Instruction counts do not depend on the machine's load.
+//! untouched paths by ~20 instructions). The machine's load barely moves the counts (bench/README.md gives the
+//! spread of six runs: the SM-limited launch, whose throttle reads the clock, moves most, by about 1 %).
 //!
 //! `hot_path_instruction_counts` is `#[ignore]`d in a plain `cargo test` (it builds that library and runs
-//! valgrind 16 times); test.sh runs it as a step of its own:
+//! valgrind 16 times); test.sh runs it as a step of its own, after the workspace build (the C programs link
+//! against the debug libcudasim.so, as every shim test's do):
 //! `cargo test -p cuquota-bench --test hot_path -- --ignored`.
 
 use shim_tests::{compile_c, target_dir, workspace_root};
@@ -142,6 +144,10 @@ fn valgrind() -> PathBuf {
 fn release_shim() -> PathBuf {
     let dir = target_dir().join("hot-path");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!(
+        "hot-path gate: cargo build --release -p cuquota (codegen-units = 1) in {} (about 2 min the first time)",
+        dir.display()
+    );
     let status = Command::new(cargo)
         .current_dir(workspace_root())
         .args(["build", "--release", "--quiet", "--offline", "-p", "cuquota"])
