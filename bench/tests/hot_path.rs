@@ -7,7 +7,7 @@
 //! out. The library is a release build of the `cuquota` crate with `codegen-units = 1` in its own target dir
 //! (`target/hot-path`; the default 16 units move code between units when any module changes, which alone moved
 //! untouched paths by ~20 instructions). The machine's load barely moves the counts (bench/README.md gives the
-//! spread of six runs: the SM-limited launch, whose throttle reads the clock, moves most, by about 1 %).
+//! spread of seven runs: the SM-limited launch, whose throttle reads the clock, moves most, by about 1 %).
 //!
 //! `hot_path_instruction_counts` is `#[ignore]`d in a plain `cargo test` (it builds that library and runs
 //! valgrind 16 times); test.sh runs it as a step of its own, after the workspace build (the C programs link
