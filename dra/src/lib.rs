@@ -6,6 +6,7 @@
 //! gRPC APIs (generated from `proto/` in `proto`), `source` finds the claims.
 
 pub mod claim;
+pub mod gpu_access;
 pub mod inventory;
 pub mod kube_api;
 pub mod pack;
