@@ -62,7 +62,10 @@ fn every_object_is_valid_kubernetes_1_37() {
         files.push(p);
     }
     for f in std::fs::read_dir(root().join("dra/deploy")).unwrap().flatten() {
-        files.push(f.path());
+        // The kustomization is kustomize's, not the API server's: kubernetes_kustomization_* renders it.
+        if f.file_name() != "kustomization.yaml" {
+            files.push(f.path());
+        }
     }
     files.push(root().join("dra/tests/fixtures/claim.json"));
     files.sort();
@@ -96,4 +99,67 @@ fn every_object_is_valid_kubernetes_1_37() {
         !ok && out.contains("allowMultipleAllocation"),
         "a misspelt field must be refused:\n{out}"
     );
+}
+
+/// `kubectl kustomize DIR`: (success, output).
+fn kustomize(dir: &Path) -> (bool, String) {
+    let out = Command::new("kubectl")
+        .args(["kustomize", dir.to_str().unwrap()])
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl: {e} (scripts/setup.sh kubectl installs Debian's, as root)"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.success(),
+        format!("{}{err}", String::from_utf8_lossy(&out.stdout)),
+    )
+}
+
+#[test]
+fn kubernetes_kustomization_installs_agent_plugin_and_class_with_the_image_one_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    // An operator's overlay: the install, with the image moved to their registry in one place.
+    let overlay = dir.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    // kustomize takes only relative roots: up to `/`, then down to the repository's deploy/.
+    let overlay = overlay.canonicalize().unwrap();
+    let up = "../".repeat(overlay.components().count() - 1);
+    let base = format!("{up}{}", root().join("deploy").canonicalize().unwrap().display());
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources: [{}]\nimages:\n- name: registry.example.com/cuquota\n  newName: my.registry/gpu/cuquota\n  newTag: \"9.9\"\n",
+            base.replace("//", "/")
+        ),
+    )
+    .unwrap();
+    for (kdir, image) in [
+        (root().join("deploy"), "registry.example.com/cuquota:0.1.0"),
+        (overlay, "my.registry/gpu/cuquota:9.9"),
+    ] {
+        let (ok, out) = kustomize(&kdir);
+        assert!(ok, "kubectl kustomize {} failed:\n{out}", kdir.display());
+        let images: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image: "))
+            .filter(|i| !i.contains("kube-rbac-proxy"))
+            .collect();
+        // The agent (its installer and itself), the plugin (its installer and itself).
+        assert_eq!(images, [image; 4], "{out}");
+        let rendered = dir.path().join("rendered.yaml");
+        std::fs::write(&rendered, &out).unwrap();
+        let (ok, v) = kubernetes_validate(&[&rendered]);
+        assert!(ok, "kubernetes-validate rejected the rendered install:\n{v}");
+        for want in [
+            "namespace/cuquota-system",
+            "daemonset/cuquota-agent",
+            "daemonset/cuquota-dra-plugin",
+            "clusterrole/cuquota-dra-plugin",
+            "deviceclass/gpu.cuquota.io",
+        ] {
+            assert!(
+                v.contains(&format!("passed for resource {want} ")),
+                "{want} not rendered:\n{v}"
+            );
+        }
+    }
 }
