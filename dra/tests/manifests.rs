@@ -163,3 +163,58 @@ fn kubernetes_kustomization_installs_agent_plugin_and_class_with_the_image_one_s
         }
     }
 }
+
+#[test]
+fn the_plugin_pod_gets_nvml_as_nvidias_plugin_does_and_sees_the_node_read_only() {
+    let text = std::fs::read_to_string(root().join("dra/deploy/plugin.yaml")).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let env = |name: &str| {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_string)
+    };
+    // The NVIDIA runtime injects NVML only into a container that names GPUs.
+    assert_eq!(env("NVIDIA_VISIBLE_DEVICES").as_deref(), Some("all"));
+    assert_eq!(env("NVIDIA_DRIVER_CAPABILITIES").as_deref(), Some("utility"));
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let host_root = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--host-root="))
+        .expect("--host-root: the plugin looks for the driver's files on the node");
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == host_root)
+        .unwrap_or_else(|| panic!("no mount at {host_root}"));
+    assert_eq!(mount["readOnly"], true, "{mount}");
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(vol["hostPath"]["path"], "/", "{vol}");
+    // The binary takes every argument the manifest gives it.
+    let mut all: Vec<&str> = args.clone();
+    all.extend([
+        "--node",
+        "n",
+        "--gpu",
+        "GPU-0badc0de-1111-2222-3333-444455556666=80Gi",
+        "--print-resource-slice",
+    ]);
+    plugin(&all, &[]);
+}
