@@ -5,6 +5,7 @@
 //! `claim` reads a ResourceClaim, `prepare` writes and removes a claim's files, `server` serves the kubelet's
 //! gRPC APIs (generated from `proto/` in `proto`), `source` finds the claims.
 
+pub mod capacity_names;
 pub mod claim;
 pub mod gpu_access;
 pub mod inventory;

@@ -84,6 +84,10 @@ struct Args {
     /// Add no device nodes or driver libraries to claims (something else brings them: --mount, --device-node)
     #[arg(long)]
     no_driver_files: bool,
+    /// The name of the SM-share capacity in the ResourceSlice: sm, or HAMi's cores (claims written for HAMi's
+    /// DRA driver carry over); claims are read under either
+    #[arg(long, default_value = "sm", value_parser = ["sm", "cores"])]
+    sm_capacity_name: String,
     /// The kubelet's plugin directory for this driver (the DRA socket dra.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.cuquota.io")]
     plugin_dir: PathBuf,
@@ -118,6 +122,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if let Err(e) = cuquota_dra::capacity_names::publish_sm_as(&a.sm_capacity_name) {
+        eprintln!("cuquota-dra-plugin: --sm-capacity-name: {e}");
+        return std::process::ExitCode::from(2);
+    }
     let inventory = Inventory { pool: a.node, gpus };
     if a.print_resource_slice {
         let s = cuquota_dra::slice::resource_slice(&a.driver, &inventory, 1);

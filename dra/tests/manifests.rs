@@ -218,3 +218,32 @@ fn the_plugin_pod_gets_nvml_as_nvidias_plugin_does_and_sees_the_node_read_only()
     ]);
     plugin(&all, &[]);
 }
+
+#[test]
+fn a_node_can_publish_the_sm_share_under_hamis_name_cores() {
+    let slice = |extra: &[&str]| {
+        let mut args = vec![
+            "--node",
+            "node-1",
+            "--gpu",
+            "GPU-0badc0de-1111-2222-3333-444455556666=80Gi",
+            "--print-resource-slice",
+        ];
+        args.extend(extra);
+        let text = plugin(&args, &[]);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        (v["spec"]["devices"][0]["capacity"].clone(), text)
+    };
+    let (ours, _) = slice(&[]);
+    assert!(ours["sm"].is_object() && ours["cores"].is_null(), "{ours}");
+    let (hami, text) = slice(&["--sm-capacity-name", "cores"]);
+    // One name, never both: the scheduler would sum them apart and grant the SM time twice.
+    assert!(hami["cores"].is_object() && hami["sm"].is_null(), "{hami}");
+    assert_eq!(hami["cores"], ours["sm"]);
+    assert_eq!(hami["memory"], ours["memory"]);
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("slice.json");
+    std::fs::write(&p, text).unwrap();
+    let (ok, out) = kubernetes_validate(&[p]);
+    assert!(ok, "{out}");
+}
