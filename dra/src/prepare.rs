@@ -212,6 +212,14 @@ impl Layout {
                 self.library.display()
             ));
         }
+        // Before anything is written: a node without the GPU's files refuses the claim whole.
+        let access = match &self.driver {
+            Some(d) => {
+                let uuids: Vec<&str> = grants.devices.iter().map(|g| g.uuid.as_str()).collect();
+                Some(d.access(&uuids)?)
+            }
+            None => None,
+        };
         let dir = self.claim_dir(&claim.uid);
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let marker = self.required_marker();
@@ -228,13 +236,6 @@ impl Layout {
         let usage = dir.join("usage");
         let limits = dir.join("limits");
         self.write_limits(&limits, &usage, grants)?;
-        let access = match &self.driver {
-            Some(d) => {
-                let uuids: Vec<&str> = grants.devices.iter().map(|g| g.uuid.as_str()).collect();
-                Some(d.access(&uuids)?)
-            }
-            None => None,
-        };
         let spec = self.cdi_spec(&claim.uid, &limits, &usage, grants, access.as_ref());
         let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
