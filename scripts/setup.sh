@@ -3,7 +3,7 @@
 # test.sh runs it first; nothing is installed anywhere else (no test installs or downloads anything).
 #
 #   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s frameworks containers busybox
-#                                               valgrind
+#                                               valgrind kubectl
 #                                               (default: all)
 #
 # Each group goes to its own folder, keyed by a hash of its pins, under the cache
@@ -27,6 +27,8 @@
 #         of the cuquota image (scripts/image.sh); installed as root only (the image test's user), unless named
 #   valgrind  Debian's valgrind (apt, as root), for the hot-path gate (bench/tests/hot_path.rs: callgrind counts);
 #         a no-op when installed; not root and missing: fails, naming the package
+#   kubectl  Debian's kubectl (apt, as root; a no-op when installed): `kubectl kustomize deploy/` in
+#         dra/tests/manifests.rs
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -44,17 +46,18 @@ pins() { # group -> its pinned requirements, one per line
         containers) printf '%s\n' podman runc ;; # Debian packages, not pins: see ready_containers
         busybox) printf '%s\n' busybox-static ;; # a Debian package: the version apt offers
         valgrind) printf '%s\n' valgrind ;; # a Debian package: the version apt offers
+        kubectl) printf '%s\n' kubectl ;; # a Debian package: the version apt offers
         *) echo "setup.sh: unknown group '$1' (groups: ${ALL[*]})" >&2; exit 2 ;;
     esac
 }
-ALL=(cu13 cu12 zig k8s frameworks containers busybox valgrind)
+ALL=(cu13 cu12 zig k8s frameworks containers busybox valgrind kubectl)
 
 CHECK=0
 GROUPS_WANTED=()
 for a in "$@"; do
     case "$a" in
         --check) CHECK=1 ;;
-        -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) pins "$a" >/dev/null; GROUPS_WANTED+=("$a") ;;
     esac
 done
@@ -73,6 +76,10 @@ ready() {
     if [ "$1" = containers ]; then
         # Only root runs the container test; elsewhere there is nothing to install.
         [ "$(id -u)" != 0 ] || { command -v podman && command -v runc; } >/dev/null
+        return
+    fi
+    if [ "$1" = kubectl ]; then
+        command -v kubectl >/dev/null || [ "$(id -u)" != 0 ]
         return
     fi
     # The image (and its test) is built as root only, like the container tests.
@@ -107,6 +114,11 @@ install() { # group
     if [ "$g" = containers ]; then
         echo "setup.sh: installing containers: podman runc (apt)" >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y podman runc >&2
+        return
+    fi
+    if [ "$g" = kubectl ]; then
+        echo "setup.sh: installing kubectl (apt)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y kubectl >&2
         return
     fi
     want="$(pins "$g")"

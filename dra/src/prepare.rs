@@ -20,6 +20,7 @@ use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
 use crate::claim::{Grant, Grants};
+use crate::gpu_access::{DriverFiles, GpuAccess};
 
 /// The CDI kind of the devices this plugin generates.
 pub const CDI_KIND: &str = "cuquota.io/gpu";
@@ -58,6 +59,9 @@ pub struct Layout {
     pub extra_env: Vec<String>,
     /// Device nodes every device needs (`/dev/nvidiactl`, …), when no other CDI device brings them.
     pub device_nodes: Vec<PathBuf>,
+    /// Where the GPU's device nodes and driver libraries come from (NVIDIA's CDI spec, or the node's files:
+    /// `gpu_access`); `None` = only `extra_mounts` and `device_nodes` (tests without a driver).
+    pub driver: Option<DriverFiles>,
 }
 
 /// A mount `--mount HOST:CONTAINER[:rw]` adds to every claim's device (read-only unless `rw`).
@@ -237,6 +241,14 @@ impl Layout {
                 self.library.display()
             ));
         }
+        // Before anything is written: a node without the GPU's files refuses the claim whole.
+        let access = match &self.driver {
+            Some(d) => {
+                let uuids: Vec<&str> = grants.devices.iter().map(|g| g.uuid.as_str()).collect();
+                Some(d.access(&uuids)?)
+            }
+            None => None,
+        };
         let dir = self.claim_dir(&claim.uid);
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let marker = self.required_marker();
@@ -265,16 +277,28 @@ impl Layout {
         let usage = dir.join("usage");
         let limits = dir.join("limits");
         self.write_limits(&limits, &usage, grants)?;
-        let spec = self.cdi_spec(&claim.uid, &limits, &usage, priority.as_deref(), grants);
+        let spec = self.cdi_spec(
+            &claim.uid,
+            &limits,
+            &usage,
+            priority.as_deref(),
+            grants,
+            access.as_ref(),
+        );
         let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
         write_atomic(&self.cdi_spec_path(&claim.uid), &text, 0o644)?;
+        let mut devices = devices(&claim.uid, grants);
+        if let (Some(GpuAccess::Nvidia(ids)), Some(first)) = (&access, devices.first_mut()) {
+            // NVIDIA's devices ride with the claim's own: the container that gets one gets both.
+            first.cdi_device_ids.extend(ids.iter().cloned());
+        }
         let prepared = Prepared {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             uid: claim.uid.clone(),
             grants: grants.clone(),
-            devices: devices(&claim.uid, grants),
+            devices,
         };
         self.write_descriptors(&prepared);
         let text = serde_json::to_vec_pretty(&prepared).map_err(|e| e.to_string())?;
@@ -388,7 +412,8 @@ impl Layout {
         Ok(())
     }
 
-    /// The claim's CDI spec: one device named after the claim.
+    /// The claim's CDI spec: one device named after the claim, with the GPU's nodes and driver libraries when
+    /// `access` says the claim's device brings them.
     pub fn cdi_spec(
         &self,
         uid: &str,
@@ -396,6 +421,7 @@ impl Layout {
         usage: &Path,
         priority: Option<&Path>,
         grants: &Grants,
+        access: Option<&GpuAccess>,
     ) -> serde_json::Value {
         let mount = |h: &Path, c: &str, rw: bool| {
             let mode = if rw { "rw" } else { "ro" };
@@ -419,6 +445,16 @@ impl Layout {
             let dir = format!("{DEFAULT_PRIORITY_PATH}.d");
             mounts.push(mount(&self.priority_dir(), &dir, false));
         }
+        let mut nodes: Vec<serde_json::Value> = Vec::new();
+        if let Some(GpuAccess::Own { nodes: n, libraries }) = access {
+            for l in libraries {
+                mounts.push(ro(&l.host_path, &l.path.to_string_lossy()));
+            }
+            nodes.extend(
+                n.iter()
+                    .map(|n| serde_json::json!({"path": n.path, "hostPath": n.host_path})),
+            );
+        }
         for m in &self.extra_mounts {
             mounts.push(mount(&m.host, &m.container.to_string_lossy(), m.writable));
         }
@@ -438,12 +474,9 @@ impl Layout {
         env.extend(hami_env(grants));
         env.extend(self.extra_env.iter().cloned());
         let mut edits = serde_json::json!({"env": env, "mounts": mounts});
-        if !self.device_nodes.is_empty() {
-            edits["deviceNodes"] = self
-                .device_nodes
-                .iter()
-                .map(|p| serde_json::json!({"path": p}))
-                .collect();
+        nodes.extend(self.device_nodes.iter().map(|p| serde_json::json!({"path": p})));
+        if !nodes.is_empty() {
+            edits["deviceNodes"] = nodes.into();
         }
         serde_json::json!({
             "cdiVersion": CDI_VERSION,
