@@ -6,7 +6,9 @@
 #      installs or downloads anything;
 #   2. lint gates: cargo fmt --check and cargo clippy -D warnings;
 #   3. build, then every test of the workspace on the simulated GPU (tests that need root run when root);
-#   4. the deployable library (glibc 2.17, built with zig) must build, load and enforce the same limits; the
+#   4. the hot-path gate: instructions the shim adds per launch, alloc/free pair and cuMemGetInfo (callgrind over
+#      a stub driver, release build) within the bounds in bench/tests/hot_path.rs;
+#   5. the deployable library (glibc 2.17, built with zig) must build, load and enforce the same limits; the
 #      release tarball (scripts/release.sh) must unpack, check and run.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -48,6 +50,9 @@ else
     echo "test.sh: not root: the tests that drop privileges, unshare pid namespaces or make cgroups stay ignored" \
         "(shim-tests/tests/privileges.rs, liveness.rs, agent_enforce.rs, hami_monitor.rs, dra/tests/podman.rs)"
 fi
+
+step "hot-path gate (bench/tests/hot_path.rs: callgrind instruction counts over the stub driver, bench/README.md)"
+cargo test -p cuquota-bench --test hot_path -- --ignored --nocapture
 
 step "portable build (scripts/build-portable.sh) and its tests"
 ./scripts/build-portable.sh

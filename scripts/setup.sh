@@ -3,6 +3,7 @@
 # test.sh runs it first; nothing is installed anywhere else (no test installs or downloads anything).
 #
 #   scripts/setup.sh [--check] [GROUP ...]      GROUP: cu13 cu12 zig k8s frameworks containers busybox
+#                                               valgrind kubectl
 #                                               (default: all)
 #
 # Each group goes to its own folder, keyed by a hash of its pins, under the cache
@@ -24,6 +25,10 @@
 #         runs as root); a no-op when both are installed or when not root
 #   busybox  Debian's busybox-static (`apt-get download`, unpacked: .deps/busybox/busybox), the shell and tools
 #         of the cuquota image (scripts/image.sh); installed as root only (the image test's user), unless named
+#   valgrind  Debian's valgrind (apt, as root), for the hot-path gate (bench/tests/hot_path.rs: callgrind counts);
+#         a no-op when installed; not root and missing: fails, naming the package
+#   kubectl  Debian's kubectl (apt, as root; a no-op when installed): `kubectl kustomize deploy/` in
+#         dra/tests/manifests.rs
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -40,17 +45,19 @@ pins() { # group -> its pinned requirements, one per line
         frameworks) cat "$ROOT/tests/frameworks/requirements.txt" ;;
         containers) printf '%s\n' podman runc ;; # Debian packages, not pins: see ready_containers
         busybox) printf '%s\n' busybox-static ;; # a Debian package: the version apt offers
+        valgrind) printf '%s\n' valgrind ;; # a Debian package: the version apt offers
+        kubectl) printf '%s\n' kubectl ;; # a Debian package: the version apt offers
         *) echo "setup.sh: unknown group '$1' (groups: ${ALL[*]})" >&2; exit 2 ;;
     esac
 }
-ALL=(cu13 cu12 zig k8s frameworks containers busybox)
+ALL=(cu13 cu12 zig k8s frameworks containers busybox valgrind kubectl)
 
 CHECK=0
 GROUPS_WANTED=()
 for a in "$@"; do
     case "$a" in
         --check) CHECK=1 ;;
-        -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) pins "$a" >/dev/null; GROUPS_WANTED+=("$a") ;;
     esac
 done
@@ -65,9 +72,14 @@ mkdir -p "$ROOT/.deps"
 words() { tr -s ' \n' '\n\n' | sed '/^$/d'; }
 holds() { [ -f "$1/.stamp" ] && [ "$(words <"$1/.stamp")" = "$(pins "$2" | words)" ]; }
 ready() {
+    if [ "$1" = valgrind ]; then command -v valgrind >/dev/null; return; fi
     if [ "$1" = containers ]; then
         # Only root runs the container test; elsewhere there is nothing to install.
         [ "$(id -u)" != 0 ] || { command -v podman && command -v runc; } >/dev/null
+        return
+    fi
+    if [ "$1" = kubectl ]; then
+        command -v kubectl >/dev/null || [ "$(id -u)" != 0 ]
         return
     fi
     # The image (and its test) is built as root only, like the container tests.
@@ -89,9 +101,24 @@ install_frameworks() { # dir
 
 install() { # group
     local g="$1" want hash dir
+    if [ "$g" = valgrind ]; then
+        if [ "$(id -u)" != 0 ]; then
+            echo "setup.sh: valgrind is missing (the hot-path gate, bench/tests/hot_path.rs, counts instructions" \
+                "with callgrind): install it as root (apt-get install valgrind, or scripts/setup.sh valgrind)" >&2
+            exit 1
+        fi
+        echo "setup.sh: installing valgrind (apt)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y valgrind >&2
+        return
+    fi
     if [ "$g" = containers ]; then
         echo "setup.sh: installing containers: podman runc (apt)" >&2
         DEBIAN_FRONTEND=noninteractive apt-get install -y podman runc >&2
+        return
+    fi
+    if [ "$g" = kubectl ]; then
+        echo "setup.sh: installing kubectl (apt)" >&2
+        DEBIAN_FRONTEND=noninteractive apt-get install -y kubectl >&2
         return
     fi
     want="$(pins "$g")"

@@ -231,7 +231,7 @@ impl ResourceClaim {
                     memory, gpu.memory
                 ));
             }
-            let sm = match r.consumed_capacity.get(CAPACITY_SM) {
+            let sm = match crate::capacity_names::consumed_sm(&r.consumed_capacity)? {
                 Some(q) => {
                     let v = quantity::parse(q)
                         .ok_or_else(|| format!("consumedCapacity sm {q:?} is not a quantity"))?;

@@ -5,7 +5,9 @@
 //! `claim` reads a ResourceClaim, `prepare` writes and removes a claim's files, `server` serves the kubelet's
 //! gRPC APIs (generated from `proto/` in `proto`), `source` finds the claims.
 
+pub mod capacity_names;
 pub mod claim;
+pub mod gpu_access;
 pub mod inventory;
 pub mod kube_api;
 pub mod pack;

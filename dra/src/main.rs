@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
+use cuquota_dra::gpu_access::DriverFiles;
 use cuquota_dra::inventory::{Gpu, Inventory};
 use cuquota_dra::kube_api::KubeSource;
 use cuquota_dra::prepare::{ExtraMount, Layout};
@@ -71,6 +72,27 @@ struct Args {
     /// A device node every claim's containers need (e.g. /dev/nvidiactl), when no other CDI device adds it
     #[arg(long = "device-node", value_name = "PATH")]
     device_nodes: Vec<PathBuf>,
+    /// Where this process sees the node's `/` (a hostPath mount of its pod): NVIDIA's CDI spec, the device
+    /// nodes and the driver libraries are looked for under it; specs name the host's paths
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// The NVIDIA driver's root on the node (the GPU operator's driver container: /run/nvidia/driver)
+    #[arg(long, default_value = "/")]
+    driver_root: PathBuf,
+    /// The device nodes are DEV_ROOT/dev/nvidia* on the node
+    #[arg(long, default_value = "/")]
+    dev_root: PathBuf,
+    /// A node directory where NVIDIA's CDI spec may be (its devices named by UUID are answered beside the
+    /// claim's); repeat. Default: /etc/cdi and /var/run/cdi
+    #[arg(long = "nvidia-cdi-dir", value_name = "DIR")]
+    nvidia_cdi_dirs: Vec<PathBuf>,
+    /// Add no device nodes or driver libraries to claims (something else brings them: --mount, --device-node)
+    #[arg(long)]
+    no_driver_files: bool,
+    /// The name of the SM-share capacity in the ResourceSlice: sm, or HAMi's cores (claims written for HAMi's
+    /// DRA driver carry over); claims are read under either
+    #[arg(long, default_value = "sm", value_parser = ["sm", "cores"])]
+    sm_capacity_name: String,
     /// The kubelet's plugin directory for this driver (the DRA socket dra.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.cuquota.io")]
     plugin_dir: PathBuf,
@@ -105,6 +127,10 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    if let Err(e) = cuquota_dra::capacity_names::publish_sm_as(&a.sm_capacity_name) {
+        eprintln!("cuquota-dra-plugin: --sm-capacity-name: {e}");
+        return std::process::ExitCode::from(2);
+    }
     let inventory = Inventory { pool: a.node, gpus };
     if a.print_resource_slice {
         let s = cuquota_dra::slice::resource_slice(&a.driver, &inventory, 1);
@@ -123,6 +149,16 @@ fn main() -> std::process::ExitCode {
         extra_mounts: a.mounts,
         extra_env: a.env,
         device_nodes: a.device_nodes,
+        driver: (!a.no_driver_files).then(|| {
+            let mut d = DriverFiles::host();
+            d.host_root = a.host_root;
+            d.driver_root = a.driver_root;
+            d.dev_root = a.dev_root;
+            if !a.nvidia_cdi_dirs.is_empty() {
+                d.cdi_dirs = a.nvidia_cdi_dirs;
+            }
+            d
+        }),
     };
     let reg = a.registrar_dir.join(format!("{}-reg.sock", a.driver));
     let endpoint = a.plugin_dir.join("dra.sock");

@@ -20,6 +20,7 @@ use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
 use crate::claim::{base_request, Grant, Grants};
+use crate::gpu_access::{DriverFiles, GpuAccess};
 
 /// The CDI kind of the devices this plugin generates.
 pub const CDI_KIND: &str = "cuquota.io/gpu";
@@ -58,6 +59,9 @@ pub struct Layout {
     pub extra_env: Vec<String>,
     /// Device nodes every device needs (`/dev/nvidiactl`, …), when no other CDI device brings them.
     pub device_nodes: Vec<PathBuf>,
+    /// Where the GPU's device nodes and driver libraries come from (NVIDIA's CDI spec, or the node's files:
+    /// `gpu_access`); `None` = only `extra_mounts` and `device_nodes` (tests without a driver).
+    pub driver: Option<DriverFiles>,
 }
 
 /// A mount `--mount HOST:CONTAINER[:rw]` adds to every claim's device (read-only unless `rw`).
@@ -240,25 +244,32 @@ impl Layout {
             }
             again.grants.pods = pods;
         }
-        // Checkpoints before subrequests were stripped and share IDs kept: answered as now.
-        again.devices = devices(&p.uid, &again.grants);
-        if again != p {
-            let text = match serde_json::to_vec_pretty(&again) {
-                Ok(t) => t,
-                Err(e) => return Some(Err(e.to_string())),
-            };
-            if let Err(e) = write_atomic(&self.claim_dir(&p.uid).join("prepared.json"), &text, 0o644) {
-                return Some(Err(e));
-            }
-        }
         Some(self.refresh(again))
     }
 
-    /// A checkpointed claim's CDI spec written again and its pending descriptors written.
-    fn refresh(&self, p: Prepared) -> Result<Prepared, String> {
-        self.write_cdi(&p.uid, &p.grants)?;
+    /// A checkpointed claim's CDI spec written again from the node as it is now (NVIDIA's spec or the node's
+    /// own files), its answer to the kubelet recomputed (checkpoints from before subrequests were stripped and
+    /// share IDs kept are answered as now) and checkpointed if it changed, and its pending descriptors written.
+    fn refresh(&self, mut p: Prepared) -> Result<Prepared, String> {
+        let access = self.access(&p.grants)?;
+        p.devices = self.write_cdi(&p.uid, &p.grants, access.as_ref())?;
+        if self.prepared(&p.uid).as_ref() != Some(&p) {
+            let text = serde_json::to_vec_pretty(&p).map_err(|e| e.to_string())?;
+            write_atomic(&self.claim_dir(&p.uid).join("prepared.json"), &text, 0o644)?;
+        }
         self.write_descriptors(&p);
         Ok(p)
+    }
+
+    /// How the claim's containers reach its GPUs (`None`: the plugin was given no driver files to look at);
+    /// an error when the node lacks them.
+    fn access(&self, grants: &Grants) -> Result<Option<GpuAccess>, String> {
+        let Some(d) = &self.driver else {
+            return Ok(None);
+        };
+        let per_gpu = grants.per_gpu()?;
+        let uuids: Vec<&str> = per_gpu.iter().map(|g| g.uuid.as_str()).collect();
+        d.access(&uuids).map(Some)
     }
 
     /// Prepares a claim: writes its files (again, if they were there) and returns the kubelet's devices.
@@ -276,6 +287,8 @@ impl Layout {
                 self.library.display()
             ));
         }
+        // Before anything is written: a node without the GPU's files refuses the claim whole.
+        let access = self.access(grants)?;
         let dir = self.claim_dir(&claim.uid);
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let marker = self.required_marker();
@@ -300,13 +313,13 @@ impl Layout {
             pods: Vec::new(),
         };
         self.write_limits(&limits, &usage, &per_gpu)?;
-        self.write_cdi(&claim.uid, grants)?;
+        let devices = self.write_cdi(&claim.uid, grants, access.as_ref())?;
         let prepared = Prepared {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
             uid: claim.uid.clone(),
             grants: grants.clone(),
-            devices: devices(&claim.uid, grants),
+            devices,
         };
         self.write_descriptors(&prepared);
         let text = serde_json::to_vec_pretty(&prepared).map_err(|e| e.to_string())?;
@@ -324,8 +337,14 @@ impl Layout {
             .map_err(|e| format!("{}: {e}", link.display()))
     }
 
-    /// Writes claim `uid`'s CDI spec (a GPU it holds under several share IDs is one GPU with their sum).
-    fn write_cdi(&self, uid: &str, grants: &Grants) -> Result<(), String> {
+    /// Writes claim `uid`'s CDI spec (a GPU it holds under several share IDs is one GPU with their sum);
+    /// returns the kubelet's devices, NVIDIA's CDI devices beside the claim's own on the first.
+    fn write_cdi(
+        &self,
+        uid: &str,
+        grants: &Grants,
+        access: Option<&GpuAccess>,
+    ) -> Result<Vec<PreparedDevice>, String> {
         let per_gpu = Grants {
             devices: grants.per_gpu()?,
             pods: grants.pods.clone(),
@@ -362,10 +381,17 @@ impl Layout {
             &dir.join("usage"),
             priority.as_deref(),
             &per_gpu,
+            access,
         );
         let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
-        write_atomic(&self.cdi_spec_path(uid), &text, 0o644)
+        write_atomic(&self.cdi_spec_path(uid), &text, 0o644)?;
+        let mut devices = devices(uid, grants);
+        if let (Some(GpuAccess::Nvidia(ids)), Some(first)) = (access, devices.first_mut()) {
+            // NVIDIA's devices ride with the claim's own: the container that gets one gets both.
+            first.cdi_device_ids.extend(ids.iter().cloned());
+        }
+        Ok(devices)
     }
 
     /// Removes everything a claim's preparation wrote; nothing to remove is success.
@@ -416,12 +442,13 @@ impl Layout {
                 continue;
             }
             match self.prepared(&uid) {
-                Some(p) => {
-                    if let Err(e) = self.refresh(p.clone()) {
+                Some(p) => kept.push(match self.refresh(p.clone()) {
+                    Ok(p) => p,
+                    Err(e) => {
                         log.push(format!("claim {uid}: writing its CDI spec again: {e}"));
+                        p
                     }
-                    kept.push(p);
-                }
+                }),
                 None => log.push(match self.unprepare(&uid) {
                     Ok(()) => format!("claim {uid}: removed a preparation that has no checkpoint"),
                     Err(e) => format!("claim {uid}: removing a preparation that has no checkpoint: {e}"),
@@ -528,7 +555,8 @@ impl Layout {
         Ok(())
     }
 
-    /// The claim's CDI spec: one device named after the claim.
+    /// The claim's CDI spec: one device named after the claim, with the GPU's nodes and driver libraries when
+    /// `access` says the claim's device brings them.
     pub fn cdi_spec(
         &self,
         uid: &str,
@@ -536,6 +564,7 @@ impl Layout {
         usage: &Path,
         priority: Option<&Path>,
         grants: &Grants,
+        access: Option<&GpuAccess>,
     ) -> serde_json::Value {
         let mount = |h: &Path, c: &str, rw: bool| {
             let mode = if rw { "rw" } else { "ro" };
@@ -559,6 +588,16 @@ impl Layout {
             let dir = format!("{DEFAULT_PRIORITY_PATH}.d");
             mounts.push(mount(&self.priority_dir(), &dir, false));
         }
+        let mut nodes: Vec<serde_json::Value> = Vec::new();
+        if let Some(GpuAccess::Own { nodes: n, libraries }) = access {
+            for l in libraries {
+                mounts.push(ro(&l.host_path, &l.path.to_string_lossy()));
+            }
+            nodes.extend(
+                n.iter()
+                    .map(|n| serde_json::json!({"path": n.path, "hostPath": n.host_path})),
+            );
+        }
         for m in &self.extra_mounts {
             mounts.push(mount(&m.host, &m.container.to_string_lossy(), m.writable));
         }
@@ -578,12 +617,9 @@ impl Layout {
         env.extend(hami_env(grants));
         env.extend(self.extra_env.iter().cloned());
         let mut edits = serde_json::json!({"env": env, "mounts": mounts});
-        if !self.device_nodes.is_empty() {
-            edits["deviceNodes"] = self
-                .device_nodes
-                .iter()
-                .map(|p| serde_json::json!({"path": p}))
-                .collect();
+        nodes.extend(self.device_nodes.iter().map(|p| serde_json::json!({"path": p})));
+        if !nodes.is_empty() {
+            edits["deviceNodes"] = nodes.into();
         }
         serde_json::json!({
             "cdiVersion": CDI_VERSION,

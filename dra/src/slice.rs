@@ -4,7 +4,7 @@
 
 use serde_json::{json, Value};
 
-use crate::claim::{CAPACITY_MEMORY, CAPACITY_SM};
+use crate::claim::CAPACITY_MEMORY;
 use crate::inventory::Inventory;
 use crate::quantity::format_bytes;
 
@@ -39,7 +39,7 @@ pub fn resource_slice(driver: &str, inv: &Inventory, generation: i64) -> Value {
                             },
                         },
                     },
-                    CAPACITY_SM: {
+                    crate::capacity_names::sm_published(): {
                         "value": "100",
                         "requestPolicy": {
                             "default": SM_DEFAULT.to_string(),

@@ -692,3 +692,43 @@ fn a_gpu_the_claim_was_not_granted_is_not_unlimited() {
         "a GPU the claim was not granted: {out:?}"
     );
 }
+
+#[test]
+fn a_node_without_the_gpus_driver_files_refuses_the_claim_and_writes_nothing() {
+    // The plugin looks for the driver on a node that has none (no NVIDIA spec, no /dev/nvidiactl, no
+    // libcuda.so.1): the pod must not start without a usable GPU.
+    let n = Node::with(|l| {
+        let root = l.state_dir.parent().unwrap().join("node");
+        l.driver = Some(cuquota_dra::gpu_access::DriverFiles {
+            host_root: root.clone(),
+            driver_root: "/".into(),
+            dev_root: "/".into(),
+            cdi_dirs: vec!["/etc/cdi".into()],
+        });
+    });
+    let r = n.prepare(&[("notebook-gpu", UID)]);
+    assert!(r[UID].error.contains("nvidiactl"), "{r:?}");
+    assert!(!n.p("state/claims").join(UID).exists());
+    assert!(!n.layout.cdi_spec_path(UID).exists());
+
+    // The control: the driver's files appear on the node, and the same claim is prepared with them.
+    let root = n.p("node");
+    for d in ["dev/nvidiactl", "dev/nvidia0", "usr/lib64/libcuda.so.1"] {
+        let p = root.join(d);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, b"").unwrap();
+    }
+    let r = n.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(r[UID].error, "", "{r:?}");
+    let edits = &n.cdi_spec()["devices"][0]["containerEdits"];
+    assert_eq!(edits["deviceNodes"][0]["path"], "/dev/nvidiactl", "{edits}");
+    assert!(
+        edits["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["containerPath"] == "/usr/lib64/libcuda.so.1"
+                && m["hostPath"] == "/usr/lib64/libcuda.so.1"),
+        "{edits}"
+    );
+}

@@ -62,7 +62,10 @@ fn every_object_is_valid_kubernetes_1_37() {
         files.push(p);
     }
     for f in std::fs::read_dir(root().join("dra/deploy")).unwrap().flatten() {
-        files.push(f.path());
+        // The kustomization is kustomize's, not the API server's: kubernetes_kustomization_* renders it.
+        if f.file_name() != "kustomization.yaml" {
+            files.push(f.path());
+        }
     }
     files.push(root().join("dra/tests/fixtures/claim.json"));
     files.sort();
@@ -96,4 +99,151 @@ fn every_object_is_valid_kubernetes_1_37() {
         !ok && out.contains("allowMultipleAllocation"),
         "a misspelt field must be refused:\n{out}"
     );
+}
+
+/// `kubectl kustomize DIR`: (success, output).
+fn kustomize(dir: &Path) -> (bool, String) {
+    let out = Command::new("kubectl")
+        .args(["kustomize", dir.to_str().unwrap()])
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl: {e} (scripts/setup.sh kubectl installs Debian's, as root)"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    (
+        out.status.success(),
+        format!("{}{err}", String::from_utf8_lossy(&out.stdout)),
+    )
+}
+
+#[test]
+fn kubernetes_kustomization_installs_agent_plugin_and_class_with_the_image_one_setting() {
+    let dir = tempfile::tempdir().unwrap();
+    // An operator's overlay: the install, with the image moved to their registry in one place.
+    let overlay = dir.path().join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    // kustomize takes only relative roots: up to `/`, then down to the repository's deploy/.
+    let overlay = overlay.canonicalize().unwrap();
+    let up = "../".repeat(overlay.components().count() - 1);
+    let base = format!("{up}{}", root().join("deploy").canonicalize().unwrap().display());
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "resources: [{}]\nimages:\n- name: registry.example.com/cuquota\n  newName: my.registry/gpu/cuquota\n  newTag: \"9.9\"\n",
+            base.replace("//", "/")
+        ),
+    )
+    .unwrap();
+    for (kdir, image) in [
+        (root().join("deploy"), "registry.example.com/cuquota:0.1.0"),
+        (overlay, "my.registry/gpu/cuquota:9.9"),
+    ] {
+        let (ok, out) = kustomize(&kdir);
+        assert!(ok, "kubectl kustomize {} failed:\n{out}", kdir.display());
+        let images: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image: "))
+            .filter(|i| !i.contains("kube-rbac-proxy"))
+            .collect();
+        // The agent (its installer and itself), the plugin (its installer and itself).
+        assert_eq!(images, [image; 4], "{out}");
+        let rendered = dir.path().join("rendered.yaml");
+        std::fs::write(&rendered, &out).unwrap();
+        let (ok, v) = kubernetes_validate(&[&rendered]);
+        assert!(ok, "kubernetes-validate rejected the rendered install:\n{v}");
+        for want in [
+            "namespace/cuquota-system",
+            "daemonset/cuquota-agent",
+            "daemonset/cuquota-dra-plugin",
+            "clusterrole/cuquota-dra-plugin",
+            "deviceclass/gpu.cuquota.io",
+        ] {
+            assert!(
+                v.contains(&format!("passed for resource {want} ")),
+                "{want} not rendered:\n{v}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_plugin_pod_gets_nvml_as_nvidias_plugin_does_and_sees_the_node_read_only() {
+    let text = std::fs::read_to_string(root().join("dra/deploy/plugin.yaml")).unwrap();
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let ds = docs.iter().find(|d| d["kind"] == "DaemonSet").unwrap();
+    let pod = &ds["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let env = |name: &str| {
+        c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .map(str::to_string)
+    };
+    // The NVIDIA runtime injects NVML only into a container that names GPUs.
+    assert_eq!(env("NVIDIA_VISIBLE_DEVICES").as_deref(), Some("all"));
+    assert_eq!(env("NVIDIA_DRIVER_CAPABILITIES").as_deref(), Some("utility"));
+    let args: Vec<&str> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let host_root = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--host-root="))
+        .expect("--host-root: the plugin looks for the driver's files on the node");
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == host_root)
+        .unwrap_or_else(|| panic!("no mount at {host_root}"));
+    assert_eq!(mount["readOnly"], true, "{mount}");
+    let vol = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(vol["hostPath"]["path"], "/", "{vol}");
+    // The binary takes every argument the manifest gives it.
+    let mut all: Vec<&str> = args.clone();
+    all.extend([
+        "--node",
+        "n",
+        "--gpu",
+        "GPU-0badc0de-1111-2222-3333-444455556666=80Gi",
+        "--print-resource-slice",
+    ]);
+    plugin(&all, &[]);
+}
+
+#[test]
+fn a_node_can_publish_the_sm_share_under_hamis_name_cores() {
+    let slice = |extra: &[&str]| {
+        let mut args = vec![
+            "--node",
+            "node-1",
+            "--gpu",
+            "GPU-0badc0de-1111-2222-3333-444455556666=80Gi",
+            "--print-resource-slice",
+        ];
+        args.extend(extra);
+        let text = plugin(&args, &[]);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        (v["spec"]["devices"][0]["capacity"].clone(), text)
+    };
+    let (ours, _) = slice(&[]);
+    assert!(ours["sm"].is_object() && ours["cores"].is_null(), "{ours}");
+    let (hami, text) = slice(&["--sm-capacity-name", "cores"]);
+    // One name, never both: the scheduler would sum them apart and grant the SM time twice.
+    assert!(hami["cores"].is_object() && hami["sm"].is_null(), "{hami}");
+    assert_eq!(hami["cores"], ours["sm"]);
+    assert_eq!(hami["memory"], ours["memory"]);
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("slice.json");
+    std::fs::write(&p, text).unwrap();
+    let (ok, out) = kubernetes_validate(&[p]);
+    assert!(ok, "{out}");
 }

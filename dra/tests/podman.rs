@@ -16,6 +16,9 @@ use cuquota_dra::prepare::ExtraMount;
 use shim_tests::containers::{out_val as val, sim_env, sim_mounts, Runtime};
 use shim_tests::{compile_c, workspace_root, Sim};
 
+/// One at a time: every test's claim has the fixture's UID, so one CDI spec file in /var/run/cdi.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Removes the claim's CDI spec from the runtime's directory even when the test fails.
 struct Cleanup(PathBuf);
 
@@ -78,8 +81,6 @@ impl Setup {
     /// With `pid_service`, the claim's device also mounts the simulator's pid socket (NVML reports host pids,
     /// as NVIDIA's does); without, the simulator in the container reports the container's own pids.
     fn with(programs: &[&Path], pid_service: bool) -> Setup {
-        // One at a time: both tests' claims have the fixture's UID, so one CDI spec file in /var/run/cdi.
-        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: geteuid has no preconditions.
         assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
@@ -391,4 +392,216 @@ fn nvml_reports_host_pids_so_the_agent_attributes_a_real_container_by_its_cgroup
         0,
         "the agent attributed a process NVML knows by a pid outside the cgroup:{c}"
     );
+}
+
+/// A node's NVIDIA driver, faked: `root/driver` holds the simulator as `libcuda.so.999.0` and
+/// `libnvidia-ml.so.999.0` with their `.so.1` links (the driver's layout), `root/dev` the device nodes, made
+/// with /dev/null's numbers (1, 3).
+fn fake_driver(root: &Path) {
+    let lib = root.join("driver/usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    for name in ["libcuda", "libnvidia-ml"] {
+        std::fs::copy(shim_tests::sim_lib(), lib.join(format!("{name}.so.999.0"))).unwrap();
+        std::os::unix::fs::symlink(format!("{name}.so.999.0"), lib.join(format!("{name}.so.1"))).unwrap();
+    }
+    let dev = root.join("dev/dev");
+    std::fs::create_dir_all(&dev).unwrap();
+    for n in ["nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0"] {
+        let p = std::ffi::CString::new(dev.join(n).to_str().unwrap()).unwrap();
+        // SAFETY: p is a NUL-terminated path; mknod has no other preconditions.
+        let rc = unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+        assert_eq!(rc, 0, "mknod {n}: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// A node whose plugin finds the GPU through `driver` (or not at all), the simulator's state file its only
+/// hand-given mount: the claim prepared, its CDI device ids.
+fn driver_node(
+    state: &Path,
+    driver: Option<cuquota_dra::gpu_access::DriverFiles>,
+) -> (Node, Cleanup, Vec<String>) {
+    let node = Node::with(|l| {
+        l.library = shim_tests::shim_lib();
+        l.cdi_dir = "/var/run/cdi".into();
+        // The simulator's state stands in for the kernel driver's: not a driver library, not a device node.
+        l.extra_mounts = sim_mounts(state)
+            .into_iter()
+            .filter(|m| m.writable)
+            .map(|m| ExtraMount {
+                host: m.host,
+                container: m.container,
+                writable: m.writable,
+            })
+            .collect();
+        l.extra_env = sim_env("16g", GPU);
+        l.driver = driver;
+    });
+    let cleanup = Cleanup(node.layout.cdi_spec_path(UID));
+    let r = node.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(r[UID].error, "", "{r:?}");
+    let ids = r[UID].devices[0].cdi_device_ids.clone();
+    (node, cleanup, ids)
+}
+
+fn device_args(ids: &[String]) -> Vec<String> {
+    ids.iter()
+        .flat_map(|d| ["--device".to_string(), d.clone()])
+        .collect()
+}
+
+#[test]
+#[ignore = "needs root, podman and runc (test.sh runs it as root where podman is installed)"]
+fn the_claims_cdi_device_alone_brings_the_driver_and_device_nodes_the_node_has() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let probe = shim_tests::program(shim_tests::Prog::AllocProbe);
+    let tmp = tempfile::tempdir().unwrap();
+    fake_driver(tmp.path());
+    let _sim = Sim::new().memory("16g").uuids(GPU).build();
+    let state = tmp.path().join("sim.state");
+    std::fs::write(&state, b"").unwrap();
+    let rt = Runtime::new(&tmp.path().join("rt"), &[&probe, Path::new("/bin/ls")]);
+
+    // The control, main's plugin without --mount/--device-node: the device brings no driver, and the program
+    // cannot load libcuda.so.1.
+    let (node, cleanup, ids) = driver_node(&state, None);
+    assert_eq!(ids, [format!("cuquota.io/gpu={UID}")]);
+    let (ok, out) = rt.run(&device_args(&ids), &["/alloc_probe", "256m"]);
+    assert!(
+        !ok && !out.contains("meminfo_total_mib="),
+        "a container got a GPU without its driver:\n{out}"
+    );
+    assert_eq!(node.unprepare(UID), "");
+    drop(cleanup);
+
+    // The node's driver, found by the plugin: the same claim's device alone runs the program under its cap.
+    let driver = cuquota_dra::gpu_access::DriverFiles {
+        host_root: "/".into(),
+        driver_root: tmp.path().join("driver"),
+        dev_root: tmp.path().join("dev"),
+        // No NVIDIA spec on this node.
+        cdi_dirs: vec![tmp.path().join("no-cdi")],
+    };
+    let (node, _cleanup, ids) = driver_node(&state, Some(driver));
+    assert_eq!(ids, [format!("cuquota.io/gpu={UID}")]);
+    let (ok, out) = rt.run(&device_args(&ids), &["/alloc_probe", "256m"]);
+    assert!(ok, "podman run with the claim's device alone failed:\n{out}");
+    assert_eq!(val(&out, "meminfo_total_mib"), 4096, "{out}");
+    let got = val(&out, "allocated_mib");
+    assert!(
+        (3584..=4096).contains(&got),
+        "allocated {got} MiB under a 4 GiB claim:\n{out}"
+    );
+    // The device nodes are in the container, character devices with the host's numbers.
+    let (ok, out) = rt.run(
+        &device_args(&ids),
+        &[
+            "/ls",
+            "-l",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidia0",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.lines()
+            .filter(|l| l.starts_with('c') && l.contains("1, 3"))
+            .count(),
+        4,
+        "{out}"
+    );
+    assert_eq!(node.unprepare(UID), "");
+}
+
+/// Removes a file even when the test fails.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+#[ignore = "needs root, podman and runc (test.sh runs it as root where podman is installed)"]
+fn nvidias_cdi_device_for_the_gpu_is_answered_beside_the_claims_own() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "run as root");
+    let probe = shim_tests::program(shim_tests::Prog::AllocProbe);
+    let tmp = tempfile::tempdir().unwrap();
+    fake_driver(tmp.path());
+    let _sim = Sim::new().memory("16g").uuids(GPU).build();
+    let state = tmp.path().join("sim.state");
+    std::fs::write(&state, b"").unwrap();
+    let rt = Runtime::new(&tmp.path().join("rt"), &[&probe]);
+
+    // NVIDIA's spec on the node (as `nvidia-ctk cdi generate` writes it: devices by index and UUID, the
+    // control nodes and libraries common), over the fake driver.
+    let (lib, dev) = (
+        tmp.path().join("driver/usr/lib/x86_64-linux-gnu"),
+        tmp.path().join("dev/dev"),
+    );
+    let node = |n: &str| serde_json::json!({"path": format!("/dev/{n}"), "hostPath": dev.join(n)});
+    let mount = |n: &str| {
+        serde_json::json!({"hostPath": lib.join(format!("{n}.so.999.0")),
+            "containerPath": format!("/usr/lib/x86_64-linux-gnu/{n}.so.1"), "options": ["ro", "nosuid", "nodev", "bind"]})
+    };
+    let gpu0 = serde_json::json!({"deviceNodes": [node("nvidia0")]});
+    let spec = serde_json::json!({
+        "cdiVersion": "0.5.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "0", "containerEdits": gpu0}, {"name": GPU, "containerEdits": gpu0}],
+        "containerEdits": {
+            "env": ["NVIDIA_VISIBLE_DEVICES=void"],
+            "deviceNodes": [node("nvidiactl"), node("nvidia-uvm"), node("nvidia-uvm-tools")],
+            "mounts": [mount("libcuda"), mount("libnvidia-ml")],
+        },
+    });
+    let nvidia = RemoveOnDrop("/var/run/cdi/nvidia-cuquota-test.json".into());
+    std::fs::write(&nvidia.0, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
+
+    // The plugin's own driver search finds nothing here: only NVIDIA's spec can give the GPU.
+    let driver = cuquota_dra::gpu_access::DriverFiles {
+        host_root: "/".into(),
+        driver_root: tmp.path().join("empty"),
+        dev_root: tmp.path().join("empty"),
+        cdi_dirs: vec!["/etc/cdi".into(), "/var/run/cdi".into()],
+    };
+    let (node, _cleanup, ids) = driver_node(&state, Some(driver));
+    assert_eq!(
+        ids,
+        [format!("cuquota.io/gpu={UID}"), format!("nvidia.com/gpu={GPU}")]
+    );
+    let ours: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(node.layout.cdi_spec_path(UID)).unwrap()).unwrap();
+    let edits = &ours["devices"][0]["containerEdits"];
+    assert!(edits["deviceNodes"].is_null(), "{edits}");
+    assert!(!edits.to_string().contains("libcuda"), "{edits}");
+
+    // Both devices, as the kubelet passes them: the GPU, under the claim's cap.
+    let (ok, out) = rt.run(&device_args(&ids), &["/alloc_probe", "256m"]);
+    assert!(ok, "podman run with both devices failed:\n{out}");
+    assert_eq!(val(&out, "meminfo_total_mib"), 4096, "{out}");
+    let got = val(&out, "allocated_mib");
+    assert!(
+        (3584..=4096).contains(&got),
+        "allocated {got} MiB under a 4 GiB claim:\n{out}"
+    );
+    // The control: NVIDIA's device alone (with the simulator's state by hand, as the kernel driver would
+    // be there) is the whole GPU, without cuquota.
+    let mut args = device_args(&ids[1..]);
+    for m in sim_mounts(&state).into_iter().filter(|m| m.writable) {
+        args.extend(m.args());
+    }
+    for e in sim_env("16g", GPU) {
+        args.extend(["-e".into(), e]);
+    }
+    let (ok, out) = rt.run(&args, &["/alloc_probe", "256m"]);
+    assert!(ok, "podman run with NVIDIA's device alone failed:\n{out}");
+    assert_eq!(val(&out, "meminfo_total_mib"), 16384, "{out}");
+    assert_eq!(node.unprepare(UID), "");
 }

@@ -60,6 +60,7 @@ impl Node {
             extra_mounts: Vec::new(),
             extra_env: vec!["EXTRA=1".into()],
             device_nodes: Vec::new(),
+            driver: None,
         };
         edit(&mut layout);
         let mut n = Node {
