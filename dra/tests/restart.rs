@@ -380,3 +380,34 @@ fn preparations_nothing_holds_are_removed_at_start() {
     assert_eq!(left(kept).len(), 3, "control: the live claim keeps its files");
     assert!(nvidia.is_file(), "another driver's CDI spec is not ours");
 }
+
+#[test]
+fn after_a_reboot_nvidias_device_is_answered_beside_the_claims_own_again() {
+    let mut n = Node::with(|l| {
+        let root = l.state_dir.parent().unwrap().join("node");
+        l.driver = Some(cuquota_dra::gpu_access::DriverFiles {
+            host_root: root,
+            driver_root: "/".into(),
+            dev_root: "/".into(),
+            cdi_dirs: vec!["/etc/cdi".into()],
+        });
+    });
+    let spec = n.p("node/etc/cdi/nvidia.json");
+    std::fs::create_dir_all(spec.parent().unwrap()).unwrap();
+    std::fs::write(
+        &spec,
+        json!({"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": GPU, "containerEdits": {}}]})
+            .to_string(),
+    )
+    .unwrap();
+    let first = n.prepare(&[("notebook-gpu", UID)]);
+    let want = [format!("cuquota.io/gpu={UID}"), format!("nvidia.com/gpu={GPU}")];
+    assert_eq!(first[UID].devices[0].cdi_device_ids, want, "{first:?}");
+    n.stop();
+    std::fs::remove_dir_all(&n.layout.cdi_dir).unwrap();
+    std::fs::rename(n.p("claims"), n.p("claims.away")).unwrap();
+    n.start();
+    let again = n.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(again, first);
+    assert!(n.layout.cdi_spec_path(UID).is_file());
+}
