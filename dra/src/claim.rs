@@ -88,6 +88,10 @@ pub struct DeviceResult {
     pub pool: String,
     /// The device's name in the pool.
     pub device: String,
+    /// The share of a device that allows several allocations (`shareID`): one device may serve a claim under
+    /// several share IDs.
+    #[serde(default, rename = "shareID", skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
     /// What the claim consumes of the device's capacities (quantities), when the device allows several
     /// allocations.
     #[serde(default)]
@@ -164,6 +168,9 @@ pub struct Grant {
     pub pool: String,
     /// Device name.
     pub device: String,
+    /// The allocation's share ID of the device, if any (checkpoints before it have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
     /// The GPU's UUID (`GPU-…`).
     pub uuid: String,
     /// Memory cap in bytes.
@@ -242,6 +249,7 @@ impl ResourceClaim {
                 request: r.request.clone(),
                 pool: r.pool.clone(),
                 device: r.device.clone(),
+                share_id: r.share_id.clone(),
                 uuid: gpu.uuid.clone(),
                 memory,
                 sm,
@@ -254,27 +262,95 @@ impl ResourceClaim {
         if devices.is_empty() {
             return Err(format!("the allocation has no device of driver {driver}"));
         }
-        let mut seen = std::collections::BTreeSet::new();
-        for g in &devices {
-            if !seen.insert(&g.uuid) {
-                return Err(format!("GPU {} is allocated twice to the claim", g.uuid));
+        for (i, g) in devices.iter().enumerate() {
+            let distinct =
+                |h: &Grant| g.share_id.is_some() && h.share_id.is_some() && g.share_id != h.share_id;
+            if let Some(h) = devices[..i].iter().find(|h| h.uuid == g.uuid && !distinct(h)) {
+                return Err(format!(
+                    "GPU {} is allocated twice to the claim (requests {:?} and {:?}) without distinct share IDs",
+                    g.uuid, h.request, g.request
+                ));
             }
         }
-        let pods = self
-            .status
+        let grants = Grants {
+            devices,
+            pods: Vec::new(),
+        };
+        for g in grants.per_gpu()? {
+            let total = inventory
+                .gpus
+                .iter()
+                .find(|x| x.uuid == g.uuid)
+                .map_or(0, |x| x.memory);
+            if g.memory > total {
+                return Err(format!(
+                    "the shares of GPU {} consume {} bytes of memory together, the device has {total}",
+                    g.uuid, g.memory
+                ));
+            }
+        }
+        let devices = grants.devices;
+        Ok(Grants {
+            devices,
+            pods: self.pods(),
+        })
+    }
+
+    /// The pods the claim is reserved for: (name, uid).
+    pub fn pods(&self) -> Vec<(String, String)> {
+        self.status
             .reserved_for
             .iter()
             .filter(|c| c.resource == "pods" && !c.uid.is_empty())
             .map(|c| (c.name.clone(), c.uid.clone()))
-            .collect();
-        Ok(Grants { devices, pods })
+            .collect()
     }
+}
+
+impl Grants {
+    /// One grant per GPU: the shares of a GPU the claim holds under several share IDs summed (memory, SM
+    /// share; 100 % or more of SM is the whole device, more than 100 % an error), in first-seen order. The
+    /// shares must carry the same configuration: the GPU has one limits entry.
+    pub fn per_gpu(&self) -> Result<Vec<Grant>, String> {
+        let mut out: Vec<Grant> = Vec::new();
+        for g in &self.devices {
+            let Some(m) = out.iter_mut().find(|m| m.uuid == g.uuid) else {
+                out.push(g.clone());
+                continue;
+            };
+            let cfg = |x: &Grant| (x.policy.clone(), x.priority.clone(), x.reserved_memory, x.weight);
+            if cfg(m) != cfg(g) {
+                return Err(format!(
+                    "the shares of GPU {} (requests {:?} and {:?}) carry different configurations; the GPU has one \
+                     limits entry",
+                    g.uuid, m.request, g.request
+                ));
+            }
+            let sm = m.sm.unwrap_or(100) + g.sm.unwrap_or(100);
+            if sm > 100 {
+                return Err(format!(
+                    "the shares of GPU {} consume {sm} % of its SM time together",
+                    g.uuid
+                ));
+            }
+            m.memory = m.memory.saturating_add(g.memory);
+            m.sm = (sm < 100).then_some(sm);
+            m.share_id = None;
+        }
+        Ok(out)
+    }
+}
+
+/// The request a result names without its subrequest (`req/sub` → `req`), as upstream's
+/// `resourceclaim.BaseRequestRef` does: the kubelet matches containers' `resources.claims[].request` to it.
+pub fn base_request(request: &str) -> &str {
+    request.split('/').next().unwrap_or(request)
 }
 
 /// One source's configuration for `request` (`FromClass` or `FromClaim`): its entries in order, later fields
 /// winning.
 fn merged(alloc: &Allocation, driver: &str, request: &str, source: &str) -> Result<GpuConfig, String> {
-    let parent = request.split('/').next().unwrap_or(request);
+    let parent = base_request(request);
     let mut out = GpuConfig::default();
     for c in alloc.devices.config.iter().filter(|c| c.source == source) {
         let Some(o) = c.opaque.as_ref().filter(|o| o.driver == driver) else {

@@ -15,6 +15,7 @@ pub mod prepare;
 pub mod quantity;
 pub mod server;
 pub mod slice;
+pub mod slice_sync;
 pub mod source;
 
 /// The kubelet's gRPC APIs, generated from `dra/proto/` by `build.rs`.

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use clap::Parser;
 use cuquota_dra::gpu_access::DriverFiles;
 use cuquota_dra::inventory::{Gpu, Inventory};
-use cuquota_dra::kube_api::{publish_slice, KubeSource};
+use cuquota_dra::kube_api::KubeSource;
 use cuquota_dra::prepare::{ExtraMount, Layout};
 use cuquota_dra::server::{serve, Plugin};
+use cuquota_dra::slice_sync::{SliceSync, Synced};
 use cuquota_dra::source::{ClaimSource, DirSource};
 
 /// cuquota's Kubernetes DRA node plugin: registers with the kubelet and, for each allocated ResourceClaim,
@@ -33,6 +34,10 @@ struct Args {
     /// Print this node's ResourceSlice as JSON and exit
     #[arg(long)]
     print_resource_slice: bool,
+    /// Seconds between checks that the node's ResourceSlice is still what the plugin published (the kubelet
+    /// deletes it when it starts; it is published again when gone or changed)
+    #[arg(long, env = "CUQUOTA_DRA_RESYNC_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    resync_seconds: u64,
     /// The plugin's state directory (per-claim limits and usage files, checkpoints)
     #[arg(long, default_value = "/var/lib/cuquota/dra")]
     state_dir: PathBuf,
@@ -182,11 +187,19 @@ fn main() -> std::process::ExitCode {
                 let client = kube::Client::try_default()
                     .await
                     .map_err(|e| format!("the API server: {e}"))?;
-                publish_slice(&client, &a.driver, &inventory).await?;
-                eprintln!(
-                    "cuquota-dra-plugin: published the ResourceSlice of {}",
-                    inventory.pool
-                );
+                let mut sync = SliceSync::new(client.clone(), &a.driver, inventory.clone());
+                let period = std::time::Duration::from_secs(a.resync_seconds);
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(period);
+                    loop {
+                        tick.tick().await;
+                        match sync.sync().await {
+                            Ok(Synced::Unchanged) => {}
+                            Ok(s) => eprintln!("cuquota-dra-plugin: ResourceSlice {}: {s:?}", sync.name()),
+                            Err(e) => eprintln!("cuquota-dra-plugin: ResourceSlice {}: {e}", sync.name()),
+                        }
+                    }
+                });
                 Box::new(KubeSource(client))
             }
         };

@@ -19,7 +19,7 @@ use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRe
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
-use crate::claim::{Grant, Grants};
+use crate::claim::{base_request, Grant, Grants};
 use crate::gpu_access::{DriverFiles, GpuAccess};
 
 /// The CDI kind of the devices this plugin generates.
@@ -109,6 +109,9 @@ pub struct PreparedDevice {
     pub device_name: String,
     /// Fully qualified CDI device ids.
     pub cdi_device_ids: Vec<String>,
+    /// The allocation's share ID of the device (checkpoints before it have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// The checkpoint of a prepared claim (`claims/U/prepared.json`).
@@ -211,17 +214,62 @@ impl Layout {
         serde_json::from_slice(&text).ok()
     }
 
-    /// A claim prepared before (the kubelet retries, or the plugin restarted), answered from its checkpoint
-    /// without the API: a claim's allocation cannot change while it is reserved for a pod, and a re-created
-    /// claim has a new UID. The descriptors may still be pending.
-    pub fn prepared_again(&self, claim: &ClaimRef) -> Option<Prepared> {
+    /// A claim prepared before, answered from its checkpoint: a claim's allocation cannot change while it is
+    /// reserved for a pod, a re-created claim has a new UID, and a claim an earlier plugin prepared keeps the
+    /// grants it was prepared with until it is unprepared. `pods`, the claim's `reservedFor` as read now (`None`:
+    /// the API cannot be read), replaces the checkpoint's: a pod that joins a shared claim gets its descriptor.
+    /// The CDI spec is written again (a reboot empties `/var/run/cdi`); descriptors may still be pending.
+    pub fn prepared_again(
+        &self,
+        claim: &ClaimRef,
+        pods: Option<Vec<(String, String)>>,
+    ) -> Option<Result<Prepared, String>> {
         check_uid(&claim.uid).ok()?;
         let p = self.prepared(&claim.uid)?;
         if p.namespace != claim.namespace || p.name != claim.name {
             return None;
         }
+        let mut again = p.clone();
+        if let Some(pods) = pods {
+            // A pod no longer reserved (it ended; the claim stays prepared for the others): its descriptor goes.
+            for (_, gone) in p.grants.pods.iter().filter(|o| !pods.contains(o)) {
+                if let Some(d) = self
+                    .descriptor_path(&p.uid, gone)
+                    .filter(|_| check_uid(gone).is_ok())
+                {
+                    if let Err(e) = remove_file(&d) {
+                        return Some(Err(e));
+                    }
+                }
+            }
+            again.grants.pods = pods;
+        }
+        Some(self.refresh(again))
+    }
+
+    /// A checkpointed claim's CDI spec written again from the node as it is now (NVIDIA's spec or the node's
+    /// own files), its answer to the kubelet recomputed (checkpoints from before subrequests were stripped and
+    /// share IDs kept are answered as now) and checkpointed if it changed, and its pending descriptors written.
+    fn refresh(&self, mut p: Prepared) -> Result<Prepared, String> {
+        let access = self.access(&p.grants)?;
+        p.devices = self.write_cdi(&p.uid, &p.grants, access.as_ref())?;
+        if self.prepared(&p.uid).as_ref() != Some(&p) {
+            let text = serde_json::to_vec_pretty(&p).map_err(|e| e.to_string())?;
+            write_atomic(&self.claim_dir(&p.uid).join("prepared.json"), &text, 0o644)?;
+        }
         self.write_descriptors(&p);
-        Some(p)
+        Ok(p)
+    }
+
+    /// How the claim's containers reach its GPUs (`None`: the plugin was given no driver files to look at);
+    /// an error when the node lacks them.
+    fn access(&self, grants: &Grants) -> Result<Option<GpuAccess>, String> {
+        let Some(d) = &self.driver else {
+            return Ok(None);
+        };
+        let per_gpu = grants.per_gpu()?;
+        let uuids: Vec<&str> = per_gpu.iter().map(|g| g.uuid.as_str()).collect();
+        d.access(&uuids).map(Some)
     }
 
     /// Prepares a claim: writes its files (again, if they were there) and returns the kubelet's devices.
@@ -229,10 +277,8 @@ impl Layout {
         check_uid(&claim.uid)?;
         if let Some(p) = self.prepared(&claim.uid) {
             if &p.grants == grants {
-                // Idempotent: the same claim prepared again (the kubelet retries, or restarted). The descriptors
-                // may still be pending.
-                self.write_descriptors(&p);
-                return Ok(p);
+                // Idempotent: the same claim prepared again. The descriptors may still be pending.
+                return self.refresh(p);
             }
         }
         if !self.library.is_file() {
@@ -242,20 +288,14 @@ impl Layout {
             ));
         }
         // Before anything is written: a node without the GPU's files refuses the claim whole.
-        let access = match &self.driver {
-            Some(d) => {
-                let uuids: Vec<&str> = grants.devices.iter().map(|g| g.uuid.as_str()).collect();
-                Some(d.access(&uuids)?)
-            }
-            None => None,
-        };
+        let access = self.access(grants)?;
         let dir = self.claim_dir(&claim.uid);
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let marker = self.required_marker();
         if !marker.exists() {
             write_atomic(&marker, b"", 0o444)?;
         }
-        let priority = if needs_priority(grants) {
+        if needs_priority(grants) {
             // Without the file the shim refuses a reserve's allocations and ignores the priority.
             let d = self.priority_dir();
             fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
@@ -264,35 +304,16 @@ impl Layout {
             // Its counters (launches, waits), out of the directory every container reads.
             PriorityRegion::create(&self.counters_file(&claim.uid))
                 .map_err(|e| format!("counters file: {e}"))?;
-            let link = self.priority_link(&claim.uid);
-            let tmp = link.with_extension("tmp");
-            let _ = fs::remove_file(&tmp);
-            std::os::unix::fs::symlink(&p, &tmp)
-                .and_then(|()| fs::rename(&tmp, &link))
-                .map_err(|e| format!("{}: {e}", link.display()))?;
-            Some(p)
-        } else {
-            None
-        };
+            self.link_priority(&claim.uid, &p)?;
+        }
         let usage = dir.join("usage");
         let limits = dir.join("limits");
-        self.write_limits(&limits, &usage, grants)?;
-        let spec = self.cdi_spec(
-            &claim.uid,
-            &limits,
-            &usage,
-            priority.as_deref(),
-            grants,
-            access.as_ref(),
-        );
-        let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
-        fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
-        write_atomic(&self.cdi_spec_path(&claim.uid), &text, 0o644)?;
-        let mut devices = devices(&claim.uid, grants);
-        if let (Some(GpuAccess::Nvidia(ids)), Some(first)) = (&access, devices.first_mut()) {
-            // NVIDIA's devices ride with the claim's own: the container that gets one gets both.
-            first.cdi_device_ids.extend(ids.iter().cloned());
-        }
+        let per_gpu = Grants {
+            devices: grants.per_gpu()?,
+            pods: Vec::new(),
+        };
+        self.write_limits(&limits, &usage, &per_gpu)?;
+        let devices = self.write_cdi(&claim.uid, grants, access.as_ref())?;
         let prepared = Prepared {
             namespace: claim.namespace.clone(),
             name: claim.name.clone(),
@@ -304,6 +325,73 @@ impl Layout {
         let text = serde_json::to_vec_pretty(&prepared).map_err(|e| e.to_string())?;
         write_atomic(&dir.join("prepared.json"), &text, 0o644)?;
         Ok(prepared)
+    }
+
+    /// Records claim `uid`'s own priority file in its directory ([`Layout::priority_link`]).
+    fn link_priority(&self, uid: &str, file: &Path) -> Result<(), String> {
+        let link = self.priority_link(uid);
+        let tmp = link.with_extension("tmp");
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(file, &tmp)
+            .and_then(|()| fs::rename(&tmp, &link))
+            .map_err(|e| format!("{}: {e}", link.display()))
+    }
+
+    /// Writes claim `uid`'s CDI spec (a GPU it holds under several share IDs is one GPU with their sum);
+    /// returns the kubelet's devices, NVIDIA's CDI devices beside the claim's own on the first.
+    fn write_cdi(
+        &self,
+        uid: &str,
+        grants: &Grants,
+        access: Option<&GpuAccess>,
+    ) -> Result<Vec<PreparedDevice>, String> {
+        let per_gpu = Grants {
+            devices: grants.per_gpu()?,
+            pods: grants.pods.clone(),
+        };
+        // The claim's own priority file, as its link records it (a priority directory on a tmpfs loses it at a
+        // reboot: made again, empty, as at the first prepare).
+        let priority = if needs_priority(grants) {
+            let by_uid = [".high", ".low"]
+                .iter()
+                .map(|s| self.priority_dir().join(format!("{uid}{s}")))
+                .find(|p| p.exists());
+            let linked = fs::read_link(self.priority_link(uid)).is_ok();
+            let p = match by_uid {
+                // Prepared before names carried no UID (issue 35): its file is named by the UID.
+                Some(p) if !linked => p,
+                _ => self.priority_file(uid, grants)?,
+            };
+            if !p.exists() {
+                let d = self.priority_dir();
+                fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+                PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
+                if !linked {
+                    self.link_priority(uid, &p)?;
+                }
+            }
+            Some(p)
+        } else {
+            None
+        };
+        let dir = self.claim_dir(uid);
+        let spec = self.cdi_spec(
+            uid,
+            &dir.join("limits"),
+            &dir.join("usage"),
+            priority.as_deref(),
+            &per_gpu,
+            access,
+        );
+        let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
+        write_atomic(&self.cdi_spec_path(uid), &text, 0o644)?;
+        let mut devices = devices(uid, grants);
+        if let (Some(GpuAccess::Nvidia(ids)), Some(first)) = (access, devices.first_mut()) {
+            // NVIDIA's devices ride with the claim's own: the container that gets one gets both.
+            first.cdi_device_ids.extend(ids.iter().cloned());
+        }
+        Ok(devices)
     }
 
     /// Removes everything a claim's preparation wrote; nothing to remove is success.
@@ -335,6 +423,61 @@ impl Layout {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(format!("{}: {e}", dir.display())),
         }
+    }
+
+    /// Run at start: every checkpointed claim's CDI spec written again (a reboot empties `/var/run/cdi`; the
+    /// kubelet starts a claim's containers again before or without asking to prepare it), and what no checkpoint
+    /// holds removed: a claim directory without its checkpoint (a prepare that never answered the kubelet), CDI
+    /// specs and descriptors of claims without one. Returns the claims kept and a line per thing done or failed.
+    pub fn restore(&self) -> (Vec<Prepared>, Vec<String>) {
+        let mut kept = Vec::new();
+        let mut log = Vec::new();
+        for e in fs::read_dir(self.state_dir.join("claims"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let uid = e.file_name().to_string_lossy().into_owned();
+            if check_uid(&uid).is_err() {
+                continue;
+            }
+            match self.prepared(&uid) {
+                Some(p) => kept.push(match self.refresh(p.clone()) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        log.push(format!("claim {uid}: writing its CDI spec again: {e}"));
+                        p
+                    }
+                }),
+                None => log.push(match self.unprepare(&uid) {
+                    Ok(()) => format!("claim {uid}: removed a preparation that has no checkpoint"),
+                    Err(e) => format!("claim {uid}: removing a preparation that has no checkpoint: {e}"),
+                }),
+            }
+        }
+        let held = |name: &str, prefix: &str, suffix: &str| {
+            let Some(rest) = name.strip_prefix(prefix).filter(|_| name.ends_with(suffix)) else {
+                return true; // not ours
+            };
+            kept.iter().any(|p| {
+                rest.strip_prefix(p.uid.as_str())
+                    .is_some_and(|r| r == suffix || r.starts_with('-'))
+            })
+        };
+        let mut dirs = vec![(self.cdi_dir.clone(), "cuquota.io-gpu-", ".json")];
+        dirs.extend(self.agent_dir.clone().map(|d| (d, "dra-", ".toml")));
+        for (dir, prefix, suffix) in dirs {
+            for e in fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !held(&name, prefix, suffix) {
+                    log.push(match remove_file(&e.path()) {
+                        Ok(()) => format!("removed {} (no claim holds it)", e.path().display()),
+                        Err(e) => e,
+                    });
+                }
+            }
+        }
+        (kept, log)
     }
 
     /// Writes the descriptors of prepared claims whose pod's cgroup now exists (the plugin calls this every
@@ -486,13 +629,16 @@ impl Layout {
     }
 }
 
-/// The kubelet's devices: the claim's CDI device on the first, with every request's name (a container that
-/// uses any request of the claim gets the one device that holds all its GPUs); the others listed without.
+/// The kubelet's devices, one per allocated device (a GPU held under two share IDs is two): the claim's CDI
+/// device on the first, with every request's name (a container that uses any request of the claim gets the one
+/// device that holds all its GPUs); the others listed without. Request names without their subrequest
+/// (`req/sub` → `req`): containers name the parent request.
 fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
     let mut requests: Vec<String> = Vec::new();
     for g in &grants.devices {
-        if !requests.contains(&g.request) {
-            requests.push(g.request.clone());
+        let r = base_request(&g.request);
+        if !requests.iter().any(|q| q == r) {
+            requests.push(r.to_string());
         }
     }
     grants
@@ -503,7 +649,7 @@ fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
             request_names: if i == 0 {
                 requests.clone()
             } else {
-                vec![g.request.clone()]
+                vec![base_request(&g.request).to_string()]
             },
             pool_name: g.pool.clone(),
             device_name: g.device.clone(),
@@ -512,6 +658,7 @@ fn devices(uid: &str, grants: &Grants) -> Vec<PreparedDevice> {
             } else {
                 Vec::new()
             },
+            share_id: g.share_id.clone(),
         })
         .collect()
 }

@@ -76,20 +76,33 @@ impl Plugin {
                     pool_name: d.pool_name,
                     device_name: d.device_name,
                     cdi_device_ids: d.cdi_device_ids,
+                    share_id: d.share_id,
                 })
                 .collect(),
             error: String::new(),
         };
-        {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(p) = self.layout.prepared_again(&c) {
-                return answer(p);
-            }
-        }
+        // Read every time, a prepared claim too: `reservedFor` grows when another pod shares the claim.
         let rc = match self.source.get(&c.namespace, &c.name).await {
             Ok(rc) => rc,
-            Err(e) => return fail(format!("cannot read the ResourceClaim: {e}")),
+            Err(e) => {
+                // The API unreachable (a node rebooting before the control plane answers): a claim prepared
+                // before is answered from its checkpoint.
+                let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+                return match self.layout.prepared_again(&c, None) {
+                    Some(Ok(p)) => answer(p),
+                    Some(Err(e)) => fail(e),
+                    None => fail(format!("cannot read the ResourceClaim: {e}")),
+                };
+            }
         };
+        if rc.metadata.uid == c.uid {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            match self.layout.prepared_again(&c, Some(rc.pods())) {
+                Some(Ok(p)) => return answer(p),
+                Some(Err(e)) => return fail(e),
+                None => {}
+            }
+        }
         if rc.metadata.uid != c.uid {
             return fail(format!(
                 "the ResourceClaim's UID is {:?}, the kubelet asked for {:?} (deleted and re-created?)",
@@ -104,6 +117,47 @@ impl Plugin {
         match self.layout.prepare(&c, &grants) {
             Ok(p) => answer(p),
             Err(e) => fail(e),
+        }
+    }
+
+    /// Run at start, before serving: CDI specs written again from the checkpoints, leftovers removed
+    /// ([`Layout::restore`]). Returns the claims kept.
+    pub fn restore(&self) -> Vec<Prepared> {
+        let (kept, log) = {
+            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.layout.restore()
+        };
+        for l in log {
+            eprintln!("cuquota-dra-plugin: {l}");
+        }
+        kept
+    }
+
+    /// The preparations of `kept` claims the source says are gone, removed (the kubelet only unprepares claims
+    /// it remembers; a claim deleted while the node was down would keep its files for ever).
+    pub async fn reap_gone(&self, kept: Vec<Prepared>) {
+        for p in kept {
+            match self.source.exists(&p.namespace, &p.name, &p.uid).await {
+                Ok(false) => {
+                    let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+                    // Prepared again meanwhile: not stale.
+                    if self.layout.prepared(&p.uid).as_ref() != Some(&p) {
+                        continue;
+                    }
+                    match self.layout.unprepare(&p.uid) {
+                        Ok(()) => eprintln!(
+                            "cuquota-dra-plugin: claim {}/{} ({}) is gone: removed its preparation",
+                            p.namespace, p.name, p.uid
+                        ),
+                        Err(e) => eprintln!("cuquota-dra-plugin: claim {}: {e}", p.uid),
+                    }
+                }
+                Ok(true) => {}
+                Err(e) => eprintln!(
+                    "cuquota-dra-plugin: claim {}/{}: kept, its ResourceClaim cannot be read: {e}",
+                    p.namespace, p.name
+                ),
+            }
         }
     }
 
@@ -210,6 +264,7 @@ pub async fn serve(
     registration_socket: &Path,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let kept = plugin.restore();
     let dra = bind(&plugin.endpoint)?;
     let reg = bind(registration_socket)?;
     let (tx, rx) = tokio::sync::watch::channel(false);
@@ -225,6 +280,10 @@ pub async fn serve(
     let p = plugin.clone();
     let mut stop = rx.clone();
     let resolver = async move {
+        tokio::select! {
+            () = p.reap_gone(kept) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tokio::select! {

@@ -192,10 +192,10 @@ fn prepare_is_idempotent_and_survives_a_restart() {
         "the usage file a running container has open stays"
     );
 
-    // Restart with the API unreachable (the claim object gone from the source): the checkpoint answers
-    // prepare, and unprepare works.
+    // Restart with the API unreachable (no claim source at all): the checkpoint answers prepare, and
+    // unprepare works.
     n.stop();
-    std::fs::remove_file(n.p("claims/team-a/notebook-gpu.json")).unwrap();
+    std::fs::remove_dir_all(n.p("claims")).unwrap();
     n.start();
     let again = n.prepare(&[("notebook-gpu", UID)]);
     assert_eq!(first, again);

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use cuquota_dra::inventory::{Gpu, Inventory};
-use cuquota_dra::kube_api::{publish_slice, KubeSource};
+use cuquota_dra::kube_api::KubeSource;
+use cuquota_dra::slice_sync::{SliceSync, Synced};
 use cuquota_dra::source::ClaimSource;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
@@ -43,6 +44,11 @@ async fn stub(req: Request<hyper::body::Incoming>, seen: Seen) -> Result<Respons
         ("GET", "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/notebook-gpu") => (
             200,
             std::fs::read_to_string(root().join("dra/tests/fixtures/claim.json")).unwrap(),
+        ),
+        ("GET", "/api/v1/nodes/node-1") => (
+            200,
+            r#"{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-1","uid":"9d2b8c1e-0000-4000-8000-00000000a0de"}}"#
+                .to_string(),
         ),
         // Server-side apply: the stored object is what was applied.
         ("PATCH", p) if p.starts_with("/apis/resource.k8s.io/v1/resourceslices/") => (200, body),
@@ -96,11 +102,9 @@ fn the_client_reads_claims_and_publishes_a_valid_slice_through_the_api() {
         (client, inv)
     });
 
-    // Publish: one server-side apply of the node's slice, by the plugin's field manager.
-    let stored = rt
-        .block_on(publish_slice(&client, "gpu.cuquota.io", &inv))
-        .unwrap();
-    assert_eq!(stored.spec.devices.as_ref().map(Vec::len), Some(1));
+    // Publish: the slice is not there (GET 404), so one server-side apply of it, by the plugin's field manager.
+    let mut sync = SliceSync::new(client.clone(), "gpu.cuquota.io", inv.clone());
+    assert_eq!(rt.block_on(sync.sync()), Ok(Synced::Created(1)));
     let sent = seen.lock().unwrap().clone();
     let (method, uri, ctype, body) = sent.last().unwrap().clone();
     assert_eq!(method, "PATCH");

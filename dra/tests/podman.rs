@@ -184,6 +184,26 @@ fn the_cdi_device_caps_a_real_container_and_a_control_gets_the_whole_gpu() {
 
 #[test]
 #[ignore = "needs root, podman and runc (test.sh runs it as root where podman is installed)"]
+fn after_a_reboot_the_next_prepare_brings_the_cdi_device_back_and_the_container_starts() {
+    let probe = shim_tests::program(shim_tests::Prog::AllocProbe);
+    let mut s = Setup::new(&[&probe]);
+    // Reboot: the plugin stops, /var/run/cdi (a tmpfs) loses the claim's spec; the state directory stays.
+    s.node.stop();
+    std::fs::remove_file(s.node.layout.cdi_spec_path(UID)).unwrap();
+    let (ok, out) = s.run(true, &["/alloc_probe", "256m"]);
+    assert!(!ok, "control: a container started without the CDI spec:\n{out}");
+    // The plugin starts again with the API unreachable; the kubelet prepares the claim again.
+    std::fs::rename(s.node.p("claims"), s.node.p("claims.away")).unwrap();
+    s.node.start();
+    let r = s.node.prepare(&[("notebook-gpu", UID)]);
+    assert_eq!(r[UID].error, "", "{r:?}");
+    let (ok, out) = s.run(true, &["/alloc_probe", "256m"]);
+    assert!(ok, "the container did not start after the reboot:\n{out}");
+    assert_eq!(val(&out, "meminfo_total_mib"), 4096, "{out}");
+}
+
+#[test]
+#[ignore = "needs root, podman and runc (test.sh runs it as root where podman is installed)"]
 fn the_cdi_device_holds_the_granted_sm_share_in_a_real_container() {
     // 1 ms kernels launched flat out for 3 s (a few hundred launches a second: a busy CPU keeps up).
     let launcher = compile_c(
