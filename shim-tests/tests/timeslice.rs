@@ -17,7 +17,7 @@
 //! The control: the same pair on the serialised model (the default) shares the device without any loss
 //! (0.50 + 0.50), outside the band, so the band tells the two models apart.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use shim_tests::{heavy, workspace_root, Output, Sim};
@@ -63,7 +63,7 @@ fn metric(o: &Output, k: &str) -> u64 {
 
 /// Runs compute_loop in each container of `tenants` (name, SM limit; 0 = none) at once and returns each one's
 /// share of the device (fraction) over their common window after the warm-up.
-fn shares(sim: &Sim, prog: &PathBuf, tenants: &[(&str, u32)]) -> Vec<f64> {
+fn shares(sim: &Sim, prog: &Path, tenants: &[(&str, u32)]) -> Vec<f64> {
     // One place among the heavy programs for the pair: compute_loop keeps 12.8 ms queued and sleeps between
     // batches, and two of them are at most the 2 simulated processes the rules allow on a 2-core machine.
     let _h = heavy();
@@ -71,7 +71,7 @@ fn shares(sim: &Sim, prog: &PathBuf, tenants: &[(&str, u32)]) -> Vec<f64> {
         .iter()
         .map(|&(name, limit)| {
             let mut c = sim
-                .cmd_path(prog.clone())
+                .cmd_path(prog.to_path_buf())
                 .container(name)
                 .args(&format!("{SECONDS} {BLOCKS}"));
             if limit > 0 {
@@ -108,7 +108,7 @@ fn shares(sim: &Sim, prog: &PathBuf, tenants: &[(&str, u32)]) -> Vec<f64> {
         .collect()
 }
 
-fn alone(sim: &Sim, prog: &PathBuf) -> f64 {
+fn alone(sim: &Sim, prog: &Path) -> f64 {
     shares(sim, prog, &[("solo", 0)])[0]
 }
 

@@ -102,6 +102,9 @@ pub(crate) struct Sl {
     pub end: u64,
 }
 
+/// [start, end) pieces, or (at, len) shifts.
+type Spans = Vec<(u64, u64)>;
+
 /// The time-slicing model's parameters.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Slicing {
@@ -123,7 +126,7 @@ pub(crate) fn place(
     earliest: u64,
     dur: u64,
     p: Slicing,
-) -> (Vec<(u64, u64)>, Vec<(u64, u64)>) {
+) -> (Spans, Spans) {
     let q = p.quantum.max(1);
     let sw = p.switch;
     // A process's work runs in the order it was queued.
