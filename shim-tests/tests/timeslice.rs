@@ -6,7 +6,7 @@
 //! | two at once, no cuquota | 0.450 + 0.452 |
 //! | two at once, hard 30 + 70 | 0.297 + 0.566 |
 //!
-//! `examples/compute_loop` (built by nvcc, statically linked with the CUDA runtime, as `validate.sh` runs it)
+//! `examples/compute_loop.cu` (built by nvcc, statically linked with the CUDA runtime, as `validate.sh` runs it)
 //! launches 0.40 ms kernels (`CUDASIM_SMS` × 20 blocks at the default 20 µs per wave) for 5 s; each share is read
 //! from the simulator's timeline over the two programs' common launch window after 0.5 s of warm-up (≥ 4 s),
 //! never from a clock of the programs or the test. Alone, compute_loop keeps the device busy (its share is its
@@ -22,7 +22,7 @@ use std::process::Command;
 
 use shim_tests::{heavy, workspace_root, Output, Sim};
 
-/// Builds `examples/compute_loop` with the pinned CUDA 13 toolchain (scripts/setup.sh installs it).
+/// Builds `examples/compute_loop.cu` with the pinned CUDA 13 toolchain (scripts/setup.sh installs it).
 fn compute_loop() -> PathBuf {
     let root = workspace_root();
     let out = shim_tests::target_dir().join("examples/cu13");
