@@ -401,7 +401,8 @@ fn shifted(dev: &DeviceState, me: u64, from: u64, to: u64, mut t: u64) -> u64 {
 /// out ends later for its synchronisation, queries and events. Called under the objects lock (`objects::with`).
 pub(crate) fn catch_up(o: &mut crate::objects::Objects) {
     let Some(sim) = crate::sim::loaded() else { return };
-    if sim.shared.switch_ns().is_none() {
+    // Only a process with work of its own (never a forked child's or an NVML-only process's first call) looks.
+    if sim.shared.switch_ns().is_none() || !crate::sim::cuda_initialised() {
         return;
     }
     let Ok(slot) = sim.slot() else { return };
