@@ -11,8 +11,9 @@
 //! from the simulator's timeline over the two programs' common launch window after 0.5 s of warm-up (≥ 4 s),
 //! never from a clock of the programs or the test. Alone, compute_loop keeps the device busy (its share is its
 //! rate's reference). Each figure must be within 3 points of the H200's. A busy CPU can only make a program launch
-//! less: compute_loop keeps 32 kernels (12.8 ms) queued, so it would have to be off a CPU for that long, again
-//! and again, to move a share.
+//! less: compute_loop keeps 32 kernels (12.8 ms, about 28 ms of the shared device) queued, so it has to be off a
+//! CPU longer than that, again and again, to move a share (the worst of six runs at load average 5-10 was 2.3
+//! points from the H200, one unlimited tenant at 0.429).
 //!
 //! The control: the same pair on the serialised model (the default) shares the device without any loss
 //! (0.50 + 0.50), outside the band, so the band tells the two models apart.
