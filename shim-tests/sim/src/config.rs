@@ -34,7 +34,17 @@ pub(crate) struct SimConfig {
     pub copy_mbps: u64,
     /// What cuDriverGetVersion reports (e.g. 13000).
     pub driver_version: u32,
+    /// `CUDASIM_SCHED=slice`: the device time of one context switch between processes (`CUDASIM_SWITCH_US`);
+    /// `None` = the serialised model (`CUDASIM_SCHED=serial`, the default), switches cost nothing.
+    pub switch_ns: Option<u64>,
+    /// The time-slicing model's time slice (`CUDASIM_QUANTUM_US`).
+    pub quantum_ns: u64,
 }
+
+/// Default `CUDASIM_SWITCH_US` of the time-slicing model, calibrated to the H200 (shim-tests/sim/README.md).
+pub(crate) const DEFAULT_SWITCH_NS: u64 = 222_000;
+/// Default `CUDASIM_QUANTUM_US`: 2 ms (docs/sm-limit.md, issue 36).
+pub(crate) const DEFAULT_QUANTUM_NS: u64 = 2_000_000;
 
 /// Parses a size: decimal digits with an optional `k`/`m`/`g`/`t` suffix (any case, optional trailing `b` or
 /// `ib`), meaning ×1024ⁿ; no suffix = bytes.
@@ -209,6 +219,43 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
             _ => return Err(err("CUDASIM_DRIVER_VERSION", &v, "expected a version like 13000")),
         },
     };
+    let switch_ns = match get("CUDASIM_SCHED").as_deref().map(str::trim) {
+        None | Some("serial") => match get("CUDASIM_SWITCH_US") {
+            // A switch cost or quantum the serialised model would ignore is a mistake, not a setting.
+            Some(v) => return Err(err("CUDASIM_SWITCH_US", &v, "only with CUDASIM_SCHED=slice")),
+            None => None,
+        },
+        Some("slice") => Some(match get("CUDASIM_SWITCH_US") {
+            None => DEFAULT_SWITCH_NS,
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(us) if (0.0..=1e6).contains(&us) => (us * 1000.0).round() as u64,
+                _ => {
+                    return Err(err(
+                        "CUDASIM_SWITCH_US",
+                        &v,
+                        "expected microseconds, 0 to 1000000",
+                    ))
+                }
+            },
+        }),
+        Some(v) => return Err(err("CUDASIM_SCHED", v, "expected serial or slice")),
+    };
+    let quantum_ns = match get("CUDASIM_QUANTUM_US") {
+        None => DEFAULT_QUANTUM_NS,
+        Some(v) if switch_ns.is_none() => {
+            return Err(err("CUDASIM_QUANTUM_US", &v, "only with CUDASIM_SCHED=slice"))
+        }
+        Some(v) => match v.trim().parse::<f64>() {
+            Ok(us) if (1.0..=1e7).contains(&us) => (us * 1000.0).round() as u64,
+            _ => {
+                return Err(err(
+                    "CUDASIM_QUANTUM_US",
+                    &v,
+                    "expected microseconds, 1 to 10000000",
+                ))
+            }
+        },
+    };
     Ok(SimConfig {
         devices: (0..n)
             .map(|i| DeviceConfig {
@@ -223,6 +270,8 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
         wave_ns,
         copy_mbps,
         driver_version,
+        switch_ns,
+        quantum_ns,
     })
 }
 
@@ -284,6 +333,12 @@ mod tests {
         let slow = from_env(env(&[("CUDASIM_COPY_GBPS", "0.1")])).unwrap();
         assert_eq!(slow.copy_mbps, 100);
         assert_eq!(c.driver_version, 13000);
+        assert_eq!(c.switch_ns, None);
+        let sliced = from_env(env(&[("CUDASIM_SCHED", "slice")])).unwrap();
+        assert_eq!(sliced.switch_ns, Some(DEFAULT_SWITCH_NS));
+        let set = from_env(env(&[("CUDASIM_SCHED", "slice"), ("CUDASIM_SWITCH_US", "12.5")])).unwrap();
+        assert_eq!(set.switch_ns, Some(12_500));
+        assert_eq!(set.quantum_ns, DEFAULT_QUANTUM_NS);
     }
 
     #[test]
@@ -319,12 +374,19 @@ mod tests {
             ("CUDASIM_WAVE_NS", "fast"),
             ("CUDASIM_COPY_GBPS", "0"),
             ("CUDASIM_DRIVER_VERSION", "13.0"),
+            ("CUDASIM_SCHED", "fair"),
+            ("CUDASIM_SWITCH_US", "100"),
+            ("CUDASIM_QUANTUM_US", "2000"),
         ] {
             let e = from_env(env(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");
         }
         let e = from_env(env(&[("CUDASIM_DEVICES", "2"), ("CUDASIM_MEMORY", "1g,2g,3g")])).unwrap_err();
         assert!(e.contains("CUDASIM_MEMORY"));
+        let e = from_env(env(&[("CUDASIM_SCHED", "slice"), ("CUDASIM_SWITCH_US", "-1")])).unwrap_err();
+        assert!(e.contains("CUDASIM_SWITCH_US"), "{e}");
+        let e = from_env(env(&[("CUDASIM_SCHED", "slice"), ("CUDASIM_QUANTUM_US", "0")])).unwrap_err();
+        assert!(e.contains("CUDASIM_QUANTUM_US"), "{e}");
     }
 
     #[test]

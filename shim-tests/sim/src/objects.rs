@@ -86,6 +86,8 @@ pub(crate) struct Objects {
     /// Per (physical device): the last ring interval this process wrote (index, end), to extend it when
     /// the next kernel follows on directly.
     pub last_interval: BTreeMap<usize, (u64, u64)>,
+    /// Per device: the time-slicing shifts already applied to this process's times (`timeline::catch_up`).
+    pub shifts_seen: [u64; crate::config::MAX_DEVICES],
 }
 
 static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
@@ -93,5 +95,7 @@ static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
 /// Runs `f` with the object tables locked.
 pub(crate) fn with<T>(f: impl FnOnce(&mut Objects) -> T) -> T {
     let mut g = OBJECTS.lock();
-    f(g.get_or_insert_with(Objects::default))
+    let o = g.get_or_insert_with(Objects::default);
+    crate::timeline::catch_up(o);
+    f(o)
 }

@@ -59,6 +59,11 @@ pub(crate) fn get() -> Result<&'static Sim, &'static str> {
     .map_err(|e| e.as_str())
 }
 
+/// The simulator if it is loaded (never loads it).
+pub(crate) fn loaded() -> Option<&'static Sim> {
+    SIM.get().and_then(|r| r.as_ref().ok())
+}
+
 /// cuInit: loads the simulator and marks the driver API initialised.
 pub(crate) fn cuda_init() -> CuResult<()> {
     let me = std::process::id();

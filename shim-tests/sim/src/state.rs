@@ -13,7 +13,7 @@ use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
 /// 4: IPC memory exports.
-const LAYOUT_VERSION: u64 = 6;
+const LAYOUT_VERSION: u64 = 7;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -42,6 +42,9 @@ pub(crate) struct Header {
     granularity: AtomicU64,
     wave_ns: AtomicU64,
     copy_mbps: AtomicU64,
+    /// The time-slicing model's context-switch cost + 1 (0 = the serialised model).
+    switch_ns: AtomicU64,
+    quantum_ns: AtomicU64,
 }
 
 /// One kernel interval on a device's timeline. `seq` is odd while the writer fills it in.
@@ -51,6 +54,27 @@ pub(crate) struct Interval {
     pub pid: AtomicU64,
     pub start: AtomicU64,
     pub end: AtomicU64,
+}
+
+/// Slices the time-slicing model keeps ahead per device.
+pub(crate) const MAX_SLICES: usize = 64;
+/// Shifts remembered per device (a process that has not looked for longer misses the oldest).
+pub(crate) const SHIFTS: usize = 8192;
+
+/// One time slice: `owner` (slot + 1) has the device during [start, end).
+#[repr(C)]
+pub(crate) struct Slice {
+    pub owner: AtomicU64,
+    pub start: AtomicU64,
+    pub end: AtomicU64,
+}
+
+/// Reserved work after `at` moved `len` ns later to let in a slice of `owner` (slot + 1).
+#[repr(C)]
+pub(crate) struct Shift {
+    pub at: AtomicU64,
+    pub len: AtomicU64,
+    pub owner: AtomicU64,
 }
 
 /// Per-device state.
@@ -63,6 +87,17 @@ pub(crate) struct DeviceState {
     pub busy_until: AtomicU64,
     /// Total kernel time ever scheduled.
     pub busy_ns: AtomicU64,
+    /// Time-slicing model (`timeline.rs`), all under `slice_lock` (0 free, else when it was taken): slot + 1
+    /// of the process whose work ran last before the slices still listed (0 = none),
+    pub owner: AtomicU64,
+    pub slice_lock: AtomicU64,
+    /// the reserved slices from now on, in order (`n_slices` of them),
+    pub n_slices: AtomicU64,
+    pub slices: [Slice; MAX_SLICES],
+    /// and the shifts of reserved work that let another process's slice in: `shift_seq` counts them, entry
+    /// `i % SHIFTS` is the i-th (processes move their own times by them: `timeline::catch_up`).
+    pub shift_seq: AtomicU64,
+    pub shifts: [Shift; SHIFTS],
     /// Next ring index to claim (monotonic; slot = ring_next % RING).
     pub ring_next: AtomicU64,
     pub ring: [Interval; RING],
@@ -305,6 +340,8 @@ impl SharedState {
         h.granularity.store(cfg.granularity, Relaxed);
         h.wave_ns.store(cfg.wave_ns, Relaxed);
         h.copy_mbps.store(cfg.copy_mbps, Relaxed);
+        h.switch_ns.store(cfg.switch_ns.map_or(0, |s| s + 1), Relaxed);
+        h.quantum_ns.store(cfg.quantum_ns, Relaxed);
         for (d, dc) in self.devices.iter().zip(&cfg.devices) {
             d.memory.store(dc.memory, Relaxed);
             d.sms.store(dc.sms as u64, Relaxed);
@@ -347,7 +384,22 @@ impl SharedState {
             wave_ns: h.wave_ns.load(Relaxed),
             copy_mbps: h.copy_mbps.load(Relaxed).max(1),
             driver_version: h.driver_version.load(Relaxed),
+            switch_ns: self.switch_ns(),
+            quantum_ns: h.quantum_ns.load(Relaxed),
         }
+    }
+
+    /// The time-slicing model's quantum and switch cost, given its switch cost.
+    pub(crate) fn slicing(&self, switch: u64) -> crate::timeline::Slicing {
+        crate::timeline::Slicing {
+            quantum: self.header.quantum_ns.load(Relaxed),
+            switch,
+        }
+    }
+
+    /// The time-slicing model's switch cost; `None` = the serialised model.
+    pub(crate) fn switch_ns(&self) -> Option<u64> {
+        self.header.switch_ns.load(Relaxed).checked_sub(1)
     }
 
     fn high_water(&self) -> usize {

@@ -221,12 +221,9 @@ pub(crate) fn event_at_device_position(o: &mut Objects, sim: &crate::sim::Sim, e
     let Ok((_, phys)) = crate::context::device_of(o, ctx) else {
         return;
     };
-    let busy = sim.shared.devices[phys]
-        .busy_until
-        .load(std::sync::atomic::Ordering::Acquire);
     if let Some(e) = o.events.get_mut(&ev) {
         if let Some(t) = e.time.as_mut() {
-            *t = (*t).max(busy);
+            *t = crate::timeline::next_start(sim, phys, *t);
         }
         crate::ipc::publish(e);
     }

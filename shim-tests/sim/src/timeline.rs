@@ -6,9 +6,10 @@
 //! queue up without a lock. Each interval goes into the device's ring (for NVML utilisation) and its length
 //! into the per-process and per-device busy counters. Time is CLOCK_MONOTONIC in ns; waits sleep.
 
-use std::sync::atomic::Ordering::*;
+use std::sync::atomic::{AtomicU64, Ordering::*};
 
-use crate::state::{DeviceState, SharedState, RING};
+use crate::config::MAX_DEVICES;
+use crate::state::{DeviceState, SharedState, MAX_SLICES, RING, SHIFTS};
 
 /// CLOCK_MONOTONIC now, in ns.
 pub(crate) fn now_ns() -> u64 {
@@ -32,8 +33,20 @@ pub(crate) fn realtime_us() -> u64 {
     ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
 }
 
-/// Sleeps (never spins) until CLOCK_MONOTONIC reaches `t`.
-pub(crate) fn sleep_until(t: u64) {
+/// Sleeps (never spins) until CLOCK_MONOTONIC reaches `t`, and in the time-slicing model on until the time `t`
+/// became if other processes' slices moved it meanwhile (the work it waits for was switched out).
+pub(crate) fn sleep_until(mut t: u64) {
+    loop {
+        sleep_until_once(t);
+        let later = later_by_shifts(t);
+        if later <= t {
+            return;
+        }
+        t = later;
+    }
+}
+
+fn sleep_until_once(t: u64) {
     let ts = libc::timespec {
         tv_sec: (t / 1_000_000_000) as libc::time_t,
         tv_nsec: (t % 1_000_000_000) as _,
@@ -74,6 +87,393 @@ pub(crate) fn reserve(dev: &DeviceState, earliest: u64, dur: u64) -> (u64, u64) 
     }
 }
 
+/// Most a process may hold the slice lock (no syscall inside) before others take it over: only a process
+/// killed inside it holds it longer.
+const SLICE_LOCK_STALE_NS: u64 = 50_000_000;
+
+/// Ring entries a shift looks at: reserved (future) work is among the newest.
+const SHIFT_SCAN: u64 = 1024;
+
+/// One time slice: `owner` (slot + 1) has the device during [start, end).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sl {
+    pub owner: u64,
+    pub start: u64,
+    pub end: u64,
+}
+
+/// [start, end) pieces, or (at, len) shifts.
+type Spans = Vec<(u64, u64)>;
+
+/// The time-slicing model's parameters.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Slicing {
+    pub quantum: u64,
+    pub switch: u64,
+}
+
+/// Where `owner`'s `dur` ns of work, ready at `earliest`, runs on the reserved future `slices` (in order;
+/// `tail_owner` ran last when there are none; `busy` = when the reserved work ends), round-robin: the work
+/// extends the owner's last slice while that has room (< a quantum), else goes in after the slice running (or
+/// next to run) at that time, with a switch before and after it, moving all later work (its owners' kernels are
+/// then switched out); after all reserved work it starts a switch after it (idle time absorbing the switch).
+/// Updates `slices` and `busy`; returns the pieces [start, end) and the shifts (at, len), in order.
+pub(crate) fn place(
+    slices: &mut Vec<Sl>,
+    busy: &mut u64,
+    tail_owner: u64,
+    owner: u64,
+    earliest: u64,
+    dur: u64,
+    p: Slicing,
+) -> (Spans, Spans) {
+    let q = p.quantum.max(1);
+    let sw = p.switch;
+    // A process's work runs in the order it was queued.
+    let mut t = slices
+        .iter()
+        .filter(|s| s.owner == owner)
+        .map(|s| s.end)
+        .fold(earliest, u64::max);
+    let (mut pieces, mut shifts) = (Vec::new(), Vec::new());
+    let mut rem = dur;
+    let mut shift_from = |slices: &mut Vec<Sl>, busy: &mut u64, i: usize, at: u64, len: u64| {
+        if len == 0 || i >= slices.len() {
+            return;
+        }
+        for s in &mut slices[i..] {
+            s.start += len;
+            s.end += len;
+        }
+        *busy += len;
+        shifts.push((at, len));
+    };
+    while rem > 0 {
+        let full = slices.len() >= MAX_SLICES;
+        // The owner's slice ends here and has room: the quantum goes on.
+        if let Some(i) = slices
+            .iter()
+            .rposition(|s| s.owner == owner && s.end == t && (full || s.end - s.start < q))
+        {
+            let n = if full && i + 1 == slices.len() {
+                rem
+            } else {
+                rem.min(q - (t - slices[i].start).min(q))
+            };
+            if n > 0 {
+                shift_from(slices, busy, i + 1, t, n);
+                slices[i].end += n;
+                *busy = (*busy).max(slices[i].end);
+                pieces.push((t, t + n));
+                rem -= n;
+                t += n;
+                continue;
+            }
+        }
+        match slices.iter().position(|s| s.end > t) {
+            // In after the slice running (or next to run) at t.
+            Some(i) if i + 1 < slices.len() && !full => {
+                let b = slices[i].end;
+                let n = rem.min(q);
+                let gap = slices[i + 1].start - b;
+                shift_from(slices, busy, i + 1, b, (2 * sw + n).saturating_sub(gap));
+                slices.insert(
+                    i + 1,
+                    Sl {
+                        owner,
+                        start: b + sw,
+                        end: b + sw + n,
+                    },
+                );
+                pieces.push((b + sw, b + sw + n));
+                rem -= n;
+                t = b + sw + n;
+            }
+            // After all reserved work.
+            _ => {
+                let last = slices.last().map_or(tail_owner, |s| s.owner);
+                let ready = if last != 0 && last != owner {
+                    *busy + sw
+                } else {
+                    *busy
+                };
+                let start = t.max(ready);
+                let n = if full { rem } else { rem.min(q) };
+                match slices.last_mut() {
+                    Some(s) if full => {
+                        // No room for another slice: the last grows (round-robin resumes as the list drains).
+                        s.end = start + n;
+                        if s.owner != owner {
+                            s.owner = owner;
+                        }
+                    }
+                    _ => slices.push(Sl {
+                        owner,
+                        start,
+                        end: start + n,
+                    }),
+                }
+                pieces.push((start, start + n));
+                *busy = start + n;
+                rem -= n;
+                t = start + n;
+            }
+        }
+    }
+    (pieces, shifts)
+}
+
+/// The slice lock of `dev`, released on drop.
+struct SliceGuard<'a>(&'a DeviceState);
+
+impl<'a> SliceGuard<'a> {
+    fn lock(dev: &'a DeviceState) -> Self {
+        loop {
+            let now = now_ns();
+            let held = dev.slice_lock.load(Acquire);
+            let stale = held != 0 && now.saturating_sub(held) > SLICE_LOCK_STALE_NS;
+            if (held == 0 || stale)
+                && dev
+                    .slice_lock
+                    .compare_exchange(held, now.max(1), AcqRel, Acquire)
+                    .is_ok()
+            {
+                return SliceGuard(dev);
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    /// The slices that have not ended by `now` (and whose work ran last before them).
+    fn load(&self, now: u64) -> (Vec<Sl>, u64) {
+        let d = self.0;
+        let n = (d.n_slices.load(Relaxed) as usize).min(MAX_SLICES);
+        let mut tail_owner = d.owner.load(Relaxed);
+        let mut v = Vec::with_capacity(n + 4);
+        for s in &d.slices[..n] {
+            let sl = Sl {
+                owner: s.owner.load(Relaxed),
+                start: s.start.load(Relaxed),
+                end: s.end.load(Relaxed),
+            };
+            if sl.end <= now {
+                tail_owner = sl.owner;
+            } else {
+                v.push(sl);
+            }
+        }
+        (v, tail_owner)
+    }
+
+    fn store(&self, v: &[Sl], tail_owner: u64) {
+        let d = self.0;
+        for (s, sl) in d.slices.iter().zip(v) {
+            s.owner.store(sl.owner, Relaxed);
+            s.start.store(sl.start, Relaxed);
+            s.end.store(sl.end, Relaxed);
+        }
+        d.n_slices.store(v.len().min(MAX_SLICES) as u64, Relaxed);
+        d.owner.store(tail_owner, Relaxed);
+    }
+}
+
+impl Drop for SliceGuard<'_> {
+    fn drop(&mut self) {
+        self.0.slice_lock.store(0, Release);
+    }
+}
+
+/// Moves every ring interval after `at` by `len` (one that straddles `at` is cut there and its rest moved:
+/// that kernel was switched out), and logs the shift for the processes' own times.
+fn apply_shift(dev: &DeviceState, owner: u64, at: u64, len: u64) {
+    let next = dev.ring_next.load(Acquire);
+    for idx in next.saturating_sub(SHIFT_SCAN)..next {
+        let e = &dev.ring[(idx % RING as u64) as usize];
+        let s1 = e.seq.load(Acquire);
+        if s1 != 2 * idx + 2 || e.end.load(Acquire) <= at {
+            continue;
+        }
+        let (pid, start, end) = (e.pid.load(Relaxed), e.start.load(Relaxed), e.end.load(Relaxed));
+        e.seq.store(s1 + 1, Release);
+        if start >= at {
+            e.start.store(start + len, Relaxed);
+            e.end.store(end + len, Relaxed);
+        } else {
+            e.end.store(at, Relaxed);
+        }
+        e.seq.store(s1, Release);
+        if start < at {
+            let mut none = None;
+            record(dev, pid as u32, at + len, end + len, &mut none);
+        }
+    }
+    let i = dev.shift_seq.load(Relaxed);
+    let sh = &dev.shifts[(i % SHIFTS as u64) as usize];
+    sh.at.store(at, Relaxed);
+    sh.len.store(len, Relaxed);
+    sh.owner.store(owner, Relaxed);
+    dev.shift_seq.store(i + 1, Release);
+}
+
+/// Time-slicing model: reserves `dur` ns of the process in `slot` (NVML pid `pid`) not before `earliest`
+/// (`place`), records its pieces in the ring and moves the work it let itself in before. Returns (start, end)
+/// of the whole span: the work occupies the device only in its pieces.
+pub(crate) fn reserve_sliced(
+    dev: &DeviceState,
+    slot: usize,
+    pid: u32,
+    p: Slicing,
+    earliest: u64,
+    dur: u64,
+    last: &mut Option<(u64, u64)>,
+) -> (u64, u64) {
+    let g = SliceGuard::lock(dev);
+    let (mut v, tail_owner) = g.load(now_ns());
+    let mut busy = dev.busy_until.load(Acquire);
+    let (pieces, shifts) = place(&mut v, &mut busy, tail_owner, slot as u64 + 1, earliest, dur, p);
+    for (at, len) in shifts {
+        apply_shift(dev, slot as u64 + 1, at, len);
+    }
+    for &(s, e) in &pieces {
+        record(dev, pid, s, e, last);
+    }
+    g.store(&v, tail_owner);
+    dev.busy_until.store(busy, Release);
+    drop(g);
+    match (pieces.first(), pieces.last()) {
+        (Some(a), Some(b)) => (a.0, b.1),
+        _ => {
+            let t = earliest.max(busy);
+            (t, t)
+        }
+    }
+}
+
+/// Where this process's next work on device `phys` would start if queued now, ready at `earliest` (an event
+/// recorded on a stream stamps it): in the serialised model after all queued work (`busy_until`).
+pub(crate) fn next_start(sim: &crate::sim::Sim, phys: usize, earliest: u64) -> u64 {
+    let dev = &sim.shared.devices[phys];
+    let busy = dev.busy_until.load(Acquire);
+    let (Some(sw), Ok(slot)) = (sim.shared.switch_ns(), sim.slot()) else {
+        return earliest.max(busy);
+    };
+    let g = SliceGuard::lock(dev);
+    let (mut v, tail_owner) = g.load(now_ns());
+    let mut busy = dev.busy_until.load(Acquire);
+    drop(g);
+    let slicing = sim.shared.slicing(sw);
+    let (pieces, _) = place(
+        &mut v,
+        &mut busy,
+        tail_owner,
+        slot as u64 + 1,
+        earliest,
+        1,
+        slicing,
+    );
+    pieces.first().map_or(earliest, |p| p.0)
+}
+
+thread_local! {
+    /// Per device: the shifts this thread's last `catch_up` had applied (`sleep_until` applies later ones).
+    static SEEN: std::cell::Cell<Option<[u64; MAX_DEVICES]>> = const { std::cell::Cell::new(None) };
+}
+
+/// The same for the process (its last `catch_up` in any thread): a thread that never made one (a host
+/// callback's) starts from it.
+static SEEN_PROCESS: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+/// `t`, a time of the process `me` (slot + 1), moved by device `dev`'s shifts `from..to` (those still in its
+/// log) that other processes made: its own only ever move work queued after all of its own.
+fn shifted(dev: &DeviceState, me: u64, from: u64, to: u64, mut t: u64) -> u64 {
+    for i in from.max(to.saturating_sub(SHIFTS as u64))..to {
+        let sh = &dev.shifts[(i % SHIFTS as u64) as usize];
+        let (at, len) = (sh.at.load(Relaxed), sh.len.load(Relaxed));
+        if t > at && sh.owner.load(Relaxed) != me {
+            t += len;
+        }
+    }
+    t
+}
+
+/// Time-slicing model: moves this process's own times (stream tails and pending kernels, events, ring
+/// entries it extends) by the shifts other processes made since it last looked, so a kernel that was switched
+/// out ends later for its synchronisation, queries and events. Called under the objects lock (`objects::with`).
+pub(crate) fn catch_up(o: &mut crate::objects::Objects) {
+    let Some(sim) = crate::sim::loaded() else { return };
+    // Only a process with work of its own (never a forked child's or an NVML-only process's first call) looks.
+    if sim.shared.switch_ns().is_none() || !crate::sim::cuda_initialised() {
+        return;
+    }
+    let Ok(slot) = sim.slot() else { return };
+    let me = slot as u64 + 1;
+    let mut seen = o.shifts_seen;
+    for (phys, dev) in sim.shared.devices.iter().enumerate().take(sim.cfg.devices.len()) {
+        let to = dev.shift_seq.load(Acquire);
+        let from = seen[phys];
+        if to == from {
+            continue;
+        }
+        let on_dev =
+            |o: &crate::objects::Objects, ctx: u64| o.contexts.get(&ctx).is_some_and(|c| c.phys == phys);
+        let streams: Vec<u64> = o
+            .streams
+            .iter()
+            .filter(|(_, s)| on_dev(o, s.ctx))
+            .map(|(h, _)| *h)
+            .collect();
+        for h in streams {
+            if let Some(s) = o.streams.get_mut(&h) {
+                s.tail = shifted(dev, me, from, to, s.tail);
+                for e in s.pending.iter_mut() {
+                    *e = shifted(dev, me, from, to, *e);
+                }
+            }
+        }
+        let events: Vec<u64> = o
+            .events
+            .iter()
+            .filter(|(_, e)| on_dev(o, e.ctx))
+            .map(|(h, _)| *h)
+            .collect();
+        for h in events {
+            if let Some(t) = o.events.get_mut(&h).and_then(|e| e.time.as_mut()) {
+                *t = shifted(dev, me, from, to, *t);
+            }
+        }
+        if let Some(l) = o.last_interval.get_mut(&phys) {
+            l.1 = shifted(dev, me, from, to, l.1);
+        }
+        seen[phys] = to;
+    }
+    o.shifts_seen = seen;
+    for (g, v) in SEEN_PROCESS.iter().zip(seen) {
+        g.store(v, Relaxed);
+    }
+    SEEN.with(|c| c.set(Some(seen)));
+}
+
+/// After sleeping until `t`: the later time it became through shifts since this thread's last `catch_up`.
+fn later_by_shifts(t: u64) -> u64 {
+    let Some(sim) = crate::sim::loaded() else { return t };
+    if sim.shared.switch_ns().is_none() {
+        return t;
+    }
+    let Ok(slot) = sim.slot() else { return t };
+    let me = slot as u64 + 1;
+    let mut seen = SEEN
+        .with(|c| c.get())
+        .unwrap_or_else(|| std::array::from_fn(|i| SEEN_PROCESS[i].load(Relaxed)));
+    let mut out = t;
+    for (phys, dev) in sim.shared.devices.iter().enumerate().take(sim.cfg.devices.len()) {
+        let to = dev.shift_seq.load(Acquire);
+        out = shifted(dev, me, seen[phys], to, out);
+        seen[phys] = to;
+    }
+    SEEN.with(|c| c.set(Some(seen)));
+    out
+}
+
 /// Appends (or extends, when it directly follows this process's previous interval) a ring entry.
 /// `last` is this process's (ring index, end) of its previous interval on this device.
 pub(crate) fn record(dev: &DeviceState, pid: u32, start: u64, end: u64, last: &mut Option<(u64, u64)>) {
@@ -82,7 +482,11 @@ pub(crate) fn record(dev: &DeviceState, pid: u32, start: u64, end: u64, last: &m
     }
     if let Some((idx, prev_end)) = *last {
         let e = &dev.ring[(idx % RING as u64) as usize];
-        if prev_end == start && e.seq.load(Acquire) == 2 * idx + 2 && e.pid.load(Relaxed) == pid as u64 {
+        if prev_end == start
+            && e.seq.load(Acquire) == 2 * idx + 2
+            && e.pid.load(Relaxed) == pid as u64
+            && e.end.load(Acquire) == prev_end
+        {
             e.end.store(end, Release);
             *last = Some((idx, end));
             return;
@@ -108,9 +512,16 @@ pub(crate) fn schedule(
     last: &mut Option<(u64, u64)>,
 ) -> (u64, u64) {
     let dev = &shared.devices[phys];
-    let (start, end) = reserve(dev, earliest, dur);
     // Intervals carry the pid NVML reports (the host pid), as do its per-process samples.
-    record(dev, shared.procs[slot].host_pid.load(Relaxed), start, end, last);
+    let pid = shared.procs[slot].host_pid.load(Relaxed);
+    let (start, end) = match shared.switch_ns() {
+        None => {
+            let (start, end) = reserve(dev, earliest, dur);
+            record(dev, pid, start, end, last);
+            (start, end)
+        }
+        Some(sw) => reserve_sliced(dev, slot, pid, shared.slicing(sw), earliest, dur, last),
+    };
     dev.busy_ns.fetch_add(dur, Relaxed);
     shared.procs[slot].busy_ns[phys].fetch_add(dur, Relaxed);
     (start, end)
@@ -200,5 +611,127 @@ mod tests {
         assert_eq!(busy_in(d, 0, 1000, None), 200);
         assert_eq!(busy_in(d, 0, 1000, Some(7)), 100);
         assert_eq!(busy_in(d, 150, 250, Some(8)), 50);
+    }
+
+    const P: Slicing = Slicing {
+        quantum: 100,
+        switch: 10,
+    };
+
+    #[test]
+    fn alone_a_process_runs_back_to_back() {
+        let (mut v, mut busy) = (Vec::new(), 0);
+        let (pieces, shifts) = place(&mut v, &mut busy, 0, 1, 1000, 250, P);
+        assert_eq!(pieces, vec![(1000, 1100), (1100, 1200), (1200, 1250)]);
+        assert!(shifts.is_empty());
+        assert_eq!(busy, 1250);
+    }
+
+    #[test]
+    fn a_second_process_gets_the_next_slice_and_switches_cost() {
+        let (mut v, mut busy) = (Vec::new(), 0);
+        place(&mut v, &mut busy, 0, 1, 1000, 300, P);
+        // Process 2 at 1050: in after process 1's running slice, a switch either side; process 1's later work
+        // (and its kernel's end) moves by 2 switches + the slice.
+        let (pieces, shifts) = place(&mut v, &mut busy, 0, 2, 1050, 60, P);
+        assert_eq!(pieces, vec![(1110, 1170)]);
+        assert_eq!(shifts, vec![(1100, 80)]);
+        assert_eq!(busy, 1380);
+        // More work of process 2 fills its slice up to the quantum, then waits for process 1's next slice.
+        let (pieces, shifts) = place(&mut v, &mut busy, 0, 2, 1060, 60, P);
+        assert_eq!(pieces, vec![(1170, 1210), (1330, 1350)]);
+        assert_eq!(shifts, vec![(1170, 40), (1320, 40)]);
+        let owners: Vec<u64> = v.iter().map(|s| s.owner).collect();
+        assert_eq!(owners, vec![1, 2, 1, 2, 1]);
+        assert_eq!(busy, 1460);
+        // Device time from 1000: 420 of work and 4 switches of 10.
+        assert_eq!(busy - 1000, 420 + 40);
+    }
+
+    /// Two processes that each keep 32 kernels of 0.4 ms queued (compute_loop: batches of 8, four in flight)
+    /// alternate every quantum: with the default quantum and switch, 2 / 2.222 of the device does work.
+    #[test]
+    fn a_busy_pair_loses_one_switch_per_quantum() {
+        let p = Slicing {
+            quantum: 2_000_000,
+            switch: 222_000,
+        };
+        let (mut v, mut busy) = (Vec::new(), 0u64);
+        let (mut work, mut tails, mut next) = (0u64, [0u64; 2], [0u64, 1_000_000]);
+        let mut ends: [std::collections::VecDeque<u64>; 2] = Default::default();
+        for _ in 0..2000 {
+            let who = usize::from(next[1] < next[0]);
+            let now = next[who];
+            v.retain(|s: &Sl| s.end > now);
+            for _ in 0..8 {
+                let (pieces, shifts) = place(
+                    &mut v,
+                    &mut busy,
+                    0,
+                    who as u64 + 1,
+                    now.max(tails[who]),
+                    400_000,
+                    p,
+                );
+                tails[who] = pieces.last().unwrap().1;
+                // The other process's times move by the shifts (`catch_up`).
+                let o = 1 - who;
+                for (at, len) in shifts {
+                    for x in ends[o].iter_mut().chain(std::iter::once(&mut tails[o])) {
+                        if *x > at {
+                            *x += len;
+                        }
+                    }
+                }
+                work += 400_000;
+            }
+            ends[who].push_back(tails[who]);
+            next[who] = if ends[who].len() >= 4 {
+                ends[who].pop_front().unwrap().max(now)
+            } else {
+                now
+            };
+            assert!(v.len() < MAX_SLICES);
+        }
+        let frac = work as f64 / busy as f64;
+        assert!((frac - 2.0 / 2.222).abs() < 0.002, "{frac}");
+    }
+
+    #[test]
+    fn idle_time_absorbs_a_switch() {
+        let (mut v, mut busy) = (Vec::new(), 0);
+        place(&mut v, &mut busy, 0, 1, 0, 50, P);
+        let (pieces, _) = place(&mut v, &mut busy, 0, 2, 55, 10, P);
+        assert_eq!(pieces, vec![(60, 70)]);
+        let (pieces, _) = place(&mut v, &mut busy, 0, 1, 500, 10, P);
+        assert_eq!(pieces, vec![(500, 510)]);
+    }
+
+    #[test]
+    fn a_full_slice_list_grows_the_last_slice() {
+        let (mut v, mut busy) = (Vec::new(), 0);
+        place(&mut v, &mut busy, 0, 1, 0, 100 * MAX_SLICES as u64 + 500, P);
+        assert_eq!(v.len(), MAX_SLICES);
+        assert_eq!(busy, 100 * MAX_SLICES as u64 + 500);
+    }
+
+    #[test]
+    fn shifts_move_later_times_only() {
+        let d = device();
+        let mut last = None;
+        record(d, 7, 0, 100, &mut last);
+        record(d, 7, 100, 300, &mut last);
+        apply_shift(d, 2, 200, 50);
+        // The straddling interval is cut at 200 and its rest moved.
+        assert_eq!(busy_in(d, 0, 1000, Some(7)), 300);
+        assert_eq!(busy_in(d, 200, 250, Some(7)), 0);
+        assert_eq!(busy_in(d, 250, 350, Some(7)), 100);
+        assert_eq!(shifted(d, 1, 0, 1, 200), 200);
+        assert_eq!(shifted(d, 1, 0, 1, 201), 251);
+        // The process that made the shift does not move its own times by it.
+        assert_eq!(shifted(d, 2, 0, 1, 201), 201);
+        // The process's own `last` no longer matches the entry: the next interval does not extend it.
+        record(d, 7, 300, 310, &mut last);
+        assert_eq!(busy_in(d, 0, 1000, Some(7)), 310);
     }
 }

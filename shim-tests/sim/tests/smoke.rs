@@ -125,6 +125,26 @@ fn c_program_runs_on_the_simulator() {
     let _ = std::fs::remove_dir_all(&s.dir);
 }
 
+/// The time-slicing model at the API (`c/timeslice.c`): a kernel switched out for another process's slice ends
+/// later for its events and its synchronisation, the other process does not wait for it, and the timeline
+/// counts each its own time; the serialised model (the default) as the control.
+#[test]
+fn time_slicing_switches_a_running_kernel_out_for_another_process() {
+    let s = setup("timeslice", "run");
+    let sliced: &[(&str, &str)] = &[
+        ("CUDASIM_SMS", "4"),
+        ("CUDASIM_SCHED", "slice"),
+        ("CUDASIM_QUANTUM_US", "2000"),
+        ("CUDASIM_SWITCH_US", "200"),
+    ];
+    let out = run(&s, &["slice"], sliced);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+    let _ = std::fs::remove_file(s.dir.join("state"));
+    let out = run(&s, &["serial"], &[("CUDASIM_SMS", "4")]);
+    assert!(out.trim_end().ends_with("OK"), "{out}");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
 #[test]
 fn ipc_memory_between_two_processes() {
     let s = setup("ipc", "run");
