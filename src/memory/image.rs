@@ -141,18 +141,32 @@ fn elf_table(h: &[u8]) -> Option<(usize, usize)> {
     (off.checked_add(n * 64)? <= MAX_IMAGE).then_some((off as usize, n as usize * 64))
 }
 
-/// Sections that occupy device memory, summed. `limit`: the image's length where known (sections must lie in
-/// it; NOBITS ones take no room).
+/// Sections that occupy device memory, summed; each at least the sizes of the variables its symbols declare in
+/// it (a symbol larger than its section is taken at its own size). `limit`: the image's length where known
+/// (sections with contents must lie in it; NOBITS ones take no room).
 fn elf(b: &[u8], limit: u64) -> Option<u64> {
     let (off, len) = elf_table(b)?;
     let table = b.get(off..off + len)?;
     let strndx = u16_at(b, 0x3e)? as usize;
-    let names = table.get(strndx * 64..strndx * 64 + 64).and_then(|s| {
+    let contents = |s: &[u8]| -> Option<&[u8]> {
         let (o, n) = (u64_at(s, 24)? as usize, u64_at(s, 32)? as usize);
         b.get(o..o.checked_add(n)?)
-    });
+    };
+    let names = table.get(strndx * 64..strndx * 64 + 64).and_then(contents);
+    // Per section: the sizes of the objects its symbols declare.
+    let mut declared = vec![0u64; table.len() / 64];
+    for s in table.chunks_exact(64).filter(|s| u32_at(s, 4) == Some(2)) {
+        for sym in contents(s)?.chunks_exact(24) {
+            let (info, shndx, size) = (sym[4], u16_at(sym, 6)? as usize, u64_at(sym, 16)?);
+            if info & 0xf == 1 {
+                if let Some(d) = declared.get_mut(shndx) {
+                    *d = d.checked_add(size)?;
+                }
+            }
+        }
+    }
     let mut sum = 0u64;
-    for s in table.chunks_exact(64) {
+    for (i, s) in table.chunks_exact(64).enumerate() {
         let (ty, flags, offset, size) = (u32_at(s, 4)?, u64_at(s, 8)?, u64_at(s, 24)?, u64_at(s, 32)?);
         if ty != 8 && offset.checked_add(size)? > limit {
             return None;
@@ -165,7 +179,7 @@ fn elf(b: &[u8], limit: u64) -> Option<u64> {
             .iter()
             .any(|p| name.starts_with(p));
         if flags & SHF_ALLOC != 0 || device {
-            sum = sum.checked_add(size)?;
+            sum = sum.checked_add(size.max(declared[i]))?;
         }
     }
     Some(sum)
