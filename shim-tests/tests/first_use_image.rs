@@ -103,8 +103,9 @@ fn without_nvml_an_unreadable_images_first_use_is_measured_by_free_memory() {
 }
 
 /// Under the operator's limits file the tenant's `CUQUOTA_LIBNVML` is ignored: NVML is the loader's, so 600 MiB
-/// taken past the shim is reconciled near the cap as in the control without the variable (one bypass past the
-/// margin at most, reconcile.rs); before, the variable took NVML away and only the ledger decided.
+/// taken past the shim is reconciled near the cap with NVML's figure, as in the control without the variable
+/// (one bypass past the margin at most, reconcile.rs); before, the variable took NVML away (`cannot load`) and
+/// only the ledger decided.
 #[test]
 fn under_the_operators_limits_the_tenant_cannot_name_nvml() {
     let sim = Sim::new().build();
@@ -127,6 +128,7 @@ fn under_the_operators_limits_the_tenant_cannot_name_nvml() {
         .args("bypass 600m 64m")
         .env("CUQUOTA_LIMITS_FILE", limits.to_str().unwrap())
         .env("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1")
+        .env("CUQUOTA_LOG", "debug")
         .run();
     assert!(out.success(), "{out:?}");
     println!("limits file: peak {} MiB", out.peak("used") / MIB);
@@ -135,6 +137,10 @@ fn under_the_operators_limits_the_tenant_cannot_name_nvml() {
     control.assert_used_within(bound);
     out.assert_used_within(bound);
     assert!(out.stderr.contains("ignored"), "said:{out:?}");
+    assert!(
+        out.stderr.contains("reconciled near the cap: driver says") && !out.stderr.contains("cannot load"),
+        "NVML's figure was not used:{out:?}"
+    );
 }
 
 /// A first launch blocked in the driver on the program's own progress (its stream waits for a flag and is
