@@ -205,12 +205,14 @@ fn ptx(text: &[u8]) -> Option<u64> {
     }
     let mut sum = text.len() as u64;
     // Every statement, bodies included (a `.global` declaration is never an instruction's token).
-    for stmt in text.split([';', '{', '}']) {
+    for stmt in text.split(';') {
+        // Braces are spaces here: `}.global` after a body is a module-scope declaration.
         let stmt: String = stmt
             .lines()
             .map(|l| l.split("//").next().unwrap_or(""))
             .collect::<Vec<_>>()
-            .join(" ");
+            .join(" ")
+            .replace(['{', '}'], " ");
         let toks: Vec<&str> = stmt.split_whitespace().collect();
         if toks.contains(&".extern") || !toks.iter().any(|t| *t == ".global" || *t == ".const") {
             continue;
@@ -221,7 +223,12 @@ fn ptx(text: &[u8]) -> Option<u64> {
             Some((l, r)) => (l, Some(r)),
             None => (decl.as_str(), None),
         };
-        let mut bytes = ptx_type(toks[ti])?;
+        // A vector type (`.v2`, `.v4`) before the element's multiplies it.
+        let lanes: u64 = toks[..ti]
+            .iter()
+            .filter_map(|t| t.strip_prefix(".v")?.parse::<u64>().ok())
+            .product();
+        let mut bytes = ptx_type(toks[ti])?.checked_mul(lanes)?;
         for dim in lhs.split('[').skip(1) {
             let d = dim.split(']').next()?.trim();
             let n = if d.is_empty() {
@@ -312,8 +319,9 @@ mod tests {
     #[test]
     fn ptx_variables() {
         let t = ".version 8.0\n.global .u32 x;\n.const .align 8 .b64 t[2][3];\n.extern .global .b8 e[9];\n\
-                 .visible .entry k() { ld.global.u32 %r1, [x]; ret; }\n.global .b8 i[] = {1, 2, 3};\n";
-        assert_eq!(ptx(t.as_bytes()), Some(t.len() as u64 + 4 + 48 + 3));
+                 .visible .entry k() { ld.global.u32 %r1, [x]; ret; }.global .b8 i[] = {1, 2, 3};\n\
+                 .global .v4 .f32 v[2];\n";
+        assert_eq!(ptx(t.as_bytes()), Some(t.len() as u64 + 4 + 48 + 3 + 32));
         assert_eq!(ptx(b".version 8.0\n.global .b8 g[N];\n"), None, "an unreadable size");
         assert_eq!(ptx(b"CUDASIM-MODULE 1\n"), None, "not PTX");
     }
