@@ -307,7 +307,8 @@ fn init(exports: Exports) -> Process {
         }
         (None, None)
     };
-    let cuda = load(libcuda, "libcuda.so.1").map_or_else(|| CudaTable::empty(false), |l| crate::driver::cuda::load(&l));
+    let cuda = load(libcuda, "libcuda.so.1")
+        .map_or_else(|| CudaTable::empty(false), |l| crate::driver::cuda::load(&l));
     let nvml_lib = load(libnvml, "libnvidia-ml.so.1");
 
     if cfg.disabled && opt_out_allowed {

@@ -15,7 +15,10 @@ fn prog() -> PathBuf {
 }
 
 fn run(sim: &Sim, args: &str, env: &[(&str, &str)]) -> Output {
-    let mut c = sim.cmd_path(prog()).args(args).env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
+    let mut c = sim
+        .cmd_path(prog())
+        .args(args)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "1g");
     for (k, v) in env {
         c = c.env(k, v);
     }
@@ -34,7 +37,11 @@ fn a_first_use_larger_than_the_cap_is_refused_before_the_driver_takes_it() {
     for mode in ["cubin_mod", "cubin_lib", "cubin_liar", "ptx_mod"] {
         let sim = Sim::new().build();
         let out = run(&sim, &format!("{mode} 3g 1"), &[]);
-        assert_eq!(out.get("global.0"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{mode}:{out:?}");
+        assert_eq!(
+            out.get("global.0"),
+            Some("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{mode}:{out:?}"
+        );
         out.assert_used_within(GIB);
     }
 }
@@ -57,15 +64,24 @@ fn without_nvml(sim: &Sim) -> Vec<(&'static str, Vec<(&'static str, String)>)> {
     std::fs::write(empty.join("libnvidia-ml.so.1"), b"").unwrap();
     let path = format!("{}:{}", empty.display(), sim.lib_dir().display());
     vec![
-        ("absent", vec![("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1".into())]),
+        (
+            "absent",
+            vec![("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1".into())],
+        ),
         ("broken", vec![("LD_LIBRARY_PATH", path)]),
         (
             "erroring",
-            vec![("CUDASIM_FAULT", "nvmlDeviceGetComputeRunningProcesses_v3:1+:UNKNOWN".into())],
+            vec![(
+                "CUDASIM_FAULT",
+                "nvmlDeviceGetComputeRunningProcesses_v3:1+:UNKNOWN".into(),
+            )],
         ),
         (
             "transient",
-            vec![("CUDASIM_FAULT", "nvmlDeviceGetComputeRunningProcesses_v3:random(0.5):UNKNOWN".into())],
+            vec![(
+                "CUDASIM_FAULT",
+                "nvmlDeviceGetComputeRunningProcesses_v3:random(0.5):UNKNOWN".into(),
+            )],
         ),
     ]
 }
@@ -81,7 +97,11 @@ fn without_nvml_first_uses_are_charged_their_images_footprint() {
             let out = run(&sim, &format!("{mode} 512m 8"), &env);
             assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{mode} {how}:{out:?}");
             let p = out.peak("used");
-            assert!(p <= GIB, "{mode} {how}: {} MiB under the 1 GiB cap:{out:?}", p / MIB);
+            assert!(
+                p <= GIB,
+                "{mode} {how}: {} MiB under the 1 GiB cap:{out:?}",
+                p / MIB
+            );
         }
     }
 }
@@ -97,7 +117,11 @@ fn without_nvml_an_unreadable_images_first_use_is_measured_by_free_memory() {
         let out = run(&sim, "text_lib 512m 8", &env);
         assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{how}:{out:?}");
         let p = out.peak("used");
-        assert!(p <= GIB + 512 * MIB, "{how}: {} MiB, more than one load past the cap:{out:?}", p / MIB);
+        assert!(
+            p <= GIB + 512 * MIB,
+            "{how}: {} MiB, more than one load past the cap:{out:?}",
+            p / MIB
+        );
         assert_eq!(out.num("fill.count"), 0, "{how}: admitted past the cap:{out:?}");
     }
 }

@@ -9,9 +9,9 @@ use super::Width;
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
+use crate::memory::overhead::Image;
 use crate::memory::overhead::{Creation, Reservation};
 use crate::memory::reconcile::{FirstUseCall, FirstUseOf, Use};
-use crate::memory::overhead::Image;
 use crate::memory::OverCap;
 use crate::state::Shim;
 use std::ffi::c_int;
@@ -259,7 +259,11 @@ pub(crate) unsafe fn first_use<W: Width>(
             s.mem.image_of(l as usize),
             current_ctx(s),
         ),
-        Owner::Current => (s.devices.current(&s.cuda).into_iter().collect(), None, current_ctx(s)),
+        Owner::Current => (
+            s.devices.current(&s.cuda).into_iter().collect(),
+            None,
+            current_ctx(s),
+        ),
     };
     let what = FirstUseOf {
         stack: 0,
@@ -274,7 +278,8 @@ pub(crate) unsafe fn first_use<W: Width>(
             Ok(None) => {}
             Err(_) => {
                 for c in calls {
-                    s.mem.first_use_done(&s.cuda, &s.nvml, c, CUresult::ERROR_OUT_OF_MEMORY, false);
+                    s.mem
+                        .first_use_done(&s.cuda, &s.nvml, c, CUresult::ERROR_OUT_OF_MEMORY, false);
                 }
                 return CUresult::ERROR_OUT_OF_MEMORY;
             }
@@ -313,7 +318,8 @@ pub(crate) unsafe fn library_get_module(
     let r = unsafe { first_use(s, call, module.cast::<usize>(), Owner::Library(library)) };
     if let (true, Some(dev)) = (r.ok() && !module.is_null(), s.devices.current(&s.cuda)) {
         // SAFETY: written by the driver on success.
-        s.mem.module_on(unsafe { *module } as usize, dev, library as usize);
+        s.mem
+            .module_on(unsafe { *module } as usize, dev, library as usize);
     }
     r
 }
@@ -466,13 +472,14 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize, ctx: usize) -> Result<Option
         return s.mem.first_use_begin(&s.cuda, dev, what);
     }
     let f = f as CUfunction;
-    let mut module: CUmodule = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; `f` is the program's handle for this launch, which the driver checks.
-    // A function's code was loaded by the lookup that returned it; a kernel's is loaded first.
-    if !(unsafe { s.cuda.cuFuncGetModule(&mut module, f) }.ok() || loaded_kernel(s, f)) {
+    if !loaded(s, f) {
         return Err(OverCap);
     }
-    what.image = Some(Image { key: 0, bytes: Some(0) });
+    // Its code is in the context now: the launch may only grow the stack.
+    what.image = Some(Image {
+        key: 0,
+        bytes: Some(0),
+    });
     let mut local: c_int = 0;
     // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
     let known = unsafe {
@@ -491,15 +498,30 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize, ctx: usize) -> Result<Option
     s.mem.first_use_begin(&s.cuda, dev, what)
 }
 
-/// A launch handle that is no function is a `CUkernel` (static cudart 12+ launches those): the driver loads its
-/// library into the launch's context now. That load is made first, here, as the program's own
-/// `cuKernelGetFunction` would be (a lookup: admitted, measured; it never waits on the program), so the launch
-/// itself takes no code. False: refused (over the cap). A handle that is neither fails the launch in the driver.
-fn loaded_kernel(s: &Shim, k: CUfunction) -> bool {
-    let mut f: CUfunction = std::ptr::null_mut();
-    let fp: *mut CUfunction = &mut f;
-    // SAFETY: `fp` is a local out-pointer; `k` is the program's handle for this launch.
-    let r = unsafe { first_use(s, || s.cuda.cuKernelGetFunction(fp, k as CUkernel), fp.cast::<usize>(), Owner::Current) };
+/// Before a first launch of `f` in the current context: its code is loaded first, as the program's own call
+/// would load it (a lookup: admitted from its image, measured; it never waits on the program), so the launch
+/// itself takes no code. A function (a lazily loaded one may still be unloaded): `cuFuncLoad`; a `CUkernel`
+/// (static cudart 12+ launches those; its library loads into the context): `cuKernelGetFunction`. False:
+/// refused (over the cap). A handle that is neither, or a driver without `cuFuncLoad`, fails in the driver.
+pub(crate) fn loaded(s: &Shim, f: CUfunction) -> bool {
+    let mut module: CUmodule = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; `f` is the program's handle for this launch, which the driver checks.
+    let r = if unsafe { s.cuda.cuFuncGetModule(&mut module, f) }.ok() {
+        // SAFETY: the program's handle; the driver checks it.
+        function_load(s, || unsafe { s.cuda.cuFuncLoad(f) }, f)
+    } else {
+        let mut g: CUfunction = std::ptr::null_mut();
+        let gp: *mut CUfunction = &mut g;
+        // SAFETY: `gp` is a local out-pointer; `f` is the program's handle for this launch.
+        unsafe {
+            first_use(
+                s,
+                || s.cuda.cuKernelGetFunction(gp, f as CUkernel),
+                gp.cast::<usize>(),
+                Owner::Current,
+            )
+        }
+    };
     r != CUresult::ERROR_OUT_OF_MEMORY
 }
 
@@ -567,7 +589,8 @@ pub(crate) unsafe fn module_load(
     // SAFETY: written by the driver on success.
     let m = unsafe { *module };
     // SAFETY: the driver accepted the image (the caller's contract).
-    s.mem.image_loaded(m as usize, false, unsafe { image.footprint() });
+    s.mem
+        .image_loaded(m as usize, false, unsafe { image.footprint() });
     if s.mem.module_loaded(&s.cuda, &s.nvml, m as usize).is_err() {
         // SAFETY: unloading the module we just loaded.
         module_unload(s, || unsafe { s.cuda.cuModuleUnload(m) }, m);

@@ -322,7 +322,11 @@ mod tests {
                  .visible .entry k() { ld.global.u32 %r1, [x]; ret; }.global .b8 i[] = {1, 2, 3};\n\
                  .global .v4 .f32 v[2];\n";
         assert_eq!(ptx(t.as_bytes()), Some(t.len() as u64 + 4 + 48 + 3 + 32));
-        assert_eq!(ptx(b".version 8.0\n.global .b8 g[N];\n"), None, "an unreadable size");
+        assert_eq!(
+            ptx(b".version 8.0\n.global .b8 g[N];\n"),
+            None,
+            "an unreadable size"
+        );
         assert_eq!(ptx(b"CUDASIM-MODULE 1\n"), None, "not PTX");
     }
 }

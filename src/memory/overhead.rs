@@ -130,12 +130,22 @@ impl Holdings {
         }
         ctxs * CTX_ESTIMATE
             + self.modules.load(Ordering::Relaxed).max(0) as u64 * MODULE_ESTIMATE
-            + self.lazy_sum.get(ordinal as usize).map_or(0, |c| c.load(Ordering::Relaxed))
+            + self
+                .lazy_sum
+                .get(ordinal as usize)
+                .map_or(0, |c| c.load(Ordering::Relaxed))
     }
 
     /// A first use of `key` in `ctx` on `ordinal` took `bytes`: charged once per (key, context), or added up
     /// (`accumulate`: a context's stack growths, measured first uses). Returns what was added.
-    pub(super) fn charge_lazy(&self, key: usize, ctx: usize, ordinal: CUdevice, bytes: u64, accumulate: bool) -> u64 {
+    pub(super) fn charge_lazy(
+        &self,
+        key: usize,
+        ctx: usize,
+        ordinal: CUdevice,
+        bytes: u64,
+        accumulate: bool,
+    ) -> u64 {
         let mut lazy = self.lazy.lock();
         let e = lazy.entry((key, ctx)).or_insert((ordinal, 0));
         let add = if accumulate || e.1 == 0 { bytes } else { 0 };
@@ -151,7 +161,9 @@ impl Holdings {
         self.lazy.lock().retain(|&(k, c), &mut (o, b)| {
             if gone(k, c) {
                 if let Some(s) = self.lazy_sum.get(o as usize) {
-                    let _ = s.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some(v.saturating_sub(b)));
+                    let _ = s.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                        Some(v.saturating_sub(b))
+                    });
                 }
                 return false;
             }
@@ -612,7 +624,10 @@ impl Memory {
     /// module's own cost is part of what that first use takes.
     pub(crate) fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
         let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
-        self.holdings.images.lock().insert(handle, Image { key: handle, bytes });
+        self.holdings
+            .images
+            .lock()
+            .insert(handle, Image { key: handle, bytes });
     }
 
     /// The image of module or library `handle`, when this process saw it loaded.

@@ -17,9 +17,9 @@
 //! stack growth are charged before the call that took them returns.
 
 use super::overhead::{Figure, Image, STACK};
-use crate::driver::cuda::CudaTable;
 use super::{Memory, OverCap};
 use crate::devices::Dev;
+use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::CUresult;
 use crate::locks::{Lock, Side};
@@ -390,7 +390,14 @@ impl Memory {
     }
 
     /// [`Memory::reconcile`] with NVML's figure for this process already taken.
-    fn reconcile_to(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64, figure: Figure) -> Result<(), OverCap> {
+    fn reconcile_to(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        cap: u64,
+        pending: u64,
+        figure: Figure,
+    ) -> Result<(), OverCap> {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let _g = self.overhead_lock.lock();
         let used = match figure {
@@ -541,7 +548,14 @@ impl Memory {
     /// NVML, an error, this process unlisted) the reservation stays charged once per image and context (a
     /// later first use of that image there gives its reservation back), the stack growth always; a first use
     /// of an unknown image is charged what the driver's free memory fell by across the call.
-    pub(crate) fn first_use_done(&self, cuda: &CudaTable, nvml: &Nvml, c: FirstUseCall<'_>, r: CUresult, fresh: bool) {
+    pub(crate) fn first_use_done(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        c: FirstUseCall<'_>,
+        r: CUresult,
+        fresh: bool,
+    ) {
         let FirstUseCall {
             dev,
             what,
@@ -564,9 +578,13 @@ impl Memory {
         // Kept for the estimate without NVML, whatever NVML says now (it may fail later).
         let (mut kept, measured) = (0, matches!(figure, Figure::Used(_)));
         if r.ok() {
-            kept += self.holdings.charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
+            kept += self
+                .holdings
+                .charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
             // An image's footprint once per context; what an unknown one was measured to take, every time.
-            kept += self.holdings.charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
+            kept += self
+                .holdings
+                .charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
         }
         if reserved > 0 && measured {
             let used = match figure {

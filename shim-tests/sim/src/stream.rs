@@ -46,7 +46,12 @@ pub(crate) struct Stream {
 /// Work a stream holds back behind a [`Held::Wait`].
 pub(crate) enum Held {
     /// cuStreamWaitValue32/64: `addr` compared with `value` (`CU_STREAM_WAIT_VALUE_*` in `flags`).
-    Wait { addr: u64, value: u64, flags: u32, wide: bool },
+    Wait {
+        addr: u64,
+        value: u64,
+        flags: u32,
+        wide: bool,
+    },
     /// Kernels of these durations on device `phys`.
     Kernels { phys: usize, durations: Vec<u64> },
 }
@@ -75,10 +80,17 @@ fn satisfied(addr: u64, value: u64, flags: u32, wide: bool) -> bool {
 /// Lets go of what a stream held back whose wait is satisfied now. Returns whether anything is still held.
 pub(crate) fn settle(o: &mut Objects, sim: &Sim, s: u64) -> CuResult<bool> {
     loop {
-        let Some(st) = o.streams.get_mut(&s) else { return Ok(false) };
+        let Some(st) = o.streams.get_mut(&s) else {
+            return Ok(false);
+        };
         match st.held.front() {
             None => return Ok(false),
-            Some(&Held::Wait { addr, value, flags, wide }) => {
+            Some(&Held::Wait {
+                addr,
+                value,
+                flags,
+                wide,
+            }) => {
                 if !satisfied(addr, value, flags, wide) {
                     return Ok(true);
                 }
@@ -86,7 +98,9 @@ pub(crate) fn settle(o: &mut Objects, sim: &Sim, s: u64) -> CuResult<bool> {
                 st.tail = st.tail.max(now_ns());
             }
             Some(Held::Kernels { .. }) => {
-                let Some(Held::Kernels { phys, durations }) = st.held.pop_front() else { unreachable!() };
+                let Some(Held::Kernels { phys, durations }) = st.held.pop_front() else {
+                    unreachable!()
+                };
                 schedule(o, sim, s, phys, &durations)?;
             }
         }
@@ -100,24 +114,45 @@ pub(crate) fn blocked(o: &mut Objects, sim: &Sim, s: u64) -> bool {
 
 /// Whether some stream of context `ctx` holds work back.
 pub(crate) fn ctx_blocked(o: &mut Objects, sim: &Sim, ctx: u64) -> bool {
-    let mine: Vec<u64> = o.streams.iter().filter(|(_, x)| x.ctx == ctx).map(|(&h, _)| h).collect();
+    let mine: Vec<u64> = o
+        .streams
+        .iter()
+        .filter(|(_, x)| x.ctx == ctx)
+        .map(|(&h, _)| h)
+        .collect();
     mine.into_iter().fold(false, |b, s| blocked(o, sim, s) | b)
 }
 
-/// cuStreamWaitValue32/64: work queued on `s` after this waits until the value at `addr` satisfies `flags`.
-pub(crate) fn wait_value(o: &mut Objects, s: u64, addr: u64, value: u64, flags: u32, wide: bool) -> CuResult<()> {
+/// Whether a 4- (or 8-, `wide`) byte word at `addr` lies aligned inside a live allocation.
+pub(crate) fn word(o: &Objects, addr: u64, wide: bool) -> bool {
     let size = if wide { 8 } else { 4 };
-    let inside = o
-        .mem
-        .allocs
-        .range(..=addr)
-        .next_back()
-        .is_some_and(|(&base, a)| addr + size <= base + a.size);
-    if !inside || addr % size != 0 || flags & !0x3 & !(1 << 30) != 0 {
+    addr.is_multiple_of(size)
+        && o.mem
+            .allocs
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, a)| addr + size <= base + a.size)
+}
+
+/// cuStreamWaitValue32/64: work queued on `s` after this waits until the value at `addr` satisfies `flags`.
+pub(crate) fn wait_value(
+    o: &mut Objects,
+    s: u64,
+    addr: u64,
+    value: u64,
+    flags: u32,
+    wide: bool,
+) -> CuResult<()> {
+    if !word(o, addr, wide) || flags & !0x3 & !(1 << 30) != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    st.held.push_back(Held::Wait { addr, value, flags, wide });
+    st.held.push_back(Held::Wait {
+        addr,
+        value,
+        flags,
+        wide,
+    });
     Ok(())
 }
 
@@ -248,7 +283,11 @@ pub(crate) fn enqueue(
             .sum();
         if st.pending.len() + behind + durations.len().min(MAX_PENDING) > MAX_PENDING {
             // Behind a wait: look again soon (the value may be written any time).
-            return Ok(Some(if held { now + 1_000_000 } else { st.pending.front().copied().unwrap_or(now) }));
+            return Ok(Some(if held {
+                now + 1_000_000
+            } else {
+                st.pending.front().copied().unwrap_or(now)
+            }));
         }
         if held {
             st.held.push_back(Held::Kernels {

@@ -135,14 +135,7 @@ fn wait_value(s: Handle, addr: u64, value: u64, flags: u32, wide: bool) -> CuRes
 fn write_value(s: Handle, addr: u64, value: u64, wide: bool) -> CuResult<()> {
     synchronize(s)?;
     with(|o| {
-        let size = if wide { 8 } else { 4 };
-        let inside = o
-            .mem
-            .allocs
-            .range(..=addr)
-            .next_back()
-            .is_some_and(|(&base, a)| addr + size <= base + a.size);
-        if !inside || addr % size != 0 {
+        if !stream::word(o, addr, wide) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: inside a live allocation of simulated device memory (host memory), aligned.
