@@ -525,7 +525,11 @@ impl Memory {
             dev,
             what,
             reserved,
-            free_before: gate.as_ref().and_then(|_| free_on(cuda)),
+            // The driver's free memory is the current context's device's: a delta only where that is `dev`.
+            free_before: gate
+                .as_ref()
+                .filter(|_| self.devices.current(cuda) == Some(dev))
+                .and_then(|_| free_on(cuda)),
             _gate: gate,
         }))
     }
@@ -573,10 +577,20 @@ impl Memory {
         let took = match (bytes, free_before) {
             (Some(b), _) => b,
             (None, Some(before)) => before.saturating_sub(free_on(cuda).unwrap_or(before)),
-            (None, None) => 0,
+            (None, None) => {
+                if !measured_now(&figure) && r.ok() {
+                    log!(
+                        Level::Warn,
+                        "device {}: a first use of an image of unknown size could not be measured (no NVML figure, \
+                         another device current): not charged",
+                        dev.ordinal
+                    );
+                }
+                0
+            }
         };
         // Kept for the estimate without NVML, whatever NVML says now (it may fail later).
-        let (mut kept, measured) = (0, matches!(figure, Figure::Used(_)));
+        let (mut kept, measured) = (0, measured_now(&figure));
         if r.ok() {
             kept += self
                 .holdings
@@ -625,6 +639,10 @@ pub(crate) struct FirstUseOf {
     pub ctx: usize,
     /// A lookup (may hold the gate: it never waits on the program), not a launch.
     pub lookup: bool,
+}
+
+fn measured_now(f: &Figure) -> bool {
+    matches!(f, Figure::Used(_))
 }
 
 /// The device's free memory as the driver says (the current context's device).
