@@ -398,6 +398,43 @@ pub(crate) fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Resul
     first_launch_slow(s, how, f, ctx, stream)
 }
 
+/// [`first_launch`] into `slot` (the launch path's form: a launch seen before stores its answer and goes on,
+/// with no refusal to check). False: refused.
+#[inline(always)]
+pub(crate) fn first_launch_to<'a>(
+    s: &'a Shim,
+    how: Use,
+    f: usize,
+    stream: usize,
+    slot: &mut Option<Launch<'a>>,
+) -> bool {
+    let ctx = launch_ctx(s, stream);
+    if let Some(since) = s.mem.seen(how, f, ctx) {
+        *slot = Some(Launch::Seen(since));
+        return true;
+    }
+    first_launch_slow_to(s, how, f, ctx, stream, slot)
+}
+
+#[cold]
+#[inline(never)]
+fn first_launch_slow_to<'a>(
+    s: &'a Shim,
+    how: Use,
+    f: usize,
+    ctx: usize,
+    stream: usize,
+    slot: &mut Option<Launch<'a>>,
+) -> bool {
+    match first_launch_slow(s, how, f, ctx, stream) {
+        Ok(l) => {
+            *slot = Some(l);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// Whether `a` and `b` are both first launches on one device (with a cap).
 pub(crate) fn same_device(a: &Launch<'_>, b: &Launch<'_>) -> bool {
     let dev = |l: &Launch<'_>| match l {
