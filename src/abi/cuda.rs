@@ -99,7 +99,7 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuLibraryGetGlobal (dptr, bytes, library, name) => context::first_use(call, dptr, crate::hooks::context::Owner::Library(library));
     cuLibraryGetManaged (dptr, bytes, library, name) => context::first_use(call, dptr, crate::hooks::context::Owner::Library(library));
     cuLibraryGetModule (pMod, library) => context::library_get_module(call, pMod, library);
-    cuKernelGetFunction (pFunc, kernel) => context::first_use(call, pFunc.cast::<usize>(), crate::hooks::context::Owner::Current);
+    cuKernelGetFunction (pFunc, kernel) => context::first_use(call, pFunc.cast::<usize>(), crate::hooks::context::Owner::Kernel(kernel));
     cuLibraryGetUnifiedFunction (fptr, library, symbol) => context::first_use(call, fptr.cast::<usize>(), crate::hooks::context::Owner::Library(library));
     cuModuleGetTexRef (pTexRef, hmod, name) => context::first_use(call, pTexRef.cast::<usize>(), crate::hooks::context::Owner::Module(hmod));
     cuModuleGetSurfRef (pSurfRef, hmod, name) => context::first_use(call, pSurfRef.cast::<usize>(), crate::hooks::context::Owner::Module(hmod));

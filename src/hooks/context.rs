@@ -228,8 +228,9 @@ pub(crate) enum Owner {
     Module(CUmodule),
     /// A library's (loaded into the current context at its first use there).
     Library(CUlibrary),
-    /// Unknown (a kernel's: the current context).
-    Current,
+    /// A kernel's (its library's, loaded into the current context; `cuKernelGetLibrary`, CUDA 12.5+, else
+    /// unknown).
+    Kernel(CUkernel),
 }
 
 /// `cuModuleGetFunction`, `cuModuleGetGlobal` (+ `_v2`), `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
@@ -259,11 +260,19 @@ pub(crate) unsafe fn first_use<W: Width>(
             s.mem.image_of(l as usize),
             current_ctx(s),
         ),
-        Owner::Current => (
-            s.devices.current(&s.cuda).into_iter().collect(),
-            None,
-            current_ctx(s),
-        ),
+        Owner::Kernel(k) => {
+            let mut l: CUlibrary = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the program's kernel handle, which the driver checks.
+            let image = unsafe { s.cuda.cuKernelGetLibrary(&mut l, k) }
+                .ok()
+                .then(|| s.mem.image_of(l as usize))
+                .flatten();
+            (
+                s.devices.current(&s.cuda).into_iter().collect(),
+                image,
+                current_ctx(s),
+            )
+        }
     };
     let what = FirstUseOf {
         stack: 0,
@@ -555,7 +564,7 @@ pub(crate) fn loaded(s: &Shim, f: CUfunction) -> bool {
                 s,
                 || s.cuda.cuKernelGetFunction(gp, f as CUkernel),
                 gp.cast::<usize>(),
-                Owner::Current,
+                Owner::Kernel(f as CUkernel),
             )
         }
     };

@@ -8,8 +8,10 @@
 //! - **First use** (lazy loading: a module's or library's code and globals, taken by the driver at
 //!   `cuModuleGetFunction`, `cuModuleGetGlobal`, `cuLibraryGetModule`, `cuLibraryGetGlobal`,
 //!   `cuKernelGetFunction` or the first launch of a kernel, and the stack the driver grows at a launch of a
-//!   kernel with large local memory): refused up front while the container is over its cap, measured right
-//!   after the call. Only the first time a handle is seen (`FirstUse`), and only while a memory limit applies.
+//!   kernel with large local memory): refused up front while the container is over its cap; what it may take
+//!   (the stack growth, its image's footprint: `memory::image`) reserved against the cap before the call, and
+//!   settled by NVML's figure after it — or, without one, kept (the footprint once per image and context, an
+//!   unknown image's drop in the driver's free memory). Only while a memory limit applies.
 //!
 //! Staleness bound: an unmodelled path's bytes `U` are charged at the latest by the next admission near the
 //! cap (or the next `cuMemGetInfo` near the cap): while the container stays out of the margin, it holds at
@@ -107,9 +109,9 @@ pub(crate) struct FirstUse {
     gate: Lock<()>,
 }
 
-/// One first use at a time in this process: a first use's size is unknown until it is measured, so one admitted
-/// while another is in flight could pass the cap by both. Reentrant on one thread (a multi-device launch begins
-/// one per entry); not `Send` (the depth is the thread's).
+/// One lookup of an image of unknown footprint at a time in this process: its size is unknown until it is
+/// measured, so one admitted while another is in flight could pass the cap by both. Never held across a launch
+/// (a launch may wait on the program). Reentrant on one thread; not `Send` (the depth is the thread's).
 pub(crate) struct Gate<'a> {
     first_use: &'a FirstUse,
     _thread: PhantomData<*const ()>,

@@ -125,7 +125,6 @@ crate::abi::not_supported! {
     cuGreenCtxWaitEvent,
     cuImportExternalMemory,
     cuImportExternalSemaphore,
-    cuKernelGetLibrary,
     cuKernelGetParamInfo,
     cuLibraryEnumerateKernels,
     cuLibraryGetManaged,
