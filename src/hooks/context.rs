@@ -502,7 +502,16 @@ fn first_launch_slow(s: &Shim, how: Use, f: usize, ctx: usize, stream: usize) ->
     })))
 }
 
-fn first_launch_begin(s: &Shim, how: Use, f: usize, ctx: usize) -> Result<Option<FirstUseCall<'_>>, OverCap> {
+/// The admission of `f`'s first launch in context `ctx`, which must be current: [`Use::Launch`] loads `f`'s code
+/// first ([`loaded`]) and reserves its stack growth (one call per kernel, for any path that launches kernels: a
+/// graph's kernel nodes too); [`Use::Graph`] reserves nothing. End it with `Memory::first_use_done` once the
+/// launch returned. Never holds a lock across the launch.
+pub(crate) fn first_launch_begin(
+    s: &Shim,
+    how: Use,
+    f: usize,
+    ctx: usize,
+) -> Result<Option<FirstUseCall<'_>>, OverCap> {
     let Some(dev) = s.devices.current(&s.cuda) else {
         return Ok(None);
     };
