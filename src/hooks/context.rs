@@ -527,10 +527,7 @@ pub(crate) fn first_launch_begin(
         return s.mem.first_use_begin(&s.cuda, dev, what);
     }
     let f = f as CUfunction;
-    if !loaded(s, f) {
-        return Err(OverCap);
-    }
-    // Its code is in the context now: the launch may only grow the stack.
+    // Its code is loaded before the launch (below): the launch itself may only grow the stack.
     what.image = Some(Image {
         key: 0,
         bytes: Some(0),
@@ -550,7 +547,16 @@ pub(crate) fn first_launch_begin(
     if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
         what.stack = stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64));
     }
-    s.mem.first_use_begin(&s.cuda, dev, what)
+    // The stack first: a launch refused for it loads nothing.
+    let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
+    if !loaded(s, f) {
+        if let Some(c) = call {
+            s.mem
+                .first_use_done(&s.cuda, &s.nvml, c, CUresult::ERROR_OUT_OF_MEMORY, false);
+        }
+        return Err(OverCap);
+    }
+    Ok(call)
 }
 
 /// Before a first launch of `f` in the current context: its code is loaded first, as the program's own call
