@@ -1,7 +1,8 @@
-/* alloc_bench: time cuMemAlloc_v2 + cuMemFree_v2 pairs, cuMemGetInfo_v2 calls, or cuLaunchKernel calls of an
- * empty kernel (each thread on its own stream, synchronised every 256 launches), on T threads.
+/* alloc_bench: time cuMemAlloc_v2 + cuMemFree_v2 pairs, cuMemGetInfo_v2 calls, cuLaunchKernel calls of an
+ * empty kernel, or cuGraphLaunch calls of a graph of one such kernel node (each thread on its own stream,
+ * synchronised every 256 launches; one exec per thread), on T threads.
  *
- *   alloc_bench pair|info|launch THREADS ITERS [SIZE]
+ *   alloc_bench pair|info|launch|graph THREADS ITERS [SIZE]
  *
  * Each thread makes the primary context current, warms up, then times ITERS operations. Prints
  * cpu_ns_per_op (mean over threads of thread CPU time / ITERS: the work each call costs, immune to the
@@ -19,8 +20,9 @@
 
 static CUcontext ctx;
 static CUfunction nop;
-static int mode_pair, mode_launch, iters;
+static int mode_pair, mode_launch, mode_graph, iters;
 static __thread CUstream stream;
+static __thread CUgraphExec exec;
 static __thread int launched;
 
 /* The empty kernel: PTX on a GPU, a text module on the simulator (which exports cudasimDeviceBusyNs). */
@@ -38,7 +40,10 @@ static double now(clockid_t c) {
 }
 
 static void op(void) {
-    if (mode_launch) {
+    if (mode_graph) {
+        if (cuGraphLaunch(exec, stream) != CUDA_SUCCESS) failed = 1;
+        if (++launched % 256 == 0 && cuStreamSynchronize(stream) != CUDA_SUCCESS) failed = 1;
+    } else if (mode_launch) {
         if (cuLaunchKernel(nop, 1, 1, 1, 32, 1, 1, 0, stream, NULL, NULL) != CUDA_SUCCESS) failed = 1;
         if (++launched % 256 == 0 && cuStreamSynchronize(stream) != CUDA_SUCCESS) failed = 1;
     } else if (mode_pair) {
@@ -54,11 +59,23 @@ static void *worker(void *arg) {
     int id = (int)(long)arg;
     cuCtxSetCurrent(ctx);
     if (mode_launch && cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) failed = 1;
+    if (mode_graph) {
+        CUgraph g;
+        CUDA_KERNEL_NODE_PARAMS p;
+        memset(&p, 0, sizeof p);
+        p.func = nop;
+        p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+        p.blockDimX = 32;
+        p.blockDimY = p.blockDimZ = 1;
+        CUgraphNode n;
+        if (cuGraphCreate(&g, 0) || cuGraphAddKernelNode(&n, g, NULL, 0, &p) || cuGraphInstantiateWithFlags(&exec, g, 0))
+            failed = 1;
+    }
     for (int i = 0; i < iters / 10 + 10; i++) op();
     pthread_barrier_wait(&barrier);
     double t0 = now(CLOCK_THREAD_CPUTIME_ID);
     for (int i = 0; i < iters; i++) op();
-    if (mode_launch && cuStreamSynchronize(stream) != CUDA_SUCCESS) failed = 1;
+    if ((mode_launch || mode_graph) && cuStreamSynchronize(stream) != CUDA_SUCCESS) failed = 1;
     cpu_ns[id] = (now(CLOCK_THREAD_CPUTIME_ID) - t0) / iters;
     pthread_barrier_wait(&barrier);
     return NULL;
@@ -66,11 +83,12 @@ static void *worker(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 4) {
-        fprintf(stderr, "usage: alloc_bench pair|info|launch THREADS ITERS [SIZE_BYTES]\n");
+        fprintf(stderr, "usage: alloc_bench pair|info|launch|graph THREADS ITERS [SIZE_BYTES]\n");
         return 2;
     }
     mode_pair = strcmp(argv[1], "pair") == 0;
-    mode_launch = strcmp(argv[1], "launch") == 0;
+    mode_graph = strcmp(argv[1], "graph") == 0;
+    mode_launch = mode_graph || strcmp(argv[1], "launch") == 0;
     int threads = atoi(argv[2]);
     iters = atoi(argv[3]);
     if (argc > 4) size = strtoull(argv[4], NULL, 0);

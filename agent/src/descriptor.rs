@@ -10,7 +10,8 @@
 //! [members]                              # exactly one of:
 //! cgroup = "/sys/fs/cgroup/kubepods/…"   #   every process in this cgroup directory and its sub-cgroups
 //! # pidns = "/proc/1234/ns/pid"          #   every process in this pid namespace (or one nested in it)
-//! # subtree = 1234                       #   this process and every descendant (a child subreaper)
+//! # subtree = 1234                       #   this process and every descendant (a child subreaper),
+//! # subtree_start = 5678                 #   with its start time: /proc/1234/stat field 22 when written
 //! [enforce]                              # optional
 //! memory = "report"                      # or "kill": SIGKILL the largest processes while over the cap
 //! sm = "report"                          # or "throttle": freeze/thaw to hold the share at the limit
@@ -62,6 +63,7 @@ struct RawMembers {
     cgroup: Option<PathBuf>,
     pidns: Option<PathBuf>,
     subtree: Option<u32>,
+    subtree_start: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -108,11 +110,19 @@ pub fn parse(stem: &str, text: &str) -> Result<Descriptor, String> {
         }
     }
     let m = raw.members;
+    if m.subtree.is_none() && m.subtree_start.is_some() {
+        return Err("[members] subtree_start is only for subtree".into());
+    }
+    // Without subtree_start (an older writer) the descriptor parses, but no process is confirmed as its root
+    // (members.rs): the container is reported with that error and judged by nobody.
     let members = match (m.cgroup, m.pidns, m.subtree) {
         (Some(c), None, None) => MemberSource::Cgroup(c),
         (None, Some(p), None) => MemberSource::PidNs(p),
         (None, None, Some(0)) => return Err("[members] subtree = 0 is not a process".into()),
-        (None, None, Some(s)) => MemberSource::Subtree(s),
+        (None, None, Some(root)) => MemberSource::Subtree {
+            root,
+            start: m.subtree_start,
+        },
         _ => return Err("[members] needs exactly one of cgroup, pidns, subtree".into()),
     };
     for (what, p) in [("limits", Some(&raw.limits)), ("usage", raw.usage.as_ref())] {
@@ -176,6 +186,7 @@ mod tests {
         usage = "/var/lib/cuquota/web-0/usage"
         [members]
         subtree = 1234
+        subtree_start = 5678
         [enforce]
         memory = "report"
     "#;
@@ -188,7 +199,21 @@ mod tests {
             (d.namespace.as_str(), d.pod.as_str(), d.container.as_str()),
             ("default", "web-0", "server")
         );
-        assert_eq!(d.members, MemberSource::Subtree(1234));
+        assert_eq!(
+            d.members,
+            MemberSource::Subtree {
+                root: 1234,
+                start: Some(5678)
+            }
+        );
+        let old = parse("web-0", &OK.replace("subtree_start = 5678", "")).unwrap();
+        assert_eq!(
+            old.members,
+            MemberSource::Subtree {
+                root: 1234,
+                start: None
+            }
+        );
         assert_eq!(d.enforce, Enforce::default());
         assert_eq!(
             d.usage.as_deref(),
@@ -203,8 +228,17 @@ mod tests {
                 OK.replace("subtree = 1234", "subtree = 1234\ncgroup = \"/x\""),
                 "exactly one",
             ),
-            (OK.replace("subtree = 1234", ""), "exactly one"),
+            (
+                OK.replace("subtree = 1234", "")
+                    .replace("subtree_start = 5678", ""),
+                "exactly one",
+            ),
             (OK.replace("subtree = 1234", "subtree = 0"), "not a process"),
+            (
+                OK.replace("subtree = 1234", "cgroup = \"/x\""),
+                "only for subtree",
+            ),
+            (OK.replace("subtree_start = 5678", "subtree_start = -1"), "`-1`"),
             (OK.replace("pod = ", "pdo = "), "pdo"),
             (OK.replace("memory = \"report\"", "memory = \"shout\""), "shout"),
             (
@@ -242,11 +276,12 @@ mod tests {
 
     #[test]
     fn other_member_sources() {
-        let d = parse("a", &OK.replace("subtree = 1234", "pidns = \"/proc/1/ns/pid\"")).unwrap();
+        let ok = OK.replace("subtree_start = 5678", "");
+        let d = parse("a", &ok.replace("subtree = 1234", "pidns = \"/proc/1/ns/pid\"")).unwrap();
         assert_eq!(d.members, MemberSource::PidNs("/proc/1/ns/pid".into()));
         let d = parse(
             "a",
-            &OK.replace("subtree = 1234", "cgroup = \"/sys/fs/cgroup/k\""),
+            &ok.replace("subtree = 1234", "cgroup = \"/sys/fs/cgroup/k\""),
         )
         .unwrap();
         assert_eq!(d.members, MemberSource::Cgroup("/sys/fs/cgroup/k".into()));

@@ -422,12 +422,6 @@ impl Agent {
             Ok(d) => d,
             Err(e) => return (self.failed(name, file, None, e), BTreeSet::new()),
         };
-        if let MemberSource::Subtree(root) = d.members {
-            let written = std::fs::metadata(file).and_then(|m| m.modified()).ok();
-            if let Some(ticks) = written.and_then(members::boot_ticks) {
-                self.members.root_not_after(root, ticks);
-            }
-        }
         let members = match d.members.discover(table, &mut self.members) {
             Ok(m) => m,
             Err(e) => {

@@ -2,13 +2,14 @@
 //! - `cgroup`: the pids in the cgroup directory's `cgroup.procs` and in every sub-cgroup's (v1 or v2);
 //! - `pidns`: every process whose pid namespace is that one, or nested in it (NS_GET_PARENT);
 //! - `subtree`: the process and all its descendants (by parent pid). Meant for a child subreaper such as
-//!   `cuquota run`, whose orphaned descendants are re-parented to it and so never leave the tree. The root's
-//!   start time is remembered: if the pid is reused by another process, its tree is not the container's.
+//!   `cuquota run`, whose orphaned descendants are re-parented to it and so never leave the tree. The root is
+//!   the process with the pid *and* the start time (`/proc/<pid>/stat` field 22, clock ticks after boot) the
+//!   descriptor's writer recorded: a process at that pid with any other start time is not the root, whenever
+//!   the agent first sees it (never a wall-clock mtime against the boot clock). Without a recorded start time
+//!   no process is the root (members unknown: fail closed).
 //!   The members of the last pass are remembered too: once the root is gone (exited, killed, its pid reused)
 //!   those still alive (same pid and start time) and their descendants stay the container until none is
-//!   left; only then are the members unknown (an error). The root's start time is never forgotten: a later
-//!   process at the root's pid is not the container; after an agent restart, neither is one that started
-//!   after the descriptor was written ([`MemberState::root_not_after`]).
+//!   left; only then are the members unknown (an error).
 //!
 //! The agent reads `/proc` once per pass ([`ProcTable`]) and shares it among containers.
 
@@ -25,8 +26,14 @@ pub enum MemberSource {
     Cgroup(PathBuf),
     /// A pid namespace, named by a path such as `/proc/<pid>/ns/pid` or a bind mount of one.
     PidNs(PathBuf),
-    /// A process and its descendants.
-    Subtree(u32),
+    /// A process and its descendants: the root's pid and its start time (clock ticks after boot) as the
+    /// descriptor's writer recorded it; `None` (an older descriptor) confirms no process as the root.
+    Subtree {
+        /// The root's pid.
+        root: u32,
+        /// The root's `/proc/<pid>/stat` start time (field 22).
+        start: Option<u64>,
+    },
 }
 
 /// How the report names a member source.
@@ -44,7 +51,7 @@ impl MemberSource {
         let (kind, value) = match self {
             MemberSource::Cgroup(p) => ("cgroup", p.display().to_string()),
             MemberSource::PidNs(p) => ("pidns", p.display().to_string()),
-            MemberSource::Subtree(p) => ("subtree", p.to_string()),
+            MemberSource::Subtree { root, .. } => ("subtree", root.to_string()),
         };
         SourceReport { kind, value }
     }
@@ -117,34 +124,11 @@ impl ProcTable {
     }
 }
 
-/// What the agent remembers between passes for member discovery: the start time of each subtree root, and
-/// the members (pid, start time) each subtree had at the last pass.
+/// What the agent remembers between passes for member discovery: the members (pid, start time) each subtree
+/// (root pid, root start time) had at the last pass.
 #[derive(Default)]
 pub struct MemberState {
-    roots: BTreeMap<u32, u64>,
-    trees: BTreeMap<u32, Vec<(u32, u64)>>,
-    /// Per subtree root: the latest start time (clock ticks after boot) a root may have at first sight, from
-    /// its descriptor's mtime: a process at that pid started after the descriptor was written is not it.
-    not_after: BTreeMap<u32, u64>,
-}
-
-impl MemberState {
-    /// A process first seen at subtree root `root` that started after `ticks` (clock ticks after boot) is not
-    /// the root (the descriptor naming it was written before it started: the pid was reused, e.g. while the
-    /// agent was not running).
-    pub fn root_not_after(&mut self, root: u32, ticks: u64) {
-        self.not_after.insert(root, ticks);
-    }
-}
-
-/// `t` in clock ticks after boot (`/proc/<pid>/stat`'s start time unit), plus a second for the boot time's
-/// whole-second precision; None if it cannot be told.
-pub fn boot_ticks(t: std::time::SystemTime) -> Option<u64> {
-    let btime = procfs::boot_time_secs().ok()?;
-    let hz = Some(procfs::ticks_per_second()).filter(|&h| h > 0)?;
-    let since_epoch = t.duration_since(std::time::UNIX_EPOCH).ok()?;
-    let since_boot = since_epoch.checked_sub(std::time::Duration::from_secs(btime))?;
-    Some((since_boot.as_secs_f64() * hz as f64) as u64 + hz)
+    trees: BTreeMap<(u32, u64), Vec<(u32, u64)>>,
 }
 
 /// The pids in `dir/cgroup.procs` and in every sub-cgroup's.
@@ -211,31 +195,35 @@ impl MemberSource {
         match self {
             MemberSource::Cgroup(dir) => cgroup_pids(dir),
             MemberSource::PidNs(ns) => pidns_pids(ns, table),
-            MemberSource::Subtree(root) => {
+            MemberSource::Subtree { root, start } => {
                 // A zombie root has exited (its parent has not reaped it yet).
                 let live = table.procs.get(root).filter(|e| e.state != b'Z');
-                let why = match (live, state.roots.get(root)) {
-                    (Some(e), Some(&t)) if t != e.start_time => format!(
-                        "subtree root {root} was replaced by another process (start time {} → {}): members unknown",
-                        t, e.start_time
-                    ),
-                    (Some(e), None) if state.not_after.get(root).is_some_and(|&t| e.start_time > t) => format!(
-                        "subtree root {root} started after its descriptor was written (its pid was reused): \
-                         members unknown"
-                    ),
-                    (Some(e), _) => {
-                        state.roots.insert(*root, e.start_time);
+                let why = match (live, start) {
+                    (Some(e), Some(t)) if e.start_time == *t => {
                         let members = table.subtree(*root);
-                        state.trees.insert(*root, remember(&members, table));
+                        state.trees.insert((*root, *t), remember(&members, table));
                         return Ok(members);
                     }
+                    (Some(e), Some(t)) => format!(
+                        "subtree root {root} is another process (start time {} ticks, the descriptor records \
+                         subtree_start = {t}): its pid was reused; members unknown",
+                        e.start_time
+                    ),
+                    (Some(_), None) => format!(
+                        "subtree root {root}: the descriptor records no subtree_start (the root's start time, \
+                         /proc/{root}/stat field 22), so the process at that pid cannot be confirmed as the \
+                         root: members unknown"
+                    ),
                     (None, _) => format!("subtree root {root} is not running"),
                 };
                 // The root is gone: its tree stays the container while any process of it lives (the same
                 // pid and start time), with whatever those processes start.
+                let Some(key) = start.map(|t| (*root, t)) else {
+                    return Err(why);
+                };
                 let survivors: Vec<u32> = state
                     .trees
-                    .get(root)
+                    .get(&key)
                     .into_iter()
                     .flatten()
                     .filter(|(p, t)| {
@@ -247,12 +235,11 @@ impl MemberSource {
                     .map(|(p, _)| *p)
                     .collect();
                 if survivors.is_empty() {
-                    // The root's start time stays: a later process that reuses its pid is never the root.
-                    state.trees.remove(root);
+                    state.trees.remove(&key);
                     return Err(why);
                 }
                 let members: BTreeSet<u32> = survivors.iter().flat_map(|&p| table.subtree(p)).collect();
-                state.trees.insert(*root, remember(&members, table));
+                state.trees.insert(key, remember(&members, table));
                 Ok(members)
             }
         }
@@ -285,6 +272,13 @@ mod tests {
         t
     }
 
+    fn subtree(root: u32, start: u64) -> MemberSource {
+        MemberSource::Subtree {
+            root,
+            start: Some(start),
+        }
+    }
+
     #[test]
     fn subtree_is_the_root_and_its_descendants() {
         let t = table(&[
@@ -296,17 +290,17 @@ mod tests {
             (13, 10, 9),
         ]);
         let mut st = MemberState::default();
-        let got = MemberSource::Subtree(10).discover(&t, &mut st).unwrap();
+        let got = subtree(10, 5).discover(&t, &mut st).unwrap();
         assert_eq!(got, [10, 11, 12, 13].into_iter().collect());
         // The root's pid reused by another process: not its tree.
         let t2 = table(&[(1, 0, 1), (10, 1, 99), (14, 10, 100)]);
-        let e = MemberSource::Subtree(10).discover(&t2, &mut st).unwrap_err();
-        assert!(e.contains("replaced"), "{e}");
-        let e = MemberSource::Subtree(77).discover(&t, &mut st).unwrap_err();
+        let e = subtree(10, 5).discover(&t2, &mut st).unwrap_err();
+        assert!(e.contains("another process"), "{e}");
+        let e = subtree(77, 5).discover(&t, &mut st).unwrap_err();
         assert!(e.contains("not running"), "{e}");
         // The root exits, leaving a process of its tree behind (re-parented to init): it stays a member, with
         // what it starts, until it is gone; a newcomer reusing the root's pid does not join.
-        let src = MemberSource::Subtree(10);
+        let src = subtree(10, 5);
         let mut ms = MemberState::default();
         src.discover(&t, &mut ms).unwrap();
         let t4 = table(&[(1, 0, 1), (12, 1, 7), (15, 12, 20), (10, 1, 30), (20, 1, 8)]);
@@ -326,21 +320,35 @@ mod tests {
         // Once the whole tree is gone, a stranger that reuses the root's pid is not taken as the root.
         let t7 = table(&[(1, 0, 1), (10, 1, 40), (41, 10, 41)]);
         let e = src.discover(&t7, &mut ms).unwrap_err();
-        assert!(e.contains("replaced"), "a stranger at the root's pid: {e}");
-        // After an agent restart (nothing remembered): a root started after its descriptor's mtime is not it.
-        let mut fresh = MemberState::default();
-        fresh.root_not_after(10, 39);
-        let e = src.discover(&t7, &mut fresh).unwrap_err();
-        assert!(e.contains("after its descriptor"), "{e}");
-        fresh.root_not_after(10, 40);
-        assert_eq!(
-            src.discover(&t7, &mut fresh).unwrap(),
-            [10, 41].into_iter().collect()
-        );
+        assert!(e.contains("another process"), "a stranger at the root's pid: {e}");
         let mut t3 = table(&[(1, 0, 1), (10, 1, 5)]);
         t3.procs.get_mut(&10).unwrap().state = b'Z';
-        let e = MemberSource::Subtree(10).discover(&t3, &mut st).unwrap_err();
+        let e = src.discover(&t3, &mut st).unwrap_err();
         assert!(e.contains("not running"), "a zombie root has exited: {e}");
+    }
+
+    /// After an agent restart (nothing remembered) the root is known by the start time its descriptor
+    /// recorded, on both sides by one tick, whatever the clocks: no wall clock is involved.
+    #[test]
+    fn a_fresh_agent_knows_the_root_only_by_its_recorded_start() {
+        let t = table(&[(1, 0, 1), (10, 1, 40), (41, 10, 41)]);
+        for recorded in [39, 41, 0, u64::MAX] {
+            let e = subtree(10, recorded)
+                .discover(&t, &mut MemberState::default())
+                .unwrap_err();
+            assert!(e.contains("another process") && e.contains("40"), "{e}");
+        }
+        assert_eq!(
+            subtree(10, 40).discover(&t, &mut MemberState::default()).unwrap(),
+            [10, 41].into_iter().collect()
+        );
+        // An older descriptor without subtree_start: no process is confirmed as the root.
+        let old = MemberSource::Subtree {
+            root: 10,
+            start: None,
+        };
+        let e = old.discover(&t, &mut MemberState::default()).unwrap_err();
+        assert!(e.contains("no subtree_start"), "{e}");
     }
 
     #[test]

@@ -270,13 +270,17 @@ pub struct Exposure {
     pub token_file: Option<PathBuf>,
 }
 
-/// Connections served at once; more are closed as they come (the endpoint holds a bounded amount).
-pub const MAX_CONNECTIONS: usize = 128;
-/// Connections served at once from one peer address: a client holding idle connections takes at most this
-/// many from the others (a scraper from another address still gets through).
+/// Connections whose request head has not yet arrived with the token (or was answered without it) held at
+/// once: a new one beyond this closes the oldest of them, so slow or silent clients cannot keep a new one out.
+pub const MAX_UNAUTHENTICATED: usize = 256;
+/// Of those, connections from one peer address: a new one beyond this closes that address's oldest.
 pub const MAX_PER_PEER: usize = 4;
-/// Time a client has to send its request head.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections whose request carried the token (every request when there is no token file) served at once:
+/// slots of their own, which unauthenticated connections never take.
+pub const MAX_AUTHENTICATED: usize = 32;
+/// Time a client has from its connection to a request head that carries the token; an unauthenticated
+/// connection is closed then, whatever it sent.
+pub const HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// Time one connection may last in all.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -301,7 +305,8 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Serves `GET /metrics` and `GET /healthz` per `e` from a background thread (hyper's HTTP/1 server on a
-/// single-threaded tokio runtime: at most [`MAX_CONNECTIONS`] at once, each with a deadline); returns the
+/// single-threaded tokio runtime: at most [`MAX_UNAUTHENTICATED`] connections before their request
+/// authenticates and [`MAX_AUTHENTICATED`] after, each with a deadline); returns the
 /// bound address, or None without `--listen`. Every tenant's names and usage are in the metrics: an address
 /// other than loopback is refused without a token.
 pub fn serve(e: &Exposure, published: Published) -> Result<Option<SocketAddr>, AgentError> {
@@ -344,10 +349,10 @@ async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Publis
             return;
         }
     };
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
-    let peers: Arc<Mutex<HashMap<IpAddr, usize>>> = Arc::default();
+    let waiting: Arc<Mutex<Waiting>> = Arc::default();
+    let authenticated = Arc::new(tokio::sync::Semaphore::new(MAX_AUTHENTICATED));
     let token = Arc::new(token);
-    loop {
+    for id in 0u64.. {
         let (stream, peer) = match listener.accept().await {
             Ok((s, a)) => (s, a.ip()),
             Err(_) => {
@@ -356,22 +361,30 @@ async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Publis
                 continue;
             }
         };
-        let Some(peer_slot) = PeerSlot::take(&peers, peer) else {
-            continue; // over the peer's bound: closed at once
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue; // over the bound: closed at once
-        };
         let (published, token) = (published.clone(), token.clone());
-        tokio::spawn(async move {
+        let (w, auth) = (waiting.clone(), authenticated.clone());
+        // Held by the connection's task once its request authenticated.
+        let permit: Arc<Mutex<Option<tokio::sync::OwnedSemaphorePermit>>> = Arc::default();
+        let held = permit.clone();
+        let task = tokio::spawn(async move {
+            let _leave = Leave(w.clone(), id);
             let service = service_fn(move |req: Request<Incoming>| {
-                let r = answer(
-                    req.method(),
-                    req.uri().path(),
-                    req.headers(),
-                    &published,
-                    token.as_deref(),
-                );
+                let a = check(req.headers(), token.as_deref());
+                let a = match a {
+                    Auth::Open | Auth::Valid => {
+                        // Out of the unauthenticated pool, into the authenticated one.
+                        w.lock().unwrap_or_else(|e| e.into_inner()).leave(id);
+                        match auth.clone().try_acquire_owned() {
+                            Ok(p) => {
+                                *held.lock().unwrap_or_else(|e| e.into_inner()) = Some(p);
+                                a
+                            }
+                            Err(_) => Auth::Busy,
+                        }
+                    }
+                    other => other,
+                };
+                let r = answer(req.method(), req.uri().path(), &a, &published);
                 async move { Ok::<_, Infallible>(r) }
             });
             let conn = http1::Builder::new()
@@ -379,42 +392,83 @@ async fn accept(listener: TcpListener, token: Option<PathBuf>, published: Publis
                 .header_read_timeout(HEADER_TIMEOUT)
                 .keep_alive(false)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, conn).await;
-            drop((permit, peer_slot));
+            let mut conn = std::pin::pin!(conn);
+            if tokio::time::timeout(HEADER_TIMEOUT, conn.as_mut()).await.is_ok() {
+                return;
+            }
+            if permit.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+                return; // no authenticated request in time: closed
+            }
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT - HEADER_TIMEOUT, conn).await;
         });
-    }
-}
-
-/// One of a peer address's [`MAX_PER_PEER`] connections; given back on drop.
-struct PeerSlot {
-    peers: Arc<Mutex<HashMap<IpAddr, usize>>>,
-    peer: IpAddr,
-}
-
-impl PeerSlot {
-    fn take(peers: &Arc<Mutex<HashMap<IpAddr, usize>>>, peer: IpAddr) -> Option<PeerSlot> {
-        let mut m = peers.lock().unwrap_or_else(|e| e.into_inner());
-        let n = m.entry(peer).or_default();
-        if *n >= MAX_PER_PEER {
-            return None;
+        // Counted before it runs (one thread: the task is first polled at the yield below).
+        let evict = waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .admit(id, peer, task.abort_handle());
+        if let Some(h) = evict {
+            h.abort();
         }
-        *n += 1;
-        Some(PeerSlot {
-            peers: peers.clone(),
-            peer,
-        })
+        // Let the new connection (and every other) read before the next accept: a client sends its head at
+        // once, so it is read long before the connections after it could make it the oldest.
+        tokio::task::yield_now().await;
     }
 }
 
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut m = self.peers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = m.get_mut(&self.peer) {
+/// The connections without an authenticated request, oldest first, and their count per peer address.
+#[derive(Default)]
+struct Waiting {
+    order: std::collections::VecDeque<(u64, IpAddr, tokio::task::AbortHandle)>,
+    per_peer: HashMap<IpAddr, usize>,
+}
+
+impl Waiting {
+    /// Counts connection `id` of `peer`; returns the connection it displaces (the peer's oldest when the peer
+    /// holds [`MAX_PER_PEER`], else the oldest of all when there are [`MAX_UNAUTHENTICATED`]), to be closed.
+    fn admit(
+        &mut self,
+        id: u64,
+        peer: IpAddr,
+        h: tokio::task::AbortHandle,
+    ) -> Option<tokio::task::AbortHandle> {
+        let victim = if self.per_peer.get(&peer).copied().unwrap_or(0) >= MAX_PER_PEER {
+            self.order.iter().position(|e| e.1 == peer)
+        } else if self.order.len() >= MAX_UNAUTHENTICATED {
+            Some(0)
+        } else {
+            None
+        };
+        let out = victim.and_then(|i| self.remove(i));
+        self.order.push_back((id, peer, h));
+        *self.per_peer.entry(peer).or_default() += 1;
+        out
+    }
+
+    /// Connection `id` authenticated or ended: no longer counted.
+    fn leave(&mut self, id: u64) {
+        if let Some(i) = self.order.iter().position(|e| e.0 == id) {
+            self.remove(i);
+        }
+    }
+
+    fn remove(&mut self, i: usize) -> Option<tokio::task::AbortHandle> {
+        let (_, peer, h) = self.order.remove(i)?;
+        if let Some(n) = self.per_peer.get_mut(&peer) {
             *n -= 1;
             if *n == 0 {
-                m.remove(&self.peer);
+                self.per_peer.remove(&peer);
             }
         }
+        Some(h)
+    }
+}
+
+/// Uncounts a connection when its task ends (or is closed).
+struct Leave(Arc<Mutex<Waiting>>, u64);
+
+impl Drop for Leave {
+    fn drop(&mut self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).leave(self.1);
     }
 }
 
@@ -427,14 +481,42 @@ fn reply(status: StatusCode, ctype: &str, body: String) -> Response<Full<Bytes>>
     r
 }
 
+/// What a request's `Authorization` says, judged against the token file.
+enum Auth {
+    /// No token file: every request may read (loopback).
+    Open,
+    /// The file's token.
+    Valid,
+    /// Another token, or none.
+    Invalid,
+    /// The token file cannot be read or is empty: no request may read (fail closed).
+    NoToken(String),
+    /// Authenticated, but [`MAX_AUTHENTICATED`] connections are being served.
+    Busy,
+}
+
+/// Judges `headers` against the token in `token` (read now, so a rotated token applies at once).
+fn check(headers: &HeaderMap, token: Option<&Path>) -> Auth {
+    let Some(file) = token else {
+        return Auth::Open;
+    };
+    let want = match read_token(file) {
+        Ok(t) => t,
+        Err(e) => return Auth::NoToken(e),
+    };
+    let sent = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        .unwrap_or(b"");
+    if same_secret(sent, want.as_bytes()) {
+        Auth::Valid
+    } else {
+        Auth::Invalid
+    }
+}
+
 /// The answer to one request.
-fn answer(
-    method: &Method,
-    path: &str,
-    headers: &HeaderMap,
-    published: &Published,
-    token: Option<&Path>,
-) -> Response<Full<Bytes>> {
+fn answer(method: &Method, path: &str, auth: &Auth, published: &Published) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     if method != Method::GET && method != Method::HEAD {
         return reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "GET only\n".into());
@@ -442,36 +524,28 @@ fn answer(
     match path {
         "/healthz" => reply(StatusCode::OK, TEXT, "ok\n".into()),
         "/" => reply(StatusCode::OK, TEXT, "cuquota metrics: GET /metrics\n".into()),
-        "/metrics" => {
-            if let Some(file) = token {
-                let want = match read_token(file) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        // Fail closed: no token to compare with, no metrics.
-                        cuquota_core::log!(Level::Error, "metrics: {e}");
-                        return reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "no token\n".into());
-                    }
-                };
-                let sent = headers
-                    .get(AUTHORIZATION)
-                    .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-                    .unwrap_or(b"");
-                if !same_secret(sent, want.as_bytes()) {
-                    let mut r = reply(StatusCode::UNAUTHORIZED, TEXT, "unauthorized\n".into());
-                    r.headers_mut()
-                        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                    return r;
-                }
-            }
-            match published.get() {
+        "/metrics" => match auth {
+            Auth::Open | Auth::Valid => match published.get() {
                 Some(t) => reply(
                     StatusCode::OK,
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                     t,
                 ),
                 None => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "no sample yet\n".into()),
+            },
+            Auth::Invalid => {
+                let mut r = reply(StatusCode::UNAUTHORIZED, TEXT, "unauthorized\n".into());
+                r.headers_mut()
+                    .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                r
             }
-        }
+            Auth::NoToken(e) => {
+                // Fail closed: no token to compare with, no metrics.
+                cuquota_core::log!(Level::Error, "metrics: {e}");
+                reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "no token\n".into())
+            }
+            Auth::Busy => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, "busy\n".into()),
+        },
         _ => reply(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
     }
 }
@@ -576,7 +650,7 @@ mod tests {
             if let Some(a) = auth {
                 h.insert(AUTHORIZATION, HeaderValue::from_str(a).unwrap());
             }
-            answer(&Method::GET, path, &h, &p, token).status()
+            answer(&Method::GET, path, &check(&h, token), &p).status()
         };
         assert_eq!(
             get("/metrics", None, None),
@@ -612,7 +686,7 @@ mod tests {
         );
         let h = HeaderMap::new();
         assert_eq!(
-            answer(&Method::POST, "/metrics", &h, &p, None).status(),
+            answer(&Method::POST, "/metrics", &check(&h, None), &p).status(),
             StatusCode::METHOD_NOT_ALLOWED
         );
         let _ = std::fs::remove_dir_all(&dir);

@@ -3,8 +3,8 @@
 //! the simulated GPU otherwise (said on stderr). Exits with CMD's status (128+N when signal N killed it).
 //!
 //! `cuquota run` makes itself a child subreaper, so every descendant of CMD stays its descendant (an orphan is
-//! re-parented to it, not to init): the node agent's `subtree = <pid of cuquota run>` membership covers the
-//! whole process tree. It exits when CMD and every descendant CMD left behind have exited (with CMD's
+//! re-parented to it, not to init): the node agent's `subtree = <pid of cuquota run>` membership (with its
+//! `subtree_start`, the start time in `/proc/<pid>/stat`) covers the whole process tree. It exits when CMD and every descendant CMD left behind have exited (with CMD's
 //! status), so a daemonised child never outlives the tree it belongs to. Signals sent to `cuquota run` (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2,
 //! SIGWINCH) are forwarded to CMD; those the terminal sends reach CMD directly (same process group) and are not
 //! sent twice.
@@ -17,6 +17,7 @@ use std::process::Command;
 
 use clap::Args;
 use cuquota_core::units::{format_size, parse_size, parse_unsigned};
+use cuquota_core::PolicyKind;
 
 use crate::limits::PolicyArg;
 use crate::locate;
@@ -305,6 +306,19 @@ fn tighten(
     }
 }
 
+/// Whether `k=v` sets an SM share (a percentage 1-99 under any SM limit name).
+fn is_sm_share(k: &OsStr, v: &OsStr) -> bool {
+    let k = k.as_bytes();
+    let named = ["CUDA_DEVICE_SM_LIMIT", "CUQUOTA_SM_LIMIT"].iter().any(|n| {
+        k.strip_prefix(n.as_bytes())
+            .is_some_and(|r| r.is_empty() || r.starts_with(b"_"))
+    });
+    named
+        && v.to_str()
+            .and_then(|v| parse_unsigned(v).ok())
+            .is_some_and(|p| (1..100).contains(&p))
+}
+
 /// Limits and devices for a program, applied to its environment.
 #[derive(Default, Clone)]
 pub struct Limits {
@@ -343,6 +357,31 @@ impl Limits {
                     "GPU_CORE_UTILIZATION_POLICY={} is already set: unset it or leave out --policy",
                     v.to_string_lossy()
                 )));
+            }
+            // Only ever stricter: `hard` stays hard, and `disabled` would drop a share already set.
+            let rank = |k: PolicyKind| match k {
+                PolicyKind::Disabled => 0,
+                PolicyKind::Default | PolicyKind::Burst => 1,
+                PolicyKind::Hard => 2,
+            };
+            if let Some(v) = env.get(OsStr::new("CUQUOTA_POLICY")) {
+                let cur = v.to_str().and_then(PolicyKind::parse);
+                if cur.is_some_and(|c| rank(p.kind()) < rank(c)) {
+                    return Err(CliError::new(format!(
+                        "CUQUOTA_POLICY={} is already set: --policy {} would loosen it",
+                        v.to_string_lossy(),
+                        p.name()
+                    )));
+                }
+            }
+            if p.kind() == PolicyKind::Disabled {
+                if let Some((k, v)) = env.iter().find(|(k, v)| is_sm_share(k, v)) {
+                    return Err(CliError::new(format!(
+                        "{}={} is set: --policy disabled would drop that SM limit",
+                        k.to_string_lossy(),
+                        v.to_string_lossy()
+                    )));
+                }
             }
             env.insert("CUQUOTA_POLICY".into(), p.name().into());
         }
@@ -670,6 +709,37 @@ mod tests {
             ..Default::default()
         };
         assert!(p.apply(&mut e).is_err());
+    }
+
+    #[test]
+    fn a_policy_flag_never_loosens_the_environment() {
+        let with = |p| Limits {
+            policy: Some(p),
+            ..Default::default()
+        };
+        // Attacks: `hard` in the environment made `burst`; an SM share dropped by `disabled`.
+        for (vars, p) in [
+            (&[("CUQUOTA_POLICY", "hard")][..], PolicyArg::Burst),
+            (&[("CUQUOTA_POLICY", "hard")][..], PolicyArg::Disabled),
+            (&[("CUDA_DEVICE_SM_LIMIT", "30")][..], PolicyArg::Disabled),
+            (&[("CUQUOTA_SM_LIMIT_1", "20")][..], PolicyArg::Disabled),
+        ] {
+            let mut e = env(vars);
+            let r = with(p).apply(&mut e);
+            assert!(
+                r.is_err(),
+                "{vars:?} --policy {}: {:?}",
+                p.name(),
+                get(&e, "CUQUOTA_POLICY")
+            );
+        }
+        // Controls: stricter is fine; disabled where no share is set (100 = none) is too.
+        let mut e = env(&[("CUQUOTA_POLICY", "burst"), ("CUDA_DEVICE_SM_LIMIT", "30")]);
+        with(PolicyArg::Hard).apply(&mut e).unwrap();
+        assert_eq!(get(&e, "CUQUOTA_POLICY"), Some("hard"));
+        let mut e = env(&[("CUDA_DEVICE_SM_LIMIT", "100")]);
+        with(PolicyArg::Disabled).apply(&mut e).unwrap();
+        assert_eq!(get(&e, "CUQUOTA_POLICY"), Some("disabled"));
     }
 
     #[test]

@@ -170,14 +170,19 @@ impl Policy {
     }
 
     /// This policy tightened by `other` (an agent's): the lower memory cap, the lower SM share, the stricter
-    /// enforcement, the lower weight, the lower priority, the larger reservation. So nothing a process states
-    /// for itself can loosen what the agent wrote.
+    /// enforcement, the lower weight (unset = [`DEFAULT_WEIGHT`]), the lower priority, the larger reservation.
+    /// So nothing a process states for itself can loosen what the agent wrote.
     pub fn restrict(self, other: &Policy) -> Policy {
         Policy {
             memory: min_limit(self.memory, other.memory),
             sm: min_limit(self.sm_share(), other.sm_share()),
             kind: PolicyKind::stricter(self.kind, other.kind),
-            weight: min_limit(self.weight, other.weight),
+            // An unset weight is the default (100), not infinity: a process asking more where the operator's
+            // file sets none does not get it.
+            weight: match (self.weight, other.weight) {
+                (None, None) => None,
+                (a, b) => Some(a.unwrap_or(DEFAULT_WEIGHT).min(b.unwrap_or(DEFAULT_WEIGHT))),
+            },
             priority: match (self.priority, other.priority) {
                 (Some(Priority::Low), _) | (_, Some(Priority::Low)) => Some(Priority::Low),
                 (a, b) => a.or(b),
@@ -318,6 +323,33 @@ mod tests {
             ..Policy::NONE
         };
         assert_eq!(HARD30.restrict(&low).priority, Some(Priority::Low));
+    }
+
+    #[test]
+    fn a_weight_above_the_default_needs_the_operator() {
+        // The process's own environment asks weight 1000; the operator's entry sets no weight (the default).
+        let env = Policy {
+            weight: Some(1000),
+            ..Policy::NONE
+        };
+        let agent = Policy {
+            memory: Some(4 << 30),
+            ..Policy::NONE
+        };
+        assert_eq!(env.restrict(&agent).weight_or_default(), DEFAULT_WEIGHT);
+        assert_eq!(agent.restrict(&env).weight_or_default(), DEFAULT_WEIGHT);
+        // Control: a lower weight is the process's to take, a higher one the operator's to grant.
+        let light = Policy {
+            weight: Some(20),
+            ..Policy::NONE
+        };
+        assert_eq!(light.restrict(&agent).weight, Some(20));
+        let granted = Policy {
+            weight: Some(500),
+            ..agent
+        };
+        assert_eq!(env.restrict(&granted).weight, Some(500));
+        assert_eq!(Policy::NONE.restrict(&Policy::NONE).weight, None);
     }
 
     #[test]

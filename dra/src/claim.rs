@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use cuquota_core::policy::DEFAULT_WEIGHT;
 use cuquota_core::{PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
@@ -96,7 +97,7 @@ pub struct DeviceResult {
 /// One configuration entry of the allocation.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct AllocatedConfig {
-    /// `FromClass` or `FromClaim`: a claim's entry overrides its class's.
+    /// `FromClass` or `FromClaim`: the class's entries bound the claim's.
     #[serde(default)]
     pub source: String,
     /// The requests it applies to; empty = all.
@@ -234,28 +235,9 @@ impl ResourceClaim {
                 }
                 None => None,
             };
-            let cfg = config_for(alloc, driver, &r.request)?;
-            let policy = cfg.policy.clone().unwrap_or_else(|| "default".into());
-            match PolicyKind::parse(&policy) {
-                Some(PolicyKind::Disabled) | None => {
-                    return Err(format!("policy {policy:?}: expected hard, burst or default"))
-                }
-                Some(_) => {}
-            }
-            if let Some(p) = &cfg.priority {
-                Priority::parse(p).ok_or_else(|| format!("priority {p:?}: expected high or low"))?;
-            }
-            let reserved_memory = match &cfg.reserved_memory {
-                Some(q) => Some(
-                    quantity::parse(q).ok_or_else(|| format!("reservedMemory {q:?} is not a quantity"))?,
-                ),
-                None => None,
-            };
-            if let Some(w) = cfg.weight {
-                if !(1..=1000).contains(&w) {
-                    return Err(format!("weight {w}: expected 1-1000"));
-                }
-            }
+            let class = Settings::parse("FromClass", &merged(alloc, driver, &r.request, "FromClass")?)?;
+            let claim = Settings::parse("FromClaim", &merged(alloc, driver, &r.request, "FromClaim")?)?;
+            let cfg = class.bound(&claim)?;
             devices.push(Grant {
                 request: r.request.clone(),
                 pool: r.pool.clone(),
@@ -263,9 +245,9 @@ impl ResourceClaim {
                 uuid: gpu.uuid.clone(),
                 memory,
                 sm,
-                policy,
-                priority: cfg.priority.clone(),
-                reserved_memory,
+                policy: cfg.policy.unwrap_or_default().as_str().into(),
+                priority: cfg.priority.map(|p| p.as_str().into()),
+                reserved_memory: cfg.reserved_memory,
                 weight: cfg.weight,
             });
         }
@@ -289,31 +271,128 @@ impl ResourceClaim {
     }
 }
 
-/// This driver's configuration for `request`: the class's entries, then the claim's, later fields winning.
-fn config_for(alloc: &Allocation, driver: &str, request: &str) -> Result<GpuConfig, String> {
+/// One source's configuration for `request` (`FromClass` or `FromClaim`): its entries in order, later fields
+/// winning.
+fn merged(alloc: &Allocation, driver: &str, request: &str, source: &str) -> Result<GpuConfig, String> {
     let parent = request.split('/').next().unwrap_or(request);
     let mut out = GpuConfig::default();
-    for source in ["FromClass", "FromClaim"] {
-        for c in alloc.devices.config.iter().filter(|c| c.source == source) {
-            let Some(o) = c.opaque.as_ref().filter(|o| o.driver == driver) else {
-                continue;
-            };
-            if !c.requests.is_empty() && !c.requests.iter().any(|r| r == request || r == parent) {
-                continue;
-            }
-            let g: GpuConfig = serde_json::from_value(o.parameters.clone())
-                .map_err(|e| format!("{source} configuration for {driver}: {e}"))?;
-            if g.api_version != CONFIG_API_VERSION || g.kind != CONFIG_KIND {
-                return Err(format!(
-                    "{source} configuration: expected apiVersion {CONFIG_API_VERSION} kind {CONFIG_KIND}, got {} {}",
-                    g.api_version, g.kind
-                ));
-            }
-            out.policy = g.policy.or(out.policy);
-            out.priority = g.priority.or(out.priority);
-            out.reserved_memory = g.reserved_memory.or(out.reserved_memory);
-            out.weight = g.weight.or(out.weight);
+    for c in alloc.devices.config.iter().filter(|c| c.source == source) {
+        let Some(o) = c.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        if !c.requests.is_empty() && !c.requests.iter().any(|r| r == request || r == parent) {
+            continue;
         }
+        let g: GpuConfig = serde_json::from_value(o.parameters.clone())
+            .map_err(|e| format!("{source} configuration for {driver}: {e}"))?;
+        if g.api_version != CONFIG_API_VERSION || g.kind != CONFIG_KIND {
+            return Err(format!(
+                "{source} configuration: expected apiVersion {CONFIG_API_VERSION} kind {CONFIG_KIND}, got {} {}",
+                g.api_version, g.kind
+            ));
+        }
+        out.policy = g.policy.or(out.policy);
+        out.priority = g.priority.or(out.priority);
+        out.reserved_memory = g.reserved_memory.or(out.reserved_memory);
+        out.weight = g.weight.or(out.weight);
     }
     Ok(out)
+}
+
+/// One source's configuration, checked; `None` = not set there.
+#[derive(Debug, Clone, Copy, Default)]
+struct Settings {
+    policy: Option<PolicyKind>,
+    priority: Option<Priority>,
+    reserved_memory: Option<u64>,
+    weight: Option<u32>,
+}
+
+impl Settings {
+    fn parse(source: &str, cfg: &GpuConfig) -> Result<Settings, String> {
+        let policy = match cfg.policy.as_deref() {
+            None => None,
+            Some(p) => match PolicyKind::parse(p) {
+                Some(PolicyKind::Disabled) | None => {
+                    return Err(format!("{source}: policy {p:?}: expected hard, burst or default"))
+                }
+                k => k,
+            },
+        };
+        let priority = match cfg.priority.as_deref() {
+            None => None,
+            Some(p) => Some(
+                Priority::parse(p)
+                    .ok_or_else(|| format!("{source}: priority {p:?}: expected high or low"))?,
+            ),
+        };
+        let reserved_memory = match cfg.reserved_memory.as_deref() {
+            None => None,
+            Some(q) => Some(
+                quantity::parse(q)
+                    .ok_or_else(|| format!("{source}: reservedMemory {q:?} is not a quantity"))?,
+            ),
+        };
+        if let Some(w) = cfg.weight.filter(|w| !(1..=1000).contains(w)) {
+            return Err(format!("{source}: weight {w}: expected 1-1000"));
+        }
+        Ok(Settings {
+            policy,
+            priority,
+            reserved_memory,
+            weight: cfg.weight,
+        })
+    }
+
+    /// The class's settings (`self`) with the claim's where the claim asks for no more: a lower priority, a
+    /// stricter policy, a smaller weight, a larger reservation. A claim asking for more is refused, naming the
+    /// parameter (docs/kubernetes.md, "The class bounds the claim"): the class is the operator's, the claim the
+    /// pod author's.
+    fn bound(&self, claim: &Settings) -> Result<Settings, String> {
+        let refuse = |what: &str, asked: String, class: String| {
+            Err(format!(
+                "the claim's {what} {asked} goes beyond its DeviceClass's {class}: a claim may only ask for less \
+                 than its class (lower priority, stricter policy, smaller weight, more reservedMemory)"
+            ))
+        };
+        // Low yields to high tenants; none is not gated at all; high is gated by no one.
+        let rank = |p: Option<Priority>| match p {
+            Some(Priority::Low) => 0,
+            None => 1,
+            Some(Priority::High) => 2,
+        };
+        let name = |p: Option<Priority>| p.map_or("none (no priority)", Priority::as_str);
+        if let Some(p) = claim.priority {
+            if rank(Some(p)) > rank(self.priority) {
+                return refuse(
+                    "priority",
+                    format!("{:?}", p.as_str()),
+                    name(self.priority).into(),
+                );
+            }
+        }
+        // Burst and default both work-conserving: only leaving `hard` loosens.
+        if let Some(k) = claim.policy {
+            if self.policy == Some(PolicyKind::Hard) && k != PolicyKind::Hard {
+                return refuse("policy", format!("{:?}", k.as_str()), "hard".into());
+            }
+        }
+        let weight = self.weight.unwrap_or(DEFAULT_WEIGHT);
+        if let Some(w) = claim.weight.filter(|&w| w > weight) {
+            return refuse("weight", w.to_string(), weight.to_string());
+        }
+        let reserve = self.reserved_memory.unwrap_or(0);
+        if let Some(r) = claim.reserved_memory.filter(|&r| r < reserve) {
+            return refuse("reservedMemory", format!("{r} bytes"), format!("{reserve} bytes"));
+        }
+        Ok(Settings {
+            policy: match (self.policy, claim.policy) {
+                (Some(a), Some(b)) => Some(PolicyKind::stricter(a, b)),
+                (a, b) => b.or(a),
+            },
+            priority: claim.priority.or(self.priority),
+            reserved_memory: claim.reserved_memory.or(self.reserved_memory),
+            weight: claim.weight.or(self.weight),
+        })
+    }
 }

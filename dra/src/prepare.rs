@@ -2,7 +2,8 @@
 //! starts, and the CDI device that brings them into the container.
 //!
 //! Per claim (UID `U`), under the state directory the plugin owns:
-//! `claims/U/limits` (the limits file: one UUID entry per allocated GPU, the usage file bound, no opt-out),
+//! `claims/U/limits` (the limits file: one UUID entry per allocated GPU, an `all` entry that leaves any other
+//! GPU nothing, the usage file bound, no opt-out),
 //! `claims/U/usage` (the claim's one usage file), `claims/U/prepared.json` (the checkpoint, written last);
 //! `CDI_DIR/cuquota.io-gpu-U.json` (the CDI spec, one device named `U`), and per reserved pod an agent descriptor
 //! `AGENT_DIR/dra-U-POD.toml` once the pod's cgroup exists. Every write is idempotent; unprepare removes them all.
@@ -14,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use cuquota_core::config::{DEFAULT_LIMITS_PATH, DEFAULT_PRIORITY_PATH, LIMITS_REQUIRED_MARKER};
 use cuquota_core::region::layout::{parse_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
-use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRegion};
+use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRegion, COUNTERS_SUFFIX};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
@@ -43,7 +44,7 @@ pub struct Layout {
     /// The cgroup filesystem root where pods' cgroups are looked for.
     pub cgroup_root: PathBuf,
     /// The node's priority directory (docs/priority.md): a claim with a priority or reserved memory gets its own
-    /// file there (`<claim uid>.high` for high priority, `.low` otherwise), mounted read-write, and the directory
+    /// file there (`<32 random hex digits>.high` for high priority, `.low` otherwise), mounted read-write, and the directory
     /// read-only beside it; `None` = `STATE_DIR/priority`.
     pub priority_dir: Option<PathBuf>,
     /// The agent's `[enforce]` actions (`memory`, `sm`) written into descriptors.
@@ -156,15 +157,44 @@ impl Layout {
             .unwrap_or_else(|| self.state_dir.join("priority"))
     }
 
-    /// Claim `uid`'s own priority file: `.high` when any of its devices is granted high priority (the name is
-    /// what other containers trust, and only the plugin sets it).
-    pub fn priority_file(&self, uid: &str, grants: &Grants) -> PathBuf {
+    /// Where claim `uid`'s own priority file is recorded (a link to it in the claim's directory, host side: for
+    /// unprepare and operators, `cuquota priority show claims/UID/priority`).
+    pub fn priority_link(&self, uid: &str) -> PathBuf {
+        self.claim_dir(uid).join("priority")
+    }
+
+    /// Claim `uid`'s priority counters file (`<priority_link>.counters`): its launch and wait counts, kept
+    /// beside the link rather than in the node directory.
+    fn counters_file(&self, uid: &str) -> PathBuf {
+        self.claim_dir(uid).join(format!("priority{COUNTERS_SUFFIX}"))
+    }
+
+    /// Claim `uid`'s own priority file in the node directory: `.high` when any of its devices is granted high
+    /// priority (the suffix is what other containers trust, and only the plugin sets it). Every container with
+    /// a priority lists that directory, so the name carries no claim UID: 32 random hex digits drawn at the
+    /// claim's first preparation and kept ([`Layout::priority_link`]).
+    fn priority_file(&self, uid: &str, grants: &Grants) -> Result<PathBuf, String> {
+        let kept = fs::read_link(self.priority_link(uid)).ok().and_then(|p| {
+            let stem = p.file_stem()?.to_str()?.to_string();
+            (stem.len() == 32 && stem.bytes().all(|b| b.is_ascii_hexdigit())).then_some(stem)
+        });
+        let stem = match kept {
+            Some(s) => s,
+            None => {
+                let mut b = [0u8; 16];
+                fs::File::open("/dev/urandom")
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+                    .map_err(|e| format!("/dev/urandom: {e}"))?;
+                b.iter().map(|x| format!("{x:02x}")).collect()
+            }
+        };
         let high = grants
             .devices
             .iter()
             .any(|g| g.priority.as_deref().and_then(Priority::parse) == Some(Priority::High));
-        self.priority_dir()
-            .join(format!("{uid}{}", if high { ".high" } else { ".low" }))
+        Ok(self
+            .priority_dir()
+            .join(format!("{stem}{}", if high { ".high" } else { ".low" })))
     }
 
     fn required_marker(&self) -> PathBuf {
@@ -213,17 +243,29 @@ impl Layout {
         if !marker.exists() {
             write_atomic(&marker, b"", 0o444)?;
         }
-        if needs_priority(grants) {
+        let priority = if needs_priority(grants) {
             // Without the file the shim refuses a reserve's allocations and ignores the priority.
             let d = self.priority_dir();
             fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-            let p = self.priority_file(&claim.uid, grants);
+            let p = self.priority_file(&claim.uid, grants)?;
             PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
-        }
+            // Its counters (launches, waits), out of the directory every container reads.
+            PriorityRegion::create(&self.counters_file(&claim.uid))
+                .map_err(|e| format!("counters file: {e}"))?;
+            let link = self.priority_link(&claim.uid);
+            let tmp = link.with_extension("tmp");
+            let _ = fs::remove_file(&tmp);
+            std::os::unix::fs::symlink(&p, &tmp)
+                .and_then(|()| fs::rename(&tmp, &link))
+                .map_err(|e| format!("{}: {e}", link.display()))?;
+            Some(p)
+        } else {
+            None
+        };
         let usage = dir.join("usage");
         let limits = dir.join("limits");
         self.write_limits(&limits, &usage, grants)?;
-        let spec = self.cdi_spec(&claim.uid, &limits, &usage, grants);
+        let spec = self.cdi_spec(&claim.uid, &limits, &usage, priority.as_deref(), grants);
         let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
         write_atomic(&self.cdi_spec_path(&claim.uid), &text, 0o644)?;
@@ -254,8 +296,14 @@ impl Layout {
             }
         }
         remove_file(&self.cdi_spec_path(uid))?;
-        for suffix in [".high", ".low"] {
-            remove_file(&self.priority_dir().join(format!("{uid}{suffix}")))?;
+        // The claim's file, and one named by its UID (prepared before issue 35).
+        let kept = fs::read_link(self.priority_link(uid))
+            .ok()
+            .and_then(|p| Some(p.file_stem()?.to_str()?.to_string()));
+        for stem in kept.iter().map(String::as_str).chain([uid]) {
+            for suffix in [".high", ".low"] {
+                remove_file(&self.priority_dir().join(format!("{stem}{suffix}")))?;
+            }
         }
         let dir = self.claim_dir(uid);
         match fs::remove_dir_all(&dir) {
@@ -328,6 +376,9 @@ impl Layout {
                     .map_err(|e| e.to_string())?;
                 e.raw = policy(g).raw();
             }
+            // Any other GPU the container can reach (device nodes every claim gets, a CUDA_VISIBLE_DEVICES of
+            // the program's own): nothing, not unlimited. A GPU's UUID entry wins over `all`.
+            t.entry_mut(DeviceSelector::All).map_err(|e| e.to_string())?.raw = NOT_GRANTED.raw();
             t.flags = (t.flags | LIMITS_FLAG_NO_OPT_OUT) & !LIMITS_FLAG_OPT_OUT_ALLOWED;
             t.set_usage(Some(Path::new(USAGE_IN_CONTAINER)), Some(id))
         })
@@ -338,7 +389,14 @@ impl Layout {
     }
 
     /// The claim's CDI spec: one device named after the claim.
-    pub fn cdi_spec(&self, uid: &str, limits: &Path, usage: &Path, grants: &Grants) -> serde_json::Value {
+    pub fn cdi_spec(
+        &self,
+        uid: &str,
+        limits: &Path,
+        usage: &Path,
+        priority: Option<&Path>,
+        grants: &Grants,
+    ) -> serde_json::Value {
         let mount = |h: &Path, c: &str, rw: bool| {
             let mode = if rw { "rw" } else { "ro" };
             serde_json::json!({"hostPath": h, "containerPath": c, "options": [mode, "nosuid", "nodev", "bind"]})
@@ -350,11 +408,12 @@ impl Layout {
             ro(&self.required_marker(), LIMITS_REQUIRED_MARKER),
             mount(usage, USAGE_IN_CONTAINER, true),
         ];
-        if needs_priority(grants) {
+        if let Some(own) = priority {
             // Its own file read-write; everyone's, the node directory, read-only at the path + ".d".
+            mounts.push(mount(own, DEFAULT_PRIORITY_PATH, true));
             mounts.push(mount(
-                &self.priority_file(uid, grants),
-                DEFAULT_PRIORITY_PATH,
+                &self.counters_file(uid),
+                &format!("{DEFAULT_PRIORITY_PATH}{COUNTERS_SUFFIX}"),
                 true,
             ));
             let dir = format!("{DEFAULT_PRIORITY_PATH}.d");
@@ -431,6 +490,14 @@ fn needs_priority(grants: &Grants) -> bool {
         .iter()
         .any(|g| g.priority.is_some() || g.reserved_memory.is_some())
 }
+
+/// The limits-file policy of a GPU the claim was not granted: 1 byte (no context fits), 1 % hard.
+pub const NOT_GRANTED: Policy = Policy {
+    memory: Some(1),
+    sm: Some(1),
+    kind: PolicyKind::Hard,
+    ..Policy::NONE
+};
 
 /// The limits-file policy of a grant.
 fn policy(g: &Grant) -> Policy {

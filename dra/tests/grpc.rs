@@ -59,7 +59,11 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert_eq!(e.kind, PolicyKind::Hard);
     assert_eq!(e.priority.map(|p| p.as_str()), Some("low"));
     assert_eq!(e.reserved_memory, Some(1 << 30));
-    assert!(snap.get(DeviceSelector::All).is_none());
+    assert_eq!(
+        snap.get(DeviceSelector::All).map(|e| e.limits()),
+        Some(cuquota_dra::prepare::NOT_GRANTED),
+        "any other GPU: nothing"
+    );
     assert!(!snap.opt_out_allowed());
     assert_eq!(
         snap.usage_path().unwrap(),
@@ -118,7 +122,10 @@ fn prepare_puts_the_granted_limits_in_place_and_unprepare_removes_them() {
     assert!(opts("/var/run/cuquota/usage").contains(&"rw".into()));
     // A priority (low) and a reserve: the claim's own priority file read-write, named `.low` (only `.high`
     // files are trusted by others), and the node's priority directory read-only beside it.
-    let own = n.p(&format!("state/priority/{UID}.low"));
+    let own = std::fs::read_link(n.p(&format!("state/claims/{UID}/priority"))).unwrap();
+    assert_eq!(own.parent(), Some(n.p("state/priority").as_path()));
+    let name = own.file_name().unwrap().to_str().unwrap();
+    assert!(name.ends_with(".low") && name.len() == 36, "{name}");
     assert!(opts("/etc/cuquota/priority").contains(&"rw".into()));
     assert_eq!(
         mount("/etc/cuquota/priority")["hostPath"],
@@ -345,4 +352,343 @@ fn the_pod_cgroup_is_found_in_the_kubelets_layouts() {
     let v2 = dir.path().join(format!("kubepods/pod{uid}"));
     std::fs::create_dir_all(&v2).unwrap();
     assert_eq!(cuquota_dra::prepare::pod_cgroup(dir.path(), uid), Some(v2));
+}
+
+/// The tenant's view of claim `uid`'s priority mounts in its CDI spec, under `view`: `priority` (its own
+/// file), `priority.d` (the node directory) and `priority.counters`, linked as the mounts would show them.
+fn tenant_view(n: &Node, uid: &str, view: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(n.p(&format!("cdi/cuquota.io-gpu-{uid}.json"))).unwrap())
+            .unwrap();
+    let mounts = spec["devices"][0]["containerEdits"]["mounts"].as_array().unwrap();
+    let host = |c: &str| {
+        let m = mounts.iter().find(|m| m["containerPath"] == c);
+        std::path::PathBuf::from(
+            m.unwrap_or_else(|| panic!("no {c}: {mounts:?}"))["hostPath"]
+                .as_str()
+                .unwrap(),
+        )
+    };
+    std::fs::create_dir_all(view).unwrap();
+    let dir = host("/etc/cuquota/priority.d");
+    std::fs::hard_link(host("/etc/cuquota/priority"), view.join("priority")).unwrap();
+    std::os::unix::fs::symlink(&dir, view.join("priority.d")).unwrap();
+    std::fs::hard_link(
+        host("/etc/cuquota/priority.counters"),
+        view.join("priority.counters"),
+    )
+    .unwrap();
+    (view.join("priority"), dir)
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Issue 35 item 5: every container with a priority lists the node's priority directory (read-only, at
+/// `/etc/cuquota/priority.d`) and can read every file in it, so what it finds there is all another container
+/// shows it: the `.high` file of a high-priority claim (presence) and its activity words. Played as the tenant
+/// of a low claim, from the CDI specs' mounts: the names carry neither claim's UID (main named them
+/// `<claim uid>.high`), and the high-priority claim's launches leave no count in its file there (main: every
+/// launch counted in it); the counts stay in its own counters file. Control: the low claim's shim view still
+/// finds its own file (not high) and the present, active high-priority tenant.
+#[test]
+fn a_tenant_reading_the_node_priority_directory_learns_no_claim_uid_or_counts() {
+    use cuquota_core::region::layout::PriorityDevice;
+    use cuquota_core::region::PriorityRegion;
+    let n = Node::new();
+    let high_uid = "44444444-0000-0000-0000-000000000001";
+    let mut v = fixture();
+    v["metadata"]["uid"] = high_uid.into();
+    let cfg = &mut v["status"]["allocation"]["devices"]["config"][0];
+    cfg["source"] = "FromClass".into();
+    cfg["opaque"]["parameters"]["priority"] = "high".into();
+    cfg["opaque"]["parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("reservedMemory");
+    n.put_claim("inference", &v);
+    let r = n.prepare(&[("notebook-gpu", UID), ("inference", high_uid)]);
+    assert_eq!(r[UID].error, "", "{:?}", r[UID]);
+    assert_eq!(r[high_uid].error, "", "{:?}", r[high_uid]);
+    let gpu = parse_uuid(GPU).unwrap();
+
+    // The high-priority claim's processes launch (through its own mounts).
+    let (high_own, _) = tenant_view(&n, high_uid, &n.p("view-high"));
+    let high = PriorityRegion::open(&high_own).unwrap();
+    let he = high.entry(high.device(&gpu).unwrap());
+    let t = monotonic_ns();
+    he.note_hp_launch(t, t);
+    he.note_hp_launch(t, t);
+    assert_eq!(high.devices(t)[0].hp_launches, 2, "its own counts, kept");
+
+    // The low claim's tenant: names, then the high file's words.
+    let (own, dir) = tenant_view(&n, UID, &n.p("view-low"));
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    for uid in [UID, high_uid] {
+        assert!(
+            !names.iter().any(|f| f.contains(&uid[..8])),
+            "the node directory names claim {uid}: {names:?}"
+        );
+    }
+    let highs: Vec<&String> = names.iter().filter(|f| f.ends_with(".high")).collect();
+    assert_eq!(highs.len(), 1, "the high-priority claim's presence: {names:?}");
+    let bytes = std::fs::read(dir.join(highs[0])).unwrap();
+    let word = |f: usize| {
+        let at = std::mem::offset_of!(cuquota_core::region::layout::PriorityFile, devices) + f;
+        u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
+    };
+    assert_eq!(
+        word(std::mem::offset_of!(PriorityDevice, hp_launches)),
+        0,
+        "another claim's launch count is readable in the node directory"
+    );
+    assert_eq!(
+        word(std::mem::offset_of!(PriorityDevice, hp_last_launch)),
+        t,
+        "its activity"
+    );
+
+    // Control: the shim of the low claim finds its own file by inode (not high) and the high-priority
+    // tenant, which launched just now.
+    let region = PriorityRegion::open(&own).unwrap();
+    let e = region.entry(region.device(&gpu).unwrap());
+    let now = monotonic_ns();
+    assert!(!e.granted_high(now), "the low claim is not high priority");
+    assert_eq!(e.hp(now).last_launch, t, "the high-priority tenant's activity");
+}
+
+/// A claim whose allocation carries `class` as the DeviceClass's opaque configuration and `claim` as the
+/// claim's own (`None`: no entry from that source).
+fn claim_with(
+    uid: &str,
+    class: Option<serde_json::Value>,
+    claim: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let mut v = fixture();
+    v["metadata"]["uid"] = uid.into();
+    let entry = |source: &str, params: serde_json::Value| {
+        let mut p = serde_json::json!({"apiVersion": "gpu.cuquota.io/v1alpha1", "kind": "GpuConfig"});
+        p.as_object_mut()
+            .unwrap()
+            .extend(params.as_object().unwrap().clone());
+        serde_json::json!({"source": source, "requests": ["gpu"], "opaque": {"driver": "gpu.cuquota.io", "parameters": p}})
+    };
+    let mut config = Vec::new();
+    config.extend(class.map(|c| entry("FromClass", c)));
+    config.extend(claim.map(|c| entry("FromClaim", c)));
+    v["status"]["allocation"]["devices"]["config"] = config.into();
+    v
+}
+
+/// What the plugin wrote into a prepared claim's limits file for the GPU, and its priority file's name.
+fn granted(n: &Node, uid: &str) -> Option<(cuquota_core::Policy, String)> {
+    let snap = *LimitsReader::open(&n.p(&format!("state/claims/{uid}/limits")))
+        .ok()?
+        .snapshot();
+    let e = snap.get(DeviceSelector::Uuid(parse_uuid(GPU).unwrap()))?.limits();
+    // The claim's file in the node directory, by the link the plugin keeps (its name carries no UID).
+    let prio = std::fs::read_link(n.p(&format!("state/claims/{uid}/priority")))
+        .ok()
+        .filter(|f| f.exists())
+        .and_then(|f| Some(f.file_name()?.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "no priority file".into());
+    Some((e, prio))
+}
+
+#[test]
+fn a_claim_cannot_raise_what_its_device_class_sets() {
+    use serde_json::json;
+    let n = Node::new();
+    let class = json!({"policy": "hard", "priority": "low", "weight": 10, "reservedMemory": "2Gi"});
+    // Each: (what, the class, the claim's attempt, the parameter the error must name).
+    let attacks = [
+        (
+            "priority high over low",
+            class.clone(),
+            json!({"priority": "high"}),
+            "priority",
+        ),
+        (
+            "priority 0 (HAMi's high)",
+            class.clone(),
+            json!({"priority": "0"}),
+            "priority",
+        ),
+        (
+            "burst over hard",
+            class.clone(),
+            json!({"policy": "burst"}),
+            "policy",
+        ),
+        (
+            "default over hard",
+            class.clone(),
+            json!({"policy": "default"}),
+            "policy",
+        ),
+        (
+            "weight 1000 over 10",
+            class.clone(),
+            json!({"weight": 1000}),
+            "weight",
+        ),
+        (
+            "reservedMemory 0 over 2Gi",
+            class.clone(),
+            json!({"reservedMemory": "0"}),
+            "reservedMemory",
+        ),
+        (
+            "reservedMemory 1Gi over 2Gi",
+            class.clone(),
+            json!({"reservedMemory": "1Gi"}),
+            "reservedMemory",
+        ),
+        // The class grants no priority at all: a pod author must not make itself high priority.
+        (
+            "high priority from a class without one",
+            json!({"policy": "burst"}),
+            json!({"priority": "high"}),
+            "priority",
+        ),
+        // The class sets no weight: the default (100) is the operator's.
+        (
+            "weight 1000 over the default",
+            json!({}),
+            json!({"weight": 1000}),
+            "weight",
+        ),
+        // Memory and SM share are what the scheduler granted (consumedCapacity): no configuration names them.
+        (
+            "memory in the claim's configuration",
+            class.clone(),
+            json!({"memory": "80Gi"}),
+            "unknown field `memory`",
+        ),
+        (
+            "sm in the claim's configuration",
+            class.clone(),
+            json!({"sm": 100}),
+            "unknown field `sm`",
+        ),
+    ];
+    let mut ask = Vec::new();
+    for (i, (what, class, claim, _)) in attacks.iter().enumerate() {
+        let uid = format!("44444444-0000-0000-0000-{i:012}");
+        n.put_claim(
+            &format!("attack-{i}"),
+            &claim_with(&uid, Some(class.clone()), Some(claim.clone())),
+        );
+        ask.push((format!("attack-{i}"), uid, *what));
+    }
+    let names: Vec<(&str, &str)> = ask.iter().map(|(n, u, _)| (n.as_str(), u.as_str())).collect();
+    let r = n.prepare(&names);
+    // Every escalation is judged (and every one that got through is listed) before failing.
+    let mut through = Vec::new();
+    for ((_, uid, what), (.., param)) in ask.iter().zip(&attacks) {
+        let e = &r[uid].error;
+        let g = granted(&n, uid);
+        let high = n.p(&format!("state/priority/{uid}.high")).exists();
+        if !e.contains(param) || !r[uid].devices.is_empty() || g.is_some() || high {
+            through.push(format!("{what}: error {e:?}, granted {g:?}"));
+        }
+    }
+    assert!(
+        through.is_empty(),
+        "escalations prepared:\n{}",
+        through.join("\n")
+    );
+
+    // Controls: a claim that asks for less gets exactly what it asked; one that asks nothing gets the class's;
+    // a claim may repeat its class's values, and make `burst` `hard`.
+    let high = json!({"policy": "burst", "priority": "high", "weight": 10, "reservedMemory": "2Gi"});
+    let controls = [
+        (
+            class.clone(),
+            Some(json!({"priority": "low", "policy": "hard", "weight": 5, "reservedMemory": "3Gi"})),
+        ),
+        (class.clone(), None),
+        (
+            high.clone(),
+            Some(json!({"priority": "low", "weight": 1, "reservedMemory": "4Gi", "policy": "hard"})),
+        ),
+        (high.clone(), Some(json!({"priority": "high", "weight": 10}))),
+    ];
+    let want = [
+        (PolicyKind::Hard, Some("low"), Some(5), Some(3u64 << 30), ".low"),
+        (PolicyKind::Hard, Some("low"), Some(10), Some(2 << 30), ".low"),
+        (PolicyKind::Hard, Some("low"), Some(1), Some(4 << 30), ".low"),
+        (PolicyKind::Burst, Some("high"), Some(10), Some(2 << 30), ".high"),
+    ];
+    for (i, ((class, claim), want)) in controls.into_iter().zip(want).enumerate() {
+        let uid = format!("55555555-0000-0000-0000-{i:012}");
+        n.put_claim(&format!("control-{i}"), &claim_with(&uid, Some(class), claim));
+        let r = n.prepare(&[(&format!("control-{i}"), &uid)]);
+        assert_eq!(r[&uid].error, "", "control {i}");
+        let (p, file) = granted(&n, &uid).expect("the limits file");
+        assert_eq!(
+            (
+                p.kind,
+                p.priority.map(|p| p.as_str()),
+                p.weight,
+                p.reserved_memory
+            ),
+            (want.0, want.1, want.2, want.3),
+            "control {i}"
+        );
+        assert!(file.ends_with(want.4), "control {i}: {file}");
+    }
+}
+
+#[test]
+fn a_gpu_the_claim_was_not_granted_is_not_unlimited() {
+    // The plugin's CUDA_VISIBLE_DEVICES names the granted GPU, but a program may name another one the container
+    // can reach (a node whose device nodes every claim gets) in its own environment, or setenv it before cuInit.
+    // The plugin's limits file, not the variable, must decide what it may use there: nothing.
+    use shim_tests::{Prog, Sim, GIB};
+    let n = Node::new();
+    let uid = "66666666-0000-0000-0000-000000000001";
+    n.put_claim("plain", &claim_with(uid, None, Some(serde_json::json!({}))));
+    assert_eq!(n.prepare(&[("plain", uid)])[uid].error, "");
+    let other = "GPU-00000000-0000-0000-0000-000000000002";
+    let sim = Sim::new()
+        .devices(2)
+        .memory("80g")
+        .uuids(&format!("{GPU},{other}"))
+        .build();
+    // The plugin's file as written, but for the usage binding (the container's path: no container here).
+    std::fs::copy(n.p(&format!("state/claims/{uid}/limits")), sim.limits_file()).unwrap();
+    cuquota_core::region::LimitsWriter::open(&sim.limits_file())
+        .unwrap()
+        .update(|t| t.set_usage(None, None))
+        .unwrap()
+        .unwrap();
+    let run = |visible: &str| {
+        sim.cmd(Prog::Probe)
+            .env("CUDA_VISIBLE_DEVICES", visible)
+            .args("init totalmem alloc:mem:6g")
+            .run()
+    };
+    // Control: the granted GPU has its 4 GiB.
+    let out = run(GPU);
+    assert_eq!(out.num("totalmem"), 4 * GIB, "{out:?}");
+    assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
+    // Attack: the other GPU.
+    let out = run(other);
+    assert_eq!(
+        (out.val("ctx"), out.num("totalmem"), out.val("alloc.0")),
+        ("CUDA_ERROR_OUT_OF_MEMORY", 1, "CUDA_ERROR_OUT_OF_MEMORY"),
+        "a GPU the claim was not granted: {out:?}"
+    );
 }

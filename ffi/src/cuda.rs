@@ -59,11 +59,9 @@ c_aliases! { checked_aliases;
     /// Opaque structs the shim only forwards pointers to.
     pub type CUexecAffinityParam = c_void;
     pub type CUctxCreateParams = c_void;
-    pub type CUDA_GRAPH_INSTANTIATE_PARAMS = c_void;
     pub type CUgraphExecUpdateResultInfo = c_void;
     pub type CUgraphNodeParams = c_void;
-    pub type CUDA_KERNEL_NODE_PARAMS = c_void;
-    pub type CUDA_KERNEL_NODE_PARAMS_v1 = c_void;
+    pub type CUgraphEdgeData = c_void;
     pub type CUmulticastObjectProp = c_void;
     pub type CUmemcpyAttributes = c_void;
     pub type CUDA_MEMCPY3D_BATCH_OP = c_void;
@@ -253,6 +251,49 @@ c_structs! { checked_structs;
         pub kernelParams: *mut *mut c_void,
     }
 
+    /// `CUDA_GRAPH_INSTANTIATE_PARAMS`: the instantiate hook reads the flags and the upload stream.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_GRAPH_INSTANTIATE_PARAMS {
+        pub flags: cuuint64_t,
+        pub hUploadStream: CUstream,
+        pub hErrNode_out: CUgraphNode,
+        pub result_out: c_uint,
+    }
+
+    /// `CUDA_KERNEL_NODE_PARAMS` (v2; `CUgraphNodeParams`' `kernel` member, v3, has its layout): the graph
+    /// hooks read the kernel a node runs (`kern` when `func` is NULL).
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_KERNEL_NODE_PARAMS {
+        pub func: CUfunction,
+        pub gridDimX: c_uint,
+        pub gridDimY: c_uint,
+        pub gridDimZ: c_uint,
+        pub blockDimX: c_uint,
+        pub blockDimY: c_uint,
+        pub blockDimZ: c_uint,
+        pub sharedMemBytes: c_uint,
+        pub kernelParams: *mut *mut c_void,
+        pub extra: *mut *mut c_void,
+        pub kern: CUkernel,
+        pub ctx: CUcontext,
+    }
+
+    /// `CUDA_KERNEL_NODE_PARAMS_v1` (the bare `cuGraph*KernelNode*Params` forms): the v2 struct without `kern`
+    /// and `ctx`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct CUDA_KERNEL_NODE_PARAMS_v1 {
+        pub func: CUfunction,
+        pub gridDimX: c_uint,
+        pub gridDimY: c_uint,
+        pub gridDimZ: c_uint,
+        pub blockDimX: c_uint,
+        pub blockDimY: c_uint,
+        pub blockDimZ: c_uint,
+        pub sharedMemBytes: c_uint,
+        pub kernelParams: *mut *mut c_void,
+        pub extra: *mut *mut c_void,
+    }
+
     /// `CUDA_MEMCPY2D` (v2): the copy hooks read its extent.
     #[derive(Clone, Copy, Debug)]
     pub struct CUDA_MEMCPY2D {
@@ -345,7 +386,11 @@ c_consts! { checked_consts;
     CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
     CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute = 0;
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
+    CU_GRAPH_NODE_TYPE_KERNEL: CUgraphNodeType = 0;
+    CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: cuuint64_t = 2;
+    CUDA_GRAPH_INSTANTIATE_ERROR: c_uint = 1;
     CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType = 4;
+    CU_GRAPH_NODE_TYPE_CONDITIONAL: CUgraphNodeType = 13;
     CU_MEM_OPERATION_TYPE_MAP: c_uint = 1;
     CU_MEM_OPERATION_TYPE_UNMAP: c_uint = 2;
     CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
@@ -520,6 +565,10 @@ c_functions! {
     cuGraphInstantiateWithParams_ptsz @12000 (phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS);
     cuGraphUpload @11010 (hGraphExec: CUgraphExec, hStream: CUstream);
     cuGraphUpload_ptsz @11010 (hGraphExec: CUgraphExec, hStream: CUstream);
+    cuGraphAddNode @12020 (phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut CUgraphNodeParams);
+    cuGraphAddNode_v2 @12030 (phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut CUgraphNodeParams);
+    cuGraphAddChildGraphNode @10000 (phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, childGraph: CUgraph);
+    cuGraphClone @10000 (phGraphClone: *mut CUgraph, originalGraph: CUgraph);
     cuGraphExecDestroy @10000 (hGraphExec: CUgraphExec);
     cuDeviceGraphMemTrim @11040 (device: CUdevice);
     cuGraphExecUpdate_v2 @12000 (hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo);
@@ -667,6 +716,8 @@ c_functions! {
     cuGraphNodeGetType @10000 (hNode: CUgraphNode, typ: *mut CUgraphNodeType);
     cuGraphMemAllocNodeGetParams @11040 (hNode: CUgraphNode, params_out: *mut CUDA_MEM_ALLOC_NODE_PARAMS);
     cuGraphChildGraphNodeGetGraph @10000 (hNode: CUgraphNode, phGraph: *mut CUgraph);
+    cuGraphKernelNodeGetParams @10000 (hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1);
+    cuGraphKernelNodeGetParams_v2 @12000 (hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS);
     cuArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice);
     cuMipmappedArrayGetMemoryRequirements @11060 (memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice);
 }

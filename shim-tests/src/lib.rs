@@ -959,6 +959,14 @@ struct Lines {
     eof: bool,
 }
 
+/// `[members]` of an agent descriptor whose `subtree` root is process `pid`: its pid and start time
+/// (`/proc/<pid>/stat` field 22), as a descriptor's writer records them (docs/agent.md). Call it while the root
+/// is alive and unreaped, so the pid cannot have been reused.
+pub fn subtree_members(pid: u32) -> String {
+    let st = cuquota_core::region::liveness::read_stat(pid).expect("the subtree root's /proc/<pid>/stat");
+    format!("subtree = {pid}\nsubtree_start = {}", st.start_time)
+}
+
 /// A running program.
 pub struct Proc {
     describe: String,
@@ -978,6 +986,11 @@ impl Proc {
     /// The process id.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// `[members]` of an agent descriptor whose `subtree` root is this process (see [`subtree_members`]).
+    pub fn subtree(&self) -> String {
+        subtree_members(self.pid())
     }
 
     /// Waits until the program printed `key=…` (at least `n` times) and returns the last such value; panics

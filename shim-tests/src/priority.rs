@@ -118,7 +118,10 @@ impl BypassAgent {
         }
         std::fs::write(
             dir.join(format!("{name}.toml")),
-            format!("limits = {lim:?}\n[members]\nsubtree = {pid}\n[enforce]\nsm = \"throttle\"\n"),
+            format!(
+                "limits = {lim:?}\n[members]\n{}\n[enforce]\nsm = \"throttle\"\n",
+                crate::subtree_members(pid)
+            ),
         )
         .expect("the container's descriptor");
         let proc = sim

@@ -102,7 +102,7 @@ fn sm_tenant(sm: u32, secs: u32, action: &str) -> (Sim, Agent, Proc) {
         &sim.dir().join("usage.t"),
         &[&tp, "kernel", "direct", &secs.to_string(), "20000"],
     );
-    let members = format!("subtree = {}", t.pid());
+    let members = t.subtree();
     descriptor(&dir, "t", &lim, &members, &format!("sm = \"{action}\""));
     (sim, agent, t)
 }
@@ -269,7 +269,7 @@ fn throttled_shell(
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(1);
     let t = sh_tenant(&sim, name, &script(&tp), 60);
-    let members = format!("subtree = {}", t.pid());
+    let members = t.subtree();
     descriptor(&dir, name, &lim, &members, "sm = \"throttle\"");
     let start = mono_ns();
     let out = t.finish();
@@ -325,7 +325,7 @@ fn memory_kill_reaches_only_the_tenant_over_its_cap() {
     }
     let pid = |p: &mut Proc| -> u32 { p.wait_for("pid").parse().unwrap() };
     let (a_pid, b_pid, c_pid, s_pid) = (pid(&mut a), pid(&mut b), pid(&mut c), pid(&mut stranger));
-    let subtree = |p: &Proc| format!("subtree = {}", p.pid());
+    let subtree = |p: &Proc| p.subtree();
     descriptor(&dir, "a", &lim_a, &subtree(&a), "memory = \"kill\"");
     descriptor(&dir, "b", &lim_b, &subtree(&b), "memory = \"kill\"");
     descriptor(&dir, "c", &lim_c, &subtree(&c), "memory = \"report\"");
@@ -492,13 +492,7 @@ fn a_tenant_that_zeroes_its_usage_file_and_allocates_past_the_cap_is_killed() {
         .unwrap()
         .parse()
         .unwrap();
-    descriptor(
-        &dir,
-        "z",
-        &lim,
-        &format!("subtree = {}", z.pid()),
-        "memory = \"kill\"",
-    );
+    descriptor(&dir, "z", &lim, &z.subtree(), "memory = \"kill\"");
     let agent = Agent::start(&sim, &dir);
     let deadline = Instant::now() + Duration::from_millis(30 * INTERVAL_MS);
     while alive(holder) && alive(newcomer) {
@@ -544,8 +538,8 @@ fn the_agent_survives_a_usage_file_truncated_while_it_reads_it() {
     std::fs::write(
         dir.join("z.toml"),
         format!(
-            "limits = {lim:?}\nusage = {usage:?}\n[members]\nsubtree = {}\n[enforce]\nmemory = \"report\"\n",
-            flapper.pid()
+            "limits = {lim:?}\nusage = {usage:?}\n[members]\n{}\n[enforce]\nmemory = \"report\"\n",
+            flapper.subtree()
         ),
     )
     .unwrap();
@@ -710,13 +704,7 @@ fn deep_queue_tenant(sm: u32, secs: u32, kernel_ns: u64, interval_ms: u64) -> (S
             &kernel_ns.to_string(),
         ],
     );
-    descriptor(
-        &dir,
-        "q",
-        &lim,
-        &format!("subtree = {}", t.pid()),
-        "sm = \"throttle\"",
-    );
+    descriptor(&dir, "q", &lim, &t.subtree(), "sm = \"throttle\"");
     (sim, agent, t)
 }
 
@@ -736,13 +724,7 @@ fn memory_kill_reads_the_graphics_and_mps_lists() {
         );
         g.wait_ready(1);
         let pid: u32 = g.wait_for("pid").parse().unwrap();
-        descriptor(
-            &dir,
-            "g",
-            &lim,
-            &format!("subtree = {}", g.pid()),
-            "memory = \"kill\"",
-        );
+        descriptor(&dir, "g", &lim, &g.subtree(), "memory = \"kill\"");
         let agent = Agent::start_env(&sim, &dir, INTERVAL_MS, &[("CUDASIM_NVML_LISTS", list)]);
         let deadline = Instant::now() + Duration::from_millis(20 * INTERVAL_MS);
         while alive(pid) && Instant::now() < deadline {
@@ -793,20 +775,8 @@ fn subtree_members_stay_until_the_whole_tree_is_gone() {
     );
     r.wait_ready(1);
     let r_pid: u32 = r.wait_for("pid").parse().unwrap();
-    descriptor(
-        &dir,
-        "d",
-        &lim_d,
-        &format!("subtree = {}", d.pid()),
-        "memory = \"kill\"",
-    );
-    descriptor(
-        &dir,
-        "r",
-        &lim_r,
-        &format!("subtree = {}", r.pid()),
-        "memory = \"kill\"",
-    );
+    descriptor(&dir, "d", &lim_d, &d.subtree(), "memory = \"kill\"");
+    descriptor(&dir, "r", &lim_r, &r.subtree(), "memory = \"kill\"");
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(2);
     // SAFETY: signalling the `cuquota run` this test started, by pid.
@@ -979,9 +949,9 @@ fn sm_debt_lets_a_cooperative_tenant_run_long_kernels() {
     std::fs::write(
         dir.join("l.toml"),
         format!(
-            "limits = {lim:?}\nusage = {:?}\n[members]\nsubtree = {}\n[enforce]\nsm = \"throttle\"\n",
+            "limits = {lim:?}\nusage = {:?}\n[members]\n{}\n[enforce]\nsm = \"throttle\"\n",
             sim.dir().join("usage.l"),
-            t.pid()
+            t.subtree()
         ),
     )
     .unwrap();
@@ -1002,71 +972,119 @@ fn sm_debt_lets_a_cooperative_tenant_run_long_kernels() {
     assert!(out.success(), "{out:?}");
 }
 
-/// `MemberSource::discover` (members.rs), subtree: once the root and every remembered survivor are gone, the
-/// root's start time stays remembered, so a later process that reuses the root's pid is not taken as the root
-/// (it was: judged and killed under that container's limits, with its whole tree). Here a
-/// process of no container that holds 800 MiB gets the pid of container d's finished `cuquota run` (pid reuse
-/// forced with ns_last_pid, as root) must survive d's `memory = "kill"` (512 MiB cap), and still after an agent
-/// restart (nothing remembered: a root that started after its descriptor was written is not taken).
+/// `MemberSource::discover` (members.rs), subtree: the root is the process with the pid *and* the start time
+/// (clock ticks after boot) its descriptor recorded, never one found by comparing the descriptor's mtime with
+/// the boot clock. Both sides of the boundary are set up here, whatever the machine's boot time: container d's
+/// root exits at once and a process of no container holding 800 MiB gets its pid back (ns_last_pid, as root)
+/// within the same second of the root's start, before any agent pass saw the root; it must survive d's
+/// `memory = "kill"` (512 MiB cap) under an agent that was running and under a restarted one (it was killed:
+/// the agent took a process that started within about 1-2 s of the descriptor's mtime as the root). Control:
+/// container e's real root, seen by the first agent, is still recognised after the restart, and its member over
+/// the same cap is killed.
 #[test]
 #[ignore = "needs root (writes /proc/sys/kernel/ns_last_pid): ./test.sh runs it with --ignored as root"]
 fn subtree_root_pid_reused_by_a_stranger_is_not_the_container() {
+    use cuquota_core::region::liveness::read_stat;
     assert!(is_root(), "needs root");
     let (sim, dir, lim) = container_dir("d", &["--memory", "512m"]);
-    let d = bypassing_container(&sim, &sim.dir().join("usage.d"), &["sleep", "1"]);
-    let root = d.pid();
-    descriptor(&dir, "d", &lim, &format!("subtree = {root}"), "memory = \"kill\"");
+    let lim_e = sim.dir().join("limits.e");
+    limits(&sim, &lim_e, &["--memory", "512m"]);
+    let probe = program(Prog::Probe).display().to_string();
+    let mut e = bypassing_container(
+        &sim,
+        &sim.dir().join("usage.e"),
+        &[&probe, "init", "pid", "wait", "alloc:mem:800m", "wait"],
+    );
+    e.wait_ready(1);
+    let e_pid: u32 = e.wait_for("pid").parse().unwrap();
+    descriptor(&dir, "e", &lim_e, &e.subtree(), "memory = \"kill\"");
     let agent = Agent::start(&sim, &dir);
     agent.wait_passes(2);
-    let out = d.finish();
-    assert!(out.success(), "{out:?}");
-    agent.wait_passes(3); // "subtree root … is not running": the root's start time is forgotten
-    let mut stranger = None;
-    for _ in 0..200 {
-        std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", root - 1)).unwrap();
-        let p = sim
-            .cmd(Prog::Probe)
-            .no_preload()
-            .args("init pid alloc:mem:800m wait")
-            .spawn();
-        if p.pid() == root {
-            stranger = Some(p);
-            break;
-        }
-        let _ = p.kill();
-    }
-    let mut s = stranger.expect("could not get the root's pid back");
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let tick = Duration::from_millis(1000 / hz + 1);
+    // d's root (any process may be one) and a stranger at its pid that started 2 ticks to a second after it.
+    let (root, recorded, mut s, s_start) = (0..5)
+        .find_map(|_| {
+            let mut r = std::process::Command::new("true").spawn().unwrap();
+            let root = r.id();
+            let recorded = read_stat(root).unwrap().start_time;
+            descriptor(
+                &dir,
+                "d",
+                &lim,
+                &shim_tests::subtree_members(root),
+                "memory = \"kill\"",
+            );
+            r.wait().unwrap();
+            std::thread::sleep(2 * tick); // another start tick than the root's
+            let s = (0..200).find_map(|_| {
+                std::fs::write("/proc/sys/kernel/ns_last_pid", format!("{}", root - 1)).unwrap();
+                let p = sim
+                    .cmd(Prog::Probe)
+                    .no_preload()
+                    .args("init pid alloc:mem:800m wait")
+                    .spawn();
+                if p.pid() == root {
+                    return Some(p);
+                }
+                let _ = p.kill();
+                None
+            })?;
+            let s_start = read_stat(root)?.start_time;
+            (s_start > recorded && s_start - recorded < hz).then_some((root, recorded, s, s_start))
+        })
+        .expect("could not give d's root pid to a stranger within a second of the root's start");
     s.wait_ready(1);
-    let deadline = Instant::now() + Duration::from_millis(15 * INTERVAL_MS);
-    while alive(root) && Instant::now() < deadline {
+    eprintln!("d's root {root} recorded at {recorded} ticks; the stranger at its pid started at {s_start}");
+    agent.wait_passes(3);
+    let killed_running = !alive(root);
+    let (passes, stderr) = agent.stop();
+    // A restarted agent remembers nothing: it has only the descriptors' recorded start times.
+    let again = Agent::start(&sim, &dir);
+    again.wait_passes(1);
+    e.release();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(e_pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let killed = !alive(root);
-    let (passes, stderr) = agent.stop();
-    // An agent started now remembers nothing: the stranger started after d's descriptor was written.
-    let again = Agent::start(&sim, &dir);
-    again.wait_passes(3);
+    let e_killed = !alive(e_pid);
+    again.wait_passes(1);
     let killed_after_restart = !alive(root);
     let _ = s.kill();
-    let (_, stderr2) = again.stop();
+    let _ = e.kill();
+    let (passes2, stderr2) = again.stop();
+    let d_errors = |passes: &[serde_json::Value]| -> Vec<String> {
+        passes
+            .iter()
+            .filter_map(|p| {
+                let c = p["containers"].as_array()?.iter().find(|c| c["name"] == "d")?;
+                Some(format!("{}:{}", c["members"]["pids"], c["error"]))
+            })
+            .collect()
+    };
+    eprintln!(
+        "stranger killed: running agent {killed_running}, restarted {killed_after_restart}; e's member killed \
+         after the restart: {e_killed}\nd by pass: {:?}\nafter the restart: {:?}",
+        d_errors(&passes),
+        d_errors(&passes2)
+    );
+    assert!(
+        !killed_running,
+        "a process of no container, at d's root pid within a second of its start, was killed as d's member:{stderr}"
+    );
     assert!(
         !killed_after_restart,
-        "after an agent restart, a stranger at a finished root's pid was killed as d's member:{stderr2}"
+        "after an agent restart, a stranger at d's root pid was killed as d's member:{stderr2}"
     );
-    let members: Vec<String> = passes
-        .iter()
-        .filter_map(|p| {
-            p["containers"]
-                .as_array()?
-                .iter()
-                .find(|c| c["name"] == "d")
-                .map(|c| format!("{}:{}", c["members"]["pids"], c["error"]))
-        })
-        .collect();
-    eprintln!("stranger with the root's pid {root}: killed={killed}; d's members by pass: {members:?}");
     assert!(
-        !killed,
-        "a process of no container, reusing a finished root's pid, was killed as d's member:{stderr}"
+        d_errors(&passes2).iter().all(|e| e.contains("another process")),
+        "d's members under the restarted agent: {:?}",
+        d_errors(&passes2)
+    );
+    assert!(
+        e_killed,
+        "control: e's real root was not recognised after the restart (its member over the cap lives):{stderr2}"
     );
 }
 
@@ -1419,13 +1437,7 @@ fn bench_agent_backstop() {
             );
             a.wait_ready(1);
             let pid: u32 = a.wait_for("pid").parse().unwrap();
-            descriptor(
-                &dir,
-                "a",
-                &lim,
-                &format!("subtree = {}", a.pid()),
-                "memory = \"kill\"",
-            );
+            descriptor(&dir, "a", &lim, &a.subtree(), "memory = \"kill\"");
             let agent = Agent::start_every(&sim, &dir, interval);
             agent.wait_passes(1);
             // Allocate at a random phase of the interval.
@@ -1462,13 +1474,7 @@ fn bench_agent_backstop() {
                 &sim.dir().join("usage"),
                 &[&tp, "kernel", "direct", &run_s, "20000"],
             );
-            descriptor(
-                &dir,
-                "t",
-                &lim,
-                &format!("subtree = {}", t.pid()),
-                "sm = \"throttle\"",
-            );
+            descriptor(&dir, "t", &lim, &t.subtree(), "sm = \"throttle\"");
             let out = t.finish();
             agent.stop();
             assert!(out.success(), "{out:?}");
@@ -1521,13 +1527,7 @@ fn bench_agent_deep_queues() {
                 ],
                 150,
             );
-            descriptor(
-                &dir,
-                "t",
-                &lim,
-                &format!("subtree = {}", t.pid()),
-                "sm = \"throttle\"",
-            );
+            descriptor(&dir, "t", &lim, &t.subtree(), "sm = \"throttle\"");
             let out = t.finish();
             let (passes, _) = agent.stop();
             let w = out.window();

@@ -111,16 +111,16 @@ fn agent_reports_each_container_from_nvml() {
         &dir,
         "a",
         &format!(
-            "namespace = \"team\"\npod = \"a-0\"\ncontainer = \"main\"\nlimits = {:?}\nusage = {:?}\n[members]\nsubtree = {}\n",
+            "namespace = \"team\"\npod = \"a-0\"\ncontainer = \"main\"\nlimits = {:?}\nusage = {:?}\n[members]\n{}\n",
             lim_a,
             use_a,
-            a.pid()
+            a.subtree()
         ),
     );
     descriptor(
         &dir,
         "b",
-        &format!("limits = {:?}\n[members]\nsubtree = {}\n", lim_b, b.pid()),
+        &format!("limits = {:?}\n[members]\n{}\n", lim_b, b.subtree()),
     );
     descriptor(&dir, "broken", "limits = \"/x\"\n");
     // b's launcher has been launching for more than a sampling interval (start-up may take long on a busy machine).

@@ -65,3 +65,27 @@ fn env_cannot_exceed_the_agent_limit() {
     out.ok();
     assert_eq!(out.num("totalmem"), 512 * MIB, "{out:?}");
 }
+
+#[test]
+fn env_cannot_raise_the_weight_past_an_agent_file_that_sets_none() {
+    // The agent's file caps memory and leaves the burst weight at the default (100): the process's own
+    // CUQUOTA_WEIGHT=1000 must not take ten times the spare time; a lower weight is its own to take.
+    let sim = Sim::new().build();
+    sim.agent_memory_limit(0, "1g");
+    for (asked, want) in [("1000", 100), ("20", 20)] {
+        let out = sim
+            .cmd(Prog::Probe)
+            .env("CUQUOTA_WEIGHT", asked)
+            .args("init totalmem")
+            .run();
+        out.ok();
+        assert_eq!(out.num("totalmem"), GIB, "{out:?}");
+        let usage = cuquota_core::UsageRegion::open_existing(&sim.usage_file()).expect("usage file");
+        let d = usage.devices();
+        assert_eq!(
+            d.first().map(|d| d.limits.weight_or_default()),
+            Some(want),
+            "CUQUOTA_WEIGHT={asked} under the agent's file: the process enforces {d:?}"
+        );
+    }
+}

@@ -269,6 +269,45 @@ fn the_cli_creates_and_shows_the_priority_file() {
     assert!(!sim.cli(&["priority", "init", bogus.to_str().unwrap()]).success());
 }
 
+/// Issue 35 item 5: with a counters file beside its own (`priority.counters`, as the DRA plugin mounts it), a
+/// high-priority container's launch count goes there, not into its file in the node directory that every other
+/// container reads; the owner still sees it (`priority show` of its own file adds the counters file). Main's
+/// library counted every launch in the shared file (`high_launches` 2 there). Control: the same launches
+/// without a counters file are counted in the shared file.
+#[test]
+fn a_containers_launch_counts_stay_out_of_the_node_directory() {
+    let sim = Sim::new().build();
+    let show = |f: &std::path::Path| {
+        let out = sim.cli(&["priority", "show", f.to_str().unwrap(), "--json"]);
+        assert!(out.success(), "{out:?}");
+        let v: serde_json::Value = serde_json::from_str(&out.lines.join("\n")).unwrap();
+        v["devices"][0]["high_launches"].as_u64().unwrap_or(0)
+    };
+    let launch = |name: &str| {
+        let run = sim
+            .cmd(Prog::PriorityTenant)
+            .container(name)
+            .priority("0")
+            .args("hp 0.2 2 200000 1000000 2000000 7")
+            .run();
+        assert!(run.success(), "{run:?}");
+    };
+    let own = sim.container_priority_file("hp", true);
+    let mut counters = own.clone().into_os_string();
+    counters.push(".counters");
+    PriorityRegion::create(std::path::Path::new(&counters)).unwrap();
+    launch("hp");
+    let shared = sim.priority_dir().join("hp.high");
+    let (theirs, mine) = (show(&shared), show(&own));
+    println!("high_launches: {theirs} in the node directory's file, {mine} in its own view");
+    assert_eq!(theirs, 0, "launch counts readable by every container");
+    assert!(mine >= 2, "the owner's counts: {mine}");
+    // Control: no counters file, the counts land in the shared file.
+    sim.container_priority_file("other", true);
+    launch("other");
+    assert!(show(&sim.priority_dir().join("other.high")) >= 2);
+}
+
 /// Threat model: a tenant that scribbles times far in the future into the priority file (or a file kept across a
 /// reboot) cannot stall best-effort tenants; plausible values are obeyed (the control: the gate reads them).
 #[test]

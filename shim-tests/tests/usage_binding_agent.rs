@@ -101,8 +101,8 @@ fn bind_while_a_bypassing_tenant_is_over(plant_fifo: bool) {
     std::fs::write(
         dir.join("f.toml"),
         format!(
-            "limits = {lim:?}\n[members]\nsubtree = {}\n[enforce]\nmemory = \"kill\"\n",
-            t.pid()
+            "limits = {lim:?}\n[members]\n{}\n[enforce]\nmemory = \"kill\"\n",
+            t.subtree()
         ),
     )
     .unwrap();
@@ -177,8 +177,8 @@ fn the_agent_reports_no_usage_file_but_the_bound_one() {
     std::fs::write(
         dir.join("c.toml"),
         format!(
-            "limits = {lim:?}\nusage = {named:?}\n[members]\nsubtree = {}\n",
-            p.pid()
+            "limits = {lim:?}\nusage = {named:?}\n[members]\n{}\n",
+            p.subtree()
         ),
     )
     .unwrap();

@@ -221,16 +221,20 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuGraphInstantiateWithFlags (phGraphExec, hGraph, flags) => graph_memory::instantiate(call, phGraphExec, hGraph);
     cuGraphInstantiate (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize) => graph_memory::instantiate(call, phGraphExec, hGraph);
     cuGraphInstantiate_v2 (phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize) => graph_memory::instantiate(call, phGraphExec, hGraph);
-    cuGraphInstantiateWithParams (phGraphExec, hGraph, instantiateParams) => graph_memory::instantiate(call, phGraphExec, hGraph);
-    cuGraphInstantiateWithParams_ptsz (phGraphExec, hGraph, instantiateParams) => graph_memory::instantiate(call, phGraphExec, hGraph);
-    cuGraphUpload (hGraphExec, hStream) => graph_memory::upload(call, hGraphExec);
-    cuGraphUpload_ptsz (hGraphExec, hStream) => graph_memory::upload(call, hGraphExec);
+    cuGraphInstantiateWithParams (phGraphExec, hGraph, instantiateParams) => graph_memory::instantiate_with_params(call, phGraphExec, hGraph, instantiateParams, DefaultStream::Legacy);
+    cuGraphInstantiateWithParams_ptsz (phGraphExec, hGraph, instantiateParams) => graph_memory::instantiate_with_params(call, phGraphExec, hGraph, instantiateParams, DefaultStream::PerThread);
+    cuGraphUpload (hGraphExec, hStream) => graph_memory::upload(call, hGraphExec, hStream, DefaultStream::Legacy);
+    cuGraphUpload_ptsz (hGraphExec, hStream) => graph_memory::upload(call, hGraphExec, hStream, DefaultStream::PerThread);
+    cuGraphAddNode (phGraphNode, hGraph, dependencies, numDependencies, nodeParams) => graph_memory::add_node(call, phGraphNode, nodeParams);
+    cuGraphAddNode_v2 (phGraphNode, hGraph, dependencies, dependencyData, numDependencies, nodeParams) => graph_memory::add_node(call, phGraphNode, nodeParams);
+    cuGraphAddChildGraphNode (phGraphNode, hGraph, dependencies, numDependencies, childGraph) => graph_memory::add_child(call, phGraphNode, childGraph);
+    cuGraphClone (phGraphClone, originalGraph) => graph_memory::clone(call, phGraphClone, originalGraph);
     cuGraphExecDestroy (hGraphExec) => graph_memory::exec_destroy(call, hGraphExec);
     cuDeviceGraphMemTrim (device) => graph_memory::trim(call, device);
     cuGraphExecUpdate_v2 (hGraphExec, hGraph, resultInfo) => graph_memory::exec_update(call, hGraphExec, hGraph);
     cuGraphExecUpdate (hGraphExec, hGraph, hErrorNode_out, updateResult_out) => graph_memory::exec_update(call, hGraphExec, hGraph);
     cuGraphExecChildGraphNodeSetParams (hGraphExec, hNode, childGraph) => graph_memory::exec_child_update(call, hGraphExec, childGraph);
     cuGraphExecNodeSetParams (hGraphExec, hNode, nodeParams) => graph_memory::exec_node_update(call, hGraphExec, nodeParams);
-    cuGraphExecKernelNodeSetParams_v2 (hGraphExec, hNode, nodeParams) => graph_memory::exec_kernel_update(call, hGraphExec);
-    cuGraphExecKernelNodeSetParams (hGraphExec, hNode, nodeParams) => graph_memory::exec_kernel_update(call, hGraphExec);
+    cuGraphExecKernelNodeSetParams_v2 (hGraphExec, hNode, nodeParams) => graph_memory::exec_kernel_update(call, hGraphExec, nodeParams, true);
+    cuGraphExecKernelNodeSetParams (hGraphExec, hNode, nodeParams) => graph_memory::exec_kernel_update(call, hGraphExec, nodeParams.cast(), false);
 }

@@ -208,7 +208,7 @@ pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimi
 }
 
 /// Device memory a per-thread stack of `per_thread` bytes takes: one for every thread the device can hold.
-fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
+pub(crate) fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
     let attr = |a: CUdevice_attribute| {
         let mut n: c_int = 0;
         // SAFETY: valid out-pointer.
@@ -396,8 +396,9 @@ pub(crate) struct FirstLaunch<'a> {
 /// stream's context and device (`Err`: refuse the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked,
 /// `f` not marked); [`first_launch_done`] measures the process after the launch and marks `f` launched in that
 /// context if it succeeded.
-/// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec: its kernel nodes are
-/// not listed, so nothing is admitted in advance but over the cap; the launch is measured after).
+/// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec, launched or uploaded:
+/// the stack its kernels need, listed at instantiation and update, is admitted the same way; their code's loading
+/// is measured after).
 #[inline(always)]
 pub(crate) fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Result<Launch<'_>, OverCap> {
     let ctx = launch_ctx(s, stream);
@@ -524,6 +525,7 @@ pub(crate) fn first_launch_begin(
         ..FirstUseOf::default()
     };
     if how == Use::Graph {
+        what.stack = super::graph_memory::stack_growth(s, dev, f as usize);
         return s.mem.first_use_begin(&s.cuda, dev, what);
     }
     let f = f as CUfunction;

@@ -71,6 +71,20 @@ pub(crate) struct GraphMem {
     /// The table was full once: lookups fall back to `footprints`.
     overflow: AtomicBool,
     pub(super) footprints: Lock<HashMap<usize, Vec<(Dev, u64)>>>,
+    /// The kernels' side (`hooks::graph_memory`), read at instantiation, updates and first launches only.
+    kernels: Lock<GraphKernels>,
+}
+
+/// What a graph's kernels need that its first launch or upload must admit: the stack.
+#[derive(Default)]
+struct GraphKernels {
+    /// Per exec, the largest local memory per thread (bytes) of any kernel it may run.
+    stacks: HashMap<usize, u64>,
+    /// Conditional node → its body graphs, recorded when it was added (no call of cuda.h lists them after).
+    bodies: HashMap<usize, Vec<usize>>,
+    /// Graph → the stack need of the graph it was cloned from when cloned (its conditional nodes are new
+    /// handles whose bodies no call can list, and no call can change).
+    floors: HashMap<usize, u64>,
 }
 
 fn exec_slot(exec: usize, i: usize) -> usize {
@@ -87,7 +101,45 @@ impl GraphMem {
                 .collect(),
             overflow: AtomicBool::new(false),
             footprints: Lock::new(HashMap::new()),
+            kernels: Lock::new(GraphKernels::default()),
         }
+    }
+
+    /// `exec`'s kernels need `local` bytes of stack per thread (`raise`: at least that, on top of what it had).
+    pub(crate) fn set_stack(&self, exec: usize, local: u64, raise: bool) {
+        let mut k = self.kernels.lock();
+        let e = k.stacks.entry(exec).or_insert(0);
+        *e = if raise { (*e).max(local) } else { local };
+    }
+
+    /// The stack per thread `exec`'s kernels need (0: unknown or none).
+    pub(crate) fn stack(&self, exec: usize) -> u64 {
+        self.kernels.lock().stacks.get(&exec).copied().unwrap_or(0)
+    }
+
+    /// `exec` was destroyed.
+    pub(crate) fn forget_stack(&self, exec: usize) {
+        self.kernels.lock().stacks.remove(&exec);
+    }
+
+    /// Conditional node `node` was added with `bodies`.
+    pub(crate) fn set_bodies(&self, node: usize, bodies: Vec<usize>) {
+        self.kernels.lock().bodies.insert(node, bodies);
+    }
+
+    /// The body graphs of conditional node `node`, if it was seen added.
+    pub(crate) fn bodies(&self, node: usize) -> Option<Vec<usize>> {
+        self.kernels.lock().bodies.get(&node).cloned()
+    }
+
+    /// `graph` is a clone of a graph whose kernels needed `local` bytes of stack per thread.
+    pub(crate) fn set_floor(&self, graph: usize, local: u64) {
+        self.kernels.lock().floors.insert(graph, local);
+    }
+
+    /// What `graph`'s original needed when it was cloned (`None`: not a clone we saw).
+    pub(crate) fn floor(&self, graph: usize) -> Option<u64> {
+        self.kernels.lock().floors.get(&graph).copied()
     }
 
     /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).

@@ -395,7 +395,8 @@ pub struct PriorityDevice {
     pub hp_last_launch: AtomicU64,
     /// When the work high-priority tenants have queued here is estimated to be done (the latest of them).
     pub hp_busy_until: AtomicU64,
-    /// Launches of high-priority tenants, cumulative (informational).
+    /// Launches of high-priority tenants, cumulative (informational). This and the other counters go to the
+    /// container's counters file instead when it has one (`COUNTERS_SUFFIX`), out of the node directory.
     pub hp_launches: AtomicU64,
     /// The best-effort queue token: 0 = free, else the time at which the best-effort kernel holding it is
     /// presumed finished even if its holder never says so (a holder that died).

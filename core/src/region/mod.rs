@@ -37,6 +37,7 @@ pub use limits::{
 pub use map::FileId;
 pub use priority::{
     HpState, Inflight, PriorityDeviceId, PriorityDeviceInfo, PriorityEntry, PriorityPeers, PriorityRegion,
-    HIGH_SUFFIX, HP_MAX_AHEAD_NS, INFLIGHT_TTL_S, MAX_PEERS, PEER_SCAN_NS, TOKEN_MAX_AHEAD_NS,
+    COUNTERS_SUFFIX, HIGH_SUFFIX, HP_MAX_AHEAD_NS, INFLIGHT_TTL_S, MAX_PEERS, PEER_SCAN_NS,
+    TOKEN_MAX_AHEAD_NS,
 };
 pub use usage::{DeviceId, DeviceInfo, OverLimit, ProcessInfo, SlotId, SlotState, UsageRegion};

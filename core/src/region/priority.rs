@@ -67,6 +67,10 @@ const _: () = assert!(super::fault::SLOTS >= MAX_PEERS + MAX_RETIRED + 16);
 pub const PEER_SCAN_NS: u64 = 1_000_000_000;
 /// A high-priority container's file name ends with this.
 pub const HIGH_SUFFIX: &str = ".high";
+/// The container's counters file is its own file's path with this appended: where the informational counters
+/// go (launches, waits, refusals), out of the node directory every container reads. Without it they stay in
+/// the own file, where other containers can read them (deployments before issue 35).
+pub const COUNTERS_SUFFIX: &str = ".counters";
 /// Retired peers (their files left the directory) whose memory waits for readers to finish, at most: past it,
 /// gone files keep their slots.
 const MAX_RETIRED: usize = 32;
@@ -79,6 +83,12 @@ const ASSUMED_AGO_NS: u64 = 1_000_000_000;
 pub struct PriorityRegion {
     map: Mapping,
     peers: Option<PriorityPeers>,
+    /// The container's counters file (`<path>.counters`), when there is one.
+    counters: Option<Counters>,
+    /// Where the counters of an entry the counters file has no room for go: nowhere anyone reads.
+    sink: Box<PriorityDevice>,
+    /// Per own device entry: the entry its counters go to (in the counters file, or `sink`); null = itself.
+    counted_in: [AtomicPtr<PriorityDevice>; MAX_DEVICES],
     /// Entries of this process alone, for devices the own file has no room for (its container filled it): a
     /// best-effort process gates on them as if a high-priority tenant were present (fail closed).
     local: Box<[PriorityDevice]>,
@@ -111,6 +121,19 @@ pub struct PriorityPeers {
     /// When the scan under way started (0 = none); one older than [`PEER_SCAN_NS`] is taken over (its thread
     /// died with a fork: the child has only the forking thread).
     scanning: AtomicU64,
+}
+
+/// The container's counters file: same layout, only the counter words used; entries claimed by UUID.
+struct Counters {
+    map: Mapping,
+}
+
+impl Counters {
+    fn file(&self) -> &PriorityFile {
+        // SAFETY: as `PriorityRegion::file`: the mapping has the file's size (checked at open) and holds
+        // atomics only.
+        unsafe { &*self.map.ptr().cast::<PriorityFile>() }
+    }
 }
 
 struct Peer {
@@ -190,6 +213,7 @@ impl PriorityRegion {
             }
         }
         let mut region = Self::open_with(path, Access::ReadWrite)?;
+        region.counters = Self::open_counters(path)?;
         let io = |e: String, p: &Path| RegionError::Io {
             path: p.to_path_buf(),
             op: "open the node's priority directory",
@@ -219,9 +243,26 @@ impl PriorityRegion {
         Ok(region)
     }
 
-    /// Opens a priority file read-write alone, without the node directory (tools and tests writing one file).
+    /// Opens a priority file read-write alone, without the node directory (tools and tests writing one file),
+    /// with its counters file if there is one.
     pub fn open_file(path: &Path) -> Result<PriorityRegion, RegionError> {
-        Self::open_with(path, Access::ReadWrite)
+        let mut region = Self::open_with(path, Access::ReadWrite)?;
+        region.counters = Self::open_counters(path)?;
+        Ok(region)
+    }
+
+    /// The counters file of the own file `path` (`<path>.counters`), if it exists; one that does not open or
+    /// validate is an error (the caller fails closed).
+    fn open_counters(path: &Path) -> Result<Option<Counters>, RegionError> {
+        let mut p = path.as_os_str().to_owned();
+        p.push(COUNTERS_SUFFIX);
+        let p = PathBuf::from(p);
+        if !p.exists() {
+            return Ok(None);
+        }
+        let map = Self::map(&p, Access::ReadWrite)?;
+        validate(&p, &map, false, PRIORITY_ABI_VERSION)?;
+        Ok(Some(Counters { map }))
     }
 
     fn open_with(path: &Path, access: Access) -> Result<PriorityRegion, RegionError> {
@@ -239,6 +280,10 @@ impl PriorityRegion {
         PriorityRegion {
             map,
             peers: None,
+            counters: None,
+            // SAFETY: PriorityDevice consists only of atomics, for which all-zero is a valid value.
+            sink: Box::new(unsafe { std::mem::zeroed::<PriorityDevice>() }),
+            counted_in: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             local: (0..MAX_DEVICES)
                 // SAFETY: PriorityDevice consists only of atomics, for which all-zero is a valid value (a free
                 // entry).
@@ -272,7 +317,16 @@ impl PriorityRegion {
     /// namespace may look dead from here and have its claim taken over: harmless, the CAS on the owner word
     /// decides, and both end with one entry for the UUID.
     pub fn device(&self, uuid: &[u8; 16]) -> Result<PriorityDeviceId, RegionError> {
-        claim_device(&self.file().devices, uuid, self.path()).map(|i| PriorityDeviceId(i as u32))
+        let i = claim_device(&self.file().devices, uuid, self.path())?;
+        if let Some(c) = &self.counters {
+            // No room there: this entry's counters go to the sink (never into the file others read).
+            let to = match claim_device(&c.file().devices, uuid, c.map.path()) {
+                Ok(j) => &c.file().devices[j],
+                Err(_) => &*self.sink,
+            };
+            self.counted_in[i].store(std::ptr::from_ref(to).cast_mut(), Ordering::Release);
+        }
+        Ok(PriorityDeviceId(i as u32))
     }
 
     /// An entry for device `uuid` in this process only, when [`PriorityRegion::device`] found no room (a
@@ -283,14 +337,24 @@ impl PriorityRegion {
     }
 
     /// One device entry's words (with the node directory's view of the device, when opened with it).
+    #[inline]
     pub fn entry(&self, id: PriorityDeviceId) -> PriorityEntry<'_> {
         let d = if id.is_local() {
             &self.local[id.index()]
         } else {
             &self.file().devices[id.index()]
         };
+        let to = self.counted_in[id.index()].load(Ordering::Acquire);
+        let c = if id.is_local() || to.is_null() {
+            d
+        } else {
+            // SAFETY: a non-null `counted_in` points into the counters mapping or `sink`, both owned by `self`
+            // and never moved or freed before it; PriorityDevice holds only atomics.
+            unsafe { &*to }
+        };
         PriorityEntry {
             d,
+            c,
             peers: self.peers.as_ref().map(|p| (p, id.index())),
             assume_hp: id.is_local(),
         }
@@ -306,16 +370,26 @@ impl PriorityRegion {
             }
             let e = PriorityEntry::new(d);
             let r = |a: &AtomicU64| a.load(Ordering::Relaxed);
+            let uuid = [r(&d.uuid[0]), r(&d.uuid[1])];
+            // The counters: in the counters file's entry of the same UUID when there is one.
+            let c = match &self.counters {
+                Some(k) => k.file().devices.iter().find(|c| {
+                    owner_state(c.owner.load(Ordering::Acquire)) == STATE_LIVE
+                        && [r(&c.uuid[0]), r(&c.uuid[1])] == uuid
+                }),
+                None => Some(d),
+            };
+            let n = |f: fn(&PriorityDevice) -> &AtomicU64| c.map_or(0, |c| r(f(c)));
             out.push(PriorityDeviceInfo {
                 id: PriorityDeviceId(i as u32),
-                uuid: words_to_uuid([r(&d.uuid[0]), r(&d.uuid[1])]),
+                uuid: words_to_uuid(uuid),
                 hp: e.hp(now_ns),
-                hp_launches: r(&d.hp_launches),
+                hp_launches: n(|c| &c.hp_launches),
                 be_token: r(&d.be_token),
-                be_launches: r(&d.be_launches),
-                be_waits: r(&d.be_waits),
-                be_waited_ns: r(&d.be_waited_ns),
-                reserve_refusals: r(&d.reserve_refusals),
+                be_launches: n(|c| &c.be_launches),
+                be_waits: n(|c| &c.be_waits),
+                be_waited_ns: n(|c| &c.be_waited_ns),
+                reserve_refusals: n(|c| &c.reserve_refusals),
                 inflight_bytes: e.inflight_bytes(None, (now_ns / 1_000_000_000) as u32),
             });
         }
@@ -534,6 +608,8 @@ impl Peer {
 #[derive(Clone, Copy)]
 pub struct PriorityEntry<'a> {
     d: &'a PriorityDevice,
+    /// Where the informational counters go: the counters file's entry, else `d`.
+    c: &'a PriorityDevice,
     /// The node directory and this entry's index in the own file (`PriorityRegion::open`'s entries).
     peers: Option<(&'a PriorityPeers, usize)>,
     /// A local entry (the own file had no room): a high-priority tenant is assumed present.
@@ -546,6 +622,7 @@ impl<'a> PriorityEntry<'a> {
     pub fn new(d: &'a PriorityDevice) -> Self {
         PriorityEntry {
             d,
+            c: d,
             peers: None,
             assume_hp: false,
         }
@@ -571,7 +648,7 @@ impl<'a> PriorityEntry<'a> {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
                 (cur < busy_until || cur > now.saturating_add(HP_MAX_AHEAD_NS)).then_some(busy_until)
             });
-        self.d.hp_launches.fetch_add(1, Ordering::Relaxed);
+        self.c.hp_launches.fetch_add(1, Ordering::Relaxed);
     }
 
     /// What high-priority tenants published, as of `now`; times implausibly in the future read as absent.
@@ -658,10 +735,10 @@ impl<'a> PriorityEntry<'a> {
     /// Counts one best-effort launch made under the token, and the time it waited (0 = did not wait).
     #[inline]
     pub fn count_be_launch(&self, waited_ns: u64) {
-        self.d.be_launches.fetch_add(1, Ordering::Relaxed);
+        self.c.be_launches.fetch_add(1, Ordering::Relaxed);
         if waited_ns > 0 {
-            self.d.be_waits.fetch_add(1, Ordering::Relaxed);
-            self.d.be_waited_ns.fetch_add(waited_ns, Ordering::Relaxed);
+            self.c.be_waits.fetch_add(1, Ordering::Relaxed);
+            self.c.be_waited_ns.fetch_add(waited_ns, Ordering::Relaxed);
         }
     }
 
@@ -719,7 +796,7 @@ impl<'a> PriorityEntry<'a> {
 
     /// Counts one allocation refused to keep the reservation.
     pub fn count_reserve_refusal(&self) {
-        self.d.reserve_refusals.fetch_add(1, Ordering::Relaxed);
+        self.c.reserve_refusals.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -808,6 +885,68 @@ mod tests {
             Err(RegionError::NotInitialized { .. })
         ));
         let _ = std::fs::remove_file(&p);
+    }
+
+    /// Issue 35 item 5: with a counters file beside the own one, a container's launch, wait and refusal counts
+    /// go there, and the file in the node directory (which every container reads) holds only what others use:
+    /// the activity words. Without one (before), they were in it.
+    #[test]
+    fn counters_stay_out_of_the_node_directory_with_a_counters_file() {
+        let root = temp("counters");
+        let _ = std::fs::remove_dir_all(&root);
+        let node = root.join("node");
+        std::fs::create_dir_all(&node).unwrap();
+        for (name, file) in [("hp", "hp.high"), ("be", "be.low")] {
+            PriorityRegion::create(&node.join(file)).unwrap();
+            std::fs::hard_link(node.join(file), root.join(name)).unwrap();
+            std::os::unix::fs::symlink(&node, root.join(format!("{name}.d"))).unwrap();
+            PriorityRegion::create(&root.join(format!("{name}.counters"))).unwrap();
+        }
+        let (hp, be) = (
+            PriorityRegion::open(&root.join("hp")).unwrap(),
+            PriorityRegion::open(&root.join("be")).unwrap(),
+        );
+        let gpu = [3; 16];
+        let (eh, eb) = (
+            hp.entry(hp.device(&gpu).unwrap()),
+            be.entry(be.device(&gpu).unwrap()),
+        );
+        let t = 100 * S;
+        eh.note_hp_launch(t, t + S / 1000);
+        eb.count_be_launch(5_000);
+        eb.count_reserve_refusal();
+        // The owner (its view, or `cuquota priority show` of its file) sees its counts.
+        let own = be.devices(t)[0];
+        assert_eq!((own.be_launches, own.be_waits, own.be_waited_ns), (1, 1, 5_000));
+        assert_eq!(own.reserve_refusals, 1);
+        assert_eq!(hp.devices(t)[0].hp_launches, 1);
+        // Another container reads the node directory's files: activity, no counts.
+        for f in ["hp.high", "be.low"] {
+            let bytes = std::fs::read(node.join(f)).unwrap();
+            let word = |off: usize| {
+                let at = std::mem::offset_of!(PriorityFile, devices) + off;
+                u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap())
+            };
+            let counts = [
+                word(std::mem::offset_of!(PriorityDevice, hp_launches)),
+                word(std::mem::offset_of!(PriorityDevice, be_launches)),
+                word(std::mem::offset_of!(PriorityDevice, be_waits)),
+                word(std::mem::offset_of!(PriorityDevice, be_waited_ns)),
+                word(std::mem::offset_of!(PriorityDevice, reserve_refusals)),
+            ];
+            assert_eq!(counts, [0; 5], "{f}: counts readable by every container");
+        }
+        assert_eq!(
+            eb.hp(t).last_launch,
+            t,
+            "the high-priority activity is still seen"
+        );
+        // Control: without counters files the same counts land in the node directory's files.
+        let hp_file = PriorityRegion::open_file(&node.join("hp.high")).unwrap();
+        let e = hp_file.entry(hp_file.device(&gpu).unwrap());
+        e.note_hp_launch(t, t);
+        assert_eq!(hp_file.devices(t)[0].hp_launches, 1);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// A node directory with the files of "hp" (high), "liar" (best-effort) and "be" (best-effort, the reader);

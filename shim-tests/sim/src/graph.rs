@@ -9,8 +9,13 @@
 //! value)`. The kernels a launch runs are fixed at instantiation. Execs
 //! instantiated with `CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH` launch from the host like any other (their flags
 //! are reported by `cuGraphExecGetFlags`), and from the device: a kernel node whose first parameter is such an
-//! exec's handle launches it (a tail launch: its kernels run, as the exec was instantiated, after the launching
-//! graph's, and the launch completes with them).
+//! exec's handle launches it (a tail launch: its kernels run, as the exec is then, after the launching graph's,
+//! and the launch completes with them) once the exec was uploaded (`cuGraphUpload` or a host launch; before, the
+//! device-side launch fails and runs nothing, as cuda.h says).
+//!
+//! Stack: uploading or launching an exec grows its stream's context's stack to the largest local memory of
+//! every kernel the exec may run (conditional bodies whether or not they run this time, child graphs), since
+//! the device decides at run time which of them run; a device-side launch grows nothing (its exec's upload did).
 
 use std::collections::HashMap;
 
@@ -101,6 +106,14 @@ pub(crate) struct GraphExec {
     pub grown: Vec<(usize, u64)>,
     /// The instantiation flags (`cuGraphExecGetFlags`).
     pub flags: u64,
+    /// The node of each of `kernels` (0: none).
+    pub kernel_nodes: Vec<u64>,
+    /// Every kernel the exec may run, with its node: what its upload or launch sizes the stack for.
+    pub stack_funcs: Vec<(u64, u64)>,
+    /// Execs its kernels launch from the device (each run after its kernels, once uploaded).
+    pub device_launches: Vec<u64>,
+    /// Uploaded (`cuGraphUpload`) or launched from the host: launchable from the device.
+    pub uploaded: bool,
 }
 
 /// cuGraphCreate.
@@ -156,6 +169,9 @@ pub(crate) fn exec_destroy(o: &mut Objects, sim: &Sim, exec: u64) -> CuResult<()
 pub(crate) struct Flat {
     pub shape: Vec<u32>,
     pub kernels: Vec<KernelLaunch>,
+    pub kernel_nodes: Vec<u64>,
+    pub stack_funcs: Vec<(u64, u64)>,
+    pub device_launches: Vec<u64>,
     pub copies: Vec<CopyNode>,
     pub mem_allocs: Vec<u64>,
     pub mem_frees: Vec<u64>,
@@ -201,11 +217,13 @@ fn flatten_at(
         match node.kind {
             NodeKind::Kernel(k) => {
                 f.kernels.push(k);
+                f.kernel_nodes.push(*n);
+                f.stack_funcs.push((*n, k.func));
                 if let Some(&(h, v)) = o.cond_setters.get(n) {
                     values.insert(h, v);
                 }
-                if let Some(e) = o.device_launches.get(n).and_then(|e| o.execs.get(e)) {
-                    f.kernels.extend_from_slice(&e.kernels);
+                if let Some(&e) = o.device_launches.get(n) {
+                    f.device_launches.push(e);
                 }
             }
             NodeKind::Memcpy(c) => f.copies.push(c),
@@ -213,6 +231,10 @@ fn flatten_at(
             NodeKind::MemFree(p) => f.mem_frees.push(p),
             NodeKind::Child(c) => flatten_at(o, c, depth, values, f)?,
             NodeKind::Conditional { handle, ty, body } => {
+                // Whether or not the body runs this time, its kernels may: the stack is sized for them.
+                let mut once = Flat::default();
+                flatten_at(o, body, depth + 1, &mut values.clone(), &mut once)?;
+                f.stack_funcs.extend(once.stack_funcs);
                 let h = o.cond_handles.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
                 let dflt = if h.assign_default { h.default } else { 0 };
                 let value = *values.entry(handle).or_insert(dflt);
@@ -225,6 +247,8 @@ fn flatten_at(
                     let mut body_work = Flat::default();
                     flatten_at(o, body, depth + 1, values, &mut body_work)?;
                     f.kernels.extend(body_work.kernels);
+                    f.kernel_nodes.extend(body_work.kernel_nodes);
+                    f.device_launches.extend(body_work.device_launches);
                     f.copies.extend(body_work.copies);
                     if f.kernels.len() > MAX_EXEC_KERNELS {
                         return Err(CUDA_ERROR_OUT_OF_MEMORY);
@@ -298,9 +322,63 @@ pub(crate) fn instantiate(o: &mut Objects, sim: &Sim, graph: u64, flags: u64) ->
             mem_frees: f.mem_frees,
             grown: Vec::new(),
             flags,
+            kernel_nodes: f.kernel_nodes,
+            stack_funcs: f.stack_funcs,
+            device_launches: f.device_launches,
+            uploaded: false,
         },
     );
     Ok(h)
+}
+
+/// The kernels a host launch of `exec` runs: its own, then those of the execs they launch from the device that
+/// were uploaded (one level: a device-launched graph's own device launches are its kernels' business).
+pub(crate) fn launch_kernels(o: &Objects, exec: u64) -> CuResult<Vec<KernelLaunch>> {
+    let e = o.execs.get(&exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let mut k = e.kernels.clone();
+    for d in &e.device_launches {
+        if let Some(d) = o.execs.get(d).filter(|d| d.uploaded) {
+            k.extend_from_slice(&d.kernels);
+        }
+    }
+    Ok(k)
+}
+
+/// Before `exec`'s upload or launch on a stream of context `ctx`: the stack grows to the largest local memory
+/// of every kernel the exec may run (`CUDA_ERROR_OUT_OF_MEMORY` when the device cannot hold it).
+pub(crate) fn size_stack(o: &mut Objects, sim: &Sim, exec: u64, ctx: u64) -> CuResult<()> {
+    let funcs: Vec<u64> = o
+        .execs
+        .get(&exec)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?
+        .stack_funcs
+        .iter()
+        .map(|f| f.1)
+        .collect();
+    let mut local = 0;
+    for f in funcs {
+        let (func, _) = crate::module::function_for(o, sim, f, ctx)?;
+        local = o.functions.get(&func).map_or(0, |f| f.local).max(local);
+    }
+    crate::context::grow_stack(o, sim, ctx, local)
+}
+
+/// cuGraphExecKernelNodeSetParams / cuGraphExecNodeSetParams of a kernel node: `node` (a kernel node of the
+/// graph `exec` was instantiated from) runs `k` from the exec's next launch.
+pub(crate) fn exec_set_kernel(o: &mut Objects, exec: u64, node: u64, k: KernelLaunch) -> CuResult<()> {
+    let e = o.execs.get_mut(&exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !e.stack_funcs.iter().any(|f| f.0 == node) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    for (i, n) in e.kernel_nodes.iter().enumerate() {
+        if *n == node {
+            e.kernels[i] = k;
+        }
+    }
+    for f in e.stack_funcs.iter_mut().filter(|f| f.0 == node) {
+        f.1 = k.func;
+    }
+    Ok(())
 }
 
 /// cuGraphExecUpdate: a graph of the same shape (node types, child graphs included) replaces the exec's
@@ -318,6 +396,9 @@ pub(crate) fn exec_update(o: &mut Objects, exec: u64, graph: u64) -> CuResult<()
     }
     let e = o.execs.get_mut(&exec).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     e.kernels = f.kernels;
+    e.kernel_nodes = f.kernel_nodes;
+    e.stack_funcs = f.stack_funcs;
+    e.device_launches = f.device_launches;
     e.copies = f.copies;
     e.mem_frees = f.mem_frees;
     let old = std::mem::replace(&mut e.mem_allocs, f.mem_allocs);

@@ -166,6 +166,86 @@ unsafe fn add_node(node: *mut Handle, g: Handle, d: Vec<u64>, params: *mut u8) -
     }
 }
 
+/// A kernel node's launch, and whether its handle is a library kernel (not a function).
+fn kernel_node(node: Handle) -> CuResult<(KernelLaunch, bool)> {
+    with(|o| match o.nodes.get(&h(node)).map(|n| n.kind) {
+        Some(NodeKind::Kernel(k)) => Ok((k, o.kernels.contains_key(&k.func))),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// The kernel a node's parameters name (`kern` when `func` is NULL, in the v2 struct), checked.
+fn node_launch(p: &KernelNodeParams, v2: bool) -> CuResult<KernelLaunch> {
+    let func = if p.func.is_null() && v2 { p.kern } else { p.func };
+    if func.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    crate::launch::validate_dims(p.grid, p.block)?;
+    let k = KernelLaunch {
+        func: h(func),
+        grid: p.grid,
+        block: p.block,
+    };
+    with(|o| {
+        if o.functions.contains_key(&k.func) || o.kernels.contains_key(&k.func) {
+            Ok(k)
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        }
+    })
+}
+
+/// A v1 `CUDA_KERNEL_NODE_PARAMS` (the v2 struct's first 56 bytes).
+///
+/// # Safety
+/// `params` is NULL or points to such a struct.
+unsafe fn read_v1(params: *const KernelNodeParams) -> CuResult<KernelNodeParams> {
+    if params.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: zeroed is valid for this plain struct; 56 bytes readable by the contract.
+    let mut p: KernelNodeParams = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { std::ptr::copy_nonoverlapping(params as *const u8, &mut p as *mut _ as *mut u8, 56) };
+    Ok(p)
+}
+
+/// cuGraphKernelNodeSetParams: the node of a graph (not of its execs) runs another kernel.
+fn set_kernel_node(node: Handle, p: KernelNodeParams, v2: bool) -> CuResult<()> {
+    cuda()?;
+    let k = node_launch(&p, v2)?;
+    with(|o| match o.nodes.get_mut(&h(node)) {
+        Some(n) if matches!(n.kind, NodeKind::Kernel(_)) => {
+            n.kind = NodeKind::Kernel(k);
+            Ok(())
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// cuGraphExecKernelNodeSetParams: the exec's copy of a kernel node runs another kernel.
+fn exec_set_kernel(exec: Handle, node: Handle, p: KernelNodeParams, v2: bool) -> CuResult<()> {
+    cuda()?;
+    let k = node_launch(&p, v2)?;
+    with(|o| graph::exec_set_kernel(o, h(exec), h(node), k))
+}
+
+/// cuGraphUpload: sets up the exec's stack and graph memory in the stream's context; it may then be launched
+/// from the device.
+fn upload(exec: Handle, s: Handle) -> CuResult<()> {
+    let sim = cuda()?;
+    with(|o| {
+        let st = crate::stream::resolve(o, sim, h(s))?;
+        let ctx = o.streams[&st].ctx;
+        graph::size_stack(o, sim, h(exec), ctx)?;
+        crate::graph_mem::upload(o, sim, h(exec))?;
+        if let Some(e) = o.execs.get_mut(&h(exec)) {
+            e.uploaded = true;
+        }
+        Ok(())
+    })
+}
+
 fn instantiate(pexec: *mut Handle, g: Handle, flags: u64) -> CuResult<()> {
     let sim = cuda()?;
     if pexec.is_null() {
@@ -326,32 +406,108 @@ cuda_fn! {
         if params.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let r = instantiate(pexec, g, (*params).flags);
+        let p = *params;
+        let mut r = instantiate(pexec, g, p.flags);
+        if r.is_ok() && p.flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD != 0 {
+            // Uploaded into the params' stream once instantiated (cuda.h); a failed upload leaves no exec.
+            let e = *pexec;
+            r = upload(e, p.upload_stream);
+            if r.is_err() {
+                let _ = with(|o| graph::exec_destroy(o, cuda()?, h(e)));
+            }
+        }
         (*params).result_out = if r.is_ok() { 0 } else { 1 };
         r
     }
 
     fn cuGraphUpload(exec: Handle, s: Handle) {
-        let sim = cuda()?;
-        with(|o| {
-            crate::stream::resolve(o, sim, h(s))?;
-            crate::graph_mem::upload(o, sim, h(exec))
-        })
+        upload(exec, s)
     }
 
     fn cuGraphLaunch(exec: Handle, s: Handle) {
         let sim = cuda()?;
-        let (kernels, copies) = with(|o| o.execs.get(&h(exec)).map(|e| (e.kernels.clone(), e.copies.clone())))
-            .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (kernels, copies) = with(|o| {
+            let k = graph::launch_kernels(o, h(exec))?;
+            Ok::<_, CUresult>((k, o.execs[&h(exec)].copies.clone()))
+        })?;
         with(|o| {
-            crate::stream::resolve(o, sim, h(s))?;
-            crate::graph_mem::launch(o, sim, h(exec))
+            let st = crate::stream::resolve(o, sim, h(s))?;
+            let ctx = o.streams[&st].ctx;
+            graph::size_stack(o, sim, h(exec), ctx)?;
+            crate::graph_mem::launch(o, sim, h(exec))?;
+            if let Some(e) = o.execs.get_mut(&h(exec)) {
+                e.uploaded = true;
+            }
+            Ok::<(), CUresult>(())
         })?;
         super::memory::run_graph_copies(&copies)?;
         if kernels.is_empty() {
             return with(|o| crate::stream::resolve(o, sim, h(s)).map(|_| ()));
         }
         crate::launch::launch(sim, h(s), &kernels, false)
+    }
+
+    fn cuGraphKernelNodeGetParams_v2(node: Handle, params: *mut KernelNodeParams) {
+        cuda()?;
+        if params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (k, is_kernel) = kernel_node(node)?;
+        let mut p: KernelNodeParams = std::mem::zeroed();
+        p.grid = k.grid;
+        p.block = k.block;
+        // A library kernel's node answers its CUkernel in `kern` (func NULL), a function's in `func`.
+        if is_kernel {
+            p.kern = hp(k.func);
+        } else {
+            p.func = hp(k.func);
+        }
+        std::ptr::write(params, p);
+        Ok(())
+    }
+
+    fn cuGraphKernelNodeGetParams(node: Handle, params: *mut KernelNodeParams) {
+        cuda()?;
+        if params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // The v1 struct: the v2 one's first 56 bytes, the handle in `func` whatever it is.
+        let (k, _) = kernel_node(node)?;
+        let mut p: KernelNodeParams = std::mem::zeroed();
+        p.func = hp(k.func);
+        p.grid = k.grid;
+        p.block = k.block;
+        std::ptr::copy_nonoverlapping(&p as *const _ as *const u8, params as *mut u8, 56);
+        Ok(())
+    }
+
+    fn cuGraphKernelNodeSetParams_v2(node: Handle, params: *const KernelNodeParams) {
+        set_kernel_node(node, read(params)?, true)
+    }
+
+    fn cuGraphKernelNodeSetParams(node: Handle, params: *const KernelNodeParams) {
+        set_kernel_node(node, read_v1(params)?, false)
+    }
+
+    fn cuGraphExecKernelNodeSetParams_v2(exec: Handle, node: Handle, params: *const KernelNodeParams) {
+        exec_set_kernel(exec, node, read(params)?, true)
+    }
+
+    fn cuGraphExecKernelNodeSetParams(exec: Handle, node: Handle, params: *const KernelNodeParams) {
+        exec_set_kernel(exec, node, read_v1(params)?, false)
+    }
+
+    fn cuGraphExecNodeSetParams(exec: Handle, node: Handle, params: *mut u8) {
+        cuda()?;
+        if params.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // CUgraphNodeParams: type at 0, the union at 16; kernel nodes only here.
+        if std::ptr::read_unaligned(params as *const u32) != CU_GRAPH_NODE_TYPE_KERNEL {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let p = std::ptr::read_unaligned(params.add(16) as *const KernelNodeParams);
+        exec_set_kernel(exec, node, p, true)
     }
 
     fn cuGraphExecDestroy(exec: Handle) {
