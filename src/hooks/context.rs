@@ -525,7 +525,7 @@ pub(crate) fn first_launch_begin(
         ..FirstUseOf::default()
     };
     if how == Use::Graph {
-        what.stack = super::graph_memory::stack_growth(s, dev, f as usize);
+        what.stack = super::graph_memory::stack_growth(s, dev, f);
         return s.mem.first_use_begin(&s.cuda, dev, what);
     }
     let f = f as CUfunction;
