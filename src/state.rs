@@ -293,9 +293,23 @@ fn init(exports: Exports) -> Process {
         );
     }
 
-    let cuda = load(cfg.libcuda_path.as_deref(), "libcuda.so.1")
+    // Under the operator's limits the tenant does not choose the driver or NVML (its own wrapper could hide what
+    // it takes): the loader resolves the sonames, as for any program.
+    let (libcuda, libnvml) = if limits.is_empty() {
+        (cfg.libcuda_path.as_deref(), cfg.libnvml_path.as_deref())
+    } else {
+        if cfg.libcuda_path.is_some() || cfg.libnvml_path.is_some() {
+            log!(
+                Level::Warn,
+                "CUQUOTA_LIBCUDA / CUQUOTA_LIBNVML (or the TOML's libcuda / libnvml) ignored: the agent's limits \
+                 file applies, the driver and NVML are the loader's libcuda.so.1 and libnvidia-ml.so.1"
+            );
+        }
+        (None, None)
+    };
+    let cuda = load(libcuda, "libcuda.so.1")
         .map_or_else(|| CudaTable::empty(false), |l| crate::driver::cuda::load(&l));
-    let nvml_lib = load(cfg.libnvml_path.as_deref(), "libnvidia-ml.so.1");
+    let nvml_lib = load(libnvml, "libnvidia-ml.so.1");
 
     if cfg.disabled && opt_out_allowed {
         log!(Level::Info, "disabled by configuration: pass-through");

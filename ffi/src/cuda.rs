@@ -690,6 +690,7 @@ c_functions! {
     cuCtxPushCurrent_v2 @4000 (ctx: CUcontext);
     cuCtxPopCurrent_v2 @4000 (pctx: *mut CUcontext);
     cuStreamGetCtx @9020 (hStream: CUstream, pctx: *mut CUcontext);
+    cuKernelGetLibrary @12050 (pLib: *mut CUlibrary, kernel: CUkernel);
     cuStreamIsCapturing @10000 (hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
     cuStreamGetDevice @12080 (hStream: CUstream, device: *mut CUdevice);
     cuStreamGetDevice_ptsz @12080 (hStream: CUstream, device: *mut CUdevice);

@@ -26,7 +26,12 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "lib") == 0) {
         CUlibrary l;
         CK(cuLibraryLoadData(&l, img, NULL, NULL, 0, NULL, NULL, 0));
-        CK(cuLibraryGetModule(&m, l));
+        CUresult r = cuLibraryGetModule(&m, l);
+        printf("module=%s\n", cq_err(r));
+        if (r) {
+            used(0, "used.0");
+            return 0;
+        }
     } else {
         CK(cuModuleLoadData(&m, img));
     }

@@ -82,7 +82,13 @@ fn a_multi_device_launch_with_two_entries_on_one_device_is_refused() {
     let a = run("multi 6 512m");
     let p = a.peak("used.0");
     println!("multi: peak {} MiB, {:?}", p / MIB, a.all("launch.0"));
-    assert_eq!(a.all("launch.0"), vec!["CUDA_ERROR_INVALID_DEVICE"], "{a:?}");
+    // Each entry's kernel is loaded into its context first (admitted, measured): the second load is refused
+    // for memory, else the two first uses on one device for the device.
+    let refused = a.all("launch.0");
+    assert!(
+        refused == ["CUDA_ERROR_INVALID_DEVICE"] || refused == ["CUDA_ERROR_OUT_OF_MEMORY"],
+        "{a:?}"
+    );
     assert!(p <= 1100 * MIB, "{} MiB under a 1 GiB cap:{a:?}", p / MIB);
 }
 
@@ -125,8 +131,10 @@ fn a_lookup_in_a_library_module_is_admitted_on_its_device() {
 }
 
 /// Four 700 MiB globals in one module, each taken by the driver at its first `cuModuleGetGlobal`: in a module
-/// from `cuLibraryGetModule` as in one from `cuModuleLoadData` (control), one load past the cap and the rest
-/// refused (a review found the library's module's lookups never refused: 2802 MiB under 1 GiB).
+/// from `cuLibraryGetModule` as in one from `cuModuleLoadData` (control), never past the cap (a review found the
+/// library's module's lookups never refused: 2802 MiB under 1 GiB). The image's footprint (2.8 GiB) is
+/// reserved at each first use, so the library's load into the context and the module's lookups are refused
+/// before the driver takes anything.
 #[test]
 fn lookups_in_a_library_module_are_refused_over_the_cap() {
     let prog = compile_c(

@@ -9,8 +9,9 @@ use super::Width;
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
+use crate::memory::overhead::Image;
 use crate::memory::overhead::{Creation, Reservation};
-use crate::memory::reconcile::{FirstUseCall, Use};
+use crate::memory::reconcile::{FirstUseCall, FirstUseOf, Use};
 use crate::memory::OverCap;
 use crate::state::Shim;
 use std::ffi::c_int;
@@ -220,13 +221,26 @@ pub(crate) fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
     per_thread.saturating_mul(sms * threads)
 }
 
+/// Whose code or globals a lookup may load.
+#[derive(Clone, Copy)]
+pub(crate) enum Owner {
+    /// A module's (its context's device).
+    Module(CUmodule),
+    /// A library's (loaded into the current context at its first use there).
+    Library(CUlibrary),
+    /// A kernel's (its library's, loaded into the current context; `cuKernelGetLibrary`, CUDA 12.5+, else
+    /// unknown).
+    Kernel(CUkernel),
+}
+
 /// `cuModuleGetFunction`, `cuModuleGetGlobal` (+ `_v2`), `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
 /// `cuLibraryGetModule`, `cuKernelGetFunction`: with lazy loading (CUDA's default) the driver loads the code and
 /// globals here, at first use, not at the module's load: into `module`'s context (a library's lookups: the
-/// current one). While a memory cap applies: refused while the container is over its cap on that device; the
-/// first time a handle comes back, this process is measured there (`memory::reconcile`). A module whose device
-/// this process does not know (`cuFuncGetModule`'s of a kernel's function) may live on any device: refused while
-/// any capped device is over its cap (fail closed), every capped device measured after.
+/// current one). While a memory cap applies, admitted before the call (`memory::reconcile`): the whole footprint
+/// of the owner's image is reserved (refused when it does not fit, or while the container is over its cap);
+/// the first time a handle comes back, this process is measured there. A module whose device this process does
+/// not know (`cuFuncGetModule`'s of a kernel's function) may live on any device: refused while any capped
+/// device is over its cap (fail closed), every capped device measured after.
 ///
 /// # Safety
 /// `out` as the driver's contract says (written on success).
@@ -234,20 +248,50 @@ pub(crate) unsafe fn first_use<W: Width>(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     out: *mut W,
-    module: Option<CUmodule>,
+    owner: Owner,
 ) -> CUresult {
-    let devs: Vec<Dev> = match module.map(|m| s.mem.module_device(&s.cuda, m as usize)) {
-        None => s.devices.current(&s.cuda).into_iter().collect(),
-        Some(Some(d)) => vec![d],
-        Some(None) => s.devices.known().map(|(d, _)| d).collect(),
+    let (devs, image, ctx): (Vec<Dev>, _, _) = match owner {
+        Owner::Module(m) => match s.mem.module_device(&s.cuda, m as usize) {
+            Some(d) => (vec![d], s.mem.image_of(m as usize), 0),
+            None => (s.devices.known().map(|(d, _)| d).collect(), None, 0),
+        },
+        Owner::Library(l) => (
+            s.devices.current(&s.cuda).into_iter().collect(),
+            s.mem.image_of(l as usize),
+            current_ctx(s),
+        ),
+        Owner::Kernel(k) => {
+            let mut l: CUlibrary = std::ptr::null_mut();
+            // SAFETY: valid out-pointer; the program's kernel handle, which the driver checks.
+            let image = unsafe { s.cuda.cuKernelGetLibrary(&mut l, k) }
+                .ok()
+                .then(|| s.mem.image_of(l as usize))
+                .flatten();
+            (
+                s.devices.current(&s.cuda).into_iter().collect(),
+                image,
+                current_ctx(s),
+            )
+        }
+    };
+    let what = FirstUseOf {
+        stack: 0,
+        image,
+        ctx,
+        lookup: true,
     };
     let mut calls = Vec::with_capacity(devs.len());
     for d in devs {
-        match s.mem.first_use_begin(d, 0) {
+        match s.mem.first_use_begin(&s.cuda, d, what) {
             Ok(Some(c)) => calls.push(c),
             Ok(None) => {}
-            // Nothing admitted in advance (no growth): the calls begun so far hold nothing.
-            Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+            Err(_) => {
+                for c in calls {
+                    s.mem
+                        .first_use_done(&s.cuda, &s.nvml, c, CUresult::ERROR_OUT_OF_MEMORY, false);
+                }
+                return CUresult::ERROR_OUT_OF_MEMORY;
+            }
         }
     }
     if calls.is_empty() {
@@ -263,13 +307,13 @@ pub(crate) unsafe fn first_use<W: Width>(
         h.is_none_or(|h| s.mem.first_seen(Use::Lookup, h, current_ctx(s), since))
     };
     for c in calls {
-        s.mem.first_use_done(&s.nvml, c, r, fresh);
+        s.mem.first_use_done(&s.cuda, &s.nvml, c, r, fresh);
     }
     r
 }
 
-/// `cuLibraryGetModule`: a lookup ([`first_use`]) whose module lives in the current context: its device is
-/// recorded, so that lookups in it from another device are admitted there.
+/// `cuLibraryGetModule`: a lookup ([`first_use`]) whose module lives in the current context: its device and
+/// image are recorded, so that lookups in it from another device are admitted there.
 ///
 /// # Safety
 /// `module` as the driver's contract says (written on success).
@@ -277,12 +321,14 @@ pub(crate) unsafe fn library_get_module(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     module: *mut CUmodule,
+    library: CUlibrary,
 ) -> CUresult {
     // SAFETY: the caller's contract.
-    let r = unsafe { first_use(s, call, module.cast::<usize>(), None) };
+    let r = unsafe { first_use(s, call, module.cast::<usize>(), Owner::Library(library)) };
     if let (true, Some(dev)) = (r.ok() && !module.is_null(), s.devices.current(&s.cuda)) {
         // SAFETY: written by the driver on success.
-        s.mem.module_on(unsafe { *module } as usize, dev);
+        s.mem
+            .module_on(unsafe { *module } as usize, dev, library as usize);
     }
     r
 }
@@ -295,7 +341,7 @@ pub(crate) fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function:
     let _ = unsafe { s.cuda.cuFuncGetModule(&mut module, function) };
     let mut f = function as usize;
     // SAFETY: `f` is a local the hook only reads.
-    unsafe { first_use(s, call, &mut f, Some(module)) }
+    unsafe { first_use(s, call, &mut f, Owner::Module(module)) }
 }
 
 /// The context current on this thread (0 when none): a function's first launch is per context.
@@ -362,6 +408,43 @@ pub(crate) fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Resul
     first_launch_slow(s, how, f, ctx, stream)
 }
 
+/// [`first_launch`] into `slot` (the launch path's form: a launch seen before stores its answer and goes on,
+/// with no refusal to check). False: refused.
+#[inline(always)]
+pub(crate) fn first_launch_to<'a>(
+    s: &'a Shim,
+    how: Use,
+    f: usize,
+    stream: usize,
+    slot: &mut Option<Launch<'a>>,
+) -> bool {
+    let ctx = launch_ctx(s, stream);
+    if let Some(since) = s.mem.seen(how, f, ctx) {
+        *slot = Some(Launch::Seen(since));
+        return true;
+    }
+    first_launch_slow_to(s, how, f, ctx, stream, slot)
+}
+
+#[cold]
+#[inline(never)]
+fn first_launch_slow_to<'a>(
+    s: &'a Shim,
+    how: Use,
+    f: usize,
+    ctx: usize,
+    stream: usize,
+    slot: &mut Option<Launch<'a>>,
+) -> bool {
+    match first_launch_slow(s, how, f, ctx, stream) {
+        Ok(l) => {
+            *slot = Some(l);
+            true
+        }
+        Err(_) => false,
+    }
+}
+
 /// Whether `a` and `b` are both first launches on one device (with a cap).
 pub(crate) fn same_device(a: &Launch<'_>, b: &Launch<'_>) -> bool {
     let dev = |l: &Launch<'_>| match l {
@@ -390,7 +473,7 @@ fn forgotten_meanwhile(s: &Shim, stream: usize, r: CUresult) {
     let current = || s.devices.current(&s.cuda);
     let dev = in_context(&s.cuda, ctx, current).unwrap_or_else(current);
     if let Some(c) = dev.and_then(|d| s.mem.first_use_watch(d)) {
-        s.mem.first_use_done(&s.nvml, c, r, true);
+        s.mem.first_use_done(&s.cuda, &s.nvml, c, r, true);
     }
 }
 
@@ -405,10 +488,10 @@ fn first_launch_slow(s: &Shim, how: Use, f: usize, ctx: usize, stream: usize) ->
     // Device, stack size and kernel attributes are the stream's context's. One that cannot be made current
     // (destroyed: the launch fails too) is asked in the current context.
     let call = if ctx == current_ctx(s) {
-        first_launch_begin(s, how, f)
+        first_launch_begin(s, how, f, ctx)
     } else {
-        in_context(&s.cuda, ctx as CUcontext, || first_launch_begin(s, how, f))
-            .unwrap_or_else(|| first_launch_begin(s, how, f))
+        in_context(&s.cuda, ctx as CUcontext, || first_launch_begin(s, how, f, ctx))
+            .unwrap_or_else(|| first_launch_begin(s, how, f, ctx))
     }?;
     Ok(Launch::First(Box::new(FirstLaunch {
         call,
@@ -420,18 +503,37 @@ fn first_launch_slow(s: &Shim, how: Use, f: usize, ctx: usize, stream: usize) ->
     })))
 }
 
-fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCall<'_>>, OverCap> {
-    let f = f as CUfunction;
+/// The admission of `f`'s first launch in context `ctx`, which must be current: [`Use::Launch`] loads `f`'s code
+/// first ([`loaded`]) and reserves its stack growth (one call per kernel, for any path that launches kernels: a
+/// graph's kernel nodes too); [`Use::Graph`] reserves nothing. End it with `Memory::first_use_done` once the
+/// launch returned. Never holds a lock across the launch.
+pub(crate) fn first_launch_begin(
+    s: &Shim,
+    how: Use,
+    f: usize,
+    ctx: usize,
+) -> Result<Option<FirstUseCall<'_>>, OverCap> {
     let Some(dev) = s.devices.current(&s.cuda) else {
         return Ok(None);
     };
     if s.mem.limit(dev).is_none() {
         return Ok(None);
     }
+    // Never the gate: a launch may wait on the program (a full stream), and nothing else may wait behind it.
+    let mut what = FirstUseOf {
+        ctx,
+        ..FirstUseOf::default()
+    };
     if how == Use::Graph {
-        let growth = super::graph_memory::stack_growth(s, dev, f as usize);
-        return s.mem.first_use_begin(dev, growth);
+        what.stack = super::graph_memory::stack_growth(s, dev, f);
+        return s.mem.first_use_begin(&s.cuda, dev, what);
     }
+    let f = f as CUfunction;
+    // Its code is loaded before the launch (below): the launch itself may only grow the stack.
+    what.image = Some(Image {
+        key: 0,
+        bytes: Some(0),
+    });
     let mut local: c_int = 0;
     // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
     let known = unsafe {
@@ -444,13 +546,46 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCal
     };
     let mut stack: usize = 0;
     // SAFETY: valid out-pointer.
-    let growth =
-        if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-            stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64))
-        } else {
-            0
-        };
-    s.mem.first_use_begin(dev, growth)
+    if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+        what.stack = stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64));
+    }
+    // The stack first: a launch refused for it loads nothing.
+    let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
+    if !loaded(s, f) {
+        if let Some(c) = call {
+            s.mem
+                .first_use_done(&s.cuda, &s.nvml, c, CUresult::ERROR_OUT_OF_MEMORY, false);
+        }
+        return Err(OverCap);
+    }
+    Ok(call)
+}
+
+/// Before a first launch of `f` in the current context: its code is loaded first, as the program's own call
+/// would load it (a lookup: admitted from its image, measured; it never waits on the program), so the launch
+/// itself takes no code. A function (a lazily loaded one may still be unloaded): `cuFuncLoad`; a `CUkernel`
+/// (static cudart 12+ launches those; its library loads into the context): `cuKernelGetFunction`. False:
+/// refused (over the cap). A handle that is neither, or a driver without `cuFuncLoad`, fails in the driver.
+pub(crate) fn loaded(s: &Shim, f: CUfunction) -> bool {
+    let mut module: CUmodule = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; `f` is the program's handle for this launch, which the driver checks.
+    let r = if unsafe { s.cuda.cuFuncGetModule(&mut module, f) }.ok() {
+        // SAFETY: the program's handle; the driver checks it.
+        function_load(s, || unsafe { s.cuda.cuFuncLoad(f) }, f)
+    } else {
+        let mut g: CUfunction = std::ptr::null_mut();
+        let gp: *mut CUfunction = &mut g;
+        // SAFETY: `gp` is a local out-pointer; `f` is the program's handle for this launch.
+        unsafe {
+            first_use(
+                s,
+                || s.cuda.cuKernelGetFunction(gp, f as CUkernel),
+                gp.cast::<usize>(),
+                Owner::Kernel(f as CUkernel),
+            )
+        }
+    };
+    r != CUresult::ERROR_OUT_OF_MEMORY
 }
 
 /// The first launch [`first_launch`] let through returned `r`.
@@ -458,10 +593,36 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCal
 #[inline(never)]
 fn first_launch_done(s: &Shim, c: FirstLaunch<'_>, r: CUresult) {
     if let Some(call) = c.call {
-        s.mem.first_use_done(&s.nvml, call, r, true);
+        s.mem.first_use_done(&s.cuda, &s.nvml, call, r, true);
     }
     if r.ok() && !c.capturing {
         s.mem.first_seen(c.how, c.f, c.ctx, c.since);
+    }
+}
+
+/// The image a load hands the driver, read for its footprint (`memory::image`) once the driver accepted it.
+#[derive(Clone, Copy)]
+pub(crate) enum ImageAt {
+    /// In memory (`cuModuleLoadData`, `…Ex`, `cuModuleLoadFatBinary`, `cuLibraryLoadData`).
+    Memory(*const std::ffi::c_void),
+    /// A file (`cuModuleLoad`, `cuLibraryLoadFromFile`).
+    File(*const std::ffi::c_char),
+}
+
+impl ImageAt {
+    /// # Safety
+    /// The image is one the driver just loaded (complete in memory, or a NUL-terminated path).
+    unsafe fn footprint(self) -> Option<u64> {
+        match self {
+            // SAFETY: the caller's contract.
+            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast()) },
+            ImageAt::File(p) if !p.is_null() => {
+                // SAFETY: as above.
+                let path = unsafe { std::ffi::CStr::from_ptr(p) }.to_str().ok()?;
+                crate::memory::image::footprint(&std::fs::read(path).ok()?)
+            }
+            ImageAt::File(_) => None,
+        }
     }
 }
 
@@ -473,6 +634,7 @@ pub(crate) unsafe fn module_load(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     module: *mut CUmodule,
+    image: ImageAt,
 ) -> CUresult {
     let res = match s.devices.current(&s.cuda) {
         Some(d) => match s.mem.reserve_creation(d, Creation::Module) {
@@ -489,6 +651,9 @@ pub(crate) unsafe fn module_load(
     }
     // SAFETY: written by the driver on success.
     let m = unsafe { *module };
+    // SAFETY: the driver accepted the image (the caller's contract).
+    s.mem
+        .image_loaded(m as usize, false, unsafe { image.footprint() });
     if s.mem.module_loaded(&s.cuda, &s.nvml, m as usize).is_err() {
         // SAFETY: unloading the module we just loaded.
         module_unload(s, || unsafe { s.cuda.cuModuleUnload(m) }, m);
@@ -515,26 +680,29 @@ pub(crate) unsafe fn library_load(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     library: *mut CUlibrary,
+    image: ImageAt,
 ) -> CUresult {
     let r = call();
     if !r.ok() || library.is_null() {
         return r;
     }
+    // SAFETY: written by the driver on success.
+    let l = unsafe { *library };
+    // SAFETY: the driver accepted the image (the caller's contract).
+    s.mem.image_loaded(l as usize, true, unsafe { image.footprint() });
     if s.mem.library_loaded(&s.nvml).is_err() {
-        // SAFETY: written by the driver on success; unloading what we just loaded.
-        let l = unsafe { *library };
-        // SAFETY: as above.
-        library_unload(s, || unsafe { s.cuda.cuLibraryUnload(l) });
+        // SAFETY: unloading what we just loaded.
+        library_unload(s, || unsafe { s.cuda.cuLibraryUnload(l) }, l);
         return CUresult::ERROR_OUT_OF_MEMORY;
     }
     r
 }
 
 /// `cuLibraryUnload`.
-pub(crate) fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult) -> CUresult {
+pub(crate) fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult, library: CUlibrary) -> CUresult {
     let r = call();
     if r.ok() {
-        s.mem.library_unloaded(&s.nvml);
+        s.mem.library_unloaded(&s.nvml, library as usize);
     }
     r
 }

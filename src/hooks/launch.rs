@@ -91,12 +91,10 @@ fn first_use<'a>(
     first: &mut Option<super::context::Launch<'a>>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    match super::context::first_launch(s, how, f, stream) {
-        Ok(l) => {
-            *first = Some(l);
-            call()
-        }
-        Err(_) => CUresult::ERROR_OUT_OF_MEMORY,
+    if super::context::first_launch_to(s, how, f, stream, first) {
+        call()
+    } else {
+        CUresult::ERROR_OUT_OF_MEMORY
     }
 }
 

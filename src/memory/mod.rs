@@ -14,6 +14,7 @@
 pub(crate) mod charge;
 pub(crate) mod credit;
 pub(crate) mod host_pid;
+pub(crate) mod image;
 pub(crate) mod interprocess;
 pub(crate) mod ledger;
 pub(crate) mod overhead;

@@ -48,6 +48,25 @@ pub(crate) struct Holdings {
     learned_module: [AtomicU64; MAX_ORDINALS],
     /// Per ordinal: a context we never saw created was measured ([`Memory::adopt_unseen_context`]).
     unseen_measured: [AtomicBool; MAX_ORDINALS],
+    /// Module or library handle → what its image takes at first uses ([`Image`]).
+    pub(super) images: Lock<HashMap<usize, Image>>,
+    /// What first uses took (or were estimated to take) per (image key or [`STACK`], context): charged once
+    /// each, part of the estimate without NVML (`lazy_sum`), dropped with the module or context.
+    lazy: Lock<HashMap<(usize, usize), (CUdevice, u64)>>,
+    lazy_sum: [AtomicU64; MAX_ORDINALS],
+}
+
+/// The key under which a context's stack growth is kept in [`Holdings`]' first-use charges.
+pub(crate) const STACK: usize = usize::MAX;
+
+/// A loaded module's or library's image: what its first uses in a context may take.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Image {
+    /// The module or library whose memory it is (a library's modules share its key).
+    pub key: usize,
+    /// Its footprint in one context (`memory::image`, plus a module's own cost for a library: loaded into each
+    /// context at its first use there); `None`: unknown.
+    pub bytes: Option<u64>,
 }
 
 /// What is being created: decides the estimate reserved for it.
@@ -81,6 +100,9 @@ impl Default for Holdings {
             learned_ctx: std::array::from_fn(|_| AtomicU64::new(0)),
             learned_module: std::array::from_fn(|_| AtomicU64::new(0)),
             unseen_measured: std::array::from_fn(|_| AtomicBool::new(false)),
+            images: Lock::new(HashMap::new()),
+            lazy: Lock::new(HashMap::new()),
+            lazy_sum: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -106,7 +128,54 @@ impl Holdings {
         if ctxs == 0 {
             return 0;
         }
-        ctxs * CTX_ESTIMATE + self.modules.load(Ordering::Relaxed).max(0) as u64 * MODULE_ESTIMATE
+        ctxs * CTX_ESTIMATE
+            + self.modules.load(Ordering::Relaxed).max(0) as u64 * MODULE_ESTIMATE
+            + self
+                .lazy_sum
+                .get(ordinal as usize)
+                .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// A first use of `key` in `ctx` on `ordinal` took `bytes`: charged once per (key, context), or added up
+    /// (`accumulate`: a context's stack growths, measured first uses). Returns what was added.
+    pub(super) fn charge_lazy(
+        &self,
+        key: usize,
+        ctx: usize,
+        ordinal: CUdevice,
+        bytes: u64,
+        accumulate: bool,
+    ) -> u64 {
+        let mut lazy = self.lazy.lock();
+        let e = lazy.entry((key, ctx)).or_insert((ordinal, 0));
+        let add = if accumulate || e.1 == 0 { bytes } else { 0 };
+        e.1 = e.1.saturating_add(add);
+        if let Some(c) = self.lazy_sum.get(ordinal as usize) {
+            c.fetch_add(add, Ordering::Relaxed);
+        }
+        add
+    }
+
+    /// Drops the first-use charges `gone` selects (a module, library or context went away).
+    fn drop_lazy(&self, gone: impl Fn(usize, usize) -> bool) {
+        self.lazy.lock().retain(|&(k, c), &mut (o, b)| {
+            if gone(k, c) {
+                if let Some(s) = self.lazy_sum.get(o as usize) {
+                    let _ = s.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                        Some(v.saturating_sub(b))
+                    });
+                }
+                return false;
+            }
+            true
+        });
+    }
+
+    /// A module or library went away: its image and its first-use charges.
+    pub(super) fn image_gone(&self, handle: usize) {
+        let key = self.images.lock().remove(&handle).map_or(handle, |i| i.key);
+        self.images.lock().retain(|_, i| i.key != key);
+        self.drop_lazy(|k, _| k == key);
     }
 
     /// Forgets the parent's contexts and modules in a forked child.
@@ -116,12 +185,20 @@ impl Holdings {
             c.store(0, Ordering::Relaxed);
         }
         self.modules.store(0, Ordering::Relaxed);
+        self.drop_lazy(|_, _| true);
         for m in self.unseen_measured.iter() {
             m.store(false, Ordering::Relaxed);
         }
         for c in self.inflight.iter() {
             c.store(0, Ordering::Relaxed);
         }
+    }
+
+    /// A reservation of `bytes` on `dev` is no longer in flight.
+    pub(super) fn settle_inflight(&self, dev: Dev, bytes: u64) {
+        let _ = self.inflight[dev.id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+            Some(v.saturating_sub(bytes))
+        });
     }
 
     pub(super) fn inflight(&self, dev: Dev) -> u64 {
@@ -338,6 +415,7 @@ impl Memory {
         if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
             c.fetch_sub(1, Ordering::Relaxed);
         }
+        self.holdings.drop_lazy(|_, c| c == ctx);
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
@@ -455,6 +533,20 @@ impl Memory {
         r: CUresult,
         undo: Option<impl FnOnce() -> CUresult>,
     ) -> CUresult {
+        let used = self.nvml_used(nvml, dev);
+        self.grown_to(nvml, dev, growth, r, undo, used)
+    }
+
+    /// [`Memory::grown`] with NVML's figure for this process on `dev` already taken (`None`: none).
+    pub(super) fn grown_to(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        growth: u64,
+        r: CUresult,
+        undo: Option<impl FnOnce() -> CUresult>,
+        used: Option<u64>,
+    ) -> CUresult {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let g = self.overhead_lock.lock();
         if growth > 0 {
@@ -464,7 +556,7 @@ impl Memory {
                 |v| Some(v.saturating_sub(growth)),
             );
         }
-        match self.nvml_used(nvml, dev) {
+        match used {
             Some(used) => {
                 let target = used.saturating_sub(self.allocated(dev).saturating_add(lingering))
                     + self.holdings.inflight(dev);
@@ -518,14 +610,35 @@ impl Memory {
         self.devices.device(cuda, ordinal)
     }
 
-    /// Module `module` (a library's, which no load hook saw) lives on `dev`.
-    pub(crate) fn module_on(&self, module: usize, dev: Dev) {
+    /// Module `module` (a library's, which no load hook saw) lives on `dev`; `library`: the library it is of.
+    pub(crate) fn module_on(&self, module: usize, dev: Dev, library: usize) {
         self.holdings.owners.lock().insert(module, dev.ordinal);
+        let img = self.holdings.images.lock().get(&library).copied();
+        if let Some(i) = img {
+            self.holdings.images.lock().insert(module, i);
+        }
+    }
+
+    /// A module (`library` false) or library was loaded from an image whose footprint is `bytes`
+    /// (`memory::image`; `None`: unknown). A library is loaded into each context at its first use there: its
+    /// module's own cost is part of what that first use takes.
+    pub(crate) fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
+        let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
+        self.holdings
+            .images
+            .lock()
+            .insert(handle, Image { key: handle, bytes });
+    }
+
+    /// The image of module or library `handle`, when this process saw it loaded.
+    pub(crate) fn image_of(&self, handle: usize) -> Option<Image> {
+        self.holdings.images.lock().get(&handle).copied()
     }
 
     /// Module `module` was unloaded.
     pub(crate) fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
         decrement(&self.holdings.modules);
+        self.holdings.image_gone(module);
         self.first_use.forget_all();
         let owner = self.holdings.owners.lock().remove(&module);
         if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
@@ -543,8 +656,9 @@ impl Memory {
     }
 
     /// A library was unloaded.
-    pub(crate) fn library_unloaded(&self, nvml: &Nvml) {
+    pub(crate) fn library_unloaded(&self, nvml: &Nvml, library: usize) {
         decrement(&self.holdings.modules);
+        self.holdings.image_gone(library);
         self.first_use.forget_all();
         let _ = self.measure_all(nvml, false);
     }

@@ -8,17 +8,20 @@
 //! - **First use** (lazy loading: a module's or library's code and globals, taken by the driver at
 //!   `cuModuleGetFunction`, `cuModuleGetGlobal`, `cuLibraryGetModule`, `cuLibraryGetGlobal`,
 //!   `cuKernelGetFunction` or the first launch of a kernel, and the stack the driver grows at a launch of a
-//!   kernel with large local memory): refused up front while the container is over its cap, measured right
-//!   after the call. Only the first time a handle is seen (`FirstUse`), and only while a memory limit applies.
+//!   kernel with large local memory): refused up front while the container is over its cap; what it may take
+//!   (the stack growth, its image's footprint: `memory::image`) reserved against the cap before the call, and
+//!   settled by NVML's figure after it — or, without one, kept (the footprint once per image and context, an
+//!   unknown image's drop in the driver's free memory). Only while a memory limit applies.
 //!
 //! Staleness bound: an unmodelled path's bytes `U` are charged at the latest by the next admission near the
 //! cap (or the next `cuMemGetInfo` near the cap): while the container stays out of the margin, it holds at
 //! most `cap − margin + U`, so the cap is exceeded by at most `max(0, U − margin)`; lazy loads and launch-time
 //! stack growth are charged before the call that took them returns.
 
-use super::overhead::Figure;
+use super::overhead::{Figure, Image, STACK};
 use super::{Memory, OverCap};
 use crate::devices::Dev;
+use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::CUresult;
 use crate::locks::{Lock, Side};
@@ -106,9 +109,9 @@ pub(crate) struct FirstUse {
     gate: Lock<()>,
 }
 
-/// One first use at a time in this process: a first use's size is unknown until it is measured, so one admitted
-/// while another is in flight could pass the cap by both. Reentrant on one thread (a multi-device launch begins
-/// one per entry); not `Send` (the depth is the thread's).
+/// One lookup of an image of unknown footprint at a time in this process: its size is unknown until it is
+/// measured, so one admitted while another is in flight could pass the cap by both. Never held across a launch
+/// (a launch may wait on the program). Reentrant on one thread; not `Send` (the depth is the thread's).
 pub(crate) struct Gate<'a> {
     first_use: &'a FirstUse,
     _thread: PhantomData<*const ()>,
@@ -384,9 +387,22 @@ impl Memory {
     pub(super) fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64) -> Result<(), OverCap> {
         // Near the cap the charge is exact: no credit taken from without the driver's figure.
         self.give_back_credit(dev);
+        let figure = self.nvml_figure(nvml, dev);
+        self.reconcile_to(nvml, dev, cap, pending, figure)
+    }
+
+    /// [`Memory::reconcile`] with NVML's figure for this process already taken.
+    fn reconcile_to(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        cap: u64,
+        pending: u64,
+        figure: Figure,
+    ) -> Result<(), OverCap> {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let _g = self.overhead_lock.lock();
-        let used = match self.nvml_figure(nvml, dev) {
+        let used = match figure {
             Figure::Used(u) => u,
             Figure::NoNvml => return Ok(()),
             Figure::NotListed => return self.not_listed(dev),
@@ -469,15 +485,25 @@ impl Memory {
         Err(OverCap)
     }
 
-    /// Before a call that may make the driver take memory at first use (lazy loading, launch-time stack
-    /// growth) on `dev`, `growth` bytes of it known in advance: `Err` (refuse it with
-    /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the growth does
-    /// not fit. `Ok(Some(_))`: pass it to [`Memory::first_use_done`] once the call returned; `Ok(None)`: no cap.
-    pub(crate) fn first_use_begin(&self, dev: Dev, growth: u64) -> Result<Option<FirstUseCall<'_>>, OverCap> {
+    /// Before a call that may make the driver take memory at first use on `dev` (lazy loading, launch-time
+    /// stack growth): what it will take is reserved against the cap first, `Err` (refuse it with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the
+    /// reservation does not fit: `what.stack` bytes of stack growth and the whole footprint of the image it
+    /// loads from (`what.image`; any single first use takes at most that). An image of unknown footprint
+    /// reserves nothing: a lookup of one holds the gate across its call (one such load at a time, measured
+    /// after), a launch never does (it may block on the program). `Ok(Some(_))`: pass it to
+    /// [`Memory::first_use_done`] once the call returned; `Ok(None)`: no cap.
+    pub(crate) fn first_use_begin(
+        &self,
+        cuda: &CudaTable,
+        dev: Dev,
+        what: FirstUseOf,
+    ) -> Result<Option<FirstUseCall<'_>>, OverCap> {
         let Some(cap) = self.limit(dev) else {
             return Ok(None);
         };
-        let gate = self.first_use.enter();
+        let known = what.image.and_then(|i| i.bytes);
+        let gate = (known.is_none() && what.lookup).then(|| self.first_use.enter());
         if self.container_used(dev) > cap && self.over_cap_without_credit(dev, cap) {
             log!(
                 Level::Debug,
@@ -487,44 +513,158 @@ impl Memory {
             self.usage().count_refusal(dev.id);
             return Err(OverCap);
         }
-        self.growing(dev, growth)?;
+        let reserved = what.stack.saturating_add(known.unwrap_or(0));
+        if self.growing(dev, reserved).is_err() {
+            log!(
+                Level::Debug,
+                "device {}: a first use that may take {reserved} bytes does not fit under the cap: refused",
+                dev.ordinal
+            );
+            self.usage().count_refusal(dev.id);
+            return Err(OverCap);
+        }
         Ok(Some(FirstUseCall {
             dev,
-            growth,
+            what,
+            reserved,
+            // The driver's free memory is the current context's device's: a delta only where that is `dev`.
+            free_before: gate
+                .as_ref()
+                .filter(|_| self.devices.current(cuda) == Some(dev))
+                .and_then(|_| free_on(cuda)),
             _gate: gate,
         }))
     }
 
     /// A call that has taken memory at first use on `dev` unadmitted (a launch during which the seen set forgot
-    /// its context's code): measured ([`Memory::first_use_done`]) under the gate. `None`: no cap on `dev`.
+    /// its context's code): measured ([`Memory::first_use_done`]). `None`: no cap on `dev`.
     pub(crate) fn first_use_watch(&self, dev: Dev) -> Option<FirstUseCall<'_>> {
         self.limit(dev)?;
         Some(FirstUseCall {
             dev,
-            growth: 0,
-            _gate: self.first_use.enter(),
+            what: FirstUseOf::default(),
+            reserved: 0,
+            free_before: None,
+            _gate: None,
         })
     }
 
-    /// The call [`Memory::first_use_begin`] let through returned `r`: measured with NVML when `measure` (the
-    /// handle it used or gave was new) or when it was admitted growth.
-    pub(crate) fn first_use_done(&self, nvml: &Nvml, c: FirstUseCall<'_>, r: CUresult, measure: bool) {
-        if c.growth > 0 {
-            let _ = self.grown(nvml, c.dev, c.growth, r, None::<fn() -> CUresult>);
-        } else if measure {
-            if let Some(cap) = self.limit(c.dev) {
-                let _ = self.reconcile(nvml, c.dev, cap, 0);
+    /// The call [`Memory::first_use_begin`] let through returned `r`; `fresh`: the handle it used or gave was
+    /// new. With NVML's figure the charge is settled to it (the reservation was an estimate). Without one (no
+    /// NVML, an error, this process unlisted) the reservation stays charged once per image and context (a
+    /// later first use of that image there gives its reservation back), the stack growth always; a first use
+    /// of an unknown image is charged what the driver's free memory fell by across the call.
+    pub(crate) fn first_use_done(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        c: FirstUseCall<'_>,
+        r: CUresult,
+        fresh: bool,
+    ) {
+        let FirstUseCall {
+            dev,
+            what,
+            reserved,
+            free_before,
+            _gate,
+        } = c;
+        let ordinal = dev.ordinal;
+        let (key, bytes) = what.image.map_or((0, None), |i| (i.key, i.bytes));
+        if !(fresh || reserved > 0) {
+            return;
+        }
+        self.give_back_credit(dev);
+        let figure = self.nvml_figure(nvml, dev);
+        let took = match (bytes, free_before) {
+            (Some(b), _) => b,
+            (None, Some(before)) => before.saturating_sub(free_on(cuda).unwrap_or(before)),
+            (None, None) => {
+                if !measured_now(&figure) && r.ok() {
+                    log!(
+                        Level::Warn,
+                        "device {}: a first use of an image of unknown size could not be measured (no NVML figure, \
+                         another device current): not charged",
+                        dev.ordinal
+                    );
+                }
+                0
+            }
+        };
+        // Kept for the estimate without NVML, whatever NVML says now (it may fail later).
+        let (mut kept, measured) = (0, measured_now(&figure));
+        if r.ok() {
+            kept += self
+                .holdings
+                .charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
+            // An image's footprint once per context; what an unknown one was measured to take, every time.
+            kept += self
+                .holdings
+                .charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
+        }
+        if reserved > 0 && measured {
+            let used = match figure {
+                Figure::Used(u) => Some(u),
+                _ => None,
+            };
+            let _ = self.grown_to(nvml, dev, reserved, r, None::<fn() -> CUresult>, used);
+        } else if measured {
+            if let Some(cap) = self.limit(dev) {
+                let _ = self.reconcile_to(nvml, dev, cap, 0, figure);
+            }
+        } else {
+            // No figure: the reservation goes, what is kept stays (never admitted: the next admission is).
+            let _g = self.overhead_lock.lock();
+            self.holdings.settle_inflight(dev, reserved);
+            let now = self.overhead(dev).saturating_sub(reserved).saturating_add(kept);
+            let _ = self.set_overhead_locked(dev, now, false);
+            if kept > 0 {
+                log!(
+                    Level::Debug,
+                    "device {}: a first use charged {kept} bytes without an NVML figure",
+                    dev.ordinal
+                );
             }
         }
     }
 }
 
-/// A first-use call let through by [`Memory::first_use_begin`]: holds the gate until it is done.
+/// What a first use may take, for [`Memory::first_use_begin`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FirstUseOf {
+    /// Launch-time stack growth.
+    pub stack: u64,
+    /// The image it may load code and globals from (`None`: unknown; a launch of a loaded function: key 0,
+    /// footprint 0).
+    pub image: Option<Image>,
+    /// The context it loads into (a module's own: 0).
+    pub ctx: usize,
+    /// A lookup (may hold the gate: it never waits on the program), not a launch.
+    pub lookup: bool,
+}
+
+fn measured_now(f: &Figure) -> bool {
+    matches!(f, Figure::Used(_))
+}
+
+/// The device's free memory as the driver says (the current context's device).
+fn free_on(cuda: &CudaTable) -> Option<u64> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    unsafe { cuda.cuMemGetInfo_v2(&mut free, &mut total) }
+        .ok()
+        .then_some(free as u64)
+}
+
+/// A first-use call let through by [`Memory::first_use_begin`]: holds its reservation (and for a lookup of an
+/// unknown image the gate) until it is done.
 #[must_use = "end it with first_use_done"]
 pub(crate) struct FirstUseCall<'a> {
     dev: Dev,
-    growth: u64,
-    _gate: Gate<'a>,
+    what: FirstUseOf,
+    reserved: u64,
+    free_before: Option<u64>,
+    _gate: Option<Gate<'a>>,
 }
 
 impl FirstUseCall<'_> {

@@ -4,6 +4,10 @@
 //! (at most 1024: a full queue makes the launching thread sleep until the oldest completes, like a real
 //! driver's pushbuffer). The NULL / legacy stream of a context also orders with every blocking stream of
 //! that context. Events capture their stream's tail; querying compares with now, synchronising sleeps.
+//! A stream-ordered wait for a value in memory (cuStreamWaitValue32/64) holds back everything queued after it
+//! until the value is there (written by the host, another stream's cuStreamWriteValue*, anything): the kernels
+//! behind it wait unscheduled, still counting towards the full queue, so a launch onto such a stream blocks
+//! until another thread writes the value, as on a real GPU.
 
 use std::collections::VecDeque;
 
@@ -35,6 +39,121 @@ pub(crate) struct Stream {
     pub capture: Option<Capture>,
     /// Whether this is the context's NULL stream.
     pub is_null: bool,
+    /// Work held back by a wait for a value, in order (empty: nothing waits).
+    pub held: VecDeque<Held>,
+}
+
+/// Work a stream holds back behind a [`Held::Wait`].
+pub(crate) enum Held {
+    /// cuStreamWaitValue32/64: `addr` compared with `value` (`CU_STREAM_WAIT_VALUE_*` in `flags`).
+    Wait {
+        addr: u64,
+        value: u64,
+        flags: u32,
+        wide: bool,
+    },
+    /// Kernels of these durations on device `phys`.
+    Kernels { phys: usize, durations: Vec<u64> },
+}
+
+/// Whether the wait's condition holds now.
+fn satisfied(addr: u64, value: u64, flags: u32, wide: bool) -> bool {
+    // SAFETY: simulated device memory is host memory; the address was checked to lie in an allocation when the
+    // wait was queued (and a program frees memory a stream waits on only at its peril, as on a GPU).
+    let v = unsafe {
+        if wide {
+            std::ptr::read_volatile(addr as *const u64)
+        } else {
+            std::ptr::read_volatile(addr as *const u32) as u64
+        }
+    };
+    let mask = if wide { u64::MAX } else { u32::MAX as u64 };
+    match flags & 0x3 {
+        0 if wide => v >= value,
+        0 => (v as u32).wrapping_sub(value as u32) as i32 >= 0, // GEQ: cyclic, as the driver compares
+        1 => v == value & mask,
+        2 => v & value & mask != 0,
+        _ => !(v | value) & mask != 0,
+    }
+}
+
+/// Lets go of what a stream held back whose wait is satisfied now. Returns whether anything is still held.
+pub(crate) fn settle(o: &mut Objects, sim: &Sim, s: u64) -> CuResult<bool> {
+    loop {
+        let Some(st) = o.streams.get_mut(&s) else {
+            return Ok(false);
+        };
+        match st.held.front() {
+            None => return Ok(false),
+            Some(&Held::Wait {
+                addr,
+                value,
+                flags,
+                wide,
+            }) => {
+                if !satisfied(addr, value, flags, wide) {
+                    return Ok(true);
+                }
+                st.held.pop_front();
+                st.tail = st.tail.max(now_ns());
+            }
+            Some(Held::Kernels { .. }) => {
+                let Some(Held::Kernels { phys, durations }) = st.held.pop_front() else {
+                    unreachable!()
+                };
+                schedule(o, sim, s, phys, &durations)?;
+            }
+        }
+    }
+}
+
+/// Whether stream `s` holds work back behind an unsatisfied wait (after letting go of what it can).
+pub(crate) fn blocked(o: &mut Objects, sim: &Sim, s: u64) -> bool {
+    settle(o, sim, s).unwrap_or(false)
+}
+
+/// Whether some stream of context `ctx` holds work back.
+pub(crate) fn ctx_blocked(o: &mut Objects, sim: &Sim, ctx: u64) -> bool {
+    let mine: Vec<u64> = o
+        .streams
+        .iter()
+        .filter(|(_, x)| x.ctx == ctx)
+        .map(|(&h, _)| h)
+        .collect();
+    mine.into_iter().fold(false, |b, s| blocked(o, sim, s) | b)
+}
+
+/// Whether a 4- (or 8-, `wide`) byte word at `addr` lies aligned inside a live allocation.
+pub(crate) fn word(o: &Objects, addr: u64, wide: bool) -> bool {
+    let size = if wide { 8 } else { 4 };
+    addr.is_multiple_of(size)
+        && o.mem
+            .allocs
+            .range(..=addr)
+            .next_back()
+            .is_some_and(|(&base, a)| addr + size <= base + a.size)
+}
+
+/// cuStreamWaitValue32/64: work queued on `s` after this waits until the value at `addr` satisfies `flags`.
+pub(crate) fn wait_value(
+    o: &mut Objects,
+    s: u64,
+    addr: u64,
+    value: u64,
+    flags: u32,
+    wide: bool,
+) -> CuResult<()> {
+    if !word(o, addr, wide) || flags & !0x3 & !(1 << 30) != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    st.held.push_back(Held::Wait {
+        addr,
+        value,
+        flags,
+        wide,
+    });
+    Ok(())
 }
 
 /// One event.
@@ -62,6 +181,7 @@ pub(crate) fn create(o: &mut Objects, ctx: u64, flags: u32, priority: i32) -> u6
             pending: VecDeque::new(),
             capture: None,
             is_null,
+            held: VecDeque::new(),
         },
     );
     h
@@ -147,15 +267,43 @@ pub(crate) fn enqueue(
     durations: &[u64],
 ) -> CuResult<Option<u64>> {
     let now = now_ns();
+    let held = settle(o, sim, s)?;
     {
         let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         while st.pending.front().is_some_and(|&e| e <= now) {
             st.pending.pop_front();
         }
-        if st.pending.len() + durations.len().min(MAX_PENDING) > MAX_PENDING {
-            return Ok(st.pending.front().copied());
+        let behind: usize = st
+            .held
+            .iter()
+            .map(|h| match h {
+                Held::Kernels { durations, .. } => durations.len(),
+                Held::Wait { .. } => 0,
+            })
+            .sum();
+        if st.pending.len() + behind + durations.len().min(MAX_PENDING) > MAX_PENDING {
+            // Behind a wait: look again soon (the value may be written any time).
+            return Ok(Some(if held {
+                now + 1_000_000
+            } else {
+                st.pending.front().copied().unwrap_or(now)
+            }));
+        }
+        if held {
+            st.held.push_back(Held::Kernels {
+                phys,
+                durations: durations.to_vec(),
+            });
+            return Ok(None);
         }
     }
+    schedule(o, sim, s, phys, durations)?;
+    Ok(None)
+}
+
+/// Puts kernels of the given durations on stream `s`'s timeline (device `phys`).
+fn schedule(o: &mut Objects, sim: &Sim, s: u64, phys: usize, durations: &[u64]) -> CuResult<()> {
+    let now = now_ns();
     let slot = sim.slot()?;
     let mut earliest = earliest(o, s).max(now);
     let mut last = o.last_interval.get(&phys).copied();
@@ -173,7 +321,7 @@ pub(crate) fn enqueue(
         st.tail = st.tail.max(end);
         st.pending.push_back(end);
     }
-    Ok(None)
+    Ok(())
 }
 
 /// cuStreamWaitEvent: later work on `s` starts after the event's work.

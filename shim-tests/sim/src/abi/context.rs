@@ -49,11 +49,17 @@ fn destroy(ctx: Handle) -> CuResult<()> {
 /// Waits until all work of context `c` (0 = current) is done, then lets pools release memory.
 pub(crate) fn synchronize(c: u64) -> CuResult<()> {
     let sim = cuda()?;
-    let t = with(|o| -> CuResult<u64> {
-        let c = context::resolve(o, sim, c)?;
-        Ok(crate::stream::ctx_done_time(o, c))
-    })?;
-    crate::timeline::sleep_until(t);
+    loop {
+        let t = with(|o| -> CuResult<Option<u64>> {
+            let c = context::resolve(o, sim, c)?;
+            Ok((!crate::stream::ctx_blocked(o, sim, c)).then(|| crate::stream::ctx_done_time(o, c)))
+        })?;
+        match t {
+            Some(t) => break crate::timeline::sleep_until(t),
+            // A stream waits for a value: look again soon.
+            None => crate::timeline::sleep_until(crate::timeline::now_ns() + 1_000_000),
+        }
+    }
     with(|o| crate::pool::trim_all_to_threshold(o, sim));
     Ok(())
 }

@@ -271,6 +271,15 @@ cuda_fn! {
         out(pf, hp(f))
     }
 
+    fn cuKernelGetLibrary(pl: *mut Handle, k: Handle) {
+        cuda()?;
+        if pl.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let l = with(|o| o.kernels.get(&h(k)).map(|k| k.library).ok_or(CUDA_ERROR_INVALID_HANDLE))?;
+        out(pl, hp(l))
+    }
+
     fn cuKernelGetAttribute(pi: *mut i32, attrib: i32, k: Handle, dev: CUdevice) {
         cuda()?.phys(dev)?;
         let local = with(|o| {

@@ -29,12 +29,18 @@ fn destroy(s: Handle) -> CuResult<()> {
 
 fn synchronize(s: Handle) -> CuResult<()> {
     let sim = cuda()?;
-    let t = with(|o| -> CuResult<u64> {
-        let s = stream::resolve(o, sim, h(s))?;
-        stream::check_not_capturing(o, s)?;
-        Ok(stream::done_time(o, s))
-    })?;
-    sleep_until(t);
+    loop {
+        let t = with(|o| -> CuResult<Option<u64>> {
+            let s = stream::resolve(o, sim, h(s))?;
+            stream::check_not_capturing(o, s)?;
+            Ok((!stream::blocked(o, sim, s)).then(|| stream::done_time(o, s)))
+        })?;
+        match t {
+            Some(t) => break sleep_until(t),
+            // Behind a wait for a value: look again soon.
+            None => sleep_until(now_ns() + 1_000_000),
+        }
+    }
     with(|o| pool::trim_all_to_threshold(o, sim));
     Ok(())
 }
@@ -114,7 +120,55 @@ fn capture_info(s: Handle, status: *mut u32, id: *mut u64, graph: *mut Handle) -
     Ok(())
 }
 
+/// cuStreamWaitValue32/64 (and `_v2`): later work on `s` waits for the value.
+fn wait_value(s: Handle, addr: u64, value: u64, flags: u32, wide: bool) -> CuResult<()> {
+    let sim = cuda()?;
+    with(|o| {
+        let s = stream::resolve(o, sim, h(s))?;
+        stream::check_not_capturing(o, s)?;
+        stream::wait_value(o, s, addr, value, flags, wide)
+    })
+}
+
+/// cuStreamWriteValue32/64 (and `_v2`): the value is written once the stream's earlier work is done (the
+/// calling thread waits for that here: a simplification; the write itself is what a wait sees).
+fn write_value(s: Handle, addr: u64, value: u64, wide: bool) -> CuResult<()> {
+    synchronize(s)?;
+    with(|o| {
+        if !stream::word(o, addr, wide) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: inside a live allocation of simulated device memory (host memory), aligned.
+        unsafe {
+            if wide {
+                std::ptr::write_volatile(addr as *mut u64, value)
+            } else {
+                std::ptr::write_volatile(addr as *mut u32, value as u32)
+            }
+        }
+        Ok(())
+    })
+}
+
 cuda_fn! {
+    fn cuStreamWaitValue32(s: Handle, addr: u64, value: u32, flags: u32) {
+        wait_value(s, addr, value as u64, flags, false)
+    }
+
+    fn cuStreamWaitValue64(s: Handle, addr: u64, value: u64, flags: u32) {
+        wait_value(s, addr, value, flags, true)
+    }
+
+    fn cuStreamWriteValue32(s: Handle, addr: u64, value: u32, flags: u32) {
+        let _ = flags;
+        write_value(s, addr, value as u64, false)
+    }
+
+    fn cuStreamWriteValue64(s: Handle, addr: u64, value: u64, flags: u32) {
+        let _ = flags;
+        write_value(s, addr, value, true)
+    }
+
     fn cuStreamCreate(ps: *mut Handle, flags: u32) {
         create(ps, flags, 0)
     }
@@ -139,7 +193,7 @@ cuda_fn! {
         let sim = cuda()?;
         let t = with(|o| -> CuResult<u64> {
             let s = stream::resolve(o, sim, h(s))?;
-            Ok(stream::done_time(o, s))
+            Ok(if stream::blocked(o, sim, s) { u64::MAX } else { stream::done_time(o, s) })
         })?;
         if t > now_ns() {
             Err(CUDA_ERROR_NOT_READY)
@@ -328,6 +382,18 @@ cuda_fn! {
 }
 
 alias! {
+    cuStreamWaitValue32_ptsz => cuStreamWaitValue32(s: Handle, addr: u64, value: u32, flags: u32);
+    cuStreamWaitValue32_v2 => cuStreamWaitValue32(s: Handle, addr: u64, value: u32, flags: u32);
+    cuStreamWaitValue32_v2_ptsz => cuStreamWaitValue32(s: Handle, addr: u64, value: u32, flags: u32);
+    cuStreamWaitValue64_ptsz => cuStreamWaitValue64(s: Handle, addr: u64, value: u64, flags: u32);
+    cuStreamWaitValue64_v2 => cuStreamWaitValue64(s: Handle, addr: u64, value: u64, flags: u32);
+    cuStreamWaitValue64_v2_ptsz => cuStreamWaitValue64(s: Handle, addr: u64, value: u64, flags: u32);
+    cuStreamWriteValue32_ptsz => cuStreamWriteValue32(s: Handle, addr: u64, value: u32, flags: u32);
+    cuStreamWriteValue32_v2 => cuStreamWriteValue32(s: Handle, addr: u64, value: u32, flags: u32);
+    cuStreamWriteValue32_v2_ptsz => cuStreamWriteValue32(s: Handle, addr: u64, value: u32, flags: u32);
+    cuStreamWriteValue64_ptsz => cuStreamWriteValue64(s: Handle, addr: u64, value: u64, flags: u32);
+    cuStreamWriteValue64_v2 => cuStreamWriteValue64(s: Handle, addr: u64, value: u64, flags: u32);
+    cuStreamWriteValue64_v2_ptsz => cuStreamWriteValue64(s: Handle, addr: u64, value: u64, flags: u32);
     cuStreamSynchronize_ptsz => cuStreamSynchronize(s: Handle);
     cuStreamQuery_ptsz => cuStreamQuery(s: Handle);
     cuStreamWaitEvent_ptsz => cuStreamWaitEvent(s: Handle, e: Handle, flags: u32);

@@ -1,0 +1,335 @@
+//! What a module or library image will make the driver take at its first uses (lazy loading): read from the
+//! image the program hands `cuModuleLoad*` / `cuLibraryLoad*`, so that a first use is admitted against the cap
+//! before the driver takes it (`memory::reconcile`).
+//!
+//! The footprint is an upper bound of the code and globals one context's copy of the image can hold: in an ELF
+//! cubin every section that occupies device memory (allocated sections, `.text.*`, `.nv.global*` including the
+//! NOBITS ones that take no room in the image, `.nv.constant*`); in PTX the module-scope `.global` / `.const`
+//! variables plus the text's length for the code it compiles to; in a fat binary the largest of its entries (any
+//! one may be the device's). `None` (unknown) for what cannot be read without more than a header walk: a
+//! compressed fat-binary entry (its section sizes are inside the compressed stream), an unparsable PTX
+//! declaration, any other format. Layouts: the System V ELF-64 ABI; the fat-binary header and entry layout as
+//! public descriptions give it (`{u32 magic 0xBA55ED50, u16 version, u16 header_size, u64 files_size}`, each entry
+//! `{u16 kind (1 PTX, 2 ELF), u16, u32 header_size, u32 payload_size, …, u64 flags @40}`, compressed when flags
+//! has 0x2000 or 0x8000), the wrapper `{u32 magic 0x466243B1, u32 version, u64 data, u64 prelinked}`.
+
+/// Reads at most this much of a fat binary or a PTX text (a bound against a corrupt size).
+const MAX_IMAGE: u64 = 1 << 32;
+const WRAPPER_MAGIC: u32 = 0x466243B1;
+const FATBIN_MAGIC: u32 = 0xBA55ED50;
+const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
+const KIND_PTX: u16 = 1;
+const KIND_ELF: u16 = 2;
+const COMPRESSED: u64 = 0x2000 | 0x8000;
+const SHF_ALLOC: u64 = 0x2;
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The footprint of the image at `p` (`cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`,
+/// `cuLibraryLoadData`).
+///
+/// # Safety
+/// `p` is NULL or points to an image as those calls require (a complete ELF, a fat binary or its wrapper with
+/// the entries its header counts, or NUL-terminated text): what the driver itself reads.
+pub(crate) unsafe fn footprint_at(p: *const u8) -> Option<u64> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: every image is at least 4 bytes (contract).
+    let head = unsafe { std::slice::from_raw_parts(p, 4) };
+    match u32_at(head, 0)? {
+        WRAPPER_MAGIC => {
+            // SAFETY: a wrapper is 24 bytes: two u32 and two pointers.
+            let w = unsafe { std::slice::from_raw_parts(p, 24) };
+            let data = u64_at(w, 8)? as *const u8;
+            if u32_at(w, 4)? != 1 || data.is_null() {
+                return None; // prelinked lists (version 2): not read, unknown
+            }
+            // SAFETY: the wrapper's data is a fat binary (contract).
+            unsafe { fatbin_at(data) }
+        }
+        // SAFETY: as above.
+        FATBIN_MAGIC => unsafe { fatbin_at(p) },
+        m if m.to_le_bytes() == ELF_MAGIC => {
+            // SAFETY: an ELF header is 64 bytes; its section table lies where it says (a complete ELF).
+            let h = unsafe { std::slice::from_raw_parts(p, 64) };
+            let (off, len) = elf_table(h)?;
+            // SAFETY: as above.
+            let table = unsafe { std::slice::from_raw_parts(p.add(off), len) };
+            let mut end = (off + len) as u64;
+            for s in table.chunks_exact(64) {
+                if u32_at(s, 4)? != 8 {
+                    end = end.max(u64_at(s, 24)?.checked_add(u64_at(s, 32)?)?);
+                }
+            }
+            if end > MAX_IMAGE {
+                return None;
+            }
+            // SAFETY: every section with contents lies inside the image (a complete ELF).
+            elf(unsafe { std::slice::from_raw_parts(p, end as usize) }, end)
+        }
+        _ => {
+            // SAFETY: anything else is NUL-terminated text (contract).
+            let text = unsafe { std::ffi::CStr::from_ptr(p.cast()) }.to_bytes();
+            ptx(text)
+        }
+    }
+}
+
+/// The footprint of an image file's contents (`cuModuleLoad`, `cuLibraryLoadFromFile`).
+pub(crate) fn footprint(data: &[u8]) -> Option<u64> {
+    match u32_at(data, 0)? {
+        FATBIN_MAGIC => fatbin(data),
+        m if m.to_le_bytes() == ELF_MAGIC => elf(data, data.len() as u64),
+        _ => ptx(data.split(|&b| b == 0).next().unwrap_or(data)),
+    }
+}
+
+/// # Safety
+/// `p` points to a fat-binary header followed by `files_size` bytes of entries.
+unsafe fn fatbin_at(p: *const u8) -> Option<u64> {
+    // SAFETY: a header is 16 bytes.
+    let h = unsafe { std::slice::from_raw_parts(p, 16) };
+    let end = (u16_at(h, 6)? as u64).checked_add(u64_at(h, 8)?)?;
+    if end > MAX_IMAGE {
+        return None;
+    }
+    // SAFETY: the header says how many bytes of entries follow it.
+    fatbin(unsafe { std::slice::from_raw_parts(p, end as usize) })
+}
+
+/// The largest entry of a fat binary (`None` when any entry is compressed, unreadable or of another kind).
+fn fatbin(b: &[u8]) -> Option<u64> {
+    if u32_at(b, 0)? != FATBIN_MAGIC {
+        return None;
+    }
+    let start = u16_at(b, 6)? as usize;
+    let files = b.get(start..start.checked_add(usize::try_from(u64_at(b, 8)?).ok()?)?)?;
+    let (mut at, mut most) = (0usize, 0u64);
+    while at + 48 <= files.len() {
+        let e = &files[at..];
+        let (kind, ehsize, size) = (u16_at(e, 0)?, u32_at(e, 4)? as usize, u32_at(e, 8)? as usize);
+        if ehsize < 48 || u64_at(e, 40)? & COMPRESSED != 0 {
+            return None;
+        }
+        let payload = e.get(ehsize..ehsize.checked_add(size)?)?;
+        let f = match kind {
+            KIND_ELF => elf(payload, payload.len() as u64)?,
+            KIND_PTX => ptx(payload.split(|&c| c == 0).next().unwrap_or(payload))?,
+            _ => return None,
+        };
+        most = most.max(f);
+        at += ehsize + size;
+    }
+    Some(most)
+}
+
+/// Offset and length of an ELF-64 little-endian image's section table.
+fn elf_table(h: &[u8]) -> Option<(usize, usize)> {
+    if h.get(4..6)? != [2, 1] || u16_at(h, 0x3a)? != 64 {
+        return None;
+    }
+    let (off, n) = (u64_at(h, 0x28)?, u16_at(h, 0x3c)? as u64);
+    (off.checked_add(n * 64)? <= MAX_IMAGE).then_some((off as usize, n as usize * 64))
+}
+
+/// Sections that occupy device memory, summed; each at least the sizes of the variables its symbols declare in
+/// it (a symbol larger than its section is taken at its own size). `limit`: the image's length where known
+/// (sections with contents must lie in it; NOBITS ones take no room).
+fn elf(b: &[u8], limit: u64) -> Option<u64> {
+    let (off, len) = elf_table(b)?;
+    let table = b.get(off..off + len)?;
+    let strndx = u16_at(b, 0x3e)? as usize;
+    let contents = |s: &[u8]| -> Option<&[u8]> {
+        let (o, n) = (u64_at(s, 24)? as usize, u64_at(s, 32)? as usize);
+        b.get(o..o.checked_add(n)?)
+    };
+    let names = table.get(strndx * 64..strndx * 64 + 64).and_then(contents);
+    // Per section: the sizes of the objects its symbols declare.
+    let mut declared = vec![0u64; table.len() / 64];
+    for s in table.chunks_exact(64).filter(|s| u32_at(s, 4) == Some(2)) {
+        for sym in contents(s)?.chunks_exact(24) {
+            let (info, shndx, size) = (sym[4], u16_at(sym, 6)? as usize, u64_at(sym, 16)?);
+            if info & 0xf == 1 {
+                if let Some(d) = declared.get_mut(shndx) {
+                    *d = d.checked_add(size)?;
+                }
+            }
+        }
+    }
+    let mut sum = 0u64;
+    for (i, s) in table.chunks_exact(64).enumerate() {
+        let (ty, flags, offset, size) = (u32_at(s, 4)?, u64_at(s, 8)?, u64_at(s, 24)?, u64_at(s, 32)?);
+        if ty != 8 && offset.checked_add(size)? > limit {
+            return None;
+        }
+        let name = names
+            .and_then(|n| n.get(u32_at(s, 0)? as usize..))
+            .map(|n| n.split(|&c| c == 0).next().unwrap_or(n))
+            .unwrap_or(b"");
+        let device = [&b".text"[..], b".nv.global", b".nv.constant"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        if flags & SHF_ALLOC != 0 || device {
+            sum = sum.checked_add(size.max(declared[i]))?;
+        }
+    }
+    Some(sum)
+}
+
+/// Bytes of a PTX fundamental type.
+fn ptx_type(t: &str) -> Option<u64> {
+    let t = t.strip_prefix('.')?;
+    if t == "pred" {
+        return Some(1);
+    }
+    let (kind, bits) = t.split_at(1);
+    let bits: u64 = bits.parse().ok()?;
+    matches!(kind, "b" | "u" | "s" | "f").then_some(bits.div_ceil(8))
+}
+
+/// Module-scope `.global` / `.const` variables of PTX text plus the text's length (its compiled code is of that
+/// order); `None` when a declaration's size cannot be read.
+fn ptx(text: &[u8]) -> Option<u64> {
+    let text = std::str::from_utf8(text).ok()?;
+    if !text.contains(".version") {
+        return None; // not PTX: an unknown format
+    }
+    let mut sum = text.len() as u64;
+    // Every statement, bodies included (a `.global` declaration is never an instruction's token).
+    for stmt in text.split(';') {
+        if !(stmt.contains(".global") || stmt.contains(".const")) {
+            continue; // cheap: most statements are instructions
+        }
+        // Braces are spaces here: `}.global` after a body is a module-scope declaration.
+        let stmt: String = stmt
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace(['{', '}'], " ");
+        let toks: Vec<&str> = stmt.split_whitespace().collect();
+        if toks.contains(&".extern") || !toks.iter().any(|t| *t == ".global" || *t == ".const") {
+            continue;
+        }
+        let ti = toks.iter().position(|t| ptx_type(t).is_some())?;
+        let decl = toks[ti + 1..].join(" ");
+        let (lhs, init) = match decl.split_once('=') {
+            Some((l, r)) => (l, Some(r)),
+            None => (decl.as_str(), None),
+        };
+        // A vector type (`.v2`, `.v4`) before the element's multiplies it.
+        let lanes: u64 = toks[..ti]
+            .iter()
+            .filter_map(|t| t.strip_prefix(".v")?.parse::<u64>().ok())
+            .product();
+        let mut bytes = ptx_type(toks[ti])?.checked_mul(lanes)?;
+        for dim in lhs.split('[').skip(1) {
+            let d = dim.split(']').next()?.trim();
+            let n = if d.is_empty() {
+                init?.split(',').count() as u64
+            } else {
+                d.parse().ok()?
+            };
+            bytes = bytes.checked_mul(n)?;
+        }
+        sum = sum.checked_add(bytes)?;
+    }
+    Some(sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ELF-64 cubin with a `.text.k` of 256 bytes and a NOBITS `.nv.global` of `global` bytes.
+    fn cubin(global: u64) -> Vec<u8> {
+        let names = b"\0.text.k\0.nv.global\0.shstrtab\0";
+        let mut b = vec![0u8; 64];
+        b[..4].copy_from_slice(&ELF_MAGIC);
+        b[4] = 2;
+        b[5] = 1;
+        let text_off = b.len() as u64;
+        b.extend(std::iter::repeat_n(0, 256));
+        let names_off = b.len() as u64;
+        b.extend_from_slice(names);
+        let shoff = b.len() as u64;
+        let section = |name: u32, ty: u32, flags: u64, off: u64, size: u64| {
+            let mut s = vec![0u8; 64];
+            s[0..4].copy_from_slice(&name.to_le_bytes());
+            s[4..8].copy_from_slice(&ty.to_le_bytes());
+            s[8..16].copy_from_slice(&flags.to_le_bytes());
+            s[24..32].copy_from_slice(&off.to_le_bytes());
+            s[32..40].copy_from_slice(&size.to_le_bytes());
+            s
+        };
+        b.extend(section(0, 0, 0, 0, 0));
+        b.extend(section(1, 1, 0x6, text_off, 256));
+        b.extend(section(9, 8, 0, names_off, global)); // no SHF_ALLOC: still device memory by its name
+        b.extend(section(20, 3, 0, names_off, names.len() as u64));
+        b[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        b[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        b[0x3c..0x3e].copy_from_slice(&4u16.to_le_bytes());
+        b[0x3e..0x40].copy_from_slice(&3u16.to_le_bytes());
+        b
+    }
+
+    fn fatbin_of(entries: &[(u16, u64, Vec<u8>)]) -> Vec<u8> {
+        let mut files = Vec::new();
+        for (kind, flags, payload) in entries {
+            let mut e = vec![0u8; 64];
+            e[0..2].copy_from_slice(&kind.to_le_bytes());
+            e[4..8].copy_from_slice(&64u32.to_le_bytes());
+            e[8..12].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+            e[40..48].copy_from_slice(&flags.to_le_bytes());
+            files.extend(e);
+            files.extend(payload);
+        }
+        let mut b = vec![0u8; 16];
+        b[0..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
+        b[6..8].copy_from_slice(&16u16.to_le_bytes());
+        b[8..16].copy_from_slice(&(files.len() as u64).to_le_bytes());
+        b.extend(files);
+        b
+    }
+
+    #[test]
+    fn cubin_globals_and_code() {
+        let c = cubin(3 << 30);
+        assert_eq!(footprint(&c), Some((3 << 30) + 256));
+        // SAFETY: a complete image in memory.
+        assert_eq!(unsafe { footprint_at(c.as_ptr()) }, Some((3 << 30) + 256));
+        assert_eq!(footprint(&c[..c.len() - 1]), None, "truncated");
+    }
+
+    #[test]
+    fn fatbin_takes_the_largest_entry_and_not_compressed_ones() {
+        let ptx = b".version 8.0\n.target sm_90\n.visible .global .align 4 .b8 g[1048576];\n".to_vec();
+        let f = fatbin_of(&[(KIND_ELF, 0, cubin(4096)), (KIND_PTX, 0, ptx.clone())]);
+        assert_eq!(footprint(&f), Some((1 << 20) + ptx.len() as u64));
+        let f = fatbin_of(&[(KIND_ELF, 0x2000, cubin(4096))]);
+        assert_eq!(footprint(&f), None);
+    }
+
+    #[test]
+    fn ptx_variables() {
+        let t = ".version 8.0\n.global .u32 x;\n.const .align 8 .b64 t[2][3];\n.extern .global .b8 e[9];\n\
+                 .visible .entry k() { ld.global.u32 %r1, [x]; ret; }.global .b8 i[] = {1, 2, 3};\n\
+                 .global .v4 .f32 v[2];\n";
+        assert_eq!(ptx(t.as_bytes()), Some(t.len() as u64 + 4 + 48 + 3 + 32));
+        assert_eq!(
+            ptx(b".version 8.0\n.global .b8 g[N];\n"),
+            None,
+            "an unreadable size"
+        );
+        assert_eq!(ptx(b"CUDASIM-MODULE 1\n"), None, "not PTX");
+    }
+}
