@@ -21,6 +21,8 @@
  *                         small kernel (op=: the host graph's launch)
  *         hidden_cond     the conditional node made by libcuda's own cuGraphAddNode (no interposer sees it: its
  *                         bodies cannot be listed), instantiated (instantiate=) and launched
+ *         hidden_in_clone a child graph node cloned from a small-kernel graph, then that hidden conditional node
+ *                         added to the node's own graph (cuGraphChildGraphNodeGetGraph), instantiated and launched
  *         direct          cuLaunchKernel of KIND's kernel
  */
 #define _GNU_SOURCE
@@ -181,6 +183,15 @@ int main(int argc, char **argv) {
         CK(cuGraphCreate(&g, 0));
         CUgraphNode n;
         CK(cuGraphAddChildGraphNode(&n, g, NULL, 0, child));
+        instantiate_launch(g, 0);
+    } else if (!strcmp(path, "hidden_in_clone")) {
+        CUgraph g, embedded;
+        CK(cuGraphCreate(&g, 0));
+        CUgraphNode n;
+        CK(cuGraphAddChildGraphNode(&n, g, NULL, 0, kernel_graph(f_small, NULL)));
+        CK(cuGraphChildGraphNodeGetGraph(n, &embedded));
+        g_hidden = 1;
+        add_conditional(embedded, c0, f_kind, 1);
         instantiate_launch(g, 0);
     } else if (!strcmp(path, "upload") || !strcmp(path, "upload_ptsz") || !strcmp(path, "device")) {
         CUgraphExec e;

@@ -197,3 +197,22 @@ fn a_graph_whose_kernels_cannot_be_listed_is_refused_under_a_cap() {
         assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
     }
 }
+
+/// A clone's record (what its original needed when cloned) covers only the conditional nodes the clone came
+/// with: a conditional node made past cuquota inside a child graph node's own graph after the clone (its
+/// bodies unlisted) is refused under a cap as in any other graph. Before: the clone's record made every unknown
+/// conditional node in that graph known, and the big body's stack was let through (the simulator holding
+/// 4190 MiB under a 1 GiB cap). Control: without a cap the same graph instantiates and runs.
+#[test]
+fn a_hidden_conditional_added_to_a_clone_is_refused_under_a_cap() {
+    let out = run("hidden_in_clone", "big");
+    assert_eq!(
+        out.get("instantiate"),
+        Some("CUDA_ERROR_NOT_SUPPORTED"),
+        "{out:?}"
+    );
+    out.assert_used_within(GIB);
+    let out = run_with("hidden_in_clone", "small", &[]);
+    assert_eq!(out.get("instantiate"), None, "{out:?}");
+    assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
+}

@@ -37,8 +37,8 @@ struct Walked {
     mem: Vec<(Dev, u64)>,
     /// The largest local memory per thread (bytes) of the kernels it may run.
     local: u64,
-    /// A kernel node whose kernel could not be read, or a conditional node whose bodies we never saw (a clone's)
-    /// not covered by a clone's record.
+    /// A kernel node whose kernel could not be read, or a conditional node whose bodies we never saw (made past
+    /// cuquota, or a clone's not covered by the record made when cloned).
     unknown: bool,
 }
 
@@ -95,7 +95,11 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                         out.merge(walk(s, dev, b as CUgraph, depth + 1)?);
                     }
                 }
-                None => out.unknown = true,
+                // A clone's: its bodies are the original's, as they were when cloned.
+                None => match s.mem.graph().floor(node as usize) {
+                    Some(floor) => out.local = out.local.max(floor),
+                    None => out.unknown = true,
+                },
             },
             CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node) {
                 Some((func, kern)) => out.local = out.local.max(node_local(s, dev, func, kern)),
@@ -123,11 +127,6 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
             }
             _ => {}
         }
-    }
-    if let Some(floor) = s.mem.graph().floor(graph as usize) {
-        // A clone: its conditional nodes' bodies are the original's, as they were when cloned.
-        out.local = out.local.max(floor);
-        out.unknown = false;
     }
     Some(out)
 }
@@ -490,12 +489,48 @@ fn cloned_into(s: &Shim, node: CUgraphNode, original: CUgraph) {
     }
 }
 
-/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): it needs
-/// what `original` does now. An original that cannot be walked records nothing (the clone's conditional nodes
-/// then make its instantiation refused).
+/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): each of
+/// those it holds now, in its child graphs too, needs at most what `original` does now. Nodes added to the clone
+/// later are not covered (one made past cuquota stays unknown). An original that cannot be walked, or holds a
+/// conditional node of unknown bodies, records nothing (the clone's conditional nodes then make its
+/// instantiation refused under a cap).
 fn clone_of(s: &Shim, clone: CUgraph, original: CUgraph) {
-    if let Some(w) = footprint(s, original) {
-        s.mem.graph().set_floor(clone as usize, w.local);
+    if let Some(w) = footprint(s, original).filter(|w| !w.unknown) {
+        cover(s, clone, w.local, 0);
+    }
+}
+
+/// Records `local` for the conditional nodes of unknown bodies in `graph` and its child graphs.
+fn cover(s: &Shim, graph: CUgraph, local: u64, depth: u32) {
+    let mut n: usize = 0;
+    // SAFETY: valid out-pointer; NULL node array asks for the count.
+    if depth > MAX_DEPTH || !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
+        return;
+    }
+    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` holds `n` entries.
+    if n == 0 || !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
+        return;
+    }
+    for &node in nodes.iter().take(n) {
+        let mut ty = CUgraphNodeType::MAX;
+        // SAFETY: valid out-pointer.
+        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
+            continue;
+        }
+        match ty {
+            CU_GRAPH_NODE_TYPE_CONDITIONAL if s.mem.graph().bodies(node as usize).is_none() => {
+                s.mem.graph().set_floor(node as usize, local);
+            }
+            CU_GRAPH_NODE_TYPE_GRAPH => {
+                let mut child: CUgraph = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                if unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
+                    cover(s, child, local, depth + 1);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
