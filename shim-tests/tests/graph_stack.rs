@@ -216,3 +216,22 @@ fn a_hidden_conditional_added_to_a_clone_is_refused_under_a_cap() {
     assert_eq!(out.get("instantiate"), None, "{out:?}");
     assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
 }
+
+/// A node whose type the driver refuses to give (`cuGraphNodeGetType` failing) may be a kernel node: under a
+/// cap the graph is refused at instantiation as one whose kernels cannot be listed. Before: the node was
+/// skipped and its kernel's stack let through (the simulator holding 3962 MiB under a 1 GiB cap). Control:
+/// without a cap the same graph instantiates and runs.
+#[test]
+fn a_graph_whose_node_types_cannot_be_read_is_refused_under_a_cap() {
+    const FAULT: (&str, &str) = ("CUDASIM_FAULT", "cuGraphNodeGetType:1+:UNKNOWN");
+    let out = run_with("launch", "big", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+    assert_eq!(
+        out.get("instantiate"),
+        Some("CUDA_ERROR_NOT_SUPPORTED"),
+        "{out:?}"
+    );
+    out.assert_used_within(GIB);
+    let out = run_with("launch", "small", &[FAULT]);
+    assert_eq!(out.get("instantiate"), None, "{out:?}");
+    assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
+}

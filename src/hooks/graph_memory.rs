@@ -37,16 +37,17 @@ struct Walked {
     mem: Vec<(Dev, u64)>,
     /// The largest local memory per thread (bytes) of the kernels it may run.
     local: u64,
-    /// A kernel node whose kernel could not be read, or a conditional node whose bodies we never saw (made past
-    /// cuquota, or a clone's not covered by the record made when cloned).
+    /// A node whose type, a kernel node whose kernel or a memory node whose size could not be read, or a
+    /// conditional node whose bodies we never saw (made past cuquota, or a clone's not covered by the record
+    /// made when cloned).
     unknown: bool,
 }
 
 /// The memory nodes and the kernels of `graph`, its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may hold
 /// memory nodes when moved into the node) and its conditional nodes' bodies (whether they run is decided on the
 /// device). `None`: the driver could not list a graph, the nesting is deeper than [`MAX_DEPTH`], or, while a
-/// memory cap may apply, a kernel node's parameters could not be read or a conditional node's bodies are
-/// unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
+/// memory cap may apply, a node's type, a kernel or memory node's parameters could not be read or a
+/// conditional node's bodies are unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
 fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
     let dev = s.devices.current(&s.cuda);
     let w = walk(s, dev, graph, 0)?;
@@ -78,6 +79,8 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
         let mut ty = CUgraphNodeType::MAX;
         // SAFETY: valid out-pointer.
         if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
+            // Any kind of node, a kernel or a memory node among them.
+            out.unknown = true;
             continue;
         }
         match ty {
@@ -110,6 +113,7 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
                 // SAFETY: valid out-pointer of the parameter struct.
                 if !unsafe { s.cuda.cuGraphMemAllocNodeGetParams(node, &mut p) }.ok() {
+                    out.unknown = true;
                     continue;
                 }
                 let loc = p.poolProps.location;
