@@ -25,7 +25,15 @@ fn run(path: &str, kind: &str) -> Output {
 }
 
 fn run_with(path: &str, kind: &str, env: &[(&str, &str)]) -> Output {
-    let sim = Sim::new().build();
+    run_on(path, kind, env, 1)
+}
+
+fn run_devices(path: &str, kind: &str, devices: u32) -> Output {
+    run_on(path, kind, &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")], devices)
+}
+
+fn run_on(path: &str, kind: &str, env: &[(&str, &str)], devices: u32) -> Output {
+    let sim = Sim::new().devices(devices).build();
     let mut c = sim.cmd_path(prog()).args(&format!("{path} {kind} 16384"));
     for (k, v) in env {
         c = c.env(k, v);
@@ -234,4 +242,26 @@ fn a_graph_whose_node_types_cannot_be_read_is_refused_under_a_cap() {
     let out = run_with("launch", "small", &[FAULT]);
     assert_eq!(out.get("instantiate"), None, "{out:?}");
     assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
+}
+
+/// The same exec updates made while no context is current, in a process that sees two devices (the library
+/// asks the driver which device is current, and none is): the new kernel's stack is still admitted at the
+/// exec's next launch. Before: the update's kernels were read as needing no stack, the exec's need replaced by
+/// 0, and its next launch let the big kernel's stack through (the simulator holding 3962 MiB under a 1 GiB cap).
+#[test]
+fn exec_updates_without_a_current_context_are_refused() {
+    for path in [
+        "exec_update_noctx",
+        "exec_kernel_set_noctx",
+        "exec_node_set_noctx",
+    ] {
+        let out = run_devices(path, "big", 2);
+        assert_eq!(out.get("update"), Some("CUDA_SUCCESS"), "{out:?}");
+        assert_eq!(out.get("op"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+        let out = run_devices(path, "small", 2);
+        assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{path}: {out:?}");
+        assert!(out.num("fill.count") > 0, "{out:?}");
+        out.assert_used_within(GIB);
+    }
 }

@@ -49,8 +49,7 @@ struct Walked {
 /// memory cap may apply, a node's type, a kernel or memory node's parameters could not be read or a
 /// conditional node's bodies are unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
 fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
-    let dev = s.devices.current(&s.cuda);
-    let w = walk(s, dev, graph, 0)?;
+    let w = walk(s, graph, 0)?;
     if w.unknown {
         s.devices.refresh_if_changed();
         if s.devices.memory_limited() {
@@ -60,7 +59,7 @@ fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
     Some(w)
 }
 
-fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked> {
+fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
     if depth > MAX_DEPTH {
         return None;
     }
@@ -90,12 +89,12 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 if !unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
                     return None;
                 }
-                out.merge(walk(s, dev, child, depth + 1)?);
+                out.merge(walk(s, child, depth + 1)?);
             }
             CU_GRAPH_NODE_TYPE_CONDITIONAL => match s.mem.graph().bodies(node as usize) {
                 Some(bodies) => {
                     for b in bodies {
-                        out.merge(walk(s, dev, b as CUgraph, depth + 1)?);
+                        out.merge(walk(s, b as CUgraph, depth + 1)?);
                     }
                 }
                 // A clone's: its bodies are the original's, as they were when cloned.
@@ -105,7 +104,7 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 },
             },
             CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node) {
-                Some((func, kern)) => out.local = out.local.max(node_local(s, dev, func, kern)),
+                Some((func, kern)) => out.local = out.local.max(node_local(s, func, kern)),
                 None => out.unknown = true,
             },
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
@@ -169,28 +168,41 @@ impl Walked {
 }
 
 /// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), read as a
-/// direct launch of it reads it (`context::first_launch`); 0 on a device without accounting or when the driver
-/// does not say.
-fn node_local(s: &Shim, dev: Option<Dev>, func: CUfunction, kern: CUkernel) -> u64 {
+/// direct launch of it reads it (`context::first_launch`), whether or not a context is current (an update needs
+/// none): a library kernel's on every device, the largest; 0 when the driver does not say.
+fn node_local(s: &Shim, func: CUfunction, kern: CUkernel) -> u64 {
     let f = if func.is_null() { kern as CUfunction } else { func };
-    let Some(dev) = dev.filter(|_| !f.is_null()) else {
+    if f.is_null() {
         return 0;
-    };
+    }
     let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the program's handle, which the driver checks.
-    let known = unsafe {
+    // SAFETY: valid out-pointer; `f` is the program's handle, which the driver checks.
+    if unsafe {
         s.cuda
             .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-            .ok()
-            || s.cuda
-                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
-                .ok()
-    };
-    if known {
-        local.max(0) as u64
-    } else {
-        0
     }
+    .ok()
+    {
+        return local.max(0) as u64;
+    }
+    let mut n: c_int = 0;
+    // SAFETY: valid out-pointer.
+    if !unsafe { s.cuda.cuDeviceGetCount(&mut n) }.ok() {
+        return 0;
+    }
+    (0..n)
+        .filter_map(|d| {
+            let mut local: c_int = 0;
+            // SAFETY: valid out-pointer; `f` as above, `d` an ordinal the driver counted.
+            unsafe {
+                s.cuda
+                    .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, d)
+            }
+            .ok()
+            .then_some(local.max(0) as u64)
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// What the first launch or upload of `exec` in the current context makes the driver grow its stack by: the
@@ -336,7 +348,7 @@ pub(crate) unsafe fn exec_kernel_update(
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
         };
-        node_local(s, s.devices.current(&s.cuda), func, kern)
+        node_local(s, func, kern)
     };
     let r = call();
     if r.ok() {
