@@ -265,3 +265,20 @@ fn exec_updates_without_a_current_context_are_refused() {
         out.assert_used_within(GIB);
     }
 }
+
+/// A context whose stack size the driver will not tell (`cuCtxGetLimit` failing) is taken to have none: the
+/// whole stack a kernel needs is admitted, by a graph's launch as by a direct one. Before: the growth was
+/// taken as 0 and let through (the simulator holding 3962 MiB under a 1 GiB cap on both paths). Control:
+/// the small kernels run under the same fault.
+#[test]
+fn an_unknown_stack_size_is_taken_as_none() {
+    const FAULT: (&str, &str) = ("CUDASIM_FAULT", "cuCtxGetLimit:1+:UNKNOWN");
+    for path in ["launch", "direct", "upload"] {
+        let out = run_with(path, "big", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+        assert_eq!(out.get("op"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+        let out = run_with(path, "small", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+        assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+    }
+}

@@ -442,15 +442,23 @@ fn first_launch_begin(s: &Shim, how: Use, f: usize) -> Result<Option<FirstUseCal
                 .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
                 .ok()
     };
+    let growth = if known && local > 0 {
+        stack_bytes(s, dev, (local as u64).saturating_sub(stack_size(s)))
+    } else {
+        0
+    };
+    s.mem.first_use_begin(dev, growth)
+}
+
+/// The current context's stack size per thread; 0 when the driver will not say (the whole need is admitted).
+pub(crate) fn stack_size(s: &Shim) -> u64 {
     let mut stack: usize = 0;
     // SAFETY: valid out-pointer.
-    let growth =
-        if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-            stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64))
-        } else {
-            0
-        };
-    s.mem.first_use_begin(dev, growth)
+    if unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+        stack as u64
+    } else {
+        0
+    }
 }
 
 /// The first launch [`first_launch`] let through returned `r`.

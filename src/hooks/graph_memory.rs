@@ -211,12 +211,10 @@ fn node_local(s: &Shim, func: CUfunction, kern: CUkernel) -> u64 {
 /// are priced). Admitted by `context::first_launch`, the one routine every launch path takes.
 pub(crate) fn stack_growth(s: &Shim, dev: Dev, exec: usize) -> u64 {
     let local = s.mem.graph().stack(exec);
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    if local == 0 || !unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+    if local == 0 {
         return 0;
     }
-    super::context::stack_bytes(s, dev, local.saturating_sub(stack as u64))
+    super::context::stack_bytes(s, dev, local.saturating_sub(super::context::stack_size(s)))
 }
 
 /// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
