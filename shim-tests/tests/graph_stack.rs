@@ -282,3 +282,25 @@ fn an_unknown_stack_size_is_taken_as_none() {
         out.assert_used_within(GIB);
     }
 }
+
+/// A kernel whose local memory size the driver will not give (`cuFuncGetAttribute` failing, not for a bad
+/// handle) is refused under a cap: a direct launch with `CUDA_ERROR_OUT_OF_MEMORY`, a graph holding it at
+/// instantiation (`CUDA_ERROR_NOT_SUPPORTED`), as one whose kernels cannot be listed. Before: its need was
+/// taken as 0 and the stack let through (3962 MiB under a 1 GiB cap by each path, upload too). Control: without a cap the
+/// same program runs.
+#[test]
+fn a_kernel_whose_local_size_is_unknown_is_refused_under_a_cap() {
+    const FAULT: (&str, &str) = ("CUDASIM_FAULT", "cuFuncGetAttribute:1+:UNKNOWN");
+    for path in ["launch", "direct"] {
+        let out = run_with(path, "big", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+        let want = if path == "direct" {
+            ("op", "CUDA_ERROR_OUT_OF_MEMORY")
+        } else {
+            ("instantiate", "CUDA_ERROR_NOT_SUPPORTED")
+        };
+        assert_eq!(out.get(want.0), Some(want.1), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+        let out = run_with(path, "small", &[FAULT]);
+        assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{path}: {out:?}");
+    }
+}

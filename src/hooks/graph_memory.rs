@@ -103,8 +103,8 @@ fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
                     None => out.unknown = true,
                 },
             },
-            CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node) {
-                Some((func, kern)) => out.local = out.local.max(node_local(s, func, kern)),
+            CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node).and_then(|(f, k)| node_local(s, f, k)) {
+                Some(local) => out.local = out.local.max(local),
                 None => out.unknown = true,
             },
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
@@ -168,41 +168,21 @@ impl Walked {
 }
 
 /// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), read as a
-/// direct launch of it reads it (`context::first_launch`), whether or not a context is current (an update needs
-/// none): a library kernel's on every device, the largest; 0 when the driver does not say.
-fn node_local(s: &Shim, func: CUfunction, kern: CUkernel) -> u64 {
+/// direct launch of it reads it (`context::local_size`), whether or not a context is current (an update needs
+/// none): a library kernel's on every device, the largest. `None`: the driver will not say.
+fn node_local(s: &Shim, func: CUfunction, kern: CUkernel) -> Option<u64> {
     let f = if func.is_null() { kern as CUfunction } else { func };
     if f.is_null() {
-        return 0;
-    }
-    let mut local: c_int = 0;
-    // SAFETY: valid out-pointer; `f` is the program's handle, which the driver checks.
-    if unsafe {
-        s.cuda
-            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-    }
-    .ok()
-    {
-        return local.max(0) as u64;
+        return Some(0);
     }
     let mut n: c_int = 0;
     // SAFETY: valid out-pointer.
-    if !unsafe { s.cuda.cuDeviceGetCount(&mut n) }.ok() {
-        return 0;
+    if !unsafe { s.cuda.cuDeviceGetCount(&mut n) }.ok() || n < 1 {
+        return super::context::local_size(s, f, 0);
     }
     (0..n)
-        .filter_map(|d| {
-            let mut local: c_int = 0;
-            // SAFETY: valid out-pointer; `f` as above, `d` an ordinal the driver counted.
-            unsafe {
-                s.cuda
-                    .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, d)
-            }
-            .ok()
-            .then_some(local.max(0) as u64)
-        })
-        .max()
-        .unwrap_or(0)
+        .map(|d| super::context::local_size(s, f, d))
+        .try_fold(0, |m, l| Some(m.max(l?)))
 }
 
 /// What the first launch or upload of `exec` in the current context makes the driver grow its stack by: the
@@ -338,7 +318,7 @@ pub(crate) unsafe fn exec_kernel_update(
     v2: bool,
 ) -> CUresult {
     let local = if params.is_null() {
-        0
+        Some(0)
     } else {
         // SAFETY: the driver's contract: a v2 struct, or (bare form) a v1 struct, which is the v2 one's prefix.
         let (func, kern) = unsafe {
@@ -347,6 +327,17 @@ pub(crate) unsafe fn exec_kernel_update(
             (p.func, kern)
         };
         node_local(s, func, kern)
+    };
+    let Some(local) = local.or_else(|| {
+        s.devices.refresh_if_changed();
+        (!s.devices.memory_limited()).then_some(0)
+    }) else {
+        log!(
+            Level::Error,
+            "kernel node update of graph exec {exec:p} refused: the driver will not give the new kernel's local \
+             memory size, so the memory cap could not be kept"
+        );
+        return CUresult::ERROR_NOT_SUPPORTED;
     };
     let r = call();
     if r.ok() {
