@@ -9,6 +9,7 @@ use super::Width;
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
+use crate::log::{log, Level};
 use crate::memory::overhead::Image;
 use crate::memory::overhead::{Creation, Reservation};
 use crate::memory::reconcile::{FirstUseCall, FirstUseOf, Use};
@@ -534,20 +535,16 @@ pub(crate) fn first_launch_begin(
         key: 0,
         bytes: Some(0),
     });
-    let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
-    let known = unsafe {
-        s.cuda
-            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-            .ok()
-            || s.cuda
-                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
-                .ok()
+    let Some(local) = local_size(s, f, dev.ordinal) else {
+        log!(
+            Level::Error,
+            "launch of function {f:p} refused: the driver will not give its local memory size, so the stack its \
+             first launch grows cannot be admitted under the memory cap"
+        );
+        return Err(OverCap);
     };
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-        what.stack = stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64));
+    if local > 0 {
+        what.stack = stack_bytes(s, dev, local.saturating_sub(stack_size(s)));
     }
     // The stack first: a launch refused for it loads nothing.
     let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
@@ -559,6 +556,43 @@ pub(crate) fn first_launch_begin(
         return Err(OverCap);
     }
     Ok(call)
+}
+
+/// The local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`) of `f`, a `CUfunction` or a `CUkernel`
+/// (asked for device `ordinal`). `Some(0)` for a handle the driver knows as neither (its launch fails there
+/// too); `None` when the driver will not say (fail closed: the caller refuses under a cap).
+pub(crate) fn local_size(s: &Shim, f: CUfunction, ordinal: CUdevice) -> Option<u64> {
+    let mut local: c_int = 0;
+    // SAFETY: valid out-pointer; `f` is the program's handle, which the driver checks.
+    let r = unsafe {
+        s.cuda
+            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
+    };
+    if r.ok() {
+        return Some(local.max(0) as u64);
+    }
+    // SAFETY: as above.
+    let k = unsafe {
+        s.cuda
+            .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, ordinal)
+    };
+    if k.ok() {
+        return Some(local.max(0) as u64);
+    }
+    let bad_handle =
+        |r: CUresult| matches!(r, CUresult::ERROR_INVALID_HANDLE | CUresult::ERROR_INVALID_VALUE);
+    (bad_handle(r) && bad_handle(k)).then_some(0)
+}
+
+/// The current context's stack size per thread; 0 when the driver will not say (the whole need is admitted).
+pub(crate) fn stack_size(s: &Shim) -> u64 {
+    let mut stack: usize = 0;
+    // SAFETY: valid out-pointer.
+    if unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+        stack as u64
+    } else {
+        0
+    }
 }
 
 /// Before a first launch of `f` in the current context: its code is loaded first, as the program's own call

@@ -37,19 +37,19 @@ struct Walked {
     mem: Vec<(Dev, u64)>,
     /// The largest local memory per thread (bytes) of the kernels it may run.
     local: u64,
-    /// A kernel node whose kernel could not be read, or a conditional node whose bodies we never saw (a clone's)
-    /// not covered by a clone's record.
+    /// A node whose type, a kernel node whose kernel or a memory node whose size could not be read, or a
+    /// conditional node whose bodies we never saw (made past cuquota, or a clone's not covered by the record
+    /// made when cloned).
     unknown: bool,
 }
 
 /// The memory nodes and the kernels of `graph`, its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may hold
 /// memory nodes when moved into the node) and its conditional nodes' bodies (whether they run is decided on the
 /// device). `None`: the driver could not list a graph, the nesting is deeper than [`MAX_DEPTH`], or, while a
-/// memory cap may apply, a kernel node's parameters could not be read or a conditional node's bodies are
-/// unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
+/// memory cap may apply, a node's type, a kernel or memory node's parameters could not be read or a
+/// conditional node's bodies are unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
 fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
-    let dev = s.devices.current(&s.cuda);
-    let w = walk(s, dev, graph, 0)?;
+    let w = walk(s, graph, 0)?;
     if w.unknown {
         s.devices.refresh_if_changed();
         if s.devices.memory_limited() {
@@ -59,7 +59,7 @@ fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
     Some(w)
 }
 
-fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked> {
+fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
     if depth > MAX_DEPTH {
         return None;
     }
@@ -78,6 +78,8 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
         let mut ty = CUgraphNodeType::MAX;
         // SAFETY: valid out-pointer.
         if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
+            // Any kind of node, a kernel or a memory node among them.
+            out.unknown = true;
             continue;
         }
         match ty {
@@ -87,18 +89,22 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 if !unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
                     return None;
                 }
-                out.merge(walk(s, dev, child, depth + 1)?);
+                out.merge(walk(s, child, depth + 1)?);
             }
             CU_GRAPH_NODE_TYPE_CONDITIONAL => match s.mem.graph().bodies(node as usize) {
                 Some(bodies) => {
                     for b in bodies {
-                        out.merge(walk(s, dev, b as CUgraph, depth + 1)?);
+                        out.merge(walk(s, b as CUgraph, depth + 1)?);
                     }
                 }
-                None => out.unknown = true,
+                // A clone's: its bodies are the original's, as they were when cloned.
+                None => match s.mem.graph().floor(node as usize) {
+                    Some(floor) => out.local = out.local.max(floor),
+                    None => out.unknown = true,
+                },
             },
-            CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node) {
-                Some((func, kern)) => out.local = out.local.max(node_local(s, dev, func, kern)),
+            CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node).and_then(|(f, k)| node_local(s, f, k)) {
+                Some(local) => out.local = out.local.max(local),
                 None => out.unknown = true,
             },
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
@@ -106,6 +112,7 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
                 // SAFETY: valid out-pointer of the parameter struct.
                 if !unsafe { s.cuda.cuGraphMemAllocNodeGetParams(node, &mut p) }.ok() {
+                    out.unknown = true;
                     continue;
                 }
                 let loc = p.poolProps.location;
@@ -123,11 +130,6 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
             }
             _ => {}
         }
-    }
-    if let Some(floor) = s.mem.graph().floor(graph as usize) {
-        // A clone: its conditional nodes' bodies are the original's, as they were when cloned.
-        out.local = out.local.max(floor);
-        out.unknown = false;
     }
     Some(out)
 }
@@ -166,28 +168,21 @@ impl Walked {
 }
 
 /// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), read as a
-/// direct launch of it reads it (`context::first_launch`); 0 on a device without accounting or when the driver
-/// does not say.
-fn node_local(s: &Shim, dev: Option<Dev>, func: CUfunction, kern: CUkernel) -> u64 {
+/// direct launch of it reads it (`context::local_size`), whether or not a context is current (an update needs
+/// none): a library kernel's on every device, the largest. `None`: the driver will not say.
+fn node_local(s: &Shim, func: CUfunction, kern: CUkernel) -> Option<u64> {
     let f = if func.is_null() { kern as CUfunction } else { func };
-    let Some(dev) = dev.filter(|_| !f.is_null()) else {
-        return 0;
-    };
-    let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the program's handle, which the driver checks.
-    let known = unsafe {
-        s.cuda
-            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-            .ok()
-            || s.cuda
-                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
-                .ok()
-    };
-    if known {
-        local.max(0) as u64
-    } else {
-        0
+    if f.is_null() {
+        return Some(0);
     }
+    let mut n: c_int = 0;
+    // SAFETY: valid out-pointer.
+    if !unsafe { s.cuda.cuDeviceGetCount(&mut n) }.ok() || n < 1 {
+        return super::context::local_size(s, f, 0);
+    }
+    (0..n)
+        .map(|d| super::context::local_size(s, f, d))
+        .try_fold(0, |m, l| Some(m.max(l?)))
 }
 
 /// What the first launch or upload of `exec` in the current context makes the driver grow its stack by: the
@@ -196,12 +191,10 @@ fn node_local(s: &Shim, dev: Option<Dev>, func: CUfunction, kern: CUkernel) -> u
 /// are priced). Admitted by `context::first_launch`, the one routine every launch path takes.
 pub(crate) fn stack_growth(s: &Shim, dev: Dev, exec: usize) -> u64 {
     let local = s.mem.graph().stack(exec);
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    if local == 0 || !unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+    if local == 0 {
         return 0;
     }
-    super::context::stack_bytes(s, dev, local.saturating_sub(stack as u64))
+    super::context::stack_bytes(s, dev, local.saturating_sub(super::context::stack_size(s)))
 }
 
 /// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
@@ -325,7 +318,7 @@ pub(crate) unsafe fn exec_kernel_update(
     v2: bool,
 ) -> CUresult {
     let local = if params.is_null() {
-        0
+        Some(0)
     } else {
         // SAFETY: the driver's contract: a v2 struct, or (bare form) a v1 struct, which is the v2 one's prefix.
         let (func, kern) = unsafe {
@@ -333,7 +326,18 @@ pub(crate) unsafe fn exec_kernel_update(
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
         };
-        node_local(s, s.devices.current(&s.cuda), func, kern)
+        node_local(s, func, kern)
+    };
+    let Some(local) = local.or_else(|| {
+        s.devices.refresh_if_changed();
+        (!s.devices.memory_limited()).then_some(0)
+    }) else {
+        log!(
+            Level::Error,
+            "kernel node update of graph exec {exec:p} refused: the driver will not give the new kernel's local \
+             memory size, so the memory cap could not be kept"
+        );
+        return CUresult::ERROR_NOT_SUPPORTED;
     };
     let r = call();
     if r.ok() {
@@ -490,12 +494,48 @@ fn cloned_into(s: &Shim, node: CUgraphNode, original: CUgraph) {
     }
 }
 
-/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): it needs
-/// what `original` does now. An original that cannot be walked records nothing (the clone's conditional nodes
-/// then make its instantiation refused).
+/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): each of
+/// those it holds now, in its child graphs too, needs at most what `original` does now. Nodes added to the clone
+/// later are not covered (one made past cuquota stays unknown). An original that cannot be walked, or holds a
+/// conditional node of unknown bodies, records nothing (the clone's conditional nodes then make its
+/// instantiation refused under a cap).
 fn clone_of(s: &Shim, clone: CUgraph, original: CUgraph) {
-    if let Some(w) = footprint(s, original) {
-        s.mem.graph().set_floor(clone as usize, w.local);
+    if let Some(w) = footprint(s, original).filter(|w| !w.unknown) {
+        cover(s, clone, w.local, 0);
+    }
+}
+
+/// Records `local` for the conditional nodes of unknown bodies in `graph` and its child graphs.
+fn cover(s: &Shim, graph: CUgraph, local: u64, depth: u32) {
+    let mut n: usize = 0;
+    // SAFETY: valid out-pointer; NULL node array asks for the count.
+    if depth > MAX_DEPTH || !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
+        return;
+    }
+    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` holds `n` entries.
+    if n == 0 || !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
+        return;
+    }
+    for &node in nodes.iter().take(n) {
+        let mut ty = CUgraphNodeType::MAX;
+        // SAFETY: valid out-pointer.
+        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
+            continue;
+        }
+        match ty {
+            CU_GRAPH_NODE_TYPE_CONDITIONAL if s.mem.graph().bodies(node as usize).is_none() => {
+                s.mem.graph().set_floor(node as usize, local);
+            }
+            CU_GRAPH_NODE_TYPE_GRAPH => {
+                let mut child: CUgraph = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                if unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
+                    cover(s, child, local, depth + 1);
+                }
+            }
+            _ => {}
+        }
     }
 }
 

@@ -82,8 +82,9 @@ struct GraphKernels {
     stacks: HashMap<usize, u64>,
     /// Conditional node → its body graphs, recorded when it was added (no call of cuda.h lists them after).
     bodies: HashMap<usize, Vec<usize>>,
-    /// Graph → the stack need of the graph it was cloned from when cloned (its conditional nodes are new
-    /// handles whose bodies no call can list, and no call can change).
+    /// Conditional node a clone came with → the stack need of the graph it was cloned from when cloned (such a
+    /// node is a new handle whose bodies no call can list, and no call can change). Per node, not per graph:
+    /// a node added to the clone later is not covered.
     floors: HashMap<usize, u64>,
 }
 
@@ -132,14 +133,15 @@ impl GraphMem {
         self.kernels.lock().bodies.get(&node).cloned()
     }
 
-    /// `graph` is a clone of a graph whose kernels needed `local` bytes of stack per thread.
-    pub(crate) fn set_floor(&self, graph: usize, local: u64) {
-        self.kernels.lock().floors.insert(graph, local);
+    /// Conditional node `node` came with a clone of a graph whose kernels needed `local` bytes of stack per
+    /// thread.
+    pub(crate) fn set_floor(&self, node: usize, local: u64) {
+        self.kernels.lock().floors.insert(node, local);
     }
 
-    /// What `graph`'s original needed when it was cloned (`None`: not a clone we saw).
-    pub(crate) fn floor(&self, graph: usize) -> Option<u64> {
-        self.kernels.lock().floors.get(&graph).copied()
+    /// What the original of the clone conditional node `node` came with needed (`None`: not such a node).
+    pub(crate) fn floor(&self, node: usize) -> Option<u64> {
+        self.kernels.lock().floors.get(&node).copied()
     }
 
     /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
