@@ -195,7 +195,7 @@ pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimi
     let bytes = |v: usize| -> u64 {
         match limit {
             CU_LIMIT_PRINTF_FIFO_SIZE | CU_LIMIT_MALLOC_HEAP_SIZE => v as u64,
-            CU_LIMIT_STACK_SIZE => stack_bytes(s, dev, v as u64),
+            CU_LIMIT_STACK_SIZE => super::stack::bytes(s, dev, v as u64),
             _ => 0,
         }
     };
@@ -206,20 +206,6 @@ pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimi
     // SAFETY: setting the limit back to the value it had.
     let undo = (known && value > cur).then_some(|| unsafe { s.cuda.cuCtxSetLimit(limit, cur) });
     s.mem.setting_limit(&s.nvml, dev, growth, call, undo)
-}
-
-/// Device memory a per-thread stack of `per_thread` bytes takes: one for every thread the device can hold.
-pub(crate) fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
-    let attr = |a: CUdevice_attribute| {
-        let mut n: c_int = 0;
-        // SAFETY: valid out-pointer.
-        let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
-        (ok && n > 0).then_some(n as u64)
-    };
-    // Unknown: as many as today's largest GPUs hold (fail towards charging).
-    let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
-    let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
-    per_thread.saturating_mul(sms * threads)
 }
 
 /// Whose code or globals a lookup may load.
@@ -526,7 +512,7 @@ pub(crate) fn first_launch_begin(
         ..FirstUseOf::default()
     };
     if how == Use::Graph {
-        what.stack = super::graph_memory::stack_growth(s, dev, f);
+        what.stack = super::stack::graph_growth(s, dev, f);
         return s.mem.first_use_begin(&s.cuda, dev, what);
     }
     let f = f as CUfunction;
@@ -535,7 +521,7 @@ pub(crate) fn first_launch_begin(
         key: 0,
         bytes: Some(0),
     });
-    let Some(local) = local_size(s, f, dev.ordinal) else {
+    let Some(local) = super::stack::local_size(s, f, dev.ordinal) else {
         log!(
             Level::Error,
             "launch of function {f:p} refused: the driver will not give its local memory size, so the stack its \
@@ -544,7 +530,7 @@ pub(crate) fn first_launch_begin(
         return Err(OverCap);
     };
     if local > 0 {
-        what.stack = stack_bytes(s, dev, local.saturating_sub(stack_size(s)));
+        what.stack = super::stack::bytes(s, dev, local.saturating_sub(super::stack::size(s)));
     }
     // The stack first: a launch refused for it loads nothing.
     let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
@@ -556,43 +542,6 @@ pub(crate) fn first_launch_begin(
         return Err(OverCap);
     }
     Ok(call)
-}
-
-/// The local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`) of `f`, a `CUfunction` or a `CUkernel`
-/// (asked for device `ordinal`). `Some(0)` for a handle the driver knows as neither (its launch fails there
-/// too); `None` when the driver will not say (fail closed: the caller refuses under a cap).
-pub(crate) fn local_size(s: &Shim, f: CUfunction, ordinal: CUdevice) -> Option<u64> {
-    let mut local: c_int = 0;
-    // SAFETY: valid out-pointer; `f` is the program's handle, which the driver checks.
-    let r = unsafe {
-        s.cuda
-            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-    };
-    if r.ok() {
-        return Some(local.max(0) as u64);
-    }
-    // SAFETY: as above.
-    let k = unsafe {
-        s.cuda
-            .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, ordinal)
-    };
-    if k.ok() {
-        return Some(local.max(0) as u64);
-    }
-    let bad_handle =
-        |r: CUresult| matches!(r, CUresult::ERROR_INVALID_HANDLE | CUresult::ERROR_INVALID_VALUE);
-    (bad_handle(r) && bad_handle(k)).then_some(0)
-}
-
-/// The current context's stack size per thread; 0 when the driver will not say (the whole need is admitted).
-pub(crate) fn stack_size(s: &Shim) -> u64 {
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    if unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-        stack as u64
-    } else {
-        0
-    }
 }
 
 /// Before a first launch of `f` in the current context: its code is loaded first, as the program's own call

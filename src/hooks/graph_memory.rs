@@ -21,7 +21,6 @@ use crate::log::{log, Level};
 use crate::memory::charge::Charge;
 use crate::memory::reconcile::Use;
 use crate::state::Shim;
-use std::ffi::c_int;
 
 /// Child graphs and conditional bodies nested deeper than this are not walked (fail closed: such a graph's
 /// instantiation is refused).
@@ -103,10 +102,12 @@ fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
                     None => out.unknown = true,
                 },
             },
-            CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node).and_then(|(f, k)| node_local(s, f, k)) {
-                Some(local) => out.local = out.local.max(local),
-                None => out.unknown = true,
-            },
+            CU_GRAPH_NODE_TYPE_KERNEL => {
+                match kernel_node(s, node).and_then(|(f, k)| super::stack::node_local(s, f, k)) {
+                    Some(local) => out.local = out.local.max(local),
+                    None => out.unknown = true,
+                }
+            }
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
                 // SAFETY: zeroed is a valid value of this plain C struct.
                 let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
@@ -165,36 +166,6 @@ impl Walked {
         self.local = self.local.max(o.local);
         self.unknown |= o.unknown;
     }
-}
-
-/// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), read as a
-/// direct launch of it reads it (`context::local_size`), whether or not a context is current (an update needs
-/// none): a library kernel's on every device, the largest. `None`: the driver will not say.
-fn node_local(s: &Shim, func: CUfunction, kern: CUkernel) -> Option<u64> {
-    let f = if func.is_null() { kern as CUfunction } else { func };
-    if f.is_null() {
-        return Some(0);
-    }
-    let mut n: c_int = 0;
-    // SAFETY: valid out-pointer.
-    if !unsafe { s.cuda.cuDeviceGetCount(&mut n) }.ok() || n < 1 {
-        return super::context::local_size(s, f, 0);
-    }
-    (0..n)
-        .map(|d| super::context::local_size(s, f, d))
-        .try_fold(0, |m, l| Some(m.max(l?)))
-}
-
-/// What the first launch or upload of `exec` in the current context makes the driver grow its stack by: the
-/// largest local memory its kernels need (recorded at instantiation and update) beyond the context's stack size,
-/// for every thread the device holds (`context::stack_bytes`, as a direct launch's growth and `cuCtxSetLimit`
-/// are priced). Admitted by `context::first_launch`, the one routine every launch path takes.
-pub(crate) fn stack_growth(s: &Shim, dev: Dev, exec: usize) -> u64 {
-    let local = s.mem.graph().stack(exec);
-    if local == 0 {
-        return 0;
-    }
-    super::context::stack_bytes(s, dev, local.saturating_sub(super::context::stack_size(s)))
 }
 
 /// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
@@ -326,7 +297,7 @@ pub(crate) unsafe fn exec_kernel_update(
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
         };
-        node_local(s, func, kern)
+        super::stack::node_local(s, func, kern)
     };
     let Some(local) = local.or_else(|| {
         s.devices.refresh_if_changed();
@@ -595,7 +566,7 @@ pub(crate) fn upload(
     ds: DefaultStream,
 ) -> CUresult {
     if s.mem.first_use_armed() {
-        let probe = super::launch::probe_stream(stream, ds);
+        let probe = super::probe_stream(stream, ds);
         let Ok(first) = super::context::first_launch(s, Use::Graph, exec as usize, probe) else {
             return CUresult::ERROR_OUT_OF_MEMORY;
         };
