@@ -13,6 +13,9 @@
  *   first_use_lies fifo SIZE N      cuModuleLoad of a FIFO: a writer thread hands the plain cubin to the
  *                                       driver's read, then a 1-byte-global one to whoever opens it next.
  *   first_use_lies pipe SIZE N      cuModuleLoad of a FIFO written once (a module read from a pipe).
+ *   first_use_lies ctxcycle SIZE N  one library of the plain cubin; N times: a context created, its global
+ *                                       looked up there (cuLibraryGetGlobal), the context destroyed.
+ *   first_use_lies fatjunk SIZE N   a fat binary of the plain cubin (sm_90) and an sm_80 entry that is no ELF.
  *   first_use_lies libfile SIZE N   the plain cubin as a file, N libraries of it (cuLibraryLoadFromFile,
  *                                       cuLibraryGetGlobal).
  */
@@ -151,12 +154,53 @@ int main(int argc, char **argv) {
                 usleep(1000);
             }
             unlink(g_fifo);
-        } else if (strcmp(mode, "libfile") != 0) {
+        } else if (strcmp(mode, "fatjunk") == 0) {
+            static unsigned char fat[8192];
+            size_t len = cubin(image, size, "");
+            unsigned char *f = fat;
+            memset(fat, 0, sizeof fat);
+            size_t at = 16;
+            unsigned sms[2] = {80, 90};
+            for (int k = 0; k < 2; k++) {
+                size_t plen = k == 0 ? 64 : len;
+                unsigned char *e = f + at;
+                *(uint16_t *)(e + 0) = 2;             /* ELF */
+                *(uint32_t *)(e + 4) = 64;            /* header size */
+                *(uint32_t *)(e + 8) = (uint32_t)plen; /* payload */
+                *(uint32_t *)(e + 28) = sms[k];
+                if (k == 0) memset(e + 64, 0xee, plen); /* no ELF: another GPU's entry the driver never reads */
+                else memcpy(e + 64, image, plen);
+                at += 64 + plen;
+            }
+            *(uint32_t *)(f + 0) = 0xBA55ED50;
+            *(uint16_t *)(f + 4) = 1;
+            *(uint16_t *)(f + 6) = 16;
+            *(uint64_t *)(f + 8) = at - 16;
+            r = cuModuleLoadData(&m, fat);
+        } else if (strcmp(mode, "libfile") != 0 && strcmp(mode, "ctxcycle") != 0) {
             cubin(image, size, mode);
             r = cuModuleLoadData(&m, image);
         }
         CUdeviceptr p;
         size_t bytes;
+        if (strcmp(mode, "ctxcycle") == 0) {
+            static CUlibrary lib;
+            if (i == 0) {
+                cubin(image, size, "");
+                CK(cuLibraryLoadData(&lib, image, NULL, NULL, 0, NULL, NULL, 0));
+            }
+            CUcontext c;
+            if ((r = cuCtxCreate(&c, NULL, 0, d0)) != CUDA_SUCCESS) {
+                printf("ctx.%d=%s\n", i, cq_err(r));
+                break;
+            }
+            r = cuLibraryGetGlobal(&p, &bytes, lib, "g");
+            printf("global.%d=%s\n", i, cq_err(r));
+            used(0, "used");
+            CK(cuCtxDestroy(c));
+            CK(cuCtxSetCurrent(primary0(&d0)));
+            continue;
+        }
         if (strcmp(mode, "libfile") == 0) {
             snprintf(g_fifo, sizeof g_fifo, "/tmp/first_use_lies.%d.cubin", (int)getpid());
             size_t len = cubin(image, size, "");

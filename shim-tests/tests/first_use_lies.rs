@@ -114,3 +114,19 @@ fn libraries_from_a_file_are_loaded_and_charged() {
     assert_eq!(out.get("global.1"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
     out.assert_used_within(GIB);
 }
+
+/// A library's 256 MiB global looked up in a context that is then destroyed, sixteen times, without NVML (a
+/// context costs 256 MiB by the estimate): each context's
+/// charge goes with it, so none is refused.
+#[test]
+fn a_librarys_charge_goes_with_its_context() {
+    let out = run("ctxcycle 256m 16", &[NO_NVML]);
+    for i in 0..16 {
+        assert_eq!(
+            out.get(&format!("global.{i}")),
+            Some("CUDA_SUCCESS"),
+            "{i}:{out:?}"
+        );
+    }
+    out.assert_used_within(GIB);
+}
