@@ -588,24 +588,128 @@ fn first_launch_done(s: &Shim, c: FirstLaunch<'_>, r: CUresult) {
 pub(crate) enum ImageAt {
     /// In memory (`cuModuleLoadData`, `…Ex`, `cuModuleLoadFatBinary`, `cuLibraryLoadData`).
     Memory(*const std::ffi::c_void),
-    /// A file (`cuModuleLoad`, `cuLibraryLoadFromFile`).
-    File(*const std::ffi::c_char),
+    /// A file's contents, read once by us and handed to the driver as they are (`cuModuleLoad`,
+    /// `cuLibraryLoadFromFile`: see [`read_image_file`]).
+    Bytes(*const u8, usize),
 }
 
 impl ImageAt {
     /// # Safety
-    /// The image is one the driver just loaded (complete in memory, or a NUL-terminated path).
+    /// The image is one the driver just loaded (complete in memory, or `len` readable bytes).
     unsafe fn footprint(self) -> Option<u64> {
         match self {
             // SAFETY: the caller's contract.
             ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast()) },
-            ImageAt::File(p) if !p.is_null() => {
-                // SAFETY: as above.
-                let path = unsafe { std::ffi::CStr::from_ptr(p) }.to_str().ok()?;
-                crate::memory::image::footprint(&std::fs::read(path).ok()?)
+            ImageAt::Bytes(p, n) => {
+                // SAFETY: `n` readable bytes at `p` (the caller's contract).
+                let data = unsafe { std::slice::from_raw_parts(p, n) };
+                crate::memory::image::footprint(data)
             }
-            ImageAt::File(_) => None,
         }
+    }
+}
+
+/// A module or library file's contents, read once: the driver is handed these very bytes from memory, so what
+/// it loads is what the footprint was read from (reading the file again after the driver did would let a
+/// program swap it in between, and would wait forever on a FIFO or a pipe written once). Followed by 8 NULs
+/// (PTX text ends at a NUL). `Err`: the driver's answer for it (unreadable: not found; a binary format whose
+/// headers point past the file: an invalid image, never read past our copy).
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+unsafe fn read_image_file(path: *const std::ffi::c_char) -> Result<(Vec<u8>, usize), CUresult> {
+    if path.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's contract.
+    let path = unsafe { std::ffi::CStr::from_ptr(path) };
+    let path = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes());
+    let mut data = std::fs::read(path).map_err(|_| CUresult::ERROR_FILE_NOT_FOUND)?;
+    if !crate::memory::image::inside(&data) {
+        return Err(CUresult::ERROR_INVALID_IMAGE);
+    }
+    let len = data.len();
+    data.extend_from_slice(&[0; 8]);
+    Ok((data, len))
+}
+
+/// `cuModuleLoad`: the file read once ([`read_image_file`]) and loaded with `cuModuleLoadData`.
+///
+/// # Safety
+/// As `cuModuleLoad` requires.
+pub(crate) unsafe fn module_load_file(
+    s: &Shim,
+    _call: impl FnOnce() -> CUresult,
+    module: *mut CUmodule,
+    fname: *const std::ffi::c_char,
+) -> CUresult {
+    // SAFETY: the caller's contract.
+    let (data, len) = match unsafe { read_image_file(fname) } {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let p = data.as_ptr();
+    // SAFETY: `data` outlives the call (the driver copies a module's image); `module` is the program's.
+    unsafe {
+        module_load(
+            s,
+            || s.cuda.cuModuleLoadData(module, p.cast()),
+            module,
+            ImageAt::Bytes(p, len),
+        )
+    }
+}
+
+/// `cuLibraryLoadFromFile`: the file read once ([`read_image_file`]) and loaded with `cuLibraryLoadData` and the
+/// same options. With library options (`CU_LIBRARY_BINARY_IS_PRESERVED` lets the driver keep reading the
+/// image until the library is unloaded) the copy is never freed.
+///
+/// # Safety
+/// As `cuLibraryLoadFromFile` requires.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn library_load_file(
+    s: &Shim,
+    _call: impl FnOnce() -> CUresult,
+    library: *mut CUlibrary,
+    file: *const std::ffi::c_char,
+    jit_options: *mut CUjit_option,
+    jit_values: *mut *mut std::ffi::c_void,
+    n_jit: std::ffi::c_uint,
+    lib_options: *mut CUlibraryOption,
+    lib_values: *mut *mut std::ffi::c_void,
+    n_lib: std::ffi::c_uint,
+) -> CUresult {
+    // SAFETY: the caller's contract.
+    let (data, len) = match unsafe { read_image_file(file) } {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let kept;
+    let p = if n_lib > 0 {
+        Vec::leak(data).as_ptr()
+    } else {
+        kept = data;
+        kept.as_ptr()
+    };
+    // SAFETY: `data` outlives the call (leaked where the driver may keep it); the options are the program's.
+    unsafe {
+        library_load(
+            s,
+            || {
+                s.cuda.cuLibraryLoadData(
+                    library,
+                    p.cast(),
+                    jit_options,
+                    jit_values,
+                    n_jit,
+                    lib_options,
+                    lib_values,
+                    n_lib,
+                )
+            },
+            library,
+            ImageAt::Bytes(p, len),
+        )
     }
 }
 
