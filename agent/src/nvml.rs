@@ -272,6 +272,92 @@ impl Nvml {
     }
 }
 
+/// What a GPU is, as NVML describes it (each `None` where this NVML cannot say).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Details {
+    /// `nvmlDeviceGetName`: `NVIDIA H100 80GB HBM3`.
+    pub product_name: Option<String>,
+    /// `nvmlDeviceGetArchitecture`, named as NVIDIA's DRA driver names it: `Hopper`.
+    pub architecture: Option<String>,
+    /// `nvmlDeviceGetCudaComputeCapability`: (major, minor).
+    pub compute_capability: Option<(i32, i32)>,
+    /// `nvmlDeviceGetPciInfo_v3`: (domain, bus, device).
+    pub pci: Option<(u32, u32, u32)>,
+}
+
+/// The name of an `NVML_DEVICE_ARCH_*` value (nvml.h).
+pub fn architecture_name(arch: c_uint) -> Option<&'static str> {
+    Some(match arch {
+        2 => "Kepler",
+        3 => "Maxwell",
+        4 => "Pascal",
+        5 => "Volta",
+        6 => "Turing",
+        7 => "Ampere",
+        8 => "Ada Lovelace",
+        9 => "Hopper",
+        10 => "Blackwell",
+        _ => return None,
+    })
+}
+
+/// A NUL-terminated answer in `buf`, if NVML wrote one.
+fn c_string(buf: &[c_char]) -> Option<String> {
+    let end = buf.iter().position(|&c| c == 0)?;
+    // SAFETY: c_char and u8 have one layout; `end` is within the buffer.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), end) };
+    Some(String::from_utf8_lossy(bytes).into_owned()).filter(|s| !s.is_empty())
+}
+
+impl Nvml {
+    /// The GPU's name, architecture, compute capability and PCI address; a call this NVML lacks or refuses
+    /// leaves its field `None`.
+    pub fn details(&self, gpu: &Gpu) -> Details {
+        let mut name = [0 as c_char; 96]; // NVML_DEVICE_NAME_V2_BUFFER_SIZE
+                                          // SAFETY: name holds 96 bytes.
+        let product_name = unsafe { self.f.nvmlDeviceGetName(gpu.handle, name.as_mut_ptr(), 96) }
+            .ok()
+            .then(|| c_string(&name))
+            .flatten();
+        let mut arch: c_uint = 0;
+        // SAFETY: valid out-pointer.
+        let architecture = unsafe { self.f.nvmlDeviceGetArchitecture(gpu.handle, &mut arch) }
+            .ok()
+            .then(|| architecture_name(arch))
+            .flatten()
+            .map(str::to_string);
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: valid out-pointers.
+        let compute_capability = unsafe {
+            self.f
+                .nvmlDeviceGetCudaComputeCapability(gpu.handle, &mut major, &mut minor)
+        }
+        .ok()
+        .then_some((major, minor));
+        let mut pci = cuquota_ffi::nvml::nvmlPciInfo_t::default();
+        // SAFETY: valid out-pointer.
+        let pci = unsafe { self.f.nvmlDeviceGetPciInfo_v3(gpu.handle, &mut pci) }
+            .ok()
+            .then_some((pci.domain, pci.bus, pci.device));
+        Details {
+            product_name,
+            architecture,
+            compute_capability,
+            pci,
+        }
+    }
+
+    /// `nvmlSystemGetDriverVersion`: `580.82.07`; `None` where this NVML cannot say.
+    pub fn driver_version(&self) -> Option<String> {
+        let mut buf = [0 as c_char; 80]; // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
+                                         // SAFETY: buf holds 80 bytes.
+        unsafe { self.f.nvmlSystemGetDriverVersion(buf.as_mut_ptr(), 80) }
+            .ok()
+            .then(|| c_string(&buf))
+            .flatten()
+    }
+}
+
 impl Drop for Nvml {
     fn drop(&mut self) {
         // SAFETY: balanced with the nvmlInit_v2 in load.

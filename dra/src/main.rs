@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use cuquota_dra::gpu_access::DriverFiles;
-use cuquota_dra::inventory::{Gpu, Inventory};
+use cuquota_dra::inventory::{self, Gpu, Inventory};
 use cuquota_dra::kube_api::KubeSource;
 use cuquota_dra::prepare::{ExtraMount, Layout};
 use cuquota_dra::server::{serve, Plugin};
@@ -101,17 +101,39 @@ struct Args {
     registrar_dir: PathBuf,
 }
 
-/// The node's GPUs: as given, or every GPU NVML lists.
-fn gpus(given: Vec<Gpu>) -> Result<Vec<Gpu>, String> {
+/// The node's GPUs: as given, or every GPU NVML lists, with what NVML and the node's sysfs (under
+/// `host_root`) say of each.
+fn gpus(given: Vec<Gpu>, host_root: &std::path::Path) -> Result<Vec<Gpu>, String> {
     if !given.is_empty() {
         return Ok(given);
     }
     let nvml = cuquota_agent::nvml::Nvml::load()?;
+    let driver_version = nvml.driver_version().as_deref().and_then(inventory::semver);
     let gpus = nvml
         .gpus()?
         .into_iter()
-        .map(|g| Gpu::new(&g.uuid, g.memory_total_bytes, "NVIDIA GPU"))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|g| {
+            let d = nvml.details(&g);
+            let mut gpu = Gpu::new(
+                &g.uuid,
+                g.memory_total_bytes,
+                d.product_name.as_deref().unwrap_or("NVIDIA GPU"),
+            )?;
+            let pci_bus_id = d
+                .pci
+                .map(|(dom, bus, dev)| format!("{dom:04x}:{bus:02x}:{dev:02x}.0"));
+            gpu.details = inventory::Details {
+                architecture: d.architecture,
+                compute_capability: d.compute_capability.map(|(a, b)| format!("{a}.{b}.0")),
+                driver_version: driver_version.clone(),
+                pcie_root: pci_bus_id
+                    .as_deref()
+                    .and_then(|id| inventory::pcie_root(host_root, id)),
+                pci_bus_id,
+            };
+            Ok(gpu)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     if gpus.is_empty() {
         return Err(format!("NVML ({}) lists no GPU", nvml.library()));
     }
@@ -120,7 +142,7 @@ fn gpus(given: Vec<Gpu>) -> Result<Vec<Gpu>, String> {
 
 fn main() -> std::process::ExitCode {
     let a = Args::parse();
-    let gpus = match gpus(a.gpus) {
+    let gpus = match gpus(a.gpus, &a.host_root) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("cuquota-dra-plugin: the node's GPUs: {e} (or name them with --gpu)");

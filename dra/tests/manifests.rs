@@ -247,3 +247,64 @@ fn a_node_can_publish_the_sm_share_under_hamis_name_cores() {
     let (ok, out) = kubernetes_validate(&[p]);
     assert!(ok, "{out}");
 }
+
+/// The slice from NVML describes each GPU as NVIDIA's DRA driver does (productName, architecture,
+/// cudaComputeCapability and driverVersion as semantic versions, the PCI address) and upstream's standard
+/// `resource.kubernetes.io/pciBusID` and `pcieRoot`, the root found in the node's sysfs under --host-root.
+#[test]
+fn the_slice_describes_each_gpu_from_nvml() {
+    let dir = tempfile::tempdir().unwrap();
+    // A node's sysfs: the simulator's first GPU (0000:18:00.0) under root complex pci0000:17.
+    let host = dir.path().join("host");
+    std::fs::create_dir_all(host.join("sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0")).unwrap();
+    std::fs::create_dir_all(host.join("sys/bus/pci/devices")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../../devices/pci0000:17/0000:17:01.0/0000:18:00.0",
+        host.join("sys/bus/pci/devices/0000:18:00.0"),
+    )
+    .unwrap();
+    let out = plugin(
+        &[
+            "--node",
+            "n",
+            "--print-resource-slice",
+            "--host-root",
+            host.to_str().unwrap(),
+        ],
+        &[
+            ("CUQUOTA_LIBNVML", shim_tests::sim_lib().display().to_string()),
+            (
+                "CUDASIM_STATE",
+                dir.path().join("sim.state").display().to_string(),
+            ),
+            ("CUDASIM_DEVICES", "2".into()),
+            ("CUDASIM_MEMORY", "80g,16g".into()),
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = &v["spec"]["devices"][0]["attributes"];
+    assert_eq!(
+        a["productName"]["string"], "NVIDIA H100 80GB HBM3 (cudasim)",
+        "{out}"
+    );
+    assert_eq!(a["architecture"]["string"], "Hopper", "{out}");
+    assert_eq!(a["cudaComputeCapability"]["version"], "9.0.0", "{out}");
+    // The simulator's default driver is CUDA 13.0's, 580.82.07.
+    assert_eq!(a["driverVersion"]["version"], "580.82.7", "{out}");
+    assert_eq!(a["pcieBusID"]["string"], "0000:18:00.0", "{out}");
+    assert_eq!(
+        a["resource.kubernetes.io/pciBusID"]["string"], "0000:18:00.0",
+        "{out}"
+    );
+    assert_eq!(
+        a["resource.kubernetes.io/pcieRoot"]["string"], "pci0000:17",
+        "{out}"
+    );
+    // The second GPU is not in this sysfs: no root is guessed for it.
+    let b = &v["spec"]["devices"][1]["attributes"];
+    assert_eq!(
+        b["resource.kubernetes.io/pciBusID"]["string"], "0000:28:00.0",
+        "{out}"
+    );
+    assert!(b.get("resource.kubernetes.io/pcieRoot").is_none(), "{out}");
+}

@@ -2,7 +2,7 @@
 #![allow(non_camel_case_types, non_snake_case, missing_docs)]
 
 use super::{c_aliases, c_codes, c_consts, c_functions, c_structs};
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 /// `nvmlReturn_t`, a transparent newtype so unknown values pass through.
 #[repr(transparent)]
@@ -35,6 +35,7 @@ c_aliases! { checked_aliases;
     pub type nvmlDevice_t = *mut c_void;
     pub type nvmlVgpuInstance_t = c_uint;
     pub type nvmlEnableState_t = c_uint;
+    pub type nvmlDeviceArchitecture_t = c_uint;
     /// Opaque structs of calls the shim refuses without reading them (vGPU guests' processes).
     pub type nvmlVgpuProcessUtilizationSample_t = c_void;
     pub type nvmlVgpuProcessesUtilizationInfo_t = c_void;
@@ -177,6 +178,18 @@ c_structs! { checked_structs;
         pub decUtil: c_uint,
     }
 
+    /// `nvmlPciInfo_t` (`nvmlDeviceGetPciInfo_v3`).
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlPciInfo_t {
+        pub busIdLegacy: [c_char; 16],
+        pub domain: c_uint,
+        pub bus: c_uint,
+        pub device: c_uint,
+        pub pciDeviceId: c_uint,
+        pub pciSubSystemId: c_uint,
+        pub busId: [c_char; 32],
+    }
+
     /// `nvmlUtilization_t`.
     #[derive(Clone, Copy, Debug, Default)]
     pub struct nvmlUtilization_t {
@@ -244,6 +257,12 @@ c_functions! {
     nvmlDeviceGetUUID (device: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
     nvmlDeviceGetIndex (device: nvmlDevice_t, index: *mut c_uint);
     nvmlDeviceGetUtilizationRates (device: nvmlDevice_t, utilization: *mut nvmlUtilization_t);
+    // what the DRA plugin publishes as device attributes
+    nvmlDeviceGetName (device: nvmlDevice_t, name: *mut c_char, length: c_uint);
+    nvmlDeviceGetArchitecture (device: nvmlDevice_t, arch: *mut nvmlDeviceArchitecture_t);
+    nvmlDeviceGetCudaComputeCapability (device: nvmlDevice_t, major: *mut c_int, minor: *mut c_int);
+    nvmlDeviceGetPciInfo_v3 (device: nvmlDevice_t, pci: *mut nvmlPciInfo_t);
+    nvmlSystemGetDriverVersion (version: *mut c_char, length: c_uint);
 }
 
 /// `nvmlErrorString`, the one NVML function cuquota calls that returns no `nvmlReturn_t`: a static string.

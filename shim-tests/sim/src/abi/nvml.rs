@@ -266,6 +266,13 @@ nvml_fn! {
         nout(minor, 0)
     }
 
+    fn nvmlDeviceGetArchitecture(dev: Device, arch: *mut u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        // NVML_DEVICE_ARCH_HOPPER: the compute capability 9.0 above.
+        nout(arch, 9)
+    }
+
     fn nvmlDeviceGetMultiGpuBoard(dev: Device, multi: *mut u32) {
         let sim = sim()?;
         phys_of(sim, dev)?;
