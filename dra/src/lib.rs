@@ -8,6 +8,7 @@
 pub mod capacity_names;
 pub mod claim;
 pub mod gpu_access;
+pub mod health;
 pub mod inventory;
 pub mod kube_api;
 pub mod pack;

@@ -96,6 +96,10 @@ struct Args {
     /// The kubelet's plugin directory for this driver (the DRA socket dra.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.cuquota.io")]
     plugin_dir: PathBuf,
+    /// Serve GET /healthz (liveness), /readyz (registered with the kubelet) and /metrics (prepares, failures,
+    /// latencies; no claim or tenant named) on this address, HOST:PORT
+    #[arg(long, value_name = "ADDR")]
+    health_listen: Option<std::net::SocketAddr>,
     /// The kubelet's registration directory (the socket <driver>-reg.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     registrar_dir: PathBuf,
@@ -226,6 +230,11 @@ fn main() -> std::process::ExitCode {
             }
         };
         let plugin = Arc::new(Plugin::new(a.driver, inventory, layout, source, endpoint));
+        if let Some(addr) = a.health_listen {
+            // On this runtime, the one that serves the kubelet: a stuck runtime fails the liveness probe.
+            let l = cuquota_dra::health::bind(addr).map_err(|e| e.to_string())?;
+            tokio::spawn(cuquota_dra::health::serve(l, plugin.metrics.clone()));
+        }
         serve(plugin, &reg, shutdown).await.map_err(|e| e.to_string())
     };
     match rt.block_on(run) {

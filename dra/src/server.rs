@@ -37,6 +37,8 @@ pub struct Plugin {
     pub source: Box<dyn ClaimSource>,
     /// The DRA socket, as registered.
     pub endpoint: PathBuf,
+    /// Counters, latencies and readiness (`--health-listen`).
+    pub metrics: Arc<crate::health::Metrics>,
     /// Serialises prepares and unprepares (the kubelet may call concurrently; the files are per claim, the
     /// marker and directories shared).
     lock: Mutex<()>,
@@ -57,6 +59,7 @@ impl Plugin {
             layout,
             source,
             endpoint,
+            metrics: Arc::default(),
             lock: Mutex::new(()),
         }
     }
@@ -187,7 +190,11 @@ impl DraPlugin for DraService {
                 uid: c.uid,
             };
             let uid = r.uid.clone();
+            let start = std::time::Instant::now();
             let resp = self.0.prepare_one(r).await;
+            self.0
+                .metrics
+                .observe("prepare", !resp.error.is_empty(), start.elapsed());
             if !resp.error.is_empty() {
                 eprintln!("cuquota-dra-plugin: prepare: {}", resp.error);
             }
@@ -205,7 +212,11 @@ impl DraPlugin for DraService {
             .claims
             .into_iter()
             .map(|c| {
+                let start = std::time::Instant::now();
                 let r = self.0.unprepare_one(&c.uid);
+                self.0
+                    .metrics
+                    .observe("unprepare", !r.error.is_empty(), start.elapsed());
                 (c.uid, r)
             })
             .collect();
@@ -233,6 +244,7 @@ impl Registration for RegistrationService {
         req: Request<RegistrationStatus>,
     ) -> Result<Response<RegistrationStatusResponse>, Status> {
         let s = req.into_inner();
+        self.0.metrics.set_registered(s.plugin_registered);
         if s.plugin_registered {
             eprintln!("cuquota-dra-plugin: registered with the kubelet");
         } else {

@@ -207,6 +207,25 @@ fn the_plugin_pod_gets_nvml_as_nvidias_plugin_does_and_sees_the_node_read_only()
         .find(|v| v["name"] == mount["name"])
         .unwrap();
     assert_eq!(vol["hostPath"]["path"], "/", "{vol}");
+    // Probes on the port --health-listen serves: /healthz for liveness, /readyz (registered) for readiness.
+    let listen = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--health-listen="))
+        .expect("--health-listen: the probes' endpoint");
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "health")
+        .expect("a port named health");
+    assert!(
+        listen.ends_with(&format!(":{}", port["containerPort"])),
+        "{listen} {port}"
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "health");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "health");
     // The binary takes every argument the manifest gives it.
     let mut all: Vec<&str> = args.clone();
     all.extend([

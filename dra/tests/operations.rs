@@ -1,0 +1,196 @@
+//! Operations, as the kubelet and Prometheus see the plugin binary: its probes (`/healthz`, `/readyz`: ready
+//! once the kubelet's registration succeeded) and its metrics (prepares, failures, latencies), scraped over
+//! HTTP from `--health-listen`.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+use common::{fixture, GPU, UID};
+use cuquota_dra::proto::dra::dra_plugin_client::DraPluginClient;
+use cuquota_dra::proto::dra::{Claim, NodePrepareResourcesRequest, NodeUnprepareResourcesRequest};
+use cuquota_dra::proto::registration::registration_client::RegistrationClient;
+use cuquota_dra::proto::registration::{InfoRequest, RegistrationStatus};
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Channel, Endpoint};
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `GET path` on `port`: (status code, body); None while nothing listens.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    Some((code, body))
+}
+
+fn channel(rt: &tokio::runtime::Runtime, path: &Path) -> Channel {
+    let path = path.to_path_buf();
+    rt.block_on(async {
+        for _ in 0..1000 {
+            if path.exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Endpoint::try_from("http://[::1]:1")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let path = path.clone();
+                async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+            }))
+            .await
+            .unwrap()
+    })
+}
+
+/// The value of the series `name` (labels included) in an OpenMetrics text.
+fn value(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn probes_follow_the_registration_and_metrics_count_prepares_failures_and_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for sub in ["claims/team-a", "cgroup", "lib"] {
+        std::fs::create_dir_all(d.join(sub)).unwrap();
+    }
+    std::fs::write(d.join("lib/libcuquota.so"), b"not really").unwrap();
+    std::fs::write(
+        d.join("claims/team-a/notebook-gpu.json"),
+        serde_json::to_vec(&fixture()).unwrap(),
+    )
+    .unwrap();
+    // A free port (released before the plugin binds it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _plugin = Killed(
+        Command::new(env!("CARGO_BIN_EXE_cuquota-dra-plugin"))
+            .args([
+                "--node",
+                "node-1",
+                "--gpu",
+                &format!("{GPU}=80Gi"),
+                "--no-driver-files",
+            ])
+            .args(["--health-listen", &format!("127.0.0.1:{port}")])
+            .arg("--claims-dir")
+            .arg(d.join("claims"))
+            .arg("--state-dir")
+            .arg(d.join("state"))
+            .arg("--cdi-dir")
+            .arg(d.join("cdi"))
+            .arg("--library")
+            .arg(d.join("lib/libcuquota.so"))
+            .arg("--cgroup-root")
+            .arg(d.join("cgroup"))
+            .arg("--plugin-dir")
+            .arg(d.join("plugins"))
+            .arg("--registrar-dir")
+            .arg(d.join("registry"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut health = None;
+    for _ in 0..1000 {
+        health = get(port, "/healthz");
+        if health.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(health.map(|h| h.0), Some(200), "liveness");
+    // Control: not ready before the kubelet has registered the plugin.
+    let (code, body) = get(port, "/readyz").unwrap();
+    assert_eq!(code, 503, "{body}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut reg = RegistrationClient::new(channel(&rt, &d.join("registry/gpu.cuquota.io-reg.sock")));
+    rt.block_on(reg.get_info(InfoRequest {})).unwrap();
+    // A refusal keeps it unready.
+    let refuse = RegistrationStatus {
+        plugin_registered: false,
+        error: "version".into(),
+    };
+    rt.block_on(reg.notify_registration_status(refuse)).unwrap();
+    assert_eq!(get(port, "/readyz").unwrap().0, 503);
+    let ok = RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    };
+    rt.block_on(reg.notify_registration_status(ok)).unwrap();
+    assert_eq!(get(port, "/readyz").unwrap().0, 200);
+
+    // One claim prepared, one that does not exist (its prepare fails), one unprepared.
+    let mut dra = DraPluginClient::new(channel(&rt, &d.join("plugins/dra.sock")));
+    let claim = |name: &str, uid: &str| Claim {
+        namespace: "team-a".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    let r = rt
+        .block_on(dra.node_prepare_resources(NodePrepareResourcesRequest {
+            claims: vec![
+                claim("notebook-gpu", UID),
+                claim("missing", "00000000-0000-0000-0000-00000000dead"),
+            ],
+        }))
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[UID].error, "", "{r:?}");
+    let r = rt
+        .block_on(dra.node_unprepare_resources(NodeUnprepareResourcesRequest {
+            claims: vec![claim("notebook-gpu", UID)],
+        }))
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims[UID].error, "", "{r:?}");
+
+    let (code, m) = get(port, "/metrics").unwrap();
+    assert_eq!(code, 200, "{m}");
+    let v = |s: &str| value(&m, s).unwrap_or_else(|| panic!("no {s} in\n{m}"));
+    assert_eq!(v("cuquota_dra_operations_total{operation=\"prepare\"}"), 2.0);
+    assert_eq!(
+        v("cuquota_dra_operation_failures_total{operation=\"prepare\"}"),
+        1.0
+    );
+    assert_eq!(v("cuquota_dra_operations_total{operation=\"unprepare\"}"), 1.0);
+    assert_eq!(
+        v("cuquota_dra_operation_duration_seconds_count{operation=\"prepare\"}"),
+        2.0
+    );
+    assert_eq!(
+        v("cuquota_dra_operation_duration_seconds_count{operation=\"unprepare\"}"),
+        1.0
+    );
+    let sum = v("cuquota_dra_operation_duration_seconds_sum{operation=\"prepare\"}");
+    assert!(sum > 0.0 && sum < 60.0, "prepare latency sum {sum}");
+    assert_eq!(v("cuquota_dra_registered"), 1.0);
+    assert!(m.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF:\n{m}");
+}
