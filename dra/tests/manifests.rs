@@ -80,6 +80,10 @@ fn every_object_is_valid_kubernetes_1_37() {
         "daemonset/cuquota-dra-plugin",
         "clusterrole/cuquota-dra-plugin",
         "resourceclaim/notebook-gpu",
+        "validatingadmissionpolicy/cuquota-dra-plugin-own-node-slices",
+        "validatingadmissionpolicybinding/cuquota-dra-plugin-own-node-slices",
+        "validatingadmissionpolicy/cuquota-gpu-claim-parameters",
+        "validatingadmissionpolicy/cuquota-gpu-claim-template-parameters",
     ] {
         assert!(
             out.contains(&format!("passed for resource {want} ")),
@@ -155,6 +159,8 @@ fn kubernetes_kustomization_installs_agent_plugin_and_class_with_the_image_one_s
             "daemonset/cuquota-dra-plugin",
             "clusterrole/cuquota-dra-plugin",
             "deviceclass/gpu.cuquota.io",
+            "validatingadmissionpolicy/cuquota-dra-plugin-own-node-slices",
+            "validatingadmissionpolicybinding/cuquota-gpu-claim-parameters",
         ] {
             assert!(
                 v.contains(&format!("passed for resource {want} ")),
