@@ -103,6 +103,10 @@ struct Args {
     /// The kubelet's registration directory (the socket <driver>-reg.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     registrar_dir: PathBuf,
+    /// This pod's UID: the sockets are named after it (<driver>-<UID>-reg.sock, dra-<UID>.sock), so that
+    /// the old and the new pod of a surge rolling update serve side by side (the kubelet, 1.33+, uses either)
+    #[arg(long, env = "POD_UID", value_parser = pod_uid)]
+    pod_uid: Option<String>,
 }
 
 /// The node's GPUs: as given, or every GPU NVML lists, with what NVML and the node's sysfs (under
@@ -142,6 +146,14 @@ fn gpus(given: Vec<Gpu>, host_root: &std::path::Path) -> Result<Vec<Gpu>, String
         return Err(format!("NVML ({}) lists no GPU", nvml.library()));
     }
     Ok(gpus)
+}
+
+/// A pod UID as a socket-name part: letters, digits and `-` (a UID is a UUID), at most 64.
+fn pod_uid(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(format!("{s:?} is not a pod UID (letters, digits and -)"));
+    }
+    Ok(s.to_string())
 }
 
 fn main() -> std::process::ExitCode {
@@ -186,8 +198,16 @@ fn main() -> std::process::ExitCode {
             d
         }),
     };
-    let reg = a.registrar_dir.join(format!("{}-reg.sock", a.driver));
-    let endpoint = a.plugin_dir.join("dra.sock");
+    let (reg, endpoint) = match &a.pod_uid {
+        Some(uid) => (
+            a.registrar_dir.join(format!("{}-{uid}-reg.sock", a.driver)),
+            a.plugin_dir.join(format!("dra-{uid}.sock")),
+        ),
+        None => (
+            a.registrar_dir.join(format!("{}-reg.sock", a.driver)),
+            a.plugin_dir.join("dra.sock"),
+        ),
+    };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -64,6 +64,42 @@ impl Plugin {
         }
     }
 
+    /// Held while claims' files change: this process's mutex, then an exclusive `flock` on STATE_DIR/.lock,
+    /// which serialises the two instances of a surge rolling update (upstream's kubelet plugin does the same:
+    /// the kubelet may prepare a claim through one and unprepare it through the other). A lock file that
+    /// cannot be opened is logged; the state directory's writes then fail on their own.
+    fn hold(&self) -> Held<'_> {
+        let mutex = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.layout.state_dir.join(".lock");
+        let file = std::fs::create_dir_all(&self.layout.state_dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+            })
+            .and_then(|f| {
+                use std::os::fd::AsRawFd;
+                loop {
+                    // SAFETY: a valid open descriptor; the lock is released when the file is closed.
+                    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                        return Ok(f);
+                    }
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            })
+            .map_err(|e| eprintln!("cuquota-dra-plugin: {}: {e}", path.display()))
+            .ok();
+        Held {
+            _file: file,
+            _mutex: mutex,
+        }
+    }
+
     /// Prepares one claim: the kubelet's per-claim answer (an error string when it cannot be honoured).
     pub async fn prepare_one(&self, c: ClaimRef) -> NodePrepareResourceResponse {
         let fail = |error: String| NodePrepareResourceResponse {
@@ -90,7 +126,7 @@ impl Plugin {
             Err(e) => {
                 // The API unreachable (a node rebooting before the control plane answers): a claim prepared
                 // before is answered from its checkpoint.
-                let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+                let _g = self.hold();
                 return match self.layout.prepared_again(&c, None) {
                     Some(Ok(p)) => answer(p),
                     Some(Err(e)) => fail(e),
@@ -99,7 +135,7 @@ impl Plugin {
             }
         };
         if rc.metadata.uid == c.uid {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = self.hold();
             match self.layout.prepared_again(&c, Some(rc.pods())) {
                 Some(Ok(p)) => return answer(p),
                 Some(Err(e)) => return fail(e),
@@ -116,7 +152,7 @@ impl Plugin {
             Ok(g) => g,
             Err(e) => return fail(e),
         };
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.hold();
         match self.layout.prepare(&c, &grants) {
             Ok(p) => answer(p),
             Err(e) => fail(e),
@@ -127,7 +163,7 @@ impl Plugin {
     /// ([`Layout::restore`]). Returns the claims kept.
     pub fn restore(&self) -> Vec<Prepared> {
         let (kept, log) = {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = self.hold();
             self.layout.restore()
         };
         for l in log {
@@ -142,7 +178,7 @@ impl Plugin {
         for p in kept {
             match self.source.exists(&p.namespace, &p.name, &p.uid).await {
                 Ok(false) => {
-                    let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+                    let _g = self.hold();
                     // Prepared again meanwhile: not stale.
                     if self.layout.prepared(&p.uid).as_ref() != Some(&p) {
                         continue;
@@ -165,11 +201,17 @@ impl Plugin {
     }
 
     fn unprepare_one(&self, uid: &str) -> NodeUnprepareResourceResponse {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.hold();
         NodeUnprepareResourceResponse {
             error: self.layout.unprepare(uid).err().unwrap_or_default(),
         }
     }
+}
+
+/// What [`Plugin::hold`] holds (the file, closed first, releases the `flock`).
+struct Held<'a> {
+    _file: Option<std::fs::File>,
+    _mutex: std::sync::MutexGuard<'a, ()>,
 }
 
 /// The DRA service.
@@ -309,6 +351,10 @@ pub async fn serve(
         let _ = tx.send(true);
     });
     let (a, b, ()) = tokio::join!(dra_server, reg_server, resolver);
+    // Gone with this instance: the kubelet drops a registration whose socket is removed, and the instance
+    // that replaces it in a surge update serves under its own names.
+    let _ = std::fs::remove_file(registration_socket);
+    let _ = std::fs::remove_file(&plugin.endpoint);
     a?;
     b?;
     Ok(())

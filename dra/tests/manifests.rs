@@ -213,6 +213,18 @@ fn the_plugin_pod_gets_nvml_as_nvidias_plugin_does_and_sees_the_node_read_only()
         .find(|v| v["name"] == mount["name"])
         .unwrap();
     assert_eq!(vol["hostPath"]["path"], "/", "{vol}");
+    // Surge rolling updates: the new pod beside the old, its sockets named after its UID.
+    let ru = &ds["spec"]["updateStrategy"];
+    assert_eq!(ru["type"], "RollingUpdate");
+    assert_eq!(ru["rollingUpdate"]["maxSurge"], 1, "{ru}");
+    assert_eq!(ru["rollingUpdate"]["maxUnavailable"], 0, "{ru}");
+    let uid = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_UID")
+        .expect("POD_UID: the sockets are named after the pod");
+    assert_eq!(uid["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
     // Probes on the port --health-listen serves: /healthz for liveness, /readyz (registered) for readiness.
     let listen = args
         .iter()

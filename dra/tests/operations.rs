@@ -67,10 +67,8 @@ fn value(text: &str, name: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
-#[test]
-fn probes_follow_the_registration_and_metrics_count_prepares_failures_and_latency() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// The node's directories and the claim `team-a/notebook-gpu`.
+fn node(d: &Path) {
     for sub in ["claims/team-a", "cgroup", "lib"] {
         std::fs::create_dir_all(d.join(sub)).unwrap();
     }
@@ -80,41 +78,57 @@ fn probes_follow_the_registration_and_metrics_count_prepares_failures_and_latenc
         serde_json::to_vec(&fixture()).unwrap(),
     )
     .unwrap();
+}
+
+/// The plugin binary on the node `d`; `POD_UID` set to `pod_uid` when given (the environment, as the
+/// DaemonSet gives it: a binary without the option ignores it).
+fn spawn(d: &Path, health_port: Option<u16>, pod_uid: Option<&str>) -> Killed {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cuquota-dra-plugin"));
+    c.args([
+        "--node",
+        "node-1",
+        "--gpu",
+        &format!("{GPU}=80Gi"),
+        "--no-driver-files",
+    ])
+    .arg("--claims-dir")
+    .arg(d.join("claims"))
+    .arg("--state-dir")
+    .arg(d.join("state"))
+    .arg("--cdi-dir")
+    .arg(d.join("cdi"))
+    .arg("--library")
+    .arg(d.join("lib/libcuquota.so"))
+    .arg("--cgroup-root")
+    .arg(d.join("cgroup"))
+    .arg("--plugin-dir")
+    .arg(d.join("plugins"))
+    .arg("--registrar-dir")
+    .arg(d.join("registry"))
+    .env_remove("POD_UID")
+    .stdout(Stdio::null())
+    .stderr(Stdio::null());
+    if let Some(p) = health_port {
+        c.args(["--health-listen", &format!("127.0.0.1:{p}")]);
+    }
+    if let Some(u) = pod_uid {
+        c.env("POD_UID", u);
+    }
+    Killed(c.spawn().unwrap())
+}
+
+#[test]
+fn probes_follow_the_registration_and_metrics_count_prepares_failures_and_latency() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    node(d);
     // A free port (released before the plugin binds it).
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let _plugin = Killed(
-        Command::new(env!("CARGO_BIN_EXE_cuquota-dra-plugin"))
-            .args([
-                "--node",
-                "node-1",
-                "--gpu",
-                &format!("{GPU}=80Gi"),
-                "--no-driver-files",
-            ])
-            .args(["--health-listen", &format!("127.0.0.1:{port}")])
-            .arg("--claims-dir")
-            .arg(d.join("claims"))
-            .arg("--state-dir")
-            .arg(d.join("state"))
-            .arg("--cdi-dir")
-            .arg(d.join("cdi"))
-            .arg("--library")
-            .arg(d.join("lib/libcuquota.so"))
-            .arg("--cgroup-root")
-            .arg(d.join("cgroup"))
-            .arg("--plugin-dir")
-            .arg(d.join("plugins"))
-            .arg("--registrar-dir")
-            .arg(d.join("registry"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let _plugin = spawn(d, Some(port), None);
     let mut health = None;
     for _ in 0..1000 {
         health = get(port, "/healthz");
@@ -193,4 +207,156 @@ fn probes_follow_the_registration_and_metrics_count_prepares_failures_and_latenc
     assert!(sum > 0.0 && sum < 60.0, "prepare latency sum {sum}");
     assert_eq!(v("cuquota_dra_registered"), 1.0);
     assert!(m.ends_with("# EOF\n"), "OpenMetrics text ends with # EOF:\n{m}");
+}
+
+/// The registration sockets in `dir` that answer GetInfo: (socket, the DRA endpoint it names).
+fn registrations(rt: &tokio::runtime::Runtime, dir: &Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        let info = rt.block_on(async {
+            let path = p.clone();
+            let ch = Endpoint::try_from("http://[::1]:1")
+                .unwrap()
+                .connect_with_connector(tower::service_fn(move |_| {
+                    let path = path.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?))
+                    }
+                }))
+                .await
+                .ok()?;
+            RegistrationClient::new(ch).get_info(InfoRequest {}).await.ok()
+        });
+        if let Some(i) = info {
+            out.push((p, i.into_inner().endpoint));
+        }
+    }
+    out.sort();
+    out
+}
+
+const POD_A: &str = "11111111-aaaa-4aaa-8aaa-aaaaaaaaaaaa";
+const POD_B: &str = "22222222-bbbb-4bbb-8bbb-bbbbbbbbbbbb";
+
+/// A surge rolling update: the old and the new pod's plugins run at once on one node. Each registers under
+/// its own socket names (upstream's seamless upgrade: named after the pod UID), both answer, a claim prepared
+/// through one is unprepared through the other, the two serialise on the state directory's lock, and the old
+/// one removes its sockets when it stops.
+#[test]
+fn the_old_and_new_pod_of_a_surge_update_serve_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    node(d);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut old = spawn(d, None, Some(POD_A));
+    let reg_a = d.join(format!("registry/gpu.cuquota.io-{POD_A}-reg.sock"));
+    for _ in 0..1000 {
+        if registrations(&rt, &d.join("registry")).len() == 1 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _new = spawn(d, None, Some(POD_B));
+    let mut regs = Vec::new();
+    for _ in 0..500 {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        regs = registrations(&rt, &d.join("registry"));
+        if regs.len() == 2 {
+            break;
+        }
+    }
+    // Both instances answer, each under its own names.
+    assert_eq!(regs.len(), 2, "registrations that answer: {regs:?}");
+    assert_eq!(regs[0].0, reg_a);
+    assert_eq!(
+        regs[0].1,
+        d.join(format!("plugins/dra-{POD_A}.sock")).display().to_string()
+    );
+    assert_eq!(
+        regs[1].1,
+        d.join(format!("plugins/dra-{POD_B}.sock")).display().to_string()
+    );
+
+    let claim = Claim {
+        namespace: "team-a".into(),
+        name: "notebook-gpu".into(),
+        uid: UID.into(),
+    };
+    let spec = d.join(format!("cdi/cuquota.io-gpu-{UID}.json"));
+    let prepare = |sock: &str| {
+        let mut c = DraPluginClient::new(channel(&rt, &d.join(sock)));
+        let r = rt
+            .block_on(c.node_prepare_resources(NodePrepareResourcesRequest {
+                claims: vec![claim.clone()],
+            }))
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.claims[UID].error, "", "{r:?}");
+    };
+    let unprepare = |sock: &str| {
+        let mut c = DraPluginClient::new(channel(&rt, &d.join(sock)));
+        let r = rt
+            .block_on(c.node_unprepare_resources(NodeUnprepareResourcesRequest {
+                claims: vec![claim.clone()],
+            }))
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.claims[UID].error, "", "{r:?}");
+    };
+    let sock_a = format!("plugins/dra-{POD_A}.sock");
+    let sock_b = format!("plugins/dra-{POD_B}.sock");
+    prepare(&sock_a);
+    assert!(spec.exists());
+    unprepare(&sock_b);
+    assert!(!spec.exists(), "unprepared through the new instance");
+
+    // Serialised across the two processes: while the state directory's lock is held (here by the test), a
+    // prepare waits.
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(d.join("state/.lock"))
+        .unwrap();
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: a valid open descriptor.
+        assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
+    }
+    let (dd, c2) = (d.to_path_buf(), claim.clone());
+    let waiting = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut c = DraPluginClient::new(channel(&rt, &dd.join(format!("plugins/dra-{POD_B}.sock"))));
+        rt.block_on(c.node_prepare_resources(NodePrepareResourcesRequest { claims: vec![c2] }))
+            .unwrap()
+            .into_inner()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        !spec.exists(),
+        "a prepare went ahead while the other instance held the lock"
+    );
+    drop(lock);
+    let r = waiting.join().unwrap();
+    assert_eq!(r.claims[UID].error, "", "{r:?}");
+    assert!(spec.exists());
+
+    // The old pod stops (SIGTERM): its sockets go, the new pod's stay and answer.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(old.0.id() as i32, libc::SIGTERM) };
+    old.0.wait().unwrap();
+    assert!(
+        !reg_a.exists() && !d.join(&sock_a).exists(),
+        "the old pod's sockets are left"
+    );
+    let regs = registrations(&rt, &d.join("registry"));
+    assert_eq!(regs.len(), 1, "{regs:?}");
+    unprepare(&sock_b);
 }
