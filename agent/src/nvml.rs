@@ -347,6 +347,20 @@ impl Nvml {
         }
     }
 
+    /// Whether the GPU `uuid` answers: `Ok(())`, or the failing call's status (`ERROR_GPU_IS_LOST` when it fell
+    /// off the bus) with the message.
+    pub fn probe(&self, uuid: &str) -> Result<(), (nvmlReturn_t, String)> {
+        let c = CString::new(uuid).map_err(|_| (nvmlReturn_t::ERROR_INVALID_ARGUMENT, "bad UUID".into()))?;
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated UUID and a valid out-pointer.
+        let r = unsafe { self.f.nvmlDeviceGetHandleByUUID(c.as_ptr(), &mut h) };
+        self.check("nvmlDeviceGetHandleByUUID", r).map_err(|e| (r, e))?;
+        let mut m = nvmlMemory_t::default();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.f.nvmlDeviceGetMemoryInfo(h, &mut m) };
+        self.check("nvmlDeviceGetMemoryInfo", r).map_err(|e| (r, e))
+    }
+
     /// `nvmlSystemGetDriverVersion`: `580.82.07`; `None` where this NVML cannot say.
     pub fn driver_version(&self) -> Option<String> {
         let mut buf = [0 as c_char; 80]; // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE

@@ -103,6 +103,10 @@ struct Args {
     /// The kubelet's registration directory (the socket <driver>-reg.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     registrar_dir: PathBuf,
+    /// Seconds between probes of every GPU through NVML, whose health the kubelet's DRA health API gets
+    /// (0: no probes, and no health service)
+    #[arg(long, default_value_t = 10)]
+    health_seconds: u64,
     /// This pod's UID: the sockets are named after it (<driver>-<UID>-reg.sock, dra-<UID>.sock), so that
     /// the old and the new pod of a surge rolling update serve side by side (the kubelet, 1.33+, uses either)
     #[arg(long, env = "POD_UID", value_parser = pod_uid)]
@@ -249,7 +253,15 @@ fn main() -> std::process::ExitCode {
                 Box::new(KubeSource(client))
             }
         };
-        let plugin = Arc::new(Plugin::new(a.driver, inventory, layout, source, endpoint));
+        let mut plugin = Plugin::new(a.driver, inventory, layout, source, endpoint);
+        if a.health_seconds > 0 {
+            let period = std::time::Duration::from_secs(a.health_seconds);
+            plugin.health = Some(
+                cuquota_dra::device_health::monitor(plugin.inventory.clone(), period)
+                    .map_err(|e| format!("device health: {e}"))?,
+            );
+        }
+        let plugin = Arc::new(plugin);
         if let Some(addr) = a.health_listen {
             // On this runtime, the one that serves the kubelet: a stuck runtime fails the liveness probe.
             let l = cuquota_dra::health::bind(addr).map_err(|e| e.to_string())?;

@@ -37,6 +37,8 @@ pub struct Plugin {
     pub source: Box<dyn ClaimSource>,
     /// The DRA socket, as registered.
     pub endpoint: PathBuf,
+    /// The devices' health, served to the kubelet's health API when set ([`crate::device_health`]).
+    pub health: Option<tokio::sync::watch::Receiver<Vec<crate::proto::health::DeviceHealth>>>,
     /// Counters, latencies and readiness (`--health-listen`).
     pub metrics: Arc<crate::health::Metrics>,
     /// Serialises prepares and unprepares (the kubelet may call concurrently; the files are per claim, the
@@ -59,6 +61,7 @@ impl Plugin {
             layout,
             source,
             endpoint,
+            health: None,
             metrics: Arc::default(),
             lock: Mutex::new(()),
         }
@@ -325,8 +328,14 @@ pub async fn serve(
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
+    let health = plugin.health.clone().map(|h| {
+        crate::proto::health::dra_resource_health_server::DraResourceHealthServer::new(
+            crate::device_health::HealthService(h),
+        )
+    });
     let dra_server = tonic::transport::Server::builder()
         .add_service(DraPluginServer::new(DraService(plugin.clone())))
+        .add_optional_service(health)
         .serve_with_incoming_shutdown(dra, wait(rx.clone()));
     let reg_server = tonic::transport::Server::builder()
         .add_service(RegistrationServer::new(RegistrationService(plugin.clone())))

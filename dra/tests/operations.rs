@@ -360,3 +360,103 @@ fn the_old_and_new_pod_of_a_surge_update_serve_side_by_side() {
     assert_eq!(regs.len(), 1, "{regs:?}");
     unprepare(&sock_b);
 }
+
+/// The plugin on the simulator's NVML (two GPUs), probing every second, with `fault` as `CUDASIM_FAULT`;
+/// the first `n` lists it streams to the kubelet's health API, as (device, status) pairs.
+fn health_stream(fault: Option<&str>, n: usize) -> Vec<Vec<(String, String)>> {
+    use cuquota_dra::proto::health::dra_resource_health_client::DraResourceHealthClient;
+    use cuquota_dra::proto::health::{HealthStatus, NodeWatchResourcesRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    node(d);
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cuquota-dra-plugin"));
+    c.args(["--node", "node-1", "--no-driver-files", "--health-seconds", "1"])
+        .arg("--claims-dir")
+        .arg(d.join("claims"))
+        .arg("--state-dir")
+        .arg(d.join("state"))
+        .arg("--cdi-dir")
+        .arg(d.join("cdi"))
+        .arg("--plugin-dir")
+        .arg(d.join("plugins"))
+        .arg("--registrar-dir")
+        .arg(d.join("registry"))
+        .env_remove("POD_UID")
+        .env("CUQUOTA_LIBNVML", shim_tests::sim_lib())
+        .env("CUDASIM_STATE", d.join("sim.state"))
+        .env("CUDASIM_DEVICES", "2")
+        .env("CUDASIM_MEMORY", "80g,16g")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(f) = fault {
+        c.env("CUDASIM_FAULT", f);
+    }
+    let _plugin = Killed(c.spawn().unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut h = DraResourceHealthClient::new(channel(&rt, &d.join("plugins/dra.sock")));
+    rt.block_on(async {
+        let mut s = h
+            .node_watch_resources(NodeWatchResourcesRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let mut out = Vec::new();
+        while out.len() < n {
+            let m = tokio::time::timeout(Duration::from_secs(30), s.message())
+                .await
+                .expect("a list within 30 s")
+                .unwrap()
+                .expect("the stream goes on");
+            out.push(
+                m.devices
+                    .iter()
+                    .map(|dh| {
+                        let id = dh.device.clone().unwrap();
+                        assert_eq!(id.pool_name, "node-1");
+                        let st = HealthStatus::try_from(dh.health)
+                            .unwrap()
+                            .as_str_name()
+                            .to_string();
+                        (id.device_name, st)
+                    })
+                    .collect(),
+            );
+        }
+        out
+    })
+}
+
+use std::time::Duration;
+
+/// A GPU that falls off the bus (NVML answers `NVML_ERROR_GPU_IS_LOST`, injected in the simulator from the
+/// plugin's 9th `nvmlDeviceGetMemoryInfo` on: 2 at start, 2 per probe, so the first three probes answer) is
+/// streamed to the kubelet's health API as UNHEALTHY, never HEALTHY again; control: without the fault both
+/// are HEALTHY and never UNHEALTHY.
+#[test]
+fn a_gpu_that_falls_off_the_bus_is_reported_unhealthy_to_the_kubelet() {
+    let healthy = |l: &Vec<(String, String)>| l.len() == 2 && l.iter().all(|d| d.1 == "HEALTHY");
+    let unhealthy = |l: &Vec<(String, String)>| l.len() == 2 && l.iter().all(|d| d.1 == "UNHEALTHY");
+    // Control.
+    let lists = health_stream(None, 4);
+    assert!(healthy(&lists[3]), "{lists:?}");
+    assert!(
+        !lists.iter().any(|l| l.iter().any(|d| d.1 == "UNHEALTHY")),
+        "{lists:?}"
+    );
+    // The GPUs lost after the first probe.
+    let lists = health_stream(Some("nvmlDeviceGetMemoryInfo:9+:GPU_IS_LOST"), 8);
+    let first_lost = lists
+        .iter()
+        .position(unhealthy)
+        .unwrap_or_else(|| panic!("{lists:?}"));
+    assert!(
+        lists[first_lost..].iter().all(unhealthy),
+        "stays unhealthy: {lists:?}"
+    );
+    // Before the loss (when the stream began in time to see it) the GPUs were HEALTHY.
+    assert!(lists[..first_lost].iter().all(|l| !unhealthy(l)), "{lists:?}");
+    assert!(lists[0][0].0.starts_with("gpu-"), "{lists:?}");
+}
