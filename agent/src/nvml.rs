@@ -5,8 +5,9 @@
 //! figures) on a machine with no driver. Signatures and layouts: `cuquota_ffi::nvml`, checked against nvml.h.
 
 use cuquota_ffi::nvml::{
-    nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
-    nvmlUtilization_t, NvmlTable, PFN_nvmlErrorString, NVML_DEVICE_UUID_BUFFER_SIZE as UUID_BUF,
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlProcessInfo_t,
+    nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t, NvmlTable, PFN_nvmlErrorString,
+    NVML_DEVICE_UUID_BUFFER_SIZE as UUID_BUF, NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
 };
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_uint, c_void, CStr, CString};
@@ -361,6 +362,34 @@ impl Nvml {
         self.check("nvmlDeviceGetMemoryInfo", r).map_err(|e| (r, e))
     }
 
+    /// An event set with the critical XID errors of the GPUs `uuids` (a GPU that cannot report them, e.g.
+    /// NOT_SUPPORTED, is left out).
+    pub fn xid_events(&self, uuids: &[String]) -> Result<XidEvents<'_>, String> {
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.check("nvmlEventSetCreate", unsafe {
+            self.f.nvmlEventSetCreate(&mut set)
+        })?;
+        let events = XidEvents { nvml: self, set };
+        for uuid in uuids {
+            let Ok(c) = CString::new(uuid.as_str()) else {
+                continue;
+            };
+            let mut h: nvmlDevice_t = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated UUID and a valid out-pointer; `set` is live.
+            let ok = unsafe { self.f.nvmlDeviceGetHandleByUUID(c.as_ptr(), &mut h) }.ok()
+                && unsafe {
+                    self.f
+                        .nvmlDeviceRegisterEvents(h, NVML_EVENT_TYPE_XID_CRITICAL_ERROR, set)
+                }
+                .ok();
+            if !ok {
+                cuquota_core::log!(cuquota_core::log::Level::Warn, "NVML: no XID events for {uuid}");
+            }
+        }
+        Ok(events)
+    }
+
     /// `nvmlSystemGetDriverVersion`: `580.82.07`; `None` where this NVML cannot say.
     pub fn driver_version(&self) -> Option<String> {
         let mut buf = [0 as c_char; 80]; // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
@@ -369,6 +398,46 @@ impl Nvml {
             .ok()
             .then(|| c_string(&buf))
             .flatten()
+    }
+}
+
+/// An NVML event set of critical XID errors ([`Nvml::xid_events`]); freed on drop.
+pub struct XidEvents<'a> {
+    nvml: &'a Nvml,
+    set: nvmlEventSet_t,
+}
+
+impl XidEvents<'_> {
+    /// Waits up to `timeout_ms` for an XID error: `Some((GPU UUID, XID))`, or `None` when none came.
+    pub fn wait(&self, timeout_ms: u32) -> Result<Option<(String, u64)>, String> {
+        // SAFETY: an all-zero nvmlEventData_t is valid (a NULL handle and zero integers).
+        let mut d: nvmlEventData_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is live, `d` a valid out-pointer.
+        let r = unsafe { self.nvml.f.nvmlEventSetWait_v2(self.set, &mut d, timeout_ms) };
+        if r == nvmlReturn_t::ERROR_TIMEOUT {
+            return Ok(None);
+        }
+        self.nvml.check("nvmlEventSetWait_v2", r)?;
+        if d.eventType & NVML_EVENT_TYPE_XID_CRITICAL_ERROR == 0 {
+            return Ok(None);
+        }
+        let mut buf = [0 as c_char; UUID_BUF];
+        // SAFETY: buf holds UUID_BUF bytes; the handle is NVML's.
+        self.nvml.check("nvmlDeviceGetUUID", unsafe {
+            self.nvml
+                .f
+                .nvmlDeviceGetUUID(d.device, buf.as_mut_ptr(), UUID_BUF as c_uint)
+        })?;
+        Ok(c_string(&buf).map(|u| (u, d.eventData)))
+    }
+}
+
+impl Drop for XidEvents<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the set nvmlEventSetCreate made, freed once.
+        unsafe {
+            self.nvml.f.nvmlEventSetFree(self.set);
+        }
     }
 }
 

@@ -361,9 +361,9 @@ fn the_old_and_new_pod_of_a_surge_update_serve_side_by_side() {
     unprepare(&sock_b);
 }
 
-/// The plugin on the simulator's NVML (two GPUs), probing every second, with `fault` as `CUDASIM_FAULT`;
+/// The plugin on the simulator's NVML (two GPUs), probing every second, with `env` (the simulator's knobs);
 /// the first `n` lists it streams to the kubelet's health API, as (device, status) pairs.
-fn health_stream(fault: Option<&str>, n: usize) -> Vec<Vec<(String, String)>> {
+fn health_stream(env: &[(&str, &str)], n: usize) -> Vec<Vec<(String, String)>> {
     use cuquota_dra::proto::health::dra_resource_health_client::DraResourceHealthClient;
     use cuquota_dra::proto::health::{HealthStatus, NodeWatchResourcesRequest};
     let dir = tempfile::tempdir().unwrap();
@@ -388,9 +388,7 @@ fn health_stream(fault: Option<&str>, n: usize) -> Vec<Vec<(String, String)>> {
         .env("CUDASIM_MEMORY", "80g,16g")
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    if let Some(f) = fault {
-        c.env("CUDASIM_FAULT", f);
-    }
+    c.envs(env.iter().copied());
     let _plugin = Killed(c.spawn().unwrap());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -440,14 +438,14 @@ fn a_gpu_that_falls_off_the_bus_is_reported_unhealthy_to_the_kubelet() {
     let healthy = |l: &Vec<(String, String)>| l.len() == 2 && l.iter().all(|d| d.1 == "HEALTHY");
     let unhealthy = |l: &Vec<(String, String)>| l.len() == 2 && l.iter().all(|d| d.1 == "UNHEALTHY");
     // Control.
-    let lists = health_stream(None, 4);
+    let lists = health_stream(&[], 4);
     assert!(healthy(&lists[3]), "{lists:?}");
     assert!(
         !lists.iter().any(|l| l.iter().any(|d| d.1 == "UNHEALTHY")),
         "{lists:?}"
     );
     // The GPUs lost after the first probe.
-    let lists = health_stream(Some("nvmlDeviceGetMemoryInfo:9+:GPU_IS_LOST"), 8);
+    let lists = health_stream(&[("CUDASIM_FAULT", "nvmlDeviceGetMemoryInfo:9+:GPU_IS_LOST")], 8);
     let first_lost = lists
         .iter()
         .position(unhealthy)
@@ -459,4 +457,35 @@ fn a_gpu_that_falls_off_the_bus_is_reported_unhealthy_to_the_kubelet() {
     // Before the loss (when the stream began in time to see it) the GPUs were HEALTHY.
     assert!(lists[..first_lost].iter().all(|l| !unhealthy(l)), "{lists:?}");
     assert!(lists[0][0].0.starts_with("gpu-"), "{lists:?}");
+}
+
+/// A critical XID error on the second GPU (79, fallen off the bus, raised by the simulator at the plugin's
+/// second event wait) makes that GPU UNHEALTHY for good while the first stays HEALTHY; control: an
+/// application's XID (13) on the same GPU leaves both HEALTHY.
+#[test]
+fn a_critical_xid_makes_its_gpu_unhealthy_and_an_applications_xid_does_not() {
+    let lists = health_stream(&[("CUDASIM_XID", "1:79@2")], 6);
+    let lost = lists
+        .iter()
+        .position(|l| l.len() == 2 && l[1].1 == "UNHEALTHY")
+        .unwrap_or_else(|| panic!("{lists:?}"));
+    assert!(
+        lists[lost..].iter().all(|l| l[1].1 == "UNHEALTHY"),
+        "stays unhealthy: {lists:?}"
+    );
+    assert!(
+        lists.iter().all(|l| l[0].1 != "UNHEALTHY"),
+        "the other GPU: {lists:?}"
+    );
+    assert_eq!(lists.last().unwrap()[0].1, "HEALTHY", "{lists:?}");
+    // Control.
+    let lists = health_stream(&[("CUDASIM_XID", "1:13@2")], 6);
+    assert!(
+        lists.iter().all(|l| l.iter().all(|d| d.1 != "UNHEALTHY")),
+        "{lists:?}"
+    );
+    assert!(
+        lists.last().unwrap().iter().all(|d| d.1 == "HEALTHY"),
+        "{lists:?}"
+    );
 }
