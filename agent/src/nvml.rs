@@ -5,8 +5,9 @@
 //! figures) on a machine with no driver. Signatures and layouts: `cuquota_ffi::nvml`, checked against nvml.h.
 
 use cuquota_ffi::nvml::{
-    nvmlDevice_t, nvmlMemory_t, nvmlProcessInfo_t, nvmlProcessUtilizationSample_t, nvmlReturn_t,
-    nvmlUtilization_t, NvmlTable, PFN_nvmlErrorString, NVML_DEVICE_UUID_BUFFER_SIZE as UUID_BUF,
+    nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlProcessInfo_t,
+    nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t, NvmlTable, PFN_nvmlErrorString,
+    NVML_DEVICE_UUID_BUFFER_SIZE as UUID_BUF, NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
 };
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_uint, c_void, CStr, CString};
@@ -269,6 +270,174 @@ impl Nvml {
                 .collect());
         }
         Err("nvmlDeviceGetProcessUtilization: the sample list keeps growing".into())
+    }
+}
+
+/// What a GPU is, as NVML describes it (each `None` where this NVML cannot say).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Details {
+    /// `nvmlDeviceGetName`: `NVIDIA H100 80GB HBM3`.
+    pub product_name: Option<String>,
+    /// `nvmlDeviceGetArchitecture`, named as NVIDIA's DRA driver names it: `Hopper`.
+    pub architecture: Option<String>,
+    /// `nvmlDeviceGetCudaComputeCapability`: (major, minor).
+    pub compute_capability: Option<(i32, i32)>,
+    /// `nvmlDeviceGetPciInfo_v3`: (domain, bus, device).
+    pub pci: Option<(u32, u32, u32)>,
+}
+
+/// The name of an `NVML_DEVICE_ARCH_*` value (nvml.h).
+pub fn architecture_name(arch: c_uint) -> Option<&'static str> {
+    Some(match arch {
+        2 => "Kepler",
+        3 => "Maxwell",
+        4 => "Pascal",
+        5 => "Volta",
+        6 => "Turing",
+        7 => "Ampere",
+        8 => "Ada Lovelace",
+        9 => "Hopper",
+        10 => "Blackwell",
+        _ => return None,
+    })
+}
+
+/// A NUL-terminated answer in `buf`, if NVML wrote one.
+fn c_string(buf: &[c_char]) -> Option<String> {
+    let end = buf.iter().position(|&c| c == 0)?;
+    // SAFETY: c_char and u8 have one layout; `end` is within the buffer.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), end) };
+    Some(String::from_utf8_lossy(bytes).into_owned()).filter(|s| !s.is_empty())
+}
+
+impl Nvml {
+    /// The GPU's name, architecture, compute capability and PCI address; a call this NVML lacks or refuses
+    /// leaves its field `None`.
+    pub fn details(&self, gpu: &Gpu) -> Details {
+        let mut name = [0 as c_char; 96]; // NVML_DEVICE_NAME_V2_BUFFER_SIZE
+                                          // SAFETY: name holds 96 bytes.
+        let product_name = unsafe { self.f.nvmlDeviceGetName(gpu.handle, name.as_mut_ptr(), 96) }
+            .ok()
+            .then(|| c_string(&name))
+            .flatten();
+        let mut arch: c_uint = 0;
+        // SAFETY: valid out-pointer.
+        let architecture = unsafe { self.f.nvmlDeviceGetArchitecture(gpu.handle, &mut arch) }
+            .ok()
+            .then(|| architecture_name(arch))
+            .flatten()
+            .map(str::to_string);
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: valid out-pointers.
+        let compute_capability = unsafe {
+            self.f
+                .nvmlDeviceGetCudaComputeCapability(gpu.handle, &mut major, &mut minor)
+        }
+        .ok()
+        .then_some((major, minor));
+        let mut pci = cuquota_ffi::nvml::nvmlPciInfo_t::default();
+        // SAFETY: valid out-pointer.
+        let pci = unsafe { self.f.nvmlDeviceGetPciInfo_v3(gpu.handle, &mut pci) }
+            .ok()
+            .then_some((pci.domain, pci.bus, pci.device));
+        Details {
+            product_name,
+            architecture,
+            compute_capability,
+            pci,
+        }
+    }
+
+    /// Whether the GPU `uuid` answers: `Ok(())`, or the failing call's status (`ERROR_GPU_IS_LOST` when it fell
+    /// off the bus) with the message.
+    pub fn probe(&self, uuid: &str) -> Result<(), (nvmlReturn_t, String)> {
+        let c = CString::new(uuid).map_err(|_| (nvmlReturn_t::ERROR_INVALID_ARGUMENT, "bad UUID".into()))?;
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated UUID and a valid out-pointer.
+        let r = unsafe { self.f.nvmlDeviceGetHandleByUUID(c.as_ptr(), &mut h) };
+        self.check("nvmlDeviceGetHandleByUUID", r).map_err(|e| (r, e))?;
+        let mut m = nvmlMemory_t::default();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.f.nvmlDeviceGetMemoryInfo(h, &mut m) };
+        self.check("nvmlDeviceGetMemoryInfo", r).map_err(|e| (r, e))
+    }
+
+    /// An event set with the critical XID errors of the GPUs `uuids` (a GPU that cannot report them, e.g.
+    /// NOT_SUPPORTED, is left out).
+    pub fn xid_events(&self, uuids: &[String]) -> Result<XidEvents<'_>, String> {
+        let mut set: nvmlEventSet_t = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.check("nvmlEventSetCreate", unsafe {
+            self.f.nvmlEventSetCreate(&mut set)
+        })?;
+        let events = XidEvents { nvml: self, set };
+        for uuid in uuids {
+            let Ok(c) = CString::new(uuid.as_str()) else {
+                continue;
+            };
+            let mut h: nvmlDevice_t = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated UUID and a valid out-pointer; `set` is live.
+            let ok = unsafe { self.f.nvmlDeviceGetHandleByUUID(c.as_ptr(), &mut h) }.ok()
+                && unsafe {
+                    self.f
+                        .nvmlDeviceRegisterEvents(h, NVML_EVENT_TYPE_XID_CRITICAL_ERROR, set)
+                }
+                .ok();
+            if !ok {
+                cuquota_core::log!(cuquota_core::log::Level::Warn, "NVML: no XID events for {uuid}");
+            }
+        }
+        Ok(events)
+    }
+
+    /// `nvmlSystemGetDriverVersion`: `580.82.07`; `None` where this NVML cannot say.
+    pub fn driver_version(&self) -> Option<String> {
+        let mut buf = [0 as c_char; 80]; // NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE
+                                         // SAFETY: buf holds 80 bytes.
+        unsafe { self.f.nvmlSystemGetDriverVersion(buf.as_mut_ptr(), 80) }
+            .ok()
+            .then(|| c_string(&buf))
+            .flatten()
+    }
+}
+
+/// An NVML event set of critical XID errors ([`Nvml::xid_events`]); freed on drop.
+pub struct XidEvents<'a> {
+    nvml: &'a Nvml,
+    set: nvmlEventSet_t,
+}
+
+impl XidEvents<'_> {
+    /// Waits up to `timeout_ms` for an XID error: `Some((GPU UUID, XID))`, or `None` when none came.
+    pub fn wait(&self, timeout_ms: u32) -> Result<Option<(String, u64)>, String> {
+        // SAFETY: an all-zero nvmlEventData_t is valid (a NULL handle and zero integers).
+        let mut d: nvmlEventData_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `set` is live, `d` a valid out-pointer.
+        let r = unsafe { self.nvml.f.nvmlEventSetWait_v2(self.set, &mut d, timeout_ms) };
+        if r == nvmlReturn_t::ERROR_TIMEOUT {
+            return Ok(None);
+        }
+        self.nvml.check("nvmlEventSetWait_v2", r)?;
+        if d.eventType & NVML_EVENT_TYPE_XID_CRITICAL_ERROR == 0 {
+            return Ok(None);
+        }
+        let mut buf = [0 as c_char; UUID_BUF];
+        // SAFETY: buf holds UUID_BUF bytes; the handle is NVML's.
+        self.nvml.check("nvmlDeviceGetUUID", unsafe {
+            self.nvml
+                .f
+                .nvmlDeviceGetUUID(d.device, buf.as_mut_ptr(), UUID_BUF as c_uint)
+        })?;
+        Ok(c_string(&buf).map(|u| (u, d.eventData)))
+    }
+}
+
+impl Drop for XidEvents<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the set nvmlEventSetCreate made, freed once.
+        unsafe {
+            self.nvml.f.nvmlEventSetFree(self.set);
+        }
     }
 }
 

@@ -7,7 +7,9 @@
 
 pub mod capacity_names;
 pub mod claim;
+pub mod device_health;
 pub mod gpu_access;
+pub mod health;
 pub mod inventory;
 pub mod kube_api;
 pub mod pack;
@@ -24,6 +26,10 @@ pub mod proto {
     /// `k8s.io.kubelet.pkg.apis.dra.v1`: NodePrepareResources / NodeUnprepareResources.
     pub mod dra {
         tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+    }
+    /// `v1alpha1` (dra-health): NodeWatchResources, the devices' health streamed to the kubelet.
+    pub mod health {
+        tonic::include_proto!("v1alpha1");
     }
     /// `pluginregistration` (v1): GetInfo / NotifyRegistrationStatus.
     pub mod registration {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use cuquota_dra::gpu_access::DriverFiles;
-use cuquota_dra::inventory::{Gpu, Inventory};
+use cuquota_dra::inventory::{self, Gpu, Inventory};
 use cuquota_dra::kube_api::KubeSource;
 use cuquota_dra::prepare::{ExtraMount, Layout};
 use cuquota_dra::server::{serve, Plugin};
@@ -96,31 +96,73 @@ struct Args {
     /// The kubelet's plugin directory for this driver (the DRA socket dra.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins/gpu.cuquota.io")]
     plugin_dir: PathBuf,
+    /// Serve GET /healthz (liveness), /readyz (registered with the kubelet) and /metrics (prepares, failures,
+    /// latencies; no claim or tenant named) on this address, HOST:PORT
+    #[arg(long, value_name = "ADDR")]
+    health_listen: Option<std::net::SocketAddr>,
     /// The kubelet's registration directory (the socket <driver>-reg.sock goes there)
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     registrar_dir: PathBuf,
+    /// Seconds between probes of every GPU through NVML, whose health the kubelet's DRA health API gets
+    /// (0: no probes, and no health service)
+    #[arg(long, default_value_t = 10)]
+    health_seconds: u64,
+    /// This pod's UID: the sockets are named after it (<driver>-<UID>-reg.sock, dra-<UID>.sock), so that
+    /// the old and the new pod of a surge rolling update serve side by side (the kubelet, 1.33+, uses either)
+    #[arg(long, env = "POD_UID", value_parser = pod_uid)]
+    pod_uid: Option<String>,
 }
 
-/// The node's GPUs: as given, or every GPU NVML lists.
-fn gpus(given: Vec<Gpu>) -> Result<Vec<Gpu>, String> {
+/// The node's GPUs: as given, or every GPU NVML lists, with what NVML and the node's sysfs (under
+/// `host_root`) say of each.
+fn gpus(given: Vec<Gpu>, host_root: &std::path::Path) -> Result<Vec<Gpu>, String> {
     if !given.is_empty() {
         return Ok(given);
     }
     let nvml = cuquota_agent::nvml::Nvml::load()?;
+    let driver_version = nvml.driver_version().as_deref().and_then(inventory::semver);
     let gpus = nvml
         .gpus()?
         .into_iter()
-        .map(|g| Gpu::new(&g.uuid, g.memory_total_bytes, "NVIDIA GPU"))
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|g| {
+            let d = nvml.details(&g);
+            let mut gpu = Gpu::new(
+                &g.uuid,
+                g.memory_total_bytes,
+                d.product_name.as_deref().unwrap_or("NVIDIA GPU"),
+            )?;
+            let pci_bus_id = d
+                .pci
+                .map(|(dom, bus, dev)| format!("{dom:04x}:{bus:02x}:{dev:02x}.0"));
+            gpu.details = inventory::Details {
+                architecture: d.architecture,
+                compute_capability: d.compute_capability.map(|(a, b)| format!("{a}.{b}.0")),
+                driver_version: driver_version.clone(),
+                pcie_root: pci_bus_id
+                    .as_deref()
+                    .and_then(|id| inventory::pcie_root(host_root, id)),
+                pci_bus_id,
+            };
+            Ok(gpu)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     if gpus.is_empty() {
         return Err(format!("NVML ({}) lists no GPU", nvml.library()));
     }
     Ok(gpus)
 }
 
+/// A pod UID as a socket-name part: letters, digits and `-` (a UID is a UUID), at most 64.
+fn pod_uid(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        return Err(format!("{s:?} is not a pod UID (letters, digits and -)"));
+    }
+    Ok(s.to_string())
+}
+
 fn main() -> std::process::ExitCode {
     let a = Args::parse();
-    let gpus = match gpus(a.gpus) {
+    let gpus = match gpus(a.gpus, &a.host_root) {
         Ok(g) => g,
         Err(e) => {
             eprintln!("cuquota-dra-plugin: the node's GPUs: {e} (or name them with --gpu)");
@@ -160,8 +202,16 @@ fn main() -> std::process::ExitCode {
             d
         }),
     };
-    let reg = a.registrar_dir.join(format!("{}-reg.sock", a.driver));
-    let endpoint = a.plugin_dir.join("dra.sock");
+    let (reg, endpoint) = match &a.pod_uid {
+        Some(uid) => (
+            a.registrar_dir.join(format!("{}-{uid}-reg.sock", a.driver)),
+            a.plugin_dir.join(format!("dra-{uid}.sock")),
+        ),
+        None => (
+            a.registrar_dir.join(format!("{}-reg.sock", a.driver)),
+            a.plugin_dir.join("dra.sock"),
+        ),
+    };
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -203,7 +253,20 @@ fn main() -> std::process::ExitCode {
                 Box::new(KubeSource(client))
             }
         };
-        let plugin = Arc::new(Plugin::new(a.driver, inventory, layout, source, endpoint));
+        let mut plugin = Plugin::new(a.driver, inventory, layout, source, endpoint);
+        if a.health_seconds > 0 {
+            let period = std::time::Duration::from_secs(a.health_seconds);
+            plugin.health = Some(
+                cuquota_dra::device_health::monitor(plugin.inventory.clone(), period)
+                    .map_err(|e| format!("device health: {e}"))?,
+            );
+        }
+        let plugin = Arc::new(plugin);
+        if let Some(addr) = a.health_listen {
+            // On this runtime, the one that serves the kubelet: a stuck runtime fails the liveness probe.
+            let l = cuquota_dra::health::bind(addr).map_err(|e| e.to_string())?;
+            tokio::spawn(cuquota_dra::health::serve(l, plugin.metrics.clone()));
+        }
         serve(plugin, &reg, shutdown).await.map_err(|e| e.to_string())
     };
     match rt.block_on(run) {

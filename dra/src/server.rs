@@ -37,6 +37,10 @@ pub struct Plugin {
     pub source: Box<dyn ClaimSource>,
     /// The DRA socket, as registered.
     pub endpoint: PathBuf,
+    /// The devices' health, served to the kubelet's health API when set ([`crate::device_health`]).
+    pub health: Option<tokio::sync::watch::Receiver<Vec<crate::proto::health::DeviceHealth>>>,
+    /// Counters, latencies and readiness (`--health-listen`).
+    pub metrics: Arc<crate::health::Metrics>,
     /// Serialises prepares and unprepares (the kubelet may call concurrently; the files are per claim, the
     /// marker and directories shared).
     lock: Mutex<()>,
@@ -57,7 +61,45 @@ impl Plugin {
             layout,
             source,
             endpoint,
+            health: None,
+            metrics: Arc::default(),
             lock: Mutex::new(()),
+        }
+    }
+
+    /// Held while claims' files change: this process's mutex, then an exclusive `flock` on STATE_DIR/.lock,
+    /// which serialises the two instances of a surge rolling update (upstream's kubelet plugin does the same:
+    /// the kubelet may prepare a claim through one and unprepare it through the other). A lock file that
+    /// cannot be opened is logged; the state directory's writes then fail on their own.
+    fn hold(&self) -> Held<'_> {
+        let mutex = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let path = self.layout.state_dir.join(".lock");
+        let file = std::fs::create_dir_all(&self.layout.state_dir)
+            .and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .truncate(false)
+                    .write(true)
+                    .open(&path)
+            })
+            .and_then(|f| {
+                use std::os::fd::AsRawFd;
+                loop {
+                    // SAFETY: a valid open descriptor; the lock is released when the file is closed.
+                    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                        return Ok(f);
+                    }
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() != std::io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+            })
+            .map_err(|e| eprintln!("cuquota-dra-plugin: {}: {e}", path.display()))
+            .ok();
+        Held {
+            _file: file,
+            _mutex: mutex,
         }
     }
 
@@ -87,7 +129,7 @@ impl Plugin {
             Err(e) => {
                 // The API unreachable (a node rebooting before the control plane answers): a claim prepared
                 // before is answered from its checkpoint.
-                let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+                let _g = self.hold();
                 return match self.layout.prepared_again(&c, None) {
                     Some(Ok(p)) => answer(p),
                     Some(Err(e)) => fail(e),
@@ -96,7 +138,7 @@ impl Plugin {
             }
         };
         if rc.metadata.uid == c.uid {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = self.hold();
             match self.layout.prepared_again(&c, Some(rc.pods())) {
                 Some(Ok(p)) => return answer(p),
                 Some(Err(e)) => return fail(e),
@@ -113,7 +155,7 @@ impl Plugin {
             Ok(g) => g,
             Err(e) => return fail(e),
         };
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.hold();
         match self.layout.prepare(&c, &grants) {
             Ok(p) => answer(p),
             Err(e) => fail(e),
@@ -124,7 +166,7 @@ impl Plugin {
     /// ([`Layout::restore`]). Returns the claims kept.
     pub fn restore(&self) -> Vec<Prepared> {
         let (kept, log) = {
-            let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+            let _g = self.hold();
             self.layout.restore()
         };
         for l in log {
@@ -139,7 +181,7 @@ impl Plugin {
         for p in kept {
             match self.source.exists(&p.namespace, &p.name, &p.uid).await {
                 Ok(false) => {
-                    let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+                    let _g = self.hold();
                     // Prepared again meanwhile: not stale.
                     if self.layout.prepared(&p.uid).as_ref() != Some(&p) {
                         continue;
@@ -162,11 +204,17 @@ impl Plugin {
     }
 
     fn unprepare_one(&self, uid: &str) -> NodeUnprepareResourceResponse {
-        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = self.hold();
         NodeUnprepareResourceResponse {
             error: self.layout.unprepare(uid).err().unwrap_or_default(),
         }
     }
+}
+
+/// What [`Plugin::hold`] holds (the file, closed first, releases the `flock`).
+struct Held<'a> {
+    _file: Option<std::fs::File>,
+    _mutex: std::sync::MutexGuard<'a, ()>,
 }
 
 /// The DRA service.
@@ -187,7 +235,11 @@ impl DraPlugin for DraService {
                 uid: c.uid,
             };
             let uid = r.uid.clone();
+            let start = std::time::Instant::now();
             let resp = self.0.prepare_one(r).await;
+            self.0
+                .metrics
+                .observe("prepare", !resp.error.is_empty(), start.elapsed());
             if !resp.error.is_empty() {
                 eprintln!("cuquota-dra-plugin: prepare: {}", resp.error);
             }
@@ -205,7 +257,11 @@ impl DraPlugin for DraService {
             .claims
             .into_iter()
             .map(|c| {
+                let start = std::time::Instant::now();
                 let r = self.0.unprepare_one(&c.uid);
+                self.0
+                    .metrics
+                    .observe("unprepare", !r.error.is_empty(), start.elapsed());
                 (c.uid, r)
             })
             .collect();
@@ -233,6 +289,7 @@ impl Registration for RegistrationService {
         req: Request<RegistrationStatus>,
     ) -> Result<Response<RegistrationStatusResponse>, Status> {
         let s = req.into_inner();
+        self.0.metrics.set_registered(s.plugin_registered);
         if s.plugin_registered {
             eprintln!("cuquota-dra-plugin: registered with the kubelet");
         } else {
@@ -271,8 +328,14 @@ pub async fn serve(
     let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
+    let health = plugin.health.clone().map(|h| {
+        crate::proto::health::dra_resource_health_server::DraResourceHealthServer::new(
+            crate::device_health::HealthService(h),
+        )
+    });
     let dra_server = tonic::transport::Server::builder()
         .add_service(DraPluginServer::new(DraService(plugin.clone())))
+        .add_optional_service(health)
         .serve_with_incoming_shutdown(dra, wait(rx.clone()));
     let reg_server = tonic::transport::Server::builder()
         .add_service(RegistrationServer::new(RegistrationService(plugin.clone())))
@@ -297,6 +360,10 @@ pub async fn serve(
         let _ = tx.send(true);
     });
     let (a, b, ()) = tokio::join!(dra_server, reg_server, resolver);
+    // Gone with this instance: the kubelet drops a registration whose socket is removed, and the instance
+    // that replaces it in a surge update serves under its own names.
+    let _ = std::fs::remove_file(registration_socket);
+    let _ = std::fs::remove_file(&plugin.endpoint);
     a?;
     b?;
     Ok(())

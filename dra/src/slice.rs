@@ -21,12 +21,27 @@ pub fn resource_slice(driver: &str, inv: &Inventory, generation: i64) -> Value {
         .gpus
         .iter()
         .map(|g| {
+            let mut attributes = json!({
+                "uuid": {"string": g.uuid},
+                "model": {"string": g.model},
+                "productName": {"string": g.model},
+            });
+            let d = &g.details;
+            for (name, kind, value) in [
+                ("architecture", "string", &d.architecture),
+                ("cudaComputeCapability", "version", &d.compute_capability),
+                ("driverVersion", "version", &d.driver_version),
+                ("pcieBusID", "string", &d.pci_bus_id),
+                ("resource.kubernetes.io/pciBusID", "string", &d.pci_bus_id),
+                ("resource.kubernetes.io/pcieRoot", "string", &d.pcie_root),
+            ] {
+                if let Some(v) = value {
+                    attributes[name] = json!({ kind: v });
+                }
+            }
             json!({
                 "name": g.name,
-                "attributes": {
-                    "uuid": {"string": g.uuid},
-                    "model": {"string": g.model},
-                },
+                "attributes": attributes,
                 "capacity": {
                     CAPACITY_MEMORY: {
                         "value": format_bytes(g.memory),

@@ -80,6 +80,10 @@ fn every_object_is_valid_kubernetes_1_37() {
         "daemonset/cuquota-dra-plugin",
         "clusterrole/cuquota-dra-plugin",
         "resourceclaim/notebook-gpu",
+        "validatingadmissionpolicy/cuquota-dra-plugin-own-node-slices",
+        "validatingadmissionpolicybinding/cuquota-dra-plugin-own-node-slices",
+        "validatingadmissionpolicy/cuquota-gpu-claim-parameters",
+        "validatingadmissionpolicy/cuquota-gpu-claim-template-parameters",
     ] {
         assert!(
             out.contains(&format!("passed for resource {want} ")),
@@ -155,6 +159,8 @@ fn kubernetes_kustomization_installs_agent_plugin_and_class_with_the_image_one_s
             "daemonset/cuquota-dra-plugin",
             "clusterrole/cuquota-dra-plugin",
             "deviceclass/gpu.cuquota.io",
+            "validatingadmissionpolicy/cuquota-dra-plugin-own-node-slices",
+            "validatingadmissionpolicybinding/cuquota-gpu-claim-parameters",
         ] {
             assert!(
                 v.contains(&format!("passed for resource {want} ")),
@@ -207,6 +213,37 @@ fn the_plugin_pod_gets_nvml_as_nvidias_plugin_does_and_sees_the_node_read_only()
         .find(|v| v["name"] == mount["name"])
         .unwrap();
     assert_eq!(vol["hostPath"]["path"], "/", "{vol}");
+    // Surge rolling updates: the new pod beside the old, its sockets named after its UID.
+    let ru = &ds["spec"]["updateStrategy"];
+    assert_eq!(ru["type"], "RollingUpdate");
+    assert_eq!(ru["rollingUpdate"]["maxSurge"], 1, "{ru}");
+    assert_eq!(ru["rollingUpdate"]["maxUnavailable"], 0, "{ru}");
+    let uid = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "POD_UID")
+        .expect("POD_UID: the sockets are named after the pod");
+    assert_eq!(uid["valueFrom"]["fieldRef"]["fieldPath"], "metadata.uid");
+    // Probes on the port --health-listen serves: /healthz for liveness, /readyz (registered) for readiness.
+    let listen = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--health-listen="))
+        .expect("--health-listen: the probes' endpoint");
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == "health")
+        .expect("a port named health");
+    assert!(
+        listen.ends_with(&format!(":{}", port["containerPort"])),
+        "{listen} {port}"
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["port"], "health");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "health");
     // The binary takes every argument the manifest gives it.
     let mut all: Vec<&str> = args.clone();
     all.extend([
@@ -246,4 +283,65 @@ fn a_node_can_publish_the_sm_share_under_hamis_name_cores() {
     std::fs::write(&p, text).unwrap();
     let (ok, out) = kubernetes_validate(&[p]);
     assert!(ok, "{out}");
+}
+
+/// The slice from NVML describes each GPU as NVIDIA's DRA driver does (productName, architecture,
+/// cudaComputeCapability and driverVersion as semantic versions, the PCI address) and upstream's standard
+/// `resource.kubernetes.io/pciBusID` and `pcieRoot`, the root found in the node's sysfs under --host-root.
+#[test]
+fn the_slice_describes_each_gpu_from_nvml() {
+    let dir = tempfile::tempdir().unwrap();
+    // A node's sysfs: the simulator's first GPU (0000:18:00.0) under root complex pci0000:17.
+    let host = dir.path().join("host");
+    std::fs::create_dir_all(host.join("sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0")).unwrap();
+    std::fs::create_dir_all(host.join("sys/bus/pci/devices")).unwrap();
+    std::os::unix::fs::symlink(
+        "../../../devices/pci0000:17/0000:17:01.0/0000:18:00.0",
+        host.join("sys/bus/pci/devices/0000:18:00.0"),
+    )
+    .unwrap();
+    let out = plugin(
+        &[
+            "--node",
+            "n",
+            "--print-resource-slice",
+            "--host-root",
+            host.to_str().unwrap(),
+        ],
+        &[
+            ("CUQUOTA_LIBNVML", shim_tests::sim_lib().display().to_string()),
+            (
+                "CUDASIM_STATE",
+                dir.path().join("sim.state").display().to_string(),
+            ),
+            ("CUDASIM_DEVICES", "2".into()),
+            ("CUDASIM_MEMORY", "80g,16g".into()),
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let a = &v["spec"]["devices"][0]["attributes"];
+    assert_eq!(
+        a["productName"]["string"], "NVIDIA H100 80GB HBM3 (cudasim)",
+        "{out}"
+    );
+    assert_eq!(a["architecture"]["string"], "Hopper", "{out}");
+    assert_eq!(a["cudaComputeCapability"]["version"], "9.0.0", "{out}");
+    // The simulator's default driver is CUDA 13.0's, 580.82.07.
+    assert_eq!(a["driverVersion"]["version"], "580.82.7", "{out}");
+    assert_eq!(a["pcieBusID"]["string"], "0000:18:00.0", "{out}");
+    assert_eq!(
+        a["resource.kubernetes.io/pciBusID"]["string"], "0000:18:00.0",
+        "{out}"
+    );
+    assert_eq!(
+        a["resource.kubernetes.io/pcieRoot"]["string"], "pci0000:17",
+        "{out}"
+    );
+    // The second GPU is not in this sysfs: no root is guessed for it.
+    let b = &v["spec"]["devices"][1]["attributes"];
+    assert_eq!(
+        b["resource.kubernetes.io/pciBusID"]["string"], "0000:28:00.0",
+        "{out}"
+    );
+    assert!(b.get("resource.kubernetes.io/pcieRoot").is_none(), "{out}");
 }

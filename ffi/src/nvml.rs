@@ -2,7 +2,7 @@
 #![allow(non_camel_case_types, non_snake_case, missing_docs)]
 
 use super::{c_aliases, c_codes, c_consts, c_functions, c_structs};
-use std::ffi::{c_char, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void};
 
 /// `nvmlReturn_t`, a transparent newtype so unknown values pass through.
 #[repr(transparent)]
@@ -19,6 +19,8 @@ c_codes! { nvmlReturn_t, checked_results;
     ERROR_INSUFFICIENT_SIZE = 7 => "NVML_ERROR_INSUFFICIENT_SIZE";
     ERROR_LIBRARY_NOT_FOUND = 12 => "NVML_ERROR_LIBRARY_NOT_FOUND";
     ERROR_FUNCTION_NOT_FOUND = 13 => "NVML_ERROR_FUNCTION_NOT_FOUND";
+    ERROR_TIMEOUT = 10 => "NVML_ERROR_TIMEOUT";
+    ERROR_GPU_IS_LOST = 15 => "NVML_ERROR_GPU_IS_LOST";
     ERROR_ARGUMENT_VERSION_MISMATCH = 25 => "NVML_ERROR_ARGUMENT_VERSION_MISMATCH";
     ERROR_UNKNOWN = 999 => "NVML_ERROR_UNKNOWN";
 }
@@ -35,6 +37,8 @@ c_aliases! { checked_aliases;
     pub type nvmlDevice_t = *mut c_void;
     pub type nvmlVgpuInstance_t = c_uint;
     pub type nvmlEnableState_t = c_uint;
+    pub type nvmlDeviceArchitecture_t = c_uint;
+    pub type nvmlEventSet_t = *mut c_void;
     /// Opaque structs of calls the shim refuses without reading them (vGPU guests' processes).
     pub type nvmlVgpuProcessUtilizationSample_t = c_void;
     pub type nvmlVgpuProcessesUtilizationInfo_t = c_void;
@@ -177,6 +181,28 @@ c_structs! { checked_structs;
         pub decUtil: c_uint,
     }
 
+    /// `nvmlEventData_t` (`nvmlEventSetWait_v2`).
+    #[derive(Clone, Copy, Debug)]
+    pub struct nvmlEventData_t {
+        pub device: nvmlDevice_t,
+        pub eventType: u64,
+        pub eventData: u64,
+        pub gpuInstanceId: c_uint,
+        pub computeInstanceId: c_uint,
+    }
+
+    /// `nvmlPciInfo_t` (`nvmlDeviceGetPciInfo_v3`).
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct nvmlPciInfo_t {
+        pub busIdLegacy: [c_char; 16],
+        pub domain: c_uint,
+        pub bus: c_uint,
+        pub device: c_uint,
+        pub pciDeviceId: c_uint,
+        pub pciSubSystemId: c_uint,
+        pub busId: [c_char; 32],
+    }
+
     /// `nvmlUtilization_t`.
     #[derive(Clone, Copy, Debug, Default)]
     pub struct nvmlUtilization_t {
@@ -192,6 +218,8 @@ c_consts! { checked_consts;
     NVML_PROCESSES_UTILIZATION_INFO_V1: c_uint = (std::mem::size_of::<nvmlProcessesUtilizationInfo_v1_t>() as c_uint) | (1 << 24) => "nvmlProcessesUtilizationInfo_v1";
     /// `nvmlProcessDetailList_v1` = `NVML_STRUCT_VERSION(ProcessDetailList, 1)`.
     NVML_PROCESS_DETAIL_LIST_V1: c_uint = (std::mem::size_of::<nvmlProcessDetailList_v1_t>() as c_uint) | (1 << 24) => "nvmlProcessDetailList_v1";
+    /// `nvmlEventTypeXidCriticalError`.
+    NVML_EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 0x8 => "nvmlEventTypeXidCriticalError";
     /// `NVML_DEVICE_UUID_V2_BUFFER_SIZE`.
     NVML_DEVICE_UUID_BUFFER_SIZE: usize = 96 => "NVML_DEVICE_UUID_V2_BUFFER_SIZE";
 }
@@ -244,6 +272,17 @@ c_functions! {
     nvmlDeviceGetUUID (device: nvmlDevice_t, uuid: *mut c_char, length: c_uint);
     nvmlDeviceGetIndex (device: nvmlDevice_t, index: *mut c_uint);
     nvmlDeviceGetUtilizationRates (device: nvmlDevice_t, utilization: *mut nvmlUtilization_t);
+    // what the DRA plugin publishes as device attributes
+    nvmlDeviceGetName (device: nvmlDevice_t, name: *mut c_char, length: c_uint);
+    nvmlDeviceGetArchitecture (device: nvmlDevice_t, arch: *mut nvmlDeviceArchitecture_t);
+    nvmlDeviceGetCudaComputeCapability (device: nvmlDevice_t, major: *mut c_int, minor: *mut c_int);
+    nvmlDeviceGetPciInfo_v3 (device: nvmlDevice_t, pci: *mut nvmlPciInfo_t);
+    nvmlSystemGetDriverVersion (version: *mut c_char, length: c_uint);
+    // XID errors, for the DRA plugin's device health
+    nvmlEventSetCreate (set: *mut nvmlEventSet_t);
+    nvmlDeviceRegisterEvents (device: nvmlDevice_t, eventTypes: u64, set: nvmlEventSet_t);
+    nvmlEventSetWait_v2 (set: nvmlEventSet_t, data: *mut nvmlEventData_t, timeoutms: c_uint);
+    nvmlEventSetFree (set: nvmlEventSet_t);
 }
 
 /// `nvmlErrorString`, the one NVML function cuquota calls that returns no `nvmlReturn_t`: a static string.

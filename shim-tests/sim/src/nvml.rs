@@ -216,8 +216,55 @@ pub(crate) fn process_samples(sim: &Sim, phys: usize, last_seen_us: u64) -> (u64
     (now_us, samples)
 }
 
+/// An XID error the simulator raises (`CUDASIM_XID`): on physical device `device`, error `xid`, delivered by
+/// this process's `call`-th `nvmlEventSetWait_v2` (from 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Xid {
+    pub device: usize,
+    pub xid: u64,
+    pub call: u64,
+}
+
+/// Parses `CUDASIM_XID`: a comma list of `DEVICE:XID@CALL`.
+pub(crate) fn xids_from(raw: Option<&str>) -> Result<Vec<Xid>, String> {
+    let Some(raw) = raw else { return Ok(Vec::new()) };
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let bad =
+                || format!("cudasim: invalid CUDASIM_XID={raw:?}: {s:?} is not DEVICE:XID@CALL (1:79@2)");
+            let (dev, rest) = s.split_once(':').ok_or_else(bad)?;
+            let (xid, call) = rest.split_once('@').ok_or_else(bad)?;
+            Ok(Xid {
+                device: dev.parse().map_err(|_| bad())?,
+                xid: xid.parse().map_err(|_| bad())?,
+                call: call.parse().ok().filter(|c| *c > 0).ok_or_else(bad)?,
+            })
+        })
+        .collect()
+}
+
+/// `nvmlEventSetWait_v2` calls made by this process.
+pub(crate) static EVENT_WAITS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn xid_knob() {
+        assert_eq!(
+            super::xids_from(Some("1:79@2")).unwrap(),
+            vec![super::Xid {
+                device: 1,
+                xid: 79,
+                call: 2
+            }]
+        );
+        assert!(super::xids_from(Some("1:79")).is_err());
+        assert!(super::xids_from(Some("1:79@0")).is_err());
+        assert!(super::xids_from(None).unwrap().is_empty());
+    }
+
     use super::*;
 
     #[test]

@@ -417,6 +417,7 @@ pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
 pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
 pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
@@ -607,6 +608,20 @@ pub struct NvmlUtilization {
 }
 
 /// nvmlPciInfo_t
+/// `nvmlEventData_t`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct NvmlEventData {
+    pub device: *mut std::ffi::c_void,
+    pub event_type: u64,
+    pub event_data: u64,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+pub const NVML_EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 0x8;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NvmlPciInfo {

@@ -266,6 +266,79 @@ nvml_fn! {
         nout(minor, 0)
     }
 
+    fn nvmlDeviceGetArchitecture(dev: Device, arch: *mut u32) {
+        let sim = sim()?;
+        phys_of(sim, dev)?;
+        // NVML_DEVICE_ARCH_HOPPER: the compute capability 9.0 above.
+        nout(arch, 9)
+    }
+
+    fn nvmlEventSetCreate(set: *mut *mut c_void) {
+        sim()?;
+        let b: Box<std::sync::Mutex<Vec<(usize, u64)>>> = Box::default();
+        nout(set, Box::into_raw(b).cast())
+    }
+
+    fn nvmlDeviceRegisterEvents(dev: Device, types: u64, set: *mut c_void) {
+        let sim = sim()?;
+        let p = phys_of(sim, dev)?;
+        if set.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: a set nvmlEventSetCreate made and nvmlEventSetFree has not freed (the caller's contract).
+        let set = unsafe { &*(set as *const std::sync::Mutex<Vec<(usize, u64)>>) };
+        set.lock().unwrap_or_else(|e| e.into_inner()).push((p, types));
+        Ok(())
+    }
+
+    /// The `CUDASIM_XID` error due at this call on a device of the set registered for XID errors, else
+    /// NVML_ERROR_TIMEOUT after `timeoutms` (as a real wait with no event).
+    fn nvmlEventSetWait_v2(set: *mut c_void, data: *mut NvmlEventData, timeoutms: u32) {
+        sim()?;
+        if set.is_null() || data.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let xids = nvml::xids_from(std::env::var("CUDASIM_XID").ok().as_deref()).map_err(|e| {
+            eprintln!("{e}");
+            NVML_ERROR_UNKNOWN
+        })?;
+        let call = nvml::EVENT_WAITS.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        // SAFETY: as in nvmlDeviceRegisterEvents.
+        let set = unsafe { &*(set as *const std::sync::Mutex<Vec<(usize, u64)>>) };
+        let registered = set.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let due = xids.iter().find(|x| {
+            x.call == call
+                && registered
+                    .iter()
+                    .any(|(d, t)| *d == x.device && t & NVML_EVENT_TYPE_XID_CRITICAL_ERROR != 0)
+        });
+        match due {
+            Some(x) => nout(
+                data,
+                NvmlEventData {
+                    device: handle(x.device),
+                    event_type: NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
+                    event_data: x.xid,
+                    gpu_instance_id: u32::MAX,
+                    compute_instance_id: u32::MAX,
+                },
+            ),
+            None => {
+                std::thread::sleep(std::time::Duration::from_millis(u64::from(timeoutms)));
+                Err(NVML_ERROR_TIMEOUT)
+            }
+        }
+    }
+
+    fn nvmlEventSetFree(set: *mut c_void) {
+        if set.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        // SAFETY: a set nvmlEventSetCreate made, freed once (the caller's contract).
+        drop(unsafe { Box::from_raw(set as *mut std::sync::Mutex<Vec<(usize, u64)>>) });
+        Ok(())
+    }
+
     fn nvmlDeviceGetMultiGpuBoard(dev: Device, multi: *mut u32) {
         let sim = sim()?;
         phys_of(sim, dev)?;
