@@ -819,6 +819,7 @@ pub(crate) unsafe fn module_load_data(
 ///
 /// # Safety
 /// As `cuLibraryLoadData` requires.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn library_load_data(
     s: &Shim,
     call: impl FnOnce() -> CUresult,

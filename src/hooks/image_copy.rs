@@ -207,7 +207,7 @@ mod tests {
         let c = unsafe { copy(t.as_ptr().cast()) }.unwrap();
         assert_eq!(c.len, t.len() - 8);
         assert_eq!(c.footprint(), Some((c.len + (1 << 20)) as u64));
-        let mut f = vec![0u8; 16 + 64];
+        let mut f = [0u8; 16 + 64];
         f[0..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
         f[6..8].copy_from_slice(&16u16.to_le_bytes());
         f[8..16].copy_from_slice(&64u64.to_le_bytes());
