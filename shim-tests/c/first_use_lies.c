@@ -18,6 +18,12 @@
  *   first_use_lies fatjunk SIZE N   a fat binary of the plain cubin (sm_90) and an sm_80 entry that is no ELF.
  *   first_use_lies libfile SIZE N   the plain cubin as a file, N libraries of it (cuLibraryLoadFromFile,
  *                                       cuLibraryGetGlobal).
+ *   first_use_lies flip SIZE N      the plain cubin (its `.nv.global` section 4 bytes: the symbol alone says how
+ *                                       big `g` is) loaded N times; a SIGUSR1 handler sets the symbol's size to 1
+ *                                       (run with CUDASIM_LOADED_SIGNAL=10: the simulator raises it once it read
+ *                                       the image, before the load returns: what the driver loaded is SIZE).
+ *   first_use_lies libflip SIZE N   the same with cuLibraryLoadData (CU_LIBRARY_BINARY_IS_PRESERVED) and
+ *                                       cuLibraryGetGlobal.
  */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -82,6 +88,28 @@ static size_t cubin(unsigned char *e, unsigned long long size, const char *lie) 
     return at + 6 * sizeof *sh;
 }
 
+static unsigned char g_flip[4096];
+static Elf64_Sym *g_sym;
+
+/* The loaded image's global shrinks to 1 byte once the driver read it. */
+static void flip(int sig) {
+    (void)sig;
+    if (g_sym) g_sym->st_size = 1;
+}
+
+/* The plain cubin in g_flip, its `.nv.global` section 4 bytes, g_sym its global's symbol. */
+static void flip_image(unsigned long long size) {
+    cubin(g_flip, size, "");
+    g_sym = NULL;
+    for (size_t at = 64; at < 512; at += 8) {
+        Elf64_Sym *c = (Elf64_Sym *)(g_flip + at);
+        if (c->st_name == 3 && c->st_info == 0x11) { g_sym = c; break; }
+    }
+    if (!g_sym) die("no symbol g", CUDA_ERROR_UNKNOWN);
+    Elf64_Shdr *sec = (Elf64_Shdr *)(g_flip + ((Elf64_Ehdr *)g_flip)->e_shoff) + 4;
+    sec->sh_size = 4;
+}
+
 static char g_fifo[256];
 static unsigned long long g_size;
 static int g_writes;
@@ -132,6 +160,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < n; i++) {
         CUresult r = CUDA_SUCCESS;
         CUmodule m = NULL;
+        CUdeviceptr p;
+        size_t bytes;
         if (strcmp(mode, "ptxhex") == 0) {
             snprintf(text, sizeof text,
                      ".version 8.0\n.target sm_90\n.address_size 64\n.visible .global .align 1 .b8 pad[0x10];\n"
@@ -154,6 +184,25 @@ int main(int argc, char **argv) {
                 usleep(1000);
             }
             unlink(g_fifo);
+        } else if (strcmp(mode, "flip") == 0) {
+            signal(SIGUSR1, flip);
+            flip_image(size);
+            r = cuModuleLoadData(&m, g_flip);
+        } else if (strcmp(mode, "libflip") == 0) {
+            signal(SIGUSR1, flip);
+            flip_image(size);
+            CUlibraryOption o = CU_LIBRARY_BINARY_IS_PRESERVED;
+            void *v = (void *)1;
+            CUlibrary l;
+            r = cuLibraryLoadData(&l, g_flip, NULL, NULL, 0, &o, &v, 1);
+            if (r != CUDA_SUCCESS) {
+                printf("load.%d=%s\n", i, cq_err(r));
+                break;
+            }
+            r = cuLibraryGetGlobal(&p, &bytes, l, "g");
+            printf("global.%d=%s\n", i, cq_err(r));
+            used(0, "used");
+            continue;
         } else if (strcmp(mode, "fatjunk") == 0) {
             static unsigned char fat[8192];
             size_t len = cubin(image, size, "");
@@ -181,8 +230,6 @@ int main(int argc, char **argv) {
             cubin(image, size, mode);
             r = cuModuleLoadData(&m, image);
         }
-        CUdeviceptr p;
-        size_t bytes;
         if (strcmp(mode, "ctxcycle") == 0) {
             static CUlibrary lib;
             if (i == 0) {

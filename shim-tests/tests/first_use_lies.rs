@@ -130,3 +130,53 @@ fn a_librarys_charge_goes_with_its_context() {
     }
     out.assert_used_within(GIB);
 }
+
+/// Raised by the simulator once a load read its image from the program's memory (`CUDASIM_LOADED_SIGNAL`):
+/// SIGUSR1, whose handler in `flip` / `libflip` shrinks the image's global to 1 byte.
+const FLIPPED: (&str, &str) = ("CUDASIM_LOADED_SIGNAL", "10");
+
+/// An image rewritten between the driver's read and the load's return (deterministically, where another thread
+/// rewriting it would land there only sometimes): the driver loaded 512 MiB globals, the program's memory
+/// then says 1 byte. The footprint is of what the driver was handed, the library's own copy, so without NVML
+/// the second global is refused, as for an honest image.
+#[test]
+fn an_image_rewritten_during_its_load_is_charged_as_the_driver_loaded_it() {
+    for mode in ["flip 512m 8", "libflip 512m 8"] {
+        let out = run(mode, &[NO_NVML, FLIPPED]);
+        assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{mode}:{out:?}");
+        assert_eq!(
+            out.get("global.1"),
+            Some("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{mode}:{out:?}"
+        );
+        out.assert_used_within(GIB);
+    }
+}
+
+/// CONTROL: the same images loaded with no rewrite (the second 512 MiB global refused, as on any build), and
+/// rewritten after the driver read them at 64 MiB (each load and lookup works: the program's image after its
+/// load is not what the driver or the library use).
+#[test]
+fn images_copied_for_their_load_load_as_before() {
+    for mode in ["flip 512m 8", "libflip 512m 8"] {
+        let out = run(mode, &[NO_NVML]);
+        assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{mode}:{out:?}");
+        assert_eq!(
+            out.get("global.1"),
+            Some("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{mode}:{out:?}"
+        );
+        out.assert_used_within(GIB);
+    }
+    for mode in ["flip 64m 4", "libflip 64m 4"] {
+        let out = run(mode, &[NO_NVML, FLIPPED]);
+        for i in 0..4 {
+            assert_eq!(
+                out.get(&format!("global.{i}")),
+                Some("CUDA_SUCCESS"),
+                "{mode} {i}:{out:?}"
+            );
+        }
+        out.assert_used_within(GIB);
+    }
+}

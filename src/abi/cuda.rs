@@ -85,11 +85,11 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuDevicePrimaryCtxReset (dev) => context::primary_release(call, dev, true);
     cuDevicePrimaryCtxReset_v2 (dev) => context::primary_release(call, dev, true);
     cuModuleLoad (module, fname) => context::module_load_file(call, module, fname);
-    cuModuleLoadData (module, image) => context::module_load(call, module, crate::hooks::context::ImageAt::Memory(image));
-    cuModuleLoadDataEx (module, image, numOptions, options, optionValues) => context::module_load(call, module, crate::hooks::context::ImageAt::Memory(image));
-    cuModuleLoadFatBinary (module, fatCubin) => context::module_load(call, module, crate::hooks::context::ImageAt::Memory(fatCubin));
+    cuModuleLoadData (module, image) => context::module_load_data(call, move |i| real(module, i), module, image);
+    cuModuleLoadDataEx (module, image, numOptions, options, optionValues) => context::module_load_data(call, move |i| real(module, i, numOptions, options, optionValues), module, image);
+    cuModuleLoadFatBinary (module, fatCubin) => context::module_load_data(call, move |i| real(module, i), module, fatCubin);
     cuModuleUnload (hmod) => context::module_unload(call, hmod);
-    cuLibraryLoadData (library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load(call, library, crate::hooks::context::ImageAt::Memory(code));
+    cuLibraryLoadData (library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load_data(call, move |c, o, v, n| real(library, c, jitOptions, jitOptionsValues, numJitOptions, o, v, n), library, code, libraryOptions, libraryOptionValues, numLibraryOptions);
     cuLibraryLoadFromFile (library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load_file(call, library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     cuLibraryUnload (library) => context::library_unload(call, library);
     // first use: the driver loads code and globals lazily (CUDA_MODULE_LOADING=LAZY, the default)

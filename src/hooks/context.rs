@@ -5,6 +5,7 @@
 //! estimate is admitted against the cap: a context or module that does not fit is undone and the call returns
 //! `CUDA_ERROR_OUT_OF_MEMORY`.
 
+use super::image_copy::{self, ImageCopy};
 use super::Width;
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::in_context;
@@ -591,6 +592,8 @@ pub(crate) enum ImageAt {
     /// A file's contents, read once by us and handed to the driver as they are (`cuModuleLoad`,
     /// `cuLibraryLoadFromFile`: see [`read_image_file`]).
     Bytes(*const u8, usize),
+    /// Read before the call from our own copy, which the driver was handed (`image_copy`).
+    Known(Option<u64>),
 }
 
 impl ImageAt {
@@ -605,6 +608,7 @@ impl ImageAt {
                 let data = unsafe { std::slice::from_raw_parts(p, n) };
                 crate::memory::image::footprint(data)
             }
+            ImageAt::Known(f) => f,
         }
     }
 }
@@ -661,8 +665,8 @@ pub(crate) unsafe fn module_load_file(
 }
 
 /// `cuLibraryLoadFromFile`: the file read once ([`read_image_file`]) and loaded with `cuLibraryLoadData` and the
-/// same options. With library options (`CU_LIBRARY_BINARY_IS_PRESERVED` lets the driver keep reading the
-/// image until the library is unloaded) the copy is never freed.
+/// same options (our copy of them). `CU_LIBRARY_BINARY_IS_PRESERVED` is refused, as the driver refuses it for
+/// a file, so the driver keeps its own copy and ours is freed after the call.
 ///
 /// # Safety
 /// As `cuLibraryLoadFromFile` requires.
@@ -684,14 +688,17 @@ pub(crate) unsafe fn library_load_file(
         Ok(d) => d,
         Err(r) => return r,
     };
-    let kept;
-    let p = if n_lib > 0 {
-        Vec::leak(data).as_ptr()
-    } else {
-        kept = data;
-        kept.as_ptr()
+    // SAFETY: the caller's contract.
+    let (mut o, mut v, preserved) = match unsafe { library_options(lib_options, lib_values, n_lib) } {
+        Ok(x) => x,
+        Err(r) => return r,
     };
-    // SAFETY: `data` outlives the call (leaked where the driver may keep it); the options are the program's.
+    if preserved {
+        return CUresult::ERROR_INVALID_VALUE; // the driver's answer for a file (cuda.h)
+    }
+    let p = data.as_ptr();
+    // SAFETY: `data` outlives the call (not preserved: the driver keeps its own copy); the options are our copy
+    // of the program's.
     unsafe {
         library_load(
             s,
@@ -702,8 +709,8 @@ pub(crate) unsafe fn library_load_file(
                     jit_options,
                     jit_values,
                     n_jit,
-                    lib_options,
-                    lib_values,
+                    or_null(&mut o),
+                    or_null(&mut v),
                     n_lib,
                 )
             },
@@ -711,6 +718,151 @@ pub(crate) unsafe fn library_load_file(
             ImageAt::Bytes(p, len),
         )
     }
+}
+
+/// `CUlibraryOption`: the driver may read `code` until `cuLibraryUnload` instead of copying it (cuda.h).
+const CU_LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption = 1;
+
+/// Our copies of images the driver may read until their library is unloaded (`CU_LIBRARY_BINARY_IS_PRESERVED`),
+/// by library handle.
+static PRESERVED: parking_lot::Mutex<Vec<(usize, ImageCopy)>> = parking_lot::Mutex::new(Vec::new());
+
+/// The program's library options copied (the driver is handed ours: what it acts on is what we read), and
+/// whether `CU_LIBRARY_BINARY_IS_PRESERVED` is among them. More than 16 (there are 2) or NULL arrays:
+/// `CUDA_ERROR_INVALID_VALUE`.
+///
+/// # Safety
+/// `n` entries at `o` and `v` when not NULL.
+#[allow(clippy::type_complexity)]
+unsafe fn library_options(
+    o: *mut CUlibraryOption,
+    v: *mut *mut std::ffi::c_void,
+    n: std::ffi::c_uint,
+) -> Result<(Vec<CUlibraryOption>, Vec<*mut std::ffi::c_void>, bool), CUresult> {
+    if n == 0 {
+        return Ok((Vec::new(), Vec::new(), false));
+    }
+    if n > 16 || o.is_null() || v.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's contract.
+    let (o, v) = unsafe {
+        (
+            std::slice::from_raw_parts(o, n as usize).to_vec(),
+            std::slice::from_raw_parts(v, n as usize).to_vec(),
+        )
+    };
+    let preserved = o.contains(&CU_LIBRARY_BINARY_IS_PRESERVED);
+    Ok((o, v, preserved))
+}
+
+fn or_null<T>(v: &mut [T]) -> *mut T {
+    if v.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        v.as_mut_ptr()
+    }
+}
+
+/// Whether a memory cap applies to a device of this process: only then are in-memory images copied.
+fn capped(s: &Shim) -> bool {
+    s.devices.known().any(|(d, _)| s.mem.limit(d).is_some())
+}
+
+/// Our copy of an in-memory image (`image_copy`); `None`: refused, logged.
+///
+/// # Safety
+/// `image` as the load calls require.
+unsafe fn copied(image: *const std::ffi::c_void) -> Option<ImageCopy> {
+    // SAFETY: the caller's contract.
+    let c = unsafe { image_copy::copy(image) };
+    if c.is_none() {
+        log!(
+            Level::Error,
+            "image at {image:p} refused: its extent cannot be read from its headers (or passes 4 GiB), so what \
+             it loads cannot be admitted under the memory cap"
+        );
+    }
+    c
+}
+
+/// `cuModuleLoadData`, `…Ex` (with the program's options: `with` is the real call given an image),
+/// `cuModuleLoadFatBinary`. Under a memory cap the driver is handed our copy of the image, whose footprint is
+/// read before the call (another thread rewriting the program's image meanwhile changes neither); freed after
+/// the call (the driver keeps its own). Without a cap the program's image as it is, no copy.
+///
+/// # Safety
+/// As those calls require.
+pub(crate) unsafe fn module_load_data(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    with: impl FnOnce(*const std::ffi::c_void) -> CUresult,
+    module: *mut CUmodule,
+    image: *const std::ffi::c_void,
+) -> CUresult {
+    if image.is_null() || !capped(s) {
+        // SAFETY: the caller's contract.
+        return unsafe { module_load(s, call, module, ImageAt::Memory(image)) };
+    }
+    // SAFETY: the caller's contract.
+    let Some(c) = (unsafe { copied(image) }) else {
+        return CUresult::ERROR_INVALID_IMAGE;
+    };
+    let fp = c.footprint();
+    // SAFETY: `c` outlives the call; `module` is the program's.
+    unsafe { module_load(s, || with(c.ptr()), module, ImageAt::Known(fp)) }
+}
+
+/// `cuLibraryLoadData` (`with`: the real call given an image and library options). Under a memory cap as
+/// [`module_load_data`], with our copy of the library options; a copy the driver may keep reading
+/// (`CU_LIBRARY_BINARY_IS_PRESERVED`) lives until the library's `cuLibraryUnload`.
+///
+/// # Safety
+/// As `cuLibraryLoadData` requires.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn library_load_data(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    with: impl FnOnce(
+        *const std::ffi::c_void,
+        *mut CUlibraryOption,
+        *mut *mut std::ffi::c_void,
+        std::ffi::c_uint,
+    ) -> CUresult,
+    library: *mut CUlibrary,
+    code: *const std::ffi::c_void,
+    lib_options: *mut CUlibraryOption,
+    lib_values: *mut *mut std::ffi::c_void,
+    n_lib: std::ffi::c_uint,
+) -> CUresult {
+    if code.is_null() || !capped(s) {
+        // SAFETY: the caller's contract.
+        return unsafe { library_load(s, call, library, ImageAt::Memory(code)) };
+    }
+    // SAFETY: the caller's contract.
+    let (mut o, mut v, preserved) = match unsafe { library_options(lib_options, lib_values, n_lib) } {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    // SAFETY: the caller's contract.
+    let Some(c) = (unsafe { copied(code) }) else {
+        return CUresult::ERROR_INVALID_IMAGE;
+    };
+    let (fp, p) = (c.footprint(), c.ptr());
+    // SAFETY: `c` outlives the call (kept until unload when preserved); `library` is the program's.
+    let r = unsafe {
+        library_load(
+            s,
+            || with(p, or_null(&mut o), or_null(&mut v), n_lib),
+            library,
+            ImageAt::Known(fp),
+        )
+    };
+    if r.ok() && preserved && !library.is_null() {
+        // SAFETY: written by the driver on success.
+        PRESERVED.lock().push((unsafe { *library } as usize, c));
+    }
+    r
 }
 
 /// `cuModuleLoad`, `cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`.
@@ -790,6 +942,10 @@ pub(crate) fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult, library:
     let r = call();
     if r.ok() {
         s.mem.library_unloaded(&s.nvml, library as usize);
+        let mut kept = PRESERVED.lock();
+        if let Some(i) = kept.iter().position(|(l, _)| *l == library as usize) {
+            drop(kept.swap_remove(i));
+        }
     }
     r
 }

@@ -7,6 +7,7 @@
 pub(crate) mod context;
 pub(crate) mod copy;
 pub(crate) mod graph_memory;
+pub(crate) mod image_copy;
 pub(crate) mod info;
 pub(crate) mod launch;
 pub(crate) mod memory;

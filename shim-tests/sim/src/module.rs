@@ -126,6 +126,28 @@ fn compiled(code: Option<Code>) -> Image {
 /// that differs from the text magic, or to a NUL-terminated string when it is text; a compiled image
 /// complete in memory).
 pub(crate) unsafe fn read_image(p: *const c_void) -> CuResult<Image> {
+    // SAFETY: forwarded contract.
+    let image = unsafe { read_image_now(p) };
+    loaded_signal();
+    image
+}
+
+/// `CUDASIM_LOADED_SIGNAL=N`: once an image was read from the program's memory, signal N is raised in the
+/// calling thread before the load returns (a test's hook: its handler changes the image after the driver read
+/// it, deterministically, where a racing thread would only sometimes).
+fn loaded_signal() {
+    if let Some(n) = std::env::var("CUDASIM_LOADED_SIGNAL")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    {
+        // SAFETY: raising a signal in this thread; the program installed its handler.
+        unsafe { libc::raise(n) };
+    }
+}
+
+/// # Safety
+/// As [`read_image`].
+unsafe fn read_image_now(p: *const c_void) -> CuResult<Image> {
     if p.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
