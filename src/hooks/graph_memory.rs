@@ -11,14 +11,16 @@
 //!
 //! The same walk lists the exec's kernels (kernel nodes, child graphs, conditional nodes' bodies, recorded when
 //! `cuGraphAddNode` made them): the largest local memory per thread among them is the stack the exec's first
-//! launch or upload in a context makes the driver grow, admitted there as a direct launch's is
-//! (`context::first_launch`, one routine for every path). Updates (`cuGraphExecUpdate`, `cuGraphExec*SetParams`)
+//! launch or upload in a context makes the driver grow, and each kernel's code is loaded before that launch (its
+//! module's or library's footprint admitted as a direct first launch's is), both in `context::first_launch`,
+//! one routine for every path. Updates (`cuGraphExecUpdate`, `cuGraphExec*SetParams`)
 //! record the new need and make the next launch a first use again.
 
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::charge::Charge;
+use crate::memory::pools::Kernels;
 use crate::memory::reconcile::Use;
 use crate::state::Shim;
 use std::ffi::c_int;
@@ -35,8 +37,8 @@ const MAX_BODIES: u32 = 4096;
 struct Walked {
     /// Per device, what its alloc nodes add up to, granularity-rounded; empty without alloc nodes.
     mem: Vec<(Dev, u64)>,
-    /// The largest local memory per thread (bytes) of the kernels it may run.
-    local: u64,
+    /// The kernels it may run.
+    kernels: Kernels,
     /// A kernel node whose kernel could not be read, or a conditional node whose bodies we never saw (a clone's)
     /// not covered by a clone's record.
     unknown: bool,
@@ -98,7 +100,7 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 None => out.unknown = true,
             },
             CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node) {
-                Some((func, kern)) => out.local = out.local.max(node_local(s, dev, func, kern)),
+                Some((func, kern)) => out.kernels.merge(node_kernels(s, dev, func, kern)),
                 None => out.unknown = true,
             },
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
@@ -126,7 +128,7 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
     }
     if let Some(floor) = s.mem.graph().floor(graph as usize) {
         // A clone: its conditional nodes' bodies are the original's, as they were when cloned.
-        out.local = out.local.max(floor);
+        out.kernels.merge(floor);
         out.unknown = false;
     }
     Some(out)
@@ -160,8 +162,21 @@ impl Walked {
                 None => self.mem.push((dev, bytes)),
             }
         }
-        self.local = self.local.max(o.local);
+        self.kernels.merge(o.kernels);
         self.unknown |= o.unknown;
+    }
+}
+
+/// The kernel a node's parameters name (`kern` when `func` is NULL) and its local memory per thread.
+fn node_kernels(s: &Shim, dev: Option<Dev>, func: CUfunction, kern: CUkernel) -> Kernels {
+    let f = if func.is_null() {
+        kern as usize
+    } else {
+        func as usize
+    };
+    Kernels {
+        local: node_local(s, dev, func, kern),
+        funcs: (f != 0).then_some(f).into_iter().collect(),
     }
 }
 
@@ -226,7 +241,7 @@ pub(crate) unsafe fn instantiate(
             return CUresult::ERROR_NOT_SUPPORTED;
         };
         s.mem.graph().set_exec(exec as usize, fp.mem);
-        s.mem.graph().set_stack(exec as usize, fp.local, false);
+        s.mem.graph().set_kernels(exec as usize, fp.kernels, false);
     }
     r
 }
@@ -305,7 +320,7 @@ pub(crate) fn exec_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp.mem, false);
-        s.mem.graph().set_stack(exec as usize, fp.local, false);
+        s.mem.graph().set_kernels(exec as usize, fp.kernels, false);
         exec_changed(s, exec);
     }
     r
@@ -324,8 +339,8 @@ pub(crate) unsafe fn exec_kernel_update(
     params: *const CUDA_KERNEL_NODE_PARAMS,
     v2: bool,
 ) -> CUresult {
-    let local = if params.is_null() {
-        0
+    let k = if params.is_null() {
+        Kernels::default()
     } else {
         // SAFETY: the driver's contract: a v2 struct, or (bare form) a v1 struct, which is the v2 one's prefix.
         let (func, kern) = unsafe {
@@ -333,11 +348,11 @@ pub(crate) unsafe fn exec_kernel_update(
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
         };
-        node_local(s, s.devices.current(&s.cuda), func, kern)
+        node_kernels(s, s.devices.current(&s.cuda), func, kern)
     };
     let r = call();
     if r.ok() {
-        s.mem.graph().set_stack(exec as usize, local, true);
+        s.mem.graph().set_kernels(exec as usize, k, true);
         exec_changed(s, exec);
     }
     r
@@ -358,7 +373,7 @@ pub(crate) fn exec_child_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp.mem, true);
-        s.mem.graph().set_stack(exec as usize, fp.local, true);
+        s.mem.graph().set_kernels(exec as usize, fp.kernels, true);
         exec_changed(s, exec);
     }
     r
@@ -495,7 +510,7 @@ fn cloned_into(s: &Shim, node: CUgraphNode, original: CUgraph) {
 /// then make its instantiation refused).
 fn clone_of(s: &Shim, clone: CUgraph, original: CUgraph) {
     if let Some(w) = footprint(s, original) {
-        s.mem.graph().set_floor(clone as usize, w.local);
+        s.mem.graph().set_floor(clone as usize, w.kernels);
     }
 }
 

@@ -75,16 +75,34 @@ pub(crate) struct GraphMem {
     kernels: Lock<GraphKernels>,
 }
 
-/// What a graph's kernels need that its first launch or upload must admit: the stack.
+/// What a graph's kernels need that its first launch or upload must admit: the stack and their code's loading.
 #[derive(Default)]
 struct GraphKernels {
-    /// Per exec, the largest local memory per thread (bytes) of any kernel it may run.
-    stacks: HashMap<usize, u64>,
+    /// Per exec, what its kernels need.
+    stacks: HashMap<usize, Kernels>,
     /// Conditional node → its body graphs, recorded when it was added (no call of cuda.h lists them after).
     bodies: HashMap<usize, Vec<usize>>,
-    /// Graph → the stack need of the graph it was cloned from when cloned (its conditional nodes are new
-    /// handles whose bodies no call can list, and no call can change).
-    floors: HashMap<usize, u64>,
+    /// Graph → what the kernels of the graph it was cloned from needed when cloned (its conditional nodes are
+    /// new handles whose bodies no call can list, and no call can change).
+    floors: HashMap<usize, Kernels>,
+}
+
+/// The kernels a graph may run: the largest local memory per thread among them, and their handles (functions,
+/// or library kernels), each once, whose code its first launch in a context loads first (as a direct launch's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Kernels {
+    pub local: u64,
+    pub funcs: Vec<usize>,
+}
+
+impl Kernels {
+    /// `o`'s kernels too.
+    pub(crate) fn merge(&mut self, o: Kernels) {
+        self.local = self.local.max(o.local);
+        self.funcs.extend(o.funcs);
+        self.funcs.sort_unstable();
+        self.funcs.dedup();
+    }
 }
 
 fn exec_slot(exec: usize, i: usize) -> usize {
@@ -105,16 +123,29 @@ impl GraphMem {
         }
     }
 
-    /// `exec`'s kernels need `local` bytes of stack per thread (`raise`: at least that, on top of what it had).
-    pub(crate) fn set_stack(&self, exec: usize, local: u64, raise: bool) {
-        let mut k = self.kernels.lock();
-        let e = k.stacks.entry(exec).or_insert(0);
-        *e = if raise { (*e).max(local) } else { local };
+    /// `exec` runs `k` (`raise`: on top of what it ran).
+    pub(crate) fn set_kernels(&self, exec: usize, k: Kernels, raise: bool) {
+        let mut g = self.kernels.lock();
+        let e = g.stacks.entry(exec).or_default();
+        if raise {
+            e.merge(k);
+        } else {
+            *e = k;
+        }
     }
 
     /// The stack per thread `exec`'s kernels need (0: unknown or none).
     pub(crate) fn stack(&self, exec: usize) -> u64 {
-        self.kernels.lock().stacks.get(&exec).copied().unwrap_or(0)
+        self.kernels.lock().stacks.get(&exec).map_or(0, |k| k.local)
+    }
+
+    /// The kernels `exec` may run, as recorded at instantiation and updates.
+    pub(crate) fn kernels(&self, exec: usize) -> Vec<usize> {
+        self.kernels
+            .lock()
+            .stacks
+            .get(&exec)
+            .map_or_else(Vec::new, |k| k.funcs.clone())
     }
 
     /// `exec` was destroyed.
@@ -132,14 +163,14 @@ impl GraphMem {
         self.kernels.lock().bodies.get(&node).cloned()
     }
 
-    /// `graph` is a clone of a graph whose kernels needed `local` bytes of stack per thread.
-    pub(crate) fn set_floor(&self, graph: usize, local: u64) {
-        self.kernels.lock().floors.insert(graph, local);
+    /// `graph` is a clone of a graph whose kernels were `k`.
+    pub(crate) fn set_floor(&self, graph: usize, k: Kernels) {
+        self.kernels.lock().floors.insert(graph, k);
     }
 
-    /// What `graph`'s original needed when it was cloned (`None`: not a clone we saw).
-    pub(crate) fn floor(&self, graph: usize) -> Option<u64> {
-        self.kernels.lock().floors.get(&graph).copied()
+    /// What `graph`'s original ran when it was cloned (`None`: not a clone we saw).
+    pub(crate) fn floor(&self, graph: usize) -> Option<Kernels> {
+        self.kernels.lock().floors.get(&graph).cloned()
     }
 
     /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
