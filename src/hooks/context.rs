@@ -629,16 +629,21 @@ pub(crate) enum ImageAt {
 }
 
 impl ImageAt {
+    /// Compressed fat-binary entries are decompressed only while a memory cap may apply (a cap set later meets
+    /// them as images of unknown footprint: measured after their first use).
+    ///
     /// # Safety
     /// The image is one the driver just loaded (complete in memory, or a NUL-terminated path).
-    unsafe fn footprint(self) -> Option<u64> {
+    unsafe fn footprint(self, s: &Shim) -> Option<u64> {
+        s.devices.refresh_if_changed();
+        let inflate = s.devices.memory_limited();
         match self {
             // SAFETY: the caller's contract.
-            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast()) },
+            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast(), inflate) },
             ImageAt::File(p) if !p.is_null() => {
                 // SAFETY: as above.
                 let path = unsafe { std::ffi::CStr::from_ptr(p) }.to_str().ok()?;
-                crate::memory::image::footprint(&std::fs::read(path).ok()?)
+                crate::memory::image::footprint(&std::fs::read(path).ok()?, inflate)
             }
             ImageAt::File(_) => None,
         }
@@ -672,7 +677,7 @@ pub(crate) unsafe fn module_load(
     let m = unsafe { *module };
     // SAFETY: the driver accepted the image (the caller's contract).
     s.mem
-        .image_loaded(m as usize, false, unsafe { image.footprint() });
+        .image_loaded(m as usize, false, unsafe { image.footprint(s) });
     if s.mem.module_loaded(&s.cuda, &s.nvml, m as usize).is_err() {
         // SAFETY: unloading the module we just loaded.
         module_unload(s, || unsafe { s.cuda.cuModuleUnload(m) }, m);
@@ -708,7 +713,8 @@ pub(crate) unsafe fn library_load(
     // SAFETY: written by the driver on success.
     let l = unsafe { *library };
     // SAFETY: the driver accepted the image (the caller's contract).
-    s.mem.image_loaded(l as usize, true, unsafe { image.footprint() });
+    s.mem
+        .image_loaded(l as usize, true, unsafe { image.footprint(s) });
     if s.mem.library_loaded(&s.nvml).is_err() {
         // SAFETY: unloading what we just loaded.
         library_unload(s, || unsafe { s.cuda.cuLibraryUnload(l) }, l);

@@ -42,12 +42,13 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// The footprint of the image at `p` (`cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`,
-/// `cuLibraryLoadData`).
+/// `cuLibraryLoadData`). `inflate`: decompress compressed entries (else they make it unknown) — only while a
+/// memory cap may apply: a framework loads hundreds of fat binaries at start-up.
 ///
 /// # Safety
 /// `p` is NULL or points to an image as those calls require (a complete ELF, a fat binary or its wrapper with
 /// the entries its header counts, or NUL-terminated text): what the driver itself reads.
-pub(crate) unsafe fn footprint_at(p: *const u8) -> Option<u64> {
+pub(crate) unsafe fn footprint_at(p: *const u8, inflate: bool) -> Option<u64> {
     if p.is_null() {
         return None;
     }
@@ -62,10 +63,10 @@ pub(crate) unsafe fn footprint_at(p: *const u8) -> Option<u64> {
                 return None; // prelinked lists (version 2): not read, unknown
             }
             // SAFETY: the wrapper's data is a fat binary (contract).
-            unsafe { fatbin_at(data) }
+            unsafe { fatbin_at(data, inflate) }
         }
         // SAFETY: as above.
-        FATBIN_MAGIC => unsafe { fatbin_at(p) },
+        FATBIN_MAGIC => unsafe { fatbin_at(p, inflate) },
         m if m.to_le_bytes() == ELF_MAGIC => {
             // SAFETY: an ELF header is 64 bytes; its section table lies where it says (a complete ELF).
             let h = unsafe { std::slice::from_raw_parts(p, 64) };
@@ -92,10 +93,11 @@ pub(crate) unsafe fn footprint_at(p: *const u8) -> Option<u64> {
     }
 }
 
-/// The footprint of an image file's contents (`cuModuleLoad`, `cuLibraryLoadFromFile`).
-pub(crate) fn footprint(data: &[u8]) -> Option<u64> {
+/// The footprint of an image file's contents (`cuModuleLoad`, `cuLibraryLoadFromFile`); `inflate` as for
+/// [`footprint_at`].
+pub(crate) fn footprint(data: &[u8], inflate: bool) -> Option<u64> {
     match u32_at(data, 0)? {
-        FATBIN_MAGIC => fatbin(data),
+        FATBIN_MAGIC => fatbin(data, inflate),
         m if m.to_le_bytes() == ELF_MAGIC => elf(data, data.len() as u64),
         _ => ptx(data.split(|&b| b == 0).next().unwrap_or(data)),
     }
@@ -103,7 +105,7 @@ pub(crate) fn footprint(data: &[u8]) -> Option<u64> {
 
 /// # Safety
 /// `p` points to a fat-binary header followed by `files_size` bytes of entries.
-unsafe fn fatbin_at(p: *const u8) -> Option<u64> {
+unsafe fn fatbin_at(p: *const u8, inflate: bool) -> Option<u64> {
     // SAFETY: a header is 16 bytes.
     let h = unsafe { std::slice::from_raw_parts(p, 16) };
     let end = (u16_at(h, 6)? as u64).checked_add(u64_at(h, 8)?)?;
@@ -111,12 +113,12 @@ unsafe fn fatbin_at(p: *const u8) -> Option<u64> {
         return None;
     }
     // SAFETY: the header says how many bytes of entries follow it.
-    fatbin(unsafe { std::slice::from_raw_parts(p, end as usize) })
+    fatbin(unsafe { std::slice::from_raw_parts(p, end as usize) }, inflate)
 }
 
-/// The largest entry of a fat binary, compressed ones decompressed (`None` when any entry is unreadable or of
-/// another kind).
-fn fatbin(b: &[u8]) -> Option<u64> {
+/// The largest entry of a fat binary, compressed ones decompressed (`None` when any entry is unreadable, of
+/// another kind, or compressed and not to be inflated).
+fn fatbin(b: &[u8], inflate: bool) -> Option<u64> {
     if u32_at(b, 0)? != FATBIN_MAGIC {
         return None;
     }
@@ -138,6 +140,9 @@ fn fatbin(b: &[u8]) -> Option<u64> {
         let payload = e.get(ehsize..ehsize.checked_add(stored)?)?;
         let plain;
         let payload = if compressed {
+            if !inflate {
+                return None;
+            }
             plain = decompress(flags, payload, if ehsize >= 64 { u64_at(e, 56)? } else { 0 })?;
             &plain[..]
         } else {
@@ -346,17 +351,17 @@ mod tests {
     #[test]
     fn cubin_globals_and_code() {
         let c = cubin(3 << 30);
-        assert_eq!(footprint(&c), Some((3 << 30) + 256));
+        assert_eq!(footprint(&c, true), Some((3 << 30) + 256));
         // SAFETY: a complete image in memory.
-        assert_eq!(unsafe { footprint_at(c.as_ptr()) }, Some((3 << 30) + 256));
-        assert_eq!(footprint(&c[..c.len() - 1]), None, "truncated");
+        assert_eq!(unsafe { footprint_at(c.as_ptr(), true) }, Some((3 << 30) + 256));
+        assert_eq!(footprint(&c[..c.len() - 1], true), None, "truncated");
     }
 
     #[test]
     fn fatbin_takes_the_largest_entry() {
         let ptx = b".version 8.0\n.target sm_90\n.visible .global .align 4 .b8 g[1048576];\n".to_vec();
         let f = fatbin_of(&[(KIND_ELF, 0, cubin(4096)), (KIND_PTX, 0, ptx.clone())]);
-        assert_eq!(footprint(&f), Some((1 << 20) + ptx.len() as u64));
+        assert_eq!(footprint(&f, true), Some((1 << 20) + ptx.len() as u64));
     }
 
     /// nvcc 13.0's own fat binaries of `testdata/global3g.cu` (a 3 GiB `__device__` global): plain cubin with a
@@ -368,10 +373,11 @@ mod tests {
             ("zstd", &include_bytes!("testdata/global3g_zstd.fatbin")[..]),
             ("lz4", &include_bytes!("testdata/global3g_lz4.fatbin")[..]),
         ] {
-            let fp = footprint(f);
+            let fp = footprint(f, true);
             assert!(fp.is_some_and(|b| b >= (3 << 30) + 4096), "{name}: {fp:?}");
             // SAFETY: a complete fat binary in memory.
-            assert_eq!(unsafe { footprint_at(f.as_ptr()) }, fp, "{name}");
+            assert_eq!(unsafe { footprint_at(f.as_ptr(), true) }, fp, "{name}");
+            assert_eq!(footprint(f, false), None, "{name}: not inflated");
         }
     }
 
@@ -401,38 +407,42 @@ mod tests {
         f
     }
 
+    fn footprint_c(b: &[u8]) -> Option<u64> {
+        footprint(b, true)
+    }
+
     #[test]
     fn compressed_entries_bounded() {
         let c = cubin(3 << 30);
         let n = c.len() as u64;
         for (flags, packed) in [(FLAG_LZ4, lz4_literals(&c)), (FLAG_ZSTD, zstd_raw(&c))] {
             assert_eq!(
-                footprint(&compressed(flags, packed.clone(), n)),
+                footprint_c(&compressed(flags, packed.clone(), n)),
                 Some((3 << 30) + 256)
             );
             // A size that is not the stream's, one past the bound, a truncated stream: unreadable.
             assert_eq!(
-                footprint(&compressed(flags, packed.clone(), n - 1)),
+                footprint_c(&compressed(flags, packed.clone(), n - 1)),
                 None,
                 "{flags:#x}"
             );
             assert_eq!(
-                footprint(&compressed(flags, packed.clone(), n + 1)),
+                footprint_c(&compressed(flags, packed.clone(), n + 1)),
                 None,
                 "{flags:#x}"
             );
             assert_eq!(
-                footprint(&compressed(flags, packed.clone(), MAX_ENTRY + 1)),
+                footprint_c(&compressed(flags, packed.clone(), MAX_ENTRY + 1)),
                 None,
                 "{flags:#x}"
             );
             assert_eq!(
-                footprint(&compressed(flags, packed.clone(), 0)),
+                footprint_c(&compressed(flags, packed.clone(), 0)),
                 None,
                 "{flags:#x}"
             );
             let cut = packed[..packed.len() - 8].to_vec();
-            assert_eq!(footprint(&compressed(flags, cut, n)), None, "{flags:#x}");
+            assert_eq!(footprint_c(&compressed(flags, cut, n)), None, "{flags:#x}");
         }
     }
 
