@@ -9,6 +9,9 @@
  *         exec_update     exec of a small-kernel graph launched, cuGraphExecUpdate to KIND's graph, launched again
  *         exec_kernel_set exec launched, cuGraphExecKernelNodeSetParams to KIND's kernel, launched again
  *         exec_node_set   the same through cuGraphExecNodeSetParams
+ *         exec_update_noctx, exec_kernel_set_noctx, exec_node_set_noctx
+ *                         each of those three with no context current during the update (two devices: the
+ *                         driver is asked which device is current)
  *         conditional     an IF conditional node (handle default 1) whose body holds KIND's kernel node
  *         conditional_off the same with default 0 (the body does not run this time; its stack is set up anyway)
  *         child           a child graph node (cuGraphAddChildGraphNode) holding KIND's kernel node
@@ -21,6 +24,8 @@
  *                         small kernel (op=: the host graph's launch)
  *         hidden_cond     the conditional node made by libcuda's own cuGraphAddNode (no interposer sees it: its
  *                         bodies cannot be listed), instantiated (instantiate=) and launched
+ *         hidden_in_clone a child graph node cloned from a small-kernel graph, then that hidden conditional node
+ *                         added to the node's own graph (cuGraphChildGraphNodeGetGraph), instantiated and launched
  *         direct          cuLaunchKernel of KIND's kernel
  */
 #define _GNU_SOURCE
@@ -140,17 +145,21 @@ int main(int argc, char **argv) {
         CUDA_KERNEL_NODE_PARAMS p = params(f_kind);
         CK(cuGraphKernelNodeSetParams(n, &p));
         instantiate_launch(g, 0);
-    } else if (!strcmp(path, "exec_update") || !strcmp(path, "exec_kernel_set") || !strcmp(path, "exec_node_set")) {
+    } else if (!strncmp(path, "exec_update", 11) || !strncmp(path, "exec_kernel_set", 15) ||
+               !strncmp(path, "exec_node_set", 13)) {
+        int noctx = strstr(path, "_noctx") != NULL;
         CUgraphNode n;
         CUgraphExec e;
         CK(cuGraphInstantiateWithFlags(&e, kernel_graph(f_small, &n), 0));
         report("first", cuGraphLaunch(e, NULL));
+        CUgraph kind_graph = kernel_graph(f_kind, NULL);
+        if (noctx) CK(cuCtxSetCurrent(NULL));
         CUresult r;
-        if (!strcmp(path, "exec_update")) {
+        if (!strncmp(path, "exec_update", 11)) {
             CUgraphExecUpdateResultInfo info;
             memset(&info, 0, sizeof info);
-            r = cuGraphExecUpdate(e, kernel_graph(f_kind, NULL), &info);
-        } else if (!strcmp(path, "exec_kernel_set")) {
+            r = cuGraphExecUpdate(e, kind_graph, &info);
+        } else if (!strncmp(path, "exec_kernel_set", 15)) {
             CUDA_KERNEL_NODE_PARAMS p = params(f_kind);
             r = cuGraphExecKernelNodeSetParams(e, n, &p);
         } else {
@@ -161,6 +170,7 @@ int main(int argc, char **argv) {
             memcpy(&p.kernel, &k, sizeof k);
             r = cuGraphExecNodeSetParams(e, n, &p);
         }
+        if (noctx) CK(cuCtxSetCurrent(c0));
         printf("update=%s\n", cq_err(r));
         report("op", cuGraphLaunch(e, NULL));
     } else if (!strcmp(path, "conditional") || !strcmp(path, "conditional_off") || !strcmp(path, "hidden_cond")) {
@@ -181,6 +191,15 @@ int main(int argc, char **argv) {
         CK(cuGraphCreate(&g, 0));
         CUgraphNode n;
         CK(cuGraphAddChildGraphNode(&n, g, NULL, 0, child));
+        instantiate_launch(g, 0);
+    } else if (!strcmp(path, "hidden_in_clone")) {
+        CUgraph g, embedded;
+        CK(cuGraphCreate(&g, 0));
+        CUgraphNode n;
+        CK(cuGraphAddChildGraphNode(&n, g, NULL, 0, kernel_graph(f_small, NULL)));
+        CK(cuGraphChildGraphNodeGetGraph(n, &embedded));
+        g_hidden = 1;
+        add_conditional(embedded, c0, f_kind, 1);
         instantiate_launch(g, 0);
     } else if (!strcmp(path, "upload") || !strcmp(path, "upload_ptsz") || !strcmp(path, "device")) {
         CUgraphExec e;

@@ -25,7 +25,15 @@ fn run(path: &str, kind: &str) -> Output {
 }
 
 fn run_with(path: &str, kind: &str, env: &[(&str, &str)]) -> Output {
-    let sim = Sim::new().build();
+    run_on(path, kind, env, 1)
+}
+
+fn run_devices(path: &str, kind: &str, devices: u32) -> Output {
+    run_on(path, kind, &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")], devices)
+}
+
+fn run_on(path: &str, kind: &str, env: &[(&str, &str)], devices: u32) -> Output {
+    let sim = Sim::new().devices(devices).build();
     let mut c = sim.cmd_path(prog()).args(&format!("{path} {kind} 16384"));
     for (k, v) in env {
         c = c.env(k, v);
@@ -195,5 +203,104 @@ fn a_graph_whose_kernels_cannot_be_listed_is_refused_under_a_cap() {
     ] {
         assert_eq!(out.get("instantiate"), None, "{out:?}");
         assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
+    }
+}
+
+/// A clone's record (what its original needed when cloned) covers only the conditional nodes the clone came
+/// with: a conditional node made past cuquota inside a child graph node's own graph after the clone (its
+/// bodies unlisted) is refused under a cap as in any other graph. Before: the clone's record made every unknown
+/// conditional node in that graph known, and the big body's stack was let through (the simulator holding
+/// 4190 MiB under a 1 GiB cap). Control: without a cap the same graph instantiates and runs.
+#[test]
+fn a_hidden_conditional_added_to_a_clone_is_refused_under_a_cap() {
+    let out = run("hidden_in_clone", "big");
+    assert_eq!(
+        out.get("instantiate"),
+        Some("CUDA_ERROR_NOT_SUPPORTED"),
+        "{out:?}"
+    );
+    out.assert_used_within(GIB);
+    let out = run_with("hidden_in_clone", "small", &[]);
+    assert_eq!(out.get("instantiate"), None, "{out:?}");
+    assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
+}
+
+/// A node whose type the driver refuses to give (`cuGraphNodeGetType` failing) may be a kernel node: under a
+/// cap the graph is refused at instantiation as one whose kernels cannot be listed. Before: the node was
+/// skipped and its kernel's stack let through (the simulator holding 3962 MiB under a 1 GiB cap). Control:
+/// without a cap the same graph instantiates and runs.
+#[test]
+fn a_graph_whose_node_types_cannot_be_read_is_refused_under_a_cap() {
+    const FAULT: (&str, &str) = ("CUDASIM_FAULT", "cuGraphNodeGetType:1+:UNKNOWN");
+    let out = run_with("launch", "big", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+    assert_eq!(
+        out.get("instantiate"),
+        Some("CUDA_ERROR_NOT_SUPPORTED"),
+        "{out:?}"
+    );
+    out.assert_used_within(GIB);
+    let out = run_with("launch", "small", &[FAULT]);
+    assert_eq!(out.get("instantiate"), None, "{out:?}");
+    assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{out:?}");
+}
+
+/// The same exec updates made while no context is current, in a process that sees two devices (the library
+/// asks the driver which device is current, and none is): the new kernel's stack is still admitted at the
+/// exec's next launch. Before: the update's kernels were read as needing no stack, the exec's need replaced by
+/// 0, and its next launch let the big kernel's stack through (the simulator holding 3962 MiB under a 1 GiB cap).
+#[test]
+fn exec_updates_without_a_current_context_are_refused() {
+    for path in [
+        "exec_update_noctx",
+        "exec_kernel_set_noctx",
+        "exec_node_set_noctx",
+    ] {
+        let out = run_devices(path, "big", 2);
+        assert_eq!(out.get("update"), Some("CUDA_SUCCESS"), "{out:?}");
+        assert_eq!(out.get("op"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+        let out = run_devices(path, "small", 2);
+        assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{path}: {out:?}");
+        assert!(out.num("fill.count") > 0, "{out:?}");
+        out.assert_used_within(GIB);
+    }
+}
+
+/// A context whose stack size the driver will not tell (`cuCtxGetLimit` failing) is taken to have none: the
+/// whole stack a kernel needs is admitted, by a graph's launch as by a direct one. Before: the growth was
+/// taken as 0 and let through (the simulator holding 3962 MiB under a 1 GiB cap on both paths). Control:
+/// the small kernels run under the same fault.
+#[test]
+fn an_unknown_stack_size_is_taken_as_none() {
+    const FAULT: (&str, &str) = ("CUDASIM_FAULT", "cuCtxGetLimit:1+:UNKNOWN");
+    for path in ["launch", "direct", "upload"] {
+        let out = run_with(path, "big", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+        assert_eq!(out.get("op"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+        let out = run_with(path, "small", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+        assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+    }
+}
+
+/// A kernel whose local memory size the driver will not give (`cuFuncGetAttribute` failing, not for a bad
+/// handle) is refused under a cap: a direct launch with `CUDA_ERROR_OUT_OF_MEMORY`, a graph holding it at
+/// instantiation (`CUDA_ERROR_NOT_SUPPORTED`), as one whose kernels cannot be listed. Before: its need was
+/// taken as 0 and the stack let through (3962 MiB under a 1 GiB cap by each path, upload too). Control: without a cap the
+/// same program runs.
+#[test]
+fn a_kernel_whose_local_size_is_unknown_is_refused_under_a_cap() {
+    const FAULT: (&str, &str) = ("CUDASIM_FAULT", "cuFuncGetAttribute:1+:UNKNOWN");
+    for path in ["launch", "direct"] {
+        let out = run_with(path, "big", &[("CUDA_DEVICE_MEMORY_LIMIT", "1g"), FAULT]);
+        let want = if path == "direct" {
+            ("op", "CUDA_ERROR_OUT_OF_MEMORY")
+        } else {
+            ("instantiate", "CUDA_ERROR_NOT_SUPPORTED")
+        };
+        assert_eq!(out.get(want.0), Some(want.1), "{path}: {out:?}");
+        out.assert_used_within(GIB);
+        let out = run_with(path, "small", &[FAULT]);
+        assert_eq!(out.get("op"), Some("CUDA_SUCCESS"), "{path}: {out:?}");
     }
 }

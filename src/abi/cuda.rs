@@ -84,13 +84,13 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuDevicePrimaryCtxRelease_v2 (dev) => context::primary_release(call, dev, false);
     cuDevicePrimaryCtxReset (dev) => context::primary_release(call, dev, true);
     cuDevicePrimaryCtxReset_v2 (dev) => context::primary_release(call, dev, true);
-    cuModuleLoad (module, fname) => context::module_load(call, module, crate::hooks::context::ImageAt::File(fname));
+    cuModuleLoad (module, fname) => context::module_load_file(call, module, fname);
     cuModuleLoadData (module, image) => context::module_load(call, module, crate::hooks::context::ImageAt::Memory(image));
     cuModuleLoadDataEx (module, image, numOptions, options, optionValues) => context::module_load(call, module, crate::hooks::context::ImageAt::Memory(image));
     cuModuleLoadFatBinary (module, fatCubin) => context::module_load(call, module, crate::hooks::context::ImageAt::Memory(fatCubin));
     cuModuleUnload (hmod) => context::module_unload(call, hmod);
     cuLibraryLoadData (library, code, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load(call, library, crate::hooks::context::ImageAt::Memory(code));
-    cuLibraryLoadFromFile (library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load(call, library, crate::hooks::context::ImageAt::File(fileName));
+    cuLibraryLoadFromFile (library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions) => context::library_load_file(call, library, fileName, jitOptions, jitOptionsValues, numJitOptions, libraryOptions, libraryOptionValues, numLibraryOptions);
     cuLibraryUnload (library) => context::library_unload(call, library);
     // first use: the driver loads code and globals lazily (CUDA_MODULE_LOADING=LAZY, the default)
     cuModuleGetFunction (hfunc, hmod, name) => context::first_use(call, hfunc.cast::<usize>(), crate::hooks::context::Owner::Module(hmod));

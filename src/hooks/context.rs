@@ -9,6 +9,7 @@ use super::Width;
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
+use crate::log::{log, Level};
 use crate::memory::overhead::Image;
 use crate::memory::overhead::{Creation, Reservation};
 use crate::memory::reconcile::{FirstUseCall, FirstUseOf, Use};
@@ -194,7 +195,7 @@ pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimi
     let bytes = |v: usize| -> u64 {
         match limit {
             CU_LIMIT_PRINTF_FIFO_SIZE | CU_LIMIT_MALLOC_HEAP_SIZE => v as u64,
-            CU_LIMIT_STACK_SIZE => stack_bytes(s, dev, v as u64),
+            CU_LIMIT_STACK_SIZE => super::stack::bytes(s, dev, v as u64),
             _ => 0,
         }
     };
@@ -205,20 +206,6 @@ pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimi
     // SAFETY: setting the limit back to the value it had.
     let undo = (known && value > cur).then_some(|| unsafe { s.cuda.cuCtxSetLimit(limit, cur) });
     s.mem.setting_limit(&s.nvml, dev, growth, call, undo)
-}
-
-/// Device memory a per-thread stack of `per_thread` bytes takes: one for every thread the device can hold.
-pub(crate) fn stack_bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
-    let attr = |a: CUdevice_attribute| {
-        let mut n: c_int = 0;
-        // SAFETY: valid out-pointer.
-        let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
-        (ok && n > 0).then_some(n as u64)
-    };
-    // Unknown: as many as today's largest GPUs hold (fail towards charging).
-    let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(192);
-    let threads = attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR).unwrap_or(2048);
-    per_thread.saturating_mul(sms * threads)
 }
 
 /// Whose code or globals a lookup may load.
@@ -530,7 +517,7 @@ pub(crate) fn first_launch_begin(
         ..FirstUseOf::default()
     };
     if how == Use::Graph {
-        what.stack = super::graph_memory::stack_growth(s, dev, f);
+        what.stack = super::stack::graph_growth(s, dev, f);
         let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
         // Each kernel not launched here yet, as its direct first launch would (instantiation refuses an exec
         // whose kernels cannot all be listed while a cap applies).
@@ -541,20 +528,16 @@ pub(crate) fn first_launch_begin(
         return loaded_first(s, call, first);
     }
     let f = f as CUfunction;
-    let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the program's handle for this launch, which the driver checks.
-    let known = unsafe {
-        s.cuda
-            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-            .ok()
-            || s.cuda
-                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
-                .ok()
+    let Some(local) = super::stack::local_size(s, f, dev.ordinal) else {
+        log!(
+            Level::Error,
+            "launch of function {f:p} refused: the driver will not give its local memory size, so the stack its \
+             first launch grows cannot be admitted under the memory cap"
+        );
+        return Err(OverCap);
     };
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    if known && local > 0 && unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-        what.stack = stack_bytes(s, dev, (local as u64).saturating_sub(stack as u64));
+    if local > 0 {
+        what.stack = super::stack::bytes(s, dev, local.saturating_sub(super::stack::size(s)));
     }
     // The stack first: a launch refused for it loads nothing.
     let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
@@ -624,8 +607,9 @@ fn first_launch_done(s: &Shim, c: FirstLaunch<'_>, r: CUresult) {
 pub(crate) enum ImageAt {
     /// In memory (`cuModuleLoadData`, `…Ex`, `cuModuleLoadFatBinary`, `cuLibraryLoadData`).
     Memory(*const std::ffi::c_void),
-    /// A file (`cuModuleLoad`, `cuLibraryLoadFromFile`).
-    File(*const std::ffi::c_char),
+    /// A file's contents, read once by us and handed to the driver as they are (`cuModuleLoad`,
+    /// `cuLibraryLoadFromFile`: see [`read_image_file`]).
+    Bytes(*const u8, usize),
 }
 
 impl ImageAt {
@@ -633,20 +617,123 @@ impl ImageAt {
     /// them as images of unknown footprint: measured after their first use).
     ///
     /// # Safety
-    /// The image is one the driver just loaded (complete in memory, or a NUL-terminated path).
+    /// The image is one the driver just loaded (complete in memory, or `len` readable bytes).
     unsafe fn footprint(self, s: &Shim) -> Option<u64> {
         s.devices.refresh_if_changed();
         let inflate = s.devices.memory_limited();
         match self {
             // SAFETY: the caller's contract.
             ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast(), inflate) },
-            ImageAt::File(p) if !p.is_null() => {
-                // SAFETY: as above.
-                let path = unsafe { std::ffi::CStr::from_ptr(p) }.to_str().ok()?;
-                crate::memory::image::footprint(&std::fs::read(path).ok()?, inflate)
+            ImageAt::Bytes(p, n) => {
+                // SAFETY: `n` readable bytes at `p` (the caller's contract).
+                let data = unsafe { std::slice::from_raw_parts(p, n) };
+                crate::memory::image::footprint(data, inflate)
             }
-            ImageAt::File(_) => None,
         }
+    }
+}
+
+/// A module or library file's contents, read once: the driver is handed these very bytes from memory, so what
+/// it loads is what the footprint was read from (reading the file again after the driver did would let a
+/// program swap it in between, and would wait forever on a FIFO or a pipe written once). Followed by 8 NULs
+/// (PTX text ends at a NUL). `Err`: the driver's answer for it (unreadable: not found; a binary format whose
+/// headers point past the file: an invalid image, never read past our copy).
+///
+/// # Safety
+/// `path` is NULL or a NUL-terminated string.
+unsafe fn read_image_file(path: *const std::ffi::c_char) -> Result<(Vec<u8>, usize), CUresult> {
+    if path.is_null() {
+        return Err(CUresult::ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller's contract.
+    let path = unsafe { std::ffi::CStr::from_ptr(path) };
+    let path = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes());
+    let mut data = std::fs::read(path).map_err(|_| CUresult::ERROR_FILE_NOT_FOUND)?;
+    if !crate::memory::image::inside(&data) {
+        return Err(CUresult::ERROR_INVALID_IMAGE);
+    }
+    let len = data.len();
+    data.extend_from_slice(&[0; 8]);
+    Ok((data, len))
+}
+
+/// `cuModuleLoad`: the file read once ([`read_image_file`]) and loaded with `cuModuleLoadData`.
+///
+/// # Safety
+/// As `cuModuleLoad` requires.
+pub(crate) unsafe fn module_load_file(
+    s: &Shim,
+    _call: impl FnOnce() -> CUresult,
+    module: *mut CUmodule,
+    fname: *const std::ffi::c_char,
+) -> CUresult {
+    // SAFETY: the caller's contract.
+    let (data, len) = match unsafe { read_image_file(fname) } {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let p = data.as_ptr();
+    // SAFETY: `data` outlives the call (the driver copies a module's image); `module` is the program's.
+    unsafe {
+        module_load(
+            s,
+            || s.cuda.cuModuleLoadData(module, p.cast()),
+            module,
+            ImageAt::Bytes(p, len),
+        )
+    }
+}
+
+/// `cuLibraryLoadFromFile`: the file read once ([`read_image_file`]) and loaded with `cuLibraryLoadData` and the
+/// same options. With library options (`CU_LIBRARY_BINARY_IS_PRESERVED` lets the driver keep reading the
+/// image until the library is unloaded) the copy is never freed.
+///
+/// # Safety
+/// As `cuLibraryLoadFromFile` requires.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn library_load_file(
+    s: &Shim,
+    _call: impl FnOnce() -> CUresult,
+    library: *mut CUlibrary,
+    file: *const std::ffi::c_char,
+    jit_options: *mut CUjit_option,
+    jit_values: *mut *mut std::ffi::c_void,
+    n_jit: std::ffi::c_uint,
+    lib_options: *mut CUlibraryOption,
+    lib_values: *mut *mut std::ffi::c_void,
+    n_lib: std::ffi::c_uint,
+) -> CUresult {
+    // SAFETY: the caller's contract.
+    let (data, len) = match unsafe { read_image_file(file) } {
+        Ok(d) => d,
+        Err(r) => return r,
+    };
+    let kept;
+    let p = if n_lib > 0 {
+        Vec::leak(data).as_ptr()
+    } else {
+        kept = data;
+        kept.as_ptr()
+    };
+    // SAFETY: `data` outlives the call (leaked where the driver may keep it); the options are the program's.
+    unsafe {
+        library_load(
+            s,
+            || {
+                s.cuda.cuLibraryLoadData(
+                    library,
+                    p.cast(),
+                    jit_options,
+                    jit_values,
+                    n_jit,
+                    lib_options,
+                    lib_values,
+                    n_lib,
+                )
+            },
+            library,
+            ImageAt::Bytes(p, len),
+        )
     }
 }
 

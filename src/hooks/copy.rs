@@ -6,7 +6,7 @@
 //! nothing: copies are not charged to the SM limit). With one: the copy is keyed by its size class and goes
 //! through the throttle's priority judgement as a launch does (`SmThrottle::copy`), measured like a kernel.
 
-use super::launch::probe_stream;
+use super::probe_stream;
 use crate::ffi::cuda::*;
 use crate::state::Shim;
 use crate::throttle::estimate::launch_key;

@@ -23,7 +23,6 @@ use crate::memory::charge::Charge;
 use crate::memory::pools::Kernels;
 use crate::memory::reconcile::Use;
 use crate::state::Shim;
-use std::ffi::c_int;
 
 /// Child graphs and conditional bodies nested deeper than this are not walked (fail closed: such a graph's
 /// instantiation is refused).
@@ -39,19 +38,19 @@ struct Walked {
     mem: Vec<(Dev, u64)>,
     /// The kernels it may run.
     kernels: Kernels,
-    /// A kernel node whose kernel could not be read, or a conditional node whose bodies we never saw (a clone's)
-    /// not covered by a clone's record.
+    /// A node whose type, a kernel node whose kernel or a memory node whose size could not be read, or a
+    /// conditional node whose bodies we never saw (made past cuquota, or a clone's not covered by the record
+    /// made when cloned).
     unknown: bool,
 }
 
 /// The memory nodes and the kernels of `graph`, its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may hold
 /// memory nodes when moved into the node) and its conditional nodes' bodies (whether they run is decided on the
 /// device). `None`: the driver could not list a graph, the nesting is deeper than [`MAX_DEPTH`], or, while a
-/// memory cap may apply, a kernel node's parameters could not be read or a conditional node's bodies are
-/// unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
+/// memory cap may apply, a node's type, a kernel or memory node's parameters could not be read or a
+/// conditional node's bodies are unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
 fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
-    let dev = s.devices.current(&s.cuda);
-    let w = walk(s, dev, graph, 0)?;
+    let w = walk(s, graph, 0)?;
     if w.unknown {
         s.devices.refresh_if_changed();
         if s.devices.memory_limited() {
@@ -61,7 +60,7 @@ fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
     Some(w)
 }
 
-fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked> {
+fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
     if depth > MAX_DEPTH {
         return None;
     }
@@ -80,6 +79,8 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
         let mut ty = CUgraphNodeType::MAX;
         // SAFETY: valid out-pointer.
         if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
+            // Any kind of node, a kernel or a memory node among them.
+            out.unknown = true;
             continue;
         }
         match ty {
@@ -89,25 +90,36 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
                 if !unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
                     return None;
                 }
-                out.merge(walk(s, dev, child, depth + 1)?);
+                out.merge(walk(s, child, depth + 1)?);
             }
             CU_GRAPH_NODE_TYPE_CONDITIONAL => match s.mem.graph().bodies(node as usize) {
                 Some(bodies) => {
                     for b in bodies {
-                        out.merge(walk(s, dev, b as CUgraph, depth + 1)?);
+                        out.merge(walk(s, b as CUgraph, depth + 1)?);
                     }
                 }
-                None => out.unknown = true,
+                // A clone's: its bodies are the original's, as they were when cloned.
+                None => match s.mem.graph().floor(node as usize) {
+                    Some(floor) => out.kernels.merge(floor),
+                    None => out.unknown = true,
+                },
             },
-            CU_GRAPH_NODE_TYPE_KERNEL => match kernel_node(s, node) {
-                Some((func, kern)) => out.kernels.merge(node_kernels(s, dev, func, kern)),
-                None => out.unknown = true,
-            },
+            CU_GRAPH_NODE_TYPE_KERNEL => {
+                match kernel_node(s, node).and_then(|(f, k)| Some((super::stack::node_local(s, f, k)?, f, k)))
+                {
+                    Some((local, f, k)) => out.kernels.merge(Kernels {
+                        local,
+                        funcs: handle(f, k),
+                    }),
+                    None => out.unknown = true,
+                }
+            }
             CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
                 // SAFETY: zeroed is a valid value of this plain C struct.
                 let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
                 // SAFETY: valid out-pointer of the parameter struct.
                 if !unsafe { s.cuda.cuGraphMemAllocNodeGetParams(node, &mut p) }.ok() {
+                    out.unknown = true;
                     continue;
                 }
                 let loc = p.poolProps.location;
@@ -126,12 +138,17 @@ fn walk(s: &Shim, dev: Option<Dev>, graph: CUgraph, depth: u32) -> Option<Walked
             _ => {}
         }
     }
-    if let Some(floor) = s.mem.graph().floor(graph as usize) {
-        // A clone: its conditional nodes' bodies are the original's, as they were when cloned.
-        out.kernels.merge(floor);
-        out.unknown = false;
-    }
     Some(out)
+}
+
+/// The handle a kernel node's parameters launch (`kern` when `func` is NULL), if any.
+fn handle(func: CUfunction, kern: CUkernel) -> Vec<usize> {
+    let f = if func.is_null() {
+        kern as usize
+    } else {
+        func as usize
+    };
+    (f != 0).then_some(f).into_iter().collect()
 }
 
 /// The function and the library kernel (when the function is NULL) a kernel node runs; `None`: not readable.
@@ -165,58 +182,6 @@ impl Walked {
         self.kernels.merge(o.kernels);
         self.unknown |= o.unknown;
     }
-}
-
-/// The kernel a node's parameters name (`kern` when `func` is NULL) and its local memory per thread.
-fn node_kernels(s: &Shim, dev: Option<Dev>, func: CUfunction, kern: CUkernel) -> Kernels {
-    let f = if func.is_null() {
-        kern as usize
-    } else {
-        func as usize
-    };
-    Kernels {
-        local: node_local(s, dev, func, kern),
-        funcs: (f != 0).then_some(f).into_iter().collect(),
-    }
-}
-
-/// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), read as a
-/// direct launch of it reads it (`context::first_launch`); 0 on a device without accounting or when the driver
-/// does not say.
-fn node_local(s: &Shim, dev: Option<Dev>, func: CUfunction, kern: CUkernel) -> u64 {
-    let f = if func.is_null() { kern as CUfunction } else { func };
-    let Some(dev) = dev.filter(|_| !f.is_null()) else {
-        return 0;
-    };
-    let mut local: c_int = 0;
-    // SAFETY: valid out-pointers; `f` is the program's handle, which the driver checks.
-    let known = unsafe {
-        s.cuda
-            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-            .ok()
-            || s.cuda
-                .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, dev.ordinal)
-                .ok()
-    };
-    if known {
-        local.max(0) as u64
-    } else {
-        0
-    }
-}
-
-/// What the first launch or upload of `exec` in the current context makes the driver grow its stack by: the
-/// largest local memory its kernels need (recorded at instantiation and update) beyond the context's stack size,
-/// for every thread the device holds (`context::stack_bytes`, as a direct launch's growth and `cuCtxSetLimit`
-/// are priced). Admitted by `context::first_launch`, the one routine every launch path takes.
-pub(crate) fn stack_growth(s: &Shim, dev: Dev, exec: usize) -> u64 {
-    let local = s.mem.graph().stack(exec);
-    let mut stack: usize = 0;
-    // SAFETY: valid out-pointer.
-    if local == 0 || !unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
-        return 0;
-    }
-    super::context::stack_bytes(s, dev, local.saturating_sub(stack as u64))
 }
 
 /// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
@@ -339,8 +304,8 @@ pub(crate) unsafe fn exec_kernel_update(
     params: *const CUDA_KERNEL_NODE_PARAMS,
     v2: bool,
 ) -> CUresult {
-    let k = if params.is_null() {
-        Kernels::default()
+    let (local, funcs) = if params.is_null() {
+        (Some(0), Vec::new())
     } else {
         // SAFETY: the driver's contract: a v2 struct, or (bare form) a v1 struct, which is the v2 one's prefix.
         let (func, kern) = unsafe {
@@ -348,11 +313,24 @@ pub(crate) unsafe fn exec_kernel_update(
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
         };
-        node_kernels(s, s.devices.current(&s.cuda), func, kern)
+        (super::stack::node_local(s, func, kern), handle(func, kern))
+    };
+    let Some(local) = local.or_else(|| {
+        s.devices.refresh_if_changed();
+        (!s.devices.memory_limited()).then_some(0)
+    }) else {
+        log!(
+            Level::Error,
+            "kernel node update of graph exec {exec:p} refused: the driver will not give the new kernel's local \
+             memory size, so the memory cap could not be kept"
+        );
+        return CUresult::ERROR_NOT_SUPPORTED;
     };
     let r = call();
     if r.ok() {
-        s.mem.graph().set_kernels(exec as usize, k, true);
+        s.mem
+            .graph()
+            .set_kernels(exec as usize, Kernels { local, funcs }, true);
         exec_changed(s, exec);
     }
     r
@@ -505,12 +483,48 @@ fn cloned_into(s: &Shim, node: CUgraphNode, original: CUgraph) {
     }
 }
 
-/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): it needs
-/// what `original` does now. An original that cannot be walked records nothing (the clone's conditional nodes
-/// then make its instantiation refused).
+/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): each of
+/// those it holds now, in its child graphs too, needs at most what `original` does now. Nodes added to the clone
+/// later are not covered (one made past cuquota stays unknown). An original that cannot be walked, or holds a
+/// conditional node of unknown bodies, records nothing (the clone's conditional nodes then make its
+/// instantiation refused under a cap).
 fn clone_of(s: &Shim, clone: CUgraph, original: CUgraph) {
-    if let Some(w) = footprint(s, original) {
-        s.mem.graph().set_floor(clone as usize, w.kernels);
+    if let Some(w) = footprint(s, original).filter(|w| !w.unknown) {
+        cover(s, clone, &w.kernels, 0);
+    }
+}
+
+/// Records `k` for the conditional nodes of unknown bodies in `graph` and its child graphs.
+fn cover(s: &Shim, graph: CUgraph, k: &Kernels, depth: u32) {
+    let mut n: usize = 0;
+    // SAFETY: valid out-pointer; NULL node array asks for the count.
+    if depth > MAX_DEPTH || !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
+        return;
+    }
+    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+    // SAFETY: `nodes` holds `n` entries.
+    if n == 0 || !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
+        return;
+    }
+    for &node in nodes.iter().take(n) {
+        let mut ty = CUgraphNodeType::MAX;
+        // SAFETY: valid out-pointer.
+        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
+            continue;
+        }
+        match ty {
+            CU_GRAPH_NODE_TYPE_CONDITIONAL if s.mem.graph().bodies(node as usize).is_none() => {
+                s.mem.graph().set_floor(node as usize, k.clone());
+            }
+            CU_GRAPH_NODE_TYPE_GRAPH => {
+                let mut child: CUgraph = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                if unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
+                    cover(s, child, k, depth + 1);
+                }
+            }
+            _ => {}
+        }
     }
 }
 
@@ -570,7 +584,7 @@ pub(crate) fn upload(
     ds: DefaultStream,
 ) -> CUresult {
     if s.mem.first_use_armed() {
-        let probe = super::launch::probe_stream(stream, ds);
+        let probe = super::probe_stream(stream, ds);
         let Ok(first) = super::context::first_launch(s, Use::Graph, exec as usize, probe) else {
             return CUresult::ERROR_OUT_OF_MEMORY;
         };

@@ -13,22 +13,13 @@
 //! (`context::first_launch`: lazy loading, stack growth). A `_ptsz` call with the NULL stream runs on the per-thread
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
 
+use super::probe_stream;
 use crate::ffi::cuda::*;
 use crate::memory::reconcile::Use;
 use crate::state::Shim;
 use crate::throttle::estimate::graph_key;
 use crate::throttle::kernel_key;
 use std::ffi::{c_int, c_uint};
-
-/// Stream for probe events: the NULL stream is the legacy or the per-thread default stream.
-#[inline]
-pub(crate) fn probe_stream(stream: CUstream, ds: DefaultStream) -> usize {
-    match (stream as usize, ds) {
-        (0, DefaultStream::PerThread) => CU_STREAM_PER_THREAD,
-        (0, DefaultStream::Legacy) => CU_STREAM_LEGACY,
-        (s, _) => s,
-    }
-}
 
 /// `cuLaunchKernel`, `cuLaunchCooperativeKernel` (each also `_ptsz`) and legacy `cuLaunch` (a 1×1 grid, block
 /// shape from cuFuncSetBlockShape, legacy NULL stream).

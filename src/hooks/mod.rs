@@ -12,11 +12,23 @@ pub(crate) mod launch;
 pub(crate) mod memory;
 pub(crate) mod nvml;
 pub(crate) mod proc_address;
+pub(crate) mod stack;
 
 #[cfg(test)]
 mod tests;
 
+use crate::ffi::cuda::{CUstream, DefaultStream, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD};
 use std::ffi::c_uint;
+
+/// Stream for probe events: the NULL stream is the legacy or the per-thread default stream.
+#[inline]
+pub(crate) fn probe_stream(stream: CUstream, ds: DefaultStream) -> usize {
+    match (stream as usize, ds) {
+        (0, DefaultStream::PerThread) => CU_STREAM_PER_THREAD,
+        (0, DefaultStream::Legacy) => CU_STREAM_LEGACY,
+        (s, _) => s,
+    }
+}
 
 /// An integer in the caller's C width: the legacy 32-bit ABI's sizes and addresses (`c_uint`,
 /// `CUdeviceptr_v1`) and the current 64-bit ones. Writing back saturates.

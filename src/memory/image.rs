@@ -103,6 +103,33 @@ pub(crate) fn footprint(data: &[u8], inflate: bool) -> Option<u64> {
     }
 }
 
+/// Whether a file's contents can be handed to the driver from memory as they are: a binary format's headers
+/// (a fat binary's entries, an ELF's section table and sections with contents) lie inside it. A fat-binary
+/// wrapper holds pointers: no file format.
+pub(crate) fn inside(data: &[u8]) -> bool {
+    let len = data.len() as u64;
+    match u32_at(data, 0) {
+        Some(WRAPPER_MAGIC) => false,
+        Some(FATBIN_MAGIC) => u16_at(data, 6)
+            .zip(u64_at(data, 8))
+            .is_some_and(|(h, n)| (h as u64).checked_add(n).is_some_and(|e| e <= len)),
+        Some(m) if m.to_le_bytes() == ELF_MAGIC => data
+            .get(..64)
+            .and_then(elf_table)
+            .and_then(|(off, n)| data.get(off..off.checked_add(n)?))
+            .is_some_and(|table| {
+                table.chunks_exact(64).all(|s| {
+                    u32_at(s, 4) == Some(8)
+                        || u64_at(s, 24)
+                            .zip(u64_at(s, 32))
+                            .and_then(|(o, n)| o.checked_add(n))
+                            .is_some_and(|e| e <= len)
+                })
+            }),
+        _ => true,
+    }
+}
+
 /// # Safety
 /// `p` points to a fat-binary header followed by `files_size` bytes of entries.
 unsafe fn fatbin_at(p: *const u8, inflate: bool) -> Option<u64> {
@@ -189,8 +216,11 @@ fn elf_table(h: &[u8]) -> Option<(usize, usize)> {
 }
 
 /// Sections that occupy device memory, summed; each at least the sizes of the variables its symbols declare in
-/// it (a symbol larger than its section is taken at its own size). `limit`: the image's length where known
-/// (sections with contents must lie in it; NOBITS ones take no room).
+/// it (a symbol larger than its section is taken at its own size), and every other object symbol at its size
+/// wherever it claims to be (a section whose name or flags hide what it is, an index past the table): the driver
+/// may allocate a global by its symbol alone. Sizes saturate (a total past the address space is refused, never
+/// unknown). `limit`: the image's length where known (sections with contents must lie in it; NOBITS ones take
+/// no room).
 fn elf(b: &[u8], limit: u64) -> Option<u64> {
     let (off, len) = elf_table(b)?;
     let table = b.get(off..off + len)?;
@@ -199,20 +229,23 @@ fn elf(b: &[u8], limit: u64) -> Option<u64> {
         let (o, n) = (u64_at(s, 24)? as usize, u64_at(s, 32)? as usize);
         b.get(o..o.checked_add(n)?)
     };
-    let names = table.get(strndx * 64..strndx * 64 + 64).and_then(contents);
-    // Per section: the sizes of the objects its symbols declare.
+    // Names from the string table's start to the image's end: a driver need not stop at the table's size.
+    let names = table
+        .get(strndx * 64..strndx * 64 + 64)
+        .and_then(|s| b.get(u64_at(s, 24)? as usize..));
+    // Per section: the sizes of the objects its symbols declare; `elsewhere`: objects in no section we list.
     let mut declared = vec![0u64; table.len() / 64];
+    let mut elsewhere = 0u64;
     for s in table.chunks_exact(64).filter(|s| u32_at(s, 4) == Some(2)) {
         for sym in contents(s)?.chunks_exact(24) {
             let (info, shndx, size) = (sym[4], u16_at(sym, 6)? as usize, u64_at(sym, 16)?);
-            if info & 0xf == 1 {
-                if let Some(d) = declared.get_mut(shndx) {
-                    *d = d.checked_add(size)?;
-                }
+            if info & 0xf == 1 && shndx != 0 {
+                let d = declared.get_mut(shndx).unwrap_or(&mut elsewhere);
+                *d = d.saturating_add(size);
             }
         }
     }
-    let mut sum = 0u64;
+    let mut sum = elsewhere;
     for (i, s) in table.chunks_exact(64).enumerate() {
         let (ty, flags, offset, size) = (u32_at(s, 4)?, u64_at(s, 8)?, u64_at(s, 24)?, u64_at(s, 32)?);
         if ty != 8 && offset.checked_add(size)? > limit {
@@ -225,9 +258,12 @@ fn elf(b: &[u8], limit: u64) -> Option<u64> {
         let device = [&b".text"[..], b".nv.global", b".nv.constant"]
             .iter()
             .any(|p| name.starts_with(p));
-        if flags & SHF_ALLOC != 0 || device {
-            sum = sum.checked_add(size.max(declared[i]))?;
-        }
+        let takes = if flags & SHF_ALLOC != 0 || device {
+            size.max(declared[i])
+        } else {
+            declared[i]
+        };
+        sum = sum.saturating_add(takes);
     }
     Some(sum)
 }
@@ -241,6 +277,18 @@ fn ptx_type(t: &str) -> Option<u64> {
     let (kind, bits) = t.split_at(1);
     let bits: u64 = bits.parse().ok()?;
     matches!(kind, "b" | "u" | "s" | "f").then_some(bits.div_ceil(8))
+}
+
+/// A PTX integer literal: decimal, hex (`0x`), octal (leading `0`) or binary (`0b`), with an optional `U`.
+fn ptx_int(d: &str) -> Option<u64> {
+    let d = d.strip_suffix(['U', 'u']).unwrap_or(d);
+    let (digits, radix) = match d.get(..2) {
+        Some("0x" | "0X") => (&d[2..], 16),
+        Some("0b" | "0B") => (&d[2..], 2),
+        _ if d.len() > 1 && d.starts_with('0') => (&d[1..], 8),
+        _ => (d, 10),
+    };
+    u64::from_str_radix(digits, radix).ok()
 }
 
 /// Module-scope `.global` / `.const` variables of PTX text plus the text's length (its compiled code is of that
@@ -278,17 +326,17 @@ fn ptx(text: &[u8]) -> Option<u64> {
             .iter()
             .filter_map(|t| t.strip_prefix(".v")?.parse::<u64>().ok())
             .product();
-        let mut bytes = ptx_type(toks[ti])?.checked_mul(lanes)?;
+        let mut bytes = ptx_type(toks[ti])?.saturating_mul(lanes);
         for dim in lhs.split('[').skip(1) {
             let d = dim.split(']').next()?.trim();
             let n = if d.is_empty() {
                 init?.split(',').count() as u64
             } else {
-                d.parse().ok()?
+                ptx_int(d)?
             };
-            bytes = bytes.checked_mul(n)?;
+            bytes = bytes.saturating_mul(n);
         }
-        sum = sum.checked_add(bytes)?;
+        sum = sum.saturating_add(bytes);
     }
     Some(sum)
 }
@@ -355,6 +403,27 @@ mod tests {
         // SAFETY: a complete image in memory.
         assert_eq!(unsafe { footprint_at(c.as_ptr(), true) }, Some((3 << 30) + 256));
         assert_eq!(footprint(&c[..c.len() - 1], true), None, "truncated");
+    }
+
+    #[test]
+    fn lying_cubins_are_bounded_not_unknown() {
+        // `.nv.global` neither SHF_ALLOC nor named (its name past a 1-byte `.shstrtab`), 3 GiB by its symbol.
+        let mut c = cubin(0);
+        let shoff = u64_at(&c, 0x28).unwrap() as usize;
+        c[shoff + 2 * 64 + 32..shoff + 2 * 64 + 40].copy_from_slice(&(3u64 << 30).to_le_bytes());
+        c[shoff + 3 * 64 + 32..shoff + 3 * 64 + 40].copy_from_slice(&1u64.to_le_bytes());
+        assert_eq!(
+            footprint(&c, true),
+            Some((3 << 30) + 256),
+            "its name read past the table's size, as a driver may"
+        );
+        // Literals in every base (one statement's dimensions multiply: an over-estimate).
+        let t = b".version 8.0\n.global .b8 g[0x10], h[010], i[0b11], j[2U];\n";
+        assert_eq!(ptx(t), Some(t.len() as u64 + 16 * 8 * 3 * 2));
+        let huge = format!(".version 8.0\n.global .b64 g[{}];\n", u64::MAX);
+        assert_eq!(ptx(huge.as_bytes()), Some(u64::MAX), "saturates, never unknown");
+        assert!(inside(&cubin(4096)));
+        assert!(!inside(&cubin(4096)[..100]), "a section table past the end");
     }
 
     #[test]

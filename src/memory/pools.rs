@@ -82,8 +82,9 @@ struct GraphKernels {
     stacks: HashMap<usize, Kernels>,
     /// Conditional node → its body graphs, recorded when it was added (no call of cuda.h lists them after).
     bodies: HashMap<usize, Vec<usize>>,
-    /// Graph → what the kernels of the graph it was cloned from needed when cloned (its conditional nodes are
-    /// new handles whose bodies no call can list, and no call can change).
+    /// Conditional node a clone came with → the stack need of the graph it was cloned from when cloned (such a
+    /// node is a new handle whose bodies no call can list, and no call can change). Per node, not per graph:
+    /// a node added to the clone later is not covered.
     floors: HashMap<usize, Kernels>,
 }
 
@@ -163,14 +164,14 @@ impl GraphMem {
         self.kernels.lock().bodies.get(&node).cloned()
     }
 
-    /// `graph` is a clone of a graph whose kernels were `k`.
-    pub(crate) fn set_floor(&self, graph: usize, k: Kernels) {
-        self.kernels.lock().floors.insert(graph, k);
+    /// Conditional node `node` came with a clone of a graph whose kernels were `k`.
+    pub(crate) fn set_floor(&self, node: usize, k: Kernels) {
+        self.kernels.lock().floors.insert(node, k);
     }
 
-    /// What `graph`'s original ran when it was cloned (`None`: not a clone we saw).
-    pub(crate) fn floor(&self, graph: usize) -> Option<Kernels> {
-        self.kernels.lock().floors.get(&graph).cloned()
+    /// What the original of the clone conditional node `node` came with ran (`None`: not such a node).
+    pub(crate) fn floor(&self, node: usize) -> Option<Kernels> {
+        self.kernels.lock().floors.get(&node).cloned()
     }
 
     /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
