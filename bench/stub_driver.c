@@ -110,6 +110,12 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) { return (void)s, CUDA_SUCCESS; }
+/* Every kernel has no local memory: a capped first launch reads CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES and refuses
+ * the launch when the driver will not say. */
+EXPORT CUresult cuFuncGetAttribute(int *v, CUfunction_attribute a, CUfunction f) {
+    (void)a, (void)f;
+    return v ? (*v = 0, CUDA_SUCCESS) : CUDA_ERROR_INVALID_VALUE;
+}
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
     (void)f, (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)shared, (void)s, (void)params,

@@ -8,6 +8,12 @@
  *   first_use_image cubin_lib SIZE N   the same as N libraries (cuLibraryLoadData, cuLibraryGetGlobal).
  *   first_use_image cubin_liar SIZE N  the same modules, the global's symbol SIZE bytes in a 4-byte section.
  *   first_use_image ptx_mod SIZE N     N PTX modules with a `.global .b8 g[SIZE]`.
+ *   first_use_image fatbin_lz4 SIZE N  N modules of a fat binary whose one entry (sm_90) is that cubin as an LZ4
+ *                                          block (flags 0x2000), each's global looked up.
+ *   first_use_image fatbin_zstd SIZE N the same as a Zstandard frame (flags 0x8000, nvcc 13's default mode).
+ *   first_use_image graph_lib SIZE N   N libraries of the cubin, each's kernel `k` (cuLibraryGetKernel) the one
+ *                                          kernel node of a graph, instantiated and launched (global.I= the
+ *                                          launch's result): the library loads into the context at that launch.
  *   first_use_image text_lib SIZE N    N libraries of a CUDASIM-MODULE text image (no format the shim reads)
  *                                          with a SIZE global, each's kernel looked up (cuLibraryGetKernel,
  *                                          cuKernelGetFunction: the library loads into the context).
@@ -71,6 +77,47 @@ static size_t cubin(unsigned long long sec, unsigned long long sym) {
     return at + 6 * sizeof *sh;
 }
 
+/* A fat binary of one sm_90 ELF entry: the cubin's `len` bytes, stored as an LZ4 block of literals (`zstd` 0)
+ * or a Zstandard frame of one raw block: valid streams of each format, whatever the compressor. */
+static unsigned char g_fat[8192];
+static const void *fatbin(size_t len, int zstd) {
+    unsigned char *f = g_fat, *p = g_fat + 16 + 64;
+    memset(g_fat, 0, sizeof g_fat);
+    size_t n = 0;
+    if (zstd) {
+        memcpy(p, "\x28\xb5\x2f\xfd\x60", 5); /* magic; single segment, 2-byte content size (minus 256) */
+        p[5] = (unsigned char)((len - 256) & 0xff), p[6] = (unsigned char)((len - 256) >> 8);
+        unsigned h = (unsigned)(len << 3) | 1; /* last block, raw, its size */
+        p[7] = h & 0xff, p[8] = (h >> 8) & 0xff, p[9] = (h >> 16) & 0xff;
+        n = 10;
+    } else {
+        p[0] = 0xf0; /* 15+ literals, no match */
+        size_t extra = len - 15;
+        n = 1;
+        for (; extra >= 255; extra -= 255) p[n++] = 255;
+        p[n++] = (unsigned char)extra;
+    }
+    memcpy(p + n, g_elf, len);
+    n += len;
+    size_t padded = (n + 7) & ~(size_t)7;
+    unsigned char *e = g_fat + 16;
+    uint32_t u32;
+    uint64_t u64;
+    uint16_t kind = 2, ver = 0x101;
+    memcpy(e, &kind, 2), memcpy(e + 2, &ver, 2);
+    u32 = 64, memcpy(e + 4, &u32, 4);
+    u32 = (uint32_t)padded, memcpy(e + 8, &u32, 4);
+    u32 = (uint32_t)n, memcpy(e + 16, &u32, 4);
+    u32 = 90, memcpy(e + 28, &u32, 4);
+    u64 = zstd ? 0x8011 : 0x2011, memcpy(e + 40, &u64, 8);
+    u64 = len, memcpy(e + 56, &u64, 8);
+    uint32_t magic = 0xBA55ED50;
+    uint16_t fver = 1, hsize = 16;
+    memcpy(f, &magic, 4), memcpy(f + 4, &fver, 2), memcpy(f + 6, &hsize, 2);
+    u64 = 64 + padded, memcpy(f + 8, &u64, 8);
+    return g_fat;
+}
+
 int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr, "usage: first_use_image MODE SIZE N [CHUNK]\n");
@@ -107,6 +154,36 @@ int main(int argc, char **argv) {
                 break;
             }
             r = cuModuleGetGlobal(&p, &bytes, m, "g");
+        } else if (strncmp(mode, "fatbin_", 7) == 0) {
+            const void *image = fatbin(cubin(size, size), strcmp(mode, "fatbin_zstd") == 0);
+            CUmodule m;
+            if ((r = cuModuleLoadData(&m, image)) != CUDA_SUCCESS) {
+                printf("load.%d=%s\n", i, cq_err(r));
+                break;
+            }
+            r = cuModuleGetGlobal(&p, &bytes, m, "g");
+        } else if (strcmp(mode, "graph_lib") == 0) {
+            cubin(size, size);
+            CUlibrary l;
+            if ((r = cuLibraryLoadData(&l, g_elf, NULL, NULL, 0, NULL, NULL, 0)) != CUDA_SUCCESS) {
+                printf("load.%d=%s\n", i, cq_err(r));
+                break;
+            }
+            CUkernel k;
+            CK(cuLibraryGetKernel(&k, l, "k"));
+            CUDA_KERNEL_NODE_PARAMS np;
+            memset(&np, 0, sizeof np);
+            np.kern = k; /* func NULL: the library's kernel, loaded into the context the graph runs in */
+            np.gridDimX = np.gridDimY = np.gridDimZ = 1;
+            np.blockDimX = np.blockDimY = np.blockDimZ = 1;
+            CUgraph g;
+            CUgraphNode node;
+            CUgraphExec e;
+            CK(cuGraphCreate(&g, 0));
+            CK(cuGraphAddKernelNode(&node, g, NULL, 0, &np));
+            CK(cuGraphInstantiateWithFlags(&e, g, 0));
+            r = cuGraphLaunch(e, NULL);
+            if (r == CUDA_SUCCESS) CK(cuStreamSynchronize(NULL));
         } else if (strcmp(mode, "cubin_lib") == 0) {
             cubin(size, size);
             CUlibrary l;

@@ -106,6 +106,80 @@ fn without_nvml_first_uses_are_charged_their_images_footprint() {
     }
 }
 
+/// NVML present, and named away (`CUQUOTA_LIBNVML`).
+fn nvml_present_and_absent() -> [(&'static str, Vec<(&'static str, &'static str)>); 2] {
+    [
+        ("present", vec![]),
+        (
+            "absent",
+            vec![("CUQUOTA_LIBNVML", "/nonexistent/libnvidia-ml.so.1")],
+        ),
+    ]
+}
+
+/// A fat binary whose one entry, compressed (an LZ4 block, a Zstandard frame: nvcc 13's default mode), is a
+/// cubin with a 3 GiB `__device__` global, under a 1 GiB cap, NVML present and absent: the entry is decompressed
+/// at load and the global's first use refused before the driver takes it (before: an image the library could not
+/// read, measured after the driver took it: 3 GiB and the context held).
+#[test]
+fn a_compressed_fat_binarys_first_use_larger_than_the_cap_is_refused() {
+    for mode in ["fatbin_lz4", "fatbin_zstd"] {
+        for (how, env) in nvml_present_and_absent() {
+            let sim = Sim::new().build();
+            let out = run(&sim, &format!("{mode} 3g 1"), &env);
+            assert_eq!(
+                out.get("global.0"),
+                Some("CUDA_ERROR_OUT_OF_MEMORY"),
+                "{mode} {how}:{out:?}"
+            );
+            out.assert_used_within(GIB);
+        }
+    }
+}
+
+/// CONTROL: the simulator reads those fat binaries as the driver does: a 256 MiB global of each is looked up
+/// (the simulator decompresses the entry and allocates it), and the program fills up to the cap after it.
+#[test]
+fn a_compressed_fat_binarys_first_use_that_fits_is_admitted() {
+    for mode in ["fatbin_lz4", "fatbin_zstd"] {
+        let sim = Sim::new().build();
+        let out = run(&sim, &format!("{mode} 256m 1"), &[]);
+        assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{mode}:{out:?}");
+        assert!(
+            out.peak("used") >= 256 * MIB,
+            "{mode}: the global was not allocated:{out:?}"
+        );
+        assert!(out.num("fill.count") > 0, "{mode}:{out:?}");
+        out.assert_used_within(GIB);
+    }
+}
+
+/// A graph whose one kernel node runs a library's kernel, the library's cubin holding a 3 GiB global, NVML
+/// absent, under a 1 GiB cap: the graph's first launch loads the library into the context (its code and
+/// globals), so the kernel's code load is admitted before it from the image, as a direct first launch's is, and
+/// the launch refused (before: only the stack admitted, the load neither admitted nor, without NVML, charged).
+#[test]
+fn a_graphs_first_launch_admits_its_kernels_code_load_without_nvml() {
+    let sim = Sim::new().build();
+    let out = run(&sim, "graph_lib 3g 1", &nvml_present_and_absent()[1].1);
+    assert_eq!(out.get("global.0"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
+    out.assert_used_within(GIB);
+}
+
+/// CONTROL: the same graph with a 256 MiB global launches and runs, and the program fills up to the cap after it.
+#[test]
+fn a_graphs_first_launch_whose_code_fits_runs() {
+    let sim = Sim::new().build();
+    let out = run(&sim, "graph_lib 256m 1", &nvml_present_and_absent()[1].1);
+    assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{out:?}");
+    assert!(
+        out.peak("used") >= 256 * MIB,
+        "the library's global was not allocated:{out:?}"
+    );
+    assert!(out.num("fill.count") > 0, "{out:?}");
+    out.assert_used_within(GIB);
+}
+
 /// An image the library cannot read (the simulator's text format; for a real driver a compressed fat binary),
 /// NVML missing: the first use is measured by the driver's free memory across it, so the next is refused: one
 /// load past the cap at most, as docs/threat-model.md says (before: never charged, 4 GiB and a fill on top).

@@ -385,8 +385,8 @@ pub(crate) struct FirstLaunch<'a> {
 /// `f` not marked); [`first_launch_done`] measures the process after the launch and marks `f` launched in that
 /// context if it succeeded.
 /// `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec, launched or uploaded:
-/// the stack its kernels need, listed at instantiation and update, is admitted the same way; their code's loading
-/// is measured after).
+/// the stack its kernels need and their code's loading, listed at instantiation and update, are admitted the
+/// same way).
 #[inline(always)]
 pub(crate) fn first_launch(s: &Shim, how: Use, f: usize, stream: usize) -> Result<Launch<'_>, OverCap> {
     let ctx = launch_ctx(s, stream);
@@ -491,10 +491,10 @@ fn first_launch_slow(s: &Shim, how: Use, f: usize, ctx: usize, stream: usize) ->
     })))
 }
 
-/// The admission of `f`'s first launch in context `ctx`, which must be current: [`Use::Launch`] loads `f`'s code
-/// first ([`loaded`]) and reserves its stack growth (one call per kernel, for any path that launches kernels: a
-/// graph's kernel nodes too); [`Use::Graph`] reserves nothing. End it with `Memory::first_use_done` once the
-/// launch returned. Never holds a lock across the launch.
+/// The admission of `f`'s first launch in context `ctx`, which must be current: [`Use::Launch`] reserves `f`'s
+/// stack growth and loads its code first ([`loaded`]); [`Use::Graph`] (`f` an exec) reserves the stack its
+/// kernels grow and loads the code of each of its kernels not launched in `ctx` yet: the launch itself takes no
+/// code. End it with `Memory::first_use_done` once the launch returned. Never holds a lock across the launch.
 pub(crate) fn first_launch_begin(
     s: &Shim,
     how: Use,
@@ -508,20 +508,27 @@ pub(crate) fn first_launch_begin(
         return Ok(None);
     }
     // Never the gate: a launch may wait on the program (a full stream), and nothing else may wait behind it.
+    // Its code is loaded before the launch (below): the launch itself may only grow the stack.
     let mut what = FirstUseOf {
         ctx,
+        image: Some(Image {
+            key: 0,
+            bytes: Some(0),
+        }),
         ..FirstUseOf::default()
     };
     if how == Use::Graph {
         what.stack = super::stack::graph_growth(s, dev, f);
-        return s.mem.first_use_begin(&s.cuda, dev, what);
+        let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
+        // Each kernel not launched here yet, as its direct first launch would (instantiation refuses an exec
+        // whose kernels cannot all be listed while a cap applies).
+        let kernels = s.mem.graph().kernels(f);
+        let first = kernels
+            .into_iter()
+            .filter(|&k| s.mem.seen(Use::Launch, k, ctx).is_none());
+        return loaded_first(s, call, first);
     }
     let f = f as CUfunction;
-    // Its code is loaded before the launch (below): the launch itself may only grow the stack.
-    what.image = Some(Image {
-        key: 0,
-        bytes: Some(0),
-    });
     let Some(local) = super::stack::local_size(s, f, dev.ordinal) else {
         log!(
             Level::Error,
@@ -535,12 +542,24 @@ pub(crate) fn first_launch_begin(
     }
     // The stack first: a launch refused for it loads nothing.
     let call = s.mem.first_use_begin(&s.cuda, dev, what)?;
-    if !loaded(s, f) {
-        if let Some(c) = call {
-            s.mem
-                .first_use_done(&s.cuda, &s.nvml, c, CUresult::ERROR_OUT_OF_MEMORY, false);
+    loaded_first(s, call, [f as usize])
+}
+
+/// `call` (a first launch's admission) once each of `funcs` has its code loaded ([`loaded`]); one refused
+/// refuses the launch (`call` ended).
+fn loaded_first<'a>(
+    s: &'a Shim,
+    call: Option<FirstUseCall<'a>>,
+    funcs: impl IntoIterator<Item = usize>,
+) -> Result<Option<FirstUseCall<'a>>, OverCap> {
+    for f in funcs {
+        if !loaded(s, f as CUfunction) {
+            if let Some(c) = call {
+                s.mem
+                    .first_use_done(&s.cuda, &s.nvml, c, CUresult::ERROR_OUT_OF_MEMORY, false);
+            }
+            return Err(OverCap);
         }
-        return Err(OverCap);
     }
     Ok(call)
 }
@@ -597,16 +616,21 @@ pub(crate) enum ImageAt {
 }
 
 impl ImageAt {
+    /// Compressed fat-binary entries are decompressed only while a memory cap may apply (a cap set later meets
+    /// them as images of unknown footprint: measured after their first use).
+    ///
     /// # Safety
     /// The image is one the driver just loaded (complete in memory, or `len` readable bytes).
-    unsafe fn footprint(self) -> Option<u64> {
+    unsafe fn footprint(self, s: &Shim) -> Option<u64> {
+        s.devices.refresh_if_changed();
+        let inflate = s.devices.memory_limited();
         match self {
             // SAFETY: the caller's contract.
-            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast()) },
+            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast(), inflate) },
             ImageAt::Bytes(p, n) => {
                 // SAFETY: `n` readable bytes at `p` (the caller's contract).
                 let data = unsafe { std::slice::from_raw_parts(p, n) };
-                crate::memory::image::footprint(data)
+                crate::memory::image::footprint(data, inflate)
             }
             ImageAt::Known(f) => f,
         }
@@ -892,7 +916,7 @@ pub(crate) unsafe fn module_load(
     let m = unsafe { *module };
     // SAFETY: the driver accepted the image (the caller's contract).
     s.mem
-        .image_loaded(m as usize, false, unsafe { image.footprint() });
+        .image_loaded(m as usize, false, unsafe { image.footprint(s) });
     if s.mem.module_loaded(&s.cuda, &s.nvml, m as usize).is_err() {
         // SAFETY: unloading the module we just loaded.
         module_unload(s, || unsafe { s.cuda.cuModuleUnload(m) }, m);
@@ -928,7 +952,8 @@ pub(crate) unsafe fn library_load(
     // SAFETY: written by the driver on success.
     let l = unsafe { *library };
     // SAFETY: the driver accepted the image (the caller's contract).
-    s.mem.image_loaded(l as usize, true, unsafe { image.footprint() });
+    s.mem
+        .image_loaded(l as usize, true, unsafe { image.footprint(s) });
     if s.mem.library_loaded(&s.nvml).is_err() {
         // SAFETY: unloading what we just loaded.
         library_unload(s, || unsafe { s.cuda.cuLibraryUnload(l) }, l);

@@ -11,14 +11,16 @@
 //!
 //! The same walk lists the exec's kernels (kernel nodes, child graphs, conditional nodes' bodies, recorded when
 //! `cuGraphAddNode` made them): the largest local memory per thread among them is the stack the exec's first
-//! launch or upload in a context makes the driver grow, admitted there as a direct launch's is
-//! (`context::first_launch`, one routine for every path). Updates (`cuGraphExecUpdate`, `cuGraphExec*SetParams`)
+//! launch or upload in a context makes the driver grow, and each kernel's code is loaded before that launch (its
+//! module's or library's footprint admitted as a direct first launch's is), both in `context::first_launch`,
+//! one routine for every path. Updates (`cuGraphExecUpdate`, `cuGraphExec*SetParams`)
 //! record the new need and make the next launch a first use again.
 
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use crate::memory::charge::Charge;
+use crate::memory::pools::Kernels;
 use crate::memory::reconcile::Use;
 use crate::state::Shim;
 
@@ -34,8 +36,8 @@ const MAX_BODIES: u32 = 4096;
 struct Walked {
     /// Per device, what its alloc nodes add up to, granularity-rounded; empty without alloc nodes.
     mem: Vec<(Dev, u64)>,
-    /// The largest local memory per thread (bytes) of the kernels it may run.
-    local: u64,
+    /// The kernels it may run.
+    kernels: Kernels,
     /// A node whose type, a kernel node whose kernel or a memory node whose size could not be read, or a
     /// conditional node whose bodies we never saw (made past cuquota, or a clone's not covered by the record
     /// made when cloned).
@@ -98,13 +100,17 @@ fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
                 }
                 // A clone's: its bodies are the original's, as they were when cloned.
                 None => match s.mem.graph().floor(node as usize) {
-                    Some(floor) => out.local = out.local.max(floor),
+                    Some(floor) => out.kernels.merge(floor),
                     None => out.unknown = true,
                 },
             },
             CU_GRAPH_NODE_TYPE_KERNEL => {
-                match kernel_node(s, node).and_then(|(f, k)| super::stack::node_local(s, f, k)) {
-                    Some(local) => out.local = out.local.max(local),
+                match kernel_node(s, node).and_then(|(f, k)| Some((super::stack::node_local(s, f, k)?, f, k)))
+                {
+                    Some((local, f, k)) => out.kernels.merge(Kernels {
+                        local,
+                        funcs: handle(f, k),
+                    }),
                     None => out.unknown = true,
                 }
             }
@@ -135,6 +141,16 @@ fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
     Some(out)
 }
 
+/// The handle a kernel node's parameters launch (`kern` when `func` is NULL), if any.
+fn handle(func: CUfunction, kern: CUkernel) -> Vec<usize> {
+    let f = if func.is_null() {
+        kern as usize
+    } else {
+        func as usize
+    };
+    (f != 0).then_some(f).into_iter().collect()
+}
+
 /// The function and the library kernel (when the function is NULL) a kernel node runs; `None`: not readable.
 fn kernel_node(s: &Shim, node: CUgraphNode) -> Option<(CUfunction, CUkernel)> {
     // SAFETY: zeroed is a valid value of these plain C structs.
@@ -163,7 +179,7 @@ impl Walked {
                 None => self.mem.push((dev, bytes)),
             }
         }
-        self.local = self.local.max(o.local);
+        self.kernels.merge(o.kernels);
         self.unknown |= o.unknown;
     }
 }
@@ -190,7 +206,7 @@ pub(crate) unsafe fn instantiate(
             return CUresult::ERROR_NOT_SUPPORTED;
         };
         s.mem.graph().set_exec(exec as usize, fp.mem);
-        s.mem.graph().set_stack(exec as usize, fp.local, false);
+        s.mem.graph().set_kernels(exec as usize, fp.kernels, false);
     }
     r
 }
@@ -269,7 +285,7 @@ pub(crate) fn exec_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp.mem, false);
-        s.mem.graph().set_stack(exec as usize, fp.local, false);
+        s.mem.graph().set_kernels(exec as usize, fp.kernels, false);
         exec_changed(s, exec);
     }
     r
@@ -288,8 +304,8 @@ pub(crate) unsafe fn exec_kernel_update(
     params: *const CUDA_KERNEL_NODE_PARAMS,
     v2: bool,
 ) -> CUresult {
-    let local = if params.is_null() {
-        Some(0)
+    let (local, funcs) = if params.is_null() {
+        (Some(0), Vec::new())
     } else {
         // SAFETY: the driver's contract: a v2 struct, or (bare form) a v1 struct, which is the v2 one's prefix.
         let (func, kern) = unsafe {
@@ -297,7 +313,7 @@ pub(crate) unsafe fn exec_kernel_update(
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
         };
-        super::stack::node_local(s, func, kern)
+        (super::stack::node_local(s, func, kern), handle(func, kern))
     };
     let Some(local) = local.or_else(|| {
         s.devices.refresh_if_changed();
@@ -312,7 +328,9 @@ pub(crate) unsafe fn exec_kernel_update(
     };
     let r = call();
     if r.ok() {
-        s.mem.graph().set_stack(exec as usize, local, true);
+        s.mem
+            .graph()
+            .set_kernels(exec as usize, Kernels { local, funcs }, true);
         exec_changed(s, exec);
     }
     r
@@ -333,7 +351,7 @@ pub(crate) fn exec_child_update(
     let r = call();
     if r.ok() {
         s.mem.graph().merge_exec(exec as usize, &fp.mem, true);
-        s.mem.graph().set_stack(exec as usize, fp.local, true);
+        s.mem.graph().set_kernels(exec as usize, fp.kernels, true);
         exec_changed(s, exec);
     }
     r
@@ -472,12 +490,12 @@ fn cloned_into(s: &Shim, node: CUgraphNode, original: CUgraph) {
 /// instantiation refused under a cap).
 fn clone_of(s: &Shim, clone: CUgraph, original: CUgraph) {
     if let Some(w) = footprint(s, original).filter(|w| !w.unknown) {
-        cover(s, clone, w.local, 0);
+        cover(s, clone, &w.kernels, 0);
     }
 }
 
-/// Records `local` for the conditional nodes of unknown bodies in `graph` and its child graphs.
-fn cover(s: &Shim, graph: CUgraph, local: u64, depth: u32) {
+/// Records `k` for the conditional nodes of unknown bodies in `graph` and its child graphs.
+fn cover(s: &Shim, graph: CUgraph, k: &Kernels, depth: u32) {
     let mut n: usize = 0;
     // SAFETY: valid out-pointer; NULL node array asks for the count.
     if depth > MAX_DEPTH || !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
@@ -496,13 +514,13 @@ fn cover(s: &Shim, graph: CUgraph, local: u64, depth: u32) {
         }
         match ty {
             CU_GRAPH_NODE_TYPE_CONDITIONAL if s.mem.graph().bodies(node as usize).is_none() => {
-                s.mem.graph().set_floor(node as usize, local);
+                s.mem.graph().set_floor(node as usize, k.clone());
             }
             CU_GRAPH_NODE_TYPE_GRAPH => {
                 let mut child: CUgraph = std::ptr::null_mut();
                 // SAFETY: valid out-pointer.
                 if unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
-                    cover(s, child, local, depth + 1);
+                    cover(s, child, k, depth + 1);
                 }
             }
             _ => {}

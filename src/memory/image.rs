@@ -6,12 +6,16 @@
 //! cubin every section that occupies device memory (allocated sections, `.text.*`, `.nv.global*` including the
 //! NOBITS ones that take no room in the image, `.nv.constant*`); in PTX the module-scope `.global` / `.const`
 //! variables plus the text's length for the code it compiles to; in a fat binary the largest of its entries (any
-//! one may be the device's). `None` (unknown) for what cannot be read without more than a header walk: a
-//! compressed fat-binary entry (its section sizes are inside the compressed stream), an unparsable PTX
-//! declaration, any other format. Layouts: the System V ELF-64 ABI; the fat-binary header and entry layout as
-//! public descriptions give it (`{u32 magic 0xBA55ED50, u16 version, u16 header_size, u64 files_size}`, each entry
-//! `{u16 kind (1 PTX, 2 ELF), u16, u32 header_size, u32 payload_size, …, u64 flags @40}`, compressed when flags
-//! has 0x2000 or 0x8000), the wrapper `{u32 magic 0x466243B1, u32 version, u64 data, u64 prelinked}`.
+//! one may be the device's; compressed entries decompressed first). `None` (unknown) for what cannot be read: an
+//! entry that is malformed, claims more than [`MAX_ENTRY`] bytes uncompressed or does not decompress to exactly
+//! what its header says, an unparsable PTX declaration, any other format. Layouts: the System V ELF-64 ABI; the
+//! fat-binary header and entry layout as public descriptions give it (ZLUDA's fatbin notes; checked against
+//! nvcc 13.0's output, `testdata/`): `{u32 magic 0xBA55ED50, u16 version, u16 header_size, u64 files_size}`,
+//! each entry `{u16 kind (1 PTX, 2 ELF), u16, u32 header_size, u32 payload_size (padded), u32, u32
+//! compressed_size @16, …, u64 flags @40, u64, u64 uncompressed_size @56}`, an LZ4 block when flags has 0x2000
+//! (older toolkits; nvcc 13's `--compress-mode=speed`), a Zstandard frame when 0x8000 (nvcc 13's default mode:
+//! its PTX entries even without `-Xfatbin -compress-all`); the wrapper `{u32 magic 0x466243B1, u32 version,
+//! u64 data, u64 prelinked}`.
 
 /// Reads at most this much of a fat binary or a PTX text (a bound against a corrupt size).
 const MAX_IMAGE: u64 = 1 << 32;
@@ -20,7 +24,11 @@ const FATBIN_MAGIC: u32 = 0xBA55ED50;
 const ELF_MAGIC: [u8; 4] = [0x7f, b'E', b'L', b'F'];
 const KIND_PTX: u16 = 1;
 const KIND_ELF: u16 = 2;
-const COMPRESSED: u64 = 0x2000 | 0x8000;
+const FLAG_LZ4: u64 = 0x2000;
+const FLAG_ZSTD: u64 = 0x8000;
+/// An entry that decompresses to more than this is unreadable: the bound on what reading one may allocate (a
+/// real library's entry is a few MiB).
+const MAX_ENTRY: u64 = 256 << 20;
 const SHF_ALLOC: u64 = 0x2;
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
@@ -34,12 +42,13 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// The footprint of the image at `p` (`cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`,
-/// `cuLibraryLoadData`).
+/// `cuLibraryLoadData`). `inflate`: decompress compressed entries (else they make it unknown) — only while a
+/// memory cap may apply: a framework loads hundreds of fat binaries at start-up.
 ///
 /// # Safety
 /// `p` is NULL or points to an image as those calls require (a complete ELF, a fat binary or its wrapper with
 /// the entries its header counts, or NUL-terminated text): what the driver itself reads.
-pub(crate) unsafe fn footprint_at(p: *const u8) -> Option<u64> {
+pub(crate) unsafe fn footprint_at(p: *const u8, inflate: bool) -> Option<u64> {
     if p.is_null() {
         return None;
     }
@@ -54,10 +63,10 @@ pub(crate) unsafe fn footprint_at(p: *const u8) -> Option<u64> {
                 return None; // prelinked lists (version 2): not read, unknown
             }
             // SAFETY: the wrapper's data is a fat binary (contract).
-            unsafe { fatbin_at(data) }
+            unsafe { fatbin_at(data, inflate) }
         }
         // SAFETY: as above.
-        FATBIN_MAGIC => unsafe { fatbin_at(p) },
+        FATBIN_MAGIC => unsafe { fatbin_at(p, inflate) },
         m if m.to_le_bytes() == ELF_MAGIC => {
             // SAFETY: an ELF header is 64 bytes; its section table lies where it says (a complete ELF).
             let h = unsafe { std::slice::from_raw_parts(p, 64) };
@@ -84,10 +93,11 @@ pub(crate) unsafe fn footprint_at(p: *const u8) -> Option<u64> {
     }
 }
 
-/// The footprint of an image file's contents (`cuModuleLoad`, `cuLibraryLoadFromFile`).
-pub(crate) fn footprint(data: &[u8]) -> Option<u64> {
+/// The footprint of an image file's contents (`cuModuleLoad`, `cuLibraryLoadFromFile`); `inflate` as for
+/// [`footprint_at`].
+pub(crate) fn footprint(data: &[u8], inflate: bool) -> Option<u64> {
     match u32_at(data, 0)? {
-        FATBIN_MAGIC => fatbin(data),
+        FATBIN_MAGIC => fatbin(data, inflate),
         m if m.to_le_bytes() == ELF_MAGIC => elf(data, data.len() as u64),
         _ => ptx(data.split(|&b| b == 0).next().unwrap_or(data)),
     }
@@ -122,7 +132,7 @@ pub(crate) fn inside(data: &[u8]) -> bool {
 
 /// # Safety
 /// `p` points to a fat-binary header followed by `files_size` bytes of entries.
-unsafe fn fatbin_at(p: *const u8) -> Option<u64> {
+unsafe fn fatbin_at(p: *const u8, inflate: bool) -> Option<u64> {
     // SAFETY: a header is 16 bytes.
     let h = unsafe { std::slice::from_raw_parts(p, 16) };
     let end = (u16_at(h, 6)? as u64).checked_add(u64_at(h, 8)?)?;
@@ -130,11 +140,12 @@ unsafe fn fatbin_at(p: *const u8) -> Option<u64> {
         return None;
     }
     // SAFETY: the header says how many bytes of entries follow it.
-    fatbin(unsafe { std::slice::from_raw_parts(p, end as usize) })
+    fatbin(unsafe { std::slice::from_raw_parts(p, end as usize) }, inflate)
 }
 
-/// The largest entry of a fat binary (`None` when any entry is compressed, unreadable or of another kind).
-fn fatbin(b: &[u8]) -> Option<u64> {
+/// The largest entry of a fat binary, compressed ones decompressed (`None` when any entry is unreadable, of
+/// another kind, or compressed and not to be inflated).
+fn fatbin(b: &[u8], inflate: bool) -> Option<u64> {
     if u32_at(b, 0)? != FATBIN_MAGIC {
         return None;
     }
@@ -144,19 +155,55 @@ fn fatbin(b: &[u8]) -> Option<u64> {
     while at + 48 <= files.len() {
         let e = &files[at..];
         let (kind, ehsize, size) = (u16_at(e, 0)?, u32_at(e, 4)? as usize, u32_at(e, 8)? as usize);
-        if ehsize < 48 || u64_at(e, 40)? & COMPRESSED != 0 {
+        if ehsize < 48 {
             return None;
         }
-        let payload = e.get(ehsize..ehsize.checked_add(size)?)?;
+        let flags = u64_at(e, 40)?;
+        let compressed = flags & (FLAG_LZ4 | FLAG_ZSTD) != 0;
+        let stored = match u32_at(e, 16)? as usize {
+            n if compressed && n != 0 => n,
+            _ => size,
+        };
+        let payload = e.get(ehsize..ehsize.checked_add(stored)?)?;
+        let plain;
+        let payload = if compressed {
+            if !inflate {
+                return None;
+            }
+            plain = decompress(flags, payload, if ehsize >= 64 { u64_at(e, 56)? } else { 0 })?;
+            &plain[..]
+        } else {
+            payload
+        };
         let f = match kind {
             KIND_ELF => elf(payload, payload.len() as u64)?,
             KIND_PTX => ptx(payload.split(|&c| c == 0).next().unwrap_or(payload))?,
             _ => return None,
         };
         most = most.max(f);
-        at += ehsize + size;
+        at = at.checked_add(ehsize)?.checked_add(size.max(stored))?;
     }
     Some(most)
+}
+
+/// A compressed entry's payload, which must decompress to exactly `size` bytes (its header's figure, at most
+/// [`MAX_ENTRY`]: nothing beyond it is allocated or produced); `None` otherwise.
+fn decompress(flags: u64, packed: &[u8], size: u64) -> Option<Vec<u8>> {
+    if size == 0 || size > MAX_ENTRY {
+        return None;
+    }
+    if flags & FLAG_ZSTD != 0 {
+        use std::io::Read;
+        let mut out = vec![0u8; size as usize];
+        let mut dec = ruzstd::decoding::StreamingDecoder::new(packed).ok()?;
+        dec.read_exact(&mut out).ok()?;
+        // Exactly: a stream longer than claimed is as malformed as a shorter one.
+        (dec.read(&mut [0u8; 1]).ok()? == 0).then_some(out)
+    } else {
+        // Decodes into a buffer of `size` bytes; a block that would write past it is an error.
+        let out = lz4_flex::block::decompress(packed, size as usize).ok()?;
+        (out.len() as u64 == size).then_some(out)
+    }
 }
 
 /// Offset and length of an ELF-64 little-endian image's section table.
@@ -352,10 +399,10 @@ mod tests {
     #[test]
     fn cubin_globals_and_code() {
         let c = cubin(3 << 30);
-        assert_eq!(footprint(&c), Some((3 << 30) + 256));
+        assert_eq!(footprint(&c, true), Some((3 << 30) + 256));
         // SAFETY: a complete image in memory.
-        assert_eq!(unsafe { footprint_at(c.as_ptr()) }, Some((3 << 30) + 256));
-        assert_eq!(footprint(&c[..c.len() - 1]), None, "truncated");
+        assert_eq!(unsafe { footprint_at(c.as_ptr(), true) }, Some((3 << 30) + 256));
+        assert_eq!(footprint(&c[..c.len() - 1], true), None, "truncated");
     }
 
     #[test]
@@ -366,7 +413,7 @@ mod tests {
         c[shoff + 2 * 64 + 32..shoff + 2 * 64 + 40].copy_from_slice(&(3u64 << 30).to_le_bytes());
         c[shoff + 3 * 64 + 32..shoff + 3 * 64 + 40].copy_from_slice(&1u64.to_le_bytes());
         assert_eq!(
-            footprint(&c),
+            footprint(&c, true),
             Some((3 << 30) + 256),
             "its name read past the table's size, as a driver may"
         );
@@ -380,12 +427,92 @@ mod tests {
     }
 
     #[test]
-    fn fatbin_takes_the_largest_entry_and_not_compressed_ones() {
+    fn fatbin_takes_the_largest_entry() {
         let ptx = b".version 8.0\n.target sm_90\n.visible .global .align 4 .b8 g[1048576];\n".to_vec();
         let f = fatbin_of(&[(KIND_ELF, 0, cubin(4096)), (KIND_PTX, 0, ptx.clone())]);
-        assert_eq!(footprint(&f), Some((1 << 20) + ptx.len() as u64));
-        let f = fatbin_of(&[(KIND_ELF, 0x2000, cubin(4096))]);
-        assert_eq!(footprint(&f), None);
+        assert_eq!(footprint(&f, true), Some((1 << 20) + ptx.len() as u64));
+    }
+
+    /// nvcc 13.0's own fat binaries of `testdata/global3g.cu` (a 3 GiB `__device__` global): plain cubin with a
+    /// Zstandard PTX entry (the default), everything Zstandard, everything LZ4. Each is read at least 3 GiB.
+    #[test]
+    fn nvcc_compressed_fat_binaries() {
+        for (name, f) in [
+            ("default", &include_bytes!("testdata/global3g_default.fatbin")[..]),
+            ("zstd", &include_bytes!("testdata/global3g_zstd.fatbin")[..]),
+            ("lz4", &include_bytes!("testdata/global3g_lz4.fatbin")[..]),
+        ] {
+            let fp = footprint(f, true);
+            assert!(fp.is_some_and(|b| b >= (3 << 30) + 4096), "{name}: {fp:?}");
+            // SAFETY: a complete fat binary in memory.
+            assert_eq!(unsafe { footprint_at(f.as_ptr(), true) }, fp, "{name}");
+            assert_eq!(footprint(f, false), None, "{name}: not inflated");
+        }
+    }
+
+    /// Hand-made compressed entries: an LZ4 block of literals only and a Zstandard frame of one raw block.
+    fn lz4_literals(b: &[u8]) -> Vec<u8> {
+        let mut out = vec![0xf0];
+        let mut n = b.len() - 15;
+        while n >= 255 {
+            out.push(255);
+            n -= 255;
+        }
+        out.push(n as u8);
+        out.extend_from_slice(b);
+        out
+    }
+    fn zstd_raw(b: &[u8]) -> Vec<u8> {
+        let mut out = vec![0x28, 0xb5, 0x2f, 0xfd, 0x60];
+        out.extend_from_slice(&((b.len() - 256) as u16).to_le_bytes());
+        out.extend_from_slice(&((b.len() as u32) << 3 | 1).to_le_bytes()[..3]);
+        out.extend_from_slice(b);
+        out
+    }
+    fn compressed(flags: u64, packed: Vec<u8>, size: u64) -> Vec<u8> {
+        let mut f = fatbin_of(&[(KIND_ELF, flags, packed.clone())]);
+        f[16 + 16..16 + 20].copy_from_slice(&(packed.len() as u32).to_le_bytes());
+        f[16 + 56..16 + 64].copy_from_slice(&size.to_le_bytes());
+        f
+    }
+
+    fn footprint_c(b: &[u8]) -> Option<u64> {
+        footprint(b, true)
+    }
+
+    #[test]
+    fn compressed_entries_bounded() {
+        let c = cubin(3 << 30);
+        let n = c.len() as u64;
+        for (flags, packed) in [(FLAG_LZ4, lz4_literals(&c)), (FLAG_ZSTD, zstd_raw(&c))] {
+            assert_eq!(
+                footprint_c(&compressed(flags, packed.clone(), n)),
+                Some((3 << 30) + 256)
+            );
+            // A size that is not the stream's, one past the bound, a truncated stream: unreadable.
+            assert_eq!(
+                footprint_c(&compressed(flags, packed.clone(), n - 1)),
+                None,
+                "{flags:#x}"
+            );
+            assert_eq!(
+                footprint_c(&compressed(flags, packed.clone(), n + 1)),
+                None,
+                "{flags:#x}"
+            );
+            assert_eq!(
+                footprint_c(&compressed(flags, packed.clone(), MAX_ENTRY + 1)),
+                None,
+                "{flags:#x}"
+            );
+            assert_eq!(
+                footprint_c(&compressed(flags, packed.clone(), 0)),
+                None,
+                "{flags:#x}"
+            );
+            let cut = packed[..packed.len() - 8].to_vec();
+            assert_eq!(footprint_c(&compressed(flags, cut, n)), None, "{flags:#x}");
+        }
     }
 
     #[test]

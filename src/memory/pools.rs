@@ -75,17 +75,35 @@ pub(crate) struct GraphMem {
     kernels: Lock<GraphKernels>,
 }
 
-/// What a graph's kernels need that its first launch or upload must admit: the stack.
+/// What a graph's kernels need that its first launch or upload must admit: the stack and their code's loading.
 #[derive(Default)]
 struct GraphKernels {
-    /// Per exec, the largest local memory per thread (bytes) of any kernel it may run.
-    stacks: HashMap<usize, u64>,
+    /// Per exec, what its kernels need.
+    stacks: HashMap<usize, Kernels>,
     /// Conditional node → its body graphs, recorded when it was added (no call of cuda.h lists them after).
     bodies: HashMap<usize, Vec<usize>>,
     /// Conditional node a clone came with → the stack need of the graph it was cloned from when cloned (such a
     /// node is a new handle whose bodies no call can list, and no call can change). Per node, not per graph:
     /// a node added to the clone later is not covered.
-    floors: HashMap<usize, u64>,
+    floors: HashMap<usize, Kernels>,
+}
+
+/// The kernels a graph may run: the largest local memory per thread among them, and their handles (functions,
+/// or library kernels), each once, whose code its first launch in a context loads first (as a direct launch's).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Kernels {
+    pub local: u64,
+    pub funcs: Vec<usize>,
+}
+
+impl Kernels {
+    /// `o`'s kernels too.
+    pub(crate) fn merge(&mut self, o: Kernels) {
+        self.local = self.local.max(o.local);
+        self.funcs.extend(o.funcs);
+        self.funcs.sort_unstable();
+        self.funcs.dedup();
+    }
 }
 
 fn exec_slot(exec: usize, i: usize) -> usize {
@@ -106,16 +124,29 @@ impl GraphMem {
         }
     }
 
-    /// `exec`'s kernels need `local` bytes of stack per thread (`raise`: at least that, on top of what it had).
-    pub(crate) fn set_stack(&self, exec: usize, local: u64, raise: bool) {
-        let mut k = self.kernels.lock();
-        let e = k.stacks.entry(exec).or_insert(0);
-        *e = if raise { (*e).max(local) } else { local };
+    /// `exec` runs `k` (`raise`: on top of what it ran).
+    pub(crate) fn set_kernels(&self, exec: usize, k: Kernels, raise: bool) {
+        let mut g = self.kernels.lock();
+        let e = g.stacks.entry(exec).or_default();
+        if raise {
+            e.merge(k);
+        } else {
+            *e = k;
+        }
     }
 
     /// The stack per thread `exec`'s kernels need (0: unknown or none).
     pub(crate) fn stack(&self, exec: usize) -> u64 {
-        self.kernels.lock().stacks.get(&exec).copied().unwrap_or(0)
+        self.kernels.lock().stacks.get(&exec).map_or(0, |k| k.local)
+    }
+
+    /// The kernels `exec` may run, as recorded at instantiation and updates.
+    pub(crate) fn kernels(&self, exec: usize) -> Vec<usize> {
+        self.kernels
+            .lock()
+            .stacks
+            .get(&exec)
+            .map_or_else(Vec::new, |k| k.funcs.clone())
     }
 
     /// `exec` was destroyed.
@@ -133,15 +164,14 @@ impl GraphMem {
         self.kernels.lock().bodies.get(&node).cloned()
     }
 
-    /// Conditional node `node` came with a clone of a graph whose kernels needed `local` bytes of stack per
-    /// thread.
-    pub(crate) fn set_floor(&self, node: usize, local: u64) {
-        self.kernels.lock().floors.insert(node, local);
+    /// Conditional node `node` came with a clone of a graph whose kernels were `k`.
+    pub(crate) fn set_floor(&self, node: usize, k: Kernels) {
+        self.kernels.lock().floors.insert(node, k);
     }
 
-    /// What the original of the clone conditional node `node` came with needed (`None`: not such a node).
-    pub(crate) fn floor(&self, node: usize) -> Option<u64> {
-        self.kernels.lock().floors.get(&node).copied()
+    /// What the original of the clone conditional node `node` came with ran (`None`: not such a node).
+    pub(crate) fn floor(&self, node: usize) -> Option<Kernels> {
+        self.kernels.lock().floors.get(&node).cloned()
     }
 
     /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).

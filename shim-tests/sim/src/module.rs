@@ -6,7 +6,7 @@
 //! real driver does) and optionally globals (`global <name> <bytes>`); asking for any other name is CUDA_ERROR_NOT_FOUND. A
 //! compiled image (fat binary or its wrapper, cubin, PTX: see `code`) defines the kernels and globals its code
 //! for the device defines; its kernels run at CUDASIM_WAVE_NS, its globals are allocated (with their initial
-//! bytes) at their first lookup. Any other image loads as an opaque module whose every kernel name exists.
+//! bytes) at their first lookup, a library's when it loads into a context. Any other image loads as an opaque module whose every kernel name exists.
 //! Each module (and each context a library is loaded into) costs CUDASIM_MODULE_OVERHEAD bytes of device
 //! memory. Libraries (cuLibrary*) are context-independent: they load into a context when first used in it
 //! (lazy loading, CUDA's default), or with CUDA_MODULE_LOADING=EAGER into the one current at load time.
@@ -230,10 +230,24 @@ pub(crate) fn load(
     sim.charge(phys, sim.cfg.module_overhead)?;
     let h = new_handle(Kind::Module);
     let mut globals = HashMap::new();
-    for (name, bytes) in &image.globals {
-        match crate::memory::alloc(o, sim, ctx, (*bytes).max(1), AllocKind::ModuleGlobal, false) {
+    let mut all: Vec<(&str, u64, &[u8])> = image
+        .globals
+        .iter()
+        .map(|(n, b)| (n.as_str(), *b, &[][..]))
+        .collect();
+    // A library loads into a context at its first use there (lazy loading), its compiled code's globals with
+    // it, whatever name is asked for (a kernel's launch, a graph's included); a module's at their lookup.
+    if library.is_some() {
+        if let Some(sym) = image.code.as_ref().and_then(Code::symbols) {
+            all.extend(sym.globals.iter().map(|(n, g)| (n.as_str(), g.size, &g.init[..])));
+        }
+    }
+    for (name, bytes, init) in all {
+        match crate::memory::alloc(o, sim, ctx, bytes.max(1), AllocKind::ModuleGlobal, false) {
             Ok(p) => {
-                globals.insert(name.clone(), (p, *bytes));
+                // SAFETY: `p` is a fresh allocation of at least `bytes` ≥ init.len() bytes, backed by host memory.
+                unsafe { std::ptr::copy_nonoverlapping(init.as_ptr(), p as *mut u8, init.len()) };
+                globals.insert(name.to_string(), (p, bytes));
             }
             Err(e) => {
                 free_globals(o, sim, globals.values().map(|g| g.0));
