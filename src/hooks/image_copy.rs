@@ -98,11 +98,12 @@ impl ImageCopy {
         unsafe { std::slice::from_raw_parts(self.buf.as_ptr().cast::<u8>().add(self.at), self.len) }
     }
 
-    /// The copy's footprint (`memory::image`): what the driver loads from it.
+    /// The copy's footprint (`memory::image`): what the driver loads from it. Copies are made only under a
+    /// memory cap, so compressed entries are always inflated.
     pub(crate) fn footprint(&self) -> Option<u64> {
         match self.wrapper {
             Some(v) if v != 1 => None, // prelinked lists: unknown, as the reader answers for the original
-            _ => crate::memory::image::footprint(self.bytes()),
+            _ => crate::memory::image::footprint(self.bytes(), true),
         }
     }
 }
