@@ -85,7 +85,9 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
                             }
                             match nvml.as_ref().map(|n| n.probe(uuid)) {
                                 Some(Ok(())) => HealthStatus::Healthy,
-                                Some(Err((r, _))) if r == cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST => {
+                                Some(Err((r, _)))
+                                    if r == cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST =>
+                                {
                                     why.borrow_mut().push((uuid.to_string(), "gpu-lost".into()));
                                     HealthStatus::Unhealthy
                                 }
@@ -97,7 +99,9 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
                     let why: Vec<(String, String)> = why
                         .into_inner()
                         .into_iter()
-                        .filter_map(|(uuid, r)| Some((inv.gpus.iter().find(|g| g.uuid == uuid)?.name.clone(), r)))
+                        .filter_map(|(uuid, r)| {
+                            Some((inv.gpus.iter().find(|g| g.uuid == uuid)?.name.clone(), r))
+                        })
                         .collect();
                     why_tx.send_if_modified(|w| {
                         let changed = *w != why;

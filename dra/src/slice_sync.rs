@@ -17,7 +17,7 @@
 //! claim that does not tolerate it. They are tainted whether or not the kubelet opened its health stream,
 //! as NVIDIA's DRA driver taints them (`gpu.nvidia.com/xid`): that stream only reaches the pod's status, and
 //! the taint is what keeps new claims off the GPU. A server without `DRADeviceTaints` (off by default before
-//! 1.35's beta) drops the taints: that is logged, not fatal, since the GPUs are still shared correctly and
+//! 1.36, KEP 5055) drops the taints: that is logged, not fatal, since the GPUs are still shared correctly and
 //! the kubelet's health stream still reports them.
 
 use k8s_openapi::api::core::v1::Node;
@@ -103,7 +103,10 @@ impl SliceSync {
     }
 
     fn wanted_taints(&self) -> BTreeMap<String, String> {
-        self.unhealthy.iter().map(|(d, (w, _))| (d.clone(), w.clone())).collect()
+        self.unhealthy
+            .iter()
+            .map(|(d, (w, _))| (d.clone(), w.clone()))
+            .collect()
     }
 
     /// The slice's name.
@@ -147,7 +150,9 @@ impl SliceSync {
         let (generation, made) = match &current {
             None => (1, Synced::Created as fn(i64) -> Synced),
             Some(s)
-                if self.stored.as_ref() == Some(&s.spec) && owned(s) && self.applied == self.wanted_taints() =>
+                if self.stored.as_ref() == Some(&s.spec)
+                    && owned(s)
+                    && self.applied == self.wanted_taints() =>
             {
                 return Ok(Synced::Unchanged)
             }

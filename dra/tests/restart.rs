@@ -536,11 +536,7 @@ fn a_cluster_that_drops_taints_keeps_the_slice_and_says_why() {
         &[("CUDASIM_FAULT", "nvmlDeviceGetMemoryInfo:9+:GPU_IS_LOST")],
     );
     let said = |p: &Plugin| p.log().contains("DRADeviceTaints=true");
-    assert!(
-        wait(&rt, &api, 60, |_| said(&plugin)),
-        "{}",
-        plugin.log()
-    );
+    assert!(wait(&rt, &api, 60, |_| said(&plugin)), "{}", plugin.log());
     let (patches_then, gets) = {
         let a = api.lock().unwrap();
         (patches(&a), slice_gets(&a))
