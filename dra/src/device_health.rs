@@ -4,6 +4,8 @@
 //! (`nvmlDeviceGetHandleByUUID`, `nvmlDeviceGetMemoryInfo`): `NVML_ERROR_GPU_IS_LOST` (fallen off the bus) is
 //! UNHEALTHY, another error or an NVML that does not load UNKNOWN, an answer HEALTHY; between probes the
 //! thread waits on NVML's critical XID events, and a GPU with a critical XID is UNHEALTHY from then on.
+//! The same verdict taints the device in the node's ResourceSlice (`slice_sync`), so the scheduler places no
+//! new claim on it: the health stream only reaches the pod's status.
 
 use std::time::Duration;
 
@@ -43,15 +45,24 @@ fn unix_now() -> i64 {
 /// processor exception, 109 context switch timeout.
 pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
-/// Starts the probe thread (NVML is not `Send`: it lives there); the receiver holds the latest complete list,
-/// UNKNOWN until the first probe. A GPU that reported a critical XID (one not in [`APPLICATION_XIDS`]) stays
-/// UNHEALTHY until the plugin restarts, as NVIDIA's plugins keep it.
-pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<watch::Receiver<Vec<DeviceHealth>>> {
+/// What the probe thread publishes.
+pub struct Monitor {
+    /// The latest complete list, for the kubelet's health stream.
+    pub health: watch::Receiver<Vec<DeviceHealth>>,
+    /// The UNHEALTHY devices by name, each with why (`gpu-lost`, `xid-79`): the slice's taints.
+    pub unhealthy: watch::Receiver<Vec<(String, String)>>,
+}
+
+/// Starts the probe thread (NVML is not `Send`: it lives there); the health list is UNKNOWN until the first
+/// probe. A GPU that reported a critical XID (one not in [`APPLICATION_XIDS`]) stays UNHEALTHY until the
+/// plugin restarts, as NVIDIA's plugins keep it.
+pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
     let (tx, rx) = watch::channel(all(&inv, |_| HealthStatus::Unknown, unix_now()));
+    let (why_tx, why_rx) = watch::channel(Vec::new());
     std::thread::Builder::new()
         .name("device-health".into())
         .spawn(move || {
-            let mut xid_lost: Vec<String> = Vec::new();
+            let mut xid_lost: Vec<(String, u64)> = Vec::new();
             let mut last: Vec<i32> = Vec::new();
             loop {
                 let nvml = cuquota_agent::nvml::Nvml::load()
@@ -64,18 +75,39 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<watch::Recei
                         .ok()
                 });
                 loop {
+                    let why = std::cell::RefCell::new(Vec::new());
                     let list = all(
                         &inv,
-                        |uuid| match nvml.as_ref().map(|n| n.probe(uuid)) {
-                            _ if xid_lost.iter().any(|u| u == uuid) => HealthStatus::Unhealthy,
-                            Some(Ok(())) => HealthStatus::Healthy,
-                            Some(Err((r, _))) if r == cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST => {
-                                HealthStatus::Unhealthy
+                        |uuid| {
+                            if let Some((_, xid)) = xid_lost.iter().find(|u| u.0 == uuid) {
+                                why.borrow_mut().push((uuid.to_string(), format!("xid-{xid}")));
+                                return HealthStatus::Unhealthy;
                             }
-                            _ => HealthStatus::Unknown,
+                            match nvml.as_ref().map(|n| n.probe(uuid)) {
+                                Some(Ok(())) => HealthStatus::Healthy,
+                                Some(Err((r, _)))
+                                    if r == cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST =>
+                                {
+                                    why.borrow_mut().push((uuid.to_string(), "gpu-lost".into()));
+                                    HealthStatus::Unhealthy
+                                }
+                                _ => HealthStatus::Unknown,
+                            }
                         },
                         unix_now(),
                     );
+                    let why: Vec<(String, String)> = why
+                        .into_inner()
+                        .into_iter()
+                        .filter_map(|(uuid, r)| {
+                            Some((inv.gpus.iter().find(|g| g.uuid == uuid)?.name.clone(), r))
+                        })
+                        .collect();
+                    why_tx.send_if_modified(|w| {
+                        let changed = *w != why;
+                        *w = why;
+                        changed
+                    });
                     let now: Vec<i32> = list.iter().map(|d| d.health).collect();
                     if now != last {
                         for (g, h) in inv.gpus.iter().zip(&now) {
@@ -96,8 +128,8 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<watch::Recei
                         Some(ev) => match ev.wait(period.as_millis().min(u32::MAX as u128) as u32) {
                             Ok(Some((uuid, xid))) if !APPLICATION_XIDS.contains(&xid) => {
                                 eprintln!("cuquota-dra-plugin: device health: {uuid}: critical XID {xid}");
-                                if !xid_lost.contains(&uuid) {
-                                    xid_lost.push(uuid);
+                                if !xid_lost.iter().any(|u| u.0 == uuid) {
+                                    xid_lost.push((uuid, xid));
                                 }
                             }
                             Ok(Some((uuid, xid))) => {
@@ -119,7 +151,10 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<watch::Recei
                 }
             }
         })?;
-    Ok(rx)
+    Ok(Monitor {
+        health: rx,
+        unhealthy: why_rx,
+    })
 }
 
 /// The kubelet's health service: the latest list at once, then each new one.

@@ -230,6 +230,13 @@ fn main() -> std::process::ExitCode {
         }
     };
     let run = async {
+        let monitor = match a.health_seconds {
+            0 => None,
+            s => Some(
+                cuquota_dra::device_health::monitor(inventory.clone(), std::time::Duration::from_secs(s))
+                    .map_err(|e| format!("device health: {e}"))?,
+            ),
+        };
         let source: Box<dyn ClaimSource> = match a.claims_dir {
             Some(dir) => Box::new(DirSource(dir)),
             None => {
@@ -239,10 +246,14 @@ fn main() -> std::process::ExitCode {
                     .map_err(|e| format!("the API server: {e}"))?;
                 let mut sync = SliceSync::new(client.clone(), &a.driver, inventory.clone());
                 let period = std::time::Duration::from_secs(a.resync_seconds);
+                let unhealthy = monitor.as_ref().map(|m| m.unhealthy.clone());
                 tokio::spawn(async move {
                     let mut tick = tokio::time::interval(period);
                     loop {
                         tick.tick().await;
+                        if let Some(u) = &unhealthy {
+                            sync.set_unhealthy(&u.borrow());
+                        }
                         match sync.sync().await {
                             Ok(Synced::Unchanged) => {}
                             Ok(s) => eprintln!("cuquota-dra-plugin: ResourceSlice {}: {s:?}", sync.name()),
@@ -254,13 +265,7 @@ fn main() -> std::process::ExitCode {
             }
         };
         let mut plugin = Plugin::new(a.driver, inventory, layout, source, endpoint);
-        if a.health_seconds > 0 {
-            let period = std::time::Duration::from_secs(a.health_seconds);
-            plugin.health = Some(
-                cuquota_dra::device_health::monitor(plugin.inventory.clone(), period)
-                    .map_err(|e| format!("device health: {e}"))?,
-            );
-        }
+        plugin.health = monitor.map(|m| m.health);
         let plugin = Arc::new(plugin);
         if let Some(addr) = a.health_listen {
             // On this runtime, the one that serves the kubelet: a stuck runtime fails the liveness probe.

@@ -11,15 +11,28 @@
 //! `requestPolicy`, and every GPU would be allocated whole to one claim, silently. Upstream detects this the
 //! same way (its `DroppedFieldsError`); this plugin then deletes the slice it just stored and says why: it
 //! does not publish exclusive GPUs in place of shared ones.
+//!
+//! Unhealthy GPUs (`device_health`) carry a taint, key [`UNHEALTHY_TAINT`], value why (`gpu-lost`, `xid-79`),
+//! effect NoSchedule, `timeAdded` when the plugin first saw it: the scheduler allocates a tainted device to no
+//! claim that does not tolerate it. They are tainted whether or not the kubelet opened its health stream,
+//! as NVIDIA's DRA driver taints them (`gpu.nvidia.com/xid`): that stream only reaches the pod's status, and
+//! the taint is what keeps new claims off the GPU. A server without `DRADeviceTaints` (off by default before
+//! 1.36, KEP 5055) drops the taints: that is logged, not fatal, since the GPUs are still shared correctly and
+//! the kubelet's health stream still reports them.
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::api::{DeleteParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client};
 
 use crate::inventory::Inventory;
 use crate::kube_api::{slice_object, FIELD_MANAGER};
+
+/// The key of an unhealthy GPU's taint.
+pub const UNHEALTHY_TAINT: &str = "gpu.cuquota.io/unhealthy";
 
 /// Why a sync did not leave the slice published.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +69,10 @@ pub struct SliceSync {
     inventory: Inventory,
     node_uid: Option<String>,
     stored: Option<ResourceSliceSpec>,
+    /// Unhealthy devices by name: why, and since when.
+    unhealthy: BTreeMap<String, (String, Time)>,
+    /// The unhealthy devices (and why) of the last apply the server stored.
+    applied: BTreeMap<String, String>,
 }
 
 impl SliceSync {
@@ -67,7 +84,29 @@ impl SliceSync {
             inventory,
             node_uid: None,
             stored: None,
+            unhealthy: BTreeMap::new(),
+            applied: BTreeMap::new(),
         }
+    }
+
+    /// The devices now unhealthy, by name, with why; the next sync taints them (and no others).
+    pub fn set_unhealthy(&mut self, devices: &[(String, String)]) {
+        let mut now = BTreeMap::new();
+        for (name, why) in devices {
+            let since = match self.unhealthy.remove(name) {
+                Some((w, t)) if w == *why => t,
+                _ => Time(k8s_openapi::jiff::Timestamp::now()),
+            };
+            now.insert(name.clone(), (why.clone(), since));
+        }
+        self.unhealthy = now;
+    }
+
+    fn wanted_taints(&self) -> BTreeMap<String, String> {
+        self.unhealthy
+            .iter()
+            .map(|(d, (w, _))| (d.clone(), w.clone()))
+            .collect()
     }
 
     /// The slice's name.
@@ -110,13 +149,29 @@ impl SliceSync {
         };
         let (generation, made) = match &current {
             None => (1, Synced::Created as fn(i64) -> Synced),
-            Some(s) if self.stored.as_ref() == Some(&s.spec) && owned(s) => return Ok(Synced::Unchanged),
+            Some(s)
+                if self.stored.as_ref() == Some(&s.spec)
+                    && owned(s)
+                    && self.applied == self.wanted_taints() =>
+            {
+                return Ok(Synced::Unchanged)
+            }
             Some(s) => (
                 s.spec.pool.generation.max(1),
                 Synced::Updated as fn(i64) -> Synced,
             ),
         };
         let mut want = slice_object(&self.driver, &self.inventory, generation).map_err(SyncError::Api)?;
+        for d in want.spec.devices.iter_mut().flatten() {
+            if let Some((why, since)) = self.unhealthy.get(&d.name) {
+                d.taints = Some(vec![DeviceTaint {
+                    key: UNHEALTHY_TAINT.into(),
+                    value: Some(why.clone()),
+                    effect: "NoSchedule".into(),
+                    time_added: Some(since.clone()),
+                }]);
+            }
+        }
         want.metadata.owner_references = Some(vec![OwnerReference {
             api_version: "v1".into(),
             kind: "Node".into(),
@@ -153,6 +208,29 @@ impl SliceSync {
                  kubelet: --feature-gates=DRAConsumableCapacity=true)"
             )));
         }
+        let dropped: Vec<&str> = want
+            .spec
+            .devices
+            .iter()
+            .flatten()
+            .filter(|d| d.taints.is_some())
+            .filter(|d| {
+                let kept = stored.spec.devices.iter().flatten().find(|s| s.name == d.name);
+                kept.and_then(|s| s.taints.as_ref()).is_none_or(|t| t.is_empty())
+            })
+            .map(|d| d.name.as_str())
+            .collect();
+        if !dropped.is_empty() {
+            // Not fatal: the GPUs stay shared correctly; only the unhealthy ones stay schedulable.
+            eprintln!(
+                "cuquota-dra-plugin: ResourceSlice {name}: the API server dropped the taints of unhealthy \
+                 device(s) {dropped:?}: the DRADeviceTaints feature is off on this cluster, so the scheduler may \
+                 still place claims on them (the kubelet's health stream reports them in pod status, where \
+                 the kubelet has it); turn it on (kube-apiserver, kube-scheduler: \
+                 --feature-gates=DRADeviceTaints=true) to keep claims off unhealthy GPUs"
+            );
+        }
+        self.applied = self.wanted_taints();
         self.stored = Some(stored.spec);
         Ok(made(generation))
     }

@@ -129,6 +129,26 @@ fn the_client_reads_claims_and_publishes_a_valid_slice_through_the_api() {
         "{out}"
     );
 
+    // An unhealthy GPU's taint fits the schema too.
+    let mut sync = SliceSync::new(client.clone(), "gpu.cuquota.io", inv.clone());
+    sync.set_unhealthy(&[(inv.gpus[0].name.clone(), "xid-79".into())]);
+    assert_eq!(rt.block_on(sync.sync()), Ok(Synced::Created(1)));
+    let body = seen.lock().unwrap().last().unwrap().3.clone();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let t = &v["spec"]["devices"][0]["taints"][0];
+    assert_eq!(
+        (&t["key"], &t["value"], &t["effect"]),
+        (
+            &"gpu.cuquota.io/unhealthy".into(),
+            &"xid-79".into(),
+            &"NoSchedule".into()
+        ),
+        "{t}"
+    );
+    std::fs::write(&f, &body).unwrap();
+    let (ok, out) = kubernetes_validate(&[&f]);
+    assert!(ok, "{out}");
+
     // Read: the claim comes back with its allocation, and grants what the fixture says.
     let src = KubeSource(client);
     let claim = rt.block_on(src.get("team-a", "notebook-gpu")).unwrap();

@@ -30,6 +30,8 @@ struct Api {
     slices: BTreeMap<String, Value>,
     /// Play a cluster with DRAConsumableCapacity off: the fields it adds are dropped on write.
     drop_consumable_capacity: bool,
+    /// Play a cluster with DRADeviceTaints off: devices' taints are dropped on write.
+    drop_taints: bool,
     calls: Vec<(String, String)>,
     version: u64,
 }
@@ -66,6 +68,11 @@ async fn serve(
                     }
                 }
             }
+            if a.drop_taints {
+                for d in s["spec"]["devices"].as_array_mut().unwrap() {
+                    d.as_object_mut().unwrap().remove("taints");
+                }
+            }
             a.version += 1;
             let uid = a.slices.get(name).map_or_else(
                 || format!("00000000-0000-4000-8000-{:012}", a.version),
@@ -97,6 +104,25 @@ struct Plugin {
 
 impl Plugin {
     fn start(dir: &Path, server: &str) -> Plugin {
+        Plugin::start_with(dir, server, &[])
+    }
+
+    /// On the simulator's NVML with two GPUs and `env` (its knobs), probing health every second.
+    fn start_sim(dir: &Path, server: &str, env: &[(&str, &str)]) -> Plugin {
+        let lib = shim_tests::sim_lib();
+        let state = dir.join("sim.state");
+        let mut all: Vec<(&str, &str)> = vec![
+            ("CUQUOTA_LIBNVML", lib.to_str().unwrap()),
+            ("CUDASIM_STATE", state.to_str().unwrap()),
+            ("CUDASIM_DEVICES", "2"),
+            ("CUDASIM_MEMORY", "80g,16g"),
+        ];
+        all.extend_from_slice(env);
+        Plugin::start_with(dir, server, &all)
+    }
+
+    /// `--gpu` unless `env` names the simulator (which then lists the GPUs).
+    fn start_with(dir: &Path, server: &str, env: &[(&str, &str)]) -> Plugin {
         let kubeconfig = dir.join("kubeconfig");
         std::fs::write(
             &kubeconfig,
@@ -108,9 +134,14 @@ impl Plugin {
         )
         .unwrap();
         let stderr = dir.join("plugin.err");
-        let child = Command::new(env!("CARGO_BIN_EXE_cuquota-dra-plugin"))
-            .args(["--node", "node-1", "--gpu", &format!("{GPU}=80Gi")])
-            .arg("--state-dir")
+        let mut c = Command::new(env!("CARGO_BIN_EXE_cuquota-dra-plugin"));
+        c.args(["--node", "node-1"]);
+        if env.is_empty() {
+            c.args(["--gpu", &format!("{GPU}=80Gi")]);
+        } else {
+            c.args(["--health-seconds", "1"]);
+        }
+        c.arg("--state-dir")
             .arg(dir.join("state"))
             .arg("--cdi-dir")
             .arg(dir.join("cdi"))
@@ -123,9 +154,8 @@ impl Plugin {
             // The old binary has no flag for it: the environment keeps the test runnable against it.
             .env("CUQUOTA_DRA_RESYNC_SECONDS", "1")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&stderr).unwrap())
-            .spawn()
-            .unwrap();
+            .stderr(std::fs::File::create(&stderr).unwrap());
+        let child = c.envs(env.iter().copied()).spawn().unwrap();
         Plugin { child, stderr }
     }
 
@@ -410,4 +440,112 @@ fn after_a_reboot_nvidias_device_is_answered_beside_the_claims_own_again() {
     let again = n.prepare(&[("notebook-gpu", UID)]);
     assert_eq!(again, first);
     assert!(n.layout.cdi_spec_path(UID).is_file());
+}
+
+/// The taints of the published slice's devices, by device name (none: empty).
+fn taints(a: &Api) -> Vec<(String, Vec<Value>)> {
+    a.slices.get(SLICE).map_or_else(Vec::new, |s| {
+        s["spec"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| {
+                let t = d["taints"].as_array().cloned().unwrap_or_default();
+                (d["name"].as_str().unwrap().to_string(), t)
+            })
+            .collect()
+    })
+}
+
+fn slice_gets(a: &Api) -> usize {
+    a.calls
+        .iter()
+        .filter(|(m, p)| m == "GET" && p.ends_with(SLICE))
+        .count()
+}
+
+/// A GPU that falls off the bus (the simulator's NVML answers `NVML_ERROR_GPU_IS_LOST` from the plugin's 9th
+/// `nvmlDeviceGetMemoryInfo` on) is tainted in the published slice (NoSchedule, value why), at the next resync
+/// (1 s) and at the slice's generation (an update keeps it); both GPUs are lost, both tainted.
+#[test]
+fn a_gpu_that_falls_off_the_bus_is_tainted_in_the_slice() {
+    let dir = tempfile::tempdir().unwrap();
+    let api: Shared = Arc::default();
+    let (rt, server) = api_server(api.clone());
+    let plugin = Plugin::start_sim(
+        dir.path(),
+        &server,
+        &[("CUDASIM_FAULT", "nvmlDeviceGetMemoryInfo:9+:GPU_IS_LOST")],
+    );
+    let tainted = |a: &Api| {
+        let t = taints(a);
+        t.len() == 2 && t.iter().all(|(_, t)| t.len() == 1)
+    };
+    assert!(
+        wait(&rt, &api, 60, tainted),
+        "no taint: {:?}\n{}",
+        taints(&api.lock().unwrap()),
+        plugin.log()
+    );
+    let a = api.lock().unwrap();
+    for (_, t) in taints(&a) {
+        assert_eq!(t[0]["key"], "gpu.cuquota.io/unhealthy", "{t:?}");
+        assert_eq!(t[0]["value"], "gpu-lost", "{t:?}");
+        assert_eq!(t[0]["effect"], "NoSchedule", "{t:?}");
+        assert!(t[0]["timeAdded"].is_string(), "{t:?}");
+    }
+    assert_eq!(a.slices[SLICE]["spec"]["pool"]["generation"], 1);
+}
+
+/// A critical XID (79) on the second GPU taints that GPU alone (value `xid-79`); control: the first GPU,
+/// healthy, carries no taint, three resyncs after the taint appeared.
+#[test]
+fn a_critical_xid_taints_its_gpu_and_a_healthy_gpu_has_no_taint() {
+    let dir = tempfile::tempdir().unwrap();
+    let api: Shared = Arc::default();
+    let (rt, server) = api_server(api.clone());
+    let plugin = Plugin::start_sim(dir.path(), &server, &[("CUDASIM_XID", "1:79@2")]);
+    let second = |a: &Api| taints(a).get(1).is_some_and(|(_, t)| !t.is_empty());
+    assert!(
+        wait(&rt, &api, 60, second),
+        "no taint: {:?}\n{}",
+        taints(&api.lock().unwrap()),
+        plugin.log()
+    );
+    let gets = slice_gets(&api.lock().unwrap());
+    assert!(wait(&rt, &api, 60, |a| slice_gets(a) >= gets + 3));
+    let t = taints(&api.lock().unwrap());
+    assert!(t[0].1.is_empty(), "the healthy GPU is tainted: {t:?}");
+    assert_eq!(t[1].1.len(), 1, "{t:?}");
+    assert_eq!(t[1].1[0]["value"], "xid-79", "{t:?}");
+}
+
+/// A cluster that drops the taints (DRADeviceTaints off): the plugin says so and goes on serving the slice
+/// (not deleted, unlike without consumable capacity), and does not apply again at every resync.
+#[test]
+fn a_cluster_that_drops_taints_keeps_the_slice_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let api: Shared = Arc::new(Mutex::new(Api {
+        drop_taints: true,
+        ..Api::default()
+    }));
+    let (rt, server) = api_server(api.clone());
+    let mut plugin = Plugin::start_sim(
+        dir.path(),
+        &server,
+        &[("CUDASIM_FAULT", "nvmlDeviceGetMemoryInfo:9+:GPU_IS_LOST")],
+    );
+    let said = |p: &Plugin| p.log().contains("DRADeviceTaints=true");
+    assert!(wait(&rt, &api, 60, |_| said(&plugin)), "{}", plugin.log());
+    let (patches_then, gets) = {
+        let a = api.lock().unwrap();
+        (patches(&a), slice_gets(&a))
+    };
+    assert!(wait(&rt, &api, 60, |a| slice_gets(a) >= gets + 3));
+    let a = api.lock().unwrap();
+    assert!(a.slices.contains_key(SLICE), "the slice was deleted");
+    assert_eq!(patches(&a), patches_then, "applied again at each resync");
+    assert!(plugin.child.try_wait().unwrap().is_none(), "{}", plugin.log());
+    let log = plugin.log();
+    assert!(log.contains("gpu-"), "{log}");
 }
