@@ -430,10 +430,8 @@ mod tests {
         let c = cubin(3 << 30);
         assert_eq!(footprint(&c, true, None), Some((3 << 30) + 256));
         // SAFETY: a complete image in memory.
-        assert_eq!(
-            unsafe { footprint_at(c.as_ptr(), true, None) },
-            Some((3 << 30) + 256)
-        );
+        let at = unsafe { footprint_at(c.as_ptr(), true, None) };
+        assert_eq!(at, Some((3 << 30) + 256));
         assert_eq!(footprint(&c[..c.len() - 1], true, None), None, "truncated");
     }
 
