@@ -415,6 +415,8 @@ c_consts! { checked_consts;
     CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute = 3;
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute = 16;
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute = 39;
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute = 75;
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute = 76;
     /// `CU_STREAM_LEGACY`: the legacy default stream's handle.
     CU_STREAM_LEGACY: usize = 0x1;
     /// `CU_STREAM_PER_THREAD`: the per-thread default stream's handle.

@@ -16,6 +16,9 @@
  *   first_use_lies ctxcycle SIZE N  one library of the plain cubin; N times: a context created, its global
  *                                       looked up there (cuLibraryGetGlobal), the context destroyed.
  *   first_use_lies fatjunk SIZE N   a fat binary of the plain cubin (sm_90) and an sm_80 entry that is no ELF.
+ *   first_use_lies fatptxjunk SIZE N  the same with a compute_80 PTX entry that is no PTX (one the device could
+ *                                       JIT-compile, though the driver takes the cubin).
+ *   first_use_lies fatmulti SIZE N  a fat binary of an sm_80 cubin (a 1-byte global) and the plain cubin (sm_90).
  *   first_use_lies libfile SIZE N   the plain cubin as a file, N libraries of it (cuLibraryLoadFromFile,
  *                                       cuLibraryGetGlobal).
  *   first_use_lies flip SIZE N      the plain cubin (its `.nv.global` section 4 bytes: the symbol alone says how
@@ -203,22 +206,25 @@ int main(int argc, char **argv) {
             printf("global.%d=%s\n", i, cq_err(r));
             used(0, "used");
             continue;
-        } else if (strcmp(mode, "fatjunk") == 0) {
-            static unsigned char fat[8192];
+        } else if (strncmp(mode, "fat", 3) == 0) {
+            static unsigned char fat[8192], other[4096];
             size_t len = cubin(image, size, "");
+            int multi = strcmp(mode, "fatmulti") == 0, ptx = strcmp(mode, "fatptxjunk") == 0;
+            size_t olen = multi ? cubin(other, 1, "") : 64;
             unsigned char *f = fat;
             memset(fat, 0, sizeof fat);
             size_t at = 16;
             unsigned sms[2] = {80, 90};
             for (int k = 0; k < 2; k++) {
-                size_t plen = k == 0 ? 64 : len;
+                size_t plen = k == 0 ? olen : len;
                 unsigned char *e = f + at;
-                *(uint16_t *)(e + 0) = 2;             /* ELF */
-                *(uint32_t *)(e + 4) = 64;            /* header size */
-                *(uint32_t *)(e + 8) = (uint32_t)plen; /* payload */
+                *(uint16_t *)(e + 0) = k == 0 && ptx ? 1 : 2; /* PTX or ELF */
+                *(uint32_t *)(e + 4) = 64;                  /* header size */
+                *(uint32_t *)(e + 8) = (uint32_t)plen;      /* payload */
                 *(uint32_t *)(e + 28) = sms[k];
-                if (k == 0) memset(e + 64, 0xee, plen); /* no ELF: another GPU's entry the driver never reads */
-                else memcpy(e + 64, image, plen);
+                if (k == 1) memcpy(e + 64, image, plen);
+                else if (multi) memcpy(e + 64, other, plen);
+                else memset(e + 64, 0xee, plen); /* neither ELF nor PTX */
                 at += 64 + plen;
             }
             *(uint32_t *)(f + 0) = 0xBA55ED50;

@@ -180,3 +180,48 @@ fn images_copied_for_their_load_load_as_before() {
         out.assert_used_within(GIB);
     }
 }
+
+/// A fat binary whose sm_80 entry is no ELF beside an sm_90 cubin of a 3 GiB global: the driver never reads
+/// another GPU's entry, so the image is read for the device's (compute capability 9.0) and the first use is
+/// refused up front, NVML present or not (on main the junk made the whole image unknown: 3074 MiB held).
+#[test]
+fn another_gpus_unreadable_entry_does_not_hide_the_devices() {
+    for env in [&[][..], &[NO_NVML][..]] {
+        let out = run("fatjunk 3g 1", env);
+        assert_eq!(
+            out.get("global.0"),
+            Some("CUDA_ERROR_OUT_OF_MEMORY"),
+            "{env:?}:{out:?}"
+        );
+        out.assert_used_within(GIB);
+    }
+}
+
+/// CONTROL: the unreadable entry is PTX the device could JIT-compile (compute_80 on 9.0): the image stays
+/// unknown and, with NVML, is measured after its first use: one load past the cap at most, as documented.
+#[test]
+fn an_unreadable_entry_the_device_could_load_keeps_the_image_unknown() {
+    let out = run("fatptxjunk 768m 4", &[]);
+    assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{out:?}");
+    assert_eq!(
+        out.get("global.1"),
+        Some("CUDA_SUCCESS"),
+        "unknown: admitted, measured after: {out:?}"
+    );
+    let peak = out.peak("used");
+    assert!(
+        peak > GIB && peak <= GIB + 768 * MIB + 64 * MIB,
+        "one load past the cap: {} MiB",
+        peak / MIB
+    );
+}
+
+/// CONTROL: a normal multi-architecture fat binary (sm_80 and sm_90 cubins) loads, its sm_90 global is read
+/// and charged, and eight of them stay under the cap without NVML.
+#[test]
+fn a_multi_arch_fat_binary_is_read_for_the_devices_entry() {
+    let out = run("fatmulti 512m 8", &[NO_NVML]);
+    assert_eq!(out.get("global.0"), Some("CUDA_SUCCESS"), "{out:?}");
+    assert_eq!(out.get("global.1"), Some("CUDA_ERROR_OUT_OF_MEMORY"), "{out:?}");
+    out.assert_used_within(GIB);
+}

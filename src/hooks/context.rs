@@ -621,20 +621,37 @@ impl ImageAt {
     ///
     /// # Safety
     /// The image is one the driver just loaded (complete in memory, or `len` readable bytes).
-    unsafe fn footprint(self, s: &Shim) -> Option<u64> {
+    unsafe fn footprint(self, s: &Shim, arch: Option<u32>) -> Option<u64> {
         s.devices.refresh_if_changed();
         let inflate = s.devices.memory_limited();
         match self {
             // SAFETY: the caller's contract.
-            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast(), inflate) },
+            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast(), inflate, arch) },
             ImageAt::Bytes(p, n) => {
                 // SAFETY: `n` readable bytes at `p` (the caller's contract).
                 let data = unsafe { std::slice::from_raw_parts(p, n) };
-                crate::memory::image::footprint(data, inflate)
+                crate::memory::image::footprint(data, inflate, arch)
             }
             ImageAt::Known(f) => f,
         }
     }
+}
+
+/// The compute capability (`major * 10 + minor`) of the current context's device: a module's image is read
+/// for the entries the driver could load there. `None` when the driver will not say (every entry counts).
+/// Libraries are loaded into every context lazily: their images are read whole (`None`).
+fn module_arch(s: &Shim) -> Option<u32> {
+    let d = s.devices.current(&s.cuda)?;
+    let attr = |a| {
+        let mut n: std::ffi::c_int = 0;
+        // SAFETY: valid out-pointer.
+        let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, d.ordinal) }.ok();
+        (ok && (0..100).contains(&n)).then_some(n as u32)
+    };
+    Some(
+        attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? * 10
+            + attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+    )
 }
 
 /// A module or library file's contents, read once: the driver is handed these very bytes from memory, so what
@@ -832,7 +849,7 @@ pub(crate) unsafe fn module_load_data(
     let Some(c) = (unsafe { copied(image) }) else {
         return CUresult::ERROR_INVALID_IMAGE;
     };
-    let fp = c.footprint();
+    let fp = c.footprint(module_arch(s));
     // SAFETY: `c` outlives the call; `module` is the program's.
     unsafe { module_load(s, || with(c.ptr()), module, ImageAt::Known(fp)) }
 }
@@ -872,7 +889,7 @@ pub(crate) unsafe fn library_load_data(
     let Some(c) = (unsafe { copied(code) }) else {
         return CUresult::ERROR_INVALID_IMAGE;
     };
-    let (fp, p) = (c.footprint(), c.ptr());
+    let (fp, p) = (c.footprint(None), c.ptr());
     // SAFETY: `c` outlives the call (kept until unload when preserved); `library` is the program's.
     let r = unsafe {
         library_load(
@@ -916,7 +933,7 @@ pub(crate) unsafe fn module_load(
     let m = unsafe { *module };
     // SAFETY: the driver accepted the image (the caller's contract).
     s.mem
-        .image_loaded(m as usize, false, unsafe { image.footprint(s) });
+        .image_loaded(m as usize, false, unsafe { image.footprint(s, module_arch(s)) });
     if s.mem.module_loaded(&s.cuda, &s.nvml, m as usize).is_err() {
         // SAFETY: unloading the module we just loaded.
         module_unload(s, || unsafe { s.cuda.cuModuleUnload(m) }, m);
@@ -953,7 +970,7 @@ pub(crate) unsafe fn library_load(
     let l = unsafe { *library };
     // SAFETY: the driver accepted the image (the caller's contract).
     s.mem
-        .image_loaded(l as usize, true, unsafe { image.footprint(s) });
+        .image_loaded(l as usize, true, unsafe { image.footprint(s, None) });
     if s.mem.library_loaded(&s.nvml).is_err() {
         // SAFETY: unloading what we just loaded.
         library_unload(s, || unsafe { s.cuda.cuLibraryUnload(l) }, l);

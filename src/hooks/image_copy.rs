@@ -99,11 +99,11 @@ impl ImageCopy {
     }
 
     /// The copy's footprint (`memory::image`): what the driver loads from it. Copies are made only under a
-    /// memory cap, so compressed entries are always inflated.
-    pub(crate) fn footprint(&self) -> Option<u64> {
+    /// memory cap, so compressed entries are always inflated; `arch` as `memory::image::footprint_at` takes it.
+    pub(crate) fn footprint(&self, arch: Option<u32>) -> Option<u64> {
         match self.wrapper {
             Some(v) if v != 1 => None, // prelinked lists: unknown, as the reader answers for the original
-            _ => crate::memory::image::footprint(self.bytes(), true),
+            _ => crate::memory::image::footprint(self.bytes(), true, arch),
         }
     }
 }
@@ -207,7 +207,7 @@ mod tests {
         // SAFETY: NUL-terminated text.
         let c = unsafe { copy(t.as_ptr().cast()) }.unwrap();
         assert_eq!(c.len, t.len() - 8);
-        assert_eq!(c.footprint(), Some((c.len + (1 << 20)) as u64));
+        assert_eq!(c.footprint(None), Some((c.len + (1 << 20)) as u64));
         let mut f = [0u8; 16 + 64];
         f[0..4].copy_from_slice(&FATBIN_MAGIC.to_le_bytes());
         f[6..8].copy_from_slice(&16u16.to_le_bytes());

@@ -5,14 +5,15 @@
 //! The footprint is an upper bound of the code and globals one context's copy of the image can hold: in an ELF
 //! cubin every section that occupies device memory (allocated sections, `.text.*`, `.nv.global*` including the
 //! NOBITS ones that take no room in the image, `.nv.constant*`); in PTX the module-scope `.global` / `.const`
-//! variables plus the text's length for the code it compiles to; in a fat binary the largest of its entries (any
-//! one may be the device's; compressed entries decompressed first). `None` (unknown) for what cannot be read: an
+//! variables plus the text's length for the code it compiles to; in a fat binary the largest of the entries the
+//! driver could load on the device (any one may be its choice; every entry where the device is not known;
+//! compressed entries decompressed first). `None` (unknown) for what cannot be read: an
 //! entry that is malformed, claims more than [`MAX_ENTRY`] bytes uncompressed or does not decompress to exactly
 //! what its header says, an unparsable PTX declaration, any other format. Layouts: the System V ELF-64 ABI; the
 //! fat-binary header and entry layout as public descriptions give it (ZLUDA's fatbin notes; checked against
 //! nvcc 13.0's output, `testdata/`): `{u32 magic 0xBA55ED50, u16 version, u16 header_size, u64 files_size}`,
 //! each entry `{u16 kind (1 PTX, 2 ELF), u16, u32 header_size, u32 payload_size (padded), u32, u32
-//! compressed_size @16, …, u64 flags @40, u64, u64 uncompressed_size @56}`, an LZ4 block when flags has 0x2000
+//! compressed_size @16, …, u32 arch @28 (`sm_90`: 90), …, u64 flags @40, u64, u64 uncompressed_size @56}`, an LZ4 block when flags has 0x2000
 //! (older toolkits; nvcc 13's `--compress-mode=speed`), a Zstandard frame when 0x8000 (nvcc 13's default mode:
 //! its PTX entries even without `-Xfatbin -compress-all`); the wrapper `{u32 magic 0x466243B1, u32 version,
 //! u64 data, u64 prelinked}`.
@@ -43,12 +44,14 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 
 /// The footprint of the image at `p` (`cuModuleLoadData`, `cuModuleLoadDataEx`, `cuModuleLoadFatBinary`,
 /// `cuLibraryLoadData`). `inflate`: decompress compressed entries (else they make it unknown) — only while a
-/// memory cap may apply: a framework loads hundreds of fat binaries at start-up.
+/// memory cap may apply: a framework loads hundreds of fat binaries at start-up. `arch`: the compute capability
+/// (`major * 10 + minor`) of the device the image is loaded for, where known: a fat binary's entries the driver
+/// could not load there are ignored ([`loadable`]); `None`: every entry counts.
 ///
 /// # Safety
 /// `p` is NULL or points to an image as those calls require (a complete ELF, a fat binary or its wrapper with
 /// the entries its header counts, or NUL-terminated text): what the driver itself reads.
-pub(crate) unsafe fn footprint_at(p: *const u8, inflate: bool) -> Option<u64> {
+pub(crate) unsafe fn footprint_at(p: *const u8, inflate: bool, arch: Option<u32>) -> Option<u64> {
     if p.is_null() {
         return None;
     }
@@ -63,10 +66,10 @@ pub(crate) unsafe fn footprint_at(p: *const u8, inflate: bool) -> Option<u64> {
                 return None; // prelinked lists (version 2): not read, unknown
             }
             // SAFETY: the wrapper's data is a fat binary (contract).
-            unsafe { fatbin_at(data, inflate) }
+            unsafe { fatbin_at(data, inflate, arch) }
         }
         // SAFETY: as above.
-        FATBIN_MAGIC => unsafe { fatbin_at(p, inflate) },
+        FATBIN_MAGIC => unsafe { fatbin_at(p, inflate, arch) },
         m if m.to_le_bytes() == ELF_MAGIC => {
             // SAFETY: an ELF header is 64 bytes; its section table lies where it says (a complete ELF).
             let h = unsafe { std::slice::from_raw_parts(p, 64) };
@@ -93,11 +96,11 @@ pub(crate) unsafe fn footprint_at(p: *const u8, inflate: bool) -> Option<u64> {
     }
 }
 
-/// The footprint of an image file's contents (`cuModuleLoad`, `cuLibraryLoadFromFile`); `inflate` as for
-/// [`footprint_at`].
-pub(crate) fn footprint(data: &[u8], inflate: bool) -> Option<u64> {
+/// The footprint of an image file's contents (`cuModuleLoad`, `cuLibraryLoadFromFile`); `inflate` and `arch`
+/// as for [`footprint_at`].
+pub(crate) fn footprint(data: &[u8], inflate: bool, arch: Option<u32>) -> Option<u64> {
     match u32_at(data, 0)? {
-        FATBIN_MAGIC => fatbin(data, inflate),
+        FATBIN_MAGIC => fatbin(data, inflate, arch),
         m if m.to_le_bytes() == ELF_MAGIC => elf(data, data.len() as u64),
         _ => ptx(data.split(|&b| b == 0).next().unwrap_or(data)),
     }
@@ -132,7 +135,7 @@ pub(crate) fn inside(data: &[u8]) -> bool {
 
 /// # Safety
 /// `p` points to a fat-binary header followed by `files_size` bytes of entries.
-unsafe fn fatbin_at(p: *const u8, inflate: bool) -> Option<u64> {
+unsafe fn fatbin_at(p: *const u8, inflate: bool, arch: Option<u32>) -> Option<u64> {
     // SAFETY: a header is 16 bytes.
     let h = unsafe { std::slice::from_raw_parts(p, 16) };
     let end = (u16_at(h, 6)? as u64).checked_add(u64_at(h, 8)?)?;
@@ -140,12 +143,32 @@ unsafe fn fatbin_at(p: *const u8, inflate: bool) -> Option<u64> {
         return None;
     }
     // SAFETY: the header says how many bytes of entries follow it.
-    fatbin(unsafe { std::slice::from_raw_parts(p, end as usize) }, inflate)
+    fatbin(
+        unsafe { std::slice::from_raw_parts(p, end as usize) },
+        inflate,
+        arch,
+    )
 }
 
-/// The largest entry of a fat binary, compressed ones decompressed (`None` when any entry is unreadable, of
-/// another kind, or compressed and not to be inflated).
-fn fatbin(b: &[u8], inflate: bool) -> Option<u64> {
+/// Whether the driver could load a fat binary's entry of `kind` built for `sm` (its header's arch field, @28)
+/// on a device of compute capability `dev` (both `major * 10 + minor`): a cubin of the device's major version
+/// and a minor not above its own, or PTX for an architecture not above the device's (JIT-compiled). Wider than
+/// the driver's choice (it takes only the best of these), never narrower: an entry it could take always counts.
+/// Entries of another kind count (they make the footprint unknown). Arch-specific and family cubins carry their
+/// base arch there and a flag (nvcc 13.0: `sm_90a` 90 with 0x100000, `sm_100f` 100 with 0x1200000): counted on
+/// every device of that major and a minor not below it, wider than the driver again.
+fn loadable(kind: u16, sm: u32, dev: u32) -> bool {
+    match kind {
+        KIND_ELF => sm / 10 == dev / 10 && sm <= dev,
+        KIND_PTX => sm <= dev,
+        _ => true,
+    }
+}
+
+/// The largest entry of a fat binary the device `arch` could load (every entry when `None`), compressed ones
+/// decompressed (`None` when any such entry is unreadable, of another kind, or compressed and not to be
+/// inflated).
+fn fatbin(b: &[u8], inflate: bool, arch: Option<u32>) -> Option<u64> {
     if u32_at(b, 0)? != FATBIN_MAGIC {
         return None;
     }
@@ -164,6 +187,12 @@ fn fatbin(b: &[u8], inflate: bool) -> Option<u64> {
             n if compressed && n != 0 => n,
             _ => size,
         };
+        let next = at.checked_add(ehsize)?.checked_add(size.max(stored))?;
+        if arch.is_some_and(|dev| !loadable(kind, u32_at(e, 28).unwrap_or(0), dev)) {
+            // Another GPU's code: the driver never reads it here.
+            at = next;
+            continue;
+        }
         let payload = e.get(ehsize..ehsize.checked_add(stored)?)?;
         let plain;
         let payload = if compressed {
@@ -181,7 +210,7 @@ fn fatbin(b: &[u8], inflate: bool) -> Option<u64> {
             _ => return None,
         };
         most = most.max(f);
-        at = at.checked_add(ehsize)?.checked_add(size.max(stored))?;
+        at = next;
     }
     Some(most)
 }
@@ -399,10 +428,11 @@ mod tests {
     #[test]
     fn cubin_globals_and_code() {
         let c = cubin(3 << 30);
-        assert_eq!(footprint(&c, true), Some((3 << 30) + 256));
+        assert_eq!(footprint(&c, true, None), Some((3 << 30) + 256));
         // SAFETY: a complete image in memory.
-        assert_eq!(unsafe { footprint_at(c.as_ptr(), true) }, Some((3 << 30) + 256));
-        assert_eq!(footprint(&c[..c.len() - 1], true), None, "truncated");
+        let at = unsafe { footprint_at(c.as_ptr(), true, None) };
+        assert_eq!(at, Some((3 << 30) + 256));
+        assert_eq!(footprint(&c[..c.len() - 1], true, None), None, "truncated");
     }
 
     #[test]
@@ -413,7 +443,7 @@ mod tests {
         c[shoff + 2 * 64 + 32..shoff + 2 * 64 + 40].copy_from_slice(&(3u64 << 30).to_le_bytes());
         c[shoff + 3 * 64 + 32..shoff + 3 * 64 + 40].copy_from_slice(&1u64.to_le_bytes());
         assert_eq!(
-            footprint(&c, true),
+            footprint(&c, true, None),
             Some((3 << 30) + 256),
             "its name read past the table's size, as a driver may"
         );
@@ -430,7 +460,42 @@ mod tests {
     fn fatbin_takes_the_largest_entry() {
         let ptx = b".version 8.0\n.target sm_90\n.visible .global .align 4 .b8 g[1048576];\n".to_vec();
         let f = fatbin_of(&[(KIND_ELF, 0, cubin(4096)), (KIND_PTX, 0, ptx.clone())]);
-        assert_eq!(footprint(&f, true), Some((1 << 20) + ptx.len() as u64));
+        assert_eq!(footprint(&f, true, None), Some((1 << 20) + ptx.len() as u64));
+    }
+
+    /// A fat binary whose entries carry the architectures `sm`.
+    fn fatbin_sm(entries: &[(u16, u32, Vec<u8>)]) -> Vec<u8> {
+        let plain: Vec<_> = entries.iter().map(|(k, _, p)| (*k, 0, p.clone())).collect();
+        let mut f = fatbin_of(&plain);
+        let mut at = 16;
+        for (_, sm, p) in entries {
+            f[at + 28..at + 32].copy_from_slice(&sm.to_le_bytes());
+            at += 64 + p.len();
+        }
+        f
+    }
+
+    #[test]
+    fn only_entries_the_device_could_load_count() {
+        let junk = vec![0xee; 64];
+        let g = |sm| fatbin_sm(&[(KIND_ELF, sm, junk.clone()), (KIND_ELF, 90, cubin(3 << 30))]);
+        // Another GPU's unreadable entry: ignored on a 9.0 device, unknown where the device is not known.
+        assert_eq!(footprint(&g(80), true, Some(90)), Some((3 << 30) + 256));
+        assert_eq!(footprint(&g(100), true, Some(90)), Some((3 << 30) + 256));
+        assert_eq!(footprint(&g(80), true, None), None);
+        // One the device could load (its own arch, a lower minor of its major): unknown, as before.
+        assert_eq!(footprint(&g(90), true, Some(90)), None);
+        assert_eq!(footprint(&g(86), true, Some(89)), None);
+        // PTX for any arch not above the device's is JIT-compiled there: it counts.
+        let p = |sm| fatbin_sm(&[(KIND_PTX, sm, junk.clone()), (KIND_ELF, 90, cubin(4096))]);
+        assert_eq!(footprint(&p(80), true, Some(90)), None);
+        assert_eq!(footprint(&p(100), true, Some(90)), Some(4096 + 256));
+        // A device the image has no code for: nothing counts (the driver refuses the load).
+        assert_eq!(footprint(&g(80), true, Some(120)), Some(0));
+        assert!(
+            loadable(KIND_ELF, 100, 103) && !loadable(KIND_ELF, 103, 100) && !loadable(KIND_ELF, 90, 100)
+        );
+        assert!(loadable(7, 0, 90), "another kind: counted (unknown)");
     }
 
     /// nvcc 13.0's own fat binaries of `testdata/global3g.cu` (a 3 GiB `__device__` global): plain cubin with a
@@ -442,11 +507,12 @@ mod tests {
             ("zstd", &include_bytes!("testdata/global3g_zstd.fatbin")[..]),
             ("lz4", &include_bytes!("testdata/global3g_lz4.fatbin")[..]),
         ] {
-            let fp = footprint(f, true);
+            let fp = footprint(f, true, None);
             assert!(fp.is_some_and(|b| b >= (3 << 30) + 4096), "{name}: {fp:?}");
             // SAFETY: a complete fat binary in memory.
-            assert_eq!(unsafe { footprint_at(f.as_ptr(), true) }, fp, "{name}");
-            assert_eq!(footprint(f, false), None, "{name}: not inflated");
+            assert_eq!(unsafe { footprint_at(f.as_ptr(), true, None) }, fp, "{name}");
+            assert_eq!(footprint(f, false, None), None, "{name}: not inflated");
+            assert_eq!(footprint(f, true, Some(90)), fp, "{name}: sm_90's entries");
         }
     }
 
@@ -477,7 +543,7 @@ mod tests {
     }
 
     fn footprint_c(b: &[u8]) -> Option<u64> {
-        footprint(b, true)
+        footprint(b, true, None)
     }
 
     #[test]
