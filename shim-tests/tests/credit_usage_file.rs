@@ -1,7 +1,7 @@
 //! Hostile review of commit f9c1ecb: the per-process credit kept in the usage file (`UsageSlot::credit`,
 //! core's `UsageRegion::take_credit` and siblings, src/memory/credit.rs, `Memory::admit`). Each test states a
 //! claim of the commit and FAILS where the claim does not hold. Judged by the simulator's own used bytes (its
-//! NVML past any interposer). Programs: `c/review_credit30.c` (its `hold` mode: 32 MiB of credit, then 1 MiB
+//! NVML past any interposer). Programs: `c/credit_holder.c` (its `hold` mode: 32 MiB of credit, then 1 MiB
 //! asks on a line) and the probe. At most two simulated processes run at once.
 
 use cuquota_core::region::layout::{UsageFile, UsageSlot, MAX_PROCS};
