@@ -60,7 +60,12 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
             }
             if o.streams[&s].capture.is_some() {
                 for k in kernels {
-                    crate::graph::capture_kernel(o, s, *k)?;
+                    // The parameters are the caller's only during this call.
+                    let k = KernelLaunch {
+                        params: crate::graph::NO_PARAMS,
+                        ..*k
+                    };
+                    crate::graph::capture_kernel(o, s, k)?;
                 }
                 return Ok(None);
             }

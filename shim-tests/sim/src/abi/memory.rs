@@ -201,8 +201,9 @@ fn copy_sync(dst: u64, src: u64, len: u64, dir: Dir) -> CuResult<()> {
     )
 }
 
-/// An asynchronous copy on `s`: queued on the stream's device timeline (the bytes move now: kernels compute
-/// nothing, so no ordering is observable), or, while `s` is capturing, run when the captured graph runs.
+/// An asynchronous copy on `s`: queued on the stream's device timeline (the bytes move now, or at the copy's
+/// end while `touch` kernels' work is pending: see `on_stream`), or, while `s` is capturing, run when the
+/// captured graph runs.
 fn copy_async(dst: u64, src: u64, len: u64, dir: Dir, s: Handle) -> CuResult<()> {
     let sim = cuda()?;
     on_stream(

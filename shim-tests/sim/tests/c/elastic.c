@@ -106,6 +106,17 @@ static void touch(CUmodule m) {
     CU(cuStreamSynchronize(s));
     CHECK(h[0] == 7 && h[N - 1] == 7 && h[N / 2] == 7);
 
+    /* In a graph a touch kernel is not modelled: launching it says so (the captured parameters are gone). */
+    CUgraph gr;
+    CUgraphExec ge;
+    CU(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    CU(launch(fn(m, "inc"), s, 1, a, N, 0));
+    CU(cuStreamEndCapture(s, &gr));
+    CU(cuGraphInstantiateWithFlags(&ge, gr, 0));
+    CHECK(cuGraphLaunch(ge, s) == CUDA_ERROR_NOT_SUPPORTED);
+    CU(cuGraphExecDestroy(ge));
+    CU(cuGraphDestroy(gr));
+
     /* A VMM range: readable-only refuses a write, accessible takes both. */
     size_t g = 0;
     CUmemAllocationProp dp = prop_at(CU_MEM_LOCATION_TYPE_DEVICE, 0);
