@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
-/// 4: IPC memory exports.
+/// 4: IPC memory exports; 8: copy engines.
 const LAYOUT_VERSION: u64 = 8;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.

@@ -167,6 +167,18 @@ pub(crate) enum Work {
     },
 }
 
+impl Work {
+    fn what(&self) -> String {
+        match self {
+            Work::Kernel(ops) => format!("kernel {ops:x?}"),
+            Work::Copy { dst, src, len, .. } => format!("copy of {len} bytes {src:#x} -> {dst:#x}"),
+            Work::Fill {
+                dst, width, count, ..
+            } => format!("memset of {} bytes at {dst:#x}", width * count),
+        }
+    }
+}
+
 /// The process's pending work: (time, sequence) → (context, work).
 #[derive(Default)]
 pub(crate) struct Pending {
@@ -308,8 +320,9 @@ pub(crate) fn drain(o: &mut Objects) {
         if entry.key().0 > now {
             break;
         }
-        let (ctx, work) = entry.remove();
+        let ((at, _), (ctx, work)) = entry.remove_entry();
         if let Err(e) = run(o, &work) {
+            crate::abi::log(|| format!("{} due at {at} touched memory it may not: {e}", work.what()));
             if let Some(c) = o.contexts.get_mut(&ctx) {
                 c.fault = e;
             }
@@ -317,6 +330,19 @@ pub(crate) fn drain(o: &mut Objects) {
         }
     }
     PENDING.store(!o.pending.work.is_empty(), Relaxed);
+}
+
+/// Waits for all the process's pending work and runs it (cuMemFree and cuMemFreeHost synchronise, as the
+/// driver's do, so memory is never freed under a queued kernel or copy). Call without the objects lock.
+pub(crate) fn wait_all() {
+    if !PENDING.load(Relaxed) {
+        return;
+    }
+    let last = crate::objects::with(|o| o.pending.work.last_key_value().map(|(k, _)| k.0));
+    if let Some(t) = last {
+        crate::timeline::sleep_until(t);
+    }
+    after_wait();
 }
 
 /// After a wait: runs the work that came due meanwhile (takes the objects lock; call without it).

@@ -31,6 +31,7 @@ fn free(p: u64) -> CuResult<()> {
     if p == 0 {
         return Ok(());
     }
+    touch::wait_all();
     with(|o| memory::free(o, sim, p))
 }
 
@@ -657,6 +658,7 @@ cuda_fn! {
 
     fn cuMemFreeHost(p: *mut c_void) {
         cuda()?;
+        touch::wait_all();
         with(|o| memory::host_free(o, p as u64))
     }
 

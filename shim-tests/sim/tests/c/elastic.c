@@ -144,6 +144,13 @@ static void touch(CUmodule m) {
     CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READ);
     CU(cuMemUnmap(va, N));
 
+    /* cuMemFree waits for the queued kernel that touches the memory, as the driver's synchronises. */
+    CUdeviceptr z = 0;
+    CU(cuMemAlloc(&z, N));
+    CU(launch(fn(m, "slow_inc"), s, 20, z, N, 0));
+    CU(cuMemFree(z));
+    CU(cuStreamSynchronize(s));
+
     /* Faults, each in a context of its own (the error is sticky for the context). */
     CUdevice dev;
     CU(cuDeviceGet(&dev, 0));
