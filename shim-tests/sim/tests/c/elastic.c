@@ -168,8 +168,8 @@ static void touch(CUmodule m) {
         CUdeviceptr x = 0;
         CU(cuMemAlloc(&x, N));
         switch (attack) {
-        case 0: /* unmapped while a queued kernel has yet to read it */
-            CU(launch(fn(cm, "slow_rd"), cs, 50, va, N, 0));
+        case 0: /* unmapped while a queued kernel has yet to read it (300 ms from now: a stalled host is in time) */
+            CU(launch(fn(cm, "slow_rd"), cs, 300, va, N, 0));
             CU(cuMemUnmap(va, N));
             break;
         case 1: /* mapped but never made accessible */
@@ -339,7 +339,11 @@ static void engines(CUmodule m) {
     }
     CU(cuEventCreate(&start, 0));
     CU(cuCtxSynchronize());
+    /* Everything below waits for a 200 ms kernel (the start), so the figures are the timeline's, not the host's
+     * speed at issuing them. */
+    CU(cuLaunchKernel(fn(m, "spin"), 800, 1, 1, 1, 1, 1, 0, s[3], NULL, NULL));
     CU(cuEventRecord(start, s[3]));
+    for (int i = 0; i < 3; i++) CU(cuStreamWaitEvent(s[i], start, 0));
     /* A 100 ms kernel, an H2D and a D2H copy, and a second H2D on a stream of its own. */
     CU(cuLaunchKernel(fn(m, "spin"), 400, 1, 1, 1, 1, 1, 0, s[3], NULL, NULL));
     CU(cuEventRecord(end[3], s[3]));
