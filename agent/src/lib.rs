@@ -38,7 +38,7 @@ use members::{MemberSource, MemberState, ProcTable};
 use report::{AgentReport, ContainerReport, GpuReport, GpuSample};
 
 /// `cuquota agent`.
-#[derive(Args)]
+#[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Directory of container descriptors, one <name>.toml per container (see docs/agent.md)
     #[arg(long, value_name = "DIR")]

@@ -85,7 +85,7 @@ impl ProcEntry {
 }
 
 /// A snapshot of the host's processes.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct ProcTable {
     /// pid → entry.
     pub procs: BTreeMap<u32, ProcEntry>,
@@ -126,7 +126,7 @@ impl ProcTable {
 
 /// What the agent remembers between passes for member discovery: the members (pid, start time) each subtree
 /// (root pid, root start time) had at the last pass.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct MemberState {
     trees: BTreeMap<(u32, u64), Vec<(u32, u64)>>,
 }

@@ -230,7 +230,7 @@ pub fn render(snap: &Snapshot) -> String {
 }
 
 /// The latest rendering, shared with the HTTP threads.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Published(Arc<Mutex<Option<String>>>);
 
 impl Published {

@@ -63,6 +63,7 @@ pub struct Gpu {
 }
 
 /// An initialised NVML. Not `Send`: keep it on the thread that loaded it.
+#[derive(Debug)]
 pub struct Nvml {
     f: NvmlTable,
     error_string: PFN_nvmlErrorString,
@@ -402,6 +403,7 @@ impl Nvml {
 }
 
 /// An NVML event set of critical XID errors ([`Nvml::xid_events`]); freed on drop.
+#[derive(Debug)]
 pub struct XidEvents<'a> {
     nvml: &'a Nvml,
     set: nvmlEventSet_t,

@@ -33,11 +33,11 @@ use crate::run::{GpuArgs, Machine};
 use crate::{CliError, CmdResult};
 
 /// Schema of `demo --json` (docs/schemas/demo.v1.json).
-pub const SCHEMA: &str = "cuquota.demo/v1";
+pub(crate) const SCHEMA: &str = "cuquota.demo/v1";
 
 /// What the tenants run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum WorkloadArg {
+pub(crate) enum WorkloadArg {
     /// The CUDA samples when they can be built, else (simulator only) the C probe programs
     Auto,
     /// The CUDA samples compute_loop and oom_probe (nvcc from PyPI, installed into .deps/ when missing)
@@ -48,7 +48,7 @@ pub enum WorkloadArg {
 
 /// `cuquota demo`.
 #[derive(Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// How long the compute tenants run; the SM limit changes halfway
     #[arg(long, default_value = "20s", value_parser = parse_duration_arg)]
     duration: Duration,
@@ -309,7 +309,7 @@ struct Seen {
 
 /// One tenant in the report.
 #[derive(Serialize)]
-pub struct TenantReport {
+pub(crate) struct TenantReport {
     name: &'static str,
     program: &'static str,
     memory_limit_bytes: u64,
@@ -330,7 +330,7 @@ pub struct TenantReport {
 
 /// `demo --json`.
 #[derive(Serialize)]
-pub struct DemoReport {
+pub(crate) struct DemoReport {
     schema: &'static str,
     gpu: String,
     simulated: bool,
@@ -383,7 +383,7 @@ fn memory_results(w: &Workload, out: &str) -> (Option<u64>, BTreeMap<String, u64
 }
 
 /// `cuquota demo`: set up, start the tenants, watch them, judge what each got, report.
-pub fn run(a: DemoArgs) -> CmdResult {
+pub(crate) fn run(a: DemoArgs) -> CmdResult {
     let started = Instant::now();
     if a.duration < Duration::from_secs(2) || a.duration > Duration::from_secs(600) {
         return Err(CliError::new("--duration must be between 2s and 10m"));

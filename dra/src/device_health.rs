@@ -46,6 +46,7 @@ fn unix_now() -> i64 {
 pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// What the probe thread publishes.
+#[derive(Debug)]
 pub struct Monitor {
     /// The latest complete list, for the kubelet's health stream.
     pub health: watch::Receiver<Vec<DeviceHealth>>,
@@ -158,6 +159,7 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
 }
 
 /// The kubelet's health service: the latest list at once, then each new one.
+#[derive(Debug)]
 pub struct HealthService(pub watch::Receiver<Vec<DeviceHealth>>);
 
 #[tonic::async_trait]

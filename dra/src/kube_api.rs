@@ -15,6 +15,12 @@ pub const FIELD_MANAGER: &str = "cuquota-dra-plugin";
 /// Claims read from the API server.
 pub struct KubeSource(pub Client);
 
+impl std::fmt::Debug for KubeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeSource") // kube's Client has no Debug
+    }
+}
+
 impl ClaimSource for KubeSource {
     fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<ResourceClaim, String>> {
         Box::pin(async move {

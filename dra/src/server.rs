@@ -26,6 +26,7 @@ pub const DRA_SERVICE_VERSION: &str = "v1.DRAPlugin";
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 
 /// The node plugin: what it knows and owns.
+#[derive(Debug)]
 pub struct Plugin {
     /// The driver name.
     pub driver: String,
@@ -218,7 +219,7 @@ struct Held<'a> {
 }
 
 /// The DRA service.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct DraService(pub Arc<Plugin>);
 
 #[tonic::async_trait]
@@ -270,7 +271,7 @@ impl DraPlugin for DraService {
 }
 
 /// The registration service.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct RegistrationService(pub Arc<Plugin>);
 
 #[tonic::async_trait]

@@ -75,6 +75,16 @@ pub struct SliceSync {
     applied: BTreeMap<String, String>,
 }
 
+impl std::fmt::Debug for SliceSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SliceSync") // kube's Client has no Debug
+            .field("driver", &self.driver)
+            .field("node_uid", &self.node_uid)
+            .field("applied", &self.applied)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SliceSync {
     /// A sync of `inventory`'s slice (its pool is the node's name).
     pub fn new(client: Client, driver: &str, inventory: Inventory) -> SliceSync {

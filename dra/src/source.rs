@@ -10,7 +10,7 @@ use crate::claim::ResourceClaim;
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Reads ResourceClaims.
-pub trait ClaimSource: Send + Sync + 'static {
+pub trait ClaimSource: std::fmt::Debug + Send + Sync + 'static {
     /// The claim `namespace/name`; an error names what failed.
     fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<ResourceClaim, String>>;
 
@@ -27,6 +27,7 @@ pub trait ClaimSource: Send + Sync + 'static {
 
 /// Claims as JSON files `DIR/<namespace>/<name>.json` (what `kubectl get resourceclaim -o json` prints): for
 /// tests and for a node without an API server.
+#[derive(Debug)]
 pub struct DirSource(pub PathBuf);
 
 impl ClaimSource for DirSource {

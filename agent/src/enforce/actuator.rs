@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use super::{Action, Actuator, Target};
 
 /// The actuator of the agent.
+#[derive(Debug)]
 pub struct System;
 
 /// The v1 freezer file for cgroup directory `dir`: its own `freezer.state`, or the freezer hierarchy's

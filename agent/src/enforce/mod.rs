@@ -82,7 +82,7 @@ impl Action {
 }
 
 /// What a pass decided for one container.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Decision {
     /// Actions to carry out, with the reason.
     pub actions: Vec<(Action, String)>,
