@@ -14,7 +14,7 @@ pub mod descriptor;
 pub mod enforce;
 pub mod members;
 pub mod metrics;
-pub mod nvml;
+pub use cuquota_ffi::nvml_loader as nvml;
 pub mod output;
 pub mod report;
 
@@ -163,7 +163,7 @@ impl Agent {
         let nv = self.nvml()?;
         let mut out = Vec::new();
         let mut failed = Vec::new();
-        for gpu in nv.gpus().map_err(AgentError::new)? {
+        for gpu in nv.gpus().map_err(|e| AgentError::new(e.to_string()))? {
             // One GPU's lists failing leaves that GPU out of this pass (its balances carried unchanged), not
             // the node's enforcement.
             let processes = match nv.processes(&gpu) {

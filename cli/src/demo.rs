@@ -591,8 +591,8 @@ struct Sample {
 
 fn sample(nvml: &Nvml, since_us: u64) -> Result<Sample, CliError> {
     let Sample { mut mem, mut util } = Sample::default();
-    for g in nvml.gpus().map_err(CliError::new)? {
-        for (pid, b) in nvml.processes(&g).map_err(CliError::new)? {
+    for g in nvml.gpus()? {
+        for (pid, b) in nvml.processes(&g)? {
             *mem.entry(pid).or_default() += b;
         }
         if let Ok(u) = nvml.process_utilization(&g, since_us) {

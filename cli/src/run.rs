@@ -219,7 +219,7 @@ impl Machine {
 
     /// NVML of this machine, in this process: the simulator's (after giving this process the simulator's
     /// variables, so it sees the same GPU as the programs) or the driver's.
-    pub(crate) fn nvml(&self) -> Result<crate::nvml::Nvml, String> {
+    pub(crate) fn nvml(&self) -> Result<crate::nvml::Nvml, crate::nvml::NvmlError> {
         match &self.simulator {
             Some(sim) => {
                 for (k, v) in &self.env {

@@ -66,7 +66,7 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
             let mut xid_lost: Vec<(String, u64)> = Vec::new();
             let mut last: Vec<i32> = Vec::new();
             loop {
-                let nvml = cuquota_agent::nvml::Nvml::load()
+                let nvml = cuquota_ffi::nvml_loader::Nvml::load()
                     .map_err(|e| eprintln!("cuquota-dra-plugin: device health: {e}"))
                     .ok();
                 let uuids: Vec<String> = inv.gpus.iter().map(|g| g.uuid.clone()).collect();
@@ -75,6 +75,9 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
                         .map_err(|e| eprintln!("cuquota-dra-plugin: device health: no XID events: {e}"))
                         .ok()
                 });
+                for uuid in events.iter().flat_map(|e| e.unwatched()) {
+                    cuquota_core::log!(cuquota_core::log::Level::Warn, "NVML: no XID events for {uuid}");
+                }
                 loop {
                     let why = std::cell::RefCell::new(Vec::new());
                     let list = all(
@@ -86,8 +89,9 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
                             }
                             match nvml.as_ref().map(|n| n.probe(uuid)) {
                                 Some(Ok(())) => HealthStatus::Healthy,
-                                Some(Err((r, _)))
-                                    if r == cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST =>
+                                Some(Err(e))
+                                    if e.status()
+                                        == Some(cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST) =>
                                 {
                                     why.borrow_mut().push((uuid.to_string(), "gpu-lost".into()));
                                     HealthStatus::Unhealthy

@@ -119,10 +119,11 @@ fn gpus(given: Vec<Gpu>, host_root: &std::path::Path) -> Result<Vec<Gpu>, String
     if !given.is_empty() {
         return Ok(given);
     }
-    let nvml = cuquota_agent::nvml::Nvml::load()?;
+    let nvml = cuquota_ffi::nvml_loader::Nvml::load().map_err(|e| e.to_string())?;
     let driver_version = nvml.driver_version().as_deref().and_then(inventory::semver);
     let gpus = nvml
-        .gpus()?
+        .gpus()
+        .map_err(|e| e.to_string())?
         .into_iter()
         .map(|g| {
             let d = nvml.details(&g);

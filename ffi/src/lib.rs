@@ -10,6 +10,8 @@
 pub mod cuda;
 pub mod dlfcn;
 pub mod nvml;
+#[cfg(feature = "loader")]
+pub mod nvml_loader;
 
 #[cfg(test)]
 mod header_check;
