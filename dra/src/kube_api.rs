@@ -7,7 +7,7 @@ use kube::{Api, Client};
 
 use crate::claim::ResourceClaim;
 use crate::inventory::Inventory;
-use crate::source::{BoxFuture, ClaimSource};
+use crate::source::{BoxFuture, ClaimSource, SourceError};
 
 /// The field manager of the plugin's server-side applies.
 pub const FIELD_MANAGER: &str = "cuquota-dra-plugin";
@@ -22,15 +22,22 @@ impl std::fmt::Debug for KubeSource {
 }
 
 impl ClaimSource for KubeSource {
-    fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<ResourceClaim, String>> {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, SourceError>> {
         Box::pin(async move {
             let api: Api<ApiClaim> = Api::namespaced(self.0.clone(), namespace);
-            let c = api
-                .get(name)
-                .await
-                .map_err(|e| format!("GET {namespace}/{name}: {e}"))?;
-            let v = serde_json::to_value(&c).map_err(|e| e.to_string())?;
-            serde_json::from_value(v).map_err(|e| format!("{namespace}/{name}: {e}"))
+            let c = api.get(name).await.map_err(|e| SourceError::Get {
+                what: format!("{namespace}/{name}"),
+                source: Box::new(e),
+            })?;
+            let v = serde_json::to_value(&c)?;
+            serde_json::from_value(v).map_err(|source| SourceError::Decode {
+                what: format!("{namespace}/{name}"),
+                source,
+            })
         })
     }
 
@@ -39,13 +46,13 @@ impl ClaimSource for KubeSource {
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
-    ) -> BoxFuture<'a, Result<bool, String>> {
+    ) -> BoxFuture<'a, Result<bool, SourceError>> {
         Box::pin(async move {
             let api: Api<ApiClaim> = Api::namespaced(self.0.clone(), namespace);
-            let c = api
-                .get_opt(name)
-                .await
-                .map_err(|e| format!("GET {namespace}/{name}: {e}"))?;
+            let c = api.get_opt(name).await.map_err(|e| SourceError::Get {
+                what: format!("{namespace}/{name}"),
+                source: Box::new(e),
+            })?;
             Ok(c.is_some_and(|c| c.metadata.uid.as_deref() == Some(uid)))
         })
     }
