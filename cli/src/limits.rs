@@ -177,21 +177,32 @@ impl PriorityArg {
 #[derive(Clone, Debug)]
 pub(crate) struct PidList(Vec<u32>);
 
-fn parse_pid_list(s: &str) -> Result<PidList, String> {
+/// A `limits set` argument that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ArgError {
+    /// A member that is no pid.
+    #[error("{0:?} is not a pid (a positive integer)")]
+    NotAPid(String),
+    /// A device that is no selector.
+    #[error("expected all, a CUDA ordinal or a GPU-… UUID")]
+    Selector,
+}
+
+fn parse_pid_list(s: &str) -> Result<PidList, ArgError> {
     if s.trim().is_empty() {
         return Ok(PidList(Vec::new()));
     }
     s.split(',')
         .map(|p| match p.trim().parse::<u32>() {
-            Ok(0) | Err(_) => Err(format!("{p:?} is not a pid (a positive integer)")),
+            Ok(0) | Err(_) => Err(ArgError::NotAPid(p.to_string())),
             Ok(v) => Ok(v),
         })
         .collect::<Result<Vec<_>, _>>()
         .map(PidList)
 }
 
-fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
-    DeviceSelector::parse(s).ok_or_else(|| "expected all, a CUDA ordinal or a GPU-… UUID".to_string())
+fn parse_selector(s: &str) -> Result<DeviceSelector, ArgError> {
+    DeviceSelector::parse(s).ok_or(ArgError::Selector)
 }
 
 /// The limits file as `limits show --json` prints it.
