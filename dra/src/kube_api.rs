@@ -58,8 +58,12 @@ impl ClaimSource for KubeSource {
     }
 }
 
+/// The generated ResourceSlice is not one of the API's type (a bug of the plugin, or an API it does not know).
+#[derive(Debug, thiserror::Error)]
+#[error("the generated ResourceSlice does not fit the API's type: {0}")]
+pub struct SliceTypeError(#[source] serde_json::Error);
+
 /// The node's ResourceSlice as the API's type (the generated object must be one).
-pub fn slice_object(driver: &str, inv: &Inventory, generation: i64) -> Result<ResourceSlice, String> {
-    serde_json::from_value(crate::slice::resource_slice(driver, inv, generation))
-        .map_err(|e| format!("the generated ResourceSlice does not fit the API's type: {e}"))
+pub fn slice_object(driver: &str, inv: &Inventory, generation: i64) -> Result<ResourceSlice, SliceTypeError> {
+    serde_json::from_value(crate::slice::resource_slice(driver, inv, generation)).map_err(SliceTypeError)
 }

@@ -171,7 +171,8 @@ impl SliceSync {
                 Synced::Updated as fn(i64) -> Synced,
             ),
         };
-        let mut want = slice_object(&self.driver, &self.inventory, generation).map_err(SyncError::Api)?;
+        let mut want = slice_object(&self.driver, &self.inventory, generation)
+            .map_err(|e| SyncError::Api(e.to_string()))?;
         for d in want.spec.devices.iter_mut().flatten() {
             if let Some((why, since)) = self.unhealthy.get(&d.name) {
                 d.taints = Some(vec![DeviceTaint {
