@@ -616,10 +616,10 @@ impl Engine {
     /// this process, the charge stands and nothing is carried.
     fn share_correct<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) {
         let d = &self.devs[dev];
-        // What is due back goes in steps, one per probe settled, each no larger than both buckets have room
-        // for now: a full bucket would drop it.
-        let room = room(sh.words, now, rate).min(room(&d.own, now, rate));
-        let most = SHARE_STEP_NS.min(room);
+        // What is due back goes in steps, one per probe settled, each no larger than the container's bucket has
+        // room for now: a full bucket would drop it. (The own bucket counts a subset of its charges, so it is
+        // no fuller; under burst it is not used.)
+        let most = SHARE_STEP_NS.min(room(sh.words, now, rate));
         if let Ok(owed) = d
             .share_back
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
