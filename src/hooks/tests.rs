@@ -757,3 +757,27 @@ fn a_destroyed_pool_stays_charged_until_its_frees_have_run() {
         assert_eq!(used(s), 0);
     }
 }
+
+/// `Memory::creating`'s guard holds a context's estimate across the driver's call and gives it back when
+/// dropped without `Creating::created`: the creation failed, or was never attempted (a panic, an early return).
+#[test]
+fn a_creation_dropped_unmade_gives_its_estimate_back() {
+    use crate::memory::Creation;
+    let e = env(Some(1 << 30));
+    let s = &e.shim;
+    let c = s.mem.creating(&s.cuda, &s.nvml, Creation::Context(0)).unwrap();
+    assert_eq!(
+        used(s),
+        256 * MIB,
+        "the estimate is held while the call runs (control)"
+    );
+    drop(c);
+    assert_eq!(used(s), 0, "a creation never made still holds its estimate");
+    let mut c = s.mem.creating(&s.cuda, &s.nvml, Creation::Module).unwrap();
+    assert_eq!(
+        c.call(|| CUresult::ERROR_OUT_OF_MEMORY),
+        CUresult::ERROR_OUT_OF_MEMORY
+    );
+    drop(c);
+    assert_eq!(used(s), 0, "a failed load still holds its estimate");
+}

@@ -13,6 +13,8 @@
 
 pub(crate) mod charge;
 pub(crate) mod credit;
+mod first_use;
+mod graphs;
 pub(crate) mod host_pid;
 pub(crate) mod image;
 pub(crate) mod interprocess;
@@ -22,6 +24,7 @@ pub(crate) mod pools;
 pub(crate) mod reconcile;
 pub(crate) mod reserve;
 pub(crate) mod shared;
+mod stack;
 pub(crate) mod vmm;
 pub(crate) mod vmm_ops;
 
@@ -34,13 +37,19 @@ use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::{DeviceId, UsageRegion};
+use graphs::GraphMem;
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
-use pools::{GraphMem, PoolState};
+use pools::PoolState;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+pub(crate) use first_use::{Launch, Owner, Use};
+pub(crate) use graphs::{clone_of, node_handle, Kernels};
+pub(crate) use overhead::Creation;
+pub(crate) use stack::node_local;
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +88,7 @@ pub(crate) struct Memory {
     host: HostPid,
     last_reclaim_ns: AtomicU64,
     /// Handles whose first use (lazy loading, stack growth) was measured.
-    first_use: reconcile::FirstUse,
+    first_use: first_use::FirstUse,
 }
 
 impl Memory {
@@ -100,7 +109,7 @@ impl Memory {
             holdings: Holdings::default(),
             host: HostPid::default(),
             last_reclaim_ns: AtomicU64::new(0),
-            first_use: reconcile::FirstUse::default(),
+            first_use: first_use::FirstUse::default(),
         }
     }
 

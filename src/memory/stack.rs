@@ -2,16 +2,16 @@
 //! for every thread the device holds. Priced alike for a direct launch, a graph's kernels and `cuCtxSetLimit`.
 
 use crate::devices::Dev;
+use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
-use crate::state::Shim;
 use std::ffi::c_int;
 
 /// Device memory a per-thread stack of `per_thread` bytes takes: one for every thread the device can hold.
-pub(crate) fn bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
+pub(crate) fn bytes(cuda: &CudaTable, dev: Dev, per_thread: u64) -> u64 {
     let attr = |a: CUdevice_attribute| {
         let mut n: c_int = 0;
         // SAFETY: valid out-pointer.
-        let ok = unsafe { s.cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
+        let ok = unsafe { cuda.cuDeviceGetAttribute(&mut n, a, dev.ordinal) }.ok();
         (ok && n > 0).then_some(n as u64)
     };
     // Unknown: as many as today's largest GPUs hold (fail towards charging).
@@ -23,21 +23,15 @@ pub(crate) fn bytes(s: &Shim, dev: Dev, per_thread: u64) -> u64 {
 /// The local memory per thread (`CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES`) of `f`, a `CUfunction` or a `CUkernel`
 /// (asked for device `ordinal`). `Some(0)` for a handle the driver knows as neither (its launch fails there
 /// too); `None` when the driver will not say (fail closed: the caller refuses under a cap).
-pub(crate) fn local_size(s: &Shim, f: CUfunction, ordinal: CUdevice) -> Option<u64> {
+pub(crate) fn local_size(cuda: &CudaTable, f: CUfunction, ordinal: CUdevice) -> Option<u64> {
     let mut local: c_int = 0;
     // SAFETY: valid out-pointer; `f` is the program's handle, which the driver checks.
-    let r = unsafe {
-        s.cuda
-            .cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f)
-    };
+    let r = unsafe { cuda.cuFuncGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f) };
     if r.ok() {
         return Some(local.max(0) as u64);
     }
     // SAFETY: as above.
-    let k = unsafe {
-        s.cuda
-            .cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, ordinal)
-    };
+    let k = unsafe { cuda.cuKernelGetAttribute(&mut local, CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES, f, ordinal) };
     if k.ok() {
         return Some(local.max(0) as u64);
     }
@@ -47,10 +41,10 @@ pub(crate) fn local_size(s: &Shim, f: CUfunction, ordinal: CUdevice) -> Option<u
 }
 
 /// The current context's stack size per thread; 0 when the driver will not say (the whole need is admitted).
-pub(crate) fn size(s: &Shim) -> u64 {
+pub(crate) fn size(cuda: &CudaTable) -> u64 {
     let mut stack: usize = 0;
     // SAFETY: valid out-pointer.
-    if unsafe { s.cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
+    if unsafe { cuda.cuCtxGetLimit(&mut stack, CU_LIMIT_STACK_SIZE) }.ok() {
         stack as u64
     } else {
         0
@@ -60,29 +54,28 @@ pub(crate) fn size(s: &Shim) -> u64 {
 /// The local memory per thread of the kernel a node's parameters name (`kern` when `func` is NULL), read as a
 /// direct launch of it reads it ([`local_size`]), whether or not a context is current (an update needs
 /// none): a library kernel's on every device, the largest. `None`: the driver will not say.
-pub(crate) fn node_local(s: &Shim, func: CUfunction, kern: CUkernel) -> Option<u64> {
+pub(crate) fn node_local(cuda: &CudaTable, func: CUfunction, kern: CUkernel) -> Option<u64> {
     let f = if func.is_null() { kern as CUfunction } else { func };
     if f.is_null() {
         return Some(0);
     }
     let mut n: c_int = 0;
     // SAFETY: valid out-pointer.
-    if !unsafe { s.cuda.cuDeviceGetCount(&mut n) }.ok() || n < 1 {
-        return local_size(s, f, 0);
+    if !unsafe { cuda.cuDeviceGetCount(&mut n) }.ok() || n < 1 {
+        return local_size(cuda, f, 0);
     }
     (0..n)
-        .map(|d| local_size(s, f, d))
+        .map(|d| local_size(cuda, f, d))
         .try_fold(0, |m, l| Some(m.max(l?)))
 }
 
-/// What the first launch or upload of `exec` in the current context makes the driver grow its stack by: the
-/// largest local memory its kernels need (recorded at instantiation and update) beyond the context's stack size,
-/// for every thread the device holds ([`bytes`], as a direct launch's growth and `cuCtxSetLimit`
-/// are priced). Admitted by `context::first_launch`, the one routine every launch path takes.
-pub(crate) fn graph_growth(s: &Shim, dev: Dev, exec: usize) -> u64 {
-    let local = s.mem.graph().stack(exec);
+/// What the first launch or upload of a graph exec in the current context makes the driver grow its stack by:
+/// `local`, the largest local memory its kernels need (recorded at instantiation and update: `graphs`), beyond
+/// the context's stack size, for every thread the device holds ([`bytes`], as a direct launch's growth and
+/// `cuCtxSetLimit` are priced). Admitted by `Memory::first_launch`, the one routine every launch path takes.
+pub(super) fn graph_growth(cuda: &CudaTable, dev: Dev, local: u64) -> u64 {
     if local == 0 {
         return 0;
     }
-    bytes(s, dev, local.saturating_sub(size(s)))
+    bytes(cuda, dev, local.saturating_sub(size(cuda)))
 }
