@@ -32,11 +32,11 @@ impl ImageAt {
         let inflate = s.devices.memory_limited();
         match self {
             // SAFETY: the caller's contract.
-            ImageAt::Memory(p) => unsafe { crate::memory::image::footprint_at(p.cast(), inflate, arch) },
+            ImageAt::Memory(p) => unsafe { crate::memory::image_footprint_at(p.cast(), inflate, arch) },
             ImageAt::Bytes(p, n) => {
                 // SAFETY: `n` readable bytes at `p` (the caller's contract).
                 let data = unsafe { std::slice::from_raw_parts(p, n) };
-                crate::memory::image::footprint(data, inflate, arch)
+                crate::memory::image_footprint(data, inflate, arch)
             }
             ImageAt::Known(f) => f,
         }
@@ -76,7 +76,7 @@ unsafe fn read_image_file(path: *const std::ffi::c_char) -> Result<(Vec<u8>, usi
     let path = unsafe { std::ffi::CStr::from_ptr(path) };
     let path = <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(path.to_bytes());
     let mut data = std::fs::read(path).map_err(|_| CUresult::ERROR_FILE_NOT_FOUND)?;
-    if !crate::memory::image::inside(&data) {
+    if !crate::memory::image_inside(&data) {
         return Err(CUresult::ERROR_INVALID_IMAGE);
     }
     let len = data.len();

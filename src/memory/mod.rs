@@ -11,22 +11,22 @@
 //! syscall, no allocation. Slow paths (first use of a device, a limits-file change, a refused admission) may
 //! read files.
 
-pub(crate) mod charge;
-pub(crate) mod credit;
+mod charge;
+mod credit;
 mod first_use;
 mod graphs;
-pub(crate) mod host_pid;
-pub(crate) mod image;
-pub(crate) mod interprocess;
-pub(crate) mod ledger;
-pub(crate) mod overhead;
-pub(crate) mod pools;
-pub(crate) mod reconcile;
-pub(crate) mod reserve;
-pub(crate) mod shared;
+mod host_pid;
+mod image;
+mod interprocess;
+mod ledger;
+mod overhead;
+mod pools;
+mod reconcile;
+mod reserve;
+mod shared;
 mod stack;
-pub(crate) mod vmm;
-pub(crate) mod vmm_ops;
+mod vmm;
+mod vmm_ops;
 
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
@@ -48,8 +48,16 @@ use std::sync::Arc;
 
 pub(crate) use first_use::{Launch, Owner, Use};
 pub(crate) use graphs::{clone_of, node_handle, Kernels};
+pub(crate) use image::{
+    footprint as image_footprint, footprint_at as image_footprint_at, inside as image_inside,
+};
+pub(crate) use ledger::Space;
+#[cfg(test)]
+pub(crate) use ledger::{Kind, Record};
 pub(crate) use overhead::Creation;
+pub(crate) use shared::{fd_key, key as shared_key};
 pub(crate) use stack::node_local;
+pub(crate) use vmm::{BindKey, Obj};
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
