@@ -13,6 +13,7 @@
 
 mod charge;
 mod credit;
+mod driver;
 mod first_use;
 mod graphs;
 mod host_pid;
