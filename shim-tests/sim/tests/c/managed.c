@@ -6,9 +6,10 @@
  *                   after the partial read only (6 units to migrate) and of the same kernel again;
  *   managed evict — 480 MiB managed, written by a kernel, its first 64 MiB touched again (most recently used);
  *                   then another process (this program, `alloc`) creates a context and cuMemAlloc's 400 MiB on
- *                   the 1 GiB device. Prints "rc evicted recent all": the child's cuMemAlloc result, the MiB this
- *                   process's usage dropped by, the ms of a kernel reading the first 64 MiB again and of one
- *                   adding 1 to all 480 MiB; every byte is checked after (written + 2).
+ *                   the 1 GiB device. Prints "rc evicted recent all own again": the child's cuMemAlloc result,
+ *                   the MiB this process's usage dropped by, the ms of a kernel reading the first 64 MiB again
+ *                   and of one adding 1 to all 480 MiB; then this process's own cuMemAlloc of 400 MiB (freed at
+ *                   once) and the ms of adding 1 to all again; every byte is checked after (written + 3).
  * Prints "OK" last when every check passed. */
 #include <cuda.h>
 #include <nvml.h>
@@ -111,11 +112,16 @@ static void evict(CUmodule m, const char *self) {
     double evicted = before - used_mib();
     double recent = timed(m, fn(m, "rd"), p, 64 * MB);
     double all = timed(m, fn(m, "inc"), p, N);
-    printf("%d %.0f %.3f %.3f\n", rc, evicted, recent, all);
+    /* This process's own allocation evicts its own managed units the same way. */
+    CUdeviceptr q = 0;
+    CUresult own = cuMemAlloc(&q, 400 * MB);
+    if (own == CUDA_SUCCESS) CU(cuMemFree(q));
+    double again = timed(m, fn(m, "inc"), p, N);
+    printf("%d %.0f %.3f %.3f %d %.3f\n", rc, evicted, recent, all, (int)own, again);
     memset(h, 0, N);
     CU(cuMemcpyDtoH(h, p, N));
     size_t bad = 0;
-    for (size_t i = 0; i < N; i++) bad += h[i] != (unsigned char)(at(i) + 2);
+    for (size_t i = 0; i < N; i++) bad += h[i] != (unsigned char)(at(i) + 3);
     CHECK(bad == 0);
     free(h);
     CU(cuMemFree(p));
