@@ -69,13 +69,7 @@ pub(crate) fn on_free(o: &mut Objects, sim: &Sim, p: u64, len: u64, phys: usize)
 
 /// Marks as many of this process's least recently used resident units non-resident as others evicted.
 pub(crate) fn sync(o: &mut Objects, sim: &Sim) {
-    let phys: Vec<usize> = {
-        let mut v: Vec<usize> = o.managed.units.values().map(|u| u.phys).collect();
-        v.dedup();
-        v.sort_unstable();
-        v.dedup();
-        v
-    };
+    let phys: std::collections::BTreeSet<usize> = o.managed.units.values().map(|u| u.phys).collect();
     for d in phys {
         let mut owed = sim.owed(d);
         while owed > 0 {
