@@ -16,7 +16,7 @@ use std::time::Duration;
 const SECS: f64 = 4.5;
 /// The best-effort kernels of the H200 run (random in this range), ns, and how often it synchronises.
 const BE_NS: (u64, u64) = (1_000_000, 2_000_000);
-const BE_DEPTH: &str = "8";
+const BE_DEPTH: u32 = 8;
 /// The simulator's default time slice (`CUDASIM_QUANTUM_US`).
 const QUANTUM_NS: u64 = 2_000_000;
 
@@ -34,27 +34,27 @@ struct Run {
 
 /// The high-priority tenant (under cuquota, priority high, when `priority`) alone or beside `be` (a best-effort
 /// priority_tenant command, container and environment set by the caller) started 0.5 s before it.
-fn run(sim: &Sim, priority: bool, be: Option<Cmd<'_>>) -> Run {
+fn run(sim: &Sim, priority: bool, be: Option<(Cmd<'_>, (u64, u64))>) -> Run {
     let _h = heavy();
     let t = mono_ns() + 1_500_000_000;
     let timeout = Duration::from_secs_f64(3.0 * SECS + 60.0);
-    let be = be.map(|c| {
+    let be = be.map(|(c, ns)| {
         c.timeout(timeout)
-            .env(
-                "PT_BE_DEPTH",
-                &std::env::var("PRIO_SLICE_DEPTH").unwrap_or(BE_DEPTH.into()),
-            )
             .args(&format!(
                 "be {} {} {} 11 {}",
                 SECS + 1.0,
-                BE_NS.0,
-                BE_NS.1,
+                ns.0,
+                ns.1,
                 t - 500_000_000
             ))
             .spawn()
     });
     let hp = sim.cmd(Prog::PriorityTenant).container("hp").timeout(timeout);
-    let hp = if priority { hp.priority("0") } else { hp.no_preload() };
+    let hp = if priority {
+        hp.priority("0")
+    } else {
+        hp.no_preload()
+    };
     let hp = done(
         hp.args(&format!(
             "hp {SECS} {BURST} {KERNEL_NS} {} {} 7 {t}",
@@ -63,16 +63,7 @@ fn run(sim: &Sim, priority: bool, be: Option<Cmd<'_>>) -> Run {
         .spawn()
         .finish(),
     );
-    let be = be.map(|p| {
-        let o = done(p.finish());
-        if std::env::var_os("PRIO_SLICE_TRACE").is_some() {
-            let n = o.stderr.lines().count();
-            for l in o.stderr.lines().skip(n / 2).take(60) {
-                println!("{l}");
-            }
-        }
-        o.window()
-    });
+    let be = be.map(|p| done(p.finish()).window());
     let lat_ns = latencies(&hp);
     assert!(lat_ns.len() >= 50, "only {} bursts:{hp:?}", lat_ns.len());
     Run {
@@ -82,9 +73,16 @@ fn run(sim: &Sim, priority: bool, be: Option<Cmd<'_>>) -> Run {
     }
 }
 
-/// A best-effort tenant under cuquota in container "be".
-fn be(sim: &Sim) -> Cmd<'_> {
-    sim.cmd(Prog::PriorityTenant).container("be").priority("1")
+/// A best-effort tenant under cuquota in container "be" (kernels in `ns`; `depth`: synchronising every so many,
+/// 0 never).
+fn be(sim: &Sim, ns: (u64, u64), depth: u32) -> (Cmd<'_>, (u64, u64)) {
+    let c = sim.cmd(Prog::PriorityTenant).container("be").priority("1");
+    let c = if depth > 0 {
+        c.env("PT_BE_DEPTH", &depth.to_string())
+    } else {
+        c
+    };
+    (c, ns)
 }
 
 /// The best-effort tenant's device time in the high-priority tenant's window over the time the high-priority
@@ -98,24 +96,6 @@ fn idle_share(sim: &Sim, r: &Run) -> f64 {
 }
 
 fn figures(what: &str, r: &Run, sim: &Sim) -> (u64, f64) {
-    if let (Some(be), Some(_)) = (r.be, std::env::var_os("PRIO_SLICE_TRACE")) {
-        let (from, bin) = (r.hp.t0 + 1_000_000_000, 50_000);
-        let h = sim.busy_bins(0, r.hp.pid, from, from + 200_000_000, bin);
-        let b = sim.busy_bins(0, be.pid, from, from + 200_000_000, bin);
-        let t: String = h
-            .iter()
-            .zip(&b)
-            .map(|(h, b)| match (*h > bin / 2, *b > bin / 2) {
-                (true, _) => 'H',
-                (_, true) => 'b',
-                _ if h + b > 0 => ':',
-                _ => '.',
-            })
-            .collect();
-        for c in t.as_bytes().chunks(200) {
-            println!("{}", String::from_utf8_lossy(c));
-        }
-    }
     let p99 = pct(&r.lat_ns, 99.0);
     let share = r.be.map_or(0.0, |_| idle_share(sim, r));
     println!(
@@ -128,55 +108,76 @@ fn figures(what: &str, r: &Run, sim: &Sim) -> (u64, f64) {
     (p99, share)
 }
 
-/// The goal of issue 36 item 3 for priority, on the calibrated time-sliced device.
+/// The goal of issue 36 item 3 for priority, on the calibrated time-sliced device, in the H200 run's shape.
+/// Today's library (main 2a1d621) on this 2-CPU sandbox at load average 9-13: p99 6.0-7.8 ms (bound ~8.05),
+/// 84.1-91.7 % of the idle time (the best-effort tenant woke up between two kernels).
 #[test]
-fn on_a_time_sliced_gpu_bursts_keep_their_bound_and_best_effort_fills_the_idle_time() {
+fn bursts_keep_their_bound_and_best_effort_fills_the_idle_time_on_a_time_sliced_gpu() {
     let _s = serial();
     let sim = sim();
     let (a99, _) = figures("alone", &run(&sim, false, None), &sim);
-    let (p99, share) = figures("with priority", &run(&sim, true, Some(be(&sim))), &sim);
-    if std::env::var_os("PRIO_SLICE_BARE").is_some() {
-        let bare = be(&sim).no_preload();
-        figures("no cuquota", &run(&sim, false, Some(bare)), &sim);
-    }
-    let bound = a99 + BE_NS.1 + QUANTUM_NS;
+    let (p99, share) = figures(
+        "with priority",
+        &run(&sim, true, Some(be(&sim, BE_NS, BE_DEPTH))),
+        &sim,
+    );
+    within_bound(p99, a99, BE_NS.1);
+    assert!(
+        share >= 85.0,
+        "best effort got {share:.1} % of the idle time (goal 85 %)"
+    );
+}
+
+fn within_bound(p99: u64, a99: u64, be_kernel: u64) {
+    let bound = a99 + be_kernel + QUANTUM_NS;
     assert!(
         p99 <= bound,
-        "p99 {:.2} ms over alone {:.2} + one best-effort kernel {:.0} + one quantum {:.0} = {:.2} ms",
+        "p99 {:.2} ms over alone {:.2} + one best-effort kernel {:.1} + one quantum {:.0} = {:.2} ms",
         ms(p99),
         ms(a99),
-        ms(BE_NS.1),
+        ms(be_kernel),
         ms(QUANTUM_NS),
         ms(bound)
     );
-    assert!(share >= 85.0, "best effort got {share:.1} % of the idle time (goal 85 %)");
 }
 
-
+/// The attack: a best-effort tenant whose kernels are as long as a quantum, launched as fast as it is let (it
+/// keeps launches waiting): a kernel running when a burst comes ends with its slice, and one launched while the
+/// burst still has a slice to go is given a slice inside the burst. The control is the run above (the same
+/// bound, kernels of 1-2 ms synchronised every 8).
 #[test]
-#[ignore]
-fn dbg_be_alone_present() {
+fn a_best_effort_tenant_with_kernels_of_a_quantum_keeps_the_bound() {
+    let _s = serial();
+    let sim = sim();
+    let (a99, _) = figures("alone", &run(&sim, false, None), &sim);
+    let ns = (QUANTUM_NS * 9 / 10, QUANTUM_NS);
+    let (p99, share) = figures("with priority", &run(&sim, true, Some(be(&sim, ns, 0))), &sim);
+    within_bound(p99, a99, ns.1);
+    assert!(
+        share >= 50.0,
+        "best effort held back: {share:.1} % of the idle time"
+    );
+}
+
+/// Next to a high-priority tenant that is present but idle, a best-effort tenant with kernels longer than the
+/// budget keeps the device busy: the next kernel is queued before the last one ends (`LEAD_NS`), so a slow
+/// wake-up costs no device time. Main's library (one such kernel at a time): 84.3 % on this sandbox.
+#[test]
+fn next_to_an_idle_high_priority_tenant_best_effort_keeps_the_device_busy() {
     let _s = serial();
     let sim = sim();
     sim.container_priority_file("hp", true);
+    let _h = heavy();
     let t = mono_ns() + 500_000_000;
-    let c = if std::env::var_os("PRIO_SLICE_BARE").is_some() { be(&sim).no_preload() } else { be(&sim) };
+    let (c, ns) = be(&sim, BE_NS, 0);
     let o = done(
-        c
-            .timeout(Duration::from_secs(60))
-            .env("PT_BE_DEPTH", &std::env::var("PRIO_SLICE_DEPTH").unwrap_or(BE_DEPTH.into()))
-            .args(&format!("be 3 {} {} 11 {t}", BE_NS.0, BE_NS.1))
+        c.timeout(Duration::from_secs(60))
+            .args(&format!("be 3 {} {} 11 {t}", ns.0, ns.1))
             .spawn()
             .finish(),
     );
     let w = o.window();
-    println!("be alone, hp present: {:.1} %", sim.share_pct(0, w.pid, w.t0, w.end));
-    let b = sim.busy_bins(0, w.pid, w.t0 + 1_000_000_000, w.t0 + 1_300_000_000, 10_000);
-    let mut gaps = vec![];
-    let mut run = 0;
-    for x in b {
-        if x < 5_000 { run += 1 } else { if run > 0 { gaps.push(run * 10) } run = 0 }
-    }
-    println!("gaps us: {gaps:?}");
-    for l in o.stderr.lines().take(80) { println!("{l}"); }
+    let share = sim.share_pct(0, w.pid, w.t0, w.end);
+    println!("best effort next to an idle high-priority tenant: {share:.1} % of the device");
+    assert!(share >= 90.0, "best effort got {share:.1} % of an idle device");
 }
