@@ -56,10 +56,11 @@ pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 /// 4 ms burst within 1.1 × its time alone (bench-throttle, docs/priority.md).
 pub(crate) const BUDGET_NS: u64 = 400_000;
 /// A measured launch longer than the budget may join a queue of measured work estimated to end within this, so
-/// the device does not run dry while the process wakes up (on a busy host a wake-up can take longer than
-/// that: 86-92 % of the idle time on the time-sliced simulator when each such launch waited for the last to
-/// complete). What a burst may find ahead grows to this + one launch.
-pub(crate) const LEAD_NS: u64 = 1_000_000;
+/// the device does not run dry while the process wakes up (83-92 % of the idle time on the time-sliced
+/// simulator when each such launch waited for the last to complete; 87-93 % with this). What a burst may find
+/// ahead grows to this + one launch; on a time-sliced GPU that stays within one launch + one quantum while this
+/// + 3 context switches fit in a quantum (2 ms, 222 µs switches: bench/README.md, 2026-12-02).
+pub(crate) const LEAD_NS: u64 = 600_000;
 /// Most best-effort kernels a process tracks per device (one event each).
 pub(crate) const QUEUE: usize = 16;
 /// Contexts of one device whose kernels a process tracks at once (one queue per device counts them all, so
