@@ -104,6 +104,10 @@ impl Gpu for Driver<'_> {
     }
 }
 
+/// A best-effort launch for [`priority::Completions::track`]: its estimate, whether that was measured, and when
+/// it was made.
+type BeLaunch = (u64, bool, u64);
+
 impl SmThrottle {
     /// The throttle of the devices in `devices`, measuring with `cuda`'s events when it has them.
     pub(crate) fn new(devices: Arc<Devices>, cuda: &CudaTable) -> SmThrottle {
@@ -268,7 +272,7 @@ impl SmThrottle {
         idx: usize,
         gate: Gate,
         stream: usize,
-        (est, sure, at): (u64, bool, u64),
+        (est, sure, at): BeLaunch,
         ok: bool,
     ) {
         let Gate::Token { value, waited_ns } = gate else {
@@ -491,7 +495,7 @@ impl SmThrottle {
         let gpu = self.driver(nvml);
         let mut admitted: Vec<(Shared<'_>, Ticket, usize, u64)> = Vec::with_capacity(parts.len());
         // Best-effort parts gated by priority, as single launches are (each device's gate in turn).
-        let mut gated: Vec<(PriorityEntry<'_>, usize, Gate, usize, (u64, bool, u64))> = Vec::new();
+        let mut gated: Vec<(PriorityEntry<'_>, usize, Gate, usize, BeLaunch)> = Vec::new();
         for &(ord, key, stream) in parts {
             let Some(dev) = self.charged(cuda, ord) else {
                 continue;
