@@ -2,7 +2,8 @@
 //! a high-priority tenant's burst p99 stays within its p99 alone + one best-effort kernel + one quantum, and the
 //! best-effort tenant gets at least 85 % of the device time the high-priority tenant leaves idle.
 //!
-//! The run of docs/real-gpu.md (H200, 2026-11-25: 74 % of the idle time): `c/priority_tenant.c`, high priority
+//! The run of docs/real-gpu.md (H200, 2026-11-25: best effort 74 % of the run, about 85 % of the time the
+//! high-priority tenant left idle; bench/README.md, 2026-12-02): `c/priority_tenant.c`, high priority
 //! bursts of 20 × 200 µs kernels 10-40 ms apart, best effort kernels of 1-2 ms synchronising every 8, each in its
 //! container with its priority file. Latencies end on the device timeline, shares come from it (`Sim::busy_ns`:
 //! the time each process occupied the device, switches belonging to nobody). Each figure over 4.5 s of bursts,
