@@ -147,7 +147,7 @@ fn lat(r: &Run) -> String {
 
 /// Prints the priority table for `secs`-second runs; `CUDASIM_SCHED=slice` in the bench's environment runs it on
 /// the time-sliced device (shim-tests/sim/README.md; the default, `serial`, is the model its goals were set on).
-pub fn bench(secs: f64) {
+pub(crate) fn bench(secs: f64) {
     let sched = std::env::var("CUDASIM_SCHED").unwrap_or_else(|_| "serial".into());
     println!(
         "## Priority: high-priority bursts ({BURST} × {} µs, gaps {}–{} ms) with a best-effort tenant \

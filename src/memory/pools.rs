@@ -1,13 +1,11 @@
-//! Memory that pools hold: stream-ordered pools (charged by `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`) and the
-//! devices' graph pools behind CUDA graph memory nodes (charged by `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`),
-//! plus the set of graph execs that have memory nodes.
+//! Memory that stream-ordered pools hold (charged by `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`). The devices'
+//! graph pools: `graphs`.
 
 use super::{ledger, Memory};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
-use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::DeviceId;
 use std::collections::HashMap;
@@ -53,206 +51,6 @@ static ANY_AWAITING: AtomicBool = AtomicBool::new(false);
 fn mark() -> u64 {
     ANY_AWAITING.store(true, Ordering::Release);
     SYNC_EPOCH.fetch_add(1, Ordering::AcqRel)
-}
-
-/// Slots of the lock-free set of graph execs with memory alloc nodes.
-const EXEC_SLOTS: usize = 4096;
-const EXEC_EMPTY: usize = 0;
-const EXEC_GONE: usize = 1;
-
-/// CUDA graph memory: per device, the graph pool's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` as charged, and the
-/// graph execs that have alloc nodes with their footprint (bytes per device their launches may need).
-///
-/// Launch hot path: [`GraphMem::has_memory`] probes a fixed open-addressed table of atomics (no lock, no
-/// allocation); only execs found there take the footprint lock.
-pub(crate) struct GraphMem {
-    pub(super) charged: Lock<HashMap<CUdevice, (Dev, u64)>>,
-    execs: Box<[std::sync::atomic::AtomicUsize]>,
-    /// The table was full once: lookups fall back to `footprints`.
-    overflow: AtomicBool,
-    pub(super) footprints: Lock<HashMap<usize, Vec<(Dev, u64)>>>,
-    /// The kernels' side (`hooks::graph_memory`), read at instantiation, updates and first launches only.
-    kernels: Lock<GraphKernels>,
-}
-
-/// What a graph's kernels need that its first launch or upload must admit: the stack and their code's loading.
-#[derive(Default)]
-struct GraphKernels {
-    /// Per exec, what its kernels need.
-    stacks: HashMap<usize, Kernels>,
-    /// Conditional node → its body graphs, recorded when it was added (no call of cuda.h lists them after).
-    bodies: HashMap<usize, Vec<usize>>,
-    /// Conditional node a clone came with → the stack need of the graph it was cloned from when cloned (such a
-    /// node is a new handle whose bodies no call can list, and no call can change). Per node, not per graph:
-    /// a node added to the clone later is not covered.
-    floors: HashMap<usize, Kernels>,
-}
-
-/// The kernels a graph may run: the largest local memory per thread among them, and their handles (functions,
-/// or library kernels), each once, whose code its first launch in a context loads first (as a direct launch's).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Kernels {
-    pub local: u64,
-    pub funcs: Vec<usize>,
-}
-
-impl Kernels {
-    /// `o`'s kernels too.
-    pub(crate) fn merge(&mut self, o: Kernels) {
-        self.local = self.local.max(o.local);
-        self.funcs.extend(o.funcs);
-        self.funcs.sort_unstable();
-        self.funcs.dedup();
-    }
-}
-
-fn exec_slot(exec: usize, i: usize) -> usize {
-    let h = (exec as u64 >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 52;
-    (h as usize + i) % EXEC_SLOTS
-}
-
-impl GraphMem {
-    pub(super) fn new() -> GraphMem {
-        GraphMem {
-            charged: Lock::new(HashMap::new()),
-            execs: (0..EXEC_SLOTS)
-                .map(|_| std::sync::atomic::AtomicUsize::new(EXEC_EMPTY))
-                .collect(),
-            overflow: AtomicBool::new(false),
-            footprints: Lock::new(HashMap::new()),
-            kernels: Lock::new(GraphKernels::default()),
-        }
-    }
-
-    /// `exec` runs `k` (`raise`: on top of what it ran).
-    pub(crate) fn set_kernels(&self, exec: usize, k: Kernels, raise: bool) {
-        let mut g = self.kernels.lock();
-        let e = g.stacks.entry(exec).or_default();
-        if raise {
-            e.merge(k);
-        } else {
-            *e = k;
-        }
-    }
-
-    /// The stack per thread `exec`'s kernels need (0: unknown or none).
-    pub(crate) fn stack(&self, exec: usize) -> u64 {
-        self.kernels.lock().stacks.get(&exec).map_or(0, |k| k.local)
-    }
-
-    /// The kernels `exec` may run, as recorded at instantiation and updates.
-    pub(crate) fn kernels(&self, exec: usize) -> Vec<usize> {
-        self.kernels
-            .lock()
-            .stacks
-            .get(&exec)
-            .map_or_else(Vec::new, |k| k.funcs.clone())
-    }
-
-    /// `exec` was destroyed.
-    pub(crate) fn forget_stack(&self, exec: usize) {
-        self.kernels.lock().stacks.remove(&exec);
-    }
-
-    /// Conditional node `node` was added with `bodies`.
-    pub(crate) fn set_bodies(&self, node: usize, bodies: Vec<usize>) {
-        self.kernels.lock().bodies.insert(node, bodies);
-    }
-
-    /// The body graphs of conditional node `node`, if it was seen added.
-    pub(crate) fn bodies(&self, node: usize) -> Option<Vec<usize>> {
-        self.kernels.lock().bodies.get(&node).cloned()
-    }
-
-    /// Conditional node `node` came with a clone of a graph whose kernels were `k`.
-    pub(crate) fn set_floor(&self, node: usize, k: Kernels) {
-        self.kernels.lock().floors.insert(node, k);
-    }
-
-    /// What the original of the clone conditional node `node` came with ran (`None`: not such a node).
-    pub(crate) fn floor(&self, node: usize) -> Option<Kernels> {
-        self.kernels.lock().floors.get(&node).cloned()
-    }
-
-    /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
-    #[inline]
-    pub(crate) fn has_memory(&self, exec: usize) -> bool {
-        if exec > EXEC_GONE {
-            for i in 0..EXEC_SLOTS {
-                match self.execs[exec_slot(exec, i)].load(Ordering::Acquire) {
-                    EXEC_EMPTY => break,
-                    v if v == exec => return true,
-                    _ => {}
-                }
-            }
-        }
-        self.overflow.load(Ordering::Relaxed) && self.footprints.lock().contains_key(&exec)
-    }
-
-    fn unmark(&self, exec: usize) {
-        for i in 0..EXEC_SLOTS {
-            let slot = &self.execs[exec_slot(exec, i)];
-            match slot.load(Ordering::Acquire) {
-                EXEC_EMPTY => return,
-                v if v == exec => {
-                    slot.store(EXEC_GONE, Ordering::Release);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// Records a freshly instantiated exec's footprint (empty: it has no alloc nodes; a reused handle value
-    /// is forgotten).
-    pub(crate) fn set_exec(&self, exec: usize, footprint: Vec<(Dev, u64)>) {
-        self.forget_exec(exec);
-        if footprint.is_empty() || exec <= EXEC_GONE {
-            return;
-        }
-        self.footprints.lock().insert(exec, footprint);
-        for i in 0..EXEC_SLOTS {
-            let slot = &self.execs[exec_slot(exec, i)];
-            let cur = slot.load(Ordering::Acquire);
-            if (cur == EXEC_EMPTY || cur == EXEC_GONE)
-                && slot
-                    .compare_exchange(cur, exec, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-            {
-                return;
-            }
-        }
-        self.overflow.store(true, Ordering::Relaxed);
-    }
-
-    /// Forgets an exec (destroyed).
-    pub(crate) fn forget_exec(&self, exec: usize) {
-        if exec > EXEC_GONE {
-            self.unmark(exec);
-        }
-        self.footprints.lock().remove(&exec);
-    }
-
-    /// An exec's memory nodes changed (`cuGraphExecUpdate`, a child graph node's new parameters): per device,
-    /// `fp` is added to its footprint (`add`) or replaces it where larger.
-    pub(crate) fn merge_exec(&self, exec: usize, fp: &[(Dev, u64)], add: bool) {
-        if fp.is_empty() {
-            return;
-        }
-        let mut cur = self.footprint(exec).unwrap_or_default();
-        for &(dev, bytes) in fp {
-            match cur.iter_mut().find(|e| e.0 == dev) {
-                Some(e) if add => e.1 = e.1.saturating_add(bytes),
-                Some(e) => e.1 = e.1.max(bytes),
-                None => cur.push((dev, bytes)),
-            }
-        }
-        self.set_exec(exec, cur);
-    }
-
-    /// The footprint of an exec with alloc nodes.
-    pub(crate) fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
-        self.footprints.lock().get(&exec).cloned()
-    }
 }
 
 /// A block freed into a pool's reserve: its address, its size as allocated (the driver's block may be larger).
@@ -621,52 +419,6 @@ impl Memory {
 
     // ---- graph memory (memory nodes) -------------------------------------------------------------------------
 
-    fn graph_attr(cuda: &CudaTable, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
-        let r = unsafe { cuda.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };
-        r.ok().then_some(v)
-    }
-
-    /// Re-reads a device's reserved graph memory and charges (unconditionally) or releases the difference.
-    pub(crate) fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
-        let mut charged = self.graph.charged.lock();
-        let Some(reserved) = Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
-        else {
-            return;
-        };
-        let e = charged.entry(dev.ordinal).or_insert((dev, 0));
-        if reserved > e.1 {
-            self.force(dev, reserved - e.1);
-        } else {
-            self.release(dev, e.1 - reserved);
-        }
-        e.1 = reserved;
-    }
-
-    /// Re-reads every device whose graph memory we charge.
-    pub(crate) fn refresh_graph_all(&self, cuda: &CudaTable) {
-        let devs: Vec<Dev> = self.graph.charged.lock().values().map(|e| e.0).collect();
-        for d in devs {
-            self.refresh_graph(cuda, d);
-        }
-    }
-
-    /// Graph memory reserved on `dev` but not in use, as far as we charged it: what a launch can reuse.
-    pub(crate) fn graph_slack(&self, cuda: &CudaTable, dev: Dev) -> u64 {
-        let charged = self.graph.charged.lock().get(&dev.ordinal).map_or(0, |e| e.1);
-        if charged == 0 {
-            return 0;
-        }
-        match (
-            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
-            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
-        ) {
-            (Some(r), Some(u)) => r.saturating_sub(u).min(charged),
-            _ => 0,
-        }
-    }
-
     /// `cuMemPoolDestroy` succeeded. With no allocation of this process still out of it and no free waiting
     /// in stream order, its charge goes back; otherwise the pool lives on (cuda.h: its resources go back once no
     /// allocation is outstanding and its frees have run), keyed [`DESTROYED`] | n with its allocations, charged
@@ -697,7 +449,7 @@ impl Memory {
 
     /// A free of an allocation of `pool` is taking its record out of the ledger and goes to the driver: the
     /// pool (or, when a destroy is counting its records, the destroyed pool it became) is not released until
-    /// [`Memory::pool_free_ends`].
+    /// `Memory::pool_free_done` (or `Memory::pool_free_refused`).
     pub(super) fn pool_free_begins(&self, pool: usize) {
         let mut pools = self.pools.lock();
         let p = match pools.contains_key(&pool) {
