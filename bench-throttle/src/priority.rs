@@ -145,10 +145,13 @@ fn lat(r: &Run) -> String {
     )
 }
 
-/// Prints the priority table for `secs`-second runs.
+/// Prints the priority table for `secs`-second runs; `CUDASIM_SCHED=slice` in the bench's environment runs it on
+/// the time-sliced device (shim-tests/sim/README.md; the default, `serial`, is the model its goals were set on).
 pub(crate) fn bench(secs: f64) {
+    let sched = std::env::var("CUDASIM_SCHED").unwrap_or_else(|_| "serial".into());
     println!(
-        "## Priority: high-priority bursts ({BURST} × {} µs, gaps {}–{} ms) with a best-effort tenant\n",
+        "## Priority: high-priority bursts ({BURST} × {} µs, gaps {}–{} ms) with a best-effort tenant \
+         (`CUDASIM_SCHED={sched}`)\n",
         KERNEL_NS / 1000,
         GAP_NS.0 / 1_000_000,
         GAP_NS.1 / 1_000_000
@@ -174,7 +177,7 @@ pub(crate) fn bench(secs: f64) {
         ("200 µs", (200_000, 200_000), true),
     ];
     for (name, be_ns, short) in cases {
-        let sim = Sim::new().build();
+        let sim = Sim::new().env("CUDASIM_SCHED", &sched).build();
         sim.create_priority_dir();
         let alone = run(&sim, Mode::Bare, None, secs, None);
         let bare = run(&sim, Mode::Bare, Some(be_ns), secs, None);

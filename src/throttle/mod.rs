@@ -107,6 +107,10 @@ impl Gpu for Driver<'_> {
     }
 }
 
+/// A best-effort launch for [`priority::Completions::track`]: its estimate, whether that was measured, and when
+/// it was made.
+type BeLaunch = (u64, bool, u64);
+
 impl SmThrottle {
     /// The throttle of the devices in `devices`, measuring with `cuda`'s events when it has them.
     pub(crate) fn new(devices: Arc<Devices>, cuda: &CudaTable) -> SmThrottle {
@@ -246,14 +250,18 @@ impl SmThrottle {
                 // A key never measured (a new kernel shape, copy size class or updated graph) is taken as
                 // longer than the budget: it goes only onto an empty queue and nothing follows it until it is
                 // done (the process's average, its estimate, is the tenant's to pull down with tiny work).
-                let est = if self.engine.measured(t.key) {
+                let sure = self.engine.measured(t.key);
+                let est = if sure {
                     t.charged
                 } else {
                     t.charged.max(priority::BUDGET_NS + 1)
                 };
-                let gate = self.prio.be_admit(e, idx, stream, est, &Monotonic, &self.done);
+                let gate = self
+                    .prio
+                    .be_admit(e, idx, stream, est, sure, &Monotonic, &self.done);
+                let at = monotonic_ns();
                 let r = self.run(&gpu, &sh, t, stream, launch);
-                self.be_after(e, idx, gate, stream, est, r.ok());
+                self.be_after(e, idx, gate, stream, (est, sure, at), r.ok());
                 r
             }
             None => match ticket {
@@ -263,16 +271,24 @@ impl SmThrottle {
         }
     }
 
-    /// After a best-effort launch under the token: track its completion (the token comes back when all of
-    /// this process's tracked kernels are done), or give the token back at once when the launch failed and
-    /// nothing else of ours is queued.
-    fn be_after(&self, e: PriorityEntry<'_>, idx: usize, gate: Gate, stream: usize, est: u64, ok: bool) {
+    /// After a best-effort launch under the token (`est`: its estimate, whether measured, and when it was
+    /// made): track its completion (the token comes back when all of this process's tracked kernels are done),
+    /// or give the token back at once when the launch failed and nothing else of ours is queued.
+    fn be_after(
+        &self,
+        e: PriorityEntry<'_>,
+        idx: usize,
+        gate: Gate,
+        stream: usize,
+        (est, sure, at): BeLaunch,
+        ok: bool,
+    ) {
         let Gate::Token { value, waited_ns } = gate else {
             return;
         };
         if ok {
             e.count_be_launch(waited_ns);
-            if !self.done.track(idx, stream, est, monotonic_ns()) {
+            if !self.done.track(idx, stream, est, sure, at) {
                 log!(
                     Level::Debug,
                     "best-effort launch not tracked: waiting for it as estimated"
@@ -487,7 +503,7 @@ impl SmThrottle {
         let gpu = self.driver(nvml);
         let mut admitted: Vec<(Shared<'_>, Ticket, usize, u64)> = Vec::with_capacity(parts.len());
         // Best-effort parts gated by priority, as single launches are (each device's gate in turn).
-        let mut gated: Vec<(PriorityEntry<'_>, usize, Gate, usize, u64)> = Vec::new();
+        let mut gated: Vec<(PriorityEntry<'_>, usize, Gate, usize, BeLaunch)> = Vec::new();
         for &(ord, key, stream) in parts {
             let Some(dev) = self.charged(cuda, ord) else {
                 continue;
@@ -515,10 +531,11 @@ impl SmThrottle {
                 }
                 Some((Priority::Low, e)) => {
                     let t = estimated(ticket);
+                    let sure = self.engine.measured(t.key);
                     let gate = self
                         .prio
-                        .be_admit(e, idx, stream, t.charged, &Monotonic, &self.done);
-                    gated.push((e, idx, gate, stream, t.charged));
+                        .be_admit(e, idx, stream, t.charged, sure, &Monotonic, &self.done);
+                    gated.push((e, idx, gate, stream, (t.charged, sure, monotonic_ns())));
                     admitted.push((sh, t, stream, 0));
                 }
                 None => admitted.extend(ticket.map(|t| (sh, t, stream, 0))),

@@ -9,12 +9,15 @@
 //!   process's estimate: the throttle's per-kernel estimates, measured with events);
 //! - while a high-priority tenant is **present** (a `.high` container's file is in the node directory, idle or
 //!   not; without the directory: launched within [`PRESENT_NS`]), a best-effort process keeps
-//!   at most [`BUDGET_NS`] of estimated kernel time queued (or one kernel, if longer) and launches under its
+//!   at most [`BUDGET_NS`] of estimated kernel time queued (or one kernel, if longer, joining measured work
+//!   only within [`LEAD_NS`] of its end) and launches under its
 //!   container's **token** (one process of the container at a time), so a burst finds at most that ahead of
 //!   it per best-effort container (the bound that REEF gets by pre-emption and Orion by limiting outstanding
 //!   best-effort work, without either);
 //! - and it starts only when the high-priority queue is empty and the high-priority tenant has not launched
-//!   for [`QUIET_NS`] (so it does not slip in between the kernels of a burst the host is still issuing);
+//!   for [`QUIET_NS`] (so it does not slip in between the kernels of a burst the host is still issuing), the
+//!   queue's published end moved by how long our own kernels queued before the burst ran past its launch (a
+//!   time-sliced GPU gives work launched inside a burst a slice inside it);
 //! - when no high-priority tenant is present, best-effort tenants launch freely (their own SM limit applies).
 //!
 //! The token holder gives it back when it has seen all its kernels complete (an event recorded after each
@@ -52,6 +55,12 @@ pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 /// that one kernel at a time paid per kernel (57–70 % of the idle time with 100 µs kernels); 400 µs keeps a
 /// 4 ms burst within 1.1 × its time alone (bench-throttle, docs/priority.md).
 pub(crate) const BUDGET_NS: u64 = 400_000;
+/// A measured launch longer than the budget may join a queue of measured work estimated to end within this, so
+/// the device does not run dry while the process wakes up (83-92 % of the idle time on the time-sliced
+/// simulator when each such launch waited for the last to complete; 87-93 % with this). What a burst may find
+/// ahead grows to this + one launch; on a time-sliced GPU that stays within one launch + one quantum while this
+/// + 3 context switches fit in a quantum (2 ms, 222 µs switches: bench/README.md, 2026-12-02).
+pub(crate) const LEAD_NS: u64 = 600_000;
 /// Most best-effort kernels a process tracks per device (one event each).
 pub(crate) const QUEUE: usize = 16;
 /// Contexts of one device whose kernels a process tracks at once (one queue per device counts them all, so
@@ -100,6 +109,12 @@ pub(crate) struct Queued {
     pub(crate) n: usize,
     /// The container's token, while this process holds it.
     pub(crate) token: Option<u64>,
+    /// Whether every queued launch's estimate was measured (a never-measured key is followed by nothing).
+    pub(crate) sure: bool,
+    /// When the oldest queued launch was made (0: none queued).
+    pub(crate) head_launched: u64,
+    /// The last launch seen complete: when it was made and when it was seen done (0, 0: none yet).
+    pub(crate) last_done: (u64, u64),
 }
 
 /// Per-process priority state: the high-priority queue estimate per device (usage device index).
@@ -146,12 +161,14 @@ impl Priorities {
     /// [`BUDGET_NS`] (or none is queued), the high-priority queue is empty and quiet, and the container's
     /// token is ours (taken, or renewed while our kernels are queued). A launch on `stream` that could not be
     /// tracked waits for our queued kernels (fail closed: never work on the device outside the budget).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn be_admit<C: Clock, T: Tracker>(
         &self,
         e: PriorityEntry<'_>,
         dev: usize,
         stream: usize,
         est_ns: u64,
+        sure: bool,
         clock: &C,
         tr: &T,
     ) -> Gate {
@@ -178,18 +195,43 @@ impl Priorities {
                 tr.wait_oldest(dev);
                 continue;
             }
-            if n >= QUEUE || (n > 0 && over > 0) {
-                // Room comes when the oldest kernel has run `over` more: sleep until then if it will still be
+            // A measured launch past the budget joins measured work about to end (`LEAD_NS`).
+            let lead = sure && q.sure && est_ns > BUDGET_NS;
+            let room = if lead {
+                q.left_ns.saturating_sub(LEAD_NS)
+            } else {
+                over
+            };
+            if n >= QUEUE || (n > 0 && room > 0) {
+                // Room comes when the oldest kernel has run `room` more: sleep until then if it will still be
                 // running (the next kernel is queued before it ends: no gap), else wait for it to complete.
                 waited = true;
-                if n < QUEUE && over < q.head_left_ns {
-                    clock.sleep_until(now + over);
+                if n < QUEUE && room < q.head_left_ns {
+                    clock.sleep_until(now + room);
                 } else {
                     tr.wait_oldest(dev);
                 }
                 continue;
             }
-            let busy_until = hp.busy_until.max(hp.last_launch.saturating_add(QUIET_NS));
+            if n > 0 && q.head_launched <= hp.last_launch {
+                // High-priority work was launched behind ours: it ends after ours (by how much, below).
+                waited = true;
+                tr.wait_oldest(dev);
+                continue;
+            }
+            // The published end is from the high-priority launches' times; our work that was queued before them
+            // ran first and moved it (on a time-sliced device, work launched before it ends may be given a slice
+            // inside the burst).
+            let (launched, done) = q.last_done;
+            let moved = if launched <= hp.last_launch {
+                done.saturating_sub(hp.last_launch)
+            } else {
+                0
+            };
+            let busy_until = hp
+                .busy_until
+                .saturating_add(moved)
+                .max(hp.last_launch.saturating_add(QUIET_NS));
             if busy_until > now {
                 waited = true;
                 clock.sleep_until(busy_until.min(now + MAX_STEP_NS));
@@ -236,6 +278,12 @@ pub(crate) struct BeSlot {
     evs: [[usize; QUEUE]; CTXS],
     /// (estimated ns, launch time, context index) of the queued kernels, by ring position.
     q: [(u64, u64, usize); QUEUE],
+    /// Which of them have a measured estimate, and when each is estimated done, by ring position.
+    sure: [bool; QUEUE],
+    ends: [u64; QUEUE],
+    /// The last kernel seen complete: its launch time and when it was done (seen, or estimated if earlier:
+    /// a wake-up is late).
+    last_done: (u64, u64),
     /// Ring position of the oldest queued kernel, and how many are queued.
     head: usize,
     /// Since when the oldest has been running, at the latest (its launch, or the previous one's completion).
@@ -276,6 +324,7 @@ impl BeSlot {
         let (_, launched, _) = self.q[self.head];
         let now = super::clock::monotonic_ns();
         last.store(now.saturating_sub(launched).max(1), Ordering::Relaxed);
+        self.last_done = (launched, now.min(self.ends[self.head]));
         self.head_since = now;
         self.head = (self.head + 1) % QUEUE;
         self.len -= 1;
@@ -293,10 +342,10 @@ impl Completions {
         }
     }
 
-    /// After a launch under the token on `stream`, estimated `est_ns`: record the event that says when it
-    /// completed. False when that failed (the kernel is then not counted; the token expires if nothing else
-    /// of ours is queued to bring it back).
-    pub(crate) fn track(&self, dev: usize, stream: usize, est_ns: u64, now: u64) -> bool {
+    /// After a launch under the token on `stream`, estimated `est_ns` (`sure`: measured), made at `at`: record
+    /// the event that says when it completed. False when that failed (the kernel is then not counted; the token
+    /// expires if nothing else of ours is queued to bring it back).
+    pub(crate) fn track(&self, dev: usize, stream: usize, est_ns: u64, sure: bool, at: u64) -> bool {
         let Some(api) = self.api.as_ref() else {
             return false;
         };
@@ -310,23 +359,30 @@ impl Completions {
         let Some(ci) = g.ctx_index(ctx) else {
             return false;
         };
-        let at = (g.head + g.len) % QUEUE;
-        if g.evs[ci][at] == 0 {
+        let pos = (g.head + g.len) % QUEUE;
+        if g.evs[ci][pos] == 0 {
             match create(api, ctx) {
-                Some(e) => g.evs[ci][at] = e,
+                Some(e) => g.evs[ci][pos] = e,
                 None => return false,
             }
         }
         // SAFETY: our event, recorded on the program's stream of the same context.
-        if unsafe { (api.cuEventRecord)(g.evs[ci][at] as *mut c_void, stream as *mut c_void) }.ok() {
-            g.q[at] = (est_ns, now, ci);
+        if unsafe { (api.cuEventRecord)(g.evs[ci][pos] as *mut c_void, stream as *mut c_void) }.ok() {
+            let prev = if g.len > 0 {
+                g.ends[(pos + QUEUE - 1) % QUEUE]
+            } else {
+                0
+            };
+            g.q[pos] = (est_ns, at, ci);
+            g.sure[pos] = sure;
+            g.ends[pos] = prev.max(at).saturating_add(est_ns);
             if g.len == 0 {
-                g.head_since = now;
+                g.head_since = at;
             }
             g.len += 1;
             true
         } else {
-            g.evs[ci][at] = 0;
+            g.evs[ci][pos] = 0;
             false
         }
     }
@@ -358,6 +414,8 @@ impl Tracker for Completions {
         if g.len == 0 {
             return Queued {
                 token: g.token,
+                sure: true,
+                last_done: g.last_done,
                 ..Queued::default()
             };
         }
@@ -368,6 +426,9 @@ impl Tracker for Completions {
             head_left_ns,
             n: g.len,
             token: g.token,
+            sure: (0..g.len).all(|i| g.sure[(g.head + i) % QUEUE]),
+            head_launched: g.q[g.head].1,
+            last_done: g.last_done,
         }
     }
 
@@ -445,9 +506,10 @@ mod tests {
     /// A device timeline for one best-effort process: its queued kernels run one after another.
     struct FakeTracker<'c> {
         clock: &'c FakeClock,
-        q: RefCell<std::collections::VecDeque<(u64, u64)>>, // est, done at
+        q: RefCell<std::collections::VecDeque<(u64, u64, u64)>>, // est, done at, launched
         token: Cell<Option<u64>>,
         last: Cell<u64>,
+        done: Cell<(u64, u64)>,
     }
 
     impl<'c> FakeTracker<'c> {
@@ -457,22 +519,25 @@ mod tests {
                 q: RefCell::new(Default::default()),
                 token: Cell::new(None),
                 last: Cell::new(0),
+                done: Cell::new((0, 0)),
             }
         }
         /// A kernel of `kernel_ns` launched now (estimated right).
         fn launched(&self, kernel_ns: u64) {
             let mut q = self.q.borrow_mut();
-            let start = q.back().map_or(0, |b| b.1).max(self.clock.now_ns());
-            q.push_back((kernel_ns, start + kernel_ns));
+            let now = self.clock.now_ns();
+            let start = q.back().map_or(0, |b| b.1).max(now);
+            q.push_back((kernel_ns, start + kernel_ns, now));
         }
     }
 
     impl Tracker for FakeTracker<'_> {
         fn reap(&self, _dev: usize, now: u64) -> Queued {
             let mut q = self.q.borrow_mut();
-            while q.front().is_some_and(|k| k.1 <= now) {
+            while let Some(k) = q.front().copied().filter(|k| k.1 <= now) {
                 q.pop_front();
                 self.last.set(1);
+                self.done.set((k.2, k.1));
             }
             let head_left_ns = q.front().map_or(0, |k| k.0.min(k.1 - now));
             Queued {
@@ -480,12 +545,16 @@ mod tests {
                 head_left_ns,
                 n: q.len(),
                 token: self.token.get(),
+                sure: true,
+                head_launched: q.front().map_or(0, |k| k.2),
+                last_done: self.done.get(),
             }
         }
         fn wait_oldest(&self, _dev: usize) {
-            if let Some((_, at)) = self.q.borrow_mut().pop_front() {
+            if let Some((_, at, launched)) = self.q.borrow_mut().pop_front() {
                 self.clock.sleep_until(at);
                 self.last.set(1);
+                self.done.set((launched, at));
             }
         }
         fn set_token(&self, _dev: usize, v: Option<u64>) {
@@ -504,11 +573,11 @@ mod tests {
         let clock = FakeClock::new(T0);
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
-        assert_eq!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, MS, true, &clock, &tr), Gate::Free);
         // A high-priority tenant gone for PRESENT_NS no longer restricts anyone.
         p.hp_launch(e, 0, T0, MS);
         clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, MS, true, &clock, &tr), Gate::Free);
         assert_eq!(clock.now_ns(), T0 + PRESENT_NS, "no wait");
     }
 
@@ -522,18 +591,31 @@ mod tests {
             p.hp_launch(e, 0, T0, 200_000);
         }
         assert_eq!(e.hp(T0).busy_until, T0 + 4 * MS);
-        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 0, 3 * MS, &clock, &tr) else {
+        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr) else {
             panic!("a present high-priority tenant must restrict")
         };
         assert_eq!(clock.now_ns(), T0 + 4 * MS, "started when the burst was done");
         assert_eq!(waited_ns, 4 * MS);
         tr.launched(3 * MS);
-        // A kernel longer than the budget: the next one waits for it; the token is renewed, not taken anew.
-        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 0, 3 * MS, &clock, &tr) else {
+        // A never-measured launch longer than the budget waits for the kernel; the token is renewed, not taken
+        // anew.
+        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 0, 3 * MS, false, &clock, &tr) else {
             panic!()
         };
         assert_eq!(clock.now_ns(), T0 + 7 * MS);
         assert_ne!(v2, value);
+        tr.launched(3 * MS);
+        // A measured one joins it LEAD_NS before its estimated end, and a third waits for the first.
+        assert!(matches!(
+            p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr),
+            Gate::Token { .. }
+        ));
+        assert_eq!(clock.now_ns(), T0 + 10 * MS - LEAD_NS);
+        tr.launched(3 * MS);
+        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr) else {
+            panic!()
+        };
+        assert_eq!(clock.now_ns(), T0 + 13 * MS - LEAD_NS);
         // While that kernel is queued, nobody else (another best-effort process) gets the token.
         tr.launched(3 * MS);
         let now = clock.now_ns();
@@ -541,6 +623,36 @@ mod tests {
             e.take_token(now, now + MS),
             Err(v2),
             "two processes' best-effort kernels queued at once"
+        );
+    }
+
+    #[test]
+    fn a_burst_that_waited_for_our_kernel_is_waited_for_to_its_real_end() {
+        let clock = FakeClock::new(T0);
+        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
+        let tr = FakeTracker::new(&clock);
+        p.hp_launch(e, 0, T0, 0);
+        clock.advance(QUIET_NS);
+        assert!(matches!(
+            p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr),
+            Gate::Token { .. }
+        ));
+        // Our kernel runs until T0 + QUIET_NS + 3 ms; a burst of 4 ms issued 1 ms later waits for it: it really
+        // ends 2 ms after its published end.
+        tr.launched(3 * MS);
+        let burst = clock.now_ns() + MS;
+        clock.advance(MS);
+        for _ in 0..20 {
+            p.hp_launch(e, 0, burst, 200_000);
+        }
+        assert!(matches!(
+            p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr),
+            Gate::Token { .. }
+        ));
+        assert_eq!(
+            clock.now_ns(),
+            burst + 2 * MS + 4 * MS,
+            "launched inside the burst (on a time-sliced GPU: given a slice inside it)"
         );
     }
 
@@ -553,7 +665,10 @@ mod tests {
         clock.advance(QUIET_NS);
         let k = 100_000;
         for _ in 0..(BUDGET_NS / k) {
-            assert!(matches!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Token { .. }));
+            assert!(matches!(
+                p.be_admit(e, 0, 0, k, true, &clock, &tr),
+                Gate::Token { .. }
+            ));
             tr.launched(k);
         }
         assert_eq!(
@@ -563,7 +678,10 @@ mod tests {
         );
         // The next waits until the first has run its course (sleeping, not waiting for it: no gap between
         // kernels): never more than the budget queued.
-        assert!(matches!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(
+            p.be_admit(e, 0, 0, k, true, &clock, &tr),
+            Gate::Token { .. }
+        ));
         assert_eq!(clock.now_ns(), T0 + QUIET_NS + k);
         assert_eq!(tr.reap(0, clock.now_ns()).left_ns + k, BUDGET_NS);
         tr.launched(k);
@@ -571,15 +689,21 @@ mod tests {
         clock.advance(BUDGET_NS);
         assert_eq!(tr.reap(0, clock.now_ns()).n, 0);
         let l = BUDGET_NS * 3 / 4;
-        assert!(matches!(p.be_admit(e, 0, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(
+            p.be_admit(e, 0, 0, l, true, &clock, &tr),
+            Gate::Token { .. }
+        ));
         tr.launched(l);
         let t = clock.now_ns();
-        assert!(matches!(p.be_admit(e, 0, 0, l, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(
+            p.be_admit(e, 0, 0, l, true, &clock, &tr),
+            Gate::Token { .. }
+        ));
         assert_eq!(clock.now_ns(), t + 2 * l - BUDGET_NS);
         // All done: the token goes back at the next admission.
         tr.launched(k);
         clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, 0, k, &clock, &tr), Gate::Free);
+        assert_eq!(p.be_admit(e, 0, 0, k, true, &clock, &tr), Gate::Free);
         assert!(
             e.take_token(clock.now_ns(), clock.now_ns() + 1).is_ok(),
             "the token was not given back"
@@ -592,7 +716,7 @@ mod tests {
         let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
         let tr = FakeTracker::new(&clock);
         p.hp_launch(e, 0, T0, 0); // a kernel whose estimate is 0 (unknown), just launched
-        let g = p.be_admit(e, 0, 0, MS, &clock, &tr);
+        let g = p.be_admit(e, 0, 0, MS, true, &clock, &tr);
         assert!(matches!(g, Gate::Token { .. }));
         assert!(clock.now_ns() >= T0 + QUIET_NS);
     }
@@ -605,7 +729,10 @@ mod tests {
         p.hp_launch(e, 0, T0, 0);
         // Someone took the token and died: it is held until its expiry, not for ever.
         let dead = e.take_token(T0, T0 + 50 * MS).unwrap();
-        assert!(matches!(p.be_admit(e, 0, 0, MS, &clock, &tr), Gate::Token { .. }));
+        assert!(matches!(
+            p.be_admit(e, 0, 0, MS, true, &clock, &tr),
+            Gate::Token { .. }
+        ));
         assert!(clock.now_ns() >= dead && clock.now_ns() < dead + TOKEN_POLL_NS + 1);
     }
 
