@@ -335,7 +335,22 @@ fn init(exports: Exports) -> Process {
         None => None,
     };
     let nvml = nvml_lib.map(|l| crate::driver::nvml::load(&l));
-    let time_slice_us = cfg.time_slice_us;
+    // A slice below the default releases work in smaller bursts, which costs a time-sliced neighbour switches:
+    // under the operator's limits the tenant may only make its bursts larger.
+    let time_slice_us = if limits.is_empty()
+        || cfg.time_slice_us >= cuquota_core::config::DEFAULT_TIME_SLICE_US
+    {
+        cfg.time_slice_us
+    } else {
+        log!(
+            Level::Warn,
+            "CUQUOTA_TIME_SLICE_US (or the TOML's time_slice_us) {} raised to {}: the agent's limits file applies, \
+             and a smaller slice costs the device's other tenants context switches",
+            cfg.time_slice_us,
+            cuquota_core::config::DEFAULT_TIME_SLICE_US
+        );
+        cuquota_core::config::DEFAULT_TIME_SLICE_US
+    };
     let devices = Devices::new(cfg, usage, limits, priority);
     register_fork_handlers();
     let shim = Shim::new(cuda, nvml, devices, exports);

@@ -171,3 +171,61 @@ fn a_time_slice_beyond_the_bucket_is_refused() {
         "the error names the variable: {o:?}"
     );
 }
+
+/// The attack on a neighbour: under the operator's limits files a tenant sets the smallest time slice (0, one
+/// launch per repaid debt) so that its bursts cost the device switches its 70 % neighbour pays for. The slice is
+/// raised to the default (docs/threat-model.md, *Where two sources of a setting meet*), so the pair stays in the
+/// band the control above shows the unshaped release failing.
+#[test]
+fn under_the_operators_limits_a_tenant_cannot_shrink_its_time_slice() {
+    let prog = compute_loop();
+    let s = sim();
+    let solo = shares(&s, &prog, &[("solo", 0, None)])[0];
+    let free = shares(&s, &prog, &[("a", 0, None), ("b", 0, None)]);
+    let t = (free[0] + free[1]) / solo;
+    let files: Vec<PathBuf> = [("a", 30), ("b", 70)]
+        .iter()
+        .map(|&(name, pct)| {
+            let f = s.dir().join(format!("limits-{name}"));
+            s.agent_limits(&f, |r| {
+                r.sm_limit = pct;
+                r.policy = cuquota_core::region::layout::POLICY_HARD;
+            });
+            f
+        })
+        .collect();
+    let _h = heavy();
+    let procs: Vec<_> = [("a", &files[0], "0"), ("b", &files[1], "2000")]
+        .iter()
+        .map(|&(name, file, slice)| {
+            s.cmd_path(prog.clone())
+                .container(name)
+                .args(&format!("{SECONDS} {BLOCKS}"))
+                .env("CUQUOTA_LIMITS_FILE", file.to_str().expect("utf-8 temp path"))
+                .env("CUQUOTA_TIME_SLICE_US", slice)
+                .spawn()
+        })
+        .collect();
+    let outs: Vec<Output> = procs.into_iter().map(|p| p.finish()).collect();
+    for o in &outs {
+        assert!(o.success(), "compute_loop failed:{o:?}");
+    }
+    let from = outs.iter().map(|o| metric(o, "t0_mono_ns")).max().unwrap() + WARMUP_NS;
+    let to = outs.iter().map(|o| metric(o, "t1_mono_ns")).min().unwrap();
+    assert!(
+        to >= from + 4_000_000_000,
+        "the programs did not overlap for 4 s after warm-up"
+    );
+    let share = |o: &Output| s.share_pct(0, metric(o, "pid") as u32, from, to) / 100.0 / solo;
+    let (a, b) = (share(&outs[0]), share(&outs[1]));
+    println!("operator 30 + 70, the 30 % tenant asking a 0 µs slice: {a:.3} + {b:.3}, T {t:.3}");
+    assert!(
+        in_band(a, b, t),
+        "a tenant's 0 µs slice under the operator's limits: {a:.3} + {b:.3}, T {t:.3}: want 0.24-0.31 + 0.60-0.71"
+    );
+    assert!(
+        outs[0].stderr.contains("raised to 2000"),
+        "the tenant is told its slice was raised: {:?}",
+        outs[0]
+    );
+}
