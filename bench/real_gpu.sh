@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # cuquota on a real NVIDIA GPU: the validation samples, the framework suite, and the overhead, SM-limit and
-# priority benchmarks, each against a no-cuquota baseline in the same run. Results go to docs/real-gpu.md.
+# priority benchmarks, each against a no-cuquota baseline in the same run. Results go to bench/results/ (summary: docs/real-gpu.md).
 #
 #   bench/real_gpu.sh stage DIR          here (cargo, the pinned nvcc): builds what the GPU machine runs into DIR
 #   bench/real_gpu.sh run DIR OUT [S]    on the GPU machine (no toolchains needed): runs everything from DIR,

@@ -61,15 +61,15 @@ static CUstream stream;
 static char copy_mode;
 static double copy_gbps = 1; /* bytes per ns */
 static CUdeviceptr buf[2];
-/* review_copy29: PT_BE_COPY=fresh: 4-byte memsets (their measured ~0 ns drag the process's estimate of unseen keys
+/* priority_copy_estimates.rs: PT_BE_COPY=fresh: 4-byte memsets (their measured ~0 ns drag the process's estimate of unseen keys
  * down), and once, at volley_at, one copy of each size class 2^17..2^22 bytes never used before (each estimated at
  * that mean: the budget lets all of them queue). */
 static uint64_t volley_at;
-/* review_copy29: PT_BE_COPY=graph: one exec of a captured 1-copy graph, switched by cuGraphExecUpdate between a
+/* priority_copy_estimates.rs: PT_BE_COPY=graph: one exec of a captured 1-copy graph, switched by cuGraphExecUpdate between a
  * 4-byte copy (launched, spaced, until measured: a sample below half the estimate replaces it) and a 2^19-byte one
  * (5.2 ms at 0.1 GB/s; launched 12 times at the small estimate). */
 static void *g_small, *g_big, *g_exec;
-/* review_copy29: PT_BE_COPY=race: a 2D copy keyed by the struct as the shim reads it on entry (1 row of 64 B),
+/* priority_copy_estimates.rs: PT_BE_COPY=race: a 2D copy keyed by the struct as the shim reads it on entry (1 row of 64 B),
  * whose Height another thread raises to 8192 rows (5.2 ms) 20 us later: the driver reads the struct again when
  * the gate lets the call go. */
 #include <pthread.h>

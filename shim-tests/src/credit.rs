@@ -1,16 +1,16 @@
-//! What the hostile reviews of the allocation credit (tests/review_credit30.rs, review_credit31.rs) share: their
-//! program (`c/review_credit30.c`), the simulator's own figure, a program started and waited for, and a
+//! What the hostile reviews of the allocation credit (tests/credit_over_cap.rs, credit_usage_file.rs) share: their
+//! program (`c/credit_holder.c`), the simulator's own figure, a program started and waited for, and a
 //! holder's step measured beside another program.
 
 use crate::{compile_c, workspace_root, Output, Proc, Prog, Sim};
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// `c/review_credit30.c`, built.
+/// `c/credit_holder.c`, built.
 pub fn prog() -> PathBuf {
     compile_c(
-        "review_credit30",
-        &workspace_root().join("shim-tests/c/review_credit30.c"),
+        "credit_holder",
+        &workspace_root().join("shim-tests/c/credit_holder.c"),
         &[],
         &["-lcuda", "-ldl"],
     )
@@ -23,7 +23,7 @@ pub fn sim_used(sim: &Sim) -> u64 {
     raw.num("sim.used.0")
 }
 
-/// `review_credit30 ARGS` under a 1 GiB cap, once it said it is ready.
+/// `credit_holder ARGS` under a 1 GiB cap, once it said it is ready.
 pub fn started(sim: &Sim, args: &str) -> Proc {
     let mut p = sim
         .cmd_path(prog())

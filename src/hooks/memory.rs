@@ -19,7 +19,7 @@ use std::ffi::{c_uint, c_void};
 
 mod pools;
 mod vmm;
-// The routing list (`driver::cuda`) names every memory hook `memory::<hook>`.
+// The routing list (`abi::cuda`, src/abi/cuda.rs) names every memory hook `memory::<hook>`.
 pub(crate) use pools::*;
 pub(crate) use vmm::*;
 

@@ -697,7 +697,7 @@ impl Memory {
 
     /// A free of an allocation of `pool` is taking its record out of the ledger and goes to the driver: the
     /// pool (or, when a destroy is counting its records, the destroyed pool it became) is not released until
-    /// [`Memory::pool_free_ends`].
+    /// `Memory::pool_free_done` (or `Memory::pool_free_refused`).
     pub(super) fn pool_free_begins(&self, pool: usize) {
         let mut pools = self.pools.lock();
         let p = match pools.contains_key(&pool) {

@@ -1,8 +1,8 @@
 //! The per-process side of the throttle: admission of one launch (estimate → take tokens or sleep), sampled
 //! measurement of launches on the device (probes), reconciliation, and the burst controller's sampling.
 //!
-//! Everything that touches the driver goes through [`Gpu`], implemented by `src/hooks/launch.rs` with CUDA
-//! events and NVML, and by a fake in the tests below. Everything shared between the container's processes lives
+//! Everything that touches the driver goes through [`Gpu`], implemented by `Driver` in `src/throttle/mod.rs`
+//! (CUDA events and NVML), and by a fake in the tests below. Everything shared between the container's processes lives
 //! in the region words handed in as [`Shared`].
 //!
 //! Measurement: at most one probe is outstanding per device per process; a launch becomes a probe when none is

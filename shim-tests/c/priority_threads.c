@@ -1,6 +1,6 @@
-/* review_prio_threads.c: a best-effort tenant launching from THREADS threads, each on its own stream of the
+/* priority_threads.c: a best-effort tenant launching from THREADS threads, each on its own stream of the
  * primary context (an ordinary multi-threaded producer), kernels of random [KMIN_NS, KMAX_NS].
- *   review_prio_threads SECONDS KMIN_NS KMAX_NS SEED START_AT_NS THREADS
+ *   priority_threads SECONDS KMIN_NS KMAX_NS SEED START_AT_NS THREADS
  * The budget check (be_admit: reap, then launch, then track) reserves nothing between the check and the
  * launch, so threads admitted together each count only what was queued before them. */
 #include "cq_kernel.h"

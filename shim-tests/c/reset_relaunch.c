@@ -2,7 +2,7 @@
  * not forgotten at cuDevicePrimaryCtxReset. The primary context keeps its handle across a reset and a CUkernel
  * (cuLibraryLoad*, context-independent) keeps its handle too, so the kernel's first launch in the re-created
  * context is taken as already seen: the stack the driver grows for it is neither admitted nor measured.
- *   review_reset_relaunch LOCAL MODE   MODE: reset (cuDevicePrimaryCtxReset between the launches) | shrink
+ *   reset_relaunch LOCAL MODE   MODE: reset (cuDevicePrimaryCtxReset between the launches) | shrink
  *                                      (cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 1024) between them) | control
  *                                      | multi N (shrink, in the primary and in N contexts made with cuCtxCreate:
  *                                      each relaunch after the fill grows one more stack)

@@ -1,12 +1,12 @@
 /* Review of h29-hot (ledger insert fast path, inlined charge, HAMi words kept): charges lost or doubled under
  * threads and address reuse, judged against the simulator's own figures.
  *
- *   review_hot29 churn HOLD THREADS ITERS   HOLD 64 KiB allocations held by the main thread (the ledger's
+ *   alloc_churn churn HOLD THREADS ITERS   HOLD 64 KiB allocations held by the main thread (the ledger's
  *       8192-record table near full, so inserts flip between the fast path and the overflow maps), then THREADS
  *       threads alloc/free through one shared array of 512 cells (a free often on another thread than the
  *       allocation; the simulator's first-fit heap hands the freed address straight out again). A sampler
  *       thread keeps the simulator's peak. Then the held ones are compared, then everything freed.
- *   review_hot29 ctx ROUNDS PER            cuCtxCreate, PER allocations, cuCtxDestroy without freeing, ROUNDS
+ *   alloc_churn ctx ROUNDS PER            cuCtxCreate, PER allocations, cuCtxDestroy without freeing, ROUNDS
  *       times, while a primary-context allocation is held (addresses reused across contexts).
  *
  * Prints base.free=, post.free=, end.free= (shim cuMemGetInfo) and sim.base=, sim.post=, sim.end=, sim.peak=,

@@ -132,8 +132,8 @@ fn best_effort_threads_and_the_budget() {
     let sim = Sim::new().build();
     sim.create_priority_dir();
     let prog = shim_tests::compile_c(
-        "review_prio_threads",
-        &shim_tests::workspace_root().join("shim-tests/c/review_prio_threads.c"),
+        "priority_threads",
+        &shim_tests::workspace_root().join("shim-tests/c/priority_threads.c"),
         &[],
         &["-lcuda", "-lpthread"],
     );

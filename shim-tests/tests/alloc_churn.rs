@@ -7,8 +7,8 @@ use std::time::Duration;
 
 fn prog() -> std::path::PathBuf {
     compile_c(
-        "review_hot29",
-        &workspace_root().join("shim-tests/c/review_hot29.c"),
+        "alloc_churn",
+        &workspace_root().join("shim-tests/c/alloc_churn.c"),
         &[],
         &["-DCQ_DIRECT", "-lcuda", "-ldl", "-lpthread"],
     )
@@ -26,7 +26,7 @@ fn held(out: &shim_tests::Output, what: &str) -> (u64, u64) {
 /// (inserts flip between the new fast path and the overflow maps). The shim's charge must equal what the
 /// simulator holds, the cap must hold at the simulator's peak, and everything must come back.
 #[test]
-fn review_hot29_churn_threads_address_reuse() {
+fn churn_threads_address_reuse() {
     let sim = Sim::new().memory("16g").build();
     let out = sim
         .cmd_path(prog())
@@ -52,7 +52,7 @@ fn review_hot29_churn_threads_address_reuse() {
 /// allocations reusing their addresses (the stale-record path of `Ledger::insert`, which the fast path must
 /// leave to `insert_slow`): no charge lost (an escape) or kept twice (growing with the rounds).
 #[test]
-fn review_hot29_ctx_destroy_address_reuse() {
+fn ctx_destroy_address_reuse() {
     let sim = Sim::new().memory("16g").build();
     let out = sim
         .cmd_path(prog())
@@ -103,7 +103,7 @@ fn hami_of(b: &[u8], pid: u32) -> Option<(u64, u64)> {
 /// The kept words' address across threads, forks (children publish into their own slots) and frees: the
 /// monitor's figures for the parent stay its true ones (data = what it still holds, total = the simulator's).
 #[test]
-fn review_hot29_hami_words_after_threads_and_forks() {
+fn hami_words_after_threads_and_forks() {
     let sim = Sim::new().ctx_overhead("96m").build();
     let mut t = sim
         .cmd(Prog::Probe)
@@ -128,7 +128,7 @@ fn review_hot29_hami_words_after_threads_and_forks() {
 /// free, limit or not) used to scan 1024 slots with a `kill(pid, 0)` each (60-265x slower). A failed claim is
 /// now retried at most once a second. Measures 3000 alloc/free pairs against a fresh file; fails past 5x.
 #[test]
-fn review_hot29_full_hami_file_makes_every_publish_a_scan() {
+fn full_hami_file_makes_every_publish_a_scan() {
     let run = |fill: bool| {
         let sim = Sim::new().build();
         let p = format!("{}.hami.cache", sim.usage_file().display());
@@ -163,7 +163,7 @@ fn review_hot29_full_hami_file_makes_every_publish_a_scan() {
 /// device's allocations it no longer knows). Before, the records stayed charged until their addresses came
 /// back: the primary context's 1 GiB under a 2 GiB cap was refused (a false OOM).
 #[test]
-fn review_hot29_destroyed_context_keeps_its_charge() {
+fn a_destroyed_contexts_charge_is_given_back() {
     let sim = Sim::new().memory("16g").build();
     let out = sim
         .cmd_path(prog())
@@ -188,7 +188,7 @@ fn review_hot29_destroyed_context_keeps_its_charge() {
 /// The kept words' address after the last primary-context release (the driver frees everything) and a
 /// re-retain with a new allocation: the monitor's figures follow (data, total = the simulator's).
 #[test]
-fn review_hot29_hami_words_after_primary_release() {
+fn hami_words_after_primary_release() {
     let sim = Sim::new().ctx_overhead("96m").build();
     let mut t = sim
         .cmd(Prog::Probe)

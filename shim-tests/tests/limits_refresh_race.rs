@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 fn prog() -> PathBuf {
     compile_c(
-        "review_refresh34",
-        &workspace_root().join("shim-tests/c/review_refresh34.c"),
+        "refresh_race",
+        &workspace_root().join("shim-tests/c/refresh_race.c"),
         &[],
         &["-lcuda", "-lnvidia-ml", "-ldl", "-lpthread"],
     )
@@ -59,28 +59,28 @@ fn cap_race(env: &[(&str, &str)], stall: &str) {
 
 /// Control (passes): the same steps without the stall (thread 1 learns device 0 before the agent's write).
 #[test]
-fn review_refresh34_control_without_the_stall_the_cap_applies() {
+fn control_without_the_stall_the_cap_applies() {
     cap_race(&[("CUQUOTA_LOG", "info"), ("CQ_NO_STALL", "1")], "0");
 }
 
 /// No cap while thread 1 learns device 0 (stalled on its log line, after the policy, before the slot); the agent
 /// sets a 64 MiB cap; another thread's NVML call refreshes (no device known yet); then 256 MiB must be refused.
 #[test]
-fn review_refresh34_device_learned_during_a_refresh_keeps_the_old_cap() {
+fn device_learned_during_a_refresh_gets_the_new_cap() {
     cap_race(&[("CUQUOTA_LOG", "info")], "1");
 }
 
 /// The same at the default log level: the once-only warning of a priority without a priority file
 /// (`CUDA_TASK_PRIORITY=1`, the tenant's own variable) is the line that stalls.
 #[test]
-fn review_refresh34_default_log_level_stalls_on_the_priority_warning() {
+fn a_stall_on_the_priority_warning_still_gets_the_new_cap() {
     cap_race(&[("CUDA_TASK_PRIORITY", "1")], "1");
 }
 
 /// The same race for an SM limit: no limit while thread 1 learns device 0, the agent sets a hard 20 %, another
 /// thread's NVML call refreshes, then 1 ms kernels back to back for 3 s: the share must be near 20 %.
 #[test]
-fn review_refresh34_device_learned_during_a_refresh_keeps_no_sm_limit() {
+fn device_learned_during_a_refresh_gets_the_new_sm_limit() {
     let sim = Sim::new().build();
     let (stalled, out) = race(&sim, &[("CUQUOTA_LOG", "info")], &["sm", "3"], |sim| {
         sim.agent_sm_limit_hard(20);

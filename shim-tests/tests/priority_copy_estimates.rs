@@ -1,7 +1,7 @@
 //! From the hostile review of copies and memsets gated by priority (issue 23). Judged on the simulator's device
 //! timeline (burst latency from the high-priority tenant).
 //!
-//! `review_copy29_fresh_size_classes_queue_past_the_budget`: a copy of a size class the process never measured
+//! `fresh_copy_size_classes_queue_past_the_budget`: a copy of a size class the process never measured
 //! was estimated at the process's running mean of all measurements (`Estimator::fallback`), which the tenant
 //! drags to ~0 with 4-byte memsets; one volley of copies of six unseen classes (2^17..2^22 bytes: 83 ms at
 //! 0.1 GB/s) then fit the 400 µs budget of *estimated* queued time and queued back to back ahead of a burst
@@ -34,7 +34,7 @@ fn bursts(mode: &str, env: &[(&str, &str)]) -> (Vec<u64>, Output) {
 }
 
 #[test]
-fn review_copy29_fresh_size_classes_queue_past_the_budget() {
+fn fresh_copy_size_classes_queue_past_the_budget() {
     let _s = serial();
     let (v, be) = bursts("fresh", &[]);
     let max = v.iter().copied().max().expect("no burst");
@@ -63,7 +63,7 @@ fn review_copy29_fresh_size_classes_queue_past_the_budget() {
 /// updated to a 5.2 ms copy and launched 12 times at the small estimate, over and over (the short sample
 /// replaces the estimate at once each cycle). Copies inside graphs "go with the graph's launch".
 #[test]
-fn review_copy29_graph_exec_update_keeps_a_small_estimate() {
+fn graph_exec_update_keeps_a_small_estimate() {
     let _s = serial();
     // The simulator gives a graph's memcpy nodes no device time (run_graph_copies), so the graph's work is a
     // kernel node of the same length (PT_BE_GRAPH_KERNEL): the key and estimate are the exec's either way.
@@ -98,7 +98,7 @@ fn review_copy29_graph_exec_update_keeps_a_small_estimate() {
 /// sleeps while a high-priority queue is out): a second thread raising `Height` in between runs 5.2 ms copies
 /// keyed and estimated as 64-byte ones.
 #[test]
-fn review_copy29_copy_2d_struct_changed_during_the_gate() {
+fn copy_2d_struct_changed_during_the_gate() {
     let _s = serial();
     let (v, be) = bursts("race", &[]);
     println!(

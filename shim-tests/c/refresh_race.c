@@ -1,12 +1,12 @@
-/* review_refresh34: a device learned (Devices::learn) while another thread refreshes the limits keeps the limits
+/* refresh_race: a device learned (Devices::learn) while another thread refreshes the limits keeps the limits
  * of before the change. `learn` computes the device's policy, then logs (CUQUOTA_LOG=info: a write(2) to fd 2),
  * then publishes the table slot; a refresh that runs in between skips the slot (not set yet) and stores the
  * file's seq as seen, so nothing re-reads it: the device runs under the old (looser) limits until the next change.
  * The window is widened here by a full pipe on stderr (the program's own fd, its own choice); CQ_NO_STALL=1:
  * the same steps without it (control).
  *
- *   review_refresh34 GOFILE BYTES        (memory: allocate BYTES at the end)
- *   review_refresh34 GOFILE sm SECS      (SM time: launch 1 ms kernels back to back for SECS at the end;
+ *   refresh_race GOFILE BYTES        (memory: allocate BYTES at the end)
+ *   refresh_race GOFILE sm SECS      (SM time: launch 1 ms kernels back to back for SECS at the end;
  *                                         pid=, t0_ns=, end_ns= for the simulator's timeline)
  *
  * Fills a pipe, puts it on fd 2, starts a thread that makes the cuInit (which learns device 0 and stalls on
@@ -31,7 +31,7 @@
 
 #include "cq_driver.h"
 
-#define PROG "review_refresh34"
+#define PROG "refresh_race"
 #include "cq_fill.h"
 
 static volatile int t1_done;

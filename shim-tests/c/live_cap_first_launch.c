@@ -1,8 +1,8 @@
-/* review_pass33: a module loaded while no limit applies (launches forwarded by the exports' pass-through), then
+/* live_cap_first_launch: a module loaded while no limit applies (launches forwarded by the exports' pass-through), then
  * a memory cap set live by the agent, then the kernels' FIRST launches, each through another entry point; every
  * kernel has LOCAL bytes of local memory (the simulator grows the context's stack at its first launch).
  *
- *   review_pass33 LOCAL GOFILE
+ *   live_cap_first_launch LOCAL GOFILE
  *
  * Prints ready=1, waits until GOFILE exists, then for each path launch.PATH=<result> and used= (the simulator's
  * own used bytes, past any interposer).
@@ -20,7 +20,7 @@
 #include "cq_driver.h"
 #include "cq_elf.h"
 
-#define PROG "review_pass33"
+#define PROG "live_cap_first_launch"
 #include "cq_fill.h"
 
 int main(int argc, char **argv) {

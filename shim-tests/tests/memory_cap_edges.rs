@@ -4,7 +4,7 @@
 use shim_tests::{compile_c, workspace_root, Sim, GIB, MIB};
 use std::time::Duration;
 
-fn review_prog(name: &str) -> std::path::PathBuf {
+fn prog(name: &str) -> std::path::PathBuf {
     compile_c(
         name,
         &workspace_root().join(format!("shim-tests/c/{name}.c")),
@@ -21,10 +21,10 @@ fn review_prog(name: &str) -> std::path::PathBuf {
 /// to the pool before its record leaves the ledger (`Ledger::remove_seen`), the pool is not released while a free
 /// is in flight, and a refused free's record is counted once in the pool it became.
 #[test]
-fn review_pool_destroy_scan_races_a_refused_free() {
+fn pool_destroy_scan_races_a_refused_free() {
     let sim = Sim::new().memory("16g").build();
     let out = sim
-        .cmd_path(review_prog("review_pool_race"))
+        .cmd_path(prog("pool_destroy_race"))
         .mem_limit("1g")
         .args("512 400 12")
         .timeout(Duration::from_secs(240))
@@ -42,11 +42,11 @@ fn review_pool_destroy_scan_races_a_refused_free() {
 /// Controls for the test above (expected to PASS): no refused free, or refused frees all done before the
 /// destroy: no escape.
 #[test]
-fn review_pool_destroy_controls() {
+fn pool_destroy_controls() {
     for mode in ["0", "2"] {
         let sim = Sim::new().memory("16g").build();
         let out = sim
-            .cmd_path(review_prog("review_pool_race"))
+            .cmd_path(prog("pool_destroy_race"))
             .mem_limit("1g")
             .args(&format!("512 20 6 {mode}"))
             .timeout(Duration::from_secs(240))
@@ -60,10 +60,10 @@ fn review_pool_destroy_controls() {
 /// threads hold 24000 allocations at once, then free them shuffled, with double frees and interior frees mixed
 /// in. Expected to PASS: every allocation charged while held, everything back at the end.
 #[test]
-fn review_ledger_overflow_roundtrip() {
+fn ledger_overflow_roundtrip() {
     let sim = Sim::new().memory("64g").build();
     let out = sim
-        .cmd_path(review_prog("review_ledger_many"))
+        .cmd_path(prog("ledger_many"))
         .mem_limit("60g")
         .timeout(Duration::from_secs(400))
         .run();
@@ -86,10 +86,10 @@ fn review_ledger_overflow_roundtrip() {
 /// re-measurement after the context's end charges NVML's figure minus the ledger as overhead, so nothing
 /// escapes. Kept as a guard of that defence.
 #[test]
-fn review_other_device_pool_forgotten_at_a_context_end() {
+fn other_device_pool_forgotten_at_a_context_end() {
     let sim = Sim::new().devices(2).memory("16g").build();
     let out = sim
-        .cmd_path(review_prog("review_xdev_pool"))
+        .cmd_path(prog("pool_other_device"))
         .mem_limit("1g")
         .args("768 4")
         .timeout(Duration::from_secs(120))
@@ -112,12 +112,12 @@ fn review_other_device_pool_forgotten_at_a_context_end() {
 /// driver gives the stack back and grows it again at the relaunch). Mode `multi 6`: the same in 6 more contexts
 /// (cuCtxCreate): 6 stacks more, unbounded in the number of contexts.
 #[test]
-fn review_kernel_relaunched_after_a_primary_reset_is_not_admitted() {
+fn kernel_relaunched_after_a_primary_reset_is_admitted_again() {
     let mut over = Vec::new();
     for mode in ["control", "shrink", "reset", "multi 6"] {
         let sim = Sim::new().build();
         let out = sim
-            .cmd_path(review_prog("review_reset_relaunch"))
+            .cmd_path(prog("reset_relaunch"))
             .mem_limit("1g")
             .args(&format!("3010 {mode}"))
             .timeout(Duration::from_secs(120))

@@ -55,7 +55,7 @@ fn share_after_live_limit(style: &str, kernel_ns: u64, streams: u32, secs: f64) 
 
 /// Control: through a cuGetProcAddress(PER_THREAD) pointer taken while unlimited, one stream of 1 ms kernels.
 #[test]
-fn review_pass33_limit_set_live_applies_through_a_gpa_ptsz_pointer() {
+fn limit_set_live_applies_through_a_gpa_ptsz_pointer() {
     let (before, after) = share_after_live_limit("gpa_ptsz", 1_000_000, 1, 7.5);
     assert!(before > 80.0, "unlimited before the change: {before:.1} %");
     assert!((10.0..=30.0).contains(&after), "hard 20 % set live: {after:.1} %");
@@ -63,8 +63,8 @@ fn review_pass33_limit_set_live_applies_through_a_gpa_ptsz_pointer() {
 
 fn mem_prog() -> PathBuf {
     compile_c(
-        "review_pass33",
-        &workspace_root().join("shim-tests/c/review_pass33.c"),
+        "live_cap_first_launch",
+        &workspace_root().join("shim-tests/c/live_cap_first_launch.c"),
         &[],
         &["-lcuda", "-ldl"],
     )
@@ -75,7 +75,7 @@ fn mem_prog() -> PathBuf {
 /// cuGetProcAddress(PER_THREAD) pointer taken while unlimited, dlsym'd cuLaunchKernelEx and legacy cuLaunchGrid,
 /// must be refused: the simulator's used bytes stay under the cap.
 #[test]
-fn review_pass33_cap_set_live_admits_first_launches_on_every_path() {
+fn cap_set_live_admits_first_launches_on_every_path() {
     let sim = Sim::new().build();
     sim.agent_limits(&sim.limits_file(), |_| {});
     let go = sim.dir().join("go");

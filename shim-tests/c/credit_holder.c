@@ -1,18 +1,18 @@
-/* review_credit30: the per-process credit of commit ca6432f (src/memory/credit.rs), judged by the simulator.
+/* credit_holder: the per-process credit of commit ca6432f (src/memory/credit.rs), judged by the simulator.
  *
- *   review_credit30 hold N        charges up to 32 MiB of credit (8 x 2 MiB, then 1 MiB: a 16 MiB chunk is
+ *   credit_holder hold N        charges up to 32 MiB of credit (8 x 2 MiB, then 1 MiB: a 16 MiB chunk is
  *                                 charged ahead; the 8 x 2 MiB freed into the credit), prints held=1 and
  *                                 used.before=, waits for a line on stdin, then asks for up to N x 1 MiB and
  *                                 prints taken=K, rc=, used.after=; then waits for a line again.
- *   review_credit30 bypass SIZE   takes SIZE through libcuda's own cuMemAlloc_v2 (no interposer sees it), then
+ *   credit_holder bypass SIZE   takes SIZE through libcuda's own cuMemAlloc_v2 (no interposer sees it), then
  *                                 fills with 64 MiB through the shim until refused (the reconciliation near the
  *                                 cap catches the bypass: the ledger then says the container is over its cap);
  *                                 fill.count=, fill.rc=, used=; prints ready=1 and waits for a line.
- *   review_credit30 holdlazy SIZE as hold, then (after the line) a library with a SIZE global loaded lazily
+ *   credit_holder holdlazy SIZE as hold, then (after the line) a library with a SIZE global loaded lazily
  *                                 (the driver takes it at cuLibraryGetGlobal): global=, used.after=; waits.
- *   review_credit30 filllazy SIZE fills with 1 MiB pieces until refused, then the same lazy SIZE global:
+ *   credit_holder filllazy SIZE fills with 1 MiB pieces until refused, then the same lazy SIZE global:
  *                                 fill.count=, global=, used=; prints ready=1 and waits for a line.
- *   review_credit30 race T K      T threads (started together) each ask for K x 1 MiB and keep them (credit runs
+ *   credit_holder race T K      T threads (started together) each ask for K x 1 MiB and keep them (credit runs
  *                                 out on several threads at once: each charges a chunk ahead); prints got=,
  *                                 used.race=, ready=1 and waits for a line (what it holds is allocations and
  *                                 credit).
@@ -30,7 +30,7 @@
 #include "cq_driver.h"
 #include "cq_elf.h"
 
-#define PROG "review_credit30"
+#define PROG "credit_holder"
 #include "cq_fill.h"
 
 static void wait_line(void) {
@@ -68,7 +68,7 @@ static void *racer(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: review_credit30 hold|holdlazy|bypass|filllazy|race ARG...\n");
+        fprintf(stderr, "usage: credit_holder hold|holdlazy|bypass|filllazy|race ARG...\n");
         return 2;
     }
     const char *mode = argv[1];
@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
         CUresult (*alloc)(CUdeviceptr *, size_t) =
             cuda ? (CUresult(*)(CUdeviceptr *, size_t))cq_elf_sym(cuda, "cuMemAlloc_v2") : NULL;
         if (!alloc) {
-            fprintf(stderr, "review_credit30: libcuda's own cuMemAlloc_v2 not found\n");
+            fprintf(stderr, "credit_holder: libcuda's own cuMemAlloc_v2 not found\n");
             return 2;
         }
         CUdeviceptr p;
@@ -145,7 +145,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         wait_line();
     } else {
-        fprintf(stderr, "review_credit30: unknown mode %s\n", mode);
+        fprintf(stderr, "credit_holder: unknown mode %s\n", mode);
         return 2;
     }
     return 0;

@@ -1,7 +1,7 @@
 //! Hostile review of commit f9c1ecb: the per-process credit kept in the usage file (`UsageSlot::credit`,
 //! core's `UsageRegion::take_credit` and siblings, src/memory/credit.rs, `Memory::admit`). Each test states a
 //! claim of the commit and FAILS where the claim does not hold. Judged by the simulator's own used bytes (its
-//! NVML past any interposer). Programs: `c/review_credit30.c` (its `hold` mode: 32 MiB of credit, then 1 MiB
+//! NVML past any interposer). Programs: `c/credit_holder.c` (its `hold` mode: 32 MiB of credit, then 1 MiB
 //! asks on a line) and the probe. At most two simulated processes run at once.
 
 use cuquota_core::region::layout::{UsageFile, UsageSlot, MAX_PROCS};
@@ -177,17 +177,17 @@ fn a_clean_exit_after_small_allocations_gives_its_slot_back() {
 /// process of the new library holds 32 MiB of idle credit; a filler of the container running the library of
 /// 94842bd (the parent: these words were reserved; its `UsageRegion::charge_again` takes no credit back) fills
 /// with 1 MiB pieces and is refused 32 MiB short of the cap (per idle new process). Control: a filler of the
-/// new library reaches the cap. Needs `CUQUOTA_REVIEW_OLD_SHIM` = a libcuquota.so built from 94842bd
+/// new library reaches the cap. Needs `CUQUOTA_TEST_OLD_SHIM` = a libcuquota.so built from 94842bd
 /// (`git archive 94842bd | tar -x -C DIR && cd DIR && CARGO_TARGET_DIR=DIR/target cargo build -p cuquota`);
 /// fails without it. Accepted and documented (docs/interception.md "Credit"): credit charged before a process
 /// of an earlier version joined is not taken back by it, so it may be refused up to 32 MiB per idle holder early
 /// (no new credit is charged while it lives: core's `forged_credit_and_slots_that_do_not_know_credit`); the
 /// test holds that bound.
 #[test]
-#[ignore = "needs CUQUOTA_REVIEW_OLD_SHIM, a libcuquota.so built from 94842bd"]
+#[ignore = "needs CUQUOTA_TEST_OLD_SHIM, a libcuquota.so built from 94842bd"]
 fn idle_credit_refuses_a_process_of_the_previous_version() {
-    let old = std::env::var("CUQUOTA_REVIEW_OLD_SHIM")
-        .expect("set CUQUOTA_REVIEW_OLD_SHIM to a libcuquota.so built from 94842bd");
+    let old = std::env::var("CUQUOTA_TEST_OLD_SHIM")
+        .expect("set CUQUOTA_TEST_OLD_SHIM to a libcuquota.so built from 94842bd");
     let short = |preload: Option<&str>| {
         let sim = Sim::new().build();
         let mut holder = started(&sim, "hold 0");

@@ -1,7 +1,7 @@
 //! Hostile review of commit ca6432f: the per-process credit (src/memory/credit.rs, `Memory::admit`). Each test
 //! states the guarantee the shim had before the commit; they FAIL on ca6432f (the point of a review test) and
 //! pass on its parent. Judged by the simulator's own used bytes (its NVML past any interposer). Programs:
-//! `c/review_credit30.c` and the probe. At most two simulated processes run at once (the others block on
+//! `c/credit_holder.c` and the probe. At most two simulated processes run at once (the others block on
 //! stdin).
 
 use shim_tests::credit::{holder_step, started};
@@ -87,7 +87,7 @@ fn idle_credit_of_other_processes_refuses_a_filler_early() {
 /// the header's magic, the whole file zeroed, or truncated to 0, as region_robust.rs and region_tamper_words.rs
 /// do). Before
 /// ca6432f the holder's next admission failed closed (the tamper check runs on every charge); with the credit
-/// it takes 32 MiB with no check (`UsageRegion::sound_here` sees neither).
+/// it takes 32 MiB with no check (that commit's header check, since replaced by `UsageRegion::check`, saw neither).
 fn tamper(what: &str, offset: u64, bytes: Option<&[u8]>, truncate: bool) -> u64 {
     let sim = Sim::new().build();
     let mut holder = started(&sim, "hold 64");
