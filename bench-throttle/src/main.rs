@@ -16,7 +16,9 @@
 //! sum of 20 bins; the table shows the largest. The monitor's total is checked against the program's own count.
 //!
 //! Usage: `cargo run --release -p bench-throttle -- [--seconds S] [--quick] [--jobs J] [--only accuracy|multi|burst|priority|overhead]` (`--help`)
-//! (the recorded table uses the default 10 s windows; `--quick` = 2 s windows and fewer cells).
+//! (the recorded table uses the default 10 s windows; `--quick` = 2 s windows and fewer cells). All of these run
+//! on the simulator's serialised model. `--goals [--sched slice|serial] [--row TEXT] [--quick]`: instead, the
+//! goals of issue 36 on the time-slicing model (`goals.rs`).
 //! Build first: `cargo build --release -p cuquota -p cuquota-sim -p bench-throttle`; the bench runs the release
 //! libraries (set `CUQUOTA_TEST_PROFILE=debug` to measure the debug ones).
 
