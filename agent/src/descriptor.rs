@@ -101,37 +101,86 @@ pub struct Descriptor {
     pub enforce: Enforce,
 }
 
+/// Why a descriptor is refused (the container is reported with it, and judged by nobody).
+#[derive(Debug, thiserror::Error)]
+pub enum DescriptorError {
+    /// Not TOML, or a key missing, unknown or of the wrong type (toml's message names it).
+    #[error("{0}")]
+    Toml(String),
+    /// `name` is not the file's name.
+    #[error("name = {name:?} differs from the file name {stem:?}.toml")]
+    NameDiffers {
+        /// `name =`.
+        name: String,
+        /// The file's name without `.toml`.
+        stem: String,
+    },
+    /// `subtree_start` without `subtree`.
+    #[error("[members] subtree_start is only for subtree")]
+    StartWithoutSubtree,
+    /// `subtree = 0`.
+    #[error("[members] subtree = 0 is not a process")]
+    SubtreeZero,
+    /// None or several of the member sources.
+    #[error("[members] needs exactly one of cgroup, pidns, subtree")]
+    MemberSource,
+    /// `limits` or `usage` relative.
+    #[error("{what} = {path:?} must be an absolute path")]
+    RelativePath {
+        /// `limits` or `usage`.
+        what: &'static str,
+        /// The path given.
+        path: String,
+    },
+    /// The file could not be read.
+    #[error(transparent)]
+    Read(#[from] std::io::Error),
+}
+
+/// The descriptor directory could not be read.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", .dir.display())]
+pub struct ScanError {
+    /// `--containers`.
+    pub dir: PathBuf,
+    /// Why.
+    pub source: std::io::Error,
+}
+
 /// Parses one descriptor; `stem` is the file's name without `.toml`.
-pub fn parse(stem: &str, text: &str) -> Result<Descriptor, String> {
-    let raw: Raw = toml::from_str(text).map_err(|e| e.message().to_string())?;
+pub fn parse(stem: &str, text: &str) -> Result<Descriptor, DescriptorError> {
+    let raw: Raw = toml::from_str(text).map_err(|e| DescriptorError::Toml(e.message().to_string()))?;
     if let Some(n) = &raw.name {
         if n != stem {
-            return Err(format!("name = {n:?} differs from the file name {stem:?}.toml"));
+            return Err(DescriptorError::NameDiffers {
+                name: n.clone(),
+                stem: stem.to_string(),
+            });
         }
     }
     let m = raw.members;
     if m.subtree.is_none() && m.subtree_start.is_some() {
-        return Err("[members] subtree_start is only for subtree".into());
+        return Err(DescriptorError::StartWithoutSubtree);
     }
     // Without subtree_start (an older writer) the descriptor parses, but no process is confirmed as its root
     // (members.rs): the container is reported with that error and judged by nobody.
     let members = match (m.cgroup, m.pidns, m.subtree) {
         (Some(c), None, None) => MemberSource::Cgroup(c),
         (None, Some(p), None) => MemberSource::PidNs(p),
-        (None, None, Some(0)) => return Err("[members] subtree = 0 is not a process".into()),
+        (None, None, Some(0)) => return Err(DescriptorError::SubtreeZero),
         (None, None, Some(root)) => MemberSource::Subtree {
             root,
             start: m.subtree_start,
         },
-        _ => return Err("[members] needs exactly one of cgroup, pidns, subtree".into()),
+        _ => return Err(DescriptorError::MemberSource),
     };
     for (what, p) in [("limits", Some(&raw.limits)), ("usage", raw.usage.as_ref())] {
         if let Some(p) = p {
             if !p.is_absolute() {
-                return Err(format!(
-                    "{what} = {:?} must be an absolute path",
-                    p.display().to_string()
-                ));
+                return Err(DescriptorError::RelativePath {
+                    what,
+                    path: p.display().to_string(),
+                });
             }
         }
     }
@@ -148,11 +197,14 @@ pub fn parse(stem: &str, text: &str) -> Result<Descriptor, String> {
 }
 
 /// One file of the directory: (stem, path, the descriptor or why not).
-pub type Found = (String, PathBuf, Result<Descriptor, String>);
+pub type Found = (String, PathBuf, Result<Descriptor, DescriptorError>);
 
 /// Every `*.toml` in `dir`, sorted by name.
-pub fn scan(dir: &Path) -> Result<Vec<Found>, String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn scan(dir: &Path) -> Result<Vec<Found>, ScanError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| ScanError {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
     let mut out = Vec::new();
     for e in rd.flatten() {
         let path = e.path();
@@ -166,7 +218,7 @@ pub fn scan(dir: &Path) -> Result<Vec<Found>, String> {
             continue; // an editor's or a writer's temporary file
         }
         let d = std::fs::read_to_string(&path)
-            .map_err(|e| e.to_string())
+            .map_err(DescriptorError::from)
             .and_then(|t| parse(&stem, &t));
         out.push((stem, path, d));
     }
@@ -254,7 +306,7 @@ mod tests {
         ];
         for (text, word) in cases {
             let e = parse("web-0", &text).expect_err(&text);
-            assert!(e.contains(word), "{word}: {e}");
+            assert!(e.to_string().contains(word), "{word}: {e}");
         }
     }
 

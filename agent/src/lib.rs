@@ -14,7 +14,7 @@ pub mod descriptor;
 pub mod enforce;
 pub mod members;
 pub mod metrics;
-pub mod nvml;
+pub use cuquota_ffi::nvml_loader as nvml;
 pub mod output;
 pub mod report;
 
@@ -38,7 +38,7 @@ use members::{MemberSource, MemberState, ProcTable};
 use report::{AgentReport, ContainerReport, GpuReport, GpuSample};
 
 /// `cuquota agent`.
-#[derive(Args)]
+#[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Directory of container descriptors, one <name>.toml per container (see docs/agent.md)
     #[arg(long, value_name = "DIR")]
@@ -56,36 +56,49 @@ pub struct AgentArgs {
     json: bool,
 }
 
-/// A failure: a one-line message (the `cuquota` command prints it and exits 2).
-#[derive(Debug)]
-pub struct AgentError {
-    /// What went wrong (one line).
-    pub msg: String,
-}
-
-impl AgentError {
-    /// A failure saying `msg`.
-    pub fn new(msg: impl Into<String>) -> AgentError {
-        AgentError { msg: msg.into() }
-    }
-}
-
-impl std::fmt::Display for AgentError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.msg)
-    }
-}
-
-impl From<std::io::Error> for AgentError {
-    fn from(e: std::io::Error) -> Self {
-        AgentError::new(e.to_string())
-    }
-}
-
-impl From<serde_json::Error> for AgentError {
-    fn from(e: serde_json::Error) -> Self {
-        AgentError::new(e.to_string())
-    }
+/// Why the agent stopped (the `cuquota` command prints it on one line and exits 2). A container that cannot be
+/// judged is no such failure: it is reported with its error, and the agent goes on.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// NVML did not load (no driver, or `CUQUOTA_LIBNVML` names no NVML).
+    #[error("agent: NVML: {0}")]
+    NvmlLoad(#[source] nvml::NvmlError),
+    /// NVML could not list the GPUs.
+    #[error(transparent)]
+    Nvml(#[from] nvml::NvmlError),
+    /// The descriptor directory could not be read.
+    #[error("agent: --containers {0}")]
+    Containers(#[source] descriptor::ScanError),
+    /// `--interval` below 10 ms.
+    #[error("--interval must be at least 10ms")]
+    IntervalTooShort,
+    /// `--containers` is no directory.
+    #[error("--containers {}: not a directory", .0.display())]
+    NotADirectory(PathBuf),
+    /// The metrics endpoint's token file is unreadable or empty.
+    #[error(transparent)]
+    Token(#[from] metrics::TokenError),
+    /// `--listen` beyond loopback without a token file.
+    #[error(
+        "--listen {0}: the metrics name every tenant and its usage; serve them beyond loopback only with \
+         --token-file FILE (a bearer token), or keep 127.0.0.1 behind an authenticating proxy such as \
+         kube-rbac-proxy (docs/agent.md)"
+    )]
+    NotLoopback(std::net::SocketAddr),
+    /// The metrics address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// `--listen`.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Writing the output, or starting the metrics thread.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A report that did not serialise.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
 }
 
 /// A run's result: the exit code on success.
@@ -147,7 +160,7 @@ fn scan_period(interval: Duration) -> Duration {
 impl Agent {
     fn nvml(&mut self) -> Result<&Nvml, AgentError> {
         if self.nvml.is_none() {
-            self.nvml = Some(Nvml::load().map_err(|e| AgentError::new(format!("agent: NVML: {e}")))?);
+            self.nvml = Some(Nvml::load().map_err(AgentError::NvmlLoad)?);
         }
         Ok(self.nvml.as_ref().expect("loaded above"))
     }
@@ -163,7 +176,7 @@ impl Agent {
         let nv = self.nvml()?;
         let mut out = Vec::new();
         let mut failed = Vec::new();
-        for gpu in nv.gpus().map_err(AgentError::new)? {
+        for gpu in nv.gpus()? {
             // One GPU's lists failing leaves that GPU out of this pass (its balances carried unchanged), not
             // the node's enforcement.
             let processes = match nv.processes(&gpu) {
@@ -343,8 +356,7 @@ impl Agent {
         let gpus = self.sample_gpus()?;
         let table = ProcTable::read();
         let now = Instant::now();
-        let found =
-            descriptor::scan(&self.dir).map_err(|e| AgentError::new(format!("agent: --containers {e}")))?;
+        let found = descriptor::scan(&self.dir).map_err(AgentError::Containers)?;
         self.forget_gone(&found, now);
         let mut containers = Vec::new();
         let mut attributed: BTreeSet<u32> = BTreeSet::new();
@@ -413,14 +425,14 @@ impl Agent {
         &mut self,
         name: &str,
         file: &str,
-        d: Result<Descriptor, String>,
+        d: Result<Descriptor, descriptor::DescriptorError>,
         gpus: &[GpuSample],
         table: &ProcTable,
         now: Instant,
     ) -> (ContainerReport, BTreeSet<u32>) {
         let d = match d {
             Ok(d) => d,
-            Err(e) => return (self.failed(name, file, None, e), BTreeSet::new()),
+            Err(e) => return (self.failed(name, file, None, e.to_string()), BTreeSet::new()),
         };
         let members = match d.members.discover(table, &mut self.members) {
             Ok(m) => m,
@@ -429,7 +441,7 @@ impl Agent {
                 // list whose pids may belong to others by now.
                 self.publish(name, &d.limits, &BTreeSet::new());
                 self.sources.remove(name);
-                return (self.failed(name, file, Some(&d), e), BTreeSet::new());
+                return (self.failed(name, file, Some(&d), e.to_string()), BTreeSet::new());
             }
         };
         self.sources.insert(name.to_string(), d.members.clone());
@@ -728,13 +740,10 @@ impl Drop for Agent {
 /// `cuquota agent`.
 pub fn run(a: AgentArgs) -> AgentResult {
     if a.interval < Duration::from_millis(10) {
-        return Err(AgentError::new("--interval must be at least 10ms"));
+        return Err(AgentError::IntervalTooShort);
     }
     if !a.containers.is_dir() {
-        return Err(AgentError::new(format!(
-            "--containers {}: not a directory",
-            a.containers.display()
-        )));
+        return Err(AgentError::NotADirectory(a.containers));
     }
     let published = Published::default();
     if let Some(bound) = metrics::serve(&a.expose, published.clone())? {
@@ -788,7 +797,7 @@ pub fn run(a: AgentArgs) -> AgentResult {
                 }
             }
             Err(e) if a.once => return Err(e),
-            Err(e) => cuquota_core::log!(Level::Error, "{}", e.msg),
+            Err(e) => cuquota_core::log!(Level::Error, "{e}"),
         }
         if a.once {
             return Ok(0);

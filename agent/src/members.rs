@@ -85,7 +85,7 @@ impl ProcEntry {
 }
 
 /// A snapshot of the host's processes.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct ProcTable {
     /// pid → entry.
     pub procs: BTreeMap<u32, ProcEntry>,
@@ -126,17 +126,66 @@ impl ProcTable {
 
 /// What the agent remembers between passes for member discovery: the members (pid, start time) each subtree
 /// (root pid, root start time) had at the last pass.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct MemberState {
     trees: BTreeMap<(u32, u64), Vec<(u32, u64)>>,
 }
 
+/// Why a container's members are unknown this pass.
+#[derive(Debug, thiserror::Error)]
+pub enum MembersError {
+    /// A cgroup or namespace file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The subtree root's pid now holds another process.
+    #[error(
+        "subtree root {root} is another process (start time {found} ticks, the descriptor records \
+         subtree_start = {recorded}): its pid was reused; members unknown"
+    )]
+    RootReused {
+        /// The root's pid.
+        root: u32,
+        /// The start time of the process at that pid.
+        found: u64,
+        /// The descriptor's `subtree_start`.
+        recorded: u64,
+    },
+    /// The descriptor has no `subtree_start` to confirm the root by.
+    #[error(
+        "subtree root {root}: the descriptor records no subtree_start (the root's start time, \
+         /proc/{root}/stat field 22), so the process at that pid cannot be confirmed as the root: members unknown"
+    )]
+    NoStartTime {
+        /// The root's pid.
+        root: u32,
+    },
+    /// The root and every process of its tree are gone.
+    #[error("subtree root {root} is not running")]
+    RootGone {
+        /// The root's pid.
+        root: u32,
+    },
+}
+
+/// A read of `path` that failed.
+fn unreadable(path: &Path) -> impl FnOnce(std::io::Error) -> MembersError + '_ {
+    move |source| MembersError::Read {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
 /// The pids in `dir/cgroup.procs` and in every sub-cgroup's.
-pub fn cgroup_pids(dir: &Path) -> Result<BTreeSet<u32>, String> {
+pub fn cgroup_pids(dir: &Path) -> Result<BTreeSet<u32>, MembersError> {
     let procs = dir.join("cgroup.procs");
-    let text = std::fs::read_to_string(&procs).map_err(|e| format!("{}: {e}", procs.display()))?;
+    let text = std::fs::read_to_string(&procs).map_err(unreadable(&procs))?;
     let mut out: BTreeSet<u32> = text.lines().filter_map(|l| l.trim().parse().ok()).collect();
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let rd = std::fs::read_dir(dir).map_err(unreadable(dir))?;
     for e in rd.flatten() {
         let Ok(ft) = e.file_type() else { continue };
         if ft.is_dir() {
@@ -175,8 +224,8 @@ fn ns_within(fd: std::fs::File, target: (u64, u64)) -> bool {
 }
 
 /// Every process in `table` whose pid namespace is `ns` (a path to a pid-namespace file) or nested in it.
-pub fn pidns_pids(ns: &Path, table: &ProcTable) -> Result<BTreeSet<u32>, String> {
-    let m = std::fs::metadata(ns).map_err(|e| format!("{}: {e}", ns.display()))?;
+pub fn pidns_pids(ns: &Path, table: &ProcTable) -> Result<BTreeSet<u32>, MembersError> {
+    let m = std::fs::metadata(ns).map_err(unreadable(ns))?;
     let target = (m.dev(), m.ino());
     let mut out = BTreeSet::new();
     for &pid in table.procs.keys() {
@@ -191,7 +240,11 @@ pub fn pidns_pids(ns: &Path, table: &ProcTable) -> Result<BTreeSet<u32>, String>
 
 impl MemberSource {
     /// The container's host pids now. `key` identifies the container for what is remembered between passes.
-    pub fn discover(&self, table: &ProcTable, state: &mut MemberState) -> Result<BTreeSet<u32>, String> {
+    pub fn discover(
+        &self,
+        table: &ProcTable,
+        state: &mut MemberState,
+    ) -> Result<BTreeSet<u32>, MembersError> {
         match self {
             MemberSource::Cgroup(dir) => cgroup_pids(dir),
             MemberSource::PidNs(ns) => pidns_pids(ns, table),
@@ -204,17 +257,13 @@ impl MemberSource {
                         state.trees.insert((*root, *t), remember(&members, table));
                         return Ok(members);
                     }
-                    (Some(e), Some(t)) => format!(
-                        "subtree root {root} is another process (start time {} ticks, the descriptor records \
-                         subtree_start = {t}): its pid was reused; members unknown",
-                        e.start_time
-                    ),
-                    (Some(_), None) => format!(
-                        "subtree root {root}: the descriptor records no subtree_start (the root's start time, \
-                         /proc/{root}/stat field 22), so the process at that pid cannot be confirmed as the \
-                         root: members unknown"
-                    ),
-                    (None, _) => format!("subtree root {root} is not running"),
+                    (Some(e), Some(t)) => MembersError::RootReused {
+                        root: *root,
+                        found: e.start_time,
+                        recorded: *t,
+                    },
+                    (Some(_), None) => MembersError::NoStartTime { root: *root },
+                    (None, _) => MembersError::RootGone { root: *root },
                 };
                 // The root is gone: its tree stays the container while any process of it lives (the same
                 // pid and start time), with whatever those processes start.
@@ -295,9 +344,9 @@ mod tests {
         // The root's pid reused by another process: not its tree.
         let t2 = table(&[(1, 0, 1), (10, 1, 99), (14, 10, 100)]);
         let e = subtree(10, 5).discover(&t2, &mut st).unwrap_err();
-        assert!(e.contains("another process"), "{e}");
+        assert!(e.to_string().contains("another process"), "{e}");
         let e = subtree(77, 5).discover(&t, &mut st).unwrap_err();
-        assert!(e.contains("not running"), "{e}");
+        assert!(e.to_string().contains("not running"), "{e}");
         // The root exits, leaving a process of its tree behind (re-parented to init): it stays a member, with
         // what it starts, until it is gone; a newcomer reusing the root's pid does not join.
         let src = subtree(10, 5);
@@ -314,17 +363,23 @@ mod tests {
         let t6 = table(&[(1, 0, 1), (15, 1, 99)]);
         let e = src.discover(&t6, &mut ms).unwrap_err();
         assert!(
-            e.contains("not running"),
+            e.to_string().contains("not running"),
             "the whole tree is gone (15 is another process): {e}"
         );
         // Once the whole tree is gone, a stranger that reuses the root's pid is not taken as the root.
         let t7 = table(&[(1, 0, 1), (10, 1, 40), (41, 10, 41)]);
         let e = src.discover(&t7, &mut ms).unwrap_err();
-        assert!(e.contains("another process"), "a stranger at the root's pid: {e}");
+        assert!(
+            e.to_string().contains("another process"),
+            "a stranger at the root's pid: {e}"
+        );
         let mut t3 = table(&[(1, 0, 1), (10, 1, 5)]);
         t3.procs.get_mut(&10).unwrap().state = b'Z';
         let e = src.discover(&t3, &mut st).unwrap_err();
-        assert!(e.contains("not running"), "a zombie root has exited: {e}");
+        assert!(
+            e.to_string().contains("not running"),
+            "a zombie root has exited: {e}"
+        );
     }
 
     /// After an agent restart (nothing remembered) the root is known by the start time its descriptor
@@ -336,7 +391,10 @@ mod tests {
             let e = subtree(10, recorded)
                 .discover(&t, &mut MemberState::default())
                 .unwrap_err();
-            assert!(e.contains("another process") && e.contains("40"), "{e}");
+            assert!(
+                e.to_string().contains("another process") && e.to_string().contains("40"),
+                "{e}"
+            );
         }
         assert_eq!(
             subtree(10, 40).discover(&t, &mut MemberState::default()).unwrap(),
@@ -348,7 +406,7 @@ mod tests {
             start: None,
         };
         let e = old.discover(&t, &mut MemberState::default()).unwrap_err();
-        assert!(e.contains("no subtree_start"), "{e}");
+        assert!(e.to_string().contains("no subtree_start"), "{e}");
     }
 
     #[test]
@@ -371,7 +429,10 @@ mod tests {
         std::fs::write(dir.join("c/cgroup.procs"), "8\n").unwrap();
         assert_eq!(cgroup_pids(&dir).unwrap(), [5, 6, 7, 8].into_iter().collect());
         assert_eq!(cgroup_pids(&dir.join("a")).unwrap(), [7].into_iter().collect());
-        assert!(cgroup_pids(&dir.join("missing")).unwrap_err().contains("missing"));
+        assert!(cgroup_pids(&dir.join("missing"))
+            .unwrap_err()
+            .to_string()
+            .contains("missing"));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

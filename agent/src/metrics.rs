@@ -230,7 +230,7 @@ pub fn render(snap: &Snapshot) -> String {
 }
 
 /// The latest rendering, shared with the HTTP threads.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Published(Arc<Mutex<Option<String>>>);
 
 impl Published {
@@ -244,17 +244,44 @@ impl Published {
     }
 }
 
+/// A `--listen` address that does not resolve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ListenError {
+    /// Not an address, or a name that does not resolve.
+    #[error("{0}; expected HOST:PORT such as 127.0.0.1:9400 or :9400")]
+    Invalid(String),
+    /// A name that resolves to nothing.
+    #[error("resolves to no address")]
+    NoAddress,
+}
+
+/// The bearer token file of the metrics endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// It cannot be read.
+    #[error("token file {}: {source}", .file.display())]
+    Unreadable {
+        /// `--token-file`.
+        file: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// It holds only whitespace.
+    #[error("token file {} is empty", .0.display())]
+    Empty(PathBuf),
+}
+
 /// `HOST:PORT`, `[::1]:PORT`, or `:PORT` (127.0.0.1: loopback unless an address is named).
-pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_listen(s: &str) -> Result<SocketAddr, ListenError> {
     let full = if s.starts_with(':') {
         format!("127.0.0.1{s}")
     } else {
         s.to_string()
     };
     full.to_socket_addrs()
-        .map_err(|e| format!("{e}; expected HOST:PORT such as 127.0.0.1:9400 or :9400"))?
+        .map_err(|e| ListenError::Invalid(e.to_string()))?
         .next()
-        .ok_or_else(|| "resolves to no address".to_string())
+        .ok_or(ListenError::NoAddress)
 }
 
 /// How the endpoint is exposed: `--listen` and `--token-file`.
@@ -285,11 +312,14 @@ pub const HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The token in `file` (surrounding whitespace removed); an empty or unreadable file is an error.
-fn read_token(file: &Path) -> Result<String, String> {
-    let t = std::fs::read_to_string(file).map_err(|e| format!("token file {}: {e}", file.display()))?;
+fn read_token(file: &Path) -> Result<String, TokenError> {
+    let t = std::fs::read_to_string(file).map_err(|source| TokenError::Unreadable {
+        file: file.to_path_buf(),
+        source,
+    })?;
     let t = t.trim();
     if t.is_empty() {
-        return Err(format!("token file {} is empty", file.display()));
+        return Err(TokenError::Empty(file.to_path_buf()));
     }
     Ok(t.to_string())
 }
@@ -315,19 +345,12 @@ pub fn serve(e: &Exposure, published: Published) -> Result<Option<SocketAddr>, A
     };
     match &e.token_file {
         Some(f) => {
-            read_token(f).map_err(AgentError::new)?;
+            read_token(f)?;
         }
-        None if !addr.ip().is_loopback() => {
-            return Err(AgentError::new(format!(
-            "--listen {addr}: the metrics name every tenant and its usage; serve them beyond loopback only \
-                 with --token-file FILE (a bearer token), or keep 127.0.0.1 behind an authenticating proxy \
-                 such as kube-rbac-proxy (docs/agent.md)"
-        )))
-        }
+        None if !addr.ip().is_loopback() => return Err(AgentError::NotLoopback(addr)),
         None => {}
     }
-    let listener =
-        TcpListener::bind(addr).map_err(|e| AgentError::new(format!("cannot listen on {addr}: {e}")))?;
+    let listener = TcpListener::bind(addr).map_err(|source| AgentError::Listen { addr, source })?;
     listener.set_nonblocking(true)?;
     let bound = listener.local_addr()?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -502,7 +525,7 @@ fn check(headers: &HeaderMap, token: Option<&Path>) -> Auth {
     };
     let want = match read_token(file) {
         Ok(t) => t,
-        Err(e) => return Auth::NoToken(e),
+        Err(e) => return Auth::NoToken(e.to_string()),
     };
     let sent = headers
         .get(AUTHORIZATION)

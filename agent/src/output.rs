@@ -50,30 +50,41 @@ pub fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
+/// A command-line value the parsers below refuse, saying what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgError {
+    /// Not a byte size.
+    #[error("{0}; expected a byte size such as 4g or 3000m")]
+    Size(String),
+    /// Not a percentage.
+    #[error("expected a percentage from 0 to 100 (0 or 100 = no limit)")]
+    Percent,
+    /// Not a duration.
+    #[error("{0}: expected a duration such as 500ms, 1s or 2m (a plain number is milliseconds)")]
+    Duration(String),
+}
+
 /// clap parser for a byte size in HAMi's syntax (`4g`, `3000m`, `0x100000`).
-pub fn parse_size_arg(s: &str) -> Result<u64, String> {
-    parse_size(s).map_err(|e| format!("{e}; expected a byte size such as 4g or 3000m"))
+pub fn parse_size_arg(s: &str) -> Result<u64, ArgError> {
+    parse_size(s).map_err(|e| ArgError::Size(e.to_string()))
 }
 
 /// clap parser for an SM percentage: 0–100, where 0 and 100 mean no limit (stored as 0).
-pub fn parse_sm_arg(s: &str) -> Result<u32, String> {
+pub fn parse_sm_arg(s: &str) -> Result<u32, ArgError> {
     match parse_unsigned(s) {
         Ok(n) if n <= 100 => Ok(if n == 100 { 0 } else { n as u32 }),
-        _ => Err("expected a percentage from 0 to 100 (0 or 100 = no limit)".into()),
+        _ => Err(ArgError::Percent),
     }
 }
 
 /// clap parser for a duration: `500ms`, `1s`, `2m`, `1s 500ms` (humantime's syntax), or a plain number of
 /// milliseconds.
-pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, String> {
+pub fn parse_duration_arg(s: &str) -> Result<std::time::Duration, ArgError> {
     let t = s.trim();
-    let d = match t.parse::<u64>() {
+    match t.parse::<u64>() {
         Ok(ms) => Ok(std::time::Duration::from_millis(ms)),
-        Err(_) => humantime::parse_duration(t).map_err(|e| e.to_string()),
-    };
-    d.map_err(|e| {
-        format!("{e}: expected a duration such as 500ms, 1s or 2m (a plain number is milliseconds)")
-    })
+        Err(_) => humantime::parse_duration(t).map_err(|e| ArgError::Duration(e.to_string())),
+    }
 }
 
 #[cfg(test)]
@@ -92,7 +103,7 @@ mod tests {
     #[test]
     fn argument_parsers() {
         assert_eq!(parse_size_arg("3000m"), Ok(3000 << 20));
-        assert!(parse_size_arg("12x").unwrap_err().contains("4g"));
+        assert!(parse_size_arg("12x").unwrap_err().to_string().contains("4g"));
         assert_eq!(parse_sm_arg("30"), Ok(30));
         assert_eq!(parse_sm_arg("100"), Ok(0));
         assert!(parse_sm_arg("150").is_err());

@@ -19,7 +19,7 @@ use crate::output::{self, round2};
 pub const SCHEMA: &str = "cuquota.agent/v1";
 
 /// One pass.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 pub struct AgentReport {
     /// [`SCHEMA`].
     pub schema: &'static str,
@@ -38,7 +38,7 @@ pub struct AgentReport {
 }
 
 /// One GPU as NVML sees it.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 pub struct GpuReport {
     /// NVML index.
     pub index: u32,
@@ -57,7 +57,7 @@ pub struct GpuReport {
 }
 
 /// One container.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 pub struct ContainerReport {
     /// Its id (the descriptor's stem).
     pub name: String,
@@ -86,7 +86,7 @@ pub struct ContainerReport {
 }
 
 /// Members.
-#[derive(Serialize)]
+#[derive(Debug, Serialize)]
 pub struct MembersReport {
     /// The source.
     #[serde(flatten)]
@@ -98,7 +98,7 @@ pub struct MembersReport {
 }
 
 /// One container on one GPU.
-#[derive(Serialize, Clone)]
+#[derive(Debug, Serialize, Clone)]
 pub struct ContainerDevice {
     /// NVML index.
     pub index: u32,
@@ -127,7 +127,7 @@ pub struct ContainerDevice {
 }
 
 /// The container's own accounting for a device.
-#[derive(Serialize, Clone)]
+#[derive(Debug, Serialize, Clone)]
 pub struct Reported {
     /// Charged in the usage file.
     pub memory_used_bytes: u64,
@@ -138,7 +138,7 @@ pub struct Reported {
 }
 
 /// One member process on one GPU.
-#[derive(Serialize, Clone)]
+#[derive(Debug, Serialize, Clone)]
 pub struct ProcessReport {
     /// Host pid.
     pub pid: u32,
@@ -149,6 +149,7 @@ pub struct ProcessReport {
 }
 
 /// One GPU's NVML sample for a pass.
+#[derive(Debug)]
 pub struct GpuSample {
     /// The device.
     pub gpu: Gpu,

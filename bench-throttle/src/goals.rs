@@ -127,7 +127,7 @@ fn rows() -> Vec<Row> {
 }
 
 /// Runs and settings shared by every row.
-pub struct Bench {
+struct Bench {
     sched: String,
     secs: f64,
     prog: PathBuf,
@@ -380,7 +380,7 @@ fn judge(goal: &Goal, ts: &[Tenant], got: &[f64], tt: f64) -> (String, String) {
 }
 
 /// Prints the goals table. `filter`: run only rows whose name contains it (`priority` for the priority rows).
-pub fn bench(sched: &str, secs: f64, filter: Option<&str>) {
+pub(crate) fn bench(sched: &str, secs: f64, filter: Option<&str>) {
     let mut b = Bench {
         sched: sched.to_string(),
         secs,

@@ -146,7 +146,7 @@ fn lat(r: &Run) -> String {
 }
 
 /// Prints the priority table for `secs`-second runs.
-pub fn bench(secs: f64) {
+pub(crate) fn bench(secs: f64) {
     println!(
         "## Priority: high-priority bursts ({BURST} × {} µs, gaps {}–{} ms) with a best-effort tenant\n",
         KERNEL_NS / 1000,

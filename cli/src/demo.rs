@@ -33,11 +33,11 @@ use crate::run::{GpuArgs, Machine};
 use crate::{CliError, CmdResult};
 
 /// Schema of `demo --json` (docs/schemas/demo.v1.json).
-pub const SCHEMA: &str = "cuquota.demo/v1";
+pub(crate) const SCHEMA: &str = "cuquota.demo/v1";
 
 /// What the tenants run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum WorkloadArg {
+pub(crate) enum WorkloadArg {
     /// The CUDA samples when they can be built, else (simulator only) the C probe programs
     Auto,
     /// The CUDA samples compute_loop and oom_probe (nvcc from PyPI, installed into .deps/ when missing)
@@ -48,7 +48,7 @@ pub enum WorkloadArg {
 
 /// `cuquota demo`.
 #[derive(Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// How long the compute tenants run; the SM limit changes halfway
     #[arg(long, default_value = "20s", value_parser = parse_duration_arg)]
     duration: Duration,
@@ -148,8 +148,49 @@ impl Workload {
     }
 }
 
-fn run_quiet(c: &mut Command) -> Result<(), String> {
-    let out = c.output().map_err(|e| format!("{:?}: {e}", c.get_program()))?;
+/// Why the demo's programs could not be had.
+#[derive(Debug, thiserror::Error)]
+enum DemoError {
+    /// A build step did not start.
+    #[error("{program:?}: {source}")]
+    Spawn {
+        /// The program.
+        program: std::ffi::OsString,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A build step failed: its last line of errors.
+    #[error("{program:?} failed ({status}): {last}")]
+    Failed {
+        /// The program.
+        program: std::ffi::OsString,
+        /// How it ended.
+        status: std::process::ExitStatus,
+        /// Its last non-empty line on stderr.
+        last: String,
+    },
+    /// Nowhere to build the samples.
+    #[error("no source checkout to build the samples in: pass --samples DIR")]
+    NoCheckout,
+    /// No nvcc, and no installing it.
+    #[error("nvcc is not installed (scripts/setup.sh cu13) and --offline was given")]
+    NoNvcc,
+    /// A sample missing after the build.
+    #[error("{} not found", .0.display())]
+    NotFound(PathBuf),
+    /// Nowhere to build the probes.
+    #[error("no source checkout holding shim-tests/c")]
+    NoProbeSources,
+    /// No CUDA headers to build the probes with.
+    #[error("NVIDIA's headers are not in .deps/ (./test.sh installs them)")]
+    NoHeaders,
+}
+
+fn run_quiet(c: &mut Command) -> Result<(), DemoError> {
+    let out = c.output().map_err(|source| DemoError::Spawn {
+        program: c.get_program().to_os_string(),
+        source,
+    })?;
     if out.status.success() {
         Ok(())
     } else {
@@ -160,17 +201,21 @@ fn run_quiet(c: &mut Command) -> Result<(), String> {
             .find(|l| !l.trim().is_empty())
             .unwrap_or("")
             .trim();
-        Err(format!("{:?} failed ({}): {last}", c.get_program(), out.status))
+        Err(DemoError::Failed {
+            program: c.get_program().to_os_string(),
+            status: out.status,
+            last: last.to_string(),
+        })
     }
 }
 
 /// The samples: given, or built in the checkout with examples/build.sh (the setup step's cu13 group installed
 /// first when missing, unless `offline`).
-fn samples(a: &DemoArgs, say: &mut dyn FnMut(&str)) -> Result<Workload, String> {
+fn samples(a: &DemoArgs, say: &mut dyn FnMut(&str)) -> Result<Workload, DemoError> {
     let (dir, ws) = match (&a.samples, locate::source_checkout()) {
         (Some(d), _) => (d.clone(), None),
         (None, Some(ws)) => (ws.join("target/examples/cu13"), Some(ws)),
-        (None, None) => return Err("no source checkout to build the samples in: pass --samples DIR".into()),
+        (None, None) => return Err(DemoError::NoCheckout),
     };
     if let Some(ws) = ws {
         // The toolchain is the cu13 group of the setup step (nvcc 13.0 from PyPI, pinned).
@@ -181,7 +226,7 @@ fn samples(a: &DemoArgs, say: &mut dyn FnMut(&str)) -> Result<Workload, String> 
             .is_ok_and(|s| s.success());
         if !ready {
             if a.offline {
-                return Err("nvcc is not installed (scripts/setup.sh cu13) and --offline was given".into());
+                return Err(DemoError::NoNvcc);
             }
             say("installing nvcc 13.0 from PyPI into .deps/ with scripts/setup.sh cu13 (first run only)…");
             run_quiet(Command::new(ws.join("scripts/setup.sh")).arg("cu13"))?;
@@ -191,24 +236,24 @@ fn samples(a: &DemoArgs, say: &mut dyn FnMut(&str)) -> Result<Workload, String> 
     let (compute, memory) = (dir.join("compute_loop"), dir.join("oom_probe"));
     for p in [&compute, &memory] {
         if !p.is_file() {
-            return Err(format!("{} not found", p.display()));
+            return Err(DemoError::NotFound(p.clone()));
         }
     }
     Ok(Workload::Samples { compute, memory })
 }
 
 /// The C probe programs, compiled into `out` against NVIDIA's headers in .deps/.
-fn probes(out: &Path) -> Result<Workload, String> {
-    let ws = locate::source_checkout().ok_or("no source checkout holding shim-tests/c")?;
+fn probes(out: &Path) -> Result<Workload, DemoError> {
+    let ws = locate::source_checkout().ok_or(DemoError::NoProbeSources)?;
     let inc = [
         ws.join(".deps/nvidia/cu13/include"),
         ws.join(".deps/cu13/nvidia/cu13/include"),
     ]
     .into_iter()
     .find(|d| d.join("cuda.h").is_file())
-    .ok_or("NVIDIA's headers are not in .deps/ (./test.sh installs them)")?;
+    .ok_or(DemoError::NoHeaders)?;
     let c = ws.join("shim-tests/c");
-    let build = |name: &str, src: &str, defs: &[&str]| -> Result<PathBuf, String> {
+    let build = |name: &str, src: &str, defs: &[&str]| -> Result<PathBuf, DemoError> {
         let bin = out.join(name);
         let mut cmd = Command::new(std::env::var_os("CC").unwrap_or_else(|| "cc".into()));
         cmd.args(["-O2", "-w"])
@@ -309,7 +354,7 @@ struct Seen {
 
 /// One tenant in the report.
 #[derive(Serialize)]
-pub struct TenantReport {
+pub(crate) struct TenantReport {
     name: &'static str,
     program: &'static str,
     memory_limit_bytes: u64,
@@ -330,7 +375,7 @@ pub struct TenantReport {
 
 /// `demo --json`.
 #[derive(Serialize)]
-pub struct DemoReport {
+pub(crate) struct DemoReport {
     schema: &'static str,
     gpu: String,
     simulated: bool,
@@ -383,7 +428,7 @@ fn memory_results(w: &Workload, out: &str) -> (Option<u64>, BTreeMap<String, u64
 }
 
 /// `cuquota demo`: set up, start the tenants, watch them, judge what each got, report.
-pub fn run(a: DemoArgs) -> CmdResult {
+pub(crate) fn run(a: DemoArgs) -> CmdResult {
     let started = Instant::now();
     if a.duration < Duration::from_secs(2) || a.duration > Duration::from_secs(600) {
         return Err(CliError::new("--duration must be between 2s and 10m"));
@@ -591,8 +636,8 @@ struct Sample {
 
 fn sample(nvml: &Nvml, since_us: u64) -> Result<Sample, CliError> {
     let Sample { mut mem, mut util } = Sample::default();
-    for g in nvml.gpus().map_err(CliError::new)? {
-        for (pid, b) in nvml.processes(&g).map_err(CliError::new)? {
+    for g in nvml.gpus()? {
+        for (pid, b) in nvml.processes(&g)? {
             *mem.entry(pid).or_default() += b;
         }
         if let Ok(u) = nvml.process_utilization(&g, since_us) {

@@ -13,10 +13,10 @@ use crate::output::{self, parse_size_arg, parse_sm_arg};
 use crate::{CliError, CmdResult};
 
 /// Schema of `limits … --json` (docs/schemas/limits.v1.json).
-pub const SCHEMA: &str = "cuquota.limits/v1";
+pub(crate) const SCHEMA: &str = "cuquota.limits/v1";
 
 #[derive(Subcommand)]
-pub enum LimitsCommand {
+pub(crate) enum LimitsCommand {
     /// Create a limits file with no entries (no limits), or check an existing one
     Init {
         /// The limits file
@@ -75,7 +75,7 @@ can write: not tenant-proof.")]
 #[command(after_help = "\
 An ordinal entry follows the process's CUDA ordinals, which it picks with CUDA_VISIBLE_DEVICES: use GPU UUIDs \
 (or all) for limits a process must not be able to move between devices.")]
-pub struct SetArgs {
+pub(crate) struct SetArgs {
     /// The limits file
     file: PathBuf,
     /// Which entry: all, a CUDA ordinal, or a GPU-… UUID
@@ -123,7 +123,7 @@ pub struct SetArgs {
 
 /// An SM policy on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PolicyArg {
+pub(crate) enum PolicyArg {
     /// cuquota's default (burst)
     Default,
     /// Never above the limit, even on an idle GPU
@@ -137,7 +137,7 @@ pub enum PolicyArg {
 
 impl PolicyArg {
     /// The core policy kind.
-    pub fn kind(self) -> PolicyKind {
+    pub(crate) fn kind(self) -> PolicyKind {
         match self {
             PolicyArg::Default => PolicyKind::Default,
             PolicyArg::Hard => PolicyKind::Hard,
@@ -147,14 +147,14 @@ impl PolicyArg {
     }
 
     /// The name `CUQUOTA_POLICY` takes.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         self.kind().as_str()
     }
 }
 
 /// A priority on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PriorityArg {
+pub(crate) enum PriorityArg {
     /// Latency-critical (CUDA_TASK_PRIORITY=0)
     High,
     /// Best effort (CUDA_TASK_PRIORITY=1)
@@ -175,28 +175,39 @@ impl PriorityArg {
 
 /// A `--set` member list.
 #[derive(Clone, Debug)]
-pub struct PidList(Vec<u32>);
+pub(crate) struct PidList(Vec<u32>);
 
-fn parse_pid_list(s: &str) -> Result<PidList, String> {
+/// A `limits set` argument that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum ArgError {
+    /// A member that is no pid.
+    #[error("{0:?} is not a pid (a positive integer)")]
+    NotAPid(String),
+    /// A device that is no selector.
+    #[error("expected all, a CUDA ordinal or a GPU-… UUID")]
+    Selector,
+}
+
+fn parse_pid_list(s: &str) -> Result<PidList, ArgError> {
     if s.trim().is_empty() {
         return Ok(PidList(Vec::new()));
     }
     s.split(',')
         .map(|p| match p.trim().parse::<u32>() {
-            Ok(0) | Err(_) => Err(format!("{p:?} is not a pid (a positive integer)")),
+            Ok(0) | Err(_) => Err(ArgError::NotAPid(p.to_string())),
             Ok(v) => Ok(v),
         })
         .collect::<Result<Vec<_>, _>>()
         .map(PidList)
 }
 
-fn parse_selector(s: &str) -> Result<DeviceSelector, String> {
-    DeviceSelector::parse(s).ok_or_else(|| "expected all, a CUDA ordinal or a GPU-… UUID".to_string())
+fn parse_selector(s: &str) -> Result<DeviceSelector, ArgError> {
+    DeviceSelector::parse(s).ok_or(ArgError::Selector)
 }
 
 /// The limits file as `limits show --json` prints it.
 #[derive(Serialize)]
-pub struct LimitsReport {
+pub(crate) struct LimitsReport {
     schema: &'static str,
     limits_file: String,
     seq: u64,
@@ -217,7 +228,7 @@ pub struct LimitsReport {
 
 /// One entry.
 #[derive(Serialize)]
-pub struct LimitsEntry {
+pub(crate) struct LimitsEntry {
     /// `all`, the ordinal or the UUID, as `--device` takes it.
     device: String,
     /// The CUDA ordinal of an ordinal entry.
@@ -345,7 +356,7 @@ impl LimitsReport {
 }
 
 /// `cuquota limits …`.
-pub fn run(cmd: LimitsCommand) -> CmdResult {
+pub(crate) fn run(cmd: LimitsCommand) -> CmdResult {
     match cmd {
         LimitsCommand::Init {
             file,
@@ -496,7 +507,7 @@ fn usage_identity(container_path: &Path, host_path: Option<&Path>) -> Result<Fil
 
 /// Writes `memory` / `sm` / `policy` for `all` devices into `file` (created if missing): what `cuquota run`
 /// and the demo do for a tenant.
-pub fn write_all(
+pub(crate) fn write_all(
     file: &Path,
     memory: Option<u64>,
     sm: Option<u32>,

@@ -11,12 +11,12 @@ use std::process::Command;
 use crate::CliError;
 
 /// The shim.
-pub const SHIM: &str = "libcuquota.so";
+pub(crate) const SHIM: &str = "libcuquota.so";
 /// The simulated driver.
-pub const SIMULATOR: &str = "libcudasim.so";
+pub(crate) const SIMULATOR: &str = "libcudasim.so";
 
 /// The workspace this binary was built from, if its sources are still there.
-pub fn source_checkout() -> Option<PathBuf> {
+pub(crate) fn source_checkout() -> Option<PathBuf> {
     let ws = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.to_path_buf();
     (ws.join("Cargo.toml").is_file() && ws.join("src/lib.rs").is_file() && ws.join("shim-tests/sim").is_dir())
         .then_some(ws)
@@ -93,7 +93,7 @@ fn build_in_checkout(ws: &Path) -> Result<PathBuf, CliError> {
 
 /// Finds `name` (`SHIM` or `SIMULATOR`): `explicit` if given, else the candidates, else a build in the source
 /// checkout.
-pub fn library(name: &str, explicit: Option<&Path>) -> Result<PathBuf, CliError> {
+pub(crate) fn library(name: &str, explicit: Option<&Path>) -> Result<PathBuf, CliError> {
     if let Some(p) = explicit {
         return if p.is_file() {
             Ok(p.canonicalize().unwrap_or_else(|_| p.to_path_buf()))

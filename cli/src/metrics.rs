@@ -13,7 +13,7 @@ use crate::{CliError, CmdResult};
 
 /// `cuquota metrics`.
 #[derive(Args)]
-pub struct MetricsArgs {
+pub(crate) struct MetricsArgs {
     #[command(flatten)]
     expose: Exposure,
     /// The container's usage file [default: $CUQUOTA_USAGE_FILE, $CUDA_DEVICE_MEMORY_SHARED_CACHE, then
@@ -42,14 +42,14 @@ pub struct MetricsArgs {
 
 /// Turns successive `status` reports of one usage file into metric samples (it remembers when each device's
 /// GPU time last grew, for the last-kernel age).
-pub struct UsageSampler {
+pub(crate) struct UsageSampler {
     base: DeviceLabels,
     last_active: Vec<(String, Instant)>,
 }
 
 impl UsageSampler {
     /// A sampler labelling its series with `base` (vdevice_index and device_uuid filled per device).
-    pub fn new(base: DeviceLabels) -> UsageSampler {
+    pub(crate) fn new(base: DeviceLabels) -> UsageSampler {
         UsageSampler {
             base,
             last_active: Vec::new(),
@@ -57,7 +57,7 @@ impl UsageSampler {
     }
 
     /// The samples of one report.
-    pub fn samples(&mut self, r: &StatusReport) -> Vec<DeviceSample> {
+    pub(crate) fn samples(&mut self, r: &StatusReport) -> Vec<DeviceSample> {
         let now = Instant::now();
         r.devices
             .iter()
@@ -93,7 +93,7 @@ impl UsageSampler {
 }
 
 /// `cuquota metrics`: samples the usage file every interval and serves the latest sample.
-pub fn run(a: MetricsArgs) -> CmdResult {
+pub(crate) fn run(a: MetricsArgs) -> CmdResult {
     let path = crate::status::usage_path(a.usage)?;
     let name = a.name.unwrap_or_else(|| {
         path.file_name()

@@ -13,10 +13,10 @@ use crate::output;
 use crate::CmdResult;
 
 /// Schema of `priority show --json` (docs/schemas/priority.v1.json).
-pub const SCHEMA: &str = "cuquota.priority/v1";
+pub(crate) const SCHEMA: &str = "cuquota.priority/v1";
 
 #[derive(Subcommand)]
-pub enum PriorityCommand {
+pub(crate) enum PriorityCommand {
     /// Create a container's priority file (mode 0666), or check an existing one: DIR/NAME.high for a
     /// high-priority container, DIR/NAME.low for the others (rename to change it live). Mount DIR read-only
     /// into every container with a priority at /etc/cuquota/priority.d, and the container's own file
@@ -92,7 +92,7 @@ fn monotonic_ns() -> u64 {
 }
 
 /// `cuquota priority …`.
-pub fn run(cmd: PriorityCommand) -> CmdResult {
+pub(crate) fn run(cmd: PriorityCommand) -> CmdResult {
     match cmd {
         PriorityCommand::Init { file } => {
             PriorityRegion::create(&file)?;

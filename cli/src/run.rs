@@ -29,7 +29,7 @@ const EXIT_SETUP: u8 = 125;
 
 /// Where programs run: the NVIDIA driver or the simulated GPU, and the libraries.
 #[derive(Args, Clone, Debug, Default)]
-pub struct GpuArgs {
+pub(crate) struct GpuArgs {
     /// Use the simulated GPU even if an NVIDIA driver is installed
     #[arg(long)]
     pub sim: bool,
@@ -53,7 +53,7 @@ pub struct GpuArgs {
 Limits already in the environment (CUDA_DEVICE_MEMORY_LIMIT[_i], CUQUOTA_SM_LIMIT[_i], …) are only ever \
 lowered, never raised. The exit status is CMD's (128+N if signal N killed it; 125 if cuquota could not start \
 it, 126 if CMD is not executable, 127 if it is not found).")]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Device-memory cap per GPU, in HAMi's syntax (4g, 3000m)
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     memory: Option<u64>,
@@ -85,7 +85,7 @@ pub struct RunArgs {
 
 /// What programs run on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     /// The NVIDIA driver (`libcuda.so.1` loads and is not the simulator).
     Driver,
     /// The simulated GPU set up by cuquota: `devices` × `memory` bytes.
@@ -96,7 +96,7 @@ pub enum Backend {
 
 /// The GPU side of a launch: the shim, the backend, a private directory, and the variables every program
 /// needs to reach the (simulated) GPU.
-pub struct Machine {
+pub(crate) struct Machine {
     /// libcuquota.so.
     pub shim: PathBuf,
     /// The backend.
@@ -124,7 +124,7 @@ fn probe_driver() -> Option<bool> {
 
 impl Machine {
     /// Finds the libraries and picks the backend (`tag` names the private directory).
-    pub fn setup(a: &GpuArgs, tag: &str) -> Result<Machine, CliError> {
+    pub(crate) fn setup(a: &GpuArgs, tag: &str) -> Result<Machine, CliError> {
         let shim = locate::library(locate::SHIM, a.library.as_deref())?;
         let dir = tempfile::Builder::new()
             .prefix(&format!("cuquota-{tag}-"))
@@ -192,17 +192,17 @@ impl Machine {
     }
 
     /// Whether programs run on the simulator.
-    pub fn simulated(&self) -> bool {
+    pub(crate) fn simulated(&self) -> bool {
         self.backend != Backend::Driver
     }
 
     /// The machine's private directory (removed when it is dropped).
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         self.dir.path()
     }
 
     /// One phrase for messages: "the simulated GPU (1 device of 16 GiB)".
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match &self.backend {
             Backend::Driver => "the NVIDIA driver".into(),
             Backend::Simulator { devices, memory } => format!(
@@ -219,7 +219,7 @@ impl Machine {
 
     /// NVML of this machine, in this process: the simulator's (after giving this process the simulator's
     /// variables, so it sees the same GPU as the programs) or the driver's.
-    pub fn nvml(&self) -> Result<crate::nvml::Nvml, String> {
+    pub(crate) fn nvml(&self) -> Result<crate::nvml::Nvml, crate::nvml::NvmlError> {
         match &self.simulator {
             Some(sim) => {
                 for (k, v) in &self.env {
@@ -236,7 +236,7 @@ impl Machine {
 
     /// The environment for a program under cuquota: this process's, plus the preload and the backend's
     /// variables, plus `extra`.
-    pub fn env(&self, extra: &[(OsString, OsString)]) -> BTreeMap<OsString, OsString> {
+    pub(crate) fn env(&self, extra: &[(OsString, OsString)]) -> BTreeMap<OsString, OsString> {
         let mut env: BTreeMap<OsString, OsString> = std::env::vars_os().collect();
         let mut preload = self.shim.clone().into_os_string();
         if let Some(old) = env.get(OsStr::new("LD_PRELOAD")).filter(|v| !v.is_empty()) {
@@ -321,7 +321,7 @@ fn is_sm_share(k: &OsStr, v: &OsStr) -> bool {
 
 /// Limits and devices for a program, applied to its environment.
 #[derive(Default, Clone)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Memory cap, bytes (0 = none).
     pub memory: Option<u64>,
     /// SM share, percent (0 = none).
@@ -332,7 +332,7 @@ pub struct Limits {
 
 impl Limits {
     /// Applies the limits to `env`, only ever lowering what is there.
-    pub fn apply(&self, env: &mut BTreeMap<OsString, OsString>) -> Result<(), CliError> {
+    pub(crate) fn apply(&self, env: &mut BTreeMap<OsString, OsString>) -> Result<(), CliError> {
         if let Some(m) = self.memory.filter(|m| *m != 0) {
             tighten(
                 env,
@@ -434,7 +434,7 @@ fn visible_devices(devs: &[String], current: Option<&OsStr>) -> Result<OsString,
 }
 
 /// Makes this process a child subreaper: orphaned descendants are re-parented to it.
-pub fn become_subreaper() -> Result<(), CliError> {
+pub(crate) fn become_subreaper() -> Result<(), CliError> {
     // SAFETY: PR_SET_CHILD_SUBREAPER takes one integer argument.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
         return Err(CliError::new(format!(
@@ -533,7 +533,7 @@ fn children() -> Vec<libc::pid_t> {
 }
 
 /// `cuquota run`.
-pub fn run(a: RunArgs) -> CmdResult {
+pub(crate) fn run(a: RunArgs) -> CmdResult {
     let fail = |e: CliError| CliError {
         msg: format!("run: {}", e.msg),
         code: EXIT_SETUP,

@@ -15,11 +15,11 @@ use crate::output::{self, parse_duration_arg, round2};
 use crate::{CliError, CmdResult};
 
 /// Schema of `status --json` (docs/schemas/status.v1.json).
-pub const SCHEMA: &str = "cuquota.status/v1";
+pub(crate) const SCHEMA: &str = "cuquota.status/v1";
 
 /// `cuquota status`.
 #[derive(Args)]
-pub struct StatusArgs {
+pub(crate) struct StatusArgs {
     /// The container's usage file [default: $CUQUOTA_USAGE_FILE, $CUDA_DEVICE_MEMORY_SHARED_CACHE, then
     /// /tmp/cuquota.usage]
     #[arg(long, value_name = "FILE")]
@@ -35,7 +35,7 @@ pub struct StatusArgs {
 /// `--usage`, else the file the shim would use: `CUQUOTA_USAGE_FILE`, else the one beside HAMi's file when
 /// `CUDA_DEVICE_MEMORY_SHARED_CACHE` is set (`X.cache` → `X.cuquota-usage`, docs/hami.md; an empty variable
 /// counts as unset), else the default.
-pub fn usage_path(arg: Option<PathBuf>) -> Result<PathBuf, CliError> {
+pub(crate) fn usage_path(arg: Option<PathBuf>) -> Result<PathBuf, CliError> {
     if let Some(p) = arg {
         return Ok(p);
     }
@@ -51,7 +51,7 @@ pub fn usage_path(arg: Option<PathBuf>) -> Result<PathBuf, CliError> {
 
 /// `status --json`.
 #[derive(Serialize)]
-pub struct StatusReport {
+pub(crate) struct StatusReport {
     schema: &'static str,
     usage_file: String,
     reclaimed_slots: usize,
@@ -64,7 +64,7 @@ pub struct StatusReport {
 
 /// One device the container has used.
 #[derive(Serialize)]
-pub struct StatusDevice {
+pub(crate) struct StatusDevice {
     /// The device's entry in the usage file (order of first use; HAMi's `vdevice_index`).
     pub entry: u32,
     /// NVML index, when NVML is available to map the UUID.
@@ -95,7 +95,7 @@ pub struct StatusDevice {
 
 /// One process on one device.
 #[derive(Serialize)]
-pub struct StatusProcess {
+pub(crate) struct StatusProcess {
     /// Pid in the container's pid namespace.
     pub pid: u32,
     /// Pid as NVML (the host) knows it, when learned.
@@ -132,7 +132,7 @@ fn nvml_indexes() -> &'static [(String, u32)] {
 
 impl StatusReport {
     /// Samples the usage file for `interval`.
-    pub fn sample(path: PathBuf, interval: Duration) -> Result<StatusReport, CliError> {
+    pub(crate) fn sample(path: PathBuf, interval: Duration) -> Result<StatusReport, CliError> {
         let region = UsageRegion::open_existing(&path)?;
         let reclaimed = region.reclaim_dead();
         let (dev0, procs0, t0) = (region.devices(), region.processes(), Instant::now());
@@ -257,7 +257,7 @@ impl StatusReport {
 }
 
 /// `cuquota status`.
-pub fn run(a: StatusArgs) -> CmdResult {
+pub(crate) fn run(a: StatusArgs) -> CmdResult {
     let report = StatusReport::sample(usage_path(a.usage)?, a.interval)?;
     if a.json {
         output::print_json(&report)?;

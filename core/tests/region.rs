@@ -250,7 +250,7 @@ fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
     // renamed away: nothing at the path is refused, and nothing is created there
     let away = uf.path().with_extension("away");
     std::fs::rename(uf.path(), &away).unwrap();
-    let e = UsageRegion::open_bound(uf.path(), id).err().expect("missing");
+    let e = UsageRegion::open_bound(uf.path(), id).expect_err("missing");
     assert!(
         matches!(e, RegionError::NotTheBoundFile { found: None, .. }),
         "{e}"
@@ -263,7 +263,7 @@ fn a_bound_usage_file_is_opened_only_if_it_is_the_bound_one() {
         } else {
             std::fs::copy(&away, uf.path()).unwrap();
         }
-        let e = UsageRegion::open_bound(uf.path(), id).err().expect("replaced");
+        let e = UsageRegion::open_bound(uf.path(), id).expect_err("replaced");
         let msg = e.to_string();
         assert!(
             matches!(e, RegionError::NotTheBoundFile { found: Some(_), .. }),
@@ -1024,9 +1024,7 @@ fn opening_for_binding_follows_no_link_and_never_blocks() {
         (base.path().join("link/usage"), false),
         (base.path().join("link/new"), true),
     ] {
-        let e = UsageRegion::open_for_binding(&p, create)
-            .err()
-            .expect("through a link");
+        let e = UsageRegion::open_for_binding(&p, create).expect_err("through a link");
         assert!(
             matches!(&e, RegionError::SymlinkInPath { link, .. } if link == &base.path().join("link")),
             "{e}"

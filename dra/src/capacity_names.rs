@@ -14,16 +14,27 @@ pub const CAPACITY_CORES: &str = "cores";
 
 static PUBLISHED: OnceLock<&'static str> = OnceLock::new();
 
+/// A name of the SM-share capacity that cannot be published.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SmNameError {
+    /// Neither `sm` nor `cores`.
+    #[error("{0:?}: expected {CAPACITY_SM} or {CAPACITY_CORES}")]
+    Unknown(String),
+    /// Already published under the other name.
+    #[error("the SM capacity is already published as {0:?}")]
+    AlreadyPublished(&'static str),
+}
+
 /// Sets the name the node's ResourceSlice gives the SM share (`sm` or `cores`), once, before it is published.
-pub fn publish_sm_as(name: &str) -> Result<(), String> {
+pub fn publish_sm_as(name: &str) -> Result<(), SmNameError> {
     let name = match name {
         CAPACITY_SM => CAPACITY_SM,
         CAPACITY_CORES => CAPACITY_CORES,
-        other => return Err(format!("{other:?}: expected {CAPACITY_SM} or {CAPACITY_CORES}")),
+        other => return Err(SmNameError::Unknown(other.to_string())),
     };
     match PUBLISHED.get_or_init(|| name) {
         n if *n == name => Ok(()),
-        n => Err(format!("the SM capacity is already published as {n:?}")),
+        n => Err(SmNameError::AlreadyPublished(n)),
     }
 }
 
@@ -32,12 +43,23 @@ pub fn sm_published() -> &'static str {
     PUBLISHED.get().copied().unwrap_or(CAPACITY_SM)
 }
 
+/// A device result that names the SM share twice, differently.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("consumedCapacity names the SM share twice, {CAPACITY_SM} {sm:?} and {CAPACITY_CORES} {cores:?}")]
+pub struct SmNamesError {
+    /// Under `sm`.
+    pub sm: String,
+    /// Under `cores`.
+    pub cores: String,
+}
+
 /// The SM share a device result consumes, under `sm` or HAMi's `cores`; both present must agree.
-pub fn consumed_sm(consumed: &BTreeMap<String, String>) -> Result<Option<&String>, String> {
+pub fn consumed_sm(consumed: &BTreeMap<String, String>) -> Result<Option<&String>, SmNamesError> {
     match (consumed.get(CAPACITY_SM), consumed.get(CAPACITY_CORES)) {
-        (Some(a), Some(b)) if a != b => Err(format!(
-            "consumedCapacity names the SM share twice, {CAPACITY_SM} {a:?} and {CAPACITY_CORES} {b:?}"
-        )),
+        (Some(a), Some(b)) if a != b => Err(SmNamesError {
+            sm: a.clone(),
+            cores: b.clone(),
+        }),
         (a, b) => Ok(a.or(b)),
     }
 }
@@ -49,7 +71,7 @@ mod tests {
 
     const GPU: &str = "GPU-0badc0de-1111-2222-3333-444455556666";
 
-    fn grant_sm(capacity: serde_json::Value) -> Result<Option<u32>, String> {
+    fn grant_sm(capacity: serde_json::Value) -> Result<Option<u32>, crate::claim::ClaimError> {
         let p = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/claim.json");
         let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
         v["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"] = capacity;
@@ -73,9 +95,9 @@ mod tests {
             Ok(Some(30))
         );
         let e = grant_sm(json!({"memory": "4Gi", "cores": "30", "sm": "60"})).unwrap_err();
-        assert!(e.contains("twice"), "{e}");
+        assert!(e.to_string().contains("twice"), "{e}");
         let e = grant_sm(json!({"memory": "4Gi", "cores": "300"})).unwrap_err();
-        assert!(e.contains("1-100"), "{e}");
+        assert!(e.to_string().contains("1-100"), "{e}");
     }
 
     #[test]

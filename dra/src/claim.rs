@@ -196,47 +196,199 @@ pub struct Grants {
     pub pods: Vec<(String, String)>,
 }
 
+/// Why a claim cannot be honoured on this node (the kubelet shows it on the pod): each names the field and
+/// what was expected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// No `status.allocation`.
+    #[error("the claim is not allocated (no status.allocation)")]
+    NotAllocated,
+    /// A device this node does not have.
+    #[error("device {device:?} of pool {pool:?} is not a GPU of this node (known: {known})")]
+    UnknownDevice {
+        /// The result's device.
+        device: String,
+        /// The result's pool.
+        pool: String,
+        /// This node's devices, joined.
+        known: String,
+    },
+    /// A device of another node's pool.
+    #[error("device {device:?} is in pool {pool:?}, this node's pool is {node_pool:?}")]
+    OtherPool {
+        /// The result's device.
+        device: String,
+        /// The result's pool.
+        pool: String,
+        /// This node's pool.
+        node_pool: String,
+    },
+    /// `consumedCapacity.memory` is no quantity.
+    #[error("consumedCapacity memory {0:?} is not a quantity")]
+    MemoryQuantity(String),
+    /// `consumedCapacity.memory` is 0 or more than the device has.
+    #[error("consumedCapacity memory {memory} is not within the device's 1..={device} bytes")]
+    MemoryRange {
+        /// Asked.
+        memory: u64,
+        /// The device's memory.
+        device: u64,
+    },
+    /// The SM share named twice, differently.
+    #[error(transparent)]
+    SmNames(#[from] crate::capacity_names::SmNamesError),
+    /// The SM share is no quantity.
+    #[error("consumedCapacity sm {0:?} is not a quantity")]
+    SmQuantity(String),
+    /// The SM share is not 1-100.
+    #[error("consumedCapacity sm {0} is not a percentage 1-100")]
+    SmRange(u64),
+    /// No device of this driver.
+    #[error("the allocation has no device of driver {0}")]
+    NoDevice(String),
+    /// One GPU twice without share IDs.
+    #[error("GPU {uuid} is allocated twice to the claim (requests {first:?} and {second:?}) without distinct share IDs")]
+    Twice {
+        /// The GPU.
+        uuid: String,
+        /// The first request.
+        first: String,
+        /// The second request.
+        second: String,
+    },
+    /// A GPU's shares ask for more memory than it has.
+    #[error("the shares of GPU {uuid} consume {memory} bytes of memory together, the device has {total}")]
+    SharesMemory {
+        /// The GPU.
+        uuid: String,
+        /// Asked, together.
+        memory: u64,
+        /// The device's memory.
+        total: u64,
+    },
+    /// A GPU's shares carry different configurations.
+    #[error(
+        "the shares of GPU {uuid} (requests {first:?} and {second:?}) carry different configurations; the GPU \
+         has one limits entry"
+    )]
+    SharesConfig {
+        /// The GPU.
+        uuid: String,
+        /// The first request.
+        first: String,
+        /// The second request.
+        second: String,
+    },
+    /// A GPU's shares ask for more than all of its SM time.
+    #[error("the shares of GPU {uuid} consume {sm} % of its SM time together")]
+    SharesSm {
+        /// The GPU.
+        uuid: String,
+        /// Asked, together (percent).
+        sm: u32,
+    },
+    /// An opaque configuration that is not a GpuConfig.
+    #[error("{from} configuration for {driver}: {error}")]
+    Config {
+        /// `FromClass` or `FromClaim`.
+        from: String,
+        /// The driver.
+        driver: String,
+        /// serde's message.
+        error: String,
+    },
+    /// An opaque configuration of another apiVersion or kind.
+    #[error("{from} configuration: expected apiVersion {CONFIG_API_VERSION} kind {CONFIG_KIND}, got {api_version} {kind}")]
+    ConfigKind {
+        /// `FromClass` or `FromClaim`.
+        from: String,
+        /// Its apiVersion.
+        api_version: String,
+        /// Its kind.
+        kind: String,
+    },
+    /// A policy that is not hard, burst or default.
+    #[error("{from}: policy {value:?}: expected hard, burst or default")]
+    Policy {
+        /// `FromClass` or `FromClaim`.
+        from: String,
+        /// Given.
+        value: String,
+    },
+    /// A priority that is not high or low.
+    #[error("{from}: priority {value:?}: expected high or low")]
+    Priority {
+        /// `FromClass` or `FromClaim`.
+        from: String,
+        /// Given.
+        value: String,
+    },
+    /// reservedMemory is no quantity.
+    #[error("{from}: reservedMemory {value:?} is not a quantity")]
+    ReservedMemory {
+        /// `FromClass` or `FromClaim`.
+        from: String,
+        /// Given.
+        value: String,
+    },
+    /// A weight outside 1-1000.
+    #[error("{from}: weight {value}: expected 1-1000")]
+    Weight {
+        /// `FromClass` or `FromClaim`.
+        from: String,
+        /// Given.
+        value: u32,
+    },
+    /// The claim asks for more than its DeviceClass allows.
+    #[error(
+        "the claim's {what} {asked} goes beyond its DeviceClass's {class}: a claim may only ask for less than its \
+         class (lower priority, stricter policy, smaller weight, more reservedMemory)"
+    )]
+    BeyondClass {
+        /// The parameter.
+        what: String,
+        /// The claim's value.
+        asked: String,
+        /// The class's value.
+        class: String,
+    },
+}
+
 impl ResourceClaim {
     /// The grants of this driver's devices. Errors (a claim the node cannot honour) name what is wrong.
-    pub fn grants(&self, driver: &str, inventory: &Inventory) -> Result<Grants, String> {
-        let alloc = self
-            .status
-            .allocation
-            .as_ref()
-            .ok_or("the claim is not allocated (no status.allocation)")?;
+    pub fn grants(&self, driver: &str, inventory: &Inventory) -> Result<Grants, ClaimError> {
+        let alloc = self.status.allocation.as_ref().ok_or(ClaimError::NotAllocated)?;
         let mut devices = Vec::new();
         for r in alloc.devices.results.iter().filter(|r| r.driver == driver) {
-            let gpu = inventory.by_name(&r.device).ok_or_else(|| {
-                format!(
-                    "device {:?} of pool {:?} is not a GPU of this node (known: {})",
-                    r.device,
-                    r.pool,
-                    inventory.names().join(", ")
-                )
-            })?;
+            let gpu = inventory
+                .by_name(&r.device)
+                .ok_or_else(|| ClaimError::UnknownDevice {
+                    device: r.device.clone(),
+                    pool: r.pool.clone(),
+                    known: inventory.names().join(", "),
+                })?;
             if r.pool != inventory.pool {
-                return Err(format!(
-                    "device {:?} is in pool {:?}, this node's pool is {:?}",
-                    r.device, r.pool, inventory.pool
-                ));
+                return Err(ClaimError::OtherPool {
+                    device: r.device.clone(),
+                    pool: r.pool.clone(),
+                    node_pool: inventory.pool.clone(),
+                });
             }
             let memory = match r.consumed_capacity.get(CAPACITY_MEMORY) {
-                Some(q) => quantity::parse(q)
-                    .ok_or_else(|| format!("consumedCapacity memory {q:?} is not a quantity"))?,
+                Some(q) => quantity::parse(q).ok_or_else(|| ClaimError::MemoryQuantity(q.clone()))?,
                 None => gpu.memory,
             };
             if memory == 0 || memory > gpu.memory {
-                return Err(format!(
-                    "consumedCapacity memory {} is not within the device's 1..={} bytes",
-                    memory, gpu.memory
-                ));
+                return Err(ClaimError::MemoryRange {
+                    memory,
+                    device: gpu.memory,
+                });
             }
             let sm = match crate::capacity_names::consumed_sm(&r.consumed_capacity)? {
                 Some(q) => {
-                    let v = quantity::parse(q)
-                        .ok_or_else(|| format!("consumedCapacity sm {q:?} is not a quantity"))?;
+                    let v = quantity::parse(q).ok_or_else(|| ClaimError::SmQuantity(q.clone()))?;
                     if !(1..=100).contains(&v) {
-                        return Err(format!("consumedCapacity sm {v} is not a percentage 1-100"));
+                        return Err(ClaimError::SmRange(v));
                     }
                     (v < 100).then_some(v as u32)
                 }
@@ -260,16 +412,17 @@ impl ResourceClaim {
             });
         }
         if devices.is_empty() {
-            return Err(format!("the allocation has no device of driver {driver}"));
+            return Err(ClaimError::NoDevice(driver.to_string()));
         }
         for (i, g) in devices.iter().enumerate() {
             let distinct =
                 |h: &Grant| g.share_id.is_some() && h.share_id.is_some() && g.share_id != h.share_id;
             if let Some(h) = devices[..i].iter().find(|h| h.uuid == g.uuid && !distinct(h)) {
-                return Err(format!(
-                    "GPU {} is allocated twice to the claim (requests {:?} and {:?}) without distinct share IDs",
-                    g.uuid, h.request, g.request
-                ));
+                return Err(ClaimError::Twice {
+                    uuid: g.uuid.clone(),
+                    first: h.request.clone(),
+                    second: g.request.clone(),
+                });
             }
         }
         let grants = Grants {
@@ -283,10 +436,11 @@ impl ResourceClaim {
                 .find(|x| x.uuid == g.uuid)
                 .map_or(0, |x| x.memory);
             if g.memory > total {
-                return Err(format!(
-                    "the shares of GPU {} consume {} bytes of memory together, the device has {total}",
-                    g.uuid, g.memory
-                ));
+                return Err(ClaimError::SharesMemory {
+                    uuid: g.uuid.clone(),
+                    memory: g.memory,
+                    total,
+                });
             }
         }
         let devices = grants.devices;
@@ -311,7 +465,7 @@ impl Grants {
     /// One grant per GPU: the shares of a GPU the claim holds under several share IDs summed (memory, SM
     /// share; 100 % or more of SM is the whole device, more than 100 % an error), in first-seen order. The
     /// shares must carry the same configuration: the GPU has one limits entry.
-    pub fn per_gpu(&self) -> Result<Vec<Grant>, String> {
+    pub fn per_gpu(&self) -> Result<Vec<Grant>, ClaimError> {
         let mut out: Vec<Grant> = Vec::new();
         for g in &self.devices {
             let Some(m) = out.iter_mut().find(|m| m.uuid == g.uuid) else {
@@ -320,18 +474,18 @@ impl Grants {
             };
             let cfg = |x: &Grant| (x.policy.clone(), x.priority.clone(), x.reserved_memory, x.weight);
             if cfg(m) != cfg(g) {
-                return Err(format!(
-                    "the shares of GPU {} (requests {:?} and {:?}) carry different configurations; the GPU has one \
-                     limits entry",
-                    g.uuid, m.request, g.request
-                ));
+                return Err(ClaimError::SharesConfig {
+                    uuid: g.uuid.clone(),
+                    first: m.request.clone(),
+                    second: g.request.clone(),
+                });
             }
             let sm = m.sm.unwrap_or(100) + g.sm.unwrap_or(100);
             if sm > 100 {
-                return Err(format!(
-                    "the shares of GPU {} consume {sm} % of its SM time together",
-                    g.uuid
-                ));
+                return Err(ClaimError::SharesSm {
+                    uuid: g.uuid.clone(),
+                    sm,
+                });
             }
             m.memory = m.memory.saturating_add(g.memory);
             m.sm = (sm < 100).then_some(sm);
@@ -349,7 +503,7 @@ pub fn base_request(request: &str) -> &str {
 
 /// One source's configuration for `request` (`FromClass` or `FromClaim`): its entries in order, later fields
 /// winning.
-fn merged(alloc: &Allocation, driver: &str, request: &str, source: &str) -> Result<GpuConfig, String> {
+fn merged(alloc: &Allocation, driver: &str, request: &str, source: &str) -> Result<GpuConfig, ClaimError> {
     let parent = base_request(request);
     let mut out = GpuConfig::default();
     for c in alloc.devices.config.iter().filter(|c| c.source == source) {
@@ -359,13 +513,17 @@ fn merged(alloc: &Allocation, driver: &str, request: &str, source: &str) -> Resu
         if !c.requests.is_empty() && !c.requests.iter().any(|r| r == request || r == parent) {
             continue;
         }
-        let g: GpuConfig = serde_json::from_value(o.parameters.clone())
-            .map_err(|e| format!("{source} configuration for {driver}: {e}"))?;
+        let g: GpuConfig = serde_json::from_value(o.parameters.clone()).map_err(|e| ClaimError::Config {
+            from: source.to_string(),
+            driver: driver.to_string(),
+            error: e.to_string(),
+        })?;
         if g.api_version != CONFIG_API_VERSION || g.kind != CONFIG_KIND {
-            return Err(format!(
-                "{source} configuration: expected apiVersion {CONFIG_API_VERSION} kind {CONFIG_KIND}, got {} {}",
-                g.api_version, g.kind
-            ));
+            return Err(ClaimError::ConfigKind {
+                from: source.to_string(),
+                api_version: g.api_version,
+                kind: g.kind,
+            });
         }
         out.policy = g.policy.or(out.policy);
         out.priority = g.priority.or(out.priority);
@@ -385,32 +543,38 @@ struct Settings {
 }
 
 impl Settings {
-    fn parse(source: &str, cfg: &GpuConfig) -> Result<Settings, String> {
+    fn parse(source: &str, cfg: &GpuConfig) -> Result<Settings, ClaimError> {
         let policy = match cfg.policy.as_deref() {
             None => None,
             Some(p) => match PolicyKind::parse(p) {
                 Some(PolicyKind::Disabled) | None => {
-                    return Err(format!("{source}: policy {p:?}: expected hard, burst or default"))
+                    return Err(ClaimError::Policy {
+                        from: source.to_string(),
+                        value: p.to_string(),
+                    })
                 }
                 k => k,
             },
         };
         let priority = match cfg.priority.as_deref() {
             None => None,
-            Some(p) => Some(
-                Priority::parse(p)
-                    .ok_or_else(|| format!("{source}: priority {p:?}: expected high or low"))?,
-            ),
+            Some(p) => Some(Priority::parse(p).ok_or_else(|| ClaimError::Priority {
+                from: source.to_string(),
+                value: p.to_string(),
+            })?),
         };
         let reserved_memory = match cfg.reserved_memory.as_deref() {
             None => None,
-            Some(q) => Some(
-                quantity::parse(q)
-                    .ok_or_else(|| format!("{source}: reservedMemory {q:?} is not a quantity"))?,
-            ),
+            Some(q) => Some(quantity::parse(q).ok_or_else(|| ClaimError::ReservedMemory {
+                from: source.to_string(),
+                value: q.to_string(),
+            })?),
         };
         if let Some(w) = cfg.weight.filter(|w| !(1..=1000).contains(w)) {
-            return Err(format!("{source}: weight {w}: expected 1-1000"));
+            return Err(ClaimError::Weight {
+                from: source.to_string(),
+                value: w,
+            });
         }
         Ok(Settings {
             policy,
@@ -424,12 +588,13 @@ impl Settings {
     /// stricter policy, a smaller weight, a larger reservation. A claim asking for more is refused, naming the
     /// parameter (docs/kubernetes.md, "The class bounds the claim"): the class is the operator's, the claim the
     /// pod author's.
-    fn bound(&self, claim: &Settings) -> Result<Settings, String> {
+    fn bound(&self, claim: &Settings) -> Result<Settings, ClaimError> {
         let refuse = |what: &str, asked: String, class: String| {
-            Err(format!(
-                "the claim's {what} {asked} goes beyond its DeviceClass's {class}: a claim may only ask for less \
-                 than its class (lower priority, stricter policy, smaller weight, more reservedMemory)"
-            ))
+            Err(ClaimError::BeyondClass {
+                what: what.to_string(),
+                asked,
+                class,
+            })
         };
         // Low yields to high tenants; none is not gated at all; high is gated by no one.
         let rank = |p: Option<Priority>| match p {

@@ -46,6 +46,7 @@ fn unix_now() -> i64 {
 pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// What the probe thread publishes.
+#[derive(Debug)]
 pub struct Monitor {
     /// The latest complete list, for the kubelet's health stream.
     pub health: watch::Receiver<Vec<DeviceHealth>>,
@@ -65,7 +66,7 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
             let mut xid_lost: Vec<(String, u64)> = Vec::new();
             let mut last: Vec<i32> = Vec::new();
             loop {
-                let nvml = cuquota_agent::nvml::Nvml::load()
+                let nvml = cuquota_ffi::nvml_loader::Nvml::load()
                     .map_err(|e| eprintln!("cuquota-dra-plugin: device health: {e}"))
                     .ok();
                 let uuids: Vec<String> = inv.gpus.iter().map(|g| g.uuid.clone()).collect();
@@ -74,6 +75,9 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
                         .map_err(|e| eprintln!("cuquota-dra-plugin: device health: no XID events: {e}"))
                         .ok()
                 });
+                for uuid in events.iter().flat_map(|e| e.unwatched()) {
+                    cuquota_core::log!(cuquota_core::log::Level::Warn, "NVML: no XID events for {uuid}");
+                }
                 loop {
                     let why = std::cell::RefCell::new(Vec::new());
                     let list = all(
@@ -85,8 +89,9 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
                             }
                             match nvml.as_ref().map(|n| n.probe(uuid)) {
                                 Some(Ok(())) => HealthStatus::Healthy,
-                                Some(Err((r, _)))
-                                    if r == cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST =>
+                                Some(Err(e))
+                                    if e.status()
+                                        == Some(cuquota_ffi::nvml::nvmlReturn_t::ERROR_GPU_IS_LOST) =>
                                 {
                                     why.borrow_mut().push((uuid.to_string(), "gpu-lost".into()));
                                     HealthStatus::Unhealthy
@@ -158,6 +163,7 @@ pub fn monitor(inv: Inventory, period: Duration) -> std::io::Result<Monitor> {
 }
 
 /// The kubelet's health service: the latest list at once, then each new one.
+#[derive(Debug)]
 pub struct HealthService(pub watch::Receiver<Vec<DeviceHealth>>);
 
 #[tonic::async_trait]

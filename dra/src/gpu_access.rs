@@ -91,6 +91,47 @@ pub enum GpuAccess {
     },
 }
 
+/// Why a claim's containers cannot be given their GPUs on this node.
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    /// NVIDIA's CDI spec names some of the GPUs, not all: it is stale.
+    #[error(
+        "NVIDIA's CDI spec on the node names GPUs {found:?} but not {missing:?}: regenerate it \
+         (nvidia-ctk cdi generate --device-name-strategy=uuid)"
+    )]
+    StaleNvidiaSpec {
+        /// The GPUs it names.
+        found: Vec<String>,
+        /// The GPUs it does not.
+        missing: Vec<String>,
+    },
+    /// No `nvidiactl`.
+    #[error(
+        "no {}: the node has no NVIDIA driver loaded (or --dev-root is wrong) and no NVIDIA CDI spec names the GPU",
+        .0.display()
+    )]
+    NoControlNode(PathBuf),
+    /// The device directory could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No `nvidiaN`.
+    #[error("no {}/nvidia<N> GPU device node", .0.display())]
+    NoGpuNode(PathBuf),
+    /// No `libcuda.so.1` under the driver root.
+    #[error(
+        "no libcuda.so.1 in {} under the driver root {}: the node has no NVIDIA driver libraries (or \
+         --driver-root is wrong) and no NVIDIA CDI spec names the GPU",
+        LIBRARY_DIRS.join(", "),
+        .0.display()
+    )]
+    NoLibcuda(PathBuf),
+}
+
 impl DriverFiles {
     /// The node's defaults: everything at `/`, NVIDIA's spec in `/etc/cdi` or `/var/run/cdi`.
     pub fn host() -> DriverFiles {
@@ -116,7 +157,7 @@ impl DriverFiles {
     }
 
     /// How the containers of a claim on `uuids` get them.
-    pub fn access(&self, uuids: &[&str]) -> Result<GpuAccess, String> {
+    pub fn access(&self, uuids: &[&str]) -> Result<GpuAccess, AccessError> {
         if let Some(ids) = self.nvidia_devices(uuids)? {
             return Ok(GpuAccess::Nvidia(ids));
         }
@@ -126,7 +167,7 @@ impl DriverFiles {
 
     /// `nvidia.com/gpu=<UUID>` for each of `uuids` when NVIDIA's spec on the node names every one of them;
     /// `None` when no spec does (some but not all: an error, the node's spec is stale).
-    pub fn nvidia_devices(&self, uuids: &[&str]) -> Result<Option<Vec<String>>, String> {
+    pub fn nvidia_devices(&self, uuids: &[&str]) -> Result<Option<Vec<String>>, AccessError> {
         let mut names: Vec<String> = Vec::new();
         for dir in &self.cdi_dirs {
             let Ok(rd) = fs::read_dir(self.seen(dir)) else {
@@ -165,17 +206,17 @@ impl DriverFiles {
         }
         if found.len() < uuids.len() {
             let missing: Vec<&str> = uuids.iter().copied().filter(|u| !found.contains(u)).collect();
-            return Err(format!(
-                "NVIDIA's CDI spec on the node names GPUs {found:?} but not {missing:?}: regenerate it \
-                 (nvidia-ctk cdi generate --device-name-strategy=uuid)"
-            ));
+            return Err(AccessError::StaleNvidiaSpec {
+                found: found.iter().map(|s| s.to_string()).collect(),
+                missing: missing.iter().map(|s| s.to_string()).collect(),
+            });
         }
         Ok(Some(uuids.iter().map(|u| format!("{NVIDIA_KIND}={u}")).collect()))
     }
 
     /// `/dev/nvidiactl` and the other control nodes present, and every `/dev/nvidiaN` (a GPU the claim was
     /// not granted gets nothing from the limits file). Errors without `nvidiactl` or any `nvidiaN`.
-    pub fn device_nodes(&self) -> Result<Vec<Node>, String> {
+    pub fn device_nodes(&self) -> Result<Vec<Node>, AccessError> {
         let dev = self.seen(&self.dev_root.join("dev"));
         let node = |name: &str| Node {
             path: Path::new("/dev").join(name),
@@ -187,14 +228,13 @@ impl DriverFiles {
             .map(|n| node(n))
             .collect();
         if !nodes.iter().any(|n| n.path == Path::new("/dev/nvidiactl")) {
-            return Err(format!(
-                "no {}: the node has no NVIDIA driver loaded (or --dev-root is wrong) and no NVIDIA CDI spec \
-                 names the GPU",
-                dev.join("nvidiactl").display()
-            ));
+            return Err(AccessError::NoControlNode(dev.join("nvidiactl")));
         }
         let mut gpus: Vec<(u32, String)> = fs::read_dir(&dev)
-            .map_err(|e| format!("{}: {e}", dev.display()))?
+            .map_err(|source| AccessError::Read {
+                path: dev.clone(),
+                source,
+            })?
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
@@ -203,7 +243,7 @@ impl DriverFiles {
             })
             .collect();
         if gpus.is_empty() {
-            return Err(format!("no {}/nvidia<N> GPU device node", dev.display()));
+            return Err(AccessError::NoGpuNode(dev));
         }
         gpus.sort();
         nodes.extend(gpus.iter().map(|(_, name)| node(name)));
@@ -213,7 +253,7 @@ impl DriverFiles {
     /// The driver libraries under the driver root: every `LIB.so.*` name of [`DRIVER_LIBRARIES`] in
     /// [`LIBRARY_DIRS`], each mounted at its own name from the file it resolves to. Errors without
     /// `libcuda.so.1`.
-    pub fn libraries(&self) -> Result<Vec<Library>, String> {
+    pub fn libraries(&self) -> Result<Vec<Library>, AccessError> {
         let root = self.seen(&self.driver_root);
         let mut out: Vec<Library> = Vec::new();
         for rel in LIBRARY_DIRS {
@@ -246,12 +286,7 @@ impl DriverFiles {
             }
         }
         if !out.iter().any(|l| l.path.ends_with("libcuda.so.1")) {
-            return Err(format!(
-                "no libcuda.so.1 in {} under the driver root {}: the node has no NVIDIA driver libraries \
-                 (or --driver-root is wrong) and no NVIDIA CDI spec names the GPU",
-                LIBRARY_DIRS.join(", "),
-                root.display()
-            ));
+            return Err(AccessError::NoLibcuda(root));
         }
         Ok(out)
     }
@@ -377,10 +412,10 @@ mod tests {
         let host = t.path().join("host");
         touch(&host.join("dev/nvidia0"));
         let e = d.access(&["GPU-1"]).unwrap_err();
-        assert!(e.contains("dev/nvidiactl"), "{e}");
+        assert!(e.to_string().contains("dev/nvidiactl"), "{e}");
         touch(&host.join("dev/nvidiactl"));
         let e = d.access(&["GPU-1"]).unwrap_err();
-        assert!(e.contains("no libcuda.so.1"), "{e}");
+        assert!(e.to_string().contains("no libcuda.so.1"), "{e}");
         touch(&host.join("run/nvidia/driver/usr/lib64/libcuda.so.1"));
         assert!(d.access(&["GPU-1"]).is_ok());
     }
@@ -412,7 +447,7 @@ mod tests {
             GpuAccess::Nvidia(vec!["nvidia.com/gpu=GPU-a".into()])
         );
         let e = d.access(&["GPU-a", "GPU-b"]).unwrap_err();
-        assert!(e.contains("GPU-b"), "{e}");
+        assert!(e.to_string().contains("GPU-b"), "{e}");
         fs::write(
             host.join("var/run/cdi/nvidia-b.json"),
             r#"{"cdiVersion":"0.5.0","kind":"nvidia.com/gpu","devices":[{"name":"GPU-b"}]}"#,

@@ -46,6 +46,7 @@ pub struct OpLabels {
 }
 
 /// The plugin's counters, and whether the kubelet registered it.
+#[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
     operations: Family<OpLabels, Counter>,

@@ -62,10 +62,24 @@ pub fn pcie_root(host_root: &std::path::Path, bus_id: &str) -> Option<String> {
     })
 }
 
+/// A GPU that cannot be published as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuError {
+    /// Not a GPU UUID.
+    #[error("{0:?} is not a GPU UUID (GPU-xxxxxxxx-…)")]
+    Uuid(String),
+    /// `--gpu` without `=MEMORY`.
+    #[error("expected UUID=MEMORY[=MODEL], e.g. GPU-…=80Gi")]
+    Form,
+    /// `--gpu`'s memory is no positive quantity.
+    #[error("memory {0:?} is not a positive quantity (80Gi)")]
+    Memory(String),
+}
+
 impl Gpu {
     /// A GPU from its UUID (any form [`parse_uuid`] reads), memory and model.
-    pub fn new(uuid: &str, memory: u64, model: &str) -> Result<Gpu, String> {
-        let bytes = parse_uuid(uuid).ok_or_else(|| format!("{uuid:?} is not a GPU UUID (GPU-xxxxxxxx-…)"))?;
+    pub fn new(uuid: &str, memory: u64, model: &str) -> Result<Gpu, GpuError> {
+        let bytes = parse_uuid(uuid).ok_or_else(|| GpuError::Uuid(uuid.to_string()))?;
         let uuid = format_uuid(&bytes);
         Ok(Gpu {
             name: uuid.to_lowercase(),
@@ -77,13 +91,13 @@ impl Gpu {
     }
 
     /// Parses `--gpu UUID=MEMORY[=MODEL]` (memory a Kubernetes quantity: `80Gi`).
-    pub fn parse_arg(s: &str) -> Result<Gpu, String> {
+    pub fn parse_arg(s: &str) -> Result<Gpu, GpuError> {
         let mut it = s.splitn(3, '=');
         let uuid = it.next().unwrap_or_default();
-        let mem = it.next().ok_or("expected UUID=MEMORY[=MODEL], e.g. GPU-…=80Gi")?;
+        let mem = it.next().ok_or(GpuError::Form)?;
         let memory = crate::quantity::parse(mem)
             .filter(|m| *m > 0)
-            .ok_or_else(|| format!("memory {mem:?} is not a positive quantity (80Gi)"))?;
+            .ok_or_else(|| GpuError::Memory(mem.to_string()))?;
         Gpu::new(uuid, memory, it.next().unwrap_or("NVIDIA GPU"))
     }
 }

@@ -7,7 +7,7 @@ use kube::{Api, Client};
 
 use crate::claim::ResourceClaim;
 use crate::inventory::Inventory;
-use crate::source::{BoxFuture, ClaimSource};
+use crate::source::{BoxFuture, ClaimSource, SourceError};
 
 /// The field manager of the plugin's server-side applies.
 pub const FIELD_MANAGER: &str = "cuquota-dra-plugin";
@@ -15,16 +15,29 @@ pub const FIELD_MANAGER: &str = "cuquota-dra-plugin";
 /// Claims read from the API server.
 pub struct KubeSource(pub Client);
 
+impl std::fmt::Debug for KubeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KubeSource") // kube's Client has no Debug
+    }
+}
+
 impl ClaimSource for KubeSource {
-    fn get<'a>(&'a self, namespace: &'a str, name: &'a str) -> BoxFuture<'a, Result<ResourceClaim, String>> {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, SourceError>> {
         Box::pin(async move {
             let api: Api<ApiClaim> = Api::namespaced(self.0.clone(), namespace);
-            let c = api
-                .get(name)
-                .await
-                .map_err(|e| format!("GET {namespace}/{name}: {e}"))?;
-            let v = serde_json::to_value(&c).map_err(|e| e.to_string())?;
-            serde_json::from_value(v).map_err(|e| format!("{namespace}/{name}: {e}"))
+            let c = api.get(name).await.map_err(|e| SourceError::Get {
+                what: format!("{namespace}/{name}"),
+                source: Box::new(e),
+            })?;
+            let v = serde_json::to_value(&c)?;
+            serde_json::from_value(v).map_err(|source| SourceError::Decode {
+                what: format!("{namespace}/{name}"),
+                source,
+            })
         })
     }
 
@@ -33,20 +46,24 @@ impl ClaimSource for KubeSource {
         namespace: &'a str,
         name: &'a str,
         uid: &'a str,
-    ) -> BoxFuture<'a, Result<bool, String>> {
+    ) -> BoxFuture<'a, Result<bool, SourceError>> {
         Box::pin(async move {
             let api: Api<ApiClaim> = Api::namespaced(self.0.clone(), namespace);
-            let c = api
-                .get_opt(name)
-                .await
-                .map_err(|e| format!("GET {namespace}/{name}: {e}"))?;
+            let c = api.get_opt(name).await.map_err(|e| SourceError::Get {
+                what: format!("{namespace}/{name}"),
+                source: Box::new(e),
+            })?;
             Ok(c.is_some_and(|c| c.metadata.uid.as_deref() == Some(uid)))
         })
     }
 }
 
+/// The generated ResourceSlice is not one of the API's type (a bug of the plugin, or an API it does not know).
+#[derive(Debug, thiserror::Error)]
+#[error("the generated ResourceSlice does not fit the API's type: {0}")]
+pub struct SliceTypeError(#[source] serde_json::Error);
+
 /// The node's ResourceSlice as the API's type (the generated object must be one).
-pub fn slice_object(driver: &str, inv: &Inventory, generation: i64) -> Result<ResourceSlice, String> {
-    serde_json::from_value(crate::slice::resource_slice(driver, inv, generation))
-        .map_err(|e| format!("the generated ResourceSlice does not fit the API's type: {e}"))
+pub fn slice_object(driver: &str, inv: &Inventory, generation: i64) -> Result<ResourceSlice, SliceTypeError> {
+    serde_json::from_value(crate::slice::resource_slice(driver, inv, generation)).map_err(SliceTypeError)
 }

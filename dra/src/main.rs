@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::Parser;
 use cuquota_dra::gpu_access::DriverFiles;
 use cuquota_dra::inventory::{self, Gpu, Inventory};
@@ -115,11 +116,11 @@ struct Args {
 
 /// The node's GPUs: as given, or every GPU NVML lists, with what NVML and the node's sysfs (under
 /// `host_root`) say of each.
-fn gpus(given: Vec<Gpu>, host_root: &std::path::Path) -> Result<Vec<Gpu>, String> {
+fn gpus(given: Vec<Gpu>, host_root: &std::path::Path) -> anyhow::Result<Vec<Gpu>> {
     if !given.is_empty() {
         return Ok(given);
     }
-    let nvml = cuquota_agent::nvml::Nvml::load()?;
+    let nvml = cuquota_ffi::nvml_loader::Nvml::load()?;
     let driver_version = nvml.driver_version().as_deref().and_then(inventory::semver);
     let gpus = nvml
         .gpus()?
@@ -145,17 +146,17 @@ fn gpus(given: Vec<Gpu>, host_root: &std::path::Path) -> Result<Vec<Gpu>, String
             };
             Ok(gpu)
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, inventory::GpuError>>()?;
     if gpus.is_empty() {
-        return Err(format!("NVML ({}) lists no GPU", nvml.library()));
+        anyhow::bail!("NVML ({}) lists no GPU", nvml.library());
     }
     Ok(gpus)
 }
 
 /// A pod UID as a socket-name part: letters, digits and `-` (a UID is a UUID), at most 64.
-fn pod_uid(s: &str) -> Result<String, String> {
+fn pod_uid(s: &str) -> anyhow::Result<String> {
     if s.is_empty() || s.len() > 64 || !s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
-        return Err(format!("{s:?} is not a pod UID (letters, digits and -)"));
+        anyhow::bail!("{s:?} is not a pod UID (letters, digits and -)");
     }
     Ok(s.to_string())
 }
@@ -165,7 +166,7 @@ fn main() -> std::process::ExitCode {
     let gpus = match gpus(a.gpus, &a.host_root) {
         Ok(g) => g,
         Err(e) => {
-            eprintln!("cuquota-dra-plugin: the node's GPUs: {e} (or name them with --gpu)");
+            eprintln!("cuquota-dra-plugin: the node's GPUs: {e:#} (or name them with --gpu)");
             return std::process::ExitCode::from(2);
         }
     };
@@ -234,16 +235,14 @@ fn main() -> std::process::ExitCode {
             0 => None,
             s => Some(
                 cuquota_dra::device_health::monitor(inventory.clone(), std::time::Duration::from_secs(s))
-                    .map_err(|e| format!("device health: {e}"))?,
+                    .context("device health")?,
             ),
         };
         let source: Box<dyn ClaimSource> = match a.claims_dir {
             Some(dir) => Box::new(DirSource(dir)),
             None => {
                 // In the cluster (service account) or from a kubeconfig.
-                let client = kube::Client::try_default()
-                    .await
-                    .map_err(|e| format!("the API server: {e}"))?;
+                let client = kube::Client::try_default().await.context("the API server")?;
                 let mut sync = SliceSync::new(client.clone(), &a.driver, inventory.clone());
                 let period = std::time::Duration::from_secs(a.resync_seconds);
                 let unhealthy = monitor.as_ref().map(|m| m.unhealthy.clone());
@@ -269,15 +268,17 @@ fn main() -> std::process::ExitCode {
         let plugin = Arc::new(plugin);
         if let Some(addr) = a.health_listen {
             // On this runtime, the one that serves the kubelet: a stuck runtime fails the liveness probe.
-            let l = cuquota_dra::health::bind(addr).map_err(|e| e.to_string())?;
+            let l = cuquota_dra::health::bind(addr)?;
             tokio::spawn(cuquota_dra::health::serve(l, plugin.metrics.clone()));
         }
-        serve(plugin, &reg, shutdown).await.map_err(|e| e.to_string())
+        serve(plugin, &reg, shutdown)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))
     };
     match rt.block_on(run) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cuquota-dra-plugin: {e}");
+            eprintln!("cuquota-dra-plugin: {e:#}");
             std::process::ExitCode::from(2)
         }
     }

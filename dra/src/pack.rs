@@ -49,6 +49,7 @@ pub const TRAINING: Workload = Workload {
 };
 
 /// A deterministic generator (splitmix64): the same seed gives the same stream.
+#[derive(Debug)]
 pub struct Rng(u64);
 
 impl Rng {

@@ -15,12 +15,14 @@ use std::path::{Path, PathBuf};
 
 use cuquota_core::config::{DEFAULT_LIMITS_PATH, DEFAULT_PRIORITY_PATH, LIMITS_REQUIRED_MARKER};
 use cuquota_core::region::layout::{parse_uuid, LIMITS_FLAG_NO_OPT_OUT, LIMITS_FLAG_OPT_OUT_ALLOWED};
-use cuquota_core::region::{DeviceSelector, LimitsWriter, PriorityRegion, UsageRegion, COUNTERS_SUFFIX};
+use cuquota_core::region::{
+    DeviceSelector, LimitsWriter, PriorityRegion, RegionError, UsageRegion, COUNTERS_SUFFIX,
+};
 use cuquota_core::{Policy, PolicyKind, Priority};
 use serde::{Deserialize, Serialize};
 
-use crate::claim::{base_request, Grant, Grants};
-use crate::gpu_access::{DriverFiles, GpuAccess};
+use crate::claim::{base_request, ClaimError, Grant, Grants};
+use crate::gpu_access::{AccessError, DriverFiles, GpuAccess};
 
 /// The CDI kind of the devices this plugin generates.
 pub const CDI_KIND: &str = "cuquota.io/gpu";
@@ -75,20 +77,95 @@ pub struct ExtraMount {
     pub writable: bool,
 }
 
+/// A `--mount` the plugin cannot add.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MountError {
+    /// Not `HOST:CONTAINER`.
+    #[error("expected HOST_PATH:CONTAINER_PATH[:rw]")]
+    Form,
+    /// A mode other than rw or ro.
+    #[error("{0:?}: expected rw or ro")]
+    Mode(String),
+    /// A relative path, or more fields.
+    #[error("expected HOST_PATH:CONTAINER_PATH[:rw] with absolute paths")]
+    Relative,
+}
+
+/// Why a claim could not be prepared or unprepared (the kubelet's answer for it).
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// A file or directory of the claim could not be written, read or removed.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// It.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A limits, usage, priority or counters file could not be made.
+    #[error("{what} file: {source}")]
+    Region {
+        /// `limits`, `usage`, `priority` or `counters`.
+        what: &'static str,
+        /// Why.
+        source: RegionError,
+    },
+    /// The limits table refused an entry.
+    #[error("{0}")]
+    Limits(String),
+    /// A claim or pod UID with characters a Kubernetes UID has not.
+    #[error("{0:?} is not a Kubernetes UID")]
+    Uid(String),
+    /// The shim library is not on the node.
+    #[error(
+        "the cuquota library {} is missing on the node: without it the container would run without limits",
+        .0.display()
+    )]
+    NoLibrary(PathBuf),
+    /// The usage file's identity cannot be read.
+    #[error("{}: its identity cannot be read", .0.display())]
+    NoIdentity(PathBuf),
+    /// A grant's GPU UUID does not parse.
+    #[error("{0:?} is not a GPU UUID")]
+    GpuUuid(String),
+    /// The claim cannot be honoured.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// The node cannot give the claim's containers their GPUs.
+    #[error(transparent)]
+    Access(#[from] AccessError),
+    /// The checkpoint or CDI spec did not serialise.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+}
+
+/// An I/O failure on `path`.
+fn io_at(path: &Path) -> impl Fn(std::io::Error) -> PrepareError + Copy + '_ {
+    move |source| PrepareError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A region file (`what`) that could not be made.
+fn region(what: &'static str) -> impl Fn(RegionError) -> PrepareError {
+    move |source| PrepareError::Region { what, source }
+}
+
 impl ExtraMount {
     /// Parses `HOST:CONTAINER[:rw|:ro]` (absolute paths).
-    pub fn parse(s: &str) -> Result<ExtraMount, String> {
+    pub fn parse(s: &str) -> Result<ExtraMount, MountError> {
         let mut it = s.split(':');
         let (Some(h), Some(c)) = (it.next(), it.next()) else {
-            return Err("expected HOST_PATH:CONTAINER_PATH[:rw]".into());
+            return Err(MountError::Form);
         };
         let writable = match it.next() {
             None | Some("ro") => false,
             Some("rw") => true,
-            Some(o) => return Err(format!("{o:?}: expected rw or ro")),
+            Some(o) => return Err(MountError::Mode(o.to_string())),
         };
         if !h.starts_with('/') || !c.starts_with('/') || it.next().is_some() {
-            return Err("expected HOST_PATH:CONTAINER_PATH[:rw] with absolute paths".into());
+            return Err(MountError::Relative);
         }
         Ok(ExtraMount {
             host: h.into(),
@@ -180,7 +257,7 @@ impl Layout {
     /// priority (the suffix is what other containers trust, and only the plugin sets it). Every container with
     /// a priority lists that directory, so the name carries no claim UID: 32 random hex digits drawn at the
     /// claim's first preparation and kept ([`Layout::priority_link`]).
-    fn priority_file(&self, uid: &str, grants: &Grants) -> Result<PathBuf, String> {
+    fn priority_file(&self, uid: &str, grants: &Grants) -> Result<PathBuf, PrepareError> {
         let kept = fs::read_link(self.priority_link(uid)).ok().and_then(|p| {
             let stem = p.file_stem()?.to_str()?.to_string();
             (stem.len() == 32 && stem.bytes().all(|b| b.is_ascii_hexdigit())).then_some(stem)
@@ -191,7 +268,7 @@ impl Layout {
                 let mut b = [0u8; 16];
                 fs::File::open("/dev/urandom")
                     .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-                    .map_err(|e| format!("/dev/urandom: {e}"))?;
+                    .map_err(io_at(Path::new("/dev/urandom")))?;
                 b.iter().map(|x| format!("{x:02x}")).collect()
             }
         };
@@ -223,7 +300,7 @@ impl Layout {
         &self,
         claim: &ClaimRef,
         pods: Option<Vec<(String, String)>>,
-    ) -> Option<Result<Prepared, String>> {
+    ) -> Option<Result<Prepared, PrepareError>> {
         check_uid(&claim.uid).ok()?;
         let p = self.prepared(&claim.uid)?;
         if p.namespace != claim.namespace || p.name != claim.name {
@@ -250,11 +327,11 @@ impl Layout {
     /// A checkpointed claim's CDI spec written again from the node as it is now (NVIDIA's spec or the node's
     /// own files), its answer to the kubelet recomputed (checkpoints from before subrequests were stripped and
     /// share IDs kept are answered as now) and checkpointed if it changed, and its pending descriptors written.
-    fn refresh(&self, mut p: Prepared) -> Result<Prepared, String> {
+    fn refresh(&self, mut p: Prepared) -> Result<Prepared, PrepareError> {
         let access = self.access(&p.grants)?;
         p.devices = self.write_cdi(&p.uid, &p.grants, access.as_ref())?;
         if self.prepared(&p.uid).as_ref() != Some(&p) {
-            let text = serde_json::to_vec_pretty(&p).map_err(|e| e.to_string())?;
+            let text = serde_json::to_vec_pretty(&p)?;
             write_atomic(&self.claim_dir(&p.uid).join("prepared.json"), &text, 0o644)?;
         }
         self.write_descriptors(&p);
@@ -263,17 +340,17 @@ impl Layout {
 
     /// How the claim's containers reach its GPUs (`None`: the plugin was given no driver files to look at);
     /// an error when the node lacks them.
-    fn access(&self, grants: &Grants) -> Result<Option<GpuAccess>, String> {
+    fn access(&self, grants: &Grants) -> Result<Option<GpuAccess>, PrepareError> {
         let Some(d) = &self.driver else {
             return Ok(None);
         };
         let per_gpu = grants.per_gpu()?;
         let uuids: Vec<&str> = per_gpu.iter().map(|g| g.uuid.as_str()).collect();
-        d.access(&uuids).map(Some)
+        Ok(Some(d.access(&uuids)?))
     }
 
     /// Prepares a claim: writes its files (again, if they were there) and returns the kubelet's devices.
-    pub fn prepare(&self, claim: &ClaimRef, grants: &Grants) -> Result<Prepared, String> {
+    pub fn prepare(&self, claim: &ClaimRef, grants: &Grants) -> Result<Prepared, PrepareError> {
         check_uid(&claim.uid)?;
         if let Some(p) = self.prepared(&claim.uid) {
             if &p.grants == grants {
@@ -282,15 +359,12 @@ impl Layout {
             }
         }
         if !self.library.is_file() {
-            return Err(format!(
-                "the cuquota library {} is missing on the node: without it the container would run without limits",
-                self.library.display()
-            ));
+            return Err(PrepareError::NoLibrary(self.library.clone()));
         }
         // Before anything is written: a node without the GPU's files refuses the claim whole.
         let access = self.access(grants)?;
         let dir = self.claim_dir(&claim.uid);
-        fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        fs::create_dir_all(&dir).map_err(io_at(&dir))?;
         let marker = self.required_marker();
         if !marker.exists() {
             write_atomic(&marker, b"", 0o444)?;
@@ -298,12 +372,11 @@ impl Layout {
         if needs_priority(grants) {
             // Without the file the shim refuses a reserve's allocations and ignores the priority.
             let d = self.priority_dir();
-            fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+            fs::create_dir_all(&d).map_err(io_at(&d))?;
             let p = self.priority_file(&claim.uid, grants)?;
-            PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
+            PriorityRegion::create(&p).map_err(region("priority"))?;
             // Its counters (launches, waits), out of the directory every container reads.
-            PriorityRegion::create(&self.counters_file(&claim.uid))
-                .map_err(|e| format!("counters file: {e}"))?;
+            PriorityRegion::create(&self.counters_file(&claim.uid)).map_err(region("counters"))?;
             self.link_priority(&claim.uid, &p)?;
         }
         let usage = dir.join("usage");
@@ -322,19 +395,19 @@ impl Layout {
             devices,
         };
         self.write_descriptors(&prepared);
-        let text = serde_json::to_vec_pretty(&prepared).map_err(|e| e.to_string())?;
+        let text = serde_json::to_vec_pretty(&prepared)?;
         write_atomic(&dir.join("prepared.json"), &text, 0o644)?;
         Ok(prepared)
     }
 
     /// Records claim `uid`'s own priority file in its directory ([`Layout::priority_link`]).
-    fn link_priority(&self, uid: &str, file: &Path) -> Result<(), String> {
+    fn link_priority(&self, uid: &str, file: &Path) -> Result<(), PrepareError> {
         let link = self.priority_link(uid);
         let tmp = link.with_extension("tmp");
         let _ = fs::remove_file(&tmp);
         std::os::unix::fs::symlink(file, &tmp)
             .and_then(|()| fs::rename(&tmp, &link))
-            .map_err(|e| format!("{}: {e}", link.display()))
+            .map_err(io_at(&link))
     }
 
     /// Writes claim `uid`'s CDI spec (a GPU it holds under several share IDs is one GPU with their sum);
@@ -344,7 +417,7 @@ impl Layout {
         uid: &str,
         grants: &Grants,
         access: Option<&GpuAccess>,
-    ) -> Result<Vec<PreparedDevice>, String> {
+    ) -> Result<Vec<PreparedDevice>, PrepareError> {
         let per_gpu = Grants {
             devices: grants.per_gpu()?,
             pods: grants.pods.clone(),
@@ -364,8 +437,8 @@ impl Layout {
             };
             if !p.exists() {
                 let d = self.priority_dir();
-                fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
-                PriorityRegion::create(&p).map_err(|e| format!("priority file: {e}"))?;
+                fs::create_dir_all(&d).map_err(io_at(&d))?;
+                PriorityRegion::create(&p).map_err(region("priority"))?;
                 if !linked {
                     self.link_priority(uid, &p)?;
                 }
@@ -383,8 +456,8 @@ impl Layout {
             &per_gpu,
             access,
         );
-        let text = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
-        fs::create_dir_all(&self.cdi_dir).map_err(|e| format!("{}: {e}", self.cdi_dir.display()))?;
+        let text = serde_json::to_vec_pretty(&spec)?;
+        fs::create_dir_all(&self.cdi_dir).map_err(io_at(&self.cdi_dir))?;
         write_atomic(&self.cdi_spec_path(uid), &text, 0o644)?;
         let mut devices = devices(uid, grants);
         if let (Some(GpuAccess::Nvidia(ids)), Some(first)) = (access, devices.first_mut()) {
@@ -395,7 +468,7 @@ impl Layout {
     }
 
     /// Removes everything a claim's preparation wrote; nothing to remove is success.
-    pub fn unprepare(&self, uid: &str) -> Result<(), String> {
+    pub fn unprepare(&self, uid: &str) -> Result<(), PrepareError> {
         check_uid(uid)?;
         if let Some(dir) = &self.agent_dir {
             let prefix = format!("dra-{uid}-");
@@ -421,7 +494,7 @@ impl Layout {
         match fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(format!("{}: {e}", dir.display())),
+            Err(e) => Err(io_at(&dir)(e)),
         }
     }
 
@@ -472,7 +545,7 @@ impl Layout {
                 if !held(&name, prefix, suffix) {
                     log.push(match remove_file(&e.path()) {
                         Ok(()) => format!("removed {} (no claim holds it)", e.path().display()),
-                        Err(e) => e,
+                        Err(e) => e.to_string(),
                     });
                 }
             }
@@ -523,35 +596,36 @@ impl Layout {
         }
     }
 
-    fn write_limits(&self, limits: &Path, usage: &Path, grants: &Grants) -> Result<(), String> {
-        let region = UsageRegion::open_for_binding(usage, true).map_err(|e| format!("usage file: {e}"))?;
-        let id = region
+    fn write_limits(&self, limits: &Path, usage: &Path, grants: &Grants) -> Result<(), PrepareError> {
+        let bound = UsageRegion::open_for_binding(usage, true).map_err(region("usage"))?;
+        let id = bound
             .file_id()
-            .ok_or_else(|| format!("{}: its identity cannot be read", usage.display()))?;
+            .ok_or_else(|| PrepareError::NoIdentity(usage.to_path_buf()))?;
         // The container's processes may run as any user.
-        fs::set_permissions(usage, fs::Permissions::from_mode(0o666))
-            .map_err(|e| format!("{}: {e}", usage.display()))?;
-        let w = LimitsWriter::create(limits).map_err(|e| format!("limits file: {e}"))?;
-        w.update(|t| -> Result<(), String> {
+        fs::set_permissions(usage, fs::Permissions::from_mode(0o666)).map_err(io_at(usage))?;
+        let w = LimitsWriter::create(limits).map_err(region("limits"))?;
+        w.update(|t| -> Result<(), PrepareError> {
             for e in t.entries.iter_mut() {
                 *e = Default::default();
             }
             for g in &grants.devices {
-                let uuid = parse_uuid(&g.uuid).ok_or_else(|| format!("{:?} is not a GPU UUID", g.uuid))?;
+                let uuid = parse_uuid(&g.uuid).ok_or_else(|| PrepareError::GpuUuid(g.uuid.clone()))?;
                 let e = t
                     .entry_mut(DeviceSelector::Uuid(uuid))
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| PrepareError::Limits(e.to_string()))?;
                 e.raw = policy(g).raw();
             }
             // Any other GPU the container can reach (device nodes every claim gets, a CUDA_VISIBLE_DEVICES of
             // the program's own): nothing, not unlimited. A GPU's UUID entry wins over `all`.
-            t.entry_mut(DeviceSelector::All).map_err(|e| e.to_string())?.raw = NOT_GRANTED.raw();
+            t.entry_mut(DeviceSelector::All)
+                .map_err(|e| PrepareError::Limits(e.to_string()))?
+                .raw = NOT_GRANTED.raw();
             t.flags = (t.flags | LIMITS_FLAG_NO_OPT_OUT) & !LIMITS_FLAG_OPT_OUT_ALLOWED;
             t.set_usage(Some(Path::new(USAGE_IN_CONTAINER)), Some(id))
+                .map_err(PrepareError::Limits)
         })
-        .map_err(|e| format!("limits file: {e}"))??;
-        fs::set_permissions(limits, fs::Permissions::from_mode(0o644))
-            .map_err(|e| format!("{}: {e}", limits.display()))?;
+        .map_err(region("limits"))??;
+        fs::set_permissions(limits, fs::Permissions::from_mode(0o644)).map_err(io_at(limits))?;
         Ok(())
     }
 
@@ -782,25 +856,25 @@ fn descriptor(
 }
 
 /// A claim UID names files: only a Kubernetes UID's characters.
-fn check_uid(uid: &str) -> Result<(), String> {
+fn check_uid(uid: &str) -> Result<(), PrepareError> {
     if uid.is_empty() || uid.len() > 64 || !uid.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
-        return Err(format!("{uid:?} is not a Kubernetes UID"));
+        return Err(PrepareError::Uid(uid.to_string()));
     }
     Ok(())
 }
 
-fn remove_file(p: &Path) -> Result<(), String> {
+fn remove_file(p: &Path) -> Result<(), PrepareError> {
     match fs::remove_file(p) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(format!("{}: {e}", p.display())),
+        Err(e) => Err(io_at(p)(e)),
     }
 }
 
 /// Writes a file whole or not at all (a temporary file renamed over it).
-fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), String> {
+fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), PrepareError> {
     let tmp = path.with_extension("tmp");
-    let err = |e: std::io::Error| format!("{}: {e}", path.display());
+    let err = io_at(path);
     let mut f = fs::File::create(&tmp).map_err(err)?;
     f.write_all(bytes).map_err(err)?;
     f.sync_all().map_err(err)?;

@@ -26,6 +26,7 @@ pub const DRA_SERVICE_VERSION: &str = "v1.DRAPlugin";
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 
 /// The node plugin: what it knows and owns.
+#[derive(Debug)]
 pub struct Plugin {
     /// The driver name.
     pub driver: String,
@@ -132,7 +133,7 @@ impl Plugin {
                 let _g = self.hold();
                 return match self.layout.prepared_again(&c, None) {
                     Some(Ok(p)) => answer(p),
-                    Some(Err(e)) => fail(e),
+                    Some(Err(e)) => fail(e.to_string()),
                     None => fail(format!("cannot read the ResourceClaim: {e}")),
                 };
             }
@@ -141,7 +142,7 @@ impl Plugin {
             let _g = self.hold();
             match self.layout.prepared_again(&c, Some(rc.pods())) {
                 Some(Ok(p)) => return answer(p),
-                Some(Err(e)) => return fail(e),
+                Some(Err(e)) => return fail(e.to_string()),
                 None => {}
             }
         }
@@ -153,12 +154,12 @@ impl Plugin {
         }
         let grants = match rc.grants(&self.driver, &self.inventory) {
             Ok(g) => g,
-            Err(e) => return fail(e),
+            Err(e) => return fail(e.to_string()),
         };
         let _g = self.hold();
         match self.layout.prepare(&c, &grants) {
             Ok(p) => answer(p),
-            Err(e) => fail(e),
+            Err(e) => fail(e.to_string()),
         }
     }
 
@@ -206,7 +207,12 @@ impl Plugin {
     fn unprepare_one(&self, uid: &str) -> NodeUnprepareResourceResponse {
         let _g = self.hold();
         NodeUnprepareResourceResponse {
-            error: self.layout.unprepare(uid).err().unwrap_or_default(),
+            error: self
+                .layout
+                .unprepare(uid)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default(),
         }
     }
 }
@@ -218,7 +224,7 @@ struct Held<'a> {
 }
 
 /// The DRA service.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct DraService(pub Arc<Plugin>);
 
 #[tonic::async_trait]
@@ -270,7 +276,7 @@ impl DraPlugin for DraService {
 }
 
 /// The registration service.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct RegistrationService(pub Arc<Plugin>);
 
 #[tonic::async_trait]

@@ -75,6 +75,16 @@ pub struct SliceSync {
     applied: BTreeMap<String, String>,
 }
 
+impl std::fmt::Debug for SliceSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SliceSync") // kube's Client has no Debug
+            .field("driver", &self.driver)
+            .field("node_uid", &self.node_uid)
+            .field("applied", &self.applied)
+            .finish_non_exhaustive()
+    }
+}
+
 impl SliceSync {
     /// A sync of `inventory`'s slice (its pool is the node's name).
     pub fn new(client: Client, driver: &str, inventory: Inventory) -> SliceSync {
@@ -161,7 +171,8 @@ impl SliceSync {
                 Synced::Updated as fn(i64) -> Synced,
             ),
         };
-        let mut want = slice_object(&self.driver, &self.inventory, generation).map_err(SyncError::Api)?;
+        let mut want = slice_object(&self.driver, &self.inventory, generation)
+            .map_err(|e| SyncError::Api(e.to_string()))?;
         for d in want.spec.devices.iter_mut().flatten() {
             if let Some((why, since)) = self.unhealthy.get(&d.name) {
                 d.taints = Some(vec![DeviceTaint {

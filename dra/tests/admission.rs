@@ -127,7 +127,7 @@ fn plugin_verdict(params: serde_json::Value) -> Result<(), String> {
         pool: "node-1".into(),
         gpus: vec![Gpu::new(GPU, 80 << 30, "x").unwrap()],
     };
-    match rc.grants("gpu.cuquota.io", &inv) {
+    match rc.grants("gpu.cuquota.io", &inv).map_err(|e| e.to_string()) {
         Err(e) if !e.contains("than its class") => Err(e),
         _ => Ok(()),
     }

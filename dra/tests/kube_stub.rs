@@ -163,6 +163,6 @@ fn the_client_reads_claims_and_publishes_a_valid_slice_through_the_api() {
         )]
     );
     // A claim the server does not have is an error naming it.
-    let e = rt.block_on(src.get("team-a", "gone")).unwrap_err();
+    let e = rt.block_on(src.get("team-a", "gone")).unwrap_err().to_string();
     assert!(e.contains("team-a/gone") && e.contains("not found"), "{e}");
 }

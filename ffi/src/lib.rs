@@ -10,12 +10,15 @@
 pub mod cuda;
 pub mod dlfcn;
 pub mod nvml;
+#[cfg(feature = "loader")]
+pub mod nvml_loader;
 
 #[cfg(test)]
 mod header_check;
 
 /// One struct as the header check sees it.
 #[cfg(test)]
+#[derive(Debug)]
 pub struct StructCheck {
     /// The C type (a name, or a `__typeof__` expression for an anonymous struct).
     pub c: &'static str,
@@ -162,6 +165,7 @@ pub(crate) use c_name;
 /// One function of a list, as the header check sees it: name, CUDA ABI version (NVML: none), argument
 /// `(name, type as Rust spells it)`.
 #[cfg(test)]
+#[derive(Debug)]
 pub struct FunctionCheck {
     /// The C name.
     pub name: &'static str,
@@ -188,7 +192,7 @@ macro_rules! c_functions {
     ) => {
         $(#[$meta])*
         #[allow(non_snake_case)]
-        #[derive(Clone)]
+        #[derive(Debug, Clone)]
         pub struct $table {
             /// False when the table was built without a library (every call returns the missing-library code).
             pub loaded: bool,

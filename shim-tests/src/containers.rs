@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// A directory the container runtime can use: a root filesystem and podman's configuration.
+#[derive(Debug)]
 pub struct Runtime {
     /// The root filesystem (`--rootfs`).
     pub root: PathBuf,

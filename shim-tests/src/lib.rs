@@ -437,6 +437,7 @@ impl SimBuilder {
 
 /// One simulated machine: a GPU state file shared by every process run through it, and (by default) one
 /// container's usage file.
+#[derive(Debug)]
 pub struct Sim {
     dir: PathBuf,
     lib: PathBuf,
@@ -676,6 +677,7 @@ impl Drop for Sim {
 
 /// Writes `words(now)` (hp_last_launch, hp_busy_until) into every device entry of `file` every `every`,
 /// until dropped: what a tenant with write access to that file can do without running any GPU work.
+#[derive(Debug)]
 pub struct PriorityLiar {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     t: Option<std::thread::JoinHandle<u64>>,
@@ -744,6 +746,7 @@ impl PriorityLiar {
 }
 
 /// A program to run on a [`Sim`].
+#[derive(Debug)]
 pub struct Cmd<'a> {
     sim: &'a Sim,
     path: PathBuf,
@@ -953,7 +956,7 @@ impl Cmd<'_> {
     }
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Lines {
     lines: Vec<String>,
     eof: bool,
@@ -968,6 +971,7 @@ pub fn subtree_members(pid: u32) -> String {
 }
 
 /// A running program.
+#[derive(Debug)]
 pub struct Proc {
     describe: String,
     child: Child,
@@ -1294,6 +1298,7 @@ pub fn heavy_slots() -> usize {
 }
 
 /// A place among the [`heavy_slots`]; released on drop.
+#[derive(Debug)]
 pub struct HeavyGuard(());
 
 impl Drop for HeavyGuard {

@@ -88,6 +88,7 @@ pub fn latencies(hp: &crate::Output) -> Vec<u64> {
 /// model): `cuquota agent --interval 200ms --containers DIR` with one descriptor, members `subtree = PID`, a hard
 /// SM limit of `sm_pct` and `sm = "throttle"` (freeze until the measured device time is repaid, kill past the
 /// grace: docs/agent.md). The agent reads the simulator's NVML, as on a GPU it reads the driver's.
+#[derive(Debug)]
 pub struct BypassAgent {
     proc: crate::Proc,
 }

@@ -13,9 +13,10 @@ use rustix::io::Errno;
 use rustix::process::{kill_process, pidfd_open, pidfd_send_signal, Pid, PidfdFlags, Signal};
 use std::path::{Path, PathBuf};
 
-use super::{Action, Actuator, Target};
+use super::{Action, ActionError, Actuator, Target};
 
 /// The actuator of the agent.
+#[derive(Debug)]
 pub struct System;
 
 /// The v1 freezer file for cgroup directory `dir`: its own `freezer.state`, or the freezer hierarchy's
@@ -40,7 +41,7 @@ pub fn has_freezer(dir: &Path) -> bool {
 }
 
 /// Freezes (`true`) or thaws the cgroup `dir`; `None` when it has no freezer.
-fn set_cgroup_frozen(dir: &Path, frozen: bool) -> Option<Result<&'static str, String>> {
+fn set_cgroup_frozen(dir: &Path, frozen: bool) -> Option<Result<&'static str, ActionError>> {
     let v2 = dir.join("cgroup.freeze");
     let (file, value, how) = if v2.is_file() {
         (v2, if frozen { "1" } else { "0" }, "cgroup v2 freezer")
@@ -54,7 +55,7 @@ fn set_cgroup_frozen(dir: &Path, frozen: bool) -> Option<Result<&'static str, St
     Some(
         std::fs::write(&file, value)
             .map(|_| how)
-            .map_err(|e| format!("{}: {e}", file.display())),
+            .map_err(|source| ActionError::Freezer { file, source }),
     )
 }
 
@@ -66,8 +67,8 @@ fn same_process(t: &Target) -> Option<bool> {
 }
 
 /// Sends `sig` to `t`, if it is still the process the pass saw. `Ok(false)`: it is gone (nothing to do).
-pub fn signal(t: &Target, sig: Signal) -> Result<bool, String> {
-    let failed = |e: Errno| Err(format!("pid {}: {e}", t.pid));
+pub fn signal(t: &Target, sig: Signal) -> Result<bool, ActionError> {
+    let failed = |errno: Errno| Err(ActionError::Signal { pid: t.pid, errno });
     let Some(pid) = Pid::from_raw(t.pid as i32) else {
         return Ok(false);
     };
@@ -85,18 +86,13 @@ pub fn signal(t: &Target, sig: Signal) -> Result<bool, String> {
                 },
             };
         }
-        Err(e) => return Err(format!("pidfd_open({}): {e}", t.pid)),
+        Err(errno) => return Err(ActionError::PidfdOpen { pid: t.pid, errno }),
     };
     // The descriptor pins the process that held the pid when it was opened; if that is still the one the
     // pass saw, the signal reaches it and nothing else.
     match same_process(t) {
         None => return Ok(false),
-        Some(false) => {
-            return Err(format!(
-                "pid {} is no longer the process the agent saw (exited, pid reused): not signalled",
-                t.pid
-            ))
-        }
+        Some(false) => return Err(ActionError::Reused(t.pid)),
         Some(true) => {}
     }
     match pidfd_send_signal(&fd, sig) {
@@ -107,17 +103,17 @@ pub fn signal(t: &Target, sig: Signal) -> Result<bool, String> {
 }
 
 /// Signals every target; the errors of those that failed, joined.
-fn signal_all(targets: &[Target], sig: Signal, how: &'static str) -> Result<&'static str, String> {
-    let errors: Vec<String> = targets.iter().filter_map(|t| signal(t, sig).err()).collect();
-    if errors.is_empty() {
-        Ok(how)
-    } else {
-        Err(errors.join("; "))
+fn signal_all(targets: &[Target], sig: Signal, how: &'static str) -> Result<&'static str, ActionError> {
+    let mut errors: Vec<ActionError> = targets.iter().filter_map(|t| signal(t, sig).err()).collect();
+    match errors.len() {
+        0 => Ok(how),
+        1 => Err(errors.remove(0)),
+        _ => Err(ActionError::Several(errors)),
     }
 }
 
 impl Actuator for System {
-    fn apply(&mut self, action: &Action) -> Result<&'static str, String> {
+    fn apply(&mut self, action: &Action) -> Result<&'static str, ActionError> {
         match action {
             Action::Kill { targets, .. } => signal_all(targets, Signal::KILL, "SIGKILL"),
             Action::Freeze { targets, cgroup } => {
@@ -220,11 +216,15 @@ mod tests {
             ..t
         };
         let e = signal(&wrong, Signal::KILL).unwrap_err();
-        assert!(e.contains("no longer"), "{e}");
+        assert!(e.to_string().contains("no longer"), "{e}");
         assert!(c.try_wait().unwrap().is_none());
-        assert_eq!(signal(&t, Signal::KILL), Ok(true));
+        assert_eq!(signal(&t, Signal::KILL).map_err(|e| e.to_string()), Ok(true));
         c.wait().unwrap();
-        assert_eq!(signal(&t, Signal::KILL), Ok(false), "gone: nothing to do");
+        assert_eq!(
+            signal(&t, Signal::KILL).map_err(|e| e.to_string()),
+            Ok(false),
+            "gone: nothing to do"
+        );
     }
 
     #[test]
@@ -235,7 +235,8 @@ mod tests {
             sys.apply(&Action::Freeze {
                 targets: vec![t],
                 cgroup: None
-            }),
+            })
+            .map_err(|e| e.to_string()),
             Ok("SIGSTOP")
         );
         assert!(wait_state(t.pid, b'T'), "stopped");
@@ -243,7 +244,8 @@ mod tests {
             sys.apply(&Action::Thaw {
                 targets: vec![t],
                 cgroup: None
-            }),
+            })
+            .map_err(|e| e.to_string()),
             Ok("SIGCONT")
         );
         assert!(wait_state(t.pid, b'S'), "running again");
@@ -253,14 +255,16 @@ mod tests {
             sys.apply(&Action::Freeze {
                 targets: vec![t],
                 cgroup: Some(dir.clone())
-            }),
+            })
+            .map_err(|e| e.to_string()),
             Ok("SIGSTOP")
         );
         assert_eq!(
             sys.apply(&Action::Thaw {
                 targets: vec![t],
                 cgroup: Some(dir)
-            }),
+            })
+            .map_err(|e| e.to_string()),
             Ok("SIGCONT")
         );
         let _ = c.kill();

@@ -23,7 +23,7 @@ pub const GRACE: u32 = 2;
 const DYING_PASSES: u32 = 10;
 
 /// What the agent remembers about one container's memory between passes.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct MemoryState {
     /// GPU uuid → consecutive passes over the cap.
     over: BTreeMap<String, u32>,

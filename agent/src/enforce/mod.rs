@@ -82,7 +82,7 @@ impl Action {
 }
 
 /// What a pass decided for one container.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Decision {
     /// Actions to carry out, with the reason.
     pub actions: Vec<(Action, String)>,
@@ -90,10 +90,51 @@ pub struct Decision {
     pub reports: Vec<ActionReport>,
 }
 
+/// Why an action was not carried out (the report's `error`).
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// The action names no process.
+    #[error("no process named")]
+    NoTarget,
+    /// The action names processes outside the container: refused whole.
+    #[error("refused: pids {0:?} are not members of this container")]
+    Strangers(Vec<u32>),
+    /// A signal failed.
+    #[error("pid {pid}: {errno}")]
+    Signal {
+        /// The target.
+        pid: u32,
+        /// Why.
+        errno: rustix::io::Errno,
+    },
+    /// No pidfd could be opened to the target.
+    #[error("pidfd_open({pid}): {errno}")]
+    PidfdOpen {
+        /// The target.
+        pid: u32,
+        /// Why.
+        errno: rustix::io::Errno,
+    },
+    /// The pid holds another process than the pass saw.
+    #[error("pid {0} is no longer the process the agent saw (exited, pid reused): not signalled")]
+    Reused(u32),
+    /// The cgroup freezer file could not be written.
+    #[error("{}: {source}", .file.display())]
+    Freezer {
+        /// `cgroup.freeze` or `freezer.state`.
+        file: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// Several targets failed: each, joined by `; `.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Several(Vec<ActionError>),
+}
+
 /// Carries out actions on processes.
 pub trait Actuator {
     /// Does `action`; an error names what failed. Returns how it was done (e.g. `cgroup v2 freezer`).
-    fn apply(&mut self, action: &Action) -> Result<&'static str, String>;
+    fn apply(&mut self, action: &Action) -> Result<&'static str, ActionError>;
 }
 
 /// One action as the report shows it.
@@ -145,17 +186,15 @@ pub fn execute(
                 .filter(|p| !members.contains(p))
                 .collect();
             let result = if a.targets().is_empty() {
-                Err("no process named".to_string())
+                Err(ActionError::NoTarget)
             } else if !strangers.is_empty() {
-                Err(format!(
-                    "refused: pids {strangers:?} are not members of this container"
-                ))
+                Err(ActionError::Strangers(strangers))
             } else {
                 actuator.apply(&a)
             };
             let (ok, error, how) = match result {
                 Ok(how) => (true, None, how),
-                Err(e) => (false, Some(e), ""),
+                Err(e) => (false, Some(e.to_string()), ""),
             };
             ActionReport {
                 action: a.kind(),
@@ -185,7 +224,7 @@ pub(crate) mod tests {
     pub(crate) struct Recorder(pub Vec<Action>);
 
     impl Actuator for Recorder {
-        fn apply(&mut self, a: &Action) -> Result<&'static str, String> {
+        fn apply(&mut self, a: &Action) -> Result<&'static str, ActionError> {
             self.0.push(a.clone());
             Ok("recorded")
         }

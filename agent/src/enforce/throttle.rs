@@ -95,6 +95,7 @@ pub fn freeze_needed(balance: f64, l: f64, interval: Duration) -> Duration {
 }
 
 /// The container's processes frozen now, and when to thaw them.
+#[derive(Debug)]
 pub struct Frozen {
     /// What was frozen (the thaw undoes exactly this).
     pub targets: Vec<Target>,
@@ -107,7 +108,7 @@ pub struct Frozen {
 }
 
 /// What the agent remembers about one container's SM share between passes.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct ThrottleState {
     /// Per GPU (by UUID): the balance in device seconds (positive = debt) and the limit it was charged under.
     /// Kept while the container exists, also for a GPU none of its processes holds now (a killed tenant that

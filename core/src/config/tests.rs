@@ -279,10 +279,10 @@ fn write_toml(text: &str) -> tempfile_path::TempPath {
 mod tempfile_path {
     use std::path::{Path, PathBuf};
 
-    pub struct TempPath(PathBuf);
+    pub(crate) struct TempPath(PathBuf);
 
     impl TempPath {
-        pub fn with_contents(text: &str) -> TempPath {
+        pub(crate) fn with_contents(text: &str) -> TempPath {
             use std::sync::atomic::{AtomicU32, Ordering};
             static N: AtomicU32 = AtomicU32::new(0);
             let p = std::env::temp_dir().join(format!(
@@ -294,7 +294,7 @@ mod tempfile_path {
             super::Write::write_all(&mut f, text.as_bytes()).unwrap();
             TempPath(p)
         }
-        pub fn path(&self) -> &Path {
+        pub(crate) fn path(&self) -> &Path {
             &self.0
         }
     }

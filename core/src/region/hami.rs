@@ -29,6 +29,7 @@ pub const HAMI_MAX_PROCS: usize = 1024;
 /// `device_memory_t`.
 #[allow(missing_docs)] // HAMi-core's field names
 #[repr(C)]
+#[derive(Debug)]
 pub struct HamiDeviceMemory {
     pub context_size: AtomicU64,
     pub module_size: AtomicU64,
@@ -55,6 +56,7 @@ impl HamiDeviceMemory {
 /// `device_util_t`.
 #[allow(missing_docs)] // HAMi-core's field names
 #[repr(C)]
+#[derive(Debug)]
 pub struct HamiDeviceUtil {
     pub dec_util: AtomicU64,
     pub enc_util: AtomicU64,
@@ -65,6 +67,7 @@ pub struct HamiDeviceUtil {
 /// `shrreg_proc_slot_t`.
 #[allow(missing_docs)] // HAMi-core's field names
 #[repr(C)]
+#[derive(Debug)]
 pub struct HamiProcSlot {
     pub pid: AtomicI32,
     pub hostpid: AtomicI32,
@@ -79,6 +82,7 @@ pub struct HamiProcSlot {
 /// `shared_region_t` (x86-64 / aarch64 Linux: `size_t` 8 bytes, `sem_t` 32 bytes).
 #[allow(missing_docs)] // HAMi-core's field names
 #[repr(C)]
+#[derive(Debug)]
 pub struct HamiRegionLayout {
     pub initialized_flag: AtomicI32,
     pub major_version: AtomicU32,
@@ -138,6 +142,7 @@ pub struct HamiUsed {
 }
 
 /// The mapped HAMi region (output only).
+#[derive(Debug)]
 pub struct HamiRegion {
     map: Mapping,
 }

@@ -104,6 +104,7 @@ pub const fn owner_generation(word: u64) -> u32 {
 
 /// Header of the limits file (64 bytes).
 #[repr(C)]
+#[derive(Debug)]
 pub struct LimitsHeader {
     /// [`LIMITS_MAGIC`]; written last (release) by the initialiser.
     pub magic: AtomicU64,
@@ -132,6 +133,7 @@ pub struct LimitsHeader {
 /// A device's limits as words (32 bytes): the one packing of a [`crate::Policy`] (see [`crate::PolicyRaw`]), in
 /// limits entries (the agent's word) and usage device entries (what a process enforces).
 #[repr(C)]
+#[derive(Debug)]
 pub struct PolicyWords {
     /// Memory cap in bytes, 0 = none.
     pub memory_limit: AtomicU64,
@@ -191,6 +193,7 @@ impl Default for PolicyWords {
 
 /// One device's limits in the limits file (64 bytes). All fields seqlock-protected.
 #[repr(C)]
+#[derive(Debug)]
 pub struct LimitsEntry {
     /// Device UUID, its 16 raw bytes in order (word `i` = native-endian load of bytes `8i..8i+8`). All zero =
     /// match by `cuda_index` instead.
@@ -209,6 +212,7 @@ pub struct LimitsEntry {
 /// from facts the tenant cannot rewrite (cgroup, pid namespace, process tree). Seqlock-protected like the rest
 /// of the file; meaningful only while the header has [`LIMITS_FLAG_MEMBERS`].
 #[repr(C)]
+#[derive(Debug)]
 pub struct LimitsMembers {
     /// Number of valid entries of `pids` (at most [`LIMITS_MAX_MEMBERS`]).
     pub count: AtomicU32,
@@ -224,6 +228,7 @@ pub struct LimitsMembers {
 /// is refused rather than taken for a fresh, empty region. Seqlock-protected; `len` 0 = not bound (the
 /// environment decides).
 #[repr(C)]
+#[derive(Debug)]
 pub struct LimitsUsage {
     /// Bytes of `path` in use (at most [`LIMITS_USAGE_PATH_MAX`]), 0 = not bound.
     pub len: AtomicU32,
@@ -241,6 +246,7 @@ pub struct LimitsUsage {
 
 /// The whole limits file.
 #[repr(C)]
+#[derive(Debug)]
 pub struct LimitsFile {
     /// Header.
     pub header: LimitsHeader,
@@ -254,6 +260,7 @@ pub struct LimitsFile {
 
 /// Header of the usage file (64 bytes).
 #[repr(C)]
+#[derive(Debug)]
 pub struct UsageHeader {
     /// [`USAGE_MAGIC`]; written last (release) by the initialiser.
     pub magic: AtomicU64,
@@ -277,6 +284,7 @@ pub struct UsageHeader {
 
 /// A physical device in the usage file (144 bytes). Claimed once by UUID, never freed.
 #[repr(C)]
+#[derive(Debug)]
 pub struct UsageDevice {
     /// Device UUID (same encoding as [`LimitsEntry::uuid`]); valid once `owner` says live.
     pub uuid: [AtomicU64; 2],
@@ -296,6 +304,7 @@ pub struct UsageDevice {
 
 /// One process in the usage file (320 bytes).
 #[repr(C)]
+#[derive(Debug)]
 pub struct UsageSlot {
     /// Owner word ([`owner_word`]): free → claiming → live → reclaiming → free.
     pub owner: AtomicU64,
@@ -320,6 +329,7 @@ pub struct UsageSlot {
 /// count once toward the container's usage, whoever holds them, until the last holder lets go; a holder is a
 /// slot (its bit in `holder_slots`), so a dead holder is dropped when its slot is reclaimed.
 #[repr(C)]
+#[derive(Debug)]
 pub struct UsageShared {
     /// 0 = free, [`SHARED_CLAIMING`] = being filled in, else the identity both processes see (a hash of the
     /// IPC, fabric or pool-export handle's bytes or of the shareable descriptor's file, never 0 or
@@ -339,6 +349,7 @@ pub struct UsageShared {
 
 /// The whole usage file.
 #[repr(C)]
+#[derive(Debug)]
 pub struct UsageFile {
     /// Header.
     pub header: UsageHeader,
@@ -365,6 +376,7 @@ pub const PRIORITY_INFLIGHT: usize = 8;
 
 /// Header of the priority file (64 bytes).
 #[repr(C)]
+#[derive(Debug)]
 pub struct PriorityHeader {
     /// [`PRIORITY_MAGIC`]; written last (release) by the initialiser.
     pub magic: AtomicU64,
@@ -386,6 +398,7 @@ pub struct PriorityHeader {
 /// the other containers' (read-only). Claimed once by UUID (like a usage device entry), never freed. Times are CLOCK_MONOTONIC
 /// nanoseconds (every process on the node shares that clock).
 #[repr(C)]
+#[derive(Debug)]
 pub struct PriorityDevice {
     /// Device UUID (same encoding as [`LimitsEntry::uuid`]); valid once `owner` says live.
     pub uuid: [AtomicU64; 2],
@@ -418,6 +431,7 @@ pub struct PriorityDevice {
 
 /// The whole priority file.
 #[repr(C)]
+#[derive(Debug)]
 pub struct PriorityFile {
     /// Header.
     pub header: PriorityHeader,

@@ -535,6 +535,7 @@ fn backoff(i: u32) {
 }
 
 /// The limits file mapped read-only (the shim's view).
+#[derive(Debug)]
 pub struct LimitsRegion {
     map: Mapping,
 }
@@ -574,6 +575,7 @@ impl LimitsRegion {
 /// A [`LimitsRegion`] plus the last good snapshot: what the shim keeps. `refresh` takes `&mut self`: keep the
 /// reader behind the shim's own (in-process) lock, or one per thread; [`LimitsReader::needs_refresh`] (`&self`,
 /// one atomic load) is the only hot-path call.
+#[derive(Debug)]
 pub struct LimitsReader {
     region: LimitsRegion,
     snapshot: LimitsSnapshot,
@@ -663,6 +665,7 @@ impl LimitsReader {
 }
 
 /// The limits file mapped read-write: the agent's (and `cuquota limits`') handle.
+#[derive(Debug)]
 pub struct LimitsWriter {
     map: Mapping,
 }

@@ -137,6 +137,16 @@ pub(crate) struct Mapping {
     guard: Option<super::fault::Guard>,
 }
 
+/// The file and its size: the bytes are shared with other processes, not this value's to print.
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mapping")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
 // SAFETY: the mapping is plain shared memory; all access to it goes through atomics (see layout.rs), which are
 // safe to use from any thread.
 unsafe impl Send for Mapping {}

@@ -80,6 +80,7 @@ const ASSUMED_AGO_NS: u64 = 1_000_000_000;
 
 /// A container's own priority file, mapped read-write; with the node directory's files when opened by a
 /// tenant ([`PriorityRegion::open`]).
+#[derive(Debug)]
 pub struct PriorityRegion {
     map: Mapping,
     peers: Option<PriorityPeers>,
@@ -97,6 +98,7 @@ pub struct PriorityRegion {
 /// The node directory's priority files (every container's, this one's included), mapped read-only and
 /// found again every [`PEER_SCAN_NS`]. The slot of a file that left the directory is emptied at the next scan
 /// and reused; its mapping is dropped once no reader is inside (`readers`: no lock on the read side).
+#[derive(Debug)]
 pub struct PriorityPeers {
     dir: PathBuf,
     /// The own file's identity (its words are read through the own mapping).
@@ -124,6 +126,7 @@ pub struct PriorityPeers {
 }
 
 /// The container's counters file: same layout, only the counter words used; entries claimed by UUID.
+#[derive(Debug)]
 struct Counters {
     map: Mapping,
 }
@@ -605,7 +608,7 @@ impl Peer {
 }
 
 /// The words of one device entry, with the protocols on them. Hot path: atomics only.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct PriorityEntry<'a> {
     d: &'a PriorityDevice,
     /// Where the informational counters go: the counters file's entry, else `d`.

@@ -141,6 +141,7 @@ pub struct DeviceInfo {
 }
 
 /// The usage file, mapped read-write.
+#[derive(Debug)]
 pub struct UsageRegion {
     /// The mapping; its descriptor is kept open to ask whether slots' liveness locks are held (an open file
     /// description that never holds a lock itself, so every lock shows up as a conflict on it).

@@ -14,17 +14,17 @@ use cuquota_dra::source::DirSource;
 use hyper_util::rt::TokioIo;
 use tonic::transport::{Channel, Endpoint};
 
-pub const UID: &str = "5b9c3f2e-1d4a-4c8e-9f00-0a1b2c3d4e5f";
-pub const GPU: &str = "GPU-0badc0de-1111-2222-3333-444455556666";
-pub const POD_UID: &str = "aaaabbbb-cccc-dddd-eeee-ffff00001111";
+pub(crate) const UID: &str = "5b9c3f2e-1d4a-4c8e-9f00-0a1b2c3d4e5f";
+pub(crate) const GPU: &str = "GPU-0badc0de-1111-2222-3333-444455556666";
+pub(crate) const POD_UID: &str = "aaaabbbb-cccc-dddd-eeee-ffff00001111";
 
-pub fn fixture() -> serde_json::Value {
+pub(crate) fn fixture() -> serde_json::Value {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/claim.json");
     serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap()
 }
 
 /// A node: its directories and a running plugin.
-pub struct Node {
+pub(crate) struct Node {
     pub dir: tempfile::TempDir,
     pub rt: tokio::runtime::Runtime,
     pub layout: Layout,
@@ -33,12 +33,12 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn new() -> Node {
+    pub(crate) fn new() -> Node {
         Node::with(|_| {})
     }
 
     /// A node whose layout `edit` changes before the plugin starts.
-    pub fn with(edit: impl FnOnce(&mut Layout)) -> Node {
+    pub(crate) fn with(edit: impl FnOnce(&mut Layout)) -> Node {
         let dir = tempfile::tempdir().unwrap();
         for d in ["claims/team-a", "cdi", "agent", "lib", "cgroup", "kubelet"] {
             std::fs::create_dir_all(dir.path().join(d)).unwrap();
@@ -75,11 +75,11 @@ impl Node {
         n
     }
 
-    pub fn p(&self, rel: &str) -> PathBuf {
+    pub(crate) fn p(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
 
-    pub fn put_claim(&self, name: &str, v: &serde_json::Value) {
+    pub(crate) fn put_claim(&self, name: &str, v: &serde_json::Value) {
         std::fs::write(
             self.p(&format!("claims/team-a/{name}.json")),
             serde_json::to_vec(v).unwrap(),
@@ -87,7 +87,7 @@ impl Node {
         .unwrap();
     }
 
-    pub fn start(&mut self) {
+    pub(crate) fn start(&mut self) {
         let inventory = Inventory {
             pool: "node-1".into(),
             gpus: vec![
@@ -121,7 +121,7 @@ impl Node {
     }
 
     /// Stops the plugin (as a restart's first half).
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
@@ -133,7 +133,7 @@ impl Node {
         let _ = std::fs::remove_file(self.p("kubelet/plugins_registry/gpu.cuquota.io-reg.sock"));
     }
 
-    pub fn channel(&self, sock: &str) -> Channel {
+    pub(crate) fn channel(&self, sock: &str) -> Channel {
         let path = self.p(sock);
         self.rt.block_on(async {
             for _ in 0..1000 {
@@ -156,11 +156,11 @@ impl Node {
         })
     }
 
-    pub fn dra(&self) -> DraPluginClient<Channel> {
+    pub(crate) fn dra(&self) -> DraPluginClient<Channel> {
         DraPluginClient::new(self.channel("kubelet/plugins/gpu.cuquota.io/dra.sock"))
     }
 
-    pub fn prepare(
+    pub(crate) fn prepare(
         &self,
         names: &[(&str, &str)],
     ) -> std::collections::HashMap<String, cuquota_dra::proto::dra::NodePrepareResourceResponse> {
@@ -182,7 +182,7 @@ impl Node {
             .claims
     }
 
-    pub fn unprepare(&self, uid: &str) -> String {
+    pub(crate) fn unprepare(&self, uid: &str) -> String {
         let mut c = self.dra();
         let req = NodeUnprepareResourcesRequest {
             claims: vec![Claim {
@@ -200,7 +200,7 @@ impl Node {
         r.remove(uid).expect("an answer for the claim").error
     }
 
-    pub fn cdi_spec(&self) -> serde_json::Value {
+    pub(crate) fn cdi_spec(&self) -> serde_json::Value {
         serde_json::from_slice(&std::fs::read(self.p(&format!("cdi/cuquota.io-gpu-{UID}.json"))).unwrap())
             .unwrap()
     }

@@ -32,6 +32,10 @@ pub(crate) struct SimConfig {
     pub wave_ns: u64,
     /// Copy and memset bandwidth in MB/s (`CUDASIM_COPY_GBPS` × 1000): their time on the device timeline.
     pub copy_mbps: u64,
+    /// Copy engines (`CUDASIM_H2D_GBPS`, `CUDASIM_D2H_GBPS`), MB/s: host-to-device and device-to-host copies
+    /// run on their direction's engine, next to the kernels; 0 = that direction runs on the device timeline at
+    /// `copy_mbps`, as before engines existed.
+    pub engine_mbps: [u64; 2],
     /// What cuDriverGetVersion reports (e.g. 13000).
     pub driver_version: u32,
     /// `CUDASIM_SCHED=slice`: the device time of one context switch between processes (`CUDASIM_SWITCH_US`);
@@ -212,6 +216,15 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
             _ => return Err(err("CUDASIM_COPY_GBPS", &v, "expected GB/s, 0.001 to 1000000")),
         },
     };
+    let mut engine_mbps = [0; 2];
+    for (i, name) in ["CUDASIM_H2D_GBPS", "CUDASIM_D2H_GBPS"].into_iter().enumerate() {
+        if let Some(v) = get(name) {
+            engine_mbps[i] = match v.trim().parse::<f64>() {
+                Ok(g) if (0.001..=1e6).contains(&g) => (g * 1000.0).round() as u64,
+                _ => return Err(err(name, &v, "expected GB/s, 0.001 to 1000000")),
+            };
+        }
+    }
     let driver_version = match get("CUDASIM_DRIVER_VERSION") {
         None => 13000,
         Some(v) => match v.trim().parse::<u32>() {
@@ -269,6 +282,7 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
         granularity,
         wave_ns,
         copy_mbps,
+        engine_mbps,
         driver_version,
         switch_ns,
         quantum_ns,
@@ -332,6 +346,9 @@ mod tests {
         assert_eq!(c.copy_mbps, 25_000);
         let slow = from_env(env(&[("CUDASIM_COPY_GBPS", "0.1")])).unwrap();
         assert_eq!(slow.copy_mbps, 100);
+        assert_eq!(c.engine_mbps, [0, 0]);
+        let engines = from_env(env(&[("CUDASIM_H2D_GBPS", "50"), ("CUDASIM_D2H_GBPS", "0.5")])).unwrap();
+        assert_eq!(engines.engine_mbps, [50_000, 500]);
         assert_eq!(c.driver_version, 13000);
         assert_eq!(c.switch_ns, None);
         let sliced = from_env(env(&[("CUDASIM_SCHED", "slice")])).unwrap();
@@ -373,6 +390,8 @@ mod tests {
             ("CUDASIM_GRANULARITY", "3m"),
             ("CUDASIM_WAVE_NS", "fast"),
             ("CUDASIM_COPY_GBPS", "0"),
+            ("CUDASIM_H2D_GBPS", "0"),
+            ("CUDASIM_D2H_GBPS", "fast"),
             ("CUDASIM_DRIVER_VERSION", "13.0"),
             ("CUDASIM_SCHED", "fair"),
             ("CUDASIM_SWITCH_US", "100"),

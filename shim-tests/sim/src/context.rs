@@ -28,6 +28,10 @@ pub(crate) struct Context {
     pub limits: [usize; 5],
     /// Device memory those limits reserve beyond their defaults (which the context overhead covers).
     pub limit_bytes: u64,
+    /// A sticky error (`CUDA_ERROR_ILLEGAL_ADDRESS` from a kernel or copy that touched memory it may not): every
+    /// later call that uses the context returns it (cuda.h: "any further CUDA work will return the same
+    /// error"); 0 = none. A primary context's reset clears it.
+    pub fault: CUresult,
 }
 
 /// Defaults of `CU_LIMIT_STACK_SIZE`, `CU_LIMIT_PRINTF_FIFO_SIZE`, `CU_LIMIT_MALLOC_HEAP_SIZE`.
@@ -120,6 +124,7 @@ pub(crate) fn ensure_primaries(o: &mut Objects, sim: &Sim) {
                 null_stream: 0,
                 limits: DEFAULT_LIMITS,
                 limit_bytes: 0,
+                fault: 0,
             },
         );
         o.primaries.push(Primary {
@@ -168,6 +173,16 @@ fn deactivate(o: &mut Objects, sim: &Sim, h: u64) {
         c.null_stream = 0;
         c.limits = DEFAULT_LIMITS;
         c.limit_bytes = 0;
+        c.fault = 0;
+    }
+    crate::touch::forget_context(o, h);
+}
+
+/// The context's sticky error, if any (an unknown context has none).
+pub(crate) fn check_fault(o: &Objects, h: u64) -> CuResult<()> {
+    match o.contexts.get(&h).map_or(0, |c| c.fault) {
+        0 => Ok(()),
+        e => Err(e),
     }
 }
 
@@ -242,6 +257,9 @@ pub(crate) fn resolve(o: &mut Objects, sim: &Sim, h: u64) -> CuResult<u64> {
             CUDA_ERROR_INVALID_CONTEXT
         });
     };
+    if c.fault != 0 {
+        return Err(c.fault);
+    }
     if !c.active {
         let retained = c.primary && o.primaries.get(c.ordinal).is_some_and(|p| p.refcount > 0);
         if !retained {
@@ -325,6 +343,7 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, ordinal: usize, flags: u32) -> 
             null_stream: 0,
             limits: DEFAULT_LIMITS,
             limit_bytes: 0,
+            fault: 0,
         },
     );
     if let Err(e) = activate(o, sim, h) {

@@ -61,20 +61,20 @@ mod sim {
     use super::{CUcontext, CUdevice, CUmodule, CUresult};
     use std::ffi::{c_int, c_void};
 
-    pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: c_int = 33;
-    pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: c_int = 34;
-    pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: c_int = 50;
+    pub(crate) const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: c_int = 33;
+    pub(crate) const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: c_int = 34;
+    pub(crate) const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: c_int = 50;
 
     extern "C" {
-        pub fn cuDriverGetVersion(version: *mut c_int) -> CUresult;
-        pub fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
-        pub fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult;
-        pub fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
-        pub fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult;
+        pub(crate) fn cuDriverGetVersion(version: *mut c_int) -> CUresult;
+        pub(crate) fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
+        pub(crate) fn cuDeviceGetUuid(uuid: *mut [u8; 16], dev: CUdevice) -> CUresult;
+        pub(crate) fn cuDeviceGetAttribute(value: *mut c_int, attrib: c_int, dev: CUdevice) -> CUresult;
+        pub(crate) fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult;
     }
 
     /// Retains and returns device `dev`'s primary context (as cuDevicePrimaryCtxRetain, internally).
-    pub fn primary_context(dev: CUdevice) -> Result<CUcontext, CUresult> {
+    pub(crate) fn primary_context(dev: CUdevice) -> Result<CUcontext, CUresult> {
         let sim = crate::sim::cuda()?;
         sim.phys(dev)?;
         let ordinal = usize::try_from(dev).map_err(|_| super::CUDA_ERROR_INVALID_VALUE)?;
@@ -83,7 +83,7 @@ mod sim {
     }
 
     /// The calling thread's current context (NULL if none).
-    pub fn current_context() -> CUcontext {
+    pub(crate) fn current_context() -> CUcontext {
         crate::context::current_handle() as usize as CUcontext
     }
 }

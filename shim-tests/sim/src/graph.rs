@@ -30,7 +30,12 @@ pub(crate) struct KernelLaunch {
     pub func: u64,
     pub grid: [u32; 3],
     pub block: [u32; 3],
+    /// The launch's `kernelParams` (a `touch` kernel reads its operands there at launch), or `NO_PARAMS`.
+    pub params: u64,
 }
+
+/// `KernelLaunch::params` of a graph's kernel node: a `touch` kernel in a graph is not modelled.
+pub(crate) const NO_PARAMS: u64 = u64::MAX;
 
 /// A copy captured from a stream: the bytes move each time the graph runs (which sides must be live device
 /// memory was decided at capture; it is checked again at launch).

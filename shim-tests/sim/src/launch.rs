@@ -40,9 +40,18 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
             let sms = sim.cfg.devices[phys].sms as u64;
             let mut durations = Vec::with_capacity(kernels.len());
             let mut local = 0;
+            let mut touch = Vec::new();
             for k in kernels {
                 let (func, ns) = crate::module::function_for(o, sim, k.func, ctx)?;
                 local = o.functions.get(&func).map_or(0, |f| f.local).max(local);
+                let ops = o.functions.get(&func).map_or(&[][..], |f| &f.touch[..]);
+                if !ops.is_empty() && o.streams[&s].capture.is_none() {
+                    if k.params == crate::graph::NO_PARAMS {
+                        return Err(CUDA_ERROR_NOT_SUPPORTED);
+                    }
+                    // SAFETY: `params` is the caller's kernelParams for this launch (or NULL).
+                    touch.extend(unsafe { crate::touch::resolve(ops, k.params as *const *const u8)? });
+                }
                 let blocks: u64 = k.grid.iter().map(|&g| g as u64).product();
                 if cooperative && blocks > sms * COOP_BLOCKS_PER_SM {
                     return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
@@ -51,12 +60,28 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
             }
             if o.streams[&s].capture.is_some() {
                 for k in kernels {
-                    crate::graph::capture_kernel(o, s, *k)?;
+                    // The parameters are the caller's only during this call.
+                    let k = KernelLaunch {
+                        params: crate::graph::NO_PARAMS,
+                        ..*k
+                    };
+                    crate::graph::capture_kernel(o, s, k)?;
                 }
                 return Ok(None);
             }
             crate::context::grow_stack(o, sim, ctx, local)?;
-            stream::enqueue(o, sim, s, phys, &durations)
+            let wait = stream::enqueue(o, sim, s, phys, &durations)?;
+            if wait.is_none() && !touch.is_empty() {
+                // At the kernels' end (now, behind a wait for a value: a simplification).
+                let st = &o.streams[&s];
+                let at = if st.held.is_empty() {
+                    st.tail
+                } else {
+                    crate::timeline::now_ns()
+                };
+                crate::touch::defer(o, ctx, at, crate::touch::Work::Kernel(touch));
+            }
+            Ok(wait)
         })?;
         match wait {
             None => return Ok(()),

@@ -38,5 +38,6 @@ mod state;
 mod stream;
 mod stubs;
 mod timeline;
+mod touch;
 mod types;
 mod vmm;

@@ -30,6 +30,8 @@ pub(crate) struct Image {
     pub globals: Vec<(String, u64)>,
     /// Kernel name → local memory per thread (bytes), when declared.
     pub locals: Vec<(String, u64)>,
+    /// Kernel name → what it does to memory (`touch` lines, in order).
+    pub touches: Vec<(String, crate::touch::Op)>,
     /// Neither a CUDASIM-MODULE text image nor compiled code: every kernel name exists.
     pub opaque: bool,
     /// Compiled code: names come from it (unreadable code behaves as opaque).
@@ -98,6 +100,13 @@ pub(crate) fn parse_text(text: &str) -> Result<Image, String> {
                 img.locals.push((name.to_string(), num(local)?));
             }
             ["global", name, bytes] => img.globals.push((name.to_string(), num(bytes)?)),
+            ["touch", name, op @ ..] => {
+                if !img.kernels.iter().any(|k| k.0 == *name) {
+                    return Err(format!("line {}: touch of undeclared kernel {name:?}", n + 2));
+                }
+                let op = crate::touch::parse(op).map_err(|e| format!("line {}: {e}", n + 2))?;
+                img.touches.push((name.to_string(), op));
+            }
             _ => {
                 return Err(format!(
                     "line {}: expected `kernel <name> <ns_per_wave>`: {line:?}",
@@ -197,6 +206,8 @@ pub(crate) struct Function {
     pub ns_per_wave: u64,
     /// Local memory per thread (bytes).
     pub local: u64,
+    /// What the kernel does to memory (`touch`), in order.
+    pub touch: Vec<crate::touch::Op>,
     /// cuFuncSetBlockShape / cuFuncSetSharedSize state for the legacy cuLaunch* calls.
     pub block: [u32; 3],
     pub shared: u32,
@@ -318,6 +329,13 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
         .kernel(name, sim.cfg.wave_ns)?
         .ok_or(CUDA_ERROR_NOT_FOUND)?;
     let local = m.image.local(name);
+    let touch = m
+        .image
+        .touches
+        .iter()
+        .filter(|t| t.0 == name)
+        .map(|t| t.1)
+        .collect();
     let f = new_handle(Kind::Function);
     o.functions.insert(
         f,
@@ -326,6 +344,7 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
             name: name.to_string(),
             ns_per_wave: ns,
             local,
+            touch,
             block: [1, 1, 1],
             shared: 0,
             max_dynamic_shared: 0,

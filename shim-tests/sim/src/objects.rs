@@ -88,6 +88,8 @@ pub(crate) struct Objects {
     pub last_interval: BTreeMap<usize, (u64, u64)>,
     /// Per device: the time-slicing shifts already applied to this process's times (`timeline::catch_up`).
     pub shifts_seen: [u64; crate::config::MAX_DEVICES],
+    /// Memory effects of kernels and copies waiting for their time on the timeline (`touch`).
+    pub pending: crate::touch::Pending,
 }
 
 static OBJECTS: Mutex<Option<Objects>> = Mutex::new(None);
@@ -97,5 +99,6 @@ pub(crate) fn with<T>(f: impl FnOnce(&mut Objects) -> T) -> T {
     let mut g = OBJECTS.lock();
     let o = g.get_or_insert_with(Objects::default);
     crate::timeline::catch_up(o);
+    crate::touch::drain(o);
     f(o)
 }

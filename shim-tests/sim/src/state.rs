@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
-/// 4: IPC memory exports.
-const LAYOUT_VERSION: u64 = 7;
+/// 4: IPC memory exports; 8: copy engines.
+const LAYOUT_VERSION: u64 = 8;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -42,6 +42,8 @@ pub(crate) struct Header {
     granularity: AtomicU64,
     wave_ns: AtomicU64,
     copy_mbps: AtomicU64,
+    /// Copy engines' bandwidth, MB/s (host-to-device, device-to-host; 0 = none).
+    engine_mbps: [AtomicU64; 2],
     /// The time-slicing model's context-switch cost + 1 (0 = the serialised model).
     switch_ns: AtomicU64,
     quantum_ns: AtomicU64,
@@ -87,6 +89,8 @@ pub(crate) struct DeviceState {
     pub busy_until: AtomicU64,
     /// Total kernel time ever scheduled.
     pub busy_ns: AtomicU64,
+    /// When the copy engines' last copy ends (host-to-device, device-to-host).
+    pub engine_until: [AtomicU64; 2],
     /// Time-slicing model (`timeline.rs`), all under `slice_lock` (0 free, else when it was taken): slot + 1
     /// of the process whose work ran last before the slices still listed (0 = none),
     pub owner: AtomicU64,
@@ -340,6 +344,9 @@ impl SharedState {
         h.granularity.store(cfg.granularity, Relaxed);
         h.wave_ns.store(cfg.wave_ns, Relaxed);
         h.copy_mbps.store(cfg.copy_mbps, Relaxed);
+        for (a, &v) in h.engine_mbps.iter().zip(&cfg.engine_mbps) {
+            a.store(v, Relaxed);
+        }
         h.switch_ns.store(cfg.switch_ns.map_or(0, |s| s + 1), Relaxed);
         h.quantum_ns.store(cfg.quantum_ns, Relaxed);
         for (d, dc) in self.devices.iter().zip(&cfg.devices) {
@@ -383,6 +390,7 @@ impl SharedState {
             granularity: h.granularity.load(Relaxed),
             wave_ns: h.wave_ns.load(Relaxed),
             copy_mbps: h.copy_mbps.load(Relaxed).max(1),
+            engine_mbps: [h.engine_mbps[0].load(Relaxed), h.engine_mbps[1].load(Relaxed)],
             driver_version: h.driver_version.load(Relaxed),
             switch_ns: self.switch_ns(),
             quantum_ns: h.quantum_ns.load(Relaxed),

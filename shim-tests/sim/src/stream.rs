@@ -41,6 +41,9 @@ pub(crate) struct Stream {
     pub is_null: bool,
     /// Work held back by a wait for a value, in order (empty: nothing waits).
     pub held: VecDeque<Held>,
+    /// Whether the stream's last work is a copy on a copy engine (an event recorded after it completes with
+    /// the copy, not in the kernels' queue).
+    pub engine_tail: bool,
 }
 
 /// Work a stream holds back behind a [`Held::Wait`].
@@ -182,6 +185,7 @@ pub(crate) fn create(o: &mut Objects, ctx: u64, flags: u32, priority: i32) -> u6
             capture: None,
             is_null,
             held: VecDeque::new(),
+            engine_tail: false,
         },
     );
     h
@@ -301,6 +305,37 @@ pub(crate) fn enqueue(
     Ok(None)
 }
 
+/// Queues a copy of `dur` ns on stream `s` on copy engine `engine` of device `phys` (0: host to device, 1:
+/// device to host): after the stream's earlier work and the engine's queued copies, next to the kernels. Behind
+/// a wait for a value it goes on the device timeline instead (a simplification). `Some(t)`: queue full, as
+/// `enqueue`.
+pub(crate) fn enqueue_copy(
+    o: &mut Objects,
+    sim: &Sim,
+    s: u64,
+    phys: usize,
+    engine: usize,
+    dur: u64,
+) -> CuResult<Option<u64>> {
+    if settle(o, sim, s)? {
+        return enqueue(o, sim, s, phys, &[dur]);
+    }
+    let now = now_ns();
+    let start = earliest(o, s).max(now);
+    let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    while st.pending.front().is_some_and(|&e| e <= now) {
+        st.pending.pop_front();
+    }
+    if st.pending.len() >= MAX_PENDING {
+        return Ok(Some(st.pending.front().copied().unwrap_or(now)));
+    }
+    let (_, end) = timeline::reserve_on(&sim.shared.devices[phys].engine_until[engine], start, dur);
+    st.tail = st.tail.max(end);
+    st.pending.push_back(end);
+    st.engine_tail = true;
+    Ok(None)
+}
+
 /// Puts kernels of the given durations on stream `s`'s timeline (device `phys`).
 fn schedule(o: &mut Objects, sim: &Sim, s: u64, phys: usize, durations: &[u64]) -> CuResult<()> {
     let now = now_ns();
@@ -317,6 +352,7 @@ fn schedule(o: &mut Objects, sim: &Sim, s: u64, phys: usize, durations: &[u64]) 
         o.last_interval.insert(phys, l);
     }
     let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    st.engine_tail = false;
     for end in ends {
         st.tail = st.tail.max(end);
         st.pending.push_back(end);
@@ -363,7 +399,7 @@ pub(crate) fn event_record(o: &mut Objects, ev: u64, s: u64) -> CuResult<()> {
 /// time even when other processes' kernels are queued ahead of it. With one process on the device
 /// `busy_until` is its own tail: nothing changes.
 pub(crate) fn event_at_device_position(o: &mut Objects, sim: &crate::sim::Sim, ev: u64, s: u64) {
-    let Some(ctx) = o.streams.get(&s).map(|st| st.ctx) else {
+    let Some(ctx) = o.streams.get(&s).filter(|st| !st.engine_tail).map(|st| st.ctx) else {
         return;
     };
     let Ok((_, phys)) = crate::context::device_of(o, ctx) else {

@@ -76,11 +76,17 @@ pub(crate) fn kernel_duration(grid: [u32; 3], sms: u64, ns_per_wave: u64) -> u64
 /// Reserves [start, end) on the device timeline for a kernel of `dur` ns that may not start before
 /// `earliest`. Lock-free across processes.
 pub(crate) fn reserve(dev: &DeviceState, earliest: u64, dur: u64) -> (u64, u64) {
-    let mut cur = dev.busy_until.load(Acquire);
+    reserve_on(&dev.busy_until, earliest, dur)
+}
+
+/// Reserves [start, end) of `dur` ns not before `earliest` on a timeline whose work ends at `busy` (the
+/// device's kernels, or one of its copy engines). Lock-free across processes.
+pub(crate) fn reserve_on(busy: &AtomicU64, earliest: u64, dur: u64) -> (u64, u64) {
+    let mut cur = busy.load(Acquire);
     loop {
         let start = earliest.max(cur);
         let end = start + dur;
-        match dev.busy_until.compare_exchange_weak(cur, end, AcqRel, Acquire) {
+        match busy.compare_exchange_weak(cur, end, AcqRel, Acquire) {
             Ok(_) => return (start, end),
             Err(v) => cur = v,
         }

@@ -6,160 +6,164 @@
 
 use std::ffi::c_void;
 
-pub type CUresult = u32;
-pub type CuResult<T> = Result<T, CUresult>;
-pub type CUdevice = i32;
-pub type CUdeviceptr = u64;
-pub type Handle = *mut c_void;
+pub(crate) type CUresult = u32;
+pub(crate) type CuResult<T> = Result<T, CUresult>;
+pub(crate) type CUdevice = i32;
+pub(crate) type CUdeviceptr = u64;
+pub(crate) type Handle = *mut c_void;
 
-pub const CUDA_SUCCESS: CUresult = 0;
-pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
-pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
-pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
-pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
-pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
-pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
-pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
-pub const CUDA_ERROR_MAP_FAILED: CUresult = 205;
-pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
-pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
-pub const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
+pub(crate) const CUDA_SUCCESS: CUresult = 0;
+pub(crate) const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub(crate) const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub(crate) const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub(crate) const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+pub(crate) const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub(crate) const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+pub(crate) const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub(crate) const CUDA_ERROR_MAP_FAILED: CUresult = 205;
+pub(crate) const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: u32 = 1;
+pub(crate) const CU_MEM_HANDLE_TYPE_FABRIC: u32 = 8;
 
 /// CUipcMemHandle (passed by value).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct CUipcMemHandle {
+pub(crate) struct CUipcMemHandle {
     pub reserved: [u8; 64],
 }
-pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
-pub const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
-pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
-pub const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
-pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
-pub const CUDA_ERROR_NOT_READY: CUresult = 600;
-pub const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
-pub const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
-pub const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
-pub const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
-pub const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
-pub const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
-pub const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
-pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
-pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
-pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
-pub const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
-pub const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
-pub const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
-pub const CUDA_ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
-pub const CUDA_ERROR_OPERATING_SYSTEM: CUresult = 304;
-pub const CUDA_ERROR_UNKNOWN: CUresult = 999;
+pub(crate) const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
+pub(crate) const CUDA_ERROR_FILE_NOT_FOUND: CUresult = 301;
+pub(crate) const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub(crate) const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
+pub(crate) const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub(crate) const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub(crate) const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+pub(crate) const CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: CUresult = 701;
+pub(crate) const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: CUresult = 712;
+pub(crate) const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: CUresult = 713;
+pub(crate) const CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE: CUresult = 708;
+pub(crate) const CUDA_ERROR_CONTEXT_IS_DESTROYED: CUresult = 709;
+pub(crate) const CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE: CUresult = 720;
+pub(crate) const CUDA_ERROR_NOT_PERMITTED: CUresult = 800;
+pub(crate) const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: CUresult = 901;
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: CUresult = 903;
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: CUresult = 906;
+pub(crate) const CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE: CUresult = 910;
+pub(crate) const CUDA_ERROR_INVALID_CLUSTER_SIZE: CUresult = 912;
+pub(crate) const CUDA_ERROR_OPERATING_SYSTEM: CUresult = 304;
+pub(crate) const CUDA_ERROR_UNKNOWN: CUresult = 999;
 
 // CUdevice_attribute
-pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: i32 = 16;
-pub const CU_DEVICE_ATTRIBUTE_MAX: i32 = 148;
+pub(crate) const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: i32 = 16;
+pub(crate) const CU_DEVICE_ATTRIBUTE_MAX: i32 = 148;
 
 // cuGetProcAddress
-pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
-pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
-pub const CU_GET_PROC_ADDRESS_SUCCESS: u32 = 0;
-pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: u32 = 1;
-pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: u32 = 2;
+pub(crate) const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
+pub(crate) const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
+pub(crate) const CU_GET_PROC_ADDRESS_SUCCESS: u32 = 0;
+pub(crate) const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: u32 = 1;
+pub(crate) const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: u32 = 2;
 
 // Streams and events
-pub const CU_STREAM_LEGACY: usize = 1;
-pub const CU_STREAM_PER_THREAD: usize = 2;
-pub const CU_STREAM_NON_BLOCKING: u32 = 1;
-pub const CU_EVENT_DISABLE_TIMING: u32 = 2;
-pub const CU_EVENT_INTERPROCESS: u32 = 4;
-pub const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
-pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
+pub(crate) const CU_STREAM_LEGACY: usize = 1;
+pub(crate) const CU_STREAM_PER_THREAD: usize = 2;
+pub(crate) const CU_STREAM_NON_BLOCKING: u32 = 1;
+pub(crate) const CU_EVENT_DISABLE_TIMING: u32 = 2;
+pub(crate) const CU_EVENT_INTERPROCESS: u32 = 4;
+pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: u32 = 0;
+pub(crate) const CU_STREAM_CAPTURE_STATUS_ACTIVE: u32 = 1;
 
 // CUmemPool_attribute
-pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: u32 = 1;
-pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: u32 = 2;
-pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: u32 = 3;
-pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: u32 = 4;
-pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: u32 = 5;
-pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: u32 = 6;
-pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
-pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: u32 = 8;
+pub(crate) const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: u32 = 1;
+pub(crate) const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: u32 = 2;
+pub(crate) const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: u32 = 3;
+pub(crate) const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: u32 = 4;
+pub(crate) const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: u32 = 5;
+pub(crate) const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: u32 = 6;
+pub(crate) const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: u32 = 7;
+pub(crate) const CU_MEMPOOL_ATTR_USED_MEM_HIGH: u32 = 8;
 
 // CUpointer_attribute
-pub const CU_POINTER_ATTRIBUTE_CONTEXT: u32 = 1;
-pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: u32 = 2;
-pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: u32 = 3;
-pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: u32 = 4;
-pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: u32 = 6;
-pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: u32 = 7;
-pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: u32 = 8;
-pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: u32 = 9;
-pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: u32 = 11;
-pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: u32 = 12;
-pub const CU_POINTER_ATTRIBUTE_MAPPED: u32 = 13;
-pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: u32 = 17;
+pub(crate) const CU_POINTER_ATTRIBUTE_CONTEXT: u32 = 1;
+pub(crate) const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: u32 = 2;
+pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: u32 = 3;
+pub(crate) const CU_POINTER_ATTRIBUTE_HOST_POINTER: u32 = 4;
+pub(crate) const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: u32 = 6;
+pub(crate) const CU_POINTER_ATTRIBUTE_BUFFER_ID: u32 = 7;
+pub(crate) const CU_POINTER_ATTRIBUTE_IS_MANAGED: u32 = 8;
+pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: u32 = 9;
+pub(crate) const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: u32 = 11;
+pub(crate) const CU_POINTER_ATTRIBUTE_RANGE_SIZE: u32 = 12;
+pub(crate) const CU_POINTER_ATTRIBUTE_MAPPED: u32 = 13;
+pub(crate) const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: u32 = 17;
 
 // CUmemorytype
-pub const CU_MEMORYTYPE_HOST: u32 = 1;
-pub const CU_MEMORYTYPE_DEVICE: u32 = 2;
-pub const CU_MEMORYTYPE_ARRAY: u32 = 3;
-pub const CU_MEMORYTYPE_UNIFIED: u32 = 4;
+pub(crate) const CU_MEMORYTYPE_HOST: u32 = 1;
+pub(crate) const CU_MEMORYTYPE_DEVICE: u32 = 2;
+pub(crate) const CU_MEMORYTYPE_ARRAY: u32 = 3;
+pub(crate) const CU_MEMORYTYPE_UNIFIED: u32 = 4;
 
 // VMM
-pub const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
-pub const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
-pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: u32 = 1;
+pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: u32 = 1;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST: u32 = 2;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST_NUMA: u32 = 3;
+pub(crate) const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: u32 = 4;
+pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: u32 = 1;
+pub(crate) const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: u32 = 1;
 
 // Arrays
-pub const CUDA_ARRAY3D_LAYERED: u32 = 0x01;
-pub const CUDA_ARRAY3D_CUBEMAP: u32 = 0x04;
-pub const CUDA_ARRAY3D_SPARSE: u32 = 0x40;
-pub const CUDA_ARRAY3D_DEFERRED_MAPPING: u32 = 0x80;
+pub(crate) const CUDA_ARRAY3D_LAYERED: u32 = 0x01;
+pub(crate) const CUDA_ARRAY3D_CUBEMAP: u32 = 0x04;
+pub(crate) const CUDA_ARRAY3D_SPARSE: u32 = 0x40;
+pub(crate) const CUDA_ARRAY3D_DEFERRED_MAPPING: u32 = 0x80;
 
 // CUfunction_attribute
-pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: i32 = 0;
-pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: i32 = 3;
-pub const CU_FUNC_ATTRIBUTE_NUM_REGS: i32 = 4;
-pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: i32 = 5;
-pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: i32 = 6;
-pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
-pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: i32 = 9;
-pub const CU_FUNC_ATTRIBUTE_MAX: i32 = 16;
+pub(crate) const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: i32 = 0;
+pub(crate) const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: i32 = 3;
+pub(crate) const CU_FUNC_ATTRIBUTE_NUM_REGS: i32 = 4;
+pub(crate) const CU_FUNC_ATTRIBUTE_PTX_VERSION: i32 = 5;
+pub(crate) const CU_FUNC_ATTRIBUTE_BINARY_VERSION: i32 = 6;
+pub(crate) const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: i32 = 8;
+pub(crate) const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: i32 = 9;
+pub(crate) const CU_FUNC_ATTRIBUTE_MAX: i32 = 16;
 
 // Launch
-pub const CU_LAUNCH_PARAM_END: usize = 0;
-pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
-pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
+pub(crate) const CU_LAUNCH_PARAM_END: usize = 0;
+pub(crate) const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: u32 = 2;
+pub(crate) const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: u32 = 4;
 
 // Graph node types
-pub const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
-pub const CU_GRAPH_NODE_TYPE_MEMCPY: u32 = 1;
-pub const CU_GRAPH_NODE_TYPE_GRAPH: u32 = 4;
-pub const CU_GRAPH_NODE_TYPE_EMPTY: u32 = 5;
-pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: u32 = 1;
-pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: u32 = 10;
-pub const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
-pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: u32 = 13;
-pub const CU_GRAPH_COND_TYPE_IF: u32 = 0;
-pub const CU_GRAPH_COND_TYPE_WHILE: u32 = 1;
-pub const CU_GRAPH_COND_ASSIGN_DEFAULT: u32 = 1;
-pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
-pub const CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: u64 = 4;
-pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: u32 = 0;
-pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: u32 = 1;
-pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: u32 = 2;
-pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: u32 = 3;
+pub(crate) const CU_GRAPH_NODE_TYPE_KERNEL: u32 = 0;
+pub(crate) const CU_GRAPH_NODE_TYPE_MEMCPY: u32 = 1;
+pub(crate) const CU_GRAPH_NODE_TYPE_GRAPH: u32 = 4;
+pub(crate) const CU_GRAPH_NODE_TYPE_EMPTY: u32 = 5;
+pub(crate) const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: u32 = 1;
+pub(crate) const CU_GRAPH_NODE_TYPE_MEM_ALLOC: u32 = 10;
+pub(crate) const CU_GRAPH_NODE_TYPE_MEM_FREE: u32 = 11;
+pub(crate) const CU_GRAPH_NODE_TYPE_CONDITIONAL: u32 = 13;
+pub(crate) const CU_GRAPH_COND_TYPE_IF: u32 = 0;
+pub(crate) const CU_GRAPH_COND_TYPE_WHILE: u32 = 1;
+pub(crate) const CU_GRAPH_COND_ASSIGN_DEFAULT: u32 = 1;
+pub(crate) const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: u64 = 2;
+pub(crate) const CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: u64 = 4;
+pub(crate) const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: u32 = 0;
+pub(crate) const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: u32 = 1;
+pub(crate) const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: u32 = 2;
+pub(crate) const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: u32 = 3;
 
 /// CUuuid
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CUuuid {
+pub(crate) struct CUuuid {
     pub bytes: [u8; 16],
 }
 
 /// CUDA_ARRAY_DESCRIPTOR_v2
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ArrayDescriptor {
+pub(crate) struct ArrayDescriptor {
     pub width: usize,
     pub height: usize,
     pub format: u32,
@@ -169,7 +173,7 @@ pub struct ArrayDescriptor {
 /// CUDA_ARRAY_DESCRIPTOR_v1 (the pre-3.2 ABI: 32-bit sizes)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ArrayDescriptorV1 {
+pub(crate) struct ArrayDescriptorV1 {
     pub width: u32,
     pub height: u32,
     pub format: u32,
@@ -179,7 +183,7 @@ pub struct ArrayDescriptorV1 {
 /// CUDA_ARRAY3D_DESCRIPTOR_v2
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Array3DDescriptor {
+pub(crate) struct Array3DDescriptor {
     pub width: usize,
     pub height: usize,
     pub depth: usize,
@@ -191,7 +195,7 @@ pub struct Array3DDescriptor {
 /// CUDA_ARRAY3D_DESCRIPTOR_v1
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Array3DDescriptorV1 {
+pub(crate) struct Array3DDescriptorV1 {
     pub width: u32,
     pub height: u32,
     pub depth: u32,
@@ -203,7 +207,7 @@ pub struct Array3DDescriptorV1 {
 /// CUDA_ARRAY_MEMORY_REQUIREMENTS_v1
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct ArrayMemoryRequirements {
+pub(crate) struct ArrayMemoryRequirements {
     pub size: usize,
     pub alignment: usize,
     pub reserved: [u32; 4],
@@ -212,7 +216,7 @@ pub struct ArrayMemoryRequirements {
 /// CUmemLocation
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct MemLocation {
+pub(crate) struct MemLocation {
     pub type_: u32,
     pub id: i32,
 }
@@ -220,7 +224,7 @@ pub struct MemLocation {
 /// CUmemPoolProps_v1
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MemPoolProps {
+pub(crate) struct MemPoolProps {
     pub alloc_type: u32,
     pub handle_types: u32,
     pub location: MemLocation,
@@ -233,7 +237,7 @@ pub struct MemPoolProps {
 /// CUDA_MEM_ALLOC_NODE_PARAMS (v1; v2 has the same layout)
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MemAllocNodeParams {
+pub(crate) struct MemAllocNodeParams {
     pub pool_props: MemPoolProps,
     pub access_descs: *const MemAccessDesc,
     pub access_desc_count: usize,
@@ -244,7 +248,7 @@ pub struct MemAllocNodeParams {
 /// CUmemAllocationProp_v1
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MemAllocationProp {
+pub(crate) struct MemAllocationProp {
     pub type_: u32,
     pub requested_handle_types: u32,
     pub location: MemLocation,
@@ -258,7 +262,7 @@ pub struct MemAllocationProp {
 /// CUmemAccessDesc_v1
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct MemAccessDesc {
+pub(crate) struct MemAccessDesc {
     pub location: MemLocation,
     pub flags: u32,
 }
@@ -266,7 +270,7 @@ pub struct MemAccessDesc {
 /// CUlaunchAttribute (id, pad, 64-byte value union)
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct LaunchAttribute {
+pub(crate) struct LaunchAttribute {
     pub id: u32,
     pub pad: [u8; 4],
     pub value: [u8; 64],
@@ -275,7 +279,7 @@ pub struct LaunchAttribute {
 /// CUlaunchConfig
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct LaunchConfig {
+pub(crate) struct LaunchConfig {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub shared_mem_bytes: u32,
@@ -287,7 +291,7 @@ pub struct LaunchConfig {
 /// CUDA_LAUNCH_PARAMS_v1
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct LaunchParams {
+pub(crate) struct LaunchParams {
     pub function: Handle,
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -299,7 +303,7 @@ pub struct LaunchParams {
 /// CUDA_KERNEL_NODE_PARAMS_v2 (v1 is its prefix, without `kern` and `ctx`)
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct KernelNodeParams {
+pub(crate) struct KernelNodeParams {
     pub func: Handle,
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -313,7 +317,7 @@ pub struct KernelNodeParams {
 /// CUDA_GRAPH_INSTANTIATE_PARAMS
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct GraphInstantiateParams {
+pub(crate) struct GraphInstantiateParams {
     pub flags: u64,
     pub upload_stream: Handle,
     pub err_node_out: Handle,
@@ -324,7 +328,7 @@ pub struct GraphInstantiateParams {
 /// `{CUgraph graph; CUgraphChildGraphNodeOwnership ownership;}` is read, as the first two words).
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct GraphNodeParams {
+pub(crate) struct GraphNodeParams {
     pub type_: u32,
     pub reserved0: [i32; 3],
     pub union_: [i64; 29],
@@ -334,20 +338,20 @@ pub struct GraphNodeParams {
 /// CUgraphExecUpdateResultInfo
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct GraphExecUpdateResultInfo {
+pub(crate) struct GraphExecUpdateResultInfo {
     pub result: u32,
     pub error_node: Handle,
     pub error_from_node: Handle,
 }
 
-pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: u32 = 0;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR: u32 = 1;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: u32 = 2;
+pub(crate) const CU_GRAPH_EXEC_UPDATE_SUCCESS: u32 = 0;
+pub(crate) const CU_GRAPH_EXEC_UPDATE_ERROR: u32 = 1;
+pub(crate) const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: u32 = 2;
 
 /// CUarrayMapInfo (cuMemMapArrayAsync)
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct ArrayMapInfo {
+pub(crate) struct ArrayMapInfo {
     pub resource_type: u32,
     pub resource: u64,
     pub subresource_type: u32,
@@ -362,16 +366,16 @@ pub struct ArrayMapInfo {
     pub reserved: [u32; 2],
 }
 
-pub const CU_RESOURCE_TYPE_ARRAY: u32 = 0;
-pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: u32 = 1;
-pub const CU_MEM_OPERATION_TYPE_MAP: u32 = 1;
-pub const CU_MEM_OPERATION_TYPE_UNMAP: u32 = 2;
-pub const CU_MEM_HANDLE_TYPE_GENERIC: u32 = 0;
+pub(crate) const CU_RESOURCE_TYPE_ARRAY: u32 = 0;
+pub(crate) const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: u32 = 1;
+pub(crate) const CU_MEM_OPERATION_TYPE_MAP: u32 = 1;
+pub(crate) const CU_MEM_OPERATION_TYPE_UNMAP: u32 = 2;
+pub(crate) const CU_MEM_HANDLE_TYPE_GENERIC: u32 = 0;
 
 /// CUmulticastObjectProp
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct MulticastObjectProp {
+pub(crate) struct MulticastObjectProp {
     pub num_devices: u32,
     pub size: usize,
     pub handle_types: u64,
@@ -381,7 +385,7 @@ pub struct MulticastObjectProp {
 /// CUctxCreateParams
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct CtxCreateParams {
+pub(crate) struct CtxCreateParams {
     pub exec_affinity_params: *mut c_void,
     pub num_exec_affinity_params: i32,
     pub cig_params: *mut c_void,
@@ -390,7 +394,7 @@ pub struct CtxCreateParams {
 /// CUDA_MEMCPY2D_v2
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub struct Memcpy2D {
+pub(crate) struct Memcpy2D {
     pub src_x_in_bytes: usize,
     pub src_y: usize,
     pub src_memory_type: u32,
@@ -411,21 +415,21 @@ pub struct Memcpy2D {
 
 // ---- NVML ----
 
-pub type NvmlReturn = u32;
-pub const NVML_SUCCESS: NvmlReturn = 0;
-pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
-pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
-pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
-pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
-pub const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
-pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
-pub const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
-pub const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
+pub(crate) type NvmlReturn = u32;
+pub(crate) const NVML_SUCCESS: NvmlReturn = 0;
+pub(crate) const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
+pub(crate) const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
+pub(crate) const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub(crate) const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
+pub(crate) const NVML_ERROR_TIMEOUT: NvmlReturn = 10;
+pub(crate) const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
+pub(crate) const NVML_ERROR_ARGUMENT_VERSION_MISMATCH: NvmlReturn = 25;
+pub(crate) const NVML_ERROR_UNKNOWN: NvmlReturn = 999;
 
 /// nvmlGpuFabricInfo_v3_t (v2 is its first 36 bytes)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlGpuFabricInfoV3 {
+pub(crate) struct NvmlGpuFabricInfoV3 {
     pub version: u32,
     pub cluster_uuid: [u8; 16],
     pub status: NvmlReturn,
@@ -436,21 +440,21 @@ pub struct NvmlGpuFabricInfoV3 {
 }
 
 /// NVML_STRUCT_VERSION(GpuFabricInfo, 2 / 3)
-pub const NVML_GPU_FABRIC_INFO_V2: u32 = 36 | (2 << 24);
-pub const NVML_GPU_FABRIC_INFO_V3: u32 = 40 | (3 << 24);
-pub const NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: u8 = 0;
+pub(crate) const NVML_GPU_FABRIC_INFO_V2: u32 = 36 | (2 << 24);
+pub(crate) const NVML_GPU_FABRIC_INFO_V3: u32 = 40 | (3 << 24);
+pub(crate) const NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: u8 = 0;
 
 /// nvmlGpuP2PCapsIndex_t / nvmlGpuP2PStatus_t
-pub const NVML_P2P_CAPS_INDEX_READ: u32 = 0;
-pub const NVML_P2P_CAPS_INDEX_WRITE: u32 = 1;
-pub const NVML_P2P_CAPS_INDEX_PCI: u32 = 4;
-pub const NVML_P2P_STATUS_OK: u32 = 0;
-pub const NVML_P2P_STATUS_NOT_SUPPORTED: u32 = 5;
+pub(crate) const NVML_P2P_CAPS_INDEX_READ: u32 = 0;
+pub(crate) const NVML_P2P_CAPS_INDEX_WRITE: u32 = 1;
+pub(crate) const NVML_P2P_CAPS_INDEX_PCI: u32 = 4;
+pub(crate) const NVML_P2P_STATUS_OK: u32 = 0;
+pub(crate) const NVML_P2P_STATUS_NOT_SUPPORTED: u32 = 5;
 
 /// nvmlMemory_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlMemory {
+pub(crate) struct NvmlMemory {
     pub total: u64,
     pub free: u64,
     pub used: u64,
@@ -459,7 +463,7 @@ pub struct NvmlMemory {
 /// nvmlMemory_v2_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlMemoryV2 {
+pub(crate) struct NvmlMemoryV2 {
     pub version: u32,
     pub total: u64,
     pub reserved: u64,
@@ -468,12 +472,12 @@ pub struct NvmlMemoryV2 {
 }
 
 /// `nvmlMemory_v2` = NVML_STRUCT_VERSION(Memory, 2) = sizeof(nvmlMemory_v2_t) | 2 << 24
-pub const NVML_MEMORY_V2: u32 = std::mem::size_of::<NvmlMemoryV2>() as u32 | (2 << 24);
+pub(crate) const NVML_MEMORY_V2: u32 = std::mem::size_of::<NvmlMemoryV2>() as u32 | (2 << 24);
 
 /// nvmlProcessInfo_v1_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlProcessInfoV1 {
+pub(crate) struct NvmlProcessInfoV1 {
     pub pid: u32,
     pub used_gpu_memory: u64,
 }
@@ -481,7 +485,7 @@ pub struct NvmlProcessInfoV1 {
 /// nvmlProcessInfo_v2_t (= nvmlProcessInfo_t, used by _v2 and _v3)
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlProcessInfoV2 {
+pub(crate) struct NvmlProcessInfoV2 {
     pub pid: u32,
     pub used_gpu_memory: u64,
     pub gpu_instance_id: u32,
@@ -491,7 +495,7 @@ pub struct NvmlProcessInfoV2 {
 /// nvmlProcessDetail_v1_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlProcessDetailV1 {
+pub(crate) struct NvmlProcessDetailV1 {
     pub pid: u32,
     pub used_gpu_memory: u64,
     pub gpu_instance_id: u32,
@@ -502,7 +506,7 @@ pub struct NvmlProcessDetailV1 {
 /// nvmlProcessDetailList_v1_t
 #[repr(C)]
 #[derive(Debug)]
-pub struct NvmlProcessDetailListV1 {
+pub(crate) struct NvmlProcessDetailListV1 {
     pub version: u32,
     /// 0 compute, 1 graphics, 2 MPS compute (NVML_PROCESS_MODE_*; not spelled out in the CUDA 13.0 nvml.h).
     pub mode: u32,
@@ -511,13 +515,13 @@ pub struct NvmlProcessDetailListV1 {
 }
 
 /// nvmlProcessDetailList_v1 = NVML_STRUCT_VERSION(ProcessDetailList, 1).
-pub const NVML_PROCESS_DETAIL_LIST_V1: u32 =
+pub(crate) const NVML_PROCESS_DETAIL_LIST_V1: u32 =
     std::mem::size_of::<NvmlProcessDetailListV1>() as u32 | (1 << 24);
 
 /// nvmlProcessUtilizationInfo_v1_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlProcessUtilizationInfoV1 {
+pub(crate) struct NvmlProcessUtilizationInfoV1 {
     pub time_stamp: u64,
     pub pid: u32,
     pub sm_util: u32,
@@ -531,7 +535,7 @@ pub struct NvmlProcessUtilizationInfoV1 {
 /// nvmlProcessesUtilizationInfo_v1_t
 #[repr(C)]
 #[derive(Debug)]
-pub struct NvmlProcessesUtilizationInfoV1 {
+pub(crate) struct NvmlProcessesUtilizationInfoV1 {
     pub version: u32,
     pub process_samples_count: u32,
     pub last_seen_time_stamp: u64,
@@ -539,13 +543,13 @@ pub struct NvmlProcessesUtilizationInfoV1 {
 }
 
 /// nvmlProcessesUtilizationInfo_v1 = NVML_STRUCT_VERSION(ProcessesUtilizationInfo, 1).
-pub const NVML_PROCESSES_UTILIZATION_INFO_V1: u32 =
+pub(crate) const NVML_PROCESSES_UTILIZATION_INFO_V1: u32 =
     std::mem::size_of::<NvmlProcessesUtilizationInfoV1>() as u32 | (1 << 24);
 
 /// nvmlAccountingStats_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlAccountingStats {
+pub(crate) struct NvmlAccountingStats {
     pub gpu_utilization: u32,
     pub memory_utilization: u32,
     pub max_memory_usage: u64,
@@ -558,7 +562,7 @@ pub struct NvmlAccountingStats {
 /// nvmlEncoderSessionInfo_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlEncoderSessionInfo {
+pub(crate) struct NvmlEncoderSessionInfo {
     pub session_id: u32,
     pub pid: u32,
     pub vgpu_instance: u32,
@@ -572,7 +576,7 @@ pub struct NvmlEncoderSessionInfo {
 /// nvmlFBCSessionInfo_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlFbcSessionInfo {
+pub(crate) struct NvmlFbcSessionInfo {
     pub session_id: u32,
     pub pid: u32,
     pub vgpu_instance: u32,
@@ -590,7 +594,7 @@ pub struct NvmlFbcSessionInfo {
 /// nvmlProcessUtilizationSample_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlProcessUtilizationSample {
+pub(crate) struct NvmlProcessUtilizationSample {
     pub pid: u32,
     pub time_stamp: u64,
     pub sm_util: u32,
@@ -602,7 +606,7 @@ pub struct NvmlProcessUtilizationSample {
 /// nvmlUtilization_t
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlUtilization {
+pub(crate) struct NvmlUtilization {
     pub gpu: u32,
     pub memory: u32,
 }
@@ -611,7 +615,7 @@ pub struct NvmlUtilization {
 /// `nvmlEventData_t`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
-pub struct NvmlEventData {
+pub(crate) struct NvmlEventData {
     pub device: *mut std::ffi::c_void,
     pub event_type: u64,
     pub event_data: u64,
@@ -620,11 +624,11 @@ pub struct NvmlEventData {
 }
 
 /// `nvmlEventTypeXidCriticalError`.
-pub const NVML_EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 0x8;
+pub(crate) const NVML_EVENT_TYPE_XID_CRITICAL_ERROR: u64 = 0x8;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
-pub struct NvmlPciInfo {
+pub(crate) struct NvmlPciInfo {
     pub bus_id_legacy: [u8; 16],
     pub domain: u32,
     pub bus: u32,

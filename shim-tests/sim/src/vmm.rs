@@ -29,6 +29,8 @@ pub(crate) struct PhysAlloc {
     shared: Option<(usize, u64, bool)>,
     /// The device file its POSIX exports are opened descriptions of (`CUDASIM_SHAREABLE_FD=device`), else -1.
     device_fd: i32,
+    /// Host memory (`CU_MEM_LOCATION_TYPE_HOST*`): its location (type, id); charged to no device.
+    pub host: Option<(u32, i32)>,
 }
 
 /// One mapping inside a reservation.
@@ -36,7 +38,10 @@ pub(crate) struct PhysAlloc {
 pub(crate) struct Mapping {
     pub size: u64,
     pub handle: u64,
+    /// Read-write access (cuMemSetAccess `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`).
     pub accessible: bool,
+    /// Read access (`PROT_READ` or `PROT_READWRITE`): what a kernel needs to load from it.
+    pub readable: bool,
 }
 
 /// The process's VMM objects.
@@ -69,6 +74,28 @@ impl Vmm {
         true
     }
 
+    /// Whether [p, p+len) lies in contiguous mappings a kernel may read (`write`: and write).
+    pub(crate) fn kernel_access(&self, p: u64, len: u64, write: bool) -> bool {
+        let end = p.saturating_add(len);
+        let mut at = p;
+        while at < end {
+            match self.mappings.range(..=at).next_back() {
+                Some((&s, m)) if at < s + m.size && (m.accessible || (!write && m.readable)) => {
+                    at = s + m.size
+                }
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Whether `p` is mapped to host memory (a `CU_MEM_LOCATION_TYPE_HOST*` allocation).
+    pub(crate) fn host_backed(&self, p: u64) -> bool {
+        self.mapping_at(p)
+            .and_then(|(_, m)| self.handles.get(&m.handle))
+            .is_some_and(|a| a.host.is_some())
+    }
+
     /// The mapping containing `p`: (start, mapping).
     pub(crate) fn mapping_at(&self, p: u64) -> Option<(u64, Mapping)> {
         let (&s, m) = self.mappings.range(..=p).next_back()?;
@@ -88,15 +115,36 @@ fn check_granular(sim: &Sim, v: u64) -> CuResult<()> {
     Ok(())
 }
 
-/// cuMemCreate.
+/// cuMemCreate: device memory (charged to the device), or pinned host memory (`CU_MEM_LOCATION_TYPE_HOST`,
+/// `HOST_NUMA` node 0 — the simulator models one node —, `HOST_NUMA_CURRENT`), which no device is charged for.
 pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocationProp) -> CuResult<u64> {
     check_granular(sim, size)?;
-    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED || prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+    if prop.type_ != CU_MEM_ALLOCATION_TYPE_PINNED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let ordinal = usize::try_from(prop.location.id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
-    let phys = *sim.visible.get(ordinal).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-    sim.charge(phys, size)?;
+    let host = match (prop.location.type_, prop.location.id) {
+        (CU_MEM_LOCATION_TYPE_DEVICE, _) => None,
+        (CU_MEM_LOCATION_TYPE_HOST, _) => Some((CU_MEM_LOCATION_TYPE_HOST, 0)),
+        (CU_MEM_LOCATION_TYPE_HOST_NUMA, 0) | (CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT, _) => {
+            Some((CU_MEM_LOCATION_TYPE_HOST_NUMA, 0))
+        }
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let (ordinal, phys) = match host {
+        Some(_) => (0, 0),
+        None => {
+            let ordinal = usize::try_from(prop.location.id).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+            (
+                ordinal,
+                *sim.visible.get(ordinal).ok_or(CUDA_ERROR_INVALID_DEVICE)?,
+            )
+        }
+    };
+    let charge = |f: &dyn Fn(usize, u64) -> CuResult<()>| match host {
+        Some(_) => Ok(()),
+        None => f(phys, size),
+    };
+    charge(&|p, n| sim.charge(p, n))?;
     // SAFETY: memfd_create with a static NUL-terminated name; ftruncate on the fd we own.
     let fd = unsafe {
         let fd = libc::memfd_create(c"cudasim-vmm".as_ptr(), libc::MFD_CLOEXEC);
@@ -108,7 +156,10 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocation
         }
     };
     if fd < 0 {
-        sim.uncharge(phys, size);
+        charge(&|p, n| {
+            sim.uncharge(p, n);
+            Ok(())
+        })?;
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let h = new_handle(Kind::VmmHandle);
@@ -124,6 +175,7 @@ pub(crate) fn create(o: &mut Objects, sim: &Sim, size: u64, prop: &MemAllocation
             handle_types: prop.requested_handle_types,
             shared: None,
             device_fd: -1,
+            host,
         },
     );
     Ok(h)
@@ -148,6 +200,10 @@ fn share(o: &mut Objects, sim: &Sim, h: u64, handle_type: u32) -> CuResult<(usiz
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if a.handle_types & handle_type == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if a.host.is_some() {
+        // Host allocations are not shared between processes here (their charge model is the device's).
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
     if a.shared.is_none() {
         let (ino, _) = inode(a.fd).ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -358,6 +414,7 @@ fn import_own(o: &mut Objects, sim: &Sim, own: i32, handle_type: u32) -> CuResul
             handle_types: handle_type,
             shared: Some((entry, ino, true)),
             device_fd: -1,
+            host: None,
         },
     );
     Ok(h)
@@ -380,7 +437,8 @@ fn drop_if_unused(o: &mut Objects, sim: &Sim, h: u64) {
                     sim.shared
                         .ipc_drop(entry, id, if imported { sim.slot().ok() } else { None })
                 }
-                None => sim.uncharge(a.phys, a.size),
+                None if a.host.is_none() => sim.uncharge(a.phys, a.size),
+                None => {}
             }
         }
     }
@@ -504,6 +562,7 @@ pub(crate) fn map(o: &mut Objects, sim: &Sim, p: u64, size: u64, offset: u64, h:
             size,
             handle: h,
             accessible: false,
+            readable: false,
         },
     );
     Ok(())
@@ -553,6 +612,7 @@ pub(crate) fn set_access(o: &mut Objects, p: u64, size: u64, flags: u32) -> CuRe
             // SAFETY: changing protection of a mapping this module made.
             unsafe { libc::mprotect(s as *mut libc::c_void, m.size as usize, prot) };
             m.accessible = flags == 3;
+            m.readable = flags != 0;
         }
     }
     Ok(())

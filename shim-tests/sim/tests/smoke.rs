@@ -412,3 +412,74 @@ fn nvml_reports_the_host_pid_of_a_process_in_a_pid_namespace() {
     assert!(stderr.contains("CUDASIM_PID_SOCKET"), "{stderr}");
     let _ = std::fs::remove_dir_all(&s.dir);
 }
+
+/// Kernels that touch memory (`c/elastic.c touch`): writes seen through copies in stream order, at the kernel's
+/// time on the timeline; reading an address unmapped before that time, never made accessible, written while
+/// read-only, or mapped by nothing fails the context with CUDA_ERROR_ILLEGAL_ADDRESS (sticky: synchronisation,
+/// allocation, launch and copy all return it), drops the work queued behind it, and leaves another context
+/// working; unmapping after the synchronisation (the control) is fine.
+#[test]
+fn kernels_touch_memory_and_an_illegal_address_is_sticky_for_the_context() {
+    let s = setup("elastic", "touch");
+    let out = run(&s, &["touch"], &[("CUDASIM_SMS", "4")]);
+    assert_eq!(out.trim(), "OK");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+/// Host VMM allocations and same-address remapping (`c/elastic.c host`): device memory evicted to a host
+/// allocation and restored at the same address, kernels and copies seeing each backing; host allocations
+/// count toward neither cuMemGetInfo nor NVML's usedGpuMemory.
+#[test]
+fn host_vmm_memory_is_not_device_memory_and_remaps_at_the_same_address() {
+    let s = setup("elastic", "host");
+    let out = run(&s, &["host"], &[("CUDASIM_SMS", "4")]);
+    assert_eq!(out.trim(), "OK");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+/// The figures `c/elastic.c engines` prints: ends of an H2D copy, a D2H copy, a second H2D copy and a 100 ms
+/// kernel, ms after a common start event.
+fn engine_figures(s: &Setup, env: &[(&str, &str)]) -> [f64; 4] {
+    let _ = std::fs::remove_file(s.dir.join("state"));
+    let out = run(s, &["engines"], env);
+    let mut lines = out.lines();
+    let v: Vec<f64> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|x| x.parse().expect("a figure"))
+        .collect();
+    assert_eq!(lines.next(), Some("OK"), "{out}");
+    v.try_into().expect("four figures")
+}
+
+/// A copy engine per direction (`CUDASIM_H2D_GBPS`, `CUDASIM_D2H_GBPS`): a 1 MiB copy each way (41.9 ms at
+/// 0.025 GB/s) overlaps a 100 ms kernel and the other direction, while a second copy in the same direction waits
+/// for the first, at exactly the engine's bandwidth. Device-timeline figures (events), all queued behind a
+/// 200 ms kernel so the host's speed does not enter them (the bands leave 50 ms regardless). The control:
+/// without engines every copy is serialised with the kernel, as before.
+#[test]
+fn copy_engines_overlap_kernels_and_the_other_direction_but_not_their_own() {
+    let s = setup("elastic", "engines");
+    let base = [("CUDASIM_SMS", "4"), ("CUDASIM_COPY_GBPS", "0.025")];
+    let copy = 1048576.0 / 0.025e6; // ms
+    let mut env = base.to_vec();
+    env.extend([("CUDASIM_H2D_GBPS", "0.025"), ("CUDASIM_D2H_GBPS", "0.025")]);
+    let [h2d, d2h, h2d2, kernel] = engine_figures(&s, &env);
+    assert!((99.99..150.0).contains(&kernel), "kernel {kernel}");
+    // Figures are printed to the µs.
+    assert!((copy - 0.01..copy + 50.0).contains(&h2d), "h2d {h2d}");
+    assert!((copy - 0.01..copy + 50.0).contains(&d2h), "d2h {d2h}");
+    eprintln!("engines: h2d {h2d:.3} d2h {d2h:.3} second h2d {h2d2:.3} kernel {kernel:.3} ms");
+    assert!((h2d2 - h2d - copy).abs() < 0.1, "second h2d {h2d2} after {h2d}");
+    // The control: one timeline for all.
+    let [h2d, d2h, h2d2, kernel] = engine_figures(&s, &base);
+    eprintln!("one timeline: h2d {h2d:.3} d2h {d2h:.3} second h2d {h2d2:.3} kernel {kernel:.3} ms");
+    assert!((99.99..150.0).contains(&kernel), "kernel {kernel}");
+    assert!(h2d >= kernel + copy - 0.1, "h2d {h2d}");
+    assert!(
+        d2h >= h2d + copy - 0.1 && h2d2 >= d2h + copy - 0.1,
+        "{d2h} {h2d2}"
+    );
+    let _ = std::fs::remove_dir_all(&s.dir);
+}

@@ -49,19 +49,28 @@ fn destroy(ctx: Handle) -> CuResult<()> {
 /// Waits until all work of context `c` (0 = current) is done, then lets pools release memory.
 pub(crate) fn synchronize(c: u64) -> CuResult<()> {
     let sim = cuda()?;
-    loop {
-        let t = with(|o| -> CuResult<Option<u64>> {
+    let ctx = loop {
+        let t = with(|o| -> CuResult<(Option<u64>, u64)> {
             let c = context::resolve(o, sim, c)?;
-            Ok((!crate::stream::ctx_blocked(o, sim, c)).then(|| crate::stream::ctx_done_time(o, c)))
+            Ok((
+                (!crate::stream::ctx_blocked(o, sim, c)).then(|| crate::stream::ctx_done_time(o, c)),
+                c,
+            ))
         })?;
         match t {
-            Some(t) => break crate::timeline::sleep_until(t),
+            (Some(t), c) => {
+                crate::timeline::sleep_until(t);
+                break c;
+            }
             // A stream waits for a value: look again soon.
-            None => crate::timeline::sleep_until(crate::timeline::now_ns() + 1_000_000),
+            (None, _) => crate::timeline::sleep_until(crate::timeline::now_ns() + 1_000_000),
         }
-    }
-    with(|o| crate::pool::trim_all_to_threshold(o, sim));
-    Ok(())
+    };
+    // Work of the context that touched memory it may not fails the synchronisation (sticky).
+    with(|o| {
+        crate::pool::trim_all_to_threshold(o, sim);
+        context::check_fault(o, ctx)
+    })
 }
 
 cuda_fn! {

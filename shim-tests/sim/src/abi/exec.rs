@@ -56,11 +56,12 @@ fn library_load(pl: *mut Handle, image: CuResult<Image>) -> CuResult<()> {
     unsafe { out(pl, hp(l)) }
 }
 
-fn kernel(f: Handle, grid: [u32; 3], block: [u32; 3]) -> KernelLaunch {
+fn kernel(f: Handle, grid: [u32; 3], block: [u32; 3], params: *mut *mut c_void) -> KernelLaunch {
     KernelLaunch {
         func: h(f),
         grid,
         block,
+        params: params as u64,
     }
 }
 
@@ -78,7 +79,7 @@ fn func_attribute(attrib: i32, max_dyn_shared: i32, local: u64) -> CuResult<i32>
     })
 }
 
-fn launch_ex(config: *const LaunchConfig, f: Handle) -> CuResult<()> {
+fn launch_ex(config: *const LaunchConfig, f: Handle, params: *mut *mut c_void) -> CuResult<()> {
     let sim = cuda()?;
     // SAFETY: the caller's CUlaunchConfig; attrs points to numAttrs entries.
     let (c, coop) = unsafe {
@@ -97,7 +98,7 @@ fn launch_ex(config: *const LaunchConfig, f: Handle) -> CuResult<()> {
         }
         (c, coop)
     };
-    launch(sim, h(c.stream), &[kernel(f, c.grid, c.block)], coop)
+    launch(sim, h(c.stream), &[kernel(f, c.grid, c.block, params)], coop)
 }
 
 /// The cluster size (blocks) a launch configuration asks for with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (None:
@@ -133,7 +134,12 @@ fn legacy_launch(f: Handle, gw: i32, gh: i32, s: Handle) -> CuResult<()> {
     if gw <= 0 || gh <= 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    launch(sim, h(s), &[kernel(f, [gw as u32, gh as u32, 1], block)], false)
+    launch(
+        sim,
+        h(s),
+        &[kernel(f, [gw as u32, gh as u32, 1], block, std::ptr::null_mut())],
+        false,
+    )
 }
 
 cuda_fn! {
@@ -401,11 +407,11 @@ cuda_fn! {
         if !params.is_null() && !extra.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        launch(sim, h(s), &[kernel(f, [gx, gy, gz], [bx, by, bz])], false)
+        launch(sim, h(s), &[kernel(f, [gx, gy, gz], [bx, by, bz], params)], false)
     }
 
     fn cuLaunchKernelEx(config: *const LaunchConfig, f: Handle, params: *mut *mut c_void, extra: *mut *mut c_void) {
-        launch_ex(config, f)
+        launch_ex(config, f, params)
     }
 
     fn cuLaunchCooperativeKernel(
@@ -421,7 +427,7 @@ cuda_fn! {
         params: *mut *mut c_void,
     ) {
         let sim = cuda()?;
-        launch(sim, h(s), &[kernel(f, [gx, gy, gz], [bx, by, bz])], true)
+        launch(sim, h(s), &[kernel(f, [gx, gy, gz], [bx, by, bz], params)], true)
     }
 
     fn cuLaunchCooperativeKernelMultiDevice(list: *mut LaunchParams, n: u32, flags: u32) {
@@ -431,7 +437,7 @@ cuda_fn! {
         }
         for i in 0..n as usize {
             let p = read(list.add(i))?;
-            launch(sim, h(p.stream), &[kernel(p.function, p.grid, p.block)], true)?;
+            launch(sim, h(p.stream), &[kernel(p.function, p.grid, p.block, p.kernel_params)], true)?;
         }
         Ok(())
     }

@@ -40,6 +40,7 @@ fn add_kernel(node: *mut Handle, g: Handle, d: Vec<u64>, p: KernelNodeParams, v2
         func: h(func),
         grid: p.grid,
         block: p.block,
+        params: crate::graph::NO_PARAMS,
     };
     // A first parameter that is an exec instantiated for device launch: the kernel launches it.
     let first = if p.kernel_params.is_null() {
@@ -185,6 +186,7 @@ fn node_launch(p: &KernelNodeParams, v2: bool) -> CuResult<KernelLaunch> {
         func: h(func),
         grid: p.grid,
         block: p.block,
+        params: crate::graph::NO_PARAMS,
     };
     with(|o| {
         if o.functions.contains_key(&k.func) || o.kernels.contains_key(&k.func) {

@@ -11,6 +11,7 @@ use crate::pool;
 use crate::sim::{cuda, Sim};
 use crate::stream;
 use crate::timeline::sleep_until;
+use crate::touch;
 use crate::types::*;
 use crate::vmm;
 
@@ -30,6 +31,7 @@ fn free(p: u64) -> CuResult<()> {
     if p == 0 {
         return Ok(());
     }
+    touch::wait_all();
     with(|o| memory::free(o, sim, p))
 }
 
@@ -75,45 +77,114 @@ fn copy_ns(sim: &Sim, bytes: u64) -> u64 {
         .min(u64::MAX as u128) as u64
 }
 
+/// Whether `p` is device-resident memory (an allocation, or a VMM mapping of device memory), for the copy
+/// engines: anything else is the host's.
+fn resident(o: &Objects, p: u64) -> bool {
+    o.mem.find(p).is_some() || (o.vmm.mapping_at(p).is_some() && !o.vmm.host_backed(p))
+}
+
+/// The copy engine of a copy to `dst` from `src` (0: host to device, 1: device to host), when the simulator has
+/// one for that direction (`CUDASIM_H2D_GBPS`, `CUDASIM_D2H_GBPS`), and the copy's time on it.
+fn engine(o: &Objects, sim: &Sim, dst: u64, src: u64, bytes: u64) -> Option<(usize, u64)> {
+    let mbps = sim.cfg.engine_mbps;
+    if mbps == [0, 0] {
+        return None;
+    }
+    let e = match (resident(o, dst), resident(o, src)) {
+        (true, false) => 0,
+        (false, true) => 1,
+        _ => return None,
+    };
+    let ns = (bytes as u128 * 1000)
+        .div_ceil(mbps[e].max(1) as u128)
+        .min(u64::MAX as u128) as u64;
+    (mbps[e] > 0).then_some((e, ns))
+}
+
 /// A copy or memset of `bytes` on stream handle `s` (0: the legacy NULL stream): `check` validates it with the
 /// stream resolved (`Ok(false)`: captured into a graph, nothing runs now); then its time is queued on the
-/// stream's device timeline like a kernel's (sleeping while the stream's queue is full) and `work` moves the
-/// bytes. `sync`: the synchronous forms, which return when the stream's work, this included, is done.
+/// stream's device timeline like a kernel's, or on a copy engine (`ends`: a copy's (dst, src)), sleeping while
+/// the stream's queue is full, and `work` moves the bytes — or, while work of `touch` kernels is pending in
+/// the process, `later` gives what moves them at the copy's end on the timeline, so they stay in order with the
+/// kernels. `sync`: the synchronous forms, which return when the stream's work, this included, is done.
 fn on_stream(
     sim: &Sim,
     s: u64,
     bytes: u64,
     sync: bool,
     mut check: impl FnMut(&mut Objects, u64) -> CuResult<bool>,
+    (ends, later): (Option<(u64, u64)>, impl Fn(&Objects) -> Vec<touch::Work>),
     work: impl FnOnce(),
 ) -> CuResult<()> {
     let mut work = Some(work);
     loop {
-        let next = with(|o| -> CuResult<Result<Option<u64>, u64>> {
+        let next = with(|o| -> CuResult<Result<Option<(u64, u64)>, u64>> {
             let st = stream::resolve(o, sim, s)?;
             if !check(o, st)? {
                 return Ok(Ok(None));
             }
+            let ctx = o.streams[&st].ctx;
+            let mut deferred = false;
             if bytes > 0 {
-                let (_, phys) = context::device_of(o, o.streams[&st].ctx)?;
-                if let Some(t) = stream::enqueue(o, sim, st, phys, &[copy_ns(sim, bytes)])? {
+                let (_, phys) = context::device_of(o, ctx)?;
+                let wait = match ends.and_then(|(d, s)| engine(o, sim, d, s, bytes)) {
+                    Some((e, ns)) => stream::enqueue_copy(o, sim, st, phys, e, ns)?,
+                    None => stream::enqueue(o, sim, st, phys, &[copy_ns(sim, bytes)])?,
+                };
+                if let Some(t) = wait {
                     return Ok(Err(t)); // the stream's queue is full
+                }
+                if !o.pending.is_empty() {
+                    let x = &o.streams[&st];
+                    let at = if x.held.is_empty() {
+                        x.tail
+                    } else {
+                        crate::timeline::now_ns()
+                    };
+                    for w in later(o) {
+                        touch::defer(o, ctx, at, w);
+                    }
+                    work = None;
+                    deferred = true;
                 }
             }
             if let Some(w) = work.take() {
                 w();
             }
-            Ok(Ok(sync.then(|| stream::done_time(o, st))))
+            Ok(Ok(sync.then(|| {
+                (stream::done_time(o, st), if deferred { ctx } else { 0 })
+            })))
         })?;
         match next {
             Ok(done) => {
-                if let Some(t) = done {
+                if let Some((t, ctx)) = done {
                     sleep_until(t);
+                    if ctx != 0 {
+                        touch::after_wait();
+                        with(|o| context::check_fault(o, ctx))?;
+                    }
                 }
                 return Ok(());
             }
             Err(t) => sleep_until(t),
         }
+    }
+}
+
+/// A copy as pending work: pageable host source bytes are staged now, as the driver stages them.
+fn copy_work(o: &Objects, dst: u64, src: u64, len: u64, dir: Dir) -> touch::Work {
+    let (dst_device, src_device) = sides(o, dst, src, dir);
+    let staged = (!src_device && o.mem.find_host(src).is_none() && len > 0).then(|| {
+        // SAFETY: the program's host memory, which the copy reads now, as a driver stages pageable memory.
+        unsafe { std::slice::from_raw_parts(src as *const u8, len as usize) }.to_vec()
+    });
+    touch::Work::Copy {
+        dst,
+        src,
+        len,
+        dst_device,
+        src_device,
+        staged,
     }
 }
 
@@ -126,12 +197,14 @@ fn copy_sync(dst: u64, src: u64, len: u64, dir: Dir) -> CuResult<()> {
         len,
         true,
         |o, _| validate_copy(o, dst, src, len, dir).map(|_| true),
+        (Some((dst, src)), |o| vec![copy_work(o, dst, src, len, dir)]),
         || memory::copy(dst, src, len),
     )
 }
 
-/// An asynchronous copy on `s`: queued on the stream's device timeline (the bytes move now: kernels compute
-/// nothing, so no ordering is observable), or, while `s` is capturing, run when the captured graph runs.
+/// An asynchronous copy on `s`: queued on the stream's device timeline (the bytes move now, or at the copy's
+/// end while `touch` kernels' work is pending: see `on_stream`), or, while `s` is capturing, run when the
+/// captured graph runs.
 fn copy_async(dst: u64, src: u64, len: u64, dir: Dir, s: Handle) -> CuResult<()> {
     let sim = cuda()?;
     on_stream(
@@ -155,6 +228,7 @@ fn copy_async(dst: u64, src: u64, len: u64, dir: Dir, s: Handle) -> CuResult<()>
             }
             Ok(true)
         },
+        (Some((dst, src)), |o| vec![copy_work(o, dst, src, len, dir)]),
         || memory::copy(dst, src, len),
     )
 }
@@ -193,6 +267,14 @@ fn set(dst: u64, value: u32, width: u64, count: u64, s: Option<Handle>) -> CuRes
             memory::check_device_range(o, dst, bytes)?;
             Ok(true)
         },
+        (None, |_| {
+            vec![touch::Work::Fill {
+                dst,
+                value,
+                width,
+                count,
+            }]
+        }),
         || memory::fill(dst, value, width, count),
     )
 }
@@ -256,6 +338,11 @@ fn copy_2d(p: &Memcpy2D, s: Option<Handle>) -> CuResult<()> {
             }
             Ok(true)
         },
+        (Some((dst, src)), |o| {
+            rows()
+                .map(|(d, so)| copy_work(o, d, so, width, Dir::Any))
+                .collect()
+        }),
         || {
             for (d, so) in rows() {
                 memory::copy(d, so, width);
@@ -571,6 +658,7 @@ cuda_fn! {
 
     fn cuMemFreeHost(p: *mut c_void) {
         cuda()?;
+        touch::wait_all();
         with(|o| memory::host_free(o, p as u64))
     }
 
@@ -1071,7 +1159,7 @@ cuda_fn! {
     fn cuMemGetAccess(flags: *mut u64, location: *const MemLocation, ptr: u64) {
         cuda()?;
         let m = with(|o| o.vmm.mapping_at(ptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        out(flags, if m.1.accessible { 3 } else { 0 })
+        out(flags, if m.1.accessible { 3 } else if m.1.readable { 1 } else { 0 })
     }
 
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut MemAllocationProp, handle: u64) {
@@ -1079,10 +1167,12 @@ cuda_fn! {
         if prop.is_null() {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let ordinal = with(|o| o.vmm.handles.get(&handle).map(|a| a.ordinal)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let (ordinal, host) =
+            with(|o| o.vmm.handles.get(&handle).map(|a| (a.ordinal, a.host))).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         std::ptr::write_bytes(prop, 0, 1);
         (*prop).type_ = CU_MEM_ALLOCATION_TYPE_PINNED;
-        (*prop).location = MemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal as i32 };
+        let (type_, id) = host.unwrap_or((CU_MEM_LOCATION_TYPE_DEVICE, ordinal as i32));
+        (*prop).location = MemLocation { type_, id };
         Ok(())
     }
 

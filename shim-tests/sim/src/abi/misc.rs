@@ -27,6 +27,7 @@ fn after_stream(s: Handle, f: impl FnOnce() + Send + 'static) -> CuResult<()> {
         .name("cudasim-callback".into())
         .spawn(move || {
             sleep_until(t);
+            crate::touch::after_wait();
             f();
         })
         .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;

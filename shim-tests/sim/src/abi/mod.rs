@@ -112,7 +112,7 @@ macro_rules! cuda_fn {
         $(#[$m])*
         #[no_mangle]
         #[allow(non_snake_case, clippy::missing_safety_doc, unused_variables)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::types::CUresult {
+        pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::types::CUresult {
             $crate::abi::guard_cuda(stringify!($name), move || -> $crate::types::CuResult<()> {
                 #[allow(unused_unsafe)]
                 // SAFETY: the arguments come from a C caller honouring the CUDA API (see the abi module
@@ -130,7 +130,7 @@ macro_rules! nvml_fn {
         $(#[$m])*
         #[no_mangle]
         #[allow(non_snake_case, clippy::missing_safety_doc, unused_variables)]
-        pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::types::NvmlReturn {
+        pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::types::NvmlReturn {
             $crate::abi::guard_nvml(stringify!($name), move || -> Result<(), $crate::types::NvmlReturn> {
                 #[allow(unused_unsafe)]
                 // SAFETY: the arguments come from a C caller honouring the NVML API (see the abi module
@@ -147,7 +147,7 @@ macro_rules! not_supported {
     ($($name:ident),* $(,)?) => {$(
         #[no_mangle]
         #[allow(non_snake_case, clippy::missing_safety_doc)]
-        pub unsafe extern "C" fn $name() -> $crate::types::CUresult {
+        pub(crate) unsafe extern "C" fn $name() -> $crate::types::CUresult {
             $crate::abi::stub(stringify!($name))
         }
     )*};
@@ -162,7 +162,7 @@ macro_rules! alias {
     ($($alias:ident => $target:ident ( $($arg:ident : $ty:ty),* $(,)? );)*) => {$(
         #[no_mangle]
         #[allow(non_snake_case, clippy::missing_safety_doc)]
-        pub unsafe extern "C" fn $alias($($arg: $ty),*) -> $crate::types::CUresult {
+        pub(crate) unsafe extern "C" fn $alias($($arg: $ty),*) -> $crate::types::CUresult {
             $crate::abi::log(|| concat!(stringify!($alias), " => ", stringify!($target)).to_string());
             // SAFETY: same contract as the target: the arguments are passed through unchanged.
             unsafe { $target($($arg),*) }

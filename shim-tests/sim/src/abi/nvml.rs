@@ -157,7 +157,7 @@ fn by_index(index: u32, dev: *mut Device) -> Result<(), NvmlReturn> {
 
 /// nvmlErrorString (returns a string, not a code).
 #[no_mangle]
-pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
+pub(crate) extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
     crate::errors::c_static(crate::errors::nvml_error_string(result))
 }
 
@@ -696,7 +696,7 @@ nvml_fn! {
 /// # Safety
 /// `busy_ns` must be NULL or valid for one write.
 #[no_mangle]
-pub unsafe extern "C" fn cudasimDeviceBusyNs(
+pub(crate) unsafe extern "C" fn cudasimDeviceBusyNs(
     index: u32,
     pid: u32,
     from_ns: u64,

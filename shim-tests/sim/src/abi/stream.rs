@@ -29,20 +29,30 @@ fn destroy(s: Handle) -> CuResult<()> {
 
 fn synchronize(s: Handle) -> CuResult<()> {
     let sim = cuda()?;
-    loop {
-        let t = with(|o| -> CuResult<Option<u64>> {
+    let ctx = loop {
+        let t = with(|o| -> CuResult<(Option<u64>, u64)> {
             let s = stream::resolve(o, sim, h(s))?;
             stream::check_not_capturing(o, s)?;
-            Ok((!stream::blocked(o, sim, s)).then(|| stream::done_time(o, s)))
+            let ctx = o.streams[&s].ctx;
+            Ok((
+                (!stream::blocked(o, sim, s)).then(|| stream::done_time(o, s)),
+                ctx,
+            ))
         })?;
         match t {
-            Some(t) => break sleep_until(t),
+            (Some(t), ctx) => {
+                sleep_until(t);
+                break ctx;
+            }
             // Behind a wait for a value: look again soon.
-            None => sleep_until(now_ns() + 1_000_000),
+            (None, _) => sleep_until(now_ns() + 1_000_000),
         }
-    }
-    with(|o| pool::trim_all_to_threshold(o, sim));
-    Ok(())
+    };
+    // A kernel or copy of the stream's that touched memory it may not fails the synchronisation.
+    with(|o| {
+        pool::trim_all_to_threshold(o, sim);
+        crate::context::check_fault(o, ctx)
+    })
 }
 
 fn event_destroy(e: Handle) -> CuResult<()> {
@@ -349,7 +359,9 @@ cuda_fn! {
 
     fn cuEventQuery(e: Handle) {
         cuda()?;
-        let t = with(|o| o.events.get(&h(e)).map(crate::ipc::event_time)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let (t, ctx) = with(|o| o.events.get(&h(e)).map(|x| (crate::ipc::event_time(x), x.ctx)))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        with(|o| crate::context::check_fault(o, ctx))?;
         match t {
             Some(t) if t > now_ns() => Err(CUDA_ERROR_NOT_READY),
             _ => Ok(()),
@@ -358,10 +370,13 @@ cuda_fn! {
 
     fn cuEventSynchronize(e: Handle) {
         let sim = cuda()?;
-        let t = with(|o| o.events.get(&h(e)).map(crate::ipc::event_time)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let (t, ctx) = with(|o| o.events.get(&h(e)).map(|x| (crate::ipc::event_time(x), x.ctx)))
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         sleep_until(t.unwrap_or(0));
-        with(|o| pool::trim_all_to_threshold(o, sim));
-        Ok(())
+        with(|o| {
+            pool::trim_all_to_threshold(o, sim);
+            crate::context::check_fault(o, ctx)
+        })
     }
 
     fn cuEventElapsedTime(ms: *mut f32, start: Handle, end: Handle) {

@@ -28,7 +28,7 @@ const S: [u8; 256] = [
 
 /// Streaming MD2 state.
 #[derive(Clone)]
-pub struct Md2 {
+pub(crate) struct Md2 {
     x: [u8; 48],
     checksum: [u8; 16],
     block: [u8; 16],
@@ -37,7 +37,7 @@ pub struct Md2 {
 
 impl Md2 {
     /// A fresh digest.
-    pub const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         Self {
             x: [0; 48],
             checksum: [0; 16],
@@ -47,7 +47,7 @@ impl Md2 {
     }
 
     /// Feeds bytes.
-    pub fn update(&mut self, data: &[u8]) {
+    pub(crate) fn update(&mut self, data: &[u8]) {
         for &b in data {
             self.block[self.filled] = b;
             self.filled += 1;
@@ -80,7 +80,7 @@ impl Md2 {
     }
 
     /// Pads, appends the checksum and returns the 16-byte digest.
-    pub fn finish(mut self) -> [u8; 16] {
+    pub(crate) fn finish(mut self) -> [u8; 16] {
         let pad = (16 - self.filled) as u8;
         self.update(&[pad; 16][..pad as usize]);
         let checksum = self.checksum;
@@ -92,7 +92,7 @@ impl Md2 {
 }
 
 /// HMAC-MD2 with a key of exactly one block (16 bytes), over the concatenation of `parts`.
-pub fn hmac_md2(key: &[u8; 16], parts: &[&[u8]]) -> [u8; 16] {
+pub(crate) fn hmac_md2(key: &[u8; 16], parts: &[&[u8]]) -> [u8; 16] {
     let mut inner = Md2::new();
     inner.update(&key.map(|k| k ^ 0x36));
     for p in parts {

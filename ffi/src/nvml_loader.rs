@@ -2,15 +2,72 @@
 //! in tests): devices by index and UUID, per-process device memory (the compute, graphics and MPS compute
 //! process lists, `nvmlDevice{Compute,Graphics,MPSCompute}RunningProcesses_v3`) and per-process SM utilisation
 //! (`nvmlDeviceGetProcessUtilization`). Loaded with `dlopen` at run time, so the tool works (without NVML
-//! figures) on a machine with no driver. Signatures and layouts: `cuquota_ffi::nvml`, checked against nvml.h.
+//! figures) on a machine with no driver. Signatures and layouts: [`crate::nvml`], checked against nvml.h.
+//! Behind the `loader` feature, so that the preload library (which reads NVML through its own table) does not
+//! build it. Used by the agent, the `cuquota` command and the DRA plugin.
 
-use cuquota_ffi::nvml::{
+use crate::nvml::{
     nvmlDevice_t, nvmlEventData_t, nvmlEventSet_t, nvmlMemory_t, nvmlProcessInfo_t,
     nvmlProcessUtilizationSample_t, nvmlReturn_t, nvmlUtilization_t, NvmlTable, PFN_nvmlErrorString,
     NVML_DEVICE_UUID_BUFFER_SIZE as UUID_BUF, NVML_EVENT_TYPE_XID_CRITICAL_ERROR,
 };
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_uint, c_void, CStr, CString};
+
+/// Why an NVML call or the loading failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NvmlError {
+    /// The library path has a NUL byte.
+    #[error("bad NVML path {0:?}")]
+    BadPath(String),
+    /// `dlopen` failed (no driver on this machine, or `CUQUOTA_LIBNVML` names no library).
+    #[error("cannot load {path}: {why}")]
+    Load {
+        /// What was opened.
+        path: String,
+        /// `dlerror`'s message.
+        why: String,
+    },
+    /// The library lacks a function the tool calls (an NVML older than the tool supports).
+    #[error("{path} has no {name}")]
+    Missing {
+        /// What was opened.
+        path: String,
+        /// The missing function.
+        name: &'static str,
+    },
+    /// A GPU UUID with a NUL byte.
+    #[error("bad GPU UUID {0:?}")]
+    BadUuid(String),
+    /// An NVML call failed: the call, NVML's message and status.
+    #[error("{call}: {message} ({})", status.0)]
+    Call {
+        /// The NVML function.
+        call: &'static str,
+        /// Its status.
+        status: nvmlReturn_t,
+        /// `nvmlErrorString` of the status.
+        message: String,
+    },
+    /// A list grew between the sizing call and the read, four times over.
+    #[error("{call}: the {what} list keeps growing")]
+    KeepsGrowing {
+        /// The NVML function.
+        call: &'static str,
+        /// `process` or `sample`.
+        what: &'static str,
+    },
+}
+
+impl NvmlError {
+    /// The status of a failed NVML call (`ERROR_GPU_IS_LOST` when the GPU fell off the bus).
+    pub fn status(&self) -> Option<nvmlReturn_t> {
+        match self {
+            NvmlError::Call { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
 
 /// One of NVML's process lists (compute, graphics, MPS compute), as a method of the table.
 type ProcessList = unsafe fn(&NvmlTable, nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
@@ -63,6 +120,7 @@ pub struct Gpu {
 }
 
 /// An initialised NVML. Not `Send`: keep it on the thread that loaded it.
+#[derive(Debug)]
 pub struct Nvml {
     f: NvmlTable,
     error_string: PFN_nvmlErrorString,
@@ -71,7 +129,7 @@ pub struct Nvml {
 
 impl Nvml {
     /// Loads `CUQUOTA_LIBNVML` or `libnvidia-ml.so.1` and calls `nvmlInit_v2`.
-    pub fn load() -> Result<Nvml, String> {
+    pub fn load() -> Result<Nvml, NvmlError> {
         let path = std::env::var_os("CUQUOTA_LIBNVML")
             .filter(|p| !p.is_empty())
             .map(|p| p.to_string_lossy().into_owned())
@@ -80,9 +138,9 @@ impl Nvml {
     }
 
     /// Loads the NVML library `path` (a soname or a file) and calls `nvmlInit_v2`.
-    pub fn load_path(path: &str) -> Result<Nvml, String> {
+    pub fn load_path(path: &str) -> Result<Nvml, NvmlError> {
         let path = path.to_string();
-        let c = CString::new(path.clone()).map_err(|_| format!("bad NVML path {path:?}"))?;
+        let c = CString::new(path.clone()).map_err(|_| NvmlError::BadPath(path.clone()))?;
         // SAFETY: a NUL-terminated path; the handle is never closed (NVML keeps threads and state).
         let lib = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if lib.is_null() {
@@ -94,7 +152,7 @@ impl Nvml {
                 // SAFETY: non-NULL, NUL-terminated (above).
                 unsafe { CStr::from_ptr(why) }.to_string_lossy().into_owned()
             };
-            return Err(format!("cannot load {path}: {why}"));
+            return Err(NvmlError::Load { path, why });
         }
         let sym = |name: &CStr| {
             // SAFETY: lib is a live handle, name NUL-terminated.
@@ -102,7 +160,10 @@ impl Nvml {
         };
         // SAFETY: `sym` returns NULL or the address of that name in a library never closed.
         let f = unsafe { NvmlTable::load(sym) };
-        let missing = |name: &str| format!("{path} has no {name}");
+        let missing = |name: &'static str| NvmlError::Missing {
+            path: path.clone(),
+            name,
+        };
         let resolved = f.resolved();
         if let Some(name) = REQUIRED.iter().find(|n| !resolved.iter().any(|(r, _)| r == *n)) {
             return Err(missing(name));
@@ -129,23 +190,27 @@ impl Nvml {
         &self.what
     }
 
-    fn check(&self, call: &str, r: nvmlReturn_t) -> Result<(), String> {
+    fn check(&self, call: &'static str, r: nvmlReturn_t) -> Result<(), NvmlError> {
         if r.ok() {
             return Ok(());
         }
         // SAFETY: nvmlErrorString returns a static NUL-terminated string (or NULL).
         let s = unsafe { (self.error_string)(r) };
-        let msg = if s.is_null() {
+        let message = if s.is_null() {
             format!("error {}", r.0)
         } else {
             // SAFETY: non-NULL static string.
             unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned()
         };
-        Err(format!("{call}: {msg} ({})", r.0))
+        Err(NvmlError::Call {
+            call,
+            status: r,
+            message,
+        })
     }
 
     /// Every device, in NVML index order.
-    pub fn gpus(&self) -> Result<Vec<Gpu>, String> {
+    pub fn gpus(&self) -> Result<Vec<Gpu>, NvmlError> {
         let mut n: c_uint = 0;
         // SAFETY: valid out-pointer.
         self.check("nvmlDeviceGetCount_v2", unsafe {
@@ -154,7 +219,7 @@ impl Nvml {
         (0..n).map(|i| self.gpu(i)).collect()
     }
 
-    fn gpu(&self, index: u32) -> Result<Gpu, String> {
+    fn gpu(&self, index: u32) -> Result<Gpu, NvmlError> {
         let mut h: nvmlDevice_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         self.check("nvmlDeviceGetHandleByIndex_v2", unsafe {
@@ -194,7 +259,7 @@ impl Nvml {
     /// `usedGpuMemory` being the process's). A process NVML reports without a memory figure
     /// (`NVML_VALUE_NOT_AVAILABLE`) counts 0 bytes. A list the GPU does not support (NOT_SUPPORTED) is empty;
     /// any other error fails the whole sample (fail closed: never judge from part of the lists).
-    pub fn processes(&self, gpu: &Gpu) -> Result<Vec<(u32, u64)>, String> {
+    pub fn processes(&self, gpu: &Gpu) -> Result<Vec<(u32, u64)>, NvmlError> {
         let mut all: BTreeMap<u32, u64> = BTreeMap::new();
         for (i, &(f, name)) in LISTS.iter().enumerate() {
             for (pid, bytes) in self.list(gpu, f, name, i > 0)? {
@@ -205,7 +270,13 @@ impl Nvml {
         Ok(all.into_iter().collect())
     }
 
-    fn list(&self, gpu: &Gpu, f: ProcessList, name: &str, optional: bool) -> Result<Vec<(u32, u64)>, String> {
+    fn list(
+        &self,
+        gpu: &Gpu,
+        f: ProcessList,
+        name: &'static str,
+        optional: bool,
+    ) -> Result<Vec<(u32, u64)>, NvmlError> {
         let mut cap: c_uint = 64;
         for _ in 0..4 {
             let mut buf = vec![nvmlProcessInfo_t::default(); cap as usize];
@@ -233,13 +304,16 @@ impl Nvml {
                 })
                 .collect());
         }
-        Err(format!("{name}: the process list keeps growing"))
+        Err(NvmlError::KeepsGrowing {
+            call: name,
+            what: "process",
+        })
     }
 
     /// SM utilisation per process on `gpu` from samples newer than `since_us` (CLOCK_REALTIME µs): pid → mean
     /// `smUtil` percent over that process's samples (NVML may return several per process). Empty when NVML
     /// has no sample in the window.
-    pub fn process_utilization(&self, gpu: &Gpu, since_us: u64) -> Result<BTreeMap<u32, f64>, String> {
+    pub fn process_utilization(&self, gpu: &Gpu, since_us: u64) -> Result<BTreeMap<u32, f64>, NvmlError> {
         let mut cap: c_uint = 256;
         for _ in 0..4 {
             let mut buf = vec![nvmlProcessUtilizationSample_t::default(); cap as usize];
@@ -269,7 +343,10 @@ impl Nvml {
                 .map(|(p, (sum, k))| (p, sum / f64::from(k)))
                 .collect());
         }
-        Err("nvmlDeviceGetProcessUtilization: the sample list keeps growing".into())
+        Err(NvmlError::KeepsGrowing {
+            call: "nvmlDeviceGetProcessUtilization",
+            what: "sample",
+        })
     }
 }
 
@@ -335,7 +412,7 @@ impl Nvml {
         }
         .ok()
         .then_some((major, minor));
-        let mut pci = cuquota_ffi::nvml::nvmlPciInfo_t::default();
+        let mut pci = crate::nvml::nvmlPciInfo_t::default();
         // SAFETY: valid out-pointer.
         let pci = unsafe { self.f.nvmlDeviceGetPciInfo_v3(gpu.handle, &mut pci) }
             .ok()
@@ -348,29 +425,33 @@ impl Nvml {
         }
     }
 
-    /// Whether the GPU `uuid` answers: `Ok(())`, or the failing call's status (`ERROR_GPU_IS_LOST` when it fell
-    /// off the bus) with the message.
-    pub fn probe(&self, uuid: &str) -> Result<(), (nvmlReturn_t, String)> {
-        let c = CString::new(uuid).map_err(|_| (nvmlReturn_t::ERROR_INVALID_ARGUMENT, "bad UUID".into()))?;
+    /// Whether the GPU `uuid` answers: `Ok(())`, or the failing call's error ([`NvmlError::status`] is
+    /// `ERROR_GPU_IS_LOST` when it fell off the bus).
+    pub fn probe(&self, uuid: &str) -> Result<(), NvmlError> {
+        let c = CString::new(uuid).map_err(|_| NvmlError::BadUuid(uuid.to_string()))?;
         let mut h: nvmlDevice_t = std::ptr::null_mut();
         // SAFETY: a NUL-terminated UUID and a valid out-pointer.
         let r = unsafe { self.f.nvmlDeviceGetHandleByUUID(c.as_ptr(), &mut h) };
-        self.check("nvmlDeviceGetHandleByUUID", r).map_err(|e| (r, e))?;
+        self.check("nvmlDeviceGetHandleByUUID", r)?;
         let mut m = nvmlMemory_t::default();
         // SAFETY: valid out-pointer.
         let r = unsafe { self.f.nvmlDeviceGetMemoryInfo(h, &mut m) };
-        self.check("nvmlDeviceGetMemoryInfo", r).map_err(|e| (r, e))
+        self.check("nvmlDeviceGetMemoryInfo", r)
     }
 
     /// An event set with the critical XID errors of the GPUs `uuids` (a GPU that cannot report them, e.g.
-    /// NOT_SUPPORTED, is left out).
-    pub fn xid_events(&self, uuids: &[String]) -> Result<XidEvents<'_>, String> {
+    /// NOT_SUPPORTED, is left out: [`XidEvents::unwatched`]).
+    pub fn xid_events(&self, uuids: &[String]) -> Result<XidEvents<'_>, NvmlError> {
         let mut set: nvmlEventSet_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         self.check("nvmlEventSetCreate", unsafe {
             self.f.nvmlEventSetCreate(&mut set)
         })?;
-        let events = XidEvents { nvml: self, set };
+        let mut events = XidEvents {
+            nvml: self,
+            set,
+            unwatched: Vec::new(),
+        };
         for uuid in uuids {
             let Ok(c) = CString::new(uuid.as_str()) else {
                 continue;
@@ -384,7 +465,7 @@ impl Nvml {
                 }
                 .ok();
             if !ok {
-                cuquota_core::log!(cuquota_core::log::Level::Warn, "NVML: no XID events for {uuid}");
+                events.unwatched.push(uuid.clone());
             }
         }
         Ok(events)
@@ -402,14 +483,21 @@ impl Nvml {
 }
 
 /// An NVML event set of critical XID errors ([`Nvml::xid_events`]); freed on drop.
+#[derive(Debug)]
 pub struct XidEvents<'a> {
     nvml: &'a Nvml,
     set: nvmlEventSet_t,
+    unwatched: Vec<String>,
 }
 
 impl XidEvents<'_> {
+    /// The GPUs asked for whose XID errors this set cannot report.
+    pub fn unwatched(&self) -> &[String] {
+        &self.unwatched
+    }
+
     /// Waits up to `timeout_ms` for an XID error: `Some((GPU UUID, XID))`, or `None` when none came.
-    pub fn wait(&self, timeout_ms: u32) -> Result<Option<(String, u64)>, String> {
+    pub fn wait(&self, timeout_ms: u32) -> Result<Option<(String, u64)>, NvmlError> {
         // SAFETY: an all-zero nvmlEventData_t is valid (a NULL handle and zero integers).
         let mut d: nvmlEventData_t = unsafe { std::mem::zeroed() };
         // SAFETY: `set` is live, `d` a valid out-pointer.
