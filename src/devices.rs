@@ -22,7 +22,7 @@ use cuquota_core::region::{
 };
 use cuquota_core::{Config, DeviceId, Policy, Priority, UsageRegion};
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 mod hami;
@@ -109,6 +109,9 @@ pub(crate) struct Devices {
     warned_no_priority_file: AtomicBool,
     /// HAMi-core's region for HAMi's vGPU monitor (output only; none when it cannot be opened).
     hami: Option<hami::Hami>,
+    /// The pid NVML knows this process by, as this process learned it (0 = not yet): the throttle reads its
+    /// own NVML figures by it, never by the usage slot's copy, which any process of the container can write.
+    host_pid: AtomicU32,
 }
 
 impl Devices {
@@ -149,6 +152,7 @@ impl Devices {
             priority,
             warned_no_priority_file: AtomicBool::new(false),
             hami: hami::Hami::open(&cfg),
+            host_pid: AtomicU32::new(0),
             cfg,
         };
         d.compute_flags();
@@ -175,8 +179,9 @@ impl Devices {
         }
     }
 
-    /// The process's host pid, for HAMi's file.
+    /// The process's host pid (learned from NVML by this process), for HAMi's file and the throttle.
     pub(crate) fn hami_host_pid(&self, host_pid: u32) {
+        self.host_pid.store(host_pid, Ordering::Relaxed);
         if let Some(h) = &self.hami {
             h.set_host_pid(host_pid);
         }
@@ -196,9 +201,15 @@ impl Devices {
 
     /// In a forked child: HAMi's slot is the parent's; the child claims its own when it first needs one.
     pub(crate) fn hami_forget_in_child(&self) {
+        self.host_pid.store(0, Ordering::Relaxed);
         if let Some(h) = &self.hami {
             h.forget_in_child();
         }
+    }
+
+    /// The pid NVML knows this process by, as this process learned it (`hami_host_pid`), if it did.
+    pub(crate) fn host_pid(&self) -> Option<u32> {
+        Some(self.host_pid.load(Ordering::Relaxed)).filter(|p| *p != 0)
     }
 
     /// HAMi's slots of processes gone without releasing them go back (slow paths: at most every 100 ms).

@@ -1,4 +1,4 @@
-//! Memory the driver takes at first use (`src/memory/reconcile.rs`, `hooks::context::first_launch`): launch-time
+//! Memory the driver takes at first use (`src/memory/reconcile.rs`, `Memory::first_launch`): launch-time
 //! stack growth and lazy loading on every path a program can reach them by, other processes' unmodelled memory,
 //! and the pid-namespace case. Judged by the simulator's own used bytes (`c/first_use.c`).
 

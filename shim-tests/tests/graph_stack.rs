@@ -1,5 +1,5 @@
 //! Every graph path admits the stack its kernels make the driver grow before the driver grows it, as a direct
-//! launch does (`hooks::graph_memory`'s walk, `hooks::context::first_launch`): launch (+ `_ptsz`), kernel node
+//! launch does (`hooks::graph_memory`'s walk, `Memory::first_launch`): launch (+ `_ptsz`), kernel node
 //! parameters set before instantiation, exec updates (`cuGraphExecUpdate`, `cuGraphExecKernelNodeSetParams`,
 //! `cuGraphExecNodeSetParams`), conditional bodies, child graphs (and a conditional node inside a cloned child),
 //! upload (+ `_ptsz`) and the device-side launch it enables. Each attack (a kernel with 16 KiB of local memory a

@@ -1,188 +1,16 @@
-//! CUDA graph memory nodes: charged like pools, by the device's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`.
-//!
-//! Alloc nodes (`cuGraphAddMemAllocNode`, or `cuMemAllocAsync` captured from a stream) take memory from the
-//! device's graph pool when a graph exec is uploaded or launched; the pool keeps it reserved for later launches
-//! until `cuDeviceGraphMemTrim` or the exec's destruction. At instantiation we walk the graph once
-//! (`cuGraphGetNodes` / `cuGraphNodeGetType` / `cuGraphMemAllocNodeGetParams`) and record, for an exec with
-//! alloc nodes, its footprint per device (the sizes summed, granularity-rounded). Uploading or launching such
-//! an exec admits `footprint − (reserved − used)` first (refused → `CUDA_ERROR_OUT_OF_MEMORY`, driver not
-//! called), then charges the real change of the reserved size and drops the provisional charge. Trim and exec
-//! destruction re-read the reserved size. An exec without alloc nodes costs one lock-free probe per launch.
-//!
-//! The same walk lists the exec's kernels (kernel nodes, child graphs, conditional nodes' bodies, recorded when
-//! `cuGraphAddNode` made them): the largest local memory per thread among them is the stack the exec's first
-//! launch or upload in a context makes the driver grow, and each kernel's code is loaded before that launch (its
-//! module's or library's footprint admitted as a direct first launch's is), both in `context::first_launch`,
-//! one routine for every path. Updates (`cuGraphExecUpdate`, `cuGraphExec*SetParams`)
-//! record the new need and make the next launch a first use again.
+//! CUDA graphs: the hooks. What a graph's memory nodes and kernels cost, the walk that prices them and the
+//! admission of an upload or launch are memory policy (`memory::graphs`, `memory::first_use`); these hooks
+//! decode the arguments, record what instantiation, updates, added nodes and clones give an exec, and refuse
+//! (destroying what the driver made) what memory cannot price. Updates (`cuGraphExecUpdate`,
+//! `cuGraphExec*SetParams`) record the new need and make the next launch a first use again.
 
-use crate::devices::Dev;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
-use crate::memory::charge::Charge;
-use crate::memory::pools::Kernels;
-use crate::memory::reconcile::Use;
+use crate::memory::{node_handle, node_local, Kernels, Use};
 use crate::state::Shim;
-
-/// Child graphs and conditional bodies nested deeper than this are not walked (fail closed: such a graph's
-/// instantiation is refused).
-const MAX_DEPTH: u32 = 64;
 
 /// Most body graphs of a conditional node we read (cuda.h: 1 or 2, any number for a SWITCH).
 const MAX_BODIES: u32 = 4096;
-
-/// What a walk of a graph found.
-#[derive(Default)]
-struct Walked {
-    /// Per device, what its alloc nodes add up to, granularity-rounded; empty without alloc nodes.
-    mem: Vec<(Dev, u64)>,
-    /// The kernels it may run.
-    kernels: Kernels,
-    /// A node whose type, a kernel node whose kernel or a memory node whose size could not be read, or a
-    /// conditional node whose bodies we never saw (made past cuquota, or a clone's not covered by the record
-    /// made when cloned).
-    unknown: bool,
-}
-
-/// The memory nodes and the kernels of `graph`, its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may hold
-/// memory nodes when moved into the node) and its conditional nodes' bodies (whether they run is decided on the
-/// device). `None`: the driver could not list a graph, the nesting is deeper than [`MAX_DEPTH`], or, while a
-/// memory cap may apply, a node's type, a kernel or memory node's parameters could not be read or a
-/// conditional node's bodies are unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
-fn footprint(s: &Shim, graph: CUgraph) -> Option<Walked> {
-    let w = walk(s, graph, 0)?;
-    if w.unknown {
-        s.devices.refresh_if_changed();
-        if s.devices.memory_limited() {
-            return None;
-        }
-    }
-    Some(w)
-}
-
-fn walk(s: &Shim, graph: CUgraph, depth: u32) -> Option<Walked> {
-    if depth > MAX_DEPTH {
-        return None;
-    }
-    let mut out = Walked::default();
-    let mut n: usize = 0;
-    // SAFETY: valid out-pointer; NULL node array asks for the count.
-    if !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
-        return None;
-    }
-    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `nodes` holds `n` entries.
-    if n > 0 && !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
-        return None;
-    }
-    for &node in nodes.iter().take(n) {
-        let mut ty = CUgraphNodeType::MAX;
-        // SAFETY: valid out-pointer.
-        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
-            // Any kind of node, a kernel or a memory node among them.
-            out.unknown = true;
-            continue;
-        }
-        match ty {
-            CU_GRAPH_NODE_TYPE_GRAPH => {
-                let mut child: CUgraph = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                if !unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
-                    return None;
-                }
-                out.merge(walk(s, child, depth + 1)?);
-            }
-            CU_GRAPH_NODE_TYPE_CONDITIONAL => match s.mem.graph().bodies(node as usize) {
-                Some(bodies) => {
-                    for b in bodies {
-                        out.merge(walk(s, b as CUgraph, depth + 1)?);
-                    }
-                }
-                // A clone's: its bodies are the original's, as they were when cloned.
-                None => match s.mem.graph().floor(node as usize) {
-                    Some(floor) => out.kernels.merge(floor),
-                    None => out.unknown = true,
-                },
-            },
-            CU_GRAPH_NODE_TYPE_KERNEL => {
-                match kernel_node(s, node).and_then(|(f, k)| Some((super::stack::node_local(s, f, k)?, f, k)))
-                {
-                    Some((local, f, k)) => out.kernels.merge(Kernels {
-                        local,
-                        funcs: handle(f, k),
-                    }),
-                    None => out.unknown = true,
-                }
-            }
-            CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
-                // SAFETY: zeroed is a valid value of this plain C struct.
-                let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
-                // SAFETY: valid out-pointer of the parameter struct.
-                if !unsafe { s.cuda.cuGraphMemAllocNodeGetParams(node, &mut p) }.ok() {
-                    out.unknown = true;
-                    continue;
-                }
-                let loc = p.poolProps.location;
-                if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
-                    continue;
-                }
-                let Some(d) = s.devices.device(&s.cuda, loc.id) else {
-                    continue;
-                };
-                let bytes = s.devices.round(&s.cuda, d, p.bytesize as u64);
-                out.merge(Walked {
-                    mem: vec![(d, bytes)],
-                    ..Walked::default()
-                });
-            }
-            _ => {}
-        }
-    }
-    Some(out)
-}
-
-/// The handle a kernel node's parameters launch (`kern` when `func` is NULL), if any.
-fn handle(func: CUfunction, kern: CUkernel) -> Vec<usize> {
-    let f = if func.is_null() {
-        kern as usize
-    } else {
-        func as usize
-    };
-    (f != 0).then_some(f).into_iter().collect()
-}
-
-/// The function and the library kernel (when the function is NULL) a kernel node runs; `None`: not readable.
-fn kernel_node(s: &Shim, node: CUgraphNode) -> Option<(CUfunction, CUkernel)> {
-    // SAFETY: zeroed is a valid value of these plain C structs.
-    let mut p: CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer of the v2 parameter struct.
-    match unsafe { s.cuda.cuGraphKernelNodeGetParams_v2(node, &mut p) } {
-        r if r.ok() => Some((p.func, p.kern)),
-        // A driver older than CUDA 12.0: the v1 form (no library kernels then).
-        CUresult::ERROR_NOT_FOUND => {
-            // SAFETY: as above.
-            let mut p1: CUDA_KERNEL_NODE_PARAMS_v1 = unsafe { std::mem::zeroed() };
-            // SAFETY: valid out-pointer of the v1 parameter struct.
-            unsafe { s.cuda.cuGraphKernelNodeGetParams(node, &mut p1) }
-                .ok()
-                .then_some((p1.func, std::ptr::null_mut()))
-        }
-        _ => None,
-    }
-}
-
-impl Walked {
-    fn merge(&mut self, o: Walked) {
-        for (dev, bytes) in o.mem {
-            match self.mem.iter_mut().find(|e| e.0 == dev) {
-                Some(e) => e.1 = e.1.saturating_add(bytes),
-                None => self.mem.push((dev, bytes)),
-            }
-        }
-        self.kernels.merge(o.kernels);
-        self.unknown |= o.unknown;
-    }
-}
 
 /// `cuGraphInstantiate` (bare, `_v2`), `cuGraphInstantiateWithFlags`, `cuGraphInstantiateWithParams` (+ `_ptsz`):
 /// records the exec's graph-memory footprint and the stack its kernels need.
@@ -199,7 +27,7 @@ pub(crate) unsafe fn instantiate(
     if r.ok() && !pexec.is_null() {
         // SAFETY: written by the driver on success.
         let exec = unsafe { *pexec };
-        let Some(fp) = walked(s, "cuGraphInstantiate", exec, graph) else {
+        let Some(fp) = s.mem.graph_walk(&s.cuda, "cuGraphInstantiate", exec, graph) else {
             // Memory nodes or kernels we cannot see would escape the cap: refuse the exec (fail closed).
             // SAFETY: destroying the exec the driver just made.
             unsafe { s.cuda.cuGraphExecDestroy(exec) };
@@ -279,7 +107,7 @@ pub(crate) fn exec_update(
     exec: CUgraphExec,
     graph: CUgraph,
 ) -> CUresult {
-    let Some(fp) = walked(s, "cuGraphExecUpdate", exec, graph) else {
+    let Some(fp) = s.mem.graph_walk(&s.cuda, "cuGraphExecUpdate", exec, graph) else {
         return CUresult::ERROR_NOT_SUPPORTED;
     };
     let r = call();
@@ -313,7 +141,7 @@ pub(crate) unsafe fn exec_kernel_update(
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
         };
-        (super::stack::node_local(s, func, kern), handle(func, kern))
+        (node_local(&s.cuda, func, kern), node_handle(func, kern))
     };
     let Some(local) = local.or_else(|| {
         s.devices.refresh_if_changed();
@@ -345,7 +173,10 @@ pub(crate) fn exec_child_update(
     exec: CUgraphExec,
     child: CUgraph,
 ) -> CUresult {
-    let Some(fp) = walked(s, "cuGraphExecChildGraphNodeSetParams", exec, child) else {
+    let Some(fp) = s
+        .mem
+        .graph_walk(&s.cuda, "cuGraphExecChildGraphNodeSetParams", exec, child)
+    else {
         return CUresult::ERROR_NOT_SUPPORTED;
     };
     let r = call();
@@ -393,22 +224,6 @@ pub(crate) unsafe fn exec_node_update(
             r
         }
     }
-}
-
-/// `graph`'s walk, before or after `what` gives its memory nodes and kernels to `exec`; `None` (logged): the call
-/// is refused (fail closed: an exec whose footprint or stack need is unknown is never launched).
-fn walked(s: &Shim, what: &str, exec: CUgraphExec, graph: CUgraph) -> Option<Walked> {
-    let fp = footprint(s, graph);
-    if fp.is_none() {
-        log!(
-            Level::Error,
-            "{what} of graph exec {exec:p} refused: the memory nodes or kernels of graph {graph:p} cannot be \
-             listed (child graphs or conditional bodies nested deeper than {MAX_DEPTH}, a kernel node's parameters \
-             refused, a conditional node made where cuquota did not see it, or not a graph), so the memory cap \
-             could not be kept"
-        );
-    }
-    fp
 }
 
 /// `cuGraphAddNode` (+ `_v2`): a conditional node's body graphs are recorded (cuda.h lists them only here, in
@@ -479,52 +294,7 @@ fn cloned_into(s: &Shim, node: CUgraphNode, original: CUgraph) {
     let mut clone: CUgraph = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     if unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut clone) }.ok() {
-        clone_of(s, clone, original);
-    }
-}
-
-/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): each of
-/// those it holds now, in its child graphs too, needs at most what `original` does now. Nodes added to the clone
-/// later are not covered (one made past cuquota stays unknown). An original that cannot be walked, or holds a
-/// conditional node of unknown bodies, records nothing (the clone's conditional nodes then make its
-/// instantiation refused under a cap).
-fn clone_of(s: &Shim, clone: CUgraph, original: CUgraph) {
-    if let Some(w) = footprint(s, original).filter(|w| !w.unknown) {
-        cover(s, clone, &w.kernels, 0);
-    }
-}
-
-/// Records `k` for the conditional nodes of unknown bodies in `graph` and its child graphs.
-fn cover(s: &Shim, graph: CUgraph, k: &Kernels, depth: u32) {
-    let mut n: usize = 0;
-    // SAFETY: valid out-pointer; NULL node array asks for the count.
-    if depth > MAX_DEPTH || !unsafe { s.cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
-        return;
-    }
-    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `nodes` holds `n` entries.
-    if n == 0 || !unsafe { s.cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
-        return;
-    }
-    for &node in nodes.iter().take(n) {
-        let mut ty = CUgraphNodeType::MAX;
-        // SAFETY: valid out-pointer.
-        if !unsafe { s.cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
-            continue;
-        }
-        match ty {
-            CU_GRAPH_NODE_TYPE_CONDITIONAL if s.mem.graph().bodies(node as usize).is_none() => {
-                s.mem.graph().set_floor(node as usize, k.clone());
-            }
-            CU_GRAPH_NODE_TYPE_GRAPH => {
-                let mut child: CUgraph = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                if unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
-                    cover(s, child, k, depth + 1);
-                }
-            }
-            _ => {}
-        }
+        crate::memory::clone_of(&s.mem, &s.cuda, clone, original);
     }
 }
 
@@ -541,41 +311,14 @@ pub(crate) unsafe fn clone(
     let r = call();
     if r.ok() && !pclone.is_null() {
         // SAFETY: written by the driver on success.
-        clone_of(s, unsafe { *pclone }, original);
-    }
-    r
-}
-
-/// Upload or launch of an exec with alloc nodes: admit what its footprint may add, call, settle to the truth.
-pub(crate) fn with_graph_memory(s: &Shim, exec: CUgraphExec, call: impl FnOnce() -> CUresult) -> CUresult {
-    let Some(fp) = s.mem.graph().footprint(exec as usize) else {
-        return call();
-    };
-    let mut charges: Vec<Charge<'_>> = Vec::with_capacity(fp.len());
-    for &(dev, bytes) in &fp {
-        let est = || bytes.saturating_sub(s.mem.graph_slack(&s.cuda, dev));
-        let charge = s.mem.charge(dev, est(), &s.cuda, &s.nvml).or_else(|_| {
-            // Memory may have been released behind our back (a context's teardown): re-read, retry once.
-            s.mem.refresh_graph(&s.cuda, dev);
-            s.mem.charge(dev, est(), &s.cuda, &s.nvml)
-        });
-        let Ok(charge) = charge else {
-            return CUresult::ERROR_OUT_OF_MEMORY; // the charges so far go back with their guards
-        };
-        charges.push(charge);
-    }
-    let r = call();
-    for charge in charges {
-        // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
-        s.mem.refresh_graph(&s.cuda, charge.dev());
-        drop(charge);
+        crate::memory::clone_of(&s.mem, &s.cuda, unsafe { *pclone }, original);
     }
     r
 }
 
 /// `cuGraphUpload` (+ `_ptsz`): uploading may reserve the exec's graph memory, and sets up its kernels' stack
 /// in the stream's context (an exec instantiated for device launch is launched from the device, where no hook
-/// sees it, only once uploaded): admitted as its first launch there is (`context::first_launch`).
+/// sees it, only once uploaded): admitted as its first launch there is (`Memory::first_launch`).
 pub(crate) fn upload(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
@@ -585,21 +328,21 @@ pub(crate) fn upload(
 ) -> CUresult {
     if s.mem.first_use_armed() {
         let probe = super::probe_stream(stream, ds);
-        let Ok(first) = super::context::first_launch(s, Use::Graph, exec as usize, probe) else {
+        let Ok(first) = s
+            .mem
+            .first_launch(&s.cuda, &s.nvml, Use::Graph, exec as usize, probe)
+        else {
             return CUresult::ERROR_OUT_OF_MEMORY;
         };
         let r = upload_memory(s, call, exec);
-        super::context::launched(s, first, probe, r);
+        s.mem.launched(&s.cuda, &s.nvml, first, probe, r);
         return r;
     }
     upload_memory(s, call, exec)
 }
 
 fn upload_memory(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
-    if !s.mem.graph().has_memory(exec as usize) {
-        return call();
-    }
-    with_graph_memory(s, exec, call)
+    s.mem.with_graph_memory(&s.cuda, &s.nvml, exec as usize, call)
 }
 
 /// `cuGraphExecDestroy`: the pool may release what the exec held.

@@ -103,7 +103,7 @@ impl ImageCopy {
     pub(crate) fn footprint(&self, arch: Option<u32>) -> Option<u64> {
         match self.wrapper {
             Some(v) if v != 1 => None, // prelinked lists: unknown, as the reader answers for the original
-            _ => crate::memory::image::footprint(self.bytes(), true, arch),
+            _ => crate::memory::image_footprint(self.bytes(), true, arch),
         }
     }
 }

@@ -10,12 +10,12 @@
 //! the launch is keyed (function, grid, block — or the graph), admitted by the throttle (which may sleep), sometimes
 //! measured with events on its stream, then made. With a memory cap, a function's first launch in its stream's
 //! context is admitted inside the throttle's call, after its wait, and measured once the throttle returned
-//! (`context::first_launch`: lazy loading, stack growth). A `_ptsz` call with the NULL stream runs on the per-thread
+//! (`Memory::first_launch`: lazy loading, stack growth). A `_ptsz` call with the NULL stream runs on the per-thread
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
 
 use super::probe_stream;
 use crate::ffi::cuda::*;
-use crate::memory::reconcile::Use;
+use crate::memory::{Launch, Use};
 use crate::state::Shim;
 use crate::throttle::estimate::graph_key;
 use crate::throttle::kernel_key;
@@ -44,7 +44,7 @@ pub(crate) fn kernel(
             first_use(s, Use::Launch, f as usize, probe, &mut first, call)
         });
         if let Some(l) = first {
-            super::context::launched(s, l, probe, r);
+            s.mem.launched(&s.cuda, &s.nvml, l, probe, r);
         }
         return r;
     }
@@ -69,9 +69,9 @@ fn throttled(
 }
 
 /// The real launch of `f` (a function, kernel or graph exec) on `stream`, after the throttle let it go, while a
-/// memory cap applies: its first launch in the stream's context is admitted (`context::first_launch`: its code
+/// memory cap applies: its first launch in the stream's context is admitted (`Memory::first_launch`: its code
 /// may load now, its stack grow) and left in `first` for the caller to measure once the throttle (and a graph's
-/// memory) settled (`context::launched`). Inside the throttle's call, so that a first use holds the gate only
+/// memory) settled (`Memory::launched`). Inside the throttle's call, so that a first use holds the gate only
 /// across the driver's call and what follows it, never across the throttle's wait.
 #[inline]
 fn first_use<'a>(
@@ -79,10 +79,10 @@ fn first_use<'a>(
     how: Use,
     f: usize,
     stream: usize,
-    first: &mut Option<super::context::Launch<'a>>,
+    first: &mut Option<Launch<'a>>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    if super::context::first_launch_to(s, how, f, stream, first) {
+    if s.mem.first_launch_to(&s.cuda, &s.nvml, how, f, stream, first) {
         call()
     } else {
         CUresult::ERROR_OUT_OF_MEMORY
@@ -142,7 +142,7 @@ pub(crate) unsafe fn multi_device(
     let mut firsts = Vec::new();
     let r = multi_throttled(s, || multi_first_use(s, call, entries, &mut firsts), entries);
     for (l, stream) in firsts {
-        super::context::launched(s, l, stream, r);
+        s.mem.launched(&s.cuda, &s.nvml, l, stream, r);
     }
     r
 }
@@ -153,15 +153,18 @@ fn multi_first_use<'a>(
     s: &'a Shim,
     call: impl FnOnce() -> CUresult,
     entries: &[CUDA_LAUNCH_PARAMS],
-    firsts: &mut Vec<(super::context::Launch<'a>, usize)>,
+    firsts: &mut Vec<(Launch<'a>, usize)>,
 ) -> CUresult {
     if s.mem.first_use_armed() {
         for e in entries {
             let stream = probe_stream(e.hStream, DefaultStream::Legacy);
             // Two entries' first uses on one device would each be admitted before either is measured; the
             // driver takes "one per device".
-            let refused = match super::context::first_launch(s, Use::Launch, e.function as usize, stream) {
-                Ok(l) if firsts.iter().any(|(f, _)| super::context::same_device(f, &l)) => {
+            let refused = match s
+                .mem
+                .first_launch(&s.cuda, &s.nvml, Use::Launch, e.function as usize, stream)
+            {
+                Ok(l) if firsts.iter().any(|(f, _)| f.same_device(&l)) => {
                     firsts.push((l, stream));
                     CUresult::ERROR_INVALID_DEVICE
                 }
@@ -222,7 +225,7 @@ pub(crate) fn graph(
             ds,
         );
         if let Some(l) = first {
-            super::context::launched(s, l, probe, r);
+            s.mem.launched(&s.cuda, &s.nvml, l, probe, r);
         }
         return r;
     }
@@ -237,12 +240,9 @@ fn graph_memory(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if s.mem.graph().has_memory(exec as usize) {
-        return super::graph_memory::with_graph_memory(s, exec, || {
-            graph_throttled(s, exec, stream, ds, call)
-        });
-    }
-    graph_throttled(s, exec, stream, ds, call)
+    s.mem.with_graph_memory(&s.cuda, &s.nvml, exec as usize, || {
+        graph_throttled(s, exec, stream, ds, call)
+    })
 }
 
 #[inline]

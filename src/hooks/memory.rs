@@ -12,8 +12,7 @@
 
 use super::Width;
 use crate::ffi::cuda::*;
-use crate::memory::ledger::Space;
-use crate::memory::shared;
+use crate::memory::{shared_key, Space};
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
 
@@ -143,7 +142,7 @@ unsafe fn export_pointer(
     }
     // SAFETY: non-NULL, written by the driver on success (read only then).
     s.mem
-        .exported_pointer(r, ptr, || shared::key(unsafe { &*bytes }), what)
+        .exported_pointer(r, ptr, || shared_key(unsafe { &*bytes }), what)
 }
 
 /// An import by `what` (`call`, writing its address at `out`) of the memory exported under `key`
@@ -180,7 +179,7 @@ pub(crate) unsafe fn ipc_open(
     pdptr: *mut CUdeviceptr,
     handle: CUipcMemHandle,
 ) -> CUresult {
-    let key = shared::key(&handle.reserved);
+    let key = shared_key(&handle.reserved);
     // SAFETY: as the caller's contract says.
     unsafe {
         hold_import(s, call, pdptr, key, "cuIpcOpenMemHandle", |p| {

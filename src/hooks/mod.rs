@@ -11,9 +11,9 @@ pub(crate) mod image_copy;
 pub(crate) mod info;
 pub(crate) mod launch;
 pub(crate) mod memory;
+pub(crate) mod module;
 pub(crate) mod nvml;
 pub(crate) mod proc_address;
-pub(crate) mod stack;
 
 #[cfg(test)]
 mod tests;

@@ -681,12 +681,12 @@ fn a_reused_address_releases_the_stale_record_charge() {
     // An allocation freed behind the shim's back: record and charge remain, the address is free again.
     let next = fake(|f| f.next);
     let _ = s.mem.admit(dev, 32 * MIB, &s.cuda, &s.nvml).unwrap();
-    let stale = crate::memory::ledger::Record {
+    let stale = crate::memory::Record {
         entry: dev.id,
         bytes: 32 * MIB,
-        kind: crate::memory::ledger::Kind::Direct,
+        kind: crate::memory::Kind::Direct,
     };
-    s.mem.record(crate::memory::ledger::Space::Pointer, next, stale);
+    s.mem.record(crate::memory::Space::Pointer, next, stale);
     let (r, p) = alloc(s, 2 * MIB);
     assert_eq!((r, p), (CUresult::SUCCESS, next));
     assert_eq!(used(s), 2 * MIB, "the stale record's charge leaked");
@@ -718,7 +718,7 @@ fn a_destroyed_pool_stays_charged_until_its_frees_have_run() {
     // cuda.h: a destroyed pool's resources go back once its frees have completed. A tenant that frees into a
     // pool on a stream that never runs (a host function that never returns) and destroys it must not get the
     // memory's charge back while the driver still holds it.
-    use crate::memory::ledger::{Kind, Record, Space};
+    use crate::memory::{Kind, Record, Space};
     let e = env(Some(1 << 30));
     let s = &e.shim;
     let dev = s.devices.current(&s.cuda).unwrap();
@@ -756,4 +756,28 @@ fn a_destroyed_pool_stays_charged_until_its_frees_have_run() {
         };
         assert_eq!(used(s), 0);
     }
+}
+
+/// `Memory::creating`'s guard holds a context's estimate across the driver's call and gives it back when
+/// dropped without `Creating::created`: the creation failed, or was never attempted (a panic, an early return).
+#[test]
+fn a_creation_dropped_unmade_gives_its_estimate_back() {
+    use crate::memory::Creation;
+    let e = env(Some(1 << 30));
+    let s = &e.shim;
+    let c = s.mem.creating(&s.cuda, &s.nvml, Creation::Context(0)).unwrap();
+    assert_eq!(
+        used(s),
+        256 * MIB,
+        "the estimate is held while the call runs (control)"
+    );
+    drop(c);
+    assert_eq!(used(s), 0, "a creation never made still holds its estimate");
+    let mut c = s.mem.creating(&s.cuda, &s.nvml, Creation::Module).unwrap();
+    assert_eq!(
+        c.call(|| CUresult::ERROR_OUT_OF_MEMORY),
+        CUresult::ERROR_OUT_OF_MEMORY
+    );
+    drop(c);
+    assert_eq!(used(s), 0, "a failed load still holds its estimate");
 }

@@ -116,7 +116,7 @@ impl Memory {
     }
 
     /// Runs a context-creating driver call on `ordinal`, learning our host pid around it when needed.
-    pub(crate) fn creating_context(
+    pub(super) fn creating_context(
         &self,
         nvml: &Nvml,
         ordinal: CUdevice,

@@ -11,19 +11,23 @@
 //! syscall, no allocation. Slow paths (first use of a device, a limits-file change, a refused admission) may
 //! read files.
 
-pub(crate) mod charge;
-pub(crate) mod credit;
-pub(crate) mod host_pid;
-pub(crate) mod image;
-pub(crate) mod interprocess;
-pub(crate) mod ledger;
-pub(crate) mod overhead;
-pub(crate) mod pools;
-pub(crate) mod reconcile;
-pub(crate) mod reserve;
-pub(crate) mod shared;
-pub(crate) mod vmm;
-pub(crate) mod vmm_ops;
+mod charge;
+mod credit;
+mod driver;
+mod first_use;
+mod graphs;
+mod host_pid;
+mod image;
+mod interprocess;
+mod ledger;
+mod overhead;
+mod pools;
+mod reconcile;
+mod reserve;
+mod shared;
+mod stack;
+mod vmm;
+mod vmm_ops;
 
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
@@ -34,13 +38,27 @@ use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::{DeviceId, UsageRegion};
+use graphs::GraphMem;
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
-use pools::{GraphMem, PoolState};
+use pools::PoolState;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+
+pub(crate) use first_use::{Launch, Owner, Use};
+pub(crate) use graphs::{clone_of, node_handle, Kernels};
+pub(crate) use image::{
+    footprint as image_footprint, footprint_at as image_footprint_at, inside as image_inside,
+};
+pub(crate) use ledger::Space;
+#[cfg(test)]
+pub(crate) use ledger::{Kind, Record};
+pub(crate) use overhead::Creation;
+pub(crate) use shared::{fd_key, key as shared_key};
+pub(crate) use stack::node_local;
+pub(crate) use vmm::{BindKey, Obj};
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +97,7 @@ pub(crate) struct Memory {
     host: HostPid,
     last_reclaim_ns: AtomicU64,
     /// Handles whose first use (lazy loading, stack growth) was measured.
-    first_use: reconcile::FirstUse,
+    first_use: first_use::FirstUse,
 }
 
 impl Memory {
@@ -100,7 +118,7 @@ impl Memory {
             holdings: Holdings::default(),
             host: HostPid::default(),
             last_reclaim_ns: AtomicU64::new(0),
-            first_use: reconcile::FirstUse::default(),
+            first_use: first_use::FirstUse::default(),
         }
     }
 

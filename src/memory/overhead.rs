@@ -9,7 +9,7 @@
 //! `CUDA_ERROR_OUT_OF_MEMORY`).
 //!
 //! NVML can only measure a context or module once the driver has created it, so each creation first reserves an
-//! estimate as overhead ([`Memory::reserve_creation`]): the last cost measured for that kind on that device in
+//! estimate as overhead ([`Memory::creating`]): the last cost measured for that kind on that device in
 //! this process, else [`CTX_ESTIMATE`] / [`MODULE_ESTIMATE`]. A reservation that does not fit refuses the
 //! creation before the driver is called; while creations are in flight their reservations stay charged on top
 //! of what NVML measures, and the measurement after the call settles the charge to the truth.
@@ -18,11 +18,11 @@
 //! Without NVML (library missing, or our pid not in its list and the host pid not learned) the overhead is
 //! estimated: [`CTX_ESTIMATE`] per live context and [`MODULE_ESTIMATE`] per loaded module/library.
 
-use super::{Memory, OverCap};
+use super::{stack, Memory, OverCap};
 use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
-use crate::ffi::cuda::{CUdevice, CUresult};
+use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
@@ -69,24 +69,94 @@ pub(crate) struct Image {
     pub bytes: Option<u64>,
 }
 
-/// What is being created: decides the estimate reserved for it.
+/// What a hook is about to create ([`Memory::creating`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Creation {
-    /// A context (cuCtxCreate*, a first primary-context retain).
-    Context,
+    /// A context on this ordinal (cuCtxCreate*).
+    Context(CUdevice),
+    /// A retain of this ordinal's primary context (only the first one creates it).
+    Primary(CUdevice),
     /// A module loaded into the current context.
     Module,
 }
 
-/// An estimate reserved for one creation, from [`Memory::reserve_creation`] to [`Memory::creation_returned`].
+impl Creation {
+    /// Whether it is a context (its estimate and learned cost are a context's, else a module's).
+    fn is_context(self) -> bool {
+        !matches!(self, Creation::Module)
+    }
+}
+
+/// An estimate reserved for one creation.
 #[derive(Debug)]
-#[must_use = "a reservation must be ended with creation_returned"]
-pub(crate) struct Reservation {
+struct Reserved {
     dev: Dev,
-    what: Creation,
     est: u64,
     /// This process's measured overhead on the device when the reservation was made.
     base: u64,
+}
+
+/// A creation admitted by [`Memory::creating`]: holds its estimate as overhead across the driver's call
+/// ([`Creating::call`]); [`Creating::created`] counts and measures what the driver made. Dropped without it
+/// (the call failed, or gave no handle), the estimate goes back and the charge is re-measured.
+#[must_use = "hold it across the driver call; dropping it gives the estimate back"]
+pub(crate) struct Creating<'a> {
+    mem: &'a Memory,
+    cuda: &'a CudaTable,
+    nvml: &'a Nvml,
+    what: Creation,
+    res: Option<Reserved>,
+    /// The estimate is still held on top of what NVML measures (the driver has not returned).
+    inflight: bool,
+    /// [`Creating::created`] measured the creation.
+    measured: bool,
+}
+
+impl Creating<'_> {
+    /// The driver's creating call (a context's teaches this process its host pid: `host_pid`). Once it
+    /// returned the estimate stops being held on top of what NVML measures.
+    pub(crate) fn call(&mut self, call: impl FnOnce() -> CUresult) -> CUresult {
+        let r = match self.what {
+            Creation::Context(o) | Creation::Primary(o) => self.mem.creating_context(self.nvml, o, call),
+            Creation::Module => call(),
+        };
+        self.returned();
+        r
+    }
+
+    fn returned(&mut self) {
+        if let (true, Some(res)) = (std::mem::take(&mut self.inflight), &self.res) {
+            self.mem.holdings.settle_inflight(res.dev, res.est);
+        }
+    }
+
+    /// The driver made it (`handle`: the context or module; unused for a primary context): counted and its
+    /// cost charged, growth admitted against the cap; the cost is learned for the next estimate. `Err`: over
+    /// the cap: the caller undoes the creation (its destroy, release or unload hook uncounts it).
+    pub(crate) fn created(mut self, handle: usize) -> Result<(), OverCap> {
+        self.returned();
+        self.measured = true;
+        let (m, cuda, nvml) = (self.mem, self.cuda, self.nvml);
+        match self.what {
+            Creation::Context(o) => m.context_created(cuda, nvml, handle, o)?,
+            Creation::Primary(o) => m.primary_retained(cuda, nvml, o)?,
+            Creation::Module => m.module_loaded(cuda, nvml, handle)?,
+        }
+        if let Some(res) = &self.res {
+            m.creation_measured(res, self.what);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.returned();
+        if let (false, Some(res)) = (self.measured, &self.res) {
+            // Nothing was created: the estimate goes back.
+            let _ = self.mem.measure(self.nvml, res.dev, false);
+        }
+    }
 }
 
 impl Default for Holdings {
@@ -206,9 +276,10 @@ impl Holdings {
     }
 
     fn learned(&self, what: Creation) -> &[AtomicU64; MAX_ORDINALS] {
-        match what {
-            Creation::Context => &self.learned_ctx,
-            Creation::Module => &self.learned_module,
+        if what.is_context() {
+            &self.learned_ctx
+        } else {
+            &self.learned_module
         }
     }
 
@@ -218,9 +289,9 @@ impl Holdings {
             .learned(what)
             .get(ordinal as usize)
             .map_or(0, |c| c.load(Ordering::Relaxed));
-        match (learned, what) {
-            (0, Creation::Context) => CTX_ESTIMATE,
-            (0, Creation::Module) => MODULE_ESTIMATE,
+        match (learned, what.is_context()) {
+            (0, true) => CTX_ESTIMATE,
+            (0, false) => MODULE_ESTIMATE,
             (l, _) => l,
         }
     }
@@ -290,9 +361,39 @@ impl Memory {
         r
     }
 
-    /// Before the driver creates `what` on `dev`: reserves its estimate as overhead. `Err`: it does not fit
-    /// under the cap (nothing reserved; the caller refuses the creation without calling the driver).
-    pub(crate) fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reservation, OverCap> {
+    /// Before the driver creates `what`: its estimate is reserved as overhead on its device (the last cost
+    /// measured for that kind there, else [`CTX_ESTIMATE`] / [`MODULE_ESTIMATE`]; nothing on a device without
+    /// accounting, or for a primary context this process holds already). `Err`: it does not fit under the cap
+    /// (nothing reserved; the caller refuses the creation without calling the driver).
+    pub(crate) fn creating<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        what: Creation,
+    ) -> Result<Creating<'a>, OverCap> {
+        let dev = match what {
+            Creation::Context(o) => self.devices.device(cuda, o),
+            Creation::Primary(o) if self.primary_unheld(o) => self.devices.device(cuda, o),
+            Creation::Primary(_) => None,
+            Creation::Module => self.devices.current(cuda),
+        };
+        let res = match dev {
+            Some(d) => Some(self.reserve_creation(d, what)?),
+            None => None,
+        };
+        Ok(Creating {
+            mem: self,
+            cuda,
+            nvml,
+            what,
+            inflight: res.is_some(),
+            res,
+            measured: false,
+        })
+    }
+
+    /// Reserves the estimate for `what` on `dev` (see [`Memory::creating`]).
+    fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reserved, OverCap> {
         let est = self.holdings.creation_estimate(dev.ordinal, what);
         // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
         let _g = self.overhead_lock.lock();
@@ -300,26 +401,11 @@ impl Memory {
         let base = cur.saturating_sub(self.holdings.inflight(dev));
         self.set_overhead_locked(dev, cur.saturating_add(est), true)?;
         self.holdings.inflight[dev.id.index()].fetch_add(est, Ordering::Relaxed);
-        Ok(Reservation { dev, what, est, base })
-    }
-
-    /// The driver call a reservation was made for returned: the estimate stops being held on top of what NVML
-    /// measures. When the creation failed the charge is re-measured now (the estimate goes back); when it
-    /// succeeded, the caller's measurement (`context_created`, `module_loaded`, …) settles it, then
-    /// [`Memory::creation_measured`] learns the cost.
-    pub(crate) fn creation_returned(&self, nvml: &Nvml, res: &Reservation, ok: bool) {
-        let _ = self.holdings.inflight[res.dev.id.index()].fetch_update(
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-            |v| Some(v.saturating_sub(res.est)),
-        );
-        if !ok {
-            let _ = self.measure(nvml, res.dev, false);
-        }
+        Ok(Reserved { dev, est, base })
     }
 
     /// After a successful creation was measured: remembers what it cost for the next one's estimate.
-    pub(crate) fn creation_measured(&self, res: Reservation) {
+    fn creation_measured(&self, res: &Reserved, what: Creation) {
         let now = {
             let _g = self.overhead_lock.lock();
             self.overhead(res.dev)
@@ -327,7 +413,7 @@ impl Memory {
         };
         let cost = now.saturating_sub(res.base);
         if cost > 0 {
-            if let Some(c) = self.holdings.learned(res.what).get(res.dev.ordinal as usize) {
+            if let Some(c) = self.holdings.learned(what).get(res.dev.ordinal as usize) {
                 c.store(cost, Ordering::Relaxed);
             }
         }
@@ -371,7 +457,7 @@ impl Memory {
 
     /// Context `ctx` was created on `ordinal`: count it and charge what it costs. `Err`: over the cap (the
     /// caller destroys it, which undoes all this).
-    pub(crate) fn context_created(
+    fn context_created(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -423,12 +509,7 @@ impl Memory {
 
     /// The primary context of `ordinal` was retained: count it, charge it. `Err`: over the cap (the caller
     /// releases it again).
-    pub(crate) fn primary_retained(
-        &self,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-        ordinal: CUdevice,
-    ) -> Result<(), OverCap> {
+    fn primary_retained(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice) -> Result<(), OverCap> {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
@@ -485,12 +566,56 @@ impl Memory {
         }
     }
 
+    /// `cuCtxSetLimit`: the stack size (per thread, for every thread the device can hold), the printf FIFO, the
+    /// malloc heap and the device runtime's pending-launch buffer (and its sync depth on older GPUs) reserve device
+    /// memory in the current context. Raising one is admitted against the cap first (`CUDA_ERROR_OUT_OF_MEMORY`
+    /// over it, the driver not asked) by an estimate where the size is known (stack, FIFO, heap; the others' cost
+    /// per unit is the driver's own, so nothing), then the overhead is re-measured: a raised limit whose
+    /// reservation does not fit is set back and refused. Any limit this list does not know is treated so too.
+    pub(crate) fn set_limit(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        call: impl FnOnce() -> CUresult,
+        limit: CUlimit,
+        value: usize,
+    ) -> CUresult {
+        // Cache hints and query-only values: no device memory.
+        if matches!(
+            limit,
+            CU_LIMIT_MAX_L2_FETCH_GRANULARITY
+                | CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+                | CU_LIMIT_SHMEM_SIZE
+                | CU_LIMIT_CIG_ENABLED
+                | CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED
+        ) {
+            return call();
+        }
+        let Some(dev) = self.devices.current(cuda) else {
+            return call();
+        };
+        let bytes = |v: usize| -> u64 {
+            match limit {
+                CU_LIMIT_PRINTF_FIFO_SIZE | CU_LIMIT_MALLOC_HEAP_SIZE => v as u64,
+                CU_LIMIT_STACK_SIZE => stack::bytes(cuda, dev, v as u64),
+                _ => 0,
+            }
+        };
+        let mut cur: usize = 0;
+        // SAFETY: valid out-pointer; a failed query leaves 0 (the whole new reservation is admitted).
+        let known = unsafe { cuda.cuCtxGetLimit(&mut cur, limit) }.ok();
+        let growth = bytes(value).saturating_sub(bytes(cur));
+        // SAFETY: setting the limit back to the value it had.
+        let undo = (known && value > cur).then_some(|| unsafe { cuda.cuCtxSetLimit(limit, cur) });
+        self.setting_limit(nvml, dev, growth, call, undo)
+    }
+
     /// `cuCtxSetLimit` of a memory-backed limit on `dev` whose reservation grows by about `growth` bytes: the
     /// growth is admitted as overhead before the driver is asked (over the cap: `CUDA_ERROR_OUT_OF_MEMORY`, the
     /// driver not called); once it answered, NVML's figure replaces the estimate (a lowered limit shrinks it).
     /// A raised limit (`undo` given: it restores the old value) whose measured reservation does not fit, the
     /// estimate being short, is undone and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
-    pub(crate) fn setting_limit(
+    fn setting_limit(
         &self,
         nvml: &Nvml,
         dev: Dev,
@@ -593,7 +718,7 @@ impl Memory {
 
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
     /// cap (the caller unloads it).
-    pub(crate) fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
+    fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
         self.first_use.arm();
         self.retry_host_pid(nvml);

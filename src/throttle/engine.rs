@@ -26,15 +26,23 @@
 //! says it used (`Gpu::own_busy_ns`): the bucket gets the difference back, as a probe's launch would, and the
 //! estimate for unmeasured launches becomes the window's average. Without this, every launch would be charged
 //! the 1 ms fallback and a tenant of 50 µs kernels limited to 30 % would get 1.5 %.
+//!
+//! A shared device: the driver time-slices the contexts of different processes, and a kernel switched out for
+//! a neighbour keeps its events running, so a probe's span, and the estimate it feeds, include the
+//! neighbour's slices. While NVML shows another process on the device, every `SHARE_NS` the process compares
+//! what it was charged in that window with the device time NVML says it occupied (`Gpu::occupancy`) and gets
+//! back the excess, at most a quarter of the window's charge and never more than the others occupied
+//! (`Engine::share_correct`). Alone, or when NVML cannot tell, nothing changes.
 
 use super::bucket::{self, slot, Bucket, Take, MAX_MEASURE_NS};
 use super::burst;
 use super::clock::Clock;
 use super::estimate::{on_device, Estimator, STALE_NS};
+use super::util::Occupancy;
 use crate::locks::Lock;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::Policy;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 /// Minimum time between two probes of one device in one process (keeps the median launch free of events).
 pub(crate) const PROBE_INTERVAL_NS: u64 = 2_000_000;
@@ -46,6 +54,11 @@ pub(crate) const MAX_SLEEP_NS: u64 = 20_000_000;
 pub(crate) const UNKNOWN_WAIT_NS: u64 = 200_000_000;
 /// Degraded mode (no events): length of a calibration window against NVML's per-process utilisation.
 pub(crate) const CALIB_NS: u64 = 200_000_000;
+/// A shared device: length of a window whose charge is compared with NVML's per-process figures.
+pub(crate) const SHARE_NS: u64 = 200_000_000;
+/// A shared device: most given back at one probe's settling (the bucket holds at most `BURST_GPU_NS`, so a
+/// larger credit at once would be lost).
+pub(crate) const SHARE_STEP_NS: u64 = 2_000_000;
 
 /// What a completed probe reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +95,12 @@ pub(crate) trait Gpu {
     /// Device time (ns) this process used on `dev` since the previous call (degraded mode's measurement); None =
     /// unknown, or the first call (a baseline).
     fn own_busy_ns(&self, _dev: usize) -> Option<u64> {
+        None
+    }
+    /// This process's and the other processes' device time on `dev` since the previous call, from NVML (a
+    /// shared device's correction); None = unknown (NVML cannot tell or does not list this process), or the
+    /// first call (a baseline).
+    fn occupancy(&self, _dev: usize) -> Option<Occupancy> {
         None
     }
 }
@@ -157,6 +176,17 @@ struct Dev {
     follow_charged: AtomicU64,
     /// A launch of a key due for a measurement went unmeasured (see `wants_probe`).
     due_waiting: AtomicBool,
+    /// GPU ns this process was charged on the device, net of every correction (its own memory: the usage
+    /// file's counters are writable by every process of the container).
+    charged: AtomicU64,
+    /// A shared device's correction (`share_correct`): start of the current window (0 = none yet), `charged`
+    /// at its start, and the excess carried between windows (charged − NVML's figure, less what was given
+    /// back; negative: NVML saw more than was charged, to be met before anything is given back).
+    share_at: AtomicU64,
+    share_mark: AtomicU64,
+    share_pend: AtomicI64,
+    /// GPU ns still to give back, in steps of `SHARE_STEP_NS`.
+    share_back: AtomicU64,
 }
 
 impl Dev {
@@ -176,6 +206,11 @@ impl Dev {
             follow_n: AtomicU64::new(0),
             follow_charged: AtomicU64::new(0),
             due_waiting: AtomicBool::new(false),
+            charged: AtomicU64::new(0),
+            share_at: AtomicU64::new(0),
+            share_mark: AtomicU64::new(0),
+            share_pend: AtomicI64::new(0),
+            share_back: AtomicU64::new(0),
         }
     }
 }
@@ -298,6 +333,7 @@ impl Engine {
                     if let Some(g) = sh.gpu_ns {
                         g.fetch_add(cost, Ordering::Relaxed);
                     }
+                    d.charged.fetch_add(cost, Ordering::Relaxed);
                     sh.words[slot::LAST_LAUNCH].store(now, Ordering::Relaxed);
                     if !measuring {
                         d.calib_charged.fetch_add(cost, Ordering::Relaxed);
@@ -434,6 +470,7 @@ impl Engine {
     /// a debit goes in as far as the buckets can hold it now, the rest is owed (`pay`); a credit first cancels
     /// what is owed.
     fn correct(&self, d: &Dev, sh: &Shared<'_>, now: u64, delta: i64, rate: u64) {
+        add_signed(&d.charged, delta);
         add_signed(sh.busy_ns, delta);
         if let Some(g) = sh.gpu_ns {
             add_signed(g, delta);
@@ -565,6 +602,75 @@ impl Engine {
         drop(guard);
         gpu.probe_release(o.handle);
         self.settle(dev, sh, &o, now, measured, exact);
+        if o.rate != 0 {
+            self.share_correct(dev, sh, now, o.rate, gpu);
+        }
+    }
+
+    /// A shared device, once per `SHARE_NS` (the thread that wins the window's CAS, after a probe settled):
+    /// while NVML shows another process on the device, what this process was charged in the window beyond the
+    /// device time NVML says it occupied (read high by NVML's rounding) is given back, in steps of
+    /// `SHARE_STEP_NS` at the next probes' settling — carried over windows, so work charged in one window and
+    /// run in the next evens out — at most a quarter of the window's charge and at most what the others
+    /// occupied (the most a probe's span can have included). Alone, or when NVML cannot tell or does not list
+    /// this process, the charge stands and nothing is carried.
+    fn share_correct<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) {
+        let d = &self.devs[dev];
+        // What is due back goes in steps, one per probe settled, each no larger than the container's bucket has
+        // room for now: a full bucket would drop it. (The own bucket counts a subset of its charges, so it is
+        // no fuller; under burst it is not used.)
+        let most = SHARE_STEP_NS.min(room(sh.words, now, rate));
+        if let Ok(owed) = d
+            .share_back
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                Some(v.saturating_sub(most))
+            })
+        {
+            let step = owed.min(most);
+            if step > 0 {
+                // The credit lowers `charged` too: the window counts without it.
+                d.share_mark.fetch_sub(step, Ordering::Relaxed);
+                self.correct(d, sh, now, -(step as i64), rate);
+            }
+        }
+        let at = d.share_at.load(Ordering::Relaxed);
+        if (at != 0 && now < at.saturating_add(SHARE_NS))
+            || d.share_at
+                .compare_exchange(at, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let total = d.charged.load(Ordering::Relaxed);
+        let mark = d.share_mark.swap(total, Ordering::Relaxed);
+        let occ = gpu.occupancy(dev);
+        let Some(o) = occ.filter(|o| at != 0 && o.others_ns > 0) else {
+            d.share_pend.store(0, Ordering::Relaxed);
+            return;
+        };
+        let charged = (total.wrapping_sub(mark) as i64).max(0);
+        let bound = SHARE_NS as i64;
+        let pend = d
+            .share_pend
+            .load(Ordering::Relaxed)
+            .saturating_add(charged)
+            .saturating_sub(o.own_ns.min(i64::MAX as u64) as i64)
+            .clamp(-bound, bound);
+        let back = pend
+            .min(charged / 4)
+            .min(o.others_ns.min(i64::MAX as u64) as i64)
+            .max(0);
+        d.share_pend.store(pend - back, Ordering::Relaxed);
+        crate::log::log!(
+            crate::log::Level::Debug,
+            "shared device {dev}: charged {charged} ns in {} ns, NVML {} ns (others {} ns): {back} ns back",
+            now - at,
+            o.own_ns,
+            o.others_ns
+        );
+        if back > 0 {
+            d.share_back.fetch_add(back as u64, Ordering::Relaxed);
+        }
     }
 
     /// A pending probe whose launch has started is charged the time it has run so far (a lower bound of its
@@ -704,6 +810,10 @@ impl Engine {
             ] {
                 a.store(0, Ordering::Relaxed);
             }
+            // The child's own windows: none of its parent's charges are its own.
+            d.share_at.store(0, Ordering::Relaxed);
+            d.share_pend.store(0, Ordering::Relaxed);
+            d.share_back.store(0, Ordering::Relaxed);
         }
     }
 
@@ -780,6 +890,13 @@ fn note_due(d: &Dev, found: Option<(u64, u64)>, now: u64, probe: bool) {
 #[inline]
 fn sample_due(last: u64, now: u64) -> bool {
     now >= last.saturating_add(burst::SAMPLE_NS) || last > now.saturating_add(burst::SAMPLE_NS)
+}
+
+/// GPU ns a bucket (its `words`) can take back at `now` and `rate` before it is full (`BURST_GPU_NS`).
+fn room(words: &[AtomicU64; 8], now: u64, rate: u64) -> u64 {
+    let z = words[slot::ZERO_AT].load(Ordering::Relaxed);
+    let tokens = (now.saturating_sub(z) as u128 * rate as u128 / bucket::FULL_RATE as u128) as u64;
+    bucket::BURST_GPU_NS.saturating_sub(tokens)
 }
 
 /// The most a probe whose events failed can have run by `now`: since its launch, or since it was last seen
@@ -885,6 +1002,13 @@ mod tests {
         own_prev: RefCell<Option<u64>>,
         /// The probe events fail (their context destroyed).
         events_fail: RefCell<bool>,
+        /// A shared device: each probe's span also holds this long a neighbour's slice (its kernel switched out).
+        stretch: RefCell<u64>,
+        /// What `occupancy` reports: the others' device time per call (None: NVML cannot tell), and this
+        /// process's as a percentage of what really ran.
+        others: RefCell<Option<u64>>,
+        own_pct: RefCell<u64>,
+        occ_prev: RefCell<Option<u64>>,
     }
 
     impl<'c> FakeGpu<'c> {
@@ -901,6 +1025,10 @@ mod tests {
                 measuring: RefCell::new(true),
                 own_prev: RefCell::new(None),
                 events_fail: RefCell::new(false),
+                stretch: RefCell::new(0),
+                others: RefCell::new(None),
+                own_pct: RefCell::new(100),
+                occ_prev: RefCell::new(None),
             }
         }
         /// Work that has run by now (the queue after `now` is contiguous up to `tail`).
@@ -930,7 +1058,8 @@ mod tests {
         }
         fn probe_end(&self, p: u64, _stream: usize) -> bool {
             let s = *self.pending_start.borrow();
-            self.probes.borrow_mut().push_back((p, s, *self.tail.borrow()));
+            let e = *self.tail.borrow() + *self.stretch.borrow();
+            self.probes.borrow_mut().push_back((p, s, e));
             true
         }
         fn probe_poll(&self, p: u64) -> Poll {
@@ -961,6 +1090,14 @@ mod tests {
             let ran = self.ran();
             self.own_prev.borrow_mut().replace(ran).map(|p| ran - p)
         }
+        fn occupancy(&self, _dev: usize) -> Option<Occupancy> {
+            let ran = self.ran();
+            let prev = self.occ_prev.borrow_mut().replace(ran)?;
+            Some(Occupancy {
+                own_ns: (ran - prev) * *self.own_pct.borrow() / 100,
+                others_ns: (*self.others.borrow())?,
+            })
+        }
     }
 
     /// Saturating loop: admit, launch, for `secs`; returns the device share (per-mille) actually used.
@@ -990,6 +1127,66 @@ mod tests {
         let tail = *gpu.tail.borrow();
         let ran = *gpu.busy.borrow() - tail.saturating_sub(end);
         ran as f64 * 1000.0 / (end - start) as f64
+    }
+
+    /// `run` on a device shared with a neighbour whose slices each probe's span holds (`stretch`), NVML
+    /// reporting `others` ns of the neighbour's per window (None: unknown) and `own_pct` % of this process's.
+    fn run_shared(
+        limit: Policy,
+        kernel_ns: u64,
+        secs: u64,
+        stretch: u64,
+        others: Option<u64>,
+        own_pct: u64,
+    ) -> f64 {
+        let r = Rig::new();
+        let gpu = r.gpu(kernel_ns);
+        *gpu.stretch.borrow_mut() = stretch;
+        *gpu.others.borrow_mut() = others;
+        *gpu.own_pct.borrow_mut() = own_pct;
+        let clock = &r.clock;
+        let start = clock.now_ns();
+        while clock.now_ns() < start + secs * 1000 * MS {
+            r.launch(&gpu, limit, 42);
+            clock.advance(2_000);
+        }
+        let end = clock.now_ns();
+        let ran = *gpu.busy.borrow() - gpu.tail.borrow().saturating_sub(end);
+        ran as f64 * 1000.0 / (end - start) as f64
+    }
+
+    #[test]
+    fn a_shared_device_charges_the_device_time_not_the_switched_out_span() {
+        let hard30 = lim(30, PolicyKind::Hard);
+        // 0.4 ms kernels whose probes each span 60 µs of a neighbour's slice too (on average).
+        let before = run_shared(hard30, 400_000, 10, 60_000, None, 100);
+        let shared = run_shared(hard30, 400_000, 10, 60_000, Some(100 * MS), 100);
+        assert!(before < 290.0, "the span over-charges: {before}");
+        assert!(
+            (295.0..=303.0).contains(&shared),
+            "corrected by NVML: {shared} (before {before})"
+        );
+        // Alone (NVML shows nobody else) the charge stands, exactly as when NVML cannot tell.
+        let alone = run_shared(hard30, 400_000, 10, 60_000, Some(0), 100);
+        assert_eq!(alone, before, "alone: no correction");
+        // A tenant alone whose spans are exact: no change from the correction beside others either.
+        let exact = run_shared(hard30, 400_000, 10, 0, Some(100 * MS), 100);
+        assert!(
+            (295.0..=303.0).contains(&exact),
+            "exact spans beside others: {exact}"
+        );
+    }
+
+    #[test]
+    fn an_nvml_figure_read_low_gives_back_at_most_a_quarter_of_the_charge() {
+        // NVML says this process used nothing (the figure a forged pid would read): a quarter of each window's
+        // charge back at most, so the share is bounded by 4/3 of the limit — the reason the figure is read by
+        // the pid this process learned, never by one the usage file names.
+        let s = run_shared(lim(30, PolicyKind::Hard), 400_000, 10, 0, Some(100 * MS), 0);
+        assert!(s <= 402.0, "{s}");
+        // A figure short by no more than NVML's rounding changes little.
+        let s = run_shared(lim(30, PolicyKind::Hard), 400_000, 10, 0, Some(100 * MS), 99);
+        assert!(s <= 304.0, "{s}");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! - [`estimate`]: per-process duration estimates per (function, grid, block), refined by measurements;
 //! - [`engine`]: admission of one launch (charge the estimate, sleep while the bucket is in debt), sampled
 //!   measurement with CUDA events (probes) and reconciliation (measured − charged back to the bucket);
-//! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation of other containers;
+//! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation (other containers', this process's);
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
 //! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests;
 //! - [`priority`]: high-priority tenants publish their launches in their container's priority file, best-effort
@@ -101,6 +101,9 @@ impl Gpu for Driver<'_> {
     }
     fn own_busy_ns(&self, dev: usize) -> Option<u64> {
         self.util.own_busy_ns(self.nvml, self.devices, dev)
+    }
+    fn occupancy(&self, dev: usize) -> Option<util::Occupancy> {
+        self.util.occupancy(self.nvml, self.devices, dev)
     }
 }
 

@@ -1,6 +1,13 @@
 //! NVML's per-process utilisation since the last sample: other containers' use of a device, for the burst
-//! controller (summed over the processes that are not members of this container's usage region), and this
-//! process's own device time, for degraded mode (no events to measure launches with).
+//! controller (summed over the processes that are not members of this container's usage region), this
+//! process's own device time, for degraded mode (no events to measure launches with), and both this process's
+//! and every other process's, for the correction of a shared device's charge (`Engine::share_correct`).
+//!
+//! This process is found in NVML's samples by the pid it learned NVML knows it by (`Devices::host_pid`), else
+//! its own; never by the usage slot's copy, which any process of the container can write. A figure for this
+//! process that NVML does not list (no sample for that pid, `NVML_ERROR_NOT_FOUND`) is unknown, not zero: the
+//! process launched work, so a missing figure means NVML does not know it by that pid (or was made to fail),
+//! and reading it as "used nothing" would give back everything it was charged.
 
 use super::bucket::FULL_RATE;
 use super::burst;
@@ -20,6 +27,16 @@ pub(crate) struct Util {
     last_seen: [AtomicU64; MAX_DEVICES],
     /// CLOCK_REALTIME µs of the previous own-time sample (degraded mode), 0 = none yet.
     own_seen: [AtomicU64; MAX_DEVICES],
+    /// CLOCK_REALTIME µs of the previous occupancy sample (shared-device correction), 0 = none yet.
+    occ_seen: [AtomicU64; MAX_DEVICES],
+}
+
+/// Device time (ns) over one sampling window: this process's, read high by NVML's rounding (half a percent of
+/// the window), and every other process's, read low by it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Occupancy {
+    pub own_ns: u64,
+    pub others_ns: u64,
 }
 
 impl Default for Util {
@@ -28,13 +45,17 @@ impl Default for Util {
             handles: std::array::from_fn(|_| AtomicUsize::new(0)),
             last_seen: std::array::from_fn(|_| AtomicU64::new(0)),
             own_seen: std::array::from_fn(|_| AtomicU64::new(0)),
+            occ_seen: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
 
+/// Per pid: (pid, sum of its samples' `smUtil` %, how many samples).
+type PerPid = Vec<(u32, u64, u64)>;
+
 /// Each pid's average `smUtil` (percent) over the samples.
-fn per_pid(samples: &[nvmlProcessUtilizationSample_t]) -> Vec<(u32, u64, u64)> {
-    let mut per: Vec<(u32, u64, u64)> = Vec::new();
+fn per_pid(samples: &[nvmlProcessUtilizationSample_t]) -> PerPid {
+    let mut per: PerPid = Vec::new();
     for smp in samples {
         match per.iter_mut().find(|x| x.0 == smp.pid) {
             Some(x) => {
@@ -96,14 +117,20 @@ impl Util {
         Some(others.min(FULL_RATE))
     }
 
-    /// Device time (ns) this process used on usage entry `entry`'s device since the previous call, from NVML's
-    /// per-process utilisation (its samples for our pid, or the host pid NVML knows us by); `None` on the first
-    /// call (the baseline) or when NVML cannot tell.
-    pub(crate) fn own_busy_ns(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+    /// NVML's samples for usage entry `entry`'s device since the CLOCK_REALTIME µs `seen` holds (swapped for
+    /// now): the window's length (µs) and each pid's (pid, sum of smUtil %, samples). `None` on the first call
+    /// (the baseline), when NVML cannot tell, or when it has no sample (`NVML_ERROR_NOT_FOUND`).
+    fn window(
+        &self,
+        nvml: &Nvml,
+        devices: &Devices,
+        entry: usize,
+        seen: &AtomicU64,
+    ) -> Option<(u64, PerPid)> {
         let t = nvml.ready()?;
         let h = self.handle(nvml, devices, entry)?;
         let now = realtime_us();
-        let since = self.own_seen.get(entry)?.swap(now, Ordering::Relaxed);
+        let since = seen.swap(now, Ordering::Relaxed);
         if since == 0 || since >= now {
             return None;
         }
@@ -111,28 +138,77 @@ impl Util {
         let mut n = buf.len() as c_uint;
         // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
         let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
-        if r == nvmlReturn_t::ERROR_NOT_FOUND {
-            return Some(0);
-        }
         if !r.ok() {
             return None;
         }
-        let me = std::process::id();
-        let usage = devices.usage();
-        let host = usage.cached_slot().and_then(|own| {
-            usage
-                .processes()
-                .into_iter()
-                .find(|p| p.slot == own)
-                .map(|p| p.host_pid)
-        });
-        let pct = per_pid(&buf[..(n as usize).min(buf.len())])
-            .iter()
-            .filter(|(pid, _, _)| *pid == me || Some(*pid) == host.filter(|h| *h != 0))
-            .map(|(_, sum, k)| sum / k)
-            .max()
-            .unwrap_or(0)
-            .min(100);
-        Some(pct * (now - since) * 1000 / 100)
+        Some((now - since, per_pid(&buf[..(n as usize).min(buf.len())])))
+    }
+
+    /// Device time (ns) this process used on usage entry `entry`'s device since the previous call, from NVML's
+    /// per-process utilisation; `None` on the first call (the baseline), when NVML cannot tell or does not list
+    /// this process.
+    pub(crate) fn own_busy_ns(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+        let (span_us, per) = self.window(nvml, devices, entry, self.own_seen.get(entry)?)?;
+        let me = devices.host_pid().unwrap_or_else(std::process::id);
+        let (_, sum, k) = per.into_iter().find(|(pid, _, _)| *pid == me)?;
+        Some((sum / k).min(100) * span_us * 10)
+    }
+
+    /// This process's and every other process's device time on usage entry `entry`'s device since the previous
+    /// call; `None` on the first call, when NVML cannot tell or does not list this process. NVML's figures are
+    /// whole percent of the window: this process's is taken half a percent high, the others' half a percent low
+    /// each, so that rounding never makes this process's look smaller than it was.
+    pub(crate) fn occupancy(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<Occupancy> {
+        let (span_us, per) = self.window(nvml, devices, entry, self.occ_seen.get(entry)?)?;
+        let me = devices.host_pid().unwrap_or_else(std::process::id);
+        occupancy_of(me, span_us * 1000, &per)
+    }
+}
+
+/// [`Util::occupancy`] from each pid's (pid, sum of %, samples) over a window of `span_ns`.
+fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupancy> {
+    // Each pid's average in per-mille of the window, exact: sum × 10 / k.
+    let pm = |sum: u64, k: u64| (sum * 10 / k.max(1)).min(1000);
+    let (_, sum, k) = per.iter().find(|(pid, _, _)| *pid == me)?;
+    let own_pm = (pm(*sum, *k) + 5).min(1000);
+    let others_pm: u64 = per
+        .iter()
+        .filter(|(pid, _, _)| *pid != me)
+        .map(|(_, sum, k)| pm(*sum, *k).saturating_sub(5))
+        .sum();
+    Some(Occupancy {
+        own_ns: span_ns / 1000 * own_pm,
+        others_ns: span_ns / 1000 * others_pm.min(1000),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_reads_own_time_high_and_others_low_and_an_unlisted_self_is_unknown() {
+        let span = 200_000_000;
+        // 30 % and 70 %: own 30.5 % of 200 ms, the other 69.5 %.
+        let o = occupancy_of(7, span, &[(7, 30, 1), (9, 70, 1)]).unwrap();
+        assert_eq!(
+            o,
+            Occupancy {
+                own_ns: 61_000_000,
+                others_ns: 139_000_000
+            }
+        );
+        // Several samples are averaged.
+        let o = occupancy_of(7, span, &[(7, 60, 2), (9, 0, 1)]).unwrap();
+        assert_eq!(
+            o,
+            Occupancy {
+                own_ns: 61_000_000,
+                others_ns: 0
+            }
+        );
+        // Not listed: unknown, never "used nothing".
+        assert_eq!(occupancy_of(7, span, &[(9, 70, 1)]), None);
+        assert_eq!(occupancy_of(7, span, &[]), None);
     }
 }

@@ -5,8 +5,7 @@ use super::{export_pointer, hold_import, stream_key};
 use crate::devices::Dev;
 use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
-use crate::memory::ledger::Space;
-use crate::memory::shared;
+use crate::memory::{shared_key, Space};
 use crate::state::Shim;
 
 /// Which device a stream belongs to: `cuStreamGetDevice` (CUDA 12.8+; its `_ptsz` form when the NULL stream
@@ -226,7 +225,7 @@ pub(crate) unsafe fn pool_import_pointer(
     // The driver imports the very bytes keyed: a copy, which another thread cannot change in between.
     // SAFETY: non-NULL, the caller's export data.
     let mut copy = unsafe { data.read_unaligned() };
-    let key = shared::key(&copy.reserved);
+    let key = shared_key(&copy.reserved);
     // SAFETY: as the caller's contract says.
     unsafe {
         hold_import(

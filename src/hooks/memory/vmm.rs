@@ -3,8 +3,7 @@
 
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
-use crate::memory::shared;
-use crate::memory::vmm::{BindKey, Obj};
+use crate::memory::{fd_key, shared_key, BindKey, Obj};
 use crate::state::Shim;
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -86,12 +85,12 @@ unsafe fn shareable_key(shareable: *const c_void, handle_type: c_uint) -> Option
     match handle_type {
         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR => {
             // SAFETY: an `int` descriptor there, as the function's contract says.
-            shared::fd_key(unsafe { *(shareable as *const c_int) })
+            fd_key(unsafe { *(shareable as *const c_int) })
         }
         CU_MEM_HANDLE_TYPE_FABRIC => {
             // SAFETY: a CUmemFabricHandle there (unaligned-tolerant read), as the contract says.
             let h = unsafe { (shareable as *const CUmemFabricHandle).read_unaligned() };
-            Some(shared::key(&h.data))
+            Some(shared_key(&h.data))
         }
         _ => None,
     }
@@ -141,8 +140,8 @@ pub(crate) unsafe fn vmm_import(
         // SAFETY: for fabric, `os_handle` points to the caller's CUmemFabricHandle.
         .then(|| unsafe { (os_handle as *const CUmemFabricHandle).read_unaligned() });
     let key = match (handle_type, &fabric) {
-        (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, _) => shared::fd_key(os_handle as usize as c_int),
-        (_, Some(f)) => Some(shared::key(&f.data)),
+        (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, _) => fd_key(os_handle as usize as c_int),
+        (_, Some(f)) => Some(shared_key(&f.data)),
         _ => None,
     };
     let os_handle = match fabric.as_mut() {

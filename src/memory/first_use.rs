@@ -1,0 +1,974 @@
+//! First use: memory the driver takes at a call that allocates nothing. With lazy loading (CUDA's default) a
+//! module's or library's code and globals load at `cuModuleGetFunction`, `cuModuleGetGlobal`,
+//! `cuLibraryGetModule`, `cuLibraryGetGlobal`, `cuKernelGetFunction` or a kernel's first launch in a context;
+//! a launch of a kernel whose local memory exceeds the context's stack size grows the stack for every thread
+//! the device holds (`stack`). While a memory limit applies, such a call is refused up front while the
+//! container is over its cap; what it may take (the stack growth, its image's footprint: `memory::image`) is
+//! reserved against the cap before the call ([`FirstUseGuard`], given back on drop) and settled by NVML's
+//! figure after it — or, without one, kept (the footprint once per image and context, an unknown image's drop
+//! in the driver's free memory).
+//!
+//! The seen set ([`FirstUse`]) remembers which handles were used in which context, so only a first launch
+//! pays: a launch seen before costs one thread-local cache probe ([`Memory::first_launch`]).
+
+use super::overhead::{Figure, Image, STACK};
+use super::{stack, Memory, OverCap};
+use crate::devices::Dev;
+use crate::driver::cuda::{in_context, CudaTable};
+use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::*;
+use crate::locks::{Lock, Side};
+use crate::log::{log, Level};
+use cuquota_core::region::layout::MAX_DEVICES;
+use std::cell::Cell;
+use std::collections::HashSet;
+use std::hash::BuildHasherDefault;
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// How a handle was used: a handle looked up (a function, module, global) is launched for the first time later.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub(crate) enum Use {
+    /// Returned by a lookup (`cuModuleGetFunction`, `cuLibraryGetGlobal`, …).
+    Lookup,
+    /// Launched.
+    Launch,
+    /// A graph exec launched (its kernel nodes' code and stack are taken at its first launch).
+    Graph,
+}
+
+type Seen = HashSet<(Use, usize, usize), BuildHasherDefault<super::ledger::KeyHasher>>;
+
+/// A seen-set answer a thread keeps: `(how, h, ctx)` was in the set of the `FirstUse` whose generation is
+/// `generation`. Generations come from one process-wide counter, so no two sets (or epochs of one set) share one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Cached {
+    how: Use,
+    h: usize,
+    ctx: usize,
+    generation: u64,
+}
+
+const CACHE_WAYS: usize = 16;
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// Each thread's direct-mapped cache of seen-set hits (generation 0 never matches).
+    static SEEN_CACHE: [Cell<Cached>; CACHE_WAYS] = const {
+        [const { Cell::new(Cached { how: Use::Lookup, h: 0, ctx: 0, generation: 0 }) }; CACHE_WAYS]
+    };
+}
+
+thread_local! {
+    /// How many first uses this thread has begun and not ended (it holds the gate while above 0).
+    static GATE_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Shards of the seen set (a launch takes one shard's lock, never a process-wide one).
+const SHARDS: usize = 16;
+
+/// Handles whose first use was measured, keyed by (how, handle, context): functions launched or looked up,
+/// modules, globals. A kernel's first launch in each context is its own (code and stack are per context). And
+/// what reconciliations added to the overhead.
+pub(crate) struct FirstUse {
+    /// A module or library was loaded: first uses may take memory from now on.
+    armed: AtomicBool,
+    /// This set's generation, new whenever something is removed: threads' cached answers carry it.
+    generation: AtomicU64,
+    /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
+    seen: [Lock<Seen>; SHARDS],
+    /// The refusal for want of this process in NVML's list was logged.
+    pub(super) unlisted_said: AtomicBool,
+    /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
+    /// floor a reconciliation never goes below).
+    excess: [AtomicU64; MAX_DEVICES],
+    /// Held by a thread from a first use's admission across its driver call to its measurement (see [`Gate`]);
+    /// it guards no data, so `fork` does not take it: a forked child lets it go (`forked_child`).
+    gate: Lock<()>,
+}
+
+/// One lookup of an image of unknown footprint at a time in this process: its size is unknown until it is
+/// measured, so one admitted while another is in flight could pass the cap by both. Never held across a launch
+/// (a launch may wait on the program). Reentrant on one thread; not `Send` (the depth is the thread's).
+pub(crate) struct Gate<'a> {
+    first_use: &'a FirstUse,
+    _thread: PhantomData<*const ()>,
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        GATE_DEPTH.with(|d| {
+            let n = d.get() - 1;
+            d.set(n);
+            if n == 0 {
+                // SAFETY: taken with `hold` by this thread when its depth left 0 (`FirstUse::enter`).
+                unsafe { self.first_use.gate.release(Side::Parent) };
+            }
+        });
+    }
+}
+
+impl Default for FirstUse {
+    fn default() -> Self {
+        FirstUse {
+            armed: AtomicBool::new(false),
+            generation: AtomicU64::new(GENERATIONS.fetch_add(1, Ordering::Relaxed)),
+            unlisted_said: AtomicBool::new(false),
+            seen: std::array::from_fn(|_| Lock::default()),
+            excess: std::array::from_fn(|_| AtomicU64::new(0)),
+            gate: Lock::new(()),
+        }
+    }
+}
+
+impl FirstUse {
+    /// A module or library was loaded.
+    pub(crate) fn arm(&self) {
+        self.armed.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a first use may take memory (a module or library was loaded). One relaxed load.
+    #[inline]
+    pub(crate) fn armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed)
+    }
+
+    /// Waits for the gate (unless this thread holds it already).
+    fn enter(&self) -> Gate<'_> {
+        GATE_DEPTH.with(|d| {
+            if d.get() == 0 {
+                self.gate.hold();
+            }
+            d.set(d.get() + 1);
+        });
+        Gate {
+            first_use: self,
+            _thread: PhantomData,
+        }
+    }
+
+    #[inline]
+    fn shard(&self, h: usize, ctx: usize) -> &Lock<Seen> {
+        let k = (h ^ ctx.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        &self.seen[(k >> 60) % SHARDS]
+    }
+
+    /// Whether `h` was used as `how` in context `ctx` already. Every launch under a memory cap asks: answered
+    /// from the thread's own cache of what the set held in this generation when it can be, else from the set.
+    #[cfg(test)]
+    fn seen(&self, how: Use, h: usize, ctx: usize) -> bool {
+        self.seen_at(how, h, ctx).is_some()
+    }
+
+    /// [`FirstUse::seen`], with the generation it was seen in (a forget after it voids the answer).
+    #[inline]
+    pub(crate) fn seen_at(&self, how: Use, h: usize, ctx: usize) -> Option<u64> {
+        // Read before the set: a forget that removes after this load also bumps after it (see `forgotten`).
+        let generation = self.generation.load(Ordering::Acquire);
+        let i = ((h ^ ctx.rotate_left(17)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 60) % CACHE_WAYS;
+        let want = Cached {
+            how,
+            h,
+            ctx,
+            generation,
+        };
+        if SEEN_CACHE.with(|c| c[i].get() == want) {
+            return Some(generation);
+        }
+        self.seen_slow(want, i).then_some(generation)
+    }
+
+    #[inline(never)]
+    fn seen_slow(&self, want: Cached, i: usize) -> bool {
+        let Cached { how, h, ctx, .. } = want;
+        let seen = self.shard(h, ctx).lock().contains(&(how, h, ctx));
+        if seen {
+            SEEN_CACHE.with(|c| c[i].set(want));
+        }
+        seen
+    }
+
+    /// Something is removed from the set: called before the removal (a use that began before it is not recorded
+    /// after it, see `first`) and after (every thread's cached answers are void).
+    fn forgotten(&self) {
+        self.generation
+            .store(GENERATIONS.fetch_add(1, Ordering::Relaxed), Ordering::Release);
+    }
+
+    /// The set's generation now: what a use reads before its call, for [`FirstUse::first`].
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Records `h` used as `how` in context `ctx` by a call that began at generation `since`; true when it was
+    /// not recorded before. Nothing is recorded when something was forgotten since (a module unloaded while
+    /// the call ran: `h` may name code never measured by the time it would be found).
+    pub(crate) fn first(&self, how: Use, h: usize, ctx: usize, since: u64) -> bool {
+        let mut set = self.shard(h, ctx).lock();
+        // Under the shard's lock: a forget bumps before it clears this shard, so either this sees the bump or
+        // the clear comes after this insert.
+        if self.generation() != since {
+            return true;
+        }
+        set.insert((how, h, ctx))
+    }
+
+    /// Forgets handle `h` used as `how` in every context (a graph exec updated or destroyed: its next launch, or
+    /// an exec at its address, runs other kernels). Cold: a scan of every shard.
+    pub(crate) fn forget(&self, how: Use, h: usize) {
+        self.forgotten();
+        for s in self.seen.iter() {
+            s.lock().retain(|&(u, x, _)| !(u == how && x == h));
+        }
+        self.forgotten();
+    }
+
+    /// Forgets every handle (a module or library was unloaded: its handles' addresses may be reused by code
+    /// that was never measured). Bounded: the set holds only what was used since the last unload.
+    pub(crate) fn forget_all(&self) {
+        self.forgotten();
+        for s in self.seen.iter() {
+            s.lock().clear();
+        }
+        self.forgotten();
+    }
+
+    pub(super) fn set_excess(&self, dev: Dev, bytes: u64) {
+        self.excess[dev.id.index()].store(bytes, Ordering::Relaxed);
+    }
+
+    pub(super) fn excess(&self, dev: Dev) -> u64 {
+        self.excess[dev.id.index()].load(Ordering::Relaxed)
+    }
+
+    /// Forgets everything (a forked child).
+    pub(super) fn reset(&self) {
+        for e in self.excess.iter() {
+            e.store(0, Ordering::Relaxed);
+        }
+        self.forget_all();
+    }
+
+    pub(super) fn locks(&self) -> &[Lock<Seen>; SHARDS] {
+        &self.seen
+    }
+
+    /// A forked child: the gate is let go if a parent thread held it (it guards no data, so `fork` need not wait
+    /// for it: a first use in flight holds it across a driver call). The forking thread's own first use, if a
+    /// signal handler forked in it, ends in the child and lets it go then.
+    ///
+    /// # Safety
+    /// In a forked child's only thread.
+    pub(super) unsafe fn forked_child(&self) {
+        if GATE_DEPTH.with(|d| d.get()) == 0 {
+            // SAFETY: the child's only thread, which holds no gate (the caller's contract, its depth).
+            unsafe { self.gate.reset_in_child() };
+        }
+    }
+}
+impl Memory {
+    /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
+    /// applies somewhere (as of the launch hook's refresh of the limits). Two relaxed loads.
+    #[inline]
+    pub(crate) fn first_use_armed(&self) -> bool {
+        self.first_use.armed() && self.devices.memory_limited()
+    }
+
+    /// Handle `h` no longer stands for what was used as `how` (see [`FirstUse::forget`]).
+    pub(crate) fn forget_use(&self, how: Use, h: usize) {
+        self.first_use.forget(how, h);
+    }
+
+    /// Before a call that may make the driver take memory at first use on `dev` (lazy loading, launch-time
+    /// stack growth): what it will take is reserved against the cap first, `Err` (refuse it with
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the
+    /// reservation does not fit: `what.stack` bytes of stack growth and the whole footprint of the image it
+    /// loads from (`what.image`; any single first use takes at most that). An image of unknown footprint
+    /// reserves nothing: a lookup of one holds the gate across its call (one such load at a time, measured
+    /// after), a launch never does (it may block on the program). `Ok(Some(_))`: end it with
+    /// [`FirstUseGuard::done`] once the call returned (dropped: refused, the reservation given back);
+    /// `Ok(None)`: no cap.
+    fn first_use_begin<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        dev: Dev,
+        what: FirstUseOf,
+    ) -> Result<Option<FirstUseGuard<'a>>, OverCap> {
+        let Some(cap) = self.limit(dev) else {
+            return Ok(None);
+        };
+        let known = what.image.and_then(|i| i.bytes);
+        let gate = (known.is_none() && what.lookup).then(|| self.first_use.enter());
+        if self.container_used(dev) > cap && self.over_cap_without_credit(dev, cap) {
+            log!(
+                Level::Debug,
+                "device {}: over the cap: a call that may load code or globals is refused",
+                dev.ordinal
+            );
+            self.usage().count_refusal(dev.id);
+            return Err(OverCap);
+        }
+        let reserved = what.stack.saturating_add(known.unwrap_or(0));
+        if self.growing(dev, reserved).is_err() {
+            log!(
+                Level::Debug,
+                "device {}: a first use that may take {reserved} bytes does not fit under the cap: refused",
+                dev.ordinal
+            );
+            self.usage().count_refusal(dev.id);
+            return Err(OverCap);
+        }
+        Ok(Some(FirstUseGuard {
+            mem: self,
+            cuda,
+            nvml,
+            dev,
+            what,
+            reserved,
+            // The driver's free memory is the current context's device's: a delta only where that is `dev`.
+            free_before: gate
+                .as_ref()
+                .filter(|_| self.devices.current(cuda) == Some(dev))
+                .and_then(|_| free_on(cuda)),
+            ended: false,
+            _gate: gate,
+        }))
+    }
+
+    /// A call that has taken memory at first use on `dev` unadmitted (a launch during which the seen set forgot
+    /// its context's code): measured when the guard ends. `None`: no cap on `dev`.
+    fn first_use_watch<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        dev: Dev,
+    ) -> Option<FirstUseGuard<'a>> {
+        self.limit(dev)?;
+        Some(FirstUseGuard {
+            mem: self,
+            cuda,
+            nvml,
+            dev,
+            what: FirstUseOf::default(),
+            reserved: 0,
+            free_before: None,
+            ended: false,
+            _gate: None,
+        })
+    }
+
+    /// The call a guard let through returned `r`; `fresh`: the handle it used or gave was new. With NVML's
+    /// figure the charge is settled to it (the reservation was an estimate). Without one (no NVML, an error,
+    /// this process unlisted) the reservation stays charged once per image and context (a later first use of
+    /// that image there gives its reservation back), the stack growth always; a first use of an unknown image
+    /// is charged what the driver's free memory fell by across the call.
+    fn first_use_done(&self, cuda: &CudaTable, nvml: &Nvml, g: &FirstUseGuard<'_>, r: CUresult, fresh: bool) {
+        let (dev, what, reserved, free_before) = (g.dev, g.what, g.reserved, g.free_before);
+        let ordinal = dev.ordinal;
+        let (key, bytes) = what.image.map_or((0, None), |i| (i.key, i.bytes));
+        if !(fresh || reserved > 0) {
+            return;
+        }
+        self.give_back_credit(dev);
+        let figure = self.nvml_figure(nvml, dev);
+        let took = match (bytes, free_before) {
+            (Some(b), _) => b,
+            (None, Some(before)) => before.saturating_sub(free_on(cuda).unwrap_or(before)),
+            (None, None) => {
+                if !measured_now(&figure) && r.ok() {
+                    log!(
+                        Level::Warn,
+                        "device {}: a first use of an image of unknown size could not be measured (no NVML figure, \
+                         another device current): not charged",
+                        dev.ordinal
+                    );
+                }
+                0
+            }
+        };
+        // Kept for the estimate without NVML, whatever NVML says now (it may fail later).
+        let (mut kept, measured) = (0, measured_now(&figure));
+        if r.ok() {
+            kept += self
+                .holdings
+                .charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
+            // An image's footprint once per context; what an unknown one was measured to take, every time.
+            kept += self
+                .holdings
+                .charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
+        }
+        if reserved > 0 && measured {
+            let used = match figure {
+                Figure::Used(u) => Some(u),
+                _ => None,
+            };
+            let _ = self.grown_to(nvml, dev, reserved, r, None::<fn() -> CUresult>, used);
+        } else if measured {
+            if let Some(cap) = self.limit(dev) {
+                let _ = self.reconcile_to(nvml, dev, cap, 0, figure);
+            }
+        } else {
+            // No figure: the reservation goes, what is kept stays (never admitted: the next admission is).
+            let _g = self.overhead_lock.lock();
+            self.holdings.settle_inflight(dev, reserved);
+            let now = self.overhead(dev).saturating_sub(reserved).saturating_add(kept);
+            let _ = self.set_overhead_locked(dev, now, false);
+            if kept > 0 {
+                log!(
+                    Level::Debug,
+                    "device {}: a first use charged {kept} bytes without an NVML figure",
+                    dev.ordinal
+                );
+            }
+        }
+    }
+}
+
+/// What a first use may take, for [`Memory::first_use_begin`].
+#[derive(Clone, Copy, Debug, Default)]
+struct FirstUseOf {
+    /// Launch-time stack growth.
+    stack: u64,
+    /// The image it may load code and globals from (`None`: unknown; a launch of a loaded function: key 0,
+    /// footprint 0).
+    image: Option<Image>,
+    /// The context it loads into (a module's own: 0).
+    ctx: usize,
+    /// A lookup (may hold the gate: it never waits on the program), not a launch.
+    lookup: bool,
+}
+
+fn measured_now(f: &Figure) -> bool {
+    matches!(f, Figure::Used(_))
+}
+
+/// The device's free memory as the driver says (the current context's device).
+fn free_on(cuda: &CudaTable) -> Option<u64> {
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: valid out-pointers.
+    unsafe { cuda.cuMemGetInfo_v2(&mut free, &mut total) }
+        .ok()
+        .then_some(free as u64)
+}
+
+/// A first-use call let through by [`Memory::first_use_begin`]: holds its reservation (and for a lookup of an
+/// unknown image the gate) across the call. [`FirstUseGuard::done`] settles it to what the call took; dropped
+/// without it, the call is taken as refused and the reservation goes back.
+#[must_use = "hold it across the call; dropping it gives the reservation back"]
+pub(crate) struct FirstUseGuard<'a> {
+    mem: &'a Memory,
+    cuda: &'a CudaTable,
+    nvml: &'a Nvml,
+    dev: Dev,
+    what: FirstUseOf,
+    reserved: u64,
+    free_before: Option<u64>,
+    ended: bool,
+    /// Released after the measurement (a field: dropped after `drop` ran).
+    _gate: Option<Gate<'a>>,
+}
+
+impl FirstUseGuard<'_> {
+    /// The call returned `r`; `fresh`: the handle it used or gave was new (see [`Memory::first_use_done`]).
+    fn done(mut self, r: CUresult, fresh: bool) {
+        self.end(r, fresh);
+    }
+
+    fn end(&mut self, r: CUresult, fresh: bool) {
+        if !std::mem::replace(&mut self.ended, true) {
+            self.mem.first_use_done(self.cuda, self.nvml, self, r, fresh);
+        }
+    }
+}
+
+impl Drop for FirstUseGuard<'_> {
+    fn drop(&mut self) {
+        self.end(CUresult::ERROR_OUT_OF_MEMORY, false);
+    }
+}
+
+/// Whose code or globals a lookup may load.
+#[derive(Clone, Copy)]
+pub(crate) enum Owner {
+    /// A module's (its context's device).
+    Module(CUmodule),
+    /// A library's (loaded into the current context at its first use there).
+    Library(CUlibrary),
+    /// A kernel's (its library's, loaded into the current context; `cuKernelGetLibrary`, CUDA 12.5+, else
+    /// unknown).
+    Kernel(CUkernel),
+}
+
+impl Memory {
+    /// A lookup (`cuModuleGetFunction`, `cuModuleGetGlobal`, `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
+    /// `cuLibraryGetModule`, `cuKernelGetFunction`, `cuFuncLoad`): with lazy loading the driver loads the code
+    /// and globals here, at first use, not at the module's load: into the module's context (a library's
+    /// lookups: the current one). While a memory cap applies, admitted before `call`: the whole footprint of
+    /// the owner's image is reserved (refused with `CUDA_ERROR_OUT_OF_MEMORY` when it does not fit, or while the
+    /// container is over its cap); the first time a handle comes back (`handle`, read after a successful call;
+    /// `None`: cannot be told, measured every time), this process is measured there. A module whose device this
+    /// process does not know (`cuFuncGetModule`'s of a kernel's function) may live on any device: refused while
+    /// any capped device is over its cap (fail closed), every capped device measured after.
+    pub(crate) fn lookup(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        owner: Owner,
+        call: impl FnOnce() -> CUresult,
+        handle: impl FnOnce() -> Option<usize>,
+    ) -> CUresult {
+        let (devs, image, ctx): (Vec<Dev>, _, _) = match owner {
+            Owner::Module(m) => match self.module_device(cuda, m as usize) {
+                Some(d) => (vec![d], self.image_of(m as usize), 0),
+                None => (self.devices.known().map(|(d, _)| d).collect(), None, 0),
+            },
+            Owner::Library(l) => (
+                self.devices.current(cuda).into_iter().collect(),
+                self.image_of(l as usize),
+                current_ctx(cuda),
+            ),
+            Owner::Kernel(k) => {
+                let mut l: CUlibrary = std::ptr::null_mut();
+                // SAFETY: valid out-pointer; the program's kernel handle, which the driver checks.
+                let image = unsafe { cuda.cuKernelGetLibrary(&mut l, k) }
+                    .ok()
+                    .then(|| self.image_of(l as usize))
+                    .flatten();
+                (
+                    self.devices.current(cuda).into_iter().collect(),
+                    image,
+                    current_ctx(cuda),
+                )
+            }
+        };
+        let what = FirstUseOf {
+            stack: 0,
+            image,
+            ctx,
+            lookup: true,
+        };
+        let mut calls = Vec::with_capacity(devs.len());
+        for d in devs {
+            match self.first_use_begin(cuda, nvml, d, what) {
+                Ok(Some(c)) => calls.push(c),
+                Ok(None) => {}
+                // The guards so far give their reservations back.
+                Err(_) => return CUresult::ERROR_OUT_OF_MEMORY,
+            }
+        }
+        if calls.is_empty() {
+            return call();
+        }
+        let since = self.first_use.generation();
+        let r = call();
+        // Without a handle (optional for globals) the lookup cannot be told from the last one: measured every
+        // time (such calls are rare; a loop of them costs only its own process).
+        let fresh =
+            r.ok() && handle().is_none_or(|h| self.first_use.first(Use::Lookup, h, current_ctx(cuda), since));
+        for c in calls {
+            c.done(r, fresh);
+        }
+        r
+    }
+
+    /// `cuFuncLoad` (`call`): forces `function`'s code to load (lazy loading) in its module's context. Measured
+    /// the first time in a context, as a lookup that returned it.
+    pub(crate) fn function_load(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        call: impl FnOnce() -> CUresult,
+        function: CUfunction,
+    ) -> CUresult {
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; on failure it stays NULL, a module no one loaded (every device checked).
+        let _ = unsafe { cuda.cuFuncGetModule(&mut module, function) };
+        self.lookup(cuda, nvml, Owner::Module(module), call, || {
+            Some(function as usize)
+        })
+    }
+}
+
+/// The context current on this thread (0 when none): a function's first launch is per context.
+#[inline]
+fn current_ctx(cuda: &CudaTable) -> usize {
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; on failure it stays NULL.
+    let _ = unsafe { cuda.cuCtxGetCurrent(&mut c) };
+    c as usize
+}
+
+/// The context a launch on `stream` (a handle, or `CU_STREAM_LEGACY` / `CU_STREAM_PER_THREAD` for the NULL
+/// stream) runs in, where the driver loads its code and grows its stack: the stream's own, whatever is current.
+#[inline]
+fn launch_ctx(cuda: &CudaTable, stream: usize) -> usize {
+    if stream > CU_STREAM_PER_THREAD {
+        let mut c: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the program's stream for this launch, which the driver checks.
+        if unsafe { cuda.cuStreamGetCtx(stream as CUstream, &mut c) }.ok() && !c.is_null() {
+            return c as usize;
+        }
+    }
+    current_ctx(cuda)
+}
+
+/// What [`Memory::first_launch`] let through; end it with [`Memory::launched`] (a first launch dropped
+/// without it is taken as refused: its reservation goes back).
+pub(crate) enum Launch<'a> {
+    /// Launched in its context before, as of this generation of the seen set (a forget since, e.g. a context
+    /// reset while the throttle held the launch back, makes it a first use again).
+    Seen(u64),
+    /// Its first launch in its context (boxed: the launch path carries two words, not the whole record).
+    First(Box<FirstLaunch<'a>>),
+}
+
+impl Launch<'_> {
+    /// Whether `self` and `other` are both first launches on one device (with a cap).
+    pub(crate) fn same_device(&self, other: &Launch<'_>) -> bool {
+        let dev = |l: &Launch<'_>| match l {
+            Launch::First(c) => c.call.as_ref().map(|c| c.dev),
+            _ => None,
+        };
+        dev(self).is_some_and(|d| dev(other) == Some(d))
+    }
+}
+
+/// A first launch [`Memory::first_launch`] let through.
+pub(crate) struct FirstLaunch<'a> {
+    call: Option<FirstUseGuard<'a>>,
+    how: Use,
+    f: usize,
+    ctx: usize,
+    /// The seen set's generation before the launch: a module unloaded since may have freed `f`'s address.
+    since: u64,
+    /// Made while its stream was capturing: nothing loads or grows until the graph is launched, so the function
+    /// is not marked launched.
+    capturing: bool,
+}
+
+impl Memory {
+    /// Before a launch of `f` (a function or kernel handle) on `stream` while a memory cap may apply:
+    /// [`Launch::Seen`] when `f` was launched in the stream's context already (one thread-local cache probe,
+    /// else one shard lock). Otherwise, its first launch there: the code may load now (lazy loading) and a
+    /// kernel whose local memory exceeds the context's stack size makes the driver grow the stack for every
+    /// thread the device holds. That growth is admitted here, asked of the stream's context and device (`Err`:
+    /// refuse the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked, `f` not marked);
+    /// [`Memory::launched`] measures the process after the launch and marks `f` launched in that context if it
+    /// succeeded. `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec,
+    /// launched or uploaded: the stack its kernels need and their code's loading, listed at instantiation and
+    /// update, are admitted the same way).
+    #[inline(always)]
+    pub(crate) fn first_launch<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        how: Use,
+        f: usize,
+        stream: usize,
+    ) -> Result<Launch<'a>, OverCap> {
+        let ctx = launch_ctx(cuda, stream);
+        if let Some(since) = self.first_use.seen_at(how, f, ctx) {
+            return Ok(Launch::Seen(since));
+        }
+        self.first_launch_slow(cuda, nvml, how, f, ctx, stream)
+    }
+
+    /// [`Memory::first_launch`] into `slot` (the launch path's form: a launch seen before stores its answer and
+    /// goes on, with no refusal to check). False: refused.
+    #[inline(always)]
+    pub(crate) fn first_launch_to<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        how: Use,
+        f: usize,
+        stream: usize,
+        slot: &mut Option<Launch<'a>>,
+    ) -> bool {
+        let ctx = launch_ctx(cuda, stream);
+        if let Some(since) = self.first_use.seen_at(how, f, ctx) {
+            *slot = Some(Launch::Seen(since));
+            return true;
+        }
+        self.first_launch_slow_to(cuda, nvml, how, f, ctx, stream, slot)
+    }
+
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn first_launch_slow_to<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        how: Use,
+        f: usize,
+        ctx: usize,
+        stream: usize,
+        slot: &mut Option<Launch<'a>>,
+    ) -> bool {
+        match self.first_launch_slow(cuda, nvml, how, f, ctx, stream) {
+            Ok(l) => {
+                *slot = Some(l);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The launch on `stream` that [`Memory::first_launch`] let through returned `r`.
+    #[inline]
+    pub(crate) fn launched(&self, cuda: &CudaTable, nvml: &Nvml, l: Launch<'_>, stream: usize, r: CUresult) {
+        match l {
+            Launch::Seen(since) if self.first_use.generation() != since => {
+                self.forgotten_meanwhile(cuda, nvml, stream, r)
+            }
+            Launch::Seen(_) => {}
+            Launch::First(c) => self.first_launch_done(*c, r),
+        }
+    }
+
+    /// A launch seen before, during which the seen set forgot something: its code and stack may have been taken
+    /// again (a reset context set up anew), unadmitted. Measured after, as a first use whose size is unknown.
+    #[cold]
+    #[inline(never)]
+    fn forgotten_meanwhile(&self, cuda: &CudaTable, nvml: &Nvml, stream: usize, r: CUresult) {
+        let ctx = launch_ctx(cuda, stream) as CUcontext;
+        let current = || self.devices.current(cuda);
+        let dev = in_context(cuda, ctx, current).unwrap_or_else(current);
+        if let Some(c) = dev.and_then(|d| self.first_use_watch(cuda, nvml, d)) {
+            c.done(r, true);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn first_launch_slow<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        how: Use,
+        f: usize,
+        ctx: usize,
+        stream: usize,
+    ) -> Result<Launch<'a>, OverCap> {
+        let since = self.first_use.generation();
+        let mut status: CUstreamCaptureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: valid out-pointer; the program's stream for this launch. Unknown: not capturing (measured,
+        // marked).
+        let capturing = unsafe { cuda.cuStreamIsCapturing(stream as CUstream, &mut status) }.ok()
+            && status != CU_STREAM_CAPTURE_STATUS_NONE;
+        // Device, stack size and kernel attributes are the stream's context's. One that cannot be made current
+        // (destroyed: the launch fails too) is asked in the current context.
+        let call = if ctx == current_ctx(cuda) {
+            self.first_launch_begin(cuda, nvml, how, f, ctx)
+        } else {
+            in_context(cuda, ctx as CUcontext, || {
+                self.first_launch_begin(cuda, nvml, how, f, ctx)
+            })
+            .unwrap_or_else(|| self.first_launch_begin(cuda, nvml, how, f, ctx))
+        }?;
+        Ok(Launch::First(Box::new(FirstLaunch {
+            call,
+            how,
+            f,
+            ctx,
+            since,
+            capturing,
+        })))
+    }
+
+    /// The admission of `f`'s first launch in context `ctx`, which must be current: [`Use::Launch`] reserves
+    /// `f`'s stack growth and loads its code first ([`Memory::loaded`]); [`Use::Graph`] (`f` an exec) reserves
+    /// the stack its kernels grow and loads the code of each of its kernels not launched in `ctx` yet: the
+    /// launch itself takes no code. Never holds a lock across the launch.
+    fn first_launch_begin<'a>(
+        &'a self,
+        cuda: &'a CudaTable,
+        nvml: &'a Nvml,
+        how: Use,
+        f: usize,
+        ctx: usize,
+    ) -> Result<Option<FirstUseGuard<'a>>, OverCap> {
+        let Some(dev) = self.devices.current(cuda) else {
+            return Ok(None);
+        };
+        if self.limit(dev).is_none() {
+            return Ok(None);
+        }
+        // Never the gate: a launch may wait on the program (a full stream), and nothing else may wait behind it.
+        // Its code is loaded before the launch (below): the launch itself may only grow the stack.
+        let mut what = FirstUseOf {
+            ctx,
+            image: Some(Image {
+                key: 0,
+                bytes: Some(0),
+            }),
+            ..FirstUseOf::default()
+        };
+        if how == Use::Graph {
+            what.stack = stack::graph_growth(cuda, dev, self.graph.stack(f));
+            let call = self.first_use_begin(cuda, nvml, dev, what)?;
+            // Each kernel not launched here yet, as its direct first launch would (instantiation refuses an exec
+            // whose kernels cannot all be listed while a cap applies).
+            let kernels = self.graph.kernels(f);
+            let first = kernels
+                .into_iter()
+                .filter(|&k| self.first_use.seen_at(Use::Launch, k, ctx).is_none());
+            return self.loaded_first(cuda, nvml, call, first);
+        }
+        let f = f as CUfunction;
+        let Some(local) = stack::local_size(cuda, f, dev.ordinal) else {
+            log!(
+                Level::Error,
+                "launch of function {f:p} refused: the driver will not give its local memory size, so the stack \
+                 its first launch grows cannot be admitted under the memory cap"
+            );
+            return Err(OverCap);
+        };
+        if local > 0 {
+            what.stack = stack::bytes(cuda, dev, local.saturating_sub(stack::size(cuda)));
+        }
+        // The stack first: a launch refused for it loads nothing.
+        let call = self.first_use_begin(cuda, nvml, dev, what)?;
+        self.loaded_first(cuda, nvml, call, [f as usize])
+    }
+
+    /// `call` (a first launch's admission) once each of `funcs` has its code loaded ([`Memory::loaded`]); one
+    /// refused refuses the launch (`call` dropped: its reservation goes back).
+    fn loaded_first<'a>(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        call: Option<FirstUseGuard<'a>>,
+        funcs: impl IntoIterator<Item = usize>,
+    ) -> Result<Option<FirstUseGuard<'a>>, OverCap> {
+        for f in funcs {
+            if !self.loaded(cuda, nvml, f as CUfunction) {
+                return Err(OverCap);
+            }
+        }
+        Ok(call)
+    }
+
+    /// Before a first launch of `f` in the current context: its code is loaded first, as the program's own call
+    /// would load it (a lookup: admitted from its image, measured; it never waits on the program), so the launch
+    /// itself takes no code. A function (a lazily loaded one may still be unloaded): `cuFuncLoad`; a `CUkernel`
+    /// (static cudart 12+ launches those; its library loads into the context): `cuKernelGetFunction`. False:
+    /// refused (over the cap). A handle that is neither, or a driver without `cuFuncLoad`, fails in the driver.
+    fn loaded(&self, cuda: &CudaTable, nvml: &Nvml, f: CUfunction) -> bool {
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; `f` is the program's handle for this launch, which the driver checks.
+        let r = if unsafe { cuda.cuFuncGetModule(&mut module, f) }.ok() {
+            // SAFETY: the program's handle; the driver checks it.
+            self.function_load(cuda, nvml, || unsafe { cuda.cuFuncLoad(f) }, f)
+        } else {
+            let mut g: CUfunction = std::ptr::null_mut();
+            let gp: *mut CUfunction = &mut g;
+            self.lookup(
+                cuda,
+                nvml,
+                Owner::Kernel(f as CUkernel),
+                // SAFETY: `gp` is a local out-pointer; `f` is the program's handle for this launch.
+                || unsafe { cuda.cuKernelGetFunction(gp, f as CUkernel) },
+                // SAFETY: `gp` points at `g`, written by the driver on success.
+                || Some(unsafe { *gp } as usize),
+            )
+        };
+        r != CUresult::ERROR_OUT_OF_MEMORY
+    }
+
+    /// The first launch [`Memory::first_launch`] let through returned `r`.
+    #[cold]
+    #[inline(never)]
+    fn first_launch_done(&self, c: FirstLaunch<'_>, r: CUresult) {
+        let FirstLaunch {
+            call,
+            how,
+            f,
+            ctx,
+            since,
+            capturing,
+        } = c;
+        if let Some(call) = call {
+            call.done(r, true);
+        }
+        if r.ok() && !capturing {
+            self.first_use.first(how, f, ctx, since);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_forgotten_handle_is_not_seen_from_any_threads_cache() {
+        let f = FirstUse::default();
+        let other = FirstUse::default();
+        assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
+        assert!(f.seen(Use::Launch, 0x1000, 7));
+        assert!(f.seen(Use::Launch, 0x1000, 7), "a cached hit");
+        assert!(!f.seen(Use::Launch, 0x1000, 8), "another context");
+        assert!(!f.seen(Use::Graph, 0x1000, 7), "another use");
+        assert!(!other.seen(Use::Launch, 0x1000, 7), "another set");
+        std::thread::scope(|sc| {
+            let (ask, answer) = (std::sync::mpsc::channel::<()>(), std::sync::mpsc::channel());
+            let f = &f;
+            sc.spawn(move || {
+                for _ in 0..3 {
+                    answer.0.send(f.seen(Use::Launch, 0x1000, 7)).unwrap();
+                    ask.1.recv().unwrap();
+                }
+                answer.0.send(f.seen(Use::Launch, 0x1000, 7)).unwrap();
+            });
+            assert!(answer.1.recv().unwrap(), "the thread caches it");
+            f.forget(Use::Launch, 0x1000);
+            ask.0.send(()).unwrap();
+            assert!(
+                !answer.1.recv().unwrap(),
+                "forgotten, though the thread had it cached"
+            );
+            assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
+            ask.0.send(()).unwrap();
+            assert!(answer.1.recv().unwrap(), "seen again, cached again");
+            f.forget_all();
+            ask.0.send(()).unwrap();
+            assert!(!answer.1.recv().unwrap(), "forgotten by forget_all");
+        });
+        assert!(!f.seen(Use::Launch, 0x1000, 7));
+    }
+
+    #[test]
+    fn a_use_that_began_before_a_forget_is_not_recorded() {
+        let f = FirstUse::default();
+        let since = f.generation();
+        f.forget_all();
+        assert!(f.first(Use::Launch, 0x1000, 7, since), "first");
+        assert!(!f.seen(Use::Launch, 0x1000, 7), "recorded after the forget");
+        assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
+        assert!(f.seen(Use::Launch, 0x1000, 7));
+    }
+
+    #[test]
+    fn the_gate_is_reentrant_on_a_thread_and_exclusive_across_threads() {
+        let f = FirstUse::default();
+        let outer = f.enter();
+        let inner = f.enter();
+        std::thread::scope(|sc| {
+            let other = sc.spawn(|| f.gate.try_lock().is_some());
+            assert!(!other.join().unwrap(), "held by this thread");
+            drop(inner);
+            let other = sc.spawn(|| f.gate.try_lock().is_some());
+            assert!(!other.join().unwrap(), "still held by the outer use");
+            drop(outer);
+            let other = sc.spawn(|| {
+                let _g = f.enter();
+                GATE_DEPTH.with(|d| d.get())
+            });
+            assert_eq!(other.join().unwrap(), 1, "free once every use ended");
+        });
+        assert!(f.gate.try_lock().is_some());
+    }
+}
