@@ -335,9 +335,12 @@ fn init(exports: Exports) -> Process {
         None => None,
     };
     let nvml = nvml_lib.map(|l| crate::driver::nvml::load(&l));
+    let time_slice_us = cfg.time_slice_us;
     let devices = Devices::new(cfg, usage, limits, priority);
     register_fork_handlers();
-    Process::Active(Box::new(Shim::new(cuda, nvml, devices, exports)))
+    let shim = Shim::new(cuda, nvml, devices, exports);
+    shim.throttle.set_time_slice_us(time_slice_us);
+    Process::Active(Box::new(shim))
 }
 
 // ---- fork --------------------------------------------------------------------------------------------------

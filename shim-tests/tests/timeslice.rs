@@ -76,9 +76,12 @@ fn shares(sim: &Sim, prog: &Path, tenants: &[(&str, u32)]) -> Vec<f64> {
                 .container(name)
                 .args(&format!("{SECONDS} {BLOCKS}"));
             if limit > 0 {
+                // The calibration is against the library the H200 ran: one launch released per repaid debt
+                // (`CUQUOTA_TIME_SLICE_US=0`; the default now releases a time slice at once: timeslice_shares.rs).
                 c = c
                     .env("CUDA_DEVICE_SM_LIMIT", &limit.to_string())
-                    .env("CUQUOTA_POLICY", "hard");
+                    .env("CUQUOTA_POLICY", "hard")
+                    .env("CUQUOTA_TIME_SLICE_US", "0");
             }
             c.spawn()
         })

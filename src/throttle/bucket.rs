@@ -119,6 +119,28 @@ impl<'a> Bucket<'a> {
         }
     }
 
+    /// [`Bucket::try_take`] for a launch that waited: it goes only once the bucket holds `need` GPU-ns (at
+    /// most `BURST_GPU_NS`, so the wait ends), and then takes as `try_take` does. Waiting longer never earns
+    /// more: the word moves by the launch's cost alone.
+    pub(crate) fn try_take_holding(&self, now: u64, cost: u64, rate_pm: u64, need: u64) -> Take {
+        match self.holds_at(now, rate_pm, need) {
+            t if t > now => Take::WaitUntil(t),
+            _ => self.try_take(now, cost, rate_pm),
+        }
+    }
+
+    /// The earliest time from `now` at which the bucket holds `need` GPU-ns (`need` above `BURST_GPU_NS` counts
+    /// as a full bucket); `now` when it already does. A word no charge could have left is left to `try_take`.
+    pub(crate) fn holds_at(&self, now: u64, rate_pm: u64, need: u64) -> u64 {
+        let z = self.words[slot::ZERO_AT].load(Ordering::Acquire);
+        if z > now && z - now > max_ahead_ns(rate_pm) {
+            return now;
+        }
+        let full = z.max(now.saturating_sub(window_ns(rate_pm)));
+        full.saturating_add(span_ns(need.min(BURST_GPU_NS), rate_pm))
+            .max(now)
+    }
+
     /// When the bucket is in debt at `now`, the time it is out of it; `None` = a launch may go. A word
     /// farther ahead than this algorithm leaves (see [`max_ahead_ns`]) is reset to `now`.
     #[inline]

@@ -59,6 +59,8 @@ pub(crate) const SHARE_NS: u64 = 200_000_000;
 /// A shared device: most given back at one probe's settling (the bucket holds at most `BURST_GPU_NS`, so a
 /// larger credit at once would be lost).
 pub(crate) const SHARE_STEP_NS: u64 = 2_000_000;
+/// The driver's time slice assumed when none is set (`cuquota_core::config::DEFAULT_TIME_SLICE_US`).
+const DEFAULT_SLICE_NS: u64 = cuquota_core::config::DEFAULT_TIME_SLICE_US as u64 * 1000;
 
 /// What a completed probe reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,6 +222,18 @@ impl Dev {
 pub(crate) struct Engine {
     est: Estimator,
     devs: [Dev; MAX_DEVICES],
+    /// The driver's time slice the releases are sized to, GPU ns (`CUQUOTA_TIME_SLICE_US`; 0 = no shaping).
+    slice_ns: AtomicU64,
+}
+
+/// GPU ns a launch that had to wait for the bucket waits for beyond the debt, so that the launches released
+/// after it fill about one time slice (`slice_ns`) of the device and no more: a burst of launches of `cost`
+/// each goes while the bucket is not in debt, i.e. `need / cost + 1` of them, `slice - cost < burst <= slice`.
+/// A time-sliced driver switches contexts once per burst instead of once per launch (docs/sm-limit.md,
+/// *Tenants that really share*). Never more than the bucket holds, so the wait always ends.
+#[inline]
+fn burst_need(slice_ns: u64, cost: u64) -> u64 {
+    slice_ns.saturating_sub(cost).min(bucket::BURST_GPU_NS)
 }
 
 impl Default for Engine {
@@ -249,7 +263,13 @@ impl Engine {
         Engine {
             est: Estimator::new(),
             devs: [D; MAX_DEVICES],
+            slice_ns: AtomicU64::new(DEFAULT_SLICE_NS),
         }
+    }
+
+    /// Sets the time slice releases are sized to (µs; 0 = release as soon as the debt is repaid).
+    pub(crate) fn set_time_slice_us(&self, us: u32) {
+        self.slice_ns.store(u64::from(us) * 1000, Ordering::Relaxed);
     }
 
     /// The estimate table (tests).
@@ -297,6 +317,8 @@ impl Engine {
             known = found.map(|(v, _)| v);
         }
         let mut cost = known.unwrap_or_else(|| self.est.fallback());
+        // Tokens the bucket must hold before this launch goes: 0 until it has waited (see `burst_need`).
+        let mut need = 0;
         loop {
             if !lim.throttles() {
                 return None;
@@ -314,7 +336,8 @@ impl Engine {
             let own = (!lim.is_burst()).then(|| Bucket::new(&d.own));
             let take = match own.map(|o| o.wait_until(now, rate)) {
                 Some(Some(t)) => Take::WaitUntil(t),
-                _ => b.try_take(now, cost, rate),
+                _ if need == 0 => b.try_take(now, cost, rate),
+                _ => b.try_take_holding(now, cost, rate, need),
             };
             match take {
                 Take::Granted => {
@@ -371,7 +394,10 @@ impl Engine {
                     if d.probe_claimed.load(Ordering::Relaxed) {
                         self.poll(dev, sh, now, gpu);
                     }
-                    let t = t.min(now + MAX_SLEEP_NS);
+                    if need == 0 {
+                        need = burst_need(self.slice_ns.load(Ordering::Relaxed), cost);
+                    }
+                    let t = t.max(b.holds_at(now, rate, need)).min(now + MAX_SLEEP_NS);
                     clock.sleep_until(t);
                     sh.throttled_ns
                         .fetch_add(clock.now_ns().saturating_sub(now), Ordering::Relaxed);
@@ -722,7 +748,11 @@ impl Engine {
         }
         let delta = delta.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
         self.correct(d, sh, now, delta, o.rate);
-        d.next_probe_at.store(now + PROBE_INTERVAL_NS, Ordering::Relaxed);
+        // The interval runs from the probe's launch, not its end: a launch released in a burst after a wait is
+        // probed while the previous burst's probe is out, so counting from its settling (at the next burst's
+        // first launch) would leave every burst's later launches unmeasured for ever.
+        d.next_probe_at
+            .store(o.issued_at.saturating_add(PROBE_INTERVAL_NS), Ordering::Relaxed);
         d.probe_claimed.store(false, Ordering::Release);
     }
 
@@ -1289,6 +1319,82 @@ mod tests {
         assert_eq!(Bucket::new(words).tokens(clock.now_ns(), 500), before);
         assert_eq!(busy.load(Ordering::Relaxed), 0);
         assert!(!eng.devs[0].probe_claimed.load(Ordering::Relaxed));
+    }
+
+    /// Saturating loop at `pct` % with time slice `slice_us`: (share over `secs` in per-mille, worst 1 s window in
+    /// per-mille, GPU ns of each burst: launches admitted less than 0.1 ms apart).
+    fn shaped(pct: u32, kernel_ns: u64, slice_us: u32, secs: u64) -> (f64, f64, Vec<u64>) {
+        let r = Rig::new();
+        r.eng.set_time_slice_us(slice_us);
+        let gpu = r.gpu(kernel_ns);
+        let clock = &r.clock;
+        let start = clock.now_ns();
+        let (mut at, mut bursts) = (Vec::new(), Vec::new());
+        let mut last = 0;
+        while clock.now_ns() < start + secs * 1000 * MS {
+            r.launch(&gpu, lim(pct, PolicyKind::Hard), 42);
+            let now = clock.now_ns();
+            if bursts.is_empty() || now > last + 100_000 {
+                bursts.push(0);
+            }
+            *bursts.last_mut().unwrap() += kernel_ns;
+            last = now;
+            at.push(now - start);
+            clock.advance(2_000);
+        }
+        let end = clock.now_ns() - start;
+        let tail = (*gpu.tail.borrow()).saturating_sub(clock.now_ns());
+        let share = (*gpu.busy.borrow() - tail) as f64 * 1000.0 / end as f64;
+        // Worst 1 s window by launch time (each launch counted whole: an upper bound).
+        let (mut worst, mut j) = (0u64, 0);
+        for i in 0..at.len() {
+            while at[i] - at[j] >= 1000 * MS {
+                j += 1;
+            }
+            worst = worst.max((i - j + 1) as u64 * kernel_ns);
+        }
+        (share, worst as f64 / 1e6, bursts)
+    }
+
+    #[test]
+    fn after_a_wait_launches_go_in_bursts_of_one_time_slice() {
+        // 30 % of 0.4 ms kernels: five launches (2 ms, one slice) per wake-up instead of one.
+        let (share, _, bursts) = shaped(30, 400_000, 2000, 4);
+        assert!((share - 300.0).abs() < 3.0, "{share}");
+        let steady = &bursts[10..bursts.len() - 1];
+        assert!(steady.iter().all(|&b| b == 2 * MS), "{steady:?}");
+        // 50 µs kernels: 40 of them; kernels of a slice or more go one at a time.
+        let (_, _, bursts) = shaped(30, 50_000, 2000, 2);
+        assert!(bursts[10..bursts.len() - 1].iter().all(|&b| b == 2 * MS));
+        let (_, _, bursts) = shaped(30, 5 * MS, 2000, 4);
+        assert!(bursts[10..bursts.len() - 1].iter().all(|&b| b == 5 * MS));
+        // The control: 0 turns shaping off, one launch goes per repaid debt as before.
+        let (share, _, bursts) = shaped(30, 400_000, 0, 4);
+        assert!((share - 300.0).abs() < 3.0, "{share}");
+        assert!(bursts[10..bursts.len() - 1].iter().all(|&b| b == 400_000));
+    }
+
+    #[test]
+    fn no_time_slice_raises_the_share_or_the_worst_window() {
+        // Whatever the tenant sets (0 to the largest accepted, 8 ms), the long-run share stays at the limit and
+        // no 1 s window exceeds it by more than the bucket's burst plus one kernel.
+        for slice_us in [0u32, 1, 399, 2000, 7999, 8000] {
+            for kernel in [50_000u64, 400_000, 5 * MS] {
+                for pct in [10u32, 30, 70] {
+                    let (share, worst, _) = shaped(pct, kernel, slice_us, 5);
+                    let l = pct as f64 * 10.0;
+                    assert!(
+                        share <= l + 3.0 && share >= l - 10.0,
+                        "slice {slice_us} µs, kernel {kernel}, {pct} %: {share} per-mille"
+                    );
+                    let bound = l + (bucket::BURST_GPU_NS + kernel) as f64 / 1e6;
+                    assert!(
+                        worst <= bound,
+                        "slice {slice_us} µs, kernel {kernel}, {pct} %: worst 1 s {worst} per-mille"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -171,6 +171,11 @@ impl SmThrottle {
         }
     }
 
+    /// Sizes the work released after a throttle wait to this time slice (µs; 0 = not shaped).
+    pub(crate) fn set_time_slice_us(&self, us: u32) {
+        self.engine.set_time_slice_us(us);
+    }
+
     /// Throttles one launch on its stream's device: admit (maybe sleeping), measure a sample, call. `stream`: the
     /// stream the launch uses (the NULL stream already resolved to the legacy or per-thread one); `launch` makes
     /// the real call.

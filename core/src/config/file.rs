@@ -28,7 +28,8 @@ use serde::Deserialize;
 
 use super::layer::Layer;
 use super::values::{
-    parse_log_name, parse_memory, parse_path, parse_policy, parse_priority, parse_sm, parse_weight,
+    parse_log_name, parse_memory, parse_path, parse_policy, parse_priority, parse_sm, parse_time_slice,
+    parse_weight,
 };
 use super::{ConfigError, MAX_ORDINAL};
 
@@ -77,6 +78,7 @@ struct FileConfig {
     limits_file: Option<String>,
     priority_file: Option<String>,
     log: Option<String>,
+    time_slice_us: Option<Int>,
     libcuda: Option<String>,
     libnvml: Option<String>,
     disable: Option<bool>,
@@ -166,6 +168,12 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         limits_path: keyed(path, "limits_file", raw.limits_file, parse_path)?,
         priority_path: keyed(path, "priority_file", raw.priority_file, parse_path)?,
         log_level: keyed(path, "log", raw.log, parse_log_name)?,
+        time_slice_us: keyed(
+            path,
+            "time_slice_us",
+            raw.time_slice_us.as_ref().map(Int::text),
+            parse_time_slice,
+        )?,
         libcuda: keyed(path, "libcuda", raw.libcuda, parse_path)?,
         libnvml: keyed(path, "libnvml", raw.libnvml, parse_path)?,
         disabled: raw.disable,

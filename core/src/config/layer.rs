@@ -28,6 +28,7 @@ pub(crate) struct Layer {
     pub limits_required: Option<bool>,
     pub priority_path: Option<PathBuf>,
     pub log_level: Option<LogLevel>,
+    pub time_slice_us: Option<u32>,
     pub libcuda: Option<PathBuf>,
     pub libnvml: Option<PathBuf>,
     pub disabled: Option<bool>,
@@ -107,6 +108,10 @@ pub(crate) fn resolve(
             || path_exists(Path::new(LIMITS_REQUIRED_MARKER)),
         priority_path,
         log_level: env.log_level.or(file.log_level).unwrap_or(LogLevel::Warn),
+        time_slice_us: env
+            .time_slice_us
+            .or(file.time_slice_us)
+            .unwrap_or(super::DEFAULT_TIME_SLICE_US),
         disabled: env.disabled.or(file.disabled).unwrap_or(false),
         libcuda_path: env.libcuda.or(file.libcuda),
         libnvml_path: env.libnvml.or(file.libnvml),

@@ -40,6 +40,11 @@ pub const LIMITS_REQUIRED_MARKER: &str = "/etc/cuquota/required";
 pub const DEFAULT_PRIORITY_PATH: &str = "/etc/cuquota/priority";
 /// Highest CUDA ordinal accepted in a `_<i>` variable or `[[device]] index` (exclusive).
 pub const MAX_ORDINAL: u32 = 1024;
+/// The driver's time slice the SM throttle sizes its releases to when none is set, µs (the calibrated
+/// simulator's quantum, shim-tests/sim/README.md; docs/sm-limit.md, *Tenants that really share*).
+pub const DEFAULT_TIME_SLICE_US: u32 = 2000;
+/// Largest time slice accepted, µs: the SM throttle's bucket holds 8 ms of GPU time.
+pub const MAX_TIME_SLICE_US: u32 = 8000;
 /// Weight range for burst mode.
 pub const WEIGHT_RANGE: std::ops::RangeInclusive<u32> = 1..=1000;
 
@@ -102,6 +107,9 @@ pub struct Config {
     pub priority_path: Option<PathBuf>,
     /// Log verbosity.
     pub log_level: LogLevel,
+    /// The driver's time slice (µs) the SM throttle sizes the work it releases after a wait to
+    /// (`CUQUOTA_TIME_SLICE_US`, TOML `time_slice_us`; 0 = release each launch as soon as the debt is repaid).
+    pub time_slice_us: u32,
     /// Opt-out requested (`CUDA_DISABLE_CONTROL=true` / `CUQUOTA_DISABLE=1`): pure pass-through, unless the
     /// agent's limits file forbids opting out.
     pub disabled: bool,
@@ -126,6 +134,7 @@ impl Default for Config {
             limits_required: false,
             priority_path: None,
             log_level: LogLevel::Warn,
+            time_slice_us: DEFAULT_TIME_SLICE_US,
             disabled: false,
             libcuda_path: None,
             libnvml_path: None,

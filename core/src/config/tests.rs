@@ -307,6 +307,27 @@ mod tempfile_path {
 }
 
 #[test]
+fn time_slice_default_range_and_file() {
+    assert_eq!(cfg(&[]).unwrap().time_slice_us, super::DEFAULT_TIME_SLICE_US);
+    assert_eq!(cfg(&[("CUQUOTA_TIME_SLICE_US", "0")]).unwrap().time_slice_us, 0);
+    assert_eq!(
+        cfg(&[("CUQUOTA_TIME_SLICE_US", "8000")]).unwrap().time_slice_us,
+        8000
+    );
+    for bad in ["8001", "-1", "2ms", ""] {
+        let e = cfg(&[("CUQUOTA_TIME_SLICE_US", bad)]).unwrap_err().to_string();
+        assert!(e.contains("CUQUOTA_TIME_SLICE_US"), "{bad}: {e}");
+    }
+    let f = write_toml("time_slice_us = 1000\n");
+    let p = f.path().to_str().unwrap();
+    assert_eq!(cfg(&[("CUQUOTA_CONFIG", p)]).unwrap().time_slice_us, 1000);
+    let c = cfg(&[("CUQUOTA_CONFIG", p), ("CUQUOTA_TIME_SLICE_US", "500")]).unwrap();
+    assert_eq!(c.time_slice_us, 500, "the environment wins");
+    let f = write_toml("time_slice_us = 9000\n");
+    assert!(cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).is_err());
+}
+
+#[test]
 fn toml_file_and_precedence() {
     let f = write_toml(
         r#"

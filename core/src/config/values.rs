@@ -152,6 +152,15 @@ pub(super) fn parse_weight(var: &str, v: &str) -> Result<u32, ConfigError> {
         .ok_or_else(|| invalid(var, v, expected))
 }
 
+pub(super) fn parse_time_slice(var: &str, v: &str) -> Result<u32, ConfigError> {
+    let expected = "a time slice in µs from 0 (releases not shaped) to 8000";
+    let n = parse_unsigned(v).map_err(|_| invalid(var, v, expected))?;
+    u32::try_from(n)
+        .ok()
+        .filter(|&us| us <= super::MAX_TIME_SLICE_US)
+        .ok_or_else(|| invalid(var, v, expected))
+}
+
 pub(super) fn parse_bool(var: &str, v: &str) -> Result<bool, ConfigError> {
     match v.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),

@@ -43,7 +43,14 @@ pub(crate) struct SimConfig {
     pub switch_ns: Option<u64>,
     /// The time-slicing model's time slice (`CUDASIM_QUANTUM_US`).
     pub quantum_ns: u64,
+    /// `CUDASIM_MANAGED=migrate`: the unified memory model's latency per migrated 2 MiB unit
+    /// (`CUDASIM_MANAGED_FAULT_US`); `None` = managed memory is resident and charged whole (`resident`, the
+    /// default).
+    pub managed_fault_ns: Option<u64>,
 }
+
+/// Default `CUDASIM_MANAGED_FAULT_US`: 20 µs per migrated 2 MiB unit.
+pub(crate) const DEFAULT_MANAGED_FAULT_NS: u64 = 20_000;
 
 /// Default `CUDASIM_SWITCH_US` of the time-slicing model, calibrated to the H200 (shim-tests/sim/README.md).
 pub(crate) const DEFAULT_SWITCH_NS: u64 = 222_000;
@@ -269,6 +276,33 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
             }
         },
     };
+    let managed_fault_ns = match get("CUDASIM_MANAGED").as_deref().map(str::trim) {
+        None | Some("resident") => match get("CUDASIM_MANAGED_FAULT_US") {
+            // A cost the resident model would ignore is a mistake, not a setting.
+            Some(v) => {
+                return Err(err(
+                    "CUDASIM_MANAGED_FAULT_US",
+                    &v,
+                    "only with CUDASIM_MANAGED=migrate",
+                ))
+            }
+            None => None,
+        },
+        Some("migrate") => Some(match get("CUDASIM_MANAGED_FAULT_US") {
+            None => DEFAULT_MANAGED_FAULT_NS,
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(us) if (0.0..=1e6).contains(&us) => (us * 1000.0).round() as u64,
+                _ => {
+                    return Err(err(
+                        "CUDASIM_MANAGED_FAULT_US",
+                        &v,
+                        "expected microseconds, 0 to 1000000",
+                    ))
+                }
+            },
+        }),
+        Some(v) => return Err(err("CUDASIM_MANAGED", v, "expected resident or migrate")),
+    };
     Ok(SimConfig {
         devices: (0..n)
             .map(|i| DeviceConfig {
@@ -286,6 +320,7 @@ pub(crate) fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<SimConfig
         driver_version,
         switch_ns,
         quantum_ns,
+        managed_fault_ns,
     })
 }
 
@@ -356,6 +391,15 @@ mod tests {
         let set = from_env(env(&[("CUDASIM_SCHED", "slice"), ("CUDASIM_SWITCH_US", "12.5")])).unwrap();
         assert_eq!(set.switch_ns, Some(12_500));
         assert_eq!(set.quantum_ns, DEFAULT_QUANTUM_NS);
+        assert_eq!(c.managed_fault_ns, None);
+        let um = from_env(env(&[("CUDASIM_MANAGED", "migrate")])).unwrap();
+        assert_eq!(um.managed_fault_ns, Some(DEFAULT_MANAGED_FAULT_NS));
+        let um = from_env(env(&[
+            ("CUDASIM_MANAGED", "migrate"),
+            ("CUDASIM_MANAGED_FAULT_US", "2.5"),
+        ]))
+        .unwrap();
+        assert_eq!(um.managed_fault_ns, Some(2_500));
     }
 
     #[test]
@@ -396,6 +440,8 @@ mod tests {
             ("CUDASIM_SCHED", "fair"),
             ("CUDASIM_SWITCH_US", "100"),
             ("CUDASIM_QUANTUM_US", "2000"),
+            ("CUDASIM_MANAGED", "paged"),
+            ("CUDASIM_MANAGED_FAULT_US", "20"),
         ] {
             let e = from_env(env(&[(k, v)])).unwrap_err();
             assert!(e.contains(k), "{e}");
@@ -406,6 +452,12 @@ mod tests {
         assert!(e.contains("CUDASIM_SWITCH_US"), "{e}");
         let e = from_env(env(&[("CUDASIM_SCHED", "slice"), ("CUDASIM_QUANTUM_US", "0")])).unwrap_err();
         assert!(e.contains("CUDASIM_QUANTUM_US"), "{e}");
+        let e = from_env(env(&[
+            ("CUDASIM_MANAGED", "migrate"),
+            ("CUDASIM_MANAGED_FAULT_US", "x"),
+        ]))
+        .unwrap_err();
+        assert!(e.contains("CUDASIM_MANAGED_FAULT_US"), "{e}");
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
     for k in kernels {
         validate_dims(k.grid, k.block)?;
     }
+    // Managed memory migrated for each kernel (`managed.rs`), once: a launch that waits for room retries.
+    let mut migration: Option<Vec<u64>> = None;
     loop {
         let wait = with(|o| -> CuResult<Option<u64>> {
             let s = stream::resolve(o, sim, stream_h)?;
@@ -41,7 +43,9 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
             let mut durations = Vec::with_capacity(kernels.len());
             let mut local = 0;
             let mut touch = Vec::new();
-            for k in kernels {
+            let first = migration.is_none();
+            let mut migrated = Vec::with_capacity(kernels.len());
+            for (i, k) in kernels.iter().enumerate() {
                 let (func, ns) = crate::module::function_for(o, sim, k.func, ctx)?;
                 local = o.functions.get(&func).map_or(0, |f| f.local).max(local);
                 let ops = o.functions.get(&func).map_or(&[][..], |f| &f.touch[..]);
@@ -50,13 +54,24 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
                         return Err(CUDA_ERROR_NOT_SUPPORTED);
                     }
                     // SAFETY: `params` is the caller's kernelParams for this launch (or NULL).
-                    touch.extend(unsafe { crate::touch::resolve(ops, k.params as *const *const u8)? });
+                    let ops = unsafe { crate::touch::resolve(ops, k.params as *const *const u8)? };
+                    if first {
+                        migrated.push(crate::managed::fault_in(o, sim, &ops)?);
+                    }
+                    touch.extend(ops);
+                } else if first {
+                    migrated.push(0);
                 }
                 let blocks: u64 = k.grid.iter().map(|&g| g as u64).product();
                 if cooperative && blocks > sms * COOP_BLOCKS_PER_SM {
                     return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
                 }
-                durations.push(kernel_duration(k.grid, sms, ns));
+                let extra =
+                    migration.as_ref().map_or(0, |m: &Vec<u64>| m[i]) + migrated.get(i).copied().unwrap_or(0);
+                durations.push(kernel_duration(k.grid, sms, ns) + extra);
+            }
+            if first && o.streams[&s].capture.is_none() {
+                migration = Some(migrated);
             }
             if o.streams[&s].capture.is_some() {
                 for k in kernels {

@@ -25,6 +25,7 @@ mod graph;
 mod graph_mem;
 mod ipc;
 mod launch;
+mod managed;
 mod memory;
 mod module;
 mod nvml;

@@ -242,10 +242,22 @@ pub(crate) fn alloc(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (ordinal, phys) = crate::context::device_of(o, ctx)?;
-    let len = sim.round(bytes);
-    sim.charge(phys, len)?;
+    // Paged managed memory (`managed.rs`): whole units, charged as kernels make them resident.
+    let paged = kind == AllocKind::Managed && crate::managed::on(sim);
+    let (len, charged) = match paged {
+        true => {
+            let u = crate::managed::UNIT;
+            let len = sim.round(bytes).div_ceil(u) * u;
+            (len, 0)
+        }
+        false => (sim.round(bytes), sim.round(bytes)),
+    };
+    sim.charge(phys, charged)?;
     match o.mem.take_range(sim, phys, len, low) {
         Ok(p) => {
+            if paged {
+                crate::managed::on_alloc(o, p, len, phys);
+            }
             o.mem.record(
                 p,
                 Alloc {
@@ -261,7 +273,7 @@ pub(crate) fn alloc(
             Ok(p)
         }
         Err(e) => {
-            sim.uncharge(phys, len);
+            sim.uncharge(phys, charged);
             Err(e)
         }
     }
@@ -279,7 +291,9 @@ pub(crate) fn free(o: &mut Objects, sim: &Sim, p: u64) -> CuResult<()> {
             o.mem.allocs.remove(&p);
             let exported = crate::ipc::free_export(o, sim, p, a.len);
             o.mem.give_range(a.phys, p, a.len);
-            if !exported {
+            if a.kind == AllocKind::Managed && crate::managed::on(sim) {
+                crate::managed::on_free(o, sim, p, a.len, a.phys);
+            } else if !exported {
                 sim.uncharge(a.phys, a.len);
             }
             Ok(())

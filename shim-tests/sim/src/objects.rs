@@ -77,6 +77,8 @@ pub(crate) struct Objects {
     pub arrays: HashMap<u64, Array>,
     pub mipmaps: HashMap<u64, Mipmap>,
     pub mem: Memory,
+    /// Managed memory's residency (`CUDASIM_MANAGED=migrate`).
+    pub managed: crate::managed::Managed,
     /// Graph memory pool per CUDA ordinal.
     pub graph_pools: HashMap<usize, crate::graph_mem::GraphPool>,
     /// Alloc node address ranges → references (the node, and each exec holding it).

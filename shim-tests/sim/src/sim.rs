@@ -136,12 +136,61 @@ impl Sim {
     }
 
     /// Charges `bytes` on physical device `phys` to this process; CUDA_ERROR_OUT_OF_MEMORY when it does not fit.
+    /// With the unified memory model (`CUDASIM_MANAGED=migrate`), what does not fit evicts resident managed
+    /// memory first (any process's, this one's included), as the driver does.
     pub(crate) fn charge(&self, phys: usize, bytes: u64) -> CuResult<()> {
         let slot = self.slot()?;
         if self.shared.charge(slot, phys, bytes) {
-            Ok(())
-        } else {
-            Err(CUDA_ERROR_OUT_OF_MEMORY)
+            return Ok(());
+        }
+        if self.cfg.managed_fault_ns.is_some() {
+            // Another process may free or allocate meanwhile: a few rounds, each evicting what is missing.
+            for _ in 0..4 {
+                let total = self.cfg.devices[phys].memory;
+                let need = (self.shared.used(phys) + bytes).saturating_sub(total);
+                if need > 0 && !self.shared.evict_managed(phys, need) {
+                    break;
+                }
+                if self.shared.charge(slot, phys, bytes) {
+                    return Ok(());
+                }
+            }
+        }
+        Err(CUDA_ERROR_OUT_OF_MEMORY)
+    }
+
+    /// Charges `bytes` of managed memory made resident (evictable by `charge`).
+    pub(crate) fn charge_managed(&self, phys: usize, bytes: u64) -> CuResult<()> {
+        self.charge(phys, bytes)?;
+        self.shared.procs[self.slot()?].managed[phys].fetch_add(bytes, SeqCst);
+        Ok(())
+    }
+
+    /// Returns `bytes` of this process's resident managed memory: what others have not evicted meanwhile is
+    /// uncharged, the rest settles what they evicted and this process has not yet marked (`owed`).
+    pub(crate) fn uncharge_managed(&self, phys: usize, bytes: u64) {
+        let Ok(slot) = self.slot() else { return };
+        let p = &self.shared.procs[slot];
+        let mut took = 0;
+        let _ = p.managed[phys].fetch_update(SeqCst, SeqCst, |m| {
+            took = m.min(bytes);
+            Some(m - took)
+        });
+        self.shared.uncharge(slot, phys, took);
+        let _ = p.owed[phys].fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes - took)));
+    }
+
+    /// Managed bytes others evicted from this process on `phys` that it has not yet marked non-resident.
+    pub(crate) fn owed(&self, phys: usize) -> u64 {
+        self.slot()
+            .map_or(0, |s| self.shared.procs[s].owed[phys].load(SeqCst))
+    }
+
+    /// Marks `bytes` of what others evicted as done.
+    pub(crate) fn settle(&self, phys: usize, bytes: u64) {
+        if let Ok(s) = self.slot() {
+            let _ = self.shared.procs[s].owed[phys]
+                .fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(bytes)));
         }
     }
 

@@ -13,7 +13,7 @@ use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
 /// 4: IPC memory exports; 8: copy engines.
-const LAYOUT_VERSION: u64 = 8;
+const LAYOUT_VERSION: u64 = 9;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -47,6 +47,8 @@ pub(crate) struct Header {
     /// The time-slicing model's context-switch cost + 1 (0 = the serialised model).
     switch_ns: AtomicU64,
     quantum_ns: AtomicU64,
+    /// The unified memory model's per-fault latency + 1 (0 = managed memory fully resident).
+    managed_fault_ns: AtomicU64,
 }
 
 /// One kernel interval on a device's timeline. `seq` is odd while the writer fills it in.
@@ -125,6 +127,10 @@ pub(crate) struct ProcSlot {
     pub busy_ns: [AtomicU64; MAX_DEVICES],
     /// Contexts per device (NVML lists a process on a device where it has one).
     pub contexts: [AtomicU64; MAX_DEVICES],
+    /// Managed memory resident per device (part of `mem_used`, evictable: `evict_managed`).
+    pub managed: [AtomicU64; MAX_DEVICES],
+    /// Managed bytes other processes evicted whose units the owner has not yet marked non-resident.
+    pub owed: [AtomicU64; MAX_DEVICES],
 }
 
 /// One allocation exported (cuIpcGetMemHandle, cuMemExportToShareableHandle). Its bytes stay charged to the
@@ -349,6 +355,8 @@ impl SharedState {
         }
         h.switch_ns.store(cfg.switch_ns.map_or(0, |s| s + 1), Relaxed);
         h.quantum_ns.store(cfg.quantum_ns, Relaxed);
+        h.managed_fault_ns
+            .store(cfg.managed_fault_ns.map_or(0, |s| s + 1), Relaxed);
         for (d, dc) in self.devices.iter().zip(&cfg.devices) {
             d.memory.store(dc.memory, Relaxed);
             d.sms.store(dc.sms as u64, Relaxed);
@@ -394,6 +402,7 @@ impl SharedState {
             driver_version: h.driver_version.load(Relaxed),
             switch_ns: self.switch_ns(),
             quantum_ns: h.quantum_ns.load(Relaxed),
+            managed_fault_ns: h.managed_fault_ns.load(Relaxed).checked_sub(1),
         }
     }
 
@@ -456,6 +465,8 @@ impl SharedState {
                         slot.mem_used[d].store(0, Relaxed);
                         slot.busy_ns[d].store(0, Relaxed);
                         slot.contexts[d].store(0, Relaxed);
+                        slot.managed[d].store(0, Relaxed);
+                        slot.owed[d].store(0, Relaxed);
                     }
                     slot.pid.store(pid, Relaxed);
                     slot.host_pid.store(host_pid, Relaxed);
@@ -496,6 +507,8 @@ impl SharedState {
                 for d in 0..MAX_DEVICES {
                     slot.mem_used[d].store(0, Relaxed);
                     slot.contexts[d].store(0, Relaxed);
+                    slot.managed[d].store(0, Relaxed);
+                    slot.owed[d].store(0, Relaxed);
                 }
                 // A dead process's queued kernels go with its contexts, as the driver tears them down: its
                 // intervals end now (found at the first reclaim after its death).
@@ -551,6 +564,35 @@ impl SharedState {
         }
         mine.fetch_sub(bytes, SeqCst);
         false
+    }
+
+    /// Evicts at least `need` bytes of resident managed memory on `dev` (whole 2 MiB units, processes in slot
+    /// order): each victim's charge drops at once and its `owed` grows; the victim marks its least recently
+    /// used units non-resident at its next managed-memory operation (`managed::sync`). Whether any was evicted.
+    pub(crate) fn evict_managed(&self, dev: usize, need: u64) -> bool {
+        let unit = crate::managed::UNIT;
+        let mut left = need.div_ceil(unit) * unit;
+        let mut any = false;
+        for slot in &self.procs[..self.high_water()] {
+            if left == 0 {
+                break;
+            }
+            if slot.state.load(Acquire) != SLOT_LIVE {
+                continue;
+            }
+            let mut took = 0;
+            let _ = slot.managed[dev].fetch_update(SeqCst, SeqCst, |m| {
+                took = m.min(left);
+                Some(m - took)
+            });
+            if took > 0 {
+                slot.owed[dev].fetch_add(took, SeqCst);
+                let _ = slot.mem_used[dev].fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(took)));
+                left -= took;
+                any = true;
+            }
+        }
+        any
     }
 
     /// Returns `bytes` on `dev` (never below zero).

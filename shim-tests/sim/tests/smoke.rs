@@ -483,3 +483,88 @@ fn copy_engines_overlap_kernels_and_the_other_direction_but_not_their_own() {
     );
     let _ = std::fs::remove_dir_all(&s.dir);
 }
+
+/// The figures a `c/managed.c` mode prints on its first line (after "OK" is checked), on a fresh state file.
+fn managed_figures(s: &Setup, mode: &str, env: &[(&str, &str)]) -> Vec<f64> {
+    let _ = std::fs::remove_file(s.dir.join("state"));
+    let mut all = vec![("CUDASIM_SMS", "4"), ("CUDASIM_MEMORY", "1g")];
+    all.extend_from_slice(env);
+    let out = run(s, &[mode], &all);
+    let mut lines = out.lines();
+    let v = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|x| x.parse().expect("a figure"))
+        .collect();
+    assert_eq!(lines.next(), Some("OK"), "{out}");
+    v
+}
+
+/// Unified memory as the driver pages it (`CUDASIM_MANAGED=migrate`, `c/managed.c pages`): a managed
+/// allocation charges nothing until kernels touch it, then 2 MiB per unit touched (cuMemGetInfo and NVML
+/// agree); a kernel reading 6 units not resident takes their migration longer on the device timeline (events):
+/// 6 × (2 MiB at 0.1 GB/s + 1 ms) = 131.83 ms, and nothing the second time. The control: without the model the
+/// allocation is charged whole at once and no kernel pays.
+#[test]
+fn managed_memory_is_resident_by_2_mib_units_as_kernels_touch_it_and_migration_takes_device_time() {
+    let s = setup("managed", "pages");
+    let h2d = [("CUDASIM_H2D_GBPS", "0.1")];
+    let on = [
+        ("CUDASIM_H2D_GBPS", "0.1"),
+        ("CUDASIM_MANAGED", "migrate"),
+        ("CUDASIM_MANAGED_FAULT_US", "1000"),
+    ];
+    let v = managed_figures(&s, "pages", &on);
+    eprintln!("migrate: {v:?}");
+    assert_eq!(
+        v[..3],
+        [0.0, 4.0, 16.0],
+        "MiB resident: after alloc, 3 MiB over 2 units, all"
+    );
+    let migration = 6.0 * (2097152.0 / 0.1e6 + 1.0);
+    // Exact on the timeline (the kernel itself is 1 µs); the bands leave 50 ms for a host slower than the
+    // 200 ms kernel the figures wait behind.
+    assert!(
+        (migration..migration + 50.0).contains(&v[3]),
+        "first {} vs {migration}",
+        v[3]
+    );
+    assert!(v[4] < 5.0, "second {}", v[4]);
+    let v = managed_figures(&s, "pages", &h2d);
+    eprintln!("resident: {v:?}");
+    assert_eq!(v[..3], [16.0, 16.0, 16.0]);
+    assert!(v[3] < 5.0 && v[4] < 5.0, "{v:?}");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
+/// Another process's allocation evicts managed memory instead of failing (`c/managed.c evict`): on a 1 GiB
+/// device holding 480 MiB of resident managed memory, a second process's context and 400 MiB succeed by evicting
+/// 185 units (370 MiB, what was missing) of the least recently used: re-reading the 64 MiB touched last costs
+/// nothing, touching all migrates the 185 back (185 × (2 MiB at 2.5 GB/s + 20 µs) = 158.89 ms on the timeline);
+/// the process's own 400 MiB then evicts the 57 of its own units it lacks (48.96 ms to bring back), and every
+/// byte is intact. The control: without the model both cuMemAllocs are CUDA_ERROR_OUT_OF_MEMORY (2) and
+/// nothing moves.
+#[test]
+fn another_process_allocation_evicts_least_recently_used_managed_units_and_data_survives() {
+    let s = setup("managed", "evict");
+    let h2d = [("CUDASIM_H2D_GBPS", "2.5")];
+    let on = [("CUDASIM_H2D_GBPS", "2.5"), ("CUDASIM_MANAGED", "migrate")];
+    let unit = 2097152.0 / 2.5e6 + 0.02;
+    let v = managed_figures(&s, "evict", &on);
+    eprintln!("migrate: {v:?}");
+    assert_eq!(v[..2], [0.0, 370.0], "child's cuMemAlloc, MiB evicted");
+    // Evicting by address instead would have taken the 32 units read last: 27.5 ms.
+    assert!(v[2] < 5.0, "recently used units were evicted: {}", v[2]);
+    let all = 185.0 * unit;
+    assert!((all..all + 50.0).contains(&v[3]), "all {} vs {all}", v[3]);
+    assert_eq!(v[4], 0.0, "own cuMemAlloc");
+    let again = 57.0 * unit;
+    assert!((again..again + 50.0).contains(&v[5]), "again {} vs {again}", v[5]);
+    let v = managed_figures(&s, "evict", &h2d);
+    eprintln!("resident: {v:?}");
+    assert_eq!(v[..2], [2.0, 0.0], "child's cuMemAlloc, MiB evicted");
+    assert_eq!(v[4], 2.0, "own cuMemAlloc");
+    assert!(v[2] < 5.0 && v[3] < 5.0 && v[5] < 5.0, "{v:?}");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
