@@ -6,6 +6,8 @@
 #   bench/real_gpu.sh run DIR OUT [S]    on the GPU machine (no toolchains needed): runs everything from DIR,
 #                                        writes one log per phase into OUT, ends within S seconds (default 540)
 #   bench/real_gpu.sh smoke DIR          on the GPU machine: one sample and one bench run, with and without cuquota
+#   bench/real_gpu.sh goals DIR OUT [S]  on the GPU machine: the goals of issue 36 item 3 (tenants sharing the GPU),
+#                                        each row with its no-cuquota baseline, one table (goals.log); about 4 min
 #
 # Phases of `run`, in order, each bounded in time so that a hang costs one phase: info, validate (validate.sh
 # --prebuilt: samples under caps and SM limits), overhead (bench/alloc_bench.c: ns per alloc/free pair,
@@ -54,6 +56,7 @@ phase() { # NAME SECONDS: runs one phase (a function below, in a fresh copy of t
     echo "== $name: exit $rc after $(($(now) - t0)) s" | tee -a "$OUT/summary.txt"
 }
 
+mono() { python3 -c 'import time; print(time.monotonic_ns())'; } # CLOCK_MONOTONIC ns
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 # pct P: the P-th percentile (nearest rank) of the numbers on stdin
 pct() { sort -g | awk -v p="$1" '{ v[NR] = $1 } END { if (NR) { i = int(NR * p / 100 + 0.999); if (i < 1) i = 1; print v[i] } }'; }
@@ -158,12 +161,21 @@ sm() {
     echo "(rate/base: kernels/s over the unlimited run alone, same kernel; each run ${secs} s)"
 }
 
+# prio_file NODE NAME high|low: a container's own priority file as the agent sets it up (docs/priority.md):
+# NODE/NAME.ROLE, seen by the container at $T/prio.NAME/priority with the node directory beside it (priority.d)
+prio_file() {
+    local node="$1" view="$T/prio.$2" f="$1/$2.$3"
+    mkdir -p "$node" "$view"
+    "$CLI" priority init "$f" >/dev/null || { echo "cuquota priority init $f failed" >&2; return 1; }
+    ln -f "$f" "$view/priority" && ln -sfn "$node" "$view/priority.d" && echo "$view/priority"
+}
+
 priority() {
-    local p="$DIR/bin/priority_tenant" secs=5 pf="$T/priority"
+    local p="$DIR/bin/priority_tenant" secs=5 hpf bef
     # The best-effort tenant synchronises every 8 launches (a training loop's depth); unbounded, a real GPU
     # queues seconds of its work and the run is about that queue, not about latency.
     export PT_BE_DEPTH=8
-    "$CLI" priority init "$pf" || { echo "cuquota priority init failed"; return 1; }
+    hpf=$(prio_file "$T/prio.node" hp high) && bef=$(prio_file "$T/prio.node" be low) || return 1
     lat() { sed -n 's/^lat_ns=//p' "$1" | tr ',' '\n' | grep -v '^$'; }
     row() { # label hp-output be-output
         local p50 p99 mx n bek
@@ -186,9 +198,9 @@ priority() {
                 under hp bare timeout 40 "$p" "${hp[@]}" "$start" >"$T/pr.hp.$how.$kmin" 2>&1 & a=$!
                 under be bare timeout 40 "$p" "${be[@]}" "$start" >"$T/pr.be.$how.$kmin" 2>&1 & b=$!
             else
-                under hp shim CUDA_TASK_PRIORITY=0 CUQUOTA_PRIORITY_FILE="$pf" timeout 40 "$p" "${hp[@]}" "$start" \
+                under hp shim CUDA_TASK_PRIORITY=0 CUQUOTA_PRIORITY_FILE="$hpf" timeout 40 "$p" "${hp[@]}" "$start" \
                     >"$T/pr.hp.$how.$kmin" 2>&1 & a=$!
-                under be shim CUDA_TASK_PRIORITY=1 CUQUOTA_PRIORITY_FILE="$pf" timeout 40 "$p" "${be[@]}" "$start" \
+                under be shim CUDA_TASK_PRIORITY=1 CUQUOTA_PRIORITY_FILE="$bef" timeout 40 "$p" "${be[@]}" "$start" \
                     >"$T/pr.be.$how.$kmin" 2>&1 & b=$!
             fi
             wait $a $b
@@ -200,7 +212,152 @@ priority() {
     echo "(high-priority: bursts of 20 x 200 us kernels, 10-40 ms apart, ${secs} s; latency from the first launch to"
     echo " cuStreamSynchronize's return; be busy = the best-effort tenant's kernel time over the window; it"
     echo " synchronises every $PT_BE_DEPTH launches)"
-    "$CLI" priority show "$pf" 2>&1 | head -20
+    "$CLI" priority show "$hpf" 2>&1 | head -20
+}
+
+# The goals of issue 36 item 3 that a GPU can run (the simulator's table: `throttle-bench --goals`). Tenants are
+# compute_loop processes started together (START_AT), each in its own container; a figure is a tenant's launch
+# rate after 0.5 s of warm-up (GOALS_SECONDS, default 5, per run) over the same kernel's unlimited rate alone;
+# T = the row's tenants together without cuquota. Kernel lengths: iterations scaled from the default kernel's
+# measured length.
+goals() {
+    local c="$DIR/target/examples/cu13/compute_loop" secs="${GOALS_SECONDS:-5}"
+    under cal bare "$c" 2 >"$T/g.cal" 2>&1
+    local cal; cal=$(mval steady_kernels_per_s "$T/g.cal")
+    [ -n "$cal" ] || { echo "compute_loop did not run:"; tail -5 "$T/g.cal"; return 1; }
+    echo "default kernel: $(awk -v r="$cal" 'BEGIN { printf "%.3f", 1000 / r }') ms (1 / rate alone), $(mval kernel_ms "$T/g.cal") ms (events)"
+    iters() { awk -v us="$1" -v r="$cal" 'BEGIN { i = int(4096 * us / 1000 * r / 1000 + 0.5); print (i < 1 ? 1 : i) }'; }
+    declare -A alone=()
+    ROW=0
+    # runset TAG SPEC...: SPEC = KERNEL_US:bare|free|hard:L|burst:L:W; prints each tenant's rate / alone
+    runset() {
+        local tag="$1"; shift
+        local start=$(($(mono) + 2000000000)) i=0 pids=() spec us how l w
+        for spec in "$@"; do
+            IFS=: read -r us how l w <<<"$spec"
+            # each tenant its own container (usage file), new for every run
+            local args=("$c" "$secs" 0 "$(iters "$us")" "$start") o="$T/g.$tag.$i" n="g.$tag.$i"
+            case "$how" in
+            bare) under "$n" bare timeout 60 "${args[@]}" >"$o" 2>&1 & ;;
+            free) under "$n" shim timeout 60 "${args[@]}" >"$o" 2>&1 & ;;
+            hard) under "$n" shim CUDA_DEVICE_SM_LIMIT="$l" CUQUOTA_POLICY=hard timeout 60 "${args[@]}" >"$o" 2>&1 & ;;
+            burst) under "$n" shim CUDA_DEVICE_SM_LIMIT="$l" CUQUOTA_POLICY=burst CUQUOTA_WEIGHT="$w" \
+                timeout 60 "${args[@]}" >"$o" 2>&1 & ;;
+            esac
+            pids+=($!); i=$((i + 1))
+        done
+        wait "${pids[@]}"
+        i=0
+        for spec in "$@"; do
+            local r; r=$(mval steady_kernels_per_s "$T/g.$tag.$i")
+            [ -n "$r" ] || { echo "FAILED $tag $spec:" >&2; tail -3 "$T/g.$tag.$i" >&2; r=0; }
+            awk -v r="$r" -v a="${alone[${spec%%:*}]:-$r}" 'BEGIN { printf "%.4f ", (a > 0 ? r / a : 0) }'
+            i=$((i + 1))
+        done
+    }
+    for us in 50 400 5000; do
+        alone[$us]=$(runset "alone$us" "$us:bare" >/dev/null; mval steady_kernels_per_s "$T/g.alone$us.0")
+    done
+    echo "unlimited alone, kernels/s: 50 us ${alone[50]}, 0.4 ms ${alone[400]}, 5 ms ${alone[5000]}"
+    printf '\n| goal | kernels | no cuquota (T) | cuquota (sum) | target | result |\n|---|---|---|---|---|---|\n'
+    # goal_row NAME KERNELS GOAL SPEC...: GOAL share|burst|alone (bands as in bench-throttle/src/goals.rs)
+    goal_row() {
+        local name="$1" kern="$2" goal="$3"; shift 3
+        local base="1" got bare=() spec
+        for spec in "$@"; do bare+=("${spec%%:*}:bare"); done
+        ROW=$((ROW + 1))
+        [ "$goal" = alone ] || base=$(runset "b$ROW" "${bare[@]}")
+        got=$(runset "c$ROW" "$@")
+        awk -v name="$name" -v kern="$kern" -v goal="$goal" -v base="$base" -v got="$got" -v specs="$*" '
+        function f3(a, n,   s, i) { s = ""; for (i = 1; i <= n; i++) s = s (i > 1 ? " + " : "") sprintf("%.3f", a[i]); return s }
+        BEGIN {
+            nb = split(base, b, " "); n = split(got, x, " "); split(specs, sp, " ")
+            T = 0; for (i = 1; i <= nb; i++) T += b[i]
+            S = 0; for (i = 1; i <= n; i++) S += x[i]
+            SL = 0; free = 0; W = 0
+            for (i = 1; i <= n; i++) {
+                m = split(sp[i], p, ":"); how[i] = p[2]; L[i] = (m > 2 ? p[3] / 100 : -1); w[i] = (m > 3 ? p[4] : 0)
+                if (L[i] >= 0) SL += L[i]; else free = 1
+                W += w[i]
+            }
+            miss = ""; tgt = ""
+            if (goal == "share") {
+                tot = free ? 1 : SL
+                for (i = 1; i <= n; i++) {
+                    if (L[i] < 0) { tgt = tgt (i > 1 ? " + " : "") "-"; continue }
+                    lo = L[i] / tot * T - 0.015; hi = L[i] + 0.01
+                    tgt = tgt (i > 1 ? " + " : "") sprintf("[%.3f, %.3f]", lo, hi)
+                    if (x[i] < lo) miss = miss sprintf("%d %%: %.1f points under; ", L[i] * 100, (lo - x[i]) * 100)
+                    if (x[i] > hi) miss = miss sprintf("%d %%: %.1f points over; ", L[i] * 100, (x[i] - hi) * 100)
+                }
+                if (!free) { tgt = tgt sprintf("; sum >= %.3f", 0.97 * T)
+                    if (S < 0.97 * T) miss = miss sprintf("sum %.1f points under; ", (0.97 * T - S) * 100) }
+            } else if (goal == "burst") {
+                spare = S - SL
+                for (i = 1; i <= n; i++) {
+                    want = L[i] + spare * w[i] / W
+                    tgt = tgt (i > 1 ? " + " : "") sprintf("%.3f", want)
+                    if (x[i] < L[i]) miss = miss sprintf("%d %%: under its limit by %.1f points; ", L[i] * 100, (L[i] - x[i]) * 100)
+                    d = x[i] - want; if (d < 0) d = -d
+                    if (d > 0.03) miss = miss sprintf("%d %%: %.1f points from its part of the spare; ", L[i] * 100, d * 100)
+                }
+                tgt = sprintf("each >= its limit; split of the spare %.3f: %s (+- 0.03)", spare, tgt)
+            } else {
+                d = x[1] - L[1]; if (d < 0) d = -d
+                tgt = sprintf("[%.3f, %.3f]", L[1] - 0.01, L[1] + 0.01)
+                if (d > 0.01) miss = sprintf("%.1f points from the limit; ", d * 100)
+            }
+            printf "| %s | %s | %s (%.3f) | %s (%.3f) | %s | %s |\n", name, kern, (goal == "alone" ? "1 (alone)" : f3(b, nb)),
+                T, f3(x, n), S, tgt, (miss == "" ? "PASS" : "**FAIL** (" substr(miss, 1, length(miss) - 2) ")")
+        }'
+    }
+    goal_row "hard 30 + 70, 0.4 ms kernels" "0.4 ms" share 400:hard:30 400:hard:70
+    goal_row "hard 30 + 70, 50 us kernels" "50 us" share 50:hard:30 50:hard:70
+    goal_row "hard 30 + 70, 5 ms kernels" "5 ms" share 5000:hard:30 5000:hard:70
+    goal_row "hard 30 (50 us) + 70 (5 ms)" "50 us / 5 ms" share 50:hard:30 5000:hard:70
+    goal_row "hard 30 (5 ms) + 70 (50 us)" "5 ms / 50 us" share 5000:hard:30 50:hard:70
+    goal_row "hard 20 / 30 / 50, 0.4 ms" "0.4 ms" share 400:hard:20 400:hard:30 400:hard:50
+    goal_row "burst 25 + 25, weights 1 : 3, 0.4 ms" "0.4 ms" burst 400:burst:25:100 400:burst:25:300
+    goal_row "hard 30 + an uncapped container, 0.4 ms" "0.4 ms" share 400:hard:30 400:free
+    goal_row "hard 30 alone, 0.4 ms" "0.4 ms" alone 400:hard:30
+    goal_row "hard 70 alone, 0.4 ms" "0.4 ms" alone 400:hard:70
+    goals_priority
+    echo "(rate = kernels launched per second after 0.5 s over ${secs} s runs, over the same kernel's rate alone)"
+}
+
+# The priority goal: high-priority p99 <= alone + one best-effort kernel + one quantum (taken as 2 ms, the
+# simulator's calibrated slice), best effort >= 85 % of the time the high-priority tenant leaves idle.
+goals_priority() {
+    local p="$DIR/bin/priority_tenant" secs="${GOALS_SECONDS:-5}" hpf bef
+    hpf=$(prio_file "$T/gprio.node" ghp high) && bef=$(prio_file "$T/gprio.node" gbe low) || return 1
+    local hp=(hp "$secs" 20 200000 10000000 40000000 7) be=(be "$secs" 1000000 2000000 11)
+    lat() { sed -n 's/^lat_ns=//p' "$1" | tr ',' '\n' | grep -v '^$'; }
+    pair() { # bare|shim: the two tenants together, outputs $T/gp.hp.$1 and $T/gp.be.$1
+        local start=$(($(mono) + 1500000000)) a b
+        if [ "$1" = bare ]; then
+            under hp bare timeout 40 "$p" "${hp[@]}" "$start" >"$T/gp.hp.$1" 2>&1 & a=$!
+            under be bare env PT_BE_DEPTH=8 timeout 40 "$p" "${be[@]}" "$start" >"$T/gp.be.$1" 2>&1 & b=$!
+        else
+            under hp shim CUDA_TASK_PRIORITY=0 CUQUOTA_PRIORITY_FILE="$hpf" timeout 40 "$p" "${hp[@]}" "$start" \
+                >"$T/gp.hp.$1" 2>&1 & a=$!
+            under be shim CUDA_TASK_PRIORITY=1 CUQUOTA_PRIORITY_FILE="$bef" PT_BE_DEPTH=8 timeout 40 "$p" "${be[@]}" \
+                "$start" >"$T/gp.be.$1" 2>&1 & b=$!
+        fi
+        wait $a $b
+    }
+    under hp bare timeout 40 "$p" "${hp[@]}" >"$T/gp.alone" 2>&1
+    pair bare; pair shim
+    # best effort's share of idle: its device time over the window less the high-priority tenant's
+    idle() { awk -v b="$(val busy_ns "$T/gp.be.$1")" -v h="$(val busy_ns "$T/gp.hp.$1")" -v s="$secs" \
+        'BEGIN { printf "%.1f", (s * 1e9 - h > 0 ? 100 * b / (s * 1e9 - h) : 0) }'; }
+    local a99 b99 s99
+    a99=$(lat "$T/gp.alone" | pct 99); b99=$(lat "$T/gp.hp.bare" | pct 99); s99=$(lat "$T/gp.hp.shim" | pct 99)
+    awk -v a="${a99:-0}" -v b="${b99:-0}" -v s="${s99:-0}" -v ib="$(idle bare)" -v is="$(idle shim)" 'BEGIN {
+        g = a + 2000000 + 2000000; miss = ""
+        if (s > g || s == 0) miss = miss sprintf("p99 %.2f ms over; ", (s - g) / 1e6)
+        if (is < 85) miss = miss sprintf("share %.1f points under; ", 85 - is)
+        printf "| priority, best effort 1-2 ms kernels, synchronising every 8 | 20 x 200 us bursts | p99 %.2f ms, best effort %.1f %% of idle (alone: p99 %.2f ms) | p99 %.2f ms, best effort %.1f %% of idle | p99 <= %.2f ms; >= 85 %% of idle | %s |\n",
+            b / 1e6, ib, a / 1e6, s / 1e6, is, g / 1e6, (miss == "" ? "PASS" : "**FAIL** (" substr(miss, 1, length(miss) - 2) ")") }'
 }
 
 frameworks() {
@@ -222,7 +379,7 @@ setup_run() {
 }
 
 case "${1:-}" in
-stage) [ $# -eq 2 ] || { sed -n '2,16p' "$0"; exit 2; }; stage "$2" ;;
+stage) [ $# -eq 2 ] || { sed -n '2,18p' "$0"; exit 2; }; stage "$2" ;;
 smoke)
     setup_run "$2"
     info
@@ -233,8 +390,17 @@ smoke)
         under smoke "$how" CUDA_DEVICE_MEMORY_LIMIT=4g "$DIR/bin/alloc_bench" launch 1 2000 2>&1 | tail -3
     done
     ;;
+goals)
+    [ $# -ge 3 ] || { sed -n '2,18p' "$0"; exit 2; }
+    setup_run "$2"
+    OUT="$3"; mkdir -p "$OUT"
+    DEADLINE=$(($(now) + ${4:-360}))
+    phase info 30
+    phase goals $((${4:-360} - 40))
+    cat "$OUT/goals.log"
+    ;;
 run)
-    [ $# -ge 3 ] || { sed -n '2,16p' "$0"; exit 2; }
+    [ $# -ge 3 ] || { sed -n '2,18p' "$0"; exit 2; }
     setup_run "$2"
     OUT="$3"; mkdir -p "$OUT"
     DEADLINE=$(($(now) + ${4:-540}))
@@ -253,5 +419,5 @@ _phase)
     *) "$2" ;;
     esac
     ;;
-*) sed -n '2,16p' "$0"; exit 2 ;;
+*) sed -n '2,18p' "$0"; exit 2 ;;
 esac

@@ -132,3 +132,21 @@ EXPORT CUresult cuGetErrorName(CUresult r, const char **s) {
     *s = r == CUDA_SUCCESS ? "CUDA_SUCCESS" : "CUDA_ERROR_STUB";
     return CUDA_SUCCESS;
 }
+/* No graphs (alloc_bench's graph mode runs on the simulator): these only let it link against the stub. */
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned int flags) {
+    (void)g, (void)flags;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+EXPORT CUresult cuGraphAddKernelNode(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t ndeps,
+                                     const CUDA_KERNEL_NODE_PARAMS *p) {
+    (void)n, (void)g, (void)deps, (void)ndeps, (void)p;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    (void)e, (void)g, (void)flags;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    (void)e, (void)s;
+    return CUDA_ERROR_NOT_SUPPORTED;
+}

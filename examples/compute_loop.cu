@@ -3,7 +3,11 @@
 // under a limit with the unlimited rate, and its pid and launch window (CLOCK_MONOTONIC), so that on the
 // simulated GPU validate.sh reads the share from the device timeline instead.
 //
-//   compute_loop [seconds=2] [blocks=SMs*64 (also for 0)] [iterations=4096]
+//   compute_loop [seconds=2] [blocks=SMs*64 (also for 0)] [iterations=4096] [start_at_ns]
+//
+// The kernel's length is blocks x iterations on a GPU (0.40 ms on an H200 with the defaults), waves of blocks on
+// the simulator (which ignores iterations). start_at_ns: CLOCK_MONOTONIC time to start launching at (after the
+// warm-up), so several tenants start together.
 #include "common.h"
 #include <time.h>
 #include <unistd.h>
@@ -26,7 +30,8 @@ int main(int argc, char **argv) {
     int sms = 0;
     CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     int blocks = argc > 2 && atoi(argv[2]) > 0 ? atoi(argv[2]) : sms * 64;
-    int iters = argc > 3 ? atoi(argv[3]) : 4096;
+    int iters = argc > 3 && atoi(argv[3]) > 0 ? atoi(argv[3]) : 4096;
+    unsigned long long start_at = argc > 4 ? strtoull(argv[4], NULL, 10) : 0;
     float *out;
     CUDA_TRY(cudaMalloc(&out, blocks * sizeof(float)));
     cudaStream_t s;
@@ -48,9 +53,14 @@ int main(int argc, char **argv) {
     enum { IN_FLIGHT = 4 };
     cudaEvent_t done[IN_FLIGHT];
     for (int i = 0; i < IN_FLIGHT; i++) CUDA_TRY(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
+    for (unsigned long long n; start_at > (n = mono_ns());) {
+        unsigned long long w = start_at - n;
+        struct timespec ts = {(time_t)(w / 1000000000ull), (long)(w % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
     unsigned long long m0 = mono_ns();
-    double t0 = now_s(), t;
-    long launched = 0;
+    double t0 = now_s(), t, tw = 0;
+    long launched = 0, launched_w = -1;  // launches when the 0.5 s warm-up ended
     int batch = 0;
     do {
         for (int k = 0; k < 8; k++) burn<<<blocks, 256, 0, s>>>(out, iters);
@@ -59,7 +69,11 @@ int main(int argc, char **argv) {
         if (batch >= IN_FLIGHT - 1) CUDA_TRY(cudaEventSynchronize(done[(batch + 1) % IN_FLIGHT]));
         batch++;
         t = now_s() - t0;
+        if (launched_w < 0 && t >= 0.5) launched_w = launched, tw = t;
     } while (t < seconds);
+    // After the warm-up, the launch rate is the completion rate within 32 kernels (the queue's depth).
+    if (launched_w >= 0 && t > tw)
+        printf("metric steady_kernels_per_s=%.1f\nmetric steady_s=%.3f\n", (launched - launched_w) / (t - tw), t - tw);
     unsigned long long m1 = mono_ns();
     CUDA_TRY(cudaStreamSynchronize(s));
     t = now_s() - t0;

@@ -16,10 +16,13 @@
 //! sum of 20 bins; the table shows the largest. The monitor's total is checked against the program's own count.
 //!
 //! Usage: `cargo run --release -p bench-throttle -- [--seconds S] [--quick] [--jobs J] [--only accuracy|multi|burst|priority|overhead]` (`--help`)
-//! (the recorded table uses the default 10 s windows; `--quick` = 2 s windows and fewer cells).
+//! (the recorded table uses the default 10 s windows; `--quick` = 2 s windows and fewer cells). All of these run
+//! on the simulator's serialised model. `--goals [--sched slice|serial] [--row TEXT] [--quick]`: instead, the
+//! goals of issue 36 on the time-slicing model (`goals.rs`).
 //! Build first: `cargo build --release -p cuquota -p cuquota-sim -p bench-throttle`; the bench runs the release
 //! libraries (set `CUQUOTA_TEST_PROFILE=debug` to measure the debug ones).
 
+mod goals;
 mod priority;
 
 use shim_tests::{include_dir, Sim};
@@ -234,6 +237,16 @@ struct Opts {
     /// Run one part only.
     #[arg(long, value_enum)]
     only: Option<Part>,
+    /// Instead of the tables above: the goals of issue 36 item 3 (tenants that share the GPU), one table with
+    /// each row's no-cuquota baseline, target band and PASS/FAIL (5 s runs, 2.5 s with --quick).
+    #[arg(long)]
+    goals: bool,
+    /// With --goals: the simulator's scheduling model, `slice` (time-slicing, calibrated to an H200) or `serial`.
+    #[arg(long, value_name = "MODEL", default_value = "slice", value_parser = ["slice", "serial"])]
+    sched: String,
+    /// With --goals: only the rows whose name contains this (e.g. `30 + 70`, `burst`, `priority`).
+    #[arg(long, value_name = "TEXT")]
+    row: Option<String>,
     /// Internal: the monitor process the bench starts (T0_NS, then PID[,PID...]).
     #[arg(long, num_args = 2, value_names = ["T0_NS", "PIDS"], hide = true)]
     monitor: Option<Vec<String>>,
@@ -336,6 +349,28 @@ fn main() {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
             .unwrap_or_default()
     };
+    if o.goals {
+        let secs = o.seconds.unwrap_or(if o.quick { 2.5 } else { 5.0 });
+        println!("# cuquota SM-limit goals (simulator)\n");
+        println!(
+            "Date: {}. Machine: {} CPUs ({}), load average at start {}. Commit {}. Profile: {}.\n",
+            sh("date -u '+%Y-%m-%d %H:%M UTC'"),
+            sh("nproc"),
+            sh("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"),
+            sh("cut -d' ' -f1-3 /proc/loadavg"),
+            sh(&format!(
+                "git -C '{}' rev-parse --short HEAD",
+                shim_tests::workspace_root().display()
+            )),
+            std::env::var("CUQUOTA_TEST_PROFILE").unwrap_or_default()
+        );
+        goals::bench(&o.sched, secs, o.row.as_deref());
+        println!(
+            "Load average at the end: {}.",
+            sh("cut -d' ' -f1-3 /proc/loadavg")
+        );
+        return;
+    }
     println!("# cuquota SM-limit benchmark (simulator), {secs} s windows\n");
     println!(
         "Date: {}. Machine: {} CPUs ({}), load average at start {}. Profile: {}.\n",

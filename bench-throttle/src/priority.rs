@@ -17,7 +17,7 @@ const KERNEL_NS: u64 = 200_000;
 const GAP_NS: (u64, u64) = (10_000_000, 40_000_000);
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
+pub(crate) enum Mode {
     Bare,
     Priority,
     /// The high-priority tenant under cuquota, the best-effort one bypassing it (no preload, its queue as deep as
@@ -28,10 +28,10 @@ enum Mode {
 /// The bypassing container's SM limit: a hard limit, as docs/agent.md sets one for a tenant it must hold.
 const BYPASS_SM: u32 = 10;
 
-struct Run {
-    lat: Vec<u64>,
+pub(crate) struct Run {
+    pub(crate) lat: Vec<u64>,
     /// The best-effort tenant's share of the time the high-priority one left idle, in percent.
-    idle_share: Option<f64>,
+    pub(crate) idle_share: Option<f64>,
     /// The best-effort tenant died of a signal (the agent killed it: freezing could not hold its queue).
     be_killed: bool,
 }
@@ -59,7 +59,7 @@ fn ok(o: Output) -> Output {
 /// write: (words it writes, how often).
 type Lie = (fn(u64) -> (u64, u64), Duration);
 
-fn run(sim: &Sim, mode: Mode, be_ns: Option<(u64, u64)>, secs: f64, lie: Option<Lie>) -> Run {
+pub(crate) fn run(sim: &Sim, mode: Mode, be_ns: Option<(u64, u64)>, secs: f64, lie: Option<Lie>) -> Run {
     let t = mono_ns() + 1_500_000_000;
     let liar = lie.map(|(w, every)| PriorityLiar::start(&sim.liar_priority_file("liar", "be"), every, w));
     let be = be_ns.map(|(lo, hi)| {
@@ -126,7 +126,7 @@ fn run(sim: &Sim, mode: Mode, be_ns: Option<(u64, u64)>, secs: f64, lie: Option<
     }
 }
 
-fn pct(v: &[u64], p: f64) -> u64 {
+pub(crate) fn pct(v: &[u64], p: f64) -> u64 {
     let mut s = v.to_vec();
     s.sort_unstable();
     s[((s.len() - 1) as f64 * p / 100.0).round() as usize]
