@@ -100,7 +100,9 @@ int main(int argc, char **argv) {
     CHECK(ba == 200000000ull && bb == 1000000ull && all == ba + bb);
     CHECK(near(tb[2], 1000000ull));
     if (slice) {
-        CHECK(near(ta[2], 201400000ull)); /* 200 + B's 1 + two 0.2 ms switches */
+        /* 200 + B's 1 + two 0.2 ms switches; late on a starved host by up to ~0.05 ms (seen at load 12), so the
+         * upper side allows 0.6 ms: one switch too few (201.2) or one more of B's slices (203.4) still fails. */
+        CHECK(ta[2] + 20000 >= 201400000ull && ta[2] <= 202000000ull);
         CHECK(ta[1] - ta[0] >= 201400000ull);
         CHECK(tb[1] - ta[0] < 100000000ull); /* B did not wait for A's kernel */
     } else {
