@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{BufRead, BufReader, Read, Write};
+pub mod compute_loop;
 pub mod containers;
 pub mod credit;
 pub mod priority;

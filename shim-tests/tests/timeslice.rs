@@ -18,48 +18,21 @@
 //! The control: the same pair on the serialised model (the default) shares the device without any loss
 //! (0.50 + 0.50), outside the band, so the band tells the two models apart.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-use shim_tests::{heavy, workspace_root, Output, Sim};
-
-/// Builds `examples/compute_loop.cu` with the pinned CUDA 13 toolchain (scripts/setup.sh installs it).
-fn compute_loop() -> PathBuf {
-    let root = workspace_root();
-    let out = shim_tests::target_dir().join("examples/cu13");
-    let st = Command::new(root.join("examples/build.sh"))
-        .args(["--cuda", "13", "--out"])
-        .arg(&out)
-        .arg("compute_loop")
-        .status()
-        .expect("run examples/build.sh");
-    assert!(
-        st.success(),
-        "examples/build.sh failed: the pinned CUDA toolchain is installed by scripts/setup.sh"
-    );
-    out.join("compute_loop")
-}
+use shim_tests::compute_loop::{metric, program as compute_loop, window};
+use shim_tests::{heavy, Output, Sim};
 
 const SMS: u32 = 132;
 /// compute_loop's kernel: SMS × 20 blocks = 20 waves × 20 µs = 0.40 ms, as on the H200.
 const BLOCKS: u32 = SMS * 20;
 const SECONDS: &str = "5";
-const WARMUP_NS: u64 = 500_000_000;
 
 fn sim(sched: &str) -> Sim {
     Sim::new()
         .sms(&SMS.to_string())
         .env("CUDASIM_SCHED", sched)
         .build()
-}
-
-/// A `metric KEY=VALUE` line of compute_loop's output.
-fn metric(o: &Output, k: &str) -> u64 {
-    let p = format!("metric {k}=");
-    o.lines
-        .iter()
-        .find_map(|l| l.strip_prefix(&p)?.parse().ok())
-        .unwrap_or_else(|| panic!("metric {k}: {o:?}"))
 }
 
 /// Runs compute_loop in each container of `tenants` (name, SM limit; 0 = none) at once and returns each one's
@@ -87,16 +60,7 @@ fn shares(sim: &Sim, prog: &Path, tenants: &[(&str, u32)]) -> Vec<f64> {
         })
         .collect();
     let outs: Vec<Output> = procs.into_iter().map(|p| p.finish()).collect();
-    for o in &outs {
-        assert!(o.success(), "compute_loop failed:{o:?}");
-    }
-    let from = outs.iter().map(|o| metric(o, "t0_mono_ns")).max().unwrap() + WARMUP_NS;
-    let to = outs.iter().map(|o| metric(o, "t1_mono_ns")).min().unwrap();
-    assert!(
-        to >= from + 4_000_000_000,
-        "common window {} ms: the programs did not overlap for 4 s after warm-up",
-        (to.saturating_sub(from)) / 1_000_000
-    );
+    let (from, to) = window(&outs);
     if std::env::var("TIMESLICE_DEBUG").is_ok() {
         for o in &outs {
             let b = sim.busy_bins(0, metric(o, "pid") as u32, from, from + 30_000_000, 200_000);

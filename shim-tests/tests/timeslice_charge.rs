@@ -16,36 +16,18 @@
 //! degraded mode believed it: 93.4 %); NVML answering "nobody ran" with events refused (main: 93.2 %); a
 //! second process of the same container whose kernels overlap the first's.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cuquota_core::UsageRegion;
-use shim_tests::{heavy, throttle_paths_dl, workspace_root, Output, Sim};
-
-/// Builds `examples/compute_loop.cu` with the pinned CUDA 13 toolchain (scripts/setup.sh installs it).
-fn compute_loop() -> PathBuf {
-    let root = workspace_root();
-    let out = shim_tests::target_dir().join("examples/cu13");
-    let st = Command::new(root.join("examples/build.sh"))
-        .args(["--cuda", "13", "--out"])
-        .arg(&out)
-        .arg("compute_loop")
-        .status()
-        .expect("run examples/build.sh");
-    assert!(
-        st.success(),
-        "examples/build.sh failed: the pinned CUDA toolchain is installed by scripts/setup.sh"
-    );
-    out.join("compute_loop")
-}
+use shim_tests::compute_loop::{metric, program as compute_loop, window};
+use shim_tests::{heavy, throttle_paths_dl, Output, Sim};
 
 const SMS: u32 = 132;
 /// compute_loop's kernel: SMS × 20 blocks = 20 waves × 20 µs = 0.40 ms, as on the H200.
 const BLOCKS: u32 = SMS * 20;
-const WARMUP_NS: u64 = 500_000_000;
 /// `CUDASIM_HOST_PID_OFFSET` of a tenant in a modelled pid namespace.
 const OFFSET: u32 = 200_000;
 
@@ -74,15 +56,6 @@ fn t<'a>(container: &'a str, limit: u32) -> Tenant<'a> {
         env: &[],
         namespaced: false,
     }
-}
-
-/// A `metric KEY=VALUE` line of compute_loop's output.
-fn metric(o: &Output, k: &str) -> u64 {
-    let p = format!("metric {k}=");
-    o.lines
-        .iter()
-        .find_map(|l| l.strip_prefix(&p)?.parse().ok())
-        .unwrap_or_else(|| panic!("metric {k}: {o:?}"))
 }
 
 /// Runs compute_loop for each tenant at once (while `during` runs beside them, until they end) and returns
@@ -122,16 +95,7 @@ fn shares(
         let outs: Vec<Output> = procs.into_iter().map(|p| p.finish()).collect();
         stop.store(true, Ordering::Relaxed);
         h.join().expect("the side thread");
-        for o in &outs {
-            assert!(o.success(), "compute_loop failed:{o:?}");
-        }
-        let from = outs.iter().map(|o| metric(o, "t0_mono_ns")).max().unwrap() + WARMUP_NS;
-        let to = outs.iter().map(|o| metric(o, "t1_mono_ns")).min().unwrap();
-        assert!(
-            to >= from + 4_000_000_000,
-            "common window {} ms: the programs did not overlap for 4 s after warm-up",
-            to.saturating_sub(from) / 1_000_000
-        );
+        let (from, to) = window(&outs);
         outs.iter()
             .zip(tenants)
             .map(|(o, tn)| {

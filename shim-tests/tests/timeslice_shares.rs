@@ -15,46 +15,20 @@
 //! be kept off a CPU longer than that, again and again, to lose device time.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use shim_tests::{heavy, workspace_root, Output, Sim};
-
-/// Builds `examples/compute_loop.cu` with the pinned CUDA 13 toolchain (scripts/setup.sh installs it).
-fn compute_loop() -> PathBuf {
-    let root = workspace_root();
-    let out = shim_tests::target_dir().join("examples/cu13");
-    let st = Command::new(root.join("examples/build.sh"))
-        .args(["--cuda", "13", "--out"])
-        .arg(&out)
-        .arg("compute_loop")
-        .status()
-        .expect("run examples/build.sh");
-    assert!(
-        st.success(),
-        "examples/build.sh failed: the pinned CUDA toolchain is installed by scripts/setup.sh"
-    );
-    out.join("compute_loop")
-}
+use shim_tests::compute_loop::{metric, program as compute_loop, window};
+use shim_tests::{heavy, Output, Sim};
 
 const SMS: u32 = 132;
 /// 0.40 ms kernels: 20 waves at the default 20 µs.
 const BLOCKS: u32 = SMS * 20;
 const SECONDS: &str = "5";
-const WARMUP_NS: u64 = 500_000_000;
 
 fn sim() -> Sim {
     Sim::new()
         .sms(&SMS.to_string())
         .env("CUDASIM_SCHED", "slice")
         .build()
-}
-
-fn metric(o: &Output, k: &str) -> u64 {
-    let p = format!("metric {k}=");
-    o.lines
-        .iter()
-        .find_map(|l| l.strip_prefix(&p)?.parse().ok())
-        .unwrap_or_else(|| panic!("metric {k}: {o:?}"))
 }
 
 /// Runs compute_loop in each container of `tenants` (name, hard SM limit or 0 for none, `CUQUOTA_TIME_SLICE_US`
@@ -80,16 +54,7 @@ fn shares(sim: &Sim, prog: &Path, tenants: &[(&str, u32, Option<&str>)]) -> Vec<
         })
         .collect();
     let outs: Vec<Output> = procs.into_iter().map(|p| p.finish()).collect();
-    for o in &outs {
-        assert!(o.success(), "compute_loop failed:{o:?}");
-    }
-    let from = outs.iter().map(|o| metric(o, "t0_mono_ns")).max().unwrap() + WARMUP_NS;
-    let to = outs.iter().map(|o| metric(o, "t1_mono_ns")).min().unwrap();
-    assert!(
-        to >= from + 4_000_000_000,
-        "common window {} ms: the programs did not overlap for 4 s after warm-up",
-        (to.saturating_sub(from)) / 1_000_000
-    );
+    let (from, to) = window(&outs);
     outs.iter()
         .map(|o| sim.share_pct(0, metric(o, "pid") as u32, from, to) / 100.0)
         .collect()
@@ -207,15 +172,7 @@ fn under_the_operators_limits_a_tenant_cannot_shrink_its_time_slice() {
         })
         .collect();
     let outs: Vec<Output> = procs.into_iter().map(|p| p.finish()).collect();
-    for o in &outs {
-        assert!(o.success(), "compute_loop failed:{o:?}");
-    }
-    let from = outs.iter().map(|o| metric(o, "t0_mono_ns")).max().unwrap() + WARMUP_NS;
-    let to = outs.iter().map(|o| metric(o, "t1_mono_ns")).min().unwrap();
-    assert!(
-        to >= from + 4_000_000_000,
-        "the programs did not overlap for 4 s after warm-up"
-    );
+    let (from, to) = window(&outs);
     let share = |o: &Output| s.share_pct(0, metric(o, "pid") as u32, from, to) / 100.0 / solo;
     let (a, b) = (share(&outs[0]), share(&outs[1]));
     println!("operator 30 + 70, the 30 % tenant asking a 0 µs slice: {a:.3} + {b:.3}, T {t:.3}");
