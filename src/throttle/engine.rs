@@ -317,8 +317,11 @@ impl Engine {
             known = found.map(|(v, _)| v);
         }
         let mut cost = known.unwrap_or_else(|| self.est.fallback());
-        // Tokens the bucket must hold before this launch goes: 0 until it has waited (see `burst_need`).
+        // Tokens the bucket must hold before this launch goes: 0 until it has waited (see `burst_need`), and only
+        // until the time the first wait aimed at: a sibling of the container that waits for less (a longer kernel)
+        // may keep taking the tokens, and this launch must then compete as any other, not wait for ever.
         let mut need = 0;
+        let mut hold_until = u64::MAX;
         loop {
             if !lim.throttles() {
                 return None;
@@ -336,7 +339,7 @@ impl Engine {
             let own = (!lim.is_burst()).then(|| Bucket::new(&d.own));
             let take = match own.map(|o| o.wait_until(now, rate)) {
                 Some(Some(t)) => Take::WaitUntil(t),
-                _ if need == 0 => b.try_take(now, cost, rate),
+                _ if need == 0 || now >= hold_until => b.try_take(now, cost, rate),
                 _ => b.try_take_holding(now, cost, rate, need),
             };
             match take {
@@ -396,8 +399,14 @@ impl Engine {
                     }
                     if need == 0 {
                         need = burst_need(self.slice_ns.load(Ordering::Relaxed), cost);
+                        hold_until = b.holds_at(now, rate, need);
                     }
-                    let t = t.max(b.holds_at(now, rate, need)).min(now + MAX_SLEEP_NS);
+                    let hold = if now < hold_until {
+                        b.holds_at(now, rate, need)
+                    } else {
+                        now
+                    };
+                    let t = t.max(hold).min(now + MAX_SLEEP_NS);
                     clock.sleep_until(t);
                     sh.throttled_ns
                         .fetch_add(clock.now_ns().saturating_sub(now), Ordering::Relaxed);
@@ -671,10 +680,13 @@ impl Engine {
         let mark = d.share_mark.swap(total, Ordering::Relaxed);
         let occ = gpu.occupancy(dev);
         let Some(o) = occ.filter(|o| at != 0 && o.others_ns > 0) else {
-            d.share_pend.store(0, Ordering::Relaxed);
+            // What NVML said this process used beyond its charge is kept: idling a sibling must not erase it.
+            let _ = d.share_pend.fetch_min(0, Ordering::Relaxed);
             return;
         };
-        let charged = (total.wrapping_sub(mark) as i64).max(0);
+        // Signed: a window whose credits (a settled over-charge) exceed its charges lowers what is carried, so an
+        // over-charge refunded by its probe is not given back a second time here.
+        let charged = total.wrapping_sub(mark) as i64;
         let bound = SHARE_NS as i64;
         let pend = d
             .share_pend
@@ -683,7 +695,7 @@ impl Engine {
             .saturating_sub(o.own_ns.min(i64::MAX as u64) as i64)
             .clamp(-bound, bound);
         let back = pend
-            .min(charged / 4)
+            .min(charged.max(0) / 4)
             .min(o.others_ns.min(i64::MAX as u64) as i64)
             .max(0);
         d.share_pend.store(pend - back, Ordering::Relaxed);
@@ -1372,6 +1384,67 @@ mod tests {
         let (share, _, bursts) = shaped(30, 400_000, 0, 4);
         assert!((share - 300.0).abs() < 3.0, "{share}");
         assert!(bursts[10..bursts.len() - 1].iter().all(|&b| b == 400_000));
+    }
+
+    /// A clock whose sleeps let a sibling process of the container launch first: 1.5 ms kernels, each as soon as
+    /// the bucket holds the 0.5 ms its own shaping waits for, until `until`.
+    struct SiblingClock<'a> {
+        clock: &'a FakeClock,
+        words: &'a [AtomicU64; 8],
+        rate: u64,
+        until: u64,
+    }
+
+    impl Clock for SiblingClock<'_> {
+        fn now_ns(&self) -> u64 {
+            self.clock.now_ns()
+        }
+        fn sleep_until(&self, deadline: u64) {
+            let b = Bucket::new(self.words);
+            loop {
+                let at = b.holds_at(self.clock.now_ns(), self.rate, 500_000);
+                if at > deadline || at >= self.until {
+                    break;
+                }
+                self.clock.sleep_until(at);
+                if !matches!(b.try_take(at, 1_500_000, self.rate), Take::Granted) {
+                    break;
+                }
+            }
+            self.clock.sleep_until(deadline);
+        }
+    }
+
+    #[test]
+    fn a_launch_waiting_for_a_slice_is_not_starved_by_a_sibling_of_longer_kernels() {
+        // The sibling's launches (1.5 ms) wait for 0.5 ms of tokens, this process's (1 ms, the fallback) for
+        // 1 ms: held to that for every wait, it never saw the bucket hold it while the sibling ran (1 launch in
+        // the sibling's second, the bucket's start). Once its first wait's aim has passed it competes as any.
+        let r = Rig::new();
+        let gpu = r.gpu(1_000_000);
+        let l = lim(30, PolicyKind::Hard);
+        let start = r.clock.now_ns();
+        let sc = SiblingClock {
+            clock: &r.clock,
+            words: &r.words,
+            rate: l.rate_pm(),
+            until: start + 1000 * MS,
+        };
+        let mut n = 0;
+        while r.clock.now_ns() < start + 1000 * MS {
+            let t = r.eng.admit(0, &r.sh(), || l, 42, &sc, &gpu).expect("limited");
+            let h = if t.probe { gpu.probe_begin(0, 0) } else { 0 };
+            gpu.launch();
+            if t.probe {
+                gpu.probe_end(h, 0);
+                r.eng.probe_issued(&t, h, r.clock.now_ns());
+            }
+            if r.clock.now_ns() < start + 1000 * MS {
+                n += 1;
+            }
+            r.clock.advance(1_000);
+        }
+        assert!(n >= 30, "{n} launches in the sibling's second");
     }
 
     #[test]

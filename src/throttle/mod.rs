@@ -532,9 +532,15 @@ impl SmThrottle {
                 Some((Priority::Low, e)) => {
                     let t = estimated(ticket);
                     let sure = self.engine.measured(t.key);
+                    // As a single launch's: a key never measured is taken as longer than the budget.
+                    let est = if sure {
+                        t.charged
+                    } else {
+                        t.charged.max(priority::BUDGET_NS + 1)
+                    };
                     let gate = self
                         .prio
-                        .be_admit(e, idx, stream, t.charged, sure, &Monotonic, &self.done);
+                        .be_admit(e, idx, stream, est, sure, &Monotonic, &self.done);
                     gated.push((e, idx, gate, stream, (t.charged, sure, monotonic_ns())));
                     admitted.push((sh, t, stream, 0));
                 }
