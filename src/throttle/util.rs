@@ -149,7 +149,7 @@ impl Util {
     /// this process.
     pub(crate) fn own_busy_ns(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
         let (span_us, per) = self.window(nvml, devices, entry, self.own_seen.get(entry)?)?;
-        let me = devices.host_pid().or_else(pid_outside_a_namespace)?;
+        let me = devices.host_pid().unwrap_or_else(std::process::id);
         let (_, sum, k) = per.into_iter().find(|(pid, _, _)| *pid == me)?;
         Some((sum / k).min(100) * span_us * 10)
     }
@@ -160,21 +160,9 @@ impl Util {
     /// each, so that rounding never makes this process's look smaller than it was.
     pub(crate) fn occupancy(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<Occupancy> {
         let (span_us, per) = self.window(nvml, devices, entry, self.occ_seen.get(entry)?)?;
-        // Never the host pid learned in a pid namespace: that is inferred from NVML's list and from the members'
-        // usage slots, which a tenant writes, and a credit read by another process's pid is a share raised.
-        let me = pid_outside_a_namespace()?;
+        let me = devices.host_pid().unwrap_or_else(std::process::id);
         occupancy_of(me, span_us * 1000, &per)
     }
-}
-
-/// This process's pid when it is also the host's (NVML's) pid: outside any pid namespace, as
-/// `/proc/self/status`'s `NSpid` line says (one pid). Inside one, or when that cannot be read, `None`: there the
-/// process's own pid may be another process's host pid. Read on every call: a forked child may be in a
-/// namespace its parent was not.
-fn pid_outside_a_namespace() -> Option<u32> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    (nspid.split_whitespace().count() == 1).then(std::process::id)
 }
 
 /// [`Util::occupancy`] from each pid's (pid, sum of %, samples) over a window of `span_ns`.
