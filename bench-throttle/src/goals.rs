@@ -200,15 +200,7 @@ impl Bench {
                 c.spawn()
             })
             .collect();
-        let pids: Vec<String> = procs.iter().map(|p| p.pid().to_string()).collect();
-        let mon = s
-            .cmd_path(std::env::current_exe().expect("current_exe"))
-            .no_preload()
-            .timeout(timeout)
-            .arg("--monitor")
-            .arg(&start.to_string())
-            .arg(&pids.join(","))
-            .spawn();
+        let mon = crate::spawn_monitor(&s, start, &procs, timeout);
         let outs: Vec<Output> = procs.into_iter().map(|p| p.finish()).collect();
         let mon = mon.finish();
         for o in &outs {

@@ -183,14 +183,7 @@ fn run_group(
         })
         .collect();
     let pids: Vec<String> = procs.iter().map(|p| p.pid().to_string()).collect();
-    let mon = sim
-        .cmd_path(std::env::current_exe().expect("current_exe"))
-        .no_preload()
-        .timeout(timeout)
-        .arg("--monitor")
-        .arg(&start.to_string())
-        .arg(&pids.join(","))
-        .spawn();
+    let mon = spawn_monitor(sim, start, &procs, timeout);
     let outs: Vec<_> = procs.into_iter().map(|p| p.finish()).collect();
     let mon = mon.finish();
     assert!(mon.status.success(), "{mon:?}");
@@ -557,4 +550,21 @@ fn main() {
         }
         println!();
     }
+}
+
+/// This binary as the monitor of `procs` (`--monitor START PIDS`), on the same simulated machine, no preload.
+pub(crate) fn spawn_monitor(
+    sim: &Sim,
+    start: u64,
+    procs: &[shim_tests::Proc],
+    timeout: Duration,
+) -> shim_tests::Proc {
+    let pids: Vec<String> = procs.iter().map(|p| p.pid().to_string()).collect();
+    sim.cmd_path(std::env::current_exe().expect("current_exe"))
+        .no_preload()
+        .timeout(timeout)
+        .arg("--monitor")
+        .arg(&start.to_string())
+        .arg(&pids.join(","))
+        .spawn()
 }
