@@ -300,24 +300,19 @@ impl Memory {
         };
         let known = what.image.and_then(|i| i.bytes);
         let gate = (known.is_none() && what.lookup).then(|| self.first_use.enter());
-        if self.container_used(dev) > cap && self.over_cap_without_credit(dev, cap) {
-            log!(
-                Level::Debug,
-                "device {}: over the cap: a call that may load code or globals is refused",
-                dev.ordinal
-            );
+        let refuse = |why: std::fmt::Arguments<'_>| {
+            log!(Level::Debug, "device {}: {why}: refused", dev.ordinal);
             self.usage().count_refusal(dev.id);
-            return Err(OverCap);
+            Err(OverCap)
+        };
+        if self.container_used(dev) > cap && self.over_cap_without_credit(dev, cap) {
+            return refuse(format_args!("over the cap, a call that may load code or globals"));
         }
         let reserved = what.stack.saturating_add(known.unwrap_or(0));
         if self.growing(dev, reserved).is_err() {
-            log!(
-                Level::Debug,
-                "device {}: a first use that may take {reserved} bytes does not fit under the cap: refused",
-                dev.ordinal
-            );
-            self.usage().count_refusal(dev.id);
-            return Err(OverCap);
+            return refuse(format_args!(
+                "a first use that may take {reserved} bytes does not fit under the cap"
+            ));
         }
         Ok(Some(FirstUseGuard {
             mem: self,
