@@ -18,14 +18,77 @@
  * Prints key=value lines, medians over the cycles, in ns: evict_ns / restore_ns (wall clock, whole sequence),
  * evict_copy_ns / restore_copy_ns (events around the copy alone), plain_d2h_ns / plain_h2d_ns (events),
  * plain_d2h_wall_ns / plain_h2d_wall_ns, and evict_steps_ns / restore_steps_ns (create, map+access, copy,
- * unmap+release, remap+access), bytes and intact=1. Linked with -lcuda. */
+ * unmap+release, remap+access), bytes and intact=1.
+ *
+ *   evict_restore managed TENANT_MIB TENANTS ROUNDS
+ *
+ * The unified-memory baseline (issue 39 item 5; on the simulator with CUDASIM_MANAGED=migrate): TENANTS managed
+ * allocations of TENANT_MIB in one process, woken round-robin ROUNDS times (each wake-up a kernel that adds 1 to
+ * every byte of one tenant's memory, which pages it in and evicts the least recently used), so on a device
+ * smaller than the sum every wake-up finds its memory gone. Prints wake_ns (median, events around the wake-up
+ * kernel), wake_bytes, wakeups, failures (launches or synchronisations that failed) and intact (every byte equal
+ * to its tenant's wake-up count, read with copies, which do not migrate). Linked with -lcuda. */
 #include "elastic_common.h"
 
 #define MAXC 256
 
 enum { CREATE, MAP, COPY, UNMAP, REMAP, NSTEPS };
 
+static int managed(int argc, char **argv) {
+    if (argc != 5) {
+        fprintf(stderr, "usage: evict_restore managed TENANT_MIB TENANTS ROUNDS\n");
+        return 2;
+    }
+    size_t n = strtoull(argv[2], NULL, 10) * MIB;
+    int tenants = atoi(argv[3]), rounds = atoi(argv[4]);
+    if (!n || tenants < 1 || tenants > 64 || rounds < 1 || rounds > MAXC) {
+        fprintf(stderr, "evict_restore managed: TENANT_MIB > 0, TENANTS 1 to 64, ROUNDS 1 to %d\n", MAXC);
+        return 2;
+    }
+    CUdevice d = primary_device();
+    CUfunction f = touch_kernel();
+    CUdeviceptr t[64];
+    for (int i = 0; i < tenants; i++) CK(cuMemAllocManaged(&t[i], n, CU_MEM_ATTACH_GLOBAL));
+    for (int i = 0; i < tenants; i++) CK(cuMemsetD8(t[i], 0, n));
+    CUstream s;
+    CUevent a, b;
+    CK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+    CK(cuEventCreate(&a, 0));
+    CK(cuEventCreate(&b, 0));
+    static uint64_t wake[MAXC];
+    int failures = 0;
+    for (int r = 0; r < rounds; r++) {
+        CK(cuEventRecord(a, s));
+        CUresult res = launch_touch(f, s, d, t[r % tenants], n, 0);
+        if (res == CUDA_SUCCESS) res = cuEventRecord(b, s);
+        if (res == CUDA_SUCCESS) res = cuStreamSynchronize(s);
+        float ms = 0;
+        if (res == CUDA_SUCCESS) res = cuEventElapsedTime(&ms, a, b);
+        if (res != CUDA_SUCCESS) {
+            fprintf(stderr, "evict_restore managed: wake-up %d: %s\n", r, ename(res));
+            failures++;
+        }
+        wake[r] = (uint64_t)(ms * 1e6);
+    }
+    int intact = failures == 0;
+    unsigned char *buf = malloc(n);
+    for (int i = 0; i < tenants && intact; i++) {
+        unsigned want = (unsigned)(rounds / tenants + (i < rounds % tenants));
+        CK(cuMemcpyDtoH(buf, t[i], n));
+        for (size_t k = 0; k < n; k++)
+            if (buf[k] != (unsigned char)want) {
+                fprintf(stderr, "evict_restore managed: tenant %d byte %zu is %u, not %u\n", i, k, buf[k], want);
+                intact = 0;
+                break;
+            }
+    }
+    printf("wake_bytes=%zu\nwakeups=%d\nwake_ns=%llu\nfailures=%d\nintact=%d\n", n, rounds,
+           (unsigned long long)median_u64(wake, rounds), failures, intact);
+    return intact ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "managed")) return managed(argc, argv);
     int pool = argc == 4 && !strcmp(argv[3], "pool");
     if (argc != 3 && !pool) {
         fprintf(stderr, "usage: evict_restore SIZE_MIB CYCLES [pool]\n");
