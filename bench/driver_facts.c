@@ -175,10 +175,10 @@ static void fact_kernel_host(void) {
         row(key, how, "works: every byte of %zu MiB written by the kernel", n / MIB);
 }
 
-/* A kernel that touches a range after 500 ms; the range unmapped 20 ms after the launch. */
+/* A kernel that touches a range after 1 s; the range unmapped 20 ms after the launch. */
 static void fact_unmap_sync(void) {
     const char *key = "unmap_sync";
-    const char *how = "touch_add on a 2 MiB device range, spinning 500 ms before it touches it; cuMemUnmap 20 ms "
+    const char *how = "touch_add on a 2 MiB device range, spinning 1 s before it touches it; cuMemUnmap 20 ms "
                       "after the launch (wall clock around the call), then cuStreamSynchronize";
     CUdevice d = primary_device();
     size_t n = round_up(2 * MIB, vmm_granularity(CU_MEM_LOCATION_TYPE_DEVICE, d));
@@ -193,7 +193,7 @@ static void fact_unmap_sync(void) {
     CK(cuMemMap(va, n, 0, h, 0));
     CK(vmm_access(va, n, d));
     CK(cuMemsetD8(va, 0, n));
-    const uint64_t spin = 500000000;
+    const uint64_t spin = 1000000000;
     uint64_t t0 = now_ns();
     CK(launch_touch(f, s, d, va, n, spin));
     struct timespec ts = {0, 20000000};
@@ -260,7 +260,7 @@ static void fact_costs(void) {
     for (int i = 0; i < 3; i++) costs_row(d, CU_MEM_LOCATION_TYPE_HOST, "host", sizes[i].size, sizes[i].label);
 }
 
-/* Copy bandwidth per direction, pinned and pageable. Events: the copy queued behind a 50 ms kernel, so the host's
+/* Copy bandwidth per direction, pinned and pageable. Events: the copy queued behind a 100 ms kernel, so the host's
  * speed at issuing it does not count; wall: the copy alone, from the call to cuStreamSynchronize's return. */
 static void fact_bandwidth(void) {
     CUdevice d = primary_device();
@@ -286,7 +286,7 @@ static void fact_bandwidth(void) {
             for (int i = 0; i < reps; i++) {
                 for (int blocked = 1; blocked >= 0; blocked--) {
                     CK(cuStreamSynchronize(s));
-                    if (blocked) CK(launch_touch(blocker, s, d, 0, 0, 50000000));
+                    if (blocked) CK(launch_touch(blocker, s, d, 0, 0, 100000000));
                     uint64_t t0 = now_ns();
                     CK(cuEventRecord(a, s));
                     if (dir == 0)
@@ -306,7 +306,7 @@ static void fact_bandwidth(void) {
             snprintf(key, sizeof key, "bw_%s_%s", dir == 0 ? "h2d" : "d2h", pin ? "pinned" : "pageable");
             snprintf(how, sizeof how,
                      "%zu MiB cuMemcpy%sAsync %s %s memory (%s), median of %d: events around the copy queued "
-                     "behind a 50 ms kernel; wall: the copy alone, from the call to cuStreamSynchronize's return",
+                     "behind a 100 ms kernel; wall: the copy alone, from the call to cuStreamSynchronize's return",
                      n / MIB, dir == 0 ? "HtoD" : "DtoH", dir == 0 ? "from" : "to", pin ? "pinned" : "pageable",
                      pin ? "cuMemAllocHost" : "malloc, touched first", reps);
             row(key, how, "%.2f GB/s (events), %.2f GB/s (wall)", gb_ev, gb_wall);
