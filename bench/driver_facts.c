@@ -60,8 +60,8 @@ static void fact_device(void) {
     size_t total = 0;
     CK(cuDeviceTotalMem(&total, d));
     row("device", "cuDeviceGetName, cuDriverGetVersion, cuDeviceTotalMem, device attributes",
-        "%s%s, driver %d.%d, %zu MiB, %d SMs, %s, host NUMA id %d", name, on_simulator() ? " (the simulator)" : "",
-        drv / 1000, drv % 1000 / 10, total / MIB, sms, vmm ? "VMM supported" : "**no VMM**", numa);
+        "%s, driver %d.%d, %zu MiB, %d SMs, %s, host NUMA id %d", name, drv / 1000, drv % 1000 / 10, total / MIB,
+        sms, vmm ? "VMM supported" : "**no VMM**", numa);
     row("granularity", "cuMemGetAllocationGranularity(MINIMUM) per location (0: refused)",
         "device %zu KiB, HOST %zu KiB, HOST_NUMA %zu KiB", vmm_granularity(CU_MEM_LOCATION_TYPE_DEVICE, d) >> 10,
         vmm_granularity(CU_MEM_LOCATION_TYPE_HOST, 0) >> 10,
@@ -137,7 +137,9 @@ static void remap(const char *key, CUmemLocationType type) {
         row(key, how, "no: back on the device at the same address, but byte %zu of %zu differs", bad, n);
         return;
     }
-    row(key, how, "yes: same address to host and back, %zu MiB intact both ways; the host allocation took %lld MiB of device memory",
+    row(key, how,
+        "yes: same address to host and back, %zu MiB intact both ways; the host allocation took %lld MiB of "
+        "device memory",
         n / MIB, charged / (long long)MIB);
 }
 
@@ -207,10 +209,14 @@ static void fact_unmap_sync(void) {
     if (ur != CUDA_SUCCESS)
         row(key, how, "refused: cuMemUnmap = %s (kernel then: %s)", ename(ur), ename(sr));
     else if (took >= left / 2)
-        row(key, how, "yes: returned after %.1f ms, the kernel had %.0f ms left; kernel then: %s (done %.0f ms after the launch)",
+        row(key, how,
+            "yes: returned after %.1f ms, the kernel had %.0f ms left; kernel then: %s (done %.0f ms after the "
+            "launch)",
             took, left, sr == CUDA_SUCCESS ? "completed" : ename(sr), end);
     else
-        row(key, how, "no: returned after %.3f ms with the kernel %.0f ms from touching the range; kernel then: %s (seen %.0f ms after the launch)",
+        row(key, how,
+            "no: returned after %.3f ms with the kernel %.0f ms from touching the range; kernel then: %s (seen "
+            "%.0f ms after the launch)",
             took, left, sr == CUDA_SUCCESS ? "completed" : ename(sr), end);
 }
 
