@@ -272,7 +272,7 @@ static void fact_bandwidth(void) {
     CUdevice d = primary_device();
     CUfunction blocker = spin_kernel();
     const char *e = getenv("FACTS_BW_MIB");
-    size_t n = (e ? strtoull(e, NULL, 10) : 256) * MIB;
+    size_t n = (e ? parse_num("FACTS_BW_MIB", e, 1, 65536) : 256) * MIB;
     void *pinned = NULL, *pageable = malloc(n);
     CK(cuMemAllocHost(&pinned, n));
     memset(pinned, 1, n);
@@ -399,18 +399,15 @@ static int print_row(const char *out, const char *key, const char *why) {
 
 int main(int argc, char **argv) {
     const char *e = getenv("FACTS_REPS");
-    if (e) reps = atoi(e);
-    if (reps < 1 || reps > 64) {
-        fprintf(stderr, "driver_facts: FACTS_REPS must be 1 to 64\n");
-        return 2;
-    }
+    if (e) reps = (int)parse_num("FACTS_REPS", e, 1, 64);
+    if ((e = getenv("FACTS_BW_MIB"))) parse_num("FACTS_BW_MIB", e, 1, 65536);
     if (argc == 2) return run_one(argv[1]);
     if (argc != 1) {
         fprintf(stderr, "usage: driver_facts [FACT]\n");
         return 2;
     }
     e = getenv("FACTS_TIMEOUT");
-    unsigned timeout_s = e ? (unsigned)atoi(e) : 120;
+    unsigned timeout_s = e ? (unsigned)parse_num("FACTS_TIMEOUT", e, 1, 86400) : 120;
     static char out[1 << 16];
     printf("| fact | answer | how it was measured |\n| --- | --- | --- |\n");
     int rows = 0, answered = 0;

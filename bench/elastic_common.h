@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <cuda.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,19 @@ static inline const char *ename(CUresult r) {
             exit(1);                                                                                              \
         }                                                                                                         \
     } while (0)
+
+/* `s` (a setting or argument named `what`) as a whole number in [lo, hi]; anything else exits 2 saying so. */
+static inline unsigned long long parse_num(const char *what, const char *s, unsigned long long lo,
+                                           unsigned long long hi) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = s && *s && *s != '-' ? strtoull(s, &end, 10) : 0;
+    if (!end || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "invalid %s=%s: a whole number from %llu to %llu\n", what, s ? s : "", lo, hi);
+        exit(2);
+    }
+    return v;
+}
 
 static inline int on_simulator(void) { return dlsym(RTLD_DEFAULT, "cudasimDeviceBusyNs") != NULL; }
 

@@ -39,12 +39,8 @@ static int managed(int argc, char **argv) {
         fprintf(stderr, "usage: evict_restore managed TENANT_MIB TENANTS ROUNDS\n");
         return 2;
     }
-    size_t n = strtoull(argv[2], NULL, 10) * MIB;
-    int tenants = atoi(argv[3]), rounds = atoi(argv[4]);
-    if (!n || tenants < 1 || tenants > 64 || rounds < 1 || rounds > MAXC) {
-        fprintf(stderr, "evict_restore managed: TENANT_MIB > 0, TENANTS 1 to 64, ROUNDS 1 to %d\n", MAXC);
-        return 2;
-    }
+    size_t n = parse_num("TENANT_MIB", argv[2], 1, 1 << 20) * MIB;
+    int tenants = (int)parse_num("TENANTS", argv[3], 1, 64), rounds = (int)parse_num("ROUNDS", argv[4], 1, MAXC);
     CUdevice d = primary_device();
     CUfunction f = touch_kernel();
     CUdeviceptr t[64];
@@ -94,11 +90,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: evict_restore SIZE_MIB CYCLES [pool]\n");
         return 2;
     }
-    int cycles = atoi(argv[2]);
-    if (cycles < 1 || cycles > MAXC) {
-        fprintf(stderr, "evict_restore: CYCLES must be 1 to %d\n", MAXC);
-        return 2;
-    }
+    int cycles = (int)parse_num("CYCLES", argv[2], 1, MAXC);
+    size_t mib = parse_num("SIZE_MIB", argv[1], 1, 1 << 20);
     CUdevice d = primary_device();
     size_t g = vmm_granularity(CU_MEM_LOCATION_TYPE_DEVICE, d);
     size_t gh = vmm_granularity(CU_MEM_LOCATION_TYPE_HOST, 0);
@@ -106,7 +99,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "evict_restore: no VMM granularity for the %s\n", g ? "host" : "device");
         return 1;
     }
-    size_t n = round_up(round_up(strtoull(argv[1], NULL, 10) * MIB, g), gh);
+    size_t n = round_up(round_up(mib * MIB, g), gh);
     CUmemAllocationProp dp = vmm_prop(CU_MEM_LOCATION_TYPE_DEVICE, d), hp = vmm_prop(CU_MEM_LOCATION_TYPE_HOST, 0);
     CUdeviceptr va = 0, stage = 0;
     CUmemGenericAllocationHandle dev_h, host_h;

@@ -178,3 +178,21 @@ fn a_fact_that_dies_leaves_no_answer_rows() {
         "{out:?}"
     );
 }
+
+/// Fail closed: a setting that is not a number in its range stops the probe before any fact runs, naming it.
+#[test]
+fn a_bad_setting_is_refused_naming_it() {
+    let sim = Sim::new().build();
+    for (var, value) in [
+        ("FACTS_REPS", "0"),
+        ("FACTS_BW_MIB", "64m"),
+        ("FACTS_TIMEOUT", "-1"),
+    ] {
+        let out = sim.cmd_path(probe()).no_preload().env(var, value).run();
+        assert_eq!(out.status.code(), Some(2), "{var}={value}:{out:?}");
+        assert!(
+            out.stderr.contains(&format!("invalid {var}={value}")) && out.lines.is_empty(),
+            "{var}={value}:{out:?}"
+        );
+    }
+}

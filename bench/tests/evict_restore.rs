@@ -59,3 +59,19 @@ fn unified_memory_baseline_pages_every_tenant_back() {
     // 16 MiB at 25 GB/s plus 8 units' fault cost: about 0.83 ms; a wake-up that paged nothing in takes 1 us.
     assert!(out.num("wake_ns") > 600_000, "{out:?}");
 }
+
+/// Fail closed: a size, count or mode it does not know stops it, naming what was wrong.
+#[test]
+fn bad_arguments_are_refused_naming_them() {
+    let sim = Sim::new().build();
+    for (args, says) in [
+        ("0 3", "invalid SIZE_MIB=0"),
+        ("16 x", "invalid CYCLES=x"),
+        ("16 3 pooled", "usage: evict_restore"),
+        ("managed 16 99 4", "invalid TENANTS=99"),
+    ] {
+        let out = sim.cmd_path(program()).no_preload().args(args).run();
+        assert_eq!(out.status.code(), Some(2), "{args}:{out:?}");
+        assert!(out.stderr.contains(says), "{args}:{out:?}");
+    }
+}
