@@ -762,6 +762,7 @@ fn policy(g: &Grant) -> Policy {
         weight: g.weight,
         priority: g.priority.as_deref().and_then(Priority::parse),
         reserved_memory: g.reserved_memory,
+        memory_request: None,
     }
 }
 
