@@ -583,6 +583,23 @@ fn a_memory_request_from_the_environment_is_checked_against_the_limit() {
     );
     let e = cfg(&[("CUQUOTA_MEMORY_REQUEST", "2x")]).unwrap_err().to_string();
     assert!(e.contains("CUQUOTA_MEMORY_REQUEST=\"2x\""), "{e}");
+    // The TOML file: the same key, the same check, naming the file's key.
+    let f = write_toml("memory_limit = \"4g\"\nmemory_request = \"3g\"\n");
+    let c = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).unwrap();
+    assert_eq!(c.policy(0).memory_request, Some(3 * G));
+    let f = write_toml("memory_limit = \"4g\"\nmemory_request = \"5g\"\n");
+    let e = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("memory_request") && e.contains("at most memory_limit"),
+        "{e}"
+    );
+    let f = write_toml("memory_reqest = \"1g\"\n");
+    assert!(
+        cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).is_err(),
+        "unknown key"
+    );
     // A typo is an unknown variable, as for every CUQUOTA_ name.
     assert!(matches!(
         cfg(&[("CUQUOTA_MEMORY_REQEST", "1g")]),
