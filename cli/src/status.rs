@@ -54,17 +54,30 @@ pub(crate) fn usage_path(arg: Option<PathBuf>) -> Result<PathBuf, CliError> {
     )
 }
 
-/// `--limits`, else `CUQUOTA_LIMITS_FILE`, else the agent's default file when it exists, else none.
+/// `--limits`, else `CUQUOTA_LIMITS_FILE`, else the agent's default file when it exists, else none. A file
+/// found by default that cannot be read is left out with a warning (the request is then not shown); one named
+/// with `--limits` is the command's error.
 pub(crate) fn limits_path(arg: Option<PathBuf>) -> Option<PathBuf> {
-    arg.or_else(|| {
-        std::env::var_os("CUQUOTA_LIMITS_FILE")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    })
-    .or_else(|| {
-        let p = Path::new(cuquota_core::config::DEFAULT_LIMITS_PATH);
-        p.exists().then(|| p.to_path_buf())
-    })
+    if arg.is_some() {
+        return arg;
+    }
+    let p = std::env::var_os("CUQUOTA_LIMITS_FILE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            let p = Path::new(cuquota_core::config::DEFAULT_LIMITS_PATH);
+            p.exists().then(|| p.to_path_buf())
+        })?;
+    match LimitsReader::open(&p) {
+        Ok(_) => Some(p),
+        Err(e) => {
+            eprintln!(
+                "cuquota: warning: limits file {}: {e}: requests not shown",
+                p.display()
+            );
+            None
+        }
+    }
 }
 
 /// `status --json`.
