@@ -189,7 +189,7 @@ impl Devices {
 
     /// Before a launch on the hooked path: HAMi's kernel time and its monitor's launch gate (may sleep while
     /// the monitor blocks this container; only ever stricter).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn hami_pre_launch(&self) {
         if let Some(h) = &self.hami {
             h.pre_launch(|id| {
