@@ -583,6 +583,7 @@ impl SmThrottle {
         if matches!(side, crate::locks::Side::Child) {
             // The parent's probes, events and debts: it settles and pays them; here they are not ours.
             self.engine.forget_probes();
+            self.util.forget_in_child();
             if let Some(p) = &self.probes {
                 p.forget_all();
             }
