@@ -104,22 +104,8 @@ impl Util {
         let mut n = buf.len() as c_uint;
         // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
         let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
-        // NVML_ERROR_NOT_FOUND: no samples since `since` = nobody ran.
-        if r == nvmlReturn_t::ERROR_NOT_FOUND {
-            return Some(0);
-        }
-        if !r.ok() {
-            return None;
-        }
-        // Average each pid's samples, sum over the pids outside this container.
-        let per = per_pid(&buf[..(n as usize).min(buf.len())]);
         let usage = devices.usage();
-        let others: u64 = per
-            .iter()
-            .filter(|(pid, _, _)| !usage.is_member(*pid))
-            .map(|(_, sum, k)| sum * 10 / k)
-            .sum();
-        Some(others.min(FULL_RATE))
+        others_of(r, &buf[..(n as usize).min(buf.len())], |pid| usage.is_member(pid))
     }
 
     /// NVML's samples for usage entry `entry`'s device since the CLOCK_REALTIME µs `seen` holds (swapped for
@@ -203,6 +189,25 @@ fn in_initial_pid_namespace() -> bool {
     std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == PROC_PID_INIT_INO)
 }
 
+/// [`Util::others_pm`] from NVML's answer: each pid's samples averaged, summed over the pids that are not
+/// `member`s. Any error is unknown, `NVML_ERROR_NOT_FOUND` ("no samples") too: a process can make its own NVML
+/// answer that, and read as "nobody ran" it handed a burst container the whole device beside a busy neighbour.
+fn others_of(
+    r: nvmlReturn_t,
+    samples: &[nvmlProcessUtilizationSample_t],
+    member: impl Fn(u32) -> bool,
+) -> Option<u64> {
+    if !r.ok() {
+        return None;
+    }
+    let others: u64 = per_pid(samples)
+        .iter()
+        .filter(|(pid, _, _)| !member(*pid))
+        .map(|(_, sum, k)| sum * 10 / k)
+        .sum();
+    Some(others.min(FULL_RATE))
+}
+
 /// [`Util::occupancy`] from each pid's (pid, sum of %, samples) over a window of `span_ns`.
 fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupancy> {
     // Each pid's average in per-mille of the window, exact: sum × 10 / k.
@@ -223,6 +228,25 @@ fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(pid: u32, sm: u32) -> nvmlProcessUtilizationSample_t {
+        nvmlProcessUtilizationSample_t {
+            pid,
+            smUtil: sm,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn others_are_the_non_members_samples_and_no_samples_is_unknown() {
+        // The control: pid 9 (not a member) at 70 % and 50 % averages 60 %; member 7 is left out.
+        let s = [sample(7, 30), sample(9, 70), sample(9, 50)];
+        assert_eq!(others_of(nvmlReturn_t::SUCCESS, &s, |p| p == 7), Some(600));
+        assert_eq!(others_of(nvmlReturn_t::SUCCESS, &[], |_| false), Some(0));
+        // NOT_FOUND ("no samples") is unknown, as any error: never "nobody else ran".
+        assert_eq!(others_of(nvmlReturn_t::ERROR_NOT_FOUND, &[], |_| false), None);
+        assert_eq!(others_of(nvmlReturn_t::ERROR_UNKNOWN, &s, |_| false), None);
+    }
 
     #[test]
     fn rounding_reads_own_time_high_and_others_low_and_an_unlisted_self_is_unknown() {
