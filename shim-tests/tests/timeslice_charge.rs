@@ -14,7 +14,8 @@
 //! alone beside a neighbour; a pid NVML does not list kept written into the tenant's usage slot, beside a
 //! neighbour (a naive correction that read the slot's pid gave 34.9 %) and with events refused (main's
 //! degraded mode believed it: 93.4 %); NVML answering "nobody ran" with events refused (main: 93.2 %); a
-//! second process of the same container whose kernels overlap the first's.
+//! second process of the same container whose kernels overlap the first's; a tenant in a real pid namespace
+//! whose own pid is another process's host pid (main read that figure: 0.393 under a hard 30 %).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
