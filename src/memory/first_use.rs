@@ -274,11 +274,6 @@ impl Memory {
         self.first_use.armed() && self.devices.memory_limited()
     }
 
-    /// Handle `h` no longer stands for what was used as `how` (see [`FirstUse::forget`]).
-    pub(crate) fn forget_use(&self, how: Use, h: usize) {
-        self.first_use.forget(how, h);
-    }
-
     /// Before a call that may make the driver take memory at first use on `dev` (lazy loading, launch-time
     /// stack growth): what it will take is reserved against the cap first, `Err` (refuse it with
     /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the

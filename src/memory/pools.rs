@@ -366,7 +366,7 @@ impl Memory {
             self.release_destroyed_locked(&mut pools);
         }
         self.refresh_pools_of(cuda, dev.id);
-        if self.graph.charged.lock().contains_key(&dev.ordinal) {
+        if self.graph.charges(dev) {
             self.refresh_graph(cuda, dev);
         }
     }
