@@ -12,7 +12,7 @@
 
 use super::Width;
 use crate::ffi::cuda::*;
-use crate::memory::{shared_key, Space};
+use crate::memory::{shared_key, Space, VmmCall};
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
 
@@ -324,10 +324,18 @@ pub(crate) unsafe fn mipmapped_create(
 
 /// `cuArrayDestroy`: what was bound to a sparse array's tiles goes with it.
 pub(crate) fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
-    s.mem.array_destroy(&s.cuda, Space::Array, h as u64, call)
+    let destroy = VmmCall::ArrayDestroy {
+        h: h as u64,
+        mipmapped: false,
+    };
+    s.mem.vmm(&s.cuda, &s.nvml, destroy, call)
 }
 
 /// `cuMipmappedArrayDestroy`: as `cuArrayDestroy`.
 pub(crate) fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
-    s.mem.array_destroy(&s.cuda, Space::Mipmapped, h as u64, call)
+    let destroy = VmmCall::ArrayDestroy {
+        h: h as u64,
+        mipmapped: true,
+    };
+    s.mem.vmm(&s.cuda, &s.nvml, destroy, call)
 }

@@ -129,12 +129,12 @@ impl Memory {
     /// The export (returning `r`) of VMM handle `handle` as a shareable handle keyed `key` (`None`: a type the
     /// shim cannot identify): its charge moves into the shared table. A full table refuses it (`undo` closes
     /// what the driver made).
-    pub(crate) fn exported_handle(
+    pub(super) fn exported_handle(
         &self,
         r: CUresult,
         handle: u64,
-        key: impl FnOnce() -> Option<u64>,
-        undo: impl FnOnce(),
+        key: &dyn Fn() -> Option<u64>,
+        undo: &dyn Fn(),
     ) -> CUresult {
         if r.ok() {
             self.vmm.exported(handle);
@@ -163,7 +163,7 @@ impl Memory {
     /// The import of VMM handle `h` (the import of the shareable handle keyed `key`, if the shim can identify
     /// it) succeeded: memory this container exported joins its shared entry; any other import is charged from
     /// its first mapping (`Memory::vmm_map`) until its last reference and mapping go.
-    pub(crate) fn imported_handle(&self, h: u64, key: Option<u64>) {
+    pub(super) fn imported_handle(&self, h: u64, key: Option<u64>) {
         if self.ledger.get(Space::Vmm, h).is_some() || self.shared.vmm_import(h).is_some() {
             // A handle this process has already (the driver gave the same one again): one more reference.
             self.vmm.retained(h);

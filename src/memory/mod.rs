@@ -58,6 +58,7 @@ pub(crate) use ledger::{Kind, Record};
 pub(crate) use overhead::Creation;
 pub(crate) use shared::{fd_key, key as shared_key};
 pub(crate) use vmm::{BindKey, Obj};
+pub(crate) use vmm_ops::VmmCall;
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
