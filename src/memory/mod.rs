@@ -56,6 +56,7 @@ pub(crate) use ledger::Space;
 #[cfg(test)]
 pub(crate) use ledger::{Kind, Record};
 pub(crate) use overhead::Creation;
+pub(crate) use pools::PoolCall;
 pub(crate) use shared::{fd_key, key as shared_key};
 pub(crate) use vmm::{BindKey, Obj};
 pub(crate) use vmm_ops::VmmCall;
