@@ -9,7 +9,7 @@
 use super::Width;
 use crate::devices::MAX_ORDINALS;
 use crate::ffi::cuda::*;
-use crate::memory::Creation;
+use crate::memory::{Creation, OverheadCall};
 use crate::state::Shim;
 use std::ffi::c_int;
 
@@ -60,13 +60,14 @@ pub(crate) unsafe fn ctx_create(
 /// # Safety
 /// Driver contract.
 pub(crate) unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
-    let owner = s.mem.context_destroying(ctx as usize);
-    // A probe measuring a launch in this context is charged up to the context's end, never dropped.
-    let probes = s.throttle.context_ending(&s.nvml, Some(ctx as usize), 0, true);
-    let r = call();
-    s.throttle.context_ended(&probes);
-    s.mem
-        .context_destroyed(&s.cuda, &s.nvml, ctx as usize, owner, r.ok());
+    let destroy = OverheadCall::Destroy(ctx as usize);
+    let r = s.mem.overhead_call(&s.cuda, &s.nvml, destroy, || {
+        // A probe measuring a launch in this context is charged up to the context's end, never dropped.
+        let probes = s.throttle.context_ending(&s.nvml, Some(ctx as usize), 0, true);
+        let r = call();
+        s.throttle.context_ended(&probes);
+        r
+    });
     s.throttle.contexts_changed();
     r
 }
@@ -120,24 +121,32 @@ pub(crate) fn primary_release(
     } else {
         Vec::new()
     };
-    let r = call();
-    s.throttle.context_ended(&probes);
+    // Our last hold: the context may be gone (its events are not touched again).
+    let last = || {
+        let gone = s.throttle.context_ending(&s.nvml, None, dev, false);
+        s.throttle.context_ended(&gone);
+    };
+    let release = OverheadCall::PrimaryRelease {
+        ordinal: dev,
+        reset,
+        last: &last,
+    };
+    let r = s.mem.overhead_call(&s.cuda, &s.nvml, release, || {
+        let r = call();
+        s.throttle.context_ended(&probes);
+        r
+    });
     if r.ok() {
-        s.mem.primary_released(&s.cuda, &s.nvml, dev, reset);
-        if !reset && s.mem.primary_unheld(dev) {
-            // Our last hold: the context may be gone (its events are not touched again).
-            let gone = s.throttle.context_ending(&s.nvml, None, dev, false);
-            s.throttle.context_ended(&gone);
-        }
         s.throttle.contexts_changed();
     }
     r
 }
 
 /// `cuCtxSetLimit`: raising a limit that reserves device memory is admitted against the cap
-/// (`Memory::set_limit`).
+/// ([`OverheadCall::SetLimit`]).
 pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, value: usize) -> CUresult {
-    s.mem.set_limit(&s.cuda, &s.nvml, call, limit, value)
+    let set = OverheadCall::SetLimit { limit, value };
+    s.mem.overhead_call(&s.cuda, &s.nvml, set, call)
 }
 
 pub(crate) use crate::memory::Owner;

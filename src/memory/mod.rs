@@ -55,7 +55,7 @@ pub(crate) use image::{
 pub(crate) use ledger::Space;
 #[cfg(test)]
 pub(crate) use ledger::{Kind, Record};
-pub(crate) use overhead::Creation;
+pub(crate) use overhead::{Creation, OverheadCall};
 pub(crate) use pools::PoolCall;
 pub(crate) use shared::{fd_key, key as shared_key};
 pub(crate) use vmm::{BindKey, Obj};
