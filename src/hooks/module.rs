@@ -1,7 +1,7 @@
 //! Module and library loads: the image a load hands the driver is read for its footprint (`memory::image`),
 //! from our own copy under a memory cap (`image_copy`); the load is admitted as a creation
-//! ([`Memory::creating`](crate::memory::Memory::creating)): an estimate reserved before the call, the cost
-//! measured after it, a module that does not fit unloaded and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
+//! (`OverheadCall::Load`): an estimate reserved before the call, the cost measured after it, a module that does
+//! not fit unloaded and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
 
 use super::image_copy::{self, ImageCopy};
 use crate::ffi::cuda::*;

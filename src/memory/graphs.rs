@@ -1,7 +1,7 @@
 //! CUDA graph memory and the stack and code a graph's kernels take: the family's state ([`Graphs`]: private,
 //! its driver queries behind [`Driver`]), the walk of a graph that prices it, and the two doors hooks use:
 //! [`Memory::graph_changed`] (a graph or exec was made, a node added, a pool trimmed) and [`Memory::graph_exec`]
-//! (an exec's update, upload or destruction, around the driver's call), with [`Memory::with_graph_memory`]
+//! (an exec's update, upload, launch or destruction, around the driver's call), [`Memory::with_graph_memory`]
 //! admitting an upload or launch.
 //!
 //! Alloc nodes (`cuGraphAddMemAllocNode`, or `cuMemAllocAsync` captured from a stream) take memory from the
@@ -462,6 +462,8 @@ pub(crate) enum ExecCall {
     OtherUpdate,
     /// `cuGraphUpload` on `stream` (the probe stream a first use is measured on).
     Upload { stream: usize },
+    /// `cuGraphLaunch` (the call throttles and admits the first launch itself): its graph memory.
+    Launch,
     /// `cuGraphExecDestroy`.
     Destroy,
 }
@@ -547,7 +549,8 @@ impl Memory {
     /// the driver not called), and after it the footprint becomes, per device, the larger of the old and the new
     /// (whichever the driver kept, the launch is admitted for it; a child graph's is added), the stack need the
     /// new graph's (a kernel or child node's raises it). An update or destruction makes the next launch a first
-    /// use again. An upload is admitted as the exec's first launch there is, and its graph memory as a launch's.
+    /// use again. An upload is admitted as the exec's first launch there is, and its graph memory as a launch's
+    /// ([`Memory::with_graph_memory`]).
     pub(crate) fn graph_exec(
         &self,
         cuda: &CudaTable,
@@ -559,6 +562,7 @@ impl Memory {
         let e = exec as usize;
         let update = match what {
             ExecCall::Upload { stream } => return self.graph_upload(cuda, nvml, e, stream, call),
+            ExecCall::Launch => return self.with_graph_memory(cuda, nvml, e, call),
             ExecCall::Destroy => {
                 let had = self.graph.has_memory(e);
                 let r = call();
@@ -667,7 +671,7 @@ impl Memory {
     /// driver not called), then the real change of the graph pools' reserved size is charged and the
     /// provisional charge dropped. An exec without alloc nodes costs one lock-free probe.
     #[inline]
-    pub(crate) fn with_graph_memory(
+    fn with_graph_memory(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,

@@ -6,8 +6,9 @@
 //! `usedGpuMemory` on that device (`nvmlDeviceGetComputeRunningProcesses_v3`, device found by UUID) and charge
 //! `used − bytes our ledger holds` as this process's overhead there. Growth on a creation path is admitted
 //! against the cap: a context that alone would exceed it is refused (the hook destroys it, a module or library
-//! is unloaded here, and the call returns `CUDA_ERROR_OUT_OF_MEMORY`). Hooks call [`Memory::creating`] (a
-//! context's guard) and [`Memory::overhead_call`] (loads, unloads, destroys, releases, limits).
+//! is unloaded here, and the call returns `CUDA_ERROR_OUT_OF_MEMORY`). Hooks call one door,
+//! [`Memory::overhead_call`] (creations, loads, unloads, destroys, releases, limits); a creation holds its
+//! estimate in the [`Creating`] guard.
 //!
 //! NVML can only measure a context or module once the driver has created it, so each creation first reserves an
 //! estimate as overhead ([`Memory::creating`]): the last cost measured for that kind on that device in
@@ -309,6 +310,14 @@ pub(super) enum Figure {
 
 /// A call [`Memory::overhead_call`] wraps, its arguments decoded.
 pub(crate) enum OverheadCall<'a> {
+    /// `cuCtxCreate` (`Creation::Context`) or `cuDevicePrimaryCtxRetain` (`Creation::Primary`): `out` reads the
+    /// context once the call succeeded (unused for a primary context); `undo(it)` destroys or releases what the
+    /// call made when its cost does not fit under the cap.
+    Create {
+        what: Creation,
+        out: &'a dyn Fn() -> Option<usize>,
+        undo: &'a dyn Fn(usize),
+    },
     /// `cuCtxDestroy` of a context.
     Destroy(usize),
     /// `cuDevicePrimaryCtxRelease` (`reset`: `cuDevicePrimaryCtxReset`) of `ordinal`'s primary context;
@@ -456,6 +465,24 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         match what {
+            OverheadCall::Create { what, out, undo } => {
+                let Ok(mut c) = self.creating(cuda, nvml, what) else {
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                };
+                let r = c.call(call);
+                let made = match what {
+                    Creation::Primary(_) => Some(0),
+                    _ => r.ok().then(out).flatten(),
+                };
+                let Some(made) = made.filter(|_| r.ok()) else {
+                    return r;
+                };
+                if c.created(made).is_err() {
+                    undo(made);
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+                r
+            }
             OverheadCall::Destroy(ctx) => {
                 let owner = self.holdings.owners.lock().remove(&ctx);
                 let r = call();
@@ -838,7 +865,7 @@ impl Memory {
     }
 
     /// Module `module` (a library's, which no load hook saw) lives on `dev`; `library`: the library it is of.
-    pub(crate) fn module_on(&self, module: usize, dev: Dev, library: usize) {
+    pub(super) fn module_on(&self, module: usize, dev: Dev, library: usize) {
         self.holdings.owners.lock().insert(module, dev.ordinal);
         let img = self.holdings.images.lock().get(&library).copied();
         if let Some(i) = img {
