@@ -52,6 +52,7 @@ pub(crate) use graphs::{ExecCall, GraphChange};
 pub(crate) use image::{
     footprint as image_footprint, footprint_at as image_footprint_at, inside as image_inside,
 };
+pub(crate) use interprocess::IpcCall;
 pub(crate) use ledger::Space;
 #[cfg(test)]
 pub(crate) use ledger::{Kind, Record};
