@@ -1,4 +1,4 @@
-//! NVML's per-process utilisation since the last sample: other containers' use of a device, for the burst
+//! NVML's per-process utilisation since the last sample: other containers' and all processes' use of a device, for the burst
 //! controller (summed over the processes that are not members of this container's usage region), this
 //! process's own device time, for degraded mode (no events to measure launches with), and both this process's
 //! and every other process's, for the correction of a shared device's charge (`Engine::share_correct`).
@@ -10,7 +10,7 @@
 //! and reading it as "used nothing" would give back everything it was charged.
 
 use super::bucket::FULL_RATE;
-use super::burst;
+use super::burst::{self, DeviceUse};
 use crate::devices::Devices;
 use crate::driver::nvml::Nvml;
 use crate::ffi::nvml::{nvmlProcessUtilizationSample_t, nvmlReturn_t};
@@ -83,9 +83,9 @@ impl Util {
         (h != 1).then_some(h as *mut c_void)
     }
 
-    /// Per-mille of usage entry `entry`'s device that processes outside this container used since the previous
-    /// call for it (about `burst::SAMPLE_NS`); `None` when NVML cannot tell.
-    pub(crate) fn others_pm(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+    /// Per-mille of usage entry `entry`'s device that processes outside this container, and all processes, used
+    /// since the previous call for it (about `burst::SAMPLE_NS`); `None` when NVML cannot tell.
+    pub(crate) fn device_use(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<DeviceUse> {
         let t = nvml.ready()?;
         let h = self.handle(nvml, devices, entry)?;
         let now = realtime_us();
@@ -101,20 +101,25 @@ impl Util {
         let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
         // NVML_ERROR_NOT_FOUND: no samples since `since` = nobody ran.
         if r == nvmlReturn_t::ERROR_NOT_FOUND {
-            return Some(0);
+            return Some(DeviceUse { others: 0, all: 0 });
         }
         if !r.ok() {
             return None;
         }
-        // Average each pid's samples, sum over the pids outside this container.
+        // Average each pid's samples, sum over the pids outside this container and over all.
         let per = per_pid(&buf[..(n as usize).min(buf.len())]);
         let usage = devices.usage();
+        let pm = |&(_, sum, k): &(u32, u64, u64)| sum * 10 / k;
         let others: u64 = per
             .iter()
             .filter(|(pid, _, _)| !usage.is_member(*pid))
-            .map(|(_, sum, k)| sum * 10 / k)
+            .map(pm)
             .sum();
-        Some(others.min(FULL_RATE))
+        let all: u64 = per.iter().map(pm).sum();
+        Some(DeviceUse {
+            others: others.min(FULL_RATE),
+            all: all.min(FULL_RATE),
+        })
     }
 
     /// NVML's samples for usage entry `entry`'s device since the CLOCK_REALTIME µs `seen` holds (swapped for
