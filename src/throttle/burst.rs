@@ -14,6 +14,7 @@
 //!   the configured limit (weight 100 halves it), so a container that needs its guaranteed share gets it back
 //!   within a few samples. Burst containers that grow and shrink by these factors on the same signal settle with
 //!   their excesses in proportion to their weights: the spare time is split by weight.
+
 /// Interval between samples.
 pub(crate) const SAMPLE_NS: u64 = 50_000_000;
 /// Others' use below this (per-mille of the device) counts as "no one else wants the device".
