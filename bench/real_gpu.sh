@@ -8,8 +8,11 @@
 #   bench/real_gpu.sh smoke DIR          on the GPU machine: one sample and one bench run, with and without cuquota
 #   bench/real_gpu.sh goals DIR OUT [S]  on the GPU machine: the goals of issue 36 item 3 (tenants sharing the GPU),
 #                                        each row with its no-cuquota baseline, one table (goals.log); about 4 min
+#   bench/real_gpu.sh facts DIR OUT      on the GPU machine: the phases facts and elastic alone (about 2 min)
 #
-# Phases of `run`, in order, each bounded in time so that a hang costs one phase: info, validate (validate.sh
+# Phases of `run`, in order, each bounded in time so that a hang costs one phase: facts (bench/driver_facts.c:
+# the driver facts elastic memory rests on, one table), info, elastic (bench/evict_restore.c: evict/restore by
+# hand against plain pinned copies), validate (validate.sh
 # --prebuilt: samples under caps and SM limits), overhead (bench/alloc_bench.c: ns per alloc/free pair,
 # cuMemGetInfo and empty-kernel launch, 1 and 8 threads), sm (compute_loop's kernel rate under hard limits,
 # alone and two tenants at once, relative to the unlimited rate), priority (shim-tests/c/priority_tenant.c:
@@ -34,6 +37,18 @@ stage() {
     cc -O2 -Wall -I"$inc" "$ROOT/bench/alloc_bench.c" -o "$dir/bin/alloc_bench" -L"$tmp" -l:libcuda.so.1 \
         -lpthread -ldl || exit 2
     cc -O2 -Wall -I"$inc" "$ROOT/shim-tests/c/priority_tenant.c" -o "$dir/bin/priority_tenant" -ldl || exit 2
+    # The driver-facts probe and the evict/restore bench (elastic memory, issue 39), linked against a stub of
+    # exactly the driver names they call, made from their undefined symbols.
+    mkdir -p "$tmp/facts"
+    for p in driver_facts evict_restore; do
+        cc -O2 -Wall -I"$inc" -c "$ROOT/bench/$p.c" -o "$tmp/$p.o" || exit 2
+    done
+    nm -u "$tmp/driver_facts.o" "$tmp/evict_restore.o" | awk '$2 ~ /^cu/ { print "void " $2 "(void) {}" }' \
+        | sort -u >"$tmp/facts/stub.c"
+    cc -shared -fPIC -Wl,-soname,libcuda.so.1 "$tmp/facts/stub.c" -o "$tmp/facts/libcuda.so.1" || exit 2
+    for p in driver_facts evict_restore; do
+        cc "$tmp/$p.o" -o "$dir/bin/$p" -L"$tmp/facts" -l:libcuda.so.1 -ldl || exit 2
+    done
     rm -rf "$tmp"
     git -C "$ROOT" rev-parse --short HEAD >"$dir/commit"
     du -sh "$dir"
@@ -360,6 +375,37 @@ goals_priority() {
             b / 1e6, ib, a / 1e6, s / 1e6, is, g / 1e6, (miss == "" ? "PASS" : "**FAIL** (" substr(miss, 1, length(miss) - 2) ")") }'
 }
 
+# The driver facts elastic memory rests on (bench/driver_facts.c): one table, each answer with how it was measured.
+facts() {
+    "$DIR/bin/driver_facts"
+}
+
+# Elastic memory's evict/restore done by hand (bench/evict_restore.c), as ratios against a plain pinned copy of
+# the same size in the same run (issue 39 item 5: restore >= 0.80 of host-to-device, evict >= 0.80 of
+# device-to-host, mapping cost included); host memory "fresh" (created per eviction) or "pool" (one kept).
+elastic() {
+    printf '| size | host memory | evict GB/s | plain D2H GB/s | evict / plain | restore GB/s | plain H2D GB/s | restore / plain | evict steps ms | restore steps ms |\n'
+    printf '| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |\n'
+    for mib in 64 256 1024; do
+        for how in fresh pool; do
+            local o="$T/er.$mib.$how" arg=""
+            [ "$how" = pool ] && arg=pool
+            # shellcheck disable=SC2086
+            "$DIR/bin/evict_restore" "$mib" 5 $arg >"$o" 2>&1 || { echo "FAILED $mib MiB $how:"; tail -3 "$o"; continue; }
+            awk -F= -v mib="$mib" -v how="$how" '{ v[$1] = $2 } END {
+                b = v["bytes"]
+                split(v["evict_steps_ns"], e, ","); split(v["restore_steps_ns"], r, ",")
+                es = sprintf("%.1f / %.1f / %.1f / %.1f / %.1f", e[1] / 1e6, e[2] / 1e6, e[3] / 1e6, e[4] / 1e6, e[5] / 1e6)
+                rs = sprintf("%.1f / %.1f / %.1f / %.1f / %.1f", r[1] / 1e6, r[2] / 1e6, r[3] / 1e6, r[4] / 1e6, r[5] / 1e6)
+                printf "| %d MiB | %s | %.2f | %.2f | %.3f | %.2f | %.2f | %.3f | %s | %s |\n", mib, how, b / v["evict_ns"],
+                    b / v["plain_d2h_wall_ns"], v["plain_d2h_wall_ns"] / v["evict_ns"], b / v["restore_ns"],
+                    b / v["plain_h2d_wall_ns"], v["plain_h2d_wall_ns"] / v["restore_ns"], es, rs }' "$o"
+            grep -q '^intact=1' "$o" || echo "**CONTENT DIFFERED** at $mib MiB, $how"
+        done
+    done
+    echo "(medians of 5 cycles, wall clock; steps: create / map + access / copy / unmap + release / remap + access)"
+}
+
 frameworks() {
     local secs; secs=$(($(left) - 15))
     [ "$secs" -ge 10 ] || { echo "no time left"; return 1; }
@@ -379,7 +425,7 @@ setup_run() {
 }
 
 case "${1:-}" in
-stage) [ $# -eq 2 ] || { sed -n '2,18p' "$0"; exit 2; }; stage "$2" ;;
+stage) [ $# -eq 2 ] || { sed -n '2,20p' "$0"; exit 2; }; stage "$2" ;;
 smoke)
     setup_run "$2"
     info
@@ -391,7 +437,7 @@ smoke)
     done
     ;;
 goals)
-    [ $# -ge 3 ] || { sed -n '2,18p' "$0"; exit 2; }
+    [ $# -ge 3 ] || { sed -n '2,20p' "$0"; exit 2; }
     setup_run "$2"
     OUT="$3"; mkdir -p "$OUT"
     DEADLINE=$(($(now) + ${4:-360}))
@@ -399,12 +445,21 @@ goals)
     phase goals $((${4:-360} - 40))
     cat "$OUT/goals.log"
     ;;
+facts)
+    [ $# -ge 3 ] || { sed -n '2,20p' "$0"; exit 2; }
+    setup_run "$2"
+    OUT="$3"; mkdir -p "$OUT"
+    DEADLINE=$(($(now) + 240))
+    phase facts 120
+    phase elastic 110
+    cat "$OUT/facts.log" "$OUT/elastic.log"
+    ;;
 run)
-    [ $# -ge 3 ] || { sed -n '2,18p' "$0"; exit 2; }
+    [ $# -ge 3 ] || { sed -n '2,20p' "$0"; exit 2; }
     setup_run "$2"
     OUT="$3"; mkdir -p "$OUT"
     DEADLINE=$(($(now) + ${4:-540}))
-    for p in "info 30" "validate 150" "overhead 70" "sm 80" "priority 60" "frameworks 600"; do
+    for p in "facts 120" "info 30" "elastic 90" "validate 150" "overhead 70" "sm 80" "priority 60" "frameworks 600"; do
         # shellcheck disable=SC2086
         phase $p
     done
@@ -419,5 +474,5 @@ _phase)
     *) "$2" ;;
     esac
     ;;
-*) sed -n '2,18p' "$0"; exit 2 ;;
+*) sed -n '2,20p' "$0"; exit 2 ;;
 esac

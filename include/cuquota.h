@@ -150,7 +150,7 @@ struct cuquota_limits_entry {
     uint32_t flags;               /* CUQUOTA_ENTRY_VALID */
     uint32_t cuda_index;          /* CUDA ordinal, or CUQUOTA_INDEX_ALL */
     struct cuquota_policy limits; /* the limits */
-    uint64_t _reserved[1];
+    uint64_t memory_request;      /* guaranteed bytes, 0 = none (= the limit); zero (reserved) in older files */
 };
 
 /* The container's processes as the agent sees them: host pids (as NVML reports them), sorted ascending, no

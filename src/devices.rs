@@ -109,8 +109,9 @@ pub(crate) struct Devices {
     warned_no_priority_file: AtomicBool,
     /// HAMi-core's region for HAMi's vGPU monitor (output only; none when it cannot be opened).
     hami: Option<hami::Hami>,
-    /// The pid NVML knows this process by, as this process learned it (0 = not yet): the throttle reads its
-    /// own NVML figures by it, never by the usage slot's copy, which any process of the container can write.
+    /// The pid NVML knows this process by, when proven (0 = not proven): the one new pid in NVML's list around
+    /// this process's first context creation on a device, singled out without any member's usage slot (which
+    /// a tenant writes). The throttle reads its own NVML figures by it.
     host_pid: AtomicU32,
 }
 
@@ -179,9 +180,8 @@ impl Devices {
         }
     }
 
-    /// The process's host pid (learned from NVML by this process), for HAMi's file and the throttle.
+    /// The process's host pid (learned from NVML by this process), for HAMi's file.
     pub(crate) fn hami_host_pid(&self, host_pid: u32) {
-        self.host_pid.store(host_pid, Ordering::Relaxed);
         if let Some(h) = &self.hami {
             h.set_host_pid(host_pid);
         }
@@ -189,7 +189,7 @@ impl Devices {
 
     /// Before a launch on the hooked path: HAMi's kernel time and its monitor's launch gate (may sleep while
     /// the monitor blocks this container; only ever stricter).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn hami_pre_launch(&self) {
         if let Some(h) = &self.hami {
             h.pre_launch(|id| {
@@ -207,7 +207,12 @@ impl Devices {
         }
     }
 
-    /// The pid NVML knows this process by, as this process learned it (`hami_host_pid`), if it did.
+    /// The host pid is `pid`, proven by a diff of NVML's list (see the field).
+    pub(crate) fn host_pid_proven(&self, pid: u32) {
+        self.host_pid.store(pid, Ordering::Relaxed);
+    }
+
+    /// The pid NVML knows this process by, if a diff proved it (`host_pid_proven`).
     pub(crate) fn host_pid(&self) -> Option<u32> {
         Some(self.host_pid.load(Ordering::Relaxed)).filter(|p| *p != 0)
     }

@@ -10,6 +10,7 @@
 //! A library: the `cuquota` binary runs it (`cuquota agent`) and shares its NVML access ([`nvml`]), its
 //! metrics series and endpoint ([`metrics`]) and its output helpers ([`output`]).
 
+pub mod admission;
 pub mod descriptor;
 pub mod enforce;
 pub mod members;
@@ -147,6 +148,8 @@ struct Agent {
     /// exited before the pass is still charged its NVML samples (kept [`RECENT`] intervals).
     recent: BTreeMap<String, BTreeMap<u32, (u64, Instant)>>,
     last_scan: Option<Instant>,
+    /// The memory requests admitted per GPU.
+    admission: admission::Admission,
 }
 
 /// Intervals a member that exited stays charged for its samples.
@@ -365,6 +368,10 @@ impl Agent {
             attributed.extend(members);
             containers.push(c);
         }
+        let gpu_reports = gpu_reports(&gpus, &attributed);
+        for (name, why) in self.admission.admit(&gpu_reports, &mut containers) {
+            cuquota_core::log!(Level::Warn, "container {name}: {why}");
+        }
         self.passes += 1;
         Ok(AgentReport {
             schema: report::SCHEMA,
@@ -375,7 +382,7 @@ impl Agent {
                 .nvml
                 .as_ref()
                 .map_or_else(String::new, |n| n.library().to_string()),
-            gpus: gpu_reports(&gpus, &attributed),
+            gpus: gpu_reports,
             containers,
         })
     }
@@ -581,6 +588,9 @@ impl Agent {
                     },
                     memory_used_bytes: d.memory_used_bytes,
                     memory_limit_bytes: d.memory_limit_bytes,
+                    memory_request_bytes: d.memory_request_bytes,
+                    // Every byte is resident until eviction exists (issue 39).
+                    memory_resident_bytes: d.memory_used_bytes,
                     sm_limit_percent: d.sm_limit_percent,
                     utilization_percent: d.utilization_percent,
                     last_kernel_age_seconds: self
@@ -768,6 +778,7 @@ pub fn run(a: AgentArgs) -> AgentResult {
         sources: BTreeMap::new(),
         recent: BTreeMap::new(),
         last_scan: None,
+        admission: Default::default(),
     };
     let start = Instant::now();
     for n in 1u32.. {

@@ -14,6 +14,10 @@
 //! | `cuquota_throttled_seconds_total` | counter | time its launches waited for the SM limit |
 //! | `cuquota_processes` | gauge | its processes on the device |
 //! | `cuquota_allocation_refusals_total` | counter | allocations refused at its cap |
+//! | `cuquota_memory_request_bytes` | gauge | its guaranteed memory: the request, else the cap (absent when uncapped) |
+//! | `cuquota_memory_resident_bytes` | gauge | its memory on the device (all of it until eviction exists) |
+//! | `cuquota_memory_evicted_bytes`, `cuquota_memory_restoring_bytes` | gauge | 0: eviction does not exist yet |
+//! | `cuquota_wakeup_latency_seconds` | histogram | restores before a launch: empty until eviction exists |
 //! | `cuquota_agent_actions_total` | counter | agent actions on it, by `action` (agent only) |
 //!
 //! Labels: `namespace`, `pod`, `container`, `vdevice_index`, `device_uuid` (HAMi's; blank where unknown) and
@@ -40,6 +44,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::AgentError;
@@ -85,6 +90,10 @@ pub struct DeviceSample {
     pub memory_used_bytes: u64,
     /// Cap, bytes.
     pub memory_limit_bytes: Option<u64>,
+    /// Guaranteed memory, bytes (the request, else the cap).
+    pub memory_request_bytes: Option<u64>,
+    /// Device memory resident, bytes.
+    pub memory_resident_bytes: u64,
     /// SM limit, percent.
     pub sm_limit_percent: Option<u32>,
     /// Share of the device over the last interval, percent.
@@ -113,6 +122,11 @@ pub struct Snapshot {
 }
 
 type GaugeF = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// Buckets of `cuquota_wakeup_latency_seconds`: 1 ms to about 4 s.
+fn wakeup_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 13))
+}
 type CounterF = Counter<f64, std::sync::atomic::AtomicU64>;
 
 /// The OpenMetrics text of `snap`.
@@ -178,6 +192,34 @@ pub fn render(snap: &Snapshot) -> String {
         "cuquota_allocation_refusals",
         "Allocations refused at the container's memory cap",
     );
+    let request = gauge(
+        &mut reg,
+        "cuquota_memory_request_bytes",
+        "Device memory guaranteed to the container (its request, else its cap), bytes",
+    );
+    let resident = gauge(
+        &mut reg,
+        "cuquota_memory_resident_bytes",
+        "Device memory of the container resident on the device, bytes (all of it: eviction does not exist yet)",
+    );
+    let evicted = gauge(
+        &mut reg,
+        "cuquota_memory_evicted_bytes",
+        "Memory of the container moved to host memory, bytes (always 0: eviction does not exist yet)",
+    );
+    let restoring = gauge(
+        &mut reg,
+        "cuquota_memory_restoring_bytes",
+        "Memory of the container being moved back to the device, bytes (always 0: eviction does not exist yet)",
+    );
+    let wakeup =
+        Family::<DeviceLabels, Histogram>::new_with_constructor(wakeup_histogram as fn() -> Histogram);
+    reg.register(
+        "cuquota_wakeup_latency_seconds",
+        "Time a launch waited for the container's evicted memory to come back, seconds (no observations: \
+         eviction does not exist yet)",
+        wakeup.clone(),
+    );
     for d in &snap.devices {
         let l = &d.labels;
         used.get_or_create(l).set(d.memory_used_bytes as f64);
@@ -204,6 +246,13 @@ pub fn render(snap: &Snapshot) -> String {
             refused.get_or_create(l).inc_by(v as f64);
         }
         procs.get_or_create(l).set(d.processes as f64);
+        if let Some(v) = d.memory_request_bytes {
+            request.get_or_create(l).set(v as f64);
+        }
+        resident.get_or_create(l).set(d.memory_resident_bytes as f64);
+        evicted.get_or_create(l).set(0.0);
+        restoring.get_or_create(l).set(0.0);
+        let _ = wakeup.get_or_create(l); // the series, with no observations
     }
     if snap.agent_passes.is_some() || !snap.actions.is_empty() {
         let actions = Family::<ActionLabels, Counter>::default();
@@ -591,6 +640,8 @@ mod tests {
                 },
                 memory_used_bytes: 1 << 30,
                 memory_limit_bytes: Some(2 << 30),
+                memory_request_bytes: Some(1 << 30),
+                memory_resident_bytes: 1 << 30,
                 sm_limit_percent: Some(30),
                 utilization_percent: Some(29.5),
                 last_kernel_age_seconds: Some(0.5),
@@ -623,6 +674,12 @@ mod tests {
             format!("cuquota_throttled_seconds_total{{{labels}}} 3.0"),
             format!("cuquota_processes{{{labels}}} 2.0"),
             format!("cuquota_allocation_refusals_total{{{labels}}} 4.0"),
+            format!("cuquota_memory_request_bytes{{{labels}}} 1073741824.0"),
+            format!("cuquota_memory_resident_bytes{{{labels}}} 1073741824.0"),
+            format!("cuquota_memory_evicted_bytes{{{labels}}} 0.0"),
+            format!("cuquota_memory_restoring_bytes{{{labels}}} 0.0"),
+            format!("cuquota_wakeup_latency_seconds_count{{{labels}}} 0"),
+            "# TYPE cuquota_wakeup_latency_seconds histogram".into(),
             r#"cuquota_agent_actions_total{namespace="",pod="",container="",name="web",action="kill"} 0"#
                 .into(),
             "cuquota_agent_passes_total 7".into(),
@@ -633,10 +690,13 @@ mod tests {
         // No limit, no kernel yet: those series are absent rather than 0.
         let mut s = snap.clone();
         s.devices[0].memory_limit_bytes = None;
+        s.devices[0].memory_request_bytes = None;
         s.devices[0].last_kernel_age_seconds = None;
         let t = render(&s);
         assert!(
-            !t.contains("hami_vgpu_memory_limit_bytes{") && !t.contains("last_kernel_elapsed_seconds{"),
+            !t.contains("hami_vgpu_memory_limit_bytes{")
+                && !t.contains("last_kernel_elapsed_seconds{")
+                && !t.contains("cuquota_memory_request_bytes{"),
             "{t}"
         );
     }

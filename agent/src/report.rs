@@ -110,6 +110,12 @@ pub struct ContainerDevice {
     pub memory_used_bytes: u64,
     /// Its cap for this device (limits file).
     pub memory_limit_bytes: Option<u64>,
+    /// Its guaranteed memory here: the limits file's request, else the cap; null without a cap.
+    pub memory_request_bytes: Option<u64>,
+    /// Why its request was not admitted on this device (the sum of requests would exceed the device); absent
+    /// when admitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_request_refused: Option<String>,
     /// Over the cap now.
     pub memory_over_limit: bool,
     /// Its SM limit for this device.
@@ -262,6 +268,8 @@ impl ContainerReport {
                 vdevice_index: entry.map(|e| e.id.index() as u32),
                 memory_used_bytes: used,
                 memory_limit_bytes: l.memory,
+                memory_request_bytes: l.request_in_force(),
+                memory_request_refused: None,
                 memory_over_limit: l.memory.is_some_and(|m| used > m),
                 sm_limit_percent: sm_limit,
                 policy: l.kind.as_str(),
@@ -338,6 +346,9 @@ impl AgentReport {
                 }
                 if d.sm_over_limit {
                     state.push("over SM limit");
+                }
+                if d.memory_request_refused.is_some() {
+                    state.push("request refused (sum of requests over the GPU)");
                 }
                 rows.push([
                     c.name.clone(),

@@ -81,9 +81,13 @@ pub(crate) struct SetArgs {
     /// Which entry: all, a CUDA ordinal, or a GPU-… UUID
     #[arg(long, value_parser = parse_selector)]
     device: DeviceSelector,
-    /// Memory cap in HAMi's syntax: 4g, 3000m, 0x100000 (0 = no limit)
+    /// Memory cap in HAMi's syntax: 4g, 3000m, 0x100000 (0 = no limit): the size the device is shown as
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     memory: Option<u64>,
+    /// Guaranteed memory (the Kubernetes request), at most --memory; the node's agent admits requests only while
+    /// their sum on a GPU fits it. 0 = none: the request is the cap (not elastic). Shown, not yet acted on
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
+    request: Option<u64>,
     /// SM-time share in percent, 1-99 (0 or 100 = no limit)
     #[arg(long, value_name = "PERCENT", value_parser = parse_sm_arg)]
     sm: Option<u32>,
@@ -236,6 +240,9 @@ pub(crate) struct LimitsEntry {
     /// The UUID of a UUID entry.
     uuid: Option<String>,
     memory_limit_bytes: Option<u64>,
+    /// Guaranteed memory; absent = the limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_request_bytes: Option<u64>,
     sm_limit_percent: Option<u32>,
     policy: &'static str,
     weight: Option<u32>,
@@ -275,6 +282,7 @@ impl LimitsReport {
                             _ => None,
                         },
                         memory_limit_bytes: p.memory,
+                        memory_request_bytes: p.memory_request,
                         sm_limit_percent: p.sm,
                         policy: p.kind.as_str(),
                         weight: p.weight,
@@ -330,13 +338,15 @@ impl LimitsReport {
             println!("(no entries: no limits from this file)");
             return Ok(());
         }
-        let rows: Vec<[String; 7]> = self
+        let rows: Vec<[String; 8]> = self
             .entries
             .iter()
             .map(|e| {
                 [
                     e.device.clone(),
                     output::size_or_dash(e.memory_limit_bytes),
+                    // No request: the limit is guaranteed.
+                    output::size_or_dash(e.memory_request_bytes.or(e.memory_limit_bytes)),
                     output::pct_or_dash(e.sm_limit_percent),
                     e.policy.into(),
                     e.weight.map_or_else(|| "-".into(), |w| w.to_string()),
@@ -347,7 +357,7 @@ impl LimitsReport {
             .collect();
         output::print_table(
             &[
-                "DEVICE", "MEMORY", "SM", "POLICY", "WEIGHT", "PRIORITY", "RESERVE",
+                "DEVICE", "MEMORY", "REQUEST", "SM", "POLICY", "WEIGHT", "PRIORITY", "RESERVE",
             ],
             &rows,
         );
@@ -425,6 +435,7 @@ fn set_opt_out(flags: &mut u32, allowed: bool) {
 
 fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
     if a.memory.is_none()
+        && a.request.is_none()
         && a.sm.is_none()
         && a.policy.is_none()
         && a.weight.is_none()
@@ -435,7 +446,7 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         && a.usage.is_none()
     {
         return Err(CliError::new(
-            "nothing to set: give --memory, --sm, --policy, --weight, --priority, --reserve, \
+            "nothing to set: give --memory, --request, --sm, --policy, --weight, --priority, --reserve, \
              --no-opt-out/--allow-opt-out or --usage",
         ));
     }
@@ -453,6 +464,13 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         if let Some(m) = a.memory {
             p.memory = (m != 0).then_some(m);
         }
+        if let Some(r) = a.request {
+            p.memory_request = (r != 0).then_some(r);
+        }
+        // The entry as it will be (a lower --memory counts too): a request above the cap, or without one, is
+        // refused and nothing is written.
+        p.check_request()
+            .map_err(|e| CliError::new(format!("--request: device {}: {e}", a.device)))?;
         if let Some(s) = a.sm {
             p.sm = (s != 0).then_some(s);
         }
@@ -522,6 +540,7 @@ pub(crate) fn write_all(
             kind: policy.map_or(PolicyKind::Default, PolicyArg::kind),
             ..e.limits()
         };
+        p.check_request().map_err(|e| CliError::new(e.to_string()))?;
         e.raw = p.raw();
         Ok(())
     })??;

@@ -20,6 +20,10 @@ pub(crate) struct MetricsArgs {
     /// /tmp/cuquota.usage]
     #[arg(long, value_name = "FILE")]
     usage: Option<PathBuf>,
+    /// The agent's limits file, for the memory request [default: $CUQUOTA_LIMITS_FILE, else
+    /// /etc/cuquota/limits when it exists]
+    #[arg(long, value_name = "FILE")]
+    limits: Option<PathBuf>,
     /// Sampling interval (the share is measured over it)
     #[arg(long, default_value = "1s", value_parser = parse_duration_arg)]
     interval: Duration,
@@ -79,6 +83,9 @@ impl UsageSampler {
                     },
                     memory_used_bytes: d.memory_used_bytes,
                     memory_limit_bytes: d.memory_limit_bytes,
+                    memory_request_bytes: d.memory_request_bytes,
+                    // Every byte is resident until eviction exists (issue 39).
+                    memory_resident_bytes: d.memory_used_bytes,
                     sm_limit_percent: d.sm_limit_percent,
                     utilization_percent: d.share_percent,
                     last_kernel_age_seconds: age,
@@ -95,6 +102,7 @@ impl UsageSampler {
 /// `cuquota metrics`: samples the usage file every interval and serves the latest sample.
 pub(crate) fn run(a: MetricsArgs) -> CmdResult {
     let path = crate::status::usage_path(a.usage)?;
+    let limits = crate::status::limits_path(a.limits);
     let name = a.name.unwrap_or_else(|| {
         path.file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned())
@@ -117,7 +125,7 @@ pub(crate) fn run(a: MetricsArgs) -> CmdResult {
         );
     }
     loop {
-        let report = StatusReport::sample(path.clone(), a.interval)?;
+        let report = StatusReport::sample(path.clone(), limits.as_deref(), a.interval)?;
         let snap = Snapshot {
             devices: sampler.samples(&report),
             ..Default::default()

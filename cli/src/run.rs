@@ -57,6 +57,10 @@ pub(crate) struct RunArgs {
     /// Device-memory cap per GPU, in HAMi's syntax (4g, 3000m)
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     memory: Option<u64>,
+    /// Guaranteed memory per GPU (the Kubernetes request), at most --memory (CUQUOTA_MEMORY_REQUEST); shown,
+    /// not yet acted on
+    #[arg(long, value_name = "SIZE", value_parser = parse_size_arg, requires = "memory")]
+    memory_request: Option<u64>,
     /// SM-time share per GPU in percent, 1-99 (0 or 100 = no limit)
     #[arg(long, value_name = "PERCENT", value_parser = parse_sm_arg)]
     sm: Option<u32>,
@@ -324,6 +328,8 @@ fn is_sm_share(k: &OsStr, v: &OsStr) -> bool {
 pub(crate) struct Limits {
     /// Memory cap, bytes (0 = none).
     pub memory: Option<u64>,
+    /// Memory request, bytes (0 = none: the cap).
+    pub memory_request: Option<u64>,
     /// SM share, percent (0 = none).
     pub sm: Option<u32>,
     /// SM policy.
@@ -341,6 +347,24 @@ impl Limits {
                 |s| parse_size(s).ok(),
                 |v| v == 0,
             );
+        }
+        if let Some(r) = self.memory_request.filter(|r| *r != 0) {
+            if let Some(m) = self.memory.filter(|m| *m != 0 && r > *m) {
+                return Err(CliError::new(format!(
+                    "--memory-request {} is above --memory {}: a request is at most the limit",
+                    format_size(r),
+                    format_size(m)
+                )));
+            }
+            // Never above the cap in force (a lower one already in the environment): the shim refuses that.
+            let cap = env
+                .get(OsStr::new("CUDA_DEVICE_MEMORY_LIMIT"))
+                .and_then(|v| v.to_str())
+                .and_then(|v| parse_size(v).ok())
+                .filter(|m| *m != 0);
+            let r = cap.map_or(r, |m| r.min(m));
+            let name = "CUQUOTA_MEMORY_REQUEST";
+            tighten(env, [name, name], r, |s| parse_size(s).ok(), |v| v == 0);
         }
         if let Some(s) = self.sm.filter(|s| *s != 0) {
             tighten(
@@ -574,6 +598,7 @@ pub(crate) fn run(a: RunArgs) -> CmdResult {
     }
     Limits {
         memory: a.memory,
+        memory_request: a.memory_request,
         sm: a.sm,
         policy: a.policy,
     }
@@ -662,6 +687,7 @@ mod tests {
     fn limits_only_go_down() {
         let lim = Limits {
             memory: Some(2 << 30),
+            memory_request: None,
             sm: Some(30),
             policy: None,
         };
@@ -709,6 +735,32 @@ mod tests {
             ..Default::default()
         };
         assert!(p.apply(&mut e).is_err());
+    }
+
+    #[test]
+    fn a_memory_request_goes_to_the_environment_never_above_the_cap() {
+        let lim = |m: u64, r: u64| Limits {
+            memory: Some(m),
+            memory_request: Some(r),
+            ..Default::default()
+        };
+        // Control: the request beside the cap.
+        let mut e = env(&[]);
+        lim(4 << 30, 1 << 30).apply(&mut e).unwrap();
+        assert_eq!(get(&e, "CUQUOTA_MEMORY_REQUEST"), Some("1073741824"));
+        // A lower cap already in the environment lowers the request with it; a lower request stays.
+        let mut e = env(&[("CUDA_DEVICE_MEMORY_LIMIT", "512m")]);
+        lim(4 << 30, 1 << 30).apply(&mut e).unwrap();
+        assert_eq!(get(&e, "CUQUOTA_MEMORY_REQUEST"), Some("536870912"));
+        let mut e = env(&[("CUQUOTA_MEMORY_REQUEST", "256m")]);
+        lim(4 << 30, 1 << 30).apply(&mut e).unwrap();
+        assert_eq!(get(&e, "CUQUOTA_MEMORY_REQUEST"), Some("256m"));
+        // Bad input: a request above the cap is refused, naming both.
+        let e = lim(1 << 30, 2 << 30).apply(&mut env(&[])).unwrap_err().msg;
+        assert!(
+            e.contains("--memory-request 2 GiB") && e.contains("--memory 1 GiB"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! live process, and the GPU share achieved over a short sampling interval (two readings of the cumulative
 //! busy counters). Read from the container's usage file (the shim's own accounting).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::config::DEFAULT_USAGE_PATH;
 use cuquota_core::region::layout::format_uuid;
-use cuquota_core::region::{DeviceInfo, ProcessInfo, SlotState, UsageRegion};
+use cuquota_core::region::{DeviceInfo, LimitsReader, ProcessInfo, SlotState, UsageRegion};
+use cuquota_core::Policy;
 use serde::Serialize;
 
 use crate::output::{self, parse_duration_arg, round2};
@@ -24,6 +25,10 @@ pub(crate) struct StatusArgs {
     /// /tmp/cuquota.usage]
     #[arg(long, value_name = "FILE")]
     usage: Option<PathBuf>,
+    /// The agent's limits file, for the memory request [default: $CUQUOTA_LIMITS_FILE, else
+    /// /etc/cuquota/limits when it exists]
+    #[arg(long, value_name = "FILE")]
+    limits: Option<PathBuf>,
     /// How long to sample the achieved GPU share (0 = do not sample)
     #[arg(long, default_value = "500ms", value_parser = parse_duration_arg)]
     interval: Duration,
@@ -47,6 +52,32 @@ pub(crate) fn usage_path(arg: Option<PathBuf>) -> Result<PathBuf, CliError> {
             (None, None) => PathBuf::from(DEFAULT_USAGE_PATH),
         },
     )
+}
+
+/// `--limits`, else `CUQUOTA_LIMITS_FILE`, else the agent's default file when it exists, else none. A file
+/// found by default that cannot be read is left out with a warning (the request is then not shown); one named
+/// with `--limits` is the command's error.
+pub(crate) fn limits_path(arg: Option<PathBuf>) -> Option<PathBuf> {
+    if arg.is_some() {
+        return arg;
+    }
+    let p = std::env::var_os("CUQUOTA_LIMITS_FILE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            let p = Path::new(cuquota_core::config::DEFAULT_LIMITS_PATH);
+            p.exists().then(|| p.to_path_buf())
+        })?;
+    match LimitsReader::open(&p) {
+        Ok(_) => Some(p),
+        Err(e) => {
+            eprintln!(
+                "cuquota: warning: limits file {}: {e}: requests not shown",
+                p.display()
+            );
+            None
+        }
+    }
 }
 
 /// `status --json`.
@@ -73,6 +104,9 @@ pub(crate) struct StatusDevice {
     pub uuid: String,
     /// The effective cap the container's processes last reported.
     pub memory_limit_bytes: Option<u64>,
+    /// The guaranteed memory: the limits file's request for the device (its UUID entry, else `all`), never
+    /// above the cap; `None` = the cap (not elastic) or no limits file.
+    pub memory_request_bytes: Option<u64>,
     /// The SM limit they last reported.
     pub sm_limit_percent: Option<u32>,
     /// How that SM limit is enforced: `default`, `hard`, `burst` or `disabled`.
@@ -131,9 +165,32 @@ fn nvml_indexes() -> &'static [(String, u32)] {
 }
 
 impl StatusReport {
-    /// Samples the usage file for `interval`.
-    pub(crate) fn sample(path: PathBuf, interval: Duration) -> Result<StatusReport, CliError> {
+    /// Samples the usage file for `interval`; the requests from the limits file `limits`, if any.
+    pub(crate) fn sample(
+        path: PathBuf,
+        limits: Option<&Path>,
+        interval: Duration,
+    ) -> Result<StatusReport, CliError> {
         let region = UsageRegion::open_existing(&path)?;
+        let limits = match limits {
+            Some(l) => Some(
+                LimitsReader::open(l)
+                    .map_err(|e| CliError::new(format!("limits file {}: {e}", l.display())))?
+                    .snapshot()
+                    .table,
+            ),
+            None => None,
+        };
+        let request = |d: &DeviceInfo| {
+            let r = limits.as_ref()?.for_device(Some(&d.uuid), None).memory_request?;
+            Policy {
+                memory: d.limits.memory,
+                memory_request: Some(r),
+                ..Policy::NONE
+            }
+            .request_in_force()
+            .or(Some(r))
+        };
         let reclaimed = region.reclaim_dead();
         let (dev0, procs0, t0) = (region.devices(), region.processes(), Instant::now());
         if !interval.is_zero() {
@@ -167,6 +224,7 @@ impl StatusReport {
                         .find(|(u, _)| u.eq_ignore_ascii_case(&uuid))
                         .map(|(_, x)| *x),
                     memory_limit_bytes: d.limits.memory,
+                    memory_request_bytes: request(d),
                     sm_limit_percent: d.limits.sm_share(),
                     policy: d.limits.kind.as_str(),
                     priority: d.limits.priority.map(|p| p.as_str()),
@@ -224,6 +282,7 @@ impl StatusReport {
                 d.index.map_or_else(|| "-".into(), |i| i.to_string()),
                 d.uuid.clone(),
                 output::size_or_dash(d.memory_limit_bytes),
+                output::size_or_dash(d.memory_request_bytes.or(d.memory_limit_bytes)),
                 output::size_or_dash(Some(d.memory_used_bytes)),
                 output::pct_or_dash(d.sm_limit_percent),
                 output::share_or_dash(d.share_percent),
@@ -234,6 +293,7 @@ impl StatusReport {
                     String::new(),
                     String::new(),
                     format!("  pid {}{host}", p.pid),
+                    String::new(),
                     String::new(),
                     output::size_or_dash(Some(p.memory_used_bytes)),
                     String::new(),
@@ -247,6 +307,7 @@ impl StatusReport {
                 "INDEX",
                 "DEVICE / PROCESS",
                 "MEM LIMIT",
+                "REQUEST",
                 "USED",
                 "SM LIMIT",
                 "GPU SHARE",
@@ -258,7 +319,8 @@ impl StatusReport {
 
 /// `cuquota status`.
 pub(crate) fn run(a: StatusArgs) -> CmdResult {
-    let report = StatusReport::sample(usage_path(a.usage)?, a.interval)?;
+    let limits = limits_path(a.limits);
+    let report = StatusReport::sample(usage_path(a.usage)?, limits.as_deref(), a.interval)?;
     if a.json {
         output::print_json(&report)?;
     } else {

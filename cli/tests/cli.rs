@@ -562,3 +562,115 @@ fn limits_set_priority_and_show_it() {
     );
     let _ = std::fs::remove_file(&f);
 }
+
+#[test]
+fn limits_set_request_beside_the_limit_and_status_shows_it() {
+    let f = tmp("request");
+    let fs = f.to_str().unwrap();
+    assert!(cuquota(&["limits", "init", fs]).status.success());
+    let uuid = "GPU-07070707-0707-0707-0707-070707070707";
+    // Control: a request at most the limit is stored beside it and shown.
+    let o = cuquota(&[
+        "limits",
+        "set",
+        fs,
+        "--device",
+        uuid,
+        "--memory",
+        "8g",
+        "--request",
+        "2g",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("REQUEST") && text(&o).contains("2 GiB"),
+        "{}",
+        text(&o)
+    );
+    let p = LimitsReader::open(&f)
+        .unwrap()
+        .snapshot()
+        .for_device(Some(&[7; 16]), None);
+    assert_eq!((p.memory, p.memory_request), (Some(8 << 30), Some(2 << 30)));
+    let o = cuquota(&["limits", "show", fs, "--json"]);
+    let v = check_schema("limits.v1.json", &String::from_utf8(o.stdout).unwrap());
+    assert_eq!(v["entries"][0]["memory_request_bytes"], 2u64 << 30, "{v}");
+    // Bad input, each refused with exit 2 naming --request and the figures; nothing written.
+    let gen = LimitsReader::open(&f).unwrap().snapshot().generation;
+    for (args, words) in [
+        (vec!["--request", "9g"], vec!["--request", "9 GiB", "8 GiB"]),
+        (vec!["--memory", "1g"], vec!["--request", "2 GiB", "1 GiB"]),
+        (vec!["--memory", "0"], vec!["--request", "without a memory limit"]),
+        (vec!["--request", "2x"], vec!["--request", "2x"]),
+    ] {
+        let mut a = vec!["limits", "set", fs, "--device", uuid];
+        a.extend(&args);
+        let o = cuquota(&a);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        for w in words {
+            assert!(text(&o).contains(w), "{args:?}: `{w}` missing in {}", text(&o));
+        }
+    }
+    assert_eq!(
+        LimitsReader::open(&f).unwrap().snapshot().generation,
+        gen,
+        "nothing written"
+    );
+    // 0 clears it: the request is the limit again.
+    assert!(
+        cuquota(&["limits", "set", fs, "--device", uuid, "--request", "0"])
+            .status
+            .success()
+    );
+    let p = LimitsReader::open(&f)
+        .unwrap()
+        .snapshot()
+        .for_device(Some(&[7; 16]), None);
+    assert_eq!((p.memory_request, p.request_in_force()), (None, Some(8 << 30)));
+
+    // status: the request from the limits file beside the limit the processes report.
+    assert!(
+        cuquota(&["limits", "set", fs, "--device", uuid, "--request", "3g"])
+            .status
+            .success()
+    );
+    let u = tmp("request-usage");
+    let r = UsageRegion::open(&u).unwrap();
+    let dev = r.device(&[7; 16]).unwrap();
+    r.report_limits(
+        dev,
+        &cuquota_core::Policy {
+            memory: Some(8 << 30),
+            ..cuquota_core::Policy::NONE
+        },
+    );
+    let us = u.to_str().unwrap();
+    let o = cuquota(&[
+        "status",
+        "--usage",
+        us,
+        "--limits",
+        fs,
+        "--interval",
+        "0",
+        "--json",
+    ]);
+    let v = check_schema("status.v1.json", &String::from_utf8(o.stdout).unwrap());
+    assert_eq!(v["devices"][0]["memory_request_bytes"], 3u64 << 30, "{v}");
+    let o = cuquota(&["status", "--usage", us, "--limits", fs, "--interval", "0"]);
+    assert!(
+        text(&o).contains("REQUEST") && text(&o).contains("3 GiB"),
+        "{}",
+        text(&o)
+    );
+    // Without a limits file: none shown (null), the limit is what is guaranteed.
+    let o = cuquota(&["status", "--usage", us, "--interval", "0", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        v["devices"][0]["memory_request_bytes"],
+        serde_json::Value::Null,
+        "{v}"
+    );
+    let _ = std::fs::remove_file(&f);
+    let _ = std::fs::remove_file(&u);
+}

@@ -19,7 +19,7 @@ pub mod units;
 pub mod visible_devices;
 
 pub use config::{Config, ConfigError, LogLevel};
-pub use policy::{min_limit, Policy, PolicyKind, PolicyRaw, Priority};
+pub use policy::{min_limit, Policy, PolicyKind, PolicyRaw, Priority, RequestError};
 pub use region::{
     DeviceId, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsWriter, OverLimit, RegionError, SlotId,
     UsageRegion,

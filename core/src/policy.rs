@@ -1,5 +1,5 @@
-//! [`Policy`]: the one description of what a device may use — memory cap, SM share, how the share is enforced,
-//! burst weight, priority and memory reserved for high-priority tenants.
+//! [`Policy`]: the one description of what a device may use — memory cap and request, SM share, how the share is
+//! enforced, burst weight, priority and memory reserved for high-priority tenants.
 //!
 //! Every source produces one: the environment and the TOML file (`crate::config`, per CUDA ordinal), a limits
 //! file entry (`crate::region`, decoded from its [`PolicyRaw`] words). They combine with [`Policy::restrict`],
@@ -122,7 +122,49 @@ pub struct Policy {
     pub priority: Option<Priority>,
     /// Device memory kept free for high-priority tenants, bytes.
     pub reserved_memory: Option<u64>,
+    /// Guaranteed device memory, bytes (the Kubernetes request); `None` = the cap (not elastic). Read and
+    /// shown, not yet acted on (no eviction yet): see [`Policy::request_in_force`].
+    pub memory_request: Option<u64>,
 }
+
+/// A memory request that cannot be stored: what was wrong, with the figures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestError {
+    /// The request is above the memory limit.
+    AboveLimit {
+        /// Request, bytes.
+        request: u64,
+        /// Limit, bytes.
+        limit: u64,
+    },
+    /// A request where no memory limit is set (the request is what the limit guarantees of it).
+    WithoutLimit {
+        /// Request, bytes.
+        request: u64,
+    },
+}
+
+impl std::fmt::Display for RequestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use crate::units::format_size;
+        match *self {
+            RequestError::AboveLimit { request, limit } => write!(
+                f,
+                "memory request {} ({request} bytes) is above the memory limit {} ({limit} bytes): a request is \
+                 at most the limit",
+                format_size(request),
+                format_size(limit)
+            ),
+            RequestError::WithoutLimit { request } => write!(
+                f,
+                "memory request {} ({request} bytes) without a memory limit: set the limit too",
+                format_size(request)
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RequestError {}
 
 impl Policy {
     /// No limits at all.
@@ -133,7 +175,34 @@ impl Policy {
         weight: None,
         priority: None,
         reserved_memory: None,
+        memory_request: None,
     };
+
+    /// The memory this policy guarantees: the request, never above the cap; the cap when no request is set
+    /// (not elastic); `None` without a cap (nothing is promised to an uncapped tenant). A malformed request
+    /// (above the cap, from a foreign writer) never counts for more than the cap.
+    #[inline]
+    pub fn request_in_force(&self) -> Option<u64> {
+        let limit = self.memory?;
+        Some(self.memory_request.map_or(limit, |r| r.min(limit)))
+    }
+
+    /// Whether the cap is above the guarantee (the tenant is elastic).
+    pub fn is_elastic(&self) -> bool {
+        self.request_in_force().is_some_and(|r| Some(r) < self.memory)
+    }
+
+    /// Checks the request against the cap: `Err` for a request above it or without one. What writers (the
+    /// CLI, the DRA plugin) check before storing an entry.
+    pub fn check_request(&self) -> Result<(), RequestError> {
+        match (self.memory_request, self.memory) {
+            (Some(request), None) => Err(RequestError::WithoutLimit { request }),
+            (Some(request), Some(limit)) if request > limit => {
+                Err(RequestError::AboveLimit { request, limit })
+            }
+            _ => Ok(()),
+        }
+    }
 
     /// The SM share that applies: the percentage unless this policy disables SM limiting (0 and ≥ 100 are never
     /// stored: they mean "no limit").
@@ -170,11 +239,13 @@ impl Policy {
     }
 
     /// This policy tightened by `other` (an agent's): the lower memory cap, the lower SM share, the stricter
-    /// enforcement, the lower weight (unset = [`DEFAULT_WEIGHT`]), the lower priority, the larger reservation.
+    /// enforcement, the lower weight (unset = [`DEFAULT_WEIGHT`]), the lower priority, the larger reservation,
+    /// the lower request (never above the cap in force).
     /// So nothing a process states for itself can loosen what the agent wrote.
     pub fn restrict(self, other: &Policy) -> Policy {
+        let memory = min_limit(self.memory, other.memory);
         Policy {
-            memory: min_limit(self.memory, other.memory),
+            memory,
             sm: min_limit(self.sm_share(), other.sm_share()),
             kind: PolicyKind::stricter(self.kind, other.kind),
             // An unset weight is the default (100), not infinity: a process asking more where the operator's
@@ -188,6 +259,9 @@ impl Policy {
                 (a, b) => a.or(b),
             },
             reserved_memory: self.reserved_memory.max(other.reserved_memory),
+            // A lower request is the stricter (less guaranteed); never above the cap in force.
+            memory_request: min_limit(self.memory_request, other.memory_request)
+                .map(|r| memory.map_or(r, |m| r.min(m))),
         }
     }
 
@@ -195,6 +269,7 @@ impl Policy {
     pub fn raw(&self) -> PolicyRaw {
         PolicyRaw {
             memory_limit: self.memory.unwrap_or(0),
+            memory_request: self.memory_request.unwrap_or(0),
             reserved_memory: self.reserved_memory.unwrap_or(0),
             sm_limit: self.sm.unwrap_or(0),
             policy: match self.kind {
@@ -228,6 +303,9 @@ pub fn min_limit<T: Ord>(a: Option<T>, b: Option<T>) -> Option<T> {
 pub struct PolicyRaw {
     /// Bytes, 0 = none.
     pub memory_limit: u64,
+    /// Guaranteed bytes, 0 = none (the limit). Stored in limits entries only (`LimitsEntry::memory_request`):
+    /// a usage device entry has no word for it, so it reads 0 there.
+    pub memory_request: u64,
     /// Bytes kept for high-priority tenants, 0 = none.
     pub reserved_memory: u64,
     /// Percent; 0 and ≥ 100 = none.
@@ -259,6 +337,7 @@ impl PolicyRaw {
                 _ => None,
             },
             reserved_memory: (self.reserved_memory != 0).then_some(self.reserved_memory),
+            memory_request: (self.memory_request != 0).then_some(self.memory_request),
         }
     }
 }
@@ -274,6 +353,7 @@ mod tests {
         weight: Some(7),
         priority: Some(Priority::High),
         reserved_memory: Some(1 << 30),
+        memory_request: Some(2 << 30),
     };
 
     #[test]
@@ -308,6 +388,7 @@ mod tests {
             weight: Some(300),
             priority: Some(Priority::High),
             reserved_memory: None,
+            memory_request: None,
         };
         assert_eq!(
             env.restrict(&HARD30),
@@ -388,6 +469,50 @@ mod tests {
         assert_eq!(Priority::parse("0"), Some(Priority::High));
         assert_eq!(Priority::parse("LOW"), Some(Priority::Low));
         assert_eq!(Priority::parse("2"), None);
+    }
+
+    #[test]
+    fn a_request_is_checked_against_the_cap_and_never_counts_above_it() {
+        let cap = |m: u64, r: Option<u64>| Policy {
+            memory: Some(m),
+            memory_request: r,
+            ..Policy::NONE
+        };
+        // Control: no request = the cap (not elastic); a request at or below it is stored as given.
+        assert_eq!(cap(8, None).check_request(), Ok(()));
+        assert_eq!(cap(8, None).request_in_force(), Some(8));
+        assert!(!cap(8, None).is_elastic() && !cap(8, Some(8)).is_elastic());
+        assert_eq!(cap(8, Some(2)).check_request(), Ok(()));
+        assert_eq!(cap(8, Some(2)).request_in_force(), Some(2));
+        assert!(cap(8, Some(2)).is_elastic());
+        // Attack: above the cap, or without one, is refused by writers, and a reader counts at most the cap.
+        assert_eq!(
+            cap(8, Some(9)).check_request(),
+            Err(RequestError::AboveLimit { request: 9, limit: 8 })
+        );
+        assert_eq!(cap(8, Some(9)).request_in_force(), Some(8));
+        let bare = Policy {
+            memory_request: Some(4),
+            ..Policy::NONE
+        };
+        assert_eq!(
+            bare.check_request(),
+            Err(RequestError::WithoutLimit { request: 4 })
+        );
+        assert_eq!(bare.request_in_force(), None);
+        let e = cap(1 << 30, Some(2 << 30))
+            .check_request()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("2 GiB") && e.contains("1 GiB") && e.contains("request"),
+            "{e}"
+        );
+        // Combined: the lower request, clamped to the lower cap; a process cannot raise the agent's.
+        assert_eq!(cap(8, Some(6)).restrict(&cap(4, Some(2))), cap(4, Some(2)));
+        assert_eq!(cap(8, Some(6)).restrict(&cap(4, None)), cap(4, Some(4)));
+        assert_eq!(cap(8, None).restrict(&cap(4, None)).memory_request, None);
+        assert_eq!(cap(8, Some(7)).restrict(&cap(8, Some(3))).memory_request, Some(3));
     }
 
     #[test]

@@ -53,7 +53,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         m,
         LimitsEntry,
         "cuquota_limits_entry",
-        [uuid, flags, cuda_index, limits, _reserved]
+        [uuid, flags, cuda_index, limits, memory_request]
     );
     fields!(
         m,

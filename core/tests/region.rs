@@ -134,6 +134,49 @@ fn set_memory(w: &LimitsWriter, sel: DeviceSelector, bytes: u64) {
 }
 
 #[test]
+fn a_memory_request_lives_in_the_entrys_last_word_and_zero_means_the_limit() {
+    let f = TempFile::new("request");
+    let w = LimitsWriter::create(f.path()).unwrap();
+    set_memory(&w, DeviceSelector::All, 8 * G);
+    // Control: an entry written without a request (every file before the word had a meaning: it was reserved
+    // and zero) guarantees its limit.
+    let r = LimitsReader::open(f.path()).unwrap();
+    let p = r.snapshot().for_device(None, Some(0));
+    assert_eq!((p.memory_request, p.request_in_force()), (None, Some(8 * G)));
+    w.update(|t| -> Result<(), ()> {
+        t.entry_mut(DeviceSelector::All).unwrap().memory_request = 2 * G;
+        Ok(())
+    })
+    .unwrap()
+    .unwrap();
+    let p = LimitsReader::open(f.path())
+        .unwrap()
+        .snapshot()
+        .for_device(None, Some(0));
+    assert_eq!((p.memory, p.memory_request), (Some(8 * G), Some(2 * G)));
+    assert!(p.is_elastic());
+    // The word on disk is the entry's last (offset 56 of 64), beside the policy words, not inside them.
+    let bytes = std::fs::read(f.path()).unwrap();
+    let entry0 = std::mem::offset_of!(layout::LimitsFile, devices);
+    let at = entry0 + std::mem::offset_of!(layout::LimitsEntry, memory_request);
+    assert_eq!(at - entry0, 56);
+    assert_eq!(u64::from_ne_bytes(bytes[at..at + 8].try_into().unwrap()), 2 * G);
+    // A foreign writer's request above the limit never counts for more than the limit.
+    w.update(|t| -> Result<(), ()> {
+        t.entry_mut(DeviceSelector::All).unwrap().memory_request = 9 * G;
+        Ok(())
+    })
+    .unwrap()
+    .unwrap();
+    let p = LimitsReader::open(f.path())
+        .unwrap()
+        .snapshot()
+        .for_device(None, Some(0));
+    assert_eq!(p.request_in_force(), Some(8 * G));
+    assert!(p.check_request().is_err());
+}
+
+#[test]
 fn limits_write_read_and_match() {
     let f = TempFile::new("limits");
     let w = LimitsWriter::create(f.path()).unwrap();

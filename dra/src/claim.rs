@@ -137,7 +137,8 @@ pub struct ConsumerRef {
 
 /// This driver's claim configuration (`opaque.parameters`):
 /// `{"apiVersion": "gpu.cuquota.io/v1alpha1", "kind": "GpuConfig", "policy": "hard", "priority": "high",
-/// "reservedMemory": "2Gi", "weight": 100}`; every field but the two type fields is optional.
+/// "reservedMemory": "2Gi", "weight": 100, "memoryLimit": "16Gi"}`; every field but the two type fields is
+/// optional.
 #[derive(Debug, Clone, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GpuConfig {
@@ -157,6 +158,11 @@ pub struct GpuConfig {
     /// Share of spare time in burst mode, 1-1000.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+    /// The memory the container is shown (a quantity), above the granted `consumedCapacity` memory, which is
+    /// its request (guaranteed: the scheduler keeps the grants' sum within the GPU). Unset = the grant (not
+    /// elastic). A claim may set it only up to its class's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<String>,
 }
 
 /// What the node must enforce for one allocated device of a claim.
@@ -173,8 +179,11 @@ pub struct Grant {
     pub share_id: Option<String>,
     /// The GPU's UUID (`GPU-…`).
     pub uuid: String,
-    /// Memory cap in bytes.
+    /// Memory granted in bytes (`consumedCapacity`): the request, and the cap unless `memory_limit` is set.
     pub memory: u64,
+    /// The cap when above the grant (`memoryLimit`): the tenant is elastic. Absent in checkpoints before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
     /// SM-time share in percent; `None` = the whole device.
     pub sm: Option<u32>,
     /// SM policy (`hard`, `burst`, `default`).
@@ -339,10 +348,38 @@ pub enum ClaimError {
         /// Given.
         value: u32,
     },
+    /// memoryLimit is no quantity.
+    #[error("{from}: memoryLimit {value:?} is not a quantity")]
+    MemoryLimitQuantity {
+        /// `FromClass` or `FromClaim`.
+        from: String,
+        /// Given.
+        value: String,
+    },
+    /// The claim's memoryLimit is below its grant (the request) or above the device.
+    #[error(
+        "the claim's memoryLimit {limit} bytes is not within its granted memory (the request, {request} bytes) \
+         and the device's {device} bytes"
+    )]
+    MemoryLimitRange {
+        /// The claim's memoryLimit.
+        limit: u64,
+        /// consumedCapacity memory.
+        request: u64,
+        /// The device's memory.
+        device: u64,
+    },
+    /// An elastic grant (memoryLimit) of a GPU held under several share IDs.
+    #[error("GPU {uuid} is held under several share IDs with a memoryLimit: a shared GPU cannot be elastic")]
+    SharesElastic {
+        /// The GPU.
+        uuid: String,
+    },
     /// The claim asks for more than its DeviceClass allows.
     #[error(
         "the claim's {what} {asked} goes beyond its DeviceClass's {class}: a claim may only ask for less than its \
-         class (lower priority, stricter policy, smaller weight, more reservedMemory)"
+         class (lower priority, stricter policy, smaller weight, more reservedMemory, memoryLimit at most the \
+         class's)"
     )]
     BeyondClass {
         /// The parameter.
@@ -397,6 +434,19 @@ impl ResourceClaim {
             let class = Settings::parse("FromClass", &merged(alloc, driver, &r.request, "FromClass")?)?;
             let claim = Settings::parse("FromClaim", &merged(alloc, driver, &r.request, "FromClaim")?)?;
             let cfg = class.bound(&claim)?;
+            // The claim's own limit must hold its grant and fit the device; the class's is a ceiling for any GPU
+            // size, so it is clamped to the device and never taken below the grant.
+            if let Some(l) = claim.memory_limit.filter(|&l| l < memory || l > gpu.memory) {
+                return Err(ClaimError::MemoryLimitRange {
+                    limit: l,
+                    request: memory,
+                    device: gpu.memory,
+                });
+            }
+            let memory_limit = cfg
+                .memory_limit
+                .map(|l| l.min(gpu.memory))
+                .filter(|&l| l > memory);
             devices.push(Grant {
                 request: r.request.clone(),
                 pool: r.pool.clone(),
@@ -404,6 +454,7 @@ impl ResourceClaim {
                 share_id: r.share_id.clone(),
                 uuid: gpu.uuid.clone(),
                 memory,
+                memory_limit,
                 sm,
                 policy: cfg.policy.unwrap_or_default().as_str().into(),
                 priority: cfg.priority.map(|p| p.as_str().into()),
@@ -472,6 +523,9 @@ impl Grants {
                 out.push(g.clone());
                 continue;
             };
+            if m.memory_limit.is_some() || g.memory_limit.is_some() {
+                return Err(ClaimError::SharesElastic { uuid: g.uuid.clone() });
+            }
             let cfg = |x: &Grant| (x.policy.clone(), x.priority.clone(), x.reserved_memory, x.weight);
             if cfg(m) != cfg(g) {
                 return Err(ClaimError::SharesConfig {
@@ -529,6 +583,7 @@ fn merged(alloc: &Allocation, driver: &str, request: &str, source: &str) -> Resu
         out.priority = g.priority.or(out.priority);
         out.reserved_memory = g.reserved_memory.or(out.reserved_memory);
         out.weight = g.weight.or(out.weight);
+        out.memory_limit = g.memory_limit.or(out.memory_limit);
     }
     Ok(out)
 }
@@ -540,6 +595,7 @@ struct Settings {
     priority: Option<Priority>,
     reserved_memory: Option<u64>,
     weight: Option<u32>,
+    memory_limit: Option<u64>,
 }
 
 impl Settings {
@@ -570,6 +626,13 @@ impl Settings {
                 value: q.to_string(),
             })?),
         };
+        let memory_limit = match cfg.memory_limit.as_deref() {
+            None => None,
+            Some(q) => Some(quantity::parse(q).ok_or_else(|| ClaimError::MemoryLimitQuantity {
+                from: source.to_string(),
+                value: q.to_string(),
+            })?),
+        };
         if let Some(w) = cfg.weight.filter(|w| !(1..=1000).contains(w)) {
             return Err(ClaimError::Weight {
                 from: source.to_string(),
@@ -581,6 +644,7 @@ impl Settings {
             priority,
             reserved_memory,
             weight: cfg.weight,
+            memory_limit,
         })
     }
 
@@ -626,6 +690,18 @@ impl Settings {
         if let Some(r) = claim.reserved_memory.filter(|&r| r < reserve) {
             return refuse("reservedMemory", format!("{r} bytes"), format!("{reserve} bytes"));
         }
+        // Unset in the class: its claims are not elastic (nothing above their grant).
+        if let Some(l) = claim
+            .memory_limit
+            .filter(|&l| self.memory_limit.is_none_or(|c| l > c))
+        {
+            let class = self
+                .memory_limit
+                .map_or("unset (no memory above the grant)".into(), |c| {
+                    format!("{c} bytes")
+                });
+            return refuse("memoryLimit", format!("{l} bytes"), class);
+        }
         Ok(Settings {
             policy: match (self.policy, claim.policy) {
                 (Some(a), Some(b)) => Some(PolicyKind::stricter(a, b)),
@@ -634,6 +710,7 @@ impl Settings {
             priority: claim.priority.or(self.priority),
             reserved_memory: claim.reserved_memory.or(self.reserved_memory),
             weight: claim.weight.or(self.weight),
+            memory_limit: claim.memory_limit.or(self.memory_limit),
         })
     }
 }

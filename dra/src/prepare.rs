@@ -756,12 +756,14 @@ pub const NOT_GRANTED: Policy = Policy {
 /// The limits-file policy of a grant.
 fn policy(g: &Grant) -> Policy {
     Policy {
-        memory: Some(g.memory),
+        memory: Some(g.memory_limit.unwrap_or(g.memory)),
         sm: g.sm,
         kind: PolicyKind::parse(&g.policy).unwrap_or(PolicyKind::Default),
         weight: g.weight,
         priority: g.priority.as_deref().and_then(Priority::parse),
         reserved_memory: g.reserved_memory,
+        // The grant is the request; stored only when elastic (none = the cap, as before memoryLimit).
+        memory_request: g.memory_limit.map(|_| g.memory),
     }
 }
 
@@ -773,7 +775,8 @@ fn hami_env(grants: &Grants) -> Vec<String> {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let m = g.memory;
+            // The size the program is shown.
+            let m = g.memory_limit.unwrap_or(g.memory);
             let v = if m.is_multiple_of(1 << 20) {
                 format!("{}m", m >> 20)
             } else {

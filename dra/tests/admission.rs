@@ -200,6 +200,7 @@ fn the_claim_parameter_rules_accept_what_the_plugin_accepts() {
         priority: Some("low".into()),
         reserved_memory: Some("1Gi".into()),
         weight: Some(1),
+        memory_limit: Some("16Gi".into()),
     };
     let mut fields: Vec<String> = serde_json::to_value(full)
         .unwrap()
@@ -285,4 +286,19 @@ fn the_claim_parameter_rules_accept_what_the_plugin_accepts() {
             "reservedMemory {q}"
         );
     }
+    // memoryLimit: the same quantity rule (whether it may exceed the grant is the class's, which admission
+    // cannot see).
+    let r = rule("isQuantity(p.memoryLimit");
+    assert!(
+        r.contains("type(p.memoryLimit) == string") && r.contains(".sign() >= 0"),
+        "{r}"
+    );
+    for (q, ok) in [("16Gi", true), ("-1Gi", false), ("lots", false)] {
+        assert_eq!(
+            plugin_verdict(with("memoryLimit", q.into())).is_ok(),
+            ok,
+            "memoryLimit {q}"
+        );
+    }
+    assert!(plugin_verdict(with("memoryLimit", 16.into())).is_err());
 }

@@ -652,6 +652,81 @@ fn a_claim_cannot_raise_what_its_device_class_sets() {
 }
 
 #[test]
+fn a_memory_limit_above_the_grant_makes_the_claim_elastic_within_its_class() {
+    use serde_json::json;
+    const G: u64 = 1 << 30;
+    let n = Node::new();
+    // The fixture's grant (consumedCapacity, the request) is 4Gi of an 80Gi GPU. Each attack: the class, the
+    // claim's configuration; every one is refused naming memoryLimit, and nothing is written.
+    let attacks = [
+        (
+            "a limit from a class without one",
+            json!({}),
+            json!({"memoryLimit": "16Gi"}),
+        ),
+        (
+            "above the class's",
+            json!({"memoryLimit": "8Gi"}),
+            json!({"memoryLimit": "16Gi"}),
+        ),
+        (
+            "below the grant",
+            json!({"memoryLimit": "16Gi"}),
+            json!({"memoryLimit": "2Gi"}),
+        ),
+        (
+            "above the device",
+            json!({"memoryLimit": "100Gi"}),
+            json!({"memoryLimit": "90Gi"}),
+        ),
+        (
+            "not a quantity",
+            json!({"memoryLimit": "16Gi"}),
+            json!({"memoryLimit": "lots"}),
+        ),
+    ];
+    for (i, (what, class, claim)) in attacks.into_iter().enumerate() {
+        let uid = format!("66666666-0000-0000-0000-{i:012}");
+        n.put_claim(
+            &format!("elastic-attack-{i}"),
+            &claim_with(&uid, Some(class), Some(claim)),
+        );
+        let r = n.prepare(&[(&format!("elastic-attack-{i}"), &uid)]);
+        let e = &r[&uid].error;
+        assert!(e.contains("memoryLimit"), "{what}: error {e:?}");
+        assert!(granted(&n, &uid).is_none(), "{what}: prepared");
+    }
+    // Controls: (class, claim) → (limit shown, request stored).
+    let controls = [
+        (json!({}), None, (4 * G, None)),
+        (json!({"memoryLimit": "16Gi"}), None, (16 * G, Some(4 * G))),
+        (
+            json!({"memoryLimit": "16Gi"}),
+            Some(json!({"memoryLimit": "8Gi"})),
+            (8 * G, Some(4 * G)),
+        ),
+        (json!({"memoryLimit": "200Gi"}), None, (80 * G, Some(4 * G))),
+        (json!({"memoryLimit": "2Gi"}), None, (4 * G, None)),
+    ];
+    for (i, (class, claim, want)) in controls.into_iter().enumerate() {
+        let uid = format!("77777777-0000-0000-0000-{i:012}");
+        n.put_claim(&format!("elastic-{i}"), &claim_with(&uid, Some(class), claim));
+        let r = n.prepare(&[(&format!("elastic-{i}"), &uid)]);
+        assert_eq!(r[&uid].error, "", "control {i}");
+        let (p, _) = granted(&n, &uid).expect("the limits file");
+        assert_eq!(
+            (p.memory, p.memory_request),
+            (Some(want.0), want.1),
+            "control {i}"
+        );
+        // HAMi-compatible programs are shown the limit.
+        let cdi = std::fs::read_to_string(n.p(&format!("cdi/cuquota.io-gpu-{uid}.json"))).unwrap();
+        let env = format!("CUDA_DEVICE_MEMORY_LIMIT_0={}m", want.0 >> 20);
+        assert!(cdi.contains(&env), "control {i}: {env} missing in {cdi}");
+    }
+}
+
+#[test]
 fn a_gpu_the_claim_was_not_granted_is_not_unlimited() {
     // The plugin's CUDA_VISIBLE_DEVICES names the granted GPU, but a program may name another one the container
     // can reach (a node whose device nodes every claim gets) in its own environment, or setenv it before cuInit.

@@ -276,3 +276,77 @@ fn agent_once_fails_clearly_without_nvml_or_directory() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(out.stderr.contains("NVML"), "{out:?}");
 }
+
+#[test]
+fn the_agent_refuses_a_memory_request_that_does_not_fit_the_gpu() {
+    const UUID: &str = "GPU-00112233-4455-6677-8899-aabbccddeeff";
+    let sim = Sim::new().memory("16g").uuids(UUID).build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let set = |file: &Path, args: &[&str]| {
+        let f = file.to_str().unwrap();
+        assert!(cli(&sim, &["limits", "init", f]).success());
+        let mut a = vec!["limits", "set", f, "--device", UUID];
+        a.extend_from_slice(args);
+        let o = cli(&sim, &a);
+        assert!(o.success(), "{o:?}");
+    };
+    let (lim_a, lim_b) = (sim.dir().join("limits.a"), sim.dir().join("limits.b"));
+    // a is guaranteed 10 GiB (shown 12 GiB); b has no request: its 8 GiB cap is its guarantee. 18 > 16.
+    set(&lim_a, &["--memory", "12g", "--request", "10g"]);
+    set(&lim_b, &["--memory", "8g"]);
+    let mut roots: Vec<std::process::Child> = (0..2)
+        .map(|_| std::process::Command::new("sleep").arg("120").spawn().unwrap())
+        .collect();
+    for (name, lim, root) in [("a", &lim_a, &roots[0]), ("b", &lim_b, &roots[1])] {
+        let members = shim_tests::subtree_members(root.id());
+        descriptor(&dir, name, &format!("limits = {lim:?}\n[members]\n{members}\n"));
+    }
+    let pass = || {
+        let out = cli(
+            &sim,
+            &[
+                "agent",
+                "--containers",
+                dir.to_str().unwrap(),
+                "--once",
+                "--json",
+                "--interval",
+                "100ms",
+            ],
+        );
+        assert!(out.success(), "{out:?}");
+        check_schema("agent.v1.json", &out.lines.join("\n"))
+    };
+    let device = |v: &serde_json::Value, name: &str| {
+        v["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no container {name}: {v}"))["devices"][0]
+            .clone()
+    };
+    let v = pass();
+    let (da, db) = (device(&v, "a"), device(&v, "b"));
+    assert_eq!(da["memory_request_bytes"], 10u64 << 30, "{v}");
+    assert!(da["memory_request_refused"].is_null(), "{v}");
+    assert_eq!(db["memory_request_bytes"], 8u64 << 30, "no request: the cap, {v}");
+    let why = db["memory_request_refused"]
+        .as_str()
+        .unwrap_or_else(|| panic!("b admitted: {v}"));
+    assert!(
+        why.contains(UUID) && why.contains("8 GiB") && why.contains("10 GiB") && why.contains("16 GiB"),
+        "{why}"
+    );
+    // Control: b asks 6 GiB: 10 + 6 fits the device exactly, both are admitted.
+    set(&lim_b, &["--request", "6g"]);
+    let v = pass();
+    assert!(device(&v, "a")["memory_request_refused"].is_null(), "{v}");
+    assert!(device(&v, "b")["memory_request_refused"].is_null(), "{v}");
+    assert_eq!(device(&v, "b")["memory_request_bytes"], 6u64 << 30, "{v}");
+    for r in &mut roots {
+        let _ = r.kill();
+        let _ = r.wait();
+    }
+}

@@ -54,6 +54,41 @@ fn the_program_runs_under_the_cap_and_says_where() {
 }
 
 #[test]
+fn a_memory_request_reaches_the_library_which_shows_the_limit_and_does_not_act_on_it() {
+    let sim = Sim::new().build();
+    let p = probe();
+    let args = |request: &'static str| {
+        [
+            "--memory",
+            "1g",
+            "--memory-request",
+            request,
+            "--",
+            p.as_str(),
+            "init",
+            "totalmem",
+            "alloc:mem:900m",
+        ]
+    };
+    let out = run(&sim, &args("512m")).env("CUQUOTA_LOG", "debug").run();
+    assert!(out.success(), "{out:?}");
+    // The program is shown the limit, and may use it: the request is not acted on yet.
+    assert_eq!(out.num("totalmem"), GIB, "{out:?}");
+    out.expect("alloc.0", "CUDA_SUCCESS");
+    assert!(
+        out.stderr.contains("memory_request: Some(536870912)"),
+        "the library's policy carries the request:{out:?}"
+    );
+    // Bad input: a request above the limit is refused before the program runs (exit 125, both figures).
+    let out = run(&sim, &args("2g")).run();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        out.stderr.contains("--memory-request 2 GiB") && out.stderr.contains("1 GiB"),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn run_sets_up_its_own_simulated_gpu() {
     let sim = Sim::new().build();
     let out = run(

@@ -301,6 +301,43 @@ fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
     );
 }
 
+/// Attack: the burst tenant's NVML answers "no samples" (`NVML_ERROR_NOT_FOUND`) beside the busy hard 70 % of
+/// the test above (its control). Main read that as "nobody else ran" and ran at the full device; unknown now,
+/// so it keeps its limit.
+#[test]
+fn burst_with_nvml_answering_no_samples_yields_to_a_busy_neighbour() {
+    let _serial = serial();
+    let burst = [
+        ("CUDA_DEVICE_SM_LIMIT", "30"),
+        ("CUQUOTA_POLICY", "burst"),
+        (
+            "CUDASIM_FAULT",
+            "nvmlDeviceGetProcessUtilization:1+:NOT_FOUND,nvmlDeviceGetProcessesUtilizationInfo:1+:NOT_FOUND",
+        ),
+    ];
+    let sim = Sim::new().build();
+    let start = mono_ns() + 300_000_000;
+    let hard70 = [("CUDA_DEVICE_SM_LIMIT", "70"), ("CUQUOTA_POLICY", "hard")];
+    let a = Launcher {
+        start_at: start,
+        ..Launcher::new(&burst, 2.5, 1_000_000)
+    };
+    let b = Launcher {
+        container: "b",
+        start_at: start,
+        ..Launcher::new(&hard70, 2.5, 1_000_000)
+    };
+    let (pa, pb) = (a.spawn(&sim), b.spawn(&sim));
+    let (wa, wb) = (finished(pa.finish()), finished(pb.finish()));
+    let (from, to) = common(&[wa, wb]);
+    assert_band(
+        "burst 30 % with NVML answering NOT_FOUND, next to a busy hard 70 %",
+        sim.share_pct(0, wa.pid, from, to),
+        15.0,
+        42.0,
+    );
+}
+
 /// Runs one launcher for `secs` in container "a" (whose limits file `start` prepares), makes the agent's
 /// change `change` (returning when it committed) 1 s in, and returns the program's window and that moment.
 fn with_live_change(

@@ -14,7 +14,8 @@
 //! alone beside a neighbour; a pid NVML does not list kept written into the tenant's usage slot, beside a
 //! neighbour (a naive correction that read the slot's pid gave 34.9 %) and with events refused (main's
 //! degraded mode believed it: 93.4 %); NVML answering "nobody ran" with events refused (main: 93.2 %); a
-//! second process of the same container whose kernels overlap the first's.
+//! second process of the same container whose kernels overlap the first's; a tenant in a real pid namespace
+//! whose own pid is another process's host pid (main read that figure: 0.393 under a hard 30 %).
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cuquota_core::UsageRegion;
-use shim_tests::compute_loop::{metric, program as compute_loop, window};
+use shim_tests::compute_loop::{metric, program as compute_loop, window, WARMUP_NS};
 use shim_tests::{heavy, throttle_paths_dl, Output, Sim};
 
 const SMS: u32 = 132;
@@ -277,6 +278,107 @@ fn nvml_answering_nobody_ran_gains_nothing_without_events() {
     assert!(
         share <= 33.0,
         "events refused, NVML NOT_FOUND: {share:.2} % under a hard 30 %"
+    );
+}
+
+/// Runs a hard 30 % tenant in a real pid namespace (`unshare --user --pid --fork`, the host's /proc, so the
+/// simulator's NVML reports its host pid as a driver does) beside another container's process at a hard 5 %
+/// (started first, so NVML lists it before the tenant's first context); `steal`: the tenant's own pid in
+/// the namespace is made that process's host pid (`ns_last_pid`, as forking until the pid comes round would).
+/// `faults`: the tenant's `CUDASIM_FAULT`. Returns the tenant's share (fraction, from the timeline: the
+/// device's minus the other's) and its own pid.
+fn namespaced_beside_a_light_process(steal: bool, faults: &str) -> (f64, u32) {
+    let _h = heavy();
+    let prog = compute_loop();
+    let s = sim(Some("0"));
+    let other = s
+        .cmd_path(prog.clone())
+        .container("b")
+        .env("CUDA_DEVICE_SM_LIMIT", "5")
+        .env("CUQUOTA_POLICY", "hard")
+        .args(&format!("9 {BLOCKS}"))
+        .spawn();
+    let host = other.pid();
+    std::thread::sleep(Duration::from_secs(2));
+    // `sh` is pid 1 of the namespace; the program is its next fork: pid `host` with `steal`.
+    // Without events compute_loop cannot time itself: throttle_paths launches 0.4 ms kernels for 5 s instead.
+    let (tenant_prog, args) = if faults.is_empty() {
+        (prog, format!("5 {BLOCKS}"))
+    } else {
+        (throttle_paths_dl(), "kernel dlsym 5 400000 1 0".to_string())
+    };
+    let run = format!("\"$0\" {args}; exit $?");
+    let script = if steal {
+        format!(
+            "echo {} > /proc/sys/kernel/ns_last_pid || exit 97; {run}",
+            host - 1
+        )
+    } else {
+        run
+    };
+    let tenant = s
+        .cmd_path("unshare".into())
+        .container("a")
+        .env("CUDA_DEVICE_SM_LIMIT", "30")
+        .env("CUQUOTA_POLICY", "hard")
+        .env("CUDASIM_FAULT", faults)
+        .args("--user --map-root-user --pid --fork sh -c")
+        .arg(&script)
+        .arg(tenant_prog.to_str().expect("utf-8 path"))
+        .run();
+    let outs = [tenant, other.finish()];
+    let (from, to, own) = if faults.is_empty() {
+        let (from, to) = window(&outs);
+        (from, to, metric(&outs[0], "pid") as u32)
+    } else {
+        assert!(outs[0].success(), "{:?}", outs[0]);
+        let w = outs[0].window();
+        (w.t0 + WARMUP_NS, w.end, w.pid)
+    };
+    assert!(
+        !steal || own == host,
+        "the tenant's pid {own}, not {host}: ns_last_pid not applied"
+    );
+    let share = (s.share_pct(0, 0, from, to) - s.share_pct(0, host, from, to)) / 100.0;
+    (share, own)
+}
+
+/// The control: in a real pid namespace the tenant's host pid is proven by the diff of NVML's list around its
+/// first context (the one new pid), so its charge is corrected by its own figure: its limit, not more.
+#[test]
+fn in_a_pid_namespace_the_tenant_reads_its_own_figure() {
+    let (share, own) = namespaced_beside_a_light_process(false, "");
+    println!("pid namespace (own pid {own}), beside a 5 % process: {share:.4}");
+    assert!(
+        (0.28..=0.31).contains(&share),
+        "pid namespace: the 30 % tenant got {share:.4} (band [28, 31] %)"
+    );
+}
+
+/// The same with events refused (degraded mode: NVML's figure is the only measure), which shows the proven pid
+/// is read: without a figure the 0.4 ms kernels are charged the 1 ms fallback (about 12 %).
+#[test]
+fn without_events_in_a_pid_namespace_the_tenant_reads_its_own_figure() {
+    let events = "cuEventCreate:1+:NOT_SUPPORTED,cuEventRecord:1+:NOT_SUPPORTED";
+    let (share, own) = namespaced_beside_a_light_process(false, events);
+    println!("pid namespace (own pid {own}), events refused, beside a 5 % process: {share:.4}");
+    assert!(
+        (0.2..=0.33).contains(&share),
+        "pid namespace, events refused: the 30 % tenant got {share:.4} (band [20, 33] %)"
+    );
+}
+
+/// Attack (a hostile review, issue 36): a tenant in a pid namespace whose own pid is another process's host
+/// pid. Main found itself in NVML's list by its own pid and read that process's 5 % as its own, so every
+/// window gave back a quarter of its charge. Now its own pid counts only in the initial pid namespace and no
+/// member's slot singles out its host pid: no proven pid, no correction, the event charge stands.
+#[test]
+fn a_namespace_pid_equal_to_another_host_pid_gains_nothing() {
+    let (share, own) = namespaced_beside_a_light_process(true, "");
+    println!("pid namespace, own pid = the 5 % process's host pid ({own}): {share:.4}");
+    assert!(
+        share <= 0.31,
+        "own pid = another's host pid: the 30 % tenant got {share:.4}"
     );
 }
 

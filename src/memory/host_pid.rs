@@ -160,6 +160,11 @@ impl Memory {
         };
         if created {
             if let Some(after) = self.nvml_pids(nvml, dev) {
+                // Proof for the throttle: the diff alone singles out one new pid. No member's slot (a tenant
+                // writes them) is consulted, nor our own pid (in a pid namespace it may be another's host pid).
+                if let Ok(p) = new_host_pid(&before, &after, &[]) {
+                    self.devices.host_pid_proven(p);
+                }
                 if after.contains(&std::process::id()) {
                     self.learned(std::process::id());
                 } else {

@@ -1233,6 +1233,58 @@ mod tests {
         assert!(s <= 304.0, "{s}");
     }
 
+    /// `share_correct` windows driven by hand on device 0: before each, this process's net charge moves by
+    /// `charged` ns (negative: credits) and NVML's figure for it by `own` ns, the others' being `others`; a
+    /// window later each time. The first call is the baseline. Returns what is then due back and carried.
+    fn share_windows(windows: &[(i64, u64, Option<u64>)]) -> (u64, i64) {
+        let r = Rig::new();
+        let gpu = r.gpu(0);
+        let rate = lim(30, PolicyKind::Hard).rate_pm();
+        let d = &r.eng.devs[0];
+        d.charged.store(1_000 * MS, Ordering::Relaxed);
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        for &(charged, own, others) in windows {
+            r.clock.advance(SHARE_NS);
+            let _ = d.charged.fetch_add(charged as u64, Ordering::Relaxed); // wrapping: a credit subtracts
+            *gpu.busy.borrow_mut() += own; // nothing queued: `ran` is `busy`
+            *gpu.others.borrow_mut() = others;
+            r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        }
+        (
+            d.share_back.load(Ordering::Relaxed),
+            d.share_pend.load(Ordering::Relaxed),
+        )
+    }
+
+    #[test]
+    fn a_windows_credits_lower_the_carry() {
+        // A window whose credits (an over-charge its probe settled) exceed its charges, then one charged 10 ms
+        // more than NVML saw: the first window's 10 ms refund already paid that back. Counted as 0 (the charge
+        // clamped at zero), the refund was given back a second time: 10 ms due.
+        let w = [
+            (-10 * MS as i64, 0, Some(100 * MS)),
+            (40 * MS as i64, 30 * MS, Some(100 * MS)),
+        ];
+        assert_eq!(share_windows(&w), (0, 0));
+        // The control: without the credit window the 10 ms over-charge comes back (a quarter of 40 ms at most).
+        assert_eq!(share_windows(&w[1..]), (10 * MS, 0));
+    }
+
+    #[test]
+    fn a_negative_carry_survives_a_window_without_others() {
+        // NVML saw 20 ms more than was charged, then a window with nobody else on the device (a sibling idled),
+        // then one charged 20 ms more than NVML saw: the shortfall meets it, nothing is due. Erased in the
+        // window alone, 10 ms were given back.
+        let w = [
+            (10 * MS as i64, 30 * MS, Some(100 * MS)),
+            (0, 0, Some(0)),
+            (40 * MS as i64, 20 * MS, Some(100 * MS)),
+        ];
+        assert_eq!(share_windows(&w), (0, 0));
+        // The control: without the first window the 20 ms excess comes back, 10 ms now (a quarter of 40 ms).
+        assert_eq!(share_windows(&w[1..]), (10 * MS, 10 * MS as i64));
+    }
+
     #[test]
     fn hard_limit_holds_for_short_and_long_kernels() {
         for pct in [10u32, 25, 50, 75, 90] {

@@ -247,15 +247,8 @@ impl SmThrottle {
                 // Estimated (as high-priority launches are) for the budget of queued best-effort time; judged
                 // last, after the SM limit's wait: the high-priority queue is judged when the kernel goes.
                 let t = ticket.unwrap_or_else(|| self.engine.observe(idx, &sh, key, monotonic_ns(), &gpu));
-                // A key never measured (a new kernel shape, copy size class or updated graph) is taken as
-                // longer than the budget: it goes only onto an empty queue and nothing follows it until it is
-                // done (the process's average, its estimate, is the tenant's to pull down with tiny work).
                 let sure = self.engine.measured(t.key);
-                let est = if sure {
-                    t.charged
-                } else {
-                    t.charged.max(priority::BUDGET_NS + 1)
-                };
+                let est = priority::be_estimate(t.charged, sure);
                 let gate = self
                     .prio
                     .be_admit(e, idx, stream, est, sure, &Monotonic, &self.done);
@@ -532,16 +525,11 @@ impl SmThrottle {
                 Some((Priority::Low, e)) => {
                     let t = estimated(ticket);
                     let sure = self.engine.measured(t.key);
-                    // As a single launch's: a key never measured is taken as longer than the budget.
-                    let est = if sure {
-                        t.charged
-                    } else {
-                        t.charged.max(priority::BUDGET_NS + 1)
-                    };
+                    let est = priority::be_estimate(t.charged, sure);
                     let gate = self
                         .prio
                         .be_admit(e, idx, stream, est, sure, &Monotonic, &self.done);
-                    gated.push((e, idx, gate, stream, (t.charged, sure, monotonic_ns())));
+                    gated.push((e, idx, gate, stream, (est, sure, monotonic_ns())));
                     admitted.push((sh, t, stream, 0));
                 }
                 None => admitted.extend(ticket.map(|t| (sh, t, stream, 0))),
@@ -583,6 +571,7 @@ impl SmThrottle {
         if matches!(side, crate::locks::Side::Child) {
             // The parent's probes, events and debts: it settles and pays them; here they are not ours.
             self.engine.forget_probes();
+            self.util.forget_in_child();
             if let Some(p) = &self.probes {
                 p.forget_all();
             }

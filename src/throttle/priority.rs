@@ -55,6 +55,18 @@ pub(crate) const HOLD_RANGE_NS: (u64, u64) = (10_000_000, 2_000_000_000);
 /// that one kernel at a time paid per kernel (57–70 % of the idle time with 100 µs kernels); 400 µs keeps a
 /// 4 ms burst within 1.1 × its time alone (bench-throttle, docs/priority.md).
 pub(crate) const BUDGET_NS: u64 = 400_000;
+
+/// What a best-effort launch charged `charged` is gated and tracked by: a key never measured (`sure` false: a
+/// new kernel shape, copy size class or updated graph, on one device or several) counts as longer than the
+/// budget, so it goes only onto an empty queue and nothing follows it until it is done (its charge, the
+/// process's average, is the tenant's to pull down with tiny work).
+pub(crate) fn be_estimate(charged: u64, sure: bool) -> u64 {
+    if sure {
+        charged
+    } else {
+        charged.max(BUDGET_NS + 1)
+    }
+}
 /// A measured launch longer than the budget may join a queue of measured work estimated to end within this, so
 /// the device does not run dry while the process wakes up (83-92 % of the idle time on the time-sliced
 /// simulator when each such launch waited for the last to complete; 87-93 % with this). What a burst may find
@@ -156,7 +168,8 @@ impl Priorities {
         }
     }
 
-    /// Admits a best-effort launch on `dev` estimated to take `est_ns` (may sleep; never spins): free while no
+    /// Admits a best-effort launch on `dev` estimated to take `est_ns` (as [`be_estimate`] has it; may sleep,
+    /// never spins): free while no
     /// high-priority tenant is present; else once this process's queued kernels leave room for it in
     /// [`BUDGET_NS`] (or none is queued), the high-priority queue is empty and quiet, and the container's
     /// token is ours (taken, or renewed while our kernels are queued). A launch on `stream` that could not be
@@ -172,6 +185,7 @@ impl Priorities {
         clock: &C,
         tr: &T,
     ) -> Gate {
+        let est_ns = be_estimate(est_ns, sure);
         let start = clock.now_ns();
         let mut waited = false;
         loop {
@@ -624,6 +638,38 @@ mod tests {
             Err(v2),
             "two processes' best-effort kernels queued at once"
         );
+    }
+
+    #[test]
+    fn a_never_measured_launch_counts_as_longer_than_the_budget() {
+        // However little it is charged, on one device or as a multi-device launch's part (65a7532): with a
+        // 100 µs kernel of ours queued, a measured 100 µs launch joins it at once (the control), a never-measured
+        // one waits until ours are done.
+        let clock = FakeClock::new(T0);
+        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
+        let tr = FakeTracker::new(&clock);
+        p.hp_launch(e, 0, T0, 0);
+        clock.advance(QUIET_NS);
+        let k = 100_000;
+        for _ in 0..2 {
+            assert!(matches!(
+                p.be_admit(e, 0, 0, k, true, &clock, &tr),
+                Gate::Token { .. }
+            ));
+            tr.launched(k);
+        }
+        assert_eq!(clock.now_ns(), T0 + QUIET_NS, "measured: queued at once");
+        assert!(matches!(
+            p.be_admit(e, 0, 0, k, false, &clock, &tr),
+            Gate::Token { .. }
+        ));
+        assert_eq!(
+            clock.now_ns(),
+            T0 + QUIET_NS + 2 * k,
+            "never measured: after ours are done"
+        );
+        assert_eq!(be_estimate(k, false), BUDGET_NS + 1);
+        assert_eq!(be_estimate(k, true), k);
     }
 
     #[test]

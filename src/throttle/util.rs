@@ -3,8 +3,10 @@
 //! process's own device time, for degraded mode (no events to measure launches with), and both this process's
 //! and every other process's, for the correction of a shared device's charge (`Engine::share_correct`).
 //!
-//! This process is found in NVML's samples by the pid it learned NVML knows it by (`Devices::host_pid`), else
-//! its own; never by the usage slot's copy, which any process of the container can write. A figure for this
+//! This process is found in NVML's samples only by a pid proven to be its own ([`Util::nvml_pid`]): the host
+//! pid a diff of NVML's list singled out (`Devices::host_pid`), else its own pid outside any pid namespace.
+//! Never by the usage slot's copy, which any process of the container can write, nor by its own pid inside a
+//! pid namespace, which may be another process's host pid. No proven pid: no figure. A figure for this
 //! process that NVML does not list (no sample for that pid, `NVML_ERROR_NOT_FOUND`) is unknown, not zero: the
 //! process launched work, so a missing figure means NVML does not know it by that pid (or was made to fail),
 //! and reading it as "used nothing" would give back everything it was charged.
@@ -17,7 +19,7 @@ use crate::ffi::nvml::{nvmlProcessUtilizationSample_t, nvmlReturn_t};
 use crate::time::realtime_us;
 use cuquota_core::region::layout::MAX_DEVICES;
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 
 /// Per usage-device entry: NVML's handle and the time of the previous sample. Atomics only, no lock.
 pub(crate) struct Util {
@@ -29,6 +31,8 @@ pub(crate) struct Util {
     own_seen: [AtomicU64; MAX_DEVICES],
     /// CLOCK_REALTIME µs of the previous occupancy sample (shared-device correction), 0 = none yet.
     occ_seen: [AtomicU64; MAX_DEVICES],
+    /// Whether this process is in the initial pid namespace: 0 = not looked yet, 1 = yes, 2 = no (or unknown).
+    init_ns: AtomicU8,
 }
 
 /// Device time (ns) over one sampling window: this process's, read high by NVML's rounding (half a percent of
@@ -46,6 +50,7 @@ impl Default for Util {
             last_seen: std::array::from_fn(|_| AtomicU64::new(0)),
             own_seen: std::array::from_fn(|_| AtomicU64::new(0)),
             occ_seen: std::array::from_fn(|_| AtomicU64::new(0)),
+            init_ns: AtomicU8::new(0),
         }
     }
 }
@@ -99,27 +104,8 @@ impl Util {
         let mut n = buf.len() as c_uint;
         // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
         let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
-        // NVML_ERROR_NOT_FOUND: no samples since `since` = nobody ran.
-        if r == nvmlReturn_t::ERROR_NOT_FOUND {
-            return Some(DeviceUse { others: 0, all: 0 });
-        }
-        if !r.ok() {
-            return None;
-        }
-        // Average each pid's samples, sum over the pids outside this container and over all.
-        let per = per_pid(&buf[..(n as usize).min(buf.len())]);
         let usage = devices.usage();
-        let pm = |&(_, sum, k): &(u32, u64, u64)| sum * 10 / k;
-        let others: u64 = per
-            .iter()
-            .filter(|(pid, _, _)| !usage.is_member(*pid))
-            .map(pm)
-            .sum();
-        let all: u64 = per.iter().map(pm).sum();
-        Some(DeviceUse {
-            others: others.min(FULL_RATE),
-            all: all.min(FULL_RATE),
-        })
+        use_of(r, &buf[..(n as usize).min(buf.len())], |pid| usage.is_member(pid))
     }
 
     /// NVML's samples for usage entry `entry`'s device since the CLOCK_REALTIME µs `seen` holds (swapped for
@@ -154,7 +140,7 @@ impl Util {
     /// this process.
     pub(crate) fn own_busy_ns(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
         let (span_us, per) = self.window(nvml, devices, entry, self.own_seen.get(entry)?)?;
-        let me = devices.host_pid().unwrap_or_else(std::process::id);
+        let me = self.nvml_pid(devices)?;
         let (_, sum, k) = per.into_iter().find(|(pid, _, _)| *pid == me)?;
         Some((sum / k).min(100) * span_us * 10)
     }
@@ -165,9 +151,64 @@ impl Util {
     /// each, so that rounding never makes this process's look smaller than it was.
     pub(crate) fn occupancy(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<Occupancy> {
         let (span_us, per) = self.window(nvml, devices, entry, self.occ_seen.get(entry)?)?;
-        let me = devices.host_pid().unwrap_or_else(std::process::id);
+        let me = self.nvml_pid(devices)?;
         occupancy_of(me, span_us * 1000, &per)
     }
+
+    /// The pid NVML knows this process by, when that is proven: the host pid a diff singled out, else the own
+    /// pid in the initial pid namespace (there it is the host's). `None` otherwise: no figure is read.
+    fn nvml_pid(&self, devices: &Devices) -> Option<u32> {
+        if let Some(p) = devices.host_pid() {
+            return Some(p);
+        }
+        let init = match self.init_ns.load(Ordering::Relaxed) {
+            0 => {
+                let yes = in_initial_pid_namespace();
+                self.init_ns.store(if yes { 1 } else { 2 }, Ordering::Relaxed);
+                yes
+            }
+            v => v == 1,
+        };
+        init.then(std::process::id)
+    }
+
+    /// In a forked child: looked at again (the parent may have unshared a pid namespace for its children).
+    pub(crate) fn forget_in_child(&self) {
+        self.init_ns.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Inode of the initial pid namespace (`PROC_PID_INIT_INO` in Linux's `proc_ns.h`): a kernel constant.
+const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
+
+/// Whether this process is in the initial pid namespace, where its pid is the one NVML reports. Not from
+/// `NSpid` (a container's own /proc shows it one pid too) but from the namespace's inode.
+#[cold]
+fn in_initial_pid_namespace() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == PROC_PID_INIT_INO)
+}
+
+/// [`Util::device_use`] from NVML's answer: each pid's samples averaged, summed over the pids that are not
+/// `member`s and over all. Any error is unknown, `NVML_ERROR_NOT_FOUND` ("no samples") too: a process can make its
+/// own NVML answer that, and read as "nobody ran" it handed a burst container the whole device beside a busy
+/// neighbour.
+fn use_of(
+    r: nvmlReturn_t,
+    samples: &[nvmlProcessUtilizationSample_t],
+    member: impl Fn(u32) -> bool,
+) -> Option<DeviceUse> {
+    if !r.ok() {
+        return None;
+    }
+    let per = per_pid(samples);
+    let pm = |&(_, sum, k): &(u32, u64, u64)| sum * 10 / k;
+    let others: u64 = per.iter().filter(|(pid, _, _)| !member(*pid)).map(pm).sum();
+    let all: u64 = per.iter().map(pm).sum();
+    Some(DeviceUse {
+        others: others.min(FULL_RATE),
+        all: all.min(FULL_RATE),
+    })
 }
 
 /// [`Util::occupancy`] from each pid's (pid, sum of %, samples) over a window of `span_ns`.
@@ -190,6 +231,27 @@ fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sample(pid: u32, sm: u32) -> nvmlProcessUtilizationSample_t {
+        nvmlProcessUtilizationSample_t {
+            pid,
+            smUtil: sm,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn others_are_the_non_members_samples_and_no_samples_is_unknown() {
+        // The control: pid 9 (not a member) at 70 % and 50 % averages 60 %; member 7 is left out.
+        let s = [sample(7, 30), sample(9, 70), sample(9, 50)];
+        // The device's use counts every pid: 30 % + 60 %.
+        let u = |others, all| Some(DeviceUse { others, all });
+        assert_eq!(use_of(nvmlReturn_t::SUCCESS, &s, |p| p == 7), u(600, 900));
+        assert_eq!(use_of(nvmlReturn_t::SUCCESS, &[], |_| false), u(0, 0));
+        // NOT_FOUND ("no samples") is unknown, as any error: never "nobody else ran".
+        assert_eq!(use_of(nvmlReturn_t::ERROR_NOT_FOUND, &[], |_| false), None);
+        assert_eq!(use_of(nvmlReturn_t::ERROR_UNKNOWN, &s, |_| false), None);
+    }
 
     #[test]
     fn rounding_reads_own_time_high_and_others_low_and_an_unlisted_self_is_unknown() {

@@ -154,6 +154,8 @@ mod tests {
             vdevice_index: None,
             memory_used_bytes: procs.iter().map(|p| p.1).sum(),
             memory_limit_bytes: cap,
+            memory_request_bytes: cap,
+            memory_request_refused: None,
             memory_over_limit: false,
             sm_limit_percent: None,
             policy: "default",

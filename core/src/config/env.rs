@@ -16,6 +16,7 @@ use crate::visible_devices::VisibleDevices;
 /// `CUQUOTA_*` name is an error, except those under [`RESERVED_PREFIX`].
 pub const KNOWN_VARIABLES: &[&str] = &[
     "CUQUOTA_MEMORY_LIMIT",
+    "CUQUOTA_MEMORY_REQUEST",
     "CUQUOTA_SM_LIMIT",
     "CUQUOTA_POLICY",
     "CUQUOTA_WEIGHT",
@@ -276,6 +277,20 @@ fn build(src: &Source<'_>, path_exists: &dyn Fn(&Path) -> bool) -> Result<Config
     )?
     .filter(|&m| m != 0);
     env.sm = paired(src, "CUDA_DEVICE_SM_LIMIT", "CUQUOTA_SM_LIMIT", &parse_sm)?.filter(|&p| p != 0);
+    // Every device's request; only ever lowers the agent's (`Policy::restrict`), never above a cap.
+    env.memory_request = single(src, "CUQUOTA_MEMORY_REQUEST", parse_memory)?.filter(|&m| m != 0);
+    if let (Some(r), Some(m)) = (env.memory_request, env.memory) {
+        if r > m {
+            return Err(ConfigError::InvalidValue {
+                var: "CUQUOTA_MEMORY_REQUEST".into(),
+                value: src
+                    .get("CUQUOTA_MEMORY_REQUEST")?
+                    .unwrap_or_else(|| r.to_string()),
+                expected:
+                    "a request at most the memory limit (CUQUOTA_MEMORY_LIMIT / CUDA_DEVICE_MEMORY_LIMIT)",
+            });
+        }
+    }
     for &i in &src.ordinals {
         let indexed = |hami: &str, ours: &str| (format!("{hami}_{i}"), format!("{ours}_{i}"));
         let (hami, ours) = indexed("CUDA_DEVICE_MEMORY_LIMIT", "CUQUOTA_MEMORY_LIMIT");

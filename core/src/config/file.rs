@@ -2,6 +2,7 @@
 //!
 //! ```toml
 //! memory_limit = "4g"        # string in HAMi's size syntax, or an integer number of bytes
+//! memory_request = "2g"      # guaranteed memory, at most memory_limit (every device)
 //! sm_limit = 30              # percent
 //! policy = "hard"            # hard | burst | disabled
 //! weight = 100               # 1–1000
@@ -70,6 +71,7 @@ struct DeviceSection {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     memory_limit: Option<Size>,
+    memory_request: Option<Size>,
     sm_limit: Option<Int>,
     policy: Option<String>,
     weight: Option<Int>,
@@ -150,6 +152,12 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             .map(|s| size("memory_limit".into(), s))
             .transpose()?
             .filter(|&m| m != 0),
+        memory_request: raw
+            .memory_request
+            .as_ref()
+            .map(|s| size("memory_request".into(), s))
+            .transpose()?
+            .filter(|&m| m != 0),
         sm: raw
             .sm_limit
             .as_ref()
@@ -179,6 +187,16 @@ pub(super) fn parse(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         disabled: raw.disable,
         ..Layer::default()
     };
+    if let (Some(r), Some(m)) = (layer.memory_request, layer.memory) {
+        if r > m {
+            return Err(ConfigError::FileValue {
+                path: path.to_path_buf(),
+                key: "memory_request".into(),
+                value: r.to_string(),
+                expected: "a request at most memory_limit",
+            });
+        }
+    }
     let mut seen = std::collections::BTreeSet::new();
     for (n, dev) in raw.device.iter().enumerate() {
         let i = dev.index;

@@ -13,6 +13,8 @@ use crate::visible_devices::VisibleDevices;
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Layer {
     pub memory: Option<u64>,
+    /// `CUQUOTA_MEMORY_REQUEST` / the file's `memory_request` (every device).
+    pub memory_request: Option<u64>,
     pub sm: Option<u32>,
     pub device_memory: BTreeMap<u32, u64>,
     pub device_sm: BTreeMap<u32, u32>,
@@ -71,6 +73,7 @@ pub(crate) fn resolve(
         weight: env.weight.or(file.weight),
         priority: env.priority.or(file.priority),
         reserved_memory: None,
+        memory_request: env.memory_request.or(file.memory_request),
     };
     let default_limits = policy(None);
     let devices = ordinals.into_iter().map(|i| (i, policy(Some(i)))).collect();

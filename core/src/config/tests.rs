@@ -559,3 +559,50 @@ fn hami_knobs_are_read_as_hami_core_reads_them() {
         "our own names do not speak of HAMi-core: {e}"
     );
 }
+
+#[test]
+fn a_memory_request_from_the_environment_is_checked_against_the_limit() {
+    // Control: a request at most the cap is every device's, and restricts nothing else.
+    let c = cfg(&[("CUQUOTA_MEMORY_LIMIT", "4g"), ("CUQUOTA_MEMORY_REQUEST", "1g")]).unwrap();
+    assert_eq!(c.policy(3).memory_request, Some(G));
+    assert_eq!(c.policy(3).memory, Some(4 * G));
+    assert_eq!(
+        cfg(&[("CUQUOTA_MEMORY_REQUEST", "0")])
+            .unwrap()
+            .policy(0)
+            .memory_request,
+        None
+    );
+    // Bad input: above the limit, or not a size, names the variable and the value.
+    let e = cfg(&[("CUQUOTA_MEMORY_LIMIT", "1g"), ("CUQUOTA_MEMORY_REQUEST", "2g")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("CUQUOTA_MEMORY_REQUEST=\"2g\"") && e.contains("at most the memory limit"),
+        "{e}"
+    );
+    let e = cfg(&[("CUQUOTA_MEMORY_REQUEST", "2x")]).unwrap_err().to_string();
+    assert!(e.contains("CUQUOTA_MEMORY_REQUEST=\"2x\""), "{e}");
+    // The TOML file: the same key, the same check, naming the file's key.
+    let f = write_toml("memory_limit = \"4g\"\nmemory_request = \"3g\"\n");
+    let c = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).unwrap();
+    assert_eq!(c.policy(0).memory_request, Some(3 * G));
+    let f = write_toml("memory_limit = \"4g\"\nmemory_request = \"5g\"\n");
+    let e = cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("memory_request") && e.contains("at most memory_limit"),
+        "{e}"
+    );
+    let f = write_toml("memory_reqest = \"1g\"\n");
+    assert!(
+        cfg(&[("CUQUOTA_CONFIG", f.path().to_str().unwrap())]).is_err(),
+        "unknown key"
+    );
+    // A typo is an unknown variable, as for every CUQUOTA_ name.
+    assert!(matches!(
+        cfg(&[("CUQUOTA_MEMORY_REQEST", "1g")]),
+        Err(ConfigError::UnknownVariable { .. })
+    ));
+}

@@ -154,6 +154,8 @@ impl PolicyWords {
     pub fn load(&self) -> PolicyRaw {
         PolicyRaw {
             memory_limit: self.memory_limit.load(Ordering::Relaxed),
+            // Not among these words (limits entries keep it beside them).
+            memory_request: 0,
             reserved_memory: self.reserved_memory.load(Ordering::Relaxed),
             sm_limit: self.sm_limit.load(Ordering::Relaxed),
             policy: self.policy.load(Ordering::Relaxed),
@@ -204,8 +206,10 @@ pub struct LimitsEntry {
     pub cuda_index: AtomicU32,
     /// The limits.
     pub limits: PolicyWords,
-    /// Zero.
-    pub _reserved: [AtomicU64; 1],
+    /// Guaranteed memory in bytes, 0 = none (the limit). Within ABI 4 (this word was reserved, zero):
+    /// [`crate::PolicyRaw::memory_request`] of the entry's policy, outside [`PolicyWords`] because usage
+    /// device entries have no word for it.
+    pub memory_request: AtomicU64,
 }
 
 /// The container's processes as the node agent sees them (4104 bytes): host pids (the pids NVML reports),

@@ -84,7 +84,10 @@ impl LimitsEntryData {
             ]),
             flags: e.flags.load(Ordering::Relaxed),
             cuda_index: e.cuda_index.load(Ordering::Relaxed),
-            raw: e.limits.load(),
+            raw: PolicyRaw {
+                memory_request: e.memory_request.load(Ordering::Relaxed),
+                ..e.limits.load()
+            },
         }
     }
 
@@ -95,6 +98,7 @@ impl LimitsEntryData {
         e.flags.store(self.flags, Ordering::Relaxed);
         e.cuda_index.store(self.cuda_index, Ordering::Relaxed);
         e.limits.store(&self.raw);
+        e.memory_request.store(self.raw.memory_request, Ordering::Relaxed);
     }
 }
 
