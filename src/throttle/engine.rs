@@ -87,9 +87,9 @@ pub(crate) trait Gpu {
     fn probe_started(&self, _p: u64) -> Option<bool> {
         None
     }
-    /// Other containers' use of the device (per-mille) since the previous call for this device (about
-    /// `burst::SAMPLE_NS`); None = unknown.
-    fn others_busy_pm(&self, dev: usize) -> Option<u64>;
+    /// Other containers' and every process's use of the device (per-mille) since the previous call for this
+    /// device (about `burst::SAMPLE_NS`); None = unknown.
+    fn device_use(&self, dev: usize) -> Option<burst::DeviceUse>;
     /// Can launches on `dev` be measured (events work) at `now`? False sends the engine to degraded mode.
     fn measures(&self, _dev: usize, _now: u64) -> bool {
         true
@@ -884,7 +884,7 @@ impl Engine {
             lim.rate_pm(),
             lim.weight_or_default() as u64,
             own_pm,
-            gpu.others_busy_pm(dev),
+            gpu.device_use(dev),
         );
         w[slot::BURST_STATE].store(burst::pack(next), Ordering::Relaxed);
         w[slot::EFF_RATE].store(next.eff, Ordering::Relaxed);
@@ -1122,8 +1122,10 @@ mod tests {
             let now = self.clock.now_ns();
             self.probes.borrow().iter().find(|x| x.0 == p).map(|x| x.1 <= now)
         }
-        fn others_busy_pm(&self, _dev: usize) -> Option<u64> {
-            *self.util.borrow()
+        fn device_use(&self, _dev: usize) -> Option<burst::DeviceUse> {
+            self.util
+                .borrow()
+                .map(|others| burst::DeviceUse { others, all: others })
         }
         fn measures(&self, _dev: usize, _now: u64) -> bool {
             *self.measuring.borrow()

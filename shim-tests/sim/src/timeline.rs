@@ -120,9 +120,10 @@ pub(crate) struct Slicing {
 
 /// Where `owner`'s `dur` ns of work, ready at `earliest`, runs on the reserved future `slices` (in order;
 /// `tail_owner` ran last when there are none; `busy` = when the reserved work ends), round-robin: the work
-/// extends the owner's last slice while that has room (< a quantum), else goes in after the slice running (or
-/// next to run) at that time, with a switch before and after it, moving all later work (its owners' kernels are
-/// then switched out); after all reserved work it starts a switch after it (idle time absorbing the switch).
+/// extends the owner's last slice while that has room (< a quantum), else goes in where its turn comes after the
+/// slice running (or next to run) at that time, in the owners' fixed cyclic order (`its_turn`), with a switch
+/// before and after it, moving all later work (its owners' kernels are then switched out); after all reserved
+/// work it starts a switch after it (idle time absorbing the switch).
 /// Updates `slices` and `busy`; returns the pieces [start, end) and the shifts (at, len), in order.
 pub(crate) fn place(
     slices: &mut Vec<Sl>,
@@ -176,9 +177,13 @@ pub(crate) fn place(
                 continue;
             }
         }
-        match slices.iter().position(|s| s.end > t) {
-            // In after the slice running (or next to run) at t.
-            Some(i) if i + 1 < slices.len() && !full => {
+        // Round-robin in a fixed order of owners: in at the first boundary from the slice running (or next to
+        // run) at t where its turn comes, i.e. after each owner between it and the running one had its slice.
+        let turn = slices.iter().position(|s| s.end > t).and_then(|i| {
+            (i..slices.len() - 1).find(|&j| its_turn(slices[j].owner, owner, slices[j + 1].owner))
+        });
+        match turn {
+            Some(i) if !full => {
                 let b = slices[i].end;
                 let n = rem.min(q);
                 let gap = slices[i + 1].start - b;
@@ -227,6 +232,16 @@ pub(crate) fn place(
         }
     }
     (pieces, shifts)
+}
+
+/// In a runlist cycled in the order of owners, does `x`'s turn come between `a`'s slice and `b`'s?
+fn its_turn(a: u64, x: u64, b: u64) -> bool {
+    use std::cmp::Ordering::*;
+    match a.cmp(&b) {
+        Less => a < x && x < b,
+        Greater => x > a || x < b,
+        Equal => x != a,
+    }
 }
 
 /// The slice lock of `dev`, released on drop.
@@ -654,19 +669,20 @@ mod tests {
         assert_eq!(busy - 1000, 420 + 40);
     }
 
-    /// Two processes that each keep 32 kernels of 0.4 ms queued (compute_loop: batches of 8, four in flight)
-    /// alternate every quantum: with the default quantum and switch, 2 / 2.222 of the device does work.
-    #[test]
-    fn a_busy_pair_loses_one_switch_per_quantum() {
+    /// `n` processes that each keep 32 kernels of 0.4 ms queued (compute_loop: batches of 8, four in flight),
+    /// each starting 1 ms after the previous: the work each did and the device time it all took.
+    fn busy_processes(n: usize, rounds: usize) -> (Vec<u64>, u64) {
         let p = Slicing {
             quantum: 2_000_000,
             switch: 222_000,
         };
         let (mut v, mut busy) = (Vec::new(), 0u64);
-        let (mut work, mut tails, mut next) = (0u64, [0u64; 2], [0u64, 1_000_000]);
-        let mut ends: [std::collections::VecDeque<u64>; 2] = Default::default();
-        for _ in 0..2000 {
-            let who = usize::from(next[1] < next[0]);
+        let mut work = vec![0u64; n];
+        let mut tails = vec![0u64; n];
+        let mut next: Vec<u64> = (0..n as u64).map(|i| i * 1_000_000).collect();
+        let mut ends: Vec<std::collections::VecDeque<u64>> = vec![Default::default(); n];
+        for _ in 0..rounds {
+            let who = (0..n).min_by_key(|&i| next[i]).unwrap();
             let now = next[who];
             v.retain(|s: &Sl| s.end > now);
             for _ in 0..8 {
@@ -680,16 +696,17 @@ mod tests {
                     p,
                 );
                 tails[who] = pieces.last().unwrap().1;
-                // The other process's times move by the shifts (`catch_up`).
-                let o = 1 - who;
+                // The other processes' times move by the shifts (`catch_up`).
                 for (at, len) in shifts {
-                    for x in ends[o].iter_mut().chain(std::iter::once(&mut tails[o])) {
-                        if *x > at {
-                            *x += len;
+                    for o in (0..n).filter(|&o| o != who) {
+                        for x in ends[o].iter_mut().chain(std::iter::once(&mut tails[o])) {
+                            if *x > at {
+                                *x += len;
+                            }
                         }
                     }
                 }
-                work += 400_000;
+                work[who] += 400_000;
             }
             ends[who].push_back(tails[who]);
             next[who] = if ends[who].len() >= 4 {
@@ -699,8 +716,29 @@ mod tests {
             };
             assert!(v.len() < MAX_SLICES);
         }
-        let frac = work as f64 / busy as f64;
+        (work, busy)
+    }
+
+    /// Two busy processes alternate every quantum: with the default quantum and switch, 2 / 2.222 of the device
+    /// does work.
+    #[test]
+    fn a_busy_pair_loses_one_switch_per_quantum() {
+        let (work, busy) = busy_processes(2, 2000);
+        let frac = work.iter().sum::<u64>() as f64 / busy as f64;
         assert!((frac - 2.0 / 2.222).abs() < 0.002, "{frac}");
+    }
+
+    /// Three busy processes take turns in a fixed order, as the driver's runlist does: each does a third of the
+    /// work. (A newcomer let in right after the running slice got 1/2, 1/4, 1/4.)
+    #[test]
+    fn three_busy_processes_take_turns_round_robin() {
+        let (work, busy) = busy_processes(3, 3000);
+        let total = work.iter().sum::<u64>() as f64;
+        for w in &work {
+            assert!((*w as f64 / total - 1.0 / 3.0).abs() < 0.01, "{work:?}");
+        }
+        let frac = total / busy as f64;
+        assert!((frac - 2.0 / 2.222).abs() < 0.003, "{frac}");
     }
 
     #[test]
