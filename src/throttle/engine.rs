@@ -31,8 +31,8 @@
 //! a neighbour keeps its events running, so a probe's span, and the estimate it feeds, include the
 //! neighbour's slices. While NVML shows another process on the device, every `SHARE_NS` the process compares
 //! what it was charged in that window with the device time NVML says it occupied (`Gpu::occupancy`) and gets
-//! back the excess, at most a quarter of the window's charge (half for spans longer than the time slice) and
-//! never more than the others occupied and the switches around them (`Engine::share_correct`, `share_cap`). Alone, or when NVML cannot tell, nothing changes.
+//! back the excess, at most a quarter of the window's charge and never more than the others occupied
+//! (`Engine::share_correct`). Alone, or when NVML cannot tell, nothing changes.
 
 use super::bucket::{self, slot, Bucket, Take, MAX_MEASURE_NS};
 use super::burst;
