@@ -31,8 +31,8 @@
 //! a neighbour keeps its events running, so a probe's span, and the estimate it feeds, include the
 //! neighbour's slices. While NVML shows another process on the device, every `SHARE_NS` the process compares
 //! what it was charged in that window with the device time NVML says it occupied (`Gpu::occupancy`) and gets
-//! back the excess, at most a quarter of the window's charge and never more than the others occupied
-//! (`Engine::share_correct`). Alone, or when NVML cannot tell, nothing changes.
+//! back the excess, at most a quarter of the window's charge (half of what probes measured in spans longer
+//! than the time slice) and never more than the others occupied (`Engine::share_correct`, `share_cap`). Alone, or when NVML cannot tell, nothing changes.
 
 use super::bucket::{self, slot, Bucket, Take, MAX_MEASURE_NS};
 use super::burst;
@@ -190,7 +190,7 @@ struct Dev {
     /// GPU ns still to give back, in steps of `SHARE_STEP_NS`.
     share_back: AtomicU64,
     /// Device ns the probes settled in the current window measured, and the part of it from spans longer than
-    /// the time slice (a kernel switched out at every quantum: see `share_cap`).
+    /// two time slices (a kernel longer than one, switched out at every quantum: see `share_cap`).
     share_probed: AtomicU64,
     share_long: AtomicU64,
 }
@@ -777,7 +777,7 @@ impl Engine {
         if exact {
             self.est.record(o.key, measured, now);
             d.share_probed.fetch_add(measured, Ordering::Relaxed);
-            if measured > self.slice_or_default() {
+            if measured > 2 * self.slice_or_default() {
                 d.share_long.fetch_add(measured, Ordering::Relaxed);
             }
         }
@@ -966,9 +966,9 @@ fn sample_due(last: u64, now: u64) -> bool {
 }
 
 /// The most of a shared device's window charge `charged` that is given back: a quarter, up to a half for the
-/// part the probes measured in spans longer than the time slice (`long` of `probed` ns). A kernel shorter
-/// than the slice is switched out at most once, so its estimate holds a neighbour's slice only in part; one
-/// longer is switched out at every quantum while the neighbour has work and runs at least one quantum in every
+/// part the probes measured in spans longer than two time slices (`long` of `probed` ns). A kernel shorter
+/// than the slice is switched out at most once (its span then at most its length, a slice and two switches),
+/// so its estimate holds a neighbour's slice only in part; one longer is switched out at every quantum while the neighbour has work and runs at least one quantum in every
 /// quantum, neighbour's slice and two switches, so up to about half of its span (55 % at the H200's 0.22 ms
 /// switch) is the neighbour's. Only NVML's own figure read low makes the cap bind beyond the over-charge.
 fn share_cap(charged: i64, probed: u64, long: u64) -> i64 {
