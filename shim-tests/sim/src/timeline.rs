@@ -197,7 +197,8 @@ pub(crate) fn place(
         // Round-robin in a fixed order of owners: in at the first boundary from the slice running (or next to
         // run) at t where its turn comes, i.e. after each owner between it and the running one had its slice.
         let find = |slices: &[Sl], i: usize| {
-            (i..slices.len().saturating_sub(1)).find(|&j| its_turn(slices[j].owner, owner, slices[j + 1].owner))
+            (i..slices.len().saturating_sub(1))
+                .find(|&j| its_turn(slices[j].owner, owner, slices[j + 1].owner))
         };
         let mut turn = running.and_then(|i| find(slices, i));
         // Its turn comes only at the end, behind a run of quanta: the run yields after its first quantum.
