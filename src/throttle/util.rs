@@ -104,8 +104,13 @@ impl Util {
         let mut n = buf.len() as c_uint;
         // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
         let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
-        let usage = devices.usage();
-        others_of(r, &buf[..(n as usize).min(buf.len())], |pid| usage.is_member(pid))
+        // The tenant-proof membership (the agent's list when it publishes one), not the usage file's slots: a
+        // slot forged with a neighbour's host pid must not drop that neighbour out of "others". Our own pid only
+        // when proven (in a pid namespace our pid may be a neighbour's host pid).
+        let own = [self.nvml_pid(devices).unwrap_or(0)];
+        others_of(r, &buf[..(n as usize).min(buf.len())], |pid| {
+            devices.is_member(pid, &own)
+        })
     }
 
     /// NVML's samples for usage entry `entry`'s device since the CLOCK_REALTIME µs `seen` holds (swapped for
