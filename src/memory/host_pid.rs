@@ -81,8 +81,8 @@ pub(crate) fn new_host_pid(before: &[u32], after: &[u32], members: &[u32]) -> Re
 /// The pid a diff proves is ours, for the throttle: the diff alone singles out one new pid. No member's slot
 /// (a tenant writes them) is consulted, nor our own pid (in a pid namespace it may be another's host pid).
 /// No proof when this process already had a context on the device that no hook saw (`unseen`: e.g. one
-/// `cuGreenCtxCreate` made, which is not hooked): NVML may list us in `before` already, and a sibling's context
-/// created in the window would then be the one new pid.
+/// `cuGreenCtxCreate` made: not hooked, it retains the primary context, cuda.h): NVML may list us in `before`
+/// already, and a sibling's context created in the window would then be the one new pid.
 fn proven_pid(before: &[u32], after: &[u32], unseen: bool) -> Option<u32> {
     if unseen {
         return None;
