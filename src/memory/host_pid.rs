@@ -31,6 +31,8 @@ pub(crate) struct HostPid {
     /// After an ambiguous diff: (ordinal, the new pids, us among them), narrowed at later attempts as the
     /// others become known members of the container or leave.
     pub(super) candidates: Lock<Option<(CUdevice, Vec<u32>)>>,
+    /// Ordinal + 1 of the device whose diff proved `Devices::host_pid` (0 = none).
+    proof_dev: AtomicU32,
 }
 
 impl HostPid {
@@ -58,6 +60,7 @@ impl HostPid {
         self.touched.store(0, Ordering::Relaxed);
         self.busy.store(false, Ordering::Relaxed);
         *self.candidates.lock() = None;
+        self.proof_dev.store(0, Ordering::Relaxed);
     }
 }
 
@@ -88,6 +91,13 @@ fn proven_pid(before: &[u32], after: &[u32], unseen: bool) -> Option<u32> {
         return None;
     }
     new_host_pid(before, after, &[]).ok()
+}
+
+/// Whether a proof of `pid` stands once this process's last context on the device is gone and NVML lists
+/// `listed` there (`None`: NVML cannot tell): only if NVML no longer lists it. Still listed, it was not ours
+/// (a sibling's, taken in the diff's window) or a context no hook saw keeps us there.
+fn proof_stands(pid: u32, listed: Option<&[u32]>) -> bool {
+    listed.is_some_and(|l| !l.contains(&pid))
 }
 
 /// Whether the device's primary context is already active before this process's first hooked context creation
@@ -135,6 +145,25 @@ impl Memory {
         } else if let Some(slot) = self.usage().cached_slot() {
             self.usage().set_host_pid(slot, pid);
             self.devices.hami_host_pid(pid);
+        }
+    }
+
+    /// This process's last hooked context on `dev` is gone: a proof made there that NVML still lists is
+    /// withdrawn (no correction from then on).
+    pub(super) fn last_context_gone(&self, nvml: &Nvml, dev: CUdevice) {
+        let Some(p) = self.devices.host_pid() else {
+            return;
+        };
+        if self.host.proof_dev.load(Ordering::Relaxed) != dev as u32 + 1 {
+            return;
+        }
+        if !proof_stands(p, self.nvml_pids(nvml, dev).as_deref()) {
+            log!(
+                Level::Warn,
+                "device {dev}: pid {p} still listed after our last context: not ours"
+            );
+            self.host.proof_dev.store(0, Ordering::Relaxed);
+            self.devices.host_pid_proven(0);
         }
     }
 
@@ -187,6 +216,7 @@ impl Memory {
         if created {
             if let Some(after) = self.nvml_pids(nvml, dev) {
                 if let Some(p) = proven_pid(&before, &after, unseen) {
+                    self.host.proof_dev.store(dev as u32 + 1, Ordering::Relaxed);
                     self.devices.host_pid_proven(p);
                 }
                 if after.contains(&std::process::id()) {
@@ -248,7 +278,16 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
-    use super::{new_host_pid, proven_pid};
+    use super::{new_host_pid, proof_stands, proven_pid};
+
+    #[test]
+    fn a_proof_still_listed_after_our_last_context_is_withdrawn() {
+        // The control: our contexts gone, NVML no longer lists the proven pid.
+        assert!(proof_stands(100_007, Some(&[5])));
+        // A sibling's pid (taken in the diff's window) outlives our contexts; NVML unable to tell.
+        assert!(!proof_stands(100_008, Some(&[5, 100_008])));
+        assert!(!proof_stands(100_007, None));
+    }
 
     #[test]
     fn a_pid_listed_before_the_first_hooked_creation_proves_nothing() {

@@ -451,6 +451,7 @@ impl Memory {
                 f.store(false, Ordering::Relaxed);
             }
             self.forget_context_allocations(cuda, d);
+            self.last_context_gone(nvml, d.ordinal);
         } else {
             self.forget_dead_allocations(cuda, d);
         }
