@@ -50,11 +50,18 @@ fn shares(sim: &Sim, prog: &Path, tenants: &[(&str, u32)]) -> Vec<f64> {
                 .args(&format!("{SECONDS} {BLOCKS}"));
             if limit > 0 {
                 // The calibration is against the library the H200 ran: one launch released per repaid debt
-                // (`CUQUOTA_TIME_SLICE_US=0`; the default now releases a time slice at once: timeslice_shares.rs).
+                // (`CUQUOTA_TIME_SLICE_US=0`; the default now releases a time slice at once: timeslice_shares.rs)
+                // and no share correction (NVML's per-process figures refused: timeslice_charge.rs), which
+                // lifts the 70 % tenant to the edge of the H200's band.
                 c = c
                     .env("CUDA_DEVICE_SM_LIMIT", &limit.to_string())
                     .env("CUQUOTA_POLICY", "hard")
-                    .env("CUQUOTA_TIME_SLICE_US", "0");
+                    .env("CUQUOTA_TIME_SLICE_US", "0")
+                    .env(
+                        "CUDASIM_FAULT",
+                        "nvmlDeviceGetProcessUtilization:1+:NOT_FOUND,\
+                         nvmlDeviceGetProcessesUtilizationInfo:1+:NOT_FOUND",
+                    );
             }
             c.spawn()
         })

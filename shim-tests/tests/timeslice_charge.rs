@@ -48,6 +48,8 @@ struct Tenant<'a> {
     limit: u32,
     env: &'a [(&'a str, &'a str)],
     namespaced: bool,
+    /// compute_loop's grid (its kernel length: 20 µs a wave).
+    blocks: u32,
 }
 
 fn t<'a>(container: &'a str, limit: u32) -> Tenant<'a> {
@@ -56,6 +58,7 @@ fn t<'a>(container: &'a str, limit: u32) -> Tenant<'a> {
         limit,
         env: &[],
         namespaced: false,
+        blocks: BLOCKS,
     }
 }
 
@@ -74,7 +77,7 @@ fn shares(
             let mut c = sim
                 .cmd_path(prog.to_path_buf())
                 .container(tn.container)
-                .args(&format!("5 {BLOCKS}"));
+                .args(&format!("5 {}", tn.blocks));
             if tn.limit > 0 {
                 c = c
                     .env("CUDA_DEVICE_SM_LIMIT", &tn.limit.to_string())
@@ -141,6 +144,28 @@ fn with_switching_cost_the_pair_does_no_worse() {
     assert!(
         (0.285..=0.31).contains(&v[0]) && (0.54..=0.71).contains(&v[1]),
         "hard 30 + 70 with the default switch cost: {:.4} + {:.4} (bands [28.5, 31] and [54, 71] %)",
+        v[0],
+        v[1]
+    );
+}
+
+/// Kernels longer than the time slice (5 ms: 250 waves) are switched out at every quantum while the neighbour
+/// has work, so each span holds two of its slices (9.9 ms): a quarter of the charge back, in 2 ms steps, left
+/// the 30 % tenant at 0.19-0.20. Now up to half of a long span's charge comes back, in steps of a span. The
+/// same tenants without cuquota: 0.45 + 0.45.
+#[test]
+fn kernels_longer_than_the_time_slice_are_charged_the_device_time_they_got() {
+    let prog = compute_loop();
+    let s = sim(None);
+    let long = |c, l| Tenant {
+        blocks: SMS * 250,
+        ..t(c, l)
+    };
+    let v = shares(&s, &prog, &[long("a", 30), long("b", 70)], nothing);
+    println!("slice, 5 ms kernels, hard 30 + 70: {:.4} + {:.4}", v[0], v[1]);
+    assert!(
+        (0.25..=0.31).contains(&v[0]) && (0.55..=0.71).contains(&v[1]),
+        "hard 30 + 70, 5 ms kernels: {:.4} + {:.4} (bands [25, 31] and [55, 71] %)",
         v[0],
         v[1]
     );

@@ -1,15 +1,15 @@
 //! `cuInit`, contexts, context limits and lookups: the hooks. What a context costs and how it is measured is
 //! memory policy (`memory::overhead`, `memory::host_pid`), as is what a lookup loads (`memory::first_use`);
 //! these hooks decode the arguments, make the driver call through memory's guards and undo what memory refused.
-//! A context first reserves an estimate of its cost ([`Memory::creating`](crate::memory::Memory::creating):
-//! refused up front when that does not fit, so the driver is not called); after the call the cost is measured
-//! and the charge settled to it. A context that does not fit is destroyed and the call returns
-//! `CUDA_ERROR_OUT_OF_MEMORY`. Module and library loads: `hooks::module`.
+//! A context first reserves an estimate of its cost (`OverheadCall::Create`: refused up front when that does
+//! not fit, so the driver is not called); after the call the cost is measured and the charge settled to it. A
+//! context that does not fit is destroyed (by [`ctx_destroy`], the `undo` these hooks give memory) and the call
+//! returns `CUDA_ERROR_OUT_OF_MEMORY`. Module and library loads: `hooks::module`.
 
 use super::Width;
 use crate::devices::MAX_ORDINALS;
 use crate::ffi::cuda::*;
-use crate::memory::Creation;
+use crate::memory::{Creation, OverheadCall};
 use crate::state::Shim;
 use std::ffi::c_int;
 
@@ -38,21 +38,19 @@ pub(crate) unsafe fn ctx_create(
     pctx: *mut CUcontext,
     dev: CUdevice,
 ) -> CUresult {
-    let Ok(mut c) = s.mem.creating(&s.cuda, &s.nvml, Creation::Context(dev)) else {
-        return CUresult::ERROR_OUT_OF_MEMORY;
-    };
-    let r = c.call(call);
-    if !r.ok() || pctx.is_null() {
-        return r;
-    }
-    // SAFETY: written by the driver on success.
-    let ctx = unsafe { *pctx };
-    if c.created(ctx as usize).is_err() {
-        // SAFETY: destroying the context we just created.
+    // SAFETY: written by the driver on success (read only then, and only when not NULL).
+    let out = || (!pctx.is_null()).then(|| unsafe { *pctx } as usize);
+    let undo = |ctx: usize| {
+        let ctx = ctx as CUcontext;
+        // SAFETY: destroying the context the driver just created for this call.
         unsafe { ctx_destroy(s, || s.cuda.cuCtxDestroy_v2(ctx), ctx) };
-        return CUresult::ERROR_OUT_OF_MEMORY;
-    }
-    r
+    };
+    let create = OverheadCall::Create {
+        what: Creation::Context(dev),
+        out: &out,
+        undo: &undo,
+    };
+    s.mem.overhead_call(&s.cuda, &s.nvml, create, call)
 }
 
 /// `cuCtxDestroy` (bare, `_v2`).
@@ -60,13 +58,14 @@ pub(crate) unsafe fn ctx_create(
 /// # Safety
 /// Driver contract.
 pub(crate) unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
-    let owner = s.mem.context_destroying(ctx as usize);
-    // A probe measuring a launch in this context is charged up to the context's end, never dropped.
-    let probes = s.throttle.context_ending(&s.nvml, Some(ctx as usize), 0, true);
-    let r = call();
-    s.throttle.context_ended(&probes);
-    s.mem
-        .context_destroyed(&s.cuda, &s.nvml, ctx as usize, owner, r.ok());
+    let destroy = OverheadCall::Destroy(ctx as usize);
+    let r = s.mem.overhead_call(&s.cuda, &s.nvml, destroy, || {
+        // A probe measuring a launch in this context is charged up to the context's end, never dropped.
+        let probes = s.throttle.context_ending(&s.nvml, Some(ctx as usize), 0, true);
+        let r = call();
+        s.throttle.context_ended(&probes);
+        r
+    });
     s.throttle.contexts_changed();
     r
 }
@@ -82,18 +81,15 @@ pub(crate) unsafe fn primary_retain(
     dev: CUdevice,
 ) -> CUresult {
     // Only the first retain creates the context; later ones cost nothing.
-    let Ok(mut c) = s.mem.creating(&s.cuda, &s.nvml, Creation::Primary(dev)) else {
-        return CUresult::ERROR_OUT_OF_MEMORY;
+    let retain = || {
+        let r = call();
+        if r.ok() && !pctx.is_null() {
+            // SAFETY: written by the driver on success.
+            s.throttle.primary_is(dev, unsafe { *pctx } as usize);
+        }
+        r
     };
-    let r = c.call(call);
-    if !r.ok() {
-        return r;
-    }
-    if !pctx.is_null() {
-        // SAFETY: written by the driver on success.
-        s.throttle.primary_is(dev, unsafe { *pctx } as usize);
-    }
-    if c.created(0).is_err() {
+    let undo = |_| {
         // SAFETY: undoing our own retain.
         primary_release(
             s,
@@ -101,9 +97,13 @@ pub(crate) unsafe fn primary_retain(
             dev,
             false,
         );
-        return CUresult::ERROR_OUT_OF_MEMORY;
-    }
-    r
+    };
+    let create = OverheadCall::Create {
+        what: Creation::Primary(dev),
+        out: &|| None,
+        undo: &undo,
+    };
+    s.mem.overhead_call(&s.cuda, &s.nvml, create, retain)
 }
 
 /// `cuDevicePrimaryCtxRelease` and, with `reset` (our count drops to zero), `cuDevicePrimaryCtxReset` (each
@@ -120,24 +120,32 @@ pub(crate) fn primary_release(
     } else {
         Vec::new()
     };
-    let r = call();
-    s.throttle.context_ended(&probes);
+    // Our last hold: the context may be gone (its events are not touched again).
+    let last = || {
+        let gone = s.throttle.context_ending(&s.nvml, None, dev, false);
+        s.throttle.context_ended(&gone);
+    };
+    let release = OverheadCall::PrimaryRelease {
+        ordinal: dev,
+        reset,
+        last: &last,
+    };
+    let r = s.mem.overhead_call(&s.cuda, &s.nvml, release, || {
+        let r = call();
+        s.throttle.context_ended(&probes);
+        r
+    });
     if r.ok() {
-        s.mem.primary_released(&s.cuda, &s.nvml, dev, reset);
-        if !reset && s.mem.primary_unheld(dev) {
-            // Our last hold: the context may be gone (its events are not touched again).
-            let gone = s.throttle.context_ending(&s.nvml, None, dev, false);
-            s.throttle.context_ended(&gone);
-        }
         s.throttle.contexts_changed();
     }
     r
 }
 
 /// `cuCtxSetLimit`: raising a limit that reserves device memory is admitted against the cap
-/// (`Memory::set_limit`).
+/// ([`OverheadCall::SetLimit`]).
 pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, value: usize) -> CUresult {
-    s.mem.set_limit(&s.cuda, &s.nvml, call, limit, value)
+    let set = OverheadCall::SetLimit { limit, value };
+    s.mem.overhead_call(&s.cuda, &s.nvml, set, call)
 }
 
 pub(crate) use crate::memory::Owner;
@@ -171,16 +179,13 @@ pub(crate) unsafe fn library_get_module(
     library: CUlibrary,
 ) -> CUresult {
     // SAFETY: the caller's contract.
-    let r = unsafe { first_use(s, call, module.cast::<usize>(), Owner::Library(library)) };
-    if let (true, Some(dev)) = (r.ok() && !module.is_null(), s.devices.current(&s.cuda)) {
-        // SAFETY: written by the driver on success.
-        s.mem
-            .module_on(unsafe { *module } as usize, dev, library as usize);
-    }
-    r
+    unsafe { first_use(s, call, module.cast::<usize>(), Owner::ModuleOf(library)) }
 }
 
-/// `cuFuncLoad`: forces `function`'s code to load (lazy loading), admitted as a lookup (`Memory::function_load`).
+/// `cuFuncLoad`: forces `function`'s code to load (lazy loading), admitted as a lookup of it
+/// ([`Owner::Function`]).
 pub(crate) fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function: CUfunction) -> CUresult {
-    s.mem.function_load(&s.cuda, &s.nvml, call, function)
+    let handle = || Some(function as usize);
+    s.mem
+        .lookup(&s.cuda, &s.nvml, Owner::Function(function), call, handle)
 }

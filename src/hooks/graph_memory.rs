@@ -1,12 +1,13 @@
-//! CUDA graphs: the hooks. What a graph's memory nodes and kernels cost, the walk that prices them and the
-//! admission of an upload or launch are memory policy (`memory::graphs`, `memory::first_use`); these hooks
-//! decode the arguments, record what instantiation, updates, added nodes and clones give an exec, and refuse
-//! (destroying what the driver made) what memory cannot price. Updates (`cuGraphExecUpdate`,
-//! `cuGraphExec*SetParams`) record the new need and make the next launch a first use again.
+//! CUDA graphs: the hooks. What a graph's memory nodes and kernels cost, the walk that prices them, what
+//! instantiation, updates, added nodes and clones give an exec and the admission of an upload or launch are
+//! memory policy (`memory::graphs`: [`Memory::graph_changed`], [`Memory::graph_exec`]); these hooks decode the
+//! arguments, tell the throttle an exec's work changed, and destroy an exec memory cannot price.
+//!
+//! [`Memory::graph_changed`]: crate::memory::Memory::graph_changed
+//! [`Memory::graph_exec`]: crate::memory::Memory::graph_exec
 
 use crate::ffi::cuda::*;
-use crate::log::{log, Level};
-use crate::memory::{node_handle, node_local, Kernels, Use};
+use crate::memory::{ExecCall, GraphChange};
 use crate::state::Shim;
 
 /// Most body graphs of a conditional node we read (cuda.h: 1 or 2, any number for a SWITCH).
@@ -27,14 +28,15 @@ pub(crate) unsafe fn instantiate(
     if r.ok() && !pexec.is_null() {
         // SAFETY: written by the driver on success.
         let exec = unsafe { *pexec };
-        let Some(fp) = s.mem.graph_walk(&s.cuda, "cuGraphInstantiate", exec, graph) else {
+        if s.mem
+            .graph_changed(&s.cuda, GraphChange::Instantiated { exec, graph })
+            .is_err()
+        {
             // Memory nodes or kernels we cannot see would escape the cap: refuse the exec (fail closed).
             // SAFETY: destroying the exec the driver just made.
             unsafe { s.cuda.cuGraphExecDestroy(exec) };
             return CUresult::ERROR_NOT_SUPPORTED;
-        };
-        s.mem.graph().set_exec(exec as usize, fp.mem);
-        s.mem.graph().set_kernels(exec as usize, fp.kernels, false);
+        }
     }
     r
 }
@@ -89,34 +91,26 @@ pub(crate) unsafe fn instantiate_with_params(
     r
 }
 
-/// `exec`'s work changed (updated, or destroyed: its handle may come back): its first launch is a first use
-/// again, and its duration is measured again before priority trusts it.
-fn exec_changed(s: &Shim, exec: CUgraphExec) {
-    s.mem.forget_use(Use::Graph, exec as usize);
-    s.throttle
-        .work_changed(crate::throttle::estimate::graph_key(exec as usize));
+/// `call` changes or destroys `exec` (its handle may come back): memory records it ([`ExecCall`]); once done,
+/// the exec's duration is measured again before priority trusts it.
+fn exec_call(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec, what: ExecCall) -> CUresult {
+    let r = s.mem.graph_exec(&s.cuda, &s.nvml, exec, what, call);
+    if r.ok() {
+        s.throttle
+            .work_changed(crate::throttle::estimate::graph_key(exec as usize));
+    }
+    r
 }
 
 /// `cuGraphExecUpdate` (`_v2`, and the 10.2 form): the exec now runs `graph`'s parameters, alloc nodes' sizes
-/// included if the driver takes them; its footprint becomes, per device, the larger of the old and the new
-/// (whichever the driver kept, the launch is admitted for it), its stack need the new graph's. The graph is walked
-/// before the call: one that cannot be walked is refused, as at instantiation.
+/// included if the driver takes them (an update memory cannot price is refused, as at instantiation).
 pub(crate) fn exec_update(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     exec: CUgraphExec,
     graph: CUgraph,
 ) -> CUresult {
-    let Some(fp) = s.mem.graph_walk(&s.cuda, "cuGraphExecUpdate", exec, graph) else {
-        return CUresult::ERROR_NOT_SUPPORTED;
-    };
-    let r = call();
-    if r.ok() {
-        s.mem.graph().merge_exec(exec as usize, &fp.mem, false);
-        s.mem.graph().set_kernels(exec as usize, fp.kernels, false);
-        exec_changed(s, exec);
-    }
-    r
+    exec_call(s, call, exec, ExecCall::Update(graph))
 }
 
 /// `cuGraphExecKernelNodeSetParams` (`_v2`: `v2`; the bare form takes the v1 struct): a kernel node of the
@@ -132,36 +126,17 @@ pub(crate) unsafe fn exec_kernel_update(
     params: *const CUDA_KERNEL_NODE_PARAMS,
     v2: bool,
 ) -> CUresult {
-    let (local, funcs) = if params.is_null() {
-        (Some(0), Vec::new())
+    let (func, kern) = if params.is_null() {
+        (std::ptr::null_mut(), std::ptr::null_mut())
     } else {
         // SAFETY: the driver's contract: a v2 struct, or (bare form) a v1 struct, which is the v2 one's prefix.
-        let (func, kern) = unsafe {
+        unsafe {
             let p = params.cast::<CUDA_KERNEL_NODE_PARAMS_v1>().read_unaligned();
             let kern = if v2 { (*params).kern } else { std::ptr::null_mut() };
             (p.func, kern)
-        };
-        (node_local(&s.cuda, func, kern), node_handle(func, kern))
+        }
     };
-    let Some(local) = local.or_else(|| {
-        s.devices.refresh_if_changed();
-        (!s.devices.memory_limited()).then_some(0)
-    }) else {
-        log!(
-            Level::Error,
-            "kernel node update of graph exec {exec:p} refused: the driver will not give the new kernel's local \
-             memory size, so the memory cap could not be kept"
-        );
-        return CUresult::ERROR_NOT_SUPPORTED;
-    };
-    let r = call();
-    if r.ok() {
-        s.mem
-            .graph()
-            .set_kernels(exec as usize, Kernels { local, funcs }, true);
-        exec_changed(s, exec);
-    }
-    r
+    exec_call(s, call, exec, ExecCall::KernelUpdate { func, kern })
 }
 
 /// `cuGraphExecChildGraphNodeSetParams`: a child graph node of the exec takes `child`'s parameters. cuda.h
@@ -173,19 +148,7 @@ pub(crate) fn exec_child_update(
     exec: CUgraphExec,
     child: CUgraph,
 ) -> CUresult {
-    let Some(fp) = s
-        .mem
-        .graph_walk(&s.cuda, "cuGraphExecChildGraphNodeSetParams", exec, child)
-    else {
-        return CUresult::ERROR_NOT_SUPPORTED;
-    };
-    let r = call();
-    if r.ok() {
-        s.mem.graph().merge_exec(exec as usize, &fp.mem, true);
-        s.mem.graph().set_kernels(exec as usize, fp.kernels, true);
-        exec_changed(s, exec);
-    }
-    r
+    exec_call(s, call, exec, ExecCall::ChildUpdate(child))
 }
 
 /// `cuGraphExecNodeSetParams`: as [`exec_child_update`] for a child graph node, as [`exec_kernel_update`] for
@@ -215,14 +178,8 @@ pub(crate) unsafe fn exec_node_update(
         CU_GRAPH_NODE_TYPE_GRAPH => exec_child_update(s, call, exec, unsafe {
             p.add(16).cast::<CUgraph>().read_unaligned()
         }),
-        _ => {
-            // Another node changed: the next launch is a first use of whatever the exec runs now.
-            let r = call();
-            if r.ok() {
-                exec_changed(s, exec);
-            }
-            r
-        }
+        // Another node changed: the next launch is a first use of whatever the exec runs now.
+        _ => exec_call(s, call, exec, ExecCall::OtherUpdate),
     }
 }
 
@@ -254,13 +211,17 @@ pub(crate) unsafe fn add_node(
                 let out = u.add(16).cast::<*const CUgraph>().read_unaligned();
                 if !out.is_null() && size <= MAX_BODIES {
                     let bodies = std::slice::from_raw_parts(out, size as usize);
-                    s.mem
-                        .graph()
-                        .set_bodies(n as usize, bodies.iter().map(|&b| b as usize).collect());
+                    let bodies = bodies.iter().map(|&b| b as usize).collect();
+                    let _ = s
+                        .mem
+                        .graph_changed(&s.cuda, GraphChange::Bodies { node: n, bodies });
                 }
             }
             CU_GRAPH_NODE_TYPE_GRAPH if u.add(8).cast::<u32>().read_unaligned() == CHILD_GRAPH_CLONE => {
-                cloned_into(s, n, u.cast::<CUgraph>().read_unaligned());
+                let original = u.cast::<CUgraph>().read_unaligned();
+                let _ = s
+                    .mem
+                    .graph_changed(&s.cuda, GraphChange::ChildCloned { node: n, original });
             }
             _ => {}
         }
@@ -284,18 +245,16 @@ pub(crate) unsafe fn add_child(
     let r = call();
     if r.ok() && !node.is_null() {
         // SAFETY: written by the driver on success.
-        cloned_into(s, unsafe { *node }, child);
+        let node = unsafe { *node };
+        let _ = s.mem.graph_changed(
+            &s.cuda,
+            GraphChange::ChildCloned {
+                node,
+                original: child,
+            },
+        );
     }
     r
-}
-
-/// Child graph node `node` holds a clone of `original`: the clone's need is recorded.
-fn cloned_into(s: &Shim, node: CUgraphNode, original: CUgraph) {
-    let mut clone: CUgraph = std::ptr::null_mut();
-    // SAFETY: valid out-pointer.
-    if unsafe { s.cuda.cuGraphChildGraphNodeGetGraph(node, &mut clone) }.ok() {
-        crate::memory::clone_of(&s.mem, &s.cuda, clone, original);
-    }
 }
 
 /// `cuGraphClone`.
@@ -311,14 +270,16 @@ pub(crate) unsafe fn clone(
     let r = call();
     if r.ok() && !pclone.is_null() {
         // SAFETY: written by the driver on success.
-        crate::memory::clone_of(&s.mem, &s.cuda, unsafe { *pclone }, original);
+        let clone = unsafe { *pclone };
+        let _ = s
+            .mem
+            .graph_changed(&s.cuda, GraphChange::Cloned { clone, original });
     }
     r
 }
 
-/// `cuGraphUpload` (+ `_ptsz`): uploading may reserve the exec's graph memory, and sets up its kernels' stack
-/// in the stream's context (an exec instantiated for device launch is launched from the device, where no hook
-/// sees it, only once uploaded): admitted as its first launch there is (`Memory::first_launch`).
+/// `cuGraphUpload` (+ `_ptsz`): admitted as the exec's first launch on the stream would be
+/// ([`ExecCall::Upload`]).
 pub(crate) fn upload(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
@@ -326,48 +287,21 @@ pub(crate) fn upload(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if s.mem.first_use_armed() {
-        let probe = super::probe_stream(stream, ds);
-        let Ok(first) = s
-            .mem
-            .first_launch(&s.cuda, &s.nvml, Use::Graph, exec as usize, probe)
-        else {
-            return CUresult::ERROR_OUT_OF_MEMORY;
-        };
-        let r = upload_memory(s, call, exec);
-        s.mem.launched(&s.cuda, &s.nvml, first, probe, r);
-        return r;
-    }
-    upload_memory(s, call, exec)
-}
-
-fn upload_memory(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
-    s.mem.with_graph_memory(&s.cuda, &s.nvml, exec as usize, call)
+    let stream = super::probe_stream(stream, ds);
+    s.mem
+        .graph_exec(&s.cuda, &s.nvml, exec, ExecCall::Upload { stream }, call)
 }
 
 /// `cuGraphExecDestroy`: the pool may release what the exec held.
 pub(crate) fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec) -> CUresult {
-    let had = s.mem.graph().has_memory(exec as usize);
-    let r = call();
-    if r.ok() {
-        // An exec created later at this address is not this one.
-        exec_changed(s, exec);
-        s.mem.graph().forget_stack(exec as usize);
-    }
-    if r.ok() && had {
-        s.mem.graph().forget_exec(exec as usize);
-        s.mem.refresh_graph_all(&s.cuda);
-    }
-    r
+    exec_call(s, call, exec, ExecCall::Destroy)
 }
 
 /// `cuDeviceGraphMemTrim`.
 pub(crate) fn trim(s: &Shim, call: impl FnOnce() -> CUresult, device: CUdevice) -> CUresult {
     let r = call();
     if r.ok() {
-        if let Some(dev) = s.devices.device(&s.cuda, device) {
-            s.mem.refresh_graph(&s.cuda, dev);
-        }
+        let _ = s.mem.graph_changed(&s.cuda, GraphChange::Trimmed(device));
     }
     r
 }

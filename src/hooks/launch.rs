@@ -15,7 +15,7 @@
 
 use super::probe_stream;
 use crate::ffi::cuda::*;
-use crate::memory::{Launch, Use};
+use crate::memory::{ExecCall, Launch, Use};
 use crate::state::Shim;
 use crate::throttle::estimate::graph_key;
 use crate::throttle::kernel_key;
@@ -160,21 +160,20 @@ fn multi_first_use<'a>(
             let stream = probe_stream(e.hStream, DefaultStream::Legacy);
             // Two entries' first uses on one device would each be admitted before either is measured; the
             // driver takes "one per device".
-            let refused = match s
+            let mut first = None;
+            let f = e.function as usize;
+            if !s
                 .mem
-                .first_launch(&s.cuda, &s.nvml, Use::Launch, e.function as usize, stream)
+                .first_launch_to(&s.cuda, &s.nvml, Use::Launch, f, stream, &mut first)
             {
-                Ok(l) if firsts.iter().any(|(f, _)| f.same_device(&l)) => {
-                    firsts.push((l, stream));
-                    CUresult::ERROR_INVALID_DEVICE
-                }
-                Ok(l) => {
-                    firsts.push((l, stream));
-                    continue;
-                }
-                Err(_) => CUresult::ERROR_OUT_OF_MEMORY,
-            };
-            return refused;
+                return CUresult::ERROR_OUT_OF_MEMORY;
+            }
+            let Some(l) = first else { continue };
+            let twice = firsts.iter().any(|(f, _)| f.same_device(&l));
+            firsts.push((l, stream));
+            if twice {
+                return CUresult::ERROR_INVALID_DEVICE;
+            }
         }
     }
     call()
@@ -240,7 +239,7 @@ fn graph_memory(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    s.mem.with_graph_memory(&s.cuda, &s.nvml, exec as usize, || {
+    s.mem.graph_exec(&s.cuda, &s.nvml, exec, ExecCall::Launch, || {
         graph_throttled(s, exec, stream, ds, call)
     })
 }

@@ -12,7 +12,7 @@
 
 use super::Width;
 use crate::ffi::cuda::*;
-use crate::memory::{shared_key, Space};
+use crate::memory::{shared_key, IpcCall, Space, VmmCall};
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
 
@@ -136,13 +136,10 @@ unsafe fn export_pointer(
     ptr: CUdeviceptr,
     what: &str,
 ) -> CUresult {
-    let r = call();
-    if bytes.is_null() {
-        return r;
-    }
     // SAFETY: non-NULL, written by the driver on success (read only then).
-    s.mem
-        .exported_pointer(r, ptr, || shared_key(unsafe { &*bytes }), what)
+    let key = || (!bytes.is_null()).then(|| shared_key(unsafe { &*bytes }));
+    let export = IpcCall::Export { what, ptr, key: &key };
+    s.mem.ipc(&s.cuda, &s.nvml, export, call)
 }
 
 /// An import by `what` (`call`, writing its address at `out`) of the memory exported under `key`
@@ -156,15 +153,17 @@ unsafe fn hold_import(
     out: *mut CUdeviceptr,
     key: u64,
     what: &str,
-    undo: impl FnOnce(u64),
+    undo: impl Fn(u64),
 ) -> CUresult {
-    let r = call();
-    if !r.ok() || out.is_null() {
-        return r;
-    }
-    // SAFETY: non-NULL, written by the driver on success.
-    let p = unsafe { *out };
-    s.mem.imported_pointer(&s.cuda, &s.nvml, r, p, key, what, undo)
+    // SAFETY: non-NULL, written by the driver on success (read only then).
+    let out = || (!out.is_null()).then(|| unsafe { *out });
+    let import = IpcCall::Import {
+        what,
+        key,
+        out: &out,
+        undo: &undo,
+    };
+    s.mem.ipc(&s.cuda, &s.nvml, import, call)
 }
 
 /// `cuIpcOpenMemHandle(_v2)`: memory this container exported is already charged (the importer joins its
@@ -191,7 +190,7 @@ pub(crate) unsafe fn ipc_open(
 
 /// `cuIpcCloseMemHandle`: the last close lets go of the hold.
 pub(crate) fn ipc_close(s: &Shim, call: impl FnOnce() -> CUresult, dptr: CUdeviceptr) -> CUresult {
-    s.mem.closed_import(call(), dptr)
+    s.mem.ipc(&s.cuda, &s.nvml, IpcCall::Close(dptr), call)
 }
 
 // ---- arrays -------------------------------------------------------------------------------------------------
@@ -324,10 +323,18 @@ pub(crate) unsafe fn mipmapped_create(
 
 /// `cuArrayDestroy`: what was bound to a sparse array's tiles goes with it.
 pub(crate) fn array_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUarray) -> CUresult {
-    s.mem.array_destroy(&s.cuda, Space::Array, h as u64, call)
+    let destroy = VmmCall::ArrayDestroy {
+        h: h as u64,
+        mipmapped: false,
+    };
+    s.mem.vmm(&s.cuda, &s.nvml, destroy, call)
 }
 
 /// `cuMipmappedArrayDestroy`: as `cuArrayDestroy`.
 pub(crate) fn mipmapped_destroy(s: &Shim, call: impl FnOnce() -> CUresult, h: CUmipmappedArray) -> CUresult {
-    s.mem.array_destroy(&s.cuda, Space::Mipmapped, h as u64, call)
+    let destroy = VmmCall::ArrayDestroy {
+        h: h as u64,
+        mipmapped: true,
+    };
+    s.mem.vmm(&s.cuda, &s.nvml, destroy, call)
 }

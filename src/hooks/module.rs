@@ -1,12 +1,12 @@
 //! Module and library loads: the image a load hands the driver is read for its footprint (`memory::image`),
 //! from our own copy under a memory cap (`image_copy`); the load is admitted as a creation
-//! ([`Memory::creating`](crate::memory::Memory::creating)): an estimate reserved before the call, the cost
-//! measured after it, a module that does not fit unloaded and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
+//! (`OverheadCall::Load`): an estimate reserved before the call, the cost measured after it, a module that does
+//! not fit unloaded and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
 
 use super::image_copy::{self, ImageCopy};
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
-use crate::memory::Creation;
+use crate::memory::OverheadCall;
 use crate::state::Shim;
 
 /// The image a load hands the driver, read for its footprint (`memory::image`) once the driver accepted it.
@@ -322,33 +322,25 @@ pub(crate) unsafe fn module_load(
     module: *mut CUmodule,
     image: ImageAt,
 ) -> CUresult {
-    let Ok(mut c) = s.mem.creating(&s.cuda, &s.nvml, Creation::Module) else {
-        return CUresult::ERROR_OUT_OF_MEMORY;
+    // SAFETY: written by the driver on success (read only then, and only when not NULL).
+    let out = || (!module.is_null()).then(|| unsafe { *module } as usize);
+    // SAFETY: read once the driver accepted the image (the caller's contract).
+    let footprint = || unsafe { image.footprint(s, module_arch(s)) };
+    let load = OverheadCall::Load {
+        library: false,
+        out: &out,
+        footprint: &footprint,
     };
-    let r = c.call(call);
-    if !r.ok() || module.is_null() {
-        return r;
-    }
-    // SAFETY: written by the driver on success.
-    let m = unsafe { *module };
-    // SAFETY: the driver accepted the image (the caller's contract).
-    s.mem
-        .image_loaded(m as usize, false, unsafe { image.footprint(s, module_arch(s)) });
-    if c.created(m as usize).is_err() {
-        // SAFETY: unloading the module we just loaded.
-        module_unload(s, || unsafe { s.cuda.cuModuleUnload(m) }, m);
-        return CUresult::ERROR_OUT_OF_MEMORY;
-    }
-    r
+    s.mem.overhead_call(&s.cuda, &s.nvml, load, call)
 }
 
 /// `cuModuleUnload`.
 pub(crate) fn module_unload(s: &Shim, call: impl FnOnce() -> CUresult, hmod: CUmodule) -> CUresult {
-    let r = call();
-    if r.ok() {
-        s.mem.module_unloaded(&s.cuda, &s.nvml, hmod as usize);
-    }
-    r
+    let unload = OverheadCall::Unload {
+        library: false,
+        handle: hmod as usize,
+    };
+    s.mem.overhead_call(&s.cuda, &s.nvml, unload, call)
 }
 
 /// `cuLibraryLoadData`, `cuLibraryLoadFromFile`.
@@ -361,28 +353,26 @@ pub(crate) unsafe fn library_load(
     library: *mut CUlibrary,
     image: ImageAt,
 ) -> CUresult {
-    let r = call();
-    if !r.ok() || library.is_null() {
-        return r;
-    }
-    // SAFETY: written by the driver on success.
-    let l = unsafe { *library };
-    // SAFETY: the driver accepted the image (the caller's contract).
-    s.mem
-        .image_loaded(l as usize, true, unsafe { image.footprint(s, None) });
-    if s.mem.library_loaded(&s.nvml).is_err() {
-        // SAFETY: unloading what we just loaded.
-        library_unload(s, || unsafe { s.cuda.cuLibraryUnload(l) }, l);
-        return CUresult::ERROR_OUT_OF_MEMORY;
-    }
-    r
+    // SAFETY: written by the driver on success (read only then, and only when not NULL).
+    let out = || (!library.is_null()).then(|| unsafe { *library } as usize);
+    // SAFETY: read once the driver accepted the image (the caller's contract).
+    let footprint = || unsafe { image.footprint(s, None) };
+    let load = OverheadCall::Load {
+        library: true,
+        out: &out,
+        footprint: &footprint,
+    };
+    s.mem.overhead_call(&s.cuda, &s.nvml, load, call)
 }
 
 /// `cuLibraryUnload`.
 pub(crate) fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult, library: CUlibrary) -> CUresult {
-    let r = call();
+    let unload = OverheadCall::Unload {
+        library: true,
+        handle: library as usize,
+    };
+    let r = s.mem.overhead_call(&s.cuda, &s.nvml, unload, call);
     if r.ok() {
-        s.mem.library_unloaded(&s.nvml, library as usize);
         let mut kept = PRESERVED.lock();
         if let Some(i) = kept.iter().position(|(l, _)| *l == library as usize) {
             drop(kept.swap_remove(i));

@@ -718,14 +718,20 @@ fn a_destroyed_pool_stays_charged_until_its_frees_have_run() {
     // cuda.h: a destroyed pool's resources go back once its frees have completed. A tenant that frees into a
     // pool on a stream that never runs (a host function that never returns) and destroys it must not get the
     // memory's charge back while the driver still holds it.
-    use crate::memory::{Kind, Record, Space};
+    use crate::memory::{Kind, PoolCall, Record, Space};
     let e = env(Some(1 << 30));
     let s = &e.shim;
     let dev = s.devices.current(&s.cuda).unwrap();
     for (n, by_context) in [(0x5000usize, false), (0x6000, true)] {
-        s.mem.track_pool(n, Some(dev));
+        // Made (as cuMemPoolCreate would) and trimmed: its reserve is read.
+        let made = PoolCall::Create {
+            on: Some(Some(dev)),
+            out: &|| Some(n),
+        };
+        s.mem.pool(&s.cuda, &s.nvml, made, || CUresult::SUCCESS);
         fake(|f| f.reserved = 768 * MIB);
-        s.mem.refresh_pool(&s.cuda, n);
+        s.mem
+            .pool(&s.cuda, &s.nvml, PoolCall::Trim(n), || CUresult::SUCCESS);
         assert_eq!(used(s), 768 * MIB);
         let p = 0xa000 + n as u64;
         let rec = Record {

@@ -1,6 +1,6 @@
-//! The driver queries memory's pricing asks, behind one trait (as the throttle's `Gpu`): the real table in
-//! the shim, a fake in unit tests. So far the stack's pricing (`stack`) goes through it; the families' other
-//! queries still take the `CudaTable`.
+//! The driver queries memory's families ask, behind one trait (as the throttle's `Gpu`): the real table in
+//! the shim, a fake in unit tests. The stack's pricing (`stack`) and graphs (`graphs`: the walk, the graph
+//! pools' reserved size) go through it; the other families' queries still take the `CudaTable`.
 
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
@@ -18,6 +18,19 @@ pub(crate) trait Driver {
     fn stack_size(&self) -> Result<usize, CUresult>;
     /// `cuDeviceGetCount`.
     fn device_count(&self) -> Result<c_int, CUresult>;
+    /// `cuGraphGetNodes`: the nodes of `graph`.
+    fn graph_nodes(&self, graph: CUgraph) -> Result<Vec<CUgraphNode>, CUresult>;
+    /// `cuGraphNodeGetType`.
+    fn node_type(&self, node: CUgraphNode) -> Result<CUgraphNodeType, CUresult>;
+    /// `cuGraphChildGraphNodeGetGraph`: the graph a child graph node holds.
+    fn child_graph(&self, node: CUgraphNode) -> Result<CUgraph, CUresult>;
+    /// `cuGraphMemAllocNodeGetParams`: where an alloc node allocates (`None`: not on a device) and how much.
+    fn alloc_node(&self, node: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult>;
+    /// `cuGraphKernelNodeGetParams` (`_v2`, else the v1 form): the function and the library kernel (when the
+    /// function is NULL) a kernel node runs.
+    fn kernel_node(&self, node: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult>;
+    /// `cuDeviceGetGraphMemAttribute` of device `ordinal` (a `cuuint64_t` attribute).
+    fn graph_mem_attribute(&self, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Result<u64, CUresult>;
 }
 
 fn answer<T>(r: CUresult, v: T) -> Result<T, CUresult> {
@@ -62,5 +75,68 @@ impl Driver for CudaTable {
         // SAFETY: valid out-pointer.
         let r = unsafe { self.cuDeviceGetCount(&mut n) };
         answer(r, n)
+    }
+
+    fn graph_nodes(&self, graph: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
+        let mut n: usize = 0;
+        // SAFETY: valid out-pointer; a NULL node array asks for the count.
+        let r = unsafe { self.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) };
+        answer(r, ())?;
+        let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
+        if n > 0 {
+            // SAFETY: `nodes` holds `n` entries.
+            let r = unsafe { self.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) };
+            answer(r, ())?;
+            nodes.truncate(n);
+        }
+        Ok(nodes)
+    }
+
+    fn node_type(&self, node: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
+        let mut ty = CUgraphNodeType::MAX;
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuGraphNodeGetType(node, &mut ty) };
+        answer(r, ty)
+    }
+
+    fn child_graph(&self, node: CUgraphNode) -> Result<CUgraph, CUresult> {
+        let mut g: CUgraph = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuGraphChildGraphNodeGetGraph(node, &mut g) };
+        answer(r, g)
+    }
+
+    fn alloc_node(&self, node: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult> {
+        // SAFETY: zeroed is a valid value of this plain C struct.
+        let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer of the parameter struct.
+        let r = unsafe { self.cuGraphMemAllocNodeGetParams(node, &mut p) };
+        let loc = p.poolProps.location;
+        let dev = (loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE).then_some(loc.id);
+        answer(r, (dev, p.bytesize as u64))
+    }
+
+    fn kernel_node(&self, node: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult> {
+        // SAFETY: zeroed is a valid value of these plain C structs.
+        let mut p: CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer of the v2 parameter struct.
+        match unsafe { self.cuGraphKernelNodeGetParams_v2(node, &mut p) } {
+            // A driver older than CUDA 12.0: the v1 form (no library kernels then).
+            CUresult::ERROR_NOT_FOUND => {
+                // SAFETY: as above.
+                let mut p1: CUDA_KERNEL_NODE_PARAMS_v1 = unsafe { std::mem::zeroed() };
+                // SAFETY: valid out-pointer of the v1 parameter struct.
+                let r = unsafe { self.cuGraphKernelNodeGetParams(node, &mut p1) };
+                answer(r, (p1.func, std::ptr::null_mut()))
+            }
+            r => answer(r, (p.func, p.kern)),
+        }
+    }
+
+    fn graph_mem_attribute(&self, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Result<u64, CUresult> {
+        let mut v: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
+        let r = unsafe { self.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };
+        answer(r, v)
     }
 }

@@ -274,11 +274,6 @@ impl Memory {
         self.first_use.armed() && self.devices.memory_limited()
     }
 
-    /// Handle `h` no longer stands for what was used as `how` (see [`FirstUse::forget`]).
-    pub(crate) fn forget_use(&self, how: Use, h: usize) {
-        self.first_use.forget(how, h);
-    }
-
     /// Before a call that may make the driver take memory at first use on `dev` (lazy loading, launch-time
     /// stack growth): what it will take is reserved against the cap first, `Err` (refuse it with
     /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the
@@ -493,6 +488,11 @@ pub(crate) enum Owner {
     /// A kernel's (its library's, loaded into the current context; `cuKernelGetLibrary`, CUDA 12.5+, else
     /// unknown).
     Kernel(CUkernel),
+    /// `cuLibraryGetModule` of a library: as [`Owner::Library`]; the module it returns lives in the current
+    /// context, its device and image recorded so that lookups in it from another device are admitted there.
+    ModuleOf(CUlibrary),
+    /// `cuFuncLoad` of a function: its module's (`cuFuncGetModule`), the function the handle measured once.
+    Function(CUfunction),
 }
 
 impl Memory {
@@ -511,6 +511,33 @@ impl Memory {
         nvml: &Nvml,
         owner: Owner,
         call: impl FnOnce() -> CUresult,
+        handle: impl Fn() -> Option<usize>,
+    ) -> CUresult {
+        match owner {
+            Owner::Function(f) => {
+                let mut module: CUmodule = std::ptr::null_mut();
+                // SAFETY: valid out-pointer; on failure it stays NULL, a module no one loaded (every device
+                // checked).
+                let _ = unsafe { cuda.cuFuncGetModule(&mut module, f) };
+                self.lookup_in(cuda, nvml, Owner::Module(module), call, || Some(f as usize))
+            }
+            Owner::ModuleOf(l) => {
+                let r = self.lookup_in(cuda, nvml, Owner::Library(l), call, &handle);
+                if let (true, Some(m), Some(dev)) = (r.ok(), handle(), self.devices.current(cuda)) {
+                    self.module_on(m, dev, l as usize);
+                }
+                r
+            }
+            _ => self.lookup_in(cuda, nvml, owner, call, handle),
+        }
+    }
+
+    fn lookup_in(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        owner: Owner,
+        call: impl FnOnce() -> CUresult,
         handle: impl FnOnce() -> Option<usize>,
     ) -> CUresult {
         let (devs, image, ctx): (Vec<Dev>, _, _) = match owner {
@@ -518,7 +545,7 @@ impl Memory {
                 Some(d) => (vec![d], self.image_of(m as usize), 0),
                 None => (self.devices.known().map(|(d, _)| d).collect(), None, 0),
             },
-            Owner::Library(l) => (
+            Owner::Library(l) | Owner::ModuleOf(l) => (
                 self.devices.current(cuda).into_iter().collect(),
                 self.image_of(l as usize),
                 current_ctx(cuda),
@@ -536,6 +563,8 @@ impl Memory {
                     current_ctx(cuda),
                 )
             }
+            // Resolved by `lookup`.
+            Owner::Function(_) => (Vec::new(), None, 0),
         };
         let what = FirstUseOf {
             stack: 0,
@@ -565,23 +594,6 @@ impl Memory {
             c.done(r, fresh);
         }
         r
-    }
-
-    /// `cuFuncLoad` (`call`): forces `function`'s code to load (lazy loading) in its module's context. Measured
-    /// the first time in a context, as a lookup that returned it.
-    pub(crate) fn function_load(
-        &self,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-        call: impl FnOnce() -> CUresult,
-        function: CUfunction,
-    ) -> CUresult {
-        let mut module: CUmodule = std::ptr::null_mut();
-        // SAFETY: valid out-pointer; on failure it stays NULL, a module no one loaded (every device checked).
-        let _ = unsafe { cuda.cuFuncGetModule(&mut module, function) };
-        self.lookup(cuda, nvml, Owner::Module(module), call, || {
-            Some(function as usize)
-        })
     }
 }
 
@@ -654,7 +666,7 @@ impl Memory {
     /// launched or uploaded: the stack its kernels need and their code's loading, listed at instantiation and
     /// update, are admitted the same way).
     #[inline(always)]
-    pub(crate) fn first_launch<'a>(
+    pub(super) fn first_launch<'a>(
         &'a self,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
@@ -856,7 +868,8 @@ impl Memory {
         // SAFETY: valid out-pointer; `f` is the program's handle for this launch, which the driver checks.
         let r = if unsafe { cuda.cuFuncGetModule(&mut module, f) }.ok() {
             // SAFETY: the program's handle; the driver checks it.
-            self.function_load(cuda, nvml, || unsafe { cuda.cuFuncLoad(f) }, f)
+            let call = || unsafe { cuda.cuFuncLoad(f) };
+            self.lookup(cuda, nvml, Owner::Function(f), call, || Some(f as usize))
         } else {
             let mut g: CUfunction = std::ptr::null_mut();
             let gp: *mut CUfunction = &mut g;

@@ -1,10 +1,13 @@
-//! CUDA graph memory and the stack and code a graph's kernels take: the state ([`GraphMem`]), the walk of a
-//! graph that prices it, and the admission of an upload or launch ([`Memory::with_graph_memory`]).
+//! CUDA graph memory and the stack and code a graph's kernels take: the family's state ([`Graphs`]: private,
+//! its driver queries behind [`Driver`]), the walk of a graph that prices it, and the two doors hooks use:
+//! [`Memory::graph_changed`] (a graph or exec was made, a node added, a pool trimmed) and [`Memory::graph_exec`]
+//! (an exec's update, upload, launch or destruction, around the driver's call), [`Memory::with_graph_memory`]
+//! admitting an upload or launch.
 //!
 //! Alloc nodes (`cuGraphAddMemAllocNode`, or `cuMemAllocAsync` captured from a stream) take memory from the
 //! device's graph pool when a graph exec is uploaded or launched; the pool keeps it reserved for later launches
 //! until `cuDeviceGraphMemTrim` or the exec's destruction. At instantiation the graph is walked once
-//! (`cuGraphGetNodes` / `cuGraphNodeGetType` / `cuGraphMemAllocNodeGetParams`: [`Memory::graph_walk`]) and,
+//! (`cuGraphGetNodes` / `cuGraphNodeGetType` / `cuGraphMemAllocNodeGetParams`: [`Graphs::walk`]) and,
 //! for an exec with alloc nodes, its footprint per device recorded (the sizes summed, granularity-rounded).
 //! Uploading or launching such an exec admits `footprint − (reserved − used)` first (refused →
 //! `CUDA_ERROR_OUT_OF_MEMORY`, driver not called), then charges the real change of the reserved size
@@ -17,12 +20,14 @@
 //! both in `Memory::first_launch` (`first_use`), one routine for every path.
 
 use super::charge::Charge;
+use super::driver::Driver;
+use super::first_use::Use;
 use super::{stack, Memory};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
-use crate::locks::Lock;
+use crate::locks::{hold_all, release_all, Lock, Side};
 use crate::log::{log, Level};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,14 +40,14 @@ const EXEC_GONE: usize = 1;
 /// CUDA graph memory: per device, the graph pool's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT` as charged, and the
 /// graph execs that have alloc nodes with their footprint (bytes per device their launches may need).
 ///
-/// Launch hot path: [`GraphMem::has_memory`] probes a fixed open-addressed table of atomics (no lock, no
+/// Launch hot path: [`Graphs::has_memory`] probes a fixed open-addressed table of atomics (no lock, no
 /// allocation); only execs found there take the footprint lock.
-pub(crate) struct GraphMem {
-    pub(super) charged: Lock<HashMap<CUdevice, (Dev, u64)>>,
+pub(super) struct Graphs {
+    charged: Lock<HashMap<CUdevice, (Dev, u64)>>,
     execs: Box<[std::sync::atomic::AtomicUsize]>,
     /// The table was full once: lookups fall back to `footprints`.
     overflow: AtomicBool,
-    pub(super) footprints: Lock<HashMap<usize, Vec<(Dev, u64)>>>,
+    footprints: Lock<HashMap<usize, Vec<(Dev, u64)>>>,
     /// The kernels' side (the walk's), read at instantiation, updates and first launches only.
     kernels: Lock<GraphKernels>,
 }
@@ -63,14 +68,14 @@ struct GraphKernels {
 /// The kernels a graph may run: the largest local memory per thread among them, and their handles (functions,
 /// or library kernels), each once, whose code its first launch in a context loads first (as a direct launch's).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Kernels {
-    pub local: u64,
-    pub funcs: Vec<usize>,
+struct Kernels {
+    local: u64,
+    funcs: Vec<usize>,
 }
 
 impl Kernels {
     /// `o`'s kernels too.
-    pub(crate) fn merge(&mut self, o: Kernels) {
+    fn merge(&mut self, o: Kernels) {
         self.local = self.local.max(o.local);
         self.funcs.extend(o.funcs);
         self.funcs.sort_unstable();
@@ -83,9 +88,9 @@ fn exec_slot(exec: usize, i: usize) -> usize {
     (h as usize + i) % EXEC_SLOTS
 }
 
-impl GraphMem {
-    pub(super) fn new() -> GraphMem {
-        GraphMem {
+impl Graphs {
+    pub(super) fn new() -> Graphs {
+        Graphs {
             charged: Lock::new(HashMap::new()),
             execs: (0..EXEC_SLOTS)
                 .map(|_| std::sync::atomic::AtomicUsize::new(EXEC_EMPTY))
@@ -97,7 +102,7 @@ impl GraphMem {
     }
 
     /// `exec` runs `k` (`raise`: on top of what it ran).
-    pub(crate) fn set_kernels(&self, exec: usize, k: Kernels, raise: bool) {
+    fn set_kernels(&self, exec: usize, k: Kernels, raise: bool) {
         let mut g = self.kernels.lock();
         let e = g.stacks.entry(exec).or_default();
         if raise {
@@ -108,12 +113,12 @@ impl GraphMem {
     }
 
     /// The stack per thread `exec`'s kernels need (0: unknown or none).
-    pub(crate) fn stack(&self, exec: usize) -> u64 {
+    pub(super) fn stack(&self, exec: usize) -> u64 {
         self.kernels.lock().stacks.get(&exec).map_or(0, |k| k.local)
     }
 
     /// The kernels `exec` may run, as recorded at instantiation and updates.
-    pub(crate) fn kernels(&self, exec: usize) -> Vec<usize> {
+    pub(super) fn kernels(&self, exec: usize) -> Vec<usize> {
         self.kernels
             .lock()
             .stacks
@@ -122,33 +127,33 @@ impl GraphMem {
     }
 
     /// `exec` was destroyed.
-    pub(crate) fn forget_stack(&self, exec: usize) {
+    fn forget_stack(&self, exec: usize) {
         self.kernels.lock().stacks.remove(&exec);
     }
 
     /// Conditional node `node` was added with `bodies`.
-    pub(crate) fn set_bodies(&self, node: usize, bodies: Vec<usize>) {
+    fn set_bodies(&self, node: usize, bodies: Vec<usize>) {
         self.kernels.lock().bodies.insert(node, bodies);
     }
 
     /// The body graphs of conditional node `node`, if it was seen added.
-    pub(crate) fn bodies(&self, node: usize) -> Option<Vec<usize>> {
+    fn bodies(&self, node: usize) -> Option<Vec<usize>> {
         self.kernels.lock().bodies.get(&node).cloned()
     }
 
     /// Conditional node `node` came with a clone of a graph whose kernels were `k`.
-    pub(crate) fn set_floor(&self, node: usize, k: Kernels) {
+    fn set_floor(&self, node: usize, k: Kernels) {
         self.kernels.lock().floors.insert(node, k);
     }
 
     /// What the original of the clone conditional node `node` came with ran (`None`: not such a node).
-    pub(crate) fn floor(&self, node: usize) -> Option<Kernels> {
+    fn floor(&self, node: usize) -> Option<Kernels> {
         self.kernels.lock().floors.get(&node).cloned()
     }
 
     /// Whether `exec` has memory alloc nodes (lock-free unless the table ever overflowed).
     #[inline]
-    pub(crate) fn has_memory(&self, exec: usize) -> bool {
+    pub(super) fn has_memory(&self, exec: usize) -> bool {
         if exec > EXEC_GONE {
             for i in 0..EXEC_SLOTS {
                 match self.execs[exec_slot(exec, i)].load(Ordering::Acquire) {
@@ -176,7 +181,7 @@ impl GraphMem {
 
     /// Records a freshly instantiated exec's footprint (empty: it has no alloc nodes; a reused handle value
     /// is forgotten).
-    pub(crate) fn set_exec(&self, exec: usize, footprint: Vec<(Dev, u64)>) {
+    fn set_exec(&self, exec: usize, footprint: Vec<(Dev, u64)>) {
         self.forget_exec(exec);
         if footprint.is_empty() || exec <= EXEC_GONE {
             return;
@@ -197,7 +202,7 @@ impl GraphMem {
     }
 
     /// Forgets an exec (destroyed).
-    pub(crate) fn forget_exec(&self, exec: usize) {
+    fn forget_exec(&self, exec: usize) {
         if exec > EXEC_GONE {
             self.unmark(exec);
         }
@@ -206,7 +211,7 @@ impl GraphMem {
 
     /// An exec's memory nodes changed (`cuGraphExecUpdate`, a child graph node's new parameters): per device,
     /// `fp` is added to its footprint (`add`) or replaces it where larger.
-    pub(crate) fn merge_exec(&self, exec: usize, fp: &[(Dev, u64)], add: bool) {
+    fn merge_exec(&self, exec: usize, fp: &[(Dev, u64)], add: bool) {
         if fp.is_empty() {
             return;
         }
@@ -222,8 +227,165 @@ impl GraphMem {
     }
 
     /// The footprint of an exec with alloc nodes.
-    pub(crate) fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
+    fn footprint(&self, exec: usize) -> Option<Vec<(Dev, u64)>> {
         self.footprints.lock().get(&exec).cloned()
+    }
+
+    /// What this process charges for `dev`'s graph pool, if it charges it.
+    pub(super) fn charges(&self, dev: Dev) -> bool {
+        self.charged.lock().contains_key(&dev.ordinal)
+    }
+
+    /// Re-reads `dev`'s reserved graph memory; `settle(charged, reserved)` moves the charge to it (under the
+    /// lock: two re-reads never settle the same difference twice). Nothing when the driver will not say.
+    fn refresh(&self, d: &impl Driver, dev: Dev, settle: impl FnOnce(u64, u64)) {
+        let mut charged = self.charged.lock();
+        let Ok(reserved) = d.graph_mem_attribute(dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) else {
+            return;
+        };
+        let e = charged.entry(dev.ordinal).or_insert((dev, 0));
+        settle(e.1, reserved);
+        e.1 = reserved;
+    }
+
+    /// The devices whose graph memory we charge.
+    fn charged_devices(&self) -> Vec<Dev> {
+        self.charged.lock().values().map(|e| e.0).collect()
+    }
+
+    /// Graph memory reserved on `dev` but not in use, as far as we charged it: what a launch can reuse.
+    fn slack(&self, d: &impl Driver, dev: Dev) -> u64 {
+        let charged = self.charged.lock().get(&dev.ordinal).map_or(0, |e| e.1);
+        if charged == 0 {
+            return 0;
+        }
+        let attr = |a| d.graph_mem_attribute(dev.ordinal, a).ok();
+        match (
+            attr(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+            attr(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+        ) {
+            (Some(r), Some(u)) => r.saturating_sub(u).min(charged),
+            _ => 0,
+        }
+    }
+
+    /// Forgets the parent's graph pools' charges in a forked child.
+    pub(super) fn reset(&self) {
+        self.charged.lock().clear();
+    }
+
+    /// Takes the family's locks the fork handlers hold, in their order.
+    pub(super) fn fork_prepare(&self) {
+        hold_all([&self.charged]);
+        hold_all([&self.footprints]);
+    }
+
+    /// Undoes [`Graphs::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release(&self, side: Side) {
+        // SAFETY: both locked by fork_prepare (the caller's contract).
+        unsafe {
+            release_all([&self.footprints], side);
+            release_all([&self.charged], side);
+        }
+    }
+
+    /// The memory nodes and the kernels of `graph`, its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may hold
+    /// memory nodes when moved into the node) and its conditional nodes' bodies (whether they run is decided on
+    /// the device). `place(ordinal, bytes)`: an alloc node's device and its size rounded to the device's
+    /// granularity (`None`: not a device we account). `None`: the driver could not list a graph, or the nesting
+    /// is deeper than [`MAX_DEPTH`]; what could not be read is `unknown` in the answer.
+    fn walk(
+        &self,
+        d: &impl Driver,
+        graph: CUgraph,
+        place: &impl Fn(CUdevice, u64) -> Option<(Dev, u64)>,
+    ) -> Option<Walked> {
+        self.walk_at(d, graph, place, 0)
+    }
+
+    fn walk_at(
+        &self,
+        d: &impl Driver,
+        graph: CUgraph,
+        place: &impl Fn(CUdevice, u64) -> Option<(Dev, u64)>,
+        depth: u32,
+    ) -> Option<Walked> {
+        if depth > MAX_DEPTH {
+            return None;
+        }
+        let mut out = Walked::default();
+        for node in d.graph_nodes(graph).ok()? {
+            let Ok(ty) = d.node_type(node) else {
+                // Any kind of node, a kernel or a memory node among them.
+                out.unknown = true;
+                continue;
+            };
+            match ty {
+                CU_GRAPH_NODE_TYPE_GRAPH => {
+                    let child = d.child_graph(node).ok()?;
+                    out.merge(self.walk_at(d, child, place, depth + 1)?);
+                }
+                CU_GRAPH_NODE_TYPE_CONDITIONAL => match self.bodies(node as usize) {
+                    Some(bodies) => {
+                        for b in bodies {
+                            out.merge(self.walk_at(d, b as CUgraph, place, depth + 1)?);
+                        }
+                    }
+                    // A clone's: its bodies are the original's, as they were when cloned.
+                    None => match self.floor(node as usize) {
+                        Some(floor) => out.kernels.merge(floor),
+                        None => out.unknown = true,
+                    },
+                },
+                CU_GRAPH_NODE_TYPE_KERNEL => {
+                    let kernel = d.kernel_node(node).ok();
+                    match kernel.and_then(|(f, k)| Some((stack::node_local(d, f, k)?, f, k))) {
+                        Some((local, f, k)) => out.kernels.merge(Kernels {
+                            local,
+                            funcs: node_handle(f, k),
+                        }),
+                        None => out.unknown = true,
+                    }
+                }
+                CU_GRAPH_NODE_TYPE_MEM_ALLOC => match d.alloc_node(node) {
+                    Err(_) => out.unknown = true,
+                    Ok((Some(ordinal), bytes)) => {
+                        if let Some(at) = place(ordinal, bytes) {
+                            out.merge(Walked {
+                                mem: vec![at],
+                                ..Walked::default()
+                            });
+                        }
+                    }
+                    Ok((None, _)) => {}
+                },
+                _ => {}
+            }
+        }
+        Some(out)
+    }
+
+    /// Records `k` for the conditional nodes of unknown bodies in `graph` and its child graphs.
+    fn cover(&self, d: &impl Driver, graph: CUgraph, k: &Kernels, depth: u32) {
+        if depth > MAX_DEPTH {
+            return;
+        }
+        for node in d.graph_nodes(graph).unwrap_or_default() {
+            match d.node_type(node) {
+                Ok(CU_GRAPH_NODE_TYPE_CONDITIONAL) if self.bodies(node as usize).is_none() => {
+                    self.set_floor(node as usize, k.clone());
+                }
+                Ok(CU_GRAPH_NODE_TYPE_GRAPH) => {
+                    if let Ok(child) = d.child_graph(node) {
+                        self.cover(d, child, k, depth + 1);
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 }
 
@@ -233,142 +395,15 @@ const MAX_DEPTH: u32 = 64;
 
 /// What a walk of a graph found.
 #[derive(Default)]
-pub(crate) struct Walked {
+struct Walked {
     /// Per device, what its alloc nodes add up to, granularity-rounded; empty without alloc nodes.
-    pub(crate) mem: Vec<(Dev, u64)>,
+    mem: Vec<(Dev, u64)>,
     /// The kernels it may run.
-    pub(crate) kernels: Kernels,
+    kernels: Kernels,
     /// A node whose type, a kernel node whose kernel or a memory node whose size could not be read, or a
     /// conditional node whose bodies we never saw (made past cuquota, or a clone's not covered by the record
     /// made when cloned).
     unknown: bool,
-}
-
-/// The memory nodes and the kernels of `graph`, its child graphs (`CU_GRAPH_NODE_TYPE_GRAPH`, which may hold
-/// memory nodes when moved into the node) and its conditional nodes' bodies (whether they run is decided on the
-/// device). `None`: the driver could not list a graph, the nesting is deeper than [`MAX_DEPTH`], or, while a
-/// memory cap may apply, a node's type, a kernel or memory node's parameters could not be read or a
-/// conditional node's bodies are unknown (without a cap those price nothing: a cap set later measures the exec's first launch after it).
-fn footprint(m: &Memory, cuda: &CudaTable, graph: CUgraph) -> Option<Walked> {
-    let w = walk(m, cuda, graph, 0)?;
-    if w.unknown {
-        m.devices.refresh_if_changed();
-        if m.devices.memory_limited() {
-            return None;
-        }
-    }
-    Some(w)
-}
-
-fn walk(m: &Memory, cuda: &CudaTable, graph: CUgraph, depth: u32) -> Option<Walked> {
-    if depth > MAX_DEPTH {
-        return None;
-    }
-    let mut out = Walked::default();
-    let mut n: usize = 0;
-    // SAFETY: valid out-pointer; NULL node array asks for the count.
-    if !unsafe { cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
-        return None;
-    }
-    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `nodes` holds `n` entries.
-    if n > 0 && !unsafe { cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
-        return None;
-    }
-    for &node in nodes.iter().take(n) {
-        let mut ty = CUgraphNodeType::MAX;
-        // SAFETY: valid out-pointer.
-        if !unsafe { cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
-            // Any kind of node, a kernel or a memory node among them.
-            out.unknown = true;
-            continue;
-        }
-        match ty {
-            CU_GRAPH_NODE_TYPE_GRAPH => {
-                let mut child: CUgraph = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                if !unsafe { cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
-                    return None;
-                }
-                out.merge(walk(m, cuda, child, depth + 1)?);
-            }
-            CU_GRAPH_NODE_TYPE_CONDITIONAL => match m.graph.bodies(node as usize) {
-                Some(bodies) => {
-                    for b in bodies {
-                        out.merge(walk(m, cuda, b as CUgraph, depth + 1)?);
-                    }
-                }
-                // A clone's: its bodies are the original's, as they were when cloned.
-                None => match m.graph.floor(node as usize) {
-                    Some(floor) => out.kernels.merge(floor),
-                    None => out.unknown = true,
-                },
-            },
-            CU_GRAPH_NODE_TYPE_KERNEL => {
-                match kernel_node(cuda, node).and_then(|(f, k)| Some((stack::node_local(cuda, f, k)?, f, k)))
-                {
-                    Some((local, f, k)) => out.kernels.merge(Kernels {
-                        local,
-                        funcs: node_handle(f, k),
-                    }),
-                    None => out.unknown = true,
-                }
-            }
-            CU_GRAPH_NODE_TYPE_MEM_ALLOC => {
-                // SAFETY: zeroed is a valid value of this plain C struct.
-                let mut p: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
-                // SAFETY: valid out-pointer of the parameter struct.
-                if !unsafe { cuda.cuGraphMemAllocNodeGetParams(node, &mut p) }.ok() {
-                    out.unknown = true;
-                    continue;
-                }
-                let loc = p.poolProps.location;
-                if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
-                    continue;
-                }
-                let Some(d) = m.devices.device(cuda, loc.id) else {
-                    continue;
-                };
-                let bytes = m.devices.round(cuda, d, p.bytesize as u64);
-                out.merge(Walked {
-                    mem: vec![(d, bytes)],
-                    ..Walked::default()
-                });
-            }
-            _ => {}
-        }
-    }
-    Some(out)
-}
-
-/// The handle a kernel node's parameters launch (`kern` when `func` is NULL), if any.
-pub(crate) fn node_handle(func: CUfunction, kern: CUkernel) -> Vec<usize> {
-    let f = if func.is_null() {
-        kern as usize
-    } else {
-        func as usize
-    };
-    (f != 0).then_some(f).into_iter().collect()
-}
-
-/// The function and the library kernel (when the function is NULL) a kernel node runs; `None`: not readable.
-fn kernel_node(cuda: &CudaTable, node: CUgraphNode) -> Option<(CUfunction, CUkernel)> {
-    // SAFETY: zeroed is a valid value of these plain C structs.
-    let mut p: CUDA_KERNEL_NODE_PARAMS = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer of the v2 parameter struct.
-    match unsafe { cuda.cuGraphKernelNodeGetParams_v2(node, &mut p) } {
-        r if r.ok() => Some((p.func, p.kern)),
-        // A driver older than CUDA 12.0: the v1 form (no library kernels then).
-        CUresult::ERROR_NOT_FOUND => {
-            // SAFETY: as above.
-            let mut p1: CUDA_KERNEL_NODE_PARAMS_v1 = unsafe { std::mem::zeroed() };
-            // SAFETY: valid out-pointer of the v1 parameter struct.
-            unsafe { cuda.cuGraphKernelNodeGetParams(node, &mut p1) }
-                .ok()
-                .then_some((p1.func, std::ptr::null_mut()))
-        }
-        _ => None,
-    }
 }
 
 impl Walked {
@@ -384,63 +419,68 @@ impl Walked {
     }
 }
 
-/// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): each of
-/// those it holds now, in its child graphs too, needs at most what `original` does now. Nodes added to the clone
-/// later are not covered (one made past cuquota stays unknown). An original that cannot be walked, or holds a
-/// conditional node of unknown bodies, records nothing (the clone's conditional nodes then make its
-/// instantiation refused under a cap).
-pub(crate) fn clone_of(m: &Memory, cuda: &CudaTable, clone: CUgraph, original: CUgraph) {
-    if let Some(w) = footprint(m, cuda, original).filter(|w| !w.unknown) {
-        cover(m, cuda, clone, &w.kernels, 0);
-    }
+/// The handle a kernel node's parameters launch (`kern` when `func` is NULL), if any.
+fn node_handle(func: CUfunction, kern: CUkernel) -> Vec<usize> {
+    let f = if func.is_null() {
+        kern as usize
+    } else {
+        func as usize
+    };
+    (f != 0).then_some(f).into_iter().collect()
 }
 
-/// Records `k` for the conditional nodes of unknown bodies in `graph` and its child graphs.
-fn cover(m: &Memory, cuda: &CudaTable, graph: CUgraph, k: &Kernels, depth: u32) {
-    let mut n: usize = 0;
-    // SAFETY: valid out-pointer; NULL node array asks for the count.
-    if depth > MAX_DEPTH || !unsafe { cuda.cuGraphGetNodes(graph, std::ptr::null_mut(), &mut n) }.ok() {
-        return;
-    }
-    let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); n];
-    // SAFETY: `nodes` holds `n` entries.
-    if n == 0 || !unsafe { cuda.cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut n) }.ok() {
-        return;
-    }
-    for &node in nodes.iter().take(n) {
-        let mut ty = CUgraphNodeType::MAX;
-        // SAFETY: valid out-pointer.
-        if !unsafe { cuda.cuGraphNodeGetType(node, &mut ty) }.ok() {
-            continue;
-        }
-        match ty {
-            CU_GRAPH_NODE_TYPE_CONDITIONAL if m.graph.bodies(node as usize).is_none() => {
-                m.graph.set_floor(node as usize, k.clone());
-            }
-            CU_GRAPH_NODE_TYPE_GRAPH => {
-                let mut child: CUgraph = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                if unsafe { cuda.cuGraphChildGraphNodeGetGraph(node, &mut child) }.ok() {
-                    cover(m, cuda, child, k, depth + 1);
-                }
-            }
-            _ => {}
-        }
-    }
+/// A graph or exec memory cannot price: the call is refused (fail closed: an exec whose footprint or stack need
+/// is unknown is never launched).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Unpriced;
+
+/// What a hook saw made, after the driver's call succeeded ([`Memory::graph_changed`]).
+#[derive(Debug)]
+pub(crate) enum GraphChange {
+    /// `exec` was instantiated from `graph` (refused: the caller destroys it).
+    Instantiated { exec: CUgraphExec, graph: CUgraph },
+    /// Conditional node `node` was added with these body graphs (cuda.h lists them only when it is added).
+    Bodies { node: CUgraphNode, bodies: Vec<usize> },
+    /// `clone` is a copy of `original`.
+    Cloned { clone: CUgraph, original: CUgraph },
+    /// Child graph node `node` holds a clone of `original`.
+    ChildCloned { node: CUgraphNode, original: CUgraph },
+    /// `cuDeviceGraphMemTrim` of a device.
+    Trimmed(CUdevice),
+}
+
+/// An exec's call that [`Memory::graph_exec`] wraps.
+#[derive(Debug)]
+pub(crate) enum ExecCall {
+    /// `cuGraphExecUpdate`: the exec now runs `graph`'s parameters.
+    Update(CUgraph),
+    /// A child graph node of the exec takes `graph`'s parameters.
+    ChildUpdate(CUgraph),
+    /// A kernel node of the exec takes another kernel (`kern` when `func` is NULL).
+    KernelUpdate { func: CUfunction, kern: CUkernel },
+    /// Another node of the exec changed.
+    OtherUpdate,
+    /// `cuGraphUpload` on `stream` (the probe stream a first use is measured on).
+    Upload { stream: usize },
+    /// `cuGraphLaunch` (the call throttles and admits the first launch itself): its graph memory.
+    Launch,
+    /// `cuGraphExecDestroy`.
+    Destroy,
 }
 
 impl Memory {
-    /// `graph`'s walk, before or after `what` gives its memory nodes and kernels to `exec`; `None` (logged): the call
-    /// is refused (fail closed: an exec whose footprint or stack need is unknown is never launched).
-    pub(crate) fn graph_walk(
+    /// `graph`'s walk, before or after `what` gives its memory nodes and kernels to `exec` (`None`, logged: the
+    /// call is refused). While a memory cap may apply, a node that could not be read fails it; without a cap
+    /// those price nothing (a cap set later measures the exec's first launch after it).
+    fn graph_walk(
         &self,
         cuda: &CudaTable,
         what: &str,
         exec: CUgraphExec,
         graph: CUgraph,
-    ) -> Option<Walked> {
-        let fp = footprint(self, cuda, graph);
-        if fp.is_none() {
+    ) -> Result<Walked, Unpriced> {
+        let w = self.graph_footprint(cuda, graph);
+        if w.is_none() {
             log!(
                 Level::Error,
                 "{what} of graph exec {exec:p} refused: the memory nodes or kernels of graph {graph:p} cannot be \
@@ -449,38 +489,181 @@ impl Memory {
                  could not be kept"
             );
         }
-        fp
+        w.ok_or(Unpriced)
     }
 
-    fn graph_attr(cuda: &CudaTable, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Option<u64> {
-        let mut v: u64 = 0;
-        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
-        let r = unsafe { cuda.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };
-        r.ok().then_some(v)
+    /// [`Graphs::walk`] with this process's devices, failed where it found what it could not read while a cap
+    /// may apply.
+    fn graph_footprint(&self, cuda: &CudaTable, graph: CUgraph) -> Option<Walked> {
+        let place = |ordinal, bytes| {
+            let d = self.devices.device(cuda, ordinal)?;
+            Some((d, self.devices.round(cuda, d, bytes)))
+        };
+        let w = self.graph.walk(cuda, graph, &place)?;
+        if w.unknown {
+            self.devices.refresh_if_changed();
+            if self.devices.memory_limited() {
+                return None;
+            }
+        }
+        Some(w)
+    }
+
+    /// Records what a hook saw made. `Err` only for [`GraphChange::Instantiated`]: the exec cannot be priced.
+    pub(crate) fn graph_changed(&self, cuda: &CudaTable, change: GraphChange) -> Result<(), Unpriced> {
+        match change {
+            GraphChange::Instantiated { exec, graph } => {
+                let w = self.graph_walk(cuda, "cuGraphInstantiate", exec, graph)?;
+                self.graph.set_exec(exec as usize, w.mem);
+                self.graph.set_kernels(exec as usize, w.kernels, false);
+            }
+            GraphChange::Bodies { node, bodies } => self.graph.set_bodies(node as usize, bodies),
+            GraphChange::Cloned { clone, original } => self.graph_cloned(cuda, clone, original),
+            GraphChange::ChildCloned { node, original } => {
+                if let Ok(clone) = cuda.child_graph(node) {
+                    self.graph_cloned(cuda, clone, original);
+                }
+            }
+            GraphChange::Trimmed(ordinal) => {
+                if let Some(dev) = self.devices.device(cuda, ordinal) {
+                    self.refresh_graph(cuda, dev);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `clone` is a copy of `original` (its conditional nodes new handles whose bodies no call lists): each of
+    /// those it holds now, in its child graphs too, needs at most what `original` does now. Nodes added to the
+    /// clone later are not covered (one made past cuquota stays unknown). An original that cannot be walked, or
+    /// holds a conditional node of unknown bodies, records nothing (the clone's conditional nodes then make its
+    /// instantiation refused under a cap).
+    fn graph_cloned(&self, cuda: &CudaTable, clone: CUgraph, original: CUgraph) {
+        if let Some(w) = self.graph_footprint(cuda, original).filter(|w| !w.unknown) {
+            self.graph.cover(cuda, clone, &w.kernels, 0);
+        }
+    }
+
+    /// `call`, an exec's update, upload or destruction, with what memory keeps of the exec. An update records the
+    /// new need: the graph is walked before the call (refused as at instantiation: `CUDA_ERROR_NOT_SUPPORTED`,
+    /// the driver not called), and after it the footprint becomes, per device, the larger of the old and the new
+    /// (whichever the driver kept, the launch is admitted for it; a child graph's is added), the stack need the
+    /// new graph's (a kernel or child node's raises it). An update or destruction makes the next launch a first
+    /// use again. An upload is admitted as the exec's first launch there is, and its graph memory as a launch's
+    /// ([`Memory::with_graph_memory`]).
+    pub(crate) fn graph_exec(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        exec: CUgraphExec,
+        what: ExecCall,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let e = exec as usize;
+        let update = match what {
+            ExecCall::Upload { stream } => return self.graph_upload(cuda, nvml, e, stream, call),
+            ExecCall::Launch => return self.with_graph_memory(cuda, nvml, e, call),
+            ExecCall::Destroy => {
+                let had = self.graph.has_memory(e);
+                let r = call();
+                if r.ok() {
+                    // An exec created later at this address is not this one.
+                    self.first_use.forget(Use::Graph, e);
+                    self.graph.forget_stack(e);
+                }
+                if r.ok() && had {
+                    self.graph.forget_exec(e);
+                    for d in self.graph.charged_devices() {
+                        self.refresh_graph(cuda, d);
+                    }
+                }
+                return r;
+            }
+            ExecCall::Update(g) => Some((self.graph_walk(cuda, "cuGraphExecUpdate", exec, g), false)),
+            ExecCall::ChildUpdate(g) => Some((
+                self.graph_walk(cuda, "cuGraphExecChildGraphNodeSetParams", exec, g),
+                true,
+            )),
+            ExecCall::KernelUpdate { func, kern } => Some((self.kernel_update(exec, cuda, func, kern), true)),
+            ExecCall::OtherUpdate => None,
+        };
+        let (w, raise) = match update {
+            Some((Ok(w), raise)) => (Some(w), raise),
+            Some((Err(Unpriced), _)) => return CUresult::ERROR_NOT_SUPPORTED,
+            None => (None, false),
+        };
+        let r = call();
+        if r.ok() {
+            if let Some(w) = w {
+                self.graph.merge_exec(e, &w.mem, raise);
+                self.graph.set_kernels(e, w.kernels, raise);
+            }
+            self.first_use.forget(Use::Graph, e);
+        }
+        r
+    }
+
+    /// What a kernel node's new kernel needs (no memory node can change there). Refused when the driver will not
+    /// give its local memory size while a cap may apply.
+    fn kernel_update(
+        &self,
+        exec: CUgraphExec,
+        cuda: &CudaTable,
+        func: CUfunction,
+        kern: CUkernel,
+    ) -> Result<Walked, Unpriced> {
+        let local = stack::node_local(cuda, func, kern).or_else(|| {
+            self.devices.refresh_if_changed();
+            (!self.devices.memory_limited()).then_some(0)
+        });
+        let Some(local) = local else {
+            log!(
+                Level::Error,
+                "kernel node update of graph exec {exec:p} refused: the driver will not give the new kernel's local \
+                 memory size, so the memory cap could not be kept"
+            );
+            return Err(Unpriced);
+        };
+        Ok(Walked {
+            kernels: Kernels {
+                local,
+                funcs: node_handle(func, kern),
+            },
+            ..Walked::default()
+        })
+    }
+
+    /// `cuGraphUpload`: uploading may reserve the exec's graph memory, and sets up its kernels' stack in the
+    /// stream's context (an exec instantiated for device launch is launched from the device, where no hook sees
+    /// it, only once uploaded): admitted as its first launch there is (`Memory::first_launch`).
+    fn graph_upload(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        exec: usize,
+        stream: usize,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        if !self.first_use_armed() {
+            return self.with_graph_memory(cuda, nvml, exec, call);
+        }
+        let Ok(first) = self.first_launch(cuda, nvml, Use::Graph, exec, stream) else {
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        };
+        let r = self.with_graph_memory(cuda, nvml, exec, call);
+        self.launched(cuda, nvml, first, stream, r);
+        r
     }
 
     /// Re-reads a device's reserved graph memory and charges (unconditionally) or releases the difference.
-    pub(crate) fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
-        let mut charged = self.graph.charged.lock();
-        let Some(reserved) = Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT)
-        else {
-            return;
-        };
-        let e = charged.entry(dev.ordinal).or_insert((dev, 0));
-        if reserved > e.1 {
-            self.force(dev, reserved - e.1);
-        } else {
-            self.release(dev, e.1 - reserved);
-        }
-        e.1 = reserved;
-    }
-
-    /// Re-reads every device whose graph memory we charge.
-    pub(crate) fn refresh_graph_all(&self, cuda: &CudaTable) {
-        let devs: Vec<Dev> = self.graph.charged.lock().values().map(|e| e.0).collect();
-        for d in devs {
-            self.refresh_graph(cuda, d);
-        }
+    pub(super) fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
+        self.graph.refresh(cuda, dev, |charged, reserved| {
+            if reserved > charged {
+                self.force(dev, reserved - charged);
+            } else {
+                self.release(dev, charged - reserved);
+            }
+        });
     }
 
     /// Upload or launch (`call`) of graph exec `exec`: with alloc nodes, what its footprint may add on each
@@ -488,7 +671,7 @@ impl Memory {
     /// driver not called), then the real change of the graph pools' reserved size is charged and the
     /// provisional charge dropped. An exec without alloc nodes costs one lock-free probe.
     #[inline]
-    pub(crate) fn with_graph_memory(
+    fn with_graph_memory(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -503,7 +686,7 @@ impl Memory {
         };
         let mut charges: Vec<Charge<'_>> = Vec::with_capacity(fp.len());
         for &(dev, bytes) in &fp {
-            let est = || bytes.saturating_sub(self.graph_slack(cuda, dev));
+            let est = || bytes.saturating_sub(self.graph.slack(cuda, dev));
             let charge = self.charge(dev, est(), cuda, nvml).or_else(|_| {
                 // Memory may have been released behind our back (a context's teardown): re-read, retry once.
                 self.refresh_graph(cuda, dev);
@@ -522,19 +705,241 @@ impl Memory {
         }
         r
     }
+}
 
-    /// Graph memory reserved on `dev` but not in use, as far as we charged it: what a launch can reuse.
-    fn graph_slack(&self, cuda: &CudaTable, dev: Dev) -> u64 {
-        let charged = self.graph.charged.lock().get(&dev.ordinal).map_or(0, |e| e.1);
-        if charged == 0 {
-            return 0;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::tests::device_id;
+    use std::cell::Cell;
+
+    const MIB: u64 = 1 << 20;
+
+    /// A driver that knows a few graphs: their nodes, each node's type and parameters (absent: refused).
+    #[derive(Default)]
+    struct Fake {
+        graphs: HashMap<usize, Vec<usize>>,
+        types: HashMap<usize, CUgraphNodeType>,
+        children: HashMap<usize, usize>,
+        allocs: HashMap<usize, (Option<CUdevice>, u64)>,
+        kernels: HashMap<usize, usize>,
+        /// Local memory per thread of each function.
+        local: HashMap<usize, i32>,
+        reserved: Cell<Option<u64>>,
+        used: Cell<u64>,
+    }
+
+    impl Fake {
+        fn node(&mut self, graph: usize, node: usize, ty: CUgraphNodeType) {
+            self.graphs.entry(graph).or_default().push(node);
+            self.types.insert(node, ty);
         }
-        match (
-            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
-            Self::graph_attr(cuda, dev.ordinal, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
-        ) {
-            (Some(r), Some(u)) => r.saturating_sub(u).min(charged),
-            _ => 0,
+        fn alloc(&mut self, graph: usize, node: usize, ordinal: Option<CUdevice>, bytes: u64) {
+            self.node(graph, node, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+            self.allocs.insert(node, (ordinal, bytes));
         }
+        fn kernel(&mut self, graph: usize, node: usize, f: usize, local: i32) {
+            self.node(graph, node, CU_GRAPH_NODE_TYPE_KERNEL);
+            self.kernels.insert(node, f);
+            self.local.insert(f, local);
+        }
+        fn child(&mut self, graph: usize, node: usize, child: usize) {
+            self.node(graph, node, CU_GRAPH_NODE_TYPE_GRAPH);
+            self.children.insert(node, child);
+        }
+    }
+
+    const REFUSED: CUresult = CUresult::ERROR_INVALID_VALUE;
+
+    impl Driver for Fake {
+        fn device_attribute(&self, _: CUdevice_attribute, _: CUdevice) -> Result<i32, CUresult> {
+            Err(REFUSED)
+        }
+        fn function_local_size(&self, f: CUfunction) -> Result<i32, CUresult> {
+            self.local
+                .get(&(f as usize))
+                .copied()
+                .ok_or(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn kernel_local_size(&self, _: CUfunction, _: CUdevice) -> Result<i32, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn stack_size(&self) -> Result<usize, CUresult> {
+            Err(REFUSED)
+        }
+        fn device_count(&self) -> Result<i32, CUresult> {
+            Ok(1)
+        }
+        fn graph_nodes(&self, graph: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
+            let nodes = self.graphs.get(&(graph as usize)).ok_or(REFUSED)?;
+            Ok(nodes.iter().map(|&n| n as CUgraphNode).collect())
+        }
+        fn node_type(&self, node: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
+            self.types.get(&(node as usize)).copied().ok_or(REFUSED)
+        }
+        fn child_graph(&self, node: CUgraphNode) -> Result<CUgraph, CUresult> {
+            self.children
+                .get(&(node as usize))
+                .map(|&g| g as CUgraph)
+                .ok_or(REFUSED)
+        }
+        fn alloc_node(&self, node: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult> {
+            self.allocs.get(&(node as usize)).copied().ok_or(REFUSED)
+        }
+        fn kernel_node(&self, node: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult> {
+            let f = self.kernels.get(&(node as usize)).ok_or(REFUSED)?;
+            Ok((*f as CUfunction, std::ptr::null_mut()))
+        }
+        fn graph_mem_attribute(&self, _: CUdevice, attr: CUgraphMem_attribute) -> Result<u64, CUresult> {
+            let r = self.reserved.get().ok_or(REFUSED)?;
+            Ok(if attr == CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT {
+                self.used.get()
+            } else {
+                r
+            })
+        }
+    }
+
+    fn g(n: usize) -> CUgraph {
+        n as CUgraph
+    }
+
+    #[test]
+    fn a_walk_sums_alloc_nodes_per_device_and_takes_the_largest_kernels_stack() {
+        let (_t, id) = device_id();
+        let dev = Dev { ordinal: 0, id };
+        // Device 0 only, sizes rounded to 2 MiB.
+        let place = |o: CUdevice, b: u64| (o == 0).then_some((dev, b.div_ceil(2 * MIB) * 2 * MIB));
+        let mut d = Fake::default();
+        d.alloc(1, 10, Some(0), 3 * MIB);
+        d.kernel(1, 11, 0xf1, 1024);
+        d.child(1, 12, 2);
+        d.alloc(2, 20, Some(0), 5 * MIB);
+        d.kernel(2, 21, 0xf2, 4096);
+        d.alloc(2, 22, None, 64 * MIB); // host memory: not the device's
+        d.alloc(2, 23, Some(3), 64 * MIB); // a device we do not account
+        let graphs = Graphs::new();
+        let w = graphs.walk(&d, g(1), &place).expect("walked");
+        assert_eq!(w.mem, vec![(dev, 4 * MIB + 6 * MIB)]);
+        assert_eq!(
+            w.kernels,
+            Kernels {
+                local: 4096,
+                funcs: vec![0xf1, 0xf2]
+            }
+        );
+        assert!(!w.unknown);
+        // A graph the driver will not list fails the walk.
+        assert!(graphs.walk(&d, g(99), &place).is_none());
+    }
+
+    #[test]
+    fn what_a_walk_cannot_read_is_unknown_and_endless_nesting_fails() {
+        let place = |_: CUdevice, _: u64| None;
+        let graphs = Graphs::new();
+        let unknown = |d: &Fake, graph| graphs.walk(d, g(graph), &place).expect("walked").unknown;
+        // A node whose type, a kernel node whose parameters, an alloc node whose size the driver refuses.
+        let mut d = Fake::default();
+        d.graphs.insert(1, vec![10]);
+        assert!(unknown(&d, 1));
+        let mut d = Fake::default();
+        d.node(1, 10, CU_GRAPH_NODE_TYPE_KERNEL);
+        assert!(unknown(&d, 1));
+        let mut d = Fake::default();
+        d.node(1, 10, CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+        assert!(unknown(&d, 1));
+        // A kernel whose local memory size the driver will not give.
+        let mut d = Fake::default();
+        d.kernel(1, 10, 0xf1, 0);
+        d.local.clear();
+        assert!(unknown(&d, 1));
+        // A conditional node whose bodies were never seen added; once seen, its bodies are walked.
+        let mut d = Fake::default();
+        d.node(1, 10, CU_GRAPH_NODE_TYPE_CONDITIONAL);
+        d.kernel(2, 20, 0xf2, 512);
+        assert!(unknown(&d, 1));
+        graphs.set_bodies(10, vec![2]);
+        let w = graphs.walk(&d, g(1), &place).expect("walked");
+        assert!(!w.unknown);
+        assert_eq!(w.kernels.local, 512);
+        // A graph nested in itself: deeper than MAX_DEPTH, refused.
+        let mut d = Fake::default();
+        d.child(1, 10, 1);
+        assert!(graphs.walk(&d, g(1), &place).is_none());
+    }
+
+    #[test]
+    fn a_clones_conditional_nodes_take_the_originals_need() {
+        let place = |_: CUdevice, _: u64| None;
+        let graphs = Graphs::new();
+        let mut d = Fake::default();
+        // The original: a conditional node whose body runs a kernel of 2048 bytes per thread.
+        d.node(1, 10, CU_GRAPH_NODE_TYPE_CONDITIONAL);
+        graphs.set_bodies(10, vec![2]);
+        d.kernel(2, 20, 0xf2, 2048);
+        // The clone: a new conditional node (bodies never listed), inside a child graph.
+        d.child(3, 30, 4);
+        d.node(4, 40, CU_GRAPH_NODE_TYPE_CONDITIONAL);
+        assert!(graphs.walk(&d, g(3), &place).expect("walked").unknown);
+        let original = graphs.walk(&d, g(1), &place).expect("walked");
+        graphs.cover(&d, g(3), &original.kernels, 0);
+        let w = graphs.walk(&d, g(3), &place).expect("walked");
+        assert!(!w.unknown);
+        assert_eq!(
+            w.kernels,
+            Kernels {
+                local: 2048,
+                funcs: vec![0xf2]
+            }
+        );
+    }
+
+    #[test]
+    fn the_graph_pools_charge_follows_its_reserved_size_and_slack_never_exceeds_it() {
+        let (_t, id) = device_id();
+        let dev = Dev { ordinal: 0, id };
+        let graphs = Graphs::new();
+        let d = Fake::default();
+        let settled = Cell::new(None);
+        let settle = |was, now| settled.set(Some((was, now)));
+        // The driver will not say: nothing charged, nothing reusable.
+        graphs.refresh(&d, dev, settle);
+        assert_eq!(settled.take(), None);
+        assert!(!graphs.charges(dev));
+        d.reserved.set(Some(8 * MIB));
+        assert_eq!(graphs.slack(&d, dev), 0, "nothing charged yet: nothing to reuse");
+        graphs.refresh(&d, dev, settle);
+        assert_eq!(settled.take(), Some((0, 8 * MIB)));
+        assert!(graphs.charges(dev));
+        d.used.set(2 * MIB);
+        assert_eq!(graphs.slack(&d, dev), 6 * MIB);
+        // Reserved grew past what we charged (not re-read yet): only what we charged is reusable.
+        d.reserved.set(Some(32 * MIB));
+        assert_eq!(graphs.slack(&d, dev), 8 * MIB);
+        d.reserved.set(Some(2 * MIB));
+        graphs.refresh(&d, dev, settle);
+        assert_eq!(settled.take(), Some((8 * MIB, 2 * MIB)));
+        assert_eq!(graphs.charged_devices(), vec![dev]);
+    }
+
+    #[test]
+    fn an_execs_footprint_is_replaced_raised_or_added_and_forgotten() {
+        let (_t, id) = device_id();
+        let dev = Dev { ordinal: 0, id };
+        let graphs = Graphs::new();
+        let exec = 0x5000;
+        assert!(!graphs.has_memory(exec));
+        graphs.set_exec(exec, vec![]);
+        assert!(!graphs.has_memory(exec), "no alloc nodes: not marked");
+        graphs.set_exec(exec, vec![(dev, 4 * MIB)]);
+        assert!(graphs.has_memory(exec));
+        // An update keeps the larger of the old and the new; a child graph's nodes add.
+        graphs.merge_exec(exec, &[(dev, 2 * MIB)], false);
+        assert_eq!(graphs.footprint(exec), Some(vec![(dev, 4 * MIB)]));
+        graphs.merge_exec(exec, &[(dev, 2 * MIB)], true);
+        assert_eq!(graphs.footprint(exec), Some(vec![(dev, 6 * MIB)]));
+        graphs.forget_exec(exec);
+        assert!(!graphs.has_memory(exec));
+        assert_eq!(graphs.footprint(exec), None);
     }
 }

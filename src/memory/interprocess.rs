@@ -1,8 +1,8 @@
 //! Memory shared between processes (CUDA IPC, pool export data, POSIX descriptors and fabric handles): an
 //! export moves the allocation's charge into the container's shared table under the handle's key, where an
 //! importer of the same container finds it; an import of another container's memory is charged to the importer
-//! until it lets go of it. The bookkeeping is `shared::SharedMem`'s; this is the interface the hooks call after
-//! the driver's.
+//! until it lets go of it. The bookkeeping is `shared::SharedMem`'s; [`Memory::ipc`] is the door hooks call
+//! around the driver (a VMM handle's export and import: `Memory::vmm`).
 
 use super::ledger::{Record, Space};
 use super::shared::{Export, Hold};
@@ -13,23 +13,71 @@ use crate::ffi::cuda::*;
 use crate::log::{log, Level};
 use std::ffi::c_int;
 
+/// An interprocess call [`Memory::ipc`] wraps, its arguments decoded; `what` names the call in logs.
+pub(crate) enum IpcCall<'a> {
+    /// `cuIpcGetMemHandle` / `cuMemPoolExportPointer` of the allocation at `ptr`; `key` reads the key of the
+    /// handle's bytes once the call succeeded (`None`: nowhere to read them).
+    Export {
+        what: &'a str,
+        ptr: u64,
+        key: &'a dyn Fn() -> Option<u64>,
+    },
+    /// `cuIpcOpenMemHandle` / `cuMemPoolImportPointer` of the memory exported under `key`; `out` reads the
+    /// address once the call succeeded; `undo(it)` gives a refused import back to the driver.
+    Import {
+        what: &'a str,
+        key: u64,
+        out: &'a dyn Fn() -> Option<u64>,
+        undo: &'a dyn Fn(u64),
+    },
+    /// `cuIpcCloseMemHandle` of the import at this address.
+    Close(u64),
+}
+
 impl Memory {
+    /// `call`, the interprocess call `what` describes: an export moves the allocation's charge into the
+    /// container's shared table (a full table refuses it: `CUDA_ERROR_OUT_OF_MEMORY`); an import joins this
+    /// container's entry or is charged to this process (refused and given back when it does not fit); the last
+    /// close lets go of the hold.
+    pub(crate) fn ipc(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        what: IpcCall<'_>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        match what {
+            IpcCall::Export { what, ptr, key } => self.exported_pointer(call(), ptr, key, what),
+            IpcCall::Import { what, key, out, undo } => {
+                let r = call();
+                match r.ok().then(out).flatten() {
+                    Some(p) => self.imported_pointer(cuda, nvml, r, p, key, what, undo),
+                    None => r,
+                }
+            }
+            IpcCall::Close(p) => {
+                let r = call();
+                if r.ok() {
+                    self.let_go(self.shared.close(p));
+                }
+                r
+            }
+        }
+    }
+
     /// The export by `what` (returning `r`) of the allocation at `p` under `key` (its handle's bytes, read
     /// only when needed): its charge moves into the container's shared table. A full table refuses it.
-    pub(crate) fn exported_pointer(
-        &self,
-        r: CUresult,
-        p: u64,
-        key: impl FnOnce() -> u64,
-        what: &str,
-    ) -> CUresult {
+    fn exported_pointer(&self, r: CUresult, p: u64, key: &dyn Fn() -> Option<u64>, what: &str) -> CUresult {
         if !r.ok() || self.shared.exported(p).is_some() {
             return r;
         }
         let Some(rec) = self.ledger.get(Space::Pointer, p) else {
             return r;
         };
-        match self.share_record(rec, key(), what) {
+        let Some(key) = key() else {
+            return r;
+        };
+        match self.share_record(rec, key, what) {
             Some(e) => {
                 self.shared.export(p, e);
                 r
@@ -58,7 +106,7 @@ impl Memory {
     /// exported is charged to this process until it lets go of it, and refused (`undo` gives it back to the
     /// driver) when it does not fit.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn imported_pointer(
+    fn imported_pointer(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -66,7 +114,7 @@ impl Memory {
         p: u64,
         key: u64,
         what: &str,
-        undo: impl FnOnce(u64),
+        undo: &dyn Fn(u64),
     ) -> CUresult {
         if self.shared.open_again(p) {
             return r;
@@ -118,23 +166,15 @@ impl Memory {
         r
     }
 
-    /// `cuIpcCloseMemHandle` of `p` returned `r`: the last close lets go of the hold.
-    pub(crate) fn closed_import(&self, r: CUresult, p: u64) -> CUresult {
-        if r.ok() {
-            self.let_go(self.shared.close(p));
-        }
-        r
-    }
-
     /// The export (returning `r`) of VMM handle `handle` as a shareable handle keyed `key` (`None`: a type the
     /// shim cannot identify): its charge moves into the shared table. A full table refuses it (`undo` closes
     /// what the driver made).
-    pub(crate) fn exported_handle(
+    pub(super) fn exported_handle(
         &self,
         r: CUresult,
         handle: u64,
-        key: impl FnOnce() -> Option<u64>,
-        undo: impl FnOnce(),
+        key: &dyn Fn() -> Option<u64>,
+        undo: &dyn Fn(),
     ) -> CUresult {
         if r.ok() {
             self.vmm.exported(handle);
@@ -163,7 +203,7 @@ impl Memory {
     /// The import of VMM handle `h` (the import of the shareable handle keyed `key`, if the shim can identify
     /// it) succeeded: memory this container exported joins its shared entry; any other import is charged from
     /// its first mapping (`Memory::vmm_map`) until its last reference and mapping go.
-    pub(crate) fn imported_handle(&self, h: u64, key: Option<u64>) {
+    pub(super) fn imported_handle(&self, h: u64, key: Option<u64>) {
         if self.ledger.get(Space::Vmm, h).is_some() || self.shared.vmm_import(h).is_some() {
             // A handle this process has already (the driver gave the same one again): one more reference.
             self.vmm.retained(h);

@@ -38,7 +38,7 @@ use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::{DeviceId, UsageRegion};
-use graphs::GraphMem;
+use graphs::Graphs;
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
@@ -48,17 +48,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) use first_use::{Launch, Owner, Use};
-pub(crate) use graphs::{clone_of, node_handle, Kernels};
+pub(crate) use graphs::{ExecCall, GraphChange};
 pub(crate) use image::{
     footprint as image_footprint, footprint_at as image_footprint_at, inside as image_inside,
 };
+pub(crate) use interprocess::IpcCall;
 pub(crate) use ledger::Space;
 #[cfg(test)]
 pub(crate) use ledger::{Kind, Record};
-pub(crate) use overhead::Creation;
+pub(crate) use overhead::{Creation, OverheadCall};
+pub(crate) use pools::PoolCall;
 pub(crate) use shared::{fd_key, key as shared_key};
-pub(crate) use stack::node_local;
 pub(crate) use vmm::{BindKey, Obj};
+pub(crate) use vmm_ops::VmmCall;
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +81,7 @@ pub(crate) struct Memory {
     /// Memory shared with other processes through CUDA IPC.
     shared: shared::SharedMem,
     /// CUDA graph memory pools and execs with alloc nodes.
-    graph: GraphMem,
+    graph: Graphs,
     pools: Lock<HashMap<usize, PoolState>>,
     /// Whether a pool was ever tracked (`pools` is empty while false).
     any_pool: AtomicBool,
@@ -108,7 +110,7 @@ impl Memory {
             ledger: Ledger::new(),
             vmm: vmm::VmmLives::default(),
             shared: shared::SharedMem::default(),
-            graph: GraphMem::new(),
+            graph: Graphs::new(),
             pools: Lock::new(HashMap::new()),
             any_pool: AtomicBool::new(false),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -125,11 +127,6 @@ impl Memory {
     /// The host pid NVML knows this process by, once learned.
     pub(crate) fn host_pid(&self) -> Option<u32> {
         self.host.get()
-    }
-
-    /// CUDA graph memory (graph pools, execs with alloc nodes).
-    pub(crate) fn graph(&self) -> &GraphMem {
-        &self.graph
     }
 
     /// Puts a record in the ledger as if an allocation had made it (unit tests of what hooks do with it).
@@ -587,7 +584,7 @@ impl Memory {
         self.vmm.clear();
         self.shared.clear();
         self.pools.lock().clear();
-        self.graph.charged.lock().clear();
+        self.graph.reset();
         for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
             a.store(0, Ordering::Relaxed);
         }
@@ -603,8 +600,7 @@ impl Memory {
         hold_all([self.vmm.lock()]);
         hold_all([self.shared.lock()]);
         hold_all([&self.pools]);
-        hold_all([&self.graph.charged]);
-        hold_all([&self.graph.footprints]);
+        self.graph.fork_prepare();
         hold_all([&self.overhead_lock]);
         hold_all([&self.holdings.owners]);
         hold_all([&self.host.candidates]);
@@ -622,8 +618,7 @@ impl Memory {
             release_all([&self.host.candidates], side);
             release_all([&self.holdings.owners], side);
             release_all([&self.overhead_lock], side);
-            release_all([&self.graph.footprints], side);
-            release_all([&self.graph.charged], side);
+            self.graph.fork_release(side);
             release_all([&self.pools], side);
             release_all([self.shared.lock()], side);
             release_all([self.vmm.lock()], side);

@@ -5,8 +5,10 @@
 //! library load (and after each destroy / release / reset / unload) we ask NVML for this process's
 //! `usedGpuMemory` on that device (`nvmlDeviceGetComputeRunningProcesses_v3`, device found by UUID) and charge
 //! `used − bytes our ledger holds` as this process's overhead there. Growth on a creation path is admitted
-//! against the cap: a context that alone would exceed it is refused (the hook undoes it and returns
-//! `CUDA_ERROR_OUT_OF_MEMORY`).
+//! against the cap: a context that alone would exceed it is refused (the hook destroys it, a module or library
+//! is unloaded here, and the call returns `CUDA_ERROR_OUT_OF_MEMORY`). Hooks call one door,
+//! [`Memory::overhead_call`] (creations, loads, unloads, destroys, releases, limits); a creation holds its
+//! estimate in the [`Creating`] guard.
 //!
 //! NVML can only measure a context or module once the driver has created it, so each creation first reserves an
 //! estimate as overhead ([`Memory::creating`]): the last cost measured for that kind on that device in
@@ -308,6 +310,38 @@ pub(super) enum Figure {
     NotListed,
 }
 
+/// A call [`Memory::overhead_call`] wraps, its arguments decoded.
+pub(crate) enum OverheadCall<'a> {
+    /// `cuCtxCreate` (`Creation::Context`) or `cuDevicePrimaryCtxRetain` (`Creation::Primary`): `out` reads the
+    /// context once the call succeeded (unused for a primary context); `undo(it)` destroys or releases what the
+    /// call made when its cost does not fit under the cap.
+    Create {
+        what: Creation,
+        out: &'a dyn Fn() -> Option<usize>,
+        undo: &'a dyn Fn(usize),
+    },
+    /// `cuCtxDestroy` of a context.
+    Destroy(usize),
+    /// `cuDevicePrimaryCtxRelease` (`reset`: `cuDevicePrimaryCtxReset`) of `ordinal`'s primary context;
+    /// `last()` runs once this process's last retain of it went (not on a reset).
+    PrimaryRelease {
+        ordinal: CUdevice,
+        reset: bool,
+        last: &'a dyn Fn(),
+    },
+    /// `cuCtxSetLimit`.
+    SetLimit { limit: CUlimit, value: usize },
+    /// `cuModuleLoad*` (`library` false) or `cuLibraryLoad*`: `out` reads the handle once the call succeeded,
+    /// `footprint` what its image holds (`memory::image`; `None`: unknown) once the driver accepted it.
+    Load {
+        library: bool,
+        out: &'a dyn Fn() -> Option<usize>,
+        footprint: &'a dyn Fn() -> Option<u64>,
+    },
+    /// `cuModuleUnload` (`library` false) or `cuLibraryUnload` of a handle.
+    Unload { library: bool, handle: usize },
+}
+
 impl Memory {
     /// This process's `usedGpuMemory` on `dev` per NVML: `Some(0)` when NVML lists us nowhere and we hold no
     /// context there, `None` when NVML cannot tell. We are the entry with our pid, else with our learned host pid.
@@ -421,8 +455,108 @@ impl Memory {
         }
     }
 
+    /// `call`, the call `what` describes, with what this process's contexts and modules cost: a load is
+    /// admitted (an estimate first, [`Memory::creating`]; over the cap once measured: unloaded here,
+    /// `CUDA_ERROR_OUT_OF_MEMORY`); an unload, destroy or release uncounts and re-measures; a raised limit is
+    /// admitted ([`Memory::set_limit`]).
+    pub(crate) fn overhead_call(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        what: OverheadCall<'_>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        match what {
+            OverheadCall::Create { what, out, undo } => {
+                let Ok(mut c) = self.creating(cuda, nvml, what) else {
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                };
+                let r = c.call(call);
+                let made = match what {
+                    Creation::Primary(_) => Some(0),
+                    _ => r.ok().then(out).flatten(),
+                };
+                let Some(made) = made.filter(|_| r.ok()) else {
+                    return r;
+                };
+                if c.created(made).is_err() {
+                    undo(made);
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+                r
+            }
+            OverheadCall::Destroy(ctx) => {
+                let owner = self.holdings.owners.lock().remove(&ctx);
+                let r = call();
+                self.context_destroyed(cuda, nvml, ctx, owner, r.ok());
+                r
+            }
+            OverheadCall::PrimaryRelease { ordinal, reset, last } => {
+                let r = call();
+                if r.ok() {
+                    self.primary_released(cuda, nvml, ordinal, reset);
+                    if !reset && self.primary_unheld(ordinal) {
+                        last();
+                    }
+                }
+                r
+            }
+            OverheadCall::SetLimit { limit, value } => self.set_limit(cuda, nvml, call, limit, value),
+            OverheadCall::Load {
+                library: false,
+                out,
+                footprint,
+            } => {
+                let Ok(mut c) = self.creating(cuda, nvml, Creation::Module) else {
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                };
+                let r = c.call(call);
+                let Some(m) = r.ok().then(out).flatten() else {
+                    return r;
+                };
+                self.image_loaded(m, false, footprint());
+                if c.created(m).is_err() {
+                    // SAFETY: unloading the module the driver just loaded for this call.
+                    if unsafe { cuda.cuModuleUnload(m as CUmodule) }.ok() {
+                        self.module_unloaded(cuda, nvml, m);
+                    }
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+                r
+            }
+            OverheadCall::Load {
+                library: true,
+                out,
+                footprint,
+            } => {
+                let r = call();
+                let Some(l) = r.ok().then(out).flatten() else {
+                    return r;
+                };
+                self.image_loaded(l, true, footprint());
+                if self.library_loaded(nvml).is_err() {
+                    // SAFETY: unloading the library the driver just loaded for this call.
+                    if unsafe { cuda.cuLibraryUnload(l as CUlibrary) }.ok() {
+                        self.library_unloaded(nvml, l);
+                    }
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+                r
+            }
+            OverheadCall::Unload { library, handle } => {
+                let r = call();
+                if r.ok() && library {
+                    self.library_unloaded(nvml, handle);
+                } else if r.ok() {
+                    self.module_unloaded(cuda, nvml, handle);
+                }
+                r
+            }
+        }
+    }
+
     /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
-    pub(crate) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
+    pub(super) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
         self.holdings
             .primary
             .get(ordinal as usize)
@@ -477,14 +611,9 @@ impl Memory {
         self.measure(nvml, d, true)
     }
 
-    /// Context `ctx` is about to be destroyed: its device, for [`Memory::context_destroyed`].
-    pub(crate) fn context_destroying(&self, ctx: usize) -> Option<CUdevice> {
-        self.holdings.owners.lock().remove(&ctx)
-    }
-
     /// The destroy of `ctx` (owned by `owner`) returned: on success uncount it and re-measure; on failure it
     /// still lives.
-    pub(crate) fn context_destroyed(
+    fn context_destroyed(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -554,7 +683,7 @@ impl Memory {
     }
 
     /// The primary context of `ordinal` was released (`reset`: reset, our count drops to zero).
-    pub(crate) fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
+    fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
         // A reset (or the last release) unloads the context's code and stacks; the same handles may follow.
         self.first_use.forget_all();
         if let Some(c) = self.holdings.primary.get(ordinal as usize) {
@@ -575,7 +704,7 @@ impl Memory {
     /// over it, the driver not asked) by an estimate where the size is known (stack, FIFO, heap; the others' cost
     /// per unit is the driver's own, so nothing), then the overhead is re-measured: a raised limit whose
     /// reservation does not fit is set back and refused. Any limit this list does not know is treated so too.
-    pub(crate) fn set_limit(
+    fn set_limit(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -739,7 +868,7 @@ impl Memory {
     }
 
     /// Module `module` (a library's, which no load hook saw) lives on `dev`; `library`: the library it is of.
-    pub(crate) fn module_on(&self, module: usize, dev: Dev, library: usize) {
+    pub(super) fn module_on(&self, module: usize, dev: Dev, library: usize) {
         self.holdings.owners.lock().insert(module, dev.ordinal);
         let img = self.holdings.images.lock().get(&library).copied();
         if let Some(i) = img {
@@ -750,7 +879,7 @@ impl Memory {
     /// A module (`library` false) or library was loaded from an image whose footprint is `bytes`
     /// (`memory::image`; `None`: unknown). A library is loaded into each context at its first use there: its
     /// module's own cost is part of what that first use takes.
-    pub(crate) fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
+    fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
         let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
         self.holdings
             .images
@@ -764,7 +893,7 @@ impl Memory {
     }
 
     /// Module `module` was unloaded.
-    pub(crate) fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
+    fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
         decrement(&self.holdings.modules);
         self.holdings.image_gone(module);
         self.first_use.forget_all();
@@ -776,7 +905,7 @@ impl Memory {
 
     /// A library was loaded (context-independent: every device is re-measured). `Err`: over the cap (the
     /// caller unloads it).
-    pub(crate) fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
+    fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
         self.holdings.modules.fetch_add(1, Ordering::Relaxed);
         self.first_use.arm();
         self.retry_host_pid(nvml);
@@ -784,7 +913,7 @@ impl Memory {
     }
 
     /// A library was unloaded.
-    pub(crate) fn library_unloaded(&self, nvml: &Nvml, library: usize) {
+    fn library_unloaded(&self, nvml: &Nvml, library: usize) {
         decrement(&self.holdings.modules);
         self.holdings.image_gone(library);
         self.first_use.forget_all();

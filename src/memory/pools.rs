@@ -1,5 +1,5 @@
-//! Memory that stream-ordered pools hold (charged by `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`). The devices'
-//! graph pools: `graphs`.
+//! Memory that stream-ordered pools hold (charged by `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`). Hooks call one
+//! door, [`Memory::pool`] ([`PoolCall`] says which call). The devices' graph pools: `graphs`.
 
 use super::{ledger, Memory};
 use crate::devices::Dev;
@@ -73,7 +73,153 @@ impl PoolState {
     }
 }
 
+/// A stream-ordered pool call [`Memory::pool`] wraps, its arguments decoded.
+pub(crate) enum PoolCall<'a> {
+    /// `cuMemAllocAsync` (`pool` = `None`: the device's current pool) or `cuMemAllocFromPoolAsync` of `bytes`;
+    /// `stream_dev`: the device of the stream; `out` reads the address written once the call succeeded.
+    Alloc {
+        pool: Option<usize>,
+        bytes: u64,
+        stream_dev: &'a dyn Fn() -> Option<Dev>,
+        out: &'a dyn Fn() -> u64,
+    },
+    /// `cuMemPoolCreate` of a pool on `on` (`Some(None)`: a host pool; `None`: a device without an accounting
+    /// identity, left unknown so that its allocations are refused while limits apply); `out` reads the pool.
+    Create {
+        on: Option<Option<Dev>>,
+        out: &'a dyn Fn() -> Option<usize>,
+    },
+    /// `cuMemPoolTrimTo`.
+    Trim(usize),
+    /// `cuMemPoolDestroy`.
+    Destroy(usize),
+    /// `cuCtxSynchronize` of `dev()`'s context (`stream` = `None`) or `cuStreamSynchronize` of a stream (its
+    /// key) on `dev()`.
+    Synchronize {
+        dev: &'a dyn Fn() -> Option<Dev>,
+        stream: Option<usize>,
+    },
+}
+
 impl Memory {
+    /// `call`, the pool call `what` describes, with what memory keeps of pools: an allocation is admitted as
+    /// [`Memory::pool_alloc`] says (`CUDA_ERROR_OUT_OF_MEMORY`, the driver not called, when it does not fit); a
+    /// trim re-reads the pool's reserved size; a destroy gives its charge back once its allocations are freed;
+    /// a synchronisation lets destroyed pools whose frees it waited for go.
+    pub(crate) fn pool(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        what: PoolCall<'_>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        match what {
+            PoolCall::Alloc {
+                pool,
+                bytes,
+                stream_dev,
+                out,
+            } => self.pool_alloc_async(cuda, nvml, pool, bytes, stream_dev, out, call),
+            PoolCall::Create { on, out } => {
+                let r = call();
+                if let (true, Some(on)) = (r.ok(), on) {
+                    if let Some(pool) = out() {
+                        self.track_pool(pool, on);
+                    }
+                }
+                r
+            }
+            PoolCall::Trim(pool) => {
+                let r = call();
+                if r.ok() {
+                    self.refresh_pool(cuda, pool);
+                }
+                r
+            }
+            PoolCall::Destroy(pool) => {
+                // Its reserve as it is now: memory the destroyed pool may hold until frees run in stream order.
+                self.refresh_pool(cuda, pool);
+                let r = call();
+                if r.ok() {
+                    self.destroy_pool(pool);
+                }
+                r
+            }
+            PoolCall::Synchronize { dev, stream } => {
+                let Some(start) = self.sync_starts() else {
+                    return call();
+                };
+                let r = call();
+                if let Some(dev) = dev().filter(|_| r.ok()) {
+                    self.synchronized(dev, start, stream);
+                }
+                r
+            }
+        }
+    }
+
+    /// [`PoolCall::Alloc`]: the pool's device (a pool we did not see created: the device whose default or
+    /// current pool it is, else the stream's), then [`Memory::pool_alloc`]. A host pool's allocation is not
+    /// device memory; one whose device has no accounting identity is `untracked`; one from a current pool the
+    /// driver will not name is charged as a plain allocation.
+    #[allow(clippy::too_many_arguments)]
+    fn pool_alloc_async(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        pool: Option<usize>,
+        bytes: u64,
+        stream_dev: &dyn Fn() -> Option<Dev>,
+        out: &dyn Fn() -> u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let (dev, pool) = match pool {
+            Some(pool) => match self.pool_device(pool) {
+                Some(Some(dev)) => (dev, pool),
+                Some(None) => return call(), // a host pool: not device memory
+                None => match self.pool_owner(cuda, pool).or_else(stream_dev) {
+                    Some(dev) => (dev, pool),
+                    None => return self.untracked(call),
+                },
+            },
+            None => {
+                let Some(dev) = stream_dev() else {
+                    return self.untracked(call);
+                };
+                let mut pool: CUmemoryPool = std::ptr::null_mut();
+                // SAFETY: valid out-pointer.
+                if !unsafe { cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
+                    // Cannot see the pool: account it as a plain allocation instead.
+                    let est = self.devices.round(cuda, dev, bytes);
+                    return self.charged_call(cuda, nvml, dev, est, call, || {
+                        Some((ledger::Space::Pointer, out(), None))
+                    });
+                }
+                (dev, pool as usize)
+            }
+        };
+        self.pool_alloc(cuda, nvml, dev, pool, bytes, call, out)
+    }
+
+    /// The device whose default or current pool `pool` is (a pool this process did not create: from
+    /// `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool` of any device, which may serve allocations on another
+    /// device's stream): remembered for the pool. The stream's device would charge the wrong one.
+    fn pool_owner(&self, cuda: &CudaTable, pool: usize) -> Option<Dev> {
+        let owns = |d: Dev| {
+            let (mut dflt, mut cur): (CUmemoryPool, CUmemoryPool) =
+                (std::ptr::null_mut(), std::ptr::null_mut());
+            // SAFETY: valid out-pointers.
+            unsafe {
+                (cuda.cuDeviceGetDefaultMemPool(&mut dflt, d.ordinal).ok() && dflt as usize == pool)
+                    || (cuda.cuDeviceGetMemPool(&mut cur, d.ordinal).ok() && cur as usize == pool)
+            }
+        };
+        let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
+        let dev = devs.into_iter().find(|&d| owns(d))?;
+        self.track_pool(pool, Some(dev));
+        Some(dev)
+    }
+
     /// A pool allocation of `bytes` from `pool` on `dev` through `call`, which writes the address `out()` reads.
     /// The pool may grow by the whole (rounded) request, so that is what is reserved in the ledger before the
     /// driver is called: no moment exists when the pool holds more than the container was admitted. Only when
@@ -81,7 +227,7 @@ impl Memory {
     /// can serve it, is it admitted with what the unused reserve cannot cover (usually nothing). Afterwards the
     /// charge settles to the pool's real `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) fn pool_alloc(
+    fn pool_alloc(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -89,7 +235,7 @@ impl Memory {
         pool: usize,
         bytes: u64,
         call: impl FnOnce() -> CUresult,
-        out: impl FnOnce() -> u64,
+        out: &dyn Fn() -> u64,
     ) -> CUresult {
         let key = pool;
         let len = self.devices.round(cuda, dev, bytes);
@@ -146,7 +292,7 @@ impl Memory {
     }
 
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
-    pub(crate) fn track_pool(&self, pool: usize, dev: Option<Dev>) {
+    pub(super) fn track_pool(&self, pool: usize, dev: Option<Dev>) {
         self.any_pool.store(true, Ordering::Relaxed);
         self.pools.lock().entry(pool).or_insert(PoolState {
             dev,
@@ -161,12 +307,12 @@ impl Memory {
     }
 
     /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
-    pub(crate) fn pool_device(&self, pool: usize) -> Option<Option<Dev>> {
+    fn pool_device(&self, pool: usize) -> Option<Option<Dev>> {
         self.pools.lock().get(&pool).map(|p| p.dev)
     }
 
     /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
-    pub(crate) fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
+    pub(super) fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
         let mut pools = self.pools.lock();
         if let Some(p) = pools.get_mut(&pool) {
             self.refresh_locked(cuda, pool, p);
@@ -366,7 +512,7 @@ impl Memory {
             self.release_destroyed_locked(&mut pools);
         }
         self.refresh_pools_of(cuda, dev.id);
-        if self.graph.charged.lock().contains_key(&dev.ordinal) {
+        if self.graph.charges(dev) {
             self.refresh_graph(cuda, dev);
         }
     }
@@ -423,7 +569,7 @@ impl Memory {
     /// in stream order, its charge goes back; otherwise the pool lives on (cuda.h: its resources go back once no
     /// allocation is outstanding and its frees have run), keyed [`DESTROYED`] | n with its allocations, charged
     /// whole until then.
-    pub(crate) fn destroy_pool(&self, pool: usize) {
+    fn destroy_pool(&self, pool: usize) {
         let key = DESTROYED | NEXT_DESTROYED.fetch_add(1, Ordering::Relaxed);
         {
             // In place before the records are re-keyed, so a free racing this counts down here.
@@ -557,7 +703,7 @@ impl Memory {
 
     /// A synchronisation is about to start: its epoch, for [`Memory::synchronized`] (`None`: no pool
     /// allocation was ever freed in stream order, nothing to do).
-    pub(crate) fn sync_starts(&self) -> Option<u64> {
+    fn sync_starts(&self) -> Option<u64> {
         ANY_AWAITING
             .load(Ordering::Acquire)
             .then(|| SYNC_EPOCH.fetch_add(1, Ordering::AcqRel))
@@ -565,7 +711,7 @@ impl Memory {
 
     /// A synchronisation of `dev`'s context (`stream` = `None`) or of one stream (its key) that started at
     /// epoch `start` returned: the frees enqueued there before it have run.
-    pub(crate) fn synchronized(&self, dev: Dev, start: u64, stream: Option<usize>) {
+    fn synchronized(&self, dev: Dev, start: u64, stream: Option<usize>) {
         let mut pools = self.pools.lock();
         for (_, p) in pools
             .iter_mut()

@@ -103,6 +103,25 @@ mod tests {
         fn device_count(&self) -> Result<i32, CUresult> {
             Ok(1)
         }
+        // No graphs here.
+        fn graph_nodes(&self, _: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn node_type(&self, _: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn child_graph(&self, _: CUgraphNode) -> Result<CUgraph, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn alloc_node(&self, _: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn kernel_node(&self, _: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn graph_mem_attribute(&self, _: CUdevice, _: CUgraphMem_attribute) -> Result<u64, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
     }
 
     const H100: Fake = Fake {

@@ -1,6 +1,7 @@
 //! Virtual memory management (create, map, unmap, release; sparse-array and multicast bindings): a handle's
 //! charge lasts until its memory is really gone, every reference released and every mapping or binding undone.
-//! The references and mappings are `vmm::VmmLives`'s; this is the interface the hooks call around the driver.
+//! The references and mappings are `vmm::VmmLives`'s; [`Memory::vmm`] is the one door hooks call around the
+//! driver ([`VmmCall`] says which call).
 
 use super::ledger::{Record, Space};
 use super::shared::Hold;
@@ -11,21 +12,131 @@ use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 
+/// A VMM call [`Memory::vmm`] wraps, its arguments decoded. `out` reads the handle the call wrote, once it
+/// succeeded (`None`: no handle written).
+pub(crate) enum VmmCall<'a> {
+    /// `cuMemCreate` of `size` bytes on `dev`.
+    Create {
+        dev: Dev,
+        size: u64,
+        out: &'a dyn Fn() -> Option<u64>,
+    },
+    /// `cuMemRetainAllocationHandle`: one more reference to release.
+    Retain { out: &'a dyn Fn() -> Option<u64> },
+    /// `cuMemRelease` of a handle.
+    Release(u64),
+    /// `cuMemMap` of the bytes `within` `handle`'s allocation at `ptr`.
+    Map {
+        ptr: u64,
+        within: std::ops::Range<u64>,
+        handle: u64,
+    },
+    /// `cuMemUnmap` of `size` bytes at `ptr`.
+    Unmap { ptr: u64, size: u64 },
+    /// `cuMemExportToShareableHandle` of `handle`, the shareable handle keyed `key()` (`None`: a type the shim
+    /// cannot identify); `undo` closes what the driver made when the export is refused.
+    Export {
+        handle: u64,
+        key: &'a dyn Fn() -> Option<u64>,
+        undo: &'a dyn Fn(),
+    },
+    /// `cuMemImportFromShareableHandle` of the shareable handle keyed `key`.
+    Import {
+        out: &'a dyn Fn() -> Option<u64>,
+        key: Option<u64>,
+    },
+    /// `cuMemMapArrayAsync` of `maps` (tile key, handle) and `unmaps` (tile keys).
+    MapArray {
+        maps: &'a [(BindKey, u64)],
+        unmaps: &'a [BindKey],
+    },
+    /// `cuArrayDestroy` (`cuMipmappedArrayDestroy`: `mipmapped`) of `h`.
+    ArrayDestroy { h: u64, mipmapped: bool },
+    /// `cuMulticastCreate`.
+    MulticastCreate { out: &'a dyn Fn() -> Option<u64> },
+    /// `cuMulticastBindMem` (`mem`) / `cuMulticastBindAddr` (the handle mapped at `memptr`), bound under
+    /// `key(its device)`.
+    MulticastBind {
+        mem: Option<u64>,
+        memptr: u64,
+        key: &'a dyn Fn(CUdevice) -> BindKey,
+    },
+    /// `cuMulticastUnbind` of the binding `key`.
+    MulticastUnbind(BindKey),
+}
+
 impl Memory {
+    /// `call`, the VMM call `what` describes, with what memory follows of VMM handles: a handle's charge lasts
+    /// until its memory is really gone (every reference released, every mapping or binding undone); an export
+    /// moves it into the container's shared table, an import joins it or is charged from its first mapping.
+    /// `CUDA_ERROR_OUT_OF_MEMORY` (driver not called) when a charge does not fit.
+    pub(crate) fn vmm(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        what: VmmCall<'_>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let made = |out: &dyn Fn() -> Option<u64>, r: CUresult| if r.ok() { out() } else { None };
+        match what {
+            VmmCall::Create { dev, size, out } => self.vmm_create(cuda, nvml, dev, size, call, out),
+            VmmCall::Retain { out } => {
+                let r = call();
+                if let Some(h) = made(out, r) {
+                    self.vmm.retained(h);
+                }
+                r
+            }
+            VmmCall::Release(h) => self.vmm_release(cuda, h, call),
+            VmmCall::Map { ptr, within, handle } => self.vmm_map(cuda, nvml, ptr, within, handle, call),
+            VmmCall::Unmap { ptr, size } => {
+                let u = self.vmm.unmap(ptr, size);
+                self.unmapping(cuda, u, call)
+            }
+            VmmCall::Export { handle, key, undo } => self.exported_handle(call(), handle, key, undo),
+            VmmCall::Import { out, key } => {
+                let r = call();
+                if let Some(h) = made(out, r) {
+                    self.imported_handle(h, key);
+                }
+                r
+            }
+            VmmCall::MapArray { maps, unmaps } => self.map_array(cuda, maps, unmaps, call),
+            VmmCall::ArrayDestroy { h, mipmapped } => {
+                let space = if mipmapped { Space::Mipmapped } else { Space::Array };
+                self.array_destroy(cuda, space, h, call)
+            }
+            VmmCall::MulticastCreate { out } => {
+                let r = call();
+                if let Some(mc) = made(out, r) {
+                    self.vmm.multicast_created(mc);
+                }
+                r
+            }
+            VmmCall::MulticastBind { mem, memptr, key } => {
+                self.multicast_bound(cuda, call(), mem, memptr, key)
+            }
+            VmmCall::MulticastUnbind(key) => {
+                let u = self.vmm.unbind(|k| *k == key);
+                self.unmapping(cuda, u, call)
+            }
+        }
+    }
+
     /// `cuMemCreate` of `size` bytes on `dev` through `call`, which writes the handle `out()` reads.
-    pub(crate) fn vmm_create(
+    fn vmm_create(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
         dev: Dev,
         size: u64,
         call: impl FnOnce() -> CUresult,
-        out: impl FnOnce() -> u64,
+        out: &dyn Fn() -> Option<u64>,
     ) -> CUresult {
         let est = self.devices.round(cuda, dev, size);
         let mut created = None;
         let r = self.charged_call(cuda, nvml, dev, est, call, || {
-            let h = out();
+            let h = out()?;
             created = Some(h);
             Some((Space::Vmm, h, None))
         });
@@ -37,12 +148,7 @@ impl Memory {
 
     /// `cuMemRelease` of `handle` through `call`: one reference fewer; the charge goes with the last one of an
     /// unmapped allocation (a multicast object's bindings with its own).
-    pub(crate) fn vmm_release(
-        &self,
-        cuda: &CudaTable,
-        handle: u64,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
+    fn vmm_release(&self, cuda: &CudaTable, handle: u64, call: impl FnOnce() -> CUresult) -> CUresult {
         match self.vmm.release(handle) {
             Release::Untracked => self.free(cuda, Space::Vmm, handle, None, call),
             Release::Last => {
@@ -72,15 +178,10 @@ impl Memory {
         }
     }
 
-    /// `cuMemRetainAllocationHandle` returned `h`: one more reference to release.
-    pub(crate) fn vmm_retained(&self, h: u64) {
-        self.vmm.retained(h);
-    }
-
     /// `cuMemMap` of the bytes `within` `handle`'s allocation at `ptr` through `call`: a mapping keeps its allocation (and its charge) alive. Memory imported from another
     /// container is charged to this process up to the furthest byte any of its mappings reached (no size is
     /// known before: fail closed from here on).
-    pub(crate) fn vmm_map(
+    fn vmm_map(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -131,19 +232,6 @@ impl Memory {
             self.shared.vmm_imported(handle, Some(hold));
         }
         r
-    }
-
-    /// `cuMemUnmap` of `size` bytes at `ptr` through `call`: the last mapping of a released allocation takes
-    /// its charge with it.
-    pub(crate) fn vmm_unmap(
-        &self,
-        cuda: &CudaTable,
-        ptr: u64,
-        size: u64,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        let u = self.vmm.unmap(ptr, size);
-        self.unmapping(cuda, u, call)
     }
 
     /// Runs `call`, which undoes the mappings or bindings `u` took: the memory that goes with them stops being
@@ -205,7 +293,7 @@ impl Memory {
     /// while bound); an unmap lets go of it. cuda.h does not promise a failed list changed nothing: on failure
     /// its maps stay charged as bound and its unmaps as not undone (fail closed, until an unmap of the same
     /// tile or the array's destruction).
-    pub(crate) fn map_array(
+    fn map_array(
         &self,
         cuda: &CudaTable,
         maps: &[(BindKey, u64)],
@@ -224,22 +312,16 @@ impl Memory {
         r
     }
 
-    /// `cuMulticastCreate` made `mc`: its references and mappings are followed as a VMM handle's, so that its
-    /// last release lets go of what is bound to it.
-    pub(crate) fn multicast_created(&self, mc: u64) {
-        self.vmm.multicast_created(mc);
-    }
-
     /// `cuMulticastBindMem` / `cuMulticastBindAddr` returned `r`, binding `mem` (or the handle this process
     /// mapped at `memptr`) under `key(its device)`: the bound memory stays charged while bound, its handle
     /// released or not.
-    pub(crate) fn multicast_bound(
+    fn multicast_bound(
         &self,
         cuda: &CudaTable,
         r: CUresult,
         mem: Option<u64>,
         memptr: u64,
-        key: impl FnOnce(CUdevice) -> BindKey,
+        key: &dyn Fn(CUdevice) -> BindKey,
     ) -> CUresult {
         if !r.ok() {
             return r;
@@ -257,21 +339,9 @@ impl Memory {
         r
     }
 
-    /// `cuMulticastUnbind` through `call` of the binding `key` (cuda.h: offset and size must match the bind's;
-    /// the driver unbinds nothing else).
-    pub(crate) fn multicast_unbind(
-        &self,
-        cuda: &CudaTable,
-        key: BindKey,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        let u = self.vmm.unbind(|k| *k == key);
-        self.unmapping(cuda, u, call)
-    }
-
     /// `cuArrayDestroy` / `cuMipmappedArrayDestroy` of `h` through `call`: what was bound to a sparse array's
     /// tiles goes with it.
-    pub(crate) fn array_destroy(
+    fn array_destroy(
         &self,
         cuda: &CudaTable,
         space: Space,

@@ -93,8 +93,8 @@ impl Gpu for Driver<'_> {
     fn probe_started(&self, p: u64) -> Option<bool> {
         self.probes.and_then(|pr| pr.probe_started(p))
     }
-    fn others_busy_pm(&self, dev: usize) -> Option<u64> {
-        self.util.others_pm(self.nvml, self.devices, dev)
+    fn device_use(&self, dev: usize) -> Option<burst::DeviceUse> {
+        self.util.device_use(self.nvml, self.devices, dev)
     }
     fn measures(&self, dev: usize, now: u64) -> bool {
         self.probes.is_some_and(|p| p.usable(dev, now))

@@ -1,4 +1,4 @@
-//! NVML's per-process utilisation since the last sample: other containers' use of a device, for the burst
+//! NVML's per-process utilisation since the last sample: other containers' and all processes' use of a device, for the burst
 //! controller (summed over the processes that are not members of this container's usage region), this
 //! process's own device time, for degraded mode (no events to measure launches with), and both this process's
 //! and every other process's, for the correction of a shared device's charge (`Engine::share_correct`).
@@ -12,7 +12,7 @@
 //! and reading it as "used nothing" would give back everything it was charged.
 
 use super::bucket::FULL_RATE;
-use super::burst;
+use super::burst::{self, DeviceUse};
 use crate::devices::Devices;
 use crate::driver::nvml::Nvml;
 use crate::ffi::nvml::{nvmlProcessUtilizationSample_t, nvmlReturn_t};
@@ -88,9 +88,9 @@ impl Util {
         (h != 1).then_some(h as *mut c_void)
     }
 
-    /// Per-mille of usage entry `entry`'s device that processes outside this container used since the previous
-    /// call for it (about `burst::SAMPLE_NS`); `None` when NVML cannot tell.
-    pub(crate) fn others_pm(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<u64> {
+    /// Per-mille of usage entry `entry`'s device that processes outside this container, and all processes, used
+    /// since the previous call for it (about `burst::SAMPLE_NS`); `None` when NVML cannot tell.
+    pub(crate) fn device_use(&self, nvml: &Nvml, devices: &Devices, entry: usize) -> Option<DeviceUse> {
         let t = nvml.ready()?;
         let h = self.handle(nvml, devices, entry)?;
         let now = realtime_us();
@@ -106,7 +106,7 @@ impl Util {
         // slot forged with a neighbour's host pid must not drop that neighbour out of "others". Our own pid only
         // when proven (in a pid namespace our pid may be a neighbour's host pid).
         let own = [self.nvml_pid(devices).unwrap_or(0)];
-        others_of(r, &buf, |pid| devices.is_member(pid, &own))
+        use_of(r, &buf, |pid| devices.is_member(pid, &own))
     }
 
     /// NVML's samples for usage entry `entry`'s device since the CLOCK_REALTIME µs `seen` holds (swapped for
@@ -233,23 +233,26 @@ fn in_initial_pid_namespace() -> bool {
     f.metadata().is_ok_and(|m| m.ino() == PROC_PID_INIT_INO)
 }
 
-/// [`Util::others_pm`] from NVML's answer: each pid's samples averaged, summed over the pids that are not
-/// `member`s. Any error is unknown, `NVML_ERROR_NOT_FOUND` ("no samples") too: a process can make its own NVML
-/// answer that, and read as "nobody ran" it handed a burst container the whole device beside a busy neighbour.
-fn others_of(
+/// [`Util::device_use`] from NVML's answer: each pid's samples averaged, summed over the pids that are not
+/// `member`s and over all. Any error is unknown, `NVML_ERROR_NOT_FOUND` ("no samples") too: a process can make its
+/// own NVML answer that, and read as "nobody ran" it handed a burst container the whole device beside a busy
+/// neighbour.
+fn use_of(
     r: nvmlReturn_t,
     samples: &[nvmlProcessUtilizationSample_t],
     member: impl Fn(u32) -> bool,
-) -> Option<u64> {
+) -> Option<DeviceUse> {
     if !r.ok() {
         return None;
     }
-    let others: u64 = per_pid(samples)
-        .iter()
-        .filter(|(pid, _, _)| !member(*pid))
-        .map(|(_, sum, k)| sum * 10 / k)
-        .sum();
-    Some(others.min(FULL_RATE))
+    let per = per_pid(samples);
+    let pm = |&(_, sum, k): &(u32, u64, u64)| sum * 10 / k;
+    let others: u64 = per.iter().filter(|(pid, _, _)| !member(*pid)).map(pm).sum();
+    let all: u64 = per.iter().map(pm).sum();
+    Some(DeviceUse {
+        others: others.min(FULL_RATE),
+        all: all.min(FULL_RATE),
+    })
 }
 
 /// [`Util::occupancy`] from each pid's (pid, sum of %, samples) over a window of `span_ns`.
@@ -285,11 +288,13 @@ mod tests {
     fn others_are_the_non_members_samples_and_no_samples_is_unknown() {
         // The control: pid 9 (not a member) at 70 % and 50 % averages 60 %; member 7 is left out.
         let s = [sample(7, 30), sample(9, 70), sample(9, 50)];
-        assert_eq!(others_of(nvmlReturn_t::SUCCESS, &s, |p| p == 7), Some(600));
-        assert_eq!(others_of(nvmlReturn_t::SUCCESS, &[], |_| false), Some(0));
+        // The device's use counts every pid: 30 % + 60 %.
+        let u = |others, all| Some(DeviceUse { others, all });
+        assert_eq!(use_of(nvmlReturn_t::SUCCESS, &s, |p| p == 7), u(600, 900));
+        assert_eq!(use_of(nvmlReturn_t::SUCCESS, &[], |_| false), u(0, 0));
         // NOT_FOUND ("no samples") is unknown, as any error: never "nobody else ran".
-        assert_eq!(others_of(nvmlReturn_t::ERROR_NOT_FOUND, &[], |_| false), None);
-        assert_eq!(others_of(nvmlReturn_t::ERROR_UNKNOWN, &s, |_| false), None);
+        assert_eq!(use_of(nvmlReturn_t::ERROR_NOT_FOUND, &[], |_| false), None);
+        assert_eq!(use_of(nvmlReturn_t::ERROR_UNKNOWN, &s, |_| false), None);
     }
 
     /// A fake NVML with `have` samples (pid i, 1 %): NVML's size protocol.
@@ -317,11 +322,11 @@ mod tests {
         let (r, v) = samples(fake(300));
         assert_eq!((r, v.len()), (nvmlReturn_t::SUCCESS, 300));
         // pid 300, the last sample, counts: 1 % = 10 per-mille.
-        assert_eq!(others_of(r, &v, |p| p != 300), Some(10));
+        assert_eq!(use_of(r, &v, |p| p != 300).map(|u| u.others), Some(10));
         // More than the bound: unknown, never a partial list.
         let (r, v) = samples(fake(MAX_SAMPLES + 1));
         assert_eq!((r, v.len()), (nvmlReturn_t::ERROR_INSUFFICIENT_SIZE, 0));
-        assert_eq!(others_of(r, &v, |_| false), None);
+        assert_eq!(use_of(r, &v, |_| false), None);
     }
 
     #[test]

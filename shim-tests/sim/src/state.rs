@@ -13,7 +13,7 @@ use crate::config::{DeviceConfig, SimConfig, MAX_DEVICES};
 
 /// Bumped whenever the layout below changes; a file with another version is refused. 3: slot liveness locks;
 /// 4: IPC memory exports; 8: copy engines.
-const LAYOUT_VERSION: u64 = 9;
+const LAYOUT_VERSION: u64 = 10;
 const MAGIC: u64 = u64::from_le_bytes(*b"CUDASIM\0");
 /// Most processes that can use one state file at a time.
 pub(crate) const MAX_PROCS: usize = 1024;
@@ -60,8 +60,9 @@ pub(crate) struct Interval {
     pub end: AtomicU64,
 }
 
-/// Slices the time-slicing model keeps ahead per device.
-pub(crate) const MAX_SLICES: usize = 64;
+/// Slices the time-slicing model keeps ahead per device: a process's run with nobody else queued is one entry,
+/// so this bounds only interleaved work (about 1 s of two busy processes' queues at a 2 ms quantum).
+pub(crate) const MAX_SLICES: usize = 1024;
 /// Shifts remembered per device (a process that has not looked for longer misses the oldest).
 pub(crate) const SHIFTS: usize = 8192;
 

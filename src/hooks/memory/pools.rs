@@ -1,12 +1,17 @@
 //! Stream-ordered allocation (`cuMemAllocAsync`, pools, their export and import) and the synchronisations
-//! that let destroyed pools go: decoded here, accounted by `crate::memory::pools`.
+//! that let destroyed pools go: decoded here, accounted by `Memory::pool`.
 
 use super::{export_pointer, hold_import, stream_key};
 use crate::devices::Dev;
 use crate::driver::cuda::in_context;
 use crate::ffi::cuda::*;
-use crate::memory::{shared_key, Space};
+use crate::memory::{shared_key, PoolCall};
 use crate::state::Shim;
+
+/// A pool call `what` through `call`.
+fn pool(s: &Shim, what: PoolCall<'_>, call: impl FnOnce() -> CUresult) -> CUresult {
+    s.mem.pool(&s.cuda, &s.nvml, what, call)
+}
 
 /// Which device a stream belongs to: `cuStreamGetDevice` (CUDA 12.8+; its `_ptsz` form when the NULL stream
 /// means the per-thread one), else the current context's device.
@@ -40,53 +45,16 @@ pub(crate) unsafe fn alloc_async(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    // SAFETY: written by the driver on success.
+    // SAFETY: written by the driver on success (read only then).
     let out = || unsafe { *dptr };
-    let (dev, pool) = match pool {
-        Some(pool) => match s.mem.pool_device(pool as usize) {
-            Some(Some(dev)) => (dev, pool),
-            Some(None) => return call(), // a host pool: not device memory
-            None => match pool_owner(s, pool).or_else(|| stream_device(s, stream, ds)) {
-                Some(dev) => (dev, pool),
-                None => return s.mem.untracked(call),
-            },
-        },
-        None => {
-            let Some(dev) = stream_device(s, stream, ds) else {
-                return s.mem.untracked(call);
-            };
-            let mut pool: CUmemoryPool = std::ptr::null_mut();
-            // SAFETY: valid out-pointer.
-            if !unsafe { s.cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
-                // Cannot see the pool: account it as a plain allocation instead.
-                let est = s.devices.round(&s.cuda, dev, bytesize as u64);
-                return s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
-                    Some((Space::Pointer, out(), None))
-                });
-            }
-            (dev, pool)
-        }
+    let stream_dev = || stream_device(s, stream, ds);
+    let alloc = PoolCall::Alloc {
+        pool: pool.map(|p| p as usize),
+        bytes: bytesize as u64,
+        stream_dev: &stream_dev,
+        out: &out,
     };
-    s.mem
-        .pool_alloc(&s.cuda, &s.nvml, dev, pool as usize, bytesize as u64, call, out)
-}
-
-/// The device whose default or current pool `pool` is (a pool this process did not create: from
-/// `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool` of any device, which may serve allocations on another
-/// device's stream): remembered for the pool. The stream's device would charge the wrong one.
-fn pool_owner(s: &Shim, pool: CUmemoryPool) -> Option<Dev> {
-    let owns = |d: Dev| {
-        let (mut dflt, mut cur): (CUmemoryPool, CUmemoryPool) = (std::ptr::null_mut(), std::ptr::null_mut());
-        // SAFETY: valid out-pointers.
-        unsafe {
-            (s.cuda.cuDeviceGetDefaultMemPool(&mut dflt, d.ordinal).ok() && dflt == pool)
-                || (s.cuda.cuDeviceGetMemPool(&mut cur, d.ordinal).ok() && cur == pool)
-        }
-    };
-    let devs: Vec<Dev> = s.devices.known().map(|(d, _)| d).collect();
-    let dev = devs.into_iter().find(|&d| owns(d))?;
-    s.mem.track_pool(pool as usize, Some(dev));
-    Some(dev)
+    self::pool(s, alloc, call)
 }
 
 /// `cuMemPoolCreate`: remembers the pool's device (or that it is a host pool).
@@ -99,55 +67,39 @@ pub(crate) unsafe fn pool_create(
     pool: *mut CUmemoryPool,
     poolProps: *const CUmemPoolProps,
 ) -> CUresult {
-    let r = call();
-    if r.ok() && !pool.is_null() && !poolProps.is_null() {
-        // SAFETY: both valid (the driver just used them).
-        let (p, loc) = unsafe { (*pool, (*poolProps).location) };
-        if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
-            s.mem.track_pool(p as usize, None); // a host pool
-        } else if let Some(dev) = s.devices.device(&s.cuda, loc.id) {
-            s.mem.track_pool(p as usize, Some(dev));
-        }
+    if poolProps.is_null() {
+        return call();
+    }
+    // SAFETY: non-NULL, the caller's properties (the driver reads them too).
+    let loc = unsafe { (*poolProps).location };
+    let on = if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+        Some(None) // a host pool
+    } else {
         // A device pool whose device has no accounting identity stays unknown: its allocations then go through
         // `untracked` (refused while limits apply), never through the host-pool pass-through.
-    }
-    r
+        s.devices.device(&s.cuda, loc.id).map(Some)
+    };
+    // SAFETY: non-NULL, written by the driver on success (read only then).
+    let out = || (!pool.is_null()).then(|| unsafe { *pool } as usize);
+    self::pool(s, PoolCall::Create { on, out: &out }, call)
 }
 
 /// `cuMemPoolTrimTo`: re-reads the pool's reserved size afterwards.
 pub(crate) fn pool_trim(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
-    let r = call();
-    if r.ok() {
-        s.mem.refresh_pool(&s.cuda, pool as usize);
-    }
-    r
+    self::pool(s, PoolCall::Trim(pool as usize), call)
 }
 
 /// `cuMemPoolDestroy`: gives the pool's charge back, or, while allocations of it are still out (cuda.h keeps
 /// them valid and the pool's resources until the last is freed), when the last of them is freed.
 pub(crate) fn pool_destroy(s: &Shim, call: impl FnOnce() -> CUresult, pool: CUmemoryPool) -> CUresult {
-    // Its reserve as it is now: memory the destroyed pool may hold until frees run in stream order.
-    s.mem.refresh_pool(&s.cuda, pool as usize);
-    let r = call();
-    if r.ok() {
-        s.mem.destroy_pool(pool as usize);
-    }
-    r
+    self::pool(s, PoolCall::Destroy(pool as usize), call)
 }
 
 /// `cuCtxSynchronize` (`ctx` = `None`: the current context) and `cuCtxSynchronize_v2`: once it returns, every
 /// free enqueued on the context's device before it started has run, so destroyed pools waiting on such frees
 /// give their charge back.
 pub(crate) fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Option<CUcontext>) -> CUresult {
-    let call = || synced(s, call());
-    let Some(start) = s.mem.sync_starts() else {
-        return call();
-    };
-    let r = call();
-    if !r.ok() {
-        return r;
-    }
-    let dev = match ctx {
+    let dev = || match ctx {
         Some(c) if !c.is_null() => {
             let mut d: CUdevice = -1;
             // SAFETY: valid out-pointer, asked in the caller's context.
@@ -158,10 +110,11 @@ pub(crate) fn ctx_synchronize(s: &Shim, call: impl FnOnce() -> CUresult, ctx: Op
         }
         _ => s.devices.current(&s.cuda),
     };
-    if let Some(dev) = dev {
-        s.mem.synchronized(dev, start, None);
-    }
-    r
+    let sync = PoolCall::Synchronize {
+        dev: &dev,
+        stream: None,
+    };
+    pool(s, sync, || synced(s, call()))
 }
 
 /// `cuStreamSynchronize` (+ `_ptsz`): once it returns, the frees enqueued on the stream before it started have
@@ -172,17 +125,12 @@ pub(crate) fn stream_synchronize(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    let call = || synced(s, call());
-    let Some(start) = s.mem.sync_starts() else {
-        return call();
+    let dev = || stream_device(s, stream, ds);
+    let sync = PoolCall::Synchronize {
+        dev: &dev,
+        stream: Some(stream_key(stream, ds)),
     };
-    let r = call();
-    if r.ok() {
-        if let Some(dev) = stream_device(s, stream, ds) {
-            s.mem.synchronized(dev, start, Some(stream_key(stream, ds)));
-        }
-    }
-    r
+    pool(s, sync, || synced(s, call()))
 }
 
 /// After a synchronize: the SM throttle charges the probes it waited for (`SmThrottle::synchronized`).

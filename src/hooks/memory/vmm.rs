@@ -1,9 +1,9 @@
 //! Virtual memory management (`cuMemCreate`, map, unmap, release, export and import of shareable handles,
-//! sparse-array and multicast bindings): decoded here, accounted by `crate::memory::vmm_ops`.
+//! sparse-array and multicast bindings): decoded here, accounted by `Memory::vmm`.
 
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
-use crate::memory::{fd_key, shared_key, BindKey, Obj};
+use crate::memory::{fd_key, shared_key, BindKey, Obj, VmmCall};
 use crate::state::Shim;
 use std::ffi::{c_int, c_uint, c_void};
 
@@ -30,9 +30,19 @@ pub(crate) unsafe fn vmm_create(
     let Some(dev) = s.devices.device(&s.cuda, loc.id) else {
         return s.mem.untracked(call);
     };
-    // SAFETY: written by the driver on success.
-    s.mem
-        .vmm_create(&s.cuda, &s.nvml, dev, size as u64, call, || unsafe { *handle })
+    // SAFETY: non-NULL, written by the driver on success (read only then).
+    let out = || (!handle.is_null()).then(|| unsafe { *handle });
+    let create = VmmCall::Create {
+        dev,
+        size: size as u64,
+        out: &out,
+    };
+    s.mem.vmm(&s.cuda, &s.nvml, create, call)
+}
+
+/// A VMM call `what` through `call`.
+fn vmm(s: &Shim, what: VmmCall<'_>, call: impl FnOnce() -> CUresult) -> CUresult {
+    s.mem.vmm(&s.cuda, &s.nvml, what, call)
 }
 
 /// `cuMemRelease`: one reference fewer; the charge goes with the last one of an unmapped allocation (a
@@ -42,7 +52,7 @@ pub(crate) fn vmm_release(
     call: impl FnOnce() -> CUresult,
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
-    s.mem.vmm_release(&s.cuda, handle, call)
+    vmm(s, VmmCall::Release(handle), call)
 }
 
 /// `cuMemRetainAllocationHandle`: one more reference to release.
@@ -54,12 +64,9 @@ pub(crate) unsafe fn vmm_retain(
     call: impl FnOnce() -> CUresult,
     handle: *mut CUmemGenericAllocationHandle,
 ) -> CUresult {
-    let r = call();
-    if r.ok() && !handle.is_null() {
-        // SAFETY: non-NULL, written by the driver on success.
-        s.mem.vmm_retained(unsafe { *handle });
-    }
-    r
+    // SAFETY: non-NULL, written by the driver on success (read only then).
+    let out = || (!handle.is_null()).then(|| unsafe { *handle });
+    vmm(s, VmmCall::Retain { out: &out }, call)
 }
 
 /// `cuMemMap`: a mapping keeps its allocation (and its charge) alive. The first mapping of memory imported from
@@ -73,7 +80,7 @@ pub(crate) fn vmm_map(
     handle: CUmemGenericAllocationHandle,
 ) -> CUresult {
     let within = offset as u64..(offset as u64).saturating_add(size as u64);
-    s.mem.vmm_map(&s.cuda, &s.nvml, ptr, within, handle, call)
+    vmm(s, VmmCall::Map { ptr, within, handle }, call)
 }
 
 /// The identity both processes compute for a shareable handle of `handle_type` at `shareable` (the caller's
@@ -110,15 +117,20 @@ pub(crate) unsafe fn vmm_export(
     handle: CUmemGenericAllocationHandle,
     handle_type: c_uint,
 ) -> CUresult {
-    let r = call();
     // SAFETY: non-NULL; the driver wrote a handle of this type there (read only on success).
     let key = || (!shareable.is_null()).then(|| unsafe { shareable_key(shareable, handle_type) })?;
-    s.mem.exported_handle(r, handle, key, || {
+    let undo = || {
         if handle_type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
             // SAFETY: the descriptor the driver just made for this call, never handed to the caller.
             unsafe { libc::close(*(shareable as *const c_int)) };
         }
-    })
+    };
+    let export = VmmCall::Export {
+        handle,
+        key: &key,
+        undo: &undo,
+    };
+    vmm(s, export, call)
 }
 
 /// `cuMemImportFromShareableHandle`: memory this container exported (a POSIX descriptor or fabric handle it
@@ -148,14 +160,11 @@ pub(crate) unsafe fn vmm_import(
         Some(f) => (f as *mut CUmemFabricHandle).cast(),
         None => os_handle,
     };
-    let r = real(handle, os_handle, handle_type);
-    if !r.ok() || handle.is_null() {
-        return r;
-    }
-    // SAFETY: non-NULL, written by the driver on success.
-    let h = unsafe { *handle };
-    s.mem.imported_handle(h, key);
-    r
+    // SAFETY: non-NULL, written by the driver on success (read only then).
+    let out = || (!handle.is_null()).then(|| unsafe { *handle });
+    vmm(s, VmmCall::Import { out: &out, key }, || {
+        real(handle, os_handle, handle_type)
+    })
 }
 
 /// `cuMemUnmap`: the last mapping of a released allocation takes its charge with it.
@@ -165,7 +174,8 @@ pub(crate) fn vmm_unmap(
     ptr: CUdeviceptr,
     size: usize,
 ) -> CUresult {
-    s.mem.vmm_unmap(&s.cuda, ptr, size as u64, call)
+    let size = size as u64;
+    vmm(s, VmmCall::Unmap { ptr, size }, call)
 }
 
 /// The binding key of a sparse array's tile or mip tail.
@@ -212,7 +222,8 @@ pub(crate) unsafe fn map_array_async(
     let maps: Vec<(BindKey, u64)> = of(CU_MEM_OPERATION_TYPE_MAP)
         .map(|m| (tile_key(m), m.memHandle))
         .collect();
-    s.mem.map_array(&s.cuda, &maps, &unmaps, call)
+    let (maps, unmaps) = (&maps, &unmaps);
+    vmm(s, VmmCall::MapArray { maps, unmaps }, call)
 }
 
 /// The binding key of a multicast range on the device that holds the memory: an unbind names the same
@@ -236,12 +247,9 @@ pub(crate) unsafe fn multicast_create(
     call: impl FnOnce() -> CUresult,
     mc: *mut CUmemGenericAllocationHandle,
 ) -> CUresult {
-    let r = call();
-    if r.ok() && !mc.is_null() {
-        // SAFETY: non-NULL, written by the driver on success.
-        s.mem.multicast_created(unsafe { *mc });
-    }
-    r
+    // SAFETY: non-NULL, written by the driver on success (read only then).
+    let out = || (!mc.is_null()).then(|| unsafe { *mc });
+    vmm(s, VmmCall::MulticastCreate { out: &out }, call)
 }
 
 /// `cuMulticastBindMem` (`mem`) and `cuMulticastBindAddr` (the handle this process mapped at `memptr`): the
@@ -256,7 +264,8 @@ pub(crate) fn multicast_bind(
     size: usize,
 ) -> CUresult {
     let key = |dev| multicast_key(mc, dev, mc_offset, size);
-    s.mem.multicast_bound(&s.cuda, call(), mem, memptr, key)
+    let key = &key;
+    vmm(s, VmmCall::MulticastBind { mem, memptr, key }, call)
 }
 
 /// `cuMulticastUnbind`: the binding of `dev`'s memory at exactly (`mc_offset`, `size`) lets go (cuda.h: they
@@ -269,6 +278,6 @@ pub(crate) fn multicast_unbind(
     mc_offset: usize,
     size: usize,
 ) -> CUresult {
-    s.mem
-        .multicast_unbind(&s.cuda, multicast_key(mc, dev, mc_offset, size), call)
+    let key = multicast_key(mc, dev, mc_offset, size);
+    vmm(s, VmmCall::MulticastUnbind(key), call)
 }
