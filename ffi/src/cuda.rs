@@ -684,6 +684,7 @@ c_functions! {
     // called by the preload library itself (not exported)
     cuDriverGetVersion @2020 (driverVersion: *mut c_int);
     cuDeviceGetCount @2000 (count: *mut c_int);
+    cuDevicePrimaryCtxGetState @7000 (dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
     cuDeviceGet @2000 (device: *mut CUdevice, ordinal: c_int);
     cuDeviceGetUuid @9020 (uuid: *mut CUuuid, dev: CUdevice);
     cuDeviceGetUuid_v2 @11040 (uuid: *mut CUuuid, dev: CUdevice);

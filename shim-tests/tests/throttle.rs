@@ -338,6 +338,59 @@ fn burst_with_nvml_answering_no_samples_yields_to_a_busy_neighbour() {
     );
 }
 
+/// Attack: the burst tenant keeps writing its busy neighbour's pid into its own usage slots while the agent
+/// publishes the container's members (only the tenant's pid). The "others" filter read the tenant-written slots,
+/// so the neighbour stopped counting and burst took the device (main: 58.8 %); it now takes the agent's list
+/// (29.9-30.5 %). Control: the
+/// burst test above (no forgery, same bands).
+#[test]
+fn burst_forging_a_neighbours_pid_into_its_slot_still_yields() {
+    use cuquota_core::region::LimitsWriter;
+    use cuquota_core::UsageRegion;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _serial = serial();
+    let burst = [("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_POLICY", "burst")];
+    let sim = Sim::new().build();
+    let agent = LimitsWriter::create(&sim.limits_file()).expect("limits file");
+    let start = mono_ns() + 300_000_000;
+    let hard70 = [("CUDA_DEVICE_SM_LIMIT", "70"), ("CUQUOTA_POLICY", "hard")];
+    let a = Launcher {
+        start_at: start,
+        ..Launcher::new(&burst, 2.5, 1_000_000)
+    };
+    let b = Launcher {
+        container: "b",
+        start_at: start,
+        ..Launcher::new(&hard70, 2.5, 1_000_000)
+    };
+    let (pa, pb) = (a.spawn(&sim), b.spawn(&sim));
+    agent.set_members(&[pa.pid()]).expect("publish members");
+    let (usage, their) = (sim.container_usage_file("a"), pb.pid());
+    let stop = AtomicBool::new(false);
+    let (wa, wb) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(u) = UsageRegion::open_existing(&usage) {
+                    for p in u.processes().into_iter().filter(|p| p.pid != 0) {
+                        u.set_host_pid(p.slot, their);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let r = (finished(pa.finish()), finished(pb.finish()));
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
+    let (from, to) = common(&[wa, wb]);
+    assert_band(
+        "burst 30 % forging its neighbour's pid into its slot, next to a busy hard 70 %",
+        sim.share_pct(0, wa.pid, from, to),
+        15.0,
+        42.0,
+    );
+}
+
 /// Runs one launcher for `secs` in container "a" (whose limits file `start` prepares), makes the agent's
 /// change `change` (returning when it committed) 1 s in, and returns the program's window and that moment.
 fn with_live_change(

@@ -8,11 +8,13 @@
 //! moment) is narrowed at later context creations and module loads.
 
 use super::Memory;
+use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::{CUdevice, CUresult};
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::SlotState;
+use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 /// Touched only on context creation and module load, and only while the pid is unknown.
@@ -29,6 +31,8 @@ pub(crate) struct HostPid {
     /// After an ambiguous diff: (ordinal, the new pids, us among them), narrowed at later attempts as the
     /// others become known members of the container or leave.
     pub(super) candidates: Lock<Option<(CUdevice, Vec<u32>)>>,
+    /// Ordinal + 1 of the device whose diff proved `Devices::host_pid` (0 = none).
+    proof_dev: AtomicU32,
 }
 
 impl HostPid {
@@ -56,6 +60,7 @@ impl HostPid {
         self.touched.store(0, Ordering::Relaxed);
         self.busy.store(false, Ordering::Relaxed);
         *self.candidates.lock() = None;
+        self.proof_dev.store(0, Ordering::Relaxed);
     }
 }
 
@@ -74,6 +79,34 @@ pub(crate) fn new_host_pid(before: &[u32], after: &[u32], members: &[u32]) -> Re
         [p] => Ok(p),
         _ => Err(new),
     }
+}
+
+/// The pid a diff proves is ours, for the throttle: the diff alone singles out one new pid. No member's slot
+/// (a tenant writes them) is consulted, nor our own pid (in a pid namespace it may be another's host pid).
+/// No proof when this process already had a context on the device that no hook saw (`unseen`: e.g. one
+/// `cuGreenCtxCreate` made: not hooked, it retains the primary context, cuda.h): NVML may list us in `before`
+/// already, and a sibling's context created in the window would then be the one new pid.
+fn proven_pid(before: &[u32], after: &[u32], unseen: bool) -> Option<u32> {
+    if unseen {
+        return None;
+    }
+    new_host_pid(before, after, &[]).ok()
+}
+
+/// Whether a proof of `pid` stands once this process's last context on the device is gone and NVML lists
+/// `listed` there (`None`: NVML cannot tell): only if NVML no longer lists it. Still listed, it was not ours
+/// (a sibling's, taken in the diff's window) or a context no hook saw keeps us there.
+fn proof_stands(pid: u32, listed: Option<&[u32]>) -> bool {
+    listed.is_some_and(|l| !l.contains(&pid))
+}
+
+/// Whether the device's primary context is already active before this process's first hooked context creation
+/// on it: only a creation no hook saw can have made it so. An error is read as yes (no proof).
+fn unseen_context(cuda: &CudaTable, dev: CUdevice) -> bool {
+    let (mut flags, mut active): (c_uint, c_int) = (0, 0);
+    // SAFETY: valid out-pointers; a missing function answers CUDA_ERROR_NOT_FOUND.
+    let r = unsafe { cuda.cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) };
+    !r.ok() || active != 0
 }
 
 impl Memory {
@@ -115,14 +148,36 @@ impl Memory {
         }
     }
 
+    /// This process's last hooked context on `dev` is gone: a proof made there that NVML still lists is
+    /// withdrawn (no correction from then on).
+    pub(super) fn last_context_gone(&self, nvml: &Nvml, dev: CUdevice) {
+        let Some(p) = self.devices.host_pid() else {
+            return;
+        };
+        if self.host.proof_dev.load(Ordering::Relaxed) != dev as u32 + 1 {
+            return;
+        }
+        if !proof_stands(p, self.nvml_pids(nvml, dev).as_deref()) {
+            log!(
+                Level::Warn,
+                "device {dev}: pid {p} still listed after our last context: not ours"
+            );
+            self.host.proof_dev.store(0, Ordering::Relaxed);
+            self.devices.host_pid_proven(0);
+        }
+    }
+
     /// Runs a context-creating driver call on `ordinal`, learning our host pid around it when needed.
     pub(super) fn creating_context(
         &self,
+        cuda: &CudaTable,
         nvml: &Nvml,
         ordinal: CUdevice,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        let before = self.host_pid_before(nvml, ordinal);
+        let before = self
+            .host_pid_before(nvml, ordinal)
+            .map(|b| (b, unseen_context(cuda, ordinal)));
         let r = call();
         self.host_pid_after(nvml, ordinal, before, r.ok());
         r
@@ -154,15 +209,14 @@ impl Memory {
 
     /// After the context creation that [`Memory::host_pid_before`] prepared (`before` is `Some`): diffs NVML's
     /// list.
-    fn host_pid_after(&self, nvml: &Nvml, dev: CUdevice, before: Option<Vec<u32>>, created: bool) {
-        let Some(before) = before else {
+    fn host_pid_after(&self, nvml: &Nvml, dev: CUdevice, before: Option<(Vec<u32>, bool)>, created: bool) {
+        let Some((before, unseen)) = before else {
             return;
         };
         if created {
             if let Some(after) = self.nvml_pids(nvml, dev) {
-                // Proof for the throttle: the diff alone singles out one new pid. No member's slot (a tenant
-                // writes them) is consulted, nor our own pid (in a pid namespace it may be another's host pid).
-                if let Ok(p) = new_host_pid(&before, &after, &[]) {
+                if let Some(p) = proven_pid(&before, &after, unseen) {
+                    self.host.proof_dev.store(dev as u32 + 1, Ordering::Relaxed);
                     self.devices.host_pid_proven(p);
                 }
                 if after.contains(&std::process::id()) {
@@ -224,7 +278,27 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
-    use super::new_host_pid;
+    use super::{new_host_pid, proof_stands, proven_pid};
+
+    #[test]
+    fn a_proof_still_listed_after_our_last_context_is_withdrawn() {
+        // The control: our contexts gone, NVML no longer lists the proven pid.
+        assert!(proof_stands(100_007, Some(&[5])));
+        // A sibling's pid (taken in the diff's window) outlives our contexts; NVML unable to tell.
+        assert!(!proof_stands(100_008, Some(&[5, 100_008])));
+        assert!(!proof_stands(100_007, None));
+    }
+
+    #[test]
+    fn a_pid_listed_before_the_first_hooked_creation_proves_nothing() {
+        // An unhooked creation (cuGreenCtxCreate) got us, H, listed already; sibling C creates its context in
+        // the window. The diff alone names C (the control: what the proof took before)...
+        let (h, c) = (100_007, 100_008);
+        assert_eq!(proven_pid(&[5, h], &[5, h, c], false), Some(c));
+        // ...so with an unseen context there is no proof.
+        assert_eq!(proven_pid(&[5, h], &[5, h, c], true), None);
+        assert_eq!(proven_pid(&[5], &[5, h], true), None);
+    }
 
     #[test]
     fn exactly_one_new_pid_is_us() {

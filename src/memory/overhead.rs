@@ -119,7 +119,9 @@ impl Creating<'_> {
     /// returned the estimate stops being held on top of what NVML measures.
     pub(crate) fn call(&mut self, call: impl FnOnce() -> CUresult) -> CUresult {
         let r = match self.what {
-            Creation::Context(o) | Creation::Primary(o) => self.mem.creating_context(self.nvml, o, call),
+            Creation::Context(o) | Creation::Primary(o) => {
+                self.mem.creating_context(self.cuda, self.nvml, o, call)
+            }
             Creation::Module => call(),
         };
         self.returned();
@@ -583,6 +585,7 @@ impl Memory {
                 f.store(false, Ordering::Relaxed);
             }
             self.forget_context_allocations(cuda, d);
+            self.last_context_gone(nvml, d.ordinal);
         } else {
             self.forget_dead_allocations(cuda, d);
         }

@@ -100,12 +100,13 @@ impl Util {
         } else {
             last
         };
-        let mut buf = [nvmlProcessUtilizationSample_t::default(); 128];
-        let mut n = buf.len() as c_uint;
-        // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
-        let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
-        let usage = devices.usage();
-        use_of(r, &buf[..(n as usize).min(buf.len())], |pid| usage.is_member(pid))
+        // SAFETY: a handle NVML gave us; `samples` passes a buffer of `n` samples and a valid count pointer.
+        let (r, buf) = samples(|p, n| unsafe { t.nvmlDeviceGetProcessUtilization(h, p, n, since) });
+        // The tenant-proof membership (the agent's list when it publishes one), not the usage file's slots: a
+        // slot forged with a neighbour's host pid must not drop that neighbour out of "others". Our own pid only
+        // when proven (in a pid namespace our pid may be a neighbour's host pid).
+        let own = [self.nvml_pid(devices).unwrap_or(0)];
+        use_of(r, &buf, |pid| devices.is_member(pid, &own))
     }
 
     /// NVML's samples for usage entry `entry`'s device since the CLOCK_REALTIME µs `seen` holds (swapped for
@@ -125,14 +126,12 @@ impl Util {
         if since == 0 || since >= now {
             return None;
         }
-        let mut buf = [nvmlProcessUtilizationSample_t::default(); 128];
-        let mut n = buf.len() as c_uint;
-        // SAFETY: a handle NVML gave us, a buffer of `n` samples, valid count pointer.
-        let r = unsafe { t.nvmlDeviceGetProcessUtilization(h, buf.as_mut_ptr(), &mut n, since) };
+        // SAFETY: a handle NVML gave us; `samples` passes a buffer of `n` samples and a valid count pointer.
+        let (r, buf) = samples(|p, n| unsafe { t.nvmlDeviceGetProcessUtilization(h, p, n, since) });
         if !r.ok() {
             return None;
         }
-        Some((now - since, per_pid(&buf[..(n as usize).min(buf.len())])))
+        Some((now - since, per_pid(&buf)))
     }
 
     /// Device time (ns) this process used on usage entry `entry`'s device since the previous call, from NVML's
@@ -178,15 +177,60 @@ impl Util {
     }
 }
 
+/// Most samples read at once: NVML keeps about a second of samples per process, so this covers some hundreds
+/// of GPU processes; a larger answer is unknown (`INSUFFICIENT_SIZE`), never a partial sum.
+const MAX_SAMPLES: usize = 16_384;
+
+/// NVML's utilisation samples through `call(buffer, count in/out)`: 128 first, then, on
+/// `NVML_ERROR_INSUFFICIENT_SIZE`, the count NVML asked for (bounded by [`MAX_SAMPLES`]), a few tries as the list
+/// may grow in between. The answer's code and the samples it filled.
+fn samples(
+    mut call: impl FnMut(*mut nvmlProcessUtilizationSample_t, &mut c_uint) -> nvmlReturn_t,
+) -> (nvmlReturn_t, Vec<nvmlProcessUtilizationSample_t>) {
+    let mut want = 128usize;
+    let mut r = nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+    for _ in 0..3 {
+        let mut buf = vec![nvmlProcessUtilizationSample_t::default(); want];
+        let mut n = want as c_uint;
+        r = call(buf.as_mut_ptr(), &mut n);
+        if r == nvmlReturn_t::ERROR_INSUFFICIENT_SIZE && (n as usize) > want {
+            // Some room for samples added before the next call.
+            want = (n as usize).saturating_add(64);
+            if want > MAX_SAMPLES {
+                break;
+            }
+            continue;
+        }
+        buf.truncate(if r.ok() { n as usize } else { 0 });
+        return (r, buf);
+    }
+    (r, Vec::new())
+}
+
 /// Inode of the initial pid namespace (`PROC_PID_INIT_INO` in Linux's `proc_ns.h`): a kernel constant.
 const PROC_PID_INIT_INO: u64 = 0xEFFF_FFFC;
 
 /// Whether this process is in the initial pid namespace, where its pid is the one NVML reports. Not from
 /// `NSpid` (a container's own /proc shows it one pid too) but from the namespace's inode.
+/// `NSFS_MAGIC` (Linux's `magic.h`): the file system of /proc/<pid>/ns/* files.
+const NSFS_MAGIC: i64 = 0x6e73_6673;
+
+/// Also the file system's magic: a /proc a tenant mounted (FUSE, in its own user and mount namespaces) could
+/// show any inode, but not an nsfs file.
 #[cold]
 fn in_initial_pid_namespace() -> bool {
+    use std::os::fd::AsRawFd;
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self/ns/pid").is_ok_and(|m| m.ino() == PROC_PID_INIT_INO)
+    let Ok(f) = std::fs::File::open("/proc/self/ns/pid") else {
+        return false;
+    };
+    // SAFETY: all-zero is a valid `statfs` (plain integers).
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: an open descriptor and a `statfs` to fill.
+    if unsafe { libc::fstatfs(f.as_raw_fd(), &mut st) } != 0 || st.f_type as i64 != NSFS_MAGIC {
+        return false;
+    }
+    f.metadata().is_ok_and(|m| m.ino() == PROC_PID_INIT_INO)
 }
 
 /// [`Util::device_use`] from NVML's answer: each pid's samples averaged, summed over the pids that are not
@@ -251,6 +295,48 @@ mod tests {
         // NOT_FOUND ("no samples") is unknown, as any error: never "nobody else ran".
         assert_eq!(use_of(nvmlReturn_t::ERROR_NOT_FOUND, &[], |_| false), None);
         assert_eq!(use_of(nvmlReturn_t::ERROR_UNKNOWN, &s, |_| false), None);
+    }
+
+    /// A fake NVML with `have` samples (pid i, 1 %): NVML's size protocol.
+    fn fake(have: usize) -> impl FnMut(*mut nvmlProcessUtilizationSample_t, &mut c_uint) -> nvmlReturn_t {
+        move |p, n| {
+            if (*n as usize) < have {
+                *n = have as c_uint;
+                return nvmlReturn_t::ERROR_INSUFFICIENT_SIZE;
+            }
+            for i in 0..have {
+                // SAFETY: the caller's buffer holds `*n` >= `have` samples.
+                unsafe { *p.add(i) = sample(i as u32 + 1, 1) };
+            }
+            *n = have as c_uint;
+            nvmlReturn_t::SUCCESS
+        }
+    }
+
+    #[test]
+    fn a_crowded_device_is_read_whole_and_an_oversized_one_is_unknown() {
+        // The control: 5 samples fit the first buffer.
+        let (r, v) = samples(fake(5));
+        assert_eq!((r, v.len()), (nvmlReturn_t::SUCCESS, 5));
+        // 300 processes (main gave up at 128: unknown, so the correction switched off): all read.
+        let (r, v) = samples(fake(300));
+        assert_eq!((r, v.len()), (nvmlReturn_t::SUCCESS, 300));
+        // pid 300, the last sample, counts: 1 % = 10 per-mille.
+        assert_eq!(use_of(r, &v, |p| p != 300).map(|u| u.others), Some(10));
+        // More than the bound: unknown, never a partial list.
+        let (r, v) = samples(fake(MAX_SAMPLES + 1));
+        assert_eq!((r, v.len()), (nvmlReturn_t::ERROR_INSUFFICIENT_SIZE, 0));
+        assert_eq!(use_of(r, &v, |_| false), None);
+    }
+
+    #[test]
+    fn the_initial_namespace_check_needs_nsfs() {
+        // This test runs on the host or in a container: whichever, the check agrees with the inode alone only
+        // when /proc/self/ns/pid is on nsfs, which a real /proc always is.
+        use std::os::unix::fs::MetadataExt;
+        let ino = std::fs::metadata("/proc/self/ns/pid").map(|m| m.ino()).ok();
+        assert_eq!(in_initial_pid_namespace(), ino == Some(PROC_PID_INIT_INO));
+        assert!(!std::path::Path::new("/proc/self/ns/pid").is_dir());
     }
 
     #[test]
