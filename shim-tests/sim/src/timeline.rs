@@ -783,6 +783,21 @@ mod tests {
         assert!(each.iter().all(|x| (x - 1.0 / 2.222).abs() < 0.01), "{each:?}");
     }
 
+    /// A process whose turn comes only after a run of quanta that is not running yet goes in after the run's
+    /// first quantum, not after the whole run (round-robin with runs: before, 3 waited for all of 2's run).
+    #[test]
+    fn a_turn_behind_a_run_comes_after_its_first_quantum() {
+        let (mut v, mut busy) = (Vec::new(), 0);
+        place(&mut v, &mut busy, 0, 1, 0, 50, P);
+        place(&mut v, &mut busy, 0, 2, 0, 1000, P);
+        let (pieces, shifts) = place(&mut v, &mut busy, 0, 3, 10, 30, P);
+        assert_eq!(pieces, vec![(170, 200)]);
+        assert_eq!(shifts, vec![(160, 50)]);
+        let owners: Vec<u64> = v.iter().map(|s| s.owner).collect();
+        assert_eq!(owners, vec![1, 2, 3, 2]);
+        assert_eq!(busy, 1110);
+    }
+
     /// Work of a process with nobody queued after it is one run, however long; another process's work ready
     /// inside it goes in at the run's next quantum boundary.
     #[test]
