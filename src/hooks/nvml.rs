@@ -56,8 +56,8 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
     let uuid = parse_uuid(&text)?;
     // A device this process already uses through CUDA: its ordinal is known.
     if let Some((dev, _)) = s.devices.known().find(|(_, u)| *u == uuid) {
-        let cap = s.mem.limit(dev)?;
-        return Some((cap, s.mem.container_held(dev)));
+        let cap = s.devices.memory_cap(dev)?;
+        return Some((cap, s.devices.usage().container_held(dev.id)));
     }
     // NVML-only: map by CUDA_VISIBLE_DEVICES (core), tighten with the agent file's entry for the UUID.
     let mut index: c_uint = 0;

@@ -141,7 +141,7 @@ impl Memory {
 
     /// Current effective memory limit of a device (`None` = no limit).
     #[inline]
-    pub(crate) fn limit(&self, dev: Dev) -> Option<u64> {
+    fn limit(&self, dev: Dev) -> Option<u64> {
         self.devices.memory_cap(dev)
     }
 
@@ -153,7 +153,7 @@ impl Memory {
 
     /// Bytes the container's processes hold on a device: its charge less the credit (what `cuMemGetInfo` and
     /// NVML report used; credit is taken back before anyone is refused).
-    pub(crate) fn container_held(&self, dev: Dev) -> u64 {
+    fn container_held(&self, dev: Dev) -> u64 {
         self.usage().container_held(dev.id)
     }
 
