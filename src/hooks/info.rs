@@ -41,9 +41,8 @@ pub(crate) unsafe fn mem_get_info<T: Width>(
     if !r.ok() {
         return r;
     }
-    s.mem.maybe_reclaim();
-    s.mem.refresh_pools_of(&s.cuda, dev.id);
-    let used = s.mem.info_used(&s.nvml, dev, cap);
+    s.devices.maybe_reclaim();
+    let used = s.mem.info_used(&s.cuda, &s.nvml, dev, cap);
     let (f, t) = capped_info(cap, used, rf.to_u64(), rt.to_u64());
     // SAFETY: each non-NULL pointer is the caller's out-parameter.
     unsafe {
