@@ -113,6 +113,8 @@ pub(crate) struct Devices {
     /// this process's first context creation on a device, singled out without any member's usage slot (which
     /// a tenant writes). The throttle reads its own NVML figures by it.
     host_pid: AtomicU32,
+    /// When dead processes' slots were last reclaimed (`maybe_reclaim`).
+    last_reclaim_ns: AtomicU64,
 }
 
 impl Devices {
@@ -154,6 +156,7 @@ impl Devices {
             warned_no_priority_file: AtomicBool::new(false),
             hami: hami::Hami::open(&cfg),
             host_pid: AtomicU32::new(0),
+            last_reclaim_ns: AtomicU64::new(0),
             cfg,
         };
         d.compute_flags();
@@ -217,8 +220,31 @@ impl Devices {
         Some(self.host_pid.load(Ordering::Relaxed)).filter(|p| *p != 0)
     }
 
+    /// Dead processes' usage slots (and HAMi's) go back, at most every 100 ms (`cuMemGetInfo` and NVML
+    /// queries: a crashed neighbour's memory shows as free, its pid no longer as the container's).
+    #[inline]
+    pub(crate) fn maybe_reclaim(&self) {
+        let now = monotonic_ns();
+        let last = self.last_reclaim_ns.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= 100_000_000
+            && self
+                .last_reclaim_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.reclaim_now();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reclaim_now(&self) {
+        self.usage.reclaim_dead();
+        self.hami_reap();
+    }
+
     /// HAMi's slots of processes gone without releasing them go back (slow paths: at most every 100 ms).
-    pub(crate) fn hami_reap(&self) {
+    fn hami_reap(&self) {
         if let Some(h) = &self.hami {
             h.reap();
         }

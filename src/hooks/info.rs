@@ -33,7 +33,7 @@ pub(crate) unsafe fn mem_get_info<T: Width>(
     let Some(dev) = s.devices.current(&s.cuda) else {
         return real(free, total);
     };
-    let Some(cap) = s.mem.limit(dev) else {
+    let Some(cap) = s.devices.memory_cap(dev) else {
         return real(free, total);
     };
     let (mut rf, mut rt) = (T::default(), T::default());
@@ -41,9 +41,8 @@ pub(crate) unsafe fn mem_get_info<T: Width>(
     if !r.ok() {
         return r;
     }
-    s.mem.maybe_reclaim();
-    s.mem.refresh_pools_of(&s.cuda, dev.id);
-    let used = s.mem.info_used(&s.nvml, dev, cap);
+    s.devices.maybe_reclaim();
+    let used = s.mem.info_used(&s.cuda, &s.nvml, dev, cap);
     let (f, t) = capped_info(cap, used, rf.to_u64(), rt.to_u64());
     // SAFETY: each non-NULL pointer is the caller's out-parameter.
     unsafe {
@@ -71,7 +70,11 @@ pub(crate) unsafe fn device_total_mem<T: Width>(
     if !r.ok() || bytes.is_null() {
         return r;
     }
-    if let Some(cap) = s.devices.device(&s.cuda, dev).and_then(|d| s.mem.limit(d)) {
+    if let Some(cap) = s
+        .devices
+        .device(&s.cuda, dev)
+        .and_then(|d| s.devices.memory_cap(d))
+    {
         // SAFETY: written by the driver just now; ours to adjust.
         unsafe { *bytes = T::from_u64(cap.min((*bytes).to_u64())) };
     }

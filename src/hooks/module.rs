@@ -213,7 +213,7 @@ fn or_null<T>(v: &mut [T]) -> *mut T {
 
 /// Whether a memory cap applies to a device of this process: only then are in-memory images copied.
 fn capped(s: &Shim) -> bool {
-    s.devices.known().any(|(d, _)| s.mem.limit(d).is_some())
+    s.devices.known().any(|(d, _)| s.devices.memory_cap(d).is_some())
 }
 
 /// Our copy of an in-memory image (`image_copy`); `None`: refused, logged.

@@ -56,8 +56,8 @@ fn budget(s: &Shim, device: nvmlDevice_t) -> Option<(u64, u64)> {
     let uuid = parse_uuid(&text)?;
     // A device this process already uses through CUDA: its ordinal is known.
     if let Some((dev, _)) = s.devices.known().find(|(_, u)| *u == uuid) {
-        let cap = s.mem.limit(dev)?;
-        return Some((cap, s.mem.container_held(dev)));
+        let cap = s.devices.memory_cap(dev)?;
+        return Some((cap, s.devices.usage().container_held(dev.id)));
     }
     // NVML-only: map by CUDA_VISIBLE_DEVICES (core), tighten with the agent file's entry for the UUID.
     let mut index: c_uint = 0;
@@ -109,7 +109,7 @@ pub(crate) unsafe fn memory_info<T: MemoryInfo>(
     if !r.ok() || memory.is_null() {
         return r;
     }
-    s.mem.maybe_reclaim();
+    s.devices.maybe_reclaim();
     if let Some((cap, used)) = budget(s, device) {
         // SAFETY: the caller's struct, just filled by NVML.
         let (total, u, free) = unsafe { &mut *memory }.fields();
@@ -125,7 +125,7 @@ fn own_pids(s: &Shim) -> [u32; 2] {
 
 /// The container's records of a real list: the one membership filter every per-process NVML call goes through.
 fn members<T>(s: &Shim, list: Vec<T>, pid: impl Fn(&T) -> c_uint) -> Vec<T> {
-    s.mem.maybe_reclaim();
+    s.devices.maybe_reclaim();
     let own = own_pids(s);
     list.into_iter()
         .filter(|p| s.devices.is_member(pid(p), &own))

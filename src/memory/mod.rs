@@ -35,7 +35,6 @@ use crate::driver::nvml::Nvml;
 use crate::locks::Lock;
 use crate::locks::{hold_all, release_all, Side};
 use crate::log::{log, Level};
-use crate::time::monotonic_ns;
 use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::{DeviceId, UsageRegion};
 use graphs::Graphs;
@@ -97,7 +96,6 @@ pub(crate) struct Memory {
     holdings: Holdings,
     /// The pid NVML knows this process by.
     host: HostPid,
-    last_reclaim_ns: AtomicU64,
     /// Handles whose first use (lazy loading, stack growth) was measured.
     first_use: first_use::FirstUse,
 }
@@ -119,7 +117,6 @@ impl Memory {
             overhead_lock: Lock::new(()),
             holdings: Holdings::default(),
             host: HostPid::default(),
-            last_reclaim_ns: AtomicU64::new(0),
             first_use: first_use::FirstUse::default(),
         }
     }
@@ -141,7 +138,7 @@ impl Memory {
 
     /// Current effective memory limit of a device (`None` = no limit).
     #[inline]
-    pub(crate) fn limit(&self, dev: Dev) -> Option<u64> {
+    fn limit(&self, dev: Dev) -> Option<u64> {
         self.devices.memory_cap(dev)
     }
 
@@ -153,7 +150,7 @@ impl Memory {
 
     /// Bytes the container's processes hold on a device: its charge less the credit (what `cuMemGetInfo` and
     /// NVML report used; credit is taken back before anyone is refused).
-    pub(crate) fn container_held(&self, dev: Dev) -> u64 {
+    fn container_held(&self, dev: Dev) -> u64 {
         self.usage().container_held(dev.id)
     }
 
@@ -173,21 +170,6 @@ impl Memory {
         self.credit.off(dev.id.index());
         if let Some(slot) = self.usage().cached_slot() {
             self.usage().drain_credit(slot, dev.id);
-        }
-    }
-
-    /// Reclaims dead processes' slots at most every 100 ms (for `cuMemGetInfo` and NVML queries).
-    pub(crate) fn maybe_reclaim(&self) {
-        let now = monotonic_ns();
-        let last = self.last_reclaim_ns.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= 100_000_000
-            && self
-                .last_reclaim_ns
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.usage().reclaim_dead();
-            self.devices.hami_reap();
         }
     }
 

@@ -479,11 +479,16 @@ impl Memory {
     }
 
     /// Refreshes every pool on a device entry (before refusing a pool allocation).
+    #[inline]
     pub(crate) fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
         // Set before a pool is tracked: a program without pools takes no lock here (cuMemGetInfo's path).
-        if !self.any_pool.load(Ordering::Relaxed) {
-            return;
+        if self.any_pool.load(Ordering::Relaxed) {
+            self.refresh_tracked_pools_of(cuda, id);
         }
+    }
+
+    #[inline(never)]
+    fn refresh_tracked_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
         let mut pools = self.pools.lock();
         for (&pool, p) in pools.iter_mut() {
             if p.dev.is_some_and(|d| d.id == id) {

@@ -16,6 +16,7 @@
 use super::overhead::Figure;
 use super::{Memory, OverCap};
 use crate::devices::Dev;
+use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::log::{log, Level};
 use std::sync::atomic::Ordering;
@@ -37,9 +38,11 @@ pub(crate) fn near_cap(cap: u64, used: u64) -> bool {
 
 impl Memory {
     /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
-    /// first reconciled with the driver's figure (the ledger alone is not trusted there).
-    #[inline]
-    pub(crate) fn info_used(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+    /// first reconciled with the driver's figure (the ledger alone is not trusted there). This
+    /// process's pools on `dev` are re-read first.
+    #[inline(always)]
+    pub(crate) fn info_used(&self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+        self.refresh_pools_of(cuda, dev.id);
         let (used, held) = self.usage().container_used_held(dev.id);
         if near_cap(cap, used) {
             return self.info_used_slow(nvml, dev, cap);
