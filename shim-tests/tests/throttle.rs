@@ -16,6 +16,7 @@
 
 use shim_tests::{compile_c, heavy, mono_ns, workspace_root, Output, Sim, Window};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Which binary: dlopen-based, or linked with -lcuda (direct symbols), optionally per-thread default stream.
@@ -272,33 +273,44 @@ fn burst_alone_takes_the_device_and_yields_to_a_busy_neighbour() {
     assert_band("burst 30 %, alone", share(&sim, w), 80.0, 100.0);
 
     let sim = Sim::new().build();
+    let (a, b) = burst_beside_a_busy_hard70(&sim, &burst, |_, _, _| {});
+    // A burst tenant that ignored its neighbour would take about half the device.
+    assert_band("burst 30 % next to a busy hard 70 %", a, 15.0, 42.0);
+    assert_band("hard 70 % next to a burst 30 %", b, 55.0, 80.0);
+}
+
+/// Runs a burst tenant (container "a", env `burst`) beside a busy hard 70 % one ("b"), both starting at one
+/// instant, with `meanwhile(a's pid, b's pid, stop)` in a thread until both end (`stop` is then set); returns each
+/// one's share of the device, percent, over their common window.
+fn burst_beside_a_busy_hard70(
+    sim: &Sim,
+    burst: &[(&str, &str)],
+    meanwhile: impl FnOnce(u32, u32, &AtomicBool) + Send,
+) -> (f64, f64) {
     let start = mono_ns() + 300_000_000;
     let hard70 = [("CUDA_DEVICE_SM_LIMIT", "70"), ("CUQUOTA_POLICY", "hard")];
     let a = Launcher {
         start_at: start,
-        ..Launcher::new(&burst, 2.5, 1_000_000)
+        ..Launcher::new(burst, 2.5, 1_000_000)
     };
     let b = Launcher {
         container: "b",
         start_at: start,
         ..Launcher::new(&hard70, 2.5, 1_000_000)
     };
-    let (pa, pb) = (a.spawn(&sim), b.spawn(&sim));
-    let (wa, wb) = (finished(pa.finish()), finished(pb.finish()));
+    let (pa, pb) = (a.spawn(sim), b.spawn(sim));
+    let (ids, stop) = ((pa.pid(), pb.pid()), AtomicBool::new(false));
+    let (wa, wb) = std::thread::scope(|s| {
+        s.spawn(|| meanwhile(ids.0, ids.1, &stop));
+        let r = (finished(pa.finish()), finished(pb.finish()));
+        stop.store(true, Ordering::Relaxed);
+        r
+    });
     let (from, to) = common(&[wa, wb]);
-    // A burst tenant that ignored its neighbour would take about half the device.
-    assert_band(
-        "burst 30 % next to a busy hard 70 %",
+    (
         sim.share_pct(0, wa.pid, from, to),
-        15.0,
-        42.0,
-    );
-    assert_band(
-        "hard 70 % next to a burst 30 %",
         sim.share_pct(0, wb.pid, from, to),
-        55.0,
-        80.0,
-    );
+    )
 }
 
 /// Attack: the burst tenant's NVML answers "no samples" (`NVML_ERROR_NOT_FOUND`) beside the busy hard 70 % of
@@ -316,23 +328,10 @@ fn burst_with_nvml_answering_no_samples_yields_to_a_busy_neighbour() {
         ),
     ];
     let sim = Sim::new().build();
-    let start = mono_ns() + 300_000_000;
-    let hard70 = [("CUDA_DEVICE_SM_LIMIT", "70"), ("CUQUOTA_POLICY", "hard")];
-    let a = Launcher {
-        start_at: start,
-        ..Launcher::new(&burst, 2.5, 1_000_000)
-    };
-    let b = Launcher {
-        container: "b",
-        start_at: start,
-        ..Launcher::new(&hard70, 2.5, 1_000_000)
-    };
-    let (pa, pb) = (a.spawn(&sim), b.spawn(&sim));
-    let (wa, wb) = (finished(pa.finish()), finished(pb.finish()));
-    let (from, to) = common(&[wa, wb]);
+    let (a, _) = burst_beside_a_busy_hard70(&sim, &burst, |_, _, _| {});
     assert_band(
         "burst 30 % with NVML answering NOT_FOUND, next to a busy hard 70 %",
-        sim.share_pct(0, wa.pid, from, to),
+        a,
         15.0,
         42.0,
     );
@@ -347,45 +346,25 @@ fn burst_with_nvml_answering_no_samples_yields_to_a_busy_neighbour() {
 fn burst_forging_a_neighbours_pid_into_its_slot_still_yields() {
     use cuquota_core::region::LimitsWriter;
     use cuquota_core::UsageRegion;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let _serial = serial();
     let burst = [("CUDA_DEVICE_SM_LIMIT", "30"), ("CUQUOTA_POLICY", "burst")];
     let sim = Sim::new().build();
     let agent = LimitsWriter::create(&sim.limits_file()).expect("limits file");
-    let start = mono_ns() + 300_000_000;
-    let hard70 = [("CUDA_DEVICE_SM_LIMIT", "70"), ("CUQUOTA_POLICY", "hard")];
-    let a = Launcher {
-        start_at: start,
-        ..Launcher::new(&burst, 2.5, 1_000_000)
-    };
-    let b = Launcher {
-        container: "b",
-        start_at: start,
-        ..Launcher::new(&hard70, 2.5, 1_000_000)
-    };
-    let (pa, pb) = (a.spawn(&sim), b.spawn(&sim));
-    agent.set_members(&[pa.pid()]).expect("publish members");
-    let (usage, their) = (sim.container_usage_file("a"), pb.pid());
-    let stop = AtomicBool::new(false);
-    let (wa, wb) = std::thread::scope(|s| {
-        s.spawn(|| {
-            while !stop.load(Ordering::Relaxed) {
-                if let Ok(u) = UsageRegion::open_existing(&usage) {
-                    for p in u.processes().into_iter().filter(|p| p.pid != 0) {
-                        u.set_host_pid(p.slot, their);
-                    }
+    let usage = sim.container_usage_file("a");
+    let (a, _) = burst_beside_a_busy_hard70(&sim, &burst, |ours, theirs, stop| {
+        agent.set_members(&[ours]).expect("publish members");
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(u) = UsageRegion::open_existing(&usage) {
+                for p in u.processes().into_iter().filter(|p| p.pid != 0) {
+                    u.set_host_pid(p.slot, theirs);
                 }
-                std::thread::sleep(Duration::from_millis(2));
             }
-        });
-        let r = (finished(pa.finish()), finished(pb.finish()));
-        stop.store(true, Ordering::Relaxed);
-        r
+            std::thread::sleep(Duration::from_millis(2));
+        }
     });
-    let (from, to) = common(&[wa, wb]);
     assert_band(
         "burst 30 % forging its neighbour's pid into its slot, next to a busy hard 70 %",
-        sim.share_pct(0, wa.pid, from, to),
+        a,
         15.0,
         42.0,
     );
