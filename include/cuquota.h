@@ -132,7 +132,8 @@ struct cuquota_limits_header {
     uint64_t generation;  /* committed writes; seqlock-protected */
     uint32_t writer_pid;  /* pid holding the write side, 0 = none */
     uint32_t _reserved0;
-    uint64_t _reserved[1];
+    uint64_t evict_mask;  /* elastic memory: bit i = move movable memory above the request to host memory on
+                             the devices of entry i while quiescent; 0 = no ask; seqlock-protected */
 };
 
 /* A device's limits: in limits entries (the agent's word) and usage device entries (what a process enforces). */
@@ -191,7 +192,10 @@ struct cuquota_usage_header {
     uint32_t max_procs;       /* CUQUOTA_MAX_PROCS */
     uint32_t proc_high_water;   /* one past the highest slot ever claimed */
     uint32_t shared_high_water; /* one past the highest shared entry ever claimed (ABI 4) */
-    uint64_t _reserved[3];
+    uint64_t last_use_ns;       /* elastic memory: last launch or copy of the container, CLOCK_BOOTTIME ns */
+    uint64_t waiting;           /* elastic memory: (usage entry + 1) << 56 | bytes an allocation within the
+                                   limit waits for (device full); 0 = none */
+    uint64_t _reserved[1];
 };
 
 struct cuquota_usage_device {

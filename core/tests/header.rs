@@ -40,7 +40,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
             generation,
             writer_pid,
             _reserved0,
-            _reserved,
+            evict_mask,
         ]
     );
     fields!(
@@ -86,6 +86,8 @@ fn rust_layout() -> BTreeMap<String, u64> {
             max_procs,
             proc_high_water,
             shared_high_water,
+            last_use_ns,
+            waiting,
             _reserved,
         ]
     );

@@ -126,8 +126,11 @@ pub struct LimitsHeader {
     pub writer_pid: AtomicU32,
     /// Zero.
     pub _reserved0: AtomicU32,
-    /// Zero.
-    pub _reserved: [AtomicU64; 1],
+    /// Elastic memory (issue 39; a reserved zero word before, so ABI 4 unchanged), seqlock-protected: bit `i`
+    /// set = the agent asks the container to move its movable memory above its request to host memory on the
+    /// devices limits entry `i` selects, while it is quiescent. 0 = no ask (a library that predates it ignores
+    /// it: nothing moves, which the agent sees through NVML).
+    pub evict_mask: AtomicU64,
 }
 
 /// A device's limits as words (32 bytes): the one packing of a [`crate::Policy`] (see [`crate::PolicyRaw`]), in
@@ -282,8 +285,15 @@ pub struct UsageHeader {
     pub proc_high_water: AtomicU32,
     /// One past the highest shared-memory entry ever claimed (ABI 4); sums stop here.
     pub shared_high_water: AtomicU32,
+    /// Elastic memory (issue 39; reserved zero words before), the container's report to the agent: a tenant can
+    /// write them, so the agent acts on them only within what NVML and the limits allow. When the container
+    /// last launched or copied on any device, `CLOCK_BOOTTIME` ns (least recently used first when reclaiming).
+    pub last_use_ns: AtomicU64,
+    /// An allocation within the container's limit waiting because the device is full: `(entry + 1) << 56 |
+    /// bytes` (usage device entry, bytes < 2^56); 0 = none waiting.
+    pub waiting: AtomicU64,
     /// Zero.
-    pub _reserved: [AtomicU64; 3],
+    pub _reserved: [AtomicU64; 1],
 }
 
 /// A physical device in the usage file (144 bytes). Claimed once by UUID, never freed.

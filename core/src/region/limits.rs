@@ -156,6 +156,8 @@ pub struct LimitsTable {
     pub usage_path: [u8; LIMITS_USAGE_PATH_MAX],
     /// The bound file's identity; `ino` 0 = none recorded (bound by path only).
     pub usage_id: FileId,
+    /// [`LimitsHeader::evict_mask`]: entries whose devices the agent asks to evict (elastic memory), 0 = none.
+    pub evict_mask: u64,
 }
 
 impl Default for LimitsTable {
@@ -168,6 +170,7 @@ impl Default for LimitsTable {
             usage_path_len: 0,
             usage_path: [0; LIMITS_USAGE_PATH_MAX],
             usage_id: FileId::default(),
+            evict_mask: 0,
         }
     }
 }
@@ -451,6 +454,7 @@ impl std::error::Error for UnreadableBinding {}
 fn load_table(file: &LimitsFile) -> LimitsTable {
     let mut table = LimitsTable {
         flags: file.header.flags.load(Ordering::Relaxed),
+        evict_mask: file.header.evict_mask.load(Ordering::Relaxed),
         ..Default::default()
     };
     for (out, e) in table.entries.iter_mut().zip(file.devices.iter()) {
@@ -479,6 +483,7 @@ fn load_table(file: &LimitsFile) -> LimitsTable {
 /// Stores a table (relaxed; the caller holds the write side of the seqlock).
 fn store_table(file: &LimitsFile, table: &LimitsTable) {
     file.header.flags.store(table.flags, Ordering::Relaxed);
+    file.header.evict_mask.store(table.evict_mask, Ordering::Relaxed);
     for (d, e) in table.entries.iter().zip(file.devices.iter()) {
         d.store(e);
     }
