@@ -492,7 +492,8 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         }
         if let Some(u) = &a.usage {
             let bound = (u.as_os_str() != "none").then_some(u.as_path());
-            t.set_usage(bound, usage).map_err(CliError::new)?;
+            t.set_usage(bound, usage)
+                .map_err(|e| CliError::new(e.to_string()))?;
         }
         Ok(())
     })??;

@@ -246,7 +246,7 @@ fn usage_binding_set_read_and_refused_when_malformed() {
             .update(|t| t.set_usage(Some(Path::new(bad)), None))
             .unwrap()
             .unwrap_err();
-        assert!(e.contains("must be absolute"), "{e}");
+        assert!(e.to_string().contains("must be absolute"), "{e}");
     }
     r.refresh();
     assert_eq!(

@@ -622,7 +622,7 @@ impl Layout {
                 .raw = NOT_GRANTED.raw();
             t.flags = (t.flags | LIMITS_FLAG_NO_OPT_OUT) & !LIMITS_FLAG_OPT_OUT_ALLOWED;
             t.set_usage(Some(Path::new(USAGE_IN_CONTAINER)), Some(id))
-                .map_err(PrepareError::Limits)
+                .map_err(|e| PrepareError::Limits(e.to_string()))
         })
         .map_err(region("limits"))??;
         fs::set_permissions(limits, fs::Permissions::from_mode(0o644)).map_err(io_at(limits))?;

@@ -285,7 +285,11 @@ impl LimitsTable {
     /// binds by path alone, which a tenant who can write the file's directory defeats). The path must be
     /// absolute, without NUL bytes, and at most [`LIMITS_USAGE_PATH_MAX`] bytes; `Err` names what is wrong
     /// (nothing changed).
-    pub fn set_usage(&mut self, path: Option<&std::path::Path>, id: Option<FileId>) -> Result<(), String> {
+    pub fn set_usage(
+        &mut self,
+        path: Option<&std::path::Path>,
+        id: Option<FileId>,
+    ) -> Result<(), BadUsagePath> {
         self.set_usage_path(path)?;
         self.usage_id = if path.is_some() {
             id.unwrap_or_default()
@@ -295,15 +299,12 @@ impl LimitsTable {
         Ok(())
     }
 
-    fn set_usage_path(&mut self, path: Option<&std::path::Path>) -> Result<(), String> {
+    fn set_usage_path(&mut self, path: Option<&std::path::Path>) -> Result<(), BadUsagePath> {
         use std::os::unix::ffi::OsStrExt;
         let bytes = path.map_or(&[][..], |p| p.as_os_str().as_bytes());
         if let Some(p) = path {
             if !p.is_absolute() || bytes.contains(&0) || bytes.len() > LIMITS_USAGE_PATH_MAX {
-                return Err(format!(
-                    "usage file path {}: must be absolute, without NUL bytes, at most {LIMITS_USAGE_PATH_MAX} bytes",
-                    p.display()
-                ));
+                return Err(BadUsagePath(p.to_path_buf()));
             }
         }
         self.usage_path = [0; LIMITS_USAGE_PATH_MAX];
@@ -344,6 +345,23 @@ impl LimitsTable {
         self.flags &= !LIMITS_FLAG_MEMBERS;
     }
 }
+
+/// A usage file path that cannot be bound: not absolute, with a NUL byte, or longer than
+/// [`LIMITS_USAGE_PATH_MAX`] bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadUsagePath(pub std::path::PathBuf);
+
+impl std::fmt::Display for BadUsagePath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "usage file path {}: must be absolute, without NUL bytes, at most {LIMITS_USAGE_PATH_MAX} bytes",
+            self.0.display()
+        )
+    }
+}
+
+impl std::error::Error for BadUsagePath {}
 
 /// A member list that cannot be stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,8 +31,8 @@ mod usage;
 pub use error::RegionError;
 pub use fault::uninstall_sigbus_handler;
 pub use limits::{
-    DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable, LimitsWriter,
-    MembersError, ReadError, TableFull, UnreadableBinding,
+    BadUsagePath, DeviceSelector, LimitsEntryData, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsTable,
+    LimitsWriter, MembersError, ReadError, TableFull, UnreadableBinding,
 };
 pub use map::FileId;
 pub use priority::{
