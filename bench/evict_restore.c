@@ -137,7 +137,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     size_t n = round_up(round_up(mib * MIB, g), gh);
-    CUmemAllocationProp dp = vmm_prop(CU_MEM_LOCATION_TYPE_DEVICE, d), hp = vmm_prop(CU_MEM_LOCATION_TYPE_HOST, 0);
+    CUmemAllocationProp dp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, d);
+    CUmemAllocationProp hp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_HOST, 0);
     CUdeviceptr va = 0, stage = 0;
     CUmemGenericAllocationHandle dev_h, host_h;
     CK(cuMemAddressReserve(&va, n, 0, 0, 0));
@@ -181,7 +182,7 @@ int main(int argc, char **argv) {
             else
                 ph[i] = (uint64_t)(ms * 1e6), phw[i] = w;
         }
-    pattern(buf, n, 11);
+    cq_pattern(buf, n, 11);
     CK(cuMemcpyHtoD(va, buf, n));
 
     static uint64_t ev[MAXC], re[MAXC], evc[MAXC], rec[MAXC], evs[NSTEPS][MAXC], res[NSTEPS][MAXC];
@@ -210,7 +211,7 @@ int main(int argc, char **argv) {
         if (i == 0 || i == cycles - 1) {
             memset(buf, 0, n);
             CK(cuMemcpyDtoH(buf, va, n));
-            size_t bad = pattern_diff(buf, n, 11, 0);
+            size_t bad = cq_pattern_diff(buf, n, 11, 0);
             if (bad != n) {
                 fprintf(stderr, "evict_restore: cycle %d: byte %zu of %zu differs after the restore\n", i, bad, n);
                 intact = 0;
