@@ -89,7 +89,7 @@ static void remap(const char *key, CUmemLocationType type) {
     size_t n = round_up(round_up(8 * MIB, g), gh);
     unsigned char *buf = NULL;
     CK(cuMemAllocHost((void **)&buf, n));
-    CUmemAllocationProp dp = vmm_prop(CU_MEM_LOCATION_TYPE_DEVICE, d), hp = vmm_prop(type, id);
+    CUmemAllocationProp dp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, d), hp = cq_vmm_prop_at(type, id);
     CUmemGenericAllocationHandle dev_h, host_h, back_h;
     CUdeviceptr va = 0, tmp = 0;
     size_t free0 = 0, free1 = 0, total = 0;
@@ -98,7 +98,7 @@ static void remap(const char *key, CUmemLocationType type) {
     CK(cuMemCreate(&dev_h, n, &dp, 0));
     CK(cuMemMap(va, n, 0, dev_h, 0));
     CK(vmm_access(va, n, d));
-    pattern(buf, n, 7);
+    cq_pattern(buf, n, 7);
     CK(cuMemcpyHtoD(va, buf, n));
     CK(cuMemGetInfo(&free0, &total));
     STEP(key, how, "cuMemCreate of the host allocation", cuMemCreate(&host_h, n, &hp, 0));
@@ -115,7 +115,7 @@ static void remap(const char *key, CUmemLocationType type) {
     STEP(key, how, "cuMemSetAccess at the same address", vmm_access(va, n, d));
     memset(buf, 0, n);
     STEP(key, how, "cuMemcpyDtoH from the host-backed address", cuMemcpyDtoH(buf, va, n));
-    size_t bad = pattern_diff(buf, n, 7, 0);
+    size_t bad = cq_pattern_diff(buf, n, 7, 0);
     if (bad != n) {
         row(key, how, "no: mapped at the same address, but byte %zu of %zu differs there", bad, n);
         return;
@@ -132,7 +132,7 @@ static void remap(const char *key, CUmemLocationType type) {
     CK(vmm_access(va, n, d));
     memset(buf, 0, n);
     CK(cuMemcpyDtoH(buf, va, n));
-    bad = pattern_diff(buf, n, 7, 0);
+    bad = cq_pattern_diff(buf, n, 7, 0);
     if (bad != n) {
         row(key, how, "no: back on the device at the same address, but byte %zu of %zu differs", bad, n);
         return;
@@ -154,14 +154,14 @@ static void fact_kernel_host(void) {
                         vmm_granularity(CU_MEM_LOCATION_TYPE_HOST, 0));
     CUfunction f = touch_kernel();
     unsigned char *buf = malloc(n);
-    CUmemAllocationProp hp = vmm_prop(CU_MEM_LOCATION_TYPE_HOST, 0);
+    CUmemAllocationProp hp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_HOST, 0);
     CUmemGenericAllocationHandle h;
     CUdeviceptr va = 0;
     CK(cuMemAddressReserve(&va, n, 0, 0, 0));
     STEP(key, how, "cuMemCreate(HOST)", cuMemCreate(&h, n, &hp, 0));
     STEP(key, how, "cuMemMap", cuMemMap(va, n, 0, h, 0));
     STEP(key, how, "cuMemSetAccess", vmm_access(va, n, d));
-    pattern(buf, n, 3);
+    cq_pattern(buf, n, 3);
     CK(cuMemcpyHtoD(va, buf, n));
     CUresult r = launch_touch(f, NULL, d, va, n, 0);
     if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
@@ -170,7 +170,7 @@ static void fact_kernel_host(void) {
         return;
     }
     CK(cuMemcpyDtoH(buf, va, n));
-    size_t bad = pattern_diff(buf, n, 3, 1);
+    size_t bad = cq_pattern_diff(buf, n, 3, 1);
     if (bad != n)
         row(key, how, "no: the kernel ran, but byte %zu of %zu is not the kernel's", bad, n);
     else
@@ -185,7 +185,7 @@ static void fact_unmap_sync(void) {
     CUdevice d = primary_device();
     size_t n = round_up(2 * MIB, vmm_granularity(CU_MEM_LOCATION_TYPE_DEVICE, d));
     CUfunction f = touch_kernel();
-    CUmemAllocationProp dp = vmm_prop(CU_MEM_LOCATION_TYPE_DEVICE, d);
+    CUmemAllocationProp dp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, d);
     CUmemGenericAllocationHandle h;
     CUdeviceptr va = 0;
     CUstream s;
@@ -231,7 +231,7 @@ static void costs_row(CUdevice d, CUmemLocationType type, const char *where, siz
              reps, where, label);
     int id = type == CU_MEM_LOCATION_TYPE_HOST_NUMA ? host_numa_id(d) : type == CU_MEM_LOCATION_TYPE_DEVICE ? d : 0;
     size_t n = round_up(size, vmm_granularity(type, id));
-    CUmemAllocationProp p = vmm_prop(type, id);
+    CUmemAllocationProp p = cq_vmm_prop_at(type, id);
     uint64_t t[5][64];
     CUdeviceptr va = 0;
     STEP(key, how, "cuMemAddressReserve", cuMemAddressReserve(&va, n, 0, 0, 0));

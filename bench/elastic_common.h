@@ -1,6 +1,7 @@
 /* elastic_common.h: what bench/driver_facts.c and bench/evict_restore.c share: clocks, error names, VMM helpers
- * and the memory-touching kernel, as PTX on a GPU and as a text module on the simulator (which exports
- * cudasimDeviceBusyNs). Linked with -lcuda (the simulator in tests, a stub at staging, NVIDIA's driver on a GPU). */
+ * (with shim-tests/c/cq_vmm.h, which the simulator's elastic.c also uses) and the memory-touching kernel, as PTX
+ * on a GPU and as a text module on the simulator (which exports cudasimDeviceBusyNs). Linked with -lcuda (the
+ * simulator in tests, a stub at staging, NVIDIA's driver on a GPU). */
 #ifndef ELASTIC_COMMON_H
 #define ELASTIC_COMMON_H
 #define _GNU_SOURCE
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "../shim-tests/c/cq_vmm.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -51,28 +53,14 @@ static inline unsigned long long parse_num(const char *what, const char *s, unsi
 
 static inline int on_simulator(void) { return dlsym(RTLD_DEFAULT, "cudasimDeviceBusyNs") != NULL; }
 
-static inline CUmemAllocationProp vmm_prop(CUmemLocationType type, int id) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = type;
-    p.location.id = id;
-    return p;
-}
-
 /* Read-write access for device `dev` to [p, p + n). */
 static inline CUresult vmm_access(CUdeviceptr p, size_t n, CUdevice dev) {
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof d);
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = dev;
-    d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    return cuMemSetAccess(p, n, &d, 1);
+    return cq_vmm_set_access(p, n, dev, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 }
 
 /* The minimum granularity of allocations at `type`/`id` (0 when the driver refuses the location). */
 static inline size_t vmm_granularity(CUmemLocationType type, int id) {
-    CUmemAllocationProp p = vmm_prop(type, id);
+    CUmemAllocationProp p = cq_vmm_prop_at(type, id);
     size_t g = 0;
     return cuMemGetAllocationGranularity(&g, &p, CU_MEM_ALLOC_GRANULARITY_MINIMUM) == CUDA_SUCCESS ? g : 0;
 }
@@ -154,17 +142,6 @@ static inline CUresult launch_touch(CUfunction f, CUstream s, CUdevice dev, CUde
         return cuLaunchKernel(f, (unsigned)(sms * waves), 1, 1, 1, 1, 1, 0, s, params, NULL);
     }
     return cuLaunchKernel(f, (unsigned)sms * 2, 1, 1, 256, 1, 1, 0, s, params, NULL);
-}
-
-static inline void pattern(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 31 + seed + (i >> 12));
-}
-
-/* Index of the first byte that is not the pattern plus `plus`, or n. */
-static inline size_t pattern_diff(const unsigned char *p, size_t n, unsigned seed, unsigned plus) {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != (unsigned char)(i * 31 + seed + (i >> 12) + plus)) return i;
-    return n;
 }
 
 static int cmp_u64(const void *a, const void *b) {

@@ -34,6 +34,43 @@
 
 enum { CREATE, MAP, COPY, UNMAP, REMAP, NSTEPS };
 
+/* What an eviction and a restore both use: the range, the staging address, the copy's stream and events. */
+struct mover {
+    CUdeviceptr va, stage;
+    size_t n;
+    CUdevice d;
+    CUstream s;
+    CUevent a, b;
+};
+
+/* A move's first steps, timed in t[0..3] (create, map + access, copy): `to`, created from `prop` unless that is
+ * NULL (a kept allocation), mapped at the staging address and the range's bytes copied into it. */
+static void stage_copy(const struct mover *m, CUmemGenericAllocationHandle *to, const CUmemAllocationProp *prop,
+                       uint64_t *t) {
+    t[0] = now_ns();
+    if (prop) CK(cuMemCreate(to, m->n, prop, 0));
+    t[1] = now_ns();
+    CK(cuMemMap(m->stage, m->n, 0, *to, 0));
+    CK(vmm_access(m->stage, m->n, m->d));
+    t[2] = now_ns();
+    CK(cuEventRecord(m->a, m->s));
+    CK(cuMemcpyAsync(m->stage, m->va, m->n, m->s));
+    CK(cuEventRecord(m->b, m->s));
+    CK(cuStreamSynchronize(m->s));
+    t[3] = now_ns();
+}
+
+/* Ends cycle i's move at t[5]: its copy's time (events), its whole time and each step's. */
+static void record(const struct mover *m, uint64_t *t, int i, uint64_t *copy, uint64_t *total,
+                   uint64_t steps[][MAXC]) {
+    float ms = 0;
+    t[5] = now_ns();
+    CK(cuEventElapsedTime(&ms, m->a, m->b));
+    copy[i] = (uint64_t)(ms * 1e6);
+    total[i] = t[5] - t[0];
+    for (int k = 0; k < NSTEPS; k++) steps[k][i] = t[k + 1] - t[k];
+}
+
 static int managed(int argc, char **argv) {
     if (argc != 5) {
         fprintf(stderr, "usage: evict_restore managed TENANT_MIB TENANTS ROUNDS\n");
@@ -100,7 +137,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     size_t n = round_up(round_up(mib * MIB, g), gh);
-    CUmemAllocationProp dp = vmm_prop(CU_MEM_LOCATION_TYPE_DEVICE, d), hp = vmm_prop(CU_MEM_LOCATION_TYPE_HOST, 0);
+    CUmemAllocationProp dp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, d);
+    CUmemAllocationProp hp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_HOST, 0);
     CUdeviceptr va = 0, stage = 0;
     CUmemGenericAllocationHandle dev_h, host_h;
     CK(cuMemAddressReserve(&va, n, 0, 0, 0));
@@ -144,64 +182,36 @@ int main(int argc, char **argv) {
             else
                 ph[i] = (uint64_t)(ms * 1e6), phw[i] = w;
         }
-    pattern(buf, n, 11);
+    cq_pattern(buf, n, 11);
     CK(cuMemcpyHtoD(va, buf, n));
 
     static uint64_t ev[MAXC], re[MAXC], evc[MAXC], rec[MAXC], evs[NSTEPS][MAXC], res[NSTEPS][MAXC];
     int intact = 1;
+    struct mover m = {va, stage, n, d, s, a, b};
     for (int i = 0; i < cycles; i++) {
         uint64_t t[NSTEPS + 1];
-        float ms = 0;
         /* evict */
-        t[0] = now_ns();
-        if (!pool) CK(cuMemCreate(&host_h, n, &hp, 0));
-        t[1] = now_ns();
-        CK(cuMemMap(stage, n, 0, host_h, 0));
-        CK(vmm_access(stage, n, d));
-        t[2] = now_ns();
-        CK(cuEventRecord(a, s));
-        CK(cuMemcpyAsync(stage, va, n, s));
-        CK(cuEventRecord(b, s));
-        CK(cuStreamSynchronize(s));
-        t[3] = now_ns();
+        stage_copy(&m, &host_h, pool ? NULL : &hp, t);
         CK(cuMemUnmap(va, n));
         CK(cuMemRelease(dev_h));
         t[4] = now_ns();
         CK(cuMemUnmap(stage, n));
         CK(cuMemMap(va, n, 0, host_h, 0));
         CK(vmm_access(va, n, d));
-        t[5] = now_ns();
-        CK(cuEventElapsedTime(&ms, a, b));
-        evc[i] = (uint64_t)(ms * 1e6);
-        ev[i] = t[5] - t[0];
-        for (int k = 0; k < NSTEPS; k++) evs[k][i] = t[k + 1] - t[k];
+        record(&m, t, i, evc, ev, evs);
         /* restore */
-        t[0] = now_ns();
-        CK(cuMemCreate(&dev_h, n, &dp, 0));
-        t[1] = now_ns();
-        CK(cuMemMap(stage, n, 0, dev_h, 0));
-        CK(vmm_access(stage, n, d));
-        t[2] = now_ns();
-        CK(cuEventRecord(a, s));
-        CK(cuMemcpyAsync(stage, va, n, s));
-        CK(cuEventRecord(b, s));
-        CK(cuStreamSynchronize(s));
-        t[3] = now_ns();
+        stage_copy(&m, &dev_h, &dp, t);
         CK(cuMemUnmap(va, n));
         CK(cuMemUnmap(stage, n));
         t[4] = now_ns();
         CK(cuMemMap(va, n, 0, dev_h, 0));
         CK(vmm_access(va, n, d));
         if (!pool) CK(cuMemRelease(host_h));
-        t[5] = now_ns();
-        CK(cuEventElapsedTime(&ms, a, b));
-        rec[i] = (uint64_t)(ms * 1e6);
-        re[i] = t[5] - t[0];
-        for (int k = 0; k < NSTEPS; k++) res[k][i] = t[k + 1] - t[k];
+        record(&m, t, i, rec, re, res);
         if (i == 0 || i == cycles - 1) {
             memset(buf, 0, n);
             CK(cuMemcpyDtoH(buf, va, n));
-            size_t bad = pattern_diff(buf, n, 11, 0);
+            size_t bad = cq_pattern_diff(buf, n, 11, 0);
             if (bad != n) {
                 fprintf(stderr, "evict_restore: cycle %d: byte %zu of %zu differs after the restore\n", i, bad, n);
                 intact = 0;

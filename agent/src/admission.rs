@@ -78,7 +78,6 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::ContainerDevice;
 
     const G: u64 = 1 << 30;
 
@@ -95,25 +94,7 @@ mod tests {
     }
 
     fn container(name: &str, request: Option<u64>) -> ContainerReport {
-        let mut c = ContainerReport::failed(name, "", None, String::new());
-        c.error = None;
-        c.devices.push(ContainerDevice {
-            index: 0,
-            uuid: "GPU-a".into(),
-            vdevice_index: None,
-            memory_used_bytes: 0,
-            memory_limit_bytes: request,
-            memory_request_bytes: request,
-            memory_request_refused: None,
-            memory_over_limit: false,
-            sm_limit_percent: None,
-            policy: "default",
-            utilization_percent: None,
-            sm_over_limit: false,
-            reported: None,
-            processes: Vec::new(),
-        });
-        c
+        ContainerReport::on_one_gpu(name, "GPU-a", request, &[])
     }
 
     fn refused(cs: &[ContainerReport]) -> Vec<&str> {

@@ -406,6 +406,45 @@ impl AgentReport {
     }
 }
 
+/// Test fixture of the agent's modules.
+#[cfg(test)]
+impl ContainerReport {
+    /// Container `name` on one GPU (index 0, `uuid`) with cap and request `cap` and its processes' (pid, bytes).
+    pub(crate) fn on_one_gpu(
+        name: &str,
+        uuid: &str,
+        cap: Option<u64>,
+        procs: &[(u32, u64)],
+    ) -> ContainerReport {
+        let mut c = ContainerReport::failed(name, "", None, String::new());
+        c.error = None;
+        c.devices.push(ContainerDevice {
+            index: 0,
+            uuid: uuid.into(),
+            vdevice_index: None,
+            memory_used_bytes: procs.iter().map(|p| p.1).sum(),
+            memory_limit_bytes: cap,
+            memory_request_bytes: cap,
+            memory_request_refused: None,
+            memory_over_limit: false,
+            sm_limit_percent: None,
+            policy: "default",
+            utilization_percent: None,
+            sm_over_limit: false,
+            reported: None,
+            processes: procs
+                .iter()
+                .map(|&(pid, bytes)| ProcessReport {
+                    pid,
+                    memory_used_bytes: bytes,
+                    sm_util_percent: None,
+                })
+                .collect(),
+        });
+        c
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@
 //! Needs the debug build of the workspace (`cargo build --workspace`) for libcuquota.so and libcudasim.so, or
 //! `CUQUOTA_TEST_PROFILE=release` after `cargo build --release --workspace`.
 
-use shim_tests::{compile_c, target_dir, workspace_root, Sim};
+use shim_tests::{alloc_bench_and_stub, Sim};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -29,21 +29,8 @@ struct Opts {
 
 fn main() {
     let Opts { reps, iters } = clap::Parser::parse();
-    let src = workspace_root().join("bench/alloc_bench.c");
-    let bin = compile_c("alloc_bench", &src, &[], &["-lcuda", "-lpthread"]);
-    std::fs::create_dir_all(target_dir().join("shim-tests-c/stub")).expect("stub dir");
-    let stub = compile_c(
-        "stub/libcuda.so.1",
-        &workspace_root().join("bench/stub_driver.c"),
-        &[],
-        &[
-            "-shared",
-            "-fPIC",
-            "-fvisibility=hidden",
-            "-Wl,-soname,libcuda.so.1",
-        ],
-    );
-    let stub_dir = stub.parent().expect("stub dir").display().to_string();
+    let (stub_dir, bin) = alloc_bench_and_stub();
+    let stub_dir = stub_dir.display().to_string();
     let sim = Sim::new().memory("80g").build();
     println!("cuquota bench: {reps} repetitions × {iters} ops per thread, medians; cap CUDA_DEVICE_MEMORY_LIMIT=64g");
     println!(

@@ -14,7 +14,7 @@
 //! against the debug libcudasim.so, as every shim test's do):
 //! `cargo test -p cuquota-bench --test hot_path -- --ignored`.
 
-use shim_tests::{compile_c, target_dir, workspace_root};
+use shim_tests::{alloc_bench_and_stub, target_dir, workspace_root};
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -229,34 +229,12 @@ impl Rig {
     }
 }
 
-fn stub_and_bench() -> (PathBuf, PathBuf) {
-    std::fs::create_dir_all(target_dir().join("shim-tests-c/stub")).expect("stub dir");
-    let stub = compile_c(
-        "stub/libcuda.so.1",
-        &workspace_root().join("bench/stub_driver.c"),
-        &[],
-        &[
-            "-shared",
-            "-fPIC",
-            "-fvisibility=hidden",
-            "-Wl,-soname,libcuda.so.1",
-        ],
-    );
-    let bench = compile_c(
-        "alloc_bench",
-        &workspace_root().join("bench/alloc_bench.c"),
-        &[],
-        &["-lcuda", "-lpthread"],
-    );
-    (stub.parent().expect("stub dir").to_path_buf(), bench)
-}
-
 #[test]
 #[ignore = "builds a release libcuquota.so and runs valgrind: test.sh's hot-path step runs it (-- --ignored)"]
 fn hot_path_instruction_counts() {
     let valgrind = valgrind();
     let shim = release_shim();
-    let (stub_dir, bench) = stub_and_bench();
+    let (stub_dir, bench) = alloc_bench_and_stub();
     let tmp = std::env::temp_dir().join(format!("cuquota-hot-path-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("temp dir");
     let rig = Rig {

@@ -1,6 +1,7 @@
-/* cq_vmm.h: what the VMM test programs share (the shim's, and the simulator's vmm_share.c): a device's primary
- * context, the properties and access of pinned device memory, and a descriptor passed over a Unix socket
- * (SCM_RIGHTS) to the importing process. Needs only cuda.h. */
+/* cq_vmm.h: what the VMM test programs share (the shim's, the simulator's vmm_share.c and elastic.c, and
+ * bench/elastic_common.h): a device's primary context, the properties and access of pinned memory, a byte pattern
+ * that shows memory kept its contents across remapping, and a descriptor passed over a Unix socket (SCM_RIGHTS)
+ * to the importing process. Needs only cuda.h. */
 #ifndef CQ_VMM_H
 #define CQ_VMM_H
 #include <cuda.h>
@@ -17,13 +18,19 @@ static inline CUresult cq_use_device(int ordinal) {
     return r;
 }
 
-/* Pinned memory on device `dev`, shareable as `types` (0: not shareable). */
-static inline CUmemAllocationProp cq_vmm_prop(int dev, CUmemAllocationHandleType types) {
+/* Pinned memory at `type`/`id` (a device, the host, a NUMA node), not shareable. */
+static inline CUmemAllocationProp cq_vmm_prop_at(CUmemLocationType type, int id) {
     CUmemAllocationProp p;
     memset(&p, 0, sizeof p);
     p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p.location.id = dev;
+    p.location.type = type;
+    p.location.id = id;
+    return p;
+}
+
+/* Pinned memory on device `dev`, shareable as `types` (0: not shareable). */
+static inline CUmemAllocationProp cq_vmm_prop(int dev, CUmemAllocationHandleType types) {
+    CUmemAllocationProp p = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, dev);
     p.requestedHandleTypes = types;
     return p;
 }
@@ -36,6 +43,25 @@ static inline CUmemAccessDesc cq_vmm_access(int dev) {
     a.location.id = dev;
     a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     return a;
+}
+
+/* Access `flags` from device `dev` to [p, p + n). */
+static inline CUresult cq_vmm_set_access(CUdeviceptr p, size_t n, int dev, CUmemAccess_flags flags) {
+    CUmemAccessDesc a = cq_vmm_access(dev);
+    a.flags = flags;
+    return cuMemSetAccess(p, n, &a, 1);
+}
+
+/* Fills [p, p + n) with the pattern of `seed` (no period of a page or less). */
+static inline void cq_pattern(unsigned char *p, size_t n, unsigned seed) {
+    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 31 + seed + (i >> 12));
+}
+
+/* Index of the first byte that is not the pattern of `seed` plus `plus`, or n. */
+static inline size_t cq_pattern_diff(const unsigned char *p, size_t n, unsigned seed, unsigned plus) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (unsigned char)(i * 31 + seed + (i >> 12) + plus)) return i;
+    return n;
 }
 
 /* Sends descriptor `fd` with the `len` bytes at `data` (at least one: a message carries data) on `sock`;

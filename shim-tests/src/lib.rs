@@ -335,6 +335,31 @@ pub fn compile_c(name: &str, src: &Path, extra_sources: &[&Path], flags: &[&str]
     out
 }
 
+/// The allocation bench (`bench/alloc_bench.c`) and the stub driver it is measured over (`bench/stub_driver.c`, the
+/// `libcuda.so.1` of a directory of its own), compiled: (the stub's directory, the bench). For `cuquota-bench` and
+/// the hot-path gate.
+pub fn alloc_bench_and_stub() -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(target_dir().join("shim-tests-c/stub")).expect("stub dir");
+    let stub = compile_c(
+        "stub/libcuda.so.1",
+        &workspace_root().join("bench/stub_driver.c"),
+        &[],
+        &[
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-Wl,-soname,libcuda.so.1",
+        ],
+    );
+    let bench = compile_c(
+        "alloc_bench",
+        &workspace_root().join("bench/alloc_bench.c"),
+        &[],
+        &["-lcuda", "-lpthread"],
+    );
+    (stub.parent().expect("stub dir").to_path_buf(), bench)
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // The simulated GPU
 // ---------------------------------------------------------------------------------------------------------

@@ -518,18 +518,18 @@ mod tests {
     }
 
     /// A device timeline for one best-effort process: its queued kernels run one after another.
-    struct FakeTracker<'c> {
-        clock: &'c FakeClock,
+    struct FakeTracker {
+        clock: FakeClock,
         q: RefCell<std::collections::VecDeque<(u64, u64, u64)>>, // est, done at, launched
         token: Cell<Option<u64>>,
         last: Cell<u64>,
         done: Cell<(u64, u64)>,
     }
 
-    impl<'c> FakeTracker<'c> {
-        fn new(clock: &'c FakeClock) -> Self {
+    impl FakeTracker {
+        fn new() -> Self {
             FakeTracker {
-                clock,
+                clock: FakeClock::new(T0),
                 q: RefCell::new(Default::default()),
                 token: Cell::new(None),
                 last: Cell::new(0),
@@ -545,7 +545,7 @@ mod tests {
         }
     }
 
-    impl Tracker for FakeTracker<'_> {
+    impl Tracker for FakeTracker {
         fn reap(&self, _dev: usize, now: u64) -> Queued {
             let mut q = self.q.borrow_mut();
             while let Some(k) = q.front().copied().filter(|k| k.1 <= now) {
@@ -582,59 +582,92 @@ mod tests {
         }
     }
 
+    /// One best-effort process on device 0 at T0, beside the high-priority tenants of `e`.
+    struct Fx {
+        p: Priorities,
+        e: PriorityEntry<'static>,
+        tr: FakeTracker,
+    }
+
+    impl Fx {
+        fn new() -> Self {
+            Fx {
+                p: Priorities::default(),
+                e: PriorityEntry::new(entry()),
+                tr: FakeTracker::new(),
+            }
+        }
+        /// A high-priority launch of unknown length at T0, QUIET_NS ago: a present tenant, an empty queue.
+        fn quiet() -> Self {
+            let f = Fx::new();
+            f.p.hp_launch(f.e, 0, T0, 0);
+            f.clock().advance(QUIET_NS);
+            f
+        }
+        fn clock(&self) -> &FakeClock {
+            &self.tr.clock
+        }
+        fn now(&self) -> u64 {
+            self.tr.clock.now_ns()
+        }
+        /// A high-priority burst of 20 × 200 µs issued at `at`: 4 ms of estimated work.
+        fn hp_burst(&self, at: u64) {
+            for _ in 0..20 {
+                self.p.hp_launch(self.e, 0, at, 200_000);
+            }
+        }
+        fn admit(&self, est_ns: u64, sure: bool) -> Gate {
+            self.p
+                .be_admit(self.e, 0, 0, est_ns, sure, self.clock(), &self.tr)
+        }
+        /// An admission that must be restricted (under the token); the token's value.
+        fn token(&self, est_ns: u64, sure: bool) -> u64 {
+            match self.admit(est_ns, sure) {
+                Gate::Token { value, .. } => value,
+                g => panic!("a present high-priority tenant must restrict: {g:?}"),
+            }
+        }
+    }
+
     #[test]
     fn without_a_high_priority_tenant_best_effort_is_free() {
-        let clock = FakeClock::new(T0);
-        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
-        let tr = FakeTracker::new(&clock);
-        assert_eq!(p.be_admit(e, 0, 0, MS, true, &clock, &tr), Gate::Free);
+        let f = Fx::new();
+        assert_eq!(f.admit(MS, true), Gate::Free);
         // A high-priority tenant gone for PRESENT_NS no longer restricts anyone.
-        p.hp_launch(e, 0, T0, MS);
-        clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, 0, MS, true, &clock, &tr), Gate::Free);
-        assert_eq!(clock.now_ns(), T0 + PRESENT_NS, "no wait");
+        f.p.hp_launch(f.e, 0, T0, MS);
+        f.clock().advance(PRESENT_NS);
+        assert_eq!(f.admit(MS, true), Gate::Free);
+        assert_eq!(f.now(), T0 + PRESENT_NS, "no wait");
     }
 
     #[test]
     fn best_effort_waits_for_the_high_priority_queue_and_keeps_one_long_kernel() {
-        let clock = FakeClock::new(T0);
-        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
-        let tr = FakeTracker::new(&clock);
-        // A burst of 20 × 200 µs issued at T0: the queue is estimated done at T0 + 4 ms.
-        for _ in 0..20 {
-            p.hp_launch(e, 0, T0, 200_000);
-        }
-        assert_eq!(e.hp(T0).busy_until, T0 + 4 * MS);
-        let Gate::Token { value, waited_ns } = p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr) else {
+        let f = Fx::new();
+        f.hp_burst(T0);
+        assert_eq!(f.e.hp(T0).busy_until, T0 + 4 * MS);
+        let Gate::Token { value, waited_ns } = f.admit(3 * MS, true) else {
             panic!("a present high-priority tenant must restrict")
         };
-        assert_eq!(clock.now_ns(), T0 + 4 * MS, "started when the burst was done");
+        assert_eq!(f.now(), T0 + 4 * MS, "started when the burst was done");
         assert_eq!(waited_ns, 4 * MS);
-        tr.launched(3 * MS);
+        f.tr.launched(3 * MS);
         // A never-measured launch longer than the budget waits for the kernel; the token is renewed, not taken
         // anew.
-        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 0, 3 * MS, false, &clock, &tr) else {
-            panic!()
-        };
-        assert_eq!(clock.now_ns(), T0 + 7 * MS);
+        let v2 = f.token(3 * MS, false);
+        assert_eq!(f.now(), T0 + 7 * MS);
         assert_ne!(v2, value);
-        tr.launched(3 * MS);
+        f.tr.launched(3 * MS);
         // A measured one joins it LEAD_NS before its estimated end, and a third waits for the first.
-        assert!(matches!(
-            p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr),
-            Gate::Token { .. }
-        ));
-        assert_eq!(clock.now_ns(), T0 + 10 * MS - LEAD_NS);
-        tr.launched(3 * MS);
-        let Gate::Token { value: v2, .. } = p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr) else {
-            panic!()
-        };
-        assert_eq!(clock.now_ns(), T0 + 13 * MS - LEAD_NS);
+        f.token(3 * MS, true);
+        assert_eq!(f.now(), T0 + 10 * MS - LEAD_NS);
+        f.tr.launched(3 * MS);
+        let v2 = f.token(3 * MS, true);
+        assert_eq!(f.now(), T0 + 13 * MS - LEAD_NS);
         // While that kernel is queued, nobody else (another best-effort process) gets the token.
-        tr.launched(3 * MS);
-        let now = clock.now_ns();
+        f.tr.launched(3 * MS);
+        let now = f.now();
         assert_eq!(
-            e.take_token(now, now + MS),
+            f.e.take_token(now, now + MS),
             Err(v2),
             "two processes' best-effort kernels queued at once"
         );
@@ -645,26 +678,15 @@ mod tests {
         // However little it is charged, on one device or as a multi-device launch's part (65a7532): with a
         // 100 µs kernel of ours queued, a measured 100 µs launch joins it at once (the control), a never-measured
         // one waits until ours are done.
-        let clock = FakeClock::new(T0);
-        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
-        let tr = FakeTracker::new(&clock);
-        p.hp_launch(e, 0, T0, 0);
-        clock.advance(QUIET_NS);
-        let k = 100_000;
+        let (f, k) = (Fx::quiet(), 100_000);
         for _ in 0..2 {
-            assert!(matches!(
-                p.be_admit(e, 0, 0, k, true, &clock, &tr),
-                Gate::Token { .. }
-            ));
-            tr.launched(k);
+            f.token(k, true);
+            f.tr.launched(k);
         }
-        assert_eq!(clock.now_ns(), T0 + QUIET_NS, "measured: queued at once");
-        assert!(matches!(
-            p.be_admit(e, 0, 0, k, false, &clock, &tr),
-            Gate::Token { .. }
-        ));
+        assert_eq!(f.now(), T0 + QUIET_NS, "measured: queued at once");
+        f.token(k, false);
         assert_eq!(
-            clock.now_ns(),
+            f.now(),
             T0 + QUIET_NS + 2 * k,
             "never measured: after ours are done"
         );
@@ -674,29 +696,17 @@ mod tests {
 
     #[test]
     fn a_burst_that_waited_for_our_kernel_is_waited_for_to_its_real_end() {
-        let clock = FakeClock::new(T0);
-        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
-        let tr = FakeTracker::new(&clock);
-        p.hp_launch(e, 0, T0, 0);
-        clock.advance(QUIET_NS);
-        assert!(matches!(
-            p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr),
-            Gate::Token { .. }
-        ));
+        let f = Fx::quiet();
+        f.token(3 * MS, true);
         // Our kernel runs until T0 + QUIET_NS + 3 ms; a burst of 4 ms issued 1 ms later waits for it: it really
         // ends 2 ms after its published end.
-        tr.launched(3 * MS);
-        let burst = clock.now_ns() + MS;
-        clock.advance(MS);
-        for _ in 0..20 {
-            p.hp_launch(e, 0, burst, 200_000);
-        }
-        assert!(matches!(
-            p.be_admit(e, 0, 0, 3 * MS, true, &clock, &tr),
-            Gate::Token { .. }
-        ));
+        f.tr.launched(3 * MS);
+        let burst = f.now() + MS;
+        f.clock().advance(MS);
+        f.hp_burst(burst);
+        f.token(3 * MS, true);
         assert_eq!(
-            clock.now_ns(),
+            f.now(),
             burst + 2 * MS + 4 * MS,
             "launched inside the burst (on a time-sliced GPU: given a slice inside it)"
         );
@@ -704,82 +714,57 @@ mod tests {
 
     #[test]
     fn short_kernels_queue_up_to_the_budget() {
-        let clock = FakeClock::new(T0);
-        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
-        let tr = FakeTracker::new(&clock);
-        p.hp_launch(e, 0, T0, 0);
-        clock.advance(QUIET_NS);
-        let k = 100_000;
+        let (f, k) = (Fx::quiet(), 100_000);
         for _ in 0..(BUDGET_NS / k) {
-            assert!(matches!(
-                p.be_admit(e, 0, 0, k, true, &clock, &tr),
-                Gate::Token { .. }
-            ));
-            tr.launched(k);
+            f.token(k, true);
+            f.tr.launched(k);
         }
         assert_eq!(
-            clock.now_ns(),
+            f.now(),
             T0 + QUIET_NS,
             "a budget of 100 µs kernels queued without a wait"
         );
         // The next waits until the first has run its course (sleeping, not waiting for it: no gap between
         // kernels): never more than the budget queued.
-        assert!(matches!(
-            p.be_admit(e, 0, 0, k, true, &clock, &tr),
-            Gate::Token { .. }
-        ));
-        assert_eq!(clock.now_ns(), T0 + QUIET_NS + k);
-        assert_eq!(tr.reap(0, clock.now_ns()).left_ns + k, BUDGET_NS);
-        tr.launched(k);
+        f.token(k, true);
+        assert_eq!(f.now(), T0 + QUIET_NS + k);
+        assert_eq!(f.tr.reap(0, f.now()).left_ns + k, BUDGET_NS);
+        f.tr.launched(k);
         // Two kernels of 3/4 of the budget: the second goes when the first has a quarter of the budget left.
-        clock.advance(BUDGET_NS);
-        assert_eq!(tr.reap(0, clock.now_ns()).n, 0);
+        f.clock().advance(BUDGET_NS);
+        assert_eq!(f.tr.reap(0, f.now()).n, 0);
         let l = BUDGET_NS * 3 / 4;
-        assert!(matches!(
-            p.be_admit(e, 0, 0, l, true, &clock, &tr),
-            Gate::Token { .. }
-        ));
-        tr.launched(l);
-        let t = clock.now_ns();
-        assert!(matches!(
-            p.be_admit(e, 0, 0, l, true, &clock, &tr),
-            Gate::Token { .. }
-        ));
-        assert_eq!(clock.now_ns(), t + 2 * l - BUDGET_NS);
+        f.token(l, true);
+        f.tr.launched(l);
+        let t = f.now();
+        f.token(l, true);
+        assert_eq!(f.now(), t + 2 * l - BUDGET_NS);
         // All done: the token goes back at the next admission.
-        tr.launched(k);
-        clock.advance(PRESENT_NS);
-        assert_eq!(p.be_admit(e, 0, 0, k, true, &clock, &tr), Gate::Free);
+        f.tr.launched(k);
+        f.clock().advance(PRESENT_NS);
+        assert_eq!(f.admit(k, true), Gate::Free);
         assert!(
-            e.take_token(clock.now_ns(), clock.now_ns() + 1).is_ok(),
+            f.e.take_token(f.now(), f.now() + 1).is_ok(),
             "the token was not given back"
         );
     }
 
     #[test]
     fn a_high_priority_launch_just_made_keeps_best_effort_quiet() {
-        let clock = FakeClock::new(T0);
-        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
-        let tr = FakeTracker::new(&clock);
-        p.hp_launch(e, 0, T0, 0); // a kernel whose estimate is 0 (unknown), just launched
-        let g = p.be_admit(e, 0, 0, MS, true, &clock, &tr);
-        assert!(matches!(g, Gate::Token { .. }));
-        assert!(clock.now_ns() >= T0 + QUIET_NS);
+        let f = Fx::new();
+        f.p.hp_launch(f.e, 0, T0, 0); // a kernel whose estimate is 0 (unknown), just launched
+        f.token(MS, true);
+        assert!(f.now() >= T0 + QUIET_NS);
     }
 
     #[test]
     fn a_token_of_a_dead_holder_expires() {
-        let clock = FakeClock::new(T0);
-        let (p, e) = (Priorities::default(), PriorityEntry::new(entry()));
-        let tr = FakeTracker::new(&clock);
-        p.hp_launch(e, 0, T0, 0);
+        let f = Fx::new();
+        f.p.hp_launch(f.e, 0, T0, 0);
         // Someone took the token and died: it is held until its expiry, not for ever.
-        let dead = e.take_token(T0, T0 + 50 * MS).unwrap();
-        assert!(matches!(
-            p.be_admit(e, 0, 0, MS, true, &clock, &tr),
-            Gate::Token { .. }
-        ));
-        assert!(clock.now_ns() >= dead && clock.now_ns() < dead + TOKEN_POLL_NS + 1);
+        let dead = f.e.take_token(T0, T0 + 50 * MS).unwrap();
+        f.token(MS, true);
+        assert!(f.now() >= dead && f.now() < dead + TOKEN_POLL_NS + 1);
     }
 
     #[test]

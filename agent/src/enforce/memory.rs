@@ -125,7 +125,6 @@ impl MemoryState {
 #[cfg(test)]
 mod tests {
     use super::super::super::members::ProcEntry;
-    use super::super::super::report::{ContainerDevice, ProcessReport};
     use super::*;
 
     const MIB: u64 = 1 << 20;
@@ -146,32 +145,7 @@ mod tests {
     }
 
     fn container(cap: Option<u64>, procs: &[(u32, u64)]) -> ContainerReport {
-        let mut c = ContainerReport::failed("c", "c.toml", None, String::new());
-        c.error = None;
-        c.devices = vec![ContainerDevice {
-            index: 0,
-            uuid: "GPU-0".into(),
-            vdevice_index: None,
-            memory_used_bytes: procs.iter().map(|p| p.1).sum(),
-            memory_limit_bytes: cap,
-            memory_request_bytes: cap,
-            memory_request_refused: None,
-            memory_over_limit: false,
-            sm_limit_percent: None,
-            policy: "default",
-            utilization_percent: None,
-            sm_over_limit: false,
-            reported: None,
-            processes: procs
-                .iter()
-                .map(|&(pid, bytes)| ProcessReport {
-                    pid,
-                    memory_used_bytes: bytes,
-                    sm_util_percent: None,
-                })
-                .collect(),
-        }];
-        c
+        ContainerReport::on_one_gpu("c", "GPU-0", cap, procs)
     }
 
     fn killed(d: &Decision) -> Vec<u32> {

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "../../../c/cq_vmm.h"
 #include "check.h"
 
 static const char *MODULE =
@@ -48,35 +49,6 @@ static CUresult launch(CUfunction f, CUstream s, unsigned waves, uint64_t a, uin
     return cuLaunchKernel(f, 4 * waves, 1, 1, 1, 1, 1, 0, s, params, NULL);
 }
 
-static void pattern(unsigned char *p, size_t n, unsigned seed) {
-    for (size_t i = 0; i < n; i++) p[i] = (unsigned char)(i * 31 + seed + (i >> 12));
-}
-
-/* Whether every byte of p is the pattern plus `plus`. */
-static int is_pattern(const unsigned char *p, size_t n, unsigned seed, unsigned plus) {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] != (unsigned char)(i * 31 + seed + (i >> 12) + plus)) return 0;
-    return 1;
-}
-
-static CUmemAllocationProp prop_at(CUmemLocationType type, int id) {
-    CUmemAllocationProp p;
-    memset(&p, 0, sizeof p);
-    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p.location.type = type;
-    p.location.id = id;
-    return p;
-}
-
-static CUresult set_access(CUdeviceptr p, size_t n, CUmemAccess_flags flags) {
-    CUmemAccessDesc d;
-    memset(&d, 0, sizeof d);
-    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    d.location.id = 0;
-    d.flags = flags;
-    return cuMemSetAccess(p, n, &d, 1);
-}
-
 static void touch(CUmodule m) {
     const size_t N = 4 * MB;
     unsigned char *h = NULL;
@@ -88,19 +60,19 @@ static void touch(CUmodule m) {
     CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 
     /* A write through a kernel, seen by a synchronous copy right after the launch (stream order). */
-    pattern(h, N, 1);
+    cq_pattern(h, N, 1);
     CU(cuMemcpyHtoD(a, h, N));
     CU(launch(fn(m, "inc"), NULL, 1, a, N, 0));
     memset(h, 0, N);
     CU(cuMemcpyDtoH(h, a, N));
-    CHECK(is_pattern(h, N, 1, 1));
+    CHECK(cq_pattern_diff(h, N, 1, 1) == N);
 
     /* A slow kernel (50 ms) then an async copy into pinned memory: nothing moves before the kernel's time. */
     CU(launch(fn(m, "slow_inc"), s, 50, a, N, 0));
     CU(launch(fn(m, "cp"), s, 1, b, a, N));
     CU(cuMemcpyDtoHAsync(h, b, N, s));
     CU(cuStreamSynchronize(s));
-    CHECK(is_pattern(h, N, 1, 2));
+    CHECK(cq_pattern_diff(h, N, 1, 2) == N);
     CU(launch(fn(m, "wr"), s, 1, b, N, 7));
     CU(cuMemcpyDtoHAsync(h, b, N, s));
     CU(cuStreamSynchronize(s));
@@ -119,14 +91,14 @@ static void touch(CUmodule m) {
 
     /* A VMM range: readable-only refuses a write, accessible takes both. */
     size_t g = 0;
-    CUmemAllocationProp dp = prop_at(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemAllocationProp dp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, 0);
     CU(cuMemGetAllocationGranularity(&g, &dp, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
     CUmemGenericAllocationHandle hd;
     CUdeviceptr va = 0;
     CU(cuMemCreate(&hd, N, &dp, 0));
     CU(cuMemAddressReserve(&va, N, 0, 0, 0));
     CU(cuMemMap(va, N, 0, hd, 0));
-    CU(set_access(va, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU(cq_vmm_set_access(va, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
     CU(launch(fn(m, "wr"), s, 1, va, N, 9));
     CU(launch(fn(m, "rd"), s, 1, va, N, 0));
     CU(cuStreamSynchronize(s));
@@ -135,7 +107,7 @@ static void touch(CUmodule m) {
     CU(cuStreamSynchronize(s));
     CU(cuMemUnmap(va, N));
     CU(cuMemMap(va, N, 0, hd, 0));
-    CU(set_access(va, N, CU_MEM_ACCESS_FLAGS_PROT_READ));
+    CU(cq_vmm_set_access(va, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READ));
     CU(launch(fn(m, "rd"), s, 1, va, N, 0));
     CU(cuStreamSynchronize(s));
     unsigned long long flags = 0;
@@ -164,7 +136,8 @@ static void touch(CUmodule m) {
         CUstream cs;
         CU(cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING));
         CU(cuMemMap(va, N, 0, hd, 0));
-        CU(set_access(va, N, attack == 2 ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+        CUmemAccess_flags flags = attack == 2 ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        CU(cq_vmm_set_access(va, N, 0, flags));
         CUdeviceptr x = 0;
         CU(cuMemAlloc(&x, N));
         switch (attack) {
@@ -229,15 +202,15 @@ static void host(CUmodule m) {
     CHECK(nvmlInit_v2() == NVML_SUCCESS);
     unsigned char *h = malloc(N);
     size_t free0, total, free1;
-    CUmemAllocationProp dp = prop_at(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemAllocationProp dp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, 0);
     CUmemGenericAllocationHandle dev_h, host_h, back_h;
     CUdeviceptr va = 0, tmp = 0;
     CU(cuMemAddressReserve(&va, N, 0, 0, 0));
     CU(cuMemAddressReserve(&tmp, N, 0, 0, 0));
     CU(cuMemCreate(&dev_h, N, &dp, 0));
     CU(cuMemMap(va, N, 0, dev_h, 0));
-    CU(set_access(va, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
-    pattern(h, N, 3);
+    CU(cq_vmm_set_access(va, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    cq_pattern(h, N, 3);
     CU(cuMemcpyHtoD(va, h, N));
     CU(launch(fn(m, "inc"), NULL, 1, va, N, 0));
 
@@ -247,14 +220,14 @@ static void host(CUmodule m) {
     CUmemLocationType types[] = {CU_MEM_LOCATION_TYPE_HOST, CU_MEM_LOCATION_TYPE_HOST_NUMA,
                                  CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT};
     for (int i = 0; i < 3; i++) {
-        CUmemAllocationProp hp = prop_at(types[i], 0);
+        CUmemAllocationProp hp = cq_vmm_prop_at(types[i], 0);
         CU(cuMemCreate(&host_h, N, &hp, 0));
         CUmemAllocationProp got;
         CU(cuMemGetAllocationPropertiesFromHandle(&got, host_h));
         CHECK(got.location.type == CU_MEM_LOCATION_TYPE_HOST || got.location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA);
         if (i < 2) CU(cuMemRelease(host_h));
     }
-    CUmemAllocationProp bad = prop_at(CU_MEM_LOCATION_TYPE_HOST_NUMA, 7);
+    CUmemAllocationProp bad = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_HOST_NUMA, 7);
     CUmemGenericAllocationHandle unused;
     CHECK(cuMemCreate(&unused, N, &bad, 0) == CUDA_ERROR_INVALID_VALUE);
     CU(cuMemGetInfo(&free1, &total));
@@ -264,7 +237,7 @@ static void host(CUmodule m) {
     /* Evict: copy to the host allocation (mapped elsewhere), unmap and release the device memory, map the host
      * copy at the same address. */
     CU(cuMemMap(tmp, N, 0, host_h, 0));
-    CU(set_access(tmp, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU(cq_vmm_set_access(tmp, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
     CU(cuMemcpyDtoD(tmp, va, N));
     CU(cuCtxSynchronize());
     CU(cuMemUnmap(va, N));
@@ -274,31 +247,31 @@ static void host(CUmodule m) {
     CHECK(nvml_used() == used0 - N);
     CU(cuMemUnmap(tmp, N));
     CU(cuMemMap(va, N, 0, host_h, 0));
-    CU(set_access(va, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU(cq_vmm_set_access(va, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
     /* Kernels and copies see the host backing at the old address. */
     CU(launch(fn(m, "inc"), NULL, 1, va, N, 0));
     memset(h, 0, N);
     CU(cuMemcpyDtoH(h, va, N));
-    CHECK(is_pattern(h, N, 3, 2));
+    CHECK(cq_pattern_diff(h, N, 3, 2) == N);
 
     /* Restore: new device memory, copy back, map it at the same address. */
     CU(cuMemCreate(&back_h, N, &dp, 0));
     CU(cuMemMap(tmp, N, 0, back_h, 0));
-    CU(set_access(tmp, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU(cq_vmm_set_access(tmp, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
     CU(cuMemcpyDtoD(tmp, va, N));
     CU(cuCtxSynchronize());
     CU(cuMemUnmap(tmp, N));
     CU(cuMemUnmap(va, N));
     CU(cuMemRelease(host_h));
     CU(cuMemMap(va, N, 0, back_h, 0));
-    CU(set_access(va, N, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU(cq_vmm_set_access(va, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
     CU(cuMemGetInfo(&free1, &total));
     CHECK(free1 == free0);
     CHECK(nvml_used() == used0);
     CU(launch(fn(m, "inc"), NULL, 1, va, N, 0));
     memset(h, 0, N);
     CU(cuMemcpyDtoH(h, va, N));
-    CHECK(is_pattern(h, N, 3, 3));
+    CHECK(cq_pattern_diff(h, N, 3, 3) == N);
     CU(cuMemUnmap(va, N));
     CU(cuMemRelease(back_h));
     CU(cuMemAddressFree(va, N));
@@ -323,8 +296,8 @@ static void engines(CUmodule m) {
     CU(cuMemAlloc(&d1, N));
     CU(cuMemAlloc(&d2, N));
     CU(cuMemAlloc(&d3, N));
-    pattern(h1, N, 5);
-    pattern(h3, N, 6);
+    cq_pattern(h1, N, 5);
+    cq_pattern(h3, N, 6);
     CU(cuMemcpyHtoD(d2, h1, N));
     /* Pages touched before the timed part: the bytes of a copy move on the host at its call, and first-touch
      * page faults would delay the next call. */
@@ -359,10 +332,10 @@ static void engines(CUmodule m) {
     /* The bytes moved. */
     unsigned char *back = malloc(N);
     CU(cuMemcpyDtoH(back, d1, N));
-    CHECK(is_pattern(back, N, 5, 0));
+    CHECK(cq_pattern_diff(back, N, 5, 0) == N);
     CU(cuMemcpyDtoH(back, d3, N));
-    CHECK(is_pattern(back, N, 6, 0));
-    CHECK(is_pattern(h2, N, 5, 0));
+    CHECK(cq_pattern_diff(back, N, 6, 0) == N);
+    CHECK(cq_pattern_diff(h2, N, 5, 0) == N);
     free(back);
 }
 
