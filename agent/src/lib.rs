@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod descriptor;
+pub mod elastic;
 pub mod enforce;
 pub mod members;
 pub mod metrics;
