@@ -71,7 +71,7 @@ impl Tenant {
 
     /// What it may still have in host memory, as far as the budget is concerned: its own word bounded by what
     /// it could legitimately have moved (the part of its limit above its request).
-    fn evicted(&self) -> u64 {
+    pub fn evicted(&self) -> u64 {
         match (self.request, self.limit, self.charged) {
             (Some(r), Some(l), Some(c)) if r < l => c.saturating_sub(self.resident).min(l - r),
             _ => 0,
@@ -93,14 +93,28 @@ pub struct Gpu {
 /// What happened to an eviction this pass (for logs and reports).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    /// Asked to evict `bytes` (its resident above its request).
-    Asked { bytes: u64 },
+    /// Asked to evict.
+    Asked {
+        /// Its resident bytes above its request.
+        bytes: u64,
+    },
     /// Done: resident at or below its request, or NVML saw it busy again.
-    Done { moved: u64 },
-    /// Timed out after moving `moved` bytes; 0 = it ignored the ask.
-    TimedOut { moved: u64 },
-    /// A wait that was not served: `why`.
-    Refused { bytes: u64, why: &'static str },
+    Done {
+        /// Resident bytes gone since the ask.
+        moved: u64,
+    },
+    /// Timed out (its bit cleared).
+    TimedOut {
+        /// Resident bytes gone since the ask; 0 = it ignored the ask.
+        moved: u64,
+    },
+    /// A wait that was not served.
+    Refused {
+        /// What it waits for.
+        bytes: u64,
+        /// Why not.
+        why: &'static str,
+    },
     /// Its `last_use_ns` lies in the future (forged or a clock from elsewhere): counted as now.
     FutureLastUse,
 }
