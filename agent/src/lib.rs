@@ -931,9 +931,16 @@ fn sleep_until(t: Instant) {
 }
 
 impl Drop for Agent {
-    /// Nothing the agent froze stays frozen when it stops (signal, error, panic).
+    /// Nothing the agent froze stays frozen, nobody stays asked to evict, when it stops (signal, error, panic).
     fn drop(&mut self) {
         self.thaw_all("the agent is stopping");
+        for st in self.state.values_mut().filter(|s| s.evict_mask != 0) {
+            if let Some(l) = &st.limits {
+                if write_evict_mask(l, 0).is_ok() {
+                    st.evict_mask = 0;
+                }
+            }
+        }
     }
 }
 
