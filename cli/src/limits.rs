@@ -85,7 +85,8 @@ pub(crate) struct SetArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     memory: Option<u64>,
     /// Guaranteed memory (the Kubernetes request), at most --memory; the node's agent admits requests only while
-    /// their sum on a GPU fits it. 0 = none: the request is the cap (not elastic). Shown, not yet acted on
+    /// their sum on a GPU fits it. 0 = none: the request is the cap (not elastic). Above it, an idle tenant's
+    /// memory may be moved to host memory for others waiting within theirs (agent --pinned-host-budget)
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     request: Option<u64>,
     /// SM-time share in percent, 1-99 (0 or 100 = no limit)

@@ -31,6 +31,8 @@ pub(crate) struct Layer {
     pub priority_path: Option<PathBuf>,
     pub log_level: Option<LogLevel>,
     pub time_slice_us: Option<u32>,
+    /// `CUQUOTA_RECLAIM_WAIT_MS` (env only).
+    pub reclaim_wait_ms: Option<u32>,
     pub libcuda: Option<PathBuf>,
     pub libnvml: Option<PathBuf>,
     pub disabled: Option<bool>,
@@ -115,6 +117,7 @@ pub(crate) fn resolve(
             .time_slice_us
             .or(file.time_slice_us)
             .unwrap_or(super::DEFAULT_TIME_SLICE_US),
+        reclaim_wait_ms: env.reclaim_wait_ms.unwrap_or(super::DEFAULT_RECLAIM_WAIT_MS),
         disabled: env.disabled.or(file.disabled).unwrap_or(false),
         libcuda_path: env.libcuda.or(file.libcuda),
         libnvml_path: env.libnvml.or(file.libnvml),

@@ -263,6 +263,16 @@ impl UsageRegion {
         Ok(region)
     }
 
+    /// [`UsageHeader::waiting`]: an allocation of the container waiting for device memory (elastic memory).
+    pub fn waiting(&self) -> &AtomicU64 {
+        &self.file().header.waiting
+    }
+
+    /// [`UsageHeader::last_use_ns`]: when the container last launched or copied (elastic memory).
+    pub fn last_use_ns(&self) -> &AtomicU64 {
+        &self.file().header.last_use_ns
+    }
+
     fn file(&self) -> &UsageFile {
         // SAFETY: the mapping is exactly size_of::<UsageFile>() bytes (checked at open), page-aligned, and
         // UsageFile consists only of atomics, so a shared reference is valid whatever other processes write;

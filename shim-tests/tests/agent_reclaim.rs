@@ -1,0 +1,148 @@
+//! The agent's reclaim (issue 39) on the simulator: a container waiting for memory within its request on a full
+//! GPU gets an idle elastic container's `evict_mask` bit set; the bit is cleared at the eviction timeout when
+//! nothing moves (the library cannot evict yet, so NVML never shows it done); a forged `waiting` word gains
+//! nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use cuquota_core::region::LimitsReader;
+use cuquota_core::UsageRegion;
+use shim_tests::{cli_bin, Proc, Prog, Sim, GIB};
+
+fn limits(sim: &Sim, name: &str, args: &[&str]) -> PathBuf {
+    let file = sim.dir().join(format!("limits.{name}"));
+    let f = file.to_str().unwrap();
+    let o = sim.cli(&["limits", "init", f]);
+    assert!(o.success(), "{o:?}");
+    let mut a = vec!["limits", "set", f, "--device", "all"];
+    a.extend_from_slice(args);
+    let o = sim.cli(&a);
+    assert!(o.success(), "{o:?}");
+    file
+}
+
+fn descriptor(dir: &Path, name: &str, limits: &Path, usage: Option<&Path>, members: &str) {
+    let usage = usage.map_or_else(String::new, |u| format!("usage = {u:?}\n"));
+    std::fs::write(
+        dir.join(format!("{name}.toml")),
+        format!("limits = {limits:?}\n{usage}[members]\n{members}\n"),
+    )
+    .unwrap();
+}
+
+fn evict_mask(limits: &Path) -> u64 {
+    LimitsReader::open(limits).unwrap().snapshot().table.evict_mask
+}
+
+/// Polls `limits`' evict_mask for `secs` s until `want` holds; returns the last mask.
+fn mask_until(limits: &Path, secs: u64, want: impl Fn(u64) -> bool) -> u64 {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let m = evict_mask(limits);
+        if want(m) || Instant::now() >= until {
+            return m;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A process of container `name` under the library, with its limits file.
+fn tenant(sim: &Sim, name: &str, limits: &Path, args: &str) -> Proc {
+    sim.cmd(Prog::Probe)
+        .container(name)
+        .env("CUQUOTA_LIMITS_FILE", limits.to_str().unwrap())
+        .env("CUQUOTA_RECLAIM_WAIT_MS", "60000")
+        .timeout(Duration::from_secs(90))
+        .args(args)
+        .spawn()
+}
+
+#[test]
+fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not() {
+    let sim = Sim::new().memory("4g").build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    // idle: elastic (request 1g, limit 3g), 2.5g resident, no kernels. It bypasses the library (NVML sees it).
+    let lim_idle = limits(&sim, "idle", &["--memory", "3g", "--request", "1g"]);
+    let mut idle = sim
+        .cmd(Prog::Probe)
+        .no_preload()
+        .timeout(Duration::from_secs(90))
+        .args("init alloc:mem:2560m wait")
+        .spawn();
+    idle.wait_ready(1);
+    descriptor(&dir, "idle", &lim_idle, None, &idle.subtree());
+    // liar: request = limit 1g; it forges its waiting word.
+    let lim_liar = limits(&sim, "liar", &["--memory", "1g"]);
+    let mut liar = tenant(&sim, "liar", &lim_liar, "init wait");
+    liar.wait_ready(1);
+    let usage_liar = sim.container_usage_file("liar");
+    descriptor(&dir, "liar", &lim_liar, Some(&usage_liar), &liar.subtree());
+    let agent = sim
+        .cmd_path(cli_bin())
+        .no_preload()
+        .timeout(Duration::from_secs(120))
+        .env("CUQUOTA_LOG", "info")
+        .args("agent --interval 200ms --pinned-host-budget 8g --containers")
+        .arg(dir.to_str().unwrap())
+        .spawn();
+    // Attack: a wait beyond its request (0 resident + 3g > 1g), then one within it while the GPU has room
+    // (1.5g free): no bit in ~10 passes each.
+    let forge = |word: u64| {
+        let u = UsageRegion::open_existing(&usage_liar).unwrap();
+        u.waiting().store(word, Ordering::Release);
+    };
+    forge((1 << 56) | (3 * GIB));
+    assert_eq!(
+        mask_until(&lim_idle, 2, |m| m != 0),
+        0,
+        "a wait beyond the request evicted"
+    );
+    forge((1 << 56) | (GIB / 2));
+    assert_eq!(
+        mask_until(&lim_idle, 2, |m| m != 0),
+        0,
+        "a wait the GPU has room for evicted"
+    );
+    forge(0);
+    // Control: w (request = limit 2g) holds 1g, leaving 0.5g free, and waits for 1g more, within its request.
+    let lim_w = limits(&sim, "w", &["--memory", "2g"]);
+    let w = tenant(&sim, "w", &lim_w, "init alloc:mem:1g alloc:mem:1g");
+    let usage_w = sim.container_usage_file("w");
+    descriptor(&dir, "w", &lim_w, Some(&usage_w), &w.subtree());
+    let set = mask_until(&lim_idle, 20, |m| m != 0);
+    let asked = Instant::now();
+    assert_ne!(set, 0, "the idle elastic tenant was not asked to evict");
+    assert_eq!(evict_mask(&lim_w), 0, "the waiter was asked to evict");
+    assert_eq!(evict_mask(&lim_liar), 0, "the liar was asked to evict");
+    // Nothing moves (no eviction in the library yet): cleared at the 5 s timeout.
+    assert_eq!(
+        mask_until(&lim_idle, 20, |m| m == 0),
+        0,
+        "the bit was never cleared"
+    );
+    let t = asked.elapsed();
+    assert!(t >= Duration::from_secs(3), "cleared before the timeout: {t:?}");
+    // Asked again after its rest; the agent stopping clears it.
+    assert_ne!(
+        mask_until(&lim_idle, 20, |m| m != 0),
+        0,
+        "not asked again after its rest"
+    );
+    // SAFETY: signalling the agent we started, by pid.
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGTERM) };
+    let out = agent.finish();
+    assert!(out.success(), "{out:?}");
+    assert_eq!(evict_mask(&lim_idle), 0, "the stopped agent left the ask");
+    assert!(
+        out.stderr.contains("container idle") && out.stderr.contains("ignored the ask to evict"),
+        "the ignored ask was not reported:{out:?}"
+    );
+    idle.release();
+    liar.release();
+    let _ = idle.finish();
+    let _ = liar.finish();
+    let _ = w.kill();
+}
