@@ -1,6 +1,6 @@
 //! The driver queries memory's families ask, behind one trait (as the throttle's `Gpu`): the real table in
 //! the shim, a fake in unit tests. The stack's pricing (`stack`) and graphs (`graphs`: the walk, the graph
-//! pools' reserved size) go through it; the other families' queries still take the `CudaTable`.
+//! pools' reserved size) go through it; stream-ordered pools (`pools`: reserved and used sizes, the devices' pools) too; the other families' queries still take the `CudaTable`.
 
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
@@ -31,6 +31,12 @@ pub(crate) trait Driver {
     fn kernel_node(&self, node: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult>;
     /// `cuDeviceGetGraphMemAttribute` of device `ordinal` (a `cuuint64_t` attribute).
     fn graph_mem_attribute(&self, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Result<u64, CUresult>;
+    /// `cuMemPoolGetAttribute` of `pool` (a `CUmemoryPool`; a `cuuint64_t` attribute).
+    fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult>;
+    /// `cuDeviceGetMemPool`: device `ordinal`'s current pool.
+    fn mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult>;
+    /// `cuDeviceGetDefaultMemPool`: device `ordinal`'s default pool.
+    fn default_mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult>;
 }
 
 fn answer<T>(r: CUresult, v: T) -> Result<T, CUresult> {
@@ -138,5 +144,27 @@ impl Driver for CudaTable {
         // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
         let r = unsafe { self.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };
         answer(r, v)
+    }
+
+    fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult> {
+        let mut v: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t); the driver checks the handle.
+        let r =
+            unsafe { self.cuMemPoolGetAttribute(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast()) };
+        answer(r, v)
+    }
+
+    fn mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult> {
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuDeviceGetMemPool(&mut pool, ordinal) };
+        answer(r, pool as usize)
+    }
+
+    fn default_mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult> {
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuDeviceGetDefaultMemPool(&mut pool, ordinal) };
+        answer(r, pool as usize)
     }
 }

@@ -41,8 +41,7 @@ use graphs::Graphs;
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
-use pools::PoolState;
-use std::collections::HashMap;
+use pools::Pools;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -81,9 +80,8 @@ pub(crate) struct Memory {
     shared: shared::SharedMem,
     /// CUDA graph memory pools and execs with alloc nodes.
     graph: Graphs,
-    pools: Lock<HashMap<usize, PoolState>>,
-    /// Whether a pool was ever tracked (`pools` is empty while false).
-    any_pool: AtomicBool,
+    /// Stream-ordered pools.
+    pools: Pools,
     /// Bytes this process has charged for allocations (not overhead), per device entry.
     alloc_bytes: [AtomicU64; MAX_DEVICES],
     /// Context/module overhead this process has charged, per device entry.
@@ -109,8 +107,7 @@ impl Memory {
             vmm: vmm::VmmLives::default(),
             shared: shared::SharedMem::default(),
             graph: Graphs::new(),
-            pools: Lock::new(HashMap::new()),
-            any_pool: AtomicBool::new(false),
+            pools: Pools::new(),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
             credit: credit::Credit::default(),
@@ -565,7 +562,7 @@ impl Memory {
         self.ledger.clear();
         self.vmm.clear();
         self.shared.clear();
-        self.pools.lock().clear();
+        self.pools.reset();
         self.graph.reset();
         for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
             a.store(0, Ordering::Relaxed);
@@ -581,7 +578,7 @@ impl Memory {
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
         hold_all([self.shared.lock()]);
-        hold_all([&self.pools]);
+        self.pools.fork_prepare();
         self.graph.fork_prepare();
         hold_all([&self.overhead_lock]);
         hold_all([&self.holdings.owners]);
@@ -601,7 +598,7 @@ impl Memory {
             release_all([&self.holdings.owners], side);
             release_all([&self.overhead_lock], side);
             self.graph.fork_release(side);
-            release_all([&self.pools], side);
+            self.pools.fork_release(side);
             release_all([self.shared.lock()], side);
             release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);

@@ -122,6 +122,16 @@ mod tests {
         fn graph_mem_attribute(&self, _: CUdevice, _: CUgraphMem_attribute) -> Result<u64, CUresult> {
             Err(CUresult::ERROR_NOT_SUPPORTED)
         }
+        // Nor pools.
+        fn pool_attribute(&self, _: usize, _: CUmemPool_attribute) -> Result<u64, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
     }
 
     const H100: Fake = Fake {
