@@ -807,6 +807,12 @@ mod tests {
         fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
             Err(REFUSED)
         }
+        fn pointer_device(&self, _: u64) -> Result<i32, CUresult> {
+            Err(REFUSED)
+        }
+        fn address_size(&self, _: u64) -> Result<usize, CUresult> {
+            Err(REFUSED)
+        }
     }
 
     fn g(n: usize) -> CUgraph {

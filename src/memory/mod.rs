@@ -77,7 +77,7 @@ pub(crate) struct Memory {
     /// Handle references and mappings of its VMM allocations (when their charge goes).
     vmm: vmm::VmmLives,
     /// Memory shared with other processes through CUDA IPC.
-    shared: shared::SharedMem,
+    shared: shared::Shared,
     /// CUDA graph memory pools and execs with alloc nodes.
     graph: Graphs,
     /// Stream-ordered pools.
@@ -105,7 +105,7 @@ impl Memory {
             devices,
             ledger: Ledger::new(),
             vmm: vmm::VmmLives::default(),
-            shared: shared::SharedMem::default(),
+            shared: shared::Shared::default(),
             graph: Graphs::new(),
             pools: Pools::new(),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -452,7 +452,7 @@ impl Memory {
     /// The exported allocation at `p` (`rec`, its record, already out of the ledger) is gone in this process
     /// (freed, or its context destroyed): this process lets go of its shared entry, where importers may still
     /// hold the memory, and its own charge of it goes.
-    pub(crate) fn export_gone(
+    fn export_gone(
         &self,
         cuda: &CudaTable,
         p: u64,
@@ -490,7 +490,7 @@ impl Memory {
         }
     }
 
-    /// Bytes on `dev` of exports this process let go of that others still hold (see `SharedMem::linger`).
+    /// Bytes on `dev` of exports this process let go of that others still hold (see `Shared::linger`).
     pub(crate) fn lingering(&self, dev: Dev) -> u64 {
         self.shared
             .lingering(dev.id, |entry, key| self.usage().shared_live(entry, key))
@@ -577,7 +577,7 @@ impl Memory {
     pub(crate) fn fork_prepare(&self) {
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
-        hold_all([self.shared.lock()]);
+        self.shared.fork_prepare();
         self.pools.fork_prepare();
         self.graph.fork_prepare();
         hold_all([&self.overhead_lock]);
@@ -599,7 +599,7 @@ impl Memory {
             release_all([&self.overhead_lock], side);
             self.graph.fork_release(side);
             self.pools.fork_release(side);
-            release_all([self.shared.lock()], side);
+            self.shared.fork_release(side);
             release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
             if side == Side::Child {

@@ -825,78 +825,12 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::driver::fake::Fake;
     use crate::memory::tests::device_id;
-    use std::cell::{Cell, RefCell};
+    use std::cell::Cell;
 
     const MIB: u64 = 1 << 20;
     const P: usize = 0x5000;
-    const REFUSED: CUresult = CUresult::ERROR_INVALID_VALUE;
-
-    /// A driver that knows the pools' reserved and used sizes (absent: refused), and counts the questions.
-    #[derive(Default)]
-    struct Fake {
-        reserved: RefCell<HashMap<usize, u64>>,
-        used: Cell<u64>,
-        asked: Cell<u32>,
-    }
-
-    impl Fake {
-        fn reserve(&self, pool: usize, bytes: u64) {
-            self.reserved.borrow_mut().insert(pool, bytes);
-        }
-    }
-
-    impl Driver for Fake {
-        fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult> {
-            self.asked.set(self.asked.get() + 1);
-            let r = *self.reserved.borrow().get(&pool).ok_or(REFUSED)?;
-            Ok(if attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT {
-                self.used.get()
-            } else {
-                r
-            })
-        }
-        // Nothing else is asked.
-        fn mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
-            Err(REFUSED)
-        }
-        fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
-            Err(REFUSED)
-        }
-        fn device_attribute(&self, _: CUdevice_attribute, _: CUdevice) -> Result<i32, CUresult> {
-            Err(REFUSED)
-        }
-        fn function_local_size(&self, _: CUfunction) -> Result<i32, CUresult> {
-            Err(REFUSED)
-        }
-        fn kernel_local_size(&self, _: CUfunction, _: CUdevice) -> Result<i32, CUresult> {
-            Err(REFUSED)
-        }
-        fn stack_size(&self) -> Result<usize, CUresult> {
-            Err(REFUSED)
-        }
-        fn device_count(&self) -> Result<i32, CUresult> {
-            Err(REFUSED)
-        }
-        fn graph_nodes(&self, _: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
-            Err(REFUSED)
-        }
-        fn node_type(&self, _: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
-            Err(REFUSED)
-        }
-        fn child_graph(&self, _: CUgraphNode) -> Result<CUgraph, CUresult> {
-            Err(REFUSED)
-        }
-        fn alloc_node(&self, _: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult> {
-            Err(REFUSED)
-        }
-        fn kernel_node(&self, _: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult> {
-            Err(REFUSED)
-        }
-        fn graph_mem_attribute(&self, _: CUdevice, _: CUgraphMem_attribute) -> Result<u64, CUresult> {
-            Err(REFUSED)
-        }
-    }
 
     /// What the pools charged, net.
     #[derive(Default)]

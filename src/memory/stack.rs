@@ -132,6 +132,12 @@ mod tests {
         fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
             Err(CUresult::ERROR_NOT_SUPPORTED)
         }
+        fn pointer_device(&self, _: u64) -> Result<i32, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn address_size(&self, _: u64) -> Result<usize, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
     }
 
     const H100: Fake = Fake {
