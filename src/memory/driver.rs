@@ -1,6 +1,6 @@
 //! The driver queries memory's families ask, behind one trait (as the throttle's `Gpu`): the real table in
 //! the shim, a fake in unit tests. The stack's pricing (`stack`) and graphs (`graphs`: the walk, the graph
-//! pools' reserved size) go through it; the other families' queries still take the `CudaTable`.
+//! pools' reserved size) go through it; stream-ordered pools (`pools`: reserved and used sizes, the devices' pools) and imports (`interprocess`: their device and size) too; the other families' queries still take the `CudaTable`.
 
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
@@ -31,6 +31,16 @@ pub(crate) trait Driver {
     fn kernel_node(&self, node: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult>;
     /// `cuDeviceGetGraphMemAttribute` of device `ordinal` (a `cuuint64_t` attribute).
     fn graph_mem_attribute(&self, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Result<u64, CUresult>;
+    /// `cuMemPoolGetAttribute` of `pool` (a `CUmemoryPool`; a `cuuint64_t` attribute).
+    fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult>;
+    /// `cuDeviceGetMemPool`: device `ordinal`'s current pool.
+    fn mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult>;
+    /// `cuDeviceGetDefaultMemPool`: device `ordinal`'s default pool.
+    fn default_mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult>;
+    /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`: the device of the memory at `p`.
+    fn pointer_device(&self, p: u64) -> Result<c_int, CUresult>;
+    /// `cuMemGetAddressRange`: the size of the allocation at `p`.
+    fn address_size(&self, p: u64) -> Result<usize, CUresult>;
 }
 
 fn answer<T>(r: CUresult, v: T) -> Result<T, CUresult> {
@@ -138,5 +148,139 @@ impl Driver for CudaTable {
         // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
         let r = unsafe { self.cuDeviceGetGraphMemAttribute(ordinal, attr, (&mut v as *mut u64).cast()) };
         answer(r, v)
+    }
+
+    fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult> {
+        let mut v: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t); the driver checks the handle.
+        let r =
+            unsafe { self.cuMemPoolGetAttribute(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast()) };
+        answer(r, v)
+    }
+
+    fn mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult> {
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuDeviceGetMemPool(&mut pool, ordinal) };
+        answer(r, pool as usize)
+    }
+
+    fn default_mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult> {
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuDeviceGetDefaultMemPool(&mut pool, ordinal) };
+        answer(r, pool as usize)
+    }
+
+    fn pointer_device(&self, p: u64) -> Result<c_int, CUresult> {
+        let mut ordinal: c_int = -1;
+        // SAFETY: valid out-pointer of the attribute's type (int); the driver checks `p`.
+        let r = unsafe {
+            self.cuPointerGetAttribute(
+                (&mut ordinal as *mut c_int).cast(),
+                CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                p,
+            )
+        };
+        answer(r, ordinal)
+    }
+
+    fn address_size(&self, p: u64) -> Result<usize, CUresult> {
+        let (mut base, mut size) = (0, 0usize);
+        // SAFETY: valid out-pointers; the driver checks `p`.
+        let r = unsafe { self.cuMemGetAddressRange_v2(&mut base, &mut size, p) };
+        answer(r, size)
+    }
+}
+
+/// A driver for the families' unit tests: it knows what a test told it (pools' reserved and used sizes, the
+/// device and size of allocations), refuses every other question, and counts the questions it was asked.
+#[cfg(test)]
+pub(super) mod fake {
+    use super::*;
+    use std::cell::{Cell, RefCell};
+    use std::collections::HashMap;
+
+    const REFUSED: CUresult = CUresult::ERROR_INVALID_VALUE;
+
+    #[derive(Default)]
+    pub(crate) struct Fake {
+        /// Each pool's reserved size (absent: refused).
+        pub(crate) reserved: RefCell<HashMap<usize, u64>>,
+        /// Every pool's used size.
+        pub(crate) used: Cell<u64>,
+        /// Each allocation's device and size (absent: refused).
+        pub(crate) allocations: RefCell<HashMap<u64, (c_int, usize)>>,
+        /// Questions asked.
+        pub(crate) asked: Cell<u32>,
+    }
+
+    impl Fake {
+        pub(crate) fn reserve(&self, pool: usize, bytes: u64) {
+            self.reserved.borrow_mut().insert(pool, bytes);
+        }
+
+        fn ask(&self) {
+            self.asked.set(self.asked.get() + 1);
+        }
+    }
+
+    impl Driver for Fake {
+        fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult> {
+            self.ask();
+            let r = *self.reserved.borrow().get(&pool).ok_or(REFUSED)?;
+            Ok(if attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT {
+                self.used.get()
+            } else {
+                r
+            })
+        }
+        fn pointer_device(&self, p: u64) -> Result<c_int, CUresult> {
+            self.ask();
+            self.allocations.borrow().get(&p).map(|a| a.0).ok_or(REFUSED)
+        }
+        fn address_size(&self, p: u64) -> Result<usize, CUresult> {
+            self.ask();
+            self.allocations.borrow().get(&p).map(|a| a.1).ok_or(REFUSED)
+        }
+        fn mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(REFUSED)
+        }
+        fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(REFUSED)
+        }
+        fn device_attribute(&self, _: CUdevice_attribute, _: CUdevice) -> Result<c_int, CUresult> {
+            Err(REFUSED)
+        }
+        fn function_local_size(&self, _: CUfunction) -> Result<c_int, CUresult> {
+            Err(REFUSED)
+        }
+        fn kernel_local_size(&self, _: CUfunction, _: CUdevice) -> Result<c_int, CUresult> {
+            Err(REFUSED)
+        }
+        fn stack_size(&self) -> Result<usize, CUresult> {
+            Err(REFUSED)
+        }
+        fn device_count(&self) -> Result<c_int, CUresult> {
+            Err(REFUSED)
+        }
+        fn graph_nodes(&self, _: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
+            Err(REFUSED)
+        }
+        fn node_type(&self, _: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
+            Err(REFUSED)
+        }
+        fn child_graph(&self, _: CUgraphNode) -> Result<CUgraph, CUresult> {
+            Err(REFUSED)
+        }
+        fn alloc_node(&self, _: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult> {
+            Err(REFUSED)
+        }
+        fn kernel_node(&self, _: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult> {
+            Err(REFUSED)
+        }
+        fn graph_mem_attribute(&self, _: CUdevice, _: CUgraphMem_attribute) -> Result<u64, CUresult> {
+            Err(REFUSED)
+        }
     }
 }

@@ -762,7 +762,7 @@ mod tests {
                 .ok_or(CUresult::ERROR_NOT_SUPPORTED)
         }
         fn kernel_local_size(&self, _: CUfunction, _: CUdevice) -> Result<i32, CUresult> {
-            Err(CUresult::ERROR_NOT_SUPPORTED)
+            Err(REFUSED)
         }
         fn stack_size(&self) -> Result<usize, CUresult> {
             Err(REFUSED)
@@ -797,6 +797,21 @@ mod tests {
             } else {
                 r
             })
+        }
+        fn pool_attribute(&self, _: usize, _: CUmemPool_attribute) -> Result<u64, CUresult> {
+            Err(REFUSED)
+        }
+        fn mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(REFUSED)
+        }
+        fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(REFUSED)
+        }
+        fn pointer_device(&self, _: u64) -> Result<i32, CUresult> {
+            Err(REFUSED)
+        }
+        fn address_size(&self, _: u64) -> Result<usize, CUresult> {
+            Err(REFUSED)
         }
     }
 

@@ -1,9 +1,10 @@
 //! Memory shared between processes (CUDA IPC, pool export data, POSIX descriptors and fabric handles): an
 //! export moves the allocation's charge into the container's shared table under the handle's key, where an
 //! importer of the same container finds it; an import of another container's memory is charged to the importer
-//! until it lets go of it. The bookkeeping is `shared::SharedMem`'s; [`Memory::ipc`] is the door hooks call
+//! until it lets go of it. The bookkeeping is `shared::Shared`'s; [`Memory::ipc`] is the door hooks call
 //! around the driver (a VMM handle's export and import: `Memory::vmm`).
 
+use super::driver::Driver;
 use super::ledger::{Record, Space};
 use super::shared::{Export, Hold};
 use super::Memory;
@@ -11,7 +12,6 @@ use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 use crate::log::{log, Level};
-use std::ffi::c_int;
 
 /// An interprocess call [`Memory::ipc`] wraps, its arguments decoded; `what` names the call in logs.
 pub(crate) enum IpcCall<'a> {
@@ -32,6 +32,11 @@ pub(crate) enum IpcCall<'a> {
     },
     /// `cuIpcCloseMemHandle` of the import at this address.
     Close(u64),
+}
+
+/// The size of the import mapped at `p` (`cuMemGetAddressRange`); `None` when the driver will not say.
+fn import_size(d: &impl Driver, p: u64) -> Option<u64> {
+    d.address_size(p).ok().filter(|&n| n > 0).map(|n| n as u64)
 }
 
 impl Memory {
@@ -129,19 +134,9 @@ impl Memory {
             CUresult::ERROR_OUT_OF_MEMORY
         };
         // The memory's own device: opened with peer access it need not be the current context's.
-        let mut ordinal: c_int = -1;
-        // SAFETY: valid out-pointer of the attribute's type (int); `p` is the import just made.
-        let on = unsafe {
-            cuda.cuPointerGetAttribute(
-                (&mut ordinal as *mut c_int).cast(),
-                CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                p,
-            )
-        };
-        let dev = if on.ok() {
-            self.devices.device(cuda, ordinal)
-        } else {
-            self.devices.current(cuda)
+        let dev = match cuda.pointer_device(p) {
+            Ok(ordinal) => self.devices.device(cuda, ordinal),
+            Err(_) => self.devices.current(cuda),
         };
         let Some(dev) = dev else {
             return if self.devices.refuse_unplaced() {
@@ -150,12 +145,9 @@ impl Memory {
                 r
             };
         };
-        let (mut base, mut size) = (0, 0usize);
-        // SAFETY: valid out-pointers; `p` is the mapping just opened.
-        if !unsafe { cuda.cuMemGetAddressRange_v2(&mut base, &mut size, p) }.ok() || size == 0 {
+        let Some(bytes) = import_size(cuda, p) else {
             return refuse("its size is unknown (cuMemGetAddressRange failed)");
-        }
-        let bytes = size as u64;
+        };
         let Ok(charge) = self.charge(dev, bytes, cuda, nvml) else {
             return refuse(&format!(
                 "{bytes} bytes from another container do not fit under the memory limit"
@@ -217,5 +209,21 @@ impl Memory {
             })
         });
         self.shared.vmm_imported(h, hold);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::driver::fake::Fake;
+
+    #[test]
+    fn an_import_is_charged_its_size_and_one_the_driver_cannot_size_is_refused() {
+        let d = Fake::default();
+        d.allocations.borrow_mut().insert(0x1000, (0, 3 << 20));
+        d.allocations.borrow_mut().insert(0x2000, (1, 0));
+        assert_eq!(import_size(&d, 0x1000), Some(3 << 20));
+        assert_eq!(import_size(&d, 0x2000), None, "an empty range sizes nothing");
+        assert_eq!(import_size(&d, 0x3000), None, "the driver refused");
     }
 }

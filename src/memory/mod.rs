@@ -41,8 +41,7 @@ use graphs::Graphs;
 use host_pid::HostPid;
 use ledger::Ledger;
 use overhead::Holdings;
-use pools::PoolState;
-use std::collections::HashMap;
+use pools::Pools;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -78,12 +77,11 @@ pub(crate) struct Memory {
     /// Handle references and mappings of its VMM allocations (when their charge goes).
     vmm: vmm::VmmLives,
     /// Memory shared with other processes through CUDA IPC.
-    shared: shared::SharedMem,
+    shared: shared::Shared,
     /// CUDA graph memory pools and execs with alloc nodes.
     graph: Graphs,
-    pools: Lock<HashMap<usize, PoolState>>,
-    /// Whether a pool was ever tracked (`pools` is empty while false).
-    any_pool: AtomicBool,
+    /// Stream-ordered pools.
+    pools: Pools,
     /// Bytes this process has charged for allocations (not overhead), per device entry.
     alloc_bytes: [AtomicU64; MAX_DEVICES],
     /// Context/module overhead this process has charged, per device entry.
@@ -107,10 +105,9 @@ impl Memory {
             devices,
             ledger: Ledger::new(),
             vmm: vmm::VmmLives::default(),
-            shared: shared::SharedMem::default(),
+            shared: shared::Shared::default(),
             graph: Graphs::new(),
-            pools: Lock::new(HashMap::new()),
-            any_pool: AtomicBool::new(false),
+            pools: Pools::new(),
             alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
             credit: credit::Credit::default(),
@@ -455,7 +452,7 @@ impl Memory {
     /// The exported allocation at `p` (`rec`, its record, already out of the ledger) is gone in this process
     /// (freed, or its context destroyed): this process lets go of its shared entry, where importers may still
     /// hold the memory, and its own charge of it goes.
-    pub(crate) fn export_gone(
+    fn export_gone(
         &self,
         cuda: &CudaTable,
         p: u64,
@@ -493,7 +490,7 @@ impl Memory {
         }
     }
 
-    /// Bytes on `dev` of exports this process let go of that others still hold (see `SharedMem::linger`).
+    /// Bytes on `dev` of exports this process let go of that others still hold (see `Shared::linger`).
     pub(crate) fn lingering(&self, dev: Dev) -> u64 {
         self.shared
             .lingering(dev.id, |entry, key| self.usage().shared_live(entry, key))
@@ -565,7 +562,7 @@ impl Memory {
         self.ledger.clear();
         self.vmm.clear();
         self.shared.clear();
-        self.pools.lock().clear();
+        self.pools.reset();
         self.graph.reset();
         for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
             a.store(0, Ordering::Relaxed);
@@ -580,8 +577,8 @@ impl Memory {
     pub(crate) fn fork_prepare(&self) {
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
-        hold_all([self.shared.lock()]);
-        hold_all([&self.pools]);
+        self.shared.fork_prepare();
+        self.pools.fork_prepare();
         self.graph.fork_prepare();
         hold_all([&self.overhead_lock]);
         hold_all([&self.holdings.owners]);
@@ -601,8 +598,8 @@ impl Memory {
             release_all([&self.holdings.owners], side);
             release_all([&self.overhead_lock], side);
             self.graph.fork_release(side);
-            release_all([&self.pools], side);
-            release_all([self.shared.lock()], side);
+            self.pools.fork_release(side);
+            self.shared.fork_release(side);
             release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
             if side == Side::Child {

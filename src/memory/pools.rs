@@ -1,18 +1,47 @@
 //! Memory that stream-ordered pools hold (charged by `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`). Hooks call one
-//! door, [`Memory::pool`] ([`PoolCall`] says which call). The devices' graph pools: `graphs`.
+//! door, [`Memory::pool`] ([`PoolCall`] says which call). [`Pools`] owns what is known of each pool (its
+//! charge, a destroyed pool's allocations still out, the frees it waits for, the blocks freed into its
+//! reserve); it moves the process's charge through [`Charges`] and asks the driver through [`Driver`], so it
+//! is tested with fakes of both. The devices' graph pools: `graphs`.
 
+use super::driver::Driver;
 use super::{ledger, Memory};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
+use crate::locks::{hold_all, release_all, Lock, Side};
 use crate::log::{log, Level};
 use cuquota_core::DeviceId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+/// How a pool's re-read moves the process's charge of its device (`Memory`'s charge; a recorder in tests).
+pub(super) trait Charges {
+    /// Charges `bytes` on `dev` whatever the limit (the driver already handed the memory out).
+    fn force(&self, dev: Dev, bytes: u64);
+    /// Gives back `bytes` charged on `dev`.
+    fn release(&self, dev: Dev, bytes: u64);
+}
+
+impl Charges for Memory {
+    fn force(&self, dev: Dev, bytes: u64) {
+        Memory::force(self, dev, bytes);
+    }
+    fn release(&self, dev: Dev, bytes: u64) {
+        Memory::release(self, dev, bytes);
+    }
+}
+
+/// The stream-ordered pools this process accounts.
+pub(super) struct Pools {
+    map: Lock<HashMap<usize, PoolState>>,
+    /// Whether a pool was ever tracked (`map` is empty while false).
+    any: AtomicBool,
+}
+
 /// A stream-ordered pool we account.
-pub(super) struct PoolState {
+struct PoolState {
     /// `None` for host pools (not device memory).
     dev: Option<Dev>,
     /// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT` as last charged.
@@ -40,7 +69,7 @@ pub(super) struct PoolState {
 
 /// The bit that marks a pool key as a destroyed pool's (user-space addresses, which pool handles are, never
 /// have it).
-pub(super) const DESTROYED: usize = 1 << (usize::BITS - 1);
+const DESTROYED: usize = 1 << (usize::BITS - 1);
 static NEXT_DESTROYED: AtomicUsize = AtomicUsize::new(1);
 /// Bumped by every free in stream order of a pool allocation and by every synchronisation's start.
 static SYNC_EPOCH: AtomicU64 = AtomicU64::new(1);
@@ -69,6 +98,399 @@ impl PoolState {
         match self.awaiting.iter_mut().find(|(s, _)| *s == st) {
             Some(a) => a.1 = epoch,
             None => self.awaiting.push((st, epoch)),
+        }
+    }
+
+    /// Re-reads the reserved size of this pool (handle `pool`) and charges (unconditionally) or releases the
+    /// difference.
+    fn refresh(&mut self, d: &impl Driver, c: &impl Charges, pool: usize) {
+        if pool & DESTROYED != 0 {
+            return; // no handle to read: its charge stays until its last allocation is freed
+        }
+        let Some(dev) = self.dev else { return };
+        let Ok(reserved) = d.pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else {
+            return;
+        };
+        if reserved > self.charged {
+            c.force(dev, reserved - self.charged);
+        } else {
+            if reserved < self.charged {
+                self.free_blocks.clear();
+            }
+            c.release(dev, self.charged - reserved);
+        }
+        self.charged = reserved;
+    }
+
+    /// The block at `addr` is no longer claimed.
+    fn unclaim(&mut self, addr: u64) {
+        for b in self.free_blocks.iter_mut().filter(|b| b.addr == addr) {
+            b.claimed = false;
+        }
+    }
+}
+
+impl Pools {
+    pub(super) fn new() -> Pools {
+        Pools {
+            map: Lock::new(HashMap::new()),
+            any: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
+    pub(super) fn track(&self, pool: usize, dev: Option<Dev>) {
+        self.any.store(true, Ordering::Relaxed);
+        self.map.lock().entry(pool).or_insert(PoolState {
+            dev,
+            charged: 0,
+            left: 0,
+            awaiting: Vec::new(),
+            counting: false,
+            in_flight: 0,
+            was: pool,
+            free_blocks: Vec::new(),
+        });
+    }
+
+    /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
+    pub(super) fn device(&self, pool: usize) -> Option<Option<Dev>> {
+        self.map.lock().get(&pool).map(|p| p.dev)
+    }
+
+    /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
+    pub(super) fn refresh(&self, d: &impl Driver, c: &impl Charges, pool: usize) {
+        if let Some(p) = self.map.lock().get_mut(&pool) {
+            p.refresh(d, c, pool);
+        }
+    }
+
+    /// Refreshes every pool on a device entry (before refusing a pool allocation).
+    #[inline]
+    pub(super) fn refresh_of(&self, d: &impl Driver, c: &impl Charges, id: DeviceId) {
+        // Set before a pool is tracked: a program without pools takes no lock here (cuMemGetInfo's path).
+        if self.any.load(Ordering::Relaxed) {
+            self.refresh_tracked_of(d, c, id);
+        }
+    }
+
+    #[inline(never)]
+    fn refresh_tracked_of(&self, d: &impl Driver, c: &impl Charges, id: DeviceId) {
+        for (&pool, p) in self.map.lock().iter_mut() {
+            if p.dev.is_some_and(|d| d.id == id) {
+                p.refresh(d, c, pool);
+            }
+        }
+    }
+
+    /// Before a pool allocation of `len` bytes: re-reads the pool (a shrunk reserve forgets its known free
+    /// blocks), then, when `claim`, claims the smallest unclaimed known free block of at least `len` bytes for
+    /// this allocation and returns its address.
+    pub(super) fn prepare(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        pool: usize,
+        len: u64,
+        claim: bool,
+    ) -> Option<u64> {
+        let mut pools = self.map.lock();
+        let p = pools.get_mut(&pool)?;
+        p.refresh(d, c, pool);
+        if !claim {
+            return None;
+        }
+        let b = p
+            .free_blocks
+            .iter_mut()
+            .filter(|b| !b.claimed && b.len >= len)
+            .min_by_key(|b| b.len)?;
+        b.claimed = true;
+        Some(b.addr)
+    }
+
+    /// A claimed block went unused (the driver refused the allocation): free for others again.
+    pub(super) fn unclaim(&self, pool: usize, addr: u64) {
+        if let Some(p) = self.map.lock().get_mut(&pool) {
+            p.unclaim(addr);
+        }
+    }
+
+    /// After a successful pool allocation of `len` bytes at `addr`, admitted with `est` (and counting on the
+    /// block `claimed`): the pool's growth is charged out of the admitted bytes and the rest given back (growth
+    /// beyond them is forced: the driver already handed it out), and the known free blocks follow what the
+    /// driver did. Returns the growth beyond `est` (0 when the admission covered it).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn settle(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        pool: usize,
+        dev: Dev,
+        est: u64,
+        len: u64,
+        addr: u64,
+        claimed: Option<u64>,
+    ) -> u64 {
+        let mut pools = self.map.lock();
+        let Some(p) = pools.get_mut(&pool) else {
+            c.release(dev, est);
+            return 0;
+        };
+        if let Some(b) = claimed {
+            p.unclaim(b);
+        }
+        let known = p.free_blocks.len();
+        p.free_blocks.retain(|b| b.addr != addr);
+        let reused_known = p.free_blocks.len() < known;
+        let Ok(reserved) = d.pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else {
+            p.free_blocks.clear();
+            c.release(dev, est);
+            return 0;
+        };
+        let over = if reserved >= p.charged {
+            let growth = reserved - p.charged;
+            if growth < len && !reused_known {
+                // Served from the reserve by a block we did not list: which of ours it was, we cannot tell.
+                p.free_blocks.clear();
+            }
+            if growth > est {
+                c.force(dev, growth - est);
+            } else {
+                c.release(dev, est - growth);
+            }
+            growth.saturating_sub(est)
+        } else {
+            p.free_blocks.clear();
+            c.release(dev, est + (p.charged - reserved));
+            0
+        };
+        p.charged = reserved;
+        over
+    }
+
+    /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be
+    /// served from without the pool growing. 0 for untracked pools or when the driver cannot tell.
+    pub(super) fn slack(&self, d: &impl Driver, pool: usize) -> u64 {
+        if self.device(pool).is_none() {
+            return 0; // not charged by us yet: its reserve is not ours to spend
+        }
+        match (
+            d.pool_attribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
+            d.pool_attribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
+        ) {
+            (Ok(reserved), Ok(used)) => reserved.saturating_sub(used),
+            _ => 0,
+        }
+    }
+
+    /// The pool allocation at `addr`, of `len` (rounded) bytes, was freed: its block is back in the reserve.
+    /// `stream`: the free's stream key (`stream_key`) for `cuMemFreeAsync`, `None` for a free that is done.
+    pub(super) fn freed(&self, c: &impl Charges, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
+        if pool & DESTROYED != 0 {
+            self.destroyed_freed(c, pool, stream);
+            return;
+        }
+        if let Some(p) = self.map.lock().get_mut(&pool) {
+            if let Some(st) = stream {
+                p.awaits(st);
+            }
+            p.free_blocks.retain(|b| b.addr != addr);
+            if len > 0 {
+                p.free_blocks.push(FreeBlock {
+                    addr,
+                    len,
+                    claimed: false,
+                });
+            }
+        }
+    }
+
+    /// One allocation of destroyed pool `key` is gone (`stream`: freed in stream order there, maybe not yet).
+    pub(super) fn destroyed_freed(&self, c: &impl Charges, key: usize, stream: Option<usize>) {
+        let mut pools = self.map.lock();
+        let Some(p) = pools.get_mut(&key) else { return };
+        p.left -= 1;
+        if let Some(st) = stream {
+            p.awaits(st);
+        }
+        release_destroyed(c, &mut pools);
+    }
+
+    /// The last context on `dev` is gone: nothing of it runs any more, so no free on `dev` is waiting.
+    pub(super) fn context_gone(&self, c: &impl Charges, dev: Dev) {
+        let mut pools = self.map.lock();
+        for (_, p) in pools
+            .iter_mut()
+            .filter(|(_, p)| p.dev.is_some_and(|d| d.id == dev.id))
+        {
+            p.awaiting.clear();
+        }
+        release_destroyed(c, &mut pools);
+    }
+
+    /// `cuMemPoolDestroy` of `pool` succeeded: a device pool we know moves to a new destroyed key, counting
+    /// (not released) until [`Pools::destroy_counted`] says how many of its allocations are out. `None`: not a
+    /// device pool we know.
+    pub(super) fn destroy_begins(&self, pool: usize) -> Option<usize> {
+        let key = DESTROYED | NEXT_DESTROYED.fetch_add(1, Ordering::Relaxed);
+        let mut pools = self.map.lock();
+        let mut p = pools.remove(&pool)?;
+        p.dev?;
+        p.free_blocks.clear();
+        p.counting = true;
+        pools.insert(key, p);
+        Some(key)
+    }
+
+    /// `out` allocations of destroyed pool `key` are still out: with none out and no free waiting in stream
+    /// order, its charge goes back; otherwise the pool lives on (cuda.h: its resources go back once no
+    /// allocation is outstanding and its frees have run), charged whole until then.
+    pub(super) fn destroy_counted(&self, c: &impl Charges, key: usize, out: usize) {
+        let mut pools = self.map.lock();
+        if let Some(p) = pools.get_mut(&key) {
+            p.left += out as isize;
+            p.counting = false;
+        }
+        release_destroyed(c, &mut pools);
+    }
+
+    /// A free of an allocation of `pool` is taking its record out of the ledger and goes to the driver: the
+    /// pool (or, when a destroy is counting its records, the destroyed pool it became) is not released until
+    /// [`Pools::free_done`] (or the refusal's [`Pools::free_refused`]).
+    pub(super) fn free_begins(&self, pool: usize) {
+        let mut pools = self.map.lock();
+        let p = match pools.contains_key(&pool) {
+            true => pools.get_mut(&pool),
+            false => pools
+                .iter_mut()
+                .find(|(&k, p)| k & DESTROYED != 0 && p.was == pool && p.counting)
+                .map(|(_, p)| p),
+        };
+        if let Some(p) = p {
+            p.in_flight += 1;
+        }
+    }
+
+    /// The free [`Pools::free_begins`] announced succeeded (`stream`: in stream order there). `true`: the pool
+    /// was destroyed meanwhile, and its count could not see this record: the free counts for nothing there but
+    /// its stream is awaited (the caller skips [`Pools::freed`]).
+    pub(super) fn free_done(&self, c: &impl Charges, pool: usize, stream: Option<usize>) -> bool {
+        let mut pools = self.map.lock();
+        if let Some(p) = pools.get_mut(&pool) {
+            p.in_flight = p.in_flight.saturating_sub(1);
+            return false;
+        }
+        let Some(p) = pools
+            .iter_mut()
+            .find(|(&k, p)| k & DESTROYED != 0 && p.was == pool && p.in_flight > 0)
+            .map(|(_, p)| p)
+        else {
+            return false;
+        };
+        p.in_flight -= 1;
+        if let Some(st) = stream {
+            p.awaits(st);
+        }
+        release_destroyed(c, &mut pools);
+        true
+    }
+
+    /// The free [`Pools::free_begins`] announced was refused and its record is back in the ledger. `None`: the
+    /// pool lives (the free is done with); `Some(key)`: it was destroyed meanwhile and became `key`, whose count
+    /// has finished (waited for): the caller re-tags the record unless the count saw it, then
+    /// [`Pools::refused_counted`].
+    pub(super) fn free_refused(&self, pool: usize) -> Option<usize> {
+        let moved = {
+            let mut pools = self.map.lock();
+            if let Some(p) = pools.get_mut(&pool) {
+                p.in_flight = p.in_flight.saturating_sub(1);
+                return None;
+            }
+            pools
+                .iter()
+                .find(|&(&k, p)| k & DESTROYED != 0 && p.was == pool && p.in_flight > 0)
+                .map(|(&k, _)| k)?
+        };
+        // Its count is still running: wait for it (a scan of the ledger, no driver call).
+        while self.map.lock().get(&moved).is_some_and(|p| p.counting) {
+            std::thread::yield_now();
+        }
+        Some(moved)
+    }
+
+    /// The refused free of destroyed pool `key` is done with; `unseen`: its record was re-tagged to `key` (the
+    /// destroy's count had not seen it), so it counts as still out.
+    pub(super) fn refused_counted(&self, c: &impl Charges, key: usize, unseen: bool) {
+        let mut pools = self.map.lock();
+        if let Some(p) = pools.get_mut(&key) {
+            p.in_flight = p.in_flight.saturating_sub(1);
+            if unseen {
+                p.left += 1;
+            }
+        }
+        release_destroyed(c, &mut pools);
+    }
+
+    /// A synchronisation is about to start: its epoch, for [`Pools::synchronized`] (`None`: no pool allocation
+    /// was ever freed in stream order, nothing to do).
+    fn sync_starts(&self) -> Option<u64> {
+        ANY_AWAITING
+            .load(Ordering::Acquire)
+            .then(|| SYNC_EPOCH.fetch_add(1, Ordering::AcqRel))
+    }
+
+    /// A synchronisation of `dev`'s context (`stream` = `None`) or of one stream (its key) that started at
+    /// epoch `start` returned: the frees enqueued there before it have run.
+    fn synchronized(&self, c: &impl Charges, dev: Dev, start: u64, stream: Option<usize>) {
+        let mut pools = self.map.lock();
+        for (_, p) in pools
+            .iter_mut()
+            .filter(|(_, p)| p.dev.is_some_and(|d| d.id == dev.id))
+        {
+            p.awaiting
+                .retain(|&(st, epoch)| !(epoch < start && stream.is_none_or(|s| s == st)));
+        }
+        release_destroyed(c, &mut pools);
+    }
+
+    /// Forgets the parent's pools in a forked child.
+    pub(super) fn reset(&self) {
+        self.map.lock().clear();
+    }
+
+    /// Takes the family's lock for the fork handlers.
+    pub(super) fn fork_prepare(&self) {
+        hold_all([&self.map]);
+    }
+
+    /// Undoes [`Pools::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release(&self, side: Side) {
+        // SAFETY: locked by fork_prepare (the caller's contract).
+        unsafe { release_all([&self.map], side) };
+    }
+}
+
+/// Gives back the charge of every destroyed pool with no allocation out and nothing awaited.
+fn release_destroyed(c: &impl Charges, pools: &mut HashMap<usize, PoolState>) {
+    let done: Vec<usize> = pools
+        .iter()
+        .filter(|&(&k, p)| {
+            k & DESTROYED != 0 && p.left == 0 && p.awaiting.is_empty() && !p.counting && p.in_flight == 0
+        })
+        .map(|(&k, _)| k)
+        .collect();
+    for k in done {
+        if let Some(PoolState {
+            dev: Some(dev),
+            charged,
+            ..
+        }) = pools.remove(&k)
+        {
+            c.release(dev, charged);
         }
     }
 }
@@ -124,7 +546,7 @@ impl Memory {
                 let r = call();
                 if let (true, Some(on)) = (r.ok(), on) {
                     if let Some(pool) = out() {
-                        self.track_pool(pool, on);
+                        self.pools.track(pool, on);
                     }
                 }
                 r
@@ -146,12 +568,12 @@ impl Memory {
                 r
             }
             PoolCall::Synchronize { dev, stream } => {
-                let Some(start) = self.sync_starts() else {
+                let Some(start) = self.pools.sync_starts() else {
                     return call();
                 };
                 let r = call();
                 if let Some(dev) = dev().filter(|_| r.ok()) {
-                    self.synchronized(dev, start, stream);
+                    self.pools.synchronized(self, dev, start, stream);
                 }
                 r
             }
@@ -174,7 +596,7 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let (dev, pool) = match pool {
-            Some(pool) => match self.pool_device(pool) {
+            Some(pool) => match self.pools.device(pool) {
                 Some(Some(dev)) => (dev, pool),
                 Some(None) => return call(), // a host pool: not device memory
                 None => match self.pool_owner(cuda, pool).or_else(stream_dev) {
@@ -186,16 +608,16 @@ impl Memory {
                 let Some(dev) = stream_dev() else {
                     return self.untracked(call);
                 };
-                let mut pool: CUmemoryPool = std::ptr::null_mut();
-                // SAFETY: valid out-pointer.
-                if !unsafe { cuda.cuDeviceGetMemPool(&mut pool, dev.ordinal) }.ok() || pool.is_null() {
-                    // Cannot see the pool: account it as a plain allocation instead.
-                    let est = self.devices.round(cuda, dev, bytes);
-                    return self.charged_call(cuda, nvml, dev, est, call, || {
-                        Some((ledger::Space::Pointer, out(), None))
-                    });
+                match cuda.mem_pool(dev.ordinal) {
+                    Ok(pool) if pool != 0 => (dev, pool),
+                    _ => {
+                        // Cannot see the pool: account it as a plain allocation instead.
+                        let est = self.devices.round(cuda, dev, bytes);
+                        return self.charged_call(cuda, nvml, dev, est, call, || {
+                            Some((ledger::Space::Pointer, out(), None))
+                        });
+                    }
                 }
-                (dev, pool as usize)
             }
         };
         self.pool_alloc(cuda, nvml, dev, pool, bytes, call, out)
@@ -205,18 +627,11 @@ impl Memory {
     /// `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool` of any device, which may serve allocations on another
     /// device's stream): remembered for the pool. The stream's device would charge the wrong one.
     fn pool_owner(&self, cuda: &CudaTable, pool: usize) -> Option<Dev> {
-        let owns = |d: Dev| {
-            let (mut dflt, mut cur): (CUmemoryPool, CUmemoryPool) =
-                (std::ptr::null_mut(), std::ptr::null_mut());
-            // SAFETY: valid out-pointers.
-            unsafe {
-                (cuda.cuDeviceGetDefaultMemPool(&mut dflt, d.ordinal).ok() && dflt as usize == pool)
-                    || (cuda.cuDeviceGetMemPool(&mut cur, d.ordinal).ok() && cur as usize == pool)
-            }
-        };
+        let owns =
+            |d: Dev| cuda.default_mem_pool(d.ordinal) == Ok(pool) || cuda.mem_pool(d.ordinal) == Ok(pool);
         let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
         let dev = devs.into_iter().find(|&d| owns(d))?;
-        self.track_pool(pool, Some(dev));
+        self.pools.track(pool, Some(dev));
         Some(dev)
     }
 
@@ -239,8 +654,8 @@ impl Memory {
     ) -> CUresult {
         let key = pool;
         let len = self.devices.round(cuda, dev, bytes);
-        self.track_pool(key, Some(dev));
-        self.pool_prepare(cuda, key, len, false);
+        self.pools.track(key, Some(dev));
+        self.pools.prepare(cuda, self, key, len, false);
         // Held until the driver call returns (a reserved-memory announcement lives in the guard).
         let admit = |n| self.charge(dev, n, cuda, nvml).ok();
         let full = admit(len).or_else(|| {
@@ -250,12 +665,12 @@ impl Memory {
         });
         let (charge, claimed) = if let Some(c) = full {
             (c, None)
-        } else if let Some(block) = self.pool_prepare(cuda, key, len, true) {
-            let est = len.saturating_sub(self.pool_slack(cuda, key));
+        } else if let Some(block) = self.pools.prepare(cuda, self, key, len, true) {
+            let est = len.saturating_sub(self.pools.slack(cuda, key));
             match admit(est) {
                 Some(c) => (c, Some(block)),
                 None => {
-                    self.pool_unclaim(key, block);
+                    self.pools.unclaim(key, block);
                     return CUresult::ERROR_OUT_OF_MEMORY;
                 }
             }
@@ -266,7 +681,7 @@ impl Memory {
         if !r.ok() {
             drop(charge);
             if let Some(block) = claimed {
-                self.pool_unclaim(key, block);
+                self.pools.unclaim(key, block);
             }
             return r;
         }
@@ -278,8 +693,10 @@ impl Memory {
         };
         let stale = self.ledger.insert(ledger::Space::Pointer, addr, rec);
         self.release_stale(stale);
-        // `pool_settle` takes the admitted bytes over.
-        let over = self.pool_settle(cuda, key, dev, charge.bytes(), len, addr, claimed);
+        // The pool's settlement takes the admitted bytes over.
+        let over = self
+            .pools
+            .settle(cuda, self, key, dev, charge.bytes(), len, addr, claimed);
         charge.keep();
         if over > 0 {
             // Only a driver that grows the pool although a free block of the size was in its reserve gets here.
@@ -291,209 +708,55 @@ impl Memory {
         r
     }
 
-    /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
-    pub(super) fn track_pool(&self, pool: usize, dev: Option<Dev>) {
-        self.any_pool.store(true, Ordering::Relaxed);
-        self.pools.lock().entry(pool).or_insert(PoolState {
-            dev,
-            charged: 0,
-            left: 0,
-            awaiting: Vec::new(),
-            counting: false,
-            in_flight: 0,
-            was: pool,
-            free_blocks: Vec::new(),
-        });
-    }
-
-    /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
-    fn pool_device(&self, pool: usize) -> Option<Option<Dev>> {
-        self.pools.lock().get(&pool).map(|p| p.dev)
-    }
-
     /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
     pub(super) fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
-        let mut pools = self.pools.lock();
-        if let Some(p) = pools.get_mut(&pool) {
-            self.refresh_locked(cuda, pool, p);
-        }
-    }
-
-    fn reserved(cuda: &CudaTable, pool: usize) -> Option<u64> {
-        let mut reserved: u64 = 0;
-        // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
-        let r = unsafe {
-            cuda.cuMemPoolGetAttribute(
-                pool as CUmemoryPool,
-                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
-                (&mut reserved as *mut u64).cast(),
-            )
-        };
-        r.ok().then_some(reserved)
-    }
-
-    fn refresh_locked(&self, cuda: &CudaTable, pool: usize, p: &mut PoolState) {
-        if pool & DESTROYED != 0 {
-            return; // no handle to read: its charge stays until its last allocation is freed
-        }
-        let Some(dev) = p.dev else { return };
-        let Some(reserved) = Self::reserved(cuda, pool) else {
-            return;
-        };
-        if reserved > p.charged {
-            self.force(dev, reserved - p.charged);
-        } else {
-            if reserved < p.charged {
-                p.free_blocks.clear();
-            }
-            self.release(dev, p.charged - reserved);
-        }
-        p.charged = reserved;
-    }
-
-    /// The pool allocation at `addr`, of `len` (rounded) bytes, was freed: its block is back in the reserve.
-    /// `stream`: the free's stream key (`stream_key`) for `cuMemFreeAsync`, `None` for a free that is done.
-    pub(crate) fn pool_freed(&self, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
-        if pool & DESTROYED != 0 {
-            self.destroyed_freed(pool, stream);
-            return;
-        }
-        if let Some(p) = self.pools.lock().get_mut(&pool) {
-            if let Some(st) = stream {
-                p.awaits(st);
-            }
-            p.free_blocks.retain(|b| b.addr != addr);
-            if len > 0 {
-                p.free_blocks.push(FreeBlock {
-                    addr,
-                    len,
-                    claimed: false,
-                });
-            }
-        }
-    }
-
-    /// Before a pool allocation of `len` bytes: re-reads the pool (a shrunk reserve forgets its known free
-    /// blocks), then, when `claim`, claims the smallest unclaimed known free block of at least `len` bytes for
-    /// this allocation and returns its address.
-    pub(crate) fn pool_prepare(&self, cuda: &CudaTable, pool: usize, len: u64, claim: bool) -> Option<u64> {
-        let mut pools = self.pools.lock();
-        let p = pools.get_mut(&pool)?;
-        self.refresh_locked(cuda, pool, p);
-        if !claim {
-            return None;
-        }
-        let b = p
-            .free_blocks
-            .iter_mut()
-            .filter(|b| !b.claimed && b.len >= len)
-            .min_by_key(|b| b.len)?;
-        b.claimed = true;
-        Some(b.addr)
-    }
-
-    /// A claimed block went unused (the driver refused the allocation): free for others again.
-    pub(crate) fn pool_unclaim(&self, pool: usize, addr: u64) {
-        if let Some(p) = self.pools.lock().get_mut(&pool) {
-            for b in p.free_blocks.iter_mut().filter(|b| b.addr == addr) {
-                b.claimed = false;
-            }
-        }
-    }
-
-    /// After a successful pool allocation of `len` bytes at `addr`, admitted with `est` (and counting on the
-    /// block `claimed`): the pool's growth is charged out of the admitted bytes and the rest given back (growth
-    /// beyond them is forced: the driver already handed it out), and the known free blocks follow what the
-    /// driver did. Returns the growth beyond `est` (0 when the admission covered it).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn pool_settle(
-        &self,
-        cuda: &CudaTable,
-        pool: usize,
-        dev: Dev,
-        est: u64,
-        len: u64,
-        addr: u64,
-        claimed: Option<u64>,
-    ) -> u64 {
-        let mut pools = self.pools.lock();
-        let Some(p) = pools.get_mut(&pool) else {
-            self.release(dev, est);
-            return 0;
-        };
-        if let Some(c) = claimed {
-            for b in p.free_blocks.iter_mut().filter(|b| b.addr == c) {
-                b.claimed = false;
-            }
-        }
-        let known = p.free_blocks.len();
-        p.free_blocks.retain(|b| b.addr != addr);
-        let reused_known = p.free_blocks.len() < known;
-        let Some(reserved) = Self::reserved(cuda, pool) else {
-            p.free_blocks.clear();
-            self.release(dev, est);
-            return 0;
-        };
-        let over = if reserved >= p.charged {
-            let growth = reserved - p.charged;
-            if growth < len && !reused_known {
-                // Served from the reserve by a block we did not list: which of ours it was, we cannot tell.
-                p.free_blocks.clear();
-            }
-            if growth > est {
-                self.force(dev, growth - est);
-            } else {
-                self.release(dev, est - growth);
-            }
-            growth.saturating_sub(est)
-        } else {
-            p.free_blocks.clear();
-            self.release(dev, est + (p.charged - reserved));
-            0
-        };
-        p.charged = reserved;
-        over
-    }
-
-    /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be
-    /// served from without the pool growing. 0 for untracked pools or when the driver cannot tell.
-    pub(crate) fn pool_slack(&self, cuda: &CudaTable, pool: usize) -> u64 {
-        if self.pool_device(pool).is_none() {
-            return 0; // not charged by us yet: its reserve is not ours to spend
-        }
-        let get = |attr| {
-            let mut v: u64 = 0;
-            // SAFETY: valid out-pointer of the attribute's type (cuuint64_t).
-            let r = unsafe {
-                cuda.cuMemPoolGetAttribute(pool as CUmemoryPool, attr, (&mut v as *mut u64).cast())
-            };
-            r.ok().then_some(v)
-        };
-        match (
-            get(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT),
-            get(CU_MEMPOOL_ATTR_USED_MEM_CURRENT),
-        ) {
-            (Some(reserved), Some(used)) => reserved.saturating_sub(used),
-            _ => 0,
-        }
+        self.pools.refresh(cuda, self, pool);
     }
 
     /// Refreshes every pool on a device entry (before refusing a pool allocation).
     #[inline]
     pub(crate) fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
-        // Set before a pool is tracked: a program without pools takes no lock here (cuMemGetInfo's path).
-        if self.any_pool.load(Ordering::Relaxed) {
-            self.refresh_tracked_pools_of(cuda, id);
-        }
+        self.pools.refresh_of(cuda, self, id);
     }
 
-    #[inline(never)]
-    fn refresh_tracked_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
-        let mut pools = self.pools.lock();
-        for (&pool, p) in pools.iter_mut() {
-            if p.dev.is_some_and(|d| d.id == id) {
-                self.refresh_locked(cuda, pool, p);
-            }
+    /// [`Pools::freed`].
+    pub(crate) fn pool_freed(&self, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
+        self.pools.freed(self, pool, addr, len, stream);
+    }
+
+    /// [`Pools::free_begins`].
+    pub(super) fn pool_free_begins(&self, pool: usize) {
+        self.pools.free_begins(pool);
+    }
+
+    /// [`Pools::free_done`].
+    pub(super) fn pool_free_done(&self, pool: usize, stream: Option<usize>) -> bool {
+        self.pools.free_done(self, pool, stream)
+    }
+
+    /// The free [`Memory::pool_free_begins`] announced was refused and its record (of `pool`, at `addr`) is back
+    /// in the ledger. If the pool was destroyed meanwhile, the record belongs to the destroyed pool and counts
+    /// as still out of it, once: re-tagged unless the destroy's count saw it back (waited for).
+    pub(super) fn pool_free_refused(&self, pool: usize, addr: u64) {
+        let Some(moved) = self.pools.free_refused(pool) else {
+            return;
+        };
+        let rec = self.ledger.get(ledger::Space::Pointer, addr);
+        let unseen = rec.is_some_and(|r| r.kind == ledger::Kind::Pool(pool));
+        if let Some(mut r) = rec.filter(|_| unseen) {
+            r.kind = ledger::Kind::Pool(moved);
+            self.ledger.insert(ledger::Space::Pointer, addr, r);
+        }
+        self.pools.refused_counted(self, moved, unseen);
+    }
+
+    /// `cuMemPoolDestroy` succeeded: its allocations still in the ledger move to the destroyed pool's key (in
+    /// place before they are re-keyed, so a free racing this counts down there), which keeps the charge until
+    /// they are freed and their frees have run.
+    fn destroy_pool(&self, pool: usize) {
+        if let Some(key) = self.pools.destroy_begins(pool) {
+            let out = self.ledger.retag_pool(pool, key);
+            self.pools.destroy_counted(self, key, out);
         }
     }
 
@@ -505,17 +768,7 @@ impl Memory {
             .ledger
             .remove_where(|space, _, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
         self.forget_records(cuda, dev, gone);
-        {
-            // Nothing of the context runs any more: no free on `dev` is waiting.
-            let mut pools = self.pools.lock();
-            for (_, p) in pools
-                .iter_mut()
-                .filter(|(_, p)| p.dev.is_some_and(|d| d.id == dev.id))
-            {
-                p.awaiting.clear();
-            }
-            self.release_destroyed_locked(&mut pools);
-        }
+        self.pools.context_gone(self, dev);
         self.refresh_pools_of(cuda, dev.id);
         if self.graph.charges(dev) {
             self.refresh_graph(cuda, dev);
@@ -562,169 +815,216 @@ impl Memory {
             }
             match rec.kind {
                 ledger::Kind::Direct => self.release(dev, rec.bytes),
-                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.destroyed_freed(k, None),
+                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.pools.destroyed_freed(self, k, None),
                 ledger::Kind::Pool(_) => {}
             }
         }
     }
+}
 
-    // ---- graph memory (memory nodes) -------------------------------------------------------------------------
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::driver::fake::Fake;
+    use crate::memory::tests::device_id;
+    use std::cell::Cell;
 
-    /// `cuMemPoolDestroy` succeeded. With no allocation of this process still out of it and no free waiting
-    /// in stream order, its charge goes back; otherwise the pool lives on (cuda.h: its resources go back once no
-    /// allocation is outstanding and its frees have run), keyed [`DESTROYED`] | n with its allocations, charged
-    /// whole until then.
-    fn destroy_pool(&self, pool: usize) {
-        let key = DESTROYED | NEXT_DESTROYED.fetch_add(1, Ordering::Relaxed);
-        {
-            // In place before the records are re-keyed, so a free racing this counts down here.
-            let mut pools = self.pools.lock();
-            let Some(mut p) = pools.remove(&pool) else {
-                return;
-            };
-            if p.dev.is_none() {
-                return;
-            }
-            p.free_blocks.clear();
-            p.counting = true;
-            pools.insert(key, p);
+    const MIB: u64 = 1 << 20;
+    const P: usize = 0x5000;
+
+    /// What the pools charged, net.
+    #[derive(Default)]
+    struct Net(Cell<i64>);
+
+    impl Charges for Net {
+        fn force(&self, _: Dev, bytes: u64) {
+            self.0.set(self.0.get() + bytes as i64);
         }
-        let out = self.ledger.retag_pool(pool, key);
-        let mut pools = self.pools.lock();
-        if let Some(p) = pools.get_mut(&key) {
-            p.left += out as isize;
-            p.counting = false;
-        }
-        self.release_destroyed_locked(&mut pools);
-    }
-
-    /// A free of an allocation of `pool` is taking its record out of the ledger and goes to the driver: the
-    /// pool (or, when a destroy is counting its records, the destroyed pool it became) is not released until
-    /// `Memory::pool_free_done` (or `Memory::pool_free_refused`).
-    pub(super) fn pool_free_begins(&self, pool: usize) {
-        let mut pools = self.pools.lock();
-        let p = match pools.contains_key(&pool) {
-            true => pools.get_mut(&pool),
-            false => pools
-                .iter_mut()
-                .find(|(&k, p)| k & DESTROYED != 0 && p.was == pool && p.counting)
-                .map(|(_, p)| p),
-        };
-        if let Some(p) = p {
-            p.in_flight += 1;
+        fn release(&self, _: Dev, bytes: u64) {
+            self.0.set(self.0.get() - bytes as i64);
         }
     }
 
-    /// The free [`Memory::pool_free_begins`] announced succeeded (`stream`: in stream order there). `true`: the
-    /// pool was destroyed meanwhile, and its count could not see this record: the free counts for nothing there
-    /// but its stream is awaited (the caller skips `pool_freed`).
-    pub(super) fn pool_free_done(&self, pool: usize, stream: Option<usize>) -> bool {
-        let mut pools = self.pools.lock();
-        if let Some(p) = pools.get_mut(&pool) {
-            p.in_flight = p.in_flight.saturating_sub(1);
-            return false;
-        }
-        let Some(p) = pools
-            .iter_mut()
-            .find(|(&k, p)| k & DESTROYED != 0 && p.was == pool && p.in_flight > 0)
-            .map(|(_, p)| p)
-        else {
-            return false;
-        };
-        p.in_flight -= 1;
-        if let Some(st) = stream {
-            p.awaits(st);
-        }
-        self.release_destroyed_locked(&mut pools);
-        true
-    }
-
-    /// The free [`Memory::pool_free_begins`] announced was refused and its record (of `pool`, at `addr`) is back
-    /// in the ledger. If the pool was destroyed meanwhile, the record belongs to the destroyed pool and counts
-    /// as still out of it, once: re-tagged unless the destroy's count saw it back (waited for).
-    pub(super) fn pool_free_refused(&self, pool: usize, addr: u64) {
-        let moved = {
-            let mut pools = self.pools.lock();
-            if let Some(p) = pools.get_mut(&pool) {
-                p.in_flight = p.in_flight.saturating_sub(1);
-                return;
-            }
-            match pools
-                .iter()
-                .find(|&(&k, p)| k & DESTROYED != 0 && p.was == pool && p.in_flight > 0)
-            {
-                Some((&k, _)) => k,
-                None => return,
-            }
-        };
-        // Its count is still running: wait for it (a scan of the ledger, no driver call).
-        while self.pools.lock().get(&moved).is_some_and(|p| p.counting) {
-            std::thread::yield_now();
-        }
-        let rec = self.ledger.get(ledger::Space::Pointer, addr);
-        let unseen = rec.is_some_and(|r| r.kind == ledger::Kind::Pool(pool));
-        if let Some(mut r) = rec.filter(|_| unseen) {
-            r.kind = ledger::Kind::Pool(moved);
-            self.ledger.insert(ledger::Space::Pointer, addr, r);
-        }
-        let mut pools = self.pools.lock();
-        if let Some(p) = pools.get_mut(&moved) {
-            p.in_flight = p.in_flight.saturating_sub(1);
-            if unseen {
-                p.left += 1;
-            }
-        }
-        self.release_destroyed_locked(&mut pools);
-    }
-
-    /// One allocation of destroyed pool `key` is gone (`stream`: freed in stream order there, maybe not yet).
-    fn destroyed_freed(&self, key: usize, stream: Option<usize>) {
-        let mut pools = self.pools.lock();
-        let Some(p) = pools.get_mut(&key) else { return };
-        p.left -= 1;
-        if let Some(st) = stream {
-            p.awaits(st);
-        }
-        self.release_destroyed_locked(&mut pools);
-    }
-
-    /// Gives back the charge of every destroyed pool with no allocation out and nothing awaited.
-    fn release_destroyed_locked(&self, pools: &mut HashMap<usize, PoolState>) {
-        let done: Vec<usize> = pools
-            .iter()
-            .filter(|&(&k, p)| {
-                k & DESTROYED != 0 && p.left == 0 && p.awaiting.is_empty() && !p.counting && p.in_flight == 0
-            })
-            .map(|(&k, _)| k)
-            .collect();
-        for k in done {
-            if let Some(p) = pools.remove(&k) {
-                if let Some(dev) = p.dev {
-                    self.release(dev, p.charged);
-                }
-            }
+    impl Net {
+        fn get(&self) -> u64 {
+            u64::try_from(self.0.get()).expect("never released more than charged")
         }
     }
 
-    /// A synchronisation is about to start: its epoch, for [`Memory::synchronized`] (`None`: no pool
-    /// allocation was ever freed in stream order, nothing to do).
-    fn sync_starts(&self) -> Option<u64> {
-        ANY_AWAITING
-            .load(Ordering::Acquire)
-            .then(|| SYNC_EPOCH.fetch_add(1, Ordering::AcqRel))
+    fn setup() -> (crate::memory::tests::TempRegion, Dev, Pools, Fake, Net) {
+        let (t, id) = device_id();
+        (
+            t,
+            Dev { ordinal: 0, id },
+            Pools::new(),
+            Fake::default(),
+            Net::default(),
+        )
     }
 
-    /// A synchronisation of `dev`'s context (`stream` = `None`) or of one stream (its key) that started at
-    /// epoch `start` returned: the frees enqueued there before it have run.
-    fn synchronized(&self, dev: Dev, start: u64, stream: Option<usize>) {
-        let mut pools = self.pools.lock();
-        for (_, p) in pools
-            .iter_mut()
-            .filter(|(_, p)| p.dev.is_some_and(|d| d.id == dev.id))
-        {
-            p.awaiting
-                .retain(|&(st, epoch)| !(epoch < start && stream.is_none_or(|s| s == st)));
-        }
-        self.release_destroyed_locked(&mut pools);
+    #[test]
+    fn a_pools_charge_follows_its_reserved_size_and_host_pools_are_never_charged() {
+        let (_t, dev, pools, d, c) = setup();
+        // Nothing tracked: a device's refresh asks the driver nothing (cuMemGetInfo's path).
+        d.reserve(P, 8 * MIB);
+        pools.refresh_of(&d, &c, dev.id);
+        assert_eq!(d.asked.get(), 0);
+        pools.track(P, Some(dev));
+        assert_eq!(pools.device(P), Some(Some(dev)));
+        pools.refresh_of(&d, &c, dev.id);
+        assert_eq!(c.get(), 8 * MIB);
+        d.reserve(P, 2 * MIB);
+        pools.refresh(&d, &c, P);
+        assert_eq!(c.get(), 2 * MIB);
+        // The driver will not say: the charge stays.
+        d.reserved.borrow_mut().clear();
+        pools.refresh(&d, &c, P);
+        assert_eq!(c.get(), 2 * MIB);
+        // A host pool is known but holds no device memory.
+        pools.track(P + 1, None);
+        d.reserve(P + 1, 64 * MIB);
+        pools.refresh(&d, &c, P + 1);
+        assert_eq!(pools.device(P + 1), Some(None));
+        assert_eq!(c.get(), 2 * MIB);
+        assert_eq!(
+            pools.slack(&d, P + 2),
+            0,
+            "an unknown pool's reserve is not ours to spend"
+        );
+    }
+
+    #[test]
+    fn a_settlement_charges_the_pools_growth_out_of_what_was_admitted() {
+        let (_t, dev, pools, d, c) = setup();
+        pools.track(P, Some(dev));
+        // Admitted 4 MiB (charged by the admission), the pool grew by 2: 2 go back.
+        c.force(dev, 4 * MIB);
+        d.reserve(P, 2 * MIB);
+        assert_eq!(pools.settle(&d, &c, P, dev, 4 * MIB, 4 * MIB, 0x100, None), 0);
+        assert_eq!(c.get(), 2 * MIB);
+        // Admitted 1 MiB, the pool grew by 4: the driver handed it out, so it is forced and said.
+        c.force(dev, MIB);
+        d.reserve(P, 6 * MIB);
+        assert_eq!(pools.settle(&d, &c, P, dev, MIB, MIB, 0x200, None), 3 * MIB);
+        assert_eq!(c.get(), 6 * MIB);
+        // The reserve shrank below the charge: the admission and the difference go back.
+        c.force(dev, MIB);
+        d.reserve(P, 3 * MIB);
+        assert_eq!(pools.settle(&d, &c, P, dev, MIB, MIB, 0x300, None), 0);
+        assert_eq!(c.get(), 3 * MIB);
+        // An untracked pool's settlement gives the admission back.
+        c.force(dev, MIB);
+        assert_eq!(pools.settle(&d, &c, P + 1, dev, MIB, MIB, 0x400, None), 0);
+        assert_eq!(c.get(), 3 * MIB);
+    }
+
+    #[test]
+    fn freed_blocks_serve_the_smallest_fitting_claim_once_until_the_reserve_shrinks() {
+        let (_t, dev, pools, d, c) = setup();
+        pools.track(P, Some(dev));
+        d.reserve(P, 8 * MIB);
+        pools.refresh(&d, &c, P);
+        pools.freed(&c, P, 0x100, 4 * MIB, None);
+        pools.freed(&c, P, 0x200, 2 * MIB, None);
+        assert_eq!(
+            pools.prepare(&d, &c, P, 2 * MIB, false),
+            None,
+            "not asked to claim"
+        );
+        assert_eq!(
+            pools.prepare(&d, &c, P, 2 * MIB, true),
+            Some(0x200),
+            "the smallest that fits"
+        );
+        assert_eq!(
+            pools.prepare(&d, &c, P, 2 * MIB, true),
+            Some(0x100),
+            "a claimed block is not claimed twice"
+        );
+        assert_eq!(pools.prepare(&d, &c, P, 2 * MIB, true), None);
+        pools.unclaim(P, 0x200);
+        assert_eq!(
+            pools.prepare(&d, &c, P, MIB, true),
+            Some(0x200),
+            "unclaimed: free for others again"
+        );
+        d.used.set(5 * MIB);
+        assert_eq!(pools.slack(&d, P), 3 * MIB);
+        // A shrunk reserve released blocks it does not name: all are forgotten.
+        pools.unclaim(P, 0x200);
+        d.reserve(P, 6 * MIB);
+        assert_eq!(pools.prepare(&d, &c, P, MIB, true), None);
+        assert_eq!(c.get(), 6 * MIB);
+    }
+
+    #[test]
+    fn a_destroyed_pool_keeps_its_charge_until_its_allocations_are_freed_and_their_streams_synchronized() {
+        let (_t, dev, pools, d, c) = setup();
+        pools.track(P, Some(dev));
+        d.reserve(P, 8 * MIB);
+        pools.refresh(&d, &c, P);
+        let key = pools.destroy_begins(P).expect("a device pool");
+        assert_eq!(pools.device(P), None, "the handle is gone");
+        pools.destroy_counted(&c, key, 3);
+        assert_eq!(c.get(), 8 * MIB);
+        pools.destroyed_freed(&c, key, None);
+        pools.freed(&c, key, 0x200, MIB, Some(5));
+        // A synchronisation that began before the last free was enqueued does not cover it.
+        let early = pools.sync_starts().expect("a free in stream order was seen");
+        pools.freed(&c, key, 0x100, MIB, Some(5));
+        pools.synchronized(&c, dev, early, Some(5));
+        assert_eq!(c.get(), 8 * MIB, "the free may not have run yet");
+        let late = pools.sync_starts().expect("epoch");
+        pools.synchronized(&c, dev, late, Some(6));
+        assert_eq!(c.get(), 8 * MIB, "another stream's synchronisation");
+        pools.synchronized(&c, dev, late, Some(5));
+        assert_eq!(c.get(), 0);
+        // A host pool's destroy forgets it: nothing was charged.
+        pools.track(P + 1, None);
+        assert_eq!(pools.destroy_begins(P + 1), None);
+        assert_eq!(pools.device(P + 1), None);
+    }
+
+    #[test]
+    fn a_free_in_flight_across_a_destroy_holds_the_destroyed_pool_until_it_is_done() {
+        let (_t, dev, pools, d, c) = setup();
+        pools.track(P, Some(dev));
+        d.reserve(P, 4 * MIB);
+        pools.refresh(&d, &c, P);
+        pools.free_begins(P);
+        let key = pools.destroy_begins(P).expect("a device pool");
+        pools.destroy_counted(&c, key, 0);
+        assert_eq!(c.get(), 4 * MIB, "a free is in flight");
+        assert!(pools.free_done(&c, P, None), "the destroyed pool took the free");
+        assert_eq!(c.get(), 0);
+        // A refused free of a destroyed pool counts as still out, once.
+        pools.track(P, Some(dev));
+        pools.refresh(&d, &c, P);
+        pools.free_begins(P);
+        let key = pools.destroy_begins(P).expect("a device pool");
+        pools.destroy_counted(&c, key, 0);
+        assert_eq!(pools.free_refused(P), Some(key));
+        pools.refused_counted(&c, key, true);
+        assert_eq!(c.get(), 4 * MIB, "its allocation is still out");
+        pools.destroyed_freed(&c, key, None);
+        assert_eq!(c.get(), 0);
+        // A live pool's refused free is simply done with.
+        pools.track(P, Some(dev));
+        pools.free_begins(P);
+        assert_eq!(pools.free_refused(P), None);
+    }
+
+    #[test]
+    fn a_context_gone_lets_destroyed_pools_waiting_for_its_frees_go() {
+        let (_t, dev, pools, d, c) = setup();
+        pools.track(P, Some(dev));
+        d.reserve(P, 4 * MIB);
+        pools.refresh(&d, &c, P);
+        let key = pools.destroy_begins(P).expect("a device pool");
+        pools.destroy_counted(&c, key, 1);
+        pools.freed(&c, key, 0x100, MIB, Some(9));
+        assert_eq!(c.get(), 4 * MIB);
+        pools.context_gone(&c, dev);
+        assert_eq!(c.get(), 0);
     }
 }

@@ -5,16 +5,17 @@
 //! An exported allocation's charge lives in the container's shared table (usage region, keyed by a hash of
 //! the handle's bytes, which both processes see) until its last holder lets go; an import whose key is not in
 //! this container's table (another container exported it) is charged to this process while it holds it.
-//! Not on the allocation path: one mutex, never held across a driver call.
+//! Not on the allocation path: one mutex, never held across a driver call. [`Shared`] is the family: its
+//! table is private, `Memory` (`interprocess`, `charge`, `vmm_ops`) holds it and asks through its methods.
 
-use crate::locks::Lock;
+use crate::locks::{hold_all, release_all, Lock, Side};
 use cuquota_core::DeviceId;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What an open import holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Hold {
+pub(super) enum Hold {
     /// A hold on this container's shared entry.
     Shared {
         /// Entry index.
@@ -33,18 +34,18 @@ pub(crate) enum Hold {
 
 /// An exported allocation: its shared entry, its key, and whether this process's charge moved there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Export {
+pub(super) struct Export {
     /// Shared entry index.
-    pub entry: usize,
+    pub(super) entry: usize,
     /// The handle's key.
-    pub key: u64,
+    pub(super) key: u64,
     /// This process's charge moved into the entry (else it stayed on the process).
-    pub moved: bool,
+    pub(super) moved: bool,
 }
 
 /// What a `cuIpcCloseMemHandle` did.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Closed {
+pub(super) enum Closed {
     /// Not an address this process opened (the driver answered).
     Unknown,
     /// Opened more than once: one reference fewer.
@@ -54,7 +55,7 @@ pub(crate) enum Closed {
 }
 
 #[derive(Default)]
-pub(crate) struct Table {
+struct Table {
     exports: HashMap<u64, Export>,
     /// Device pointer → (hold, opens).
     imports: HashMap<u64, (Hold, u32)>,
@@ -69,9 +70,9 @@ pub(crate) struct Table {
     lingering: Vec<(usize, u64, u64, DeviceId)>,
 }
 
-/// The process's exports and imports.
+/// The process's exports and imports (the family's state: private, behind the methods below).
 #[derive(Default)]
-pub(crate) struct SharedMem {
+pub(super) struct Shared {
     table: Lock<Table>,
     /// Set by the first export: until then `cuMemFree` does not look here (one relaxed load).
     any_export: AtomicBool,
@@ -108,21 +109,21 @@ pub(crate) fn key(bytes: &[u8]) -> u64 {
     u64::from_le_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
 }
 
-impl SharedMem {
+impl Shared {
     /// The export of the allocation at `p`, if it was exported.
-    pub(crate) fn exported(&self, p: u64) -> Option<Export> {
+    pub(super) fn exported(&self, p: u64) -> Option<Export> {
         self.table.lock().exports.get(&p).copied()
     }
 
     /// Records that the allocation at `p` was exported.
-    pub(crate) fn export(&self, p: u64, e: Export) {
+    pub(super) fn export(&self, p: u64, e: Export) {
         self.any_export.store(true, Ordering::Release);
         self.table.lock().exports.insert(p, e);
     }
 
     /// The allocation at `p` is being freed: its export, if any.
     #[inline]
-    pub(crate) fn take_export(&self, p: u64) -> Option<Export> {
+    pub(super) fn take_export(&self, p: u64) -> Option<Export> {
         if !self.any_export.load(Ordering::Acquire) {
             return None;
         }
@@ -135,7 +136,7 @@ impl SharedMem {
     }
 
     /// `cuIpcOpenMemHandle` returned `p` again (the driver counts a reference): true if it was open already.
-    pub(crate) fn open_again(&self, p: u64) -> bool {
+    pub(super) fn open_again(&self, p: u64) -> bool {
         match self.table.lock().imports.get_mut(&p) {
             Some((_, n)) => {
                 *n += 1;
@@ -146,14 +147,14 @@ impl SharedMem {
     }
 
     /// `cuIpcOpenMemHandle` (or `cuMemPoolImportPointer`) returned `p`, holding `hold`.
-    pub(crate) fn opened(&self, p: u64, hold: Hold) {
+    pub(super) fn opened(&self, p: u64, hold: Hold) {
         self.any_import.store(true, Ordering::Release);
         self.table.lock().imports.insert(p, (hold, 1));
     }
 
     /// Whether `p` is an address this process imported (freed by `cuMemFree` for pool imports).
     #[inline]
-    pub(crate) fn imported(&self, p: u64) -> bool {
+    pub(super) fn imported(&self, p: u64) -> bool {
         self.any_import.load(Ordering::Acquire) && self.imported_slow(p)
     }
 
@@ -163,7 +164,7 @@ impl SharedMem {
     }
 
     /// `cuIpcCloseMemHandle(p)` succeeded.
-    pub(crate) fn close(&self, p: u64) -> Closed {
+    pub(super) fn close(&self, p: u64) -> Closed {
         let mut t = self.table.lock();
         let Some((hold, n)) = t.imports.get_mut(&p) else {
             return Closed::Unknown;
@@ -178,38 +179,38 @@ impl SharedMem {
     }
 
     /// The VMM handle `h` was exported.
-    pub(crate) fn vmm_export(&self, h: u64, e: Export) {
+    pub(super) fn vmm_export(&self, h: u64, e: Export) {
         self.table.lock().vmm_exports.insert(h, e);
     }
 
     /// Whether VMM handle `h` was exported.
-    pub(crate) fn vmm_exported(&self, h: u64) -> bool {
+    pub(super) fn vmm_exported(&self, h: u64) -> bool {
         self.table.lock().vmm_exports.contains_key(&h)
     }
 
     /// The memory of VMM handle `h` is gone here: its export, if any.
-    pub(crate) fn take_vmm_export(&self, h: u64) -> Option<Export> {
+    pub(super) fn take_vmm_export(&self, h: u64) -> Option<Export> {
         self.table.lock().vmm_exports.remove(&h)
     }
 
     /// `cuMemImportFromShareableHandle` returned `h`, holding `hold`.
-    pub(crate) fn vmm_imported(&self, h: u64, hold: Option<Hold>) {
+    pub(super) fn vmm_imported(&self, h: u64, hold: Option<Hold>) {
         self.table.lock().vmm_imports.insert(h, hold);
     }
 
     /// The hold of imported VMM handle `h` (`Some(None)`: imported, nothing charged yet); `None`: not an import.
-    pub(crate) fn vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+    pub(super) fn vmm_import(&self, h: u64) -> Option<Option<Hold>> {
         self.table.lock().vmm_imports.get(&h).copied()
     }
 
     /// The memory of imported VMM handle `h` is gone here: its hold.
-    pub(crate) fn take_vmm_import(&self, h: u64) -> Option<Option<Hold>> {
+    pub(super) fn take_vmm_import(&self, h: u64) -> Option<Option<Hold>> {
         self.table.lock().vmm_imports.remove(&h)
     }
 
     /// This process let go of export `e` of `bytes` on `dev`, whose charge had moved to the shared table;
     /// `live(entry, key)` prunes those nobody holds any more.
-    pub(crate) fn linger(&self, e: Export, bytes: u64, dev: DeviceId, live: impl Fn(usize, u64) -> bool) {
+    pub(super) fn linger(&self, e: Export, bytes: u64, dev: DeviceId, live: impl Fn(usize, u64) -> bool) {
         let mut t = self.table.lock();
         t.lingering.retain(|&(entry, key, _, _)| live(entry, key));
         if live(e.entry, e.key) {
@@ -219,7 +220,7 @@ impl SharedMem {
 
     /// Bytes on `dev` of exports this process let go of that `live(entry, key)` says someone still holds
     /// (the others are forgotten).
-    pub(crate) fn lingering(&self, dev: DeviceId, live: impl Fn(usize, u64) -> bool) -> u64 {
+    pub(super) fn lingering(&self, dev: DeviceId, live: impl Fn(usize, u64) -> bool) -> u64 {
         let mut t = self.table.lock();
         t.lingering.retain(|&(entry, key, _, _)| live(entry, key));
         t.lingering
@@ -229,13 +230,22 @@ impl SharedMem {
     }
 
     /// Forgets everything (a forked child: the parent's exports and imports are not its own).
-    pub(crate) fn clear(&self) {
+    pub(super) fn clear(&self) {
         *self.table.lock() = Table::default();
     }
 
-    /// The lock, for the fork handlers.
-    pub(crate) fn lock(&self) -> &Lock<Table> {
-        &self.table
+    /// Takes the family's lock for the fork handlers.
+    pub(super) fn fork_prepare(&self) {
+        hold_all([&self.table]);
+    }
+
+    /// Undoes [`Shared::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release(&self, side: Side) {
+        // SAFETY: locked by fork_prepare (the caller's contract).
+        unsafe { release_all([&self.table], side) };
     }
 }
 
@@ -246,7 +256,7 @@ mod tests {
     #[test]
     fn each_open_needs_its_own_close() {
         let (_r, dev) = crate::memory::tests::device_id();
-        let m = SharedMem::default();
+        let m = Shared::default();
         let hold = Hold::Charged { dev, bytes: 7 };
         assert!(!m.open_again(0x1000));
         m.opened(0x1000, hold);
@@ -260,5 +270,110 @@ mod tests {
     fn keys_differ_by_handle() {
         assert_ne!(key(&[1u8; 64]), key(&[2u8; 64]));
         assert_eq!(key(&[1u8; 64]), key(&[1u8; 64]));
+    }
+
+    #[test]
+    fn a_free_finds_an_export_only_once_and_only_after_the_first_export() {
+        let m = Shared::default();
+        let e = Export {
+            entry: 3,
+            key: 0xabc,
+            moved: true,
+        };
+        assert_eq!(
+            m.take_export(0x1000),
+            None,
+            "nothing exported: not even the lock is taken"
+        );
+        m.export(0x1000, e);
+        assert_eq!(m.exported(0x1000), Some(e));
+        assert_eq!(m.exported(0x2000), None);
+        assert_eq!(m.take_export(0x1000), Some(e));
+        assert_eq!(m.take_export(0x1000), None, "freed once");
+        assert!(!m.imported(0x1000), "an export is not an import");
+    }
+
+    #[test]
+    fn a_vmm_handles_export_and_import_are_kept_apart_from_pointers() {
+        let (_r, dev) = crate::memory::tests::device_id();
+        let m = Shared::default();
+        let e = Export {
+            entry: 1,
+            key: 7,
+            moved: false,
+        };
+        m.vmm_export(0x10, e);
+        assert!(m.vmm_exported(0x10));
+        assert_eq!(m.take_export(0x10), None, "a handle is not a pointer");
+        assert_eq!(m.take_vmm_export(0x10), Some(e));
+        assert!(!m.vmm_exported(0x10));
+        assert_eq!(m.vmm_import(0x20), None);
+        m.vmm_imported(0x20, None);
+        assert_eq!(
+            m.vmm_import(0x20),
+            Some(None),
+            "another container's: nothing charged yet"
+        );
+        let hold = Hold::Charged { dev, bytes: 5 };
+        m.vmm_imported(0x30, Some(hold));
+        assert_eq!(m.take_vmm_import(0x30), Some(Some(hold)));
+        assert_eq!(m.take_vmm_import(0x30), None);
+        assert!(!m.imported(0x20), "a handle is not an imported address");
+    }
+
+    #[test]
+    fn lingering_exports_count_on_their_device_until_nobody_holds_them() {
+        let t = crate::memory::tests::temp_path("linger");
+        let r = cuquota_core::UsageRegion::open(&t.path).expect("usage region");
+        let (dev, other) = (
+            r.device(&[1; 16]).expect("entry"),
+            r.device(&[2; 16]).expect("entry"),
+        );
+        let m = Shared::default();
+        let live = std::cell::RefCell::new(vec![(1usize, 11u64), (2, 22)]);
+        let is_live = |entry, key| live.borrow().contains(&(entry, key));
+        m.linger(
+            Export {
+                entry: 1,
+                key: 11,
+                moved: true,
+            },
+            100,
+            dev,
+            is_live,
+        );
+        m.linger(
+            Export {
+                entry: 2,
+                key: 22,
+                moved: true,
+            },
+            50,
+            other,
+            is_live,
+        );
+        // Nobody holds it any more: not even recorded.
+        m.linger(
+            Export {
+                entry: 3,
+                key: 33,
+                moved: true,
+            },
+            1000,
+            dev,
+            is_live,
+        );
+        assert_eq!(m.lingering(dev, is_live), 100);
+        assert_eq!(m.lingering(other, is_live), 50);
+        live.borrow_mut().retain(|&(e, _)| e != 1);
+        assert_eq!(m.lingering(dev, is_live), 0, "its last importer let go");
+        live.borrow_mut().push((1, 11));
+        assert_eq!(m.lingering(dev, is_live), 0, "forgotten for good");
+        m.clear();
+        assert_eq!(
+            m.lingering(other, |_, _| true),
+            0,
+            "a forked child lingers on nothing"
+        );
     }
 }

@@ -122,6 +122,22 @@ mod tests {
         fn graph_mem_attribute(&self, _: CUdevice, _: CUgraphMem_attribute) -> Result<u64, CUresult> {
             Err(CUresult::ERROR_NOT_SUPPORTED)
         }
+        // Nor pools.
+        fn pool_attribute(&self, _: usize, _: CUmemPool_attribute) -> Result<u64, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn pointer_device(&self, _: u64) -> Result<i32, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
+        fn address_size(&self, _: u64) -> Result<usize, CUresult> {
+            Err(CUresult::ERROR_NOT_SUPPORTED)
+        }
     }
 
     const H100: Fake = Fake {
