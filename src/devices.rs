@@ -18,7 +18,7 @@ use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::PolicyWords;
 use cuquota_core::region::{
-    FileId, LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion,
+    DeviceSelector, FileId, LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion,
 };
 use cuquota_core::{Config, DeviceId, Policy, Priority, UsageRegion};
 use std::ffi::c_int;
@@ -529,6 +529,28 @@ impl Devices {
             }
         }
         agent_says.unwrap_or_else(|| self.usage.is_member(pid))
+    }
+
+    /// Bytes from which an elastic tenant's linear allocations are movable (`CUQUOTA_ELASTIC_MIN_BYTES`).
+    #[inline]
+    pub(crate) fn elastic_min_bytes(&self) -> u64 {
+        self.cfg.elastic_min_bytes
+    }
+
+    /// Whether a limits file asks this container to evict its movable memory on `dev` (`evict_mask`: the bit
+    /// of the entry that selects `dev`, as `for_device` picks it). Slow path: the readers' lock.
+    pub(crate) fn evict_asked(&self, dev: Dev) -> bool {
+        let uuid = self.uuid_of(dev.ordinal);
+        let ordinal = u32::try_from(dev.ordinal).ok();
+        self.agent.readers.lock().iter().any(|r| {
+            let t = r.snapshot();
+            let at = |sel| t.entries.iter().position(|e| e.is_valid() && e.selector() == sel);
+            let i = uuid
+                .and_then(|u| at(DeviceSelector::Uuid(u)))
+                .or_else(|| ordinal.and_then(|o| at(DeviceSelector::Index(o))))
+                .or_else(|| at(DeviceSelector::All));
+            i.is_some_and(|i| t.evict_mask >> i & 1 != 0)
+        })
     }
 
     /// Whether an SM share may apply to some device (env/config, or any agent file's entry): false means no
