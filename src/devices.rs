@@ -62,6 +62,8 @@ struct DevInfo {
     uuid: [u8; 16],
     granularity: u64,
     policy: PolicyWords,
+    /// The policy's memory request (0: none), outside its words as in the usage file (elastic memory).
+    request: AtomicU64,
 }
 
 /// Agent limits files: a lock-free change check per file, readers behind a lock for the (rare) refresh.
@@ -385,6 +387,7 @@ impl Devices {
                 uuid: uuid.bytes,
                 granularity,
                 policy: PolicyWords::new(),
+                request: AtomicU64::new(0),
             };
             if slot.set(info).is_ok() {
                 if let Some(i) = slot.get() {
@@ -529,6 +532,17 @@ impl Devices {
             }
         }
         agent_says.unwrap_or_else(|| self.usage.is_member(pid))
+    }
+
+    /// Whether `dev`'s tenant is elastic (a memory request below its cap) and its guarantee then.
+    pub(crate) fn elastic_request(&self, dev: Dev) -> Option<u64> {
+        let mut p = self.policy(dev);
+        let i = self.table.get(dev.ordinal as usize).and_then(|s| s.get())?;
+        p.memory_request = match i.request.load(Ordering::Relaxed) {
+            0 => None,
+            r => Some(r),
+        };
+        p.is_elastic().then(|| p.request_in_force()).flatten()
     }
 
     /// Bytes from which an elastic tenant's linear allocations are movable (`CUQUOTA_ELASTIC_MIN_BYTES`).
@@ -779,6 +793,8 @@ impl Devices {
     /// Puts `policy` in force for known device `o` (its words, the usage file's copy, HAMi's file).
     fn set_policy(&self, o: usize, i: &DevInfo, policy: &Policy) {
         i.policy.store(&policy.raw());
+        i.request
+            .store(policy.memory_request.unwrap_or(0), Ordering::Relaxed);
         self.usage.report_limits(i.id, policy);
         if let Some(h) = &self.hami {
             h.device(o, i.id, &i.uuid, policy);

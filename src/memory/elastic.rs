@@ -346,7 +346,7 @@ impl Memory {
     /// size reaches the threshold.
     #[inline]
     pub(crate) fn movable(&self, dev: Dev, bytes: u64) -> bool {
-        bytes >= self.devices.elastic_min_bytes() && self.devices.policy(dev).is_elastic()
+        bytes >= self.devices.elastic_min_bytes() && self.devices.elastic_request(dev).is_some()
     }
 
     /// Makes a movable range of `bytes` on `dev` (the caller charged it: `charged_call`'s call).
@@ -415,7 +415,7 @@ impl Memory {
             if !self.devices.evict_asked(dev) {
                 return None;
             }
-            let request = self.devices.policy(dev).request_in_force()?;
+            let request = self.devices.elastic_request(dev)?;
             let resident = self.container_used(dev).saturating_sub(evicted);
             Some(resident.saturating_sub(request))
         };
