@@ -12,6 +12,7 @@
 
 pub mod admission;
 pub mod descriptor;
+pub mod elastic;
 pub mod enforce;
 pub mod members;
 pub mod metrics;
@@ -26,7 +27,11 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::log::Level;
-use cuquota_core::region::{FileId, LimitsReader, LimitsWriter, SlotState, UsageRegion};
+use cuquota_core::region::layout::parse_uuid;
+use cuquota_core::region::{
+    DeviceSelector, FileId, LimitsReader, LimitsSnapshot, LimitsWriter, SlotState, UsageRegion,
+};
+use cuquota_core::units::format_size;
 
 use crate::metrics::{ActionLabels, DeviceLabels, DeviceSample, Published, Snapshot};
 use crate::nvml::Nvml;
@@ -55,6 +60,13 @@ pub struct AgentArgs {
     /// Print the report as JSON (schema cuquota.agent/v1): once with --once, else one line per pass
     #[arg(long)]
     json: bool,
+    /// Node budget of pinned host memory for idle elastic tenants' evicted memory (e.g. 64g; 0 = no reclaim):
+    /// an allocation waiting within its request on a full GPU gets idle tenants above their request evicted
+    #[arg(long, value_name = "SIZE", default_value = "0", value_parser = output::parse_size_arg)]
+    pinned_host_budget: u64,
+    /// An elastic tenant NVML saw busy (or that says it used the GPU) within this long is not evicted first
+    #[arg(long, default_value = "2s", value_parser = parse_duration_arg)]
+    idle_threshold: Duration,
 }
 
 /// Why the agent stopped (the `cuquota` command prints it on one line and exits 2). A container that cannot be
@@ -117,6 +129,12 @@ struct ContainerState {
     /// Action kinds the last pass recorded: a kind that repeats pass after pass is logged at `info` after
     /// its first `warn` (a throttled container is frozen every interval).
     last_kinds: BTreeSet<&'static str>,
+    /// Its usage file's `last_use_ns` and `waiting` words at the last pass (its own, untrusted).
+    usage_words: (u64, u64),
+    /// Per GPU (UUID): the `evict_mask` bits of the limits entries that apply there.
+    evict_bits: BTreeMap<String, u64>,
+    /// Its limits file's `evict_mask` at the last pass.
+    evict_mask: u64,
 }
 
 /// What the agent keeps between passes.
@@ -150,6 +168,12 @@ struct Agent {
     last_scan: Option<Instant>,
     /// The memory requests admitted per GPU.
     admission: admission::Admission,
+    /// Elastic memory: whom to ask to evict.
+    planner: elastic::Planner,
+    /// (container, GPU uuid) → CLOCK_BOOTTIME ns NVML last saw it run kernels.
+    busy_ns: BTreeMap<(String, String), u64>,
+    /// (container, GPU uuid) → (evicted bytes, waiting bytes) at the last pass, for the metrics.
+    elastic_bytes: BTreeMap<(String, String), (u64, u64)>,
 }
 
 /// Intervals a member that exited stays charged for its samples.
@@ -372,6 +396,7 @@ impl Agent {
         for (name, why) in self.admission.admit(&gpu_reports, &mut containers) {
             cuquota_core::log!(Level::Warn, "container {name}: {why}");
         }
+        self.reclaim(&gpu_reports, &containers);
         self.passes += 1;
         Ok(AgentReport {
             schema: report::SCHEMA,
@@ -420,6 +445,7 @@ impl Agent {
             self.recent.remove(&name);
             if let Some(l) = self.state.remove(&name).and_then(|s| s.limits) {
                 let _ = LimitsWriter::open(&l).and_then(|w| w.set_members(&[]));
+                let _ = write_evict_mask(&l, 0);
             }
             self.publish_errors.remove(&name);
         }
@@ -462,6 +488,12 @@ impl Agent {
         };
         let region = usage_region(name, &d, limits.usage_id().ok().flatten());
         let usage = region.as_ref().map(UsageRegion::devices);
+        let usage_words = region.as_ref().map_or((0, 0), |u| {
+            (
+                u.last_use_ns().load(Ordering::Acquire),
+                u.waiting().load(Ordering::Acquire),
+            )
+        });
         let cooperative = cooperative_members(region.as_ref(), &members, table);
         let published = self.publish(name, &d.limits, &members);
         self.state.entry(name.to_string()).or_default().limits = Some(d.limits.clone());
@@ -476,6 +508,16 @@ impl Agent {
         );
         if let Some(m) = c.members.as_mut() {
             m.published = published;
+        }
+        {
+            let st = self.state.entry(name.to_string()).or_default();
+            st.usage_words = usage_words;
+            st.evict_mask = limits.table.evict_mask;
+            st.evict_bits = c
+                .devices
+                .iter()
+                .map(|dev| (dev.uuid.clone(), evict_bits(&limits, &dev.uuid)))
+                .collect();
         }
         c.actions = self.enforce(name, &d, &c, gpus, &charged, &cooperative, table, now);
         self.errors.remove(name);
@@ -539,6 +581,110 @@ impl Agent {
         out
     }
 
+    /// Elastic memory: feeds the pass's figures to the planner and writes each container's `evict_mask` where
+    /// it changed (a container that could not be judged gets 0).
+    fn reclaim(&mut self, gpus: &[GpuReport], containers: &[ContainerReport]) {
+        let now_ns = boottime_ns();
+        let free: BTreeMap<String, elastic::Gpu> = gpus
+            .iter()
+            .map(|g| {
+                let free = g.memory_total_bytes.saturating_sub(g.memory_used_bytes);
+                (g.uuid.clone(), elastic::Gpu { free })
+            })
+            .collect();
+        let mut tenants = BTreeMap::new();
+        for c in containers.iter().filter(|c| c.error.is_none()) {
+            let Some(st) = self.state.get(&c.name) else {
+                continue;
+            };
+            let (last_use_ns, word) = st.usage_words;
+            let wait = elastic::decode_waiting(word, cuquota_core::region::layout::MAX_DEVICES);
+            for d in &c.devices {
+                let key = (c.name.clone(), d.uuid.clone());
+                if d.utilization_percent.is_some_and(|u| u > 0.0) {
+                    self.busy_ns.insert(key.clone(), now_ns);
+                }
+                let waiting = match wait {
+                    // A request the GPU could not admit is promised nothing.
+                    Some((e, b))
+                        if d.vdevice_index == Some(e as u32) && d.memory_request_refused.is_none() =>
+                    {
+                        b
+                    }
+                    _ => 0,
+                };
+                tenants.insert(
+                    key.clone(),
+                    elastic::Tenant {
+                        request: d.memory_request_bytes,
+                        limit: d.memory_limit_bytes,
+                        resident: d.memory_used_bytes,
+                        charged: d.reported.as_ref().map(|r| r.memory_used_bytes),
+                        last_use_ns,
+                        waiting,
+                        busy_ns: self.busy_ns.get(&key).copied(),
+                    },
+                );
+            }
+        }
+        self.busy_ns.retain(|k, _| tenants.contains_key(k));
+        self.elastic_bytes = tenants
+            .iter()
+            .map(|(k, t)| (k.clone(), (t.evicted(), t.waiting)))
+            .collect();
+        let plan = self.planner.plan(&free, &tenants, now_ns);
+        for ((name, gpu), e) in &plan.events {
+            let (level, what) = match e {
+                elastic::Event::Asked { bytes } => (
+                    Level::Info,
+                    format!("asked to evict {} (idle, above its request)", format_size(*bytes)),
+                ),
+                elastic::Event::Done { moved } => (
+                    Level::Info,
+                    format!("eviction done ({} moved)", format_size(*moved)),
+                ),
+                elastic::Event::TimedOut { moved: 0 } => (
+                    Level::Warn,
+                    "ignored the ask to evict (nothing moved before the timeout)".to_string(),
+                ),
+                elastic::Event::TimedOut { moved } => (
+                    Level::Info,
+                    format!("eviction timed out after {} moved", format_size(*moved)),
+                ),
+                elastic::Event::Refused { bytes, why } => (
+                    Level::Debug,
+                    format!("wait for {} not served: {why}", format_size(*bytes)),
+                ),
+                elastic::Event::FutureLastUse => (
+                    Level::Debug,
+                    "last_use_ns in the future: counted as now".to_string(),
+                ),
+            };
+            if cuquota_core::log::enabled(level) {
+                cuquota_core::log!(level, "agent: container {name} on {gpu}: {what}");
+            }
+        }
+        let mut want: BTreeMap<&str, u64> = BTreeMap::new();
+        for (name, gpu) in &plan.evict {
+            let bits = self.state.get(name).and_then(|s| s.evict_bits.get(gpu)).copied();
+            *want.entry(name.as_str()).or_default() |= bits.unwrap_or(0);
+        }
+        for (name, st) in self.state.iter_mut() {
+            let mask = want.get(name.as_str()).copied().unwrap_or(0);
+            let Some(l) = st.limits.as_ref().filter(|_| mask != st.evict_mask) else {
+                continue;
+            };
+            match write_evict_mask(l, mask) {
+                Ok(()) => st.evict_mask = mask,
+                Err(e) => cuquota_core::log!(
+                    Level::Error,
+                    "agent: container {name}: cannot write evict_mask into {}: {e}",
+                    l.display()
+                ),
+            }
+        }
+    }
+
     /// The metrics of a pass (state integrated over passes: GPU seconds, last activity, action counts).
     fn snapshot(&mut self, r: &AgentReport) -> Snapshot {
         let now = Instant::now();
@@ -589,8 +735,10 @@ impl Agent {
                     memory_used_bytes: d.memory_used_bytes,
                     memory_limit_bytes: d.memory_limit_bytes,
                     memory_request_bytes: d.memory_request_bytes,
-                    // Every byte is resident until eviction exists (issue 39).
+                    // NVML counts resident bytes only (issue 39).
                     memory_resident_bytes: d.memory_used_bytes,
+                    memory_evicted_bytes: self.elastic_bytes.get(&key).map_or(0, |b| b.0),
+                    memory_waiting_bytes: self.elastic_bytes.get(&key).map_or(0, |b| b.1),
                     sm_limit_percent: d.sm_limit_percent,
                     utilization_percent: d.utilization_percent,
                     last_kernel_age_seconds: self
@@ -730,6 +878,48 @@ fn note_members(
     }
 }
 
+/// The `evict_mask` bits of `limits` that apply on GPU `uuid`: its UUID entry; else every ordinal and `all`
+/// entry (which CUDA ordinal the container gave this GPU is unknown here; eviction only moves idle memory).
+fn evict_bits(limits: &LimitsSnapshot, uuid: &str) -> u64 {
+    let want = parse_uuid(uuid).unwrap_or([0; 16]);
+    let valid = || {
+        limits
+            .table
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(i, e)| *i < 64 && e.is_valid())
+    };
+    if let Some((i, _)) = valid().find(|(_, e)| e.selector() == DeviceSelector::Uuid(want)) {
+        return 1 << i;
+    }
+    valid()
+        .filter(|(_, e)| !matches!(e.selector(), DeviceSelector::Uuid(_)))
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// Writes `mask` as the limits file `path`'s `evict_mask` (one seqlock write).
+fn write_evict_mask(path: &Path, mask: u64) -> Result<(), cuquota_core::region::RegionError> {
+    LimitsWriter::open(path)?
+        .update(|t| {
+            t.evict_mask = mask;
+            Ok::<_, std::convert::Infallible>(())
+        })?
+        .map(|_| ())
+        .map_err(|e| match e {})
+}
+
+/// CLOCK_BOOTTIME, ns (the clock of the containers' `last_use_ns`).
+fn boottime_ns() -> u64 {
+    // SAFETY: timespec is plain data; clock_gettime writes it.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid clock id and a pointer to a timespec we own.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 /// Sleeps until `t`, in slices, returning early when a stop signal arrived.
 fn sleep_until(t: Instant) {
     while !STOP.load(Ordering::SeqCst) {
@@ -779,6 +969,13 @@ pub fn run(a: AgentArgs) -> AgentResult {
         recent: BTreeMap::new(),
         last_scan: None,
         admission: Default::default(),
+        planner: elastic::Planner::new(elastic::Settings {
+            idle_ns: a.idle_threshold.as_nanos().min(u128::from(u64::MAX)) as u64,
+            pinned_budget: a.pinned_host_budget,
+            ..Default::default()
+        }),
+        busy_ns: BTreeMap::new(),
+        elastic_bytes: BTreeMap::new(),
     };
     let start = Instant::now();
     for n in 1u32.. {

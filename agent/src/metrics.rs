@@ -15,8 +15,10 @@
 //! | `cuquota_processes` | gauge | its processes on the device |
 //! | `cuquota_allocation_refusals_total` | counter | allocations refused at its cap |
 //! | `cuquota_memory_request_bytes` | gauge | its guaranteed memory: the request, else the cap (absent when uncapped) |
-//! | `cuquota_memory_resident_bytes` | gauge | its memory on the device (all of it until eviction exists) |
-//! | `cuquota_memory_evicted_bytes`, `cuquota_memory_restoring_bytes` | gauge | 0: eviction does not exist yet |
+//! | `cuquota_memory_resident_bytes` | gauge | its memory on the device (the agent: NVML) |
+//! | `cuquota_memory_evicted_bytes` | gauge | its memory moved to host memory (the agent: charged less resident) |
+//! | `cuquota_memory_waiting_bytes` | gauge | bytes an allocation of it waits for, the device being full |
+//! | `cuquota_memory_restoring_bytes` | gauge | 0: not measured yet |
 //! | `cuquota_wakeup_latency_seconds` | histogram | restores before a launch: empty until eviction exists |
 //! | `cuquota_agent_actions_total` | counter | agent actions on it, by `action` (agent only) |
 //!
@@ -92,8 +94,13 @@ pub struct DeviceSample {
     pub memory_limit_bytes: Option<u64>,
     /// Guaranteed memory, bytes (the request, else the cap).
     pub memory_request_bytes: Option<u64>,
-    /// Device memory resident, bytes.
+    /// Device memory resident, bytes (the agent: NVML).
     pub memory_resident_bytes: u64,
+    /// Memory moved to host memory, bytes (the agent: the usage file's charge less NVML's resident, at most
+    /// the part of the limit above the request).
+    pub memory_evicted_bytes: u64,
+    /// Bytes an allocation waits for, the device being full (the container's `waiting` word).
+    pub memory_waiting_bytes: u64,
     /// SM limit, percent.
     pub sm_limit_percent: Option<u32>,
     /// Share of the device over the last interval, percent.
@@ -200,12 +207,17 @@ pub fn render(snap: &Snapshot) -> String {
     let resident = gauge(
         &mut reg,
         "cuquota_memory_resident_bytes",
-        "Device memory of the container resident on the device, bytes (all of it: eviction does not exist yet)",
+        "Device memory of the container resident on the device, bytes (the agent: NVML)",
     );
     let evicted = gauge(
         &mut reg,
         "cuquota_memory_evicted_bytes",
-        "Memory of the container moved to host memory, bytes (always 0: eviction does not exist yet)",
+        "Memory of the container moved to host memory, bytes (the agent: charged less resident)",
+    );
+    let waiting = gauge(
+        &mut reg,
+        "cuquota_memory_waiting_bytes",
+        "Bytes an allocation of the container waits for, the device being full",
     );
     let restoring = gauge(
         &mut reg,
@@ -250,7 +262,8 @@ pub fn render(snap: &Snapshot) -> String {
             request.get_or_create(l).set(v as f64);
         }
         resident.get_or_create(l).set(d.memory_resident_bytes as f64);
-        evicted.get_or_create(l).set(0.0);
+        evicted.get_or_create(l).set(d.memory_evicted_bytes as f64);
+        waiting.get_or_create(l).set(d.memory_waiting_bytes as f64);
         restoring.get_or_create(l).set(0.0);
         let _ = wakeup.get_or_create(l); // the series, with no observations
     }
@@ -642,6 +655,8 @@ mod tests {
                 memory_limit_bytes: Some(2 << 30),
                 memory_request_bytes: Some(1 << 30),
                 memory_resident_bytes: 1 << 30,
+                memory_evicted_bytes: 1 << 20,
+                memory_waiting_bytes: 2 << 20,
                 sm_limit_percent: Some(30),
                 utilization_percent: Some(29.5),
                 last_kernel_age_seconds: Some(0.5),
@@ -676,7 +691,8 @@ mod tests {
             format!("cuquota_allocation_refusals_total{{{labels}}} 4.0"),
             format!("cuquota_memory_request_bytes{{{labels}}} 1073741824.0"),
             format!("cuquota_memory_resident_bytes{{{labels}}} 1073741824.0"),
-            format!("cuquota_memory_evicted_bytes{{{labels}}} 0.0"),
+            format!("cuquota_memory_evicted_bytes{{{labels}}} 1048576.0"),
+            format!("cuquota_memory_waiting_bytes{{{labels}}} 2097152.0"),
             format!("cuquota_memory_restoring_bytes{{{labels}}} 0.0"),
             format!("cuquota_wakeup_latency_seconds_count{{{labels}}} 0"),
             "# TYPE cuquota_wakeup_latency_seconds histogram".into(),

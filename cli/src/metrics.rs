@@ -84,8 +84,10 @@ impl UsageSampler {
                     memory_used_bytes: d.memory_used_bytes,
                     memory_limit_bytes: d.memory_limit_bytes,
                     memory_request_bytes: d.memory_request_bytes,
-                    // Every byte is resident until eviction exists (issue 39).
+                    // The usage file alone cannot tell resident from evicted: the agent's NVML can.
                     memory_resident_bytes: d.memory_used_bytes,
+                    memory_evicted_bytes: 0,
+                    memory_waiting_bytes: 0,
                     sm_limit_percent: d.sm_limit_percent,
                     utilization_percent: d.share_percent,
                     last_kernel_age_seconds: age,

@@ -15,6 +15,7 @@ use crate::ffi::cuda::*;
 use crate::memory::{shared_key, IpcCall, Space, VmmCall};
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
+use std::sync::atomic::Ordering;
 
 mod pools;
 mod vmm;
@@ -25,14 +26,60 @@ pub(crate) use vmm::*;
 /// Upper bound the driver's pitch never exceeds (texture pitch alignment).
 const PITCH_ALIGN: u64 = 512;
 
-/// A linear allocation of `bytes` on the current context's device.
-fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
+/// A linear allocation of `bytes` on the current context's device. One the driver refuses for want of device
+/// memory, though admitted within the limit, may wait for the agent's reclaim ([`wait_for_device`]).
+fn linear(s: &Shim, bytes: u64, call: impl Fn() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
     let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) else {
         return s.mem.untracked(call);
+    };
+    let call = || {
+        let r = call();
+        if r == CUresult::ERROR_OUT_OF_MEMORY {
+            return wait_for_device(s, dev, est, &call);
+        }
+        r
     };
     s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, out(), None))
     })
+}
+
+/// Longest sleep between two tries of an allocation waiting for device memory.
+const WAIT_STEP_MAX: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// An allocation of `bytes` on `dev`, admitted within the limit (its charge held meanwhile), that the driver
+/// refused for want of device memory: under an agent limits file, says so in the usage file's `waiting` word
+/// (the agent reclaims idle elastic tenants' memory for a wait within the request) and tries `call` again
+/// with backoff for up to `CUQUOTA_RECLAIM_WAIT_MS`; returns the driver's last answer (issue 39).
+#[cold]
+#[inline(never)]
+fn wait_for_device(s: &Shim, dev: crate::devices::Dev, bytes: u64, call: &dyn Fn() -> CUresult) -> CUresult {
+    let cfg = s.devices.config();
+    if cfg.reclaim_wait_ms == 0 || cfg.limits_paths.is_empty() {
+        return CUresult::ERROR_OUT_OF_MEMORY;
+    }
+    let start = std::time::Instant::now();
+    let bound = std::time::Duration::from_millis(cfg.reclaim_wait_ms.into());
+    let word = ((dev.id.index() as u64 + 1) << 56) | bytes.min((1 << 56) - 1);
+    let waiting = s.devices.usage().waiting();
+    // One word per container: another waiter already there speaks for this one too.
+    let mine = waiting
+        .compare_exchange(0, word, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok();
+    let mut step = std::time::Duration::from_millis(1);
+    let r = loop {
+        let left = bound.saturating_sub(start.elapsed());
+        std::thread::sleep(step.min(left));
+        let r = call();
+        if r != CUresult::ERROR_OUT_OF_MEMORY || start.elapsed() >= bound {
+            break r;
+        }
+        step = (step * 2).min(WAIT_STEP_MAX);
+    };
+    if mine {
+        let _ = waiting.compare_exchange(word, 0, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    r
 }
 
 /// `cuMemAlloc_v2`, legacy `cuMemAlloc` (32-bit size and address), `cuMemAllocManaged` (charged to the current
@@ -42,12 +89,50 @@ fn linear(s: &Shim, bytes: u64, call: impl FnOnce() -> CUresult, out: impl FnOnc
 /// `dptr` as the driver's contract says (written on success).
 pub(crate) unsafe fn alloc<P: Width, N: Width>(
     s: &Shim,
-    call: impl FnOnce() -> CUresult,
+    call: impl Fn() -> CUresult,
     dptr: *mut P,
     bytesize: N,
 ) -> CUresult {
     // SAFETY: `dptr` is read only after the driver succeeded (it wrote it).
     linear(s, bytesize.to_u64(), call, || unsafe { *dptr }.to_u64())
+}
+
+/// `cuMemAlloc_v2`: as [`alloc`]; an elastic tenant's allocation from `CUQUOTA_ELASTIC_MIN_BYTES` on is made
+/// movable (`memory::elastic`), charged the same.
+///
+/// # Safety
+/// `dptr` as the driver's contract says (written on success).
+pub(crate) unsafe fn alloc_v2(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+) -> CUresult {
+    let bytes = bytesize as u64;
+    if bytes >= s.devices.elastic_min_bytes() && !dptr.is_null() {
+        if let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) {
+            if s.mem.movable(dev, est) {
+                let p = std::cell::Cell::new(0);
+                let make = || match s.mem.elastic_alloc(&s.cuda, dev, est) {
+                    Ok(v) => {
+                        p.set(v);
+                        CUresult::SUCCESS
+                    }
+                    Err(e) => e,
+                };
+                let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, make, || {
+                    Some((Space::Pointer, p.get(), None))
+                });
+                if r.ok() {
+                    // SAFETY: non-NULL, writable by the driver's contract.
+                    unsafe { *dptr = p.get() };
+                }
+                return r;
+            }
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { alloc(s, call, dptr, bytesize) }
 }
 
 /// `cuMemAllocPitch_v2`, legacy `cuMemAllocPitch`: charges pitch × height as returned.
@@ -82,7 +167,13 @@ pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
 
 /// `cuMemFree_v2`, legacy `cuMemFree`.
 pub(crate) fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
-    s.mem.free_pointer(&s.cuda, dptr.to_u64(), None, call)
+    let p = dptr.to_u64();
+    if s.mem.elastic_on() && s.mem.is_movable(p) {
+        return s
+            .mem
+            .free_pointer(&s.cuda, p, None, || s.mem.elastic_free(&s.cuda, p));
+    }
+    s.mem.free_pointer(&s.cuda, p, None, call)
 }
 
 /// `cuMemFreeAsync` (+ `_ptsz`): the free runs later, in `stream`'s order.
@@ -120,6 +211,8 @@ pub(crate) unsafe fn ipc_get(
     handle: *mut CUipcMemHandle,
     dptr: CUdeviceptr,
 ) -> CUresult {
+    // Exported memory is mapped by another process: a movable range stays resident from now on.
+    s.mem.elastic_pin(&s.cuda, dptr);
     // SAFETY: a CUipcMemHandle is its 64 bytes; as the caller's contract says.
     unsafe { export_pointer(s, call, handle.cast(), dptr, "cuIpcGetMemHandle") }
 }

@@ -14,6 +14,7 @@
 mod charge;
 mod credit;
 mod driver;
+mod elastic;
 mod first_use;
 mod graphs;
 mod host_pid;
@@ -98,6 +99,8 @@ pub(crate) struct Memory {
     host: HostPid,
     /// Handles whose first use (lazy loading, stack growth) was measured.
     first_use: first_use::FirstUse,
+    /// Movable ranges of an elastic tenant (issue 39).
+    elastic: elastic::Elastic,
 }
 
 impl Memory {
@@ -118,6 +121,7 @@ impl Memory {
             holdings: Holdings::default(),
             host: HostPid::default(),
             first_use: first_use::FirstUse::default(),
+            elastic: elastic::Elastic::default(),
         }
     }
 
@@ -574,10 +578,12 @@ impl Memory {
         self.holdings.reset();
         self.host.reset();
         self.first_use.reset();
+        self.elastic.reset();
     }
 
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub(crate) fn fork_prepare(&self) {
+        hold_all([self.elastic.lock()]);
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
         hold_all([self.shared.lock()]);
@@ -605,6 +611,7 @@ impl Memory {
             release_all([self.shared.lock()], side);
             release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
+            release_all([self.elastic.lock()], side);
             if side == Side::Child {
                 self.first_use.forked_child();
             }

@@ -307,6 +307,25 @@ mod tempfile_path {
 }
 
 #[test]
+fn reclaim_wait_default_range() {
+    assert_eq!(cfg(&[]).unwrap().reclaim_wait_ms, super::DEFAULT_RECLAIM_WAIT_MS);
+    assert_eq!(
+        cfg(&[("CUQUOTA_RECLAIM_WAIT_MS", "0")]).unwrap().reclaim_wait_ms,
+        0
+    );
+    assert_eq!(
+        cfg(&[("CUQUOTA_RECLAIM_WAIT_MS", "60000")])
+            .unwrap()
+            .reclaim_wait_ms,
+        60_000
+    );
+    for bad in ["60001", "-1", "3s", ""] {
+        let e = cfg(&[("CUQUOTA_RECLAIM_WAIT_MS", bad)]).unwrap_err().to_string();
+        assert!(e.contains("CUQUOTA_RECLAIM_WAIT_MS"), "{bad}: {e}");
+    }
+}
+
+#[test]
 fn time_slice_default_range_and_file() {
     assert_eq!(cfg(&[]).unwrap().time_slice_us, super::DEFAULT_TIME_SLICE_US);
     assert_eq!(cfg(&[("CUQUOTA_TIME_SLICE_US", "0")]).unwrap().time_slice_us, 0);

@@ -1,0 +1,107 @@
+//! The waiting allocation (issue 39): under an agent limits file, an allocation within the limit that the
+//! device cannot hold (the driver refuses it) says so in the usage file's `waiting` word and tries again for up
+//! to `CUQUOTA_RECLAIM_WAIT_MS`, while the agent reclaims; then the driver's answer.
+
+use std::time::{Duration, Instant};
+
+use cuquota_core::UsageRegion;
+use shim_tests::{Prog, Sim, MIB};
+use std::sync::atomic::Ordering;
+
+/// A 2 GiB device, 1 GiB of it held by a process outside any container (no shim) until released; the
+/// container's limit 1536 MiB in the agent's limits file.
+fn full_device() -> (Sim, shim_tests::Proc) {
+    let sim = Sim::new().memory("2g").build();
+    sim.agent_memory_limit(0, "1536m");
+    let mut holder = sim
+        .cmd(Prog::Probe)
+        .no_preload()
+        .args("init alloc:mem:1g wait")
+        .spawn();
+    holder.wait_ready(1);
+    assert_eq!(holder.wait_for("alloc.0"), "CUDA_SUCCESS");
+    (sim, holder)
+}
+
+fn waiting_word(sim: &Sim) -> u64 {
+    UsageRegion::open_existing(&sim.usage_file())
+        .map(|u| u.waiting().load(Ordering::Acquire))
+        .unwrap_or(0)
+}
+
+#[test]
+fn an_allocation_waits_and_gets_the_memory_freed_within_the_bound() {
+    let (sim, mut holder) = full_device();
+    let waiter = sim
+        .cmd(Prog::Probe)
+        .env("CUQUOTA_RECLAIM_WAIT_MS", "30000")
+        .args("init alloc:mem:1280m")
+        .spawn();
+    // It says what it waits for: usage entry 0, 1280 MiB.
+    let until = Instant::now() + Duration::from_secs(20);
+    let mut word = 0;
+    while word == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+        word = waiting_word(&sim);
+    }
+    assert_eq!(word, (1 << 56) | (1280 * MIB), "no waiting word while it waits");
+    holder.release();
+    holder.finish().ok();
+    let out = waiter.finish();
+    out.ok();
+    assert_eq!(
+        out.val("alloc.0"),
+        "CUDA_SUCCESS",
+        "the memory freed within the bound was not taken:{out:?}"
+    );
+    assert_eq!(waiting_word(&sim), 0, "the waiting word was left set");
+}
+
+#[test]
+fn an_allocation_gives_up_after_the_bound_and_only_under_an_agent_file() {
+    let (sim, mut holder) = full_device();
+    let t = Instant::now();
+    let out = sim
+        .cmd(Prog::Probe)
+        .env("CUQUOTA_RECLAIM_WAIT_MS", "600")
+        .args("init alloc:mem:1280m")
+        .run();
+    let took = t.elapsed();
+    out.ok();
+    assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
+    assert!(
+        took >= Duration::from_millis(600),
+        "gave up after {took:?}, before the bound"
+    );
+    assert_eq!(waiting_word(&sim), 0, "the waiting word was left set");
+    // 0 = no wait.
+    let out = sim
+        .cmd(Prog::Probe)
+        .env("CUQUOTA_RECLAIM_WAIT_MS", "0")
+        .args("init alloc:mem:1280m")
+        .run();
+    out.ok();
+    assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
+    holder.release();
+    holder.finish().ok();
+    // Without an agent limits file (the environment's cap only): no wait, however long the setting.
+    let sim = Sim::new().memory("2g").build();
+    let mut holder = sim
+        .cmd(Prog::Probe)
+        .no_preload()
+        .args("init alloc:mem:1g wait")
+        .spawn();
+    holder.wait_ready(1);
+    let t = Instant::now();
+    let out = sim
+        .cmd(Prog::Probe)
+        .mem_limit("1536m")
+        .env("CUQUOTA_RECLAIM_WAIT_MS", "60000")
+        .args("init alloc:mem:1280m")
+        .run();
+    out.ok();
+    assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
+    assert!(t.elapsed() < Duration::from_secs(30), "waited without an agent");
+    holder.release();
+    holder.finish().ok();
+}
