@@ -104,7 +104,7 @@ pub(crate) unsafe fn alloc<P: Width, N: Width>(
 /// `dptr` as the driver's contract says (written on success).
 pub(crate) unsafe fn alloc_v2(
     s: &Shim,
-    call: impl FnOnce() -> CUresult,
+    call: impl Fn() -> CUresult,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
 ) -> CUresult {
