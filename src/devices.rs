@@ -18,7 +18,7 @@ use crate::log::{log, Level};
 use crate::time::monotonic_ns;
 use cuquota_core::region::layout::PolicyWords;
 use cuquota_core::region::{
-    FileId, LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion,
+    DeviceSelector, FileId, LimitsReader, LimitsRegion, PriorityDeviceId, PriorityEntry, PriorityRegion,
 };
 use cuquota_core::{Config, DeviceId, Policy, Priority, UsageRegion};
 use std::ffi::c_int;
@@ -62,6 +62,8 @@ struct DevInfo {
     uuid: [u8; 16],
     granularity: u64,
     policy: PolicyWords,
+    /// The policy's memory request (0: none), outside its words as in the usage file (elastic memory).
+    request: AtomicU64,
 }
 
 /// Agent limits files: a lock-free change check per file, readers behind a lock for the (rare) refresh.
@@ -385,6 +387,7 @@ impl Devices {
                 uuid: uuid.bytes,
                 granularity,
                 policy: PolicyWords::new(),
+                request: AtomicU64::new(0),
             };
             if slot.set(info).is_ok() {
                 if let Some(i) = slot.get() {
@@ -529,6 +532,39 @@ impl Devices {
             }
         }
         agent_says.unwrap_or_else(|| self.usage.is_member(pid))
+    }
+
+    /// Whether `dev`'s tenant is elastic (a memory request below its cap) and its guarantee then.
+    pub(crate) fn elastic_request(&self, dev: Dev) -> Option<u64> {
+        let mut p = self.policy(dev);
+        let i = self.table.get(dev.ordinal as usize).and_then(|s| s.get())?;
+        p.memory_request = match i.request.load(Ordering::Relaxed) {
+            0 => None,
+            r => Some(r),
+        };
+        p.is_elastic().then(|| p.request_in_force()).flatten()
+    }
+
+    /// Bytes from which an elastic tenant's linear allocations are movable (`CUQUOTA_ELASTIC_MIN_BYTES`).
+    #[inline]
+    pub(crate) fn elastic_min_bytes(&self) -> u64 {
+        self.cfg.elastic_min_bytes
+    }
+
+    /// Whether a limits file asks this container to evict its movable memory on `dev` (`evict_mask`: the bit
+    /// of the entry that selects `dev`, as `for_device` picks it). Slow path: the readers' lock.
+    pub(crate) fn evict_asked(&self, dev: Dev) -> bool {
+        let uuid = self.uuid_of(dev.ordinal);
+        let ordinal = u32::try_from(dev.ordinal).ok();
+        self.agent.readers.lock().iter().any(|r| {
+            let t = r.snapshot();
+            let at = |sel| t.entries.iter().position(|e| e.is_valid() && e.selector() == sel);
+            let i = uuid
+                .and_then(|u| at(DeviceSelector::Uuid(u)))
+                .or_else(|| ordinal.and_then(|o| at(DeviceSelector::Index(o))))
+                .or_else(|| at(DeviceSelector::All));
+            i.is_some_and(|i| t.evict_mask >> i & 1 != 0)
+        })
     }
 
     /// Whether an SM share may apply to some device (env/config, or any agent file's entry): false means no
@@ -757,6 +793,8 @@ impl Devices {
     /// Puts `policy` in force for known device `o` (its words, the usage file's copy, HAMi's file).
     fn set_policy(&self, o: usize, i: &DevInfo, policy: &Policy) {
         i.policy.store(&policy.raw());
+        i.request
+            .store(policy.memory_request.unwrap_or(0), Ordering::Relaxed);
         self.usage.report_limits(i.id, policy);
         if let Some(h) = &self.hami {
             h.device(o, i.id, &i.uuid, policy);

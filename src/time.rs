@@ -6,6 +6,11 @@ pub(crate) fn monotonic_ns() -> u64 {
     read(libc::CLOCK_MONOTONIC)
 }
 
+/// CLOCK_BOOTTIME in ns (the usage file's `last_use_ns`).
+pub(crate) fn boottime_ns() -> u64 {
+    read(libc::CLOCK_BOOTTIME)
+}
+
 /// CLOCK_REALTIME in µs (NVML's sample timestamps).
 pub(crate) fn realtime_us() -> u64 {
     read(libc::CLOCK_REALTIME) / 1000

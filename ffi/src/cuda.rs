@@ -148,6 +148,13 @@ c_structs! { checked_structs;
         pub id: c_int,
     }
 
+    /// `CUmemAccessDesc` (`_v1`).
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct CUmemAccessDesc {
+        pub location: CUmemLocation,
+        pub flags: c_int,
+    }
+
     /// `CUmemAllocationProp.allocFlags` (an anonymous struct in C).
     #[derive(Clone, Copy, Debug, Default)]
     pub struct CUmemAllocFlags as "__typeof__(((CUmemAllocationProp *)0)->allocFlags)" {
@@ -381,6 +388,9 @@ c_structs! { checked_structs;
 c_consts! { checked_consts;
     CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
     CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+    CU_MEM_LOCATION_TYPE_HOST: c_int = 2;
+    CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+    CU_STREAM_NON_BLOCKING: c_uint = 0x1;
     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType = 0x1;
     CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType = 0x8;
     CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags = 0;
@@ -488,6 +498,11 @@ c_functions! {
     cuMemRelease @10020 (handle: CUmemGenericAllocationHandle);
     cuMemMap @10020 (ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64);
     cuMemUnmap @10020 (ptr: CUdeviceptr, size: usize);
+    cuMemAddressReserve @10020 (ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64);
+    cuMemAddressFree @10020 (ptr: CUdeviceptr, size: usize);
+    cuMemSetAccess @10020 (ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize);
+    cuStreamCreate @2000 (phStream: *mut CUstream, Flags: c_uint);
+    cuStreamQuery @2000 (hStream: CUstream);
     cuMemMapArrayAsync @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream);
     cuMemMapArrayAsync_ptsz @11010 (mapInfoList: *mut CUarrayMapInfo, count: c_uint, hStream: CUstream);
     cuMulticastCreate @12010 (mcHandle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp);

@@ -1071,6 +1071,14 @@ impl Proc {
         self.wait_for_nth("ready", n);
     }
 
+    /// Writes `line` and a newline to the program's stdin (programs that read commands).
+    pub fn send(&mut self, line: &str) {
+        if let Some(s) = self.stdin.as_mut() {
+            let _ = writeln!(s, "{line}");
+            let _ = s.flush();
+        }
+    }
+
     /// Lets a program blocked in `wait` go on.
     pub fn release(&mut self) {
         if let Some(s) = self.stdin.as_mut() {

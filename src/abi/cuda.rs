@@ -16,7 +16,7 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuGetProcAddress (symbol, pfn, cudaVersion, flags) => proc_address::get_proc_address(call, pfn);
     cuGetProcAddress_v2 (symbol, pfn, cudaVersion, flags, symbolStatus) => proc_address::get_proc_address(call, pfn);
     // linear allocations
-    cuMemAlloc_v2 (dptr, bytesize) => memory::alloc(call, dptr, bytesize);
+    cuMemAlloc_v2 (dptr, bytesize) => memory::alloc_v2(call, dptr, bytesize);
     cuMemAlloc (dptr, bytesize) => memory::alloc(call, dptr, bytesize);
     cuMemAllocManaged (dptr, bytesize, flags) => memory::alloc(call, dptr, bytesize);
     cuMemAllocPitch_v2 (dptr, pPitch, WidthInBytes, Height, ElementSizeBytes) => memory::alloc_pitch(call, dptr, pPitch, WidthInBytes, Height);

@@ -33,6 +33,24 @@ pub(crate) fn flat(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
+    if s.mem.elastic_on() {
+        let probe = probe_stream(stream, ds);
+        return s
+            .mem
+            .elastic_call(&s.cuda, &[probe], || judged(s, call, bytes, stream, ds));
+    }
+    judged(s, call, bytes, stream, ds)
+}
+
+/// [`flat`] past elastic memory's gate.
+#[inline(always)]
+fn judged(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    bytes: u64,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
     if !s.devices.prioritised() {
         return call();
     }
@@ -52,7 +70,7 @@ unsafe fn described<T>(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if !s.devices.prioritised() || p.is_null() {
+    if p.is_null() || !(s.devices.prioritised() || s.mem.elastic_on()) {
         return call();
     }
     // SAFETY: non-NULL, a `T` by the caller's contract.
@@ -124,7 +142,7 @@ pub(crate) unsafe fn batch(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if !s.devices.prioritised() {
+    if !(s.devices.prioritised() || s.mem.elastic_on()) {
         return call();
     }
     let bytes = if sizes.is_null() || count > 1 << 20 {

@@ -36,8 +36,25 @@ pub(crate) fn kernel(
     if !s.devices.launch_hooked() {
         return call();
     }
-    s.devices.hami_pre_launch();
     let probe = probe_stream(stream, ds);
+    if s.mem.elastic_on() {
+        return s.mem.elastic_call(&s.cuda, &[probe], || {
+            kernel_hooked(s, call, f, grid, block, probe)
+        });
+    }
+    kernel_hooked(s, call, f, grid, block, probe)
+}
+
+#[inline(always)]
+fn kernel_hooked(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    probe: usize,
+) -> CUresult {
+    s.devices.hami_pre_launch();
     if s.mem.first_use_armed() {
         let mut first = None;
         let r = throttled(s, f, grid, block, probe, || {
@@ -139,6 +156,19 @@ pub(crate) unsafe fn multi_device(
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
     let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
+    if s.mem.elastic_on() {
+        let streams: Vec<usize> = entries
+            .iter()
+            .map(|e| probe_stream(e.hStream, DefaultStream::Legacy))
+            .collect();
+        return s
+            .mem
+            .elastic_call(&s.cuda, &streams, || multi_hooked(s, call, entries));
+    }
+    multi_hooked(s, call, entries)
+}
+
+fn multi_hooked(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LAUNCH_PARAMS]) -> CUresult {
     let mut firsts = Vec::new();
     let r = multi_throttled(s, || multi_first_use(s, call, entries, &mut firsts), entries);
     for (l, stream) in firsts {
@@ -203,6 +233,23 @@ fn multi_throttled(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LA
 /// graphs without them); the graph is throttled as one unit.
 #[inline]
 pub(crate) fn graph(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    exec: CUgraphExec,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if s.mem.elastic_on() {
+        let probe = probe_stream(stream, ds);
+        return s
+            .mem
+            .elastic_call(&s.cuda, &[probe], || graph_hooked(s, call, exec, stream, ds));
+    }
+    graph_hooked(s, call, exec, stream, ds)
+}
+
+#[inline(always)]
+fn graph_hooked(
     s: &Shim,
     call: impl FnOnce() -> CUresult,
     exec: CUgraphExec,

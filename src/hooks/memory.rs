@@ -97,6 +97,44 @@ pub(crate) unsafe fn alloc<P: Width, N: Width>(
     linear(s, bytesize.to_u64(), call, || unsafe { *dptr }.to_u64())
 }
 
+/// `cuMemAlloc_v2`: as [`alloc`]; an elastic tenant's allocation from `CUQUOTA_ELASTIC_MIN_BYTES` on is made
+/// movable (`memory::elastic`), charged the same.
+///
+/// # Safety
+/// `dptr` as the driver's contract says (written on success).
+pub(crate) unsafe fn alloc_v2(
+    s: &Shim,
+    call: impl Fn() -> CUresult,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+) -> CUresult {
+    let bytes = bytesize as u64;
+    if bytes >= s.devices.elastic_min_bytes() && !dptr.is_null() {
+        if let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) {
+            if s.mem.movable(dev, est) {
+                let p = std::cell::Cell::new(0);
+                let make = || match s.mem.elastic_alloc(&s.cuda, dev, est) {
+                    Ok(v) => {
+                        p.set(v);
+                        CUresult::SUCCESS
+                    }
+                    Err(e) => e,
+                };
+                let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, make, || {
+                    Some((Space::Pointer, p.get(), None))
+                });
+                if r.ok() {
+                    // SAFETY: non-NULL, writable by the driver's contract.
+                    unsafe { *dptr = p.get() };
+                }
+                return r;
+            }
+        }
+    }
+    // SAFETY: forwarded contract.
+    unsafe { alloc(s, call, dptr, bytesize) }
+}
+
 /// `cuMemAllocPitch_v2`, legacy `cuMemAllocPitch`: charges pitch × height as returned.
 ///
 /// # Safety
@@ -129,7 +167,13 @@ pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
 
 /// `cuMemFree_v2`, legacy `cuMemFree`.
 pub(crate) fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
-    s.mem.free_pointer(&s.cuda, dptr.to_u64(), None, call)
+    let p = dptr.to_u64();
+    if s.mem.elastic_on() && s.mem.is_movable(p) {
+        return s
+            .mem
+            .free_pointer(&s.cuda, p, None, || s.mem.elastic_free(&s.cuda, p));
+    }
+    s.mem.free_pointer(&s.cuda, p, None, call)
 }
 
 /// `cuMemFreeAsync` (+ `_ptsz`): the free runs later, in `stream`'s order.
@@ -167,6 +211,8 @@ pub(crate) unsafe fn ipc_get(
     handle: *mut CUipcMemHandle,
     dptr: CUdeviceptr,
 ) -> CUresult {
+    // Exported memory is mapped by another process: a movable range stays resident from now on.
+    s.mem.elastic_pin(&s.cuda, dptr);
     // SAFETY: a CUipcMemHandle is its 64 bytes; as the caller's contract says.
     unsafe { export_pointer(s, call, handle.cast(), dptr, "cuIpcGetMemHandle") }
 }

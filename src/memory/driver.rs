@@ -41,6 +41,62 @@ pub(crate) trait Driver {
     fn pointer_device(&self, p: u64) -> Result<c_int, CUresult>;
     /// `cuMemGetAddressRange`: the size of the allocation at `p`.
     fn address_size(&self, p: u64) -> Result<usize, CUresult>;
+
+    // ---- what elastic memory (`elastic`) moves with; every call in the context current on this thread;
+    // the other families' fakes keep the refusing defaults ----
+
+    /// `cuCtxGetCurrent`.
+    fn current_context(&self) -> Result<CUcontext, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// Runs `f` with `ctx` current (pushed and popped when another one is); `Err` when it cannot be made current.
+    fn in_context(&self, _ctx: CUcontext, _f: &mut dyn FnMut()) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemAddressReserve` of `size` bytes anywhere.
+    fn reserve(&self, _size: u64) -> Result<CUdeviceptr, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemAddressFree`.
+    fn address_free(&self, _ptr: CUdeviceptr, _size: u64) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemCreate` of `size` pinned bytes on device `Some(ordinal)`, or in host memory (`None`).
+    fn create(&self, _size: u64, _on: Option<CUdevice>) -> Result<CUmemGenericAllocationHandle, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemRelease`.
+    fn release(&self, _h: CUmemGenericAllocationHandle) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemMap` of all of `h` at `ptr`.
+    fn map(&self, _ptr: CUdeviceptr, _size: u64, _h: CUmemGenericAllocationHandle) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemUnmap`.
+    fn unmap(&self, _ptr: CUdeviceptr, _size: u64) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemSetAccess`: read-write for device `ordinal`.
+    fn set_access(&self, _ptr: CUdeviceptr, _size: u64, _ordinal: CUdevice) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuStreamCreate(CU_STREAM_NON_BLOCKING)`.
+    fn stream_create(&self) -> Result<CUstream, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuMemcpyAsync` on `stream`, then `cuStreamSynchronize` of it (the library's own stream).
+    fn copy(&self, _dst: CUdeviceptr, _src: CUdeviceptr, _n: u64, _stream: CUstream) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuStreamQuery`: `Ok(true)` idle, `Ok(false)` busy (`CUDA_ERROR_NOT_READY`).
+    fn stream_idle(&self, _stream: CUstream) -> Result<bool, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuCtxSynchronize` (what `cuMemFree` does before the memory goes).
+    fn synchronize(&self) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
 }
 
 fn answer<T>(r: CUresult, v: T) -> Result<T, CUresult> {
@@ -190,6 +246,108 @@ impl Driver for CudaTable {
         // SAFETY: valid out-pointers; the driver checks `p`.
         let r = unsafe { self.cuMemGetAddressRange_v2(&mut base, &mut size, p) };
         answer(r, size)
+    }
+
+    fn current_context(&self) -> Result<CUcontext, CUresult> {
+        let mut c: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuCtxGetCurrent(&mut c) };
+        answer(r, c)
+    }
+
+    fn in_context(&self, ctx: CUcontext, f: &mut dyn FnMut()) -> Result<(), CUresult> {
+        crate::driver::cuda::in_context(self, ctx, f).ok_or(CUresult::ERROR_INVALID_CONTEXT)
+    }
+
+    fn reserve(&self, size: u64) -> Result<CUdeviceptr, CUresult> {
+        let mut p: CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; no fixed address asked.
+        let r = unsafe { self.cuMemAddressReserve(&mut p, size as usize, 0, 0, 0) };
+        answer(r, p)
+    }
+
+    fn address_free(&self, ptr: CUdeviceptr, size: u64) -> Result<(), CUresult> {
+        // SAFETY: a range this library reserved.
+        answer(unsafe { self.cuMemAddressFree(ptr, size as usize) }, ())
+    }
+
+    fn create(&self, size: u64, on: Option<CUdevice>) -> Result<CUmemGenericAllocationHandle, CUresult> {
+        let location = match on {
+            Some(ordinal) => CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal,
+            },
+            None => CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_HOST,
+                id: 0,
+            },
+        };
+        let prop = CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: 0,
+            location,
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: CUmemAllocFlags::default(),
+        };
+        let mut h: CUmemGenericAllocationHandle = 0;
+        // SAFETY: valid out-pointer and property struct.
+        let r = unsafe { self.cuMemCreate(&mut h, size as usize, &prop, 0) };
+        answer(r, h)
+    }
+
+    fn release(&self, h: CUmemGenericAllocationHandle) -> Result<(), CUresult> {
+        // SAFETY: a handle this library created.
+        answer(unsafe { self.cuMemRelease(h) }, ())
+    }
+
+    fn map(&self, ptr: CUdeviceptr, size: u64, h: CUmemGenericAllocationHandle) -> Result<(), CUresult> {
+        // SAFETY: a range and a handle this library owns.
+        answer(unsafe { self.cuMemMap(ptr, size as usize, 0, h, 0) }, ())
+    }
+
+    fn unmap(&self, ptr: CUdeviceptr, size: u64) -> Result<(), CUresult> {
+        // SAFETY: a range this library mapped.
+        answer(unsafe { self.cuMemUnmap(ptr, size as usize) }, ())
+    }
+
+    fn set_access(&self, ptr: CUdeviceptr, size: u64, ordinal: CUdevice) -> Result<(), CUresult> {
+        let d = CUmemAccessDesc {
+            location: CUmemLocation {
+                type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: ordinal,
+            },
+            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        // SAFETY: one valid descriptor.
+        answer(unsafe { self.cuMemSetAccess(ptr, size as usize, &d, 1) }, ())
+    }
+
+    fn stream_create(&self) -> Result<CUstream, CUresult> {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        let r = unsafe { self.cuStreamCreate(&mut s, CU_STREAM_NON_BLOCKING) };
+        answer(r, s)
+    }
+
+    fn copy(&self, dst: CUdeviceptr, src: CUdeviceptr, n: u64, stream: CUstream) -> Result<(), CUresult> {
+        // SAFETY: ranges this library mapped; the library's own stream.
+        answer(unsafe { self.cuMemcpyAsync(dst, src, n as usize, stream) }, ())?;
+        // SAFETY: as above.
+        answer(unsafe { self.cuStreamSynchronize(stream) }, ())
+    }
+
+    fn stream_idle(&self, stream: CUstream) -> Result<bool, CUresult> {
+        // SAFETY: a stream the program used; the driver checks the handle.
+        match unsafe { self.cuStreamQuery(stream) } {
+            CUresult::SUCCESS => Ok(true),
+            CUresult::ERROR_NOT_READY => Ok(false),
+            r => Err(r),
+        }
+    }
+
+    fn synchronize(&self) -> Result<(), CUresult> {
+        // SAFETY: no arguments.
+        answer(unsafe { self.cuCtxSynchronize() }, ())
     }
 }
 

@@ -14,6 +14,7 @@
 mod charge;
 mod credit;
 mod driver;
+mod elastic;
 mod first_use;
 mod graphs;
 mod host_pid;
@@ -96,6 +97,8 @@ pub(crate) struct Memory {
     host: HostPid,
     /// Handles whose first use (lazy loading, stack growth) was measured.
     first_use: first_use::FirstUse,
+    /// Movable ranges of an elastic tenant (issue 39).
+    elastic: elastic::Elastic,
 }
 
 impl Memory {
@@ -115,6 +118,7 @@ impl Memory {
             holdings: Holdings::default(),
             host: HostPid::default(),
             first_use: first_use::FirstUse::default(),
+            elastic: elastic::Elastic::default(),
         }
     }
 
@@ -571,10 +575,12 @@ impl Memory {
         self.holdings.reset();
         self.host.reset();
         self.first_use.reset();
+        self.elastic.reset();
     }
 
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub(crate) fn fork_prepare(&self) {
+        hold_all([self.elastic.lock()]);
         hold_all(self.ledger.locks());
         hold_all([self.vmm.lock()]);
         self.shared.fork_prepare();
@@ -602,6 +608,7 @@ impl Memory {
             self.shared.fork_release(side);
             release_all([self.vmm.lock()], side);
             release_all(self.ledger.locks(), side);
+            release_all([self.elastic.lock()], side);
             if side == Side::Child {
                 self.first_use.forked_child();
             }

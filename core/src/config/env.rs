@@ -6,8 +6,8 @@ use std::path::Path;
 
 use super::layer::{resolve, Layer};
 use super::values::{
-    parse_bool, parse_hami_policy, parse_log_name, parse_log_number, parse_memory, parse_path,
-    parse_priority, parse_reclaim_wait, parse_sm, parse_time_slice, parse_weight,
+    parse_bool, parse_elastic_min, parse_hami_policy, parse_log_name, parse_log_number, parse_memory,
+    parse_path, parse_priority, parse_reclaim_wait, parse_sm, parse_time_slice, parse_weight,
 };
 use super::{file, Config, ConfigError, LogLevel, MAX_ORDINAL};
 use crate::visible_devices::VisibleDevices;
@@ -31,6 +31,7 @@ pub const KNOWN_VARIABLES: &[&str] = &[
     "CUQUOTA_DISABLE",
     "CUQUOTA_LOG",
     "CUQUOTA_TIME_SLICE_US",
+    "CUQUOTA_ELASTIC_MIN_BYTES",
     "CUQUOTA_RECLAIM_WAIT_MS",
 ];
 
@@ -323,6 +324,7 @@ fn build(src: &Source<'_>, path_exists: &dyn Fn(&Path) -> bool) -> Result<Config
         None => single(src, "LIBCUDA_LOG_LEVEL", parse_log_number)?,
     };
     env.time_slice_us = single(src, "CUQUOTA_TIME_SLICE_US", parse_time_slice)?;
+    env.elastic_min_bytes = single(src, "CUQUOTA_ELASTIC_MIN_BYTES", parse_elastic_min)?;
     env.reclaim_wait_ms = single(src, "CUQUOTA_RECLAIM_WAIT_MS", parse_reclaim_wait)?;
     env.libcuda = single(src, "CUQUOTA_LIBCUDA", parse_path)?;
     env.libnvml = single(src, "CUQUOTA_LIBNVML", parse_path)?;

@@ -31,6 +31,8 @@ pub(crate) struct Layer {
     pub priority_path: Option<PathBuf>,
     pub log_level: Option<LogLevel>,
     pub time_slice_us: Option<u32>,
+    /// `CUQUOTA_ELASTIC_MIN_BYTES` (env only).
+    pub elastic_min_bytes: Option<u64>,
     /// `CUQUOTA_RECLAIM_WAIT_MS` (env only).
     pub reclaim_wait_ms: Option<u32>,
     pub libcuda: Option<PathBuf>,
@@ -117,6 +119,7 @@ pub(crate) fn resolve(
             .time_slice_us
             .or(file.time_slice_us)
             .unwrap_or(super::DEFAULT_TIME_SLICE_US),
+        elastic_min_bytes: env.elastic_min_bytes.unwrap_or(super::DEFAULT_ELASTIC_MIN_BYTES),
         reclaim_wait_ms: env.reclaim_wait_ms.unwrap_or(super::DEFAULT_RECLAIM_WAIT_MS),
         disabled: env.disabled.or(file.disabled).unwrap_or(false),
         libcuda_path: env.libcuda.or(file.libcuda),

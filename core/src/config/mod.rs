@@ -43,6 +43,8 @@ pub const MAX_ORDINAL: u32 = 1024;
 /// The driver's time slice the SM throttle sizes its releases to when none is set, µs (the calibrated
 /// simulator's quantum, shim-tests/sim/README.md; docs/sm-limit.md, *Tenants that really share*).
 pub const DEFAULT_TIME_SLICE_US: u32 = 2000;
+/// Default of [`Config::elastic_min_bytes`]: 2 MiB.
+pub const DEFAULT_ELASTIC_MIN_BYTES: u64 = 2 << 20;
 /// Largest time slice accepted, µs: the SM throttle's bucket holds 8 ms of GPU time.
 pub const MAX_TIME_SLICE_US: u32 = 8000;
 /// How long an allocation the full device refuses waits for the agent's reclaim by default, ms (issue 39).
@@ -114,6 +116,9 @@ pub struct Config {
     /// The driver's time slice (µs) the SM throttle sizes the work it releases after a wait to
     /// (`CUQUOTA_TIME_SLICE_US`, TOML `time_slice_us`; 0 = release each launch as soon as the debt is repaid).
     pub time_slice_us: u32,
+    /// Elastic tenants' linear allocations of at least this many bytes are movable (issue 39;
+    /// `CUQUOTA_ELASTIC_MIN_BYTES`, default [`DEFAULT_ELASTIC_MIN_BYTES`]).
+    pub elastic_min_bytes: u64,
     /// How long an allocation within the limit that the driver refuses (the device is full) waits, ms, while
     /// the agent reclaims idle elastic tenants' memory, before the refusal is returned (`CUQUOTA_RECLAIM_WAIT_MS`;
     /// 0 = no wait; only under an agent limits file).
@@ -143,6 +148,7 @@ impl Default for Config {
             priority_path: None,
             log_level: LogLevel::Warn,
             time_slice_us: DEFAULT_TIME_SLICE_US,
+            elastic_min_bytes: DEFAULT_ELASTIC_MIN_BYTES,
             reclaim_wait_ms: DEFAULT_RECLAIM_WAIT_MS,
             disabled: false,
             libcuda_path: None,

@@ -161,6 +161,15 @@ pub(super) fn parse_time_slice(var: &str, v: &str) -> Result<u32, ConfigError> {
         .ok_or_else(|| invalid(var, v, expected))
 }
 
+/// `CUQUOTA_ELASTIC_MIN_BYTES`: a size (`k/m/g` suffixes) from 64 KiB to 1 TiB.
+pub(super) fn parse_elastic_min(var: &str, v: &str) -> Result<u64, ConfigError> {
+    let expected = "a size from 64k to 1t (allocations of at least this many bytes are movable)";
+    parse_memory(var, v)
+        .ok()
+        .filter(|n| (64 << 10..=1 << 40).contains(n))
+        .ok_or_else(|| invalid(var, v, expected))
+}
+
 pub(super) fn parse_reclaim_wait(var: &str, v: &str) -> Result<u32, ConfigError> {
     let expected = "a wait in ms from 0 (no wait) to 60000";
     let n = parse_unsigned(v).map_err(|_| invalid(var, v, expected))?;

@@ -263,6 +263,15 @@ impl UsageRegion {
         Ok(region)
     }
 
+    /// [`UsageHeader::last_use_ns`] moves to `now_ns` (CLOCK_BOOTTIME) when it is more than a millisecond behind
+    /// (a launch or copy of an elastic tenant; elastic memory, issue 39): one load, a store at most once a ms.
+    pub fn note_use(&self, now_ns: u64) {
+        let w = &self.file().header.last_use_ns;
+        if w.load(Ordering::Relaxed).saturating_add(1_000_000) < now_ns {
+            w.store(now_ns, Ordering::Relaxed);
+        }
+    }
+
     /// [`UsageHeader::waiting`]: an allocation of the container waiting for device memory (elastic memory).
     pub fn waiting(&self) -> &AtomicU64 {
         &self.file().header.waiting

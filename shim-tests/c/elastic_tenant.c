@@ -1,0 +1,139 @@
+/* elastic_tenant: an elastic tenant for the elastic memory tests (issue 39; shim-tests/tests/elastic_moves.rs).
+ *
+ *   elastic_tenant SIZE_MIB
+ *
+ * Allocates SIZE_MIB with cuMemAlloc (movable under an elastic policy) and 1 MiB (too small to move), writes a
+ * pattern into both, prints `ready=1`, then reads commands from stdin, one a line, answering each:
+ *   res        resident=<the simulator's NVML used bytes of device 0, past any interposer>
+ *              info_used=<cuMemGetInfo's used bytes, what the tenant is charged>
+ *   check      one memory-touching kernel adds 1 to every byte of both buffers; then both are copied back and
+ *              compared with the pattern plus every add so far: ok=1, or bad=<offset> (and range=<0|1>: whether
+ *              cuMemGetAddressRange still names the buffer)
+ *   storm N    N rounds of: the kernel on the big buffer, cuStreamSynchronize, 2 ms asleep (launches that
+ *              race with evictions and restores); storm=done
+ *   quit       frees both; resident=<bytes>, then exits
+ * Linked with -lcuda (the simulator in tests). */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cq_driver.h"
+
+#define CK(x)                                                                                                     \
+    do {                                                                                                          \
+        CUresult r_ = (x);                                                                                        \
+        if (r_ != CUDA_SUCCESS) {                                                                                 \
+            printf("fail=%s:%d:%s\n", #x, __LINE__, cq_err(r_));                                                 \
+            fflush(stdout);                                                                                       \
+            exit(1);                                                                                              \
+        }                                                                                                         \
+    } while (0)
+
+static const char *MODULE = "CUDASIM-MODULE 1\n"
+                            "kernel inc 1000\n"
+                            "touch inc add p0 p1 1\n";
+
+static CUfunction inc;
+static CUdeviceptr big, small;
+static size_t big_n, small_n = 1 << 20;
+static unsigned adds_big, adds_small;
+
+static unsigned char pat(size_t i) { return (unsigned char)(i * 131u + (i >> 12)); }
+
+static void add(CUdeviceptr p, size_t n) {
+    void *args[] = {&p, &n};
+    CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+}
+
+static long compare(CUdeviceptr p, size_t n, unsigned adds) {
+    unsigned char *h = malloc(n);
+    CK(cuMemcpyDtoH(h, p, n));
+    long bad = -1;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != (unsigned char)(pat(i) + adds)) {
+            bad = (long)i;
+            break;
+        }
+    free(h);
+    return bad;
+}
+
+static void fill(CUdeviceptr p, size_t n) {
+    unsigned char *h = malloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = pat(i);
+    CK(cuMemcpyHtoD(p, h, n));
+    free(h);
+}
+
+static void res(void) {
+    cq_rawmem m;
+    size_t f = 0, t = 0;
+    CK(cuMemGetInfo(&f, &t));
+    printf("resident=%llu\ninfo_used=%zu\n", cq_raw_nvml_mem(0, &m) == 0 ? m.used : 0ull, t - f);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) return 2;
+    big_n = (size_t)atoi(argv[1]) << 20;
+    CK(cuInit(0));
+    CUdevice d;
+    CK(cuDeviceGet(&d, 0));
+    CUcontext c;
+    CK(cuDevicePrimaryCtxRetain(&c, d));
+    CK(cuCtxSetCurrent(c));
+    CUmodule m;
+    CK(cuModuleLoadData(&m, MODULE));
+    CK(cuModuleGetFunction(&inc, m, "inc"));
+    res();
+    CK(cuMemAlloc(&big, big_n));
+    CK(cuMemAlloc(&small, small_n));
+    fill(big, big_n);
+    fill(small, small_n);
+    res();
+    printf("ready=1\n");
+    fflush(stdout);
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        if (!strncmp(line, "res", 3)) {
+            res();
+        } else if (!strncmp(line, "check", 5)) {
+            add(big, big_n);
+            add(small, small_n);
+            adds_big++;
+            adds_small++;
+            CK(cuCtxSynchronize());
+            long b = compare(big, big_n, adds_big), s = compare(small, small_n, adds_small);
+            CUdeviceptr base = 0;
+            size_t size = 0;
+            int range = cuMemGetAddressRange(&base, &size, big + 4096) == CUDA_SUCCESS && base == big &&
+                        size >= big_n;
+            printf("range=%d\n", range);
+            if (b >= 0 || s >= 0)
+                printf("bad=%ld/%ld\n", b, s);
+            else
+                printf("ok=1\n");
+        } else if (!strncmp(line, "storm ", 6)) {
+            int n = atoi(line + 6);
+            for (int i = 0; i < n; i++) {
+                add(big, big_n);
+                adds_big++;
+                CK(cuStreamSynchronize(NULL));
+                struct timespec ts = {0, 2000000};
+                nanosleep(&ts, NULL);
+            }
+            printf("storm=done\n");
+        } else if (!strncmp(line, "quit", 4)) {
+            CK(cuMemFree(big));
+            CK(cuMemFree(small));
+            res();
+            fflush(stdout);
+            return 0;
+        }
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,234 @@
+//! Elastic memory (issue 39): an elastic tenant's large allocation moves to host memory while the agent's
+//! limits file asks (`evict_mask`) and the tenant is idle, at the same address, and comes back before its next
+//! launch once the agent cleared the bit. Bytes are checked through copies and a memory-touching kernel, with
+//! launches racing the moves and the library's own driver calls failing; each attack beside its control (an
+//! inelastic tenant, or no ask, is never moved). Residency is the simulator's NVML (resident bytes only).
+
+use cuquota_core::region::{DeviceSelector, LimitsWriter};
+use shim_tests::{compile_c, workspace_root, Proc, Sim, MIB};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const BIG_MIB: u64 = 256;
+
+fn tenant_prog() -> PathBuf {
+    let src = workspace_root().join("shim-tests/c/elastic_tenant.c");
+    compile_c("elastic_tenant", &src, &[], &["-lcuda", "-ldl"])
+}
+
+/// The agent's limits file: a 1 GiB limit with `request` guaranteed on every device, and the eviction ask.
+fn limits(sim: &Sim, request: u64, evict: bool) {
+    let w = LimitsWriter::create(&sim.limits_file()).expect("create the limits file");
+    w.update(|t| {
+        let e = t.entry_mut(DeviceSelector::All)?;
+        e.memory_limit = 1 << 30;
+        e.memory_request = request;
+        let i = t
+            .entries
+            .iter()
+            .position(|e| e.is_valid() && e.selector() == DeviceSelector::All)
+            .expect("the all entry");
+        t.evict_mask = if evict { 1 << i } else { 0 };
+        Ok::<_, cuquota_core::region::TableFull>(())
+    })
+    .expect("limits file busy")
+    .expect("limits table full");
+}
+
+/// A running tenant and how many answers of each kind it gave.
+struct Tenant {
+    p: Proc,
+    res: usize,
+    checks: usize,
+    storms: usize,
+}
+
+impl Tenant {
+    fn start(sim: &Sim, env: &[(&str, &str)]) -> Tenant {
+        let mut cmd = sim
+            .cmd_path(tenant_prog())
+            .arg(&BIG_MIB.to_string())
+            .timeout(Duration::from_secs(120));
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let mut p = cmd.spawn();
+        p.wait_for("ready");
+        Tenant {
+            p,
+            res: 2,
+            checks: 0,
+            storms: 0,
+        }
+    }
+
+    /// (resident bytes on the device, bytes the tenant is charged).
+    fn res(&mut self) -> (u64, u64) {
+        self.p.send("res");
+        self.res += 1;
+        let r = self.p.wait_for_nth("resident", self.res).parse().unwrap();
+        let u = self.p.wait_for_nth("info_used", self.res).parse().unwrap();
+        (r, u)
+    }
+
+    /// Whether residency reaches `want` (as `pred` judges) within 10 s.
+    fn res_until(&mut self, pred: impl Fn(u64) -> bool) -> Option<u64> {
+        let t0 = Instant::now();
+        loop {
+            let (r, _) = self.res();
+            if pred(r) {
+                return Some(r);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn check(&mut self) {
+        self.p.send("check");
+        self.checks += 1;
+        assert_eq!(
+            self.p.wait_for_nth("range", self.checks),
+            "1",
+            "cuMemGetAddressRange"
+        );
+        let ok = self.p.wait_for_nth("ok", self.checks);
+        assert_eq!(ok, "1");
+    }
+
+    fn storm(&mut self, n: u32) {
+        self.p.send(&format!("storm {n}"));
+        self.storms += 1;
+        self.p.wait_for_nth("storm", self.storms);
+    }
+
+    fn quit(mut self) -> u64 {
+        self.p.send("quit");
+        self.res += 1;
+        let r = self.p.wait_for_nth("resident", self.res).parse().unwrap();
+        let out = self.p.finish();
+        assert!(out.success(), "{out:?}");
+        assert!(out.get("fail").is_none(), "{out:?}");
+        r
+    }
+}
+
+fn sim() -> Sim {
+    Sim::new().memory("4g").build()
+}
+
+/// Evicted while asked and idle, restored once the ask is gone, N times: every byte right through copies and a
+/// kernel that touches the memory, the charge unchanged, nothing left after the free.
+#[test]
+fn evicted_and_restored_memory_keeps_every_byte() {
+    let sim = sim();
+    limits(&sim, 64 * MIB, false);
+    let mut t = Tenant::start(&sim, &[]);
+    let (before, charged) = t.res();
+    for cycle in 0..4 {
+        limits(&sim, 64 * MIB, true);
+        let evicted = t.res_until(|r| r + BIG_MIB * MIB <= before);
+        assert!(
+            evicted.is_some(),
+            "cycle {cycle}: never evicted (resident {before})"
+        );
+        let (_, charged_now) = t.res();
+        assert_eq!(
+            charged_now, charged,
+            "cycle {cycle}: evicted memory stays charged"
+        );
+        // Still asked: a kernel that touches it works on host memory, correctly, and nothing comes back.
+        t.check();
+        let (r, _) = t.res();
+        assert!(
+            r + BIG_MIB * MIB <= before,
+            "cycle {cycle}: restored while still asked"
+        );
+        limits(&sim, 64 * MIB, false);
+        // The next launch restores it first.
+        t.check();
+        let (r, _) = t.res();
+        assert_eq!(r, before, "cycle {cycle}: restored");
+    }
+    let after = t.quit();
+    assert!(
+        after + (BIG_MIB + 2) * MIB <= before,
+        "freed: {after} vs {before}"
+    );
+}
+
+/// Control: with the ask but no elasticity (request = limit), or elasticity but no ask, nothing moves.
+#[test]
+fn an_inelastic_tenant_or_one_not_asked_is_never_moved() {
+    for (request, evict) in [(1 << 30, true), (64 * MIB, false), (0, true)] {
+        let sim = sim();
+        limits(&sim, request, evict);
+        let mut t = Tenant::start(&sim, &[]);
+        let (before, _) = t.res();
+        std::thread::sleep(Duration::from_millis(400));
+        t.check();
+        let (r, _) = t.res();
+        assert_eq!(r, before, "request {request} evict {evict}: moved");
+        t.quit();
+    }
+}
+
+/// Launches racing the moves: the agent flips the ask while the tenant launches a kernel every ~2 ms that
+/// adds to every byte; every add lands (the final check counts them all).
+#[test]
+fn launches_racing_evictions_and_restores_lose_nothing() {
+    let sim = sim();
+    limits(&sim, 64 * MIB, false);
+    let mut t = Tenant::start(&sim, &[]);
+    let (before, _) = t.res();
+    let mut moved = 0;
+    for _ in 0..6 {
+        limits(&sim, 64 * MIB, true);
+        t.p.send("storm 40");
+        t.storms += 1;
+        std::thread::sleep(Duration::from_millis(30));
+        limits(&sim, 64 * MIB, false);
+        t.p.wait_for_nth("storm", t.storms);
+        limits(&sim, 64 * MIB, true);
+        if t.res_until(|r| r + BIG_MIB * MIB <= before).is_some() {
+            moved += 1;
+        }
+        t.storm(10);
+        limits(&sim, 64 * MIB, false);
+    }
+    assert!(moved >= 1, "the race never had an eviction to race with");
+    t.check();
+    t.quit();
+}
+
+/// The library's own driver calls fail (a copy, a map): nothing is lost, the next try moves it, and nothing
+/// leaks (the free gives every resident byte back).
+#[test]
+fn a_failed_copy_or_map_loses_nothing() {
+    for fault in [
+        "cuMemcpyAsync:1:UNKNOWN",
+        "cuMemMap:3:UNKNOWN",
+        "cuMemCreate:2:OUT_OF_MEMORY",
+    ] {
+        let sim = sim();
+        limits(&sim, 64 * MIB, false);
+        let mut t = Tenant::start(&sim, &[("CUDASIM_FAULT", fault)]);
+        let (before, _) = t.res();
+        limits(&sim, 64 * MIB, true);
+        assert!(
+            t.res_until(|r| r + BIG_MIB * MIB <= before).is_some(),
+            "{fault}: never evicted after the failure"
+        );
+        t.check();
+        limits(&sim, 64 * MIB, false);
+        t.check();
+        assert_eq!(t.res().0, before, "{fault}: restored");
+        let after = t.quit();
+        assert!(
+            after + (BIG_MIB + 2) * MIB <= before,
+            "{fault}: leaked: {after} vs {before}"
+        );
+    }
+}

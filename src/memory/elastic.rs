@@ -1,0 +1,434 @@
+//! Elastic memory (issue 39): memory that can move. An elastic tenant's (its request below its limit) linear
+//! allocations of at least `CUQUOTA_ELASTIC_MIN_BYTES` are made on address ranges this library owns (reserve,
+//! create, map, access), charged exactly as a plain allocation (the ledger's record). While the agent's limits
+//! file asks (`evict_mask`) and the process is quiescent, a background thread (started at the first movable
+//! allocation, polling every 20 ms) moves them, above the request, to pinned host memory mapped at the same
+//! address: a kernel that touches them before they come back stays correct. Once the agent cleared the bit,
+//! the next launch, copy or memset brings them back first (`enter`). What cannot move stays resident: other
+//! allocation kinds, small ones, and a movable one once exported (`pin`).
+//!
+//! Cost: with no movable allocation, one relaxed load per launch and copy (`on`). With some: the gate (one
+//! increment, one load, one decrement, the stream noted) and a second load (`on_host`) for the restore.
+
+mod gate;
+mod mover;
+
+use super::driver::Driver;
+use super::Memory;
+use crate::devices::Dev;
+use crate::driver::cuda::CudaTable;
+use crate::ffi::cuda::*;
+use crate::locks::Lock;
+use crate::log::{log, Level};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// How often the background thread looks at the limits file.
+const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// A movable range.
+#[derive(Clone, Copy, Debug)]
+struct Range {
+    dev: Dev,
+    /// The context it was made in (the library's copies run there).
+    ctx: usize,
+    size: u64,
+    /// Its backing now.
+    handle: u64,
+    on_host: bool,
+    /// Never moves again (exported).
+    pinned: bool,
+}
+
+#[derive(Default)]
+pub(super) struct Inner {
+    ranges: HashMap<u64, Range>,
+    /// The library's own copy stream in each context.
+    streams: HashMap<usize, usize>,
+}
+
+/// The process's movable ranges and what moves them.
+#[derive(Default)]
+pub(super) struct Elastic {
+    /// A movable range was ever made (the only load launches and copies pay otherwise).
+    on: AtomicBool,
+    /// Ranges on host memory now.
+    on_host: AtomicU64,
+    gate: gate::Gate,
+    /// Held across every move, every free and every restore of a range: no call sees one half-moved.
+    inner: Lock<Inner>,
+    started: AtomicBool,
+}
+
+/// What an eviction pass did.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Pass {
+    /// Nothing to move.
+    Nothing,
+    /// A call in flight or a stream busy: try later.
+    Busy,
+    /// Ranges moved to host memory (their bytes).
+    Moved(u64),
+    /// A driver call failed (the range stays where it was).
+    Failed(CUresult),
+}
+
+impl Elastic {
+    #[inline(always)]
+    pub(super) fn on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Makes a movable range of `size` (granularity-rounded) bytes on `dev`, in the current context.
+    pub(super) fn alloc(&self, d: &impl Driver, dev: Dev, size: u64) -> Result<CUdeviceptr, CUresult> {
+        let ctx = d.current_context()? as usize;
+        if ctx == 0 {
+            return Err(CUresult::ERROR_INVALID_CONTEXT);
+        }
+        let (ptr, handle) = mover::make(d, size, dev.ordinal)?;
+        let r = Range {
+            dev,
+            ctx,
+            size,
+            handle,
+            on_host: false,
+            pinned: false,
+        };
+        self.inner.lock().ranges.insert(ptr, r);
+        self.on.store(true, Ordering::Relaxed);
+        Ok(ptr)
+    }
+
+    /// Whether `ptr` is a movable range's address.
+    pub(super) fn owns(&self, ptr: u64) -> bool {
+        self.on() && self.inner.lock().ranges.contains_key(&ptr)
+    }
+
+    /// Frees the movable range at `ptr` as `cuMemFree` would (its work finished first): `None` = not one.
+    pub(super) fn free(&self, d: &impl Driver, ptr: u64) -> Option<CUresult> {
+        let mut g = self.inner.lock();
+        let r = *g.ranges.get(&ptr)?;
+        let mut res = d
+            .synchronize()
+            .and_then(|()| mover::unmake(d, ptr, r.size, r.handle));
+        if res == Err(CUresult::ERROR_NOT_SUPPORTED) {
+            res = mover::unmake(d, ptr, r.size, r.handle);
+        }
+        Some(match res {
+            Ok(()) => {
+                g.ranges.remove(&ptr);
+                if r.on_host {
+                    self.on_host.fetch_sub(1, Ordering::Relaxed);
+                }
+                CUresult::SUCCESS
+            }
+            Err(e) => e,
+        })
+    }
+
+    /// The range at `ptr`, if movable, never moves again and is brought back now if it had moved (an export:
+    /// another process maps its device memory).
+    pub(super) fn pin(&self, d: &impl Driver, ptr: u64) {
+        let mut g = self.inner.lock();
+        let Some(r) = g.ranges.get_mut(&ptr) else { return };
+        r.pinned = true;
+        if r.on_host {
+            let _ = self.restore_locked(d, &mut g, ptr);
+        }
+    }
+
+    /// A launch or copy on `streams` is about to be made by `call`: ranges whose device the agent no longer asks
+    /// to evict (`asked`) are brought back first, and no range moves while it is in flight.
+    #[inline]
+    pub(super) fn around(
+        &self,
+        d: &impl Driver,
+        streams: &[usize],
+        asked: impl Fn(Dev) -> bool,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        if !self.gate.enter() {
+            self.gate.back_out();
+            let _g = self.inner.lock();
+            self.gate.enter_locked();
+        }
+        if self.on_host.load(Ordering::Relaxed) != 0 {
+            self.restore_cleared(d, &asked);
+        }
+        let r = call();
+        self.gate.leave(streams);
+        r
+    }
+
+    #[cold]
+    fn restore_cleared(&self, d: &impl Driver, asked: &impl Fn(Dev) -> bool) {
+        let mut g = self.inner.lock();
+        let back: Vec<u64> = g
+            .ranges
+            .iter()
+            .filter(|(_, r)| r.on_host && !asked(r.dev))
+            .map(|(&p, _)| p)
+            .collect();
+        for p in back {
+            if let Err(e) = self.restore_locked(d, &mut g, p) {
+                // The bytes stay in host memory, mapped at the same address: the call is still correct.
+                log!(
+                    Level::Warn,
+                    "elastic: restoring {p:#x} failed ({e:?}); it stays in host memory for now"
+                );
+            }
+        }
+    }
+
+    fn restore_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
+        let r = g.ranges[&ptr];
+        let stream = copy_stream(d, g, r.ctx)?;
+        let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
+        d.in_context(r.ctx as CUcontext, &mut || {
+            res = mover::swap(
+                d,
+                ptr,
+                r.size,
+                r.dev.ordinal,
+                r.handle,
+                Some(r.dev.ordinal),
+                stream,
+            );
+        })?;
+        let h = res?;
+        let e = g.ranges.get_mut(&ptr).expect("held under the lock");
+        e.handle = h;
+        e.on_host = false;
+        self.on_host.fetch_sub(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One eviction pass: while the process is quiescent, ranges on devices `need` names (given the bytes of
+    /// this process's ranges in host memory there, it says the bytes to move: what the container holds above
+    /// its request) go to host memory, largest first.
+    pub(super) fn evict(&self, d: &impl Driver, need: impl Fn(Dev, u64) -> Option<u64>) -> Pass {
+        let mut g = self.inner.lock();
+        let mut want: HashMap<u32, u64> = HashMap::new();
+        let mut cands: Vec<(u64, Range)> = Vec::new();
+        for (&p, r) in &g.ranges {
+            if r.on_host || r.pinned {
+                continue;
+            }
+            let n = *want
+                .entry(r.dev.id.index() as u32)
+                .or_insert_with(|| need(r.dev, evicted_on(&g, r.dev)).unwrap_or(0));
+            if n > 0 {
+                cands.push((p, *r));
+            }
+        }
+        if cands.is_empty() {
+            return Pass::Nothing;
+        }
+        cands.sort_by(|a, b| b.1.size.cmp(&a.1.size).then(a.0.cmp(&b.0)));
+        if !self.gate.begin_move() {
+            return Pass::Busy;
+        }
+        let ctx = cands[0].1.ctx;
+        let mut quiet = false;
+        let _ = d.in_context(ctx as CUcontext, &mut || {
+            quiet = self.gate.quiescent(|s| match d.stream_idle(s as CUstream) {
+                Ok(idle) => Ok(idle),
+                Err(CUresult::ERROR_INVALID_HANDLE) => Err(gate::Gone),
+                Err(_) => Ok(false),
+            });
+        });
+        if !quiet {
+            self.gate.end_move();
+            return Pass::Busy;
+        }
+        let mut moved = 0u64;
+        let mut out = Pass::Nothing;
+        for (p, r) in cands {
+            let left = want.get_mut(&(r.dev.id.index() as u32)).expect("counted above");
+            if *left == 0 {
+                continue;
+            }
+            match self.evict_locked(d, &mut g, p) {
+                Ok(()) => {
+                    moved += r.size;
+                    *left = left.saturating_sub(r.size);
+                }
+                Err(e) => {
+                    out = Pass::Failed(e);
+                    break;
+                }
+            }
+        }
+        self.gate.end_move();
+        match out {
+            Pass::Failed(_) => out,
+            _ if moved > 0 => Pass::Moved(moved),
+            _ => Pass::Nothing,
+        }
+    }
+
+    fn evict_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
+        let r = g.ranges[&ptr];
+        let stream = copy_stream(d, g, r.ctx)?;
+        let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
+        d.in_context(r.ctx as CUcontext, &mut || {
+            res = mover::swap(d, ptr, r.size, r.dev.ordinal, r.handle, None, stream);
+        })?;
+        let h = res?;
+        let e = g.ranges.get_mut(&ptr).expect("held under the lock");
+        e.handle = h;
+        e.on_host = true;
+        self.on_host.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Bytes of ranges on `dev` in host memory now.
+    #[cfg(test)]
+    pub(super) fn evicted(&self, dev: Dev) -> u64 {
+        if self.on_host.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        evicted_on(&self.inner.lock(), dev)
+    }
+
+    /// Whether the background thread is to be started now (once).
+    fn start_once(&self) -> bool {
+        !self.started.swap(true, Ordering::Relaxed)
+    }
+
+    /// The lock every move holds (taken before the limits readers' when both are).
+    pub(super) fn lock(&self) -> &Lock<Inner> {
+        &self.inner
+    }
+
+    /// After fork, in the child (whose CUDA state is not usable; the thread did not follow).
+    pub(super) fn reset(&self) {
+        let mut g = self.inner.lock();
+        g.ranges.clear();
+        g.streams.clear();
+        self.on.store(false, Ordering::Relaxed);
+        self.on_host.store(0, Ordering::Relaxed);
+        self.started.store(false, Ordering::Relaxed);
+        self.gate.reset();
+    }
+}
+
+fn evicted_on(g: &Inner, dev: Dev) -> u64 {
+    g.ranges
+        .values()
+        .filter(|r| r.on_host && r.dev == dev)
+        .map(|r| r.size)
+        .sum()
+}
+
+/// The library's copy stream in context `ctx`, made on first use.
+fn copy_stream(d: &impl Driver, g: &mut Inner, ctx: usize) -> Result<CUstream, CUresult> {
+    if let Some(&s) = g.streams.get(&ctx) {
+        return Ok(s as CUstream);
+    }
+    let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
+    d.in_context(ctx as CUcontext, &mut || res = d.stream_create())?;
+    let s = res?;
+    g.streams.insert(ctx, s as usize);
+    Ok(s)
+}
+
+// ---- what hooks and the background thread call ---------------------------------------------------------
+
+impl Memory {
+    /// Whether a movable range exists (one relaxed load: all that launches and copies pay otherwise).
+    #[inline(always)]
+    pub(crate) fn elastic_on(&self) -> bool {
+        self.elastic.on()
+    }
+
+    /// Whether an allocation of `bytes` (rounded) on `dev` is to be movable: `dev`'s tenant is elastic and the
+    /// size reaches the threshold.
+    #[inline]
+    pub(crate) fn movable(&self, dev: Dev, bytes: u64) -> bool {
+        bytes >= self.devices.elastic_min_bytes() && self.devices.elastic_request(dev).is_some()
+    }
+
+    /// Makes a movable range of `bytes` on `dev` (the caller charged it: `charged_call`'s call).
+    pub(crate) fn elastic_alloc(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> Result<u64, CUresult> {
+        let p = self.elastic.alloc(cuda, dev, bytes)?;
+        if self.elastic.start_once() {
+            let spawned = std::thread::Builder::new()
+                .name("cuquota-elastic".into())
+                .spawn(|| loop {
+                    std::thread::sleep(POLL);
+                    if let Some(s) = crate::state::active_cuda() {
+                        s.mem.elastic_tick(&s.cuda);
+                    }
+                });
+            if let Err(e) = spawned {
+                log!(
+                    Level::Warn,
+                    "elastic: no mover thread ({e}): memory stays resident"
+                );
+            }
+        }
+        Ok(p)
+    }
+
+    /// Whether `p` is a movable range.
+    #[inline]
+    pub(crate) fn is_movable(&self, p: u64) -> bool {
+        self.elastic.owns(p)
+    }
+
+    /// `cuMemFree` of the movable range at `p` (the charge goes with `free_pointer`).
+    pub(crate) fn elastic_free(&self, cuda: &CudaTable, p: u64) -> CUresult {
+        self.elastic
+            .free(cuda, p)
+            .unwrap_or(CUresult::ERROR_INVALID_VALUE)
+    }
+
+    /// The movable range at `p`, if any, stays resident from now on (exported).
+    pub(crate) fn elastic_pin(&self, cuda: &CudaTable, p: u64) {
+        if self.elastic.on() {
+            self.elastic.pin(cuda, p);
+        }
+    }
+
+    /// A launch or copy on `streams` (`call`) while movable ranges exist.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn elastic_call(
+        &self,
+        cuda: &CudaTable,
+        streams: &[usize],
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        self.usage().note_use(crate::time::boottime_ns());
+        self.elastic
+            .around(cuda, streams, |dev| self.devices.evict_asked(dev), call)
+    }
+
+    /// The background thread's turn: evicts what the agent asks for, if anything.
+    fn elastic_tick(&self, cuda: &CudaTable) {
+        self.devices.refresh_if_changed();
+        if !self.elastic.on() {
+            return;
+        }
+        let need = |dev: Dev, evicted: u64| -> Option<u64> {
+            if !self.devices.evict_asked(dev) {
+                return None;
+            }
+            let request = self.devices.elastic_request(dev)?;
+            let resident = self.container_used(dev).saturating_sub(evicted);
+            Some(resident.saturating_sub(request))
+        };
+        match self.elastic.evict(cuda, need) {
+            Pass::Failed(e) => log!(
+                Level::Warn,
+                "elastic: an eviction failed ({e:?}); nothing moved, tried again later"
+            ),
+            Pass::Moved(n) => log!(Level::Debug, "elastic: {n} bytes moved to host memory"),
+            Pass::Nothing | Pass::Busy => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
