@@ -38,11 +38,25 @@ pub(crate) fn kernel(
     }
     let probe = probe_stream(stream, ds);
     if s.mem.elastic_on() {
-        return s.mem.elastic_call(&s.cuda, &[probe], || {
-            kernel_hooked(s, call, f, grid, block, probe)
-        });
+        return kernel_elastic(s, call, f, grid, block, probe);
     }
     kernel_hooked(s, call, f, grid, block, probe)
+}
+
+/// [`kernel`] through elastic memory's gate (out of line: the common path pays one load for it).
+#[cold]
+#[inline(never)]
+fn kernel_elastic(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    f: CUfunction,
+    grid: [c_uint; 3],
+    block: [c_uint; 3],
+    probe: usize,
+) -> CUresult {
+    s.mem.elastic_call(&s.cuda, &[probe], || {
+        kernel_hooked(s, call, f, grid, block, probe)
+    })
 }
 
 #[inline(always)]

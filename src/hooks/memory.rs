@@ -108,31 +108,40 @@ pub(crate) unsafe fn alloc_v2(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
 ) -> CUresult {
-    let bytes = bytesize as u64;
-    if bytes >= s.devices.elastic_min_bytes() && !dptr.is_null() {
-        if let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) {
-            if s.mem.movable(dev, est) {
-                let p = std::cell::Cell::new(0);
-                let make = || match s.mem.elastic_alloc(&s.cuda, dev, est) {
-                    Ok(v) => {
-                        p.set(v);
-                        CUresult::SUCCESS
-                    }
-                    Err(e) => e,
-                };
-                let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, make, || {
-                    Some((Space::Pointer, p.get(), None))
-                });
-                if r.ok() {
-                    // SAFETY: non-NULL, writable by the driver's contract.
-                    unsafe { *dptr = p.get() };
-                }
-                return r;
-            }
+    if bytesize as u64 >= s.devices.elastic_min_bytes() && !dptr.is_null() {
+        if let Some(r) = alloc_movable(s, dptr, bytesize as u64) {
+            return r;
         }
     }
     // SAFETY: forwarded contract.
     unsafe { alloc(s, call, dptr, bytesize) }
+}
+
+/// [`alloc_v2`] of an allocation large enough to move: `None` when its tenant is not elastic (out of line: small
+/// allocations pay one comparison for it).
+#[cold]
+#[inline(never)]
+fn alloc_movable(s: &Shim, dptr: *mut CUdeviceptr, bytes: u64) -> Option<CUresult> {
+    let (dev, est) = s.devices.current_rounded(&s.cuda, bytes)?;
+    if !s.mem.movable(dev, est) {
+        return None;
+    }
+    let p = std::cell::Cell::new(0);
+    let make = || match s.mem.elastic_alloc(&s.cuda, dev, est) {
+        Ok(v) => {
+            p.set(v);
+            CUresult::SUCCESS
+        }
+        Err(e) => e,
+    };
+    let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, make, || {
+        Some((Space::Pointer, p.get(), None))
+    });
+    if r.ok() {
+        // SAFETY: non-NULL (checked by the caller), writable by the driver's contract.
+        unsafe { *dptr = p.get() };
+    }
+    Some(r)
 }
 
 /// `cuMemAllocPitch_v2`, legacy `cuMemAllocPitch`: charges pitch × height as returned.

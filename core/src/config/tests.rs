@@ -625,3 +625,18 @@ fn a_memory_request_from_the_environment_is_checked_against_the_limit() {
         Err(ConfigError::UnknownVariable { .. })
     ));
 }
+
+#[test]
+fn elastic_min_bytes_default_range_and_errors() {
+    assert_eq!(cfg(&[]).unwrap().elastic_min_bytes, 2 << 20);
+    let set = |v| cfg(&[("CUQUOTA_ELASTIC_MIN_BYTES", v)]);
+    assert_eq!(set("64k").unwrap().elastic_min_bytes, 64 << 10);
+    assert_eq!(set("16m").unwrap().elastic_min_bytes, 16 << 20);
+    for bad in ["0", "4k", "2t", "-1", "lots", ""] {
+        let e = set(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("CUQUOTA_ELASTIC_MIN_BYTES") && e.contains("64k"),
+            "{bad}: {e}"
+        );
+    }
+}
