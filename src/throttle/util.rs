@@ -36,11 +36,12 @@ pub(crate) struct Util {
 }
 
 /// Device time (ns) over one sampling window: this process's, read high by NVML's rounding (half a percent of
-/// the window), and every other process's, read low by it.
+/// the window), and every other process's, read low by it; and the window's length.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Occupancy {
     pub own_ns: u64,
     pub others_ns: u64,
+    pub span_ns: u64,
 }
 
 impl Default for Util {
@@ -269,6 +270,7 @@ fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupa
     Some(Occupancy {
         own_ns: span_ns / 1000 * own_pm,
         others_ns: span_ns / 1000 * others_pm.min(1000),
+        span_ns,
     })
 }
 
@@ -348,7 +350,8 @@ mod tests {
             o,
             Occupancy {
                 own_ns: 61_000_000,
-                others_ns: 139_000_000
+                others_ns: 139_000_000,
+                span_ns: span
             }
         );
         // Several samples are averaged.
@@ -357,7 +360,8 @@ mod tests {
             o,
             Occupancy {
                 own_ns: 61_000_000,
-                others_ns: 0
+                others_ns: 0,
+                span_ns: span
             }
         );
         // Not listed: unknown, never "used nothing".
