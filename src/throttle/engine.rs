@@ -32,7 +32,10 @@
 //! neighbour's slices. While NVML shows another process on the device, every `SHARE_NS` the process compares
 //! what it was charged in that window with the device time NVML says it occupied (`Gpu::occupancy`) and gets
 //! back the excess, at most a quarter of the window's charge (half of what probes measured in spans longer
-//! than the time slice) and never more than the others occupied (`Engine::share_correct`, `share_cap`). Alone, or when NVML cannot tell, nothing changes.
+//! than the time slice) and never more than the others occupied (`Engine::share_correct`, `share_cap`); while
+//! the device is idle under `burst::IDLE_MIN` of the window (busy but for the switches, which NVML counts in no
+//! process's figure) it is charged its part of that time, in proportion to its occupied time (`switch_share`).
+//! Alone, or when NVML cannot tell, nothing changes.
 
 use super::bucket::{self, slot, Bucket, Take, MAX_MEASURE_NS};
 use super::burst;
@@ -989,13 +992,18 @@ fn share_cap(charged: i64, probed: u64, long: u64) -> i64 {
 /// (`span − own − others`), when under `burst::IDLE_MIN` of the window — a device whose processes keep it busy
 /// is idle only for the switches between them (~10 %, H200), and NVML counts them in no process's figure —
 /// in proportion to this process's part of the occupied time. More idle than that is a device with time to
-/// spare, where switches squeeze no one: nothing. Only ever a charge; at most `IDLE_MIN` of the window times
-/// that proportion. NVML's figure of a neighbour read low (or a neighbour left out) only makes the idle look
-/// larger: at worst no charge, the event charge of before.
+/// spare, where switches squeeze no one: nothing. The largest occupant is charged nothing either: it is the one
+/// the switches squeeze, and charged it would leave unused what the others' charges free, which would then be
+/// charged as switching again (idle that keeps itself). Only ever a charge; at most `IDLE_MIN` of the window
+/// times that proportion. NVML's figure of a neighbour read low (or a neighbour left out) only makes the idle
+/// look larger, or this process the largest: at worst no charge, the event charge of before.
 fn switch_share(o: &Occupancy) -> u64 {
     let busy = o.own_ns.saturating_add(o.others_ns);
     let gap = o.span_ns.saturating_sub(busy);
-    if o.others_ns == 0 || busy == 0 || gap as u128 * 1000 >= burst::IDLE_MIN as u128 * o.span_ns as u128 {
+    if o.others_ns == 0
+        || o.own_ns >= o.others_max_ns
+        || gap as u128 * 1000 >= burst::IDLE_MIN as u128 * o.span_ns as u128
+    {
         return 0;
     }
     (gap as u128 * o.own_ns.min(busy) as u128 / busy as u128) as u64
@@ -1204,9 +1212,11 @@ mod tests {
         fn occupancy(&self, _dev: usize) -> Option<Occupancy> {
             let (ran, now) = (self.ran(), self.clock.now_ns());
             let (prev, at) = self.occ_prev.borrow_mut().replace((ran, now))?;
+            let others = (*self.others.borrow())?;
             Some(Occupancy {
                 own_ns: (ran - prev) * *self.own_pct.borrow() / 100,
-                others_ns: (*self.others.borrow())?,
+                others_ns: others,
+                others_max_ns: others,
                 span_ns: now - at,
             })
         }
@@ -1316,6 +1326,7 @@ mod tests {
         let o = |own_ms: u64, others_ms: u64| Occupancy {
             own_ns: own_ms * MS,
             others_ns: others_ms * MS,
+            others_max_ns: others_ms * MS,
             span_ns: 200 * MS,
         };
         // The control: 18 ms of 200 unoccupied, a third of the occupied time this process's.
@@ -1330,9 +1341,19 @@ mod tests {
                 assert!(switch_share(&o(own, others)) * 1000 <= burst::IDLE_MIN * 200 * MS);
             }
         }
-        // A tenant that splits its work over two processes is charged the same in all.
+        // The largest occupant is charged nothing (it is the one squeezed): a tenant that makes itself the
+        // largest is charged as before, never less.
+        assert_eq!(switch_share(&o(122, 60)), 0);
+        // A tenant that splits its work over two processes is charged the same in all (neighbour 122 ms).
         let one = switch_share(&o(60, 122));
-        let two = switch_share(&o(20, 162)) + switch_share(&o(40, 142));
+        let part = |own: u64, sib: u64| {
+            switch_share(&Occupancy {
+                others_ns: (sib + 122) * MS,
+                others_max_ns: 122 * MS,
+                ..o(own, 0)
+            })
+        };
+        let two = part(20, 40) + part(40, 20);
         assert!(one.abs_diff(two) <= 2, "{one} vs {two}");
         // At the whole-run level: a neighbour's figure read low takes the switching charge away and gives back
         // no more than the correction of before (the run with spare time above).

@@ -36,11 +36,12 @@ pub(crate) struct Util {
 }
 
 /// Device time (ns) over one sampling window: this process's, read high by NVML's rounding (half a percent of
-/// the window), and every other process's, read low by it; and the window's length.
+/// the window), and every other process's, read low by it (their sum, and the largest); and the window's length.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Occupancy {
     pub own_ns: u64,
     pub others_ns: u64,
+    pub others_max_ns: u64,
     pub span_ns: u64,
 }
 
@@ -262,14 +263,15 @@ fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupa
     let pm = |sum: u64, k: u64| (sum * 10 / k.max(1)).min(1000);
     let (_, sum, k) = per.iter().find(|(pid, _, _)| *pid == me)?;
     let own_pm = (pm(*sum, *k) + 5).min(1000);
-    let others_pm: u64 = per
-        .iter()
-        .filter(|(pid, _, _)| *pid != me)
-        .map(|(_, sum, k)| pm(*sum, *k).saturating_sub(5))
-        .sum();
+    let others = || {
+        per.iter()
+            .filter(|(pid, _, _)| *pid != me)
+            .map(|(_, sum, k)| pm(*sum, *k).saturating_sub(5))
+    };
     Some(Occupancy {
         own_ns: span_ns / 1000 * own_pm,
-        others_ns: span_ns / 1000 * others_pm.min(1000),
+        others_ns: span_ns / 1000 * others().sum::<u64>().min(1000),
+        others_max_ns: span_ns / 1000 * others().max().unwrap_or(0),
         span_ns,
     })
 }
@@ -351,6 +353,7 @@ mod tests {
             Occupancy {
                 own_ns: 61_000_000,
                 others_ns: 139_000_000,
+                others_max_ns: 139_000_000,
                 span_ns: span
             }
         );
@@ -361,6 +364,7 @@ mod tests {
             Occupancy {
                 own_ns: 61_000_000,
                 others_ns: 0,
+                others_max_ns: 0,
                 span_ns: span
             }
         );
