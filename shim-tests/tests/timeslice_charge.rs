@@ -115,7 +115,9 @@ fn nothing(_: &AtomicBool) {}
 /// The control and the goal: hard 30 + 70 with switching free. Main charged each the neighbour's slices its
 /// probes spanned: 0.266 + 0.604, 0.253 + 0.613 (load average 13-16). Now the 30 % tenant gets its limit
 /// within NVML's rounding (0.291-0.298 over eight runs) and the 70 % one 0.65-0.68, its net charge equal to
-/// NVML's figure (the rest is time it leaves unused: see docs/sm-limit.md).
+/// NVML's figure (the rest is time it leaves unused: see docs/sm-limit.md). That unused time (~3 %) is idle under
+/// 15 %, which the library cannot tell from switching: the 30 % tenant pays its part of it (0.286-0.289 with the
+/// switching charge), so its floor here is 0.28.
 #[test]
 fn sharing_tenants_are_charged_the_device_time_they_got() {
     let prog = compute_loop();
@@ -123,15 +125,16 @@ fn sharing_tenants_are_charged_the_device_time_they_got() {
     let v = shares(&s, &prog, &[t("a", 30), t("b", 70)], nothing);
     println!("slice, switch free, hard 30 + 70: {:.4} + {:.4}", v[0], v[1]);
     assert!(
-        (0.288..=0.31).contains(&v[0]) && (0.64..=0.71).contains(&v[1]),
-        "hard 30 + 70 with switching free: {:.4} + {:.4} (bands [28.8, 31] and [64, 71] %)",
+        (0.28..=0.31).contains(&v[0]) && (0.64..=0.71).contains(&v[1]),
+        "hard 30 + 70 with switching free: {:.4} + {:.4} (bands [28, 31] and [64, 71] %)",
         v[0],
         v[1]
     );
 }
 
 /// With the calibrated switch cost the pair does no worse than the calibration (timeslice.rs: 0.289-0.300 and
-/// 0.561-0.584 of the rate alone): the correction gives nothing back that was not over-charged.
+/// 0.561-0.584 of the rate alone): the correction gives nothing back that was not over-charged. The 30 % tenant
+/// also pays its part of the switching (issue 36: 0.27-0.28 of its rate alone, goal ≥ 0.3 T − 1.5 points = 0.255).
 #[test]
 fn with_switching_cost_the_pair_does_no_worse() {
     let prog = compute_loop();
@@ -142,8 +145,8 @@ fn with_switching_cost_the_pair_does_no_worse() {
         v[0], v[1]
     );
     assert!(
-        (0.285..=0.31).contains(&v[0]) && (0.54..=0.71).contains(&v[1]),
-        "hard 30 + 70 with the default switch cost: {:.4} + {:.4} (bands [28.5, 31] and [54, 71] %)",
+        (0.255..=0.31).contains(&v[0]) && (0.54..=0.71).contains(&v[1]),
+        "hard 30 + 70 with the default switch cost: {:.4} + {:.4} (bands [25.5, 31] and [54, 71] %)",
         v[0],
         v[1]
     );

@@ -111,13 +111,17 @@ fn on_a_saturated_device_each_tenant_pays_its_part_of_the_switching() {
     );
 }
 
-/// The control: the release of today's library (one launch per repaid debt) fails the same band.
+/// The control: the release of today's library (one launch per repaid debt) costs the pair switches, so the
+/// shaped release does more (0.928 against 0.891 of the device, 2026-12-02). Before each tenant paid its part of
+/// the switching the unshaped pair also failed the band (its 70 % tenant 0.57); now the 30 % tenant's charge
+/// makes room for it even unshaped (0.265 + 0.626), so the sums are compared, in one test.
 #[test]
 fn released_one_launch_at_a_time_the_pair_loses_device_time_to_switches() {
-    let (a, b, t) = pair(Some("0"));
+    let (a, b, _) = pair(Some("0"));
+    let (sa, sb, _) = pair(None);
     assert!(
-        !in_band(a, b, t),
-        "hard 30 + 70 released unshaped: {a:.3} + {b:.3}, T {t:.3} passes the band"
+        sa + sb >= a + b + 0.01,
+        "hard 30 + 70: unshaped {a:.3} + {b:.3}, shaped {sa:.3} + {sb:.3}: the shaped release should do ≥ 1 point more"
     );
 }
 
@@ -156,7 +160,7 @@ fn a_time_slice_beyond_the_bucket_is_refused() {
 /// The attack on a neighbour: under the operator's limits files a tenant sets the smallest time slice (0, one
 /// launch per repaid debt) so that its bursts cost the device switches its 70 % neighbour pays for. The slice is
 /// raised to the default (docs/threat-model.md, *Where two sources of a setting meet*), so the pair stays in the
-/// band the control above shows the unshaped release failing.
+/// band (the control above shows what the unshaped release costs).
 #[test]
 fn under_the_operators_limits_a_tenant_cannot_shrink_its_time_slice() {
     let prog = compute_loop();
