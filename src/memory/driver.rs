@@ -32,15 +32,25 @@ pub(crate) trait Driver {
     /// `cuDeviceGetGraphMemAttribute` of device `ordinal` (a `cuuint64_t` attribute).
     fn graph_mem_attribute(&self, ordinal: CUdevice, attr: CUgraphMem_attribute) -> Result<u64, CUresult>;
     /// `cuMemPoolGetAttribute` of `pool` (a `CUmemoryPool`; a `cuuint64_t` attribute).
-    fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult>;
+    fn pool_attribute(&self, _pool: usize, _attr: CUmemPool_attribute) -> Result<u64, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
     /// `cuDeviceGetMemPool`: device `ordinal`'s current pool.
-    fn mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult>;
+    fn mem_pool(&self, _ordinal: CUdevice) -> Result<usize, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
     /// `cuDeviceGetDefaultMemPool`: device `ordinal`'s default pool.
-    fn default_mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult>;
+    fn default_mem_pool(&self, _ordinal: CUdevice) -> Result<usize, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
     /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL)`: the device of the memory at `p`.
-    fn pointer_device(&self, p: u64) -> Result<c_int, CUresult>;
+    fn pointer_device(&self, _p: u64) -> Result<c_int, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
     /// `cuMemGetAddressRange`: the size of the allocation at `p`.
-    fn address_size(&self, p: u64) -> Result<usize, CUresult>;
+    fn address_size(&self, _p: u64) -> Result<usize, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
 
     // ---- what elastic memory (`elastic`) moves with; every call in the context current on this thread;
     // the other families' fakes keep the refusing defaults ----

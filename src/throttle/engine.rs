@@ -998,7 +998,7 @@ fn share_cap(charged: i64, probed: u64, long: u64) -> i64 {
 /// times that proportion. NVML's figure of a neighbour read low (or a neighbour left out) only makes the idle
 /// look larger, or this process the largest: at worst no charge, the event charge of before.
 fn switch_share(o: &Occupancy) -> u64 {
-    let busy = o.own_ns.saturating_add(o.others_ns);
+    let busy = o.own_ns.saturating_add(o.others_ns.max(o.others_high_ns));
     let gap = o.span_ns.saturating_sub(busy);
     if o.others_ns == 0
         || o.own_ns >= o.others_max_ns
@@ -1218,6 +1218,7 @@ mod tests {
                 others_ns: others,
                 others_max_ns: others,
                 span_ns: now - at,
+                ..Default::default()
             })
         }
     }
@@ -1322,12 +1323,30 @@ mod tests {
     }
 
     #[test]
+    fn a_neighbours_many_near_idle_processes_do_not_raise_the_switching_charge() {
+        use super::super::util::occupancy_of;
+        let span = 200 * MS;
+        // The control: this process 30 %, one neighbour 65 %: 5 % of the window unoccupied.
+        let control = switch_share(&occupancy_of(7, span, &[(7, 30, 1), (9, 65, 1)]).unwrap());
+        assert!(control > 0, "the control is charged switching");
+        // The attack: the same 65 % as 55 % and ten processes at 1 %, each read low by NVML's rounding margin.
+        let mut per = vec![(7, 30, 1), (9, 55, 1)];
+        per.extend((100..110).map(|pid| (pid, 1, 1)));
+        let attack = switch_share(&occupancy_of(7, span, &per).unwrap());
+        assert!(
+            attack <= control,
+            "split neighbour charged {attack} ns, one neighbour {control} ns"
+        );
+    }
+
+    #[test]
     fn a_neighbour_read_low_or_left_out_never_lowers_the_switching_charge_below_none() {
         let o = |own_ms: u64, others_ms: u64| Occupancy {
             own_ns: own_ms * MS,
             others_ns: others_ms * MS,
             others_max_ns: others_ms * MS,
             span_ns: 200 * MS,
+            ..Default::default()
         };
         // The control: 18 ms of 200 unoccupied, a third of the occupied time this process's.
         assert_eq!(switch_share(&o(60, 122)), 18 * MS * 60 / 182);

@@ -36,12 +36,15 @@ pub(crate) struct Util {
 }
 
 /// Device time (ns) over one sampling window: this process's, read high by NVML's rounding (half a percent of
-/// the window), and every other process's, read low by it (their sum, and the largest); and the window's length.
+/// the window), and every other process's, read low by it (their sum, and the largest); their sum read high
+/// (what is left unoccupied, switching, is then read low: a neighbour's many near-idle processes cannot push
+/// its rounding into this process's switching charge); and the window's length.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Occupancy {
     pub own_ns: u64,
     pub others_ns: u64,
     pub others_max_ns: u64,
+    pub others_high_ns: u64,
     pub span_ns: u64,
 }
 
@@ -258,7 +261,7 @@ fn use_of(
 }
 
 /// [`Util::occupancy`] from each pid's (pid, sum of %, samples) over a window of `span_ns`.
-fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupancy> {
+pub(super) fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupancy> {
     // Each pid's average in per-mille of the window, exact: sum × 10 / k.
     let pm = |sum: u64, k: u64| (sum * 10 / k.max(1)).min(1000);
     let (_, sum, k) = per.iter().find(|(pid, _, _)| *pid == me)?;
@@ -272,6 +275,13 @@ fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Option<Occupa
         own_ns: span_ns / 1000 * own_pm,
         others_ns: span_ns / 1000 * others().sum::<u64>().min(1000),
         others_max_ns: span_ns / 1000 * others().max().unwrap_or(0),
+        others_high_ns: span_ns / 1000
+            * per
+                .iter()
+                .filter(|(pid, _, _)| *pid != me)
+                .map(|(_, sum, k)| (pm(*sum, *k) + 5).min(1000))
+                .sum::<u64>()
+                .min(1000),
         span_ns,
     })
 }
@@ -354,6 +364,7 @@ mod tests {
                 own_ns: 61_000_000,
                 others_ns: 139_000_000,
                 others_max_ns: 139_000_000,
+                others_high_ns: 141_000_000,
                 span_ns: span
             }
         );
@@ -365,6 +376,7 @@ mod tests {
                 own_ns: 61_000_000,
                 others_ns: 0,
                 others_max_ns: 0,
+                others_high_ns: 1_000_000,
                 span_ns: span
             }
         );
