@@ -134,7 +134,15 @@ fn alloc_movable(s: &Shim, dptr: *mut CUdeviceptr, bytes: u64) -> Option<CUresul
         }
         Err(e) => e,
     };
-    let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, make, || {
+    // Within the request it waits for the reclaim like any allocation ([`linear`]).
+    let call = || {
+        let r = make();
+        if r == CUresult::ERROR_OUT_OF_MEMORY {
+            return wait_for_device(s, dev, est, &make);
+        }
+        r
+    };
+    let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, p.get(), None))
     });
     if r.ok() {
