@@ -97,6 +97,7 @@
 #define CUQUOTA_FLAG_NO_OPT_OUT 1u
 #define CUQUOTA_FLAG_MEMBERS 2u /* the agent publishes members (struct cuquota_limits_members) */
 #define CUQUOTA_FLAG_OPT_OUT_ALLOWED 4u /* processes may opt out; clear (default) or NO_OPT_OUT set = they may not */
+#define CUQUOTA_FLAG_RECLAIM 8u /* the agent reclaims device memory for waiting allocations */
 #define CUQUOTA_POLICY_DEFAULT 0u
 #define CUQUOTA_POLICY_HARD 1u
 #define CUQUOTA_POLICY_BURST 2u

@@ -551,6 +551,13 @@ impl Devices {
         self.cfg.elastic_min_bytes
     }
 
+    /// Whether an agent limits file says its agent reclaims device memory for waiting allocations
+    /// (`LIMITS_FLAG_RECLAIM`). Slow path: the readers' lock.
+    pub(crate) fn reclaims(&self) -> bool {
+        self.refresh_if_changed();
+        self.agent.readers.lock().iter().any(|r| r.snapshot().reclaims())
+    }
+
     /// Whether a limits file asks this container to evict its movable memory on `dev` (`evict_mask`: the bit
     /// of the entry that selects `dev`, as `for_device` picks it). Slow path: the readers' lock.
     pub(crate) fn evict_asked(&self, dev: Dev) -> bool {

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use cuquota_core::log::Level;
-use cuquota_core::region::layout::parse_uuid;
+use cuquota_core::region::layout::{parse_uuid, LIMITS_FLAG_RECLAIM};
 use cuquota_core::region::{
     DeviceSelector, FileId, LimitsReader, LimitsSnapshot, LimitsWriter, SlotState, UsageRegion,
 };
@@ -496,6 +496,16 @@ impl Agent {
         });
         let cooperative = cooperative_members(region.as_ref(), &members, table);
         let published = self.publish(name, &d.limits, &members);
+        let reclaims = self.planner.settings.pinned_budget > 0;
+        if limits.reclaims() != reclaims {
+            if let Err(e) = write_reclaim_flag(&d.limits, reclaims) {
+                cuquota_core::log!(
+                    Level::Error,
+                    "agent: container {name}: cannot write the reclaim flag into {}: {e}",
+                    d.limits.display()
+                );
+            }
+        }
         self.state.entry(name.to_string()).or_default().limits = Some(d.limits.clone());
         let mut c = ContainerReport::build(
             &d,
@@ -909,6 +919,22 @@ fn write_evict_mask(path: &Path, mask: u64) -> Result<(), cuquota_core::region::
         .map_err(|e| match e {})
 }
 
+/// Sets (`on`) or clears the limits file `path`'s [`LIMITS_FLAG_RECLAIM`]: its allocations refused for want of
+/// device memory wait for this agent's reclaim only while it is set (one seqlock write).
+fn write_reclaim_flag(path: &Path, on: bool) -> Result<(), cuquota_core::region::RegionError> {
+    LimitsWriter::open(path)?
+        .update(|t| {
+            t.flags = if on {
+                t.flags | LIMITS_FLAG_RECLAIM
+            } else {
+                t.flags & !LIMITS_FLAG_RECLAIM
+            };
+            Ok::<_, std::convert::Infallible>(())
+        })?
+        .map(|_| ())
+        .map_err(|e| match e {})
+}
+
 /// CLOCK_BOOTTIME, ns (the clock of the containers' `last_use_ns`).
 fn boottime_ns() -> u64 {
     // SAFETY: timespec is plain data; clock_gettime writes it.
@@ -934,6 +960,12 @@ impl Drop for Agent {
     /// Nothing the agent froze stays frozen, nobody stays asked to evict, when it stops (signal, error, panic).
     fn drop(&mut self) {
         self.thaw_all("the agent is stopping");
+        // Nobody reclaims any more: no allocation waits for it.
+        if self.planner.settings.pinned_budget > 0 {
+            for l in self.state.values().filter_map(|s| s.limits.as_ref()) {
+                let _ = write_reclaim_flag(l, false);
+            }
+        }
         for st in self.state.values_mut().filter(|s| s.evict_mask != 0) {
             if let Some(l) = &st.limits {
                 if write_evict_mask(l, 0).is_ok() {

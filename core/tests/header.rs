@@ -149,7 +149,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ]
     );
     fields!(m, PriorityFile, "cuquota_priority_file", [header, devices]);
-    let consts: [(&str, u64); 33] = [
+    let consts: [(&str, u64); 34] = [
         ("CUQUOTA_LIMITS_MAGIC", LIMITS_MAGIC),
         ("CUQUOTA_USAGE_MAGIC", USAGE_MAGIC),
         ("CUQUOTA_ABI_VERSION", ABI_VERSION.into()),
@@ -164,6 +164,7 @@ fn rust_layout() -> BTreeMap<String, u64> {
         ("CUQUOTA_FLAG_NO_OPT_OUT", LIMITS_FLAG_NO_OPT_OUT.into()),
         ("CUQUOTA_FLAG_MEMBERS", LIMITS_FLAG_MEMBERS.into()),
         ("CUQUOTA_FLAG_OPT_OUT_ALLOWED", LIMITS_FLAG_OPT_OUT_ALLOWED.into()),
+        ("CUQUOTA_FLAG_RECLAIM", LIMITS_FLAG_RECLAIM.into()),
         ("CUQUOTA_MAX_MEMBERS", LIMITS_MAX_MEMBERS as u64),
         ("CUQUOTA_USAGE_PATH_MAX", LIMITS_USAGE_PATH_MAX as u64),
         ("CUQUOTA_POLICY_DEFAULT", POLICY_DEFAULT.into()),

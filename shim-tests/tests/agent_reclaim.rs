@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cuquota_core::region::LimitsReader;
+use cuquota_core::region::layout::LIMITS_FLAG_RECLAIM;
+use cuquota_core::region::{LimitsReader, LimitsWriter};
 use cuquota_core::UsageRegion;
 use shim_tests::{cli_bin, Proc, Prog, Sim, GIB};
 
@@ -34,6 +35,10 @@ fn descriptor(dir: &Path, name: &str, limits: &Path, usage: Option<&Path>, membe
 
 fn evict_mask(limits: &Path) -> u64 {
     LimitsReader::open(limits).unwrap().snapshot().table.evict_mask
+}
+
+fn reclaims(limits: &Path) -> bool {
+    LimitsReader::open(limits).unwrap().snapshot().reclaims()
 }
 
 /// Polls `limits`' evict_mask for `secs` s until `want` holds; returns the last mask.
@@ -94,6 +99,12 @@ fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not(
         let u = UsageRegion::open_existing(&usage_liar).unwrap();
         u.waiting().store(word, Ordering::Release);
     };
+    // An agent with a pinned-host budget says so in the files it owns (the library waits only then).
+    let until = Instant::now() + Duration::from_secs(20);
+    while !(reclaims(&lim_idle) && reclaims(&lim_liar)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(reclaims(&lim_idle) && reclaims(&lim_liar), "no reclaim flag");
     forge((1 << 56) | (3 * GIB));
     assert_eq!(
         mask_until(&lim_idle, 2, |m| m != 0),
@@ -109,6 +120,15 @@ fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not(
     forge(0);
     // Control: w (request = limit 2g) holds 1g, leaving 0.5g free, and waits for 1g more, within its request.
     let lim_w = limits(&sim, "w", &["--memory", "2g"]);
+    // (Set before w starts, as the agent's first pass over w's descriptor would, which needs w's pid.)
+    LimitsWriter::open(&lim_w)
+        .unwrap()
+        .update(|t| {
+            t.flags |= LIMITS_FLAG_RECLAIM;
+            Ok::<_, std::convert::Infallible>(())
+        })
+        .unwrap()
+        .unwrap();
     let w = tenant(&sim, "w", &lim_w, "init alloc:mem:1g alloc:mem:1g");
     let usage_w = sim.container_usage_file("w");
     descriptor(&dir, "w", &lim_w, Some(&usage_w), &w.subtree());
@@ -136,6 +156,7 @@ fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not(
     let out = agent.finish();
     assert!(out.success(), "{out:?}");
     assert_eq!(evict_mask(&lim_idle), 0, "the stopped agent left the ask");
+    assert!(!reclaims(&lim_idle), "the stopped agent left the reclaim flag");
     assert!(
         out.stderr.contains("container idle") && out.stderr.contains("ignored the ask to evict"),
         "the ignored ask was not reported:{out:?}"

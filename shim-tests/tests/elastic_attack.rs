@@ -12,6 +12,7 @@ fn full_device(request: u64) -> (Sim, shim_tests::Proc) {
         let e = t.entry_mut(DeviceSelector::All)?;
         e.memory_limit = 1536 * MIB;
         e.memory_request = request;
+        t.flags |= cuquota_core::region::layout::LIMITS_FLAG_RECLAIM;
         Ok::<_, cuquota_core::region::TableFull>(())
     })
     .expect("limits file busy")

@@ -4,15 +4,27 @@
 
 use std::time::{Duration, Instant};
 
+use cuquota_core::region::layout::LIMITS_FLAG_RECLAIM;
+use cuquota_core::region::LimitsWriter;
 use cuquota_core::UsageRegion;
 use shim_tests::{Prog, Sim, MIB};
 use std::sync::atomic::Ordering;
 
 /// A 2 GiB device, 1 GiB of it held by a process outside any container (no shim) until released; the
-/// container's limit 1536 MiB in the agent's limits file.
-fn full_device() -> (Sim, shim_tests::Proc) {
+/// container's limit 1536 MiB in the agent's limits file, whose agent reclaims when `reclaim`.
+fn full_device_with(reclaim: bool) -> (Sim, shim_tests::Proc) {
     let sim = Sim::new().memory("2g").build();
     sim.agent_memory_limit(0, "1536m");
+    if reclaim {
+        LimitsWriter::open(&sim.limits_file())
+            .unwrap()
+            .update(|t| {
+                t.flags |= LIMITS_FLAG_RECLAIM;
+                Ok::<_, std::convert::Infallible>(())
+            })
+            .unwrap()
+            .unwrap();
+    }
     let mut holder = sim
         .cmd(Prog::Probe)
         .no_preload()
@@ -21,6 +33,10 @@ fn full_device() -> (Sim, shim_tests::Proc) {
     holder.wait_ready(1);
     assert_eq!(holder.wait_for("alloc.0"), "CUDA_SUCCESS");
     (sim, holder)
+}
+
+fn full_device() -> (Sim, shim_tests::Proc) {
+    full_device_with(true)
 }
 
 fn waiting_word(sim: &Sim) -> u64 {
@@ -102,6 +118,28 @@ fn an_allocation_gives_up_after_the_bound_and_only_under_an_agent_file() {
     out.ok();
     assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
     assert!(t.elapsed() < Duration::from_secs(30), "waited without an agent");
+    holder.release();
+    holder.finish().ok();
+}
+
+/// Under an agent limits file whose agent does not reclaim (`LIMITS_FLAG_RECLAIM` clear: no pinned-host budget,
+/// or an older file), nothing waits: the driver's answer at once, no `waiting` word. Control: the first test.
+#[test]
+fn an_allocation_does_not_wait_when_the_agent_does_not_reclaim() {
+    let (sim, mut holder) = full_device_with(false);
+    let t = Instant::now();
+    let out = sim
+        .cmd(Prog::Probe)
+        .env("CUQUOTA_RECLAIM_WAIT_MS", "60000")
+        .args("init alloc:mem:1280m")
+        .run();
+    out.ok();
+    assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(30),
+        "waited for an agent that does not reclaim"
+    );
+    assert_eq!(waiting_word(&sim), 0, "a waiting word without a reclaiming agent");
     holder.release();
     holder.finish().ok();
 }

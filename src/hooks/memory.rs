@@ -48,14 +48,15 @@ fn linear(s: &Shim, bytes: u64, call: impl Fn() -> CUresult, out: impl FnOnce() 
 const WAIT_STEP_MAX: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// An allocation of `bytes` on `dev`, admitted within the limit (its charge held meanwhile), that the driver
-/// refused for want of device memory: under an agent limits file, says so in the usage file's `waiting` word
+/// refused for want of device memory: under an agent limits file whose agent reclaims (`LIMITS_FLAG_RECLAIM`),
+/// says so in the usage file's `waiting` word
 /// (the agent reclaims idle elastic tenants' memory for a wait within the request) and tries `call` again
 /// with backoff for up to `CUQUOTA_RECLAIM_WAIT_MS`; returns the driver's last answer (issue 39).
 #[cold]
 #[inline(never)]
 fn wait_for_device(s: &Shim, dev: crate::devices::Dev, bytes: u64, call: &dyn Fn() -> CUresult) -> CUresult {
     let cfg = s.devices.config();
-    if cfg.reclaim_wait_ms == 0 || cfg.limits_paths.is_empty() {
+    if cfg.reclaim_wait_ms == 0 || !s.devices.reclaims() {
         return CUresult::ERROR_OUT_OF_MEMORY;
     }
     let start = std::time::Instant::now();

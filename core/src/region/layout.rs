@@ -54,6 +54,10 @@ pub const LIMITS_FLAG_OPT_OUT_ALLOWED: u32 = 4;
 /// Limits header `flags` bit: the agent publishes the container's members ([`LimitsMembers`]); clear = no
 /// agent membership (the shim falls back to the cooperative usage-file list).
 pub const LIMITS_FLAG_MEMBERS: u32 = 2;
+/// Limits header `flags` bit: the agent reclaims device memory for waiting allocations (issue 39): an
+/// allocation the driver refuses for want of memory waits (bounded) only while it is set. Clear (every older
+/// file) = no wait.
+pub const LIMITS_FLAG_RECLAIM: u32 = 8;
 
 // The words of a policy are defined with its one packing, [`PolicyRaw`].
 pub use crate::policy::{

@@ -247,6 +247,11 @@ impl LimitsTable {
             .unwrap_or_default()
     }
 
+    /// Whether the agent reclaims device memory for waiting allocations ([`LIMITS_FLAG_RECLAIM`]).
+    pub fn reclaims(&self) -> bool {
+        self.flags & LIMITS_FLAG_RECLAIM != 0
+    }
+
     /// Whether processes may opt out (`CUDA_DISABLE_CONTROL`, `CUQUOTA_DISABLE`): only when the agent allowed
     /// it ([`LIMITS_FLAG_OPT_OUT_ALLOWED`] set, [`LIMITS_FLAG_NO_OPT_OUT`] clear).
     pub fn opt_out_allowed(&self) -> bool {
