@@ -11,8 +11,10 @@
 //!   busy within the idle threshold; a container's own claim of recent use (`last_use_ns`) protects it only
 //!   while idle others suffice (a claim in the future counts as now), so claiming activity for ever cannot hold
 //!   anyone else below its request;
-//! - an eviction is done when NVML shows the victim at or below its request, or at the timeout (then the bit is
-//!   cleared too: what did not move is unmovable, or the tenant ignored the ask, which is reported).
+//! - an eviction is done when NVML shows the victim at or below its request and none of the waiters it was asked
+//!   for still waits (else the victim's next launch would restore its memory before the waiter's retry took
+//!   it), or at the timeout (then the bit is cleared too: what did not move is unmovable, or the tenant ignored
+//!   the ask, which is reported).
 
 use std::collections::BTreeMap;
 
@@ -123,6 +125,8 @@ pub enum Event {
 struct Eviction {
     since_ns: u64,
     resident_at_ask: u64,
+    /// The waiters it was asked for: its bit stays while one of them still waits (bounded by the timeout).
+    for_waiters: Vec<Key>,
 }
 
 /// The planner: evictions in progress between passes.
@@ -178,9 +182,15 @@ impl Planner {
                 continue;
             };
             let moved = e.resident_at_ask.saturating_sub(t.resident);
-            if t.resident <= t.request.unwrap_or(u64::MAX) || busy(t) {
+            let timed_out = now_ns.saturating_sub(e.since_ns) >= s.timeout_ns;
+            let waited_on = e
+                .for_waiters
+                .iter()
+                .any(|w| tenants.get(w).is_some_and(|w| w.waiting != 0));
+            let reached = t.resident <= t.request.unwrap_or(u64::MAX);
+            if busy(t) || (reached && (!waited_on || timed_out)) {
                 events.push((k.clone(), Event::Done { moved }));
-            } else if now_ns.saturating_sub(e.since_ns) >= s.timeout_ns {
+            } else if timed_out {
                 events.push((k.clone(), Event::TimedOut { moved }));
                 self.resting
                     .insert(k.clone(), now_ns.saturating_add(s.timeout_ns));
@@ -212,6 +222,7 @@ impl Planner {
         for (uuid, gpu) in gpus {
             let here = |k: &Key| &k.1 == uuid;
             let mut need: u64 = 0;
+            let mut waiters = Vec::new();
             for (k, t) in tenants.iter().filter(|(k, _)| here(k)) {
                 if t.waiting == 0 {
                     continue;
@@ -230,6 +241,7 @@ impl Planner {
                     continue;
                 }
                 need = need.saturating_add(t.waiting);
+                waiters.push(k.clone());
             }
             let coming: u64 = self
                 .evicting
@@ -276,6 +288,7 @@ impl Planner {
                     Eviction {
                         since_ns: now_ns,
                         resident_at_ask: t.resident,
+                        for_waiters: waiters.clone(),
                     },
                 );
                 events.push((k.clone(), Event::Asked { bytes }));
@@ -396,6 +409,35 @@ mod tests {
             ["b-newer"],
             "its bit is cleared, the next one asked"
         );
+    }
+
+    /// The victim at its request while the waiter still waits (its retry has not taken the memory yet): the
+    /// bit stays, so the victim's next launch does not restore first; cleared once the waiter stops waiting, or
+    /// at the timeout however long it waits.
+    #[test]
+    fn the_bit_stays_while_the_waiter_it_serves_still_waits() {
+        let mut p = planner();
+        p.plan(&gpu(0), &control(), NOW);
+        let mut t = control();
+        t.get_mut(&k("a-old")).unwrap().resident = 2 * G;
+        let plan = p.plan(&gpu(3 * G), &t, NOW + S);
+        assert_eq!(asked(&plan), ["a-old"], "cleared while the waiter still waits");
+        t.get_mut(&k("w")).unwrap().waiting = 0;
+        let plan = p.plan(&gpu(G), &t, NOW + 2 * S);
+        assert!(plan.evict.is_empty());
+        assert!(plan.events.contains(&(k("a-old"), Event::Done { moved: 3 * G })));
+        // A waiter that never stops waiting holds it only until the timeout.
+        let mut p = planner();
+        p.plan(&gpu(0), &control(), NOW);
+        let mut t = control();
+        t.get_mut(&k("a-old")).unwrap().resident = 2 * G;
+        assert_eq!(
+            asked(&p.plan(&gpu(3 * G), &t, NOW + DEFAULT_TIMEOUT_NS - 1)),
+            ["a-old"]
+        );
+        let plan = p.plan(&gpu(3 * G), &t, NOW + DEFAULT_TIMEOUT_NS);
+        assert!(plan.evict.is_empty(), "held past the timeout");
+        assert!(plan.events.contains(&(k("a-old"), Event::Done { moved: 3 * G })));
     }
 
     #[test]
