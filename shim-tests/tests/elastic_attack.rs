@@ -1,7 +1,7 @@
 //! Attacks on elastic memory (issue 39), each beside its control.
 
 use cuquota_core::region::{DeviceSelector, LimitsWriter};
-use shim_tests::{Sim, MIB};
+use shim_tests::{compile_c, workspace_root, Sim, MIB};
 
 /// A 2 GiB device, 1 GiB of it held by a process outside any container until released; the container's limit
 /// 1536 MiB, `request` guaranteed.
@@ -49,5 +49,63 @@ fn an_elastic_tenants_allocation_within_its_request_waits_like_any_other() {
             "CUDA_SUCCESS",
             "request {request}: no wait for the reclaim: {out:?}"
         );
+    }
+}
+
+fn tenant_res(p: &mut shim_tests::Proc, n: usize) -> u64 {
+    p.send("res");
+    p.wait_for_nth("resident", n).parse().unwrap()
+}
+
+/// Two processes of one container, each with a 256 MiB movable range, the container's request 300 MiB: the
+/// ask moves what the container holds above its request, so one range moving is enough (the container then
+/// holds about 260 MiB). Case: each process counts the whole container's charge as its own to move, and both
+/// move, taking the container far below its guarantee. Control: a single process moves its one range.
+#[test]
+fn two_processes_of_one_container_move_only_what_is_above_the_request() {
+    let src = workspace_root().join("shim-tests/c/elastic_tenant.c");
+    let prog = compile_c("elastic_tenant", &src, &[], &["-lcuda", "-ldl"]);
+    for procs in [1usize, 2] {
+        let sim = Sim::new().memory("4g").build();
+        let ask = |evict: bool| {
+            let w = LimitsWriter::create(&sim.limits_file()).expect("create the limits file");
+            w.update(|t| {
+                let e = t.entry_mut(DeviceSelector::All)?;
+                e.memory_limit = 1 << 30;
+                e.memory_request = if procs == 1 { 32 * MIB } else { 300 * MIB };
+                t.evict_mask = if evict { 1 } else { 0 };
+                Ok::<_, cuquota_core::region::TableFull>(())
+            })
+            .expect("limits file busy")
+            .expect("limits table full");
+        };
+        ask(false);
+        let mut ps: Vec<_> = (0..procs)
+            .map(|_| {
+                let mut p = sim
+                    .cmd_path(prog.clone())
+                    .arg("256")
+                    .timeout(std::time::Duration::from_secs(60))
+                    .spawn();
+                p.wait_for("ready");
+                p
+            })
+            .collect();
+        let before = tenant_res(&mut ps[0], 3);
+        ask(true);
+        // (Two processes took over 1.5 s to move on the simulator, one well under it.)
+        std::thread::sleep(std::time::Duration::from_secs(6));
+        let after = tenant_res(&mut ps[0], 4);
+        let moved = before.saturating_sub(after);
+        eprintln!("procs {procs}: moved {} MiB", moved / MIB);
+        assert!(
+            (256 * MIB..512 * MIB).contains(&moved),
+            "procs {procs}: {} MiB moved, one 256 MiB range was enough",
+            moved / MIB
+        );
+        for mut p in ps {
+            p.send("quit");
+            p.finish();
+        }
     }
 }

@@ -20,6 +20,7 @@ use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use crate::log::{log, Level};
+use cuquota_core::region::SlotState;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -405,6 +406,24 @@ impl Memory {
             .around(cuda, streams, |dev| self.devices.evict_asked(dev), call)
     }
 
+    /// Whether this process is its container's one mover on `dev`: the live slot with the largest charge there
+    /// (the lowest slot on a tie). What each process has evicted is its own (no shared word), so with more than
+    /// one mover each would count the others' evicted bytes as resident and all would move, taking the
+    /// container below its request. The mover's own evicted bytes are then all the container's; a mover that
+    /// holds no movable range moves nothing (the agent's ask times out). Slow path: scans the slots.
+    fn elastic_mover(&self, dev: Dev) -> bool {
+        let Some(me) = self.usage().cached_slot() else {
+            return false;
+        };
+        let d = dev.id.index();
+        self.usage()
+            .processes()
+            .into_iter()
+            .filter(|p| p.state == SlotState::Live && p.mem_used[d] > 0)
+            .max_by_key(|p| (p.mem_used[d], std::cmp::Reverse(p.slot.index())))
+            .is_some_and(|p| p.slot == me)
+    }
+
     /// The background thread's turn: evicts what the agent asks for, if anything.
     fn elastic_tick(&self, cuda: &CudaTable) {
         self.devices.refresh_if_changed();
@@ -412,7 +431,7 @@ impl Memory {
             return;
         }
         let need = |dev: Dev, evicted: u64| -> Option<u64> {
-            if !self.devices.evict_asked(dev) {
+            if !self.devices.evict_asked(dev) || !self.elastic_mover(dev) {
                 return None;
             }
             let request = self.devices.elastic_request(dev)?;
