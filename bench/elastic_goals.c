@@ -1,0 +1,154 @@
+/* elastic_goals: an elastic tenant timed through libcuquota.so (issue 39 item 5; bench/tests/elastic_goals.rs).
+ *
+ *   elastic_goals COUNT SIZE_MIB
+ *
+ * Allocates COUNT buffers of SIZE_MIB with cuMemAlloc (movable when the tenant is elastic) and a pinned host
+ * buffer of SIZE_MIB, writes a pattern into every buffer, prints `resident=<NVML used>` and `ready=1`, then reads
+ * commands from stdin, one a line:
+ *   base       plain copies of every buffer through the pinned buffer, D2H then H2D back (bytes unchanged):
+ *              d2h_ns=<wall of the D2H copies> h2d_ns=<wall of the H2D copies>
+ *   evict LOW  polls the simulator's NVML (past any interposer) every 0.2 ms until resident <= LOW:
+ *              evict_ns=<from the command to then>, or evict_ns=-1 after 60 s
+ *   restore    launches the memory-touching kernel on every buffer (adds 1 to each byte):
+ *              restore_ns=<the first launch's call> launches_ns=<every launch's calls> sync_ns=<then the sync>
+ *              resident=<NVML used after>
+ *   check      copies every buffer back and compares it with the pattern plus every add: ok=1, or
+ *              bad=<buffer>/<offset> and ok=0
+ *   quit       frees everything; resident=<bytes>
+ * Linked with -lcuda (the simulator). */
+#define _GNU_SOURCE
+#include <cuda.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cq_driver.h"
+
+#define CK(x)                                                                                                     \
+    do {                                                                                                          \
+        CUresult r_ = (x);                                                                                        \
+        if (r_ != CUDA_SUCCESS) {                                                                                 \
+            printf("fail=%s:%d:%s\n", #x, __LINE__, cq_err(r_));                                                 \
+            fflush(stdout);                                                                                       \
+            exit(1);                                                                                              \
+        }                                                                                                         \
+    } while (0)
+
+#define MAXN 64
+
+static const char *MODULE = "CUDASIM-MODULE 1\n"
+                            "kernel inc 1000\n"
+                            "touch inc add p0 p1 1\n";
+
+static CUfunction inc;
+static CUdeviceptr buf[MAXN];
+static unsigned adds[MAXN];
+static unsigned char *host;
+static size_t n;
+static int count;
+
+static long long now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long long)t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+static unsigned char pat(int b, size_t i) { return (unsigned char)(i * 131u + (i >> 12) + (unsigned)b * 7u); }
+
+static unsigned long long resident(void) {
+    cq_rawmem m;
+    return cq_raw_nvml_mem(0, &m) == 0 ? m.used : 0ull;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 3) {
+        fprintf(stderr, "usage: elastic_goals COUNT SIZE_MIB\n");
+        return 2;
+    }
+    count = atoi(argv[1]);
+    n = (size_t)atoi(argv[2]) << 20;
+    if (count < 1 || count > MAXN || n == 0) {
+        fprintf(stderr, "invalid COUNT or SIZE_MIB\n");
+        return 2;
+    }
+    CK(cuInit(0));
+    CUdevice d;
+    CK(cuDeviceGet(&d, 0));
+    CUcontext c;
+    CK(cuDevicePrimaryCtxRetain(&c, d));
+    CK(cuCtxSetCurrent(c));
+    CUmodule m;
+    CK(cuModuleLoadData(&m, MODULE));
+    CK(cuModuleGetFunction(&inc, m, "inc"));
+    CK(cuMemAllocHost((void **)&host, n));
+    for (int b = 0; b < count; b++) {
+        CK(cuMemAlloc(&buf[b], n));
+        for (size_t i = 0; i < n; i++) host[i] = pat(b, i);
+        CK(cuMemcpyHtoD(buf[b], host, n));
+    }
+    printf("resident=%llu\nready=1\n", resident());
+    fflush(stdout);
+    char line[128];
+    while (fgets(line, sizeof line, stdin)) {
+        if (!strncmp(line, "base", 4)) {
+            long long d2h = 0, h2d = 0;
+            for (int b = 0; b < count; b++) {
+                long long t0 = now_ns();
+                CK(cuMemcpyDtoH(host, buf[b], n));
+                long long t1 = now_ns();
+                CK(cuMemcpyHtoD(buf[b], host, n));
+                d2h += t1 - t0;
+                h2d += now_ns() - t1;
+            }
+            printf("d2h_ns=%lld\nh2d_ns=%lld\n", d2h, h2d);
+        } else if (!strncmp(line, "evict ", 6)) {
+            unsigned long long low = strtoull(line + 6, NULL, 10);
+            long long t0 = now_ns(), took = -1;
+            while (now_ns() - t0 < 60000000000ll) {
+                if (resident() <= low) {
+                    took = now_ns() - t0;
+                    break;
+                }
+                usleep(200);
+            }
+            printf("evict_ns=%lld\n", took);
+        } else if (!strncmp(line, "restore", 7)) {
+            long long t0 = now_ns(), first = 0;
+            for (int b = 0; b < count; b++) {
+                void *args[] = {&buf[b], &n};
+                CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+                adds[b]++;
+                if (b == 0) first = now_ns() - t0;
+            }
+            long long t1 = now_ns();
+            CK(cuCtxSynchronize());
+            long long t2 = now_ns();
+            printf("restore_ns=%lld\nlaunches_ns=%lld\nsync_ns=%lld\nresident=%llu\n", first, t1 - t0, t2 - t1,
+                   resident());
+        } else if (!strncmp(line, "check", 5)) {
+            int bad_b = -1;
+            long bad_i = -1;
+            for (int b = 0; b < count && bad_b < 0; b++) {
+                CK(cuMemcpyDtoH(host, buf[b], n));
+                for (size_t i = 0; i < n; i++)
+                    if (host[i] != (unsigned char)(pat(b, i) + adds[b])) {
+                        bad_b = b;
+                        bad_i = (long)i;
+                        break;
+                    }
+            }
+            if (bad_b >= 0) printf("bad=%d/%ld\n", bad_b, bad_i);
+            printf("ok=%d\n", bad_b < 0);
+        } else if (!strncmp(line, "quit", 4)) {
+            for (int b = 0; b < count; b++) CK(cuMemFree(buf[b]));
+            CK(cuMemFreeHost(host));
+            printf("resident=%llu\n", resident());
+            fflush(stdout);
+            return 0;
+        }
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,236 @@
+//! Issue 39 item 5, the goals elastic memory can be measured on now, through libcuquota.so on the simulator
+//! (a bench, not a CI test: `#[ignore]`d, figures printed, nothing asserted but the bytes). Figures:
+//! bench/results/2026-12-02-elastic.md.
+//!
+//! ```text
+//! cargo build --release -p cuquota -p cuquota-sim
+//! CUQUOTA_TEST_PROFILE=release cargo test --release -p cuquota-bench --test elastic_goals -- --ignored \
+//!     --nocapture --test-threads 1
+//! ```
+//! `ELASTIC_GOALS_COUNTS` (default `1,4,8`: buffers of 64 MiB), `ELASTIC_GOALS_REPS` (default 3),
+//! `ELASTIC_GOALS_SECONDS` (default 120: the integrity run's budget), `ELASTIC_GOALS_CYCLES` (default 1000).
+
+use cuquota_core::region::{DeviceSelector, LimitsWriter};
+use shim_tests::{compile_c, workspace_root, Proc, Sim, MIB};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// The modelled copy engines: below this host's memcpy (bench/results/2026-12-02-elastic-mechanism.md), so the
+/// model, not the host, sets the time.
+const H2D_GBPS: f64 = 0.25;
+const D2H_GBPS: f64 = 0.5;
+
+fn program() -> PathBuf {
+    let root = workspace_root();
+    compile_c(
+        "elastic_goals",
+        &root.join("bench/elastic_goals.c"),
+        &[],
+        &["-lcuda", "-ldl"],
+    )
+}
+
+fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
+    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+}
+
+/// The agent's limits file: an 8 GiB limit with a 1 MiB request (everything movable moves), and the ask.
+fn limits(sim: &Sim, evict: bool) {
+    let w = LimitsWriter::create(&sim.limits_file()).expect("create the limits file");
+    w.update(|t| {
+        let e = t.entry_mut(DeviceSelector::All)?;
+        e.memory_limit = 8 << 30;
+        e.memory_request = MIB;
+        let i = t
+            .entries
+            .iter()
+            .position(|e| e.is_valid() && e.selector() == DeviceSelector::All)
+            .expect("the all entry");
+        t.evict_mask = if evict { 1 << i } else { 0 };
+        Ok::<_, cuquota_core::region::TableFull>(())
+    })
+    .expect("limits file busy")
+    .expect("limits table full");
+}
+
+/// The tenant and how many answers of each key it gave.
+struct Tenant {
+    p: Proc,
+    seen: HashMap<&'static str, usize>,
+    before: u64,
+}
+
+impl Tenant {
+    fn start(sim: &Sim, count: u64, mib: u64) -> Tenant {
+        let mut p = sim
+            .cmd_path(program())
+            .arg(&count.to_string())
+            .arg(&mib.to_string())
+            .timeout(Duration::from_secs(1800))
+            .spawn();
+        let before = p.wait_for("resident").parse().unwrap();
+        p.wait_for("ready");
+        let mut seen = HashMap::new();
+        seen.insert("resident", 1);
+        Tenant { p, seen, before }
+    }
+
+    fn get(&mut self, key: &'static str) -> String {
+        let n = self.seen.entry(key).or_insert(0);
+        *n += 1;
+        let n = *n;
+        self.p.wait_for_nth(key, n)
+    }
+
+    fn num(&mut self, key: &'static str) -> i64 {
+        self.get(key).parse().unwrap()
+    }
+
+    fn check(&mut self) -> bool {
+        self.p.send("check");
+        self.get("ok") == "1"
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn ms(ns: f64) -> f64 {
+    ns / 1e6
+}
+
+/// Goal: evict at >= 80 % of the modelled D2H bandwidth and restore at >= 80 % of H2D, mapping included.
+/// Evict = from the ask (the limits file written) to the simulator's NVML showing the bytes gone (the mover's
+/// 20 ms look included); restore = the first launch's call after the ask is cleared (it brings every buffer back
+/// before it returns). Baseline in the same run: plain pinned copies of the same buffers.
+#[test]
+#[ignore = "bench: figures printed (bench/results/2026-12-02-elastic.md)"]
+fn evict_and_restore_bandwidth_through_the_library() {
+    let counts: Vec<u64> = std::env::var("ELASTIC_GOALS_COUNTS")
+        .unwrap_or_else(|_| "1,4,8".into())
+        .split(',')
+        .map(|c| c.trim().parse().expect("ELASTIC_GOALS_COUNTS: numbers"))
+        .collect();
+    let reps: usize = env_or("ELASTIC_GOALS_REPS", 3);
+    let mib = 64;
+    println!(
+        "model H2D {H2D_GBPS} GB/s, D2H {D2H_GBPS} GB/s; {reps} cycles a row, medians; ratio = model time / time"
+    );
+    println!("| buffers | bytes MiB | plain D2H / H2D ratio | evict ms | evict ratio | evict vs plain | restore ms | restore ratio | restore vs plain | launches ms | intact |");
+    println!("| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    for count in counts {
+        let sim = Sim::new()
+            .memory("4g")
+            .env("CUDASIM_H2D_GBPS", &H2D_GBPS.to_string())
+            .env("CUDASIM_D2H_GBPS", &D2H_GBPS.to_string())
+            .build();
+        limits(&sim, false);
+        let mut t = Tenant::start(&sim, count, mib);
+        let bytes = (count * mib * MIB) as f64;
+        let model_d2h = bytes / D2H_GBPS; // ns: bytes / (GB/s) = ns
+        let model_h2d = bytes / H2D_GBPS;
+        t.p.send("base");
+        let plain_d2h = t.num("d2h_ns") as f64;
+        let plain_h2d = t.num("h2d_ns") as f64;
+        let low = t.before - count * mib * MIB;
+        let (mut ev, mut re, mut la) = (vec![], vec![], vec![]);
+        for rep in 0..reps {
+            limits(&sim, true);
+            t.p.send(&format!("evict {low}"));
+            let e = t.num("evict_ns");
+            assert!(e > 0, "{count} x {mib} MiB, cycle {rep}: never evicted");
+            limits(&sim, false);
+            t.p.send("restore");
+            re.push(t.num("restore_ns") as f64);
+            la.push(t.num("launches_ns") as f64);
+            t.num("sync_ns");
+            let r = t.num("resident") as u64;
+            assert_eq!(r, t.before, "{count} x {mib} MiB, cycle {rep}: not restored");
+            ev.push(e as f64);
+        }
+        let intact = t.check();
+        let (e, r, l) = (median(&mut ev), median(&mut re), median(&mut la));
+        println!(
+            "| {count} | {} | {:.3} / {:.3} | {:.1} | {:.3} | {:.3} | {:.1} | {:.3} | {:.3} | {:.1} | {} |",
+            count * mib,
+            model_d2h / plain_d2h,
+            model_h2d / plain_h2d,
+            ms(e),
+            model_d2h / e,
+            plain_d2h / e,
+            ms(r),
+            model_h2d / r,
+            plain_h2d / r,
+            ms(l),
+            if intact { "yes" } else { "NO" }
+        );
+        t.p.send("quit");
+        t.num("resident");
+        let out = t.p.finish();
+        assert!(out.success(), "{out:?}");
+        assert!(intact, "{count} x {mib} MiB: bytes changed");
+    }
+}
+
+/// Goal: every byte equal after 1000 evict/restore cycles. Two 4 MiB buffers (movable: >= 2 MiB), each cycle:
+/// the ask, the bytes gone from the device, a kernel adding 1 to every byte while still evicted (it works on the
+/// host copy), the ask cleared, a kernel that restores and adds 1 again, every byte compared. Fast engines
+/// (25 GB/s: the host sets the pace); cycles until `ELASTIC_GOALS_CYCLES` or `ELASTIC_GOALS_SECONDS`.
+#[test]
+#[ignore = "bench: figures printed (bench/results/2026-12-02-elastic.md)"]
+fn integrity_over_many_cycles() {
+    let want: u64 = env_or("ELASTIC_GOALS_CYCLES", 1000);
+    let budget = Duration::from_secs(env_or("ELASTIC_GOALS_SECONDS", 120));
+    let (count, mib) = (2u64, 4u64);
+    let sim = Sim::new()
+        .memory("4g")
+        .env("CUDASIM_H2D_GBPS", "25")
+        .env("CUDASIM_D2H_GBPS", "25")
+        .build();
+    limits(&sim, false);
+    let mut t = Tenant::start(&sim, count, mib);
+    let low = t.before - count * mib * MIB;
+    let t0 = Instant::now();
+    let (mut cycles, mut bad, mut evict_total, mut restore_total) = (0u64, 0u64, 0f64, 0f64);
+    while cycles < want && t0.elapsed() < budget {
+        limits(&sim, true);
+        t.p.send(&format!("evict {low}"));
+        let e = t.num("evict_ns");
+        assert!(e > 0, "cycle {cycles}: never evicted");
+        evict_total += e as f64;
+        // Still asked: the kernel runs on the host copy; nothing comes back.
+        t.p.send("restore");
+        for k in ["restore_ns", "launches_ns", "sync_ns"] {
+            t.num(k);
+        }
+        let r = t.num("resident") as u64;
+        assert!(r <= low, "cycle {cycles}: restored while asked ({r} > {low})");
+        limits(&sim, false);
+        t.p.send("restore");
+        restore_total += t.num("restore_ns") as f64;
+        t.num("launches_ns");
+        t.num("sync_ns");
+        let r = t.num("resident") as u64;
+        assert_eq!(r, t.before, "cycle {cycles}: not restored");
+        if !t.check() {
+            bad += 1;
+        }
+        cycles += 1;
+    }
+    let took = t0.elapsed().as_secs_f64();
+    println!(
+        "integrity: {cycles} cycles of {count} x {mib} MiB in {took:.1} s ({:.1} ms a cycle: evict {:.1} ms, \
+         restore {:.2} ms, means), {bad} with a byte wrong (goal: 1000 cycles, 0 wrong)",
+        took * 1e3 / cycles as f64,
+        ms(evict_total / cycles as f64),
+        ms(restore_total / cycles as f64)
+    );
+    t.p.send("quit");
+    t.num("resident");
+    let out = t.p.finish();
+    assert!(out.success(), "{out:?}");
+    assert_eq!(bad, 0, "bytes changed");
+}
