@@ -3,7 +3,8 @@
  *   elastic_goals COUNT SIZE_MIB
  *
  * Allocates COUNT buffers of SIZE_MIB with cuMemAlloc (movable when the tenant is elastic) and a pinned host
- * buffer of SIZE_MIB, writes a pattern into every buffer, prints `resident=<NVML used>` and `ready=1`, then reads
+ * buffer of SIZE_MIB, writes a pattern into every buffer, prints `resident=<NVML used>` and `ready=1` (or, when an
+ * allocation fails, `start_fail=<error>` and `ready=0`, and exits 1), then reads
  * commands from stdin, one a line:
  *   base       plain copies of every buffer through the pinned buffer, D2H then H2D back (bytes unchanged):
  *              d2h_ns=<wall of the D2H copies> h2d_ns=<wall of the H2D copies>
@@ -14,6 +15,8 @@
  *              resident=<NVML used after>
  *   check      copies every buffer back and compares it with the pattern plus every add: ok=1, or
  *              bad=<buffer>/<offset> and ok=0
+ *   wake MIB   a wake-up: allocates MIB (it may wait for the agent's reclaim), launches the kernel on every buffer
+ *              (restoring them), synchronises, frees: oom=<0, or 1 when the allocation failed> wake_ns=<its time>
  *   quit       frees everything; resident=<bytes>
  * Linked with -lcuda (the simulator). */
 #define _GNU_SOURCE
@@ -84,7 +87,13 @@ int main(int argc, char **argv) {
     CK(cuModuleGetFunction(&inc, m, "inc"));
     CK(cuMemAllocHost((void **)&host, n));
     for (int b = 0; b < count; b++) {
-        CK(cuMemAlloc(&buf[b], n));
+        CUresult r = cuMemAlloc(&buf[b], n);
+        if (r != CUDA_SUCCESS) {
+            /* The bench counts it (a tenant that could not start): said, not a crash. */
+            printf("start_fail=%s\nready=0\n", cq_err(r));
+            fflush(stdout);
+            return 1;
+        }
         for (size_t i = 0; i < n; i++) host[i] = pat(b, i);
         CK(cuMemcpyHtoD(buf[b], host, n));
     }
@@ -141,6 +150,19 @@ int main(int argc, char **argv) {
             }
             if (bad_b >= 0) printf("bad=%d/%ld\n", bad_b, bad_i);
             printf("ok=%d\n", bad_b < 0);
+        } else if (!strncmp(line, "wake ", 5)) {
+            size_t s = (size_t)atoi(line + 5) << 20;
+            long long t0 = now_ns();
+            CUdeviceptr scratch = 0;
+            CUresult r = cuMemAlloc(&scratch, s);
+            for (int b = 0; b < count; b++) {
+                void *args[] = {&buf[b], &n};
+                CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+                adds[b]++;
+            }
+            CK(cuCtxSynchronize());
+            if (r == CUDA_SUCCESS) CK(cuMemFree(scratch));
+            printf("oom=%d\nwake_ns=%lld\n", r != CUDA_SUCCESS, now_ns() - t0);
         } else if (!strncmp(line, "quit", 4)) {
             for (int b = 0; b < count; b++) CK(cuMemFree(buf[b]));
             CK(cuMemFreeHost(host));
