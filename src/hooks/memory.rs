@@ -118,6 +118,25 @@ pub(crate) unsafe fn alloc_v2(
     unsafe { alloc(s, call, dptr, bytesize) }
 }
 
+/// Starts the thread that evicts and restores movable ranges (`memory::elastic`): an idle process makes no calls.
+#[cold]
+fn start_mover() {
+    let spawned = std::thread::Builder::new()
+        .name("cuquota-elastic".into())
+        .spawn(|| loop {
+            std::thread::sleep(crate::memory::ELASTIC_POLL);
+            if let Some(s) = crate::state::active_cuda() {
+                s.mem.elastic_tick(&s.cuda);
+            }
+        });
+    if let Err(e) = spawned {
+        crate::log::log!(
+            crate::log::Level::Warn,
+            "elastic: no mover thread ({e}): memory stays resident"
+        );
+    }
+}
+
 /// [`alloc_v2`] of an allocation large enough to move: `None` when its tenant is not elastic (out of line: small
 /// allocations pay one comparison for it).
 #[cold]
@@ -146,6 +165,9 @@ fn alloc_movable(s: &Shim, dptr: *mut CUdeviceptr, bytes: u64) -> Option<CUresul
     let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, p.get(), None))
     });
+    if r.ok() && s.mem.elastic_start_once() {
+        start_mover();
+    }
     if r.ok() {
         // SAFETY: non-NULL (checked by the caller), writable by the driver's contract.
         unsafe { *dptr = p.get() };

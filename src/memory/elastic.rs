@@ -25,7 +25,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How often the background thread looks at the limits file.
-const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+pub(crate) const POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// A movable range.
 #[derive(Clone, Copy, Debug)]
@@ -352,24 +352,13 @@ impl Memory {
 
     /// Makes a movable range of `bytes` on `dev` (the caller charged it: `charged_call`'s call).
     pub(crate) fn elastic_alloc(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> Result<u64, CUresult> {
-        let p = self.elastic.alloc(cuda, dev, bytes)?;
-        if self.elastic.start_once() {
-            let spawned = std::thread::Builder::new()
-                .name("cuquota-elastic".into())
-                .spawn(|| loop {
-                    std::thread::sleep(POLL);
-                    if let Some(s) = crate::state::active_cuda() {
-                        s.mem.elastic_tick(&s.cuda);
-                    }
-                });
-            if let Err(e) = spawned {
-                log!(
-                    Level::Warn,
-                    "elastic: no mover thread ({e}): memory stays resident"
-                );
-            }
-        }
-        Ok(p)
+        self.elastic.alloc(cuda, dev, bytes)
+    }
+
+    /// True once, for the caller that is to start the mover thread (which calls [`Memory::elastic_tick`] every
+    /// [`POLL`]); hooks start it, since the thread reaches the process state, a layer above memory.
+    pub(crate) fn elastic_start_once(&self) -> bool {
+        self.elastic.start_once()
     }
 
     /// Whether `p` is a movable range.
@@ -425,7 +414,7 @@ impl Memory {
     }
 
     /// The background thread's turn: evicts what the agent asks for, if anything.
-    fn elastic_tick(&self, cuda: &CudaTable) {
+    pub(crate) fn elastic_tick(&self, cuda: &CudaTable) {
         self.devices.refresh_if_changed();
         if !self.elastic.on() {
             return;

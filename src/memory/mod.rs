@@ -46,6 +46,7 @@ use pools::Pools;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+pub(crate) use elastic::POLL as ELASTIC_POLL;
 pub(crate) use first_use::{Launch, Owner, Use};
 pub(crate) use graphs::{ExecCall, GraphChange};
 pub(crate) use image::{
