@@ -562,6 +562,8 @@ fn nvidias_cdi_device_for_the_gpu_is_answered_beside_the_claims_own() {
         },
     });
     let nvidia = RemoveOnDrop("/var/run/cdi/nvidia-cuquota-test.json".into());
+    // On a fresh node nothing has made the CDI directory yet (this test may run before the plugin's).
+    std::fs::create_dir_all("/var/run/cdi").unwrap();
     std::fs::write(&nvidia.0, serde_json::to_vec_pretty(&spec).unwrap()).unwrap();
 
     // The plugin's own driver search finds nothing here: only NVIDIA's spec can give the GPU.
