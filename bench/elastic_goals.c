@@ -27,23 +27,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cq_driver.h"
+#include "cq_elastic.h"
 
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        CUresult r_ = (x);                                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                                 \
-            printf("fail=%s:%d:%s\n", #x, __LINE__, cq_err(r_));                                                 \
-            fflush(stdout);                                                                                       \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
 
 #define MAXN 64
-
-static const char *MODULE = "CUDASIM-MODULE 1\n"
-                            "kernel inc 1000\n"
-                            "touch inc add p0 p1 1\n";
 
 static CUfunction inc;
 static CUdeviceptr buf[MAXN];
@@ -76,15 +63,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "invalid COUNT or SIZE_MIB\n");
         return 2;
     }
-    CK(cuInit(0));
-    CUdevice d;
-    CK(cuDeviceGet(&d, 0));
-    CUcontext c;
-    CK(cuDevicePrimaryCtxRetain(&c, d));
-    CK(cuCtxSetCurrent(c));
-    CUmodule m;
-    CK(cuModuleLoadData(&m, MODULE));
-    CK(cuModuleGetFunction(&inc, m, "inc"));
+    inc = cq_elastic_init();
     CK(cuMemAllocHost((void **)&host, n));
     for (int b = 0; b < count; b++) {
         CUresult r = cuMemAlloc(&buf[b], n);
@@ -126,8 +105,7 @@ int main(int argc, char **argv) {
         } else if (!strncmp(line, "restore", 7)) {
             long long t0 = now_ns(), first = 0;
             for (int b = 0; b < count; b++) {
-                void *args[] = {&buf[b], &n};
-                CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+                cq_inc(inc, buf[b], n);
                 adds[b]++;
                 if (b == 0) first = now_ns() - t0;
             }
@@ -156,8 +134,7 @@ int main(int argc, char **argv) {
             CUdeviceptr scratch = 0;
             CUresult r = cuMemAlloc(&scratch, s);
             for (int b = 0; b < count; b++) {
-                void *args[] = {&buf[b], &n};
-                CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
+                cq_inc(inc, buf[b], n);
                 adds[b]++;
             }
             CK(cuCtxSynchronize());

@@ -10,7 +10,7 @@
 //! `ELASTIC_GOALS_COUNTS` (default `1,4,8`: buffers of 64 MiB), `ELASTIC_GOALS_REPS` (default 3),
 //! `ELASTIC_GOALS_SECONDS` (default 120: the integrity run's budget), `ELASTIC_GOALS_CYCLES` (default 1000).
 
-use cuquota_core::region::{DeviceSelector, LimitsWriter};
+use shim_tests::reclaim::{agent_reclaims, elastic_limits};
 use shim_tests::{compile_c, workspace_root, Proc, Sim, MIB};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -37,21 +37,7 @@ fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
 
 /// The agent's limits file: an 8 GiB limit with a 1 MiB request (everything movable moves), and the ask.
 fn limits(sim: &Sim, evict: bool) {
-    let w = LimitsWriter::create(&sim.limits_file()).expect("create the limits file");
-    w.update(|t| {
-        let e = t.entry_mut(DeviceSelector::All)?;
-        e.memory_limit = 8 << 30;
-        e.memory_request = MIB;
-        let i = t
-            .entries
-            .iter()
-            .position(|e| e.is_valid() && e.selector() == DeviceSelector::All)
-            .expect("the all entry");
-        t.evict_mask = if evict { 1 << i } else { 0 };
-        Ok::<_, cuquota_core::region::TableFull>(())
-    })
-    .expect("limits file busy")
-    .expect("limits table full");
+    elastic_limits(&sim.limits_file(), 8 << 30, MIB, evict);
 }
 
 /// The tenant and how many answers of each key it gave.
@@ -244,7 +230,6 @@ fn integrity_over_many_cycles() {
 #[test]
 #[ignore = "bench: figures printed (bench/results/2026-12-02-elastic.md)"]
 fn eight_tenants_two_active_no_failures() {
-    use cuquota_core::region::layout::LIMITS_FLAG_RECLAIM;
     let budget = Duration::from_secs(env_or("ELASTIC_GOALS_SECONDS", 120));
     let request_mib: u64 = env_or("ELASTIC_GOALS_REQUEST_MIB", 64);
     let sim = Sim::new().memory("1g").build();
@@ -261,16 +246,8 @@ fn eight_tenants_two_active_no_failures() {
     for i in 0..8 {
         let name = format!("t{i}");
         let lim = sim.dir().join(format!("limits.{name}"));
-        let w = LimitsWriter::create(&lim).expect("create the limits file");
-        w.update(|t| {
-            let e = t.entry_mut(DeviceSelector::All)?;
-            e.memory_limit = 1 << 30;
-            e.memory_request = request_mib * MIB;
-            t.flags |= LIMITS_FLAG_RECLAIM;
-            Ok::<_, cuquota_core::region::TableFull>(())
-        })
-        .expect("limits file busy")
-        .expect("limits table full");
+        elastic_limits(&lim, 1 << 30, request_mib * MIB, false);
+        agent_reclaims(&lim);
         let mut p = sim
             .cmd_path(program())
             .container(&name)

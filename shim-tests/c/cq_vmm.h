@@ -1,4 +1,4 @@
-/* cq_vmm.h: what the VMM test programs share (the shim's, the simulator's vmm_share.c and elastic.c, and
+/* cq_vmm.h: what the VMM test programs share (the shim's, the simulator's vmm_share.c and elastic.c, cq_elastic.h and
  * bench/elastic_common.h): a device's primary context, the properties and access of pinned memory, a byte pattern
  * that shows memory kept its contents across remapping, and a descriptor passed over a Unix socket (SCM_RIGHTS)
  * to the importing process. Needs only cuda.h. */

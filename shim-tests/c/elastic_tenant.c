@@ -21,21 +21,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cq_driver.h"
+#include "cq_elastic.h"
 
-#define CK(x)                                                                                                     \
-    do {                                                                                                          \
-        CUresult r_ = (x);                                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                                 \
-            printf("fail=%s:%d:%s\n", #x, __LINE__, cq_err(r_));                                                 \
-            fflush(stdout);                                                                                       \
-            exit(1);                                                                                              \
-        }                                                                                                         \
-    } while (0)
-
-static const char *MODULE = "CUDASIM-MODULE 1\n"
-                            "kernel inc 1000\n"
-                            "touch inc add p0 p1 1\n";
 
 static CUfunction inc;
 static CUdeviceptr big, small;
@@ -43,11 +30,6 @@ static size_t big_n, small_n = 1 << 20;
 static unsigned adds_big, adds_small;
 
 static unsigned char pat(size_t i) { return (unsigned char)(i * 131u + (i >> 12)); }
-
-static void add(CUdeviceptr p, size_t n) {
-    void *args[] = {&p, &n};
-    CK(cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL));
-}
 
 static long compare(CUdeviceptr p, size_t n, unsigned adds) {
     unsigned char *h = malloc(n);
@@ -79,15 +61,7 @@ static void res(void) {
 int main(int argc, char **argv) {
     if (argc != 2) return 2;
     big_n = (size_t)atoi(argv[1]) << 20;
-    CK(cuInit(0));
-    CUdevice d;
-    CK(cuDeviceGet(&d, 0));
-    CUcontext c;
-    CK(cuDevicePrimaryCtxRetain(&c, d));
-    CK(cuCtxSetCurrent(c));
-    CUmodule m;
-    CK(cuModuleLoadData(&m, MODULE));
-    CK(cuModuleGetFunction(&inc, m, "inc"));
+    inc = cq_elastic_init();
     res();
     CK(cuMemAlloc(&big, big_n));
     CK(cuMemAlloc(&small, small_n));
@@ -101,8 +75,8 @@ int main(int argc, char **argv) {
         if (!strncmp(line, "res", 3)) {
             res();
         } else if (!strncmp(line, "check", 5)) {
-            add(big, big_n);
-            add(small, small_n);
+            cq_inc(inc, big, big_n);
+            cq_inc(inc, small, small_n);
             adds_big++;
             adds_small++;
             CK(cuCtxSynchronize());
@@ -119,7 +93,7 @@ int main(int argc, char **argv) {
         } else if (!strncmp(line, "storm ", 6)) {
             int n = atoi(line + 6);
             for (int i = 0; i < n; i++) {
-                add(big, big_n);
+                cq_inc(inc, big, big_n);
                 adds_big++;
                 CK(cuStreamSynchronize(NULL));
                 struct timespec ts = {0, 2000000};

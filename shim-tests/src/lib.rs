@@ -19,6 +19,7 @@ pub mod compute_loop;
 pub mod containers;
 pub mod credit;
 pub mod priority;
+pub mod reclaim;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -637,6 +638,18 @@ impl Sim {
         let idx = index.to_string();
         let out = self.cli(&["limits", "set", file, "--device", &idx, "--memory", limit]);
         assert!(out.success(), "cuquota limits set failed:{out:?}");
+    }
+
+    /// The node agent's tool writes limits file `file`: `cuquota limits init <file>`, then
+    /// `cuquota limits set <file> --device all <args>`.
+    pub fn cli_limits(&self, file: &Path, args: &[&str]) {
+        let f = file.to_str().expect("utf-8 temp path");
+        let o = self.cli(&["limits", "init", f]);
+        assert!(o.success(), "{o:?}");
+        let mut a = vec!["limits", "set", f, "--device", "all"];
+        a.extend_from_slice(args);
+        let o = self.cli(&a);
+        assert!(o.success(), "{o:?}");
     }
 
     /// Device time (ns) that process `pid` (as NVML knows it; 0 = every process) occupied device `dev` during

@@ -47,16 +47,6 @@ fn bypassing_container_for(sim: &Sim, usage: &Path, cmd: &[&str], timeout_s: u64
     c.spawn()
 }
 
-fn limits(sim: &Sim, file: &Path, args: &[&str]) {
-    let f = file.to_str().unwrap();
-    let o = sim.cli(&["limits", "init", f]);
-    assert!(o.success(), "{o:?}");
-    let mut a = vec!["limits", "set", f, "--device", "all"];
-    a.extend_from_slice(args);
-    let o = sim.cli(&a);
-    assert!(o.success(), "{o:?}");
-}
-
 fn descriptor(dir: &Path, name: &str, limits: &Path, members: &str, enforce: &str) {
     std::fs::write(
         dir.join(format!("{name}.toml")),
@@ -251,7 +241,7 @@ fn container_dir(name: &str, args: &[&str]) -> (Sim, PathBuf, PathBuf) {
     let dir = sim.dir().join("containers");
     std::fs::create_dir(&dir).unwrap();
     let lim = sim.dir().join(format!("limits.{name}"));
-    limits(&sim, &lim, args);
+    sim.cli_limits(&lim, args);
     (sim, dir, lim)
 }
 
@@ -289,7 +279,7 @@ fn memory_kill_reaches_only_the_tenant_over_its_cap() {
         sim.dir().join("limits.c"),
     );
     for l in [&lim_a, &lim_b, &lim_c] {
-        limits(&sim, l, &["--memory", "512m"]);
+        sim.cli_limits(l, &["--memory", "512m"]);
     }
     // a: under its cap at first, then 100m + 700m; b: 400m, under the same cap; c: 800m, over it.
     let mut a = bypassing_container(
@@ -755,7 +745,7 @@ fn subtree_members_stay_until_the_whole_tree_is_gone() {
     let probe = program(Prog::Probe).display().to_string();
     let (lim_d, lim_r) = (sim.dir().join("limits.d"), sim.dir().join("limits.r"));
     for l in [&lim_d, &lim_r] {
-        limits(&sim, l, &["--memory", "512m"]);
+        sim.cli_limits(l, &["--memory", "512m"]);
     }
     let script = format!("{probe} init pid alloc:mem:800m sleep:30000 & exit 0");
     let mut d = bypassing_container(&sim, &sim.dir().join("usage.d"), &["sh", "-c", &script]);
@@ -988,7 +978,7 @@ fn subtree_root_pid_reused_by_a_stranger_is_not_the_container() {
     assert!(is_root(), "needs root");
     let (sim, dir, lim) = container_dir("d", &["--memory", "512m"]);
     let lim_e = sim.dir().join("limits.e");
-    limits(&sim, &lim_e, &["--memory", "512m"]);
+    sim.cli_limits(&lim_e, &["--memory", "512m"]);
     let probe = program(Prog::Probe).display().to_string();
     let mut e = bypassing_container(
         &sim,

@@ -7,20 +7,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use cuquota_core::region::layout::LIMITS_FLAG_RECLAIM;
-use cuquota_core::region::{LimitsReader, LimitsWriter};
+use cuquota_core::region::LimitsReader;
 use cuquota_core::UsageRegion;
+use shim_tests::reclaim::agent_reclaims;
 use shim_tests::{cli_bin, Proc, Prog, Sim, GIB};
 
 fn limits(sim: &Sim, name: &str, args: &[&str]) -> PathBuf {
     let file = sim.dir().join(format!("limits.{name}"));
-    let f = file.to_str().unwrap();
-    let o = sim.cli(&["limits", "init", f]);
-    assert!(o.success(), "{o:?}");
-    let mut a = vec!["limits", "set", f, "--device", "all"];
-    a.extend_from_slice(args);
-    let o = sim.cli(&a);
-    assert!(o.success(), "{o:?}");
+    sim.cli_limits(&file, args);
     file
 }
 
@@ -121,14 +115,7 @@ fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not(
     // Control: w (request = limit 2g) holds 1g, leaving 0.5g free, and waits for 1g more, within its request.
     let lim_w = limits(&sim, "w", &["--memory", "2g"]);
     // (Set before w starts, as the agent's first pass over w's descriptor would, which needs w's pid.)
-    LimitsWriter::open(&lim_w)
-        .unwrap()
-        .update(|t| {
-            t.flags |= LIMITS_FLAG_RECLAIM;
-            Ok::<_, std::convert::Infallible>(())
-        })
-        .unwrap()
-        .unwrap();
+    agent_reclaims(&lim_w);
     let w = tenant(&sim, "w", &lim_w, "init alloc:mem:1g alloc:mem:1g");
     let usage_w = sim.container_usage_file("w");
     descriptor(&dir, "w", &lim_w, Some(&usage_w), &w.subtree());

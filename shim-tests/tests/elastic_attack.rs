@@ -1,29 +1,15 @@
 //! Attacks on elastic memory (issue 39), each beside its control.
 
-use cuquota_core::region::{DeviceSelector, LimitsWriter};
+use shim_tests::reclaim::{agent_reclaims, elastic_limits, free_held_then_collect, hold_outside, waiter};
 use shim_tests::{compile_c, workspace_root, Sim, MIB};
 
 /// A 2 GiB device, 1 GiB of it held by a process outside any container until released; the container's limit
 /// 1536 MiB, `request` guaranteed.
 fn full_device(request: u64) -> (Sim, shim_tests::Proc) {
     let sim = Sim::new().memory("2g").build();
-    let w = LimitsWriter::create(&sim.limits_file()).expect("create the limits file");
-    w.update(|t| {
-        let e = t.entry_mut(DeviceSelector::All)?;
-        e.memory_limit = 1536 * MIB;
-        e.memory_request = request;
-        t.flags |= cuquota_core::region::layout::LIMITS_FLAG_RECLAIM;
-        Ok::<_, cuquota_core::region::TableFull>(())
-    })
-    .expect("limits file busy")
-    .expect("limits table full");
-    let mut holder = sim
-        .cmd(shim_tests::Prog::Probe)
-        .no_preload()
-        .args("init alloc:mem:1g wait")
-        .spawn();
-    holder.wait_ready(1);
-    assert_eq!(holder.wait_for("alloc.0"), "CUDA_SUCCESS");
+    elastic_limits(&sim.limits_file(), 1536 * MIB, request, false);
+    agent_reclaims(&sim.limits_file());
+    let holder = hold_outside(&sim, "1g");
     (sim, holder)
 }
 
@@ -33,17 +19,10 @@ fn full_device(request: u64) -> (Sim, shim_tests::Proc) {
 #[test]
 fn an_elastic_tenants_allocation_within_its_request_waits_like_any_other() {
     for request in [1536 * MIB, 1280 * MIB] {
-        let (sim, mut holder) = full_device(request);
-        let waiter = sim
-            .cmd(shim_tests::Prog::Probe)
-            .env("CUQUOTA_RECLAIM_WAIT_MS", "30000")
-            .args("init alloc:mem:1280m")
-            .spawn();
+        let (sim, holder) = full_device(request);
+        let waiter = waiter(&sim, "30000").spawn();
         std::thread::sleep(std::time::Duration::from_millis(500));
-        holder.release();
-        holder.finish().ok();
-        let out = waiter.finish();
-        out.ok();
+        let out = free_held_then_collect(holder, waiter);
         assert_eq!(
             out.val("alloc.0"),
             "CUDA_SUCCESS",
@@ -67,18 +46,8 @@ fn two_processes_of_one_container_move_only_what_is_above_the_request() {
     let prog = compile_c("elastic_tenant", &src, &[], &["-lcuda", "-ldl"]);
     for procs in [1usize, 2] {
         let sim = Sim::new().memory("4g").build();
-        let ask = |evict: bool| {
-            let w = LimitsWriter::create(&sim.limits_file()).expect("create the limits file");
-            w.update(|t| {
-                let e = t.entry_mut(DeviceSelector::All)?;
-                e.memory_limit = 1 << 30;
-                e.memory_request = if procs == 1 { 32 * MIB } else { 300 * MIB };
-                t.evict_mask = if evict { 1 } else { 0 };
-                Ok::<_, cuquota_core::region::TableFull>(())
-            })
-            .expect("limits file busy")
-            .expect("limits table full");
-        };
+        let request = if procs == 1 { 32 * MIB } else { 300 * MIB };
+        let ask = |evict: bool| elastic_limits(&sim.limits_file(), 1 << 30, request, evict);
         ask(false);
         let mut ps: Vec<_> = (0..procs)
             .map(|_| {

@@ -4,7 +4,7 @@
 //! launches racing the moves and the library's own driver calls failing; each attack beside its control (an
 //! inelastic tenant, or no ask, is never moved). Residency is the simulator's NVML (resident bytes only).
 
-use cuquota_core::region::{DeviceSelector, LimitsWriter};
+use shim_tests::reclaim::elastic_limits;
 use shim_tests::{compile_c, workspace_root, Proc, Sim, MIB};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,21 +18,7 @@ fn tenant_prog() -> PathBuf {
 
 /// The agent's limits file: a 1 GiB limit with `request` guaranteed on every device, and the eviction ask.
 fn limits(sim: &Sim, request: u64, evict: bool) {
-    let w = LimitsWriter::create(&sim.limits_file()).expect("create the limits file");
-    w.update(|t| {
-        let e = t.entry_mut(DeviceSelector::All)?;
-        e.memory_limit = 1 << 30;
-        e.memory_request = request;
-        let i = t
-            .entries
-            .iter()
-            .position(|e| e.is_valid() && e.selector() == DeviceSelector::All)
-            .expect("the all entry");
-        t.evict_mask = if evict { 1 << i } else { 0 };
-        Ok::<_, cuquota_core::region::TableFull>(())
-    })
-    .expect("limits file busy")
-    .expect("limits table full");
+    elastic_limits(&sim.limits_file(), 1 << 30, request, evict);
 }
 
 /// A running tenant and how many answers of each kind it gave.

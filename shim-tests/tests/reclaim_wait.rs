@@ -4,10 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use cuquota_core::region::layout::LIMITS_FLAG_RECLAIM;
-use cuquota_core::region::LimitsWriter;
 use cuquota_core::UsageRegion;
-use shim_tests::{Prog, Sim, MIB};
+use shim_tests::reclaim::{agent_reclaims, free_held, free_held_then_collect, hold_outside, waiter};
+use shim_tests::{Sim, MIB};
 use std::sync::atomic::Ordering;
 
 /// A 2 GiB device, 1 GiB of it held by a process outside any container (no shim) until released; the
@@ -16,22 +15,9 @@ fn full_device_with(reclaim: bool) -> (Sim, shim_tests::Proc) {
     let sim = Sim::new().memory("2g").build();
     sim.agent_memory_limit(0, "1536m");
     if reclaim {
-        LimitsWriter::open(&sim.limits_file())
-            .unwrap()
-            .update(|t| {
-                t.flags |= LIMITS_FLAG_RECLAIM;
-                Ok::<_, std::convert::Infallible>(())
-            })
-            .unwrap()
-            .unwrap();
+        agent_reclaims(&sim.limits_file());
     }
-    let mut holder = sim
-        .cmd(Prog::Probe)
-        .no_preload()
-        .args("init alloc:mem:1g wait")
-        .spawn();
-    holder.wait_ready(1);
-    assert_eq!(holder.wait_for("alloc.0"), "CUDA_SUCCESS");
+    let holder = hold_outside(&sim, "1g");
     (sim, holder)
 }
 
@@ -47,12 +33,8 @@ fn waiting_word(sim: &Sim) -> u64 {
 
 #[test]
 fn an_allocation_waits_and_gets_the_memory_freed_within_the_bound() {
-    let (sim, mut holder) = full_device();
-    let waiter = sim
-        .cmd(Prog::Probe)
-        .env("CUQUOTA_RECLAIM_WAIT_MS", "30000")
-        .args("init alloc:mem:1280m")
-        .spawn();
+    let (sim, holder) = full_device();
+    let waiter = waiter(&sim, "30000").spawn();
     // It says what it waits for: usage entry 0, 1280 MiB.
     let until = Instant::now() + Duration::from_secs(20);
     let mut word = 0;
@@ -61,10 +43,7 @@ fn an_allocation_waits_and_gets_the_memory_freed_within_the_bound() {
         word = waiting_word(&sim);
     }
     assert_eq!(word, (1 << 56) | (1280 * MIB), "no waiting word while it waits");
-    holder.release();
-    holder.finish().ok();
-    let out = waiter.finish();
-    out.ok();
+    let out = free_held_then_collect(holder, waiter);
     assert_eq!(
         out.val("alloc.0"),
         "CUDA_SUCCESS",
@@ -75,13 +54,9 @@ fn an_allocation_waits_and_gets_the_memory_freed_within_the_bound() {
 
 #[test]
 fn an_allocation_gives_up_after_the_bound_and_only_under_an_agent_file() {
-    let (sim, mut holder) = full_device();
+    let (sim, holder) = full_device();
     let t = Instant::now();
-    let out = sim
-        .cmd(Prog::Probe)
-        .env("CUQUOTA_RECLAIM_WAIT_MS", "600")
-        .args("init alloc:mem:1280m")
-        .run();
+    let out = waiter(&sim, "600").run();
     let took = t.elapsed();
     out.ok();
     assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
@@ -91,48 +66,28 @@ fn an_allocation_gives_up_after_the_bound_and_only_under_an_agent_file() {
     );
     assert_eq!(waiting_word(&sim), 0, "the waiting word was left set");
     // 0 = no wait.
-    let out = sim
-        .cmd(Prog::Probe)
-        .env("CUQUOTA_RECLAIM_WAIT_MS", "0")
-        .args("init alloc:mem:1280m")
-        .run();
+    let out = waiter(&sim, "0").run();
     out.ok();
     assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
-    holder.release();
-    holder.finish().ok();
+    free_held(holder);
     // Without an agent limits file (the environment's cap only): no wait, however long the setting.
     let sim = Sim::new().memory("2g").build();
-    let mut holder = sim
-        .cmd(Prog::Probe)
-        .no_preload()
-        .args("init alloc:mem:1g wait")
-        .spawn();
-    holder.wait_ready(1);
+    let holder = hold_outside(&sim, "1g");
     let t = Instant::now();
-    let out = sim
-        .cmd(Prog::Probe)
-        .mem_limit("1536m")
-        .env("CUQUOTA_RECLAIM_WAIT_MS", "60000")
-        .args("init alloc:mem:1280m")
-        .run();
+    let out = waiter(&sim, "60000").mem_limit("1536m").run();
     out.ok();
     assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
     assert!(t.elapsed() < Duration::from_secs(30), "waited without an agent");
-    holder.release();
-    holder.finish().ok();
+    free_held(holder);
 }
 
 /// Under an agent limits file whose agent does not reclaim (`LIMITS_FLAG_RECLAIM` clear: no pinned-host budget,
 /// or an older file), nothing waits: the driver's answer at once, no `waiting` word. Control: the first test.
 #[test]
 fn an_allocation_does_not_wait_when_the_agent_does_not_reclaim() {
-    let (sim, mut holder) = full_device_with(false);
+    let (sim, holder) = full_device_with(false);
     let t = Instant::now();
-    let out = sim
-        .cmd(Prog::Probe)
-        .env("CUQUOTA_RECLAIM_WAIT_MS", "60000")
-        .args("init alloc:mem:1280m")
-        .run();
+    let out = waiter(&sim, "60000").run();
     out.ok();
     assert_eq!(out.val("alloc.0"), "CUDA_ERROR_OUT_OF_MEMORY", "{out:?}");
     assert!(
@@ -140,6 +95,5 @@ fn an_allocation_does_not_wait_when_the_agent_does_not_reclaim() {
         "waited for an agent that does not reclaim"
     );
     assert_eq!(waiting_word(&sim), 0, "a waiting word without a reclaiming agent");
-    holder.release();
-    holder.finish().ok();
+    free_held(holder);
 }

@@ -866,14 +866,14 @@ mod tests {
     fn a_pools_charge_follows_its_reserved_size_and_host_pools_are_never_charged() {
         let (_t, dev, pools, d, c) = setup();
         // Nothing tracked: a device's refresh asks the driver nothing (cuMemGetInfo's path).
-        d.reserve(P, 8 * MIB);
+        d.reserve_pool(P, 8 * MIB);
         pools.refresh_of(&d, &c, dev.id);
         assert_eq!(d.asked.get(), 0);
         pools.track(P, Some(dev));
         assert_eq!(pools.device(P), Some(Some(dev)));
         pools.refresh_of(&d, &c, dev.id);
         assert_eq!(c.get(), 8 * MIB);
-        d.reserve(P, 2 * MIB);
+        d.reserve_pool(P, 2 * MIB);
         pools.refresh(&d, &c, P);
         assert_eq!(c.get(), 2 * MIB);
         // The driver will not say: the charge stays.
@@ -882,7 +882,7 @@ mod tests {
         assert_eq!(c.get(), 2 * MIB);
         // A host pool is known but holds no device memory.
         pools.track(P + 1, None);
-        d.reserve(P + 1, 64 * MIB);
+        d.reserve_pool(P + 1, 64 * MIB);
         pools.refresh(&d, &c, P + 1);
         assert_eq!(pools.device(P + 1), Some(None));
         assert_eq!(c.get(), 2 * MIB);
@@ -899,17 +899,17 @@ mod tests {
         pools.track(P, Some(dev));
         // Admitted 4 MiB (charged by the admission), the pool grew by 2: 2 go back.
         c.force(dev, 4 * MIB);
-        d.reserve(P, 2 * MIB);
+        d.reserve_pool(P, 2 * MIB);
         assert_eq!(pools.settle(&d, &c, P, dev, 4 * MIB, 4 * MIB, 0x100, None), 0);
         assert_eq!(c.get(), 2 * MIB);
         // Admitted 1 MiB, the pool grew by 4: the driver handed it out, so it is forced and said.
         c.force(dev, MIB);
-        d.reserve(P, 6 * MIB);
+        d.reserve_pool(P, 6 * MIB);
         assert_eq!(pools.settle(&d, &c, P, dev, MIB, MIB, 0x200, None), 3 * MIB);
         assert_eq!(c.get(), 6 * MIB);
         // The reserve shrank below the charge: the admission and the difference go back.
         c.force(dev, MIB);
-        d.reserve(P, 3 * MIB);
+        d.reserve_pool(P, 3 * MIB);
         assert_eq!(pools.settle(&d, &c, P, dev, MIB, MIB, 0x300, None), 0);
         assert_eq!(c.get(), 3 * MIB);
         // An untracked pool's settlement gives the admission back.
@@ -922,7 +922,7 @@ mod tests {
     fn freed_blocks_serve_the_smallest_fitting_claim_once_until_the_reserve_shrinks() {
         let (_t, dev, pools, d, c) = setup();
         pools.track(P, Some(dev));
-        d.reserve(P, 8 * MIB);
+        d.reserve_pool(P, 8 * MIB);
         pools.refresh(&d, &c, P);
         pools.freed(&c, P, 0x100, 4 * MIB, None);
         pools.freed(&c, P, 0x200, 2 * MIB, None);
@@ -952,7 +952,7 @@ mod tests {
         assert_eq!(pools.slack(&d, P), 3 * MIB);
         // A shrunk reserve released blocks it does not name: all are forgotten.
         pools.unclaim(P, 0x200);
-        d.reserve(P, 6 * MIB);
+        d.reserve_pool(P, 6 * MIB);
         assert_eq!(pools.prepare(&d, &c, P, MIB, true), None);
         assert_eq!(c.get(), 6 * MIB);
     }
@@ -961,7 +961,7 @@ mod tests {
     fn a_destroyed_pool_keeps_its_charge_until_its_allocations_are_freed_and_their_streams_synchronized() {
         let (_t, dev, pools, d, c) = setup();
         pools.track(P, Some(dev));
-        d.reserve(P, 8 * MIB);
+        d.reserve_pool(P, 8 * MIB);
         pools.refresh(&d, &c, P);
         let key = pools.destroy_begins(P).expect("a device pool");
         assert_eq!(pools.device(P), None, "the handle is gone");
@@ -989,7 +989,7 @@ mod tests {
     fn a_free_in_flight_across_a_destroy_holds_the_destroyed_pool_until_it_is_done() {
         let (_t, dev, pools, d, c) = setup();
         pools.track(P, Some(dev));
-        d.reserve(P, 4 * MIB);
+        d.reserve_pool(P, 4 * MIB);
         pools.refresh(&d, &c, P);
         pools.free_begins(P);
         let key = pools.destroy_begins(P).expect("a device pool");
@@ -1018,7 +1018,7 @@ mod tests {
     fn a_context_gone_lets_destroyed_pools_waiting_for_its_frees_go() {
         let (_t, dev, pools, d, c) = setup();
         pools.track(P, Some(dev));
-        d.reserve(P, 4 * MIB);
+        d.reserve_pool(P, 4 * MIB);
         pools.refresh(&d, &c, P);
         let key = pools.destroy_begins(P).expect("a device pool");
         pools.destroy_counted(&c, key, 1);

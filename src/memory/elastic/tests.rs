@@ -1,172 +1,9 @@
 //! Elastic memory's moves on a fake driver: bytes survive every move, and a move whose create, map or copy
 //! fails leaves the range where it was, with nothing leaked.
 
-use super::super::driver::Driver;
+use super::super::driver::fake::{Fake, REFUSED};
 use super::super::tests::device_id;
 use super::*;
-use std::cell::RefCell;
-use std::collections::HashMap;
-
-#[derive(Default)]
-struct State {
-    next_va: u64,
-    next_h: u64,
-    /// Live handles: their bytes and whether they are host memory.
-    handles: HashMap<u64, (Vec<u8>, bool)>,
-    /// Mappings: address -> handle.
-    maps: HashMap<u64, u64>,
-    reserved: HashMap<u64, u64>,
-    /// Calls by name, and the (name, nth) calls that fail.
-    calls: HashMap<&'static str, u32>,
-    fail: Vec<(&'static str, u32)>,
-    busy: bool,
-}
-
-#[derive(Default)]
-struct Fake(RefCell<State>);
-
-const REFUSED: CUresult = CUresult::ERROR_UNKNOWN;
-
-impl Fake {
-    fn step(&self, name: &'static str) -> Result<(), CUresult> {
-        let mut s = self.0.borrow_mut();
-        let n = s.calls.entry(name).or_insert(0);
-        *n += 1;
-        let n = *n;
-        if s.fail.contains(&(name, n)) {
-            Err(REFUSED)
-        } else {
-            Ok(())
-        }
-    }
-    fn fail(&self, name: &'static str, nth_from_now: u32) {
-        let mut s = self.0.borrow_mut();
-        let n = s.calls.get(name).copied().unwrap_or(0) + nth_from_now;
-        s.fail.push((name, n));
-    }
-    fn bytes_at(&self, p: u64) -> Vec<u8> {
-        let s = self.0.borrow();
-        s.handles[&s.maps[&p]].0.clone()
-    }
-    fn write(&self, p: u64, v: &[u8]) {
-        let mut s = self.0.borrow_mut();
-        let h = s.maps[&p];
-        s.handles.get_mut(&h).unwrap().0.copy_from_slice(v);
-    }
-    fn on_host(&self, p: u64) -> bool {
-        let s = self.0.borrow();
-        s.handles[&s.maps[&p]].1
-    }
-    /// Handles, mappings and reservations alive.
-    fn live(&self) -> (usize, usize, usize) {
-        let s = self.0.borrow();
-        (s.handles.len(), s.maps.len(), s.reserved.len())
-    }
-}
-
-impl Driver for Fake {
-    fn device_attribute(&self, _: CUdevice_attribute, _: CUdevice) -> Result<i32, CUresult> {
-        Err(REFUSED)
-    }
-    fn function_local_size(&self, _: CUfunction) -> Result<i32, CUresult> {
-        Err(REFUSED)
-    }
-    fn kernel_local_size(&self, _: CUfunction, _: CUdevice) -> Result<i32, CUresult> {
-        Err(REFUSED)
-    }
-    fn stack_size(&self) -> Result<usize, CUresult> {
-        Err(REFUSED)
-    }
-    fn device_count(&self) -> Result<i32, CUresult> {
-        Err(REFUSED)
-    }
-    fn graph_nodes(&self, _: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
-        Err(REFUSED)
-    }
-    fn node_type(&self, _: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
-        Err(REFUSED)
-    }
-    fn child_graph(&self, _: CUgraphNode) -> Result<CUgraph, CUresult> {
-        Err(REFUSED)
-    }
-    fn alloc_node(&self, _: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult> {
-        Err(REFUSED)
-    }
-    fn kernel_node(&self, _: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult> {
-        Err(REFUSED)
-    }
-    fn graph_mem_attribute(&self, _: CUdevice, _: CUgraphMem_attribute) -> Result<u64, CUresult> {
-        Err(REFUSED)
-    }
-    fn current_context(&self) -> Result<CUcontext, CUresult> {
-        Ok(0x100 as CUcontext)
-    }
-    fn in_context(&self, _: CUcontext, f: &mut dyn FnMut()) -> Result<(), CUresult> {
-        f();
-        Ok(())
-    }
-    fn reserve(&self, size: u64) -> Result<CUdeviceptr, CUresult> {
-        self.step("reserve")?;
-        let mut s = self.0.borrow_mut();
-        s.next_va += 1 << 40;
-        let p = s.next_va;
-        s.reserved.insert(p, size);
-        Ok(p)
-    }
-    fn address_free(&self, ptr: CUdeviceptr, _: u64) -> Result<(), CUresult> {
-        self.step("address_free")?;
-        self.0
-            .borrow_mut()
-            .reserved
-            .remove(&ptr)
-            .map(|_| ())
-            .ok_or(REFUSED)
-    }
-    fn create(&self, size: u64, on: Option<CUdevice>) -> Result<u64, CUresult> {
-        self.step("create")?;
-        let mut s = self.0.borrow_mut();
-        s.next_h += 1;
-        let h = s.next_h;
-        s.handles.insert(h, (vec![0; size as usize], on.is_none()));
-        Ok(h)
-    }
-    fn release(&self, h: u64) -> Result<(), CUresult> {
-        self.step("release")?;
-        let mut s = self.0.borrow_mut();
-        assert!(!s.maps.values().any(|&m| m == h), "a mapped handle released");
-        s.handles.remove(&h).map(|_| ()).ok_or(REFUSED)
-    }
-    fn map(&self, ptr: CUdeviceptr, _: u64, h: u64) -> Result<(), CUresult> {
-        self.step("map")?;
-        let mut s = self.0.borrow_mut();
-        assert!(s.reserved.contains_key(&ptr) && s.handles.contains_key(&h));
-        assert!(s.maps.insert(ptr, h).is_none(), "mapped twice");
-        Ok(())
-    }
-    fn unmap(&self, ptr: CUdeviceptr, _: u64) -> Result<(), CUresult> {
-        self.step("unmap")?;
-        self.0.borrow_mut().maps.remove(&ptr).map(|_| ()).ok_or(REFUSED)
-    }
-    fn set_access(&self, _: CUdeviceptr, _: u64, _: CUdevice) -> Result<(), CUresult> {
-        self.step("set_access")
-    }
-    fn stream_create(&self) -> Result<CUstream, CUresult> {
-        Ok(0x5000 as CUstream)
-    }
-    fn copy(&self, dst: CUdeviceptr, src: CUdeviceptr, n: u64, _: CUstream) -> Result<(), CUresult> {
-        self.step("copy")?;
-        let v = self.bytes_at(src);
-        assert_eq!(v.len() as u64, n);
-        self.write(dst, &v);
-        Ok(())
-    }
-    fn stream_idle(&self, _: CUstream) -> Result<bool, CUresult> {
-        Ok(!self.0.borrow().busy)
-    }
-    fn synchronize(&self) -> Result<(), CUresult> {
-        Ok(())
-    }
-}
 
 const SIZE: u64 = 4096;
 
@@ -227,10 +64,10 @@ fn nothing_moves_without_a_need_or_while_busy() {
     assert_eq!(e.evict(&d, |_, _| None), Pass::Nothing);
     assert_eq!(e.evict(&d, |_, _| Some(0)), Pass::Nothing);
     launch(&e, &d, true);
-    d.0.borrow_mut().busy = true;
+    d.set_busy(true);
     assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Busy, "a stream still runs");
     assert!(!d.on_host(p));
-    d.0.borrow_mut().busy = false;
+    d.set_busy(false);
     // A call in flight.
     assert!(e.gate.enter());
     assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Busy, "a launch in flight");

@@ -1,0 +1,226 @@
+//! The one fake driver of memory's unit tests. Queries: it knows what a test told it (pools' reserved and used
+//! sizes, the device and size of allocations), refuses every other question, and counts the questions it was
+//! asked. Elastic memory's moves: address ranges, handles with their bytes, mappings, each call counted by
+//! name, and the calls a test told to fail.
+
+use super::*;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// What the fake refuses with: a code no family makes up itself, so a test that sees it saw the driver's.
+pub(crate) const REFUSED: CUresult = CUresult::ERROR_UNKNOWN;
+
+#[derive(Default)]
+pub(crate) struct Fake {
+    /// Each pool's reserved size (absent: refused).
+    pub(crate) reserved: RefCell<HashMap<usize, u64>>,
+    /// Every pool's used size.
+    pub(crate) used: Cell<u64>,
+    /// Each allocation's device and size (absent: refused).
+    pub(crate) allocations: RefCell<HashMap<u64, (c_int, usize)>>,
+    /// Questions asked.
+    pub(crate) asked: Cell<u32>,
+    vmm: RefCell<Vmm>,
+}
+
+/// What the VMM calls made and unmade.
+#[derive(Default)]
+struct Vmm {
+    next_va: u64,
+    next_h: u64,
+    /// Live handles: their bytes and whether they are host memory.
+    handles: HashMap<u64, (Vec<u8>, bool)>,
+    /// Mappings: address -> handle.
+    maps: HashMap<u64, u64>,
+    reserved: HashMap<u64, u64>,
+    /// Calls by name, and the (name, nth) calls that fail.
+    calls: HashMap<&'static str, u32>,
+    fail: Vec<(&'static str, u32)>,
+    busy: bool,
+}
+
+impl Fake {
+    /// Pool `pool` reserves `bytes` (named apart from `Driver::reserve`, an address range).
+    pub(crate) fn reserve_pool(&self, pool: usize, bytes: u64) {
+        self.reserved.borrow_mut().insert(pool, bytes);
+    }
+
+    fn ask(&self) {
+        self.asked.set(self.asked.get() + 1);
+    }
+
+    /// Counts a VMM call; `Err` when a test told it to fail.
+    fn step(&self, name: &'static str) -> Result<(), CUresult> {
+        let mut s = self.vmm.borrow_mut();
+        let n = s.calls.entry(name).or_insert(0);
+        *n += 1;
+        let n = *n;
+        if s.fail.contains(&(name, n)) {
+            Err(REFUSED)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The `nth_from_now` call named `name` fails.
+    pub(crate) fn fail(&self, name: &'static str, nth_from_now: u32) {
+        let mut s = self.vmm.borrow_mut();
+        let n = s.calls.get(name).copied().unwrap_or(0) + nth_from_now;
+        s.fail.push((name, n));
+    }
+
+    /// Whether the program's streams still run.
+    pub(crate) fn set_busy(&self, busy: bool) {
+        self.vmm.borrow_mut().busy = busy;
+    }
+
+    pub(crate) fn bytes_at(&self, p: u64) -> Vec<u8> {
+        let s = self.vmm.borrow();
+        s.handles[&s.maps[&p]].0.clone()
+    }
+
+    pub(crate) fn write(&self, p: u64, v: &[u8]) {
+        let mut s = self.vmm.borrow_mut();
+        let h = s.maps[&p];
+        s.handles.get_mut(&h).unwrap().0.copy_from_slice(v);
+    }
+
+    pub(crate) fn on_host(&self, p: u64) -> bool {
+        let s = self.vmm.borrow();
+        s.handles[&s.maps[&p]].1
+    }
+
+    /// Handles, mappings and reservations alive.
+    pub(crate) fn live(&self) -> (usize, usize, usize) {
+        let s = self.vmm.borrow();
+        (s.handles.len(), s.maps.len(), s.reserved.len())
+    }
+}
+
+impl Driver for Fake {
+    fn pool_attribute(&self, pool: usize, attr: CUmemPool_attribute) -> Result<u64, CUresult> {
+        self.ask();
+        let r = *self.reserved.borrow().get(&pool).ok_or(REFUSED)?;
+        Ok(if attr == CU_MEMPOOL_ATTR_USED_MEM_CURRENT {
+            self.used.get()
+        } else {
+            r
+        })
+    }
+    fn pointer_device(&self, p: u64) -> Result<c_int, CUresult> {
+        self.ask();
+        self.allocations.borrow().get(&p).map(|a| a.0).ok_or(REFUSED)
+    }
+    fn address_size(&self, p: u64) -> Result<usize, CUresult> {
+        self.ask();
+        self.allocations.borrow().get(&p).map(|a| a.1).ok_or(REFUSED)
+    }
+    fn mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+        Err(REFUSED)
+    }
+    fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
+        Err(REFUSED)
+    }
+    fn device_attribute(&self, _: CUdevice_attribute, _: CUdevice) -> Result<c_int, CUresult> {
+        Err(REFUSED)
+    }
+    fn function_local_size(&self, _: CUfunction) -> Result<c_int, CUresult> {
+        Err(REFUSED)
+    }
+    fn kernel_local_size(&self, _: CUfunction, _: CUdevice) -> Result<c_int, CUresult> {
+        Err(REFUSED)
+    }
+    fn stack_size(&self) -> Result<usize, CUresult> {
+        Err(REFUSED)
+    }
+    fn device_count(&self) -> Result<c_int, CUresult> {
+        Err(REFUSED)
+    }
+    fn graph_nodes(&self, _: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
+        Err(REFUSED)
+    }
+    fn node_type(&self, _: CUgraphNode) -> Result<CUgraphNodeType, CUresult> {
+        Err(REFUSED)
+    }
+    fn child_graph(&self, _: CUgraphNode) -> Result<CUgraph, CUresult> {
+        Err(REFUSED)
+    }
+    fn alloc_node(&self, _: CUgraphNode) -> Result<(Option<CUdevice>, u64), CUresult> {
+        Err(REFUSED)
+    }
+    fn kernel_node(&self, _: CUgraphNode) -> Result<(CUfunction, CUkernel), CUresult> {
+        Err(REFUSED)
+    }
+    fn graph_mem_attribute(&self, _: CUdevice, _: CUgraphMem_attribute) -> Result<u64, CUresult> {
+        Err(REFUSED)
+    }
+
+    fn current_context(&self) -> Result<CUcontext, CUresult> {
+        Ok(0x100 as CUcontext)
+    }
+    fn in_context(&self, _: CUcontext, f: &mut dyn FnMut()) -> Result<(), CUresult> {
+        f();
+        Ok(())
+    }
+    fn reserve(&self, size: u64) -> Result<CUdeviceptr, CUresult> {
+        self.step("reserve")?;
+        let mut s = self.vmm.borrow_mut();
+        s.next_va += 1 << 40;
+        let p = s.next_va;
+        s.reserved.insert(p, size);
+        Ok(p)
+    }
+    fn address_free(&self, ptr: CUdeviceptr, _: u64) -> Result<(), CUresult> {
+        self.step("address_free")?;
+        self.vmm
+            .borrow_mut()
+            .reserved
+            .remove(&ptr)
+            .map(|_| ())
+            .ok_or(REFUSED)
+    }
+    fn create(&self, size: u64, on: Option<CUdevice>) -> Result<u64, CUresult> {
+        self.step("create")?;
+        let mut s = self.vmm.borrow_mut();
+        s.next_h += 1;
+        let h = s.next_h;
+        s.handles.insert(h, (vec![0; size as usize], on.is_none()));
+        Ok(h)
+    }
+    fn release(&self, h: u64) -> Result<(), CUresult> {
+        self.step("release")?;
+        let mut s = self.vmm.borrow_mut();
+        assert!(!s.maps.values().any(|&m| m == h), "a mapped handle released");
+        s.handles.remove(&h).map(|_| ()).ok_or(REFUSED)
+    }
+    fn map(&self, ptr: CUdeviceptr, _: u64, h: u64) -> Result<(), CUresult> {
+        self.step("map")?;
+        let mut s = self.vmm.borrow_mut();
+        assert!(s.reserved.contains_key(&ptr) && s.handles.contains_key(&h));
+        assert!(s.maps.insert(ptr, h).is_none(), "mapped twice");
+        Ok(())
+    }
+    fn unmap(&self, ptr: CUdeviceptr, _: u64) -> Result<(), CUresult> {
+        self.step("unmap")?;
+        self.vmm.borrow_mut().maps.remove(&ptr).map(|_| ()).ok_or(REFUSED)
+    }
+    fn set_access(&self, _: CUdeviceptr, _: u64, _: CUdevice) -> Result<(), CUresult> {
+        self.step("set_access")
+    }
+    fn stream_create(&self) -> Result<CUstream, CUresult> {
+        Ok(0x5000 as CUstream)
+    }
+    fn copy(&self, dst: CUdeviceptr, src: CUdeviceptr, n: u64, _: CUstream) -> Result<(), CUresult> {
+        self.step("copy")?;
+        let v = self.bytes_at(src);
+        assert_eq!(v.len() as u64, n);
+        self.write(dst, &v);
+        Ok(())
+    }
+    fn stream_idle(&self, _: CUstream) -> Result<bool, CUresult> {
+        Ok(!self.vmm.borrow().busy)
+    }
+    fn synchronize(&self) -> Result<(), CUresult> {
+        Ok(())
+    }
+}
