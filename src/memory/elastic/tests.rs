@@ -20,6 +20,8 @@ struct State {
     calls: HashMap<&'static str, u32>,
     fail: Vec<(&'static str, u32)>,
     busy: bool,
+    /// Device memory refused with out of memory (host memory still made).
+    full: bool,
 }
 
 #[derive(Default)]
@@ -125,6 +127,9 @@ impl Driver for Fake {
     fn create(&self, size: u64, on: Option<CUdevice>) -> Result<u64, CUresult> {
         self.step("create")?;
         let mut s = self.0.borrow_mut();
+        if s.full && on.is_some() {
+            return Err(CUresult::ERROR_OUT_OF_MEMORY);
+        }
         s.next_h += 1;
         let h = s.next_h;
         s.handles.insert(h, (vec![0; size as usize], on.is_none()));
@@ -185,8 +190,51 @@ fn pattern(seed: u8) -> Vec<u8> {
 }
 
 fn launch(e: &Elastic, d: &Fake, asked: bool) {
-    let r = e.around(d, &[0x7000], |_| asked, || CUresult::SUCCESS);
+    let no_wait = |_, _, _: &dyn Fn() -> CUresult| panic!("waited with room on the device");
+    let r = e.around(d, &[0x7000], |_| asked, no_wait, || CUresult::SUCCESS);
     assert_eq!(r, CUresult::SUCCESS);
+}
+
+/// A restore that finds the device full waits for the reclaim, naming the bytes it needs; room during the wait:
+/// restored, then the call is made. None after it: the call fails with out of memory unmade, the bytes intact
+/// in host memory, the gate left (a move can begin). Control: room at once, no wait (`launch`).
+#[test]
+fn a_restore_without_room_waits_then_fails_the_call_unmade() {
+    let (d, e, dev, _t) = setup();
+    let p = e.alloc(&d, dev, SIZE).unwrap();
+    d.write(p, &pattern(7));
+    assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
+    d.0.borrow_mut().full = true;
+    let waited = std::cell::Cell::new(None);
+    let made = std::cell::Cell::new(false);
+    let call = || {
+        made.set(true);
+        CUresult::SUCCESS
+    };
+    let no_room = |dev, bytes, retry: &dyn Fn() -> CUresult| {
+        waited.set(Some((dev, bytes)));
+        retry()
+    };
+    let r = e.around(&d, &[0x7000], |_| false, no_room, call);
+    assert_eq!(r, CUresult::ERROR_OUT_OF_MEMORY);
+    assert_eq!(waited.get(), Some((dev, SIZE)), "the bytes it needs, named");
+    assert!(!made.get(), "the call is not made");
+    assert!(d.on_host(p));
+    assert_eq!(d.bytes_at(p), pattern(7));
+    assert!(e.gate.begin_move(), "the gate was left");
+    e.gate.end_move();
+    // Room comes while it waits.
+    let room = |_, _, retry: &dyn Fn() -> CUresult| {
+        d.0.borrow_mut().full = false;
+        retry()
+    };
+    assert_eq!(e.around(&d, &[0x7000], |_| false, room, call), CUresult::SUCCESS);
+    assert!(made.get() && !d.on_host(p));
+    assert_eq!(d.bytes_at(p), pattern(7));
+    // Control: room at once, no wait.
+    assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
+    launch(&e, &d, false);
+    assert!(!d.on_host(p));
 }
 
 #[test]
