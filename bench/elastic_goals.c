@@ -16,7 +16,8 @@
  *   check      copies every buffer back and compares it with the pattern plus every add: ok=1, or
  *              bad=<buffer>/<offset> and ok=0
  *   wake MIB   a wake-up: allocates MIB (it may wait for the agent's reclaim), launches the kernel on every buffer
- *              (restoring them), synchronises, frees: oom=<0, or 1 when the allocation failed> wake_ns=<its time>
+ *              (restoring them), synchronises, frees: oom=<0, or 1 when the allocation or a launch failed for
+ *              want of memory> wake_ns=<its time>
  *   quit       frees everything; resident=<bytes>
  * Linked with -lcuda (the simulator). */
 #define _GNU_SOURCE
@@ -133,13 +134,14 @@ int main(int argc, char **argv) {
             long long t0 = now_ns();
             CUdeviceptr scratch = 0;
             CUresult r = cuMemAlloc(&scratch, s);
+            int oom = r != CUDA_SUCCESS;
             for (int b = 0; b < count; b++) {
                 cq_inc(inc, buf[b], n);
                 adds[b]++;
             }
             CK(cuCtxSynchronize());
             if (r == CUDA_SUCCESS) CK(cuMemFree(scratch));
-            printf("oom=%d\nwake_ns=%lld\n", r != CUDA_SUCCESS, now_ns() - t0);
+            printf("oom=%d\nwake_ns=%lld\n", oom, now_ns() - t0);
         } else if (!strncmp(line, "quit", 4)) {
             for (int b = 0; b < count; b++) CK(cuMemFree(buf[b]));
             CK(cuMemFreeHost(host));

@@ -1,12 +1,15 @@
 //! Reclaim planner (issue 39, elastic memory): which containers the agent asks, through their limits file's
 //! `evict_mask`, to move their memory above their request to host memory, so that a container waiting for
-//! memory within its request gets it. Pure logic: the agent feeds it each pass's figures and writes the bits.
+//! memory within its limit gets it (a restore of its own evicted memory, or growth). Pure logic: the agent
+//! feeds it each pass's figures and writes the bits.
 //!
 //! Trust: resident bytes (NVML), requests and limits (the agent's own limits files) and NVML activity are the
 //! agent's; a container's `waiting` and `last_use_ns` words are its own and may be forged, so:
-//! - a wait is served only for bytes within the waiter's request (NVML resident + waiting <= request) and only
+//! - a wait is served only for bytes within the waiter's limit (NVML resident + waiting <= limit), waits
+//!   within the request first (on a GPU with one, waits above a request wait for the next pass), and only
 //!   when the device has no room for it: a forged wait can make the agent evict at most what the waiter could
-//!   have allocated anyway, never while the device has room;
+//!   have allocated anyway, never while the device has room, and only others' memory above their request
+//!   (a guaranteed tenant, request = limit, is never asked);
 //! - only memory above a victim's request is asked for, least recently used first, never a container NVML saw
 //!   busy within the idle threshold; a container's own claim of recent use (`last_use_ns`) protects it only
 //!   while idle others suffice (a claim in the future counts as now), so claiming activity for ever cannot hold
@@ -221,28 +224,31 @@ impl Planner {
         }
         for (uuid, gpu) in gpus {
             let here = |k: &Key| &k.1 == uuid;
-            let mut need: u64 = 0;
-            let mut waiters = Vec::new();
+            // Waits within the waiter's request, else (none on this GPU) waits above it within its limit.
+            let (mut within, mut above) = ((0u64, Vec::new()), (0u64, Vec::new()));
             for (k, t) in tenants.iter().filter(|(k, _)| here(k)) {
                 if t.waiting == 0 {
                     continue;
                 }
-                let within = t
-                    .request
-                    .is_some_and(|r| t.resident.saturating_add(t.waiting) <= r);
-                if !within {
-                    events.push((
-                        k.clone(),
-                        Event::Refused {
-                            bytes: t.waiting,
-                            why: "beyond its request: served only from free memory",
-                        },
-                    ));
-                    continue;
-                }
-                need = need.saturating_add(t.waiting);
-                waiters.push(k.clone());
+                let upto = t.resident.saturating_add(t.waiting);
+                let side = match (t.request, t.limit) {
+                    (Some(r), _) if upto <= r => &mut within,
+                    (Some(_), Some(l)) if upto <= l => &mut above,
+                    _ => {
+                        events.push((
+                            k.clone(),
+                            Event::Refused {
+                                bytes: t.waiting,
+                                why: "beyond its limit, or promised nothing",
+                            },
+                        ));
+                        continue;
+                    }
+                };
+                side.0 = side.0.saturating_add(t.waiting);
+                side.1.push(k.clone());
             }
+            let (need, waiters) = if within.1.is_empty() { above } else { within };
             let coming: u64 = self
                 .evicting
                 .keys()
@@ -485,7 +491,7 @@ mod tests {
     }
 
     #[test]
-    fn a_forged_wait_beyond_the_request_or_on_a_device_with_room_evicts_nobody() {
+    fn a_forged_wait_beyond_the_limit_or_on_a_device_with_room_evicts_nobody() {
         // Control: 2 GiB within the request on a full device evicts (above).
         let mut t = control();
         t.get_mut(&k("w")).unwrap().waiting = 4 * G; // 1 + 4 > 4
@@ -496,13 +502,9 @@ mod tests {
         assert!(planner().plan(&gpu(2 * G), &control(), NOW).evict.is_empty());
         // Partly room: only the shortfall (1 GiB): the newer tenant's 3 would do, but LRU picks the oldest.
         assert_eq!(asked(&planner().plan(&gpu(G), &control(), NOW)), ["a-old"]);
-        // An elastic tenant waiting beyond its request (bursting) evicts nobody.
+        // An elastic tenant waiting beyond its limit (2 + 7 > 8) evicts nobody.
         let mut t = control();
-        t.insert(k("burst"), {
-            let mut b = idle(2, 0);
-            b.waiting = G;
-            b
-        });
+        t.insert(k("burst"), bursting(7));
         t.get_mut(&k("w")).unwrap().waiting = 0;
         assert!(planner().plan(&gpu(0), &t, NOW).evict.is_empty());
         // An uncapped tenant is promised nothing.
@@ -510,6 +512,57 @@ mod tests {
         let w = t.get_mut(&k("w")).unwrap();
         (w.request, w.limit) = (None, None);
         assert!(planner().plan(&gpu(0), &t, NOW).evict.is_empty());
+    }
+
+    /// An active elastic tenant at its request (2 GiB) waiting for `waiting` GiB above it (a restore or growth).
+    fn bursting(waiting: u64) -> Tenant {
+        let mut b = idle(2, 0);
+        b.waiting = waiting * G;
+        b
+    }
+
+    #[test]
+    fn a_wait_above_the_request_within_the_limit_gets_idle_tenants_evicted_least_recently_used_first() {
+        let mut t = control();
+        t.get_mut(&k("w")).unwrap().waiting = 0;
+        t.insert(k("burst"), bursting(2));
+        let plan = planner().plan(&gpu(0), &t, NOW);
+        assert_eq!(asked(&plan), ["a-old"]);
+        assert!(plan.events.contains(&(k("a-old"), Event::Asked { bytes: 3 * G })));
+        // Control: the device has room for it: nobody.
+        assert!(planner().plan(&gpu(2 * G), &t, NOW).evict.is_empty());
+    }
+
+    /// Only others' memory above their request is fair game for a waiter above its own: a guaranteed tenant
+    /// (request = limit) and an elastic one at its request are never asked, however idle.
+    #[test]
+    fn a_wait_above_the_request_never_pushes_anyone_below_their_request() {
+        let mut g = waiter(4, 0);
+        (g.last_use_ns, g.busy_ns) = (0, Some(0));
+        let t = BTreeMap::from([
+            (k("guaranteed"), g),
+            (k("at-request"), idle(2, 600)),
+            (k("burst"), bursting(4)),
+        ]);
+        let plan = planner().plan(&gpu(0), &t, NOW);
+        assert!(plan.evict.is_empty(), "{plan:?}");
+        // Control: an idle tenant above its request beside them is asked, for its part above the request only.
+        let mut t2 = t.clone();
+        t2.insert(k("above"), idle(3, 5));
+        let plan = planner().plan(&gpu(0), &t2, NOW);
+        assert_eq!(asked(&plan), ["above"]);
+        assert!(plan.events.contains(&(k("above"), Event::Asked { bytes: G })));
+    }
+
+    #[test]
+    fn a_wait_within_a_request_goes_before_one_above() {
+        // The waiter within its request needs 2 GiB, the burster 4: only the first is served (a-old's 3).
+        let mut t = control();
+        t.insert(k("burst"), bursting(4));
+        assert_eq!(asked(&planner().plan(&gpu(0), &t, NOW)), ["a-old"]);
+        // Control: the burster alone gets both idle tenants for its 4 GiB.
+        t.get_mut(&k("w")).unwrap().waiting = 0;
+        assert_eq!(asked(&planner().plan(&gpu(0), &t, NOW)), ["a-old", "b-newer"]);
     }
 
     #[test]

@@ -61,7 +61,7 @@ pub struct AgentArgs {
     #[arg(long)]
     json: bool,
     /// Node budget of pinned host memory for idle elastic tenants' evicted memory (e.g. 64g; 0 = no reclaim):
-    /// an allocation waiting within its request on a full GPU gets idle tenants above their request evicted
+    /// an allocation or restore waiting within its limit on a full GPU gets idle tenants above their request evicted
     #[arg(long, value_name = "SIZE", default_value = "0", value_parser = output::parse_size_arg)]
     pinned_host_budget: u64,
     /// An elastic tenant NVML saw busy (or that says it used the GPU) within this long is not evicted first

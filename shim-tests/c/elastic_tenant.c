@@ -9,6 +9,7 @@
  *   check      one memory-touching kernel adds 1 to every byte of both buffers; then both are copied back and
  *              compared with the pattern plus every add so far: ok=1, or bad=<offset> (and range=<0|1>: whether
  *              cuMemGetAddressRange still names the buffer)
+ *   launch     the kernel on the big buffer once: launch=<its answer>
  *   storm N    N rounds of: the kernel on the big buffer, cuStreamSynchronize, 2 ms asleep (launches that
  *              race with evictions and restores); storm=done
  *   quit       frees both; resident=<bytes>, then exits
@@ -90,6 +91,13 @@ int main(int argc, char **argv) {
                 printf("bad=%ld/%ld\n", b, s);
             else
                 printf("ok=1\n");
+        } else if (!strncmp(line, "launch", 6)) {
+            /* One launch on the big range, its answer printed. */
+            void *args[] = {&big, &big_n};
+            CUresult r = cuLaunchKernel(inc, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+            if (r == CUDA_SUCCESS) adds_big++;
+            CK(cuCtxSynchronize());
+            printf("launch=%s\n", cq_err(r));
         } else if (!strncmp(line, "storm ", 6)) {
             int n = atoi(line + 6);
             for (int i = 0; i < n; i++) {

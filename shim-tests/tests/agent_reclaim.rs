@@ -1,5 +1,6 @@
-//! The agent's reclaim (issue 39) on the simulator: a container waiting for memory within its request on a full
-//! GPU gets an idle elastic container's `evict_mask` bit set; the bit is cleared at the eviction timeout when
+//! The agent's reclaim (issue 39) on the simulator: a container waiting for memory within its request, or above
+//! it within its limit, on a full GPU gets an idle elastic container's `evict_mask` bit set (never a guaranteed
+//! one's); the bit is cleared at the eviction timeout when
 //! nothing moves (the library cannot evict yet, so NVML never shows it done); a forged `waiting` word gains
 //! nothing.
 
@@ -87,7 +88,7 @@ fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not(
         .args("agent --interval 200ms --pinned-host-budget 8g --containers")
         .arg(dir.to_str().unwrap())
         .spawn();
-    // Attack: a wait beyond its request (0 resident + 3g > 1g), then one within it while the GPU has room
+    // Attack: a wait beyond its limit (0 resident + 3g > 1g = its request), then one within it while the GPU has room
     // (1.5g free): no bit in ~10 passes each.
     let forge = |word: u64| {
         let u = UsageRegion::open_existing(&usage_liar).unwrap();
@@ -153,4 +154,64 @@ fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not(
     let _ = idle.finish();
     let _ = liar.finish();
     let _ = w.kill();
+}
+
+/// A process of `name` past the library holding `alloc` (NVML sees it; it never launches: idle), in `dir`.
+fn idle_holder(sim: &Sim, dir: &Path, name: &str, lim: &Path, alloc: &str) -> Proc {
+    let mut p = sim
+        .cmd(Prog::Probe)
+        .no_preload()
+        .timeout(Duration::from_secs(90))
+        .args(&format!("init alloc:mem:{alloc} wait"))
+        .spawn();
+    p.wait_ready(1);
+    descriptor(dir, name, lim, None, &p.subtree());
+    p
+}
+
+/// A wait above the waiter's request, within its limit (an elastic tenant growing, or restoring its evicted
+/// memory), gets an idle elastic tenant's bit set, and never a guaranteed tenant's, however idle. Control: the
+/// wait within the request (above).
+#[test]
+fn a_wait_above_the_request_sets_an_idle_elastic_tenants_bit_and_never_a_guaranteed_ones() {
+    let sim = Sim::new().memory("4g").build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim_idle = limits(&sim, "idle", &["--memory", "3g", "--request", "1g"]);
+    let mut idle = idle_holder(&sim, &dir, "idle", &lim_idle, "2g");
+    let lim_g = limits(&sim, "guaranteed", &["--memory", "1g"]);
+    let mut g = idle_holder(&sim, &dir, "guaranteed", &lim_g, "1g");
+    // burst: elastic (request 256m, limit 2g) grows by 1536m with about 1g free: above its request.
+    let lim_b = limits(&sim, "burst", &["--memory", "2g", "--request", "256m"]);
+    agent_reclaims(&lim_b);
+    let agent = sim
+        .cmd_path(cli_bin())
+        .no_preload()
+        .timeout(Duration::from_secs(120))
+        .args("agent --interval 200ms --pinned-host-budget 8g --containers")
+        .arg(dir.to_str().unwrap())
+        .spawn();
+    let b = tenant(&sim, "burst", &lim_b, "init alloc:mem:1536m");
+    let usage_b = sim.container_usage_file("burst");
+    descriptor(&dir, "burst", &lim_b, Some(&usage_b), &b.subtree());
+    assert_ne!(
+        mask_until(&lim_idle, 20, |m| m != 0),
+        0,
+        "the idle elastic tenant was not asked for a wait above the request"
+    );
+    // The guaranteed tenant, as idle and holding its whole request, is never asked while it waits.
+    assert_eq!(
+        mask_until(&lim_g, 2, |m| m != 0),
+        0,
+        "a guaranteed tenant was asked"
+    );
+    assert_eq!(evict_mask(&lim_b), 0, "the waiter was asked to evict");
+    // SAFETY: signalling the agent we started, by pid.
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGTERM) };
+    assert!(agent.finish().success());
+    idle.release();
+    g.release();
+    let _ = idle.finish();
+    let _ = g.finish();
+    let _ = b.kill();
 }

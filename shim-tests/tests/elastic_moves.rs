@@ -4,7 +4,7 @@
 //! launches racing the moves and the library's own driver calls failing; each attack beside its control (an
 //! inelastic tenant, or no ask, is never moved). Residency is the simulator's NVML (resident bytes only).
 
-use shim_tests::reclaim::elastic_limits;
+use shim_tests::reclaim::{agent_reclaims, elastic_limits};
 use shim_tests::{compile_c, workspace_root, Proc, Sim, MIB};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,7 +18,15 @@ fn tenant_prog() -> PathBuf {
 
 /// The agent's limits file: a 1 GiB limit with `request` guaranteed on every device, and the eviction ask.
 fn limits(sim: &Sim, request: u64, evict: bool) {
+    limits_flagged(sim, request, evict, false);
+}
+
+/// [`limits`], and with `reclaim` the agent says it reclaims (`LIMITS_FLAG_RECLAIM`: allocations and restores wait).
+fn limits_flagged(sim: &Sim, request: u64, evict: bool, reclaim: bool) {
     elastic_limits(&sim.limits_file(), 1 << 30, request, evict);
+    if reclaim {
+        agent_reclaims(&sim.limits_file());
+    }
 }
 
 /// A running tenant and how many answers of each kind it gave.
@@ -220,4 +228,84 @@ fn a_failed_copy_or_map_loses_nothing() {
             "{fault}: leaked: {after} vs {before}"
         );
     }
+}
+
+fn waiting_word(sim: &Sim) -> u64 {
+    cuquota_core::UsageRegion::open_existing(&sim.usage_file())
+        .map(|u| u.waiting().load(std::sync::atomic::Ordering::Acquire))
+        .unwrap_or(0)
+}
+
+/// A 1 GiB device; the tenant (`CUQUOTA_RECLAIM_WAIT_MS` = `wait_ms`) evicted, then a process outside any
+/// container takes all but ~160 MiB (less than the 256 MiB to restore), then the ask is cleared.
+fn evicted_on_a_full_device(reclaim: bool, wait_ms: &str) -> (Sim, Tenant, Proc) {
+    let sim = Sim::new().memory("1g").build();
+    limits_flagged(&sim, 64 * MIB, false, reclaim);
+    let mut t = Tenant::start(&sim, &[("CUQUOTA_RECLAIM_WAIT_MS", wait_ms)]);
+    let (before, _) = t.res();
+    limits_flagged(&sim, 64 * MIB, true, reclaim);
+    let low = t
+        .res_until(|r| r + BIG_MIB * MIB <= before)
+        .expect("never evicted");
+    let hog_mib = ((1 << 30) - low) / MIB - 160;
+    let mut hog = sim
+        .cmd(shim_tests::Prog::Probe)
+        .no_preload()
+        .args(&format!("init alloc:mem:{hog_mib}m wait"))
+        .timeout(Duration::from_secs(120))
+        .spawn();
+    hog.wait_ready(1);
+    assert_eq!(hog.wait_for("alloc.0"), "CUDA_SUCCESS");
+    limits_flagged(&sim, 64 * MIB, false, reclaim);
+    (sim, t, hog)
+}
+
+/// A woken tenant whose memory is in host memory and finds the device full waits for the agent's reclaim
+/// (naming the bytes it needs in the `waiting` word) and gets the memory freed meanwhile; after the bound, the
+/// launch runs on the host copy (swapped, not out of memory), its bytes intact; without a reclaiming agent it
+/// runs at once. Control: a device with room restores at once (`evicted_and_restored_memory_keeps_every_byte`).
+#[test]
+fn a_restore_on_a_full_device_waits_for_the_reclaim_then_runs_on_the_host_copy() {
+    // Room comes within the bound: restored, the launch made.
+    let (sim, mut t, mut hog) = evicted_on_a_full_device(true, "30000");
+    t.p.send("launch");
+    let until = Instant::now() + Duration::from_secs(20);
+    while waiting_word(&sim) == 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(waiting_word(&sim), (1 << 56) | (BIG_MIB * MIB), "no waiting word");
+    hog.release();
+    hog.finish().ok();
+    assert_eq!(t.p.wait_for("launch"), "CUDA_SUCCESS");
+    assert_eq!(waiting_word(&sim), 0, "the waiting word was left set");
+    t.check();
+    t.quit();
+    // No room within the bound: made on the host copy after it, nothing lost.
+    let (sim, mut t, mut hog) = evicted_on_a_full_device(true, "600");
+    let t0 = Instant::now();
+    t.p.send("launch");
+    assert_eq!(t.p.wait_for("launch"), "CUDA_SUCCESS");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(600),
+        "gave up before the bound"
+    );
+    assert_eq!(waiting_word(&sim), 0, "the waiting word was left set");
+    hog.release();
+    hog.finish().ok();
+    t.check();
+    t.quit();
+    // No reclaiming agent: made at once on the host copy, no waiting word.
+    let (sim, mut t, mut hog) = evicted_on_a_full_device(false, "60000");
+    let t0 = Instant::now();
+    t.p.send("launch");
+    assert_eq!(t.p.wait_for("launch"), "CUDA_SUCCESS");
+    assert!(
+        t0.elapsed() < Duration::from_secs(30),
+        "waited without a reclaiming agent"
+    );
+    assert_eq!(waiting_word(&sim), 0);
+    hog.release();
+    hog.finish().ok();
+    t.check();
+    t.quit();
 }

@@ -15,7 +15,6 @@ use crate::ffi::cuda::*;
 use crate::memory::{shared_key, IpcCall, Space, VmmCall};
 use crate::state::Shim;
 use std::ffi::{c_uint, c_void};
-use std::sync::atomic::Ordering;
 
 mod pools;
 mod vmm;
@@ -27,7 +26,7 @@ pub(crate) use vmm::*;
 const PITCH_ALIGN: u64 = 512;
 
 /// A linear allocation of `bytes` on the current context's device. One the driver refuses for want of device
-/// memory, though admitted within the limit, may wait for the agent's reclaim ([`wait_for_device`]).
+/// memory, though admitted within the limit, may wait for the agent's reclaim (`Memory::reclaim_wait`).
 fn linear(s: &Shim, bytes: u64, call: impl Fn() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
     let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) else {
         return s.mem.untracked(call);
@@ -35,52 +34,13 @@ fn linear(s: &Shim, bytes: u64, call: impl Fn() -> CUresult, out: impl FnOnce() 
     let call = || {
         let r = call();
         if r == CUresult::ERROR_OUT_OF_MEMORY {
-            return wait_for_device(s, dev, est, &call);
+            return s.mem.reclaim_wait(dev, est, &call);
         }
         r
     };
     s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, out(), None))
     })
-}
-
-/// Longest sleep between two tries of an allocation waiting for device memory.
-const WAIT_STEP_MAX: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// An allocation of `bytes` on `dev`, admitted within the limit (its charge held meanwhile), that the driver
-/// refused for want of device memory: under an agent limits file whose agent reclaims (`LIMITS_FLAG_RECLAIM`),
-/// says so in the usage file's `waiting` word
-/// (the agent reclaims idle elastic tenants' memory for a wait within the request) and tries `call` again
-/// with backoff for up to `CUQUOTA_RECLAIM_WAIT_MS`; returns the driver's last answer (issue 39).
-#[cold]
-#[inline(never)]
-fn wait_for_device(s: &Shim, dev: crate::devices::Dev, bytes: u64, call: &dyn Fn() -> CUresult) -> CUresult {
-    let cfg = s.devices.config();
-    if cfg.reclaim_wait_ms == 0 || !s.devices.reclaims() {
-        return CUresult::ERROR_OUT_OF_MEMORY;
-    }
-    let start = std::time::Instant::now();
-    let bound = std::time::Duration::from_millis(cfg.reclaim_wait_ms.into());
-    let word = ((dev.id.index() as u64 + 1) << 56) | bytes.min((1 << 56) - 1);
-    let waiting = s.devices.usage().waiting();
-    // One word per container: another waiter already there speaks for this one too.
-    let mine = waiting
-        .compare_exchange(0, word, Ordering::AcqRel, Ordering::Relaxed)
-        .is_ok();
-    let mut step = std::time::Duration::from_millis(1);
-    let r = loop {
-        let left = bound.saturating_sub(start.elapsed());
-        std::thread::sleep(step.min(left));
-        let r = call();
-        if r != CUresult::ERROR_OUT_OF_MEMORY || start.elapsed() >= bound {
-            break r;
-        }
-        step = (step * 2).min(WAIT_STEP_MAX);
-    };
-    if mine {
-        let _ = waiting.compare_exchange(word, 0, Ordering::AcqRel, Ordering::Relaxed);
-    }
-    r
 }
 
 /// `cuMemAlloc_v2`, legacy `cuMemAlloc` (32-bit size and address), `cuMemAllocManaged` (charged to the current
@@ -158,7 +118,7 @@ fn alloc_movable(s: &Shim, dptr: *mut CUdeviceptr, bytes: u64) -> Option<CUresul
     let call = || {
         let r = make();
         if r == CUresult::ERROR_OUT_OF_MEMORY {
-            return wait_for_device(s, dev, est, &make);
+            return s.mem.reclaim_wait(dev, est, &make);
         }
         r
     };

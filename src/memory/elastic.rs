@@ -4,8 +4,9 @@
 //! file asks (`evict_mask`) and the process is quiescent, a background thread (started at the first movable
 //! allocation, polling every 20 ms) moves them, above the request, to pinned host memory mapped at the same
 //! address: a kernel that touches them before they come back stays correct. Once the agent cleared the bit,
-//! the next launch, copy or memset brings them back first (`enter`). What cannot move stays resident: other
-//! allocation kinds, small ones, and a movable one once exported (`pin`).
+//! the next launch, copy or memset brings them back first (`around`); a device without room makes it wait for
+//! the agent's reclaim (`Memory::reclaim_wait`) once, then the call runs on the host copy. What cannot move stays resident:
+//! other allocation kinds, small ones, and a movable one once exported (`pin`).
 //!
 //! Cost: with no movable allocation, one relaxed load per launch and copy (`on`). With some: the gate (one
 //! increment, one load, one decrement, the stream noted) and a second load (`on_host`) for the restore.
@@ -26,6 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How often the background thread looks at the limits file.
 pub(crate) const POLL: std::time::Duration = std::time::Duration::from_millis(20);
+/// After a reclaim wait found no room: how often a call tries the restore again (without waiting).
+const RETRY_NS: u64 = 100_000_000;
 
 /// A movable range.
 #[derive(Clone, Copy, Debug)]
@@ -55,6 +58,10 @@ pub(super) struct Elastic {
     on: AtomicBool,
     /// Ranges on host memory now.
     on_host: AtomicU64,
+    /// A restore found no room within the reclaim wait: later calls try again without waiting, at most once
+    /// per `RETRY_NS` (from `next_try`), until everything is back or a new eviction.
+    wait_spent: AtomicBool,
+    next_try: AtomicU64,
     gate: gate::Gate,
     /// Held across every move, every free and every restore of a range: no call sees one half-moved.
     inner: Lock<Inner>,
@@ -139,13 +146,15 @@ impl Elastic {
     }
 
     /// A launch or copy on `streams` is about to be made by `call`: ranges whose device the agent no longer asks
-    /// to evict (`asked`) are brought back first, and no range moves while it is in flight.
+    /// to evict (`asked`) are brought back first, and no range moves while it is in flight. A device without
+    /// room for them: `wait(dev, bytes, retry)` (the reclaim wait), see `restore_cleared`.
     #[inline]
     pub(super) fn around(
         &self,
         d: &impl Driver,
         streams: &[usize],
         asked: impl Fn(Dev) -> bool,
+        wait: impl Fn(Dev, u64, &dyn Fn() -> CUresult) -> CUresult,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         if !self.gate.enter() {
@@ -154,31 +163,87 @@ impl Elastic {
             self.gate.enter_locked();
         }
         if self.on_host.load(Ordering::Relaxed) != 0 {
-            self.restore_cleared(d, &asked);
+            self.restore_cleared(d, &asked, &wait);
         }
         let r = call();
         self.gate.leave(streams);
         r
     }
 
+    /// Brings back the ranges whose device is no longer asked. A device without room for them: the reclaim
+    /// wait, once; still none, they stay in host memory, mapped at the same address, so the call is made on
+    /// them (correct, slower: swapped, not out of memory), and later calls try again without a wait.
     #[cold]
-    fn restore_cleared(&self, d: &impl Driver, asked: &impl Fn(Dev) -> bool) {
+    fn restore_cleared(
+        &self,
+        d: &impl Driver,
+        asked: &impl Fn(Dev) -> bool,
+        wait: &impl Fn(Dev, u64, &dyn Fn() -> CUresult) -> CUresult,
+    ) {
+        let now = crate::time::monotonic_ns();
+        if self.wait_spent.load(Ordering::Relaxed) {
+            let next = self.next_try.load(Ordering::Relaxed);
+            if now < next
+                || self
+                    .next_try
+                    .compare_exchange(next, now + RETRY_NS, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_err()
+            {
+                return;
+            }
+            if self.restore_pass(d, asked).is_none() {
+                self.wait_spent.store(false, Ordering::Relaxed);
+            }
+            return;
+        }
+        let Some((dev, bytes)) = self.restore_pass(d, asked) else {
+            return;
+        };
+        // The lock is let go between tries: the reclaim it waits for takes other processes' time, not ours.
+        let r = wait(dev, bytes, &|| match self.restore_pass(d, asked) {
+            None => CUresult::SUCCESS,
+            Some(_) => CUresult::ERROR_OUT_OF_MEMORY,
+        });
+        if r != CUresult::SUCCESS {
+            self.next_try
+                .store(crate::time::monotonic_ns() + RETRY_NS, Ordering::Relaxed);
+            self.wait_spent.store(true, Ordering::Relaxed);
+            log!(
+                Level::Warn,
+                "elastic: no room on device {} for {bytes} bytes after the reclaim wait: they stay in host \
+                 memory (calls on them are slower) and are brought back once there is",
+                dev.ordinal
+            );
+        }
+    }
+
+    /// One try at bringing back every range whose device is no longer asked: `Some((dev, bytes))` = the device
+    /// had no room for `bytes` of them (the first such device). A range that failed otherwise stays in host
+    /// memory, mapped at the same address: the call is still correct on it.
+    fn restore_pass(&self, d: &impl Driver, asked: &impl Fn(Dev) -> bool) -> Option<(Dev, u64)> {
         let mut g = self.inner.lock();
-        let back: Vec<u64> = g
+        let back: Vec<(u64, Range)> = g
             .ranges
             .iter()
             .filter(|(_, r)| r.on_host && !asked(r.dev))
-            .map(|(&p, _)| p)
+            .map(|(&p, r)| (p, *r))
             .collect();
-        for p in back {
-            if let Err(e) = self.restore_locked(d, &mut g, p) {
-                // The bytes stay in host memory, mapped at the same address: the call is still correct.
-                log!(
+        let mut short: Option<(Dev, u64)> = None;
+        for (p, r) in back {
+            match self.restore_locked(d, &mut g, p) {
+                Ok(()) => {}
+                Err(CUresult::ERROR_OUT_OF_MEMORY) => match &mut short {
+                    Some((dev, bytes)) if *dev == r.dev => *bytes += r.size,
+                    Some(_) => {}
+                    None => short = Some((r.dev, r.size)),
+                },
+                Err(e) => log!(
                     Level::Warn,
                     "elastic: restoring {p:#x} failed ({e:?}); it stays in host memory for now"
-                );
+                ),
             }
         }
+        short
     }
 
     fn restore_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
@@ -280,6 +345,8 @@ impl Elastic {
         e.handle = h;
         e.on_host = true;
         self.on_host.fetch_add(1, Ordering::Relaxed);
+        // A new eviction: its restore may wait for the reclaim again.
+        self.wait_spent.store(false, Ordering::Relaxed);
         Ok(())
     }
 
@@ -391,8 +458,9 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         self.usage().note_use(crate::time::boottime_ns());
-        self.elastic
-            .around(cuda, streams, |dev| self.devices.evict_asked(dev), call)
+        let asked = |dev| self.devices.evict_asked(dev);
+        let wait = |dev, bytes, retry: &dyn Fn() -> CUresult| self.reclaim_wait(dev, bytes, retry);
+        self.elastic.around(cuda, streams, asked, wait, call)
     }
 
     /// Whether this process is its container's one mover on `dev`: the live slot with the largest charge there

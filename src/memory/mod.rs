@@ -23,6 +23,7 @@ mod interprocess;
 mod ledger;
 mod overhead;
 mod pools;
+mod reclaim_wait;
 mod reconcile;
 mod reserve;
 mod shared;

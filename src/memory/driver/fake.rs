@@ -37,6 +37,8 @@ struct Vmm {
     calls: HashMap<&'static str, u32>,
     fail: Vec<(&'static str, u32)>,
     busy: bool,
+    /// Device memory refused with out of memory (host memory still made).
+    full: bool,
 }
 
 impl Fake {
@@ -72,6 +74,10 @@ impl Fake {
     /// Whether the program's streams still run.
     pub(crate) fn set_busy(&self, busy: bool) {
         self.vmm.borrow_mut().busy = busy;
+    }
+
+    pub(crate) fn set_full(&self, full: bool) {
+        self.vmm.borrow_mut().full = full;
     }
 
     pub(crate) fn bytes_at(&self, p: u64) -> Vec<u8> {
@@ -182,6 +188,9 @@ impl Driver for Fake {
     fn create(&self, size: u64, on: Option<CUdevice>) -> Result<u64, CUresult> {
         self.step("create")?;
         let mut s = self.vmm.borrow_mut();
+        if s.full && on.is_some() {
+            return Err(CUresult::ERROR_OUT_OF_MEMORY);
+        }
         s.next_h += 1;
         let h = s.next_h;
         s.handles.insert(h, (vec![0; size as usize], on.is_none()));

@@ -22,8 +22,60 @@ fn pattern(seed: u8) -> Vec<u8> {
 }
 
 fn launch(e: &Elastic, d: &Fake, asked: bool) {
-    let r = e.around(d, &[0x7000], |_| asked, || CUresult::SUCCESS);
+    let no_wait = |_, _, _: &dyn Fn() -> CUresult| panic!("waited with room on the device");
+    let r = e.around(d, &[0x7000], |_| asked, no_wait, || CUresult::SUCCESS);
     assert_eq!(r, CUresult::SUCCESS);
+}
+
+/// A restore that finds the device full waits for the reclaim once, naming the bytes it needs; no room within
+/// it: the call is made on the host copy (swapped, not out of memory), the bytes intact, and later calls do not
+/// wait again but try once per `RETRY_NS`; room then: restored. A new eviction waits again. Control: room at
+/// once, no wait (`launch`).
+#[test]
+fn a_restore_without_room_waits_once_then_the_call_runs_on_the_host_copy() {
+    let (d, e, dev, _t) = setup();
+    let p = e.alloc(&d, dev, SIZE).unwrap();
+    d.write(p, &pattern(7));
+    assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
+    d.set_full(true);
+    let waits = std::cell::Cell::new(Vec::new());
+    let made = std::cell::Cell::new(0);
+    let call = || {
+        made.set(made.get() + 1);
+        CUresult::SUCCESS
+    };
+    let wait = |dev, bytes, retry: &dyn Fn() -> CUresult| {
+        let mut w = waits.take();
+        w.push((dev, bytes));
+        waits.set(w);
+        retry()
+    };
+    assert_eq!(e.around(&d, &[0x7000], |_| false, wait, call), CUresult::SUCCESS);
+    assert_eq!(waits.take(), vec![(dev, SIZE)], "the bytes it needs, named");
+    assert_eq!(made.get(), 1, "the call is made");
+    assert!(d.on_host(p));
+    assert_eq!(d.bytes_at(p), pattern(7));
+    assert!(e.gate.begin_move(), "the gate was left");
+    e.gate.end_move();
+    // Room now, but within RETRY_NS of the failed wait: the call goes on the host copy, no wait, no try.
+    d.set_full(false);
+    assert_eq!(e.around(&d, &[0x7000], |_| false, wait, call), CUresult::SUCCESS);
+    assert!(waits.take().is_empty() && d.on_host(p) && made.get() == 2);
+    // Past RETRY_NS: one try without a wait brings it back.
+    e.next_try.store(0, Ordering::Relaxed);
+    assert_eq!(e.around(&d, &[0x7000], |_| false, wait, call), CUresult::SUCCESS);
+    assert!(waits.take().is_empty() && !d.on_host(p));
+    assert_eq!(d.bytes_at(p), pattern(7));
+    // A new eviction, the device full again: it waits again.
+    assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
+    d.set_full(true);
+    e.around(&d, &[0x7000], |_| false, wait, call);
+    assert_eq!(waits.take().len(), 1, "a new eviction's restore waits again");
+    // Control: room at once, no wait.
+    d.set_full(false);
+    e.next_try.store(0, Ordering::Relaxed);
+    launch(&e, &d, false);
+    assert!(!d.on_host(p));
 }
 
 #[test]
