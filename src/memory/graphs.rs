@@ -670,7 +670,7 @@ impl Memory {
     /// device (`footprint − (reserved − used)`) is admitted first (refused: `CUDA_ERROR_OUT_OF_MEMORY`, the
     /// driver not called), then the real change of the graph pools' reserved size is charged and the
     /// provisional charge dropped. An exec without alloc nodes costs one lock-free probe.
-    #[inline]
+    #[inline(always)]
     fn with_graph_memory(
         &self,
         cuda: &CudaTable,
@@ -681,6 +681,20 @@ impl Memory {
         if !self.graph.has_memory(exec) {
             return call();
         }
+        self.graph_memory_admitted(cuda, nvml, exec, call)
+    }
+
+    /// [`Memory::with_graph_memory`] of an exec with alloc nodes (out of line: the launch hook inlines the
+    /// probe twice, with and without elastic memory's gate, and `#[inline]` alone then left all of it out of
+    /// line, +27 instructions per graph launch).
+    #[inline(never)]
+    fn graph_memory_admitted(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        exec: usize,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
         let Some(fp) = self.graph.footprint(exec) else {
             return call();
         };
