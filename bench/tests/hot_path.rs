@@ -40,7 +40,7 @@ const CAP: (&str, &str) = ("CUDA_DEVICE_MEMORY_LIMIT", "64g");
 #[rustfmt::skip]
 const PATHS: &[HotPath] = &[
     HotPath { name: "cuLaunchKernel, no limit", mode: "launch", limits: &[], today: 20, bound: 24 },
-    HotPath { name: "cuLaunchKernel, memory cap 64g", mode: "launch", limits: &[CAP], today: 320, bound: 329 },
+    HotPath { name: "cuLaunchKernel, memory cap 64g", mode: "launch", limits: &[CAP], today: 313, bound: 329 },
     HotPath { name: "cuLaunchKernel, SM limit 50 %", mode: "launch", limits: &[("CUDA_DEVICE_SM_LIMIT", "50")], today: 1320, bound: 1386 },
     HotPath { name: "cuMemAlloc_v2 + cuMemFree_v2 pair, memory cap 64g", mode: "pair", limits: &[CAP], today: 551, bound: 567 },
     HotPath { name: "cuMemGetInfo_v2, memory cap 64g", mode: "info", limits: &[CAP], today: 207, bound: 217 },

@@ -37,7 +37,7 @@ pub(crate) fn flat(
         let probe = probe_stream(stream, ds);
         return s
             .mem
-            .elastic_call(&s.cuda, &[probe], || judged(s, call, bytes, stream, ds));
+            .elastic_call(&s.cuda, &[probe], move || judged(s, call, bytes, stream, ds));
     }
     judged(s, call, bytes, stream, ds)
 }

@@ -38,25 +38,12 @@ pub(crate) fn kernel(
     }
     let probe = probe_stream(stream, ds);
     if s.mem.elastic_on() {
-        return kernel_elastic(s, call, f, grid, block, probe);
+        // A move closure made here: had the cold call taken `grid` and `block` by value, the launch's own
+        // copies would escape and be stored on every launch (+5 instructions, elastic off).
+        let hooked = move || kernel_hooked(s, call, f, grid, block, probe);
+        return s.mem.elastic_call(&s.cuda, &[probe], hooked);
     }
     kernel_hooked(s, call, f, grid, block, probe)
-}
-
-/// [`kernel`] through elastic memory's gate (out of line: the common path pays one load for it).
-#[cold]
-#[inline(never)]
-fn kernel_elastic(
-    s: &Shim,
-    call: impl FnOnce() -> CUresult,
-    f: CUfunction,
-    grid: [c_uint; 3],
-    block: [c_uint; 3],
-    probe: usize,
-) -> CUresult {
-    s.mem.elastic_call(&s.cuda, &[probe], || {
-        kernel_hooked(s, call, f, grid, block, probe)
-    })
 }
 
 #[inline(always)]
@@ -257,7 +244,7 @@ pub(crate) fn graph(
         let probe = probe_stream(stream, ds);
         return s
             .mem
-            .elastic_call(&s.cuda, &[probe], || graph_hooked(s, call, exec, stream, ds));
+            .elastic_call(&s.cuda, &[probe], move || graph_hooked(s, call, exec, stream, ds));
     }
     graph_hooked(s, call, exec, stream, ds)
 }

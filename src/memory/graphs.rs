@@ -562,6 +562,9 @@ impl Memory {
         let e = exec as usize;
         let update = match what {
             ExecCall::Upload { stream } => return self.graph_upload(cuda, nvml, e, stream, call),
+            // The probe inline, the work out of line: the launch hook inlines this twice (with and without elastic
+            // memory's gate), and `#[inline]` alone then left all of it out of line (+27 per graph launch).
+            ExecCall::Launch if !self.graph.has_memory(e) => return call(),
             ExecCall::Launch => return self.with_graph_memory(cuda, nvml, e, call),
             ExecCall::Destroy => {
                 let had = self.graph.has_memory(e);
@@ -670,7 +673,7 @@ impl Memory {
     /// device (`footprint − (reserved − used)`) is admitted first (refused: `CUDA_ERROR_OUT_OF_MEMORY`, the
     /// driver not called), then the real change of the graph pools' reserved size is charged and the
     /// provisional charge dropped. An exec without alloc nodes costs one lock-free probe.
-    #[inline]
+    #[inline(never)]
     fn with_graph_memory(
         &self,
         cuda: &CudaTable,
