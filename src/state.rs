@@ -370,7 +370,8 @@ fn init(exports: Exports) -> Process {
 //   2. devices: the refresh lock, then the agent limits readers (both taken under the overhead lock by a limit
 //      re-read);
 //   3. throttle: the engine's outstanding probe per device, then the event probe slot per device (a poll holds
-//      the first while it tries the second), then the best-effort tracking slot per device (held alone).
+//      the first while it tries the second), then the best-effort tracking slot per device (held alone);
+//   4. memory's leaf locks (their holders take no other lock): images, first-use charges, graph kernels.
 //
 // They are released in the reverse order: unlocked in the parent, reset to unlocked in the child (unlocking
 // there would hand a lock to a parent thread parked on it, which the child does not have). In the child, memory
@@ -384,6 +385,7 @@ extern "C" fn fork_prepare() {
         s.mem.fork_prepare();
         s.devices.fork_prepare();
         s.throttle.fork_prepare();
+        s.mem.fork_prepare_leaves();
     }
 }
 
@@ -394,6 +396,7 @@ extern "C" fn fork_prepare() {
 unsafe fn fork_release(s: &Shim, side: Side) {
     // SAFETY: the caller's contract.
     unsafe {
+        s.mem.fork_release_leaves(side);
         s.throttle.fork_release(side);
         s.devices.fork_release(side);
         s.mem.fork_release(side);

@@ -280,6 +280,20 @@ impl Graphs {
         hold_all([&self.footprints]);
     }
 
+    /// Takes the family's leaf lock (its holders take no other) for the fork, after every other group.
+    pub(super) fn fork_prepare_leaves(&self) {
+        hold_all([&self.kernels]);
+    }
+
+    /// Undoes [`Graphs::fork_prepare_leaves`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare_leaves` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release_leaves(&self, side: Side) {
+        // SAFETY: locked by fork_prepare_leaves (the caller's contract).
+        unsafe { release_all([&self.kernels], side) };
+    }
+
     /// Undoes [`Graphs::fork_prepare`].
     ///
     /// # Safety

@@ -616,6 +616,25 @@ impl Memory {
             }
         }
     }
+
+    /// Takes memory's leaf locks (held by no one who then waits for another lock: images, first-use charges,
+    /// graph kernels) for the fork, after every other group: a child resets what they guard.
+    pub(crate) fn fork_prepare_leaves(&self) {
+        self.holdings.fork_prepare_leaves();
+        self.graph.fork_prepare_leaves();
+    }
+
+    /// Undoes [`Memory::fork_prepare_leaves`] (parent and child).
+    ///
+    /// # Safety
+    /// Only after `fork_prepare_leaves` on this thread (or in the child of that thread).
+    pub(crate) unsafe fn fork_release_leaves(&self, side: Side) {
+        // SAFETY: all locked by fork_prepare_leaves (the caller's contract).
+        unsafe {
+            self.graph.fork_release_leaves(side);
+            self.holdings.fork_release_leaves(side);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ use crate::devices::{Dev, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
-use crate::locks::Lock;
+use crate::locks::{hold_all, release_all, Lock, Side};
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
 use std::collections::HashMap;
@@ -250,6 +250,25 @@ impl Holdings {
         let key = self.images.lock().remove(&handle).map_or(handle, |i| i.key);
         self.images.lock().retain(|_, i| i.key != key);
         self.drop_lazy(|k, _| k == key);
+    }
+
+    /// Takes the leaf locks (their holders take no other: images, first-use charges) for the fork, after every
+    /// other group.
+    pub(super) fn fork_prepare_leaves(&self) {
+        hold_all([&self.images]);
+        hold_all([&self.lazy]);
+    }
+
+    /// Undoes [`Holdings::fork_prepare_leaves`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare_leaves` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release_leaves(&self, side: Side) {
+        // SAFETY: locked by fork_prepare_leaves (the caller's contract).
+        unsafe {
+            release_all([&self.lazy], side);
+            release_all([&self.images], side);
+        }
     }
 
     /// Forgets the parent's contexts and modules in a forked child.
