@@ -939,3 +939,22 @@ impl Memory {
         let _ = self.measure_all(nvml, false);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A forked child resets the images and first-use charges (`Holdings::reset`): the fork must hold their
+    /// locks, or one a parent thread held at the fork keeps the child waiting for ever (a chaos fork run's
+    /// stuck child, CI 2026-12-02).
+    #[test]
+    fn the_fork_holds_the_locks_a_child_resets() {
+        let h = Holdings::default();
+        h.fork_prepare_leaves();
+        assert!(h.images.try_lock().is_none() && h.lazy.try_lock().is_none());
+        // SAFETY: prepared just above, on this thread.
+        unsafe { h.fork_release_leaves(Side::Child) };
+        h.reset();
+        assert!(h.images.try_lock().is_some() && h.lazy.try_lock().is_some());
+    }
+}
