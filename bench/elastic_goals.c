@@ -16,12 +16,18 @@
  *   check      copies every buffer back and compares it with the pattern plus every add: ok=1, or
  *              bad=<buffer>/<offset> and ok=0
  *   wake MIB   a wake-up: allocates MIB (it may wait for the agent's reclaim), launches the kernel on every buffer
- *              (restoring them), synchronises, frees: oom=<0, or 1 when the allocation or a launch failed for
- *              want of memory> wake_ns=<its time>
+ *              (restoring them), synchronises, frees: alloc_ns=<the allocation's call> first_ns=<the first
+ *              launch's call (the restore)> oom=<0, or 1 when the allocation failed> wake_ns=<its time>
+ *   lat SECONDS NS
+ *              a steady loop of kernels of NS on the legacy stream (a module of its own, one wave), each
+ *              synchronised, for SECONDS: lat_ns=<per kernel, from just before its launch to its end on the
+ *              simulator's device timeline (cudasimDeviceBusyNs), so a slow wake-up after the sync is not counted>
+ *              wall_ns=<per kernel, launch to the sync's return>
  *   quit       frees everything; resident=<bytes>
  * Linked with -lcuda (the simulator). */
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +57,69 @@ static unsigned char pat(int b, size_t i) { return (unsigned char)(i * 131u + (i
 static unsigned long long resident(void) {
     cq_rawmem m;
     return cq_raw_nvml_mem(0, &m) == 0 ? m.used : 0ull;
+}
+
+typedef unsigned (*busy_fn)(unsigned, unsigned, unsigned long long, unsigned long long, unsigned long long *);
+
+/* When this process's device time since `from` reached `total` (the end of its last kernel), searched between
+ * `from` and `to` to the microsecond (shim-tests/c/priority_tenant.c's search); `to` if the simulator says no. */
+static long long done_at(busy_fn busy, long long from, long long to, long long total) {
+    long long lo = from, hi = to;
+    while (hi - lo > 1000) { /* to the µs: fewer calls into the simulator's ring */
+        long long mid = lo + (hi - lo) / 2;
+        unsigned long long b = 0;
+        if (busy(0, (unsigned)getpid(), (unsigned long long)from, (unsigned long long)mid, &b) != 0) return to;
+        if ((long long)b >= total)
+            hi = mid;
+        else
+            lo = mid;
+    }
+    return hi;
+}
+
+static void print_list(const char *key, const long long *v, size_t len) {
+    printf("%s=", key);
+    for (size_t i = 0; i < len; i++) printf("%s%lld", i ? "," : "", v[i]);
+    printf("\n");
+}
+
+/* `lat SECONDS NS`: see the header. */
+static void lat(double seconds, long long ns) {
+    busy_fn busy = (busy_fn)dlsym(RTLD_DEFAULT, "cudasimDeviceBusyNs");
+    /* Kept loaded between calls (a module's memory changes what NVML counts, which `evict LOW` reads). */
+    static CUmodule m;
+    static CUfunction spin;
+    static long long loaded_ns;
+    if (loaded_ns != ns) {
+        char text[128];
+        snprintf(text, sizeof text, "CUDASIM-MODULE 1\nkernel spin %lld\n", ns);
+        if (loaded_ns) CK(cuModuleUnload(m));
+        CK(cuModuleLoadData(&m, text));
+        CK(cuModuleGetFunction(&spin, m, "spin"));
+        loaded_ns = ns;
+    }
+    CK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)); /* warm up */
+    CK(cuCtxSynchronize());
+    size_t cap = 4096, len = 0;
+    long long *tl = malloc(cap * sizeof *tl), *wall = malloc(cap * sizeof *wall);
+    long long until = now_ns() + (long long)(seconds * 1e9);
+    while (now_ns() < until) {
+        long long b0 = now_ns();
+        CK(cuLaunchKernel(spin, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL));
+        CK(cuCtxSynchronize());
+        long long b1 = now_ns();
+        if (len == cap) {
+            cap *= 2;
+            tl = realloc(tl, cap * sizeof *tl);
+            wall = realloc(wall, cap * sizeof *wall);
+        }
+        tl[len] = (busy ? done_at(busy, b0, b1, ns) : b1) - b0;
+        wall[len++] = b1 - b0;
+    }
+    print_list("lat_ns", tl, len);
+    print_list("wall_ns", wall, len);
+    free(tl);
+    free(wall);
 }
 
 int main(int argc, char **argv) {
@@ -135,13 +204,24 @@ int main(int argc, char **argv) {
             CUdeviceptr scratch = 0;
             CUresult r = cuMemAlloc(&scratch, s);
             int oom = r != CUDA_SUCCESS;
+            long long t1 = now_ns(), t2 = t1;
             for (int b = 0; b < count; b++) {
                 cq_inc(inc, buf[b], n);
                 adds[b]++;
+                if (b == 0) t2 = now_ns();
             }
             CK(cuCtxSynchronize());
             if (r == CUDA_SUCCESS) CK(cuMemFree(scratch));
-            printf("oom=%d\nwake_ns=%lld\n", oom, now_ns() - t0);
+            printf("alloc_ns=%lld\nfirst_ns=%lld\noom=%d\nwake_ns=%lld\n", t1 - t0, t2 - t1, oom, now_ns() - t0);
+        } else if (!strncmp(line, "lat ", 4)) {
+            double secs = 0;
+            long long ns = 0;
+            if (sscanf(line + 4, "%lf %lld", &secs, &ns) != 2 || ns <= 0) {
+                printf("fail=lat: SECONDS NS\n");
+                fflush(stdout);
+                return 1;
+            }
+            lat(secs, ns);
         } else if (!strncmp(line, "quit", 4)) {
             for (int b = 0; b < count; b++) CK(cuMemFree(buf[b]));
             CK(cuMemFreeHost(host));
