@@ -37,11 +37,11 @@ pub(crate) fn kernel(
         return call();
     }
     let probe = probe_stream(stream, ds);
-    if s.mem.elastic_on() {
+    if s.mem.elastic().on() {
         // A move closure made here: had the cold call taken `grid` and `block` by value, the launch's own
         // copies would escape and be stored on every launch (+5 instructions, elastic off).
         let hooked = move || kernel_hooked(s, call, f, grid, block, probe);
-        return s.mem.elastic_call(&s.cuda, &[probe], hooked);
+        return s.mem.elastic().call(&s.cuda, &[probe], hooked);
     }
     kernel_hooked(s, call, f, grid, block, probe)
 }
@@ -157,14 +157,15 @@ pub(crate) unsafe fn multi_device(
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
     let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
-    if s.mem.elastic_on() {
+    if s.mem.elastic().on() {
         let streams: Vec<usize> = entries
             .iter()
             .map(|e| probe_stream(e.hStream, DefaultStream::Legacy))
             .collect();
         return s
             .mem
-            .elastic_call(&s.cuda, &streams, || multi_hooked(s, call, entries));
+            .elastic()
+            .call(&s.cuda, &streams, || multi_hooked(s, call, entries));
     }
     multi_hooked(s, call, entries)
 }
@@ -240,11 +241,12 @@ pub(crate) fn graph(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if s.mem.elastic_on() {
+    if s.mem.elastic().on() {
         let probe = probe_stream(stream, ds);
         return s
             .mem
-            .elastic_call(&s.cuda, &[probe], move || graph_hooked(s, call, exec, stream, ds));
+            .elastic()
+            .call(&s.cuda, &[probe], move || graph_hooked(s, call, exec, stream, ds));
     }
     graph_hooked(s, call, exec, stream, ds)
 }

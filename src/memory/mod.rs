@@ -107,6 +107,7 @@ impl Memory {
     /// Accounting of the devices in `devices`.
     pub(crate) fn new(devices: Arc<Devices>) -> Memory {
         Memory {
+            elastic: elastic::Elastic::new(devices.clone()),
             devices,
             ledger: Ledger::new(),
             vmm: vmm::VmmLives::default(),
@@ -120,8 +121,13 @@ impl Memory {
             holdings: Holdings::default(),
             host: HostPid::default(),
             first_use: first_use::FirstUse::default(),
-            elastic: elastic::Elastic::default(),
         }
+    }
+
+    /// The elastic family: movable ranges, the mover's turn, the bounded reclaim wait.
+    #[inline(always)]
+    pub(crate) fn elastic(&self) -> &elastic::Elastic {
+        &self.elastic
     }
 
     /// The host pid NVML knows this process by, once learned.
