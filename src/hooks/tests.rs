@@ -708,7 +708,7 @@ fn a_context_teardown_gives_back_only_what_this_process_still_charges() {
     let r = unsafe { hooks::cuIpcGetMemHandle(s, &mut h, p) };
     assert_eq!(r, CUresult::SUCCESS);
     assert_eq!(used(s), 512 * MIB);
-    s.mem.forget_context_allocations(&s.cuda, dev);
+    s.mem.first_use().context_gone(&s.cuda, dev);
     // This process has let go; nobody else holds the entry here, so it went with it.
     assert_eq!(used(s), 128 * MIB);
 }
@@ -771,7 +771,11 @@ fn a_creation_dropped_unmade_gives_its_estimate_back() {
     use crate::memory::Creation;
     let e = env(Some(1 << 30));
     let s = &e.shim;
-    let c = s.mem.creating(&s.cuda, &s.nvml, Creation::Context(0)).unwrap();
+    let c = s
+        .mem
+        .overhead()
+        .creating(&s.cuda, &s.nvml, Creation::Context(0))
+        .unwrap();
     assert_eq!(
         used(s),
         256 * MIB,
@@ -779,7 +783,11 @@ fn a_creation_dropped_unmade_gives_its_estimate_back() {
     );
     drop(c);
     assert_eq!(used(s), 0, "a creation never made still holds its estimate");
-    let mut c = s.mem.creating(&s.cuda, &s.nvml, Creation::Module).unwrap();
+    let mut c = s
+        .mem
+        .overhead()
+        .creating(&s.cuda, &s.nvml, Creation::Module)
+        .unwrap();
     assert_eq!(
         c.call(|| CUresult::ERROR_OUT_OF_MEMORY),
         CUresult::ERROR_OUT_OF_MEMORY

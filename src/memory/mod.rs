@@ -15,6 +15,7 @@ mod charge;
 mod credit;
 mod driver;
 mod elastic;
+mod families;
 mod first_use;
 mod graphs;
 mod host_pid;
@@ -131,7 +132,7 @@ impl Memory {
     }
 
     /// The host pid NVML knows this process by, once learned.
-    pub(crate) fn host_pid(&self) -> Option<u32> {
+    pub(super) fn host_pid(&self) -> Option<u32> {
         self.host.get()
     }
 
@@ -531,7 +532,7 @@ impl Memory {
     }
 
     /// Overhead this process has charged on `dev`.
-    pub(crate) fn overhead(&self, dev: Dev) -> u64 {
+    pub(crate) fn overhead_of(&self, dev: Dev) -> u64 {
         self.overhead[dev.id.index()].load(Ordering::Relaxed)
     }
 
@@ -539,7 +540,7 @@ impl Memory {
     /// Growth is admitted against the cap when `admit` is true (creation paths); `Err` = refused, nothing
     /// changed. Shrinking always succeeds.
     fn set_overhead_locked(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
-        let cur = self.overhead(dev);
+        let cur = self.overhead_of(dev);
         if target > cur {
             let delta = target - cur;
             let slot = self.usage().process_slot().map_err(|_| OverCap)?;

@@ -134,7 +134,7 @@ impl Memory {
         // yet made, and frees made but not yet uncharged, on other threads make the driver's figure read low for
         // an instant. Above it, each reconciliation replaces the last one's excess (so one that caught a
         // charge still being settled is corrected by the next).
-        let base = self.overhead(dev).saturating_sub(self.first_use.excess(dev));
+        let base = self.overhead_of(dev).saturating_sub(self.first_use.excess(dev));
         let target = (used.saturating_sub(ledger) + self.holdings.inflight(dev)).max(base);
         if self.set_overhead_locked(dev, target, false).is_ok() {
             self.first_use.set_excess(dev, target - base);
