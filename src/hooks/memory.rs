@@ -29,7 +29,7 @@ const PITCH_ALIGN: u64 = 512;
 /// memory, though admitted within the limit, may wait for the agent's reclaim (`Elastic::reclaim_wait`).
 fn linear(s: &Shim, bytes: u64, call: impl Fn() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
     let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) else {
-        return s.mem.untracked(call);
+        return s.mem.allocs().untracked(call);
     };
     let call = || {
         let r = call();
@@ -38,7 +38,7 @@ fn linear(s: &Shim, bytes: u64, call: impl Fn() -> CUresult, out: impl FnOnce() 
         }
         r
     };
-    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, out(), None))
     })
 }
@@ -122,7 +122,7 @@ fn alloc_movable(s: &Shim, dptr: *mut CUdeviceptr, bytes: u64) -> Option<CUresul
         }
         r
     };
-    let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    let r = s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, p.get(), None))
     });
     if r.ok() && s.mem.elastic().start_once() {
@@ -148,7 +148,7 @@ pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
     height: N,
 ) -> CUresult {
     let Some(dev) = s.devices.current(&s.cuda) else {
-        return s.mem.untracked(call);
+        return s.mem.allocs().untracked(call);
     };
     let height = height.to_u64();
     let bound = width
@@ -157,7 +157,7 @@ pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
         .saturating_mul(PITCH_ALIGN)
         .saturating_mul(height);
     let est = s.devices.round(&s.cuda, dev, bound);
-    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let (ptr, pitch) = unsafe { ((*dptr).to_u64(), (*pPitch).to_u64()) };
         let exact = s.devices.round(&s.cuda, dev, pitch.saturating_mul(height));
@@ -171,9 +171,10 @@ pub(crate) fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P)
     if s.mem.elastic().on() && s.mem.elastic().is_movable(p) {
         return s
             .mem
+            .allocs()
             .free_pointer(&s.cuda, p, None, || s.mem.elastic().free(&s.cuda, p));
     }
-    s.mem.free_pointer(&s.cuda, p, None, call)
+    s.mem.allocs().free_pointer(&s.cuda, p, None, call)
 }
 
 /// `cuMemFreeAsync` (+ `_ptsz`): the free runs later, in `stream`'s order.
@@ -185,6 +186,7 @@ pub(crate) fn free_async(
     ds: DefaultStream,
 ) -> CUresult {
     s.mem
+        .allocs()
         .free_pointer(&s.cuda, dptr, Some(stream_key(stream, ds)), call)
 }
 
@@ -357,7 +359,7 @@ fn array_alloc<D: ArrayDesc>(
         return call();
     }
     let Some(dev) = s.devices.current(&s.cuda) else {
-        return s.mem.untracked(call);
+        return s.mem.allocs().untracked(call);
     };
     // SAFETY: non-NULL caller descriptor.
     let (w, h, d, format, channels, flags) = unsafe { *desc }.dims();
@@ -366,7 +368,7 @@ fn array_alloc<D: ArrayDesc>(
     // A sparse or deferred-mapping array's requirements are what its bound VMM allocations (charged at
     // `cuMemCreate`) will back: the array itself holds nothing.
     let backed = flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0;
-    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let handle = unsafe { *pHandle };
         let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();

@@ -1,15 +1,92 @@
-//! What hooks reach of memory, one family at a time (issue 37): `Memory::first_use`, `Memory::overhead` and
-//! `Memory::graphs` hand out a borrowed view whose few methods are the family's whole interface to hooks (the
+//! What hooks reach of memory, one family at a time (issue 37): `Memory::allocs`, `Memory::first_use`,
+//! `Memory::overhead` and `Memory::graphs` hand out a borrowed view whose few methods are the family's whole interface to hooks (the
 //! elastic family, `Memory::elastic`, is a type of its own). Each view is one pointer and every method
 //! `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if hooks called `Memory` directly.
 
 use super::graphs::Unpriced;
+#[cfg(test)]
+use super::ledger::Record;
+use super::ledger::Space;
 use super::overhead::Creating;
-use super::{Creation, ExecCall, GraphChange, Launch, Memory, OverCap, OverheadCall, Owner, Use};
+use super::{Admitted, Creation, ExecCall, GraphChange, Launch, Memory, OverCap, OverheadCall, Owner, Use};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
+
+/// Allocations: admission against the cap, the charged call, the free, and what `cuMemGetInfo` reports.
+#[derive(Clone, Copy)]
+pub(crate) struct AllocCalls<'a>(&'a Memory);
+
+impl<'a> AllocCalls<'a> {
+    /// Admits `estimate` on `dev`, calls `call`, commits `exact()` (see `Memory::charged_call`).
+    #[inline(always)]
+    pub(crate) fn charged_call(
+        self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        dev: Dev,
+        estimate: u64,
+        call: impl FnOnce() -> CUresult,
+        exact: impl FnOnce() -> Option<(Space, u64, Option<u64>)>,
+    ) -> CUresult {
+        self.0.charged_call(cuda, nvml, dev, estimate, call, exact)
+    }
+
+    /// A free of the device address `p` (see `Memory::free_pointer`).
+    #[inline(always)]
+    pub(crate) fn free_pointer(
+        self,
+        cuda: &CudaTable,
+        p: u64,
+        stream: Option<usize>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        self.0.free_pointer(cuda, p, stream, call)
+    }
+
+    /// An allocation whose device has no accounting identity (see `Memory::untracked`).
+    #[inline(always)]
+    pub(crate) fn untracked(self, call: impl FnOnce() -> CUresult) -> CUresult {
+        self.0.untracked(call)
+    }
+
+    /// What `cuMemGetInfo` of `dev` capped at `cap` reports used (see `Memory::info_used`).
+    #[inline(always)]
+    pub(crate) fn info_used(self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+        self.0.info_used(cuda, nvml, dev, cap)
+    }
+
+    /// Bytes the whole container has charged on `dev`.
+    #[inline(always)]
+    pub(crate) fn container_used(self, dev: Dev) -> u64 {
+        self.0.container_used(dev)
+    }
+
+    /// Reserves `bytes` on `dev` (see `Memory::admit`).
+    #[inline(always)]
+    pub(crate) fn admit(
+        self,
+        dev: Dev,
+        bytes: u64,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+    ) -> Result<Admitted<'a>, OverCap> {
+        self.0.admit(dev, bytes, cuda, nvml)
+    }
+
+    /// Charges `bytes` whatever the limit (the driver already handed the memory out).
+    #[inline(always)]
+    pub(crate) fn force(self, dev: Dev, bytes: u64) {
+        self.0.force(dev, bytes)
+    }
+
+    /// Puts a record in the ledger as if an allocation had made it (unit tests of what hooks do with it).
+    #[cfg(test)]
+    pub(crate) fn record(self, space: Space, key: u64, rec: Record) {
+        self.0.record(space, key, rec)
+    }
+}
 
 /// First use: what a launch or a module's lookup may make the driver take at first use (lazy loading, stack
 /// growth), and what a context's end takes back.
@@ -125,6 +202,12 @@ impl GraphCalls<'_> {
 }
 
 impl Memory {
+    /// The allocation family.
+    #[inline(always)]
+    pub(crate) fn allocs(&self) -> AllocCalls<'_> {
+        AllocCalls(self)
+    }
+
     /// The first-use family.
     #[inline(always)]
     pub(crate) fn first_use(&self) -> FirstUseCalls<'_> {

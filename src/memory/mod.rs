@@ -138,7 +138,7 @@ impl Memory {
 
     /// Puts a record in the ledger as if an allocation had made it (unit tests of what hooks do with it).
     #[cfg(test)]
-    pub(crate) fn record(&self, space: ledger::Space, key: u64, rec: ledger::Record) {
+    pub(super) fn record(&self, space: ledger::Space, key: u64, rec: ledger::Record) {
         self.ledger.insert(space, key, rec);
     }
 
@@ -154,7 +154,7 @@ impl Memory {
 
     /// Bytes the whole container has charged on a device (credit charged ahead included: what admission
     /// decides by).
-    pub(crate) fn container_used(&self, dev: Dev) -> u64 {
+    pub(super) fn container_used(&self, dev: Dev) -> u64 {
         self.usage().container_used(dev.id)
     }
 
@@ -190,7 +190,7 @@ impl Memory {
     /// process is not one, against the device's free memory (`cuda`, `nvml`). `Err` = refused: nothing
     /// charged.
     #[inline(always)]
-    pub(crate) fn admit(
+    pub(super) fn admit(
         &self,
         dev: Dev,
         bytes: u64,
@@ -378,7 +378,7 @@ impl Memory {
     }
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
-    pub(crate) fn force(&self, dev: Dev, bytes: u64) {
+    pub(super) fn force(&self, dev: Dev, bytes: u64) {
         if bytes == 0 {
             return;
         }

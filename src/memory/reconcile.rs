@@ -41,7 +41,7 @@ impl Memory {
     /// first reconciled with the driver's figure (the ledger alone is not trusted there). This
     /// process's pools on `dev` are re-read first.
     #[inline(always)]
-    pub(crate) fn info_used(&self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+    pub(super) fn info_used(&self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
         self.refresh_pools_of(cuda, dev.id);
         let (used, held) = self.usage().container_used_held(dev.id);
         if near_cap(cap, used) {
