@@ -1,14 +1,18 @@
 //! What hooks reach of memory, one family at a time (issue 37): `Memory::allocs`, `Memory::first_use`,
-//! `Memory::overhead` and `Memory::graphs` hand out a borrowed view whose few methods are the family's whole interface to hooks (the
-//! elastic family, `Memory::elastic`, is a type of its own). Each view is one pointer and every method
-//! `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if hooks called `Memory` directly.
+//! `Memory::overhead` and `Memory::graphs` hand out a borrowed view whose few methods are the family's whole
+//! interface to hooks (the elastic family, `Memory::elastic`, is a type of its own). Each view is one pointer
+//! and every method `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if hooks called
+//! `Memory` directly (the gate, bench/README.md, measured them unchanged).
 
 use super::graphs::Unpriced;
 #[cfg(test)]
 use super::ledger::Record;
 use super::ledger::Space;
+#[cfg(test)]
 use super::overhead::Creating;
-use super::{Admitted, Creation, ExecCall, GraphChange, Launch, Memory, OverCap, OverheadCall, Owner, Use};
+#[cfg(test)]
+use super::{Admitted, Creation, OverCap};
+use super::{ExecCall, GraphChange, Launch, Memory, OverheadCall, Owner, Use};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
@@ -58,12 +62,14 @@ impl<'a> AllocCalls<'a> {
     }
 
     /// Bytes the whole container has charged on `dev`.
+    #[cfg(test)]
     #[inline(always)]
     pub(crate) fn container_used(self, dev: Dev) -> u64 {
         self.0.container_used(dev)
     }
 
     /// Reserves `bytes` on `dev` (see `Memory::admit`).
+    #[cfg(test)]
     #[inline(always)]
     pub(crate) fn admit(
         self,
@@ -76,6 +82,7 @@ impl<'a> AllocCalls<'a> {
     }
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
+    #[cfg(test)]
     #[inline(always)]
     pub(crate) fn force(self, dev: Dev, bytes: u64) {
         self.0.force(dev, bytes)
@@ -135,6 +142,7 @@ impl<'a> FirstUseCalls<'a> {
 
     /// The last context on `dev` is gone: the allocations made in it go (see
     /// `Memory::forget_context_allocations`).
+    #[cfg(test)]
     #[inline(always)]
     pub(crate) fn context_gone(self, cuda: &CudaTable, dev: Dev) {
         self.0.forget_context_allocations(cuda, dev)
@@ -159,6 +167,7 @@ impl<'a> OverheadCalls<'a> {
     }
 
     /// Before the driver creates `what`: its estimate reserved (see `Memory::creating`).
+    #[cfg(test)]
     #[inline(always)]
     pub(crate) fn creating(
         self,
