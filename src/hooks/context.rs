@@ -50,7 +50,7 @@ pub(crate) unsafe fn ctx_create(
         out: &out,
         undo: &undo,
     };
-    s.mem.overhead_call(&s.cuda, &s.nvml, create, call)
+    s.mem.overhead().call(&s.cuda, &s.nvml, create, call)
 }
 
 /// `cuCtxDestroy` (bare, `_v2`).
@@ -59,7 +59,7 @@ pub(crate) unsafe fn ctx_create(
 /// Driver contract.
 pub(crate) unsafe fn ctx_destroy(s: &Shim, call: impl FnOnce() -> CUresult, ctx: CUcontext) -> CUresult {
     let destroy = OverheadCall::Destroy(ctx as usize);
-    let r = s.mem.overhead_call(&s.cuda, &s.nvml, destroy, || {
+    let r = s.mem.overhead().call(&s.cuda, &s.nvml, destroy, || {
         // A probe measuring a launch in this context is charged up to the context's end, never dropped.
         let probes = s.throttle.context_ending(&s.nvml, Some(ctx as usize), 0, true);
         let r = call();
@@ -103,7 +103,7 @@ pub(crate) unsafe fn primary_retain(
         out: &|| None,
         undo: &undo,
     };
-    s.mem.overhead_call(&s.cuda, &s.nvml, create, retain)
+    s.mem.overhead().call(&s.cuda, &s.nvml, create, retain)
 }
 
 /// `cuDevicePrimaryCtxRelease` and, with `reset` (our count drops to zero), `cuDevicePrimaryCtxReset` (each
@@ -130,7 +130,7 @@ pub(crate) fn primary_release(
         reset,
         last: &last,
     };
-    let r = s.mem.overhead_call(&s.cuda, &s.nvml, release, || {
+    let r = s.mem.overhead().call(&s.cuda, &s.nvml, release, || {
         let r = call();
         s.throttle.context_ended(&probes);
         r
@@ -145,7 +145,7 @@ pub(crate) fn primary_release(
 /// ([`OverheadCall::SetLimit`]).
 pub(crate) fn set_limit(s: &Shim, call: impl FnOnce() -> CUresult, limit: CUlimit, value: usize) -> CUresult {
     let set = OverheadCall::SetLimit { limit, value };
-    s.mem.overhead_call(&s.cuda, &s.nvml, set, call)
+    s.mem.overhead().call(&s.cuda, &s.nvml, set, call)
 }
 
 pub(crate) use crate::memory::Owner;
@@ -164,7 +164,7 @@ pub(crate) unsafe fn first_use<W: Width>(
 ) -> CUresult {
     // SAFETY: written by the driver on success (read only then, and only when not NULL).
     let handle = || (!out.is_null()).then(|| unsafe { *out }.to_u64() as usize);
-    s.mem.lookup(&s.cuda, &s.nvml, owner, call, handle)
+    s.mem.first_use().lookup(&s.cuda, &s.nvml, owner, call, handle)
 }
 
 /// `cuLibraryGetModule`: a lookup ([`first_use`]) whose module lives in the current context: its device and
@@ -187,5 +187,6 @@ pub(crate) unsafe fn library_get_module(
 pub(crate) fn function_load(s: &Shim, call: impl FnOnce() -> CUresult, function: CUfunction) -> CUresult {
     let handle = || Some(function as usize);
     s.mem
+        .first_use()
         .lookup(&s.cuda, &s.nvml, Owner::Function(function), call, handle)
 }

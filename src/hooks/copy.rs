@@ -33,11 +33,12 @@ pub(crate) fn flat(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if s.mem.elastic_on() {
+    if s.mem.elastic().on() {
         let probe = probe_stream(stream, ds);
         return s
             .mem
-            .elastic_call(&s.cuda, &[probe], move || judged(s, call, bytes, stream, ds));
+            .elastic()
+            .call(&s.cuda, &[probe], move || judged(s, call, bytes, stream, ds));
     }
     judged(s, call, bytes, stream, ds)
 }
@@ -70,7 +71,7 @@ unsafe fn described<T>(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if p.is_null() || !(s.devices.prioritised() || s.mem.elastic_on()) {
+    if p.is_null() || !(s.devices.prioritised() || s.mem.elastic().on()) {
         return call();
     }
     // SAFETY: non-NULL, a `T` by the caller's contract.
@@ -142,7 +143,7 @@ pub(crate) unsafe fn batch(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if !(s.devices.prioritised() || s.mem.elastic_on()) {
+    if !(s.devices.prioritised() || s.mem.elastic().on()) {
         return call();
     }
     let bytes = if sizes.is_null() || count > 1 << 20 {

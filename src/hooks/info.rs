@@ -42,7 +42,7 @@ pub(crate) unsafe fn mem_get_info<T: Width>(
         return r;
     }
     s.devices.maybe_reclaim();
-    let used = s.mem.info_used(&s.cuda, &s.nvml, dev, cap);
+    let used = s.mem.allocs().info_used(&s.cuda, &s.nvml, dev, cap);
     let (f, t) = capped_info(cap, used, rf.to_u64(), rt.to_u64());
     // SAFETY: each non-NULL pointer is the caller's out-parameter.
     unsafe {

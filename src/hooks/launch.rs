@@ -37,11 +37,11 @@ pub(crate) fn kernel(
         return call();
     }
     let probe = probe_stream(stream, ds);
-    if s.mem.elastic_on() {
+    if s.mem.elastic().on() {
         // A move closure made here: had the cold call taken `grid` and `block` by value, the launch's own
         // copies would escape and be stored on every launch (+5 instructions, elastic off).
         let hooked = move || kernel_hooked(s, call, f, grid, block, probe);
-        return s.mem.elastic_call(&s.cuda, &[probe], hooked);
+        return s.mem.elastic().call(&s.cuda, &[probe], hooked);
     }
     kernel_hooked(s, call, f, grid, block, probe)
 }
@@ -56,13 +56,13 @@ fn kernel_hooked(
     probe: usize,
 ) -> CUresult {
     s.devices.hami_pre_launch();
-    if s.mem.first_use_armed() {
+    if s.mem.first_use().armed() {
         let mut first = None;
         let r = throttled(s, f, grid, block, probe, || {
             first_use(s, Use::Launch, f as usize, probe, &mut first, call)
         });
         if let Some(l) = first {
-            s.mem.launched(&s.cuda, &s.nvml, l, probe, r);
+            s.mem.first_use().launched(&s.cuda, &s.nvml, l, probe, r);
         }
         return r;
     }
@@ -100,7 +100,10 @@ fn first_use<'a>(
     first: &mut Option<Launch<'a>>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    if s.mem.first_launch_to(&s.cuda, &s.nvml, how, f, stream, first) {
+    if s.mem
+        .first_use()
+        .launch_to(&s.cuda, &s.nvml, how, f, stream, first)
+    {
         call()
     } else {
         CUresult::ERROR_OUT_OF_MEMORY
@@ -157,14 +160,15 @@ pub(crate) unsafe fn multi_device(
     }
     // SAFETY: the driver contract: `list` points to `num_devices` CUDA_LAUNCH_PARAMS.
     let entries = unsafe { std::slice::from_raw_parts(list, num_devices as usize) };
-    if s.mem.elastic_on() {
+    if s.mem.elastic().on() {
         let streams: Vec<usize> = entries
             .iter()
             .map(|e| probe_stream(e.hStream, DefaultStream::Legacy))
             .collect();
         return s
             .mem
-            .elastic_call(&s.cuda, &streams, || multi_hooked(s, call, entries));
+            .elastic()
+            .call(&s.cuda, &streams, || multi_hooked(s, call, entries));
     }
     multi_hooked(s, call, entries)
 }
@@ -173,7 +177,7 @@ fn multi_hooked(s: &Shim, call: impl FnOnce() -> CUresult, entries: &[CUDA_LAUNC
     let mut firsts = Vec::new();
     let r = multi_throttled(s, || multi_first_use(s, call, entries, &mut firsts), entries);
     for (l, stream) in firsts {
-        s.mem.launched(&s.cuda, &s.nvml, l, stream, r);
+        s.mem.first_use().launched(&s.cuda, &s.nvml, l, stream, r);
     }
     r
 }
@@ -186,7 +190,7 @@ fn multi_first_use<'a>(
     entries: &[CUDA_LAUNCH_PARAMS],
     firsts: &mut Vec<(Launch<'a>, usize)>,
 ) -> CUresult {
-    if s.mem.first_use_armed() {
+    if s.mem.first_use().armed() {
         for e in entries {
             let stream = probe_stream(e.hStream, DefaultStream::Legacy);
             // Two entries' first uses on one device would each be admitted before either is measured; the
@@ -195,7 +199,8 @@ fn multi_first_use<'a>(
             let f = e.function as usize;
             if !s
                 .mem
-                .first_launch_to(&s.cuda, &s.nvml, Use::Launch, f, stream, &mut first)
+                .first_use()
+                .launch_to(&s.cuda, &s.nvml, Use::Launch, f, stream, &mut first)
             {
                 return CUresult::ERROR_OUT_OF_MEMORY;
             }
@@ -240,11 +245,12 @@ pub(crate) fn graph(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    if s.mem.elastic_on() {
+    if s.mem.elastic().on() {
         let probe = probe_stream(stream, ds);
         return s
             .mem
-            .elastic_call(&s.cuda, &[probe], move || graph_hooked(s, call, exec, stream, ds));
+            .elastic()
+            .call(&s.cuda, &[probe], move || graph_hooked(s, call, exec, stream, ds));
     }
     graph_hooked(s, call, exec, stream, ds)
 }
@@ -261,7 +267,7 @@ fn graph_hooked(
     // now (refused over the cap, measured after).
     // Measured after `graph_memory` settled the graph's memory nodes: before, their provisional charge would
     // read as the driver's and the load as smaller (found by a review: 1210 MiB under a 1 GiB cap).
-    if s.mem.first_use_armed() {
+    if s.mem.first_use().armed() {
         let probe = probe_stream(stream, ds);
         let mut first = None;
         let r = graph_memory(
@@ -272,7 +278,7 @@ fn graph_hooked(
             ds,
         );
         if let Some(l) = first {
-            s.mem.launched(&s.cuda, &s.nvml, l, probe, r);
+            s.mem.first_use().launched(&s.cuda, &s.nvml, l, probe, r);
         }
         return r;
     }
@@ -287,7 +293,7 @@ fn graph_memory(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    s.mem.graph_exec(&s.cuda, &s.nvml, exec, ExecCall::Launch, || {
+    s.mem.graphs().exec(&s.cuda, &s.nvml, exec, ExecCall::Launch, || {
         graph_throttled(s, exec, stream, ds, call)
     })
 }

@@ -26,19 +26,19 @@ pub(crate) use vmm::*;
 const PITCH_ALIGN: u64 = 512;
 
 /// A linear allocation of `bytes` on the current context's device. One the driver refuses for want of device
-/// memory, though admitted within the limit, may wait for the agent's reclaim (`Memory::reclaim_wait`).
+/// memory, though admitted within the limit, may wait for the agent's reclaim (`Elastic::reclaim_wait`).
 fn linear(s: &Shim, bytes: u64, call: impl Fn() -> CUresult, out: impl FnOnce() -> u64) -> CUresult {
     let Some((dev, est)) = s.devices.current_rounded(&s.cuda, bytes) else {
-        return s.mem.untracked(call);
+        return s.mem.allocs().untracked(call);
     };
     let call = || {
         let r = call();
         if r == CUresult::ERROR_OUT_OF_MEMORY {
-            return s.mem.reclaim_wait(dev, est, &call);
+            return s.mem.elastic().reclaim_wait(dev, est, &call);
         }
         r
     };
-    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, out(), None))
     })
 }
@@ -86,7 +86,7 @@ fn start_mover() {
         .spawn(|| loop {
             std::thread::sleep(crate::memory::ELASTIC_POLL);
             if let Some(s) = crate::state::active_cuda() {
-                s.mem.elastic_tick(&s.cuda);
+                s.mem.elastic().tick(&s.cuda);
             }
         });
     if let Err(e) = spawned {
@@ -103,11 +103,11 @@ fn start_mover() {
 #[inline(never)]
 fn alloc_movable(s: &Shim, dptr: *mut CUdeviceptr, bytes: u64) -> Option<CUresult> {
     let (dev, est) = s.devices.current_rounded(&s.cuda, bytes)?;
-    if !s.mem.movable(dev, est) {
+    if !s.mem.elastic().movable(dev, est) {
         return None;
     }
     let p = std::cell::Cell::new(0);
-    let make = || match s.mem.elastic_alloc(&s.cuda, dev, est) {
+    let make = || match s.mem.elastic().alloc(&s.cuda, dev, est) {
         Ok(v) => {
             p.set(v);
             CUresult::SUCCESS
@@ -118,14 +118,14 @@ fn alloc_movable(s: &Shim, dptr: *mut CUdeviceptr, bytes: u64) -> Option<CUresul
     let call = || {
         let r = make();
         if r == CUresult::ERROR_OUT_OF_MEMORY {
-            return s.mem.reclaim_wait(dev, est, &make);
+            return s.mem.elastic().reclaim_wait(dev, est, &make);
         }
         r
     };
-    let r = s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    let r = s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         Some((Space::Pointer, p.get(), None))
     });
-    if r.ok() && s.mem.elastic_start_once() {
+    if r.ok() && s.mem.elastic().start_once() {
         start_mover();
     }
     if r.ok() {
@@ -148,7 +148,7 @@ pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
     height: N,
 ) -> CUresult {
     let Some(dev) = s.devices.current(&s.cuda) else {
-        return s.mem.untracked(call);
+        return s.mem.allocs().untracked(call);
     };
     let height = height.to_u64();
     let bound = width
@@ -157,7 +157,7 @@ pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
         .saturating_mul(PITCH_ALIGN)
         .saturating_mul(height);
     let est = s.devices.round(&s.cuda, dev, bound);
-    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let (ptr, pitch) = unsafe { ((*dptr).to_u64(), (*pPitch).to_u64()) };
         let exact = s.devices.round(&s.cuda, dev, pitch.saturating_mul(height));
@@ -168,12 +168,13 @@ pub(crate) unsafe fn alloc_pitch<P: Width, N: Width>(
 /// `cuMemFree_v2`, legacy `cuMemFree`.
 pub(crate) fn free<P: Width>(s: &Shim, call: impl FnOnce() -> CUresult, dptr: P) -> CUresult {
     let p = dptr.to_u64();
-    if s.mem.elastic_on() && s.mem.is_movable(p) {
+    if s.mem.elastic().on() && s.mem.elastic().is_movable(p) {
         return s
             .mem
-            .free_pointer(&s.cuda, p, None, || s.mem.elastic_free(&s.cuda, p));
+            .allocs()
+            .free_pointer(&s.cuda, p, None, || s.mem.elastic().free(&s.cuda, p));
     }
-    s.mem.free_pointer(&s.cuda, p, None, call)
+    s.mem.allocs().free_pointer(&s.cuda, p, None, call)
 }
 
 /// `cuMemFreeAsync` (+ `_ptsz`): the free runs later, in `stream`'s order.
@@ -185,6 +186,7 @@ pub(crate) fn free_async(
     ds: DefaultStream,
 ) -> CUresult {
     s.mem
+        .allocs()
         .free_pointer(&s.cuda, dptr, Some(stream_key(stream, ds)), call)
 }
 
@@ -212,7 +214,7 @@ pub(crate) unsafe fn ipc_get(
     dptr: CUdeviceptr,
 ) -> CUresult {
     // Exported memory is mapped by another process: a movable range stays resident from now on.
-    s.mem.elastic_pin(&s.cuda, dptr);
+    s.mem.elastic().pin(&s.cuda, dptr);
     // SAFETY: a CUipcMemHandle is its 64 bytes; as the caller's contract says.
     unsafe { export_pointer(s, call, handle.cast(), dptr, "cuIpcGetMemHandle") }
 }
@@ -357,7 +359,7 @@ fn array_alloc<D: ArrayDesc>(
         return call();
     }
     let Some(dev) = s.devices.current(&s.cuda) else {
-        return s.mem.untracked(call);
+        return s.mem.allocs().untracked(call);
     };
     // SAFETY: non-NULL caller descriptor.
     let (w, h, d, format, channels, flags) = unsafe { *desc }.dims();
@@ -366,7 +368,7 @@ fn array_alloc<D: ArrayDesc>(
     // A sparse or deferred-mapping array's requirements are what its bound VMM allocations (charged at
     // `cuMemCreate`) will back: the array itself holds nothing.
     let backed = flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING) != 0;
-    s.mem.charged_call(&s.cuda, &s.nvml, dev, est, call, || {
+    s.mem.allocs().charged_call(&s.cuda, &s.nvml, dev, est, call, || {
         // SAFETY: written by the driver on success.
         let handle = unsafe { *pHandle };
         let mut req = CUDA_ARRAY_MEMORY_REQUIREMENTS::default();

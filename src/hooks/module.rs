@@ -331,7 +331,7 @@ pub(crate) unsafe fn module_load(
         out: &out,
         footprint: &footprint,
     };
-    s.mem.overhead_call(&s.cuda, &s.nvml, load, call)
+    s.mem.overhead().call(&s.cuda, &s.nvml, load, call)
 }
 
 /// `cuModuleUnload`.
@@ -340,7 +340,7 @@ pub(crate) fn module_unload(s: &Shim, call: impl FnOnce() -> CUresult, hmod: CUm
         library: false,
         handle: hmod as usize,
     };
-    s.mem.overhead_call(&s.cuda, &s.nvml, unload, call)
+    s.mem.overhead().call(&s.cuda, &s.nvml, unload, call)
 }
 
 /// `cuLibraryLoadData`, `cuLibraryLoadFromFile`.
@@ -362,7 +362,7 @@ pub(crate) unsafe fn library_load(
         out: &out,
         footprint: &footprint,
     };
-    s.mem.overhead_call(&s.cuda, &s.nvml, load, call)
+    s.mem.overhead().call(&s.cuda, &s.nvml, load, call)
 }
 
 /// `cuLibraryUnload`.
@@ -371,7 +371,7 @@ pub(crate) fn library_unload(s: &Shim, call: impl FnOnce() -> CUresult, library:
         library: true,
         handle: library as usize,
     };
-    let r = s.mem.overhead_call(&s.cuda, &s.nvml, unload, call);
+    let r = s.mem.overhead().call(&s.cuda, &s.nvml, unload, call);
     if r.ok() {
         let mut kept = PRESERVED.lock();
         if let Some(i) = kept.iter().position(|(l, _)| *l == library as usize) {

@@ -120,7 +120,7 @@ pub(crate) unsafe fn memory_info<T: MemoryInfo>(
 
 /// This process's pids as NVML may list it: its own and, in a pid namespace, the host pid it learned.
 fn own_pids(s: &Shim) -> [u32; 2] {
-    [std::process::id(), s.mem.host_pid().unwrap_or(0)]
+    [std::process::id(), s.mem.overhead().host_pid().unwrap_or(0)]
 }
 
 /// The container's records of a real list: the one membership filter every per-process NVML call goes through.

@@ -213,7 +213,7 @@ fn alloc(s: &Shim, n: u64) -> (CUresult, CUdeviceptr) {
 
 fn used(s: &Shim) -> u64 {
     let dev = s.devices.current(&s.cuda).unwrap();
-    s.mem.container_used(dev)
+    s.mem.allocs().container_used(dev)
 }
 
 #[test]
@@ -680,13 +680,13 @@ fn a_reused_address_releases_the_stale_record_charge() {
     let dev = s.devices.current(&s.cuda).unwrap();
     // An allocation freed behind the shim's back: record and charge remain, the address is free again.
     let next = fake(|f| f.next);
-    let _ = s.mem.admit(dev, 32 * MIB, &s.cuda, &s.nvml).unwrap();
+    let _ = s.mem.allocs().admit(dev, 32 * MIB, &s.cuda, &s.nvml).unwrap();
     let stale = crate::memory::Record {
         entry: dev.id,
         bytes: 32 * MIB,
         kind: crate::memory::Kind::Direct,
     };
-    s.mem.record(crate::memory::Space::Pointer, next, stale);
+    s.mem.allocs().record(crate::memory::Space::Pointer, next, stale);
     let (r, p) = alloc(s, 2 * MIB);
     assert_eq!((r, p), (CUresult::SUCCESS, next));
     assert_eq!(used(s), 2 * MIB, "the stale record's charge leaked");
@@ -700,7 +700,7 @@ fn a_context_teardown_gives_back_only_what_this_process_still_charges() {
     let e = env(Some(1 << 30));
     let s = &e.shim;
     let dev = s.devices.current(&s.cuda).unwrap();
-    s.mem.force(dev, 128 * MIB);
+    s.mem.allocs().force(dev, 128 * MIB);
     let (r, p) = alloc(s, 384 * MIB);
     assert_eq!(r, CUresult::SUCCESS);
     let mut h = CUipcMemHandle { reserved: [0; 64] };
@@ -708,7 +708,7 @@ fn a_context_teardown_gives_back_only_what_this_process_still_charges() {
     let r = unsafe { hooks::cuIpcGetMemHandle(s, &mut h, p) };
     assert_eq!(r, CUresult::SUCCESS);
     assert_eq!(used(s), 512 * MIB);
-    s.mem.forget_context_allocations(&s.cuda, dev);
+    s.mem.first_use().context_gone(&s.cuda, dev);
     // This process has let go; nobody else holds the entry here, so it went with it.
     assert_eq!(used(s), 128 * MIB);
 }
@@ -739,7 +739,7 @@ fn a_destroyed_pool_stays_charged_until_its_frees_have_run() {
             bytes: 768 * MIB,
             kind: Kind::Pool(n),
         };
-        s.mem.record(Space::Pointer, p, rec);
+        s.mem.allocs().record(Space::Pointer, p, rec);
         let (blocked, other) = (0x7777 as CUstream, 0x8888 as CUstream);
         // SAFETY: plain values and handles the fake driver ignores (so below).
         let freed = unsafe { hooks::cuMemFreeAsync(s, p, blocked) };
@@ -771,7 +771,11 @@ fn a_creation_dropped_unmade_gives_its_estimate_back() {
     use crate::memory::Creation;
     let e = env(Some(1 << 30));
     let s = &e.shim;
-    let c = s.mem.creating(&s.cuda, &s.nvml, Creation::Context(0)).unwrap();
+    let c = s
+        .mem
+        .overhead()
+        .creating(&s.cuda, &s.nvml, Creation::Context(0))
+        .unwrap();
     assert_eq!(
         used(s),
         256 * MIB,
@@ -779,7 +783,11 @@ fn a_creation_dropped_unmade_gives_its_estimate_back() {
     );
     drop(c);
     assert_eq!(used(s), 0, "a creation never made still holds its estimate");
-    let mut c = s.mem.creating(&s.cuda, &s.nvml, Creation::Module).unwrap();
+    let mut c = s
+        .mem
+        .overhead()
+        .creating(&s.cuda, &s.nvml, Creation::Module)
+        .unwrap();
     assert_eq!(
         c.call(|| CUresult::ERROR_OUT_OF_MEMORY),
         CUresult::ERROR_OUT_OF_MEMORY

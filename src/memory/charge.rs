@@ -88,7 +88,7 @@ impl Memory {
     /// Admits `estimate` on `dev`, calls `call`; on success commits `exact()`: the object's space, key and exact
     /// byte count (already rounded; `None` keeps the estimate), or nothing to record (the charge goes back).
     /// Returns OOM without calling the driver when the estimate does not fit.
-    pub(crate) fn charged_call(
+    pub(super) fn charged_call(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -164,7 +164,7 @@ impl Memory {
     /// A free of the device address `p`: an export lets go of its shared entry (importers may still hold the
     /// memory: the charge stays until the last of them closes it), an import of its hold, anything else of
     /// its record (`stream`: the stream key of a free in stream order).
-    pub(crate) fn free_pointer(
+    pub(super) fn free_pointer(
         &self,
         cuda: &CudaTable,
         p: u64,
@@ -198,7 +198,7 @@ impl Memory {
     /// An allocation whose device has no accounting identity. Without a context (or with a bad ordinal) the
     /// driver gives its own error; a real device that found no room in the usage region is refused while memory
     /// limits apply, so it can never become a way around the cap.
-    pub(crate) fn untracked(&self, call: impl FnOnce() -> CUresult) -> CUresult {
+    pub(super) fn untracked(&self, call: impl FnOnce() -> CUresult) -> CUresult {
         if self.devices.refuse_unplaced() {
             CUresult::ERROR_OUT_OF_MEMORY
         } else {

@@ -5,7 +5,7 @@
 //! allocation, polling every 20 ms) moves them, above the request, to pinned host memory mapped at the same
 //! address: a kernel that touches them before they come back stays correct. Once the agent cleared the bit,
 //! the next launch, copy or memset brings them back first (`around`); a device without room makes it wait for
-//! the agent's reclaim (`Memory::reclaim_wait`) once, then the call runs on the host copy. What cannot move stays resident:
+//! the agent's reclaim (`Elastic::reclaim_wait`) once, then the call runs on the host copy. What cannot move stays resident:
 //! other allocation kinds, small ones, and a movable one once exported (`pin`).
 //!
 //! Cost: with no movable allocation, one relaxed load per launch and copy (`on`). With some: the gate (one
@@ -15,15 +15,16 @@ mod gate;
 mod mover;
 
 use super::driver::Driver;
-use super::Memory;
-use crate::devices::Dev;
+use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::ffi::cuda::*;
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::SlotState;
+use cuquota_core::UsageRegion;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// How often the background thread looks at the limits file.
 pub(crate) const POLL: std::time::Duration = std::time::Duration::from_millis(20);
@@ -53,7 +54,7 @@ pub(super) struct Inner {
 
 /// The process's movable ranges and what moves them.
 #[derive(Default)]
-pub(super) struct Elastic {
+pub(super) struct Ranges {
     /// A movable range was ever made (the only load launches and copies pay otherwise).
     on: AtomicBool,
     /// Ranges on host memory now.
@@ -81,7 +82,7 @@ pub(super) enum Pass {
     Failed(CUresult),
 }
 
-impl Elastic {
+impl Ranges {
     #[inline(always)]
     pub(super) fn on(&self) -> bool {
         self.on.load(Ordering::Relaxed)
@@ -403,11 +404,29 @@ fn copy_stream(d: &impl Driver, g: &mut Inner, ctx: usize) -> Result<CUstream, C
 
 // ---- what hooks and the background thread call ---------------------------------------------------------
 
-impl Memory {
+/// The elastic family (issue 39): the movable ranges, what moves them, and the bounded reclaim wait. Hooks reach
+/// it as `Memory::elastic`; it owns its state and reads the devices' limits and the usage file itself.
+pub(crate) struct Elastic {
+    pub(super) devices: Arc<Devices>,
+    ranges: Ranges,
+}
+
+impl Elastic {
+    pub(super) fn new(devices: Arc<Devices>) -> Elastic {
+        Elastic {
+            devices,
+            ranges: Ranges::default(),
+        }
+    }
+
+    pub(super) fn usage(&self) -> &UsageRegion {
+        self.devices.usage()
+    }
+
     /// Whether a movable range exists (one relaxed load: all that launches and copies pay otherwise).
     #[inline(always)]
-    pub(crate) fn elastic_on(&self) -> bool {
-        self.elastic.on()
+    pub(crate) fn on(&self) -> bool {
+        self.ranges.on()
     }
 
     /// Whether an allocation of `bytes` (rounded) on `dev` is to be movable: `dev`'s tenant is elastic and the
@@ -418,40 +437,38 @@ impl Memory {
     }
 
     /// Makes a movable range of `bytes` on `dev` (the caller charged it: `charged_call`'s call).
-    pub(crate) fn elastic_alloc(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> Result<u64, CUresult> {
-        self.elastic.alloc(cuda, dev, bytes)
+    pub(crate) fn alloc(&self, cuda: &CudaTable, dev: Dev, bytes: u64) -> Result<u64, CUresult> {
+        self.ranges.alloc(cuda, dev, bytes)
     }
 
-    /// True once, for the caller that is to start the mover thread (which calls [`Memory::elastic_tick`] every
+    /// True once, for the caller that is to start the mover thread (which calls [`Elastic::tick`] every
     /// [`POLL`]); hooks start it, since the thread reaches the process state, a layer above memory.
-    pub(crate) fn elastic_start_once(&self) -> bool {
-        self.elastic.start_once()
+    pub(crate) fn start_once(&self) -> bool {
+        self.ranges.start_once()
     }
 
     /// Whether `p` is a movable range.
     #[inline]
     pub(crate) fn is_movable(&self, p: u64) -> bool {
-        self.elastic.owns(p)
+        self.ranges.owns(p)
     }
 
     /// `cuMemFree` of the movable range at `p` (the charge goes with `free_pointer`).
-    pub(crate) fn elastic_free(&self, cuda: &CudaTable, p: u64) -> CUresult {
-        self.elastic
-            .free(cuda, p)
-            .unwrap_or(CUresult::ERROR_INVALID_VALUE)
+    pub(crate) fn free(&self, cuda: &CudaTable, p: u64) -> CUresult {
+        self.ranges.free(cuda, p).unwrap_or(CUresult::ERROR_INVALID_VALUE)
     }
 
     /// The movable range at `p`, if any, stays resident from now on (exported).
-    pub(crate) fn elastic_pin(&self, cuda: &CudaTable, p: u64) {
-        if self.elastic.on() {
-            self.elastic.pin(cuda, p);
+    pub(crate) fn pin(&self, cuda: &CudaTable, p: u64) {
+        if self.ranges.on() {
+            self.ranges.pin(cuda, p);
         }
     }
 
     /// A launch or copy on `streams` (`call`) while movable ranges exist.
     #[cold]
     #[inline(never)]
-    pub(crate) fn elastic_call(
+    pub(crate) fn call(
         &self,
         cuda: &CudaTable,
         streams: &[usize],
@@ -460,7 +477,7 @@ impl Memory {
         self.usage().note_use(crate::time::boottime_ns());
         let asked = |dev| self.devices.evict_asked(dev);
         let wait = |dev, bytes, retry: &dyn Fn() -> CUresult| self.reclaim_wait(dev, bytes, retry);
-        self.elastic.around(cuda, streams, asked, wait, call)
+        self.ranges.around(cuda, streams, asked, wait, call)
     }
 
     /// Whether this process is its container's one mover on `dev`: the live slot with the largest charge there
@@ -468,7 +485,7 @@ impl Memory {
     /// one mover each would count the others' evicted bytes as resident and all would move, taking the
     /// container below its request. The mover's own evicted bytes are then all the container's; a mover that
     /// holds no movable range moves nothing (the agent's ask times out). Slow path: scans the slots.
-    fn elastic_mover(&self, dev: Dev) -> bool {
+    fn mover(&self, dev: Dev) -> bool {
         let Some(me) = self.usage().cached_slot() else {
             return false;
         };
@@ -482,20 +499,20 @@ impl Memory {
     }
 
     /// The background thread's turn: evicts what the agent asks for, if anything.
-    pub(crate) fn elastic_tick(&self, cuda: &CudaTable) {
+    pub(crate) fn tick(&self, cuda: &CudaTable) {
         self.devices.refresh_if_changed();
-        if !self.elastic.on() {
+        if !self.ranges.on() {
             return;
         }
         let need = |dev: Dev, evicted: u64| -> Option<u64> {
-            if !self.devices.evict_asked(dev) || !self.elastic_mover(dev) {
+            if !self.devices.evict_asked(dev) || !self.mover(dev) {
                 return None;
             }
             let request = self.devices.elastic_request(dev)?;
-            let resident = self.container_used(dev).saturating_sub(evicted);
+            let resident = self.usage().container_used(dev.id).saturating_sub(evicted);
             Some(resident.saturating_sub(request))
         };
-        match self.elastic.evict(cuda, need) {
+        match self.ranges.evict(cuda, need) {
             Pass::Failed(e) => log!(
                 Level::Warn,
                 "elastic: an eviction failed ({e:?}); nothing moved, tried again later"
@@ -503,6 +520,14 @@ impl Memory {
             Pass::Moved(n) => log!(Level::Debug, "elastic: {n} bytes moved to host memory"),
             Pass::Nothing | Pass::Busy => {}
         }
+    }
+
+    pub(super) fn lock(&self) -> &Lock<Inner> {
+        self.ranges.lock()
+    }
+
+    pub(super) fn reset(&self) {
+        self.ranges.reset();
     }
 }
 

@@ -270,7 +270,7 @@ impl Memory {
     /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
     /// applies somewhere (as of the launch hook's refresh of the limits). Two relaxed loads.
     #[inline]
-    pub(crate) fn first_use_armed(&self) -> bool {
+    pub(super) fn first_use_armed(&self) -> bool {
         self.first_use.armed() && self.devices.memory_limited()
     }
 
@@ -402,7 +402,10 @@ impl Memory {
             // No figure: the reservation goes, what is kept stays (never admitted: the next admission is).
             let _g = self.overhead_lock.lock();
             self.holdings.settle_inflight(dev, reserved);
-            let now = self.overhead(dev).saturating_sub(reserved).saturating_add(kept);
+            let now = self
+                .overhead_of(dev)
+                .saturating_sub(reserved)
+                .saturating_add(kept);
             let _ = self.set_overhead_locked(dev, now, false);
             if kept > 0 {
                 log!(
@@ -505,7 +508,7 @@ impl Memory {
     /// `None`: cannot be told, measured every time), this process is measured there. A module whose device this
     /// process does not know (`cuFuncGetModule`'s of a kernel's function) may live on any device: refused while
     /// any capped device is over its cap (fail closed), every capped device measured after.
-    pub(crate) fn lookup(
+    pub(super) fn lookup(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -684,7 +687,7 @@ impl Memory {
     /// [`Memory::first_launch`] into `slot` (the launch path's form: a launch seen before stores its answer and
     /// goes on, with no refusal to check). False: refused.
     #[inline(always)]
-    pub(crate) fn first_launch_to<'a>(
+    pub(super) fn first_launch_to<'a>(
         &'a self,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
@@ -725,7 +728,7 @@ impl Memory {
 
     /// The launch on `stream` that [`Memory::first_launch`] let through returned `r`.
     #[inline]
-    pub(crate) fn launched(&self, cuda: &CudaTable, nvml: &Nvml, l: Launch<'_>, stream: usize, r: CUresult) {
+    pub(super) fn launched(&self, cuda: &CudaTable, nvml: &Nvml, l: Launch<'_>, stream: usize, r: CUresult) {
         match l {
             Launch::Seen(since) if self.first_use.generation() != since => {
                 self.forgotten_meanwhile(cuda, nvml, stream, r)

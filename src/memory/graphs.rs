@@ -524,7 +524,7 @@ impl Memory {
     }
 
     /// Records what a hook saw made. `Err` only for [`GraphChange::Instantiated`]: the exec cannot be priced.
-    pub(crate) fn graph_changed(&self, cuda: &CudaTable, change: GraphChange) -> Result<(), Unpriced> {
+    pub(super) fn graph_changed(&self, cuda: &CudaTable, change: GraphChange) -> Result<(), Unpriced> {
         match change {
             GraphChange::Instantiated { exec, graph } => {
                 let w = self.graph_walk(cuda, "cuGraphInstantiate", exec, graph)?;
@@ -565,7 +565,7 @@ impl Memory {
     /// new graph's (a kernel or child node's raises it). An update or destruction makes the next launch a first
     /// use again. An upload is admitted as the exec's first launch there is, and its graph memory as a launch's
     /// ([`Memory::with_graph_memory`]).
-    pub(crate) fn graph_exec(
+    pub(super) fn graph_exec(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,

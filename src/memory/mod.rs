@@ -15,6 +15,7 @@ mod charge;
 mod credit;
 mod driver;
 mod elastic;
+mod families;
 mod first_use;
 mod graphs;
 mod host_pid;
@@ -107,6 +108,7 @@ impl Memory {
     /// Accounting of the devices in `devices`.
     pub(crate) fn new(devices: Arc<Devices>) -> Memory {
         Memory {
+            elastic: elastic::Elastic::new(devices.clone()),
             devices,
             ledger: Ledger::new(),
             vmm: vmm::VmmLives::default(),
@@ -120,18 +122,23 @@ impl Memory {
             holdings: Holdings::default(),
             host: HostPid::default(),
             first_use: first_use::FirstUse::default(),
-            elastic: elastic::Elastic::default(),
         }
     }
 
+    /// The elastic family: movable ranges, the mover's turn, the bounded reclaim wait.
+    #[inline(always)]
+    pub(crate) fn elastic(&self) -> &elastic::Elastic {
+        &self.elastic
+    }
+
     /// The host pid NVML knows this process by, once learned.
-    pub(crate) fn host_pid(&self) -> Option<u32> {
+    pub(super) fn host_pid(&self) -> Option<u32> {
         self.host.get()
     }
 
     /// Puts a record in the ledger as if an allocation had made it (unit tests of what hooks do with it).
     #[cfg(test)]
-    pub(crate) fn record(&self, space: ledger::Space, key: u64, rec: ledger::Record) {
+    pub(super) fn record(&self, space: ledger::Space, key: u64, rec: ledger::Record) {
         self.ledger.insert(space, key, rec);
     }
 
@@ -147,7 +154,7 @@ impl Memory {
 
     /// Bytes the whole container has charged on a device (credit charged ahead included: what admission
     /// decides by).
-    pub(crate) fn container_used(&self, dev: Dev) -> u64 {
+    pub(super) fn container_used(&self, dev: Dev) -> u64 {
         self.usage().container_used(dev.id)
     }
 
@@ -183,7 +190,7 @@ impl Memory {
     /// process is not one, against the device's free memory (`cuda`, `nvml`). `Err` = refused: nothing
     /// charged.
     #[inline(always)]
-    pub(crate) fn admit(
+    pub(super) fn admit(
         &self,
         dev: Dev,
         bytes: u64,
@@ -371,7 +378,7 @@ impl Memory {
     }
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
-    pub(crate) fn force(&self, dev: Dev, bytes: u64) {
+    pub(super) fn force(&self, dev: Dev, bytes: u64) {
         if bytes == 0 {
             return;
         }
@@ -525,7 +532,7 @@ impl Memory {
     }
 
     /// Overhead this process has charged on `dev`.
-    pub(crate) fn overhead(&self, dev: Dev) -> u64 {
+    pub(crate) fn overhead_of(&self, dev: Dev) -> u64 {
         self.overhead[dev.id.index()].load(Ordering::Relaxed)
     }
 
@@ -533,7 +540,7 @@ impl Memory {
     /// Growth is admitted against the cap when `admit` is true (creation paths); `Err` = refused, nothing
     /// changed. Shrinking always succeeds.
     fn set_overhead_locked(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
-        let cur = self.overhead(dev);
+        let cur = self.overhead_of(dev);
         if target > cur {
             let delta = target - cur;
             let slot = self.usage().process_slot().map_err(|_| OverCap)?;

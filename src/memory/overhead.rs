@@ -420,7 +420,7 @@ impl Memory {
     /// measured for that kind there, else [`CTX_ESTIMATE`] / [`MODULE_ESTIMATE`]; nothing on a device without
     /// accounting, or for a primary context this process holds already). `Err`: it does not fit under the cap
     /// (nothing reserved; the caller refuses the creation without calling the driver).
-    pub(crate) fn creating<'a>(
+    pub(super) fn creating<'a>(
         &'a self,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
@@ -452,7 +452,7 @@ impl Memory {
         let est = self.holdings.creation_estimate(dev.ordinal, what);
         // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
         let _g = self.overhead_lock.lock();
-        let cur = self.overhead(dev);
+        let cur = self.overhead_of(dev);
         let base = cur.saturating_sub(self.holdings.inflight(dev));
         self.set_overhead_locked(dev, cur.saturating_add(est), true)?;
         self.holdings.inflight[dev.id.index()].fetch_add(est, Ordering::Relaxed);
@@ -463,7 +463,7 @@ impl Memory {
     fn creation_measured(&self, res: &Reserved, what: Creation) {
         let now = {
             let _g = self.overhead_lock.lock();
-            self.overhead(res.dev)
+            self.overhead_of(res.dev)
                 .saturating_sub(self.holdings.inflight(res.dev))
         };
         let cost = now.saturating_sub(res.base);
@@ -478,7 +478,7 @@ impl Memory {
     /// admitted (an estimate first, [`Memory::creating`]; over the cap once measured: unloaded here,
     /// `CUDA_ERROR_OUT_OF_MEMORY`); an unload, destroy or release uncounts and re-measures; a raised limit is
     /// admitted ([`Memory::set_limit`]).
-    pub(crate) fn overhead_call(
+    pub(super) fn overhead_call(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -587,7 +587,7 @@ impl Memory {
         let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
         let mut res = Ok(());
         for d in devs {
-            if self.holdings.live_contexts(d.ordinal) > 0 || self.overhead(d) > 0 {
+            if self.holdings.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
                 if let Err(e) = self.measure(nvml, d, admit) {
                     res = Err(e);
                 }
@@ -791,7 +791,7 @@ impl Memory {
         if growth > 0 {
             // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
             let _g = self.overhead_lock.lock();
-            let cur = self.overhead(dev);
+            let cur = self.overhead_of(dev);
             self.set_overhead_locked(dev, cur.saturating_add(growth), true)?;
             self.holdings.inflight[dev.id.index()].fetch_add(growth, Ordering::Relaxed);
         }
@@ -852,7 +852,7 @@ impl Memory {
                 }
             }
             None if !r.ok() => {
-                let _ = self.set_overhead_locked(dev, self.overhead(dev).saturating_sub(growth), false);
+                let _ = self.set_overhead_locked(dev, self.overhead_of(dev).saturating_sub(growth), false);
             }
             // A raise with no estimate that NVML cannot measure would go uncharged: set back (fail closed).
             None if growth == 0 && undo.is_some() && self.limit(dev).is_some() => {

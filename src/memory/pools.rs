@@ -763,7 +763,7 @@ impl Memory {
     /// The last context this process had on `dev` is gone (destroyed, reset or released for the last time):
     /// the driver freed every allocation made in it, so their records and charges go too. VMM handles
     /// (`cuMemCreate`) are not tied to a context and stay; pools are re-read.
-    pub(crate) fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
+    pub(super) fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
         let gone = self
             .ledger
             .remove_where(|space, _, rec| space != ledger::Space::Vmm && rec.entry == dev.id);

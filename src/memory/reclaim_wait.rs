@@ -2,7 +2,7 @@
 //! or a restore of evicted memory, that the driver refused for want of device memory says so in the usage
 //! file's `waiting` word and tries again while the agent asks idle elastic tenants to move memory to the host.
 
-use super::Memory;
+use super::elastic::Elastic;
 use crate::devices::Dev;
 use crate::ffi::cuda::CUresult;
 use std::sync::atomic::Ordering;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// Longest sleep between two tries.
 const STEP_MAX: Duration = Duration::from_millis(50);
 
-impl Memory {
+impl Elastic {
     /// `call` refused `bytes` on `dev` for want of device memory: under an agent limits file whose agent
     /// reclaims (`LIMITS_FLAG_RECLAIM`), the `waiting` word names them and `call` is tried again with backoff
     /// for up to `CUQUOTA_RECLAIM_WAIT_MS`; returns its last answer (out of memory at once otherwise).

@@ -41,7 +41,7 @@ impl Memory {
     /// first reconciled with the driver's figure (the ledger alone is not trusted there). This
     /// process's pools on `dev` are re-read first.
     #[inline(always)]
-    pub(crate) fn info_used(&self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+    pub(super) fn info_used(&self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
         self.refresh_pools_of(cuda, dev.id);
         let (used, held) = self.usage().container_used_held(dev.id);
         if near_cap(cap, used) {
@@ -134,7 +134,7 @@ impl Memory {
         // yet made, and frees made but not yet uncharged, on other threads make the driver's figure read low for
         // an instant. Above it, each reconciliation replaces the last one's excess (so one that caught a
         // charge still being settled is corrected by the next).
-        let base = self.overhead(dev).saturating_sub(self.first_use.excess(dev));
+        let base = self.overhead_of(dev).saturating_sub(self.first_use.excess(dev));
         let target = (used.saturating_sub(ledger) + self.holdings.inflight(dev)).max(base);
         if self.set_overhead_locked(dev, target, false).is_ok() {
             self.first_use.set_excess(dev, target - base);

@@ -28,7 +28,7 @@ pub(crate) unsafe fn vmm_create(
         return call(); // host memory: not ours to count
     }
     let Some(dev) = s.devices.device(&s.cuda, loc.id) else {
-        return s.mem.untracked(call);
+        return s.mem.allocs().untracked(call);
     };
     // SAFETY: non-NULL, written by the driver on success (read only then).
     let out = || (!handle.is_null()).then(|| unsafe { *handle });

@@ -1,4 +1,4 @@
-//! Elastic memory's moves on a fake driver: bytes survive every move, and a move whose create, map or copy
+//! Ranges memory's moves on a fake driver: bytes survive every move, and a move whose create, map or copy
 //! fails leaves the range where it was, with nothing leaked.
 
 use super::super::driver::fake::{Fake, REFUSED};
@@ -7,11 +7,11 @@ use super::*;
 
 const SIZE: u64 = 4096;
 
-fn setup() -> (Fake, Elastic, Dev, impl Drop) {
+fn setup() -> (Fake, Ranges, Dev, impl Drop) {
     let (t, id) = device_id();
     let dev = Dev { ordinal: 0, id };
     let d = Fake::default();
-    let e = Elastic::default();
+    let e = Ranges::default();
     (d, e, dev, t)
 }
 
@@ -21,7 +21,7 @@ fn pattern(seed: u8) -> Vec<u8> {
         .collect()
 }
 
-fn launch(e: &Elastic, d: &Fake, asked: bool) {
+fn launch(e: &Ranges, d: &Fake, asked: bool) {
     let no_wait = |_, _, _: &dyn Fn() -> CUresult| panic!("waited with room on the device");
     let r = e.around(d, &[0x7000], |_| asked, no_wait, || CUresult::SUCCESS);
     assert_eq!(r, CUresult::SUCCESS);
