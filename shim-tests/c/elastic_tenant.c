@@ -12,7 +12,14 @@
  *   launch     the kernel on the big buffer once: launch=<its answer>
  *   storm N    N rounds of: the kernel on the big buffer, cuStreamSynchronize, 2 ms asleep (launches that
  *              race with evictions and restores); storm=done
- *   quit       frees both; resident=<bytes>, then exits
+ *   ctxreset   cuDevicePrimaryCtxReset of device 0 (both buffers go with the context), the context retained
+ *              again: reset=<its answer>, then as `res`
+ *   ipc        cuIpcGetMemHandle of the big buffer: ipc=<its answer>
+ *   op NAME    one call of an entry point on a third 1 MiB buffer (scratch; the big buffer's first 4 KiB the
+ *              source of copies), then its stream synchronised: op=<its answer>. NAME: peer (cuMemcpyPeer),
+ *              peer_async (cuMemcpyPeerAsync), memset2d (cuMemsetD2D8), write32 (cuStreamWriteValue32),
+ *              wait32 (cuStreamWaitValue32 on a word already set), prefetch (cuMemPrefetchAsync of the big buffer)
+ *   quit       frees both (unless reset); resident=<bytes>, then exits
  * Linked with -lcuda (the simulator in tests). */
 #define _GNU_SOURCE
 #include <cuda.h>
@@ -26,9 +33,10 @@
 
 
 static CUfunction inc;
-static CUdeviceptr big, small;
+static CUdeviceptr big, small, scratch;
 static size_t big_n, small_n = 1 << 20;
 static unsigned adds_big, adds_small;
+static int was_reset;
 
 static unsigned char pat(size_t i) { return (unsigned char)(i * 131u + (i >> 12)); }
 
@@ -108,9 +116,43 @@ int main(int argc, char **argv) {
                 nanosleep(&ts, NULL);
             }
             printf("storm=done\n");
+        } else if (!strncmp(line, "ctxreset", 8)) {
+            CUresult r = cuDevicePrimaryCtxReset(0);
+            if (r == CUDA_SUCCESS) was_reset = 1;
+            printf("reset=%s\n", cq_err(r));
+            CK(cq_use_device(0));
+            res();
+        } else if (!strncmp(line, "ipc", 3)) {
+            CUipcMemHandle h;
+            printf("ipc=%s\n", cq_err(cuIpcGetMemHandle(&h, big)));
+        } else if (!strncmp(line, "op ", 3)) {
+            CUcontext ctx;
+            CK(cuCtxGetCurrent(&ctx));
+            if (!scratch) CK(cuMemAlloc(&scratch, 1 << 20));
+            const char *w = line + 3;
+            CUresult r = CUDA_ERROR_INVALID_VALUE;
+            if (!strncmp(w, "peer_async", 10))
+                r = cuMemcpyPeerAsync(scratch, ctx, big, ctx, 4096, NULL);
+            else if (!strncmp(w, "peer", 4))
+                r = cuMemcpyPeer(scratch, ctx, big, ctx, 4096);
+            else if (!strncmp(w, "memset2d", 8))
+                r = cuMemsetD2D8(scratch, 4096, 7, 4096, 4);
+            else if (!strncmp(w, "write32", 7))
+                r = cuStreamWriteValue32(NULL, scratch, 1, 0);
+            else if (!strncmp(w, "wait32", 6))
+                r = cuStreamWaitValue32(NULL, scratch + 8192, 0, CU_STREAM_WAIT_VALUE_GEQ);
+            else if (!strncmp(w, "prefetch", 8)) {
+                CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+                r = cuMemPrefetchAsync(big, 4096, loc, 0, NULL);
+            }
+            CK(cuStreamSynchronize(NULL));
+            printf("op=%s\n", cq_err(r));
         } else if (!strncmp(line, "quit", 4)) {
-            CK(cuMemFree(big));
-            CK(cuMemFree(small));
+            if (!was_reset) {
+                CK(cuMemFree(big));
+                CK(cuMemFree(small));
+                if (scratch) CK(cuMemFree(scratch));
+            }
             res();
             fflush(stdout);
             return 0;

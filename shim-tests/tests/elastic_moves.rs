@@ -309,3 +309,187 @@ fn a_restore_on_a_full_device_waits_for_the_reclaim_then_runs_on_the_host_copy()
     t.check();
     t.quit();
 }
+
+/// The container's charge on its devices, as its usage file holds it (what the agent reads: evicted = charged
+/// less NVML's resident).
+fn container_charge(sim: &Sim) -> u64 {
+    cuquota_core::UsageRegion::open_existing(&sim.usage_file())
+        .map(|u| u.devices().iter().map(|d| d.used).sum())
+        .unwrap_or(0)
+}
+
+/// SIGKILLed in the middle of an eviction (256 MiB at a 0.1 GB/s device-to-host engine: ~2.7 s; killed 1 s
+/// after the ask, still all resident): the simulator's device memory is back to what it was before the tenant
+/// (device and host backings went with the process), and the dead pid's charge goes at the next process's
+/// `cuMemGetInfo` (`Devices::maybe_reclaim`); until then the usage file keeps it (nothing else reclaims it: the
+/// agent's pinned-host estimate counts it meanwhile). Control: the same eviction not killed ends only after
+/// 2 s, so the kill landed inside it.
+#[test]
+fn a_tenant_killed_mid_eviction_leaves_nothing_behind() {
+    let sim = Sim::new().memory("4g").env("CUDASIM_D2H_GBPS", "0.1").build();
+    let baseline = shim_tests::credit::sim_used(&sim);
+    limits(&sim, 64 * MIB, false);
+    // Control: how long the eviction takes.
+    let mut t = Tenant::start(&sim, &[]);
+    let (before, _) = t.res();
+    limits(&sim, 64 * MIB, true);
+    let t0 = Instant::now();
+    assert!(
+        t.res_until(|r| r + BIG_MIB * MIB <= before).is_some(),
+        "control: never evicted"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_secs(2),
+        "control: evicted in {:?}: no window to kill in",
+        t0.elapsed()
+    );
+    limits(&sim, 64 * MIB, false);
+    t.quit();
+    assert_eq!(
+        shim_tests::credit::sim_used(&sim),
+        baseline,
+        "control: device memory left"
+    );
+    // What a clean exit leaves once the next process looked (the context's overhead, reclaimed as dead).
+    sim.cmd(shim_tests::Prog::Probe).args("init info").run().ok();
+    let clean = container_charge(&sim);
+    assert!(clean < BIG_MIB * MIB, "control: {clean} left");
+    // Attack: killed inside the copy.
+    let mut t = Tenant::start(&sim, &[]);
+    let (before, charged) = t.res();
+    limits(&sim, 64 * MIB, true);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        t.res().0,
+        before,
+        "evicted already: the kill would not be mid-eviction"
+    );
+    t.p.kill();
+    assert_eq!(
+        shim_tests::credit::sim_used(&sim),
+        baseline,
+        "device memory leaked"
+    );
+    assert!(
+        container_charge(&sim) >= charged,
+        "the dead pid's charge went before any process reclaimed it (who did? update the doc)"
+    );
+    limits(&sim, 64 * MIB, false);
+    let out = sim.cmd(shim_tests::Prog::Probe).args("init info").run();
+    out.ok();
+    assert_eq!(
+        container_charge(&sim),
+        clean,
+        "the dead pid's charge stayed: {out:?}"
+    );
+}
+
+/// `cuDevicePrimaryCtxReset` ends the context and with it its `cuMemAlloc` memory: a movable range (resident, or
+/// in host memory) goes too, so the device and the charge are back to what the context alone holds, and the
+/// mover keeps running on nothing. Without it the range's VMM memory (not tied to a context) stayed resident
+/// and uncharged: a way past the cap. Control: an inelastic tenant (request = limit), its allocation plain.
+#[test]
+fn a_context_reset_frees_movable_ranges_resident_or_evicted() {
+    for (request, evict) in [(1 << 30, false), (64 * MIB, false), (64 * MIB, true)] {
+        let sim = sim();
+        limits(&sim, request, false);
+        let mut t = Tenant::start(&sim, &[]);
+        let start_r: u64 = t.p.wait_for_nth("resident", 1).parse().unwrap();
+        let start_u: u64 = t.p.wait_for_nth("info_used", 1).parse().unwrap();
+        let (before, _) = t.res();
+        assert!(before >= start_r + BIG_MIB * MIB, "request {request}: {before}");
+        if evict {
+            limits(&sim, request, true);
+            assert!(
+                t.res_until(|r| r + BIG_MIB * MIB <= before).is_some(),
+                "never evicted"
+            );
+        }
+        t.p.send("ctxreset");
+        assert_eq!(t.p.wait_for("reset"), "CUDA_SUCCESS");
+        t.res += 1;
+        let r: u64 = t.p.wait_for_nth("resident", t.res).parse().unwrap();
+        let u: u64 = t.p.wait_for_nth("info_used", t.res).parse().unwrap();
+        assert!(
+            r <= start_r,
+            "request {request} evict {evict}: resident {r} after the reset, {start_r} before the allocations"
+        );
+        assert!(
+            u <= start_u,
+            "request {request} evict {evict}: charged {u} after the reset, {start_u} before the allocations"
+        );
+        limits(&sim, request, false);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(t.quit() <= start_r, "request {request} evict {evict}: grew after");
+    }
+}
+
+/// Entry points that copy, set or wait on device memory, called while the big range is in host memory and the
+/// ask is cleared: the copies and memsets (cuMemcpyPeer, cuMemcpyPeerAsync, cuMemsetD2D8) pass the gate and bring
+/// it back first; stream memory operations and prefetches do not pass it (they leave it where it is: the host
+/// copy, mapped at the same address, is what they would touch) and every byte stays right. cuMemcpy3DPeer
+/// passes the gate too (`copy::copy_3d_peer`); the simulator does not implement it.
+#[test]
+fn copies_and_memsets_restore_and_the_rest_stay_correct() {
+    for (op, restores) in [
+        ("peer", true),
+        ("peer_async", true),
+        ("memset2d", true),
+        ("write32", false),
+        ("wait32", false),
+        ("prefetch", false),
+    ] {
+        let sim = sim();
+        limits(&sim, 64 * MIB, false);
+        let mut t = Tenant::start(&sim, &[]);
+        let (before, _) = t.res();
+        limits(&sim, 64 * MIB, true);
+        let low = t
+            .res_until(|r| r + BIG_MIB * MIB <= before)
+            .expect("never evicted");
+        limits(&sim, 64 * MIB, false);
+        t.p.send(&format!("op {op}"));
+        let answer = t.p.wait_for("op");
+        if op != "prefetch" {
+            assert_eq!(answer, "CUDA_SUCCESS", "{op}");
+        }
+        let (r, _) = t.res();
+        if restores {
+            assert!(r >= before, "{op}: not restored: {r} vs {before}");
+        } else {
+            assert!(r <= low + 2 * MIB, "{op}: restored: {r} vs {low}");
+        }
+        t.check();
+        assert!(t.res().0 >= before, "{op}: the check's launch restores");
+        t.quit();
+    }
+}
+
+/// `cuIpcGetMemHandle` of a movable range: the range is pinned resident for the export (brought back first),
+/// but the driver refuses legacy IPC of VMM memory (the simulator does, as a GPU may): then it is unpinned and
+/// moves again when asked (before, a refused export pinned it for ever). Control: an inelastic tenant's plain
+/// allocation is exported. What is not done: an exported movable range (legacy IPC of it needs the driver's
+/// shareable handles, translated for the importer).
+#[test]
+fn a_refused_ipc_export_does_not_pin_a_movable_range() {
+    let plain = sim();
+    limits(&plain, 1 << 30, false);
+    let mut t = Tenant::start(&plain, &[]);
+    t.p.send("ipc");
+    assert_eq!(t.p.wait_for("ipc"), "CUDA_SUCCESS", "control");
+    t.quit();
+    let sim = sim();
+    limits(&sim, 64 * MIB, false);
+    let mut t = Tenant::start(&sim, &[]);
+    let (before, _) = t.res();
+    t.p.send("ipc");
+    assert_eq!(t.p.wait_for("ipc"), "CUDA_ERROR_INVALID_VALUE");
+    limits(&sim, 64 * MIB, true);
+    assert!(
+        t.res_until(|r| r + BIG_MIB * MIB <= before).is_some(),
+        "pinned by a refused export"
+    );
+    limits(&sim, 64 * MIB, false);
+    t.check();
+    t.quit();
+}

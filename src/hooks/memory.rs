@@ -214,9 +214,14 @@ pub(crate) unsafe fn ipc_get(
     dptr: CUdeviceptr,
 ) -> CUresult {
     // Exported memory is mapped by another process: a movable range stays resident from now on.
-    s.mem.elastic().pin(&s.cuda, dptr);
+    let pinned = s.mem.elastic().pin(&s.cuda, dptr);
     // SAFETY: a CUipcMemHandle is its 64 bytes; as the caller's contract says.
-    unsafe { export_pointer(s, call, handle.cast(), dptr, "cuIpcGetMemHandle") }
+    let r = unsafe { export_pointer(s, call, handle.cast(), dptr, "cuIpcGetMemHandle") };
+    if pinned && !r.ok() {
+        // Refused (a driver may refuse VMM memory for legacy IPC): nothing exported, so it may move again.
+        s.mem.elastic().unpin(dptr);
+    }
+    r
 }
 
 /// An export by `what` of the allocation at `ptr`, whose handle's 64 bytes the driver writes at `bytes` (its

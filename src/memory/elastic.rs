@@ -41,15 +41,15 @@ struct Range {
     /// Its backing now.
     handle: u64,
     on_host: bool,
-    /// Never moves again (exported).
-    pinned: bool,
+    /// Exports made or in progress: never moves while any (a refused one is taken back).
+    pins: u32,
 }
 
 #[derive(Default)]
 pub(super) struct Inner {
     ranges: HashMap<u64, Range>,
-    /// The library's own copy stream in each context.
-    streams: HashMap<usize, usize>,
+    /// The library's own copy stream in each context (and the context's device).
+    streams: HashMap<usize, (usize, Dev)>,
 }
 
 /// The process's movable ranges and what moves them.
@@ -101,7 +101,7 @@ impl Ranges {
             size,
             handle,
             on_host: false,
-            pinned: false,
+            pins: 0,
         };
         self.inner.lock().ranges.insert(ptr, r);
         self.on.store(true, Ordering::Relaxed);
@@ -135,14 +135,55 @@ impl Ranges {
         })
     }
 
+    /// Contexts ended (destroyed, or a primary context reset or released for the last time): the movable ranges
+    /// made in those `gone(ctx, dev)` names are freed, as the driver frees a context's `cuMemAlloc` memory (VMM
+    /// memory is not tied to a context, so it would stay resident, uncharged, and its moves fail), and their
+    /// copy streams are forgotten (a primary context comes back with the same handle). The bytes freed.
+    pub(super) fn contexts_gone(&self, d: &impl Driver, gone: impl Fn(usize, Dev) -> bool) -> u64 {
+        let mut g = self.inner.lock();
+        g.streams.retain(|&ctx, (_, dev)| !gone(ctx, *dev));
+        let dead: Vec<(u64, Range)> = g
+            .ranges
+            .iter()
+            .filter(|(_, r)| gone(r.ctx, r.dev))
+            .map(|(&p, r)| (p, *r))
+            .collect();
+        let mut freed = 0;
+        for (p, r) in dead {
+            if let Err(e) = mover::unmake(d, p, r.size, r.handle) {
+                log!(
+                    Level::Warn,
+                    "elastic: freeing {p:#x} of an ended context failed ({e:?})"
+                );
+            }
+            g.ranges.remove(&p);
+            if r.on_host {
+                self.on_host.fetch_sub(1, Ordering::Relaxed);
+            }
+            freed += r.size;
+        }
+        freed
+    }
+
     /// The range at `ptr`, if movable, never moves again and is brought back now if it had moved (an export:
     /// another process maps its device memory).
-    pub(super) fn pin(&self, d: &impl Driver, ptr: u64) {
+    /// True when `ptr` is a movable range (the caller calls [`Elastic::unpin`] if the export is refused).
+    pub(super) fn pin(&self, d: &impl Driver, ptr: u64) -> bool {
         let mut g = self.inner.lock();
-        let Some(r) = g.ranges.get_mut(&ptr) else { return };
-        r.pinned = true;
+        let Some(r) = g.ranges.get_mut(&ptr) else {
+            return false;
+        };
+        r.pins = r.pins.saturating_add(1);
         if r.on_host {
             let _ = self.restore_locked(d, &mut g, ptr);
+        }
+        true
+    }
+
+    /// An export [`Elastic::pin`] was made for was refused: the range may move again (if no other export holds).
+    pub(super) fn unpin(&self, ptr: u64) {
+        if let Some(r) = self.inner.lock().ranges.get_mut(&ptr) {
+            r.pins = r.pins.saturating_sub(1);
         }
     }
 
@@ -249,7 +290,7 @@ impl Ranges {
 
     fn restore_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
         let r = g.ranges[&ptr];
-        let stream = copy_stream(d, g, r.ctx)?;
+        let stream = copy_stream(d, g, r.ctx, r.dev)?;
         let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
         d.in_context(r.ctx as CUcontext, &mut || {
             res = mover::swap(
@@ -278,7 +319,7 @@ impl Ranges {
         let mut want: HashMap<u32, u64> = HashMap::new();
         let mut cands: Vec<(u64, Range)> = Vec::new();
         for (&p, r) in &g.ranges {
-            if r.on_host || r.pinned {
+            if r.on_host || r.pins > 0 {
                 continue;
             }
             let n = *want
@@ -336,7 +377,7 @@ impl Ranges {
 
     fn evict_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
         let r = g.ranges[&ptr];
-        let stream = copy_stream(d, g, r.ctx)?;
+        let stream = copy_stream(d, g, r.ctx, r.dev)?;
         let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
         d.in_context(r.ctx as CUcontext, &mut || {
             res = mover::swap(d, ptr, r.size, r.dev.ordinal, r.handle, None, stream);
@@ -391,14 +432,14 @@ fn evicted_on(g: &Inner, dev: Dev) -> u64 {
 }
 
 /// The library's copy stream in context `ctx`, made on first use.
-fn copy_stream(d: &impl Driver, g: &mut Inner, ctx: usize) -> Result<CUstream, CUresult> {
-    if let Some(&s) = g.streams.get(&ctx) {
+fn copy_stream(d: &impl Driver, g: &mut Inner, ctx: usize, dev: Dev) -> Result<CUstream, CUresult> {
+    if let Some(&(s, _)) = g.streams.get(&ctx) {
         return Ok(s as CUstream);
     }
     let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
     d.in_context(ctx as CUcontext, &mut || res = d.stream_create())?;
     let s = res?;
-    g.streams.insert(ctx, s as usize);
+    g.streams.insert(ctx, (s as usize, dev));
     Ok(s)
 }
 
@@ -458,11 +499,40 @@ impl Elastic {
         self.ranges.free(cuda, p).unwrap_or(CUresult::ERROR_INVALID_VALUE)
     }
 
-    /// The movable range at `p`, if any, stays resident from now on (exported).
-    pub(crate) fn pin(&self, cuda: &CudaTable, p: u64) {
+    /// Context `ctx` was destroyed (`cuCtxDestroy` succeeded): its movable ranges are freed with it.
+    pub(super) fn context_destroyed(&self, cuda: &CudaTable, ctx: usize) {
         if self.ranges.on() {
-            self.ranges.pin(cuda, p);
+            self.ranges.contexts_gone(cuda, |c, _| c == ctx);
         }
+    }
+
+    /// `ordinal`'s primary context was reset or released: if the driver says it is no longer active, the movable
+    /// ranges made in it (those of `ordinal` not in a context `owned`, the ones `cuCtxCreate` made) are freed.
+    pub(super) fn primary_released(
+        &self,
+        cuda: &CudaTable,
+        ordinal: CUdevice,
+        owned: &dyn Fn(usize) -> bool,
+    ) {
+        let (mut flags, mut active) = (0, 1);
+        // SAFETY: valid out-pointers of the call's types.
+        let r = unsafe { cuda.cuDevicePrimaryCtxGetState(ordinal, &mut flags, &mut active) };
+        if !r.ok() || active != 0 {
+            return;
+        }
+        self.ranges
+            .contexts_gone(cuda, |c, dev| dev.ordinal == ordinal && !owned(c));
+    }
+
+    /// The movable range at `p`, if any, stays resident from now on (exported): true if it is one, and then
+    /// [`Elastic::unpin`] if the export was refused.
+    pub(crate) fn pin(&self, cuda: &CudaTable, p: u64) -> bool {
+        self.ranges.on() && self.ranges.pin(cuda, p)
+    }
+
+    /// The export [`Elastic::pin`] pinned `p` for was refused.
+    pub(crate) fn unpin(&self, p: u64) {
+        self.ranges.unpin(p);
     }
 
     /// A launch or copy on `streams` (`call`) while movable ranges exist.

@@ -507,6 +507,9 @@ impl Memory {
             OverheadCall::Destroy(ctx) => {
                 let owner = self.holdings.owners.lock().remove(&ctx);
                 let r = call();
+                if r.ok() {
+                    self.elastic.context_destroyed(cuda, ctx);
+                }
                 self.context_destroyed(cuda, nvml, ctx, owner, r.ok());
                 r
             }
@@ -705,6 +708,11 @@ impl Memory {
     fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
         // A reset (or the last release) unloads the context's code and stacks; the same handles may follow.
         self.first_use.forget_all();
+        if self.elastic.on() {
+            let owned: std::collections::HashSet<usize> =
+                self.holdings.owners.lock().keys().copied().collect();
+            self.elastic.primary_released(cuda, ordinal, &|c| owned.contains(&c));
+        }
         if let Some(c) = self.holdings.primary.get(ordinal as usize) {
             if reset {
                 c.store(0, Ordering::Relaxed);

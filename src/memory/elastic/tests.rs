@@ -126,9 +126,36 @@ fn nothing_moves_without_a_need_or_while_busy() {
     e.gate.leave(&[]);
     assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
     // Pinned (exported): back now, and never moves again.
-    e.pin(&d, p);
+    assert!(e.pin(&d, p));
     assert!(!d.on_host(p));
     assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Nothing);
+    // Two exports, one refused: still pinned; both refused: it moves again.
+    assert!(e.pin(&d, p));
+    e.unpin(p);
+    assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Nothing);
+    e.unpin(p);
+    assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
+    assert!(!e.pin(&d, 0x1234), "not a movable range");
+}
+
+/// A context ended: its ranges (resident or in host memory) are freed with it, handles, mappings and
+/// reservations all, and its copy stream forgotten. Control: another context's ranges stay.
+#[test]
+fn an_ended_context_frees_its_ranges() {
+    let (d, e, dev, _t) = setup();
+    let before = d.live();
+    let a = e.alloc(&d, dev, SIZE).unwrap();
+    let b = e.alloc(&d, dev, 2 * SIZE).unwrap();
+    assert_eq!(e.evict(&d, |_, _| Some(2 * SIZE)), Pass::Moved(2 * SIZE));
+    assert!(d.on_host(b) && !d.on_host(a));
+    assert_eq!(e.contexts_gone(&d, |c, _| c != 0x100), 0, "another context");
+    assert_eq!(e.evicted(dev), 2 * SIZE);
+    assert_eq!(e.contexts_gone(&d, |c, _| c == 0x100), 3 * SIZE);
+    assert_eq!(d.live(), before, "nothing left");
+    assert_eq!(e.evicted(dev), 0);
+    assert_eq!(e.on_host.load(Ordering::Relaxed), 0);
+    assert!(e.inner.lock().streams.is_empty(), "its copy stream forgotten");
+    assert!(!e.owns(a) && !e.owns(b));
 }
 
 #[test]
