@@ -35,7 +35,8 @@
 //! than the time slice) and never more than the others occupied (`Engine::share_correct`, `share_cap`); while
 //! the device is idle under `burst::IDLE_MIN` of the window (busy but for the switches, which NVML counts in no
 //! process's figure) it is charged its part of that time, in proportion to its occupied time (`switch_share`).
-//! Alone, or when NVML cannot tell, nothing changes.
+//! Alone, or when NVML cannot tell, nothing is given back. Alone or shared, what NVML says the process occupied
+//! in a window beyond its charge is charged (`floor_charge`): a launch charged a probe's estimate pays what ran.
 
 use super::bucket::{self, slot, Bucket, Take, MAX_MEASURE_NS};
 use super::burst;
