@@ -1,7 +1,8 @@
 /* throttle_sleepshort.c (issue 36): a data-dependent kernel (one launch shape, its length a parameter) made short
  * exactly on the launch after one whose call slept (the throttle's sleep shows in the call's duration): the
  * launch the throttle probed, so every probe measured the short variant and every other launch was charged it.
- * MODE 0 is the control (every launch long).
+ * MODE 0 is the control (every launch long). The window reported starts after 1 s of warm-up (the first launches
+ * are charged before any NVML window can have closed: a queue's depth of them may run ahead).
  *
  *   throttle_sleepshort SECONDS LONG_NS SHORT_NS MODE
  * Output: pid, t0_ns, end_ns, launches, short (how many were short). */
@@ -23,7 +24,7 @@ int main(int argc, char **argv) {
     CUmodule m = cq_primary_module(image, &sms);
     CUfunction f;
     CK(cuModuleGetFunction(&f, m, "k"));
-    uint64_t t0 = now_ns(), until = t0 + (uint64_t)(secs * 1e9);
+    uint64_t start = now_ns(), t0 = start + 1000000000ull, until = start + (uint64_t)(secs * 1e9);
     unsigned long n = 0, shorts = 0;
     int slept = 0;
     while (now_ns() < until) {

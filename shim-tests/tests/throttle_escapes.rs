@@ -126,7 +126,7 @@ fn never_seen_shapes_of_a_long_kernel_are_charged() {
 /// the launch after one whose call slept, the launch the throttle probed: every probe measured 5 us and every
 /// launch was charged it (the engine's `a_short_launch_right_after_a_sleep_does_not_take_the_device`: 100 %).
 /// NVML's figure for the process, from the simulator's timeline, is now the floor on its charge. The control:
-/// every launch long.
+/// every launch long. Shares after 1 s of warm-up (measured: control 30.1-30.2 %, attack 29.5-30.6 %, load 0-4).
 #[test]
 fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
     let _s = serial();
@@ -134,7 +134,7 @@ fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
         "throttle_sleepshort",
         &["-lcuda"],
         None,
-        "4 500000 5000 0",
+        "5 500000 5000 0",
         0,
         false,
     );
@@ -146,7 +146,7 @@ fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
         "throttle_sleepshort",
         &["-lcuda"],
         None,
-        "4 500000 5000 1",
+        "5 500000 5000 1",
         0,
         false,
     );
