@@ -2249,8 +2249,10 @@ mod tests {
         assert!(s <= 305.0, "{s} per mille");
         let mut x = 12_345u64;
         let mut random = move || {
-            (x ^= x << 13, x ^= x >> 7, x ^= x << 17);
-            x % 50 == 0
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.is_multiple_of(50)
         };
         for (what, s) in [
             (
