@@ -121,3 +121,34 @@ fn never_seen_shapes_of_a_long_kernel_are_charged() {
     let s = share("throttle_burst", &["-lcuda"], None, "5 200000000 4", 0, false);
     assert!(s < 40.0, "after tiny probes: 30 % tenant got {s:.1} %");
 }
+
+/// Issue 36: a data-dependent kernel (one launch shape, its length a parameter) made 5 us instead of 500 us on
+/// the launch after one whose call slept, the launch the throttle probed: every probe measured 5 us and every
+/// launch was charged it (the engine's `a_short_launch_right_after_a_sleep_does_not_take_the_device`: 100 %).
+/// NVML's figure for the process, from the simulator's timeline, is now the floor on its charge. The control:
+/// every launch long. Shares after 1 s of warm-up (measured: control 30.1-30.2 %, attack 29.5-30.6 %, load 0-4).
+#[test]
+fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
+    let _s = serial();
+    let control = share(
+        "throttle_sleepshort",
+        &["-lcuda"],
+        None,
+        "5 500000 5000 0",
+        0,
+        false,
+    );
+    assert!(
+        (25.0..=33.0).contains(&control),
+        "control: 30 % tenant got {control:.1} %"
+    );
+    let s = share(
+        "throttle_sleepshort",
+        &["-lcuda"],
+        None,
+        "5 500000 5000 1",
+        0,
+        false,
+    );
+    assert!(s < 40.0, "short after each sleep: 30 % tenant got {s:.1} %");
+}

@@ -38,10 +38,12 @@ pub(crate) struct Util {
 /// Device time (ns) over one sampling window: this process's, read high by NVML's rounding (half a percent of
 /// the window), and every other process's, read low by it (their sum, and the largest); their sum read high
 /// (what is left unoccupied, switching, is then read low: a neighbour's many near-idle processes cannot push
-/// its rounding into this process's switching charge); and the window's length.
+/// its rounding into this process's switching charge); and the window's length. This process's read low too
+/// (`own_low_ns`): the floor on its charge (`Engine::share_correct`) must not charge it NVML's rounding.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Occupancy {
     pub own_ns: u64,
+    pub own_low_ns: u64,
     pub others_ns: u64,
     pub others_max_ns: u64,
     pub others_high_ns: u64,
@@ -266,6 +268,7 @@ pub(super) fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Op
     let pm = |sum: u64, k: u64| (sum * 10 / k.max(1)).min(1000);
     let (_, sum, k) = per.iter().find(|(pid, _, _)| *pid == me)?;
     let own_pm = (pm(*sum, *k) + 5).min(1000);
+    let own_low_pm = pm(*sum, *k).saturating_sub(5);
     let others = || {
         per.iter()
             .filter(|(pid, _, _)| *pid != me)
@@ -273,6 +276,7 @@ pub(super) fn occupancy_of(me: u32, span_ns: u64, per: &[(u32, u64, u64)]) -> Op
     };
     Some(Occupancy {
         own_ns: span_ns / 1000 * own_pm,
+        own_low_ns: span_ns / 1000 * own_low_pm,
         others_ns: span_ns / 1000 * others().sum::<u64>().min(1000),
         others_max_ns: span_ns / 1000 * others().max().unwrap_or(0),
         others_high_ns: span_ns / 1000
@@ -362,6 +366,7 @@ mod tests {
             o,
             Occupancy {
                 own_ns: 61_000_000,
+                own_low_ns: 59_000_000,
                 others_ns: 139_000_000,
                 others_max_ns: 139_000_000,
                 others_high_ns: 141_000_000,
@@ -374,6 +379,7 @@ mod tests {
             o,
             Occupancy {
                 own_ns: 61_000_000,
+                own_low_ns: 59_000_000,
                 others_ns: 0,
                 others_max_ns: 0,
                 others_high_ns: 1_000_000,

@@ -46,7 +46,21 @@ pub(crate) fn launch(sim: &Sim, stream_h: u64, kernels: &[KernelLaunch], coopera
             let first = migration.is_none();
             let mut migrated = Vec::with_capacity(kernels.len());
             for (i, k) in kernels.iter().enumerate() {
-                let (func, ns) = crate::module::function_for(o, sim, k.func, ctx)?;
+                let (func, mut ns) = crate::module::function_for(o, sim, k.func, ctx)?;
+                if let Some(i) = o.functions.get(&func).and_then(|f| f.length) {
+                    if k.params != crate::graph::NO_PARAMS && k.params != 0 {
+                        // SAFETY: `params` is the caller's kernelParams for this launch: one pointer per
+                        // parameter, the kernel declaring at least `i + 1` (the image says so).
+                        let p = unsafe { *(k.params as *const *const u8).add(i) };
+                        if !p.is_null() {
+                            // SAFETY: as above; parameters need not be aligned.
+                            let v = unsafe { std::ptr::read_unaligned(p as *const u64) };
+                            if v != 0 {
+                                ns = v;
+                            }
+                        }
+                    }
+                }
                 local = o.functions.get(&func).map_or(0, |f| f.local).max(local);
                 let ops = o.functions.get(&func).map_or(&[][..], |f| &f.touch[..]);
                 if !ops.is_empty() && o.streams[&s].capture.is_none() {

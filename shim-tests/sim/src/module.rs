@@ -32,6 +32,9 @@ pub(crate) struct Image {
     pub locals: Vec<(String, u64)>,
     /// Kernel name → what it does to memory (`touch` lines, in order).
     pub touches: Vec<(String, crate::touch::Op)>,
+    /// Kernel name → the parameter whose value (64 bits, when not 0) is its ns per wave (`length` lines): a
+    /// data-dependent kernel, one launch shape of several lengths.
+    pub lengths: Vec<(String, usize)>,
     /// Neither a CUDASIM-MODULE text image nor compiled code: every kernel name exists.
     pub opaque: bool,
     /// Compiled code: names come from it (unreadable code behaves as opaque).
@@ -100,6 +103,20 @@ pub(crate) fn parse_text(text: &str) -> Result<Image, String> {
                 img.locals.push((name.to_string(), num(local)?));
             }
             ["global", name, bytes] => img.globals.push((name.to_string(), num(bytes)?)),
+            ["length", name, p] => {
+                let i = p.strip_prefix('p').and_then(|i| i.parse::<usize>().ok());
+                match i {
+                    Some(i) if img.kernels.iter().any(|k| k.0 == *name) => {
+                        img.lengths.push((name.to_string(), i))
+                    }
+                    _ => {
+                        return Err(format!(
+                            "line {}: expected `length <declared kernel> p<I>`",
+                            n + 2
+                        ))
+                    }
+                }
+            }
             ["touch", name, op @ ..] => {
                 if !img.kernels.iter().any(|k| k.0 == *name) {
                     return Err(format!("line {}: touch of undeclared kernel {name:?}", n + 2));
@@ -208,6 +225,8 @@ pub(crate) struct Function {
     pub local: u64,
     /// What the kernel does to memory (`touch`), in order.
     pub touch: Vec<crate::touch::Op>,
+    /// The parameter that gives its ns per wave (`length`), if any.
+    pub length: Option<usize>,
     /// cuFuncSetBlockShape / cuFuncSetSharedSize state for the legacy cuLaunch* calls.
     pub block: [u32; 3],
     pub shared: u32,
@@ -336,6 +355,7 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
         .filter(|t| t.0 == name)
         .map(|t| t.1)
         .collect();
+    let length = m.image.lengths.iter().find(|l| l.0 == name).map(|l| l.1);
     let f = new_handle(Kind::Function);
     o.functions.insert(
         f,
@@ -345,6 +365,7 @@ pub(crate) fn get_function(o: &mut Objects, sim: &Sim, module: u64, name: &str) 
             ns_per_wave: ns,
             local,
             touch,
+            length,
             block: [1, 1, 1],
             shared: 0,
             max_dynamic_shared: 0,
