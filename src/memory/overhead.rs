@@ -711,7 +711,8 @@ impl Memory {
         if self.elastic.on() {
             let owned: std::collections::HashSet<usize> =
                 self.holdings.owners.lock().keys().copied().collect();
-            self.elastic.primary_released(cuda, ordinal, &|c| owned.contains(&c));
+            self.elastic
+                .primary_released(cuda, ordinal, &|c| owned.contains(&c));
         }
         if let Some(c) = self.holdings.primary.get(ordinal as usize) {
             if reset {
