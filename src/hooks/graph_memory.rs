@@ -29,8 +29,7 @@ pub(crate) unsafe fn instantiate(
         // SAFETY: written by the driver on success.
         let exec = unsafe { *pexec };
         if s.mem
-            .graphs()
-            .changed(&s.cuda, GraphChange::Instantiated { exec, graph })
+            .graph_changed(&s.cuda, GraphChange::Instantiated { exec, graph })
             .is_err()
         {
             // Memory nodes or kernels we cannot see would escape the cap: refuse the exec (fail closed).
@@ -95,7 +94,7 @@ pub(crate) unsafe fn instantiate_with_params(
 /// `call` changes or destroys `exec` (its handle may come back): memory records it ([`ExecCall`]); once done,
 /// the exec's duration is measured again before priority trusts it.
 fn exec_call(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgraphExec, what: ExecCall) -> CUresult {
-    let r = s.mem.graphs().exec(&s.cuda, &s.nvml, exec, what, call);
+    let r = s.mem.graph_exec(&s.cuda, &s.nvml, exec, what, call);
     if r.ok() {
         s.throttle
             .work_changed(crate::throttle::estimate::graph_key(exec as usize));
@@ -215,16 +214,14 @@ pub(crate) unsafe fn add_node(
                     let bodies = bodies.iter().map(|&b| b as usize).collect();
                     let _ = s
                         .mem
-                        .graphs()
-                        .changed(&s.cuda, GraphChange::Bodies { node: n, bodies });
+                        .graph_changed(&s.cuda, GraphChange::Bodies { node: n, bodies });
                 }
             }
             CU_GRAPH_NODE_TYPE_GRAPH if u.add(8).cast::<u32>().read_unaligned() == CHILD_GRAPH_CLONE => {
                 let original = u.cast::<CUgraph>().read_unaligned();
                 let _ = s
                     .mem
-                    .graphs()
-                    .changed(&s.cuda, GraphChange::ChildCloned { node: n, original });
+                    .graph_changed(&s.cuda, GraphChange::ChildCloned { node: n, original });
             }
             _ => {}
         }
@@ -249,7 +246,7 @@ pub(crate) unsafe fn add_child(
     if r.ok() && !node.is_null() {
         // SAFETY: written by the driver on success.
         let node = unsafe { *node };
-        let _ = s.mem.graphs().changed(
+        let _ = s.mem.graph_changed(
             &s.cuda,
             GraphChange::ChildCloned {
                 node,
@@ -276,8 +273,7 @@ pub(crate) unsafe fn clone(
         let clone = unsafe { *pclone };
         let _ = s
             .mem
-            .graphs()
-            .changed(&s.cuda, GraphChange::Cloned { clone, original });
+            .graph_changed(&s.cuda, GraphChange::Cloned { clone, original });
     }
     r
 }
@@ -293,8 +289,7 @@ pub(crate) fn upload(
 ) -> CUresult {
     let stream = super::probe_stream(stream, ds);
     s.mem
-        .graphs()
-        .exec(&s.cuda, &s.nvml, exec, ExecCall::Upload { stream }, call)
+        .graph_exec(&s.cuda, &s.nvml, exec, ExecCall::Upload { stream }, call)
 }
 
 /// `cuGraphExecDestroy`: the pool may release what the exec held.
@@ -306,7 +301,7 @@ pub(crate) fn exec_destroy(s: &Shim, call: impl FnOnce() -> CUresult, exec: CUgr
 pub(crate) fn trim(s: &Shim, call: impl FnOnce() -> CUresult, device: CUdevice) -> CUresult {
     let r = call();
     if r.ok() {
-        let _ = s.mem.graphs().changed(&s.cuda, GraphChange::Trimmed(device));
+        let _ = s.mem.graph_changed(&s.cuda, GraphChange::Trimmed(device));
     }
     r
 }

@@ -293,7 +293,7 @@ fn graph_memory(
     stream: CUstream,
     ds: DefaultStream,
 ) -> CUresult {
-    s.mem.graphs().exec(&s.cuda, &s.nvml, exec, ExecCall::Launch, || {
+    s.mem.graph_exec(&s.cuda, &s.nvml, exec, ExecCall::Launch, || {
         graph_throttled(s, exec, stream, ds, call)
     })
 }

@@ -23,11 +23,6 @@ pub(crate) struct Charge<'a> {
 }
 
 impl Charge<'_> {
-    /// The device charged.
-    pub(crate) fn dev(&self) -> Dev {
-        self.dev
-    }
-
     /// The bytes admitted.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes

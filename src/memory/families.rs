@@ -1,10 +1,9 @@
-//! What hooks reach of memory, one family at a time (issue 37): `Memory::allocs`, `Memory::first_use`,
-//! `Memory::overhead` and `Memory::graphs` hand out a borrowed view whose few methods are the family's whole
-//! interface to hooks (the elastic family, `Memory::elastic`, is a type of its own). Each view is one pointer
-//! and every method `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if hooks called
-//! `Memory` directly (the gate, bench/README.md, measured them unchanged).
+//! What hooks reach of memory, one family at a time (issue 37): `Memory::allocs`, `Memory::first_use` and
+//! `Memory::overhead` hand out a borrowed view whose few methods are the family's whole interface to hooks
+//! (the elastic and graph families, `Memory::elastic` and `memory::graphs::Graphs`, own their state). Each
+//! view is one pointer and every method `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if
+//! hooks called `Memory` directly (the gate, bench/README.md, measured them unchanged).
 
-use super::graphs::Unpriced;
 #[cfg(test)]
 use super::ledger::Record;
 use super::ledger::Space;
@@ -12,7 +11,7 @@ use super::ledger::Space;
 use super::overhead::Creating;
 #[cfg(test)]
 use super::{Admitted, Creation, OverCap};
-use super::{ExecCall, GraphChange, Launch, Memory, OverheadCall, Owner, Use};
+use super::{Launch, Memory, OverheadCall, Owner, Use};
 use crate::devices::Dev;
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
@@ -185,31 +184,6 @@ impl<'a> OverheadCalls<'a> {
     }
 }
 
-/// Graphs: what graph execs' memory nodes and first launches take.
-#[derive(Clone, Copy)]
-pub(crate) struct GraphCalls<'a>(&'a Memory);
-
-impl GraphCalls<'_> {
-    /// `call`, an exec's launch, update, upload or destruction (see `Memory::graph_exec`).
-    #[inline(always)]
-    pub(crate) fn exec(
-        self,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-        exec: CUgraphExec,
-        what: ExecCall,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        self.0.graph_exec(cuda, nvml, exec, what, call)
-    }
-
-    /// Records what a hook saw made (see `Memory::graph_changed`).
-    #[inline(always)]
-    pub(crate) fn changed(self, cuda: &CudaTable, change: GraphChange) -> Result<(), Unpriced> {
-        self.0.graph_changed(cuda, change)
-    }
-}
-
 impl Memory {
     /// The allocation family.
     #[inline(always)]
@@ -227,11 +201,5 @@ impl Memory {
     #[inline(always)]
     pub(crate) fn overhead(&self) -> OverheadCalls<'_> {
         OverheadCalls(self)
-    }
-
-    /// The graph family.
-    #[inline(always)]
-    pub(crate) fn graphs(&self) -> GraphCalls<'_> {
-        GraphCalls(self)
     }
 }

@@ -1,7 +1,8 @@
-//! CUDA graph memory and the stack and code a graph's kernels take: the family's state ([`Graphs`]: private,
-//! its driver queries behind [`Driver`]), the walk of a graph that prices it, and the two doors hooks use:
+//! CUDA graph memory and the stack and code a graph's kernels take: the family ([`Graphs`]: it owns its state,
+//! asks the driver through [`Driver`] and moves the charge through [`Charges`]), the walk of a graph that
+//! prices it, and the two doors hooks use, which compose it with first use and admission:
 //! [`Memory::graph_changed`] (a graph or exec was made, a node added, a pool trimmed) and [`Memory::graph_exec`]
-//! (an exec's update, upload, launch or destruction, around the driver's call), [`Memory::with_graph_memory`]
+//! (an exec's update, upload, launch or destruction, around the driver's call), [`Graphs::with_memory`]
 //! admitting an upload or launch.
 //!
 //! Alloc nodes (`cuGraphAddMemAllocNode`, or `cuMemAllocAsync` captured from a stream) take memory from the
@@ -19,11 +20,11 @@
 //! launch or upload in a context makes the driver grow, and each kernel's code is loaded before that launch,
 //! both in `Memory::first_launch` (`first_use`), one routine for every path.
 
-use super::charge::Charge;
 use super::driver::Driver;
 use super::first_use::Use;
-use super::{stack, Memory};
-use crate::devices::Dev;
+use super::pools::Charges;
+use super::{stack, Memory, OverCap};
+use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
@@ -482,18 +483,22 @@ pub(crate) enum ExecCall {
     Destroy,
 }
 
-impl Memory {
-    /// `graph`'s walk, before or after `what` gives its memory nodes and kernels to `exec` (`None`, logged: the
+/// What hooks' graph calls do to the family's state. The doors of [`Memory`] below compose it with the other
+/// families (first use, admission): the charge moves through [`Charges`], an admission is a closure that returns
+/// a guard, and the driver is asked through [`Driver`], so the family is tested with fakes of each.
+impl Graphs {
+    /// `graph`'s walk, before or after `what` gives its memory nodes and kernels to `exec` (`Err`, logged: the
     /// call is refused). While a memory cap may apply, a node that could not be read fails it; without a cap
     /// those price nothing (a cap set later measures the exec's first launch after it).
-    fn graph_walk(
+    fn priced(
         &self,
         cuda: &CudaTable,
+        devices: &Devices,
         what: &str,
         exec: CUgraphExec,
         graph: CUgraph,
     ) -> Result<Walked, Unpriced> {
-        let w = self.graph_footprint(cuda, graph);
+        let w = self.walk_placed(cuda, devices, graph);
         if w.is_none() {
             log!(
                 Level::Error,
@@ -508,39 +513,46 @@ impl Memory {
 
     /// [`Graphs::walk`] with this process's devices, failed where it found what it could not read while a cap
     /// may apply.
-    fn graph_footprint(&self, cuda: &CudaTable, graph: CUgraph) -> Option<Walked> {
+    fn walk_placed(&self, cuda: &CudaTable, devices: &Devices, graph: CUgraph) -> Option<Walked> {
         let place = |ordinal, bytes| {
-            let d = self.devices.device(cuda, ordinal)?;
-            Some((d, self.devices.round(cuda, d, bytes)))
+            let d = devices.device(cuda, ordinal)?;
+            Some((d, devices.round(cuda, d, bytes)))
         };
-        let w = self.graph.walk(cuda, graph, &place)?;
+        let w = self.walk(cuda, graph, &place)?;
         if w.unknown {
-            self.devices.refresh_if_changed();
-            if self.devices.memory_limited() {
+            devices.refresh_if_changed();
+            if devices.memory_limited() {
                 return None;
             }
         }
         Some(w)
     }
 
-    /// Records what a hook saw made. `Err` only for [`GraphChange::Instantiated`]: the exec cannot be priced.
-    pub(super) fn graph_changed(&self, cuda: &CudaTable, change: GraphChange) -> Result<(), Unpriced> {
+    /// Records what a hook saw made (a trim re-reads the pool, its charge moved through `c`). `Err` only for
+    /// [`GraphChange::Instantiated`]: the exec cannot be priced.
+    pub(super) fn changed(
+        &self,
+        cuda: &CudaTable,
+        devices: &Devices,
+        c: &impl Charges,
+        change: GraphChange,
+    ) -> Result<(), Unpriced> {
         match change {
             GraphChange::Instantiated { exec, graph } => {
-                let w = self.graph_walk(cuda, "cuGraphInstantiate", exec, graph)?;
-                self.graph.set_exec(exec as usize, w.mem);
-                self.graph.set_kernels(exec as usize, w.kernels, false);
+                let w = self.priced(cuda, devices, "cuGraphInstantiate", exec, graph)?;
+                self.set_exec(exec as usize, w.mem);
+                self.set_kernels(exec as usize, w.kernels, false);
             }
-            GraphChange::Bodies { node, bodies } => self.graph.set_bodies(node as usize, bodies),
-            GraphChange::Cloned { clone, original } => self.graph_cloned(cuda, clone, original),
+            GraphChange::Bodies { node, bodies } => self.set_bodies(node as usize, bodies),
+            GraphChange::Cloned { clone, original } => self.cloned(cuda, devices, clone, original),
             GraphChange::ChildCloned { node, original } => {
                 if let Ok(clone) = cuda.child_graph(node) {
-                    self.graph_cloned(cuda, clone, original);
+                    self.cloned(cuda, devices, clone, original);
                 }
             }
             GraphChange::Trimmed(ordinal) => {
-                if let Some(dev) = self.devices.device(cuda, ordinal) {
-                    self.refresh_graph(cuda, dev);
+                if let Some(dev) = devices.device(cuda, ordinal) {
+                    self.settle(cuda, c, dev);
                 }
             }
         }
@@ -552,20 +564,171 @@ impl Memory {
     /// clone later are not covered (one made past cuquota stays unknown). An original that cannot be walked, or
     /// holds a conditional node of unknown bodies, records nothing (the clone's conditional nodes then make its
     /// instantiation refused under a cap).
-    fn graph_cloned(&self, cuda: &CudaTable, clone: CUgraph, original: CUgraph) {
-        if let Some(w) = self.graph_footprint(cuda, original).filter(|w| !w.unknown) {
-            self.graph.cover(cuda, clone, &w.kernels, 0);
+    fn cloned(&self, cuda: &CudaTable, devices: &Devices, clone: CUgraph, original: CUgraph) {
+        if let Some(w) = self.walk_placed(cuda, devices, original).filter(|w| !w.unknown) {
+            self.cover(cuda, clone, &w.kernels, 0);
         }
     }
 
-    /// `call`, an exec's update, upload or destruction, with what memory keeps of the exec. An update records the
-    /// new need: the graph is walked before the call (refused as at instantiation: `CUDA_ERROR_NOT_SUPPORTED`,
-    /// the driver not called), and after it the footprint becomes, per device, the larger of the old and the new
-    /// (whichever the driver kept, the launch is admitted for it; a child graph's is added), the stack need the
-    /// new graph's (a kernel or child node's raises it). An update or destruction makes the next launch a first
-    /// use again. An upload is admitted as the exec's first launch there is, and its graph memory as a launch's
-    /// ([`Memory::with_graph_memory`]).
-    pub(super) fn graph_exec(
+    /// `call`, an exec's update (`what`: not an upload, launch or destruction), recording the new need: the graph
+    /// is walked before the call (refused as at instantiation: `CUDA_ERROR_NOT_SUPPORTED`, the driver not
+    /// called), and after it the footprint becomes, per device, the larger of the old and the new (whichever the
+    /// driver kept, the launch is admitted for it; a child graph's is added), the stack need the new graph's (a
+    /// kernel or child node's raises it).
+    fn updated(
+        &self,
+        cuda: &CudaTable,
+        devices: &Devices,
+        exec: CUgraphExec,
+        what: ExecCall,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let update = match what {
+            ExecCall::Update(g) => Some((self.priced(cuda, devices, "cuGraphExecUpdate", exec, g), false)),
+            ExecCall::ChildUpdate(g) => Some((
+                self.priced(cuda, devices, "cuGraphExecChildGraphNodeSetParams", exec, g),
+                true,
+            )),
+            ExecCall::KernelUpdate { func, kern } => {
+                Some((kernel_update(exec, cuda, devices, func, kern), true))
+            }
+            _ => None,
+        };
+        let (w, raise) = match update {
+            Some((Ok(w), raise)) => (Some(w), raise),
+            Some((Err(Unpriced), _)) => return CUresult::ERROR_NOT_SUPPORTED,
+            None => (None, false),
+        };
+        let r = call();
+        if let (true, Some(w)) = (r.ok(), w) {
+            let e = exec as usize;
+            self.merge_exec(e, &w.mem, raise);
+            self.set_kernels(e, w.kernels, raise);
+        }
+        r
+    }
+
+    /// `cuGraphExecDestroy` of `exec` (`call`): once the driver destroyed it, `gone` runs and the exec is
+    /// forgotten (one created later at this address is not this one), and with alloc nodes its devices' graph
+    /// memory re-read (the charge moved through `c`).
+    fn destroyed(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        exec: usize,
+        call: impl FnOnce() -> CUresult,
+        gone: impl FnOnce(),
+    ) -> CUresult {
+        let had = self.has_memory(exec);
+        let r = call();
+        if r.ok() {
+            gone();
+            self.forget_stack(exec);
+            if had {
+                self.forget_exec(exec);
+                for dev in self.charged_devices() {
+                    self.settle(d, c, dev);
+                }
+            }
+        }
+        r
+    }
+
+    /// Re-reads a device's reserved graph memory and charges (unconditionally) or releases the difference.
+    pub(super) fn settle(&self, d: &impl Driver, c: &impl Charges, dev: Dev) {
+        self.refresh(d, dev, |charged, reserved| {
+            if reserved > charged {
+                c.force(dev, reserved - charged);
+            } else {
+                c.release(dev, charged - reserved);
+            }
+        });
+    }
+
+    /// Upload or launch (`call`) of graph exec `exec`: with alloc nodes, what its footprint may add on each
+    /// device (`footprint − (reserved − used)`) is admitted first (`admit`, a guard per device; refused:
+    /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not called, the guards so far dropped), then the real change of
+    /// the graph pools' reserved size is charged and the provisional charge dropped. An exec without alloc nodes
+    /// costs one lock-free probe.
+    #[inline(never)]
+    fn with_memory<G>(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        exec: usize,
+        admit: impl Fn(Dev, u64) -> Result<G, OverCap>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        if !self.has_memory(exec) {
+            return call();
+        }
+        let Some(fp) = self.footprint(exec) else {
+            return call();
+        };
+        let mut charges: Vec<(Dev, G)> = Vec::with_capacity(fp.len());
+        for &(dev, bytes) in &fp {
+            let est = || bytes.saturating_sub(self.slack(d, dev));
+            let charge = admit(dev, est()).or_else(|_| {
+                // Memory may have been released behind our back (a context's teardown): re-read, retry once.
+                self.settle(d, c, dev);
+                admit(dev, est())
+            });
+            let Ok(charge) = charge else {
+                return CUresult::ERROR_OUT_OF_MEMORY; // the charges so far go back with their guards
+            };
+            charges.push((dev, charge));
+        }
+        let r = call();
+        for (dev, charge) in charges {
+            // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
+            self.settle(d, c, dev);
+            drop(charge);
+        }
+        r
+    }
+}
+
+/// What a kernel node's new kernel needs (no memory node can change there). Refused when the driver will not
+/// give its local memory size while a cap may apply.
+fn kernel_update(
+    exec: CUgraphExec,
+    cuda: &CudaTable,
+    devices: &Devices,
+    func: CUfunction,
+    kern: CUkernel,
+) -> Result<Walked, Unpriced> {
+    let local = stack::node_local(cuda, func, kern).or_else(|| {
+        devices.refresh_if_changed();
+        (!devices.memory_limited()).then_some(0)
+    });
+    let Some(local) = local else {
+        log!(
+            Level::Error,
+            "kernel node update of graph exec {exec:p} refused: the driver will not give the new kernel's local \
+             memory size, so the memory cap could not be kept"
+        );
+        return Err(Unpriced);
+    };
+    Ok(Walked {
+        kernels: Kernels {
+            local,
+            funcs: node_handle(func, kern),
+        },
+        ..Walked::default()
+    })
+}
+
+/// The graph family's doors: hooks call these two; they compose [`Graphs`] with first use and admission.
+impl Memory {
+    /// Records what a hook saw made. `Err` only for [`GraphChange::Instantiated`]: the exec cannot be priced.
+    pub(crate) fn graph_changed(&self, cuda: &CudaTable, change: GraphChange) -> Result<(), Unpriced> {
+        self.graph.changed(cuda, &self.devices, self, change)
+    }
+
+    /// `call`, an exec's update, upload, launch or destruction, with what memory keeps of the exec
+    /// ([`Graphs`]). An update or destruction makes the next launch a first use again. An upload is admitted as
+    /// the exec's first launch there is, and its graph memory as a launch's ([`Graphs::with_memory`]).
+    pub(crate) fn graph_exec(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
@@ -574,80 +737,23 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let e = exec as usize;
-        let update = match what {
-            ExecCall::Upload { stream } => return self.graph_upload(cuda, nvml, e, stream, call),
+        match what {
+            ExecCall::Upload { stream } => self.graph_upload(cuda, nvml, e, stream, call),
             // The probe inline, the work out of line: the launch hook inlines this twice (with and without elastic
             // memory's gate), and `#[inline]` alone then left all of it out of line (+27 per graph launch).
-            ExecCall::Launch if !self.graph.has_memory(e) => return call(),
-            ExecCall::Launch => return self.with_graph_memory(cuda, nvml, e, call),
-            ExecCall::Destroy => {
-                let had = self.graph.has_memory(e);
-                let r = call();
+            ExecCall::Launch if !self.graph.has_memory(e) => call(),
+            ExecCall::Launch => self.graph_memory(cuda, nvml, e, call),
+            ExecCall::Destroy => self.graph.destroyed(cuda, self, e, call, || {
+                self.first_use.forget(Use::Graph, e);
+            }),
+            update => {
+                let r = self.graph.updated(cuda, &self.devices, exec, update, call);
                 if r.ok() {
-                    // An exec created later at this address is not this one.
                     self.first_use.forget(Use::Graph, e);
-                    self.graph.forget_stack(e);
                 }
-                if r.ok() && had {
-                    self.graph.forget_exec(e);
-                    for d in self.graph.charged_devices() {
-                        self.refresh_graph(cuda, d);
-                    }
-                }
-                return r;
+                r
             }
-            ExecCall::Update(g) => Some((self.graph_walk(cuda, "cuGraphExecUpdate", exec, g), false)),
-            ExecCall::ChildUpdate(g) => Some((
-                self.graph_walk(cuda, "cuGraphExecChildGraphNodeSetParams", exec, g),
-                true,
-            )),
-            ExecCall::KernelUpdate { func, kern } => Some((self.kernel_update(exec, cuda, func, kern), true)),
-            ExecCall::OtherUpdate => None,
-        };
-        let (w, raise) = match update {
-            Some((Ok(w), raise)) => (Some(w), raise),
-            Some((Err(Unpriced), _)) => return CUresult::ERROR_NOT_SUPPORTED,
-            None => (None, false),
-        };
-        let r = call();
-        if r.ok() {
-            if let Some(w) = w {
-                self.graph.merge_exec(e, &w.mem, raise);
-                self.graph.set_kernels(e, w.kernels, raise);
-            }
-            self.first_use.forget(Use::Graph, e);
         }
-        r
-    }
-
-    /// What a kernel node's new kernel needs (no memory node can change there). Refused when the driver will not
-    /// give its local memory size while a cap may apply.
-    fn kernel_update(
-        &self,
-        exec: CUgraphExec,
-        cuda: &CudaTable,
-        func: CUfunction,
-        kern: CUkernel,
-    ) -> Result<Walked, Unpriced> {
-        let local = stack::node_local(cuda, func, kern).or_else(|| {
-            self.devices.refresh_if_changed();
-            (!self.devices.memory_limited()).then_some(0)
-        });
-        let Some(local) = local else {
-            log!(
-                Level::Error,
-                "kernel node update of graph exec {exec:p} refused: the driver will not give the new kernel's local \
-                 memory size, so the memory cap could not be kept"
-            );
-            return Err(Unpriced);
-        };
-        Ok(Walked {
-            kernels: Kernels {
-                local,
-                funcs: node_handle(func, kern),
-            },
-            ..Walked::default()
-        })
     }
 
     /// `cuGraphUpload`: uploading may reserve the exec's graph memory, and sets up its kernels' stack in the
@@ -662,65 +768,26 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         if !self.first_use_armed() {
-            return self.with_graph_memory(cuda, nvml, exec, call);
+            return self.graph_memory(cuda, nvml, exec, call);
         }
         let Ok(first) = self.first_launch(cuda, nvml, Use::Graph, exec, stream) else {
             return CUresult::ERROR_OUT_OF_MEMORY;
         };
-        let r = self.with_graph_memory(cuda, nvml, exec, call);
+        let r = self.graph_memory(cuda, nvml, exec, call);
         self.launched(cuda, nvml, first, stream, r);
         r
     }
 
-    /// Re-reads a device's reserved graph memory and charges (unconditionally) or releases the difference.
-    pub(super) fn refresh_graph(&self, cuda: &CudaTable, dev: Dev) {
-        self.graph.refresh(cuda, dev, |charged, reserved| {
-            if reserved > charged {
-                self.force(dev, reserved - charged);
-            } else {
-                self.release(dev, charged - reserved);
-            }
-        });
-    }
-
-    /// Upload or launch (`call`) of graph exec `exec`: with alloc nodes, what its footprint may add on each
-    /// device (`footprint − (reserved − used)`) is admitted first (refused: `CUDA_ERROR_OUT_OF_MEMORY`, the
-    /// driver not called), then the real change of the graph pools' reserved size is charged and the
-    /// provisional charge dropped. An exec without alloc nodes costs one lock-free probe.
-    #[inline(never)]
-    fn with_graph_memory(
+    /// An upload or launch of `exec` with its graph memory admitted against the cap ([`Graphs::with_memory`]).
+    fn graph_memory(
         &self,
         cuda: &CudaTable,
         nvml: &Nvml,
         exec: usize,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        if !self.graph.has_memory(exec) {
-            return call();
-        }
-        let Some(fp) = self.graph.footprint(exec) else {
-            return call();
-        };
-        let mut charges: Vec<Charge<'_>> = Vec::with_capacity(fp.len());
-        for &(dev, bytes) in &fp {
-            let est = || bytes.saturating_sub(self.graph.slack(cuda, dev));
-            let charge = self.charge(dev, est(), cuda, nvml).or_else(|_| {
-                // Memory may have been released behind our back (a context's teardown): re-read, retry once.
-                self.refresh_graph(cuda, dev);
-                self.charge(dev, est(), cuda, nvml)
-            });
-            let Ok(charge) = charge else {
-                return CUresult::ERROR_OUT_OF_MEMORY; // the charges so far go back with their guards
-            };
-            charges.push(charge);
-        }
-        let r = call();
-        for charge in charges {
-            // Charge the real growth first, then drop the provisional charge: the sum never dips below the truth.
-            self.refresh_graph(cuda, charge.dev());
-            drop(charge);
-        }
-        r
+        let admit = |dev, bytes| self.charge(dev, bytes, cuda, nvml);
+        self.graph.with_memory(cuda, self, exec, admit, call)
     }
 }
 
@@ -973,5 +1040,184 @@ mod tests {
         graphs.forget_exec(exec);
         assert!(!graphs.has_memory(exec));
         assert_eq!(graphs.footprint(exec), None);
+    }
+
+    /// The process's charge as the family moves it: forced and released bytes, and admissions against `cap`
+    /// that hand out a guard giving them back on drop (as `Memory::charge`'s `Charge`).
+    #[derive(Default)]
+    struct Net {
+        cap: u64,
+        charged: Cell<u64>,
+        admissions: Cell<u32>,
+    }
+
+    impl Charges for Net {
+        fn force(&self, _: Dev, bytes: u64) {
+            self.charged.set(self.charged.get() + bytes);
+        }
+        fn release(&self, _: Dev, bytes: u64) {
+            self.charged.set(self.charged.get() - bytes);
+        }
+    }
+
+    struct Held<'a>(&'a Net, Dev, u64);
+
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            self.0.release(self.1, self.2);
+        }
+    }
+
+    impl Net {
+        fn admit(&self, dev: Dev, bytes: u64) -> Result<Held<'_>, OverCap> {
+            self.admissions.set(self.admissions.get() + 1);
+            if self.charged.get() + bytes > self.cap {
+                return Err(OverCap);
+            }
+            self.force(dev, bytes);
+            Ok(Held(self, dev, bytes))
+        }
+    }
+
+    fn two_devices() -> (impl Drop, impl Drop, Dev, Dev) {
+        let (t0, id0) = device_id();
+        let (t1, id1) = device_id();
+        (t0, t1, Dev { ordinal: 0, id: id0 }, Dev { ordinal: 1, id: id1 })
+    }
+
+    /// An exec whose footprint does not fit on one of its devices is refused before the driver is called (out of
+    /// memory), and what the devices before it admitted goes back; control: under a cap that fits, the call is
+    /// made. An exec without alloc nodes is not admitted at all.
+    #[test]
+    fn a_launch_over_the_cap_is_refused_before_the_driver_and_its_admissions_go_back() {
+        let (_t0, _t1, dev0, dev1) = two_devices();
+        let graphs = Graphs::new();
+        let d = Fake::default();
+        let exec = 0x5000;
+        graphs.set_exec(exec, vec![(dev0, 4 * MIB), (dev1, 8 * MIB)]);
+        let calls = Cell::new(0);
+        let call = || {
+            calls.set(calls.get() + 1);
+            CUresult::SUCCESS
+        };
+        let net = Net {
+            cap: 10 * MIB,
+            ..Net::default()
+        };
+        let admit = |dev, bytes| net.admit(dev, bytes);
+        let r = graphs.with_memory(&d, &net, exec, admit, call);
+        assert_eq!(r, CUresult::ERROR_OUT_OF_MEMORY);
+        assert_eq!(calls.get(), 0, "the driver is not called");
+        assert_eq!(net.charged.get(), 0, "the first device's admission went back");
+        assert_eq!(
+            net.admissions.get(),
+            3,
+            "the refused device retried once after a re-read"
+        );
+        let net = Net {
+            cap: 12 * MIB,
+            ..Net::default()
+        };
+        let admit = |dev, bytes| net.admit(dev, bytes);
+        assert_eq!(graphs.with_memory(&d, &net, exec, admit, call), CUresult::SUCCESS);
+        assert_eq!(calls.get(), 1);
+        // The driver reported no reserved graph memory: nothing stays charged once the launch returned.
+        assert_eq!(net.charged.get(), 0);
+        let admit = |dev, bytes| net.admit(dev, bytes);
+        assert_eq!(
+            graphs.with_memory(&d, &net, 0x6000, admit, call),
+            CUresult::SUCCESS
+        );
+        assert_eq!(calls.get(), 2);
+        assert_eq!(net.admissions.get(), 2, "no alloc nodes: nothing admitted");
+    }
+
+    /// A launch holds its footprint across the driver's call, then the pool's real growth is charged and the
+    /// estimate goes back; the next launch reuses the pool's slack
+    /// (reserved − used) and is admitted only for the rest. A failed launch gives its estimate back too.
+    #[test]
+    fn a_launch_charges_the_pools_real_growth_and_gives_its_estimate_back() {
+        let (_t0, _t1, dev, _) = two_devices();
+        let graphs = Graphs::new();
+        let d = Fake::default();
+        let exec = 0x5000;
+        graphs.set_exec(exec, vec![(dev, 6 * MIB)]);
+        let net = Net {
+            cap: 64 * MIB,
+            ..Net::default()
+        };
+        let admit = |dev, bytes| net.admit(dev, bytes);
+        let r = graphs.with_memory(&d, &net, exec, admit, || {
+            assert_eq!(
+                net.charged.get(),
+                6 * MIB,
+                "the footprint is held across the call"
+            );
+            d.reserved.set(Some(8 * MIB)); // the pool grew by its granularity
+            d.used.set(6 * MIB);
+            CUresult::SUCCESS
+        });
+        assert_eq!(r, CUresult::SUCCESS);
+        assert_eq!(
+            net.charged.get(),
+            8 * MIB,
+            "the reserved size is charged, the estimate gone"
+        );
+        // The launch finished: its memory is back in the pool, which keeps it reserved.
+        d.used.set(0);
+        let admitted = Cell::new(u64::MAX);
+        let admit = |dev, bytes| {
+            admitted.set(bytes);
+            net.admit(dev, bytes)
+        };
+        let r = graphs.with_memory(&d, &net, exec, admit, || CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(
+            admitted.get(),
+            0,
+            "all 6 MiB come from the pool's 8 MiB reserved and unused"
+        );
+        assert_eq!(
+            net.charged.get(),
+            8 * MIB,
+            "a failed launch leaves the pool's charge as it was"
+        );
+    }
+
+    /// A destroyed exec is forgotten (no longer admitted at launch) and its devices' graph memory re-read (the
+    /// pool released what it held: the charge goes back); a destroy the driver refused changes nothing.
+    #[test]
+    fn a_destroyed_exec_is_forgotten_and_its_pools_charge_follows() {
+        let (_t0, _t1, dev, _) = two_devices();
+        let graphs = Graphs::new();
+        let d = Fake::default();
+        let net = Net {
+            cap: 64 * MIB,
+            ..Net::default()
+        };
+        let exec = 0x5000;
+        graphs.set_exec(exec, vec![(dev, 4 * MIB)]);
+        d.reserved.set(Some(4 * MIB));
+        graphs.settle(&d, &net, dev);
+        assert_eq!(net.charged.get(), 4 * MIB);
+        let gone = Cell::new(0);
+        d.reserved.set(Some(0));
+        let r = graphs.destroyed(
+            &d,
+            &net,
+            exec,
+            || CUresult::ERROR_INVALID_VALUE,
+            || gone.set(gone.get() + 1),
+        );
+        assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(gone.get(), 0);
+        assert!(graphs.has_memory(exec), "refused: still there");
+        assert_eq!(net.charged.get(), 4 * MIB);
+        let r = graphs.destroyed(&d, &net, exec, || CUresult::SUCCESS, || gone.set(gone.get() + 1));
+        assert_eq!(r, CUresult::SUCCESS);
+        assert_eq!(gone.get(), 1);
+        assert!(!graphs.has_memory(exec));
+        assert_eq!(graphs.footprint(exec), None);
+        assert_eq!(net.charged.get(), 0, "the pool's release is given back");
     }
 }

@@ -771,7 +771,7 @@ impl Memory {
         self.pools.context_gone(self, dev);
         self.refresh_pools_of(cuda, dev.id);
         if self.graph.charges(dev) {
-            self.refresh_graph(cuda, dev);
+            self.graph.settle(cuda, self, dev);
         }
     }
 
