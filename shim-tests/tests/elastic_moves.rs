@@ -514,7 +514,10 @@ fn a_pending_stream_wait_on_a_movable_range_keeps_it_resident() {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(3) {
         let (r, _) = t.res();
-        assert!(r >= before, "moved while a wait on it was pending: {r} vs {before}");
+        assert!(
+            r >= before,
+            "moved while a wait on it was pending: {r} vs {before}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     t.p.send("release");

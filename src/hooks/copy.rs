@@ -48,7 +48,12 @@ pub(crate) fn flat(
 /// gate as a copy does (ranges brought back first, none moves while it is in flight, its stream then asked for
 /// quiescence: a wait still pending keeps the process from being idle). Not judged by priority (no change).
 #[inline]
-pub(crate) fn mem_op(s: &Shim, call: impl FnOnce() -> CUresult, stream: CUstream, ds: DefaultStream) -> CUresult {
+pub(crate) fn mem_op(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
     if s.mem.elastic().on() {
         return s.mem.elastic().call(&s.cuda, &[probe_stream(stream, ds)], call);
     }

@@ -208,7 +208,10 @@ mod tests {
         g.enter();
         g.leave(&[LEGACY], 0x9000);
         let busy_in_9000 = |s: usize| Ok(legacy_ctx(s) != Some(0x9000));
-        assert!(!g.quiescent(busy_in_9000), "the second context's NULL stream is busy");
+        assert!(
+            !g.quiescent(busy_in_9000),
+            "the second context's NULL stream is busy"
+        );
         let seen = std::cell::RefCell::new(Vec::new());
         assert!(g.quiescent(|s| {
             seen.borrow_mut().push(legacy_ctx(s));
