@@ -131,6 +131,9 @@ struct ContainerState {
     last_kinds: BTreeSet<&'static str>,
     /// Its usage file's `last_use_ns` and `waiting` words at the last pass (its own, untrusted).
     usage_words: (u64, u64),
+    /// Per usage-file device entry: bytes still charged there by its processes found dead (not yet reclaimed),
+    /// taken off its charge for elastic memory (a killed tenant's evicted bytes are nobody's).
+    dead_held: BTreeMap<u32, u64>,
     /// Per GPU (UUID): the `evict_mask` bits of the limits entries that apply there.
     evict_bits: BTreeMap<String, u64>,
     /// Its limits file's `evict_mask` at the last pass.
@@ -488,6 +491,14 @@ impl Agent {
         };
         let region = usage_region(name, &d, limits.usage_id().ok().flatten());
         let usage = region.as_ref().map(UsageRegion::devices);
+        let dead_held: BTreeMap<u32, u64> = match (&region, &usage) {
+            (Some(r), Some(u)) => u
+                .iter()
+                .map(|d| (d.id.index() as u32, r.dead_held(d.id)))
+                .filter(|&(_, n)| n > 0)
+                .collect(),
+            _ => BTreeMap::new(),
+        };
         let usage_words = region.as_ref().map_or((0, 0), |u| {
             (
                 u.last_use_ns().load(Ordering::Acquire),
@@ -522,6 +533,7 @@ impl Agent {
         {
             let st = self.state.entry(name.to_string()).or_default();
             st.usage_words = usage_words;
+            st.dead_held = dead_held;
             st.evict_mask = limits.table.evict_mask;
             st.evict_bits = c
                 .devices
@@ -629,7 +641,11 @@ impl Agent {
                         request: d.memory_request_bytes,
                         limit: d.memory_limit_bytes,
                         resident: d.memory_used_bytes,
-                        charged: d.reported.as_ref().map(|r| r.memory_used_bytes),
+                        // A dead process's charge (not reclaimed yet) is neither resident nor evicted.
+                        charged: d.reported.as_ref().map(|r| {
+                            let dead = d.vdevice_index.and_then(|e| st.dead_held.get(&e)).copied();
+                            r.memory_used_bytes.saturating_sub(dead.unwrap_or(0))
+                        }),
                         last_use_ns,
                         waiting,
                         busy_ns: self.busy_ns.get(&key).copied(),

@@ -867,6 +867,24 @@ fn sigkilled_child_usage_is_reclaimed() {
     assert_eq!(r.processes().len(), 1);
 }
 
+/// A reader outside the container (the agent) counts a killed process's charge, not yet reclaimed, as dead
+/// by its released lock (`dead_held`); a live one's is not.
+#[test]
+fn a_killed_processs_charge_reads_as_dead_until_reclaimed() {
+    let f = TempFile::new("deadheld");
+    let r = UsageRegion::open(f.path()).unwrap();
+    let mut child = spawn_child("charge-and-wait", f.path());
+    wait_ready(&mut child);
+    let dev = r.find_device(&UUID_A).unwrap();
+    assert_eq!(r.dead_held(dev), 0, "a live child's charge read as dead");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(r.container_used(dev), G, "not reclaimed yet");
+    assert_eq!(r.dead_held(dev), G);
+    assert_eq!(r.reclaim_dead(), 1);
+    assert_eq!(r.dead_held(dev), 0);
+}
+
 /// Seen from another pid namespace, a slot's pid names nobody (or someone else): the owner's liveness lock,
 /// not its pid, keeps its slot. Modelled by rewriting the child's recorded pid to one that does not exist here.
 #[test]

@@ -42,6 +42,7 @@ c_aliases! { checked_aliases;
     /// `CUdeviceptr_v1`: the 32-bit device address of the pre-3.2 ABI (bare `cuMemAlloc` etc.).
     pub type CUdeviceptr_v1 = c_uint;
     pub type CUmemGenericAllocationHandle = u64;
+    pub type cuuint32_t = u32;
     pub type cuuint64_t = u64;
     pub type CUcontext = *mut c_void;
     pub type CUmodule = *mut c_void;
@@ -67,6 +68,7 @@ c_aliases! { checked_aliases;
     pub type CUmulticastObjectProp = c_void;
     pub type CUmemcpyAttributes = c_void;
     pub type CUDA_MEMCPY3D_BATCH_OP = c_void;
+    pub type CUstreamBatchMemOpParams = c_void;
     /// C enums (none has a negative value, so the ABI's type is `unsigned int`).
     pub type CUjit_option = c_uint;
     pub type CUlibraryOption = c_uint;
@@ -677,6 +679,27 @@ c_functions! {
     cuMemsetD32Async_ptsz @7000 (dstDevice: CUdeviceptr, ui: c_uint, N: usize, hStream: CUstream);
     cuMemsetD2D32Async @3020 (dstDevice: CUdeviceptr, dstPitch: usize, ui: c_uint, Width: usize, Height: usize, hStream: CUstream);
     cuMemsetD2D32Async_ptsz @7000 (dstDevice: CUdeviceptr, dstPitch: usize, ui: c_uint, Width: usize, Height: usize, hStream: CUstream);
+    // stream memory operations (elastic memory gates them)
+    cuStreamWriteValue32 @8000 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWriteValue32_ptsz @8000 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWriteValue32_v2 @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWriteValue32_v2_ptsz @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWaitValue32 @8000 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWaitValue32_ptsz @8000 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWaitValue32_v2 @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWaitValue32_v2_ptsz @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: c_uint);
+    cuStreamWriteValue64 @9000 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamWriteValue64_ptsz @9000 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamWriteValue64_v2 @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamWriteValue64_v2_ptsz @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamWaitValue64 @9000 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamWaitValue64_ptsz @9000 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamWaitValue64_v2 @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamWaitValue64_v2_ptsz @11070 (stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: c_uint);
+    cuStreamBatchMemOp @8000 (stream: CUstream, count: c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: c_uint);
+    cuStreamBatchMemOp_ptsz @8000 (stream: CUstream, count: c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: c_uint);
+    cuStreamBatchMemOp_v2 @11070 (stream: CUstream, count: c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: c_uint);
+    cuStreamBatchMemOp_v2_ptsz @11070 (stream: CUstream, count: c_uint, paramArray: *mut CUstreamBatchMemOpParams, flags: c_uint);
     cuMemcpyHtoD @2000 (dstDevice: CUdeviceptr_v1, srcHost: *const c_void, ByteCount: c_uint);
     cuMemcpyDtoH @2000 (dstHost: *mut c_void, srcDevice: CUdeviceptr_v1, ByteCount: c_uint);
     cuMemcpyDtoD @2000 (dstDevice: CUdeviceptr_v1, srcDevice: CUdeviceptr_v1, ByteCount: c_uint);

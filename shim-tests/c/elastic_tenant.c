@@ -18,7 +18,19 @@
  *   op NAME    one call of an entry point on a third 1 MiB buffer (scratch; the big buffer's first 4 KiB the
  *              source of copies), then its stream synchronised: op=<its answer>. NAME: peer (cuMemcpyPeer),
  *              peer_async (cuMemcpyPeerAsync), memset2d (cuMemsetD2D8), write32 (cuStreamWriteValue32),
- *              wait32 (cuStreamWaitValue32 on a word already set), prefetch (cuMemPrefetchAsync of the big buffer)
+ *              wait32 (cuStreamWaitValue32 on a word already set), prefetch (cuMemPrefetchAsync of the big buffer);
+ *              on the big buffer's first word: bigwrite32 (cuStreamWriteValue32 of its complement; `peek` checks
+ *              and mends it), bigwait32 (cuStreamWaitValue32 on its value), bigbatch (cuStreamBatchMemOp writing
+ *              its value)
+ *   peek       the big buffer's first word read back: peek=1 if it is what bigwrite32 wrote, else 0; the pattern
+ *              written back
+ *   hold       a new stream waits (cuStreamWaitValue32, EQ) for the big buffer's third word to become its
+ *              complement: hold=<its answer> (the wait stays pending)
+ *   release    that word set (cuMemcpyHtoD), the stream synchronised, the pattern written back: release=ok
+ *   peerlaunch MS   device 1's primary context made current, peer access to device 0's enabled, an MS ms
+ *              kernel adding 1 to every byte of the big buffer launched on its NULL stream (not waited for),
+ *              device 0's context current again: peer=<the launch's answer>
+ *   peersync   device 1's context synchronised: peersync=<its answer>
  *   quit       frees both (unless reset); resident=<bytes>, then exits
  * Linked with -lcuda (the simulator in tests). */
 #define _GNU_SOURCE
@@ -37,8 +49,18 @@ static CUdeviceptr big, small, scratch;
 static size_t big_n, small_n = 1 << 20;
 static unsigned adds_big, adds_small;
 static int was_reset;
+static CUstream held;
 
 static unsigned char pat(size_t i) { return (unsigned char)(i * 131u + (i >> 12)); }
+
+/* The big buffer's 4-byte word at `off` as the pattern (plus every add) has it. */
+static unsigned expected_word(size_t off) {
+    unsigned char b[4];
+    for (size_t i = 0; i < 4; i++) b[i] = (unsigned char)(pat(off + i) + adds_big);
+    unsigned w;
+    memcpy(&w, b, 4);
+    return w;
+}
 
 static long compare(CUdeviceptr p, size_t n, unsigned adds) {
     unsigned char *h = malloc(n);
@@ -137,7 +159,18 @@ int main(int argc, char **argv) {
                 r = cuMemcpyPeer(scratch, ctx, big, ctx, 4096);
             else if (!strncmp(w, "memset2d", 8))
                 r = cuMemsetD2D8(scratch, 4096, 7, 4096, 4);
-            else if (!strncmp(w, "write32", 7))
+            else if (!strncmp(w, "bigwrite32", 10))
+                r = cuStreamWriteValue32(NULL, big, ~expected_word(0), 0);
+            else if (!strncmp(w, "bigwait32", 9))
+                r = cuStreamWaitValue32(NULL, big, expected_word(0), CU_STREAM_WAIT_VALUE_EQ);
+            else if (!strncmp(w, "bigbatch", 8)) {
+                CUstreamBatchMemOpParams op;
+                memset(&op, 0, sizeof op);
+                op.writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+                op.writeValue.address = big;
+                op.writeValue.value = expected_word(0);
+                r = cuStreamBatchMemOp(NULL, 1, &op, 0);
+            } else if (!strncmp(w, "write32", 7))
                 r = cuStreamWriteValue32(NULL, scratch, 1, 0);
             else if (!strncmp(w, "wait32", 6))
                 r = cuStreamWaitValue32(NULL, scratch + 8192, 0, CU_STREAM_WAIT_VALUE_GEQ);
@@ -147,6 +180,46 @@ int main(int argc, char **argv) {
             }
             CK(cuStreamSynchronize(NULL));
             printf("op=%s\n", cq_err(r));
+        } else if (!strncmp(line, "peek", 4)) {
+            unsigned v = 0, e = expected_word(0);
+            CK(cuMemcpyDtoH(&v, big, 4));
+            printf("peek=%d\n", v == ~e);
+            CK(cuMemcpyHtoD(big, &e, 4));
+        } else if (!strncmp(line, "hold", 4)) {
+            CK(cuStreamCreate(&held, CU_STREAM_NON_BLOCKING));
+            printf("hold=%s\n", cq_err(cuStreamWaitValue32(held, big + 8, ~expected_word(8), CU_STREAM_WAIT_VALUE_EQ)));
+        } else if (!strncmp(line, "release", 7)) {
+            unsigned v = ~expected_word(8), e = expected_word(8);
+            CK(cuMemcpyHtoD(big + 8, &v, 4));
+            CK(cuStreamSynchronize(held));
+            CK(cuMemcpyHtoD(big + 8, &e, 4));
+            CK(cuStreamDestroy(held));
+            printf("release=ok\n");
+        } else if (!strncmp(line, "peerlaunch ", 11)) {
+            char module[160];
+            snprintf(module, sizeof module, "CUDASIM-MODULE 1\nkernel slowinc %lld\ntouch slowinc add p0 p1 1\n",
+                     atoll(line + 11) * 1000000ll);
+            CUcontext ctx0, ctx1;
+            CUmodule m;
+            CUfunction slow;
+            CK(cuCtxGetCurrent(&ctx0));
+            CK(cq_use_device(1));
+            CK(cuCtxGetCurrent(&ctx1));
+            CK(cuCtxEnablePeerAccess(ctx0, 0));
+            CK(cuModuleLoadData(&m, module));
+            CK(cuModuleGetFunction(&slow, m, "slowinc"));
+            void *args[] = {&big, &big_n};
+            CUresult r = cuLaunchKernel(slow, 1, 1, 1, 1, 1, 1, 0, NULL, args, NULL);
+            if (r == CUDA_SUCCESS) adds_big++;
+            CK(cuCtxSetCurrent(ctx0));
+            printf("peer=%s\n", cq_err(r));
+        } else if (!strncmp(line, "peersync", 8)) {
+            CUcontext ctx0;
+            CK(cuCtxGetCurrent(&ctx0));
+            CK(cq_use_device(1));
+            CUresult r = cuCtxSynchronize();
+            CK(cuCtxSetCurrent(ctx0));
+            printf("peersync=%s\n", cq_err(r));
         } else if (!strncmp(line, "quit", 4)) {
             if (!was_reset) {
                 CK(cuMemFree(big));

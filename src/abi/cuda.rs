@@ -198,6 +198,27 @@ crate::abi::exports! { cuda_guard, CUresult, cuda, table, (call, real)
     cuMemsetD32Async_ptsz (dstDevice, ui, N, hStream) => copy::flat(call, (N as u64).saturating_mul(4), hStream, DefaultStream::PerThread);
     cuMemsetD2D32Async (dstDevice, dstPitch, ui, Width, Height, hStream) => copy::flat(call, (Width as u64).saturating_mul(Height as u64).saturating_mul(4), hStream, DefaultStream::Legacy);
     cuMemsetD2D32Async_ptsz (dstDevice, dstPitch, ui, Width, Height, hStream) => copy::flat(call, (Width as u64).saturating_mul(Height as u64).saturating_mul(4), hStream, DefaultStream::PerThread);
+    // stream memory operations (elastic memory gates them: they touch device memory on their stream)
+    cuStreamWriteValue32 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWriteValue32_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamWriteValue32_v2 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWriteValue32_v2_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamWaitValue32 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWaitValue32_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamWaitValue32_v2 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWaitValue32_v2_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamWriteValue64 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWriteValue64_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamWriteValue64_v2 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWriteValue64_v2_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamWaitValue64 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWaitValue64_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamWaitValue64_v2 (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamWaitValue64_v2_ptsz (stream, addr, value, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamBatchMemOp (stream, count, paramArray, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamBatchMemOp_ptsz (stream, count, paramArray, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
+    cuStreamBatchMemOp_v2 (stream, count, paramArray, flags) => copy::mem_op(call, stream, DefaultStream::Legacy);
+    cuStreamBatchMemOp_v2_ptsz (stream, count, paramArray, flags) => copy::mem_op(call, stream, DefaultStream::PerThread);
     cuMemcpyHtoD (dstDevice, srcHost, ByteCount) => copy::flat(call, ByteCount as u64, std::ptr::null_mut(), DefaultStream::Legacy);
     cuMemcpyDtoH (dstHost, srcDevice, ByteCount) => copy::flat(call, ByteCount as u64, std::ptr::null_mut(), DefaultStream::Legacy);
     cuMemcpyDtoD (dstDevice, srcDevice, ByteCount) => copy::flat(call, ByteCount as u64, std::ptr::null_mut(), DefaultStream::Legacy);

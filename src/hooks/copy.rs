@@ -43,6 +43,23 @@ pub(crate) fn flat(
     judged(s, call, bytes, stream, ds)
 }
 
+/// A stream memory operation (`cuStreamWriteValue*`, `cuStreamWaitValue*`, `cuStreamBatchMemOp`, each `_v2` and
+/// `_ptsz`): it reads or writes device memory on its stream, so with movable ranges it passes elastic memory's
+/// gate as a copy does (ranges brought back first, none moves while it is in flight, its stream then asked for
+/// quiescence: a wait still pending keeps the process from being idle). Not judged by priority (no change).
+#[inline]
+pub(crate) fn mem_op(
+    s: &Shim,
+    call: impl FnOnce() -> CUresult,
+    stream: CUstream,
+    ds: DefaultStream,
+) -> CUresult {
+    if s.mem.elastic().on() {
+        return s.mem.elastic().call(&s.cuda, &[probe_stream(stream, ds)], call);
+    }
+    call()
+}
+
 /// [`flat`] past elastic memory's gate.
 #[inline(always)]
 fn judged(

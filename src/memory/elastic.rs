@@ -208,7 +208,13 @@ impl Ranges {
             self.restore_cleared(d, &asked, &wait);
         }
         let r = call();
-        self.gate.leave(streams);
+        // The NULL stream is its context's: noted with the context current now (the call's).
+        let ctx = if gate::has_legacy(streams) {
+            d.current_context().map_or(0, |c| c as usize)
+        } else {
+            0
+        };
+        self.gate.leave(streams, ctx);
         r
     }
 
@@ -339,10 +345,22 @@ impl Ranges {
         let ctx = cands[0].1.ctx;
         let mut quiet = false;
         let _ = d.in_context(ctx as CUcontext, &mut || {
-            quiet = self.gate.quiescent(|s| match d.stream_idle(s as CUstream) {
+            let ask = |s: usize| match d.stream_idle(s as CUstream) {
                 Ok(idle) => Ok(idle),
                 Err(CUresult::ERROR_INVALID_HANDLE) => Err(gate::Gone),
                 Err(_) => Ok(false),
+            };
+            quiet = self.gate.quiescent(|s| match gate::legacy_ctx(s) {
+                // Another context's NULL stream (a kernel on a peer device, say): asked there.
+                Some(c) => {
+                    let mut r = Ok(false);
+                    match d.in_context(c as CUcontext, &mut || r = ask(CU_STREAM_LEGACY)) {
+                        Ok(()) => r,
+                        Err(CUresult::ERROR_INVALID_CONTEXT) => Err(gate::Gone),
+                        Err(_) => Ok(false),
+                    }
+                }
+                None => ask(s),
             });
         });
         if !quiet {

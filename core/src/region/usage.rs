@@ -690,6 +690,26 @@ impl UsageRegion {
         n
     }
 
+    /// Bytes charged on `dev` (credit taken off) by slots whose owner is provably dead, its liveness lock
+    /// released, but not yet reclaimed (the library reclaims on its next slow path). A slot that never held a
+    /// lock is judged by pid only within one pid namespace, so never here: what a reader outside the container
+    /// (the agent) takes off the charge it reads. Slow path: one `fcntl` per slot.
+    pub fn dead_held(&self, dev: DeviceId) -> u64 {
+        let d = dev.index();
+        let mut n = 0u64;
+        for (i, s) in self.file().slots[..self.high_water()].iter().enumerate() {
+            if owner_state(s.owner.load(Ordering::Acquire)) == STATE_FREE
+                || s.flags.load(Ordering::Acquire) & SLOT_FLAG_LOCKED == 0
+                || self.lock_held(i) != Some(false)
+            {
+                continue;
+            }
+            let used = s.mem_used[d].load(Ordering::SeqCst);
+            n = n.saturating_add(used.saturating_sub(Self::credit_of(s, d)));
+        }
+        n
+    }
+
     /// Non-free slots, copied out (slow path; allocates).
     pub fn processes(&self) -> Vec<ProcessInfo> {
         let mut out = Vec::new();

@@ -59,10 +59,13 @@ pub(crate) enum Held {
     Kernels { phys: usize, durations: Vec<u64> },
 }
 
-/// Whether the wait's condition holds now.
-fn satisfied(addr: u64, value: u64, flags: u32, wide: bool) -> bool {
-    // SAFETY: simulated device memory is host memory; the address was checked to lie in an allocation when the
-    // wait was queued (and a program frees memory a stream waits on only at its peril, as on a GPU).
+/// Whether the wait's condition holds now (a word no longer readable, as a VMM range being remapped: not yet).
+fn satisfied(o: &Objects, addr: u64, value: u64, flags: u32, wide: bool) -> bool {
+    if !word(o, addr, wide, false) {
+        return false;
+    }
+    // SAFETY: simulated device memory is host memory, and the word was just found readable (an allocation, or a
+    // VMM mapping with read access).
     let v = unsafe {
         if wide {
             std::ptr::read_volatile(addr as *const u64)
@@ -94,9 +97,10 @@ pub(crate) fn settle(o: &mut Objects, sim: &Sim, s: u64) -> CuResult<bool> {
                 flags,
                 wide,
             }) => {
-                if !satisfied(addr, value, flags, wide) {
+                if !satisfied(o, addr, value, flags, wide) {
                     return Ok(true);
                 }
+                let st = o.streams.get_mut(&s).expect("looked up above");
                 st.held.pop_front();
                 st.tail = st.tail.max(now_ns());
             }
@@ -126,15 +130,18 @@ pub(crate) fn ctx_blocked(o: &mut Objects, sim: &Sim, ctx: u64) -> bool {
     mine.into_iter().fold(false, |b, s| blocked(o, sim, s) | b)
 }
 
-/// Whether a 4- (or 8-, `wide`) byte word at `addr` lies aligned inside a live allocation.
-pub(crate) fn word(o: &Objects, addr: u64, wide: bool) -> bool {
+/// Whether a 4- (or 8-, `wide`) byte word at `addr` lies aligned inside a live allocation, or in a VMM mapping
+/// with read (`write`: read-write) access, as the driver takes stream memory operations on either.
+pub(crate) fn word(o: &Objects, addr: u64, wide: bool, write: bool) -> bool {
     let size = if wide { 8 } else { 4 };
     addr.is_multiple_of(size)
-        && o.mem
+        && (o
+            .mem
             .allocs
             .range(..=addr)
             .next_back()
             .is_some_and(|(&base, a)| addr + size <= base + a.size)
+            || o.vmm.kernel_access(addr, size, write))
 }
 
 /// cuStreamWaitValue32/64: work queued on `s` after this waits until the value at `addr` satisfies `flags`.
@@ -146,7 +153,7 @@ pub(crate) fn wait_value(
     flags: u32,
     wide: bool,
 ) -> CuResult<()> {
-    if !word(o, addr, wide) || flags & !0x3 & !(1 << 30) != 0 {
+    if !word(o, addr, wide, false) || flags & !0x3 & !(1 << 30) != 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let st = o.streams.get_mut(&s).ok_or(CUDA_ERROR_INVALID_HANDLE)?;

@@ -53,17 +53,23 @@ impl Gate {
         self.inflight.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// The call returned: its streams are remembered, then it is no longer in flight.
+    /// The call returned: its streams are remembered, then it is no longer in flight. `ctx`: the context the
+    /// call was made in (0: not known), needed only when a stream is the legacy NULL stream, which is each
+    /// context's own: a kernel on device B's NULL stream touching device A's range (peer access) is asked in B.
     #[inline]
-    pub(super) fn leave(&self, streams: &[usize]) {
+    pub(super) fn leave(&self, streams: &[usize], ctx: usize) {
         for &s in streams {
-            self.note(s);
+            self.note(s, ctx);
         }
         self.inflight.fetch_sub(1, Ordering::SeqCst);
     }
 
-    fn note(&self, stream: usize) {
-        let s = if stream == 0 { LEGACY } else { stream };
+    fn note(&self, stream: usize, ctx: usize) {
+        let s = if stream == 0 || stream == LEGACY {
+            legacy_of(ctx)
+        } else {
+            stream
+        };
         if s == PER_THREAD {
             self.unprovable.store(true, Ordering::Relaxed);
             return;
@@ -133,6 +139,28 @@ impl Gate {
 /// A stream that no longer exists.
 pub(super) struct Gone;
 
+/// Whether a call's streams include the legacy NULL stream (then its context is to be noted).
+#[inline]
+pub(super) fn has_legacy(streams: &[usize]) -> bool {
+    streams.iter().any(|&s| s == 0 || s == LEGACY)
+}
+
+/// The table's word for context `ctx`'s legacy NULL stream: the context handle (aligned) tagged in its low bit;
+/// [`LEGACY`] itself when the context is not known.
+fn legacy_of(ctx: usize) -> usize {
+    if ctx == 0 || ctx & 1 != 0 {
+        LEGACY
+    } else {
+        ctx | 1
+    }
+}
+
+/// The context whose legacy NULL stream a table word `s` names (`None`: an ordinary stream, or [`LEGACY`]:
+/// the NULL stream of whatever context is current).
+pub(super) fn legacy_ctx(s: usize) -> Option<usize> {
+    (s & 1 != 0 && s != LEGACY).then_some(s & !1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,31 +170,57 @@ mod tests {
         let g = Gate::default();
         assert!(g.enter());
         assert!(!g.begin_move(), "a call in flight: no move");
-        g.leave(&[7]);
+        g.leave(&[7], 0);
         assert!(g.begin_move());
         assert!(!g.enter(), "a move in progress: the call waits");
         g.back_out();
         g.end_move();
         assert!(g.enter());
-        g.leave(&[]);
+        g.leave(&[], 0);
     }
 
     #[test]
     fn busy_streams_and_unqueryable_ones_are_not_quiescent() {
         let g = Gate::default();
         g.enter();
-        g.leave(&[0, 0x1000]);
+        g.leave(&[0, 0x1000], 0);
         assert!(g.quiescent(|_| Ok(true)));
         assert!(!g.quiescent(|s| Ok(s != 0x1000)), "one busy stream");
         // A destroyed stream is forgotten, not waited for.
         assert!(g.quiescent(|s| if s == 0x1000 { Err(Gone) } else { Ok(true) }));
         assert!(g.quiescent(|s| Ok(s != 0x1000)), "forgotten");
         g.enter();
-        g.leave(&[PER_THREAD]);
+        g.leave(&[PER_THREAD], 0);
         assert!(
             !g.quiescent(|_| Ok(true)),
             "the per-thread stream cannot be asked"
         );
+    }
+
+    /// The NULL stream is each context's own: used in two contexts, it is two entries, each asked in its
+    /// context (before, one `LEGACY` entry was asked in the mover's context only, and a kernel on another
+    /// device's NULL stream went unseen).
+    #[test]
+    fn the_null_stream_is_noted_per_context() {
+        let g = Gate::default();
+        g.enter();
+        g.leave(&[0], 0x5000);
+        g.enter();
+        g.leave(&[LEGACY], 0x9000);
+        let busy_in_9000 = |s: usize| Ok(legacy_ctx(s) != Some(0x9000));
+        assert!(
+            !g.quiescent(busy_in_9000),
+            "the second context's NULL stream is busy"
+        );
+        let seen = std::cell::RefCell::new(Vec::new());
+        assert!(g.quiescent(|s| {
+            seen.borrow_mut().push(legacy_ctx(s));
+            Ok(true)
+        }));
+        let mut seen = seen.into_inner();
+        seen.sort();
+        assert_eq!(seen, vec![Some(0x5000), Some(0x9000)]);
+        assert!(has_legacy(&[0x1000, 0]) && !has_legacy(&[0x1000]));
     }
 
     #[test]
@@ -174,7 +228,7 @@ mod tests {
         let g = Gate::default();
         g.enter();
         let many: Vec<usize> = (1..=STREAMS + 1).map(|i| 0x1000 * i).collect();
-        g.leave(&many);
+        g.leave(&many, 0);
         assert!(!g.quiescent(|_| Ok(true)));
     }
 }

@@ -123,7 +123,7 @@ fn nothing_moves_without_a_need_or_while_busy() {
     // A call in flight.
     assert!(e.gate.enter());
     assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Busy, "a launch in flight");
-    e.gate.leave(&[]);
+    e.gate.leave(&[], 0);
     assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
     // Pinned (exported): back now, and never moves again.
     assert!(e.pin(&d, p));

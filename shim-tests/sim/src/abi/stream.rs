@@ -145,10 +145,11 @@ fn wait_value(s: Handle, addr: u64, value: u64, flags: u32, wide: bool) -> CuRes
 fn write_value(s: Handle, addr: u64, value: u64, wide: bool) -> CuResult<()> {
     synchronize(s)?;
     with(|o| {
-        if !stream::word(o, addr, wide) {
+        if !stream::word(o, addr, wide, true) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        // SAFETY: inside a live allocation of simulated device memory (host memory), aligned.
+        // SAFETY: inside a live allocation of simulated device memory (host memory) or a read-write VMM mapping
+        // (checked under the objects' lock, which every remap takes), aligned.
         unsafe {
             if wide {
                 std::ptr::write_volatile(addr as *mut u64, value)
