@@ -140,7 +140,8 @@ class Box:
         return e
 
     def cli(self, *args):
-        r = subprocess.run([str(CLI), *map(str, args)], env=self.env("bare"), capture_output=True, text=True, timeout=60)
+        cmd = [str(CLI), *map(str, args)]
+        r = subprocess.run(cmd, env=self.env("bare"), capture_output=True, text=True, timeout=60)
         if r.returncode != 0:
             pytest.fail(f"cuquota {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr}", pytrace=False)
         return r.stdout

@@ -149,4 +149,5 @@ def elastic(tmp_path_factory):
 
 @pytest.mark.parametrize("allocator", ["caching", "expandable"])
 def test_training_goes_on_with_its_memory_evicted_and_restored(allocator, elastic):
-    checks.evicted_and_restored(elastic("caching", False), elastic(allocator, True), allocator == "caching", f"torch {allocator}")
+    base, run = elastic("caching", False), elastic(allocator, True)
+    checks.evicted_and_restored(base, run, allocator == "caching", f"torch {allocator}")
