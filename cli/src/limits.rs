@@ -106,6 +106,11 @@ pub(crate) struct SetArgs {
     /// high-priority entry
     #[arg(long, value_name = "SIZE", value_parser = parse_size_arg)]
     reserve: Option<u64>,
+    /// Ask (on) this entry's elastic tenants to move their idle memory above the request to host memory, or end
+    /// the ask (off; the next use brings it back): the limits file's evict bit, which the agent's reclaim sets
+    /// and clears itself (an agent running on this file overrides it)
+    #[arg(long)]
+    evict: Option<Switch>,
     /// Forbid processes to opt out (the default of a new file)
     #[arg(long, conflicts_with = "allow_opt_out")]
     no_opt_out: bool,
@@ -124,6 +129,13 @@ pub(crate) struct SetArgs {
     /// Print the file as JSON afterwards (schema cuquota.limits/v1)
     #[arg(long)]
     json: bool,
+}
+
+/// `--evict on|off`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Switch {
+    On,
+    Off,
 }
 
 /// An SM policy on the command line.
@@ -442,13 +454,14 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
         && a.weight.is_none()
         && a.priority.is_none()
         && a.reserve.is_none()
+        && a.evict.is_none()
         && !a.no_opt_out
         && !a.allow_opt_out
         && a.usage.is_none()
     {
         return Err(CliError::new(
             "nothing to set: give --memory, --request, --sm, --policy, --weight, --priority, --reserve, \
-             --no-opt-out/--allow-opt-out or --usage",
+             --evict, --no-opt-out/--allow-opt-out or --usage",
         ));
     }
     // The identity first, from the file opened (never blocking, following no link): nothing that can block or
@@ -488,6 +501,18 @@ fn set(a: &SetArgs) -> Result<LimitsSnapshot, CliError> {
             p.reserved_memory = (r != 0).then_some(r);
         }
         e.raw = p.raw();
+        if let Some(on) = a.evict {
+            // The entry's bit (its index in the table, as the shim reads it).
+            let i = t
+                .entries
+                .iter()
+                .position(|e| e.is_valid() && e.selector() == a.device)
+                .expect("entry_mut made it");
+            t.evict_mask = match on {
+                Switch::On => t.evict_mask | 1 << i,
+                Switch::Off => t.evict_mask & !(1 << i),
+            };
+        }
         if a.no_opt_out || a.allow_opt_out {
             set_opt_out(&mut t.flags, a.allow_opt_out);
         }

@@ -674,3 +674,37 @@ fn limits_set_request_beside_the_limit_and_status_shows_it() {
     let _ = std::fs::remove_file(&f);
     let _ = std::fs::remove_file(&u);
 }
+
+#[test]
+fn limits_set_evict_sets_and_clears_only_its_entrys_bit() {
+    let f = tmp("evict");
+    let fs = f.to_str().unwrap();
+    assert!(cuquota(&["limits", "init", fs]).status.success());
+    let mask = || LimitsReader::open(&f).unwrap().snapshot().table.evict_mask;
+    let set = |args: &[&str]| {
+        let o = cuquota(&[&["limits", "set", fs][..], args].concat());
+        assert!(o.status.success(), "{args:?}: {}", text(&o));
+    };
+    // Entry 0 (ordinal 0) is never asked; entry 1 (all) is, then ordinal 0 too, then all's ask ends.
+    set(&["--device", "0", "--memory", "1g"]);
+    assert_eq!(mask(), 0);
+    set(&[
+        "--device",
+        "all",
+        "--memory",
+        "2g",
+        "--request",
+        "1g",
+        "--evict",
+        "on",
+    ]);
+    assert_eq!(mask(), 0b10);
+    set(&["--device", "0", "--evict", "on"]);
+    assert_eq!(mask(), 0b11);
+    set(&["--device", "all", "--evict", "off"]);
+    assert_eq!(mask(), 0b01);
+    let o = cuquota(&["limits", "set", fs, "--device", "0", "--evict", "maybe"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert_eq!(mask(), 0b01, "a refused value writes nothing");
+    let _ = std::fs::remove_file(&f);
+}

@@ -6,6 +6,8 @@ On the simulator the expected numbers are exact; on a real GPU, where the driver
 its own reservations differ, the no-cuquota comparisons get a 1 GiB band (the cap's are still exact: cuquota
 computes them).
 """
+import time
+
 import harness as h
 from harness import CAP, MiB, REAL, SIM_CTX, SIM_MEMORY, SIM_MODULE
 
@@ -121,3 +123,67 @@ def sm_share(limited, base=None, lo=0.25, hi=0.35):
     s = h.share(limited)
     assert lo <= s <= hi, f"share {s:.3f} of device time (launches {limited['launches']})"
     return s
+
+
+# --- elastic memory (issue 39, docs/elastic-memory.md) ---------------------------------------------------
+# Six 16 MiB tensors and an input buffer (each >= 2 MiB: movable), three training steps, idle, three more.
+ELASTIC_STEPS = ["tensors:6:16", "train:3", "idle", "train:3", "result"]
+EVICT_WAIT_S = 30  # the mover looks every 20 ms and copies at ~GB/s: this long only on a CPU-starved machine
+PINNED_WAIT_S = 2  # what stays resident is given this long to (wrongly) move
+
+
+def elastic_run(box, script, env=None, evict=True, movable=True):
+    """The elastic scenario in mode ``elastic``. With `evict`, at the idle checkpoint the test asks for the
+    eviction (the limits file's bit, as the agent), waits until NVML outside cuquota shows the worker's resident
+    bytes down by all the framework reserved (`movable`), or PINNED_WAIT_S when nothing may move, observes, then
+    clears the ask and lets the worker go on: its next copy or launch restores the memory."""
+    box.elastic()
+
+    def at(run, ev):
+        if ev["checkpoint"] != "idle" or not evict:
+            return
+        idle = run.steps["idle"]
+        before = idle["observed"]["procs"][run.pid]
+        want = idle["reserved"] if not REAL else idle["reserved"] - REAL_BAND
+        box.evict(True)
+        t0 = time.monotonic()
+        while True:
+            obs = box.observe()
+            moved, waited = before - obs["procs"].get(run.pid, 0), time.monotonic() - t0
+            if (movable and moved >= want) or waited > (EVICT_WAIT_S if movable else PINNED_WAIT_S):
+                break
+            time.sleep(0.02)
+        idle["evicted"] = {"observed": obs, "moved": moved, "seconds": waited}
+        box.evict(False)
+
+    return h.run_worker(box, script, ELASTIC_STEPS, "elastic", env, on_checkpoint=at)
+
+
+def evicted_and_restored(base, run, movable, what):
+    """`run` (evicted at its idle checkpoint) against `base` (the same steps, never asked): every byte equal
+    before and after, what moved (all the framework reserved, or nothing when it is pinned resident), the
+    charge and the program's free memory unchanged, all resident again after the next steps."""
+    idle, res, bidle, bres = run.step("idle"), run.step("result"), base.step("idle"), base.step("result")
+    assert idle["sums"] == bidle["sums"], "the two runs differ before any eviction"
+    assert res["sums"] == bres["sums"], f"bytes changed by the eviction and restore: {res['sums']} vs {bres['sums']}"
+    ev, before = idle["evicted"], idle["observed"]["procs"][run.pid]
+    print(
+        f"{what}: {ev['moved'] / MiB:.0f} MiB of {idle['reserved'] / MiB:.0f} MiB reserved moved to host memory "
+        f"in {ev['seconds']:.2f} s (resident {before / MiB:.0f} MiB before)"
+    )
+    if not movable:
+        assert ev["moved"] == 0, f"{ev['moved']} B of memory that must stay resident moved"
+    elif REAL:
+        assert ev["moved"] >= idle["reserved"] - REAL_BAND
+    else:
+        assert ev["moved"] == idle["reserved"], f"moved {ev['moved']} B of {idle['reserved']} B reserved"
+    # Evicted memory stays charged: the container's region, and what the program is told is free.
+    assert ev["observed"]["region_used"] == idle["observed"]["region_used"]
+    assert res["total"] == CAP and res["free"] == idle["free"], "the program's free memory changed"
+    # Restored by the next steps: resident as before, as the never-evicted run is.
+    after, bafter = res["observed"]["procs"][run.pid], bres["observed"]["procs"][base.pid]
+    assert bafter == bidle["observed"]["procs"][base.pid], "the control run's residency changed"
+    if REAL:
+        assert abs(after - before) <= REAL_BAND
+    else:
+        assert after == before, f"resident {after} B after the steps, {before} B before the eviction"

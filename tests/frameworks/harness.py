@@ -7,7 +7,9 @@ machine has an NVIDIA driver, where the real one is used. Modes:
 - ``bare``: no cuquota (the baseline);
 - ``shim``: LD_PRELOAD=libcuquota.so, no limits;
 - ``cap``: with CUDA_DEVICE_MEMORY_LIMIT=1g;
-- ``sm30``: with CUDA_DEVICE_SM_LIMIT=30 and GPU_CORE_UTILIZATION_POLICY=FORCE (a hard ceiling).
+- ``sm30``: with CUDA_DEVICE_SM_LIMIT=30 and GPU_CORE_UTILIZATION_POLICY=FORCE (a hard ceiling);
+- ``elastic``: the agent's limits file (`Box.elastic`): a 1 GiB limit above a 64 MiB request, the evict ask
+  set and cleared by `Box.evict` as the agent's reclaim does.
 
 At each checkpoint of a worker the test process observes, from outside: the driver's ground truth through
 NVML in a process that is not under cuquota (workers/observe.py), the container's usage region
@@ -100,6 +102,7 @@ class Box:
         self.dir = path
         self.state = path / "sim.state"
         self.usage = path / "usage"
+        self.limits = path / "limits"
         self.lib = path / "lib"
         self.logs = []
         if not REAL:
@@ -129,10 +132,28 @@ class Box:
             e["CUDA_DEVICE_MEMORY_LIMIT"] = "1g"
         elif mode == "sm30":
             e.update(CUDA_DEVICE_SM_LIMIT=str(SM_LIMIT), GPU_CORE_UTILIZATION_POLICY="FORCE")
+        elif mode == "elastic":
+            e["CUQUOTA_LIMITS_FILE"] = str(self.limits)
         elif mode not in ("bare", "shim"):
             raise ValueError(f"unknown mode {mode}")
         e.update(extra or {})
         return e
+
+    def cli(self, *args):
+        cmd = [str(CLI), *map(str, args)]
+        r = subprocess.run(cmd, env=self.env("bare"), capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            pytest.fail(f"cuquota {' '.join(map(str, args))} failed ({r.returncode}): {r.stderr}", pytrace=False)
+        return r.stdout
+
+    def elastic(self, limit="1g", request="64m"):
+        """The limits file of mode ``elastic``: every device limited to `limit` with `request` guaranteed."""
+        self.cli("limits", "init", self.limits)
+        self.cli("limits", "set", self.limits, "--device", "all", "--memory", limit, "--request", request)
+
+    def evict(self, on):
+        """Sets or clears the limits file's evict ask (what the agent writes when it reclaims)."""
+        self.cli("limits", "set", self.limits, "--device", "all", "--evict", "on" if on else "off")
 
     def observe(self, busy=None):
         """Ground truth from NVML outside cuquota, the container's region, and (simulator) device time."""

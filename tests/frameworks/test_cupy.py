@@ -68,3 +68,14 @@ def test_unlimited_loop_keeps_the_device_busy(loops):
     base = loops("bare")
     if not h.REAL:
         assert h.share(base) >= 0.85, f"share {h.share(base):.3f}"
+
+
+# Elastic memory (issue 39; see test_torch.py): the memory pool's blocks move to host memory while the worker
+# idles, and come back for its next steps with every byte.
+def test_memory_pool_evicted_and_restored_between_steps(tmp_path_factory):
+    h.require_module("cupy")
+    base, run = (
+        checks.elastic_run(h.Box(tmp_path_factory.mktemp(f"cupy-elastic-{evict}")), "cupy_worker.py", None, evict)
+        for evict in (False, True)
+    )
+    checks.evicted_and_restored(base, run, True, "cupy pool")

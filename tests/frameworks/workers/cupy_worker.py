@@ -99,7 +99,55 @@ def loop(n, elems):
     checkpoint("loop")
 
 
+# --- elastic memory: arrays the shim may move to host memory while the worker is idle (see torch_worker) ---
+model = []
+
+
+def tensors(n, mib):
+    rng = np.random.default_rng(39)
+    elems = int(mib) * MiB // 4
+    for _ in range(int(n) + 1):
+        model.append(cp.asarray(rng.random(elems, dtype=np.float32)))
+    cp.cuda.Device(0).synchronize()
+    emit(step="model", **mem())
+
+
+def train(n):
+    *w, x = model
+    for i in range(int(n)):
+        x.set(np.full(x.size, (i + 1) / 8, dtype=np.float32))
+        for t in w:
+            t *= 0.5
+            t += x
+        src, dst = w[i % len(w)], w[(i + 1) % len(w)]
+        dst.data.copy_from_device(src.data, src.nbytes)  # a D2D copy, not a kernel
+    cp.cuda.Device(0).synchronize()
+    emit(step="train", steps=int(n), **mem())
+
+
+def sums():
+    import hashlib
+
+    return [hashlib.sha256(cp.asnumpy(t).tobytes()).hexdigest()[:16] for t in model]
+
+
+def idle():
+    cp.cuda.Device(0).synchronize()
+    emit(step="idle", pid=os.getpid(), sums=sums(), **mem())
+    checkpoint("idle")
+
+
+def result():
+    emit(step="result", sums=sums(), **mem())
+    checkpoint("result")
+
+
 run(
     sys.argv[1:],
-    {"info": info, "oom": oom, "free": free, "copy": copy, "procs": procs, "profiler": profiler, "loop": loop},
+    {
+        "tensors": tensors,
+        "train": train,
+        "idle": idle,
+        "result": result,
+        "info": info, "oom": oom, "free": free, "copy": copy, "procs": procs, "profiler": profiler, "loop": loop},
 )

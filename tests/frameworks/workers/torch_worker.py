@@ -135,9 +135,58 @@ def matmul(n, size="256"):
     timed("matmul", int(n), lambda: a @ b)
 
 
+# --- elastic memory: tensors the shim may move to host memory while the worker is idle ----------------------
+model = []
+
+
+def tensors(n, mib):
+    """`n` float tensors of `mib` MiB each (>= 2 MiB: movable), filled from the host with known values, and an
+    input buffer of the same size."""
+    g = torch.Generator().manual_seed(39)
+    elems = int(mib) * MiB // 4
+    for _ in range(int(n) + 1):
+        model.append(torch.rand(elems, generator=g).to("cuda"))
+    torch.cuda.synchronize()
+    emit(step="model", **mem())
+
+
+def train(n):
+    """`n` steps: a batch copied in (H2D), an update of every tensor (kernels), a tensor copied onto the next
+    (D2D), so each step reads and writes memory that may have been evicted since the last one."""
+    *w, x = model
+    for i in range(int(n)):
+        x.copy_(torch.full((x.numel(),), float(i + 1) / 8))
+        for t in w:
+            t.mul_(0.5).add_(x)
+        w[(i + 1) % len(w)].copy_(w[i % len(w)])
+    torch.cuda.synchronize()
+    emit(step="train", steps=int(n), **mem())
+
+
+def sums():
+    import hashlib
+
+    return [hashlib.sha256(t.cpu().numpy().tobytes()).hexdigest()[:16] for t in model]
+
+
+def idle():
+    torch.cuda.synchronize()
+    emit(step="idle", pid=os.getpid(), sums=sums(), **mem())
+    checkpoint("idle")  # the test asks for the eviction here, and clears the ask before letting it go on
+
+
+def result():
+    emit(step="result", sums=sums(), **mem())
+    checkpoint("result")
+
+
 run(
     sys.argv[1:],
     {
+        "tensors": tensors,
+        "train": train,
+        "idle": idle,
+        "result": result,
         "info": info,
         "oom": oom,
         "hold": hold,
