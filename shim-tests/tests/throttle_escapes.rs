@@ -6,7 +6,9 @@
 //! - one kernel on a fast and a slow device was charged the fast device's time on the slow one (100 %);
 //! - short-lived processes that each launch one long kernel, synchronise and exit were charged 1 ms each (99 %);
 //! - held: a race of a context's end with a poll, never-seen shapes of a long kernel, a burst of them right after
-//!   a tiny probe.
+//!   a tiny probe;
+//! - issue 36's review: a long launch behind a short probe (OPEN, docs/threat-model.md); a kernel short when
+//!   probed from short-lived processes (held).
 //!
 //! Shares come from the simulator's device timeline over the program's launch window, never from the shim. The
 //! bands hold the limit with room for a busy machine; the escapes they catch are at ~100 %. Each program holds
