@@ -6,7 +6,9 @@
 //! - one kernel on a fast and a slow device was charged the fast device's time on the slow one (100 %);
 //! - short-lived processes that each launch one long kernel, synchronise and exit were charged 1 ms each (99 %);
 //! - held: a race of a context's end with a poll, never-seen shapes of a long kernel, a burst of them right after
-//!   a tiny probe.
+//!   a tiny probe;
+//! - issue 36's review: a long launch behind a short probe (OPEN, docs/threat-model.md); a kernel short when
+//!   probed from short-lived processes (held).
 //!
 //! Shares come from the simulator's device timeline over the program's launch window, never from the shim. The
 //! bands hold the limit with room for a busy machine; the escapes they catch are at ~100 %. Each program holds
@@ -151,4 +153,48 @@ fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
         false,
     );
     assert!(s < 40.0, "short after each sleep: 30 % tenant got {s:.1} %");
+}
+
+/// Issue 36, hostile review: a launch charged the 5 us estimate of its shape (a 5 us launch, the probe, right
+/// before it) that runs 2 s; the program then makes no CUDA call for 1.2 s more, so NVML's samples (the last
+/// second only) show it idle when the next probe closes the window: no figure, no floor. An OPEN escape
+/// (docs/threat-model.md; the agent's `sm = "throttle"` closes it): measured 62.4 % (the shape's bound, 2 / 3.2
+/// s, grows with the kernel), load 6-10. Caught in part with no quiet second: 28.7-37.5 %; but not a 10 s launch,
+/// OPEN too: 99.9 % (one window; the floor charges at most `FLOOR_DEBT_NS`, 2 s, refilled in 6.7 s). The control
+/// (the long launch is the probe): 20.3 %, 23.1 % at 10 s (its last launch waits for the charge).
+#[test]
+fn a_long_launch_behind_a_short_probe_then_a_quiet_second() {
+    let _s = serial();
+    let run = |args: &str| share("throttle_hidelong", &["-lcuda"], None, args, 0, false);
+    let control = run("6 2000000000 1200 0");
+    let caught = run("6 2000000000 0 1");
+    let hidden = run("6 2000000000 1200 1");
+    let ten = run("6 10000000000 0 1");
+    println!(
+        "hidelong: control {control:.1} %, no quiet second {caught:.1} %, quiet second {hidden:.1} %, 10 s {ten:.1} %"
+    );
+    assert!(control < 36.0, "control: 30 % tenant got {control:.1} %");
+    assert!(caught < 45.0, "no quiet second: 30 % tenant got {caught:.1} %");
+    assert!(hidden < 70.0, "open escape beyond its bound: {hidden:.1} %");
+}
+
+/// Issue 36, hostile review: `throttle_sleepshort`'s attack from a chain of processes of one container, each
+/// living 150 ms or 1 s (a process's floor needs a window closed after a baseline one). Held: 18.6 % and
+/// 23.6 % (load 6; 18.4 and 22.3 at load 9); the control, every launch long: 29.0-29.9 %.
+#[test]
+fn a_kernel_short_after_each_sleep_from_short_lived_processes() {
+    let _s = serial();
+    let run = |args: &str| share("throttle_hopshort", &["-lcuda"], None, args, 0, true);
+    let control = run("6 150 500000 5000 0");
+    let s = run("6 150 500000 5000 1");
+    let long = run("6 1000 500000 5000 1");
+    println!("hopshort: control {control:.1} %, 150 ms processes {s:.1} %, 1 s processes {long:.1} %");
+    assert!(
+        (25.0..36.0).contains(&control),
+        "control: 30 % container got {control:.1} %"
+    );
+    assert!(
+        s < 36.0 && long < 36.0,
+        "short-lived processes: {s:.1} %, {long:.1} %"
+    );
 }

@@ -71,6 +71,8 @@ pub(crate) const FLOOR_CARRY_NS: u64 = SHARE_NS;
 /// The floor adds nothing while this process owes this much (GPU ns): what a wrong NVML reading can charge at
 /// most beyond one window (see `floor_charge`).
 pub(crate) const FLOOR_DEBT_NS: u64 = 2_000_000_000;
+/// How far back NVML's per-process samples reach (about a second; the simulator's exactly one).
+pub(crate) const NVML_KEEP_NS: u64 = 1_000_000_000;
 /// The driver's time slice assumed when none is set (`cuquota_core::config::DEFAULT_TIME_SLICE_US`).
 const DEFAULT_SLICE_NS: u64 = cuquota_core::config::DEFAULT_TIME_SLICE_US as u64 * 1000;
 
@@ -735,7 +737,7 @@ impl Engine {
         let mark = d.share_mark.swap(total, Ordering::Relaxed);
         let probed = d.share_probed.swap(0, Ordering::Relaxed);
         let long = d.share_long.swap(0, Ordering::Relaxed);
-        let occ = gpu.occupancy(dev);
+        let occ = gpu.occupancy(dev).map(last_second);
         // Signed: a window whose credits (a settled over-charge) exceed its charges lowers what is carried, so an
         // over-charge refunded by its probe is not given back a second time here.
         let mut charged = total.wrapping_sub(mark) as i64;
@@ -1106,6 +1108,23 @@ fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> u6
     let ratio = ((base + add as u128) * 1000 / base).min(u64::MAX as u128) as u64;
     d.floor_ratio.store(ratio.max(1000), Ordering::Relaxed);
     add
+}
+
+/// A window longer than NVML keeps samples (`NVML_KEEP_NS`): its figures are its last second's stretched over
+/// the window, so the others' are dropped (nothing given back, no switching charged). Kept, a quiet last second
+/// beside a busy neighbour was given back the window's charge up to `share_pend`'s bound (200 ms), used or not.
+/// This process's own figure stays, a floor: stretched, it over-reads a burst after an idle spell (bounded by
+/// `FLOOR_DEBT_NS`) and misses what ran before a quiet last second (docs/threat-model.md).
+fn last_second(o: Occupancy) -> Occupancy {
+    if o.span_ns <= NVML_KEEP_NS {
+        return o;
+    }
+    Occupancy {
+        others_ns: 0,
+        others_max_ns: 0,
+        others_high_ns: 0,
+        ..o
+    }
 }
 
 /// GPU ns a bucket (its `words`) can take back at `now` and `rate` before it is full (`BURST_GPU_NS`).
@@ -1540,6 +1559,39 @@ mod tests {
     fn sw3(windows: &[(i64, u64, Option<u64>)]) -> (u64, i64, u64) {
         let (back, pend, floor, _) = share_windows(windows);
         (back, pend, floor)
+    }
+
+    /// One window of `len` ns after a baseline: charged `charged`, NVML's figure for this process `own`
+    /// (stretched over the window, as `Util::occupancy` does with its last second), the others' `others`.
+    /// Returns (due back, charged by the floor).
+    fn one_window(len: u64, charged: u64, own: u64, others: u64) -> (u64, u64) {
+        let r = Rig::new();
+        let gpu = r.gpu(0);
+        let rate = lim(30, PolicyKind::Hard).rate_pm();
+        let d = &r.eng.devs[0];
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
+        r.clock.advance(len);
+        d.charged.fetch_add(charged, Ordering::Relaxed);
+        *gpu.busy.borrow_mut() += charged;
+        *gpu.own_pct.borrow_mut() = own * 100 / charged.max(1);
+        *gpu.others.borrow_mut() = Some(others);
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
+        let floor = d.charged.load(Ordering::Relaxed) - charged;
+        (d.share_back.load(Ordering::Relaxed), floor)
+    }
+
+    #[test]
+    fn a_window_longer_than_nvml_keeps_gives_nothing_back() {
+        // Hostile review: a 30 % tenant charged 900 ms over a 3 s window, beside a busy neighbour, whose last
+        // second was quiet (NVML: 0.5 %, stretched to 15 ms): 200 ms came back (`share_pend`'s bound), about a
+        // fifth of what it may use. Now nothing: the others' figure is dropped for such a window.
+        let s = 1000 * MS;
+        assert_eq!(one_window(3 * s, 900 * MS, 15 * MS, 2 * s).0, 0);
+        // The control: the same over one 200 ms window (charged 60 ms, NVML 1 ms) comes back (a quarter).
+        assert_eq!(one_window(SHARE_NS, 60 * MS, MS, SHARE_NS / 2).0, 15 * MS);
+        // The floor stays over any window: charged 100 ms, NVML 300 ms, in 1 s or 3 s: 200 ms charged.
+        assert_eq!(one_window(s, 100 * MS, 300 * MS, 0).1, 200 * MS);
+        assert_eq!(one_window(3 * s, 100 * MS, 300 * MS, 2 * s).1, 200 * MS);
     }
 
     #[test]
