@@ -41,7 +41,7 @@ impl Charge<'_> {
             bytes,
             kind: Kind::Direct,
         };
-        let stale = self.mem.ledger.insert(space, key, rec);
+        let stale = self.mem.allocs.ledger().insert(space, key, rec);
         self.mem.release_stale(stale);
         self.bytes = 0;
     }
@@ -104,17 +104,10 @@ impl Memory {
         r
     }
 
-    /// A key the driver handed out again still had a record: its old object was freed behind our back (a path
-    /// we do not hook, or a context that died while others lived), so its charge goes back instead of leaking.
+    /// A key the driver handed out again still had a record (see `Allocs::release_stale`).
+    #[inline]
     pub(super) fn release_stale(&self, stale: Option<Record>) {
-        if let Some(Record {
-            entry,
-            bytes,
-            kind: Kind::Direct,
-        }) = stale
-        {
-            self.release_entry(entry, bytes);
-        }
+        self.allocs.release_stale(&self.overhead, stale);
     }
 
     /// Frees `key` through `call`, uncharging what the ledger holds for it; untracked → `call` alone.
@@ -128,7 +121,7 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         // A pool's destroy cannot count a record out of the ledger: the free is announced to the pool first.
-        let Some(rec) = self.ledger.remove_seen(space, key, |r| {
+        let Some(rec) = self.allocs.ledger().remove_seen(space, key, |r| {
             if let Kind::Pool(pool) = r.kind {
                 self.pool_free_begins(pool);
             }
@@ -143,15 +136,15 @@ impl Memory {
                     self.refresh_pool(cuda, pool);
                 }
             } else {
-                self.ledger.insert(space, key, rec);
+                self.allocs.ledger().insert(space, key, rec);
                 self.pool_free_refused(pool, key);
             }
             return r;
         }
         if r.ok() {
-            self.release_entry_inline(rec.entry, rec.bytes);
+            self.allocs.release(&self.overhead, rec.entry, rec.bytes);
         } else {
-            self.ledger.insert(space, key, rec);
+            self.allocs.ledger().insert(space, key, rec);
         }
         r
     }
@@ -167,11 +160,11 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         if let Some(e) = self.shared.take_export(p) {
-            let rec = self.ledger.remove(Space::Pointer, p);
+            let rec = self.allocs.ledger().remove(Space::Pointer, p);
             let r = call();
             if !r.ok() {
                 if let Some(rec) = rec {
-                    self.ledger.insert(Space::Pointer, p, rec);
+                    self.allocs.ledger().insert(Space::Pointer, p, rec);
                 }
                 self.shared.export(p, e);
                 return r;

@@ -1,6 +1,7 @@
 //! What hooks reach of memory, one family at a time (issue 37): `Memory::allocs`, `Memory::first_use` and
 //! `Memory::overhead` hand out a borrowed view whose few methods are the family's whole interface to hooks
-//! (the elastic and graph families, `Memory::elastic` and `memory::graphs::Graphs`, own their state). Each
+//! (the elastic and graph families, `Memory::elastic` and `memory::graphs::Graphs`, own their state, and so do
+//! allocations, `memory::allocs::Allocs`: `AllocCalls` composes it with overhead, IPC and pools). Each
 //! view is one pointer and every method `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if
 //! hooks called `Memory` directly (the gate, bench/README.md, measured them unchanged).
 

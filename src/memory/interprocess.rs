@@ -76,7 +76,7 @@ impl Memory {
         if !r.ok() || self.shared.exported(p).is_some() {
             return r;
         }
-        let Some(rec) = self.ledger.get(Space::Pointer, p) else {
+        let Some(rec) = self.allocs.ledger().get(Space::Pointer, p) else {
             return r;
         };
         let Some(key) = key() else {
@@ -174,7 +174,7 @@ impl Memory {
         if !r.ok() || self.shared.vmm_exported(handle) {
             return r;
         }
-        let Some(rec) = self.ledger.get(Space::Vmm, handle) else {
+        let Some(rec) = self.allocs.ledger().get(Space::Vmm, handle) else {
             return r;
         };
         let Some(key) = key() else {
@@ -196,7 +196,7 @@ impl Memory {
     /// it) succeeded: memory this container exported joins its shared entry; any other import is charged from
     /// its first mapping (`Memory::vmm_map`) until its last reference and mapping go.
     pub(super) fn imported_handle(&self, h: u64, key: Option<u64>) {
-        if self.ledger.get(Space::Vmm, h).is_some() || self.shared.vmm_import(h).is_some() {
+        if self.allocs.ledger().get(Space::Vmm, h).is_some() || self.shared.vmm_import(h).is_some() {
             // A handle this process has already (the driver gave the same one again): one more reference.
             self.vmm.retained(h);
             return;

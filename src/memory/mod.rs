@@ -11,6 +11,7 @@
 //! syscall, no allocation. Slow paths (first use of a device, a limits-file change, a refused admission) may
 //! read files.
 
+mod allocs;
 mod charge;
 mod credit;
 mod driver;
@@ -37,15 +38,12 @@ use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::locks::Lock;
 use crate::locks::{hold_all, release_all, Side};
-use crate::log::{log, Level};
-use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::{DeviceId, UsageRegion};
 use graphs::Graphs;
 use host_pid::HostPid;
-use ledger::Ledger;
 use overhead::Holdings;
 use pools::Pools;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) use elastic::POLL as ELASTIC_POLL;
@@ -76,8 +74,8 @@ pub(crate) struct Admitted<'a>(#[allow(dead_code)] Option<reserve::Announced<'a>
 /// Everything memory accounting keeps for the process.
 pub(crate) struct Memory {
     devices: Arc<Devices>,
-    /// Live allocations of this process.
-    ledger: Ledger,
+    /// Live allocations, their charge and the credit ahead of them.
+    allocs: allocs::Allocs,
     /// Handle references and mappings of its VMM allocations (when their charge goes).
     vmm: vmm::VmmLives,
     /// Memory shared with other processes through CUDA IPC.
@@ -86,12 +84,8 @@ pub(crate) struct Memory {
     graph: Graphs,
     /// Stream-ordered pools.
     pools: Pools,
-    /// Bytes this process has charged for allocations (not overhead), per device entry.
-    alloc_bytes: [AtomicU64; MAX_DEVICES],
     /// Context/module overhead this process has charged, per device entry.
-    overhead: [AtomicU64; MAX_DEVICES],
-    /// Bytes charged ahead of allocations, per device entry.
-    credit: credit::Credit,
+    overhead: allocs::PerDevice,
     /// Serialises overhead re-measurements (slow path only).
     overhead_lock: Lock<()>,
     /// Contexts and modules this process holds (overhead estimate, owner devices).
@@ -109,15 +103,13 @@ impl Memory {
     pub(crate) fn new(devices: Arc<Devices>) -> Memory {
         Memory {
             elastic: elastic::Elastic::new(devices.clone()),
+            allocs: allocs::Allocs::new(devices.clone()),
             devices,
-            ledger: Ledger::new(),
             vmm: vmm::VmmLives::default(),
             shared: shared::Shared::default(),
             graph: Graphs::new(),
             pools: Pools::new(),
-            alloc_bytes: std::array::from_fn(|_| AtomicU64::new(0)),
             overhead: std::array::from_fn(|_| AtomicU64::new(0)),
-            credit: credit::Credit::default(),
             overhead_lock: Lock::new(()),
             holdings: Holdings::default(),
             host: HostPid::default(),
@@ -139,7 +131,7 @@ impl Memory {
     /// Puts a record in the ledger as if an allocation had made it (unit tests of what hooks do with it).
     #[cfg(test)]
     pub(super) fn record(&self, space: ledger::Space, key: u64, rec: ledger::Record) {
-        self.ledger.insert(space, key, rec);
+        self.allocs.ledger().insert(space, key, rec);
     }
 
     fn usage(&self) -> &UsageRegion {
@@ -167,28 +159,20 @@ impl Memory {
     /// Turns this process's credit off everywhere and takes it back from its slot (at exit, before the slot
     /// is given back).
     pub(crate) fn give_back_all_credit(&self) {
-        self.credit.close();
-        for dev in self.devices.known().map(|(d, _)| d) {
-            self.give_back_credit(dev);
-        }
+        self.allocs.give_back_all_credit();
     }
 
     /// Turns this process's credit on `dev` off and takes it back from its slot (before an exact admission or
     /// a reconciliation).
     fn give_back_credit(&self, dev: Dev) {
-        // Off (and the turn-off counted) even when not on: a chunk being charged meanwhile stays off.
-        self.credit.off(dev.id.index());
-        if let Some(slot) = self.usage().cached_slot() {
-            self.usage().drain_credit(slot, dev.id);
-        }
+        self.allocs.give_back_credit(dev);
     }
 
     // ---- admission -----------------------------------------------------------------------------------------
 
-    /// Reserves `bytes` for an allocation on `dev` against the effective limit (dead processes are reclaimed
-    /// once before giving up) and, when the device's limits keep memory for high-priority tenants and this
-    /// process is not one, against the device's free memory (`cuda`, `nvml`). `Err` = refused: nothing
-    /// charged.
+    /// Reserves `bytes` for an allocation on `dev` (see `Allocs::admit_credit`): a context on `dev` we never saw
+    /// created is charged first, and an admission near the cap is reconciled with NVML. `Err` = refused:
+    /// nothing charged.
     #[inline(always)]
     pub(super) fn admit(
         &self,
@@ -203,190 +187,37 @@ impl Memory {
         // A context on `dev` we never saw created (the runtime's export table hands out the primary context):
         // its cost is charged before anything is allocated in it.
         self.adopt_unseen_context(nvml, dev)?;
-        let (limit, reserved) = self.devices.memory_limits(dev);
-        if let (Some(_), None) = (limit, reserved) {
-            if self.credit.on_under(dev.id.index(), self.devices.limits_gen())
-                && self.take_credit(dev, bytes, limit)
-            {
-                self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
-                self.hami_publish(dev.id);
-                return Ok(Admitted(None));
-            }
-        }
-        self.admit_charged(dev, bytes, limit, reserved, cuda, nvml)
-    }
-
-    /// `bytes` from this process's credit on `dev`, with the usage file's tamper check (it fails closed here as
-    /// on the charged path).
-    #[inline(always)]
-    fn take_credit(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> bool {
-        let u = self.usage();
-        match u.cached_slot() {
-            Some(slot) => self.shared_ok(limit).is_ok() && u.take_credit(slot, dev.id, bytes),
-            None => false,
+        match self.allocs.admit_credit(&self.overhead, dev, bytes) {
+            Ok(admitted) => Ok(admitted),
+            Err(limits) => self.admit_charged(dev, bytes, limits, cuda, nvml),
         }
     }
 
-    /// [`Memory::admit`] past the credit: the credit goes back, the slot is charged and the container summed
-    /// (reconciled near the cap), and far from the cap a chunk is charged ahead (`credit`).
+    /// [`Memory::admit`] past the credit (out of line: see `Allocs::admit_charged`).
     #[inline(never)]
     fn admit_charged(
         &self,
         dev: Dev,
         bytes: u64,
-        limit: Option<u64>,
-        reserved: Option<u64>,
+        limits: allocs::Limits,
         cuda: &CudaTable,
         nvml: &Nvml,
     ) -> Result<Admitted<'_>, OverCap> {
-        if limit.is_some() {
-            self.give_back_credit(dev);
-        }
-        let used = self.charge_cap(dev, bytes, limit)?;
-        if let Some(cap) = limit {
-            self.near_cap_check(nvml, dev, bytes, cap, used)?;
-        }
-        match (reserved, limit) {
-            (Some(reserved), _) => self.admit_reserved(dev, bytes, reserved, cuda, nvml),
-            (None, Some(cap)) => {
-                if credit::far_from_cap(cap, used) && self.credit.wants_chunk(dev.id.index(), bytes) {
-                    self.charge_ahead(dev, cap);
-                }
-                Ok(Admitted(None))
-            }
-            (None, None) => Ok(Admitted(None)),
-        }
+        let free = |dev, uuid| reserve::device_free(cuda, nvml, dev, uuid);
+        let near_cap = |cap, used| self.near_cap_check(nvml, dev, bytes, cap, used);
+        self.allocs
+            .admit_charged(&self.overhead, dev, bytes, limits, free, near_cap)
     }
 
-    /// Charges a chunk of credit on `dev` under `cap` (nothing when it does not fit, or when an admission near
-    /// the cap turned credit off meanwhile).
-    fn charge_ahead(&self, dev: Dev, cap: u64) {
-        let Some(slot) = self.usage().cached_slot() else {
-            return;
-        };
-        let i = dev.id.index();
-        let offs = self.credit.offs(i);
-        if !self.usage().charge_credit(slot, dev.id, credit::CHUNK, cap) {
-            return;
-        }
-        // The chunk was judged against `cap`: on only under limits that still say `cap` (a changed limits
-        // file seen by another thread meanwhile bumped the generation read here, or changes the cap read after).
-        let gen = self.devices.limits_gen();
-        if self.devices.memory_cap(dev) != Some(cap) || !self.credit.on_after(i, gen, offs) {
-            self.credit.off(i);
-            self.usage().drain_credit(slot, dev.id);
-        }
-    }
-
-    /// The part of [`Memory::admit`] for a device whose limits keep `reserved` bytes for high-priority tenants
-    /// (out of line: the capped path does not carry it).
-    #[inline(never)]
-    fn admit_reserved(
-        &self,
-        dev: Dev,
-        bytes: u64,
-        reserved: u64,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-    ) -> Result<Admitted<'_>, OverCap> {
-        let Some(e) = self.devices.priority_entry(dev) else {
-            log!(
-                Level::Error,
-                "device {}: {reserved} bytes are reserved for high-priority tenants but there is no priority \
-                 file to coordinate through: allocation refused",
-                dev.ordinal
-            );
-            self.release(dev, bytes);
-            return Err(OverCap);
-        };
-        let uuid = self.devices.uuid_of(dev.ordinal);
-        match reserve::check(e, bytes, reserved, || reserve::device_free(cuda, nvml, dev, uuid)) {
-            Ok(a) => Ok(Admitted(Some(a))),
-            Err(why) => {
-                log!(
-                    Level::Debug,
-                    "refused {bytes} bytes on device {}: {why:?} ({reserved} bytes kept for high priority)",
-                    dev.ordinal
-                );
-                self.release(dev, bytes);
-                self.usage().count_refusal(dev.id);
-                Err(OverCap)
-            }
-        }
-    }
-
-    /// Whether the usage file can still be trusted to enforce `limit` (`None`: nothing to enforce). A file
-    /// another process of the container truncated, zeroed or overwrote fails closed: refused, said once.
+    /// Whether the usage file can still be trusted to enforce `limit` (see `allocs::usage_ok`).
     #[inline]
     fn shared_ok(&self, limit: Option<u64>) -> Result<(), OverCap> {
-        if limit.is_none() {
-            return Ok(());
-        }
-        self.usage().check().map_err(Self::shared_broken)
-    }
-
-    /// [`Memory::shared_ok`]'s refusal, said once (out of line: the admitted path only compares).
-    #[cold]
-    #[inline(never)]
-    fn shared_broken(e: cuquota_core::region::RegionError) -> OverCap {
-        static SAID: AtomicBool = AtomicBool::new(false);
-        if !SAID.swap(true, Ordering::Relaxed) {
-            log!(Level::Error, "{e}");
-        }
-        OverCap
-    }
-
-    /// The container-cap part of [`Memory::admit`]: the container's usage of `dev` after the charge (0 without
-    /// a limit).
-    fn charge_cap(&self, dev: Dev, bytes: u64, limit: Option<u64>) -> Result<u64, OverCap> {
-        let slot = match self.usage().process_slot() {
-            Ok(s) => s,
-            Err(e) => {
-                log!(Level::Error, "no process slot in the usage region: {e}");
-                // Fail closed when a limit applies; without one, allocating unaccounted harms no one.
-                return if limit.is_some() { Err(OverCap) } else { Ok(0) };
-            }
-        };
-        // What this process holds stays charged even if another process zeroed the file.
-        self.usage().reassert(slot, |id| {
-            self.alloc_bytes[id.index()].load(Ordering::Relaxed)
-                + self.overhead[id.index()].load(Ordering::Relaxed)
-        });
-        match self.usage().charge(slot, dev.id, bytes, limit) {
-            // Checked once, after the charge: a file truncated, zeroed or replaced before it or while it ran
-            // (the charge itself may be what faulted: a truncated file's zero pages admit anything) is refused
-            // here, and the charge taken back.
-            Ok(_) if self.shared_ok(limit).is_err() => {
-                self.usage().uncharge(slot, dev.id, bytes);
-                Err(OverCap)
-            }
-            Ok(used) => {
-                self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
-                self.hami_publish(dev.id);
-                Ok(used)
-            }
-            Err(e) => {
-                log!(
-                    Level::Debug,
-                    "refused {bytes} bytes on device {}: {e}",
-                    dev.ordinal
-                );
-                self.usage().count_refusal(dev.id);
-                Err(OverCap)
-            }
-        }
+        allocs::usage_ok(self.usage(), limit)
     }
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
     pub(super) fn force(&self, dev: Dev, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        if let Ok(slot) = self.usage().process_slot() {
-            let _ = self.usage().try_charge(slot, dev.id, bytes, None);
-            self.alloc_bytes[dev.id.index()].fetch_add(bytes, Ordering::Relaxed);
-            self.hami_publish(dev.id);
-        }
+        self.allocs.force(&self.overhead, dev, bytes);
     }
 
     /// A charge this process had moved into the shared table comes back onto its slot (an exported pool
@@ -399,46 +230,18 @@ impl Memory {
 
     /// Gives back `bytes` charged on `dev`.
     pub(crate) fn release(&self, dev: Dev, bytes: u64) {
-        self.release_entry(dev.id, bytes);
+        self.allocs.release(&self.overhead, dev.id, bytes);
     }
 
     /// Gives back `bytes` charged on device entry `id`.
     pub(crate) fn release_entry(&self, id: DeviceId, bytes: u64) {
-        self.release_entry_inline(id, bytes);
-    }
-
-    /// [`Memory::release_entry`] inlined (a free's path).
-    #[inline(always)]
-    pub(crate) fn release_entry_inline(&self, id: DeviceId, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        let held = self.alloc_bytes[id.index()]
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-                Some(v.saturating_sub(bytes))
-            })
-            .unwrap_or_else(|v| v);
-        if let Some(slot) = self.usage().cached_slot() {
-            // Only bytes this process had allocated become credit; the rest is uncharged as before.
-            let freed = held.min(bytes);
-            let kept = self.credit.on(id.index()) && self.usage().give_credit(slot, id, freed, credit::CHUNK);
-            let uncharge = if kept { bytes - freed } else { bytes };
-            if uncharge != 0 {
-                self.usage().uncharge(slot, id, uncharge);
-            }
-        }
-        self.hami_publish(id);
+        self.allocs.release(&self.overhead, id, bytes);
     }
 
     /// HAMi's file shows this process's figures on `id` (docs/hami.md): relaxed stores, no syscall.
     #[inline]
     fn hami_publish(&self, id: DeviceId) {
-        let i = id.index();
-        self.devices.hami_publish(
-            id,
-            self.alloc_bytes[i].load(Ordering::Relaxed),
-            self.overhead[i].load(Ordering::Relaxed),
-        );
+        self.allocs.hami_publish(&self.overhead, id);
     }
 
     /// Moves `bytes` this process charged on `id` into the container's shared table under `key` (IPC export):
@@ -511,10 +314,7 @@ impl Memory {
 
     /// This process no longer holds `bytes` on `id` whose charge it had moved to the shared table.
     pub(crate) fn forget_allocated(&self, id: DeviceId, bytes: u64) {
-        let _ = self.alloc_bytes[id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
-            Some(v.saturating_sub(bytes))
-        });
-        self.hami_publish(id);
+        self.allocs.forget(&self.overhead, id, bytes);
     }
 
     /// Corrects an admitted `estimate` to the `exact` charge.
@@ -528,7 +328,7 @@ impl Memory {
 
     /// Bytes of allocations this process has charged on `dev` (overhead excluded).
     pub(crate) fn allocated(&self, dev: Dev) -> u64 {
-        self.alloc_bytes[dev.id.index()].load(Ordering::Relaxed)
+        self.allocs.allocated(dev.id)
     }
 
     /// Overhead this process has charged on `dev`.
@@ -572,15 +372,14 @@ impl Memory {
     /// the locks were released.
     pub(crate) fn reset_in_child(&self) {
         self.usage().forget_slot_in_child();
-        self.ledger.clear();
+        self.allocs.reset();
         self.vmm.clear();
         self.shared.clear();
         self.pools.reset();
         self.graph.reset();
-        for a in self.alloc_bytes.iter().chain(self.overhead.iter()) {
+        for a in &self.overhead {
             a.store(0, Ordering::Relaxed);
         }
-        self.credit.reset();
         self.holdings.reset();
         self.host.reset();
         self.first_use.reset();
@@ -590,7 +389,7 @@ impl Memory {
     /// Takes every lock of memory accounting, in the order `state`'s fork handlers document.
     pub(crate) fn fork_prepare(&self) {
         hold_all([self.elastic.lock()]);
-        hold_all(self.ledger.locks());
+        hold_all(self.allocs.ledger().locks());
         hold_all([self.vmm.lock()]);
         self.shared.fork_prepare();
         self.pools.fork_prepare();
@@ -616,7 +415,7 @@ impl Memory {
             self.pools.fork_release(side);
             self.shared.fork_release(side);
             release_all([self.vmm.lock()], side);
-            release_all(self.ledger.locks(), side);
+            release_all(self.allocs.ledger().locks(), side);
             release_all([self.elastic.lock()], side);
             if side == Side::Child {
                 self.first_use.forked_child();

@@ -691,7 +691,7 @@ impl Memory {
             bytes: len,
             kind: ledger::Kind::Pool(key),
         };
-        let stale = self.ledger.insert(ledger::Space::Pointer, addr, rec);
+        let stale = self.allocs.ledger().insert(ledger::Space::Pointer, addr, rec);
         self.release_stale(stale);
         // The pool's settlement takes the admitted bytes over.
         let over = self
@@ -741,11 +741,11 @@ impl Memory {
         let Some(moved) = self.pools.free_refused(pool) else {
             return;
         };
-        let rec = self.ledger.get(ledger::Space::Pointer, addr);
+        let rec = self.allocs.ledger().get(ledger::Space::Pointer, addr);
         let unseen = rec.is_some_and(|r| r.kind == ledger::Kind::Pool(pool));
         if let Some(mut r) = rec.filter(|_| unseen) {
             r.kind = ledger::Kind::Pool(moved);
-            self.ledger.insert(ledger::Space::Pointer, addr, r);
+            self.allocs.ledger().insert(ledger::Space::Pointer, addr, r);
         }
         self.pools.refused_counted(self, moved, unseen);
     }
@@ -755,7 +755,7 @@ impl Memory {
     /// they are freed and their frees have run.
     fn destroy_pool(&self, pool: usize) {
         if let Some(key) = self.pools.destroy_begins(pool) {
-            let out = self.ledger.retag_pool(pool, key);
+            let out = self.allocs.ledger().retag_pool(pool, key);
             self.pools.destroy_counted(self, key, out);
         }
     }
@@ -765,7 +765,8 @@ impl Memory {
     /// (`cuMemCreate`) are not tied to a context and stay; pools are re-read.
     pub(super) fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
         let gone = self
-            .ledger
+            .allocs
+            .ledger()
             .remove_where(|space, _, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
         self.forget_records(cuda, dev, gone);
         self.pools.context_gone(self, dev);
@@ -780,7 +781,7 @@ impl Memory {
     /// slow: one driver query per record, while the record is held); one the driver no longer knows at its
     /// address is gone. Any other answer keeps the charge (over-count, never under). Arrays stay charged.
     pub(crate) fn forget_dead_allocations(&self, cuda: &CudaTable, dev: Dev) {
-        let gone = self.ledger.remove_where(|space, key, rec| {
+        let gone = self.allocs.ledger().remove_where(|space, key, rec| {
             space == ledger::Space::Pointer
                 && rec.entry == dev.id
                 && rec.kind == ledger::Kind::Direct

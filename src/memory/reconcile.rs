@@ -70,7 +70,7 @@ impl Memory {
     }
 
     /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
-    /// driver's figure decides, not the ledger alone. `Err`: refused (its charge given back).
+    /// driver's figure decides, not the ledger alone. `Err`: refused (the caller gives the charge back).
     #[inline]
     pub(super) fn near_cap_check(
         &self,
@@ -92,12 +92,8 @@ impl Memory {
         if !self.near_cap_without_credit(dev, cap) {
             return Ok(());
         }
-        let r = self.reconcile(nvml, dev, cap, bytes);
-        if r.is_err() {
-            self.release(dev, bytes);
-            self.usage().count_refusal(dev.id);
-        }
-        r
+        // Refused: `Allocs::admit_charged` gives `bytes` back and counts the refusal.
+        self.reconcile(nvml, dev, cap, bytes)
     }
 
     /// Reconciles this process's overhead on `dev` with NVML's figure, `pending` bytes of its ledger not yet

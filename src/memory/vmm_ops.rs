@@ -155,13 +155,13 @@ impl Memory {
                 // A multicast object's last reference unbinds what was bound to it.
                 let u = self.vmm.released_multicast(handle);
                 self.unmapping(cuda, u, || {
-                    let rec = self.ledger.remove(Space::Vmm, handle);
+                    let rec = self.allocs.ledger().remove(Space::Vmm, handle);
                     let r = call();
                     if r.ok() {
                         self.vmm_gone(cuda, handle, rec);
                     } else {
                         if let Some(rec) = rec {
-                            self.ledger.insert(Space::Vmm, handle, rec);
+                            self.allocs.ledger().insert(Space::Vmm, handle, rec);
                         }
                         self.vmm.undo_release(handle, Release::Last);
                     }
@@ -242,7 +242,7 @@ impl Memory {
         let gone: Vec<(u64, Record)> = u
             .dead
             .iter()
-            .filter_map(|&h| Some((h, self.ledger.remove(Space::Vmm, h)?)))
+            .filter_map(|&h| Some((h, self.allocs.ledger().remove(Space::Vmm, h)?)))
             .collect();
         let r = call();
         if r.ok() {
@@ -256,7 +256,7 @@ impl Memory {
             }
         } else {
             for (h, rec) in gone {
-                self.ledger.insert(Space::Vmm, h, rec);
+                self.allocs.ledger().insert(Space::Vmm, h, rec);
             }
             self.vmm.undo_unmap(u);
         }
@@ -266,7 +266,7 @@ impl Memory {
     /// Handles whose memory went with a binding the driver replaced.
     fn gone_now(&self, cuda: &CudaTable, dead: Vec<u64>) {
         for h in dead {
-            let rec = self.ledger.remove(Space::Vmm, h);
+            let rec = self.allocs.ledger().remove(Space::Vmm, h);
             self.vmm_gone(cuda, h, rec);
         }
     }
