@@ -50,6 +50,8 @@ pub(super) struct Inner {
     ranges: HashMap<u64, Range>,
     /// The library's own copy stream in each context (and the context's device).
     streams: HashMap<usize, (usize, Dev)>,
+    /// Each device's ranges' access list (`mover`): the device, then the devices that can access it as a peer.
+    access: HashMap<CUdevice, Vec<CUdevice>>,
 }
 
 /// The process's movable ranges and what moves them.
@@ -94,7 +96,8 @@ impl Ranges {
         if ctx == 0 {
             return Err(CUresult::ERROR_INVALID_CONTEXT);
         }
-        let (ptr, handle) = mover::make(d, size, dev.ordinal)?;
+        let access = access_of(d, &mut self.inner.lock(), dev.ordinal);
+        let (ptr, handle) = mover::make(d, size, &access)?;
         let r = Range {
             dev,
             ctx,
@@ -297,17 +300,10 @@ impl Ranges {
     fn restore_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
         let r = g.ranges[&ptr];
         let stream = copy_stream(d, g, r.ctx, r.dev)?;
+        let access = access_of(d, g, r.dev.ordinal);
         let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
         d.in_context(r.ctx as CUcontext, &mut || {
-            res = mover::swap(
-                d,
-                ptr,
-                r.size,
-                r.dev.ordinal,
-                r.handle,
-                Some(r.dev.ordinal),
-                stream,
-            );
+            res = mover::swap(d, ptr, r.size, &access, r.handle, Some(r.dev.ordinal), stream);
         })?;
         let h = res?;
         let e = g.ranges.get_mut(&ptr).expect("held under the lock");
@@ -396,9 +392,10 @@ impl Ranges {
     fn evict_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
         let r = g.ranges[&ptr];
         let stream = copy_stream(d, g, r.ctx, r.dev)?;
+        let access = access_of(d, g, r.dev.ordinal);
         let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
         d.in_context(r.ctx as CUcontext, &mut || {
-            res = mover::swap(d, ptr, r.size, r.dev.ordinal, r.handle, None, stream);
+            res = mover::swap(d, ptr, r.size, &access, r.handle, None, stream);
         })?;
         let h = res?;
         let e = g.ranges.get_mut(&ptr).expect("held under the lock");
@@ -434,6 +431,7 @@ impl Ranges {
         let mut g = self.inner.lock();
         g.ranges.clear();
         g.streams.clear();
+        g.access.clear();
         self.on.store(false, Ordering::Relaxed);
         self.on_host.store(0, Ordering::Relaxed);
         self.started.store(false, Ordering::Relaxed);
@@ -447,6 +445,20 @@ fn evicted_on(g: &Inner, dev: Dev) -> u64 {
         .filter(|r| r.on_host && r.dev == dev)
         .map(|r| r.size)
         .sum()
+}
+
+/// The devices granted access to `ordinal`'s ranges: `ordinal`, then every device the driver says can access
+/// its memory as a peer (asked once per device; a refused question: none).
+fn access_of(d: &impl Driver, g: &mut Inner, ordinal: CUdevice) -> Vec<CUdevice> {
+    g.access
+        .entry(ordinal)
+        .or_insert_with(|| {
+            let n = d.device_count().unwrap_or(0);
+            std::iter::once(ordinal)
+                .chain((0..n).filter(|&p| p != ordinal && d.can_access_peer(p, ordinal) == Ok(true)))
+                .collect()
+        })
+        .clone()
 }
 
 /// The library's copy stream in context `ctx`, made on first use.
