@@ -141,14 +141,20 @@ impl Ranges {
     /// Contexts ended (destroyed, or a primary context reset or released for the last time): the movable ranges
     /// made in those `gone(ctx, dev)` names are freed, as the driver frees a context's `cuMemAlloc` memory (VMM
     /// memory is not tied to a context, so it would stay resident, uncharged, and its moves fail), and their
-    /// copy streams are forgotten (a primary context comes back with the same handle). The bytes freed.
-    pub(super) fn contexts_gone(&self, d: &impl Driver, gone: impl Fn(usize, Dev) -> bool) -> u64 {
+    /// copy streams and the gate's entries for their NULL streams are forgotten (a primary context comes back
+    /// with the same handle; a destroyed one's may be another's). `dev` is `None` where this library does not
+    /// know the context's device (a context that only launched). The bytes freed.
+    pub(super) fn contexts_gone(&self, d: &impl Driver, gone: impl Fn(usize, Option<Dev>) -> bool) -> u64 {
         let mut g = self.inner.lock();
-        g.streams.retain(|&ctx, (_, dev)| !gone(ctx, *dev));
+        let known: HashMap<usize, Dev> = (g.ranges.values().map(|r| (r.ctx, r.dev)))
+            .chain(g.streams.iter().map(|(&c, &(_, dev))| (c, dev)))
+            .collect();
+        self.gate.forget_null_streams(|c| gone(c, known.get(&c).copied()));
+        g.streams.retain(|&ctx, (_, dev)| !gone(ctx, Some(*dev)));
         let dead: Vec<(u64, Range)> = g
             .ranges
             .iter()
-            .filter(|(_, r)| gone(r.ctx, r.dev))
+            .filter(|(_, r)| gone(r.ctx, Some(r.dev)))
             .map(|(&p, r)| (p, *r))
             .collect();
         let mut freed = 0;
@@ -550,8 +556,9 @@ impl Elastic {
         if !r.ok() || active != 0 {
             return;
         }
-        self.ranges
-            .contexts_gone(cuda, |c, dev| dev.ordinal == ordinal && !owned(c));
+        self.ranges.contexts_gone(cuda, |c, dev| {
+            dev.is_some_and(|d| d.ordinal == ordinal) && !owned(c)
+        });
     }
 
     /// The movable range at `p`, if any, stays resident from now on (exported): true if it is one, and then

@@ -269,3 +269,32 @@ fn a_range_is_granted_to_its_device_and_its_peers_at_every_mapping() {
         assert_eq!(d.live(), (0, 0, 0));
     }
 }
+
+/// A destroyed context's NULL-stream entry in the gate is forgotten with its ranges (before, it stayed and was
+/// asked in whatever context later had its handle). Control: another context's entry stays.
+#[test]
+fn an_ended_context_s_null_stream_leaves_the_gate() {
+    let (d, e, dev, _t) = setup();
+    let p = e.alloc(&d, dev, SIZE).unwrap();
+    e.gate.enter();
+    e.gate.leave(&[0], 0x100);
+    e.gate.enter();
+    e.gate.leave(&[0], 0x900);
+    let asked = |e: &Ranges| {
+        let seen = std::cell::RefCell::new(Vec::new());
+        e.gate.quiescent(|s| {
+            seen.borrow_mut().push(gate::legacy_ctx(s));
+            Ok(true)
+        });
+        let mut v = seen.into_inner();
+        v.sort();
+        v
+    };
+    assert_eq!(asked(&e), vec![Some(0x100), Some(0x900)]);
+    // The peer context (no range of its own, device unknown) destroyed.
+    assert_eq!(e.contexts_gone(&d, |c, _| c == 0x900), 0);
+    assert_eq!(asked(&e), vec![Some(0x100)], "control: the range's context stays");
+    assert!(e.owns(p));
+    assert_eq!(e.contexts_gone(&d, |c, on| c == 0x100 && on == Some(dev)), SIZE);
+    assert_eq!(asked(&e), Vec::<Option<usize>>::new());
+}
