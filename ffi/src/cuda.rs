@@ -722,6 +722,7 @@ c_functions! {
     // called by the preload library itself (not exported)
     cuDriverGetVersion @2020 (driverVersion: *mut c_int);
     cuDeviceGetCount @2000 (count: *mut c_int);
+    cuDeviceCanAccessPeer @4000 (canAccessPeer: *mut c_int, dev: CUdevice, peerDev: CUdevice);
     cuDevicePrimaryCtxGetState @7000 (dev: CUdevice, flags: *mut c_uint, active: *mut c_int);
     cuDeviceGet @2000 (device: *mut CUdevice, ordinal: c_int);
     cuDeviceGetUuid @9020 (uuid: *mut CUuuid, dev: CUdevice);

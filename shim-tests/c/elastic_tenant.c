@@ -27,7 +27,7 @@
  *   hold       a new stream waits (cuStreamWaitValue32, EQ) for the big buffer's third word to become its
  *              complement: hold=<its answer> (the wait stays pending)
  *   release    that word set (cuMemcpyHtoD), the stream synchronised, the pattern written back: release=ok
- *   peerlaunch MS   device 1's primary context made current, peer access to device 0's enabled, an MS ms
+ *   peerlaunch MS   device 1's primary context made current, peer access to device 0's enabled (once), an MS ms
  *              kernel adding 1 to every byte of the big buffer launched on its NULL stream (not waited for),
  *              device 0's context current again: peer=<the launch's answer>
  *   peersync   device 1's context synchronised: peersync=<its answer>
@@ -205,7 +205,8 @@ int main(int argc, char **argv) {
             CK(cuCtxGetCurrent(&ctx0));
             CK(cq_use_device(1));
             CK(cuCtxGetCurrent(&ctx1));
-            CK(cuCtxEnablePeerAccess(ctx0, 0));
+            CUresult pe = cuCtxEnablePeerAccess(ctx0, 0);
+            if (pe != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) CK(pe);
             CK(cuModuleLoadData(&m, module));
             CK(cuModuleGetFunction(&slow, m, "slowinc"));
             void *args[] = {&big, &big_n};

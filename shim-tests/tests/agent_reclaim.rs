@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use cuquota_core::region::LimitsReader;
 use cuquota_core::UsageRegion;
-use shim_tests::reclaim::agent_reclaims;
-use shim_tests::{cli_bin, Proc, Prog, Sim, GIB};
+use shim_tests::reclaim::{agent_reclaims, elastic_limits};
+use shim_tests::{cli_bin, compile_c, workspace_root, Proc, Prog, Sim, GIB, MIB};
 
 fn limits(sim: &Sim, name: &str, args: &[&str]) -> PathBuf {
     let file = sim.dir().join(format!("limits.{name}"));
@@ -214,4 +214,129 @@ fn a_wait_above_the_request_sets_an_idle_elastic_tenants_bit_and_never_a_guarant
     let _ = idle.finish();
     let _ = g.finish();
     let _ = b.kill();
+}
+
+/// `cuquota_memory_evicted_bytes` of container `name` in the agent's metrics on `port` (None: not served yet).
+fn evicted_metric(port: u16, name: &str) -> Option<u64> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let label = format!("name=\"{name}\"");
+    resp.lines()
+        .filter(|l| l.starts_with("cuquota_memory_evicted_bytes{") && l.contains(&label))
+        .find_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// Polls the metric for `secs` s until `want` holds; returns the last value.
+fn evicted_until(port: u16, name: &str, secs: u64, want: impl Fn(u64) -> bool) -> Option<u64> {
+    let until = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let v = evicted_metric(port, name);
+        if v.is_some_and(&want) || Instant::now() >= until {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An elastic tenant killed while holding evicted memory: its slot's charge stays in the usage file (nobody of
+/// its container reclaims it) with its liveness lock released, and the agent takes that dead charge off
+/// (`UsageRegion::dead_held`), so its metrics and its pinned-host estimate stop counting the bytes as evicted
+/// (they are in no host memory any more). The control: before the kill the same figure is the evicted range,
+/// and after it the dead charge is still there to be (wrongly) counted.
+#[test]
+fn a_killed_tenant_s_evicted_memory_leaves_the_agent_s_count() {
+    let prog = compile_c(
+        "elastic_tenant",
+        &workspace_root().join("shim-tests/c/elastic_tenant.c"),
+        &[],
+        &["-lcuda", "-ldl"],
+    );
+    let sim = Sim::new().memory("4g").build();
+    let dir = sim.dir().join("containers");
+    std::fs::create_dir(&dir).unwrap();
+    let lim = sim.dir().join("limits.e");
+    elastic_limits(&lim, GIB, 64 * MIB, false);
+    // Under a shell that outlives it (the descriptor's subtree root stays alive once the tenant is killed).
+    let script = format!("{} 256; exec sleep 120", prog.display());
+    let mut t = sim
+        .cmd_path("/bin/sh".into())
+        .container("e")
+        .env("CUQUOTA_LIMITS_FILE", lim.to_str().unwrap())
+        .timeout(Duration::from_secs(90))
+        .arg("-c")
+        .arg(&script)
+        .spawn();
+    t.wait_for("ready");
+    let usage = sim.container_usage_file("e");
+    // Evicted while asked (idle): its resident bytes drop by the range. (Two `resident` lines came before ready.)
+    let mut n = 2;
+    let mut resident = || {
+        t.send("res");
+        n += 1;
+        t.wait_for_nth("resident", n).parse::<u64>().unwrap()
+    };
+    let before = resident();
+    elastic_limits(&lim, GIB, 64 * MIB, true);
+    let until = Instant::now() + Duration::from_secs(10);
+    while resident() + 256 * MIB > before {
+        if Instant::now() >= until {
+            let out = t.kill();
+            panic!("not evicted: {out:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    descriptor(&dir, "e", &lim, Some(&usage), &t.subtree());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let agent = sim
+        .cmd_path(cli_bin())
+        .no_preload()
+        .timeout(Duration::from_secs(120))
+        .args("agent --interval 200ms --pinned-host-budget 8g --containers")
+        .arg(dir.to_str().unwrap())
+        .arg("--listen")
+        .arg(&format!("127.0.0.1:{port}"))
+        .spawn();
+    let seen = evicted_until(port, "e", 20, |v| v >= 256 * MIB);
+    assert!(
+        seen.is_some_and(|v| v >= 256 * MIB),
+        "control: the evicted range not counted ({seen:?})"
+    );
+    let children = format!("/proc/{0}/task/{0}/children", t.pid());
+    let tenant: i32 = std::fs::read_to_string(&children)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: SIGKILL to the tenant this test started (the shell's one child), by pid.
+    assert_eq!(unsafe { libc::kill(tenant, libc::SIGKILL) }, 0);
+    let region = UsageRegion::open_existing(&usage).unwrap();
+    let dev = region.devices()[0].id;
+    let until = Instant::now() + Duration::from_secs(10);
+    while region.dead_held(dev) < 256 * MIB && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let dead = region.dead_held(dev);
+    assert!(
+        dead >= 256 * MIB,
+        "the killed tenant's charge is not held dead: {dead}"
+    );
+    let after = evicted_until(port, "e", 20, |v| v == 0);
+    assert_eq!(after, Some(0), "a dead tenant's charge still counted as evicted");
+    assert!(
+        region.dead_held(dev) >= 256 * MIB,
+        "reclaimed meanwhile: the check proves nothing"
+    );
+    // SAFETY: signalling the agent we started, by pid.
+    unsafe { libc::kill(agent.pid() as i32, libc::SIGTERM) };
+    assert!(agent.finish().success());
+    let _ = t.kill();
 }

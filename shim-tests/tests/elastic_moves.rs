@@ -558,6 +558,44 @@ fn a_kernel_on_a_peer_device_keeps_the_range_resident_while_it_runs() {
     t.quit();
 }
 
+/// Peer access: VMM memory ignores `cuCtxEnablePeerAccess` (access is per device, `cuMemSetAccess`), so a
+/// movable range is granted to every device that can reach it as a peer. A kernel on device 1 adds to device
+/// 0's movable range while resident, while evicted (on its host backing, the ask still on) and once restored
+/// (the ask gone): each succeeds and every byte is right. Before, only device 0 was granted and the peer kernel
+/// failed with CUDA_ERROR_ILLEGAL_ADDRESS (the simulator's per-device access, with its own control in its smoke
+/// tests: `vmm_access_is_per_device_and_peer_access_does_not_grant_it`). Control: an inelastic tenant's plain
+/// allocation, which peer access covers.
+#[test]
+fn a_peer_kernel_reaches_a_movable_range_before_during_and_after_an_eviction() {
+    fn peer_kernel(t: &mut Tenant, n: usize, when: &str) {
+        t.p.send("peerlaunch 5");
+        assert_eq!(t.p.wait_for_nth("peer", n), "CUDA_SUCCESS", "{when}");
+        t.p.send("peersync");
+        assert_eq!(t.p.wait_for_nth("peersync", n), "CUDA_SUCCESS", "{when}");
+    }
+    let plain = Sim::new().devices(2).memory("4g").build();
+    limits(&plain, 1 << 30, false);
+    let mut t = Tenant::start(&plain, &[]);
+    peer_kernel(&mut t, 1, "control: plain memory");
+    t.check();
+    t.quit();
+    let sim = Sim::new().devices(2).memory("4g").build();
+    limits(&sim, 64 * MIB, false);
+    let mut t = Tenant::start(&sim, &[]);
+    let (before, _) = t.res();
+    peer_kernel(&mut t, 1, "resident");
+    limits(&sim, 64 * MIB, true);
+    t.res_until(|r| r + BIG_MIB * MIB <= before)
+        .expect("not moved when asked");
+    peer_kernel(&mut t, 2, "on host memory");
+    assert!(t.res().0 + BIG_MIB * MIB <= before, "restored while asked");
+    limits(&sim, 64 * MIB, false);
+    peer_kernel(&mut t, 3, "restored");
+    assert!(t.res().0 >= before, "restored before the peer kernel");
+    t.check();
+    t.quit();
+}
+
 /// `cuIpcGetMemHandle` of a movable range: the range is pinned resident for the export (brought back first),
 /// but the driver refuses legacy IPC of VMM memory (the simulator does, as a GPU may): then it is unpinned and
 /// moves again when asked (before, a refused export pinned it for ever). Control: an inelastic tenant's plain

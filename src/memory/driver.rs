@@ -87,8 +87,12 @@ pub(crate) trait Driver {
     fn unmap(&self, _ptr: CUdeviceptr, _size: u64) -> Result<(), CUresult> {
         Err(CUresult::ERROR_NOT_SUPPORTED)
     }
-    /// `cuMemSetAccess`: read-write for device `ordinal`.
-    fn set_access(&self, _ptr: CUdeviceptr, _size: u64, _ordinal: CUdevice) -> Result<(), CUresult> {
+    /// `cuMemSetAccess`: read-write for each of `devices` (one descriptor each).
+    fn set_access(&self, _ptr: CUdeviceptr, _size: u64, _devices: &[CUdevice]) -> Result<(), CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuDeviceCanAccessPeer(dev, peer)`: whether device `dev` can access memory on device `peer`.
+    fn can_access_peer(&self, _dev: CUdevice, _peer: CUdevice) -> Result<bool, CUresult> {
         Err(CUresult::ERROR_NOT_SUPPORTED)
     }
     /// `cuStreamCreate(CU_STREAM_NON_BLOCKING)`.
@@ -320,16 +324,29 @@ impl Driver for CudaTable {
         answer(unsafe { self.cuMemUnmap(ptr, size as usize) }, ())
     }
 
-    fn set_access(&self, ptr: CUdeviceptr, size: u64, ordinal: CUdevice) -> Result<(), CUresult> {
-        let d = CUmemAccessDesc {
-            location: CUmemLocation {
-                type_: CU_MEM_LOCATION_TYPE_DEVICE,
-                id: ordinal,
-            },
-            flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        // SAFETY: one valid descriptor.
-        answer(unsafe { self.cuMemSetAccess(ptr, size as usize, &d, 1) }, ())
+    fn set_access(&self, ptr: CUdeviceptr, size: u64, devices: &[CUdevice]) -> Result<(), CUresult> {
+        let d: Vec<CUmemAccessDesc> = devices
+            .iter()
+            .map(|&id| CUmemAccessDesc {
+                location: CUmemLocation {
+                    type_: CU_MEM_LOCATION_TYPE_DEVICE,
+                    id,
+                },
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        // SAFETY: `d.len()` valid descriptors.
+        answer(
+            unsafe { self.cuMemSetAccess(ptr, size as usize, d.as_ptr(), d.len()) },
+            (),
+        )
+    }
+
+    fn can_access_peer(&self, dev: CUdevice, peer: CUdevice) -> Result<bool, CUresult> {
+        let mut can: c_int = 0;
+        // SAFETY: valid out-pointer; the driver checks the ordinals.
+        let r = unsafe { self.cuDeviceCanAccessPeer(&mut can, dev, peer) };
+        answer(r, can != 0)
     }
 
     fn stream_create(&self) -> Result<CUstream, CUresult> {

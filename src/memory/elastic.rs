@@ -50,6 +50,8 @@ pub(super) struct Inner {
     ranges: HashMap<u64, Range>,
     /// The library's own copy stream in each context (and the context's device).
     streams: HashMap<usize, (usize, Dev)>,
+    /// Each device's ranges' access list (`mover`): the device, then the devices that can access it as a peer.
+    access: HashMap<CUdevice, Vec<CUdevice>>,
 }
 
 /// The process's movable ranges and what moves them.
@@ -94,7 +96,8 @@ impl Ranges {
         if ctx == 0 {
             return Err(CUresult::ERROR_INVALID_CONTEXT);
         }
-        let (ptr, handle) = mover::make(d, size, dev.ordinal)?;
+        let access = access_of(d, &mut self.inner.lock(), dev.ordinal);
+        let (ptr, handle) = mover::make(d, size, &access)?;
         let r = Range {
             dev,
             ctx,
@@ -138,14 +141,20 @@ impl Ranges {
     /// Contexts ended (destroyed, or a primary context reset or released for the last time): the movable ranges
     /// made in those `gone(ctx, dev)` names are freed, as the driver frees a context's `cuMemAlloc` memory (VMM
     /// memory is not tied to a context, so it would stay resident, uncharged, and its moves fail), and their
-    /// copy streams are forgotten (a primary context comes back with the same handle). The bytes freed.
-    pub(super) fn contexts_gone(&self, d: &impl Driver, gone: impl Fn(usize, Dev) -> bool) -> u64 {
+    /// copy streams and the gate's entries for their NULL streams are forgotten (a primary context comes back
+    /// with the same handle; a destroyed one's may be another's). `dev` is `None` where this library does not
+    /// know the context's device (a context that only launched). The bytes freed.
+    pub(super) fn contexts_gone(&self, d: &impl Driver, gone: impl Fn(usize, Option<Dev>) -> bool) -> u64 {
         let mut g = self.inner.lock();
-        g.streams.retain(|&ctx, (_, dev)| !gone(ctx, *dev));
+        let known: HashMap<usize, Dev> = (g.ranges.values().map(|r| (r.ctx, r.dev)))
+            .chain(g.streams.iter().map(|(&c, &(_, dev))| (c, dev)))
+            .collect();
+        self.gate.forget_null_streams(|c| gone(c, known.get(&c).copied()));
+        g.streams.retain(|&ctx, (_, dev)| !gone(ctx, Some(*dev)));
         let dead: Vec<(u64, Range)> = g
             .ranges
             .iter()
-            .filter(|(_, r)| gone(r.ctx, r.dev))
+            .filter(|(_, r)| gone(r.ctx, Some(r.dev)))
             .map(|(&p, r)| (p, *r))
             .collect();
         let mut freed = 0;
@@ -297,17 +306,10 @@ impl Ranges {
     fn restore_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
         let r = g.ranges[&ptr];
         let stream = copy_stream(d, g, r.ctx, r.dev)?;
+        let access = access_of(d, g, r.dev.ordinal);
         let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
         d.in_context(r.ctx as CUcontext, &mut || {
-            res = mover::swap(
-                d,
-                ptr,
-                r.size,
-                r.dev.ordinal,
-                r.handle,
-                Some(r.dev.ordinal),
-                stream,
-            );
+            res = mover::swap(d, ptr, r.size, &access, r.handle, Some(r.dev.ordinal), stream);
         })?;
         let h = res?;
         let e = g.ranges.get_mut(&ptr).expect("held under the lock");
@@ -396,9 +398,10 @@ impl Ranges {
     fn evict_locked(&self, d: &impl Driver, g: &mut Inner, ptr: u64) -> Result<(), CUresult> {
         let r = g.ranges[&ptr];
         let stream = copy_stream(d, g, r.ctx, r.dev)?;
+        let access = access_of(d, g, r.dev.ordinal);
         let mut res = Err(CUresult::ERROR_INVALID_CONTEXT);
         d.in_context(r.ctx as CUcontext, &mut || {
-            res = mover::swap(d, ptr, r.size, r.dev.ordinal, r.handle, None, stream);
+            res = mover::swap(d, ptr, r.size, &access, r.handle, None, stream);
         })?;
         let h = res?;
         let e = g.ranges.get_mut(&ptr).expect("held under the lock");
@@ -434,6 +437,7 @@ impl Ranges {
         let mut g = self.inner.lock();
         g.ranges.clear();
         g.streams.clear();
+        g.access.clear();
         self.on.store(false, Ordering::Relaxed);
         self.on_host.store(0, Ordering::Relaxed);
         self.started.store(false, Ordering::Relaxed);
@@ -447,6 +451,20 @@ fn evicted_on(g: &Inner, dev: Dev) -> u64 {
         .filter(|r| r.on_host && r.dev == dev)
         .map(|r| r.size)
         .sum()
+}
+
+/// The devices granted access to `ordinal`'s ranges: `ordinal`, then every device the driver says can access
+/// its memory as a peer (asked once per device; a refused question: none).
+fn access_of(d: &impl Driver, g: &mut Inner, ordinal: CUdevice) -> Vec<CUdevice> {
+    g.access
+        .entry(ordinal)
+        .or_insert_with(|| {
+            let n = d.device_count().unwrap_or(0);
+            std::iter::once(ordinal)
+                .chain((0..n).filter(|&p| p != ordinal && d.can_access_peer(p, ordinal) == Ok(true)))
+                .collect()
+        })
+        .clone()
 }
 
 /// The library's copy stream in context `ctx`, made on first use.
@@ -538,8 +556,9 @@ impl Elastic {
         if !r.ok() || active != 0 {
             return;
         }
-        self.ranges
-            .contexts_gone(cuda, |c, dev| dev.ordinal == ordinal && !owned(c));
+        self.ranges.contexts_gone(cuda, |c, dev| {
+            dev.is_some_and(|d| d.ordinal == ordinal) && !owned(c)
+        });
     }
 
     /// The movable range at `p`, if any, stays resident from now on (exported): true if it is one, and then

@@ -141,7 +141,7 @@ pub(crate) fn word(o: &Objects, addr: u64, wide: bool, write: bool) -> bool {
             .range(..=addr)
             .next_back()
             .is_some_and(|(&base, a)| addr + size <= base + a.size)
-            || o.vmm.kernel_access(addr, size, write))
+            || o.vmm.kernel_access(addr, size, write, None))
 }
 
 /// cuStreamWaitValue32/64: work queued on `s` after this waits until the value at `addr` satisfies `flags`.

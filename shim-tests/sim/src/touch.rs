@@ -209,9 +209,9 @@ pub(crate) fn forget_context(o: &mut Objects, ctx: u64) {
     PENDING.store(!o.pending.work.is_empty(), Relaxed);
 }
 
-/// Whether a kernel may touch [p, p+len): device memory, pinned host memory, or a VMM mapping with read
-/// (`write`: read-write) access.
-fn kernel_may(o: &Objects, p: u64, len: u64, write: bool) -> bool {
+/// Whether a kernel on device `dev` may touch [p, p+len): device memory, pinned host memory, or a VMM mapping
+/// with read (`write`: read-write) access for `dev` (peer access enabled does not grant VMM memory's).
+fn kernel_may(o: &Objects, dev: Option<usize>, p: u64, len: u64, write: bool) -> bool {
     let Some(end) = p.checked_add(len) else {
         return false;
     };
@@ -228,7 +228,7 @@ fn kernel_may(o: &Objects, p: u64, len: u64, write: bool) -> bool {
             return true;
         }
     }
-    o.vmm.kernel_access(p, len, write)
+    o.vmm.kernel_access(p, len, write, dev)
 }
 
 fn lit(a: Arg) -> u64 {
@@ -238,26 +238,28 @@ fn lit(a: Arg) -> u64 {
     }
 }
 
-/// Runs one piece of work; `Err` = it touched memory it may not.
-fn run(o: &Objects, work: &Work) -> CuResult<()> {
+/// Runs one piece of work of context `ctx`; `Err` = it touched memory it may not.
+fn run(o: &Objects, ctx: u64, work: &Work) -> CuResult<()> {
     match work {
         Work::Kernel(ops) => {
+            let dev = crate::context::device_of(o, ctx).ok().map(|(ordinal, _)| ordinal);
+            let kernel_may = |p, len, write| kernel_may(o, dev, p, len, write);
             for op in ops {
                 match *op {
                     Op::Read { at, len } => {
-                        if !kernel_may(o, lit(at), lit(len), false) {
+                        if !kernel_may(lit(at), lit(len), false) {
                             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
                         }
                     }
                     Op::Fill { at, len, value } => {
-                        if !kernel_may(o, lit(at), lit(len), true) {
+                        if !kernel_may(lit(at), lit(len), true) {
                             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
                         }
                         crate::memory::fill(lit(at), lit(value) as u32 & 0xff, 1, lit(len));
                     }
                     Op::Add { at, len, value } => {
                         let (p, n) = (lit(at), lit(len));
-                        if !kernel_may(o, p, n, true) {
+                        if !kernel_may(p, n, true) {
                             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
                         }
                         // SAFETY: [p, p+n) was checked above to be memory this process maps read-write.
@@ -268,7 +270,7 @@ fn run(o: &Objects, work: &Work) -> CuResult<()> {
                     }
                     Op::Copy { dst, src, len } => {
                         let n = lit(len);
-                        if !kernel_may(o, lit(src), n, false) || !kernel_may(o, lit(dst), n, true) {
+                        if !kernel_may(lit(src), n, false) || !kernel_may(lit(dst), n, true) {
                             return Err(CUDA_ERROR_ILLEGAL_ADDRESS);
                         }
                         crate::memory::copy(lit(dst), lit(src), n);
@@ -321,7 +323,7 @@ pub(crate) fn drain(o: &mut Objects) {
             break;
         }
         let ((at, _), (ctx, work)) = entry.remove_entry();
-        if let Err(e) = run(o, &work) {
+        if let Err(e) = run(o, ctx, &work) {
             crate::abi::log(|| format!("{} due at {at} touched memory it may not: {e}", work.what()));
             if let Some(c) = o.contexts.get_mut(&ctx) {
                 c.fault = e;

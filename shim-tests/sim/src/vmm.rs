@@ -38,10 +38,27 @@ pub(crate) struct PhysAlloc {
 pub(crate) struct Mapping {
     pub size: u64,
     pub handle: u64,
-    /// Read-write access (cuMemSetAccess `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`).
-    pub accessible: bool,
-    /// Read access (`PROT_READ` or `PROT_READWRITE`): what a kernel needs to load from it.
-    pub readable: bool,
+    /// Devices (bit = ordinal) with read-write access (cuMemSetAccess `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`):
+    /// access is per device, and peer access enabled on a context does not grant it (VMM memory).
+    pub rw: u64,
+    /// Devices with read access (`PROT_READ` or `PROT_READWRITE`): what a kernel needs to load from it.
+    pub read: u64,
+}
+
+impl Mapping {
+    /// Read-write for device `dev` (`None`: for some device).
+    pub(crate) fn writable_by(&self, dev: Option<usize>) -> bool {
+        dev.map_or(self.rw != 0, |d| self.rw & bit(d) != 0)
+    }
+
+    /// Readable by device `dev` (`None`: by some device).
+    pub(crate) fn readable_by(&self, dev: Option<usize>) -> bool {
+        dev.map_or(self.read != 0, |d| self.read & bit(d) != 0)
+    }
+}
+
+fn bit(ordinal: usize) -> u64 {
+    1u64.checked_shl(ordinal as u32).unwrap_or(0)
 }
 
 /// The process's VMM objects.
@@ -67,20 +84,23 @@ impl Vmm {
         let mut at = p;
         while at < end {
             match self.mappings.range(..=at).next_back() {
-                Some((&s, m)) if at < s + m.size && m.accessible => at = s + m.size,
+                Some((&s, m)) if at < s + m.size && m.writable_by(None) => at = s + m.size,
                 _ => return false,
             }
         }
         true
     }
 
-    /// Whether [p, p+len) lies in contiguous mappings a kernel may read (`write`: and write).
-    pub(crate) fn kernel_access(&self, p: u64, len: u64, write: bool) -> bool {
+    /// Whether [p, p+len) lies in contiguous mappings a kernel on device `dev` (`None`: some device) may read
+    /// (`write`: and write).
+    pub(crate) fn kernel_access(&self, p: u64, len: u64, write: bool, dev: Option<usize>) -> bool {
         let end = p.saturating_add(len);
         let mut at = p;
         while at < end {
             match self.mappings.range(..=at).next_back() {
-                Some((&s, m)) if at < s + m.size && (m.accessible || (!write && m.readable)) => {
+                Some((&s, m))
+                    if at < s + m.size && (m.writable_by(dev) || (!write && m.readable_by(dev))) =>
+                {
                     at = s + m.size
                 }
                 _ => return false,
@@ -561,8 +581,8 @@ pub(crate) fn map(o: &mut Objects, sim: &Sim, p: u64, size: u64, offset: u64, h:
         Mapping {
             size,
             handle: h,
-            accessible: false,
-            readable: false,
+            rw: 0,
+            read: 0,
         },
     );
     Ok(())
@@ -595,24 +615,30 @@ pub(crate) fn unmap(o: &mut Objects, sim: &Sim, p: u64, size: u64) -> CuResult<(
     Ok(())
 }
 
-/// cuMemSetAccess: flags 0 = none, 1 = read, 3 = read-write for every mapping in [p, p+size).
-pub(crate) fn set_access(o: &mut Objects, p: u64, size: u64, flags: u32) -> CuResult<()> {
+/// cuMemSetAccess: for each (device ordinal, flags) of `grants`, flags 0 = none, 1 = read, 3 = read-write for
+/// every mapping in [p, p+size); other devices' access is kept. The host protection is the union (what a copy,
+/// which any device's engine may make, needs).
+pub(crate) fn set_access(o: &mut Objects, p: u64, size: u64, grants: &[(usize, u32)]) -> CuResult<()> {
     let inside: Vec<u64> = o.vmm.mappings.range(p..p + size).map(|(&s, _)| s).collect();
-    if inside.is_empty() {
+    if inside.is_empty() || grants.iter().any(|&(_, f)| !matches!(f, 0 | 1 | 3)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let prot = match flags {
-        0 => libc::PROT_NONE,
-        1 => libc::PROT_READ,
-        3 => libc::PROT_READ | libc::PROT_WRITE,
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
-    };
     for s in inside {
         if let Some(m) = o.vmm.mappings.get_mut(&s) {
+            for &(dev, flags) in grants {
+                let b = bit(dev);
+                m.rw = if flags == 3 { m.rw | b } else { m.rw & !b };
+                m.read = if flags != 0 { m.read | b } else { m.read & !b };
+            }
+            let prot = if m.rw != 0 {
+                libc::PROT_READ | libc::PROT_WRITE
+            } else if m.read != 0 {
+                libc::PROT_READ
+            } else {
+                libc::PROT_NONE
+            };
             // SAFETY: changing protection of a mapping this module made.
             unsafe { libc::mprotect(s as *mut libc::c_void, m.size as usize, prot) };
-            m.accessible = flags == 3;
-            m.readable = flags != 0;
         }
     }
     Ok(())

@@ -437,6 +437,17 @@ fn host_vmm_memory_is_not_device_memory_and_remaps_at_the_same_address() {
     let _ = std::fs::remove_dir_all(&s.dir);
 }
 
+/// VMM access is per device (`c/elastic.c peer`): a kernel on device 1 touching device 0's range granted to
+/// device 0 only fails with CUDA_ERROR_ILLEGAL_ADDRESS though peer access is enabled (it does not cover VMM
+/// memory), on a device and on a host backing; granted to device 1 too (the control), it works.
+#[test]
+fn vmm_access_is_per_device_and_peer_access_does_not_grant_it() {
+    let s = setup("elastic", "peer");
+    let out = run(&s, &["peer"], &[("CUDASIM_SMS", "4"), ("CUDASIM_DEVICES", "2")]);
+    assert_eq!(out.trim(), "OK");
+    let _ = std::fs::remove_dir_all(&s.dir);
+}
+
 /// The figures `c/elastic.c engines` prints: ends of an H2D copy, a D2H copy, a second H2D copy and a 100 ms
 /// kernel, ms after a common start event.
 fn engine_figures(s: &Setup, env: &[(&str, &str)]) -> [f64; 4] {

@@ -39,6 +39,12 @@ struct Vmm {
     busy: bool,
     /// Device memory refused with out of memory (host memory still made).
     full: bool,
+    /// Devices (0..n) that can access each other as peers (0: one device, the count refused).
+    devices: c_int,
+    /// A grant naming more than one device refused.
+    refuse_peers: bool,
+    /// Each mapped address's devices granted by the last `set_access`.
+    access: HashMap<u64, Vec<CUdevice>>,
 }
 
 impl Fake {
@@ -74,6 +80,18 @@ impl Fake {
     /// Whether the program's streams still run.
     pub(crate) fn set_busy(&self, busy: bool) {
         self.vmm.borrow_mut().busy = busy;
+    }
+
+    /// `n` devices, each a peer of the others; `refuse`: a grant to more than one device is refused.
+    pub(crate) fn set_peers(&self, n: c_int, refuse: bool) {
+        let mut s = self.vmm.borrow_mut();
+        s.devices = n;
+        s.refuse_peers = refuse;
+    }
+
+    /// The devices the last grant at `p` named.
+    pub(crate) fn access_at(&self, p: u64) -> Vec<CUdevice> {
+        self.vmm.borrow().access.get(&p).cloned().unwrap_or_default()
     }
 
     pub(crate) fn set_full(&self, full: bool) {
@@ -140,7 +158,17 @@ impl Driver for Fake {
         Err(REFUSED)
     }
     fn device_count(&self) -> Result<c_int, CUresult> {
-        Err(REFUSED)
+        match self.vmm.borrow().devices {
+            0 => Err(REFUSED),
+            n => Ok(n),
+        }
+    }
+    fn can_access_peer(&self, dev: CUdevice, peer: CUdevice) -> Result<bool, CUresult> {
+        let n = self.vmm.borrow().devices;
+        if !(0..n).contains(&dev) || !(0..n).contains(&peer) {
+            return Err(REFUSED);
+        }
+        Ok(dev != peer)
     }
     fn graph_nodes(&self, _: CUgraph) -> Result<Vec<CUgraphNode>, CUresult> {
         Err(REFUSED)
@@ -213,8 +241,15 @@ impl Driver for Fake {
         self.step("unmap")?;
         self.vmm.borrow_mut().maps.remove(&ptr).map(|_| ()).ok_or(REFUSED)
     }
-    fn set_access(&self, _: CUdeviceptr, _: u64, _: CUdevice) -> Result<(), CUresult> {
-        self.step("set_access")
+    fn set_access(&self, ptr: CUdeviceptr, _: u64, devices: &[CUdevice]) -> Result<(), CUresult> {
+        self.step("set_access")?;
+        let mut s = self.vmm.borrow_mut();
+        if s.refuse_peers && devices.len() > 1 {
+            return Err(REFUSED);
+        }
+        assert!(s.maps.contains_key(&ptr), "access to an unmapped range");
+        s.access.insert(ptr, devices.to_vec());
+        Ok(())
     }
     fn stream_create(&self) -> Result<CUstream, CUresult> {
         Ok(0x5000 as CUstream)

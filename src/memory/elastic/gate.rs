@@ -125,6 +125,17 @@ impl Gate {
         true
     }
 
+    /// Forgets the NULL-stream entries of the contexts `gone` names (ended: a destroyed context's handle may
+    /// be a new context's later, and pushing a destroyed one is not the driver's to answer safely).
+    pub(super) fn forget_null_streams(&self, gone: impl Fn(usize) -> bool) {
+        for w in &self.streams {
+            let s = w.load(Ordering::Relaxed);
+            if legacy_ctx(s).is_some_and(&gone) {
+                let _ = w.compare_exchange(s, 0, Ordering::Relaxed, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// After fork, in the child.
     pub(super) fn reset(&self) {
         self.inflight.store(0, Ordering::Relaxed);
@@ -221,6 +232,26 @@ mod tests {
         seen.sort();
         assert_eq!(seen, vec![Some(0x5000), Some(0x9000)]);
         assert!(has_legacy(&[0x1000, 0]) && !has_legacy(&[0x1000]));
+    }
+
+    /// A context ended: its NULL-stream entry goes (not asked again), another context's and ordinary streams
+    /// stay (the control).
+    #[test]
+    fn an_ended_context_s_null_stream_is_forgotten() {
+        let g = Gate::default();
+        g.enter();
+        g.leave(&[0, 0x1000], 0x5000);
+        g.enter();
+        g.leave(&[0], 0x9000);
+        g.forget_null_streams(|c| c == 0x9000);
+        let seen = std::cell::RefCell::new(Vec::new());
+        assert!(g.quiescent(|s| {
+            seen.borrow_mut().push(s);
+            Ok(true)
+        }));
+        let mut seen = seen.into_inner();
+        seen.sort();
+        assert_eq!(seen, vec![0x1000, 0x5001]);
     }
 
     #[test]

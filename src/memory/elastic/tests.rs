@@ -245,3 +245,56 @@ fn a_failed_make_leaks_nothing_and_a_refused_free_keeps_the_range() {
     assert_eq!(e.free(&d, p), None, "not movable any more");
     assert_eq!(d.live(), (0, 0, 0));
 }
+
+/// Peer access: a range is granted to its device and every device that can access it as a peer (VMM memory
+/// ignores `cuCtxEnablePeerAccess`), when made, on its host backing and once restored. A driver refusing the
+/// peers' grant: the owner's alone, the moves still work. Control: one device, the owner alone.
+#[test]
+fn a_range_is_granted_to_its_device_and_its_peers_at_every_mapping() {
+    for (devices, refuse, want) in [(3, false, vec![1, 0, 2]), (3, true, vec![1]), (0, false, vec![1])] {
+        let (d, e, mut dev, _t) = setup();
+        dev.ordinal = 1;
+        d.set_peers(devices, refuse);
+        let p = e.alloc(&d, dev, SIZE).unwrap();
+        d.write(p, &pattern(3));
+        assert_eq!(d.access_at(p), want, "made ({devices} devices, refused {refuse})");
+        assert_eq!(e.evict(&d, |_, _| Some(SIZE)), Pass::Moved(SIZE));
+        assert!(d.on_host(p));
+        assert_eq!(d.access_at(p), want, "on host memory");
+        launch(&e, &d, false);
+        assert!(!d.on_host(p));
+        assert_eq!(d.access_at(p), want, "restored");
+        assert_eq!(d.bytes_at(p), pattern(3));
+        assert_eq!(e.free(&d, p), Some(CUresult::SUCCESS));
+        assert_eq!(d.live(), (0, 0, 0));
+    }
+}
+
+/// A destroyed context's NULL-stream entry in the gate is forgotten with its ranges (before, it stayed and was
+/// asked in whatever context later had its handle). Control: another context's entry stays.
+#[test]
+fn an_ended_context_s_null_stream_leaves_the_gate() {
+    let (d, e, dev, _t) = setup();
+    let p = e.alloc(&d, dev, SIZE).unwrap();
+    e.gate.enter();
+    e.gate.leave(&[0], 0x100);
+    e.gate.enter();
+    e.gate.leave(&[0], 0x900);
+    let asked = |e: &Ranges| {
+        let seen = std::cell::RefCell::new(Vec::new());
+        e.gate.quiescent(|s| {
+            seen.borrow_mut().push(gate::legacy_ctx(s));
+            Ok(true)
+        });
+        let mut v = seen.into_inner();
+        v.sort();
+        v
+    };
+    assert_eq!(asked(&e), vec![Some(0x100), Some(0x900)]);
+    // The peer context (no range of its own, device unknown) destroyed.
+    assert_eq!(e.contexts_gone(&d, |c, _| c == 0x900), 0);
+    assert_eq!(asked(&e), vec![Some(0x100)], "control: the range's context stays");
+    assert!(e.owns(p));
+    assert_eq!(e.contexts_gone(&d, |c, on| c == 0x100 && on == Some(dev)), SIZE);
+    assert_eq!(asked(&e), Vec::<Option<usize>>::new());
+}

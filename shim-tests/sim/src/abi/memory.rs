@@ -1145,21 +1145,28 @@ cuda_fn! {
         if desc.is_null() || count == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let mut flags = 0;
+        let mut grants = Vec::with_capacity(count);
         for i in 0..count {
             let d = read(desc.add(i))?;
             if d.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
                 sim.phys(d.location.id)?;
+                grants.push((d.location.id as usize, d.flags));
             }
-            flags |= d.flags;
         }
-        with(|o| vmm::set_access(o, ptr, size as u64, flags))
+        with(|o| vmm::set_access(o, ptr, size as u64, &grants))
     }
 
     fn cuMemGetAccess(flags: *mut u64, location: *const MemLocation, ptr: u64) {
-        cuda()?;
+        let sim = cuda()?;
+        let l = read(location)?;
+        let dev = if l.type_ == CU_MEM_LOCATION_TYPE_DEVICE {
+            sim.phys(l.id)?;
+            Some(l.id as usize)
+        } else {
+            None
+        };
         let m = with(|o| o.vmm.mapping_at(ptr)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        out(flags, if m.1.accessible { 3 } else if m.1.readable { 1 } else { 0 })
+        out(flags, if m.1.writable_by(dev) { 3 } else if m.1.readable_by(dev) { 1 } else { 0 })
     }
 
     fn cuMemGetAllocationPropertiesFromHandle(prop: *mut MemAllocationProp, handle: u64) {

@@ -7,6 +7,10 @@
  *                     count device bytes only) and same-address remapping: device memory evicted to a host
  *                     allocation and restored at the same address, kernels and copies seeing each backing,
  *                     every byte checked;
+ *   elastic peer    — VMM access is per device (2 devices): a kernel on device 1 touching device 0's VMM range
+ *                     granted to device 0 only fails with CUDA_ERROR_ILLEGAL_ADDRESS although peer access is
+ *                     enabled (it does not cover VMM memory); the control, granted to both, works, before and
+ *                     after the range is remapped onto a host backing at the same address;
  *   elastic engines — copies per direction on their engines (CUDASIM_H2D_GBPS / CUDASIM_D2H_GBPS = 0.025),
  *                     figures from events: prints "h2d d2h h2d2 kernel" ends (ms after the start); the test
  *                     checks them (with engines: overlapped; without, the control: serialised).
@@ -185,6 +189,71 @@ static void touch(CUmodule m) {
     (void)g;
 }
 
+/* A kernel on device 1 adding 1 to [va, va + n) (peer access to device 0's context enabled): its answer at
+ * synchronisation, in a context of its own (an illegal address is sticky). */
+static CUresult peer_inc(CUcontext ctx0, CUdeviceptr va, size_t n) {
+    CUdevice d1;
+    CUcontext c1;
+    CUmodule m1;
+    CU(cuDeviceGet(&d1, 1));
+    CU(cuCtxCreate(&c1, NULL, 0, d1));
+    CU(cuCtxEnablePeerAccess(ctx0, 0));
+    CU(cuModuleLoadData(&m1, MODULE));
+    CUresult r = launch(fn(m1, "inc"), NULL, 1, va, n, 0);
+    if (r == CUDA_SUCCESS) r = cuCtxSynchronize();
+    CU(cuCtxDestroy(c1));
+    CU(cuCtxSetCurrent(ctx0));
+    return r;
+}
+
+static void peer(void) {
+    const size_t N = 4 * MB;
+    CUcontext ctx0;
+    CU(cuCtxGetCurrent(&ctx0));
+    int can = 0;
+    CU(cuDeviceCanAccessPeer(&can, 1, 0));
+    CHECK(can == 1);
+    CUmemAllocationProp dp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_DEVICE, 0);
+    CUmemAllocationProp hp = cq_vmm_prop_at(CU_MEM_LOCATION_TYPE_HOST, 0);
+    CUmemGenericAllocationHandle hd, hh;
+    CUdeviceptr va = 0;
+    unsigned char *h = malloc(N);
+    CU(cuMemCreate(&hd, N, &dp, 0));
+    CU(cuMemAddressReserve(&va, N, 0, 0, 0));
+    CU(cuMemMap(va, N, 0, hd, 0));
+    /* Device 0 only: device 1's kernel faults, peer access notwithstanding; device 0 copies. */
+    CU(cq_vmm_set_access(va, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    cq_pattern(h, N, 3);
+    CU(cuMemcpyHtoD(va, h, N));
+    unsigned long long flags = 9;
+    CUmemLocation l1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+    CU(cuMemGetAccess(&flags, &l1, va));
+    CHECK(flags == 0);
+    CHECK(peer_inc(ctx0, va, N) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    /* The control: granted to device 1 too. */
+    CU(cq_vmm_set_access(va, N, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU(cuMemGetAccess(&flags, &l1, va));
+    CHECK(flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    CHECK(peer_inc(ctx0, va, N) == CUDA_SUCCESS);
+    /* Remapped onto host memory at the same address: the grant is the new mapping's, so again per device. */
+    CU(cuMemCreate(&hh, N, &hp, 0));
+    CU(cuMemUnmap(va, N));
+    CU(cuMemMap(va, N, 0, hh, 0));
+    CU(cq_vmm_set_access(va, N, 0, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CU(cuMemcpyHtoD(va, h, N));
+    CHECK(peer_inc(ctx0, va, N) == CUDA_ERROR_ILLEGAL_ADDRESS);
+    CU(cq_vmm_set_access(va, N, 1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+    CHECK(peer_inc(ctx0, va, N) == CUDA_SUCCESS);
+    memset(h, 0, N);
+    CU(cuMemcpyDtoH(h, va, N));
+    CHECK(cq_pattern_diff(h, N, 3, 1) == N);
+    CU(cuMemUnmap(va, N));
+    CU(cuMemRelease(hd));
+    CU(cuMemRelease(hh));
+    CU(cuMemAddressFree(va, N));
+    free(h);
+}
+
 /* This process's usedGpuMemory on device 0 (NVML). */
 static unsigned long long nvml_used(void) {
     nvmlDevice_t d;
@@ -352,6 +421,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "touch")) touch(m);
     else if (!strcmp(argv[1], "host")) host(m);
     else if (!strcmp(argv[1], "engines")) engines(m);
+    else if (!strcmp(argv[1], "peer")) peer();
     else return 2;
     if (failures == 0) printf("OK\n");
     return failures != 0;
