@@ -63,14 +63,21 @@ pub(crate) const SHARE_NS: u64 = 200_000_000;
 /// A shared device: most given back at one probe's settling (the bucket holds at most `BURST_GPU_NS`, so a
 /// larger credit at once would be lost).
 pub(crate) const SHARE_STEP_NS: u64 = 2_000_000;
-/// The floor on the charge (`Engine::share_correct`): the most of an over-charge (charge beyond NVML's figure)
-/// carried to meet a later window's shortfall, so that work charged in one window and run in the next (or a
-/// probe's credit settled in the next) is not charged twice; never given back, and being over-charged first
-/// costs what it later saves.
-pub(crate) const FLOOR_CARRY_NS: u64 = SHARE_NS;
+/// The floor on the charge (`Engine::share_correct`): the most of an over-charge (charge beyond NVML's figure
+/// read high) carried to meet a later window's shortfall, so that work charged in one window and run in later
+/// ones (a long kernel charged at its launch, closed every `SAMPLER_NS`) is not charged twice; never given back,
+/// and being over-charged first costs what it later saves: at most what one launch may be charged at once
+/// (`MAX_COST_NS`), so what a tenant banks then runs unseen no longer than one honest 10 s kernel.
+pub(crate) const FLOOR_CARRY_NS: u64 = bucket::MAX_COST_NS;
 /// The floor adds nothing while this process owes this much (GPU ns): what a wrong NVML reading can charge at
 /// most beyond one window (see `floor_charge`).
 pub(crate) const FLOOR_DEBT_NS: u64 = 2_000_000_000;
+/// The sampler thread's period (`Engine::sample_tick`): a fifth of the second of samples NVML keeps, so a window
+/// closes (at least every `SHARE_NS`) long before what ran in it drops out of NVML's history.
+pub(crate) const SAMPLER_NS: u64 = SHARE_NS;
+/// The sampler samples a device while this process's charge on it moved this recently (a kernel still running
+/// keeps it moving through the floor's charges).
+pub(crate) const SAMPLER_IDLE_NS: u64 = 3_000_000_000;
 /// How far back NVML's per-process samples reach (about a second; the simulator's exactly one).
 pub(crate) const NVML_KEEP_NS: u64 = 1_000_000_000;
 /// The driver's time slice assumed when none is set (`cuquota_core::config::DEFAULT_TIME_SLICE_US`).
@@ -213,6 +220,12 @@ struct Dev {
     /// charge with the floor's addition over the charge without it (per-mille; 0 = no figure yet).
     floor_carry: AtomicU64,
     floor_ratio: AtomicU64,
+    /// What the floor charged and no later over-charge has met yet: the same work's own charge (a probe's
+    /// settling, its accrual) arriving after the floor charged it as it ran gets it back (`floor_charge`).
+    floor_paid: AtomicU64,
+    /// The sampler (`sample_tick`): `charged` at its last tick, and when it last saw it move (0 = never).
+    smp_charged: AtomicU64,
+    smp_moved_at: AtomicU64,
 }
 
 impl Dev {
@@ -242,6 +255,9 @@ impl Dev {
             share_long: AtomicU64::new(0),
             floor_carry: AtomicU64::new(0),
             floor_ratio: AtomicU64::new(0),
+            floor_paid: AtomicU64::new(0),
+            smp_charged: AtomicU64::new(0),
+            smp_moved_at: AtomicU64::new(0),
         }
     }
 }
@@ -725,6 +741,14 @@ impl Engine {
                 self.correct(d, sh, now, -(step as i64), rate);
             }
         }
+        self.share_window(dev, sh, now, rate, gpu);
+    }
+
+    /// The window part of `share_correct` (the floor, what is given back, the switching), once per `SHARE_NS`
+    /// for the thread that wins the window's CAS: a launch's poll or the sampler (`sample_tick`). The CAS is the
+    /// only exclusion: whoever loses it returns at once, so neither ever waits for the other.
+    fn share_window<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) {
+        let d = &self.devs[dev];
         let at = d.share_at.load(Ordering::Relaxed);
         if (at != 0 && now < at.saturating_add(SHARE_NS))
             || d.share_at
@@ -743,11 +767,11 @@ impl Engine {
         let mut charged = total.wrapping_sub(mark) as i64;
         if at != 0 {
             let add = floor_charge(d, occ.as_ref(), charged, now - at);
-            if add > 0 {
-                // Charged now, and counted in this window (not the next: the mark is already taken).
-                d.share_mark.fetch_add(add, Ordering::Relaxed);
-                self.correct(d, sh, now, add.min(i64::MAX as u64) as i64, rate);
-                charged = charged.saturating_add(add.min(i64::MAX as u64) as i64);
+            if add != 0 {
+                // Charged (or given back) now, and counted in this window (not the next: the mark is taken).
+                add_signed(&d.share_mark, add);
+                self.correct(d, sh, now, add, rate);
+                charged = charged.saturating_add(add);
             }
         }
         let Some(o) = occ.filter(|o| at != 0 && o.others_ns > 0) else {
@@ -792,6 +816,27 @@ impl Engine {
             d.share_mark.fetch_add(sw, Ordering::Relaxed);
             self.correct(d, sh, now, sw.min(i64::MAX as u64) as i64, rate);
         }
+    }
+
+    /// The sampler's tick for `dev` (`sampler::run`, every `SAMPLER_NS`): while this process's charge on the
+    /// device moved in the last `SAMPLER_IDLE_NS` (a launch, or the floor charging a kernel still running), the
+    /// shared-device window (`share_window`) closes here even when the process makes no CUDA call, so NVML's
+    /// figure is read well inside the second of samples it keeps: device time it saw is charged, whether or not a
+    /// launch follows. `rate` 0 (no limit): nothing. Returns whether the device is active.
+    pub(crate) fn sample_tick<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) -> bool {
+        let d = &self.devs[dev];
+        let total = d.charged.load(Ordering::Relaxed);
+        if d.smp_charged.swap(total, Ordering::Relaxed) != total {
+            d.smp_moved_at.store(now, Ordering::Relaxed);
+        }
+        let moved = d.smp_moved_at.load(Ordering::Relaxed);
+        if moved == 0 || now.saturating_sub(moved) > SAMPLER_IDLE_NS {
+            return false;
+        }
+        if rate != 0 {
+            self.share_window(dev, sh, now, rate, gpu);
+        }
+        true
     }
 
     /// A pending probe whose launch has started is charged the time it has run so far (a lower bound of its
@@ -947,6 +992,8 @@ impl Engine {
             d.share_long.store(0, Ordering::Relaxed);
             d.floor_carry.store(0, Ordering::Relaxed);
             d.floor_ratio.store(0, Ordering::Relaxed);
+            d.floor_paid.store(0, Ordering::Relaxed);
+            d.smp_moved_at.store(0, Ordering::Relaxed);
         }
     }
 
@@ -1077,13 +1124,17 @@ fn switch_share(o: &Occupancy) -> u64 {
 /// rounding), beyond what it was charged (`charged`, net) and the over-charge carried from earlier windows, is
 /// charged (GPU ns returned). A launch charged a probe's estimate may run far longer than the probe (a
 /// data-dependent kernel that is short exactly when probed): its device time is still this process's in NVML.
-/// Only ever a charge. Bounds: at most the window's length `span` (NVML's figure cannot exceed it) and nothing
-/// while the process owes `FLOOR_DEBT_NS`, so a reading wrong high costs the tenant at most what it over-reads,
-/// at worst stopping its launches while it lasts and for `FLOOR_DEBT_NS / rate` after. No figure for this
+/// An over-charge first gets back what the floor charged before and nothing met yet (`floor_paid`): the sampler
+/// charges a kernel as it runs, its probe's settling charges it again later. So the charge never goes below
+/// NVML's figure summed over the windows (only its rounding, half a percent of a window, can come back). Bounds:
+/// at most the window's length `span` (NVML's figure cannot exceed it) and nothing while the process owes
+/// `FLOOR_DEBT_NS` beyond the bucket's lead (`MAX_COST_NS`), so a reading wrong high costs the tenant at most
+/// what it over-reads: its launches stop while it lasts and for at most (`MAX_COST_NS` + `FLOOR_DEBT_NS`) /
+/// rate after (40 s at 30 %; a 10 s kernel needs the lead to be charged in full). No figure for this
 /// process (NVML cannot tell, or does not list it): unknown, not zero — the last window's ratio of charge with
 /// the floor to charge without it stands (a tenant found short keeps paying while it hides), none before a
 /// first figure.
-fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> u64 {
+fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> i64 {
     let room = FLOOR_DEBT_NS.saturating_sub(d.debt.load(Ordering::Relaxed));
     let Some(o) = occ else {
         let ratio = d.floor_ratio.load(Ordering::Relaxed);
@@ -1091,23 +1142,34 @@ fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> u6
             return 0;
         }
         let add = (charged as u128 * (ratio - 1000) as u128 / 1000) as u64;
-        return add.min(span).min(room);
+        let add = add.min(span).min(room);
+        d.floor_paid.fetch_add(add, Ordering::Relaxed);
+        return add as i64;
     };
     let carry = d.floor_carry.load(Ordering::Relaxed) as i64;
     let own = o.own_low_ns.min(i64::MAX as u64) as i64;
     let net = carry.saturating_add(charged).saturating_sub(own);
-    let add = if net >= 0 {
+    let (add, back) = if net >= 0 {
+        // An over-charge beyond NVML's figure read high (its rounding neither banks nor comes back) meets what
+        // the floor charged before first, and is carried for the rest.
+        let high = o.own_ns.min(i64::MAX as u64) as i64;
+        let over = carry.saturating_add(charged).saturating_sub(high).max(0) as u64;
+        let paid = d.floor_paid.load(Ordering::Relaxed);
+        let back = over.min(paid);
+        d.floor_paid.store(paid - back, Ordering::Relaxed);
         d.floor_carry
-            .store((net as u64).min(FLOOR_CARRY_NS), Ordering::Relaxed);
-        0
+            .store((over - back).min(FLOOR_CARRY_NS), Ordering::Relaxed);
+        (0, back)
     } else {
         d.floor_carry.store(0, Ordering::Relaxed);
-        net.unsigned_abs().min(span.max(o.span_ns)).min(room)
+        let add = net.unsigned_abs().min(span.max(o.span_ns)).min(room);
+        d.floor_paid.fetch_add(add, Ordering::Relaxed);
+        (add, 0)
     };
     let base = charged.max(1) as u128;
     let ratio = ((base + add as u128) * 1000 / base).min(u64::MAX as u128) as u64;
     d.floor_ratio.store(ratio.max(1000), Ordering::Relaxed);
-    add
+    add.min(i64::MAX as u64) as i64 - back.min(i64::MAX as u64) as i64
 }
 
 /// A window longer than NVML keeps samples (`NVML_KEEP_NS`): its figures are its last second's stretched over
@@ -1152,6 +1214,7 @@ fn add_signed(a: &AtomicU64, delta: i64) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::bucket::MAX_COST_NS;
     use super::super::clock::fake::FakeClock;
     use super::super::estimate::DEFAULT_EST_NS;
     use super::*;
@@ -1608,22 +1671,22 @@ mod tests {
         assert_eq!(sw3(&w), (0, 0, 0));
         // The control: without the first two windows the 10 ms over-charge comes back (a quarter of 40 ms at most).
         assert_eq!(sw3(&w[2..]), (10 * MS, 0, 0));
-        // A credit no carried over-charge explains is charged again by the floor: net of what is given back,
-        // the charge is what NVML saw (30 ms).
-        assert_eq!(sw3(&w[1..]), (10 * MS, 0, 10 * MS));
+        // A credit no carried over-charge explains is charged again by the floor, and comes back when the next
+        // window's over-charge meets it: the charge is what NVML saw (30 ms).
+        assert_eq!(sw3(&w[1..]), (0, 0, 0));
     }
 
     #[test]
     fn a_shortfall_is_charged_at_once_even_in_a_window_without_others() {
         // NVML saw 20 ms more than was charged: the floor charges them at once, whoever else is on the device.
         // Then a window with nobody else (a sibling idled), then one charged 20 ms more than NVML saw: that
-        // excess comes back (10 ms now, a quarter of 40 ms; 10 carried), so the charge ends at NVML's figure.
+        // excess meets the floor's 20 ms, so the charge ends at NVML's figure.
         let w = [
             (10 * MS as i64, 30 * MS, Some(100 * MS)),
             (0, 0, Some(0)),
             (40 * MS as i64, 20 * MS, Some(100 * MS)),
         ];
-        assert_eq!(sw3(&w), (10 * MS, 10 * MS as i64, 20 * MS));
+        assert_eq!(sw3(&w), (0, 0, 0));
         let alone = [(10 * MS as i64, 30 * MS, None), (0, 0, None)];
         assert_eq!(sw3(&alone), (0, 0, 20 * MS));
         // The control: without the first window nothing is charged and the 20 ms excess comes back as above.
@@ -1638,14 +1701,10 @@ mod tests {
             0
         );
         // ... but no more than FLOOR_CARRY_NS of it.
-        let s = SHARE_NS as i64;
-        let banked = [
-            (s, 0, None),
-            (s, 0, None),
-            (0, SHARE_NS, None),
-            (0, SHARE_NS, None),
-        ];
-        assert_eq!(share_windows(&banked).2, 2 * SHARE_NS - FLOOR_CARRY_NS);
+        let n = (FLOOR_CARRY_NS / SHARE_NS) as usize;
+        let mut banked = vec![(SHARE_NS as i64, 0, None); n + 2];
+        banked.extend(vec![(0, SHARE_NS, None); n + 2]);
+        assert_eq!(share_windows(&banked).2, 2 * SHARE_NS);
         // A reading wrong high (the whole window, every window): the floor stops adding once the process owes
         // FLOOR_DEBT_NS, so what it owes is bounded whatever NVML says for however long.
         let wrong = vec![(MS as i64, SHARE_NS, None); 40];
@@ -1672,6 +1731,107 @@ mod tests {
         assert_eq!(step(2 * MS, 2 * MS, false), 0, "honest, then hidden");
         assert_eq!(step(2 * MS, 20 * MS, true), 18 * MS, "found short");
         assert_eq!(step(2 * MS, 20 * MS, false), 18 * MS, "short, then hidden");
+    }
+
+    /// A 30 % process charged 5 µs (its probe) whose `long` ns kernel then runs unprobed while it makes no CUDA
+    /// call; the sampler ticks every `SAMPLER_NS` for `secs` (none with `ticks` false). Returns what the floor
+    /// charged, what the process owes, the bucket's word ahead of now (ns) and the last tick's answer.
+    fn quiet_long_kernel(long: u64, charged: u64, secs: u64, ticks: bool) -> (u64, u64, u64, bool) {
+        let r = Rig::new();
+        let gpu = r.gpu(long);
+        let rate = lim(30, PolicyKind::Hard).rate_pm();
+        let d = &r.eng.devs[0];
+        let now = r.clock.now_ns();
+        r.words[slot::ZERO_AT].store(now, Ordering::Relaxed);
+        assert!(!r.eng.sample_tick(0, &r.sh(), now, rate, &gpu), "never charged: idle");
+        // The probe's 5 µs, seen by a tick that takes NVML's baseline; then the long kernel, charged `charged`.
+        d.charged.fetch_add(5_000, Ordering::Relaxed);
+        assert!(r.eng.sample_tick(0, &r.sh(), now, rate, &gpu));
+        d.charged.fetch_add(charged, Ordering::Relaxed);
+        let before = d.charged.load(Ordering::Relaxed);
+        gpu.launch();
+        let mut active = true;
+        for _ in 0..secs * 1_000_000_000 / SAMPLER_NS {
+            r.clock.advance(SAMPLER_NS);
+            if ticks {
+                active = r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+            }
+        }
+        let now = r.clock.now_ns();
+        let ahead = r.words[slot::ZERO_AT].load(Ordering::Relaxed).saturating_sub(now);
+        (d.charged.load(Ordering::Relaxed) - before, r.eng.owed(0), ahead, active)
+    }
+
+    #[test]
+    fn the_sampler_charges_a_kernel_hidden_behind_a_short_probe_while_the_process_is_quiet() {
+        // A 2 s kernel charged 5 µs: NVML's figure, read every 200 ms, charges it whatever the process does.
+        let (f, owed, _, active) = quiet_long_kernel(2_000 * MS, 0, 3, true);
+        assert!((1_990 * MS..=2_000 * MS).contains(&f), "{f}");
+        assert_eq!(owed, 0, "the bucket took it");
+        assert!(active, "still active one second after the kernel's last charge");
+        // ... and a 10 s one in full (the bucket's lead takes it: it owes nothing beyond).
+        let (f, _, ahead, _) = quiet_long_kernel(10_000 * MS, 0, 11, true);
+        assert!((9_990 * MS..=10_000 * MS).contains(&f), "{f}");
+        assert!(ahead > 20_000 * MS, "the next launch waits ({ahead} ns)");
+        // The control: without ticks nothing is charged until a launch (when NVML's second may show nothing).
+        assert_eq!(quiet_long_kernel(2_000 * MS, 0, 3, false).0, 0);
+        // An honest process charged its kernel is charged nothing more.
+        assert_eq!(quiet_long_kernel(2_000 * MS, 2_000 * MS, 3, true).0, 0);
+        // Nor when its charge comes after the kernel ran (its probe settled at the next launch): what the floor
+        // charged as it ran comes back, the charge ends at the kernel's 2 s, not 4.
+        let r = Rig::new();
+        let gpu = r.gpu(2_000 * MS);
+        let rate = lim(30, PolicyKind::Hard).rate_pm();
+        let d = &r.eng.devs[0];
+        d.charged.fetch_add(5_000, Ordering::Relaxed);
+        r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        let before = d.charged.load(Ordering::Relaxed);
+        gpu.launch();
+        let tick = || {
+            r.clock.advance(SAMPLER_NS);
+            r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu)
+        };
+        (0..12).for_each(|_| assert!(tick()));
+        assert!(d.charged.load(Ordering::Relaxed) - before >= 1_990 * MS);
+        r.eng.correct(d, &r.sh(), r.clock.now_ns(), 2_000 * MS as i64, rate);
+        (0..2).for_each(|_| assert!(tick()));
+        let f = d.charged.load(Ordering::Relaxed) - before;
+        assert!((1_990 * MS..=2_010 * MS).contains(&f), "{f}");
+        // Once nothing moved for SAMPLER_IDLE_NS the device is idle: the sampler stops sampling it.
+        let (_, _, _, active) = quiet_long_kernel(2_000 * MS, 0, 6, true);
+        assert!(!active);
+    }
+
+    #[test]
+    fn the_sampler_never_waits_and_a_wrong_high_reading_stops_a_tenant_a_bounded_time() {
+        let r = Rig::new();
+        let gpu = r.gpu(0);
+        let rate = lim(30, PolicyKind::Hard).rate_pm();
+        let d = &r.eng.devs[0];
+        d.charged.fetch_add(MS, Ordering::Relaxed);
+        r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        // A window a launch's poll just closed: the tick finds it claimed and leaves it (no second NVML read).
+        r.clock.advance(SHARE_NS);
+        *gpu.busy.borrow_mut() += 50 * MS;
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
+        let c = d.charged.load(Ordering::Relaxed);
+        assert!(r.eng.sample_tick(0, &r.sh(), r.clock.now_ns() + MS, rate, &gpu));
+        assert_eq!(d.charged.load(Ordering::Relaxed), c, "claimed: nothing");
+        // NVML wrong high (the whole device, every window) for 60 s while the process launches a little: the
+        // bucket's lead (`MAX_COST_NS`) and FLOOR_DEBT_NS bound what it owes after, so its launches stop for at
+        // most (MAX_COST_NS + FLOOR_DEBT_NS + a window) / rate once the reading is right again.
+        for _ in 0..300 {
+            r.clock.advance(SAMPLER_NS);
+            d.charged.fetch_add(MS, Ordering::Relaxed);
+            *gpu.busy.borrow_mut() += SAMPLER_NS;
+            r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        }
+        let now = r.clock.now_ns();
+        let ahead = r.words[slot::ZERO_AT].load(Ordering::Relaxed).saturating_sub(now);
+        let stop = ahead + bucket::span_ns(r.eng.owed(0), rate);
+        let bound = (MAX_COST_NS + FLOOR_DEBT_NS + SHARE_NS) * bucket::FULL_RATE / rate;
+        assert!(stop <= bound, "stopped {stop} ns > {bound} ns");
+        assert!(stop >= 30_000 * MS, "the control: it was charged ({stop} ns)");
     }
 
     #[test]

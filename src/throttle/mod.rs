@@ -34,6 +34,7 @@ pub(crate) mod engine;
 pub(crate) mod estimate;
 pub(crate) mod priority;
 pub(crate) mod probe;
+pub(crate) mod sampler;
 pub(crate) mod stream;
 pub(crate) mod util;
 
@@ -51,6 +52,7 @@ use engine::{Engine, Gpu, Poll, Shared, Ticket};
 use estimate::launch_key;
 use priority::{Completions, Gate, Priorities, Tracker};
 use probe::{EventApi, EventProbes};
+use sampler::Sampler;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -66,6 +68,8 @@ pub(crate) struct SmThrottle {
     prio: Priorities,
     done: Completions,
     streams: StreamDevices,
+    /// The NVML sampler thread (`sampler`).
+    sampler: Sampler,
     /// The primary context's handle per ordinal, learnt at its retain (0 = not seen): a release or reset of
     /// the primary context ends only the probes whose events live in it.
     primary: [AtomicUsize; MAX_ORDINALS],
@@ -144,6 +148,7 @@ impl SmThrottle {
             prio: Priorities::default(),
             done: Completions::new(api),
             streams: StreamDevices::default(),
+            sampler: Sampler::default(),
             primary: [const { AtomicUsize::new(0) }; MAX_ORDINALS],
         }
     }
@@ -390,6 +395,30 @@ impl SmThrottle {
         }
     }
 
+    /// The NVML sampler thread's state.
+    pub(crate) fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// One tick of the NVML sampler (`Engine::sample_tick`) on every SM-limited device. False when no device
+    /// has an SM limit (the thread then ends).
+    pub(crate) fn sample(&self, nvml: &Nvml) -> bool {
+        let gpu = self.driver(nvml);
+        let mut limited = false;
+        for (d, _) in self.devices.known() {
+            let lim = self.devices.policy(d);
+            if !lim.throttles() {
+                continue;
+            }
+            limited = true;
+            let sh = self.shared(d.id);
+            let rate = engine::effective_rate(lim, sh.words);
+            self.engine
+                .sample_tick(d.id.index(), &sh, monotonic_ns(), rate, &gpu);
+        }
+        limited
+    }
+
     /// The process exits: each device's probe is settled and its debt paid (see `Engine::exit`).
     pub(crate) fn at_exit(&self) {
         for (d, _) in self.devices.known() {
@@ -458,6 +487,8 @@ impl SmThrottle {
         } else if h != 0 {
             if gpu.probe_end(h, stream) {
                 self.engine.probe_issued(t, h, at);
+                // Here, not on every launch: a probe is at most one launch in `PROBE_INTERVAL_NS`.
+                self.sampler.ensure();
             } else {
                 self.engine.probe_abandon(t.dev);
             }
@@ -572,6 +603,7 @@ impl SmThrottle {
             // The parent's probes, events and debts: it settles and pays them; here they are not ours.
             self.engine.forget_probes();
             self.util.forget_in_child();
+            self.sampler.forget_in_child();
             if let Some(p) = &self.probes {
                 p.forget_all();
             }
