@@ -157,11 +157,10 @@ fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
 
 /// Issue 36, hostile review: a launch charged the 5 us estimate of its shape (a 5 us launch, the probe, right
 /// before it) that runs 2 s; the program then makes no CUDA call for 1.2 s more, so NVML's samples (the last
-/// second only) show it idle when the next probe closes the window: no figure, no floor. An OPEN escape
-/// (docs/threat-model.md; the agent's `sm = "throttle"` closes it): measured 62.4 % (the shape's bound, 2 / 3.2
-/// s, grows with the kernel), load 6-10. Caught in part with no quiet second: 28.7-37.5 %; but not a 10 s launch,
-/// OPEN too: 99.9 % (one window; the floor charges at most `FLOOR_DEBT_NS`, 2 s, refilled in 6.7 s). The control
-/// (the long launch is the probe): 20.3 %, 23.1 % at 10 s (its last launch waits for the charge).
+/// second only) show it idle when the next probe closes the window. Closed by the NVML sampler thread
+/// (`Engine::sample_tick`, every 200 ms whether or not the program calls CUDA): 29.5 % (2 s kernels, with or
+/// without the quiet second), 30.0 % (one 10 s kernel), the control (the long launch is the probe) 28.3-29.4 %,
+/// load 3-5; two `yes` hogs: see the report of branch h36-sampler. With the sampler disabled: 62 % and 99.9 %.
 #[test]
 fn a_long_launch_behind_a_short_probe_then_a_quiet_second() {
     let _s = serial();
@@ -174,8 +173,9 @@ fn a_long_launch_behind_a_short_probe_then_a_quiet_second() {
         "hidelong: control {control:.1} %, no quiet second {caught:.1} %, quiet second {hidden:.1} %, 10 s {ten:.1} %"
     );
     assert!(control < 36.0, "control: 30 % tenant got {control:.1} %");
-    assert!(caught < 45.0, "no quiet second: 30 % tenant got {caught:.1} %");
-    assert!(hidden < 70.0, "open escape beyond its bound: {hidden:.1} %");
+    assert!(caught < 38.0, "no quiet second: 30 % tenant got {caught:.1} %");
+    assert!(hidden < 38.0, "quiet second: 30 % tenant got {hidden:.1} %");
+    assert!(ten < 38.0, "10 s kernel: 30 % tenant got {ten:.1} %");
 }
 
 /// Issue 36, hostile review: `throttle_sleepshort`'s attack from a chain of processes of one container, each

@@ -75,9 +75,6 @@ pub(crate) const FLOOR_DEBT_NS: u64 = 2_000_000_000;
 /// The sampler thread's period (`Engine::sample_tick`): a fifth of the second of samples NVML keeps, so a window
 /// closes (at least every `SHARE_NS`) long before what ran in it drops out of NVML's history.
 pub(crate) const SAMPLER_NS: u64 = SHARE_NS;
-/// The sampler samples a device while this process's charge on it moved this recently (a kernel still running
-/// keeps it moving through the floor's charges).
-pub(crate) const SAMPLER_IDLE_NS: u64 = 3_000_000_000;
 /// How far back NVML's per-process samples reach (about a second; the simulator's exactly one).
 pub(crate) const NVML_KEEP_NS: u64 = 1_000_000_000;
 /// The driver's time slice assumed when none is set (`cuquota_core::config::DEFAULT_TIME_SLICE_US`).
@@ -223,7 +220,7 @@ struct Dev {
     /// What the floor charged and no later over-charge has met yet: the same work's own charge (a probe's
     /// settling, its accrual) arriving after the floor charged it as it ran gets it back (`floor_charge`).
     floor_paid: AtomicU64,
-    /// The sampler (`sample_tick`): `charged` at its last tick, and when it last saw it move (0 = never).
+    /// The sampler (`sample_tick`): `charged` at its last tick, and when it first saw it move (0 = not yet).
     smp_charged: AtomicU64,
     smp_moved_at: AtomicU64,
 }
@@ -768,6 +765,12 @@ impl Engine {
         if at != 0 {
             let add = floor_charge(d, occ.as_ref(), charged, now - at);
             if add != 0 {
+                crate::log::log!(
+                    crate::log::Level::Debug,
+                    "floor on device {dev}: charged {charged} ns in {} ns, NVML {:?} ns: {add} ns",
+                    now - at,
+                    occ.map(|o| (o.own_low_ns, o.own_ns))
+                );
                 // Charged (or given back) now, and counted in this window (not the next: the mark is taken).
                 add_signed(&d.share_mark, add);
                 self.correct(d, sh, now, add, rate);
@@ -818,19 +821,19 @@ impl Engine {
         }
     }
 
-    /// The sampler's tick for `dev` (`sampler::run`, every `SAMPLER_NS`): while this process's charge on the
-    /// device moved in the last `SAMPLER_IDLE_NS` (a launch, or the floor charging a kernel still running), the
-    /// shared-device window (`share_window`) closes here even when the process makes no CUDA call, so NVML's
-    /// figure is read well inside the second of samples it keeps: device time it saw is charged, whether or not a
-    /// launch follows. `rate` 0 (no limit): nothing. Returns whether the device is active.
+    /// The sampler's tick for `dev` (`sampler::run`, every `SAMPLER_NS`): once this process was charged on the
+    /// device, the shared-device window (`share_window`) closes here even when the process makes no CUDA call,
+    /// so NVML's figure is read well inside the second of samples it keeps: device time it saw is charged,
+    /// whether or not a launch follows. Also while it is idle: a window left open past NVML's second would
+    /// stretch its last second over the whole window (`last_second`). `rate` 0 (no limit): nothing. Returns
+    /// whether the device was charged yet.
     pub(crate) fn sample_tick<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) -> bool {
         let d = &self.devs[dev];
         let total = d.charged.load(Ordering::Relaxed);
-        if d.smp_charged.swap(total, Ordering::Relaxed) != total {
+        if d.smp_charged.swap(total, Ordering::Relaxed) != total && d.smp_moved_at.load(Ordering::Relaxed) == 0 {
             d.smp_moved_at.store(now, Ordering::Relaxed);
         }
-        let moved = d.smp_moved_at.load(Ordering::Relaxed);
-        if moved == 0 || now.saturating_sub(moved) > SAMPLER_IDLE_NS {
+        if d.smp_moved_at.load(Ordering::Relaxed) == 0 {
             return false;
         }
         if rate != 0 {
@@ -890,7 +893,15 @@ impl Engine {
             let c = d.follow_charged.swap(0, Ordering::Relaxed);
             delta += n as i128 * measured as i128 - c as i128;
         }
-        let delta = delta.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
+        let mut delta = delta.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
+        if delta > 0 {
+            // What ran beyond its charge while no call polled it, the floor charged from NVML as it ran (the
+            // sampler): not twice.
+            let paid = d.floor_paid.load(Ordering::Relaxed);
+            let met = (delta as u64).min(paid);
+            d.floor_paid.store(paid - met, Ordering::Relaxed);
+            delta -= met as i64;
+        }
         self.correct(d, sh, now, delta, o.rate);
         // The interval runs from the probe's launch, not its end: a launch released in a burst after a wait is
         // probed while the previous burst's probe is out, so counting from its settling (at the next burst's
@@ -1166,9 +1177,13 @@ fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> i6
         d.floor_paid.fetch_add(add, Ordering::Relaxed);
         (add, 0)
     };
-    let base = charged.max(1) as u128;
-    let ratio = ((base + add as u128) * 1000 / base).min(u64::MAX as u128) as u64;
-    d.floor_ratio.store(ratio.max(1000), Ordering::Relaxed);
+    // Not from a window charged under 1 % of its span (a long kernel's, closed by the sampler): its ratio says
+    // nothing of the next window's charge (a probe settling late would be charged the whole window).
+    if charged > 0 && charged as u128 * 100 >= span as u128 {
+        let base = charged as u128;
+        let ratio = ((base + add as u128) * 1000 / base).min(u64::MAX as u128) as u64;
+        d.floor_ratio.store(ratio.max(1000), Ordering::Relaxed);
+    }
     add.min(i64::MAX as u64) as i64 - back.min(i64::MAX as u64) as i64
 }
 
@@ -1768,7 +1783,7 @@ mod tests {
         let (f, owed, _, active) = quiet_long_kernel(2_000 * MS, 0, 3, true);
         assert!((1_990 * MS..=2_000 * MS).contains(&f), "{f}");
         assert_eq!(owed, 0, "the bucket took it");
-        assert!(active, "still active one second after the kernel's last charge");
+        assert!(active);
         // ... and a 10 s one in full (the bucket's lead takes it: it owes nothing beyond).
         let (f, _, ahead, _) = quiet_long_kernel(10_000 * MS, 0, 11, true);
         assert!((9_990 * MS..=10_000 * MS).contains(&f), "{f}");
@@ -1797,9 +1812,9 @@ mod tests {
         (0..2).for_each(|_| assert!(tick()));
         let f = d.charged.load(Ordering::Relaxed) - before;
         assert!((1_990 * MS..=2_010 * MS).contains(&f), "{f}");
-        // Once nothing moved for SAMPLER_IDLE_NS the device is idle: the sampler stops sampling it.
+        // An idle device is still sampled: no window outlives NVML's second.
         let (_, _, _, active) = quiet_long_kernel(2_000 * MS, 0, 6, true);
-        assert!(!active);
+        assert!(active);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The NVML sampler: one thread per process, started at the first probed launch (never at load, so a process
 //! without an SM limit never has it), that closes each SM-limited device's shared-device window every
-//! `SAMPLER_NS` (`Engine::sample_tick`) while the process's charge there moved in the last `SAMPLER_IDLE_NS`.
+//! `SAMPLER_NS` (`Engine::sample_tick`) once the process was charged there: one NVML per-process utilisation
+//! read per device per tick.
 //! Without it the window closed only from the launch path, so a long kernel hidden behind a short probe, then a
 //! second without CUDA calls, had left NVML's second of samples before anyone read it (docs/threat-model.md).
 //!
