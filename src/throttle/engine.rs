@@ -827,16 +827,27 @@ impl Engine {
     /// whether or not a launch follows. Also while it is idle: a window left open past NVML's second would
     /// stretch its last second over the whole window (`last_second`). `rate` 0 (no limit): nothing. Returns
     /// whether the device was charged yet.
-    pub(crate) fn sample_tick<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) -> bool {
+    pub(crate) fn sample_tick<G: Gpu>(
+        &self,
+        dev: usize,
+        sh: &Shared<'_>,
+        now: u64,
+        rate: u64,
+        gpu: &G,
+    ) -> bool {
         let d = &self.devs[dev];
         let total = d.charged.load(Ordering::Relaxed);
-        if d.smp_charged.swap(total, Ordering::Relaxed) != total && d.smp_moved_at.load(Ordering::Relaxed) == 0 {
+        if d.smp_charged.swap(total, Ordering::Relaxed) != total
+            && d.smp_moved_at.load(Ordering::Relaxed) == 0
+        {
             d.smp_moved_at.store(now, Ordering::Relaxed);
         }
         if d.smp_moved_at.load(Ordering::Relaxed) == 0 {
             return false;
         }
-        if rate != 0 {
+        // The first window is opened by a launch's probe settling (`share_correct`): work queued before the
+        // limit applied (an unlimited program's full queue) runs before it, and is not this limit's to charge.
+        if rate != 0 && d.share_at.load(Ordering::Relaxed) != 0 {
             self.share_window(dev, sh, now, rate, gpu);
         }
         true
@@ -1758,10 +1769,15 @@ mod tests {
         let d = &r.eng.devs[0];
         let now = r.clock.now_ns();
         r.words[slot::ZERO_AT].store(now, Ordering::Relaxed);
-        assert!(!r.eng.sample_tick(0, &r.sh(), now, rate, &gpu), "never charged: idle");
-        // The probe's 5 µs, seen by a tick that takes NVML's baseline; then the long kernel, charged `charged`.
+        assert!(
+            !r.eng.sample_tick(0, &r.sh(), now, rate, &gpu),
+            "never charged: idle"
+        );
+        // The probe's 5 µs; a tick before any probe settled opens no window (the launch path's first does).
         d.charged.fetch_add(5_000, Ordering::Relaxed);
         assert!(r.eng.sample_tick(0, &r.sh(), now, rate, &gpu));
+        assert_eq!(d.share_at.load(Ordering::Relaxed), 0);
+        r.eng.share_correct(0, &r.sh(), now, rate, 0, &gpu);
         d.charged.fetch_add(charged, Ordering::Relaxed);
         let before = d.charged.load(Ordering::Relaxed);
         gpu.launch();
@@ -1774,7 +1790,12 @@ mod tests {
         }
         let now = r.clock.now_ns();
         let ahead = r.words[slot::ZERO_AT].load(Ordering::Relaxed).saturating_sub(now);
-        (d.charged.load(Ordering::Relaxed) - before, r.eng.owed(0), ahead, active)
+        (
+            d.charged.load(Ordering::Relaxed) - before,
+            r.eng.owed(0),
+            ahead,
+            active,
+        )
     }
 
     #[test]
@@ -1799,7 +1820,7 @@ mod tests {
         let rate = lim(30, PolicyKind::Hard).rate_pm();
         let d = &r.eng.devs[0];
         d.charged.fetch_add(5_000, Ordering::Relaxed);
-        r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
         let before = d.charged.load(Ordering::Relaxed);
         gpu.launch();
         let tick = || {
@@ -1808,7 +1829,8 @@ mod tests {
         };
         (0..12).for_each(|_| assert!(tick()));
         assert!(d.charged.load(Ordering::Relaxed) - before >= 1_990 * MS);
-        r.eng.correct(d, &r.sh(), r.clock.now_ns(), 2_000 * MS as i64, rate);
+        r.eng
+            .correct(d, &r.sh(), r.clock.now_ns(), 2_000 * MS as i64, rate);
         (0..2).for_each(|_| assert!(tick()));
         let f = d.charged.load(Ordering::Relaxed) - before;
         assert!((1_990 * MS..=2_010 * MS).contains(&f), "{f}");
@@ -1824,7 +1846,7 @@ mod tests {
         let rate = lim(30, PolicyKind::Hard).rate_pm();
         let d = &r.eng.devs[0];
         d.charged.fetch_add(MS, Ordering::Relaxed);
-        r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
         // A window a launch's poll just closed: the tick finds it claimed and leaves it (no second NVML read).
         r.clock.advance(SHARE_NS);
         *gpu.busy.borrow_mut() += 50 * MS;

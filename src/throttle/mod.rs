@@ -14,6 +14,7 @@
 //! - [`engine`]: admission of one launch (charge the estimate, sleep while the bucket is in debt), sampled
 //!   measurement with CUDA events (probes) and reconciliation (measured − charged back to the bucket);
 //! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation (other containers', this process's);
+//! - [`sampler`]: the thread that reads NVML every 200 ms once a limited launch was probed (the charge's floor);
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
 //! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests;
 //! - [`priority`]: high-priority tenants publish their launches in their container's priority file, best-effort

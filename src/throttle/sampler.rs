@@ -51,7 +51,10 @@ impl Sampler {
         if !AT_EXIT.swap(true, Ordering::AcqRel) {
             // SAFETY: registering a plain extern "C" handler that never unwinds.
             if unsafe { libc::atexit(stop_at_exit) } != 0 {
-                log!(Level::Warn, "atexit failed: the NVML sampler is stopped only by our exit handler");
+                log!(
+                    Level::Warn,
+                    "atexit failed: the NVML sampler is stopped only by our exit handler"
+                );
             }
         }
         // SAFETY: plain sigset calls on local sets; the caller's mask is put back right after the spawn, and the
@@ -71,7 +74,10 @@ impl Sampler {
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
         if let Err(e) = r {
             // Left marked started: no retry at every probe. The launch path's windows still run.
-            log!(Level::Warn, "NVML sampler thread not started ({e}): SM windows close at launches only");
+            log!(
+                Level::Warn,
+                "NVML sampler thread not started ({e}): SM windows close at launches only"
+            );
         }
     }
 
