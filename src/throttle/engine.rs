@@ -75,6 +75,8 @@ pub(crate) const FLOOR_DEBT_NS: u64 = 2_000_000_000;
 /// The sampler thread's period (`Engine::sample_tick`): a fifth of the second of samples NVML keeps, so a window
 /// closes (at least every `SHARE_NS`) long before what ran in it drops out of NVML's history.
 pub(crate) const SAMPLER_NS: u64 = SHARE_NS;
+/// Shortest window a synchronize closes (`Engine::sync_window`): at most 20 NVML reads a second from it.
+pub(crate) const SYNC_WINDOW_NS: u64 = 50_000_000;
 /// How far back NVML's per-process samples reach (about a second; the simulator's exactly one).
 pub(crate) const NVML_KEEP_NS: u64 = 1_000_000_000;
 /// The driver's time slice assumed when none is set (`cuquota_core::config::DEFAULT_TIME_SLICE_US`).
@@ -217,8 +219,8 @@ struct Dev {
     /// charge with the floor's addition over the charge without it (per-mille; 0 = no figure yet).
     floor_carry: AtomicU64,
     floor_ratio: AtomicU64,
-    /// What the floor charged and no later over-charge has met yet: the same work's own charge (a probe's
-    /// settling, its accrual) arriving after the floor charged it as it ran gets it back (`floor_charge`).
+    /// What the floor charged and no probe's measurement has met yet: a probe settling after the floor charged
+    /// its kernel as it ran is not charged it twice (`settle`).
     floor_paid: AtomicU64,
     /// The sampler (`sample_tick`): `charged` at its last tick, and when it first saw it move (0 = not yet).
     smp_charged: AtomicU64,
@@ -738,16 +740,24 @@ impl Engine {
                 self.correct(d, sh, now, -(step as i64), rate);
             }
         }
-        self.share_window(dev, sh, now, rate, gpu);
+        self.share_window(dev, sh, now, rate, gpu, SHARE_NS);
+    }
+
+    /// A synchronize returned (a short-lived process syncs before it exits): the window closes if it is at
+    /// least `SYNC_WINDOW_NS` long, so what ran since the sampler's last tick is floored too.
+    pub(crate) fn sync_window<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) {
+        if rate != 0 && self.devs[dev].share_at.load(Ordering::Relaxed) != 0 {
+            self.share_window(dev, sh, now, rate, gpu, SYNC_WINDOW_NS);
+        }
     }
 
     /// The window part of `share_correct` (the floor, what is given back, the switching), once per `SHARE_NS`
     /// for the thread that wins the window's CAS: a launch's poll or the sampler (`sample_tick`). The CAS is the
     /// only exclusion: whoever loses it returns at once, so neither ever waits for the other.
-    fn share_window<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) {
+    fn share_window<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G, len: u64) {
         let d = &self.devs[dev];
         let at = d.share_at.load(Ordering::Relaxed);
-        if (at != 0 && now < at.saturating_add(SHARE_NS))
+        if (at != 0 && now < at.saturating_add(len))
             || d.share_at
                 .compare_exchange(at, now, Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
@@ -848,7 +858,7 @@ impl Engine {
         // The first window is opened by a launch's probe settling (`share_correct`): work queued before the
         // limit applied (an unlimited program's full queue) runs before it, and is not this limit's to charge.
         if rate != 0 && d.share_at.load(Ordering::Relaxed) != 0 {
-            self.share_window(dev, sh, now, rate, gpu);
+            self.share_window(dev, sh, now, rate, gpu, SHARE_NS);
         }
         true
     }
@@ -1146,9 +1156,8 @@ fn switch_share(o: &Occupancy) -> u64 {
 /// rounding), beyond what it was charged (`charged`, net) and the over-charge carried from earlier windows, is
 /// charged (GPU ns returned). A launch charged a probe's estimate may run far longer than the probe (a
 /// data-dependent kernel that is short exactly when probed): its device time is still this process's in NVML.
-/// An over-charge first gets back what the floor charged before and nothing met yet (`floor_paid`): the sampler
-/// charges a kernel as it runs, its probe's settling charges it again later. So the charge never goes below
-/// NVML's figure summed over the windows (only its rounding, half a percent of a window, can come back). Bounds:
+/// What it charged (`floor_paid`) meets a probe's later measurement of the same run (`settle`): the sampler charges
+/// a kernel as it runs, its probe's settling would charge it again. Only ever a charge here. Bounds:
 /// at most the window's length `span` (NVML's figure cannot exceed it) and nothing while the process owes
 /// `FLOOR_DEBT_NS` beyond the bucket's lead (`MAX_COST_NS`), so a reading wrong high costs the tenant at most
 /// what it over-reads: its launches stop while it lasts and for at most (`MAX_COST_NS` + `FLOOR_DEBT_NS`) /
@@ -1172,16 +1181,12 @@ fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> i6
     let own = o.own_low_ns.min(i64::MAX as u64) as i64;
     let net = carry.saturating_add(charged).saturating_sub(own);
     let (add, back) = if net >= 0 {
-        // An over-charge beyond NVML's figure read high (its rounding neither banks nor comes back) meets what
-        // the floor charged before first, and is carried for the rest.
+        // An over-charge beyond NVML's figure read high (its rounding does not bank) is carried, never given
+        // back: it may be work charged now that runs in a window never closed (the process exits first).
         let high = o.own_ns.min(i64::MAX as u64) as i64;
         let over = carry.saturating_add(charged).saturating_sub(high).max(0) as u64;
-        let paid = d.floor_paid.load(Ordering::Relaxed);
-        let back = over.min(paid);
-        d.floor_paid.store(paid - back, Ordering::Relaxed);
-        d.floor_carry
-            .store((over - back).min(FLOOR_CARRY_NS), Ordering::Relaxed);
-        (0, back)
+        d.floor_carry.store(over.min(FLOOR_CARRY_NS), Ordering::Relaxed);
+        (0, 0)
     } else {
         d.floor_carry.store(0, Ordering::Relaxed);
         let add = net.unsigned_abs().min(span.max(o.span_ns)).min(room);
@@ -1697,22 +1702,22 @@ mod tests {
         assert_eq!(sw3(&w), (0, 0, 0));
         // The control: without the first two windows the 10 ms over-charge comes back (a quarter of 40 ms at most).
         assert_eq!(sw3(&w[2..]), (10 * MS, 0, 0));
-        // A credit no carried over-charge explains is charged again by the floor, and comes back when the next
-        // window's over-charge meets it: the charge is what NVML saw (30 ms).
-        assert_eq!(sw3(&w[1..]), (0, 0, 0));
+        // A credit no carried over-charge explains is charged again by the floor: net of what is given back,
+        // the charge is what NVML saw (30 ms).
+        assert_eq!(sw3(&w[1..]), (10 * MS, 0, 10 * MS));
     }
 
     #[test]
     fn a_shortfall_is_charged_at_once_even_in_a_window_without_others() {
         // NVML saw 20 ms more than was charged: the floor charges them at once, whoever else is on the device.
         // Then a window with nobody else (a sibling idled), then one charged 20 ms more than NVML saw: that
-        // excess meets the floor's 20 ms, so the charge ends at NVML's figure.
+        // excess comes back (10 ms now, a quarter of 40 ms; 10 carried), so the charge ends at NVML's figure.
         let w = [
             (10 * MS as i64, 30 * MS, Some(100 * MS)),
             (0, 0, Some(0)),
             (40 * MS as i64, 20 * MS, Some(100 * MS)),
         ];
-        assert_eq!(sw3(&w), (0, 0, 0));
+        assert_eq!(sw3(&w), (10 * MS, 10 * MS as i64, 20 * MS));
         let alone = [(10 * MS as i64, 30 * MS, None), (0, 0, None)];
         assert_eq!(sw3(&alone), (0, 0, 20 * MS));
         // The control: without the first window nothing is charged and the 20 ms excess comes back as above.
@@ -1813,27 +1818,6 @@ mod tests {
         assert_eq!(quiet_long_kernel(2_000 * MS, 0, 3, false).0, 0);
         // An honest process charged its kernel is charged nothing more.
         assert_eq!(quiet_long_kernel(2_000 * MS, 2_000 * MS, 3, true).0, 0);
-        // Nor when its charge comes after the kernel ran (its probe settled at the next launch): what the floor
-        // charged as it ran comes back, the charge ends at the kernel's 2 s, not 4.
-        let r = Rig::new();
-        let gpu = r.gpu(2_000 * MS);
-        let rate = lim(30, PolicyKind::Hard).rate_pm();
-        let d = &r.eng.devs[0];
-        d.charged.fetch_add(5_000, Ordering::Relaxed);
-        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
-        let before = d.charged.load(Ordering::Relaxed);
-        gpu.launch();
-        let tick = || {
-            r.clock.advance(SAMPLER_NS);
-            r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu)
-        };
-        (0..12).for_each(|_| assert!(tick()));
-        assert!(d.charged.load(Ordering::Relaxed) - before >= 1_990 * MS);
-        r.eng
-            .correct(d, &r.sh(), r.clock.now_ns(), 2_000 * MS as i64, rate);
-        (0..2).for_each(|_| assert!(tick()));
-        let f = d.charged.load(Ordering::Relaxed) - before;
-        assert!((1_990 * MS..=2_010 * MS).contains(&f), "{f}");
         // An idle device is still sampled: no window outlives NVML's second.
         let (_, _, _, active) = quiet_long_kernel(2_000 * MS, 0, 6, true);
         assert!(active);

@@ -393,6 +393,12 @@ impl SmThrottle {
             if self.engine.probe_out(i) {
                 self.engine.poll(i, &self.shared(d.id), monotonic_ns(), &gpu);
             }
+            let lim = self.devices.policy(d);
+            if lim.throttles() {
+                let sh = self.shared(d.id);
+                let rate = engine::effective_rate(lim, sh.words);
+                self.engine.sync_window(i, &sh, monotonic_ns(), rate, &gpu);
+            }
         }
     }
 
