@@ -159,8 +159,8 @@ fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
 /// before it) that runs 2 s; the program then makes no CUDA call for 1.2 s more, so NVML's samples (the last
 /// second only) show it idle when the next probe closes the window. Closed by the NVML sampler thread
 /// (`Engine::sample_tick`, every 200 ms whether or not the program calls CUDA): 29.5 % (2 s kernels, with or
-/// without the quiet second), 30.0 % (one 10 s kernel), the control (the long launch is the probe) 28.3-29.4 %,
-/// load 3-5; two `yes` hogs: see the report of branch h36-sampler. With the sampler disabled: 62 % and 99.9 %.
+/// without the quiet second), 30.0 % (one 10 s kernel), the control (the long launch is the probe) 29.4 %, also
+/// with two `yes` hogs (load 2.5-3.5; 29.2-29.8 %). With the sampler disabled: 62.4 % and 60.1 %.
 #[test]
 fn a_long_launch_behind_a_short_probe_then_a_quiet_second() {
     let _s = serial();
@@ -180,7 +180,8 @@ fn a_long_launch_behind_a_short_probe_then_a_quiet_second() {
 
 /// Issue 36, hostile review: `throttle_sleepshort`'s attack from a chain of processes of one container, each
 /// living 150 ms or 1 s (a process's floor needs a window closed after a baseline one). Held: 18.6 % and
-/// 23.6 % (load 6; 18.4 and 22.3 at load 9); the control, every launch long: 29.0-29.9 %.
+/// 23.6 % (load 6; 18.4 and 22.3 at load 9); the control, every launch long: 29.0-29.9 %. With the NVML sampler
+/// (its windows every 200 ms, and one closed at the child's last synchronize): 30.4 % and 23.5 % (two hogs).
 #[test]
 fn a_kernel_short_after_each_sleep_from_short_lived_processes() {
     let _s = serial();
