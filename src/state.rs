@@ -365,6 +365,7 @@ fn init(exports: Exports) -> Process {
 // them. One order, always (a hook never holds a lock of a later group while it waits for one of an earlier
 // group, so taking them in this order cannot deadlock against a running hook):
 //
+//   0. the throttle's NVML sampler tick (held across NVML calls and taking any lock below);
 //   1. memory: the ledger's shards (in index order), the VMM lifetimes, the pools, the graph pools' charges, the graph execs'
 //      footprints, the overhead lock, the context/module owners, the host-pid candidates;
 //   2. devices: the refresh lock, then the agent limits readers (both taken under the overhead lock by a limit
@@ -382,6 +383,8 @@ fn init(exports: Exports) -> Process {
 
 extern "C" fn fork_prepare() {
     if let Some(Process::Active(s)) = process_if_ready() {
+        // First: a sampler tick in progress may still take any of the locks below (and is inside NVML).
+        s.throttle.sampler().lock().hold();
         s.mem.fork_prepare();
         s.devices.fork_prepare();
         s.throttle.fork_prepare();
@@ -400,6 +403,7 @@ unsafe fn fork_release(s: &Shim, side: Side) {
         s.throttle.fork_release(side);
         s.devices.fork_release(side);
         s.mem.fork_release(side);
+        s.throttle.sampler().lock().release(side);
     }
 }
 

@@ -157,11 +157,10 @@ fn a_kernel_short_right_after_each_sleep_is_charged_what_ran() {
 
 /// Issue 36, hostile review: a launch charged the 5 us estimate of its shape (a 5 us launch, the probe, right
 /// before it) that runs 2 s; the program then makes no CUDA call for 1.2 s more, so NVML's samples (the last
-/// second only) show it idle when the next probe closes the window: no figure, no floor. An OPEN escape
-/// (docs/threat-model.md; the agent's `sm = "throttle"` closes it): measured 62.4 % (the shape's bound, 2 / 3.2
-/// s, grows with the kernel), load 6-10. Caught in part with no quiet second: 28.7-37.5 %; but not a 10 s launch,
-/// OPEN too: 99.9 % (one window; the floor charges at most `FLOOR_DEBT_NS`, 2 s, refilled in 6.7 s). The control
-/// (the long launch is the probe): 20.3 %, 23.1 % at 10 s (its last launch waits for the charge).
+/// second only) show it idle when the next probe closes the window. Closed by the NVML sampler thread
+/// (`Engine::sample_tick`, every 200 ms whether or not the program calls CUDA): 29.5 % (2 s kernels, with or
+/// without the quiet second), 30.0 % (one 10 s kernel), the control (the long launch is the probe) 29.4 %, also
+/// with two `yes` hogs (load 2.5-3.5; 29.2-29.8 %). With the sampler disabled: 62.4 % and 60.1 %.
 #[test]
 fn a_long_launch_behind_a_short_probe_then_a_quiet_second() {
     let _s = serial();
@@ -174,13 +173,15 @@ fn a_long_launch_behind_a_short_probe_then_a_quiet_second() {
         "hidelong: control {control:.1} %, no quiet second {caught:.1} %, quiet second {hidden:.1} %, 10 s {ten:.1} %"
     );
     assert!(control < 36.0, "control: 30 % tenant got {control:.1} %");
-    assert!(caught < 45.0, "no quiet second: 30 % tenant got {caught:.1} %");
-    assert!(hidden < 70.0, "open escape beyond its bound: {hidden:.1} %");
+    assert!(caught < 38.0, "no quiet second: 30 % tenant got {caught:.1} %");
+    assert!(hidden < 38.0, "quiet second: 30 % tenant got {hidden:.1} %");
+    assert!(ten < 38.0, "10 s kernel: 30 % tenant got {ten:.1} %");
 }
 
 /// Issue 36, hostile review: `throttle_sleepshort`'s attack from a chain of processes of one container, each
 /// living 150 ms or 1 s (a process's floor needs a window closed after a baseline one). Held: 18.6 % and
-/// 23.6 % (load 6; 18.4 and 22.3 at load 9); the control, every launch long: 29.0-29.9 %.
+/// 23.6 % (load 6; 18.4 and 22.3 at load 9); the control, every launch long: 29.0-29.9 %. With the NVML sampler
+/// (its windows every 200 ms, and one closed at the child's last synchronize): 30.4 % and 23.5 % (two hogs).
 #[test]
 fn a_kernel_short_after_each_sleep_from_short_lived_processes() {
     let _s = serial();

@@ -63,14 +63,20 @@ pub(crate) const SHARE_NS: u64 = 200_000_000;
 /// A shared device: most given back at one probe's settling (the bucket holds at most `BURST_GPU_NS`, so a
 /// larger credit at once would be lost).
 pub(crate) const SHARE_STEP_NS: u64 = 2_000_000;
-/// The floor on the charge (`Engine::share_correct`): the most of an over-charge (charge beyond NVML's figure)
-/// carried to meet a later window's shortfall, so that work charged in one window and run in the next (or a
-/// probe's credit settled in the next) is not charged twice; never given back, and being over-charged first
-/// costs what it later saves.
-pub(crate) const FLOOR_CARRY_NS: u64 = SHARE_NS;
+/// The floor on the charge (`Engine::share_correct`): the most of an over-charge (charge beyond NVML's figure
+/// read high) carried to meet a later window's shortfall, so that work charged in one window and run in later
+/// ones (a long kernel charged at its launch, closed every `SAMPLER_NS`) is not charged twice; never given back,
+/// and being over-charged first costs what it later saves: at most what one launch may be charged at once
+/// (`MAX_COST_NS`), so what a tenant banks then runs unseen no longer than one honest 10 s kernel.
+pub(crate) const FLOOR_CARRY_NS: u64 = bucket::MAX_COST_NS;
 /// The floor adds nothing while this process owes this much (GPU ns): what a wrong NVML reading can charge at
 /// most beyond one window (see `floor_charge`).
 pub(crate) const FLOOR_DEBT_NS: u64 = 2_000_000_000;
+/// The sampler thread's period (`Engine::sample_tick`): a fifth of the second of samples NVML keeps, so a window
+/// closes (at least every `SHARE_NS`) long before what ran in it drops out of NVML's history.
+pub(crate) const SAMPLER_NS: u64 = SHARE_NS;
+/// Shortest window a synchronize closes (`Engine::sync_window`): at most 20 NVML reads a second from it.
+pub(crate) const SYNC_WINDOW_NS: u64 = 50_000_000;
 /// How far back NVML's per-process samples reach (about a second; the simulator's exactly one).
 pub(crate) const NVML_KEEP_NS: u64 = 1_000_000_000;
 /// The driver's time slice assumed when none is set (`cuquota_core::config::DEFAULT_TIME_SLICE_US`).
@@ -213,6 +219,12 @@ struct Dev {
     /// charge with the floor's addition over the charge without it (per-mille; 0 = no figure yet).
     floor_carry: AtomicU64,
     floor_ratio: AtomicU64,
+    /// What the floor charged and no probe's measurement has met yet: a probe settling after the floor charged
+    /// its kernel as it ran is not charged it twice (`settle`).
+    floor_paid: AtomicU64,
+    /// The sampler (`sample_tick`): `charged` at its last tick, and when it first saw it move (0 = not yet).
+    smp_charged: AtomicU64,
+    smp_moved_at: AtomicU64,
 }
 
 impl Dev {
@@ -242,6 +254,9 @@ impl Dev {
             share_long: AtomicU64::new(0),
             floor_carry: AtomicU64::new(0),
             floor_ratio: AtomicU64::new(0),
+            floor_paid: AtomicU64::new(0),
+            smp_charged: AtomicU64::new(0),
+            smp_moved_at: AtomicU64::new(0),
         }
     }
 }
@@ -725,8 +740,24 @@ impl Engine {
                 self.correct(d, sh, now, -(step as i64), rate);
             }
         }
+        self.share_window(dev, sh, now, rate, gpu, SHARE_NS);
+    }
+
+    /// A synchronize returned (a short-lived process syncs before it exits): the window closes if it is at
+    /// least `SYNC_WINDOW_NS` long, so what ran since the sampler's last tick is floored too.
+    pub(crate) fn sync_window<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G) {
+        if rate != 0 && self.devs[dev].share_at.load(Ordering::Relaxed) != 0 {
+            self.share_window(dev, sh, now, rate, gpu, SYNC_WINDOW_NS);
+        }
+    }
+
+    /// The window part of `share_correct` (the floor, what is given back, the switching), once per `SHARE_NS`
+    /// for the thread that wins the window's CAS: a launch's poll or the sampler (`sample_tick`). The CAS is the
+    /// only exclusion: whoever loses it returns at once, so neither ever waits for the other.
+    fn share_window<G: Gpu>(&self, dev: usize, sh: &Shared<'_>, now: u64, rate: u64, gpu: &G, len: u64) {
+        let d = &self.devs[dev];
         let at = d.share_at.load(Ordering::Relaxed);
-        if (at != 0 && now < at.saturating_add(SHARE_NS))
+        if (at != 0 && now < at.saturating_add(len))
             || d.share_at
                 .compare_exchange(at, now, Ordering::AcqRel, Ordering::Relaxed)
                 .is_err()
@@ -743,11 +774,17 @@ impl Engine {
         let mut charged = total.wrapping_sub(mark) as i64;
         if at != 0 {
             let add = floor_charge(d, occ.as_ref(), charged, now - at);
-            if add > 0 {
-                // Charged now, and counted in this window (not the next: the mark is already taken).
-                d.share_mark.fetch_add(add, Ordering::Relaxed);
-                self.correct(d, sh, now, add.min(i64::MAX as u64) as i64, rate);
-                charged = charged.saturating_add(add.min(i64::MAX as u64) as i64);
+            if add != 0 {
+                crate::log::log!(
+                    crate::log::Level::Debug,
+                    "floor on device {dev}: charged {charged} ns in {} ns, NVML {:?} ns: {add} ns",
+                    now - at,
+                    occ.map(|o| (o.own_low_ns, o.own_ns))
+                );
+                // Charged (or given back) now, and counted in this window (not the next: the mark is taken).
+                add_signed(&d.share_mark, add);
+                self.correct(d, sh, now, add, rate);
+                charged = charged.saturating_add(add);
             }
         }
         let Some(o) = occ.filter(|o| at != 0 && o.others_ns > 0) else {
@@ -792,6 +829,38 @@ impl Engine {
             d.share_mark.fetch_add(sw, Ordering::Relaxed);
             self.correct(d, sh, now, sw.min(i64::MAX as u64) as i64, rate);
         }
+    }
+
+    /// The sampler's tick for `dev` (`sampler::run`, every `SAMPLER_NS`): once this process was charged on the
+    /// device, the shared-device window (`share_window`) closes here even when the process makes no CUDA call,
+    /// so NVML's figure is read well inside the second of samples it keeps: device time it saw is charged,
+    /// whether or not a launch follows. Also while it is idle: a window left open past NVML's second would
+    /// stretch its last second over the whole window (`last_second`). `rate` 0 (no limit): nothing. Returns
+    /// whether the device was charged yet.
+    pub(crate) fn sample_tick<G: Gpu>(
+        &self,
+        dev: usize,
+        sh: &Shared<'_>,
+        now: u64,
+        rate: u64,
+        gpu: &G,
+    ) -> bool {
+        let d = &self.devs[dev];
+        let total = d.charged.load(Ordering::Relaxed);
+        if d.smp_charged.swap(total, Ordering::Relaxed) != total
+            && d.smp_moved_at.load(Ordering::Relaxed) == 0
+        {
+            d.smp_moved_at.store(now, Ordering::Relaxed);
+        }
+        if d.smp_moved_at.load(Ordering::Relaxed) == 0 {
+            return false;
+        }
+        // The first window is opened by a launch's probe settling (`share_correct`): work queued before the
+        // limit applied (an unlimited program's full queue) runs before it, and is not this limit's to charge.
+        if rate != 0 && d.share_at.load(Ordering::Relaxed) != 0 {
+            self.share_window(dev, sh, now, rate, gpu, SHARE_NS);
+        }
+        true
     }
 
     /// A pending probe whose launch has started is charged the time it has run so far (a lower bound of its
@@ -845,7 +914,15 @@ impl Engine {
             let c = d.follow_charged.swap(0, Ordering::Relaxed);
             delta += n as i128 * measured as i128 - c as i128;
         }
-        let delta = delta.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
+        let mut delta = delta.clamp(i64::MIN as i128 + 1, i64::MAX as i128) as i64;
+        if delta > 0 {
+            // What ran beyond its charge while no call polled it, the floor charged from NVML as it ran (the
+            // sampler): not twice.
+            let paid = d.floor_paid.load(Ordering::Relaxed);
+            let met = (delta as u64).min(paid);
+            d.floor_paid.store(paid - met, Ordering::Relaxed);
+            delta -= met as i64;
+        }
         self.correct(d, sh, now, delta, o.rate);
         // The interval runs from the probe's launch, not its end: a launch released in a burst after a wait is
         // probed while the previous burst's probe is out, so counting from its settling (at the next burst's
@@ -947,6 +1024,8 @@ impl Engine {
             d.share_long.store(0, Ordering::Relaxed);
             d.floor_carry.store(0, Ordering::Relaxed);
             d.floor_ratio.store(0, Ordering::Relaxed);
+            d.floor_paid.store(0, Ordering::Relaxed);
+            d.smp_moved_at.store(0, Ordering::Relaxed);
         }
     }
 
@@ -1077,13 +1156,16 @@ fn switch_share(o: &Occupancy) -> u64 {
 /// rounding), beyond what it was charged (`charged`, net) and the over-charge carried from earlier windows, is
 /// charged (GPU ns returned). A launch charged a probe's estimate may run far longer than the probe (a
 /// data-dependent kernel that is short exactly when probed): its device time is still this process's in NVML.
-/// Only ever a charge. Bounds: at most the window's length `span` (NVML's figure cannot exceed it) and nothing
-/// while the process owes `FLOOR_DEBT_NS`, so a reading wrong high costs the tenant at most what it over-reads,
-/// at worst stopping its launches while it lasts and for `FLOOR_DEBT_NS / rate` after. No figure for this
+/// What it charged (`floor_paid`) meets a probe's later measurement of the same run (`settle`): the sampler charges
+/// a kernel as it runs, its probe's settling would charge it again. Only ever a charge here. Bounds:
+/// at most the window's length `span` (NVML's figure cannot exceed it) and nothing while the process owes
+/// `FLOOR_DEBT_NS` beyond the bucket's lead (`MAX_COST_NS`), so a reading wrong high costs the tenant at most
+/// what it over-reads: its launches stop while it lasts and for at most (`MAX_COST_NS` + `FLOOR_DEBT_NS`) /
+/// rate after (40 s at 30 %; a 10 s kernel needs the lead to be charged in full). No figure for this
 /// process (NVML cannot tell, or does not list it): unknown, not zero — the last window's ratio of charge with
 /// the floor to charge without it stands (a tenant found short keeps paying while it hides), none before a
 /// first figure.
-fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> u64 {
+fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> i64 {
     let room = FLOOR_DEBT_NS.saturating_sub(d.debt.load(Ordering::Relaxed));
     let Some(o) = occ else {
         let ratio = d.floor_ratio.load(Ordering::Relaxed);
@@ -1091,23 +1173,34 @@ fn floor_charge(d: &Dev, occ: Option<&Occupancy>, charged: i64, span: u64) -> u6
             return 0;
         }
         let add = (charged as u128 * (ratio - 1000) as u128 / 1000) as u64;
-        return add.min(span).min(room);
+        let add = add.min(span).min(room);
+        d.floor_paid.fetch_add(add, Ordering::Relaxed);
+        return add as i64;
     };
     let carry = d.floor_carry.load(Ordering::Relaxed) as i64;
     let own = o.own_low_ns.min(i64::MAX as u64) as i64;
     let net = carry.saturating_add(charged).saturating_sub(own);
-    let add = if net >= 0 {
-        d.floor_carry
-            .store((net as u64).min(FLOOR_CARRY_NS), Ordering::Relaxed);
-        0
+    let (add, back) = if net >= 0 {
+        // An over-charge beyond NVML's figure read high (its rounding does not bank) is carried, never given
+        // back: it may be work charged now that runs in a window never closed (the process exits first).
+        let high = o.own_ns.min(i64::MAX as u64) as i64;
+        let over = carry.saturating_add(charged).saturating_sub(high).max(0) as u64;
+        d.floor_carry.store(over.min(FLOOR_CARRY_NS), Ordering::Relaxed);
+        (0, 0)
     } else {
         d.floor_carry.store(0, Ordering::Relaxed);
-        net.unsigned_abs().min(span.max(o.span_ns)).min(room)
+        let add = net.unsigned_abs().min(span.max(o.span_ns)).min(room);
+        d.floor_paid.fetch_add(add, Ordering::Relaxed);
+        (add, 0)
     };
-    let base = charged.max(1) as u128;
-    let ratio = ((base + add as u128) * 1000 / base).min(u64::MAX as u128) as u64;
-    d.floor_ratio.store(ratio.max(1000), Ordering::Relaxed);
-    add
+    // Not from a window charged under 1 % of its span (a long kernel's, closed by the sampler): its ratio says
+    // nothing of the next window's charge (a probe settling late would be charged the whole window).
+    if charged > 0 && charged as u128 * 100 >= span as u128 {
+        let base = charged as u128;
+        let ratio = ((base + add as u128) * 1000 / base).min(u64::MAX as u128) as u64;
+        d.floor_ratio.store(ratio.max(1000), Ordering::Relaxed);
+    }
+    add.min(i64::MAX as u64) as i64 - back.min(i64::MAX as u64) as i64
 }
 
 /// A window longer than NVML keeps samples (`NVML_KEEP_NS`): its figures are its last second's stretched over
@@ -1152,6 +1245,7 @@ fn add_signed(a: &AtomicU64, delta: i64) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::bucket::MAX_COST_NS;
     use super::super::clock::fake::FakeClock;
     use super::super::estimate::DEFAULT_EST_NS;
     use super::*;
@@ -1638,14 +1732,10 @@ mod tests {
             0
         );
         // ... but no more than FLOOR_CARRY_NS of it.
-        let s = SHARE_NS as i64;
-        let banked = [
-            (s, 0, None),
-            (s, 0, None),
-            (0, SHARE_NS, None),
-            (0, SHARE_NS, None),
-        ];
-        assert_eq!(share_windows(&banked).2, 2 * SHARE_NS - FLOOR_CARRY_NS);
+        let n = (FLOOR_CARRY_NS / SHARE_NS) as usize;
+        let mut banked = vec![(SHARE_NS as i64, 0, None); n + 2];
+        banked.extend(vec![(0, SHARE_NS, None); n + 2]);
+        assert_eq!(share_windows(&banked).2, 2 * SHARE_NS);
         // A reading wrong high (the whole window, every window): the floor stops adding once the process owes
         // FLOOR_DEBT_NS, so what it owes is bounded whatever NVML says for however long.
         let wrong = vec![(MS as i64, SHARE_NS, None); 40];
@@ -1672,6 +1762,97 @@ mod tests {
         assert_eq!(step(2 * MS, 2 * MS, false), 0, "honest, then hidden");
         assert_eq!(step(2 * MS, 20 * MS, true), 18 * MS, "found short");
         assert_eq!(step(2 * MS, 20 * MS, false), 18 * MS, "short, then hidden");
+    }
+
+    /// A 30 % process charged 5 µs (its probe) whose `long` ns kernel then runs unprobed while it makes no CUDA
+    /// call; the sampler ticks every `SAMPLER_NS` for `secs` (none with `ticks` false). Returns what the floor
+    /// charged, what the process owes, the bucket's word ahead of now (ns) and the last tick's answer.
+    fn quiet_long_kernel(long: u64, charged: u64, secs: u64, ticks: bool) -> (u64, u64, u64, bool) {
+        let r = Rig::new();
+        let gpu = r.gpu(long);
+        let rate = lim(30, PolicyKind::Hard).rate_pm();
+        let d = &r.eng.devs[0];
+        let now = r.clock.now_ns();
+        r.words[slot::ZERO_AT].store(now, Ordering::Relaxed);
+        assert!(
+            !r.eng.sample_tick(0, &r.sh(), now, rate, &gpu),
+            "never charged: idle"
+        );
+        // The probe's 5 µs; a tick before any probe settled opens no window (the launch path's first does).
+        d.charged.fetch_add(5_000, Ordering::Relaxed);
+        assert!(r.eng.sample_tick(0, &r.sh(), now, rate, &gpu));
+        assert_eq!(d.share_at.load(Ordering::Relaxed), 0);
+        r.eng.share_correct(0, &r.sh(), now, rate, 0, &gpu);
+        d.charged.fetch_add(charged, Ordering::Relaxed);
+        let before = d.charged.load(Ordering::Relaxed);
+        gpu.launch();
+        let mut active = true;
+        for _ in 0..secs * 1_000_000_000 / SAMPLER_NS {
+            r.clock.advance(SAMPLER_NS);
+            if ticks {
+                active = r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+            }
+        }
+        let now = r.clock.now_ns();
+        let ahead = r.words[slot::ZERO_AT].load(Ordering::Relaxed).saturating_sub(now);
+        (
+            d.charged.load(Ordering::Relaxed) - before,
+            r.eng.owed(0),
+            ahead,
+            active,
+        )
+    }
+
+    #[test]
+    fn the_sampler_charges_a_kernel_hidden_behind_a_short_probe_while_the_process_is_quiet() {
+        // A 2 s kernel charged 5 µs: NVML's figure, read every 200 ms, charges it whatever the process does.
+        let (f, owed, _, active) = quiet_long_kernel(2_000 * MS, 0, 3, true);
+        assert!((1_990 * MS..=2_000 * MS).contains(&f), "{f}");
+        assert_eq!(owed, 0, "the bucket took it");
+        assert!(active);
+        // ... and a 10 s one in full (the bucket's lead takes it: it owes nothing beyond).
+        let (f, _, ahead, _) = quiet_long_kernel(10_000 * MS, 0, 11, true);
+        assert!((9_990 * MS..=10_000 * MS).contains(&f), "{f}");
+        assert!(ahead > 20_000 * MS, "the next launch waits ({ahead} ns)");
+        // The control: without ticks nothing is charged until a launch (when NVML's second may show nothing).
+        assert_eq!(quiet_long_kernel(2_000 * MS, 0, 3, false).0, 0);
+        // An honest process charged its kernel is charged nothing more.
+        assert_eq!(quiet_long_kernel(2_000 * MS, 2_000 * MS, 3, true).0, 0);
+        // An idle device is still sampled: no window outlives NVML's second.
+        let (_, _, _, active) = quiet_long_kernel(2_000 * MS, 0, 6, true);
+        assert!(active);
+    }
+
+    #[test]
+    fn the_sampler_never_waits_and_a_wrong_high_reading_stops_a_tenant_a_bounded_time() {
+        let r = Rig::new();
+        let gpu = r.gpu(0);
+        let rate = lim(30, PolicyKind::Hard).rate_pm();
+        let d = &r.eng.devs[0];
+        d.charged.fetch_add(MS, Ordering::Relaxed);
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
+        // A window a launch's poll just closed: the tick finds it claimed and leaves it (no second NVML read).
+        r.clock.advance(SHARE_NS);
+        *gpu.busy.borrow_mut() += 50 * MS;
+        r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
+        let c = d.charged.load(Ordering::Relaxed);
+        assert!(r.eng.sample_tick(0, &r.sh(), r.clock.now_ns() + MS, rate, &gpu));
+        assert_eq!(d.charged.load(Ordering::Relaxed), c, "claimed: nothing");
+        // NVML wrong high (the whole device, every window) for 60 s while the process launches a little: the
+        // bucket's lead (`MAX_COST_NS`) and FLOOR_DEBT_NS bound what it owes after, so its launches stop for at
+        // most (MAX_COST_NS + FLOOR_DEBT_NS + a window) / rate once the reading is right again.
+        for _ in 0..300 {
+            r.clock.advance(SAMPLER_NS);
+            d.charged.fetch_add(MS, Ordering::Relaxed);
+            *gpu.busy.borrow_mut() += SAMPLER_NS;
+            r.eng.sample_tick(0, &r.sh(), r.clock.now_ns(), rate, &gpu);
+        }
+        let now = r.clock.now_ns();
+        let ahead = r.words[slot::ZERO_AT].load(Ordering::Relaxed).saturating_sub(now);
+        let stop = ahead + bucket::span_ns(r.eng.owed(0), rate);
+        let bound = (MAX_COST_NS + FLOOR_DEBT_NS + SHARE_NS) * bucket::FULL_RATE / rate;
+        assert!(stop <= bound, "stopped {stop} ns > {bound} ns");
+        assert!(stop >= 30_000 * MS, "the control: it was charged ({stop} ns)");
     }
 
     #[test]

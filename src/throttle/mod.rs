@@ -14,6 +14,7 @@
 //! - [`engine`]: admission of one launch (charge the estimate, sleep while the bucket is in debt), sampled
 //!   measurement with CUDA events (probes) and reconciliation (measured − charged back to the bucket);
 //! - [`probe`]: the CUDA event pairs; [`util`]: NVML utilisation (other containers', this process's);
+//! - [`sampler`]: the thread that reads NVML every 200 ms once a limited launch was probed (the charge's floor);
 //! - [`burst`]: the work-conserving policy's controller (device utilisation minus own use → effective rate);
 //! - [`clock`]: the monotonic clock and the sleeping wait, behind a trait for tests;
 //! - [`priority`]: high-priority tenants publish their launches in their container's priority file, best-effort
@@ -34,6 +35,7 @@ pub(crate) mod engine;
 pub(crate) mod estimate;
 pub(crate) mod priority;
 pub(crate) mod probe;
+pub(crate) mod sampler;
 pub(crate) mod stream;
 pub(crate) mod util;
 
@@ -51,6 +53,7 @@ use engine::{Engine, Gpu, Poll, Shared, Ticket};
 use estimate::launch_key;
 use priority::{Completions, Gate, Priorities, Tracker};
 use probe::{EventApi, EventProbes};
+use sampler::Sampler;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -66,6 +69,8 @@ pub(crate) struct SmThrottle {
     prio: Priorities,
     done: Completions,
     streams: StreamDevices,
+    /// The NVML sampler thread (`sampler`).
+    sampler: Sampler,
     /// The primary context's handle per ordinal, learnt at its retain (0 = not seen): a release or reset of
     /// the primary context ends only the probes whose events live in it.
     primary: [AtomicUsize; MAX_ORDINALS],
@@ -144,6 +149,7 @@ impl SmThrottle {
             prio: Priorities::default(),
             done: Completions::new(api),
             streams: StreamDevices::default(),
+            sampler: Sampler::default(),
             primary: [const { AtomicUsize::new(0) }; MAX_ORDINALS],
         }
     }
@@ -387,7 +393,37 @@ impl SmThrottle {
             if self.engine.probe_out(i) {
                 self.engine.poll(i, &self.shared(d.id), monotonic_ns(), &gpu);
             }
+            let lim = self.devices.policy(d);
+            if lim.throttles() {
+                let sh = self.shared(d.id);
+                let rate = engine::effective_rate(lim, sh.words);
+                self.engine.sync_window(i, &sh, monotonic_ns(), rate, &gpu);
+            }
         }
+    }
+
+    /// The NVML sampler thread's state.
+    pub(crate) fn sampler(&self) -> &Sampler {
+        &self.sampler
+    }
+
+    /// One tick of the NVML sampler (`Engine::sample_tick`) on every SM-limited device. False when no device
+    /// has an SM limit (the thread then ends).
+    pub(crate) fn sample(&self, nvml: &Nvml) -> bool {
+        let gpu = self.driver(nvml);
+        let mut limited = false;
+        for (d, _) in self.devices.known() {
+            let lim = self.devices.policy(d);
+            if !lim.throttles() {
+                continue;
+            }
+            limited = true;
+            let sh = self.shared(d.id);
+            let rate = engine::effective_rate(lim, sh.words);
+            self.engine
+                .sample_tick(d.id.index(), &sh, monotonic_ns(), rate, &gpu);
+        }
+        limited
     }
 
     /// The process exits: each device's probe is settled and its debt paid (see `Engine::exit`).
@@ -458,6 +494,8 @@ impl SmThrottle {
         } else if h != 0 {
             if gpu.probe_end(h, stream) {
                 self.engine.probe_issued(t, h, at);
+                // Here, not on every launch: a probe is at most one launch in `PROBE_INTERVAL_NS`.
+                self.sampler.ensure();
             } else {
                 self.engine.probe_abandon(t.dev);
             }
@@ -572,6 +610,7 @@ impl SmThrottle {
             // The parent's probes, events and debts: it settles and pays them; here they are not ours.
             self.engine.forget_probes();
             self.util.forget_in_child();
+            self.sampler.forget_in_child();
             if let Some(p) = &self.probes {
                 p.forget_all();
             }

@@ -1,0 +1,126 @@
+//! The NVML sampler: one thread per process, started at the first probed launch (never at load, so a process
+//! without an SM limit never has it), that closes each SM-limited device's shared-device window every
+//! `SAMPLER_NS` (`Engine::sample_tick`) once the process was charged there: one NVML per-process utilisation
+//! read per device per tick.
+//! Without it the window closed only from the launch path, so a long kernel hidden behind a short probe, then a
+//! second without CUDA calls, had left NVML's second of samples before anyone read it (docs/threat-model.md).
+//!
+//! It never blocks a launch: it takes no lock a launch takes; the window is claimed by a CAS that whoever loses
+//! (launch or sampler) walks away from. Its own lock, held across a tick (NVML calls included), is taken first
+//! by `fork`'s prepare handler, so a child never inherits NVML or a region word half-way through a tick; in the
+//! child the thread is gone and the next probed launch starts a new one. At exit an `atexit` handler, registered
+//! at its start (so it runs before the destructors of every library loaded earlier, the driver's included),
+//! waits for the tick in progress and stops it. It runs with every signal blocked: a process-directed signal is
+//! never delivered on it.
+
+use super::engine::SAMPLER_NS;
+use crate::locks::Lock;
+use crate::log::{log, Level};
+use crate::state::{process_if_ready, Process};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The process's sampler thread state.
+#[derive(Debug, Default)]
+pub(crate) struct Sampler {
+    /// A thread runs (or is being started) in this process.
+    started: AtomicBool,
+    /// The process exits: no tick any more.
+    stopped: AtomicBool,
+    /// Held across one tick.
+    tick: Lock<()>,
+}
+
+/// The `atexit` handler is registered once per process image (a forked child inherits it).
+static AT_EXIT: AtomicBool = AtomicBool::new(false);
+
+impl Sampler {
+    /// Starts the thread unless one runs: one load when it does (called on a probed launch, not every launch).
+    #[inline]
+    pub(crate) fn ensure(&self) {
+        if !self.started.load(Ordering::Relaxed) {
+            self.start();
+        }
+    }
+
+    #[cold]
+    fn start(&self) {
+        if self.started.swap(true, Ordering::AcqRel) || self.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        if !AT_EXIT.swap(true, Ordering::AcqRel) {
+            // SAFETY: registering a plain extern "C" handler that never unwinds.
+            if unsafe { libc::atexit(stop_at_exit) } != 0 {
+                log!(
+                    Level::Warn,
+                    "atexit failed: the NVML sampler is stopped only by our exit handler"
+                );
+            }
+        }
+        // SAFETY: plain sigset calls on local sets; the caller's mask is put back right after the spawn, and the
+        // new thread inherits the blocked one.
+        let old = unsafe {
+            let mut all: libc::sigset_t = std::mem::zeroed();
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            libc::sigfillset(&mut all);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &all, &mut old);
+            old
+        };
+        let r = std::thread::Builder::new()
+            .name("cuquota-nvml".into())
+            .stack_size(128 * 1024)
+            .spawn(run);
+        // SAFETY: restores the mask saved above.
+        unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+        if let Err(e) = r {
+            // Left marked started: no retry at every probe. The launch path's windows still run.
+            log!(
+                Level::Warn,
+                "NVML sampler thread not started ({e}): SM windows close at launches only"
+            );
+        }
+    }
+
+    /// The lock `fork`'s prepare handler takes first.
+    pub(crate) fn lock(&self) -> &Lock<()> {
+        &self.tick
+    }
+
+    /// In a forked child: no thread runs here; the next probed launch starts one.
+    pub(crate) fn forget_in_child(&self) {
+        self.started.store(false, Ordering::Relaxed);
+    }
+
+    /// The process exits: waits for a tick in progress, then none runs again.
+    pub(crate) fn stop(&self) {
+        let _g = self.tick.lock();
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+}
+
+extern "C" fn stop_at_exit() {
+    if let Some(Process::Active(s)) = process_if_ready() {
+        s.throttle.sampler().stop();
+    }
+}
+
+/// The thread: a tick every `SAMPLER_NS`; it ends when the process exits or no device has an SM limit (a later
+/// probed launch starts it again).
+fn run() {
+    loop {
+        std::thread::sleep(Duration::from_nanos(SAMPLER_NS));
+        let Some(Process::Active(s)) = process_if_ready() else {
+            return;
+        };
+        let sm = &s.throttle;
+        let smp = sm.sampler();
+        let _g = smp.tick.lock();
+        if smp.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        if !sm.sample(&s.nvml) {
+            smp.started.store(false, Ordering::Relaxed);
+            return;
+        }
+    }
+}
