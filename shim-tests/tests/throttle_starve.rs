@@ -49,12 +49,11 @@ fn blocking_signals_closing_fds_forking_or_exiting_main_does_not_stop_the_sample
     }
 }
 
-/// OPEN (docs/threat-model.md): a tenant that leaves no room for a thread (RLIMIT_AS at its current size, or
-/// RLIMIT_NPROC without CAP_SYS_RESOURCE) before its first launch has no sampler, and the attack is worth
-/// 62.4 % (load 2.7) against the control's 29.5 %. Ignored until the start fails closed.
+/// A tenant that leaves no room for a thread (RLIMIT_AS at its current size, or RLIMIT_NPROC without
+/// CAP_SYS_RESOURCE) before its first launch has no sampler: what NVML no longer shows of a window is charged as
+/// busy (`Engine::set_sampled`). Before that fail-closed rule: 62.4 % (load 2.7) against the control's 29.5 %.
 #[test]
-#[ignore = "OPEN: no sampler thread (RLIMIT_AS) lets a long launch hidden behind a probe escape: 62 %"]
-fn a_process_that_cannot_start_the_sampler_thread_escapes() {
+fn a_process_that_cannot_start_the_sampler_thread_is_charged_what_nvml_cannot_show() {
     let _s = serial();
     let (control, _) = run("6 2000000000 1200 none");
     let (s, _) = run("6 2000000000 1200 nothread");

@@ -268,6 +268,9 @@ pub(crate) struct Engine {
     devs: [Dev; MAX_DEVICES],
     /// The driver's time slice the releases are sized to, GPU ns (`CUQUOTA_TIME_SLICE_US`; 0 = no shaping).
     slice_ns: AtomicU64,
+    /// The sampler thread could not start: windows close at launches only, and what NVML no longer shows of a
+    /// window longer than its second is charged as busy (fails closed).
+    unsampled: AtomicBool,
 }
 
 /// GPU ns a launch that had to wait for the bucket waits for beyond the debt, so that the launches released
@@ -308,7 +311,14 @@ impl Engine {
             est: Estimator::new(),
             devs: [D; MAX_DEVICES],
             slice_ns: AtomicU64::new(DEFAULT_SLICE_NS),
+            unsampled: AtomicBool::new(false),
         }
+    }
+
+    /// Whether the sampler thread runs (`sampler::Sampler::ensure`): without it a window can outlive NVML's
+    /// second of samples, and its unseen part is charged as busy.
+    pub(crate) fn set_sampled(&self, sampled: bool) {
+        self.unsampled.store(!sampled, Ordering::Relaxed);
     }
 
     /// The driver's time slice (`slice_ns`, the default when releases are not shaped).
@@ -768,7 +778,10 @@ impl Engine {
         let mark = d.share_mark.swap(total, Ordering::Relaxed);
         let probed = d.share_probed.swap(0, Ordering::Relaxed);
         let long = d.share_long.swap(0, Ordering::Relaxed);
-        let occ = gpu.occupancy(dev).map(last_second);
+        let mut occ = gpu.occupancy(dev).map(last_second);
+        if self.unsampled.load(Ordering::Relaxed) {
+            occ = occ.map(unseen_busy);
+        }
         // Signed: a window whose credits (a settled over-charge) exceed its charges lowers what is carried, so an
         // over-charge refunded by its probe is not given back a second time here.
         let mut charged = total.wrapping_sub(mark) as i64;
@@ -1216,6 +1229,19 @@ fn last_second(o: Occupancy) -> Occupancy {
         others_ns: 0,
         others_max_ns: 0,
         others_high_ns: 0,
+        ..o
+    }
+}
+
+/// No sampler thread: the part of a window older than NVML's second (`NVML_KEEP_NS`) is counted as this
+/// process's device time. Unknown, not idle: a long kernel behind a short probe then a quiet second would
+/// otherwise go uncharged (`a_process_that_cannot_start_the_sampler_thread_escapes`). An honest process pays
+/// for its idle spells instead (at most `FLOOR_DEBT_NS` past the bucket's lead a window).
+fn unseen_busy(o: Occupancy) -> Occupancy {
+    let unseen = o.span_ns.saturating_sub(NVML_KEEP_NS);
+    Occupancy {
+        own_ns: o.own_ns.saturating_add(unseen),
+        own_low_ns: o.own_low_ns.saturating_add(unseen),
         ..o
     }
 }
@@ -1821,6 +1847,43 @@ mod tests {
         // An idle device is still sampled: no window outlives NVML's second.
         let (_, _, _, active) = quiet_long_kernel(2_000 * MS, 0, 6, true);
         assert!(active);
+    }
+
+    #[test]
+    fn without_the_sampler_what_nvml_no_longer_shows_is_charged_as_busy() {
+        let long = Occupancy {
+            span_ns: 3_200 * MS,
+            ..Default::default()
+        };
+        assert_eq!(unseen_busy(long).own_low_ns, 2_200 * MS);
+        let short = Occupancy {
+            own_ns: 5 * MS,
+            own_low_ns: 5 * MS,
+            span_ns: 900 * MS,
+            ..Default::default()
+        };
+        assert_eq!(unseen_busy(short), short, "within NVML's second: as read");
+        // A quiet 3.2 s window (a hidden kernel, then a quiet second) closed by a launch; NVML shows nothing.
+        let charge = |sampled: bool| {
+            let r = Rig::new();
+            let gpu = r.gpu(0);
+            *gpu.own_pct.borrow_mut() = 0;
+            r.eng.set_sampled(sampled);
+            let rate = lim(30, PolicyKind::Hard).rate_pm();
+            let d = &r.eng.devs[0];
+            d.charged.fetch_add(5_000, Ordering::Relaxed);
+            r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
+            r.clock.advance(3_200 * MS);
+            let before = d.charged.load(Ordering::Relaxed);
+            r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
+            d.charged.load(Ordering::Relaxed) - before
+        };
+        assert_eq!(charge(true), 0, "the control: sampled, NVML's figure stands");
+        assert!(
+            charge(false) >= FLOOR_DEBT_NS.min(2_200 * MS),
+            "{}",
+            charge(false)
+        );
     }
 
     #[test]

@@ -495,7 +495,7 @@ impl SmThrottle {
             if gpu.probe_end(h, stream) {
                 self.engine.probe_issued(t, h, at);
                 // Here, not on every launch: a probe is at most one launch in `PROBE_INTERVAL_NS`.
-                self.sampler.ensure();
+                self.engine.set_sampled(self.sampler.ensure());
             } else {
                 self.engine.probe_abandon(t.dev);
             }

@@ -29,6 +29,8 @@ pub(crate) struct Sampler {
     stopped: AtomicBool,
     /// Held across one tick.
     tick: Lock<()>,
+    /// A start failed (logged once).
+    failed: AtomicBool,
 }
 
 /// The `atexit` handler is registered once per process image (a forked child inherits it).
@@ -36,17 +38,16 @@ static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
 impl Sampler {
     /// Starts the thread unless one runs: one load when it does (called on a probed launch, not every launch).
+    /// False when it could not start; the next probe tries again.
     #[inline]
-    pub(crate) fn ensure(&self) {
-        if !self.started.load(Ordering::Relaxed) {
-            self.start();
-        }
+    pub(crate) fn ensure(&self) -> bool {
+        self.started.load(Ordering::Relaxed) || self.start()
     }
 
     #[cold]
-    fn start(&self) {
+    fn start(&self) -> bool {
         if self.started.swap(true, Ordering::AcqRel) || self.stopped.load(Ordering::Relaxed) {
-            return;
+            return true;
         }
         if !AT_EXIT.swap(true, Ordering::AcqRel) {
             // SAFETY: registering a plain extern "C" handler that never unwinds.
@@ -72,12 +73,19 @@ impl Sampler {
             .spawn(run);
         // SAFETY: restores the mask saved above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
-        if let Err(e) = r {
-            // Left marked started: no retry at every probe. The launch path's windows still run.
-            log!(
-                Level::Warn,
-                "NVML sampler thread not started ({e}): SM windows close at launches only"
-            );
+        match r {
+            Ok(_) => true,
+            Err(e) => {
+                // Fails closed (`Engine::set_sampled`); retried at the next probe.
+                self.started.store(false, Ordering::Release);
+                if !self.failed.swap(true, Ordering::Relaxed) {
+                    log!(
+                        Level::Warn,
+                        "NVML sampler thread not started ({e}): SM time NVML can no longer show is charged as busy"
+                    );
+                }
+                false
+            }
         }
     }
 
