@@ -779,8 +779,13 @@ impl Engine {
         let probed = d.share_probed.swap(0, Ordering::Relaxed);
         let long = d.share_long.swap(0, Ordering::Relaxed);
         let mut occ = gpu.occupancy(dev).map(last_second);
-        if self.unsampled.load(Ordering::Relaxed) {
-            occ = occ.map(unseen_busy);
+        if at != 0 && self.unsampled.load(Ordering::Relaxed) {
+            // Not listed (no samples in NVML's second) is no figure, not idle: the unseen part still counts.
+            let o = occ.unwrap_or(Occupancy {
+                span_ns: now - at,
+                ..Default::default()
+            });
+            occ = Some(unseen_busy(o)).filter(|o| o.own_ns > 0 || occ.is_some());
         }
         // Signed: a window whose credits (a settled over-charge) exceed its charges lowers what is carried, so an
         // over-charge refunded by its probe is not given back a second time here.
@@ -1864,10 +1869,11 @@ mod tests {
         };
         assert_eq!(unseen_busy(short), short, "within NVML's second: as read");
         // A quiet 3.2 s window (a hidden kernel, then a quiet second) closed by a launch; NVML shows nothing.
-        let charge = |sampled: bool| {
+        let charge = |sampled: bool, listed: bool| {
             let r = Rig::new();
             let gpu = r.gpu(0);
             *gpu.own_pct.borrow_mut() = 0;
+            *gpu.listed.borrow_mut() = listed;
             r.eng.set_sampled(sampled);
             let rate = lim(30, PolicyKind::Hard).rate_pm();
             let d = &r.eng.devs[0];
@@ -1878,12 +1884,15 @@ mod tests {
             r.eng.share_correct(0, &r.sh(), r.clock.now_ns(), rate, 0, &gpu);
             d.charged.load(Ordering::Relaxed) - before
         };
-        assert_eq!(charge(true), 0, "the control: sampled, NVML's figure stands");
-        assert!(
-            charge(false) >= FLOOR_DEBT_NS.min(2_200 * MS),
-            "{}",
-            charge(false)
+        assert_eq!(
+            charge(true, true),
+            0,
+            "the control: sampled, NVML's figure stands"
         );
+        assert!(charge(false, true) >= FLOOR_DEBT_NS.min(2_200 * MS));
+        // Not listed in NVML's quiet second (no samples): the same.
+        assert_eq!(charge(true, false), 0, "the control: sampled, no figure");
+        assert!(charge(false, false) >= FLOOR_DEBT_NS.min(2_200 * MS));
     }
 
     #[test]
