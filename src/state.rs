@@ -98,6 +98,10 @@ static ACTIVE_CUDA: AtomicPtr<Shim> = AtomicPtr::new(std::ptr::null_mut());
 /// The process state, initialising it on first call.
 pub(crate) fn process(exports: Exports) -> &'static Process {
     PROCESS.get_or_init(|| {
+        crate::throttle::sampler::install(crate::throttle::sampler::Hooks {
+            tick: sampler_tick,
+            stop: sampler_stop,
+        });
         let p = init(exports);
         if let Process::Active(s) = &p {
             if s.cuda.loaded {
@@ -107,6 +111,21 @@ pub(crate) fn process(exports: Exports) -> &'static Process {
         }
         p
     })
+}
+
+/// One tick of the throttle's NVML sampler thread (`throttle::sampler`): false ends the thread.
+fn sampler_tick() -> bool {
+    let Some(Process::Active(s)) = process_if_ready() else {
+        return false;
+    };
+    s.throttle.sampler().tick(|| s.throttle.sample(&s.nvml))
+}
+
+/// The sampler's `atexit` handler: waits for a tick in progress, then none runs.
+fn sampler_stop() {
+    if let Some(Process::Active(s)) = process_if_ready() {
+        s.throttle.sampler().stop();
+    }
 }
 
 /// The process state if already initialised (for fork handlers: never initialises).

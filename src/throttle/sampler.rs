@@ -16,8 +16,8 @@
 use super::engine::SAMPLER_NS;
 use crate::locks::Lock;
 use crate::log::{log, Level};
-use crate::state::{process_if_ready, Process};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// The process's sampler thread state.
@@ -36,6 +36,22 @@ pub(crate) struct Sampler {
 /// The `atexit` handler is registered once per process image (a forked child inherits it).
 static AT_EXIT: AtomicBool = AtomicBool::new(false);
 
+/// What the thread and the exit handler do, given by the layer that owns the process (`state`), which the
+/// throttle does not reach up to: `tick` runs one tick (`Sampler::tick`) and says whether to go on; `stop`
+/// calls `Sampler::stop`. None installed: the thread does not start (fails closed, as a failed spawn).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Hooks {
+    pub tick: fn() -> bool,
+    pub stop: fn(),
+}
+
+static HOOKS: OnceLock<Hooks> = OnceLock::new();
+
+/// Installs the thread's and the exit handler's work (once per process).
+pub(crate) fn install(h: Hooks) {
+    let _ = HOOKS.set(h);
+}
+
 impl Sampler {
     /// Starts the thread unless one runs: one load when it does (called on a probed launch, not every launch).
     /// False when it could not start; the next probe tries again.
@@ -49,6 +65,10 @@ impl Sampler {
         if self.started.swap(true, Ordering::AcqRel) || self.stopped.load(Ordering::Relaxed) {
             return true;
         }
+        let Some(hooks) = HOOKS.get().copied() else {
+            self.started.store(false, Ordering::Release);
+            return false;
+        };
         if !AT_EXIT.swap(true, Ordering::AcqRel) {
             // SAFETY: registering a plain extern "C" handler that never unwinds.
             if unsafe { libc::atexit(stop_at_exit) } != 0 {
@@ -70,7 +90,7 @@ impl Sampler {
         let r = std::thread::Builder::new()
             .name("cuquota-nvml".into())
             .stack_size(128 * 1024)
-            .spawn(run);
+            .spawn(move || run(hooks.tick));
         // SAFETY: restores the mask saved above.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
         match r {
@@ -104,31 +124,32 @@ impl Sampler {
         let _g = self.tick.lock();
         self.stopped.store(true, Ordering::Relaxed);
     }
+
+    /// One tick: `sample` (the NVML reads) under the tick lock, unless the process exits. False: the thread
+    /// ends (exiting, or no device has an SM limit: a later probed launch starts it again).
+    pub(crate) fn tick(&self, sample: impl FnOnce() -> bool) -> bool {
+        let _g = self.tick.lock();
+        if self.stopped.load(Ordering::Relaxed) {
+            return false;
+        }
+        if !sample() {
+            self.started.store(false, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
 }
 
 extern "C" fn stop_at_exit() {
-    if let Some(Process::Active(s)) = process_if_ready() {
-        s.throttle.sampler().stop();
+    if let Some(h) = HOOKS.get() {
+        (h.stop)();
     }
 }
 
-/// The thread: a tick every `SAMPLER_NS`; it ends when the process exits or no device has an SM limit (a later
-/// probed launch starts it again).
-fn run() {
-    loop {
+/// The thread: a tick every `SAMPLER_NS` until one says stop.
+fn run(tick: fn() -> bool) {
+    while {
         std::thread::sleep(Duration::from_nanos(SAMPLER_NS));
-        let Some(Process::Active(s)) = process_if_ready() else {
-            return;
-        };
-        let sm = &s.throttle;
-        let smp = sm.sampler();
-        let _g = smp.tick.lock();
-        if smp.stopped.load(Ordering::Relaxed) {
-            return;
-        }
-        if !sm.sample(&s.nvml) {
-            smp.started.store(false, Ordering::Relaxed);
-            return;
-        }
-    }
+        tick()
+    } {}
 }
