@@ -2,7 +2,7 @@
 //! (a long launch charged a short probe's estimate, then over a second without CUDA calls) by a tenant that first
 //! tries to starve or stop the thread: every signal blocked, its descriptors closed, 40 forks per round without
 //! exec (the children call the shim and exit), the main thread gone by `pthread_exit` (all held), or no thread
-//! creatable at all (RLIMIT_AS: OPEN, docs/threat-model.md). The control is the attack alone. Also the thread's
+//! creatable at all (RLIMIT_AS: the start fails closed, what NVML no longer shows is charged busy). The control is the attack alone. Also the thread's
 //! CPU cost while its process is idle. Shares come from the simulator's timeline.
 
 use shim_tests::{compile_c, heavy, workspace_root, Sim};

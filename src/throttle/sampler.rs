@@ -148,8 +148,10 @@ extern "C" fn stop_at_exit() {
 
 /// The thread: a tick every `SAMPLER_NS` until one says stop.
 fn run(tick: fn() -> bool) {
-    while {
+    loop {
         std::thread::sleep(Duration::from_nanos(SAMPLER_NS));
-        tick()
-    } {}
+        if !tick() {
+            return;
+        }
+    }
 }
