@@ -49,6 +49,15 @@ fn mask_until(limits: &Path, secs: u64, want: impl Fn(u64) -> bool) -> u64 {
 }
 
 /// A process of container `name` under the library, with its limits file.
+/// The node agent over the containers described in `dir` (a pass each 200 ms, 8 GiB of pinned host memory).
+fn agent_cmd<'a>(sim: &'a Sim, dir: &Path) -> shim_tests::Cmd<'a> {
+    sim.cmd_path(cli_bin())
+        .no_preload()
+        .timeout(Duration::from_secs(120))
+        .args("agent --interval 200ms --pinned-host-budget 8g --containers")
+        .arg(dir.to_str().unwrap())
+}
+
 fn tenant(sim: &Sim, name: &str, limits: &Path, args: &str) -> Proc {
     sim.cmd(Prog::Probe)
         .container(name)
@@ -80,14 +89,7 @@ fn a_wait_within_the_request_sets_an_idle_tenants_bit_and_a_forged_one_does_not(
     liar.wait_ready(1);
     let usage_liar = sim.container_usage_file("liar");
     descriptor(&dir, "liar", &lim_liar, Some(&usage_liar), &liar.subtree());
-    let agent = sim
-        .cmd_path(cli_bin())
-        .no_preload()
-        .timeout(Duration::from_secs(120))
-        .env("CUQUOTA_LOG", "info")
-        .args("agent --interval 200ms --pinned-host-budget 8g --containers")
-        .arg(dir.to_str().unwrap())
-        .spawn();
+    let agent = agent_cmd(&sim, &dir).env("CUQUOTA_LOG", "info").spawn();
     // Attack: a wait beyond its limit (0 resident + 3g > 1g = its request), then one within it while the GPU has room
     // (1.5g free): no bit in ~10 passes each.
     let forge = |word: u64| {
@@ -184,13 +186,7 @@ fn a_wait_above_the_request_sets_an_idle_elastic_tenants_bit_and_never_a_guarant
     // burst: elastic (request 256m, limit 2g) grows by 1536m with about 1g free: above its request.
     let lim_b = limits(&sim, "burst", &["--memory", "2g", "--request", "256m"]);
     agent_reclaims(&lim_b);
-    let agent = sim
-        .cmd_path(cli_bin())
-        .no_preload()
-        .timeout(Duration::from_secs(120))
-        .args("agent --interval 200ms --pinned-host-budget 8g --containers")
-        .arg(dir.to_str().unwrap())
-        .spawn();
+    let agent = agent_cmd(&sim, &dir).spawn();
     let b = tenant(&sim, "burst", &lim_b, "init alloc:mem:1536m");
     let usage_b = sim.container_usage_file("burst");
     descriptor(&dir, "burst", &lim_b, Some(&usage_b), &b.subtree());
@@ -296,12 +292,7 @@ fn a_killed_tenant_s_evicted_memory_leaves_the_agent_s_count() {
         .local_addr()
         .unwrap()
         .port();
-    let agent = sim
-        .cmd_path(cli_bin())
-        .no_preload()
-        .timeout(Duration::from_secs(120))
-        .args("agent --interval 200ms --pinned-host-budget 8g --containers")
-        .arg(dir.to_str().unwrap())
+    let agent = agent_cmd(&sim, &dir)
         .arg("--listen")
         .arg(&format!("127.0.0.1:{port}"))
         .spawn();
