@@ -381,11 +381,13 @@ impl Memory {
         let (mut kept, measured) = (0, measured_now(&figure));
         if r.ok() {
             kept += self
-                .holdings
+                .overhead
+                .holdings()
                 .charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
             // An image's footprint once per context; what an unknown one was measured to take, every time.
             kept += self
-                .holdings
+                .overhead
+                .holdings()
                 .charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
         }
         if reserved > 0 && measured {
@@ -400,8 +402,8 @@ impl Memory {
             }
         } else {
             // No figure: the reservation goes, what is kept stays (never admitted: the next admission is).
-            let _g = self.overhead_lock.lock();
-            self.holdings.settle_inflight(dev, reserved);
+            let _g = self.overhead.lock();
+            self.overhead.holdings().settle_inflight(dev, reserved);
             let now = self
                 .overhead_of(dev)
                 .saturating_sub(reserved)

@@ -20,16 +20,19 @@
 //! Without NVML (library missing, or our pid not in its list and the host pid not learned) the overhead is
 //! estimated: [`CTX_ESTIMATE`] per live context and [`MODULE_ESTIMATE`] per loaded module/library.
 
-use super::{stack, Memory, OverCap};
-use crate::devices::{Dev, MAX_ORDINALS};
+use super::host_pid::HostPid;
+use super::{stack, usage_ok, Memory, OverCap, PerDevice};
+use crate::devices::{Dev, Devices, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 use crate::locks::{hold_all, release_all, Lock, Side};
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
+use parking_lot::MutexGuard;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Estimated device memory of one context when NVML cannot measure it.
 pub(crate) const CTX_ESTIMATE: u64 = 256 << 20;
@@ -130,7 +133,7 @@ impl Creating<'_> {
 
     fn returned(&mut self) {
         if let (true, Some(res)) = (std::mem::take(&mut self.inflight), &self.res) {
-            self.mem.holdings.settle_inflight(res.dev, res.est);
+            self.mem.overhead.holdings.settle_inflight(res.dev, res.est);
         }
     }
 
@@ -177,6 +180,138 @@ impl Default for Holdings {
             images: Lock::new(HashMap::new()),
             lazy: Lock::new(HashMap::new()),
             lazy_sum: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+/// The overhead family's state: what this process charged as overhead per device entry, the lock that
+/// serialises its re-measurements, the contexts and modules it holds, and the host pid NVML knows it by. The
+/// usage file and the cap come from its own `Devices`; what a measurement subtracts (allocations, lingering
+/// exports) and what a charge must publish (HAMi's file, a reconciliation's excess) stay with the caller.
+pub(super) struct Overhead {
+    devices: Arc<Devices>,
+    /// Overhead this process has charged, per device entry.
+    charged: PerDevice,
+    /// Serialises overhead re-measurements (slow path only).
+    lock: Lock<()>,
+    /// Contexts and modules this process holds (overhead estimate, owner devices).
+    holdings: Holdings,
+    /// The pid NVML knows this process by.
+    host: HostPid,
+}
+
+impl Overhead {
+    pub(super) fn new(devices: Arc<Devices>) -> Overhead {
+        Overhead {
+            devices,
+            charged: std::array::from_fn(|_| AtomicU64::new(0)),
+            lock: Lock::new(()),
+            holdings: Holdings::default(),
+            host: HostPid::default(),
+        }
+    }
+
+    /// The charged bytes per device entry (allocations publish them with their own to HAMi's file).
+    #[inline(always)]
+    pub(super) fn charged(&self) -> &PerDevice {
+        &self.charged
+    }
+
+    /// Overhead this process has charged on `dev`.
+    #[inline(always)]
+    pub(super) fn of(&self, dev: Dev) -> u64 {
+        self.charged[dev.id.index()].load(Ordering::Relaxed)
+    }
+
+    /// Takes the re-measurement lock: [`Overhead::set`] is called under it.
+    pub(super) fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock()
+    }
+
+    /// Contexts and modules this process holds.
+    #[inline(always)]
+    pub(super) fn holdings(&self) -> &Holdings {
+        &self.holdings
+    }
+
+    /// The host pid NVML knows this process by.
+    #[inline(always)]
+    pub(super) fn host(&self) -> &HostPid {
+        &self.host
+    }
+
+    /// Moves the charge on `dev` to `target` bytes (the caller holds [`Overhead::lock`]). Growth is admitted
+    /// against the cap when `admit` is true (creation paths); `Err` = refused, nothing changed. Shrinking
+    /// always succeeds.
+    pub(super) fn set(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
+        let usage = self.devices.usage();
+        let cur = self.of(dev);
+        if target > cur {
+            let delta = target - cur;
+            let slot = usage.process_slot().map_err(|_| OverCap)?;
+            let limit = if admit { self.devices.memory_cap(dev) } else { None };
+            usage_ok(usage, limit)?;
+            usage.charge(slot, dev.id, delta, limit).map_err(|_| OverCap)?;
+            if let Err(e) = usage_ok(usage, limit) {
+                usage.uncharge(slot, dev.id, delta);
+                return Err(e);
+            }
+        } else if target < cur {
+            if let Some(slot) = usage.cached_slot() {
+                usage.uncharge(slot, dev.id, cur - target);
+            }
+        }
+        self.charged[dev.id.index()].store(target, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Adds `growth` on `dev` as a reservation in flight (the caller holds [`Overhead::lock`]): admitted
+    /// against the cap, kept on top of what measurements find until [`Holdings::settle_inflight`]. The charge
+    /// before it, less what was already in flight, is returned (what a creation's cost is learned against).
+    pub(super) fn reserve(&self, dev: Dev, growth: u64) -> Result<u64, OverCap> {
+        let cur = self.of(dev);
+        let base = cur.saturating_sub(self.holdings.inflight(dev));
+        self.set(dev, cur.saturating_add(growth), true)?;
+        self.holdings.inflight[dev.id.index()].fetch_add(growth, Ordering::Relaxed);
+        Ok(base)
+    }
+
+    /// Whether an allocation on `d` must first measure a context we never saw created (no context of ours
+    /// is live there and none was measured): two relaxed loads, see [`Memory::adopt_unseen_context`].
+    #[inline(always)]
+    pub(super) fn unseen_unmeasured(&self, d: Dev) -> bool {
+        if self.holdings.live_contexts(d.ordinal) > 0 {
+            return false;
+        }
+        matches!(self.holdings.unseen_measured.get(d.ordinal as usize), Some(f) if !f.load(Ordering::Relaxed))
+    }
+
+    /// Forgets the parent's charges, contexts, modules and host pid in a forked child.
+    pub(super) fn reset(&self) {
+        for a in &self.charged {
+            a.store(0, Ordering::Relaxed);
+        }
+        self.holdings.reset();
+        self.host.reset();
+    }
+
+    /// Takes the family's locks for the fork (after the shared, pool and graph groups).
+    pub(super) fn fork_prepare(&self) {
+        hold_all([&self.lock]);
+        hold_all([&self.holdings.owners]);
+        hold_all([&self.host.candidates]);
+    }
+
+    /// Undoes [`Overhead::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release(&self, side: Side) {
+        // SAFETY: locked by fork_prepare (the caller's contract).
+        unsafe {
+            release_all([&self.host.candidates], side);
+            release_all([&self.holdings.owners], side);
+            release_all([&self.lock], side);
         }
     }
 }
@@ -382,14 +517,14 @@ impl Memory {
         };
         let me = std::process::id();
         let found = list.iter().find(|p| p.pid == me).or_else(|| {
-            let host = self.host.get()?;
+            let host = self.overhead.host.get()?;
             list.iter().find(|p| p.pid == host)
         });
         if let Some(p) = found {
             self.listed_as(p.pid);
             return Figure::Used(p.usedGpuMemory);
         }
-        if self.holdings.live_contexts(dev.ordinal) == 0 {
+        if self.overhead.holdings.live_contexts(dev.ordinal) == 0 {
             return Figure::Used(0);
         }
         Figure::NotListed
@@ -400,11 +535,11 @@ impl Memory {
         // Exports let go of but still held elsewhere may still count as this process's: not overhead. Read
         // before the overhead lock: the fork handlers take the shared table's lock first.
         let lingering = self.lingering(dev);
-        let _g = self.overhead_lock.lock();
+        let _g = self.overhead.lock();
         let target = match self.nvml_used(nvml, dev) {
             Some(used) => used.saturating_sub(self.allocated(dev).saturating_add(lingering)),
-            None => self.holdings.estimate(dev.ordinal),
-        } + self.holdings.inflight(dev);
+            None => self.overhead.holdings.estimate(dev.ordinal),
+        } + self.overhead.holdings.inflight(dev);
         let r = self.set_overhead_locked(dev, target, admit);
         log!(
             Level::Debug,
@@ -449,26 +584,24 @@ impl Memory {
 
     /// Reserves the estimate for `what` on `dev` (see [`Memory::creating`]).
     fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reserved, OverCap> {
-        let est = self.holdings.creation_estimate(dev.ordinal, what);
+        let est = self.overhead.holdings.creation_estimate(dev.ordinal, what);
         // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
-        let _g = self.overhead_lock.lock();
-        let cur = self.overhead_of(dev);
-        let base = cur.saturating_sub(self.holdings.inflight(dev));
-        self.set_overhead_locked(dev, cur.saturating_add(est), true)?;
-        self.holdings.inflight[dev.id.index()].fetch_add(est, Ordering::Relaxed);
+        let _g = self.overhead.lock();
+        let base = self.overhead.reserve(dev, est)?;
+        self.overhead_published(dev);
         Ok(Reserved { dev, est, base })
     }
 
     /// After a successful creation was measured: remembers what it cost for the next one's estimate.
     fn creation_measured(&self, res: &Reserved, what: Creation) {
         let now = {
-            let _g = self.overhead_lock.lock();
+            let _g = self.overhead.lock();
             self.overhead_of(res.dev)
-                .saturating_sub(self.holdings.inflight(res.dev))
+                .saturating_sub(self.overhead.holdings.inflight(res.dev))
         };
         let cost = now.saturating_sub(res.base);
         if cost > 0 {
-            if let Some(c) = self.holdings.learned(what).get(res.dev.ordinal as usize) {
+            if let Some(c) = self.overhead.holdings.learned(what).get(res.dev.ordinal as usize) {
                 c.store(cost, Ordering::Relaxed);
             }
         }
@@ -505,7 +638,7 @@ impl Memory {
                 r
             }
             OverheadCall::Destroy(ctx) => {
-                let owner = self.holdings.owners.lock().remove(&ctx);
+                let owner = self.overhead.holdings.owners.lock().remove(&ctx);
                 let r = call();
                 if r.ok() {
                     self.elastic.context_destroyed(cuda, ctx);
@@ -579,7 +712,8 @@ impl Memory {
 
     /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
     pub(super) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
-        self.holdings
+        self.overhead
+            .holdings
             .primary
             .get(ordinal as usize)
             .is_some_and(|c| c.load(Ordering::Relaxed) <= 0)
@@ -590,7 +724,7 @@ impl Memory {
         let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
         let mut res = Ok(());
         for d in devs {
-            if self.holdings.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
+            if self.overhead.holdings.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
                 if let Err(e) = self.measure(nvml, d, admit) {
                     res = Err(e);
                 }
@@ -602,8 +736,8 @@ impl Memory {
     /// After a context went away: if it was this process's last one on `d`, its allocations went with it; with
     /// others still live, the driver is asked which of the device's allocations it freed.
     fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
-        if self.holdings.live_contexts(d.ordinal) == 0 {
-            if let Some(f) = self.holdings.unseen_measured.get(d.ordinal as usize) {
+        if self.overhead.holdings.live_contexts(d.ordinal) == 0 {
+            if let Some(f) = self.overhead.holdings.unseen_measured.get(d.ordinal as usize) {
                 f.store(false, Ordering::Relaxed);
             }
             self.forget_context_allocations(cuda, d);
@@ -626,10 +760,10 @@ impl Memory {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+        if let Some(c) = self.overhead.holdings.ctxs.get(ordinal as usize) {
             c.fetch_add(1, Ordering::Relaxed);
         }
-        self.holdings.owners.lock().insert(ctx, ordinal);
+        self.overhead.holdings.owners.lock().insert(ctx, ordinal);
         self.measure(nvml, d, true)
     }
 
@@ -649,13 +783,13 @@ impl Memory {
         }
         let Some(ordinal) = owner else { return };
         if !ok {
-            self.holdings.owners.lock().insert(ctx, ordinal);
+            self.overhead.holdings.owners.lock().insert(ctx, ordinal);
             return;
         }
-        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+        if let Some(c) = self.overhead.holdings.ctxs.get(ordinal as usize) {
             c.fetch_sub(1, Ordering::Relaxed);
         }
-        self.holdings.drop_lazy(|_, c| c == ctx);
+        self.overhead.holdings.drop_lazy(|_, c| c == ctx);
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
@@ -667,7 +801,7 @@ impl Memory {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+        if let Some(c) = self.overhead.holdings.primary.get(ordinal as usize) {
             c.fetch_add(1, Ordering::Relaxed);
         }
         self.measure(nvml, d, true)
@@ -679,19 +813,16 @@ impl Memory {
     /// guessed. `Err`: over the cap (measured again at the next allocation, which is refused again).
     #[inline]
     pub(crate) fn adopt_unseen_context(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
-        if self.holdings.live_contexts(d.ordinal) > 0 {
-            return Ok(());
+        if self.overhead.unseen_unmeasured(d) {
+            return self.adopt_unseen_slow(nvml, d);
         }
-        match self.holdings.unseen_measured.get(d.ordinal as usize) {
-            Some(flag) if !flag.load(Ordering::Relaxed) => self.adopt_unseen_slow(nvml, d),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     /// [`Memory::adopt_unseen_context`] when no context of ours is live on `d` (out of line).
     #[inline(never)]
     fn adopt_unseen_slow(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
-        let Some(flag) = self.holdings.unseen_measured.get(d.ordinal as usize) else {
+        let Some(flag) = self.overhead.holdings.unseen_measured.get(d.ordinal as usize) else {
             return Ok(());
         };
         if flag.swap(true, Ordering::Relaxed) || self.nvml_used(nvml, d).is_none() {
@@ -710,11 +841,11 @@ impl Memory {
         self.first_use.forget_all();
         if self.elastic.on() {
             let owned: std::collections::HashSet<usize> =
-                self.holdings.owners.lock().keys().copied().collect();
+                self.overhead.holdings.owners.lock().keys().copied().collect();
             self.elastic
                 .primary_released(cuda, ordinal, &|c| owned.contains(&c));
         }
-        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+        if let Some(c) = self.overhead.holdings.primary.get(ordinal as usize) {
             if reset {
                 c.store(0, Ordering::Relaxed);
             } else {
@@ -799,10 +930,9 @@ impl Memory {
     pub(super) fn growing(&self, dev: Dev, growth: u64) -> Result<(), OverCap> {
         if growth > 0 {
             // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
-            let _g = self.overhead_lock.lock();
-            let cur = self.overhead_of(dev);
-            self.set_overhead_locked(dev, cur.saturating_add(growth), true)?;
-            self.holdings.inflight[dev.id.index()].fetch_add(growth, Ordering::Relaxed);
+            let _g = self.overhead.lock();
+            self.overhead.reserve(dev, growth)?;
+            self.overhead_published(dev);
         }
         Ok(())
     }
@@ -833,9 +963,9 @@ impl Memory {
         used: Option<u64>,
     ) -> CUresult {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
-        let g = self.overhead_lock.lock();
+        let g = self.overhead.lock();
         if growth > 0 {
-            let _ = self.holdings.inflight[dev.id.index()].fetch_update(
+            let _ = self.overhead.holdings.inflight[dev.id.index()].fetch_update(
                 Ordering::Relaxed,
                 Ordering::Relaxed,
                 |v| Some(v.saturating_sub(growth)),
@@ -844,7 +974,7 @@ impl Memory {
         match used {
             Some(used) => {
                 let target = used.saturating_sub(self.allocated(dev).saturating_add(lingering))
-                    + self.holdings.inflight(dev);
+                    + self.overhead.holdings.inflight(dev);
                 let admit = r.ok() && undo.is_some();
                 if self.set_overhead_locked(dev, target, admit).is_err() {
                     drop(g);
@@ -879,28 +1009,28 @@ impl Memory {
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
     /// cap (the caller unloads it).
     fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
-        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.overhead.holdings.modules.fetch_add(1, Ordering::Relaxed);
         self.first_use.arm();
         self.retry_host_pid(nvml);
         let Some(d) = self.devices.current(cuda) else {
             return Ok(());
         };
-        self.holdings.owners.lock().insert(module, d.ordinal);
+        self.overhead.holdings.owners.lock().insert(module, d.ordinal);
         self.measure(nvml, d, true)
     }
 
     /// The device of module `module`'s context, when this process loaded it.
     pub(crate) fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
-        let ordinal = self.holdings.owners.lock().get(&module).copied()?;
+        let ordinal = self.overhead.holdings.owners.lock().get(&module).copied()?;
         self.devices.device(cuda, ordinal)
     }
 
     /// Module `module` (a library's, which no load hook saw) lives on `dev`; `library`: the library it is of.
     pub(super) fn module_on(&self, module: usize, dev: Dev, library: usize) {
-        self.holdings.owners.lock().insert(module, dev.ordinal);
-        let img = self.holdings.images.lock().get(&library).copied();
+        self.overhead.holdings.owners.lock().insert(module, dev.ordinal);
+        let img = self.overhead.holdings.images.lock().get(&library).copied();
         if let Some(i) = img {
-            self.holdings.images.lock().insert(module, i);
+            self.overhead.holdings.images.lock().insert(module, i);
         }
     }
 
@@ -909,7 +1039,8 @@ impl Memory {
     /// module's own cost is part of what that first use takes.
     fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
         let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
-        self.holdings
+        self.overhead
+            .holdings
             .images
             .lock()
             .insert(handle, Image { key: handle, bytes });
@@ -917,15 +1048,15 @@ impl Memory {
 
     /// The image of module or library `handle`, when this process saw it loaded.
     pub(crate) fn image_of(&self, handle: usize) -> Option<Image> {
-        self.holdings.images.lock().get(&handle).copied()
+        self.overhead.holdings.images.lock().get(&handle).copied()
     }
 
     /// Module `module` was unloaded.
     fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
-        decrement(&self.holdings.modules);
-        self.holdings.image_gone(module);
+        decrement(&self.overhead.holdings.modules);
+        self.overhead.holdings.image_gone(module);
         self.first_use.forget_all();
-        let owner = self.holdings.owners.lock().remove(&module);
+        let owner = self.overhead.holdings.owners.lock().remove(&module);
         if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
             let _ = self.measure(nvml, d, false);
         }
@@ -934,7 +1065,7 @@ impl Memory {
     /// A library was loaded (context-independent: every device is re-measured). `Err`: over the cap (the
     /// caller unloads it).
     fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
-        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.overhead.holdings.modules.fetch_add(1, Ordering::Relaxed);
         self.first_use.arm();
         self.retry_host_pid(nvml);
         self.measure_all(nvml, true)
@@ -942,8 +1073,8 @@ impl Memory {
 
     /// A library was unloaded.
     fn library_unloaded(&self, nvml: &Nvml, library: usize) {
-        decrement(&self.holdings.modules);
-        self.holdings.image_gone(library);
+        decrement(&self.overhead.holdings.modules);
+        self.overhead.holdings.image_gone(library);
         self.first_use.forget_all();
         let _ = self.measure_all(nvml, false);
     }
@@ -951,7 +1082,91 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{temp_path, TempRegion};
     use super::*;
+    use cuquota_core::{Config, Policy, UsageRegion};
+
+    const MIB: u64 = 1 << 20;
+
+    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { (*u).bytes = [dev as u8 + 5; 16] };
+        CUresult::SUCCESS
+    }
+
+    /// The overhead family on device 0 of a fresh usage file, capped at `cap`.
+    fn setup(cap: u64) -> (TempRegion, Overhead, Dev) {
+        let t = temp_path("overhead");
+        let cfg = Config {
+            default_limits: Policy {
+                memory: Some(cap),
+                ..Policy::NONE
+            },
+            ..Default::default()
+        };
+        let usage = UsageRegion::open(&t.path).expect("usage region");
+        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
+        let mut cuda = CudaTable::empty(true);
+        cuda.cuDeviceGetUuid_v2 = Some(uuid);
+        let dev = devices.device(&cuda, 0).expect("device 0");
+        (t, Overhead::new(devices), dev)
+    }
+
+    fn used(o: &Overhead, dev: Dev) -> u64 {
+        o.devices.usage().container_used(dev.id)
+    }
+
+    /// A charge admitted against the cap that does not fit is refused with nothing changed; a measurement
+    /// (not admitted) is charged whatever the cap; shrinking gives the bytes back to the usage file.
+    #[test]
+    fn an_admitted_growth_over_the_cap_is_refused_and_a_measurement_is_not() {
+        let (_t, o, dev) = setup(100 * MIB);
+        let _g = o.lock();
+        assert_eq!(o.set(dev, 60 * MIB, true), Ok(()));
+        assert_eq!((o.of(dev), used(&o, dev)), (60 * MIB, 60 * MIB));
+        assert_eq!(o.set(dev, 120 * MIB, true), Err(OverCap));
+        assert_eq!((o.of(dev), used(&o, dev)), (60 * MIB, 60 * MIB));
+        assert_eq!(o.set(dev, 120 * MIB, false), Ok(()));
+        assert_eq!((o.of(dev), used(&o, dev)), (120 * MIB, 120 * MIB));
+        assert_eq!(o.set(dev, 10 * MIB, true), Ok(()));
+        assert_eq!((o.of(dev), used(&o, dev)), (10 * MIB, 10 * MIB));
+    }
+
+    /// A reservation is admitted against the cap and stays in flight until settled; it returns the charge
+    /// before it less what was already in flight (what a creation's cost is learned against).
+    #[test]
+    fn a_reservation_is_admitted_in_flight_and_its_base_leaves_others_in_flight_out() {
+        let (_t, o, dev) = setup(100 * MIB);
+        let _g = o.lock();
+        o.set(dev, 10 * MIB, false).expect("measured");
+        assert_eq!(o.reserve(dev, 30 * MIB), Ok(10 * MIB));
+        assert_eq!(o.reserve(dev, 20 * MIB), Ok(10 * MIB));
+        assert_eq!((o.of(dev), o.holdings().inflight(dev)), (60 * MIB, 50 * MIB));
+        assert_eq!(o.reserve(dev, 50 * MIB), Err(OverCap));
+        assert_eq!((o.of(dev), o.holdings().inflight(dev)), (60 * MIB, 50 * MIB));
+        o.holdings().settle_inflight(dev, 30 * MIB);
+        assert_eq!(o.holdings().inflight(dev), 20 * MIB);
+    }
+
+    /// An allocation must measure a context it never saw created only while none of ours is live on the
+    /// device and none was measured; a forked child forgets charges, holdings and that flag.
+    #[test]
+    fn an_unseen_context_is_measured_once_and_a_child_starts_afresh() {
+        let (_t, o, dev) = setup(100 * MIB);
+        assert!(o.unseen_unmeasured(dev));
+        o.holdings.ctxs[0].store(1, Ordering::Relaxed);
+        assert!(!o.unseen_unmeasured(dev));
+        o.holdings.ctxs[0].store(0, Ordering::Relaxed);
+        o.holdings.unseen_measured[0].store(true, Ordering::Relaxed);
+        assert!(!o.unseen_unmeasured(dev));
+        {
+            let _g = o.lock();
+            o.reserve(dev, 5 * MIB).expect("fits");
+        }
+        o.reset();
+        assert!(o.unseen_unmeasured(dev));
+        assert_eq!((o.of(dev), o.holdings().inflight(dev)), (0, 0));
+    }
 
     /// A forked child resets the images and first-use charges (`Holdings::reset`): the fork must hold their
     /// locks, or one a parent thread held at the fork keeps the child waiting for ever (a chaos fork run's
