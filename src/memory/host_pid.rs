@@ -256,7 +256,7 @@ impl Memory {
         }
         let pending = host.candidates.lock().clone();
         if let Some((dev, cands)) = pending {
-            if self.overhead.holdings().live_contexts(dev) > 0 {
+            if self.overhead.live_contexts(dev) > 0 {
                 if let Some(now) = self.nvml_pids(nvml, dev) {
                     let still: Vec<u32> = cands.into_iter().filter(|p| now.contains(p)).collect();
                     match new_host_pid(&[], &still, &self.member_host_pids()) {

@@ -412,7 +412,7 @@ impl Memory {
     /// Takes memory's leaf locks (held by no one who then waits for another lock: images, first-use charges,
     /// graph kernels) for the fork, after every other group: a child resets what they guard.
     pub(crate) fn fork_prepare_leaves(&self) {
-        self.overhead.holdings().fork_prepare_leaves();
+        self.overhead.fork_prepare_leaves();
         self.graph.fork_prepare_leaves();
     }
 
@@ -424,7 +424,7 @@ impl Memory {
         // SAFETY: all locked by fork_prepare_leaves (the caller's contract).
         unsafe {
             self.graph.fork_release_leaves(side);
-            self.overhead.holdings().fork_release_leaves(side);
+            self.overhead.fork_release_leaves(side);
         }
     }
 }

@@ -45,7 +45,7 @@ pub(crate) struct Holdings {
     primary: [AtomicI64; MAX_ORDINALS],
     modules: AtomicI64,
     /// context handle → ordinal (cuCtxCreate*), module handle → ordinal.
-    pub(super) owners: Lock<HashMap<usize, CUdevice>>,
+    owners: Lock<HashMap<usize, CUdevice>>,
     /// Per device entry: estimates reserved for creations the driver has not returned from yet.
     inflight: [AtomicU64; MAX_DEVICES],
     /// Per ordinal: the last measured cost of a context and of a module (0: none measured yet).
@@ -54,7 +54,7 @@ pub(crate) struct Holdings {
     /// Per ordinal: a context we never saw created was measured ([`Memory::adopt_unseen_context`]).
     unseen_measured: [AtomicBool; MAX_ORDINALS],
     /// Module or library handle → what its image takes at first uses ([`Image`]).
-    pub(super) images: Lock<HashMap<usize, Image>>,
+    images: Lock<HashMap<usize, Image>>,
     /// What first uses took (or were estimated to take) per (image key or [`STACK`], context): charged once
     /// each, part of the estimate without NVML (`lazy_sum`), dropped with the module or context.
     lazy: Lock<HashMap<(usize, usize), (CUdevice, u64)>>,
@@ -133,7 +133,7 @@ impl Creating<'_> {
 
     fn returned(&mut self) {
         if let (true, Some(res)) = (std::mem::take(&mut self.inflight), &self.res) {
-            self.mem.overhead.holdings.settle_inflight(res.dev, res.est);
+            self.mem.overhead.settle(res.dev, res.est);
         }
     }
 
@@ -150,7 +150,7 @@ impl Creating<'_> {
             Creation::Module => m.module_loaded(cuda, nvml, handle)?,
         }
         if let Some(res) = &self.res {
-            m.creation_measured(res, self.what);
+            m.overhead.learn(res.dev, self.what, res.base);
         }
         Ok(())
     }
@@ -228,12 +228,6 @@ impl Overhead {
         self.lock.lock()
     }
 
-    /// Contexts and modules this process holds.
-    #[inline(always)]
-    pub(super) fn holdings(&self) -> &Holdings {
-        &self.holdings
-    }
-
     /// The host pid NVML knows this process by.
     #[inline(always)]
     pub(super) fn host(&self) -> &HostPid {
@@ -286,6 +280,184 @@ impl Overhead {
         matches!(self.holdings.unseen_measured.get(d.ordinal as usize), Some(f) if !f.load(Ordering::Relaxed))
     }
 
+    /// Estimates reserved on `dev` for calls the driver has not returned from yet.
+    #[inline]
+    pub(super) fn inflight(&self, dev: Dev) -> u64 {
+        self.holdings.inflight(dev)
+    }
+
+    /// A reservation of `bytes` on `dev` is no longer in flight (the caller holds [`Overhead::lock`] or the
+    /// charge is re-measured next).
+    pub(super) fn settle(&self, dev: Dev, bytes: u64) {
+        self.holdings.settle_inflight(dev, bytes);
+    }
+
+    /// Live contexts of this process on `ordinal` (a retained primary context counts once).
+    #[inline]
+    pub(super) fn live_contexts(&self, ordinal: CUdevice) -> i64 {
+        self.holdings.live_contexts(ordinal)
+    }
+
+    /// The overhead without NVML: an estimate per live context and module, and the first uses charged.
+    pub(super) fn estimate(&self, ordinal: CUdevice) -> u64 {
+        self.holdings.estimate(ordinal)
+    }
+
+    /// What to reserve for creating `what` on `ordinal`: the last measured cost, else the default estimate.
+    pub(super) fn creation_estimate(&self, ordinal: CUdevice, what: Creation) -> u64 {
+        self.holdings.creation_estimate(ordinal, what)
+    }
+
+    /// After a creation of `what` on `dev` was measured: what it cost over `base` (the charge before its
+    /// reservation, less others in flight) is the next one's estimate.
+    pub(super) fn learn(&self, dev: Dev, what: Creation, base: u64) {
+        let now = {
+            let _g = self.lock.lock();
+            self.of(dev).saturating_sub(self.holdings.inflight(dev))
+        };
+        let cost = now.saturating_sub(base);
+        if cost > 0 {
+            if let Some(c) = self.holdings.learned(what).get(dev.ordinal as usize) {
+                c.store(cost, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A first use of `key` in `ctx` on `ordinal` took `bytes` (see [`Holdings::charge_lazy`]).
+    pub(super) fn charge_lazy(
+        &self,
+        key: usize,
+        ctx: usize,
+        ordinal: CUdevice,
+        bytes: u64,
+        accumulate: bool,
+    ) -> u64 {
+        self.holdings.charge_lazy(key, ctx, ordinal, bytes, accumulate)
+    }
+
+    /// Context `ctx` was created on `ordinal`: counted, its owner kept.
+    pub(super) fn context_counted(&self, ctx: usize, ordinal: CUdevice) {
+        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.own(ctx, ordinal);
+    }
+
+    /// Context `ctx` on `ordinal` was destroyed: uncounted, its first-use charges dropped.
+    pub(super) fn context_uncounted(&self, ctx: usize, ordinal: CUdevice) {
+        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.holdings.drop_lazy(|_, c| c == ctx);
+    }
+
+    /// The primary context of `ordinal` was retained.
+    pub(super) fn primary_counted(&self, ordinal: CUdevice) {
+        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The primary context of `ordinal` was released (`reset`: reset, the count drops to zero).
+    pub(super) fn primary_uncounted(&self, ordinal: CUdevice, reset: bool) {
+        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+            if reset {
+                c.store(0, Ordering::Relaxed);
+            } else {
+                decrement(c);
+            }
+        }
+    }
+
+    /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
+    pub(super) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
+        self.holdings
+            .primary
+            .get(ordinal as usize)
+            .is_some_and(|c| c.load(Ordering::Relaxed) <= 0)
+    }
+
+    /// A module or library was loaded.
+    pub(super) fn module_counted(&self) {
+        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Module `module` was unloaded: uncounted, its image and first-use charges dropped; its ordinal, when
+    /// this process loaded it.
+    pub(super) fn module_uncounted(&self, module: usize) -> Option<CUdevice> {
+        self.library_uncounted(module);
+        self.take_owner(module)
+    }
+
+    /// A library was unloaded: uncounted, its image and first-use charges dropped.
+    pub(super) fn library_uncounted(&self, library: usize) {
+        decrement(&self.holdings.modules);
+        self.holdings.image_gone(library);
+    }
+
+    /// Context or module `handle` lives on `ordinal`.
+    pub(super) fn own(&self, handle: usize, ordinal: CUdevice) {
+        self.holdings.owners.lock().insert(handle, ordinal);
+    }
+
+    /// The ordinal of context or module `handle`, no longer kept.
+    pub(super) fn take_owner(&self, handle: usize) -> Option<CUdevice> {
+        self.holdings.owners.lock().remove(&handle)
+    }
+
+    /// The ordinal of module `module`, when this process loaded it.
+    pub(super) fn owner_of(&self, module: usize) -> Option<CUdevice> {
+        self.holdings.owners.lock().get(&module).copied()
+    }
+
+    /// Every context this process created and holds.
+    pub(super) fn owned_contexts(&self) -> std::collections::HashSet<usize> {
+        self.holdings.owners.lock().keys().copied().collect()
+    }
+
+    /// Module `module` (a library's, which no load hook saw) lives on `ordinal`; `library`: the library it is
+    /// of, whose image it shares.
+    pub(super) fn module_on(&self, module: usize, ordinal: CUdevice, library: usize) {
+        self.own(module, ordinal);
+        let img = self.holdings.images.lock().get(&library).copied();
+        if let Some(i) = img {
+            self.holdings.images.lock().insert(module, i);
+        }
+    }
+
+    /// A module (`library` false) or library was loaded from an image whose footprint is `bytes`
+    /// (`memory::image`; `None`: unknown). A library is loaded into each context at its first use there: its
+    /// module's own cost is part of what that first use takes.
+    pub(super) fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
+        let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
+        self.holdings
+            .images
+            .lock()
+            .insert(handle, Image { key: handle, bytes });
+    }
+
+    /// The image of module or library `handle`, when this process saw it loaded.
+    pub(super) fn image_of(&self, handle: usize) -> Option<Image> {
+        self.holdings.images.lock().get(&handle).copied()
+    }
+
+    /// Whether this allocation is the one to measure a context we never saw created on `d` (flag set; see
+    /// [`Overhead::unseen_unmeasured`]).
+    pub(super) fn unseen_measuring(&self, d: Dev) -> bool {
+        self.holdings
+            .unseen_measured
+            .get(d.ordinal as usize)
+            .is_some_and(|f| !f.swap(true, Ordering::Relaxed))
+    }
+
+    /// A context we never saw created on `d` is to be measured again (the last measurement was refused, or
+    /// this process's contexts there are gone).
+    pub(super) fn unseen_unmark(&self, d: Dev) {
+        if let Some(f) = self.holdings.unseen_measured.get(d.ordinal as usize) {
+            f.store(false, Ordering::Relaxed);
+        }
+    }
+
     /// Forgets the parent's charges, contexts, modules and host pid in a forked child.
     pub(super) fn reset(&self) {
         for a in &self.charged {
@@ -313,6 +485,20 @@ impl Overhead {
             release_all([&self.holdings.owners], side);
             release_all([&self.lock], side);
         }
+    }
+
+    /// Takes the leaf locks (images, first-use charges) for the fork, after every other group.
+    pub(super) fn fork_prepare_leaves(&self) {
+        self.holdings.fork_prepare_leaves();
+    }
+
+    /// Undoes [`Overhead::fork_prepare_leaves`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare_leaves` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release_leaves(&self, side: Side) {
+        // SAFETY: the caller's contract.
+        unsafe { self.holdings.fork_release_leaves(side) }
     }
 }
 
@@ -517,14 +703,14 @@ impl Memory {
         };
         let me = std::process::id();
         let found = list.iter().find(|p| p.pid == me).or_else(|| {
-            let host = self.overhead.host.get()?;
+            let host = self.overhead.host().get()?;
             list.iter().find(|p| p.pid == host)
         });
         if let Some(p) = found {
             self.listed_as(p.pid);
             return Figure::Used(p.usedGpuMemory);
         }
-        if self.overhead.holdings.live_contexts(dev.ordinal) == 0 {
+        if self.overhead.live_contexts(dev.ordinal) == 0 {
             return Figure::Used(0);
         }
         Figure::NotListed
@@ -538,8 +724,8 @@ impl Memory {
         let _g = self.overhead.lock();
         let target = match self.nvml_used(nvml, dev) {
             Some(used) => used.saturating_sub(self.allocated(dev).saturating_add(lingering)),
-            None => self.overhead.holdings.estimate(dev.ordinal),
-        } + self.overhead.holdings.inflight(dev);
+            None => self.overhead.estimate(dev.ordinal),
+        } + self.overhead.inflight(dev);
         let r = self.set_overhead_locked(dev, target, admit);
         log!(
             Level::Debug,
@@ -563,7 +749,7 @@ impl Memory {
     ) -> Result<Creating<'a>, OverCap> {
         let dev = match what {
             Creation::Context(o) => self.devices.device(cuda, o),
-            Creation::Primary(o) if self.primary_unheld(o) => self.devices.device(cuda, o),
+            Creation::Primary(o) if self.overhead.primary_unheld(o) => self.devices.device(cuda, o),
             Creation::Primary(_) => None,
             Creation::Module => self.devices.current(cuda),
         };
@@ -584,27 +770,12 @@ impl Memory {
 
     /// Reserves the estimate for `what` on `dev` (see [`Memory::creating`]).
     fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reserved, OverCap> {
-        let est = self.overhead.holdings.creation_estimate(dev.ordinal, what);
+        let est = self.overhead.creation_estimate(dev.ordinal, what);
         // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
         let _g = self.overhead.lock();
         let base = self.overhead.reserve(dev, est)?;
         self.overhead_published(dev);
         Ok(Reserved { dev, est, base })
-    }
-
-    /// After a successful creation was measured: remembers what it cost for the next one's estimate.
-    fn creation_measured(&self, res: &Reserved, what: Creation) {
-        let now = {
-            let _g = self.overhead.lock();
-            self.overhead_of(res.dev)
-                .saturating_sub(self.overhead.holdings.inflight(res.dev))
-        };
-        let cost = now.saturating_sub(res.base);
-        if cost > 0 {
-            if let Some(c) = self.overhead.holdings.learned(what).get(res.dev.ordinal as usize) {
-                c.store(cost, Ordering::Relaxed);
-            }
-        }
     }
 
     /// `call`, the call `what` describes, with what this process's contexts and modules cost: a load is
@@ -638,7 +809,7 @@ impl Memory {
                 r
             }
             OverheadCall::Destroy(ctx) => {
-                let owner = self.overhead.holdings.owners.lock().remove(&ctx);
+                let owner = self.overhead.take_owner(ctx);
                 let r = call();
                 if r.ok() {
                     self.elastic.context_destroyed(cuda, ctx);
@@ -650,7 +821,7 @@ impl Memory {
                 let r = call();
                 if r.ok() {
                     self.primary_released(cuda, nvml, ordinal, reset);
-                    if !reset && self.primary_unheld(ordinal) {
+                    if !reset && self.overhead.primary_unheld(ordinal) {
                         last();
                     }
                 }
@@ -669,7 +840,7 @@ impl Memory {
                 let Some(m) = r.ok().then(out).flatten() else {
                     return r;
                 };
-                self.image_loaded(m, false, footprint());
+                self.overhead.image_loaded(m, false, footprint());
                 if c.created(m).is_err() {
                     // SAFETY: unloading the module the driver just loaded for this call.
                     if unsafe { cuda.cuModuleUnload(m as CUmodule) }.ok() {
@@ -688,7 +859,7 @@ impl Memory {
                 let Some(l) = r.ok().then(out).flatten() else {
                     return r;
                 };
-                self.image_loaded(l, true, footprint());
+                self.overhead.image_loaded(l, true, footprint());
                 if self.library_loaded(nvml).is_err() {
                     // SAFETY: unloading the library the driver just loaded for this call.
                     if unsafe { cuda.cuLibraryUnload(l as CUlibrary) }.ok() {
@@ -710,21 +881,12 @@ impl Memory {
         }
     }
 
-    /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
-    pub(super) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
-        self.overhead
-            .holdings
-            .primary
-            .get(ordinal as usize)
-            .is_some_and(|c| c.load(Ordering::Relaxed) <= 0)
-    }
-
     /// Re-measures every device we know (library loads are context-independent).
     fn measure_all(&self, nvml: &Nvml, admit: bool) -> Result<(), OverCap> {
         let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
         let mut res = Ok(());
         for d in devs {
-            if self.overhead.holdings.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
+            if self.overhead.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
                 if let Err(e) = self.measure(nvml, d, admit) {
                     res = Err(e);
                 }
@@ -736,10 +898,8 @@ impl Memory {
     /// After a context went away: if it was this process's last one on `d`, its allocations went with it; with
     /// others still live, the driver is asked which of the device's allocations it freed.
     fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
-        if self.overhead.holdings.live_contexts(d.ordinal) == 0 {
-            if let Some(f) = self.overhead.holdings.unseen_measured.get(d.ordinal as usize) {
-                f.store(false, Ordering::Relaxed);
-            }
+        if self.overhead.live_contexts(d.ordinal) == 0 {
+            self.overhead.unseen_unmark(d);
             self.forget_context_allocations(cuda, d);
             self.last_context_gone(nvml, d.ordinal);
         } else {
@@ -760,10 +920,7 @@ impl Memory {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        if let Some(c) = self.overhead.holdings.ctxs.get(ordinal as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-        self.overhead.holdings.owners.lock().insert(ctx, ordinal);
+        self.overhead.context_counted(ctx, ordinal);
         self.measure(nvml, d, true)
     }
 
@@ -783,13 +940,10 @@ impl Memory {
         }
         let Some(ordinal) = owner else { return };
         if !ok {
-            self.overhead.holdings.owners.lock().insert(ctx, ordinal);
+            self.overhead.own(ctx, ordinal);
             return;
         }
-        if let Some(c) = self.overhead.holdings.ctxs.get(ordinal as usize) {
-            c.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.overhead.holdings.drop_lazy(|_, c| c == ctx);
+        self.overhead.context_uncounted(ctx, ordinal);
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
@@ -801,9 +955,7 @@ impl Memory {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        if let Some(c) = self.overhead.holdings.primary.get(ordinal as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
+        self.overhead.primary_counted(ordinal);
         self.measure(nvml, d, true)
     }
 
@@ -822,15 +974,12 @@ impl Memory {
     /// [`Memory::adopt_unseen_context`] when no context of ours is live on `d` (out of line).
     #[inline(never)]
     fn adopt_unseen_slow(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
-        let Some(flag) = self.overhead.holdings.unseen_measured.get(d.ordinal as usize) else {
-            return Ok(());
-        };
-        if flag.swap(true, Ordering::Relaxed) || self.nvml_used(nvml, d).is_none() {
+        if !self.overhead.unseen_measuring(d) || self.nvml_used(nvml, d).is_none() {
             return Ok(());
         }
         let r = self.measure(nvml, d, true);
         if r.is_err() {
-            flag.store(false, Ordering::Relaxed);
+            self.overhead.unseen_unmark(d);
         }
         r
     }
@@ -840,18 +989,11 @@ impl Memory {
         // A reset (or the last release) unloads the context's code and stacks; the same handles may follow.
         self.first_use.forget_all();
         if self.elastic.on() {
-            let owned: std::collections::HashSet<usize> =
-                self.overhead.holdings.owners.lock().keys().copied().collect();
+            let owned = self.overhead.owned_contexts();
             self.elastic
                 .primary_released(cuda, ordinal, &|c| owned.contains(&c));
         }
-        if let Some(c) = self.overhead.holdings.primary.get(ordinal as usize) {
-            if reset {
-                c.store(0, Ordering::Relaxed);
-            } else {
-                decrement(c);
-            }
-        }
+        self.overhead.primary_uncounted(ordinal, reset);
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
@@ -965,16 +1107,12 @@ impl Memory {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
         let g = self.overhead.lock();
         if growth > 0 {
-            let _ = self.overhead.holdings.inflight[dev.id.index()].fetch_update(
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-                |v| Some(v.saturating_sub(growth)),
-            );
+            self.overhead.settle(dev, growth);
         }
         match used {
             Some(used) => {
                 let target = used.saturating_sub(self.allocated(dev).saturating_add(lingering))
-                    + self.overhead.holdings.inflight(dev);
+                    + self.overhead.inflight(dev);
                 let admit = r.ok() && undo.is_some();
                 if self.set_overhead_locked(dev, target, admit).is_err() {
                     drop(g);
@@ -1009,54 +1147,26 @@ impl Memory {
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
     /// cap (the caller unloads it).
     fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
-        self.overhead.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.overhead.module_counted();
         self.first_use.arm();
         self.retry_host_pid(nvml);
         let Some(d) = self.devices.current(cuda) else {
             return Ok(());
         };
-        self.overhead.holdings.owners.lock().insert(module, d.ordinal);
+        self.overhead.own(module, d.ordinal);
         self.measure(nvml, d, true)
     }
 
     /// The device of module `module`'s context, when this process loaded it.
     pub(crate) fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
-        let ordinal = self.overhead.holdings.owners.lock().get(&module).copied()?;
+        let ordinal = self.overhead.owner_of(module)?;
         self.devices.device(cuda, ordinal)
-    }
-
-    /// Module `module` (a library's, which no load hook saw) lives on `dev`; `library`: the library it is of.
-    pub(super) fn module_on(&self, module: usize, dev: Dev, library: usize) {
-        self.overhead.holdings.owners.lock().insert(module, dev.ordinal);
-        let img = self.overhead.holdings.images.lock().get(&library).copied();
-        if let Some(i) = img {
-            self.overhead.holdings.images.lock().insert(module, i);
-        }
-    }
-
-    /// A module (`library` false) or library was loaded from an image whose footprint is `bytes`
-    /// (`memory::image`; `None`: unknown). A library is loaded into each context at its first use there: its
-    /// module's own cost is part of what that first use takes.
-    fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
-        let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
-        self.overhead
-            .holdings
-            .images
-            .lock()
-            .insert(handle, Image { key: handle, bytes });
-    }
-
-    /// The image of module or library `handle`, when this process saw it loaded.
-    pub(crate) fn image_of(&self, handle: usize) -> Option<Image> {
-        self.overhead.holdings.images.lock().get(&handle).copied()
     }
 
     /// Module `module` was unloaded.
     fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
-        decrement(&self.overhead.holdings.modules);
-        self.overhead.holdings.image_gone(module);
+        let owner = self.overhead.module_uncounted(module);
         self.first_use.forget_all();
-        let owner = self.overhead.holdings.owners.lock().remove(&module);
         if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
             let _ = self.measure(nvml, d, false);
         }
@@ -1065,7 +1175,7 @@ impl Memory {
     /// A library was loaded (context-independent: every device is re-measured). `Err`: over the cap (the
     /// caller unloads it).
     fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
-        self.overhead.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.overhead.module_counted();
         self.first_use.arm();
         self.retry_host_pid(nvml);
         self.measure_all(nvml, true)
@@ -1073,8 +1183,7 @@ impl Memory {
 
     /// A library was unloaded.
     fn library_unloaded(&self, nvml: &Nvml, library: usize) {
-        decrement(&self.overhead.holdings.modules);
-        self.overhead.holdings.image_gone(library);
+        self.overhead.library_uncounted(library);
         self.first_use.forget_all();
         let _ = self.measure_all(nvml, false);
     }
@@ -1141,31 +1250,73 @@ mod tests {
         o.set(dev, 10 * MIB, false).expect("measured");
         assert_eq!(o.reserve(dev, 30 * MIB), Ok(10 * MIB));
         assert_eq!(o.reserve(dev, 20 * MIB), Ok(10 * MIB));
-        assert_eq!((o.of(dev), o.holdings().inflight(dev)), (60 * MIB, 50 * MIB));
+        assert_eq!((o.of(dev), o.inflight(dev)), (60 * MIB, 50 * MIB));
         assert_eq!(o.reserve(dev, 50 * MIB), Err(OverCap));
-        assert_eq!((o.of(dev), o.holdings().inflight(dev)), (60 * MIB, 50 * MIB));
-        o.holdings().settle_inflight(dev, 30 * MIB);
-        assert_eq!(o.holdings().inflight(dev), 20 * MIB);
+        assert_eq!((o.of(dev), o.inflight(dev)), (60 * MIB, 50 * MIB));
+        o.settle(dev, 30 * MIB);
+        assert_eq!(o.inflight(dev), 20 * MIB);
     }
 
     /// An allocation must measure a context it never saw created only while none of ours is live on the
-    /// device and none was measured; a forked child forgets charges, holdings and that flag.
+    /// device and none was measured (one allocation measures: the flag is taken); a forked child forgets
+    /// charges, holdings and that flag.
     #[test]
     fn an_unseen_context_is_measured_once_and_a_child_starts_afresh() {
         let (_t, o, dev) = setup(100 * MIB);
         assert!(o.unseen_unmeasured(dev));
-        o.holdings.ctxs[0].store(1, Ordering::Relaxed);
+        o.context_counted(0x10, 0);
         assert!(!o.unseen_unmeasured(dev));
-        o.holdings.ctxs[0].store(0, Ordering::Relaxed);
-        o.holdings.unseen_measured[0].store(true, Ordering::Relaxed);
+        o.context_uncounted(0x10, 0);
+        assert!(o.unseen_unmeasured(dev));
+        assert!(o.unseen_measuring(dev) && !o.unseen_measuring(dev));
         assert!(!o.unseen_unmeasured(dev));
+        o.unseen_unmark(dev);
+        assert!(o.unseen_measuring(dev));
         {
             let _g = o.lock();
             o.reserve(dev, 5 * MIB).expect("fits");
         }
         o.reset();
         assert!(o.unseen_unmeasured(dev));
-        assert_eq!((o.of(dev), o.holdings().inflight(dev)), (0, 0));
+        assert_eq!((o.of(dev), o.inflight(dev)), (0, 0));
+    }
+
+    /// A creation's estimate is the default until one was measured, then what the last one cost over its
+    /// base; without NVML the estimate counts live contexts (a primary once), modules and first uses, and an
+    /// unloaded module takes its first-use charges and owner with it.
+    #[test]
+    fn creations_learn_their_cost_and_the_estimate_follows_the_holdings() {
+        let (_t, o, dev) = setup(1 << 40);
+        let ctx = Creation::Context(0);
+        assert_eq!(o.creation_estimate(0, ctx), CTX_ESTIMATE);
+        assert_eq!(o.creation_estimate(0, Creation::Module), MODULE_ESTIMATE);
+        {
+            let _g = o.lock();
+            o.set(dev, 300 * MIB, false).expect("measured");
+        }
+        o.learn(dev, ctx, 100 * MIB);
+        assert_eq!(o.creation_estimate(0, ctx), 200 * MIB);
+        assert_eq!(o.creation_estimate(0, Creation::Module), MODULE_ESTIMATE);
+
+        assert_eq!(o.estimate(0), 0);
+        assert!(o.primary_unheld(0));
+        o.primary_counted(0);
+        o.primary_counted(0);
+        assert!(!o.primary_unheld(0));
+        o.context_counted(0x20, 0);
+        o.module_counted();
+        o.own(0x30, 0);
+        o.image_loaded(0x30, false, Some(MIB));
+        assert_eq!(o.charge_lazy(0x30, 0x20, 0, 3 * MIB, false), 3 * MIB);
+        assert_eq!(o.charge_lazy(0x30, 0x20, 0, 3 * MIB, false), 0);
+        assert_eq!(o.estimate(0), 2 * CTX_ESTIMATE + MODULE_ESTIMATE + 3 * MIB);
+        assert_eq!(o.image_of(0x30).and_then(|i| i.bytes), Some(MIB));
+        assert_eq!(o.module_uncounted(0x30), Some(0));
+        assert_eq!((o.image_of(0x30).is_none(), o.owner_of(0x30)), (true, None));
+        assert_eq!(o.estimate(0), 2 * CTX_ESTIMATE);
+        o.primary_uncounted(0, true);
+        assert!(o.primary_unheld(0));
+        assert_eq!(o.estimate(0), CTX_ESTIMATE);
     }
 
     /// A forked child resets the images and first-use charges (`Holdings::reset`): the fork must hold their

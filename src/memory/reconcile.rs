@@ -131,7 +131,7 @@ impl Memory {
         // an instant. Above it, each reconciliation replaces the last one's excess (so one that caught a
         // charge still being settled is corrected by the next).
         let base = self.overhead_of(dev).saturating_sub(self.first_use.excess(dev));
-        let target = (used.saturating_sub(ledger) + self.overhead.holdings().inflight(dev)).max(base);
+        let target = (used.saturating_sub(ledger) + self.overhead.inflight(dev)).max(base);
         if self.set_overhead_locked(dev, target, false).is_ok() {
             self.first_use.set_excess(dev, target - base);
         }
