@@ -40,7 +40,7 @@ pub(crate) const CTX_ESTIMATE: u64 = 256 << 20;
 pub(crate) const MODULE_ESTIMATE: u64 = 2 << 20;
 
 /// What this process holds per ordinal, for the estimate and to find the device of a destroyed object.
-pub(crate) struct Holdings {
+struct Holdings {
     ctxs: [AtomicI64; MAX_ORDINALS],
     primary: [AtomicI64; MAX_ORDINALS],
     modules: AtomicI64,
@@ -509,7 +509,7 @@ fn decrement(c: &AtomicI64) {
 
 impl Holdings {
     /// Live contexts of this process on `ordinal` (a retained primary context counts once).
-    pub(crate) fn live_contexts(&self, ordinal: CUdevice) -> i64 {
+    fn live_contexts(&self, ordinal: CUdevice) -> i64 {
         let o = ordinal as usize;
         self.ctxs.get(o).map_or(0, |c| c.load(Ordering::Relaxed))
             + self
@@ -533,14 +533,7 @@ impl Holdings {
 
     /// A first use of `key` in `ctx` on `ordinal` took `bytes`: charged once per (key, context), or added up
     /// (`accumulate`: a context's stack growths, measured first uses). Returns what was added.
-    pub(super) fn charge_lazy(
-        &self,
-        key: usize,
-        ctx: usize,
-        ordinal: CUdevice,
-        bytes: u64,
-        accumulate: bool,
-    ) -> u64 {
+    fn charge_lazy(&self, key: usize, ctx: usize, ordinal: CUdevice, bytes: u64, accumulate: bool) -> u64 {
         let mut lazy = self.lazy.lock();
         let e = lazy.entry((key, ctx)).or_insert((ordinal, 0));
         let add = if accumulate || e.1 == 0 { bytes } else { 0 };
@@ -567,7 +560,7 @@ impl Holdings {
     }
 
     /// A module or library went away: its image and its first-use charges.
-    pub(super) fn image_gone(&self, handle: usize) {
+    fn image_gone(&self, handle: usize) {
         let key = self.images.lock().remove(&handle).map_or(handle, |i| i.key);
         self.images.lock().retain(|_, i| i.key != key);
         self.drop_lazy(|k, _| k == key);
@@ -575,7 +568,7 @@ impl Holdings {
 
     /// Takes the leaf locks (their holders take no other: images, first-use charges) for the fork, after every
     /// other group.
-    pub(super) fn fork_prepare_leaves(&self) {
+    fn fork_prepare_leaves(&self) {
         hold_all([&self.images]);
         hold_all([&self.lazy]);
     }
@@ -584,7 +577,7 @@ impl Holdings {
     ///
     /// # Safety
     /// Only after `fork_prepare_leaves` on this thread (or in the child of that thread).
-    pub(super) unsafe fn fork_release_leaves(&self, side: Side) {
+    unsafe fn fork_release_leaves(&self, side: Side) {
         // SAFETY: locked by fork_prepare_leaves (the caller's contract).
         unsafe {
             release_all([&self.lazy], side);
@@ -593,7 +586,7 @@ impl Holdings {
     }
 
     /// Forgets the parent's contexts and modules in a forked child.
-    pub(super) fn reset(&self) {
+    fn reset(&self) {
         self.owners.lock().clear();
         for c in self.ctxs.iter().chain(self.primary.iter()) {
             c.store(0, Ordering::Relaxed);
@@ -609,13 +602,13 @@ impl Holdings {
     }
 
     /// A reservation of `bytes` on `dev` is no longer in flight.
-    pub(super) fn settle_inflight(&self, dev: Dev, bytes: u64) {
+    fn settle_inflight(&self, dev: Dev, bytes: u64) {
         let _ = self.inflight[dev.id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v.saturating_sub(bytes))
         });
     }
 
-    pub(super) fn inflight(&self, dev: Dev) -> u64 {
+    fn inflight(&self, dev: Dev) -> u64 {
         self.inflight[dev.id.index()].load(Ordering::Relaxed)
     }
 
