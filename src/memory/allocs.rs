@@ -5,16 +5,12 @@
 //! (a device's free memory, the reconciliation near the cap) is passed in as closures.
 
 use super::ledger::{Kind, Ledger, Record};
-use super::{credit, reserve, Admitted, OverCap};
+use super::{credit, reserve, usage_ok, Admitted, OverCap, PerDevice};
 use crate::devices::{Dev, Devices};
 use crate::log::{log, Level};
-use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::{DeviceId, UsageRegion};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Bytes per device entry.
-pub(super) type PerDevice = [AtomicU64; MAX_DEVICES];
 
 /// A device's memory cap and the memory its limits keep for high-priority tenants (`None`: none).
 pub(super) type Limits = (Option<u64>, Option<u64>);
@@ -329,27 +325,6 @@ impl Allocs {
         }
         self.credit.reset();
     }
-}
-
-/// Whether the usage file can still be trusted to enforce `limit` (`None`: nothing to enforce). A file
-/// another process of the container truncated, zeroed or overwrote fails closed: refused, said once.
-#[inline]
-pub(super) fn usage_ok(usage: &UsageRegion, limit: Option<u64>) -> Result<(), OverCap> {
-    if limit.is_none() {
-        return Ok(());
-    }
-    usage.check().map_err(usage_broken)
-}
-
-/// [`usage_ok`]'s refusal, said once (out of line: the admitted path only compares).
-#[cold]
-#[inline(never)]
-fn usage_broken(e: cuquota_core::region::RegionError) -> OverCap {
-    static SAID: AtomicBool = AtomicBool::new(false);
-    if !SAID.swap(true, Ordering::Relaxed) {
-        log!(Level::Error, "{e}");
-    }
-    OverCap
 }
 
 #[cfg(test)]

@@ -107,7 +107,7 @@ impl Memory {
     /// A key the driver handed out again still had a record (see `Allocs::release_stale`).
     #[inline]
     pub(super) fn release_stale(&self, stale: Option<Record>) {
-        self.allocs.release_stale(&self.overhead, stale);
+        self.allocs.release_stale(self.overhead.charged(), stale);
     }
 
     /// Frees `key` through `call`, uncharging what the ledger holds for it; untracked → `call` alone.
@@ -142,7 +142,7 @@ impl Memory {
             return r;
         }
         if r.ok() {
-            self.allocs.release(&self.overhead, rec.entry, rec.bytes);
+            self.allocs.release(self.overhead.charged(), rec.entry, rec.bytes);
         } else {
             self.allocs.ledger().insert(space, key, rec);
         }

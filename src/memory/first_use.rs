@@ -381,11 +381,11 @@ impl Memory {
         let (mut kept, measured) = (0, measured_now(&figure));
         if r.ok() {
             kept += self
-                .holdings
+                .overhead
                 .charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
             // An image's footprint once per context; what an unknown one was measured to take, every time.
             kept += self
-                .holdings
+                .overhead
                 .charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
         }
         if reserved > 0 && measured {
@@ -400,8 +400,8 @@ impl Memory {
             }
         } else {
             // No figure: the reservation goes, what is kept stays (never admitted: the next admission is).
-            let _g = self.overhead_lock.lock();
-            self.holdings.settle_inflight(dev, reserved);
+            let _g = self.overhead.lock();
+            self.overhead.settle(dev, reserved);
             let now = self
                 .overhead_of(dev)
                 .saturating_sub(reserved)
@@ -527,7 +527,7 @@ impl Memory {
             Owner::ModuleOf(l) => {
                 let r = self.lookup_in(cuda, nvml, Owner::Library(l), call, &handle);
                 if let (true, Some(m), Some(dev)) = (r.ok(), handle(), self.devices.current(cuda)) {
-                    self.module_on(m, dev, l as usize);
+                    self.overhead.module_on(m, dev.ordinal, l as usize);
                 }
                 r
             }
@@ -545,12 +545,12 @@ impl Memory {
     ) -> CUresult {
         let (devs, image, ctx): (Vec<Dev>, _, _) = match owner {
             Owner::Module(m) => match self.module_device(cuda, m as usize) {
-                Some(d) => (vec![d], self.image_of(m as usize), 0),
+                Some(d) => (vec![d], self.overhead.image_of(m as usize), 0),
                 None => (self.devices.known().map(|(d, _)| d).collect(), None, 0),
             },
             Owner::Library(l) | Owner::ModuleOf(l) => (
                 self.devices.current(cuda).into_iter().collect(),
-                self.image_of(l as usize),
+                self.overhead.image_of(l as usize),
                 current_ctx(cuda),
             ),
             Owner::Kernel(k) => {
@@ -558,7 +558,7 @@ impl Memory {
                 // SAFETY: valid out-pointer; the program's kernel handle, which the driver checks.
                 let image = unsafe { cuda.cuKernelGetLibrary(&mut l, k) }
                     .ok()
-                    .then(|| self.image_of(l as usize))
+                    .then(|| self.overhead.image_of(l as usize))
                     .flatten();
                 (
                     self.devices.current(cuda).into_iter().collect(),

@@ -129,8 +129,8 @@ impl Memory {
 
     /// Records our host pid: in the process state and in our usage slot (claimed if needed).
     fn learned(&self, pid: u32) {
-        self.host.pid.store(pid, Ordering::Release);
-        *self.host.candidates.lock() = None;
+        self.overhead.host().pid.store(pid, Ordering::Release);
+        *self.overhead.host().candidates.lock() = None;
         self.devices.hami_host_pid(pid);
         match self.usage().process_slot() {
             Ok(slot) => self.usage().set_host_pid(slot, pid),
@@ -140,7 +140,7 @@ impl Memory {
 
     /// NVML listed us as `pid` (found by our own pid, or by the host pid learned earlier).
     pub(super) fn listed_as(&self, pid: u32) {
-        if pid == std::process::id() && self.host.get().is_none() {
+        if pid == std::process::id() && self.overhead.host().get().is_none() {
             self.learned(pid);
         } else if let Some(slot) = self.usage().cached_slot() {
             self.usage().set_host_pid(slot, pid);
@@ -154,7 +154,7 @@ impl Memory {
         let Some(p) = self.devices.host_pid() else {
             return;
         };
-        if self.host.proof_dev.load(Ordering::Relaxed) != dev as u32 + 1 {
+        if self.overhead.host().proof_dev.load(Ordering::Relaxed) != dev as u32 + 1 {
             return;
         }
         if !proof_stands(p, self.nvml_pids(nvml, dev).as_deref()) {
@@ -162,7 +162,7 @@ impl Memory {
                 Level::Warn,
                 "device {dev}: pid {p} still listed after our last context: not ours"
             );
-            self.host.proof_dev.store(0, Ordering::Relaxed);
+            self.overhead.host().proof_dev.store(0, Ordering::Relaxed);
             self.devices.host_pid_proven(0);
         }
     }
@@ -186,7 +186,7 @@ impl Memory {
     /// Before a context creation on `dev`: when our host pid is unknown and this is our first context creation
     /// on the device, NVML's pids on it (the diff's "before"). Otherwise retries an earlier ambiguous diff.
     fn host_pid_before(&self, nvml: &Nvml, dev: CUdevice) -> Option<Vec<u32>> {
-        let host = &self.host;
+        let host = self.overhead.host();
         if host.get().is_some() {
             return None;
         }
@@ -216,7 +216,10 @@ impl Memory {
         if created {
             if let Some(after) = self.nvml_pids(nvml, dev) {
                 if let Some(p) = proven_pid(&before, &after, unseen) {
-                    self.host.proof_dev.store(dev as u32 + 1, Ordering::Relaxed);
+                    self.overhead
+                        .host()
+                        .proof_dev
+                        .store(dev as u32 + 1, Ordering::Relaxed);
                     self.devices.host_pid_proven(p);
                 }
                 if after.contains(&std::process::id()) {
@@ -233,27 +236,27 @@ impl Memory {
                                 "device {dev}: host pid ambiguous (new NVML pids {new:?}); retried later"
                             );
                             if new.len() >= 2 {
-                                *self.host.candidates.lock() = Some((dev, new));
+                                *self.overhead.host().candidates.lock() = Some((dev, new));
                             }
                         }
                     }
                 }
             }
         }
-        self.host.end();
+        self.overhead.host().end();
     }
 
     /// Retries an ambiguous diff: of its new pids, those NVML still lists on that device and that no other
     /// process of the container has recorded; exactly one left → that is us. Needs a live context of ours on
     /// the device (so that we are still listed there).
     pub(super) fn retry_host_pid(&self, nvml: &Nvml) {
-        let host = &self.host;
+        let host = self.overhead.host();
         if host.get().is_some() || !host.try_begin() {
             return;
         }
         let pending = host.candidates.lock().clone();
         if let Some((dev, cands)) = pending {
-            if self.holdings.live_contexts(dev) > 0 {
+            if self.overhead.live_contexts(dev) > 0 {
                 if let Some(now) = self.nvml_pids(nvml, dev) {
                     let still: Vec<u32> = cands.into_iter().filter(|p| now.contains(p)).collect();
                     match new_host_pid(&[], &still, &self.member_host_pids()) {

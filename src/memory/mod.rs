@@ -36,14 +36,14 @@ mod vmm_ops;
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
-use crate::locks::Lock;
 use crate::locks::{hold_all, release_all, Side};
+use crate::log::{log, Level};
+use cuquota_core::region::layout::MAX_DEVICES;
 use cuquota_core::{DeviceId, UsageRegion};
 use graphs::Graphs;
-use host_pid::HostPid;
-use overhead::Holdings;
+use overhead::Overhead;
 use pools::Pools;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub(crate) use elastic::POLL as ELASTIC_POLL;
@@ -61,6 +61,30 @@ pub(crate) use pools::PoolCall;
 pub(crate) use shared::{fd_key, key as shared_key};
 pub(crate) use vmm::{BindKey, Obj};
 pub(crate) use vmm_ops::VmmCall;
+
+/// Bytes per device entry.
+pub(super) type PerDevice = [AtomicU64; MAX_DEVICES];
+
+/// Whether the usage file can still be trusted to enforce `limit` (`None`: nothing to enforce). A file
+/// another process of the container truncated, zeroed or overwrote fails closed: refused, said once.
+#[inline]
+pub(super) fn usage_ok(usage: &UsageRegion, limit: Option<u64>) -> Result<(), OverCap> {
+    if limit.is_none() {
+        return Ok(());
+    }
+    usage.check().map_err(usage_broken)
+}
+
+/// [`usage_ok`]'s refusal, said once (out of line: the admitted path only compares).
+#[cold]
+#[inline(never)]
+fn usage_broken(e: cuquota_core::region::RegionError) -> OverCap {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        log!(Level::Error, "{e}");
+    }
+    OverCap
+}
 
 /// An admission refused: the container would exceed its cap, or the device keep less than its reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,14 +108,8 @@ pub(crate) struct Memory {
     graph: Graphs,
     /// Stream-ordered pools.
     pools: Pools,
-    /// Context/module overhead this process has charged, per device entry.
-    overhead: allocs::PerDevice,
-    /// Serialises overhead re-measurements (slow path only).
-    overhead_lock: Lock<()>,
-    /// Contexts and modules this process holds (overhead estimate, owner devices).
-    holdings: Holdings,
-    /// The pid NVML knows this process by.
-    host: HostPid,
+    /// What contexts and modules cost: the charge, what this process holds, its host pid.
+    overhead: Overhead,
     /// Handles whose first use (lazy loading, stack growth) was measured.
     first_use: first_use::FirstUse,
     /// Movable ranges of an elastic tenant (issue 39).
@@ -104,15 +122,12 @@ impl Memory {
         Memory {
             elastic: elastic::Elastic::new(devices.clone()),
             allocs: allocs::Allocs::new(devices.clone()),
+            overhead: Overhead::new(devices.clone()),
             devices,
             vmm: vmm::VmmLives::default(),
             shared: shared::Shared::default(),
             graph: Graphs::new(),
             pools: Pools::new(),
-            overhead: std::array::from_fn(|_| AtomicU64::new(0)),
-            overhead_lock: Lock::new(()),
-            holdings: Holdings::default(),
-            host: HostPid::default(),
             first_use: first_use::FirstUse::default(),
         }
     }
@@ -125,7 +140,7 @@ impl Memory {
 
     /// The host pid NVML knows this process by, once learned.
     pub(super) fn host_pid(&self) -> Option<u32> {
-        self.host.get()
+        self.overhead.host().get()
     }
 
     /// Puts a record in the ledger as if an allocation had made it (unit tests of what hooks do with it).
@@ -187,7 +202,7 @@ impl Memory {
         // A context on `dev` we never saw created (the runtime's export table hands out the primary context):
         // its cost is charged before anything is allocated in it.
         self.adopt_unseen_context(nvml, dev)?;
-        match self.allocs.admit_credit(&self.overhead, dev, bytes) {
+        match self.allocs.admit_credit(self.overhead.charged(), dev, bytes) {
             Ok(admitted) => Ok(admitted),
             Err(limits) => self.admit_charged(dev, bytes, limits, cuda, nvml),
         }
@@ -206,18 +221,12 @@ impl Memory {
         let free = |dev, uuid| reserve::device_free(cuda, nvml, dev, uuid);
         let near_cap = |cap, used| self.near_cap_check(nvml, dev, bytes, cap, used);
         self.allocs
-            .admit_charged(&self.overhead, dev, bytes, limits, free, near_cap)
-    }
-
-    /// Whether the usage file can still be trusted to enforce `limit` (see `allocs::usage_ok`).
-    #[inline]
-    fn shared_ok(&self, limit: Option<u64>) -> Result<(), OverCap> {
-        allocs::usage_ok(self.usage(), limit)
+            .admit_charged(self.overhead.charged(), dev, bytes, limits, free, near_cap)
     }
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
     pub(super) fn force(&self, dev: Dev, bytes: u64) {
-        self.allocs.force(&self.overhead, dev, bytes);
+        self.allocs.force(self.overhead.charged(), dev, bytes);
     }
 
     /// A charge this process had moved into the shared table comes back onto its slot (an exported pool
@@ -230,18 +239,18 @@ impl Memory {
 
     /// Gives back `bytes` charged on `dev`.
     pub(crate) fn release(&self, dev: Dev, bytes: u64) {
-        self.allocs.release(&self.overhead, dev.id, bytes);
+        self.allocs.release(self.overhead.charged(), dev.id, bytes);
     }
 
     /// Gives back `bytes` charged on device entry `id`.
     pub(crate) fn release_entry(&self, id: DeviceId, bytes: u64) {
-        self.allocs.release(&self.overhead, id, bytes);
+        self.allocs.release(self.overhead.charged(), id, bytes);
     }
 
     /// HAMi's file shows this process's figures on `id` (docs/hami.md): relaxed stores, no syscall.
     #[inline]
     fn hami_publish(&self, id: DeviceId) {
-        self.allocs.hami_publish(&self.overhead, id);
+        self.allocs.hami_publish(self.overhead.charged(), id);
     }
 
     /// Moves `bytes` this process charged on `id` into the container's shared table under `key` (IPC export):
@@ -314,7 +323,7 @@ impl Memory {
 
     /// This process no longer holds `bytes` on `id` whose charge it had moved to the shared table.
     pub(crate) fn forget_allocated(&self, id: DeviceId, bytes: u64) {
-        self.allocs.forget(&self.overhead, id, bytes);
+        self.allocs.forget(self.overhead.charged(), id, bytes);
     }
 
     /// Corrects an admitted `estimate` to the `exact` charge.
@@ -333,36 +342,21 @@ impl Memory {
 
     /// Overhead this process has charged on `dev`.
     pub(crate) fn overhead_of(&self, dev: Dev) -> u64 {
-        self.overhead[dev.id.index()].load(Ordering::Relaxed)
+        self.overhead.of(dev)
     }
 
-    /// Moves this process's overhead charge on `dev` to `target` bytes (the caller holds `overhead_lock`).
-    /// Growth is admitted against the cap when `admit` is true (creation paths); `Err` = refused, nothing
-    /// changed. Shrinking always succeeds.
+    /// Moves this process's overhead charge on `dev` to `target` bytes (the caller holds the overhead lock; see
+    /// `Overhead::set`) and publishes it.
     fn set_overhead_locked(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
-        let cur = self.overhead_of(dev);
-        if target > cur {
-            let delta = target - cur;
-            let slot = self.usage().process_slot().map_err(|_| OverCap)?;
-            let limit = if admit { self.limit(dev) } else { None };
-            self.shared_ok(limit)?;
-            self.usage()
-                .charge(slot, dev.id, delta, limit)
-                .map_err(|_| OverCap)?;
-            if let Err(e) = self.shared_ok(limit) {
-                self.usage().uncharge(slot, dev.id, delta);
-                return Err(e);
-            }
-        } else if target < cur {
-            if let Some(slot) = self.usage().cached_slot() {
-                self.usage().uncharge(slot, dev.id, cur - target);
-            }
-        }
-        self.overhead[dev.id.index()].store(target, Ordering::Relaxed);
-        self.hami_publish(dev.id);
-        // A measurement of the truth: what a reconciliation had added on top is in it now.
-        self.first_use.set_excess(dev, 0);
+        self.overhead.set(dev, target, admit)?;
+        self.overhead_published(dev);
         Ok(())
+    }
+
+    /// The overhead charge on `dev` moved: HAMi's file shows it, and a reconciliation's excess is in it now.
+    fn overhead_published(&self, dev: Dev) {
+        self.hami_publish(dev.id);
+        self.first_use.set_excess(dev, 0);
     }
 
     // ---- fork ----------------------------------------------------------------------------------------------
@@ -377,11 +371,7 @@ impl Memory {
         self.shared.clear();
         self.pools.reset();
         self.graph.reset();
-        for a in &self.overhead {
-            a.store(0, Ordering::Relaxed);
-        }
-        self.holdings.reset();
-        self.host.reset();
+        self.overhead.reset();
         self.first_use.reset();
         self.elastic.reset();
     }
@@ -394,9 +384,7 @@ impl Memory {
         self.shared.fork_prepare();
         self.pools.fork_prepare();
         self.graph.fork_prepare();
-        hold_all([&self.overhead_lock]);
-        hold_all([&self.holdings.owners]);
-        hold_all([&self.host.candidates]);
+        self.overhead.fork_prepare();
         hold_all(self.first_use.locks());
     }
 
@@ -408,9 +396,7 @@ impl Memory {
         // SAFETY: all locked by fork_prepare (the caller's contract).
         unsafe {
             release_all(self.first_use.locks(), side);
-            release_all([&self.host.candidates], side);
-            release_all([&self.holdings.owners], side);
-            release_all([&self.overhead_lock], side);
+            self.overhead.fork_release(side);
             self.graph.fork_release(side);
             self.pools.fork_release(side);
             self.shared.fork_release(side);
@@ -426,7 +412,7 @@ impl Memory {
     /// Takes memory's leaf locks (held by no one who then waits for another lock: images, first-use charges,
     /// graph kernels) for the fork, after every other group: a child resets what they guard.
     pub(crate) fn fork_prepare_leaves(&self) {
-        self.holdings.fork_prepare_leaves();
+        self.overhead.fork_prepare_leaves();
         self.graph.fork_prepare_leaves();
     }
 
@@ -438,7 +424,7 @@ impl Memory {
         // SAFETY: all locked by fork_prepare_leaves (the caller's contract).
         unsafe {
             self.graph.fork_release_leaves(side);
-            self.holdings.fork_release_leaves(side);
+            self.overhead.fork_release_leaves(side);
         }
     }
 }

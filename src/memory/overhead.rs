@@ -20,16 +20,19 @@
 //! Without NVML (library missing, or our pid not in its list and the host pid not learned) the overhead is
 //! estimated: [`CTX_ESTIMATE`] per live context and [`MODULE_ESTIMATE`] per loaded module/library.
 
-use super::{stack, Memory, OverCap};
-use crate::devices::{Dev, MAX_ORDINALS};
+use super::host_pid::HostPid;
+use super::{stack, usage_ok, Memory, OverCap, PerDevice};
+use crate::devices::{Dev, Devices, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 use crate::locks::{hold_all, release_all, Lock, Side};
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
+use parking_lot::MutexGuard;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Estimated device memory of one context when NVML cannot measure it.
 pub(crate) const CTX_ESTIMATE: u64 = 256 << 20;
@@ -37,12 +40,12 @@ pub(crate) const CTX_ESTIMATE: u64 = 256 << 20;
 pub(crate) const MODULE_ESTIMATE: u64 = 2 << 20;
 
 /// What this process holds per ordinal, for the estimate and to find the device of a destroyed object.
-pub(crate) struct Holdings {
+struct Holdings {
     ctxs: [AtomicI64; MAX_ORDINALS],
     primary: [AtomicI64; MAX_ORDINALS],
     modules: AtomicI64,
     /// context handle → ordinal (cuCtxCreate*), module handle → ordinal.
-    pub(super) owners: Lock<HashMap<usize, CUdevice>>,
+    owners: Lock<HashMap<usize, CUdevice>>,
     /// Per device entry: estimates reserved for creations the driver has not returned from yet.
     inflight: [AtomicU64; MAX_DEVICES],
     /// Per ordinal: the last measured cost of a context and of a module (0: none measured yet).
@@ -51,7 +54,7 @@ pub(crate) struct Holdings {
     /// Per ordinal: a context we never saw created was measured ([`Memory::adopt_unseen_context`]).
     unseen_measured: [AtomicBool; MAX_ORDINALS],
     /// Module or library handle → what its image takes at first uses ([`Image`]).
-    pub(super) images: Lock<HashMap<usize, Image>>,
+    images: Lock<HashMap<usize, Image>>,
     /// What first uses took (or were estimated to take) per (image key or [`STACK`], context): charged once
     /// each, part of the estimate without NVML (`lazy_sum`), dropped with the module or context.
     lazy: Lock<HashMap<(usize, usize), (CUdevice, u64)>>,
@@ -130,7 +133,7 @@ impl Creating<'_> {
 
     fn returned(&mut self) {
         if let (true, Some(res)) = (std::mem::take(&mut self.inflight), &self.res) {
-            self.mem.holdings.settle_inflight(res.dev, res.est);
+            self.mem.overhead.settle(res.dev, res.est);
         }
     }
 
@@ -147,7 +150,7 @@ impl Creating<'_> {
             Creation::Module => m.module_loaded(cuda, nvml, handle)?,
         }
         if let Some(res) = &self.res {
-            m.creation_measured(res, self.what);
+            m.overhead.learn(res.dev, self.what, res.base);
         }
         Ok(())
     }
@@ -181,6 +184,324 @@ impl Default for Holdings {
     }
 }
 
+/// The overhead family's state: what this process charged as overhead per device entry, the lock that
+/// serialises its re-measurements, the contexts and modules it holds, and the host pid NVML knows it by. The
+/// usage file and the cap come from its own `Devices`; what a measurement subtracts (allocations, lingering
+/// exports) and what a charge must publish (HAMi's file, a reconciliation's excess) stay with the caller.
+pub(super) struct Overhead {
+    devices: Arc<Devices>,
+    /// Overhead this process has charged, per device entry.
+    charged: PerDevice,
+    /// Serialises overhead re-measurements (slow path only).
+    lock: Lock<()>,
+    /// Contexts and modules this process holds (overhead estimate, owner devices).
+    holdings: Holdings,
+    /// The pid NVML knows this process by.
+    host: HostPid,
+}
+
+impl Overhead {
+    pub(super) fn new(devices: Arc<Devices>) -> Overhead {
+        Overhead {
+            devices,
+            charged: std::array::from_fn(|_| AtomicU64::new(0)),
+            lock: Lock::new(()),
+            holdings: Holdings::default(),
+            host: HostPid::default(),
+        }
+    }
+
+    /// The charged bytes per device entry (allocations publish them with their own to HAMi's file).
+    #[inline(always)]
+    pub(super) fn charged(&self) -> &PerDevice {
+        &self.charged
+    }
+
+    /// Overhead this process has charged on `dev`.
+    #[inline(always)]
+    pub(super) fn of(&self, dev: Dev) -> u64 {
+        self.charged[dev.id.index()].load(Ordering::Relaxed)
+    }
+
+    /// Takes the re-measurement lock: [`Overhead::set`] is called under it.
+    pub(super) fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock()
+    }
+
+    /// The host pid NVML knows this process by.
+    #[inline(always)]
+    pub(super) fn host(&self) -> &HostPid {
+        &self.host
+    }
+
+    /// Moves the charge on `dev` to `target` bytes (the caller holds [`Overhead::lock`]). Growth is admitted
+    /// against the cap when `admit` is true (creation paths); `Err` = refused, nothing changed. Shrinking
+    /// always succeeds.
+    pub(super) fn set(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
+        let usage = self.devices.usage();
+        let cur = self.of(dev);
+        if target > cur {
+            let delta = target - cur;
+            let slot = usage.process_slot().map_err(|_| OverCap)?;
+            let limit = if admit { self.devices.memory_cap(dev) } else { None };
+            usage_ok(usage, limit)?;
+            usage.charge(slot, dev.id, delta, limit).map_err(|_| OverCap)?;
+            if let Err(e) = usage_ok(usage, limit) {
+                usage.uncharge(slot, dev.id, delta);
+                return Err(e);
+            }
+        } else if target < cur {
+            if let Some(slot) = usage.cached_slot() {
+                usage.uncharge(slot, dev.id, cur - target);
+            }
+        }
+        self.charged[dev.id.index()].store(target, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Adds `growth` on `dev` as a reservation in flight (the caller holds [`Overhead::lock`]): admitted
+    /// against the cap, kept on top of what measurements find until [`Holdings::settle_inflight`]. The charge
+    /// before it, less what was already in flight, is returned (what a creation's cost is learned against).
+    pub(super) fn reserve(&self, dev: Dev, growth: u64) -> Result<u64, OverCap> {
+        let cur = self.of(dev);
+        let base = cur.saturating_sub(self.holdings.inflight(dev));
+        self.set(dev, cur.saturating_add(growth), true)?;
+        self.holdings.inflight[dev.id.index()].fetch_add(growth, Ordering::Relaxed);
+        Ok(base)
+    }
+
+    /// Whether an allocation on `d` must first measure a context we never saw created (no context of ours
+    /// is live there and none was measured): two relaxed loads, see [`Memory::adopt_unseen_context`].
+    #[inline(always)]
+    pub(super) fn unseen_unmeasured(&self, d: Dev) -> bool {
+        if self.holdings.live_contexts(d.ordinal) > 0 {
+            return false;
+        }
+        matches!(self.holdings.unseen_measured.get(d.ordinal as usize), Some(f) if !f.load(Ordering::Relaxed))
+    }
+
+    /// Estimates reserved on `dev` for calls the driver has not returned from yet.
+    #[inline]
+    pub(super) fn inflight(&self, dev: Dev) -> u64 {
+        self.holdings.inflight(dev)
+    }
+
+    /// A reservation of `bytes` on `dev` is no longer in flight (the caller holds [`Overhead::lock`] or the
+    /// charge is re-measured next).
+    pub(super) fn settle(&self, dev: Dev, bytes: u64) {
+        self.holdings.settle_inflight(dev, bytes);
+    }
+
+    /// Live contexts of this process on `ordinal` (a retained primary context counts once).
+    #[inline]
+    pub(super) fn live_contexts(&self, ordinal: CUdevice) -> i64 {
+        self.holdings.live_contexts(ordinal)
+    }
+
+    /// The overhead without NVML: an estimate per live context and module, and the first uses charged.
+    pub(super) fn estimate(&self, ordinal: CUdevice) -> u64 {
+        self.holdings.estimate(ordinal)
+    }
+
+    /// What to reserve for creating `what` on `ordinal`: the last measured cost, else the default estimate.
+    pub(super) fn creation_estimate(&self, ordinal: CUdevice, what: Creation) -> u64 {
+        self.holdings.creation_estimate(ordinal, what)
+    }
+
+    /// After a creation of `what` on `dev` was measured: what it cost over `base` (the charge before its
+    /// reservation, less others in flight) is the next one's estimate.
+    pub(super) fn learn(&self, dev: Dev, what: Creation, base: u64) {
+        let now = {
+            let _g = self.lock.lock();
+            self.of(dev).saturating_sub(self.holdings.inflight(dev))
+        };
+        let cost = now.saturating_sub(base);
+        if cost > 0 {
+            if let Some(c) = self.holdings.learned(what).get(dev.ordinal as usize) {
+                c.store(cost, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// A first use of `key` in `ctx` on `ordinal` took `bytes` (see [`Holdings::charge_lazy`]).
+    pub(super) fn charge_lazy(
+        &self,
+        key: usize,
+        ctx: usize,
+        ordinal: CUdevice,
+        bytes: u64,
+        accumulate: bool,
+    ) -> u64 {
+        self.holdings.charge_lazy(key, ctx, ordinal, bytes, accumulate)
+    }
+
+    /// Context `ctx` was created on `ordinal`: counted, its owner kept.
+    pub(super) fn context_counted(&self, ctx: usize, ordinal: CUdevice) {
+        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        self.own(ctx, ordinal);
+    }
+
+    /// Context `ctx` on `ordinal` was destroyed: uncounted, its first-use charges dropped.
+    pub(super) fn context_uncounted(&self, ctx: usize, ordinal: CUdevice) {
+        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
+            c.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.holdings.drop_lazy(|_, c| c == ctx);
+    }
+
+    /// The primary context of `ordinal` was retained.
+    pub(super) fn primary_counted(&self, ordinal: CUdevice) {
+        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The primary context of `ordinal` was released (`reset`: reset, the count drops to zero).
+    pub(super) fn primary_uncounted(&self, ordinal: CUdevice, reset: bool) {
+        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
+            if reset {
+                c.store(0, Ordering::Relaxed);
+            } else {
+                decrement(c);
+            }
+        }
+    }
+
+    /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
+    pub(super) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
+        self.holdings
+            .primary
+            .get(ordinal as usize)
+            .is_some_and(|c| c.load(Ordering::Relaxed) <= 0)
+    }
+
+    /// A module or library was loaded.
+    pub(super) fn module_counted(&self) {
+        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Module `module` was unloaded: uncounted, its image and first-use charges dropped; its ordinal, when
+    /// this process loaded it.
+    pub(super) fn module_uncounted(&self, module: usize) -> Option<CUdevice> {
+        self.library_uncounted(module);
+        self.take_owner(module)
+    }
+
+    /// A library was unloaded: uncounted, its image and first-use charges dropped.
+    pub(super) fn library_uncounted(&self, library: usize) {
+        decrement(&self.holdings.modules);
+        self.holdings.image_gone(library);
+    }
+
+    /// Context or module `handle` lives on `ordinal`.
+    pub(super) fn own(&self, handle: usize, ordinal: CUdevice) {
+        self.holdings.owners.lock().insert(handle, ordinal);
+    }
+
+    /// The ordinal of context or module `handle`, no longer kept.
+    pub(super) fn take_owner(&self, handle: usize) -> Option<CUdevice> {
+        self.holdings.owners.lock().remove(&handle)
+    }
+
+    /// The ordinal of module `module`, when this process loaded it.
+    pub(super) fn owner_of(&self, module: usize) -> Option<CUdevice> {
+        self.holdings.owners.lock().get(&module).copied()
+    }
+
+    /// Every context this process created and holds.
+    pub(super) fn owned_contexts(&self) -> std::collections::HashSet<usize> {
+        self.holdings.owners.lock().keys().copied().collect()
+    }
+
+    /// Module `module` (a library's, which no load hook saw) lives on `ordinal`; `library`: the library it is
+    /// of, whose image it shares.
+    pub(super) fn module_on(&self, module: usize, ordinal: CUdevice, library: usize) {
+        self.own(module, ordinal);
+        let img = self.holdings.images.lock().get(&library).copied();
+        if let Some(i) = img {
+            self.holdings.images.lock().insert(module, i);
+        }
+    }
+
+    /// A module (`library` false) or library was loaded from an image whose footprint is `bytes`
+    /// (`memory::image`; `None`: unknown). A library is loaded into each context at its first use there: its
+    /// module's own cost is part of what that first use takes.
+    pub(super) fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
+        let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
+        self.holdings
+            .images
+            .lock()
+            .insert(handle, Image { key: handle, bytes });
+    }
+
+    /// The image of module or library `handle`, when this process saw it loaded.
+    pub(super) fn image_of(&self, handle: usize) -> Option<Image> {
+        self.holdings.images.lock().get(&handle).copied()
+    }
+
+    /// Whether this allocation is the one to measure a context we never saw created on `d` (flag set; see
+    /// [`Overhead::unseen_unmeasured`]).
+    pub(super) fn unseen_measuring(&self, d: Dev) -> bool {
+        self.holdings
+            .unseen_measured
+            .get(d.ordinal as usize)
+            .is_some_and(|f| !f.swap(true, Ordering::Relaxed))
+    }
+
+    /// A context we never saw created on `d` is to be measured again (the last measurement was refused, or
+    /// this process's contexts there are gone).
+    pub(super) fn unseen_unmark(&self, d: Dev) {
+        if let Some(f) = self.holdings.unseen_measured.get(d.ordinal as usize) {
+            f.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Forgets the parent's charges, contexts, modules and host pid in a forked child.
+    pub(super) fn reset(&self) {
+        for a in &self.charged {
+            a.store(0, Ordering::Relaxed);
+        }
+        self.holdings.reset();
+        self.host.reset();
+    }
+
+    /// Takes the family's locks for the fork (after the shared, pool and graph groups).
+    pub(super) fn fork_prepare(&self) {
+        hold_all([&self.lock]);
+        hold_all([&self.holdings.owners]);
+        hold_all([&self.host.candidates]);
+    }
+
+    /// Undoes [`Overhead::fork_prepare`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release(&self, side: Side) {
+        // SAFETY: locked by fork_prepare (the caller's contract).
+        unsafe {
+            release_all([&self.host.candidates], side);
+            release_all([&self.holdings.owners], side);
+            release_all([&self.lock], side);
+        }
+    }
+
+    /// Takes the leaf locks (images, first-use charges) for the fork, after every other group.
+    pub(super) fn fork_prepare_leaves(&self) {
+        self.holdings.fork_prepare_leaves();
+    }
+
+    /// Undoes [`Overhead::fork_prepare_leaves`].
+    ///
+    /// # Safety
+    /// Only after `fork_prepare_leaves` on this thread (or in the child of that thread).
+    pub(super) unsafe fn fork_release_leaves(&self, side: Side) {
+        // SAFETY: the caller's contract.
+        unsafe { self.holdings.fork_release_leaves(side) }
+    }
+}
+
 /// `c -= 1`, never below 0.
 fn decrement(c: &AtomicI64) {
     let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| Some((v - 1).max(0)));
@@ -188,7 +509,7 @@ fn decrement(c: &AtomicI64) {
 
 impl Holdings {
     /// Live contexts of this process on `ordinal` (a retained primary context counts once).
-    pub(crate) fn live_contexts(&self, ordinal: CUdevice) -> i64 {
+    fn live_contexts(&self, ordinal: CUdevice) -> i64 {
         let o = ordinal as usize;
         self.ctxs.get(o).map_or(0, |c| c.load(Ordering::Relaxed))
             + self
@@ -212,14 +533,7 @@ impl Holdings {
 
     /// A first use of `key` in `ctx` on `ordinal` took `bytes`: charged once per (key, context), or added up
     /// (`accumulate`: a context's stack growths, measured first uses). Returns what was added.
-    pub(super) fn charge_lazy(
-        &self,
-        key: usize,
-        ctx: usize,
-        ordinal: CUdevice,
-        bytes: u64,
-        accumulate: bool,
-    ) -> u64 {
+    fn charge_lazy(&self, key: usize, ctx: usize, ordinal: CUdevice, bytes: u64, accumulate: bool) -> u64 {
         let mut lazy = self.lazy.lock();
         let e = lazy.entry((key, ctx)).or_insert((ordinal, 0));
         let add = if accumulate || e.1 == 0 { bytes } else { 0 };
@@ -246,7 +560,7 @@ impl Holdings {
     }
 
     /// A module or library went away: its image and its first-use charges.
-    pub(super) fn image_gone(&self, handle: usize) {
+    fn image_gone(&self, handle: usize) {
         let key = self.images.lock().remove(&handle).map_or(handle, |i| i.key);
         self.images.lock().retain(|_, i| i.key != key);
         self.drop_lazy(|k, _| k == key);
@@ -254,7 +568,7 @@ impl Holdings {
 
     /// Takes the leaf locks (their holders take no other: images, first-use charges) for the fork, after every
     /// other group.
-    pub(super) fn fork_prepare_leaves(&self) {
+    fn fork_prepare_leaves(&self) {
         hold_all([&self.images]);
         hold_all([&self.lazy]);
     }
@@ -263,7 +577,7 @@ impl Holdings {
     ///
     /// # Safety
     /// Only after `fork_prepare_leaves` on this thread (or in the child of that thread).
-    pub(super) unsafe fn fork_release_leaves(&self, side: Side) {
+    unsafe fn fork_release_leaves(&self, side: Side) {
         // SAFETY: locked by fork_prepare_leaves (the caller's contract).
         unsafe {
             release_all([&self.lazy], side);
@@ -272,7 +586,7 @@ impl Holdings {
     }
 
     /// Forgets the parent's contexts and modules in a forked child.
-    pub(super) fn reset(&self) {
+    fn reset(&self) {
         self.owners.lock().clear();
         for c in self.ctxs.iter().chain(self.primary.iter()) {
             c.store(0, Ordering::Relaxed);
@@ -288,13 +602,13 @@ impl Holdings {
     }
 
     /// A reservation of `bytes` on `dev` is no longer in flight.
-    pub(super) fn settle_inflight(&self, dev: Dev, bytes: u64) {
+    fn settle_inflight(&self, dev: Dev, bytes: u64) {
         let _ = self.inflight[dev.id.index()].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
             Some(v.saturating_sub(bytes))
         });
     }
 
-    pub(super) fn inflight(&self, dev: Dev) -> u64 {
+    fn inflight(&self, dev: Dev) -> u64 {
         self.inflight[dev.id.index()].load(Ordering::Relaxed)
     }
 
@@ -382,14 +696,14 @@ impl Memory {
         };
         let me = std::process::id();
         let found = list.iter().find(|p| p.pid == me).or_else(|| {
-            let host = self.host.get()?;
+            let host = self.overhead.host().get()?;
             list.iter().find(|p| p.pid == host)
         });
         if let Some(p) = found {
             self.listed_as(p.pid);
             return Figure::Used(p.usedGpuMemory);
         }
-        if self.holdings.live_contexts(dev.ordinal) == 0 {
+        if self.overhead.live_contexts(dev.ordinal) == 0 {
             return Figure::Used(0);
         }
         Figure::NotListed
@@ -400,11 +714,11 @@ impl Memory {
         // Exports let go of but still held elsewhere may still count as this process's: not overhead. Read
         // before the overhead lock: the fork handlers take the shared table's lock first.
         let lingering = self.lingering(dev);
-        let _g = self.overhead_lock.lock();
+        let _g = self.overhead.lock();
         let target = match self.nvml_used(nvml, dev) {
             Some(used) => used.saturating_sub(self.allocated(dev).saturating_add(lingering)),
-            None => self.holdings.estimate(dev.ordinal),
-        } + self.holdings.inflight(dev);
+            None => self.overhead.estimate(dev.ordinal),
+        } + self.overhead.inflight(dev);
         let r = self.set_overhead_locked(dev, target, admit);
         log!(
             Level::Debug,
@@ -428,7 +742,7 @@ impl Memory {
     ) -> Result<Creating<'a>, OverCap> {
         let dev = match what {
             Creation::Context(o) => self.devices.device(cuda, o),
-            Creation::Primary(o) if self.primary_unheld(o) => self.devices.device(cuda, o),
+            Creation::Primary(o) if self.overhead.primary_unheld(o) => self.devices.device(cuda, o),
             Creation::Primary(_) => None,
             Creation::Module => self.devices.current(cuda),
         };
@@ -449,29 +763,12 @@ impl Memory {
 
     /// Reserves the estimate for `what` on `dev` (see [`Memory::creating`]).
     fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reserved, OverCap> {
-        let est = self.holdings.creation_estimate(dev.ordinal, what);
+        let est = self.overhead.creation_estimate(dev.ordinal, what);
         // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
-        let _g = self.overhead_lock.lock();
-        let cur = self.overhead_of(dev);
-        let base = cur.saturating_sub(self.holdings.inflight(dev));
-        self.set_overhead_locked(dev, cur.saturating_add(est), true)?;
-        self.holdings.inflight[dev.id.index()].fetch_add(est, Ordering::Relaxed);
+        let _g = self.overhead.lock();
+        let base = self.overhead.reserve(dev, est)?;
+        self.overhead_published(dev);
         Ok(Reserved { dev, est, base })
-    }
-
-    /// After a successful creation was measured: remembers what it cost for the next one's estimate.
-    fn creation_measured(&self, res: &Reserved, what: Creation) {
-        let now = {
-            let _g = self.overhead_lock.lock();
-            self.overhead_of(res.dev)
-                .saturating_sub(self.holdings.inflight(res.dev))
-        };
-        let cost = now.saturating_sub(res.base);
-        if cost > 0 {
-            if let Some(c) = self.holdings.learned(what).get(res.dev.ordinal as usize) {
-                c.store(cost, Ordering::Relaxed);
-            }
-        }
     }
 
     /// `call`, the call `what` describes, with what this process's contexts and modules cost: a load is
@@ -505,7 +802,7 @@ impl Memory {
                 r
             }
             OverheadCall::Destroy(ctx) => {
-                let owner = self.holdings.owners.lock().remove(&ctx);
+                let owner = self.overhead.take_owner(ctx);
                 let r = call();
                 if r.ok() {
                     self.elastic.context_destroyed(cuda, ctx);
@@ -517,7 +814,7 @@ impl Memory {
                 let r = call();
                 if r.ok() {
                     self.primary_released(cuda, nvml, ordinal, reset);
-                    if !reset && self.primary_unheld(ordinal) {
+                    if !reset && self.overhead.primary_unheld(ordinal) {
                         last();
                     }
                 }
@@ -536,7 +833,7 @@ impl Memory {
                 let Some(m) = r.ok().then(out).flatten() else {
                     return r;
                 };
-                self.image_loaded(m, false, footprint());
+                self.overhead.image_loaded(m, false, footprint());
                 if c.created(m).is_err() {
                     // SAFETY: unloading the module the driver just loaded for this call.
                     if unsafe { cuda.cuModuleUnload(m as CUmodule) }.ok() {
@@ -555,7 +852,7 @@ impl Memory {
                 let Some(l) = r.ok().then(out).flatten() else {
                     return r;
                 };
-                self.image_loaded(l, true, footprint());
+                self.overhead.image_loaded(l, true, footprint());
                 if self.library_loaded(nvml).is_err() {
                     // SAFETY: unloading the library the driver just loaded for this call.
                     if unsafe { cuda.cuLibraryUnload(l as CUlibrary) }.ok() {
@@ -577,20 +874,12 @@ impl Memory {
         }
     }
 
-    /// Whether creating the primary context of `ordinal` costs anything (this process holds no retain of it).
-    pub(super) fn primary_unheld(&self, ordinal: CUdevice) -> bool {
-        self.holdings
-            .primary
-            .get(ordinal as usize)
-            .is_some_and(|c| c.load(Ordering::Relaxed) <= 0)
-    }
-
     /// Re-measures every device we know (library loads are context-independent).
     fn measure_all(&self, nvml: &Nvml, admit: bool) -> Result<(), OverCap> {
         let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
         let mut res = Ok(());
         for d in devs {
-            if self.holdings.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
+            if self.overhead.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
                 if let Err(e) = self.measure(nvml, d, admit) {
                     res = Err(e);
                 }
@@ -602,10 +891,8 @@ impl Memory {
     /// After a context went away: if it was this process's last one on `d`, its allocations went with it; with
     /// others still live, the driver is asked which of the device's allocations it freed.
     fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
-        if self.holdings.live_contexts(d.ordinal) == 0 {
-            if let Some(f) = self.holdings.unseen_measured.get(d.ordinal as usize) {
-                f.store(false, Ordering::Relaxed);
-            }
+        if self.overhead.live_contexts(d.ordinal) == 0 {
+            self.overhead.unseen_unmark(d);
             self.forget_context_allocations(cuda, d);
             self.last_context_gone(nvml, d.ordinal);
         } else {
@@ -626,10 +913,7 @@ impl Memory {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
-        self.holdings.owners.lock().insert(ctx, ordinal);
+        self.overhead.context_counted(ctx, ordinal);
         self.measure(nvml, d, true)
     }
 
@@ -649,13 +933,10 @@ impl Memory {
         }
         let Some(ordinal) = owner else { return };
         if !ok {
-            self.holdings.owners.lock().insert(ctx, ordinal);
+            self.overhead.own(ctx, ordinal);
             return;
         }
-        if let Some(c) = self.holdings.ctxs.get(ordinal as usize) {
-            c.fetch_sub(1, Ordering::Relaxed);
-        }
-        self.holdings.drop_lazy(|_, c| c == ctx);
+        self.overhead.context_uncounted(ctx, ordinal);
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
@@ -667,9 +948,7 @@ impl Memory {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
+        self.overhead.primary_counted(ordinal);
         self.measure(nvml, d, true)
     }
 
@@ -679,27 +958,21 @@ impl Memory {
     /// guessed. `Err`: over the cap (measured again at the next allocation, which is refused again).
     #[inline]
     pub(crate) fn adopt_unseen_context(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
-        if self.holdings.live_contexts(d.ordinal) > 0 {
-            return Ok(());
+        if self.overhead.unseen_unmeasured(d) {
+            return self.adopt_unseen_slow(nvml, d);
         }
-        match self.holdings.unseen_measured.get(d.ordinal as usize) {
-            Some(flag) if !flag.load(Ordering::Relaxed) => self.adopt_unseen_slow(nvml, d),
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     /// [`Memory::adopt_unseen_context`] when no context of ours is live on `d` (out of line).
     #[inline(never)]
     fn adopt_unseen_slow(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
-        let Some(flag) = self.holdings.unseen_measured.get(d.ordinal as usize) else {
-            return Ok(());
-        };
-        if flag.swap(true, Ordering::Relaxed) || self.nvml_used(nvml, d).is_none() {
+        if !self.overhead.unseen_measuring(d) || self.nvml_used(nvml, d).is_none() {
             return Ok(());
         }
         let r = self.measure(nvml, d, true);
         if r.is_err() {
-            flag.store(false, Ordering::Relaxed);
+            self.overhead.unseen_unmark(d);
         }
         r
     }
@@ -709,18 +982,11 @@ impl Memory {
         // A reset (or the last release) unloads the context's code and stacks; the same handles may follow.
         self.first_use.forget_all();
         if self.elastic.on() {
-            let owned: std::collections::HashSet<usize> =
-                self.holdings.owners.lock().keys().copied().collect();
+            let owned = self.overhead.owned_contexts();
             self.elastic
                 .primary_released(cuda, ordinal, &|c| owned.contains(&c));
         }
-        if let Some(c) = self.holdings.primary.get(ordinal as usize) {
-            if reset {
-                c.store(0, Ordering::Relaxed);
-            } else {
-                decrement(c);
-            }
-        }
+        self.overhead.primary_uncounted(ordinal, reset);
         if let Some(d) = self.devices.device(cuda, ordinal) {
             self.contexts_gone(cuda, nvml, d);
         }
@@ -799,10 +1065,9 @@ impl Memory {
     pub(super) fn growing(&self, dev: Dev, growth: u64) -> Result<(), OverCap> {
         if growth > 0 {
             // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
-            let _g = self.overhead_lock.lock();
-            let cur = self.overhead_of(dev);
-            self.set_overhead_locked(dev, cur.saturating_add(growth), true)?;
-            self.holdings.inflight[dev.id.index()].fetch_add(growth, Ordering::Relaxed);
+            let _g = self.overhead.lock();
+            self.overhead.reserve(dev, growth)?;
+            self.overhead_published(dev);
         }
         Ok(())
     }
@@ -833,18 +1098,14 @@ impl Memory {
         used: Option<u64>,
     ) -> CUresult {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
-        let g = self.overhead_lock.lock();
+        let g = self.overhead.lock();
         if growth > 0 {
-            let _ = self.holdings.inflight[dev.id.index()].fetch_update(
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-                |v| Some(v.saturating_sub(growth)),
-            );
+            self.overhead.settle(dev, growth);
         }
         match used {
             Some(used) => {
                 let target = used.saturating_sub(self.allocated(dev).saturating_add(lingering))
-                    + self.holdings.inflight(dev);
+                    + self.overhead.inflight(dev);
                 let admit = r.ok() && undo.is_some();
                 if self.set_overhead_locked(dev, target, admit).is_err() {
                     drop(g);
@@ -879,53 +1140,26 @@ impl Memory {
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
     /// cap (the caller unloads it).
     fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
-        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.overhead.module_counted();
         self.first_use.arm();
         self.retry_host_pid(nvml);
         let Some(d) = self.devices.current(cuda) else {
             return Ok(());
         };
-        self.holdings.owners.lock().insert(module, d.ordinal);
+        self.overhead.own(module, d.ordinal);
         self.measure(nvml, d, true)
     }
 
     /// The device of module `module`'s context, when this process loaded it.
     pub(crate) fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
-        let ordinal = self.holdings.owners.lock().get(&module).copied()?;
+        let ordinal = self.overhead.owner_of(module)?;
         self.devices.device(cuda, ordinal)
-    }
-
-    /// Module `module` (a library's, which no load hook saw) lives on `dev`; `library`: the library it is of.
-    pub(super) fn module_on(&self, module: usize, dev: Dev, library: usize) {
-        self.holdings.owners.lock().insert(module, dev.ordinal);
-        let img = self.holdings.images.lock().get(&library).copied();
-        if let Some(i) = img {
-            self.holdings.images.lock().insert(module, i);
-        }
-    }
-
-    /// A module (`library` false) or library was loaded from an image whose footprint is `bytes`
-    /// (`memory::image`; `None`: unknown). A library is loaded into each context at its first use there: its
-    /// module's own cost is part of what that first use takes.
-    fn image_loaded(&self, handle: usize, library: bool, bytes: Option<u64>) {
-        let bytes = bytes.map(|b| b.saturating_add(if library { MODULE_ESTIMATE } else { 0 }));
-        self.holdings
-            .images
-            .lock()
-            .insert(handle, Image { key: handle, bytes });
-    }
-
-    /// The image of module or library `handle`, when this process saw it loaded.
-    pub(crate) fn image_of(&self, handle: usize) -> Option<Image> {
-        self.holdings.images.lock().get(&handle).copied()
     }
 
     /// Module `module` was unloaded.
     fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
-        decrement(&self.holdings.modules);
-        self.holdings.image_gone(module);
+        let owner = self.overhead.module_uncounted(module);
         self.first_use.forget_all();
-        let owner = self.holdings.owners.lock().remove(&module);
         if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
             let _ = self.measure(nvml, d, false);
         }
@@ -934,7 +1168,7 @@ impl Memory {
     /// A library was loaded (context-independent: every device is re-measured). `Err`: over the cap (the
     /// caller unloads it).
     fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
-        self.holdings.modules.fetch_add(1, Ordering::Relaxed);
+        self.overhead.module_counted();
         self.first_use.arm();
         self.retry_host_pid(nvml);
         self.measure_all(nvml, true)
@@ -942,8 +1176,7 @@ impl Memory {
 
     /// A library was unloaded.
     fn library_unloaded(&self, nvml: &Nvml, library: usize) {
-        decrement(&self.holdings.modules);
-        self.holdings.image_gone(library);
+        self.overhead.library_uncounted(library);
         self.first_use.forget_all();
         let _ = self.measure_all(nvml, false);
     }
@@ -951,7 +1184,133 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{temp_path, TempRegion};
     use super::*;
+    use cuquota_core::{Config, Policy, UsageRegion};
+
+    const MIB: u64 = 1 << 20;
+
+    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { (*u).bytes = [dev as u8 + 5; 16] };
+        CUresult::SUCCESS
+    }
+
+    /// The overhead family on device 0 of a fresh usage file, capped at `cap`.
+    fn setup(cap: u64) -> (TempRegion, Overhead, Dev) {
+        let t = temp_path("overhead");
+        let cfg = Config {
+            default_limits: Policy {
+                memory: Some(cap),
+                ..Policy::NONE
+            },
+            ..Default::default()
+        };
+        let usage = UsageRegion::open(&t.path).expect("usage region");
+        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
+        let mut cuda = CudaTable::empty(true);
+        cuda.cuDeviceGetUuid_v2 = Some(uuid);
+        let dev = devices.device(&cuda, 0).expect("device 0");
+        (t, Overhead::new(devices), dev)
+    }
+
+    fn used(o: &Overhead, dev: Dev) -> u64 {
+        o.devices.usage().container_used(dev.id)
+    }
+
+    /// A charge admitted against the cap that does not fit is refused with nothing changed; a measurement
+    /// (not admitted) is charged whatever the cap; shrinking gives the bytes back to the usage file.
+    #[test]
+    fn an_admitted_growth_over_the_cap_is_refused_and_a_measurement_is_not() {
+        let (_t, o, dev) = setup(100 * MIB);
+        let _g = o.lock();
+        assert_eq!(o.set(dev, 60 * MIB, true), Ok(()));
+        assert_eq!((o.of(dev), used(&o, dev)), (60 * MIB, 60 * MIB));
+        assert_eq!(o.set(dev, 120 * MIB, true), Err(OverCap));
+        assert_eq!((o.of(dev), used(&o, dev)), (60 * MIB, 60 * MIB));
+        assert_eq!(o.set(dev, 120 * MIB, false), Ok(()));
+        assert_eq!((o.of(dev), used(&o, dev)), (120 * MIB, 120 * MIB));
+        assert_eq!(o.set(dev, 10 * MIB, true), Ok(()));
+        assert_eq!((o.of(dev), used(&o, dev)), (10 * MIB, 10 * MIB));
+    }
+
+    /// A reservation is admitted against the cap and stays in flight until settled; it returns the charge
+    /// before it less what was already in flight (what a creation's cost is learned against).
+    #[test]
+    fn a_reservation_is_admitted_in_flight_and_its_base_leaves_others_in_flight_out() {
+        let (_t, o, dev) = setup(100 * MIB);
+        let _g = o.lock();
+        o.set(dev, 10 * MIB, false).expect("measured");
+        assert_eq!(o.reserve(dev, 30 * MIB), Ok(10 * MIB));
+        assert_eq!(o.reserve(dev, 20 * MIB), Ok(10 * MIB));
+        assert_eq!((o.of(dev), o.inflight(dev)), (60 * MIB, 50 * MIB));
+        assert_eq!(o.reserve(dev, 50 * MIB), Err(OverCap));
+        assert_eq!((o.of(dev), o.inflight(dev)), (60 * MIB, 50 * MIB));
+        o.settle(dev, 30 * MIB);
+        assert_eq!(o.inflight(dev), 20 * MIB);
+    }
+
+    /// An allocation must measure a context it never saw created only while none of ours is live on the
+    /// device and none was measured (one allocation measures: the flag is taken); a forked child forgets
+    /// charges, holdings and that flag.
+    #[test]
+    fn an_unseen_context_is_measured_once_and_a_child_starts_afresh() {
+        let (_t, o, dev) = setup(100 * MIB);
+        assert!(o.unseen_unmeasured(dev));
+        o.context_counted(0x10, 0);
+        assert!(!o.unseen_unmeasured(dev));
+        o.context_uncounted(0x10, 0);
+        assert!(o.unseen_unmeasured(dev));
+        assert!(o.unseen_measuring(dev) && !o.unseen_measuring(dev));
+        assert!(!o.unseen_unmeasured(dev));
+        o.unseen_unmark(dev);
+        assert!(o.unseen_measuring(dev));
+        {
+            let _g = o.lock();
+            o.reserve(dev, 5 * MIB).expect("fits");
+        }
+        o.reset();
+        assert!(o.unseen_unmeasured(dev));
+        assert_eq!((o.of(dev), o.inflight(dev)), (0, 0));
+    }
+
+    /// A creation's estimate is the default until one was measured, then what the last one cost over its
+    /// base; without NVML the estimate counts live contexts (a primary once), modules and first uses, and an
+    /// unloaded module takes its first-use charges and owner with it.
+    #[test]
+    fn creations_learn_their_cost_and_the_estimate_follows_the_holdings() {
+        let (_t, o, dev) = setup(1 << 40);
+        let ctx = Creation::Context(0);
+        assert_eq!(o.creation_estimate(0, ctx), CTX_ESTIMATE);
+        assert_eq!(o.creation_estimate(0, Creation::Module), MODULE_ESTIMATE);
+        {
+            let _g = o.lock();
+            o.set(dev, 300 * MIB, false).expect("measured");
+        }
+        o.learn(dev, ctx, 100 * MIB);
+        assert_eq!(o.creation_estimate(0, ctx), 200 * MIB);
+        assert_eq!(o.creation_estimate(0, Creation::Module), MODULE_ESTIMATE);
+
+        assert_eq!(o.estimate(0), 0);
+        assert!(o.primary_unheld(0));
+        o.primary_counted(0);
+        o.primary_counted(0);
+        assert!(!o.primary_unheld(0));
+        o.context_counted(0x20, 0);
+        o.module_counted();
+        o.own(0x30, 0);
+        o.image_loaded(0x30, false, Some(MIB));
+        assert_eq!(o.charge_lazy(0x30, 0x20, 0, 3 * MIB, false), 3 * MIB);
+        assert_eq!(o.charge_lazy(0x30, 0x20, 0, 3 * MIB, false), 0);
+        assert_eq!(o.estimate(0), 2 * CTX_ESTIMATE + MODULE_ESTIMATE + 3 * MIB);
+        assert_eq!(o.image_of(0x30).and_then(|i| i.bytes), Some(MIB));
+        assert_eq!(o.module_uncounted(0x30), Some(0));
+        assert_eq!((o.image_of(0x30).is_none(), o.owner_of(0x30)), (true, None));
+        assert_eq!(o.estimate(0), 2 * CTX_ESTIMATE);
+        o.primary_uncounted(0, true);
+        assert!(o.primary_unheld(0));
+        assert_eq!(o.estimate(0), CTX_ESTIMATE);
+    }
 
     /// A forked child resets the images and first-use charges (`Holdings::reset`): the fork must hold their
     /// locks, or one a parent thread held at the fork keeps the child waiting for ever (a chaos fork run's

@@ -116,7 +116,7 @@ impl Memory {
         figure: Figure,
     ) -> Result<(), OverCap> {
         let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
-        let _g = self.overhead_lock.lock();
+        let _g = self.overhead.lock();
         let used = match figure {
             Figure::Used(u) => u,
             Figure::NoNvml => return Ok(()),
@@ -131,7 +131,7 @@ impl Memory {
         // an instant. Above it, each reconciliation replaces the last one's excess (so one that caught a
         // charge still being settled is corrected by the next).
         let base = self.overhead_of(dev).saturating_sub(self.first_use.excess(dev));
-        let target = (used.saturating_sub(ledger) + self.holdings.inflight(dev)).max(base);
+        let target = (used.saturating_sub(ledger) + self.overhead.inflight(dev)).max(base);
         if self.set_overhead_locked(dev, target, false).is_ok() {
             self.first_use.set_excess(dev, target - base);
         }
@@ -175,7 +175,7 @@ impl Memory {
     fn container_figure(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
         let uuid = self.devices.uuid_of(dev.ordinal)?;
         let list = nvml.processes(&uuid)?;
-        let own = [std::process::id(), self.host.get().unwrap_or(0)];
+        let own = [std::process::id(), self.overhead.host().get().unwrap_or(0)];
         Some(
             list.iter()
                 .filter(|p| self.devices.is_member(p.pid, &own))
