@@ -1,10 +1,25 @@
 //! The driver queries memory's families ask, behind one trait (as the throttle's `Gpu`): the real table in
 //! the shim, a fake in unit tests. The stack's pricing (`stack`) and graphs (`graphs`: the walk, the graph
 //! pools' reserved size) go through it; stream-ordered pools (`pools`: reserved and used sizes, the devices' pools) and imports (`interprocess`: their device and size) too; the other families' queries still take the `CudaTable`.
+//! NVML's process lists, which overhead's measurement and the host pid read, are behind [`Processes`].
 
 use crate::driver::cuda::CudaTable;
+use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
+use crate::ffi::nvml::nvmlProcessInfo_v2_t;
 use std::ffi::c_int;
+
+/// What overhead's measurement and the host pid ask NVML (the real library in the shim, a fake in tests).
+pub(crate) trait Processes {
+    /// The processes NVML lists on the device with this UUID; `None`: NVML cannot tell.
+    fn processes(&self, uuid: &[u8; 16]) -> Option<Vec<nvmlProcessInfo_v2_t>>;
+}
+
+impl Processes for Nvml {
+    fn processes(&self, uuid: &[u8; 16]) -> Option<Vec<nvmlProcessInfo_v2_t>> {
+        Nvml::processes(self, uuid)
+    }
+}
 
 /// What pricing asks the driver. Each answer is the driver's, or its error.
 pub(crate) trait Driver {

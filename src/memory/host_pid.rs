@@ -7,19 +7,21 @@
 //! and the burst controller recognise us. An ambiguous diff (several processes creating contexts at the same
 //! moment) is narrowed at later context creations and module loads.
 
-use super::Memory;
+use super::driver::Processes;
+use crate::devices::Devices;
 use crate::driver::cuda::CudaTable;
-use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::{CUdevice, CUresult};
 use crate::locks::Lock;
 use crate::log::{log, Level};
 use cuquota_core::region::SlotState;
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
-/// Touched only on context creation and module load, and only while the pid is unknown.
-#[derive(Default)]
+/// Touched only on context creation and module load, and only while the pid is unknown. What it learns is
+/// recorded through its own `Devices` (the usage slot, HAMi's file, the throttle's proof).
 pub(crate) struct HostPid {
+    devices: Arc<Devices>,
     /// The learned host pid (0 = unknown).
     pid: AtomicU32,
     /// Bit per ordinal (< 64): a context creation on that device has started in this process. Only the first
@@ -36,6 +38,17 @@ pub(crate) struct HostPid {
 }
 
 impl HostPid {
+    pub(super) fn new(devices: Arc<Devices>) -> HostPid {
+        HostPid {
+            devices,
+            pid: AtomicU32::new(0),
+            touched: AtomicU64::new(0),
+            busy: AtomicBool::new(false),
+            candidates: Lock::new(None),
+            proof_dev: AtomicU32::new(0),
+        }
+    }
+
     /// The learned host pid, if any (one atomic load).
     pub(crate) fn get(&self) -> Option<u32> {
         match self.pid.load(Ordering::Acquire) {
@@ -109,9 +122,9 @@ fn unseen_context(cuda: &CudaTable, dev: CUdevice) -> bool {
     !r.ok() || active != 0
 }
 
-impl Memory {
+impl HostPid {
     /// The pids NVML lists on the device of `ordinal`.
-    fn nvml_pids(&self, nvml: &Nvml, ordinal: CUdevice) -> Option<Vec<u32>> {
+    fn nvml_pids(&self, nvml: &dyn Processes, ordinal: CUdevice) -> Option<Vec<u32>> {
         let uuid = self.devices.uuid_of(ordinal)?;
         let list = nvml.processes(&uuid)?;
         Some(list.iter().map(|p| p.pid).collect())
@@ -119,7 +132,8 @@ impl Memory {
 
     /// Host pids other live processes of the container recorded in their usage slots.
     fn member_host_pids(&self) -> Vec<u32> {
-        self.usage()
+        self.devices
+            .usage()
             .processes()
             .into_iter()
             .filter(|p| p.state == SlotState::Live && p.host_pid != 0)
@@ -129,32 +143,33 @@ impl Memory {
 
     /// Records our host pid: in the process state and in our usage slot (claimed if needed).
     fn learned(&self, pid: u32) {
-        self.overhead.host().pid.store(pid, Ordering::Release);
-        *self.overhead.host().candidates.lock() = None;
+        self.pid.store(pid, Ordering::Release);
+        *self.candidates.lock() = None;
         self.devices.hami_host_pid(pid);
-        match self.usage().process_slot() {
-            Ok(slot) => self.usage().set_host_pid(slot, pid),
+        let usage = self.devices.usage();
+        match usage.process_slot() {
+            Ok(slot) => usage.set_host_pid(slot, pid),
             Err(e) => log!(Level::Warn, "host pid {pid} not recorded: no usage slot ({e})"),
         }
     }
 
     /// NVML listed us as `pid` (found by our own pid, or by the host pid learned earlier).
     pub(super) fn listed_as(&self, pid: u32) {
-        if pid == std::process::id() && self.overhead.host().get().is_none() {
+        if pid == std::process::id() && self.get().is_none() {
             self.learned(pid);
-        } else if let Some(slot) = self.usage().cached_slot() {
-            self.usage().set_host_pid(slot, pid);
+        } else if let Some(slot) = self.devices.usage().cached_slot() {
+            self.devices.usage().set_host_pid(slot, pid);
             self.devices.hami_host_pid(pid);
         }
     }
 
     /// This process's last hooked context on `dev` is gone: a proof made there that NVML still lists is
     /// withdrawn (no correction from then on).
-    pub(super) fn last_context_gone(&self, nvml: &Nvml, dev: CUdevice) {
+    pub(super) fn last_context_gone(&self, nvml: &dyn Processes, dev: CUdevice) {
         let Some(p) = self.devices.host_pid() else {
             return;
         };
-        if self.overhead.host().proof_dev.load(Ordering::Relaxed) != dev as u32 + 1 {
+        if self.proof_dev.load(Ordering::Relaxed) != dev as u32 + 1 {
             return;
         }
         if !proof_stands(p, self.nvml_pids(nvml, dev).as_deref()) {
@@ -162,64 +177,66 @@ impl Memory {
                 Level::Warn,
                 "device {dev}: pid {p} still listed after our last context: not ours"
             );
-            self.overhead.host().proof_dev.store(0, Ordering::Relaxed);
+            self.proof_dev.store(0, Ordering::Relaxed);
             self.devices.host_pid_proven(0);
         }
     }
 
-    /// Runs a context-creating driver call on `ordinal`, learning our host pid around it when needed.
+    /// Runs a context-creating driver call on `ordinal`, learning our host pid around it when needed (`live`:
+    /// whether this process holds a live context on an ordinal, for a retry of an ambiguous diff).
     pub(super) fn creating_context(
         &self,
         cuda: &CudaTable,
-        nvml: &Nvml,
+        nvml: &dyn Processes,
         ordinal: CUdevice,
+        live: impl Fn(CUdevice) -> bool,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         let before = self
-            .host_pid_before(nvml, ordinal)
+            .before(nvml, ordinal, live)
             .map(|b| (b, unseen_context(cuda, ordinal)));
         let r = call();
-        self.host_pid_after(nvml, ordinal, before, r.ok());
+        self.after(nvml, ordinal, before, r.ok());
         r
     }
 
     /// Before a context creation on `dev`: when our host pid is unknown and this is our first context creation
     /// on the device, NVML's pids on it (the diff's "before"). Otherwise retries an earlier ambiguous diff.
-    fn host_pid_before(&self, nvml: &Nvml, dev: CUdevice) -> Option<Vec<u32>> {
-        let host = self.overhead.host();
-        if host.get().is_some() {
+    fn before(
+        &self,
+        nvml: &dyn Processes,
+        dev: CUdevice,
+        live: impl Fn(CUdevice) -> bool,
+    ) -> Option<Vec<u32>> {
+        if self.get().is_some() {
             return None;
         }
         let bit = 1u64.checked_shl(u32::try_from(dev).ok()?)?;
-        if host.touched.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
-            self.retry_host_pid(nvml);
+        if self.touched.fetch_or(bit, Ordering::AcqRel) & bit != 0 {
+            self.retry(nvml, live);
             return None;
         }
-        if !host.try_begin() {
+        if !self.try_begin() {
             return None;
         }
         match self.nvml_pids(nvml, dev) {
             Some(b) if !b.contains(&std::process::id()) => Some(b),
             _ => {
-                host.end();
+                self.end();
                 None
             }
         }
     }
 
-    /// After the context creation that [`Memory::host_pid_before`] prepared (`before` is `Some`): diffs NVML's
-    /// list.
-    fn host_pid_after(&self, nvml: &Nvml, dev: CUdevice, before: Option<(Vec<u32>, bool)>, created: bool) {
+    /// After the context creation that [`HostPid::before`] prepared (`before` is `Some`): diffs NVML's list.
+    fn after(&self, nvml: &dyn Processes, dev: CUdevice, before: Option<(Vec<u32>, bool)>, created: bool) {
         let Some((before, unseen)) = before else {
             return;
         };
         if created {
             if let Some(after) = self.nvml_pids(nvml, dev) {
                 if let Some(p) = proven_pid(&before, &after, unseen) {
-                    self.overhead
-                        .host()
-                        .proof_dev
-                        .store(dev as u32 + 1, Ordering::Relaxed);
+                    self.proof_dev.store(dev as u32 + 1, Ordering::Relaxed);
                     self.devices.host_pid_proven(p);
                 }
                 if after.contains(&std::process::id()) {
@@ -236,27 +253,26 @@ impl Memory {
                                 "device {dev}: host pid ambiguous (new NVML pids {new:?}); retried later"
                             );
                             if new.len() >= 2 {
-                                *self.overhead.host().candidates.lock() = Some((dev, new));
+                                *self.candidates.lock() = Some((dev, new));
                             }
                         }
                     }
                 }
             }
         }
-        self.overhead.host().end();
+        self.end();
     }
 
     /// Retries an ambiguous diff: of its new pids, those NVML still lists on that device and that no other
     /// process of the container has recorded; exactly one left → that is us. Needs a live context of ours on
-    /// the device (so that we are still listed there).
-    pub(super) fn retry_host_pid(&self, nvml: &Nvml) {
-        let host = self.overhead.host();
-        if host.get().is_some() || !host.try_begin() {
+    /// the device (so that we are still listed there: `live`).
+    pub(super) fn retry(&self, nvml: &dyn Processes, live: impl Fn(CUdevice) -> bool) {
+        if self.get().is_some() || !self.try_begin() {
             return;
         }
-        let pending = host.candidates.lock().clone();
+        let pending = self.candidates.lock().clone();
         if let Some((dev, cands)) = pending {
-            if self.overhead.live_contexts(dev) > 0 {
+            if live(dev) {
                 if let Some(now) = self.nvml_pids(nvml, dev) {
                     let still: Vec<u32> = cands.into_iter().filter(|p| now.contains(p)).collect();
                     match new_host_pid(&[], &still, &self.member_host_pids()) {
@@ -269,13 +285,13 @@ impl Memory {
                         }
                         Err(left) => {
                             log!(Level::Debug, "device {dev}: host pid still ambiguous ({left:?})");
-                            *host.candidates.lock() = (left.len() >= 2).then_some((dev, left));
+                            *self.candidates.lock() = (left.len() >= 2).then_some((dev, left));
                         }
                     }
                 }
             }
         }
-        host.end();
+        self.end();
     }
 }
 

@@ -20,6 +20,7 @@
 //! Without NVML (library missing, or our pid not in its list and the host pid not learned) the overhead is
 //! estimated: [`CTX_ESTIMATE`] per live context and [`MODULE_ESTIMATE`] per loaded module/library.
 
+use super::driver::Processes;
 use super::host_pid::HostPid;
 use super::{stack, usage_ok, Memory, OverCap, PerDevice};
 use crate::devices::{Dev, Devices, MAX_ORDINALS};
@@ -123,7 +124,7 @@ impl Creating<'_> {
     pub(crate) fn call(&mut self, call: impl FnOnce() -> CUresult) -> CUresult {
         let r = match self.what {
             Creation::Context(o) | Creation::Primary(o) => {
-                self.mem.creating_context(self.cuda, self.nvml, o, call)
+                self.mem.overhead.creating_context(self.cuda, self.nvml, o, call)
             }
             Creation::Module => call(),
         };
@@ -203,11 +204,11 @@ pub(super) struct Overhead {
 impl Overhead {
     pub(super) fn new(devices: Arc<Devices>) -> Overhead {
         Overhead {
-            devices,
             charged: std::array::from_fn(|_| AtomicU64::new(0)),
             lock: Lock::new(()),
             holdings: Holdings::default(),
-            host: HostPid::default(),
+            host: HostPid::new(devices.clone()),
+            devices,
         }
     }
 
@@ -232,6 +233,23 @@ impl Overhead {
     #[inline(always)]
     pub(super) fn host(&self) -> &HostPid {
         &self.host
+    }
+
+    /// Runs a context-creating driver call on `ordinal`, learning the host pid around it when needed.
+    pub(super) fn creating_context(
+        &self,
+        cuda: &CudaTable,
+        nvml: &dyn Processes,
+        ordinal: CUdevice,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let live = |o| self.live_contexts(o) > 0;
+        self.host.creating_context(cuda, nvml, ordinal, live, call)
+    }
+
+    /// Retries an ambiguous host-pid diff (a module or library was loaded: see [`HostPid::retry`]).
+    pub(super) fn retry_host_pid(&self, nvml: &dyn Processes) {
+        self.host.retry(nvml, |o| self.live_contexts(o) > 0);
     }
 
     /// Moves the charge on `dev` to `target` bytes (the caller holds [`Overhead::lock`]). Growth is admitted
@@ -700,7 +718,7 @@ impl Memory {
             list.iter().find(|p| p.pid == host)
         });
         if let Some(p) = found {
-            self.listed_as(p.pid);
+            self.overhead.host().listed_as(p.pid);
             return Figure::Used(p.usedGpuMemory);
         }
         if self.overhead.live_contexts(dev.ordinal) == 0 {
@@ -894,7 +912,7 @@ impl Memory {
         if self.overhead.live_contexts(d.ordinal) == 0 {
             self.overhead.unseen_unmark(d);
             self.forget_context_allocations(cuda, d);
-            self.last_context_gone(nvml, d.ordinal);
+            self.overhead.host().last_context_gone(nvml, d.ordinal);
         } else {
             self.forget_dead_allocations(cuda, d);
         }
@@ -1142,7 +1160,7 @@ impl Memory {
     fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
         self.overhead.module_counted();
         self.first_use.arm();
-        self.retry_host_pid(nvml);
+        self.overhead.retry_host_pid(nvml);
         let Some(d) = self.devices.current(cuda) else {
             return Ok(());
         };
@@ -1170,7 +1188,7 @@ impl Memory {
     fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
         self.overhead.module_counted();
         self.first_use.arm();
-        self.retry_host_pid(nvml);
+        self.overhead.retry_host_pid(nvml);
         self.measure_all(nvml, true)
     }
 
@@ -1184,6 +1202,7 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
+    use super::super::driver::fake::Fake;
     use super::super::tests::{temp_path, TempRegion};
     use super::*;
     use cuquota_core::{Config, Policy, UsageRegion};
@@ -1194,6 +1213,13 @@ mod tests {
         // SAFETY: the caller's out-pointer.
         unsafe { (*u).bytes = [dev as u8 + 5; 16] };
         CUresult::SUCCESS
+    }
+
+    /// A driver that knows device 0's UUID (and nothing else).
+    fn cuda() -> CudaTable {
+        let mut cuda = CudaTable::empty(true);
+        cuda.cuDeviceGetUuid_v2 = Some(uuid);
+        cuda
     }
 
     /// The overhead family on device 0 of a fresh usage file, capped at `cap`.
@@ -1208,9 +1234,7 @@ mod tests {
         };
         let usage = UsageRegion::open(&t.path).expect("usage region");
         let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
-        let mut cuda = CudaTable::empty(true);
-        cuda.cuDeviceGetUuid_v2 = Some(uuid);
-        let dev = devices.device(&cuda, 0).expect("device 0");
+        let dev = devices.device(&cuda(), 0).expect("device 0");
         (t, Overhead::new(devices), dev)
     }
 
@@ -1310,6 +1334,42 @@ mod tests {
         o.primary_uncounted(0, true);
         assert!(o.primary_unheld(0));
         assert_eq!(o.estimate(0), CTX_ESTIMATE);
+    }
+
+    /// In a pid namespace (NVML never lists our own pid) the host pid is the one new pid NVML lists after our
+    /// first context creation on a device. Two new pids (a sibling created one at the same moment) teach
+    /// nothing, not even later while both are listed; once the sibling's is gone, a module load's retry learns
+    /// ours, and it is recorded in our usage slot.
+    #[test]
+    fn an_ambiguous_host_pid_diff_learns_nothing_until_the_other_pid_goes() {
+        let (us, sibling, other) = (100_007, 100_008, 5);
+        let (_t, o, _dev) = setup(1 << 40);
+        let nvml = Fake::default();
+        let create = |o: &Overhead, listed: &[(u32, u64)]| {
+            nvml.list(Some(&[(other, MIB)]));
+            let r = o.creating_context(&cuda(), &nvml, 0, || {
+                nvml.list(Some(listed));
+                CUresult::SUCCESS
+            });
+            assert_eq!(r, CUresult::SUCCESS);
+        };
+        create(&o, &[(other, MIB), (us, 300 * MIB), (sibling, 300 * MIB)]);
+        o.context_counted(0x10, 0);
+        assert_eq!(o.host().get(), None);
+        o.retry_host_pid(&nvml);
+        assert_eq!(o.host().get(), None, "both new pids still listed");
+        nvml.list(Some(&[(other, MIB), (us, 300 * MIB)]));
+        o.retry_host_pid(&nvml);
+        assert_eq!(o.host().get(), Some(us));
+        let usage = o.devices.usage();
+        let slot = usage.cached_slot().expect("our slot");
+        let ours = usage.processes().into_iter().find(|p| p.slot == slot);
+        assert_eq!(ours.map(|p| p.host_pid), Some(us));
+
+        // The control: a first creation that adds one pid learns it at once.
+        let (_t, o, _dev) = setup(1 << 40);
+        create(&o, &[(other, MIB), (us, 300 * MIB)]);
+        assert_eq!(o.host().get(), Some(us));
     }
 
     /// A forked child resets the images and first-use charges (`Holdings::reset`): the fork must hold their

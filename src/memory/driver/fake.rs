@@ -1,7 +1,7 @@
 //! The one fake driver of memory's unit tests. Queries: it knows what a test told it (pools' reserved and used
 //! sizes, the device and size of allocations), refuses every other question, and counts the questions it was
 //! asked. Elastic memory's moves: address ranges, handles with their bytes, mappings, each call counted by
-//! name, and the calls a test told to fail.
+//! name, and the calls a test told to fail. NVML: the process list a test set.
 
 use super::*;
 use std::cell::{Cell, RefCell};
@@ -21,6 +21,8 @@ pub(crate) struct Fake {
     /// Questions asked.
     pub(crate) asked: Cell<u32>,
     vmm: RefCell<Vmm>,
+    /// NVML's process list on every device: (pid, used bytes); `None`: NVML cannot tell.
+    listed: RefCell<Option<Vec<(u32, u64)>>>,
 }
 
 /// What the VMM calls made and unmade.
@@ -112,6 +114,11 @@ impl Fake {
     pub(crate) fn on_host(&self, p: u64) -> bool {
         let s = self.vmm.borrow();
         s.handles[&s.maps[&p]].1
+    }
+
+    /// NVML lists these (pid, used bytes) on every device from now on (`None`: it cannot tell).
+    pub(crate) fn list(&self, listed: Option<&[(u32, u64)]>) {
+        *self.listed.borrow_mut() = listed.map(<[_]>::to_vec);
     }
 
     /// Handles, mappings and reservations alive.
@@ -266,5 +273,17 @@ impl Driver for Fake {
     }
     fn synchronize(&self) -> Result<(), CUresult> {
         Ok(())
+    }
+}
+
+impl Processes for Fake {
+    fn processes(&self, _uuid: &[u8; 16]) -> Option<Vec<nvmlProcessInfo_v2_t>> {
+        let l = self.listed.borrow();
+        let procs = l.as_ref()?.iter().map(|&(pid, used)| nvmlProcessInfo_v2_t {
+            pid,
+            usedGpuMemory: used,
+            ..Default::default()
+        });
+        Some(procs.collect())
     }
 }
