@@ -36,6 +36,7 @@ mod vmm_ops;
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
+use crate::ffi::cuda::CUresult;
 use crate::locks::{hold_all, release_all, Side};
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
@@ -348,15 +349,37 @@ impl Memory {
     /// Moves this process's overhead charge on `dev` to `target` bytes (the caller holds the overhead lock; see
     /// `Overhead::set`) and publishes it.
     fn set_overhead_locked(&self, dev: Dev, target: u64, admit: bool) -> Result<(), OverCap> {
-        self.overhead.set(dev, target, admit)?;
-        self.overhead_published(dev);
-        Ok(())
+        self.overhead.set_published(self, dev, target, admit)
     }
 
-    /// The overhead charge on `dev` moved: HAMi's file shows it, and a reconciliation's excess is in it now.
-    fn overhead_published(&self, dev: Dev) {
-        self.hami_publish(dev.id);
-        self.first_use.set_excess(dev, 0);
+    /// What NVML says this process holds on `dev` (see `Overhead::figure`).
+    fn nvml_figure(&self, nvml: &Nvml, dev: Dev) -> overhead::Figure {
+        self.overhead.figure(nvml, dev)
+    }
+
+    /// Before a call that grows a reservation on `dev` by about `growth` bytes (see `Overhead::growing`).
+    fn growing(&self, dev: Dev, growth: u64) -> Result<(), OverCap> {
+        self.overhead.growing(self, dev, growth)
+    }
+
+    /// The call [`Memory::growing`] admitted returned `r`, NVML's figure `used` (see `Overhead::grown_to`).
+    fn grown_to(
+        &self,
+        nvml: &Nvml,
+        dev: Dev,
+        growth: u64,
+        r: CUresult,
+        undo: Option<impl FnOnce() -> CUresult>,
+        used: Option<u64>,
+    ) -> CUresult {
+        self.overhead.grown_to(self, nvml, dev, growth, r, undo, used)
+    }
+
+    /// A context on `dev` we never saw created is charged before an allocation in it (see
+    /// `Overhead::adopt_unseen`; two relaxed loads when there is none).
+    #[inline(always)]
+    fn adopt_unseen_context(&self, nvml: &Nvml, dev: Dev) -> Result<(), OverCap> {
+        self.overhead.adopt_unseen(self, nvml, dev)
     }
 
     // ---- fork ----------------------------------------------------------------------------------------------
@@ -426,6 +449,21 @@ impl Memory {
             self.graph.fork_release_leaves(side);
             self.overhead.fork_release_leaves(side);
         }
+    }
+}
+
+impl overhead::Others for Memory {
+    fn allocated(&self, dev: Dev) -> u64 {
+        Memory::allocated(self, dev)
+    }
+
+    fn lingering(&self, dev: Dev) -> u64 {
+        Memory::lingering(self, dev)
+    }
+
+    fn published(&self, dev: Dev) {
+        self.hami_publish(dev.id);
+        self.first_use.set_excess(dev, 0);
     }
 }
 

@@ -52,7 +52,7 @@ struct Holdings {
     /// Per ordinal: the last measured cost of a context and of a module (0: none measured yet).
     learned_ctx: [AtomicU64; MAX_ORDINALS],
     learned_module: [AtomicU64; MAX_ORDINALS],
-    /// Per ordinal: a context we never saw created was measured ([`Memory::adopt_unseen_context`]).
+    /// Per ordinal: a context we never saw created was measured ([`Overhead::adopt_unseen`]).
     unseen_measured: [AtomicBool; MAX_ORDINALS],
     /// Module or library handle → what its image takes at first uses ([`Image`]).
     images: Lock<HashMap<usize, Image>>,
@@ -162,7 +162,7 @@ impl Drop for Creating<'_> {
         self.returned();
         if let (false, Some(res)) = (self.measured, &self.res) {
             // Nothing was created: the estimate goes back.
-            let _ = self.mem.measure(self.nvml, res.dev, false);
+            let _ = self.mem.overhead.measure(self.mem, self.nvml, res.dev, false);
         }
     }
 }
@@ -289,7 +289,7 @@ impl Overhead {
     }
 
     /// Whether an allocation on `d` must first measure a context we never saw created (no context of ours
-    /// is live there and none was measured): two relaxed loads, see [`Memory::adopt_unseen_context`].
+    /// is live there and none was measured): two relaxed loads, see [`Overhead::adopt_unseen`].
     #[inline(always)]
     pub(super) fn unseen_unmeasured(&self, d: Dev) -> bool {
         if self.holdings.live_contexts(d.ordinal) > 0 {
@@ -652,6 +652,231 @@ impl Holdings {
     }
 }
 
+/// What overhead needs from the other families (`Memory` composes them; a recorder in unit tests).
+pub(super) trait Others {
+    /// Bytes of allocations this process has charged on `dev` (not overhead).
+    fn allocated(&self, dev: Dev) -> u64;
+    /// Bytes on `dev` of exports this process let go of that others still hold (they may still count as this
+    /// process's in NVML's figure: not overhead). Read before the overhead lock: the fork handlers take the
+    /// shared table's lock first.
+    fn lingering(&self, dev: Dev) -> u64;
+    /// The overhead charge on `dev` moved: HAMi's file shows it, and a reconciliation's excess is in it now.
+    fn published(&self, dev: Dev);
+}
+
+/// Measurement: NVML's figure for this process, what it charges, and the reservations of creations and
+/// growing calls it settles.
+impl Overhead {
+    /// This process's `usedGpuMemory` on `dev` per NVML: `Some(0)` when NVML lists us nowhere and we hold no
+    /// context there, `None` when NVML cannot tell. We are the entry with our pid, else with our learned host pid.
+    pub(super) fn used(&self, nvml: &dyn Processes, dev: Dev) -> Option<u64> {
+        match self.figure(nvml, dev) {
+            Figure::Used(u) => Some(u),
+            Figure::NoNvml | Figure::NotListed => None,
+        }
+    }
+
+    /// [`Overhead::used`], telling "NVML answers but does not list this process while it holds a context"
+    /// (host pid unknown or ambiguous) from "no NVML figure at all".
+    pub(super) fn figure(&self, nvml: &dyn Processes, dev: Dev) -> Figure {
+        let Some(uuid) = self.devices.uuid_of(dev.ordinal) else {
+            return Figure::NoNvml;
+        };
+        let Some(list) = nvml.processes(&uuid) else {
+            return Figure::NoNvml;
+        };
+        let me = std::process::id();
+        let found = list.iter().find(|p| p.pid == me).or_else(|| {
+            let host = self.host.get()?;
+            list.iter().find(|p| p.pid == host)
+        });
+        if let Some(p) = found {
+            self.host.listed_as(p.pid);
+            return Figure::Used(p.usedGpuMemory);
+        }
+        if self.live_contexts(dev.ordinal) == 0 {
+            return Figure::Used(0);
+        }
+        Figure::NotListed
+    }
+
+    /// Moves the charge on `dev` to `target` bytes (the caller holds [`Overhead::lock`]; see [`Overhead::set`])
+    /// and publishes it.
+    pub(super) fn set_published(
+        &self,
+        o: &dyn Others,
+        dev: Dev,
+        target: u64,
+        admit: bool,
+    ) -> Result<(), OverCap> {
+        self.set(dev, target, admit)?;
+        o.published(dev);
+        Ok(())
+    }
+
+    /// Re-measures this process's overhead on `dev`: NVML's figure less what `o`'s allocations and lingering
+    /// exports hold, else the estimate, plus the reservations in flight. `admit`: growth must fit under the cap.
+    pub(super) fn measure(
+        &self,
+        o: &dyn Others,
+        nvml: &dyn Processes,
+        dev: Dev,
+        admit: bool,
+    ) -> Result<(), OverCap> {
+        let lingering = o.lingering(dev);
+        let _g = self.lock();
+        let target = match self.used(nvml, dev) {
+            Some(used) => used.saturating_sub(o.allocated(dev).saturating_add(lingering)),
+            None => self.estimate(dev.ordinal),
+        } + self.inflight(dev);
+        let r = self.set_published(o, dev, target, admit);
+        log!(
+            Level::Debug,
+            "device {}: overhead {} bytes ({})",
+            dev.ordinal,
+            target,
+            if r.is_ok() { "charged" } else { "over the cap" }
+        );
+        r
+    }
+
+    /// Re-measures every device we know where this process holds a context or a charge (library loads are
+    /// context-independent).
+    pub(super) fn measure_all(
+        &self,
+        o: &dyn Others,
+        nvml: &dyn Processes,
+        admit: bool,
+    ) -> Result<(), OverCap> {
+        let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
+        let mut res = Ok(());
+        for d in devs {
+            if self.live_contexts(d.ordinal) > 0 || self.of(d) > 0 {
+                if let Err(e) = self.measure(o, nvml, d, admit) {
+                    res = Err(e);
+                }
+            }
+        }
+        res
+    }
+
+    /// Reserves the estimate for `what` on `dev` (see [`Memory::creating`]).
+    fn reserve_creation(&self, o: &dyn Others, dev: Dev, what: Creation) -> Result<Reserved, OverCap> {
+        let est = self.creation_estimate(dev.ordinal, what);
+        // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
+        let _g = self.lock();
+        let base = self.reserve(dev, est)?;
+        o.published(dev);
+        Ok(Reserved { dev, est, base })
+    }
+
+    /// An allocation admitted on `d` while this process holds no context there that we saw created: that
+    /// context came from a path we do not hook (`cuGetExportTable`'s CUDART_INTERFACE slot 2 retains the
+    /// primary context inside the driver). Measure this process on `d` with NVML, once (again after its
+    /// contexts there are gone), before admitting anything in it; without an NVML figure nothing is guessed.
+    /// `Err`: over the cap (measured again at the next allocation, which is refused again).
+    #[inline(always)]
+    pub(super) fn adopt_unseen(&self, o: &dyn Others, nvml: &impl Processes, d: Dev) -> Result<(), OverCap> {
+        if self.unseen_unmeasured(d) {
+            return self.adopt_unseen_slow(o, nvml, d);
+        }
+        Ok(())
+    }
+
+    /// [`Overhead::adopt_unseen`] when no context of ours is live on `d` (out of line).
+    #[inline(never)]
+    fn adopt_unseen_slow(&self, o: &dyn Others, nvml: &dyn Processes, d: Dev) -> Result<(), OverCap> {
+        if !self.unseen_measuring(d) || self.used(nvml, d).is_none() {
+            return Ok(());
+        }
+        let r = self.measure(o, nvml, d, true);
+        if r.is_err() {
+            self.unseen_unmark(d);
+        }
+        r
+    }
+
+    /// Before a call that grows a reservation on `dev` by about `growth` bytes: admitted as overhead (`Err`:
+    /// over the cap, nothing charged). Always followed by [`Overhead::grown`] once the call returned.
+    pub(super) fn growing(&self, o: &dyn Others, dev: Dev, growth: u64) -> Result<(), OverCap> {
+        if growth > 0 {
+            // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
+            let _g = self.lock();
+            self.reserve(dev, growth)?;
+            o.published(dev);
+        }
+        Ok(())
+    }
+
+    /// The call [`Overhead::growing`] admitted returned `r`: NVML's figure replaces the estimate. With `undo`
+    /// (it restores what the call raised), a measured reservation that does not fit is undone and refused: the
+    /// result is `r`, or `CUDA_ERROR_OUT_OF_MEMORY` when undone.
+    pub(super) fn grown(
+        &self,
+        o: &dyn Others,
+        nvml: &dyn Processes,
+        dev: Dev,
+        growth: u64,
+        r: CUresult,
+        undo: Option<impl FnOnce() -> CUresult>,
+    ) -> CUresult {
+        let used = self.used(nvml, dev);
+        self.grown_to(o, nvml, dev, growth, r, undo, used)
+    }
+
+    /// [`Overhead::grown`] with NVML's figure for this process on `dev` already taken (`None`: none).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grown_to(
+        &self,
+        o: &dyn Others,
+        nvml: &dyn Processes,
+        dev: Dev,
+        growth: u64,
+        r: CUresult,
+        undo: Option<impl FnOnce() -> CUresult>,
+        used: Option<u64>,
+    ) -> CUresult {
+        let lingering = o.lingering(dev); // before the overhead lock, as in `measure`
+        let g = self.lock();
+        if growth > 0 {
+            self.settle(dev, growth);
+        }
+        match used {
+            Some(used) => {
+                let target =
+                    used.saturating_sub(o.allocated(dev).saturating_add(lingering)) + self.inflight(dev);
+                let admit = r.ok() && undo.is_some();
+                if self.set_published(o, dev, target, admit).is_err() {
+                    drop(g);
+                    if let Some(undo) = undo {
+                        let u = undo();
+                        log!(
+                            Level::Warn,
+                            "device {}: a raised context limit reserved more than fits under the cap; set back ({u:?})",
+                            dev.ordinal
+                        );
+                    }
+                    let _ = self.measure(o, nvml, dev, false);
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+            }
+            None if !r.ok() => {
+                let _ = self.set_published(o, dev, self.of(dev).saturating_sub(growth), false);
+            }
+            // A raise with no estimate that NVML cannot measure would go uncharged: set back (fail closed).
+            None if growth == 0 && undo.is_some() && self.devices.memory_cap(dev).is_some() => {
+                drop(g);
+                if let Some(undo) = undo {
+                    let _ = undo();
+                }
+                return CUresult::ERROR_OUT_OF_MEMORY;
+            }
+            None => {}
+        }
+        r
+    }
+}
+
 /// What NVML says this process holds on a device.
 pub(super) enum Figure {
     Used(u64),
@@ -694,60 +919,6 @@ pub(crate) enum OverheadCall<'a> {
 }
 
 impl Memory {
-    /// This process's `usedGpuMemory` on `dev` per NVML: `Some(0)` when NVML lists us nowhere and we hold no
-    /// context there, `None` when NVML cannot tell. We are the entry with our pid, else with our learned host pid.
-    pub(super) fn nvml_used(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
-        match self.nvml_figure(nvml, dev) {
-            Figure::Used(u) => Some(u),
-            Figure::NoNvml | Figure::NotListed => None,
-        }
-    }
-
-    /// [`Memory::nvml_used`], telling "NVML answers but does not list this process while it holds a context"
-    /// (host pid unknown or ambiguous) from "no NVML figure at all".
-    pub(super) fn nvml_figure(&self, nvml: &Nvml, dev: Dev) -> Figure {
-        let Some(uuid) = self.devices.uuid_of(dev.ordinal) else {
-            return Figure::NoNvml;
-        };
-        let Some(list) = nvml.processes(&uuid) else {
-            return Figure::NoNvml;
-        };
-        let me = std::process::id();
-        let found = list.iter().find(|p| p.pid == me).or_else(|| {
-            let host = self.overhead.host().get()?;
-            list.iter().find(|p| p.pid == host)
-        });
-        if let Some(p) = found {
-            self.overhead.host().listed_as(p.pid);
-            return Figure::Used(p.usedGpuMemory);
-        }
-        if self.overhead.live_contexts(dev.ordinal) == 0 {
-            return Figure::Used(0);
-        }
-        Figure::NotListed
-    }
-
-    /// Re-measures this process's overhead on `dev`. `admit`: growth must fit under the cap.
-    pub(super) fn measure(&self, nvml: &Nvml, dev: Dev, admit: bool) -> Result<(), OverCap> {
-        // Exports let go of but still held elsewhere may still count as this process's: not overhead. Read
-        // before the overhead lock: the fork handlers take the shared table's lock first.
-        let lingering = self.lingering(dev);
-        let _g = self.overhead.lock();
-        let target = match self.nvml_used(nvml, dev) {
-            Some(used) => used.saturating_sub(self.allocated(dev).saturating_add(lingering)),
-            None => self.overhead.estimate(dev.ordinal),
-        } + self.overhead.inflight(dev);
-        let r = self.set_overhead_locked(dev, target, admit);
-        log!(
-            Level::Debug,
-            "device {}: overhead {} bytes ({})",
-            dev.ordinal,
-            target,
-            if r.is_ok() { "charged" } else { "over the cap" }
-        );
-        r
-    }
-
     /// Before the driver creates `what`: its estimate is reserved as overhead on its device (the last cost
     /// measured for that kind there, else [`CTX_ESTIMATE`] / [`MODULE_ESTIMATE`]; nothing on a device without
     /// accounting, or for a primary context this process holds already). `Err`: it does not fit under the cap
@@ -765,7 +936,7 @@ impl Memory {
             Creation::Module => self.devices.current(cuda),
         };
         let res = match dev {
-            Some(d) => Some(self.reserve_creation(d, what)?),
+            Some(d) => Some(self.overhead.reserve_creation(self, d, what)?),
             None => None,
         };
         Ok(Creating {
@@ -777,16 +948,6 @@ impl Memory {
             res,
             measured: false,
         })
-    }
-
-    /// Reserves the estimate for `what` on `dev` (see [`Memory::creating`]).
-    fn reserve_creation(&self, dev: Dev, what: Creation) -> Result<Reserved, OverCap> {
-        let est = self.overhead.creation_estimate(dev.ordinal, what);
-        // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
-        let _g = self.overhead.lock();
-        let base = self.overhead.reserve(dev, est)?;
-        self.overhead_published(dev);
-        Ok(Reserved { dev, est, base })
     }
 
     /// `call`, the call `what` describes, with what this process's contexts and modules cost: a load is
@@ -892,20 +1053,6 @@ impl Memory {
         }
     }
 
-    /// Re-measures every device we know (library loads are context-independent).
-    fn measure_all(&self, nvml: &Nvml, admit: bool) -> Result<(), OverCap> {
-        let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
-        let mut res = Ok(());
-        for d in devs {
-            if self.overhead.live_contexts(d.ordinal) > 0 || self.overhead_of(d) > 0 {
-                if let Err(e) = self.measure(nvml, d, admit) {
-                    res = Err(e);
-                }
-            }
-        }
-        res
-    }
-
     /// After a context went away: if it was this process's last one on `d`, its allocations went with it; with
     /// others still live, the driver is asked which of the device's allocations it freed.
     fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
@@ -916,7 +1063,7 @@ impl Memory {
         } else {
             self.forget_dead_allocations(cuda, d);
         }
-        let _ = self.measure(nvml, d, false);
+        let _ = self.overhead.measure(self, nvml, d, false);
     }
 
     /// Context `ctx` was created on `ordinal`: count it and charge what it costs. `Err`: over the cap (the
@@ -932,7 +1079,7 @@ impl Memory {
             return Ok(());
         };
         self.overhead.context_counted(ctx, ordinal);
-        self.measure(nvml, d, true)
+        self.overhead.measure(self, nvml, d, true)
     }
 
     /// The destroy of `ctx` (owned by `owner`) returned: on success uncount it and re-measure; on failure it
@@ -967,32 +1114,7 @@ impl Memory {
             return Ok(());
         };
         self.overhead.primary_counted(ordinal);
-        self.measure(nvml, d, true)
-    }
-
-    /// An allocation admitted on `d` while this process holds no context there that we saw created: that context came from a path we do not hook (`cuGetExportTable`'s CUDART_INTERFACE slot 2
-    /// retains the primary context inside the driver). Measure this process on `d` with NVML, once (again after
-    /// its contexts there are gone), before admitting anything in it; without an NVML figure nothing is
-    /// guessed. `Err`: over the cap (measured again at the next allocation, which is refused again).
-    #[inline]
-    pub(crate) fn adopt_unseen_context(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
-        if self.overhead.unseen_unmeasured(d) {
-            return self.adopt_unseen_slow(nvml, d);
-        }
-        Ok(())
-    }
-
-    /// [`Memory::adopt_unseen_context`] when no context of ours is live on `d` (out of line).
-    #[inline(never)]
-    fn adopt_unseen_slow(&self, nvml: &Nvml, d: Dev) -> Result<(), OverCap> {
-        if !self.overhead.unseen_measuring(d) || self.nvml_used(nvml, d).is_none() {
-            return Ok(());
-        }
-        let r = self.measure(nvml, d, true);
-        if r.is_err() {
-            self.overhead.unseen_unmark(d);
-        }
-        r
+        self.overhead.measure(self, nvml, d, true)
     }
 
     /// The primary context of `ordinal` was released (`reset`: reset, our count drops to zero).
@@ -1067,7 +1189,7 @@ impl Memory {
         call: impl FnOnce() -> CUresult,
         undo: Option<impl FnOnce() -> CUresult>,
     ) -> CUresult {
-        if self.growing(dev, growth).is_err() {
+        if self.overhead.growing(self, dev, growth).is_err() {
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
         let r = call();
@@ -1075,84 +1197,7 @@ impl Memory {
             // A lowered stack is grown again by the next launch that needs it: every launch is a first again.
             self.first_use.forget_all();
         }
-        self.grown(nvml, dev, growth, r, undo)
-    }
-
-    /// Before a call that grows a reservation on `dev` by about `growth` bytes: admitted as overhead (`Err`:
-    /// over the cap, nothing charged). Always followed by [`Memory::grown`] once the call returned.
-    pub(super) fn growing(&self, dev: Dev, growth: u64) -> Result<(), OverCap> {
-        if growth > 0 {
-            // Under the lock, like a creation's reservation: a measurement meanwhile keeps the growth on top.
-            let _g = self.overhead.lock();
-            self.overhead.reserve(dev, growth)?;
-            self.overhead_published(dev);
-        }
-        Ok(())
-    }
-
-    /// The call [`Memory::growing`] admitted returned `r`: NVML's figure replaces the estimate. With `undo` (it
-    /// restores what the call raised), a measured reservation that does not fit is undone and refused: the
-    /// result is `r`, or `CUDA_ERROR_OUT_OF_MEMORY` when undone.
-    pub(super) fn grown(
-        &self,
-        nvml: &Nvml,
-        dev: Dev,
-        growth: u64,
-        r: CUresult,
-        undo: Option<impl FnOnce() -> CUresult>,
-    ) -> CUresult {
-        let used = self.nvml_used(nvml, dev);
-        self.grown_to(nvml, dev, growth, r, undo, used)
-    }
-
-    /// [`Memory::grown`] with NVML's figure for this process on `dev` already taken (`None`: none).
-    pub(super) fn grown_to(
-        &self,
-        nvml: &Nvml,
-        dev: Dev,
-        growth: u64,
-        r: CUresult,
-        undo: Option<impl FnOnce() -> CUresult>,
-        used: Option<u64>,
-    ) -> CUresult {
-        let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
-        let g = self.overhead.lock();
-        if growth > 0 {
-            self.overhead.settle(dev, growth);
-        }
-        match used {
-            Some(used) => {
-                let target = used.saturating_sub(self.allocated(dev).saturating_add(lingering))
-                    + self.overhead.inflight(dev);
-                let admit = r.ok() && undo.is_some();
-                if self.set_overhead_locked(dev, target, admit).is_err() {
-                    drop(g);
-                    if let Some(undo) = undo {
-                        let u = undo();
-                        log!(
-                            Level::Warn,
-                            "device {}: a raised context limit reserved more than fits under the cap; set back ({u:?})",
-                            dev.ordinal
-                        );
-                    }
-                    let _ = self.measure(nvml, dev, false);
-                    return CUresult::ERROR_OUT_OF_MEMORY;
-                }
-            }
-            None if !r.ok() => {
-                let _ = self.set_overhead_locked(dev, self.overhead_of(dev).saturating_sub(growth), false);
-            }
-            // A raise with no estimate that NVML cannot measure would go uncharged: set back (fail closed).
-            None if growth == 0 && undo.is_some() && self.limit(dev).is_some() => {
-                drop(g);
-                if let Some(undo) = undo {
-                    let _ = undo();
-                }
-                return CUresult::ERROR_OUT_OF_MEMORY;
-            }
-            None => {}
-        }
-        r
+        self.overhead.grown(self, nvml, dev, growth, r, undo)
     }
 
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
@@ -1165,7 +1210,7 @@ impl Memory {
             return Ok(());
         };
         self.overhead.own(module, d.ordinal);
-        self.measure(nvml, d, true)
+        self.overhead.measure(self, nvml, d, true)
     }
 
     /// The device of module `module`'s context, when this process loaded it.
@@ -1179,7 +1224,7 @@ impl Memory {
         let owner = self.overhead.module_uncounted(module);
         self.first_use.forget_all();
         if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
-            let _ = self.measure(nvml, d, false);
+            let _ = self.overhead.measure(self, nvml, d, false);
         }
     }
 
@@ -1189,14 +1234,14 @@ impl Memory {
         self.overhead.module_counted();
         self.first_use.arm();
         self.overhead.retry_host_pid(nvml);
-        self.measure_all(nvml, true)
+        self.overhead.measure_all(self, nvml, true)
     }
 
     /// A library was unloaded.
     fn library_unloaded(&self, nvml: &Nvml, library: usize) {
         self.overhead.library_uncounted(library);
         self.first_use.forget_all();
-        let _ = self.measure_all(nvml, false);
+        let _ = self.overhead.measure_all(self, nvml, false);
     }
 }
 
@@ -1206,6 +1251,7 @@ mod tests {
     use super::super::tests::{temp_path, TempRegion};
     use super::*;
     use cuquota_core::{Config, Policy, UsageRegion};
+    use std::cell::Cell;
 
     const MIB: u64 = 1 << 20;
 
@@ -1334,6 +1380,83 @@ mod tests {
         o.primary_uncounted(0, true);
         assert!(o.primary_unheld(0));
         assert_eq!(o.estimate(0), CTX_ESTIMATE);
+    }
+
+    /// The other families as a measurement sees them: allocations and lingering exports of fixed sizes, the
+    /// publications counted.
+    #[derive(Default)]
+    struct Net {
+        allocated: Cell<u64>,
+        lingering: Cell<u64>,
+        published: Cell<u32>,
+    }
+
+    impl Others for Net {
+        fn allocated(&self, _dev: Dev) -> u64 {
+            self.allocated.get()
+        }
+        fn lingering(&self, _dev: Dev) -> u64 {
+            self.lingering.get()
+        }
+        fn published(&self, _dev: Dev) {
+            self.published.set(self.published.get() + 1);
+        }
+    }
+
+    /// A measurement charges what NVML lists for this process less its allocations and lingering exports,
+    /// plus what is in flight, and publishes it; one not admitted (a destroy, an unload) is charged over the
+    /// cap, an admitted one (a creation) is refused there with nothing changed. Without NVML it is the estimate.
+    #[test]
+    fn a_measurement_charges_nvml_s_figure_and_only_an_admitted_one_is_refused() {
+        let (_t, o, dev) = setup(400 * MIB);
+        let nvml = Fake::default();
+        let net = Net::default();
+        net.allocated.set(100 * MIB);
+        net.lingering.set(20 * MIB);
+        o.context_counted(0x10, 0);
+        nvml.list(Some(&[(5, MIB), (std::process::id(), 400 * MIB)]));
+        assert_eq!(o.measure(&net, &nvml, dev, true), Ok(()));
+        assert_eq!(
+            (o.of(dev), used(&o, dev), net.published.get()),
+            (280 * MIB, 280 * MIB, 1)
+        );
+        {
+            let _g = o.lock();
+            o.reserve(dev, 10 * MIB).expect("fits");
+        }
+        nvml.list(Some(&[(std::process::id(), 700 * MIB)]));
+        assert_eq!(o.measure(&net, &nvml, dev, true), Err(OverCap));
+        assert_eq!(o.of(dev), 290 * MIB);
+        assert_eq!(o.measure(&net, &nvml, dev, false), Ok(()));
+        assert_eq!((o.of(dev), used(&o, dev)), (590 * MIB, 590 * MIB));
+        nvml.list(None);
+        assert_eq!(o.measure(&net, &nvml, dev, false), Ok(()));
+        assert_eq!(o.of(dev), CTX_ESTIMATE + 10 * MIB);
+    }
+
+    /// An allocation in a context we never saw created measures it once by NVML's figure; without one nothing
+    /// is guessed (nor asked again until our contexts there are gone), and a measurement over the cap refuses
+    /// and is made again at the next allocation.
+    #[test]
+    fn an_unseen_context_is_charged_once_by_nvml_s_figure_and_never_guessed() {
+        let (_t, o, dev) = setup(400 * MIB);
+        let (nvml, net) = (Fake::default(), Net::default());
+        assert_eq!(o.adopt_unseen(&net, &nvml, dev), Ok(()));
+        assert_eq!(
+            (o.of(dev), o.unseen_unmeasured(dev)),
+            (0, false),
+            "no NVML: nothing guessed"
+        );
+        o.unseen_unmark(dev);
+        nvml.list(Some(&[(std::process::id(), 500 * MIB)]));
+        assert_eq!(o.adopt_unseen(&net, &nvml, dev), Err(OverCap));
+        assert_eq!((o.of(dev), o.unseen_unmeasured(dev)), (0, true));
+        nvml.list(Some(&[(std::process::id(), 300 * MIB)]));
+        assert_eq!(o.adopt_unseen(&net, &nvml, dev), Ok(()));
+        assert_eq!((o.of(dev), o.unseen_unmeasured(dev)), (300 * MIB, false));
+        nvml.list(Some(&[(std::process::id(), 900 * MIB)]));
+        assert_eq!(o.adopt_unseen(&net, &nvml, dev), Ok(()));
+        assert_eq!((o.of(dev), net.published.get()), (300 * MIB, 1), "measured once");
     }
 
     /// In a pid namespace (NVML never lists our own pid) the host pid is the one new pid NVML lists after our
