@@ -154,7 +154,7 @@ impl<'a> FirstUseCalls<'a> {
 pub(crate) struct OverheadCalls<'a>(&'a Memory);
 
 impl<'a> OverheadCalls<'a> {
-    /// `call`, a creation, load, unload, destroy, release or limit (see `Memory::overhead_call`).
+    /// `call`, a creation, load, unload, destroy, release or limit (see `Overhead::call`).
     #[inline(always)]
     pub(crate) fn call(
         self,
@@ -163,10 +163,10 @@ impl<'a> OverheadCalls<'a> {
         what: OverheadCall<'_>,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        self.0.overhead_call(cuda, nvml, what, call)
+        self.0.overhead.call(self.0, cuda, nvml, what, call)
     }
 
-    /// Before the driver creates `what`: its estimate reserved (see `Memory::creating`).
+    /// Before the driver creates `what`: its estimate reserved (see `Overhead::creating`).
     #[cfg(test)]
     #[inline(always)]
     pub(crate) fn creating(
@@ -175,7 +175,7 @@ impl<'a> OverheadCalls<'a> {
         nvml: &'a Nvml,
         what: Creation,
     ) -> Result<Creating<'a>, OverCap> {
-        self.0.creating(cuda, nvml, what)
+        self.0.overhead.creating(self.0, cuda, nvml, what)
     }
 
     /// The host pid NVML knows this process by, once learned.

@@ -36,7 +36,7 @@ mod vmm_ops;
 use crate::devices::{Dev, Devices};
 use crate::driver::cuda::CudaTable;
 use crate::driver::nvml::Nvml;
-use crate::ffi::cuda::CUresult;
+use crate::ffi::cuda::{CUdevice, CUresult};
 use crate::locks::{hold_all, release_all, Side};
 use crate::log::{log, Level};
 use cuquota_core::region::layout::MAX_DEVICES;
@@ -375,6 +375,11 @@ impl Memory {
         self.overhead.grown_to(self, nvml, dev, growth, r, undo, used)
     }
 
+    /// The device of module `module`'s context, when this process loaded it.
+    pub(crate) fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
+        self.overhead.module_device(cuda, module)
+    }
+
     /// A context on `dev` we never saw created is charged before an allocation in it (see
     /// `Overhead::adopt_unseen`; two relaxed loads when there is none).
     #[inline(always)]
@@ -464,6 +469,32 @@ impl overhead::Others for Memory {
     fn published(&self, dev: Dev) {
         self.hami_publish(dev.id);
         self.first_use.set_excess(dev, 0);
+    }
+
+    fn code_gone(&self) {
+        self.first_use.forget_all();
+    }
+
+    fn code_loaded(&self) {
+        self.first_use.arm();
+    }
+
+    fn context_destroyed(&self, cuda: &CudaTable, ctx: usize) {
+        self.elastic.context_destroyed(cuda, ctx);
+    }
+
+    fn primary_released(&self, cuda: &CudaTable, ordinal: CUdevice, owned: &dyn Fn(usize) -> bool) {
+        if self.elastic.on() {
+            self.elastic.primary_released(cuda, ordinal, owned);
+        }
+    }
+
+    fn allocations_gone(&self, cuda: &CudaTable, dev: Dev, last: bool) {
+        if last {
+            self.forget_context_allocations(cuda, dev);
+        } else {
+            self.forget_dead_allocations(cuda, dev);
+        }
     }
 }
 

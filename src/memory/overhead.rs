@@ -7,11 +7,11 @@
 //! `used − bytes our ledger holds` as this process's overhead there. Growth on a creation path is admitted
 //! against the cap: a context that alone would exceed it is refused (the hook destroys it, a module or library
 //! is unloaded here, and the call returns `CUDA_ERROR_OUT_OF_MEMORY`). Hooks call one door,
-//! [`Memory::overhead_call`] (creations, loads, unloads, destroys, releases, limits); a creation holds its
+//! [`Overhead::call`] (creations, loads, unloads, destroys, releases, limits); a creation holds its
 //! estimate in the [`Creating`] guard.
 //!
 //! NVML can only measure a context or module once the driver has created it, so each creation first reserves an
-//! estimate as overhead ([`Memory::creating`]): the last cost measured for that kind on that device in
+//! estimate as overhead ([`Overhead::creating`]): the last cost measured for that kind on that device in
 //! this process, else [`CTX_ESTIMATE`] / [`MODULE_ESTIMATE`]. A reservation that does not fit refuses the
 //! creation before the driver is called; while creations are in flight their reservations stay charged on top
 //! of what NVML measures, and the measurement after the call settles the charge to the truth.
@@ -22,10 +22,9 @@
 
 use super::driver::Processes;
 use super::host_pid::HostPid;
-use super::{stack, usage_ok, Memory, OverCap, PerDevice};
+use super::{stack, usage_ok, OverCap, PerDevice};
 use crate::devices::{Dev, Devices, MAX_ORDINALS};
 use crate::driver::cuda::CudaTable;
-use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 use crate::locks::{hold_all, release_all, Lock, Side};
 use crate::log::{log, Level};
@@ -75,7 +74,7 @@ pub(crate) struct Image {
     pub bytes: Option<u64>,
 }
 
-/// What a hook is about to create ([`Memory::creating`]).
+/// What a hook is about to create ([`Overhead::creating`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Creation {
     /// A context on this ordinal (cuCtxCreate*).
@@ -102,14 +101,15 @@ struct Reserved {
     base: u64,
 }
 
-/// A creation admitted by [`Memory::creating`]: holds its estimate as overhead across the driver's call
+/// A creation admitted by [`Overhead::creating`]: holds its estimate as overhead across the driver's call
 /// ([`Creating::call`]); [`Creating::created`] counts and measures what the driver made. Dropped without it
 /// (the call failed, or gave no handle), the estimate goes back and the charge is re-measured.
 #[must_use = "hold it across the driver call; dropping it gives the estimate back"]
 pub(crate) struct Creating<'a> {
-    mem: &'a Memory,
+    overhead: &'a Overhead,
+    others: &'a dyn Others,
     cuda: &'a CudaTable,
-    nvml: &'a Nvml,
+    nvml: &'a dyn Processes,
     what: Creation,
     res: Option<Reserved>,
     /// The estimate is still held on top of what NVML measures (the driver has not returned).
@@ -124,7 +124,7 @@ impl Creating<'_> {
     pub(crate) fn call(&mut self, call: impl FnOnce() -> CUresult) -> CUresult {
         let r = match self.what {
             Creation::Context(o) | Creation::Primary(o) => {
-                self.mem.overhead.creating_context(self.cuda, self.nvml, o, call)
+                self.overhead.creating_context(self.cuda, self.nvml, o, call)
             }
             Creation::Module => call(),
         };
@@ -134,7 +134,7 @@ impl Creating<'_> {
 
     fn returned(&mut self) {
         if let (true, Some(res)) = (std::mem::take(&mut self.inflight), &self.res) {
-            self.mem.overhead.settle(res.dev, res.est);
+            self.overhead.settle(res.dev, res.est);
         }
     }
 
@@ -144,14 +144,14 @@ impl Creating<'_> {
     pub(crate) fn created(mut self, handle: usize) -> Result<(), OverCap> {
         self.returned();
         self.measured = true;
-        let (m, cuda, nvml) = (self.mem, self.cuda, self.nvml);
+        let (v, o, cuda, nvml) = (self.overhead, self.others, self.cuda, self.nvml);
         match self.what {
-            Creation::Context(o) => m.context_created(cuda, nvml, handle, o)?,
-            Creation::Primary(o) => m.primary_retained(cuda, nvml, o)?,
-            Creation::Module => m.module_loaded(cuda, nvml, handle)?,
+            Creation::Context(ordinal) => v.context_created(o, cuda, nvml, handle, ordinal)?,
+            Creation::Primary(ordinal) => v.primary_retained(o, cuda, nvml, ordinal)?,
+            Creation::Module => v.module_loaded(o, cuda, nvml, handle)?,
         }
         if let Some(res) = &self.res {
-            m.overhead.learn(res.dev, self.what, res.base);
+            v.learn(res.dev, self.what, res.base);
         }
         Ok(())
     }
@@ -162,7 +162,7 @@ impl Drop for Creating<'_> {
         self.returned();
         if let (false, Some(res)) = (self.measured, &self.res) {
             // Nothing was created: the estimate goes back.
-            let _ = self.mem.overhead.measure(self.mem, self.nvml, res.dev, false);
+            let _ = self.overhead.measure(self.others, self.nvml, res.dev, false);
         }
     }
 }
@@ -662,6 +662,17 @@ pub(super) trait Others {
     fn lingering(&self, dev: Dev) -> u64;
     /// The overhead charge on `dev` moved: HAMi's file shows it, and a reconciliation's excess is in it now.
     fn published(&self, dev: Dev);
+    /// Code and stacks went (a context, module or library, a changed limit): every launch is a first again.
+    fn code_gone(&self);
+    /// A module or library was loaded: launches may take memory at first use.
+    fn code_loaded(&self);
+    /// Context `ctx` was destroyed (elastic memory forgets its ranges).
+    fn context_destroyed(&self, cuda: &CudaTable, ctx: usize);
+    /// The primary context of `ordinal` was released or reset; `owned`: whether this process created a context.
+    fn primary_released(&self, cuda: &CudaTable, ordinal: CUdevice, owned: &dyn Fn(usize) -> bool);
+    /// A context of this process on `dev` went: with it the allocations made in it (`last`: it was the last
+    /// one there), else those the driver freed.
+    fn allocations_gone(&self, cuda: &CudaTable, dev: Dev, last: bool);
 }
 
 /// Measurement: NVML's figure for this process, what it charges, and the reservations of creations and
@@ -760,7 +771,7 @@ impl Overhead {
         res
     }
 
-    /// Reserves the estimate for `what` on `dev` (see [`Memory::creating`]).
+    /// Reserves the estimate for `what` on `dev` (see [`Overhead::creating`]).
     fn reserve_creation(&self, o: &dyn Others, dev: Dev, what: Creation) -> Result<Reserved, OverCap> {
         let est = self.creation_estimate(dev.ordinal, what);
         // Under the lock: a measurement on another thread must see the charge and the in-flight sum together.
@@ -886,7 +897,7 @@ pub(super) enum Figure {
     NotListed,
 }
 
-/// A call [`Memory::overhead_call`] wraps, its arguments decoded.
+/// A call [`Overhead::call`] wraps, its arguments decoded.
 pub(crate) enum OverheadCall<'a> {
     /// `cuCtxCreate` (`Creation::Context`) or `cuDevicePrimaryCtxRetain` (`Creation::Primary`): `out` reads the
     /// context once the call succeeded (unused for a primary context); `undo(it)` destroys or releases what the
@@ -918,29 +929,32 @@ pub(crate) enum OverheadCall<'a> {
     Unload { library: bool, handle: usize },
 }
 
-impl Memory {
+/// The calls: creations, loads, unloads, destroys, releases and limits, counted and measured.
+impl Overhead {
     /// Before the driver creates `what`: its estimate is reserved as overhead on its device (the last cost
     /// measured for that kind there, else [`CTX_ESTIMATE`] / [`MODULE_ESTIMATE`]; nothing on a device without
     /// accounting, or for a primary context this process holds already). `Err`: it does not fit under the cap
     /// (nothing reserved; the caller refuses the creation without calling the driver).
     pub(super) fn creating<'a>(
         &'a self,
+        others: &'a dyn Others,
         cuda: &'a CudaTable,
-        nvml: &'a Nvml,
+        nvml: &'a dyn Processes,
         what: Creation,
     ) -> Result<Creating<'a>, OverCap> {
         let dev = match what {
             Creation::Context(o) => self.devices.device(cuda, o),
-            Creation::Primary(o) if self.overhead.primary_unheld(o) => self.devices.device(cuda, o),
+            Creation::Primary(o) if self.primary_unheld(o) => self.devices.device(cuda, o),
             Creation::Primary(_) => None,
             Creation::Module => self.devices.current(cuda),
         };
         let res = match dev {
-            Some(d) => Some(self.overhead.reserve_creation(self, d, what)?),
+            Some(d) => Some(self.reserve_creation(others, d, what)?),
             None => None,
         };
         Ok(Creating {
-            mem: self,
+            overhead: self,
+            others,
             cuda,
             nvml,
             what,
@@ -951,19 +965,21 @@ impl Memory {
     }
 
     /// `call`, the call `what` describes, with what this process's contexts and modules cost: a load is
-    /// admitted (an estimate first, [`Memory::creating`]; over the cap once measured: unloaded here,
+    /// admitted (an estimate first, [`Overhead::creating`]; over the cap once measured: unloaded here,
     /// `CUDA_ERROR_OUT_OF_MEMORY`); an unload, destroy or release uncounts and re-measures; a raised limit is
-    /// admitted ([`Memory::set_limit`]).
-    pub(super) fn overhead_call(
+    /// admitted ([`Overhead::set_limit`]). `o`: the other families (what a measurement subtracts, what a
+    /// destroy, release or unload makes them forget).
+    pub(super) fn call(
         &self,
+        o: &dyn Others,
         cuda: &CudaTable,
-        nvml: &Nvml,
+        nvml: &dyn Processes,
         what: OverheadCall<'_>,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
         match what {
             OverheadCall::Create { what, out, undo } => {
-                let Ok(mut c) = self.creating(cuda, nvml, what) else {
+                let Ok(mut c) = self.creating(o, cuda, nvml, what) else {
                     return CUresult::ERROR_OUT_OF_MEMORY;
                 };
                 let r = c.call(call);
@@ -981,42 +997,42 @@ impl Memory {
                 r
             }
             OverheadCall::Destroy(ctx) => {
-                let owner = self.overhead.take_owner(ctx);
+                let owner = self.take_owner(ctx);
                 let r = call();
                 if r.ok() {
-                    self.elastic.context_destroyed(cuda, ctx);
+                    o.context_destroyed(cuda, ctx);
                 }
-                self.context_destroyed(cuda, nvml, ctx, owner, r.ok());
+                self.context_destroyed(o, cuda, nvml, ctx, owner, r.ok());
                 r
             }
             OverheadCall::PrimaryRelease { ordinal, reset, last } => {
                 let r = call();
                 if r.ok() {
-                    self.primary_released(cuda, nvml, ordinal, reset);
-                    if !reset && self.overhead.primary_unheld(ordinal) {
+                    self.primary_released(o, cuda, nvml, ordinal, reset);
+                    if !reset && self.primary_unheld(ordinal) {
                         last();
                     }
                 }
                 r
             }
-            OverheadCall::SetLimit { limit, value } => self.set_limit(cuda, nvml, call, limit, value),
+            OverheadCall::SetLimit { limit, value } => self.set_limit(o, cuda, nvml, call, limit, value),
             OverheadCall::Load {
                 library: false,
                 out,
                 footprint,
             } => {
-                let Ok(mut c) = self.creating(cuda, nvml, Creation::Module) else {
+                let Ok(mut c) = self.creating(o, cuda, nvml, Creation::Module) else {
                     return CUresult::ERROR_OUT_OF_MEMORY;
                 };
                 let r = c.call(call);
                 let Some(m) = r.ok().then(out).flatten() else {
                     return r;
                 };
-                self.overhead.image_loaded(m, false, footprint());
+                self.image_loaded(m, false, footprint());
                 if c.created(m).is_err() {
                     // SAFETY: unloading the module the driver just loaded for this call.
                     if unsafe { cuda.cuModuleUnload(m as CUmodule) }.ok() {
-                        self.module_unloaded(cuda, nvml, m);
+                        self.module_unloaded(o, cuda, nvml, m);
                     }
                     return CUresult::ERROR_OUT_OF_MEMORY;
                 }
@@ -1031,11 +1047,11 @@ impl Memory {
                 let Some(l) = r.ok().then(out).flatten() else {
                     return r;
                 };
-                self.overhead.image_loaded(l, true, footprint());
-                if self.library_loaded(nvml).is_err() {
+                self.image_loaded(l, true, footprint());
+                if self.library_loaded(o, nvml).is_err() {
                     // SAFETY: unloading the library the driver just loaded for this call.
                     if unsafe { cuda.cuLibraryUnload(l as CUlibrary) }.ok() {
-                        self.library_unloaded(nvml, l);
+                        self.library_unloaded(o, nvml, l);
                     }
                     return CUresult::ERROR_OUT_OF_MEMORY;
                 }
@@ -1044,9 +1060,9 @@ impl Memory {
             OverheadCall::Unload { library, handle } => {
                 let r = call();
                 if r.ok() && library {
-                    self.library_unloaded(nvml, handle);
+                    self.library_unloaded(o, nvml, handle);
                 } else if r.ok() {
-                    self.module_unloaded(cuda, nvml, handle);
+                    self.module_unloaded(o, cuda, nvml, handle);
                 }
                 r
             }
@@ -1055,80 +1071,95 @@ impl Memory {
 
     /// After a context went away: if it was this process's last one on `d`, its allocations went with it; with
     /// others still live, the driver is asked which of the device's allocations it freed.
-    fn contexts_gone(&self, cuda: &CudaTable, nvml: &Nvml, d: Dev) {
-        if self.overhead.live_contexts(d.ordinal) == 0 {
-            self.overhead.unseen_unmark(d);
-            self.forget_context_allocations(cuda, d);
-            self.overhead.host().last_context_gone(nvml, d.ordinal);
+    fn contexts_gone(&self, o: &dyn Others, cuda: &CudaTable, nvml: &dyn Processes, d: Dev) {
+        if self.live_contexts(d.ordinal) == 0 {
+            self.unseen_unmark(d);
+            o.allocations_gone(cuda, d, true);
+            self.host.last_context_gone(nvml, d.ordinal);
         } else {
-            self.forget_dead_allocations(cuda, d);
+            o.allocations_gone(cuda, d, false);
         }
-        let _ = self.overhead.measure(self, nvml, d, false);
+        let _ = self.measure(o, nvml, d, false);
     }
 
     /// Context `ctx` was created on `ordinal`: count it and charge what it costs. `Err`: over the cap (the
     /// caller destroys it, which undoes all this).
     fn context_created(
         &self,
+        o: &dyn Others,
         cuda: &CudaTable,
-        nvml: &Nvml,
+        nvml: &dyn Processes,
         ctx: usize,
         ordinal: CUdevice,
     ) -> Result<(), OverCap> {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        self.overhead.context_counted(ctx, ordinal);
-        self.overhead.measure(self, nvml, d, true)
+        self.context_counted(ctx, ordinal);
+        self.measure(o, nvml, d, true)
     }
 
     /// The destroy of `ctx` (owned by `owner`) returned: on success uncount it and re-measure; on failure it
     /// still lives.
     fn context_destroyed(
         &self,
+        o: &dyn Others,
         cuda: &CudaTable,
-        nvml: &Nvml,
+        nvml: &dyn Processes,
         ctx: usize,
         owner: Option<CUdevice>,
         ok: bool,
     ) {
         if ok {
             // Its code and stacks went with it; a context created at the same address starts afresh.
-            self.first_use.forget_all();
+            o.code_gone();
         }
         let Some(ordinal) = owner else { return };
         if !ok {
-            self.overhead.own(ctx, ordinal);
+            self.own(ctx, ordinal);
             return;
         }
-        self.overhead.context_uncounted(ctx, ordinal);
+        self.context_uncounted(ctx, ordinal);
         if let Some(d) = self.devices.device(cuda, ordinal) {
-            self.contexts_gone(cuda, nvml, d);
+            self.contexts_gone(o, cuda, nvml, d);
         }
     }
 
     /// The primary context of `ordinal` was retained: count it, charge it. `Err`: over the cap (the caller
     /// releases it again).
-    fn primary_retained(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice) -> Result<(), OverCap> {
+    fn primary_retained(
+        &self,
+        o: &dyn Others,
+        cuda: &CudaTable,
+        nvml: &dyn Processes,
+        ordinal: CUdevice,
+    ) -> Result<(), OverCap> {
         let Some(d) = self.devices.device(cuda, ordinal) else {
             return Ok(());
         };
-        self.overhead.primary_counted(ordinal);
-        self.overhead.measure(self, nvml, d, true)
+        self.primary_counted(ordinal);
+        self.measure(o, nvml, d, true)
     }
 
     /// The primary context of `ordinal` was released (`reset`: reset, our count drops to zero).
-    fn primary_released(&self, cuda: &CudaTable, nvml: &Nvml, ordinal: CUdevice, reset: bool) {
+    fn primary_released(
+        &self,
+        o: &dyn Others,
+        cuda: &CudaTable,
+        nvml: &dyn Processes,
+        ordinal: CUdevice,
+        reset: bool,
+    ) {
         // A reset (or the last release) unloads the context's code and stacks; the same handles may follow.
-        self.first_use.forget_all();
-        if self.elastic.on() {
-            let owned = self.overhead.owned_contexts();
-            self.elastic
-                .primary_released(cuda, ordinal, &|c| owned.contains(&c));
-        }
-        self.overhead.primary_uncounted(ordinal, reset);
+        o.code_gone();
+        // The contexts this process created, read once and only if asked.
+        let owned = std::cell::OnceCell::new();
+        o.primary_released(cuda, ordinal, &|c| {
+            owned.get_or_init(|| self.owned_contexts()).contains(&c)
+        });
+        self.primary_uncounted(ordinal, reset);
         if let Some(d) = self.devices.device(cuda, ordinal) {
-            self.contexts_gone(cuda, nvml, d);
+            self.contexts_gone(o, cuda, nvml, d);
         }
     }
 
@@ -1140,8 +1171,9 @@ impl Memory {
     /// reservation does not fit is set back and refused. Any limit this list does not know is treated so too.
     fn set_limit(
         &self,
+        o: &dyn Others,
         cuda: &CudaTable,
-        nvml: &Nvml,
+        nvml: &dyn Processes,
         call: impl FnOnce() -> CUresult,
         limit: CUlimit,
         value: usize,
@@ -1173,7 +1205,7 @@ impl Memory {
         let growth = bytes(value).saturating_sub(bytes(cur));
         // SAFETY: setting the limit back to the value it had.
         let undo = (known && value > cur).then_some(|| unsafe { cuda.cuCtxSetLimit(limit, cur) });
-        self.setting_limit(nvml, dev, growth, call, undo)
+        self.setting_limit(o, nvml, dev, growth, call, undo)
     }
 
     /// `cuCtxSetLimit` of a memory-backed limit on `dev` whose reservation grows by about `growth` bytes: the
@@ -1183,65 +1215,72 @@ impl Memory {
     /// estimate being short, is undone and refused with `CUDA_ERROR_OUT_OF_MEMORY`.
     fn setting_limit(
         &self,
-        nvml: &Nvml,
+        o: &dyn Others,
+        nvml: &dyn Processes,
         dev: Dev,
         growth: u64,
         call: impl FnOnce() -> CUresult,
         undo: Option<impl FnOnce() -> CUresult>,
     ) -> CUresult {
-        if self.overhead.growing(self, dev, growth).is_err() {
+        if self.growing(o, dev, growth).is_err() {
             return CUresult::ERROR_OUT_OF_MEMORY;
         }
         let r = call();
         if r.ok() {
             // A lowered stack is grown again by the next launch that needs it: every launch is a first again.
-            self.first_use.forget_all();
+            o.code_gone();
         }
-        self.overhead.grown(self, nvml, dev, growth, r, undo)
+        self.grown(o, nvml, dev, growth, r, undo)
     }
 
     /// Module `module` was loaded in the current context: count it, re-measure that device. `Err`: over the
     /// cap (the caller unloads it).
-    fn module_loaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) -> Result<(), OverCap> {
-        self.overhead.module_counted();
-        self.first_use.arm();
-        self.overhead.retry_host_pid(nvml);
+    fn module_loaded(
+        &self,
+        o: &dyn Others,
+        cuda: &CudaTable,
+        nvml: &dyn Processes,
+        module: usize,
+    ) -> Result<(), OverCap> {
+        self.module_counted();
+        o.code_loaded();
+        self.retry_host_pid(nvml);
         let Some(d) = self.devices.current(cuda) else {
             return Ok(());
         };
-        self.overhead.own(module, d.ordinal);
-        self.overhead.measure(self, nvml, d, true)
+        self.own(module, d.ordinal);
+        self.measure(o, nvml, d, true)
     }
 
     /// The device of module `module`'s context, when this process loaded it.
-    pub(crate) fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
-        let ordinal = self.overhead.owner_of(module)?;
+    pub(super) fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
+        let ordinal = self.owner_of(module)?;
         self.devices.device(cuda, ordinal)
     }
 
     /// Module `module` was unloaded.
-    fn module_unloaded(&self, cuda: &CudaTable, nvml: &Nvml, module: usize) {
-        let owner = self.overhead.module_uncounted(module);
-        self.first_use.forget_all();
-        if let Some(d) = owner.and_then(|o| self.devices.device(cuda, o)) {
-            let _ = self.overhead.measure(self, nvml, d, false);
+    fn module_unloaded(&self, o: &dyn Others, cuda: &CudaTable, nvml: &dyn Processes, module: usize) {
+        let owner = self.module_uncounted(module);
+        o.code_gone();
+        if let Some(d) = owner.and_then(|ordinal| self.devices.device(cuda, ordinal)) {
+            let _ = self.measure(o, nvml, d, false);
         }
     }
 
     /// A library was loaded (context-independent: every device is re-measured). `Err`: over the cap (the
     /// caller unloads it).
-    fn library_loaded(&self, nvml: &Nvml) -> Result<(), OverCap> {
-        self.overhead.module_counted();
-        self.first_use.arm();
-        self.overhead.retry_host_pid(nvml);
-        self.overhead.measure_all(self, nvml, true)
+    fn library_loaded(&self, o: &dyn Others, nvml: &dyn Processes) -> Result<(), OverCap> {
+        self.module_counted();
+        o.code_loaded();
+        self.retry_host_pid(nvml);
+        self.measure_all(o, nvml, true)
     }
 
     /// A library was unloaded.
-    fn library_unloaded(&self, nvml: &Nvml, library: usize) {
-        self.overhead.library_uncounted(library);
-        self.first_use.forget_all();
-        let _ = self.overhead.measure_all(self, nvml, false);
+    fn library_unloaded(&self, o: &dyn Others, nvml: &dyn Processes, library: usize) {
+        self.library_uncounted(library);
+        o.code_gone();
+        let _ = self.measure_all(o, nvml, false);
     }
 }
 
@@ -1251,7 +1290,7 @@ mod tests {
     use super::super::tests::{temp_path, TempRegion};
     use super::*;
     use cuquota_core::{Config, Policy, UsageRegion};
-    use std::cell::Cell;
+    use std::cell::{Cell, RefCell};
 
     const MIB: u64 = 1 << 20;
 
@@ -1382,13 +1421,16 @@ mod tests {
         assert_eq!(o.estimate(0), CTX_ESTIMATE);
     }
 
-    /// The other families as a measurement sees them: allocations and lingering exports of fixed sizes, the
-    /// publications counted.
+    /// The other families as overhead sees them: allocations and lingering exports of fixed sizes, the
+    /// publications and forgettings counted.
     #[derive(Default)]
     struct Net {
         allocated: Cell<u64>,
         lingering: Cell<u64>,
         published: Cell<u32>,
+        code_gone: Cell<u32>,
+        /// Allocations forgotten with a context: `last` of each.
+        allocations_gone: RefCell<Vec<bool>>,
     }
 
     impl Others for Net {
@@ -1401,6 +1443,76 @@ mod tests {
         fn published(&self, _dev: Dev) {
             self.published.set(self.published.get() + 1);
         }
+        fn code_gone(&self) {
+            self.code_gone.set(self.code_gone.get() + 1);
+        }
+        fn code_loaded(&self) {}
+        fn context_destroyed(&self, _cuda: &CudaTable, _ctx: usize) {}
+        fn primary_released(&self, _cuda: &CudaTable, _ordinal: CUdevice, _owned: &dyn Fn(usize) -> bool) {}
+        fn allocations_gone(&self, _cuda: &CudaTable, _dev: Dev, last: bool) {
+            self.allocations_gone.borrow_mut().push(last);
+        }
+    }
+
+    /// A context creation reserves the estimate, then is charged what NVML measured and learns it for the next
+    /// one; one whose measured cost does not fit under the cap is undone (its destroy re-measures) and refused;
+    /// a failed creation gives its estimate back.
+    #[test]
+    fn a_created_context_is_charged_its_measured_cost_and_one_over_the_cap_is_undone() {
+        let (_t, o, dev) = setup(1024 * MIB);
+        let (nvml, net, cuda) = (Fake::default(), Net::default(), cuda());
+        let me = std::process::id();
+        let ctx = Creation::Context(0);
+        nvml.list(Some(&[]));
+        let create = |handle: usize, after: u64, undo: &dyn Fn(usize)| {
+            let out = || Some(handle);
+            let what = OverheadCall::Create {
+                what: ctx,
+                out: &out,
+                undo,
+            };
+            o.call(&net, &cuda, &nvml, what, || {
+                assert_eq!(
+                    o.inflight(dev),
+                    o.creation_estimate(0, ctx),
+                    "held across the call"
+                );
+                nvml.list(Some(&[(me, after)]));
+                CUresult::SUCCESS
+            })
+        };
+        assert_eq!(create(0x10, 300 * MIB, &|_| panic!("fits")), CUresult::SUCCESS);
+        assert_eq!(
+            (o.of(dev), o.inflight(dev), used(&o, dev)),
+            (300 * MIB, 0, 300 * MIB)
+        );
+        assert_eq!((o.creation_estimate(0, ctx), o.live_contexts(0)), (300 * MIB, 1));
+
+        let destroy = |c: usize| {
+            let r = o.call(&net, &cuda, &nvml, OverheadCall::Destroy(c), || {
+                nvml.list(Some(&[(me, 300 * MIB)]));
+                CUresult::SUCCESS
+            });
+            assert_eq!(r, CUresult::SUCCESS);
+        };
+        assert_eq!(create(0x20, 1100 * MIB, &destroy), CUresult::ERROR_OUT_OF_MEMORY);
+        assert_eq!(
+            (o.of(dev), used(&o, dev), o.live_contexts(0)),
+            (300 * MIB, 300 * MIB, 1)
+        );
+        assert_eq!(*net.allocations_gone.borrow(), [false], "a context is still live");
+
+        let mut c = o.creating(&net, &cuda, &nvml, ctx).expect("fits");
+        assert_eq!(o.of(dev), 600 * MIB);
+        assert_eq!(
+            c.call(|| CUresult::ERROR_INVALID_VALUE),
+            CUresult::ERROR_INVALID_VALUE
+        );
+        drop(c);
+        assert_eq!(
+            (o.of(dev), o.inflight(dev), o.live_contexts(0)),
+            (300 * MIB, 0, 1)
+        );
     }
 
     /// A measurement charges what NVML lists for this process less its allocations and lingering exports,
