@@ -104,10 +104,10 @@ impl<'a> FirstUseCalls<'a> {
     /// Whether a launch may take memory at first use (two relaxed loads).
     #[inline(always)]
     pub(crate) fn armed(self) -> bool {
-        self.0.first_use_armed()
+        self.0.first_use.armed()
     }
 
-    /// Before a launch of `f` on `stream`: `false` = refused (see `Memory::first_launch_to`).
+    /// Before a launch of `f` on `stream`: `false` = refused (see `FirstUse::first_launch_to`).
     #[inline(always)]
     pub(crate) fn launch_to(
         self,
@@ -118,16 +118,18 @@ impl<'a> FirstUseCalls<'a> {
         stream: usize,
         slot: &mut Option<Launch<'a>>,
     ) -> bool {
-        self.0.first_launch_to(cuda, nvml, how, f, stream, slot)
+        self.0
+            .first_use
+            .first_launch_to(self.0, cuda, nvml, how, f, stream, slot)
     }
 
     /// The launch `l` let through returned `r`.
     #[inline(always)]
     pub(crate) fn launched(self, cuda: &CudaTable, nvml: &Nvml, l: Launch<'_>, stream: usize, r: CUresult) {
-        self.0.launched(cuda, nvml, l, stream, r)
+        self.0.first_use.launched(self.0, cuda, nvml, l, stream, r)
     }
 
-    /// A lookup that may load `owner`'s code at first use (see `Memory::lookup`).
+    /// A lookup that may load `owner`'s code at first use (see `FirstUse::lookup`).
     #[inline(always)]
     pub(crate) fn lookup(
         self,
@@ -137,7 +139,7 @@ impl<'a> FirstUseCalls<'a> {
         call: impl FnOnce() -> CUresult,
         handle: impl Fn() -> Option<usize>,
     ) -> CUresult {
-        self.0.lookup(cuda, nvml, owner, call, handle)
+        self.0.first_use.lookup(self.0, cuda, nvml, owner, call, handle)
     }
 
     /// The last context on `dev` is gone: the allocations made in it go (see
