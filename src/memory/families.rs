@@ -5,6 +5,7 @@
 //! view is one pointer and every method `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if
 //! hooks called `Memory` directly (the gate, bench/README.md, measured them unchanged).
 
+use super::first_use::FirstUse;
 #[cfg(test)]
 use super::ledger::Record;
 use super::ledger::Space;
@@ -118,9 +119,7 @@ impl<'a> FirstUseCalls<'a> {
         stream: usize,
         slot: &mut Option<Launch<'a>>,
     ) -> bool {
-        self.0
-            .first_use
-            .first_launch_to(self.0, cuda, nvml, how, f, stream, slot)
+        FirstUse::first_launch_to(self.0, cuda, nvml, how, f, stream, slot)
     }
 
     /// The launch `l` let through returned `r`.

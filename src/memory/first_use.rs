@@ -422,6 +422,8 @@ impl FirstUse {
 
 /// What first use asks of the other families: `Memory` composes them (below), unit tests fake it.
 pub(super) trait Accounts {
+    /// The first-use family itself (`Memory` holds it; see [`FirstUse::first_launch_to`]).
+    fn first_use(&self) -> &FirstUse;
     /// Reserves `bytes` on `dev` as overhead in flight, admitted against the cap (`Err`: nothing charged).
     fn reserve(&self, dev: Dev, bytes: u64) -> Result<(), OverCap>;
     /// Takes this process's credit on `dev` back (a settlement is exact).
@@ -720,12 +722,12 @@ impl FirstUse {
     }
 
     /// [`FirstUse::first_launch`] into `slot` (the launch path's form: a launch seen before stores its answer and
-    /// goes on, with no refusal to check). False: refused.
+    /// goes on, with no refusal to check). False: refused. The family is `acc`'s ([`Accounts::first_use`]): the
+    /// launch path keeps one pointer live across its calls, not two (with two, a launch under a cap spilled one
+    /// more register: +1 instruction at the gate).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn first_launch_to<'a>(
-        &'a self,
-        acc: &'a dyn Accounts,
+    pub(super) fn first_launch_to<'a, A: Accounts>(
+        acc: &'a A,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         how: Use,
@@ -734,18 +736,17 @@ impl FirstUse {
         slot: &mut Option<Launch<'a>>,
     ) -> bool {
         let ctx = launch_ctx(cuda, stream);
-        if let Some(since) = self.seen_at(how, f, ctx) {
+        if let Some(since) = acc.first_use().seen_at(how, f, ctx) {
             *slot = Some(Launch::Seen(since));
             return true;
         }
-        self.first_launch_slow_to(acc, cuda, nvml, how, f, ctx, stream, slot)
+        Self::first_launch_slow_to(acc, cuda, nvml, how, f, ctx, stream, slot)
     }
 
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn first_launch_slow_to<'a>(
-        &'a self,
         acc: &'a dyn Accounts,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
@@ -755,7 +756,10 @@ impl FirstUse {
         stream: usize,
         slot: &mut Option<Launch<'a>>,
     ) -> bool {
-        match self.first_launch_slow(acc, cuda, nvml, how, f, ctx, stream) {
+        match acc
+            .first_use()
+            .first_launch_slow(acc, cuda, nvml, how, f, ctx, stream)
+        {
             Ok(l) => {
                 *slot = Some(l);
                 true
@@ -969,6 +973,10 @@ impl FirstUse {
 }
 
 impl Accounts for Memory {
+    #[inline(always)]
+    fn first_use(&self) -> &FirstUse {
+        &self.first_use
+    }
     fn reserve(&self, dev: Dev, bytes: u64) -> Result<(), OverCap> {
         self.growing(dev, bytes)
     }
@@ -1089,9 +1097,10 @@ mod tests {
     /// The other families as first use sees them: an overhead charge that reservations move, NVML's figure
     /// (`None`: no NVML), what was kept for the estimate, and how often a call was measured.
     struct Fake {
+        fu: FirstUse,
         dev: Dev,
         /// Room for reservations (a reservation past it is refused).
-        room: u64,
+        room: Cell<u64>,
         figure: Option<u64>,
         image: Option<Image>,
         overhead: Mutex<u64>,
@@ -1100,10 +1109,11 @@ mod tests {
     }
 
     impl Fake {
-        fn new(dev: Dev, figure: Option<u64>, image: Option<u64>) -> Fake {
+        fn new(fu: FirstUse, dev: Dev, figure: Option<u64>, image: Option<u64>) -> Fake {
             Fake {
+                fu,
                 dev,
-                room: 1 << 40,
+                room: Cell::new(1 << 40),
                 figure,
                 image: image.map(|b| Image {
                     key: MODULE,
@@ -1126,9 +1136,12 @@ mod tests {
     }
 
     impl Accounts for Fake {
+        fn first_use(&self) -> &FirstUse {
+            &self.fu
+        }
         fn reserve(&self, _dev: Dev, bytes: u64) -> Result<(), OverCap> {
             let mut o = self.overhead.lock().unwrap();
-            if *o + bytes > self.room {
+            if *o + bytes > self.room.get() {
                 return Err(OverCap);
             }
             *o += bytes;
@@ -1186,32 +1199,30 @@ mod tests {
     fn a_first_launch_is_measured_once_per_handle_and_context() {
         let (_t, fu, dev) = fresh(Some(1 << 30));
         let cuda = driver();
-        let acc = Fake::new(dev, None, Some(MIB));
+        let acc = Fake::new(fu, dev, None, Some(MIB));
+        let fu = &acc.fu;
         CTX.with(|c| c.set(0x100));
         assert!(!fu.armed(), "armed by a module's load");
         fu.arm();
         assert!(fu.armed());
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
         // The code load (a lookup, measured) and the launch (measured): the image kept, no reservation left.
         assert_eq!((acc.measured(), acc.kept(), acc.overhead()), (2, MIB, MIB));
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
         assert_eq!(acc.measured(), 2, "a launch seen before is not measured");
-        assert_eq!(launch(&fu, &acc, &cuda, 0x2000, CUresult::SUCCESS), Ok(true));
+        assert_eq!(launch(fu, &acc, &cuda, 0x2000, CUresult::SUCCESS), Ok(true));
         assert_eq!(acc.measured(), 4, "another function");
         CTX.with(|c| c.set(0x200));
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
         assert_eq!(acc.measured(), 6, "another context");
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
         // Without a cap nothing is admitted or measured.
         let (_u, uncapped, dev) = fresh(None);
         uncapped.arm();
         assert!(!uncapped.armed(), "no cap");
-        let acc = Fake::new(dev, None, Some(MIB));
-        assert_eq!(
-            launch(&uncapped, &acc, &cuda, 0x1000, CUresult::SUCCESS),
-            Ok(true)
-        );
+        let acc = Fake::new(uncapped, dev, None, Some(MIB));
+        assert_eq!(launch(&acc.fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
         assert_eq!((acc.measured(), acc.overhead()), (0, 0));
     }
 
@@ -1223,7 +1234,8 @@ mod tests {
         let (_t, fu, dev) = fresh(Some(1 << 30));
         let cuda = driver();
         let nvml = Nvml::new(None);
-        let acc = Fake::new(dev, Some(300 * MIB), Some(MIB));
+        let acc = Fake::new(fu, dev, Some(300 * MIB), Some(MIB));
+        let fu = &acc.fu;
         CTX.with(|c| c.set(0x300));
         let l = fu
             .first_launch(&acc, &cuda, &nvml, Use::Launch, 0x1000, 0)
@@ -1233,7 +1245,7 @@ mod tests {
         fu.launched(&acc, &cuda, &nvml, l, 0, CUresult::SUCCESS);
         assert_eq!(acc.overhead(), 300 * MIB, "measured");
         assert_eq!(
-            launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS),
+            launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS),
             Ok(true),
             "not recorded"
         );
@@ -1249,7 +1261,7 @@ mod tests {
             before + 1,
             "a seen launch across a forget is measured"
         );
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
         assert_eq!(acc.measured(), before + 1);
     }
 
@@ -1260,22 +1272,23 @@ mod tests {
     fn a_failed_launch_charges_nothing() {
         let (_t, fu, dev) = fresh(Some(1 << 30));
         let cuda = driver();
-        let mut acc = Fake::new(dev, None, None);
+        let acc = Fake::new(fu, dev, None, None);
+        let fu = &acc.fu;
         CTX.with(|c| c.set(0x400));
         LOCAL.with(|l| l.set(16));
         let growth = stack::bytes(&cuda, dev, 16);
         assert!(growth > 0);
-        acc.room = growth - 1;
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Err(OverCap));
+        acc.room.set(growth - 1);
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Err(OverCap));
         assert_eq!((acc.measured(), acc.overhead(), acc.kept()), (0, 0, 0));
-        acc.room = 1 << 40;
+        acc.room.set(1 << 40);
         assert_eq!(
-            launch(&fu, &acc, &cuda, 0x1000, CUresult::ERROR_INVALID_VALUE),
+            launch(fu, &acc, &cuda, 0x1000, CUresult::ERROR_INVALID_VALUE),
             Ok(true)
         );
         assert_eq!((acc.overhead(), acc.kept()), (0, 0), "nothing charged");
         assert_eq!(
-            launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS),
+            launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS),
             Ok(true),
             "not marked"
         );
@@ -1284,7 +1297,7 @@ mod tests {
             (growth, growth),
             "the growth kept without NVML"
         );
-        assert_eq!(launch(&fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
         LOCAL.with(|l| l.set(0));
     }
 
