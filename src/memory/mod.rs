@@ -123,12 +123,12 @@ impl Memory {
             elastic: elastic::Elastic::new(devices.clone()),
             allocs: allocs::Allocs::new(devices.clone()),
             overhead: Overhead::new(devices.clone()),
+            first_use: first_use::FirstUse::new(devices.clone()),
             devices,
             vmm: vmm::VmmLives::default(),
             shared: shared::Shared::default(),
             graph: Graphs::new(),
             pools: Pools::new(),
-            first_use: first_use::FirstUse::default(),
         }
     }
 
