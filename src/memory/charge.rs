@@ -125,9 +125,14 @@ impl Memory {
         };
         let r = call();
         if let Kind::Pool(pool) = rec.kind {
-            let ledger = self.allocs.ledger();
-            self.pools
-                .free_returned(cuda, self, ledger, pool, (space, key, rec), stream, r.ok());
+            if r.ok() {
+                self.pools
+                    .free_done_back(cuda, self, pool, key, rec.bytes, stream);
+            } else {
+                self.allocs.ledger().insert(space, key, rec);
+                self.pools
+                    .free_refused_back(self, self.allocs.ledger(), pool, key);
+            }
             return r;
         }
         if r.ok() {

@@ -8,7 +8,7 @@
 
 use super::charge::Charge;
 use super::driver::Driver;
-use super::ledger::{Kind, Ledger, Record, Space};
+use super::ledger::{Kind, Ledger, Space};
 use super::Memory;
 use crate::devices::Dev;
 use crate::ffi::cuda::*;
@@ -379,6 +379,7 @@ impl Pools {
     /// A free of an allocation of `pool` is taking its record out of the ledger and goes to the driver: the
     /// pool (or, when a destroy is counting its records, the destroyed pool it became) is not released until
     /// [`Pools::free_done`] (or the refusal's [`Pools::free_refused`]).
+    #[inline(never)] // out of a plain free's path (the hot-path gate)
     pub(super) fn free_begins(&self, pool: usize) {
         let mut pools = self.map.lock();
         let p = match pools.contains_key(&pool) {
@@ -671,29 +672,29 @@ impl Pools {
         self.refresh(d, c, pool);
     }
 
-    /// The driver answered a free of the allocation of `pool` at `addr` in `space` (`rec`, its record, out of
-    /// `ledger` since [`Pools::free_begins`]; `stream`: a free in stream order's stream key). Done: its block is
-    /// back in the reserve (or the destroyed pool that took the free over awaits its stream). Refused: the record
-    /// is back in the ledger; if the pool was destroyed meanwhile, the record belongs to the destroyed pool and
-    /// counts as still out of it, once: re-tagged unless the destroy's count saw it back (waited for).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn free_returned(
+    /// The free of the allocation of `pool` at `addr`, of `len` bytes, that [`Pools::free_begins`] announced
+    /// succeeded (`stream`: in stream order there): its block is back in the reserve, or the destroyed pool that
+    /// took the free over awaits its stream.
+    #[inline(never)] // out of a plain free's path (the hot-path gate)
+    pub(super) fn free_done_back(
         &self,
         d: &impl Driver,
         c: &impl Charges,
-        ledger: &Ledger,
         pool: usize,
-        (space, addr, rec): (Space, u64, Record),
+        addr: u64,
+        len: u64,
         stream: Option<usize>,
-        done: bool,
     ) {
-        if done {
-            if !self.free_done(c, pool, stream) {
-                self.back(d, c, pool, addr, rec.bytes, stream);
-            }
-            return;
+        if !self.free_done(c, pool, stream) {
+            self.back(d, c, pool, addr, len, stream);
         }
-        ledger.insert(space, addr, rec);
+    }
+
+    /// The free [`Pools::free_begins`] announced was refused and its record (of `pool`, at `addr`) is back in
+    /// `ledger`. If the pool was destroyed meanwhile, the record belongs to the destroyed pool and counts as
+    /// still out of it, once: re-tagged unless the destroy's count saw it back (waited for).
+    #[inline(never)] // out of a plain free's path (the hot-path gate)
+    pub(super) fn free_refused_back(&self, c: &impl Charges, ledger: &Ledger, pool: usize, addr: u64) {
         let Some(moved) = self.free_refused(pool) else {
             return;
         };
@@ -793,6 +794,7 @@ pub(crate) enum PoolCall<'a> {
 mod tests {
     use super::*;
     use crate::memory::driver::fake::Fake;
+    use crate::memory::ledger::Record;
     use crate::memory::tests::device_id;
     use std::cell::Cell;
 
@@ -1067,14 +1069,8 @@ mod tests {
             .alloc(&d, &c, dev, P, 2 * MIB, under(&c, dev, cap), grows, || 0x100)
             .ok());
         // Freed in stream order: the block stays in the reserve, charged.
-        let ledger = Ledger::new();
-        let rec = Record {
-            entry: dev.id,
-            bytes: 2 * MIB,
-            kind: Kind::Pool(P),
-        };
         pools.free_begins(P);
-        pools.free_returned(&d, &c, &ledger, P, (Space::Pointer, 0x100, rec), Some(3), true);
+        pools.free_done_back(&d, &c, P, 0x100, 2 * MIB, Some(3));
         assert_eq!(c.get(), 2 * MIB);
         // 2 more MiB would pass the cap, but the reserve serves them: admitted with nothing more.
         let served = || CUresult::SUCCESS;
@@ -1120,7 +1116,8 @@ mod tests {
         // A free the driver refuses: the record is back, the pool as it was.
         let taken = ledger.remove(Space::Pointer, 0x100).expect("recorded");
         pools.free_begins(P);
-        pools.free_returned(&d, &c, &ledger, P, (Space::Pointer, 0x100, taken), None, false);
+        ledger.insert(Space::Pointer, 0x100, taken);
+        pools.free_refused_back(&c, &ledger, P, 0x100);
         assert_eq!(ledger.get(Space::Pointer, 0x100), Some(rec));
         // The driver refuses the destroy: nothing moves but the re-read.
         assert!(!pools
@@ -1142,7 +1139,7 @@ mod tests {
             assert_eq!(c.get(), 4 * MIB, "an allocation is still out");
             let taken = ledger.remove(Space::Pointer, a).expect("recorded");
             pools.free_begins(key);
-            pools.free_returned(&d, &c, &ledger, key, (Space::Pointer, a, taken), None, true);
+            pools.free_done_back(&d, &c, key, a, taken.bytes, None);
         }
         assert_eq!(c.get(), 0);
     }
