@@ -81,7 +81,7 @@ struct PoolState {
     /// stays until they have): (stream key, sync epoch of the latest). Each goes with a synchronisation of its
     /// stream, or of the context, that began later, or with the context's end. One entry per stream.
     awaiting: Vec<(usize, u64)>,
-    /// A destroyed pool whose allocations are still being counted (`destroy_pool`): not released meanwhile.
+    /// A destroyed pool whose allocations are still being counted (`Pools::destroy`): not released meanwhile.
     counting: bool,
     /// Frees of its allocations between taking their record out of the ledger and putting it back (a refusal)
     /// or not (done): a destroy's count cannot see those records, so the pool is not released meanwhile.
