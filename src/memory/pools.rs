@@ -1174,4 +1174,35 @@ mod tests {
         assert_eq!(pools.place(&d, devs(), None, &on0), Place::Plain(dev));
         assert_eq!(pools.place(&d, devs(), None, &none), Place::Unplaced);
     }
+
+    #[test]
+    fn only_a_synchronization_that_returned_lets_a_destroyed_pool_waiting_for_its_stream_go() {
+        let (_t, dev, pools, d, c) = setup();
+        let ledger = Ledger::new();
+        pools.track(P, Some(dev));
+        d.reserve_pool(P, 4 * MIB);
+        let rec = Record {
+            entry: dev.id,
+            bytes: MIB,
+            kind: Kind::Pool(P),
+        };
+        ledger.insert(Space::Pointer, 0x100, rec);
+        assert!(pools.destroy(&d, &c, &ledger, P, || CUresult::SUCCESS).ok());
+        let Some(Record {
+            kind: Kind::Pool(key),
+            ..
+        }) = ledger.remove(Space::Pointer, 0x100)
+        else {
+            panic!("re-tagged")
+        };
+        pools.free_begins(key);
+        pools.free_done_back(&d, &c, key, 0x100, MIB, Some(5));
+        assert_eq!(c.get(), 4 * MIB, "its free may not have run");
+        let on = || Some(dev);
+        let refused = pools.synchronize(&c, &on, Some(5), || CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(refused, CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(c.get(), 4 * MIB, "refused: nothing is known to have run");
+        assert!(pools.synchronize(&c, &on, Some(5), || CUresult::SUCCESS).ok());
+        assert_eq!(c.get(), 0);
+    }
 }
