@@ -670,6 +670,39 @@ impl Sim {
         self.busy_ns(dev, pid, from, to) as f64 * 100.0 / (to - from) as f64
     }
 
+    /// `shim-tests/c/NAME.c` (linked with `libs`) run with `args` under a hard `pct` % SM limit, one CPU-heavy
+    /// place held: its output, and the share (percent) of device `dev` over its launch window that its main
+    /// process got (`all`: every process on the device).
+    pub fn hard_share(
+        &self,
+        pct: u32,
+        name: &str,
+        libs: &[&str],
+        args: &str,
+        dev: u32,
+        all: bool,
+    ) -> (f64, Output) {
+        let prog = compile_c(
+            name,
+            &workspace_root().join(format!("shim-tests/c/{name}.c")),
+            &[],
+            libs,
+        );
+        let _h = heavy();
+        let out = self
+            .cmd_path(prog)
+            .timeout(Duration::from_secs(120))
+            .env("CUDA_DEVICE_SM_LIMIT", &pct.to_string())
+            .env("CUQUOTA_POLICY", "hard")
+            .args(args)
+            .run();
+        assert!(out.success(), "{out:?}");
+        let w = out.window();
+        let s = self.share_pct(dev, if all { 0 } else { w.pid }, w.t0, w.end);
+        println!("{name} {args}: {pct} % tenant got {s:.1} % of device {dev}");
+        (s, out)
+    }
+
     fn observe(&self, dev: u32, pid: u32, from: u64, to: u64, bin: Option<u64>) -> (u64, Vec<u64>) {
         let mut c = self
             .cmd(Prog::SimObserver)

@@ -14,8 +14,7 @@
 //! bands hold the limit with room for a busy machine; the escapes they catch are at ~100 %. Each program holds
 //! `heavy()`: one simulated process at a time per core.
 
-use shim_tests::{compile_c, heavy, workspace_root, Sim};
-use std::time::Duration;
+use shim_tests::Sim;
 
 /// One test at a time: they time the device.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
@@ -27,31 +26,12 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// each; returns the share (percent, from the timeline) device `dev` gave the program's process (`all`: every
 /// process) over its window.
 fn share(name: &str, libs: &[&str], devices: Option<(u32, &str)>, args: &str, dev: u32, all: bool) -> f64 {
-    let prog = compile_c(
-        name,
-        &workspace_root().join(format!("shim-tests/c/{name}.c")),
-        &[],
-        libs,
-    );
-    let _h = heavy();
     let sim = match devices {
         Some((n, sms)) => Sim::new().devices(n).sms(sms).build(),
         None => Sim::new().build(),
     };
-    let out = sim
-        .cmd_path(prog)
-        .timeout(Duration::from_secs(120))
-        .env("CUDA_DEVICE_SM_LIMIT", "30")
-        .env("CUQUOTA_POLICY", "hard")
-        .args(args)
-        .run();
-    assert!(out.success(), "{out:?}");
-    let w = out.window();
-    let s = sim.share_pct(dev, if all { 0 } else { w.pid }, w.t0, w.end);
-    println!(
-        "{name} {args}: 30 % tenant got {s:.1} % of device {dev}, {} launches",
-        out.num("launches")
-    );
+    let (s, out) = sim.hard_share(30, name, libs, args, dev, all);
+    println!("{name}: {} launches", out.num("launches"));
     s
 }
 

@@ -5,8 +5,7 @@
 //! creatable at all (RLIMIT_AS: the start fails closed, what NVML no longer shows is charged busy). The control is the attack alone. Also the thread's
 //! CPU cost while its process is idle. Shares come from the simulator's timeline.
 
-use shim_tests::{compile_c, heavy, workspace_root, Sim};
-use std::time::Duration;
+use shim_tests::Sim;
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -16,26 +15,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// `throttle_starve ARGS` at a hard 30 % limit: the share (percent) of device 0 that every process of the
 /// program got over its window, and the run's output.
 fn run(args: &str) -> (f64, shim_tests::Output) {
-    let prog = compile_c(
-        "throttle_starve",
-        &workspace_root().join("shim-tests/c/throttle_starve.c"),
-        &[],
-        &["-lcuda", "-lpthread"],
-    );
-    let _h = heavy();
-    let sim = Sim::new().build();
-    let out = sim
-        .cmd_path(prog)
-        .timeout(Duration::from_secs(120))
-        .env("CUDA_DEVICE_SM_LIMIT", "30")
-        .env("CUQUOTA_POLICY", "hard")
-        .args(args)
-        .run();
-    assert!(out.success(), "{out:?}");
-    let w = out.window();
-    let s = sim.share_pct(0, 0, w.t0, w.end);
-    println!("throttle_starve {args}: 30 % tenant got {s:.1} %");
-    (s, out)
+    Sim::new()
+        .build()
+        .hard_share(30, "throttle_starve", &["-lcuda", "-lpthread"], args, 0, false)
 }
 
 /// Held at 29.1-29.5 % each (load 2.7); the control 29.5 %. The same attack with no sampler: 62.4 %

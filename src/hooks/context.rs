@@ -152,7 +152,7 @@ pub(crate) use crate::memory::Owner;
 
 /// `cuModuleGetFunction`, `cuModuleGetGlobal` (+ `_v2`), `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
 /// `cuLibraryGetModule`, `cuKernelGetFunction`: the driver may load code and globals here (lazy loading),
-/// admitted under a memory cap (`Memory::lookup`). `out` is the handle the call returns.
+/// admitted under a memory cap (`FirstUse::lookup`). `out` is the handle the call returns.
 ///
 /// # Safety
 /// `out` as the driver's contract says (written on success).

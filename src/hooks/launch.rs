@@ -10,7 +10,7 @@
 //! the launch is keyed (function, grid, block — or the graph), admitted by the throttle (which may sleep), sometimes
 //! measured with events on its stream, then made. With a memory cap, a function's first launch in its stream's
 //! context is admitted inside the throttle's call, after its wait, and measured once the throttle returned
-//! (`Memory::first_launch`: lazy loading, stack growth). A `_ptsz` call with the NULL stream runs on the per-thread
+//! (`FirstUse::first_launch`: lazy loading, stack growth). A `_ptsz` call with the NULL stream runs on the per-thread
 //! default stream, so its probe events are recorded on `CU_STREAM_PER_THREAD`.
 
 use super::probe_stream;
@@ -87,9 +87,9 @@ fn throttled(
 }
 
 /// The real launch of `f` (a function, kernel or graph exec) on `stream`, after the throttle let it go, while a
-/// memory cap applies: its first launch in the stream's context is admitted (`Memory::first_launch`: its code
+/// memory cap applies: its first launch in the stream's context is admitted (`FirstUse::first_launch`: its code
 /// may load now, its stack grow) and left in `first` for the caller to measure once the throttle (and a graph's
-/// memory) settled (`Memory::launched`). Inside the throttle's call, so that a first use holds the gate only
+/// memory) settled (`FirstUse::launched`). Inside the throttle's call, so that a first use holds the gate only
 /// across the driver's call and what follows it, never across the throttle's wait.
 #[inline]
 fn first_use<'a>(

@@ -4,9 +4,11 @@
 //! usage file must keep charged besides allocations) are passed in, and what admission asks beyond the file
 //! (a device's free memory, the reconciliation near the cap) is passed in as closures.
 
-use super::ledger::{Kind, Ledger, Record};
+use super::driver::Driver;
+use super::ledger::{Kind, Ledger, Record, Space};
 use super::{credit, reserve, usage_ok, Admitted, OverCap, PerDevice};
 use crate::devices::{Dev, Devices};
+use crate::ffi::cuda::CUresult;
 use crate::log::{log, Level};
 use cuquota_core::{DeviceId, UsageRegion};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -317,6 +319,28 @@ impl Allocs {
         }
     }
 
+    /// Takes out of the ledger every record `gone(space, key, record)` says the driver freed (slow: a scan, each
+    /// record held while `gone` looks at it) and gives back what they charged: a record `elsewhere` takes is its
+    /// business (an export, whose charge may live in the shared table); a pool allocation's charge is its
+    /// pool's (`pooled` is told its pool key); a plain allocation's goes back here.
+    pub(super) fn forget_where(
+        &self,
+        overhead: &PerDevice,
+        gone: impl Fn(Space, u64, &Record) -> bool,
+        mut elsewhere: impl FnMut(Space, u64, Record) -> bool,
+        mut pooled: impl FnMut(usize),
+    ) {
+        for (space, key, rec) in self.ledger.remove_where(gone) {
+            if elsewhere(space, key, rec) {
+                continue;
+            }
+            match rec.kind {
+                Kind::Direct => self.release(overhead, rec.entry, rec.bytes),
+                Kind::Pool(pool) => pooled(pool),
+            }
+        }
+    }
+
     /// Forgets everything after `fork` in the child (the parent keeps its charges).
     pub(super) fn reset(&self) {
         self.ledger.clear();
@@ -324,6 +348,15 @@ impl Allocs {
             a.store(0, Ordering::Relaxed);
         }
         self.credit.reset();
+    }
+}
+
+/// Whether the driver answers that no allocation starts at `p` any more (its range starts elsewhere, or it
+/// knows no such address).
+pub(super) fn freed_by(d: &impl Driver, p: u64) -> bool {
+    match d.range_start(p) {
+        Ok(start) => start != p,
+        Err(r) => r == CUresult::ERROR_INVALID_VALUE,
     }
 }
 
@@ -505,5 +538,44 @@ mod tests {
         assert_eq!((used(&a, dev), a.allocated(dev.id)), (90 * MIB, 50 * MIB));
         a.reset();
         assert_eq!(a.allocated(dev.id), 0);
+    }
+
+    /// Records the driver freed leave the ledger: a plain allocation's charge goes back, an export's is left
+    /// to whoever took it, a pool allocation's to its pool; records not named stay.
+    #[test]
+    fn forgotten_records_give_back_only_the_charges_this_family_holds() {
+        let (_t, a, dev, o) = setup(capped(64 * MIB));
+        let rec = |kind| Record {
+            entry: dev.id,
+            bytes: 10 * MIB,
+            kind,
+        };
+        a.force(&o, dev, 30 * MIB);
+        a.ledger().insert(Space::Pointer, 0x100, rec(Kind::Direct));
+        a.ledger().insert(Space::Pointer, 0x200, rec(Kind::Direct));
+        a.ledger().insert(Space::Pointer, 0x300, rec(Kind::Pool(7)));
+        a.ledger().insert(Space::Vmm, 0x400, rec(Kind::Direct));
+        let pooled = std::cell::RefCell::new(Vec::new());
+        a.forget_where(
+            &o,
+            |space, _, _| space == Space::Pointer,
+            |_, key, _| key == 0x200,
+            |pool| pooled.borrow_mut().push(pool),
+        );
+        assert_eq!(a.allocated(dev.id), 20 * MIB, "only 0x100's charge went back");
+        assert_eq!(*pooled.borrow(), [7]);
+        assert!(a.ledger().get(Space::Pointer, 0x100).is_none());
+        assert!(a.ledger().get(Space::Vmm, 0x400).is_some(), "not named: kept");
+    }
+
+    /// Only the driver's "no allocation there" forgets a record; an answer it cannot give keeps it.
+    #[test]
+    fn a_record_is_freed_by_the_driver_only_when_it_says_no_allocation_starts_there() {
+        let d = crate::memory::driver::fake::Fake::default();
+        d.allocations.borrow_mut().insert(0x100, (0, 4096));
+        d.unknown.borrow_mut().insert(0x200);
+        assert!(!freed_by(&d, 0x100), "still allocated there");
+        assert!(freed_by(&d, 0x200), "the driver knows no such address");
+        assert!(!freed_by(&d, 0x300), "refused: kept (over-count, never under)");
     }
 }

@@ -23,11 +23,6 @@ pub(crate) struct Charge<'a> {
 }
 
 impl Charge<'_> {
-    /// The bytes admitted.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
     /// Records the object at `key` in `space`, its charge corrected from the admitted estimate to `exact`
     /// (`None`: the estimate).
     #[inline(always)]
@@ -123,7 +118,7 @@ impl Memory {
         // A pool's destroy cannot count a record out of the ledger: the free is announced to the pool first.
         let Some(rec) = self.allocs.ledger().remove_seen(space, key, |r| {
             if let Kind::Pool(pool) = r.kind {
-                self.pool_free_begins(pool);
+                self.pools.free_begins(pool);
             }
         }) else {
             return call();
@@ -131,13 +126,12 @@ impl Memory {
         let r = call();
         if let Kind::Pool(pool) = rec.kind {
             if r.ok() {
-                if !self.pool_free_done(pool, stream) {
-                    self.pool_freed(pool, key, rec.bytes, stream);
-                    self.refresh_pool(cuda, pool);
-                }
+                self.pools
+                    .free_done_back(cuda, self, pool, key, rec.bytes, stream);
             } else {
                 self.allocs.ledger().insert(space, key, rec);
-                self.pool_free_refused(pool, key);
+                self.pools
+                    .free_refused_back(self, self.allocs.ledger(), pool, key);
             }
             return r;
         }

@@ -1,6 +1,6 @@
 //! The driver queries memory's families ask, behind one trait (as the throttle's `Gpu`): the real table in
 //! the shim, a fake in unit tests. The stack's pricing (`stack`) and graphs (`graphs`: the walk, the graph
-//! pools' reserved size) go through it; stream-ordered pools (`pools`: reserved and used sizes, the devices' pools) and imports (`interprocess`: their device and size) too; the other families' queries still take the `CudaTable`.
+//! pools' reserved size) go through it; stream-ordered pools (`pools`: reserved and used sizes, the devices' pools), imports (`interprocess`: their device and size) and the records of a dead context (`allocs::freed_by`: where an allocation starts) too; the other families' queries still take the `CudaTable`.
 //! NVML's process lists, which overhead's measurement and the host pid read, are behind [`Processes`].
 
 use crate::driver::cuda::CudaTable;
@@ -64,6 +64,10 @@ pub(crate) trait Driver {
     }
     /// `cuMemGetAddressRange`: the size of the allocation at `p`.
     fn address_size(&self, _p: u64) -> Result<usize, CUresult> {
+        Err(CUresult::ERROR_NOT_SUPPORTED)
+    }
+    /// `cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)`: where the allocation holding `p` starts.
+    fn range_start(&self, _p: u64) -> Result<u64, CUresult> {
         Err(CUresult::ERROR_NOT_SUPPORTED)
     }
 
@@ -275,6 +279,19 @@ impl Driver for CudaTable {
         // SAFETY: valid out-pointers; the driver checks `p`.
         let r = unsafe { self.cuMemGetAddressRange_v2(&mut base, &mut size, p) };
         answer(r, size)
+    }
+
+    fn range_start(&self, p: u64) -> Result<u64, CUresult> {
+        let mut start: u64 = 0;
+        // SAFETY: valid out-pointer of the attribute's type (CUdeviceptr); the driver checks `p`.
+        let r = unsafe {
+            self.cuPointerGetAttribute(
+                (&mut start as *mut u64).cast(),
+                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                p,
+            )
+        };
+        answer(r, start)
     }
 
     fn current_context(&self) -> Result<CUcontext, CUresult> {

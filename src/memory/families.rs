@@ -5,6 +5,7 @@
 //! view is one pointer and every method `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if
 //! hooks called `Memory` directly (the gate, bench/README.md, measured them unchanged).
 
+use super::first_use::FirstUse;
 #[cfg(test)]
 use super::ledger::Record;
 use super::ledger::Space;
@@ -104,10 +105,10 @@ impl<'a> FirstUseCalls<'a> {
     /// Whether a launch may take memory at first use (two relaxed loads).
     #[inline(always)]
     pub(crate) fn armed(self) -> bool {
-        self.0.first_use_armed()
+        self.0.first_use.armed()
     }
 
-    /// Before a launch of `f` on `stream`: `false` = refused (see `Memory::first_launch_to`).
+    /// Before a launch of `f` on `stream`: `false` = refused (see `FirstUse::first_launch_to`).
     #[inline(always)]
     pub(crate) fn launch_to(
         self,
@@ -118,16 +119,16 @@ impl<'a> FirstUseCalls<'a> {
         stream: usize,
         slot: &mut Option<Launch<'a>>,
     ) -> bool {
-        self.0.first_launch_to(cuda, nvml, how, f, stream, slot)
+        FirstUse::first_launch_to(self.0, cuda, nvml, how, f, stream, slot)
     }
 
     /// The launch `l` let through returned `r`.
     #[inline(always)]
     pub(crate) fn launched(self, cuda: &CudaTable, nvml: &Nvml, l: Launch<'_>, stream: usize, r: CUresult) {
-        self.0.launched(cuda, nvml, l, stream, r)
+        self.0.first_use.launched(self.0, cuda, nvml, l, stream, r)
     }
 
-    /// A lookup that may load `owner`'s code at first use (see `Memory::lookup`).
+    /// A lookup that may load `owner`'s code at first use (see `FirstUse::lookup`).
     #[inline(always)]
     pub(crate) fn lookup(
         self,
@@ -137,7 +138,7 @@ impl<'a> FirstUseCalls<'a> {
         call: impl FnOnce() -> CUresult,
         handle: impl Fn() -> Option<usize>,
     ) -> CUresult {
-        self.0.lookup(cuda, nvml, owner, call, handle)
+        self.0.first_use.lookup(self.0, cuda, nvml, owner, call, handle)
     }
 
     /// The last context on `dev` is gone: the allocations made in it go (see

@@ -9,11 +9,15 @@
 //! in the driver's free memory).
 //!
 //! The seen set ([`FirstUse`]) remembers which handles were used in which context, so only a first launch
-//! pays: a launch seen before costs one thread-local cache probe ([`Memory::first_launch`]).
+//! pays: a launch seen before costs one thread-local cache probe ([`FirstUse::first_launch`]).
+//!
+//! [`FirstUse`] owns that logic with its state and its own `Devices` (the caps, the usage file); what it needs of
+//! the other families (the reservation as overhead and its settlement by NVML's figure, images, graph execs'
+//! kernels) it asks through [`Accounts`], which `Memory` implements by composing them (a fake in unit tests).
 
 use super::overhead::{Figure, Image, STACK};
 use super::{stack, Memory, OverCap};
-use crate::devices::Dev;
+use crate::devices::{Dev, Devices};
 use crate::driver::cuda::{in_context, CudaTable};
 use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
@@ -25,6 +29,7 @@ use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// How a handle was used: a handle looked up (a function, module, global) is launched for the first time later.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -71,6 +76,8 @@ const SHARDS: usize = 16;
 /// modules, globals. A kernel's first launch in each context is its own (code and stack are per context). And
 /// what reconciliations added to the overhead.
 pub(crate) struct FirstUse {
+    /// The devices' caps and the usage file.
+    devices: Arc<Devices>,
     /// A module or library was loaded: first uses may take memory from now on.
     armed: AtomicBool,
     /// This set's generation, new whenever something is removed: threads' cached answers carry it.
@@ -108,9 +115,11 @@ impl Drop for Gate<'_> {
     }
 }
 
-impl Default for FirstUse {
-    fn default() -> Self {
+impl FirstUse {
+    /// No handle seen yet, on `devices`.
+    pub(super) fn new(devices: Arc<Devices>) -> FirstUse {
         FirstUse {
+            devices,
             armed: AtomicBool::new(false),
             generation: AtomicU64::new(GENERATIONS.fetch_add(1, Ordering::Relaxed)),
             unlisted_said: AtomicBool::new(false),
@@ -127,10 +136,11 @@ impl FirstUse {
         self.armed.store(true, Ordering::Relaxed);
     }
 
-    /// Whether a first use may take memory (a module or library was loaded). One relaxed load.
+    /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
+    /// applies somewhere (as of the launch hook's refresh of the limits). Two relaxed loads.
     #[inline]
-    pub(crate) fn armed(&self) -> bool {
-        self.armed.load(Ordering::Relaxed)
+    pub(super) fn armed(&self) -> bool {
+        self.armed.load(Ordering::Relaxed) && self.devices.memory_limited()
     }
 
     /// Waits for the gate (unless this thread holds it already).
@@ -266,14 +276,8 @@ impl FirstUse {
         }
     }
 }
-impl Memory {
-    /// Whether a launch may take memory at first use: a module or library was loaded and a memory limit
-    /// applies somewhere (as of the launch hook's refresh of the limits). Two relaxed loads.
-    #[inline]
-    pub(super) fn first_use_armed(&self) -> bool {
-        self.first_use.armed() && self.devices.memory_limited()
-    }
 
+impl FirstUse {
     /// Before a call that may make the driver take memory at first use on `dev` (lazy loading, launch-time
     /// stack growth): what it will take is reserved against the cap first, `Err` (refuse it with
     /// `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked) while the container is over its cap or the
@@ -283,34 +287,41 @@ impl Memory {
     /// after), a launch never does (it may block on the program). `Ok(Some(_))`: end it with
     /// [`FirstUseGuard::done`] once the call returned (dropped: refused, the reservation given back);
     /// `Ok(None)`: no cap.
-    fn first_use_begin<'a>(
+    fn begin<'a>(
         &'a self,
+        acc: &'a dyn Accounts,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         dev: Dev,
         what: FirstUseOf,
     ) -> Result<Option<FirstUseGuard<'a>>, OverCap> {
-        let Some(cap) = self.limit(dev) else {
+        let Some(cap) = self.devices.memory_cap(dev) else {
             return Ok(None);
         };
         let known = what.image.and_then(|i| i.bytes);
-        let gate = (known.is_none() && what.lookup).then(|| self.first_use.enter());
+        let gate = (known.is_none() && what.lookup).then(|| self.enter());
+        let usage = self.devices.usage();
         let refuse = |why: std::fmt::Arguments<'_>| {
             log!(Level::Debug, "device {}: {why}: refused", dev.ordinal);
-            self.usage().count_refusal(dev.id);
+            usage.count_refusal(dev.id);
             Err(OverCap)
         };
-        if self.container_used(dev) > cap && self.over_cap_without_credit(dev, cap) {
+        // Over the cap once every process's credit was taken back.
+        if usage.container_used(dev.id) > cap && {
+            usage.drain_all_credit(dev.id);
+            usage.container_used(dev.id) > cap
+        } {
             return refuse(format_args!("over the cap, a call that may load code or globals"));
         }
         let reserved = what.stack.saturating_add(known.unwrap_or(0));
-        if self.growing(dev, reserved).is_err() {
+        if acc.reserve(dev, reserved).is_err() {
             return refuse(format_args!(
                 "a first use that may take {reserved} bytes does not fit under the cap"
             ));
         }
         Ok(Some(FirstUseGuard {
-            mem: self,
+            first_use: self,
+            acc,
             cuda,
             nvml,
             dev,
@@ -328,15 +339,17 @@ impl Memory {
 
     /// A call that has taken memory at first use on `dev` unadmitted (a launch during which the seen set forgot
     /// its context's code): measured when the guard ends. `None`: no cap on `dev`.
-    fn first_use_watch<'a>(
+    fn watch<'a>(
         &'a self,
+        acc: &'a dyn Accounts,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         dev: Dev,
     ) -> Option<FirstUseGuard<'a>> {
-        self.limit(dev)?;
+        self.devices.memory_cap(dev)?;
         Some(FirstUseGuard {
-            mem: self,
+            first_use: self,
+            acc,
             cuda,
             nvml,
             dev,
@@ -353,15 +366,16 @@ impl Memory {
     /// this process unlisted) the reservation stays charged once per image and context (a later first use of
     /// that image there gives its reservation back), the stack growth always; a first use of an unknown image
     /// is charged what the driver's free memory fell by across the call.
-    fn first_use_done(&self, cuda: &CudaTable, nvml: &Nvml, g: &FirstUseGuard<'_>, r: CUresult, fresh: bool) {
+    fn done(&self, g: &FirstUseGuard<'_>, r: CUresult, fresh: bool) {
+        let (acc, cuda, nvml) = (g.acc, g.cuda, g.nvml);
         let (dev, what, reserved, free_before) = (g.dev, g.what, g.reserved, g.free_before);
         let ordinal = dev.ordinal;
         let (key, bytes) = what.image.map_or((0, None), |i| (i.key, i.bytes));
         if !(fresh || reserved > 0) {
             return;
         }
-        self.give_back_credit(dev);
-        let figure = self.nvml_figure(nvml, dev);
+        acc.credit_back(dev);
+        let figure = acc.figure(nvml, dev);
         let took = match (bytes, free_before) {
             (Some(b), _) => b,
             (None, Some(before)) => before.saturating_sub(free_on(cuda).unwrap_or(before)),
@@ -378,47 +392,66 @@ impl Memory {
             }
         };
         // Kept for the estimate without NVML, whatever NVML says now (it may fail later).
-        let (mut kept, measured) = (0, measured_now(&figure));
+        let mut kept = 0;
         if r.ok() {
-            kept += self
-                .overhead
-                .charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
+            kept += acc.charge_lazy(STACK, what.ctx, ordinal, what.stack, true);
             // An image's footprint once per context; what an unknown one was measured to take, every time.
-            kept += self
-                .overhead
-                .charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
+            kept += acc.charge_lazy(key, what.ctx, ordinal, took, bytes.is_none());
         }
-        if reserved > 0 && measured {
-            let used = match figure {
-                Figure::Used(u) => Some(u),
-                _ => None,
-            };
-            let _ = self.grown_to(nvml, dev, reserved, r, None::<fn() -> CUresult>, used);
-        } else if measured {
-            if let Some(cap) = self.limit(dev) {
-                let _ = self.reconcile_to(nvml, dev, cap, 0, figure);
+        match figure {
+            Figure::Used(used) if reserved > 0 => acc.settle_measured(nvml, dev, reserved, r, used),
+            Figure::Used(_) => {
+                if let Some(cap) = self.devices.memory_cap(dev) {
+                    acc.reconcile(nvml, dev, cap, figure);
+                }
             }
-        } else {
-            // No figure: the reservation goes, what is kept stays (never admitted: the next admission is).
-            let _g = self.overhead.lock();
-            self.overhead.settle(dev, reserved);
-            let now = self
-                .overhead_of(dev)
-                .saturating_sub(reserved)
-                .saturating_add(kept);
-            let _ = self.set_overhead_locked(dev, now, false);
-            if kept > 0 {
-                log!(
-                    Level::Debug,
-                    "device {}: a first use charged {kept} bytes without an NVML figure",
-                    dev.ordinal
-                );
+            _ => {
+                // No figure: the reservation goes, what is kept stays (never admitted: the next admission is).
+                acc.settle_unmeasured(dev, reserved, kept);
+                if kept > 0 {
+                    log!(
+                        Level::Debug,
+                        "device {}: a first use charged {kept} bytes without an NVML figure",
+                        dev.ordinal
+                    );
+                }
             }
         }
     }
 }
 
-/// What a first use may take, for [`Memory::first_use_begin`].
+/// What first use asks of the other families: `Memory` composes them (below), unit tests fake it.
+pub(super) trait Accounts {
+    /// The first-use family itself (`Memory` holds it; see [`FirstUse::first_launch_to`]).
+    fn first_use(&self) -> &FirstUse;
+    /// Reserves `bytes` on `dev` as overhead in flight, admitted against the cap (`Err`: nothing charged).
+    fn reserve(&self, dev: Dev, bytes: u64) -> Result<(), OverCap>;
+    /// Takes this process's credit on `dev` back (a settlement is exact).
+    fn credit_back(&self, dev: Dev);
+    /// What NVML says this process holds on `dev`.
+    fn figure(&self, nvml: &Nvml, dev: Dev) -> Figure;
+    /// A first use of `key` in `ctx` on `ordinal` took `bytes`, kept for the estimate without NVML (once per
+    /// key and context, or added up: `accumulate`); what was added.
+    fn charge_lazy(&self, key: usize, ctx: usize, ordinal: CUdevice, bytes: u64, accumulate: bool) -> u64;
+    /// The call a reservation of `reserved` on `dev` admitted returned `r`: NVML's figure `used` replaces it.
+    fn settle_measured(&self, nvml: &Nvml, dev: Dev, reserved: u64, r: CUresult, used: u64);
+    /// A first use that reserved nothing was measured: the overhead on `dev` reconciled with `figure`.
+    fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, figure: Figure);
+    /// No figure: the reservation of `reserved` on `dev` goes, `kept` bytes stay charged as overhead.
+    fn settle_unmeasured(&self, dev: Dev, reserved: u64, kept: u64);
+    /// The image of module or library `handle`, when this process saw it loaded.
+    fn image_of(&self, handle: usize) -> Option<Image>;
+    /// Module `module` of `library` (which no load hook saw) lives on `ordinal`.
+    fn module_on(&self, module: usize, ordinal: CUdevice, library: usize);
+    /// The device of module `module`'s context, when this process loaded it.
+    fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev>;
+    /// The largest local memory per thread among graph exec `exec`'s kernels.
+    fn graph_stack(&self, exec: usize) -> u64;
+    /// The kernels graph exec `exec` may run.
+    fn graph_kernels(&self, exec: usize) -> Vec<usize>;
+}
+
+/// What a first use may take, for [`FirstUse::begin`].
 #[derive(Clone, Copy, Debug, Default)]
 struct FirstUseOf {
     /// Launch-time stack growth.
@@ -445,12 +478,14 @@ fn free_on(cuda: &CudaTable) -> Option<u64> {
         .then_some(free as u64)
 }
 
-/// A first-use call let through by [`Memory::first_use_begin`]: holds its reservation (and for a lookup of an
+/// A first-use call let through by [`FirstUse::begin`]: holds its reservation (and for a lookup of an
 /// unknown image the gate) across the call. [`FirstUseGuard::done`] settles it to what the call took; dropped
 /// without it, the call is taken as refused and the reservation goes back.
 #[must_use = "hold it across the call; dropping it gives the reservation back"]
 pub(crate) struct FirstUseGuard<'a> {
-    mem: &'a Memory,
+    first_use: &'a FirstUse,
+    /// The other families, for the settlement.
+    acc: &'a dyn Accounts,
     cuda: &'a CudaTable,
     nvml: &'a Nvml,
     dev: Dev,
@@ -463,14 +498,14 @@ pub(crate) struct FirstUseGuard<'a> {
 }
 
 impl FirstUseGuard<'_> {
-    /// The call returned `r`; `fresh`: the handle it used or gave was new (see [`Memory::first_use_done`]).
+    /// The call returned `r`; `fresh`: the handle it used or gave was new (see [`FirstUse::done`]).
     fn done(mut self, r: CUresult, fresh: bool) {
         self.end(r, fresh);
     }
 
     fn end(&mut self, r: CUresult, fresh: bool) {
         if !std::mem::replace(&mut self.ended, true) {
-            self.mem.first_use_done(self.cuda, self.nvml, self, r, fresh);
+            self.first_use.done(self, r, fresh);
         }
     }
 }
@@ -498,7 +533,7 @@ pub(crate) enum Owner {
     Function(CUfunction),
 }
 
-impl Memory {
+impl FirstUse {
     /// A lookup (`cuModuleGetFunction`, `cuModuleGetGlobal`, `cuLibraryGetGlobal`, `cuLibraryGetManaged`,
     /// `cuLibraryGetModule`, `cuKernelGetFunction`, `cuFuncLoad`): with lazy loading the driver loads the code
     /// and globals here, at first use, not at the module's load: into the module's context (a library's
@@ -510,6 +545,7 @@ impl Memory {
     /// any capped device is over its cap (fail closed), every capped device measured after.
     pub(super) fn lookup(
         &self,
+        acc: &dyn Accounts,
         cuda: &CudaTable,
         nvml: &Nvml,
         owner: Owner,
@@ -522,21 +558,22 @@ impl Memory {
                 // SAFETY: valid out-pointer; on failure it stays NULL, a module no one loaded (every device
                 // checked).
                 let _ = unsafe { cuda.cuFuncGetModule(&mut module, f) };
-                self.lookup_in(cuda, nvml, Owner::Module(module), call, || Some(f as usize))
+                self.lookup_in(acc, cuda, nvml, Owner::Module(module), call, || Some(f as usize))
             }
             Owner::ModuleOf(l) => {
-                let r = self.lookup_in(cuda, nvml, Owner::Library(l), call, &handle);
+                let r = self.lookup_in(acc, cuda, nvml, Owner::Library(l), call, &handle);
                 if let (true, Some(m), Some(dev)) = (r.ok(), handle(), self.devices.current(cuda)) {
-                    self.overhead.module_on(m, dev.ordinal, l as usize);
+                    acc.module_on(m, dev.ordinal, l as usize);
                 }
                 r
             }
-            _ => self.lookup_in(cuda, nvml, owner, call, handle),
+            _ => self.lookup_in(acc, cuda, nvml, owner, call, handle),
         }
     }
 
     fn lookup_in(
         &self,
+        acc: &dyn Accounts,
         cuda: &CudaTable,
         nvml: &Nvml,
         owner: Owner,
@@ -544,13 +581,13 @@ impl Memory {
         handle: impl FnOnce() -> Option<usize>,
     ) -> CUresult {
         let (devs, image, ctx): (Vec<Dev>, _, _) = match owner {
-            Owner::Module(m) => match self.module_device(cuda, m as usize) {
-                Some(d) => (vec![d], self.overhead.image_of(m as usize), 0),
+            Owner::Module(m) => match acc.module_device(cuda, m as usize) {
+                Some(d) => (vec![d], acc.image_of(m as usize), 0),
                 None => (self.devices.known().map(|(d, _)| d).collect(), None, 0),
             },
             Owner::Library(l) | Owner::ModuleOf(l) => (
                 self.devices.current(cuda).into_iter().collect(),
-                self.overhead.image_of(l as usize),
+                acc.image_of(l as usize),
                 current_ctx(cuda),
             ),
             Owner::Kernel(k) => {
@@ -558,7 +595,7 @@ impl Memory {
                 // SAFETY: valid out-pointer; the program's kernel handle, which the driver checks.
                 let image = unsafe { cuda.cuKernelGetLibrary(&mut l, k) }
                     .ok()
-                    .then(|| self.overhead.image_of(l as usize))
+                    .then(|| acc.image_of(l as usize))
                     .flatten();
                 (
                     self.devices.current(cuda).into_iter().collect(),
@@ -577,7 +614,7 @@ impl Memory {
         };
         let mut calls = Vec::with_capacity(devs.len());
         for d in devs {
-            match self.first_use_begin(cuda, nvml, d, what) {
+            match self.begin(acc, cuda, nvml, d, what) {
                 Ok(Some(c)) => calls.push(c),
                 Ok(None) => {}
                 // The guards so far give their reservations back.
@@ -587,12 +624,11 @@ impl Memory {
         if calls.is_empty() {
             return call();
         }
-        let since = self.first_use.generation();
+        let since = self.generation();
         let r = call();
         // Without a handle (optional for globals) the lookup cannot be told from the last one: measured every
         // time (such calls are rare; a loop of them costs only its own process).
-        let fresh =
-            r.ok() && handle().is_none_or(|h| self.first_use.first(Use::Lookup, h, current_ctx(cuda), since));
+        let fresh = r.ok() && handle().is_none_or(|h| self.first(Use::Lookup, h, current_ctx(cuda), since));
         for c in calls {
             c.done(r, fresh);
         }
@@ -623,7 +659,7 @@ fn launch_ctx(cuda: &CudaTable, stream: usize) -> usize {
     current_ctx(cuda)
 }
 
-/// What [`Memory::first_launch`] let through; end it with [`Memory::launched`] (a first launch dropped
+/// What [`FirstUse::first_launch`] let through; end it with [`FirstUse::launched`] (a first launch dropped
 /// without it is taken as refused: its reservation goes back).
 pub(crate) enum Launch<'a> {
     /// Launched in its context before, as of this generation of the seen set (a forget since, e.g. a context
@@ -644,7 +680,7 @@ impl Launch<'_> {
     }
 }
 
-/// A first launch [`Memory::first_launch`] let through.
+/// A first launch [`FirstUse::first_launch`] let through.
 pub(crate) struct FirstLaunch<'a> {
     call: Option<FirstUseGuard<'a>>,
     how: Use,
@@ -657,20 +693,21 @@ pub(crate) struct FirstLaunch<'a> {
     capturing: bool,
 }
 
-impl Memory {
+impl FirstUse {
     /// Before a launch of `f` (a function or kernel handle) on `stream` while a memory cap may apply:
     /// [`Launch::Seen`] when `f` was launched in the stream's context already (one thread-local cache probe,
     /// else one shard lock). Otherwise, its first launch there: the code may load now (lazy loading) and a
     /// kernel whose local memory exceeds the context's stack size makes the driver grow the stack for every
     /// thread the device holds. That growth is admitted here, asked of the stream's context and device (`Err`:
     /// refuse the launch with `CUDA_ERROR_OUT_OF_MEMORY`, the driver not asked, `f` not marked);
-    /// [`Memory::launched`] measures the process after the launch and marks `f` launched in that context if it
+    /// [`FirstUse::launched`] measures the process after the launch and marks `f` launched in that context if it
     /// succeeded. `how` is [`Use::Launch`] (`f` a function or kernel) or [`Use::Graph`] (`f` a graph exec,
     /// launched or uploaded: the stack its kernels need and their code's loading, listed at instantiation and
     /// update, are admitted the same way).
     #[inline(always)]
     pub(super) fn first_launch<'a>(
         &'a self,
+        acc: &'a dyn Accounts,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         how: Use,
@@ -678,17 +715,19 @@ impl Memory {
         stream: usize,
     ) -> Result<Launch<'a>, OverCap> {
         let ctx = launch_ctx(cuda, stream);
-        if let Some(since) = self.first_use.seen_at(how, f, ctx) {
+        if let Some(since) = self.seen_at(how, f, ctx) {
             return Ok(Launch::Seen(since));
         }
-        self.first_launch_slow(cuda, nvml, how, f, ctx, stream)
+        self.first_launch_slow(acc, cuda, nvml, how, f, ctx, stream)
     }
 
-    /// [`Memory::first_launch`] into `slot` (the launch path's form: a launch seen before stores its answer and
-    /// goes on, with no refusal to check). False: refused.
+    /// [`FirstUse::first_launch`] into `slot` (the launch path's form: a launch seen before stores its answer and
+    /// goes on, with no refusal to check). False: refused. The family is `acc`'s ([`Accounts::first_use`]): the
+    /// launch path keeps one pointer live across its calls, not two (with two, a launch under a cap spilled one
+    /// more register: +1 instruction at the gate).
     #[inline(always)]
-    pub(super) fn first_launch_to<'a>(
-        &'a self,
+    pub(super) fn first_launch_to<'a, A: Accounts>(
+        acc: &'a A,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         how: Use,
@@ -697,18 +736,18 @@ impl Memory {
         slot: &mut Option<Launch<'a>>,
     ) -> bool {
         let ctx = launch_ctx(cuda, stream);
-        if let Some(since) = self.first_use.seen_at(how, f, ctx) {
+        if let Some(since) = acc.first_use().seen_at(how, f, ctx) {
             *slot = Some(Launch::Seen(since));
             return true;
         }
-        self.first_launch_slow_to(cuda, nvml, how, f, ctx, stream, slot)
+        Self::first_launch_slow_to(acc, cuda, nvml, how, f, ctx, stream, slot)
     }
 
     #[cold]
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn first_launch_slow_to<'a>(
-        &'a self,
+        acc: &'a dyn Accounts,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         how: Use,
@@ -717,7 +756,10 @@ impl Memory {
         stream: usize,
         slot: &mut Option<Launch<'a>>,
     ) -> bool {
-        match self.first_launch_slow(cuda, nvml, how, f, ctx, stream) {
+        match acc
+            .first_use()
+            .first_launch_slow(acc, cuda, nvml, how, f, ctx, stream)
+        {
             Ok(l) => {
                 *slot = Some(l);
                 true
@@ -726,12 +768,20 @@ impl Memory {
         }
     }
 
-    /// The launch on `stream` that [`Memory::first_launch`] let through returned `r`.
+    /// The launch on `stream` that [`FirstUse::first_launch`] let through returned `r`.
     #[inline]
-    pub(super) fn launched(&self, cuda: &CudaTable, nvml: &Nvml, l: Launch<'_>, stream: usize, r: CUresult) {
+    pub(super) fn launched(
+        &self,
+        acc: &dyn Accounts,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        l: Launch<'_>,
+        stream: usize,
+        r: CUresult,
+    ) {
         match l {
-            Launch::Seen(since) if self.first_use.generation() != since => {
-                self.forgotten_meanwhile(cuda, nvml, stream, r)
+            Launch::Seen(since) if self.generation() != since => {
+                self.forgotten_meanwhile(acc, cuda, nvml, stream, r)
             }
             Launch::Seen(_) => {}
             Launch::First(c) => self.first_launch_done(*c, r),
@@ -742,19 +792,28 @@ impl Memory {
     /// again (a reset context set up anew), unadmitted. Measured after, as a first use whose size is unknown.
     #[cold]
     #[inline(never)]
-    fn forgotten_meanwhile(&self, cuda: &CudaTable, nvml: &Nvml, stream: usize, r: CUresult) {
+    fn forgotten_meanwhile(
+        &self,
+        acc: &dyn Accounts,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        stream: usize,
+        r: CUresult,
+    ) {
         let ctx = launch_ctx(cuda, stream) as CUcontext;
         let current = || self.devices.current(cuda);
         let dev = in_context(cuda, ctx, current).unwrap_or_else(current);
-        if let Some(c) = dev.and_then(|d| self.first_use_watch(cuda, nvml, d)) {
+        if let Some(c) = dev.and_then(|d| self.watch(acc, cuda, nvml, d)) {
             c.done(r, true);
         }
     }
 
     #[cold]
     #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
     fn first_launch_slow<'a>(
         &'a self,
+        acc: &'a dyn Accounts,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         how: Use,
@@ -762,7 +821,7 @@ impl Memory {
         ctx: usize,
         stream: usize,
     ) -> Result<Launch<'a>, OverCap> {
-        let since = self.first_use.generation();
+        let since = self.generation();
         let mut status: CUstreamCaptureStatus = CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: valid out-pointer; the program's stream for this launch. Unknown: not capturing (measured,
         // marked).
@@ -771,12 +830,12 @@ impl Memory {
         // Device, stack size and kernel attributes are the stream's context's. One that cannot be made current
         // (destroyed: the launch fails too) is asked in the current context.
         let call = if ctx == current_ctx(cuda) {
-            self.first_launch_begin(cuda, nvml, how, f, ctx)
+            self.first_launch_begin(acc, cuda, nvml, how, f, ctx)
         } else {
             in_context(cuda, ctx as CUcontext, || {
-                self.first_launch_begin(cuda, nvml, how, f, ctx)
+                self.first_launch_begin(acc, cuda, nvml, how, f, ctx)
             })
-            .unwrap_or_else(|| self.first_launch_begin(cuda, nvml, how, f, ctx))
+            .unwrap_or_else(|| self.first_launch_begin(acc, cuda, nvml, how, f, ctx))
         }?;
         Ok(Launch::First(Box::new(FirstLaunch {
             call,
@@ -789,11 +848,12 @@ impl Memory {
     }
 
     /// The admission of `f`'s first launch in context `ctx`, which must be current: [`Use::Launch`] reserves
-    /// `f`'s stack growth and loads its code first ([`Memory::loaded`]); [`Use::Graph`] (`f` an exec) reserves
+    /// `f`'s stack growth and loads its code first ([`FirstUse::loaded`]); [`Use::Graph`] (`f` an exec) reserves
     /// the stack its kernels grow and loads the code of each of its kernels not launched in `ctx` yet: the
     /// launch itself takes no code. Never holds a lock across the launch.
     fn first_launch_begin<'a>(
         &'a self,
+        acc: &'a dyn Accounts,
         cuda: &'a CudaTable,
         nvml: &'a Nvml,
         how: Use,
@@ -803,7 +863,7 @@ impl Memory {
         let Some(dev) = self.devices.current(cuda) else {
             return Ok(None);
         };
-        if self.limit(dev).is_none() {
+        if self.devices.memory_cap(dev).is_none() {
             return Ok(None);
         }
         // Never the gate: a launch may wait on the program (a full stream), and nothing else may wait behind it.
@@ -817,15 +877,15 @@ impl Memory {
             ..FirstUseOf::default()
         };
         if how == Use::Graph {
-            what.stack = stack::graph_growth(cuda, dev, self.graph.stack(f));
-            let call = self.first_use_begin(cuda, nvml, dev, what)?;
+            what.stack = stack::graph_growth(cuda, dev, acc.graph_stack(f));
+            let call = self.begin(acc, cuda, nvml, dev, what)?;
             // Each kernel not launched here yet, as its direct first launch would (instantiation refuses an exec
             // whose kernels cannot all be listed while a cap applies).
-            let kernels = self.graph.kernels(f);
+            let kernels = acc.graph_kernels(f);
             let first = kernels
                 .into_iter()
-                .filter(|&k| self.first_use.seen_at(Use::Launch, k, ctx).is_none());
-            return self.loaded_first(cuda, nvml, call, first);
+                .filter(|&k| self.seen_at(Use::Launch, k, ctx).is_none());
+            return self.loaded_first(acc, cuda, nvml, call, first);
         }
         let f = f as CUfunction;
         let Some(local) = stack::local_size(cuda, f, dev.ordinal) else {
@@ -840,21 +900,22 @@ impl Memory {
             what.stack = stack::bytes(cuda, dev, local.saturating_sub(stack::size(cuda)));
         }
         // The stack first: a launch refused for it loads nothing.
-        let call = self.first_use_begin(cuda, nvml, dev, what)?;
-        self.loaded_first(cuda, nvml, call, [f as usize])
+        let call = self.begin(acc, cuda, nvml, dev, what)?;
+        self.loaded_first(acc, cuda, nvml, call, [f as usize])
     }
 
-    /// `call` (a first launch's admission) once each of `funcs` has its code loaded ([`Memory::loaded`]); one
+    /// `call` (a first launch's admission) once each of `funcs` has its code loaded ([`FirstUse::loaded`]); one
     /// refused refuses the launch (`call` dropped: its reservation goes back).
     fn loaded_first<'a>(
         &self,
+        acc: &dyn Accounts,
         cuda: &CudaTable,
         nvml: &Nvml,
         call: Option<FirstUseGuard<'a>>,
         funcs: impl IntoIterator<Item = usize>,
     ) -> Result<Option<FirstUseGuard<'a>>, OverCap> {
         for f in funcs {
-            if !self.loaded(cuda, nvml, f as CUfunction) {
+            if !self.loaded(acc, cuda, nvml, f as CUfunction) {
                 return Err(OverCap);
             }
         }
@@ -866,17 +927,18 @@ impl Memory {
     /// itself takes no code. A function (a lazily loaded one may still be unloaded): `cuFuncLoad`; a `CUkernel`
     /// (static cudart 12+ launches those; its library loads into the context): `cuKernelGetFunction`. False:
     /// refused (over the cap). A handle that is neither, or a driver without `cuFuncLoad`, fails in the driver.
-    fn loaded(&self, cuda: &CudaTable, nvml: &Nvml, f: CUfunction) -> bool {
+    fn loaded(&self, acc: &dyn Accounts, cuda: &CudaTable, nvml: &Nvml, f: CUfunction) -> bool {
         let mut module: CUmodule = std::ptr::null_mut();
         // SAFETY: valid out-pointer; `f` is the program's handle for this launch, which the driver checks.
         let r = if unsafe { cuda.cuFuncGetModule(&mut module, f) }.ok() {
             // SAFETY: the program's handle; the driver checks it.
             let call = || unsafe { cuda.cuFuncLoad(f) };
-            self.lookup(cuda, nvml, Owner::Function(f), call, || Some(f as usize))
+            self.lookup(acc, cuda, nvml, Owner::Function(f), call, || Some(f as usize))
         } else {
             let mut g: CUfunction = std::ptr::null_mut();
             let gp: *mut CUfunction = &mut g;
             self.lookup(
+                acc,
                 cuda,
                 nvml,
                 Owner::Kernel(f as CUkernel),
@@ -889,7 +951,7 @@ impl Memory {
         r != CUresult::ERROR_OUT_OF_MEMORY
     }
 
-    /// The first launch [`Memory::first_launch`] let through returned `r`.
+    /// The first launch [`FirstUse::first_launch`] let through returned `r`.
     #[cold]
     #[inline(never)]
     fn first_launch_done(&self, c: FirstLaunch<'_>, r: CUresult) {
@@ -905,19 +967,344 @@ impl Memory {
             call.done(r, true);
         }
         if r.ok() && !capturing {
-            self.first_use.first(how, f, ctx, since);
+            self.first(how, f, ctx, since);
         }
+    }
+}
+
+impl Accounts for Memory {
+    #[inline(always)]
+    fn first_use(&self) -> &FirstUse {
+        &self.first_use
+    }
+    fn reserve(&self, dev: Dev, bytes: u64) -> Result<(), OverCap> {
+        self.growing(dev, bytes)
+    }
+    fn credit_back(&self, dev: Dev) {
+        self.give_back_credit(dev);
+    }
+    fn figure(&self, nvml: &Nvml, dev: Dev) -> Figure {
+        self.nvml_figure(nvml, dev)
+    }
+    fn charge_lazy(&self, key: usize, ctx: usize, ordinal: CUdevice, bytes: u64, accumulate: bool) -> u64 {
+        self.overhead.charge_lazy(key, ctx, ordinal, bytes, accumulate)
+    }
+    fn settle_measured(&self, nvml: &Nvml, dev: Dev, reserved: u64, r: CUresult, used: u64) {
+        let _ = self.grown_to(nvml, dev, reserved, r, None::<fn() -> CUresult>, Some(used));
+    }
+    fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, figure: Figure) {
+        let _ = self.reconcile_to(nvml, dev, cap, 0, figure);
+    }
+    fn settle_unmeasured(&self, dev: Dev, reserved: u64, kept: u64) {
+        let _g = self.overhead.lock();
+        self.overhead.settle(dev, reserved);
+        let now = self
+            .overhead_of(dev)
+            .saturating_sub(reserved)
+            .saturating_add(kept);
+        let _ = self.set_overhead_locked(dev, now, false);
+    }
+    fn image_of(&self, handle: usize) -> Option<Image> {
+        self.overhead.image_of(handle)
+    }
+    fn module_on(&self, module: usize, ordinal: CUdevice, library: usize) {
+        self.overhead.module_on(module, ordinal, library);
+    }
+    fn module_device(&self, cuda: &CudaTable, module: usize) -> Option<Dev> {
+        Memory::module_device(self, cuda, module)
+    }
+    fn graph_stack(&self, exec: usize) -> u64 {
+        self.graph.stack(exec)
+    }
+    fn graph_kernels(&self, exec: usize) -> Vec<usize> {
+        self.graph.kernels(exec)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{temp_path, TempRegion};
     use super::*;
+    use cuquota_core::{Config, Policy, UsageRegion};
+    use std::sync::Mutex;
+
+    const MIB: u64 = 1 << 20;
+    const MODULE: usize = 0x77;
+
+    thread_local! {
+        /// The fake driver's current context and the local memory per thread of every function (this thread's).
+        static CTX: Cell<usize> = const { Cell::new(0x100) };
+        static LOCAL: Cell<i32> = const { Cell::new(0) };
+    }
+
+    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { (*u).bytes = [dev as u8 + 9; 16] };
+        CUresult::SUCCESS
+    }
+    unsafe extern "C" fn ctx_device(d: *mut CUdevice) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { *d = 0 };
+        CUresult::SUCCESS
+    }
+    unsafe extern "C" fn ctx_current(c: *mut CUcontext) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { *c = CTX.with(|x| x.get()) as CUcontext };
+        CUresult::SUCCESS
+    }
+    unsafe extern "C" fn func_attribute(n: *mut i32, _a: CUfunction_attribute, _f: CUfunction) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { *n = LOCAL.with(|x| x.get()) };
+        CUresult::SUCCESS
+    }
+    unsafe extern "C" fn func_module(m: *mut CUmodule, _f: CUfunction) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { *m = MODULE as CUmodule };
+        CUresult::SUCCESS
+    }
+    unsafe extern "C" fn func_load(_f: CUfunction) -> CUresult {
+        CUresult::SUCCESS
+    }
+
+    /// A driver with one device, whose functions all belong to module [`MODULE`].
+    fn driver() -> CudaTable {
+        let mut t = CudaTable::empty(true);
+        t.cuDeviceGetUuid_v2 = Some(uuid);
+        t.cuCtxGetDevice = Some(ctx_device);
+        t.cuCtxGetCurrent = Some(ctx_current);
+        t.cuFuncGetAttribute = Some(func_attribute);
+        t.cuFuncGetModule = Some(func_module);
+        t.cuFuncLoad = Some(func_load);
+        t
+    }
+
+    /// A first-use family on a fresh usage file, its devices capped at `cap`; device 0.
+    fn fresh(cap: Option<u64>) -> (TempRegion, FirstUse, Dev) {
+        let t = temp_path("first-use");
+        let cfg = Config {
+            default_limits: Policy {
+                memory: cap,
+                ..Policy::NONE
+            },
+            ..Default::default()
+        };
+        let usage = UsageRegion::open(&t.path).expect("usage region");
+        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
+        let dev = devices.device(&driver(), 0).expect("device 0");
+        (t, FirstUse::new(devices), dev)
+    }
+
+    /// The other families as first use sees them: an overhead charge that reservations move, NVML's figure
+    /// (`None`: no NVML), what was kept for the estimate, and how often a call was measured.
+    struct Fake {
+        fu: FirstUse,
+        dev: Dev,
+        /// Room for reservations (a reservation past it is refused).
+        room: Cell<u64>,
+        figure: Option<u64>,
+        image: Option<Image>,
+        overhead: Mutex<u64>,
+        kept: Mutex<u64>,
+        measured: Mutex<u32>,
+    }
+
+    impl Fake {
+        fn new(fu: FirstUse, dev: Dev, figure: Option<u64>, image: Option<u64>) -> Fake {
+            Fake {
+                fu,
+                dev,
+                room: Cell::new(1 << 40),
+                figure,
+                image: image.map(|b| Image {
+                    key: MODULE,
+                    bytes: Some(b),
+                }),
+                overhead: Mutex::new(0),
+                kept: Mutex::new(0),
+                measured: Mutex::new(0),
+            }
+        }
+        fn overhead(&self) -> u64 {
+            *self.overhead.lock().unwrap()
+        }
+        fn kept(&self) -> u64 {
+            *self.kept.lock().unwrap()
+        }
+        fn measured(&self) -> u32 {
+            *self.measured.lock().unwrap()
+        }
+    }
+
+    impl Accounts for Fake {
+        fn first_use(&self) -> &FirstUse {
+            &self.fu
+        }
+        fn reserve(&self, _dev: Dev, bytes: u64) -> Result<(), OverCap> {
+            let mut o = self.overhead.lock().unwrap();
+            if *o + bytes > self.room.get() {
+                return Err(OverCap);
+            }
+            *o += bytes;
+            Ok(())
+        }
+        fn credit_back(&self, _dev: Dev) {}
+        fn figure(&self, _nvml: &Nvml, _dev: Dev) -> Figure {
+            *self.measured.lock().unwrap() += 1;
+            self.figure.map_or(Figure::NoNvml, Figure::Used)
+        }
+        fn charge_lazy(&self, _key: usize, _ctx: usize, _o: CUdevice, bytes: u64, _acc: bool) -> u64 {
+            *self.kept.lock().unwrap() += bytes;
+            bytes
+        }
+        fn settle_measured(&self, _nvml: &Nvml, _dev: Dev, _reserved: u64, _r: CUresult, used: u64) {
+            *self.overhead.lock().unwrap() = used;
+        }
+        fn reconcile(&self, _nvml: &Nvml, _dev: Dev, _cap: u64, figure: Figure) {
+            if let Figure::Used(u) = figure {
+                *self.overhead.lock().unwrap() = u;
+            }
+        }
+        fn settle_unmeasured(&self, _dev: Dev, reserved: u64, kept: u64) {
+            let mut o = self.overhead.lock().unwrap();
+            *o = o.saturating_sub(reserved) + kept;
+        }
+        fn image_of(&self, _handle: usize) -> Option<Image> {
+            self.image
+        }
+        fn module_on(&self, _module: usize, _ordinal: CUdevice, _library: usize) {}
+        fn module_device(&self, _cuda: &CudaTable, _module: usize) -> Option<Dev> {
+            Some(self.dev)
+        }
+        fn graph_stack(&self, _exec: usize) -> u64 {
+            0
+        }
+        fn graph_kernels(&self, _exec: usize) -> Vec<usize> {
+            Vec::new()
+        }
+    }
+
+    /// A launch of `f` on the NULL stream from admission to its end: `Err` refused, else whether it was a first.
+    fn launch(fu: &FirstUse, acc: &Fake, cuda: &CudaTable, f: usize, r: CUresult) -> Result<bool, OverCap> {
+        let nvml = Nvml::new(None);
+        let l = fu.first_launch(acc, cuda, &nvml, Use::Launch, f, 0)?;
+        let first = matches!(l, Launch::First(_));
+        fu.launched(acc, cuda, &nvml, l, 0, r);
+        Ok(first)
+    }
+
+    /// A function's first launch in a context loads its code (its module's image, admitted and kept) and is
+    /// measured; launched again there it is seen (one cache probe, nothing measured); in another context it is
+    /// a first launch again, its image kept once per context.
+    #[test]
+    fn a_first_launch_is_measured_once_per_handle_and_context() {
+        let (_t, fu, dev) = fresh(Some(1 << 30));
+        let cuda = driver();
+        let acc = Fake::new(fu, dev, None, Some(MIB));
+        let fu = &acc.fu;
+        CTX.with(|c| c.set(0x100));
+        assert!(!fu.armed(), "armed by a module's load");
+        fu.arm();
+        assert!(fu.armed());
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
+        // The code load (a lookup, measured) and the launch (measured): the image kept, no reservation left.
+        assert_eq!((acc.measured(), acc.kept(), acc.overhead()), (2, MIB, MIB));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(acc.measured(), 2, "a launch seen before is not measured");
+        assert_eq!(launch(fu, &acc, &cuda, 0x2000, CUresult::SUCCESS), Ok(true));
+        assert_eq!(acc.measured(), 4, "another function");
+        CTX.with(|c| c.set(0x200));
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
+        assert_eq!(acc.measured(), 6, "another context");
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        // Without a cap nothing is admitted or measured.
+        let (_u, uncapped, dev) = fresh(None);
+        uncapped.arm();
+        assert!(!uncapped.armed(), "no cap");
+        let acc = Fake::new(uncapped, dev, None, Some(MIB));
+        assert_eq!(launch(&acc.fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(true));
+        assert_eq!((acc.measured(), acc.overhead()), (0, 0));
+    }
+
+    /// A launch admitted before a forget (a module unloaded meanwhile: its address may name new code) is not
+    /// marked by its end, so the next launch is a first again; a launch seen before whose call ran across a
+    /// forget is measured after (its context's code may have been taken again, unadmitted).
+    #[test]
+    fn a_use_begun_before_a_forget_is_not_recorded_end_to_end() {
+        let (_t, fu, dev) = fresh(Some(1 << 30));
+        let cuda = driver();
+        let nvml = Nvml::new(None);
+        let acc = Fake::new(fu, dev, Some(300 * MIB), Some(MIB));
+        let fu = &acc.fu;
+        CTX.with(|c| c.set(0x300));
+        let l = fu
+            .first_launch(&acc, &cuda, &nvml, Use::Launch, 0x1000, 0)
+            .expect("admitted");
+        assert!(matches!(l, Launch::First(_)));
+        fu.forget_all();
+        fu.launched(&acc, &cuda, &nvml, l, 0, CUresult::SUCCESS);
+        assert_eq!(acc.overhead(), 300 * MIB, "measured");
+        assert_eq!(
+            launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS),
+            Ok(true),
+            "not recorded"
+        );
+        let l = fu
+            .first_launch(&acc, &cuda, &nvml, Use::Launch, 0x1000, 0)
+            .expect("admitted");
+        assert!(matches!(l, Launch::Seen(_)));
+        let before = acc.measured();
+        fu.forget(Use::Graph, 0x5000);
+        fu.launched(&acc, &cuda, &nvml, l, 0, CUresult::SUCCESS);
+        assert_eq!(
+            acc.measured(),
+            before + 1,
+            "a seen launch across a forget is measured"
+        );
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        assert_eq!(acc.measured(), before + 1);
+    }
+
+    /// A first launch that grows the stack reserves the growth before the call: a growth that does not fit
+    /// refuses the launch (nothing marked, the driver's code load not even asked); a launch that fails gives its
+    /// reservation back and keeps nothing, and is not marked (without NVML, the charge that stays is the kept).
+    #[test]
+    fn a_failed_launch_charges_nothing() {
+        let (_t, fu, dev) = fresh(Some(1 << 30));
+        let cuda = driver();
+        let acc = Fake::new(fu, dev, None, None);
+        let fu = &acc.fu;
+        CTX.with(|c| c.set(0x400));
+        LOCAL.with(|l| l.set(16));
+        let growth = stack::bytes(&cuda, dev, 16);
+        assert!(growth > 0);
+        acc.room.set(growth - 1);
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Err(OverCap));
+        assert_eq!((acc.measured(), acc.overhead(), acc.kept()), (0, 0, 0));
+        acc.room.set(1 << 40);
+        assert_eq!(
+            launch(fu, &acc, &cuda, 0x1000, CUresult::ERROR_INVALID_VALUE),
+            Ok(true)
+        );
+        assert_eq!((acc.overhead(), acc.kept()), (0, 0), "nothing charged");
+        assert_eq!(
+            launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS),
+            Ok(true),
+            "not marked"
+        );
+        assert_eq!(
+            (acc.overhead(), acc.kept()),
+            (growth, growth),
+            "the growth kept without NVML"
+        );
+        assert_eq!(launch(fu, &acc, &cuda, 0x1000, CUresult::SUCCESS), Ok(false));
+        LOCAL.with(|l| l.set(0));
+    }
 
     #[test]
     fn a_forgotten_handle_is_not_seen_from_any_threads_cache() {
-        let f = FirstUse::default();
-        let other = FirstUse::default();
+        let (_t, f, _) = fresh(None);
+        let (_u, other, _) = fresh(None);
         assert!(f.first(Use::Launch, 0x1000, 7, f.generation()));
         assert!(f.seen(Use::Launch, 0x1000, 7));
         assert!(f.seen(Use::Launch, 0x1000, 7), "a cached hit");
@@ -953,7 +1340,7 @@ mod tests {
 
     #[test]
     fn a_use_that_began_before_a_forget_is_not_recorded() {
-        let f = FirstUse::default();
+        let (_t, f, _) = fresh(None);
         let since = f.generation();
         f.forget_all();
         assert!(f.first(Use::Launch, 0x1000, 7, since), "first");
@@ -964,7 +1351,7 @@ mod tests {
 
     #[test]
     fn the_gate_is_reentrant_on_a_thread_and_exclusive_across_threads() {
-        let f = FirstUse::default();
+        let (_t, f, _) = fresh(None);
         let outer = f.enter();
         let inner = f.enter();
         std::thread::scope(|sc| {

@@ -18,7 +18,7 @@
 //! The same walk lists the exec's kernels (kernel nodes, child graphs, conditional nodes' bodies, recorded when
 //! `cuGraphAddNode` made them): the largest local memory per thread among them is the stack the exec's first
 //! launch or upload in a context makes the driver grow, and each kernel's code is loaded before that launch,
-//! both in `Memory::first_launch` (`first_use`), one routine for every path.
+//! both in `FirstUse::first_launch` (`first_use`), one routine for every path.
 
 use super::driver::Driver;
 use super::first_use::Use;
@@ -758,7 +758,7 @@ impl Memory {
 
     /// `cuGraphUpload`: uploading may reserve the exec's graph memory, and sets up its kernels' stack in the
     /// stream's context (an exec instantiated for device launch is launched from the device, where no hook sees
-    /// it, only once uploaded): admitted as its first launch there is (`Memory::first_launch`).
+    /// it, only once uploaded): admitted as its first launch there is (`FirstUse::first_launch`).
     fn graph_upload(
         &self,
         cuda: &CudaTable,
@@ -767,14 +767,17 @@ impl Memory {
         stream: usize,
         call: impl FnOnce() -> CUresult,
     ) -> CUresult {
-        if !self.first_use_armed() {
+        if !self.first_use.armed() {
             return self.graph_memory(cuda, nvml, exec, call);
         }
-        let Ok(first) = self.first_launch(cuda, nvml, Use::Graph, exec, stream) else {
+        let Ok(first) = self
+            .first_use
+            .first_launch(self, cuda, nvml, Use::Graph, exec, stream)
+        else {
             return CUresult::ERROR_OUT_OF_MEMORY;
         };
         let r = self.graph_memory(cuda, nvml, exec, call);
-        self.launched(cuda, nvml, first, stream, r);
+        self.first_use.launched(self, cuda, nvml, first, stream, r);
         r
     }
 

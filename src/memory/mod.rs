@@ -124,12 +124,12 @@ impl Memory {
             elastic: elastic::Elastic::new(devices.clone()),
             allocs: allocs::Allocs::new(devices.clone()),
             overhead: Overhead::new(devices.clone()),
+            first_use: first_use::FirstUse::new(devices.clone()),
             devices,
             vmm: vmm::VmmLives::default(),
             shared: shared::Shared::default(),
             graph: Graphs::new(),
             pools: Pools::new(),
-            first_use: first_use::FirstUse::default(),
         }
     }
 
@@ -152,12 +152,6 @@ impl Memory {
 
     fn usage(&self) -> &UsageRegion {
         self.devices.usage()
-    }
-
-    /// Current effective memory limit of a device (`None` = no limit).
-    #[inline]
-    fn limit(&self, dev: Dev) -> Option<u64> {
-        self.devices.memory_cap(dev)
     }
 
     /// Bytes the whole container has charged on a device (credit charged ahead included: what admission
@@ -298,8 +292,7 @@ impl Memory {
                     self.take_back(entry, bytes);
                 }
                 self.unshare(e.entry, e.key);
-                self.pool_freed(pool, p, bytes, stream);
-                self.refresh_pool(cuda, pool);
+                self.pools.back(cuda, self, pool, p, bytes, stream);
             }
             Some(rec) => {
                 self.unshare(e.entry, e.key);
@@ -385,6 +378,127 @@ impl Memory {
     #[inline(always)]
     fn adopt_unseen_context(&self, nvml: &Nvml, dev: Dev) -> Result<(), OverCap> {
         self.overhead.adopt_unseen(self, nvml, dev)
+    }
+
+    // ---- pools and what the driver freed on its own -----------------------------------------------------------
+
+    /// `call`, the pool call `what` describes, with what memory keeps of pools (`Pools` holds the logic): an
+    /// allocation is admitted as `Pools::alloc` says (`CUDA_ERROR_OUT_OF_MEMORY`, the driver not called, when it
+    /// does not fit); a trim re-reads the pool's reserved size; a destroy gives its charge back once its
+    /// allocations are freed; a synchronisation lets destroyed pools whose frees it waited for go.
+    pub(crate) fn pool(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        what: PoolCall<'_>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        match what {
+            PoolCall::Alloc {
+                pool,
+                bytes,
+                stream_dev,
+                out,
+            } => self.pool_alloc(cuda, nvml, pool, bytes, stream_dev, out, call),
+            PoolCall::Create { on, out } => self.pools.create(on, call, out),
+            PoolCall::Trim(pool) => self.pools.trim(cuda, self, pool, call),
+            PoolCall::Destroy(pool) => self.pools.destroy(cuda, self, self.allocs.ledger(), pool, call),
+            PoolCall::Synchronize { dev, stream } => self.pools.synchronize(self, dev, stream, call),
+        }
+    }
+
+    /// [`PoolCall::Alloc`] where `Pools::place` says: a host pool's allocation is not device memory; one on a
+    /// device without an accounting identity is `untracked`; one from a current pool the driver will not name
+    /// is charged as a plain allocation; a pool allocation is admitted through `Memory::charge` and recorded in
+    /// the ledger.
+    #[allow(clippy::too_many_arguments)]
+    fn pool_alloc(
+        &self,
+        cuda: &CudaTable,
+        nvml: &Nvml,
+        pool: Option<usize>,
+        bytes: u64,
+        stream_dev: &dyn Fn() -> Option<Dev>,
+        out: &dyn Fn() -> u64,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let devs = self.devices.known().map(|(d, _)| d);
+        let (dev, pool) = match self.pools.place(cuda, devs, pool, stream_dev) {
+            pools::Place::Pool(dev, pool) => (dev, pool),
+            pools::Place::Host => return call(),
+            pools::Place::Unplaced => return self.untracked(call),
+            pools::Place::Plain(dev) => {
+                let est = self.devices.round(cuda, dev, bytes);
+                return self.charged_call(cuda, nvml, dev, est, call, || {
+                    Some((ledger::Space::Pointer, out(), None))
+                });
+            }
+        };
+        let len = self.devices.round(cuda, dev, bytes);
+        let admit = |n| self.charge(dev, n, cuda, nvml).ok();
+        let recorded = || {
+            let addr = out();
+            let rec = ledger::Record {
+                entry: dev.id,
+                bytes: len,
+                kind: ledger::Kind::Pool(pool),
+            };
+            let stale = self.allocs.ledger().insert(ledger::Space::Pointer, addr, rec);
+            self.release_stale(stale);
+            addr
+        };
+        self.pools
+            .alloc(cuda, self, dev, pool, len, admit, call, recorded)
+    }
+
+    /// Refreshes every pool on a device entry (before refusing a pool allocation).
+    #[inline]
+    pub(crate) fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
+        self.pools.refresh_of(cuda, self, id);
+    }
+
+    /// The last context this process had on `dev` is gone (destroyed, reset or released for the last time):
+    /// the driver freed every allocation made in it, so their records and charges go too. VMM handles
+    /// (`cuMemCreate`) are not tied to a context and stay; pools and graph pools are re-read.
+    pub(super) fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
+        self.forget_freed(cuda, |space, _, rec| {
+            space != ledger::Space::Vmm && rec.entry == dev.id
+        });
+        self.pools.context_ended(cuda, self, dev);
+        if self.graph.charges(dev) {
+            self.graph.settle(cuda, self, dev);
+        }
+    }
+
+    /// A context on `dev` went away while others live there: the driver freed what was allocated in it, but a
+    /// record does not say which context made it. Each direct allocation of the device is asked about (rare and
+    /// slow: one driver query per record, while the record is held); one the driver no longer knows at its
+    /// address is gone (`allocs::freed_by`). Any other answer keeps the charge (over-count, never under).
+    /// Arrays stay charged.
+    pub(crate) fn forget_dead_allocations(&self, cuda: &CudaTable, dev: Dev) {
+        self.forget_freed(cuda, |space, key, rec| {
+            space == ledger::Space::Pointer
+                && rec.entry == dev.id
+                && rec.kind == ledger::Kind::Direct
+                && allocs::freed_by(cuda, key)
+        });
+    }
+
+    /// Takes the records `gone` names out (see `Allocs::forget_where`): an export lets go of its shared entry
+    /// (its charge may live in the shared table, and importers may still hold it), a destroyed pool counts its
+    /// allocation down, a plain allocation's charge goes back.
+    fn forget_freed(&self, cuda: &CudaTable, gone: impl Fn(ledger::Space, u64, &ledger::Record) -> bool) {
+        let exported = |space, key, rec| {
+            let e = (space == ledger::Space::Pointer)
+                .then(|| self.shared.take_export(key))
+                .flatten();
+            e.map(|e| self.export_gone(cuda, key, e, Some(rec), None))
+                .is_some()
+        };
+        self.allocs
+            .forget_where(self.overhead.charged(), gone, exported, |pool| {
+                self.pools.record_gone(self, pool)
+            });
     }
 
     // ---- fork ----------------------------------------------------------------------------------------------

@@ -1,14 +1,16 @@
 //! Memory that stream-ordered pools hold (charged by `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`). Hooks call one
-//! door, [`Memory::pool`] ([`PoolCall`] says which call). [`Pools`] owns what is known of each pool (its
-//! charge, a destroyed pool's allocations still out, the frees it waits for, the blocks freed into its
-//! reserve); it moves the process's charge through [`Charges`] and asks the driver through [`Driver`], so it
-//! is tested with fakes of both. The devices' graph pools: `graphs`.
+//! door, [`Memory::pool`] ([`PoolCall`] says which call), which composes [`Pools`] with admission and the
+//! ledger. [`Pools`] owns what is known of each pool (its charge, a destroyed pool's allocations still out,
+//! the frees it waits for, the blocks freed into its reserve) and the calls' logic; it moves the process's
+//! charge through [`Charges`], is admitted through a closure that returns an [`Admission`], takes the ledger
+//! by reference and asks the driver through [`Driver`], so it is tested with fakes. The devices' graph pools:
+//! `graphs`.
 
+use super::charge::Charge;
 use super::driver::Driver;
-use super::{ledger, Memory};
+use super::ledger::{Kind, Ledger, Space};
+use super::Memory;
 use crate::devices::Dev;
-use crate::driver::cuda::CudaTable;
-use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 use crate::locks::{hold_all, release_all, Lock, Side};
 use crate::log::{log, Level};
@@ -33,6 +35,32 @@ impl Charges for Memory {
     }
 }
 
+/// An admission of a pool allocation's bytes, held until the driver call returned: dropped, the bytes go back;
+/// kept, the pool's settlement has taken them over (`Charge` in the shim, a recorder in tests).
+pub(super) trait Admission {
+    /// Keeps the charge without giving it back.
+    fn keep(self);
+}
+
+impl Admission for Charge<'_> {
+    fn keep(self) {
+        Charge::keep(self);
+    }
+}
+
+/// Where a stream-ordered allocation goes ([`Pools::place`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Place {
+    /// From pool `.1`, charged on device `.0`.
+    Pool(Dev, usize),
+    /// From a host pool: not device memory.
+    Host,
+    /// On a device without an accounting identity.
+    Unplaced,
+    /// From a current pool the driver will not name: charged as a plain allocation on the device.
+    Plain(Dev),
+}
+
 /// The stream-ordered pools this process accounts.
 pub(super) struct Pools {
     map: Lock<HashMap<usize, PoolState>>,
@@ -53,7 +81,7 @@ struct PoolState {
     /// stays until they have): (stream key, sync epoch of the latest). Each goes with a synchronisation of its
     /// stream, or of the context, that began later, or with the context's end. One entry per stream.
     awaiting: Vec<(usize, u64)>,
-    /// A destroyed pool whose allocations are still being counted (`destroy_pool`): not released meanwhile.
+    /// A destroyed pool whose allocations are still being counted (`Pools::destroy`): not released meanwhile.
     counting: bool,
     /// Frees of its allocations between taking their record out of the ledger and putting it back (a refusal)
     /// or not (done): a destroy's count cannot see those records, so the pool is not released meanwhile.
@@ -139,7 +167,7 @@ impl Pools {
     }
 
     /// Starts tracking `pool` (no-op if known). `dev = None` marks a host pool.
-    pub(super) fn track(&self, pool: usize, dev: Option<Dev>) {
+    fn track(&self, pool: usize, dev: Option<Dev>) {
         self.any.store(true, Ordering::Relaxed);
         self.map.lock().entry(pool).or_insert(PoolState {
             dev,
@@ -154,12 +182,12 @@ impl Pools {
     }
 
     /// `Some(dev)` for a known pool (`Some(None)` = host pool), `None` if unknown.
-    pub(super) fn device(&self, pool: usize) -> Option<Option<Dev>> {
+    fn device(&self, pool: usize) -> Option<Option<Dev>> {
         self.map.lock().get(&pool).map(|p| p.dev)
     }
 
     /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
-    pub(super) fn refresh(&self, d: &impl Driver, c: &impl Charges, pool: usize) {
+    fn refresh(&self, d: &impl Driver, c: &impl Charges, pool: usize) {
         if let Some(p) = self.map.lock().get_mut(&pool) {
             p.refresh(d, c, pool);
         }
@@ -186,14 +214,7 @@ impl Pools {
     /// Before a pool allocation of `len` bytes: re-reads the pool (a shrunk reserve forgets its known free
     /// blocks), then, when `claim`, claims the smallest unclaimed known free block of at least `len` bytes for
     /// this allocation and returns its address.
-    pub(super) fn prepare(
-        &self,
-        d: &impl Driver,
-        c: &impl Charges,
-        pool: usize,
-        len: u64,
-        claim: bool,
-    ) -> Option<u64> {
+    fn prepare(&self, d: &impl Driver, c: &impl Charges, pool: usize, len: u64, claim: bool) -> Option<u64> {
         let mut pools = self.map.lock();
         let p = pools.get_mut(&pool)?;
         p.refresh(d, c, pool);
@@ -210,7 +231,7 @@ impl Pools {
     }
 
     /// A claimed block went unused (the driver refused the allocation): free for others again.
-    pub(super) fn unclaim(&self, pool: usize, addr: u64) {
+    fn unclaim(&self, pool: usize, addr: u64) {
         if let Some(p) = self.map.lock().get_mut(&pool) {
             p.unclaim(addr);
         }
@@ -221,7 +242,7 @@ impl Pools {
     /// beyond them is forced: the driver already handed it out), and the known free blocks follow what the
     /// driver did. Returns the growth beyond `est` (0 when the admission covered it).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn settle(
+    fn settle(
         &self,
         d: &impl Driver,
         c: &impl Charges,
@@ -271,7 +292,7 @@ impl Pools {
 
     /// Bytes a tracked pool holds reserved but not handed out (reserved − used): what a new allocation can be
     /// served from without the pool growing. 0 for untracked pools or when the driver cannot tell.
-    pub(super) fn slack(&self, d: &impl Driver, pool: usize) -> u64 {
+    fn slack(&self, d: &impl Driver, pool: usize) -> u64 {
         if self.device(pool).is_none() {
             return 0; // not charged by us yet: its reserve is not ours to spend
         }
@@ -286,7 +307,7 @@ impl Pools {
 
     /// The pool allocation at `addr`, of `len` (rounded) bytes, was freed: its block is back in the reserve.
     /// `stream`: the free's stream key (`stream_key`) for `cuMemFreeAsync`, `None` for a free that is done.
-    pub(super) fn freed(&self, c: &impl Charges, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
+    fn freed(&self, c: &impl Charges, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
         if pool & DESTROYED != 0 {
             self.destroyed_freed(c, pool, stream);
             return;
@@ -307,7 +328,7 @@ impl Pools {
     }
 
     /// One allocation of destroyed pool `key` is gone (`stream`: freed in stream order there, maybe not yet).
-    pub(super) fn destroyed_freed(&self, c: &impl Charges, key: usize, stream: Option<usize>) {
+    fn destroyed_freed(&self, c: &impl Charges, key: usize, stream: Option<usize>) {
         let mut pools = self.map.lock();
         let Some(p) = pools.get_mut(&key) else { return };
         p.left -= 1;
@@ -318,7 +339,7 @@ impl Pools {
     }
 
     /// The last context on `dev` is gone: nothing of it runs any more, so no free on `dev` is waiting.
-    pub(super) fn context_gone(&self, c: &impl Charges, dev: Dev) {
+    fn context_gone(&self, c: &impl Charges, dev: Dev) {
         let mut pools = self.map.lock();
         for (_, p) in pools
             .iter_mut()
@@ -332,7 +353,7 @@ impl Pools {
     /// `cuMemPoolDestroy` of `pool` succeeded: a device pool we know moves to a new destroyed key, counting
     /// (not released) until [`Pools::destroy_counted`] says how many of its allocations are out. `None`: not a
     /// device pool we know.
-    pub(super) fn destroy_begins(&self, pool: usize) -> Option<usize> {
+    fn destroy_begins(&self, pool: usize) -> Option<usize> {
         let key = DESTROYED | NEXT_DESTROYED.fetch_add(1, Ordering::Relaxed);
         let mut pools = self.map.lock();
         let mut p = pools.remove(&pool)?;
@@ -346,7 +367,7 @@ impl Pools {
     /// `out` allocations of destroyed pool `key` are still out: with none out and no free waiting in stream
     /// order, its charge goes back; otherwise the pool lives on (cuda.h: its resources go back once no
     /// allocation is outstanding and its frees have run), charged whole until then.
-    pub(super) fn destroy_counted(&self, c: &impl Charges, key: usize, out: usize) {
+    fn destroy_counted(&self, c: &impl Charges, key: usize, out: usize) {
         let mut pools = self.map.lock();
         if let Some(p) = pools.get_mut(&key) {
             p.left += out as isize;
@@ -358,6 +379,7 @@ impl Pools {
     /// A free of an allocation of `pool` is taking its record out of the ledger and goes to the driver: the
     /// pool (or, when a destroy is counting its records, the destroyed pool it became) is not released until
     /// [`Pools::free_done`] (or the refusal's [`Pools::free_refused`]).
+    #[inline(never)] // out of a plain free's path (the hot-path gate)
     pub(super) fn free_begins(&self, pool: usize) {
         let mut pools = self.map.lock();
         let p = match pools.contains_key(&pool) {
@@ -375,7 +397,7 @@ impl Pools {
     /// The free [`Pools::free_begins`] announced succeeded (`stream`: in stream order there). `true`: the pool
     /// was destroyed meanwhile, and its count could not see this record: the free counts for nothing there but
     /// its stream is awaited (the caller skips [`Pools::freed`]).
-    pub(super) fn free_done(&self, c: &impl Charges, pool: usize, stream: Option<usize>) -> bool {
+    fn free_done(&self, c: &impl Charges, pool: usize, stream: Option<usize>) -> bool {
         let mut pools = self.map.lock();
         if let Some(p) = pools.get_mut(&pool) {
             p.in_flight = p.in_flight.saturating_sub(1);
@@ -400,7 +422,7 @@ impl Pools {
     /// pool lives (the free is done with); `Some(key)`: it was destroyed meanwhile and became `key`, whose count
     /// has finished (waited for): the caller re-tags the record unless the count saw it, then
     /// [`Pools::refused_counted`].
-    pub(super) fn free_refused(&self, pool: usize) -> Option<usize> {
+    fn free_refused(&self, pool: usize) -> Option<usize> {
         let moved = {
             let mut pools = self.map.lock();
             if let Some(p) = pools.get_mut(&pool) {
@@ -421,7 +443,7 @@ impl Pools {
 
     /// The refused free of destroyed pool `key` is done with; `unseen`: its record was re-tagged to `key` (the
     /// destroy's count had not seen it), so it counts as still out.
-    pub(super) fn refused_counted(&self, c: &impl Charges, key: usize, unseen: bool) {
+    fn refused_counted(&self, c: &impl Charges, key: usize, unseen: bool) {
         let mut pools = self.map.lock();
         if let Some(p) = pools.get_mut(&key) {
             p.in_flight = p.in_flight.saturating_sub(1);
@@ -452,6 +474,251 @@ impl Pools {
                 .retain(|&(st, epoch)| !(epoch < start && stream.is_none_or(|s| s == st)));
         }
         release_destroyed(c, &mut pools);
+    }
+
+    // ---- the calls: what `Memory::pool` and the frees compose ----------------------------------------------
+
+    /// Where a stream-ordered allocation from `pool` (`None`: the current pool of the stream's device,
+    /// `stream_dev()`) goes. A pool we did not see created is charged to the device whose default or current
+    /// pool it is (among `devs`; it may serve allocations on another device's stream, whose device would be
+    /// the wrong one), else to the stream's.
+    pub(super) fn place(
+        &self,
+        d: &impl Driver,
+        devs: impl Iterator<Item = Dev>,
+        pool: Option<usize>,
+        stream_dev: &dyn Fn() -> Option<Dev>,
+    ) -> Place {
+        let Some(pool) = pool else {
+            let Some(dev) = stream_dev() else {
+                return Place::Unplaced;
+            };
+            return match d.mem_pool(dev.ordinal) {
+                Ok(pool) if pool != 0 => Place::Pool(dev, pool),
+                _ => Place::Plain(dev),
+            };
+        };
+        match self.device(pool) {
+            Some(Some(dev)) => Place::Pool(dev, pool),
+            Some(None) => Place::Host,
+            None => match self.owner(d, devs, pool).or_else(stream_dev) {
+                Some(dev) => Place::Pool(dev, pool),
+                None => Place::Unplaced,
+            },
+        }
+    }
+
+    /// The device among `devs` whose default or current pool `pool` is (`cuDeviceGetDefaultMemPool` /
+    /// `cuDeviceGetMemPool`): remembered for the pool.
+    fn owner(&self, d: &impl Driver, devs: impl Iterator<Item = Dev>, pool: usize) -> Option<Dev> {
+        let owns =
+            |dev: Dev| d.default_mem_pool(dev.ordinal) == Ok(pool) || d.mem_pool(dev.ordinal) == Ok(pool);
+        let devs: Vec<Dev> = devs.collect();
+        let dev = devs.into_iter().find(|&dev| owns(dev))?;
+        self.track(pool, Some(dev));
+        Some(dev)
+    }
+
+    /// A pool allocation of `len` (rounded) bytes from `pool` on `dev` through `call`. The pool may grow by the
+    /// whole request, so that is what `admit` is asked for before the driver is called: no moment exists when
+    /// the pool holds more than the container was admitted (refused, the device's pools are re-read, they may
+    /// have released memory at a synchronisation, and it is asked once more). Only when the whole request does
+    /// not fit, and a block this process freed into the pool's reserve (already charged) can serve it, is it
+    /// admitted with what the unused reserve cannot cover (usually nothing). Refused: `CUDA_ERROR_OUT_OF_MEMORY`,
+    /// the driver not called. Once `call` succeeded, `recorded()` records the allocation and says its address,
+    /// and the charge settles to the pool's real `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn alloc<A: Admission>(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        dev: Dev,
+        pool: usize,
+        len: u64,
+        admit: impl Fn(u64) -> Option<A>,
+        call: impl FnOnce() -> CUresult,
+        recorded: impl FnOnce() -> u64,
+    ) -> CUresult {
+        self.track(pool, Some(dev));
+        self.prepare(d, c, pool, len, false);
+        // Held until the driver call returns (a reserved-memory announcement lives in it).
+        let full = admit(len).or_else(|| {
+            self.refresh_of(d, c, dev.id);
+            admit(len)
+        });
+        let (held, admitted, claimed) = if let Some(a) = full {
+            (a, len, None)
+        } else if let Some(block) = self.prepare(d, c, pool, len, true) {
+            let est = len.saturating_sub(self.slack(d, pool));
+            match admit(est) {
+                Some(a) => (a, est, Some(block)),
+                None => {
+                    self.unclaim(pool, block);
+                    return CUresult::ERROR_OUT_OF_MEMORY;
+                }
+            }
+        } else {
+            return CUresult::ERROR_OUT_OF_MEMORY;
+        };
+        let r = call();
+        if !r.ok() {
+            drop(held);
+            if let Some(block) = claimed {
+                self.unclaim(pool, block);
+            }
+            return r;
+        }
+        let addr = recorded();
+        // The pool's settlement takes the admitted bytes over.
+        let over = self.settle(d, c, pool, dev, admitted, len, addr, claimed);
+        held.keep();
+        if over > 0 {
+            // Only a driver that grows the pool although a free block of the size was in its reserve gets here.
+            log!(
+                Level::Warn,
+                "pool {pool:#x} grew {over} bytes beyond what was admitted for a {len}-byte allocation"
+            );
+        }
+        r
+    }
+
+    /// `cuMemPoolCreate` through `call`: a pool on `on` (`Some(None)`: a host pool) is tracked from now on
+    /// (`out()` names it); one on a device without an accounting identity (`None`) is left unknown, so that its
+    /// allocations are refused while limits apply.
+    pub(super) fn create(
+        &self,
+        on: Option<Option<Dev>>,
+        call: impl FnOnce() -> CUresult,
+        out: &dyn Fn() -> Option<usize>,
+    ) -> CUresult {
+        let r = call();
+        if let (true, Some(on)) = (r.ok(), on) {
+            if let Some(pool) = out() {
+                self.track(pool, on);
+            }
+        }
+        r
+    }
+
+    /// `cuMemPoolTrimTo` of `pool` through `call`: the pool is re-read.
+    pub(super) fn trim(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        pool: usize,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let r = call();
+        if r.ok() {
+            self.refresh(d, c, pool);
+        }
+        r
+    }
+
+    /// `cuMemPoolDestroy` of `pool` through `call`. Its reserve is re-read first (memory the destroyed pool may
+    /// hold until frees run in stream order); once destroyed, its allocations still in `ledger` move to the
+    /// destroyed pool's key (in place before they are re-keyed, so a free racing this counts down there), which
+    /// keeps the charge until they are freed and their frees have run.
+    pub(super) fn destroy(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        ledger: &Ledger,
+        pool: usize,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        self.refresh(d, c, pool);
+        let r = call();
+        if r.ok() {
+            if let Some(key) = self.destroy_begins(pool) {
+                let out = ledger.retag_pool(pool, key);
+                self.destroy_counted(c, key, out);
+            }
+        }
+        r
+    }
+
+    /// `cuCtxSynchronize` of `dev()`'s context (`stream` = `None`) or `cuStreamSynchronize` of a stream (its
+    /// key) through `call`: destroyed pools whose frees it waited for go.
+    pub(super) fn synchronize(
+        &self,
+        c: &impl Charges,
+        dev: &dyn Fn() -> Option<Dev>,
+        stream: Option<usize>,
+        call: impl FnOnce() -> CUresult,
+    ) -> CUresult {
+        let Some(start) = self.sync_starts() else {
+            return call();
+        };
+        let r = call();
+        if let Some(dev) = dev().filter(|_| r.ok()) {
+            self.synchronized(c, dev, start, stream);
+        }
+        r
+    }
+
+    /// The pool allocation at `addr` of `len` bytes is back in `pool`'s reserve (`stream`: freed in stream
+    /// order there): its block is known free and the pool re-read.
+    pub(super) fn back(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        pool: usize,
+        addr: u64,
+        len: u64,
+        stream: Option<usize>,
+    ) {
+        self.freed(c, pool, addr, len, stream);
+        self.refresh(d, c, pool);
+    }
+
+    /// The free of the allocation of `pool` at `addr`, of `len` bytes, that [`Pools::free_begins`] announced
+    /// succeeded (`stream`: in stream order there): its block is back in the reserve, or the destroyed pool that
+    /// took the free over awaits its stream.
+    #[inline(never)] // out of a plain free's path (the hot-path gate)
+    pub(super) fn free_done_back(
+        &self,
+        d: &impl Driver,
+        c: &impl Charges,
+        pool: usize,
+        addr: u64,
+        len: u64,
+        stream: Option<usize>,
+    ) {
+        if !self.free_done(c, pool, stream) {
+            self.back(d, c, pool, addr, len, stream);
+        }
+    }
+
+    /// The free [`Pools::free_begins`] announced was refused and its record (of `pool`, at `addr`) is back in
+    /// `ledger`. If the pool was destroyed meanwhile, the record belongs to the destroyed pool and counts as
+    /// still out of it, once: re-tagged unless the destroy's count saw it back (waited for).
+    #[inline(never)] // out of a plain free's path (the hot-path gate)
+    pub(super) fn free_refused_back(&self, c: &impl Charges, ledger: &Ledger, pool: usize, addr: u64) {
+        let Some(moved) = self.free_refused(pool) else {
+            return;
+        };
+        let rec = ledger.get(Space::Pointer, addr);
+        let unseen = rec.is_some_and(|r| r.kind == Kind::Pool(pool));
+        if let Some(mut r) = rec.filter(|_| unseen) {
+            r.kind = Kind::Pool(moved);
+            ledger.insert(Space::Pointer, addr, r);
+        }
+        self.refused_counted(c, moved, unseen);
+    }
+
+    /// The driver freed the allocation a record of `pool` named (its context went): a destroyed pool counts it
+    /// down; a live pool's reserve is re-read when its context goes.
+    pub(super) fn record_gone(&self, c: &impl Charges, pool: usize) {
+        if pool & DESTROYED != 0 {
+            self.destroyed_freed(c, pool, None);
+        }
+    }
+
+    /// The last context on `dev` is gone: no free there is awaited any more, and its pools are re-read.
+    pub(super) fn context_ended(&self, d: &impl Driver, c: &impl Charges, dev: Dev) {
+        self.context_gone(c, dev);
+        self.refresh_of(d, c, dev.id);
     }
 
     /// Forgets the parent's pools in a forked child.
@@ -523,310 +790,11 @@ pub(crate) enum PoolCall<'a> {
     },
 }
 
-impl Memory {
-    /// `call`, the pool call `what` describes, with what memory keeps of pools: an allocation is admitted as
-    /// [`Memory::pool_alloc`] says (`CUDA_ERROR_OUT_OF_MEMORY`, the driver not called, when it does not fit); a
-    /// trim re-reads the pool's reserved size; a destroy gives its charge back once its allocations are freed;
-    /// a synchronisation lets destroyed pools whose frees it waited for go.
-    pub(crate) fn pool(
-        &self,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-        what: PoolCall<'_>,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        match what {
-            PoolCall::Alloc {
-                pool,
-                bytes,
-                stream_dev,
-                out,
-            } => self.pool_alloc_async(cuda, nvml, pool, bytes, stream_dev, out, call),
-            PoolCall::Create { on, out } => {
-                let r = call();
-                if let (true, Some(on)) = (r.ok(), on) {
-                    if let Some(pool) = out() {
-                        self.pools.track(pool, on);
-                    }
-                }
-                r
-            }
-            PoolCall::Trim(pool) => {
-                let r = call();
-                if r.ok() {
-                    self.refresh_pool(cuda, pool);
-                }
-                r
-            }
-            PoolCall::Destroy(pool) => {
-                // Its reserve as it is now: memory the destroyed pool may hold until frees run in stream order.
-                self.refresh_pool(cuda, pool);
-                let r = call();
-                if r.ok() {
-                    self.destroy_pool(pool);
-                }
-                r
-            }
-            PoolCall::Synchronize { dev, stream } => {
-                let Some(start) = self.pools.sync_starts() else {
-                    return call();
-                };
-                let r = call();
-                if let Some(dev) = dev().filter(|_| r.ok()) {
-                    self.pools.synchronized(self, dev, start, stream);
-                }
-                r
-            }
-        }
-    }
-
-    /// [`PoolCall::Alloc`]: the pool's device (a pool we did not see created: the device whose default or
-    /// current pool it is, else the stream's), then [`Memory::pool_alloc`]. A host pool's allocation is not
-    /// device memory; one whose device has no accounting identity is `untracked`; one from a current pool the
-    /// driver will not name is charged as a plain allocation.
-    #[allow(clippy::too_many_arguments)]
-    fn pool_alloc_async(
-        &self,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-        pool: Option<usize>,
-        bytes: u64,
-        stream_dev: &dyn Fn() -> Option<Dev>,
-        out: &dyn Fn() -> u64,
-        call: impl FnOnce() -> CUresult,
-    ) -> CUresult {
-        let (dev, pool) = match pool {
-            Some(pool) => match self.pools.device(pool) {
-                Some(Some(dev)) => (dev, pool),
-                Some(None) => return call(), // a host pool: not device memory
-                None => match self.pool_owner(cuda, pool).or_else(stream_dev) {
-                    Some(dev) => (dev, pool),
-                    None => return self.untracked(call),
-                },
-            },
-            None => {
-                let Some(dev) = stream_dev() else {
-                    return self.untracked(call);
-                };
-                match cuda.mem_pool(dev.ordinal) {
-                    Ok(pool) if pool != 0 => (dev, pool),
-                    _ => {
-                        // Cannot see the pool: account it as a plain allocation instead.
-                        let est = self.devices.round(cuda, dev, bytes);
-                        return self.charged_call(cuda, nvml, dev, est, call, || {
-                            Some((ledger::Space::Pointer, out(), None))
-                        });
-                    }
-                }
-            }
-        };
-        self.pool_alloc(cuda, nvml, dev, pool, bytes, call, out)
-    }
-
-    /// The device whose default or current pool `pool` is (a pool this process did not create: from
-    /// `cuDeviceGetDefaultMemPool` / `cuDeviceGetMemPool` of any device, which may serve allocations on another
-    /// device's stream): remembered for the pool. The stream's device would charge the wrong one.
-    fn pool_owner(&self, cuda: &CudaTable, pool: usize) -> Option<Dev> {
-        let owns =
-            |d: Dev| cuda.default_mem_pool(d.ordinal) == Ok(pool) || cuda.mem_pool(d.ordinal) == Ok(pool);
-        let devs: Vec<Dev> = self.devices.known().map(|(d, _)| d).collect();
-        let dev = devs.into_iter().find(|&d| owns(d))?;
-        self.pools.track(pool, Some(dev));
-        Some(dev)
-    }
-
-    /// A pool allocation of `bytes` from `pool` on `dev` through `call`, which writes the address `out()` reads.
-    /// The pool may grow by the whole (rounded) request, so that is what is reserved in the ledger before the
-    /// driver is called: no moment exists when the pool holds more than the container was admitted. Only when
-    /// the whole request does not fit, and a block this process freed into the pool's reserve (already charged)
-    /// can serve it, is it admitted with what the unused reserve cannot cover (usually nothing). Afterwards the
-    /// charge settles to the pool's real `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
-    #[allow(clippy::too_many_arguments)]
-    fn pool_alloc(
-        &self,
-        cuda: &CudaTable,
-        nvml: &Nvml,
-        dev: Dev,
-        pool: usize,
-        bytes: u64,
-        call: impl FnOnce() -> CUresult,
-        out: &dyn Fn() -> u64,
-    ) -> CUresult {
-        let key = pool;
-        let len = self.devices.round(cuda, dev, bytes);
-        self.pools.track(key, Some(dev));
-        self.pools.prepare(cuda, self, key, len, false);
-        // Held until the driver call returns (a reserved-memory announcement lives in the guard).
-        let admit = |n| self.charge(dev, n, cuda, nvml).ok();
-        let full = admit(len).or_else(|| {
-            // The pools may have released memory at a synchronisation since we last looked: refresh, retry once.
-            self.refresh_pools_of(cuda, dev.id);
-            admit(len)
-        });
-        let (charge, claimed) = if let Some(c) = full {
-            (c, None)
-        } else if let Some(block) = self.pools.prepare(cuda, self, key, len, true) {
-            let est = len.saturating_sub(self.pools.slack(cuda, key));
-            match admit(est) {
-                Some(c) => (c, Some(block)),
-                None => {
-                    self.pools.unclaim(key, block);
-                    return CUresult::ERROR_OUT_OF_MEMORY;
-                }
-            }
-        } else {
-            return CUresult::ERROR_OUT_OF_MEMORY;
-        };
-        let r = call();
-        if !r.ok() {
-            drop(charge);
-            if let Some(block) = claimed {
-                self.pools.unclaim(key, block);
-            }
-            return r;
-        }
-        let addr = out();
-        let rec = ledger::Record {
-            entry: dev.id,
-            bytes: len,
-            kind: ledger::Kind::Pool(key),
-        };
-        let stale = self.allocs.ledger().insert(ledger::Space::Pointer, addr, rec);
-        self.release_stale(stale);
-        // The pool's settlement takes the admitted bytes over.
-        let over = self
-            .pools
-            .settle(cuda, self, key, dev, charge.bytes(), len, addr, claimed);
-        charge.keep();
-        if over > 0 {
-            // Only a driver that grows the pool although a free block of the size was in its reserve gets here.
-            log!(
-                Level::Warn,
-                "pool {key:#x} grew {over} bytes beyond what was admitted for a {len}-byte allocation"
-            );
-        }
-        r
-    }
-
-    /// Re-reads a pool's reserved size and charges (unconditionally) or releases the difference.
-    pub(super) fn refresh_pool(&self, cuda: &CudaTable, pool: usize) {
-        self.pools.refresh(cuda, self, pool);
-    }
-
-    /// Refreshes every pool on a device entry (before refusing a pool allocation).
-    #[inline]
-    pub(crate) fn refresh_pools_of(&self, cuda: &CudaTable, id: DeviceId) {
-        self.pools.refresh_of(cuda, self, id);
-    }
-
-    /// [`Pools::freed`].
-    pub(crate) fn pool_freed(&self, pool: usize, addr: u64, len: u64, stream: Option<usize>) {
-        self.pools.freed(self, pool, addr, len, stream);
-    }
-
-    /// [`Pools::free_begins`].
-    pub(super) fn pool_free_begins(&self, pool: usize) {
-        self.pools.free_begins(pool);
-    }
-
-    /// [`Pools::free_done`].
-    pub(super) fn pool_free_done(&self, pool: usize, stream: Option<usize>) -> bool {
-        self.pools.free_done(self, pool, stream)
-    }
-
-    /// The free [`Memory::pool_free_begins`] announced was refused and its record (of `pool`, at `addr`) is back
-    /// in the ledger. If the pool was destroyed meanwhile, the record belongs to the destroyed pool and counts
-    /// as still out of it, once: re-tagged unless the destroy's count saw it back (waited for).
-    pub(super) fn pool_free_refused(&self, pool: usize, addr: u64) {
-        let Some(moved) = self.pools.free_refused(pool) else {
-            return;
-        };
-        let rec = self.allocs.ledger().get(ledger::Space::Pointer, addr);
-        let unseen = rec.is_some_and(|r| r.kind == ledger::Kind::Pool(pool));
-        if let Some(mut r) = rec.filter(|_| unseen) {
-            r.kind = ledger::Kind::Pool(moved);
-            self.allocs.ledger().insert(ledger::Space::Pointer, addr, r);
-        }
-        self.pools.refused_counted(self, moved, unseen);
-    }
-
-    /// `cuMemPoolDestroy` succeeded: its allocations still in the ledger move to the destroyed pool's key (in
-    /// place before they are re-keyed, so a free racing this counts down there), which keeps the charge until
-    /// they are freed and their frees have run.
-    fn destroy_pool(&self, pool: usize) {
-        if let Some(key) = self.pools.destroy_begins(pool) {
-            let out = self.allocs.ledger().retag_pool(pool, key);
-            self.pools.destroy_counted(self, key, out);
-        }
-    }
-
-    /// The last context this process had on `dev` is gone (destroyed, reset or released for the last time):
-    /// the driver freed every allocation made in it, so their records and charges go too. VMM handles
-    /// (`cuMemCreate`) are not tied to a context and stay; pools are re-read.
-    pub(super) fn forget_context_allocations(&self, cuda: &CudaTable, dev: Dev) {
-        let gone = self
-            .allocs
-            .ledger()
-            .remove_where(|space, _, rec| space != ledger::Space::Vmm && rec.entry == dev.id);
-        self.forget_records(cuda, dev, gone);
-        self.pools.context_gone(self, dev);
-        self.refresh_pools_of(cuda, dev.id);
-        if self.graph.charges(dev) {
-            self.graph.settle(cuda, self, dev);
-        }
-    }
-
-    /// A context on `dev` went away while others live there: the driver freed what was allocated in it, but a
-    /// record does not say which context made it. Each direct allocation of the device is asked about (rare and
-    /// slow: one driver query per record, while the record is held); one the driver no longer knows at its
-    /// address is gone. Any other answer keeps the charge (over-count, never under). Arrays stay charged.
-    pub(crate) fn forget_dead_allocations(&self, cuda: &CudaTable, dev: Dev) {
-        let gone = self.allocs.ledger().remove_where(|space, key, rec| {
-            space == ledger::Space::Pointer
-                && rec.entry == dev.id
-                && rec.kind == ledger::Kind::Direct
-                && Self::freed_by_driver(cuda, key)
-        });
-        self.forget_records(cuda, dev, gone);
-    }
-
-    /// Whether the driver answers that no allocation starts at `p` any more.
-    fn freed_by_driver(cuda: &CudaTable, p: u64) -> bool {
-        let mut start: u64 = 0;
-        // SAFETY: valid out-pointer of the attribute's type (CUdeviceptr).
-        let r = unsafe {
-            cuda.cuPointerGetAttribute(
-                (&mut start as *mut u64).cast(),
-                CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                p,
-            )
-        };
-        r == CUresult::ERROR_INVALID_VALUE || (r.ok() && start != p)
-    }
-
-    /// Gives back the charges of records the driver freed.
-    fn forget_records(&self, cuda: &CudaTable, dev: Dev, gone: Vec<(ledger::Space, u64, ledger::Record)>) {
-        for (space, key, rec) in gone {
-            if space == ledger::Space::Pointer {
-                if let Some(e) = self.shared.take_export(key) {
-                    // Exported: its charge may live in the shared table, and importers may still hold it.
-                    self.export_gone(cuda, key, e, Some(rec), None);
-                    continue;
-                }
-            }
-            match rec.kind {
-                ledger::Kind::Direct => self.release(dev, rec.bytes),
-                ledger::Kind::Pool(k) if k & DESTROYED != 0 => self.pools.destroyed_freed(self, k, None),
-                ledger::Kind::Pool(_) => {}
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::memory::driver::fake::Fake;
+    use crate::memory::ledger::Record;
     use crate::memory::tests::device_id;
     use std::cell::Cell;
 
@@ -1026,6 +994,215 @@ mod tests {
         pools.freed(&c, key, 0x100, MIB, Some(9));
         assert_eq!(c.get(), 4 * MIB);
         pools.context_gone(&c, dev);
+        assert_eq!(c.get(), 0);
+    }
+
+    /// An admission under `cap` (of what `c` holds), as `Memory::charge` makes it: a guard that gives the bytes
+    /// back when dropped.
+    struct Held<'a> {
+        c: &'a Net,
+        dev: Dev,
+        bytes: u64,
+    }
+
+    impl Drop for Held<'_> {
+        fn drop(&mut self) {
+            self.c.release(self.dev, self.bytes);
+        }
+    }
+
+    impl Admission for Held<'_> {
+        fn keep(mut self) {
+            self.bytes = 0;
+        }
+    }
+
+    fn under<'a>(c: &'a Net, dev: Dev, cap: u64) -> impl Fn(u64) -> Option<Held<'a>> {
+        move |n| {
+            (c.get() + n <= cap).then(|| {
+                c.force(dev, n);
+                Held { c, dev, bytes: n }
+            })
+        }
+    }
+
+    #[test]
+    fn a_pool_allocation_over_the_cap_is_refused_before_the_driver_with_nothing_charged() {
+        let (_t, dev, pools, d, c) = setup();
+        d.reserve_pool(P, 0);
+        let called = Cell::new(false);
+        let call = || {
+            called.set(true);
+            CUresult::SUCCESS
+        };
+        let r = pools.alloc(&d, &c, dev, P, 8 * MIB, under(&c, dev, 4 * MIB), call, || 0x100);
+        assert_eq!(r, CUresult::ERROR_OUT_OF_MEMORY);
+        assert!(!called.get(), "the driver was not called");
+        assert_eq!(c.get(), 0, "nothing charged");
+        // The driver refuses one that fits: its admission goes back.
+        let refused = || CUresult::ERROR_INVALID_VALUE;
+        let r = pools.alloc(&d, &c, dev, P, 2 * MIB, under(&c, dev, 4 * MIB), refused, || {
+            0x100
+        });
+        assert_eq!(r, CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(c.get(), 0);
+        // Control: it fits and the pool grows by it; the charge is the pool's reserve.
+        let grows = || {
+            d.reserve_pool(P, 2 * MIB);
+            CUresult::SUCCESS
+        };
+        let r = pools.alloc(&d, &c, dev, P, 2 * MIB, under(&c, dev, 4 * MIB), grows, || 0x100);
+        assert_eq!(r, CUresult::SUCCESS);
+        assert_eq!(c.get(), 2 * MIB);
+        assert_eq!(pools.device(P), Some(Some(dev)), "tracked");
+    }
+
+    #[test]
+    fn a_block_freed_into_the_reserve_serves_an_allocation_the_cap_would_refuse_once() {
+        let (_t, dev, pools, d, c) = setup();
+        let grows = || {
+            d.reserve_pool(P, 2 * MIB);
+            CUresult::SUCCESS
+        };
+        let cap = 3 * MIB;
+        assert!(pools
+            .alloc(&d, &c, dev, P, 2 * MIB, under(&c, dev, cap), grows, || 0x100)
+            .ok());
+        // Freed in stream order: the block stays in the reserve, charged.
+        pools.free_begins(P);
+        pools.free_done_back(&d, &c, P, 0x100, 2 * MIB, Some(3));
+        assert_eq!(c.get(), 2 * MIB);
+        // 2 more MiB would pass the cap, but the reserve serves them: admitted with nothing more.
+        let served = || CUresult::SUCCESS;
+        assert!(pools
+            .alloc(&d, &c, dev, P, 2 * MIB, under(&c, dev, cap), served, || 0x100)
+            .ok());
+        assert_eq!(c.get(), 2 * MIB);
+        // The block is taken: the next one is refused.
+        let r = pools.alloc(&d, &c, dev, P, 2 * MIB, under(&c, dev, cap), served, || 0x200);
+        assert_eq!(r, CUresult::ERROR_OUT_OF_MEMORY);
+        assert_eq!(c.get(), 2 * MIB);
+    }
+
+    #[test]
+    fn a_trim_re_reads_the_reserved_size_once_the_driver_trimmed() {
+        let (_t, dev, pools, d, c) = setup();
+        pools.track(P, Some(dev));
+        d.reserve_pool(P, 8 * MIB);
+        assert!(pools.trim(&d, &c, P, || CUresult::SUCCESS).ok());
+        assert_eq!(c.get(), 8 * MIB);
+        d.reserve_pool(P, 2 * MIB);
+        let refused = pools.trim(&d, &c, P, || CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(refused, CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(c.get(), 8 * MIB, "not trimmed: not re-read");
+        assert!(pools.trim(&d, &c, P, || CUresult::SUCCESS).ok());
+        assert_eq!(c.get(), 2 * MIB);
+    }
+
+    #[test]
+    fn a_destroyed_pools_records_count_down_its_charge_and_a_refused_free_puts_its_record_back() {
+        let (_t, dev, pools, d, c) = setup();
+        let ledger = Ledger::new();
+        pools.track(P, Some(dev));
+        d.reserve_pool(P, 4 * MIB);
+        let rec = Record {
+            entry: dev.id,
+            bytes: MIB,
+            kind: Kind::Pool(P),
+        };
+        for a in [0x100, 0x200] {
+            ledger.insert(Space::Pointer, a, rec);
+        }
+        // A free the driver refuses: the record is back, the pool as it was.
+        let taken = ledger.remove(Space::Pointer, 0x100).expect("recorded");
+        pools.free_begins(P);
+        ledger.insert(Space::Pointer, 0x100, taken);
+        pools.free_refused_back(&c, &ledger, P, 0x100);
+        assert_eq!(ledger.get(Space::Pointer, 0x100), Some(rec));
+        // The driver refuses the destroy: nothing moves but the re-read.
+        assert!(!pools
+            .destroy(&d, &c, &ledger, P, || CUresult::ERROR_INVALID_VALUE)
+            .ok());
+        assert_eq!(c.get(), 4 * MIB);
+        assert_eq!(ledger.get(Space::Pointer, 0x100), Some(rec));
+        assert!(pools.destroy(&d, &c, &ledger, P, || CUresult::SUCCESS).ok());
+        assert_eq!(pools.device(P), None, "the handle is gone");
+        let Some(Record {
+            kind: Kind::Pool(key),
+            ..
+        }) = ledger.get(Space::Pointer, 0x100)
+        else {
+            panic!("re-tagged")
+        };
+        assert_ne!(key, P);
+        for a in [0x100, 0x200] {
+            assert_eq!(c.get(), 4 * MIB, "an allocation is still out");
+            let taken = ledger.remove(Space::Pointer, a).expect("recorded");
+            pools.free_begins(key);
+            pools.free_done_back(&d, &c, key, a, taken.bytes, None);
+        }
+        assert_eq!(c.get(), 0);
+    }
+
+    #[test]
+    fn an_allocation_goes_to_its_pools_device_a_host_pool_is_not_charged_and_an_unknown_device_is_unplaced() {
+        let (_t, dev, pools, d, _c) = setup();
+        let dev1 = Dev { ordinal: 1, ..dev };
+        let devs = || [dev, dev1].into_iter();
+        let none = || None;
+        // A pool we did not see created, device 1's default pool, used on device 0's stream.
+        d.device_pools.borrow_mut().insert(1, (P, P + 9));
+        let on0 = || Some(dev);
+        assert_eq!(pools.place(&d, devs(), Some(P), &on0), Place::Pool(dev1, P));
+        assert_eq!(pools.device(P), Some(Some(dev1)), "remembered");
+        // Nobody's pool: the stream's device, else none.
+        assert_eq!(
+            pools.place(&d, devs(), Some(P + 1), &on0),
+            Place::Pool(dev, P + 1)
+        );
+        assert_eq!(pools.place(&d, devs(), Some(P + 2), &none), Place::Unplaced);
+        // A host pool created here; one created on a device without an accounting identity stays unknown.
+        assert!(pools
+            .create(Some(None), || CUresult::SUCCESS, &|| Some(P + 3))
+            .ok());
+        assert_eq!(pools.place(&d, devs(), Some(P + 3), &none), Place::Host);
+        assert!(pools.create(None, || CUresult::SUCCESS, &|| Some(P + 4)).ok());
+        assert_eq!(pools.place(&d, devs(), Some(P + 4), &none), Place::Unplaced);
+        // The current pool: the driver names it, or the allocation is charged as a plain one.
+        let on1 = || Some(dev1);
+        assert_eq!(pools.place(&d, devs(), None, &on1), Place::Pool(dev1, P + 9));
+        assert_eq!(pools.place(&d, devs(), None, &on0), Place::Plain(dev));
+        assert_eq!(pools.place(&d, devs(), None, &none), Place::Unplaced);
+    }
+
+    #[test]
+    fn only_a_synchronization_that_returned_lets_a_destroyed_pool_waiting_for_its_stream_go() {
+        let (_t, dev, pools, d, c) = setup();
+        let ledger = Ledger::new();
+        pools.track(P, Some(dev));
+        d.reserve_pool(P, 4 * MIB);
+        let rec = Record {
+            entry: dev.id,
+            bytes: MIB,
+            kind: Kind::Pool(P),
+        };
+        ledger.insert(Space::Pointer, 0x100, rec);
+        assert!(pools.destroy(&d, &c, &ledger, P, || CUresult::SUCCESS).ok());
+        let Some(Record {
+            kind: Kind::Pool(key),
+            ..
+        }) = ledger.remove(Space::Pointer, 0x100)
+        else {
+            panic!("re-tagged")
+        };
+        pools.free_begins(key);
+        pools.free_done_back(&d, &c, key, 0x100, MIB, Some(5));
+        assert_eq!(c.get(), 4 * MIB, "its free may not have run");
+        let on = || Some(dev);
+        let refused = pools.synchronize(&c, &on, Some(5), || CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(refused, CUresult::ERROR_INVALID_VALUE);
+        assert_eq!(c.get(), 4 * MIB, "refused: nothing is known to have run");
+        assert!(pools.synchronize(&c, &on, Some(5), || CUresult::SUCCESS).ok());
         assert_eq!(c.get(), 0);
     }
 }

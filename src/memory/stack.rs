@@ -61,7 +61,7 @@ pub(crate) fn node_local(d: &impl Driver, func: CUfunction, kern: CUkernel) -> O
 /// What the first launch or upload of a graph exec in the current context makes the driver grow its stack by:
 /// `local`, the largest local memory its kernels need (recorded at instantiation and update: `graphs`), beyond
 /// the context's stack size, for every thread the device holds ([`bytes`], as a direct launch's growth and
-/// `cuCtxSetLimit` are priced). Admitted by `Memory::first_launch`, the one routine every launch path takes.
+/// `cuCtxSetLimit` are priced). Admitted by `FirstUse::first_launch`, the one routine every launch path takes.
 pub(super) fn graph_growth(d: &impl Driver, dev: Dev, local: u64) -> u64 {
     if local == 0 {
         return 0;

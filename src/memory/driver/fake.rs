@@ -18,6 +18,11 @@ pub(crate) struct Fake {
     pub(crate) used: Cell<u64>,
     /// Each allocation's device and size (absent: refused).
     pub(crate) allocations: RefCell<HashMap<u64, (c_int, usize)>>,
+    /// Each device's default and current pool (absent: refused).
+    pub(crate) device_pools: RefCell<HashMap<CUdevice, (usize, usize)>>,
+    /// Addresses where the driver knows no allocation (`range_start` says `CUDA_ERROR_INVALID_VALUE`; an
+    /// address in `allocations` starts there; any other is refused).
+    pub(crate) unknown: RefCell<std::collections::HashSet<u64>>,
     /// Questions asked.
     pub(crate) asked: Cell<u32>,
     vmm: RefCell<Vmm>,
@@ -146,11 +151,26 @@ impl Driver for Fake {
         self.ask();
         self.allocations.borrow().get(&p).map(|a| a.1).ok_or(REFUSED)
     }
-    fn mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
-        Err(REFUSED)
+    fn range_start(&self, p: u64) -> Result<u64, CUresult> {
+        self.ask();
+        if self.unknown.borrow().contains(&p) {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        self.allocations.borrow().get(&p).map(|_| p).ok_or(REFUSED)
     }
-    fn default_mem_pool(&self, _: CUdevice) -> Result<usize, CUresult> {
-        Err(REFUSED)
+    fn mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult> {
+        self.device_pools
+            .borrow()
+            .get(&ordinal)
+            .map(|p| p.1)
+            .ok_or(REFUSED)
+    }
+    fn default_mem_pool(&self, ordinal: CUdevice) -> Result<usize, CUresult> {
+        self.device_pools
+            .borrow()
+            .get(&ordinal)
+            .map(|p| p.0)
+            .ok_or(REFUSED)
     }
     fn device_attribute(&self, _: CUdevice_attribute, _: CUdevice) -> Result<c_int, CUresult> {
         Err(REFUSED)
