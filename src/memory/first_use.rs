@@ -23,7 +23,6 @@ use crate::driver::nvml::Nvml;
 use crate::ffi::cuda::*;
 use crate::locks::{Lock, Side};
 use crate::log::{log, Level};
-use cuquota_core::region::layout::MAX_DEVICES;
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::hash::BuildHasherDefault;
@@ -73,8 +72,7 @@ thread_local! {
 const SHARDS: usize = 16;
 
 /// Handles whose first use was measured, keyed by (how, handle, context): functions launched or looked up,
-/// modules, globals. A kernel's first launch in each context is its own (code and stack are per context). And
-/// what reconciliations added to the overhead.
+/// modules, globals. A kernel's first launch in each context is its own (code and stack are per context).
 pub(crate) struct FirstUse {
     /// The devices' caps and the usage file.
     devices: Arc<Devices>,
@@ -84,11 +82,6 @@ pub(crate) struct FirstUse {
     generation: AtomicU64,
     /// Handles returned by lookups, and handles launched (apart: a function looked up is launched later).
     seen: [Lock<Seen>; SHARDS],
-    /// The refusal for want of this process in NVML's list was logged.
-    pub(super) unlisted_said: AtomicBool,
-    /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
-    /// floor a reconciliation never goes below).
-    excess: [AtomicU64; MAX_DEVICES],
     /// Held by a thread from a first use's admission across its driver call to its measurement (see [`Gate`]);
     /// it guards no data, so `fork` does not take it: a forked child lets it go (`forked_child`).
     gate: Lock<()>,
@@ -122,9 +115,7 @@ impl FirstUse {
             devices,
             armed: AtomicBool::new(false),
             generation: AtomicU64::new(GENERATIONS.fetch_add(1, Ordering::Relaxed)),
-            unlisted_said: AtomicBool::new(false),
             seen: std::array::from_fn(|_| Lock::default()),
-            excess: std::array::from_fn(|_| AtomicU64::new(0)),
             gate: Lock::new(()),
         }
     }
@@ -243,19 +234,8 @@ impl FirstUse {
         self.forgotten();
     }
 
-    pub(super) fn set_excess(&self, dev: Dev, bytes: u64) {
-        self.excess[dev.id.index()].store(bytes, Ordering::Relaxed);
-    }
-
-    pub(super) fn excess(&self, dev: Dev) -> u64 {
-        self.excess[dev.id.index()].load(Ordering::Relaxed)
-    }
-
     /// Forgets everything (a forked child).
     pub(super) fn reset(&self) {
-        for e in self.excess.iter() {
-            e.store(0, Ordering::Relaxed);
-        }
         self.forget_all();
     }
 
@@ -993,7 +973,7 @@ impl Accounts for Memory {
         let _ = self.grown_to(nvml, dev, reserved, r, None::<fn() -> CUresult>, Some(used));
     }
     fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, figure: Figure) {
-        let _ = self.reconcile_to(nvml, dev, cap, 0, figure);
+        let _ = self.reconcile.reconcile_to(self, nvml, dev, cap, 0, figure);
     }
     fn settle_unmeasured(&self, dev: Dev, reserved: u64, kept: u64) {
         let _g = self.overhead.lock();

@@ -113,6 +113,8 @@ pub(crate) struct Memory {
     overhead: Overhead,
     /// Handles whose first use (lazy loading, stack growth) was measured.
     first_use: first_use::FirstUse,
+    /// Reconciliation with NVML near the cap.
+    reconcile: reconcile::Reconcile,
     /// Movable ranges of an elastic tenant (issue 39).
     elastic: elastic::Elastic,
 }
@@ -125,6 +127,7 @@ impl Memory {
             allocs: allocs::Allocs::new(devices.clone()),
             overhead: Overhead::new(devices.clone()),
             first_use: first_use::FirstUse::new(devices.clone()),
+            reconcile: reconcile::Reconcile::new(devices.clone()),
             devices,
             vmm: vmm::VmmLives::default(),
             shared: shared::Shared::default(),
@@ -156,14 +159,9 @@ impl Memory {
 
     /// Bytes the whole container has charged on a device (credit charged ahead included: what admission
     /// decides by).
+    #[cfg(test)]
     pub(super) fn container_used(&self, dev: Dev) -> u64 {
         self.usage().container_used(dev.id)
-    }
-
-    /// Bytes the container's processes hold on a device: its charge less the credit (what `cuMemGetInfo` and
-    /// NVML report used; credit is taken back before anyone is refused).
-    fn container_held(&self, dev: Dev) -> u64 {
-        self.usage().container_held(dev.id)
     }
 
     /// Turns this process's credit off everywhere and takes it back from its slot (at exit, before the slot
@@ -217,6 +215,28 @@ impl Memory {
         let near_cap = |cap, used| self.near_cap_check(nvml, dev, bytes, cap, used);
         self.allocs
             .admit_charged(self.overhead.charged(), dev, bytes, limits, free, near_cap)
+    }
+
+    /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
+    /// first reconciled with the driver's figure (`Reconcile`). This process's pools on `dev` are re-read first.
+    #[inline(always)]
+    pub(super) fn info_used(&self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+        self.refresh_pools_of(cuda, dev.id);
+        let (used, held) = self.usage().container_used_held(dev.id);
+        if reconcile::near_cap(cap, used) {
+            return self.reconcile.info_used_slow(self, nvml, dev, cap);
+        }
+        held
+    }
+
+    /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
+    /// driver's figure decides, not the ledger alone (`Reconcile`). `Err`: refused.
+    #[inline]
+    fn near_cap_check(&self, nvml: &Nvml, dev: Dev, bytes: u64, cap: u64, used: u64) -> Result<(), OverCap> {
+        if reconcile::near_cap(cap, used) {
+            return self.reconcile.near_cap_slow(self, nvml, dev, bytes, cap);
+        }
+        Ok(())
     }
 
     /// Charges `bytes` whatever the limit (the driver already handed the memory out).
@@ -515,6 +535,7 @@ impl Memory {
         self.graph.reset();
         self.overhead.reset();
         self.first_use.reset();
+        self.reconcile.reset();
         self.elastic.reset();
     }
 
@@ -571,6 +592,44 @@ impl Memory {
     }
 }
 
+impl reconcile::Others for Memory {
+    fn credit_back(&self, dev: Dev) {
+        self.give_back_credit(dev);
+    }
+
+    fn figure(&self, nvml: &Nvml, dev: Dev) -> overhead::Figure {
+        self.nvml_figure(nvml, dev)
+    }
+
+    fn allocated(&self, dev: Dev) -> u64 {
+        Memory::allocated(self, dev)
+    }
+
+    fn lingering(&self, dev: Dev) -> u64 {
+        Memory::lingering(self, dev)
+    }
+
+    fn overhead_lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        self.overhead.lock()
+    }
+
+    fn overhead(&self, dev: Dev) -> u64 {
+        self.overhead_of(dev)
+    }
+
+    fn inflight(&self, dev: Dev) -> u64 {
+        self.overhead.inflight(dev)
+    }
+
+    fn set_overhead(&self, dev: Dev, target: u64) -> Result<(), OverCap> {
+        self.set_overhead_locked(dev, target, false)
+    }
+
+    fn host_pid(&self) -> Option<u32> {
+        self.overhead.host().get()
+    }
+}
+
 impl overhead::Others for Memory {
     fn allocated(&self, dev: Dev) -> u64 {
         Memory::allocated(self, dev)
@@ -582,7 +641,7 @@ impl overhead::Others for Memory {
 
     fn published(&self, dev: Dev) {
         self.hami_publish(dev.id);
-        self.first_use.set_excess(dev, 0);
+        self.reconcile.measured(dev);
     }
 
     fn code_gone(&self) {

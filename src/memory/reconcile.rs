@@ -14,12 +14,14 @@
 //! stack growth are charged before the call that took them returns.
 
 use super::overhead::Figure;
-use super::{Memory, OverCap};
-use crate::devices::Dev;
-use crate::driver::cuda::CudaTable;
+use super::{OverCap, PerDevice};
+use crate::devices::{Dev, Devices};
 use crate::driver::nvml::Nvml;
 use crate::log::{log, Level};
-use std::sync::atomic::Ordering;
+use cuquota_core::UsageRegion;
+use parking_lot::MutexGuard;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The smallest margin under the cap within which admissions reconcile first.
 pub(crate) const MIN_MARGIN: u64 = 256 << 20;
@@ -36,27 +38,74 @@ pub(crate) fn near_cap(cap: u64, used: u64) -> bool {
     cap.saturating_sub(used) < margin(cap)
 }
 
-impl Memory {
-    /// What `cuMemGetInfo` of `dev` capped at `cap` reports used: the container's charge, which near the cap is
-    /// first reconciled with the driver's figure (the ledger alone is not trusted there). This
-    /// process's pools on `dev` are re-read first.
-    #[inline(always)]
-    pub(super) fn info_used(&self, cuda: &CudaTable, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
-        self.refresh_pools_of(cuda, dev.id);
-        let (used, held) = self.usage().container_used_held(dev.id);
-        if near_cap(cap, used) {
-            return self.info_used_slow(nvml, dev, cap);
+/// What a reconciliation asks of the other families: `Memory` composes them, unit tests fake it.
+pub(super) trait Others {
+    /// Takes this process's credit on `dev` back (near the cap the charge is exact).
+    fn credit_back(&self, dev: Dev);
+    /// What NVML says this process holds on `dev`.
+    fn figure(&self, nvml: &Nvml, dev: Dev) -> Figure;
+    /// Bytes of allocations this process has charged on `dev`.
+    fn allocated(&self, dev: Dev) -> u64;
+    /// Bytes on `dev` of exports this process let go of that others still hold.
+    fn lingering(&self, dev: Dev) -> u64;
+    /// The overhead lock, held across a reconciliation.
+    fn overhead_lock(&self) -> MutexGuard<'_, ()>;
+    /// Overhead this process has charged on `dev`.
+    fn overhead(&self, dev: Dev) -> u64;
+    /// Overhead reserved on `dev` for calls in flight.
+    fn inflight(&self, dev: Dev) -> u64;
+    /// Moves the overhead charge on `dev` to `target` (the overhead lock held) and publishes it.
+    fn set_overhead(&self, dev: Dev, target: u64) -> Result<(), OverCap>;
+    /// This process's host pid, when known.
+    fn host_pid(&self) -> Option<u32>;
+}
+
+/// Reconciliation with NVML near the cap: what the last one added to the overhead, and whether the refusal for
+/// want of this process in NVML's list was said.
+pub(super) struct Reconcile {
+    /// The devices' identities and the usage file.
+    devices: Arc<Devices>,
+    /// The refusal for want of this process in NVML's list was logged.
+    unlisted_said: AtomicBool,
+    /// Per device entry: what the last reconciliation added to the overhead the last measurement set (the
+    /// floor a reconciliation never goes below).
+    excess: PerDevice,
+}
+
+impl Reconcile {
+    /// Nothing reconciled yet, on `devices`.
+    pub(super) fn new(devices: Arc<Devices>) -> Reconcile {
+        Reconcile {
+            devices,
+            unlisted_said: AtomicBool::new(false),
+            excess: std::array::from_fn(|_| AtomicU64::new(0)),
         }
-        held
     }
 
+    fn usage(&self) -> &UsageRegion {
+        self.devices.usage()
+    }
+
+    /// A measurement set the overhead on `dev`: no reconciliation's excess is in it.
+    pub(super) fn measured(&self, dev: Dev) {
+        self.excess[dev.id.index()].store(0, Ordering::Relaxed);
+    }
+
+    /// Forgets every excess (a forked child).
+    pub(super) fn reset(&self) {
+        for e in self.excess.iter() {
+            e.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// `cuMemGetInfo` near the cap (see `Memory::info_used`): what the container holds, reconciled first.
     #[cold]
     #[inline(never)]
-    fn info_used_slow(&self, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
+    pub(super) fn info_used_slow(&self, acc: &dyn Others, nvml: &Nvml, dev: Dev, cap: u64) -> u64 {
         if self.near_cap_without_credit(dev, cap) {
-            let _ = self.reconcile(nvml, dev, cap, 0);
+            let _ = self.reconcile(acc, nvml, dev, cap, 0);
         }
-        self.container_held(dev)
+        self.usage().container_held(dev.id)
     }
 
     /// Whether the container is near `cap` on `dev` by what its processes hold: credit others charged ahead
@@ -66,63 +115,63 @@ impl Memory {
         if used != held {
             self.usage().drain_all_credit(dev.id);
         }
-        near_cap(cap, self.container_used(dev))
+        near_cap(cap, self.usage().container_used(dev.id))
     }
 
-    /// An admission of `bytes` on `dev` that brought the container to `used` under `cap`: near the cap the
-    /// driver's figure decides, not the ledger alone. `Err`: refused (the caller gives the charge back).
-    #[inline]
-    pub(super) fn near_cap_check(
+    /// An admission of `bytes` on `dev` near `cap` (see `Memory::near_cap_check`): the driver's figure
+    /// decides, not the ledger alone. `Err`: refused (`Allocs::admit_charged` gives `bytes` back and counts
+    /// the refusal).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn near_cap_slow(
         &self,
+        acc: &dyn Others,
         nvml: &Nvml,
         dev: Dev,
         bytes: u64,
         cap: u64,
-        used: u64,
     ) -> Result<(), OverCap> {
-        if near_cap(cap, used) {
-            return self.near_cap_slow(nvml, dev, bytes, cap);
-        }
-        Ok(())
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn near_cap_slow(&self, nvml: &Nvml, dev: Dev, bytes: u64, cap: u64) -> Result<(), OverCap> {
         if !self.near_cap_without_credit(dev, cap) {
             return Ok(());
         }
-        // Refused: `Allocs::admit_charged` gives `bytes` back and counts the refusal.
-        self.reconcile(nvml, dev, cap, bytes)
+        self.reconcile(acc, nvml, dev, cap, bytes)
     }
 
     /// Reconciles this process's overhead on `dev` with NVML's figure, `pending` bytes of its ledger not yet
     /// handed out by the driver (the admission being made); then whether the container fits under `cap`.
     /// Without an NVML figure nothing is changed (the ledger is all there is).
-    pub(super) fn reconcile(&self, nvml: &Nvml, dev: Dev, cap: u64, pending: u64) -> Result<(), OverCap> {
+    fn reconcile(
+        &self,
+        acc: &dyn Others,
+        nvml: &Nvml,
+        dev: Dev,
+        cap: u64,
+        pending: u64,
+    ) -> Result<(), OverCap> {
         // Near the cap the charge is exact: no credit taken from without the driver's figure.
-        self.give_back_credit(dev);
-        let figure = self.nvml_figure(nvml, dev);
-        self.reconcile_to(nvml, dev, cap, pending, figure)
+        acc.credit_back(dev);
+        let figure = acc.figure(nvml, dev);
+        self.reconcile_to(acc, nvml, dev, cap, pending, figure)
     }
 
-    /// [`Memory::reconcile`] with NVML's figure for this process already taken.
+    /// [`Reconcile::reconcile`] with NVML's figure for this process already taken.
     pub(super) fn reconcile_to(
         &self,
+        acc: &dyn Others,
         nvml: &Nvml,
         dev: Dev,
         cap: u64,
         pending: u64,
         figure: Figure,
     ) -> Result<(), OverCap> {
-        let lingering = self.lingering(dev); // before the overhead lock, as in `measure`
-        let _g = self.overhead.lock();
+        let lingering = acc.lingering(dev); // before the overhead lock, as in `measure`
+        let _g = acc.overhead_lock();
         let used = match figure {
             Figure::Used(u) => u,
             Figure::NoNvml => return Ok(()),
             Figure::NotListed => return self.not_listed(dev),
         };
-        let ledger = self
+        let ledger = acc
             .allocated(dev)
             .saturating_sub(pending)
             .saturating_add(lingering);
@@ -130,12 +179,13 @@ impl Memory {
         // yet made, and frees made but not yet uncharged, on other threads make the driver's figure read low for
         // an instant. Above it, each reconciliation replaces the last one's excess (so one that caught a
         // charge still being settled is corrected by the next).
-        let base = self.overhead_of(dev).saturating_sub(self.first_use.excess(dev));
-        let target = (used.saturating_sub(ledger) + self.overhead.inflight(dev)).max(base);
-        if self.set_overhead_locked(dev, target, false).is_ok() {
-            self.first_use.set_excess(dev, target - base);
+        let excess = &self.excess[dev.id.index()];
+        let base = acc.overhead(dev).saturating_sub(excess.load(Ordering::Relaxed));
+        let target = (used.saturating_sub(ledger) + acc.inflight(dev)).max(base);
+        if acc.set_overhead(dev, target).is_ok() {
+            excess.store(target - base, Ordering::Relaxed);
         }
-        let total = self.container_used(dev);
+        let total = self.usage().container_used(dev.id);
         log!(
             Level::Debug,
             "device {}: reconciled near the cap: driver says {used} bytes, overhead {target}, container {total} \
@@ -149,7 +199,7 @@ impl Memory {
         }
         // The container's processes each reconcile only themselves: what another one holds past the shim is
         // seen here only in the driver's figure for the whole container (its live processes' `usedGpuMemory`).
-        match self.container_figure(nvml, dev) {
+        match self.container_figure(acc, nvml, dev) {
             Some(all) if all.saturating_add(pending) > cap => {
                 self.usage().drain_all_credit(dev.id);
                 log!(
@@ -165,17 +215,17 @@ impl Memory {
 
     /// Whether the container is over `cap` on `dev` once every process's credit was taken back.
     #[cold]
-    pub(super) fn over_cap_without_credit(&self, dev: Dev, cap: u64) -> bool {
+    fn over_cap_without_credit(&self, dev: Dev, cap: u64) -> bool {
         self.usage().drain_all_credit(dev.id);
-        self.container_used(dev) > cap
+        self.usage().container_used(dev.id) > cap
     }
 
     /// What NVML says the container's live processes hold on `dev` (each listed process that is a member). Slow
     /// path: near the cap only.
-    fn container_figure(&self, nvml: &Nvml, dev: Dev) -> Option<u64> {
+    fn container_figure(&self, acc: &dyn Others, nvml: &Nvml, dev: Dev) -> Option<u64> {
         let uuid = self.devices.uuid_of(dev.ordinal)?;
         let list = nvml.processes(&uuid)?;
-        let own = [std::process::id(), self.overhead.host().get().unwrap_or(0)];
+        let own = [std::process::id(), acc.host_pid().unwrap_or(0)];
         Some(
             list.iter()
                 .filter(|p| self.devices.is_member(p.pid, &own))
@@ -188,7 +238,7 @@ impl Memory {
     /// ledger alone is not trusted there, so the admission is refused (said once per process).
     #[cold]
     fn not_listed(&self, dev: Dev) -> Result<(), OverCap> {
-        if !self.first_use.unlisted_said.swap(true, Ordering::Relaxed) {
+        if !self.unlisted_said.swap(true, Ordering::Relaxed) {
             log!(
                 Level::Warn,
                 "device {}: near the memory cap, and NVML does not list this process (its host pid is unknown: a \
@@ -203,7 +253,147 @@ impl Memory {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::{temp_path, TempRegion};
     use super::*;
+    use crate::driver::cuda::CudaTable;
+    use crate::ffi::cuda::{CUdevice, CUresult, CUuuid};
+    use cuquota_core::{Config, Policy};
+    use parking_lot::Mutex;
+    use std::cell::Cell;
+
+    const MIB: u64 = 1 << 20;
+    const CAP: u64 = 1 << 30;
+
+    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { (*u).bytes = [dev as u8 + 5; 16] };
+        CUresult::SUCCESS
+    }
+
+    /// Reconciliation on device 0 of a fresh usage file capped at [`CAP`].
+    fn fresh() -> (TempRegion, Reconcile, Dev) {
+        let t = temp_path("reconcile");
+        let cfg = Config {
+            default_limits: Policy {
+                memory: Some(CAP),
+                ..Policy::NONE
+            },
+            ..Default::default()
+        };
+        let usage = UsageRegion::open(&t.path).expect("usage region");
+        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
+        let mut cuda = CudaTable::empty(true);
+        cuda.cuDeviceGetUuid_v2 = Some(uuid);
+        let dev = devices.device(&cuda, 0).expect("device 0");
+        (t, Reconcile::new(devices), dev)
+    }
+
+    /// The other families as a reconciliation sees them: the ledger, an overhead charge it moves, and NVML's
+    /// figure for this process (`None`: not listed), counted when asked.
+    struct Fake {
+        lock: Mutex<()>,
+        allocated: u64,
+        overhead: Cell<u64>,
+        figure: Option<u64>,
+        asked: Cell<u32>,
+    }
+
+    impl Fake {
+        fn new(allocated: u64, overhead: u64, figure: Option<u64>) -> Fake {
+            Fake {
+                lock: Mutex::new(()),
+                allocated,
+                overhead: Cell::new(overhead),
+                figure,
+                asked: Cell::new(0),
+            }
+        }
+    }
+
+    impl Others for Fake {
+        fn credit_back(&self, _dev: Dev) {}
+        fn figure(&self, _nvml: &Nvml, _dev: Dev) -> Figure {
+            self.asked.set(self.asked.get() + 1);
+            self.figure.map_or(Figure::NotListed, Figure::Used)
+        }
+        fn allocated(&self, _dev: Dev) -> u64 {
+            self.allocated
+        }
+        fn lingering(&self, _dev: Dev) -> u64 {
+            0
+        }
+        fn overhead_lock(&self) -> MutexGuard<'_, ()> {
+            self.lock.lock()
+        }
+        fn overhead(&self, _dev: Dev) -> u64 {
+            self.overhead.get()
+        }
+        fn inflight(&self, _dev: Dev) -> u64 {
+            0
+        }
+        fn set_overhead(&self, _dev: Dev, target: u64) -> Result<(), OverCap> {
+            self.overhead.set(target);
+            Ok(())
+        }
+        fn host_pid(&self) -> Option<u32> {
+            None
+        }
+    }
+
+    /// Above the floor the last measurement set, a reconciliation's excess replaces the last one's (a figure
+    /// that caught a charge being settled is corrected by the next), never adds to it; below it, the floor
+    /// holds; a new measurement is a new floor.
+    #[test]
+    fn a_reconciliations_excess_replaces_the_last_ones() {
+        let (_t, r, dev) = fresh();
+        let nvml = Nvml::new(None);
+        let reconcile = |acc: &Fake, used: u64| r.reconcile_to(acc, &nvml, dev, CAP, 0, Figure::Used(used));
+        let acc = Fake::new(500 * MIB, 100 * MIB, None);
+        assert_eq!(reconcile(&acc, 650 * MIB), Ok(()));
+        assert_eq!(acc.overhead.get(), 150 * MIB);
+        assert_eq!(reconcile(&acc, 620 * MIB), Ok(()));
+        assert_eq!(acc.overhead.get(), 120 * MIB, "replaced, not 170 MiB");
+        assert_eq!(reconcile(&acc, 580 * MIB), Ok(()));
+        assert_eq!(acc.overhead.get(), 100 * MIB, "never below the measurement");
+        assert_eq!(reconcile(&acc, 640 * MIB), Ok(()));
+        assert_eq!(acc.overhead.get(), 140 * MIB);
+        // A measurement set 90 MiB: the excess went with it.
+        r.measured(dev);
+        acc.overhead.set(90 * MIB);
+        assert_eq!(reconcile(&acc, 560 * MIB), Ok(()));
+        assert_eq!(acc.overhead.get(), 90 * MIB);
+        // Without NVML nothing moves.
+        let none = r.reconcile_to(&acc, &nvml, dev, CAP, 0, Figure::NoNvml);
+        assert_eq!((none, acc.overhead.get()), (Ok(()), 90 * MIB));
+    }
+
+    /// Far from the cap NVML is not asked. Near it, a process NVML answers for but does not list is refused
+    /// (the ledger alone is not trusted there), said once, and refused again; `cuMemGetInfo` near the cap
+    /// reconciles first and reports what the container holds.
+    #[test]
+    fn a_process_nvml_does_not_list_fails_closed_near_the_cap_said_once() {
+        let (_t, r, dev) = fresh();
+        let nvml = Nvml::new(None);
+        let usage = r.usage();
+        let slot = usage.process_slot().expect("slot");
+        usage.try_charge(slot, dev.id, 100 * MIB, None).expect("charged");
+        let acc = Fake::new(100 * MIB, 0, None);
+        assert_eq!(r.near_cap_slow(&acc, &nvml, dev, MIB, CAP), Ok(()));
+        assert_eq!(acc.asked.get(), 0, "far from the cap: no driver figure");
+        assert!(!r.unlisted_said.load(Ordering::Relaxed));
+
+        usage.try_charge(slot, dev.id, 800 * MIB, None).expect("charged");
+        assert_eq!(r.near_cap_slow(&acc, &nvml, dev, MIB, CAP), Err(OverCap));
+        assert!(r.unlisted_said.load(Ordering::Relaxed), "said");
+        assert_eq!(
+            r.near_cap_slow(&acc, &nvml, dev, MIB, CAP),
+            Err(OverCap),
+            "still refused"
+        );
+        assert_eq!(acc.asked.get(), 2);
+        assert_eq!(r.info_used_slow(&acc, &nvml, dev, CAP), 900 * MIB);
+        assert_eq!(acc.asked.get(), 3, "reconciled first");
+    }
 
     #[test]
     fn margin_is_a_tenth_or_256_mib() {
