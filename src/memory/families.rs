@@ -1,9 +1,8 @@
-//! What hooks reach of memory, one family at a time (issue 37): `Memory::allocs`, `Memory::first_use` and
-//! `Memory::overhead` hand out a borrowed view whose few methods are the family's whole interface to hooks
-//! (the elastic and graph families, `Memory::elastic` and `memory::graphs::Graphs`, own their state, and so do
-//! allocations, `memory::allocs::Allocs`: `AllocCalls` composes it with overhead, IPC and pools). Each
-//! view is one pointer and every method `#[inline(always)]`: the hot paths (launch, alloc, free) compile as if
-//! hooks called `Memory` directly (the gate, bench/README.md, measured them unchanged).
+//! What hooks reach of memory, one view per family (issue 37): `Memory::allocs`, `Memory::first_use` and
+//! `Memory::overhead` hand out a borrowed view whose few methods are the family's whole interface to hooks; each
+//! composes the family (`Allocs`, `FirstUse`, `Overhead`, which own their state) with what it needs of the
+//! others. A view is one pointer and every method `#[inline(always)]`: the hot paths (launch, alloc, free)
+//! compile as if hooks called the family directly (the gate, bench/README.md, measured them unchanged).
 
 use super::first_use::FirstUse;
 #[cfg(test)]
