@@ -362,34 +362,17 @@ pub(super) fn freed_by(d: &impl Driver, p: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{temp_path, TempRegion};
+    use super::super::tests::{device_under, uuid_table, TempRegion};
     use super::*;
-    use crate::driver::cuda::CudaTable;
-    use crate::ffi::cuda::{CUdevice, CUresult, CUuuid};
-    use cuquota_core::{Config, Policy};
+    use cuquota_core::Policy;
     use std::cell::Cell;
 
     const MIB: u64 = 1 << 20;
     const GIB: u64 = 1 << 30;
 
-    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
-        // SAFETY: the caller's out-pointer.
-        unsafe { (*u).bytes = [dev as u8 + 3; 16] };
-        CUresult::SUCCESS
-    }
-
     /// Allocations on device 0 of a fresh usage file under `policy`, and no overhead charged.
     fn setup(policy: Policy) -> (TempRegion, Allocs, Dev, PerDevice) {
-        let t = temp_path("allocs");
-        let cfg = Config {
-            default_limits: policy,
-            ..Default::default()
-        };
-        let usage = UsageRegion::open(&t.path).expect("usage region");
-        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
-        let mut cuda = CudaTable::empty(true);
-        cuda.cuDeviceGetUuid_v2 = Some(uuid);
-        let dev = devices.device(&cuda, 0).expect("device 0");
+        let (t, devices, dev) = device_under("allocs", policy, &uuid_table());
         (
             t,
             Allocs::new(devices),

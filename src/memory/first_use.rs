@@ -1003,9 +1003,8 @@ impl Accounts for Memory {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{temp_path, TempRegion};
+    use super::super::tests::{capped, device_under, uuid, TempRegion};
     use super::*;
-    use cuquota_core::{Config, Policy, UsageRegion};
     use std::sync::Mutex;
 
     const MIB: u64 = 1 << 20;
@@ -1017,11 +1016,6 @@ mod tests {
         static LOCAL: Cell<i32> = const { Cell::new(0) };
     }
 
-    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
-        // SAFETY: the caller's out-pointer.
-        unsafe { (*u).bytes = [dev as u8 + 9; 16] };
-        CUresult::SUCCESS
-    }
     unsafe extern "C" fn ctx_device(d: *mut CUdevice) -> CUresult {
         // SAFETY: the caller's out-pointer.
         unsafe { *d = 0 };
@@ -1060,17 +1054,7 @@ mod tests {
 
     /// A first-use family on a fresh usage file, its devices capped at `cap`; device 0.
     fn fresh(cap: Option<u64>) -> (TempRegion, FirstUse, Dev) {
-        let t = temp_path("first-use");
-        let cfg = Config {
-            default_limits: Policy {
-                memory: cap,
-                ..Policy::NONE
-            },
-            ..Default::default()
-        };
-        let usage = UsageRegion::open(&t.path).expect("usage region");
-        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
-        let dev = devices.device(&driver(), 0).expect("device 0");
+        let (t, devices, dev) = device_under("first-use", capped(cap), &driver());
         (t, FirstUse::new(devices), dev)
     }
 

@@ -673,7 +673,51 @@ impl overhead::Others for Memory {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use cuquota_core::{DeviceId, UsageRegion};
+    use crate::devices::{Dev, Devices};
+    use crate::driver::cuda::CudaTable;
+    use crate::ffi::cuda::{CUdevice, CUresult, CUuuid};
+    use cuquota_core::{Config, DeviceId, Policy, UsageRegion};
+    use std::sync::Arc;
+
+    /// `cuDeviceGetUuid_v2` of a fake driver: device `dev`'s UUID is 16 bytes of `dev + 5`.
+    pub(crate) unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
+        // SAFETY: the caller's out-pointer.
+        unsafe { (*u).bytes = [dev as u8 + 5; 16] };
+        CUresult::SUCCESS
+    }
+
+    /// A driver that knows its devices' UUIDs ([`uuid`]) and nothing else.
+    pub(crate) fn uuid_table() -> CudaTable {
+        let mut cuda = CudaTable::empty(true);
+        cuda.cuDeviceGetUuid_v2 = Some(uuid);
+        cuda
+    }
+
+    /// Device 0 as `cuda` names it, on a fresh usage file (`tag` in its name) whose devices are under `policy`:
+    /// the file's guard, the devices and the device.
+    pub(crate) fn device_under(
+        tag: &str,
+        policy: Policy,
+        cuda: &CudaTable,
+    ) -> (TempRegion, Arc<Devices>, Dev) {
+        let t = temp_path(tag);
+        let cfg = Config {
+            default_limits: policy,
+            ..Default::default()
+        };
+        let usage = UsageRegion::open(&t.path).expect("usage region");
+        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
+        let dev = devices.device(cuda, 0).expect("device 0");
+        (t, devices, dev)
+    }
+
+    /// A policy of only a memory cap.
+    pub(crate) fn capped(cap: Option<u64>) -> Policy {
+        Policy {
+            memory: cap,
+            ..Policy::NONE
+        }
+    }
 
     /// A fresh usage file under the temp dir (removed on drop of the returned guard).
     pub(crate) struct TempRegion {

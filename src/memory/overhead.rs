@@ -1287,39 +1287,20 @@ impl Overhead {
 #[cfg(test)]
 mod tests {
     use super::super::driver::fake::Fake;
-    use super::super::tests::{temp_path, TempRegion};
+    use super::super::tests::{capped, device_under, uuid_table, TempRegion};
     use super::*;
-    use cuquota_core::{Config, Policy, UsageRegion};
     use std::cell::{Cell, RefCell};
 
     const MIB: u64 = 1 << 20;
 
-    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
-        // SAFETY: the caller's out-pointer.
-        unsafe { (*u).bytes = [dev as u8 + 5; 16] };
-        CUresult::SUCCESS
-    }
-
     /// A driver that knows device 0's UUID (and nothing else).
     fn cuda() -> CudaTable {
-        let mut cuda = CudaTable::empty(true);
-        cuda.cuDeviceGetUuid_v2 = Some(uuid);
-        cuda
+        uuid_table()
     }
 
     /// The overhead family on device 0 of a fresh usage file, capped at `cap`.
     fn setup(cap: u64) -> (TempRegion, Overhead, Dev) {
-        let t = temp_path("overhead");
-        let cfg = Config {
-            default_limits: Policy {
-                memory: Some(cap),
-                ..Policy::NONE
-            },
-            ..Default::default()
-        };
-        let usage = UsageRegion::open(&t.path).expect("usage region");
-        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
-        let dev = devices.device(&cuda(), 0).expect("device 0");
+        let (t, devices, dev) = device_under("overhead", capped(Some(cap)), &cuda());
         (t, Overhead::new(devices), dev)
     }
 

@@ -253,38 +253,17 @@ impl Reconcile {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{temp_path, TempRegion};
+    use super::super::tests::{capped, device_under, uuid_table, TempRegion};
     use super::*;
-    use crate::driver::cuda::CudaTable;
-    use crate::ffi::cuda::{CUdevice, CUresult, CUuuid};
-    use cuquota_core::{Config, Policy};
     use parking_lot::Mutex;
     use std::cell::Cell;
 
     const MIB: u64 = 1 << 20;
     const CAP: u64 = 1 << 30;
 
-    unsafe extern "C" fn uuid(u: *mut CUuuid, dev: CUdevice) -> CUresult {
-        // SAFETY: the caller's out-pointer.
-        unsafe { (*u).bytes = [dev as u8 + 5; 16] };
-        CUresult::SUCCESS
-    }
-
     /// Reconciliation on device 0 of a fresh usage file capped at [`CAP`].
     fn fresh() -> (TempRegion, Reconcile, Dev) {
-        let t = temp_path("reconcile");
-        let cfg = Config {
-            default_limits: Policy {
-                memory: Some(CAP),
-                ..Policy::NONE
-            },
-            ..Default::default()
-        };
-        let usage = UsageRegion::open(&t.path).expect("usage region");
-        let devices = Arc::new(Devices::new(cfg, usage, Vec::new(), None));
-        let mut cuda = CudaTable::empty(true);
-        cuda.cuDeviceGetUuid_v2 = Some(uuid);
-        let dev = devices.device(&cuda, 0).expect("device 0");
+        let (t, devices, dev) = device_under("reconcile", capped(Some(CAP)), &uuid_table());
         (t, Reconcile::new(devices), dev)
     }
 
